@@ -1,0 +1,79 @@
+// CPU implementations of the codelets and the codelet tables (see codelets.h).
+#include "codelets.h"
+
+#include <cstring>
+
+#include "cuda_funcs.h"
+
+namespace dos {
+namespace {
+
+void adam_cpu(void* buffers[], void* cl_arg) {
+  const auto* a = static_cast<const AdamArgs*>(cl_arg);
+  const std::size_t n = STARPU_VECTOR_GET_NX(buffers[0]);
+  adam_step_cpu(reinterpret_cast<float*>(STARPU_VECTOR_GET_PTR(buffers[0])),
+                reinterpret_cast<float*>(STARPU_VECTOR_GET_PTR(buffers[1])),
+                reinterpret_cast<float*>(STARPU_VECTOR_GET_PTR(buffers[2])),
+                reinterpret_cast<const void*>(STARPU_VECTOR_GET_PTR(buffers[3])), DType::fp32,
+                reinterpret_cast<void*>(STARPU_VECTOR_GET_PTR(buffers[4])), a->param_dtype, n, a->sp);
+}
+
+void gather_cpu(void* buffers[], void* cl_arg) {
+  const auto* a = static_cast<const GatherArgs*>(cl_arg);
+  float* dst = reinterpret_cast<float*>(STARPU_VECTOR_GET_PTR(buffers[0]));
+  for (std::size_t s = 0; s < a->nseg; ++s) {
+    const Segment& sg = a->segs[s];
+    convert_to_f32_cpu(a->from_params ? sg.param : sg.grad, a->dtype, dst + sg.offset, sg.count);
+  }
+}
+
+void scatter_cpu(void* buffers[], void* cl_arg) {
+  const auto* a = static_cast<const ScatterArgs*>(cl_arg);
+  const char* src = reinterpret_cast<const char*>(STARPU_VECTOR_GET_PTR(buffers[0]));
+  const std::size_t esz = dtype_size(a->dtype);
+  for (std::size_t s = 0; s < a->nseg; ++s)
+    std::memcpy(a->segs[s].param, src + a->segs[s].offset * esz, a->segs[s].count * esz);
+}
+
+// History-based perfmodels: subgroups of equal size share one footprint, so dmda learns one
+// time per (codelet, size, worker type) (regression models never validate on equal sizes,
+// notes/starpu-1.3.md section 2).
+struct starpu_perfmodel adam_model = {};
+struct starpu_perfmodel gather_model = {};
+struct starpu_perfmodel scatter_model = {};
+
+struct starpu_codelet make_codelet(const char* name, starpu_cpu_func_t cpu, starpu_cuda_func_t cuda,
+                                   int nbuffers, const starpu_data_access_mode* modes,
+                                   struct starpu_perfmodel* model, const char* symbol) {
+  model->type = STARPU_HISTORY_BASED;
+  model->symbol = symbol;
+  struct starpu_codelet cl = {};
+  cl.name = name;
+  cl.cpu_funcs[0] = cpu;
+  cl.cpu_funcs_name[0] = name;
+  if (cuda) {
+    cl.cuda_funcs[0] = cuda;
+    cl.cuda_flags[0] = STARPU_CUDA_ASYNC;
+  }
+  cl.nbuffers = nbuffers;
+  for (int i = 0; i < nbuffers; ++i) cl.modes[i] = modes[i];
+  cl.model = model;
+  return cl;
+}
+
+const starpu_data_access_mode kAdamModes[] = {STARPU_RW, STARPU_RW, STARPU_RW, STARPU_R, STARPU_W};
+const starpu_data_access_mode kGatherModes[] = {STARPU_W};
+const starpu_data_access_mode kScatterModes[] = {STARPU_R};
+
+}  // namespace
+
+struct starpu_codelet adam_cl =
+    make_codelet("dos_adam", adam_cpu, cuda_funcs::adam, 5, kAdamModes, &adam_model, "dos_adam");
+struct starpu_codelet gather_cl =
+    make_codelet("dos_gather", gather_cpu, cuda_funcs::gather, 1, kGatherModes, &gather_model, "dos_gather");
+struct starpu_codelet scatter_cl =
+    make_codelet("dos_scatter", scatter_cpu, cuda_funcs::scatter, 1, kScatterModes, &scatter_model, "dos_scatter");
+
+bool codelets_have_cuda() { return cuda_funcs::kHaveCuda; }
+
+}  // namespace dos

@@ -1,0 +1,67 @@
+// StarPU codelets of one update phase: thin bindings from task buffers to the pure kernels in
+// kernels/. They declare access modes and perfmodels, unpack the data interfaces, and call a
+// kernel; they decide nothing about where a task runs (that is scheduler/).
+//
+// Buffers (all StarPU vector handles) and arguments (task->cl_arg, owned by the runtime and
+// alive until the task has finished):
+//   adam_cl     master (fp32, RW), exp_avg (fp32, RW), exp_avg_sq (fp32, RW), grad32 (fp32, R),
+//               param16 (param_dtype, W)                              cl_arg: const AdamArgs*
+//   gather_cl   dst (fp32, W): the caller's gradients (or parameters) of one subgroup, converted
+//               to fp32 from the caller's own buffers (raw pointers in the segments)
+//                                                                      cl_arg: const GatherArgs*
+//   scatter_cl  param16 (param_dtype, R): copied into the caller's parameter buffers
+//                                                                      cl_arg: const ScatterArgs*
+// gather_cl and scatter_cl touch caller memory by raw pointer, so the runtime restricts them
+// (task->where) to the side where that memory lives: STARPU_CUDA for GPU pointers, STARPU_CPU
+// for host pointers. All CUDA implementations run on StarPU's local stream (STARPU_CUDA_ASYNC).
+#pragma once
+
+#include <starpu.h>
+
+#include <cstddef>
+
+#include "kernels/adam.h"
+
+namespace dos {
+
+/// A piece of one caller tensor that falls inside a subgroup.
+/// param, grad: the caller's buffers at the first element of the piece (host or device
+/// pointers, dtype as in the owning GatherArgs/ScatterArgs); offset: position of the piece
+/// inside the subgroup, in elements; count: number of elements (> 0).
+struct Segment {
+  void* param;
+  void* grad;
+  std::size_t offset;
+  std::size_t count;
+};
+
+/// Arguments of adam_cl: the step constants and the type of the 16-bit parameter copy.
+struct AdamArgs {
+  AdamStepParams sp;
+  DType param_dtype;
+};
+
+/// Arguments of gather_cl: which caller buffers to read (from_params: the parameters, used once to
+/// initialise the fp32 master parameters; otherwise the gradients), their dtype, and the segments.
+struct GatherArgs {
+  const Segment* segs;
+  std::size_t nseg;
+  DType dtype;
+  bool from_params;
+};
+
+/// Arguments of scatter_cl: the caller's parameter dtype and the segments to write.
+struct ScatterArgs {
+  const Segment* segs;
+  std::size_t nseg;
+  DType dtype;
+};
+
+extern struct starpu_codelet adam_cl;
+extern struct starpu_codelet gather_cl;
+extern struct starpu_codelet scatter_cl;
+
+/// True when the codelets were built with their CUDA implementations.
+bool codelets_have_cuda();
+
+}  // namespace dos

@@ -1,0 +1,51 @@
+// CUDA implementations of the codelets (built only with CUDA; see codelets.h for the buffers).
+// Every launch goes to starpu_cuda_get_local_stream() and returns without synchronising
+// (STARPU_CUDA_ASYNC): StarPU records an event and completes the task when the stream gets there.
+#include <cuda_runtime.h>
+
+#include "codelets.h"
+#include "cuda_funcs.h"
+
+namespace dos {
+namespace cuda_funcs {
+namespace {
+void check(int err, const char* what) {
+  if (err != 0) STARPU_ABORT_MSG("%s failed: %s", what, cudaGetErrorString(cudaError_t(err)));
+}
+}  // namespace
+
+void adam(void* buffers[], void* cl_arg) {
+  const auto* a = static_cast<const AdamArgs*>(cl_arg);
+  const std::size_t n = STARPU_VECTOR_GET_NX(buffers[0]);
+  check(adam_step_cuda(reinterpret_cast<float*>(STARPU_VECTOR_GET_PTR(buffers[0])),
+                       reinterpret_cast<float*>(STARPU_VECTOR_GET_PTR(buffers[1])),
+                       reinterpret_cast<float*>(STARPU_VECTOR_GET_PTR(buffers[2])),
+                       reinterpret_cast<const void*>(STARPU_VECTOR_GET_PTR(buffers[3])), DType::fp32,
+                       reinterpret_cast<void*>(STARPU_VECTOR_GET_PTR(buffers[4])), a->param_dtype, n, a->sp,
+                       starpu_cuda_get_local_stream()),
+        "CUDA Adam kernel launch");
+}
+
+void gather(void* buffers[], void* cl_arg) {
+  const auto* a = static_cast<const GatherArgs*>(cl_arg);
+  float* dst = reinterpret_cast<float*>(STARPU_VECTOR_GET_PTR(buffers[0]));
+  for (std::size_t s = 0; s < a->nseg; ++s) {
+    const Segment& sg = a->segs[s];
+    check(convert_to_f32_cuda(a->from_params ? sg.param : sg.grad, a->dtype, dst + sg.offset, sg.count,
+                              starpu_cuda_get_local_stream()),
+          "CUDA conversion kernel launch");
+  }
+}
+
+void scatter(void* buffers[], void* cl_arg) {
+  const auto* a = static_cast<const ScatterArgs*>(cl_arg);
+  const char* src = reinterpret_cast<const char*>(STARPU_VECTOR_GET_PTR(buffers[0]));
+  const std::size_t esz = dtype_size(a->dtype);
+  for (std::size_t s = 0; s < a->nseg; ++s)
+    check(int(cudaMemcpyAsync(a->segs[s].param, src + a->segs[s].offset * esz, a->segs[s].count * esz,
+                              cudaMemcpyDeviceToDevice, starpu_cuda_get_local_stream())),
+          "cudaMemcpyAsync of the 16-bit parameters");
+}
+
+}  // namespace cuda_funcs
+}  // namespace dos

@@ -1,0 +1,24 @@
+// The CUDA implementations of the codelets, or null pointers in a build without CUDA.
+// This header is the one place where the CUDA and CPU-only builds of the codelets differ.
+#pragma once
+
+#include <starpu.h>
+
+namespace dos {
+namespace cuda_funcs {
+#if defined(DOS_HAVE_CUDA)
+constexpr bool kHaveCuda = true;
+/// CUDA implementation of adam_cl (codelets.h): fused Adam kernel on the local stream.
+void adam(void* buffers[], void* cl_arg);
+/// CUDA implementation of gather_cl: one conversion kernel per segment, from device pointers.
+void gather(void* buffers[], void* cl_arg);
+/// CUDA implementation of scatter_cl: one device-to-device copy per segment.
+void scatter(void* buffers[], void* cl_arg);
+#else
+constexpr bool kHaveCuda = false;
+constexpr starpu_cuda_func_t adam = nullptr;
+constexpr starpu_cuda_func_t gather = nullptr;
+constexpr starpu_cuda_func_t scatter = nullptr;
+#endif
+}  // namespace cuda_funcs
+}  // namespace dos

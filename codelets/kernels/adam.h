@@ -1,0 +1,74 @@
+// Adam and AdamW update kernels: plain pointers, a count and the hyper-parameters.
+// Nothing here knows StarPU (the codelets in ../codelets.h bind these to tasks).
+//
+// The formula is PyTorch's, element by element, in fp32 (torch.optim.Adam / torch.optim.AdamW,
+// documentation "Algorithm" boxes, single-tensor implementation `_single_tensor_adam`):
+//
+//   Adam  (coupled L2):   g <- g + weight_decay * p
+//   AdamW (decoupled):    p <- p * (1 - lr * weight_decay)
+//   m <- beta1 * m + (1 - beta1) * g
+//   v <- beta2 * v + (1 - beta2) * g * g
+//   p <- p - (lr / (1 - beta1^t)) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
+//
+// where t is the subgroup's own step count (1 on the first update). The bias corrections are
+// computed once per call in double precision on the host (make_adam_step_params) and passed as
+// fp32, so the CPU and CUDA kernels evaluate exactly the same fp32 expression.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "dtype.h"
+
+namespace dos {
+
+/// Hyper-parameters of Adam/AdamW, as in torch.optim.Adam / torch.optim.AdamW.
+/// lr: learning rate (> 0); beta1, beta2: in [0, 1); eps: > 0, added to the denominator;
+/// weight_decay: >= 0; decoupled: true for AdamW (decoupled weight decay), false for Adam
+/// (weight decay added to the gradient, "L2"). amsgrad, maximize and capturable are not supported.
+struct AdamHyper {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.0;
+  bool decoupled = true;
+};
+
+/// The fp32 constants of one Adam step at step count `step` (see make_adam_step_params).
+struct AdamStepParams {
+  float beta1, one_minus_beta1;
+  float beta2, one_minus_beta2;
+  float eps;
+  float step_size;             ///< lr / (1 - beta1^step)
+  float bias_correction2_sqrt; ///< sqrt(1 - beta2^step)
+  float l2;                    ///< weight_decay if coupled (Adam), else 0
+  float decay;                 ///< 1 - lr * weight_decay if decoupled (AdamW), else 1
+};
+
+/// Returns the step constants for step count `step` (>= 1), computed in double and rounded to
+/// fp32 once. Throws nothing; the caller validates `h` (see validate_adam_hyper in runtime).
+AdamStepParams make_adam_step_params(const AdamHyper& h, std::int64_t step);
+
+/// One Adam/AdamW step over n elements on the CPU (vectorised, OpenMP-parallel over the
+/// calling thread's team; the instruction set is chosen at run time).
+///   master, exp_avg, exp_avg_sq: fp32 arrays of n elements, updated in place.
+///   grad: n elements of type grad_dtype (fp32, fp16 or bf16), read only.
+///   param_out: n elements of type param_dtype, written with the new master parameters rounded
+///              to nearest even; may be nullptr (no 16-bit copy wanted).
+/// n may be any value, including 0 and sizes that are not a multiple of the SIMD width.
+void adam_step_cpu(float* master, float* exp_avg, float* exp_avg_sq, const void* grad, DType grad_dtype,
+                   void* param_out, DType param_dtype, std::size_t n, const AdamStepParams& sp);
+
+/// Converts n elements of type src_dtype to fp32 on the CPU (OpenMP-parallel).
+void convert_to_f32_cpu(const void* src, DType src_dtype, float* dst, std::size_t n);
+
+#if defined(DOS_HAVE_CUDA)
+/// CUDA twins of the functions above: same arguments, device pointers, launched asynchronously on
+/// `stream` (a cudaStream_t). Errors of the launch are returned as a cudaError_t value (0 = success).
+int adam_step_cuda(float* master, float* exp_avg, float* exp_avg_sq, const void* grad, DType grad_dtype,
+                   void* param_out, DType param_dtype, std::size_t n, const AdamStepParams& sp, void* stream);
+int convert_to_f32_cuda(const void* src, DType src_dtype, float* dst, std::size_t n, void* stream);
+#endif
+
+}  // namespace dos

@@ -1,0 +1,316 @@
+// dos-train: the main job. Runs N training iterations of a transformer's update phase on the
+// runtime, with forward and backward emulated (deterministic gradients from --seed written into
+// caller-owned buffers, on the GPU when there is one). See --help.
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "atomic_file.h"
+#include "dos.h"
+#include "emulate.h"
+#include "model_config.h"
+#include "partition.h"
+#include "safetensors.h"
+
+namespace {
+
+using dos::DType;
+using dos_train::ModelConfig;
+using dos_train::ParamTensor;
+
+struct Args {
+  std::string preset = "gpt2-124m";
+  std::string config;
+  int iterations = 5;
+  std::string subgroup_size = "16777216";
+  std::string policy;
+  std::string dtype = "bf16";
+  std::string optimizer = "adamw";
+  double lr = 1e-4, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.01;
+  std::uint64_t seed = 0;
+  std::string shard = "0/1";
+  std::string device = "auto";
+  std::string report;
+  std::string save_params;
+  int cpu_threads = 0;
+  int ncuda = -1;
+  bool quiet = false;
+};
+
+[[noreturn]] void fail(const std::string& msg) { throw std::runtime_error(msg); }
+
+std::size_t parse_count(const std::string& s, const char* what) {
+  // Accepts "16777216", "1e8", "1.6e7"; the value must be a whole number >= 1.
+  char* end = nullptr;
+  errno = 0;
+  const double v = std::strtod(s.c_str(), &end);
+  if (s.empty() || *end != '\0' || errno != 0 || !std::isfinite(v))
+    fail(std::string(what) + " must be a number of elements, got '" + s + "'");
+  if (v < 1) fail(std::string(what) + " must be at least 1 element, got " + s);
+  if (v != std::floor(v) || v > 9e15) fail(std::string(what) + " must be a whole number of elements, got " + s);
+  return std::size_t(v);
+}
+
+void parse_shard(const std::string& s, std::size_t* rank, std::size_t* world) {
+  const auto slash = s.find('/');
+  char *e1 = nullptr, *e2 = nullptr;
+  if (slash == std::string::npos) fail("--shard must look like R/W (rank R of W ranks, e.g. 0/4), got '" + s + "'");
+  const std::string r = s.substr(0, slash), w = s.substr(slash + 1);
+  const long long rv = std::strtoll(r.c_str(), &e1, 10), wv = std::strtoll(w.c_str(), &e2, 10);
+  if (r.empty() || w.empty() || *e1 || *e2 || rv < 0 || wv < 1)
+    fail("--shard must look like R/W with 0 <= R < W, got '" + s + "'");
+  if (rv >= wv) fail("--shard " + s + ": rank " + r + " is out of range for " + w + " ranks (0.." + std::to_string(wv - 1) + ")");
+  *rank = std::size_t(rv);
+  *world = std::size_t(wv);
+}
+
+DType parse_dtype(const std::string& s) {
+  if (s == "fp32") return DType::fp32;
+  if (s == "fp16") return DType::fp16;
+  if (s == "bf16") return DType::bf16;
+  fail("--dtype must be fp32, fp16 or bf16, got '" + s + "'");
+}
+
+/// A tensor, or the part of it that falls in this rank's shard.
+struct ShardTensor {
+  ParamTensor t;
+  std::size_t global_begin;   // flat index of its first element in the whole model
+  std::size_t tensor_offset;  // first element inside the tensor
+  std::size_t count;
+  bool whole() const { return tensor_offset == 0 && count == t.numel(); }
+};
+
+std::vector<ShardTensor> shard_tensors(const std::vector<ParamTensor>& all, dos::ShardRange r) {
+  std::vector<ShardTensor> out;
+  std::size_t flat = 0;
+  for (const ParamTensor& t : all) {
+    const std::size_t b = std::max(flat, r.begin), e = std::min(flat + t.numel(), r.end);
+    if (b < e) out.push_back({t, b, b - flat, e - b});
+    flat += t.numel();
+  }
+  return out;
+}
+
+float init_value(const ShardTensor& st, std::size_t i, std::uint64_t seed) {
+  switch (st.t.kind) {
+    case dos_train::TensorKind::norm: return 1.0f;
+    case dos_train::TensorKind::bias: return 0.0f;
+    default: return dos_train::normal_like(seed, 1, st.global_begin + i) * 0.02f;
+  }
+}
+
+void* host_alloc(std::size_t bytes) {
+  void* p = nullptr;
+  if (posix_memalign(&p, 4096, bytes ? bytes : 4096) != 0) fail("cannot allocate " + std::to_string(bytes) + " bytes");
+  return p;
+}
+
+int run(const Args& a) {
+  // ---- validate everything before any work --------------------------------------------------
+  ModelConfig cfg = a.config.empty() ? dos_train::preset(a.preset) : dos_train::load_hf_config(a.config);
+  const std::vector<ParamTensor> all = dos_train::param_tensors(cfg);
+  std::size_t total = 0;
+  for (const auto& t : all) total += t.numel();
+  std::size_t rank = 0, world = 1;
+  parse_shard(a.shard, &rank, &world);
+  const dos::ShardRange range = dos::shard_range(total, rank, world);
+  const std::size_t n = range.end - range.begin;
+  const std::size_t subgroup = parse_count(a.subgroup_size, "--subgroup-size");
+  const DType dtype = parse_dtype(a.dtype);
+  if (a.iterations < 1) fail("--iterations must be at least 1, got " + std::to_string(a.iterations));
+  if (a.optimizer != "adam" && a.optimizer != "adamw") fail("--optimizer must be adam or adamw, got '" + a.optimizer + "'");
+  if (a.device != "auto" && a.device != "host" && a.device != "cuda")
+    fail("--device must be auto, host or cuda, got '" + a.device + "'");
+  dos::AdamHyper hyper;
+  hyper.lr = a.lr;
+  hyper.beta1 = a.beta1;
+  hyper.beta2 = a.beta2;
+  hyper.eps = a.eps;
+  hyper.weight_decay = a.weight_decay;
+  hyper.decoupled = a.optimizer == "adamw";
+  dos::validate_adam_hyper(hyper);
+  if (!a.report.empty()) dos::check_writable(a.report);
+  if (!a.save_params.empty()) dos::check_writable(a.save_params);
+  dos::check_host_memory(n * dos::host_bytes_per_param(dtype),
+                         "the optimizer state of " + std::to_string(n) + " parameters (" + cfg.name + ", shard " + a.shard + ")");
+  const std::vector<ShardTensor> tensors = shard_tensors(all, range);
+
+  // ---- runtime and caller-owned buffers ------------------------------------------------------
+  dos::RuntimeOptions ro;
+  ro.policy = a.policy;
+  ro.cpu_threads = a.cpu_threads;
+  ro.ncuda = a.ncuda;
+  ro.verbose = !a.quiet;
+  dos::Runtime rt(ro);
+  bool on_gpu = a.device == "cuda" || (a.device == "auto" && rt.cuda_workers() > 0);
+  if (on_gpu && rt.cuda_workers() == 0) fail("--device cuda: no CUDA worker (no GPU, or a build without CUDA)");
+#if !defined(DOS_HAVE_CUDA)
+  on_gpu = false;
+#endif
+  const std::size_t esz = dos::dtype_size(dtype);
+  if (!on_gpu) dos::check_host_memory(2 * n * esz, "the model's parameters and gradients on the host");
+
+  std::printf("dos-train: %s (%s, %zu layers, hidden %lld), %zu of %zu parameters (shard %s), %s, "
+              "subgroups of %zu, %s on the %s, policy %s (StarPU: %s)\n",
+              cfg.name.c_str(), cfg.arch.c_str(), std::size_t(cfg.layers), (long long)cfg.hidden, n, total,
+              a.shard.c_str(), a.optimizer == "adamw" ? "AdamW" : "Adam", subgroup, a.dtype.c_str(),
+              on_gpu ? "GPU" : "host", rt.policy().c_str(), rt.running_policy().c_str());
+
+  std::vector<char> init(n * esz);
+  for (const ShardTensor& st : tensors) {
+    const std::size_t base = st.global_begin - range.begin;
+#pragma omp parallel for schedule(static)
+    for (std::size_t i = 0; i < st.count; ++i)
+      dos::store_from_f32(init.data(), dtype, base + i, init_value(st, st.tensor_offset + i, a.seed));
+  }
+  void *params = nullptr, *grads = nullptr;
+#if defined(DOS_HAVE_CUDA)
+  if (on_gpu) {
+    params = dos_train::cuda_alloc(n * esz);
+    grads = dos_train::cuda_alloc(n * esz);
+    dos_train::cuda_copy_to_device(params, init.data(), n * esz);
+  }
+#endif
+  if (!on_gpu) {
+    params = host_alloc(n * esz);
+    grads = host_alloc(n * esz);
+    std::memcpy(params, init.data(), n * esz);
+  }
+  std::vector<char>().swap(init);
+
+  std::vector<dos::TensorView> views;
+  for (const ShardTensor& st : tensors) {
+    const std::size_t off = (st.global_begin - range.begin) * esz;
+    views.push_back({static_cast<char*>(params) + off, static_cast<char*>(grads) + off, st.count});
+  }
+  dos::OptimizerOptions oo;
+  oo.adam = hyper;
+  oo.subgroup_size = subgroup;
+  oo.dtype = dtype;
+  oo.memory = on_gpu ? dos::MemoryKind::cuda : dos::MemoryKind::host;
+  dos::Optimizer opt(rt, views, oo);
+
+  // ---- iterations ------------------------------------------------------------------------------
+  nlohmann::ordered_json iters = nlohmann::ordered_json::array();
+  std::vector<double> secs;
+  for (int it = 1; it <= a.iterations; ++it) {
+#if defined(DOS_HAVE_CUDA)
+    if (on_gpu) dos_train::fill_grads_cuda(grads, dtype, n, a.seed, std::uint64_t(it), range.begin);
+#endif
+    if (!on_gpu) dos_train::fill_grads_host(grads, dtype, n, a.seed, std::uint64_t(it), range.begin);
+    const dos::StepStats s = opt.step();
+    secs.push_back(s.seconds);
+    const double gps = double(s.params) / s.seconds / 1e9;
+    std::printf("iter %3d  update %8.4f s  %7.3f Gparams/s  subgroups cpu %zu gpu %zu  H2D %.3f GB  D2H %.3f GB\n", it,
+                s.seconds, gps, s.subgroups_cpu, s.subgroups_gpu, s.bytes_h2d / 1e9, s.bytes_d2h / 1e9);
+    std::fflush(stdout);
+    iters.push_back({{"iteration", it}, {"update_seconds", s.seconds}, {"gparams_per_s", gps},
+                     {"subgroups_cpu", s.subgroups_cpu}, {"subgroups_gpu", s.subgroups_gpu},
+                     {"bytes_h2d", s.bytes_h2d}, {"bytes_d2h", s.bytes_d2h}});
+  }
+  // Summary over the iterations after the first (the first pays allocations and calibration).
+  std::vector<double> steady(secs.size() > 1 ? secs.begin() + 1 : secs.begin(), secs.end());
+  std::sort(steady.begin(), steady.end());
+  const double median = steady[steady.size() / 2];
+  double mean = 0;
+  for (double v : steady) mean += v;
+  mean /= double(steady.size());
+  std::printf("summary: %zu parameters, %zu subgroups, %d iterations: update median %.4f s, mean %.4f s "
+              "(iterations %s), %.3f Gparams/s at the median\n",
+              n, opt.num_subgroups(), a.iterations, median, mean, secs.size() > 1 ? "2.." : "1",
+              double(n) / median / 1e9);
+
+  if (!a.report.empty()) {
+    nlohmann::ordered_json rep = {
+        {"model", cfg.name}, {"arch", cfg.arch}, {"params_total", total}, {"params", n}, {"shard", a.shard},
+        {"dtype", a.dtype}, {"optimizer", a.optimizer}, {"subgroup_size", subgroup},
+        {"subgroups", opt.num_subgroups()}, {"policy", rt.policy()}, {"starpu_policy", rt.running_policy()},
+        {"cpu_workers", rt.cpu_workers()}, {"cuda_workers", rt.cuda_workers()}, {"cpu_threads", rt.cpu_threads()},
+        {"caller_memory", on_gpu ? "cuda" : "host"}, {"seed", a.seed}, {"iterations", iters},
+        {"summary", {{"update_seconds_median", median}, {"update_seconds_mean", mean},
+                     {"gparams_per_s_median", double(n) / median / 1e9}}}};
+    const std::string text = rep.dump(2) + "\n";
+    dos::write_file_atomically(a.report, {{text.data(), text.size()}});
+  }
+  if (!a.save_params.empty()) {
+    std::vector<float> master(n);
+    opt.read_master(master.data());
+    std::vector<dos::SafetensorOut> out;
+    std::map<std::string, std::string> meta = {{"model", cfg.name}, {"shard", a.shard},
+                                               {"format", "fp32 master parameters after the last iteration"}};
+    for (const ShardTensor& st : tensors) {
+      const std::vector<std::int64_t> shape = st.whole() ? st.t.shape : std::vector<std::int64_t>{std::int64_t(st.count)};
+      if (!st.whole()) meta[st.t.name + ".offset"] = std::to_string(st.tensor_offset);
+      out.push_back({st.t.name, "F32", shape, master.data() + (st.global_begin - range.begin), st.count * sizeof(float)});
+    }
+    dos::write_safetensors(a.save_params, out, meta);
+    std::printf("saved %zu fp32 master parameters to %s\n", n, a.save_params.c_str());
+  }
+#if defined(DOS_HAVE_CUDA)
+  if (on_gpu) {
+    dos_train::cuda_free(params);
+    dos_train::cuda_free(grads);
+  }
+#endif
+  if (!on_gpu) {
+    std::free(params);
+    std::free(grads);
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args a;
+  CLI::App app{
+      "dos-train: runs training iterations of a transformer's optimizer update phase on the Deep Optimizer "
+      "States runtime. Forward and backward are emulated: deterministic gradients from --seed (normal, std 1e-3) "
+      "are written into the model's gradient buffers (GPU memory when there is a CUDA worker). Prints one line per "
+      "iteration and a summary."};
+  std::string presets;
+  for (const auto& p : dos_train::preset_names()) presets += (presets.empty() ? "" : ", ") + p;
+  app.add_option("--preset", a.preset, "model preset: " + presets)->capture_default_str();
+  app.add_option("--config", a.config, "Hugging Face config.json of the model (overrides --preset)");
+  app.add_option("--iterations,-n", a.iterations, "training iterations to run (>= 1)")->capture_default_str();
+  app.add_option("--subgroup-size", a.subgroup_size, "elements per subgroup (>= 1; 1e8 notation accepted)")->capture_default_str();
+  app.add_option("--policy", a.policy,
+                 "scheduling policy: cpu (every update on the CPU), gpu (every update on the GPU), or a StarPU "
+                 "built-in (dmda, dmdas, eager, lws, ...). Default: $STARPU_SCHED if set, else cpu");
+  app.add_option("--dtype", a.dtype, "dtype of the model's parameters and gradients: bf16, fp16, fp32")->capture_default_str();
+  app.add_option("--optimizer", a.optimizer, "adamw (torch.optim.AdamW) or adam (torch.optim.Adam, L2 decay)")->capture_default_str();
+  app.add_option("--lr", a.lr, "learning rate")->capture_default_str();
+  app.add_option("--beta1", a.beta1, "Adam beta1, in [0, 1)")->capture_default_str();
+  app.add_option("--beta2", a.beta2, "Adam beta2, in [0, 1)")->capture_default_str();
+  app.add_option("--eps", a.eps, "Adam eps (>= 0)")->capture_default_str();
+  app.add_option("--weight-decay", a.weight_decay, "weight decay (>= 0)")->capture_default_str();
+  app.add_option("--seed", a.seed, "seed of the initial parameters and the emulated gradients")->capture_default_str();
+  app.add_option("--shard", a.shard, "R/W: run rank R's 1/W of the parameters (ZeRO partitioning of the flat parameters)")
+      ->capture_default_str();
+  app.add_option("--device", a.device, "where the model's parameters and gradients live: auto (GPU if any), host, cuda")
+      ->capture_default_str();
+  app.add_option("--report", a.report, "write the per-iteration figures and the summary to this JSON file");
+  app.add_option("--save-params", a.save_params, "write the final fp32 master parameters to this safetensors file");
+  app.add_option("--cpu-threads", a.cpu_threads,
+                 "OpenMP threads of CPU Adam (0: $OMP_NUM_THREADS, else all cores but one per CUDA worker)")
+      ->capture_default_str();
+  app.add_option("--ncuda", a.ncuda, "CUDA workers (-1: one per GPU, 0: none)")->capture_default_str();
+  app.add_flag("--quiet,-q", a.quiet, "do not print the runtime's set-up line");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  try {
+    return run(a);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "dos-train: error: %s\n", e.what());
+    return 1;
+  }
+}

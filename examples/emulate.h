@@ -1,0 +1,57 @@
+// Emulated forward/backward for dos-train: deterministic parameter initialisation and gradients,
+// from a seed, computed identically on the host and on the GPU (a counter-based hash, no state).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "../codelets/kernels/dtype.h"
+
+namespace dos_train {
+
+/// splitmix64 finaliser: a well-mixed 64-bit hash of x.
+DOS_HD std::uint64_t mix64(std::uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+/// An approximately standard-normal value for (seed, stream, index): the sum of four uniforms
+/// in [0, 1) (24-bit, exact in fp32), centred and scaled to unit variance (Irwin-Hall). Only
+/// additions and one final multiplication: the same fp32 result on the host and the GPU.
+DOS_HD float normal_like(std::uint64_t seed, std::uint64_t stream, std::uint64_t index) {
+  const std::uint64_t a = mix64(seed ^ mix64(stream ^ mix64(index)));
+  const std::uint64_t b = mix64(a);
+  const float u0 = float(a >> 40) * (1.0f / 16777216.0f);
+  const float u1 = float((a >> 16) & 0xffffffu) * (1.0f / 16777216.0f);
+  const float u2 = float(b >> 40) * (1.0f / 16777216.0f);
+  const float u3 = float((b >> 16) & 0xffffffu) * (1.0f / 16777216.0f);
+  return ((u0 + u1) + (u2 + u3) - 2.0f) * 1.7320508f;
+}
+
+/// Gradient of global parameter `index` at iteration `iter`: normal_like * scale.
+/// 1e-3 is the order of a per-element gradient of a GPT-style model in bf16 training after
+/// clipping; the exact value only matters for the optimizer's numerics, not for its speed.
+constexpr float kGradScale = 1e-3f;
+DOS_HD float emulated_grad(std::uint64_t seed, std::uint64_t iter, std::uint64_t index) {
+  return normal_like(seed, 0x6772616400000000ull + iter, index) * kGradScale;
+}
+
+/// Writes n gradients of global indices [first, first + n) for iteration `iter` into dst (dtype t),
+/// on the host with OpenMP.
+void fill_grads_host(void* dst, dos::DType t, std::size_t n, std::uint64_t seed, std::uint64_t iter,
+                     std::uint64_t first);
+
+#if defined(DOS_HAVE_CUDA)
+/// Same on the GPU (dst a device pointer); synchronous. Throws std::runtime_error on a CUDA error.
+void fill_grads_cuda(void* dst, dos::DType t, std::size_t n, std::uint64_t seed, std::uint64_t iter,
+                     std::uint64_t first);
+/// Device memory helpers for the caller-owned buffers (throw std::runtime_error with CUDA's message).
+void* cuda_alloc(std::size_t bytes);
+void cuda_free(void* p);
+void cuda_copy_to_device(void* dst, const void* src, std::size_t bytes);
+void cuda_copy_to_host(void* dst, const void* src, std::size_t bytes);
+#endif
+
+}  // namespace dos_train

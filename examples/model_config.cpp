@@ -1,0 +1,150 @@
+#include "model_config.h"
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+
+namespace dos_train {
+
+std::size_t ParamTensor::numel() const {
+  std::size_t n = 1;
+  for (auto d : shape) n *= std::size_t(d);
+  return n;
+}
+
+namespace {
+ModelConfig make(const char* name, const char* arch, std::int64_t layers, std::int64_t hidden, std::int64_t inter,
+                 std::int64_t heads, std::int64_t kv_heads, std::int64_t vocab, std::int64_t positions, bool tie) {
+  ModelConfig c;
+  c.name = name;
+  c.arch = arch;
+  c.layers = layers;
+  c.hidden = hidden;
+  c.intermediate = inter;
+  c.heads = heads;
+  c.kv_heads = kv_heads;
+  c.vocab = vocab;
+  c.positions = positions;
+  c.tie_embeddings = tie;
+  return c;
+}
+
+// Sources: Hugging Face config.json of openai-community/gpt2 and gpt2-xl, meta-llama/Llama-2-7b-hf
+// and Llama-2-13b-hf; the 20B Llama-style model is the paper's 20B configuration on H100
+// (40 layers, hidden 5120, FFN 20480, 64 heads, vocabulary 50304: notes/deep-optimizer-states.md).
+const std::vector<ModelConfig>& presets() {
+  static const std::vector<ModelConfig> p = {
+      make("tiny", "gpt2", 2, 128, 512, 4, 4, 1000, 128, true),
+      make("gpt2-124m", "gpt2", 12, 768, 3072, 12, 12, 50257, 1024, true),
+      make("gpt2-xl", "gpt2", 48, 1600, 6400, 25, 25, 50257, 1024, true),
+      make("llama2-7b", "llama", 32, 4096, 11008, 32, 32, 32000, 4096, false),
+      make("llama2-13b", "llama", 40, 5120, 13824, 40, 40, 32000, 4096, false),
+      make("llama-20b", "llama", 40, 5120, 20480, 64, 64, 50304, 4096, false),
+  };
+  return p;
+}
+}  // namespace
+
+std::vector<std::string> preset_names() {
+  std::vector<std::string> n;
+  for (const auto& c : presets()) n.push_back(c.name);
+  return n;
+}
+
+ModelConfig preset(const std::string& name) {
+  std::string list;
+  for (const auto& c : presets()) {
+    if (c.name == name) return c;
+    list += (list.empty() ? "" : ", ") + c.name;
+  }
+  throw std::invalid_argument("unknown preset '" + name + "': choose one of " + list + ", or give --config FILE");
+}
+
+ModelConfig load_hf_config(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) throw std::runtime_error("cannot read the configuration file " + path);
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(f);
+  } catch (const std::exception& e) {
+    throw std::runtime_error(path + " is not valid JSON: " + e.what());
+  }
+  if (!j.is_object()) throw std::runtime_error(path + ": expected a JSON object like a Hugging Face config.json");
+  auto get = [&](std::initializer_list<const char*> keys, bool required, std::int64_t dflt) -> std::int64_t {
+    for (const char* k : keys)
+      if (j.contains(k) && !j[k].is_null()) {
+        if (!j[k].is_number_integer() || j[k].get<std::int64_t>() <= 0)
+          throw std::runtime_error(path + ": field '" + k + "' must be a positive integer");
+        return j[k].get<std::int64_t>();
+      }
+    if (required) throw std::runtime_error(path + ": missing field '" + *keys.begin() + "'");
+    return dflt;
+  };
+  ModelConfig c;
+  c.name = path;
+  const std::string type = j.value("model_type", std::string("llama"));
+  c.arch = type == "gpt2" ? "gpt2" : "llama";
+  c.layers = get({"num_hidden_layers", "n_layer"}, true, 0);
+  c.hidden = get({"hidden_size", "n_embd"}, true, 0);
+  c.heads = get({"num_attention_heads", "n_head"}, true, 0);
+  c.intermediate = get({"intermediate_size", "n_inner"}, c.arch != "gpt2", 4 * c.hidden);
+  c.kv_heads = get({"num_key_value_heads"}, false, c.heads);
+  c.vocab = get({"vocab_size"}, true, 0);
+  c.positions = get({"max_position_embeddings", "n_positions"}, c.arch == "gpt2", 0);
+  if (j.contains("tie_word_embeddings") && !j["tie_word_embeddings"].is_boolean())
+    throw std::runtime_error(path + ": field 'tie_word_embeddings' must be true or false");
+  c.tie_embeddings = j.value("tie_word_embeddings", c.arch == "gpt2");
+  param_tensors(c);  // validates the dimensions
+  return c;
+}
+
+std::vector<ParamTensor> param_tensors(const ModelConfig& c) {
+  if (c.layers <= 0 || c.hidden <= 0 || c.intermediate <= 0 || c.heads <= 0 || c.kv_heads <= 0 || c.vocab <= 0)
+    throw std::invalid_argument("model '" + c.name + "': every dimension must be positive");
+  if (c.hidden % c.heads != 0 || c.heads % c.kv_heads != 0)
+    throw std::invalid_argument("model '" + c.name + "': hidden size must divide by heads and heads by kv_heads");
+  const std::int64_t H = c.hidden, I = c.intermediate, V = c.vocab, kv = c.kv_heads * (H / c.heads);
+  std::vector<ParamTensor> t;
+  auto add = [&](std::string n, std::vector<std::int64_t> s, TensorKind k) { t.push_back({std::move(n), std::move(s), k}); };
+  if (c.arch == "gpt2") {
+    add("wte.weight", {V, H}, TensorKind::weight);
+    add("wpe.weight", {c.positions, H}, TensorKind::weight);
+    for (std::int64_t l = 0; l < c.layers; ++l) {
+      const std::string p = "h." + std::to_string(l) + ".";
+      add(p + "ln_1.weight", {H}, TensorKind::norm);
+      add(p + "ln_1.bias", {H}, TensorKind::bias);
+      add(p + "attn.c_attn.weight", {H, 3 * H}, TensorKind::weight);
+      add(p + "attn.c_attn.bias", {3 * H}, TensorKind::bias);
+      add(p + "attn.c_proj.weight", {H, H}, TensorKind::weight);
+      add(p + "attn.c_proj.bias", {H}, TensorKind::bias);
+      add(p + "ln_2.weight", {H}, TensorKind::norm);
+      add(p + "ln_2.bias", {H}, TensorKind::bias);
+      add(p + "mlp.c_fc.weight", {H, I}, TensorKind::weight);
+      add(p + "mlp.c_fc.bias", {I}, TensorKind::bias);
+      add(p + "mlp.c_proj.weight", {I, H}, TensorKind::weight);
+      add(p + "mlp.c_proj.bias", {H}, TensorKind::bias);
+    }
+    add("ln_f.weight", {H}, TensorKind::norm);
+    add("ln_f.bias", {H}, TensorKind::bias);
+    if (!c.tie_embeddings) add("lm_head.weight", {V, H}, TensorKind::weight);
+  } else {
+    add("model.embed_tokens.weight", {V, H}, TensorKind::weight);
+    for (std::int64_t l = 0; l < c.layers; ++l) {
+      const std::string p = "model.layers." + std::to_string(l) + ".";
+      add(p + "self_attn.q_proj.weight", {H, H}, TensorKind::weight);
+      add(p + "self_attn.k_proj.weight", {kv, H}, TensorKind::weight);
+      add(p + "self_attn.v_proj.weight", {kv, H}, TensorKind::weight);
+      add(p + "self_attn.o_proj.weight", {H, H}, TensorKind::weight);
+      add(p + "mlp.gate_proj.weight", {I, H}, TensorKind::weight);
+      add(p + "mlp.up_proj.weight", {I, H}, TensorKind::weight);
+      add(p + "mlp.down_proj.weight", {H, I}, TensorKind::weight);
+      add(p + "input_layernorm.weight", {H}, TensorKind::norm);
+      add(p + "post_attention_layernorm.weight", {H}, TensorKind::norm);
+    }
+    add("model.norm.weight", {H}, TensorKind::norm);
+    if (!c.tie_embeddings) add("lm_head.weight", {V, H}, TensorKind::weight);
+  }
+  return t;
+}
+
+}  // namespace dos_train

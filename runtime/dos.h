@@ -1,0 +1,160 @@
+// Deep Optimizer States: the public C++ API.
+//
+// The caller (a training loop, a PyTorch binding) owns the model's parameters and gradients:
+// buffers of fp32, fp16 or bf16 elements, all in host memory or all in the memory of CUDA device 0.
+// The runtime owns the optimizer state: fp32 master parameters (initialised from the caller's
+// parameters), `exp_avg`, `exp_avg_sq` and a step count per subgroup, in pinned host memory.
+//
+//   dos::Runtime rt({.policy = "cpu"});                 // one per process: starts StarPU
+//   dos::Optimizer opt(rt, {{w_ptr, gw_ptr, n_w}, {b_ptr, gb_ptr, n_b}}, options);
+//   for (...) { forward(); backward();                  // gradients written into gw_ptr, gb_ptr
+//               /* finish all GPU work writing gradients */
+//               dos::StepStats s = opt.step(); }       // params updated in place, 16-bit
+//
+// step() is synchronous: when it returns, the caller's parameters hold the new values and the
+// state is back in host memory. The caller must not touch parameters or gradients during step().
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "../codelets/kernels/adam.h"
+
+namespace dos {
+
+/// The error type of the runtime: bad input (the message names the value and what to do) or a
+/// resource that could not be had (no CUDA worker, not enough host memory).
+class Error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+/// Where the caller's parameter and gradient buffers live.
+enum class MemoryKind { host, cuda };
+
+/// One caller tensor: its parameters and gradients (same dtype, `numel` elements each, any shape:
+/// only the element count matters). Pointers are host pointers or CUDA device pointers, per
+/// OptimizerOptions::memory.
+struct TensorView {
+  void* param;
+  void* grad;
+  std::size_t numel;
+};
+
+/// Options of a Runtime.
+/// policy: "cpu" (every update on the CPU), "gpu" (every update on the GPU), or the name of a
+///   StarPU built-in policy ("dmda", "eager", "lws", ...); empty: $STARPU_SCHED if set, else "cpu".
+///   An explicit policy wins over $STARPU_SCHED (a warning says so).
+/// cpu_threads: OpenMP threads of the CPU Adam codelet; 0: $OMP_NUM_THREADS if set, else every
+///   core of the process's CPU set minus one per CUDA worker (the cores that drive the GPUs).
+/// ncuda: CUDA workers to start; -1: one per visible device (StarPU's default); 0: none.
+/// verbose: print what was chosen (policy, workers, threads) on stderr.
+struct RuntimeOptions {
+  std::string policy;
+  int cpu_threads = 0;
+  int ncuda = -1;
+  bool verbose = true;
+};
+
+/// The process's StarPU instance (one at a time). Throws Error for an unknown policy, a "gpu"
+/// policy without a CUDA worker, or when StarPU cannot start.
+class Runtime {
+ public:
+  explicit Runtime(const RuntimeOptions& options);
+  ~Runtime();
+  Runtime(const Runtime&) = delete;
+  Runtime& operator=(const Runtime&) = delete;
+
+  /// The policy name as StarPU reports it running ("dos-placement" for cpu/gpu, "dmda", ...).
+  std::string running_policy() const;
+  /// The policy as requested ("cpu", "gpu", "dmda", ...).
+  const std::string& policy() const { return policy_; }
+  unsigned cpu_workers() const;
+  unsigned cuda_workers() const;
+  int cpu_threads() const { return cpu_threads_; }
+
+  struct Impl;
+  Impl& impl() const { return *impl_; }
+
+ private:
+  std::string policy_;
+  int cpu_threads_ = 1;
+  std::unique_ptr<Impl> impl_;
+};
+
+/// Options of an Optimizer.
+/// adam: the hyper-parameters (torch.optim.Adam if adam.decoupled is false, AdamW if true).
+/// subgroup_size: elements per subgroup (>= 1); the last subgroup holds the remainder.
+/// dtype: element type of the caller's parameters and gradients.
+/// memory: where the caller's buffers live.
+struct OptimizerOptions {
+  AdamHyper adam;
+  std::size_t subgroup_size = 100000000;
+  DType dtype = DType::bf16;
+  MemoryKind memory = MemoryKind::host;
+};
+
+/// What one update phase did.
+/// seconds: wall time of step(); params: elements updated; subgroups_cpu / subgroups_gpu: Adam
+/// tasks that ran on a CPU / CUDA worker; bytes_h2d / bytes_d2h: bytes StarPU moved host->device /
+/// device->host during the phase (its per-bus counters); step: the largest subgroup step count.
+struct StepStats {
+  double seconds = 0;
+  std::size_t params = 0;
+  std::size_t subgroups_cpu = 0;
+  std::size_t subgroups_gpu = 0;
+  std::uint64_t bytes_h2d = 0;
+  std::uint64_t bytes_d2h = 0;
+  std::int64_t step = 0;
+};
+
+/// Host bytes the runtime needs per parameter: 12 (fp32 master, exp_avg, exp_avg_sq) + 4 (fp32
+/// gradient staging) + the parameter dtype's size (16-bit parameter staging).
+std::size_t host_bytes_per_param(DType dtype);
+
+/// Throws Error when `bytes` exceed the host memory available now (MemAvailable of
+/// /proc/meminfo), naming `what`, both figures in GB, and what to do.
+void check_host_memory(std::size_t bytes, const std::string& what);
+
+/// Adam/AdamW over the caller's tensors, as StarPU task graphs (one per step()).
+/// Throws Error on bad input: no tensor or 0 elements in all, a null pointer, subgroup_size 0,
+/// hyper-parameters outside their ranges (lr < 0, eps < 0, beta outside [0, 1),
+/// weight_decay < 0), CUDA memory without a CUDA worker, or more state than host memory holds.
+class Optimizer {
+ public:
+  Optimizer(Runtime& runtime, const std::vector<TensorView>& tensors, const OptimizerOptions& options);
+  ~Optimizer();
+  Optimizer(const Optimizer&) = delete;
+  Optimizer& operator=(const Optimizer&) = delete;
+
+  /// Runs one update phase: every subgroup's step count += 1, Adam/AdamW on the policy's side,
+  /// the new parameters written into the caller's buffers (rounded to nearest even).
+  StepStats step();
+
+  std::size_t num_params() const;
+  std::size_t num_subgroups() const;
+  /// Size in elements of subgroup i (i < num_subgroups()).
+  std::size_t subgroup_size(std::size_t i) const;
+  /// Step count of subgroup i (0 before the first step()).
+  std::int64_t step_count(std::size_t i) const;
+  /// Copies the fp32 master parameters (num_params() floats, in the flat order of the caller's
+  /// tensors) into `out`, host memory.
+  void read_master(float* out) const;
+  /// Same for exp_avg and exp_avg_sq.
+  void read_exp_avg(float* out) const;
+  void read_exp_avg_sq(float* out) const;
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+/// Validates Adam hyper-parameters as torch.optim.Adam does; throws Error naming the bad value.
+void validate_adam_hyper(const AdamHyper& h);
+
+}  // namespace dos

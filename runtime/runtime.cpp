@@ -1,0 +1,440 @@
+// The runtime core: StarPU's lifetime, the optimizer state, and one update phase's task graph.
+#include <omp.h>
+#include <sched.h>
+#include <starpu.h>
+#include <starpu_profiling.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <mutex>
+#include <string>
+
+#include "../codelets/codelets.h"
+#include "../scheduler/policy.h"
+#include "dos.h"
+#include "partition.h"
+
+namespace dos {
+
+// ---------------------------------------------------------------------------------------------
+// Runtime
+
+struct Runtime::Impl {
+  PolicyChoice choice;
+};
+
+namespace {
+
+void set_omp_threads(void* arg) { omp_set_num_threads(*static_cast<int*>(arg)); }
+
+int cores_in_cpuset() {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) == 0) return CPU_COUNT(&set);
+  return 1;
+}
+
+}  // namespace
+
+Runtime::Runtime(const RuntimeOptions& options) : impl_(new Impl) {
+  const char* env_sched = std::getenv("STARPU_SCHED");
+  std::string requested = options.policy;
+  if (requested.empty()) requested = env_sched && *env_sched ? env_sched : "cpu";
+  try {
+    impl_->choice = parse_policy(requested);
+  } catch (const std::invalid_argument& e) {
+    throw Error(e.what());
+  }
+  policy_ = requested;
+  if (env_sched && *env_sched && requested != env_sched && options.verbose)
+    std::fprintf(stderr, "[dos] warning: STARPU_SCHED=%s is ignored: the policy given is '%s'\n", env_sched,
+                 requested.c_str());
+  // StarPU reads STARPU_SCHED again inside starpu_init and lets it override conf.sched_policy
+  // (notes/starpu-1.3.md, section 1): the policy chosen here must be the one that runs.
+  unsetenv("STARPU_SCHED");
+  // One CPU worker whose codelets run an OpenMP team; its threads must not inherit the worker's
+  // single-core binding (notes/starpu-1.3.md, section 4).
+  setenv("STARPU_WORKERS_NOBIND", "1", 0);
+
+  struct starpu_conf conf;
+  starpu_conf_init(&conf);
+  if (impl_->choice.builtin) {
+    conf.sched_policy_name = impl_->choice.name.c_str();
+    conf.sched_policy = nullptr;
+  } else {
+    conf.sched_policy_name = nullptr;
+    conf.sched_policy = &placement_policy;
+  }
+  if (!std::getenv("STARPU_NCPU") && !std::getenv("STARPU_NCPUS")) conf.ncpus = 1;
+  if (options.ncuda >= 0) conf.ncuda = options.ncuda;
+  const int ret = starpu_init(&conf);
+  if (ret == -ENODEV) throw Error("StarPU found no worker to run on (starpu_init returned -ENODEV)");
+  if (ret != 0) throw Error("StarPU failed to start (starpu_init returned " + std::to_string(ret) + ")");
+
+  const unsigned ncuda = starpu_cuda_worker_get_count();
+  if (impl_->choice.side == Side::gpu && !impl_->choice.builtin && ncuda == 0) {
+    starpu_shutdown();
+    throw Error(std::string("policy 'gpu' needs a CUDA worker and there is none") +
+                (codelets_have_cuda() ? " (no CUDA device visible)" : " (this build has no CUDA: rebuild with nvcc)") +
+                ": use --policy cpu");
+  }
+  int threads = options.cpu_threads;
+  const char* env_omp = std::getenv("OMP_NUM_THREADS");
+  if (threads <= 0 && env_omp && std::atoi(env_omp) > 0) threads = std::atoi(env_omp);
+  if (threads <= 0) {
+    const int ncpuw = int(starpu_cpu_worker_get_count());
+    threads = (cores_in_cpuset() - int(ncuda)) / (ncpuw > 0 ? ncpuw : 1);
+    if (threads < 1) threads = 1;
+  }
+  cpu_threads_ = threads;
+  starpu_execute_on_each_worker(set_omp_threads, &threads, STARPU_CPU);
+
+  if (options.verbose)
+    std::fprintf(stderr, "[dos] policy %s (StarPU runs '%s'), %u CPU worker(s) x %d OpenMP threads, %u CUDA worker(s)\n",
+                 policy_.c_str(), running_policy().c_str(), cpu_workers(), cpu_threads_, ncuda);
+}
+
+Runtime::~Runtime() { starpu_shutdown(); }
+
+std::string Runtime::running_policy() const {
+  struct starpu_sched_policy* p = starpu_sched_ctx_get_sched_policy(0);
+  return p && p->policy_name ? p->policy_name : "?";
+}
+unsigned Runtime::cpu_workers() const { return starpu_cpu_worker_get_count(); }
+unsigned Runtime::cuda_workers() const { return starpu_cuda_worker_get_count(); }
+
+// ---------------------------------------------------------------------------------------------
+// Validation and host memory
+
+void validate_adam_hyper(const AdamHyper& h) {
+  auto bad = [](const std::string& what) { throw Error("invalid Adam hyper-parameter: " + what); };
+  if (!(h.lr >= 0) || !std::isfinite(h.lr)) bad("learning rate must be a finite number >= 0, got " + std::to_string(h.lr));
+  if (!(h.eps >= 0) || !std::isfinite(h.eps)) bad("eps must be a finite number >= 0, got " + std::to_string(h.eps));
+  if (!(h.beta1 >= 0 && h.beta1 < 1)) bad("beta1 must be in [0, 1), got " + std::to_string(h.beta1));
+  if (!(h.beta2 >= 0 && h.beta2 < 1)) bad("beta2 must be in [0, 1), got " + std::to_string(h.beta2));
+  if (!(h.weight_decay >= 0) || !std::isfinite(h.weight_decay))
+    bad("weight_decay must be a finite number >= 0, got " + std::to_string(h.weight_decay));
+}
+
+std::size_t host_bytes_per_param(DType dtype) { return 12 + 4 + dtype_size(dtype); }
+
+void check_host_memory(std::size_t bytes, const std::string& what) {
+  std::ifstream f("/proc/meminfo");
+  std::string key;
+  std::size_t kb = 0, avail = 0;
+  std::string unit;
+  while (f >> key >> kb >> unit)
+    if (key == "MemAvailable:") avail = kb * 1024;
+  if (avail == 0) return;  // cannot tell (not Linux): let the allocation decide
+  if (bytes > avail) {
+    char msg[512];
+    std::snprintf(msg, sizeof msg,
+                  "%s needs %.1f GB of host memory and only %.1f GB are available: run a shard of the model "
+                  "(--shard R/W), a smaller model, or on a machine with more memory",
+                  what.c_str(), bytes / 1e9, avail / 1e9);
+    throw Error(msg);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Optimizer
+
+namespace {
+
+/// fp32 host buffer, page-aligned, pinned for DMA when possible.
+struct HostBuffer {
+  float* ptr = nullptr;
+  std::size_t bytes = 0;
+  bool pinned = false;
+};
+
+std::atomic<bool> g_warned_pageable{false};
+
+HostBuffer alloc_state(std::size_t n) {
+  HostBuffer b;
+  b.bytes = n * sizeof(float);
+  void* p = nullptr;
+  if (posix_memalign(&p, 4096, b.bytes ? b.bytes : 4096) != 0)
+    throw Error("cannot allocate " + std::to_string(b.bytes) + " bytes of host memory for the optimizer state");
+  b.ptr = static_cast<float*>(p);
+  // First touch from an OpenMP team, so pages spread like the threads that will update them.
+#pragma omp parallel for schedule(static)
+  for (std::size_t i = 0; i < n; ++i) b.ptr[i] = 0.0f;
+  if (starpu_cuda_worker_get_count() > 0) {
+    b.pinned = starpu_memory_pin(b.ptr, b.bytes) == 0;
+    if (!b.pinned && !g_warned_pageable.exchange(true))
+      std::fprintf(stderr, "[dos] warning: could not pin %zu bytes of optimizer state: using pageable memory, "
+                           "whose copies to and from the GPU are slower and synchronous\n", b.bytes);
+  }
+  return b;
+}
+
+void free_state(HostBuffer& b) {
+  if (!b.ptr) return;
+  if (b.pinned) starpu_memory_unpin(b.ptr, b.bytes);
+  std::free(b.ptr);
+  b.ptr = nullptr;
+}
+
+struct Subgroup {
+  std::size_t begin = 0, size = 0;
+  std::int64_t step = 0;
+  HostBuffer master, exp_avg, exp_avg_sq;
+  starpu_data_handle_t h_master = nullptr, h_exp_avg = nullptr, h_exp_avg_sq = nullptr;
+  starpu_data_handle_t h_grad32 = nullptr, h_param16 = nullptr;
+  std::vector<Segment> segs;
+  GatherArgs gather_grads{}, gather_params{};
+  ScatterArgs scatter{};
+  AdamArgs adam{};
+  TaskHint hint_update{};  // the Adam task: the side the policy's plan names
+  TaskHint hint_io{};      // conversion and write-back: wherever the caller's buffers are
+  std::atomic<int> ran_on{0};  // 1: CPU worker, 2: CUDA worker
+};
+
+/// Counts outstanding asynchronous acquisitions and waits for them.
+struct Pending {
+  std::mutex mu;
+  std::condition_variable cv;
+  int n = 0;
+  void add() {
+    std::lock_guard<std::mutex> l(mu);
+    ++n;
+  }
+  void done() {
+    std::lock_guard<std::mutex> l(mu);
+    if (--n == 0) cv.notify_all();
+  }
+  void wait() {
+    std::unique_lock<std::mutex> l(mu);
+    cv.wait(l, [&] { return n == 0; });
+  }
+};
+
+struct WriteBack {
+  starpu_data_handle_t h;
+  Pending* pending;
+};
+
+void release_after_writeback(void* arg) {
+  auto* wb = static_cast<WriteBack*>(arg);
+  starpu_data_release(wb->h);
+  // The host copy is valid now: StarPU may drop the device copy (notes/gpu-machine.md,
+  // "Streaming optimizer state through StarPU").
+  starpu_data_wont_use(wb->h);
+  Pending* p = wb->pending;
+  delete wb;
+  p->done();
+}
+
+void record_worker(void* arg) {
+  const int w = starpu_worker_get_id();
+  static_cast<Subgroup*>(arg)->ran_on.store(w >= 0 && starpu_worker_get_type(w) == STARPU_CUDA_WORKER ? 2 : 1);
+}
+
+void submit(struct starpu_task* t, const char* what) {
+  const int ret = starpu_task_submit(t);
+  if (ret != 0) throw Error(std::string("StarPU refused the ") + what + " task (error " + std::to_string(ret) + ")");
+}
+
+void read_bus_bytes(std::uint64_t* h2d, std::uint64_t* d2h) {
+  *h2d = *d2h = 0;
+  const int nbus = starpu_bus_get_count();
+  for (int b = 0; b < nbus; ++b) {
+    struct starpu_profiling_bus_info info;
+    if (starpu_bus_get_profiling_info(b, &info) != 0) continue;
+    const auto src = starpu_node_get_kind(unsigned(starpu_bus_get_src(b)));
+    const auto dst = starpu_node_get_kind(unsigned(starpu_bus_get_dst(b)));
+    if (src == STARPU_CPU_RAM && dst == STARPU_CUDA_RAM) *h2d += std::uint64_t(info.transferred_bytes);
+    if (src == STARPU_CUDA_RAM && dst == STARPU_CPU_RAM) *d2h += std::uint64_t(info.transferred_bytes);
+  }
+}
+
+}  // namespace
+
+struct Optimizer::Impl {
+  Runtime* rt = nullptr;
+  OptimizerOptions opt;
+  std::vector<TensorView> tensors;
+  std::vector<std::unique_ptr<Subgroup>> sgs;
+  std::size_t nparams = 0;
+  uint32_t where_caller = STARPU_CPU;
+  bool use_hints = false;
+
+  struct starpu_task* make_task(struct starpu_codelet* cl, void* arg, const TaskHint* hint, uint32_t where) {
+    struct starpu_task* t = starpu_task_create();
+    t->cl = cl;
+    t->cl_arg = arg;
+    t->cl_arg_size = 0;
+    t->cl_arg_free = 0;
+    t->where = where;
+    if (use_hints) t->sched_data = const_cast<TaskHint*>(hint);
+    return t;
+  }
+
+  void read_state(float* out, HostBuffer Subgroup::*buf, starpu_data_handle_t Subgroup::*h) const {
+    for (const auto& sg : sgs) {
+      starpu_data_acquire(sg.get()->*h, STARPU_R);  // waits for the tasks writing it, fetches it home
+      std::memcpy(out + sg->begin, (sg.get()->*buf).ptr, sg->size * sizeof(float));
+      starpu_data_release(sg.get()->*h);
+    }
+  }
+};
+
+Optimizer::Optimizer(Runtime& runtime, const std::vector<TensorView>& tensors, const OptimizerOptions& options)
+    : impl_(new Impl) {
+  Impl& I = *impl_;
+  I.rt = &runtime;
+  I.opt = options;
+  I.tensors = tensors;
+  validate_adam_hyper(options.adam);
+  if (tensors.empty()) throw Error("no tensors given to the optimizer");
+  std::vector<std::size_t> numels;
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    if (tensors[i].numel > 0 && (!tensors[i].param || !tensors[i].grad))
+      throw Error("tensor " + std::to_string(i) + " has a null parameter or gradient pointer");
+    numels.push_back(tensors[i].numel);
+  }
+  std::vector<SubgroupLayout> layout;
+  try {
+    layout = partition_subgroups(numels, options.subgroup_size);
+  } catch (const std::invalid_argument& e) {
+    throw Error(e.what());
+  }
+  for (std::size_t n : numels) I.nparams += n;
+  if (options.memory == MemoryKind::cuda) {
+    if (runtime.cuda_workers() == 0)
+      throw Error("the parameters live in GPU memory but the runtime has no CUDA worker");
+    I.where_caller = STARPU_CUDA;
+  }
+  check_host_memory(I.nparams * host_bytes_per_param(options.dtype), "the optimizer state of " +
+                                                                          std::to_string(I.nparams) + " parameters");
+  const PolicyChoice choice = runtime.impl().choice;
+  I.use_hints = !choice.builtin;
+  const std::size_t esz = dtype_size(options.dtype);
+
+  for (std::size_t s = 0; s < layout.size(); ++s) {
+    auto sg = std::make_unique<Subgroup>();
+    sg->begin = layout[s].begin;
+    sg->size = layout[s].size;
+    sg->master = alloc_state(sg->size);
+    sg->exp_avg = alloc_state(sg->size);
+    sg->exp_avg_sq = alloc_state(sg->size);
+    starpu_vector_data_register(&sg->h_master, STARPU_MAIN_RAM, uintptr_t(sg->master.ptr), sg->size, sizeof(float));
+    starpu_vector_data_register(&sg->h_exp_avg, STARPU_MAIN_RAM, uintptr_t(sg->exp_avg.ptr), sg->size, sizeof(float));
+    starpu_vector_data_register(&sg->h_exp_avg_sq, STARPU_MAIN_RAM, uintptr_t(sg->exp_avg_sq.ptr), sg->size,
+                                sizeof(float));
+    // Staging buffers: StarPU allocates them where a task needs them (pinned on the host).
+    starpu_vector_data_register(&sg->h_grad32, -1, 0, sg->size, sizeof(float));
+    starpu_vector_data_register(&sg->h_param16, -1, 0, sg->size, esz);
+    for (const Piece& p : layout[s].pieces) {
+      const TensorView& t = tensors[p.tensor];
+      sg->segs.push_back(Segment{static_cast<char*>(t.param) + p.tensor_offset * esz,
+                                 static_cast<char*>(t.grad) + p.tensor_offset * esz, p.offset, p.count});
+    }
+    sg->gather_grads = GatherArgs{sg->segs.data(), sg->segs.size(), options.dtype, false};
+    sg->gather_params = GatherArgs{sg->segs.data(), sg->segs.size(), options.dtype, true};
+    sg->scatter = ScatterArgs{sg->segs.data(), sg->segs.size(), options.dtype};
+    sg->adam.param_dtype = options.dtype;
+    sg->hint_update = TaskHint{choice.side, unsigned(s)};
+    sg->hint_io = TaskHint{Side::any, unsigned(s)};
+    I.sgs.push_back(std::move(sg));
+  }
+  // fp32 master parameters from the caller's parameters, converted where they live.
+  for (auto& sg : I.sgs) {
+    struct starpu_task* t = I.make_task(&gather_cl, &sg->gather_params, &sg->hint_io, I.where_caller);
+    t->handles[0] = sg->h_master;
+    submit(t, "master-parameter initialisation");
+  }
+  starpu_task_wait_for_all();
+  for (auto& sg : I.sgs) {  // bring them home; a write access invalidates any device copy
+    starpu_data_acquire(sg->h_master, STARPU_RW);
+    starpu_data_release(sg->h_master);
+  }
+}
+
+Optimizer::~Optimizer() {
+  starpu_task_wait_for_all();
+  for (auto& sg : impl_->sgs) {
+    for (starpu_data_handle_t h : {sg->h_master, sg->h_exp_avg, sg->h_exp_avg_sq, sg->h_grad32, sg->h_param16})
+      if (h) starpu_data_unregister(h);
+    free_state(sg->master);
+    free_state(sg->exp_avg);
+    free_state(sg->exp_avg_sq);
+  }
+}
+
+StepStats Optimizer::step() {
+  Impl& I = *impl_;
+  StepStats st;
+  std::uint64_t h2d0, d2h0;
+  read_bus_bytes(&h2d0, &d2h0);  // resets StarPU's counters
+  const auto t0 = std::chrono::steady_clock::now();
+
+  for (auto& sgp : I.sgs) {
+    Subgroup* sg = sgp.get();
+    sg->step += 1;
+    sg->adam.sp = make_adam_step_params(I.opt.adam, sg->step);
+    sg->ran_on.store(0);
+
+    struct starpu_task* g = I.make_task(&gather_cl, &sg->gather_grads, &sg->hint_io, I.where_caller);
+    g->handles[0] = sg->h_grad32;
+    submit(g, "gradient conversion");
+
+    struct starpu_task* a = I.make_task(&adam_cl, &sg->adam, &sg->hint_update, STARPU_CPU | STARPU_CUDA);
+    a->handles[0] = sg->h_master;
+    a->handles[1] = sg->h_exp_avg;
+    a->handles[2] = sg->h_exp_avg_sq;
+    a->handles[3] = sg->h_grad32;
+    a->handles[4] = sg->h_param16;
+    a->callback_func = record_worker;
+    a->callback_arg = sg;
+    submit(a, "Adam");
+
+    struct starpu_task* s = I.make_task(&scatter_cl, &sg->scatter, &sg->hint_io, I.where_caller);
+    s->handles[0] = sg->h_param16;
+    submit(s, "parameter write-back");
+    starpu_data_invalidate_submit(sg->h_grad32);
+  }
+  // The phase ends when every subgroup's state is safe in host memory: an asynchronous acquire on
+  // main RAM turns the write-back of a GPU-updated subgroup into a normal D2H fetch.
+  Pending pending;
+  for (auto& sg : I.sgs)
+    for (starpu_data_handle_t h : {sg->h_master, sg->h_exp_avg, sg->h_exp_avg_sq}) {
+      pending.add();
+      if (starpu_data_acquire_on_node_cb(h, STARPU_MAIN_RAM, STARPU_R, release_after_writeback,
+                                         new WriteBack{h, &pending}) != 0)
+        throw Error("StarPU refused to write the optimizer state back to host memory");
+    }
+  pending.wait();
+  starpu_task_wait_for_all();
+  for (auto& sg : I.sgs) starpu_data_invalidate_submit(sg->h_param16);
+  starpu_task_wait_for_all();
+
+  st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  read_bus_bytes(&st.bytes_h2d, &st.bytes_d2h);
+  st.params = I.nparams;
+  for (auto& sg : I.sgs) {
+    (sg->ran_on.load() == 2 ? st.subgroups_gpu : st.subgroups_cpu) += 1;
+    if (sg->step > st.step) st.step = sg->step;
+  }
+  return st;
+}
+
+std::size_t Optimizer::num_params() const { return impl_->nparams; }
+std::size_t Optimizer::num_subgroups() const { return impl_->sgs.size(); }
+std::size_t Optimizer::subgroup_size(std::size_t i) const { return impl_->sgs.at(i)->size; }
+std::int64_t Optimizer::step_count(std::size_t i) const { return impl_->sgs.at(i)->step; }
+void Optimizer::read_master(float* out) const { impl_->read_state(out, &Subgroup::master, &Subgroup::h_master); }
+void Optimizer::read_exp_avg(float* out) const {
+  impl_->read_state(out, &Subgroup::exp_avg, &Subgroup::h_exp_avg);
+}
+void Optimizer::read_exp_avg_sq(float* out) const {
+  impl_->read_state(out, &Subgroup::exp_avg_sq, &Subgroup::h_exp_avg_sq);
+}
+
+}  // namespace dos

@@ -1,0 +1,41 @@
+// Reading and writing safetensors files (https://huggingface.co/docs/safetensors: an 8-byte
+// little-endian header length, a JSON header of {name: {dtype, shape, data_offsets}}, then the raw
+// little-endian data). Used for --save-params and by the tests.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace dos {
+
+/// One tensor to write: name, safetensors dtype string ("F32", "F16", "BF16"), shape (elements per
+/// dimension; the product must equal bytes / element size), and a pointer to `bytes` bytes of data.
+struct SafetensorOut {
+  std::string name;
+  std::string dtype;
+  std::vector<std::int64_t> shape;
+  const void* data;
+  std::size_t bytes;
+};
+
+/// Writes `tensors` to `path` atomically (write_file_atomically in atomic_file.h): a failure
+/// (full disk, bad folder) leaves no file and no half-written one behind.
+/// Throws std::runtime_error naming the path and the system error when the file cannot be written,
+/// and std::invalid_argument on duplicate names or a shape that does not match the byte count.
+void write_safetensors(const std::string& path, const std::vector<SafetensorOut>& tensors,
+                       const std::map<std::string, std::string>& metadata = {});
+
+/// A tensor read back: dtype string, shape and the raw bytes.
+struct SafetensorIn {
+  std::string dtype;
+  std::vector<std::int64_t> shape;
+  std::vector<std::uint8_t> data;
+};
+
+/// Reads a whole safetensors file. Throws std::runtime_error when the file cannot be read or is not
+/// a well-formed safetensors file (the message says which).
+std::map<std::string, SafetensorIn> read_safetensors(const std::string& path);
+
+}  // namespace dos

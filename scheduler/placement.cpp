@@ -1,0 +1,80 @@
+// The placement policy (contract in policy.h) and the policy-by-name registry.
+#include <stdexcept>
+
+#include "policy.h"
+
+namespace dos {
+namespace {
+
+bool side_matches(unsigned worker, Side side) {
+  if (side == Side::any) return true;
+  const enum starpu_worker_archtype t = starpu_worker_get_type(int(worker));
+  return side == Side::gpu ? t == STARPU_CUDA_WORKER : t == STARPU_CPU_WORKER;
+}
+
+int placement_push_task(struct starpu_task* task) {
+  const auto* hint = static_cast<const TaskHint*>(task->sched_data);
+  const Side side = hint ? hint->side : Side::any;
+  const unsigned sg = hint ? hint->subgroup : 0;
+  unsigned candidates[STARPU_NMAXWORKERS];
+  unsigned ncand = 0;
+  const unsigned nworkers = starpu_worker_get_count();
+  for (unsigned w = 0; w < nworkers; ++w) {
+    unsigned impl;
+    if (side_matches(w, side) && starpu_worker_can_execute_task_first_impl(w, task, &impl)) candidates[ncand++] = w;
+  }
+  if (ncand == 0) {
+    // The runtime checks up front that a worker of each side it asks for exists; reaching this
+    // means a task was submitted that no worker can run. Fail the submission, never hang.
+    fprintf(stderr, "dos-placement: no worker can run task '%s' on side %d\n",
+            task->cl && task->cl->name ? task->cl->name : "?", int(side));
+    return -ENODEV;
+  }
+  const unsigned w = candidates[sg % ncand];
+  if (starpu_get_prefetch_flag()) starpu_prefetch_task_input_for(task, w);
+  return starpu_push_local_task(int(w), task, 0);
+}
+
+void placement_init(unsigned) {}
+void placement_deinit(unsigned) {}
+
+}  // namespace
+
+struct starpu_sched_policy placement_policy = [] {
+  struct starpu_sched_policy p = {};
+  p.init_sched = placement_init;
+  p.deinit_sched = placement_deinit;
+  p.push_task = placement_push_task;
+  p.pop_task = nullptr;
+  p.policy_name = "dos-placement";
+  p.policy_description = "Deep Optimizer States: each task on the side its plan names";
+  p.worker_type = STARPU_WORKER_LIST;
+  return p;
+}();
+
+std::vector<std::string> builtin_policy_names() {
+  std::vector<std::string> names;
+  for (struct starpu_sched_policy** p = starpu_sched_get_predefined_policies(); p && *p; ++p)
+    names.emplace_back((*p)->policy_name);
+  return names;
+}
+
+PolicyChoice parse_policy(const std::string& name) {
+  PolicyChoice c;
+  c.name = name;
+  if (name == "cpu" || name == "gpu") {
+    c.side = name == "cpu" ? Side::cpu : Side::gpu;
+    return c;
+  }
+  const std::vector<std::string> builtins = builtin_policy_names();
+  for (const std::string& b : builtins)
+    if (b == name) {
+      c.builtin = true;
+      return c;
+    }
+  std::string list = "cpu, gpu";
+  for (const std::string& b : builtins) list += ", " + b;
+  throw std::invalid_argument("unknown policy '" + name + "': choose one of " + list);
+}
+
+}  // namespace dos

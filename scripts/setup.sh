@@ -1,0 +1,191 @@
+#!/usr/bin/env bash
+# Set up, build and run the Deep Optimizer States runtime on a fresh machine.
+#
+#   scripts/setup.sh run  [dos-train options]   install what is missing, build, run dos-train
+#   scripts/setup.sh test [meson test options]  install what is missing, build, run the test suite
+#   scripts/setup.sh deps                       only install/build the dependencies
+#   scripts/setup.sh build                      dependencies + build, nothing run
+#
+# What it does, in order (every step says what it does, and skips itself when already done):
+#  1. Debian packages: meson, ninja-build, pkg-config, g++, libhwloc-dev, libcmocka-dev,
+#     nlohmann-json3-dev, libcli11-dev, through apt-get when the machine has it and a network.
+#  2. The cache folder .deps/cache (git-ignored): StarPU's Debian source tarball and the .deb files of the
+#     header/test libraries, filled when online. On a machine without a network (the GPU machine) the
+#     script builds from that folder alone: carry .deps/cache there.
+#  3. StarPU: a site's own StarPU (pkg-config starpu-1.4 or starpu-1.3, e.g. from `module load starpu`)
+#     is used as it is. Otherwise StarPU 1.3.10 is built from Debian's source package `starpu`
+#     1.3.10+dfsg into .deps/starpu-1.3.10[-cuda], with CUDA when nvcc is present (two small changes
+#     for CUDA 13 in scripts/starpu-1.3.10-cuda13.patch). DOS_BUILD_STARPU=1 forces our own build.
+#  4. meson setup + compile into build/ (-Dcuda=auto).
+# Environment: DOS_BUILD_DIR (default build), MESON_OPTIONS (extra `meson setup` options).
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+DEPS=$ROOT/.deps
+CACHE=$DEPS/cache
+SYSROOT=$DEPS/sysroot
+BUILD=${DOS_BUILD_DIR:-$ROOT/build}
+STARPU_VERSION=1.3.10
+STARPU_TARBALL=starpu_${STARPU_VERSION}+dfsg.orig.tar.gz
+CACHE_DEBS="libcmocka0 libcmocka-dev nlohmann-json3-dev libcli11-dev"
+APT_PACKAGES="meson ninja-build pkg-config g++ make libhwloc-dev libcmocka-dev nlohmann-json3-dev libcli11-dev"
+
+say() { printf '[setup] %s\n' "$*"; }
+die() { printf '[setup] error: %s\n' "$*" >&2; exit 1; }
+
+cmd=${1:-run}
+[ $# -gt 0 ] && shift
+case "$cmd" in run|test|deps|build) ;; -h|--help|help) sed -n '2,22p' "$0"; exit 0 ;;
+  *) die "unknown command '$cmd': use run, test, deps or build (scripts/setup.sh --help)" ;; esac
+
+mkdir -p "$CACHE"
+[ -d /usr/local/cuda/bin ] && case ":$PATH:" in *:/usr/local/cuda/bin:*) ;; *) PATH=$PATH:/usr/local/cuda/bin ;; esac
+export PATH
+
+SUDO=""
+if [ "$(id -u)" != 0 ] && command -v sudo >/dev/null 2>&1; then SUDO=sudo; fi
+have_apt() { command -v apt-get >/dev/null 2>&1 && [ -r /etc/debian_version ]; }
+online() { have_apt && timeout 20 $SUDO apt-get update -qq >/dev/null 2>&1; }
+APT_UPDATED=""
+apt_update_once() {
+  if [ -z "$APT_UPDATED" ]; then
+    if online; then APT_UPDATED=yes; else APT_UPDATED=no; fi
+  fi
+  [ "$APT_UPDATED" = yes ]
+}
+
+# ---- 1. Debian packages -------------------------------------------------------------------------
+missing=""
+for p in $APT_PACKAGES; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing="$missing $p"
+done
+if [ -n "$missing" ]; then
+  if have_apt && apt_update_once; then
+    say "installing Debian packages:$missing"
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq $missing >/dev/null
+  else
+    say "no package manager or no network: not installing$missing (using what is here and .deps/cache)"
+  fi
+else
+  say "Debian packages already installed"
+fi
+
+# ---- 2. the cache folder ------------------------------------------------------------------------
+deb_src_entry() {
+  # apt-get source needs a deb-src entry: derive it from the machine's own Debian `deb` entry.
+  if apt-get indextargets 2>/dev/null | grep -q 'Created-By: Sources'; then return 0; fi
+  local f=/etc/apt/sources.list.d/dos-deb-src.sources
+  if ls /etc/apt/sources.list.d/*.sources >/dev/null 2>&1; then
+    say "adding a deb-src entry ($f) derived from the machine's deb entry"
+    # deb822 stanzas: keep those that point at Debian's archive, change the type
+    awk 'BEGIN{RS="";ORS="\n\n"} /Types:[^\n]*deb/ && /debian/ {sub(/Types:[^\n]*/,"Types: deb-src"); print}' \
+      /etc/apt/sources.list.d/*.sources | $SUDO tee "$f" >/dev/null
+  else
+    f=/etc/apt/sources.list.d/dos-deb-src.list
+    say "adding a deb-src entry ($f) derived from /etc/apt/sources.list"
+    grep -E '^deb ' /etc/apt/sources.list | grep debian | sed 's/^deb /deb-src /' | $SUDO tee "$f" >/dev/null
+  fi
+  APT_UPDATED=""; apt_update_once || true
+}
+if [ ! -f "$CACHE/$STARPU_TARBALL" ]; then
+  have_apt && apt_update_once || die "StarPU's source tarball is not in $CACHE and this machine cannot fetch it: run scripts/setup.sh deps on an online Debian machine and carry .deps/cache"
+  deb_src_entry
+  say "fetching Debian's source package starpu ${STARPU_VERSION}+dfsg into .deps/cache"
+  (cd "$CACHE" && apt-get source --download-only "starpu=${STARPU_VERSION}+dfsg-2" >/dev/null 2>&1 \
+     || apt-get source --download-only starpu >/dev/null 2>&1) || die "apt-get source starpu failed"
+  [ -f "$CACHE/$STARPU_TARBALL" ] || die "apt-get source did not bring $STARPU_TARBALL (is Debian 12's archive in the apt sources?)"
+fi
+for d in $CACHE_DEBS; do
+  if ! ls "$CACHE"/${d}_*.deb >/dev/null 2>&1 && have_apt && apt_update_once; then
+    say "caching $d .deb for offline machines"
+    (cd "$CACHE" && apt-get download "$d" >/dev/null 2>&1) || say "could not download $d (offline machines will lack it)"
+  fi
+done
+
+# Offline machines: take the libraries that pkg-config cannot find from the cached .deb files.
+PKG_CONFIG_PATH=${PKG_CONFIG_PATH:-}
+for pc in cmocka:libcmocka nlohmann_json:nlohmann-json3-dev CLI11:libcli11-dev; do
+  mod=${pc%%:*}; pkgs=${pc#*:}
+  if ! pkg-config --exists "$mod" 2>/dev/null; then
+    mkdir -p "$SYSROOT"
+    for deb in "$CACHE"/${pkgs}*.deb; do
+      [ -f "$deb" ] || die "$mod is missing and $CACHE holds no ${pkgs}*.deb: run scripts/setup.sh deps on an online Debian machine first"
+      say "unpacking $(basename "$deb") into .deps/sysroot"
+      dpkg -x "$deb" "$SYSROOT"
+    done
+  fi
+done
+if [ -d "$SYSROOT" ]; then
+  # the .pc files of the unpacked packages say prefix=/usr: point them at the sysroot
+  for pcdir in "$SYSROOT"/usr/lib/*/pkgconfig "$SYSROOT"/usr/share/pkgconfig; do
+    [ -d "$pcdir" ] || continue
+    sed -i "s#^prefix=/usr\$#prefix=$SYSROOT/usr#" "$pcdir"/*.pc
+    PKG_CONFIG_PATH=$pcdir:$PKG_CONFIG_PATH
+  done
+  LD_LIBRARY_PATH=$(ls -d "$SYSROOT"/usr/lib/*-linux-gnu 2>/dev/null | head -1):${LD_LIBRARY_PATH:-}
+  export LD_LIBRARY_PATH
+fi
+
+# ---- 3. StarPU ----------------------------------------------------------------------------------
+if command -v nvcc >/dev/null 2>&1; then STARPU_PREFIX=$DEPS/starpu-$STARPU_VERSION-cuda; WITH_CUDA=1
+else STARPU_PREFIX=$DEPS/starpu-$STARPU_VERSION; WITH_CUDA=0; fi
+site_starpu=""
+if [ "${DOS_BUILD_STARPU:-0}" != 1 ]; then
+  for m in starpu-1.4 starpu-1.3; do
+    if pkg-config --exists "$m" 2>/dev/null && [ "$(pkg-config --variable=prefix "$m")" != "$STARPU_PREFIX" ]; then
+      site_starpu="$m $(pkg-config --modversion "$m") at $(pkg-config --variable=prefix "$m")"; break
+    fi
+  done
+fi
+stamp_want="starpu $STARPU_VERSION cuda=$WITH_CUDA patch=$(cksum < "$ROOT/scripts/starpu-1.3.10-cuda13.patch" | cut -d' ' -f1)"
+if [ -n "$site_starpu" ]; then
+  say "using the site's StarPU: $site_starpu"
+elif [ -f "$STARPU_PREFIX/.dos-stamp" ] && [ "$(cat "$STARPU_PREFIX/.dos-stamp")" = "$stamp_want" ]; then
+  say "StarPU $STARPU_VERSION already built in ${STARPU_PREFIX#$ROOT/} (cuda=$WITH_CUDA)"
+else
+  src=$DEPS/src/starpu-$STARPU_VERSION-cuda$WITH_CUDA
+  say "building StarPU $STARPU_VERSION (cuda=$WITH_CUDA) into ${STARPU_PREFIX#$ROOT/}: about 2 minutes on 2 cores"
+  rm -rf "$src" "$STARPU_PREFIX"; mkdir -p "$src"
+  tar xzf "$CACHE/$STARPU_TARBALL" -C "$src" --strip-components=1
+  cuda_opts="--disable-cuda"
+  if [ $WITH_CUDA = 1 ]; then
+    say "applying scripts/starpu-1.3.10-cuda13.patch (CUDA 13 removed computeMode and the legacy cuBLAS API)"
+    (cd "$src" && patch -p1 -s < "$ROOT/scripts/starpu-1.3.10-cuda13.patch")
+    cuda_dir=$(dirname "$(dirname "$(command -v nvcc)")")
+    cuda_opts="--enable-cuda --with-cuda-dir=$cuda_dir"
+  fi
+  (cd "$src" && ./configure --prefix="$STARPU_PREFIX" $cuda_opts --disable-static --disable-build-doc \
+      --disable-build-examples --disable-build-tests --disable-fortran --disable-socl --disable-starpufft \
+      --disable-mpi --disable-opencl --disable-starpurm --disable-glpk > "$src/configure.out" 2>&1) \
+    || die "StarPU configure failed: see ${src#$ROOT/}/configure.out"
+  (cd "$src" && make -j"$(nproc)" > "$src/make.out" 2>&1 && make install >> "$src/make.out" 2>&1) \
+    || die "StarPU build failed: see ${src#$ROOT/}/make.out"
+  echo "$stamp_want" > "$STARPU_PREFIX/.dos-stamp"
+  say "StarPU installed in ${STARPU_PREFIX#$ROOT/} ($(du -sh "$STARPU_PREFIX" | cut -f1))"
+fi
+if [ -z "$site_starpu" ]; then
+  PKG_CONFIG_PATH=$STARPU_PREFIX/lib/pkgconfig:$PKG_CONFIG_PATH
+  LD_LIBRARY_PATH=$STARPU_PREFIX/lib:${LD_LIBRARY_PATH:-}
+  export LD_LIBRARY_PATH
+fi
+export PKG_CONFIG_PATH
+# An environment file for running the binaries by hand: `. .deps/env.sh`
+printf 'export PATH=%q\nexport PKG_CONFIG_PATH=%q\nexport LD_LIBRARY_PATH=%q\n' \
+  "$PATH" "$PKG_CONFIG_PATH" "${LD_LIBRARY_PATH:-}" > "$DEPS/env.sh"
+[ "$cmd" = deps ] && { say "dependencies ready; '. .deps/env.sh' sets PKG_CONFIG_PATH and LD_LIBRARY_PATH"; exit 0; }
+
+# ---- 4. build -----------------------------------------------------------------------------------
+if [ ! -f "$BUILD/build.ninja" ]; then
+  say "meson setup ${BUILD#$ROOT/} ${MESON_OPTIONS:-}"
+  meson setup "$BUILD" "$ROOT" --buildtype=release ${MESON_OPTIONS:-} > "$DEPS/meson-setup.out" 2>&1 \
+    || { cat "$DEPS/meson-setup.out"; die "meson setup failed"; }
+  grep -E "^\s*(CUDA|StarPU|OpenMP)" "$DEPS/meson-setup.out" | sed 's/^ */[setup]   /' || true
+fi
+say "compiling (meson compile -C ${BUILD#$ROOT/})"
+meson compile -C "$BUILD" > "$DEPS/meson-compile.out" 2>&1 || { tail -50 "$DEPS/meson-compile.out"; die "compile failed"; }
+[ "$cmd" = build ] && { say "built: ${BUILD#$ROOT/}/examples/dos-train"; exit 0; }
+
+case "$cmd" in
+  run)  say "running ${BUILD#$ROOT/}/examples/dos-train $*"; exec "$BUILD/examples/dos-train" "$@" ;;
+  test) say "running the tests (meson test -C ${BUILD#$ROOT/})"; exec meson test -C "$BUILD" --print-errorlogs "$@" ;;
+esac

@@ -1,0 +1,251 @@
+// CPU kernels against the independent references in reference.h: the 16-bit conversions, and
+// Adam/AdamW over sizes with every kind of tail, for fp32, fp16 and bf16 gradients, several steps.
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "adam.h"
+#include "cmocka_cpp.h"
+#include "reference.h"
+
+using dos::DType;
+
+namespace {
+
+float ulp(float x) {
+  x = std::fabs(x);
+  return std::nextafter(x, INFINITY) - x;
+}
+
+// Every fp16 bit pattern decodes exactly like _Float16.
+void test_f16_decode_exhaustive(void**) {
+  for (uint32_t b = 0; b < 65536; ++b) {
+    const float a = dos::f16_to_f32(uint16_t(b)), r = ref::f16_bits_to_float(uint16_t(b));
+    if (std::isnan(r)) assert_true(std::isnan(a));
+    else assert_memory_equal(&a, &r, 4);
+  }
+}
+
+// fp32 -> fp16 and fp32 -> bf16 round to nearest even like the references, over a sweep of
+// 2^24 fp32 bit patterns (every 256th) plus the boundary cases.
+void test_f32_to_16bit_sweep(void**) {
+  std::vector<uint32_t> patterns;
+  for (uint64_t u = 0; u < (1ull << 32); u += 251) patterns.push_back(uint32_t(u));
+  const float specials[] = {65504.0f, 65519.99f, 65520.0f, 65536.0f, 5.9604645e-8f, 2.9802322e-8f, 2.9802326e-8f,
+                            6.1035156e-5f, 6.1035152e-5f, 1.0f + 1.0f / 2048, 1.0f + 3.0f / 2048, 1e-45f,
+                            3.4028235e38f, 3.3895314e38f, 3.3961e38f, -0.0f, INFINITY, -INFINITY};
+  for (float s : specials) {
+    uint32_t u;
+    std::memcpy(&u, &s, 4);
+    patterns.push_back(u);
+    patterns.push_back(u ^ 0x80000000u);
+  }
+  for (uint32_t u : patterns) {
+    float x;
+    std::memcpy(&x, &u, 4);
+    const uint16_t h = dos::f32_to_f16(x), hr = ref::float_to_f16_bits(x);
+    if (std::isnan(x)) {
+      assert_true(std::isnan(ref::f16_bits_to_float(h)));
+    } else if (h != hr) {
+      std::fprintf(stderr, "fp16 mismatch for %a (0x%08x): got 0x%04x want 0x%04x\n", double(x), u, h, hr);
+      fail();
+    }
+    const float b = dos::bf16_to_f32(dos::f32_to_bf16(x)), br = ref::round_to_bf16(x);
+    if (std::isnan(x)) {
+      assert_true(std::isnan(b));
+    } else if (std::memcmp(&b, &br, 4) != 0) {
+      std::fprintf(stderr, "bf16 mismatch for %a: got %a want %a\n", double(x), double(b), double(br));
+      fail();
+    }
+  }
+}
+
+// Deterministic pseudo-random values (xorshift), independent of the code under test.
+struct Rng {
+  uint64_t s;
+  double uniform() {
+    s ^= s << 13;
+    s ^= s >> 7;
+    s ^= s << 17;
+    return double(s >> 11) * (1.0 / 9007199254740992.0);
+  }
+  double normal() { return std::sqrt(-2.0 * std::log(uniform() + 1e-300)) * std::cos(6.283185307179586 * uniform()); }
+};
+
+struct Case {
+  size_t n;
+  DType grad;
+  DType param;
+  bool decoupled;
+};
+
+void check_step(const Case& c, const ref::Hyper& h, const std::vector<float>& p, const std::vector<float>& m,
+                const std::vector<float>& v, const std::vector<double>& pr, const std::vector<double>& mr,
+                const std::vector<double>& vr, const std::vector<double>& mabs, const std::vector<double>& vabs,
+                const std::vector<double>& grel, const std::vector<uint16_t>& out16, const std::vector<float>& out32,
+                double* worst_p, double* worst_m, double* worst_v);
+
+// Runs `steps` steps of the kernel. Before each step the reference takes the kernel's current
+// state (so rounding does not compound across steps and each step's arithmetic is checked on its
+// own, with the bias corrections of its step count t), computes the step in double, and the
+// kernel's result must be within, per element:
+//   |m - m_ref| <= 4 ulp(M),  M = beta1 |m| + (1 - beta1)(|g| + |wd p|)   (m may cancel to ~0)
+//   |v - v_ref| <= 4 ulp(V),  V = beta2 v + (1 - beta2)(|g| + |wd p|)^2
+//   |p - p_ref| <= 2 ulp(p_ref) + lr * (1e-5 + 4 r)
+//       r = ulp(|g| + |wd p|) / |g + wd p|: the relative rounding error of the fp32 gradient of
+//       Adam's coupled L2 (0 for AdamW, whose gradient is exact), which the update inherits.
+// and the 16-bit parameter copy must be the master rounded to nearest even, exactly.
+void run_case(const Case& c, int steps) {
+  // The kernels take the hyper-parameters as fp32 (as torch's fp32 kernels do); the reference gets
+  // the same fp32-representable values, so a difference is the kernel's arithmetic, not the inputs.
+  const ref::Hyper h{double(1e-3f), double(0.9f), double(0.999f), double(1e-8f), double(0.1f), c.decoupled};
+  dos::AdamHyper dh;
+  dh.lr = h.lr;
+  dh.beta1 = h.beta1;
+  dh.beta2 = h.beta2;
+  dh.eps = h.eps;
+  dh.weight_decay = h.weight_decay;
+  dh.decoupled = h.decoupled;
+  Rng rng{0x1234567ull + c.n * 31 + int(c.grad) * 7 + c.decoupled};
+  std::vector<float> p(c.n), m(c.n, 0.0f), v(c.n, 0.0f);
+  std::vector<double> pr(c.n), mr(c.n), vr(c.n), mabs(c.n), vabs(c.n), grel(c.n);
+  for (size_t i = 0; i < c.n; ++i) p[i] = float(rng.normal());
+  double worst_p = 0, worst_m = 0, worst_v = 0;
+  std::vector<uint16_t> g16(c.n), out16(c.n);
+  std::vector<float> g32(c.n), out32(c.n);
+  const bool out_is_32 = c.param == DType::fp32;
+  for (int t = 1; t <= steps; ++t) {
+    for (size_t i = 0; i < c.n; ++i) {
+      const float g = float(rng.normal() * 1e-2 * (1 + (i % 5)));
+      if (c.grad == DType::fp32) g32[i] = g;
+      else if (c.grad == DType::fp16) g16[i] = ref::float_to_f16_bits(g);
+      else {
+        const float r = ref::round_to_bf16(g);
+        uint32_t u;
+        std::memcpy(&u, &r, 4);
+        g16[i] = uint16_t(u >> 16);
+      }
+    }
+    for (size_t i = 0; i < c.n; ++i) {
+      pr[i] = p[i];
+      mr[i] = m[i];
+      vr[i] = v[i];
+    }
+    const void* gp = c.grad == DType::fp32 ? static_cast<const void*>(g32.data()) : g16.data();
+    void* op = out_is_32 ? static_cast<void*>(out32.data()) : out16.data();
+    dos::adam_step_cpu(p.data(), m.data(), v.data(), gp, c.grad, op, c.param, c.n, dos::make_adam_step_params(dh, t));
+    for (size_t i = 0; i < c.n; ++i) {
+      const double g = c.grad == DType::fp32 ? g32[i]
+                       : c.grad == DType::fp16 ? ref::f16_bits_to_float(g16[i])
+                                               : ref::bf16_bits_to_float(g16[i]);
+      const double l2 = c.decoupled ? 0.0 : std::fabs(h.weight_decay * pr[i]);
+      const double terms = std::fabs(g) + l2;
+      grel[i] = c.decoupled ? 0.0 : ulp(float(terms)) / std::max(std::fabs(g + h.weight_decay * pr[i]), 1e-30);
+      mabs[i] = h.beta1 * std::fabs(mr[i]) + (1.0 - h.beta1) * terms;
+      vabs[i] = h.beta2 * vr[i] + (1.0 - h.beta2) * terms * terms;
+      ref::adam_step(pr[i], mr[i], vr[i], g, h, t);
+    }
+    check_step(c, h, p, m, v, pr, mr, vr, mabs, vabs, grel, out16, out32, &worst_p, &worst_m, &worst_v);
+  }
+  std::printf("  n=%-9zu grad=%s param=%s %s: worst error / bound over %d steps: p %.3f m %.3f v %.3f\n", c.n,
+              dos::dtype_name(c.grad), dos::dtype_name(c.param), c.decoupled ? "AdamW" : "Adam ", steps, worst_p,
+              worst_m, worst_v);
+  assert_true(worst_p <= 1.0);
+  assert_true(worst_m <= 1.0);
+  assert_true(worst_v <= 1.0);
+}
+
+void check_step(const Case& c, const ref::Hyper& h, const std::vector<float>& p, const std::vector<float>& m,
+                const std::vector<float>& v, const std::vector<double>& pr, const std::vector<double>& mr,
+                const std::vector<double>& vr, const std::vector<double>& mabs, const std::vector<double>& vabs,
+                const std::vector<double>& grel, const std::vector<uint16_t>& out16, const std::vector<float>& out32,
+                double* worst_p, double* worst_m, double* worst_v) {
+  const bool out_is_32 = c.param == DType::fp32;
+  for (size_t i = 0; i < c.n; ++i) {
+    const double ep = std::fabs(p[i] - pr[i]) / (2 * ulp(float(pr[i])) + h.lr * (1e-5 + 4 * grel[i]));
+    const double em = std::fabs(m[i] - mr[i]) / (4 * ulp(float(mabs[i])));
+    const double ev = std::fabs(v[i] - vr[i]) / (4 * ulp(float(vabs[i])));
+    *worst_p = std::max(*worst_p, ep);
+    *worst_m = std::max(*worst_m, em);
+    *worst_v = std::max(*worst_v, ev);
+    float want;
+    if (c.param == DType::fp32) want = p[i];
+    else if (c.param == DType::fp16) want = ref::f16_bits_to_float(ref::float_to_f16_bits(p[i]));
+    else want = ref::round_to_bf16(p[i]);
+    const float got = out_is_32 ? out32[i]
+                      : c.param == DType::fp16 ? ref::f16_bits_to_float(out16[i])
+                                               : ref::bf16_bits_to_float(out16[i]);
+    if (std::memcmp(&got, &want, 4) != 0) {
+      std::fprintf(stderr, "n=%zu i=%zu: 16-bit copy %a, want %a\n", c.n, i, double(got), double(want));
+      fail();
+    }
+  }
+}
+
+void test_adam_small_sizes(void**) {
+  const size_t sizes[] = {1, 7, 15, 16, 17, 1023, 1025, 16384 + 3, 3 * 16384 + 17};
+  const DType dts[] = {DType::fp32, DType::fp16, DType::bf16};
+  for (size_t n : sizes)
+    for (DType g : dts)
+      for (int dec = 0; dec < 2; ++dec) run_case({n, g, g, bool(dec)}, 5);
+}
+
+void test_adam_mixed_dtypes(void**) {
+  run_case({1025, DType::fp32, DType::bf16, true}, 3);
+  run_case({1025, DType::bf16, DType::fp32, false}, 3);
+  run_case({1025, DType::fp16, DType::bf16, true}, 3);
+}
+
+void test_adam_large(void**) {
+  // above 10^7 elements, one dtype per optimizer flavour
+  run_case({10000019, DType::bf16, DType::bf16, true}, 3);
+  run_case({10000019, DType::fp16, DType::fp16, false}, 3);
+  run_case({10000019, DType::fp32, DType::fp32, true}, 2);
+}
+
+void test_adam_no_param_copy(void**) {
+  // param_out == nullptr: state updated, nothing else written; same values as with a copy
+  const size_t n = 1031;
+  std::vector<float> p1(n), m1(n, 0), v1(n, 0), g(n);
+  for (size_t i = 0; i < n; ++i) {
+    p1[i] = float(i) * 1e-3f - 0.5f;
+    g[i] = float((i * 7919) % 101) * 1e-4f - 5e-3f;
+  }
+  std::vector<float> p2 = p1, m2 = m1, v2 = v1, out(n);
+  dos::AdamHyper h;
+  const auto sp = dos::make_adam_step_params(h, 1);
+  dos::adam_step_cpu(p1.data(), m1.data(), v1.data(), g.data(), DType::fp32, nullptr, DType::fp32, n, sp);
+  dos::adam_step_cpu(p2.data(), m2.data(), v2.data(), g.data(), DType::fp32, out.data(), DType::fp32, n, sp);
+  assert_memory_equal(p1.data(), p2.data(), n * 4);
+  assert_memory_equal(m1.data(), m2.data(), n * 4);
+  assert_memory_equal(p2.data(), out.data(), n * 4);
+}
+
+void test_convert_to_f32(void**) {
+  for (size_t n : {size_t(1), size_t(17), size_t(16384 * 2 + 5)}) {
+    std::vector<uint16_t> src(n);
+    for (size_t i = 0; i < n; ++i) src[i] = uint16_t((i * 40503u) & 0xffffu);
+    std::vector<float> a(n), b(n);
+    dos::convert_to_f32_cpu(src.data(), DType::fp16, a.data(), n);
+    dos::convert_to_f32_cpu(src.data(), DType::bf16, b.data(), n);
+    for (size_t i = 0; i < n; ++i) {
+      const float ra = ref::f16_bits_to_float(src[i]), rb = ref::bf16_bits_to_float(src[i]);
+      assert_true((std::isnan(ra) && std::isnan(a[i])) || std::memcmp(&ra, &a[i], 4) == 0);
+      assert_true((std::isnan(rb) && std::isnan(b[i])) || std::memcmp(&rb, &b[i], 4) == 0);
+    }
+  }
+}
+
+}  // namespace
+
+int main() {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_f16_decode_exhaustive), cmocka_unit_test(test_f32_to_16bit_sweep),
+      cmocka_unit_test(test_convert_to_f32),        cmocka_unit_test(test_adam_no_param_copy),
+      cmocka_unit_test(test_adam_small_sizes),      cmocka_unit_test(test_adam_mixed_dtypes),
+      cmocka_unit_test(test_adam_large),
+  };
+  return cmocka_run_group_tests(tests, nullptr, nullptr);
+}

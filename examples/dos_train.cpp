@@ -274,6 +274,7 @@ int main(int argc, char** argv) {
       "States runtime. Forward and backward are emulated: deterministic gradients from --seed (normal, std 1e-3) "
       "are written into the model's gradient buffers (GPU memory when there is a CUDA worker). Prints one line per "
       "iteration and a summary."};
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // a later option wins
   std::string presets;
   for (const auto& p : dos_train::preset_names()) presets += (presets.empty() ? "" : ", ") + p;
   app.add_option("--preset", a.preset, "model preset: " + presets)->capture_default_str();

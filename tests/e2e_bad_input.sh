@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# dos-train on bad input: each case must exit non-zero, print a message naming the problem, and
+# leave no output file (neither --report nor --save-params) behind. Then a good run's report
+# must be valid JSON with one entry per iteration.
+#   e2e_bad_input.sh DOS_TRAIN
+set -u
+train=$1
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+printf '{ "num_hidden_layers": 2, "hidden_size": ' > "$tmp/malformed.json"
+printf '{ "hidden_size": 64, "num_attention_heads": 4, "vocab_size": 100 }' > "$tmp/missing.json"
+printf '{ "model_type": "llama", "num_hidden_layers": 4000, "hidden_size": 16384, "intermediate_size": 65536, "num_attention_heads": 128, "vocab_size": 32000 }' > "$tmp/huge.json"
+printf '{ "model_type": "llama", "num_hidden_layers": 2, "hidden_size": 100, "intermediate_size": 64, "num_attention_heads": 3, "vocab_size": 50 }' > "$tmp/heads.json"
+fails=0
+expect() {  # expect "substring of the message" dos-train-args...
+  local want=$1; shift
+  local out rc
+  out=$("$train" --preset tiny --iterations 1 --quiet --report "$tmp/r.json" --save-params "$tmp/p.safetensors" "$@" 2>&1)
+  rc=$?
+  if [ $rc -eq 0 ]; then echo "FAIL: '$*' exited 0"; fails=$((fails+1)); return; fi
+  if ! grep -qi -- "$want" <<<"$out"; then echo "FAIL: '$*': message lacks '$want': $out"; fails=$((fails+1)); return; fi
+  if ls "$tmp"/r.json* "$tmp"/p.safetensors* >/dev/null 2>&1; then echo "FAIL: '$*' left an output file"; fails=$((fails+1)); return; fi
+  echo "ok: $* -> $(grep -i -- "$want" <<<"$out" | head -1)"
+}
+expect "unknown policy" --policy nosuch
+expect "unknown preset" --preset nosuch
+expect "at least 1 element" --subgroup-size 0
+expect "at least 1 element" --subgroup-size -5
+expect "must be a number" --subgroup-size abc
+expect "whole number" --subgroup-size 2.5
+expect "not valid JSON" --config "$tmp/malformed.json"
+expect "missing field 'num_hidden_layers'" --config "$tmp/missing.json"
+expect "cannot read" --config "$tmp/nonexistent.json"
+expect "must divide" --config "$tmp/heads.json"
+expect "host memory" --config "$tmp/huge.json"
+expect "out of range" --shard 3/2
+expect "R/W" --shard 3
+expect "nothing" --shard 0/999999999
+expect "fp32, fp16 or bf16" --dtype fp8
+expect "at least 1" --iterations 0
+expect "learning rate" --lr -1
+expect "beta1" --beta1 1.5
+out=$("$train" --preset tiny --iterations 1 --quiet --save-params /nonexistent-dir/p.safetensors 2>&1)
+if [ $? -ne 0 ] && grep -q "does not exist" <<<"$out"; then echo "ok: unwritable --save-params -> $out"
+else echo "FAIL: unwritable --save-params: $out"; fails=$((fails+1)); fi
+# a good run: valid JSON report, one entry per iteration, safetensors file present
+if "$train" --preset tiny --iterations 2 --quiet --report "$tmp/good.json" --save-params "$tmp/good.safetensors" >/dev/null 2>&1 \
+   && python3 -c "import json,sys; r=json.load(open(sys.argv[1])); assert len(r['iterations'])==2, r; assert r['params']>0" "$tmp/good.json" \
+   && [ -s "$tmp/good.safetensors" ]; then echo "ok: good run wrote a valid report"
+else echo "FAIL: good run"; fails=$((fails+1)); fi
+[ $fails -eq 0 ] || { echo "$fails case(s) failed"; exit 1; }

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# dos-train end to end: the saved fp32 master parameters of the same model and seed must be
+# bit-identical under the cpu policy and StarPU's dmda (both update on the CPU here), and, where a
+# GPU exists, within a relative 1e-6 of each other under cpu and gpu (see README, "Tolerance").
+#   e2e_policies.sh DOS_TRAIN ST_COMPARE cpu-dmda|cpu-gpu
+set -u
+train=$1 cmp=$2 mode=$3
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+common=(--preset tiny --iterations 3 --subgroup-size 10007 --seed 7 --quiet)
+run() { "$train" "${common[@]}" "$@" || { echo "dos-train $* failed"; exit 1; }; }
+case "$mode" in
+  cpu-dmda)
+    # --device host: the dmda run must place every update on the CPU for a bit-identical result
+    run --policy cpu --device host --save-params "$tmp/cpu.safetensors"
+    run --policy dmda --device host --ncuda 0 --save-params "$tmp/dmda.safetensors"
+    "$cmp" "$tmp/cpu.safetensors" "$tmp/dmda.safetensors" ;;
+  cpu-gpu)
+    out=$("$train" "${common[@]}" --policy gpu --save-params "$tmp/gpu.safetensors" 2>&1)
+    rc=$?
+    if [ $rc -ne 0 ]; then
+      if grep -q "needs a CUDA worker" <<<"$out"; then echo "skip: no CUDA worker"; exit 77; fi
+      echo "$out"; exit 1
+    fi
+    echo "$out" | grep -E "^iter" | head -3
+    run --policy cpu --save-params "$tmp/cpu.safetensors"
+    "$cmp" "$tmp/cpu.safetensors" "$tmp/gpu.safetensors" 1e-6 ;;
+  *) echo "unknown mode $mode"; exit 2 ;;
+esac

@@ -1,0 +1,262 @@
+// The runtime end to end: Runtime + Optimizer over caller tensors of odd sizes (subgroups spanning
+// tensors, tails), several steps, against the plain double-precision AdamW of reference.h; where
+// each update ran; the PCIe bytes StarPU counted against models/traffic.h; bad API input.
+//
+//   test_optimizer POLICY MEMORY DTYPE      POLICY: cpu, gpu, dmda, ...; MEMORY: host or cuda;
+//                                           DTYPE: fp32, fp16 or bf16
+// Exits 77 (skip) when the run needs a GPU and there is none.
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#if defined(DOS_HAVE_CUDA)
+#include <cuda_runtime.h>
+#endif
+
+#include "cmocka_cpp.h"
+#include "dos.h"
+#include "reference.h"
+#include "traffic.h"
+
+namespace {
+
+std::string g_policy, g_memory;
+dos::DType g_dtype = dos::DType::bf16;
+dos::Runtime* g_rt = nullptr;
+
+const std::vector<size_t> kSizes = {1, 1000, 17, 0, 4099, 16, 2, 1025};
+constexpr size_t kSubgroup = 1024;
+constexpr int kSteps = 4;
+
+float decode(const std::vector<uint16_t>& b16, const std::vector<float>& b32, size_t i) {
+  if (g_dtype == dos::DType::fp32) return b32[i];
+  return g_dtype == dos::DType::fp16 ? ref::f16_bits_to_float(b16[i]) : ref::bf16_bits_to_float(b16[i]);
+}
+void encode(std::vector<uint16_t>& b16, std::vector<float>& b32, size_t i, float x) {
+  if (g_dtype == dos::DType::fp32) b32[i] = x;
+  else if (g_dtype == dos::DType::fp16) b16[i] = ref::float_to_f16_bits(x);
+  else {
+    const float r = ref::round_to_bf16(x);
+    uint32_t u;
+    std::memcpy(&u, &r, 4);
+    b16[i] = uint16_t(u >> 16);
+  }
+}
+float ulp(float x) {
+  x = std::fabs(x);
+  return std::nextafter(x, INFINITY) - x;
+}
+
+/// Caller-side buffers: one flat allocation per kind (host or device), tensors are views into it.
+struct CallerBuffers {
+  size_t n = 0, esz = 0;
+  void *param = nullptr, *grad = nullptr;
+  bool cuda = false;
+  CallerBuffers(size_t n_, bool cuda_) : n(n_), esz(dos::dtype_size(g_dtype)), cuda(cuda_) {
+#if defined(DOS_HAVE_CUDA)
+    if (cuda) {
+      assert_int_equal(cudaMalloc(&param, n * esz), 0);
+      assert_int_equal(cudaMalloc(&grad, n * esz), 0);
+      return;
+    }
+#endif
+    param = std::malloc(n * esz);
+    grad = std::malloc(n * esz);
+  }
+  ~CallerBuffers() {
+#if defined(DOS_HAVE_CUDA)
+    if (cuda) {
+      cudaFree(param);
+      cudaFree(grad);
+      return;
+    }
+#endif
+    std::free(param);
+    std::free(grad);
+  }
+  void put(void* dst, const void* src) {
+#if defined(DOS_HAVE_CUDA)
+    if (cuda) {
+      assert_int_equal(cudaMemcpy(dst, src, n * esz, cudaMemcpyHostToDevice), 0);
+      return;
+    }
+#endif
+    std::memcpy(dst, src, n * esz);
+  }
+  void get(void* dst, const void* src) {
+#if defined(DOS_HAVE_CUDA)
+    if (cuda) {
+      assert_int_equal(cudaMemcpy(dst, src, n * esz, cudaMemcpyDeviceToHost), 0);
+      return;
+    }
+#endif
+    std::memcpy(dst, src, n * esz);
+  }
+};
+
+void test_adamw_against_reference(void**) {
+  size_t n = 0;
+  for (size_t s : kSizes) n += s;
+  const bool cuda = g_memory == "cuda";
+  CallerBuffers buf(n, cuda);
+  std::vector<uint16_t> p16(n), g16(n);
+  std::vector<float> p32(n), g32(n);
+  uint64_t s = 88172645463325252ull;
+  auto next = [&] {
+    s ^= s << 13;
+    s ^= s >> 7;
+    s ^= s << 17;
+    return double(s >> 11) / 9007199254740992.0 - 0.5;
+  };
+  for (size_t i = 0; i < n; ++i) encode(p16, p32, i, float(next()));
+  const void* hostp = g_dtype == dos::DType::fp32 ? static_cast<void*>(p32.data()) : p16.data();
+  const void* hostg = g_dtype == dos::DType::fp32 ? static_cast<void*>(g32.data()) : g16.data();
+  buf.put(buf.param, hostp);
+
+  std::vector<dos::TensorView> views;
+  size_t off = 0;
+  for (size_t sz : kSizes) {
+    views.push_back({static_cast<char*>(buf.param) + off * buf.esz, static_cast<char*>(buf.grad) + off * buf.esz, sz});
+    off += sz;
+  }
+  dos::OptimizerOptions oo;
+  oo.adam.lr = double(1e-2f);
+  oo.adam.beta1 = double(0.9f);
+  oo.adam.beta2 = double(0.999f);
+  oo.adam.eps = double(1e-8f);
+  oo.adam.weight_decay = double(0.01f);
+  oo.adam.decoupled = true;
+  oo.subgroup_size = kSubgroup;
+  oo.dtype = g_dtype;
+  oo.memory = cuda ? dos::MemoryKind::cuda : dos::MemoryKind::host;
+  dos::Optimizer opt(*g_rt, views, oo);
+  assert_int_equal(opt.num_params(), n);
+  assert_int_equal(opt.num_subgroups(), (n + kSubgroup - 1) / kSubgroup);
+
+  std::vector<double> pr(n), mr(n, 0), vr(n, 0);
+  for (size_t i = 0; i < n; ++i) pr[i] = decode(p16, p32, i);
+  const ref::Hyper h{oo.adam.lr, oo.adam.beta1, oo.adam.beta2, oo.adam.eps, oo.adam.weight_decay, true};
+  const bool gpu_ok = g_rt->cuda_workers() > 0;
+  for (int t = 1; t <= kSteps; ++t) {
+    for (size_t i = 0; i < n; ++i) encode(g16, g32, i, float(next() * 0.02));
+    buf.put(buf.grad, hostg);
+    const dos::StepStats st = opt.step();
+    for (size_t i = 0; i < n; ++i) ref::adam_step(pr[i], mr[i], vr[i], decode(g16, g32, i), h, t);
+    // where the updates ran
+    assert_int_equal(st.subgroups_cpu + st.subgroups_gpu, opt.num_subgroups());
+    if (g_policy == "cpu") assert_int_equal(st.subgroups_gpu, 0);
+    if (g_policy == "gpu") assert_int_equal(st.subgroups_cpu, 0);
+    if (!gpu_ok) assert_int_equal(st.subgroups_gpu, 0);
+    // PCIe bytes: exactly what models/traffic.h says for the sides the updates ran on
+    if (g_policy == "cpu" || g_policy == "gpu") {
+      const dos::PcieBytes want = dos::subgroup_pcie_bytes(g_policy == "gpu", cuda, buf.esz, n);
+      std::printf("  step %d: H2D %llu B (model %llu), D2H %llu B (model %llu)\n", t, (unsigned long long)st.bytes_h2d,
+                  (unsigned long long)want.h2d, (unsigned long long)st.bytes_d2h, (unsigned long long)want.d2h);
+      assert_int_equal(st.bytes_h2d, want.h2d);
+      assert_int_equal(st.bytes_d2h, want.d2h);
+    }
+  }
+  for (size_t sg = 0; sg < opt.num_subgroups(); ++sg) assert_int_equal(opt.step_count(sg), kSteps);
+
+  std::vector<float> master(n), m(n), v(n);
+  opt.read_master(master.data());
+  opt.read_exp_avg(m.data());
+  opt.read_exp_avg_sq(v.data());
+  buf.get(const_cast<void*>(hostp), buf.param);
+  double worst = 0;
+  for (size_t i = 0; i < n; ++i) {
+    // AdamW's gradient is exact in fp32: rounding of p, m, v per step only (see test_kernels.cpp)
+    const double bound = kSteps * (2 * ulp(float(pr[i])) + 1e-5 * h.lr);
+    worst = std::max(worst, std::fabs(master[i] - pr[i]) / bound);
+    assert_true(std::fabs(m[i] - mr[i]) <= kSteps * 4 * ulp(float(std::fabs(mr[i]) + 0.02)));
+    assert_true(std::fabs(v[i] - vr[i]) <= kSteps * 4 * ulp(float(vr[i])) + 1e-12);
+    // the caller's parameters: the master rounded to the caller's dtype, exactly
+    std::vector<uint16_t> w16(1);
+    std::vector<float> w32(1);
+    encode(w16, w32, 0, master[i]);
+    const float want = decode(w16, w32, 0), got = decode(p16, p32, i);
+    assert_memory_equal(&want, &got, 4);
+  }
+  std::printf("  %zu params, %zu subgroups, policy %s, %s memory, %s: worst master error / bound %.3f\n", n,
+              opt.num_subgroups(), g_policy.c_str(), g_memory.c_str(), dos::dtype_name(g_dtype), worst);
+  assert_true(worst <= 1.0);
+}
+
+template <class F>
+void expect_error(F f, const char* what) {
+  bool threw = false;
+  try {
+    f();
+  } catch (const dos::Error& e) {
+    threw = true;
+    std::printf("  %s -> %s\n", what, e.what());
+  }
+  if (!threw) {
+    std::fprintf(stderr, "no dos::Error for %s\n", what);
+    fail();
+  }
+}
+
+void test_bad_input(void**) {
+  std::vector<float> p(10), g(10);
+  dos::OptimizerOptions oo;
+  oo.dtype = dos::DType::fp32;
+  oo.subgroup_size = 4;
+  expect_error([&] { dos::Optimizer o(*g_rt, {}, oo); }, "no tensors");
+  expect_error([&] { dos::Optimizer o(*g_rt, {{nullptr, g.data(), 10}}, oo); }, "null parameter pointer");
+  dos::OptimizerOptions z = oo;
+  z.subgroup_size = 0;
+  expect_error([&] { dos::Optimizer o(*g_rt, {{p.data(), g.data(), 10}}, z); }, "subgroup size 0");
+  dos::OptimizerOptions bad = oo;
+  bad.adam.lr = -1;
+  expect_error([&] { dos::Optimizer o(*g_rt, {{p.data(), g.data(), 10}}, bad); }, "negative learning rate");
+  bad = oo;
+  bad.adam.beta2 = 1.0;
+  expect_error([&] { dos::Optimizer o(*g_rt, {{p.data(), g.data(), 10}}, bad); }, "beta2 = 1");
+  if (g_rt->cuda_workers() == 0) {
+    bad = oo;
+    bad.memory = dos::MemoryKind::cuda;
+    expect_error([&] { dos::Optimizer o(*g_rt, {{p.data(), g.data(), 10}}, bad); }, "GPU memory without a CUDA worker");
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 4) {
+    std::fprintf(stderr, "usage: test_optimizer POLICY host|cuda fp32|fp16|bf16\n");
+    return 2;
+  }
+  g_policy = argv[1];
+  g_memory = argv[2];
+  const std::string dt = argv[3];
+  g_dtype = dt == "fp32" ? dos::DType::fp32 : dt == "fp16" ? dos::DType::fp16 : dos::DType::bf16;
+  const bool needs_gpu = g_policy == "gpu" || g_memory == "cuda";
+  int ndev = 0;
+#if defined(DOS_HAVE_CUDA)
+  if (cudaGetDeviceCount(&ndev) != cudaSuccess) ndev = 0;
+#endif
+  if (needs_gpu && ndev == 0) {
+    std::printf("skip: policy %s with %s memory needs a CUDA device and there is none\n", g_policy.c_str(), g_memory.c_str());
+    return 77;
+  }
+  // An unknown policy is refused before StarPU starts.
+  try {
+    dos::Runtime bad(dos::RuntimeOptions{"no-such-policy", 0, -1, false});
+    std::fprintf(stderr, "an unknown policy was accepted\n");
+    return 1;
+  } catch (const dos::Error& e) {
+    std::printf("  unknown policy -> %s\n", e.what());
+  }
+  dos::RuntimeOptions ro;
+  ro.policy = g_policy;
+  dos::Runtime rt(ro);
+  g_rt = &rt;
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_adamw_against_reference),
+      cmocka_unit_test(test_bad_input),
+  };
+  return cmocka_run_group_tests(tests, nullptr, nullptr);
+}

@@ -119,7 +119,7 @@ if [ -d "$SYSROOT" ]; then
   # the .pc files of the unpacked packages say prefix=/usr: point them at the sysroot
   for pcdir in "$SYSROOT"/usr/lib/*/pkgconfig "$SYSROOT"/usr/share/pkgconfig; do
     [ -d "$pcdir" ] || continue
-    sed -i "s#^prefix=/usr\$#prefix=$SYSROOT/usr#" "$pcdir"/*.pc
+    sed -i -e "s#^prefix=/usr\$#prefix=$SYSROOT/usr#" -e "s#-I/usr/#-I$SYSROOT/usr/#g" -e "s#-L/usr/#-L$SYSROOT/usr/#g" "$pcdir"/*.pc
     PKG_CONFIG_PATH=$pcdir:$PKG_CONFIG_PATH
   done
   LD_LIBRARY_PATH=$(ls -d "$SYSROOT"/usr/lib/*-linux-gnu 2>/dev/null | head -1):${LD_LIBRARY_PATH:-}

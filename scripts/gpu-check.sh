@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# On the GPU machine: set up and build from .deps/cache (offline), run the test suite (GPU tests
+# included), then dos-train on a Llama-2 7B shard under cpu, gpu and dmda. Reports go to $OUT (or
+# ./gpu-check-out). Used through the `device` tool:  run(command="scripts/gpu-check.sh", carry=[".deps/cache"])
+#   SHARD (default 0/4), ITERS (default 4), SUBGROUP (default 1e8)
+set -u
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+OUT=${OUT:-$ROOT/gpu-check-out}
+mkdir -p "$OUT"
+SHARD=${SHARD:-0/4} ITERS=${ITERS:-4} SUBGROUP=${SUBGROUP:-1e8}
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | sed 's/^/gpu: /'
+nproc | sed 's/^/cores: /'
+start=$(date +%s)
+"$ROOT/scripts/setup.sh" test 2>&1 | tee "$OUT/setup-test.log" | grep -vE "^\s*$" | tail -40
+echo "setup+build+tests: $(( $(date +%s) - start )) s"
+. "$ROOT/.deps/env.sh"
+cp "$ROOT/build/meson-logs/testlog.txt" "$OUT/" 2>/dev/null
+for policy in cpu gpu dmda; do
+  echo "== dos-train --preset llama2-7b --shard $SHARD --policy $policy"
+  "$ROOT/build/examples/dos-train" --preset llama2-7b --shard "$SHARD" --iterations "$ITERS" \
+     --subgroup-size "$SUBGROUP" --policy "$policy" --report "$OUT/llama2-7b-$policy.json" 2>&1 | tail -$((ITERS + 3))
+done

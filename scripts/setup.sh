@@ -55,19 +55,22 @@ apt_update_once() {
 }
 
 # ---- 1. Debian packages -------------------------------------------------------------------------
+# What is missing is decided by what works (a command on PATH, a pkg-config module), not by dpkg's
+# database, so that tools from elsewhere (a site module, a Python venv's meson) count as present.
+need_cmd() { command -v "$1" >/dev/null 2>&1 || missing="$missing $2"; }
+need_pc() { { command -v pkg-config >/dev/null 2>&1 && pkg-config --exists "$1" 2>/dev/null; } || missing="$missing $2"; }
 missing=""
-for p in $APT_PACKAGES; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing="$missing $p"
-done
-if [ -n "$missing" ]; then
-  if have_apt && apt_update_once; then
-    say "installing Debian packages:$missing"
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq $missing >/dev/null
-  else
-    say "no package manager or no network: not installing$missing (using what is here and .deps/cache)"
-  fi
+need_cmd meson meson; need_cmd ninja ninja-build; need_cmd pkg-config pkg-config; need_cmd g++ g++
+need_cmd make make; need_cmd patch patch
+need_pc hwloc libhwloc-dev; need_pc cmocka libcmocka-dev; need_pc nlohmann_json nlohmann-json3-dev; need_pc CLI11 libcli11-dev
+if [ -z "$missing" ]; then
+  say "build tools and libraries already present"
+elif have_apt && apt_update_once; then
+  say "installing Debian packages:$missing"
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq $missing >/dev/null 2>&1 \
+    || say "apt-get install failed for some of:$missing (continuing with .deps/cache where it can help)"
 else
-  say "Debian packages already installed"
+  say "no package manager or no network: not installing$missing (using what is here and .deps/cache)"
 fi
 
 # ---- 2. the cache folder ------------------------------------------------------------------------

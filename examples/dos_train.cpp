@@ -207,12 +207,17 @@ int run(const Args& a) {
     const dos::StepStats s = opt.step();
     secs.push_back(s.seconds);
     const double gps = double(s.params) / s.seconds / 1e9;
-    std::printf("iter %3d  update %8.4f s  %7.3f Gparams/s  subgroups cpu %zu gpu %zu  H2D %.3f GB  D2H %.3f GB\n", it,
-                s.seconds, gps, s.subgroups_cpu, s.subgroups_gpu, s.bytes_h2d / 1e9, s.bytes_d2h / 1e9);
+    const double cpu_busy = rt.cpu_workers() ? s.cpu_busy_seconds / (s.seconds * rt.cpu_workers()) : 0.0;
+    const double gpu_busy = rt.cuda_workers() ? s.gpu_busy_seconds / (s.seconds * rt.cuda_workers()) : 0.0;
+    std::printf("iter %3d  update %8.4f s  %7.3f Gparams/s  subgroups cpu %zu gpu %zu  H2D %.3f GB  D2H %.3f GB  "
+                "busy cpu %3.0f%% gpu %3.0f%%\n",
+                it, s.seconds, gps, s.subgroups_cpu, s.subgroups_gpu, s.bytes_h2d / 1e9, s.bytes_d2h / 1e9,
+                100 * cpu_busy, 100 * gpu_busy);
     std::fflush(stdout);
     iters.push_back({{"iteration", it}, {"update_seconds", s.seconds}, {"gparams_per_s", gps},
                      {"subgroups_cpu", s.subgroups_cpu}, {"subgroups_gpu", s.subgroups_gpu},
-                     {"bytes_h2d", s.bytes_h2d}, {"bytes_d2h", s.bytes_d2h}});
+                     {"bytes_h2d", s.bytes_h2d}, {"bytes_d2h", s.bytes_d2h},
+                     {"cpu_busy_fraction", cpu_busy}, {"gpu_busy_fraction", gpu_busy}});
   }
   // Summary over the iterations after the first (the first pays allocations and calibration).
   std::vector<double> steady(secs.size() > 1 ? secs.begin() + 1 : secs.begin(), secs.end());

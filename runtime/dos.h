@@ -76,6 +76,8 @@ class Runtime {
   unsigned cpu_workers() const;
   unsigned cuda_workers() const;
   int cpu_threads() const { return cpu_threads_; }
+  /// Cores a CPU worker thread may run on (the smallest over CPU workers), as its affinity says.
+  int worker_cores() const { return worker_cores_; }
 
   struct Impl;
   Impl& impl() const { return *impl_; }
@@ -83,6 +85,8 @@ class Runtime {
  private:
   std::string policy_;
   int cpu_threads_ = 1;
+  int worker_cores_ = 0;
+  int omp_team_ = 0;
   std::unique_ptr<Impl> impl_;
 };
 
@@ -101,7 +105,10 @@ struct OptimizerOptions {
 /// What one update phase did.
 /// seconds: wall time of step(); params: elements updated; subgroups_cpu / subgroups_gpu: Adam
 /// tasks that ran on a CPU / CUDA worker; bytes_h2d / bytes_d2h: bytes StarPU moved host->device /
-/// device->host during the phase (its per-bus counters); step: the largest subgroup step count.
+/// device->host during the phase (its per-bus counters); step: the largest subgroup step count;
+/// cpu_busy_seconds / gpu_busy_seconds: time the CPU / CUDA workers spent executing tasks during the
+/// phase, summed over workers (StarPU's per-worker profiling; for a CUDA worker, from launch to
+/// completion of its asynchronous tasks).
 struct StepStats {
   double seconds = 0;
   std::size_t params = 0;
@@ -110,6 +117,8 @@ struct StepStats {
   std::uint64_t bytes_h2d = 0;
   std::uint64_t bytes_d2h = 0;
   std::int64_t step = 0;
+  double cpu_busy_seconds = 0;
+  double gpu_busy_seconds = 0;
 };
 
 /// Host bytes the runtime needs per parameter: 12 (fp32 master, exp_avg, exp_avg_sq) + 4 (fp32

@@ -31,12 +31,33 @@ struct Runtime::Impl {
 
 namespace {
 
-void set_omp_threads(void* arg) { omp_set_num_threads(*static_cast<int*>(arg)); }
-
 int cores_in_cpuset() {
   cpu_set_t set;
   if (sched_getaffinity(0, sizeof set, &set) == 0) return CPU_COUNT(&set);
   return 1;
+}
+
+/// Runs on each CPU worker: sets the worker thread's OpenMP team size, and records the cores the
+/// worker (hence its OpenMP threads) may run on and the team size OpenMP will use.
+struct WorkerSetup {
+  int threads;
+  std::atomic<int> min_cores{1 << 30};
+  std::atomic<int> team{0};
+};
+void setup_cpu_worker(void* arg) {
+  auto* w = static_cast<WorkerSetup*>(arg);
+  omp_set_num_threads(w->threads);
+  const int cores = cores_in_cpuset();
+  int cur = w->min_cores.load();
+  while (cores < cur && !w->min_cores.compare_exchange_weak(cur, cores)) {
+  }
+  int team = 0;
+#pragma omp parallel
+  {
+#pragma omp single
+    team = omp_get_num_threads();
+  }
+  w->team.store(team);
 }
 
 }  // namespace
@@ -60,6 +81,11 @@ Runtime::Runtime(const RuntimeOptions& options) : impl_(new Impl) {
   // One CPU worker whose codelets run an OpenMP team; its threads must not inherit the worker's
   // single-core binding (notes/starpu-1.3.md, section 4).
   setenv("STARPU_WORKERS_NOBIND", "1", 0);
+  // StarPU's drivers write dirty device buffers back on their own once fewer than 5% are clean
+  // (starpu_memchunk_tidy, src/datawizard/memalloc.c): that copies the 16-bit parameter staging
+  // buffers to the host for nothing. The runtime writes the optimizer state back itself.
+  setenv("STARPU_MINIMUM_CLEAN_BUFFERS", "0", 0);
+  setenv("STARPU_TARGET_CLEAN_BUFFERS", "0", 0);
 
   struct starpu_conf conf;
   starpu_conf_init(&conf);
@@ -92,11 +118,23 @@ Runtime::Runtime(const RuntimeOptions& options) : impl_(new Impl) {
     if (threads < 1) threads = 1;
   }
   cpu_threads_ = threads;
-  starpu_execute_on_each_worker(set_omp_threads, &threads, STARPU_CPU);
+  WorkerSetup ws;
+  ws.threads = threads;
+  starpu_execute_on_each_worker(setup_cpu_worker, &ws, STARPU_CPU);
+  if (ws.min_cores.load() < threads && options.verbose)
+    std::fprintf(stderr, "[dos] warning: a CPU worker may run on only %d core(s) but has %d OpenMP threads: its threads "
+                         "share cores (is STARPU_WORKERS_NOBIND=0 or a cgroup limiting the process?)\n",
+                 ws.min_cores.load(), threads);
+  worker_cores_ = ws.min_cores.load();
+  omp_team_ = ws.team.load();
+  // Per-task and per-worker profiling: where each update ran and how busy each worker was.
+  starpu_profiling_status_set(STARPU_PROFILING_ENABLE);
 
   if (options.verbose)
-    std::fprintf(stderr, "[dos] policy %s (StarPU runs '%s'), %u CPU worker(s) x %d OpenMP threads, %u CUDA worker(s)\n",
-                 policy_.c_str(), running_policy().c_str(), cpu_workers(), cpu_threads_, ncuda);
+    std::fprintf(stderr,
+                 "[dos] policy %s (StarPU runs '%s'), %u CPU worker(s) x %d OpenMP threads (team of %d seen, on %d "
+                 "cores), %u CUDA worker(s)\n",
+                 policy_.c_str(), running_policy().c_str(), cpu_workers(), cpu_threads_, omp_team_, worker_cores_, ncuda);
 }
 
 Runtime::~Runtime() { starpu_shutdown(); }
@@ -222,10 +260,9 @@ struct WriteBack {
 
 void release_after_writeback(void* arg) {
   auto* wb = static_cast<WriteBack*>(arg);
+  // The host copy is the only valid one now (the acquire was a write access on main RAM, which
+  // invalidated the device copy): the next update of this subgroup on the GPU streams it in again.
   starpu_data_release(wb->h);
-  // The host copy is valid now: StarPU may drop the device copy (notes/gpu-machine.md,
-  // "Streaming optimizer state through StarPU").
-  starpu_data_wont_use(wb->h);
   Pending* p = wb->pending;
   delete wb;
   p->done();
@@ -252,6 +289,19 @@ void read_bus_bytes(std::uint64_t* h2d, std::uint64_t* d2h) {
     if (src == STARPU_CPU_RAM && dst == STARPU_CUDA_RAM) *h2d += std::uint64_t(info.transferred_bytes);
     if (src == STARPU_CUDA_RAM && dst == STARPU_CPU_RAM) *d2h += std::uint64_t(info.transferred_bytes);
   }
+}
+
+/// Sums the executing time of the workers of `type` since the last call, in seconds (reading
+/// StarPU's per-worker profiling resets it).
+double read_busy_seconds(enum starpu_worker_archtype type) {
+  double us = 0;
+  const unsigned n = starpu_worker_get_count();
+  for (unsigned w = 0; w < n; ++w) {
+    if (starpu_worker_get_type(int(w)) != type) continue;
+    struct starpu_profiling_worker_info info;
+    if (starpu_profiling_worker_get_info(int(w), &info) == 0) us += starpu_timing_timespec_to_us(&info.executing_time);
+  }
+  return us * 1e-6;
 }
 
 }  // namespace
@@ -373,6 +423,8 @@ StepStats Optimizer::step() {
   StepStats st;
   std::uint64_t h2d0, d2h0;
   read_bus_bytes(&h2d0, &d2h0);  // resets StarPU's counters
+  read_busy_seconds(STARPU_CPU_WORKER);
+  read_busy_seconds(STARPU_CUDA_WORKER);
   const auto t0 = std::chrono::steady_clock::now();
 
   for (auto& sgp : I.sgs) {
@@ -400,13 +452,15 @@ StepStats Optimizer::step() {
     submit(s, "parameter write-back");
     starpu_data_invalidate_submit(sg->h_grad32);
   }
-  // The phase ends when every subgroup's state is safe in host memory: an asynchronous acquire on
-  // main RAM turns the write-back of a GPU-updated subgroup into a normal D2H fetch.
+  // The phase ends when every subgroup's state is safe in host memory and nowhere else: an
+  // asynchronous read-write acquire on main RAM turns the write-back of a GPU-updated subgroup into
+  // a normal D2H fetch (notes/gpu-machine.md, "Streaming optimizer state through StarPU") and
+  // invalidates the device copy (pure offload: nothing of the state stays valid on the GPU).
   Pending pending;
   for (auto& sg : I.sgs)
     for (starpu_data_handle_t h : {sg->h_master, sg->h_exp_avg, sg->h_exp_avg_sq}) {
       pending.add();
-      if (starpu_data_acquire_on_node_cb(h, STARPU_MAIN_RAM, STARPU_R, release_after_writeback,
+      if (starpu_data_acquire_on_node_cb(h, STARPU_MAIN_RAM, STARPU_RW, release_after_writeback,
                                          new WriteBack{h, &pending}) != 0)
         throw Error("StarPU refused to write the optimizer state back to host memory");
     }
@@ -417,6 +471,8 @@ StepStats Optimizer::step() {
 
   st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   read_bus_bytes(&st.bytes_h2d, &st.bytes_d2h);
+  st.cpu_busy_seconds = read_busy_seconds(STARPU_CPU_WORKER);
+  st.gpu_busy_seconds = read_busy_seconds(STARPU_CUDA_WORKER);
   st.params = I.nparams;
   for (auto& sg : I.sgs) {
     (sg->ran_on.load() == 2 ? st.subgroups_gpu : st.subgroups_cpu) += 1;

@@ -20,3 +20,6 @@ for policy in cpu gpu dmda; do
   "$ROOT/build/examples/dos-train" --preset llama2-7b --shard "$SHARD" --iterations "$ITERS" \
      --subgroup-size "$SUBGROUP" --policy "$policy" --report "$OUT/llama2-7b-$policy.json" 2>&1 | tail -$((ITERS + 3))
 done
+echo "== dos-train --preset llama2-7b --shard $SHARD --policy cpu --device host (model buffers in host memory: no PCIe)"
+"$ROOT/build/examples/dos-train" --preset llama2-7b --shard "$SHARD" --iterations "$ITERS" --device host \
+   --subgroup-size "$SUBGROUP" --policy cpu --report "$OUT/llama2-7b-cpu-host.json" 2>&1 | tail -$((ITERS + 3))

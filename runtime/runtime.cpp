@@ -184,7 +184,8 @@ void check_host_memory(std::size_t bytes, const std::string& what) {
 
 namespace {
 
-/// fp32 host buffer, page-aligned, pinned for DMA when possible.
+/// Host buffer, page-aligned, zero-filled, pinned for DMA when there is a CUDA worker and pinning
+/// works (a failure to pin warns once and keeps pageable memory: slower copies, same results).
 struct HostBuffer {
   float* ptr = nullptr;
   std::size_t bytes = 0;
@@ -193,9 +194,10 @@ struct HostBuffer {
 
 std::atomic<bool> g_warned_pageable{false};
 
-HostBuffer alloc_state(std::size_t n) {
+HostBuffer alloc_host(std::size_t bytes) {
   HostBuffer b;
-  b.bytes = n * sizeof(float);
+  b.bytes = bytes;
+  const std::size_t n = bytes / sizeof(float);
   void* p = nullptr;
   if (posix_memalign(&p, 4096, b.bytes ? b.bytes : 4096) != 0)
     throw Error("cannot allocate " + std::to_string(b.bytes) + " bytes of host memory for the optimizer state");
@@ -203,6 +205,7 @@ HostBuffer alloc_state(std::size_t n) {
   // First touch from an OpenMP team, so pages spread like the threads that will update them.
 #pragma omp parallel for schedule(static)
   for (std::size_t i = 0; i < n; ++i) b.ptr[i] = 0.0f;
+  std::memset(reinterpret_cast<char*>(b.ptr) + n * sizeof(float), 0, bytes - n * sizeof(float));
   if (starpu_cuda_worker_get_count() > 0) {
     b.pinned = starpu_memory_pin(b.ptr, b.bytes) == 0;
     if (!b.pinned && !g_warned_pageable.exchange(true))
@@ -212,7 +215,7 @@ HostBuffer alloc_state(std::size_t n) {
   return b;
 }
 
-void free_state(HostBuffer& b) {
+void free_host(HostBuffer& b) {
   if (!b.ptr) return;
   if (b.pinned) starpu_memory_unpin(b.ptr, b.bytes);
   std::free(b.ptr);
@@ -223,6 +226,7 @@ struct Subgroup {
   std::size_t begin = 0, size = 0;
   std::int64_t step = 0;
   HostBuffer master, exp_avg, exp_avg_sq;
+  HostBuffer grad32, param16;  // host staging of the fp32 gradient and the new parameters
   starpu_data_handle_t h_master = nullptr, h_exp_avg = nullptr, h_exp_avg_sq = nullptr;
   starpu_data_handle_t h_grad32 = nullptr, h_param16 = nullptr;
   std::vector<Segment> segs;
@@ -371,16 +375,20 @@ Optimizer::Optimizer(Runtime& runtime, const std::vector<TensorView>& tensors, c
     auto sg = std::make_unique<Subgroup>();
     sg->begin = layout[s].begin;
     sg->size = layout[s].size;
-    sg->master = alloc_state(sg->size);
-    sg->exp_avg = alloc_state(sg->size);
-    sg->exp_avg_sq = alloc_state(sg->size);
+    sg->master = alloc_host(sg->size * sizeof(float));
+    sg->exp_avg = alloc_host(sg->size * sizeof(float));
+    sg->exp_avg_sq = alloc_host(sg->size * sizeof(float));
+    sg->grad32 = alloc_host(sg->size * sizeof(float));
+    sg->param16 = alloc_host(sg->size * esz);
     starpu_vector_data_register(&sg->h_master, STARPU_MAIN_RAM, uintptr_t(sg->master.ptr), sg->size, sizeof(float));
     starpu_vector_data_register(&sg->h_exp_avg, STARPU_MAIN_RAM, uintptr_t(sg->exp_avg.ptr), sg->size, sizeof(float));
     starpu_vector_data_register(&sg->h_exp_avg_sq, STARPU_MAIN_RAM, uintptr_t(sg->exp_avg_sq.ptr), sg->size,
                                 sizeof(float));
-    // Staging buffers: StarPU allocates them where a task needs them (pinned on the host).
-    starpu_vector_data_register(&sg->h_grad32, -1, 0, sg->size, sizeof(float));
-    starpu_vector_data_register(&sg->h_param16, -1, 0, sg->size, esz);
+    // Staging buffers live in host memory allocated (and pinned) once, not left to StarPU (home
+    // node -1), which allocates a host copy when a task needs one. Their contents are dropped after
+    // use (invalidate), so nothing is ever written back for them.
+    starpu_vector_data_register(&sg->h_grad32, STARPU_MAIN_RAM, uintptr_t(sg->grad32.ptr), sg->size, sizeof(float));
+    starpu_vector_data_register(&sg->h_param16, STARPU_MAIN_RAM, uintptr_t(sg->param16.ptr), sg->size, esz);
     for (const Piece& p : layout[s].pieces) {
       const TensorView& t = tensors[p.tensor];
       sg->segs.push_back(Segment{static_cast<char*>(t.param) + p.tensor_offset * esz,
@@ -410,11 +418,11 @@ Optimizer::Optimizer(Runtime& runtime, const std::vector<TensorView>& tensors, c
 Optimizer::~Optimizer() {
   starpu_task_wait_for_all();
   for (auto& sg : impl_->sgs) {
-    for (starpu_data_handle_t h : {sg->h_master, sg->h_exp_avg, sg->h_exp_avg_sq, sg->h_grad32, sg->h_param16})
+    for (starpu_data_handle_t h : {sg->h_master, sg->h_exp_avg, sg->h_exp_avg_sq})
       if (h) starpu_data_unregister(h);
-    free_state(sg->master);
-    free_state(sg->exp_avg);
-    free_state(sg->exp_avg_sq);
+    for (starpu_data_handle_t h : {sg->h_grad32, sg->h_param16})  // scratch: nothing to bring home
+      if (h) starpu_data_unregister_no_coherency(h);
+    for (HostBuffer* b : {&sg->master, &sg->exp_avg, &sg->exp_avg_sq, &sg->grad32, &sg->param16}) free_host(*b);
   }
 }
 

@@ -1,0 +1,110 @@
+#include "resource_model.h"
+
+#include <algorithm>
+#include <stdexcept>
+
+#include "traffic.h"
+
+namespace dos {
+
+std::string Prediction::bound_by() const {
+  if (total == cpu) return "cpu";
+  if (total == h2d) return "h2d";
+  if (total == d2h) return "d2h";
+  return "gpu";
+}
+
+namespace {
+
+void check_rates(const Rates& r) {
+  if (!(r.U_c > 0 && r.U_c_dma > 0 && r.U_g > 0 && r.D_c > 0 && r.B_h2d > 0 && r.B_d2h > 0))
+    throw std::invalid_argument("resource model: every rate (U_c, U_c_dma, U_g, D_c, B_h2d, B_d2h) must be > 0");
+}
+
+}  // namespace
+
+Prediction predict_split(const Workload& w, double n_cpu, double n_streamed, const Rates& r) {
+  check_rates(r);
+  Prediction p;
+  p.cpu_params = n_cpu;
+  p.streamed_params = n_streamed;
+  // bytes per parameter each way, from traffic.h (linear in n, so per-parameter figures suffice)
+  const PcieBytes per_gpu = subgroup_pcie_bytes(true, w.caller_on_gpu, w.param_bytes, 1);
+  const PcieBytes per_cpu = subgroup_pcie_bytes(false, w.caller_on_gpu, w.param_bytes, 1);
+  p.h2d = (double(per_gpu.h2d) * n_streamed + double(per_cpu.h2d) * n_cpu) / r.B_h2d;
+  p.d2h = (double(per_gpu.d2h) * n_streamed + double(per_cpu.d2h) * n_cpu) / r.B_d2h;
+  const double n_conv = w.caller_on_gpu ? n_cpu + n_streamed : 0.0;
+  p.gpu = n_streamed / r.U_g + n_conv / r.D_c;
+  const double t_dma = std::max(p.h2d, p.d2h);
+  const double contended = n_cpu / r.U_c_dma;
+  p.cpu = contended <= t_dma ? contended : t_dma + (n_cpu - r.U_c_dma * t_dma) / r.U_c;
+  p.total = std::max(std::max(p.cpu, p.gpu), std::max(p.h2d, p.d2h));
+  return p;
+}
+
+Prediction predict(const Workload& w, const std::vector<PlanSide>& plan, const Rates& r) {
+  if (plan.size() != w.sizes.size())
+    throw std::invalid_argument("resource model: the plan has " + std::to_string(plan.size()) + " sides for " +
+                                std::to_string(w.sizes.size()) + " subgroups");
+  double n_cpu = 0, n_gpu = 0;
+  for (std::size_t i = 0; i < plan.size(); ++i) (plan[i] == PlanSide::cpu ? n_cpu : n_gpu) += double(w.sizes[i]);
+  return predict_split(w, n_cpu, n_gpu, r);
+}
+
+std::vector<PlanSide> spread_plan(std::size_t n, std::size_t m) {
+  std::vector<PlanSide> p(n, PlanSide::cpu);
+  if (m > n) m = n;
+  for (std::size_t i = 0; i < n; ++i)
+    if (((i + 1) * m) / n > (i * m) / n) p[i] = PlanSide::gpu_streamed;
+  return p;
+}
+
+std::vector<PlanSide> stride_plan(std::size_t n, std::size_t k) {
+  if (k == 0) throw std::invalid_argument("stride k must be at least 1");
+  std::vector<PlanSide> p(n, PlanSide::cpu);
+  for (std::size_t i = 0; i < n; ++i)
+    if ((i + 1) % k == 0) p[i] = PlanSide::gpu_streamed;
+  return p;
+}
+
+Choice choose_plan(const Workload& w, const Rates& r) {
+  Choice best;
+  const std::size_t n = w.sizes.size();
+  for (std::size_t m = 0; m <= n; ++m) {
+    std::vector<PlanSide> plan = spread_plan(n, m);
+    const Prediction p = predict(w, plan, r);
+    if (m == 0 || p.total < best.predicted.total) {
+      best.plan = std::move(plan);
+      best.streamed = m;
+      best.predicted = p;
+    }
+  }
+  return best;
+}
+
+StrideChoice choose_stride(const Workload& w, const Rates& r) {
+  StrideChoice best;
+  const std::size_t n = w.sizes.size();
+  for (std::size_t k = 1; k <= std::max<std::size_t>(n, 1); ++k) {
+    const Prediction p = predict(w, stride_plan(n, k), r);
+    if (k == 1 || p.total <= best.predicted.total) {
+      best.k = k;
+      best.predicted = p;
+    }
+  }
+  return best;
+}
+
+double lower_bound(const Workload& w, const Rates& r) {
+  double total = 0;
+  for (std::size_t s : w.sizes) total += double(s);
+  double best = predict_split(w, total, 0, r).total;
+  const int steps = 10000;
+  for (int i = 1; i <= steps; ++i) {
+    const double f = double(i) / steps;
+    best = std::min(best, predict_split(w, total * (1 - f), total * f, r).total);
+  }
+  return best;
+}
+
+}  // namespace dos

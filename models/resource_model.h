@@ -1,0 +1,89 @@
+// The resource model of one update phase: which subgroups are updated on the CPU and which are
+// streamed through the GPU, and how long that takes. Pure functions: no StarPU, no clocks.
+//
+// A plan gives each subgroup a side. Its predicted update-phase time is that of the busiest shared
+// resource (ARCHITECTURE.md, "The decision"):
+//   T_h2d = bytes_h2d / B_h2d, T_d2h = bytes_d2h / B_d2h   (bytes per subgroup: traffic.h)
+//   T_gpu = N_gpu / U_g + N_conv / D_c                     (GPU Adam and gradient conversion)
+//   T_cpu: CPU Adam runs at U_c_dma while the DMA engines stream (for T_dma = max(T_h2d, T_d2h))
+//          and at U_c once they are done, so the CPU needs
+//            N_cpu / U_c_dma                               if that ends before T_dma,
+//            T_dma + (N_cpu - U_c_dma T_dma) / U_c         otherwise.
+//   T = max(T_cpu, T_h2d, T_d2h, T_gpu)
+// The contention term (U_c_dma < U_c) is what the paper's model leaves out: on the GPU machine
+// DeepSpeed's CPU Adam fell from 4.1 to 2.9 Gparams/s while StarPU streamed 51 GB/s each way
+// (notes/gpu-machine.md). With U_c_dma = U_c the model is the paper's (notes/deep-optimizer-states.md,
+// section 1): the stride k is the plan "one subgroup in k streamed" (subgroups k-1, 2k-1, ...).
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+namespace dos {
+
+/// Measured rates of one rank's machine.
+/// U_c: CPU Adam, params/s, with no DMA running; U_c_dma: CPU Adam while H2D and D2H both stream
+/// (params/s, <= U_c); U_g: GPU Adam, params/s; D_c: GPU gradient conversion to fp32, params/s;
+/// B_h2d, B_d2h: PCIe bandwidth each way while both directions run, bytes/s. All > 0.
+struct Rates {
+  double U_c = 0, U_c_dma = 0, U_g = 0, D_c = 0, B_h2d = 0, B_d2h = 0;
+};
+
+/// Where a subgroup's update runs: on the CPU, or on the GPU with its state streamed in and out.
+enum class PlanSide : unsigned char { cpu = 0, gpu_streamed = 1 };
+
+/// What the model is asked about. sizes: elements per subgroup; caller_on_gpu: the model's
+/// parameters and gradients live in GPU memory (their gradients are converted there);
+/// param_bytes: bytes per element of the model's parameters (2 for fp16/bf16, 4 for fp32).
+struct Workload {
+  std::vector<std::size_t> sizes;
+  bool caller_on_gpu = true;
+  std::size_t param_bytes = 2;
+};
+
+/// The predicted times of a plan, seconds, per resource and overall (the maximum).
+struct Prediction {
+  double total = 0, cpu = 0, h2d = 0, d2h = 0, gpu = 0;
+  double streamed_params = 0, cpu_params = 0;
+  /// Which resource bounds the phase: "cpu", "h2d", "d2h" or "gpu".
+  std::string bound_by() const;
+};
+
+/// Predicted update-phase time of `plan` (one side per subgroup, same length as w.sizes).
+/// Throws std::invalid_argument when the lengths differ or a rate is not positive.
+Prediction predict(const Workload& w, const std::vector<PlanSide>& plan, const Rates& r);
+
+/// The same, for a split of the work into N_cpu parameters on the CPU and N_gpu streamed,
+/// regardless of subgroup boundaries (the continuous relaxation used by the lower bound).
+Prediction predict_split(const Workload& w, double n_cpu, double n_streamed, const Rates& r);
+
+/// m of n subgroups streamed, spread evenly (subgroup i is streamed when floor((i+1) m / n) >
+/// floor(i m / n)); m = 0: all on the CPU, m = n: all streamed. For m = n / k this is the paper's
+/// stride k (subgroups k-1, 2k-1, ...).
+std::vector<PlanSide> spread_plan(std::size_t n, std::size_t m);
+
+/// The paper's stride k >= 1: subgroup i streamed when (i + 1) % k == 0.
+std::vector<PlanSide> stride_plan(std::size_t n, std::size_t k);
+
+/// The plan of least predicted time among spread_plan(n, m), m = 0..n (ties: fewer streamed).
+struct Choice {
+  std::vector<PlanSide> plan;
+  std::size_t streamed = 0;
+  Prediction predicted;
+};
+Choice choose_plan(const Workload& w, const Rates& r);
+
+/// The best stride k in [1, n] by predicted time (ties: larger k), and its prediction.
+struct StrideChoice {
+  std::size_t k = 1;
+  Prediction predicted;
+};
+StrideChoice choose_stride(const Workload& w, const Rates& r);
+
+/// A lower bound for the update phase on the same resources: the least predicted time of any split
+/// of the parameters between CPU and streaming, ignoring subgroup boundaries (predict_split over
+/// the streamed fraction, minimised to 1e-4 of the total). Seconds.
+double lower_bound(const Workload& w, const Rates& r);
+
+}  // namespace dos

@@ -1,0 +1,132 @@
+// The resource model (models/resource_model.h) on known cases, with the expected figures computed
+// here by hand from the formulas of ARCHITECTURE.md, not by the model's code.
+#include <cmath>
+#include <cstdio>
+#include <stdexcept>
+#include <vector>
+
+#include "cmocka_cpp.h"
+#include "resource_model.h"
+
+namespace {
+
+dos::Workload uniform(std::size_t n, std::size_t s) {
+  dos::Workload w;
+  w.sizes.assign(n, s);
+  w.caller_on_gpu = true;
+  w.param_bytes = 2;
+  return w;
+}
+
+size_t count_streamed(const std::vector<dos::PlanSide>& p) {
+  size_t m = 0;
+  for (auto s : p) m += s == dos::PlanSide::gpu_streamed;
+  return m;
+}
+
+void test_plans(void**) {
+  const auto s2 = dos::stride_plan(6, 2);
+  for (size_t i = 0; i < 6; ++i) assert_int_equal(int(s2[i]), i % 2 == 1 ? 1 : 0);
+  // one subgroup in k streamed, spread evenly, is the paper's stride when k divides n
+  for (size_t k : {1, 2, 3, 4, 6}) {
+    const auto a = dos::spread_plan(12, 12 / k), b = dos::stride_plan(12, k);
+    assert_true(a == b);
+  }
+  for (size_t m = 0; m <= 31; ++m) assert_int_equal(count_streamed(dos::spread_plan(31, m)), m);
+}
+
+// The paper's worked example without contention: 20B model at DP=4, N = 3.83e9 in 31 subgroups,
+// U_c = 2.19e9 params/s, B = 20.7 GB/s each way (notes/deep-optimizer-states.md, section 1).
+void test_paper_example(void**) {
+  const double S = 3.83e9 / 31, Uc = 2.19e9, B = 20.7e9;
+  const dos::Workload w = uniform(31, std::size_t(S));
+  dos::Rates r{Uc, Uc, 1e11, 4e11, B, B};
+  const dos::StrideChoice c = dos::choose_stride(w, r);
+  std::printf("  paper example: best stride k = %zu, predicted %.3f s (%s-bound)\n", c.k, c.predicted.total,
+              c.predicted.bound_by().c_str());
+  assert_true(c.k == 2 || c.k == 3);
+  // k = 3 by hand: subgroups 2, 5, ..., 29 streamed (10), 21 on the CPU
+  const double s = double(std::size_t(S));
+  const double t_cpu = 21 * s / Uc, t_h2d = (12 * 10 + 2 * 21) * s / B, t_d2h = (12 * 10 + 4 * 21) * s / B;
+  const dos::Prediction p3 = dos::predict(w, dos::stride_plan(31, 3), r);
+  assert_float_equal(p3.cpu, t_cpu, 1e-9);
+  assert_float_equal(p3.h2d, t_h2d, 1e-9);
+  assert_float_equal(p3.d2h, t_d2h, 1e-9);
+  assert_float_equal(p3.total, std::max(t_cpu, std::max(t_h2d, t_d2h)), 1e-9);
+  // k = 2: 15 streamed (1, 3, ..., 29), 16 on the CPU: D2H-bound
+  const dos::Prediction p2 = dos::predict(w, dos::stride_plan(31, 2), r);
+  assert_float_equal(p2.total, (12 * 15 + 4 * 16) * s / B, 1e-9);
+  assert_string_equal(p2.bound_by().c_str(), "d2h");
+}
+
+// The GPU machine: PCIe 51 GB/s each way, U_c 4.1e9 alone and 2.9e9 under full-duplex DMA:
+// roughly half streamed, near 0.6 s for 3.83e9 parameters (ARCHITECTURE.md).
+void test_gpu_machine(void**) {
+  const dos::Workload w = uniform(31, 123548387);
+  const dos::Rates r{4.1e9, 2.9e9, 1e11, 4e11, 51e9, 51e9};
+  const dos::Choice c = dos::choose_plan(w, r);
+  const double frac = double(c.streamed) / 31;
+  const double lb = dos::lower_bound(w, r);
+  std::printf("  GPU machine: %zu of 31 streamed (%.2f), predicted %.3f s (%s-bound), lower bound %.3f s\n",
+              c.streamed, frac, c.predicted.total, c.predicted.bound_by().c_str(), lb);
+  assert_true(frac > 0.35 && frac < 0.65);
+  assert_true(c.predicted.total > 0.55 && c.predicted.total < 0.7);
+  assert_true(lb <= c.predicted.total + 1e-12);
+  assert_true(lb > 0.95 * c.predicted.total);
+  // the contention term matters: without it the model streams less and predicts too little
+  const dos::Rates paper{4.1e9, 4.1e9, 1e11, 4e11, 51e9, 51e9};
+  const dos::Choice cp = dos::choose_plan(w, paper);
+  assert_true(cp.streamed < c.streamed);
+  assert_true(cp.predicted.total < c.predicted.total);
+  // by hand at 16 of 31 streamed: D2H carries 12 B for streamed and 4 B for CPU parameters
+  const double s = 123548387.0;
+  const dos::Prediction p16 = dos::predict(w, dos::spread_plan(31, 16), r);
+  assert_float_equal(p16.d2h, (12 * 16 + 4 * 15) * s / 51e9, 1e-9);
+  const double t_dma = p16.d2h, n_cpu = 15 * s;
+  const double t_cpu = n_cpu / 2.9e9 <= t_dma ? n_cpu / 2.9e9 : t_dma + (n_cpu - 2.9e9 * t_dma) / 4.1e9;
+  assert_float_equal(p16.cpu, t_cpu, 1e-9);
+}
+
+void test_extremes(void**) {
+  const dos::Workload w = uniform(16, 1 << 24);
+  // a CPU much faster than the link: nothing on the GPU
+  const dos::Choice fast_cpu = dos::choose_plan(w, dos::Rates{1e12, 1e12, 1e11, 4e11, 1e9, 1e9});
+  assert_int_equal(fast_cpu.streamed, 0);
+  // a link much faster than the CPU: everything streamed
+  const dos::Choice fast_link = dos::choose_plan(w, dos::Rates{1e8, 1e8, 1e12, 4e12, 1e13, 1e13});
+  assert_int_equal(fast_link.streamed, 16);
+  // caller on the host: a CPU subgroup moves nothing over PCIe
+  dos::Workload h = w;
+  h.caller_on_gpu = false;
+  const dos::Prediction p = dos::predict(h, dos::spread_plan(16, 0), dos::Rates{1e9, 1e9, 1e11, 4e11, 1e10, 1e10});
+  assert_float_equal(p.h2d, 0.0, 0.0);
+  assert_float_equal(p.total, 16.0 * (1 << 24) / 1e9, 1e-9);
+}
+
+void test_bad_input(void**) {
+  const dos::Workload w = uniform(4, 100);
+  bool threw = false;
+  try {
+    dos::predict(w, dos::spread_plan(3, 1), dos::Rates{1, 1, 1, 1, 1, 1});
+  } catch (const std::invalid_argument&) {
+    threw = true;
+  }
+  assert_true(threw);
+  threw = false;
+  try {
+    dos::predict(w, dos::spread_plan(4, 1), dos::Rates{0, 1, 1, 1, 1, 1});
+  } catch (const std::invalid_argument&) {
+    threw = true;
+  }
+  assert_true(threw);
+}
+
+}  // namespace
+
+int main() {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_plans),      cmocka_unit_test(test_paper_example), cmocka_unit_test(test_gpu_machine),
+      cmocka_unit_test(test_extremes),   cmocka_unit_test(test_bad_input),
+  };
+  return cmocka_run_group_tests(tests, nullptr, nullptr);
+}

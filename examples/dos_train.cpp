@@ -14,6 +14,7 @@
 #include "atomic_file.h"
 #include "dos.h"
 #include "emulate.h"
+#include "resource_model.h"
 #include "model_config.h"
 #include "partition.h"
 #include "safetensors.h"
@@ -41,6 +42,9 @@ struct Args {
   int cpu_threads = 0;
   int ncuda = -1;
   bool quiet = false;
+  std::string k, gpu_fraction;
+  std::vector<std::string> sweep;
+  bool recalibrate = false;
 };
 
 [[noreturn]] void fail(const std::string& msg) { throw std::runtime_error(msg); }
@@ -68,6 +72,23 @@ void parse_shard(const std::string& s, std::size_t* rank, std::size_t* world) {
   if (rv >= wv) fail("--shard " + s + ": rank " + r + " is out of range for " + w + " ranks (0.." + std::to_string(wv - 1) + ")");
   *rank = std::size_t(rv);
   *world = std::size_t(wv);
+}
+
+double parse_fraction(const std::string& s, const char* what) {
+  // "0.5", "1/3"
+  const auto slash = s.find('/');
+  char *e1 = nullptr, *e2 = nullptr;
+  double v;
+  if (slash == std::string::npos) {
+    v = std::strtod(s.c_str(), &e1);
+    if (s.empty() || *e1) fail(std::string(what) + ": '" + s + "' is not a number");
+  } else {
+    const std::string a = s.substr(0, slash), b = s.substr(slash + 1);
+    const double x = std::strtod(a.c_str(), &e1), y = std::strtod(b.c_str(), &e2);
+    if (a.empty() || b.empty() || *e1 || *e2 || y == 0) fail(std::string(what) + ": '" + s + "' is not a fraction like 1/3");
+    v = x / y;
+  }
+  return v;
 }
 
 DType parse_dtype(const std::string& s) {
@@ -194,42 +215,127 @@ int run(const Args& a) {
   oo.subgroup_size = subgroup;
   oo.dtype = dtype;
   oo.memory = on_gpu ? dos::MemoryKind::cuda : dos::MemoryKind::host;
+  oo.recalibrate = a.recalibrate;
+  oo.verbose = !a.quiet;
   dos::Optimizer opt(rt, views, oo);
 
   // ---- iterations ------------------------------------------------------------------------------
-  nlohmann::ordered_json iters = nlohmann::ordered_json::array();
-  std::vector<double> secs;
-  for (int it = 1; it <= a.iterations; ++it) {
-#if defined(DOS_HAVE_CUDA)
-    if (on_gpu) dos_train::fill_grads_cuda(grads, dtype, n, a.seed, std::uint64_t(it), range.begin);
-#endif
-    if (!on_gpu) dos_train::fill_grads_host(grads, dtype, n, a.seed, std::uint64_t(it), range.begin);
-    const dos::StepStats s = opt.step();
-    secs.push_back(s.seconds);
-    const double gps = double(s.params) / s.seconds / 1e9;
-    const double cpu_busy = rt.cpu_workers() ? s.cpu_busy_seconds / (s.seconds * rt.cpu_workers()) : 0.0;
-    const double gpu_busy = rt.cuda_workers() ? s.gpu_busy_seconds / (s.seconds * rt.cuda_workers()) : 0.0;
-    std::printf("iter %3d  update %8.4f s  %7.3f Gparams/s  subgroups cpu %zu gpu %zu  H2D %.3f GB  D2H %.3f GB  "
-                "busy cpu %3.0f%% gpu %3.0f%%\n",
-                it, s.seconds, gps, s.subgroups_cpu, s.subgroups_gpu, s.bytes_h2d / 1e9, s.bytes_d2h / 1e9,
-                100 * cpu_busy, 100 * gpu_busy);
-    std::fflush(stdout);
-    iters.push_back({{"iteration", it}, {"update_seconds", s.seconds}, {"gparams_per_s", gps},
-                     {"subgroups_cpu", s.subgroups_cpu}, {"subgroups_gpu", s.subgroups_gpu},
-                     {"bytes_h2d", s.bytes_h2d}, {"bytes_d2h", s.bytes_d2h},
-                     {"cpu_busy_fraction", cpu_busy}, {"gpu_busy_fraction", gpu_busy}});
+  if (!a.k.empty() && !a.gpu_fraction.empty()) fail("give --k or --gpu-fraction, not both");
+  if (rt.policy().rfind("static:", 0) == 0 && rt.cuda_workers() > 0) {
+    const double R = std::strtod(rt.policy().c_str() + 7, nullptr);
+    const auto plan = dos::static_plan(opt.num_subgroups(), R);
+    std::size_t ncpu = 0, pcpu = 0;
+    for (std::size_t i = 0; i < plan.size(); ++i)
+      if (plan[i] == dos::PlanSide::cpu) ++ncpu, pcpu += opt.subgroup_size(i);
+    std::printf("%s: %zu of %zu subgroups on the CPU (%.3f of the subgroups, %.3f of the parameters); the other %zu "
+                "keep their state resident on the GPU\n",
+                rt.policy().c_str(), ncpu, plan.size(), double(ncpu) / double(plan.size()), double(pcpu) / double(n),
+                plan.size() - ncpu);
   }
-  // Summary over the iterations after the first (the first pays allocations and calibration).
-  std::vector<double> steady(secs.size() > 1 ? secs.begin() + 1 : secs.begin(), secs.end());
-  std::sort(steady.begin(), steady.end());
-  const double median = steady[steady.size() / 2];
+  if (!a.k.empty() || !a.gpu_fraction.empty()) {
+    dos::PlanOverride o;
+    o.kind = a.k.empty() ? dos::PlanOverride::fraction : dos::PlanOverride::stride;
+    o.value = parse_fraction(a.k.empty() ? a.gpu_fraction : a.k, a.k.empty() ? "--gpu-fraction" : "--k");
+    opt.set_plan_override(o);
+  }
+  if (rt.model_policy() && rt.cuda_workers() > 0) {
+    const dos::Rates& r = opt.rates();
+    const dos::Choice c = dos::choose_plan(opt.workload(), r);
+    const dos::StrideChoice k = dos::choose_stride(opt.workload(), r);
+    std::printf("model: U_c %.2f Gparams/s alone, %.2f under DMA; U_g %.1f; D_c %.1f; B %.1f GB/s H2D, %.1f GB/s D2H\n"
+                "model: best plan streams %zu of %zu subgroups (%.2f s predicted, %s-bound); best stride k = %zu "
+                "(%.2f s); all on the CPU %.2f s; all streamed %.2f s; lower bound %.2f s\n",
+                r.U_c / 1e9, r.U_c_dma / 1e9, r.U_g / 1e9, r.D_c / 1e9, r.B_h2d / 1e9, r.B_d2h / 1e9, c.streamed,
+                opt.num_subgroups(), c.predicted.total, c.predicted.bound_by().c_str(), k.k, k.predicted.total,
+                dos::predict(opt.workload(), dos::spread_plan(opt.num_subgroups(), 0), r).total,
+                dos::predict(opt.workload(), dos::spread_plan(opt.num_subgroups(), opt.num_subgroups()), r).total,
+                dos::lower_bound(opt.workload(), r));
+  }
+  nlohmann::ordered_json iters = nlohmann::ordered_json::array();
+  int it = 0;
+  // Runs `count` iterations; returns their update seconds.
+  auto run_iterations = [&](int count, const std::string& label) {
+    std::vector<dos::StepStats> out;
+    for (int i = 0; i < count; ++i) {
+      ++it;
+#if defined(DOS_HAVE_CUDA)
+      if (on_gpu) dos_train::fill_grads_cuda(grads, dtype, n, a.seed, std::uint64_t(it), range.begin);
+#endif
+      if (!on_gpu) dos_train::fill_grads_host(grads, dtype, n, a.seed, std::uint64_t(it), range.begin);
+      const dos::StepStats s = opt.step();
+      out.push_back(s);
+      const double gps = double(s.params) / s.seconds / 1e9;
+      const double cpu_busy = rt.cpu_workers() ? s.cpu_busy_seconds / (s.seconds * rt.cpu_workers()) : 0.0;
+      const double gpu_busy = rt.cuda_workers() ? s.gpu_busy_seconds / (s.seconds * rt.cuda_workers()) : 0.0;
+      char model[160] = "";
+      if (s.predicted_seconds > 0)
+        std::snprintf(model, sizeof model, "  predicted %.4f s (%s)  lower bound %.4f s", s.predicted_seconds,
+                      s.bound_by.c_str(), s.lower_bound_seconds);
+      std::printf("iter %3d%s  update %8.4f s  %7.3f Gparams/s  subgroups cpu %zu gpu %zu (plan: %zu streamed, %zu "
+                  "resident)%s  H2D %.3f GB %.1f GB/s  D2H %.3f GB %.1f GB/s  busy cpu %3.0f%% gpu %3.0f%%\n",
+                  it, label.c_str(), s.seconds, gps, s.subgroups_cpu, s.subgroups_gpu, s.planned_streamed,
+                  s.planned_resident, model, s.bytes_h2d / 1e9, s.bytes_h2d / s.seconds / 1e9, s.bytes_d2h / 1e9,
+                  s.bytes_d2h / s.seconds / 1e9, 100 * cpu_busy, 100 * gpu_busy);
+      std::fflush(stdout);
+      iters.push_back({{"iteration", it}, {"label", label}, {"update_seconds", s.seconds}, {"gparams_per_s", gps},
+                       {"subgroups_cpu", s.subgroups_cpu}, {"subgroups_gpu", s.subgroups_gpu},
+                       {"planned_streamed", s.planned_streamed}, {"planned_resident", s.planned_resident},
+                       {"predicted_seconds", s.predicted_seconds}, {"lower_bound_seconds", s.lower_bound_seconds},
+                       {"bytes_h2d", s.bytes_h2d}, {"bytes_d2h", s.bytes_d2h},
+                       {"cpu_busy_fraction", cpu_busy}, {"gpu_busy_fraction", gpu_busy}});
+    }
+    return out;
+  };
+  // The median over the iterations after the first of a run (the first pays allocations).
+  auto median_of = [](const std::vector<dos::StepStats>& v) {
+    std::vector<double> t;
+    for (std::size_t i = v.size() > 1 ? 1 : 0; i < v.size(); ++i) t.push_back(v[i].seconds);
+    std::sort(t.begin(), t.end());
+    return t[t.size() / 2];
+  };
+  nlohmann::ordered_json sweep = nlohmann::ordered_json::array();
+  if (!a.sweep.empty()) {
+    if (!rt.model_policy()) fail("--sweep needs --policy dos");
+    struct Row {
+      std::string entry;
+      std::size_t streamed;
+      double median, predicted, bound;
+    };
+    std::vector<Row> rows;
+    for (const std::string& e : a.sweep) {
+      dos::PlanOverride o;
+      if (e != "model") {
+        o.kind = dos::PlanOverride::fraction;
+        o.value = parse_fraction(e, "--sweep");
+      }
+      opt.set_plan_override(o);
+      const auto st = run_iterations(a.iterations, " [" + e + "]");
+      rows.push_back({e, st.back().planned_streamed, median_of(st), st.back().predicted_seconds,
+                      st.back().lower_bound_seconds});
+    }
+    double best = rows[0].median;
+    for (const Row& r : rows) best = std::min(best, r.median);
+    std::printf("sweep (%zu parameters, %zu subgroups, median of iterations 2..%d of each):\n", n, opt.num_subgroups(),
+                a.iterations);
+    std::printf("  %-8s %9s %12s %12s %12s %10s\n", "fraction", "streamed", "update s", "predicted s", "lower bound",
+                "vs fastest");
+    for (const Row& r : rows) {
+      std::printf("  %-8s %9zu %12.4f %12.4f %12.4f %9.1f%%\n", r.entry.c_str(), r.streamed, r.median, r.predicted,
+                  r.bound, 100.0 * (r.median / best - 1.0));
+      sweep.push_back({{"entry", r.entry}, {"streamed", r.streamed}, {"update_seconds_median", r.median},
+                       {"predicted_seconds", r.predicted}, {"lower_bound_seconds", r.bound}});
+    }
+  }
+  const std::vector<dos::StepStats> main_run = a.sweep.empty() ? run_iterations(a.iterations, "") : std::vector<dos::StepStats>{};
+  const double median = main_run.empty() ? 0.0 : median_of(main_run);
   double mean = 0;
-  for (double v : steady) mean += v;
-  mean /= double(steady.size());
-  std::printf("summary: %zu parameters, %zu subgroups, %d iterations: update median %.4f s, mean %.4f s "
-              "(iterations %s), %.3f Gparams/s at the median\n",
-              n, opt.num_subgroups(), a.iterations, median, mean, secs.size() > 1 ? "2.." : "1",
-              double(n) / median / 1e9);
+  for (std::size_t i = main_run.size() > 1 ? 1 : 0; i < main_run.size(); ++i) mean += main_run[i].seconds;
+  if (!main_run.empty()) mean /= double(main_run.size() > 1 ? main_run.size() - 1 : 1);
+  if (!main_run.empty())
+    std::printf("summary: %zu parameters, %zu subgroups, %d iterations: update median %.4f s, mean %.4f s "
+                "(iterations %s), %.3f Gparams/s at the median\n",
+                n, opt.num_subgroups(), a.iterations, median, mean, main_run.size() > 1 ? "2.." : "1",
+                double(n) / median / 1e9);
 
   if (!a.report.empty()) {
     nlohmann::ordered_json rep = {
@@ -238,8 +344,9 @@ int run(const Args& a) {
         {"subgroups", opt.num_subgroups()}, {"policy", rt.policy()}, {"starpu_policy", rt.running_policy()},
         {"cpu_workers", rt.cpu_workers()}, {"cuda_workers", rt.cuda_workers()}, {"cpu_threads", rt.cpu_threads()},
         {"caller_memory", on_gpu ? "cuda" : "host"}, {"seed", a.seed}, {"iterations", iters},
+        {"sweep", sweep},
         {"summary", {{"update_seconds_median", median}, {"update_seconds_mean", mean},
-                     {"gparams_per_s_median", double(n) / median / 1e9}}}};
+                     {"gparams_per_s_median", median > 0 ? double(n) / median / 1e9 : 0.0}}}};
     const std::string text = rep.dump(2) + "\n";
     dos::write_file_atomically(a.report, {{text.data(), text.size()}});
   }
@@ -287,8 +394,10 @@ int main(int argc, char** argv) {
   app.add_option("--iterations,-n", a.iterations, "training iterations to run (>= 1)")->capture_default_str();
   app.add_option("--subgroup-size", a.subgroup_size, "elements per subgroup (>= 1; 1e8 notation accepted)")->capture_default_str();
   app.add_option("--policy", a.policy,
-                 "scheduling policy: cpu (every update on the CPU), gpu (every update on the GPU), or a StarPU "
-                 "built-in (dmda, dmdas, eager, lws, ...). Default: $STARPU_SCHED if set, else cpu");
+                 "scheduling policy: cpu (every update on the CPU), gpu (every update on the GPU, state streamed), "
+                 "dos (the resource model's plan, re-taken every iteration), static:R (R = CPU share of the "
+                 "subgroups; the others keep their state resident on the GPU), or a StarPU built-in (dmda, dmdas, "
+                 "eager, lws, ...). Default: $STARPU_SCHED if set, else cpu");
   app.add_option("--dtype", a.dtype, "dtype of the model's parameters and gradients: bf16, fp16, fp32")->capture_default_str();
   app.add_option("--optimizer", a.optimizer, "adamw (torch.optim.AdamW) or adam (torch.optim.Adam, L2 decay)")->capture_default_str();
   app.add_option("--lr", a.lr, "learning rate")->capture_default_str();
@@ -308,6 +417,16 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--ncuda", a.ncuda, "CUDA workers (-1: one per GPU, 0: none)")->capture_default_str();
   app.add_flag("--quiet,-q", a.quiet, "do not print the runtime's set-up line");
+  app.add_option("--k", a.k, "with --policy dos: force the paper's stride k (one subgroup in k streamed: k-1, 2k-1, ...)");
+  app.add_option("--gpu-fraction", a.gpu_fraction,
+                 "with --policy dos: force this fraction of the subgroups (0..1, or a/b) to be streamed through the GPU, "
+                 "spread evenly");
+  app.add_option("--sweep", a.sweep,
+                 "with --policy dos: run --iterations iterations for each streamed fraction given (0..1 or a/b; "
+                 "'model' for the model's own choice), in this one process, and print a table")
+      ->delimiter(',');
+  app.add_flag("--recalibrate", a.recalibrate,
+               "with --policy dos or static:R: measure the model's rates again instead of reading the cached ones");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,6 +1,7 @@
 #include "resource_model.h"
 
 #include <algorithm>
+#include <cmath>
 #include <stdexcept>
 
 #include "traffic.h"
@@ -23,18 +24,19 @@ void check_rates(const Rates& r) {
 
 }  // namespace
 
-Prediction predict_split(const Workload& w, double n_cpu, double n_streamed, const Rates& r) {
+Prediction predict_split(const Workload& w, double n_cpu, double n_streamed, const Rates& r, double n_resident) {
   check_rates(r);
   Prediction p;
   p.cpu_params = n_cpu;
   p.streamed_params = n_streamed;
+  p.resident_params = n_resident;
   // bytes per parameter each way, from traffic.h (linear in n, so per-parameter figures suffice)
   const PcieBytes per_gpu = subgroup_pcie_bytes(true, w.caller_on_gpu, w.param_bytes, 1);
   const PcieBytes per_cpu = subgroup_pcie_bytes(false, w.caller_on_gpu, w.param_bytes, 1);
   p.h2d = (double(per_gpu.h2d) * n_streamed + double(per_cpu.h2d) * n_cpu) / r.B_h2d;
   p.d2h = (double(per_gpu.d2h) * n_streamed + double(per_cpu.d2h) * n_cpu) / r.B_d2h;
-  const double n_conv = w.caller_on_gpu ? n_cpu + n_streamed : 0.0;
-  p.gpu = n_streamed / r.U_g + n_conv / r.D_c;
+  const double n_conv = w.caller_on_gpu ? n_cpu + n_streamed + n_resident : 0.0;
+  p.gpu = (n_streamed + n_resident) / r.U_g + n_conv / r.D_c;
   const double t_dma = std::max(p.h2d, p.d2h);
   const double contended = n_cpu / r.U_c_dma;
   p.cpu = contended <= t_dma ? contended : t_dma + (n_cpu - r.U_c_dma * t_dma) / r.U_c;
@@ -46,9 +48,9 @@ Prediction predict(const Workload& w, const std::vector<PlanSide>& plan, const R
   if (plan.size() != w.sizes.size())
     throw std::invalid_argument("resource model: the plan has " + std::to_string(plan.size()) + " sides for " +
                                 std::to_string(w.sizes.size()) + " subgroups");
-  double n_cpu = 0, n_gpu = 0;
-  for (std::size_t i = 0; i < plan.size(); ++i) (plan[i] == PlanSide::cpu ? n_cpu : n_gpu) += double(w.sizes[i]);
-  return predict_split(w, n_cpu, n_gpu, r);
+  double n[3] = {0, 0, 0};
+  for (std::size_t i = 0; i < plan.size(); ++i) n[int(plan[i])] += double(w.sizes[i]);
+  return predict_split(w, n[0], n[1], r, n[2]);
 }
 
 std::vector<PlanSide> spread_plan(std::size_t n, std::size_t m) {
@@ -64,6 +66,15 @@ std::vector<PlanSide> stride_plan(std::size_t n, std::size_t k) {
   std::vector<PlanSide> p(n, PlanSide::cpu);
   for (std::size_t i = 0; i < n; ++i)
     if ((i + 1) % k == 0) p[i] = PlanSide::gpu_streamed;
+  return p;
+}
+
+std::vector<PlanSide> static_plan(std::size_t n, double cpu_share) {
+  if (!(cpu_share >= 0.0 && cpu_share <= 1.0))
+    throw std::invalid_argument("static ratio R (the CPU share) must be in [0, 1], got " + std::to_string(cpu_share));
+  const std::size_t ncpu = std::size_t(std::llround(cpu_share * double(n)));
+  std::vector<PlanSide> p(n, PlanSide::gpu_resident);
+  for (std::size_t i = 0; i < ncpu && i < n; ++i) p[i] = PlanSide::cpu;
   return p;
 }
 

@@ -30,8 +30,9 @@ struct Rates {
   double U_c = 0, U_c_dma = 0, U_g = 0, D_c = 0, B_h2d = 0, B_d2h = 0;
 };
 
-/// Where a subgroup's update runs: on the CPU, or on the GPU with its state streamed in and out.
-enum class PlanSide : unsigned char { cpu = 0, gpu_streamed = 1 };
+/// Where a subgroup's update runs: on the CPU, on the GPU with its state streamed in and out, or on
+/// the GPU with its state kept there between iterations (no PCIe traffic for it at all).
+enum class PlanSide : unsigned char { cpu = 0, gpu_streamed = 1, gpu_resident = 2 };
 
 /// What the model is asked about. sizes: elements per subgroup; caller_on_gpu: the model's
 /// parameters and gradients live in GPU memory (their gradients are converted there);
@@ -45,7 +46,7 @@ struct Workload {
 /// The predicted times of a plan, seconds, per resource and overall (the maximum).
 struct Prediction {
   double total = 0, cpu = 0, h2d = 0, d2h = 0, gpu = 0;
-  double streamed_params = 0, cpu_params = 0;
+  double streamed_params = 0, cpu_params = 0, resident_params = 0;
   /// Which resource bounds the phase: "cpu", "h2d", "d2h" or "gpu".
   std::string bound_by() const;
 };
@@ -54,9 +55,10 @@ struct Prediction {
 /// Throws std::invalid_argument when the lengths differ or a rate is not positive.
 Prediction predict(const Workload& w, const std::vector<PlanSide>& plan, const Rates& r);
 
-/// The same, for a split of the work into N_cpu parameters on the CPU and N_gpu streamed,
-/// regardless of subgroup boundaries (the continuous relaxation used by the lower bound).
-Prediction predict_split(const Workload& w, double n_cpu, double n_streamed, const Rates& r);
+/// The same, for a split of the work into n_cpu parameters on the CPU, n_streamed streamed and
+/// n_resident resident on the GPU, regardless of subgroup boundaries (the continuous relaxation
+/// used by the lower bound).
+Prediction predict_split(const Workload& w, double n_cpu, double n_streamed, const Rates& r, double n_resident = 0);
 
 /// m of n subgroups streamed, spread evenly (subgroup i is streamed when floor((i+1) m / n) >
 /// floor(i m / n)); m = 0: all on the CPU, m = n: all streamed. For m = n / k this is the paper's
@@ -64,7 +66,13 @@ Prediction predict_split(const Workload& w, double n_cpu, double n_streamed, con
 std::vector<PlanSide> spread_plan(std::size_t n, std::size_t m);
 
 /// The paper's stride k >= 1: subgroup i streamed when (i + 1) % k == 0.
+/// Throws std::invalid_argument when k is 0.
 std::vector<PlanSide> stride_plan(std::size_t n, std::size_t k);
+
+/// DeepSpeed's static `ratio` R (the CPU share, in [0, 1]): the first round(R n) subgroups on the
+/// CPU, the others resident on the GPU. The fraction of subgroups on the CPU is within half a
+/// subgroup of R, and grows with R. Throws std::invalid_argument when R is outside [0, 1].
+std::vector<PlanSide> static_plan(std::size_t n, double cpu_share);
 
 /// The plan of least predicted time among spread_plan(n, m), m = 0..n (ties: fewer streamed).
 struct Choice {

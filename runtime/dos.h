@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "../codelets/kernels/adam.h"
+#include "../models/resource_model.h"
 
 namespace dos {
 
@@ -73,6 +74,8 @@ class Runtime {
   std::string running_policy() const;
   /// The policy as requested ("cpu", "gpu", "dmda", ...).
   const std::string& policy() const { return policy_; }
+  /// True for the policies that plan with the resource model (dos, static:R).
+  bool model_policy() const;
   unsigned cpu_workers() const;
   unsigned cuda_workers() const;
   int cpu_threads() const { return cpu_threads_; }
@@ -95,11 +98,25 @@ class Runtime {
 /// subgroup_size: elements per subgroup (>= 1); the last subgroup holds the remainder.
 /// dtype: element type of the caller's parameters and gradients.
 /// memory: where the caller's buffers live.
+/// rates: the machine's rates for the `dos` policy's model; all zero (the default): measured at
+///   start-up by calibrate_rates (cached per host and configuration), unless recalibrate is set,
+///   which forces a new measurement.
 struct OptimizerOptions {
   AdamHyper adam;
   std::size_t subgroup_size = 100000000;
   DType dtype = DType::bf16;
   MemoryKind memory = MemoryKind::host;
+  Rates rates{};
+  bool recalibrate = false;
+  bool verbose = true;
+};
+
+/// Forces the `dos` policy's plan, for sweeps: fraction: round(value * n) subgroups streamed,
+/// spread evenly (value in [0, 1]); stride: the paper's stride k = value (an integer >= 1);
+/// none: the model's choice.
+struct PlanOverride {
+  enum Kind { none, fraction, stride } kind = none;
+  double value = 0;
 };
 
 /// What one update phase did.
@@ -119,6 +136,17 @@ struct StepStats {
   std::int64_t step = 0;
   double cpu_busy_seconds = 0;
   double gpu_busy_seconds = 0;
+  /// The plan of this phase: subgroups planned on the GPU (streamed or resident), and for the
+  /// project's policies with a model (dos, static:R), the predicted time and the lower bound
+  /// (models/resource_model.h), seconds; 0 where there is no model.
+  std::size_t planned_streamed = 0;
+  std::size_t planned_resident = 0;
+  double predicted_seconds = 0;
+  double lower_bound_seconds = 0;
+  std::string bound_by;
+  /// Per subgroup, the kind of worker its Adam task ran on (PlanSide::cpu or gpu_streamed, or
+  /// gpu_resident where the plan kept it resident), as the task's executing worker reported it.
+  std::vector<PlanSide> placement;
 };
 
 /// Host bytes the runtime needs per parameter: 12 (fp32 master, exp_avg, exp_avg_sq) + 4 (fp32
@@ -157,6 +185,14 @@ class Optimizer {
   void read_exp_avg(float* out) const;
   void read_exp_avg_sq(float* out) const;
 
+  /// Forces (or, with PlanOverride::none, releases) the plan of the `dos` (or `static:R`) policy
+  /// from the next step(). Throws Error for another policy or a value out of range.
+  void set_plan_override(const PlanOverride& o);
+  /// The rates the `dos` model uses now (calibrated, then refined after each step).
+  const Rates& rates() const;
+  /// The workload the model sees (subgroup sizes, where the caller's buffers live).
+  const Workload& workload() const;
+
   struct Impl;
 
  private:
@@ -165,5 +201,16 @@ class Optimizer {
 
 /// Validates Adam hyper-parameters as torch.optim.Adam does; throws Error naming the bad value.
 void validate_adam_hyper(const AdamHyper& h);
+
+/// Measures the rates of the resource model on this machine with the real codelets and task graph,
+/// on scratch subgroups of `subgroup_elems` elements (the caller's dtype and memory kind): U_c from
+/// an all-CPU phase, B_h2d, B_d2h, U_g from an all-streamed phase, D_c from the GPU conversion
+/// tasks, U_c_dma from a phase where the CPU updates while the GPU streams. Needs the runtime's
+/// policy to be `dos` and a CUDA worker; takes a few seconds (pinning the scratch state).
+/// The result is cached in $DOS_CACHE_DIR (default $XDG_CACHE_HOME/dos-runtime, else
+/// ~/.cache/dos-runtime), one file per host and configuration; `force` measures again.
+/// Throws Error when there is no CUDA worker or the policy is not `dos`.
+Rates calibrate_rates(Runtime& runtime, std::size_t subgroup_elems, DType dtype, MemoryKind memory, bool force,
+                      bool verbose);
 
 }  // namespace dos

@@ -4,6 +4,7 @@
 #include <starpu.h>
 #include <starpu_profiling.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -89,7 +90,7 @@ Runtime::Runtime(const RuntimeOptions& options) : impl_(new Impl) {
 
   struct starpu_conf conf;
   starpu_conf_init(&conf);
-  if (impl_->choice.builtin) {
+  if (impl_->choice.builtin()) {
     conf.sched_policy_name = impl_->choice.name.c_str();
     conf.sched_policy = nullptr;
   } else {
@@ -103,7 +104,7 @@ Runtime::Runtime(const RuntimeOptions& options) : impl_(new Impl) {
   if (ret != 0) throw Error("StarPU failed to start (starpu_init returned " + std::to_string(ret) + ")");
 
   const unsigned ncuda = starpu_cuda_worker_get_count();
-  if (impl_->choice.side == Side::gpu && !impl_->choice.builtin && ncuda == 0) {
+  if (impl_->choice.kind == PolicyKind::gpu && ncuda == 0) {
     starpu_shutdown();
     throw Error(std::string("policy 'gpu' needs a CUDA worker and there is none") +
                 (codelets_have_cuda() ? " (no CUDA device visible)" : " (this build has no CUDA: rebuild with nvcc)") +
@@ -130,6 +131,10 @@ Runtime::Runtime(const RuntimeOptions& options) : impl_(new Impl) {
   // Per-task and per-worker profiling: where each update ran and how busy each worker was.
   starpu_profiling_status_set(STARPU_PROFILING_ENABLE);
 
+  if (ncuda == 0 && options.verbose &&
+      (impl_->choice.kind == PolicyKind::dos || impl_->choice.kind == PolicyKind::static_ratio))
+    std::fprintf(stderr, "[dos] policy %s: no CUDA worker on this machine, so every update runs on the CPU\n",
+                 policy_.c_str());
   if (options.verbose)
     std::fprintf(stderr,
                  "[dos] policy %s (StarPU runs '%s'), %u CPU worker(s) x %d OpenMP threads (team of %d seen, on %d "
@@ -142,6 +147,9 @@ Runtime::~Runtime() { starpu_shutdown(); }
 std::string Runtime::running_policy() const {
   struct starpu_sched_policy* p = starpu_sched_ctx_get_sched_policy(0);
   return p && p->policy_name ? p->policy_name : "?";
+}
+bool Runtime::model_policy() const {
+  return impl_->choice.kind == PolicyKind::dos || impl_->choice.kind == PolicyKind::static_ratio;
 }
 unsigned Runtime::cpu_workers() const { return starpu_cpu_worker_get_count(); }
 unsigned Runtime::cuda_workers() const { return starpu_cuda_worker_get_count(); }
@@ -318,6 +326,50 @@ struct Optimizer::Impl {
   std::size_t nparams = 0;
   uint32_t where_caller = STARPU_CPU;
   bool use_hints = false;
+  PolicyChoice choice;
+  Workload workload;
+  Rates rates{};
+  bool have_rates = false;
+  PlanOverride override_;
+  std::vector<PlanSide> plan;  // this step's plan (empty for StarPU's built-in policies)
+
+  /// The plan of the next step, from the policy (and the model for dos). Returns the prediction
+  /// where there is a model.
+  std::vector<PlanSide> make_plan() const {
+    const std::size_t n = sgs.size();
+    const bool gpu = rt->cuda_workers() > 0;
+    switch (choice.kind) {
+      case PolicyKind::builtin: return {};
+      case PolicyKind::cpu: return std::vector<PlanSide>(n, PlanSide::cpu);
+      case PolicyKind::gpu: return std::vector<PlanSide>(n, PlanSide::gpu_streamed);
+      case PolicyKind::static_ratio:
+      case PolicyKind::dos:
+        if (!gpu) return std::vector<PlanSide>(n, PlanSide::cpu);
+        if (override_.kind == PlanOverride::fraction)
+          return spread_plan(n, std::size_t(std::llround(override_.value * double(n))));
+        if (override_.kind == PlanOverride::stride) return stride_plan(n, std::size_t(override_.value));
+        if (choice.kind == PolicyKind::static_ratio) return static_plan(n, choice.cpu_share);
+        return choose_plan(workload, rates).plan;
+    }
+    return {};
+  }
+
+  /// Online refinement of the rates from what the step measured (exponential average, weight 1/2):
+  /// the CPU's Adam rate from the CPU worker's busy time (as U_c_dma when GPU subgroups streamed
+  /// beside it, else U_c), and the PCIe rates when the model said the phase was bound by PCIe.
+  void refine(const StepStats& st, const Prediction& pred) {
+    if (!have_rates || choice.kind != PolicyKind::dos || rt->cuda_workers() == 0) return;
+    if (pred.cpu_params > 0 && st.cpu_busy_seconds > 0) {
+      const double u = pred.cpu_params / st.cpu_busy_seconds;
+      double& target = pred.streamed_params > 0 ? rates.U_c_dma : rates.U_c;
+      target = 0.5 * (target + u);
+      rates.U_c_dma = std::min(rates.U_c_dma, rates.U_c);
+    }
+    if (pred.streamed_params > 0 && (st.bound_by == "h2d" || st.bound_by == "d2h") && st.seconds > 0) {
+      if (st.bytes_h2d) rates.B_h2d = 0.5 * (rates.B_h2d + double(st.bytes_h2d) / st.seconds);
+      if (st.bytes_d2h) rates.B_d2h = 0.5 * (rates.B_d2h + double(st.bytes_d2h) / st.seconds);
+    }
+  }
 
   struct starpu_task* make_task(struct starpu_codelet* cl, void* arg, const TaskHint* hint, uint32_t where) {
     struct starpu_task* t = starpu_task_create();
@@ -368,8 +420,12 @@ Optimizer::Optimizer(Runtime& runtime, const std::vector<TensorView>& tensors, c
   check_host_memory(I.nparams * host_bytes_per_param(options.dtype), "the optimizer state of " +
                                                                           std::to_string(I.nparams) + " parameters");
   const PolicyChoice choice = runtime.impl().choice;
-  I.use_hints = !choice.builtin;
+  I.choice = choice;
+  I.use_hints = !choice.builtin();
   const std::size_t esz = dtype_size(options.dtype);
+  I.workload.caller_on_gpu = options.memory == MemoryKind::cuda;
+  I.workload.param_bytes = esz;
+  for (const SubgroupLayout& l : layout) I.workload.sizes.push_back(l.size);
 
   for (std::size_t s = 0; s < layout.size(); ++s) {
     auto sg = std::make_unique<Subgroup>();
@@ -400,7 +456,7 @@ Optimizer::Optimizer(Runtime& runtime, const std::vector<TensorView>& tensors, c
     sg->gather_params = GatherArgs{sg->segs.data(), sg->segs.size(), options.dtype, true};
     sg->scatter = ScatterArgs{sg->segs.data(), sg->segs.size(), options.dtype};
     sg->adam.param_dtype = options.dtype;
-    sg->hint_update = TaskHint{choice.side, unsigned(s)};
+    sg->hint_update = TaskHint{Side::cpu, unsigned(s)};
     sg->hint_io = TaskHint{Side::any, unsigned(s)};
     I.sgs.push_back(std::move(sg));
   }
@@ -414,6 +470,17 @@ Optimizer::Optimizer(Runtime& runtime, const std::vector<TensorView>& tensors, c
   for (auto& sg : I.sgs) {  // bring them home; a write access invalidates any device copy
     starpu_data_acquire(sg->h_master, STARPU_RW);
     starpu_data_release(sg->h_master);
+  }
+  const bool model_policy = choice.kind == PolicyKind::dos || choice.kind == PolicyKind::static_ratio;
+  if (model_policy && runtime.cuda_workers() > 0) {
+    const Rates& r = options.rates;
+    if (r.U_c > 0 && r.U_c_dma > 0 && r.U_g > 0 && r.D_c > 0 && r.B_h2d > 0 && r.B_d2h > 0) {
+      I.rates = r;
+    } else {
+      const std::size_t cal = std::min<std::size_t>(options.subgroup_size, std::size_t(1) << 24);
+      I.rates = calibrate_rates(runtime, cal, options.dtype, options.memory, options.recalibrate, options.verbose);
+    }
+    I.have_rates = true;
   }
 }
 
@@ -437,6 +504,21 @@ StepStats Optimizer::step() {
   read_busy_seconds(STARPU_CUDA_WORKER);
   const auto t0 = std::chrono::steady_clock::now();
 
+  I.plan = I.make_plan();
+  Prediction pred;
+  if (!I.plan.empty()) {
+    for (std::size_t i = 0; i < I.sgs.size(); ++i) {
+      I.sgs[i]->hint_update.side = I.plan[i] == PlanSide::cpu ? Side::cpu : Side::gpu;
+      st.planned_streamed += I.plan[i] == PlanSide::gpu_streamed;
+      st.planned_resident += I.plan[i] == PlanSide::gpu_resident;
+    }
+    if (I.have_rates) {
+      pred = predict(I.workload, I.plan, I.rates);
+      st.predicted_seconds = pred.total;
+      st.lower_bound_seconds = lower_bound(I.workload, I.rates);
+      st.bound_by = pred.bound_by();
+    }
+  }
   for (auto& sgp : I.sgs) {
     Subgroup* sg = sgp.get();
     sg->step += 1;
@@ -466,14 +548,18 @@ StepStats Optimizer::step() {
   // asynchronous read-write acquire on main RAM turns the write-back of a GPU-updated subgroup into
   // a normal D2H fetch (notes/gpu-machine.md, "Streaming optimizer state through StarPU") and
   // invalidates the device copy (pure offload: nothing of the state stays valid on the GPU).
+  // Subgroups resident on the GPU (static:R) keep their state there: no write-back.
   Pending pending;
-  for (auto& sg : I.sgs)
+  for (std::size_t i = 0; i < I.sgs.size(); ++i) {
+    Subgroup* sg = I.sgs[i].get();
+    if (!I.plan.empty() && I.plan[i] == PlanSide::gpu_resident) continue;
     for (starpu_data_handle_t h : {sg->h_master, sg->h_exp_avg, sg->h_exp_avg_sq}) {
       pending.add();
       if (starpu_data_acquire_on_node_cb(h, STARPU_MAIN_RAM, STARPU_RW, release_after_writeback,
                                          new WriteBack{h, &pending}) != 0)
         throw Error("StarPU refused to write the optimizer state back to host memory");
     }
+  }
   pending.wait();
   starpu_task_wait_for_all();
   for (auto& sg : I.sgs) starpu_data_invalidate_submit(sg->h_param16);
@@ -484,12 +570,30 @@ StepStats Optimizer::step() {
   st.cpu_busy_seconds = read_busy_seconds(STARPU_CPU_WORKER);
   st.gpu_busy_seconds = read_busy_seconds(STARPU_CUDA_WORKER);
   st.params = I.nparams;
-  for (auto& sg : I.sgs) {
-    (sg->ran_on.load() == 2 ? st.subgroups_gpu : st.subgroups_cpu) += 1;
+  for (std::size_t i = 0; i < I.sgs.size(); ++i) {
+    const auto& sg = I.sgs[i];
+    const bool gpu = sg->ran_on.load() == 2;
+    (gpu ? st.subgroups_gpu : st.subgroups_cpu) += 1;
+    st.placement.push_back(!gpu ? PlanSide::cpu
+                                : (!I.plan.empty() && I.plan[i] == PlanSide::gpu_resident ? PlanSide::gpu_resident
+                                                                                          : PlanSide::gpu_streamed));
     if (sg->step > st.step) st.step = sg->step;
   }
+  if (I.override_.kind == PlanOverride::none) I.refine(st, pred);
   return st;
 }
+
+void Optimizer::set_plan_override(const PlanOverride& o) {
+  if (impl_->choice.kind != PolicyKind::dos && impl_->choice.kind != PolicyKind::static_ratio)
+    throw Error("a forced plan (--k, --gpu-fraction) needs --policy dos");
+  if (o.kind == PlanOverride::fraction && !(o.value >= 0 && o.value <= 1))
+    throw Error("the streamed fraction must be in [0, 1], got " + std::to_string(o.value));
+  if (o.kind == PlanOverride::stride && !(o.value >= 1 && o.value == std::floor(o.value)))
+    throw Error("the stride k must be a whole number >= 1, got " + std::to_string(o.value));
+  impl_->override_ = o;
+}
+const Rates& Optimizer::rates() const { return impl_->rates; }
+const Workload& Optimizer::workload() const { return impl_->workload; }
 
 std::size_t Optimizer::num_params() const { return impl_->nparams; }
 std::size_t Optimizer::num_subgroups() const { return impl_->sgs.size(); }

@@ -1,4 +1,5 @@
 // The placement policy (contract in policy.h) and the policy-by-name registry.
+#include <cstdlib>
 #include <stdexcept>
 
 #include "policy.h"
@@ -62,17 +63,27 @@ std::vector<std::string> builtin_policy_names() {
 PolicyChoice parse_policy(const std::string& name) {
   PolicyChoice c;
   c.name = name;
-  if (name == "cpu" || name == "gpu") {
-    c.side = name == "cpu" ? Side::cpu : Side::gpu;
+  if (name == "cpu" || name == "gpu" || name == "dos") {
+    c.kind = name == "cpu" ? PolicyKind::cpu : name == "gpu" ? PolicyKind::gpu : PolicyKind::dos;
+    return c;
+  }
+  if (name.rfind("static:", 0) == 0) {
+    const std::string r = name.substr(7);
+    char* end = nullptr;
+    const double v = std::strtod(r.c_str(), &end);
+    if (r.empty() || *end != '\0' || !(v >= 0.0 && v <= 1.0))
+      throw std::invalid_argument("policy '" + name + "': R in static:R is the CPU share of the subgroups, a number in [0, 1] (e.g. static:0.6)");
+    c.kind = PolicyKind::static_ratio;
+    c.cpu_share = v;
     return c;
   }
   const std::vector<std::string> builtins = builtin_policy_names();
   for (const std::string& b : builtins)
     if (b == name) {
-      c.builtin = true;
+      c.kind = PolicyKind::builtin;
       return c;
     }
-  std::string list = "cpu, gpu";
+  std::string list = "cpu, gpu, dos, static:R";
   for (const std::string& b : builtins) list += ", " + b;
   throw std::invalid_argument("unknown policy '" + name + "': choose one of " + list);
 }

@@ -1,5 +1,6 @@
 // Scheduling policies of the runtime: the policy-by-name registry and the "placement" policy
-// that runs the project's own plans (cpu, gpu; the k-stride policy of issue 4 plugs in here).
+// that runs the project's own plans (cpu, gpu, dos, static:R). The plans themselves come from the
+// runtime and the models; this policy only puts each task where its plan says.
 //
 // Contract of the placement policy (struct starpu_sched_policy placement_policy):
 //  - push_task(task) is called by StarPU from the thread that submitted the task once its data
@@ -35,19 +36,26 @@ struct TaskHint {
 /// The StarPU policy that follows TaskHints (its policy_name is "dos-placement").
 extern struct starpu_sched_policy placement_policy;
 
-/// A parsed --policy value.
-/// name: as given; builtin: true when StarPU's own policy of that name places the tasks
-/// (dmda, eager, lws, ...), false for the project's plans run by placement_policy;
-/// side: for the project's plans, where every Adam task goes (cpu or gpu).
+/// The policies the runtime offers. builtin: one of StarPU's own policies places the tasks with its
+/// own models (dmda, eager, lws, ...). The others are the project's plans, run by placement_policy:
+/// cpu: every update on the CPU (ZeRO-Offload); gpu: every update on the GPU, state streamed;
+/// dos: the plan of least predicted time under the resource model (models/resource_model.h),
+/// re-taken every iteration; static_ratio: DeepSpeed's ZeRO-Offload++ / TwinFlow `ratio`: a fixed
+/// CPU share of the subgroups, the others updated on the GPU with their state kept there.
+enum class PolicyKind { builtin, cpu, gpu, dos, static_ratio };
+
+/// A parsed --policy value: name as given, its kind, and for static_ratio the CPU share R in [0, 1].
 struct PolicyChoice {
   std::string name;
-  bool builtin = false;
-  Side side = Side::cpu;
+  PolicyKind kind = PolicyKind::cpu;
+  double cpu_share = 1.0;
+  bool builtin() const { return kind == PolicyKind::builtin; }
 };
 
-/// Parses a policy name: "cpu", "gpu", or the name of one of StarPU's built-in policies
-/// (as listed by StarPU, e.g. "dmda", "dmdas", "eager", "lws", "heteroprio").
-/// Throws std::invalid_argument naming the unknown policy and listing the valid ones.
+/// Parses a policy name: "cpu", "gpu", "dos", "static:R" (R, the CPU share, a number in [0, 1]), or
+/// the name of one of StarPU's built-in policies (as listed by StarPU, e.g. "dmda", "dmdas",
+/// "eager", "lws", "heteroprio").
+/// Throws std::invalid_argument naming the unknown policy (or bad R) and listing the valid ones.
 PolicyChoice parse_policy(const std::string& name);
 
 /// Names of StarPU's built-in policies in the linked StarPU, in StarPU's order.

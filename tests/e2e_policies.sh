@@ -2,7 +2,7 @@
 # dos-train end to end: the saved fp32 master parameters of the same model and seed must be
 # bit-identical under the cpu policy and StarPU's dmda (both update on the CPU here), and, where a
 # GPU exists, within a relative 1e-6 of each other under cpu and gpu (see README, "Tolerance").
-#   e2e_policies.sh DOS_TRAIN ST_COMPARE cpu-dmda|cpu-gpu
+#   e2e_policies.sh DOS_TRAIN ST_COMPARE cpu-dmda|cpu-gpu|cpu-dos
 set -u
 train=$1 cmp=$2 mode=$3
 tmp=$(mktemp -d)
@@ -15,6 +15,13 @@ case "$mode" in
     run --policy cpu --device host --save-params "$tmp/cpu.safetensors"
     run --policy dmda --device host --ncuda 0 --save-params "$tmp/dmda.safetensors"
     "$cmp" "$tmp/cpu.safetensors" "$tmp/dmda.safetensors" ;;
+  cpu-dos)
+    # on a machine without a GPU, dos and static:R say so and update everything on the CPU; with a
+    # GPU their plans mix sides: within the same tolerance as cpu-gpu
+    run --policy cpu --save-params "$tmp/cpu.safetensors"
+    run --policy dos --save-params "$tmp/dos.safetensors"
+    run --policy static:0.5 --save-params "$tmp/static.safetensors"
+    "$cmp" "$tmp/cpu.safetensors" "$tmp/dos.safetensors" 1e-6 && "$cmp" "$tmp/cpu.safetensors" "$tmp/static.safetensors" 1e-6 ;;
   cpu-gpu)
     out=$("$train" "${common[@]}" --policy gpu --save-params "$tmp/gpu.safetensors" 2>&1)
     rc=$?

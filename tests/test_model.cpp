@@ -103,6 +103,25 @@ void test_extremes(void**) {
   assert_float_equal(p.total, 16.0 * (1 << 24) / 1e9, 1e-9);
 }
 
+// static:R fidelity: for R in {0, 0.1, ..., 1} the CPU fraction is monotone in R and within one
+// subgroup of R, for several subgroup counts.
+void test_static_fidelity(void**) {
+  for (size_t n : {1, 7, 17, 31, 100}) {
+    double last = -1;
+    for (int i = 0; i <= 10; ++i) {
+      const double R = i / 10.0;
+      const auto p = dos::static_plan(n, R);
+      size_t ncpu = 0;
+      for (auto s : p) ncpu += s == dos::PlanSide::cpu;
+      for (auto s : p) assert_true(s == dos::PlanSide::cpu || s == dos::PlanSide::gpu_resident);
+      const double frac = double(ncpu) / double(n);
+      assert_true(std::fabs(frac - R) <= 1.0 / double(n));
+      assert_true(frac >= last);
+      last = frac;
+    }
+  }
+}
+
 void test_bad_input(void**) {
   const dos::Workload w = uniform(4, 100);
   bool threw = false;
@@ -126,7 +145,7 @@ void test_bad_input(void**) {
 int main() {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_plans),      cmocka_unit_test(test_paper_example), cmocka_unit_test(test_gpu_machine),
-      cmocka_unit_test(test_extremes),   cmocka_unit_test(test_bad_input),
+      cmocka_unit_test(test_extremes),   cmocka_unit_test(test_static_fidelity), cmocka_unit_test(test_bad_input),
   };
   return cmocka_run_group_tests(tests, nullptr, nullptr);
 }

@@ -139,6 +139,12 @@ void test_adamw_against_reference(void**) {
   for (size_t i = 0; i < n; ++i) pr[i] = decode(p16, p32, i);
   const ref::Hyper h{oo.adam.lr, oo.adam.beta1, oo.adam.beta2, oo.adam.eps, oo.adam.weight_decay, true};
   const bool gpu_ok = g_rt->cuda_workers() > 0;
+  // dos: a forced half-and-half plan, so that the placement can be checked subgroup by subgroup
+  std::vector<dos::PlanSide> want_plan(opt.num_subgroups(), dos::PlanSide::cpu);
+  if (g_policy == "dos") {
+    opt.set_plan_override({dos::PlanOverride::fraction, 0.5});
+    if (gpu_ok) want_plan = dos::spread_plan(opt.num_subgroups(), (opt.num_subgroups() + 1) / 2);
+  }
   for (int t = 1; t <= kSteps; ++t) {
     for (size_t i = 0; i < n; ++i) encode(g16, g32, i, float(next() * 0.02));
     buf.put(buf.grad, hostg);
@@ -149,6 +155,19 @@ void test_adamw_against_reference(void**) {
     if (g_policy == "cpu") assert_int_equal(st.subgroups_gpu, 0);
     if (g_policy == "gpu") assert_int_equal(st.subgroups_cpu, 0);
     if (!gpu_ok) assert_int_equal(st.subgroups_gpu, 0);
+    if (g_policy == "dos") {
+      // every Adam task ran on the side its plan named (the executing worker, from StarPU)
+      assert_true(st.placement == want_plan);
+      uint64_t h2d = 0, d2h = 0;
+      for (size_t sg = 0; sg < opt.num_subgroups(); ++sg) {
+        const dos::PcieBytes b = dos::subgroup_pcie_bytes(want_plan[sg] != dos::PlanSide::cpu, cuda, buf.esz,
+                                                          opt.subgroup_size(sg));
+        h2d += b.h2d;
+        d2h += b.d2h;
+      }
+      assert_int_equal(st.bytes_h2d, h2d);
+      assert_int_equal(st.bytes_d2h, d2h);
+    }
     // PCIe bytes: exactly what models/traffic.h says for the sides the updates ran on
     if (g_policy == "cpu" || g_policy == "gpu") {
       const dos::PcieBytes want = dos::subgroup_pcie_bytes(g_policy == "gpu", cuda, buf.esz, n);

@@ -1,0 +1,148 @@
+// Calibration of the resource model's rates with the real codelets and task graph (see
+// calibrate_rates in dos.h), and its cache.
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "atomic_file.h"
+#include "device_memory.h"
+#include "dos.h"
+
+namespace dos {
+namespace {
+
+std::string cache_dir() {
+  if (const char* d = std::getenv("DOS_CACHE_DIR"); d && *d) return d;
+  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) return std::string(x) + "/dos-runtime";
+  const char* home = std::getenv("HOME");
+  return std::string(home && *home ? home : "/tmp") + "/.cache/dos-runtime";
+}
+
+void make_dirs(const std::string& path) {
+  for (std::size_t i = 1; i <= path.size(); ++i)
+    if (i == path.size() || path[i] == '/') ::mkdir(path.substr(0, i).c_str(), 0755);
+}
+
+bool valid(const Rates& r) { return r.U_c > 0 && r.U_c_dma > 0 && r.U_g > 0 && r.D_c > 0 && r.B_h2d > 0 && r.B_d2h > 0; }
+
+nlohmann::json to_json(const Rates& r) {
+  return {{"U_c", r.U_c}, {"U_c_dma", r.U_c_dma}, {"U_g", r.U_g}, {"D_c", r.D_c}, {"B_h2d", r.B_h2d}, {"B_d2h", r.B_d2h}};
+}
+
+/// The caller-side scratch buffers of the calibration: parameters and gradients, zeroed.
+struct Scratch {
+  void* param = nullptr;
+  void* grad = nullptr;
+  bool cuda;
+  Scratch(std::size_t bytes, bool on_gpu) : cuda(on_gpu) {
+    if (cuda) {
+      param = device_alloc_zeroed(bytes);
+      try {
+        grad = device_alloc_zeroed(bytes);
+      } catch (...) {
+        device_free(param);
+        throw;
+      }
+    } else {
+      param = std::calloc(bytes, 1);
+      grad = std::calloc(bytes, 1);
+      if (!param || !grad) {
+        std::free(param);
+        std::free(grad);
+        throw Error("cannot allocate the calibration's scratch buffers");
+      }
+    }
+  }
+  ~Scratch() {
+    if (cuda) {
+      device_free(param);
+      device_free(grad);
+    } else {
+      std::free(param);
+      std::free(grad);
+    }
+  }
+};
+
+}  // namespace
+
+Rates calibrate_rates(Runtime& runtime, std::size_t S, DType dtype, MemoryKind memory, bool force, bool verbose) {
+  if (runtime.cuda_workers() == 0) throw Error("calibrating the model's rates needs a CUDA worker; there is none");
+  if (!runtime.model_policy())
+    throw Error("calibrating the model's rates needs the dos (or static:R) policy, not " + runtime.policy());
+  char host[256] = "unknown";
+  ::gethostname(host, sizeof host - 1);
+  const std::string key = std::string(host) + "-cpu" + std::to_string(runtime.cpu_workers()) + "x" +
+                          std::to_string(runtime.cpu_threads()) + "-cuda" + std::to_string(runtime.cuda_workers()) +
+                          "-" + dtype_name(dtype) + "-" + (memory == MemoryKind::cuda ? "gpu" : "host") + "-S" +
+                          std::to_string(S);
+  const std::string dir = cache_dir(), path = dir + "/rates-" + key + ".json";
+  if (!force) {
+    std::ifstream f(path);
+    if (f) {
+      try {
+        const nlohmann::json j = nlohmann::json::parse(f);
+        Rates r{j.at("U_c").get<double>(), j.at("U_c_dma").get<double>(), j.at("U_g").get<double>(),
+                j.at("D_c").get<double>(), j.at("B_h2d").get<double>(), j.at("B_d2h").get<double>()};
+        if (valid(r)) {
+          if (verbose) std::fprintf(stderr, "[dos] model rates from %s (--recalibrate measures them again)\n", path.c_str());
+          return r;
+        }
+      } catch (const std::exception&) {
+      }
+      if (verbose) std::fprintf(stderr, "[dos] ignoring the unreadable calibration file %s\n", path.c_str());
+    }
+  }
+
+  const std::size_t nsub = 8, n = nsub * S;
+  Scratch buf(n * dtype_size(dtype), memory == MemoryKind::cuda);
+  OptimizerOptions o;
+  o.subgroup_size = S;
+  o.dtype = dtype;
+  o.memory = memory;
+  o.rates = Rates{1, 1, 1, 1, 1, 1};  // placeholders: the plans below are forced
+  o.verbose = false;
+  Optimizer opt(runtime, {{buf.param, buf.grad, n}}, o);
+  auto phase = [&](double fraction) {
+    opt.set_plan_override(PlanOverride{PlanOverride::fraction, fraction});
+    return opt.step();
+  };
+  phase(1.0);  // warm-up: device buffers allocated, perfmodels and streams started
+  phase(0.0);
+  Rates r;
+  for (int rep = 0; rep < 2; ++rep) {
+    const StepStats cpu = phase(0.0);  // every subgroup on the CPU
+    r.U_c = std::max(r.U_c, double(n) / cpu.cpu_busy_seconds);
+    if (memory == MemoryKind::cuda) r.D_c = std::max(r.D_c, double(n) / cpu.gpu_busy_seconds);
+    const StepStats gpu = phase(1.0);  // every subgroup streamed: both directions at once
+    r.B_h2d = std::max(r.B_h2d, double(gpu.bytes_h2d) / gpu.seconds);
+    r.B_d2h = std::max(r.B_d2h, double(gpu.bytes_d2h) / gpu.seconds);
+    r.U_g = std::max(r.U_g, double(n) / gpu.gpu_busy_seconds);
+    const StepStats mixed = phase(0.75);  // 2 subgroups on the CPU while 6 stream
+    r.U_c_dma = std::max(r.U_c_dma, double(nsub - 6) * double(S) / mixed.cpu_busy_seconds);
+  }
+  if (memory != MemoryKind::cuda) r.D_c = 1e15;  // no conversion on the GPU when the model is on the host
+  r.U_c_dma = std::min(r.U_c_dma, r.U_c);
+  if (!valid(r)) throw Error("calibration measured a zero rate; run again with --recalibrate");
+  if (verbose)
+    std::fprintf(stderr,
+                 "[dos] calibrated (%zu subgroups of %zu): U_c %.2f Gparams/s alone, %.2f under DMA; U_g %.1f Gparams/s; "
+                 "D_c %.1f Gparams/s; PCIe %.1f GB/s H2D, %.1f GB/s D2H (both at once)\n",
+                 nsub, S, r.U_c / 1e9, r.U_c_dma / 1e9, r.U_g / 1e9, r.D_c / 1e9, r.B_h2d / 1e9, r.B_d2h / 1e9);
+  try {
+    make_dirs(dir);
+    const std::string text = to_json(r).dump(2) + "\n";
+    write_file_atomically(path, {{text.data(), text.size()}});
+  } catch (const std::exception& e) {
+    if (verbose) std::fprintf(stderr, "[dos] warning: could not cache the calibration: %s\n", e.what());
+  }
+  return r;
+}
+
+}  // namespace dos

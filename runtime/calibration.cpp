@@ -14,6 +14,8 @@
 #include "device_memory.h"
 #include "dos.h"
 
+#include <starpu.h>
+
 namespace dos {
 namespace {
 
@@ -113,21 +115,25 @@ Rates calibrate_rates(Runtime& runtime, std::size_t S, DType dtype, MemoryKind m
     opt.set_plan_override(PlanOverride{PlanOverride::fraction, fraction});
     return opt.step();
   };
-  phase(1.0);  // warm-up: device buffers allocated, perfmodels and streams started
+  phase(0.75);  // warm-up: device buffers allocated, streams started
   phase(0.0);
   Rates r;
   for (int rep = 0; rep < 2; ++rep) {
-    const StepStats cpu = phase(0.0);  // every subgroup on the CPU
+    const StepStats cpu = phase(0.0);  // every subgroup on the CPU: the CPU worker's busy time
     r.U_c = std::max(r.U_c, double(n) / cpu.cpu_busy_seconds);
-    if (memory == MemoryKind::cuda) r.D_c = std::max(r.D_c, double(n) / cpu.gpu_busy_seconds);
-    const StepStats gpu = phase(1.0);  // every subgroup streamed: both directions at once
-    r.B_h2d = std::max(r.B_h2d, double(gpu.bytes_h2d) / gpu.seconds);
-    r.B_d2h = std::max(r.B_d2h, double(gpu.bytes_d2h) / gpu.seconds);
-    r.U_g = std::max(r.U_g, double(n) / gpu.gpu_busy_seconds);
     const StepStats mixed = phase(0.75);  // 2 subgroups on the CPU while 6 stream
     r.U_c_dma = std::max(r.U_c_dma, double(nsub - 6) * double(S) / mixed.cpu_busy_seconds);
   }
+  // The GPU's own rates: its kernels timed with CUDA events. (A CUDA worker's busy time includes
+  // the waits of its pipelined asynchronous tasks: it made GPU Adam look 100x slower than it is.)
+  benchmark_gpu_rates(S, dtype, &r.U_g, &r.D_c);
   if (memory != MemoryKind::cuda) r.D_c = 1e15;  // no conversion on the GPU when the model is on the host
+  // PCIe: StarPU's own bus calibration (one direction at a time, MB/s = bytes/us). Short streamed
+  // phases of scratch subgroups gave a third of the rate that long real phases reach (9.3 against
+  // 35 GB/s on the GPU machine): the online refinement corrects B from every phase bound by PCIe.
+  const unsigned gpu_node = unsigned(starpu_worker_get_memory_node(starpu_worker_get_by_type(STARPU_CUDA_WORKER, 0)));
+  r.B_h2d = starpu_transfer_bandwidth(STARPU_MAIN_RAM, gpu_node) * 1e6;
+  r.B_d2h = starpu_transfer_bandwidth(gpu_node, STARPU_MAIN_RAM) * 1e6;
   r.U_c_dma = std::min(r.U_c_dma, r.U_c);
   if (!valid(r)) throw Error("calibration measured a zero rate; run again with --recalibrate");
   if (verbose)

@@ -3,6 +3,8 @@
 
 #include <cstddef>
 
+#include "../codelets/kernels/dtype.h"
+
 namespace dos {
 
 /// Allocates `bytes` of zeroed memory on CUDA device 0. Throws dos::Error when the build has no
@@ -10,5 +12,10 @@ namespace dos {
 void* device_alloc_zeroed(std::size_t bytes);
 /// Frees memory from device_alloc_zeroed (nullptr is ignored).
 void device_free(void* p);
+
+/// The GPU's Adam and gradient-conversion rates, params/s, from a micro-benchmark of the real CUDA
+/// kernels on n elements (benchmark_cuda_kernels in codelets/kernels/adam.h). Throws dos::Error
+/// without CUDA or on a CUDA error.
+void benchmark_gpu_rates(std::size_t n, DType dtype, double* adam_params_per_s, double* convert_params_per_s);
 
 }  // namespace dos

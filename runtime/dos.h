@@ -202,14 +202,15 @@ class Optimizer {
 /// Validates Adam hyper-parameters as torch.optim.Adam does; throws Error naming the bad value.
 void validate_adam_hyper(const AdamHyper& h);
 
-/// Measures the rates of the resource model on this machine with the real codelets and task graph,
-/// on scratch subgroups of `subgroup_elems` elements (the caller's dtype and memory kind): U_c from
-/// an all-CPU phase, B_h2d, B_d2h, U_g from an all-streamed phase, D_c from the GPU conversion
-/// tasks, U_c_dma from a phase where the CPU updates while the GPU streams. Needs the runtime's
-/// policy to be `dos` and a CUDA worker; takes a few seconds (pinning the scratch state).
+/// Measures the rates of the resource model on this machine: U_c from an all-CPU phase of the real
+/// codelets and task graph on scratch subgroups of `subgroup_elems` elements (the caller's dtype and
+/// memory kind), U_c_dma from a phase where the CPU updates 2 subgroups while 6 stream, U_g and D_c
+/// from the CUDA kernels timed with events, B_h2d and B_d2h from StarPU's bus calibration (then
+/// refined online by the Optimizer from every phase bound by PCIe). Needs a model policy (dos,
+/// static:R) and a CUDA worker; takes a few seconds (pinning the scratch state).
 /// The result is cached in $DOS_CACHE_DIR (default $XDG_CACHE_HOME/dos-runtime, else
 /// ~/.cache/dos-runtime), one file per host and configuration; `force` measures again.
-/// Throws Error when there is no CUDA worker or the policy is not `dos`.
+/// Throws Error when there is no CUDA worker or the policy is not a model policy.
 Rates calibrate_rates(Runtime& runtime, std::size_t subgroup_elems, DType dtype, MemoryKind memory, bool force,
                       bool verbose);
 

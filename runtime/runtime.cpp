@@ -579,7 +579,7 @@ StepStats Optimizer::step() {
                                                                                           : PlanSide::gpu_streamed));
     if (sg->step > st.step) st.step = sg->step;
   }
-  if (I.override_.kind == PlanOverride::none) I.refine(st, pred);
+  I.refine(st, pred);  // forced plans are real measurements too
   return st;
 }
 

@@ -69,6 +69,11 @@ void convert_to_f32_cpu(const void* src, DType src_dtype, float* dst, std::size_
 int adam_step_cuda(float* master, float* exp_avg, float* exp_avg_sq, const void* grad, DType grad_dtype,
                    void* param_out, DType param_dtype, std::size_t n, const AdamStepParams& sp, void* stream);
 int convert_to_f32_cuda(const void* src, DType src_dtype, float* dst, std::size_t n, void* stream);
+
+/// Times the CUDA kernels above on n elements of scratch device memory (zeroed; gradients and the
+/// parameter copy of type `dtype`), best of 3 runs each, with CUDA events: Adam in *adam_seconds,
+/// the gradient conversion in *convert_seconds. Returns a cudaError_t value (0 = success).
+int benchmark_cuda_kernels(std::size_t n, DType dtype, double* adam_seconds, double* convert_seconds);
 #endif
 
 }  // namespace dos

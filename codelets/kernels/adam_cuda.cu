@@ -86,4 +86,40 @@ int convert_to_f32_cuda(const void* src, DType src_dtype, float* dst, std::size_
   return int(cudaGetLastError());
 }
 
+int benchmark_cuda_kernels(std::size_t n, DType dtype, double* adam_seconds, double* convert_seconds) {
+  float *p = nullptr, *m = nullptr, *v = nullptr, *g32 = nullptr;
+  void *g = nullptr, *out = nullptr;
+  cudaEvent_t start = nullptr, stop = nullptr;
+  cudaError_t e = cudaSuccess;
+  auto ok = [&](cudaError_t r) { return (e = (e == cudaSuccess ? r : e)) == cudaSuccess; };
+  if (ok(cudaMalloc(&p, n * 4)) && ok(cudaMalloc(&m, n * 4)) && ok(cudaMalloc(&v, n * 4)) && ok(cudaMalloc(&g32, n * 4)) &&
+      ok(cudaMalloc(&g, n * dtype_size(dtype))) && ok(cudaMalloc(&out, n * dtype_size(dtype))) &&
+      ok(cudaMemset(p, 0, n * 4)) && ok(cudaMemset(m, 0, n * 4)) && ok(cudaMemset(v, 0, n * 4)) &&
+      ok(cudaMemset(g, 0, n * dtype_size(dtype))) && ok(cudaEventCreate(&start)) && ok(cudaEventCreate(&stop))) {
+    AdamHyper h;
+    const AdamStepParams sp = make_adam_step_params(h, 1);
+    *adam_seconds = *convert_seconds = 1e30;
+    for (int rep = 0; rep < 3 && e == cudaSuccess; ++rep) {
+      float ms = 0;
+      ok(cudaEventRecord(start, nullptr));
+      ok(cudaError_t(adam_step_cuda(p, m, v, g, dtype, out, dtype, n, sp, nullptr)));
+      ok(cudaEventRecord(stop, nullptr));
+      ok(cudaEventSynchronize(stop));
+      ok(cudaEventElapsedTime(&ms, start, stop));
+      if (ms * 1e-3 < *adam_seconds) *adam_seconds = ms * 1e-3;
+      ok(cudaEventRecord(start, nullptr));
+      ok(cudaError_t(convert_to_f32_cuda(g, dtype, g32, n, nullptr)));
+      ok(cudaEventRecord(stop, nullptr));
+      ok(cudaEventSynchronize(stop));
+      ok(cudaEventElapsedTime(&ms, start, stop));
+      if (ms * 1e-3 < *convert_seconds) *convert_seconds = ms * 1e-3;
+    }
+  }
+  for (void* q : {static_cast<void*>(p), static_cast<void*>(m), static_cast<void*>(v), static_cast<void*>(g32), g, out})
+    if (q) cudaFree(q);
+  if (start) cudaEventDestroy(start);
+  if (stop) cudaEventDestroy(stop);
+  return int(e);
+}
+
 }  // namespace dos

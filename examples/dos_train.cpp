@@ -156,6 +156,9 @@ int run(const Args& a) {
   hyper.weight_decay = a.weight_decay;
   hyper.decoupled = a.optimizer == "adamw";
   dos::validate_adam_hyper(hyper);
+  if (!a.k.empty() && !a.gpu_fraction.empty()) fail("give --k or --gpu-fraction, not both");
+  if ((!a.k.empty() || !a.gpu_fraction.empty() || !a.sweep.empty()) && a.policy != "dos")
+    fail("--k, --gpu-fraction and --sweep need --policy dos");
   if (!a.report.empty()) dos::check_writable(a.report);
   if (!a.save_params.empty()) dos::check_writable(a.save_params);
   dos::check_host_memory(n * dos::host_bytes_per_param(dtype),
@@ -220,7 +223,6 @@ int run(const Args& a) {
   dos::Optimizer opt(rt, views, oo);
 
   // ---- iterations ------------------------------------------------------------------------------
-  if (!a.k.empty() && !a.gpu_fraction.empty()) fail("give --k or --gpu-fraction, not both");
   if (rt.policy().rfind("static:", 0) == 0 && rt.cuda_workers() > 0) {
     const double R = std::strtod(rt.policy().c_str() + 7, nullptr);
     const auto plan = dos::static_plan(opt.num_subgroups(), R);
@@ -295,7 +297,6 @@ int run(const Args& a) {
   };
   nlohmann::ordered_json sweep = nlohmann::ordered_json::array();
   if (!a.sweep.empty()) {
-    if (!rt.model_policy()) fail("--sweep needs --policy dos");
     struct Row {
       std::string entry;
       std::size_t streamed;

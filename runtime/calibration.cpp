@@ -74,17 +74,27 @@ struct Scratch {
 
 }  // namespace
 
-Rates calibrate_rates(Runtime& runtime, std::size_t S, DType dtype, MemoryKind memory, bool force, bool verbose) {
-  if (runtime.cuda_workers() == 0) throw Error("calibrating the model's rates needs a CUDA worker; there is none");
-  if (!runtime.model_policy())
-    throw Error("calibrating the model's rates needs the dos (or static:R) policy, not " + runtime.policy());
+std::string rates_cache_path(const Runtime& runtime, std::size_t S, DType dtype, MemoryKind memory) {
   char host[256] = "unknown";
   ::gethostname(host, sizeof host - 1);
   const std::string key = std::string(host) + "-cpu" + std::to_string(runtime.cpu_workers()) + "x" +
                           std::to_string(runtime.cpu_threads()) + "-cuda" + std::to_string(runtime.cuda_workers()) +
                           "-" + dtype_name(dtype) + "-" + (memory == MemoryKind::cuda ? "gpu" : "host") + "-S" +
                           std::to_string(S);
-  const std::string dir = cache_dir(), path = dir + "/rates-" + key + ".json";
+  return cache_dir() + "/rates-" + key + ".json";
+}
+
+void save_rates(const std::string& path, const Rates& r) {
+  make_dirs(path.substr(0, path.rfind('/')));
+  const std::string text = to_json(r).dump(2) + "\n";
+  write_file_atomically(path, {{text.data(), text.size()}});
+}
+
+Rates calibrate_rates(Runtime& runtime, std::size_t S, DType dtype, MemoryKind memory, bool force, bool verbose) {
+  if (runtime.cuda_workers() == 0) throw Error("calibrating the model's rates needs a CUDA worker; there is none");
+  if (!runtime.model_policy())
+    throw Error("calibrating the model's rates needs the dos (or static:R) policy, not " + runtime.policy());
+  const std::string path = rates_cache_path(runtime, S, dtype, memory), dir = path.substr(0, path.rfind('/'));
   if (!force) {
     std::ifstream f(path);
     if (f) {
@@ -142,9 +152,7 @@ Rates calibrate_rates(Runtime& runtime, std::size_t S, DType dtype, MemoryKind m
                  "D_c %.1f Gparams/s; PCIe %.1f GB/s H2D, %.1f GB/s D2H (both at once)\n",
                  nsub, S, r.U_c / 1e9, r.U_c_dma / 1e9, r.U_g / 1e9, r.D_c / 1e9, r.B_h2d / 1e9, r.B_d2h / 1e9);
   try {
-    make_dirs(dir);
-    const std::string text = to_json(r).dump(2) + "\n";
-    write_file_atomically(path, {{text.data(), text.size()}});
+    save_rates(path, r);
   } catch (const std::exception& e) {
     if (verbose) std::fprintf(stderr, "[dos] warning: could not cache the calibration: %s\n", e.what());
   }

@@ -214,4 +214,11 @@ void validate_adam_hyper(const AdamHyper& h);
 Rates calibrate_rates(Runtime& runtime, std::size_t subgroup_elems, DType dtype, MemoryKind memory, bool force,
                       bool verbose);
 
+/// The cache file of calibrate_rates for this runtime and configuration.
+std::string rates_cache_path(const Runtime& runtime, std::size_t subgroup_elems, DType dtype, MemoryKind memory);
+
+/// Writes `rates` to the cache file `path` atomically (creating its folder). Throws
+/// std::runtime_error naming the path when it cannot be written.
+void save_rates(const std::string& path, const Rates& rates);
+
 }  // namespace dos

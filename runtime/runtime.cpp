@@ -331,6 +331,8 @@ struct Optimizer::Impl {
   Rates rates{};
   bool have_rates = false;
   PlanOverride override_;
+  std::string rates_path;  // where calibrate_rates caches the rates; refined ones go back there
+  bool refined = false;
   std::vector<PlanSide> plan;  // this step's plan (empty for StarPU's built-in policies)
 
   /// The plan of the next step, from the policy (and the model for dos). Returns the prediction
@@ -364,10 +366,12 @@ struct Optimizer::Impl {
       double& target = pred.streamed_params > 0 ? rates.U_c_dma : rates.U_c;
       target = 0.5 * (target + u);
       rates.U_c_dma = std::min(rates.U_c_dma, rates.U_c);
+      refined = true;
     }
     if (pred.streamed_params > 0 && (st.bound_by == "h2d" || st.bound_by == "d2h") && st.seconds > 0) {
       if (st.bytes_h2d) rates.B_h2d = 0.5 * (rates.B_h2d + double(st.bytes_h2d) / st.seconds);
       if (st.bytes_d2h) rates.B_d2h = 0.5 * (rates.B_d2h + double(st.bytes_d2h) / st.seconds);
+      refined = true;
     }
   }
 
@@ -477,8 +481,11 @@ Optimizer::Optimizer(Runtime& runtime, const std::vector<TensorView>& tensors, c
     if (r.U_c > 0 && r.U_c_dma > 0 && r.U_g > 0 && r.D_c > 0 && r.B_h2d > 0 && r.B_d2h > 0) {
       I.rates = r;
     } else {
-      const std::size_t cal = std::min<std::size_t>(options.subgroup_size, std::size_t(1) << 24);
+      // scratch subgroups as large as the workload's (at most 2^24 elements: a few seconds)
+      const std::size_t largest = *std::max_element(I.workload.sizes.begin(), I.workload.sizes.end());
+      const std::size_t cal = std::min<std::size_t>(largest, std::size_t(1) << 24);
       I.rates = calibrate_rates(runtime, cal, options.dtype, options.memory, options.recalibrate, options.verbose);
+      I.rates_path = rates_cache_path(runtime, cal, options.dtype, options.memory);
     }
     I.have_rates = true;
   }
@@ -486,6 +493,13 @@ Optimizer::Optimizer(Runtime& runtime, const std::vector<TensorView>& tensors, c
 
 Optimizer::~Optimizer() {
   starpu_task_wait_for_all();
+  if (impl_->refined && !impl_->rates_path.empty()) {
+    try {  // the next run starts from what this one learned
+      save_rates(impl_->rates_path, impl_->rates);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "[dos] warning: could not save the refined rates: %s\n", e.what());
+    }
+  }
   for (auto& sg : impl_->sgs) {
     for (starpu_data_handle_t h : {sg->h_master, sg->h_exp_avg, sg->h_exp_avg_sq})
       if (h) starpu_data_unregister(h);

@@ -40,7 +40,7 @@ expect "fp32, fp16 or bf16" --dtype fp8
 expect "at least 1" --iterations 0
 expect "learning rate" --lr -1
 expect "in \[0, 1\]" --policy static:1.5
-expect "needs --policy dos" --policy cpu --gpu-fraction 0.5
+expect "need --policy dos" --policy cpu --gpu-fraction 0.5
 expect "not both" --policy dos --k 2 --gpu-fraction 0.5
 expect "beta1" --beta1 1.5
 out=$("$train" --preset tiny --iterations 1 --quiet --save-params /nonexistent-dir/p.safetensors 2>&1)

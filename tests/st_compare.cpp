@@ -1,6 +1,6 @@
 // st-compare A B [MAX_REL]: compares two safetensors files tensor by tensor (same names, dtypes,
 // shapes). Without MAX_REL they must be bit-identical; with it, every fp32 element must satisfy
-// |a - b| <= MAX_REL * max(|a|, |b|). Prints the largest differences. Exit 0: equal / within
+// |a - b| <= MAX_REL * max(|a|, |b|), and a NaN or inf matches only the same bits. Prints the largest differences. Exit 0: equal / within
 // tolerance; 1: different; 2: unreadable input.
 #include <cmath>
 #include <cstdio>
@@ -49,6 +49,10 @@ int main(int argc, char** argv) {
       ++n;
       if (std::memcmp(&x, &y, 4) == 0) continue;
       ++differing;
+      if (!std::isfinite(x) || !std::isfinite(y)) {  // a NaN or inf that the other file lacks: never within tolerance
+        worst_abs = worst_rel = INFINITY;
+        continue;
+      }
       const double d = std::fabs(double(x) - double(y));
       const double rel = d / std::max(std::fabs(double(x)), std::fabs(double(y)));
       worst_abs = std::max(worst_abs, d);

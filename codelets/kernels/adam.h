@@ -4,12 +4,15 @@
 // The formula is PyTorch's, element by element, in fp32 (torch.optim.Adam / torch.optim.AdamW,
 // documentation "Algorithm" boxes, single-tensor implementation `_single_tensor_adam`):
 //
-//   Adam  (coupled L2):   g <- g + weight_decay * p
-//   AdamW (decoupled):    p <- p * (1 - lr * weight_decay)
-//   m <- beta1 * m + (1 - beta1) * g
-//   v <- beta2 * v + (1 - beta2) * g * g
-//   p <- p - (lr / (1 - beta1^t)) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
+//   Adam  (coupled L2):   g <- g + weight_decay * p                  grad.add(param, alpha=wd)
+//   AdamW (decoupled):    p <- p * (1 - lr * weight_decay)           param.mul_(1 - lr * wd)
+//   m <- lerp(m, g, 1 - beta1)                                         exp_avg.lerp_(grad, 1 - beta1)
+//   v <- v * beta2 + ((1 - beta2) * g) * g                             exp_avg_sq.mul_(beta2).addcmul_(...)
+//   p <- p + (-(lr / (1 - beta1^t)) * m) / (sqrt(v) / sqrt(1 - beta2^t) + eps)    param.addcdiv_(...)
 //
+// with the fp32 operations in the order of PyTorch's single-tensor implementation (lerp as ATen
+// computes it: w < 0.5 ? m + w (g - m) : g - (g - m)(1 - w)), so results agree with torch.optim on
+// the CPU to the last bit where ATen does not fuse multiply-adds.
 // where t is the subgroup's own step count (1 on the first update). The bias corrections are
 // computed once per call in double precision on the host (make_adam_step_params) and passed as
 // fp32, so the CPU and CUDA kernels evaluate exactly the same fp32 expression.
@@ -45,6 +48,11 @@ struct AdamStepParams {
   float l2;                    ///< weight_decay if coupled (Adam), else 0
   float decay;                 ///< 1 - lr * weight_decay if decoupled (AdamW), else 1
 };
+
+/// ATen's scalar lerp: start + weight * (end - start), computed from the nearer end.
+DOS_HD float lerp_torch(float start, float end, float weight) {
+  return weight < 0.5f ? start + weight * (end - start) : end - (end - start) * (1.0f - weight);
+}
 
 /// Returns the step constants for step count `step` (>= 1), computed in double and rounded to
 /// fp32 once. Throws nothing; the caller validates `h` (see validate_adam_hyper in runtime).

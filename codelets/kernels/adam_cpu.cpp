@@ -44,7 +44,7 @@ inline __attribute__((always_inline)) void adam_range(float* __restrict p, float
                                                       float* __restrict v, const void* __restrict g,
                                                       void* __restrict out, std::size_t n,
                                                       const AdamStepParams& sp) {
-  const float b1 = sp.beta1, omb1 = sp.one_minus_beta1, b2 = sp.beta2, omb2 = sp.one_minus_beta2;
+  const float omb1 = sp.one_minus_beta1, b2 = sp.beta2, omb2 = sp.one_minus_beta2;
   const float eps = sp.eps, step_size = sp.step_size, bc2s = sp.bias_correction2_sqrt;
   const float l2 = sp.l2, decay = sp.decay;
   for (std::size_t i = 0; i < n; ++i) {
@@ -52,10 +52,10 @@ inline __attribute__((always_inline)) void adam_range(float* __restrict p, float
     float pi = p[i];
     gi = gi + l2 * pi;      // Adam: coupled L2 (l2 = 0 for AdamW)
     pi = pi * decay;        // AdamW: decoupled decay (decay = 1 for Adam)
-    float mi = b1 * m[i] + omb1 * gi;
-    float vi = b2 * v[i] + omb2 * (gi * gi);
-    float denom = std::sqrt(vi) / bc2s + eps;
-    pi = pi - step_size * (mi / denom);
+    float mi = lerp_torch(m[i], gi, omb1);   // exp_avg.lerp_(grad, 1 - beta1)
+    float vi = v[i] * b2 + (omb2 * gi) * gi;  // exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+    float denom = std::sqrt(vi) / bc2s + eps;  // (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)
+    pi = pi + (-step_size * mi) / denom;      // param.addcdiv_(exp_avg, denom, value=-step_size)
     p[i] = pi;
     m[i] = mi;
     v[i] = vi;

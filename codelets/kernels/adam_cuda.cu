@@ -18,10 +18,10 @@ __global__ void adam_kernel(float* __restrict__ p, float* __restrict__ m, float*
     float pi = p[i];
     gi = gi + sp.l2 * pi;
     pi = pi * sp.decay;
-    float mi = sp.beta1 * m[i] + sp.one_minus_beta1 * gi;
-    float vi = sp.beta2 * v[i] + sp.one_minus_beta2 * (gi * gi);
+    float mi = lerp_torch(m[i], gi, sp.one_minus_beta1);
+    float vi = v[i] * sp.beta2 + (sp.one_minus_beta2 * gi) * gi;
     float denom = sqrtf(vi) / sp.bias_correction2_sqrt + sp.eps;
-    pi = pi - sp.step_size * (mi / denom);
+    pi = pi + (-sp.step_size * mi) / denom;
     p[i] = pi;
     m[i] = mi;
     v[i] = vi;

@@ -54,11 +54,11 @@ DOS_HD float bits_f32(std::uint32_t u) {
 /// bfloat16 bits -> fp32 (exact).
 DOS_HD float bf16_to_f32(std::uint16_t h) { return bits_f32(std::uint32_t(h) << 16); }
 
-/// fp32 -> bfloat16 bits, round to nearest even; NaN stays a quiet NaN (sign kept), as in
-/// PyTorch's c10::BFloat16 round_to_nearest_even.
+/// fp32 -> bfloat16 bits, round to nearest even; every NaN becomes 0x7FC0, as in PyTorch's
+/// c10::detail::round_to_nearest_even.
 DOS_HD std::uint16_t f32_to_bf16(float f) {
   std::uint32_t u = f32_bits(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return std::uint16_t((u >> 16) | 0x0040u);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return std::uint16_t(0x7fc0u);
   u += 0x7fffu + ((u >> 16) & 1u);
   return std::uint16_t(u >> 16);
 }

@@ -157,6 +157,19 @@ int run(const Args& a) {
   hyper.decoupled = a.optimizer == "adamw";
   dos::validate_adam_hyper(hyper);
   if (!a.k.empty() && !a.gpu_fraction.empty()) fail("give --k or --gpu-fraction, not both");
+  if (!a.k.empty()) {
+    const double k = parse_fraction(a.k, "--k");
+    if (!(k >= 1 && k <= 1e9 && k == std::floor(k))) fail("--k must be a whole number >= 1, got " + a.k);
+  }
+  if (!a.gpu_fraction.empty()) {
+    const double f = parse_fraction(a.gpu_fraction, "--gpu-fraction");
+    if (!(f >= 0 && f <= 1)) fail("--gpu-fraction must be in [0, 1], got " + a.gpu_fraction);
+  }
+  for (const std::string& e : a.sweep)
+    if (e != "model") {
+      const double f = parse_fraction(e, "--sweep");
+      if (!(f >= 0 && f <= 1)) fail("--sweep: each fraction must be in [0, 1] (or 'model'), got " + e);
+    }
   if ((!a.k.empty() || !a.gpu_fraction.empty() || !a.sweep.empty()) && a.policy != "dos")
     fail("--k, --gpu-fraction and --sweep need --policy dos");
   if (!a.report.empty()) dos::check_writable(a.report);

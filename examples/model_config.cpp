@@ -101,6 +101,12 @@ ModelConfig load_hf_config(const std::string& path) {
 std::vector<ParamTensor> param_tensors(const ModelConfig& c) {
   if (c.layers <= 0 || c.hidden <= 0 || c.intermediate <= 0 || c.heads <= 0 || c.kv_heads <= 0 || c.vocab <= 0)
     throw std::invalid_argument("model '" + c.name + "': every dimension must be positive");
+  // Bounds that no real transformer comes near, so that the sizes below cannot overflow 64 bits.
+  const std::int64_t kMaxDim = std::int64_t(1) << 24, kMaxLayers = 100000;
+  if (c.hidden > kMaxDim || c.intermediate > kMaxDim || c.vocab > kMaxDim || c.positions > kMaxDim ||
+      c.heads > kMaxDim || c.layers > kMaxLayers)
+    throw std::invalid_argument("model '" + c.name + "': a dimension is out of range (hidden, intermediate, vocabulary, "
+                                "positions and heads at most 2^24, layers at most 100000)");
   if (c.hidden % c.heads != 0 || c.heads % c.kv_heads != 0)
     throw std::invalid_argument("model '" + c.name + "': hidden size must divide by heads and heads by kv_heads");
   const std::int64_t H = c.hidden, I = c.intermediate, V = c.vocab, kv = c.kv_heads * (H / c.heads);

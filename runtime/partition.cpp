@@ -11,6 +11,11 @@ std::vector<SubgroupLayout> partition_subgroups(const std::vector<std::size_t>& 
   std::size_t total = 0;
   for (std::size_t n : numels) total += n;
   if (total == 0) throw std::invalid_argument("no parameters to optimize: every tensor has 0 elements");
+  if ((total + subgroup_size - 1) / subgroup_size > kMaxSubgroups)
+    throw std::invalid_argument("subgroups of " + std::to_string(subgroup_size) + " elements cut " + std::to_string(total) +
+                                " parameters into more than " + std::to_string(kMaxSubgroups) +
+                                " subgroups (three StarPU tasks each): use a subgroup size of at least " +
+                                std::to_string((total + kMaxSubgroups - 1) / kMaxSubgroups));
 
   std::vector<SubgroupLayout> out;
   out.reserve((total + subgroup_size - 1) / subgroup_size);

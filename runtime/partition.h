@@ -28,7 +28,9 @@ struct SubgroupLayout {
 /// elements; the last subgroup holds the remainder (so sizes are subgroup_size except possibly the
 /// last, which is in [1, subgroup_size]). A subgroup may span several tensors and a tensor several
 /// subgroups; tensors of 0 elements contribute no piece.
-/// Throws std::invalid_argument when subgroup_size is 0 or the total element count is 0.
+/// Throws std::invalid_argument when subgroup_size is 0, the total element count is 0, or there
+/// would be more than kMaxSubgroups subgroups.
+constexpr std::size_t kMaxSubgroups = std::size_t(1) << 20;
 std::vector<SubgroupLayout> partition_subgroups(const std::vector<std::size_t>& numels, std::size_t subgroup_size);
 
 /// The element range [begin, end) owned by rank `rank` of `world` ranks when `total` elements are

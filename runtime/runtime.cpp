@@ -31,6 +31,14 @@ struct Runtime::Impl {
 };
 
 namespace {
+// StarPU runs once per process: one live Runtime at a time. An Optimizer needs StarPU until it is
+// destroyed: a Runtime destroyed first defers starpu_shutdown to the last Optimizer.
+int g_live_runtimes = 0;
+int g_live_optimizers = 0;
+bool g_shutdown_deferred = false;
+}  // namespace
+
+namespace {
 
 int cores_in_cpuset() {
   cpu_set_t set;
@@ -64,6 +72,8 @@ void setup_cpu_worker(void* arg) {
 }  // namespace
 
 Runtime::Runtime(const RuntimeOptions& options) : impl_(new Impl) {
+  if (g_live_runtimes > 0 || g_shutdown_deferred)
+    throw Error("a dos::Runtime already exists in this process (StarPU runs once per process): use that one");
   const char* env_sched = std::getenv("STARPU_SCHED");
   std::string requested = options.policy;
   if (requested.empty()) requested = env_sched && *env_sched ? env_sched : "cpu";
@@ -100,12 +110,14 @@ Runtime::Runtime(const RuntimeOptions& options) : impl_(new Impl) {
   if (!std::getenv("STARPU_NCPU") && !std::getenv("STARPU_NCPUS")) conf.ncpus = 1;
   if (options.ncuda >= 0) conf.ncuda = options.ncuda;
   const int ret = starpu_init(&conf);
+  if (ret == 0) ++g_live_runtimes;
   if (ret == -ENODEV) throw Error("StarPU found no worker to run on (starpu_init returned -ENODEV)");
   if (ret != 0) throw Error("StarPU failed to start (starpu_init returned " + std::to_string(ret) + ")");
 
   const unsigned ncuda = starpu_cuda_worker_get_count();
   if (impl_->choice.kind == PolicyKind::gpu && ncuda == 0) {
     starpu_shutdown();
+    --g_live_runtimes;
     throw Error(std::string("policy 'gpu' needs a CUDA worker and there is none") +
                 (codelets_have_cuda() ? " (no CUDA device visible)" : " (this build has no CUDA: rebuild with nvcc)") +
                 ": use --policy cpu");
@@ -142,7 +154,16 @@ Runtime::Runtime(const RuntimeOptions& options) : impl_(new Impl) {
                  policy_.c_str(), running_policy().c_str(), cpu_workers(), cpu_threads_, omp_team_, worker_cores_, ncuda);
 }
 
-Runtime::~Runtime() { starpu_shutdown(); }
+Runtime::~Runtime() {
+  --g_live_runtimes;
+  if (g_live_optimizers > 0) {
+    std::fprintf(stderr, "[dos] warning: the Runtime was destroyed before %d Optimizer(s): StarPU stops when the last "
+                         "of them is destroyed\n", g_live_optimizers);
+    g_shutdown_deferred = true;
+    return;
+  }
+  starpu_shutdown();
+}
 
 std::string Runtime::running_policy() const {
   struct starpu_sched_policy* p = starpu_sched_ctx_get_sched_policy(0);
@@ -244,6 +265,19 @@ struct Subgroup {
   TaskHint hint_update{};  // the Adam task: the side the policy's plan names
   TaskHint hint_io{};      // conversion and write-back: wherever the caller's buffers are
   std::atomic<int> ran_on{0};  // 1: CPU worker, 2: CUDA worker
+
+  Subgroup() = default;
+  Subgroup(const Subgroup&) = delete;
+  Subgroup& operator=(const Subgroup&) = delete;
+  /// Unregisters the handles (the state comes home first) and frees the host buffers. The caller
+  /// waits for every task touching them before (Optimizer::Impl's destructor does).
+  ~Subgroup() {
+    for (starpu_data_handle_t h : {h_master, h_exp_avg, h_exp_avg_sq})
+      if (h) starpu_data_unregister(h);
+    for (starpu_data_handle_t h : {h_grad32, h_param16})  // scratch: nothing to bring home
+      if (h) starpu_data_unregister_no_coherency(h);
+    for (HostBuffer* b : {&master, &exp_avg, &exp_avg_sq, &grad32, &param16}) free_host(*b);
+  }
 };
 
 /// Counts outstanding asynchronous acquisitions and waits for them.
@@ -334,6 +368,24 @@ struct Optimizer::Impl {
   std::string rates_path;  // where calibrate_rates caches the rates; refined ones go back there
   bool refined = false;
   std::vector<PlanSide> plan;  // this step's plan (empty for StarPU's built-in policies)
+  std::string broken;          // why a failed step left the state inconsistent (empty: fine)
+
+  Impl() { ++g_live_optimizers; }
+  ~Impl() {
+    starpu_task_wait_for_all();  // nothing may still use the buffers freed below
+    if (refined && !rates_path.empty()) {
+      try {  // the next run starts from what this one learned
+        save_rates(rates_path, rates);
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "[dos] warning: could not save the refined rates: %s\n", e.what());
+      }
+    }
+    sgs.clear();
+    if (--g_live_optimizers == 0 && g_shutdown_deferred) {
+      g_shutdown_deferred = false;
+      starpu_shutdown();
+    }
+  }
 
   /// The plan of the next step, from the policy (and the model for dos). Returns the prediction
   /// where there is a model.
@@ -421,8 +473,14 @@ Optimizer::Optimizer(Runtime& runtime, const std::vector<TensorView>& tensors, c
       throw Error("the parameters live in GPU memory but the runtime has no CUDA worker");
     I.where_caller = STARPU_CUDA;
   }
-  check_host_memory(I.nparams * host_bytes_per_param(options.dtype), "the optimizer state of " +
-                                                                          std::to_string(I.nparams) + " parameters");
+  {  // five page-aligned buffers per subgroup (alloc_host): count the rounding of small subgroups too
+    const std::size_t page = 4096, esz_ = dtype_size(options.dtype);
+    auto pages = [&](std::size_t bytes) { return (bytes + page - 1) / page * page; };
+    std::size_t need = 0;
+    for (const SubgroupLayout& l : layout) need += 4 * pages(l.size * sizeof(float)) + pages(l.size * esz_);
+    check_host_memory(need, "the optimizer state of " + std::to_string(I.nparams) + " parameters in " +
+                                std::to_string(layout.size()) + " subgroups");
+  }
   const PolicyChoice choice = runtime.impl().choice;
   I.choice = choice;
   I.use_hints = !choice.builtin();
@@ -491,26 +549,13 @@ Optimizer::Optimizer(Runtime& runtime, const std::vector<TensorView>& tensors, c
   }
 }
 
-Optimizer::~Optimizer() {
-  starpu_task_wait_for_all();
-  if (impl_->refined && !impl_->rates_path.empty()) {
-    try {  // the next run starts from what this one learned
-      save_rates(impl_->rates_path, impl_->rates);
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "[dos] warning: could not save the refined rates: %s\n", e.what());
-    }
-  }
-  for (auto& sg : impl_->sgs) {
-    for (starpu_data_handle_t h : {sg->h_master, sg->h_exp_avg, sg->h_exp_avg_sq})
-      if (h) starpu_data_unregister(h);
-    for (starpu_data_handle_t h : {sg->h_grad32, sg->h_param16})  // scratch: nothing to bring home
-      if (h) starpu_data_unregister_no_coherency(h);
-    for (HostBuffer* b : {&sg->master, &sg->exp_avg, &sg->exp_avg_sq, &sg->grad32, &sg->param16}) free_host(*b);
-  }
-}
+Optimizer::~Optimizer() = default;
 
 StepStats Optimizer::step() {
   Impl& I = *impl_;
+  if (!I.broken.empty())
+    throw Error("a previous step failed (" + I.broken +
+                "): the optimizer state may be inconsistent; create a new Optimizer");
   StepStats st;
   std::uint64_t h2d0, d2h0;
   read_bus_bytes(&h2d0, &d2h0);  // resets StarPU's counters
@@ -533,6 +578,14 @@ StepStats Optimizer::step() {
       st.bound_by = pred.bound_by();
     }
   }
+  // A failure part-way leaves some subgroups stepped and others not: wait for what was submitted,
+  // then refuse further steps (the message says why).
+  auto fail = [&](const std::string& why) {
+    starpu_task_wait_for_all();
+    I.broken = why;
+    throw Error(why);
+  };
+  try {
   for (auto& sgp : I.sgs) {
     Subgroup* sg = sgp.get();
     sg->step += 1;
@@ -558,23 +611,31 @@ StepStats Optimizer::step() {
     submit(s, "parameter write-back");
     starpu_data_invalidate_submit(sg->h_grad32);
   }
+  } catch (const Error& e) {
+    fail(e.what());
+  }
   // The phase ends when every subgroup's state is safe in host memory and nowhere else: an
   // asynchronous read-write acquire on main RAM turns the write-back of a GPU-updated subgroup into
   // a normal D2H fetch (notes/gpu-machine.md, "Streaming optimizer state through StarPU") and
   // invalidates the device copy (pure offload: nothing of the state stays valid on the GPU).
   // Subgroups resident on the GPU (static:R) keep their state there: no write-back.
   Pending pending;
+  int refused = 0;
   for (std::size_t i = 0; i < I.sgs.size(); ++i) {
     Subgroup* sg = I.sgs[i].get();
     if (!I.plan.empty() && I.plan[i] == PlanSide::gpu_resident) continue;
     for (starpu_data_handle_t h : {sg->h_master, sg->h_exp_avg, sg->h_exp_avg_sq}) {
       pending.add();
-      if (starpu_data_acquire_on_node_cb(h, STARPU_MAIN_RAM, STARPU_RW, release_after_writeback,
-                                         new WriteBack{h, &pending}) != 0)
-        throw Error("StarPU refused to write the optimizer state back to host memory");
+      auto* wb = new WriteBack{h, &pending};
+      if (starpu_data_acquire_on_node_cb(h, STARPU_MAIN_RAM, STARPU_RW, release_after_writeback, wb) != 0) {
+        delete wb;
+        pending.done();
+        ++refused;
+      }
     }
   }
-  pending.wait();
+  pending.wait();  // every callback has run: nothing refers to `pending` any more
+  if (refused) fail("StarPU refused to write " + std::to_string(refused) + " state buffer(s) back to host memory");
   starpu_task_wait_for_all();
   for (auto& sg : I.sgs) starpu_data_invalidate_submit(sg->h_param16);
   starpu_task_wait_for_all();

@@ -1,4 +1,6 @@
 // The placement policy (contract in policy.h) and the policy-by-name registry.
+#include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <stdexcept>
 
@@ -24,11 +26,21 @@ int placement_push_task(struct starpu_task* task) {
     unsigned impl;
     if (side_matches(w, side) && starpu_worker_can_execute_task_first_impl(w, task, &impl)) candidates[ncand++] = w;
   }
+  if (ncand == 0 && side != Side::any) {
+    // The runtime plans only sides that have workers; should a hint name a side without one, run the
+    // task on any worker able to (CPU and CUDA Adam give the same bits) rather than lose it: StarPU
+    // does not recover from a push_task that refuses a task, and would wait for it for ever.
+    static std::atomic<bool> warned{false};
+    if (!warned.exchange(true))
+      std::fprintf(stderr, "dos-placement: warning: no %s worker for task '%s': running it where it can run\n",
+                   side == Side::gpu ? "CUDA" : "CPU", task->cl && task->cl->name ? task->cl->name : "?");
+    for (unsigned w = 0; w < nworkers; ++w) {
+      unsigned impl;
+      if (starpu_worker_can_execute_task_first_impl(w, task, &impl)) candidates[ncand++] = w;
+    }
+  }
   if (ncand == 0) {
-    // The runtime checks up front that a worker of each side it asks for exists; reaching this
-    // means a task was submitted that no worker can run. Fail the submission, never hang.
-    fprintf(stderr, "dos-placement: no worker can run task '%s' on side %d\n",
-            task->cl && task->cl->name ? task->cl->name : "?", int(side));
+    std::fprintf(stderr, "dos-placement: no worker can run task '%s'\n", task->cl && task->cl->name ? task->cl->name : "?");
     return -ENODEV;
   }
   const unsigned w = candidates[sg % ncand];

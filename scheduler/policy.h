@@ -11,7 +11,8 @@
 //    queues the task on that worker with starpu_push_local_task (which takes the worker's lock and
 //    calls starpu_push_task_end).
 //  - A hint says which side (CPU or GPU) must run the task, and the subgroup index, which spreads
-//    subgroups round-robin over the workers of that side. A task without a hint (or Side::any) goes
+//    subgroups round-robin over the workers of that side. Should that side have no worker able to
+//    run the task, it goes to any worker that can (with a one-time warning), never refused. A task without a hint (or Side::any) goes
 //    to the first worker, in worker-id order, able to run it (it honours task->where).
 //  - pop_task is NULL: workers drain their local queues in order.
 //  - The policy keeps no state between calls; init_sched/deinit_sched do nothing.

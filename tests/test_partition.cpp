@@ -75,6 +75,14 @@ void test_bad_partition_input(void**) {
     threw = true;
   }
   assert_true(threw);
+  threw = false;
+  try {
+    dos::partition_subgroups({dos::kMaxSubgroups * 2 + 1}, 2);  // one subgroup too many
+  } catch (const std::invalid_argument&) {
+    threw = true;
+  }
+  assert_true(threw);
+  assert_int_equal(dos::partition_subgroups({dos::kMaxSubgroups * 2}, 2).size(), dos::kMaxSubgroups);
 }
 
 void test_shard_range(void**) {

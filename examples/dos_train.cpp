@@ -118,6 +118,8 @@ std::vector<ShardTensor> shard_tensors(const std::vector<ParamTensor>& all, dos:
   return out;
 }
 
+/// Initial value of element i of the piece `st`: a function of its index in the whole model, so that
+/// every shard starts from its slice of the unsharded model's parameters.
 float init_value(const ShardTensor& st, std::size_t i, std::uint64_t seed) {
   switch (st.t.kind) {
     case dos_train::TensorKind::norm: return 1.0f;
@@ -172,6 +174,9 @@ int run(const Args& a) {
     }
   if ((!a.k.empty() || !a.gpu_fraction.empty() || !a.sweep.empty()) && a.policy != "dos")
     fail("--k, --gpu-fraction and --sweep need --policy dos");
+  if (a.cpu_threads < 0) fail("--cpu-threads must be >= 0 (0: automatic), got " + std::to_string(a.cpu_threads));
+  if (a.ncuda < -1) fail("--ncuda must be >= -1 (-1: one per GPU), got " + std::to_string(a.ncuda));
+  if (!a.report.empty() && a.report == a.save_params) fail("--report and --save-params name the same file: " + a.report);
   if (!a.report.empty()) dos::check_writable(a.report);
   if (!a.save_params.empty()) dos::check_writable(a.save_params);
   dos::check_host_memory(n * dos::host_bytes_per_param(dtype),
@@ -191,7 +196,9 @@ int run(const Args& a) {
   on_gpu = false;
 #endif
   const std::size_t esz = dos::dtype_size(dtype);
-  if (!on_gpu) dos::check_host_memory(2 * n * esz, "the model's parameters and gradients on the host");
+  if (!on_gpu)
+    dos::check_host_memory(n * (2 * esz + dos::host_bytes_per_param(dtype)),
+                           "the model's parameters and gradients and the optimizer state, all on the host,");
 
   std::printf("dos-train: %s (%s, %zu layers, hidden %lld), %zu of %zu parameters (shard %s), %s, "
               "subgroups of %zu, %s on the %s, policy %s (StarPU: %s)\n",
@@ -204,7 +211,7 @@ int run(const Args& a) {
     const std::size_t base = st.global_begin - range.begin;
 #pragma omp parallel for schedule(static)
     for (std::size_t i = 0; i < st.count; ++i)
-      dos::store_from_f32(init.data(), dtype, base + i, init_value(st, st.tensor_offset + i, a.seed));
+      dos::store_from_f32(init.data(), dtype, base + i, init_value(st, i, a.seed));
   }
   void *params = nullptr, *grads = nullptr;
 #if defined(DOS_HAVE_CUDA)
@@ -306,7 +313,7 @@ int run(const Args& a) {
     std::vector<double> t;
     for (std::size_t i = v.size() > 1 ? 1 : 0; i < v.size(); ++i) t.push_back(v[i].seconds);
     std::sort(t.begin(), t.end());
-    return t[t.size() / 2];
+    return t.size() % 2 ? t[t.size() / 2] : 0.5 * (t[t.size() / 2 - 1] + t[t.size() / 2]);
   };
   nlohmann::ordered_json sweep = nlohmann::ordered_json::array();
   if (!a.sweep.empty()) {
@@ -351,21 +358,12 @@ int run(const Args& a) {
                 n, opt.num_subgroups(), a.iterations, median, mean, main_run.size() > 1 ? "2.." : "1",
                 double(n) / median / 1e9);
 
-  if (!a.report.empty()) {
-    nlohmann::ordered_json rep = {
-        {"model", cfg.name}, {"arch", cfg.arch}, {"params_total", total}, {"params", n}, {"shard", a.shard},
-        {"dtype", a.dtype}, {"optimizer", a.optimizer}, {"subgroup_size", subgroup},
-        {"subgroups", opt.num_subgroups()}, {"policy", rt.policy()}, {"starpu_policy", rt.running_policy()},
-        {"cpu_workers", rt.cpu_workers()}, {"cuda_workers", rt.cuda_workers()}, {"cpu_threads", rt.cpu_threads()},
-        {"caller_memory", on_gpu ? "cuda" : "host"}, {"seed", a.seed}, {"iterations", iters},
-        {"sweep", sweep},
-        {"summary", {{"update_seconds_median", median}, {"update_seconds_mean", mean},
-                     {"gparams_per_s_median", median > 0 ? double(n) / median / 1e9 : 0.0}}}};
-    const std::string text = rep.dump(2) + "\n";
-    dos::write_file_atomically(a.report, {{text.data(), text.size()}});
-  }
+  // Outputs are written to temporary files first and put in place together: a failure leaves
+  // neither behind.
+  std::unique_ptr<dos::PendingFile> params_file, report_file;
+  std::vector<float> master;
   if (!a.save_params.empty()) {
-    std::vector<float> master(n);
+    master.resize(n);
     opt.read_master(master.data());
     std::vector<dos::SafetensorOut> out;
     std::map<std::string, std::string> meta = {{"model", cfg.name}, {"shard", a.shard},
@@ -375,9 +373,25 @@ int run(const Args& a) {
       if (!st.whole()) meta[st.t.name + ".offset"] = std::to_string(st.tensor_offset);
       out.push_back({st.t.name, "F32", shape, master.data() + (st.global_begin - range.begin), st.count * sizeof(float)});
     }
-    dos::write_safetensors(a.save_params, out, meta);
-    std::printf("saved %zu fp32 master parameters to %s\n", n, a.save_params.c_str());
+    params_file = dos::prepare_safetensors(a.save_params, out, meta);
   }
+  if (!a.report.empty()) {
+    nlohmann::ordered_json rep = {
+        {"model", cfg.name}, {"arch", cfg.arch}, {"params_total", total}, {"params", n}, {"shard", a.shard},
+        {"dtype", a.dtype}, {"optimizer", a.optimizer}, {"subgroup_size", subgroup},
+        {"subgroups", opt.num_subgroups()}, {"policy", rt.policy()}, {"starpu_policy", rt.running_policy()},
+        {"cpu_workers", rt.cpu_workers()}, {"cuda_workers", rt.cuda_workers()}, {"cpu_threads", rt.cpu_threads()},
+        {"caller_memory", on_gpu ? "cuda" : "host"}, {"seed", a.seed}, {"iterations", iters},
+        {"sweep", sweep}};
+    if (!main_run.empty())  // a sweep's figures are in "sweep"
+      rep["summary"] = {{"update_seconds_median", median}, {"update_seconds_mean", mean},
+                        {"gparams_per_s_median", double(n) / median / 1e9}};
+    const std::string text = rep.dump(2) + "\n";
+    report_file = std::make_unique<dos::PendingFile>(a.report, dos::Chunks{{text.data(), text.size()}});
+  }
+  if (params_file) params_file->commit();
+  if (report_file) report_file->commit();
+  if (params_file) std::printf("saved %zu fp32 master parameters to %s\n", n, a.save_params.c_str());
 #if defined(DOS_HAVE_CUDA)
   if (on_gpu) {
     dos_train::cuda_free(params);
@@ -445,6 +459,10 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
+  }
+  if (app.count("--config") && a.config.empty()) {
+    std::fprintf(stderr, "dos-train: error: --config needs the path of a config.json file, got an empty one\n");
+    return 1;
   }
   try {
     return run(a);

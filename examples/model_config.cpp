@@ -82,7 +82,12 @@ ModelConfig load_hf_config(const std::string& path) {
   };
   ModelConfig c;
   c.name = path;
+  if (j.contains("model_type") && !j["model_type"].is_string())
+    throw std::runtime_error(path + ": field 'model_type' must be a string");
   const std::string type = j.value("model_type", std::string("llama"));
+  if (type != "gpt2" && type != "llama" && type != "mistral")
+    throw std::runtime_error(path + ": model_type '" + type +
+                             "' is not supported: dos-train knows gpt2 and Llama-style decoders (llama, mistral)");
   c.arch = type == "gpt2" ? "gpt2" : "llama";
   c.layers = get({"num_hidden_layers", "n_layer"}, true, 0);
   c.hidden = get({"hidden_size", "n_embd"}, true, 0);

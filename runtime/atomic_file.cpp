@@ -16,13 +16,14 @@ std::string folder_of(const std::string& path) {
 }
 }  // namespace
 
-void write_file_atomically(const std::string& path, const std::vector<std::pair<const void*, std::size_t>>& chunks) {
+PendingFile::PendingFile(const std::string& path, const Chunks& chunks) : path_(path) {
+  check_writable(path);
   std::string tmp = path + ".tmp.XXXXXX";
   std::vector<char> tmpl(tmp.begin(), tmp.end());
   tmpl.push_back('\0');
   int fd = ::mkstemp(tmpl.data());
   if (fd < 0) throw std::runtime_error("cannot create a file next to " + path + ": " + std::strerror(errno));
-  tmp = tmpl.data();
+  tmp_ = tmpl.data();
   try {
     for (const auto& c : chunks) {
       const char* p = static_cast<const char*>(c.first);
@@ -40,14 +41,24 @@ void write_file_atomically(const std::string& path, const std::vector<std::pair<
     const int rc = ::close(fd);
     fd = -1;
     if (rc != 0) throw std::runtime_error("cannot close " + path + ": " + std::strerror(errno));
-    if (::rename(tmp.c_str(), path.c_str()) != 0)
-      throw std::runtime_error("cannot rename " + tmp + " to " + path + ": " + std::strerror(errno));
   } catch (...) {
     if (fd >= 0) ::close(fd);
-    ::unlink(tmp.c_str());
+    ::unlink(tmp_.c_str());
     throw;
   }
 }
+
+PendingFile::~PendingFile() {
+  if (!committed_) ::unlink(tmp_.c_str());
+}
+
+void PendingFile::commit() {
+  if (::rename(tmp_.c_str(), path_.c_str()) != 0)
+    throw std::runtime_error("cannot rename " + tmp_ + " to " + path_ + ": " + std::strerror(errno));
+  committed_ = true;
+}
+
+void write_file_atomically(const std::string& path, const Chunks& chunks) { PendingFile(path, chunks).commit(); }
 
 void check_writable(const std::string& path) {
   const std::string dir = folder_of(path);
@@ -56,8 +67,9 @@ void check_writable(const std::string& path) {
     throw std::runtime_error("cannot write " + path + ": folder " + dir + " does not exist");
   if (::access(dir.c_str(), W_OK) != 0)
     throw std::runtime_error("cannot write " + path + ": folder " + dir + " is not writable");
-  if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
-    throw std::runtime_error("cannot write " + path + ": it is a folder");
+  if (::lstat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode))
+    throw std::runtime_error("will not write " + path + ": it exists and is not a regular file (a folder, device, "
+                             "FIFO or symbolic link); give the path of a regular file");
 }
 
 }  // namespace dos

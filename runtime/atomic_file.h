@@ -8,14 +8,34 @@
 
 namespace dos {
 
-/// Writes the concatenation of `chunks` (pointer, byte count) to `path`: the bytes go to a
-/// temporary file in the same folder, which is flushed (fsync) and renamed over `path` only once
-/// complete. On any failure the temporary file is removed, `path` is left as it was, and
-/// std::runtime_error names the path and the system error.
-void write_file_atomically(const std::string& path, const std::vector<std::pair<const void*, std::size_t>>& chunks);
+using Chunks = std::vector<std::pair<const void*, std::size_t>>;
+
+/// A file written in two phases, so that several outputs appear together or not at all: the
+/// constructor writes the concatenation of `chunks` (pointer, byte count) to a temporary file next
+/// to `path` and flushes it (fsync); commit() renames it over `path`; destroying it uncommitted
+/// removes the temporary file. Throws std::runtime_error naming the path and the system error when
+/// the file cannot be written (and leaves nothing behind), or when `path` exists and is not a
+/// regular file (a device, a FIFO, a symbolic link: never replaced).
+class PendingFile {
+ public:
+  PendingFile(const std::string& path, const Chunks& chunks);
+  ~PendingFile();
+  PendingFile(const PendingFile&) = delete;
+  PendingFile& operator=(const PendingFile&) = delete;
+  /// Renames the temporary file over the path. Throws std::runtime_error when that fails.
+  void commit();
+
+ private:
+  std::string path_, tmp_;
+  bool committed_ = false;
+};
+
+/// PendingFile(path, chunks).commit(): a reader sees the old file or the whole new one.
+void write_file_atomically(const std::string& path, const Chunks& chunks);
 
 /// Throws std::runtime_error, before any work is done, when a file cannot be created at `path`
-/// (its folder is missing or not writable), naming the path and the reason.
+/// (its folder is missing or not writable, or `path` exists and is not a regular file), naming the
+/// path and the reason.
 void check_writable(const std::string& path);
 
 }  // namespace dos

@@ -24,6 +24,11 @@ std::size_t dtype_bytes(const std::string& d) {
 
 void write_safetensors(const std::string& path, const std::vector<SafetensorOut>& tensors,
                        const std::map<std::string, std::string>& metadata) {
+  prepare_safetensors(path, tensors, metadata)->commit();
+}
+
+std::unique_ptr<PendingFile> prepare_safetensors(const std::string& path, const std::vector<SafetensorOut>& tensors,
+                                                 const std::map<std::string, std::string>& metadata) {
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   std::set<std::string> names;
@@ -45,7 +50,7 @@ void write_safetensors(const std::string& path, const std::vector<SafetensorOut>
   for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(hlen >> (8 * i));
   std::vector<std::pair<const void*, std::size_t>> chunks = {{len, 8}, {h.data(), h.size()}};
   for (const SafetensorOut& t : tensors) chunks.emplace_back(t.data, t.bytes);
-  write_file_atomically(path, chunks);
+  return std::make_unique<PendingFile>(path, chunks);
 }
 
 std::map<std::string, SafetensorIn> read_safetensors(const std::string& path) {

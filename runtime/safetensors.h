@@ -5,8 +5,11 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
+
+#include "atomic_file.h"
 
 namespace dos {
 
@@ -26,6 +29,11 @@ struct SafetensorOut {
 /// and std::invalid_argument on duplicate names or a shape that does not match the byte count.
 void write_safetensors(const std::string& path, const std::vector<SafetensorOut>& tensors,
                        const std::map<std::string, std::string>& metadata = {});
+
+/// The same in two phases: returns the written, uncommitted file (PendingFile in atomic_file.h);
+/// its commit() puts it in place. The tensors' data must stay alive until this returns.
+std::unique_ptr<PendingFile> prepare_safetensors(const std::string& path, const std::vector<SafetensorOut>& tensors,
+                                                 const std::map<std::string, std::string>& metadata = {});
 
 /// A tensor read back: dtype string, shape and the raw bytes.
 struct SafetensorIn {

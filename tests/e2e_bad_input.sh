@@ -12,6 +12,8 @@ printf '{ "hidden_size": 64, "num_attention_heads": 4, "vocab_size": 100 }' > "$
 printf '{ "model_type": "llama", "num_hidden_layers": 4000, "hidden_size": 16384, "intermediate_size": 65536, "num_attention_heads": 128, "vocab_size": 32000 }' > "$tmp/huge.json"
 printf '{ "model_type": "llama", "num_hidden_layers": 2, "hidden_size": 100, "intermediate_size": 64, "num_attention_heads": 3, "vocab_size": 50 }' > "$tmp/heads.json"
 printf '{ "model_type": "gpt2", "n_layer": 2, "n_embd": 4611686018427387904, "n_inner": 5, "n_head": 1, "n_positions": 2, "vocab_size": 4 }' > "$tmp/overflow.json"
+printf '{ "model_type": "bert", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 100 }' > "$tmp/bert.json"
+mkfifo "$tmp/fifo"
 fails=0
 expect() {  # expect "substring of the message" dos-train-args...
   local want=$1; shift
@@ -47,6 +49,11 @@ expect "whole number" --policy dos --k inf
 expect "in \[0, 1\]" --policy dos --sweep 0.5,2
 expect "out of range" --config "$tmp/overflow.json"
 expect "more than 1048576 subgroups" --preset gpt2-124m --subgroup-size 1
+expect "not supported" --config "$tmp/bert.json"
+expect "empty" --config ""
+expect "same file" --report "$tmp/same" --save-params "$tmp/same"
+expect "not a regular file" --report "$tmp/fifo"
+expect "cpu-threads" --cpu-threads -2
 expect "beta1" --beta1 1.5
 out=$("$train" --preset tiny --iterations 1 --quiet --save-params /nonexistent-dir/p.safetensors 2>&1)
 if [ $? -ne 0 ] && grep -q "does not exist" <<<"$out"; then echo "ok: unwritable --save-params -> $out"

@@ -2,7 +2,7 @@
 # dos-train end to end: the saved fp32 master parameters of the same model and seed must be
 # bit-identical under the cpu policy and StarPU's dmda (both update on the CPU here), and, where a
 # GPU exists, within a relative 1e-6 of each other under cpu and gpu (see README, "Tolerance").
-#   e2e_policies.sh DOS_TRAIN ST_COMPARE cpu-dmda|cpu-gpu|cpu-dos
+#   e2e_policies.sh DOS_TRAIN ST_COMPARE cpu-dmda|cpu-gpu|cpu-dos|shards
 set -u
 train=$1 cmp=$2 mode=$3
 tmp=$(mktemp -d)
@@ -15,6 +15,11 @@ case "$mode" in
     run --policy cpu --device host --save-params "$tmp/cpu.safetensors"
     run --policy dmda --device host --ncuda 0 --save-params "$tmp/dmda.safetensors"
     "$cmp" "$tmp/cpu.safetensors" "$tmp/dmda.safetensors" ;;
+  shards)
+    # three shards of the model, each run on its own, hold exactly their slices of the whole run
+    run --policy cpu --save-params "$tmp/full.safetensors"
+    for r in 0 1 2; do run --policy cpu --shard $r/3 --save-params "$tmp/s$r.safetensors"; done
+    python3 "$(dirname "$0")/shard_check.py" "$tmp/full.safetensors" "$tmp"/s0.safetensors "$tmp"/s1.safetensors "$tmp"/s2.safetensors ;;
   cpu-dos)
     # on a machine without a GPU, dos and static:R say so and update everything on the CPU; with a
     # GPU their plans mix sides: within the same tolerance as cpu-gpu

@@ -1,0 +1,59 @@
+// Lifetimes: one Runtime per process; an Optimizer that outlives its Runtime keeps working and
+// StarPU stops with it; an Optimizer that refuses its input leaves the runtime usable.
+#include <memory>
+#include <vector>
+
+#include "cmocka_cpp.h"
+#include "dos.h"
+
+namespace {
+
+dos::RuntimeOptions cpu_options() {
+  dos::RuntimeOptions o;
+  o.policy = "cpu";
+  o.verbose = false;
+  return o;
+}
+
+void test_lifetimes(void**) {
+  auto rt = std::make_unique<dos::Runtime>(cpu_options());
+  bool threw = false;
+  try {
+    dos::Runtime second(cpu_options());
+  } catch (const dos::Error&) {
+    threw = true;
+  }
+  assert_true(threw);  // a second Runtime while one lives is refused
+
+  std::vector<float> p(1000, 1.0f), g(1000, 0.5f);
+  dos::OptimizerOptions oo;
+  oo.dtype = dos::DType::fp32;
+  oo.subgroup_size = 300;
+  auto opt = std::make_unique<dos::Optimizer>(*rt, std::vector<dos::TensorView>{{p.data(), g.data(), 1000}}, oo);
+  // an Optimizer refusing its input (a null pointer in the second tensor) throws; the runtime
+  // and the first Optimizer stay usable
+  threw = false;
+  try {
+    dos::Optimizer bad(*rt, {{p.data(), g.data(), 500}, {nullptr, g.data(), 500}}, oo);
+  } catch (const dos::Error&) {
+    threw = true;
+  }
+  assert_true(threw);
+
+  rt.reset();  // the Runtime goes first: StarPU must stay up for the Optimizer
+  const dos::StepStats s = opt->step();
+  assert_int_equal(s.subgroups_cpu, 4);
+  assert_true(p[0] < 1.0f);  // the update happened (AdamW's first step moves p by about -lr)
+  opt.reset();  // StarPU stops here
+
+  // and a new Runtime can start afterwards
+  dos::Runtime again(cpu_options());
+  assert_true(again.cpu_workers() >= 1);
+}
+
+}  // namespace
+
+int main() {
+  const struct CMUnitTest tests[] = {cmocka_unit_test(test_lifetimes)};
+  return cmocka_run_group_tests(tests, nullptr, nullptr);
+}

@@ -82,6 +82,10 @@ int convert_to_f32_cuda(const void* src, DType src_dtype, float* dst, std::size_
 /// parameter copy of type `dtype`), best of 3 runs each, with CUDA events: Adam in *adam_seconds,
 /// the gradient conversion in *convert_seconds. Returns a cudaError_t value (0 = success).
 int benchmark_cuda_kernels(std::size_t n, DType dtype, double* adam_seconds, double* convert_seconds);
+
+/// Times a device-to-device cudaMemcpy of `bytes` (best of 3, CUDA events): the device-memory
+/// roof (it reads and writes `bytes` each). Returns a cudaError_t value (0 = success).
+int benchmark_cuda_copy(std::size_t bytes, double* seconds);
 #endif
 
 }  // namespace dos

@@ -122,4 +122,29 @@ int benchmark_cuda_kernels(std::size_t n, DType dtype, double* adam_seconds, dou
   return int(e);
 }
 
+int benchmark_cuda_copy(std::size_t bytes, double* seconds) {
+  void *a = nullptr, *b = nullptr;
+  cudaEvent_t start = nullptr, stop = nullptr;
+  cudaError_t e = cudaMalloc(&a, bytes);
+  if (e == cudaSuccess) e = cudaMalloc(&b, bytes);
+  if (e == cudaSuccess) e = cudaMemset(a, 0, bytes);
+  if (e == cudaSuccess) e = cudaEventCreate(&start);
+  if (e == cudaSuccess) e = cudaEventCreate(&stop);
+  *seconds = 1e30;
+  for (int rep = 0; rep < 3 && e == cudaSuccess; ++rep) {
+    float ms = 0;
+    cudaEventRecord(start, nullptr);
+    e = cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, nullptr);
+    cudaEventRecord(stop, nullptr);
+    if (e == cudaSuccess) e = cudaEventSynchronize(stop);
+    if (e == cudaSuccess) e = cudaEventElapsedTime(&ms, start, stop);
+    if (e == cudaSuccess && ms * 1e-3 < *seconds) *seconds = ms * 1e-3;
+  }
+  if (a) cudaFree(a);
+  if (b) cudaFree(b);
+  if (start) cudaEventDestroy(start);
+  if (stop) cudaEventDestroy(stop);
+  return int(e);
+}
+
 }  // namespace dos

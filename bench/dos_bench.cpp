@@ -1,0 +1,150 @@
+// dos-bench kernels: the update phase's kernels against the memory roofs measured in the same run.
+//
+//   CPU: a STREAM-like triad (a = b + s c, 12 bytes per element counted) gives the host-memory
+//   roof; CPU Adam/AdamW (fp32 state; fp32 or 16-bit gradients and parameter copy) and the 16-bit
+//   to fp32 conversion are timed over the same element count and compared with it:
+//   % of roof = (bytes per parameter x Gparams/s) / roof GB/s.
+//   GPU (when built with CUDA and a device is present): a device-to-device copy gives the
+//   device-memory roof; the CUDA Adam and conversion kernels are compared with it.
+//
+// Prints a table, or JSON with --json. Times are the best of --reps runs. Kernels only: no StarPU.
+#include <omp.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "adam.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+template <class F>
+double best_of(int reps, F f) {
+  double best = 1e30;
+  for (int r = 0; r < reps; ++r) {
+    const auto t0 = Clock::now();
+    f();
+    best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  return best;
+}
+
+struct Row {
+  std::string side, kernel, dtype;
+  std::size_t n;
+  double seconds, bytes_per_param, roof_gbs;
+};
+
+void* alloc_touched(std::size_t bytes) {
+  void* p = nullptr;
+  if (posix_memalign(&p, 4096, bytes) != 0) {
+    std::fprintf(stderr, "dos-bench: cannot allocate %zu bytes\n", bytes);
+    std::exit(1);
+  }
+  char* c = static_cast<char*>(p);
+#pragma omp parallel for schedule(static)
+  for (std::size_t i = 0; i < bytes; i += 4096) c[i] = 0;  // first touch by the threads that use it
+  return p;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"dos-bench: kernel rates beside the memory roofs measured in the same run"};
+  std::string sub;
+  double n_d = 1 << 27;
+  int reps = 5;
+  bool json = false;
+  app.add_option("what", sub, "what to benchmark: kernels")->required();
+  app.add_option("--n", n_d, "elements per kernel call")->capture_default_str();
+  app.add_option("--reps", reps, "runs per kernel (the best is kept)")->capture_default_str();
+  app.add_flag("--json", json, "print JSON instead of a table");
+  CLI11_PARSE(app, argc, argv);
+  if (sub != "kernels") {
+    std::fprintf(stderr, "dos-bench: unknown benchmark '%s': the one there is is 'kernels'\n", sub.c_str());
+    return 1;
+  }
+  if (!(n_d >= 1 && n_d <= 4e9) || reps < 1) {
+    std::fprintf(stderr, "dos-bench: --n must be in [1, 4e9] and --reps >= 1\n");
+    return 1;
+  }
+  const std::size_t n = std::size_t(n_d);
+  std::vector<Row> rows;
+
+  // ---- CPU ----
+  float* p = static_cast<float*>(alloc_touched(n * 4));
+  float* m = static_cast<float*>(alloc_touched(n * 4));
+  float* v = static_cast<float*>(alloc_touched(n * 4));
+  float* g32 = static_cast<float*>(alloc_touched(n * 4));
+  void* g16 = alloc_touched(n * 2);
+  void* out16 = alloc_touched(n * 2);
+  const double triad = best_of(reps, [&] {
+#pragma omp parallel for schedule(static)
+    for (std::size_t i = 0; i < n; ++i) p[i] = m[i] + 1.5f * v[i];
+  });
+  const double roof_cpu = 12.0 * double(n) / triad / 1e9;
+  rows.push_back({"cpu", "triad (roof)", "fp32", n, triad, 12, roof_cpu});
+  const dos::AdamStepParams sp = dos::make_adam_step_params(dos::AdamHyper{}, 1);
+  rows.push_back({"cpu", "adam", "fp32 grad, no copy", n,
+                  best_of(reps, [&] { dos::adam_step_cpu(p, m, v, g32, dos::DType::fp32, nullptr, dos::DType::fp32, n, sp); }),
+                  28, roof_cpu});
+  rows.push_back({"cpu", "adam", "bf16 grad + bf16 copy", n,
+                  best_of(reps, [&] { dos::adam_step_cpu(p, m, v, g16, dos::DType::bf16, out16, dos::DType::bf16, n, sp); }),
+                  28, roof_cpu});
+  rows.push_back({"cpu", "adam", "fp16 grad + fp16 copy", n,
+                  best_of(reps, [&] { dos::adam_step_cpu(p, m, v, g16, dos::DType::fp16, out16, dos::DType::fp16, n, sp); }),
+                  28, roof_cpu});
+  rows.push_back({"cpu", "adam", "fp32 grad + bf16 copy", n,
+                  best_of(reps, [&] { dos::adam_step_cpu(p, m, v, g32, dos::DType::fp32, out16, dos::DType::bf16, n, sp); }),
+                  30, roof_cpu});
+  rows.push_back({"cpu", "convert", "bf16 -> fp32", n,
+                  best_of(reps, [&] { dos::convert_to_f32_cpu(g16, dos::DType::bf16, g32, n); }), 6, roof_cpu});
+  rows.push_back({"cpu", "convert", "fp16 -> fp32", n,
+                  best_of(reps, [&] { dos::convert_to_f32_cpu(g16, dos::DType::fp16, g32, n); }), 6, roof_cpu});
+  for (void* q : {static_cast<void*>(p), static_cast<void*>(m), static_cast<void*>(v), static_cast<void*>(g32), g16, out16})
+    std::free(q);
+
+  // ---- GPU ----
+#if defined(DOS_HAVE_CUDA)
+  double copy_s = 0;
+  if (dos::benchmark_cuda_copy(n * 4, &copy_s) == 0) {
+    const double roof_gpu = 8.0 * double(n) / copy_s / 1e9;  // reads and writes n * 4 bytes
+    rows.push_back({"gpu", "d2d copy (roof)", "fp32", n, copy_s, 8, roof_gpu});
+    for (dos::DType t : {dos::DType::fp32, dos::DType::bf16, dos::DType::fp16}) {
+      double adam_s = 0, conv_s = 0;
+      if (dos::benchmark_cuda_kernels(n, t, &adam_s, &conv_s) != 0) break;
+      const double gb = double(dos::dtype_size(t));
+      rows.push_back({"gpu", "adam", std::string(dos::dtype_name(t)) + " grad + copy", n, adam_s, 24 + 2 * gb, roof_gpu});
+      rows.push_back({"gpu", "convert", std::string(dos::dtype_name(t)) + " -> fp32", n, conv_s, gb + 4, roof_gpu});
+    }
+  }
+#endif
+
+  if (json) {
+    nlohmann::ordered_json j = nlohmann::ordered_json::array();
+    for (const Row& r : rows)
+      j.push_back({{"side", r.side}, {"kernel", r.kernel}, {"dtype", r.dtype}, {"elements", r.n}, {"seconds", r.seconds},
+                   {"gparams_per_s", double(r.n) / r.seconds / 1e9},
+                   {"gb_per_s", r.bytes_per_param * double(r.n) / r.seconds / 1e9}, {"bytes_per_param", r.bytes_per_param},
+                   {"roof_gb_per_s", r.roof_gbs},
+                   {"percent_of_roof", 100.0 * r.bytes_per_param * double(r.n) / r.seconds / 1e9 / r.roof_gbs}});
+    std::printf("%s\n", j.dump(2).c_str());
+    return 0;
+  }
+  std::printf("dos-bench kernels: %zu elements, best of %d, %d OpenMP threads\n", n, reps, omp_get_max_threads());
+  std::printf("%-4s %-16s %-22s %10s %10s %9s %6s %8s\n", "side", "kernel", "dtype", "seconds", "Gparams/s", "GB/s",
+              "B/par", "% roof");
+  for (const Row& r : rows) {
+    const double gps = double(r.n) / r.seconds / 1e9, gbs = r.bytes_per_param * gps;
+    std::printf("%-4s %-16s %-22s %10.5f %10.3f %9.1f %6.0f %7.1f%%\n", r.side.c_str(), r.kernel.c_str(), r.dtype.c_str(),
+                r.seconds, gps, gbs, r.bytes_per_param, 100.0 * gbs / r.roof_gbs);
+  }
+  return 0;
+}

@@ -15,10 +15,14 @@ std::string Prediction::bound_by() const {
   return "gpu";
 }
 
+bool rates_complete(const Rates& r) {
+  return r.U_c > 0 && r.U_c_dma > 0 && r.U_g > 0 && r.D_c > 0 && r.B_h2d > 0 && r.B_d2h > 0;
+}
+
 namespace {
 
 void check_rates(const Rates& r) {
-  if (!(r.U_c > 0 && r.U_c_dma > 0 && r.U_g > 0 && r.D_c > 0 && r.B_h2d > 0 && r.B_d2h > 0))
+  if (!rates_complete(r))
     throw std::invalid_argument("resource model: every rate (U_c, U_c_dma, U_g, D_c, B_h2d, B_d2h) must be > 0");
 }
 

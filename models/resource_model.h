@@ -30,6 +30,9 @@ struct Rates {
   double U_c = 0, U_c_dma = 0, U_g = 0, D_c = 0, B_h2d = 0, B_d2h = 0;
 };
 
+/// True when every rate is a positive number (what predict needs).
+bool rates_complete(const Rates& r);
+
 /// Where a subgroup's update runs: on the CPU, on the GPU with its state streamed in and out, or on
 /// the GPU with its state kept there between iterations (no PCIe traffic for it at all).
 enum class PlanSide : unsigned char { cpu = 0, gpu_streamed = 1, gpu_resident = 2 };

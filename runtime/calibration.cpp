@@ -31,8 +31,6 @@ void make_dirs(const std::string& path) {
     if (i == path.size() || path[i] == '/') ::mkdir(path.substr(0, i).c_str(), 0755);
 }
 
-bool valid(const Rates& r) { return r.U_c > 0 && r.U_c_dma > 0 && r.U_g > 0 && r.D_c > 0 && r.B_h2d > 0 && r.B_d2h > 0; }
-
 nlohmann::json to_json(const Rates& r) {
   return {{"U_c", r.U_c}, {"U_c_dma", r.U_c_dma}, {"U_g", r.U_g}, {"D_c", r.D_c}, {"B_h2d", r.B_h2d}, {"B_d2h", r.B_d2h}};
 }
@@ -102,7 +100,7 @@ Rates calibrate_rates(Runtime& runtime, std::size_t S, DType dtype, MemoryKind m
         const nlohmann::json j = nlohmann::json::parse(f);
         Rates r{j.at("U_c").get<double>(), j.at("U_c_dma").get<double>(), j.at("U_g").get<double>(),
                 j.at("D_c").get<double>(), j.at("B_h2d").get<double>(), j.at("B_d2h").get<double>()};
-        if (valid(r)) {
+        if (rates_complete(r)) {
           if (verbose) std::fprintf(stderr, "[dos] model rates from %s (--recalibrate measures them again)\n", path.c_str());
           return r;
         }
@@ -145,7 +143,7 @@ Rates calibrate_rates(Runtime& runtime, std::size_t S, DType dtype, MemoryKind m
   r.B_h2d = starpu_transfer_bandwidth(STARPU_MAIN_RAM, gpu_node) * 1e6;
   r.B_d2h = starpu_transfer_bandwidth(gpu_node, STARPU_MAIN_RAM) * 1e6;
   r.U_c_dma = std::min(r.U_c_dma, r.U_c);
-  if (!valid(r)) throw Error("calibration measured a zero rate; run again with --recalibrate");
+  if (!rates_complete(r)) throw Error("calibration measured a zero rate; run again with --recalibrate");
   if (verbose)
     std::fprintf(stderr,
                  "[dos] calibrated (%zu subgroups of %zu): U_c %.2f Gparams/s alone, %.2f under DMA; U_g %.1f Gparams/s; "

@@ -536,7 +536,7 @@ Optimizer::Optimizer(Runtime& runtime, const std::vector<TensorView>& tensors, c
   const bool model_policy = choice.kind == PolicyKind::dos || choice.kind == PolicyKind::static_ratio;
   if (model_policy && runtime.cuda_workers() > 0) {
     const Rates& r = options.rates;
-    if (r.U_c > 0 && r.U_c_dma > 0 && r.U_g > 0 && r.D_c > 0 && r.B_h2d > 0 && r.B_d2h > 0) {
+    if (rates_complete(r)) {
       I.rates = r;
     } else {
       // scratch subgroups as large as the workload's (at most 2^24 elements: a few seconds)

@@ -124,20 +124,8 @@ void test_static_fidelity(void**) {
 
 void test_bad_input(void**) {
   const dos::Workload w = uniform(4, 100);
-  bool threw = false;
-  try {
-    dos::predict(w, dos::spread_plan(3, 1), dos::Rates{1, 1, 1, 1, 1, 1});
-  } catch (const std::invalid_argument&) {
-    threw = true;
-  }
-  assert_true(threw);
-  threw = false;
-  try {
-    dos::predict(w, dos::spread_plan(4, 1), dos::Rates{0, 1, 1, 1, 1, 1});
-  } catch (const std::invalid_argument&) {
-    threw = true;
-  }
-  assert_true(threw);
+  assert_true(throws_invalid_argument([&] { dos::predict(w, dos::spread_plan(3, 1), dos::Rates{1, 1, 1, 1, 1, 1}); }));
+  assert_true(throws_invalid_argument([&] { dos::predict(w, dos::spread_plan(4, 1), dos::Rates{0, 1, 1, 1, 1, 1}); }));
 }
 
 }  // namespace

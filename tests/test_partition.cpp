@@ -61,27 +61,10 @@ void test_subgroup_spanning_tensors(void**) {
 }
 
 void test_bad_partition_input(void**) {
-  bool threw = false;
-  try {
-    dos::partition_subgroups({10}, 0);
-  } catch (const std::invalid_argument&) {
-    threw = true;
-  }
-  assert_true(threw);
-  threw = false;
-  try {
-    dos::partition_subgroups({0, 0}, 4);
-  } catch (const std::invalid_argument&) {
-    threw = true;
-  }
-  assert_true(threw);
-  threw = false;
-  try {
-    dos::partition_subgroups({dos::kMaxSubgroups * 2 + 1}, 2);  // one subgroup too many
-  } catch (const std::invalid_argument&) {
-    threw = true;
-  }
-  assert_true(threw);
+  assert_true(throws_invalid_argument([&] { dos::partition_subgroups({10}, 0); }));
+  assert_true(throws_invalid_argument([&] { dos::partition_subgroups({0, 0}, 4); }));
+  // one subgroup too many
+  assert_true(throws_invalid_argument([&] { dos::partition_subgroups({dos::kMaxSubgroups * 2 + 1}, 2); }));
   assert_int_equal(dos::partition_subgroups({dos::kMaxSubgroups * 2}, 2).size(), dos::kMaxSubgroups);
 }
 
@@ -96,15 +79,8 @@ void test_shard_range(void**) {
   assert_int_equal(r2.end, 10);
   const dos::ShardRange one = dos::shard_range(5, 0, 1);
   assert_int_equal(one.end - one.begin, 5);
-  for (auto bad : {std::vector<size_t>{10, 3, 3}, {10, 0, 0}, {2, 0, 3}}) {
-    bool threw = false;
-    try {
-      dos::shard_range(bad[0], bad[1], bad[2]);
-    } catch (const std::invalid_argument&) {
-      threw = true;
-    }
-    assert_true(threw);
-  }
+  for (auto bad : {std::vector<size_t>{10, 3, 3}, {10, 0, 0}, {2, 0, 3}})
+    assert_true(throws_invalid_argument([&] { dos::shard_range(bad[0], bad[1], bad[2]); }));
 }
 
 }  // namespace

@@ -224,7 +224,8 @@ void test_adam_no_param_copy(void**) {
 }
 
 void test_convert_to_f32(void**) {
-  for (size_t n : {size_t(1), size_t(17), size_t(16384 * 2 + 5)}) {
+  std::printf("  fp16 conversions on this CPU: %s\n", dos::f16_conversion_isa());
+  for (size_t n : {size_t(1), size_t(17), size_t(65536), size_t(16384 * 5 + 5)}) {
     std::vector<uint16_t> src(n);
     for (size_t i = 0; i < n; ++i) src[i] = uint16_t((i * 40503u) & 0xffffu);
     std::vector<float> a(n), b(n);

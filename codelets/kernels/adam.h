@@ -71,6 +71,11 @@ void adam_step_cpu(float* master, float* exp_avg, float* exp_avg_sq, const void*
 /// Converts n elements of type src_dtype to fp32 on the CPU (OpenMP-parallel).
 void convert_to_f32_cpu(const void* src, DType src_dtype, float* dst, std::size_t n);
 
+/// The instruction set the CPU's fp16 conversions use: "avx512f", "f16c" or "scalar" (chosen once
+/// from what the processor has; DOS_F16_ISA=scalar|f16c|avx512f in the environment picks one of
+/// those the processor has, for tests).
+const char* f16_conversion_isa();
+
 #if defined(DOS_HAVE_CUDA)
 /// CUDA twins of the functions above: same arguments, device pointers, launched asynchronously on
 /// `stream` (a cudaStream_t). Errors of the launch are returned as a cudaError_t value (0 = success).

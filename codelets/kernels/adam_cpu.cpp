@@ -9,7 +9,12 @@
 // OpenMP splits the array into chunks across the calling thread's team.
 #include "adam.h"
 
+#include <immintrin.h>
+
 #include <cmath>
+#include <cstdlib>
+#include <memory>
+#include <string>
 
 namespace dos {
 
@@ -38,6 +43,69 @@ constexpr std::size_t kChunk = 1 << 14;  // elements per OpenMP work item (64 Ki
 #else
 #define DOS_CLONES
 #endif
+
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // GCC 12's own avx512fintrin.h (a false positive)
+// fp16 <-> fp32 in blocks with the F16C / AVX-512 conversion instructions (vcvtph2ps, vcvtps2ph
+// with round to nearest even: the same bits as dtype.h's integer code, which GCC cannot vectorise).
+// Chosen once at run time from what the processor has; tails go through dtype.h.
+__attribute__((target("avx512f"))) void f16_to_f32_avx512(const std::uint16_t* s, float* d, std::size_t n) {
+  std::size_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    _mm512_storeu_ps(d + i, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + i))));
+  for (; i < n; ++i) d[i] = f16_to_f32(s[i]);
+}
+__attribute__((target("avx512f"))) void f32_to_f16_avx512(const float* s, std::uint16_t* d, std::size_t n) {
+  std::size_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + i),
+                        _mm512_cvtps_ph(_mm512_loadu_ps(s + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  for (; i < n; ++i) d[i] = f32_to_f16(s[i]);
+}
+__attribute__((target("avx,f16c"))) void f16_to_f32_f16c(const std::uint16_t* s, float* d, std::size_t n) {
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(d + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i))));
+  for (; i < n; ++i) d[i] = f16_to_f32(s[i]);
+}
+__attribute__((target("avx,f16c"))) void f32_to_f16_f16c(const float* s, std::uint16_t* d, std::size_t n) {
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i),
+                     _mm256_cvtps_ph(_mm256_loadu_ps(s + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  for (; i < n; ++i) d[i] = f32_to_f16(s[i]);
+}
+#pragma GCC diagnostic pop
+
+void f16_to_f32_scalar(const std::uint16_t* s, float* d, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) d[i] = f16_to_f32(s[i]);
+}
+void f32_to_f16_scalar(const float* s, std::uint16_t* d, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) d[i] = f32_to_f16(s[i]);
+}
+
+using F16ToF32 = void (*)(const std::uint16_t*, float*, std::size_t);
+using F32ToF16 = void (*)(const float*, std::uint16_t*, std::size_t);
+struct F16Converters {
+  F16ToF32 to_f32;
+  F32ToF16 to_f16;
+  const char* isa;
+};
+const F16Converters& f16_converters() {
+  static const F16Converters c = [] {
+    __builtin_cpu_init();
+    const bool avx512 = __builtin_cpu_supports("avx512f");
+    const bool f16c = __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
+    const char* force = std::getenv("DOS_F16_ISA");  // tests: each path the processor has
+    const std::string want = force ? force : "";
+    if (want == "scalar") return F16Converters{f16_to_f32_scalar, f32_to_f16_scalar, "scalar"};
+    if (avx512 && (want.empty() || want == "avx512f")) return F16Converters{f16_to_f32_avx512, f32_to_f16_avx512, "avx512f"};
+    if (f16c && (want.empty() || want == "f16c" || want == "avx512f"))
+      return F16Converters{f16_to_f32_f16c, f32_to_f16_f16c, "f16c"};
+    return F16Converters{f16_to_f32_scalar, f32_to_f16_scalar, "scalar"};
+  }();
+  return c;
+}
 
 template <DType G, DType P, bool WriteParam>
 inline __attribute__((always_inline)) void adam_range(float* __restrict p, float* __restrict m,
@@ -99,7 +167,6 @@ AdamFn pick_adam(DType g, DType p, bool write) {
   DOS_CLONES void NAME(const void* src, float* __restrict dst, std::size_t n) { \
     for (std::size_t i = 0; i < n; ++i) dst[i] = load_as_f32(src, S, i);       \
   }
-DOS_CONVERT_VARIANT(convert_f16, DType::fp16)
 DOS_CONVERT_VARIANT(convert_bf16, DType::bf16)
 DOS_CONVERT_VARIANT(convert_f32, DType::fp32)
 #undef DOS_CONVERT_VARIANT
@@ -108,28 +175,49 @@ DOS_CONVERT_VARIANT(convert_f32, DType::fp32)
 
 void adam_step_cpu(float* master, float* exp_avg, float* exp_avg_sq, const void* grad, DType grad_dtype,
                    void* param_out, DType param_dtype, std::size_t n, const AdamStepParams& sp) {
-  const AdamFn fn = pick_adam(grad_dtype, param_dtype, param_out != nullptr);
+  // fp16 gradients or parameters go through fp32 blocks in cache, converted with F16C/AVX-512 (the
+  // element loop's own fp16 code does not vectorise); bf16 and fp32 are read and written in place.
+  const bool f16_in = grad_dtype == DType::fp16, f16_out = param_out && param_dtype == DType::fp16;
+  const AdamFn fn = pick_adam(f16_in ? DType::fp32 : grad_dtype, f16_out ? DType::fp32 : param_dtype, param_out != nullptr);
+  const F16Converters& cv = f16_converters();
   const std::size_t gsz = dtype_size(grad_dtype), psz = dtype_size(param_dtype);
   const std::size_t nchunks = (n + kChunk - 1) / kChunk;
-#pragma omp parallel for schedule(static) if (nchunks > 1)
-  for (std::size_t c = 0; c < nchunks; ++c) {
-    const std::size_t off = c * kChunk;
-    const std::size_t len = off + kChunk <= n ? kChunk : n - off;
-    fn(master + off, exp_avg + off, exp_avg_sq + off, static_cast<const char*>(grad) + off * gsz,
-       param_out ? static_cast<char*>(param_out) + off * psz : nullptr, len, sp);
+#pragma omp parallel if (nchunks > 1)
+  {
+    // per-thread staging blocks (heap, not TLS: this code may live in a dlopen'ed library)
+    std::unique_ptr<float[]> stage((f16_in || f16_out) ? new float[2 * kChunk] : nullptr);
+    float* gbuf = stage.get();
+    float* pbuf = stage ? stage.get() + kChunk : nullptr;
+#pragma omp for schedule(static)
+    for (std::size_t c = 0; c < nchunks; ++c) {
+      const std::size_t off = c * kChunk;
+      const std::size_t len = off + kChunk <= n ? kChunk : n - off;
+      const void* g = static_cast<const char*>(grad) + off * gsz;
+      if (f16_in) {
+        cv.to_f32(static_cast<const std::uint16_t*>(g), gbuf, len);
+        g = gbuf;
+      }
+      void* out = param_out ? (f16_out ? static_cast<void*>(pbuf) : static_cast<char*>(param_out) + off * psz) : nullptr;
+      fn(master + off, exp_avg + off, exp_avg_sq + off, g, out, len, sp);
+      if (f16_out) cv.to_f16(pbuf, static_cast<std::uint16_t*>(param_out) + off, len);
+    }
   }
 }
 
 void convert_to_f32_cpu(const void* src, DType src_dtype, float* dst, std::size_t n) {
-  auto fn = src_dtype == DType::fp16 ? convert_f16 : (src_dtype == DType::bf16 ? convert_bf16 : convert_f32);
+  auto fn = src_dtype == DType::bf16 ? convert_bf16 : convert_f32;
+  const F16Converters& cv = f16_converters();
   const std::size_t ssz = dtype_size(src_dtype);
   const std::size_t nchunks = (n + kChunk - 1) / kChunk;
 #pragma omp parallel for schedule(static) if (nchunks > 1)
   for (std::size_t c = 0; c < nchunks; ++c) {
     const std::size_t off = c * kChunk;
     const std::size_t len = off + kChunk <= n ? kChunk : n - off;
-    fn(static_cast<const char*>(src) + off * ssz, dst + off, len);
+    if (src_dtype == DType::fp16) cv.to_f32(static_cast<const std::uint16_t*>(src) + off, dst + off, len);
+    else fn(static_cast<const char*>(src) + off * ssz, dst + off, len);
   }
 }
+
+const char* f16_conversion_isa() { return f16_converters().isa; }
 
 }  // namespace dos

@@ -473,18 +473,18 @@ Optimizer::Optimizer(Runtime& runtime, const std::vector<TensorView>& tensors, c
       throw Error("the parameters live in GPU memory but the runtime has no CUDA worker");
     I.where_caller = STARPU_CUDA;
   }
+  const std::size_t esz = dtype_size(options.dtype);
   {  // five page-aligned buffers per subgroup (alloc_host): count the rounding of small subgroups too
-    const std::size_t page = 4096, esz_ = dtype_size(options.dtype);
+    const std::size_t page = 4096;
     auto pages = [&](std::size_t bytes) { return (bytes + page - 1) / page * page; };
     std::size_t need = 0;
-    for (const SubgroupLayout& l : layout) need += 4 * pages(l.size * sizeof(float)) + pages(l.size * esz_);
+    for (const SubgroupLayout& l : layout) need += 4 * pages(l.size * sizeof(float)) + pages(l.size * esz);
     check_host_memory(need, "the optimizer state of " + std::to_string(I.nparams) + " parameters in " +
                                 std::to_string(layout.size()) + " subgroups");
   }
   const PolicyChoice choice = runtime.impl().choice;
   I.choice = choice;
   I.use_hints = !choice.builtin();
-  const std::size_t esz = dtype_size(options.dtype);
   I.workload.caller_on_gpu = options.memory == MemoryKind::cuda;
   I.workload.param_bytes = esz;
   for (const SubgroupLayout& l : layout) I.workload.sizes.push_back(l.size);
@@ -533,8 +533,7 @@ Optimizer::Optimizer(Runtime& runtime, const std::vector<TensorView>& tensors, c
     starpu_data_acquire(sg->h_master, STARPU_RW);
     starpu_data_release(sg->h_master);
   }
-  const bool model_policy = choice.kind == PolicyKind::dos || choice.kind == PolicyKind::static_ratio;
-  if (model_policy && runtime.cuda_workers() > 0) {
+  if (runtime.model_policy() && runtime.cuda_workers() > 0) {
     const Rates& r = options.rates;
     if (rates_complete(r)) {
       I.rates = r;

@@ -40,6 +40,7 @@ struct Args {
   std::string report;
   std::string save_params;
   int cpu_threads = 0;
+  int cpu_workers = 0;
   int ncuda = -1;
   bool quiet = false;
   std::string k, gpu_fraction;
@@ -175,6 +176,7 @@ int run(const Args& a) {
   if ((!a.k.empty() || !a.gpu_fraction.empty() || !a.sweep.empty()) && a.policy != "dos")
     fail("--k, --gpu-fraction and --sweep need --policy dos");
   if (a.cpu_threads < 0) fail("--cpu-threads must be >= 0 (0: automatic), got " + std::to_string(a.cpu_threads));
+  if (a.cpu_workers < 0) fail("--cpu-workers must be >= 0 (0: automatic), got " + std::to_string(a.cpu_workers));
   if (a.ncuda < -1) fail("--ncuda must be >= -1 (-1: one per GPU), got " + std::to_string(a.ncuda));
   if (!a.report.empty() && a.report == a.save_params) fail("--report and --save-params name the same file: " + a.report);
   if (!a.report.empty()) dos::check_writable(a.report);
@@ -187,6 +189,7 @@ int run(const Args& a) {
   dos::RuntimeOptions ro;
   ro.policy = a.policy;
   ro.cpu_threads = a.cpu_threads;
+  ro.cpu_workers = a.cpu_workers;
   ro.ncuda = a.ncuda;
   ro.verbose = !a.quiet;
   dos::Runtime rt(ro);
@@ -441,7 +444,12 @@ int main(int argc, char** argv) {
   app.add_option("--report", a.report, "write the per-iteration figures and the summary to this JSON file");
   app.add_option("--save-params", a.save_params, "write the final fp32 master parameters to this safetensors file");
   app.add_option("--cpu-threads", a.cpu_threads,
-                 "OpenMP threads of CPU Adam (0: $OMP_NUM_THREADS, else all cores but one per CUDA worker)")
+                 "cores for CPU Adam, shared among the CPU workers' OpenMP teams (0: $OMP_NUM_THREADS, else all "
+                 "cores but one per CUDA worker)")
+      ->capture_default_str();
+  app.add_option("--cpu-workers", a.cpu_workers,
+                 "StarPU CPU workers (0: $STARPU_NCPU if set, else 1 worker running an OpenMP team; N: N workers "
+                 "sharing the --cpu-threads cores, subgroups spread over them)")
       ->capture_default_str();
   app.add_option("--ncuda", a.ncuda, "CUDA workers (-1: one per GPU, 0: none)")->capture_default_str();
   app.add_flag("--quiet,-q", a.quiet, "do not print the runtime's set-up line");

@@ -52,11 +52,16 @@ struct TensorView {
 ///   An explicit policy wins over $STARPU_SCHED (a warning says so).
 /// cpu_threads: OpenMP threads of the CPU Adam codelet; 0: $OMP_NUM_THREADS if set, else every
 ///   core of the process's CPU set minus one per CUDA worker (the cores that drive the GPUs).
+/// cpu_workers: StarPU CPU workers; 0 (default): $STARPU_NCPU if set, else 1, one worker whose
+///   codelets run an OpenMP team over cpu_threads cores. N > 1: N workers, the subgroups spread over
+///   them, each worker's team cpu_threads / N threads (cpu_threads = N gives single-threaded
+///   workers: the other way to use the cores, to compare with the first).
 /// ncuda: CUDA workers to start; -1: one per visible device (StarPU's default); 0: none.
 /// verbose: print what was chosen (policy, workers, threads) on stderr.
 struct RuntimeOptions {
   std::string policy;
   int cpu_threads = 0;
+  int cpu_workers = 0;
   int ncuda = -1;
   bool verbose = true;
 };

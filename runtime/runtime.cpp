@@ -107,7 +107,9 @@ Runtime::Runtime(const RuntimeOptions& options) : impl_(new Impl) {
     conf.sched_policy_name = nullptr;
     conf.sched_policy = &placement_policy;
   }
-  if (!std::getenv("STARPU_NCPU") && !std::getenv("STARPU_NCPUS")) conf.ncpus = 1;
+  if (options.cpu_workers < 0) throw Error("cpu_workers must be >= 0, got " + std::to_string(options.cpu_workers));
+  if (options.cpu_workers > 0) conf.ncpus = options.cpu_workers;
+  else if (!std::getenv("STARPU_NCPU") && !std::getenv("STARPU_NCPUS")) conf.ncpus = 1;
   if (options.ncuda >= 0) conf.ncuda = options.ncuda;
   const int ret = starpu_init(&conf);
   if (ret == 0) ++g_live_runtimes;
@@ -122,14 +124,15 @@ Runtime::Runtime(const RuntimeOptions& options) : impl_(new Impl) {
                 (codelets_have_cuda() ? " (no CUDA device visible)" : " (this build has no CUDA: rebuild with nvcc)") +
                 ": use --policy cpu");
   }
-  int threads = options.cpu_threads;
+  // OpenMP threads per CPU worker: the cores (given, $OMP_NUM_THREADS, or all but one per CUDA
+  // worker) shared among the CPU workers.
+  int cores = options.cpu_threads;
   const char* env_omp = std::getenv("OMP_NUM_THREADS");
-  if (threads <= 0 && env_omp && std::atoi(env_omp) > 0) threads = std::atoi(env_omp);
-  if (threads <= 0) {
-    const int ncpuw = int(starpu_cpu_worker_get_count());
-    threads = (cores_in_cpuset() - int(ncuda)) / (ncpuw > 0 ? ncpuw : 1);
-    if (threads < 1) threads = 1;
-  }
+  if (cores <= 0 && env_omp && std::atoi(env_omp) > 0) cores = std::atoi(env_omp);
+  if (cores <= 0) cores = cores_in_cpuset() - int(ncuda);
+  const int ncpuw = int(starpu_cpu_worker_get_count());
+  int threads = cores / (ncpuw > 0 ? ncpuw : 1);
+  if (threads < 1) threads = 1;
   cpu_threads_ = threads;
   WorkerSetup ws;
   ws.threads = threads;

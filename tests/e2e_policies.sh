@@ -14,7 +14,9 @@ case "$mode" in
     # --device host: the dmda run must place every update on the CPU for a bit-identical result
     run --policy cpu --device host --save-params "$tmp/cpu.safetensors"
     run --policy dmda --device host --ncuda 0 --save-params "$tmp/dmda.safetensors"
-    "$cmp" "$tmp/cpu.safetensors" "$tmp/dmda.safetensors" ;;
+    # and with the subgroups spread over two single-threaded CPU workers
+    run --policy cpu --device host --cpu-workers 2 --cpu-threads 2 --save-params "$tmp/cpu2.safetensors"
+    "$cmp" "$tmp/cpu.safetensors" "$tmp/dmda.safetensors" && "$cmp" "$tmp/cpu.safetensors" "$tmp/cpu2.safetensors" ;;
   shards)
     # three shards of the model, each run on its own, hold exactly their slices of the whole run
     run --policy cpu --save-params "$tmp/full.safetensors"

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# On the GPU machine, for issue 3 (kernels at the memory roofs): dos-bench beside PyTorch's fused CPU
+# AdamW (the peers' cpu_adam_only), and the CPU side of the update phase with one CPU worker running
+# an OpenMP team against many single-threaded CPU workers. Build first (scripts/setup.sh build), or
+# carry a build/ made on the developer machine. Needs ../shared/peers/torch_update_phase.py copied
+# into .peers/ (git-ignored) and carried:
+#   run(command="scripts/setup.sh build >/dev/null && scripts/gpu-bench.sh", carry=[".deps/cache", ".peers"])
+set -u
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+N=${N:-2.68e8}
+[ -f "$ROOT/.deps/env.sh" ] && . "$ROOT/.deps/env.sh"
+echo "== dos-bench kernels --n $N (all cores)"
+"$ROOT/build/bench/dos-bench" kernels --n "$N" --reps 5
+echo "== dos-bench kernels --n $N, CPU side with 15 threads bound to cores 1-15"
+OMP_NUM_THREADS=15 OMP_PLACES="{1}:15" OMP_PROC_BIND=close "$ROOT/build/bench/dos-bench" kernels --n "$N" --reps 5 | grep -E "^cpu"
+if [ -f "$ROOT/.peers/torch_update_phase.py" ]; then
+  echo "== torch fused CPU AdamW (peers: cpu_adam_only), same N"
+  python3 "$ROOT/.peers/torch_update_phase.py" --n "$N" --s "$N" --variants cpu_adam_only --iters 3 2>&1 | tail -4
+fi
+for w in 1 15; do
+  echo "== dos-train --policy cpu --cpu-workers $w --cpu-threads 15 (llama2-7b shard 0/4)"
+  "$ROOT/build/examples/dos-train" --preset llama2-7b --shard 0/4 --iterations 4 --subgroup-size 1e8 --policy cpu \
+     --cpu-workers "$w" --cpu-threads 15 2>&1 | grep -E "^\[dos\]|^summary"
+done

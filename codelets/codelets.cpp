@@ -35,12 +35,20 @@ void scatter_cpu(void* buffers[], void* cl_arg) {
     std::memcpy(a->segs[s].param, src + a->segs[s].offset * esz, a->segs[s].count * esz);
 }
 
+void cast_cpu(void* buffers[], void* cl_arg) {
+  const auto* a = static_cast<const AdamArgs*>(cl_arg);
+  convert_from_f32_cpu(reinterpret_cast<const float*>(STARPU_VECTOR_GET_PTR(buffers[0])),
+                       reinterpret_cast<void*>(STARPU_VECTOR_GET_PTR(buffers[1])), a->param_dtype,
+                       STARPU_VECTOR_GET_NX(buffers[0]));
+}
+
 // History-based perfmodels: subgroups of equal size share one footprint, so dmda learns one
 // time per (codelet, size, worker type) (regression models never validate on equal sizes,
 // notes/starpu-1.3.md section 2).
 struct starpu_perfmodel adam_model = {};
 struct starpu_perfmodel gather_model = {};
 struct starpu_perfmodel scatter_model = {};
+struct starpu_perfmodel cast_model = {};
 
 struct starpu_codelet make_codelet(const char* name, starpu_cpu_func_t cpu, starpu_cuda_func_t cuda,
                                    int nbuffers, const starpu_data_access_mode* modes,
@@ -64,6 +72,7 @@ struct starpu_codelet make_codelet(const char* name, starpu_cpu_func_t cpu, star
 const starpu_data_access_mode kAdamModes[] = {STARPU_RW, STARPU_RW, STARPU_RW, STARPU_R, STARPU_W};
 const starpu_data_access_mode kGatherModes[] = {STARPU_W};
 const starpu_data_access_mode kScatterModes[] = {STARPU_R};
+const starpu_data_access_mode kCastModes[] = {STARPU_R, STARPU_W};
 
 }  // namespace
 
@@ -73,6 +82,9 @@ struct starpu_codelet gather_cl =
     make_codelet("dos_gather", gather_cpu, cuda_funcs::gather, 1, kGatherModes, &gather_model, "dos_gather");
 struct starpu_codelet scatter_cl =
     make_codelet("dos_scatter", scatter_cpu, cuda_funcs::scatter, 1, kScatterModes, &scatter_model, "dos_scatter");
+
+struct starpu_codelet cast_cl =
+    make_codelet("dos_cast", cast_cpu, cuda_funcs::cast, 2, kCastModes, &cast_model, "dos_cast");
 
 bool codelets_have_cuda() { return cuda_funcs::kHaveCuda; }
 

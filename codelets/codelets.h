@@ -11,6 +11,8 @@
 //                                                                      cl_arg: const GatherArgs*
 //   scatter_cl  param16 (param_dtype, R): copied into the caller's parameter buffers
 //                                                                      cl_arg: const ScatterArgs*
+//   cast_cl     master (fp32, R), param16 (param_dtype, W): the master parameters rounded to the
+//               parameters' dtype (after a checkpoint is loaded)     cl_arg: const AdamArgs*
 // gather_cl and scatter_cl touch caller memory by raw pointer, so the runtime restricts them
 // (task->where) to the side where that memory lives: STARPU_CUDA for GPU pointers, STARPU_CPU
 // for host pointers. All CUDA implementations run on StarPU's local stream (STARPU_CUDA_ASYNC).
@@ -60,6 +62,7 @@ struct ScatterArgs {
 extern struct starpu_codelet adam_cl;
 extern struct starpu_codelet gather_cl;
 extern struct starpu_codelet scatter_cl;
+extern struct starpu_codelet cast_cl;
 
 /// True when the codelets were built with their CUDA implementations.
 bool codelets_have_cuda();

@@ -47,5 +47,13 @@ void scatter(void* buffers[], void* cl_arg) {
           "cudaMemcpyAsync of the 16-bit parameters");
 }
 
+void cast(void* buffers[], void* cl_arg) {
+  const auto* a = static_cast<const AdamArgs*>(cl_arg);
+  check(convert_from_f32_cuda(reinterpret_cast<const float*>(STARPU_VECTOR_GET_PTR(buffers[0])),
+                              reinterpret_cast<void*>(STARPU_VECTOR_GET_PTR(buffers[1])), a->param_dtype,
+                              STARPU_VECTOR_GET_NX(buffers[0]), starpu_cuda_get_local_stream()),
+        "CUDA cast kernel launch");
+}
+
 }  // namespace cuda_funcs
 }  // namespace dos

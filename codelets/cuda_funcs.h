@@ -14,11 +14,14 @@ void adam(void* buffers[], void* cl_arg);
 void gather(void* buffers[], void* cl_arg);
 /// CUDA implementation of scatter_cl: one device-to-device copy per segment.
 void scatter(void* buffers[], void* cl_arg);
+/// CUDA implementation of cast_cl: master parameters rounded to the parameters' dtype.
+void cast(void* buffers[], void* cl_arg);
 #else
 constexpr bool kHaveCuda = false;
 constexpr starpu_cuda_func_t adam = nullptr;
 constexpr starpu_cuda_func_t gather = nullptr;
 constexpr starpu_cuda_func_t scatter = nullptr;
+constexpr starpu_cuda_func_t cast = nullptr;
 #endif
 }  // namespace cuda_funcs
 }  // namespace dos

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "atomic_file.h"
+#include "checkpoint.h"
 #include "dos.h"
 #include "emulate.h"
 #include "resource_model.h"
@@ -44,6 +45,7 @@ struct Args {
   int ncuda = -1;
   bool quiet = false;
   std::string k, gpu_fraction;
+  std::string save_state, resume;
   std::vector<std::string> sweep;
   bool recalibrate = false;
 };
@@ -179,6 +181,7 @@ int run(const Args& a) {
   if (a.cpu_workers < 0) fail("--cpu-workers must be >= 0 (0: automatic), got " + std::to_string(a.cpu_workers));
   if (a.ncuda < -1) fail("--ncuda must be >= -1 (-1: one per GPU), got " + std::to_string(a.ncuda));
   if (!a.report.empty() && a.report == a.save_params) fail("--report and --save-params name the same file: " + a.report);
+  if (!a.save_state.empty()) dos::check_checkpoint_dir(a.save_state);
   if (!a.report.empty()) dos::check_writable(a.report);
   if (!a.save_params.empty()) dos::check_writable(a.save_params);
   dos::check_host_memory(n * dos::host_bytes_per_param(dtype),
@@ -244,6 +247,21 @@ int run(const Args& a) {
   oo.recalibrate = a.recalibrate;
   oo.verbose = !a.quiet;
   dos::Optimizer opt(rt, views, oo);
+  dos::CheckpointInfo job;
+  job.model = cfg.name;
+  job.params_total = total;
+  job.begin = range.begin;
+  job.end = range.end;
+  job.rank = rank;
+  job.world = world;
+  job.subgroup_size = subgroup;
+  job.dtype = a.dtype;
+  job.seed = a.seed;
+  std::int64_t first_iteration = 0;
+  if (!a.resume.empty()) {
+    first_iteration = dos::load_checkpoint(a.resume, opt, job).iteration;
+    std::printf("resumed from %s after iteration %lld\n", a.resume.c_str(), (long long)first_iteration);
+  }
 
   // ---- iterations ------------------------------------------------------------------------------
   if (rt.policy().rfind("static:", 0) == 0 && rt.cuda_workers() > 0) {
@@ -277,7 +295,7 @@ int run(const Args& a) {
                 dos::lower_bound(opt.workload(), r));
   }
   nlohmann::ordered_json iters = nlohmann::ordered_json::array();
-  int it = 0;
+  std::int64_t it = first_iteration;  // iterations numbered across resumes: the gradients depend on it
   // Runs `count` iterations; returns their update seconds.
   auto run_iterations = [&](int count, const std::string& label) {
     std::vector<dos::StepStats> out;
@@ -296,9 +314,9 @@ int run(const Args& a) {
       if (s.predicted_seconds > 0)
         std::snprintf(model, sizeof model, "  predicted %.4f s (%s)  lower bound %.4f s", s.predicted_seconds,
                       s.bound_by.c_str(), s.lower_bound_seconds);
-      std::printf("iter %3d%s  update %8.4f s  %7.3f Gparams/s  subgroups cpu %zu gpu %zu (plan: %zu streamed, %zu "
+      std::printf("iter %3lld%s  update %8.4f s  %7.3f Gparams/s  subgroups cpu %zu gpu %zu (plan: %zu streamed, %zu "
                   "resident)%s  H2D %.3f GB %.1f GB/s  D2H %.3f GB %.1f GB/s  busy cpu %3.0f%% gpu %3.0f%%\n",
-                  it, label.c_str(), s.seconds, gps, s.subgroups_cpu, s.subgroups_gpu, s.planned_streamed,
+                  (long long)it, label.c_str(), s.seconds, gps, s.subgroups_cpu, s.subgroups_gpu, s.planned_streamed,
                   s.planned_resident, model, s.bytes_h2d / 1e9, s.bytes_h2d / s.seconds / 1e9, s.bytes_d2h / 1e9,
                   s.bytes_d2h / s.seconds / 1e9, 100 * cpu_busy, 100 * gpu_busy);
       std::fflush(stdout);
@@ -392,6 +410,11 @@ int run(const Args& a) {
     const std::string text = rep.dump(2) + "\n";
     report_file = std::make_unique<dos::PendingFile>(a.report, dos::Chunks{{text.data(), text.size()}});
   }
+  if (!a.save_state.empty()) {
+    job.iteration = it;
+    dos::save_checkpoint(a.save_state, opt, job);
+    std::printf("saved the optimizer state after iteration %lld to %s\n", (long long)it, a.save_state.c_str());
+  }
   if (params_file) params_file->commit();
   if (report_file) report_file->commit();
   if (params_file) std::printf("saved %zu fp32 master parameters to %s\n", n, a.save_params.c_str());
@@ -461,6 +484,13 @@ int main(int argc, char** argv) {
                  "with --policy dos: run --iterations iterations for each streamed fraction given (0..1 or a/b; "
                  "'model' for the model's own choice), in this one process, and print a table")
       ->delimiter(',');
+  app.add_option("--save-state", a.save_state,
+                 "after the last iteration, write the whole optimizer state (fp32 master, exp_avg, exp_avg_sq, step "
+                 "per subgroup) to this folder (safetensors + index.json; the previous checkpoint stays intact until "
+                 "the new one is complete)");
+  app.add_option("--resume", a.resume,
+                 "start from the checkpoint in this folder (same model, --shard, --subgroup-size, --dtype and --seed): "
+                 "the run continues exactly as if it had not stopped");
   app.add_flag("--recalibrate", a.recalibrate,
                "with --policy dos or static:R: measure the model's rates again instead of reading the cached ones");
   try {

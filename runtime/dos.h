@@ -190,6 +190,16 @@ class Optimizer {
   void read_exp_avg(float* out) const;
   void read_exp_avg_sq(float* out) const;
 
+  /// Step count of every subgroup, in subgroup order.
+  std::vector<std::int64_t> step_counts() const;
+  /// Replaces the whole optimizer state (a checkpoint being resumed): master, exp_avg, exp_avg_sq
+  /// (num_params() floats each, host memory, flat order) and each subgroup's step count; then
+  /// writes the master parameters, rounded to the caller's dtype, into the caller's parameter
+  /// buffers, so that training continues exactly where the checkpoint was taken.
+  /// Throws Error when steps has not num_subgroups() entries or a step count is negative.
+  void load_state(const float* master, const float* exp_avg, const float* exp_avg_sq,
+                  const std::vector<std::int64_t>& steps);
+
   /// Forces (or, with PlanOverride::none, releases) the plan of the `dos` (or `static:R`) policy
   /// from the next step(). Throws Error for another policy or a value out of range.
   void set_plan_override(const PlanOverride& o);

@@ -660,6 +660,51 @@ StepStats Optimizer::step() {
   return st;
 }
 
+std::vector<std::int64_t> Optimizer::step_counts() const {
+  std::vector<std::int64_t> out;
+  for (const auto& sg : impl_->sgs) out.push_back(sg->step);
+  return out;
+}
+
+void Optimizer::load_state(const float* master, const float* exp_avg, const float* exp_avg_sq,
+                           const std::vector<std::int64_t>& steps) {
+  Impl& I = *impl_;
+  if (steps.size() != I.sgs.size())
+    throw Error("the state to load has " + std::to_string(steps.size()) + " subgroup step counts; this optimizer has " +
+                std::to_string(I.sgs.size()) + " subgroups");
+  for (std::int64_t st : steps)
+    if (st < 0) throw Error("a subgroup step count in the state to load is negative (" + std::to_string(st) + ")");
+  starpu_task_wait_for_all();
+  for (std::size_t i = 0; i < I.sgs.size(); ++i) {
+    Subgroup* sg = I.sgs[i].get();
+    const std::pair<starpu_data_handle_t, std::pair<HostBuffer*, const float*>> parts[] = {
+        {sg->h_master, {&sg->master, master}}, {sg->h_exp_avg, {&sg->exp_avg, exp_avg}},
+        {sg->h_exp_avg_sq, {&sg->exp_avg_sq, exp_avg_sq}}};
+    for (const auto& part : parts) {
+      starpu_data_acquire(part.first, STARPU_W);  // host copy only: any device copy is invalidated
+      std::memcpy(part.second.first->ptr, part.second.second + sg->begin, sg->size * sizeof(float));
+      starpu_data_release(part.first);
+    }
+    sg->step = steps[i];
+  }
+  // the caller's parameters: the loaded master rounded to their dtype, written where they live
+  for (auto& sg : I.sgs) {
+    struct starpu_task* c = I.make_task(&cast_cl, &sg->adam, &sg->hint_io, I.where_caller);
+    c->handles[0] = sg->h_master;
+    c->handles[1] = sg->h_param16;
+    submit(c, "parameter cast");
+    struct starpu_task* s = I.make_task(&scatter_cl, &sg->scatter, &sg->hint_io, I.where_caller);
+    s->handles[0] = sg->h_param16;
+    submit(s, "parameter write-back");
+    starpu_data_invalidate_submit(sg->h_param16);
+  }
+  starpu_task_wait_for_all();
+  for (auto& sg : I.sgs) {  // the state lives in host memory only, as after a step
+    starpu_data_acquire(sg->h_master, STARPU_RW);
+    starpu_data_release(sg->h_master);
+  }
+}
+
 void Optimizer::set_plan_override(const PlanOverride& o) {
   if (impl_->choice.kind != PolicyKind::dos && impl_->choice.kind != PolicyKind::static_ratio)
     throw Error("a forced plan (--k, --gpu-fraction) needs --policy dos");

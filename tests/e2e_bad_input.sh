@@ -54,6 +54,12 @@ expect "empty" --config ""
 expect "same file" --report "$tmp/same" --save-params "$tmp/same"
 expect "not a regular file" --report "$tmp/fifo"
 expect "cpu-threads" --cpu-threads -2
+expect "index.json does not exist" --resume "$tmp/no-such-checkpoint"
+expect "not a folder" --save-state "$tmp/bert.json"
+"$train" --preset tiny --iterations 1 --quiet --save-state "$tmp/ck" >/dev/null 2>&1
+expect "resume with the same model" --preset gpt2-124m --resume "$tmp/ck"
+expect "resume with the same model" --resume "$tmp/ck" --seed 5
+rm -rf "$tmp/ck"
 expect "beta1" --beta1 1.5
 out=$("$train" --preset tiny --iterations 1 --quiet --save-params /nonexistent-dir/p.safetensors 2>&1)
 if [ $? -ne 0 ] && grep -q "does not exist" <<<"$out"; then echo "ok: unwritable --save-params -> $out"

@@ -2,12 +2,12 @@
 # dos-train end to end: the saved fp32 master parameters of the same model and seed must be
 # bit-identical under the cpu policy and StarPU's dmda (both update on the CPU here), and, where a
 # GPU exists, within a relative 1e-6 of each other under cpu and gpu (see README, "Tolerance").
-#   e2e_policies.sh DOS_TRAIN ST_COMPARE cpu-dmda|cpu-gpu|cpu-dos|shards
+#   e2e_policies.sh DOS_TRAIN ST_COMPARE cpu-dmda|cpu-gpu|cpu-dos|shards|resume
 set -u
 train=$1 cmp=$2 mode=$3
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-common=(--preset tiny --iterations 3 --subgroup-size 10007 --seed 7 --quiet)
+common=(--preset tiny --iterations 3 --subgroup-size 10007 --seed 7 --quiet)  # a later --iterations wins
 run() { "$train" "${common[@]}" "$@" || { echo "dos-train $* failed"; exit 1; }; }
 case "$mode" in
   cpu-dmda)
@@ -22,6 +22,15 @@ case "$mode" in
     run --policy cpu --save-params "$tmp/full.safetensors"
     for r in 0 1 2; do run --policy cpu --shard $r/3 --save-params "$tmp/s$r.safetensors"; done
     python3 "$(dirname "$0")/shard_check.py" "$tmp/full.safetensors" "$tmp"/s0.safetensors "$tmp"/s1.safetensors "$tmp"/s2.safetensors ;;
+  resume)
+    # 4 iterations in one go, and 2 + a resume from the checkpoint for 2 more: the same bits
+    # (fp16 parameters, so that the caller's 16-bit copy restored from the master matters)
+    run --policy cpu --dtype fp16 --iterations 4 --save-params "$tmp/once.safetensors"
+    run --policy cpu --dtype fp16 --iterations 2 --save-state "$tmp/ckpt"
+    run --policy cpu --dtype fp16 --iterations 1 --resume "$tmp/ckpt" --save-state "$tmp/ckpt"
+    run --policy dmda --dtype fp16 --iterations 1 --resume "$tmp/ckpt" --save-params "$tmp/resumed.safetensors"
+    ls "$tmp" | grep -qE "ckpt\.(tmp|old)" && { echo "a temporary checkpoint folder was left behind"; exit 1; }
+    "$cmp" "$tmp/once.safetensors" "$tmp/resumed.safetensors" ;;
   cpu-dos)
     # on a machine without a GPU, dos and static:R say so and update everything on the CPU; with a
     # GPU their plans mix sides: within the same tolerance as cpu-gpu

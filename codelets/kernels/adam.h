@@ -71,6 +71,9 @@ void adam_step_cpu(float* master, float* exp_avg, float* exp_avg_sq, const void*
 /// Converts n elements of type src_dtype to fp32 on the CPU (OpenMP-parallel).
 void convert_to_f32_cpu(const void* src, DType src_dtype, float* dst, std::size_t n);
 
+/// Converts n fp32 elements to type dst_dtype on the CPU, rounding to nearest even (OpenMP-parallel).
+void convert_from_f32_cpu(const float* src, void* dst, DType dst_dtype, std::size_t n);
+
 /// The instruction set the CPU's fp16 conversions use: "avx512f", "f16c" or "scalar" (chosen once
 /// from what the processor has; DOS_F16_ISA=scalar|f16c|avx512f in the environment picks one of
 /// those the processor has, for tests).
@@ -82,6 +85,7 @@ const char* f16_conversion_isa();
 int adam_step_cuda(float* master, float* exp_avg, float* exp_avg_sq, const void* grad, DType grad_dtype,
                    void* param_out, DType param_dtype, std::size_t n, const AdamStepParams& sp, void* stream);
 int convert_to_f32_cuda(const void* src, DType src_dtype, float* dst, std::size_t n, void* stream);
+int convert_from_f32_cuda(const float* src, void* dst, DType dst_dtype, std::size_t n, void* stream);
 
 /// Times the CUDA kernels above on n elements of scratch device memory (zeroed; gradients and the
 /// parameter copy of type `dtype`), best of 3 runs each, with CUDA events: Adam in *adam_seconds,

@@ -218,6 +218,31 @@ void convert_to_f32_cpu(const void* src, DType src_dtype, float* dst, std::size_
   }
 }
 
+namespace {
+#define DOS_STORE_VARIANT(NAME, D)                                                  \
+  DOS_CLONES void NAME(const float* __restrict src, void* __restrict dst, std::size_t n) { \
+    for (std::size_t i = 0; i < n; ++i) store_from_f32(dst, D, i, src[i]);         \
+  }
+DOS_STORE_VARIANT(store_bf16, DType::bf16)
+DOS_STORE_VARIANT(store_f32, DType::fp32)
+#undef DOS_STORE_VARIANT
+}  // namespace
+
+void convert_from_f32_cpu(const float* src, void* dst, DType dst_dtype, std::size_t n) {
+  const F16Converters& cv = f16_converters();
+  const std::size_t dsz = dtype_size(dst_dtype);
+  const std::size_t nchunks = (n + kChunk - 1) / kChunk;
+#pragma omp parallel for schedule(static) if (nchunks > 1)
+  for (std::size_t c = 0; c < nchunks; ++c) {
+    const std::size_t off = c * kChunk;
+    const std::size_t len = off + kChunk <= n ? kChunk : n - off;
+    void* d = static_cast<char*>(dst) + off * dsz;
+    if (dst_dtype == DType::fp16) cv.to_f16(src + off, static_cast<std::uint16_t*>(d), len);
+    else if (dst_dtype == DType::bf16) store_bf16(src + off, d, len);
+    else store_f32(src + off, d, len);
+  }
+}
+
 const char* f16_conversion_isa() { return f16_converters().isa; }
 
 }  // namespace dos

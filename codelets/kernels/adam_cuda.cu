@@ -36,6 +36,13 @@ __global__ void convert_kernel(const void* __restrict__ src, float* __restrict__
     dst[i] = load_as_f32(src, S, i);
 }
 
+template <DType D>
+__global__ void store_kernel(const float* __restrict__ src, void* __restrict__ dst, std::size_t n) {
+  const std::size_t stride = std::size_t(gridDim.x) * blockDim.x;
+  for (std::size_t i = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
+    store_from_f32(dst, D, i, src[i]);
+}
+
 constexpr int kThreads = 256;
 
 unsigned grid_for(std::size_t n) {
@@ -82,6 +89,17 @@ int convert_to_f32_cuda(const void* src, DType src_dtype, float* dst, std::size_
     case DType::fp32: convert_kernel<DType::fp32><<<grid_for(n), kThreads, 0, s>>>(src, dst, n); break;
     case DType::fp16: convert_kernel<DType::fp16><<<grid_for(n), kThreads, 0, s>>>(src, dst, n); break;
     case DType::bf16: convert_kernel<DType::bf16><<<grid_for(n), kThreads, 0, s>>>(src, dst, n); break;
+  }
+  return int(cudaGetLastError());
+}
+
+int convert_from_f32_cuda(const float* src, void* dst, DType dst_dtype, std::size_t n, void* stream) {
+  if (n == 0) return 0;
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  switch (dst_dtype) {
+    case DType::fp32: store_kernel<DType::fp32><<<grid_for(n), kThreads, 0, s>>>(src, dst, n); break;
+    case DType::fp16: store_kernel<DType::fp16><<<grid_for(n), kThreads, 0, s>>>(src, dst, n); break;
+    case DType::bf16: store_kernel<DType::bf16><<<grid_for(n), kThreads, 0, s>>>(src, dst, n); break;
   }
   return int(cudaGetLastError());
 }

@@ -1,0 +1,48 @@
+// Checkpoints of the optimizer state: a folder with index.json and one safetensors file per rank,
+// written so that a crash mid-save leaves the previous checkpoint usable.
+//
+//   DIR/index.json                        format, model, parameter counts, ranks, subgroup size,
+//                                         dtype, iterations done, seed
+//   DIR/rank-RRRRR-of-WWWWW.safetensors   master, exp_avg, exp_avg_sq (F32, this rank's flat
+//                                         parameters), step (I64, one per subgroup),
+//                                         subgroup_sizes (I64)
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "dos.h"
+
+namespace dos {
+
+/// What a checkpoint records besides the state. On resume, every field but `iteration` must equal
+/// the running job's. model: a name (preset or config path); params_total: parameters of the whole
+/// model; begin, end: this rank's flat element range; rank, world: data-parallel position;
+/// subgroup_size: elements; dtype: "fp32", "fp16" or "bf16"; iteration: iterations done when
+/// saved; seed: the run's seed.
+struct CheckpointInfo {
+  std::string model;
+  std::size_t params_total = 0, begin = 0, end = 0, rank = 0, world = 1, subgroup_size = 0;
+  std::string dtype;
+  std::int64_t iteration = 0;
+  std::uint64_t seed = 0;
+};
+
+/// Throws Error, before any work, when a checkpoint cannot be written at `dir` (its parent folder is
+/// missing or not writable, or `dir` exists and is not a folder).
+void check_checkpoint_dir(const std::string& dir);
+
+/// Writes `opt`'s whole state (master, exp_avg, exp_avg_sq, step counts) and `info` to `dir`:
+/// everything goes to a new folder next to it, which replaces `dir` only once complete (the
+/// previous checkpoint is renamed aside and removed after). Throws Error naming the path and the
+/// system error on failure; the previous checkpoint is then left in place.
+void save_checkpoint(const std::string& dir, const Optimizer& opt, const CheckpointInfo& info);
+
+/// Reads the checkpoint in `dir` into `opt` (Optimizer::load_state) after checking that it belongs
+/// to the same job as `expect` (every field but iteration). Returns the checkpoint's info.
+/// Throws Error, changing nothing, when the folder or a file is missing or malformed, or the
+/// checkpoint is of another model, shard, subgroup size, dtype or seed (the message names both sides).
+CheckpointInfo load_checkpoint(const std::string& dir, Optimizer& opt, const CheckpointInfo& expect);
+
+}  // namespace dos

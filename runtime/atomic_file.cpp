@@ -60,13 +60,18 @@ void PendingFile::commit() {
 
 void write_file_atomically(const std::string& path, const Chunks& chunks) { PendingFile(path, chunks).commit(); }
 
-void check_writable(const std::string& path) {
+void check_parent_writable(const std::string& path, const std::string& what) {
   const std::string dir = folder_of(path);
   struct stat st;
   if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
-    throw std::runtime_error("cannot write " + path + ": folder " + dir + " does not exist");
+    throw std::runtime_error("cannot write " + what + ": folder " + dir + " does not exist");
   if (::access(dir.c_str(), W_OK) != 0)
-    throw std::runtime_error("cannot write " + path + ": folder " + dir + " is not writable");
+    throw std::runtime_error("cannot write " + what + ": folder " + dir + " is not writable");
+}
+
+void check_writable(const std::string& path) {
+  check_parent_writable(path, path);
+  struct stat st;
   if (::lstat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode))
     throw std::runtime_error("will not write " + path + ": it exists and is not a regular file (a folder, device, "
                              "FIFO or symbolic link); give the path of a regular file");

@@ -1,11 +1,11 @@
 // Calibration of the resource model's rates with the real codelets and task graph (see
 // calibrate_rates in dos.h), and its cache.
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -24,11 +24,6 @@ std::string cache_dir() {
   if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) return std::string(x) + "/dos-runtime";
   const char* home = std::getenv("HOME");
   return std::string(home && *home ? home : "/tmp") + "/.cache/dos-runtime";
-}
-
-void make_dirs(const std::string& path) {
-  for (std::size_t i = 1; i <= path.size(); ++i)
-    if (i == path.size() || path[i] == '/') ::mkdir(path.substr(0, i).c_str(), 0755);
 }
 
 nlohmann::json to_json(const Rates& r) {
@@ -83,7 +78,7 @@ std::string rates_cache_path(const Runtime& runtime, std::size_t S, DType dtype,
 }
 
 void save_rates(const std::string& path, const Rates& r) {
-  make_dirs(path.substr(0, path.rfind('/')));
+  std::filesystem::create_directories(path.substr(0, path.rfind('/')));  // throws on failure
   const std::string text = to_json(r).dump(2) + "\n";
   write_file_atomically(path, {{text.data(), text.size()}});
 }

@@ -42,13 +42,12 @@ std::string describe(const CheckpointInfo& i) {
 
 void check_checkpoint_dir(const std::string& dir) {
   if (dir.empty()) throw Error("the checkpoint folder name is empty");
-  const std::filesystem::path p(dir);
-  const std::filesystem::path parent = p.has_parent_path() ? p.parent_path() : std::filesystem::path(".");
+  try {
+    check_parent_writable(dir, "the checkpoint " + dir);
+  } catch (const std::runtime_error& e) {
+    throw Error(e.what());
+  }
   struct stat st;
-  if (::stat(parent.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
-    throw Error("cannot write the checkpoint " + dir + ": folder " + parent.string() + " does not exist");
-  if (::access(parent.c_str(), W_OK) != 0)
-    throw Error("cannot write the checkpoint " + dir + ": folder " + parent.string() + " is not writable");
   if (::lstat(dir.c_str(), &st) == 0 && !S_ISDIR(st.st_mode))
     throw Error("cannot write the checkpoint " + dir + ": it exists and is not a folder");
 }

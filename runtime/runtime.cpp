@@ -441,6 +441,15 @@ struct Optimizer::Impl {
     return t;
   }
 
+  /// After a write of the master parameters on the device side: the state lives in host memory
+  /// only, as after a step (a read-write acquire on main RAM invalidates any device copy).
+  void keep_master_on_host_only() {
+    for (auto& sg : sgs) {
+      starpu_data_acquire(sg->h_master, STARPU_RW);
+      starpu_data_release(sg->h_master);
+    }
+  }
+
   void read_state(float* out, HostBuffer Subgroup::*buf, starpu_data_handle_t Subgroup::*h) const {
     for (const auto& sg : sgs) {
       starpu_data_acquire(sg.get()->*h, STARPU_R);  // waits for the tasks writing it, fetches it home
@@ -532,10 +541,7 @@ Optimizer::Optimizer(Runtime& runtime, const std::vector<TensorView>& tensors, c
     submit(t, "master-parameter initialisation");
   }
   starpu_task_wait_for_all();
-  for (auto& sg : I.sgs) {  // bring them home; a write access invalidates any device copy
-    starpu_data_acquire(sg->h_master, STARPU_RW);
-    starpu_data_release(sg->h_master);
-  }
+  I.keep_master_on_host_only();
   if (runtime.model_policy() && runtime.cuda_workers() > 0) {
     const Rates& r = options.rates;
     if (rates_complete(r)) {
@@ -611,7 +617,8 @@ StepStats Optimizer::step() {
     struct starpu_task* s = I.make_task(&scatter_cl, &sg->scatter, &sg->hint_io, I.where_caller);
     s->handles[0] = sg->h_param16;
     submit(s, "parameter write-back");
-    starpu_data_invalidate_submit(sg->h_grad32);
+    starpu_data_invalidate_submit(sg->h_grad32);  // both staging buffers are dropped once used
+    starpu_data_invalidate_submit(sg->h_param16);
   }
   } catch (const Error& e) {
     fail(e.what());
@@ -638,8 +645,6 @@ StepStats Optimizer::step() {
   }
   pending.wait();  // every callback has run: nothing refers to `pending` any more
   if (refused) fail("StarPU refused to write " + std::to_string(refused) + " state buffer(s) back to host memory");
-  starpu_task_wait_for_all();
-  for (auto& sg : I.sgs) starpu_data_invalidate_submit(sg->h_param16);
   starpu_task_wait_for_all();
 
   st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -699,10 +704,7 @@ void Optimizer::load_state(const float* master, const float* exp_avg, const floa
     starpu_data_invalidate_submit(sg->h_param16);
   }
   starpu_task_wait_for_all();
-  for (auto& sg : I.sgs) {  // the state lives in host memory only, as after a step
-    starpu_data_acquire(sg->h_master, STARPU_RW);
-    starpu_data_release(sg->h_master);
-  }
+  I.keep_master_on_host_only();
 }
 
 void Optimizer::set_plan_override(const PlanOverride& o) {

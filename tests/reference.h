@@ -26,6 +26,12 @@ inline void adam_step(double& p, double& m, double& v, double g, const Hyper& h,
   p -= h.lr * mhat / (std::sqrt(vhat) + h.eps);
 }
 
+/// The distance from |x| to the next larger float: one unit in the last place.
+inline float ulp(float x) {
+  x = std::fabs(x);
+  return std::nextafter(x, INFINITY) - x;
+}
+
 inline float f16_bits_to_float(uint16_t b) {
   _Float16 h;
   std::memcpy(&h, &b, 2);

@@ -14,10 +14,6 @@ using dos::DType;
 
 namespace {
 
-float ulp(float x) {
-  x = std::fabs(x);
-  return std::nextafter(x, INFINITY) - x;
-}
 
 // Every fp16 bit pattern decodes exactly like _Float16.
 void test_f16_decode_exhaustive(void**) {
@@ -91,10 +87,10 @@ void check_step(const Case& c, const ref::Hyper& h, const std::vector<float>& p,
 // state (so rounding does not compound across steps and each step's arithmetic is checked on its
 // own, with the bias corrections of its step count t), computes the step in double, and the
 // kernel's result must be within, per element:
-//   |m - m_ref| <= 4 ulp(M),  M = beta1 |m| + (1 - beta1)(|g| + |wd p|)   (m may cancel to ~0)
-//   |v - v_ref| <= 4 ulp(V),  V = beta2 v + (1 - beta2)(|g| + |wd p|)^2
-//   |p - p_ref| <= 2 ulp(p_ref) + lr * (1e-5 + 4 r)
-//       r = ulp(|g| + |wd p|) / |g + wd p|: the relative rounding error of the fp32 gradient of
+//   |m - m_ref| <= 4 ref::ulp(M),  M = beta1 |m| + (1 - beta1)(|g| + |wd p|)   (m may cancel to ~0)
+//   |v - v_ref| <= 4 ref::ulp(V),  V = beta2 v + (1 - beta2)(|g| + |wd p|)^2
+//   |p - p_ref| <= 2 ref::ulp(p_ref) + lr * (1e-5 + 4 r)
+//       r = ref::ulp(|g| + |wd p|) / |g + wd p|: the relative rounding error of the fp32 gradient of
 //       Adam's coupled L2 (0 for AdamW, whose gradient is exact), which the update inherits.
 // and the 16-bit parameter copy must be the master rounded to nearest even, exactly.
 void run_case(const Case& c, int steps) {
@@ -142,7 +138,7 @@ void run_case(const Case& c, int steps) {
                                                : ref::bf16_bits_to_float(g16[i]);
       const double l2 = c.decoupled ? 0.0 : std::fabs(h.weight_decay * pr[i]);
       const double terms = std::fabs(g) + l2;
-      grel[i] = c.decoupled ? 0.0 : ulp(float(terms)) / std::max(std::fabs(g + h.weight_decay * pr[i]), 1e-30);
+      grel[i] = c.decoupled ? 0.0 : ref::ulp(float(terms)) / std::max(std::fabs(g + h.weight_decay * pr[i]), 1e-30);
       mabs[i] = h.beta1 * std::fabs(mr[i]) + (1.0 - h.beta1) * terms;
       vabs[i] = h.beta2 * vr[i] + (1.0 - h.beta2) * terms * terms;
       ref::adam_step(pr[i], mr[i], vr[i], g, h, t);
@@ -164,9 +160,9 @@ void check_step(const Case& c, const ref::Hyper& h, const std::vector<float>& p,
                 double* worst_p, double* worst_m, double* worst_v) {
   const bool out_is_32 = c.param == DType::fp32;
   for (size_t i = 0; i < c.n; ++i) {
-    const double ep = std::fabs(p[i] - pr[i]) / (2 * ulp(float(pr[i])) + h.lr * (1e-5 + 4 * grel[i]));
-    const double em = std::fabs(m[i] - mr[i]) / (4 * ulp(float(mabs[i])));
-    const double ev = std::fabs(v[i] - vr[i]) / (4 * ulp(float(vabs[i])));
+    const double ep = std::fabs(p[i] - pr[i]) / (2 * ref::ulp(float(pr[i])) + h.lr * (1e-5 + 4 * grel[i]));
+    const double em = std::fabs(m[i] - mr[i]) / (4 * ref::ulp(float(mabs[i])));
+    const double ev = std::fabs(v[i] - vr[i]) / (4 * ref::ulp(float(vabs[i])));
     *worst_p = std::max(*worst_p, ep);
     *worst_m = std::max(*worst_m, em);
     *worst_v = std::max(*worst_v, ev);

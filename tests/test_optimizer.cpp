@@ -45,10 +45,6 @@ void encode(std::vector<uint16_t>& b16, std::vector<float>& b32, size_t i, float
     b16[i] = uint16_t(u >> 16);
   }
 }
-float ulp(float x) {
-  x = std::fabs(x);
-  return std::nextafter(x, INFINITY) - x;
-}
 
 /// Caller-side buffers: one flat allocation per kind (host or device), tensors are views into it.
 struct CallerBuffers {
@@ -188,14 +184,14 @@ void test_adamw_against_reference(void**) {
   double worst = 0;
   for (size_t i = 0; i < n; ++i) {
     // rounding of p, m, v per step (see test_kernels.cpp); Adam's coupled L2 gradient g + wd p is
-    // rounded too: its relative error is at most ulp(|g| + |wd p|) / |g + wd p|, which the
+    // rounded too: its relative error is at most ref::ulp(|g| + |wd p|) / |g + wd p|, which the
     // multi-step trajectory carries into p; the gradients here are at least 1e-5 away from
     // cancelling it for all but a few elements, so 1e-4 lr per step covers it (an error in the
     // formula, such as Adam run as AdamW, is of the order of wd * lr = 1e-4 lr per step, 10x more).
-    const double bound = kSteps * (2 * ulp(float(pr[i])) + (g_decoupled ? 1e-5 : 1e-4) * h.lr);
+    const double bound = kSteps * (2 * ref::ulp(float(pr[i])) + (g_decoupled ? 1e-5 : 1e-4) * h.lr);
     worst = std::max(worst, std::fabs(master[i] - pr[i]) / bound);
-    assert_true(std::fabs(m[i] - mr[i]) <= kSteps * 4 * ulp(float(std::fabs(mr[i]) + 0.02)));
-    assert_true(std::fabs(v[i] - vr[i]) <= kSteps * 4 * ulp(float(vr[i])) + 1e-12);
+    assert_true(std::fabs(m[i] - mr[i]) <= kSteps * 4 * ref::ulp(float(std::fabs(mr[i]) + 0.02)));
+    assert_true(std::fabs(v[i] - vr[i]) <= kSteps * 4 * ref::ulp(float(vr[i])) + 1e-12);
     // the caller's parameters: the master rounded to the caller's dtype, exactly
     std::vector<uint16_t> w16(1);
     std::vector<float> w32(1);

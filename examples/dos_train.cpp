@@ -264,8 +264,8 @@ int run(const Args& a) {
   }
 
   // ---- iterations ------------------------------------------------------------------------------
-  if (rt.policy().rfind("static:", 0) == 0 && rt.cuda_workers() > 0) {
-    const double R = std::strtod(rt.policy().c_str() + 7, nullptr);
+  if (rt.static_cpu_share() >= 0 && rt.cuda_workers() > 0) {
+    const double R = rt.static_cpu_share();  // as parse_policy read it
     const auto plan = dos::static_plan(opt.num_subgroups(), R);
     std::size_t ncpu = 0, pcpu = 0;
     for (std::size_t i = 0; i < plan.size(); ++i)

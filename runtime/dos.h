@@ -81,6 +81,8 @@ class Runtime {
   const std::string& policy() const { return policy_; }
   /// True for the policies that plan with the resource model (dos, static:R).
   bool model_policy() const;
+  /// For static:R, the CPU share R in [0, 1]; -1 for every other policy.
+  double static_cpu_share() const;
   unsigned cpu_workers() const;
   unsigned cuda_workers() const;
   int cpu_threads() const { return cpu_threads_; }

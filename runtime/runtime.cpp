@@ -175,6 +175,9 @@ std::string Runtime::running_policy() const {
 bool Runtime::model_policy() const {
   return impl_->choice.kind == PolicyKind::dos || impl_->choice.kind == PolicyKind::static_ratio;
 }
+double Runtime::static_cpu_share() const {
+  return impl_->choice.kind == PolicyKind::static_ratio ? impl_->choice.cpu_share : -1.0;
+}
 unsigned Runtime::cpu_workers() const { return starpu_cpu_worker_get_count(); }
 unsigned Runtime::cuda_workers() const { return starpu_cuda_worker_get_count(); }
 

@@ -202,6 +202,12 @@ class Optimizer {
   void load_state(const float* master, const float* exp_avg, const float* exp_avg_sq,
                   const std::vector<std::int64_t>& steps);
 
+  /// Replaces the hyper-parameters from the next step() on (a learning-rate schedule; the binding
+  /// passes torch's param_groups here). Throws Error, changing nothing, when validate_adam_hyper does.
+  void set_hyper(const AdamHyper& h);
+  /// The hyper-parameters the next step() uses.
+  const AdamHyper& hyper() const;
+
   /// Forces (or, with PlanOverride::none, releases) the plan of the `dos` (or `static:R`) policy
   /// from the next step(). Throws Error for another policy or a value out of range.
   void set_plan_override(const PlanOverride& o);

@@ -719,6 +719,11 @@ void Optimizer::set_plan_override(const PlanOverride& o) {
     throw Error("the stride k must be a whole number >= 1, got " + std::to_string(o.value));
   impl_->override_ = o;
 }
+void Optimizer::set_hyper(const AdamHyper& h) {
+  validate_adam_hyper(h);
+  impl_->opt.adam = h;  // step() derives each subgroup's constants from it
+}
+const AdamHyper& Optimizer::hyper() const { return impl_->opt.adam; }
 const Rates& Optimizer::rates() const { return impl_->rates; }
 const Workload& Optimizer::workload() const { return impl_->workload; }
 

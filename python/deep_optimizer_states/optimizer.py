@@ -1,0 +1,612 @@
+"""``DeepOptimizerStates``: a ``torch.optim.Optimizer`` whose update phase runs on the runtime.
+
+The model's parameters and gradients stay ordinary torch tensors (fp32, fp16 or bf16; in host
+memory or on CUDA device 0); the runtime reads and writes them by pointer. The optimizer state
+(fp32 master parameters, ``exp_avg``, ``exp_avg_sq``, a step count per subgroup) lives in the
+runtime's pinned host memory, cut into subgroups of ``subgroup_size`` elements that the scheduling
+policy updates on the CPU or streams through the GPU (Deep Optimizer States, arXiv 2410.21316).
+
+The update is Adam (``decoupled=False``, L2 penalty added to the gradient, as ``torch.optim.Adam``)
+or AdamW (``decoupled=True``, decoupled weight decay, as ``torch.optim.AdamW``), with the formulas
+and the order of fp32 operations of PyTorch's documented algorithm (the "Algorithm" boxes of the
+``torch.optim.Adam`` and ``torch.optim.AdamW`` documentation; ``codelets/kernels/adam.h``)::
+
+    g_t = grad                                  (Adam: g_t += weight_decay * p_{t-1})
+    p   = p_{t-1} * (1 - lr * weight_decay)     (AdamW only)
+    m_t = beta1 * m_{t-1} + (1 - beta1) * g_t
+    v_t = beta2 * v_{t-1} + (1 - beta2) * g_t^2
+    p_t = p - lr / (1 - beta1^t) * m_t / (sqrt(v_t) / sqrt(1 - beta2^t) + eps)
+
+applied to the fp32 master parameters; the caller's parameters receive p_t rounded to their dtype
+(round to nearest even). ``t`` is each subgroup's own step count. ``amsgrad``, ``maximize``,
+``capturable``, ``differentiable`` and ``fused`` are not supported.
+"""
+
+import ctypes
+import math
+import time
+
+import torch
+
+from . import _capi
+from . import runtime as _rt
+
+#: The ``format`` tag of :meth:`DeepOptimizerStates.state_dict`'s ``"dos"`` section.
+STATE_FORMAT = "deep_optimizer_states/1"
+
+_DTYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+_UNSUPPORTED = ("amsgrad", "maximize", "capturable", "differentiable", "fused")
+
+
+def _describe(index, p):
+    return f"parameter {index} (shape {tuple(p.shape)}, {p.dtype}, {p.device})"
+
+
+class _Bucket:
+    """The parameters of one param group with one dtype and one device: one runtime optimizer."""
+
+    def __init__(self, group_index, dtype, device):
+        self.group_index = group_index
+        self.dtype = dtype
+        self.device = device
+        self.params = []    # the torch Parameters, in group order
+        self.indices = []   # their indices in state_dict numbering
+        self.shapes = []
+        self.numels = []
+        self.ptrs = []      # data_ptr() of each parameter at creation
+        self.flat_grad = None
+        self.views = []     # views of flat_grad shaped like each parameter
+        self.handle = None  # ctypes.c_void_p of the C optimizer
+        self.hyper = None   # the hyper-parameters the runtime holds now
+        self.subgroup_sizes = []
+
+    @property
+    def num_params(self):
+        return sum(self.numels)
+
+    def describe(self):
+        return f"group {self.group_index}, {self.dtype} on {self.device.type}"
+
+
+class DeepOptimizerStates(torch.optim.Optimizer):
+    """Adam/AdamW with the optimizer state offloaded to pinned host memory and each subgroup's update
+    placed on the CPU or streamed through the GPU by the runtime's scheduling policy.
+
+    Arguments:
+      params (iterable): tensors or param-group dicts, as for any ``torch.optim.Optimizer``. Every
+        parameter must require gradients, be a dense contiguous leaf tensor of dtype
+        ``torch.float32``, ``torch.float16`` or ``torch.bfloat16``, in host memory or on CUDA device
+        0, and appear once. Each (group, dtype, device) combination becomes one runtime optimizer
+        ("bucket"), stepped one after the other.
+      lr (float): learning rate (>= 0). Changing ``param_groups[i]["lr"]`` (an LR scheduler) takes
+        effect at the next :meth:`step`; so do betas, eps, weight_decay and decoupled.
+      betas (tuple of 2 floats): ``(beta1, beta2)``, each in [0, 1).
+      eps (float): added to the denominator (>= 0).
+      weight_decay (float or None): >= 0; None means 1e-2 for AdamW (``torch.optim.AdamW``'s
+        default) and 0 for Adam.
+      decoupled (bool): True for AdamW (decoupled weight decay), False for Adam (L2 penalty).
+      subgroup_size (int): elements per subgroup (>= 1), the runtime's unit of scheduling; the
+        parameters of a bucket are concatenated in order and cut into subgroups of this size.
+      policy (str or None): the runtime's scheduling policy, process-wide: ``"dos"`` (the default
+        when no runtime runs yet: the resource model places each subgroup), ``"cpu"``, ``"gpu"``,
+        ``"static:R"`` or a StarPU built-in (``"dmda"``...). See :func:`get_runtime`.
+      max_grad_norm (float or None): when set, every :meth:`step` clips the gradients so that their
+        global L2 norm over all parameters (every bucket, every device) is at most this, as
+        ``torch.nn.utils.clip_grad_norm_`` does (coefficient ``max_norm / (norm + 1e-6)``, applied
+        when below 1).
+      skip_nonfinite (bool): when True (default), a :meth:`step` whose gradients hold an inf or NaN
+        updates nothing (no step count advances), is counted in :attr:`skipped_steps` and reported
+        in :attr:`last_step`, as mixed-precision training with loss scaling needs.
+      cpu_threads, cpu_workers, ncuda, verbose: runtime options, see :func:`get_runtime`
+        (``verbose`` also prints the ``dos`` policy's calibration).
+
+    Raises ``ValueError`` for bad input (a parameter that does not require gradients, a sparse,
+    non-contiguous, duplicated or overlapping parameter, an unsupported dtype or device, a
+    hyper-parameter out of range, an unsupported option such as ``amsgrad=True``, a policy other
+    than the running runtime's), :class:`DosError` when the runtime fails (for example not enough
+    host memory for the state), ``OSError`` when ``libdos_c.so`` cannot be loaded.
+
+    Memory: the runtime holds 12 bytes of fp32 state per parameter plus 4 + 2 (or 4) bytes of
+    staging, in host memory; the optimizer also keeps one flat gradient buffer per bucket (the
+    parameters' dtype and device) and points each ``p.grad`` at a view of it, so that backward
+    accumulates into it and no copy is needed at :meth:`step`.
+
+    Notes: ``self.state`` stays empty (the state lives in the runtime; read it with
+    :meth:`state_dict`); groups cannot be added after construction.
+    """
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=None, decoupled=True,
+                 subgroup_size=100_000_000, policy=None, max_grad_norm=None, skip_nonfinite=True,
+                 cpu_threads=0, cpu_workers=0, ncuda=-1, verbose=False):
+        if weight_decay is None:
+            weight_decay = 1e-2 if decoupled else 0.0
+        defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, decoupled=bool(decoupled))
+        self._buckets = []
+        self._built = False
+        self._closed = False
+        self._broken = None
+        super().__init__(params, defaults)
+        if not isinstance(subgroup_size, int) or isinstance(subgroup_size, bool) or subgroup_size < 1:
+            raise ValueError(f"subgroup_size must be an integer >= 1 (elements), got {subgroup_size!r}")
+        if max_grad_norm is not None and not (float(max_grad_norm) > 0 and math.isfinite(float(max_grad_norm))):
+            raise ValueError(f"max_grad_norm must be a finite number > 0 or None, got {max_grad_norm!r}")
+        self.subgroup_size = subgroup_size
+        self.max_grad_norm = None if max_grad_norm is None else float(max_grad_norm)
+        self.skip_nonfinite = bool(skip_nonfinite)
+        #: Steps skipped because a gradient held an inf or NaN (int).
+        self.skipped_steps = 0
+        #: Update phases run (int; skipped steps not counted).
+        self.steps_taken = 0
+        #: What the last :meth:`step` did (dict, see :meth:`step`); None before the first.
+        self.last_step = None
+        hypers = [self._group_hyper(i, g) for i, g in enumerate(self.param_groups)]
+        self._build(hypers, policy, cpu_threads, cpu_workers, ncuda, verbose)
+
+    # ------------------------------------------------------------------------------------------
+    # construction
+
+    def add_param_group(self, param_group):
+        """Adds a param group during construction (``torch.optim.Optimizer``'s contract). After
+        construction it raises ``RuntimeError``: the runtime's state is laid out once; create a new
+        optimizer over all the groups instead."""
+        if getattr(self, "_built", False):
+            raise RuntimeError("DeepOptimizerStates cannot add a param group after construction: the runtime's "
+                               "state is laid out once; create a new optimizer over all the groups")
+        super().add_param_group(param_group)
+
+    @staticmethod
+    def _group_hyper(gi, group):
+        """Validates a group's hyper-parameters as torch.optim.AdamW does; returns them as the tuple
+        (lr, beta1, beta2, eps, weight_decay, decoupled). Raises ValueError naming the bad value."""
+        for k in _UNSUPPORTED:
+            if group.get(k):
+                raise ValueError(f"param group {gi}: {k}={group[k]!r} is not supported by DeepOptimizerStates")
+        try:
+            lr = float(group["lr"])
+            b1, b2 = (float(b) for b in group["betas"])
+            eps = float(group["eps"])
+            wd = float(group["weight_decay"])
+        except (TypeError, ValueError, KeyError) as e:
+            raise ValueError(f"param group {gi}: malformed hyper-parameters ({e})") from None
+        if not (lr >= 0 and math.isfinite(lr)):
+            raise ValueError(f"param group {gi}: invalid learning rate: {lr}")
+        if not (eps >= 0 and math.isfinite(eps)):
+            raise ValueError(f"param group {gi}: invalid epsilon value: {eps}")
+        if not 0.0 <= b1 < 1.0:
+            raise ValueError(f"param group {gi}: invalid beta parameter at index 0: {b1}")
+        if not 0.0 <= b2 < 1.0:
+            raise ValueError(f"param group {gi}: invalid beta parameter at index 1: {b2}")
+        if not (wd >= 0 and math.isfinite(wd)):
+            raise ValueError(f"param group {gi}: invalid weight_decay value: {wd}")
+        return (lr, b1, b2, eps, wd, bool(group.get("decoupled", True)))
+
+    def _build(self, hypers, policy, cpu_threads, cpu_workers, ncuda, verbose):
+        buckets = {}
+        seen = {}
+        index = 0
+        spans = []  # (device, start, end, index) to find overlapping storage
+        for gi, group in enumerate(self.param_groups):
+            for p in group["params"]:
+                what = _describe(index, p)
+                if id(p) in seen:
+                    raise ValueError(f"{what} appears more than once (also as parameter {seen[id(p)]}): each parameter "
+                                     "may be given once")
+                seen[id(p)] = index
+                if not p.requires_grad:
+                    raise ValueError(f"{what} does not require gradients: leave it out of the optimizer (or call "
+                                     "requires_grad_(True) before creating the optimizer)")
+                if p.layout != torch.strided:
+                    raise ValueError(f"{what} is sparse ({p.layout}): only dense parameters are supported")
+                if p.dtype not in _DTYPES:
+                    raise ValueError(f"{what}: dtype {p.dtype} is not supported (torch.float32, torch.float16 or "
+                                     "torch.bfloat16)")
+                if p.device.type not in ("cpu", "cuda") or (p.device.type == "cuda" and p.device.index != 0):
+                    raise ValueError(f"{what}: only host memory and CUDA device 0 are supported (set "
+                                     "CUDA_VISIBLE_DEVICES so that the GPU to use is device 0)")
+                if not p.is_contiguous():
+                    raise ValueError(f"{what} is not contiguous: the runtime reads parameters as flat arrays")
+                if p.numel() > 0:
+                    spans.append((p.device, p.data_ptr(), p.data_ptr() + p.numel() * p.element_size(), index))
+                key = (gi, p.dtype, p.device)
+                b = buckets.get(key)
+                if b is None:
+                    b = buckets[key] = _Bucket(gi, p.dtype, p.device)
+                b.params.append(p)
+                b.indices.append(index)
+                b.shapes.append(tuple(p.shape))
+                b.numels.append(p.numel())
+                b.ptrs.append(p.data_ptr())
+                index += 1
+        spans.sort(key=lambda s: (str(s[0]), s[1]))
+        for a, b in zip(spans, spans[1:]):
+            if a[0] == b[0] and b[1] < a[2]:
+                raise ValueError(f"parameters {a[3]} and {b[3]} share memory: each element may be updated once")
+        if index and all(n == 0 for bk in buckets.values() for n in bk.numels):
+            raise ValueError("every parameter given has 0 elements: nothing to optimize")
+
+        self.runtime = _rt.get_runtime(policy, cpu_threads, cpu_workers, ncuda, verbose)
+        L = _capi.lib()
+        try:
+            for b in buckets.values():
+                if b.num_params == 0:
+                    continue  # nothing to update (a group of empty tensors)
+                b.flat_grad = torch.zeros(b.num_params, dtype=b.dtype, device=b.device)
+                off = 0
+                for p, shape, n in zip(b.params, b.shapes, b.numels):
+                    v = b.flat_grad.narrow(0, off, n).view(shape)
+                    b.views.append(v)
+                    off += n
+                    if p.grad is not None and p.grad.layout == torch.strided and p.grad.shape == p.shape \
+                            and p.grad.dtype == p.dtype:
+                        v.copy_(p.grad)
+                    p.grad = v
+                nt = len(b.params)
+                params = (ctypes.c_void_p * nt)(*[p.data_ptr() for p in b.params])
+                grads = (ctypes.c_void_p * nt)(*[v.data_ptr() for v in b.views])
+                numels = (ctypes.c_size_t * nt)(*b.numels)
+                if b.device.type == "cuda":
+                    torch.cuda.synchronize(b.device)  # the runtime reads the parameters on its own streams
+                h = ctypes.c_void_p()
+                lr, b1, b2, eps, wd, dec = hypers[b.group_index]
+                _capi.check(
+                    L.dos_optimizer_create(self.runtime.handle, nt, params, grads, numels, _capi.DTYPE_CODES[_DTYPES[b.dtype]],
+                                           _capi.MEMORY_CUDA if b.device.type == "cuda" else _capi.MEMORY_HOST,
+                                           self.subgroup_size, lr, b1, b2, eps, wd, int(dec), int(bool(verbose)),
+                                           ctypes.byref(h)),
+                    f"creating the runtime optimizer for {b.describe()}",
+                )
+                b.handle = h
+                self._buckets.append(b)  # from here on close() frees it
+                b.hyper = hypers[b.group_index]
+                ns = L.dos_optimizer_num_subgroups(h)
+                sizes = (ctypes.c_size_t * ns)()
+                _capi.check(L.dos_optimizer_subgroup_sizes(h, sizes), "dos_optimizer_subgroup_sizes")
+                b.subgroup_sizes = list(sizes)
+        except BaseException:
+            self.close()
+            raise
+        self._built = True
+        _rt._register(self)
+
+    # ------------------------------------------------------------------------------------------
+    # stepping
+
+    def _check_open(self):
+        if self._closed:
+            raise RuntimeError("this DeepOptimizerStates was closed (close() or deep_optimizer_states.shutdown())")
+        if self._broken:
+            raise RuntimeError(f"a previous step failed ({self._broken}): the optimizer state may be inconsistent; "
+                               "create a new optimizer (and load a checkpoint)")
+
+    def _check_params(self):
+        """Raises (changing nothing) when a parameter or its gradient no longer fits the runtime's view."""
+        for b in self._buckets:
+            for i, p, shape, ptr in zip(b.indices, b.params, b.shapes, b.ptrs):
+                what = _describe(i, p)
+                if p.dtype != b.dtype:
+                    raise RuntimeError(f"{what} changed dtype from {b.dtype} to {p.dtype} since the optimizer was created "
+                                       "(model.to()/.half() afterwards?): create the optimizer after converting the "
+                                       "model. Nothing was updated")
+                if p.device != b.device or p.data_ptr() != ptr or tuple(p.shape) != shape:
+                    raise RuntimeError(f"{what} moved to other memory or changed shape since the optimizer was created "
+                                       f"(was {shape} on {b.device}): the runtime updates parameters in place by pointer; "
+                                       "create the optimizer after moving the model. Nothing was updated")
+                if not p.requires_grad:
+                    raise RuntimeError(f"{what} no longer requires gradients: the runtime updates every parameter it was "
+                                       "given; create a new optimizer without it. Nothing was updated")
+                g = p.grad
+                if g is None:
+                    raise RuntimeError(f"{what} has no gradient (.grad is None): every parameter given to "
+                                       "DeepOptimizerStates must receive a gradient before step() (leave unused "
+                                       "parameters out of the optimizer). Nothing was updated")
+                if g.layout != torch.strided or getattr(g, "is_sparse", False):
+                    raise RuntimeError(f"{what} has a sparse gradient ({g.layout}): DeepOptimizerStates needs dense "
+                                       "gradients (nn.Embedding(sparse=False)). Nothing was updated")
+                if g.dtype != p.dtype or g.device != p.device or g.shape != p.shape:
+                    raise RuntimeError(f"{what}: its gradient is {g.dtype} {tuple(g.shape)} on {g.device}, not like the "
+                                       "parameter. Nothing was updated")
+
+    @torch.no_grad()
+    def step(self, closure=None, grad_scale=None):
+        """Runs one update phase over every parameter.
+
+        Arguments:
+          closure (callable or None): re-evaluates the model and returns the loss (run with
+            gradients enabled before the update), as for any ``torch.optim.Optimizer``.
+          grad_scale (float or None): the loss scale the gradients carry (loss multiplied by it
+            before backward); the update uses ``grad / grad_scale`` (exact for powers of 2).
+
+        Every parameter must have a dense gradient of its own dtype. Before anything is updated, the
+        gradients are copied into the optimizer's flat buffers where they are not already there
+        (``p.grad`` then points at the buffer), their global L2 norm is computed over all
+        parameters (fp32 accumulation; fp64 when fp32 overflows) when ``max_grad_norm`` or
+        ``skip_nonfinite`` asks for it, and they are scaled in place by ``1 / grad_scale`` and the
+        clipping coefficient. With ``skip_nonfinite``, gradients holding an inf or NaN skip the
+        update (nothing changes, ``skipped_steps`` += 1). CUDA work of the caller is synchronised
+        first.
+
+        Returns the closure's loss (or None). Sets :attr:`last_step` to a dict: ``skipped`` (bool),
+        ``grad_norm`` (float, the unscaled norm before clipping; None when not computed),
+        ``clip_coef`` (float, 1.0 when not clipped), ``update_seconds`` (float, s: the runtime's
+        update phases, summed over buckets), ``step_seconds`` (float, s: the whole call),
+        ``stats`` (list of per-bucket :class:`StepStats` dicts).
+
+        Raises ``RuntimeError`` (nothing updated) when a parameter has no gradient, a sparse
+        gradient, changed dtype, device, storage or shape since construction, or no longer requires
+        gradients; ``ValueError`` for an invalid hyper-parameter in ``param_groups`` or
+        ``grad_scale``; :class:`DosError` when the runtime fails (the optimizer then refuses further
+        steps).
+        """
+        self._check_open()
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        t0 = time.perf_counter()
+        if grad_scale is not None:
+            grad_scale = float(grad_scale)
+            if not (grad_scale > 0 and math.isfinite(grad_scale)):
+                raise ValueError(f"grad_scale must be a finite number > 0, got {grad_scale}")
+        hypers = [self._group_hyper(i, g) for i, g in enumerate(self.param_groups)]
+        self._check_params()
+
+        # gradients into the flat buffers (a no-op where backward accumulated into them already)
+        for b in self._buckets:
+            for p, v in zip(b.params, b.views):
+                g = p.grad
+                if g.data_ptr() != v.data_ptr() or g.stride() != v.stride():
+                    v.copy_(g)
+                    p.grad = v
+
+        grad_norm = None
+        clip = 1.0
+        skipped = False
+        if self.max_grad_norm is not None or self.skip_nonfinite:
+            norms = [float(torch.linalg.vector_norm(b.flat_grad, 2, dtype=torch.float32)) for b in self._buckets]
+            total = math.sqrt(sum(n * n for n in norms))
+            if not math.isfinite(total):
+                nonfinite = any(not bool(torch.isfinite(b.flat_grad).all()) for b in self._buckets)
+                if nonfinite:
+                    skipped = self.skip_nonfinite
+                else:  # finite gradients whose squares overflow fp32
+                    norms = [float(torch.linalg.vector_norm(b.flat_grad.double(), 2)) for b in self._buckets]
+                    total = math.sqrt(sum(n * n for n in norms))
+            grad_norm = total / grad_scale if grad_scale is not None else total
+            if self.max_grad_norm is not None and math.isfinite(grad_norm):
+                c = self.max_grad_norm / (grad_norm + 1e-6)
+                if c < 1.0:
+                    clip = c
+
+        stats = []
+        if skipped:
+            self.skipped_steps += 1
+        else:
+            mult = clip / grad_scale if grad_scale is not None else clip
+            if mult != 1.0:
+                for b in self._buckets:
+                    b.flat_grad.mul_(mult)
+            if any(b.device.type == "cuda" for b in self._buckets):
+                torch.cuda.synchronize()  # gradients complete before the runtime's streams read them
+            L = _capi.lib()
+            for b in self._buckets:
+                h = hypers[b.group_index]
+                if h != b.hyper:
+                    _capi.check(L.dos_optimizer_set_hyper(b.handle, *h[:5], int(h[5])),
+                                f"setting the hyper-parameters of {b.describe()}")
+                    b.hyper = h
+            for b in self._buckets:
+                st = _capi.StepStats()
+                ret = L.dos_optimizer_step(b.handle, ctypes.byref(st))
+                if ret != 0:
+                    self._broken = L.dos_last_error().decode("utf-8", "replace")
+                    _capi.check(ret, f"update phase of {b.describe()}")
+                stats.append(st.as_dict())
+            self.steps_taken += 1
+        self.last_step = dict(
+            skipped=skipped,
+            grad_norm=grad_norm,
+            clip_coef=clip,
+            update_seconds=sum(s["seconds"] for s in stats),
+            step_seconds=time.perf_counter() - t0,
+            stats=stats,
+        )
+        return loss
+
+    def zero_grad(self, set_to_none=False):
+        """Zeroes the gradients. By default (``set_to_none=False``, unlike torch 2.x's default) the
+        flat gradient buffers are zeroed in place and every ``p.grad`` points at its view, so that
+        the next backward accumulates into them and :meth:`step` copies nothing. With
+        ``set_to_none=True`` every ``p.grad`` becomes None (backward then allocates new gradients,
+        which :meth:`step` copies into the buffers)."""
+        for b in self._buckets:
+            if set_to_none:
+                for p in b.params:
+                    p.grad = None
+            else:
+                b.flat_grad.zero_()
+                for p, v in zip(b.params, b.views):
+                    if p.grad is None or p.grad.data_ptr() != v.data_ptr():
+                        p.grad = v
+
+    # ------------------------------------------------------------------------------------------
+    # state
+
+    def subgroup_steps(self):
+        """Step count of every subgroup, one list of ints per bucket (in bucket order)."""
+        self._check_open()
+        L = _capi.lib()
+        out = []
+        for b in self._buckets:
+            n = len(b.subgroup_sizes)
+            a = (ctypes.c_int64 * n)()
+            _capi.check(L.dos_optimizer_step_counts(b.handle, a), "dos_optimizer_step_counts")
+            out.append(list(a))
+        return out
+
+    def state_dict(self):
+        """The whole optimizer state, as torch tensors in host memory (a dict that ``torch.save``
+        writes and :meth:`load_state_dict` takes back):
+
+        - ``"state"``: per parameter index (``state_dict`` numbering: the order of the parameters
+          over the groups), a dict of fp32 tensors of the parameter's shape: ``"master"`` (the fp32
+          master parameters), ``"exp_avg"``, ``"exp_avg_sq"``;
+        - ``"param_groups"``: the groups' hyper-parameters, ``"params"`` holding indices;
+        - ``"dos"``: ``format`` (:data:`STATE_FORMAT`), ``buckets`` (per bucket: its group, parameter
+          indices, dtype, device type, shapes, ``subgroup_size``, ``subgroup_sizes`` and
+          ``subgroup_steps``: each subgroup's step count), ``steps_taken`` and ``skipped_steps``.
+
+        The tensors of one bucket are views of one flat tensor (saved once by ``torch.save``).
+        Costs 12 bytes of host memory per parameter. Raises ``RuntimeError`` after :meth:`close`.
+        """
+        self._check_open()
+        L = _capi.lib()
+        groups = []
+        i = 0
+        for g in self.param_groups:
+            entry = {k: v for k, v in g.items() if k != "params"}
+            entry["params"] = list(range(i, i + len(g["params"])))
+            i += len(g["params"])
+            groups.append(entry)
+        state = {}
+        buckets = []
+        steps = self.subgroup_steps()
+        for b, bsteps in zip(self._buckets, steps):
+            parts = {}
+            for which, name in ((0, "master"), (1, "exp_avg"), (2, "exp_avg_sq")):
+                t = torch.empty(b.num_params, dtype=torch.float32)
+                _capi.check(L.dos_optimizer_read_state(b.handle, which, ctypes.c_void_p(t.data_ptr())),
+                            f"reading {name} of {b.describe()}")
+                parts[name] = t
+            off = 0
+            for idx, shape, n in zip(b.indices, b.shapes, b.numels):
+                state[idx] = {name: t.narrow(0, off, n).view(shape) for name, t in parts.items()}
+                off += n
+            buckets.append(dict(group=b.group_index, params=list(b.indices), dtype=str(b.dtype),
+                                device=b.device.type, shapes=[list(s) for s in b.shapes],
+                                subgroup_size=self.subgroup_size, subgroup_sizes=list(b.subgroup_sizes),
+                                subgroup_steps=bsteps))
+        return {
+            "state": state,
+            "param_groups": groups,
+            "dos": dict(format=STATE_FORMAT, buckets=buckets, steps_taken=self.steps_taken,
+                        skipped_steps=self.skipped_steps),
+        }
+
+    def _layout(self):
+        return [dict(group=b.group_index, params=list(b.indices), dtype=str(b.dtype), device=b.device.type,
+                     shapes=[list(s) for s in b.shapes], subgroup_size=self.subgroup_size,
+                     subgroup_sizes=list(b.subgroup_sizes)) for b in self._buckets]
+
+    def load_state_dict(self, state_dict):
+        """Replaces the whole state with one from :meth:`state_dict` (of an optimizer over the same
+        model: same groups, parameter shapes, dtypes, devices and subgroup size), including every
+        subgroup's step count and the groups' hyper-parameters; then writes the master parameters,
+        rounded to each parameter's dtype, into the parameters. Training continues bit-identically
+        to a run that never stopped.
+
+        Everything is checked before anything changes: ``ValueError`` naming the first difference
+        when the state dict is not one of ours or was saved from a different model (another
+        parameter count, shape, dtype, device or subgroup size), a state tensor is missing or not
+        fp32, or a step count is negative; the optimizer and the parameters are then untouched.
+        """
+        self._check_open()
+        if not isinstance(state_dict, dict) or not isinstance(state_dict.get("dos"), dict) \
+                or state_dict["dos"].get("format") != STATE_FORMAT:
+            raise ValueError(f"not a DeepOptimizerStates state dict (no 'dos' section of format {STATE_FORMAT!r}): "
+                             "load the state dict of a DeepOptimizerStates optimizer")
+        dos = state_dict["dos"]
+        groups = state_dict.get("param_groups")
+        state = state_dict.get("state")
+        if not isinstance(groups, list) or not isinstance(state, dict):
+            raise ValueError("malformed state dict: 'param_groups' must be a list and 'state' a dict")
+        here_counts = [len(g["params"]) for g in self.param_groups]
+        there_counts = [len(g.get("params", [])) for g in groups]
+        if here_counts != there_counts:
+            raise ValueError(f"the state dict was saved from a different model: parameters per group {there_counts} "
+                             f"in the state dict, {here_counts} here")
+        there = [{k: v for k, v in bk.items() if k != "subgroup_steps"} for bk in dos.get("buckets", [])]
+        here = self._layout()
+        if len(there) != len(here):
+            raise ValueError(f"the state dict was saved from a different model: {len(there)} (group, dtype, device) "
+                             f"buckets in the state dict, {len(here)} here")
+        for k, (t, h) in enumerate(zip(there, here)):
+            for key in ("group", "params", "dtype", "device", "shapes", "subgroup_size", "subgroup_sizes"):
+                if t.get(key) != h[key]:
+                    raise ValueError(f"the state dict was saved from a different model or configuration: bucket {k} "
+                                     f"({self._buckets[k].describe()}) has {key} {t.get(key)!r} in the state dict, "
+                                     f"{h[key]!r} here")
+        flat = []
+        for k, (bk, b) in enumerate(zip(dos["buckets"], self._buckets)):
+            steps = bk.get("subgroup_steps")
+            if not isinstance(steps, (list, tuple)) or len(steps) != len(b.subgroup_sizes) \
+                    or not all(isinstance(s, int) and s >= 0 for s in steps):
+                raise ValueError(f"bucket {k}: subgroup_steps must be {len(b.subgroup_sizes)} integers >= 0, got "
+                                 f"{steps!r}")
+            parts = {}
+            for name in ("master", "exp_avg", "exp_avg_sq"):
+                pieces = []
+                for idx, n in zip(b.indices, b.numels):
+                    t = state.get(idx, {}).get(name) if isinstance(state.get(idx), dict) else None
+                    if not isinstance(t, torch.Tensor):
+                        raise ValueError(f"the state dict has no {name!r} tensor for parameter {idx}")
+                    if t.dtype != torch.float32 or t.numel() != n:
+                        raise ValueError(f"the state dict's {name!r} of parameter {idx} is {t.dtype} with {t.numel()} "
+                                         f"elements; expected torch.float32 with {n}")
+                    pieces.append(t.detach().reshape(-1).cpu())
+                parts[name] = torch.cat(pieces).contiguous() if pieces else torch.empty(0)
+            flat.append((parts, list(steps)))
+        for gi, g in enumerate(groups):  # the hyper-parameters to take over, checked first too
+            merged = dict(self.param_groups[gi])
+            merged.update({k: v for k, v in g.items() if k != "params"})
+            self._group_hyper(gi, merged)
+
+        # everything checked: apply
+        if any(b.device.type == "cuda" for b in self._buckets):
+            torch.cuda.synchronize()  # the runtime writes the parameters on its own streams
+        L = _capi.lib()
+        for b, (parts, steps) in zip(self._buckets, flat):
+            a = (ctypes.c_int64 * len(steps))(*steps)
+            ret = L.dos_optimizer_load_state(b.handle, ctypes.c_void_p(parts["master"].data_ptr()),
+                                             ctypes.c_void_p(parts["exp_avg"].data_ptr()),
+                                             ctypes.c_void_p(parts["exp_avg_sq"].data_ptr()), a, len(steps))
+            if ret != 0:
+                self._broken = L.dos_last_error().decode("utf-8", "replace")
+                _capi.check(ret, f"loading the state of {b.describe()}")
+        for gi, g in enumerate(groups):
+            for k, v in g.items():
+                if k != "params":
+                    self.param_groups[gi][k] = v
+        self.steps_taken = int(dos.get("steps_taken", 0))
+        self.skipped_steps = int(dos.get("skipped_steps", 0))
+
+    # ------------------------------------------------------------------------------------------
+    # lifetime
+
+    def close(self):
+        """Frees the runtime's state of this optimizer (pinned host memory). Idempotent; the
+        optimizer cannot be used afterwards. Runs when the object is garbage-collected and at
+        interpreter exit."""
+        if getattr(self, "_closed", True):
+            return
+        self._closed = True
+        lib = _capi.lib() if _capi._lib is not None else None
+        for b in getattr(self, "_buckets", []):
+            if b.handle is not None and lib is not None:
+                lib.dos_optimizer_destroy(b.handle)
+            b.handle = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    @property
+    def num_subgroups(self):
+        """Subgroups over all buckets (int)."""
+        return sum(len(b.subgroup_sizes) for b in self._buckets)
+
+    @property
+    def num_params(self):
+        """Elements the optimizer updates (int)."""
+        return sum(b.num_params for b in self._buckets)

@@ -1,0 +1,217 @@
+// The C ABI of the runtime (dos_c.h): every entry point catches every exception and turns it into
+// a status code and a thread-local message, so that no C++ exception or type crosses the boundary.
+#include "dos_c.h"
+
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <new>
+#include <string>
+#include <vector>
+
+#include "dos.h"
+
+struct dos_runtime {
+  std::unique_ptr<dos::Runtime> rt;
+};
+struct dos_optimizer {
+  std::unique_ptr<dos::Optimizer> opt;
+};
+
+namespace {
+
+thread_local std::string g_last_error;
+
+int fail(int code, const std::string& msg) {
+  g_last_error = msg;
+  return code;
+}
+
+/// Runs f, mapping exceptions to status codes: dos::Error and std::invalid_argument are bad input
+/// when `invalid_is_input` (creation, set_hyper), everything else is a runtime failure.
+template <class F>
+int guarded(F&& f, bool invalid_is_input = true) {
+  try {
+    f();
+    return DOS_OK;
+  } catch (const std::invalid_argument& e) {
+    return fail(DOS_E_INVALID, e.what());
+  } catch (const dos::Error& e) {
+    return fail(invalid_is_input ? DOS_E_INVALID : DOS_E_RUNTIME, e.what());
+  } catch (const std::bad_alloc&) {
+    return fail(DOS_E_RUNTIME, "out of host memory");
+  } catch (const std::exception& e) {
+    return fail(DOS_E_RUNTIME, e.what());
+  } catch (...) {
+    return fail(DOS_E_RUNTIME, "unknown C++ exception");
+  }
+}
+
+bool bad_dtype(int d) { return d < 0 || d > 2; }
+
+dos::AdamHyper make_hyper(double lr, double beta1, double beta2, double eps, double weight_decay, int decoupled) {
+  dos::AdamHyper h;
+  h.lr = lr;
+  h.beta1 = beta1;
+  h.beta2 = beta2;
+  h.eps = eps;
+  h.weight_decay = weight_decay;
+  h.decoupled = decoupled != 0;
+  return h;
+}
+
+}  // namespace
+
+extern "C" {
+
+int dos_c_abi_version(void) { return DOS_C_ABI_VERSION; }
+size_t dos_step_stats_size(void) { return sizeof(dos_step_stats); }
+const char* dos_last_error(void) { return g_last_error.c_str(); }
+
+int dos_runtime_create(const char* policy, int cpu_threads, int cpu_workers, int ncuda, int verbose,
+                       dos_runtime** out) {
+  if (!out) return fail(DOS_E_INVALID, "dos_runtime_create: out is NULL");
+  *out = nullptr;
+  return guarded([&] {
+    dos::RuntimeOptions o;
+    o.policy = policy ? policy : "";
+    o.cpu_threads = cpu_threads;
+    o.cpu_workers = cpu_workers;
+    o.ncuda = ncuda;
+    o.verbose = verbose != 0;
+    auto h = std::make_unique<dos_runtime>();
+    h->rt = std::make_unique<dos::Runtime>(o);
+    *out = h.release();
+  });
+}
+
+void dos_runtime_destroy(dos_runtime* rt) {
+  try {
+    delete rt;
+  } catch (...) {
+  }
+}
+
+int dos_runtime_running_policy(const dos_runtime* rt, char* buf, size_t len) {
+  if (!rt || !buf || len == 0) return fail(DOS_E_INVALID, "dos_runtime_running_policy: NULL argument or empty buffer");
+  return guarded([&] {
+    const std::string p = rt->rt->running_policy();
+    std::strncpy(buf, p.c_str(), len - 1);
+    buf[len - 1] = '\0';
+  });
+}
+
+int dos_runtime_workers(const dos_runtime* rt, unsigned* cpu_workers, unsigned* cuda_workers, int* cpu_threads) {
+  if (!rt) return fail(DOS_E_INVALID, "dos_runtime_workers: runtime is NULL");
+  return guarded([&] {
+    if (cpu_workers) *cpu_workers = rt->rt->cpu_workers();
+    if (cuda_workers) *cuda_workers = rt->rt->cuda_workers();
+    if (cpu_threads) *cpu_threads = rt->rt->cpu_threads();
+  });
+}
+
+int dos_optimizer_create(dos_runtime* rt, size_t ntensors, void* const* params, void* const* grads,
+                         const size_t* numels, int dtype, int memory, size_t subgroup_size, double lr,
+                         double beta1, double beta2, double eps, double weight_decay, int decoupled, int verbose,
+                         dos_optimizer** out) {
+  if (!out) return fail(DOS_E_INVALID, "dos_optimizer_create: out is NULL");
+  *out = nullptr;
+  if (!rt) return fail(DOS_E_INVALID, "dos_optimizer_create: runtime is NULL");
+  if (ntensors > 0 && (!params || !grads || !numels))
+    return fail(DOS_E_INVALID, "dos_optimizer_create: NULL pointer array");
+  if (bad_dtype(dtype)) return fail(DOS_E_INVALID, "dos_optimizer_create: dtype code must be 0 (fp32), 1 (fp16) or 2 (bf16), got " + std::to_string(dtype));
+  if (memory != 0 && memory != 1)
+    return fail(DOS_E_INVALID, "dos_optimizer_create: memory code must be 0 (host) or 1 (CUDA), got " + std::to_string(memory));
+  return guarded([&] {
+    std::vector<dos::TensorView> tv(ntensors);
+    for (size_t i = 0; i < ntensors; ++i) tv[i] = dos::TensorView{params[i], grads[i], numels[i]};
+    dos::OptimizerOptions o;
+    o.adam = make_hyper(lr, beta1, beta2, eps, weight_decay, decoupled);
+    o.subgroup_size = subgroup_size;
+    o.dtype = static_cast<dos::DType>(dtype);
+    o.memory = memory == 1 ? dos::MemoryKind::cuda : dos::MemoryKind::host;
+    o.verbose = verbose != 0;
+    auto h = std::make_unique<dos_optimizer>();
+    h->opt = std::make_unique<dos::Optimizer>(*rt->rt, tv, o);
+    *out = h.release();
+  });
+}
+
+void dos_optimizer_destroy(dos_optimizer* opt) {
+  try {
+    delete opt;
+  } catch (...) {
+  }
+}
+
+int dos_optimizer_set_hyper(dos_optimizer* opt, double lr, double beta1, double beta2, double eps,
+                            double weight_decay, int decoupled) {
+  if (!opt) return fail(DOS_E_INVALID, "dos_optimizer_set_hyper: optimizer is NULL");
+  return guarded([&] { opt->opt->set_hyper(make_hyper(lr, beta1, beta2, eps, weight_decay, decoupled)); });
+}
+
+int dos_optimizer_step(dos_optimizer* opt, dos_step_stats* stats) {
+  if (!opt) return fail(DOS_E_INVALID, "dos_optimizer_step: optimizer is NULL");
+  return guarded(
+      [&] {
+        const dos::StepStats s = opt->opt->step();
+        if (stats) {
+          stats->seconds = s.seconds;
+          stats->params = s.params;
+          stats->subgroups_cpu = s.subgroups_cpu;
+          stats->subgroups_gpu = s.subgroups_gpu;
+          stats->bytes_h2d = s.bytes_h2d;
+          stats->bytes_d2h = s.bytes_d2h;
+          stats->step = s.step;
+          stats->cpu_busy_seconds = s.cpu_busy_seconds;
+          stats->gpu_busy_seconds = s.gpu_busy_seconds;
+          stats->planned_streamed = s.planned_streamed;
+          stats->planned_resident = s.planned_resident;
+          stats->predicted_seconds = s.predicted_seconds;
+          stats->lower_bound_seconds = s.lower_bound_seconds;
+        }
+      },
+      false);
+}
+
+size_t dos_optimizer_num_params(const dos_optimizer* opt) { return opt ? opt->opt->num_params() : 0; }
+size_t dos_optimizer_num_subgroups(const dos_optimizer* opt) { return opt ? opt->opt->num_subgroups() : 0; }
+
+int dos_optimizer_subgroup_sizes(const dos_optimizer* opt, size_t* out) {
+  if (!opt || !out) return fail(DOS_E_INVALID, "dos_optimizer_subgroup_sizes: NULL argument");
+  return guarded([&] {
+    for (size_t i = 0; i < opt->opt->num_subgroups(); ++i) out[i] = opt->opt->subgroup_size(i);
+  });
+}
+
+int dos_optimizer_step_counts(const dos_optimizer* opt, int64_t* out) {
+  if (!opt || !out) return fail(DOS_E_INVALID, "dos_optimizer_step_counts: NULL argument");
+  return guarded([&] {
+    const std::vector<std::int64_t> s = opt->opt->step_counts();
+    for (size_t i = 0; i < s.size(); ++i) out[i] = s[i];
+  });
+}
+
+int dos_optimizer_read_state(const dos_optimizer* opt, int which, float* out) {
+  if (!opt || !out) return fail(DOS_E_INVALID, "dos_optimizer_read_state: NULL argument");
+  if (which < 0 || which > 2)
+    return fail(DOS_E_INVALID, "dos_optimizer_read_state: which must be 0 (master), 1 (exp_avg) or 2 (exp_avg_sq)");
+  return guarded(
+      [&] {
+        if (which == 0) opt->opt->read_master(out);
+        else if (which == 1) opt->opt->read_exp_avg(out);
+        else opt->opt->read_exp_avg_sq(out);
+      },
+      false);
+}
+
+int dos_optimizer_load_state(dos_optimizer* opt, const float* master, const float* exp_avg,
+                             const float* exp_avg_sq, const int64_t* steps, size_t nsteps) {
+  if (!opt || !master || !exp_avg || !exp_avg_sq || (nsteps > 0 && !steps))
+    return fail(DOS_E_INVALID, "dos_optimizer_load_state: NULL argument");
+  return guarded([&] {
+    opt->opt->load_state(master, exp_avg, exp_avg_sq, std::vector<std::int64_t>(steps, steps + nsteps));
+  });
+}
+
+}  // extern "C"

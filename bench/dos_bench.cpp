@@ -1,9 +1,14 @@
 // dos-bench kernels: the update phase's kernels against the memory roofs measured in the same run.
 //
-//   CPU: a STREAM-like triad (a = b + s c, 12 bytes per element counted) gives the host-memory
-//   roof; CPU Adam/AdamW (fp32 state; fp32 or 16-bit gradients and parameter copy) and the 16-bit
-//   to fp32 conversion are timed over the same element count and compared with it:
-//   % of roof = (bytes per parameter x Gparams/s) / roof GB/s.
+//   CPU roofs, each a kernel that moves the same bytes as the kernels it is the roof of, in the
+//   same chunks and OpenMP schedule, with no arithmetic to speak of:
+//     - "adam bytes": reads g (fp32), p, m, v and writes p, m, v in place and a 16-bit copy, the
+//       access pattern of Adam with an fp32 gradient and a 16-bit parameter copy (30 B/param).
+//       Adam's rows are compared with it: % of roof = (B/param x Gparams/s) / roof GB/s.
+//     - "copy": memcpy of n fp32 (reads 4, writes 4 B/element, write-allocate included, like the
+//       conversions, which read one array and write another). The conversions are compared with it.
+//   A STREAM-like triad (a = b + s c, 12 B counted, the write-allocate read not counted) is printed
+//   for reference only: it undercounts the bytes the memory really moves, so it is not a roof.
 //   GPU (when built with CUDA and a device is present): a device-to-device copy gives the
 //   device-memory roof; the CUDA Adam and conversion kernels are compared with it.
 //
@@ -13,7 +18,9 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <cstdlib>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -41,6 +48,40 @@ struct Row {
   std::size_t n;
   double seconds, bytes_per_param, roof_gbs;
 };
+
+constexpr std::size_t kChunk = 1 << 14;  // elements per OpenMP work item, as in the CPU kernels
+
+#define BENCH_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+
+/// The "adam bytes" roof: Adam's access pattern (fp32 gradient, 16-bit copy) with one add per array.
+BENCH_CLONES void adam_bytes_roof(float* __restrict p, float* __restrict m, float* __restrict v,
+                                  const float* __restrict g, std::uint16_t* __restrict out, std::size_t n) {
+  const std::size_t nchunks = (n + kChunk - 1) / kChunk;
+#pragma omp parallel for schedule(static)
+  for (std::size_t c = 0; c < nchunks; ++c) {
+    const std::size_t end = std::min(n, (c + 1) * kChunk);
+    for (std::size_t i = c * kChunk; i < end; ++i) {
+      const float gi = g[i];
+      const float pi = p[i] + gi;
+      p[i] = pi;
+      m[i] = m[i] + gi;
+      v[i] = v[i] + gi;
+      std::uint32_t u;
+      std::memcpy(&u, &pi, 4);
+      out[i] = std::uint16_t(u >> 16);
+    }
+  }
+}
+
+/// The "copy" roof: n fp32 copied in the CPU kernels' chunks.
+void copy_roof(const float* src, float* dst, std::size_t n) {
+  const std::size_t nchunks = (n + kChunk - 1) / kChunk;
+#pragma omp parallel for schedule(static)
+  for (std::size_t c = 0; c < nchunks; ++c) {
+    const std::size_t begin = c * kChunk, end = std::min(n, begin + kChunk);
+    std::memcpy(dst + begin, src + begin, (end - begin) * 4);
+  }
+}
 
 void* alloc_touched(std::size_t bytes) {
   void* p = nullptr;
@@ -89,25 +130,41 @@ int main(int argc, char** argv) {
 #pragma omp parallel for schedule(static)
     for (std::size_t i = 0; i < n; ++i) p[i] = m[i] + 1.5f * v[i];
   });
-  const double roof_cpu = 12.0 * double(n) / triad / 1e9;
-  rows.push_back({"cpu", "triad (roof)", "fp32", n, triad, 12, roof_cpu});
+  rows.push_back({"cpu", "triad (info)", "fp32", n, triad, 12, 12.0 * double(n) / triad / 1e9});
+  std::memset(p, 0, n * 4);
+  std::memset(m, 0, n * 4);
+  std::memset(v, 0, n * 4);
+  std::memset(g32, 0, n * 4);
+  const double adam_roof_s = best_of(reps, [&] { adam_bytes_roof(p, m, v, g32, static_cast<std::uint16_t*>(out16), n); });
+  const double roof_adam = 30.0 * double(n) / adam_roof_s / 1e9;
+  rows.push_back({"cpu", "adam bytes (roof)", "fp32 grad + 16-bit copy", n, adam_roof_s, 30, roof_adam});
+  const double cpu_copy_s = best_of(reps, [&] { copy_roof(g32, p, n); });
+  const double roof_copy = 8.0 * double(n) / cpu_copy_s / 1e9;
+  rows.push_back({"cpu", "copy (roof)", "fp32", n, cpu_copy_s, 8, roof_copy});
+  std::memset(p, 0, n * 4);
   const dos::AdamStepParams sp = dos::make_adam_step_params(dos::AdamHyper{}, 1);
   rows.push_back({"cpu", "adam", "fp32 grad, no copy", n,
                   best_of(reps, [&] { dos::adam_step_cpu(p, m, v, g32, dos::DType::fp32, nullptr, dos::DType::fp32, n, sp); }),
-                  28, roof_cpu});
+                  28, roof_adam});
   rows.push_back({"cpu", "adam", "bf16 grad + bf16 copy", n,
                   best_of(reps, [&] { dos::adam_step_cpu(p, m, v, g16, dos::DType::bf16, out16, dos::DType::bf16, n, sp); }),
-                  28, roof_cpu});
+                  28, roof_adam});
   rows.push_back({"cpu", "adam", "fp16 grad + fp16 copy", n,
                   best_of(reps, [&] { dos::adam_step_cpu(p, m, v, g16, dos::DType::fp16, out16, dos::DType::fp16, n, sp); }),
-                  28, roof_cpu});
+                  28, roof_adam});
   rows.push_back({"cpu", "adam", "fp32 grad + bf16 copy", n,
                   best_of(reps, [&] { dos::adam_step_cpu(p, m, v, g32, dos::DType::fp32, out16, dos::DType::bf16, n, sp); }),
-                  30, roof_cpu});
-  rows.push_back({"cpu", "convert", "bf16 -> fp32", n,
-                  best_of(reps, [&] { dos::convert_to_f32_cpu(g16, dos::DType::bf16, g32, n); }), 6, roof_cpu});
-  rows.push_back({"cpu", "convert", "fp16 -> fp32", n,
-                  best_of(reps, [&] { dos::convert_to_f32_cpu(g16, dos::DType::fp16, g32, n); }), 6, roof_cpu});
+                  30, roof_adam});
+  rows.push_back({"cpu", "adam", "fp32 grad + fp16 copy", n,
+                  best_of(reps, [&] { dos::adam_step_cpu(p, m, v, g32, dos::DType::fp32, out16, dos::DType::fp16, n, sp); }),
+                  30, roof_adam});
+  for (dos::DType t : {dos::DType::bf16, dos::DType::fp16}) {
+    const std::string name = dos::dtype_name(t);
+    rows.push_back({"cpu", "convert", name + " -> fp32", n,
+                    best_of(reps, [&] { dos::convert_to_f32_cpu(g16, t, g32, n); }), 6, roof_copy});
+    rows.push_back({"cpu", "convert", "fp32 -> " + name, n,
+                    best_of(reps, [&] { dos::convert_from_f32_cpu(g32, out16, t, n); }), 6, roof_copy});
+  }
   for (void* q : {static_cast<void*>(p), static_cast<void*>(m), static_cast<void*>(v), static_cast<void*>(g32), g16, out16})
     std::free(q);
 
@@ -118,11 +175,14 @@ int main(int argc, char** argv) {
     const double roof_gpu = 8.0 * double(n) / copy_s / 1e9;  // reads and writes n * 4 bytes
     rows.push_back({"gpu", "d2d copy (roof)", "fp32", n, copy_s, 8, roof_gpu});
     for (dos::DType t : {dos::DType::fp32, dos::DType::bf16, dos::DType::fp16}) {
-      double adam_s = 0, conv_s = 0;
-      if (dos::benchmark_cuda_kernels(n, t, &adam_s, &conv_s) != 0) break;
+      double adam_s = 0, conv_s = 0, store_s = 0;
+      if (dos::benchmark_cuda_kernels(n, t, &adam_s, &conv_s, &store_s) != 0) break;
       const double gb = double(dos::dtype_size(t));
-      rows.push_back({"gpu", "adam", std::string(dos::dtype_name(t)) + " grad + copy", n, adam_s, 24 + 2 * gb, roof_gpu});
-      rows.push_back({"gpu", "convert", std::string(dos::dtype_name(t)) + " -> fp32", n, conv_s, gb + 4, roof_gpu});
+      const std::string name = dos::dtype_name(t);
+      rows.push_back({"gpu", "adam", name + " grad + " + name + " copy", n, adam_s, 24 + 2 * gb, roof_gpu});
+      if (t == dos::DType::fp32) continue;  // fp32 -> fp32 would be a copy
+      rows.push_back({"gpu", "convert", name + " -> fp32", n, conv_s, gb + 4, roof_gpu});
+      rows.push_back({"gpu", "convert", "fp32 -> " + name, n, store_s, gb + 4, roof_gpu});
     }
   }
 #endif
@@ -139,11 +199,11 @@ int main(int argc, char** argv) {
     return 0;
   }
   std::printf("dos-bench kernels: %zu elements, best of %d, %d OpenMP threads\n", n, reps, omp_get_max_threads());
-  std::printf("%-4s %-16s %-22s %10s %10s %9s %6s %8s\n", "side", "kernel", "dtype", "seconds", "Gparams/s", "GB/s",
+  std::printf("%-4s %-18s %-24s %10s %10s %9s %6s %8s\n", "side", "kernel", "dtype", "seconds", "Gparams/s", "GB/s",
               "B/par", "% roof");
   for (const Row& r : rows) {
     const double gps = double(r.n) / r.seconds / 1e9, gbs = r.bytes_per_param * gps;
-    std::printf("%-4s %-16s %-22s %10.5f %10.3f %9.1f %6.0f %7.1f%%\n", r.side.c_str(), r.kernel.c_str(), r.dtype.c_str(),
+    std::printf("%-4s %-18s %-24s %10.5f %10.3f %9.1f %6.0f %7.1f%%\n", r.side.c_str(), r.kernel.c_str(), r.dtype.c_str(),
                 r.seconds, gps, gbs, r.bytes_per_param, 100.0 * gbs / r.roof_gbs);
   }
   return 0;

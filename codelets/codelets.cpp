@@ -3,6 +3,7 @@
 
 #include <cstring>
 
+#include "cpu_team.h"
 #include "cuda_funcs.h"
 
 namespace dos {
@@ -10,6 +11,7 @@ namespace {
 
 void adam_cpu(void* buffers[], void* cl_arg) {
   const auto* a = static_cast<const AdamArgs*>(cl_arg);
+  bind_worker_team();
   const std::size_t n = STARPU_VECTOR_GET_NX(buffers[0]);
   adam_step_cpu(reinterpret_cast<float*>(STARPU_VECTOR_GET_PTR(buffers[0])),
                 reinterpret_cast<float*>(STARPU_VECTOR_GET_PTR(buffers[1])),
@@ -20,6 +22,7 @@ void adam_cpu(void* buffers[], void* cl_arg) {
 
 void gather_cpu(void* buffers[], void* cl_arg) {
   const auto* a = static_cast<const GatherArgs*>(cl_arg);
+  bind_worker_team();
   float* dst = reinterpret_cast<float*>(STARPU_VECTOR_GET_PTR(buffers[0]));
   for (std::size_t s = 0; s < a->nseg; ++s) {
     const Segment& sg = a->segs[s];
@@ -37,6 +40,7 @@ void scatter_cpu(void* buffers[], void* cl_arg) {
 
 void cast_cpu(void* buffers[], void* cl_arg) {
   const auto* a = static_cast<const AdamArgs*>(cl_arg);
+  bind_worker_team();
   convert_from_f32_cpu(reinterpret_cast<const float*>(STARPU_VECTOR_GET_PTR(buffers[0])),
                        reinterpret_cast<void*>(STARPU_VECTOR_GET_PTR(buffers[1])), a->param_dtype,
                        STARPU_VECTOR_GET_NX(buffers[0]));

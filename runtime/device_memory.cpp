@@ -25,8 +25,8 @@ void device_free(void* p) {
   if (p) cudaFree(p);
 }
 void benchmark_gpu_rates(std::size_t n, DType dtype, double* adam_params_per_s, double* convert_params_per_s) {
-  double a = 0, c = 0;
-  const int err = benchmark_cuda_kernels(n, dtype, &a, &c);
+  double a = 0, c = 0, store = 0;
+  const int err = benchmark_cuda_kernels(n, dtype, &a, &c, &store);
   if (err != 0) throw Error(std::string("GPU kernel benchmark failed: ") + cudaGetErrorString(cudaError_t(err)));
   *adam_params_per_s = double(n) / a;
   *convert_params_per_s = double(n) / c;

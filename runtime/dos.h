@@ -88,6 +88,9 @@ class Runtime {
   int cpu_threads() const { return cpu_threads_; }
   /// Cores a CPU worker thread may run on (the smallest over CPU workers), as its affinity says.
   int worker_cores() const { return worker_cores_; }
+  /// How the threads are bound to cores, in words ("CUDA driver(s) on core 0, CPU team(s) on cores
+  /// 1-15", or "none (...)" with the reason); see codelets/cpu_team.h.
+  const std::string& binding() const { return binding_; }
 
   struct Impl;
   Impl& impl() const { return *impl_; }
@@ -97,6 +100,7 @@ class Runtime {
   int cpu_threads_ = 1;
   int worker_cores_ = 0;
   int omp_team_ = 0;
+  std::string binding_;
   std::unique_ptr<Impl> impl_;
 };
 

@@ -17,6 +17,7 @@
 #include <string>
 
 #include "../codelets/codelets.h"
+#include "../codelets/cpu_team.h"
 #include "../scheduler/policy.h"
 #include "dos.h"
 #include "partition.h"
@@ -46,17 +47,27 @@ int cores_in_cpuset() {
   return 1;
 }
 
-/// Runs on each CPU worker: sets the worker thread's OpenMP team size, and records the cores the
-/// worker (hence its OpenMP threads) may run on and the team size OpenMP will use.
+/// Runs on each CPU worker: sets the worker thread's OpenMP team size and the cores its team is
+/// bound to (worker w takes cores[w * threads, (w + 1) * threads) of `team_cores`, when binding),
+/// binds the team, and records the cores the team may run on and the team size OpenMP uses.
 struct WorkerSetup {
   int threads;
+  std::vector<int> team_cores;  // empty: leave the teams unbound
+  std::atomic<int> next{0};
   std::atomic<int> min_cores{1 << 30};
   std::atomic<int> team{0};
 };
 void setup_cpu_worker(void* arg) {
   auto* w = static_cast<WorkerSetup*>(arg);
   omp_set_num_threads(w->threads);
-  const int cores = cores_in_cpuset();
+  const int index = w->next.fetch_add(1);
+  int cores = cores_in_cpuset();
+  if (!w->team_cores.empty()) {
+    const auto first = w->team_cores.begin() + std::ptrdiff_t(index) * w->threads;
+    set_worker_team_cores(std::vector<int>(first, first + w->threads));
+    bind_worker_team();
+    cores = w->threads;
+  }
   int cur = w->min_cores.load();
   while (cores < cur && !w->min_cores.compare_exchange_weak(cur, cores)) {
   }
@@ -67,6 +78,17 @@ void setup_cpu_worker(void* arg) {
     team = omp_get_num_threads();
   }
   w->team.store(team);
+}
+
+/// Runs on each CUDA worker's driver thread: binds it to the next of the reserved cores.
+struct DriverSetup {
+  std::vector<int> cores;
+  std::atomic<int> next{0};
+};
+void setup_cuda_worker(void* arg) {
+  auto* d = static_cast<DriverSetup*>(arg);
+  const int index = d->next.fetch_add(1);
+  if (index < int(d->cores.size())) bind_this_thread(d->cores[std::size_t(index)]);
 }
 
 }  // namespace
@@ -97,6 +119,8 @@ Runtime::Runtime(const RuntimeOptions& options) : impl_(new Impl) {
   // buffers to the host for nothing. The runtime writes the optimizer state back itself.
   setenv("STARPU_MINIMUM_CLEAN_BUFFERS", "0", 0);
   setenv("STARPU_TARGET_CLEAN_BUFFERS", "0", 0);
+
+  const std::vector<int> process_cores = allowed_cores();  // before StarPU starts its threads
 
   struct starpu_conf conf;
   starpu_conf_init(&conf);
@@ -136,6 +160,25 @@ Runtime::Runtime(const RuntimeOptions& options) : impl_(new Impl) {
   cpu_threads_ = threads;
   WorkerSetup ws;
   ws.threads = threads;
+  // Binding (cpu_team.h): each CUDA driver thread on a core of its own (the first cores of the
+  // process's set), the CPU workers' teams on the cores after them, one thread per core. Skipped
+  // when the user binds OpenMP threads (OMP_PLACES, OMP_PROC_BIND), when DOS_BIND=0, or when the
+  // cores are too few for one each.
+  const char* env_bind = std::getenv("DOS_BIND");
+  const bool user_binds = std::getenv("OMP_PLACES") || std::getenv("OMP_PROC_BIND");
+  const std::size_t needed = ncuda + std::size_t(ncpuw) * std::size_t(threads);
+  if (user_binds) binding_ = "OpenMP's own (OMP_PLACES/OMP_PROC_BIND set)";
+  else if (env_bind && std::string(env_bind) == "0") binding_ = "none (DOS_BIND=0)";
+  else if (process_cores.size() < needed)
+    binding_ = "none (" + std::to_string(needed) + " threads, " + std::to_string(process_cores.size()) + " cores)";
+  else {
+    DriverSetup ds;
+    ds.cores.assign(process_cores.begin(), process_cores.begin() + ncuda);
+    if (ncuda > 0) starpu_execute_on_each_worker(setup_cuda_worker, &ds, STARPU_CUDA);
+    ws.team_cores.assign(process_cores.begin() + ncuda, process_cores.begin() + std::ptrdiff_t(needed));
+    binding_ = (ncuda ? "CUDA driver(s) on core " + core_list_string(ds.cores) + ", " : std::string()) +
+               "CPU team(s) on cores " + core_list_string(ws.team_cores);
+  }
   starpu_execute_on_each_worker(setup_cpu_worker, &ws, STARPU_CPU);
   if (ws.min_cores.load() < threads && options.verbose)
     std::fprintf(stderr, "[dos] warning: a CPU worker may run on only %d core(s) but has %d OpenMP threads: its threads "
@@ -153,8 +196,9 @@ Runtime::Runtime(const RuntimeOptions& options) : impl_(new Impl) {
   if (options.verbose)
     std::fprintf(stderr,
                  "[dos] policy %s (StarPU runs '%s'), %u CPU worker(s) x %d OpenMP threads (team of %d seen, on %d "
-                 "cores), %u CUDA worker(s)\n",
-                 policy_.c_str(), running_policy().c_str(), cpu_workers(), cpu_threads_, omp_team_, worker_cores_, ncuda);
+                 "cores), %u CUDA worker(s); binding: %s\n",
+                 policy_.c_str(), running_policy().c_str(), cpu_workers(), cpu_threads_, omp_team_, worker_cores_, ncuda,
+                 binding_.c_str());
 }
 
 Runtime::~Runtime() {
@@ -229,6 +273,16 @@ struct HostBuffer {
 
 std::atomic<bool> g_warned_pageable{false};
 
+struct FirstTouch {
+  float* ptr;
+  std::size_t n;
+};
+void first_touch_on_worker(void* arg) {
+  auto* t = static_cast<FirstTouch*>(arg);
+  bind_worker_team();
+  zero_fill_cpu(t->ptr, t->n);
+}
+
 HostBuffer alloc_host(std::size_t bytes) {
   HostBuffer b;
   b.bytes = bytes;
@@ -237,9 +291,16 @@ HostBuffer alloc_host(std::size_t bytes) {
   if (posix_memalign(&p, 4096, b.bytes ? b.bytes : 4096) != 0)
     throw Error("cannot allocate " + std::to_string(b.bytes) + " bytes of host memory for the optimizer state");
   b.ptr = static_cast<float*>(p);
-  // First touch from an OpenMP team, so pages spread like the threads that will update them.
-#pragma omp parallel for schedule(static)
-  for (std::size_t i = 0; i < n; ++i) b.ptr[i] = 0.0f;
+  // NUMA-aware first touch: the first CPU worker's (bound) team zeroes the buffer with the Adam
+  // kernel's partition, so each page lands on the NUMA node of the thread that will update it.
+  FirstTouch touch{b.ptr, n};
+  if (starpu_cpu_worker_get_count() > 0) {
+    unsigned worker = 0;
+    starpu_worker_get_ids_by_type(STARPU_CPU_WORKER, reinterpret_cast<int*>(&worker), 1);
+    starpu_execute_on_specific_workers(first_touch_on_worker, &touch, 1, &worker, "dos_first_touch");
+  } else {
+    zero_fill_cpu(b.ptr, n);
+  }
   std::memset(reinterpret_cast<char*>(b.ptr) + n * sizeof(float), 0, bytes - n * sizeof(float));
   if (starpu_cuda_worker_get_count() > 0) {
     b.pinned = starpu_memory_pin(b.ptr, b.bytes) == 0;

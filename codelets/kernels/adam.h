@@ -68,6 +68,11 @@ AdamStepParams make_adam_step_params(const AdamHyper& h, std::int64_t step);
 void adam_step_cpu(float* master, float* exp_avg, float* exp_avg_sq, const void* grad, DType grad_dtype,
                    void* param_out, DType param_dtype, std::size_t n, const AdamStepParams& sp);
 
+/// Zeroes n floats with adam_step_cpu's OpenMP partition (same chunks, static schedule), so that
+/// with the same team each page is first touched, hence placed on the NUMA node of, the thread
+/// that will update it.
+void zero_fill_cpu(float* p, std::size_t n);
+
 /// Converts n elements of type src_dtype to fp32 on the CPU (OpenMP-parallel).
 void convert_to_f32_cpu(const void* src, DType src_dtype, float* dst, std::size_t n);
 
@@ -89,8 +94,10 @@ int convert_from_f32_cuda(const float* src, void* dst, DType dst_dtype, std::siz
 
 /// Times the CUDA kernels above on n elements of scratch device memory (zeroed; gradients and the
 /// parameter copy of type `dtype`), best of 3 runs each, with CUDA events: Adam in *adam_seconds,
-/// the gradient conversion in *convert_seconds. Returns a cudaError_t value (0 = success).
-int benchmark_cuda_kernels(std::size_t n, DType dtype, double* adam_seconds, double* convert_seconds);
+/// the gradient conversion (dtype -> fp32) in *convert_seconds, the parameter conversion (fp32 ->
+/// dtype) in *store_seconds. Returns a cudaError_t value (0 = success).
+int benchmark_cuda_kernels(std::size_t n, DType dtype, double* adam_seconds, double* convert_seconds,
+                           double* store_seconds);
 
 /// Times a device-to-device cudaMemcpy of `bytes` (best of 3, CUDA events): the device-memory
 /// roof (it reads and writes `bytes` each). Returns a cudaError_t value (0 = success).

@@ -7,6 +7,8 @@
 // and the CUDA kernel (built with --fmad=false), evaluate the same fp32 operations in the same
 // order: results do not depend on the instruction set or on where a subgroup ran.
 // OpenMP splits the array into chunks across the calling thread's team.
+#include <cstring>
+
 #include "adam.h"
 
 #include <immintrin.h>
@@ -201,6 +203,15 @@ void adam_step_cpu(float* master, float* exp_avg, float* exp_avg_sq, const void*
       fn(master + off, exp_avg + off, exp_avg_sq + off, g, out, len, sp);
       if (f16_out) cv.to_f16(pbuf, static_cast<std::uint16_t*>(param_out) + off, len);
     }
+  }
+}
+
+void zero_fill_cpu(float* p, std::size_t n) {
+  const std::size_t nchunks = (n + kChunk - 1) / kChunk;
+#pragma omp parallel for schedule(static) if (nchunks > 1)
+  for (std::size_t c = 0; c < nchunks; ++c) {
+    const std::size_t off = c * kChunk;
+    std::memset(p + off, 0, (off + kChunk <= n ? kChunk : n - off) * sizeof(float));
   }
 }
 

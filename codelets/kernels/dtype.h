@@ -11,6 +11,10 @@
 #include <cstring>
 
 #if defined(__CUDACC__)
+#include <cuda_fp16.h>
+#endif
+
+#if defined(__CUDACC__)
 #define DOS_HD __host__ __device__ __forceinline__
 #else
 #define DOS_HD inline
@@ -63,8 +67,13 @@ DOS_HD std::uint16_t f32_to_bf16(float f) {
   return std::uint16_t(u >> 16);
 }
 
-/// IEEE binary16 bits -> fp32 (exact, subnormals and inf/NaN included).
+/// IEEE binary16 bits -> fp32 (exact, subnormals and inf/NaN included). On the GPU the hardware
+/// conversion (exact as well) serves every finite or infinite value; NaN keeps the software path so
+/// that its payload is carried over the same way on both sides.
 DOS_HD float f16_to_f32(std::uint16_t h) {
+#if defined(__CUDA_ARCH__)
+  if ((h & 0x7c00u) != 0x7c00u || (h & 0x3ffu) == 0) return __half2float(__ushort_as_half(h));
+#endif
   std::uint32_t sign = std::uint32_t(h & 0x8000u) << 16;
   std::uint32_t exp = (h >> 10) & 0x1fu;
   std::uint32_t man = h & 0x3ffu;
@@ -75,12 +84,17 @@ DOS_HD float f16_to_f32(std::uint16_t h) {
   return bits_f32(sign | f32_bits(mag));
 }
 
-/// fp32 -> IEEE binary16 bits, round to nearest even; overflow gives inf, NaN stays NaN.
+/// fp32 -> IEEE binary16 bits, round to nearest even; overflow gives inf, NaN stays NaN. On the
+/// GPU, the hardware's round-to-nearest-even conversion (cvt.rn.f16.f32, the same IEEE rounding)
+/// serves every value but NaN.
 DOS_HD std::uint16_t f32_to_f16(float f) {
   std::uint32_t u = f32_bits(f);
   std::uint16_t sign = std::uint16_t((u >> 16) & 0x8000u);
   std::uint32_t a = u & 0x7fffffffu;
   if (a > 0x7f800000u) return std::uint16_t(sign | 0x7e00u | ((a >> 13) & 0x3ffu));  // NaN
+#if defined(__CUDA_ARCH__)
+  return __half_as_ushort(__float2half_rn(f));
+#endif
   if (a >= 0x477ff000u) return std::uint16_t(sign | 0x7c00u);  // rounds to >= 65520: inf
   if (a >= 0x38800000u) {  // normal fp16 range (>= 2^-14)
     std::uint32_t r = a - 0x38000000u;  // rebias exponent 127 -> 15

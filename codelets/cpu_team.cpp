@@ -1,0 +1,57 @@
+// See cpu_team.h.
+#include "cpu_team.h"
+
+#include <omp.h>
+#include <pthread.h>
+#include <sched.h>
+
+namespace dos {
+namespace {
+thread_local std::vector<int> tl_team_cores;  // per CPU worker thread
+thread_local int tl_bound_core = -1;          // per thread: the core it was bound to
+}  // namespace
+
+bool bind_this_thread(int core) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(core, &set);
+  if (pthread_setaffinity_np(pthread_self(), sizeof set, &set) != 0) return false;
+  tl_bound_core = core;
+  return true;
+}
+
+void set_worker_team_cores(const std::vector<int>& cores) { tl_team_cores = cores; }
+
+void bind_worker_team() {
+  if (tl_team_cores.empty()) return;
+  const std::vector<int>* cores = &tl_team_cores;  // the worker's list, read by its team's threads
+#pragma omp parallel
+  {
+    const int t = omp_get_thread_num();
+    if (t < int(cores->size()) && tl_bound_core != (*cores)[t]) bind_this_thread((*cores)[t]);
+  }
+}
+
+std::vector<int> allowed_cores() {
+  std::vector<int> out;
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) != 0) return out;
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &set)) out.push_back(c);
+  return out;
+}
+
+std::string core_list_string(const std::vector<int>& cores) {
+  std::string s;
+  for (std::size_t i = 0; i < cores.size();) {
+    std::size_t j = i;
+    while (j + 1 < cores.size() && cores[j + 1] == cores[j] + 1) ++j;
+    if (!s.empty()) s += ",";
+    s += std::to_string(cores[i]);
+    if (j > i) s += "-" + std::to_string(cores[j]);
+    i = j + 1;
+  }
+  return s;
+}
+
+}  // namespace dos

@@ -1,0 +1,37 @@
+// The OpenMP team a CPU codelet runs its kernel with: which cores its threads are bound to.
+//
+// StarPU runs one "fat" CPU worker (or a few) whose codelets open an OpenMP parallel region. With
+// StarPU's own binding, the team would inherit the worker's single-core mask and pile onto one
+// core (notes/starpu-1.3.md, section 4), so the runtime starts StarPU with STARPU_WORKERS_NOBIND=1
+// and binds threads itself: each CUDA worker's driver thread to a core of its own, and thread t of
+// CPU worker w's team to core (w * team_size + t) of the cores that are left. Pinned threads that
+// stay on their core keep the kernel's static OpenMP schedule balanced; on the GPU machine the
+// bound team ran CPU Adam 5-15% faster than an unbound one (dos-bench, README "Kernels").
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace dos {
+
+/// Binding of the calling StarPU CPU worker's OpenMP team to `cores` (OS processor numbers, one per
+/// team thread, thread t on cores[t]); an empty vector leaves the team unbound. Set on each CPU
+/// worker thread by the runtime (thread-local: each worker has its own), before any task runs.
+void set_worker_team_cores(const std::vector<int>& cores);
+
+/// Called by the CPU codelets on a worker thread before their kernel: binds each thread of the
+/// current OpenMP team that is not yet on its core (one fork-join, a few microseconds, and a
+/// system call only the first time a thread is seen). Does nothing for an unbound worker. Never
+/// fails: a refused binding (a core outside the process's cpuset) leaves that thread unbound.
+void bind_worker_team();
+
+/// Binds the calling thread to one core (OS processor number). Returns false if the system refused.
+bool bind_this_thread(int core);
+
+/// The OS processor numbers of the calling thread's affinity mask, ascending.
+std::vector<int> allowed_cores();
+
+/// "a-b,c" form of a core list, for messages.
+std::string core_list_string(const std::vector<int>& cores);
+
+}  // namespace dos

@@ -1,0 +1,164 @@
+// CUDA kernels against the CPU kernels (themselves tested against the double-precision and
+// bit-level references in test_kernels): the same bits, since both sides do the same fp32
+// operations in the same order (--fmad=false, -ffp-contract=off). Covers the vector path (16-byte
+// aligned buffers), the scalar path (buffers offset by 1-3 elements), every tail length, every
+// gradient and parameter dtype, several steps, and the conversions over special values.
+// Exits 77 (skip) without a CUDA device.
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "adam.h"
+#include "cmocka_cpp.h"
+
+using dos::DType;
+
+namespace {
+
+/// Device buffer of `bytes`, plus `offset_bytes` of slack in front (to misalign on purpose).
+struct DevBuf {
+  char* base = nullptr;
+  std::size_t offset = 0;
+  DevBuf(std::size_t bytes, std::size_t offset_bytes) : offset(offset_bytes) {
+    assert_int_equal(cudaMalloc(&base, bytes + offset_bytes + 16), cudaSuccess);
+  }
+  ~DevBuf() { cudaFree(base); }
+  void* ptr() const { return base + offset; }
+  void put(const void* src, std::size_t bytes) {
+    assert_int_equal(cudaMemcpy(ptr(), src, bytes, cudaMemcpyHostToDevice), cudaSuccess);
+  }
+  void get(void* dst, std::size_t bytes) const {
+    assert_int_equal(cudaMemcpy(dst, ptr(), bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+  }
+};
+
+std::vector<std::uint8_t> random_grads(std::size_t n, DType t, std::mt19937& rng) {
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<std::uint8_t> out(n * dos::dtype_size(t));
+  for (std::size_t i = 0; i < n; ++i) {
+    const float x = nd(rng) * (i % 7 == 0 ? 1e-3f : 1.0f);
+    if (t == DType::fp32) std::memcpy(&out[4 * i], &x, 4);
+    else {
+      const std::uint16_t h = t == DType::bf16 ? dos::f32_to_bf16(x) : dos::f32_to_f16(x);
+      std::memcpy(&out[2 * i], &h, 2);
+    }
+  }
+  return out;
+}
+
+void expect_same_bits(const void* a, const void* b, std::size_t bytes, const char* what, std::size_t n,
+                      std::size_t offset) {
+  if (std::memcmp(a, b, bytes) != 0) {
+    std::size_t i = 0;
+    while (static_cast<const char*>(a)[i] == static_cast<const char*>(b)[i]) ++i;
+    std::fprintf(stderr, "%s differs at byte %zu (n %zu, offset %zu elements)\n", what, i, n, offset);
+    fail();
+  }
+}
+
+void test_adam_cuda_equals_cpu(void**) {
+  std::mt19937 rng(7);
+  const std::size_t sizes[] = {1, 3, 4, 5, 8, 17, 1023, 4099, 65536 + 7, (1u << 20) + 3};
+  for (DType gt : {DType::fp32, DType::bf16, DType::fp16})
+    for (DType pt : {DType::fp32, DType::bf16, DType::fp16})
+      for (std::size_t n : sizes)
+        for (std::size_t off : {std::size_t(0), std::size_t(1), std::size_t(3)}) {
+          dos::AdamHyper h;
+          h.lr = 1e-3;
+          h.weight_decay = (n % 2) ? 0.1 : 0.0;
+          h.decoupled = (n % 3) != 0;
+          std::vector<float> p(n), m(n, 0.0f), v(n, 0.0f);
+          std::normal_distribution<float> nd(0.0f, 0.5f);
+          for (float& x : p) x = nd(rng);
+          const std::size_t gs = dos::dtype_size(gt), ps = dos::dtype_size(pt);
+          DevBuf dp(4 * n, 4 * off), dm(4 * n, 4 * off), dv(4 * n, 4 * off), dg(gs * n, gs * off), dout(ps * n, ps * off);
+          dp.put(p.data(), 4 * n);
+          dm.put(m.data(), 4 * n);
+          dv.put(v.data(), 4 * n);
+          std::vector<std::uint8_t> out_cpu(ps * n), out_gpu(ps * n);
+          for (std::int64_t step = 1; step <= 3; ++step) {
+            const auto g = random_grads(n, gt, rng);
+            dg.put(g.data(), g.size());
+            const dos::AdamStepParams sp = dos::make_adam_step_params(h, step);
+            dos::adam_step_cpu(p.data(), m.data(), v.data(), g.data(), gt, out_cpu.data(), pt, n, sp);
+            assert_int_equal(dos::adam_step_cuda(static_cast<float*>(dp.ptr()), static_cast<float*>(dm.ptr()),
+                                                 static_cast<float*>(dv.ptr()), dg.ptr(), gt, dout.ptr(), pt, n, sp,
+                                                 nullptr),
+                             0);
+          }
+          std::vector<float> pg(n), mg(n), vg(n);
+          dp.get(pg.data(), 4 * n);
+          dm.get(mg.data(), 4 * n);
+          dv.get(vg.data(), 4 * n);
+          dout.get(out_gpu.data(), ps * n);
+          expect_same_bits(p.data(), pg.data(), 4 * n, "master", n, off);
+          expect_same_bits(m.data(), mg.data(), 4 * n, "exp_avg", n, off);
+          expect_same_bits(v.data(), vg.data(), 4 * n, "exp_avg_sq", n, off);
+          expect_same_bits(out_cpu.data(), out_gpu.data(), ps * n, "16-bit copy", n, off);
+        }
+}
+
+// Conversions both ways over random values plus specials (zeros, subnormals of both formats,
+// rounding ties, overflow, inf), every tail, aligned and misaligned: the CPU kernels' bits.
+void test_conversions_cuda_equal_cpu(void**) {
+  std::mt19937 rng(11);
+  std::uniform_int_distribution<std::uint32_t> bits;
+  const std::size_t sizes[] = {1, 2, 4, 7, 64, 4097, (1u << 18) + 1};
+  for (std::size_t n : sizes)
+    for (std::size_t off : {std::size_t(0), std::size_t(1), std::size_t(2)}) {
+      std::vector<float> src(n);
+      for (std::size_t i = 0; i < n; ++i) {
+        std::uint32_t u = bits(rng);
+        if ((u & 0x7f800000u) == 0x7f800000u) u &= ~0x00400000u;  // keep NaN out: its payload is not compared
+        if ((u & 0x7f800000u) == 0x7f800000u) u &= 0xff800000u;
+        std::memcpy(&src[i], &u, 4);
+        if (i % 5 == 1) src[i] = std::ldexp(float(int(u % 4096)), -24 - int(u % 5));  // fp16 subnormals, ties
+        if (i % 11 == 2) src[i] = (u % 2 ? 65520.0f : -65519.0f);
+      }
+      for (DType t : {DType::fp32, DType::bf16, DType::fp16}) {
+        const std::size_t es = dos::dtype_size(t);
+        std::vector<std::uint8_t> narrow_cpu(es * n), narrow_gpu(es * n);
+        dos::convert_from_f32_cpu(src.data(), narrow_cpu.data(), t, n);
+        DevBuf d32(4 * n, 4 * off), d16(es * n, es * off);
+        d32.put(src.data(), 4 * n);
+        assert_int_equal(dos::convert_from_f32_cuda(static_cast<const float*>(d32.ptr()), d16.ptr(), t, n, nullptr), 0);
+        d16.get(narrow_gpu.data(), es * n);
+        expect_same_bits(narrow_cpu.data(), narrow_gpu.data(), es * n, "fp32 -> 16-bit", n, off);
+        std::vector<float> wide_cpu(n), wide_gpu(n);
+        dos::convert_to_f32_cpu(narrow_cpu.data(), t, wide_cpu.data(), n);
+        assert_int_equal(cudaMemset(d32.ptr(), 0xff, 4 * n), cudaSuccess);
+        assert_int_equal(dos::convert_to_f32_cuda(d16.ptr(), t, static_cast<float*>(d32.ptr()), n, nullptr), 0);
+        d32.get(wide_gpu.data(), 4 * n);
+        expect_same_bits(wide_cpu.data(), wide_gpu.data(), 4 * n, "16-bit -> fp32", n, off);
+      }
+    }
+  // every fp16 bit pattern, NaNs included, widens to the CPU's bits
+  std::vector<std::uint16_t> all(65536);
+  for (std::uint32_t b = 0; b < 65536; ++b) all[b] = std::uint16_t(b);
+  std::vector<float> wide_cpu(65536), wide_gpu(65536);
+  dos::convert_to_f32_cpu(all.data(), DType::fp16, wide_cpu.data(), 65536);
+  DevBuf d16(2 * 65536, 0), d32(4 * 65536, 0);
+  d16.put(all.data(), 2 * 65536);
+  assert_int_equal(dos::convert_to_f32_cuda(d16.ptr(), DType::fp16, static_cast<float*>(d32.ptr()), 65536, nullptr), 0);
+  d32.get(wide_gpu.data(), 4 * 65536);
+  expect_same_bits(wide_cpu.data(), wide_gpu.data(), 4 * 65536, "fp16 -> fp32 (all patterns)", 65536, 0);
+}
+
+}  // namespace
+
+int main() {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    std::printf("no CUDA device: skipped\n");
+    return 77;
+  }
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_adam_cuda_equals_cpu),
+      cmocka_unit_test(test_conversions_cuda_equal_cpu),
+  };
+  return cmocka_run_group_tests(tests, nullptr, nullptr);
+}

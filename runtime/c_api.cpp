@@ -1,8 +1,17 @@
 // The C ABI of the runtime (dos_c.h): every entry point catches every exception and turns it into
 // a status code and a thread-local message, so that no C++ exception or type crosses the boundary.
+//
+// Between calls, StarPU's workers are paused (starpu_pause): StarPU 1.3's drivers poll for tasks
+// in a tight loop unless built with --enable-blocking-drivers, and a caller that computes between
+// update phases (a PyTorch training loop: forward and backward on the same cores) lost most of
+// its CPU to them (a tiny GPT on the 2-core CI machine: forward+backward 4 s instead of 0.35 s per
+// step). Every entry point that may submit or wait for StarPU work resumes the workers first.
 #include "dos_c.h"
 
+#include <starpu.h>
+
 #include <cstring>
+#include <mutex>
 #include <exception>
 #include <memory>
 #include <new>
@@ -21,6 +30,39 @@ struct dos_optimizer {
 namespace {
 
 thread_local std::string g_last_error;
+
+// StarPU is up while a runtime made here lives, or while optimizers made here outlive it (the
+// Runtime defers starpu_shutdown to the last Optimizer).
+std::mutex g_mu;
+int g_runtimes = 0, g_optimizers = 0, g_active = 0;
+bool g_paused = false;
+
+/// Workers running for the lifetime of this object (nestable, thread-safe); paused again when the
+/// last one ends and StarPU is still up.
+struct Active {
+  Active() {
+    std::lock_guard<std::mutex> l(g_mu);
+    if (g_paused) {
+      starpu_resume();
+      g_paused = false;
+    }
+    ++g_active;
+  }
+  ~Active() {
+    std::lock_guard<std::mutex> l(g_mu);
+    if (--g_active == 0 && (g_runtimes > 0 || g_optimizers > 0) && !g_paused) {
+      starpu_pause();
+      g_paused = true;
+    }
+  }
+  Active(const Active&) = delete;
+  Active& operator=(const Active&) = delete;
+};
+
+void count(int* counter, int delta) {
+  std::lock_guard<std::mutex> l(g_mu);
+  *counter += delta;
+}
 
 int fail(int code, const std::string& msg) {
   g_last_error = msg;
@@ -72,6 +114,7 @@ int dos_runtime_create(const char* policy, int cpu_threads, int cpu_workers, int
                        dos_runtime** out) {
   if (!out) return fail(DOS_E_INVALID, "dos_runtime_create: out is NULL");
   *out = nullptr;
+  Active active;
   return guarded([&] {
     dos::RuntimeOptions o;
     o.policy = policy ? policy : "";
@@ -81,15 +124,19 @@ int dos_runtime_create(const char* policy, int cpu_threads, int cpu_workers, int
     o.verbose = verbose != 0;
     auto h = std::make_unique<dos_runtime>();
     h->rt = std::make_unique<dos::Runtime>(o);
+    count(&g_runtimes, 1);
     *out = h.release();
   });
 }
 
 void dos_runtime_destroy(dos_runtime* rt) {
+  if (!rt) return;
+  Active active;
   try {
     delete rt;
   } catch (...) {
   }
+  count(&g_runtimes, -1);
 }
 
 int dos_runtime_running_policy(const dos_runtime* rt, char* buf, size_t len) {
@@ -122,6 +169,7 @@ int dos_optimizer_create(dos_runtime* rt, size_t ntensors, void* const* params, 
   if (bad_dtype(dtype)) return fail(DOS_E_INVALID, "dos_optimizer_create: dtype code must be 0 (fp32), 1 (fp16) or 2 (bf16), got " + std::to_string(dtype));
   if (memory != 0 && memory != 1)
     return fail(DOS_E_INVALID, "dos_optimizer_create: memory code must be 0 (host) or 1 (CUDA), got " + std::to_string(memory));
+  Active active;
   return guarded([&] {
     std::vector<dos::TensorView> tv(ntensors);
     for (size_t i = 0; i < ntensors; ++i) tv[i] = dos::TensorView{params[i], grads[i], numels[i]};
@@ -133,15 +181,19 @@ int dos_optimizer_create(dos_runtime* rt, size_t ntensors, void* const* params, 
     o.verbose = verbose != 0;
     auto h = std::make_unique<dos_optimizer>();
     h->opt = std::make_unique<dos::Optimizer>(*rt->rt, tv, o);
+    count(&g_optimizers, 1);
     *out = h.release();
   });
 }
 
 void dos_optimizer_destroy(dos_optimizer* opt) {
+  if (!opt) return;
+  Active active;
   try {
     delete opt;
   } catch (...) {
   }
+  count(&g_optimizers, -1);
 }
 
 int dos_optimizer_set_hyper(dos_optimizer* opt, double lr, double beta1, double beta2, double eps,
@@ -152,6 +204,7 @@ int dos_optimizer_set_hyper(dos_optimizer* opt, double lr, double beta1, double 
 
 int dos_optimizer_step(dos_optimizer* opt, dos_step_stats* stats) {
   if (!opt) return fail(DOS_E_INVALID, "dos_optimizer_step: optimizer is NULL");
+  Active active;
   return guarded(
       [&] {
         const dos::StepStats s = opt->opt->step();
@@ -196,6 +249,7 @@ int dos_optimizer_read_state(const dos_optimizer* opt, int which, float* out) {
   if (!opt || !out) return fail(DOS_E_INVALID, "dos_optimizer_read_state: NULL argument");
   if (which < 0 || which > 2)
     return fail(DOS_E_INVALID, "dos_optimizer_read_state: which must be 0 (master), 1 (exp_avg) or 2 (exp_avg_sq)");
+  Active active;
   return guarded(
       [&] {
         if (which == 0) opt->opt->read_master(out);
@@ -209,6 +263,7 @@ int dos_optimizer_load_state(dos_optimizer* opt, const float* master, const floa
                              const float* exp_avg_sq, const int64_t* steps, size_t nsteps) {
   if (!opt || !master || !exp_avg || !exp_avg_sq || (nsteps > 0 && !steps))
     return fail(DOS_E_INVALID, "dos_optimizer_load_state: NULL argument");
+  Active active;
   return guarded([&] {
     opt->opt->load_state(master, exp_avg, exp_avg_sq, std::vector<std::int64_t>(steps, steps + nsteps));
   });

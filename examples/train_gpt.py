@@ -1,0 +1,475 @@
+#!/usr/bin/env python3
+"""Train a GPT-2-style causal language model on real text, with the optimizer's update phase run by
+Deep Optimizer States (``--optimizer dos``) or by PyTorch's AdamW for comparison.
+
+The model starts from a random initialisation: Hugging Face ``transformers``' GPT2LMHeadModel when
+``transformers`` is importable (``--model hf``, or ``auto``), otherwise the small GPT-2 defined
+below (``--model builtin``: token and position embeddings, pre-LayerNorm blocks of causal
+self-attention and a 4x GELU MLP, a final LayerNorm, the output head tied to the token embedding;
+no dropout). Tokenisation is at byte level: the vocabulary is the 256 byte values.
+
+The corpus is real text that is on every machine with Python, offline: by default the ``.py``
+source files of the running interpreter's standard library (``sysconfig.get_paths()["stdlib"]``,
+for example ``/usr/lib/python3.11`` with Debian's Python or ``/usr/lib/python3.12`` on Ubuntu 24.04),
+read in sorted path order and concatenated, up to ``--corpus-mb`` megabytes. ``--corpus PATH``
+(repeatable; files, or folders searched for ``--corpus-glob``) picks other text, for example
+``--corpus /usr/share/doc --corpus-glob '*.txt'``. Batches are random windows of the corpus, drawn
+from a generator seeded by ``--seed`` and the step number, so that every run of the same
+arguments sees the same batches.
+
+Optimizers (all AdamW with the same hyper-parameters, gradient clipping and schedule):
+  dos                 DeepOptimizerStates: fp32 master parameters and Adam state in the runtime's
+                      pinned host memory, updates placed by ``--policy``;
+  adamw               torch.optim.AdamW on the model's device (fp32 master copies on that device
+                      when the model is 16-bit; fused CUDA kernel where available);
+  adamw-cpu-offload   ZeRO-Offload's recipe in PyTorch: fp32 master parameters and Adam state in
+                      pinned host memory, gradients converted to fp32 on the GPU and copied down,
+                      torch.optim.AdamW on the CPU (fused where available), 16-bit parameters
+                      copied up.
+
+Each step prints the loss (mean cross-entropy over the batch's next-byte predictions, nats),
+tokens/s (batch tokens over the whole step's wall time) and the optimizer's update-phase seconds
+(``opt``: the whole optimizer step, from gradients ready to parameters updated, including the
+gradient norm; for ``dos`` also ``phase``: the runtime's own update phase). ``--log-json FILE``
+writes every step and a summary.
+
+Example (CPU, seconds):  python3 examples/train_gpt.py --steps 20 --optimizer dos --policy cpu
+"""
+
+import argparse
+import contextlib
+import fnmatch
+import json
+import math
+import os
+import sys
+import sysconfig
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "python"))
+
+VOCAB = 256  # byte-level tokens
+
+# ---------------------------------------------------------------------------------------------
+# corpus
+
+
+def load_corpus(paths, glob, max_bytes):
+    """Reads text files into one ``torch.uint8`` tensor of at most ``max_bytes`` bytes.
+
+    paths: list of files or folders (None or []: the running Python's standard library folder);
+    folders are walked recursively for files matching ``glob``, in sorted path order.
+    Returns (data, description). Raises ``ValueError`` when fewer than 4096 bytes are found.
+    """
+    if not paths:
+        paths = [sysconfig.get_paths()["stdlib"]]
+        glob = "*.py"
+    files = []
+    for p in paths:
+        if os.path.isdir(p):
+            for root, dirs, names in os.walk(p):
+                dirs.sort()
+                for n in sorted(names):
+                    if fnmatch.fnmatch(n, glob):
+                        files.append(os.path.join(root, n))
+        elif os.path.isfile(p):
+            files.append(p)
+        else:
+            raise ValueError(f"corpus path {p} does not exist")
+    chunks, total, used = [], 0, 0
+    for f in files:
+        if total >= max_bytes:
+            break
+        try:
+            with open(f, "rb") as fh:
+                b = fh.read(max_bytes - total)
+        except OSError:
+            continue
+        chunks.append(b + b"\n")
+        total += len(b) + 1
+        used += 1
+    data = b"".join(chunks)[:max_bytes]
+    if len(data) < 4096:
+        raise ValueError(f"the corpus ({', '.join(paths)}, {glob}) holds only {len(data)} bytes")
+    desc = f"{used} files matching {glob} under {', '.join(paths)}, {len(data) / 1e6:.2f} MB"
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8), desc
+
+
+def get_batch(data, step, batch, seq_len, seed, device):
+    """Batch of step ``step``: ``batch`` random windows of ``seq_len + 1`` bytes (inputs, targets),
+    int64 tensors of shape (batch, seq_len) on ``device``; the same for the same (seed, step)."""
+    g = torch.Generator()
+    g.manual_seed(seed * 1_000_003 + step)
+    starts = torch.randint(0, data.numel() - seq_len - 1, (batch,), generator=g)
+    idx = starts[:, None] + torch.arange(seq_len + 1)[None, :]
+    w = data[idx].long()
+    return w[:, :-1].to(device), w[:, 1:].to(device)
+
+
+# ---------------------------------------------------------------------------------------------
+# model
+
+
+class Block(nn.Module):
+    """One pre-LayerNorm transformer block: x + attn(ln1(x)), then + mlp(ln2(x))."""
+
+    def __init__(self, d, heads):
+        super().__init__()
+        self.heads = heads
+        self.ln1 = nn.LayerNorm(d)
+        self.qkv = nn.Linear(d, 3 * d)
+        self.proj = nn.Linear(d, d)
+        self.ln2 = nn.LayerNorm(d)
+        self.fc = nn.Linear(d, 4 * d)
+        self.out = nn.Linear(4 * d, d)
+
+    def attention(self, x):
+        B, T, D = x.shape
+        q, k, v = self.qkv(x).split(D, dim=2)
+        q, k, v = (t.view(B, T, self.heads, D // self.heads).transpose(1, 2) for t in (q, k, v))
+        if hasattr(F, "scaled_dot_product_attention"):
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:  # torch < 2.0
+            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.shape[-1]))
+            mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
+            att = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)
+            y = att @ v
+        return self.proj(y.transpose(1, 2).reshape(B, T, D))
+
+    def forward(self, x):
+        x = x + self.attention(self.ln1(x))
+        return x + self.out(F.gelu(self.fc(self.ln2(x))))
+
+
+class GPT(nn.Module):
+    """GPT-2-style decoder over byte tokens: input (B, T) int64 -> logits (B, T, 256)."""
+
+    def __init__(self, n_layer, n_embd, n_head, seq_len):
+        super().__init__()
+        self.wte = nn.Embedding(VOCAB, n_embd)
+        self.wpe = nn.Embedding(seq_len, n_embd)
+        self.blocks = nn.ModuleList(Block(n_embd, n_head) for _ in range(n_layer))
+        self.ln_f = nn.LayerNorm(n_embd)
+        # GPT-2's initialisation: N(0, 0.02), residual projections scaled by 1/sqrt(2 n_layer)
+        for name, p in self.named_parameters():
+            if name.endswith("bias"):
+                nn.init.zeros_(p)
+            elif p.dim() >= 2:
+                std = 0.02 / math.sqrt(2 * n_layer) if name.endswith(("proj.weight", "out.weight")) else 0.02
+                nn.init.normal_(p, 0.0, std)
+
+    def forward(self, idx):
+        T = idx.shape[1]
+        x = self.wte(idx) + self.wpe(torch.arange(T, device=idx.device))
+        for b in self.blocks:
+            x = b(x)
+        return self.ln_f(x) @ self.wte.weight.t()  # tied output head
+
+
+def make_model(kind, n_layer, n_embd, n_head, seq_len):
+    """The model (random initialisation, fp32 on the CPU) and its description. kind: ``auto``
+    (transformers' GPT-2 if importable, else the builtin), ``hf`` or ``builtin``."""
+    if kind in ("auto", "hf"):
+        try:
+            from transformers import GPT2Config, GPT2LMHeadModel
+        except ImportError:
+            if kind == "hf":
+                raise
+        else:
+            cfg = GPT2Config(vocab_size=VOCAB, n_positions=seq_len, n_embd=n_embd, n_layer=n_layer, n_head=n_head,
+                             resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+            m = GPT2LMHeadModel(cfg)
+            return _HFWrapper(m), "transformers GPT2LMHeadModel"
+    return GPT(n_layer, n_embd, n_head, seq_len), "builtin GPT-2-style model"
+
+
+class _HFWrapper(nn.Module):
+    """transformers' model behind the builtin's interface (input ids -> logits)."""
+
+    def __init__(self, m):
+        super().__init__()
+        self.m = m
+
+    def forward(self, idx):
+        return self.m(input_ids=idx).logits
+
+
+# ---------------------------------------------------------------------------------------------
+# optimizers
+
+
+class MasterAdamW:
+    """torch.optim.AdamW over fp32 master copies of a 16-bit model, on ``device`` (the model's, or
+    the CPU with pinned buffers: ZeRO-Offload's recipe). One flat master tensor; gradients are
+    converted to fp32 on the model's device and copied (D2H when offloaded); the new 16-bit
+    parameters are made where the master lives and copied back (H2D when offloaded)."""
+
+    def __init__(self, params, device, lr, betas, eps, weight_decay, max_grad_norm):
+        self.params = list(params)
+        self.model_device = self.params[0].device
+        self.dtype = self.params[0].dtype
+        self.device = torch.device(device)
+        pin = self.device.type == "cpu" and self.model_device.type == "cuda"
+        n = sum(p.numel() for p in self.params)
+        self.master = torch.empty(n, dtype=torch.float32, device=self.device, pin_memory=pin)
+        torch.cat([p.detach().reshape(-1).float().to(self.device) for p in self.params], out=self.master)
+        self.mp = nn.Parameter(self.master)
+        self.mp.grad = torch.zeros(n, dtype=torch.float32, device=self.device, pin_memory=pin)
+        self.p16 = torch.empty(n, dtype=self.dtype, device=self.device, pin_memory=pin) if pin else None
+        kw = {}
+        if self.device.type == "cuda" or tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 4):
+            kw["fused"] = True
+        try:
+            self.opt = torch.optim.AdamW([self.mp], lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, **kw)
+        except (RuntimeError, TypeError, ValueError):
+            self.opt = torch.optim.AdamW([self.mp], lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+        self.param_groups = self.opt.param_groups
+        self.max_grad_norm = max_grad_norm
+        self.skipped_steps = 0
+        self.last_step = None
+
+    def zero_grad(self, set_to_none=True):
+        for p in self.params:
+            p.grad = None
+
+    @torch.no_grad()
+    def step(self, grad_scale=None):
+        g = torch.cat([p.grad.reshape(-1) for p in self.params]).float()
+        if grad_scale:
+            g.mul_(1.0 / grad_scale)
+        self.mp.grad.copy_(g, non_blocking=True)
+        if self.model_device.type == "cuda":
+            torch.cuda.synchronize()
+        norm = torch.linalg.vector_norm(self.mp.grad, 2)
+        normf = float(norm)
+        skipped = not math.isfinite(normf)
+        clip = 1.0
+        if not skipped:
+            if self.max_grad_norm and normf > 0:
+                clip = min(1.0, self.max_grad_norm / (normf + 1e-6))
+                if clip < 1.0:
+                    self.mp.grad.mul_(clip)
+            self.opt.step()
+            if self.p16 is not None:
+                self.p16.copy_(self.master)
+                src = self.p16.to(self.model_device, non_blocking=True)
+            else:
+                src = self.master
+            off = 0
+            for p in self.params:
+                n = p.numel()
+                p.copy_(src[off:off + n].view_as(p))
+                off += n
+            if self.model_device.type == "cuda":
+                torch.cuda.synchronize()
+        else:
+            self.skipped_steps += 1
+        self.last_step = dict(skipped=skipped, grad_norm=normf, clip_coef=clip)
+
+
+class PlainAdamW:
+    """torch.optim.AdamW directly on fp32 parameters, with torch.nn.utils.clip_grad_norm_."""
+
+    def __init__(self, params, lr, betas, eps, weight_decay, max_grad_norm):
+        self.params = list(params)
+        self.opt = torch.optim.AdamW(self.params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+        self.param_groups = self.opt.param_groups
+        self.max_grad_norm = max_grad_norm
+        self.skipped_steps = 0
+        self.last_step = None
+
+    def zero_grad(self, set_to_none=True):
+        self.opt.zero_grad(set_to_none=set_to_none)
+
+    @torch.no_grad()
+    def step(self, grad_scale=None):
+        if grad_scale:
+            for p in self.params:
+                p.grad.mul_(1.0 / grad_scale)
+        if self.max_grad_norm:
+            norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm))
+        else:
+            norm = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in self.params])))
+        skipped = not math.isfinite(norm)
+        if skipped:
+            self.skipped_steps += 1
+        else:
+            self.opt.step()
+        self.last_step = dict(skipped=skipped, grad_norm=norm, clip_coef=1.0)
+
+
+def make_optimizer(args, model):
+    """The optimizer ``args.optimizer`` names over ``model``'s parameters (one group, weight decay
+    on every parameter)."""
+    betas = (args.beta1, args.beta2)
+    params = list(model.parameters())
+    if args.optimizer == "dos":
+        from deep_optimizer_states import DeepOptimizerStates
+        return DeepOptimizerStates(params, lr=args.lr, betas=betas, eps=args.eps, weight_decay=args.weight_decay,
+                                   decoupled=True, subgroup_size=int(float(args.subgroup_size)), policy=args.policy,
+                                   max_grad_norm=args.max_grad_norm, verbose=args.verbose)
+    on_device = args.optimizer == "adamw"
+    if params[0].dtype == torch.float32 and (on_device or params[0].device.type == "cpu"):
+        return PlainAdamW(params, args.lr, betas, args.eps, args.weight_decay, args.max_grad_norm)
+    return MasterAdamW(params, params[0].device if on_device else "cpu", args.lr, betas, args.eps,
+                       args.weight_decay, args.max_grad_norm)
+
+
+def lr_at(args, step):
+    """Learning rate of step ``step`` (1-based): linear warm-up over ``--warmup`` steps, then
+    constant or cosine decay to ``--min-lr-ratio`` of ``--lr`` at ``--steps``."""
+    if args.warmup and step <= args.warmup:
+        return args.lr * step / args.warmup
+    if args.schedule == "cosine":
+        t = (step - args.warmup) / max(1, args.steps - args.warmup)
+        return args.lr * (args.min_lr_ratio + (1 - args.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, t))))
+    return args.lr
+
+
+# ---------------------------------------------------------------------------------------------
+# training
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--optimizer", choices=["dos", "adamw", "adamw-cpu-offload"], default="dos")
+    ap.add_argument("--policy", default="dos", help="the runtime's scheduling policy (cpu, gpu, dos, static:R, dmda...)")
+    ap.add_argument("--model", choices=["auto", "hf", "builtin"], default="auto")
+    ap.add_argument("--n-layer", type=int, default=4)
+    ap.add_argument("--n-embd", type=int, default=128)
+    ap.add_argument("--n-head", type=int, default=4)
+    ap.add_argument("--seq-len", type=int, default=128)
+    ap.add_argument("--batch-size", type=int, default=16)
+    ap.add_argument("--steps", type=int, default=50)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--min-lr-ratio", type=float, default=0.1)
+    ap.add_argument("--warmup", type=int, default=0, help="linear warm-up steps")
+    ap.add_argument("--schedule", choices=["constant", "cosine"], default="constant")
+    ap.add_argument("--beta1", type=float, default=0.9)
+    ap.add_argument("--beta2", type=float, default=0.95)
+    ap.add_argument("--eps", type=float, default=1e-8)
+    ap.add_argument("--weight-decay", type=float, default=0.1)
+    ap.add_argument("--max-grad-norm", type=float, default=1.0, help="0: no clipping")
+    ap.add_argument("--subgroup-size", default="1e8", help="elements per subgroup (dos)")
+    ap.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], default="fp32", help="the model's parameters")
+    ap.add_argument("--device", default="auto", help="cpu, cuda or auto (cuda when available)")
+    ap.add_argument("--loss-scale", type=float, default=0,
+                    help="fp16: initial dynamic loss scale (default 2^16); halved on an inf/NaN step, doubled "
+                         "after 1000 good steps")
+    ap.add_argument("--corpus", action="append", help="text file or folder (repeatable); default: the Python "
+                    "standard library's .py files")
+    ap.add_argument("--corpus-glob", default="*", help="file-name pattern in corpus folders")
+    ap.add_argument("--corpus-mb", type=float, default=8.0)
+    ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--log-json", help="write every step and a summary to this JSON file")
+    ap.add_argument("--print-every", type=int, default=1)
+    ap.add_argument("--verbose", action="store_true", help="the runtime's start-up and calibration lines")
+    args = ap.parse_args(argv)
+    if args.max_grad_norm == 0:
+        args.max_grad_norm = None
+    return args
+
+
+def main(argv=None):
+    """Runs the training the arguments describe; returns a dict with ``losses`` (list of floats),
+    ``opt_seconds`` and ``phase_seconds`` per step, the parameter count and the optimizer."""
+    args = parse_args(argv)
+    device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
+    data, corpus_desc = load_corpus(args.corpus, args.corpus_glob, int(args.corpus_mb * 1e6))
+    torch.manual_seed(args.seed)
+    model, model_desc = make_model(args.model, args.n_layer, args.n_embd, args.n_head, args.seq_len)
+    model = model.to(device=device, dtype=dtype)
+    nparams = sum(p.numel() for p in model.parameters())
+    opt = make_optimizer(args, model)
+    print(f"train_gpt: {model_desc}, {args.n_layer} layers, hidden {args.n_embd}, {args.n_head} heads, context "
+          f"{args.seq_len}, {nparams:,} parameters ({args.dtype} on {device.type}); batch {args.batch_size} x "
+          f"{args.seq_len} tokens; optimizer {args.optimizer}"
+          + (f" (policy {args.policy}, subgroups of {int(float(args.subgroup_size)):,})" if args.optimizer == "dos" else "")
+          + f"; torch {torch.__version__}", flush=True)
+    print(f"corpus: {corpus_desc}, byte-level tokens", flush=True)
+    loss_scale = (args.loss_scale or 2.0 ** 16) if dtype == torch.float16 else None
+    good = 0
+    records = []
+    tokens = args.batch_size * args.seq_len
+    cuda = device.type == "cuda"
+    for step in range(1, args.steps + 1):
+        lr = lr_at(args, step)
+        for g in opt.param_groups:
+            g["lr"] = lr
+        t0 = time.perf_counter()
+        x, y = get_batch(data, step, args.batch_size, args.seq_len, args.seed, device)
+        logits = model(x)
+        loss = F.cross_entropy(logits.float().reshape(-1, VOCAB), y.reshape(-1))
+        (loss * loss_scale if loss_scale else loss).backward()
+        if cuda:
+            torch.cuda.synchronize()
+        t1 = time.perf_counter()
+        opt.step(grad_scale=loss_scale)
+        if cuda:
+            torch.cuda.synchronize()
+        t2 = time.perf_counter()
+        opt.zero_grad()
+        info = opt.last_step or {}
+        if loss_scale:
+            if info.get("skipped"):
+                loss_scale /= 2
+                good = 0
+            else:
+                good += 1
+                if good == 1000:
+                    loss_scale *= 2
+                    good = 0
+        lv = float(loss)
+        rec = dict(step=step, loss=lv, lr=lr, fwd_bwd_seconds=t1 - t0, opt_seconds=t2 - t1,
+                   phase_seconds=info.get("update_seconds", t2 - t1), tokens_per_s=tokens / (t2 - t0),
+                   grad_norm=info.get("grad_norm"), skipped=bool(info.get("skipped")))
+        if args.optimizer == "dos" and info.get("stats"):
+            s = info["stats"][0]
+            rec.update(subgroups_cpu=s["subgroups_cpu"], subgroups_gpu=s["subgroups_gpu"], h2d_bytes=s["bytes_h2d"],
+                       d2h_bytes=s["bytes_d2h"])
+        records.append(rec)
+        if step % args.print_every == 0 or step == 1 or step == args.steps:
+            extra = f" phase {rec['phase_seconds']:.4f} s" if args.optimizer == "dos" else ""
+            if "subgroups_cpu" in rec:
+                extra += f" (subgroups cpu {rec['subgroups_cpu']} gpu {rec['subgroups_gpu']})"
+            gn = rec["grad_norm"]
+            print(f"step {step:4d}  loss {lv:.4f}  tok/s {rec['tokens_per_s']:9.0f}  fwd+bwd {t1 - t0:.4f} s  "
+                  f"opt {t2 - t1:.4f} s{extra}  grad-norm {gn if gn is None else f'{gn:.3f}'}"
+                  + ("  SKIPPED (inf/NaN gradients)" if rec["skipped"] else ""), flush=True)
+
+    def median(v):
+        v = sorted(v)
+        return v[len(v) // 2] if v else float("nan")
+
+    later = records[1:] if len(records) > 1 else records
+    summary = dict(optimizer=args.optimizer, policy=args.policy if args.optimizer == "dos" else None,
+                   params=nparams, model=model_desc, corpus=corpus_desc, steps=args.steps,
+                   first_loss=records[0]["loss"], last_loss=records[-1]["loss"],
+                   median_opt_seconds=median([r["opt_seconds"] for r in later]),
+                   median_phase_seconds=median([r["phase_seconds"] for r in later]),
+                   median_tokens_per_s=median([r["tokens_per_s"] for r in later]),
+                   skipped_steps=getattr(opt, "skipped_steps", 0), torch=torch.__version__, device=device.type,
+                   dtype=args.dtype)
+    print(f"summary: {args.optimizer}: loss {summary['first_loss']:.4f} -> {summary['last_loss']:.4f} over "
+          f"{args.steps} steps; median (steps 2..) opt {summary['median_opt_seconds']:.4f} s, update phase "
+          f"{summary['median_phase_seconds']:.4f} s, {summary['median_tokens_per_s']:.0f} tokens/s; "
+          f"{summary['skipped_steps']} skipped step(s)", flush=True)
+    if args.log_json:
+        tmp = args.log_json + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(dict(args=vars(args), summary=summary, steps=records), f, indent=1)
+        os.replace(tmp, args.log_json)
+    result = dict(summary=summary, losses=[r["loss"] for r in records], records=records, model=model, optimizer=opt)
+    return result
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(BrokenPipeError):
+        main()

@@ -8,7 +8,8 @@
 #
 # What it does, in order (every step says what it does, and skips itself when already done):
 #  1. Debian packages: meson, ninja-build, pkg-config, g++, libhwloc-dev, libcmocka-dev,
-#     nlohmann-json3-dev, libcli11-dev, through apt-get when the machine has it and a network.
+#     nlohmann-json3-dev, libcli11-dev, through apt-get when the machine has it and a network; for
+#     `test`, python3-torch, python3-numpy and libopenblas0-pthread when no python3 imports torch.
 #  2. The cache folder .deps/cache (git-ignored): StarPU's Debian source tarball and the .deb files of the
 #     header/test libraries, filled when online. On a machine without a network (the GPU machine) the
 #     script builds from that folder alone: carry .deps/cache there.
@@ -71,6 +72,22 @@ elif have_apt && apt_update_once; then
     || say "apt-get install failed for some of:$missing (continuing with .deps/cache where it can help)"
 else
   say "no package manager or no network: not installing$missing (using what is here and .deps/cache)"
+fi
+
+# The PyTorch binding's test (tests/test_pytorch.py) needs a Python that imports torch: Debian's
+# python3-torch (1.13, CPU) for /usr/bin/python3 (the python3 first on PATH may be a separate install
+# that does not see Debian's packages), with OpenBLAS, without which Debian's torch multiplies
+# matrices with the reference BLAS (16x slower here). Only for `test`, only when no python3 imports
+# torch, without the recommended packages (libtorch-dev, a toolchain: not needed).
+if [ "$cmd" = test ] && ! /usr/bin/python3 -c 'import torch' >/dev/null 2>&1 \
+   && ! python3 -c 'import torch' >/dev/null 2>&1; then
+  if have_apt && apt_update_once; then
+    say "installing Debian packages for the PyTorch test: python3-torch python3-numpy libopenblas0-pthread"
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends python3-torch python3-numpy \
+      libopenblas0-pthread >/dev/null 2>&1 || say "apt-get install python3-torch failed: the PyTorch test will skip"
+  else
+    say "no package manager or no network: not installing python3-torch (the PyTorch test will skip)"
+  fi
 fi
 
 # ---- 2. the cache folder ------------------------------------------------------------------------

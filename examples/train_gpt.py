@@ -369,6 +369,8 @@ def parse_args(argv=None):
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--log-json", help="write every step and a summary to this JSON file")
     ap.add_argument("--print-every", type=int, default=1)
+    ap.add_argument("--time-limit", type=float, default=0,
+                    help="stop after the step during which the training loop passed this many seconds (0: none)")
     ap.add_argument("--verbose", action="store_true", help="the runtime's start-up and calibration lines")
     args = ap.parse_args(argv)
     if args.max_grad_norm == 0:
@@ -384,7 +386,10 @@ def main(argv=None):
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
     data, corpus_desc = load_corpus(args.corpus, args.corpus_glob, int(args.corpus_mb * 1e6))
     torch.manual_seed(args.seed)
-    model, model_desc = make_model(args.model, args.n_layer, args.n_embd, args.n_head, args.seq_len)
+    # built where it will train when torch can (>= 2.0: a GPU initialises 1e9 parameters in a blink)
+    where = device if hasattr(torch.device(device), "__enter__") else contextlib.nullcontext()
+    with where:
+        model, model_desc = make_model(args.model, args.n_layer, args.n_embd, args.n_head, args.seq_len)
     model = model.to(device=device, dtype=dtype)
     nparams = sum(p.numel() for p in model.parameters())
     opt = make_optimizer(args, model)
@@ -399,6 +404,7 @@ def main(argv=None):
     records = []
     tokens = args.batch_size * args.seq_len
     cuda = device.type == "cuda"
+    t_start = time.perf_counter()
     for step in range(1, args.steps + 1):
         lr = lr_at(args, step)
         for g in opt.param_groups:
@@ -443,6 +449,10 @@ def main(argv=None):
             print(f"step {step:4d}  loss {lv:.4f}  tok/s {rec['tokens_per_s']:9.0f}  fwd+bwd {t1 - t0:.4f} s  "
                   f"opt {t2 - t1:.4f} s{extra}  grad-norm {gn if gn is None else f'{gn:.3f}'}"
                   + ("  SKIPPED (inf/NaN gradients)" if rec["skipped"] else ""), flush=True)
+        if args.time_limit and time.perf_counter() - t_start > args.time_limit and step < args.steps:
+            print(f"time limit: stopping after step {step} of {args.steps} ({time.perf_counter() - t_start:.0f} s > "
+                  f"--time-limit {args.time_limit:g})", flush=True)
+            break
 
     def median(v):
         v = sorted(v)
@@ -450,7 +460,9 @@ def main(argv=None):
 
     later = records[1:] if len(records) > 1 else records
     summary = dict(optimizer=args.optimizer, policy=args.policy if args.optimizer == "dos" else None,
-                   params=nparams, model=model_desc, corpus=corpus_desc, steps=args.steps,
+                   params=nparams, model=model_desc, corpus=corpus_desc, steps=len(records),
+                   train_seconds=time.perf_counter() - t_start,
+                   max_gpu_memory_gb=torch.cuda.max_memory_allocated() / 1e9 if cuda else 0.0,
                    first_loss=records[0]["loss"], last_loss=records[-1]["loss"],
                    median_opt_seconds=median([r["opt_seconds"] for r in later]),
                    median_phase_seconds=median([r["phase_seconds"] for r in later]),
@@ -458,9 +470,10 @@ def main(argv=None):
                    skipped_steps=getattr(opt, "skipped_steps", 0), torch=torch.__version__, device=device.type,
                    dtype=args.dtype)
     print(f"summary: {args.optimizer}: loss {summary['first_loss']:.4f} -> {summary['last_loss']:.4f} over "
-          f"{args.steps} steps; median (steps 2..) opt {summary['median_opt_seconds']:.4f} s, update phase "
+          f"{len(records)} steps; median (steps 2..) opt {summary['median_opt_seconds']:.4f} s, update phase "
           f"{summary['median_phase_seconds']:.4f} s, {summary['median_tokens_per_s']:.0f} tokens/s; "
-          f"{summary['skipped_steps']} skipped step(s)", flush=True)
+          f"{summary['skipped_steps']} skipped step(s)"
+          + (f"; peak GPU memory allocated by torch {summary['max_gpu_memory_gb']:.1f} GB" if cuda else ""), flush=True)
     if args.log_json:
         tmp = args.log_json + ".tmp"
         with open(tmp, "w") as f:

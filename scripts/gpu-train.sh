@@ -97,15 +97,18 @@ except ImportError:
     print("matplotlib is not importable: no PNG")
     raise SystemExit(0)
 fig, ax = plt.subplots(1, 2, figsize=(13, 4.8))
+colors = {"dos": "C0", "adamw": "C1", "adamw-cpu-offload": "C2"}
 for name, r in runs.items():
     st = r["steps"]
-    ax[0].plot([x["step"] for x in st], [x["loss"] for x in st], label=name, lw=1.2)
-    ax[1].plot([x["step"] for x in st], [x["opt_seconds"] for x in st], label=name + ": optimizer step", lw=1.2)
+    ax[0].plot([x["step"] for x in st], [x["loss"] for x in st], label=name, lw=1.2, color=colors[name])
+    ax[1].plot([x["step"] for x in st], [x["opt_seconds"] for x in st], label=name + ": optimizer step", lw=1.2,
+               color=colors[name])
     if name == "dos":
         ax[1].plot([x["step"] for x in st], [x["phase_seconds"] for x in st], label="dos: runtime's update phase",
-                   lw=1, ls="--")
+                   lw=1, ls="--", color="C3")
 p = next(iter(runs.values()))["summary"]["params"] if runs else 0
-ax[0].set(xlabel="step", ylabel="loss (nats per byte)", title=f"GPT, {p / 1e9:.2f}e9 parameters, bf16, byte-level")
+ax[0].set(xlabel="step", ylabel="loss (nats per byte)",
+          title=f"GPT, {p / 1e9:.2f}e9 parameters, bf16, byte-level" if p >= 1e8 else f"GPT, {p:,} parameters")
 ax[1].set(xlabel="step", ylabel="seconds", yscale="log", title="optimizer step (gradients ready -> parameters updated)")
 for a in ax:
     a.grid(alpha=0.3)

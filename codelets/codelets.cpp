@@ -34,8 +34,8 @@ void scatter_cpu(void* buffers[], void* cl_arg) {
   const auto* a = static_cast<const ScatterArgs*>(cl_arg);
   const char* src = reinterpret_cast<const char*>(STARPU_VECTOR_GET_PTR(buffers[0]));
   const std::size_t esz = dtype_size(a->dtype);
-  for (std::size_t s = 0; s < a->nseg; ++s)
-    std::memcpy(a->segs[s].param, src + a->segs[s].offset * esz, a->segs[s].count * esz);
+  bind_worker_team();
+  for (std::size_t s = 0; s < a->nseg; ++s) copy_cpu(a->segs[s].param, src + a->segs[s].offset * esz, a->segs[s].count * esz);
 }
 
 void cast_cpu(void* buffers[], void* cl_arg) {

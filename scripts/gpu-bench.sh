@@ -17,8 +17,15 @@ if [ -f "$ROOT/.peers/torch_update_phase.py" ]; then
   echo "== torch fused CPU AdamW (peers: cpu_adam_only), same N"
   python3 "$ROOT/.peers/torch_update_phase.py" --n "$N" --s "$N" --variants cpu_adam_only --iters 3 2>&1 | tail -4
 fi
-for w in 1 15; do
-  echo "== dos-train --policy cpu --cpu-workers $w --cpu-threads 15 (llama2-7b shard 0/4)"
-  "$ROOT/build/examples/dos-train" --preset llama2-7b --shard 0/4 --iterations 4 --subgroup-size 1e8 --policy cpu \
-     --cpu-workers "$w" --cpu-threads 15 2>&1 | grep -E "^\[dos\]|^summary"
-done
+echo "== machine: NUMA and transparent huge pages"
+lscpu 2>/dev/null | grep -iE "^NUMA|^Model name" ; cat /sys/kernel/mm/transparent_hugepage/enabled 2>/dev/null
+run_cpu() {  # label, env..., then dos-train options
+  local label=$1; shift
+  echo "== dos-train --policy cpu $label (llama2-7b shard 0/4)"
+  env "$@" "$ROOT/build/examples/dos-train" --preset llama2-7b --shard 0/4 --iterations 4 --subgroup-size 1e8 \
+     --policy cpu --cpu-threads 15 ${EXTRA:-} 2>&1 | grep -E "^\[dos\]|^summary"
+}
+run_cpu "1 worker x 15 threads, bound (default)" DOS_X=1
+run_cpu "1 worker x 15 threads, unbound (DOS_BIND=0)" DOS_BIND=0
+EXTRA="--cpu-workers 15" run_cpu "15 workers x 1 thread, bound" DOS_X=1
+EXTRA="--device host" run_cpu "1 worker x 15 threads, bound, model in host memory (no PCIe)" DOS_X=1

@@ -68,6 +68,9 @@ AdamStepParams make_adam_step_params(const AdamHyper& h, std::int64_t step);
 void adam_step_cpu(float* master, float* exp_avg, float* exp_avg_sq, const void* grad, DType grad_dtype,
                    void* param_out, DType param_dtype, std::size_t n, const AdamStepParams& sp);
 
+/// Copies `bytes` from src to dst (not overlapping) on the CPU, OpenMP-parallel in 64 KiB chunks.
+void copy_cpu(void* dst, const void* src, std::size_t bytes);
+
 /// Zeroes n floats with adam_step_cpu's OpenMP partition (same chunks, static schedule), so that
 /// with the same team each page is first touched, hence placed on the NUMA node of, the thread
 /// that will update it.

@@ -206,6 +206,17 @@ void adam_step_cpu(float* master, float* exp_avg, float* exp_avg_sq, const void*
   }
 }
 
+void copy_cpu(void* dst, const void* src, std::size_t bytes) {
+  constexpr std::size_t kBytes = kChunk * sizeof(float);
+  const std::size_t nchunks = (bytes + kBytes - 1) / kBytes;
+#pragma omp parallel for schedule(static) if (nchunks > 1)
+  for (std::size_t c = 0; c < nchunks; ++c) {
+    const std::size_t off = c * kBytes;
+    std::memcpy(static_cast<char*>(dst) + off, static_cast<const char*>(src) + off,
+                off + kBytes <= bytes ? kBytes : bytes - off);
+  }
+}
+
 void zero_fill_cpu(float* p, std::size_t n) {
   const std::size_t nchunks = (n + kChunk - 1) / kChunk;
 #pragma omp parallel for schedule(static) if (nchunks > 1)

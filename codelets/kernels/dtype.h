@@ -11,6 +11,7 @@
 #include <cstring>
 
 #if defined(__CUDACC__)
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #endif
 
@@ -63,6 +64,9 @@ DOS_HD float bf16_to_f32(std::uint16_t h) { return bits_f32(std::uint32_t(h) << 
 DOS_HD std::uint16_t f32_to_bf16(float f) {
   std::uint32_t u = f32_bits(f);
   if ((u & 0x7fffffffu) > 0x7f800000u) return std::uint16_t(0x7fc0u);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  return __bfloat16_as_ushort(__float2bfloat16_rn(f));  // cvt.rn.bf16.f32: the same rounding
+#endif
   u += 0x7fffu + ((u >> 16) & 1u);
   return std::uint16_t(u >> 16);
 }

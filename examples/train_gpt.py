@@ -129,6 +129,7 @@ class Block(nn.Module):
         self.out = nn.Linear(4 * d, d)
 
     def attention(self, x):
+        """Causal multi-head self-attention: (B, T, D) -> (B, T, D)."""
         B, T, D = x.shape
         q, k, v = self.qkv(x).split(D, dim=2)
         q, k, v = (t.view(B, T, self.heads, D // self.heads).transpose(1, 2) for t in (q, k, v))
@@ -142,6 +143,7 @@ class Block(nn.Module):
         return self.proj(y.transpose(1, 2).reshape(B, T, D))
 
     def forward(self, x):
+        """(B, T, D) -> (B, T, D)."""
         x = x + self.attention(self.ln1(x))
         return x + self.out(F.gelu(self.fc(self.ln2(x))))
 
@@ -164,6 +166,7 @@ class GPT(nn.Module):
                 nn.init.normal_(p, 0.0, std)
 
     def forward(self, idx):
+        """Token ids (B, T) int64, T <= seq_len -> logits (B, T, 256), the model's dtype."""
         T = idx.shape[1]
         x = self.wte(idx) + self.wpe(torch.arange(T, device=idx.device))
         for b in self.blocks:
@@ -196,6 +199,7 @@ class _HFWrapper(nn.Module):
         self.m = m
 
     def forward(self, idx):
+        """Token ids (B, T) int64 -> logits (B, T, 256)."""
         return self.m(input_ids=idx).logits
 
 
@@ -234,11 +238,14 @@ class MasterAdamW:
         self.last_step = None
 
     def zero_grad(self, set_to_none=True):
+        """Drops the model's gradients (set to None)."""
         for p in self.params:
             p.grad = None
 
     @torch.no_grad()
     def step(self, grad_scale=None):
+        """One update: gradients (divided by grad_scale) to fp32 where the master lives, global norm,
+        clipping, a skipped step on inf/NaN, AdamW, the new 16-bit parameters back into the model."""
         g = torch.cat([p.grad.reshape(-1) for p in self.params]).float()
         if grad_scale:
             g.mul_(1.0 / grad_scale)
@@ -284,10 +291,12 @@ class PlainAdamW:
         self.last_step = None
 
     def zero_grad(self, set_to_none=True):
+        """As torch.optim.Optimizer.zero_grad."""
         self.opt.zero_grad(set_to_none=set_to_none)
 
     @torch.no_grad()
     def step(self, grad_scale=None):
+        """Unscale, clip (torch.nn.utils.clip_grad_norm_), skip on inf/NaN, AdamW."""
         if grad_scale:
             for p in self.params:
                 p.grad.mul_(1.0 / grad_scale)
@@ -336,6 +345,7 @@ def lr_at(args, step):
 
 
 def parse_args(argv=None):
+    """The command line (``argv``, default sys.argv) as an argparse.Namespace; ``--help`` lists it."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--optimizer", choices=["dos", "adamw", "adamw-cpu-offload"], default="dos")

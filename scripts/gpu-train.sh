@@ -13,7 +13,9 @@
 # Total wall time about 5 minutes (each run is bounded by --time-limit and by `timeout`).
 #
 #   OUT=/some/dir scripts/gpu-train.sh
-# Environment: DOS_SECONDS (140), ADAMW_SECONDS (25), OFFLOAD_SECONDS (35): training seconds per run;
+# Before them, tests/test_pytorch.py --device cuda --policy dos (the binding's test on the GPU; TEST=0
+# skips it), log in $OUT/test-pytorch-cuda.log.
+# Environment: DOS_SECONDS (130), ADAMW_SECONDS (25), OFFLOAD_SECONDS (35): training seconds per run;
 #   STEPS (300), LAYERS (20), HIDDEN (2048), HEADS (16), SEQ (512), BATCH (8), SUBGROUP (5e7),
 #   MODEL (builtin; auto uses Hugging Face transformers when installed), POLICY (dos), DEVICE (cuda;
 #   cpu for a dry run of the script on a machine without a GPU, with small LAYERS/HIDDEN/SEQ),
@@ -25,7 +27,7 @@ OUT=${OUT:-$ROOT/gpu-train-out}
 mkdir -p "$OUT"
 STEPS=${STEPS:-300} LAYERS=${LAYERS:-20} HIDDEN=${HIDDEN:-2048} HEADS=${HEADS:-16} SEQ=${SEQ:-512} BATCH=${BATCH:-8}
 SUBGROUP=${SUBGROUP:-5e7} MODEL=${MODEL:-builtin} POLICY=${POLICY:-dos} DEVICE=${DEVICE:-cuda}
-DOS_SECONDS=${DOS_SECONDS:-140} ADAMW_SECONDS=${ADAMW_SECONDS:-25} OFFLOAD_SECONDS=${OFFLOAD_SECONDS:-35}
+DOS_SECONDS=${DOS_SECONDS:-130} ADAMW_SECONDS=${ADAMW_SECONDS:-25} OFFLOAD_SECONDS=${OFFLOAD_SECONDS:-35}
 start=$(date +%s)
 say() { printf '[gpu-train +%ds] %s\n' "$(( $(date +%s) - start ))" "$*"; }
 
@@ -63,6 +65,16 @@ run() {  # name, seconds of training, extra arguments
   grep -vE '^\[starpu\]' "$OUT/$name.log" | grep -E '^(train_gpt|corpus|summary|time limit|\[dos\]|model|Traceback|[A-Za-z]*Error)|step +(1|10|50|100|150|200|250|300) ' | cut -c1-240
   say "$name finished (exit status $rc)"
 }
+
+if [ "${TEST:-1}" = 1 ] && [ "$DEVICE" = cuda ]; then
+  # the binding's test on the GPU first (CUDA tensors, policy dos): losses against torch AdamW over 50
+  # steps, state_dict round trip bit for bit, bad input; about 30 s
+  say "== tests/test_pytorch.py --device cuda --policy dos"
+  timeout 150 "$PY" tests/test_pytorch.py --device cuda --policy dos > "$OUT/test-pytorch-cuda.log" 2>&1
+  rc=$?
+  grep -E '^(losses|FAIL|[0-9]+ failure)' "$OUT/test-pytorch-cuda.log" | cut -c1-240
+  say "test finished (exit status $rc; 77 = skipped)"
+fi
 
 run dos "$DOS_SECONDS" --optimizer dos --policy "$POLICY" --subgroup-size "$SUBGROUP" --verbose
 run adamw "$ADAMW_SECONDS" --optimizer adamw

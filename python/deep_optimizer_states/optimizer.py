@@ -512,13 +512,14 @@ class DeepOptimizerStates(torch.optim.Optimizer):
     def load_state_dict(self, state_dict):
         """Replaces the whole state with one from :meth:`state_dict` (of an optimizer over the same
         model: same groups, parameter shapes, dtypes, devices and subgroup size), including every
-        subgroup's step count and the groups' hyper-parameters; then writes the master parameters,
+        subgroup's step count and the groups' hyper-parameters (the parameters may live on another
+        device than when it was saved); then writes the master parameters,
         rounded to each parameter's dtype, into the parameters. Training continues bit-identically
         to a run that never stopped.
 
         Everything is checked before anything changes: ``ValueError`` naming the first difference
         when the state dict is not one of ours or was saved from a different model (another
-        parameter count, shape, dtype, device or subgroup size), a state tensor is missing or not
+        parameter count, shape, dtype or subgroup size), a state tensor is missing or not
         fp32, or a step count is negative; the optimizer and the parameters are then untouched.
         """
         self._check_open()
@@ -542,7 +543,9 @@ class DeepOptimizerStates(torch.optim.Optimizer):
             raise ValueError(f"the state dict was saved from a different model: {len(there)} (group, dtype, device) "
                              f"buckets in the state dict, {len(here)} here")
         for k, (t, h) in enumerate(zip(there, here)):
-            for key in ("group", "params", "dtype", "device", "shapes", "subgroup_size", "subgroup_sizes"):
+            # the device may differ (the state is in host memory either way): a run saved on the GPU
+            # resumes on the CPU and back
+            for key in ("group", "params", "dtype", "shapes", "subgroup_size", "subgroup_sizes"):
                 if t.get(key) != h[key]:
                     raise ValueError(f"the state dict was saved from a different model or configuration: bucket {k} "
                                      f"({self._buckets[k].describe()}) has {key} {t.get(key)!r} in the state dict, "

@@ -62,11 +62,11 @@ void expect_same_bits(const void* a, const void* b, std::size_t bytes, const cha
 
 void test_adam_cuda_equals_cpu(void**) {
   std::mt19937 rng(7);
-  const std::size_t sizes[] = {1, 3, 4, 5, 8, 17, 1023, 4099, 65536 + 7, (1u << 20) + 3};
+  const std::size_t sizes[] = {1, 3, 4, 5, 6, 8, 15, 17, 1023, 4099, 65536 + 7, (1u << 20) + 3};
   for (DType gt : {DType::fp32, DType::bf16, DType::fp16})
     for (DType pt : {DType::fp32, DType::bf16, DType::fp16})
       for (std::size_t n : sizes)
-        for (std::size_t off : {std::size_t(0), std::size_t(1), std::size_t(3)}) {
+        for (std::size_t off : {std::size_t(0), std::size_t(1), std::size_t(3), std::size_t(4)}) {
           dos::AdamHyper h;
           h.lr = 1e-3;
           h.weight_decay = (n % 2) ? 0.1 : 0.0;

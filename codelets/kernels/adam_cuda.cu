@@ -10,43 +10,35 @@
 namespace dos {
 namespace {
 
-// Eight elements per thread and loop trip, every access 16 bytes wide (two float4 of an fp32 array,
-// one uint4 of a 16-bit array), so that the memory system sees few, wide requests: scalar 4-byte
-// accesses reached 84% of the device-to-device copy rate on the H200, and 4 elements per thread
-// (8-byte accesses to 16-bit arrays) left the bf16 kernels at 79-83%. Every element still gets
-// exactly the scalar code's operations, so the results are the same bits.
-constexpr int kVec = 8;
+// Four elements per thread and loop trip: 16-byte loads and stores of the fp32 arrays, 8-byte ones
+// of 16-bit arrays, so that the memory system sees few, wide requests (scalar 4-byte accesses
+// reached 84% of the device-to-device copy rate on the H200, these are meant to reach the roof).
+// Every element still gets exactly the scalar code's operations, so the results are the same bits.
 
-/// Elements [8*q, 8*q+8) of a buffer of type T (16-byte aligned), as fp32.
+/// The four elements [4*q, 4*q+4) of a buffer of type T, as fp32 (T's buffer 8- or 16-byte aligned).
 template <DType T>
-__device__ __forceinline__ void load8(const void* __restrict__ src, std::size_t q, float x[kVec]) {
+__device__ __forceinline__ void load4(const void* __restrict__ src, std::size_t q, float x[4]) {
   if (T == DType::fp32) {
-    const float4 a = static_cast<const float4*>(src)[2 * q], b = static_cast<const float4*>(src)[2 * q + 1];
-    x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w, x[4] = b.x, x[5] = b.y, x[6] = b.z, x[7] = b.w;
+    const float4 f = static_cast<const float4*>(src)[q];
+    x[0] = f.x, x[1] = f.y, x[2] = f.z, x[3] = f.w;
   } else {
-    const uint4 u = static_cast<const uint4*>(src)[q];
-    const std::uint32_t w[4] = {u.x, u.y, u.z, u.w};
-    for (int k = 0; k < kVec; ++k) {
-      const std::uint16_t h = std::uint16_t(w[k / 2] >> (16 * (k % 2)));
-      x[k] = T == DType::bf16 ? bf16_to_f32(h) : f16_to_f32(h);
-    }
+    const uint2 u = static_cast<const uint2*>(src)[q];
+    const std::uint16_t h[4] = {std::uint16_t(u.x), std::uint16_t(u.x >> 16), std::uint16_t(u.y),
+                                std::uint16_t(u.y >> 16)};
+    for (int k = 0; k < 4; ++k) x[k] = T == DType::bf16 ? bf16_to_f32(h[k]) : f16_to_f32(h[k]);
   }
 }
 
-/// Writes x[0..7] into the elements [8*q, 8*q+8) of a buffer of type T, rounded to nearest even.
+/// Writes x[0..3] into the elements [4*q, 4*q+4) of a buffer of type T, rounded to nearest even.
 template <DType T>
-__device__ __forceinline__ void store8(void* __restrict__ dst, std::size_t q, const float x[kVec]) {
+__device__ __forceinline__ void store4(void* __restrict__ dst, std::size_t q, const float x[4]) {
   if (T == DType::fp32) {
-    static_cast<float4*>(dst)[2 * q] = make_float4(x[0], x[1], x[2], x[3]);
-    static_cast<float4*>(dst)[2 * q + 1] = make_float4(x[4], x[5], x[6], x[7]);
+    static_cast<float4*>(dst)[q] = make_float4(x[0], x[1], x[2], x[3]);
   } else {
-    std::uint32_t w[4];
-    for (int k = 0; k < 4; ++k) {
-      const std::uint16_t lo = T == DType::bf16 ? f32_to_bf16(x[2 * k]) : f32_to_f16(x[2 * k]);
-      const std::uint16_t hi = T == DType::bf16 ? f32_to_bf16(x[2 * k + 1]) : f32_to_f16(x[2 * k + 1]);
-      w[k] = std::uint32_t(lo) | (std::uint32_t(hi) << 16);
-    }
-    static_cast<uint4*>(dst)[q] = make_uint4(w[0], w[1], w[2], w[3]);
+    std::uint16_t h[4];
+    for (int k = 0; k < 4; ++k) h[k] = T == DType::bf16 ? f32_to_bf16(x[k]) : f32_to_f16(x[k]);
+    static_cast<uint2*>(dst)[q] = make_uint2(std::uint32_t(h[0]) | (std::uint32_t(h[1]) << 16),
+                                             std::uint32_t(h[2]) | (std::uint32_t(h[3]) << 16));
   }
 }
 
@@ -82,25 +74,25 @@ __global__ void adam_kernel(float* __restrict__ p, float* __restrict__ m, float*
   adam_scalar<G, P, WriteParam>(p, m, v, g, out, 0, n, sp);
 }
 
-/// Needs every buffer 16-byte aligned.
+/// Needs p, m, v 16-byte aligned, g and out aligned to 4 of their elements.
 template <DType G, DType P, bool WriteParam>
-__global__ void adam_kernel_vec(float* __restrict__ p, float* __restrict__ m, float* __restrict__ v,
+__global__ void adam_kernel_vec4(float* __restrict__ p, float* __restrict__ m, float* __restrict__ v,
                                  const void* __restrict__ g, void* __restrict__ out, std::size_t n,
                                  AdamStepParams sp) {
-  const std::size_t stride = std::size_t(gridDim.x) * blockDim.x, nq = n / kVec;
+  const std::size_t stride = std::size_t(gridDim.x) * blockDim.x, nq = n / 4;
   for (std::size_t q = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x; q < nq; q += stride) {
-    float pp[kVec], mm[kVec], vv[kVec], gg[kVec];
-    load8<DType::fp32>(p, q, pp);
-    load8<DType::fp32>(m, q, mm);
-    load8<DType::fp32>(v, q, vv);
-    load8<G>(g, q, gg);
-    for (int k = 0; k < kVec; ++k) adam_elem(pp[k], mm[k], vv[k], gg[k], sp);
-    store8<DType::fp32>(p, q, pp);
-    store8<DType::fp32>(m, q, mm);
-    store8<DType::fp32>(v, q, vv);
-    if (WriteParam) store8<P>(out, q, pp);
+    float pp[4], mm[4], vv[4], gg[4];
+    load4<DType::fp32>(p, q, pp);
+    load4<DType::fp32>(m, q, mm);
+    load4<DType::fp32>(v, q, vv);
+    load4<G>(g, q, gg);
+    for (int k = 0; k < 4; ++k) adam_elem(pp[k], mm[k], vv[k], gg[k], sp);
+    store4<DType::fp32>(p, q, pp);
+    store4<DType::fp32>(m, q, mm);
+    store4<DType::fp32>(v, q, vv);
+    if (WriteParam) store4<P>(out, q, pp);
   }
-  adam_scalar<G, P, WriteParam>(p, m, v, g, out, nq * kVec, n, sp);
+  adam_scalar<G, P, WriteParam>(p, m, v, g, out, nq * 4, n, sp);
 }
 
 template <DType S>
@@ -111,14 +103,14 @@ __global__ void convert_kernel(const void* __restrict__ src, float* __restrict__
 }
 
 template <DType S>
-__global__ void convert_kernel_vec(const void* __restrict__ src, float* __restrict__ dst, std::size_t n) {
-  const std::size_t stride = std::size_t(gridDim.x) * blockDim.x, nq = n / kVec;
+__global__ void convert_kernel_vec4(const void* __restrict__ src, float* __restrict__ dst, std::size_t n) {
+  const std::size_t stride = std::size_t(gridDim.x) * blockDim.x, nq = n / 4;
   for (std::size_t q = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x; q < nq; q += stride) {
-    float x[kVec];
-    load8<S>(src, q, x);
-    store8<DType::fp32>(dst, q, x);
+    float x[4];
+    load4<S>(src, q, x);
+    store4<DType::fp32>(dst, q, x);
   }
-  for (std::size_t i = nq * kVec + std::size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
+  for (std::size_t i = nq * 4 + std::size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
     dst[i] = load_as_f32(src, S, i);
 }
 
@@ -130,14 +122,14 @@ __global__ void store_kernel(const float* __restrict__ src, void* __restrict__ d
 }
 
 template <DType D>
-__global__ void store_kernel_vec(const float* __restrict__ src, void* __restrict__ dst, std::size_t n) {
-  const std::size_t stride = std::size_t(gridDim.x) * blockDim.x, nq = n / kVec;
+__global__ void store_kernel_vec4(const float* __restrict__ src, void* __restrict__ dst, std::size_t n) {
+  const std::size_t stride = std::size_t(gridDim.x) * blockDim.x, nq = n / 4;
   for (std::size_t q = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x; q < nq; q += stride) {
-    float x[kVec];
-    load8<DType::fp32>(src, q, x);
-    store8<D>(dst, q, x);
+    float x[4];
+    load4<DType::fp32>(src, q, x);
+    store4<D>(dst, q, x);
   }
-  for (std::size_t i = nq * kVec + std::size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
+  for (std::size_t i = nq * 4 + std::size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
     store_from_f32(dst, D, i, src[i]);
 }
 
@@ -149,14 +141,17 @@ unsigned grid_for(std::size_t n) {
   return unsigned(blocks < cap ? (blocks ? blocks : 1) : cap);
 }
 
-/// Whether ptr is 16-byte aligned (the vector kernels' need; nullptr counts as aligned).
-bool aligned16(const void* ptr) { return ptr == nullptr || reinterpret_cast<std::uintptr_t>(ptr) % 16 == 0; }
+/// Whether ptr is aligned to four elements of `bytes_per_element` (the vector kernels' need).
+bool aligned4(const void* ptr, std::size_t bytes_per_element) {
+  return ptr == nullptr || reinterpret_cast<std::uintptr_t>(ptr) % (4 * bytes_per_element) == 0;
+}
 
 template <DType G, DType P, bool W>
 void launch_adam(float* p, float* m, float* v, const void* g, void* out, std::size_t n,
                  const AdamStepParams& sp, cudaStream_t s) {
-  if (aligned16(p) && aligned16(m) && aligned16(v) && aligned16(g) && (!W || aligned16(out)))
-    adam_kernel_vec<G, P, W><<<grid_for((n + kVec - 1) / kVec), kThreads, 0, s>>>(p, m, v, g, out, n, sp);
+  if (aligned4(p, 4) && aligned4(m, 4) && aligned4(v, 4) && aligned4(g, dtype_size(G)) &&
+      (!W || aligned4(out, dtype_size(P))))
+    adam_kernel_vec4<G, P, W><<<grid_for((n + 3) / 4), kThreads, 0, s>>>(p, m, v, g, out, n, sp);
   else
     adam_kernel<G, P, W><<<grid_for(n), kThreads, 0, s>>>(p, m, v, g, out, n, sp);
 }
@@ -174,16 +169,16 @@ void launch_adam_g(float* p, float* m, float* v, const void* g, void* out, DType
 
 template <DType S>
 void launch_convert(const void* src, float* dst, std::size_t n, cudaStream_t s) {
-  if (aligned16(src) && aligned16(dst))
-    convert_kernel_vec<S><<<grid_for((n + kVec - 1) / kVec), kThreads, 0, s>>>(src, dst, n);
+  if (aligned4(src, dtype_size(S)) && aligned4(dst, 4))
+    convert_kernel_vec4<S><<<grid_for((n + 3) / 4), kThreads, 0, s>>>(src, dst, n);
   else
     convert_kernel<S><<<grid_for(n), kThreads, 0, s>>>(src, dst, n);
 }
 
 template <DType D>
 void launch_store(const float* src, void* dst, std::size_t n, cudaStream_t s) {
-  if (aligned16(src) && aligned16(dst))
-    store_kernel_vec<D><<<grid_for((n + kVec - 1) / kVec), kThreads, 0, s>>>(src, dst, n);
+  if (aligned4(src, 4) && aligned4(dst, dtype_size(D)))
+    store_kernel_vec4<D><<<grid_for((n + 3) / 4), kThreads, 0, s>>>(src, dst, n);
   else
     store_kernel<D><<<grid_for(n), kThreads, 0, s>>>(src, dst, n);
 }

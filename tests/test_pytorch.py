@@ -11,7 +11,7 @@ GPU or the runtime has no CUDA worker.
    steps with --optimizer dos and with --optimizer adamw (torch.optim.AdamW on the same device,
    torch.nn.utils.clip_grad_norm_), same seed, warm-up 10 steps (so that learning-rate changes
    through param_groups are exercised) and clipping at 1.0 (active in the first steps). The
-   per-step losses must agree within LOSS_RTOL relative (see its comment for why that value).
+   per-step losses must agree within LOSS_RTOL relative over the first 20 steps and LOSS_RTOL_LATE after (see their comment).
 2. state_dict round trip: a bf16 model in two param groups (weights with weight decay, the rest
    without), small subgroups spanning tensors; 3 steps, state_dict() through torch.save/torch.load,
    3 more steps; a fresh model and optimizer loading both state dicts and doing the same 3 steps
@@ -46,7 +46,7 @@ sys.path.insert(0, os.path.join(ROOT, "examples"))
 import deep_optimizer_states as dos  # noqa: E402
 import train_gpt  # noqa: E402
 
-# Tolerance of the loss comparison, relative: |loss_dos - loss_adamw| <= LOSS_RTOL * loss_adamw at
+# Tolerance of the loss comparison, relative: |loss_dos - loss_adamw| <= LOSS_RTOL * loss_adamw (see
 # every one of the 50 steps. Both optimizers apply AdamW's formula in fp32 to the same fp32
 # parameters and clip with the same formula; they differ only in rounding: the runtime computes
 # exp_avg with lerp (PyTorch >= 2.0's single-tensor order) where torch 1.13 multiplies and adds, and
@@ -59,9 +59,15 @@ import train_gpt  # noqa: E402
 # machine, same run, relative loss difference by step 20): no clipping 3.9e-2, warm-up off by one
 # step 4.6e-2, lr 1% off 1.1e-2, eps 1e-6 instead of 1e-8 2.0e-3, beta2 0.951 instead of 0.95
 # 5.5e-4 (only weight decay 1% off, 5.7e-5 by step 30, is below it).
+# On the GPU machine's torch 2.11 (CPU device, same test) the largest difference over 50 steps was
+# 2.2e-4 (2026-11-30): the chaotic growth of rounding differences crosses 1e-4 late in the run. So
+# the bound is LOSS_RTOL over the first LOSS_TIGHT_STEPS steps, where every error above shows, and
+# LOSS_RTOL_LATE afterwards, where only the chaos floor (1.1e-4 for a 1e-6 perturbation) matters.
 # On CUDA (torch 2.x, foreach/fused AdamW, cuBLAS and attention kernels whose backward may use
-# atomics) rounding differs more; LOSS_RTOL_CUDA = 1e-3 has not been measured yet.
+# atomics) rounding differs more: LOSS_RTOL_CUDA = 1e-3 at every step (passed on the H200).
 LOSS_RTOL = 1e-4
+LOSS_TIGHT_STEPS = 20
+LOSS_RTOL_LATE = 1e-3
 LOSS_RTOL_CUDA = 1e-3
 
 failures = []
@@ -127,9 +133,15 @@ def test_losses_match_adamw(device, policy):
           f"{rel[worst]:.3e} at step {worst + 1} (dos {a[worst]:.7f}, adamw {b[worst]:.7f}); first 10 steps "
           f"{max(rel[:10]):.3e}; {time.time() - t0:.1f} s")
     check(len(a) == 50 and all(math.isfinite(x) for x in a), "50 finite losses with dos")
-    tol = LOSS_RTOL_CUDA if device == "cuda" else LOSS_RTOL
-    check(max(rel) <= tol, f"dos losses within {tol:g} relative of torch.optim.AdamW's over 50 steps "
-          f"(largest {max(rel):.3e})")
+    if device == "cuda":
+        check(max(rel) <= LOSS_RTOL_CUDA, f"dos losses within {LOSS_RTOL_CUDA:g} relative of torch.optim.AdamW's "
+              f"over 50 steps (largest {max(rel):.3e})")
+    else:
+        early, late = rel[:LOSS_TIGHT_STEPS], rel[LOSS_TIGHT_STEPS:]
+        check(max(early) <= LOSS_RTOL, f"dos losses within {LOSS_RTOL:g} relative of torch.optim.AdamW's over "
+              f"steps 1-{LOSS_TIGHT_STEPS} (largest {max(early):.3e})")
+        check(max(late) <= LOSS_RTOL_LATE, f"and within {LOSS_RTOL_LATE:g} over steps {LOSS_TIGHT_STEPS + 1}-50 "
+              f"(largest {max(late):.3e})")
     check(a[-1] < a[0] - 0.5, f"the loss decreases ({a[0]:.3f} -> {a[-1]:.3f})")
     opt = r_dos["optimizer"]
     check(opt.steps_taken == 50 and opt.skipped_steps == 0, "50 update phases, none skipped")

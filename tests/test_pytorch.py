@@ -46,8 +46,8 @@ sys.path.insert(0, os.path.join(ROOT, "examples"))
 import deep_optimizer_states as dos  # noqa: E402
 import train_gpt  # noqa: E402
 
-# Tolerance of the loss comparison, relative: |loss_dos - loss_adamw| <= LOSS_RTOL * loss_adamw (see
-# every one of the 50 steps. Both optimizers apply AdamW's formula in fp32 to the same fp32
+# Tolerance of the loss comparison, relative: |loss_dos - loss_adamw| <= tolerance * loss_adamw per
+# step, the tolerances below. Both optimizers apply AdamW's formula in fp32 to the same fp32
 # parameters and clip with the same formula; they differ only in rounding: the runtime computes
 # exp_avg with lerp (PyTorch >= 2.0's single-tensor order) where torch 1.13 multiplies and adds, and
 # the clipping norm is summed in another order. Such 1-ulp differences are amplified by training's

@@ -73,16 +73,6 @@ BENCH_CLONES void adam_bytes_roof(float* __restrict p, float* __restrict m, floa
   }
 }
 
-/// The "copy" roof: n fp32 copied in the CPU kernels' chunks.
-void copy_roof(const float* src, float* dst, std::size_t n) {
-  const std::size_t nchunks = (n + kChunk - 1) / kChunk;
-#pragma omp parallel for schedule(static)
-  for (std::size_t c = 0; c < nchunks; ++c) {
-    const std::size_t begin = c * kChunk, end = std::min(n, begin + kChunk);
-    std::memcpy(dst + begin, src + begin, (end - begin) * 4);
-  }
-}
-
 void* alloc_touched(std::size_t bytes) {
   void* p = nullptr;
   if (posix_memalign(&p, 4096, bytes) != 0) {
@@ -138,26 +128,29 @@ int main(int argc, char** argv) {
   const double adam_roof_s = best_of(reps, [&] { adam_bytes_roof(p, m, v, g32, static_cast<std::uint16_t*>(out16), n); });
   const double roof_adam = 30.0 * double(n) / adam_roof_s / 1e9;
   rows.push_back({"cpu", "adam bytes (roof)", "fp32 grad + 16-bit copy", n, adam_roof_s, 30, roof_adam});
-  const double cpu_copy_s = best_of(reps, [&] { copy_roof(g32, p, n); });
+  const double cpu_copy_s = best_of(reps, [&] { dos::copy_cpu(p, g32, n * 4); });  // the kernels' chunked copy
   const double roof_copy = 8.0 * double(n) / cpu_copy_s / 1e9;
   rows.push_back({"cpu", "copy (roof)", "fp32", n, cpu_copy_s, 8, roof_copy});
   std::memset(p, 0, n * 4);
   const dos::AdamStepParams sp = dos::make_adam_step_params(dos::AdamHyper{}, 1);
-  rows.push_back({"cpu", "adam", "fp32 grad, no copy", n,
-                  best_of(reps, [&] { dos::adam_step_cpu(p, m, v, g32, dos::DType::fp32, nullptr, dos::DType::fp32, n, sp); }),
-                  28, roof_adam});
-  rows.push_back({"cpu", "adam", "bf16 grad + bf16 copy", n,
-                  best_of(reps, [&] { dos::adam_step_cpu(p, m, v, g16, dos::DType::bf16, out16, dos::DType::bf16, n, sp); }),
-                  28, roof_adam});
-  rows.push_back({"cpu", "adam", "fp16 grad + fp16 copy", n,
-                  best_of(reps, [&] { dos::adam_step_cpu(p, m, v, g16, dos::DType::fp16, out16, dos::DType::fp16, n, sp); }),
-                  28, roof_adam});
-  rows.push_back({"cpu", "adam", "fp32 grad + bf16 copy", n,
-                  best_of(reps, [&] { dos::adam_step_cpu(p, m, v, g32, dos::DType::fp32, out16, dos::DType::bf16, n, sp); }),
-                  30, roof_adam});
-  rows.push_back({"cpu", "adam", "fp32 grad + fp16 copy", n,
-                  best_of(reps, [&] { dos::adam_step_cpu(p, m, v, g32, dos::DType::fp32, out16, dos::DType::fp16, n, sp); }),
-                  30, roof_adam});
+  struct AdamVariant {
+    const char* label;
+    const void* grad;
+    dos::DType grad_dtype;
+    void* copy;  // nullptr: no parameter copy
+    dos::DType copy_dtype;
+    double bytes_per_param;
+  };
+  using dos::DType;
+  const AdamVariant variants[] = {{"fp32 grad, no copy", g32, DType::fp32, nullptr, DType::fp32, 28},
+                                  {"bf16 grad + bf16 copy", g16, DType::bf16, out16, DType::bf16, 28},
+                                  {"fp16 grad + fp16 copy", g16, DType::fp16, out16, DType::fp16, 28},
+                                  {"fp32 grad + bf16 copy", g32, DType::fp32, out16, DType::bf16, 30},
+                                  {"fp32 grad + fp16 copy", g32, DType::fp32, out16, DType::fp16, 30}};
+  for (const AdamVariant& a : variants)
+    rows.push_back({"cpu", "adam", a.label, n,
+                    best_of(reps, [&] { dos::adam_step_cpu(p, m, v, a.grad, a.grad_dtype, a.copy, a.copy_dtype, n, sp); }),
+                    a.bytes_per_param, roof_adam});
   for (dos::DType t : {dos::DType::bf16, dos::DType::fp16}) {
     const std::string name = dos::dtype_name(t);
     rows.push_back({"cpu", "convert", name + " -> fp32", n,

@@ -64,6 +64,19 @@ void count(int* counter, int delta) {
   *counter += delta;
 }
 
+/// Deletes a handle made by one of the create functions (StarPU resumed while it runs, a throwing
+/// destructor swallowed: destroy functions cannot report) and takes it off the live count.
+template <class Handle>
+void destroy_handle(Handle* h, int* counter) {
+  if (!h) return;
+  Active active;
+  try {
+    delete h;
+  } catch (...) {
+  }
+  count(counter, -1);
+}
+
 int fail(int code, const std::string& msg) {
   g_last_error = msg;
   return code;
@@ -129,15 +142,7 @@ int dos_runtime_create(const char* policy, int cpu_threads, int cpu_workers, int
   });
 }
 
-void dos_runtime_destroy(dos_runtime* rt) {
-  if (!rt) return;
-  Active active;
-  try {
-    delete rt;
-  } catch (...) {
-  }
-  count(&g_runtimes, -1);
-}
+void dos_runtime_destroy(dos_runtime* rt) { destroy_handle(rt, &g_runtimes); }
 
 int dos_runtime_running_policy(const dos_runtime* rt, char* buf, size_t len) {
   if (!rt || !buf || len == 0) return fail(DOS_E_INVALID, "dos_runtime_running_policy: NULL argument or empty buffer");
@@ -186,15 +191,7 @@ int dos_optimizer_create(dos_runtime* rt, size_t ntensors, void* const* params, 
   });
 }
 
-void dos_optimizer_destroy(dos_optimizer* opt) {
-  if (!opt) return;
-  Active active;
-  try {
-    delete opt;
-  } catch (...) {
-  }
-  count(&g_optimizers, -1);
-}
+void dos_optimizer_destroy(dos_optimizer* opt) { destroy_handle(opt, &g_optimizers); }
 
 int dos_optimizer_set_hyper(dos_optimizer* opt, double lr, double beta1, double beta2, double eps,
                             double weight_decay, int decoupled) {

@@ -1,6 +1,5 @@
 // The runtime core: StarPU's lifetime, the optimizer state, and one update phase's task graph.
 #include <omp.h>
-#include <sched.h>
 #include <starpu.h>
 #include <starpu_profiling.h>
 
@@ -41,12 +40,6 @@ bool g_shutdown_deferred = false;
 
 namespace {
 
-int cores_in_cpuset() {
-  cpu_set_t set;
-  if (sched_getaffinity(0, sizeof set, &set) == 0) return CPU_COUNT(&set);
-  return 1;
-}
-
 /// Runs on each CPU worker: sets the worker thread's OpenMP team size and the cores its team is
 /// bound to (worker w takes cores[w * threads, (w + 1) * threads) of `team_cores`, when binding),
 /// binds the team, and records the cores the team may run on and the team size OpenMP uses.
@@ -61,7 +54,7 @@ void setup_cpu_worker(void* arg) {
   auto* w = static_cast<WorkerSetup*>(arg);
   omp_set_num_threads(w->threads);
   const int index = w->next.fetch_add(1);
-  int cores = cores_in_cpuset();
+  int cores = int(allowed_cores().size());
   if (!w->team_cores.empty()) {
     const auto first = w->team_cores.begin() + std::ptrdiff_t(index) * w->threads;
     set_worker_team_cores(std::vector<int>(first, first + w->threads));
@@ -153,7 +146,7 @@ Runtime::Runtime(const RuntimeOptions& options) : impl_(new Impl) {
   int cores = options.cpu_threads;
   const char* env_omp = std::getenv("OMP_NUM_THREADS");
   if (cores <= 0 && env_omp && std::atoi(env_omp) > 0) cores = std::atoi(env_omp);
-  if (cores <= 0) cores = cores_in_cpuset() - int(ncuda);
+  if (cores <= 0) cores = int(process_cores.size()) - int(ncuda);
   const int ncpuw = int(starpu_cpu_worker_get_count());
   int threads = cores / (ncpuw > 0 ? ncpuw : 1);
   if (threads < 1) threads = 1;

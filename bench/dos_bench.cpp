@@ -13,6 +13,9 @@
 //   device-memory roof; the CUDA Adam and conversion kernels are compared with it.
 //
 // Prints a table, or JSON with --json. Times are the best of --reps runs. Kernels only: no StarPU.
+//
+// dos-bench stream: the runtime streaming optimizer state through the GPU against the PCIe roof
+// (stream_bench.h).
 #include <omp.h>
 
 #include <CLI/CLI.hpp>
@@ -27,6 +30,7 @@
 #include <vector>
 
 #include "adam.h"
+#include "stream_bench.h"
 
 namespace {
 
@@ -93,15 +97,52 @@ int main(int argc, char** argv) {
   double n_d = 1 << 27;
   int reps = 5;
   bool json = false;
-  app.add_option("what", sub, "what to benchmark: kernels")->required();
-  app.add_option("--n", n_d, "elements per kernel call")->capture_default_str();
-  app.add_option("--reps", reps, "runs per kernel (the best is kept)")->capture_default_str();
+  app.add_option("what", sub, "what to benchmark: kernels, or stream (the runtime's PCIe streaming)")->required();
+  app.add_option("--n", n_d, "elements per kernel call (stream: parameters, default 1.6e9)");
+  app.add_option("--reps", reps, "runs per kernel (the best is kept); stream: timed iterations per variant")
+      ->capture_default_str();
   app.add_flag("--json", json, "print JSON instead of a table");
+  double subgroup_d = 67108864;
+  std::vector<std::string> stream_variants = {"0:end", "0:eager", "3:eager", "3:end", "8:eager"};
+  app.add_option("--subgroup-size", subgroup_d, "stream: elements per subgroup")->capture_default_str();
+  app.add_option("--variants", stream_variants, "stream: LOOKAHEAD:WRITEBACK (eager or end) runs, e.g. 3:eager 0:end")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  if (sub == "stream") {
+    dos_bench::StreamOptions so;
+    if (app.count("--n") == 0) n_d = 1.6e9;
+    if (!(n_d >= 1 && n_d <= 1e11) || !(subgroup_d >= 1 && subgroup_d <= n_d) || reps < 1) {
+      std::fprintf(stderr, "dos-bench stream: --n must be in [1, 1e11], --subgroup-size in [1, n], --reps >= 1\n");
+      return 1;
+    }
+    so.n = std::size_t(n_d);
+    so.subgroup_size = std::size_t(subgroup_d);
+    so.iterations = reps;
+    so.json = json;
+    for (const std::string& v : stream_variants) {
+      const auto colon = v.find(':');
+      const std::string la = v.substr(0, colon), wb = colon == std::string::npos ? "" : v.substr(colon + 1);
+      char* end = nullptr;
+      const long l = std::strtol(la.c_str(), &end, 10);
+      if (la.empty() || *end || l < 0 || l > 1000 || (wb != "eager" && wb != "end")) {
+        std::fprintf(stderr, "dos-bench stream: a variant is LOOKAHEAD:WRITEBACK (0-1000, eager or end), got '%s'\n",
+                     v.c_str());
+        return 1;
+      }
+      so.variants.push_back({int(l), wb == "eager"});
+    }
+    try {
+      return dos_bench::run_stream(so);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "dos-bench stream: %s\n", e.what());
+      return 1;
+    }
+  }
   if (sub != "kernels") {
-    std::fprintf(stderr, "dos-bench: unknown benchmark '%s': the one there is is 'kernels'\n", sub.c_str());
+    std::fprintf(stderr, "dos-bench: unknown benchmark '%s': use kernels or stream\n", sub.c_str());
     return 1;
   }
+  if (app.count("--n") == 0) n_d = 1 << 27;
   if (!(n_d >= 1 && n_d <= 4e9) || reps < 1) {
     std::fprintf(stderr, "dos-bench: --n must be in [1, 4e9] and --reps >= 1\n");
     return 1;

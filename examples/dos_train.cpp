@@ -3,6 +3,8 @@
 // caller-owned buffers, on the GPU when there is one). See --help.
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <chrono>
+#include <memory>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -14,6 +16,7 @@
 #include "atomic_file.h"
 #include "checkpoint.h"
 #include "dos.h"
+#include "compute_emulator.h"
 #include "emulate.h"
 #include "resource_model.h"
 #include "model_config.h"
@@ -48,6 +51,13 @@ struct Args {
   std::string save_state, resume;
   std::vector<std::string> sweep;
   bool recalibrate = false;
+  std::string gpu_resident_budget, gpu_update_budget;
+  int stream_lookahead = 3;
+  std::string writeback = "eager";
+  std::string timeline;
+  bool emulate_compute = false;
+  long long tokens = 4096;
+  int cpu_scale = 32;
 };
 
 [[noreturn]] void fail(const std::string& msg) { throw std::runtime_error(msg); }
@@ -75,6 +85,24 @@ void parse_shard(const std::string& s, std::size_t* rank, std::size_t* world) {
   if (rv >= wv) fail("--shard " + s + ": rank " + r + " is out of range for " + w + " ranks (0.." + std::to_string(wv - 1) + ")");
   *rank = std::size_t(rv);
   *world = std::size_t(wv);
+}
+
+/// A byte count: a number with an optional unit (B, KB, MB, GB, TB in powers of 1000; KiB, MiB,
+/// GiB, TiB in powers of 1024): "40GB", "31.5GB", "4e10", "10GiB". Fails naming the option.
+std::size_t parse_bytes(const std::string& s, const char* what) {
+  char* end = nullptr;
+  errno = 0;
+  const double v = std::strtod(s.c_str(), &end);
+  const std::string unit = end ? std::string(end) : std::string();
+  static const std::pair<const char*, double> units[] = {
+      {"", 1}, {"B", 1}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12},
+      {"KiB", 1024.0}, {"MiB", 1048576.0}, {"GiB", 1073741824.0}, {"TiB", 1099511627776.0}};
+  double mult = -1;
+  for (const auto& u : units)
+    if (unit == u.first) mult = u.second;
+  if (s.empty() || end == s.c_str() || errno != 0 || mult < 0 || !std::isfinite(v) || v < 0 || v * mult > 9e18)
+    fail(std::string(what) + " must be a size in bytes such as 40GB, 31.5GB, 4e10 or 10GiB, got '" + s + "'");
+  return std::size_t(std::llround(v * mult));
 }
 
 double parse_fraction(const std::string& s, const char* what) {
@@ -179,6 +207,18 @@ int run(const Args& a) {
     fail("--k, --gpu-fraction and --sweep need --policy dos");
   if (a.cpu_threads < 0) fail("--cpu-threads must be >= 0 (0: automatic), got " + std::to_string(a.cpu_threads));
   if (a.cpu_workers < 0) fail("--cpu-workers must be >= 0 (0: automatic), got " + std::to_string(a.cpu_workers));
+  const std::int64_t resident_budget =
+      a.gpu_resident_budget.empty() ? -1 : std::int64_t(parse_bytes(a.gpu_resident_budget, "--gpu-resident-budget"));
+  const std::size_t update_budget = a.gpu_update_budget.empty() ? 0 : parse_bytes(a.gpu_update_budget, "--gpu-update-budget");
+  if (!a.gpu_update_budget.empty() && update_budget == 0)
+    fail("--gpu-update-budget must be more than 0 bytes (leave it out for no limit)");
+  if (a.stream_lookahead < 0 || a.stream_lookahead > 1000)
+    fail("--stream-lookahead must be in [0, 1000], got " + std::to_string(a.stream_lookahead));
+  if (a.writeback != "eager" && a.writeback != "end") fail("--writeback must be eager or end, got '" + a.writeback + "'");
+  if (update_budget > 0 && a.writeback != "eager") fail("--gpu-update-budget needs --writeback eager");
+  if (a.tokens < 1) fail("--tokens must be at least 1, got " + std::to_string(a.tokens));
+  if (a.cpu_scale < 1) fail("--cpu-scale must be at least 1, got " + std::to_string(a.cpu_scale));
+  if (!a.timeline.empty()) dos::check_writable(a.timeline);
   if (a.ncuda < -1) fail("--ncuda must be >= -1 (-1: one per GPU), got " + std::to_string(a.ncuda));
   if (!a.report.empty() && a.report == a.save_params) fail("--report and --save-params name the same file: " + a.report);
   if (!a.save_state.empty()) dos::check_checkpoint_dir(a.save_state);
@@ -195,6 +235,7 @@ int run(const Args& a) {
   ro.cpu_workers = a.cpu_workers;
   ro.ncuda = a.ncuda;
   ro.verbose = !a.quiet;
+  if (update_budget > 0) ro.gpu_memory_limit = update_budget + std::size_t(std::max<std::int64_t>(0, resident_budget));
   dos::Runtime rt(ro);
   bool on_gpu = a.device == "cuda" || (a.device == "auto" && rt.cuda_workers() > 0);
   if (on_gpu && rt.cuda_workers() == 0) fail("--device cuda: no CUDA worker (no GPU, or a build without CUDA)");
@@ -246,7 +287,25 @@ int run(const Args& a) {
   oo.memory = on_gpu ? dos::MemoryKind::cuda : dos::MemoryKind::host;
   oo.recalibrate = a.recalibrate;
   oo.verbose = !a.quiet;
+  oo.gpu_resident_budget = resident_budget;
+  oo.gpu_update_budget = update_budget;
+  oo.stream_lookahead = unsigned(a.stream_lookahead);
+  oo.eager_writeback = a.writeback == "eager";
   dos::Optimizer opt(rt, views, oo);
+  // Forward and backward emulated with the model's GEMMs (--emulate-compute): cuBLAS on the GPU,
+  // a scaled-down stand-in on the CPU.
+  std::unique_ptr<dos_train::ComputeEmulator> compute;
+  if (a.emulate_compute) {
+    const bool gpu_compute = on_gpu;
+    compute = std::make_unique<dos_train::ComputeEmulator>(
+        dos_train::forward_gemms(cfg), a.tokens,
+        gpu_compute ? dos_train::make_cuda_backend(dtype) : dos_train::make_cpu_backend(), gpu_compute ? 1 : a.cpu_scale);
+    std::printf("compute: forward and backward emulated with %s GEMMs of %zu layers (+ head), %lld tokens per "
+                "iteration%s\n",
+                gpu_compute ? "cuBLAS" : "CPU stand-in", std::size_t(cfg.layers), (long long)compute->tokens(),
+                gpu_compute ? "" : (" (every dimension divided by " + std::to_string(a.cpu_scale) + ")").c_str());
+  }
+  if (!a.timeline.empty()) opt.set_timeline(true);
   dos::CheckpointInfo job;
   job.model = cfg.name;
   job.params_total = total;
@@ -296,17 +355,26 @@ int run(const Args& a) {
   }
   nlohmann::ordered_json iters = nlohmann::ordered_json::array();
   std::int64_t it = first_iteration;  // iterations numbered across resumes: the gradients depend on it
+  std::pair<std::vector<dos::TimelineTask>, std::vector<dos::BusSample>> last_timeline;
   // Runs `count` iterations; returns their update seconds.
   auto run_iterations = [&](int count, const std::string& label) {
     std::vector<dos::StepStats> out;
     for (int i = 0; i < count; ++i) {
       ++it;
+      const auto t_iter = std::chrono::steady_clock::now();
+      dos_train::ComputeTimes ct;
+      if (compute) ct = compute->run();
 #if defined(DOS_HAVE_CUDA)
       if (on_gpu) dos_train::fill_grads_cuda(grads, dtype, n, a.seed, std::uint64_t(it), range.begin);
 #endif
       if (!on_gpu) dos_train::fill_grads_host(grads, dtype, n, a.seed, std::uint64_t(it), range.begin);
       const dos::StepStats s = opt.step();
+      const double iter_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_iter).count();
+      const std::uint64_t peak = compute ? std::max<std::uint64_t>(ct.peak_bytes, compute->used_bytes()) : 0;
+      // model FLOPs as the issue (and the usual MFU figure) counts them: 6 x parameters x tokens
+      const double tflops = compute ? 6.0 * double(total) * double(compute->tokens()) / iter_s / 1e12 : 0.0;
       out.push_back(s);
+      if (!s.timeline.empty() || !s.bus.empty()) last_timeline = {s.timeline, s.bus};
       const double gps = double(s.params) / s.seconds / 1e9;
       const double cpu_busy = rt.cpu_workers() ? s.cpu_busy_seconds / (s.seconds * rt.cpu_workers()) : 0.0;
       const double gpu_busy = rt.cuda_workers() ? s.gpu_busy_seconds / (s.seconds * rt.cuda_workers()) : 0.0;
@@ -314,18 +382,31 @@ int run(const Args& a) {
       if (s.predicted_seconds > 0)
         std::snprintf(model, sizeof model, "  predicted %.4f s (%s)  lower bound %.4f s", s.predicted_seconds,
                       s.bound_by.c_str(), s.lower_bound_seconds);
+      char comp[200] = "";
+      if (compute)
+        std::snprintf(comp, sizeof comp, "  forward %.4f s  backward %.4f s  iteration %.4f s  peak %s %.3g GB  %.3g model TFLOPs",
+                      ct.forward, ct.backward, iter_s, on_gpu ? "GPU" : "host (activations)", peak / 1e9, tflops);
       std::printf("iter %3lld%s  update %8.4f s  %7.3f Gparams/s  subgroups cpu %zu gpu %zu (plan: %zu streamed, %zu "
-                  "resident)%s  H2D %.3f GB %.1f GB/s  D2H %.3f GB %.1f GB/s  busy cpu %3.0f%% gpu %3.0f%%\n",
+                  "resident)%s  H2D %.3f GB %.1f GB/s  D2H %.3f GB %.1f GB/s  busy cpu %3.0f%% gpu %3.0f%%%s\n",
                   (long long)it, label.c_str(), s.seconds, gps, s.subgroups_cpu, s.subgroups_gpu, s.planned_streamed,
                   s.planned_resident, model, s.bytes_h2d / 1e9, s.bytes_h2d / s.seconds / 1e9, s.bytes_d2h / 1e9,
-                  s.bytes_d2h / s.seconds / 1e9, 100 * cpu_busy, 100 * gpu_busy);
-      std::fflush(stdout);
-      iters.push_back({{"iteration", it}, {"label", label}, {"update_seconds", s.seconds}, {"gparams_per_s", gps},
+                  s.bytes_d2h / s.seconds / 1e9, 100 * cpu_busy, 100 * gpu_busy, comp);
+      nlohmann::ordered_json row = {{"iteration", it}, {"label", label}, {"update_seconds", s.seconds}, {"gparams_per_s", gps},
                        {"subgroups_cpu", s.subgroups_cpu}, {"subgroups_gpu", s.subgroups_gpu},
                        {"planned_streamed", s.planned_streamed}, {"planned_resident", s.planned_resident},
                        {"predicted_seconds", s.predicted_seconds}, {"lower_bound_seconds", s.lower_bound_seconds},
                        {"bytes_h2d", s.bytes_h2d}, {"bytes_d2h", s.bytes_d2h},
-                       {"cpu_busy_fraction", cpu_busy}, {"gpu_busy_fraction", gpu_busy}});
+                       {"cpu_busy_fraction", cpu_busy}, {"gpu_busy_fraction", gpu_busy},
+                       {"starpu_gpu_bytes_end", s.gpu_bytes_end}, {"window_peak_bytes", s.window_peak_bytes}};
+      if (compute) {
+        row["forward_seconds"] = ct.forward;
+        row["backward_seconds"] = ct.backward;
+        row["iteration_seconds"] = iter_s;
+        row["peak_gpu_bytes"] = peak;
+        row["model_tflops"] = tflops;
+      }
+      iters.push_back(row);
+      std::fflush(stdout);
     }
     return out;
   };
@@ -378,6 +459,20 @@ int run(const Args& a) {
                 "(iterations %s), %.3f Gparams/s at the median\n",
                 n, opt.num_subgroups(), a.iterations, median, mean, main_run.size() > 1 ? "2.." : "1",
                 double(n) / median / 1e9);
+  // medians of the compute figures over the same iterations (after the first)
+  auto median_field = [&](const char* key) {
+    std::vector<double> v;
+    for (std::size_t i = iters.size() > 1 ? 1 : 0; i < iters.size(); ++i)
+      if (iters[i].contains(key)) v.push_back(iters[i][key].get<double>());
+    if (v.empty()) return 0.0;
+    std::sort(v.begin(), v.end());
+    return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+  };
+  if (compute && !main_run.empty())
+    std::printf("summary: iteration median %.4f s (forward %.4f s, backward %.4f s, update %.4f s), %.3g model TFLOPs, "
+                "peak %s memory %.3g GB\n",
+                median_field("iteration_seconds"), median_field("forward_seconds"), median_field("backward_seconds"),
+                median, median_field("model_tflops"), on_gpu ? "GPU" : "host (activations)", median_field("peak_gpu_bytes") / 1e9);
 
   // Outputs are written to temporary files first and put in place together: a failure leaves
   // neither behind.
@@ -404,9 +499,22 @@ int run(const Args& a) {
         {"cpu_workers", rt.cpu_workers()}, {"cuda_workers", rt.cuda_workers()}, {"cpu_threads", rt.cpu_threads()},
         {"caller_memory", on_gpu ? "cuda" : "host"}, {"seed", a.seed}, {"iterations", iters},
         {"sweep", sweep}};
-    if (!main_run.empty())  // a sweep's figures are in "sweep"
+    if (!main_run.empty()) {  // a sweep's figures are in "sweep"
       rep["summary"] = {{"update_seconds_median", median}, {"update_seconds_mean", mean},
                         {"gparams_per_s_median", double(n) / median / 1e9}};
+      if (compute) {
+        rep["summary"]["iteration_seconds_median"] = median_field("iteration_seconds");
+        rep["summary"]["forward_seconds_median"] = median_field("forward_seconds");
+        rep["summary"]["backward_seconds_median"] = median_field("backward_seconds");
+        rep["summary"]["model_tflops_median"] = median_field("model_tflops");
+        rep["summary"]["peak_gpu_bytes_median"] = median_field("peak_gpu_bytes");
+        rep["summary"]["tokens_per_iteration"] = compute->tokens();
+      }
+    }
+    rep["gpu_resident_budget"] = resident_budget;
+    rep["gpu_update_budget"] = update_budget;
+    rep["stream_lookahead"] = a.stream_lookahead;
+    rep["writeback"] = a.writeback;
     const std::string text = rep.dump(2) + "\n";
     report_file = std::make_unique<dos::PendingFile>(a.report, dos::Chunks{{text.data(), text.size()}});
   }
@@ -415,8 +523,21 @@ int run(const Args& a) {
     dos::save_checkpoint(a.save_state, opt, job);
     std::printf("saved the optimizer state after iteration %lld to %s\n", (long long)it, a.save_state.c_str());
   }
+  std::unique_ptr<dos::PendingFile> timeline_file;
+  if (!a.timeline.empty()) {
+    nlohmann::ordered_json tasks = nlohmann::ordered_json::array(), bus = nlohmann::ordered_json::array();
+    for (const dos::TimelineTask& t : last_timeline.first)
+      tasks.push_back({{"lane", t.lane}, {"what", t.what}, {"subgroup", t.subgroup}, {"start", t.start}, {"end", t.end}});
+    for (const dos::BusSample& b : last_timeline.second) bus.push_back({b.t, b.h2d, b.d2h});
+    nlohmann::ordered_json tl = {{"policy", rt.policy()}, {"iteration", it}, {"params", n},
+                                 {"subgroups", opt.num_subgroups()}, {"tasks", tasks},
+                                 {"bus_columns", {"seconds", "h2d_bytes", "d2h_bytes"}}, {"bus", bus}};
+    const std::string text = tl.dump() + "\n";
+    timeline_file = std::make_unique<dos::PendingFile>(a.timeline, dos::Chunks{{text.data(), text.size()}});
+  }
   if (params_file) params_file->commit();
   if (report_file) report_file->commit();
+  if (timeline_file) timeline_file->commit();
   if (params_file) std::printf("saved %zu fp32 master parameters to %s\n", n, a.save_params.c_str());
 #if defined(DOS_HAVE_CUDA)
   if (on_gpu) {
@@ -491,6 +612,28 @@ int main(int argc, char** argv) {
   app.add_option("--resume", a.resume,
                  "start from the checkpoint in this folder (same model, --shard, --subgroup-size, --dtype and --seed): "
                  "the run continues exactly as if it had not stopped");
+  app.add_option("--gpu-resident-budget", a.gpu_resident_budget,
+                 "GPU memory the optimizer state may keep between iterations (e.g. 10GB; default: none kept, pure "
+                 "offload). dos keeps the last subgroups that fit resident; static:R must fit its GPU share in it");
+  app.add_option("--gpu-update-budget", a.gpu_update_budget,
+                 "GPU memory the update phase may use at once (e.g. 40GB; default: no limit); StarPU's GPU memory is "
+                 "capped at the two budgets together, the rest is left to forward and backward");
+  app.add_option("--stream-lookahead", a.stream_lookahead,
+                 "streamed subgroups whose state is prefetched ahead (0: StarPU's prefetch when a task is pushed)")
+      ->capture_default_str();
+  app.add_option("--writeback", a.writeback,
+                 "eager: each streamed subgroup's state goes home as soon as it is updated; end: all at the end of the "
+                 "phase")->capture_default_str();
+  app.add_option("--timeline", a.timeline,
+                 "write the last iteration's tasks (per worker) and PCIe byte samples to this JSON file");
+  app.add_flag("--emulate-compute", a.emulate_compute,
+               "emulate forward and backward with the model's GEMMs (cuBLAS; a scaled-down CPU stand-in without a "
+               "GPU), activations allocated in forward and freed in backward; reports forward, backward, iteration "
+               "seconds, peak GPU memory and model TFLOPs");
+  app.add_option("--tokens", a.tokens, "tokens per iteration for --emulate-compute (micro-batch x sequence)")
+      ->capture_default_str();
+  app.add_option("--cpu-scale", a.cpu_scale, "--emulate-compute without a GPU: divide every dimension by this")
+      ->capture_default_str();
   app.add_flag("--recalibrate", a.recalibrate,
                "with --policy dos or static:R: measure the model's rates again instead of reading the cached ones");
   try {

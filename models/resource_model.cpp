@@ -82,11 +82,24 @@ std::vector<PlanSide> static_plan(std::size_t n, double cpu_share) {
   return p;
 }
 
+std::size_t resident_subgroups(const std::vector<std::size_t>& sizes, std::size_t budget_bytes) {
+  std::size_t used = 0, count = 0;
+  for (auto it = sizes.rbegin(); it != sizes.rend(); ++it) {
+    const std::size_t bytes = 12 * *it;
+    if (bytes > budget_bytes - used) break;
+    used += bytes;
+    ++count;
+  }
+  return count;
+}
+
 Choice choose_plan(const Workload& w, const Rates& r) {
   Choice best;
   const std::size_t n = w.sizes.size();
-  for (std::size_t m = 0; m <= n; ++m) {
-    std::vector<PlanSide> plan = spread_plan(n, m);
+  const std::size_t resident = std::min(w.resident, n), free = n - resident;
+  for (std::size_t m = 0; m <= (w.may_stream ? free : 0); ++m) {
+    std::vector<PlanSide> plan = spread_plan(free, m);
+    plan.resize(n, PlanSide::gpu_resident);
     const Prediction p = predict(w, plan, r);
     if (m == 0 || p.total < best.predicted.total) {
       best.plan = std::move(plan);
@@ -111,13 +124,14 @@ StrideChoice choose_stride(const Workload& w, const Rates& r) {
 }
 
 double lower_bound(const Workload& w, const Rates& r) {
-  double total = 0;
-  for (std::size_t s : w.sizes) total += double(s);
-  double best = predict_split(w, total, 0, r).total;
-  const int steps = 10000;
+  double total = 0, resident = 0;
+  const std::size_t n = w.sizes.size(), nres = std::min(w.resident, n);
+  for (std::size_t i = 0; i < n; ++i) (i < n - nres ? total : resident) += double(w.sizes[i]);
+  double best = predict_split(w, total, 0, r, resident).total;
+  const int steps = w.may_stream ? 10000 : 0;
   for (int i = 1; i <= steps; ++i) {
     const double f = double(i) / steps;
-    best = std::min(best, predict_split(w, total * (1 - f), total * f, r).total);
+    best = std::min(best, predict_split(w, total * (1 - f), total * f, r, resident).total);
   }
   return best;
 }

@@ -40,11 +40,21 @@ enum class PlanSide : unsigned char { cpu = 0, gpu_streamed = 1, gpu_resident = 
 /// What the model is asked about. sizes: elements per subgroup; caller_on_gpu: the model's
 /// parameters and gradients live in GPU memory (their gradients are converted there);
 /// param_bytes: bytes per element of the model's parameters (2 for fp16/bf16, 4 for fp32).
+/// resident: how many subgroups, the last ones, keep their state on the GPU between iterations
+/// (from the GPU resident budget, resident_subgroups below); may_stream: false when the GPU update
+/// budget cannot hold one streamed subgroup, so that plans stream nothing.
 struct Workload {
   std::vector<std::size_t> sizes;
   bool caller_on_gpu = true;
   std::size_t param_bytes = 2;
+  std::size_t resident = 0;
+  bool may_stream = true;
 };
+
+/// How many subgroups, counted from the last one backwards, fit their fp32 state (master,
+/// exp_avg, exp_avg_sq: 12 bytes per parameter) in `budget_bytes` of GPU memory. Taking the last
+/// ones matches DeepSpeed's ZeRO-Offload++ `ratio` (static_plan). Returns 0..sizes.size().
+std::size_t resident_subgroups(const std::vector<std::size_t>& sizes, std::size_t budget_bytes);
 
 /// The predicted times of a plan, seconds, per resource and overall (the maximum).
 struct Prediction {
@@ -77,7 +87,9 @@ std::vector<PlanSide> stride_plan(std::size_t n, std::size_t k);
 /// subgroup of R, and grows with R. Throws std::invalid_argument when R is outside [0, 1].
 std::vector<PlanSide> static_plan(std::size_t n, double cpu_share);
 
-/// The plan of least predicted time among spread_plan(n, m), m = 0..n (ties: fewer streamed).
+/// The plan of least predicted time: the last w.resident subgroups resident, and among the others
+/// spread_plan(n - w.resident, m), m = 0..n - w.resident (only m = 0 when !w.may_stream; ties:
+/// fewer streamed).
 struct Choice {
   std::vector<PlanSide> plan;
   std::size_t streamed = 0;
@@ -94,7 +106,8 @@ StrideChoice choose_stride(const Workload& w, const Rates& r);
 
 /// A lower bound for the update phase on the same resources: the least predicted time of any split
 /// of the parameters between CPU and streaming, ignoring subgroup boundaries (predict_split over
-/// the streamed fraction, minimised to 1e-4 of the total). Seconds.
+/// the streamed fraction, minimised to 1e-4 of the total), with w.resident subgroups resident and
+/// nothing streamed when !w.may_stream. Seconds.
 double lower_bound(const Workload& w, const Rates& r);
 
 }  // namespace dos

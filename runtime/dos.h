@@ -58,12 +58,19 @@ struct TensorView {
 ///   workers: the other way to use the cores, to compare with the first).
 /// ncuda: CUDA workers to start; -1: one per visible device (StarPU's default); 0: none.
 /// verbose: print what was chosen (policy, workers, threads) on stderr.
+/// gpu_memory_limit: bytes StarPU may allocate on each GPU for the optimizer's data (its
+/// STARPU_LIMIT_CUDA_MEM, set before StarPU starts); 0: StarPU's default (90% of the device, or
+/// what STARPU_LIMIT_CUDA_MEM already says). StarPU keeps freed device buffers cached for reuse
+/// and StarPU 1.3 cannot hand them back on request (notes/starpu-1.3.md, section 3), so this
+/// limit is what keeps the rest of the GPU for the model's forward and backward. Give it the
+/// resident budget plus the update budget (OptimizerOptions).
 struct RuntimeOptions {
   std::string policy;
   int cpu_threads = 0;
   int cpu_workers = 0;
   int ncuda = -1;
   bool verbose = true;
+  std::size_t gpu_memory_limit = 0;
 };
 
 /// The process's StarPU instance (one at a time). Throws Error for an unknown policy, a "gpu"
@@ -112,6 +119,19 @@ class Runtime {
 /// rates: the machine's rates for the `dos` policy's model; all zero (the default): measured at
 ///   start-up by calibrate_rates (cached per host and configuration), unless recalibrate is set,
 ///   which forces a new measurement.
+/// gpu_resident_budget: bytes of optimizer state (12 per parameter) the GPU may keep between
+///   iterations; -1: not given. `dos` keeps the last subgroups that fit resident (none when not
+///   given) and plans the others; `static:R` must fit its resident share in it when given (Error
+///   otherwise, naming the smallest R that fits).
+/// gpu_update_budget: bytes the update phase may hold on the GPU at once (state of streamed
+///   subgroups, fp32 gradient and 16-bit parameter staging); 0: no limit. Subgroups enter the
+///   phase only while their footprint fits; a budget below one streamed subgroup's footprint plans
+///   every non-resident update on the CPU; below one CPU subgroup's staging is an Error.
+/// stream_lookahead: streamed subgroups whose state is prefetched to the GPU ahead of the one
+///   being submitted (the probe in ../shared/probes/starpu-streaming used 3).
+/// eager_writeback: write each streamed subgroup's state back as soon as its update ends (an
+///   asynchronous read acquire on main RAM, then starpu_data_wont_use); false: all at the end of
+///   the phase. A GPU update budget needs eager write-back (Error otherwise).
 struct OptimizerOptions {
   AdamHyper adam;
   std::size_t subgroup_size = 100000000;
@@ -120,6 +140,26 @@ struct OptimizerOptions {
   Rates rates{};
   bool recalibrate = false;
   bool verbose = true;
+  std::int64_t gpu_resident_budget = -1;
+  std::size_t gpu_update_budget = 0;
+  unsigned stream_lookahead = 3;
+  bool eager_writeback = true;
+};
+
+/// One task or transfer sample of an update phase, for timelines. lane: "cpu" or "gpu" (an Adam,
+/// gradient conversion or parameter write-back task on that kind of worker); what: "adam",
+/// "gather" or "scatter"; subgroup: its index; start, end: seconds since the phase began
+/// (StarPU's task profiling).
+struct TimelineTask {
+  std::string lane, what;
+  std::size_t subgroup = 0;
+  double start = 0, end = 0;
+};
+/// Bytes moved over PCIe, each way, since the phase began, sampled every millisecond while the
+/// phase runs (StarPU's bus counters); t: seconds since the phase began.
+struct BusSample {
+  double t = 0;
+  std::uint64_t h2d = 0, d2h = 0;
 };
 
 /// Forces the `dos` policy's plan, for sweeps: fraction: round(value * n) subgroups streamed,
@@ -158,6 +198,13 @@ struct StepStats {
   /// Per subgroup, the kind of worker its Adam task ran on (PlanSide::cpu or gpu_streamed, or
   /// gpu_resident where the plan kept it resident), as the task's executing worker reported it.
   std::vector<PlanSide> placement;
+  /// Filled only when Optimizer::set_timeline(true): every task of the phase, and the bus samples.
+  std::vector<TimelineTask> timeline;
+  std::vector<BusSample> bus;
+  /// Bytes StarPU had allocated on the GPU (all GPUs) when the phase ended, and the most the
+  /// admission window held at once (0 without a GPU update budget).
+  std::uint64_t gpu_bytes_end = 0;
+  std::uint64_t window_peak_bytes = 0;
 };
 
 /// Host bytes the runtime needs per parameter: 12 (fp32 master, exp_avg, exp_avg_sq) + 4 (fp32
@@ -215,6 +262,9 @@ class Optimizer {
   /// Forces (or, with PlanOverride::none, releases) the plan of the `dos` (or `static:R`) policy
   /// from the next step(). Throws Error for another policy or a value out of range.
   void set_plan_override(const PlanOverride& o);
+  /// From the next step() on, records every task of the phase and samples the bus counters
+  /// (StepStats::timeline, StepStats::bus); costs a sampling thread while a phase runs.
+  void set_timeline(bool on);
   /// The rates the `dos` model uses now (calibrated, then refined after each step).
   const Rates& rates() const;
   /// The workload the model sees (subgroup sizes, where the caller's buffers live).

@@ -14,6 +14,7 @@
 #include <fstream>
 #include <mutex>
 #include <string>
+#include <thread>
 
 #include "../codelets/codelets.h"
 #include "../codelets/cpu_team.h"
@@ -112,6 +113,16 @@ Runtime::Runtime(const RuntimeOptions& options) : impl_(new Impl) {
   // buffers to the host for nothing. The runtime writes the optimizer state back itself.
   setenv("STARPU_MINIMUM_CLEAN_BUFFERS", "0", 0);
   setenv("STARPU_TARGET_CLEAN_BUFFERS", "0", 0);
+  if (options.gpu_memory_limit > 0) {
+    // StarPU reads its limit in MiB (src/drivers/cuda/driver_cuda.c); the option wins over the
+    // environment, with a word when they differ.
+    const std::string mib = std::to_string(std::max<std::size_t>(1, options.gpu_memory_limit >> 20));
+    const char* env_limit = std::getenv("STARPU_LIMIT_CUDA_MEM");
+    if (env_limit && mib != env_limit && options.verbose)
+      std::fprintf(stderr, "[dos] warning: STARPU_LIMIT_CUDA_MEM=%s is replaced by the GPU budgets (%s MiB)\n",
+                   env_limit, mib.c_str());
+    setenv("STARPU_LIMIT_CUDA_MEM", mib.c_str(), 1);
+  }
 
   const std::vector<int> process_cores = allowed_cores();  // before StarPU starts its threads
 
@@ -325,6 +336,13 @@ struct Subgroup {
   TaskHint hint_update{};  // the Adam task: the side the policy's plan names
   TaskHint hint_io{};      // conversion and write-back: wherever the caller's buffers are
   std::atomic<int> ran_on{0};  // 1: CPU worker, 2: CUDA worker
+  // Admission window (update budget): bytes this subgroup holds on the GPU in this phase, and the
+  // pieces of work (parameter write-back task, state write-backs) still to end before it gives
+  // them back.
+  std::size_t footprint = 0;
+  std::atomic<int> parts_left{0};
+  struct Window* window = nullptr;
+  struct Timeline* timeline = nullptr;
 
   Subgroup() = default;
   Subgroup(const Subgroup&) = delete;
@@ -337,6 +355,63 @@ struct Subgroup {
     for (starpu_data_handle_t h : {h_grad32, h_param16})  // scratch: nothing to bring home
       if (h) starpu_data_unregister_no_coherency(h);
     for (HostBuffer* b : {&master, &exp_avg, &exp_avg_sq, &grad32, &param16}) free_host(*b);
+  }
+};
+
+/// The GPU update budget as an admission window: a subgroup takes its footprint before its tasks
+/// are submitted and gives it back when its last piece of work ends. limit 0: no limit.
+struct Window {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::size_t used = 0, limit = 0, peak = 0;
+  void reset(std::size_t l) {
+    std::lock_guard<std::mutex> g(mu);
+    used = peak = 0;
+    limit = l;
+  }
+  bool fits(std::size_t b) const { return limit == 0 || used == 0 || used + b <= limit; }
+  /// Takes b bytes if they fit now; returns whether it did.
+  bool try_take(std::size_t b) {
+    std::lock_guard<std::mutex> g(mu);
+    if (!fits(b)) return false;
+    used += b;
+    peak = std::max(peak, used);
+    return true;
+  }
+  /// Takes b bytes, waiting for other subgroups to give theirs back (never for ever: with nothing
+  /// taken, anything fits).
+  void take(std::size_t b) {
+    std::unique_lock<std::mutex> g(mu);
+    cv.wait(g, [&] { return fits(b); });
+    used += b;
+    peak = std::max(peak, used);
+  }
+  void give(std::size_t b) {
+    std::lock_guard<std::mutex> g(mu);
+    used -= b;
+    cv.notify_all();
+  }
+};
+
+/// Ends one piece of a subgroup's work; the last one gives its footprint back to the window.
+void subgroup_part_done(Subgroup* sg) {
+  if (sg->parts_left.fetch_sub(1) == 1 && sg->window) sg->window->give(sg->footprint);
+}
+
+/// Tasks of a phase, from StarPU's task profiling, when a timeline is asked for.
+struct Timeline {
+  std::mutex mu;
+  double t0_us = 0;  // starpu_timing_now() when the phase began: StarPU's profiling clock
+  std::vector<TimelineTask> tasks;
+  void record(const char* what, std::size_t subgroup) {
+    struct starpu_task* t = starpu_task_get_current();
+    if (!t || !t->profiling_info) return;
+    const struct starpu_profiling_task_info* p = t->profiling_info;
+    const int w = p->workerid;
+    const bool gpu = w >= 0 && starpu_worker_get_type(w) == STARPU_CUDA_WORKER;
+    auto secs = [&](struct timespec ts) { return 1e-6 * (starpu_timing_timespec_to_us(&ts) - t0_us); };
+    std::lock_guard<std::mutex> g(mu);
+    tasks.push_back(TimelineTask{gpu ? "gpu" : "cpu", what, subgroup, secs(p->start_time), secs(p->end_time)});
   }
 };
 
@@ -362,21 +437,38 @@ struct Pending {
 struct WriteBack {
   starpu_data_handle_t h;
   Pending* pending;
+  Subgroup* sg;  // its part of the subgroup's work ends with the write-back (nullptr: none)
 };
 
 void release_after_writeback(void* arg) {
   auto* wb = static_cast<WriteBack*>(arg);
-  // The host copy is the only valid one now (the acquire was a write access on main RAM, which
-  // invalidated the device copy): the next update of this subgroup on the GPU streams it in again.
+  // The host copy is valid now. After a write acquire (end-of-phase write-back) it is the only
+  // one; after a read acquire (eager write-back) the device copy was marked starpu_data_wont_use,
+  // so StarPU drops it first when it needs room.
   starpu_data_release(wb->h);
   Pending* p = wb->pending;
+  Subgroup* sg = wb->sg;
   delete wb;
+  if (sg) subgroup_part_done(sg);
   p->done();
 }
 
+/// Callback of the Adam task: which kind of worker ran it, and its timeline entry.
 void record_worker(void* arg) {
+  auto* sg = static_cast<Subgroup*>(arg);
   const int w = starpu_worker_get_id();
-  static_cast<Subgroup*>(arg)->ran_on.store(w >= 0 && starpu_worker_get_type(w) == STARPU_CUDA_WORKER ? 2 : 1);
+  sg->ran_on.store(w >= 0 && starpu_worker_get_type(w) == STARPU_CUDA_WORKER ? 2 : 1);
+  if (sg->timeline) sg->timeline->record("adam", std::size_t(sg->hint_update.subgroup));
+}
+void record_gather(void* arg) {
+  auto* sg = static_cast<Subgroup*>(arg);
+  if (sg->timeline) sg->timeline->record("gather", std::size_t(sg->hint_update.subgroup));
+}
+/// Callback of the parameter write-back task: the timeline, and one piece of the subgroup done.
+void scatter_done(void* arg) {
+  auto* sg = static_cast<Subgroup*>(arg);
+  if (sg->timeline) sg->timeline->record("scatter", std::size_t(sg->hint_update.subgroup));
+  subgroup_part_done(sg);
 }
 
 void submit(struct starpu_task* t, const char* what) {
@@ -384,17 +476,23 @@ void submit(struct starpu_task* t, const char* what) {
   if (ret != 0) throw Error(std::string("StarPU refused the ") + what + " task (error " + std::to_string(ret) + ")");
 }
 
+/// StarPU's bus counters reset when read: every reader goes through this accumulator, so that the
+/// timeline's sampling thread and step() see the same running totals (bytes since start-up).
+std::mutex g_bus_mu;
+std::uint64_t g_bus_h2d = 0, g_bus_d2h = 0;
 void read_bus_bytes(std::uint64_t* h2d, std::uint64_t* d2h) {
-  *h2d = *d2h = 0;
+  std::lock_guard<std::mutex> l(g_bus_mu);
   const int nbus = starpu_bus_get_count();
   for (int b = 0; b < nbus; ++b) {
     struct starpu_profiling_bus_info info;
     if (starpu_bus_get_profiling_info(b, &info) != 0) continue;
     const auto src = starpu_node_get_kind(unsigned(starpu_bus_get_src(b)));
     const auto dst = starpu_node_get_kind(unsigned(starpu_bus_get_dst(b)));
-    if (src == STARPU_CPU_RAM && dst == STARPU_CUDA_RAM) *h2d += std::uint64_t(info.transferred_bytes);
-    if (src == STARPU_CUDA_RAM && dst == STARPU_CPU_RAM) *d2h += std::uint64_t(info.transferred_bytes);
+    if (src == STARPU_CPU_RAM && dst == STARPU_CUDA_RAM) g_bus_h2d += std::uint64_t(info.transferred_bytes);
+    if (src == STARPU_CUDA_RAM && dst == STARPU_CPU_RAM) g_bus_d2h += std::uint64_t(info.transferred_bytes);
   }
+  *h2d = g_bus_h2d;
+  *d2h = g_bus_d2h;
 }
 
 /// Sums the executing time of the workers of `type` since the last call, in seconds (reading
@@ -429,6 +527,19 @@ struct Optimizer::Impl {
   bool refined = false;
   std::vector<PlanSide> plan;  // this step's plan (empty for StarPU's built-in policies)
   std::string broken;          // why a failed step left the state inconsistent (empty: fine)
+  Window window;               // the GPU update budget
+  Timeline timeline;
+  bool timeline_on = false;
+  std::vector<unsigned> cuda_nodes;  // memory node of each CUDA worker, in worker-id order
+
+  /// GPU bytes subgroup i holds during the phase when planned on `side` (OptimizerOptions,
+  /// gpu_update_budget): the state (12 B/param) when streamed, plus the fp32 gradient and 16-bit
+  /// parameter staging when the caller's buffers are on the GPU or the update runs there.
+  std::size_t footprint(std::size_t size, PlanSide side) const {
+    const std::size_t esz = dtype_size(opt.dtype);
+    const bool staging = workload.caller_on_gpu || side != PlanSide::cpu;
+    return size * ((side == PlanSide::gpu_streamed ? 12 : 0) + (staging ? 4 + esz : 0));
+  }
 
   Impl() { ++g_live_optimizers; }
   ~Impl() {
@@ -455,15 +566,29 @@ struct Optimizer::Impl {
     switch (choice.kind) {
       case PolicyKind::builtin: return {};
       case PolicyKind::cpu: return std::vector<PlanSide>(n, PlanSide::cpu);
-      case PolicyKind::gpu: return std::vector<PlanSide>(n, PlanSide::gpu_streamed);
+      case PolicyKind::gpu: {
+        std::vector<PlanSide> p(n, PlanSide::gpu_streamed);
+        for (std::size_t i = n - std::min(workload.resident, n); i < n; ++i) p[i] = PlanSide::gpu_resident;
+        return p;
+      }
       case PolicyKind::static_ratio:
       case PolicyKind::dos:
         if (!gpu) return std::vector<PlanSide>(n, PlanSide::cpu);
-        if (override_.kind == PlanOverride::fraction)
-          return spread_plan(n, std::size_t(std::llround(override_.value * double(n))));
-        if (override_.kind == PlanOverride::stride) return stride_plan(n, std::size_t(override_.value));
-        if (choice.kind == PolicyKind::static_ratio) return static_plan(n, choice.cpu_share);
-        return choose_plan(workload, rates).plan;
+        if (choice.kind == PolicyKind::static_ratio && override_.kind == PlanOverride::none)
+          return static_plan(n, choice.cpu_share);
+        {
+          // forced plans spread over the subgroups that are not resident
+          const std::size_t res = std::min(workload.resident, n), free = n - res;
+          std::vector<PlanSide> p;
+          if (override_.kind == PlanOverride::fraction)
+            p = spread_plan(free, workload.may_stream ? std::size_t(std::llround(override_.value * double(free))) : 0);
+          else if (override_.kind == PlanOverride::stride)
+            p = workload.may_stream ? stride_plan(free, std::size_t(override_.value)) : spread_plan(free, 0);
+          else
+            return choose_plan(workload, rates).plan;
+          p.resize(n, PlanSide::gpu_resident);
+          return p;
+        }
     }
     return {};
   }
@@ -557,6 +682,62 @@ Optimizer::Optimizer(Runtime& runtime, const std::vector<TensorView>& tensors, c
   I.workload.caller_on_gpu = options.memory == MemoryKind::cuda;
   I.workload.param_bytes = esz;
   for (const SubgroupLayout& l : layout) I.workload.sizes.push_back(l.size);
+  {  // GPU budgets (OptimizerOptions): what may stay resident, and whether one streamed subgroup fits
+    const bool gpu = runtime.cuda_workers() > 0;
+    auto gb = [](double b) {
+      char t[32];
+      std::snprintf(t, sizeof t, "%.2f GB", b / 1e9);
+      return std::string(t);
+    };
+    if (options.gpu_resident_budget < -1)
+      throw Error("the GPU resident budget must be >= 0 bytes (or -1: not given), got " +
+                  std::to_string(options.gpu_resident_budget));
+    if (options.gpu_update_budget > 0 && !options.eager_writeback)
+      throw Error("a GPU update budget needs the eager write-back (a subgroup's GPU memory is given back when its "
+                  "state is home): drop the budget or keep eager_writeback");
+    const std::size_t resident_bytes = options.gpu_resident_budget > 0 ? std::size_t(options.gpu_resident_budget) : 0;
+    if (gpu && choice.kind != PolicyKind::builtin && choice.kind != PolicyKind::static_ratio)
+      I.workload.resident = resident_subgroups(I.workload.sizes, resident_bytes);
+    if (gpu && choice.kind == PolicyKind::static_ratio && options.gpu_resident_budget >= 0) {
+      const std::vector<PlanSide> sp = static_plan(layout.size(), choice.cpu_share);
+      std::size_t kept = 0, nres = 0;
+      for (std::size_t i = 0; i < sp.size(); ++i)
+        if (sp[i] == PlanSide::gpu_resident) kept += 12 * layout[i].size, ++nres;
+      if (kept > resident_bytes) {
+        const std::size_t fit = resident_subgroups(I.workload.sizes, resident_bytes);
+        char r[32];
+        std::snprintf(r, sizeof r, "%.4g", double(layout.size() - fit) / double(layout.size()));
+        throw Error("policy " + choice.name + " keeps " + std::to_string(nres) + " subgroups' state (" + gb(double(kept)) +
+                    ") resident on the GPU, more than the GPU resident budget of " + gb(double(resident_bytes)) +
+                    ": use static:" + r + " or a larger CPU share (" + std::to_string(fit) + " subgroups fit), or raise the budget");
+      }
+    }
+    const std::size_t budget = options.gpu_update_budget;
+    if (gpu && budget > 0) {
+      std::size_t need_cpu = 0, need_streamed = 0;
+      for (std::size_t sz : I.workload.sizes) {
+        need_cpu = std::max(need_cpu, I.footprint(sz, PlanSide::cpu));
+        need_streamed = std::max(need_streamed, I.footprint(sz, PlanSide::gpu_streamed));
+      }
+      if (budget < need_cpu)
+        throw Error("the GPU update budget of " + gb(double(budget)) + " is below the " + gb(double(need_cpu)) +
+                    " one subgroup's gradient and parameter staging needs on the GPU: raise the budget or lower the "
+                    "subgroup size");
+      I.workload.may_stream = budget >= need_streamed;
+      if (!I.workload.may_stream) {
+        if (choice.kind == PolicyKind::gpu)
+          throw Error("policy gpu streams every subgroup, and one streamed subgroup needs " + gb(double(need_streamed)) +
+                      " of GPU memory, above the GPU update budget of " + gb(double(budget)) +
+                      ": raise the budget, lower the subgroup size, or use the dos policy");
+        if (options.verbose)
+          std::fprintf(stderr, "[dos] the GPU update budget (%s) is below one streamed subgroup's %s: every update "
+                               "that is not resident runs on the CPU\n", gb(double(budget)).c_str(),
+                       gb(double(need_streamed)).c_str());
+      }
+    }
+    for (unsigned w = 0; w < starpu_worker_get_count(); ++w)
+      if (starpu_worker_get_type(int(w)) == STARPU_CUDA_WORKER) I.cuda_nodes.push_back(starpu_worker_get_memory_node(w));
+  }
 
   for (std::size_t s = 0; s < layout.size(); ++s) {
     auto sg = std::make_unique<Subgroup>();
@@ -623,10 +804,38 @@ StepStats Optimizer::step() {
                 "): the optimizer state may be inconsistent; create a new Optimizer");
   StepStats st;
   std::uint64_t h2d0, d2h0;
-  read_bus_bytes(&h2d0, &d2h0);  // resets StarPU's counters
+  read_bus_bytes(&h2d0, &d2h0);
   read_busy_seconds(STARPU_CPU_WORKER);
   read_busy_seconds(STARPU_CUDA_WORKER);
   const auto t0 = std::chrono::steady_clock::now();
+  {
+    std::lock_guard<std::mutex> g(I.timeline.mu);
+    I.timeline.tasks.clear();
+    I.timeline.t0_us = starpu_timing_now();
+  }
+  // The timeline's bus samples: a thread reads the bus counters every millisecond during the phase.
+  std::atomic<bool> sampling{I.timeline_on};
+  std::thread sampler;
+  if (I.timeline_on)
+    sampler = std::thread([&] {
+      while (sampling.load()) {
+        BusSample b;
+        read_bus_bytes(&b.h2d, &b.d2h);
+        b.h2d -= h2d0;
+        b.d2h -= d2h0;
+        b.t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        st.bus.push_back(b);
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+    });
+  struct StopSampler {  // the thread ends on every way out of step()
+    std::atomic<bool>& on;
+    std::thread& t;
+    ~StopSampler() {
+      on.store(false);
+      if (t.joinable()) t.join();
+    }
+  } stop_sampler{sampling, sampler};
 
   I.plan = I.make_plan();
   Prediction pred;
@@ -650,15 +859,81 @@ StepStats Optimizer::step() {
     I.broken = why;
     throw Error(why);
   };
+  const bool gpu = !I.cuda_nodes.empty();
+  auto streamed = [&](std::size_t i) { return !I.plan.empty() && I.plan[i] == PlanSide::gpu_streamed; };
+  std::vector<std::size_t> stream_order;  // the streamed subgroups, in submission order
+  for (std::size_t i = 0; i < I.sgs.size(); ++i)
+    if (streamed(i)) stream_order.push_back(i);
+  const std::size_t lookahead = gpu ? I.opt.stream_lookahead : 0;
+  // The update budget bounds the subgroups in flight; lookahead prefetches take theirs only while
+  // room for one more subgroup is left, so that the subgroup being submitted always gets in.
+  std::size_t largest_fp = 0;
+  for (std::size_t i = 0; i < I.sgs.size(); ++i) {
+    Subgroup* sg = I.sgs[i].get();
+    sg->footprint = gpu ? I.footprint(sg->size, I.plan.empty() ? PlanSide::cpu : I.plan[i]) : 0;
+    largest_fp = std::max(largest_fp, sg->footprint);
+    sg->window = &I.window;
+    sg->timeline = I.timeline_on ? &I.timeline : nullptr;
+  }
+  I.window.reset(gpu ? I.opt.gpu_update_budget : 0);
+  std::vector<char> admitted(I.sgs.size(), 0);
+  auto prefetch_state = [&](std::size_t i) {
+    Subgroup* sg = I.sgs[i].get();
+    if (admitted[i]) return;
+    const std::size_t reserve = I.window.limit ? largest_fp : 0;
+    if (!I.window.try_take(sg->footprint + reserve)) return;
+    if (reserve) I.window.give(reserve);
+    admitted[i] = 1;
+    const unsigned node = I.cuda_nodes[i % I.cuda_nodes.size()];  // the placement policy's choice
+    for (starpu_data_handle_t h : {sg->h_master, sg->h_exp_avg, sg->h_exp_avg_sq})
+      starpu_data_prefetch_on_node(h, node, 1);
+  };
+  Pending pending;
+  int refused = 0;
+  // The state write-back (notes/gpu-machine.md, "Streaming optimizer state through StarPU"): an
+  // asynchronous acquire on main RAM turns the write-back of a GPU-updated subgroup into a normal
+  // D2H fetch, which runs beside the H2D stream. eager: a read acquire right after the subgroup's
+  // tasks, then starpu_data_wont_use so StarPU drops the device copy first; else a read-write
+  // acquire at the end of the phase (invalidating the device copy).
+  auto write_back = [&](Subgroup* sg, enum starpu_data_access_mode mode, bool part_of_subgroup) {
+    for (starpu_data_handle_t h : {sg->h_master, sg->h_exp_avg, sg->h_exp_avg_sq}) {
+      pending.add();
+      auto* wb = new WriteBack{h, &pending, part_of_subgroup ? sg : nullptr};
+      if (starpu_data_acquire_on_node_cb(h, STARPU_MAIN_RAM, mode, release_after_writeback, wb) != 0) {
+        delete wb;
+        pending.done();
+        if (part_of_subgroup) subgroup_part_done(sg);
+        ++refused;
+      }
+      if (part_of_subgroup) starpu_data_wont_use(h);
+    }
+  };
   try {
-  for (auto& sgp : I.sgs) {
-    Subgroup* sg = sgp.get();
+  std::size_t next_streamed = 0;  // position in stream_order of the next streamed subgroup
+  for (std::size_t i = 0; i < I.sgs.size(); ++i) {
+    Subgroup* sg = I.sgs[i].get();
+    const bool is_streamed = streamed(i);
+    if (is_streamed && lookahead > 0) {
+      // this subgroup's state and that of the next `lookahead` streamed ones are on their way
+      for (std::size_t q = next_streamed; q < stream_order.size() && q <= next_streamed + lookahead; ++q)
+        prefetch_state(stream_order[q]);
+    }
+    if (is_streamed) ++next_streamed;
+    if (!admitted[i]) {
+      I.window.take(sg->footprint);
+      admitted[i] = 1;
+    }
+    const bool eager = is_streamed && I.opt.eager_writeback;
+    sg->parts_left.store(1 + (eager ? 3 : 0));
+    sg->hint_update.prefetch = !(is_streamed && lookahead > 0);
     sg->step += 1;
     sg->adam.sp = make_adam_step_params(I.opt.adam, sg->step);
     sg->ran_on.store(0);
 
     struct starpu_task* g = I.make_task(&gather_cl, &sg->gather_grads, &sg->hint_io, I.where_caller);
     g->handles[0] = sg->h_grad32;
+    g->callback_func = record_gather;
+    g->callback_arg = sg;
     submit(g, "gradient conversion");
 
     struct starpu_task* a = I.make_task(&adam_cl, &sg->adam, &sg->hint_update, STARPU_CPU | STARPU_CUDA);
@@ -673,39 +948,42 @@ StepStats Optimizer::step() {
 
     struct starpu_task* s = I.make_task(&scatter_cl, &sg->scatter, &sg->hint_io, I.where_caller);
     s->handles[0] = sg->h_param16;
+    s->callback_func = scatter_done;
+    s->callback_arg = sg;
     submit(s, "parameter write-back");
     starpu_data_invalidate_submit(sg->h_grad32);  // both staging buffers are dropped once used
     starpu_data_invalidate_submit(sg->h_param16);
+    if (eager) write_back(sg, STARPU_R, true);
   }
   } catch (const Error& e) {
     fail(e.what());
   }
-  // The phase ends when every subgroup's state is safe in host memory and nowhere else: an
-  // asynchronous read-write acquire on main RAM turns the write-back of a GPU-updated subgroup into
-  // a normal D2H fetch (notes/gpu-machine.md, "Streaming optimizer state through StarPU") and
-  // invalidates the device copy (pure offload: nothing of the state stays valid on the GPU).
-  // Subgroups resident on the GPU (static:R) keep their state there: no write-back.
-  Pending pending;
-  int refused = 0;
+  // The phase ends when every subgroup's state is safe in host memory and nowhere else (pure
+  // offload: nothing of the state stays valid on the GPU; after an eager write-back this moves no
+  // data, it only invalidates the device copy). Resident subgroups keep their state on the GPU.
   for (std::size_t i = 0; i < I.sgs.size(); ++i) {
-    Subgroup* sg = I.sgs[i].get();
     if (!I.plan.empty() && I.plan[i] == PlanSide::gpu_resident) continue;
-    for (starpu_data_handle_t h : {sg->h_master, sg->h_exp_avg, sg->h_exp_avg_sq}) {
-      pending.add();
-      auto* wb = new WriteBack{h, &pending};
-      if (starpu_data_acquire_on_node_cb(h, STARPU_MAIN_RAM, STARPU_RW, release_after_writeback, wb) != 0) {
-        delete wb;
-        pending.done();
-        ++refused;
-      }
-    }
+    write_back(I.sgs[i].get(), STARPU_RW, false);
   }
   pending.wait();  // every callback has run: nothing refers to `pending` any more
   if (refused) fail("StarPU refused to write " + std::to_string(refused) + " state buffer(s) back to host memory");
   starpu_task_wait_for_all();
+  sampling.store(false);
+  if (sampler.joinable()) sampler.join();
+  st.window_peak_bytes = I.window.limit ? I.window.peak : 0;
+  for (unsigned node : I.cuda_nodes) {
+    const starpu_ssize_t total = starpu_memory_get_total(node), avail = starpu_memory_get_available(node);
+    if (total > 0 && avail >= 0) st.gpu_bytes_end += std::uint64_t(total - avail);
+  }
+  if (I.timeline_on) {
+    std::lock_guard<std::mutex> g(I.timeline.mu);
+    st.timeline = I.timeline.tasks;
+  }
 
   st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   read_bus_bytes(&st.bytes_h2d, &st.bytes_d2h);
+  st.bytes_h2d -= h2d0;
+  st.bytes_d2h -= d2h0;
   st.cpu_busy_seconds = read_busy_seconds(STARPU_CPU_WORKER);
   st.gpu_busy_seconds = read_busy_seconds(STARPU_CUDA_WORKER);
   st.params = I.nparams;
@@ -773,6 +1051,7 @@ void Optimizer::set_plan_override(const PlanOverride& o) {
     throw Error("the stride k must be a whole number >= 1, got " + std::to_string(o.value));
   impl_->override_ = o;
 }
+void Optimizer::set_timeline(bool on) { impl_->timeline_on = on; }
 void Optimizer::set_hyper(const AdamHyper& h) {
   validate_adam_hyper(h);
   impl_->opt.adam = h;  // step() derives each subgroup's constants from it

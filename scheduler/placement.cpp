@@ -44,7 +44,7 @@ int placement_push_task(struct starpu_task* task) {
     return -ENODEV;
   }
   const unsigned w = candidates[sg % ncand];
-  if (starpu_get_prefetch_flag()) starpu_prefetch_task_input_for(task, w);
+  if (starpu_get_prefetch_flag() && (!hint || hint->prefetch)) starpu_prefetch_task_input_for(task, w);
   return starpu_push_local_task(int(w), task, 0);
 }
 

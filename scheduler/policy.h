@@ -7,7 +7,8 @@
 //    dependencies are satisfied, or from the worker/callback thread that released the last of them;
 //    several threads may call it at once. It holds no lock of its own: it reads the task's hint
 //    (task->sched_data, a `const TaskHint*` owned by the runtime and alive until the task ends),
-//    picks a worker, asks StarPU to prefetch the task's inputs to that worker's memory node, and
+//    picks a worker, asks StarPU to prefetch the task's inputs to that worker's memory node (unless the
+//    hint says the runtime does it), and
 //    queues the task on that worker with starpu_push_local_task (which takes the worker's lock and
 //    calls starpu_push_task_end).
 //  - A hint says which side (CPU or GPU) must run the task, and the subgroup index, which spreads
@@ -28,10 +29,13 @@ namespace dos {
 /// Where an update task must run.
 enum class Side : int { any = 0, cpu = 1, gpu = 2 };
 
-/// Per-task hint read by the placement policy (task->sched_data).
+/// Per-task hint read by the placement policy (task->sched_data). prefetch: ask StarPU to fetch
+/// the task's inputs to the chosen worker's memory when the task is pushed (false: the runtime
+/// schedules that transfer itself, e.g. the streamed state prefetched a few subgroups ahead).
 struct TaskHint {
   Side side;
   unsigned subgroup;
+  bool prefetch = true;
 };
 
 /// The StarPU policy that follows TaskHints (its policy_name is "dos-placement").

@@ -105,6 +105,15 @@ int benchmark_cuda_kernels(std::size_t n, DType dtype, double* adam_seconds, dou
 /// Times a device-to-device cudaMemcpy of `bytes` (best of 3, CUDA events): the device-memory
 /// roof (it reads and writes `bytes` each). Returns a cudaError_t value (0 = success).
 int benchmark_cuda_copy(std::size_t bytes, double* seconds);
+
+/// The PCIe roof: copies `bytes` between pinned host memory (cudaHostAlloc) and the device with
+/// cudaMemcpyAsync on two streams, best of 3 (CUDA events): host-to-device alone, device-to-host
+/// alone, and both at once (each direction timed on its own stream). Rates in bytes/s.
+/// Returns a cudaError_t value (0 = success).
+struct PcieRoof {
+  double h2d = 0, d2h = 0, duplex_h2d = 0, duplex_d2h = 0;
+};
+int benchmark_pcie(std::size_t bytes, PcieRoof* roof);
 #endif
 
 }  // namespace dos

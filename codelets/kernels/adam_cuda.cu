@@ -3,7 +3,9 @@
 // Built with --fmad=false, so the fp32 operations are the CPU kernel's, in the same order.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <cstring>
 
 #include "adam.h"
 
@@ -278,6 +280,53 @@ int benchmark_cuda_copy(std::size_t bytes, double* seconds) {
   if (b) cudaFree(b);
   if (start) cudaEventDestroy(start);
   if (stop) cudaEventDestroy(stop);
+  return int(e);
+}
+
+int benchmark_pcie(std::size_t bytes, PcieRoof* roof) {
+  void *host_up = nullptr, *host_down = nullptr, *dev_up = nullptr, *dev_down = nullptr;
+  cudaStream_t up = nullptr, down = nullptr;
+  cudaEvent_t ev[4] = {};
+  cudaError_t e = cudaHostAlloc(&host_up, bytes, cudaHostAllocDefault);
+  if (e == cudaSuccess) e = cudaHostAlloc(&host_down, bytes, cudaHostAllocDefault);
+  if (e == cudaSuccess) e = cudaMalloc(&dev_up, bytes);
+  if (e == cudaSuccess) e = cudaMalloc(&dev_down, bytes);
+  if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&up, cudaStreamNonBlocking);
+  if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&down, cudaStreamNonBlocking);
+  for (auto& x : ev)
+    if (e == cudaSuccess) e = cudaEventCreate(&x);
+  if (e == cudaSuccess) std::memset(host_up, 1, bytes);
+  if (e == cudaSuccess) e = cudaMemset(dev_down, 1, bytes);
+  *roof = PcieRoof{};
+  auto timed = [&](bool do_up, bool do_down, double* r_up, double* r_down) {
+    for (int rep = 0; rep < 3 && e == cudaSuccess; ++rep) {
+      if (do_up) cudaEventRecord(ev[0], up);
+      if (do_down) cudaEventRecord(ev[2], down);
+      if (do_up) e = cudaMemcpyAsync(dev_up, host_up, bytes, cudaMemcpyHostToDevice, up);
+      if (e == cudaSuccess && do_down) e = cudaMemcpyAsync(host_down, dev_down, bytes, cudaMemcpyDeviceToHost, down);
+      if (do_up) cudaEventRecord(ev[1], up);
+      if (do_down) cudaEventRecord(ev[3], down);
+      float ms = 0;
+      if (e == cudaSuccess && do_up) e = cudaEventSynchronize(ev[1]);
+      if (e == cudaSuccess && do_down) e = cudaEventSynchronize(ev[3]);
+      if (e == cudaSuccess && do_up && cudaEventElapsedTime(&ms, ev[0], ev[1]) == cudaSuccess)
+        *r_up = std::max(*r_up, double(bytes) / (ms * 1e-3));
+      if (e == cudaSuccess && do_down && cudaEventElapsedTime(&ms, ev[2], ev[3]) == cudaSuccess)
+        *r_down = std::max(*r_down, double(bytes) / (ms * 1e-3));
+    }
+  };
+  double unused = 0;
+  timed(true, false, &roof->h2d, &unused);
+  timed(false, true, &unused, &roof->d2h);
+  timed(true, true, &roof->duplex_h2d, &roof->duplex_d2h);
+  for (auto& x : ev)
+    if (x) cudaEventDestroy(x);
+  if (up) cudaStreamDestroy(up);
+  if (down) cudaStreamDestroy(down);
+  for (void* d : {dev_up, dev_down})
+    if (d) cudaFree(d);
+  for (void* h : {host_up, host_down})
+    if (h) cudaFreeHost(h);
   return int(e);
 }
 

@@ -1,0 +1,175 @@
+// The compute emulator's GEMM list, driver and CPU stand-in (compute_emulator.h).
+#include "compute_emulator.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+namespace dos_train {
+
+std::vector<std::vector<Gemm>> forward_gemms(const ModelConfig& c) {
+  std::vector<std::vector<Gemm>> layers(std::size_t(c.layers) + 1);
+  const bool gpt2 = c.arch == "gpt2";
+  for (const ParamTensor& t : param_tensors(c)) {
+    if (t.kind != TensorKind::weight || t.shape.size() != 2) continue;
+    const std::string& n = t.name;
+    if (n == "wte.weight" || n == "wpe.weight" || n == "model.embed_tokens.weight") continue;  // lookups
+    // layer index from "h.L." or "model.layers.L."
+    const std::string key = gpt2 ? "h." : "model.layers.";
+    std::size_t layer = std::size_t(c.layers);  // the head
+    if (n.rfind(key, 0) == 0) layer = std::size_t(std::stoll(n.substr(key.size())));
+    // GPT-2's Conv1D weights are [in, out]; the others are [out, in] (torch.nn.Linear)
+    const Gemm g = gpt2 ? Gemm{t.shape[0], t.shape[1]} : Gemm{t.shape[1], t.shape[0]};
+    layers[layer].push_back(g);
+  }
+  if (c.tie_embeddings) layers.back().push_back(Gemm{c.hidden, c.vocab});  // the head reuses the embedding
+  return layers;
+}
+
+ComputeEmulator::ComputeEmulator(std::vector<std::vector<Gemm>> gemms, std::int64_t tokens,
+                                 std::unique_ptr<ComputeBackend> backend, std::int64_t scale)
+    : gemms_(std::move(gemms)), tokens_(tokens), be_(std::move(backend)) {
+  if (tokens < 1) throw std::invalid_argument("the tokens per iteration must be at least 1, got " + std::to_string(tokens));
+  if (scale < 1) throw std::invalid_argument("the scale must be at least 1, got " + std::to_string(scale));
+  tokens_ = std::max<std::int64_t>(1, tokens / scale);
+  std::int64_t max_w = 1, max_in = 1, max_out = 1;
+  for (auto& layer : gemms_)
+    for (Gemm& g : layer) {
+      g.in = std::max<std::int64_t>(1, g.in / scale);
+      g.out = std::max<std::int64_t>(1, g.out / scale);
+      max_w = std::max(max_w, g.in * g.out);
+      max_in = std::max(max_in, g.in);
+      max_out = std::max(max_out, g.out);
+    }
+  const std::size_t e = be_->elem_bytes(), T = std::size_t(tokens_);
+  weights_ = be_->alloc(std::size_t(max_w) * e);
+  dweights_ = be_->alloc(std::size_t(max_w) * e);
+  dy_ = be_->alloc(T * std::size_t(max_out) * e);
+  dx_ = be_->alloc(T * std::size_t(max_in) * e);
+}
+
+ComputeEmulator::~ComputeEmulator() {
+  for (void* p : {weights_, dweights_, dy_, dx_})
+    if (p) be_->free(p);
+}
+
+ComputeTimes ComputeEmulator::run() {
+  ComputeTimes out;
+  const std::size_t e = be_->elem_bytes(), T = std::size_t(tokens_);
+  std::vector<void*> acts(gemms_.size(), nullptr);
+  struct Free {  // activations still alive on an exception are freed
+    ComputeBackend& be;
+    std::vector<void*>& a;
+    ~Free() {
+      for (void*& p : a)
+        if (p) be.free(p), p = nullptr;
+    }
+  } guard{*be_, acts};
+  using clock = std::chrono::steady_clock;
+  auto t0 = clock::now();
+  for (std::size_t l = 0; l < gemms_.size(); ++l) {
+    std::int64_t in_max = 1, outs = 0;
+    for (const Gemm& g : gemms_[l]) in_max = std::max(in_max, g.in), outs += g.out;
+    acts[l] = be_->alloc(T * std::size_t(in_max + outs) * e);  // saved input + every output
+    char* y = static_cast<char*>(acts[l]) + T * std::size_t(in_max) * e;
+    for (const Gemm& g : gemms_[l]) {
+      be_->forward(weights_, acts[l], y, tokens_, g.in, g.out);
+      out.flops += 2.0 * double(T) * double(g.in) * double(g.out);
+      y += T * std::size_t(g.out) * e;
+    }
+  }
+  be_->sync();
+  out.peak_bytes = be_->used_bytes();
+  auto t1 = clock::now();
+  for (std::size_t l = gemms_.size(); l-- > 0;) {
+    for (auto g = gemms_[l].rbegin(); g != gemms_[l].rend(); ++g) {
+      be_->backward(weights_, acts[l], dy_, dx_, dweights_, tokens_, g->in, g->out);
+      out.flops += 4.0 * double(T) * double(g->in) * double(g->out);
+    }
+    be_->sync();  // the layer's activations are read until its GEMMs end
+    be_->free(acts[l]);
+    acts[l] = nullptr;
+  }
+  be_->sync();
+  auto t2 = clock::now();
+  out.forward = std::chrono::duration<double>(t1 - t0).count();
+  out.backward = std::chrono::duration<double>(t2 - t1).count();
+  return out;
+}
+
+namespace {
+
+class CpuBackend : public ComputeBackend {
+ public:
+  std::size_t elem_bytes() const override { return sizeof(float); }
+  void* alloc(std::size_t bytes) override {
+    void* p = nullptr;
+    if (posix_memalign(&p, 64, bytes ? bytes : 64) != 0)
+      throw std::runtime_error("compute emulator: cannot allocate " + std::to_string(bytes) + " bytes");
+    float* f = static_cast<float*>(p);
+    std::fill(f, f + bytes / sizeof(float), 1e-2f);
+    used_ += bytes;
+    sizes_.push_back({p, bytes});
+    return p;
+  }
+  void free(void* p) override {
+    for (auto it = sizes_.begin(); it != sizes_.end(); ++it)
+      if (it->first == p) {
+        used_ -= it->second;
+        sizes_.erase(it);
+        break;
+      }
+    std::free(p);
+  }
+  void forward(const void* W, const void* X, void* Y, std::int64_t T, std::int64_t in, std::int64_t out) override {
+    const float *w = static_cast<const float*>(W), *x = static_cast<const float*>(X);
+    float* y = static_cast<float*>(Y);
+#pragma omp parallel for schedule(static)
+    for (std::int64_t t = 0; t < T; ++t)
+      for (std::int64_t o = 0; o < out; ++o) {
+        float s = 0;
+        for (std::int64_t i = 0; i < in; ++i) s += x[t * in + i] * w[o * in + i];
+        y[t * out + o] = s;
+      }
+  }
+  void backward(const void* W, const void* X, const void* dY, void* dX, void* dW, std::int64_t T, std::int64_t in,
+                std::int64_t out) override {
+    const float *w = static_cast<const float*>(W), *x = static_cast<const float*>(X), *dy = static_cast<const float*>(dY);
+    float *dx = static_cast<float*>(dX), *dw = static_cast<float*>(dW);
+#pragma omp parallel for schedule(static)
+    for (std::int64_t t = 0; t < T; ++t)
+      for (std::int64_t i = 0; i < in; ++i) {
+        float s = 0;
+        for (std::int64_t o = 0; o < out; ++o) s += dy[t * out + o] * w[o * in + i];
+        dx[t * in + i] = s;
+      }
+#pragma omp parallel for schedule(static)
+    for (std::int64_t o = 0; o < out; ++o)
+      for (std::int64_t i = 0; i < in; ++i) {
+        float s = 0;
+        for (std::int64_t t = 0; t < T; ++t) s += dy[t * out + o] * x[t * in + i];
+        dw[o * in + i] = s;
+      }
+  }
+  void sync() override {}
+  std::uint64_t used_bytes() const override { return used_; }
+
+ private:
+  std::uint64_t used_ = 0;
+  std::vector<std::pair<void*, std::size_t>> sizes_;
+};
+
+}  // namespace
+
+std::unique_ptr<ComputeBackend> make_cpu_backend() { return std::make_unique<CpuBackend>(); }
+
+#if !defined(DOS_HAVE_CUDA)
+std::unique_ptr<ComputeBackend> make_cuda_backend(dos::DType) {
+  throw std::runtime_error("this build has no CUDA: the compute emulator runs only its CPU stand-in");
+}
+#endif
+
+}  // namespace dos_train

@@ -1,0 +1,87 @@
+// A training iteration's forward and backward, emulated with the model's real GEMM shapes, so that
+// the update phase runs between compute phases and GPU memory rises and falls as in training
+// (issue 5, "A realistic iteration"). Values are constants: only the times and the memory matter.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "../codelets/kernels/dtype.h"
+#include "model_config.h"
+
+namespace dos_train {
+
+/// One linear layer: Y[T, out] = X[T, in] W[out, in]^T for T tokens.
+struct Gemm {
+  std::int64_t in = 0, out = 0;
+};
+
+/// The linear layers of one forward pass, grouped by transformer layer, the output head (lm_head,
+/// or the tied embedding) as a last group of its own. From param_tensors(c): every 2-D weight but
+/// the embeddings. Attention's token-by-token products (T x T per head) and the element-wise
+/// operations are not emulated.
+std::vector<std::vector<Gemm>> forward_gemms(const ModelConfig& c);
+
+/// Times and memory of one emulated forward and backward.
+/// forward, backward: seconds (wall, device synchronised); flops: floating-point operations done
+/// (2 T in out per forward GEMM, twice that in backward: input and weight gradients);
+/// peak_bytes: device memory in use at the end of the forward pass (all activations alive):
+/// on the GPU, everything the device has allocated (cudaMemGetInfo: the model, StarPU's pool,
+/// the activations); on the CPU stand-in, the activation bytes alone.
+struct ComputeTimes {
+  double forward = 0, backward = 0, flops = 0;
+  std::uint64_t peak_bytes = 0;
+};
+
+/// Memory and GEMMs of one device (implementations: the GPU with cuBLAS, the CPU stand-in).
+class ComputeBackend {
+ public:
+  virtual ~ComputeBackend() = default;
+  /// Bytes per element of activations and weights.
+  virtual std::size_t elem_bytes() const = 0;
+  /// Allocates `bytes` filled with a small constant. Throws std::runtime_error when out of memory,
+  /// naming the size.
+  virtual void* alloc(std::size_t bytes) = 0;
+  virtual void free(void* p) = 0;
+  /// Y[T,out] = X[T,in] W[out,in]^T; dX[T,in] = dY[T,out] W; dW[out,in] = dY^T X.
+  virtual void forward(const void* W, const void* X, void* Y, std::int64_t T, std::int64_t in, std::int64_t out) = 0;
+  virtual void backward(const void* W, const void* X, const void* dY, void* dX, void* dW, std::int64_t T,
+                        std::int64_t in, std::int64_t out) = 0;
+  virtual void sync() = 0;
+  /// Device memory in use now, bytes (see ComputeTimes::peak_bytes).
+  virtual std::uint64_t used_bytes() const = 0;
+};
+
+/// The GPU backend: cuBLAS GEMMs (fp32 accumulation) in `dtype` on the current device, on a stream
+/// of its own. Throws std::runtime_error when CUDA or cuBLAS fail, or in a build without CUDA.
+std::unique_ptr<ComputeBackend> make_cuda_backend(dos::DType dtype);
+/// The CPU stand-in: fp32 GEMMs with OpenMP, for machines without a GPU (use scaled-down shapes).
+std::unique_ptr<ComputeBackend> make_cpu_backend();
+
+/// Runs forward and backward of `gemms` for `tokens` tokens on `backend`. Forward allocates each
+/// layer's saved activations (its input and every GEMM's output); backward walks the layers in
+/// reverse and frees each layer's activations after its gradients, so device memory peaks at the
+/// end of the forward pass. One layer's weights (the largest) are allocated once and reused by
+/// every layer.
+class ComputeEmulator {
+ public:
+  /// `scale` >= 1 divides every dimension and the tokens (the CPU stand-in uses 16 or more).
+  /// Throws std::invalid_argument when tokens < 1 or scale < 1.
+  ComputeEmulator(std::vector<std::vector<Gemm>> gemms, std::int64_t tokens, std::unique_ptr<ComputeBackend> backend,
+                  std::int64_t scale = 1);
+  ~ComputeEmulator();
+  ComputeTimes run();
+  std::int64_t tokens() const { return tokens_; }
+  /// The backend's memory in use now (ComputeBackend::used_bytes).
+  std::uint64_t used_bytes() const { return be_->used_bytes(); }
+
+ private:
+  std::vector<std::vector<Gemm>> gemms_;
+  std::int64_t tokens_;
+  std::unique_ptr<ComputeBackend> be_;
+  void *weights_ = nullptr, *dweights_ = nullptr, *dy_ = nullptr, *dx_ = nullptr;
+};
+
+}  // namespace dos_train

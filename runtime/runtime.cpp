@@ -273,7 +273,19 @@ struct HostBuffer {
   float* ptr = nullptr;
   std::size_t bytes = 0;
   bool pinned = false;
+  bool from_starpu = false;  // allocated by starpu_malloc_flags (DOS_HOST_ALLOC=starpu)
 };
+
+/// Measurement switch: DOS_HOST_ALLOC=starpu allocates the host buffers with starpu_malloc_flags
+/// (cudaHostAlloc) instead of posix_memalign + starpu_memory_pin (cudaHostRegister), to compare
+/// the DMA rates of the two kinds of pinned memory. StarPU aborts when that allocation fails.
+bool host_alloc_by_starpu() {
+  static const bool on = [] {
+    const char* e = std::getenv("DOS_HOST_ALLOC");
+    return e && std::string(e) == "starpu";
+  }();
+  return on && starpu_cuda_worker_get_count() > 0;
+}
 
 std::atomic<bool> g_warned_pageable{false};
 
@@ -292,8 +304,13 @@ HostBuffer alloc_host(std::size_t bytes) {
   b.bytes = bytes;
   const std::size_t n = bytes / sizeof(float);
   void* p = nullptr;
-  if (posix_memalign(&p, 4096, b.bytes ? b.bytes : 4096) != 0)
+  if (host_alloc_by_starpu()) {
+    if (starpu_malloc_flags(&p, b.bytes ? b.bytes : 4096, STARPU_MALLOC_PINNED) != 0)
+      throw Error("cannot allocate " + std::to_string(b.bytes) + " bytes of pinned host memory (DOS_HOST_ALLOC=starpu)");
+    b.from_starpu = b.pinned = true;
+  } else if (posix_memalign(&p, 4096, b.bytes ? b.bytes : 4096) != 0) {
     throw Error("cannot allocate " + std::to_string(b.bytes) + " bytes of host memory for the optimizer state");
+  }
   b.ptr = static_cast<float*>(p);
   // NUMA-aware first touch: the first CPU worker's (bound) team zeroes the buffer with the Adam
   // kernel's partition, so each page lands on the NUMA node of the thread that will update it.
@@ -306,7 +323,7 @@ HostBuffer alloc_host(std::size_t bytes) {
     zero_fill_cpu(b.ptr, n);
   }
   std::memset(reinterpret_cast<char*>(b.ptr) + n * sizeof(float), 0, bytes - n * sizeof(float));
-  if (starpu_cuda_worker_get_count() > 0) {
+  if (starpu_cuda_worker_get_count() > 0 && !b.from_starpu) {
     b.pinned = starpu_memory_pin(b.ptr, b.bytes) == 0;
     if (!b.pinned && !g_warned_pageable.exchange(true))
       std::fprintf(stderr, "[dos] warning: could not pin %zu bytes of optimizer state: using pageable memory, "
@@ -317,6 +334,11 @@ HostBuffer alloc_host(std::size_t bytes) {
 
 void free_host(HostBuffer& b) {
   if (!b.ptr) return;
+  if (b.from_starpu) {
+    starpu_free_flags(b.ptr, b.bytes ? b.bytes : 4096, STARPU_MALLOC_PINNED);
+    b.ptr = nullptr;
+    return;
+  }
   if (b.pinned) starpu_memory_unpin(b.ptr, b.bytes);
   std::free(b.ptr);
   b.ptr = nullptr;
@@ -895,6 +917,8 @@ StepStats Optimizer::step() {
   // D2H fetch, which runs beside the H2D stream. eager: a read acquire right after the subgroup's
   // tasks, then starpu_data_wont_use so StarPU drops the device copy first; else a read-write
   // acquire at the end of the phase (invalidating the device copy).
+  // Measurement switch: DOS_WONT_USE=0 leaves starpu_data_wont_use out of the eager write-back.
+  static const bool wont_use = !(std::getenv("DOS_WONT_USE") && std::string(std::getenv("DOS_WONT_USE")) == "0");
   auto write_back = [&](Subgroup* sg, enum starpu_data_access_mode mode, bool part_of_subgroup) {
     for (starpu_data_handle_t h : {sg->h_master, sg->h_exp_avg, sg->h_exp_avg_sq}) {
       pending.add();
@@ -905,7 +929,7 @@ StepStats Optimizer::step() {
         if (part_of_subgroup) subgroup_part_done(sg);
         ++refused;
       }
-      if (part_of_subgroup) starpu_data_wont_use(h);
+      if (part_of_subgroup && wont_use) starpu_data_wont_use(h);
     }
   };
   try {

@@ -20,6 +20,19 @@ void adam_cpu(void* buffers[], void* cl_arg) {
                 reinterpret_cast<void*>(STARPU_VECTOR_GET_PTR(buffers[4])), a->param_dtype, n, a->sp);
 }
 
+void adam_direct_cpu(void* buffers[], void* cl_arg) {
+  const auto* a = static_cast<const AdamDirectArgs*>(cl_arg);
+  bind_worker_team();
+  float* p = reinterpret_cast<float*>(STARPU_VECTOR_GET_PTR(buffers[0]));
+  float* m = reinterpret_cast<float*>(STARPU_VECTOR_GET_PTR(buffers[1]));
+  float* v = reinterpret_cast<float*>(STARPU_VECTOR_GET_PTR(buffers[2]));
+  for (std::size_t s = 0; s < a->nseg; ++s) {
+    const Segment& sg = a->segs[s];
+    adam_step_cpu(p + sg.offset, m + sg.offset, v + sg.offset, sg.grad, a->dtype, sg.param, a->dtype, sg.count,
+                  a->adam->sp);
+  }
+}
+
 void gather_cpu(void* buffers[], void* cl_arg) {
   const auto* a = static_cast<const GatherArgs*>(cl_arg);
   bind_worker_team();
@@ -50,6 +63,7 @@ void cast_cpu(void* buffers[], void* cl_arg) {
 // time per (codelet, size, worker type) (regression models never validate on equal sizes,
 // notes/starpu-1.3.md section 2).
 struct starpu_perfmodel adam_model = {};
+struct starpu_perfmodel adam_direct_model = {};
 struct starpu_perfmodel gather_model = {};
 struct starpu_perfmodel scatter_model = {};
 struct starpu_perfmodel cast_model = {};
@@ -74,6 +88,7 @@ struct starpu_codelet make_codelet(const char* name, starpu_cpu_func_t cpu, star
 }
 
 const starpu_data_access_mode kAdamModes[] = {STARPU_RW, STARPU_RW, STARPU_RW, STARPU_R, STARPU_W};
+const starpu_data_access_mode kAdamDirectModes[] = {STARPU_RW, STARPU_RW, STARPU_RW};
 const starpu_data_access_mode kGatherModes[] = {STARPU_W};
 const starpu_data_access_mode kScatterModes[] = {STARPU_R};
 const starpu_data_access_mode kCastModes[] = {STARPU_R, STARPU_W};
@@ -82,6 +97,8 @@ const starpu_data_access_mode kCastModes[] = {STARPU_R, STARPU_W};
 
 struct starpu_codelet adam_cl =
     make_codelet("dos_adam", adam_cpu, cuda_funcs::adam, 5, kAdamModes, &adam_model, "dos_adam");
+struct starpu_codelet adam_direct_cl = make_codelet("dos_adam_direct", adam_direct_cpu, cuda_funcs::adam_direct, 3,
+                                                    kAdamDirectModes, &adam_direct_model, "dos_adam_direct");
 struct starpu_codelet gather_cl =
     make_codelet("dos_gather", gather_cpu, cuda_funcs::gather, 1, kGatherModes, &gather_model, "dos_gather");
 struct starpu_codelet scatter_cl =

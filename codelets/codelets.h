@@ -13,6 +13,11 @@
 //                                                                      cl_arg: const ScatterArgs*
 //   cast_cl     master (fp32, R), param16 (param_dtype, W): the master parameters rounded to the
 //               parameters' dtype (after a checkpoint is loaded)     cl_arg: const AdamArgs*
+//   adam_direct_cl  master, exp_avg, exp_avg_sq (fp32, RW): Adam reading the caller's 16-bit
+//               gradients and writing the caller's parameters directly, segment by segment (the
+//               path of subgroups updated where the caller's buffers live: no fp32 gradient or
+//               16-bit parameter staging, no conversion or copy tasks)
+//                                                                      cl_arg: const AdamDirectArgs*
 // gather_cl and scatter_cl touch caller memory by raw pointer, so the runtime restricts them
 // (task->where) to the side where that memory lives: STARPU_CUDA for GPU pointers, STARPU_CPU
 // for host pointers. All CUDA implementations run on StarPU's local stream (STARPU_CUDA_ASYNC).
@@ -59,7 +64,16 @@ struct ScatterArgs {
   DType dtype;
 };
 
+/// Arguments of adam_direct_cl: the step constants, and the caller's segments and dtype.
+struct AdamDirectArgs {
+  const AdamArgs* adam;
+  const Segment* segs;
+  std::size_t nseg;
+  DType dtype;
+};
+
 extern struct starpu_codelet adam_cl;
+extern struct starpu_codelet adam_direct_cl;
 extern struct starpu_codelet gather_cl;
 extern struct starpu_codelet scatter_cl;
 extern struct starpu_codelet cast_cl;

@@ -26,6 +26,19 @@ void adam(void* buffers[], void* cl_arg) {
         "CUDA Adam kernel launch");
 }
 
+void adam_direct(void* buffers[], void* cl_arg) {
+  const auto* a = static_cast<const AdamDirectArgs*>(cl_arg);
+  float* p = reinterpret_cast<float*>(STARPU_VECTOR_GET_PTR(buffers[0]));
+  float* m = reinterpret_cast<float*>(STARPU_VECTOR_GET_PTR(buffers[1]));
+  float* v = reinterpret_cast<float*>(STARPU_VECTOR_GET_PTR(buffers[2]));
+  for (std::size_t s = 0; s < a->nseg; ++s) {
+    const Segment& sg = a->segs[s];
+    check(adam_step_cuda(p + sg.offset, m + sg.offset, v + sg.offset, sg.grad, a->dtype, sg.param, a->dtype, sg.count,
+                         a->adam->sp, starpu_cuda_get_local_stream()),
+          "CUDA Adam kernel launch");
+  }
+}
+
 void gather(void* buffers[], void* cl_arg) {
   const auto* a = static_cast<const GatherArgs*>(cl_arg);
   float* dst = reinterpret_cast<float*>(STARPU_VECTOR_GET_PTR(buffers[0]));

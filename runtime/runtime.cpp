@@ -355,6 +355,7 @@ struct Subgroup {
   GatherArgs gather_grads{}, gather_params{};
   ScatterArgs scatter{};
   AdamArgs adam{};
+  AdamDirectArgs adam_direct{};
   TaskHint hint_update{};  // the Adam task: the side the policy's plan names
   TaskHint hint_io{};      // conversion and write-back: wherever the caller's buffers are
   std::atomic<int> ran_on{0};  // 1: CPU worker, 2: CUDA worker
@@ -486,6 +487,12 @@ void record_gather(void* arg) {
   auto* sg = static_cast<Subgroup*>(arg);
   if (sg->timeline) sg->timeline->record("gather", std::size_t(sg->hint_update.subgroup));
 }
+/// Callback of the Adam task of the direct path (adam_direct_cl): as record_worker, and the task is
+/// one piece of the subgroup's work.
+void adam_direct_done(void* arg) {
+  record_worker(arg);
+  subgroup_part_done(static_cast<Subgroup*>(arg));
+}
 /// Callback of the parameter write-back task: the timeline, and one piece of the subgroup done.
 void scatter_done(void* arg) {
   auto* sg = static_cast<Subgroup*>(arg);
@@ -557,10 +564,18 @@ struct Optimizer::Impl {
   /// GPU bytes subgroup i holds during the phase when planned on `side` (OptimizerOptions,
   /// gpu_update_budget): the state (12 B/param) when streamed, plus the fp32 gradient and 16-bit
   /// parameter staging when the caller's buffers are on the GPU or the update runs there.
+  /// On the direct path (the caller's buffers on the GPU, the update there: adam_direct_cl) there
+  /// is no staging.
   std::size_t footprint(std::size_t size, PlanSide side) const {
     const std::size_t esz = dtype_size(opt.dtype);
-    const bool staging = workload.caller_on_gpu || side != PlanSide::cpu;
+    const bool direct = workload.caller_on_gpu && side != PlanSide::cpu;
+    const bool staging = !direct && (workload.caller_on_gpu || side != PlanSide::cpu);
     return size * ((side == PlanSide::gpu_streamed ? 12 : 0) + (staging ? 4 + esz : 0));
+  }
+  /// Whether subgroup i's update this step takes the direct path: a plan puts it on the GPU and the
+  /// caller's buffers are there (CUDA worker present).
+  bool direct_path(std::size_t i) const {
+    return !plan.empty() && plan[i] != PlanSide::cpu && where_caller == STARPU_CUDA && !cuda_nodes.empty();
   }
 
   Impl() { ++g_live_optimizers; }
@@ -789,6 +804,7 @@ Optimizer::Optimizer(Runtime& runtime, const std::vector<TensorView>& tensors, c
     sg->gather_grads = GatherArgs{sg->segs.data(), sg->segs.size(), options.dtype, false};
     sg->gather_params = GatherArgs{sg->segs.data(), sg->segs.size(), options.dtype, true};
     sg->scatter = ScatterArgs{sg->segs.data(), sg->segs.size(), options.dtype};
+    sg->adam_direct = AdamDirectArgs{&sg->adam, sg->segs.data(), sg->segs.size(), options.dtype};
     sg->adam.param_dtype = options.dtype;
     sg->hint_update = TaskHint{Side::cpu, unsigned(s)};
     sg->hint_io = TaskHint{Side::any, unsigned(s)};
@@ -953,6 +969,20 @@ StepStats Optimizer::step() {
     sg->step += 1;
     sg->adam.sp = make_adam_step_params(I.opt.adam, sg->step);
     sg->ran_on.store(0);
+    if (I.direct_path(i)) {
+      // One task: Adam on the state, reading the caller's gradients and writing its parameters in
+      // place (their dtype), so nothing but the state crosses PCIe and the CUDA worker runs one
+      // task per subgroup.
+      struct starpu_task* a = I.make_task(&adam_direct_cl, &sg->adam_direct, &sg->hint_update, STARPU_CUDA);
+      a->handles[0] = sg->h_master;
+      a->handles[1] = sg->h_exp_avg;
+      a->handles[2] = sg->h_exp_avg_sq;
+      a->callback_func = adam_direct_done;
+      a->callback_arg = sg;
+      submit(a, "Adam");
+      if (eager) write_back(sg, STARPU_R, true);
+      continue;
+    }
 
     struct starpu_task* g = I.make_task(&gather_cl, &sg->gather_grads, &sg->hint_io, I.where_caller);
     g->handles[0] = sg->h_grad32;

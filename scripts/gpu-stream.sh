@@ -28,7 +28,7 @@ fi
 if has bench; then
   echo "== dos-bench stream (policy gpu, 1.6e9 bf16 parameters, subgroups of 2^26)"
   timeout 200 "$ROOT/build/bench/dos-bench" stream --n 1.6e9 --subgroup-size 67108864 --reps 3 \
-     --variants 0:end 0:eager 3:eager 3:end 8:eager 2>&1 | grep -v "^\[starpu"
+     --variants 3:eager 0:eager 0:end 8:eager 2>&1 | grep -v "^\[starpu"
 fi
 train7b() {  # label, then options
   local label=$1; shift
@@ -38,8 +38,8 @@ train7b() {  # label, then options
 }
 if has 7b; then
   train7b "dos, lookahead 3, eager write-back (new default)" --policy dos --report "$OUT/7b-dos.json"
-  train7b "dos, lookahead 0, write-back at the end (before)" --policy dos --stream-lookahead 0 --writeback end
-  train7b "gpu, lookahead 3, eager" --policy gpu
+  train7b "gpu, lookahead 3, eager" --policy gpu --timeline "$OUT/7b-gpu-timeline.json"
+  train7b "static:0.5 (half resident)" --policy static:0.5
   train7b "cpu" --policy cpu
 fi
 if has 20b; then

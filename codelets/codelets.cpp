@@ -16,7 +16,7 @@ void adam_cpu(void* buffers[], void* cl_arg) {
   adam_step_cpu(reinterpret_cast<float*>(STARPU_VECTOR_GET_PTR(buffers[0])),
                 reinterpret_cast<float*>(STARPU_VECTOR_GET_PTR(buffers[1])),
                 reinterpret_cast<float*>(STARPU_VECTOR_GET_PTR(buffers[2])),
-                reinterpret_cast<const void*>(STARPU_VECTOR_GET_PTR(buffers[3])), DType::fp32,
+                reinterpret_cast<const void*>(STARPU_VECTOR_GET_PTR(buffers[3])), a->grad_dtype,
                 reinterpret_cast<void*>(STARPU_VECTOR_GET_PTR(buffers[4])), a->param_dtype, n, a->sp);
 }
 
@@ -36,10 +36,15 @@ void adam_direct_cpu(void* buffers[], void* cl_arg) {
 void gather_cpu(void* buffers[], void* cl_arg) {
   const auto* a = static_cast<const GatherArgs*>(cl_arg);
   bind_worker_team();
-  float* dst = reinterpret_cast<float*>(STARPU_VECTOR_GET_PTR(buffers[0]));
+  char* dst = reinterpret_cast<char*>(STARPU_VECTOR_GET_PTR(buffers[0]));
+  const std::size_t dsz = dtype_size(a->dst_dtype);
   for (std::size_t s = 0; s < a->nseg; ++s) {
     const Segment& sg = a->segs[s];
-    convert_to_f32_cpu(a->from_params ? sg.param : sg.grad, a->dtype, dst + sg.offset, sg.count);
+    const void* src = a->from_params ? sg.param : sg.grad;
+    if (a->dst_dtype == a->dtype)
+      copy_cpu(dst + sg.offset * dsz, src, sg.count * dsz);
+    else
+      convert_to_f32_cpu(src, a->dtype, reinterpret_cast<float*>(dst + sg.offset * dsz), sg.count);
   }
 }
 

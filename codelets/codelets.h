@@ -4,10 +4,11 @@
 //
 // Buffers (all StarPU vector handles) and arguments (task->cl_arg, owned by the runtime and
 // alive until the task has finished):
-//   adam_cl     master (fp32, RW), exp_avg (fp32, RW), exp_avg_sq (fp32, RW), grad32 (fp32, R),
+//   adam_cl     master (fp32, RW), exp_avg (fp32, RW), exp_avg_sq (fp32, RW), grad (grad_dtype, R),
 //               param16 (param_dtype, W)                              cl_arg: const AdamArgs*
-//   gather_cl   dst (fp32, W): the caller's gradients (or parameters) of one subgroup, converted
-//               to fp32 from the caller's own buffers (raw pointers in the segments)
+//   gather_cl   dst (dst_dtype, W): the caller's gradients (or parameters) of one subgroup,
+//               converted to fp32 (or copied as they are) from the caller's own buffers (raw
+//               pointers in the segments)
 //                                                                      cl_arg: const GatherArgs*
 //   scatter_cl  param16 (param_dtype, R): copied into the caller's parameter buffers
 //                                                                      cl_arg: const ScatterArgs*
@@ -42,19 +43,23 @@ struct Segment {
   std::size_t count;
 };
 
-/// Arguments of adam_cl: the step constants and the type of the 16-bit parameter copy.
+/// Arguments of adam_cl: the step constants, the type of the 16-bit parameter copy, and the type
+/// of the staged gradient (fp32, or the parameters' dtype when gradients are staged unconverted).
 struct AdamArgs {
   AdamStepParams sp;
   DType param_dtype;
+  DType grad_dtype = DType::fp32;
 };
 
 /// Arguments of gather_cl: which caller buffers to read (from_params: the parameters, used once to
 /// initialise the fp32 master parameters; otherwise the gradients), their dtype, and the segments.
+/// dst_dtype: fp32 (convert), or `dtype` itself (copy unconverted: 16-bit gradient staging).
 struct GatherArgs {
   const Segment* segs;
   std::size_t nseg;
   DType dtype;
   bool from_params;
+  DType dst_dtype = DType::fp32;
 };
 
 /// Arguments of scatter_cl: the caller's parameter dtype and the segments to write.

@@ -20,7 +20,7 @@ void adam(void* buffers[], void* cl_arg) {
   check(adam_step_cuda(reinterpret_cast<float*>(STARPU_VECTOR_GET_PTR(buffers[0])),
                        reinterpret_cast<float*>(STARPU_VECTOR_GET_PTR(buffers[1])),
                        reinterpret_cast<float*>(STARPU_VECTOR_GET_PTR(buffers[2])),
-                       reinterpret_cast<const void*>(STARPU_VECTOR_GET_PTR(buffers[3])), DType::fp32,
+                       reinterpret_cast<const void*>(STARPU_VECTOR_GET_PTR(buffers[3])), a->grad_dtype,
                        reinterpret_cast<void*>(STARPU_VECTOR_GET_PTR(buffers[4])), a->param_dtype, n, a->sp,
                        starpu_cuda_get_local_stream()),
         "CUDA Adam kernel launch");
@@ -41,12 +41,19 @@ void adam_direct(void* buffers[], void* cl_arg) {
 
 void gather(void* buffers[], void* cl_arg) {
   const auto* a = static_cast<const GatherArgs*>(cl_arg);
-  float* dst = reinterpret_cast<float*>(STARPU_VECTOR_GET_PTR(buffers[0]));
+  char* dst = reinterpret_cast<char*>(STARPU_VECTOR_GET_PTR(buffers[0]));
+  const std::size_t dsz = dtype_size(a->dst_dtype);
   for (std::size_t s = 0; s < a->nseg; ++s) {
     const Segment& sg = a->segs[s];
-    check(convert_to_f32_cuda(a->from_params ? sg.param : sg.grad, a->dtype, dst + sg.offset, sg.count,
-                              starpu_cuda_get_local_stream()),
-          "CUDA conversion kernel launch");
+    const void* src = a->from_params ? sg.param : sg.grad;
+    if (a->dst_dtype == a->dtype)
+      check(int(cudaMemcpyAsync(dst + sg.offset * dsz, src, sg.count * dsz, cudaMemcpyDeviceToDevice,
+                                starpu_cuda_get_local_stream())),
+            "cudaMemcpyAsync of the 16-bit gradients");
+    else
+      check(convert_to_f32_cuda(src, a->dtype, reinterpret_cast<float*>(dst + sg.offset * dsz), sg.count,
+                                starpu_cuda_get_local_stream()),
+            "CUDA conversion kernel launch");
   }
 }
 

@@ -54,6 +54,7 @@ struct Args {
   std::string gpu_resident_budget, gpu_update_budget;
   int stream_lookahead = 3;
   std::string writeback = "eager";
+  std::string grad_transfer = "fp32";
   std::string timeline;
   bool emulate_compute = false;
   long long tokens = 4096;
@@ -214,6 +215,8 @@ int run(const Args& a) {
     fail("--gpu-update-budget must be more than 0 bytes (leave it out for no limit)");
   if (a.stream_lookahead < 0 || a.stream_lookahead > 1000)
     fail("--stream-lookahead must be in [0, 1000], got " + std::to_string(a.stream_lookahead));
+  if (a.grad_transfer != "fp32" && a.grad_transfer != "native")
+    fail("--grad-transfer must be fp32 or native, got '" + a.grad_transfer + "'");
   if (a.writeback != "eager" && a.writeback != "end") fail("--writeback must be eager or end, got '" + a.writeback + "'");
   if (update_budget > 0 && a.writeback != "eager") fail("--gpu-update-budget needs --writeback eager");
   if (a.tokens < 1) fail("--tokens must be at least 1, got " + std::to_string(a.tokens));
@@ -291,6 +294,7 @@ int run(const Args& a) {
   oo.gpu_update_budget = update_budget;
   oo.stream_lookahead = unsigned(a.stream_lookahead);
   oo.eager_writeback = a.writeback == "eager";
+  oo.native_grads = a.grad_transfer == "native";
   dos::Optimizer opt(rt, views, oo);
   // Forward and backward emulated with the model's GEMMs (--emulate-compute): cuBLAS on the GPU,
   // a scaled-down stand-in on the CPU.
@@ -515,6 +519,7 @@ int run(const Args& a) {
     rep["gpu_update_budget"] = update_budget;
     rep["stream_lookahead"] = a.stream_lookahead;
     rep["writeback"] = a.writeback;
+    rep["grad_transfer"] = a.grad_transfer;
     const std::string text = rep.dump(2) + "\n";
     report_file = std::make_unique<dos::PendingFile>(a.report, dos::Chunks{{text.data(), text.size()}});
   }
@@ -624,6 +629,10 @@ int main(int argc, char** argv) {
   app.add_option("--writeback", a.writeback,
                  "eager: each streamed subgroup's state goes home as soon as it is updated; end: all at the end of the "
                  "phase")->capture_default_str();
+  app.add_option("--grad-transfer", a.grad_transfer,
+                 "how the gradients of CPU-updated subgroups cross PCIe: fp32 (converted on the GPU) or native (in "
+                 "the model's dtype, widened by the CPU's Adam kernel: half the bytes for bf16/fp16)")
+      ->capture_default_str();
   app.add_option("--timeline", a.timeline,
                  "write the last iteration's tasks (per worker) and PCIe byte samples to this JSON file");
   app.add_flag("--emulate-compute", a.emulate_compute,

@@ -35,8 +35,8 @@ Prediction predict_split(const Workload& w, double n_cpu, double n_streamed, con
   p.streamed_params = n_streamed;
   p.resident_params = n_resident;
   // bytes per parameter each way, from traffic.h (linear in n, so per-parameter figures suffice)
-  const PcieBytes per_gpu = subgroup_pcie_bytes(true, w.caller_on_gpu, w.param_bytes, 1);
-  const PcieBytes per_cpu = subgroup_pcie_bytes(false, w.caller_on_gpu, w.param_bytes, 1);
+  const PcieBytes per_gpu = subgroup_pcie_bytes(true, w.caller_on_gpu, w.param_bytes, 1, w.grad_bytes);
+  const PcieBytes per_cpu = subgroup_pcie_bytes(false, w.caller_on_gpu, w.param_bytes, 1, w.grad_bytes);
   p.h2d = (double(per_gpu.h2d) * n_streamed + double(per_cpu.h2d) * n_cpu) / r.B_h2d;
   p.d2h = (double(per_gpu.d2h) * n_streamed + double(per_cpu.d2h) * n_cpu) / r.B_d2h;
   const double n_conv = w.caller_on_gpu ? n_cpu + n_streamed + n_resident : 0.0;

@@ -39,7 +39,7 @@ enum class PlanSide : unsigned char { cpu = 0, gpu_streamed = 1, gpu_resident = 
 
 /// What the model is asked about. sizes: elements per subgroup; caller_on_gpu: the model's
 /// parameters and gradients live in GPU memory (their gradients are converted there);
-/// param_bytes: bytes per element of the model's parameters (2 for fp16/bf16, 4 for fp32).
+/// param_bytes: bytes per element of the model's parameters (2 for fp16/bf16, 4 for fp32);
 /// resident: how many subgroups, the last ones, keep their state on the GPU between iterations
 /// (from the GPU resident budget, resident_subgroups below); may_stream: false when the GPU update
 /// budget cannot hold one streamed subgroup, so that plans stream nothing.
@@ -49,6 +49,7 @@ struct Workload {
   std::size_t param_bytes = 2;
   std::size_t resident = 0;
   bool may_stream = true;
+  std::size_t grad_bytes = 4;  // bytes per element of the staged gradient (traffic.h)
 };
 
 /// How many subgroups, counted from the last one backwards, fit their fp32 state (master,

@@ -18,23 +18,26 @@ struct PcieBytes {
 /// caller_on_gpu: the caller's parameters and gradients live in GPU memory.
 /// param_bytes: bytes per element of the caller's parameters (2 for fp16/bf16, 4 for fp32).
 ///  - GPU update, caller on the GPU: fp32 master, exp_avg, exp_avg_sq in and out: 12 B each way.
-///  - CPU update, caller on the GPU: the gradient converted to fp32 on the GPU comes down (4 B),
-///    the new parameters go up (param_bytes).
+/// grad_bytes: bytes per element of the staged gradient (4 when converted to fp32 before it
+/// crosses PCIe, param_bytes when it crosses in the parameters' dtype).
+///  - CPU update, caller on the GPU: the staged gradient comes down (grad_bytes), the new
+///    parameters go up (param_bytes).
 ///  - caller on the host: a CPU update moves nothing; a GPU update moves the state both ways, the
-///    fp32 gradient up (4 B) and the new parameters down (param_bytes).
+///    staged gradient up (grad_bytes) and the new parameters down (param_bytes).
 /// Returns the bytes for n parameters (n * bytes per parameter).
-inline PcieBytes subgroup_pcie_bytes(bool gpu_update, bool caller_on_gpu, std::size_t param_bytes, std::size_t n) {
+inline PcieBytes subgroup_pcie_bytes(bool gpu_update, bool caller_on_gpu, std::size_t param_bytes, std::size_t n,
+                                     std::size_t grad_bytes = 4) {
   std::uint64_t h = 0, d = 0;
   if (gpu_update) {
     h = 12;
     d = 12;
     if (!caller_on_gpu) {
-      h += 4;
+      h += grad_bytes;
       d += param_bytes;
     }
   } else if (caller_on_gpu) {
     h = param_bytes;
-    d = 4;
+    d = grad_bytes;
   }
   return PcieBytes{h * n, d * n};
 }

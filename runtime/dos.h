@@ -129,6 +129,9 @@ class Runtime {
 ///   every non-resident update on the CPU; below one CPU subgroup's staging is an Error.
 /// stream_lookahead: streamed subgroups whose state is prefetched to the GPU ahead of the one
 ///   being submitted (the probe in ../shared/probes/starpu-streaming used 3).
+/// native_grads: the gradients of subgroups updated away from the caller's buffers cross PCIe in
+///   the parameters' dtype (2 B/param for bf16/fp16) and the Adam kernel widens them; false: they
+///   are converted to fp32 first (4 B/param). Same results either way (the widening is exact).
 /// eager_writeback: write each streamed subgroup's state back as soon as its update ends (an
 ///   asynchronous read acquire on main RAM, then starpu_data_wont_use); false: all at the end of
 ///   the phase. A GPU update budget needs eager write-back (Error otherwise).
@@ -144,6 +147,7 @@ struct OptimizerOptions {
   std::size_t gpu_update_budget = 0;
   unsigned stream_lookahead = 3;
   bool eager_writeback = true;
+  bool native_grads = false;
 };
 
 /// One task or transfer sample of an update phase, for timelines. lane: "cpu" or "gpu" (an Adam,

@@ -570,7 +570,7 @@ struct Optimizer::Impl {
     const std::size_t esz = dtype_size(opt.dtype);
     const bool direct = workload.caller_on_gpu && side != PlanSide::cpu;
     const bool staging = !direct && (workload.caller_on_gpu || side != PlanSide::cpu);
-    return size * ((side == PlanSide::gpu_streamed ? 12 : 0) + (staging ? 4 + esz : 0));
+    return size * ((side == PlanSide::gpu_streamed ? 12 : 0) + (staging ? workload.grad_bytes + esz : 0));
   }
   /// Whether subgroup i's update this step takes the direct path: a plan puts it on the GPU and the
   /// caller's buffers are there (CUDA worker present).
@@ -718,6 +718,10 @@ Optimizer::Optimizer(Runtime& runtime, const std::vector<TensorView>& tensors, c
   I.use_hints = !choice.builtin();
   I.workload.caller_on_gpu = options.memory == MemoryKind::cuda;
   I.workload.param_bytes = esz;
+  // The staged gradient: fp32, or the parameters' dtype (native_grads: half the bytes for 16-bit).
+  const DType grad_dtype = options.native_grads ? options.dtype : DType::fp32;
+  const std::size_t gsz = dtype_size(grad_dtype);
+  I.workload.grad_bytes = gsz;
   for (const SubgroupLayout& l : layout) I.workload.sizes.push_back(l.size);
   {  // GPU budgets (OptimizerOptions): what may stay resident, and whether one streamed subgroup fits
     const bool gpu = runtime.cuda_workers() > 0;
@@ -783,7 +787,7 @@ Optimizer::Optimizer(Runtime& runtime, const std::vector<TensorView>& tensors, c
     sg->master = alloc_host(sg->size * sizeof(float));
     sg->exp_avg = alloc_host(sg->size * sizeof(float));
     sg->exp_avg_sq = alloc_host(sg->size * sizeof(float));
-    sg->grad32 = alloc_host(sg->size * sizeof(float));
+    sg->grad32 = alloc_host(sg->size * gsz);
     sg->param16 = alloc_host(sg->size * esz);
     starpu_vector_data_register(&sg->h_master, STARPU_MAIN_RAM, uintptr_t(sg->master.ptr), sg->size, sizeof(float));
     starpu_vector_data_register(&sg->h_exp_avg, STARPU_MAIN_RAM, uintptr_t(sg->exp_avg.ptr), sg->size, sizeof(float));
@@ -794,18 +798,19 @@ Optimizer::Optimizer(Runtime& runtime, const std::vector<TensorView>& tensors, c
     // iteration: the cpu policy's update phase for 1.68e9 parameters took 5.38 s on the GPU
     // machine, 0.58 s with this (README, "Measured"). Their contents are dropped after use
     // (invalidate), so nothing is ever written back for them.
-    starpu_vector_data_register(&sg->h_grad32, STARPU_MAIN_RAM, uintptr_t(sg->grad32.ptr), sg->size, sizeof(float));
+    starpu_vector_data_register(&sg->h_grad32, STARPU_MAIN_RAM, uintptr_t(sg->grad32.ptr), sg->size, gsz);
     starpu_vector_data_register(&sg->h_param16, STARPU_MAIN_RAM, uintptr_t(sg->param16.ptr), sg->size, esz);
     for (const Piece& p : layout[s].pieces) {
       const TensorView& t = tensors[p.tensor];
       sg->segs.push_back(Segment{static_cast<char*>(t.param) + p.tensor_offset * esz,
                                  static_cast<char*>(t.grad) + p.tensor_offset * esz, p.offset, p.count});
     }
-    sg->gather_grads = GatherArgs{sg->segs.data(), sg->segs.size(), options.dtype, false};
+    sg->gather_grads = GatherArgs{sg->segs.data(), sg->segs.size(), options.dtype, false, grad_dtype};
     sg->gather_params = GatherArgs{sg->segs.data(), sg->segs.size(), options.dtype, true};
     sg->scatter = ScatterArgs{sg->segs.data(), sg->segs.size(), options.dtype};
     sg->adam_direct = AdamDirectArgs{&sg->adam, sg->segs.data(), sg->segs.size(), options.dtype};
     sg->adam.param_dtype = options.dtype;
+    sg->adam.grad_dtype = grad_dtype;
     sg->hint_update = TaskHint{Side::cpu, unsigned(s)};
     sg->hint_io = TaskHint{Side::any, unsigned(s)};
     I.sgs.push_back(std::move(sg));
@@ -989,6 +994,18 @@ StepStats Optimizer::step() {
     g->callback_func = record_gather;
     g->callback_arg = sg;
     submit(g, "gradient conversion");
+    if (!I.plan.empty() && I.plan[i] == PlanSide::cpu && I.where_caller == STARPU_CUDA && gpu) {
+      // The CPU's gradient comes down as soon as it is staged: an asynchronous acquire on main RAM
+      // is a fetch, which StarPU serves before prefetches; left to the Adam task's prefetch, it
+      // waited behind the streamed subgroups' write-backs and the CPU idled.
+      pending.add();
+      auto* wb = new WriteBack{sg->h_grad32, &pending, nullptr};
+      if (starpu_data_acquire_on_node_cb(sg->h_grad32, STARPU_MAIN_RAM, STARPU_R, release_after_writeback, wb) != 0) {
+        delete wb;
+        pending.done();
+        ++refused;
+      }
+    }
 
     struct starpu_task* a = I.make_task(&adam_cl, &sg->adam, &sg->hint_update, STARPU_CPU | STARPU_CUDA);
     a->handles[0] = sg->h_master;

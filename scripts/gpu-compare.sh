@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# On the GPU machine, issue 5's side-by-side: dos-compare on the 20B preset's shard 1/4 (subgroups
+# of 1.24e8, update budget 40 GB, forward/backward emulated with 4096 tokens) with the PyTorch peers
+# in the same script. Needs ../shared/peers/torch_update_phase.py copied into .peers/ and carried:
+#   run(command="scripts/gpu-compare.sh", carry=[".deps/cache", ".peers"])
+# PART=main: dos, cpu, dmda, gpu, lws (+ RUNS, extra --run entries) and the peers zero_offload and
+#            dos_stride:2..4
+# PART=budgets: resident budgets 10GB, 20GB, 31.5GB (dos and static:R) and the twinflow peers
+# COMMON: extra dos-train arguments for every run (e.g. --grad-transfer native)
+set -u
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+OUT=${OUT:-$ROOT/gpu-compare-out}
+PART=${PART:-main}
+mkdir -p "$OUT"
+t0=$(date +%s)
+"$ROOT/scripts/setup.sh" build > "$OUT/setup.log" 2>&1 || { tail -30 "$OUT/setup.log"; exit 1; }
+echo "build: $(( $(date +%s) - t0 )) s"
+. "$ROOT/.deps/env.sh"
+PEERS=()
+[ -f "$ROOT/.peers/torch_update_phase.py" ] && PEERS=(--peers "$ROOT/.peers/torch_update_phase.py")
+ARGS=(--preset llama-20b --shard 1/4 --subgroup-size 1.24e8 -n 4 --gpu-update-budget 40GB --emulate-compute
+      --tokens 4096 ${COMMON:-})
+if [ "$PART" = main ]; then
+  extra=()
+  [ -n "${RUNS:-}" ] && while IFS= read -r r; do [ -n "$r" ] && extra+=(--run "$r"); done <<<"$RUNS"
+  python3 "$ROOT/examples/dos_compare.py" --policies "${POLICIES:-dos,cpu,dmda,gpu,lws}" "${extra[@]}" \
+    "${PEERS[@]}" --timeline --out "$OUT/main" -- "${ARGS[@]}" 2>&1 | grep -v "^\[starpu"
+else
+  python3 "$ROOT/examples/dos_compare.py" --policies "" --resident-budgets 10GB,20GB,31.5GB "${PEERS[@]}" \
+    --out "$OUT/budgets" -- "${ARGS[@]}" 2>&1 | grep -v "^\[starpu"
+fi
+for f in "$OUT"/*/*.log; do grep -h -E "^(model|iter|summary)" "$f" | sed "s|^|$(basename "$f" .log): |" ; done | grep -E "model:|summary" | head -60
+rm -f "$OUT"/*/*.safetensors
+echo "total: $(( $(date +%s) - t0 )) s"

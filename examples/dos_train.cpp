@@ -54,7 +54,7 @@ struct Args {
   std::string gpu_resident_budget, gpu_update_budget;
   int stream_lookahead = 3;
   std::string writeback = "eager";
-  std::string grad_transfer = "fp32";
+  std::string grad_transfer = "native";
   std::string timeline;
   bool emulate_compute = false;
   long long tokens = 4096;

@@ -158,7 +158,7 @@ void test_adamw_against_reference(void**) {
       uint64_t h2d = 0, d2h = 0;
       for (size_t sg = 0; sg < opt.num_subgroups(); ++sg) {
         const dos::PcieBytes b = dos::subgroup_pcie_bytes(want_plan[sg] != dos::PlanSide::cpu, cuda, buf.esz,
-                                                          opt.subgroup_size(sg));
+                                                          opt.subgroup_size(sg), opt.workload().grad_bytes);
         h2d += b.h2d;
         d2h += b.d2h;
       }
@@ -167,7 +167,7 @@ void test_adamw_against_reference(void**) {
     }
     // PCIe bytes: exactly what models/traffic.h says for the sides the updates ran on
     if (g_policy == "cpu" || g_policy == "gpu") {
-      const dos::PcieBytes want = dos::subgroup_pcie_bytes(g_policy == "gpu", cuda, buf.esz, n);
+      const dos::PcieBytes want = dos::subgroup_pcie_bytes(g_policy == "gpu", cuda, buf.esz, n, opt.workload().grad_bytes);
       std::printf("  step %d: H2D %llu B (model %llu), D2H %llu B (model %llu)\n", t, (unsigned long long)st.bytes_h2d,
                   (unsigned long long)want.h2d, (unsigned long long)st.bytes_d2h, (unsigned long long)want.d2h);
       assert_int_equal(st.bytes_h2d, want.h2d);

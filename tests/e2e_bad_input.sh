@@ -61,6 +61,16 @@ expect "resume with the same model" --preset gpt2-124m --resume "$tmp/ck"
 expect "resume with the same model" --resume "$tmp/ck" --seed 5
 rm -rf "$tmp/ck"
 expect "beta1" --beta1 1.5
+expect "size in bytes" --gpu-update-budget 4XB
+expect "size in bytes" --gpu-resident-budget -1GB
+expect "more than 0 bytes" --gpu-update-budget 0
+expect "needs --writeback eager" --gpu-update-budget 1GB --writeback end
+expect "eager or end" --writeback later
+expect "fp32 or native" --grad-transfer fp8
+expect "stream-lookahead" --stream-lookahead -1
+expect "tokens" --emulate-compute --tokens 0
+expect "cpu-scale" --emulate-compute --cpu-scale 0
+expect "not a regular file" --timeline "$tmp/fifo"
 out=$("$train" --preset tiny --iterations 1 --quiet --save-params /nonexistent-dir/p.safetensors 2>&1)
 if [ $? -ne 0 ] && grep -q "does not exist" <<<"$out"; then echo "ok: unwritable --save-params -> $out"
 else echo "FAIL: unwritable --save-params: $out"; fails=$((fails+1)); fi

@@ -2,7 +2,7 @@
 # dos-train end to end: the saved fp32 master parameters of the same model and seed must be
 # bit-identical under the cpu policy and StarPU's dmda (both update on the CPU here), and, where a
 # GPU exists, within a relative 1e-6 of each other under cpu and gpu (see README, "Tolerance").
-#   e2e_policies.sh DOS_TRAIN ST_COMPARE cpu-dmda|cpu-gpu|cpu-dos|shards|resume
+#   e2e_policies.sh DOS_TRAIN ST_COMPARE cpu-dmda|cpu-gpu|cpu-dos|shards|resume|staging|iteration
 set -u
 train=$1 cmp=$2 mode=$3
 tmp=$(mktemp -d)
@@ -48,5 +48,42 @@ case "$mode" in
     echo "$out" | grep -E "^iter" | head -3
     run --policy cpu --save-params "$tmp/cpu.safetensors"
     "$cmp" "$tmp/cpu.safetensors" "$tmp/gpu.safetensors" 1e-6 ;;
+  staging)
+    # the gradients staged in fp32 or in the model's dtype (widened by the Adam kernel): the same
+    # bits, under cpu and dos (on a GPU machine dos mixes sides: within the cpu-gpu tolerance)
+    run --policy cpu --grad-transfer fp32 --save-params "$tmp/fp32.safetensors"
+    run --policy cpu --grad-transfer native --save-params "$tmp/native.safetensors"
+    run --policy dos --grad-transfer native --save-params "$tmp/dos-native.safetensors"
+    run --policy cpu --dtype fp16 --grad-transfer fp32 --save-params "$tmp/fp16-fp32.safetensors"
+    run --policy cpu --dtype fp16 --grad-transfer native --save-params "$tmp/fp16-native.safetensors"
+    "$cmp" "$tmp/fp32.safetensors" "$tmp/native.safetensors" && "$cmp" "$tmp/fp32.safetensors" "$tmp/dos-native.safetensors" 1e-6 &&
+      "$cmp" "$tmp/fp16-fp32.safetensors" "$tmp/fp16-native.safetensors" ;;
+  iteration)
+    # the emulated forward/backward changes no result, the report carries its figures, and the
+    # timeline has every task of the last phase (a gradient staging, an Adam and a parameter
+    # write-back per subgroup, on the CPU here) and its bus samples
+    run --policy cpu --save-params "$tmp/plain.safetensors"
+    run --policy cpu --emulate-compute --tokens 256 --cpu-scale 16 --report "$tmp/r.json" --timeline "$tmp/t.json"       --save-params "$tmp/emulated.safetensors"
+    "$cmp" "$tmp/plain.safetensors" "$tmp/emulated.safetensors" || exit 1
+    python3 - "$tmp/r.json" "$tmp/t.json" <<'PY'
+import json, sys
+r, t = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+s = r["summary"]
+for k in ("iteration_seconds_median", "forward_seconds_median", "backward_seconds_median", "model_tflops_median"):
+    assert s[k] > 0, (k, s)
+assert s["iteration_seconds_median"] >= s["update_seconds_median"], s
+assert s["peak_gpu_bytes_median"] > 0 and s["tokens_per_iteration"] == 16, s
+for it in r["iterations"]:
+    assert it["iteration_seconds"] >= it["forward_seconds"] + it["backward_seconds"] + it["update_seconds"] - 1e-9, it
+assert t["iteration"] == 3 and t["policy"] == "cpu", t
+kinds = sorted((x["what"], x["subgroup"]) for x in t["tasks"])
+n = r["subgroups"]
+assert kinds == sorted([(w, i) for w in ("adam", "gather", "scatter") for i in range(n)]), kinds
+for x in t["tasks"]:
+    assert x["lane"] == "cpu" and 0 <= x["start"] <= x["end"], x
+assert t["bus"] and all(len(b) == 3 for b in t["bus"]), t["bus"][:3]
+print(f"ok: emulated iteration, {len(t['tasks'])} tasks in the timeline, {len(t['bus'])} bus samples")
+PY
+    ;;
   *) echo "unknown mode $mode"; exit 2 ;;
 esac

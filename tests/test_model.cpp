@@ -1,12 +1,14 @@
 // The resource model (models/resource_model.h) on known cases, with the expected figures computed
 // here by hand from the formulas of ARCHITECTURE.md, not by the model's code.
 #include <cmath>
+#include <algorithm>
 #include <cstdio>
 #include <stdexcept>
 #include <vector>
 
 #include "cmocka_cpp.h"
 #include "resource_model.h"
+#include "traffic.h"
 
 namespace {
 
@@ -122,6 +124,56 @@ void test_static_fidelity(void**) {
   }
 }
 
+// GPU budgets: which subgroups fit the resident budget, and plans that keep them resident and
+// stream only the others (or nothing when the update budget cannot hold one streamed subgroup).
+void test_budgets(void**) {
+  // 12 bytes of state per parameter, counted from the last subgroup; the smaller last one first
+  const std::vector<std::size_t> sizes = {1000, 1000, 1000, 500};
+  assert_int_equal(dos::resident_subgroups(sizes, 0), 0);
+  assert_int_equal(dos::resident_subgroups(sizes, 12 * 500 - 1), 0);
+  assert_int_equal(dos::resident_subgroups(sizes, 12 * 500), 1);
+  assert_int_equal(dos::resident_subgroups(sizes, 12 * 1499), 1);
+  assert_int_equal(dos::resident_subgroups(sizes, 12 * 1500), 2);
+  assert_int_equal(dos::resident_subgroups(sizes, 12 * 3500), 4);
+  assert_int_equal(dos::resident_subgroups(sizes, std::size_t(1) << 60), 4);
+
+  const dos::Rates fast_link{1e8, 1e8, 1e12, 4e12, 1e13, 1e13};  // everything free is streamed
+  dos::Workload w = uniform(10, 1 << 20);
+  w.resident = 3;
+  const dos::Choice c = dos::choose_plan(w, fast_link);
+  for (size_t i = 0; i < 10; ++i)
+    assert_int_equal(int(c.plan[i]), int(i < 7 ? dos::PlanSide::gpu_streamed : dos::PlanSide::gpu_resident));
+  assert_int_equal(c.streamed, 7);
+  // resident subgroups cost no PCIe: the prediction counts only the streamed ones' 12 B each way
+  assert_float_equal(c.predicted.h2d, 7.0 * 12 * (1 << 20) / 1e13, 1e-15);
+  // no room to stream: the free subgroups stay on the CPU, and the lower bound streams nothing
+  w.may_stream = false;
+  const dos::Choice none = dos::choose_plan(w, fast_link);
+  assert_int_equal(none.streamed, 0);
+  for (size_t i = 0; i < 10; ++i)
+    assert_int_equal(int(none.plan[i]), int(i < 7 ? dos::PlanSide::cpu : dos::PlanSide::gpu_resident));
+  const double cpu_only = 7.0 * (1 << 20) / 1e8;  // 7 subgroups at U_c
+  assert_float_equal(dos::lower_bound(w, fast_link), std::max(cpu_only, none.predicted.total), 1e-12);
+  assert_float_equal(none.predicted.total, cpu_only, 1e-9);
+}
+
+// The staged gradient's size in the traffic: 16-bit gradients halve a CPU subgroup's D2H.
+void test_grad_bytes(void**) {
+  const dos::PcieBytes f = dos::subgroup_pcie_bytes(false, true, 2, 1000, 4);
+  const dos::PcieBytes n = dos::subgroup_pcie_bytes(false, true, 2, 1000, 2);
+  assert_int_equal(f.d2h, 4000);
+  assert_int_equal(n.d2h, 2000);
+  assert_int_equal(f.h2d, 2000);
+  assert_int_equal(n.h2d, 2000);
+  // a GPU update with the caller on the host sends the staged gradient up
+  assert_int_equal(dos::subgroup_pcie_bytes(true, false, 2, 1000, 2).h2d, 14000);
+  // and the model's CPU-subgroup D2H follows w.grad_bytes
+  dos::Workload w = uniform(4, 1000);
+  w.grad_bytes = 2;
+  const dos::Prediction p = dos::predict(w, dos::spread_plan(4, 0), dos::Rates{1, 1, 1, 1, 1e3, 1e3});
+  assert_float_equal(p.d2h, 4 * 2000 / 1e3, 1e-12);
+}
+
 void test_bad_input(void**) {
   const dos::Workload w = uniform(4, 100);
   assert_true(throws_invalid_argument([&] { dos::predict(w, dos::spread_plan(3, 1), dos::Rates{1, 1, 1, 1, 1, 1}); }));
@@ -134,6 +186,7 @@ int main() {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_plans),      cmocka_unit_test(test_paper_example), cmocka_unit_test(test_gpu_machine),
       cmocka_unit_test(test_extremes),   cmocka_unit_test(test_static_fidelity), cmocka_unit_test(test_bad_input),
+      cmocka_unit_test(test_budgets),    cmocka_unit_test(test_grad_bytes),
   };
   return cmocka_run_group_tests(tests, nullptr, nullptr);
 }

@@ -940,16 +940,21 @@ StepStats Optimizer::step() {
   // acquire at the end of the phase (invalidating the device copy).
   // Measurement switch: DOS_WONT_USE=0 leaves starpu_data_wont_use out of the eager write-back.
   static const bool wont_use = !(std::getenv("DOS_WONT_USE") && std::string(std::getenv("DOS_WONT_USE")) == "0");
+  // An asynchronous acquire of h on main RAM (its callback releases it); sg: the subgroup whose
+  // piece of work it is (nullptr: none). A refusal is counted and ends that piece.
+  auto acquire_home = [&](starpu_data_handle_t h, enum starpu_data_access_mode mode, Subgroup* sg) {
+    pending.add();
+    auto* wb = new WriteBack{h, &pending, sg};
+    if (starpu_data_acquire_on_node_cb(h, STARPU_MAIN_RAM, mode, release_after_writeback, wb) != 0) {
+      delete wb;
+      pending.done();
+      if (sg) subgroup_part_done(sg);
+      ++refused;
+    }
+  };
   auto write_back = [&](Subgroup* sg, enum starpu_data_access_mode mode, bool part_of_subgroup) {
     for (starpu_data_handle_t h : {sg->h_master, sg->h_exp_avg, sg->h_exp_avg_sq}) {
-      pending.add();
-      auto* wb = new WriteBack{h, &pending, part_of_subgroup ? sg : nullptr};
-      if (starpu_data_acquire_on_node_cb(h, STARPU_MAIN_RAM, mode, release_after_writeback, wb) != 0) {
-        delete wb;
-        pending.done();
-        if (part_of_subgroup) subgroup_part_done(sg);
-        ++refused;
-      }
+      acquire_home(h, mode, part_of_subgroup ? sg : nullptr);
       if (part_of_subgroup && wont_use) starpu_data_wont_use(h);
     }
   };
@@ -998,13 +1003,7 @@ StepStats Optimizer::step() {
       // The CPU's gradient comes down as soon as it is staged: an asynchronous acquire on main RAM
       // is a fetch, which StarPU serves before prefetches; left to the Adam task's prefetch, it
       // waited behind the streamed subgroups' write-backs and the CPU idled.
-      pending.add();
-      auto* wb = new WriteBack{sg->h_grad32, &pending, nullptr};
-      if (starpu_data_acquire_on_node_cb(sg->h_grad32, STARPU_MAIN_RAM, STARPU_R, release_after_writeback, wb) != 0) {
-        delete wb;
-        pending.done();
-        ++refused;
-      }
+      acquire_home(sg->h_grad32, STARPU_R, nullptr);
     }
 
     struct starpu_task* a = I.make_task(&adam_cl, &sg->adam, &sg->hint_update, STARPU_CPU | STARPU_CUDA);
@@ -1037,7 +1036,7 @@ StepStats Optimizer::step() {
     write_back(I.sgs[i].get(), STARPU_RW, false);
   }
   pending.wait();  // every callback has run: nothing refers to `pending` any more
-  if (refused) fail("StarPU refused to write " + std::to_string(refused) + " state buffer(s) back to host memory");
+  if (refused) fail("StarPU refused to bring " + std::to_string(refused) + " buffer(s) back to host memory");
   starpu_task_wait_for_all();
   sampling.store(false);
   if (sampler.joinable()) sampler.join();

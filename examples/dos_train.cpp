@@ -2,6 +2,8 @@
 // runtime, with forward and backward emulated (deterministic gradients from --seed written into
 // caller-owned buffers, on the GPU when there is one). See --help.
 #include <CLI/CLI.hpp>
+#include <sched.h>
+
 #include <algorithm>
 #include <chrono>
 #include <memory>
@@ -16,7 +18,9 @@
 #include "atomic_file.h"
 #include "checkpoint.h"
 #include "dos.h"
+#include "comm.h"
 #include "compute_emulator.h"
+#include "cpu_team.h"
 #include "emulate.h"
 #include "resource_model.h"
 #include "model_config.h"
@@ -56,12 +60,59 @@ struct Args {
   std::string writeback = "eager";
   std::string grad_transfer = "native";
   std::string timeline;
+  int grad_parts = 0;
   bool emulate_compute = false;
   long long tokens = 4096;
   int cpu_scale = 32;
 };
 
 [[noreturn]] void fail(const std::string& msg) { throw std::runtime_error(msg); }
+
+/// The data-parallel job when dos-train runs under an MPI launcher (null: one process).
+std::unique_ptr<dos::Comm> g_comm;
+
+/// PATH with ".rank-RRRRR-of-WWWWW" before its extension: each rank's own output file.
+std::string rank_path(const std::string& path, std::size_t rank, std::size_t world) {
+  char tag[48];
+  std::snprintf(tag, sizeof tag, ".rank-%05zu-of-%05zu", rank, world);
+  const auto slash = path.find_last_of('/'), dot = path.find_last_of('.');
+  if (dot == std::string::npos || (slash != std::string::npos && dot < slash)) return path + tag;
+  return path.substr(0, dot) + tag + path.substr(dot);
+}
+
+/// Ranks on one node whose launcher gave them the same cores (plain mpirun) would bind their
+/// threads to the same cores: each takes its own block of the cores instead (with a warning when
+/// there are fewer cores than ranks, and then no binding). Ranks with disjoint core sets (Slurm
+/// with --cpus-per-task, mpirun --map-by ... --bind-to core) are left as they are. Collective.
+void split_cores(dos::Comm& comm) {
+  const std::vector<int> cores = dos::allowed_cores();
+  const int world = comm.size();
+  std::vector<dos::ShardRange> one;
+  for (int r = 0; r < world; ++r) one.push_back({std::size_t(r), std::size_t(r) + 1});
+  int mine = cores.empty() ? -1 : cores.front();
+  std::vector<int> firsts(std::size_t(world), -1);
+  comm.all_gather(&mine, firsts.data(), one, sizeof(int));
+  int sharing = 0, index = 0;
+  for (int r = 0; r < world; ++r)
+    if (firsts[std::size_t(r)] == mine) {
+      if (r < comm.rank()) ++index;
+      ++sharing;
+    }
+  if (sharing <= 1) return;
+  if (int(cores.size()) < sharing) {
+    std::fprintf(stderr, "dos-train: warning: rank %d: %d ranks share %zu core(s): they oversubscribe the cores; "
+                 "threads are left unbound (give each rank its cores: srun --cpus-per-task, mpirun --map-by)\n",
+                 comm.rank(), sharing, cores.size());
+    setenv("DOS_BIND", "0", 1);
+    return;
+  }
+  const std::size_t per = cores.size() / std::size_t(sharing);
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  for (std::size_t i = std::size_t(index) * per; i < std::size_t(index + 1) * per; ++i) CPU_SET(cores[i], &set);
+  if (sched_setaffinity(0, sizeof set, &set) != 0)
+    std::fprintf(stderr, "dos-train: warning: rank %d: could not restrict itself to its %zu cores\n", comm.rank(), per);
+}
 
 std::size_t parse_count(const std::string& s, const char* what) {
   // Accepts "16777216", "1e8", "1.6e7"; the value must be a whole number >= 1.
@@ -166,7 +217,12 @@ void* host_alloc(std::size_t bytes) {
   return p;
 }
 
-int run(const Args& a) {
+int run(const Args& args) {
+  Args a = args;
+  if (g_comm && g_comm->size() > 1) {  // every rank writes its own files
+    for (std::string* p : {&a.report, &a.save_params, &a.timeline})
+      if (!p->empty()) *p = rank_path(*p, std::size_t(g_comm->rank()), std::size_t(g_comm->size()));
+  }
   // ---- validate everything before any work --------------------------------------------------
   ModelConfig cfg = a.config.empty() ? dos_train::preset(a.preset) : dos_train::load_hf_config(a.config);
   const std::vector<ParamTensor> all = dos_train::param_tensors(cfg);
@@ -174,6 +230,27 @@ int run(const Args& a) {
   for (const auto& t : all) total += t.numel();
   std::size_t rank = 0, world = 1;
   parse_shard(a.shard, &rank, &world);
+  // Data parallelism: under an MPI launcher the job's ranks own one shard each (ZeRO partitioning).
+  const bool dp = g_comm && g_comm->size() > 1;
+  if (dp) {
+    if (a.shard != "0/1" && (rank != std::size_t(g_comm->rank()) || world != std::size_t(g_comm->size())))
+      fail("--shard " + a.shard + " disagrees with the MPI job (rank " + std::to_string(g_comm->rank()) + " of " +
+           std::to_string(g_comm->size()) + "): leave --shard out when running under mpirun or srun");
+    rank = std::size_t(g_comm->rank());
+    world = std::size_t(g_comm->size());
+    if (a.grad_parts != 0 && a.grad_parts != int(world))
+      fail("--grad-parts " + std::to_string(a.grad_parts) + " under an MPI job of " + std::to_string(world) +
+           " ranks: each rank is one part; leave --grad-parts out");
+    if (!a.save_state.empty() || !a.resume.empty())
+      fail("--save-state and --resume work with one rank only for now (multi-rank checkpoints are issue 7's next "
+           "step): leave them out under MPI");
+    if (!a.sweep.empty()) fail("--sweep works with one rank only: leave it out under MPI");
+    a.shard = std::to_string(rank) + "/" + std::to_string(world);  // as the reports and messages name it
+  }
+  if (a.grad_parts < 0 || a.grad_parts > 2048)
+    fail("--grad-parts must be in [1, 2048] (the data-parallel ranks whose gradients are summed), got " +
+         std::to_string(a.grad_parts));
+  const std::size_t parts = dp ? world : std::size_t(std::max(1, a.grad_parts));
   const dos::ShardRange range = dos::shard_range(total, rank, world);
   const std::size_t n = range.end - range.begin;
   const std::size_t subgroup = parse_count(a.subgroup_size, "--subgroup-size");
@@ -239,6 +316,7 @@ int run(const Args& a) {
   ro.ncuda = a.ncuda;
   ro.verbose = !a.quiet;
   if (update_budget > 0) ro.gpu_memory_limit = update_budget + std::size_t(std::max<std::int64_t>(0, resident_budget));
+  if (dp) split_cores(*g_comm);
   dos::Runtime rt(ro);
   bool on_gpu = a.device == "cuda" || (a.device == "auto" && rt.cuda_workers() > 0);
   if (on_gpu && rt.cuda_workers() == 0) fail("--device cuda: no CUDA worker (no GPU, or a build without CUDA)");
@@ -360,6 +438,12 @@ int run(const Args& a) {
   nlohmann::ordered_json iters = nlohmann::ordered_json::array();
   std::int64_t it = first_iteration;  // iterations numbered across resumes: the gradients depend on it
   std::pair<std::vector<dos::TimelineTask>, std::vector<dos::BusSample>> last_timeline;
+  // Data parallelism's buffers: this rank's gradient contribution for the whole model and the
+  // summed shard (fp32), the shard's 16-bit staging, and the gathered 16-bit parameters.
+  std::vector<float> full32(dp ? total : 0), shard32(parts > 1 ? n : 0);
+  std::vector<char> staging16(parts > 1 || dp ? n * esz : 0), full16(dp ? total * esz : 0);
+  std::vector<dos::ShardRange> ranges;
+  for (std::size_t r = 0; r < world; ++r) ranges.push_back(dos::shard_range(total, r, world));
   // Runs `count` iterations; returns their update seconds.
   auto run_iterations = [&](int count, const std::string& label) {
     std::vector<dos::StepStats> out;
@@ -368,11 +452,45 @@ int run(const Args& a) {
       const auto t_iter = std::chrono::steady_clock::now();
       dos_train::ComputeTimes ct;
       if (compute) ct = compute->run();
+      double comm_s = 0;
+      if (parts > 1) {
+        // The gradient is the sum of `parts` ranks' contributions: under MPI, this rank's for the whole
+        // model, reduce-scattered; in one process (--grad-parts), all of them for this shard.
+        const auto c0 = std::chrono::steady_clock::now();
+        if (dp) {
+          dos_train::fill_grad_parts_host(full32.data(), total, a.seed, std::uint64_t(it), 0, rank, rank + 1);
+          const auto c1 = std::chrono::steady_clock::now();
+          g_comm->reduce_scatter_sum(full32.data(), shard32.data(), ranges);
+          comm_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - c1).count();
+        } else {
+          dos_train::fill_grad_parts_host(shard32.data(), n, a.seed, std::uint64_t(it), range.begin, 0, parts);
+        }
+        (void)c0;
+        std::vector<char>& g16 = staging16;
+#pragma omp parallel for schedule(static)
+        for (std::size_t k = 0; k < n; ++k) dos::store_from_f32(on_gpu ? g16.data() : static_cast<char*>(grads), dtype, k, shard32[k]);
 #if defined(DOS_HAVE_CUDA)
-      if (on_gpu) dos_train::fill_grads_cuda(grads, dtype, n, a.seed, std::uint64_t(it), range.begin);
+        if (on_gpu) dos_train::cuda_copy_to_device(grads, g16.data(), n * esz);
 #endif
-      if (!on_gpu) dos_train::fill_grads_host(grads, dtype, n, a.seed, std::uint64_t(it), range.begin);
+      } else {
+#if defined(DOS_HAVE_CUDA)
+        if (on_gpu) dos_train::fill_grads_cuda(grads, dtype, n, a.seed, std::uint64_t(it), range.begin);
+#endif
+        if (!on_gpu) dos_train::fill_grads_host(grads, dtype, n, a.seed, std::uint64_t(it), range.begin);
+      }
       const dos::StepStats s = opt.step();
+      if (dp) {  // the updated 16-bit parameters of every shard, on every rank (what forward reads next)
+        const void* mine = params;
+#if defined(DOS_HAVE_CUDA)
+        if (on_gpu) {
+          dos_train::cuda_copy_to_host(staging16.data(), params, n * esz);
+          mine = staging16.data();
+        }
+#endif
+        const auto c1 = std::chrono::steady_clock::now();
+        g_comm->all_gather(mine, full16.data(), ranges, esz);
+        comm_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - c1).count();
+      }
       const double iter_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_iter).count();
       const std::uint64_t peak = compute ? std::max<std::uint64_t>(ct.peak_bytes, compute->used_bytes()) : 0;
       // model FLOPs as the issue (and the usual MFU figure) counts them: 6 x parameters x tokens
@@ -386,10 +504,14 @@ int run(const Args& a) {
       if (s.predicted_seconds > 0)
         std::snprintf(model, sizeof model, "  predicted %.4f s (%s)  lower bound %.4f s", s.predicted_seconds,
                       s.bound_by.c_str(), s.lower_bound_seconds);
-      char comp[200] = "";
+      char comp[260] = "";
       if (compute)
         std::snprintf(comp, sizeof comp, "  forward %.4f s  backward %.4f s  iteration %.4f s  peak %s %.3g GB  %.3g model TFLOPs",
                       ct.forward, ct.backward, iter_s, on_gpu ? "GPU" : "host (activations)", peak / 1e9, tflops);
+      if (dp) {
+        const std::size_t used = std::strlen(comp);
+        std::snprintf(comp + used, sizeof comp - used, "  comm %.4f s (%zu ranks)", comm_s, world);
+      }
       std::printf("iter %3lld%s  update %8.4f s  %7.3f Gparams/s  subgroups cpu %zu gpu %zu (plan: %zu streamed, %zu "
                   "resident)%s  H2D %.3f GB %.1f GB/s  D2H %.3f GB %.1f GB/s  busy cpu %3.0f%% gpu %3.0f%%%s\n",
                   (long long)it, label.c_str(), s.seconds, gps, s.subgroups_cpu, s.subgroups_gpu, s.planned_streamed,
@@ -402,6 +524,7 @@ int run(const Args& a) {
                        {"bytes_h2d", s.bytes_h2d}, {"bytes_d2h", s.bytes_d2h},
                        {"cpu_busy_fraction", cpu_busy}, {"gpu_busy_fraction", gpu_busy},
                        {"starpu_gpu_bytes_end", s.gpu_bytes_end}, {"window_peak_bytes", s.window_peak_bytes}};
+      if (dp) row["comm_seconds"] = comm_s;
       if (compute) {
         row["forward_seconds"] = ct.forward;
         row["backward_seconds"] = ct.backward;
@@ -635,6 +758,10 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--timeline", a.timeline,
                  "write the last iteration's tasks (per worker) and PCIe byte samples to this JSON file");
+  app.add_option("--grad-parts", a.grad_parts,
+                 "the emulated gradient is the sum of this many data-parallel ranks' contributions (quantised so that "
+                 "the sum is exact): a one-process run with --grad-parts W gives the bits of a W-rank MPI job; under "
+                 "MPI it is the number of ranks");
   app.add_flag("--emulate-compute", a.emulate_compute,
                "emulate forward and backward with the model's GEMMs (cuBLAS; a scaled-down CPU stand-in without a "
                "GPU), activations allocated in forward and freed in backward; reports forward, backward, iteration "
@@ -655,8 +782,22 @@ int main(int argc, char** argv) {
     return 1;
   }
   try {
-    return run(a);
+    if (dos::launched_by_mpi()) {
+      if (!dos::have_mpi())
+        throw std::runtime_error("started by an MPI launcher, but this dos-train was built without MPI: install "
+                                 "libopenmpi-dev and rebuild (scripts/setup.sh build), or run it without mpirun/srun");
+      g_comm = dos::make_mpi_comm();
+      if (g_comm->rank() != 0 && g_comm->size() > 1 && !std::freopen("/dev/null", "w", stdout))
+        std::fprintf(stderr, "dos-train: warning: rank %d could not silence its standard output\n", g_comm->rank());
+    }
+    const int rc = run(a);
+    g_comm.reset();  // MPI_Finalize
+    return rc;
   } catch (const std::exception& e) {
+    if (g_comm && g_comm->size() > 1) {
+      std::fprintf(stderr, "dos-train: error on rank %d of %d: %s\n", g_comm->rank(), g_comm->size(), e.what());
+      g_comm->abort(1);  // the other ranks may be waiting in a collective
+    }
     std::fprintf(stderr, "dos-train: error: %s\n", e.what());
     return 1;
   }

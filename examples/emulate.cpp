@@ -8,4 +8,14 @@ void fill_grads_host(void* dst, dos::DType t, std::size_t n, std::uint64_t seed,
   for (std::size_t i = 0; i < n; ++i) dos::store_from_f32(dst, t, i, emulated_grad(seed, iter, first + i));
 }
 
+void fill_grad_parts_host(float* dst, std::size_t n, std::uint64_t seed, std::uint64_t iter, std::uint64_t first,
+                          std::uint64_t part_begin, std::uint64_t part_end) {
+#pragma omp parallel for schedule(static)
+  for (std::size_t i = 0; i < n; ++i) {
+    float g = 0.0f;
+    for (std::uint64_t p = part_begin; p < part_end; ++p) g += emulated_grad_part(seed, iter, p, first + i);
+    dst[i] = g;
+  }
+}
+
 }  // namespace dos_train

@@ -38,6 +38,22 @@ DOS_HD float emulated_grad(std::uint64_t seed, std::uint64_t iter, std::uint64_t
   return normal_like(seed, 0x6772616400000000ull + iter, index) * kGradScale;
 }
 
+/// Data-parallel rank `part`'s contribution to the gradient of global parameter `index` at
+/// iteration `iter`, when the gradient is the sum of the ranks' contributions (dos-train as W MPI
+/// ranks, or --grad-parts W in one process): normal_like * 2^-10 truncated to a multiple of 2^-20
+/// (|q| 2^-20 with |q| < 2^12, about emulated_grad's size). Sums of up to 2^11 of them are exact in
+/// fp32 in any order, so a W-rank job and a one-process run with --grad-parts W see the same
+/// gradients bit for bit, whatever order the reduction takes.
+DOS_HD float emulated_grad_part(std::uint64_t seed, std::uint64_t iter, std::uint64_t part, std::uint64_t index) {
+  const float x = normal_like(seed ^ mix64(0x7061727400000000ull + part), 0x6772616400000000ull + iter, index);
+  return float(int(x * 1024.0f)) * (1.0f / 1048576.0f);
+}
+
+/// Sums parts [part_begin, part_end) of emulated_grad_part, in part order, for global indices
+/// [first, first + n) into dst (fp32, host memory), with OpenMP.
+void fill_grad_parts_host(float* dst, std::size_t n, std::uint64_t seed, std::uint64_t iter, std::uint64_t first,
+                          std::uint64_t part_begin, std::uint64_t part_end);
+
 /// Writes n gradients of global indices [first, first + n) for iteration `iter` into dst (dtype t),
 /// on the host with OpenMP.
 void fill_grads_host(void* dst, dos::DType t, std::size_t n, std::uint64_t seed, std::uint64_t iter,

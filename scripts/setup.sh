@@ -29,7 +29,7 @@ BUILD=${DOS_BUILD_DIR:-$ROOT/build}
 STARPU_VERSION=1.3.10
 STARPU_TARBALL=starpu_${STARPU_VERSION}+dfsg.orig.tar.gz
 CACHE_DEBS="libcmocka0 libcmocka-dev nlohmann-json3-dev libcli11-dev"
-APT_PACKAGES="meson ninja-build pkg-config g++ make libhwloc-dev libcmocka-dev nlohmann-json3-dev libcli11-dev"
+APT_PACKAGES="meson ninja-build pkg-config g++ make libhwloc-dev libcmocka-dev nlohmann-json3-dev libcli11-dev libopenmpi-dev openmpi-bin"
 
 say() { printf '[setup] %s\n' "$*"; }
 die() { printf '[setup] error: %s\n' "$*" >&2; exit 1; }
@@ -64,6 +64,7 @@ missing=""
 need_cmd meson meson; need_cmd ninja ninja-build; need_cmd pkg-config pkg-config; need_cmd g++ g++
 need_cmd make make; need_cmd patch patch
 need_pc hwloc libhwloc-dev; need_pc cmocka libcmocka-dev; need_pc nlohmann_json nlohmann-json3-dev; need_pc CLI11 libcli11-dev
+need_cmd mpicxx libopenmpi-dev; need_cmd mpirun openmpi-bin  # dos-train as MPI ranks (optional for the build)
 if [ -z "$missing" ]; then
   say "build tools and libraries already present"
 elif have_apt && apt_update_once; then

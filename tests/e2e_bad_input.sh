@@ -68,6 +68,8 @@ expect "needs --writeback eager" --gpu-update-budget 1GB --writeback end
 expect "eager or end" --writeback later
 expect "fp32 or native" --grad-transfer fp8
 expect "stream-lookahead" --stream-lookahead -1
+expect "grad-parts" --grad-parts -1
+expect "grad-parts" --grad-parts 5000
 expect "tokens" --emulate-compute --tokens 0
 expect "cpu-scale" --emulate-compute --cpu-scale 0
 expect "not a regular file" --timeline "$tmp/fifo"

@@ -1,0 +1,60 @@
+// Collective communication among the data-parallel ranks of a job (issue 7): rank r of W owns
+// shard r of the flat parameters (ZeRO partitioning, partition.h's shard_range) and runs the update
+// phase for it; every iteration the gradients are reduce-scattered (each rank receives the sum over
+// ranks of its shard) and the updated 16-bit parameters all-gathered. One interface, so that a
+// backend for GPU buffers (NCCL) can sit beside the MPI one; only MPI exists today.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "partition.h"
+
+namespace dos {
+
+/// The ranks of a job. Every call is collective: all ranks make it, with the same `ranges` (one
+/// ShardRange per rank, in rank order, covering the flat parameters without overlap).
+/// Errors (an MPI call failing) throw dos::Error-like std::runtime_error naming the call.
+class Comm {
+ public:
+  virtual ~Comm() = default;
+  /// This rank and the number of ranks (0 <= rank() < size()).
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  /// This rank among the ranks on its node, and their number (from the launcher).
+  virtual int local_rank() const = 0;
+  virtual int local_size() const = 0;
+  /// full: this rank's contribution to every parameter's gradient (fp32, ranges.back().end
+  /// elements, host memory); shard: on return, the sum over ranks of elements
+  /// [ranges[rank()].begin, ranges[rank()].end) (fp32, host memory). The sum is in fp32 in the
+  /// backend's order: exact whenever the contributions' partial sums are (see dos-train's
+  /// quantised emulated gradients).
+  virtual void reduce_scatter_sum(const float* full, float* shard, const std::vector<ShardRange>& ranges) = 0;
+  /// shard: this rank's elements (elem_bytes each, host memory); full: on return, every rank's
+  /// shard at its place (ranges.back().end elements, host memory).
+  virtual void all_gather(const void* shard, void* full, const std::vector<ShardRange>& ranges,
+                          std::size_t elem_bytes) = 0;
+  /// True on every rank when `ok` is true on every rank (a logical AND: one rank's failure is
+  /// known to all, so that all stop with the same message).
+  virtual bool all_ok(bool ok) = 0;
+  /// Ends the whole job at once with exit status `code` (MPI_Abort): what a rank does after an
+  /// error, since a rank that stops alone leaves the others waiting in a collective for ever.
+  [[noreturn]] virtual void abort(int code) = 0;
+  /// The backend's name and version ("MPI: Open MPI v4.1.4, ...").
+  virtual std::string name() const = 0;
+};
+
+/// True when this process was started by an MPI launcher (mpirun/mpiexec, or srun with PMI/PMIx):
+/// OMPI_COMM_WORLD_SIZE, PMI_SIZE, PMIX_RANK or MPI_LOCALNRANKS is set.
+bool launched_by_mpi();
+
+/// Initialises MPI (MPI_THREAD_FUNNELED) and returns the world communicator; MPI_Finalize runs when
+/// it is destroyed. Throws std::runtime_error when this build has no MPI or MPI_Init fails.
+std::unique_ptr<Comm> make_mpi_comm();
+
+/// Whether this build has the MPI backend.
+bool have_mpi();
+
+}  // namespace dos

@@ -241,9 +241,6 @@ int run(const Args& args) {
     if (a.grad_parts != 0 && a.grad_parts != int(world))
       fail("--grad-parts " + std::to_string(a.grad_parts) + " under an MPI job of " + std::to_string(world) +
            " ranks: each rank is one part; leave --grad-parts out");
-    if (!a.save_state.empty() || !a.resume.empty())
-      fail("--save-state and --resume work with one rank only for now (multi-rank checkpoints are issue 7's next "
-           "step): leave them out under MPI");
     if (!a.sweep.empty()) fail("--sweep works with one rank only: leave it out under MPI");
     a.shard = std::to_string(rank) + "/" + std::to_string(world);  // as the reports and messages name it
   }
@@ -648,7 +645,18 @@ int run(const Args& args) {
   }
   if (!a.save_state.empty()) {
     job.iteration = it;
-    dos::save_checkpoint(a.save_state, opt, job);
+    dos::CheckpointRanks ranks_io;
+    if (dp) {
+      ranks_io.all_ok = [](bool ok) { return g_comm->all_ok(ok); };
+      ranks_io.from_rank0 = [&](long long v) {
+        std::vector<long long> all(world);
+        std::vector<dos::ShardRange> one;
+        for (std::size_t r = 0; r < world; ++r) one.push_back({r, r + 1});
+        g_comm->all_gather(&v, all.data(), one, sizeof v);
+        return all[0];
+      };
+    }
+    dos::save_checkpoint(a.save_state, opt, job, dp ? &ranks_io : nullptr);
     std::printf("saved the optimizer state after iteration %lld to %s\n", (long long)it, a.save_state.c_str());
   }
   std::unique_ptr<dos::PendingFile> timeline_file;

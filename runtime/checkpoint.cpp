@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "atomic_file.h"
+#include "partition.h"
 #include "safetensors.h"
 
 namespace dos {
@@ -25,11 +26,20 @@ std::string rank_file(std::size_t rank, std::size_t world) {
   return name;
 }
 
-nlohmann::ordered_json to_json(const CheckpointInfo& i) {
-  return {{"format", kFormat},       {"model", i.model}, {"params_total", i.params_total}, {"begin", i.begin},
-          {"end", i.end},            {"rank", i.rank},   {"world", i.world},               {"subgroup_size", i.subgroup_size},
+/// The index: the job's fields and the ranks' ranges and files ("ranks"): every rank's when the
+/// whole job saved together (all_ranks), else this one's (a lone shard run with --shard R/W). The
+/// top-level begin, end and rank are the first entry's, as a one-rank checkpoint has them.
+nlohmann::ordered_json to_json(const CheckpointInfo& i, bool all_ranks) {
+  nlohmann::ordered_json ranks = nlohmann::ordered_json::array(), files = nlohmann::ordered_json::array();
+  for (std::size_t r = all_ranks ? 0 : i.rank; r < (all_ranks ? i.world : i.rank + 1); ++r) {
+    const ShardRange s = all_ranks ? shard_range(i.params_total, r, i.world) : ShardRange{i.begin, i.end};
+    ranks.push_back({{"rank", r}, {"begin", s.begin}, {"end", s.end}, {"file", rank_file(r, i.world)}});
+    files.push_back(rank_file(r, i.world));
+  }
+  return {{"format", kFormat},       {"model", i.model}, {"params_total", i.params_total}, {"begin", ranks[0]["begin"]},
+          {"end", ranks[0]["end"]},  {"rank", ranks[0]["rank"]}, {"world", i.world},       {"subgroup_size", i.subgroup_size},
           {"dtype", i.dtype},        {"iteration", i.iteration}, {"seed", i.seed},
-          {"files", {rank_file(i.rank, i.world)}}};
+          {"files", files},          {"ranks", ranks}};
 }
 
 std::string describe(const CheckpointInfo& i) {
@@ -52,8 +62,10 @@ void check_checkpoint_dir(const std::string& dir) {
     throw Error("cannot write the checkpoint " + dir + ": it exists and is not a folder");
 }
 
-void save_checkpoint(const std::string& dir, const Optimizer& opt, const CheckpointInfo& info) {
-  check_checkpoint_dir(dir);
+namespace {
+
+/// This rank's file of the checkpoint, into folder `tmp`.
+void write_rank_file(const std::string& tmp, const Optimizer& opt, const CheckpointInfo& info) {
   const std::size_t n = opt.num_params();
   std::vector<float> master(n), m(n), v(n);
   opt.read_master(master.data());
@@ -62,29 +74,19 @@ void save_checkpoint(const std::string& dir, const Optimizer& opt, const Checkpo
   const std::vector<std::int64_t> steps = opt.step_counts();
   std::vector<std::int64_t> sizes;
   for (std::size_t i = 0; i < opt.num_subgroups(); ++i) sizes.push_back(std::int64_t(opt.subgroup_size(i)));
+  const std::int64_t ns = std::int64_t(steps.size());
+  write_safetensors(tmp + "/" + rank_file(info.rank, info.world),
+                    {{"master", "F32", {std::int64_t(n)}, master.data(), n * 4},
+                     {"exp_avg", "F32", {std::int64_t(n)}, m.data(), n * 4},
+                     {"exp_avg_sq", "F32", {std::int64_t(n)}, v.data(), n * 4},
+                     {"step", "I64", {ns}, steps.data(), steps.size() * 8},
+                     {"subgroup_sizes", "I64", {ns}, sizes.data(), sizes.size() * 8}},
+                    {{"format", kFormat}, {"begin", std::to_string(info.begin)}, {"end", std::to_string(info.end)}});
+}
 
-  std::string tmpl = dir + ".tmp-XXXXXX";
-  std::vector<char> buf(tmpl.begin(), tmpl.end());
-  buf.push_back('\0');
-  if (!::mkdtemp(buf.data())) throw Error("cannot create a folder next to " + dir + ": " + std::strerror(errno));
-  const std::string tmp = buf.data();
-  try {
-    const std::int64_t ns = std::int64_t(steps.size());
-    write_safetensors(tmp + "/" + rank_file(info.rank, info.world),
-                      {{"master", "F32", {std::int64_t(n)}, master.data(), n * 4},
-                       {"exp_avg", "F32", {std::int64_t(n)}, m.data(), n * 4},
-                       {"exp_avg_sq", "F32", {std::int64_t(n)}, v.data(), n * 4},
-                       {"step", "I64", {ns}, steps.data(), steps.size() * 8},
-                       {"subgroup_sizes", "I64", {ns}, sizes.data(), sizes.size() * 8}},
-                      {{"format", kFormat}});
-    const std::string index = to_json(info).dump(2) + "\n";
-    write_file_atomically(tmp + "/index.json", {{index.data(), index.size()}});
-  } catch (const std::exception& e) {
-    std::error_code ec;
-    std::filesystem::remove_all(tmp, ec);
-    throw Error(std::string("cannot write the checkpoint: ") + e.what());
-  }
-  // swap: the old checkpoint aside, the new one in, the old one removed
+/// The swap: the old checkpoint aside, the new one in, the old one removed. Throws Error, with the
+/// previous checkpoint back in place, when a rename fails.
+void swap_in(const std::string& tmp, const std::string& dir) {
   std::string old;
   struct stat st;
   if (::lstat(dir.c_str(), &st) == 0) {
@@ -106,6 +108,63 @@ void save_checkpoint(const std::string& dir, const Optimizer& opt, const Checkpo
   }
 }
 
+void write_index(const std::string& tmp, const CheckpointInfo& info, bool all_ranks) {
+  const std::string index = to_json(info, all_ranks).dump(2) + "\n";
+  write_file_atomically(tmp + "/index.json", {{index.data(), index.size()}});
+}
+
+}  // namespace
+
+void save_checkpoint(const std::string& dir, const Optimizer& opt, const CheckpointInfo& info,
+                     const CheckpointRanks* ranks) {
+  check_checkpoint_dir(dir);
+  if (info.world > 1 && ranks) {
+    // every rank writes into rank 0's new folder, named after rank 0's process id
+    const std::string tmp = dir + ".tmp-" + std::to_string(ranks->from_rank0(::getpid()));
+    std::string why;
+    if (info.rank == 0 && ::mkdir(tmp.c_str(), 0777) != 0) why = "cannot create " + tmp + ": " + std::strerror(errno);
+    if (!ranks->all_ok(why.empty()))
+      throw Error(why.empty() ? "rank 0 could not create the new checkpoint folder next to " + dir : why);
+    try {
+      write_rank_file(tmp, opt, info);
+    } catch (const std::exception& e) {
+      why = std::string("rank ") + std::to_string(info.rank) + " cannot write its checkpoint file: " + e.what();
+    }
+    const bool written = ranks->all_ok(why.empty());
+    if (written && info.rank == 0) {
+      try {
+        write_index(tmp, info, true);
+        swap_in(tmp, dir);
+      } catch (const std::exception& e) {
+        why = e.what();
+      }
+    }
+    if (!written && info.rank == 0) {
+      std::error_code ec;
+      std::filesystem::remove_all(tmp, ec);
+    }
+    if (!ranks->all_ok(why.empty()))
+      throw Error(why.empty() ? "another rank failed to write the checkpoint " + dir + " (see its message); the "
+                                "previous checkpoint is left in place"
+                              : "cannot write the checkpoint: " + why);
+    return;
+  }
+  std::string tmpl = dir + ".tmp-XXXXXX";
+  std::vector<char> buf(tmpl.begin(), tmpl.end());
+  buf.push_back('\0');
+  if (!::mkdtemp(buf.data())) throw Error("cannot create a folder next to " + dir + ": " + std::strerror(errno));
+  const std::string tmp = buf.data();
+  try {
+    write_rank_file(tmp, opt, info);
+    write_index(tmp, info, false);
+  } catch (const std::exception& e) {
+    std::error_code ec;
+    std::filesystem::remove_all(tmp, ec);
+    throw Error(std::string("cannot write the checkpoint: ") + e.what());
+  }
+  swap_in(tmp, dir);
+}
+
 CheckpointInfo load_checkpoint(const std::string& dir, Optimizer& opt, const CheckpointInfo& expect) {
   std::ifstream f(dir + "/index.json");
   if (!f) throw Error("cannot resume: " + dir + "/index.json does not exist (is " + dir + " a checkpoint folder?)");
@@ -125,6 +184,27 @@ CheckpointInfo load_checkpoint(const std::string& dir, Optimizer& opt, const Che
     got.seed = j.at("seed").get<std::uint64_t>();
   } catch (const std::exception& e) {
     throw Error("cannot resume: " + dir + "/index.json is malformed: " + e.what());
+  }
+  if (got.world != expect.world)
+    throw Error("cannot resume: the checkpoint in " + dir + " was saved by " + std::to_string(got.world) +
+                " rank(s) and this job has " + std::to_string(expect.world) +
+                ": re-sharding a checkpoint is not supported; resume with " + std::to_string(got.world) + " rank(s)");
+  if (got.world > 1) {  // this rank's entry (the whole job's, or a lone shard's)
+    got.rank = got.world;  // "absent" unless the index has an entry for this rank
+    got.begin = got.end = 0;
+    try {
+      std::ifstream f2(dir + "/index.json");
+      const nlohmann::json j = nlohmann::json::parse(f2);
+      const nlohmann::json entries = j.contains("ranks") ? j.at("ranks") : nlohmann::json::array({j});  // older: one
+      for (const auto& r : entries)
+        if (r.at("rank").get<std::size_t>() == expect.rank) {
+          got.rank = expect.rank;
+          got.begin = r.at("begin").get<std::size_t>();
+          got.end = r.at("end").get<std::size_t>();
+        }
+    } catch (const std::exception& e) {
+      throw Error("cannot resume: " + dir + "/index.json is malformed: " + e.what());
+    }
   }
   if (got.model != expect.model || got.params_total != expect.params_total || got.begin != expect.begin ||
       got.end != expect.end || got.rank != expect.rank || got.world != expect.world ||

@@ -10,6 +10,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "dos.h"
@@ -29,6 +30,14 @@ struct CheckpointInfo {
   std::uint64_t seed = 0;
 };
 
+/// How the ranks of a data-parallel job take part in a save (comm.h provides them): all_ok is a
+/// logical AND over the ranks (every rank calls it, so it is also a barrier); from_rank0 returns
+/// rank 0's value of its argument on every rank.
+struct CheckpointRanks {
+  std::function<bool(bool)> all_ok;
+  std::function<long long(long long)> from_rank0;
+};
+
 /// Throws Error, before any work, when a checkpoint cannot be written at `dir` (its parent folder is
 /// missing or not writable, or `dir` exists and is not a folder).
 void check_checkpoint_dir(const std::string& dir);
@@ -37,12 +46,19 @@ void check_checkpoint_dir(const std::string& dir);
 /// everything goes to a new folder next to it, which replaces `dir` only once complete (the
 /// previous checkpoint is renamed aside and removed after). Throws Error naming the path and the
 /// system error on failure; the previous checkpoint is then left in place.
-void save_checkpoint(const std::string& dir, const Optimizer& opt, const CheckpointInfo& info);
+/// With info.world > 1 and `ranks` given, every rank calls this collectively: rank 0 makes
+/// the new folder, every rank writes its own file into it, and once all have (ranks->all_ok) rank 0
+/// writes index.json (every rank's range and file) and swaps the folder in. A failure on any rank
+/// throws on every rank and leaves the previous checkpoint in place. Without `ranks` (a lone
+/// `--shard R/W` run) only this rank's file and entry are written.
+void save_checkpoint(const std::string& dir, const Optimizer& opt, const CheckpointInfo& info,
+                     const CheckpointRanks* ranks = nullptr);
 
 /// Reads the checkpoint in `dir` into `opt` (Optimizer::load_state) after checking that it belongs
 /// to the same job as `expect` (every field but iteration). Returns the checkpoint's info.
 /// Throws Error, changing nothing, when the folder or a file is missing or malformed, or the
-/// checkpoint is of another model, shard, subgroup size, dtype or seed (the message names both sides).
+/// checkpoint is of another model, shard, subgroup size, dtype or seed (the message names both sides),
+/// or was saved by another number of ranks (re-sharding is not supported: the message says so).
 CheckpointInfo load_checkpoint(const std::string& dir, Optimizer& opt, const CheckpointInfo& expect);
 
 }  // namespace dos

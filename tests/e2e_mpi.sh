@@ -2,8 +2,9 @@
 # dos-train as a 2-rank MPI job (issue 7's first part) on the CPU: each rank owns half of the
 # parameters; gradients are reduce-scattered and parameters all-gathered every iteration. The two
 # ranks' saved shards must hold exactly their slices of a one-process run with --grad-parts 2 (the
-# same summed gradients), and a bad option must fail the whole job on every rank, with a message,
-# without hanging. Skips (77) without mpirun or when dos-train was built without MPI.
+# same summed gradients); a bad option must fail the whole job on every rank, with a message,
+# without hanging; sharded checkpoints resume bit-identically, and are refused with another number
+# of ranks or a rank's file missing. Skips (77) without mpirun or when dos-train was built without MPI.
 #   e2e_mpi.sh DOS_TRAIN SHARD_CHECK.py
 set -u
 train=$1 check=$2
@@ -36,6 +37,24 @@ rc=$?
 grep -q "disagrees with the MPI job" <<<"$out" || { echo "FAIL: no clear message: $out"; exit 1; }
 ls "$tmp"/bad* >/dev/null 2>&1 && { echo "FAIL: an output file was left"; exit 1; }
 echo "ok: a bad --shard fails the job: $(grep -m1 "disagrees" <<<"$out")"
-out=$(timeout 120 "${mpi[@]}" "$train" "${common[@]}" --save-state "$tmp/ck" 2>&1)
-[ $? -ne 0 ] && grep -q "one rank only" <<<"$out" || { echo "FAIL: --save-state under MPI: $out"; exit 1; }
-echo "ok: --save-state under MPI is refused with a message"
+# sharded checkpoints: 2 iterations + --save-state, then a resume for 1 more, gives the bits of 3 in a row
+timeout 120 "${mpi[@]}" "$train" "${common[@]}" --iterations 2 --save-state "$tmp/ck" >/dev/null 2>&1 ||
+  { echo "FAIL: the 2-rank save"; exit 1; }
+ls "$tmp/ck" | grep -qx "rank-00000-of-00002.safetensors" && ls "$tmp/ck" | grep -qx "rank-00001-of-00002.safetensors" ||
+  { echo "FAIL: the checkpoint lacks a rank's file: $(ls "$tmp/ck")"; exit 1; }
+timeout 120 "${mpi[@]}" "$train" "${common[@]}" --iterations 1 --resume "$tmp/ck" --save-params "$tmp/res.safetensors" \
+  >/dev/null 2>&1 || { echo "FAIL: the 2-rank resume"; exit 1; }
+python3 "$check" "$tmp/full.safetensors" "$tmp/res.rank-00000-of-00002.safetensors" "$tmp/res.rank-00001-of-00002.safetensors" ||
+  { echo "FAIL: resumed shards differ from the uninterrupted run"; exit 1; }
+echo "ok: 2 ranks, saved after 2 iterations and resumed for 1, match 3 in a row bit for bit"
+ls "$tmp" | grep -qE "ck\.(tmp|old)" && { echo "FAIL: a temporary checkpoint folder was left"; exit 1; }
+# another number of ranks: refused with a message
+out=$("$train" "${common[@]}" --grad-parts 2 --iterations 1 --resume "$tmp/ck" 2>&1)
+[ $? -ne 0 ] && grep -q "saved by 2 rank(s) and this job has 1" <<<"$out" || { echo "FAIL: resume with 1 rank: $out"; exit 1; }
+echo "ok: $(grep -m1 "saved by" <<<"$out")"
+# a missing rank file: the job fails on that rank with the file named
+rm "$tmp/ck/rank-00001-of-00002.safetensors"
+out=$(timeout 120 "${mpi[@]}" "$train" "${common[@]}" --iterations 1 --resume "$tmp/ck" 2>&1)
+rc=$?
+[ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "rank-00001-of-00002" <<<"$out" || { echo "FAIL: missing rank file ($rc): $out"; exit 1; }
+echo "ok: a missing rank file fails the job: $(grep -m1 "rank-00001-of-00002" <<<"$out")"

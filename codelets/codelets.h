@@ -14,12 +14,12 @@
 //                                                                      cl_arg: const ScatterArgs*
 //   cast_cl     master (fp32, R), param16 (param_dtype, W): the master parameters rounded to the
 //               parameters' dtype (after a checkpoint is loaded)     cl_arg: const AdamArgs*
-//   adam_direct_cl  master, exp_avg, exp_avg_sq (fp32, RW): Adam reading the caller's 16-bit
-//               gradients and writing the caller's parameters directly, segment by segment (the
+//   adam_direct_cl  master, exp_avg, exp_avg_sq (fp32, RW): Adam reading the caller's gradients
+//               and writing the caller's parameters directly (their dtype), segment by segment (the
 //               path of subgroups updated where the caller's buffers live: no fp32 gradient or
 //               16-bit parameter staging, no conversion or copy tasks)
 //                                                                      cl_arg: const AdamDirectArgs*
-// gather_cl and scatter_cl touch caller memory by raw pointer, so the runtime restricts them
+// gather_cl, scatter_cl and adam_direct_cl touch caller memory by raw pointer, so the runtime restricts them
 // (task->where) to the side where that memory lives: STARPU_CUDA for GPU pointers, STARPU_CPU
 // for host pointers. All CUDA implementations run on StarPU's local stream (STARPU_CUDA_ASYNC).
 #pragma once
@@ -53,7 +53,8 @@ struct AdamArgs {
 
 /// Arguments of gather_cl: which caller buffers to read (from_params: the parameters, used once to
 /// initialise the fp32 master parameters; otherwise the gradients), their dtype, and the segments.
-/// dst_dtype: fp32 (convert), or `dtype` itself (copy unconverted: 16-bit gradient staging).
+/// dst_dtype: fp32 (convert), or `dtype` itself (copy unconverted: 16-bit gradient staging); no
+/// other value (the destination buffer holds dst_dtype elements).
 struct GatherArgs {
   const Segment* segs;
   std::size_t nseg;

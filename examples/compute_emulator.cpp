@@ -1,6 +1,8 @@
 // The compute emulator's GEMM list, driver and CPU stand-in (compute_emulator.h).
 #include "compute_emulator.h"
 
+#include "dos.h"
+
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
@@ -45,10 +47,16 @@ ComputeEmulator::ComputeEmulator(std::vector<std::vector<Gemm>> gemms, std::int6
       max_out = std::max(max_out, g.out);
     }
   const std::size_t e = be_->elem_bytes(), T = std::size_t(tokens_);
-  weights_ = be_->alloc(std::size_t(max_w) * e);
-  dweights_ = be_->alloc(std::size_t(max_w) * e);
-  dy_ = be_->alloc(T * std::size_t(max_out) * e);
-  dx_ = be_->alloc(T * std::size_t(max_in) * e);
+  try {
+    weights_ = be_->alloc(std::size_t(max_w) * e);
+    dweights_ = be_->alloc(std::size_t(max_w) * e);
+    dy_ = be_->alloc(T * std::size_t(max_out) * e);
+    dx_ = be_->alloc(T * std::size_t(max_in) * e);
+  } catch (...) {  // the destructor does not run for a constructor that throws
+    for (void* p : {weights_, dweights_, dy_, dx_})
+      if (p) be_->free(p);
+    throw;
+  }
 }
 
 ComputeEmulator::~ComputeEmulator() {
@@ -107,6 +115,7 @@ class CpuBackend : public ComputeBackend {
   std::size_t elem_bytes() const override { return sizeof(float); }
   void* alloc(std::size_t bytes) override {
     void* p = nullptr;
+    dos::check_host_memory(bytes, "the compute emulator's CPU stand-in (" + std::to_string(bytes) + " bytes of activations)");
     if (posix_memalign(&p, 64, bytes ? bytes : 64) != 0)
       throw std::runtime_error("compute emulator: cannot allocate " + std::to_string(bytes) + " bytes");
     float* f = static_cast<float*>(p);

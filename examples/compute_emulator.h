@@ -13,7 +13,8 @@
 
 namespace dos_train {
 
-/// One linear layer: Y[T, out] = X[T, in] W[out, in]^T for T tokens.
+/// One linear layer: Y[T, out] = X[T, in] W[out, in]^T for T tokens; in, out: features
+/// (elements per token).
 struct Gemm {
   std::int64_t in = 0, out = 0;
 };
@@ -35,7 +36,11 @@ struct ComputeTimes {
   std::uint64_t peak_bytes = 0;
 };
 
-/// Memory and GEMMs of one device (implementations: the GPU with cuBLAS, the CPU stand-in).
+/// Memory and GEMMs of one device (implementations: the GPU with cuBLAS, the CPU stand-in). Every
+/// pointer is the backend's own memory (device memory for the GPU, host for the CPU) from alloc();
+/// matrices are row-major with elem_bytes() per element (the model's dtype on the GPU, fp32 on the
+/// CPU). Every method throws std::runtime_error naming the failing call (CUDA or cuBLAS error, or
+/// host memory exhausted).
 class ComputeBackend {
  public:
   virtual ~ComputeBackend() = default;
@@ -72,6 +77,8 @@ class ComputeEmulator {
   ComputeEmulator(std::vector<std::vector<Gemm>> gemms, std::int64_t tokens, std::unique_ptr<ComputeBackend> backend,
                   std::int64_t scale = 1);
   ~ComputeEmulator();
+  /// One forward and one backward pass; the times, the FLOPs done and the memory at the peak.
+  /// Throws std::runtime_error (from the backend) when memory runs out; activations are freed.
   ComputeTimes run();
   std::int64_t tokens() const { return tokens_; }
   /// The backend's memory in use now (ComputeBackend::used_bytes).

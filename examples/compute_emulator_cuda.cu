@@ -23,7 +23,9 @@ class CudaBackend : public ComputeBackend {
   explicit CudaBackend(dos::DType t) : dtype_(t) {
     type_ = t == dos::DType::bf16 ? CUDA_R_16BF : t == dos::DType::fp16 ? CUDA_R_16F : CUDA_R_32F;
     check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
-    check(cublasCreate(&h_), "cublasCreate");
+    const cublasStatus_t st = cublasCreate(&h_);
+    if (st != CUBLAS_STATUS_SUCCESS) cudaStreamDestroy(stream_);
+    check(st, "cublasCreate");
     check(cublasSetStream(h_, stream_), "cublasSetStream");
   }
   ~CudaBackend() override {
@@ -34,7 +36,9 @@ class CudaBackend : public ComputeBackend {
   void* alloc(std::size_t bytes) override {
     void* p = nullptr;
     check(cudaMalloc(&p, bytes ? bytes : 256), "cudaMalloc of " + std::to_string(bytes) + " bytes of activations");
-    check(cudaMemsetAsync(p, 0x3c, bytes, stream_), "cudaMemset");  // about 1e-2 in bf16 and fp32, 1 in fp16
+    const cudaError_t e = cudaMemsetAsync(p, 0x3c, bytes, stream_);  // about 1e-2 in bf16 and fp32, 1 in fp16
+    if (e != cudaSuccess) cudaFree(p);
+    check(e, "cudaMemset");
     return p;
   }
   void free(void* p) override { cudaFree(p); }

@@ -43,7 +43,7 @@ import sys
 
 def parse_size(text):
     """'10GB', '31.5GB', '4e10', '10GiB' -> bytes (as dos-train reads --gpu-*-budget)."""
-    m = re.fullmatch(r"\s*([0-9.eE+-]+)\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)?\s*", text)
+    m = re.fullmatch(r"([0-9.eE+-]+)(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)?", text.strip())
     units = {None: 1, "B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12, "KiB": 2 ** 10, "MiB": 2 ** 20,
              "GiB": 2 ** 30, "TiB": 2 ** 40}
     if not m:

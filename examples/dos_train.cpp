@@ -298,6 +298,9 @@ int run(const Args& args) {
   if (!a.timeline.empty()) dos::check_writable(a.timeline);
   if (a.ncuda < -1) fail("--ncuda must be >= -1 (-1: one per GPU), got " + std::to_string(a.ncuda));
   if (!a.report.empty() && a.report == a.save_params) fail("--report and --save-params name the same file: " + a.report);
+  if (!a.timeline.empty() && (a.timeline == a.report || a.timeline == a.save_params))
+    fail("--timeline names the same file as --" + std::string(a.timeline == a.report ? "report" : "save-params") + ": " +
+         a.timeline);
   if (!a.save_state.empty()) dos::check_checkpoint_dir(a.save_state);
   if (!a.report.empty()) dos::check_writable(a.report);
   if (!a.save_params.empty()) dos::check_writable(a.save_params);
@@ -491,7 +494,10 @@ int run(const Args& args) {
       const double iter_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_iter).count();
       const std::uint64_t peak = compute ? std::max<std::uint64_t>(ct.peak_bytes, compute->used_bytes()) : 0;
       // model FLOPs as the issue (and the usual MFU figure) counts them: 6 x parameters x tokens
-      const double tflops = compute ? 6.0 * double(total) * double(compute->tokens()) / iter_s / 1e12 : 0.0;
+      // (the CPU stand-in's shapes are scaled down: its figure is the FLOPs it did per second)
+      const double tflops = !compute ? 0.0
+                            : on_gpu ? 6.0 * double(total) * double(compute->tokens()) / iter_s / 1e12
+                                     : ct.flops / iter_s / 1e12;
       out.push_back(s);
       if (!s.timeline.empty() || !s.bus.empty()) last_timeline = {s.timeline, s.bus};
       const double gps = double(s.params) / s.seconds / 1e9;
@@ -788,6 +794,17 @@ int main(int argc, char** argv) {
   if (app.count("--config") && a.config.empty()) {
     std::fprintf(stderr, "dos-train: error: --config needs the path of a config.json file, got an empty one\n");
     return 1;
+  }
+  for (const char* opt : {"--report", "--save-params", "--timeline", "--save-state", "--resume"}) {
+    const std::string* v = std::string(opt) == "--report"        ? &a.report
+                           : std::string(opt) == "--save-params" ? &a.save_params
+                           : std::string(opt) == "--timeline"    ? &a.timeline
+                           : std::string(opt) == "--save-state"  ? &a.save_state
+                                                                 : &a.resume;
+    if (app.count(opt) && v->empty()) {
+      std::fprintf(stderr, "dos-train: error: %s needs a path, got an empty one\n", opt);
+      return 1;
+    }
   }
   try {
     if (dos::launched_by_mpi()) {

@@ -37,9 +37,14 @@ Prediction predict_split(const Workload& w, double n_cpu, double n_streamed, con
   // bytes per parameter each way, from traffic.h (linear in n, so per-parameter figures suffice)
   const PcieBytes per_gpu = subgroup_pcie_bytes(true, w.caller_on_gpu, w.param_bytes, 1, w.grad_bytes);
   const PcieBytes per_cpu = subgroup_pcie_bytes(false, w.caller_on_gpu, w.param_bytes, 1, w.grad_bytes);
-  p.h2d = (double(per_gpu.h2d) * n_streamed + double(per_cpu.h2d) * n_cpu) / r.B_h2d;
-  p.d2h = (double(per_gpu.d2h) * n_streamed + double(per_cpu.d2h) * n_cpu) / r.B_d2h;
-  const double n_conv = w.caller_on_gpu ? n_cpu + n_streamed + n_resident : 0.0;
+  // a resident subgroup moves no state, but the caller's gradient up and parameters down when the
+  // caller's buffers are on the host (its GPU update's bytes less the 12 B of state each way)
+  const double res_h2d = double(per_gpu.h2d) - 12.0, res_d2h = double(per_gpu.d2h) - 12.0;
+  p.h2d = (double(per_gpu.h2d) * n_streamed + double(per_cpu.h2d) * n_cpu + res_h2d * n_resident) / r.B_h2d;
+  p.d2h = (double(per_gpu.d2h) * n_streamed + double(per_cpu.d2h) * n_cpu + res_d2h * n_resident) / r.B_d2h;
+  // the GPU stages the gradients of CPU-updated subgroups; GPU-updated ones read the caller's own
+  // (the direct path: no staging)
+  const double n_conv = w.caller_on_gpu ? n_cpu : 0.0;
   p.gpu = (n_streamed + n_resident) / r.U_g + n_conv / r.D_c;
   const double t_dma = std::max(p.h2d, p.d2h);
   const double contended = n_cpu / r.U_c_dma;

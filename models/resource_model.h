@@ -4,7 +4,9 @@
 // A plan gives each subgroup a side. Its predicted update-phase time is that of the busiest shared
 // resource (ARCHITECTURE.md, "The decision"):
 //   T_h2d = bytes_h2d / B_h2d, T_d2h = bytes_d2h / B_d2h   (bytes per subgroup: traffic.h)
-//   T_gpu = N_gpu / U_g + N_conv / D_c                     (GPU Adam and gradient conversion)
+//   T_gpu = N_gpu / U_g + N_conv / D_c                     (GPU Adam, and the gradient staging of
+//                                                          the CPU subgroups when the caller is on
+//                                                          the GPU: N_conv = N_cpu)
 //   T_cpu: CPU Adam runs at U_c_dma while the DMA engines stream (for T_dma = max(T_h2d, T_d2h))
 //          and at U_c once they are done, so the CPU needs
 //            N_cpu / U_c_dma                               if that ends before T_dma,

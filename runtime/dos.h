@@ -59,7 +59,8 @@ struct TensorView {
 /// ncuda: CUDA workers to start; -1: one per visible device (StarPU's default); 0: none.
 /// verbose: print what was chosen (policy, workers, threads) on stderr.
 /// gpu_memory_limit: bytes StarPU may allocate on each GPU for the optimizer's data (its
-/// STARPU_LIMIT_CUDA_MEM, set before StarPU starts); 0: StarPU's default (90% of the device, or
+/// STARPU_LIMIT_CUDA_MEM, set before StarPU starts, rounded down to MiB, at least 1 MiB; it stays
+/// set in the process's environment); 0: StarPU's default (90% of the device, or
 /// what STARPU_LIMIT_CUDA_MEM already says). StarPU keeps freed device buffers cached for reuse
 /// and StarPU 1.3 cannot hand them back on request (notes/starpu-1.3.md, section 3), so this
 /// limit is what keeps the rest of the GPU for the model's forward and backward. Give it the
@@ -120,15 +121,16 @@ class Runtime {
 ///   start-up by calibrate_rates (cached per host and configuration), unless recalibrate is set,
 ///   which forces a new measurement.
 /// gpu_resident_budget: bytes of optimizer state (12 per parameter) the GPU may keep between
-///   iterations; -1: not given. `dos` keeps the last subgroups that fit resident (none when not
-///   given) and plans the others; `static:R` must fit its resident share in it when given (Error
+///   iterations; -1: not given. `dos` (and `gpu`) keep the last subgroups that fit resident (none
+///   when not given) and plan the others; `static:R` must fit its resident share in it when given (Error
 ///   otherwise, naming the smallest R that fits).
 /// gpu_update_budget: bytes the update phase may hold on the GPU at once (state of streamed
-///   subgroups, fp32 gradient and 16-bit parameter staging); 0: no limit. Subgroups enter the
+///   subgroups, 12 B/param; the gradient and parameter staging of the others); 0: no limit. Subgroups enter the
 ///   phase only while their footprint fits; a budget below one streamed subgroup's footprint plans
 ///   every non-resident update on the CPU; below one CPU subgroup's staging is an Error.
 /// stream_lookahead: streamed subgroups whose state is prefetched to the GPU ahead of the one
-///   being submitted (the probe in ../shared/probes/starpu-streaming used 3).
+///   being submitted (the probe in ../shared/probes/starpu-streaming used 3); 0: none, StarPU
+///   prefetches a task's inputs when the task is pushed, as for every other task.
 /// native_grads: the gradients of subgroups updated away from the caller's buffers cross PCIe in
 ///   the parameters' dtype (2 B/param for bf16/fp16) and the Adam kernel widens them; false: they
 ///   are converted to fp32 first (4 B/param). Same results either way (the widening is exact).
@@ -213,8 +215,9 @@ struct StepStats {
   std::uint64_t window_peak_bytes = 0;
 };
 
-/// Host bytes the runtime needs per parameter: 12 (fp32 master, exp_avg, exp_avg_sq) + 4 (fp32
-/// gradient staging) + the parameter dtype's size (16-bit parameter staging).
+/// Host bytes the runtime needs per parameter, at most: 12 (fp32 master, exp_avg, exp_avg_sq) + 4
+/// (gradient staging: fp32, or 2 with 16-bit staging) + the parameter dtype's size (parameter
+/// staging).
 std::size_t host_bytes_per_param(DType dtype);
 
 /// Throws Error when `bytes` exceed the host memory available now (MemAvailable of
@@ -224,7 +227,11 @@ void check_host_memory(std::size_t bytes, const std::string& what);
 /// Adam/AdamW over the caller's tensors, as StarPU task graphs (one per step()).
 /// Throws Error on bad input: no tensor or 0 elements in all, a null pointer, subgroup_size 0,
 /// hyper-parameters outside their ranges (lr < 0, eps < 0, beta outside [0, 1),
-/// weight_decay < 0), CUDA memory without a CUDA worker, or more state than host memory holds.
+/// weight_decay < 0), CUDA memory without a CUDA worker, or more state than host memory holds;
+/// and, with a CUDA worker, GPU budgets that cannot work (OptimizerOptions): a resident budget
+/// below -1, an update budget without eager write-back or below one CPU subgroup's staging,
+/// static:R keeping more state resident than the resident budget, or policy gpu with an update
+/// budget below one streamed subgroup. Without a CUDA worker the budgets have no effect.
 class Optimizer {
  public:
   Optimizer(Runtime& runtime, const std::vector<TensorView>& tensors, const OptimizerOptions& options);

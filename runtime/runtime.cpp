@@ -393,10 +393,10 @@ struct Window {
     limit = l;
   }
   bool fits(std::size_t b) const { return limit == 0 || used == 0 || used + b <= limit; }
-  /// Takes b bytes if they fit now; returns whether it did.
-  bool try_take(std::size_t b) {
+  /// Takes b bytes if b + headroom fit now (headroom is left free, not taken); returns whether it did.
+  bool try_take(std::size_t b, std::size_t headroom) {
     std::lock_guard<std::mutex> g(mu);
-    if (!fits(b)) return false;
+    if (limit != 0 && used + b + headroom > limit) return false;
     used += b;
     peak = std::max(peak, used);
     return true;
@@ -923,9 +923,7 @@ StepStats Optimizer::step() {
   auto prefetch_state = [&](std::size_t i) {
     Subgroup* sg = I.sgs[i].get();
     if (admitted[i]) return;
-    const std::size_t reserve = I.window.limit ? largest_fp : 0;
-    if (!I.window.try_take(sg->footprint + reserve)) return;
-    if (reserve) I.window.give(reserve);
+    if (!I.window.try_take(sg->footprint, I.window.limit ? largest_fp : 0)) return;
     admitted[i] = 1;
     const unsigned node = I.cuda_nodes[i % I.cuda_nodes.size()];  // the placement policy's choice
     for (starpu_data_handle_t h : {sg->h_master, sg->h_exp_avg, sg->h_exp_avg_sq})
@@ -943,8 +941,8 @@ StepStats Optimizer::step() {
   // An asynchronous acquire of h on main RAM (its callback releases it); sg: the subgroup whose
   // piece of work it is (nullptr: none). A refusal is counted and ends that piece.
   auto acquire_home = [&](starpu_data_handle_t h, enum starpu_data_access_mode mode, Subgroup* sg) {
+    auto* wb = new WriteBack{h, &pending, sg};  // before add(): a throw here leaves the count as it was
     pending.add();
-    auto* wb = new WriteBack{h, &pending, sg};
     if (starpu_data_acquire_on_node_cb(h, STARPU_MAIN_RAM, mode, release_after_writeback, wb) != 0) {
       delete wb;
       pending.done();
@@ -1025,7 +1023,8 @@ StepStats Optimizer::step() {
     starpu_data_invalidate_submit(sg->h_param16);
     if (eager) write_back(sg, STARPU_R, true);
   }
-  } catch (const Error& e) {
+  } catch (const std::exception& e) {
+    pending.wait();  // the acquires already made call back into `pending` and the subgroups
     fail(e.what());
   }
   // The phase ends when every subgroup's state is safe in host memory and nowhere else (pure
@@ -1066,7 +1065,9 @@ StepStats Optimizer::step() {
                                                                                           : PlanSide::gpu_streamed));
     if (sg->step > st.step) st.step = sg->step;
   }
-  I.refine(st, pred);  // forced plans are real measurements too
+  // Forced plans are real measurements too. Not with a timeline: StarPU's bus counters are read and
+  // reset without a lock (src/profiling/profiling.c), so the sampler may lose or double a transfer.
+  if (!I.timeline_on) I.refine(st, pred);
   return st;
 }
 

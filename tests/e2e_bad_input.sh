@@ -73,6 +73,9 @@ expect "grad-parts" --grad-parts 5000
 expect "tokens" --emulate-compute --tokens 0
 expect "cpu-scale" --emulate-compute --cpu-scale 0
 expect "not a regular file" --timeline "$tmp/fifo"
+expect "same file as --report" --timeline "$tmp/same2" --report "$tmp/same2"
+expect "needs a path" --timeline ""
+expect "needs a path" --report ""
 out=$("$train" --preset tiny --iterations 1 --quiet --save-params /nonexistent-dir/p.safetensors 2>&1)
 if [ $? -ne 0 ] && grep -q "does not exist" <<<"$out"; then echo "ok: unwritable --save-params -> $out"
 else echo "FAIL: unwritable --save-params: $out"; fails=$((fails+1)); fi

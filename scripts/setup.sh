@@ -8,8 +8,9 @@
 #
 # What it does, in order (every step says what it does, and skips itself when already done):
 #  1. Debian packages: meson, ninja-build, pkg-config, g++, libhwloc-dev, libcmocka-dev,
-#     nlohmann-json3-dev, libcli11-dev, through apt-get when the machine has it and a network; for
-#     `test`, python3-torch, python3-numpy and libopenblas0-pthread when no python3 imports torch.
+#     nlohmann-json3-dev, libcli11-dev, libopenmpi-dev, openmpi-bin, through apt-get when the machine
+#     has it and a network; for `test`, python3-torch, python3-numpy and libopenblas0-pthread when no
+#     python3 imports torch, and slurm-wlm and munge when slurmctld is missing.
 #  2. The cache folder .deps/cache (git-ignored): StarPU's Debian source tarball and the .deb files of the
 #     header/test libraries, filled when online. On a machine without a network (the GPU machine) the
 #     script builds from that folder alone: carry .deps/cache there.
@@ -88,6 +89,18 @@ if [ "$cmd" = test ] && ! /usr/bin/python3 -c 'import torch' >/dev/null 2>&1 \
       libopenblas0-pthread >/dev/null 2>&1 || say "apt-get install python3-torch failed: the PyTorch test will skip"
   else
     say "no package manager or no network: not installing python3-torch (the PyTorch test will skip)"
+  fi
+fi
+
+# The Slurm test (tests/e2e_slurm.sh) starts a private single-node Slurm: Debian's slurm-wlm and
+# munge, only for `test`, only when slurmctld is missing.
+if [ "$cmd" = test ] && ! command -v slurmctld >/dev/null 2>&1 && [ ! -x /usr/sbin/slurmctld ]; then
+  if have_apt && apt_update_once; then
+    say "installing Debian packages for the Slurm test: slurm-wlm munge"
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends slurm-wlm munge >/dev/null 2>&1 \
+      || say "apt-get install slurm-wlm munge failed: the Slurm test will skip"
+  else
+    say "no package manager or no network: not installing slurm-wlm (the Slurm test will skip)"
   fi
 fi
 

@@ -92,7 +92,7 @@ void* alloc_touched(std::size_t bytes) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"dos-bench: kernel rates beside the memory roofs measured in the same run"};
+  CLI::App app{"dos-bench kernels: kernel rates beside the memory roofs measured in the same run; dos-bench stream: the runtime streaming optimizer state through the GPU beside the PCIe roof"};
   std::string sub;
   double n_d = 1 << 27;
   int reps = 5;

@@ -766,7 +766,7 @@ Optimizer::Optimizer(Runtime& runtime, const std::vector<TensorView>& tensors, c
                     "subgroup size");
       I.workload.may_stream = budget >= need_streamed;
       if (!I.workload.may_stream) {
-        if (choice.kind == PolicyKind::gpu)
+        if (choice.kind == PolicyKind::gpu && I.workload.resident < layout.size())
           throw Error("policy gpu streams every subgroup, and one streamed subgroup needs " + gb(double(need_streamed)) +
                       " of GPU memory, above the GPU update budget of " + gb(double(budget)) +
                       ": raise the budget, lower the subgroup size, or use the dos policy");

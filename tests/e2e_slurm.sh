@@ -11,6 +11,7 @@
 #   e2e_slurm.sh DOS_TRAIN SHARD_CHECK.py SBATCH_SCRIPT
 set -u
 train=$1 check=$2 script=$3
+[ "$(id -u)" = 0 ] || { echo "skip: the private Slurm runs its daemons as root"; exit 77; }
 for c in slurmctld slurmd sbatch munged mpirun; do
   command -v "$c" >/dev/null || [ -x "/usr/sbin/$c" ] || { echo "skip: $c is not installed (apt install slurm-wlm munge openmpi-bin)"; exit 77; }
 done

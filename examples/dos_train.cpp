@@ -243,6 +243,12 @@ int run(const Args& args) {
            " ranks: each rank is one part; leave --grad-parts out");
     if (!a.sweep.empty()) fail("--sweep works with one rank only: leave it out under MPI");
     a.shard = std::to_string(rank) + "/" + std::to_string(world);  // as the reports and messages name it
+    const std::size_t sg_total = (total + parse_count(a.subgroup_size, "--subgroup-size") - 1) /
+                                 parse_count(a.subgroup_size, "--subgroup-size");
+    if (world > sg_total)
+      fail(std::to_string(world) + " ranks for a model of " + std::to_string(sg_total) + " subgroup(s) of " +
+           a.subgroup_size + " elements: a rank would hold less than one subgroup; use at most " +
+           std::to_string(sg_total) + " ranks or a smaller --subgroup-size");
   }
   if (a.grad_parts < 0 || a.grad_parts > 2048)
     fail("--grad-parts must be in [1, 2048] (the data-parallel ranks whose gradients are summed), got " +

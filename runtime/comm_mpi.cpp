@@ -61,6 +61,11 @@ class MpiComm : public Comm {
     if (env_size != size_)
       throw std::runtime_error("the launcher says " + std::to_string(env_size) + " ranks and MPI says " +
                                std::to_string(size_) + ": check srun/mpirun's task count");
+    // started by srun (not by an mpirun inside the allocation, whose ranks all inherit the batch
+    // step's SLURM_PROCID): Slurm's task number is this rank
+    if (!std::getenv("OMPI_COMM_WORLD_SIZE") && std::getenv("SLURM_PROCID") && env_int({"SLURM_PROCID"}, rank_) != rank_)
+      throw std::runtime_error("Slurm says this is task " + std::string(std::getenv("SLURM_PROCID")) + " and MPI says rank " +
+                               std::to_string(rank_) + ": launch with srun --mpi=pmix (or pmi2) matching the site's MPI");
     char version[MPI_MAX_LIBRARY_VERSION_STRING];
     int len = 0;
     MPI_Get_library_version(version, &len);

@@ -37,6 +37,11 @@ rc=$?
 grep -q "disagrees with the MPI job" <<<"$out" || { echo "FAIL: no clear message: $out"; exit 1; }
 ls "$tmp"/bad* >/dev/null 2>&1 && { echo "FAIL: an output file was left"; exit 1; }
 echo "ok: a bad --shard fails the job: $(grep -m1 "disagrees" <<<"$out")"
+# more ranks than subgroups: refused on every rank
+out=$(timeout 120 "${mpi[@]}" "$train" "${common[@]}" --subgroup-size 1e6 2>&1)
+rc=$?
+[ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "less than one subgroup" <<<"$out" || { echo "FAIL: 2 ranks for 1 subgroup ($rc): $out"; exit 1; }
+echo "ok: $(grep -m1 "less than one subgroup" <<<"$out")"
 # sharded checkpoints: 2 iterations + --save-state, then a resume for 1 more, gives the bits of 3 in a row
 timeout 120 "${mpi[@]}" "$train" "${common[@]}" --iterations 2 --save-state "$tmp/ck" >/dev/null 2>&1 ||
   { echo "FAIL: the 2-rank save"; exit 1; }

@@ -660,6 +660,18 @@ struct Optimizer::Impl {
     return t;
   }
 
+  /// An Adam task of the plan's side on subgroup sg's state (handles 0-2: master, exp_avg,
+  /// exp_avg_sq; the caller sets any others), with `done` as its callback (argument: sg).
+  struct starpu_task* adam_task(Subgroup* sg, struct starpu_codelet* cl, void* arg, uint32_t where, void (*done)(void*)) {
+    struct starpu_task* t = make_task(cl, arg, &sg->hint_update, where);
+    t->handles[0] = sg->h_master;
+    t->handles[1] = sg->h_exp_avg;
+    t->handles[2] = sg->h_exp_avg_sq;
+    t->callback_func = done;
+    t->callback_arg = sg;
+    return t;
+  }
+
   /// After a write of the master parameters on the device side: the state lives in host memory
   /// only, as after a step (a read-write acquire on main RAM invalidates any device copy).
   void keep_master_on_host_only() {
@@ -981,13 +993,7 @@ StepStats Optimizer::step() {
       // One task: Adam on the state, reading the caller's gradients and writing its parameters in
       // place (their dtype), so nothing but the state crosses PCIe and the CUDA worker runs one
       // task per subgroup.
-      struct starpu_task* a = I.make_task(&adam_direct_cl, &sg->adam_direct, &sg->hint_update, STARPU_CUDA);
-      a->handles[0] = sg->h_master;
-      a->handles[1] = sg->h_exp_avg;
-      a->handles[2] = sg->h_exp_avg_sq;
-      a->callback_func = adam_direct_done;
-      a->callback_arg = sg;
-      submit(a, "Adam");
+      submit(I.adam_task(sg, &adam_direct_cl, &sg->adam_direct, STARPU_CUDA, adam_direct_done), "Adam");
       if (eager) write_back(sg, STARPU_R, true);
       continue;
     }
@@ -1004,14 +1010,9 @@ StepStats Optimizer::step() {
       acquire_home(sg->h_grad32, STARPU_R, nullptr);
     }
 
-    struct starpu_task* a = I.make_task(&adam_cl, &sg->adam, &sg->hint_update, STARPU_CPU | STARPU_CUDA);
-    a->handles[0] = sg->h_master;
-    a->handles[1] = sg->h_exp_avg;
-    a->handles[2] = sg->h_exp_avg_sq;
+    struct starpu_task* a = I.adam_task(sg, &adam_cl, &sg->adam, STARPU_CPU | STARPU_CUDA, record_worker);
     a->handles[3] = sg->h_grad32;
     a->handles[4] = sg->h_param16;
-    a->callback_func = record_worker;
-    a->callback_arg = sg;
     submit(a, "Adam");
 
     struct starpu_task* s = I.make_task(&scatter_cl, &sg->scatter, &sg->hint_io, I.where_caller);

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "atomic_file.h"
@@ -245,13 +246,16 @@ int run(const Args& args) {
     a.shard = std::to_string(rank) + "/" + std::to_string(world);  // as the reports and messages name it
     const std::size_t sg_total = (total + parse_count(a.subgroup_size, "--subgroup-size") - 1) /
                                  parse_count(a.subgroup_size, "--subgroup-size");
+    if (world > 2048)
+      fail(std::to_string(world) + " ranks: at most 2048 (the emulated gradients' sums over ranks are exact up to "
+           "2048 parts)");
     if (world > sg_total)
       fail(std::to_string(world) + " ranks for a model of " + std::to_string(sg_total) + " subgroup(s) of " +
            a.subgroup_size + " elements: a rank would hold less than one subgroup; use at most " +
            std::to_string(sg_total) + " ranks or a smaller --subgroup-size");
   }
   if (a.grad_parts < 0 || a.grad_parts > 2048)
-    fail("--grad-parts must be in [1, 2048] (the data-parallel ranks whose gradients are summed), got " +
+    fail("--grad-parts must be in [1, 2048] (the data-parallel ranks whose gradients are summed; 0: one), got " +
          std::to_string(a.grad_parts));
   const std::size_t parts = dp ? world : std::size_t(std::max(1, a.grad_parts));
   const dos::ShardRange range = dos::shard_range(total, rank, world);
@@ -444,12 +448,16 @@ int run(const Args& args) {
   nlohmann::ordered_json iters = nlohmann::ordered_json::array();
   std::int64_t it = first_iteration;  // iterations numbered across resumes: the gradients depend on it
   std::pair<std::vector<dos::TimelineTask>, std::vector<dos::BusSample>> last_timeline;
-  // Data parallelism's buffers: this rank's gradient contribution for the whole model and the
-  // summed shard (fp32), the shard's 16-bit staging, and the gathered 16-bit parameters.
-  std::vector<float> full32(dp ? total : 0), shard32(parts > 1 ? n : 0);
-  std::vector<char> staging16(parts > 1 || dp ? n * esz : 0), full16(dp ? total * esz : 0);
+  // Data parallelism's buffers, each at most one shard: a bucket of this rank's gradient
+  // contribution (fp32) and of 16-bit parameters, the summed shard (fp32), the 16-bit staging.
   std::vector<dos::ShardRange> ranges;
-  for (std::size_t r = 0; r < world; ++r) ranges.push_back(dos::shard_range(total, r, world));
+  std::size_t largest_shard = 0;
+  for (std::size_t r = 0; r < world; ++r) {
+    ranges.push_back(dos::shard_range(total, r, world));
+    largest_shard = std::max(largest_shard, ranges.back().end - ranges.back().begin);
+  }
+  std::vector<float> bucket32(dp ? largest_shard : 0), shard32(parts > 1 ? n : 0);
+  std::vector<char> bucket16(dp ? largest_shard * esz : 0), staging16(parts > 1 || dp ? n * esz : 0);
   // Runs `count` iterations; returns their update seconds.
   auto run_iterations = [&](int count, const std::string& label) {
     std::vector<dos::StepStats> out;
@@ -460,18 +468,21 @@ int run(const Args& args) {
       if (compute) ct = compute->run();
       double comm_s = 0;
       if (parts > 1) {
-        // The gradient is the sum of `parts` ranks' contributions: under MPI, this rank's for the whole
-        // model, reduce-scattered; in one process (--grad-parts), all of them for this shard.
-        const auto c0 = std::chrono::steady_clock::now();
+        // The gradient is the sum of `parts` ranks' contributions: under MPI, this rank's, reduced
+        // shard by shard (a bucket of one shard at a time) to the shard's owner; in one process
+        // (--grad-parts), all of them for this shard.
         if (dp) {
-          dos_train::fill_grad_parts_host(full32.data(), total, a.seed, std::uint64_t(it), 0, rank, rank + 1);
-          const auto c1 = std::chrono::steady_clock::now();
-          g_comm->reduce_scatter_sum(full32.data(), shard32.data(), ranges);
-          comm_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - c1).count();
+          for (std::size_t r = 0; r < world; ++r) {
+            const dos::ShardRange& rr = ranges[r];
+            dos_train::fill_grad_parts_host(bucket32.data(), rr.end - rr.begin, a.seed, std::uint64_t(it), rr.begin,
+                                            rank, rank + 1);
+            const auto c1 = std::chrono::steady_clock::now();
+            g_comm->reduce_sum(bucket32.data(), shard32.data(), rr.end - rr.begin, int(r));
+            comm_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - c1).count();
+          }
         } else {
           dos_train::fill_grad_parts_host(shard32.data(), n, a.seed, std::uint64_t(it), range.begin, 0, parts);
         }
-        (void)c0;
         std::vector<char>& g16 = staging16;
 #pragma omp parallel for schedule(static)
         for (std::size_t k = 0; k < n; ++k) dos::store_from_f32(on_gpu ? g16.data() : static_cast<char*>(grads), dtype, k, shard32[k]);
@@ -485,16 +496,20 @@ int run(const Args& args) {
         if (!on_gpu) dos_train::fill_grads_host(grads, dtype, n, a.seed, std::uint64_t(it), range.begin);
       }
       const dos::StepStats s = opt.step();
-      if (dp) {  // the updated 16-bit parameters of every shard, on every rank (what forward reads next)
-        const void* mine = params;
+      if (dp) {
+        // The all-gather of the updated 16-bit parameters, shard by shard from each owner: what
+        // forward needs next. Forward being emulated, each shard goes through one bucket and is not
+        // kept (a real model would receive it into its parameters).
 #if defined(DOS_HAVE_CUDA)
-        if (on_gpu) {
-          dos_train::cuda_copy_to_host(staging16.data(), params, n * esz);
-          mine = staging16.data();
-        }
+        if (on_gpu) dos_train::cuda_copy_to_host(staging16.data(), params, n * esz);
 #endif
+        const char* mine = on_gpu ? staging16.data() : static_cast<const char*>(params);
         const auto c1 = std::chrono::steady_clock::now();
-        g_comm->all_gather(mine, full16.data(), ranges, esz);
+        for (std::size_t r = 0; r < world; ++r) {
+          const std::size_t bytes = (ranges[r].end - ranges[r].begin) * esz;
+          if (r == rank) std::memcpy(bucket16.data(), mine, bytes);
+          g_comm->broadcast(bucket16.data(), bytes, int(r));
+        }
         comm_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - c1).count();
       }
       const double iter_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_iter).count();
@@ -813,21 +828,30 @@ int main(int argc, char** argv) {
     }
   }
   try {
-    if (dos::launched_by_mpi()) {
-      if (!dos::have_mpi())
-        throw std::runtime_error("started by an MPI launcher, but this dos-train was built without MPI: install "
-                                 "libopenmpi-dev and rebuild (scripts/setup.sh build), or run it without mpirun/srun");
+    if (dos::launched_by_mpi() && dos::have_mpi()) {
       g_comm = dos::make_mpi_comm();
       if (g_comm->rank() != 0 && g_comm->size() > 1 && !std::freopen("/dev/null", "w", stdout))
         std::fprintf(stderr, "dos-train: warning: rank %d could not silence its standard output\n", g_comm->rank());
     }
+    if (!g_comm && dos::launcher_tasks() > 1)  // several copies, each training the whole model alone
+      throw std::runtime_error(
+          "started as " + std::to_string(dos::launcher_tasks()) + " tasks without MPI (" +
+          (dos::have_mpi() ? std::string("srun without --mpi=pmix or pmi2?")
+                           : std::string("this dos-train was built without MPI: install libopenmpi-dev and rebuild "
+                                         "with scripts/setup.sh build")) +
+          "): each would train the whole model and overwrite the others' files");
     const int rc = run(a);
     g_comm.reset();  // MPI_Finalize
     return rc;
   } catch (const std::exception& e) {
     if (g_comm && g_comm->size() > 1) {
       std::fprintf(stderr, "dos-train: error on rank %d of %d: %s\n", g_comm->rank(), g_comm->size(), e.what());
-      g_comm->abort(1);  // the other ranks may be waiting in a collective
+      std::fflush(stderr);
+      // The other ranks may be waiting in a collective: end the job. A failure every rank learns of
+      // (a checkpoint's) is reported by the rank it happened on too: give its message a moment to
+      // get out before the abort takes the job down.
+      std::this_thread::sleep_for(std::chrono::seconds(1));
+      g_comm->abort(1);
     }
     std::fprintf(stderr, "dos-train: error: %s\n", e.what());
     return 1;

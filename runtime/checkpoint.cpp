@@ -119,12 +119,30 @@ void save_checkpoint(const std::string& dir, const Optimizer& opt, const Checkpo
                      const CheckpointRanks* ranks) {
   check_checkpoint_dir(dir);
   if (info.world > 1 && ranks) {
-    // every rank writes into rank 0's new folder, named after rank 0's process id
-    const std::string tmp = dir + ".tmp-" + std::to_string(ranks->from_rank0(::getpid()));
+    // every rank writes into rank 0's new folder (mkdtemp: a fresh name even where process ids
+    // repeat); its 6-character suffix travels packed in an integer, -1 when rank 0 failed
     std::string why;
-    if (info.rank == 0 && ::mkdir(tmp.c_str(), 0777) != 0) why = "cannot create " + tmp + ": " + std::strerror(errno);
-    if (!ranks->all_ok(why.empty()))
+    long long packed = -1;
+    if (info.rank == 0) {
+      std::string tmpl = dir + ".tmp-XXXXXX";
+      std::vector<char> buf(tmpl.begin(), tmpl.end());
+      buf.push_back('\0');
+      if (::mkdtemp(buf.data())) {
+        packed = 0;
+        for (std::size_t k = 0; k < 6; ++k) packed = (packed << 8) | (unsigned char)buf[tmpl.size() - 6 + k];
+      } else {
+        why = "cannot create a folder next to " + dir + ": " + std::strerror(errno);
+      }
+    }
+    packed = ranks->from_rank0(packed);
+    if (packed < 0) {
+      ranks->all_ok(false);
       throw Error(why.empty() ? "rank 0 could not create the new checkpoint folder next to " + dir : why);
+    }
+    std::string suffix(6, ' ');
+    for (std::size_t k = 0; k < 6; ++k) suffix[5 - k] = char((packed >> (8 * k)) & 0xff);
+    const std::string tmp = dir + ".tmp-" + suffix;
+    if (!ranks->all_ok(true)) throw Error("another rank failed before writing the checkpoint " + dir);
     try {
       write_rank_file(tmp, opt, info);
     } catch (const std::exception& e) {
@@ -139,7 +157,7 @@ void save_checkpoint(const std::string& dir, const Optimizer& opt, const Checkpo
         why = e.what();
       }
     }
-    if (!written && info.rank == 0) {
+    if (info.rank == 0 && (!written || !why.empty())) {  // nothing half-written stays behind
       std::error_code ec;
       std::filesystem::remove_all(tmp, ec);
     }
@@ -206,6 +224,9 @@ CheckpointInfo load_checkpoint(const std::string& dir, Optimizer& opt, const Che
       throw Error("cannot resume: " + dir + "/index.json is malformed: " + e.what());
     }
   }
+  if (got.world > 1 && got.rank != expect.rank)
+    throw Error("cannot resume: the checkpoint in " + dir + " has no entry for rank " + std::to_string(expect.rank) +
+                " of " + std::to_string(expect.world) + " (it was saved by a lone --shard run of another rank?)");
   if (got.model != expect.model || got.params_total != expect.params_total || got.begin != expect.begin ||
       got.end != expect.end || got.rank != expect.rank || got.world != expect.world ||
       got.subgroup_size != expect.subgroup_size || got.dtype != expect.dtype || got.seed != expect.seed)

@@ -16,7 +16,8 @@ namespace dos {
 
 /// The ranks of a job. Every call is collective: all ranks make it, with the same `ranges` (one
 /// ShardRange per rank, in rank order, covering the flat parameters without overlap).
-/// Errors (an MPI call failing) throw dos::Error-like std::runtime_error naming the call.
+/// Errors (an MPI call failing) throw std::runtime_error naming the call (the MPI backend sets
+/// MPI_ERRORS_RETURN on its communicator).
 class Comm {
  public:
   virtual ~Comm() = default;
@@ -26,6 +27,11 @@ class Comm {
   /// This rank among the ranks on its node, and their number (from the launcher).
   virtual int local_rank() const = 0;
   virtual int local_size() const = 0;
+  /// Sums `count` floats of `send` (host memory) over the ranks into `recv` on rank `root` (recv is
+  /// ignored on the other ranks). The reduce-scatter in buckets: one call per rank's shard.
+  virtual void reduce_sum(const float* send, float* recv, std::size_t count, int root) = 0;
+  /// `bytes` of `buf` (host memory) from rank `root` to every rank. The all-gather in buckets.
+  virtual void broadcast(void* buf, std::size_t bytes, int root) = 0;
   /// full: this rank's contribution to every parameter's gradient (fp32, ranges.back().end
   /// elements, host memory); shard: on return, the sum over ranks of elements
   /// [ranges[rank()].begin, ranges[rank()].end) (fp32, host memory). The sum is in fp32 in the
@@ -49,6 +55,10 @@ class Comm {
 /// True when this process was started by an MPI launcher (mpirun/mpiexec, or srun with PMI/PMIx):
 /// OMPI_COMM_WORLD_SIZE, PMI_SIZE, PMIX_RANK or MPI_LOCALNRANKS is set.
 bool launched_by_mpi();
+
+/// How many tasks the launcher started (OMPI_COMM_WORLD_SIZE, PMI_SIZE, or Slurm's
+/// SLURM_STEP_NUM_TASKS for `srun -n N` with or without an MPI plugin); 1 when none says.
+int launcher_tasks();
 
 /// Initialises MPI (MPI_THREAD_FUNNELED) and returns the world communicator; MPI_Finalize runs when
 /// it is destroyed. Throws std::runtime_error when this build has no MPI or MPI_Init fails.

@@ -1,5 +1,5 @@
-// The MPI backend of comm.h. Large arrays go in pieces of at most 2^30 elements (MPI counts are
-// ints). The reduce-scatter is one MPI_Reduce per rank's shard (to that rank), the all-gather one
+// The MPI backend of comm.h. Large arrays go in pieces of at most 2^28 elements (MPI counts are
+// ints, and some MPI stacks overflow byte counts above 4 GiB). The reduce-scatter is one MPI_Reduce per rank's shard (to that rank), the all-gather one
 // MPI_Bcast per shard (from its owner): correct for any sizes and counts, not the fastest
 // collective an MPI library offers (MPI_Reduce_scatter needs int counts and contiguous rank order).
 #include <algorithm>
@@ -21,12 +21,18 @@ bool launched_by_mpi() {
   return false;
 }
 
+int launcher_tasks() {
+  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_STEP_NUM_TASKS"})
+    if (const char* e = std::getenv(v)) return std::max(1, std::atoi(e));
+  return 1;
+}
+
 #if defined(DOS_HAVE_MPI)
 bool have_mpi() { return true; }
 
 namespace {
 
-constexpr std::size_t kPiece = std::size_t(1) << 30;
+constexpr std::size_t kPiece = std::size_t(1) << 28;  // elements or bytes per MPI call
 
 void check(int rc, const char* what) {
   if (rc != MPI_SUCCESS) {
@@ -48,6 +54,10 @@ class MpiComm : public Comm {
   MpiComm() {
     int provided = 0;
     check(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided), "MPI_Init_thread");
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);  // errors come back to check()
+    if (provided < MPI_THREAD_FUNNELED)
+      throw std::runtime_error("the MPI library gives no MPI_THREAD_FUNNELED support (only level " +
+                               std::to_string(provided) + "): dos-train calls MPI from its main thread beside StarPU's");
     MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
     MPI_Comm_size(MPI_COMM_WORLD, &size_);
     MPI_Comm node;  // the ranks sharing this node's memory
@@ -61,11 +71,6 @@ class MpiComm : public Comm {
     if (env_size != size_)
       throw std::runtime_error("the launcher says " + std::to_string(env_size) + " ranks and MPI says " +
                                std::to_string(size_) + ": check srun/mpirun's task count");
-    // started by srun (not by an mpirun inside the allocation, whose ranks all inherit the batch
-    // step's SLURM_PROCID): Slurm's task number is this rank
-    if (!std::getenv("OMPI_COMM_WORLD_SIZE") && std::getenv("SLURM_PROCID") && env_int({"SLURM_PROCID"}, rank_) != rank_)
-      throw std::runtime_error("Slurm says this is task " + std::string(std::getenv("SLURM_PROCID")) + " and MPI says rank " +
-                               std::to_string(rank_) + ": launch with srun --mpi=pmix (or pmi2) matching the site's MPI");
     char version[MPI_MAX_LIBRARY_VERSION_STRING];
     int len = 0;
     MPI_Get_library_version(version, &len);
@@ -79,15 +84,23 @@ class MpiComm : public Comm {
   int local_size() const override { return local_size_; }
   std::string name() const override { return name_; }
 
+  void reduce_sum(const float* send, float* recv, std::size_t count, int root) override {
+    for (std::size_t off = 0; off < count; off += kPiece)
+      check(MPI_Reduce(send + off, root == rank_ ? recv + off : nullptr, int(std::min(kPiece, count - off)), MPI_FLOAT,
+                       MPI_SUM, root, MPI_COMM_WORLD),
+            "MPI_Reduce (gradients)");
+  }
+
+  void broadcast(void* buf, std::size_t bytes, int root) override {
+    for (std::size_t off = 0; off < bytes; off += kPiece)
+      check(MPI_Bcast(static_cast<char*>(buf) + off, int(std::min(kPiece, bytes - off)), MPI_BYTE, root, MPI_COMM_WORLD),
+            "MPI_Bcast (parameters)");
+  }
+
   void reduce_scatter_sum(const float* full, float* shard, const std::vector<ShardRange>& ranges) override {
     for (int r = 0; r < size_; ++r) {
       const ShardRange& s = ranges.at(std::size_t(r));
-      for (std::size_t off = 0; off < s.end - s.begin; off += kPiece) {
-        const int count = int(std::min(kPiece, s.end - s.begin - off));
-        const float* send = full + s.begin + off;
-        float* recv = r == rank_ ? shard + off : nullptr;
-        check(MPI_Reduce(send, recv, count, MPI_FLOAT, MPI_SUM, r, MPI_COMM_WORLD), "MPI_Reduce (gradients)");
-      }
+      reduce_sum(full + s.begin, shard, s.end - s.begin, r);
     }
   }
 
@@ -98,10 +111,7 @@ class MpiComm : public Comm {
               out + mine.begin * elem_bytes);
     for (int r = 0; r < size_; ++r) {
       const ShardRange& s = ranges.at(std::size_t(r));
-      const std::size_t bytes = (s.end - s.begin) * elem_bytes;
-      for (std::size_t off = 0; off < bytes; off += kPiece)
-        check(MPI_Bcast(out + s.begin * elem_bytes + off, int(std::min(kPiece, bytes - off)), MPI_BYTE, r, MPI_COMM_WORLD),
-              "MPI_Bcast (parameters)");
+      broadcast(out + s.begin * elem_bytes, (s.end - s.begin) * elem_bytes, r);
     }
   }
 

@@ -63,3 +63,7 @@ out=$(timeout 120 "${mpi[@]}" "$train" "${common[@]}" --iterations 1 --resume "$
 rc=$?
 [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "rank-00001-of-00002" <<<"$out" || { echo "FAIL: missing rank file ($rc): $out"; exit 1; }
 echo "ok: a missing rank file fails the job: $(grep -m1 "rank-00001-of-00002" <<<"$out")"
+# several tasks without MPI (srun -n 2 without --mpi): refused, since each would train the whole model
+out=$(SLURM_STEP_NUM_TASKS=2 "$train" "${common[@]}" 2>&1)
+[ $? -ne 0 ] && grep -q "tasks without MPI" <<<"$out" || { echo "FAIL: 2 tasks without MPI: $out"; exit 1; }
+echo "ok: $(grep -m1 "tasks without MPI" <<<"$out")"

@@ -3,15 +3,16 @@
 # slurmd, a minimal slurm.conf for this machine, its own ports and folders), submits
 # examples/slurm/dos-train.sbatch as a 2-rank CPU job with `sbatch --wait` (the script's GPU and
 # partition lines removed, as on a CPU-only cluster), and checks that the job succeeded and that
-# its ranks' checkpoint holds exactly the state of... the parameters of a one-process run with
+# its ranks' checkpoint holds exactly the master parameters of a one-process run with
 # --grad-parts 2. Then a job whose resume cannot work (a rank's checkpoint file missing) must fail,
-# with the message in its output, and leave the checkpoint as it was. The daemons are stopped at
+# with the message in its output, and leave the checkpoint it resumes from as it was. The daemons are stopped at
 # the end. Skips (77) when Slurm, munge or mpirun are not installed (scripts/setup.sh test installs
 # them), or dos-train lacks MPI.
 #   e2e_slurm.sh DOS_TRAIN SHARD_CHECK.py SBATCH_SCRIPT
 set -u
-train=$1 check=$2 script=$3
+train=$(realpath "$1") check=$2 script=$3
 [ "$(id -u)" = 0 ] || { echo "skip: the private Slurm runs its daemons as root"; exit 77; }
+[ "$(nproc)" -ge 2 ] || { echo "skip: a 2-task job needs 2 cores"; exit 77; }
 for c in slurmctld slurmd sbatch munged mpirun; do
   command -v "$c" >/dev/null || [ -x "/usr/sbin/$c" ] || { echo "skip: $c is not installed (apt install slurm-wlm munge openmpi-bin)"; exit 77; }
 done
@@ -21,6 +22,10 @@ tmp=$(mktemp -d /tmp/dos-slurm.XXXXXX)
 chmod 755 "$tmp"
 started_munge=""
 cleanup() {
+  if [ -f "$tmp/slurmctld.pid" ]; then  # no job may outlive the test: its slurmstepd would
+    scancel --user="$(id -un)" 2>/dev/null
+    for _ in $(seq 20); do [ -z "$(squeue -h 2>/dev/null)" ] && break; sleep 1; done
+  fi
   [ -f "$tmp/slurmctld.pid" ] && kill "$(cat "$tmp/slurmctld.pid")" 2>/dev/null
   [ -f "$tmp/slurmd.pid" ] && kill "$(cat "$tmp/slurmd.pid")" 2>/dev/null
   [ -n "$started_munge" ] && kill "$started_munge" 2>/dev/null
@@ -75,7 +80,7 @@ sed '/--gpus-per-task/d; /--partition/d' "$script" > "$tmp/job.sbatch"
 export OMPI_MCA_btl=self,vader OMPI_MCA_btl_vader_single_copy_mechanism=none
 common="--preset tiny --subgroup-size 10007 --seed 7 --quiet --policy cpu"
 sub=(sbatch --wait --nodes=1 --ntasks=2 --ntasks-per-node=2 --cpus-per-task=1 --time=00:05:00)
-DOS_ROOT=$root DOS_ARGS="$common --iterations 3" DOS_OUT=$tmp/out/a \
+DOS_ROOT=$root DOS_TRAIN=$train DOS_ARGS="$common --iterations 3" DOS_OUT=$tmp/out/a \
   timeout 240 "${sub[@]}" --output="$tmp/a.out" "$tmp/job.sbatch" >/dev/null
 rc=$?
 cat "$tmp/a.out" | grep -vE "^\s*$" | head -12
@@ -101,7 +106,7 @@ PY
 # a job that cannot resume (rank 1's file removed): it fails, says why, and the checkpoint is kept
 rm "$tmp/out/a/checkpoint/rank-00001-of-00002.safetensors"
 before=$(ls "$tmp/out/a/checkpoint")
-DOS_ROOT=$root DOS_ARGS="$common --iterations 1" DOS_OUT=$tmp/out/b DOS_RESUME=$tmp/out/a/checkpoint \
+DOS_ROOT=$root DOS_TRAIN=$train DOS_ARGS="$common --iterations 1" DOS_OUT=$tmp/out/b DOS_RESUME=$tmp/out/a/checkpoint \
   timeout 240 "${sub[@]}" --output="$tmp/b.out" "$tmp/job.sbatch" >/dev/null
 rc=$?
 [ $rc -ne 0 ] || { echo "FAIL: a job resuming from an incomplete checkpoint succeeded"; exit 1; }

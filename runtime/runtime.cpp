@@ -19,6 +19,7 @@
 #include "../codelets/codelets.h"
 #include "../codelets/cpu_team.h"
 #include "../scheduler/policy.h"
+#include "admission.h"
 #include "dos.h"
 #include "partition.h"
 
@@ -364,7 +365,7 @@ struct Subgroup {
   // them back.
   std::size_t footprint = 0;
   std::atomic<int> parts_left{0};
-  struct Window* window = nullptr;
+  AdmissionWindow* window = nullptr;
   struct Timeline* timeline = nullptr;
 
   Subgroup() = default;
@@ -378,41 +379,6 @@ struct Subgroup {
     for (starpu_data_handle_t h : {h_grad32, h_param16})  // scratch: nothing to bring home
       if (h) starpu_data_unregister_no_coherency(h);
     for (HostBuffer* b : {&master, &exp_avg, &exp_avg_sq, &grad32, &param16}) free_host(*b);
-  }
-};
-
-/// The GPU update budget as an admission window: a subgroup takes its footprint before its tasks
-/// are submitted and gives it back when its last piece of work ends. limit 0: no limit.
-struct Window {
-  std::mutex mu;
-  std::condition_variable cv;
-  std::size_t used = 0, limit = 0, peak = 0;
-  void reset(std::size_t l) {
-    std::lock_guard<std::mutex> g(mu);
-    used = peak = 0;
-    limit = l;
-  }
-  bool fits(std::size_t b) const { return limit == 0 || used == 0 || used + b <= limit; }
-  /// Takes b bytes if b + headroom fit now (headroom is left free, not taken); returns whether it did.
-  bool try_take(std::size_t b, std::size_t headroom) {
-    std::lock_guard<std::mutex> g(mu);
-    if (limit != 0 && used + b + headroom > limit) return false;
-    used += b;
-    peak = std::max(peak, used);
-    return true;
-  }
-  /// Takes b bytes, waiting for other subgroups to give theirs back (never for ever: with nothing
-  /// taken, anything fits).
-  void take(std::size_t b) {
-    std::unique_lock<std::mutex> g(mu);
-    cv.wait(g, [&] { return fits(b); });
-    used += b;
-    peak = std::max(peak, used);
-  }
-  void give(std::size_t b) {
-    std::lock_guard<std::mutex> g(mu);
-    used -= b;
-    cv.notify_all();
   }
 };
 
@@ -556,7 +522,7 @@ struct Optimizer::Impl {
   bool refined = false;
   std::vector<PlanSide> plan;  // this step's plan (empty for StarPU's built-in policies)
   std::string broken;          // why a failed step left the state inconsistent (empty: fine)
-  Window window;               // the GPU update budget
+  AdmissionWindow window;      // the GPU update budget
   Timeline timeline;
   bool timeline_on = false;
   std::vector<unsigned> cuda_nodes;  // memory node of each CUDA worker, in worker-id order

@@ -408,6 +408,7 @@ int run(const Args& args) {
   job.subgroup_size = subgroup;
   job.dtype = a.dtype;
   job.seed = a.seed;
+  job.grad_parts = parts;
   std::int64_t first_iteration = 0;
   if (!a.resume.empty()) {
     first_iteration = dos::load_checkpoint(a.resume, opt, job).iteration;

@@ -39,13 +39,14 @@ nlohmann::ordered_json to_json(const CheckpointInfo& i, bool all_ranks) {
   return {{"format", kFormat},       {"model", i.model}, {"params_total", i.params_total}, {"begin", ranks[0]["begin"]},
           {"end", ranks[0]["end"]},  {"rank", ranks[0]["rank"]}, {"world", i.world},       {"subgroup_size", i.subgroup_size},
           {"dtype", i.dtype},        {"iteration", i.iteration}, {"seed", i.seed},
-          {"files", files},          {"ranks", ranks}};
+          {"grad_parts", i.grad_parts}, {"files", files}, {"ranks", ranks}};
 }
 
 std::string describe(const CheckpointInfo& i) {
   return "model " + i.model + " (" + std::to_string(i.params_total) + " parameters), shard " + std::to_string(i.rank) +
          "/" + std::to_string(i.world) + " [" + std::to_string(i.begin) + ", " + std::to_string(i.end) +
-         "), subgroups of " + std::to_string(i.subgroup_size) + ", " + i.dtype + ", seed " + std::to_string(i.seed);
+         "), subgroups of " + std::to_string(i.subgroup_size) + ", " + i.dtype + ", seed " + std::to_string(i.seed) +
+         (i.grad_parts > 1 ? ", gradients summed over " + std::to_string(i.grad_parts) + " parts" : std::string());
 }
 
 }  // namespace
@@ -200,6 +201,7 @@ CheckpointInfo load_checkpoint(const std::string& dir, Optimizer& opt, const Che
     got.dtype = j.at("dtype").get<std::string>();
     got.iteration = j.at("iteration").get<std::int64_t>();
     got.seed = j.at("seed").get<std::uint64_t>();
+    got.grad_parts = j.value("grad_parts", std::size_t(1));  // absent before it was recorded
   } catch (const std::exception& e) {
     throw Error("cannot resume: " + dir + "/index.json is malformed: " + e.what());
   }
@@ -229,9 +231,11 @@ CheckpointInfo load_checkpoint(const std::string& dir, Optimizer& opt, const Che
                 " of " + std::to_string(expect.world) + " (it was saved by a lone --shard run of another rank?)");
   if (got.model != expect.model || got.params_total != expect.params_total || got.begin != expect.begin ||
       got.end != expect.end || got.rank != expect.rank || got.world != expect.world ||
-      got.subgroup_size != expect.subgroup_size || got.dtype != expect.dtype || got.seed != expect.seed)
+      got.subgroup_size != expect.subgroup_size || got.dtype != expect.dtype || got.seed != expect.seed ||
+      got.grad_parts != expect.grad_parts)
     throw Error("cannot resume: the checkpoint in " + dir + " is of " + describe(got) + "; this run is " +
-                describe(expect) + ": resume with the same model, --shard, --subgroup-size, --dtype and --seed");
+                describe(expect) + ": resume with the same model, --shard, --subgroup-size, --dtype, --seed and "
+                "--grad-parts (or number of ranks)");
   std::map<std::string, SafetensorIn> t;
   try {
     t = read_safetensors(dir + "/" + rank_file(got.rank, got.world));

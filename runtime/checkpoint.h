@@ -21,13 +21,15 @@ namespace dos {
 /// the running job's. model: a name (preset or config path); params_total: parameters of the whole
 /// model; begin, end: this rank's flat element range; rank, world: data-parallel position;
 /// subgroup_size: elements; dtype: "fp32", "fp16" or "bf16"; iteration: iterations done when
-/// saved; seed: the run's seed.
+/// saved; seed: the run's seed; grad_parts: how many data-parallel parts the (emulated) gradients
+/// sum (dos-train's --grad-parts, or its number of MPI ranks; 1 otherwise).
 struct CheckpointInfo {
   std::string model;
   std::size_t params_total = 0, begin = 0, end = 0, rank = 0, world = 1, subgroup_size = 0;
   std::string dtype;
   std::int64_t iteration = 0;
   std::uint64_t seed = 0;
+  std::size_t grad_parts = 1;
 };
 
 /// How the ranks of a data-parallel job take part in a save (comm.h provides them): all_ok is a

@@ -57,6 +57,10 @@ ls "$tmp" | grep -qE "ck\.(tmp|old)" && { echo "FAIL: a temporary checkpoint fol
 out=$("$train" "${common[@]}" --grad-parts 2 --iterations 1 --resume "$tmp/ck" 2>&1)
 [ $? -ne 0 ] && grep -q "saved by 2 rank(s) and this job has 1" <<<"$out" || { echo "FAIL: resume with 1 rank: $out"; exit 1; }
 echo "ok: $(grep -m1 "saved by" <<<"$out")"
+# a lone --shard run of the same model cannot continue a job's checkpoint on other gradients
+out=$("$train" "${common[@]}" --shard 1/2 --iterations 1 --resume "$tmp/ck" 2>&1)
+[ $? -ne 0 ] && grep -q "summed over 2 parts" <<<"$out" || { echo "FAIL: lone shard resume: $out"; exit 1; }
+echo "ok: a lone --shard 1/2 run without --grad-parts 2 is refused"
 # a missing rank file: the job fails on that rank with the file named
 rm "$tmp/ck/rank-00001-of-00002.safetensors"
 out=$(timeout 120 "${mpi[@]}" "$train" "${common[@]}" --iterations 1 --resume "$tmp/ck" 2>&1)

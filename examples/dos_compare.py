@@ -6,8 +6,8 @@ with the same model, shard, subgroup size, seed and iteration count, reads each 
 JSON, and prints one table: median iteration seconds (with ``--emulate-compute`` among the
 dos-train arguments), median update-phase seconds (iterations 2..), update Gparams/s, speedup over
 ``cpu`` and over ``dmda`` (when those ran), and the percentage of the lower bound (lower bound /
-measured, so 100% is the bound itself; the bound is the resource model's, taken from the ``dos``
-run with the same resident budget).
+measured, so 100% is the bound itself; the bound is the resource model's: a ``dos`` run's own, and
+for the other runs that of the first ``dos`` run with the same resident budget).
 
 Runs:
   --policies dos,cpu,dmda        one run per policy (dos-train --policy)
@@ -303,12 +303,17 @@ def main(argv=None):
         r0 = next(iter(runs.values()))[0]
         peers = run_peers(a, r0["params"], r0["subgroup_size"], twinflow)
 
-    # lower bounds: each dos run's median, applied to the runs with the same resident budget
+    # lower bounds: a dos run's own (the median over its iterations); for the other runs, that of
+    # the first dos run with the same resident budget that has one
+    def own_bound(r):
+        if r.get("policy") != "dos":
+            return None
+        return median_of([it.get("lower_bound_seconds", 0.0) for it in r["iterations"][1:] or r["iterations"]])
     bounds = {}
     for label, (r, _, budget) in runs.items():
-        if r.get("policy") == "dos":
-            lb = median_of([it.get("lower_bound_seconds", 0.0) for it in r["iterations"][1:] or r["iterations"]])
-            bounds.setdefault(budget, lb)
+        lb = own_bound(r)
+        if lb and budget not in bounds:
+            bounds[budget] = lb
     rows = []
     for label in order:
         r, params, budget = runs[label]
@@ -321,9 +326,10 @@ def main(argv=None):
         for ref in ("cpu", "dmda"):
             if ref in runs:
                 row[f"speedup_vs_{ref}"] = runs[ref][0]["summary"]["update_seconds_median"] / s["update_seconds_median"]
-        if bounds.get(budget):
-            row["lower_bound_seconds"] = bounds[budget]
-            row["percent_of_lower_bound"] = 100.0 * bounds[budget] / s["update_seconds_median"]
+        lb = own_bound(r) or bounds.get(budget)
+        if lb:
+            row["lower_bound_seconds"] = lb
+            row["percent_of_lower_bound"] = 100.0 * lb / s["update_seconds_median"]
         if a.check_params and "cpu" in runs and label != "cpu" and params and runs["cpu"][1]:
             row["params_vs_cpu"] = compare_params(a, runs["cpu"][1], params)
         rows.append(row)

@@ -60,6 +60,7 @@ struct Args {
   int stream_lookahead = 3;
   std::string writeback = "eager";
   std::string grad_transfer = "native";
+  bool urgent_writeback = false;
   std::string timeline;
   int grad_parts = 0;
   bool emulate_compute = false;
@@ -383,6 +384,7 @@ int run(const Args& args) {
   oo.stream_lookahead = unsigned(a.stream_lookahead);
   oo.eager_writeback = a.writeback == "eager";
   oo.native_grads = a.grad_transfer == "native";
+  oo.urgent_writeback = a.urgent_writeback;
   dos::Optimizer opt(rt, views, oo);
   // Forward and backward emulated with the model's GEMMs (--emulate-compute): cuBLAS on the GPU,
   // a scaled-down stand-in on the CPU.
@@ -668,6 +670,7 @@ int run(const Args& args) {
     rep["stream_lookahead"] = a.stream_lookahead;
     rep["writeback"] = a.writeback;
     rep["grad_transfer"] = a.grad_transfer;
+    rep["urgent_writeback"] = a.urgent_writeback;
     const std::string text = rep.dump(2) + "\n";
     report_file = std::make_unique<dos::PendingFile>(a.report, dos::Chunks{{text.data(), text.size()}});
   }
@@ -792,6 +795,9 @@ int main(int argc, char** argv) {
                  "how the gradients of CPU-updated subgroups cross PCIe: fp32 (converted on the GPU) or native (in "
                  "the model's dtype, widened by the CPU's Adam kernel: half the bytes for bf16/fp16)")
       ->capture_default_str();
+  app.add_flag("--urgent-writeback", a.urgent_writeback,
+               "push the CPU-updated subgroups' parameter write-backs ahead of the queued GPU work (not yet "
+               "measured on a GPU: see README)");
   app.add_option("--timeline", a.timeline,
                  "write the last iteration's tasks (per worker) and PCIe byte samples to this JSON file");
   app.add_option("--grad-parts", a.grad_parts,

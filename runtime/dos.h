@@ -136,6 +136,11 @@ class Runtime {
 ///   are converted to fp32 first (4 B/param). Same results either way (the widening is exact).
 ///   Default true: on the GPU machine the 20B quarter's dos update phase took 0.948 s with it and
 ///   1.057 s with fp32 gradients, in one run (README, "Side by side").
+/// urgent_writeback: push a CPU-updated subgroup's parameter write-back task where the worker
+///   running it (the CUDA worker when the caller's buffers are on the GPU) pops next, instead of
+///   behind the tasks already queued (TaskHint::urgent). The 20B quarter's timeline showed those
+///   tasks waiting behind every streamed Adam until the end of the phase; this is the change for
+///   it, NOT YET MEASURED on the GPU machine, hence off by default. Same results either way.
 /// eager_writeback: write each streamed subgroup's state back as soon as its update ends (an
 ///   asynchronous read acquire on main RAM, then starpu_data_wont_use); false: all at the end of
 ///   the phase. A GPU update budget needs eager write-back (Error otherwise).
@@ -152,6 +157,7 @@ struct OptimizerOptions {
   unsigned stream_lookahead = 3;
   bool eager_writeback = true;
   bool native_grads = true;
+  bool urgent_writeback = false;
 };
 
 /// One task or transfer sample of an update phase, for timelines. lane: "cpu" or "gpu" (an Adam,

@@ -359,6 +359,7 @@ struct Subgroup {
   AdamDirectArgs adam_direct{};
   TaskHint hint_update{};  // the Adam task: the side the policy's plan names
   TaskHint hint_io{};      // conversion and write-back: wherever the caller's buffers are
+  TaskHint hint_scatter{};  // the parameter write-back of an update phase: as hint_io, urgent
   std::atomic<int> ran_on{0};  // 1: CPU worker, 2: CUDA worker
   // Admission window (update budget): bytes this subgroup holds on the GPU in this phase, and the
   // pieces of work (parameter write-back task, state write-backs) still to end before it gives
@@ -791,6 +792,8 @@ Optimizer::Optimizer(Runtime& runtime, const std::vector<TensorView>& tensors, c
     sg->adam.grad_dtype = grad_dtype;
     sg->hint_update = TaskHint{Side::cpu, unsigned(s)};
     sg->hint_io = TaskHint{Side::any, unsigned(s)};
+    sg->hint_scatter = TaskHint{Side::any, unsigned(s)};
+    sg->hint_scatter.urgent = options.urgent_writeback;
     I.sgs.push_back(std::move(sg));
   }
   // fp32 master parameters from the caller's parameters, converted where they live.
@@ -981,7 +984,7 @@ StepStats Optimizer::step() {
     a->handles[4] = sg->h_param16;
     submit(a, "Adam");
 
-    struct starpu_task* s = I.make_task(&scatter_cl, &sg->scatter, &sg->hint_io, I.where_caller);
+    struct starpu_task* s = I.make_task(&scatter_cl, &sg->scatter, &sg->hint_scatter, I.where_caller);
     s->handles[0] = sg->h_param16;
     s->callback_func = scatter_done;
     s->callback_arg = sg;

@@ -45,7 +45,7 @@ int placement_push_task(struct starpu_task* task) {
   }
   const unsigned w = candidates[sg % ncand];
   if (starpu_get_prefetch_flag() && (!hint || hint->prefetch)) starpu_prefetch_task_input_for(task, w);
-  return starpu_push_local_task(int(w), task, 0);
+  return starpu_push_local_task(int(w), task, hint && hint->urgent ? 1 : 0);
 }
 
 void placement_init(unsigned) {}

@@ -9,7 +9,8 @@
 //    (task->sched_data, a `const TaskHint*` owned by the runtime and alive until the task ends),
 //    picks a worker, asks StarPU to prefetch the task's inputs to that worker's memory node (unless the
 //    hint says the runtime does it), and
-//    queues the task on that worker with starpu_push_local_task (which takes the worker's lock and
+//    queues the task on that worker with starpu_push_local_task, at the back of the queue (FIFO) or,
+//    for an urgent hint, where the worker pops next (which takes the worker's lock and
 //    calls starpu_push_task_end).
 //  - A hint says which side (CPU or GPU) must run the task, and the subgroup index, which spreads
 //    subgroups round-robin over the workers of that side. Should that side have no worker able to
@@ -32,10 +33,14 @@ enum class Side : int { any = 0, cpu = 1, gpu = 2 };
 /// Per-task hint read by the placement policy (task->sched_data). prefetch: ask StarPU to fetch
 /// the task's inputs to the chosen worker's memory when the task is pushed (false: the runtime
 /// schedules that transfer itself, e.g. the streamed state prefetched a few subgroups ahead).
+/// urgent: put the task where its worker pops first (starpu_push_local_task with back = 1)
+/// instead of behind the tasks already queued (the parameter write-back of a CPU-updated subgroup,
+/// which otherwise waits behind every streamed subgroup's Adam on the single CUDA worker).
 struct TaskHint {
   Side side;
   unsigned subgroup;
   bool prefetch = true;
+  bool urgent = false;
 };
 
 /// The StarPU policy that follows TaskHints (its policy_name is "dos-placement").

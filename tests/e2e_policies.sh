@@ -56,7 +56,9 @@ case "$mode" in
     run --policy dos --grad-transfer native --save-params "$tmp/dos-native.safetensors"
     run --policy cpu --dtype fp16 --grad-transfer fp32 --save-params "$tmp/fp16-fp32.safetensors"
     run --policy cpu --dtype fp16 --grad-transfer native --save-params "$tmp/fp16-native.safetensors"
+    run --policy dos --urgent-writeback --save-params "$tmp/dos-urgent.safetensors"  # write-backs pushed ahead
     "$cmp" "$tmp/fp32.safetensors" "$tmp/native.safetensors" && "$cmp" "$tmp/fp32.safetensors" "$tmp/dos-native.safetensors" 1e-6 &&
+      "$cmp" "$tmp/dos-native.safetensors" "$tmp/dos-urgent.safetensors" &&
       "$cmp" "$tmp/fp16-fp32.safetensors" "$tmp/fp16-native.safetensors" ;;
   iteration)
     # the emulated forward/backward changes no result, the report carries its figures, and the

@@ -61,6 +61,28 @@ echo "ok: $(grep -m1 "saved by" <<<"$out")"
 out=$("$train" "${common[@]}" --shard 1/2 --iterations 1 --resume "$tmp/ck" 2>&1)
 [ $? -ne 0 ] && grep -q "summed over 2 parts" <<<"$out" || { echo "FAIL: lone shard resume: $out"; exit 1; }
 echo "ok: a lone --shard 1/2 run without --grad-parts 2 is refused"
+# a rank killed mid-run (SIGKILL: no error path of its own): the job fails, says which rank died,
+# and the checkpoint it would have replaced is unchanged and still resumes
+sums_before=$(cd "$tmp/ck" && md5sum ./* | sort)
+log="$tmp/killed.log"
+timeout 120 "${mpi[@]}" "$train" "${common[@]}" --iterations 1000000 --resume "$tmp/ck" --save-state "$tmp/ck" \
+  --report "$tmp/killed.json" >"$log" 2>&1 &
+job=$!
+for _ in $(seq 100); do grep -q "^iter" "$log" 2>/dev/null && break; sleep 0.2; done
+victim=""
+for p in $(pgrep -f -- "--report $tmp/killed.json"); do  # a rank, not mpirun itself
+  [ "$(cat "/proc/$p/comm" 2>/dev/null)" = dos-train ] && victim=$p
+done
+[ -n "$victim" ] || { echo "FAIL: no rank process to kill"; cat "$log"; exit 1; }
+kill -9 "$victim"
+wait $job
+rc=$?
+[ $rc -ne 0 ] && [ $rc -ne 124 ] || { echo "FAIL: the job with a killed rank exited $rc (124: it hung)"; exit 1; }
+grep -qiE "signal 9|killed" "$log" || { echo "FAIL: the job's output does not say a rank was killed:"; tail -5 "$log"; exit 1; }
+[ "$(cd "$tmp/ck" && md5sum ./* | sort)" = "$sums_before" ] || { echo "FAIL: the checkpoint changed"; exit 1; }
+timeout 120 "${mpi[@]}" "$train" "${common[@]}" --iterations 1 --resume "$tmp/ck" >/dev/null 2>&1 ||
+  { echo "FAIL: the checkpoint does not resume after the killed job"; exit 1; }
+echo "ok: a killed rank fails the job ($rc: $(grep -m1 -iE "signal 9|killed" "$log" | cut -c1-100)); the checkpoint is unchanged and resumes"
 # a missing rank file: the job fails on that rank with the file named
 rm "$tmp/ck/rank-00001-of-00002.safetensors"
 out=$(timeout 120 "${mpi[@]}" "$train" "${common[@]}" --iterations 1 --resume "$tmp/ck" 2>&1)

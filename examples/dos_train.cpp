@@ -232,6 +232,7 @@ int run(const Args& args) {
   for (const auto& t : all) total += t.numel();
   std::size_t rank = 0, world = 1;
   parse_shard(a.shard, &rank, &world);
+  const std::size_t subgroup = parse_count(a.subgroup_size, "--subgroup-size");
   // Data parallelism: under an MPI launcher the job's ranks own one shard each (ZeRO partitioning).
   const bool dp = g_comm && g_comm->size() > 1;
   if (dp) {
@@ -245,8 +246,7 @@ int run(const Args& args) {
            " ranks: each rank is one part; leave --grad-parts out");
     if (!a.sweep.empty()) fail("--sweep works with one rank only: leave it out under MPI");
     a.shard = std::to_string(rank) + "/" + std::to_string(world);  // as the reports and messages name it
-    const std::size_t sg_total = (total + parse_count(a.subgroup_size, "--subgroup-size") - 1) /
-                                 parse_count(a.subgroup_size, "--subgroup-size");
+    const std::size_t sg_total = (total + subgroup - 1) / subgroup;
     if (world > 2048)
       fail(std::to_string(world) + " ranks: at most 2048 (the emulated gradients' sums over ranks are exact up to "
            "2048 parts)");
@@ -261,7 +261,6 @@ int run(const Args& args) {
   const std::size_t parts = dp ? world : std::size_t(std::max(1, a.grad_parts));
   const dos::ShardRange range = dos::shard_range(total, rank, world);
   const std::size_t n = range.end - range.begin;
-  const std::size_t subgroup = parse_count(a.subgroup_size, "--subgroup-size");
   const DType dtype = parse_dtype(a.dtype);
   if (a.iterations < 1) fail("--iterations must be at least 1, got " + std::to_string(a.iterations));
   if (a.optimizer != "adam" && a.optimizer != "adamw") fail("--optimizer must be adam or adamw, got '" + a.optimizer + "'");
@@ -679,12 +678,9 @@ int run(const Args& args) {
     dos::CheckpointRanks ranks_io;
     if (dp) {
       ranks_io.all_ok = [](bool ok) { return g_comm->all_ok(ok); };
-      ranks_io.from_rank0 = [&](long long v) {
-        std::vector<long long> all(world);
-        std::vector<dos::ShardRange> one;
-        for (std::size_t r = 0; r < world; ++r) one.push_back({r, r + 1});
-        g_comm->all_gather(&v, all.data(), one, sizeof v);
-        return all[0];
+      ranks_io.from_rank0 = [](long long v) {
+        g_comm->broadcast(&v, sizeof v, 0);
+        return v;
       };
     }
     dos::save_checkpoint(a.save_state, opt, job, dp ? &ranks_io : nullptr);
@@ -823,17 +819,16 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "dos-train: error: --config needs the path of a config.json file, got an empty one\n");
     return 1;
   }
-  for (const char* opt : {"--report", "--save-params", "--timeline", "--save-state", "--resume"}) {
-    const std::string* v = std::string(opt) == "--report"        ? &a.report
-                           : std::string(opt) == "--save-params" ? &a.save_params
-                           : std::string(opt) == "--timeline"    ? &a.timeline
-                           : std::string(opt) == "--save-state"  ? &a.save_state
-                                                                 : &a.resume;
-    if (app.count(opt) && v->empty()) {
+  const std::pair<const char*, const std::string*> paths[] = {{"--report", &a.report},
+                                                               {"--save-params", &a.save_params},
+                                                               {"--timeline", &a.timeline},
+                                                               {"--save-state", &a.save_state},
+                                                               {"--resume", &a.resume}};
+  for (const auto& [opt, value] : paths)
+    if (app.count(opt) && value->empty()) {
       std::fprintf(stderr, "dos-train: error: %s needs a path, got an empty one\n", opt);
       return 1;
     }
-  }
   try {
     if (dos::launched_by_mpi() && dos::have_mpi()) {
       g_comm = dos::make_mpi_comm();

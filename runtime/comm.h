@@ -24,20 +24,13 @@ class Comm {
   /// This rank and the number of ranks (0 <= rank() < size()).
   virtual int rank() const = 0;
   virtual int size() const = 0;
-  /// This rank among the ranks on its node, and their number (from the launcher).
-  virtual int local_rank() const = 0;
-  virtual int local_size() const = 0;
   /// Sums `count` floats of `send` (host memory) over the ranks into `recv` on rank `root` (recv is
-  /// ignored on the other ranks). The reduce-scatter in buckets: one call per rank's shard.
+  /// ignored on the other ranks). The reduce-scatter in buckets: one call per rank's shard, each
+  /// with that shard's contributions; the sum is in fp32 in the backend's order, exact whenever
+  /// the contributions' partial sums are (dos-train's quantised emulated gradients).
   virtual void reduce_sum(const float* send, float* recv, std::size_t count, int root) = 0;
   /// `bytes` of `buf` (host memory) from rank `root` to every rank. The all-gather in buckets.
   virtual void broadcast(void* buf, std::size_t bytes, int root) = 0;
-  /// full: this rank's contribution to every parameter's gradient (fp32, ranges.back().end
-  /// elements, host memory); shard: on return, the sum over ranks of elements
-  /// [ranges[rank()].begin, ranges[rank()].end) (fp32, host memory). The sum is in fp32 in the
-  /// backend's order: exact whenever the contributions' partial sums are (see dos-train's
-  /// quantised emulated gradients).
-  virtual void reduce_scatter_sum(const float* full, float* shard, const std::vector<ShardRange>& ranges) = 0;
   /// shard: this rank's elements (elem_bytes each, host memory); full: on return, every rank's
   /// shard at its place (ranges.back().end elements, host memory).
   virtual void all_gather(const void* shard, void* full, const std::vector<ShardRange>& ranges,

@@ -1,7 +1,8 @@
 // The MPI backend of comm.h. Large arrays go in pieces of at most 2^28 elements (MPI counts are
-// ints, and some MPI stacks overflow byte counts above 4 GiB). The reduce-scatter is one MPI_Reduce per rank's shard (to that rank), the all-gather one
-// MPI_Bcast per shard (from its owner): correct for any sizes and counts, not the fastest
-// collective an MPI library offers (MPI_Reduce_scatter needs int counts and contiguous rank order).
+// ints, and some MPI stacks overflow byte counts above 4 GiB). The reduce-scatter is one
+// MPI_Reduce per rank's shard (to that rank), the all-gather one MPI_Bcast per shard (from its
+// owner): correct for any sizes and counts, not the fastest collective an MPI library offers
+// (MPI_Reduce_scatter needs int counts and contiguous rank order).
 #include <algorithm>
 #include <cstdlib>
 #include <stdexcept>
@@ -60,12 +61,6 @@ class MpiComm : public Comm {
                                std::to_string(provided) + "): dos-train calls MPI from its main thread beside StarPU's");
     MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
     MPI_Comm_size(MPI_COMM_WORLD, &size_);
-    MPI_Comm node;  // the ranks sharing this node's memory
-    check(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node),
-          "MPI_Comm_split_type");
-    MPI_Comm_rank(node, &local_rank_);
-    MPI_Comm_size(node, &local_size_);
-    MPI_Comm_free(&node);
     // the launcher's view must agree with MPI's (Slurm's or Open MPI's environment)
     const int env_size = env_int({"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"}, size_);
     if (env_size != size_)
@@ -80,8 +75,6 @@ class MpiComm : public Comm {
   ~MpiComm() override { MPI_Finalize(); }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
-  int local_rank() const override { return local_rank_; }
-  int local_size() const override { return local_size_; }
   std::string name() const override { return name_; }
 
   void reduce_sum(const float* send, float* recv, std::size_t count, int root) override {
@@ -95,13 +88,6 @@ class MpiComm : public Comm {
     for (std::size_t off = 0; off < bytes; off += kPiece)
       check(MPI_Bcast(static_cast<char*>(buf) + off, int(std::min(kPiece, bytes - off)), MPI_BYTE, root, MPI_COMM_WORLD),
             "MPI_Bcast (parameters)");
-  }
-
-  void reduce_scatter_sum(const float* full, float* shard, const std::vector<ShardRange>& ranges) override {
-    for (int r = 0; r < size_; ++r) {
-      const ShardRange& s = ranges.at(std::size_t(r));
-      reduce_sum(full + s.begin, shard, s.end - s.begin, r);
-    }
   }
 
   void all_gather(const void* shard, void* full, const std::vector<ShardRange>& ranges, std::size_t elem_bytes) override {
@@ -127,7 +113,7 @@ class MpiComm : public Comm {
   }
 
  private:
-  int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1;
+  int rank_ = 0, size_ = 1;
   std::string name_;
 };
 

@@ -794,6 +794,7 @@ Optimizer::Optimizer(Runtime& runtime, const std::vector<TensorView>& tensors, c
     sg->hint_io = TaskHint{Side::any, unsigned(s)};
     sg->hint_scatter = TaskHint{Side::any, unsigned(s)};
     sg->hint_scatter.urgent = options.urgent_writeback;
+    sg->window = &I.window;  // the GPU update budget's window, reset at every step
     I.sgs.push_back(std::move(sg));
   }
   // fp32 master parameters from the caller's parameters, converted where they live.
@@ -896,7 +897,6 @@ StepStats Optimizer::step() {
     Subgroup* sg = I.sgs[i].get();
     sg->footprint = gpu ? I.footprint(sg->size, I.plan.empty() ? PlanSide::cpu : I.plan[i]) : 0;
     largest_fp = std::max(largest_fp, sg->footprint);
-    sg->window = &I.window;
     sg->timeline = I.timeline_on ? &I.timeline : nullptr;
   }
   I.window.reset(gpu ? I.opt.gpu_update_budget : 0);

@@ -241,9 +241,6 @@ int run(const Args& args) {
            std::to_string(g_comm->size()) + "): leave --shard out when running under mpirun or srun");
     rank = std::size_t(g_comm->rank());
     world = std::size_t(g_comm->size());
-    if (a.grad_parts != 0 && a.grad_parts != int(world))
-      fail("--grad-parts " + std::to_string(a.grad_parts) + " under an MPI job of " + std::to_string(world) +
-           " ranks: each rank is one part; leave --grad-parts out");
     if (!a.sweep.empty()) fail("--sweep works with one rank only: leave it out under MPI");
     a.shard = std::to_string(rank) + "/" + std::to_string(world);  // as the reports and messages name it
     const std::size_t sg_total = (total + subgroup - 1) / subgroup;
@@ -258,7 +255,11 @@ int run(const Args& args) {
   if (a.grad_parts < 0 || a.grad_parts > 2048)
     fail("--grad-parts must be in [1, 2048] (the data-parallel ranks whose gradients are summed; 0: one), got " +
          std::to_string(a.grad_parts));
-  const std::size_t parts = dp ? world : std::size_t(std::max(1, a.grad_parts));
+  // the emulated gradient sums `parts` contributions; under MPI rank r adds parts
+  // [r * parts / W, (r + 1) * parts / W) (default: one part per rank), so that a job resumed on
+  // another number of ranks with the checkpoint's --grad-parts sees the same gradients
+  const std::size_t parts = a.grad_parts > 0 ? std::size_t(a.grad_parts) : dp ? world : 1;
+  const std::size_t my_parts_begin = dp ? rank * parts / world : 0, my_parts_end = dp ? (rank + 1) * parts / world : parts;
   const dos::ShardRange range = dos::shard_range(total, rank, world);
   const std::size_t n = range.end - range.begin;
   const DType dtype = parse_dtype(a.dtype);
@@ -458,7 +459,7 @@ int run(const Args& args) {
     ranges.push_back(dos::shard_range(total, r, world));
     largest_shard = std::max(largest_shard, ranges.back().end - ranges.back().begin);
   }
-  std::vector<float> bucket32(dp ? largest_shard : 0), shard32(parts > 1 ? n : 0);
+  std::vector<float> bucket32(dp ? largest_shard : 0), shard32(parts > 1 || dp ? n : 0);
   std::vector<char> bucket16(dp ? largest_shard * esz : 0), staging16(parts > 1 || dp ? n * esz : 0);
   // Runs `count` iterations; returns their update seconds.
   auto run_iterations = [&](int count, const std::string& label) {
@@ -469,7 +470,7 @@ int run(const Args& args) {
       dos_train::ComputeTimes ct;
       if (compute) ct = compute->run();
       double comm_s = 0;
-      if (parts > 1) {
+      if (parts > 1 || dp) {
         // The gradient is the sum of `parts` ranks' contributions: under MPI, this rank's, reduced
         // shard by shard (a bucket of one shard at a time) to the shard's owner; in one process
         // (--grad-parts), all of them for this shard.
@@ -477,7 +478,7 @@ int run(const Args& args) {
           for (std::size_t r = 0; r < world; ++r) {
             const dos::ShardRange& rr = ranges[r];
             dos_train::fill_grad_parts_host(bucket32.data(), rr.end - rr.begin, a.seed, std::uint64_t(it), rr.begin,
-                                            rank, rank + 1);
+                                            my_parts_begin, my_parts_end);
             const auto c1 = std::chrono::steady_clock::now();
             g_comm->reduce_sum(bucket32.data(), shard32.data(), rr.end - rr.begin, int(r));
             comm_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - c1).count();
@@ -799,7 +800,7 @@ int main(int argc, char** argv) {
   app.add_option("--grad-parts", a.grad_parts,
                  "the emulated gradient is the sum of this many data-parallel ranks' contributions (quantised so that "
                  "the sum is exact): a one-process run with --grad-parts W gives the bits of a W-rank MPI job; under "
-                 "MPI it is the number of ranks");
+                 "MPI (default: the number of ranks) rank r adds parts [r*P/W, (r+1)*P/W)");
   app.add_flag("--emulate-compute", a.emulate_compute,
                "emulate forward and backward with the model's GEMMs (cuBLAS; a scaled-down CPU stand-in without a "
                "GPU), activations allocated in forward and freed in backward; reports forward, backward, iteration "

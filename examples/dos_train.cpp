@@ -2,6 +2,7 @@
 // runtime, with forward and backward emulated (deterministic gradients from --seed written into
 // caller-owned buffers, on the GPU when there is one). See --help.
 #include <CLI/CLI.hpp>
+#include <hwloc.h>
 #include <sched.h>
 
 #include <algorithm>
@@ -63,6 +64,7 @@ struct Args {
   bool urgent_writeback = false;
   std::string timeline;
   int grad_parts = 0;
+  std::string comm = "auto";
   bool emulate_compute = false;
   long long tokens = 4096;
   int cpu_scale = 32;
@@ -82,38 +84,105 @@ std::string rank_path(const std::string& path, std::size_t rank, std::size_t wor
   return path.substr(0, dot) + tag + path.substr(dot);
 }
 
-/// Ranks on one node whose launcher gave them the same cores (plain mpirun) would bind their
-/// threads to the same cores: each takes its own block of the cores instead (with a warning when
-/// there are fewer cores than ranks, and then no binding). Ranks with disjoint core sets (Slurm
-/// with --cpus-per-task, mpirun --map-by ... --bind-to core) are left as they are. Collective.
-void split_cores(dos::Comm& comm) {
+/// This rank's GPU under MPI: the node's local rank modulo the GPUs CUDA sees (one GPU per rank
+/// when the launcher shows every GPU of the node to every rank; GPU 0 when it shows one, as Slurm's
+/// --gpus-per-task does). -1 without CUDA, with --ncuda 0 or --device host. Warns when ranks
+/// outnumber the node's GPUs (they then share GPUs).
+int choose_gpu(const dos::Comm& comm, const Args& a) {
+#if defined(DOS_HAVE_CUDA)
+  if (a.ncuda == 0 || a.device == "host") return -1;
+  const int count = dos_train::cuda_device_count();
+  if (count == 0) return -1;
+  if (comm.local_size() > count)
+    std::fprintf(stderr, "dos-train: warning: rank %d: %d ranks on this node and %d GPU(s) visible: ranks share GPUs "
+                 "(one rank per GPU: srun --gpus-per-task=1, or as many ranks per node as GPUs)\n",
+                 comm.rank(), comm.local_size(), count);
+  const int gpu = comm.local_rank() % count;
+  dos_train::cuda_set_device(gpu);
+  return gpu;
+#else
+  (void)comm;
+  (void)a;
+  return -1;
+#endif
+}
+
+/// The cores of GPU `gpu`'s NUMA node(s) (hwloc: the GPU's PCI device and its first non-I/O
+/// ancestor), and those nodes in words ("0", "0-1"); empty when hwloc or CUDA cannot tell.
+std::pair<std::vector<int>, std::string> gpu_local_cores(int gpu) {
+  std::pair<std::vector<int>, std::string> out;
+#if defined(DOS_HAVE_CUDA)
+  const std::string bus = gpu >= 0 ? dos_train::cuda_pci_bus_id(gpu) : std::string();
+  if (bus.empty()) return out;
+  hwloc_topology_t topo;
+  if (hwloc_topology_init(&topo) != 0) return out;
+  hwloc_topology_set_io_types_filter(topo, HWLOC_TYPE_FILTER_KEEP_IMPORTANT);
+  if (hwloc_topology_load(topo) == 0) {
+    hwloc_obj_t dev = hwloc_get_pcidev_by_busidstring(topo, bus.c_str());
+    hwloc_obj_t near = dev ? hwloc_get_non_io_ancestor_obj(topo, dev) : nullptr;
+    if (near && near->cpuset && near->nodeset) {
+      int i;
+      hwloc_bitmap_foreach_begin(i, near->cpuset) out.first.push_back(i);
+      hwloc_bitmap_foreach_end();
+      char* nodes = nullptr;
+      hwloc_bitmap_list_asprintf(&nodes, near->nodeset);
+      out.second = nodes ? nodes : "";
+      std::free(nodes);
+    }
+  }
+  hwloc_topology_destroy(topo);
+#else
+  (void)gpu;
+#endif
+  return out;
+}
+
+/// Gives this rank its cores, near its GPU. Ranks on one node whose launcher gave them the same
+/// cores (plain mpirun) would bind their threads to the same cores: each takes its own block,
+/// out of the cores of its GPU's NUMA node when the rank has a GPU and shares that node's cores
+/// only with the ranks whose GPUs are on the same node (so the optimizer state, first-touched by
+/// the rank's CPU threads, lands on its GPU's node). Fewer cores than ranks: a warning and no
+/// binding. Ranks with disjoint core sets (Slurm with --cpus-per-task, mpirun --map-by ...
+/// --bind-to core) are left as they are. Collective. Returns the placement in words.
+std::string place_rank(dos::Comm& comm, int gpu) {
   const std::vector<int> cores = dos::allowed_cores();
+  const auto [near, nodes] = gpu_local_cores(gpu);
+  std::vector<int> pool;  // the cores this rank may take its block from
+  for (int c : cores)
+    if (std::find(near.begin(), near.end(), c) != near.end()) pool.push_back(c);
+  if (pool.empty()) pool = cores;
   const int world = comm.size();
   std::vector<dos::ShardRange> one;
   for (int r = 0; r < world; ++r) one.push_back({std::size_t(r), std::size_t(r) + 1});
-  int mine = cores.empty() ? -1 : cores.front();
-  std::vector<int> firsts(std::size_t(world), -1);
-  comm.all_gather(&mine, firsts.data(), one, sizeof(int));
+  const int mine[2] = {cores.empty() ? -1 : cores.front(), pool.empty() ? -1 : pool.front()};
+  std::vector<int> firsts(2 * std::size_t(world), -1);
+  comm.all_gather(mine, firsts.data(), one, sizeof mine);
   int sharing = 0, index = 0;
   for (int r = 0; r < world; ++r)
-    if (firsts[std::size_t(r)] == mine) {
+    if (firsts[2 * std::size_t(r)] == mine[0] && firsts[2 * std::size_t(r) + 1] == mine[1]) {
       if (r < comm.rank()) ++index;
       ++sharing;
     }
-  if (sharing <= 1) return;
-  if (int(cores.size()) < sharing) {
+  std::string where = gpu >= 0 ? "GPU " + std::to_string(gpu) + (nodes.empty() ? "" : " (NUMA node " + nodes + ")")
+                               : std::string("no GPU");
+  if (sharing <= 1 && pool.size() == cores.size()) return where + ", cores as launched (" + std::to_string(cores.size()) + ")";
+  if (int(pool.size()) < sharing) {
     std::fprintf(stderr, "dos-train: warning: rank %d: %d ranks share %zu core(s): they oversubscribe the cores; "
                  "threads are left unbound (give each rank its cores: srun --cpus-per-task, mpirun --map-by)\n",
-                 comm.rank(), sharing, cores.size());
+                 comm.rank(), sharing, pool.size());
     setenv("DOS_BIND", "0", 1);
-    return;
+    return where + ", cores shared with other ranks (unbound)";
   }
-  const std::size_t per = cores.size() / std::size_t(sharing);
+  const std::size_t per = pool.size() / std::size_t(sharing);
   cpu_set_t set;
   CPU_ZERO(&set);
-  for (std::size_t i = std::size_t(index) * per; i < std::size_t(index + 1) * per; ++i) CPU_SET(cores[i], &set);
-  if (sched_setaffinity(0, sizeof set, &set) != 0)
+  for (std::size_t i = std::size_t(index) * per; i < std::size_t(index + 1) * per; ++i) CPU_SET(pool[i], &set);
+  if (sched_setaffinity(0, sizeof set, &set) != 0) {
     std::fprintf(stderr, "dos-train: warning: rank %d: could not restrict itself to its %zu cores\n", comm.rank(), per);
+    return where + ", cores as launched (could not bind)";
+  }
+  return where + ", cores " + std::to_string(pool[std::size_t(index) * per]) + "-" +
+         std::to_string(pool[std::size_t(index + 1) * per - 1]) + " (" + std::to_string(per) + ")";
 }
 
 std::size_t parse_count(const std::string& s, const char* what) {
@@ -307,6 +376,8 @@ int run(const Args& args) {
   if (a.tokens < 1) fail("--tokens must be at least 1, got " + std::to_string(a.tokens));
   if (a.cpu_scale < 1) fail("--cpu-scale must be at least 1, got " + std::to_string(a.cpu_scale));
   if (!a.timeline.empty()) dos::check_writable(a.timeline);
+  if (a.comm != "auto" && a.comm != "mpi" && a.comm != "nccl")
+    fail("--comm must be auto, mpi or nccl, got '" + a.comm + "'");
   if (a.ncuda < -1) fail("--ncuda must be >= -1 (-1: one per GPU), got " + std::to_string(a.ncuda));
   if (!a.report.empty() && a.report == a.save_params) fail("--report and --save-params name the same file: " + a.report);
   if (!a.timeline.empty() && (a.timeline == a.report || a.timeline == a.save_params))
@@ -327,7 +398,12 @@ int run(const Args& args) {
   ro.ncuda = a.ncuda;
   ro.verbose = !a.quiet;
   if (update_budget > 0) ro.gpu_memory_limit = update_budget + std::size_t(std::max<std::int64_t>(0, resident_budget));
-  if (dp) split_cores(*g_comm);
+  std::string placement;
+  if (dp) {
+    ro.cuda_device = choose_gpu(*g_comm, a);
+    ro.node_ranks = g_comm->local_size();
+    placement = place_rank(*g_comm, ro.cuda_device);
+  }
   dos::Runtime rt(ro);
   bool on_gpu = a.device == "cuda" || (a.device == "auto" && rt.cuda_workers() > 0);
   if (on_gpu && rt.cuda_workers() == 0) fail("--device cuda: no CUDA worker (no GPU, or a build without CUDA)");
@@ -344,6 +420,30 @@ int run(const Args& args) {
               cfg.name.c_str(), cfg.arch.c_str(), std::size_t(cfg.layers), (long long)cfg.hidden, n, total,
               a.shard.c_str(), a.optimizer == "adamw" ? "AdamW" : "Adam", subgroup, a.dtype.c_str(),
               on_gpu ? "GPU" : "host", rt.policy().c_str(), rt.running_policy().c_str());
+
+  // The data-parallel collectives: NCCL on the GPU buffers when every rank can (--comm auto), else
+  // MPI through host memory.
+  std::unique_ptr<dos::DeviceComm> dcomm;
+  if (dp) {
+    const bool can = on_gpu && dos::have_nccl() && ro.cuda_device >= 0;
+    if (a.comm == "nccl" && !can)
+      fail(std::string("--comm nccl: ") + (!dos::have_nccl() ? "this dos-train was built without NCCL" :
+           "the model's buffers are not on a GPU here (--device host, --ncuda 0, or no GPU)") + "; use --comm mpi");
+    if (a.comm == "nccl" || (a.comm == "auto" && g_comm->all_ok(can))) dcomm = dos::make_nccl_comm(*g_comm, ro.cuda_device);
+    char mine[160];
+    std::snprintf(mine, sizeof mine, "%s", placement.c_str());
+    std::vector<char> all(sizeof mine * world);
+    std::vector<dos::ShardRange> one;
+    for (std::size_t r = 0; r < world; ++r) one.push_back({r, r + 1});
+    g_comm->all_gather(mine, all.data(), one, sizeof mine);
+    std::printf("data parallel: %zu ranks (%d on this node), gradients reduced and parameters broadcast through %s\n",
+                world, g_comm->local_size(), dcomm ? (dcomm->name() + " on GPU buffers").c_str()
+                                                    : (g_comm->name() + " on host buffers").c_str());
+    for (std::size_t r = 0; r < world; ++r)
+      std::printf("  rank %zu: shard [%zu, %zu), %s\n", r, dos::shard_range(total, r, world).begin,
+                  dos::shard_range(total, r, world).end,
+                  all.data() + r * sizeof mine);
+  }
 
   std::vector<char> init(n * esz);
   for (const ShardTensor& st : tensors) {
@@ -385,6 +485,9 @@ int run(const Args& args) {
   oo.eager_writeback = a.writeback == "eager";
   oo.native_grads = a.grad_transfer == "native";
   oo.urgent_writeback = a.urgent_writeback;
+  // the node's ranks calibrate (when they do) at the same time: the rates then include the other
+  // ranks' DMA and CPU Adam on the shared host memory
+  if (dp) g_comm->all_ok(true);
   dos::Optimizer opt(rt, views, oo);
   // Forward and backward emulated with the model's GEMMs (--emulate-compute): cuBLAS on the GPU,
   // a scaled-down stand-in on the CPU.
@@ -459,8 +562,28 @@ int run(const Args& args) {
     ranges.push_back(dos::shard_range(total, r, world));
     largest_shard = std::max(largest_shard, ranges.back().end - ranges.back().begin);
   }
-  std::vector<float> bucket32(dp ? largest_shard : 0), shard32(parts > 1 || dp ? n : 0);
-  std::vector<char> bucket16(dp ? largest_shard * esz : 0), staging16(parts > 1 || dp ? n * esz : 0);
+  const bool host_buckets = (parts > 1 || dp) && !dcomm;
+  std::vector<float> bucket32(dp && !dcomm ? largest_shard : 0), shard32(host_buckets ? n : 0);
+  std::vector<char> bucket16(dp && !dcomm ? largest_shard * esz : 0), staging16(host_buckets ? n * esz : 0);
+  // with NCCL, buckets in GPU memory of at most kChunk elements: a contribution, the received sum
+  // (fp32), the 16-bit parameters (1.25 GiB of GPU memory in all, whatever the model)
+  constexpr std::size_t kChunk = std::size_t(1) << 28;
+  const std::size_t chunk = std::min(kChunk, largest_shard);
+  struct DeviceBuffer {
+    void* p = nullptr;
+    ~DeviceBuffer() {
+#if defined(DOS_HAVE_CUDA)
+      if (p) dos_train::cuda_free(p);
+#endif
+    }
+  } d_send32, d_recv32, d_bucket16;
+#if defined(DOS_HAVE_CUDA)
+  if (dcomm) {
+    d_send32.p = dos_train::cuda_alloc(chunk * sizeof(float));
+    d_recv32.p = dos_train::cuda_alloc(chunk * sizeof(float));
+    d_bucket16.p = dos_train::cuda_alloc(chunk * esz);
+  }
+#endif
   // Runs `count` iterations; returns their update seconds.
   auto run_iterations = [&](int count, const std::string& label) {
     std::vector<dos::StepStats> out;
@@ -470,7 +593,23 @@ int run(const Args& args) {
       dos_train::ComputeTimes ct;
       if (compute) ct = compute->run();
       double comm_s = 0;
-      if (parts > 1 || dp) {
+      if (dcomm) {
+#if defined(DOS_HAVE_CUDA)
+        // The same through NCCL, GPU to GPU: this rank's contribution to each shard made on its GPU,
+        // reduced (fp32) to the shard's owner, rounded to the model's dtype into its gradients.
+        float *send = static_cast<float*>(d_send32.p), *recv = static_cast<float*>(d_recv32.p);
+        for (std::size_t r = 0; r < world; ++r)
+          for (std::size_t off = 0; off < ranges[r].end - ranges[r].begin; off += chunk) {
+            const std::size_t count = std::min(chunk, ranges[r].end - ranges[r].begin - off);
+            dos_train::fill_grad_parts_cuda(send, count, a.seed, std::uint64_t(it), ranges[r].begin + off,
+                                            my_parts_begin, my_parts_end);
+            const auto c1 = std::chrono::steady_clock::now();
+            dcomm->reduce_sum(send, recv, count, int(r));
+            comm_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - c1).count();
+            if (r == rank) dos_train::store_from_f32_cuda(static_cast<char*>(grads) + off * esz, dtype, recv, count);
+          }
+#endif
+      } else if (parts > 1 || dp) {
         // The gradient is the sum of `parts` ranks' contributions: under MPI, this rank's, reduced
         // shard by shard (a bucket of one shard at a time) to the shard's owner; in one process
         // (--grad-parts), all of them for this shard.
@@ -499,7 +638,18 @@ int run(const Args& args) {
         if (!on_gpu) dos_train::fill_grads_host(grads, dtype, n, a.seed, std::uint64_t(it), range.begin);
       }
       const dos::StepStats s = opt.step();
-      if (dp) {
+      if (dcomm) {
+#if defined(DOS_HAVE_CUDA)
+        const auto c1 = std::chrono::steady_clock::now();  // as below, GPU to GPU
+        for (std::size_t r = 0; r < world; ++r)
+          for (std::size_t off = 0; off < ranges[r].end - ranges[r].begin; off += chunk) {
+            const std::size_t bytes = std::min(chunk, ranges[r].end - ranges[r].begin - off) * esz;
+            if (r == rank) dos_train::cuda_copy_on_device(d_bucket16.p, static_cast<const char*>(params) + off * esz, bytes);
+            dcomm->broadcast(d_bucket16.p, bytes, int(r));
+          }
+        comm_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - c1).count();
+#endif
+      } else if (dp) {
         // The all-gather of the updated 16-bit parameters, shard by shard from each owner: what
         // forward needs next. Forward being emulated, each shard goes through one bucket and is not
         // kept (a real model would receive it into its parameters).
@@ -551,7 +701,10 @@ int run(const Args& args) {
                        {"bytes_h2d", s.bytes_h2d}, {"bytes_d2h", s.bytes_d2h},
                        {"cpu_busy_fraction", cpu_busy}, {"gpu_busy_fraction", gpu_busy},
                        {"starpu_gpu_bytes_end", s.gpu_bytes_end}, {"window_peak_bytes", s.window_peak_bytes}};
-      if (dp) row["comm_seconds"] = comm_s;
+      if (dp) {
+        row["comm_seconds"] = comm_s;
+        row["comm_backend"] = dcomm ? dcomm->name() : g_comm->name();
+      }
       if (compute) {
         row["forward_seconds"] = ct.forward;
         row["backward_seconds"] = ct.backward;
@@ -801,6 +954,10 @@ int main(int argc, char** argv) {
                  "the emulated gradient is the sum of this many data-parallel ranks' contributions (quantised so that "
                  "the sum is exact): a one-process run with --grad-parts W gives the bits of a W-rank MPI job; under "
                  "MPI (default: the number of ranks) rank r adds parts [r*P/W, (r+1)*P/W)");
+  app.add_option("--comm", a.comm,
+                 "the data-parallel collectives under MPI: nccl (GPU buffers, GPU to GPU), mpi (through host memory), "
+                 "auto (nccl when every rank's buffers are on a GPU and the build has NCCL)")
+      ->capture_default_str();
   app.add_flag("--emulate-compute", a.emulate_compute,
                "emulate forward and backward with the model's GEMMs (cuBLAS; a scaled-down CPU stand-in without a "
                "GPU), activations allocated in forward and freed in backward; reports forward, backward, iteration "

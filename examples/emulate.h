@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "../codelets/kernels/dtype.h"
 
@@ -63,11 +64,24 @@ void fill_grads_host(void* dst, dos::DType t, std::size_t n, std::uint64_t seed,
 /// Same on the GPU (dst a device pointer); synchronous. Throws std::runtime_error on a CUDA error.
 void fill_grads_cuda(void* dst, dos::DType t, std::size_t n, std::uint64_t seed, std::uint64_t iter,
                      std::uint64_t first);
+/// fill_grad_parts_host on the GPU (dst: n floats of device memory), the same bits; synchronous.
+void fill_grad_parts_cuda(float* dst, std::size_t n, std::uint64_t seed, std::uint64_t iter, std::uint64_t first,
+                          std::uint64_t part_begin, std::uint64_t part_end);
+/// dst[i] = src[i] rounded to dtype t (dos::store_from_f32, round to nearest even) for i < n, both
+/// device pointers; synchronous. Throws std::runtime_error on a CUDA error.
+void store_from_f32_cuda(void* dst, dos::DType t, const float* src, std::size_t n);
+/// The number of GPUs CUDA sees (0 when none or no driver).
+int cuda_device_count();
+/// Makes `device` the calling thread's current GPU (cudaSetDevice); throws on a CUDA error.
+void cuda_set_device(int device);
+/// The PCI bus id of `device` ("0000:3b:00.0"), "" when CUDA cannot tell.
+std::string cuda_pci_bus_id(int device);
 /// Device memory helpers for the caller-owned buffers (throw std::runtime_error with CUDA's message).
 void* cuda_alloc(std::size_t bytes);
 void cuda_free(void* p);
 void cuda_copy_to_device(void* dst, const void* src, std::size_t bytes);
 void cuda_copy_to_host(void* dst, const void* src, std::size_t bytes);
+void cuda_copy_on_device(void* dst, const void* src, std::size_t bytes);
 #endif
 
 }  // namespace dos_train

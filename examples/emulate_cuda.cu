@@ -1,5 +1,6 @@
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 
@@ -13,6 +14,21 @@ __global__ void grads_kernel(void* dst, dos::DType t, std::size_t n, std::uint64
   for (std::size_t i = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
     dos::store_from_f32(dst, t, i, emulated_grad(seed, iter, first + i));
 }
+__global__ void grad_parts_kernel(float* dst, std::size_t n, std::uint64_t seed, std::uint64_t iter, std::uint64_t first,
+                                  std::uint64_t part_begin, std::uint64_t part_end) {
+  const std::size_t stride = std::size_t(gridDim.x) * blockDim.x;
+  for (std::size_t i = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    float g = 0.0f;  // in part order, as fill_grad_parts_host adds them
+    for (std::uint64_t p = part_begin; p < part_end; ++p) g += emulated_grad_part(seed, iter, p, first + i);
+    dst[i] = g;
+  }
+}
+__global__ void store_kernel(void* dst, dos::DType t, const float* src, std::size_t n) {
+  const std::size_t stride = std::size_t(gridDim.x) * blockDim.x;
+  for (std::size_t i = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
+    dos::store_from_f32(dst, t, i, src[i]);
+}
+unsigned grid_for(std::size_t n) { return unsigned(std::min<std::size_t>((n + 255) / 256, 8192)); }
 void check(cudaError_t e, const char* what) {
   if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
 }
@@ -28,6 +44,31 @@ void fill_grads_cuda(void* dst, dos::DType t, std::size_t n, std::uint64_t seed,
   check(cudaDeviceSynchronize(), "gradient kernel");
 }
 
+void fill_grad_parts_cuda(float* dst, std::size_t n, std::uint64_t seed, std::uint64_t iter, std::uint64_t first,
+                          std::uint64_t part_begin, std::uint64_t part_end) {
+  if (n == 0) return;
+  grad_parts_kernel<<<grid_for(n), 256>>>(dst, n, seed, iter, first, part_begin, part_end);
+  check(cudaGetLastError(), "gradient parts kernel launch");
+  check(cudaDeviceSynchronize(), "gradient parts kernel");
+}
+
+void store_from_f32_cuda(void* dst, dos::DType t, const float* src, std::size_t n) {
+  if (n == 0) return;
+  store_kernel<<<grid_for(n), 256>>>(dst, t, src, n);
+  check(cudaGetLastError(), "fp32 to 16-bit kernel launch");
+  check(cudaDeviceSynchronize(), "fp32 to 16-bit kernel");
+}
+
+int cuda_device_count() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
+}
+void cuda_set_device(int device) { check(cudaSetDevice(device), ("cudaSetDevice(" + std::to_string(device) + ")").c_str()); }
+std::string cuda_pci_bus_id(int device) {
+  char id[32] = "";
+  return cudaDeviceGetPCIBusId(id, sizeof id, device) == cudaSuccess ? std::string(id) : std::string();
+}
+
 void* cuda_alloc(std::size_t bytes) {
   void* p = nullptr;
   check(cudaMalloc(&p, bytes), ("cudaMalloc of " + std::to_string(bytes) + " bytes").c_str());
@@ -36,6 +77,9 @@ void* cuda_alloc(std::size_t bytes) {
 void cuda_free(void* p) { cudaFree(p); }
 void cuda_copy_to_device(void* dst, const void* src, std::size_t bytes) {
   check(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice), "cudaMemcpy to the GPU");
+}
+void cuda_copy_on_device(void* dst, const void* src, std::size_t bytes) {
+  check(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice), "cudaMemcpy on the GPU");
 }
 void cuda_copy_to_host(void* dst, const void* src, std::size_t bytes) {
   check(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy from the GPU");

@@ -73,7 +73,8 @@ std::string rates_cache_path(const Runtime& runtime, std::size_t S, DType dtype,
   const std::string key = std::string(host) + "-cpu" + std::to_string(runtime.cpu_workers()) + "x" +
                           std::to_string(runtime.cpu_threads()) + "-cuda" + std::to_string(runtime.cuda_workers()) +
                           "-" + dtype_name(dtype) + "-" + (memory == MemoryKind::cuda ? "gpu" : "host") + "-S" +
-                          std::to_string(S);
+                          std::to_string(S) +
+                          (runtime.node_ranks() > 1 ? "-ranks" + std::to_string(runtime.node_ranks()) : std::string());
   return cache_dir() + "/rates-" + key + ".json";
 }
 

@@ -61,6 +61,12 @@ class MpiComm : public Comm {
                                std::to_string(provided) + "): dos-train calls MPI from its main thread beside StarPU's");
     MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
     MPI_Comm_size(MPI_COMM_WORLD, &size_);
+    MPI_Comm node = MPI_COMM_NULL;
+    check(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node),
+          "MPI_Comm_split_type (the ranks of this node)");
+    MPI_Comm_rank(node, &local_rank_);
+    MPI_Comm_size(node, &local_size_);
+    MPI_Comm_free(&node);
     // the launcher's view must agree with MPI's (Slurm's or Open MPI's environment)
     const int env_size = env_int({"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"}, size_);
     if (env_size != size_)
@@ -75,6 +81,8 @@ class MpiComm : public Comm {
   ~MpiComm() override { MPI_Finalize(); }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
+  int local_rank() const override { return local_rank_; }
+  int local_size() const override { return local_size_; }
   std::string name() const override { return name_; }
 
   void reduce_sum(const float* send, float* recv, std::size_t count, int root) override {
@@ -113,7 +121,7 @@ class MpiComm : public Comm {
   }
 
  private:
-  int rank_ = 0, size_ = 1;
+  int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1;
   std::string name_;
 };
 

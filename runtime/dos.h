@@ -72,6 +72,13 @@ struct RuntimeOptions {
   int ncuda = -1;
   bool verbose = true;
   std::size_t gpu_memory_limit = 0;
+  /// This process's one GPU (a CUDA device index as cudaSetDevice takes it), or -1 for StarPU's
+  /// default (every GPU, or ncuda of them). Data-parallel ranks on one node each take their own.
+  int cuda_device = -1;
+  /// Processes on this node that share its host memory and PCIe (the data-parallel ranks of the
+  /// node, >= 1). Calibrated rates are cached per value: the rates measured while the other ranks
+  /// stream their state at the same time are the ones that hold for this rank.
+  int node_ranks = 1;
 };
 
 /// The process's StarPU instance (one at a time). Throws Error for an unknown policy, a "gpu"
@@ -94,6 +101,8 @@ class Runtime {
   unsigned cpu_workers() const;
   unsigned cuda_workers() const;
   int cpu_threads() const { return cpu_threads_; }
+  /// RuntimeOptions::node_ranks as given.
+  int node_ranks() const { return node_ranks_; }
   /// Cores a CPU worker thread may run on (the smallest over CPU workers), as its affinity says.
   int worker_cores() const { return worker_cores_; }
   /// How the threads are bound to cores, in words ("CUDA driver(s) on core 0, CPU team(s) on cores
@@ -106,6 +115,7 @@ class Runtime {
  private:
   std::string policy_;
   int cpu_threads_ = 1;
+  int node_ranks_ = 1;
   int worker_cores_ = 0;
   int omp_team_ = 0;
   std::string binding_;

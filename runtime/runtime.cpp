@@ -140,6 +140,13 @@ Runtime::Runtime(const RuntimeOptions& options) : impl_(new Impl) {
   if (options.cpu_workers > 0) conf.ncpus = options.cpu_workers;
   else if (!std::getenv("STARPU_NCPU") && !std::getenv("STARPU_NCPUS")) conf.ncpus = 1;
   if (options.ncuda >= 0) conf.ncuda = options.ncuda;
+  if (options.cuda_device >= 0 && options.ncuda != 0) {  // this rank's GPU only
+    conf.ncuda = 1;
+    conf.use_explicit_workers_cuda_gpuid = 1;
+    conf.workers_cuda_gpuid[0] = unsigned(options.cuda_device);
+  }
+  if (options.node_ranks < 1) throw Error("node_ranks must be >= 1, got " + std::to_string(options.node_ranks));
+  node_ranks_ = options.node_ranks;
   const int ret = starpu_init(&conf);
   if (ret == 0) ++g_live_runtimes;
   if (ret == -ENODEV) throw Error("StarPU found no worker to run on (starpu_init returned -ENODEV)");

@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# On nvidia-h200-x2 (2 GPUs, 32 cores): issue 7's data-parallel runs. The same model on 1 rank
+# (one GPU, all cores) and on 2 ranks (one GPU each, the cores split by dos-train near each GPU),
+# with the collectives through NCCL (GPU buffers) and through MPI (host buffers):
+#   run(command="PART=check scripts/gpu-dp.sh", kind="nvidia-h200-x2", carry=[".deps/cache"])
+# PART=check: build, the machine's topology, the tests train-nccl-2ranks and train-mpi-2ranks, then
+#             2 ranks with NCCL on the model below
+# PART=scale: 1 rank, then 2 ranks with MPI; the table of all three (the NCCL run's report from
+#             PART=check when the machine is still the same, else it runs again)
+# MODEL: the dos-train arguments (default: llama2-7b, subgroups of 1e8, 4 iterations, 40 GB update
+# budget, policy dos). NVLink multicast stays off as the machine sets it (NCCL_NVLS_ENABLE=0 ...).
+set -u
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+OUT=${OUT:-$ROOT/gpu-dp-out}
+PART=${PART:-check}
+mkdir -p "$OUT"
+t0=$(date +%s)
+# NCCL: beside CUDA, or else the Python wheel's (nvidia-nccl-cu13), linked through .deps/nccl
+if [ ! -f /usr/local/cuda/include/nccl.h ] && [ ! -f /usr/include/nccl.h ]; then
+  d=$(python3 -c 'import nvidia.nccl as m; print(list(m.__path__)[0])' 2>/dev/null)
+  if [ -n "$d" ] && [ -f "$d/include/nccl.h" ]; then
+    mkdir -p "$ROOT/.deps/nccl/lib"
+    ln -sfn "$d/include" "$ROOT/.deps/nccl/include"
+    ln -sf "$d"/lib/libnccl.so.* "$ROOT/.deps/nccl/lib/"
+    ln -sf "$(ls "$d"/lib/libnccl.so.* | head -1)" "$ROOT/.deps/nccl/lib/libnccl.so"
+    export MESON_OPTIONS="${MESON_OPTIONS:-} -Dnccl_dir=$ROOT/.deps/nccl"
+    export LD_LIBRARY_PATH="$ROOT/.deps/nccl/lib:${LD_LIBRARY_PATH:-}"
+    echo "NCCL from $d"
+  fi
+fi
+export MESON_OPTIONS="${MESON_OPTIONS:-} -Dgpu_arch=90"
+"$ROOT/scripts/setup.sh" build > "$OUT/setup.log" 2>&1 || { tail -30 "$OUT/setup.log"; exit 1; }
+grep -E "NCCL|MPI  |CUDA  " "$OUT/setup.log" | head -5
+echo "build: $(( $(date +%s) - t0 )) s"
+. "$ROOT/.deps/env.sh"
+B=${DOS_BUILD_DIR:-$ROOT/build}
+TRAIN=$B/examples/dos-train
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+pass=()
+for v in NCCL_NVLS_ENABLE TORCH_SYMM_MEM_DISABLE_MULTICAST NVSHMEM_DISABLE_NVLS LD_LIBRARY_PATH; do
+  [ -n "${!v:-}" ] && pass+=(-x "$v")
+done
+read -r -a M <<<"${MODEL:---preset llama2-7b --subgroup-size 1e8 -n 4 --gpu-update-budget 40GB --policy dos}"
+MPI=(mpirun -np 2 --bind-to none "${pass[@]}")
+show() { grep -E "^(dos-train:|data parallel|  rank|model:|iter|summary)" "$1" | cut -c1-400; }
+
+if [ "$PART" = check ]; then
+  env | grep -E "^(NCCL|NVSHMEM|TORCH_SYMM)" | sort
+  nvidia-smi topo -m 2>&1 | head -8
+  lscpu | grep -E "^(NUMA|Model name|CPU\(s\))"
+  (cd "$B" && meson test train-nccl-2ranks --print-errorlogs 2>&1 | grep -E "^ *[0-9]+/[0-9]+ |ok:|FAIL")
+  grep -hE "ok:|FAIL|^(data parallel|  rank)" "$B/meson-logs/testlog.txt" | head -20
+  t1=$(date +%s)
+  timeout 400 "${MPI[@]}" "$TRAIN" "${M[@]}" --comm nccl --report "$OUT/w2-nccl.json" > "$OUT/w2-nccl.log" 2>&1
+  echo "2 ranks, NCCL: exit $? in $(( $(date +%s) - t1 )) s"; show "$OUT/w2-nccl.log"
+else
+  t1=$(date +%s)
+  timeout 300 "$TRAIN" "${M[@]}" --ncuda 1 --report "$OUT/w1.json" > "$OUT/w1.log" 2>&1
+  echo "1 rank: exit $? in $(( $(date +%s) - t1 )) s"; show "$OUT/w1.log"
+  t1=$(date +%s)
+  timeout 250 "${MPI[@]}" "$TRAIN" "${M[@]}" --comm mpi --report "$OUT/w2-mpi.json" > "$OUT/w2-mpi.log" 2>&1
+  echo "2 ranks, MPI: exit $? in $(( $(date +%s) - t1 )) s"; show "$OUT/w2-mpi.log"
+  python3 - "$OUT" <<'PY'
+import glob, json, os, statistics, sys
+out = sys.argv[1]
+def load(name):
+    files = sorted(glob.glob(os.path.join(out, name + "*.json")))
+    return [json.load(open(f)) for f in files]
+def med(xs): return statistics.median(xs) if xs else float("nan")
+rows = []
+for name, label in [("w1", "1 rank"), ("w2-nccl", "2 ranks, NCCL"), ("w2-mpi", "2 ranks, MPI")]:
+    reps = load(name)
+    if not reps: continue
+    its = [r["iterations"][1:] or r["iterations"] for r in reps]   # iterations 2.. (the first warms up)
+    upd = max(med([i["update_seconds"] for i in it]) for it in its)      # the slowest rank's median
+    comm = max(med([i.get("comm_seconds", 0.0) for i in it]) for it in its)
+    rows.append((label, len(reps), sum(r["params"] for r in reps), upd, comm))
+print("| run | ranks | parameters | update s (slowest rank, median) | comm s | update + comm s | scaling efficiency |")
+print("| --- | --- | --- | --- | --- | --- | --- |")
+base = rows[0][3] + rows[0][4] if rows and rows[0][1] == 1 else None
+for label, w, n, upd, comm in rows:
+    eff = f"{base / (w * (upd + comm)):.2f}" if base else "-"
+    print(f"| {label} | {w} | {n} | {upd:.3f} | {comm:.3f} | {upd + comm:.3f} | {eff} |")
+PY
+fi
+echo "total: $(( $(date +%s) - t0 )) s"

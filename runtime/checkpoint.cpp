@@ -3,11 +3,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <vector>
 
@@ -43,10 +45,9 @@ nlohmann::ordered_json to_json(const CheckpointInfo& i, bool all_ranks) {
 }
 
 std::string describe(const CheckpointInfo& i) {
-  return "model " + i.model + " (" + std::to_string(i.params_total) + " parameters), shard " + std::to_string(i.rank) +
-         "/" + std::to_string(i.world) + " [" + std::to_string(i.begin) + ", " + std::to_string(i.end) +
-         "), subgroups of " + std::to_string(i.subgroup_size) + ", " + i.dtype + ", seed " + std::to_string(i.seed) +
-         (i.grad_parts > 1 ? ", gradients summed over " + std::to_string(i.grad_parts) + " parts" : std::string());
+  return "model " + i.model + " (" + std::to_string(i.params_total) + " parameters), subgroups of " +
+         std::to_string(i.subgroup_size) + ", " + i.dtype + ", seed " + std::to_string(i.seed) +
+         ", gradients summed over " + std::to_string(i.grad_parts) + (i.grad_parts == 1 ? " part" : " parts");
 }
 
 }  // namespace
@@ -184,10 +185,25 @@ void save_checkpoint(const std::string& dir, const Optimizer& opt, const Checkpo
   swap_in(tmp, dir);
 }
 
+namespace {
+
+std::string range_str(std::size_t begin, std::size_t end) {
+  return "[" + std::to_string(begin) + ", " + std::to_string(end) + ")";
+}
+
+/// One entry of the index's "ranks": an old rank's flat element range and its file.
+struct RankEntry {
+  std::size_t begin, end;
+  std::string file;
+};
+
+}  // namespace
+
 CheckpointInfo load_checkpoint(const std::string& dir, Optimizer& opt, const CheckpointInfo& expect) {
   std::ifstream f(dir + "/index.json");
   if (!f) throw Error("cannot resume: " + dir + "/index.json does not exist (is " + dir + " a checkpoint folder?)");
   CheckpointInfo got;
+  std::vector<RankEntry> entries;
   try {
     const nlohmann::json j = nlohmann::json::parse(f);
     if (j.at("format").get<std::string>() != kFormat) throw std::runtime_error("unknown format");
@@ -202,59 +218,122 @@ CheckpointInfo load_checkpoint(const std::string& dir, Optimizer& opt, const Che
     got.iteration = j.at("iteration").get<std::int64_t>();
     got.seed = j.at("seed").get<std::uint64_t>();
     got.grad_parts = j.value("grad_parts", std::size_t(1));  // absent before it was recorded
+    // the old ranks' ranges and files (older indexes: only the top-level one)
+    for (const auto& r : j.contains("ranks") ? j.at("ranks") : nlohmann::json::array({j})) {
+      RankEntry e{r.at("begin").get<std::size_t>(), r.at("end").get<std::size_t>(),
+                  r.value("file", rank_file(r.at("rank").get<std::size_t>(), got.world))};
+      if (e.begin >= e.end || e.end > got.params_total)
+        throw std::runtime_error("rank range " + range_str(e.begin, e.end) + " outside the model's " +
+                                 std::to_string(got.params_total) + " parameters");
+      if (e.file.empty() || e.file.find('/') != std::string::npos)
+        throw std::runtime_error("bad rank file name '" + e.file + "'");
+      entries.push_back(e);
+    }
   } catch (const std::exception& e) {
     throw Error("cannot resume: " + dir + "/index.json is malformed: " + e.what());
   }
-  if (got.world != expect.world)
-    throw Error("cannot resume: the checkpoint in " + dir + " was saved by " + std::to_string(got.world) +
-                " rank(s) and this job has " + std::to_string(expect.world) +
-                ": re-sharding a checkpoint is not supported; resume with " + std::to_string(got.world) + " rank(s)");
-  if (got.world > 1) {  // this rank's entry (the whole job's, or a lone shard's)
-    got.rank = got.world;  // "absent" unless the index has an entry for this rank
-    got.begin = got.end = 0;
-    try {
-      std::ifstream f2(dir + "/index.json");
-      const nlohmann::json j = nlohmann::json::parse(f2);
-      const nlohmann::json entries = j.contains("ranks") ? j.at("ranks") : nlohmann::json::array({j});  // older: one
-      for (const auto& r : entries)
-        if (r.at("rank").get<std::size_t>() == expect.rank) {
-          got.rank = expect.rank;
-          got.begin = r.at("begin").get<std::size_t>();
-          got.end = r.at("end").get<std::size_t>();
-        }
-    } catch (const std::exception& e) {
-      throw Error("cannot resume: " + dir + "/index.json is malformed: " + e.what());
-    }
-  }
-  if (got.world > 1 && got.rank != expect.rank)
-    throw Error("cannot resume: the checkpoint in " + dir + " has no entry for rank " + std::to_string(expect.rank) +
-                " of " + std::to_string(expect.world) + " (it was saved by a lone --shard run of another rank?)");
-  if (got.model != expect.model || got.params_total != expect.params_total || got.begin != expect.begin ||
-      got.end != expect.end || got.rank != expect.rank || got.world != expect.world ||
+  if (got.model != expect.model || got.params_total != expect.params_total ||
       got.subgroup_size != expect.subgroup_size || got.dtype != expect.dtype || got.seed != expect.seed ||
       got.grad_parts != expect.grad_parts)
     throw Error("cannot resume: the checkpoint in " + dir + " is of " + describe(got) + "; this run is " +
-                describe(expect) + ": resume with the same model, --shard, --subgroup-size, --dtype, --seed and "
-                "--grad-parts (or number of ranks)");
-  std::map<std::string, SafetensorIn> t;
-  try {
-    t = read_safetensors(dir + "/" + rank_file(got.rank, got.world));
-  } catch (const std::exception& e) {
-    throw Error(std::string("cannot resume: ") + e.what());
-  }
+                describe(expect) + ": resume with the same model, --subgroup-size, --dtype and --seed, and with the "
+                "checkpoint's --grad-parts " + std::to_string(got.grad_parts) +
+                " (any number of ranks can resume it with that)");
+
+  // This rank's elements [lo, hi) come from the old ranks whose ranges cover them: pieces of
+  // (entry, lo, hi), in order, covering [expect.begin, expect.end) exactly.
   const std::size_t n = opt.num_params(), ns = opt.num_subgroups();
-  auto need = [&](const char* name, const char* dtype, std::size_t count, std::size_t esz) -> const SafetensorIn& {
-    auto it = t.find(name);
-    if (it == t.end() || it->second.dtype != dtype || it->second.data.size() != count * esz)
-      throw Error(std::string("cannot resume: tensor '") + name + "' of " + dir + " is missing or of the wrong size");
-    return it->second;
+  if (expect.end - expect.begin != n)
+    throw Error("cannot resume: this rank's range " + range_str(expect.begin, expect.end) + " does not hold its " +
+                std::to_string(n) + " parameters");
+  std::sort(entries.begin(), entries.end(), [](const RankEntry& a, const RankEntry& b) { return a.begin < b.begin; });
+  struct Piece {
+    const RankEntry* entry;
+    std::size_t lo, hi;
   };
-  const SafetensorIn &master = need("master", "F32", n, 4), &m = need("exp_avg", "F32", n, 4),
-                     &v = need("exp_avg_sq", "F32", n, 4), &step = need("step", "I64", ns, 8);
+  std::vector<Piece> pieces;
+  std::size_t cursor = expect.begin;
+  for (const RankEntry& e : entries) {
+    if (e.end <= cursor) continue;
+    if (cursor >= expect.end || e.begin > cursor) break;
+    pieces.push_back({&e, cursor, std::min(e.end, expect.end)});
+    cursor = pieces.back().hi;
+  }
+  if (cursor < expect.end) {
+    std::size_t gap_end = expect.end;
+    for (const RankEntry& e : entries)
+      if (e.begin > cursor) gap_end = std::min(gap_end, e.begin);
+    throw Error("cannot resume: the checkpoint in " + dir + " (saved by " + std::to_string(got.world) +
+                " rank(s); its index lists " + std::to_string(entries.size()) + ") has no state for elements " +
+                range_str(cursor, gap_end) + " of this rank's range " + range_str(expect.begin, expect.end) +
+                " (a lone --shard run saves only its own range: resume it with the same --shard)");
+  }
+
+  // This rank's subgroups: consecutive from expect.begin; starts[i] is subgroup i's first element.
+  std::vector<std::size_t> starts(ns + 1, expect.begin);
+  for (std::size_t i = 0; i < ns; ++i) starts[i + 1] = starts[i] + opt.subgroup_size(i);
+  if (starts[ns] != expect.end)
+    throw Error("cannot resume: this rank's subgroups do not cover its range " + range_str(expect.begin, expect.end));
+
+  std::vector<float> master(n), m(n), v(n);
   std::vector<std::int64_t> steps(ns);
-  std::memcpy(steps.data(), step.data.data(), ns * 8);
-  opt.load_state(reinterpret_cast<const float*>(master.data.data()), reinterpret_cast<const float*>(m.data.data()),
-                 reinterpret_cast<const float*>(v.data.data()), steps);
+  std::vector<std::size_t> step_from(ns), step_to(ns);  // elements the subgroup's step was taken from
+  std::vector<bool> have(ns, false);
+  for (const Piece& p : pieces) {  // one old file at a time
+    const std::string path = dir + "/" + p.entry->file;
+    std::map<std::string, SafetensorIn> t;
+    try {
+      t = read_safetensors(path);
+    } catch (const std::exception& e) {
+      throw Error(std::string("cannot resume: ") + e.what());
+    }
+    const std::size_t count = p.entry->end - p.entry->begin;
+    auto need = [&](const char* name, const char* dtype, std::size_t elems, std::size_t esz) -> const SafetensorIn& {
+      auto it = t.find(name);
+      if (it == t.end() || it->second.dtype != dtype || it->second.data.size() != elems * esz)
+        throw Error(std::string("cannot resume: tensor '") + name + "' of " + path +
+                    " is missing or of the wrong size (its index entry says elements " +
+                    range_str(p.entry->begin, p.entry->end) + ")");
+      return it->second;
+    };
+    const SafetensorIn &tm = need("master", "F32", count, 4), &tv1 = need("exp_avg", "F32", count, 4),
+                       &tv2 = need("exp_avg_sq", "F32", count, 4);
+    auto it = t.find("step");
+    const std::size_t old_ns = it == t.end() ? 0 : it->second.data.size() / 8;
+    const SafetensorIn &tstep = need("step", "I64", old_ns, 8), &tsizes = need("subgroup_sizes", "I64", old_ns, 8);
+    const std::size_t off = p.lo - p.entry->begin, len = p.hi - p.lo, at = p.lo - expect.begin;
+    std::memcpy(master.data() + at, tm.data.data() + off * 4, len * 4);
+    std::memcpy(m.data() + at, tv1.data.data() + off * 4, len * 4);
+    std::memcpy(v.data() + at, tv2.data.data() + off * 4, len * 4);
+    // every old subgroup overlapping [lo, hi) gives its step to the new subgroups it overlaps, which
+    // must not get two different ones
+    const std::string bad_sizes =
+        "cannot resume: the subgroup sizes in " + path + " do not add up to its " + std::to_string(count) + " elements";
+    std::size_t ob = p.entry->begin;
+    for (std::size_t k = 0; k < old_ns; ++k) {
+      std::int64_t size, step;
+      std::memcpy(&size, tsizes.data.data() + k * 8, 8);
+      std::memcpy(&step, tstep.data.data() + k * 8, 8);
+      if (size <= 0 || std::size_t(size) > p.entry->end - ob) throw Error(bad_sizes);
+      const std::size_t oe = ob + std::size_t(size), lo = std::max(ob, p.lo), hi = std::min(oe, p.hi);
+      for (std::size_t i = std::size_t(std::upper_bound(starts.begin(), starts.end(), lo) - starts.begin()) - 1;
+           lo < hi && i < ns && starts[i] < hi; ++i) {
+        const std::size_t a = std::max(lo, starts[i]), b = std::min(hi, starts[i + 1]);
+        if (!have[i]) {
+          have[i] = true, steps[i] = step, step_from[i] = a, step_to[i] = b;
+        } else if (steps[i] != step) {
+          throw Error("cannot resume: in the checkpoint in " + dir + ", elements " + range_str(step_from[i], step_to[i]) +
+                      " have taken " + std::to_string(steps[i]) + " Adam step(s) and elements " + range_str(a, b) +
+                      " " + std::to_string(step) + ", but this job's subgroup " + range_str(starts[i], starts[i + 1]) +
+                      " would hold both (a subgroup has one step count): resume with the " +
+                      std::to_string(got.world) + " rank(s) that saved it");
+        }
+      }
+      ob = oe;
+    }
+    if (ob != p.entry->end) throw Error(bad_sizes);
+  }
+  opt.load_state(master.data(), m.data(), v.data(), steps);
   return got;
 }
 

@@ -2,10 +2,13 @@
 // written so that a crash mid-save leaves the previous checkpoint usable.
 //
 //   DIR/index.json                        format, model, parameter counts, ranks, subgroup size,
-//                                         dtype, iterations done, seed
+//                                         dtype, iterations done, seed, gradient parts, and
+//                                         "ranks": [{rank, begin, end, file}] (each rank's flat
+//                                         element range [begin, end) and its file)
 //   DIR/rank-RRRRR-of-WWWWW.safetensors   master, exp_avg, exp_avg_sq (F32, this rank's flat
 //                                         parameters), step (I64, one per subgroup),
-//                                         subgroup_sizes (I64)
+//                                         subgroup_sizes (I64, elements; consecutive from begin)
+// A checkpoint resumes on any number of ranks (load_checkpoint re-shards it).
 #pragma once
 
 #include <cstddef>
@@ -17,12 +20,14 @@
 
 namespace dos {
 
-/// What a checkpoint records besides the state. On resume, every field but `iteration` must equal
-/// the running job's. model: a name (preset or config path); params_total: parameters of the whole
-/// model; begin, end: this rank's flat element range; rank, world: data-parallel position;
-/// subgroup_size: elements; dtype: "fp32", "fp16" or "bf16"; iteration: iterations done when
-/// saved; seed: the run's seed; grad_parts: how many data-parallel parts the (emulated) gradients
-/// sum (dos-train's --grad-parts, or its number of MPI ranks; 1 otherwise).
+/// What a checkpoint records besides the state. On resume, model, params_total, subgroup_size,
+/// dtype, seed and grad_parts must equal the running job's; rank, world, begin and end may differ
+/// (the state is re-sharded). model: a name (preset or config path); params_total: parameters of
+/// the whole model; begin, end: this rank's flat element range [begin, end) of the model's
+/// parameters; rank, world: data-parallel position; subgroup_size: elements; dtype: "fp32", "fp16"
+/// or "bf16"; iteration: iterations done when saved; seed: the run's seed; grad_parts: how many
+/// data-parallel parts the (emulated) gradients sum (dos-train's --grad-parts, or its number of MPI
+/// ranks; 1 otherwise).
 struct CheckpointInfo {
   std::string model;
   std::size_t params_total = 0, begin = 0, end = 0, rank = 0, world = 1, subgroup_size = 0;
@@ -56,11 +61,26 @@ void check_checkpoint_dir(const std::string& dir);
 void save_checkpoint(const std::string& dir, const Optimizer& opt, const CheckpointInfo& info,
                      const CheckpointRanks* ranks = nullptr);
 
-/// Reads the checkpoint in `dir` into `opt` (Optimizer::load_state) after checking that it belongs
-/// to the same job as `expect` (every field but iteration). Returns the checkpoint's info.
-/// Throws Error, changing nothing, when the folder or a file is missing or malformed, or the
-/// checkpoint is of another model, shard, subgroup size, dtype or seed (the message names both sides),
-/// or was saved by another number of ranks (re-sharding is not supported: the message says so).
+/// Reads this rank's part of the checkpoint in `dir` into `opt` (Optimizer::load_state), after
+/// checking that it belongs to the same job as `expect` (model, params_total, subgroup_size, dtype,
+/// seed, grad_parts). The checkpoint may have been saved by another number of ranks: this rank's
+/// elements [expect.begin, expect.end) (opt.num_params() of them) are taken from whichever old rank
+/// files the index's "ranks" entries say cover them, one file at a time (Adam is elementwise, so
+/// master, exp_avg and exp_avg_sq re-shard exactly); each of this rank's subgroups (consecutive from
+/// expect.begin, opt.subgroup_size(i) elements) takes the step count of the old subgroups it
+/// overlaps. With the same ranks as the save, each rank reads just its own file, unchanged.
+/// Returns the checkpoint's info (world: the ranks that saved it; rank, begin, end: its index's
+/// first entry's).
+/// Throws Error ("cannot resume: ..."), changing nothing, when:
+///  - the folder, index.json or an old rank file it needs is missing or malformed (the message
+///    names the file, e.g. rank-00001-of-00002.safetensors), or a file's tensors do not hold the
+///    element count of its index entry;
+///  - the checkpoint is of another model, subgroup size, dtype, seed or --grad-parts (the message
+///    names both sides);
+///  - the index's entries do not cover this rank's whole range (a lone `--shard R/W` run's
+///    checkpoint holds only its own range; the message names the uncovered elements);
+///  - one of this rank's subgroups overlaps old subgroups with different step counts (the message
+///    names both element ranges and step counts, and says to resume with the old number of ranks).
 CheckpointInfo load_checkpoint(const std::string& dir, Optimizer& opt, const CheckpointInfo& expect);
 
 }  // namespace dos

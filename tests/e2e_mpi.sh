@@ -3,8 +3,9 @@
 # parameters; gradients are reduce-scattered and parameters all-gathered every iteration. The two
 # ranks' saved shards must hold exactly their slices of a one-process run with --grad-parts 2 (the
 # same summed gradients); a bad option must fail the whole job on every rank, with a message,
-# without hanging; sharded checkpoints resume bit-identically, and are refused with another number
-# of ranks or a rank's file missing. Skips (77) without mpirun or when dos-train was built without MPI.
+# without hanging; sharded checkpoints resume bit-identically, on the same or another number of ranks
+# (re-sharded: 2 -> 1, 2 -> 3, 1 -> 2), and are refused where a rank's range is not in the checkpoint,
+# where re-sharding would mix subgroups of different step counts, or with a rank's file missing. Skips (77) without mpirun or when dos-train was built without MPI.
 #   e2e_mpi.sh DOS_TRAIN SHARD_CHECK.py
 set -u
 train=$1 check=$2
@@ -53,10 +54,61 @@ python3 "$check" "$tmp/full.safetensors" "$tmp/res.rank-00000-of-00002.safetenso
   { echo "FAIL: resumed shards differ from the uninterrupted run"; exit 1; }
 echo "ok: 2 ranks, saved after 2 iterations and resumed for 1, match 3 in a row bit for bit"
 ls "$tmp" | grep -qE "ck\.(tmp|old)" && { echo "FAIL: a temporary checkpoint folder was left"; exit 1; }
-# another number of ranks: refused with a message
-out=$("$train" "${common[@]}" --grad-parts 2 --iterations 1 --resume "$tmp/ck" 2>&1)
-[ $? -ne 0 ] && grep -q "saved by 2 rank(s) and this job has 1" <<<"$out" || { echo "FAIL: resume with 1 rank: $out"; exit 1; }
-echo "ok: $(grep -m1 "saved by" <<<"$out")"
+# another number of ranks re-shards the checkpoint (same --grad-parts: the same gradients), bit-identically
+"$train" "${common[@]}" --grad-parts 2 --iterations 1 --resume "$tmp/ck" --save-params "$tmp/r1.safetensors" \
+  >/dev/null 2>&1 || { echo "FAIL: the 2-rank checkpoint resumed by 1 rank"; exit 1; }
+python3 "$check" "$tmp/full.safetensors" "$tmp/r1.safetensors" || { echo "FAIL: 2 -> 1 rank differs"; exit 1; }
+echo "ok: the 2-rank checkpoint resumed by 1 rank for 1 iteration matches 3 in a row bit for bit"
+out=$(timeout 120 mpirun --oversubscribe -np 3 --mca btl self,vader "$train" "${common[@]}" --grad-parts 2 \
+  --iterations 1 --resume "$tmp/ck" --save-params "$tmp/r3.safetensors" 2>&1) ||
+  { echo "FAIL: the 2-rank checkpoint resumed by 3 ranks:"; echo "$out" | tail -20; exit 1; }
+python3 "$check" "$tmp/full.safetensors" "$tmp"/r3.rank-0000{0,1,2}-of-00003.safetensors ||
+  { echo "FAIL: 2 -> 3 ranks differ"; exit 1; }
+echo "ok: the 2-rank checkpoint resumed by 3 ranks for 1 iteration matches 3 in a row bit for bit"
+"$train" "${common[@]}" --grad-parts 2 --iterations 2 --save-state "$tmp/ck1" >/dev/null 2>&1 ||
+  { echo "FAIL: the 1-rank save"; exit 1; }
+timeout 120 "${mpi[@]}" "$train" "${common[@]}" --grad-parts 2 --iterations 1 --resume "$tmp/ck1" \
+  --save-params "$tmp/r2.safetensors" >/dev/null 2>&1 || { echo "FAIL: the 1-rank checkpoint resumed by 2 ranks"; exit 1; }
+python3 "$check" "$tmp/full.safetensors" "$tmp"/r2.rank-0000{0,1}-of-00002.safetensors ||
+  { echo "FAIL: 1 -> 2 ranks differ"; exit 1; }
+echo "ok: the 1-rank checkpoint resumed by 2 ranks for 1 iteration matches 3 in a row bit for bit"
+"$train" "${common[@]}" --shard 1/2 --grad-parts 2 --iterations 1 --resume "$tmp/ck" --save-params "$tmp/l1.safetensors" \
+  >/dev/null 2>&1 && python3 "$check" "$tmp/full.safetensors" "$tmp/r2.rank-00000-of-00002.safetensors" "$tmp/l1.safetensors" ||
+  { echo "FAIL: a lone --shard 1/2 --grad-parts 2 run resuming the 2-rank checkpoint"; exit 1; }
+echo "ok: a lone --shard 1/2 --grad-parts 2 run resumes the 2-rank checkpoint's rank 1 bit for bit"
+# a lone --shard run's checkpoint holds only its range: another range is refused, naming what is missing
+"$train" "${common[@]}" --shard 1/2 --grad-parts 2 --iterations 2 --save-state "$tmp/ck-lone" >/dev/null 2>&1 ||
+  { echo "FAIL: the lone --shard 1/2 save"; exit 1; }
+half=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["ranks"][0]["begin"])' "$tmp/ck-lone/index.json")
+out=$("$train" "${common[@]}" --grad-parts 2 --iterations 1 --resume "$tmp/ck-lone" --save-params "$tmp/bad1.safetensors" 2>&1)
+[ $? -ne 0 ] && grep -q "has no state for elements \[0, $half) of this rank's range" <<<"$out" ||
+  { echo "FAIL: a lone shard's checkpoint resumed by 1 rank: $out"; exit 1; }
+ls "$tmp"/bad1* >/dev/null 2>&1 && { echo "FAIL: an output file was left"; exit 1; }
+echo "ok: $(grep -m1 "has no state" <<<"$out")"
+# old subgroups of different step counts cannot share a new subgroup: a copy of the checkpoint whose
+# rank 1's first subgroup took 5 steps (the others 2); 1 rank's subgroup across the old ranks' boundary
+# would mix them (the boundary is not a multiple of --subgroup-size 10007), so it is refused
+cp -r "$tmp/ck" "$tmp/ck-steps"
+python3 - "$tmp/ck-steps/rank-00001-of-00002.safetensors" <<'EOF' || { echo "FAIL: editing the step counts"; exit 1; }
+import json, struct, sys
+with open(sys.argv[1], "r+b") as f:
+    (hlen,) = struct.unpack("<Q", f.read(8))
+    start, end = json.loads(f.read(hlen))["step"]["data_offsets"]
+    f.seek(8 + hlen + start)
+    assert struct.unpack("<q", f.read(8))[0] == 2
+    f.seek(8 + hlen + start)
+    f.write(struct.pack("<q", 5))
+EOF
+b=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["ranks"][1]["begin"])' "$tmp/ck/index.json")
+lo=$((b / 10007 * 10007)) hi=$((b / 10007 * 10007 + 10007))
+[ $((b % 10007)) -ne 0 ] || { echo "FAIL: the old ranks' boundary $b is a multiple of 10007"; exit 1; }
+out=$("$train" "${common[@]}" --grad-parts 2 --iterations 1 --resume "$tmp/ck-steps" --save-params "$tmp/bad2.safetensors" 2>&1)
+rc=$?
+want="elements \[$lo, $b) have taken 2 Adam step(s) and elements \[$b, $hi) 5, but this job's subgroup \[$lo, $hi)"
+[ $rc -ne 0 ] && grep -q "$want" <<<"$out" && grep -q "resume with the 2 rank(s) that saved it" <<<"$out" ||
+  { echo "FAIL: mixed step counts resumed by 1 rank ($rc): $out"; exit 1; }
+ls "$tmp"/bad2* >/dev/null 2>&1 && { echo "FAIL: an output file was left"; exit 1; }
+echo "ok: $(grep -m1 "Adam step" <<<"$out")"
 # a lone --shard run of the same model cannot continue a job's checkpoint on other gradients
 out=$("$train" "${common[@]}" --shard 1/2 --iterations 1 --resume "$tmp/ck" 2>&1)
 [ $? -ne 0 ] && grep -q "summed over 2 parts" <<<"$out" || { echo "FAIL: lone shard resume: $out"; exit 1; }

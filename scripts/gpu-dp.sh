@@ -2,17 +2,17 @@
 # On nvidia-h200-x2 (2 GPUs, 32 cores): issue 7's data-parallel runs. The same model on 1 rank
 # (one GPU, all cores) and on 2 ranks (one GPU each, the cores split by dos-train near each GPU),
 # with the collectives through NCCL (GPU buffers) and through MPI (host buffers):
-#   run(command="PART=check scripts/gpu-dp.sh", kind="nvidia-h200-x2", carry=[".deps/cache"])
-# PART=check: build, the machine's topology, the tests train-nccl-2ranks and train-mpi-2ranks, then
-#             2 ranks with NCCL on the model below
-# PART=scale: 1 rank, then 2 ranks with MPI; the table of all three (the NCCL run's report from
-#             PART=check when the machine is still the same, else it runs again)
-# MODEL: the dos-train arguments (default: llama2-7b, subgroups of 1e8, 4 iterations, 40 GB update
+#   run(command="scripts/gpu-dp.sh", kind="nvidia-h200-x2", carry=[".deps/cache"])
+# PART=check: build, the machine's topology, the test train-nccl-2ranks
+# PART=scale: the model below on 1 rank (--ncuda 1), on 2 ranks with NCCL and on 2 ranks with MPI
+#             (MPI_ITERATIONS iterations, default 5: its host collectives take seconds), and the table
+# PART=all (default): both
+# MODEL: the dos-train arguments (default: llama2-7b, subgroups of 1e8, 8 iterations, 40 GB update
 # budget, policy dos). NVLink multicast stays off as the machine sets it (NCCL_NVLS_ENABLE=0 ...).
 set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${OUT:-$ROOT/gpu-dp-out}
-PART=${PART:-check}
+PART=${PART:-all}
 mkdir -p "$OUT"
 t0=$(date +%s)
 # NCCL: beside CUDA, or else the Python wheel's (nvidia-nccl-cu13), linked through .deps/nccl
@@ -40,25 +40,27 @@ pass=()
 for v in NCCL_NVLS_ENABLE TORCH_SYMM_MEM_DISABLE_MULTICAST NVSHMEM_DISABLE_NVLS LD_LIBRARY_PATH; do
   [ -n "${!v:-}" ] && pass+=(-x "$v")
 done
-read -r -a M <<<"${MODEL:---preset llama2-7b --subgroup-size 1e8 -n 4 --gpu-update-budget 40GB --policy dos}"
+read -r -a M <<<"${MODEL:---preset llama2-7b --subgroup-size 1e8 -n 8 --gpu-update-budget 40GB --policy dos}"
 MPI=(mpirun -np 2 --bind-to none "${pass[@]}")
-show() { grep -E "^(dos-train:|data parallel|  rank|model:|iter|summary)" "$1" | cut -c1-400; }
+show() { grep -E "^(dos-train:|data parallel|  rank|model:|iter|summary)" "$1" | cut -c1-330; }
 
-if [ "$PART" = check ]; then
+if [ "$PART" != scale ]; then
   env | grep -E "^(NCCL|NVSHMEM|TORCH_SYMM)" | sort
   nvidia-smi topo -m 2>&1 | head -8
   lscpu | grep -E "^(NUMA|Model name|CPU\(s\))"
   (cd "$B" && meson test train-nccl-2ranks --print-errorlogs 2>&1 | grep -E "^ *[0-9]+/[0-9]+ |ok:|FAIL")
-  grep -hE "ok:|FAIL|^(data parallel|  rank)" "$B/meson-logs/testlog.txt" | head -20
-  t1=$(date +%s)
-  timeout 400 "${MPI[@]}" "$TRAIN" "${M[@]}" --comm nccl --report "$OUT/w2-nccl.json" > "$OUT/w2-nccl.log" 2>&1
-  echo "2 ranks, NCCL: exit $? in $(( $(date +%s) - t1 )) s"; show "$OUT/w2-nccl.log"
-else
+  grep -hE "ok:|FAIL|^(data parallel|  rank)|rror" "$B/meson-logs/testlog.txt" | head -30
+fi
+if [ "$PART" != check ]; then
   t1=$(date +%s)
   timeout 300 "$TRAIN" "${M[@]}" --ncuda 1 --report "$OUT/w1.json" > "$OUT/w1.log" 2>&1
   echo "1 rank: exit $? in $(( $(date +%s) - t1 )) s"; show "$OUT/w1.log"
   t1=$(date +%s)
-  timeout 250 "${MPI[@]}" "$TRAIN" "${M[@]}" --comm mpi --report "$OUT/w2-mpi.json" > "$OUT/w2-mpi.log" 2>&1
+  timeout 300 "${MPI[@]}" "$TRAIN" "${M[@]}" --comm nccl --report "$OUT/w2-nccl.json" > "$OUT/w2-nccl.log" 2>&1
+  echo "2 ranks, NCCL: exit $? in $(( $(date +%s) - t1 )) s"; show "$OUT/w2-nccl.log"
+  t1=$(date +%s)
+  timeout 300 "${MPI[@]}" "$TRAIN" "${M[@]}" -n "${MPI_ITERATIONS:-5}" --comm mpi --report "$OUT/w2-mpi.json" \
+    > "$OUT/w2-mpi.log" 2>&1
   echo "2 ranks, MPI: exit $? in $(( $(date +%s) - t1 )) s"; show "$OUT/w2-mpi.log"
   python3 - "$OUT" <<'PY'
 import glob, json, os, statistics, sys

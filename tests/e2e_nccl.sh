@@ -20,8 +20,8 @@ pass=()
 for v in NCCL_NVLS_ENABLE TORCH_SYMM_MEM_DISABLE_MULTICAST NVSHMEM_DISABLE_NVLS; do [ -n "${!v:-}" ] && pass+=(-x "$v"); done
 mpi=(mpirun --oversubscribe -np 2 --bind-to none "${pass[@]}")
 common=(--preset tiny --iterations 3 --subgroup-size 10007 --seed 7 --quiet --policy cpu)
-"$train" "${common[@]}" --ncuda 1 --grad-parts 2 --save-params "$tmp/full.safetensors" >/dev/null ||
-  { echo "FAIL: one-process run"; exit 1; }
+out=$("$train" "${common[@]}" --ncuda 1 --grad-parts 2 --save-params "$tmp/full.safetensors" 2>&1) ||
+  { echo "FAIL: one-process run:"; echo "$out" | tail -20; exit 1; }
 for comm in nccl mpi; do
   out=$(timeout 180 "${mpi[@]}" "$train" "${common[@]}" --comm $comm --save-params "$tmp/$comm.safetensors" \
         --report "$tmp/$comm.json" 2>&1)

@@ -86,28 +86,45 @@ void write_rank_file(const std::string& tmp, const Optimizer& opt, const Checkpo
                     {{"format", kFormat}, {"begin", std::to_string(info.begin)}, {"end", std::to_string(info.end)}});
 }
 
-/// The swap: the old checkpoint aside, the new one in, the old one removed. Throws Error, with the
-/// previous checkpoint back in place, when a rename fails.
+/// mkdtemp(prefix + "XXXXXX"): a new empty folder of a fresh name, even where process ids repeat
+/// (containers); "" with errno set when it cannot be made.
+std::string make_fresh_dir(const std::string& prefix) {
+  std::string tmpl = prefix + "XXXXXX";
+  std::vector<char> buf(tmpl.begin(), tmpl.end());
+  buf.push_back('\0');
+  return ::mkdtemp(buf.data()) ? std::string(buf.data()) : std::string();
+}
+
+void remove_tree(const std::string& path) {
+  std::error_code ec;
+  std::filesystem::remove_all(path, ec);
+}
+
+/// The swap: the old checkpoint aside (into a fresh DIR.old-XXXXXX), the new one in, the old one
+/// removed. Throws Error when a step fails, with `tmp` removed and the previous checkpoint back in
+/// place (or, if even that fails, the message says where it is).
 void swap_in(const std::string& tmp, const std::string& dir) {
   std::string old;
   struct stat st;
   if (::lstat(dir.c_str(), &st) == 0) {
-    old = dir + ".old-" + std::to_string(::getpid());
-    if (::rename(dir.c_str(), old.c_str()) != 0) {
-      std::error_code ec;
-      std::filesystem::remove_all(tmp, ec);
-      throw Error("cannot move the previous checkpoint " + dir + " aside: " + std::strerror(errno));
+    old = make_fresh_dir(dir + ".old-");
+    // rename(2) replaces an empty folder: the previous checkpoint takes the fresh name
+    if (old.empty() || ::rename(dir.c_str(), old.c_str()) != 0) {
+      const std::string why = std::strerror(errno);
+      if (!old.empty()) ::rmdir(old.c_str());
+      remove_tree(tmp);
+      throw Error("cannot move the previous checkpoint " + dir + " aside: " + why);
     }
   }
   if (::rename(tmp.c_str(), dir.c_str()) != 0) {
     const std::string why = std::strerror(errno);
-    if (!old.empty()) ::rename(old.c_str(), dir.c_str());  // put the previous one back
-    throw Error("cannot put the checkpoint in place at " + dir + ": " + why);
+    remove_tree(tmp);
+    std::string restore;
+    if (!old.empty() && ::rename(old.c_str(), dir.c_str()) != 0)
+      restore = "; the previous checkpoint could not be put back and is in " + old + " (" + std::strerror(errno) + ")";
+    throw Error("cannot put the checkpoint in place at " + dir + ": " + why + restore);
   }
-  if (!old.empty()) {
-    std::error_code ec;
-    std::filesystem::remove_all(old, ec);
-  }
+  if (!old.empty()) remove_tree(old);
 }
 
 void write_index(const std::string& tmp, const CheckpointInfo& info, bool all_ranks) {
@@ -126,25 +143,19 @@ void save_checkpoint(const std::string& dir, const Optimizer& opt, const Checkpo
     std::string why;
     long long packed = -1;
     if (info.rank == 0) {
-      std::string tmpl = dir + ".tmp-XXXXXX";
-      std::vector<char> buf(tmpl.begin(), tmpl.end());
-      buf.push_back('\0');
-      if (::mkdtemp(buf.data())) {
+      const std::string made = make_fresh_dir(dir + ".tmp-");
+      if (!made.empty()) {
         packed = 0;
-        for (std::size_t k = 0; k < 6; ++k) packed = (packed << 8) | (unsigned char)buf[tmpl.size() - 6 + k];
+        for (std::size_t k = made.size() - 6; k < made.size(); ++k) packed = (packed << 8) | (unsigned char)made[k];
       } else {
         why = "cannot create a folder next to " + dir + ": " + std::strerror(errno);
       }
     }
-    packed = ranks->from_rank0(packed);
-    if (packed < 0) {
-      ranks->all_ok(false);
-      throw Error(why.empty() ? "rank 0 could not create the new checkpoint folder next to " + dir : why);
-    }
+    packed = ranks->from_rank0(packed);  // every rank sees rank 0's failure (-1) and stops here
+    if (packed < 0) throw Error(why.empty() ? "rank 0 could not create the new checkpoint folder next to " + dir : why);
     std::string suffix(6, ' ');
     for (std::size_t k = 0; k < 6; ++k) suffix[5 - k] = char((packed >> (8 * k)) & 0xff);
     const std::string tmp = dir + ".tmp-" + suffix;
-    if (!ranks->all_ok(true)) throw Error("another rank failed before writing the checkpoint " + dir);
     try {
       write_rank_file(tmp, opt, info);
     } catch (const std::exception& e) {
@@ -159,27 +170,20 @@ void save_checkpoint(const std::string& dir, const Optimizer& opt, const Checkpo
         why = e.what();
       }
     }
-    if (info.rank == 0 && (!written || !why.empty())) {  // nothing half-written stays behind
-      std::error_code ec;
-      std::filesystem::remove_all(tmp, ec);
-    }
+    if (info.rank == 0 && (!written || !why.empty())) remove_tree(tmp);  // nothing half-written stays behind
     if (!ranks->all_ok(why.empty()))
       throw Error(why.empty() ? "another rank failed to write the checkpoint " + dir + " (see its message); the "
                                 "previous checkpoint is left in place"
                               : "cannot write the checkpoint: " + why);
     return;
   }
-  std::string tmpl = dir + ".tmp-XXXXXX";
-  std::vector<char> buf(tmpl.begin(), tmpl.end());
-  buf.push_back('\0');
-  if (!::mkdtemp(buf.data())) throw Error("cannot create a folder next to " + dir + ": " + std::strerror(errno));
-  const std::string tmp = buf.data();
+  const std::string tmp = make_fresh_dir(dir + ".tmp-");
+  if (tmp.empty()) throw Error("cannot create a folder next to " + dir + ": " + std::strerror(errno));
   try {
     write_rank_file(tmp, opt, info);
     write_index(tmp, info, false);
   } catch (const std::exception& e) {
-    std::error_code ec;
-    std::filesystem::remove_all(tmp, ec);
+    remove_tree(tmp);
     throw Error(std::string("cannot write the checkpoint: ") + e.what());
   }
   swap_in(tmp, dir);

@@ -27,7 +27,11 @@ case "$mode" in
     # (fp16 parameters, so that the caller's 16-bit copy restored from the master matters)
     run --policy cpu --dtype fp16 --iterations 4 --save-params "$tmp/once.safetensors"
     run --policy cpu --dtype fp16 --iterations 2 --save-state "$tmp/ckpt"
-    run --policy cpu --dtype fp16 --iterations 1 --resume "$tmp/ckpt" --save-state "$tmp/ckpt"
+    # a non-empty ckpt.old-PID left by a crashed run whose process id this one gets (containers
+    # reuse them): the save still goes through (the previous checkpoint is set aside under a fresh name)
+    (mkdir -p "$tmp/ckpt.old-$BASHPID/stale" && exec "$train" "${common[@]}" --policy cpu --dtype fp16 --iterations 1 \
+      --resume "$tmp/ckpt" --save-state "$tmp/ckpt" >/dev/null) || { echo "a stale ckpt.old-PID folder blocked the save"; exit 1; }
+    rm -rf "$tmp"/ckpt.old-*
     run --policy dmda --dtype fp16 --iterations 1 --resume "$tmp/ckpt" --save-params "$tmp/resumed.safetensors"
     ls "$tmp" | grep -qE "ckpt\.(tmp|old)" && { echo "a temporary checkpoint folder was left behind"; exit 1; }
     "$cmp" "$tmp/once.safetensors" "$tmp/resumed.safetensors" ;;

@@ -927,8 +927,9 @@ int main(int argc, char** argv) {
                  "per subgroup) to this folder (safetensors + index.json; the previous checkpoint stays intact until "
                  "the new one is complete)");
   app.add_option("--resume", a.resume,
-                 "start from the checkpoint in this folder (same model, --shard, --subgroup-size, --dtype and --seed): "
-                 "the run continues exactly as if it had not stopped");
+                 "start from the checkpoint in this folder (same model, --subgroup-size, --dtype, --seed and "
+                 "--grad-parts; any number of ranks: the state is re-sharded): the run continues exactly as if it "
+                 "had not stopped");
   app.add_option("--gpu-resident-budget", a.gpu_resident_budget,
                  "GPU memory the optimizer state may keep between iterations (e.g. 10GB; default: none kept, pure "
                  "offload). dos keeps the last subgroups that fit resident; static:R must fit its GPU share in it");

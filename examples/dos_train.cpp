@@ -4,6 +4,7 @@
 #include <CLI/CLI.hpp>
 #include <hwloc.h>
 #include <sched.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -86,17 +87,12 @@ std::string rank_path(const std::string& path, std::size_t rank, std::size_t wor
 
 /// This rank's GPU under MPI: the node's local rank modulo the GPUs CUDA sees (one GPU per rank
 /// when the launcher shows every GPU of the node to every rank; GPU 0 when it shows one, as Slurm's
-/// --gpus-per-task does). -1 without CUDA, with --ncuda 0 or --device host. Warns when ranks
-/// outnumber the node's GPUs (they then share GPUs).
+/// --gpus-per-task does); made the calling thread's current GPU. -1 without CUDA or with --ncuda 0.
 int choose_gpu(const dos::Comm& comm, const Args& a) {
 #if defined(DOS_HAVE_CUDA)
-  if (a.ncuda == 0 || a.device == "host") return -1;
+  if (a.ncuda == 0) return -1;
   const int count = dos_train::cuda_device_count();
   if (count == 0) return -1;
-  if (comm.local_size() > count)
-    std::fprintf(stderr, "dos-train: warning: rank %d: %d ranks on this node and %d GPU(s) visible: ranks share GPUs "
-                 "(one rank per GPU: srun --gpus-per-task=1, or as many ranks per node as GPUs)\n",
-                 comm.rank(), comm.local_size(), count);
   const int gpu = comm.local_rank() % count;
   dos_train::cuda_set_device(gpu);
   return gpu;
@@ -137,52 +133,111 @@ std::pair<std::vector<int>, std::string> gpu_local_cores(int gpu) {
   return out;
 }
 
+/// A 31-bit hash of a string or of a list of core numbers (FNV-1a): keys compared across ranks.
+int hash31(const std::string& text) {
+  std::uint32_t h = 2166136261u;
+  for (unsigned char c : text) h = (h ^ c) * 16777619u;
+  return int(h & 0x7fffffffu);
+}
+std::string core_list(const std::vector<int>& cores) {
+  std::string t;
+  for (int c : cores) t += std::to_string(c) + ",";
+  return t;
+}
+
+/// Where this rank runs, decided with the other ranks (collective).
+struct Placement {
+  std::string words;       ///< "GPU 1 (NUMA node 0), cores 16-31 (16)", for rank 0's listing
+  bool gpu_shared = false;  ///< another rank of this node uses the same GPU (NCCL cannot run then)
+};
+
 /// Gives this rank its cores, near its GPU. Ranks on one node whose launcher gave them the same
-/// cores (plain mpirun) would bind their threads to the same cores: each takes its own block,
-/// out of the cores of its GPU's NUMA node when the rank has a GPU and shares that node's cores
-/// only with the ranks whose GPUs are on the same node (so the optimizer state, first-touched by
-/// the rank's CPU threads, lands on its GPU's node). Fewer cores than ranks: a warning and no
-/// binding. Ranks with disjoint core sets (Slurm with --cpus-per-task, mpirun --map-by ...
-/// --bind-to core) are left as they are. Collective. Returns the placement in words.
-std::string place_rank(dos::Comm& comm, int gpu) {
+/// cores (plain mpirun --bind-to none) would bind their threads to the same cores: each takes its
+/// own block instead, out of the cores of its GPU's NUMA node, shared only with the ranks of the
+/// node whose GPUs have the same cores (so the optimizer state, first-touched by the rank's CPU
+/// threads, lands on its GPU's node); where two GPUs' core sets overlap without being equal, the
+/// whole set is split instead. Fewer cores than ranks: a warning and no binding. Ranks whose
+/// launcher gave them cores of their own (Slurm with --cpus-per-task, mpirun --map-by ...
+/// --bind-to core) keep exactly those. Also finds ranks of one node that share a GPU (warned).
+Placement place_rank(dos::Comm& comm, int gpu) {
   const std::vector<int> cores = dos::allowed_cores();
   const auto [near, nodes] = gpu_local_cores(gpu);
-  std::vector<int> pool;  // the cores this rank may take its block from
+  std::vector<int> pool;  // the cores of this rank's GPU's node(s) it may take its block from
   for (int c : cores)
     if (std::find(near.begin(), near.end(), c) != near.end()) pool.push_back(c);
   if (pool.empty()) pool = cores;
-  const int world = comm.size();
+  char host[256] = "";
+  ::gethostname(host, sizeof host - 1);
+#if defined(DOS_HAVE_CUDA)
+  const std::string bus = gpu >= 0 ? dos_train::cuda_pci_bus_id(gpu) : std::string();
+#else
+  const std::string bus;
+#endif
+  enum { kHost, kCores, kPool, kFirst, kLast, kBus, kFields };
+  const int mine[kFields] = {hash31(host), hash31(core_list(cores)), hash31(core_list(pool)),
+                             pool.empty() ? -1 : pool.front(), pool.empty() ? -1 : pool.back(),
+                             bus.empty() ? -1 : hash31(bus)};
+  const std::size_t world = std::size_t(comm.size());
   std::vector<dos::ShardRange> one;
-  for (int r = 0; r < world; ++r) one.push_back({std::size_t(r), std::size_t(r) + 1});
-  const int mine[2] = {cores.empty() ? -1 : cores.front(), pool.empty() ? -1 : pool.front()};
-  std::vector<int> firsts(2 * std::size_t(world), -1);
-  comm.all_gather(mine, firsts.data(), one, sizeof mine);
-  int sharing = 0, index = 0;
-  for (int r = 0; r < world; ++r)
-    if (firsts[2 * std::size_t(r)] == mine[0] && firsts[2 * std::size_t(r) + 1] == mine[1]) {
-      if (r < comm.rank()) ++index;
-      ++sharing;
-    }
-  std::string where = gpu >= 0 ? "GPU " + std::to_string(gpu) + (nodes.empty() ? "" : " (NUMA node " + nodes + ")")
-                               : std::string("no GPU");
-  if (sharing <= 1 && pool.size() == cores.size()) return where + ", cores as launched (" + std::to_string(cores.size()) + ")";
-  if (int(pool.size()) < sharing) {
+  for (std::size_t r = 0; r < world; ++r) one.push_back({r, r + 1});
+  std::vector<int> all(kFields * world, -1);
+  comm.all_gather(mine, all.data(), one, sizeof mine);
+  auto field = [&](std::size_t r, int f) { return all[r * kFields + std::size_t(f)]; };
+  const std::size_t me = std::size_t(comm.rank());
+  Placement out;
+  std::string gpu_words = gpu >= 0 ? "GPU " + std::to_string(gpu) + (nodes.empty() ? "" : " (NUMA node " + nodes + ")")
+                                   : std::string("no GPU");
+  // the ranks of this node launched on the same cores as this one; `overlap`: two of them have GPU
+  // core sets that overlap without being equal (every rank of the group finds the same answer)
+  std::vector<std::size_t> peers;
+  for (std::size_t r = 0; r < world; ++r) {
+    if (field(r, kHost) != mine[kHost]) continue;
+    if (r != me && mine[kBus] >= 0 && field(r, kBus) == mine[kBus]) out.gpu_shared = true;
+    if (field(r, kCores) == mine[kCores]) peers.push_back(r);
+  }
+  bool overlap = false;
+  for (std::size_t i : peers)
+    for (std::size_t j : peers)
+      if (field(i, kPool) != field(j, kPool) && field(i, kFirst) <= field(j, kLast) && field(j, kFirst) <= field(i, kLast))
+        overlap = true;
+  const int sharing = int(peers.size());
+  if (out.gpu_shared) {
+    std::fprintf(stderr, "dos-train: warning: rank %d: another rank on this node uses the same GPU (%s): ranks share "
+                 "GPUs (one rank per GPU: srun --gpus-per-task=1, or as many ranks per node as GPUs)\n",
+                 comm.rank(), bus.c_str());
+    gpu_words += ", shared with another rank";
+  }
+  if (sharing <= 1) {
+    out.words = gpu_words + ", cores as launched (" + std::to_string(cores.size()) + ")";
+    return out;
+  }
+  if (overlap) pool = cores;
+  int index = 0, group = 0;
+  for (std::size_t r : peers) {
+    if (!overlap && field(r, kPool) != mine[kPool]) continue;
+    if (r < me) ++index;
+    ++group;
+  }
+  if (int(pool.size()) < group) {
     std::fprintf(stderr, "dos-train: warning: rank %d: %d ranks share %zu core(s): they oversubscribe the cores; "
                  "threads are left unbound (give each rank its cores: srun --cpus-per-task, mpirun --map-by)\n",
-                 comm.rank(), sharing, pool.size());
+                 comm.rank(), group, pool.size());
     setenv("DOS_BIND", "0", 1);
-    return where + ", cores shared with other ranks (unbound)";
+    out.words = gpu_words + ", cores shared with other ranks (unbound)";
+    return out;
   }
-  const std::size_t per = pool.size() / std::size_t(sharing);
+  const std::size_t per = pool.size() / std::size_t(group);
   cpu_set_t set;
   CPU_ZERO(&set);
   for (std::size_t i = std::size_t(index) * per; i < std::size_t(index + 1) * per; ++i) CPU_SET(pool[i], &set);
   if (sched_setaffinity(0, sizeof set, &set) != 0) {
     std::fprintf(stderr, "dos-train: warning: rank %d: could not restrict itself to its %zu cores\n", comm.rank(), per);
-    return where + ", cores as launched (could not bind)";
+    out.words = gpu_words + ", cores as launched (could not bind)";
+    return out;
   }
-  return where + ", cores " + std::to_string(pool[std::size_t(index) * per]) + "-" +
-         std::to_string(pool[std::size_t(index + 1) * per - 1]) + " (" + std::to_string(per) + ")";
+  out.words = gpu_words + ", cores " + std::to_string(pool[std::size_t(index) * per]) + "-" +
+              std::to_string(pool[std::size_t(index + 1) * per - 1]) + " (" + std::to_string(per) + ")";
+  return out;
 }
 
 std::size_t parse_count(const std::string& s, const char* what) {
@@ -322,8 +377,11 @@ int run(const Args& args) {
            std::to_string(sg_total) + " ranks or a smaller --subgroup-size");
   }
   if (a.grad_parts < 0 || a.grad_parts > 2048)
-    fail("--grad-parts must be in [1, 2048] (the data-parallel ranks whose gradients are summed; 0: one), got " +
-         std::to_string(a.grad_parts));
+    fail("--grad-parts must be in [1, 2048] (the data-parallel ranks whose gradients are summed; 0, the default: "
+         "one part per rank), got " + std::to_string(a.grad_parts));
+  if (!dp && (a.comm == "mpi" || a.comm == "nccl"))
+    fail("--comm " + a.comm + " chooses the collectives of an MPI job, and this is one process (start it with mpirun "
+         "or srun --mpi=pmix, or leave --comm out)");
   // the emulated gradient sums `parts` contributions; under MPI rank r adds parts
   // [r * parts / W, (r + 1) * parts / W) (default: one part per rank), so that a job resumed on
   // another number of ranks with the checkpoint's --grad-parts sees the same gradients
@@ -398,7 +456,7 @@ int run(const Args& args) {
   ro.ncuda = a.ncuda;
   ro.verbose = !a.quiet;
   if (update_budget > 0) ro.gpu_memory_limit = update_budget + std::size_t(std::max<std::int64_t>(0, resident_budget));
-  std::string placement;
+  Placement placement;
   if (dp) {
     ro.cuda_device = choose_gpu(*g_comm, a);
     ro.node_ranks = g_comm->local_size();
@@ -425,13 +483,16 @@ int run(const Args& args) {
   // MPI through host memory.
   std::unique_ptr<dos::DeviceComm> dcomm;
   if (dp) {
-    const bool can = on_gpu && dos::have_nccl() && ro.cuda_device >= 0;
+    const bool can = on_gpu && dos::have_nccl() && ro.cuda_device >= 0 && !placement.gpu_shared;
     if (a.comm == "nccl" && !can)
-      fail(std::string("--comm nccl: ") + (!dos::have_nccl() ? "this dos-train was built without NCCL" :
-           "the model's buffers are not on a GPU here (--device host, --ncuda 0, or no GPU)") + "; use --comm mpi");
+      fail(std::string("--comm nccl: ") +
+           (!dos::have_nccl() ? "this dos-train was built without NCCL"
+            : placement.gpu_shared ? "this rank shares its GPU with another rank of the node (NCCL needs one GPU per rank)"
+                                   : "the model's buffers are not on a GPU here (--device host, --ncuda 0, or no GPU)") +
+           "; use --comm mpi");
     if (a.comm == "nccl" || (a.comm == "auto" && g_comm->all_ok(can))) dcomm = dos::make_nccl_comm(*g_comm, ro.cuda_device);
     char mine[160];
-    std::snprintf(mine, sizeof mine, "%s", placement.c_str());
+    std::snprintf(mine, sizeof mine, "%s", placement.words.c_str());
     std::vector<char> all(sizeof mine * world);
     std::vector<dos::ShardRange> one;
     for (std::size_t r = 0; r < world; ++r) one.push_back({r, r + 1});
@@ -565,9 +626,10 @@ int run(const Args& args) {
   const bool host_buckets = (parts > 1 || dp) && !dcomm;
   std::vector<float> bucket32(dp && !dcomm ? largest_shard : 0), shard32(host_buckets ? n : 0);
   std::vector<char> bucket16(dp && !dcomm ? largest_shard * esz : 0), staging16(host_buckets ? n * esz : 0);
-  // with NCCL, buckets in GPU memory of at most kChunk elements: a contribution, the received sum
-  // (fp32), the 16-bit parameters (1.25 GiB of GPU memory in all, whatever the model)
-  constexpr std::size_t kChunk = std::size_t(1) << 28;
+  // with NCCL, buckets in GPU memory of at most kChunk elements: a contribution and the received
+  // sum (fp32), the 16-bit parameters (640 MiB of GPU memory in all for bf16, whatever the model;
+  // outside StarPU's memory cap and the GPU budgets)
+  constexpr std::size_t kChunk = std::size_t(1) << 26;
   const std::size_t chunk = std::min(kChunk, largest_shard);
   struct DeviceBuffer {
     void* p = nullptr;
@@ -602,7 +664,7 @@ int run(const Args& args) {
           for (std::size_t off = 0; off < ranges[r].end - ranges[r].begin; off += chunk) {
             const std::size_t count = std::min(chunk, ranges[r].end - ranges[r].begin - off);
             dos_train::fill_grad_parts_cuda(send, count, a.seed, std::uint64_t(it), ranges[r].begin + off,
-                                            my_parts_begin, my_parts_end);
+                                            my_parts_begin, my_parts_end, parts);
             const auto c1 = std::chrono::steady_clock::now();
             dcomm->reduce_sum(send, recv, count, int(r));
             comm_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - c1).count();
@@ -617,13 +679,13 @@ int run(const Args& args) {
           for (std::size_t r = 0; r < world; ++r) {
             const dos::ShardRange& rr = ranges[r];
             dos_train::fill_grad_parts_host(bucket32.data(), rr.end - rr.begin, a.seed, std::uint64_t(it), rr.begin,
-                                            my_parts_begin, my_parts_end);
+                                            my_parts_begin, my_parts_end, parts);
             const auto c1 = std::chrono::steady_clock::now();
             g_comm->reduce_sum(bucket32.data(), shard32.data(), rr.end - rr.begin, int(r));
             comm_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - c1).count();
           }
         } else {
-          dos_train::fill_grad_parts_host(shard32.data(), n, a.seed, std::uint64_t(it), range.begin, 0, parts);
+          dos_train::fill_grad_parts_host(shard32.data(), n, a.seed, std::uint64_t(it), range.begin, 0, parts, parts);
         }
         std::vector<char>& g16 = staging16;
 #pragma omp parallel for schedule(static)
@@ -644,8 +706,7 @@ int run(const Args& args) {
         for (std::size_t r = 0; r < world; ++r)
           for (std::size_t off = 0; off < ranges[r].end - ranges[r].begin; off += chunk) {
             const std::size_t bytes = std::min(chunk, ranges[r].end - ranges[r].begin - off) * esz;
-            if (r == rank) dos_train::cuda_copy_on_device(d_bucket16.p, static_cast<const char*>(params) + off * esz, bytes);
-            dcomm->broadcast(d_bucket16.p, bytes, int(r));
+            dcomm->broadcast(static_cast<const char*>(params) + off * esz, d_bucket16.p, bytes, int(r));
           }
         comm_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - c1).count();
 #endif

@@ -50,10 +50,19 @@ DOS_HD float emulated_grad_part(std::uint64_t seed, std::uint64_t iter, std::uin
   return float(int(x * 1024.0f)) * (1.0f / 1048576.0f);
 }
 
-/// Sums parts [part_begin, part_end) of emulated_grad_part, in part order, for global indices
-/// [first, first + n) into dst (fp32, host memory), with OpenMP.
+/// Part `part` of the gradient of global parameter `index` when it is the sum of `parts` parts:
+/// emulated_grad itself when parts == 1 (so a one-part job on any number of ranks, where one rank
+/// adds it and the others add zeros, sees exactly the gradients of a plain one-process run), else
+/// emulated_grad_part.
+DOS_HD float grad_part(std::uint64_t seed, std::uint64_t iter, std::uint64_t part, std::uint64_t parts,
+                       std::uint64_t index) {
+  return parts == 1 ? emulated_grad(seed, iter, index) : emulated_grad_part(seed, iter, part, index);
+}
+
+/// Sums parts [part_begin, part_end) of `parts` (grad_part), in part order, for global indices
+/// [first, first + n) into dst (fp32, host memory), with OpenMP; zeros when the range is empty.
 void fill_grad_parts_host(float* dst, std::size_t n, std::uint64_t seed, std::uint64_t iter, std::uint64_t first,
-                          std::uint64_t part_begin, std::uint64_t part_end);
+                          std::uint64_t part_begin, std::uint64_t part_end, std::uint64_t parts);
 
 /// Writes n gradients of global indices [first, first + n) for iteration `iter` into dst (dtype t),
 /// on the host with OpenMP.
@@ -66,7 +75,7 @@ void fill_grads_cuda(void* dst, dos::DType t, std::size_t n, std::uint64_t seed,
                      std::uint64_t first);
 /// fill_grad_parts_host on the GPU (dst: n floats of device memory), the same bits; synchronous.
 void fill_grad_parts_cuda(float* dst, std::size_t n, std::uint64_t seed, std::uint64_t iter, std::uint64_t first,
-                          std::uint64_t part_begin, std::uint64_t part_end);
+                          std::uint64_t part_begin, std::uint64_t part_end, std::uint64_t parts);
 /// dst[i] = src[i] rounded to dtype t (dos::store_from_f32, round to nearest even) for i < n, both
 /// device pointers; synchronous. Throws std::runtime_error on a CUDA error.
 void store_from_f32_cuda(void* dst, dos::DType t, const float* src, std::size_t n);
@@ -81,7 +90,6 @@ void* cuda_alloc(std::size_t bytes);
 void cuda_free(void* p);
 void cuda_copy_to_device(void* dst, const void* src, std::size_t bytes);
 void cuda_copy_to_host(void* dst, const void* src, std::size_t bytes);
-void cuda_copy_on_device(void* dst, const void* src, std::size_t bytes);
 #endif
 
 }  // namespace dos_train

@@ -15,11 +15,11 @@ __global__ void grads_kernel(void* dst, dos::DType t, std::size_t n, std::uint64
     dos::store_from_f32(dst, t, i, emulated_grad(seed, iter, first + i));
 }
 __global__ void grad_parts_kernel(float* dst, std::size_t n, std::uint64_t seed, std::uint64_t iter, std::uint64_t first,
-                                  std::uint64_t part_begin, std::uint64_t part_end) {
+                                  std::uint64_t part_begin, std::uint64_t part_end, std::uint64_t parts) {
   const std::size_t stride = std::size_t(gridDim.x) * blockDim.x;
   for (std::size_t i = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
     float g = 0.0f;  // in part order, as fill_grad_parts_host adds them
-    for (std::uint64_t p = part_begin; p < part_end; ++p) g += emulated_grad_part(seed, iter, p, first + i);
+    for (std::uint64_t p = part_begin; p < part_end; ++p) g += grad_part(seed, iter, p, parts, first + i);
     dst[i] = g;
   }
 }
@@ -45,9 +45,9 @@ void fill_grads_cuda(void* dst, dos::DType t, std::size_t n, std::uint64_t seed,
 }
 
 void fill_grad_parts_cuda(float* dst, std::size_t n, std::uint64_t seed, std::uint64_t iter, std::uint64_t first,
-                          std::uint64_t part_begin, std::uint64_t part_end) {
+                          std::uint64_t part_begin, std::uint64_t part_end, std::uint64_t parts) {
   if (n == 0) return;
-  grad_parts_kernel<<<grid_for(n), 256>>>(dst, n, seed, iter, first, part_begin, part_end);
+  grad_parts_kernel<<<grid_for(n), 256>>>(dst, n, seed, iter, first, part_begin, part_end, parts);
   check(cudaGetLastError(), "gradient parts kernel launch");
   check(cudaDeviceSynchronize(), "gradient parts kernel");
 }
@@ -77,9 +77,6 @@ void* cuda_alloc(std::size_t bytes) {
 void cuda_free(void* p) { cudaFree(p); }
 void cuda_copy_to_device(void* dst, const void* src, std::size_t bytes) {
   check(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice), "cudaMemcpy to the GPU");
-}
-void cuda_copy_on_device(void* dst, const void* src, std::size_t bytes) {
-  check(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice), "cudaMemcpy on the GPU");
 }
 void cuda_copy_to_host(void* dst, const void* src, std::size_t bytes) {
   check(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy from the GPU");

@@ -53,7 +53,9 @@ class Comm {
 /// Collectives on buffers in this rank's GPU memory (device pointers of the GPU the backend was
 /// made for), for the NCCL backend. Every call is collective and synchronous: it returns once the
 /// result is in place (it runs on the backend's own CUDA stream, then waits for it). Errors (an
-/// NCCL or CUDA call failing) throw std::runtime_error naming the call and NCCL's message.
+/// NCCL or CUDA call failing) throw std::runtime_error naming the call and NCCL's message. Destroyed
+/// while an exception unwinds (this rank failed; the others may wait in a collective), it aborts
+/// the NCCL communicator (ncclCommAbort) instead of destroying it, which could block for ever.
 class DeviceComm {
  public:
   virtual ~DeviceComm() = default;
@@ -61,8 +63,10 @@ class DeviceComm {
   /// the other ranks): ncclReduce, fp32, ncclSum. Exact whenever the contributions' partial sums
   /// are, like Comm::reduce_sum.
   virtual void reduce_sum(const float* send, float* recv, std::size_t count, int root) = 0;
-  /// `bytes` of `buf` from rank `root` to every rank: ncclBroadcast.
-  virtual void broadcast(void* buf, std::size_t bytes, int root) = 0;
+  /// `bytes` of `send` (read on rank `root` only) into `recv` on every rank: ncclBroadcast. The
+  /// inputs must be complete when the call is made: work queued on other CUDA streams (the legacy
+  /// default stream included) is not waited for.
+  virtual void broadcast(const void* send, void* recv, std::size_t bytes, int root) = 0;
   /// The backend's name and version ("NCCL 2.27.7").
   virtual std::string name() const = 0;
 };

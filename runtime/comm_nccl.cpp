@@ -5,6 +5,7 @@
 //
 // NVLink SHARP (multicast) is left to NCCL's environment: the GPU machines set NCCL_NVLS_ENABLE=0
 // and nothing here overrides it.
+#include <exception>
 #include <stdexcept>
 #include <string>
 
@@ -31,20 +32,28 @@ void check_cuda(cudaError_t e, const char* what) {
 
 class NcclComm : public DeviceComm {
  public:
-  NcclComm(Comm& host, int device) : device_(device) {
+  NcclComm(Comm& host, int device) {
     check_cuda(cudaSetDevice(device), "cudaSetDevice");
     ncclUniqueId id{};
     if (host.rank() == 0) check_nccl(ncclGetUniqueId(&id), "ncclGetUniqueId");
     host.broadcast(&id, sizeof id, 0);
     check_nccl(ncclCommInitRank(&comm_, host.size(), id, host.rank()), "ncclCommInitRank");
-    check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate (NCCL's stream)");
+    const cudaError_t e = cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking);
+    if (e != cudaSuccess) {
+      ncclCommAbort(comm_);
+      check_cuda(e, "cudaStreamCreate (NCCL's stream)");
+    }
     int v = 0;
     ncclGetVersion(&v);
     name_ = "NCCL " + std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." + std::to_string(v % 100);
   }
   ~NcclComm() override {
-    if (stream_) cudaStreamDestroy(stream_);
-    if (comm_) ncclCommDestroy(comm_);
+    if (std::uncaught_exceptions() > 0) {  // this rank failed: the others may never join a destroy
+      ncclCommAbort(comm_);
+    } else {
+      ncclCommDestroy(comm_);
+    }
+    cudaStreamDestroy(stream_);
   }
   std::string name() const override { return name_; }
 
@@ -53,13 +62,12 @@ class NcclComm : public DeviceComm {
     check_cuda(cudaStreamSynchronize(stream_), "ncclReduce (gradients), waiting");
   }
 
-  void broadcast(void* buf, std::size_t bytes, int root) override {
-    check_nccl(ncclBroadcast(buf, buf, bytes, ncclUint8, root, comm_, stream_), "ncclBroadcast (parameters)");
+  void broadcast(const void* send, void* recv, std::size_t bytes, int root) override {
+    check_nccl(ncclBroadcast(send, recv, bytes, ncclUint8, root, comm_, stream_), "ncclBroadcast (parameters)");
     check_cuda(cudaStreamSynchronize(stream_), "ncclBroadcast (parameters), waiting");
   }
 
  private:
-  int device_;
   ncclComm_t comm_ = nullptr;
   cudaStream_t stream_ = nullptr;
   std::string name_;

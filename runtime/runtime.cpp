@@ -144,6 +144,16 @@ Runtime::Runtime(const RuntimeOptions& options) : impl_(new Impl) {
     conf.ncuda = 1;
     conf.use_explicit_workers_cuda_gpuid = 1;
     conf.workers_cuda_gpuid[0] = unsigned(options.cuda_device);
+    // StarPU's environment wins over its conf (src/core/workers.c, src/core/topology.c)
+    const std::pair<const char*, std::string> env[] = {{"STARPU_NCUDA", "1"},
+                                                       {"STARPU_WORKERS_CUDAID", std::to_string(options.cuda_device)}};
+    for (const auto& [name, want] : env) {
+      const char* had = std::getenv(name);
+      if (had && want != had && options.verbose)
+        std::fprintf(stderr, "[dos] warning: %s=%s is replaced by %s: this process updates on GPU %d only\n", name, had,
+                     want.c_str(), options.cuda_device);
+      setenv(name, want.c_str(), 1);
+    }
   }
   if (options.node_ranks < 1) throw Error("node_ranks must be >= 1, got " + std::to_string(options.node_ranks));
   node_ranks_ = options.node_ranks;

@@ -70,6 +70,8 @@ expect "fp32 or native" --grad-transfer fp8
 expect "stream-lookahead" --stream-lookahead -1
 expect "grad-parts" --grad-parts -1
 expect "grad-parts" --grad-parts 5000
+expect "must be auto, mpi or nccl" --comm nccI
+expect "collectives of an MPI job" --comm nccl
 expect "tokens" --emulate-compute --tokens 0
 expect "cpu-scale" --emulate-compute --cpu-scale 0
 expect "not a regular file" --timeline "$tmp/fifo"

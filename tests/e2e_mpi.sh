@@ -72,6 +72,17 @@ timeout 120 "${mpi[@]}" "$train" "${common[@]}" --grad-parts 2 --iterations 1 --
 python3 "$check" "$tmp/full.safetensors" "$tmp"/r2.rank-0000{0,1}-of-00002.safetensors ||
   { echo "FAIL: 1 -> 2 ranks differ"; exit 1; }
 echo "ok: the 1-rank checkpoint resumed by 2 ranks for 1 iteration matches 3 in a row bit for bit"
+# a plain one-process run (one gradient part, the default) saved and continued on 2 ranks with
+# --grad-parts 1, as the resume message says: the gradients of the plain run, the same bits
+"$train" "${common[@]}" --save-params "$tmp/plain.safetensors" >/dev/null 2>&1 || { echo "FAIL: the plain run"; exit 1; }
+"$train" "${common[@]}" --iterations 2 --save-state "$tmp/ckp" >/dev/null 2>&1 || { echo "FAIL: the plain save"; exit 1; }
+out=$(timeout 120 "${mpi[@]}" "$train" "${common[@]}" --iterations 1 --resume "$tmp/ckp" 2>&1)
+[ $? -ne 0 ] && grep -q "the checkpoint's --grad-parts 1" <<<"$out" || { echo "FAIL: resume without --grad-parts 1: $out"; exit 1; }
+timeout 120 "${mpi[@]}" "$train" "${common[@]}" --grad-parts 1 --iterations 1 --resume "$tmp/ckp" \
+  --save-params "$tmp/p2.safetensors" >/dev/null 2>&1 || { echo "FAIL: the plain checkpoint resumed by 2 ranks"; exit 1; }
+python3 "$check" "$tmp/plain.safetensors" "$tmp"/p2.rank-0000{0,1}-of-00002.safetensors ||
+  { echo "FAIL: a plain run continued on 2 ranks with --grad-parts 1 differs"; exit 1; }
+echo "ok: a plain one-process checkpoint continued on 2 ranks with --grad-parts 1 matches 3 plain iterations bit for bit"
 "$train" "${common[@]}" --shard 1/2 --grad-parts 2 --iterations 1 --resume "$tmp/ck" --save-params "$tmp/l1.safetensors" \
   >/dev/null 2>&1 && python3 "$check" "$tmp/full.safetensors" "$tmp/r2.rank-00000-of-00002.safetensors" "$tmp/l1.safetensors" ||
   { echo "FAIL: a lone --shard 1/2 --grad-parts 2 run resuming the 2-rank checkpoint"; exit 1; }

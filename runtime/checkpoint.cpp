@@ -22,6 +22,12 @@ namespace {
 
 constexpr const char* kFormat = "deep-optimizer-states checkpoint v1";
 
+/// `dir` without trailing slashes ("ck/" -> "ck"), so that "DIR.tmp-..." lands beside it.
+std::string without_trailing_slashes(std::string dir) {
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  return dir;
+}
+
 std::string rank_file(std::size_t rank, std::size_t world) {
   char name[64];
   std::snprintf(name, sizeof name, "rank-%05zu-of-%05zu.safetensors", rank, world);
@@ -52,8 +58,9 @@ std::string describe(const CheckpointInfo& i) {
 
 }  // namespace
 
-void check_checkpoint_dir(const std::string& dir) {
-  if (dir.empty()) throw Error("the checkpoint folder name is empty");
+void check_checkpoint_dir(const std::string& dir_given) {
+  if (dir_given.empty()) throw Error("the checkpoint folder name is empty");
+  const std::string dir = without_trailing_slashes(dir_given);
   try {
     check_parent_writable(dir, "the checkpoint " + dir);
   } catch (const std::runtime_error& e) {
@@ -86,13 +93,25 @@ void write_rank_file(const std::string& tmp, const Optimizer& opt, const Checkpo
                     {{"format", kFormat}, {"begin", std::to_string(info.begin)}, {"end", std::to_string(info.end)}});
 }
 
+/// The process's umask, read without changing it (/proc/self/status; 022 where that cannot be read).
+mode_t process_umask() {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind("Umask:", 0) == 0) return mode_t(std::strtoul(line.c_str() + 6, nullptr, 8));
+  return 022;
+}
+
 /// mkdtemp(prefix + "XXXXXX"): a new empty folder of a fresh name, even where process ids repeat
 /// (containers); "" with errno set when it cannot be made.
+/// The folder gets the permissions a plain mkdir would give (mkdtemp makes it 0700).
 std::string make_fresh_dir(const std::string& prefix) {
   std::string tmpl = prefix + "XXXXXX";
   std::vector<char> buf(tmpl.begin(), tmpl.end());
   buf.push_back('\0');
-  return ::mkdtemp(buf.data()) ? std::string(buf.data()) : std::string();
+  if (!::mkdtemp(buf.data())) return std::string();
+  ::chmod(buf.data(), 0777 & ~process_umask());
+  return std::string(buf.data());
 }
 
 void remove_tree(const std::string& path) {
@@ -134,8 +153,9 @@ void write_index(const std::string& tmp, const CheckpointInfo& info, bool all_ra
 
 }  // namespace
 
-void save_checkpoint(const std::string& dir, const Optimizer& opt, const CheckpointInfo& info,
+void save_checkpoint(const std::string& dir_given, const Optimizer& opt, const CheckpointInfo& info,
                      const CheckpointRanks* ranks) {
+  const std::string dir = without_trailing_slashes(dir_given);
   check_checkpoint_dir(dir);
   if (info.world > 1 && ranks) {
     // every rank writes into rank 0's new folder (mkdtemp: a fresh name even where process ids
@@ -285,30 +305,46 @@ CheckpointInfo load_checkpoint(const std::string& dir, Optimizer& opt, const Che
   std::vector<bool> have(ns, false);
   for (const Piece& p : pieces) {  // one old file at a time
     const std::string path = dir + "/" + p.entry->file;
-    std::map<std::string, SafetensorIn> t;
+    const std::size_t count = p.entry->end - p.entry->begin;
+    const std::size_t off = p.lo - p.entry->begin, len = p.hi - p.lo, at = p.lo - expect.begin;
+    std::vector<std::uint8_t> step_bytes, size_bytes;
+    std::size_t old_ns = 0;
     try {
-      t = read_safetensors(path);
+      const SafetensorsReader file(path);  // only this rank's elements are read (pread)
+      auto need = [&](const char* name, const char* dtype, std::size_t elems, std::size_t esz) {
+        auto it = file.tensors().find(name);
+        if (it == file.tensors().end() || it->second.dtype != dtype || it->second.end - it->second.begin != elems * esz)
+          throw Error(std::string("cannot resume: tensor '") + name + "' of " + path +
+                      " is missing or of the wrong size (its index entry says elements " +
+                      range_str(p.entry->begin, p.entry->end) + ")");
+      };
+      // the file says which elements it holds: an index that lies, or files swapped, are refused
+      const auto& meta = file.metadata();
+      const auto b = meta.find("begin"), e = meta.find("end");
+      if (b != meta.end() && e != meta.end() &&
+          (b->second != std::to_string(p.entry->begin) || e->second != std::to_string(p.entry->end)))
+        throw Error("cannot resume: " + path + " holds elements [" + b->second + ", " + e->second +
+                    ") but the index of " + dir + " says " + range_str(p.entry->begin, p.entry->end) +
+                    " (files renamed or swapped?)");
+      need("master", "F32", count, 4);
+      need("exp_avg", "F32", count, 4);
+      need("exp_avg_sq", "F32", count, 4);
+      const auto st = file.tensors().find("step");
+      old_ns = st == file.tensors().end() ? 0 : (st->second.end - st->second.begin) / 8;
+      need("step", "I64", old_ns, 8);
+      need("subgroup_sizes", "I64", old_ns, 8);
+      file.read("master", off * 4, master.data() + at, len * 4);
+      file.read("exp_avg", off * 4, m.data() + at, len * 4);
+      file.read("exp_avg_sq", off * 4, v.data() + at, len * 4);
+      step_bytes.resize(old_ns * 8);
+      size_bytes.resize(old_ns * 8);
+      file.read("step", 0, step_bytes.data(), step_bytes.size());
+      file.read("subgroup_sizes", 0, size_bytes.data(), size_bytes.size());
+    } catch (const Error&) {
+      throw;
     } catch (const std::exception& e) {
       throw Error(std::string("cannot resume: ") + e.what());
     }
-    const std::size_t count = p.entry->end - p.entry->begin;
-    auto need = [&](const char* name, const char* dtype, std::size_t elems, std::size_t esz) -> const SafetensorIn& {
-      auto it = t.find(name);
-      if (it == t.end() || it->second.dtype != dtype || it->second.data.size() != elems * esz)
-        throw Error(std::string("cannot resume: tensor '") + name + "' of " + path +
-                    " is missing or of the wrong size (its index entry says elements " +
-                    range_str(p.entry->begin, p.entry->end) + ")");
-      return it->second;
-    };
-    const SafetensorIn &tm = need("master", "F32", count, 4), &tv1 = need("exp_avg", "F32", count, 4),
-                       &tv2 = need("exp_avg_sq", "F32", count, 4);
-    auto it = t.find("step");
-    const std::size_t old_ns = it == t.end() ? 0 : it->second.data.size() / 8;
-    const SafetensorIn &tstep = need("step", "I64", old_ns, 8), &tsizes = need("subgroup_sizes", "I64", old_ns, 8);
-    const std::size_t off = p.lo - p.entry->begin, len = p.hi - p.lo, at = p.lo - expect.begin;
-    std::memcpy(master.data() + at, tm.data.data() + off * 4, len * 4);
-    std::memcpy(m.data() + at, tv1.data.data() + off * 4, len * 4);
-    std::memcpy(v.data() + at, tv2.data.data() + off * 4, len * 4);
     // every old subgroup overlapping [lo, hi) gives its step to the new subgroups it overlaps, which
     // must not get two different ones
     const std::string bad_sizes =
@@ -316,8 +352,8 @@ CheckpointInfo load_checkpoint(const std::string& dir, Optimizer& opt, const Che
     std::size_t ob = p.entry->begin;
     for (std::size_t k = 0; k < old_ns; ++k) {
       std::int64_t size, step;
-      std::memcpy(&size, tsizes.data.data() + k * 8, 8);
-      std::memcpy(&step, tstep.data.data() + k * 8, 8);
+      std::memcpy(&size, size_bytes.data() + k * 8, 8);
+      std::memcpy(&step, step_bytes.data() + k * 8, 8);
       if (size <= 0 || std::size_t(size) > p.entry->end - ob) throw Error(bad_sizes);
       const std::size_t oe = ob + std::size_t(size), lo = std::max(ob, p.lo), hi = std::min(oe, p.hi);
       for (std::size_t i = std::size_t(std::upper_bound(starts.begin(), starts.end(), lo) - starts.begin()) - 1;

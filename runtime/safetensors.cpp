@@ -2,6 +2,11 @@
 
 #include "atomic_file.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -53,38 +58,79 @@ std::unique_ptr<PendingFile> prepare_safetensors(const std::string& path, const 
   return std::make_unique<PendingFile>(path, chunks);
 }
 
-std::map<std::string, SafetensorIn> read_safetensors(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw std::runtime_error("cannot open " + path + ": " + std::strerror(errno));
-  unsigned char len[8];
-  if (!f.read(reinterpret_cast<char*>(len), 8)) throw std::runtime_error(path + ": not a safetensors file (shorter than 8 bytes)");
-  std::uint64_t hlen = 0;
-  for (int i = 0; i < 8; ++i) hlen |= std::uint64_t(len[i]) << (8 * i);
-  if (hlen > (100u << 20)) throw std::runtime_error(path + ": not a safetensors file (header length " + std::to_string(hlen) + ")");
-  std::string h(hlen, '\0');
-  if (!f.read(h.data(), std::streamsize(hlen))) throw std::runtime_error(path + ": truncated safetensors header");
-  nlohmann::json header;
+SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
+  fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd_ < 0) throw std::runtime_error("cannot open " + path + ": " + std::strerror(errno));
   try {
-    header = nlohmann::json::parse(h);
-  } catch (const std::exception& e) {
-    throw std::runtime_error(path + ": malformed safetensors header: " + e.what());
-  }
-  std::vector<char> data((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  std::map<std::string, SafetensorIn> out;
-  for (auto it = header.begin(); it != header.end(); ++it) {
-    if (it.key() == "__metadata__") continue;
-    SafetensorIn t;
+    struct stat st;
+    if (::fstat(fd_, &st) != 0) throw std::runtime_error("cannot read " + path + ": " + std::strerror(errno));
+    const std::uint64_t file_bytes = std::uint64_t(st.st_size);
+    unsigned char len[8];
+    if (file_bytes < 8 || ::pread(fd_, len, 8, 0) != 8)
+      throw std::runtime_error(path + ": not a safetensors file (shorter than 8 bytes)");
+    std::uint64_t hlen = 0;
+    for (int i = 0; i < 8; ++i) hlen |= std::uint64_t(len[i]) << (8 * i);
+    if (hlen > (100u << 20)) throw std::runtime_error(path + ": not a safetensors file (header length " + std::to_string(hlen) + ")");
+    if (8 + hlen > file_bytes) throw std::runtime_error(path + ": truncated safetensors header");
+    std::string h(hlen, '\0');
+    if (::pread(fd_, h.data(), hlen, 8) != ssize_t(hlen)) throw std::runtime_error(path + ": truncated safetensors header");
+    data_start_ = 8 + hlen;
+    nlohmann::json header;
     try {
-      t.dtype = it.value().at("dtype").get<std::string>();
-      t.shape = it.value().at("shape").get<std::vector<std::int64_t>>();
-      const auto off = it.value().at("data_offsets").get<std::vector<std::uint64_t>>();
-      if (off.size() != 2 || off[0] > off[1] || off[1] > data.size())
-        throw std::runtime_error("data_offsets out of range");
-      t.data.assign(data.begin() + std::ptrdiff_t(off[0]), data.begin() + std::ptrdiff_t(off[1]));
+      header = nlohmann::json::parse(h);
     } catch (const std::exception& e) {
-      throw std::runtime_error(path + ": bad entry '" + it.key() + "': " + e.what());
+      throw std::runtime_error(path + ": malformed safetensors header: " + e.what());
     }
-    out.emplace(it.key(), std::move(t));
+    for (auto it = header.begin(); it != header.end(); ++it) {
+      try {
+        if (it.key() == "__metadata__") {
+          metadata_ = it.value().get<std::map<std::string, std::string>>();
+          continue;
+        }
+        Entry t;
+        t.dtype = it.value().at("dtype").get<std::string>();
+        t.shape = it.value().at("shape").get<std::vector<std::int64_t>>();
+        const auto off = it.value().at("data_offsets").get<std::vector<std::uint64_t>>();
+        if (off.size() != 2 || off[0] > off[1] || off[1] > file_bytes - data_start_)
+          throw std::runtime_error("data_offsets out of range");
+        t.begin = off[0];
+        t.end = off[1];
+        tensors_.emplace(it.key(), std::move(t));
+      } catch (const std::exception& e) {
+        throw std::runtime_error(path + ": bad entry '" + it.key() + "': " + e.what());
+      }
+    }
+  } catch (...) {
+    ::close(fd_);
+    throw;
+  }
+}
+
+SafetensorsReader::~SafetensorsReader() { ::close(fd_); }
+
+void SafetensorsReader::read(const std::string& name, std::uint64_t offset, void* dst, std::size_t bytes) const {
+  const auto it = tensors_.find(name);
+  if (it == tensors_.end()) throw std::runtime_error(path_ + ": no tensor '" + name + "'");
+  if (offset > it->second.end - it->second.begin || bytes > it->second.end - it->second.begin - offset)
+    throw std::runtime_error(path_ + ": bytes [" + std::to_string(offset) + ", " + std::to_string(offset + bytes) +
+                             ") are beyond tensor '" + name + "'");
+  char* out = static_cast<char*>(dst);
+  std::uint64_t at = data_start_ + it->second.begin + offset;
+  while (bytes > 0) {
+    const ssize_t got = ::pread(fd_, out, std::min<std::size_t>(bytes, std::size_t(1) << 30), off_t(at));
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) throw std::runtime_error("cannot read " + path_ + ": " + (got < 0 ? std::strerror(errno) : "file truncated"));
+    out += got, at += std::uint64_t(got), bytes -= std::size_t(got);
+  }
+}
+
+std::map<std::string, SafetensorIn> read_safetensors(const std::string& path) {
+  const SafetensorsReader reader(path);
+  std::map<std::string, SafetensorIn> out;
+  for (const auto& [name, e] : reader.tensors()) {
+    SafetensorIn t{e.dtype, e.shape, std::vector<std::uint8_t>(e.end - e.begin)};
+    reader.read(name, 0, t.data.data(), t.data.size());
+    out.emplace(name, std::move(t));
   }
   return out;
 }

@@ -46,4 +46,36 @@ struct SafetensorIn {
 /// a well-formed safetensors file (the message says which).
 std::map<std::string, SafetensorIn> read_safetensors(const std::string& path);
 
+/// A safetensors file opened for reading parts of its tensors: the header is parsed on opening, and
+/// read() fetches byte ranges with pread, so that a reader of one slice never holds the file (a
+/// checkpoint re-sharded to more ranks reads each rank's elements only).
+class SafetensorsReader {
+ public:
+  /// One tensor: dtype string, shape, and its bytes' range [begin, end) in the file's data section.
+  struct Entry {
+    std::string dtype;
+    std::vector<std::int64_t> shape;
+    std::uint64_t begin = 0, end = 0;
+  };
+  /// Opens `path` and parses its header. Throws std::runtime_error when the file cannot be opened or
+  /// its header is not well-formed, or a tensor's range lies outside the file (the message says which).
+  explicit SafetensorsReader(const std::string& path);
+  ~SafetensorsReader();
+  SafetensorsReader(const SafetensorsReader&) = delete;
+  SafetensorsReader& operator=(const SafetensorsReader&) = delete;
+  const std::map<std::string, Entry>& tensors() const { return tensors_; }
+  /// The header's "__metadata__" (string to string; empty when absent).
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  /// Copies `bytes` bytes of tensor `name`, from byte `offset` of it, into `dst`. Throws
+  /// std::runtime_error for an unknown tensor, a range beyond its end, or a failed read.
+  void read(const std::string& name, std::uint64_t offset, void* dst, std::size_t bytes) const;
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+  std::uint64_t data_start_ = 0;
+  std::map<std::string, Entry> tensors_;
+  std::map<std::string, std::string> metadata_;
+};
+
 }  // namespace dos

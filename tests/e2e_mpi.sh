@@ -120,6 +120,14 @@ want="elements \[$lo, $b) have taken 2 Adam step(s) and elements \[$b, $hi) 5, b
   { echo "FAIL: mixed step counts resumed by 1 rank ($rc): $out"; exit 1; }
 ls "$tmp"/bad2* >/dev/null 2>&1 && { echo "FAIL: an output file was left"; exit 1; }
 echo "ok: $(grep -m1 "Adam step" <<<"$out")"
+# the rank files swapped (the index lies about them): refused, the file named
+cp -r "$tmp/ck" "$tmp/ck-swap"
+mv "$tmp/ck-swap/rank-00000-of-00002.safetensors" "$tmp/ck-swap/x" &&
+  mv "$tmp/ck-swap/rank-00001-of-00002.safetensors" "$tmp/ck-swap/rank-00000-of-00002.safetensors" &&
+  mv "$tmp/ck-swap/x" "$tmp/ck-swap/rank-00001-of-00002.safetensors"
+out=$("$train" "${common[@]}" --grad-parts 2 --iterations 1 --resume "$tmp/ck-swap" 2>&1)
+[ $? -ne 0 ] && grep -q "files renamed or swapped" <<<"$out" || { echo "FAIL: swapped rank files: $out"; exit 1; }
+echo "ok: $(grep -m1 "swapped" <<<"$out")"
 # a lone --shard run of the same model cannot continue a job's checkpoint on other gradients
 out=$("$train" "${common[@]}" --shard 1/2 --iterations 1 --resume "$tmp/ck" 2>&1)
 [ $? -ne 0 ] && grep -q "summed over 2 parts" <<<"$out" || { echo "FAIL: lone shard resume: $out"; exit 1; }

@@ -26,7 +26,9 @@ case "$mode" in
     # 4 iterations in one go, and 2 + a resume from the checkpoint for 2 more: the same bits
     # (fp16 parameters, so that the caller's 16-bit copy restored from the master matters)
     run --policy cpu --dtype fp16 --iterations 4 --save-params "$tmp/once.safetensors"
-    run --policy cpu --dtype fp16 --iterations 2 --save-state "$tmp/ckpt"
+    run --policy cpu --dtype fp16 --iterations 2 --save-state "$tmp/ckpt/"  # a trailing slash: the same folder
+    want=$(printf '%o' $(( 0777 & ~$(umask) )))
+    [ "$(stat -c %a "$tmp/ckpt")" = "$want" ] || { echo "the checkpoint folder's mode is $(stat -c %a "$tmp/ckpt"), not $want"; exit 1; }
     # a non-empty ckpt.old-PID left by a crashed run whose process id this one gets (containers
     # reuse them): the save still goes through (the previous checkpoint is set aside under a fresh name)
     (mkdir -p "$tmp/ckpt.old-$BASHPID/stale" && exec "$train" "${common[@]}" --policy cpu --dtype fp16 --iterations 1 \

@@ -48,7 +48,7 @@ if [ "$PART" != scale ]; then
   env | grep -E "^(NCCL|NVSHMEM|TORCH_SYMM)" | sort
   nvidia-smi topo -m 2>&1 | head -8
   lscpu | grep -E "^(NUMA|Model name|CPU\(s\))"
-  (cd "$B" && meson test train-nccl-2ranks --print-errorlogs 2>&1 | grep -E "^ *[0-9]+/[0-9]+ |ok:|FAIL")
+  (cd "$B" && meson test ${TESTS:-train-nccl-2ranks} --print-errorlogs 2>&1 | grep -E "^ *[0-9]+/[0-9]+ |ok:|FAIL")
   grep -hE "ok:|FAIL|^(data parallel|  rank)|rror" "$B/meson-logs/testlog.txt" | head -30
 fi
 if [ "$PART" != check ]; then
@@ -58,10 +58,21 @@ if [ "$PART" != check ]; then
   t1=$(date +%s)
   timeout 300 "${MPI[@]}" "$TRAIN" "${M[@]}" --comm nccl --report "$OUT/w2-nccl.json" > "$OUT/w2-nccl.log" 2>&1
   echo "2 ranks, NCCL: exit $? in $(( $(date +%s) - t1 )) s"; show "$OUT/w2-nccl.log"
-  t1=$(date +%s)
-  timeout 300 "${MPI[@]}" "$TRAIN" "${M[@]}" -n "${MPI_ITERATIONS:-5}" --comm mpi --report "$OUT/w2-mpi.json" \
-    > "$OUT/w2-mpi.log" 2>&1
-  echo "2 ranks, MPI: exit $? in $(( $(date +%s) - t1 )) s"; show "$OUT/w2-mpi.log"
+  if [ "${MPI_ITERATIONS:-5}" -gt 0 ]; then
+    t1=$(date +%s)
+    timeout 300 "${MPI[@]}" "$TRAIN" "${M[@]}" -n "${MPI_ITERATIONS:-5}" --comm mpi --report "$OUT/w2-mpi.json" \
+      > "$OUT/w2-mpi.log" 2>&1
+    echo "2 ranks, MPI: exit $? in $(( $(date +%s) - t1 )) s"; show "$OUT/w2-mpi.log"
+  fi
+  if [ -n "${EMULATE:-}" ]; then  # the whole iteration: forward and backward emulated (cuBLAS), EMULATE tokens per rank
+    t1=$(date +%s)
+    timeout 300 "$TRAIN" "${M[@]}" --ncuda 1 --emulate-compute --tokens "$EMULATE" --report "$OUT/e1.json" > "$OUT/e1.log" 2>&1
+    echo "1 rank, emulated iteration: exit $? in $(( $(date +%s) - t1 )) s"; show "$OUT/e1.log"
+    t1=$(date +%s)
+    timeout 300 "${MPI[@]}" "$TRAIN" "${M[@]}" --comm nccl --emulate-compute --tokens "$EMULATE" --report "$OUT/e2-nccl.json" \
+      > "$OUT/e2-nccl.log" 2>&1
+    echo "2 ranks, NCCL, emulated iteration: exit $? in $(( $(date +%s) - t1 )) s"; show "$OUT/e2-nccl.log"
+  fi
   python3 - "$OUT" <<'PY'
 import glob, json, os, statistics, sys
 out = sys.argv[1]
@@ -70,19 +81,26 @@ def load(name):
     return [json.load(open(f)) for f in files]
 def med(xs): return statistics.median(xs) if xs else float("nan")
 rows = []
-for name, label in [("w1", "1 rank"), ("w2-nccl", "2 ranks, NCCL"), ("w2-mpi", "2 ranks, MPI")]:
+for name, label in [("w1", "1 rank"), ("w2-nccl", "2 ranks, NCCL"), ("w2-mpi", "2 ranks, MPI"),
+                    ("e1", "1 rank, emulated iteration"), ("e2-nccl", "2 ranks, NCCL, emulated iteration")]:
     reps = load(name)
     if not reps: continue
     its = [r["iterations"][1:] or r["iterations"] for r in reps]   # iterations 2.. (the first warms up)
     upd = max(med([i["update_seconds"] for i in it]) for it in its)      # the slowest rank's median
     comm = max(med([i.get("comm_seconds", 0.0) for i in it]) for it in its)
-    rows.append((label, len(reps), sum(r["params"] for r in reps), upd, comm))
-print("| run | ranks | parameters | update s (slowest rank, median) | comm s | update + comm s | scaling efficiency |")
-print("| --- | --- | --- | --- | --- | --- | --- |")
-base = rows[0][3] + rows[0][4] if rows and rows[0][1] == 1 else None
-for label, w, n, upd, comm in rows:
-    eff = f"{base / (w * (upd + comm)):.2f}" if base else "-"
-    print(f"| {label} | {w} | {n} | {upd:.3f} | {comm:.3f} | {upd + comm:.3f} | {eff} |")
+    whole = max(med([i.get("iteration_seconds", 0.0) for i in it]) for it in its)
+    rows.append((label, len(reps), sum(r["params"] for r in reps), upd, comm, whole))
+print("| run | ranks | parameters | update s (slowest rank, median) | comm s | update + comm s | iteration s | scaling efficiency |")
+print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+base = {}
+for label, w, n, upd, comm, whole in rows:
+    kind = "emulated" if "emulated" in label else "update"
+    # strong scaling of the update phase (+ comm); for the emulated iteration, tokens per second
+    # (every rank runs its own tokens): efficiency = throughput(W) / (W x throughput(1))
+    t = whole if kind == "emulated" else upd + comm
+    if w == 1: base[kind] = t
+    eff = (base[kind] / (w * t) if kind == "update" else base[kind] / t) if kind in base else float("nan")
+    print(f"| {label} | {w} | {n} | {upd:.3f} | {comm:.3f} | {upd + comm:.3f} | {whole:.3f} | {eff:.2f} |")
 PY
 fi
 echo "total: $(( $(date +%s) - t0 )) s"

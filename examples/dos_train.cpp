@@ -372,13 +372,15 @@ int run(const Args& args) {
       fail(std::to_string(world) + " ranks: at most 2048 (the emulated gradients' sums over ranks are exact up to "
            "2048 parts)");
     if (world > sg_total)
-      fail(std::to_string(world) + " ranks for a model of " + std::to_string(sg_total) + " subgroup(s) of " +
-           a.subgroup_size + " elements: a rank would hold less than one subgroup; use at most " +
-           std::to_string(sg_total) + " ranks or a smaller --subgroup-size");
+      fail(std::to_string(world) + " ranks for a model of " + std::to_string(total) + " parameters in " +
+           std::to_string(sg_total) + " subgroup(s) of " + a.subgroup_size +
+           " elements: a rank would hold less than one subgroup; use at most " + std::to_string(sg_total) +
+           (sg_total == 1 ? " rank" : " ranks") + ", or --subgroup-size " + std::to_string(total / world) +
+           " or less (a checkpoint resumes only with its own subgroup size)");
   }
   if (a.grad_parts < 0 || a.grad_parts > 2048)
-    fail("--grad-parts must be in [1, 2048] (the data-parallel ranks whose gradients are summed; 0, the default: "
-         "one part per rank), got " + std::to_string(a.grad_parts));
+    fail("--grad-parts must be 0 (the default: one part per rank) or in [1, 2048] (the data-parallel ranks whose "
+         "gradients are summed), got " + std::to_string(a.grad_parts));
   if (!dp && (a.comm == "mpi" || a.comm == "nccl"))
     fail("--comm " + a.comm + " chooses the collectives of an MPI job, and this is one process (start it with mpirun "
          "or srun --mpi=pmix, or leave --comm out)");
@@ -578,6 +580,7 @@ int run(const Args& args) {
   std::int64_t first_iteration = 0;
   if (!a.resume.empty()) {
     first_iteration = dos::load_checkpoint(a.resume, opt, job).iteration;
+    if (dp) g_comm->all_ok(true);  // "resumed" only once every rank has (a rank that failed aborts the job)
     std::printf("resumed from %s after iteration %lld\n", a.resume.c_str(), (long long)first_iteration);
   }
 
@@ -916,7 +919,9 @@ int run(const Args& args) {
   if (params_file) params_file->commit();
   if (report_file) report_file->commit();
   if (timeline_file) timeline_file->commit();
-  if (params_file) std::printf("saved %zu fp32 master parameters to %s\n", n, a.save_params.c_str());
+  if (params_file)
+    std::printf("saved %zu fp32 master parameters to %s%s\n", n, a.save_params.c_str(),
+                dp ? " (each rank its own shard's file: .rank-RRRRR-of-WWWWW)" : "");
 #if defined(DOS_HAVE_CUDA)
   if (on_gpu) {
     dos_train::cuda_free(params);

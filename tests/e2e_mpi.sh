@@ -31,6 +31,18 @@ assert r0["params"] + r1["params"] == r0["params_total"], (r0["params"], r1["par
 assert all(it["comm_seconds"] > 0 for it in r0["iterations"] + r1["iterations"])
 print("ok: the 2 ranks' reports name their shards and their communication time")
 PY
+# ranks launched on the same cores (--bind-to none) split them: disjoint blocks, listed by rank 0
+if [ "$(nproc)" -ge 2 ]; then
+  out=$(timeout 120 mpirun --oversubscribe -np 2 --mca btl self,vader --bind-to none "$train" "${common[@]}" 2>&1)
+  python3 - "$(nproc)" <<PY || { echo "FAIL: the core split: $out"; exit 1; }
+import re, sys
+blocks = [tuple(map(int, m)) for m in re.findall(r"^  rank \d: shard .*, cores (\d+)-(\d+) \(\d+\)$", """$out""", re.M)]
+assert len(blocks) == 2, blocks
+(a0, a1), (b0, b1) = blocks
+assert a1 < b0 or b1 < a0, blocks
+print("ok: 2 ranks on the same", sys.argv[1], "cores took disjoint blocks", blocks)
+PY
+fi
 # a bad option fails the whole job, on every rank, and leaves no output behind
 out=$(timeout 120 "${mpi[@]}" "$train" "${common[@]}" --shard 0/3 --save-params "$tmp/bad.safetensors" 2>&1)
 rc=$?

@@ -1,5 +1,6 @@
 #include "checkpoint.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -9,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <vector>
@@ -93,57 +95,74 @@ void write_rank_file(const std::string& tmp, const Optimizer& opt, const Checkpo
                     {{"format", kFormat}, {"begin", std::to_string(info.begin)}, {"end", std::to_string(info.end)}});
 }
 
-/// The process's umask, read without changing it (/proc/self/status; 022 where that cannot be read).
-mode_t process_umask() {
-  std::ifstream f("/proc/self/status");
-  std::string line;
-  while (std::getline(f, line))
-    if (line.rfind("Umask:", 0) == 0) return mode_t(std::strtoul(line.c_str() + 6, nullptr, 8));
-  return 022;
-}
-
-/// mkdtemp(prefix + "XXXXXX"): a new empty folder of a fresh name, even where process ids repeat
-/// (containers); "" with errno set when it cannot be made.
-/// The folder gets the permissions a plain mkdir would give (mkdtemp makes it 0700).
+/// A new empty folder named prefix + 6 random letters and digits (a fresh name even where process
+/// ids repeat, as in containers), made by mkdir(2) with mode 0777 so that it gets exactly the
+/// permissions (umask, default ACLs) of any folder the user makes; "" with errno set when it cannot
+/// be made.
 std::string make_fresh_dir(const std::string& prefix) {
-  std::string tmpl = prefix + "XXXXXX";
-  std::vector<char> buf(tmpl.begin(), tmpl.end());
-  buf.push_back('\0');
-  if (!::mkdtemp(buf.data())) return std::string();
-  ::chmod(buf.data(), 0777 & ~process_umask());
-  return std::string(buf.data());
+  static const char kChars[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+  std::random_device rd;
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    std::string name = prefix;
+    for (int k = 0; k < 6; ++k) name += kChars[rd() % (sizeof kChars - 1)];
+    if (::mkdir(name.c_str(), 0777) == 0) return name;
+    if (errno != EEXIST) return std::string();
+  }
+  errno = EEXIST;
+  return std::string();
 }
 
-void remove_tree(const std::string& path) {
+/// Removes `path` and everything in it; a warning on standard error when some of it stays.
+void remove_tree(const std::string& path, const char* what) {
   std::error_code ec;
   std::filesystem::remove_all(path, ec);
+  if (ec)
+    std::fprintf(stderr, "[dos] warning: could not remove %s %s: %s (remove it by hand)\n", what, path.c_str(),
+                 ec.message().c_str());
 }
 
-/// The swap: the old checkpoint aside (into a fresh DIR.old-XXXXXX), the new one in, the old one
-/// removed. Throws Error when a step fails, with `tmp` removed and the previous checkpoint back in
-/// place (or, if even that fails, the message says where it is).
+/// The swap of the new checkpoint folder `tmp` in at `dir`. Where `dir` exists, the two are
+/// exchanged at once (renameat2 RENAME_EXCHANGE: there is never a moment without a checkpoint at
+/// `dir`) and the previous one, now at `tmp`, removed; where the filesystem cannot exchange, the
+/// previous one goes aside into a fresh DIR.old-XXXXXX first. Throws Error when a step fails, with
+/// `tmp` removed and the previous checkpoint in place (or, if even that fails, the message says
+/// where it is).
 void swap_in(const std::string& tmp, const std::string& dir) {
-  std::string old;
   struct stat st;
-  if (::lstat(dir.c_str(), &st) == 0) {
-    old = make_fresh_dir(dir + ".old-");
-    // rename(2) replaces an empty folder: the previous checkpoint takes the fresh name
-    if (old.empty() || ::rename(dir.c_str(), old.c_str()) != 0) {
+  if (::lstat(dir.c_str(), &st) != 0) {
+    if (::rename(tmp.c_str(), dir.c_str()) != 0) {
       const std::string why = std::strerror(errno);
-      if (!old.empty()) ::rmdir(old.c_str());
-      remove_tree(tmp);
-      throw Error("cannot move the previous checkpoint " + dir + " aside: " + why);
+      remove_tree(tmp, "the new checkpoint's temporary folder");
+      throw Error("cannot put the checkpoint in place at " + dir + ": " + why);
     }
+    return;
+  }
+  if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, dir.c_str(), RENAME_EXCHANGE) == 0) {
+    remove_tree(tmp, "the previous checkpoint");
+    return;
+  }
+  if (errno != EINVAL && errno != ENOSYS && errno != ENOTSUP) {
+    const std::string why = std::strerror(errno);
+    remove_tree(tmp, "the new checkpoint's temporary folder");
+    throw Error("cannot put the checkpoint in place at " + dir + ": " + why);
+  }
+  const std::string old = make_fresh_dir(dir + ".old-");
+  // rename(2) replaces an empty folder: the previous checkpoint takes the fresh name
+  if (old.empty() || ::rename(dir.c_str(), old.c_str()) != 0) {
+    const std::string why = std::strerror(errno);
+    if (!old.empty()) ::rmdir(old.c_str());
+    remove_tree(tmp, "the new checkpoint's temporary folder");
+    throw Error("cannot move the previous checkpoint " + dir + " aside: " + why);
   }
   if (::rename(tmp.c_str(), dir.c_str()) != 0) {
     const std::string why = std::strerror(errno);
-    remove_tree(tmp);
+    remove_tree(tmp, "the new checkpoint's temporary folder");
     std::string restore;
-    if (!old.empty() && ::rename(old.c_str(), dir.c_str()) != 0)
+    if (::rename(old.c_str(), dir.c_str()) != 0)
       restore = "; the previous checkpoint could not be put back and is in " + old + " (" + std::strerror(errno) + ")";
     throw Error("cannot put the checkpoint in place at " + dir + ": " + why + restore);
   }
-  if (!old.empty()) remove_tree(old);
+  remove_tree(old, "the previous checkpoint");
 }
 
 void write_index(const std::string& tmp, const CheckpointInfo& info, bool all_ranks) {
@@ -190,7 +209,8 @@ void save_checkpoint(const std::string& dir_given, const Optimizer& opt, const C
         why = e.what();
       }
     }
-    if (info.rank == 0 && (!written || !why.empty())) remove_tree(tmp);  // nothing half-written stays behind
+    if (info.rank == 0 && (!written || !why.empty()))  // nothing half-written stays behind
+      remove_tree(tmp, "the failed save's temporary folder");
     if (!ranks->all_ok(why.empty()))
       throw Error(why.empty() ? "another rank failed to write the checkpoint " + dir + " (see its message); the "
                                 "previous checkpoint is left in place"
@@ -203,7 +223,7 @@ void save_checkpoint(const std::string& dir_given, const Optimizer& opt, const C
     write_rank_file(tmp, opt, info);
     write_index(tmp, info, false);
   } catch (const std::exception& e) {
-    remove_tree(tmp);
+    remove_tree(tmp, "the failed save's temporary folder");
     throw Error(std::string("cannot write the checkpoint: ") + e.what());
   }
   swap_in(tmp, dir);
@@ -225,7 +245,24 @@ struct RankEntry {
 
 CheckpointInfo load_checkpoint(const std::string& dir, Optimizer& opt, const CheckpointInfo& expect) {
   std::ifstream f(dir + "/index.json");
-  if (!f) throw Error("cannot resume: " + dir + "/index.json does not exist (is " + dir + " a checkpoint folder?)");
+  if (!f) {
+    const std::string why = std::strerror(errno);
+    // a save killed at the wrong moment leaves its folders beside DIR: name those that are complete
+    std::string found;
+    std::error_code ec;
+    const std::filesystem::path d = std::filesystem::path(without_trailing_slashes(dir));
+    const std::string base = d.filename().string();
+    for (const auto& e : std::filesystem::directory_iterator(d.has_parent_path() ? d.parent_path() : ".", ec)) {
+      const std::string name = e.path().filename().string();
+      if ((name.rfind(base + ".tmp-", 0) == 0 || name.rfind(base + ".old-", 0) == 0) &&
+          std::filesystem::exists(e.path() / "index.json", ec))
+        found += (found.empty() ? "" : ", ") + e.path().string();
+    }
+    throw Error("cannot resume: cannot read " + dir + "/index.json: " + why + " (is " + dir +
+                " a checkpoint folder?)" +
+                (found.empty() ? std::string() : "; complete checkpoint folders beside it, left by an interrupted save: " +
+                                                     found + " (check one and rename it to " + dir + ")"));
+  }
   CheckpointInfo got;
   std::vector<RankEntry> entries;
   try {

@@ -58,7 +58,9 @@ class SafetensorsReader {
     std::uint64_t begin = 0, end = 0;
   };
   /// Opens `path` and parses its header. Throws std::runtime_error when the file cannot be opened or
-  /// its header is not well-formed, or a tensor's range lies outside the file (the message says which).
+  /// is not a regular file, its header is not well-formed, a tensor's bytes do not match its shape
+  /// and dtype, or the tensors do not tile the data section exactly (overlap, gap, truncation); the
+  /// message says which. Metadata values that are not strings are ignored.
   explicit SafetensorsReader(const std::string& path);
   ~SafetensorsReader();
   SafetensorsReader(const SafetensorsReader&) = delete;
@@ -71,6 +73,7 @@ class SafetensorsReader {
   void read(const std::string& name, std::uint64_t offset, void* dst, std::size_t bytes) const;
 
  private:
+  void read_at(std::uint64_t at, void* dst, std::size_t bytes) const;  // pread until done (EINTR, short reads)
   std::string path_;
   int fd_ = -1;
   std::uint64_t data_start_ = 0;

@@ -54,7 +54,7 @@ expect "empty" --config ""
 expect "same file" --report "$tmp/same" --save-params "$tmp/same"
 expect "not a regular file" --report "$tmp/fifo"
 expect "cpu-threads" --cpu-threads -2
-expect "index.json does not exist" --resume "$tmp/no-such-checkpoint"
+expect "index.json: No such file" --resume "$tmp/no-such-checkpoint"
 expect "not a folder" --save-state "$tmp/bert.json"
 "$train" --preset tiny --iterations 1 --quiet --save-state "$tmp/ck" >/dev/null 2>&1
 expect "resume with the same model" --preset gpt2-124m --resume "$tmp/ck"

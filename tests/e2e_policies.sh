@@ -34,6 +34,13 @@ case "$mode" in
     (mkdir -p "$tmp/ckpt.old-$BASHPID/stale" && exec "$train" "${common[@]}" --policy cpu --dtype fp16 --iterations 1 \
       --resume "$tmp/ckpt" --save-state "$tmp/ckpt" >/dev/null) || { echo "a stale ckpt.old-PID folder blocked the save"; exit 1; }
     rm -rf "$tmp"/ckpt.old-*
+    # a save killed between its steps can leave the complete checkpoint beside the name only: the
+    # resume names it
+    mv "$tmp/ckpt" "$tmp/ckpt.tmp-Ab3dE9"
+    out=$("$train" "${common[@]}" --policy cpu --dtype fp16 --iterations 1 --resume "$tmp/ckpt" 2>&1)
+    [ $? -ne 0 ] && grep -q "beside it, left by an interrupted save: $tmp/ckpt.tmp-Ab3dE9" <<<"$out" ||
+      { echo "the resume does not name the interrupted save's folder: $out"; exit 1; }
+    mv "$tmp/ckpt.tmp-Ab3dE9" "$tmp/ckpt"
     run --policy dmda --dtype fp16 --iterations 1 --resume "$tmp/ckpt" --save-params "$tmp/resumed.safetensors"
     ls "$tmp" | grep -qE "ckpt\.(tmp|old)" && { echo "a temporary checkpoint folder was left behind"; exit 1; }
     "$cmp" "$tmp/once.safetensors" "$tmp/resumed.safetensors" ;;

@@ -75,24 +75,30 @@ void check_checkpoint_dir(const std::string& dir_given) {
 
 namespace {
 
-/// This rank's file of the checkpoint, into folder `tmp`.
+/// This rank's file of the checkpoint, into folder `tmp`: the state streamed from the optimizer's
+/// own host buffers, subgroup by subgroup (no second copy of it in memory).
 void write_rank_file(const std::string& tmp, const Optimizer& opt, const CheckpointInfo& info) {
   const std::size_t n = opt.num_params();
-  std::vector<float> master(n), m(n), v(n);
-  opt.read_master(master.data());
-  opt.read_exp_avg(m.data());
-  opt.read_exp_avg_sq(v.data());
   const std::vector<std::int64_t> steps = opt.step_counts();
   std::vector<std::int64_t> sizes;
   for (std::size_t i = 0; i < opt.num_subgroups(); ++i) sizes.push_back(std::int64_t(opt.subgroup_size(i)));
   const std::int64_t ns = std::int64_t(steps.size());
-  write_safetensors(tmp + "/" + rank_file(info.rank, info.world),
-                    {{"master", "F32", {std::int64_t(n)}, master.data(), n * 4},
-                     {"exp_avg", "F32", {std::int64_t(n)}, m.data(), n * 4},
-                     {"exp_avg_sq", "F32", {std::int64_t(n)}, v.data(), n * 4},
-                     {"step", "I64", {ns}, steps.data(), steps.size() * 8},
-                     {"subgroup_sizes", "I64", {ns}, sizes.data(), sizes.size() * 8}},
-                    {{"format", kFormat}, {"begin", std::to_string(info.begin)}, {"end", std::to_string(info.end)}});
+  opt.with_host_state([&](const std::vector<Optimizer::HostState>& state) {
+    using Pieces = std::vector<std::pair<const void*, std::size_t>>;
+    Pieces master, m, v;
+    for (const Optimizer::HostState& sg : state) {
+      master.emplace_back(sg.master, sg.size * 4);
+      m.emplace_back(sg.exp_avg, sg.size * 4);
+      v.emplace_back(sg.exp_avg_sq, sg.size * 4);
+    }
+    write_safetensors(tmp + "/" + rank_file(info.rank, info.world),
+                      {{"master", "F32", {std::int64_t(n)}, nullptr, n * 4, master},
+                       {"exp_avg", "F32", {std::int64_t(n)}, nullptr, n * 4, m},
+                       {"exp_avg_sq", "F32", {std::int64_t(n)}, nullptr, n * 4, v},
+                       {"step", "I64", {ns}, steps.data(), steps.size() * 8},
+                       {"subgroup_sizes", "I64", {ns}, sizes.data(), sizes.size() * 8}},
+                      {{"format", kFormat}, {"begin", std::to_string(info.begin)}, {"end", std::to_string(info.end)}});
+  });
 }
 
 /// A new empty folder named prefix + 6 random letters and digits (a fresh name even where process
@@ -336,14 +342,14 @@ CheckpointInfo load_checkpoint(const std::string& dir, Optimizer& opt, const Che
   if (starts[ns] != expect.end)
     throw Error("cannot resume: this rank's subgroups do not cover its range " + range_str(expect.begin, expect.end));
 
-  std::vector<float> master(n), m(n), v(n);
+  // Pass 1: every file checked and the step counts mapped (small reads only); nothing is loaded
+  // into the optimizer unless all of it is right.
   std::vector<std::int64_t> steps(ns);
   std::vector<std::size_t> step_from(ns), step_to(ns);  // elements the subgroup's step was taken from
   std::vector<bool> have(ns, false);
   for (const Piece& p : pieces) {  // one old file at a time
     const std::string path = dir + "/" + p.entry->file;
     const std::size_t count = p.entry->end - p.entry->begin;
-    const std::size_t off = p.lo - p.entry->begin, len = p.hi - p.lo, at = p.lo - expect.begin;
     std::vector<std::uint8_t> step_bytes, size_bytes;
     std::size_t old_ns = 0;
     try {
@@ -370,9 +376,6 @@ CheckpointInfo load_checkpoint(const std::string& dir, Optimizer& opt, const Che
       old_ns = st == file.tensors().end() ? 0 : (st->second.end - st->second.begin) / 8;
       need("step", "I64", old_ns, 8);
       need("subgroup_sizes", "I64", old_ns, 8);
-      file.read("master", off * 4, master.data() + at, len * 4);
-      file.read("exp_avg", off * 4, m.data() + at, len * 4);
-      file.read("exp_avg_sq", off * 4, v.data() + at, len * 4);
       step_bytes.resize(old_ns * 8);
       size_bytes.resize(old_ns * 8);
       file.read("step", 0, step_bytes.data(), step_bytes.size());
@@ -410,7 +413,27 @@ CheckpointInfo load_checkpoint(const std::string& dir, Optimizer& opt, const Che
     }
     if (ob != p.entry->end) throw Error(bad_sizes);
   }
-  opt.load_state(master.data(), m.data(), v.data(), steps);
+  // Pass 2: each file's elements of this rank read straight into the optimizer's host buffers
+  // (pread, subgroup by subgroup: no second copy of the state in memory).
+  opt.load_state_in_place(steps, [&](const std::vector<Optimizer::HostStateOut>& state) {
+    for (const Piece& p : pieces) {
+      const std::string path = dir + "/" + p.entry->file;
+      try {
+        const SafetensorsReader file(path);
+        for (std::size_t i = std::size_t(std::upper_bound(starts.begin(), starts.end(), p.lo) - starts.begin()) - 1;
+             i < ns && starts[i] < p.hi; ++i) {
+          const std::size_t a = std::max(p.lo, starts[i]), b = std::min(p.hi, starts[i + 1]);
+          const std::uint64_t from = std::uint64_t(a - p.entry->begin) * 4;
+          const std::size_t into = a - starts[i], bytes = (b - a) * 4;
+          file.read("master", from, state[i].master + into, bytes);
+          file.read("exp_avg", from, state[i].exp_avg + into, bytes);
+          file.read("exp_avg_sq", from, state[i].exp_avg_sq + into, bytes);
+        }
+      } catch (const std::exception& e) {
+        throw Error(std::string("cannot resume: ") + e.what() + " (the optimizer's state is now incomplete: stop)");
+      }
+    }
+  });
   return got;
 }
 

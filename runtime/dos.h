@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <memory>
 #include <stdexcept>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -272,6 +273,19 @@ class Optimizer {
   void read_exp_avg(float* out) const;
   void read_exp_avg_sq(float* out) const;
 
+  /// One subgroup's optimizer state in host memory: `size` fp32 values of each (read-only).
+  struct HostState {
+    const float* master;
+    const float* exp_avg;
+    const float* exp_avg_sq;
+    std::size_t size;
+  };
+  /// Calls fn with every subgroup's state in host memory, in subgroup order, without copying it
+  /// (what a checkpoint writer streams to its file: no second copy of 12 bytes per parameter). The
+  /// host copies are brought up to date and held for reading while fn runs (no step may run then).
+  /// An exception from fn propagates, after the state is released.
+  void with_host_state(const std::function<void(const std::vector<HostState>&)>& fn) const;
+
   /// Step count of every subgroup, in subgroup order.
   std::vector<std::int64_t> step_counts() const;
   /// Replaces the whole optimizer state (a checkpoint being resumed): master, exp_avg, exp_avg_sq
@@ -281,6 +295,22 @@ class Optimizer {
   /// Throws Error when steps has not num_subgroups() entries or a step count is negative.
   void load_state(const float* master, const float* exp_avg, const float* exp_avg_sq,
                   const std::vector<std::int64_t>& steps);
+  /// One subgroup's optimizer state in host memory, writable: `size` fp32 values of each.
+  struct HostStateOut {
+    float* master;
+    float* exp_avg;
+    float* exp_avg_sq;
+    std::size_t size;
+  };
+  /// load_state without the flat arrays: `fill` is called with every subgroup's host buffers (held
+  /// for writing; device copies invalidated) and must write all of them; then the step counts are
+  /// set and the caller's parameters written, as load_state does. A checkpoint reader fills them
+  /// from its files directly (no second copy of 12 bytes per parameter).
+  /// Throws Error, changing nothing, when steps has not num_subgroups() entries or a step count is
+  /// negative. If fill throws, the exception propagates and the state is partly replaced: the
+  /// optimizer must not be stepped again (dos-train stops).
+  void load_state_in_place(const std::vector<std::int64_t>& steps,
+                           const std::function<void(const std::vector<HostStateOut>&)>& fill);
 
   /// Replaces the hyper-parameters from the next step() on (a learning-rate schedule; the binding
   /// passes torch's param_groups here). Throws Error, changing nothing, when validate_adam_hyper does.

@@ -1066,6 +1066,19 @@ std::vector<std::int64_t> Optimizer::step_counts() const {
 
 void Optimizer::load_state(const float* master, const float* exp_avg, const float* exp_avg_sq,
                            const std::vector<std::int64_t>& steps) {
+  std::size_t at = 0;  // subgroups are consecutive in the flat order
+  load_state_in_place(steps, [&](const std::vector<HostStateOut>& state) {
+    for (const HostStateOut& sg : state) {
+      std::memcpy(sg.master, master + at, sg.size * sizeof(float));
+      std::memcpy(sg.exp_avg, exp_avg + at, sg.size * sizeof(float));
+      std::memcpy(sg.exp_avg_sq, exp_avg_sq + at, sg.size * sizeof(float));
+      at += sg.size;
+    }
+  });
+}
+
+void Optimizer::load_state_in_place(const std::vector<std::int64_t>& steps,
+                                    const std::function<void(const std::vector<HostStateOut>&)>& fill) {
   Impl& I = *impl_;
   if (steps.size() != I.sgs.size())
     throw Error("the state to load has " + std::to_string(steps.size()) + " subgroup step counts; this optimizer has " +
@@ -1073,18 +1086,25 @@ void Optimizer::load_state(const float* master, const float* exp_avg, const floa
   for (std::int64_t st : steps)
     if (st < 0) throw Error("a subgroup step count in the state to load is negative (" + std::to_string(st) + ")");
   starpu_task_wait_for_all();
-  for (std::size_t i = 0; i < I.sgs.size(); ++i) {
-    Subgroup* sg = I.sgs[i].get();
-    const std::pair<starpu_data_handle_t, std::pair<HostBuffer*, const float*>> parts[] = {
-        {sg->h_master, {&sg->master, master}}, {sg->h_exp_avg, {&sg->exp_avg, exp_avg}},
-        {sg->h_exp_avg_sq, {&sg->exp_avg_sq, exp_avg_sq}}};
-    for (const auto& part : parts) {
-      starpu_data_acquire(part.first, STARPU_W);  // host copy only: any device copy is invalidated
-      std::memcpy(part.second.first->ptr, part.second.second + sg->begin, sg->size * sizeof(float));
-      starpu_data_release(part.first);
+  {
+    std::vector<HostStateOut> state;
+    std::vector<starpu_data_handle_t> held;
+    struct Release {
+      std::vector<starpu_data_handle_t>& held;
+      ~Release() {
+        for (starpu_data_handle_t h : held) starpu_data_release(h);
+      }
+    } release{held};
+    for (const auto& sg : I.sgs) {
+      for (starpu_data_handle_t h : {sg->h_master, sg->h_exp_avg, sg->h_exp_avg_sq}) {
+        starpu_data_acquire(h, STARPU_W);  // host copy only: any device copy is invalidated
+        held.push_back(h);
+      }
+      state.push_back({sg->master.ptr, sg->exp_avg.ptr, sg->exp_avg_sq.ptr, sg->size});
     }
-    sg->step = steps[i];
+    fill(state);
   }
+  for (std::size_t i = 0; i < I.sgs.size(); ++i) I.sgs[i]->step = steps[i];
   // the caller's parameters: the loaded master rounded to their dtype, written where they live
   for (auto& sg : I.sgs) {
     struct starpu_task* c = I.make_task(&cast_cl, &sg->adam, &sg->hint_io, I.where_caller);
@@ -1122,6 +1142,25 @@ std::size_t Optimizer::num_params() const { return impl_->nparams; }
 std::size_t Optimizer::num_subgroups() const { return impl_->sgs.size(); }
 std::size_t Optimizer::subgroup_size(std::size_t i) const { return impl_->sgs.at(i)->size; }
 std::int64_t Optimizer::step_count(std::size_t i) const { return impl_->sgs.at(i)->step; }
+void Optimizer::with_host_state(const std::function<void(const std::vector<HostState>&)>& fn) const {
+  std::vector<HostState> state;
+  std::vector<starpu_data_handle_t> held;
+  for (const auto& sg : impl_->sgs) {
+    for (starpu_data_handle_t h : {sg->h_master, sg->h_exp_avg, sg->h_exp_avg_sq}) {
+      starpu_data_acquire(h, STARPU_R);  // waits for the tasks writing it, fetches it home
+      held.push_back(h);
+    }
+    state.push_back({sg->master.ptr, sg->exp_avg.ptr, sg->exp_avg_sq.ptr, sg->size});
+  }
+  struct Release {
+    std::vector<starpu_data_handle_t>& held;
+    ~Release() {
+      for (starpu_data_handle_t h : held) starpu_data_release(h);
+    }
+  } release{held};
+  fn(state);
+}
+
 void Optimizer::read_master(float* out) const { impl_->read_state(out, &Subgroup::master, &Subgroup::h_master); }
 void Optimizer::read_exp_avg(float* out) const {
   impl_->read_state(out, &Subgroup::exp_avg, &Subgroup::h_exp_avg);

@@ -54,7 +54,18 @@ std::unique_ptr<PendingFile> prepare_safetensors(const std::string& path, const 
   unsigned char len[8];
   for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(hlen >> (8 * i));
   std::vector<std::pair<const void*, std::size_t>> chunks = {{len, 8}, {h.data(), h.size()}};
-  for (const SafetensorOut& t : tensors) chunks.emplace_back(t.data, t.bytes);
+  for (const SafetensorOut& t : tensors) {
+    if (t.pieces.empty()) {
+      chunks.emplace_back(t.data, t.bytes);
+      continue;
+    }
+    std::size_t sum = 0;
+    for (const auto& piece : t.pieces) sum += piece.second;
+    if (sum != t.bytes)
+      throw std::invalid_argument("safetensors: the pieces of '" + t.name + "' hold " + std::to_string(sum) +
+                                  " bytes, not " + std::to_string(t.bytes));
+    chunks.insert(chunks.end(), t.pieces.begin(), t.pieces.end());
+  }
   return std::make_unique<PendingFile>(path, chunks);
 }
 

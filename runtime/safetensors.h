@@ -14,13 +14,17 @@
 namespace dos {
 
 /// One tensor to write: name, safetensors dtype string ("F32", "F16", "BF16"), shape (elements per
-/// dimension; the product must equal bytes / element size), and a pointer to `bytes` bytes of data.
+/// dimension; the product must equal bytes / element size), and a pointer to `bytes` bytes of data,
+/// or, when `pieces` is not empty, the data in pieces (pointer, bytes) written one after another
+/// (their bytes must add up to `bytes`; `data` is then unused): a tensor spread over several
+/// buffers is written without being gathered first.
 struct SafetensorOut {
   std::string name;
   std::string dtype;
   std::vector<std::int64_t> shape;
   const void* data;
   std::size_t bytes;
+  std::vector<std::pair<const void*, std::size_t>> pieces = {};
 };
 
 /// Writes `tensors` to `path` atomically (write_file_atomically in atomic_file.h): a failure

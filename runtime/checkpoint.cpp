@@ -347,6 +347,7 @@ CheckpointInfo load_checkpoint(const std::string& dir, Optimizer& opt, const Che
   std::vector<std::int64_t> steps(ns);
   std::vector<std::size_t> step_from(ns), step_to(ns);  // elements the subgroup's step was taken from
   std::vector<bool> have(ns, false);
+  std::vector<std::vector<std::uint64_t>> identities;  // pass 2 must read the files pass 1 checked
   for (const Piece& p : pieces) {  // one old file at a time
     const std::string path = dir + "/" + p.entry->file;
     const std::size_t count = p.entry->end - p.entry->begin;
@@ -354,6 +355,7 @@ CheckpointInfo load_checkpoint(const std::string& dir, Optimizer& opt, const Che
     std::size_t old_ns = 0;
     try {
       const SafetensorsReader file(path);  // only this rank's elements are read (pread)
+      identities.push_back(file.identity());
       auto need = [&](const char* name, const char* dtype, std::size_t elems, std::size_t esz) {
         auto it = file.tensors().find(name);
         if (it == file.tensors().end() || it->second.dtype != dtype || it->second.end - it->second.begin != elems * esz)
@@ -416,10 +418,13 @@ CheckpointInfo load_checkpoint(const std::string& dir, Optimizer& opt, const Che
   // Pass 2: each file's elements of this rank read straight into the optimizer's host buffers
   // (pread, subgroup by subgroup: no second copy of the state in memory).
   opt.load_state_in_place(steps, [&](const std::vector<Optimizer::HostStateOut>& state) {
-    for (const Piece& p : pieces) {
+    for (std::size_t k = 0; k < pieces.size(); ++k) {
+      const Piece& p = pieces[k];
       const std::string path = dir + "/" + p.entry->file;
       try {
         const SafetensorsReader file(path);
+        if (file.identity() != identities[k])
+          throw std::runtime_error(path + " changed while it was being read (another job saving into " + dir + "?)");
         for (std::size_t i = std::size_t(std::upper_bound(starts.begin(), starts.end(), p.lo) - starts.begin()) - 1;
              i < ns && starts[i] < p.hi; ++i) {
           const std::size_t a = std::max(p.lo, starts[i]), b = std::min(p.hi, starts[i + 1]);

@@ -61,7 +61,9 @@ void check_checkpoint_dir(const std::string& dir);
 void save_checkpoint(const std::string& dir, const Optimizer& opt, const CheckpointInfo& info,
                      const CheckpointRanks* ranks = nullptr);
 
-/// Reads this rank's part of the checkpoint in `dir` into `opt` (Optimizer::load_state), after
+/// Reads this rank's part of the checkpoint in `dir` into `opt` (Optimizer::load_state_in_place:
+/// every file is checked first, then this rank's elements are read straight into the optimizer's
+/// host buffers), after
 /// checking that it belongs to the same job as `expect` (model, params_total, subgroup_size, dtype,
 /// seed, grad_parts). The checkpoint may have been saved by another number of ranks: this rank's
 /// elements [expect.begin, expect.end) (opt.num_params() of them) are taken from whichever old rank
@@ -81,6 +83,9 @@ void save_checkpoint(const std::string& dir, const Optimizer& opt, const Checkpo
 ///    checkpoint holds only its own range; the message names the uncovered elements);
 ///  - one of this rank's subgroups overlaps old subgroups with different step counts (the message
 ///    names both element ranges and step counts, and says to resume with the old number of ranks).
+/// Throws Error after changing the state only when reading the data itself fails once every check
+/// has passed (an I/O error, or a file replaced between the checks and the read): `opt` is then
+/// marked broken and refuses to step.
 CheckpointInfo load_checkpoint(const std::string& dir, Optimizer& opt, const CheckpointInfo& expect);
 
 }  // namespace dos

@@ -308,7 +308,7 @@ class Optimizer {
   /// from its files directly (no second copy of 12 bytes per parameter).
   /// Throws Error, changing nothing, when steps has not num_subgroups() entries or a step count is
   /// negative. If fill throws, the exception propagates and the state is partly replaced: the
-  /// optimizer must not be stepped again (dos-train stops).
+  /// optimizer is then marked broken (step() throws Error saying so).
   void load_state_in_place(const std::vector<std::int64_t>& steps,
                            const std::function<void(const std::vector<HostStateOut>&)>& fill);
 

@@ -1089,6 +1089,8 @@ void Optimizer::load_state_in_place(const std::vector<std::int64_t>& steps,
   {
     std::vector<HostStateOut> state;
     std::vector<starpu_data_handle_t> held;
+    state.reserve(I.sgs.size());
+    held.reserve(3 * I.sgs.size());  // no allocation between an acquire and its bookkeeping
     struct Release {
       std::vector<starpu_data_handle_t>& held;
       ~Release() {
@@ -1102,7 +1104,12 @@ void Optimizer::load_state_in_place(const std::vector<std::int64_t>& steps,
       }
       state.push_back({sg->master.ptr, sg->exp_avg.ptr, sg->exp_avg_sq.ptr, sg->size});
     }
-    fill(state);
+    try {
+      fill(state);
+    } catch (const std::exception& e) {  // partly replaced: this optimizer must not step again
+      I.broken = std::string("loading a state failed part-way: ") + e.what();
+      throw;
+    }
   }
   for (std::size_t i = 0; i < I.sgs.size(); ++i) I.sgs[i]->step = steps[i];
   // the caller's parameters: the loaded master rounded to their dtype, written where they live
@@ -1145,6 +1152,14 @@ std::int64_t Optimizer::step_count(std::size_t i) const { return impl_->sgs.at(i
 void Optimizer::with_host_state(const std::function<void(const std::vector<HostState>&)>& fn) const {
   std::vector<HostState> state;
   std::vector<starpu_data_handle_t> held;
+  state.reserve(impl_->sgs.size());
+  held.reserve(3 * impl_->sgs.size());  // no allocation between an acquire and its bookkeeping
+  struct Release {
+    std::vector<starpu_data_handle_t>& held;
+    ~Release() {
+      for (starpu_data_handle_t h : held) starpu_data_release(h);
+    }
+  } release{held};
   for (const auto& sg : impl_->sgs) {
     for (starpu_data_handle_t h : {sg->h_master, sg->h_exp_avg, sg->h_exp_avg_sq}) {
       starpu_data_acquire(h, STARPU_R);  // waits for the tasks writing it, fetches it home
@@ -1152,12 +1167,6 @@ void Optimizer::with_host_state(const std::function<void(const std::vector<HostS
     }
     state.push_back({sg->master.ptr, sg->exp_avg.ptr, sg->exp_avg_sq.ptr, sg->size});
   }
-  struct Release {
-    std::vector<starpu_data_handle_t>& held;
-    ~Release() {
-      for (starpu_data_handle_t h : held) starpu_data_release(h);
-    }
-  } release{held};
   fn(state);
 }
 

@@ -78,6 +78,8 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
   try {
     if (::fstat(fd_, &st) != 0) throw std::runtime_error("cannot read " + path + ": " + std::strerror(errno));
     const std::uint64_t file_bytes = std::uint64_t(st.st_size);
+    identity_ = {std::uint64_t(st.st_dev), std::uint64_t(st.st_ino), file_bytes,
+                 std::uint64_t(st.st_mtim.tv_sec) * 1000000000u + std::uint64_t(st.st_mtim.tv_nsec)};
     if (file_bytes < 8) throw std::runtime_error(path + ": not a safetensors file (shorter than 8 bytes)");
     unsigned char len[8];
     read_at(0, len, 8);

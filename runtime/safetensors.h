@@ -70,6 +70,9 @@ class SafetensorsReader {
   SafetensorsReader(const SafetensorsReader&) = delete;
   SafetensorsReader& operator=(const SafetensorsReader&) = delete;
   const std::map<std::string, Entry>& tensors() const { return tensors_; }
+  /// The opened file's identity (device, inode, size, modification time in ns): equal for two
+  /// readers only when they read the same, unchanged file.
+  const std::vector<std::uint64_t>& identity() const { return identity_; }
   /// The header's "__metadata__" (string to string; empty when absent).
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   /// Copies `bytes` bytes of tensor `name`, from byte `offset` of it, into `dst`. Throws
@@ -83,6 +86,7 @@ class SafetensorsReader {
   std::uint64_t data_start_ = 0;
   std::map<std::string, Entry> tensors_;
   std::map<std::string, std::string> metadata_;
+  std::vector<std::uint64_t> identity_;
 };
 
 }  // namespace dos

@@ -103,12 +103,18 @@ int choose_gpu(const dos::Comm& comm, const Args& a) {
 #endif
 }
 
-/// The cores of GPU `gpu`'s NUMA node(s) (hwloc: the GPU's PCI device and its first non-I/O
-/// ancestor), and those nodes in words ("0", "0-1"); empty when hwloc or CUDA cannot tell.
-std::pair<std::vector<int>, std::string> gpu_local_cores(int gpu) {
+/// Every rank's `bytes` bytes of `mine`, in rank order, into `all` (size() x bytes). Collective.
+void gather_from_each(dos::Comm& comm, const void* mine, void* all, std::size_t bytes) {
+  std::vector<dos::ShardRange> one;  // one element of `bytes` bytes per rank
+  for (std::size_t r = 0; r < std::size_t(comm.size()); ++r) one.push_back({r, r + 1});
+  comm.all_gather(mine, all, one, bytes);
+}
+
+/// The cores of the NUMA node(s) of the GPU at PCI bus id `bus` (hwloc: the GPU's PCI device and
+/// its first non-I/O ancestor), and those nodes in words ("0", "0-1"); empty when hwloc cannot tell
+/// or `bus` is empty.
+std::pair<std::vector<int>, std::string> gpu_local_cores(const std::string& bus) {
   std::pair<std::vector<int>, std::string> out;
-#if defined(DOS_HAVE_CUDA)
-  const std::string bus = gpu >= 0 ? dos_train::cuda_pci_bus_id(gpu) : std::string();
   if (bus.empty()) return out;
   hwloc_topology_t topo;
   if (hwloc_topology_init(&topo) != 0) return out;
@@ -127,9 +133,6 @@ std::pair<std::vector<int>, std::string> gpu_local_cores(int gpu) {
     }
   }
   hwloc_topology_destroy(topo);
-#else
-  (void)gpu;
-#endif
   return out;
 }
 
@@ -161,27 +164,25 @@ struct Placement {
 /// --bind-to core) keep exactly those. Also finds ranks of one node that share a GPU (warned).
 Placement place_rank(dos::Comm& comm, int gpu) {
   const std::vector<int> cores = dos::allowed_cores();
-  const auto [near, nodes] = gpu_local_cores(gpu);
+#if defined(DOS_HAVE_CUDA)
+  const std::string bus = gpu >= 0 ? dos_train::cuda_pci_bus_id(gpu) : std::string();
+#else
+  const std::string bus;
+#endif
+  const auto [near, nodes] = gpu_local_cores(bus);
   std::vector<int> pool;  // the cores of this rank's GPU's node(s) it may take its block from
   for (int c : cores)
     if (std::find(near.begin(), near.end(), c) != near.end()) pool.push_back(c);
   if (pool.empty()) pool = cores;
   char host[256] = "";
   ::gethostname(host, sizeof host - 1);
-#if defined(DOS_HAVE_CUDA)
-  const std::string bus = gpu >= 0 ? dos_train::cuda_pci_bus_id(gpu) : std::string();
-#else
-  const std::string bus;
-#endif
   enum { kHost, kCores, kPool, kFirst, kLast, kBus, kFields };
   const int mine[kFields] = {hash31(host), hash31(core_list(cores)), hash31(core_list(pool)),
                              pool.empty() ? -1 : pool.front(), pool.empty() ? -1 : pool.back(),
                              bus.empty() ? -1 : hash31(bus)};
   const std::size_t world = std::size_t(comm.size());
-  std::vector<dos::ShardRange> one;
-  for (std::size_t r = 0; r < world; ++r) one.push_back({r, r + 1});
   std::vector<int> all(kFields * world, -1);
-  comm.all_gather(mine, all.data(), one, sizeof mine);
+  gather_from_each(comm, mine, all.data(), sizeof mine);
   auto field = [&](std::size_t r, int f) { return all[r * kFields + std::size_t(f)]; };
   const std::size_t me = std::size_t(comm.rank());
   Placement out;
@@ -496,16 +497,14 @@ int run(const Args& args) {
     char mine[160];
     std::snprintf(mine, sizeof mine, "%s", placement.words.c_str());
     std::vector<char> all(sizeof mine * world);
-    std::vector<dos::ShardRange> one;
-    for (std::size_t r = 0; r < world; ++r) one.push_back({r, r + 1});
-    g_comm->all_gather(mine, all.data(), one, sizeof mine);
+    gather_from_each(*g_comm, mine, all.data(), sizeof mine);
     std::printf("data parallel: %zu ranks (%d on this node), gradients reduced and parameters broadcast through %s\n",
                 world, g_comm->local_size(), dcomm ? (dcomm->name() + " on GPU buffers").c_str()
                                                     : (g_comm->name() + " on host buffers").c_str());
-    for (std::size_t r = 0; r < world; ++r)
-      std::printf("  rank %zu: shard [%zu, %zu), %s\n", r, dos::shard_range(total, r, world).begin,
-                  dos::shard_range(total, r, world).end,
-                  all.data() + r * sizeof mine);
+    for (std::size_t r = 0; r < world; ++r) {
+      const dos::ShardRange sr = dos::shard_range(total, r, world);
+      std::printf("  rank %zu: shard [%zu, %zu), %s\n", r, sr.begin, sr.end, all.data() + r * sizeof mine);
+    }
   }
 
   std::vector<char> init(n * esz);

@@ -37,9 +37,7 @@ void check(cudaError_t e, const char* what) {
 void fill_grads_cuda(void* dst, dos::DType t, std::size_t n, std::uint64_t seed, std::uint64_t iter,
                      std::uint64_t first) {
   if (n == 0) return;
-  std::size_t blocks = (n + 255) / 256;
-  if (blocks > 8192) blocks = 8192;
-  grads_kernel<<<unsigned(blocks), 256>>>(dst, t, n, seed, iter, first);
+  grads_kernel<<<grid_for(n), 256>>>(dst, t, n, seed, iter, first);
   check(cudaGetLastError(), "gradient kernel launch");
   check(cudaDeviceSynchronize(), "gradient kernel");
 }

@@ -665,6 +665,32 @@ struct Optimizer::Impl {
     }
   }
 
+  /// Holds every subgroup's master, exp_avg and exp_avg_sq in host memory (acquired in `mode`:
+  /// STARPU_R brings the host copies up to date, STARPU_W invalidates the device copies) and calls
+  /// fn with their pointers, as a vector of State ({master, exp_avg, exp_avg_sq, size}), in subgroup
+  /// (flat) order; releases them all when fn returns or throws.
+  template <class State, class Fn>
+  void hold_state(starpu_data_access_mode mode, Fn&& fn) const {
+    std::vector<State> state;
+    std::vector<starpu_data_handle_t> held;
+    state.reserve(sgs.size());
+    held.reserve(3 * sgs.size());  // no allocation between an acquire and its bookkeeping
+    struct Release {
+      std::vector<starpu_data_handle_t>& held;
+      ~Release() {
+        for (starpu_data_handle_t h : held) starpu_data_release(h);
+      }
+    } release{held};
+    for (const auto& sg : sgs) {
+      for (starpu_data_handle_t h : {sg->h_master, sg->h_exp_avg, sg->h_exp_avg_sq}) {
+        starpu_data_acquire(h, mode);
+        held.push_back(h);
+      }
+      state.push_back({sg->master.ptr, sg->exp_avg.ptr, sg->exp_avg_sq.ptr, sg->size});
+    }
+    fn(state);
+  }
+
   void read_state(float* out, HostBuffer Subgroup::*buf, starpu_data_handle_t Subgroup::*h) const {
     for (const auto& sg : sgs) {
       starpu_data_acquire(sg.get()->*h, STARPU_R);  // waits for the tasks writing it, fetches it home
@@ -1086,31 +1112,14 @@ void Optimizer::load_state_in_place(const std::vector<std::int64_t>& steps,
   for (std::int64_t st : steps)
     if (st < 0) throw Error("a subgroup step count in the state to load is negative (" + std::to_string(st) + ")");
   starpu_task_wait_for_all();
-  {
-    std::vector<HostStateOut> state;
-    std::vector<starpu_data_handle_t> held;
-    state.reserve(I.sgs.size());
-    held.reserve(3 * I.sgs.size());  // no allocation between an acquire and its bookkeeping
-    struct Release {
-      std::vector<starpu_data_handle_t>& held;
-      ~Release() {
-        for (starpu_data_handle_t h : held) starpu_data_release(h);
-      }
-    } release{held};
-    for (const auto& sg : I.sgs) {
-      for (starpu_data_handle_t h : {sg->h_master, sg->h_exp_avg, sg->h_exp_avg_sq}) {
-        starpu_data_acquire(h, STARPU_W);  // host copy only: any device copy is invalidated
-        held.push_back(h);
-      }
-      state.push_back({sg->master.ptr, sg->exp_avg.ptr, sg->exp_avg_sq.ptr, sg->size});
-    }
+  I.hold_state<HostStateOut>(STARPU_W, [&](const std::vector<HostStateOut>& state) {  // device copies invalidated
     try {
       fill(state);
     } catch (const std::exception& e) {  // partly replaced: this optimizer must not step again
       I.broken = std::string("loading a state failed part-way: ") + e.what();
       throw;
     }
-  }
+  });
   for (std::size_t i = 0; i < I.sgs.size(); ++i) I.sgs[i]->step = steps[i];
   // the caller's parameters: the loaded master rounded to their dtype, written where they live
   for (auto& sg : I.sgs) {
@@ -1150,24 +1159,7 @@ std::size_t Optimizer::num_subgroups() const { return impl_->sgs.size(); }
 std::size_t Optimizer::subgroup_size(std::size_t i) const { return impl_->sgs.at(i)->size; }
 std::int64_t Optimizer::step_count(std::size_t i) const { return impl_->sgs.at(i)->step; }
 void Optimizer::with_host_state(const std::function<void(const std::vector<HostState>&)>& fn) const {
-  std::vector<HostState> state;
-  std::vector<starpu_data_handle_t> held;
-  state.reserve(impl_->sgs.size());
-  held.reserve(3 * impl_->sgs.size());  // no allocation between an acquire and its bookkeeping
-  struct Release {
-    std::vector<starpu_data_handle_t>& held;
-    ~Release() {
-      for (starpu_data_handle_t h : held) starpu_data_release(h);
-    }
-  } release{held};
-  for (const auto& sg : impl_->sgs) {
-    for (starpu_data_handle_t h : {sg->h_master, sg->h_exp_avg, sg->h_exp_avg_sq}) {
-      starpu_data_acquire(h, STARPU_R);  // waits for the tasks writing it, fetches it home
-      held.push_back(h);
-    }
-    state.push_back({sg->master.ptr, sg->exp_avg.ptr, sg->exp_avg_sq.ptr, sg->size});
-  }
-  fn(state);
+  impl_->hold_state<HostState>(STARPU_R, fn);  // waits for the tasks writing the state, fetches it home
 }
 
 void Optimizer::read_master(float* out) const { impl_->read_state(out, &Subgroup::master, &Subgroup::h_master); }

@@ -44,9 +44,8 @@ sys.path.insert(0, os.path.dirname(MODULE))
 import baselines as B  # noqa: E402  (the file alone: the package's C library is not needed)
 
 # fp32 arithmetic against double: torch.optim's fp32 update of values of magnitude |p| <= ~0.1 is
-# off by a few ulps of the largest value (
-# largest magnitude; at most 1.4e-7 measured on torch 1.13, CPU); the wrong references of part 2
-# differ by 3e-2 or more
+# off by a few ulps of the largest magnitude (at most 1.4e-7 of it measured on torch 1.13, CPU); the
+# wrong references of part 2 differ by 3e-2 or more
 REL_TOL = 2e-6
 CUDA = torch.cuda.is_available()
 failures = []

@@ -16,6 +16,9 @@
 //
 // dos-bench stream: the runtime streaming optimizer state through the GPU against the PCIe roof
 // (stream_bench.h).
+//
+// dos-bench overhead: the runtime's cost per task and per subgroup with tiny subgroups, beside an
+// empty StarPU task in the same process (overhead_bench.h).
 #include <omp.h>
 
 #include <CLI/CLI.hpp>
@@ -30,6 +33,7 @@
 #include <vector>
 
 #include "adam.h"
+#include "overhead_bench.h"
 #include "stream_bench.h"
 
 namespace {
@@ -97,7 +101,10 @@ int main(int argc, char** argv) {
   double n_d = 1 << 27;
   int reps = 5;
   bool json = false;
-  app.add_option("what", sub, "what to benchmark: kernels, or stream (the runtime's PCIe streaming)")->required();
+  app.add_option("what", sub,
+                 "what to benchmark: kernels, stream (the runtime's PCIe streaming), or overhead (the runtime's cost "
+                 "per task beside an empty StarPU task)")
+      ->required();
   app.add_option("--n", n_d, "elements per kernel call (stream: parameters, default 1.6e9)");
   app.add_option("--reps", reps, "runs per kernel (the best is kept); stream: timed iterations per variant")
       ->capture_default_str();
@@ -107,7 +114,32 @@ int main(int argc, char** argv) {
   app.add_option("--subgroup-size", subgroup_d, "stream: elements per subgroup")->capture_default_str();
   app.add_option("--variants", stream_variants, "stream: LOOKAHEAD:WRITEBACK (eager or end) runs, e.g. 3:eager 0:end")
       ->capture_default_str();
+  double subgroups_d = 55;
+  int empty_tasks = 2000;
+  app.add_option("--subgroups", subgroups_d, "overhead: subgroups per phase (default 55; --subgroup-size default 10007)");
+  app.add_option("--empty-tasks", empty_tasks, "overhead: empty StarPU tasks per worker kind")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  if (sub == "overhead") {
+    dos_bench::OverheadOptions oo;
+    if (app.count("--subgroup-size") == 0) subgroup_d = 10007;
+    if (!(subgroup_d >= 1 && subgroup_d <= 1e9) || !(subgroups_d >= 1 && subgroups_d <= 1e5) || reps < 1 ||
+        empty_tasks < 1) {
+      std::fprintf(stderr, "dos-bench overhead: --subgroup-size must be in [1, 1e9], --subgroups in [1, 1e5], --reps "
+                           "and --empty-tasks >= 1\n");
+      return 1;
+    }
+    oo.subgroup_size = std::size_t(subgroup_d);
+    oo.subgroups = std::size_t(subgroups_d);
+    oo.phases = app.count("--reps") ? reps : 20;
+    oo.empty_tasks = empty_tasks;
+    oo.json = json;
+    try {
+      return dos_bench::run_overhead(oo);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "dos-bench overhead: %s\n", e.what());
+      return 1;
+    }
+  }
   if (sub == "stream") {
     dos_bench::StreamOptions so;
     if (app.count("--n") == 0) n_d = 1.6e9;
@@ -139,7 +171,7 @@ int main(int argc, char** argv) {
     }
   }
   if (sub != "kernels") {
-    std::fprintf(stderr, "dos-bench: unknown benchmark '%s': use kernels or stream\n", sub.c_str());
+    std::fprintf(stderr, "dos-bench: unknown benchmark '%s': use kernels, stream or overhead\n", sub.c_str());
     return 1;
   }
   if (app.count("--n") == 0) n_d = 1 << 27;

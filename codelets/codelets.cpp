@@ -5,6 +5,7 @@
 
 #include "cpu_team.h"
 #include "cuda_funcs.h"
+#include "task_clock.h"
 
 namespace dos {
 namespace {
@@ -73,6 +74,26 @@ struct starpu_perfmodel gather_model = {};
 struct starpu_perfmodel scatter_model = {};
 struct starpu_perfmodel cast_model = {};
 
+// Every implementation is stamped by the task clock (task_clock.h): a CPU one from entry to return,
+// a CUDA one from its launch (the end comes from the task's callback).
+template <void (*F)(void**, void*)>
+void clocked_cpu(void* buffers[], void* cl_arg) {
+  task_clock::begin();
+  F(buffers, cl_arg);
+  task_clock::end_here();
+}
+template <void (*F)(void**, void*)>
+void clocked_cuda(void* buffers[], void* cl_arg) {
+  task_clock::begin();
+  F(buffers, cl_arg);
+}
+/// clocked_cuda<F>, or a null pointer in a build without CUDA (F null).
+template <starpu_cuda_func_t F>
+constexpr starpu_cuda_func_t clocked_cuda_or_null() {
+  if constexpr (F == nullptr) return nullptr;
+  else return &clocked_cuda<F>;
+}
+
 struct starpu_codelet make_codelet(const char* name, starpu_cpu_func_t cpu, starpu_cuda_func_t cuda,
                                    int nbuffers, const starpu_data_access_mode* modes,
                                    struct starpu_perfmodel* model, const char* symbol) {
@@ -100,17 +121,19 @@ const starpu_data_access_mode kCastModes[] = {STARPU_R, STARPU_W};
 
 }  // namespace
 
-struct starpu_codelet adam_cl =
-    make_codelet("dos_adam", adam_cpu, cuda_funcs::adam, 5, kAdamModes, &adam_model, "dos_adam");
-struct starpu_codelet adam_direct_cl = make_codelet("dos_adam_direct", adam_direct_cpu, cuda_funcs::adam_direct, 3,
-                                                    kAdamDirectModes, &adam_direct_model, "dos_adam_direct");
-struct starpu_codelet gather_cl =
-    make_codelet("dos_gather", gather_cpu, cuda_funcs::gather, 1, kGatherModes, &gather_model, "dos_gather");
-struct starpu_codelet scatter_cl =
-    make_codelet("dos_scatter", scatter_cpu, cuda_funcs::scatter, 1, kScatterModes, &scatter_model, "dos_scatter");
-
-struct starpu_codelet cast_cl =
-    make_codelet("dos_cast", cast_cpu, cuda_funcs::cast, 2, kCastModes, &cast_model, "dos_cast");
+struct starpu_codelet adam_cl = make_codelet("dos_adam", clocked_cpu<adam_cpu>, clocked_cuda_or_null<cuda_funcs::adam>(),
+                                             5, kAdamModes, &adam_model, "dos_adam");
+struct starpu_codelet adam_direct_cl =
+    make_codelet("dos_adam_direct", clocked_cpu<adam_direct_cpu>, clocked_cuda_or_null<cuda_funcs::adam_direct>(), 3,
+                 kAdamDirectModes, &adam_direct_model, "dos_adam_direct");
+struct starpu_codelet gather_cl = make_codelet("dos_gather", clocked_cpu<gather_cpu>,
+                                               clocked_cuda_or_null<cuda_funcs::gather>(), 1, kGatherModes,
+                                               &gather_model, "dos_gather");
+struct starpu_codelet scatter_cl = make_codelet("dos_scatter", clocked_cpu<scatter_cpu>,
+                                                clocked_cuda_or_null<cuda_funcs::scatter>(), 1, kScatterModes,
+                                                &scatter_model, "dos_scatter");
+struct starpu_codelet cast_cl = make_codelet("dos_cast", clocked_cpu<cast_cpu>, clocked_cuda_or_null<cuda_funcs::cast>(),
+                                             2, kCastModes, &cast_model, "dos_cast");
 
 bool codelets_have_cuda() { return cuda_funcs::kHaveCuda; }
 

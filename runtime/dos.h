@@ -174,7 +174,7 @@ struct OptimizerOptions {
 /// One task or transfer sample of an update phase, for timelines. lane: "cpu" or "gpu" (an Adam,
 /// gradient conversion or parameter write-back task on that kind of worker); what: "adam",
 /// "gather" or "scatter"; subgroup: its index; start, end: seconds since the phase began
-/// (StarPU's task profiling).
+/// (the runtime's own task clock, codelets/task_clock.h; StarPU's task profiling stays off).
 struct TimelineTask {
   std::string lane, what;
   std::size_t subgroup = 0;
@@ -200,8 +200,9 @@ struct PlanOverride {
 /// tasks that ran on a CPU / CUDA worker; bytes_h2d / bytes_d2h: bytes StarPU moved host->device /
 /// device->host during the phase (its per-bus counters); step: the largest subgroup step count;
 /// cpu_busy_seconds / gpu_busy_seconds: time the CPU / CUDA workers spent executing tasks during the
-/// phase, summed over workers (StarPU's per-worker profiling; for a CUDA worker, from launch to
-/// completion of its asynchronous tasks).
+/// phase, summed over workers (the runtime's task clock, codelets/task_clock.h; for a CUDA worker,
+/// from launch, or the end of the task before it on the stream, to completion of its asynchronous
+/// tasks).
 struct StepStats {
   double seconds = 0;
   std::size_t params = 0;

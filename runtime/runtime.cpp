@@ -19,6 +19,7 @@
 #include "../codelets/codelets.h"
 #include "../codelets/cpu_team.h"
 #include "../scheduler/policy.h"
+#include "../codelets/task_clock.h"
 #include "admission.h"
 #include "dos.h"
 #include "partition.h"
@@ -171,6 +172,17 @@ Runtime::Runtime(const RuntimeOptions& options) : impl_(new Impl) {
                 ": use --policy cpu");
   }
   // OpenMP threads per CPU worker: the cores (given, $OMP_NUM_THREADS, or all but one per CUDA
+  // StarPU's heteroprio puts every task of a priority in one bucket that every kind of worker in it
+  // must be able to run (src/sched_policies/heteroprio.c asserts it, and a release build of StarPU
+  // loses the task instead); the runtime's gradient staging and parameter write-back tasks run only
+  // where the caller's buffers live, so with a CUDA worker they break that rule.
+  if (running_policy() == "heteroprio" && ncuda > 0) {
+    starpu_shutdown();
+    --g_live_runtimes;
+    throw Error("StarPU's heteroprio cannot run this update phase with a CUDA worker: it needs every task to be able "
+                "to run on every kind of worker, and the gradient staging and parameter write-back tasks run only "
+                "where the model's buffers live; use dmda, dmdas, lws or eager, or heteroprio with --ncuda 0");
+  }
   // worker) shared among the CPU workers.
   int cores = options.cpu_threads;
   const char* env_omp = std::getenv("OMP_NUM_THREADS");
@@ -208,8 +220,14 @@ Runtime::Runtime(const RuntimeOptions& options) : impl_(new Impl) {
                  ws.min_cores.load(), threads);
   worker_cores_ = ws.min_cores.load();
   omp_team_ = ws.team.load();
-  // Per-task and per-worker profiling: where each update ran and how busy each worker was.
-  starpu_profiling_status_set(STARPU_PROFILING_ENABLE);
+  // StarPU's task profiling stays off: the runtime clocks its tasks itself (task_clock.h), because
+  // StarPU 1.3 (and 1.4 before 1.4.5) reads the GPU's energy counter through NVML around every CUDA
+  // task when profiling is on, which costs milliseconds per task on some machines. STARPU_PROFILING=1
+  // in the environment turns it on anyway: say what that costs.
+  if (ncuda > 0 && starpu_profiling_status_get() == STARPU_PROFILING_ENABLE && options.verbose)
+    std::fprintf(stderr, "[dos] warning: StarPU's task profiling is on (STARPU_PROFILING is set): StarPU 1.3 and 1.4 "
+                         "before 1.4.5 then read the GPU's energy counter around every CUDA task, which can add "
+                         "milliseconds per task; the runtime does not need it (unset STARPU_PROFILING)\n");
 
   if (ncuda == 0 && options.verbose &&
       (impl_->choice.kind == PolicyKind::dos || impl_->choice.kind == PolicyKind::static_ratio))
@@ -405,20 +423,15 @@ void subgroup_part_done(Subgroup* sg) {
   if (sg->parts_left.fetch_sub(1) == 1 && sg->window) sg->window->give(sg->footprint);
 }
 
-/// Tasks of a phase, from StarPU's task profiling, when a timeline is asked for.
+/// Tasks of a phase, from the task clock (task_clock.h), when a timeline is asked for.
 struct Timeline {
   std::mutex mu;
-  double t0_us = 0;  // starpu_timing_now() when the phase began: StarPU's profiling clock
+  double t0_us = 0;  // starpu_timing_now() when the phase began: the task clock's clock
   std::vector<TimelineTask> tasks;
-  void record(const char* what, std::size_t subgroup) {
-    struct starpu_task* t = starpu_task_get_current();
-    if (!t || !t->profiling_info) return;
-    const struct starpu_profiling_task_info* p = t->profiling_info;
-    const int w = p->workerid;
-    const bool gpu = w >= 0 && starpu_worker_get_type(w) == STARPU_CUDA_WORKER;
-    auto secs = [&](struct timespec ts) { return 1e-6 * (starpu_timing_timespec_to_us(&ts) - t0_us); };
+  void record(const char* what, std::size_t subgroup, const task_clock::Span& span) {
+    auto secs = [&](double us) { return 1e-6 * (us - t0_us); };
     std::lock_guard<std::mutex> g(mu);
-    tasks.push_back(TimelineTask{gpu ? "gpu" : "cpu", what, subgroup, secs(p->start_time), secs(p->end_time)});
+    tasks.push_back(TimelineTask{span.gpu ? "gpu" : "cpu", what, subgroup, secs(span.start_us), secs(span.end_us)});
   }
 };
 
@@ -434,6 +447,14 @@ struct Pending {
   void done() {
     std::lock_guard<std::mutex> l(mu);
     if (--n == 0) cv.notify_all();
+/// From a step task's callback: completes the task's clock record (busy time) and, when a timeline
+/// is asked for, adds the task to it.
+void clock_task(Subgroup* sg, const char* what) {
+  task_clock::Span span;
+  if (task_clock::finish(starpu_task_get_current(), &span) && sg->timeline)
+    sg->timeline->record(what, std::size_t(sg->hint_update.subgroup), span);
+}
+
   }
   void wait() {
     std::unique_lock<std::mutex> l(mu);
@@ -465,11 +486,10 @@ void record_worker(void* arg) {
   auto* sg = static_cast<Subgroup*>(arg);
   const int w = starpu_worker_get_id();
   sg->ran_on.store(w >= 0 && starpu_worker_get_type(w) == STARPU_CUDA_WORKER ? 2 : 1);
-  if (sg->timeline) sg->timeline->record("adam", std::size_t(sg->hint_update.subgroup));
+  clock_task(sg, "adam");
 }
 void record_gather(void* arg) {
-  auto* sg = static_cast<Subgroup*>(arg);
-  if (sg->timeline) sg->timeline->record("gather", std::size_t(sg->hint_update.subgroup));
+  clock_task(static_cast<Subgroup*>(arg), "gather");
 }
 /// Callback of the Adam task of the direct path (adam_direct_cl): as record_worker, and the task is
 /// one piece of the subgroup's work.
@@ -480,7 +500,7 @@ void adam_direct_done(void* arg) {
 /// Callback of the parameter write-back task: the timeline, and one piece of the subgroup done.
 void scatter_done(void* arg) {
   auto* sg = static_cast<Subgroup*>(arg);
-  if (sg->timeline) sg->timeline->record("scatter", std::size_t(sg->hint_update.subgroup));
+  clock_task(sg, "scatter");
   subgroup_part_done(sg);
 }
 
@@ -506,19 +526,6 @@ void read_bus_bytes(std::uint64_t* h2d, std::uint64_t* d2h) {
   }
   *h2d = g_bus_h2d;
   *d2h = g_bus_d2h;
-}
-
-/// Sums the executing time of the workers of `type` since the last call, in seconds (reading
-/// StarPU's per-worker profiling resets it).
-double read_busy_seconds(enum starpu_worker_archtype type) {
-  double us = 0;
-  const unsigned n = starpu_worker_get_count();
-  for (unsigned w = 0; w < n; ++w) {
-    if (starpu_worker_get_type(int(w)) != type) continue;
-    struct starpu_profiling_worker_info info;
-    if (starpu_profiling_worker_get_info(int(w), &info) == 0) us += starpu_timing_timespec_to_us(&info.executing_time);
-  }
-  return us * 1e-6;
 }
 
 }  // namespace
@@ -873,8 +880,9 @@ StepStats Optimizer::step() {
   StepStats st;
   std::uint64_t h2d0, d2h0;
   read_bus_bytes(&h2d0, &d2h0);
-  read_busy_seconds(STARPU_CPU_WORKER);
-  read_busy_seconds(STARPU_CUDA_WORKER);
+  task_clock::reset();  // nothing is in flight: the clock starts afresh
+  task_clock::take_busy_seconds(STARPU_CPU_WORKER);
+  task_clock::take_busy_seconds(STARPU_CUDA_WORKER);
   const auto t0 = std::chrono::steady_clock::now();
   {
     std::lock_guard<std::mutex> g(I.timeline.mu);
@@ -1066,8 +1074,8 @@ StepStats Optimizer::step() {
   read_bus_bytes(&st.bytes_h2d, &st.bytes_d2h);
   st.bytes_h2d -= h2d0;
   st.bytes_d2h -= d2h0;
-  st.cpu_busy_seconds = read_busy_seconds(STARPU_CPU_WORKER);
-  st.gpu_busy_seconds = read_busy_seconds(STARPU_CUDA_WORKER);
+  st.cpu_busy_seconds = task_clock::take_busy_seconds(STARPU_CPU_WORKER);
+  st.gpu_busy_seconds = task_clock::take_busy_seconds(STARPU_CUDA_WORKER);
   st.params = I.nparams;
   for (std::size_t i = 0; i < I.sgs.size(); ++i) {
     const auto& sg = I.sgs[i];

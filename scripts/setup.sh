@@ -17,7 +17,8 @@
 #  3. StarPU: a site's own StarPU (pkg-config starpu-1.4 or starpu-1.3, e.g. from `module load starpu`)
 #     is used as it is. Otherwise StarPU 1.3.10 is built from Debian's source package `starpu`
 #     1.3.10+dfsg into .deps/starpu-1.3.10[-cuda], with CUDA when nvcc is present (two small changes
-#     for CUDA 13 in scripts/starpu-1.3.10-cuda13.patch). DOS_BUILD_STARPU=1 forces our own build.
+#     for CUDA 13 in scripts/starpu-1.3.10-cuda13.patch; NVML energy profiling only on request, as
+#     StarPU 1.4.5 does, in scripts/starpu-1.3.10-energy.patch). DOS_BUILD_STARPU=1 forces our own build.
 #  4. meson setup + compile into build/ (-Dcuda=auto).
 # Environment: DOS_BUILD_DIR (default build), MESON_OPTIONS (extra `meson setup` options).
 set -euo pipefail
@@ -171,7 +172,8 @@ if [ "${DOS_BUILD_STARPU:-0}" != 1 ]; then
     fi
   done
 fi
-stamp_want="starpu $STARPU_VERSION cuda=$WITH_CUDA patch=$(cksum < "$ROOT/scripts/starpu-1.3.10-cuda13.patch" | cut -d' ' -f1)"
+STARPU_PATCHES="starpu-1.3.10-cuda13.patch starpu-1.3.10-energy.patch"
+stamp_want="starpu $STARPU_VERSION cuda=$WITH_CUDA patch=$(cd "$ROOT/scripts" && cat $STARPU_PATCHES | cksum | cut -d' ' -f1)"
 if [ -n "$site_starpu" ]; then
   say "using the site's StarPU: $site_starpu"
 elif [ -f "$STARPU_PREFIX/.dos-stamp" ] && [ "$(cat "$STARPU_PREFIX/.dos-stamp")" = "$stamp_want" ]; then
@@ -186,6 +188,8 @@ else
     say "applying scripts/starpu-1.3.10-cuda13.patch (CUDA 13 removed computeMode and the legacy cuBLAS API)"
     (cd "$src" && patch -p1 -s < "$ROOT/scripts/starpu-1.3.10-cuda13.patch")
     cuda_dir=$(dirname "$(dirname "$(command -v nvcc)")")
+    say "applying scripts/starpu-1.3.10-energy.patch (NVML energy reads around every CUDA task only with STARPU_ENERGY_PROFILING=1)"
+    (cd "$src" && patch -p1 -s < "$ROOT/scripts/starpu-1.3.10-energy.patch")
     cuda_opts="--enable-cuda --with-cuda-dir=$cuda_dir"
   fi
   (cd "$src" && ./configure --prefix="$STARPU_PREFIX" $cuda_opts --disable-static --disable-build-doc \

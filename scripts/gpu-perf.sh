@@ -5,10 +5,11 @@
 # Llama-2 13B quarter's sweep of the streamed fraction. Outputs go to $OUT (default
 # ./gpu-perf-out). Used through the `device` tool:
 #   run(command="scripts/gpu-perf.sh", carry=[".deps/cache"])
-# PARTS (default "tests overhead tiny timeline sweep") picks the parts; ITERS (default 4).
+# DOS_BUILD_DIR: the build folder (default build). PARTS (default "tests overhead tiny timeline sweep") picks the parts; ITERS (default 4).
 set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${OUT:-$ROOT/gpu-perf-out}
+BUILD=${DOS_BUILD_DIR:-$ROOT/build}
 mkdir -p "$OUT"
 PARTS=${PARTS:-tests overhead tiny timeline sweep}
 ITERS=${ITERS:-4}
@@ -19,17 +20,17 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>
 echo "build: $(( $(date +%s) - t0 )) s"
 . "$ROOT/.deps/env.sh"
 export STARPU_SILENT=1
-D=$ROOT/build/examples/dos-train
+D=$BUILD/examples/dos-train
 if has tests; then
   tests=${TESTS-kernels-cuda optimizer-bf16-cuda train-cpu-vs-gpu-tolerance train-cpu-vs-dos-static train-grad-staging train-emulated-iteration}
   [ "$tests" = all ] && tests=""
-  meson test -C "$ROOT/build" --print-errorlogs $tests 2>&1 | grep -E "^ *[0-9]+/[0-9]+ |^(Ok|Fail|Skipped|Expected|Unexpected|Timeout):|FAIL|Error" | tail -60
-  cp "$ROOT/build/meson-logs/testlog.txt" "$OUT/" 2>/dev/null
+  meson test -C "$BUILD" --print-errorlogs $tests 2>&1 | grep -E "^ *[0-9]+/[0-9]+ |^(Ok|Fail|Skipped|Expected|Unexpected|Timeout):|FAIL|Error" | tail -60
+  cp "$BUILD/meson-logs/testlog.txt" "$OUT/" 2>/dev/null
   echo "tests: $(( $(date +%s) - t0 )) s"
 fi
 if has overhead; then
   echo "== dos-bench overhead"
-  "$ROOT/build/bench/dos-bench" overhead 2>&1 | grep -v "^\[starpu"
+  "$BUILD/bench/dos-bench" overhead 2>&1 | grep -v "^\[starpu"
 fi
 if has tiny; then
   for p in cpu gpu dos dmda; do

@@ -18,8 +18,8 @@
 
 #include "../codelets/codelets.h"
 #include "../codelets/cpu_team.h"
-#include "../scheduler/policy.h"
 #include "../codelets/task_clock.h"
+#include "../scheduler/policy.h"
 #include "admission.h"
 #include "dos.h"
 #include "partition.h"
@@ -171,7 +171,6 @@ Runtime::Runtime(const RuntimeOptions& options) : impl_(new Impl) {
                 (codelets_have_cuda() ? " (no CUDA device visible)" : " (this build has no CUDA: rebuild with nvcc)") +
                 ": use --policy cpu");
   }
-  // OpenMP threads per CPU worker: the cores (given, $OMP_NUM_THREADS, or all but one per CUDA
   // StarPU's heteroprio puts every task of a priority in one bucket that every kind of worker in it
   // must be able to run (src/sched_policies/heteroprio.c asserts it, and a release build of StarPU
   // loses the task instead); the runtime's gradient staging and parameter write-back tasks run only
@@ -183,6 +182,7 @@ Runtime::Runtime(const RuntimeOptions& options) : impl_(new Impl) {
                 "to run on every kind of worker, and the gradient staging and parameter write-back tasks run only "
                 "where the model's buffers live; use dmda, dmdas, lws or eager, or heteroprio with --ncuda 0");
   }
+  // OpenMP threads per CPU worker: the cores (given, $OMP_NUM_THREADS, or all but one per CUDA
   // worker) shared among the CPU workers.
   int cores = options.cpu_threads;
   const char* env_omp = std::getenv("OMP_NUM_THREADS");
@@ -435,6 +435,14 @@ struct Timeline {
   }
 };
 
+/// From a step task's callback: completes the task's clock record (busy time) and, when a timeline
+/// is asked for, adds the task to it.
+void clock_task(Subgroup* sg, const char* what) {
+  task_clock::Span span;
+  if (task_clock::finish(starpu_task_get_current(), &span) && sg->timeline)
+    sg->timeline->record(what, std::size_t(sg->hint_update.subgroup), span);
+}
+
 /// Counts outstanding asynchronous acquisitions and waits for them.
 struct Pending {
   std::mutex mu;
@@ -447,14 +455,6 @@ struct Pending {
   void done() {
     std::lock_guard<std::mutex> l(mu);
     if (--n == 0) cv.notify_all();
-/// From a step task's callback: completes the task's clock record (busy time) and, when a timeline
-/// is asked for, adds the task to it.
-void clock_task(Subgroup* sg, const char* what) {
-  task_clock::Span span;
-  if (task_clock::finish(starpu_task_get_current(), &span) && sg->timeline)
-    sg->timeline->record(what, std::size_t(sg->hint_update.subgroup), span);
-}
-
   }
   void wait() {
     std::unique_lock<std::mutex> l(mu);

@@ -1,35 +1,54 @@
 #!/usr/bin/env python3
 """dos-compare: the same dos-train workload under several scheduling policies, side by side.
 
-Runs ``dos-train`` once per run (StarPU starts once per process, so each run gets its own process)
-with the same model, shard, subgroup size, seed and iteration count, reads each run's ``--report``
-JSON, and prints one table: median iteration seconds (with ``--emulate-compute`` among the
-dos-train arguments), median update-phase seconds (iterations 2..), update Gparams/s, speedup over
-``cpu`` and over ``dmda`` (when those ran), and the percentage of the lower bound (lower bound /
-measured, so 100% is the bound itself; the bound is the resource model's: a ``dos`` run's own, and
-for the other runs that of the first ``dos`` run with the same resident budget).
+Runs ``dos-train`` once per run and repeat (StarPU starts once per process, so each run gets its
+own process) with the same model, shard, subgroup size, seed and iteration count, reads each run's
+``--report`` JSON, and prints one table: median iteration seconds (with ``--emulate-compute`` among
+the dos-train arguments), median update-phase seconds (iterations 2..) and their spread, update
+Gparams/s, speedup over ``cpu`` and over ``dmda`` (when those ran), and the percentage of the lower
+bound (lower bound / measured, so 100% is the bound itself; the bound is the resource model's: a
+run's own when its report has one, else that of the first run with the same resident budget that
+has one).
 
 Runs:
-  --policies dos,cpu,dmda        one run per policy (dos-train --policy)
+  --policies dos,cpu,dmda        one run per policy (dos-train --policy). Default dos,cpu,dmda,gpu;
+                                 a policy that needs a GPU (gpu) is skipped, with a note, when
+                                 dos-train reports no CUDA worker
   --run LABEL='ARGS'             one more run named LABEL with its own dos-train arguments (e.g.
                                  --run "dos-native=--policy dos --grad-transfer native"); repeatable
   --resident-budgets 10GB,20GB   for each budget B, a ``dos@B`` run (dos --gpu-resident-budget B)
                                  and a ``static:R@B`` run, R the smallest CPU share whose resident
                                  subgroups fit in B (DeepSpeed's ratio for the same bytes)
-  --peers PATH                   ../shared/peers/torch_update_phase.py on the same N and S, in the
-                                 same script: zero_offload and dos_stride:2..4 (when --policies
-                                 or --run ran something) and, per resident budget, twinflow:R_gpu
-                                 keeping the same subgroups resident
+  --repeats R                    every run R times: the table gives the median of the R runs'
+                                 medians and their minimum..maximum (with R = 1, the spread is that
+                                 of the run's iterations 2..)
+  --baselines [LIST]             the repository's PyTorch baselines
+                                 (python/deep_optimizer_states/baselines.py) on the same N, S, dtype,
+                                 optimizer, hyper-parameters, CPU threads and iteration count, R
+                                 repeats: LIST (default zero_offload,stride:2,stride:3,stride:4) and,
+                                 per resident budget, twinflow:R with the static run's R; rows
+                                 ``baseline VARIANT``. Run by a Python that imports torch
+                                 (--baselines-python, else the first of this one and
+                                 /usr/bin/python3 that does); skipped with a note when none does
+  --peers PATH                   an external re-creation of the baselines (torch_update_phase.py)
+                                 on the same N and S, as a cross-check: zero_offload and
+                                 dos_stride:2..4 (when --policies or --run ran something) and, per
+                                 resident budget, twinflow:R_gpu keeping the same subgroups
+                                 resident; rows ``peer VARIANT``
   --timeline                     the first dos run writes its last phase's timeline; plotted under
                                  the bars (CPU worker, GPU worker, H2D and D2H rates)
 
-With ``--check-params`` every run's final fp32 master parameters are compared with the ``cpu``
-run's: bit-identical is expected among CPU-only runs, and within 1e-6 relative (README) when a GPU
-took part. Outputs (``--out DIR``): ``compare.json``, ``compare.md``, ``compare.png`` (when
-matplotlib imports), and each run's report and log. Exit status: 0; 1 when --check-params found
-parameters beyond the tolerance; 2 when dos-train is missing, a run fails (its log is kept and
-named; the other runs' results are still written), a report lacks its summary, or an argument is
-malformed.
+Warnings (printed, and kept in compare.md and compare.json) say where a comparison cannot mean
+anything: no CUDA worker (every policy then updates everything on the CPU, dos is cpu), or a
+difference between two medians smaller than their spread.
+
+With ``--check-params`` every run's final fp32 master parameters (its first repeat's) are compared
+with the ``cpu`` run's: bit-identical is expected among CPU-only runs, and within 1e-6 relative
+(README) when a GPU took part. Outputs (``--out DIR``): ``compare.json``, ``compare.md``,
+``compare.png`` (when matplotlib imports), and each run's report and log. Exit status: 0; 1 when
+--check-params found parameters beyond the tolerance; 2 when dos-train is missing, a run fails (its
+log is kept and named; the other runs' results are still written), a report lacks its summary, the
+baselines fail, or an argument is malformed.
 """
 import argparse
 import json
@@ -37,8 +56,20 @@ import math
 import os
 import re
 import shlex
+import shutil
+import statistics
 import subprocess
 import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+BASELINES = os.path.join(HERE, "..", "python", "deep_optimizer_states", "baselines.py")
+DEFAULT_POLICIES = "dos,cpu,dmda,gpu"
+DEFAULT_BASELINES = "zero_offload,stride:2,stride:3,stride:4"
+GPU_ONLY_POLICIES = ("gpu",)  # dos-train refuses them without a CUDA worker
+# dos-train's AdamW defaults (examples/dos_train.cpp), given to the baselines unless the dos-train
+# arguments set them
+TRAIN_HYPER = (("--lr", "1e-4"), ("--beta1", "0.9"), ("--beta2", "0.999"), ("--eps", "1e-8"),
+               ("--weight-decay", "0.01"))
 
 
 def parse_size(text):
@@ -52,17 +83,27 @@ def parse_size(text):
 
 
 def parse_args(argv):
+    """Command-line arguments (see the module's docstring). Exits 2 (argparse) with a message for
+    malformed ones."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--dos-train", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "build",
-                                                         "examples", "dos-train"),
+    ap.add_argument("--dos-train", default=os.path.join(HERE, "..", "build", "examples", "dos-train"),
                     help="path of the dos-train binary (default: build/examples/dos-train)")
-    ap.add_argument("--policies", default="dos,cpu,dmda,gpu",
-                    help="comma-separated policies (dos-train --policy values), default dos,cpu,dmda,gpu")
+    ap.add_argument("--policies", default=None,
+                    help=f"comma-separated policies (dos-train --policy values), default {DEFAULT_POLICIES} "
+                         f"(gpu skipped without a CUDA worker)")
     ap.add_argument("--run", action="append", default=[], metavar="LABEL=ARGS",
                     help="an extra run: its label and its own dos-train arguments (repeatable)")
     ap.add_argument("--resident-budgets", default="",
                     help="comma-separated GPU resident budgets: a dos and a static:R run for each")
-    ap.add_argument("--peers", default=None, help="path of torch_update_phase.py: run the PyTorch peers too")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="runs of each configuration (default 1): median and min..max over them")
+    ap.add_argument("--baselines", nargs="?", const=DEFAULT_BASELINES, default=None, metavar="LIST",
+                    help=f"run the PyTorch baselines too (default list {DEFAULT_BASELINES}; twinflow:R "
+                         f"added per resident budget)")
+    ap.add_argument("--baselines-python", default=None,
+                    help="the Python (with torch) that runs the baselines (default: this one or /usr/bin/python3, "
+                         "the first that imports torch)")
+    ap.add_argument("--peers", default=None, help="path of torch_update_phase.py: run that external cross-check too")
     ap.add_argument("--peer-iters", type=int, default=3, help="timed phases per peer variant (default 3)")
     ap.add_argument("--timeline", action="store_true", help="plot the first dos run's last update phase")
     ap.add_argument("--out", default="dos-compare-out", help="folder for the reports, logs, table and plot")
@@ -77,7 +118,9 @@ def parse_args(argv):
     a = ap.parse_args(argv)
     if a.train_args and a.train_args[0] == "--":
         a.train_args = a.train_args[1:]
-    a.runs = [(p.strip(), ["--policy", p.strip()]) for p in a.policies.split(",") if p.strip()]
+    a.default_policies = a.policies is None
+    policies = DEFAULT_POLICIES if a.policies is None else a.policies
+    a.runs = [(p.strip(), ["--policy", p.strip()]) for p in policies.split(",") if p.strip()]
     for r in a.run:
         label, eq, args = r.partition("=")
         if not eq or not label.strip() or "--policy" not in args:
@@ -87,6 +130,16 @@ def parse_args(argv):
         a.budgets = [(b.strip(), parse_size(b)) for b in a.resident_budgets.split(",") if b.strip()]
     except ValueError as e:
         ap.error(f"--resident-budgets: {e}")
+    if a.repeats < 1:
+        ap.error(f"--repeats must be at least 1, got {a.repeats}")
+    if a.peer_iters < 1:
+        ap.error(f"--peer-iters must be at least 1, got {a.peer_iters}")
+    a.baseline_variants = []
+    if a.baselines is not None:
+        a.baseline_variants = [v.strip() for v in a.baselines.split(",") if v.strip()]
+        bad = [v for v in a.baseline_variants if not re.fullmatch(r"zero_offload|stride:[1-9][0-9]*|twinflow:[0-9.eE+-]+", v)]
+        if bad:
+            ap.error(f"--baselines: unknown variant(s) {', '.join(bad)}: use zero_offload, stride:K, twinflow:R")
     if not a.runs and not a.budgets and not a.plot_only:
         ap.error("nothing to run: give --policies, --run or --resident-budgets")
     labels = [l for l, _ in a.runs]
@@ -107,12 +160,13 @@ def arg_value(args, name, default=None):
     return default
 
 
-def run_one(a, label, args):
-    """Runs dos-train once; returns (report dict or None, log path, params path or None)."""
-    tag = re.sub(r"[^A-Za-z0-9_.-]", "-", label)
+def run_one(a, label, args, repeat):
+    """Runs dos-train once (repeat 0, 1, ... of run ``label``); returns (report dict or None, log path,
+    params path or None). The first repeat's files are LABEL.json/.log, later ones LABEL.rK.*."""
+    tag = re.sub(r"[^A-Za-z0-9_.-]", "-", label) + (f".r{repeat + 1}" if repeat else "")
     report = os.path.join(a.out, f"{tag}.json")
     log = os.path.join(a.out, f"{tag}.log")
-    params = os.path.join(a.out, f"{tag}.safetensors") if a.check_params else None
+    params = os.path.join(a.out, f"{tag}.safetensors") if a.check_params and not repeat else None
     cmd = [a.dos_train, "--report", report] + (["--save-params", params] if params else []) + args + a.train_args
     with open(log, "w") as f:
         f.write("$ " + " ".join(cmd) + "\n")
@@ -126,7 +180,8 @@ def run_one(a, label, args):
     if "summary" not in r or "update_seconds_median" not in r["summary"]:
         print(f"dos-compare: the report of run {label} has no summary: see {report}", file=sys.stderr)
         return None, log, None
-    print(f"dos-compare: {label}: update {r['summary']['update_seconds_median']:.4f} s", flush=True)
+    print(f"dos-compare: {label}{f' (repeat {repeat + 1})' if repeat else ''}: update "
+          f"{r['summary']['update_seconds_median']:.4f} s", flush=True)
     return r, log, params
 
 
@@ -142,8 +197,46 @@ def compare_params(a, ref, other):
 
 
 def median_of(values):
-    v = sorted(x for x in values if x and x > 0)
-    return v[len(v) // 2] if v else None
+    """Median of the positive values (None when there is none)."""
+    v = [x for x in values if x and x > 0]
+    return statistics.median(v) if v else None
+
+
+def summarize(reports, key="update_seconds_median"):
+    """Median, minimum and maximum of summary[key] over the reports of one configuration's
+    repeats. With one report the spread is that of its iterations 2.. (per-iteration figures, key
+    without its ``_median``), so a single run still shows its noise. (None, None, None) when absent."""
+    vals = [r["summary"][key] for r in reports if r["summary"].get(key) is not None]
+    if not vals:
+        return None, None, None
+    if len(vals) == 1:
+        it = reports[0].get("iterations") or []
+        per = [x.get(key[: -len("_median")]) for x in (it[1:] if len(it) > 1 else it)]
+        per = [x for x in per if x is not None]
+        if per:
+            return vals[0], min(per), max(per)
+    return statistics.median(vals), min(vals), max(vals)
+
+
+def lower_bound(reports):
+    """The resource model's lower bound of a configuration, seconds: the median over its repeats'
+    iterations 2.. of the positive lower_bound_seconds (any policy whose report has one), or None."""
+    vals = []
+    for r in reports:
+        it = r.get("iterations") or []
+        vals += [x.get("lower_bound_seconds", 0.0) for x in (it[1:] if len(it) > 1 else it)]
+    return median_of(vals)
+
+
+def bounds_by_budget(runs):
+    """{resident budget (None: none): the lower bound of the first run (in order) with that budget
+    that has one}; ``runs``: {label: {"reports": [...], "budget": ...}}, in run order."""
+    bounds = {}
+    for entry in runs.values():
+        lb = lower_bound(entry["reports"])
+        if lb and entry["budget"] not in bounds:
+            bounds[entry["budget"]] = lb
+    return bounds
 
 
 def resident_fit(n_params, subgroup, budget):
@@ -159,8 +252,61 @@ def resident_fit(n_params, subgroup, budget):
     return count, len(sizes)
 
 
+def torch_python(a):
+    """A Python executable that imports torch (--baselines-python, else this one, else
+    /usr/bin/python3, else python3 on PATH), or None."""
+    if a.baselines_python:
+        return a.baselines_python
+    seen = []
+    for py in (sys.executable, "/usr/bin/python3", shutil.which("python3")):
+        if not py or py in seen or not os.access(py, os.X_OK):
+            continue
+        seen.append(py)
+        if subprocess.call([py, "-c", "import torch"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) == 0:
+            return py
+    return None
+
+
+def run_baselines(a, r0, variants, notes):
+    """Runs python/deep_optimizer_states/baselines.py on the workload of report ``r0`` (N, S,
+    dtype, optimizer, iteration count, CPU threads; hyper-parameters from the dos-train arguments,
+    else dos-train's defaults; the GPU variants where dos-train's buffers were on a GPU). Returns
+    (results list, error text or None); skipped variants and a missing torch go to ``notes``."""
+    py = torch_python(a)
+    if py is None:
+        notes.append("--baselines: no Python here imports torch (tried this one and /usr/bin/python3; "
+                     "give --baselines-python): baselines skipped")
+        return [], None
+    device = "cuda" if r0.get("caller_memory") == "cuda" else "cpu"
+    cmd = [py, BASELINES, "--n", str(r0["params"]), "--s", str(r0["subgroup_size"]), "--dtype", r0["dtype"],
+           "--optimizer", r0.get("optimizer", "adamw"), "--iterations", str(len(r0["iterations"])),
+           "--repeats", str(a.repeats), "--device", device, "--variants", ",".join(variants),
+           "--json", os.path.join(a.out, "baselines.json")]
+    if r0.get("cpu_threads"):
+        cmd += ["--threads", str(r0["cpu_threads"])]
+    for opt, default in TRAIN_HYPER:
+        cmd += [opt, arg_value(a.train_args, opt, default)]
+    log = os.path.join(a.out, "baselines.log")
+    print(f"dos-compare: baselines {', '.join(variants)} ({device}), log {log}", flush=True)
+    with open(log, "w") as f:
+        f.write("$ " + " ".join(cmd) + "\n")
+        f.flush()
+        rc = subprocess.call(cmd, stdout=f, stderr=subprocess.STDOUT)
+    path = os.path.join(a.out, "baselines.json")
+    if rc not in (0, 1) or not os.path.exists(path):
+        return [], f"the baselines exited with status {rc}: see {log}"
+    with open(path) as f:
+        results = json.load(f)["results"]
+    for r in results:
+        if "skipped" in r:
+            notes.append(f"baseline {r['variant']} skipped: {r['skipped']}")
+    bad = [r["variant"] for r in results if "failed" in r or r.get("params_mismatch")]
+    return results, (f"baseline(s) {', '.join(bad)} failed or gave parameters that are not their rounded masters: "
+                     f"see {log}" if bad else None)
+
+
 def run_peers(a, n, s, twinflow):
-    """Runs the PyTorch peers; returns {variant: mean seconds per phase} (missing on failure)."""
+    """Runs the external peers script; returns {variant: mean seconds per phase} (missing on failure)."""
     base = ["zero_offload", "dos_stride:2", "dos_stride:3", "dos_stride:4"] if a.runs else []
     variants = base + [f"twinflow:{r:.4g}" for r in twinflow]
     cmd = [sys.executable, a.peers, "--n", str(n), "--s", str(s), "--iters", str(a.peer_iters),
@@ -180,7 +326,21 @@ def run_peers(a, n, s, twinflow):
     return out
 
 
-def plot(a, rows, peers, timeline_path):
+def within_spread(x, y):
+    """A warning when two (median, min, max) triples differ by less than the spread of either
+    (max - min), else None."""
+    if None in x or None in y:
+        return None
+    diff, spread = abs(x[0] - y[0]), max(x[2] - x[1], y[2] - y[1])
+    if diff < spread:
+        return f"the difference of the medians ({diff:.4f} s) is smaller than the spread ({spread:.4f} s)"
+    return None
+
+
+def plot(a, rows, baselines, peers, timeline_path):
+    """compare.png in --out: the update seconds of every run (blue, with their min..max), baseline
+    (green, likewise) and peer (grey), the lower bound, and under them the timeline when there is one.
+    Prints a note and draws nothing when matplotlib is not importable."""
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -192,18 +352,23 @@ def plot(a, rows, peers, timeline_path):
     if timeline_path and os.path.exists(timeline_path):
         with open(timeline_path) as f:
             tl = json.load(f)
-    bars = [(r["label"], r["update_seconds"], "C0") for r in rows] + [(f"peer {k}", v, "C7") for k, v in peers.items()]
+    bars = [(r["label"], r["update_seconds"], "C0", r) for r in rows] + \
+        [(b["label"], b["update_seconds"], "C2", b) for b in baselines] + \
+        [(f"peer {k}", v, "C7", {}) for k, v in peers.items()]
     fig, axes = plt.subplots(2 if tl else 1, 1, figsize=(max(8, 0.75 * len(bars) + 3), 8 if tl else 4.5),
                              squeeze=False)
     ax = axes[0][0]
-    ax.bar(range(len(bars)), [b[1] for b in bars], color=[b[2] for b in bars])
+    err = [[b[1] - b[3].get("update_seconds_min", b[1]) for b in bars],
+           [b[3].get("update_seconds_max", b[1]) - b[1] for b in bars]]
+    ax.bar(range(len(bars)), [b[1] for b in bars], color=[b[2] for b in bars], yerr=err, capsize=3)
     ax.set_xticks(range(len(bars)))
     ax.set_xticklabels([b[0] for b in bars], rotation=35, ha="right", fontsize=8)
     ax.set(ylabel="update phase, s (median)", title=f"{rows[0]['params']:,} parameters, {rows[0]['subgroups']} subgroups"
            if rows else "")
-    lb = next((r.get("lower_bound_seconds") for r in rows if r["label"] == "dos"), None)
-    if lb:
-        ax.axhline(lb, color="C3", ls="--", label=f"dos lower bound {lb:.3f} s")
+    lbr = next((r for r in rows if r.get("lower_bound_seconds")), None)
+    if lbr:
+        lb = lbr["lower_bound_seconds"]
+        ax.axhline(lb, color="C3", ls="--", label=f"lower bound ({lbr['label']}) {lb:.3f} s")
         ax.legend(fontsize=8)
     if tl:
         ax = axes[1][0]
@@ -246,6 +411,8 @@ def plot(a, rows, peers, timeline_path):
 
 
 def main(argv=None):
+    """Runs everything the arguments ask for and writes the outputs; returns the exit status (see
+    the module's docstring)."""
     a = parse_args(sys.argv[1:] if argv is None else argv)
     if a.plot_only:
         path = os.path.join(a.out, "compare.json")
@@ -254,126 +421,214 @@ def main(argv=None):
             return 2
         with open(path) as f:
             d = json.load(f)
-        plot(a, d["rows"], d.get("peers", {}), os.path.join(a.out, "timeline.json"))
+        plot(a, d["rows"], d.get("baselines", []), d.get("peers", {}), os.path.join(a.out, "timeline.json"))
         return 0
     if not os.access(a.dos_train, os.X_OK):
         print(f"dos-compare: {a.dos_train} is not an executable dos-train: build it (scripts/setup.sh build) or "
               f"give --dos-train PATH", file=sys.stderr)
         return 2
     os.makedirs(a.out, exist_ok=True)
-    runs, failed, order = {}, [], []
+    runs, failed, skipped, notes = {}, [], {}, []
     timeline_path = os.path.join(a.out, "timeline.json") if a.timeline else None
     timeline_done = False
 
+    def cuda_workers():
+        """CUDA workers dos-train reported (None before any run succeeded)."""
+        r = next(iter(runs.values()), None)
+        return r["reports"][0].get("cuda_workers", 0) if r else None
+
     def do(label, args, budget=None):
         nonlocal timeline_done
-        extra = []
-        if timeline_path and not timeline_done and arg_value(args, "--policy") == "dos":
-            extra = ["--timeline", timeline_path]
-            timeline_done = True
-        r, log, params = run_one(a, label, args + extra)
-        if r is None:
-            failed.append(label)
-        else:
-            runs[label] = (r, params, budget)
-            order.append(label)
-        return r
+        if arg_value(args, "--policy") in GPU_ONLY_POLICIES and cuda_workers() == 0:
+            why = f"dos-train reports no CUDA worker, and policy {arg_value(args, '--policy')} needs one"
+            skipped[label] = why
+            print(f"dos-compare: run {label} skipped: {why}", file=sys.stderr)
+            return None
+        reports, params = [], None
+        for k in range(a.repeats):
+            extra = []
+            if timeline_path and not timeline_done and arg_value(args, "--policy") == "dos":
+                extra = ["--timeline", timeline_path]
+                timeline_done = True
+            r, _, p = run_one(a, label, args + extra, k)
+            if r is None:
+                failed.append(label)
+                return None
+            reports.append(r)
+            params = params or p
+        runs[label] = {"reports": reports, "params": params, "budget": budget}
+        return reports[0]
 
-    for label, args in a.runs:
+    # a run that needs a GPU goes after one that does not, so that dos-train has said whether it
+    # has a CUDA worker before it starts (the table keeps the given order)
+    order = [l for l, _ in a.runs]
+    for label, args in sorted(a.runs, key=lambda r: arg_value(r[1], "--policy") in GPU_ONLY_POLICIES):
         do(label, args)
-    twinflow = []
+    twinflow, static_share = [], []
     if a.budgets:
         ref = next(iter(runs.values()), None)
-        if ref is None:  # learn N and S from a first budget run
-            ref = (do(f"dos@{a.budgets[0][0]}", ["--policy", "dos", "--gpu-resident-budget", a.budgets[0][0]],
-                      a.budgets[0][0]), None, None)
-        if ref[0] is None:
+        first = ref["reports"][0] if ref else None
+        if first is None:  # learn N and S from a first budget run
+            first = do(f"dos@{a.budgets[0][0]}", ["--policy", "dos", "--gpu-resident-budget", a.budgets[0][0]],
+                       a.budgets[0][0])
+            order.append(f"dos@{a.budgets[0][0]}")
+        if first is None:
             print("dos-compare: no run succeeded: cannot size the resident budgets", file=sys.stderr)
             return 2
-        n, s = ref[0]["params"], ref[0]["subgroup_size"]
+        n, s = first["params"], first["subgroup_size"]
         for text, b in a.budgets:
             fit, nsub = resident_fit(n, s, b)
-            if f"dos@{text}" not in runs:
+            if f"dos@{text}" not in order:
                 do(f"dos@{text}", ["--policy", "dos", "--gpu-resident-budget", text], text)
+                order.append(f"dos@{text}")
             r_cpu = (nsub - fit) / nsub
             do(f"static:{r_cpu:.4g}@{text}", ["--policy", f"static:{r_cpu:.6g}", "--gpu-resident-budget", text], text)
+            order.append(f"static:{r_cpu:.4g}@{text}")
             twinflow.append(fit / nsub)
+            static_share.append(r_cpu)
+    order = [l for l in order if l in runs]
+    r0 = runs[order[0]]["reports"][0] if order else None
+    no_cuda = bool(runs) and all(e["reports"][0].get("cuda_workers", 0) == 0 for e in runs.values())
+    if no_cuda:
+        notes.append("WARNING: dos-train reports no CUDA worker: every policy updates every subgroup on the CPU "
+                     "(dos and static:R are cpu here), so the rows differ only by noise and scheduling overhead; "
+                     "their speedups say nothing about placement")
+    baselines, baseline_error = [], None
+    if a.baselines is not None and r0:
+        variants = list(a.baseline_variants)
+        for r_cpu in static_share:
+            v = f"twinflow:{r_cpu:.6g}"
+            if v not in variants:
+                variants.append(v)
+        if variants:
+            baselines, baseline_error = run_baselines(a, r0, variants, notes)
     peers = {}
-    if a.peers and runs:
-        r0 = next(iter(runs.values()))[0]
+    if a.peers and r0:
         peers = run_peers(a, r0["params"], r0["subgroup_size"], twinflow)
 
-    # lower bounds: a dos run's own (the median over its iterations); for the other runs, that of
-    # the first dos run with the same resident budget that has one
-    def own_bound(r):
-        if r.get("policy") != "dos":
-            return None
-        return median_of([it.get("lower_bound_seconds", 0.0) for it in r["iterations"][1:] or r["iterations"]])
-    bounds = {}
-    for label, (r, _, budget) in runs.items():
-        lb = own_bound(r)
-        if lb and budget not in bounds:
-            bounds[budget] = lb
+    bounds = bounds_by_budget({l: runs[l] for l in order})
     rows = []
     for label in order:
-        r, params, budget = runs[label]
-        s = r["summary"]
+        e = runs[label]
+        r, reports, budget = e["reports"][0], e["reports"], e["budget"]
+        med, lo, hi = summarize(reports)
+        it_med = summarize(reports, "iteration_seconds_median")[0]
         row = {"label": label, "policy": r.get("policy", ""), "starpu_policy": r.get("starpu_policy", ""),
                "resident_budget": budget, "params": r["params"], "subgroups": r["subgroups"],
-               "update_seconds": s["update_seconds_median"], "gparams_per_s": s["gparams_per_s_median"],
-               "iteration_seconds": s.get("iteration_seconds_median"), "model_tflops": s.get("model_tflops_median"),
-               "peak_gpu_bytes": s.get("peak_gpu_bytes_median")}
-        for ref in ("cpu", "dmda"):
-            if ref in runs:
-                row[f"speedup_vs_{ref}"] = runs[ref][0]["summary"]["update_seconds_median"] / s["update_seconds_median"]
-        lb = own_bound(r) or bounds.get(budget)
+               "cuda_workers": r.get("cuda_workers", 0), "repeats": len(reports),
+               "update_seconds": med, "update_seconds_min": lo, "update_seconds_max": hi,
+               "update_seconds_runs": [x["summary"]["update_seconds_median"] for x in reports],
+               "gparams_per_s": r["params"] / med / 1e9,
+               "iteration_seconds": it_med, "model_tflops": summarize(reports, "model_tflops_median")[0],
+               "peak_gpu_bytes": summarize(reports, "peak_gpu_bytes_median")[0]}
+        lb = lower_bound(reports) or bounds.get(budget)
         if lb:
             row["lower_bound_seconds"] = lb
-            row["percent_of_lower_bound"] = 100.0 * lb / s["update_seconds_median"]
-        if a.check_params and "cpu" in runs and label != "cpu" and params and runs["cpu"][1]:
-            row["params_vs_cpu"] = compare_params(a, runs["cpu"][1], params)
+            row["percent_of_lower_bound"] = 100.0 * lb / med
+        if a.check_params and "cpu" in runs and label != "cpu" and e["params"] and runs["cpu"]["params"]:
+            row["params_vs_cpu"] = compare_params(a, runs["cpu"]["params"], e["params"])
         rows.append(row)
+    by_label = {row["label"]: row for row in rows}
+    for row in rows:
+        for ref in ("cpu", "dmda"):
+            if ref in by_label:
+                row[f"speedup_vs_{ref}"] = by_label[ref]["update_seconds"] / row["update_seconds"]
+    brows = []
+    for b in baselines:
+        if "seconds_median" not in b:
+            continue
+        brow = {"label": f"baseline {b['variant']}", "variant": b["variant"], "repeats": len(b["repeat_seconds"]),
+                "update_seconds": b["seconds_median"], "update_seconds_min": b["seconds_min"],
+                "update_seconds_max": b["seconds_max"], "gparams_per_s": b["gparams_per_s"],
+                "subgroups_by_place": b["subgroups"], "adam_cpu": b["adam_cpu"], "adam_gpu": b["adam_gpu"]}
+        if len(b["repeat_seconds"]) == 1:  # one repeat: the spread of its phases after the first
+            ph = b["phase_seconds"][0]
+            ph = ph[1:] if len(ph) > 1 else ph
+            brow["update_seconds_min"], brow["update_seconds_max"] = min(ph), max(ph)
+        for ref in ("cpu", "dmda"):
+            if ref in by_label:
+                brow[f"speedup_vs_{ref}"] = by_label[ref]["update_seconds"] / brow["update_seconds"]
+        brows.append(brow)
+    by_variant = {b["variant"]: b for b in brows}
 
-    fmt = lambda v, spec: "-" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec)
-    lines = ["| run | resident budget | iteration s | update s | Gparams/s | vs cpu | vs dmda | % of lower bound |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    fmt = lambda v, spec: "-" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec)  # noqa: E731
+    spread = lambda row: (f"{row['update_seconds_min']:.4f}..{row['update_seconds_max']:.4f}"  # noqa: E731
+                          if row.get("update_seconds_min") is not None else "-")
+    lines = ["| run | resident budget | iteration s | update s | spread (min..max) | Gparams/s | vs cpu | vs dmda | "
+             "% of lower bound |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for row in rows:
         lines.append(f"| {row['label']} | {row['resident_budget'] or '-'} | {fmt(row['iteration_seconds'], '.4f')} | "
-                     f"{row['update_seconds']:.4f} | {row['gparams_per_s']:.3f} | "
+                     f"{row['update_seconds']:.4f} | {spread(row)} | {row['gparams_per_s']:.3f} | "
                      f"{fmt(row.get('speedup_vs_cpu'), '.2f')} | {fmt(row.get('speedup_vs_dmda'), '.2f')} | "
                      f"{fmt(row.get('percent_of_lower_bound'), '.0f')} |")
-    dos_s = runs["dos"][0]["summary"]["update_seconds_median"] if "dos" in runs else None
+    for b in brows:
+        lines.append(f"| {b['label']} (PyTorch, this repository) | - | - | {b['update_seconds']:.4f} | {spread(b)} | "
+                     f"{b['gparams_per_s']:.3f} | {fmt(b.get('speedup_vs_cpu'), '.2f')} | "
+                     f"{fmt(b.get('speedup_vs_dmda'), '.2f')} | - |")
     for k, v in peers.items():
-        lines.append(f"| peer {k} (PyTorch) | - | - | {v:.4f} | {rows[0]['params'] / v / 1e9:.3f} | - | - | - |")
+        lines.append(f"| peer {k} (external, PyTorch) | - | - | {v:.4f} | - | {rows[0]['params'] / v / 1e9:.3f} | - | - "
+                     f"| - |")
     if rows:
-        lines.append(f"\n{rows[0]['params']:,} parameters, {rows[0]['subgroups']} subgroups; seconds are medians over "
-                     f"iterations 2.. (peers: their mean per phase); lower bound: the resource model's, from the dos "
-                     f"run with the same resident budget")
-    # the issue's ratios
+        lines.append(f"\n{rows[0]['params']:,} parameters, {rows[0]['subgroups']} subgroups; update seconds: "
+                     + (f"median over {a.repeats} runs of each run's median over iterations 2.., spread over the runs"
+                        if a.repeats > 1 else "median over iterations 2.., spread over those iterations (one run "
+                        "each; --repeats R for the spread between runs)")
+                     + "; baselines: the same, over their update phases; peers: their mean per phase; lower bound: "
+                       "the resource model's, the run's own or that of the first run with the same resident budget")
+    # speedups of dos over the others (other's seconds / dos's seconds), each checked against the spread
     ratios = {}
-    if dos_s:
-        zo = peers.get("zero_offload")
-        strides = {k: v for k, v in peers.items() if k.startswith("dos_stride")}
-        if zo:
-            ratios["dos_vs_zero_offload"] = zo / dos_s
-        if strides:
-            best = min(strides, key=strides.get)
-            ratios["dos_vs_best_dos_stride"] = strides[best] / dos_s
-            ratios["best_dos_stride"] = best
+    triple = lambda row: (row["update_seconds"], row.get("update_seconds_min"), row.get("update_seconds_max"))  # noqa: E731
+
+    def ratio(key, other, dos_row):
+        ratios[key] = other["update_seconds"] / dos_row["update_seconds"]
+        w = within_spread(triple(other), triple(dos_row))
+        if w:
+            notes.append(f"WARNING: {key}: {w}: not a measured difference (more --repeats or --iterations)")
+
+    dos_row = by_label.get("dos")
+    if dos_row:
         for row in rows:
             if row["label"] != "dos" and row["resident_budget"] is None:
-                ratios[f"dos_vs_{row['label']}"] = row["update_seconds"] / dos_s
-    for (text, _), frac in zip(a.budgets, twinflow):
-        d = runs.get(f"dos@{text}")
-        st = next((runs[l] for l in runs if l.startswith("static:") and l.endswith("@" + text)), None)
-        tw = peers.get(f"twinflow:{frac:.4g}")
-        if d and st:
-            ratios[f"dos_vs_static@{text}"] = st[0]["summary"]["update_seconds_median"] / d[0]["summary"]["update_seconds_median"]
-        if d and tw:
-            ratios[f"dos_vs_twinflow@{text}"] = tw / d[0]["summary"]["update_seconds_median"]
+                ratio(f"dos_vs_{row['label']}", row, dos_row)
+        if "zero_offload" in by_variant:
+            ratio("dos_vs_baseline_zero_offload", by_variant["zero_offload"], dos_row)
+        strides = [b for b in brows if b["variant"].startswith("stride:")]
+        if strides:
+            best = min(strides, key=lambda b: b["update_seconds"])
+            ratio("dos_vs_baseline_best_stride", best, dos_row)
+            ratios["baseline_best_stride"] = best["variant"]
+        dos_s = dos_row["update_seconds"]
+        if peers.get("zero_offload"):
+            ratios["dos_vs_peer_zero_offload"] = peers["zero_offload"] / dos_s
+        pstrides = {k: v for k, v in peers.items() if k.startswith("dos_stride")}
+        if pstrides:
+            best = min(pstrides, key=pstrides.get)
+            ratios["dos_vs_peer_best_dos_stride"] = pstrides[best] / dos_s
+            ratios["peer_best_dos_stride"] = best
+    for (text, _), frac, r_cpu in zip(a.budgets, twinflow, static_share):
+        d = by_label.get(f"dos@{text}")
+        if not d:
+            continue
+        st = next((row for row in rows if row["label"].startswith("static:") and row["label"].endswith("@" + text)),
+                  None)
+        if st:
+            ratio(f"dos_vs_static@{text}", st, d)
+        tw = by_variant.get(f"twinflow:{r_cpu:.6g}")
+        if tw:
+            ratio(f"dos_vs_baseline_twinflow@{text}", tw, d)
+        if peers.get(f"twinflow:{frac:.4g}"):
+            ratios[f"dos_vs_peer_twinflow@{text}"] = peers[f"twinflow:{frac:.4g}"] / d["update_seconds"]
     if ratios:
         lines.append("\nspeedups of dos (other's seconds / dos's seconds): " +
                      ", ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}" for k, v in ratios.items()))
+    for label, why in skipped.items():
+        notes.insert(0, f"run {label} skipped: {why}")
+    if baseline_error:
+        notes.append(f"WARNING: {baseline_error}")
+    if notes:
+        lines.append("")
+        lines += notes
     for row in rows:
         if "params_vs_cpu" in row:
             lines.append(f"final parameters, {row['label']} vs cpu: {row['params_vs_cpu'] or 'st-compare not found'}")
@@ -382,12 +637,16 @@ def main(argv=None):
     with open(os.path.join(a.out, "compare.md"), "w") as f:
         f.write(text + "\n")
     with open(os.path.join(a.out, "compare.json"), "w") as f:
-        json.dump({"rows": rows, "peers": peers, "ratios": ratios, "failed": failed,
+        json.dump({"rows": rows, "baselines": brows, "baseline_results": baselines, "peers": peers, "ratios": ratios,
+                   "failed": failed, "skipped": skipped, "notes": notes, "repeats": a.repeats,
                    "dos_train_args": a.train_args}, f, indent=2)
     if rows:
-        plot(a, rows, peers, timeline_path)
+        plot(a, rows, brows, peers, timeline_path)
     if failed:
         print(f"dos-compare: failed runs: {', '.join(failed)} (logs in {a.out})", file=sys.stderr)
+        return 2
+    if baseline_error:
+        print(f"dos-compare: {baseline_error}", file=sys.stderr)
         return 2
     differ = [r["label"] for r in rows if (r.get("params_vs_cpu") or "").startswith("DIFFER")]
     if differ:

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # dos-compare end to end on the CPU: three policies on the tiny model in one run; every policy must
 # produce a row, and its final parameters must be bit-identical to the cpu run's (0 elements differ).
+# Then the default policies with repeats, a resident budget and the PyTorch baselines (below), and
+# dos-compare's helpers on made-up reports.
 # Usage: e2e_compare.sh DOS_COMPARE.py DOS_TRAIN ST_COMPARE
 set -u
 compare=$1 dos_train=$2 st_compare=$3
@@ -20,4 +22,74 @@ for p in ("dmda", "static:0.5"):
     assert rows[p]["speedup_vs_cpu"] > 0 and rows[p]["update_seconds"] > 0
 assert d["failed"] == []
 print("ok: 3 policies, final parameters bit-identical to the cpu run's")
+PY
+
+# The defaults, repeats and the repository's baselines: no --policies (dos, cpu, dmda, and gpu only
+# where dos-train has a CUDA worker), each run twice, one resident budget (a dos and a static:R run,
+# and the baseline twinflow:R with the same R), the baselines on the same workload. The model's
+# buffers are on the host, so the baselines' GPU variants must be skipped, saying why.
+python3 "$compare" --dos-train "$dos_train" --repeats 2 --baselines --resident-budgets 2.5MB --out "$out/auto" \
+  -- --preset tiny --iterations 3 --subgroup-size 100000 --device host > "$out/auto.txt" 2>&1 || {
+  cat "$out/auto.txt"; echo "FAIL: dos-compare with the defaults exited with status $?"; exit 1; }
+python3 - "$out/auto/compare.json" "$out/auto.txt" <<'PY' || { cat "$out/auto.txt"; exit 1; }
+import json, sys
+d = json.load(open(sys.argv[1]))
+text = open(sys.argv[2]).read()
+rows = {r["label"]: r for r in d["rows"]}
+cuda = rows["dos"]["cuda_workers"] > 0
+want = {"dos", "cpu", "dmda"} | ({"gpu"} if cuda else set())
+static = [l for l in rows if l.startswith("static:") and l.endswith("@2.5MB")]
+assert set(rows) == want | {"dos@2.5MB"} | set(static) and len(static) == 1, f"rows {sorted(rows)}"
+if not cuda:
+    assert "gpu" in d["skipped"] and "no CUDA worker" in d["skipped"]["gpu"], d["skipped"]
+    assert any("no CUDA worker" in n and n.startswith("WARNING") for n in d["notes"]), d["notes"]
+    assert "run gpu skipped" in text and "WARNING: dos-train reports no CUDA worker" in text
+for r in d["rows"]:
+    assert r["repeats"] == 2 and len(r["update_seconds_runs"]) == 2, r
+    assert r["update_seconds_min"] <= r["update_seconds"] <= r["update_seconds_max"], r
+    assert r["update_seconds_min"] == min(r["update_seconds_runs"]), r
+assert d["failed"] == [] and d["repeats"] == 2
+r_static = static[0][len("static:"):-len("@2.5MB")]
+base = {b["variant"]: b for b in d["baseline_results"]}
+if any("no Python here imports torch" in n for n in d["notes"]):
+    print("note: torch not importable here: the baselines were skipped, as said")
+else:
+    tw = [v for v in base if v.startswith("twinflow:")]
+    assert set(base) - set(tw) == {"zero_offload", "stride:2", "stride:3", "stride:4"}, sorted(base)
+    assert len(tw) == 1 and abs(float(tw[0][len("twinflow:"):]) - float(r_static)) < 1e-3, (tw, r_static)
+    assert "CUDA" in base[tw[0]].get("skipped", ""), base[tw[0]]
+    zo = [b for b in d["baselines"] if b["label"] == "baseline zero_offload"]
+    assert len(zo) == 1 and zo[0]["update_seconds"] > 0 and zo[0]["repeats"] == 2, d["baselines"]
+    assert zo[0]["update_seconds_min"] <= zo[0]["update_seconds"] <= zo[0]["update_seconds_max"]
+    assert base["zero_offload"]["subgroups"]["cpu"] == rows["dos"]["subgroups"], base["zero_offload"]
+    for v in ("stride:2", "stride:3", "stride:4"):
+        assert "CUDA" in base[v].get("skipped", ""), base[v]
+        assert f"baseline {v} skipped" in text
+    assert "| baseline zero_offload (PyTorch, this repository) |" in text
+    assert "dos_vs_baseline_zero_offload" in d["ratios"]
+print(f"ok: defaults ({'with' if cuda else 'without'} CUDA), 2 repeats, baselines")
+PY
+
+# The helpers: the lower bound comes from any run that has one (here a static:R run, not dos), for
+# the runs with the same resident budget only; a single run's spread is that of its iterations 2..;
+# a difference within the spread is flagged.
+python3 - "$compare" <<'PY' || exit 1
+import importlib.util, statistics, sys
+spec = importlib.util.spec_from_file_location("dos_compare", sys.argv[1])
+m = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(m)
+def rep(policy, bounds, secs):
+    return {"policy": policy, "summary": {"update_seconds_median": statistics.median(secs[1:])},
+            "iterations": [{"lower_bound_seconds": b, "update_seconds": s} for b, s in zip(bounds, secs)]}
+runs = {"dos@1GB": {"reports": [rep("dos", [0, 0, 0], [9, 1, 2])], "budget": "1GB"},
+        "static:0.5@1GB": {"reports": [rep("static:0.5", [5, 0.5, 0.7], [9, 1, 2])], "budget": "1GB"},
+        "cpu": {"reports": [rep("cpu", [0, 0, 0], [9, 1, 2])], "budget": None}}
+b = m.bounds_by_budget(runs)
+assert b == {"1GB": 0.6}, b
+assert m.summarize(runs["cpu"]["reports"]) == (1.5, 1, 2), m.summarize(runs["cpu"]["reports"])
+assert m.summarize([rep("cpu", [0] * 3, [9, 1, 2]), rep("cpu", [0] * 3, [9, 3, 4]),
+                    rep("cpu", [0] * 3, [9, 5, 6])]) == (3.5, 1.5, 5.5)
+assert m.within_spread((1.0, 0.9, 1.1), (1.05, 1.0, 1.1)) is not None
+assert m.within_spread((1.0, 0.99, 1.01), (2.0, 1.98, 2.02)) is None
+print("ok: lower bound from any run with one, spreads")
 PY

@@ -573,7 +573,9 @@ def benchmark(n, subgroup_size, variants, dtype="bf16", iterations=5, repeats=1,
     try:
         for v in variants:
             if device != "cuda" and needs_gpu(v):
-                why = "no CUDA device: GPU variants need one (this machine runs zero_offload on the CPU only)"
+                why = ("the model's buffers are on the host (device cpu): GPU variants need them on a CUDA device"
+                       if torch.cuda.is_available() else
+                       "no CUDA device: GPU variants need one (only zero_offload runs here, on the CPU)")
                 log(f"baselines: {v}: skipped: {why}")
                 results.append(dict(variant=v, skipped=why))
                 continue

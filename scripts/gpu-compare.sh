@@ -7,6 +7,8 @@
 #            dos_stride:2..4
 # PART=budgets: resident budgets 10GB, 20GB, 31.5GB (dos and static:R) and the twinflow peers
 # COMMON: extra dos-train arguments for every run (e.g. --grad-transfer native)
+# BASELINES=1: the repository's PyTorch baselines too (dos_compare.py --baselines: zero_offload and
+#            stride:2..4 in PART=main, twinflow:R per budget in PART=budgets); REPEATS=R: each run R times
 set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${OUT:-$ROOT/gpu-compare-out}
@@ -18,15 +20,19 @@ echo "build: $(( $(date +%s) - t0 )) s"
 . "$ROOT/.deps/env.sh"
 PEERS=()
 [ -f "$ROOT/.peers/torch_update_phase.py" ] && PEERS=(--peers "$ROOT/.peers/torch_update_phase.py")
+PEERS+=(--repeats "${REPEATS:-1}")
+BASE=()
 ARGS=(--preset llama-20b --shard 1/4 --subgroup-size 1.24e8 -n 4 --gpu-update-budget 40GB --emulate-compute
       --tokens 4096 ${COMMON:-})
 if [ "$PART" = main ]; then
+  [ -n "${BASELINES:-}" ] && BASE=(--baselines "zero_offload,stride:2,stride:3,stride:4")
   extra=()
   [ -n "${RUNS:-}" ] && while IFS= read -r r; do [ -n "$r" ] && extra+=(--run "$r"); done <<<"$RUNS"
   python3 "$ROOT/examples/dos_compare.py" --policies "${POLICIES:-dos,cpu,dmda,gpu,lws}" "${extra[@]}" \
-    "${PEERS[@]}" --timeline --out "$OUT/main" -- "${ARGS[@]}" 2>&1 | grep -v "^\[starpu"
+    "${PEERS[@]}" "${BASE[@]}" --timeline --out "$OUT/main" -- "${ARGS[@]}" 2>&1 | grep -v "^\[starpu"
 else
-  python3 "$ROOT/examples/dos_compare.py" --policies "" --resident-budgets 10GB,20GB,31.5GB "${PEERS[@]}" \
+  [ -n "${BASELINES:-}" ] && BASE=(--baselines "")  # only the twinflow:R of each budget
+  python3 "$ROOT/examples/dos_compare.py" --policies "" --resident-budgets 10GB,20GB,31.5GB "${PEERS[@]}" "${BASE[@]}" \
     --out "$OUT/budgets" -- "${ARGS[@]}" 2>&1 | grep -v "^\[starpu"
 fi
 for f in "$OUT"/*/*.log; do grep -h -E "^(model|iter|summary)" "$f" | sed "s|^|$(basename "$f" .log): |" ; done | grep -E "model:|summary" | head -60

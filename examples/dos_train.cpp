@@ -6,8 +6,11 @@
 #include <sched.h>
 #include <unistd.h>
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
 #include <memory>
 #include <cmath>
 #include <cstdio>
@@ -29,6 +32,7 @@
 #include "model_config.h"
 #include "partition.h"
 #include "safetensors.h"
+#include "temp_cleanup.h"
 
 namespace {
 
@@ -45,6 +49,7 @@ struct Args {
   std::string dtype = "bf16";
   std::string optimizer = "adamw";
   double lr = 1e-4, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.01;
+  std::string seed_text = "0";  ///< --seed as given; parsed into seed (parse_seed)
   std::uint64_t seed = 0;
   std::string shard = "0/1";
   std::string device = "auto";
@@ -249,8 +254,55 @@ std::size_t parse_count(const std::string& s, const char* what) {
   if (s.empty() || *end != '\0' || errno != 0 || !std::isfinite(v))
     fail(std::string(what) + " must be a number of elements, got '" + s + "'");
   if (v < 1) fail(std::string(what) + " must be at least 1 element, got " + s);
-  if (v != std::floor(v) || v > 9e15) fail(std::string(what) + " must be a whole number of elements, got " + s);
+  if (v > 9e15) fail(std::string(what) + " must be at most 9e15 elements, got " + s);
+  if (v != std::floor(v)) fail(std::string(what) + " must be a whole number of elements, got " + s);
   return std::size_t(v);
+}
+
+/// --seed: a whole number in [0, 2^64 - 1] written in decimal digits; fails quoting what was given.
+std::uint64_t parse_seed(const std::string& s) {
+  char* end = nullptr;
+  errno = 0;
+  const unsigned long long v = std::strtoull(s.c_str(), &end, 10);
+  if (s.empty() || !std::isdigit((unsigned char)s[0]) || *end != '\0' || errno == ERANGE)
+    fail("--seed must be a whole number in [0, 18446744073709551615], got '" + s + "'");
+  return std::uint64_t(v);
+}
+
+/// The path of `p` with symbolic links and ".." resolved, as far as it exists (the rest appended):
+/// two spellings of one path give the same string.
+std::string resolved(const std::string& p) {
+  std::error_code ec;
+  const std::filesystem::path r = std::filesystem::weakly_canonical(std::filesystem::absolute(p, ec), ec);
+  return ec ? p : r.lexically_normal().string();
+}
+
+/// Fails, before the run, when two of the output paths name one file (the same path spelled two
+/// ways, or hard links to one file: device and inode compared), or when an output file lies inside
+/// the checkpoint folder that --save-state replaces.
+void check_distinct_outputs(const Args& a) {
+  const std::pair<const char*, const std::string*> outs[] = {
+      {"--report", &a.report}, {"--save-params", &a.save_params}, {"--timeline", &a.timeline}};
+  for (std::size_t i = 0; i < 3; ++i)
+    for (std::size_t j = i + 1; j < 3; ++j) {
+      const std::string &x = *outs[i].second, &y = *outs[j].second;
+      if (x.empty() || y.empty()) continue;
+      struct stat sx, sy;
+      const bool same_inode = ::stat(x.c_str(), &sx) == 0 && ::stat(y.c_str(), &sy) == 0 && sx.st_dev == sy.st_dev &&
+                              sx.st_ino == sy.st_ino;
+      if (x == y || same_inode || resolved(x) == resolved(y))
+        fail(std::string(outs[i].first) + " " + x + " and " + outs[j].first + " " + y +
+             " name the same file: give each output its own file");
+    }
+  if (a.save_state.empty()) return;
+  const std::string ck = resolved(a.save_state);
+  for (const auto& [opt, path] : outs) {
+    if (path->empty()) continue;
+    const std::string r = resolved(*path);
+    if (r == ck || r.compare(0, ck.size() + 1, ck + "/") == 0)
+      fail(std::string(opt) + " " + *path + " lies in the checkpoint folder " + a.save_state +
+           ", which --save-state replaces as a whole at the end: write it outside that folder");
+  }
 }
 
 void parse_shard(const std::string& s, std::size_t* rank, std::size_t* world) {
@@ -353,8 +405,8 @@ int run(const Args& args) {
   // ---- validate everything before any work --------------------------------------------------
   ModelConfig cfg = a.config.empty() ? dos_train::preset(a.preset) : dos_train::load_hf_config(a.config);
   const std::vector<ParamTensor> all = dos_train::param_tensors(cfg);
-  std::size_t total = 0;
-  for (const auto& t : all) total += t.numel();
+  const std::size_t total = dos_train::count_params(all, cfg.name);
+  a.seed = parse_seed(a.seed_text);
   std::size_t rank = 0, world = 1;
   parse_shard(a.shard, &rank, &world);
   const std::size_t subgroup = parse_count(a.subgroup_size, "--subgroup-size");
@@ -405,6 +457,13 @@ int run(const Args& args) {
   hyper.weight_decay = a.weight_decay;
   hyper.decoupled = a.optimizer == "adamw";
   dos::validate_adam_hyper(hyper);
+  if (hyper.decoupled && a.lr * a.weight_decay >= 1)
+    std::fprintf(stderr, "dos-train: warning: --lr x --weight-decay = %g: each AdamW step multiplies the parameters by "
+                 "(1 - %g), which does not decay them (they flip sign or grow); a usual product is below 1e-3\n",
+                 a.lr * a.weight_decay, a.lr * a.weight_decay);
+  if (a.lr > 1)
+    std::fprintf(stderr, "dos-train: warning: --lr %g is unusually large (Adam moves each parameter by about lr "
+                 "per step; usual values are 1e-5 to 1e-2)\n", a.lr);
   if (!a.k.empty() && !a.gpu_fraction.empty()) fail("give --k or --gpu-fraction, not both");
   if (!a.k.empty()) {
     const double k = parse_fraction(a.k, "--k");
@@ -422,6 +481,9 @@ int run(const Args& args) {
   if ((!a.k.empty() || !a.gpu_fraction.empty() || !a.sweep.empty()) && a.policy != "dos")
     fail("--k, --gpu-fraction and --sweep need --policy dos");
   if (a.cpu_threads < 0) fail("--cpu-threads must be >= 0 (0: automatic), got " + std::to_string(a.cpu_threads));
+  if (const std::size_t cores = dos::allowed_cores().size(); cores > 0 && std::size_t(a.cpu_threads) > cores)
+    fail("--cpu-threads " + std::to_string(a.cpu_threads) + " is more than the " + std::to_string(cores) +
+         " cores this process may use: give at most " + std::to_string(cores) + " (0: automatic)");
   if (a.cpu_workers < 0) fail("--cpu-workers must be >= 0 (0: automatic), got " + std::to_string(a.cpu_workers));
   const std::int64_t resident_budget =
       a.gpu_resident_budget.empty() ? -1 : std::int64_t(parse_bytes(a.gpu_resident_budget, "--gpu-resident-budget"));
@@ -445,6 +507,7 @@ int run(const Args& args) {
     fail("--timeline names the same file as --" + std::string(a.timeline == a.report ? "report" : "save-params") + ": " +
          a.timeline);
   if (!a.save_state.empty()) dos::check_checkpoint_dir(a.save_state);
+  check_distinct_outputs(a);
   if (!a.report.empty()) dos::check_writable(a.report);
   if (!a.save_params.empty()) dos::check_writable(a.save_params);
   dos::check_host_memory(n * dos::host_bytes_per_param(dtype),
@@ -466,6 +529,7 @@ int run(const Args& args) {
     placement = place_rank(*g_comm, ro.cuda_device);
   }
   dos::Runtime rt(ro);
+  dos::remove_temporaries_on_signal();  // after StarPU's own handlers, which it then calls
   bool on_gpu = a.device == "cuda" || (a.device == "auto" && rt.cuda_workers() > 0);
   if (on_gpu && rt.cuda_workers() == 0) fail("--device cuda: no CUDA worker (no GPU, or a build without CUDA)");
 #if !defined(DOS_HAVE_CUDA)
@@ -567,6 +631,7 @@ int run(const Args& args) {
   if (!a.timeline.empty()) opt.set_timeline(true);
   dos::CheckpointInfo job;
   job.model = cfg.name;
+  job.architecture = dos_train::describe_architecture(cfg);
   job.params_total = total;
   job.begin = range.begin;
   job.end = range.end;
@@ -851,6 +916,13 @@ int run(const Args& args) {
   if (!a.save_params.empty()) {
     master.resize(n);
     opt.read_master(master.data());
+    std::size_t bad = 0, first = n;
+    for (std::size_t k = 0; k < n; ++k)
+      if (!std::isfinite(master[k])) bad += 1, first = std::min(first, k);
+    if (bad > 0)
+      fail("the final master parameters hold " + std::to_string(bad) + " non-finite value(s) (the first at element " +
+           std::to_string(range.begin + first) + ": " + std::to_string(master[first]) + "): the run diverged (lower --lr "
+           "or --weight-decay); nothing was saved");
     std::vector<dos::SafetensorOut> out;
     std::map<std::string, std::string> meta = {{"model", cfg.name}, {"shard", a.shard},
                                                {"format", "fp32 master parameters after the last iteration"}};
@@ -962,7 +1034,8 @@ int main(int argc, char** argv) {
   app.add_option("--beta2", a.beta2, "Adam beta2, in [0, 1)")->capture_default_str();
   app.add_option("--eps", a.eps, "Adam eps (>= 0)")->capture_default_str();
   app.add_option("--weight-decay", a.weight_decay, "weight decay (>= 0)")->capture_default_str();
-  app.add_option("--seed", a.seed, "seed of the initial parameters and the emulated gradients")->capture_default_str();
+  app.add_option("--seed", a.seed_text, "seed of the initial parameters and the emulated gradients (0 to 2^64-1)")
+      ->capture_default_str();
   app.add_option("--shard", a.shard, "R/W: run rank R's 1/W of the parameters (ZeRO partitioning of the flat parameters)")
       ->capture_default_str();
   app.add_option("--device", a.device, "where the model's parameters and gradients live: auto (GPU if any), host, cuda")

@@ -1,5 +1,6 @@
 #include "model_config.h"
 
+#include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
@@ -8,8 +9,43 @@ namespace dos_train {
 
 std::size_t ParamTensor::numel() const {
   std::size_t n = 1;
-  for (auto d : shape) n *= std::size_t(d);
+  for (auto d : shape)
+    if (d < 0 || __builtin_mul_overflow(n, std::size_t(d), &n))
+      throw std::invalid_argument("tensor '" + name + "': its element count overflows 64 bits");
   return n;
+}
+
+std::size_t count_params(const std::vector<ParamTensor>& tensors, const std::string& model) {
+  std::size_t total = 0;
+  long double exact = 0;  // the true count even where 64 bits overflow, for the message
+  bool over = false;
+  for (const ParamTensor& t : tensors) {
+    long double n = 1;
+    for (auto d : t.shape) n *= (long double)d;
+    exact += n;
+    std::size_t sum = 0;
+    if (over) continue;
+    if (n > (long double)kMaxParams || __builtin_add_overflow(total, t.numel(), &sum) || sum > kMaxParams)
+      over = true;
+    else
+      total = sum;
+  }
+  if (over) {
+    char msg[320];
+    std::snprintf(msg, sizeof msg,
+                  "model '%s' has about %.3Lg parameters, more than dos-train handles (at most 2^53 = %zu): check "
+                  "its dimensions",
+                  model.c_str(), exact, kMaxParams);
+    throw std::invalid_argument(msg);
+  }
+  return total;
+}
+
+std::string describe_architecture(const ModelConfig& c) {
+  return c.arch + " layers " + std::to_string(c.layers) + " hidden " + std::to_string(c.hidden) + " intermediate " +
+         std::to_string(c.intermediate) + " heads " + std::to_string(c.heads) + " kv_heads " +
+         std::to_string(c.kv_heads) + " vocab " + std::to_string(c.vocab) + " positions " +
+         std::to_string(c.positions) + (c.tie_embeddings ? " tied" : " untied");
 }
 
 namespace {
@@ -99,7 +135,7 @@ ModelConfig load_hf_config(const std::string& path) {
   if (j.contains("tie_word_embeddings") && !j["tie_word_embeddings"].is_boolean())
     throw std::runtime_error(path + ": field 'tie_word_embeddings' must be true or false");
   c.tie_embeddings = j.value("tie_word_embeddings", c.arch == "gpt2");
-  param_tensors(c);  // validates the dimensions
+  count_params(param_tensors(c), c.name);  // validates the dimensions and the parameter count
   return c;
 }
 

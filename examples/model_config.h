@@ -26,8 +26,21 @@ struct ParamTensor {
   std::string name;
   std::vector<std::int64_t> shape;
   TensorKind kind;
+  /// Elements (the product of the shape). Throws std::invalid_argument when it overflows 64 bits.
   std::size_t numel() const;
 };
+
+/// The most parameters a model may have (2^53: every count stays exact in a double).
+constexpr std::size_t kMaxParams = std::size_t(1) << 53;
+
+/// The parameter count of `tensors` (the sum of their elements), every product and sum checked.
+/// Throws std::invalid_argument naming `model` and the true count (approximately) when it exceeds
+/// kMaxParams.
+std::size_t count_params(const std::vector<ParamTensor>& tensors, const std::string& model);
+
+/// `c`'s shape in words ("gpt2 layers 12 hidden 768 intermediate 3072 heads 12 kv_heads 12 vocab
+/// 50257 positions 1024 tied"): what a checkpoint records to recognise the model.
+std::string describe_architecture(const ModelConfig& c);
 
 /// Names of the presets: gpt2-124m, gpt2-xl, llama2-7b, llama2-13b, llama-20b (and "tiny").
 std::vector<std::string> preset_names();
@@ -38,7 +51,9 @@ ModelConfig preset(const std::string& name);
 /// Reads a Hugging Face config.json (fields num_hidden_layers|n_layer, hidden_size|n_embd,
 /// intermediate_size|n_inner, num_attention_heads|n_head, num_key_value_heads, vocab_size,
 /// max_position_embeddings|n_positions, tie_word_embeddings, model_type).
-/// Throws std::runtime_error naming the file and the missing or invalid field.
+/// Throws std::runtime_error naming the file and the missing or invalid field, and
+/// std::invalid_argument when the dimensions are out of range or the parameter count exceeds
+/// kMaxParams (count_params).
 ModelConfig load_hf_config(const std::string& path);
 
 /// The parameter tensors of `c`, in the order of the Hugging Face implementation.

@@ -4,7 +4,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <dirent.h>
+
+#include <cctype>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <stdexcept>
 
@@ -13,6 +17,30 @@ namespace {
 std::string folder_of(const std::string& path) {
   const auto slash = path.find_last_of('/');
   return slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
+}
+
+/// Removes PATH.tmp.XXXXXX (mkstemp's six letters and digits) beside `path`: regular files last
+/// modified before `before`, left by a writer that was killed; each named on standard error.
+void remove_stale_temporaries(const std::string& path, const struct timespec& before) {
+  const std::string dir = folder_of(path);
+  const auto slash = path.find_last_of('/');
+  const std::string prefix = (slash == std::string::npos ? path : path.substr(slash + 1)) + ".tmp.";
+  DIR* d = ::opendir(dir.c_str());
+  if (!d) return;
+  while (const struct dirent* e = ::readdir(d)) {
+    const std::string name = e->d_name;
+    if (name.size() != prefix.size() + 6 || name.compare(0, prefix.size(), prefix) != 0) continue;
+    bool six = true;
+    for (std::size_t k = prefix.size(); k < name.size(); ++k) six = six && std::isalnum((unsigned char)name[k]);
+    struct stat st;
+    const std::string full = dir + "/" + name;
+    if (!six || ::lstat(full.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
+    const bool older = st.st_mtim.tv_sec < before.tv_sec ||
+                       (st.st_mtim.tv_sec == before.tv_sec && st.st_mtim.tv_nsec < before.tv_nsec);
+    if (older && ::unlink(full.c_str()) == 0)
+      std::fprintf(stderr, "[dos] removed %s, left by an interrupted write of %s\n", full.c_str(), path.c_str());
+  }
+  ::closedir(d);
 }
 }  // namespace
 
@@ -24,6 +52,7 @@ PendingFile::PendingFile(const std::string& path, const Chunks& chunks) : path_(
   int fd = ::mkstemp(tmpl.data());
   if (fd < 0) throw std::runtime_error("cannot create a file next to " + path + ": " + std::strerror(errno));
   tmp_ = tmpl.data();
+  guard_ = TempPathGuard(tmp_, false);
   try {
     for (const auto& c : chunks) {
       const char* p = static_cast<const char*>(c.first);
@@ -53,9 +82,13 @@ PendingFile::~PendingFile() {
 }
 
 void PendingFile::commit() {
+  struct stat mine;
+  const bool have_mine = ::stat(tmp_.c_str(), &mine) == 0;
   if (::rename(tmp_.c_str(), path_.c_str()) != 0)
     throw std::runtime_error("cannot rename " + tmp_ + " to " + path_ + ": " + std::strerror(errno));
   committed_ = true;
+  guard_.release();
+  if (have_mine) remove_stale_temporaries(path_, mine.st_mtim);
 }
 
 void write_file_atomically(const std::string& path, const Chunks& chunks) { PendingFile(path, chunks).commit(); }

@@ -6,6 +6,8 @@
 #include <utility>
 #include <vector>
 
+#include "temp_cleanup.h"
+
 namespace dos {
 
 using Chunks = std::vector<std::pair<const void*, std::size_t>>;
@@ -15,19 +17,24 @@ using Chunks = std::vector<std::pair<const void*, std::size_t>>;
 /// to `path` and flushes it (fsync); commit() renames it over `path`; destroying it uncommitted
 /// removes the temporary file. Throws std::runtime_error naming the path and the system error when
 /// the file cannot be written (and leaves nothing behind), or when `path` exists and is not a
-/// regular file (a device, a FIFO, a symbolic link: never replaced).
+/// regular file (a device, a FIFO, a symbolic link: never replaced). The temporary file is
+/// registered with TempPathGuard (temp_cleanup.h): a SIGINT or SIGTERM removes it.
 class PendingFile {
  public:
   PendingFile(const std::string& path, const Chunks& chunks);
   ~PendingFile();
   PendingFile(const PendingFile&) = delete;
   PendingFile& operator=(const PendingFile&) = delete;
-  /// Renames the temporary file over the path. Throws std::runtime_error when that fails.
+  /// Renames the temporary file over the path, then removes the temporary files that earlier
+  /// writers of the same path left behind when they were killed (PATH.tmp.XXXXXX, regular files
+  /// older than this one's), naming each on standard error. Throws std::runtime_error when the
+  /// rename fails.
   void commit();
 
  private:
   std::string path_, tmp_;
   bool committed_ = false;
+  TempPathGuard guard_;
 };
 
 /// PendingFile(path, chunks).commit(): a reader sees the old file or the whole new one.

@@ -1,11 +1,14 @@
 #include "checkpoint.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -16,13 +19,89 @@
 #include <vector>
 
 #include "atomic_file.h"
+#include "checksum.h"
 #include "partition.h"
 #include "safetensors.h"
+#include "temp_cleanup.h"
 
 namespace dos {
 namespace {
 
 constexpr const char* kFormat = "deep-optimizer-states checkpoint v1";
+/// Elements per checksummed block of master, exp_avg and exp_avg_sq (4 MiB of fp32).
+constexpr std::size_t kBlockElements = std::size_t(1) << 20;
+/// The largest count a checkpoint may record (exact in a double).
+constexpr std::uint64_t kMaxCount = std::uint64_t(1) << 53;
+const char* const kStateTensors[3] = {"master", "exp_avg", "exp_avg_sq"};
+
+/// The first element of v[0, n) that is not finite, or (nonnegative) is below 0; n when none.
+std::size_t first_bad(const float* v, std::size_t n, bool nonnegative) {
+  for (std::size_t k = 0; k < n; ++k)
+    if (!std::isfinite(v[k]) || (nonnegative && v[k] < 0)) return k;
+  return n;
+}
+
+std::string float_str(float v) {
+  char s[32];
+  std::snprintf(s, sizeof s, "%.9g", double(v));
+  return s;
+}
+
+/// A file name of a checkpoint folder: index.json, rank-RRRRR-of-WWWWW.safetensors, or either
+/// followed by the temporary suffix .tmp.XXXXXX of a write that did not finish.
+bool checkpoint_file_name(const std::string& name) {
+  std::string base = name;
+  const auto t = name.find(".tmp.");
+  if (t != std::string::npos) {
+    if (name.size() != t + 11) return false;
+    base = name.substr(0, t);
+  }
+  if (base == "index.json") return true;
+  if (base.size() != std::strlen("rank-00000-of-00000.safetensors")) return false;
+  for (std::size_t k = 0; k < base.size(); ++k) {
+    const char want = "rank-#####-of-#####.safetensors"[k];
+    if (want == '#' ? !std::isdigit((unsigned char)base[k]) : base[k] != want) return false;
+  }
+  return true;
+}
+
+/// Why the folder `dir` is not one of our checkpoints (a file of another kind in it, or an
+/// index.json of another format); "" when it is one, or empty.
+std::string foreign_content(const std::string& dir) {
+  DIR* d = ::opendir(dir.c_str());
+  if (!d) return std::string("it cannot be listed (") + std::strerror(errno) + ")";
+  std::vector<std::string> names;
+  while (const struct dirent* e = ::readdir(d))
+    if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0) names.push_back(e->d_name);
+  ::closedir(d);
+  std::sort(names.begin(), names.end());
+  for (const std::string& n : names) {
+    struct stat st;
+    if (!checkpoint_file_name(n) || ::lstat((dir + "/" + n).c_str(), &st) != 0 || !S_ISREG(st.st_mode))
+      return "it holds '" + n + "'" + (names.size() > 1 ? " (and " + std::to_string(names.size() - 1) + " more)" : "") +
+             ", which is not part of a checkpoint";
+  }
+  if (std::find(names.begin(), names.end(), "index.json") != names.end()) {
+    std::ifstream f(dir + "/index.json");
+    std::string format;
+    try {
+      const nlohmann::json j = nlohmann::json::parse(f);
+      format = j.at("format").get<std::string>();
+    } catch (const std::exception&) {
+    }
+    if (format != kFormat) return "its index.json is not a checkpoint index of this program";
+  }
+  return std::string();
+}
+
+/// `j[key]` as a whole number in [lo, hi]; throws std::runtime_error quoting the value as written.
+std::uint64_t json_count(const nlohmann::json& j, const char* key, std::uint64_t lo, std::uint64_t hi) {
+  const nlohmann::json& v = j.at(key);
+  if (!v.is_number_unsigned() || v.get<std::uint64_t>() < lo || v.get<std::uint64_t>() > hi)
+    throw std::runtime_error("field '" + std::string(key) + "' must be a whole number in [" + std::to_string(lo) + ", " +
+                             std::to_string(hi) + "], got " + v.dump());
+  return v.get<std::uint64_t>();
+}
 
 /// `dir` without trailing slashes ("ck/" -> "ck"), so that "DIR.tmp-..." lands beside it.
 std::string without_trailing_slashes(std::string dir) {
@@ -46,14 +125,16 @@ nlohmann::ordered_json to_json(const CheckpointInfo& i, bool all_ranks) {
     ranks.push_back({{"rank", r}, {"begin", s.begin}, {"end", s.end}, {"file", rank_file(r, i.world)}});
     files.push_back(rank_file(r, i.world));
   }
-  return {{"format", kFormat},       {"model", i.model}, {"params_total", i.params_total}, {"begin", ranks[0]["begin"]},
+  return {{"format", kFormat},       {"model", i.model}, {"architecture", i.architecture},
+          {"params_total", i.params_total}, {"begin", ranks[0]["begin"]},
           {"end", ranks[0]["end"]},  {"rank", ranks[0]["rank"]}, {"world", i.world},       {"subgroup_size", i.subgroup_size},
           {"dtype", i.dtype},        {"iteration", i.iteration}, {"seed", i.seed},
           {"grad_parts", i.grad_parts}, {"files", files}, {"ranks", ranks}};
 }
 
 std::string describe(const CheckpointInfo& i) {
-  return "model " + i.model + " (" + std::to_string(i.params_total) + " parameters), subgroups of " +
+  return "model " + i.model + " (" + (i.architecture.empty() ? "" : i.architecture + ", ") +
+         std::to_string(i.params_total) + " parameters), subgroups of " +
          std::to_string(i.subgroup_size) + ", " + i.dtype + ", seed " + std::to_string(i.seed) +
          ", gradients summed over " + std::to_string(i.grad_parts) + (i.grad_parts == 1 ? " part" : " parts");
 }
@@ -68,9 +149,21 @@ void check_checkpoint_dir(const std::string& dir_given) {
   } catch (const std::runtime_error& e) {
     throw Error(e.what());
   }
+  const auto slash = dir.find_last_of('/');
+  const std::string last = slash == std::string::npos ? dir : dir.substr(slash + 1);
+  if (last == "." || last == ".." || dir == "/")
+    throw Error("will not write the checkpoint at " + dir_given + ": saving replaces the whole folder, and " + dir_given +
+                " names " + (dir == "/" ? "the root folder" : last == "." ? "a folder through '.' (the current one?)" : "a parent folder through '..'") +
+                ": give the checkpoint a folder of its own (e.g. " + (dir == "/" ? std::string("/ckpt") : dir + "/ckpt") + ")");
   struct stat st;
-  if (::lstat(dir.c_str(), &st) == 0 && !S_ISDIR(st.st_mode))
-    throw Error("cannot write the checkpoint " + dir + ": it exists and is not a folder");
+  if (::lstat(dir.c_str(), &st) == 0) {
+    if (!S_ISDIR(st.st_mode)) throw Error("cannot write the checkpoint " + dir + ": it exists and is not a folder");
+    const std::string why = foreign_content(dir);
+    if (!why.empty())
+      throw Error("will not write the checkpoint into " + dir + ": " + why +
+                  "; saving replaces the whole folder, which would delete it: give a new or empty folder, or the folder "
+                  "of a previous checkpoint");
+  }
 }
 
 namespace {
@@ -83,21 +176,46 @@ void write_rank_file(const std::string& tmp, const Optimizer& opt, const Checkpo
   std::vector<std::int64_t> sizes;
   for (std::size_t i = 0; i < opt.num_subgroups(); ++i) sizes.push_back(std::int64_t(opt.subgroup_size(i)));
   const std::int64_t ns = std::int64_t(steps.size());
+  for (std::size_t i = 0; i < steps.size(); ++i)
+    if (steps[i] < 0 || steps[i] > info.iteration)
+      throw Error("will not save the checkpoint: subgroup " + std::to_string(i) + " has taken " +
+                  std::to_string(steps[i]) + " Adam step(s), outside [0, " + std::to_string(info.iteration) +
+                  "] (the iterations done); the previous checkpoint is left in place");
   opt.with_host_state([&](const std::vector<Optimizer::HostState>& state) {
     using Pieces = std::vector<std::pair<const void*, std::size_t>>;
-    Pieces master, m, v;
+    Pieces pieces[3];
+    std::size_t at = info.begin;  // the first element of the subgroup, in the whole model
     for (const Optimizer::HostState& sg : state) {
-      master.emplace_back(sg.master, sg.size * 4);
-      m.emplace_back(sg.exp_avg, sg.size * 4);
-      v.emplace_back(sg.exp_avg_sq, sg.size * 4);
+      const float* arrays[3] = {sg.master, sg.exp_avg, sg.exp_avg_sq};
+      for (int t = 0; t < 3; ++t) {
+        // a diverged run is reported, not saved: its checkpoint would not resume
+        const std::size_t bad = first_bad(arrays[t], sg.size, t == 2);
+        if (bad < sg.size)
+          throw Error("will not save the checkpoint: element " + std::to_string(at + bad) + " of " + kStateTensors[t] +
+                      " is " + float_str(arrays[t][bad]) + " (the run diverged: lower --lr or --weight-decay, or "
+                      "resume from an earlier checkpoint); the previous checkpoint is left in place");
+        pieces[t].emplace_back(arrays[t], sg.size * 4);
+      }
+      at += sg.size;
     }
-    write_safetensors(tmp + "/" + rank_file(info.rank, info.world),
-                      {{"master", "F32", {std::int64_t(n)}, nullptr, n * 4, master},
-                       {"exp_avg", "F32", {std::int64_t(n)}, nullptr, n * 4, m},
-                       {"exp_avg_sq", "F32", {std::int64_t(n)}, nullptr, n * 4, v},
-                       {"step", "I64", {ns}, steps.data(), steps.size() * 8},
-                       {"subgroup_sizes", "I64", {ns}, sizes.data(), sizes.size() * 8}},
-                      {{"format", kFormat}, {"begin", std::to_string(info.begin)}, {"end", std::to_string(info.end)}});
+    std::vector<std::uint64_t> sums[3];
+    std::vector<SafetensorOut> out;
+    for (int t = 0; t < 3; ++t) out.push_back({kStateTensors[t], "F32", {std::int64_t(n)}, nullptr, n * 4, pieces[t]});
+    out.push_back({"step", "I64", {ns}, steps.data(), steps.size() * 8});
+    out.push_back({"subgroup_sizes", "I64", {ns}, sizes.data(), sizes.size() * 8});
+    for (int t = 0; t < 3; ++t) {
+      sums[t] = block_checksums(pieces[t], kBlockElements * 4);
+      out.push_back({std::string(kStateTensors[t]) + ".xxh3", "U64", {std::int64_t(sums[t].size())}, sums[t].data(),
+                     sums[t].size() * 8});
+    }
+    write_safetensors(tmp + "/" + rank_file(info.rank, info.world), out,
+                      {{"format", kFormat},
+                       {"begin", std::to_string(info.begin)},
+                       {"end", std::to_string(info.end)},
+                       {"checksum", kChecksumName},
+                       {"checksum_block_elements", std::to_string(kBlockElements)},
+                       {"step.xxh3", checksum_hex(checksum(steps.data(), steps.size() * 8))},
+                       {"subgroup_sizes.xxh3", checksum_hex(checksum(sizes.data(), sizes.size() * 8))}});
   });
 }
 
@@ -171,6 +289,52 @@ void swap_in(const std::string& tmp, const std::string& dir) {
   remove_tree(old, "the previous checkpoint");
 }
 
+/// Removes the DIR.tmp-XXXXXX folders beside `dir` that saves killed before they finished left
+/// (folders that hold only checkpoint files, last changed before `before`), naming each.
+void remove_stale_temporaries(const std::string& dir, const struct timespec& before) {
+  const auto slash = dir.find_last_of('/');
+  const std::string parent = slash == std::string::npos ? "." : slash == 0 ? "/" : dir.substr(0, slash);
+  const std::string prefix = (slash == std::string::npos ? dir : dir.substr(slash + 1)) + ".tmp-";
+  std::vector<std::string> stale;
+  if (DIR* d = ::opendir(parent.c_str())) {
+    while (const struct dirent* e = ::readdir(d)) {
+      const std::string name = e->d_name;
+      if (name.size() != prefix.size() + 6 || name.compare(0, prefix.size(), prefix) != 0) continue;
+      const std::string full = parent + "/" + name;
+      struct stat st;
+      if (::lstat(full.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) continue;
+      const bool older = st.st_mtim.tv_sec < before.tv_sec ||
+                         (st.st_mtim.tv_sec == before.tv_sec && st.st_mtim.tv_nsec < before.tv_nsec);
+      if (older && foreign_content(full).empty()) stale.push_back(full);
+    }
+    ::closedir(d);
+  }
+  for (const std::string& f : stale) {
+    remove_tree(f, "the temporary folder of an interrupted save");
+    std::fprintf(stderr, "[dos] removed %s, the temporary folder of an earlier save of %s that did not finish\n",
+                 f.c_str(), dir.c_str());
+  }
+}
+
+/// Throws Error when a number of `info` is out of the ranges CheckpointInfo states.
+void check_info(const CheckpointInfo& info) {
+  auto out_of = [](const char* what, std::uint64_t v, std::uint64_t lo, std::uint64_t hi) {
+    if (v < lo || v > hi)
+      throw Error("will not save the checkpoint: " + std::string(what) + " " + std::to_string(v) + " is outside [" +
+                  std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  };
+  out_of("params_total", info.params_total, 1, kMaxCount);
+  out_of("subgroup_size", info.subgroup_size, 1, kMaxCount);
+  out_of("world", info.world, 1, std::uint64_t(1) << 20);
+  out_of("rank", info.rank, 0, info.world - 1);
+  out_of("grad_parts", info.grad_parts, 1, 2048);
+  if (info.iteration < 0 || std::uint64_t(info.iteration) > kMaxCount)
+    throw Error("will not save the checkpoint: iteration " + std::to_string(info.iteration) + " is outside [0, 2^53]");
+  if (info.begin >= info.end || info.end > info.params_total)
+    throw Error("will not save the checkpoint: range [" + std::to_string(info.begin) + ", " + std::to_string(info.end) +
+                ") is not inside the model's " + std::to_string(info.params_total) + " parameters");
+}
+
 void write_index(const std::string& tmp, const CheckpointInfo& info, bool all_ranks) {
   const std::string index = to_json(info, all_ranks).dump(2) + "\n";
   write_file_atomically(tmp + "/index.json", {{index.data(), index.size()}});
@@ -182,6 +346,9 @@ void save_checkpoint(const std::string& dir_given, const Optimizer& opt, const C
                      const CheckpointRanks* ranks) {
   const std::string dir = without_trailing_slashes(dir_given);
   check_checkpoint_dir(dir);
+  check_info(info);
+  struct timespec started;
+  ::clock_gettime(CLOCK_REALTIME, &started);
   if (info.world > 1 && ranks) {
     // every rank writes into rank 0's new folder (mkdtemp: a fresh name even where process ids
     // repeat); its 6-character suffix travels packed in an integer, -1 when rank 0 failed
@@ -201,6 +368,7 @@ void save_checkpoint(const std::string& dir_given, const Optimizer& opt, const C
     std::string suffix(6, ' ');
     for (std::size_t k = 0; k < 6; ++k) suffix[5 - k] = char((packed >> (8 * k)) & 0xff);
     const std::string tmp = dir + ".tmp-" + suffix;
+    TempPathGuard guard(tmp, true);  // a SIGINT or SIGTERM removes it
     try {
       write_rank_file(tmp, opt, info);
     } catch (const std::exception& e) {
@@ -211,6 +379,7 @@ void save_checkpoint(const std::string& dir_given, const Optimizer& opt, const C
       try {
         write_index(tmp, info, true);
         swap_in(tmp, dir);
+        remove_stale_temporaries(dir, started);
       } catch (const std::exception& e) {
         why = e.what();
       }
@@ -225,6 +394,7 @@ void save_checkpoint(const std::string& dir_given, const Optimizer& opt, const C
   }
   const std::string tmp = make_fresh_dir(dir + ".tmp-");
   if (tmp.empty()) throw Error("cannot create a folder next to " + dir + ": " + std::strerror(errno));
+  TempPathGuard guard(tmp, true);  // a SIGINT or SIGTERM removes it
   try {
     write_rank_file(tmp, opt, info);
     write_index(tmp, info, false);
@@ -233,6 +403,8 @@ void save_checkpoint(const std::string& dir_given, const Optimizer& opt, const C
     throw Error(std::string("cannot write the checkpoint: ") + e.what());
   }
   swap_in(tmp, dir);
+  guard.release();
+  remove_stale_temporaries(dir, started);
 }
 
 namespace {
@@ -275,20 +447,23 @@ CheckpointInfo load_checkpoint(const std::string& dir, Optimizer& opt, const Che
     const nlohmann::json j = nlohmann::json::parse(f);
     if (j.at("format").get<std::string>() != kFormat) throw std::runtime_error("unknown format");
     got.model = j.at("model").get<std::string>();
-    got.params_total = j.at("params_total").get<std::size_t>();
-    got.begin = j.at("begin").get<std::size_t>();
-    got.end = j.at("end").get<std::size_t>();
-    got.rank = j.at("rank").get<std::size_t>();
-    got.world = j.at("world").get<std::size_t>();
-    got.subgroup_size = j.at("subgroup_size").get<std::size_t>();
+    if (j.contains("architecture")) got.architecture = j.at("architecture").get<std::string>();
+    got.params_total = json_count(j, "params_total", 1, kMaxCount);
+    got.begin = json_count(j, "begin", 0, got.params_total);
+    got.end = json_count(j, "end", 0, got.params_total);
+    got.world = json_count(j, "world", 1, std::uint64_t(1) << 20);
+    got.rank = json_count(j, "rank", 0, got.world - 1);
+    got.subgroup_size = json_count(j, "subgroup_size", 1, kMaxCount);
     got.dtype = j.at("dtype").get<std::string>();
-    got.iteration = j.at("iteration").get<std::int64_t>();
-    got.seed = j.at("seed").get<std::uint64_t>();
-    got.grad_parts = j.value("grad_parts", std::size_t(1));  // absent before it was recorded
+    got.iteration = std::int64_t(json_count(j, "iteration", 0, kMaxCount));
+    got.seed = json_count(j, "seed", 0, UINT64_MAX);
+    got.grad_parts = j.contains("grad_parts") ? json_count(j, "grad_parts", 1, 2048) : 1;  // absent before it was recorded
     // the old ranks' ranges and files (older indexes: only the top-level one)
     for (const auto& r : j.contains("ranks") ? j.at("ranks") : nlohmann::json::array({j})) {
-      RankEntry e{r.at("begin").get<std::size_t>(), r.at("end").get<std::size_t>(),
-                  r.value("file", rank_file(r.at("rank").get<std::size_t>(), got.world))};
+      if (r.contains("file") && !r.at("file").is_string()) throw std::runtime_error("a rank's 'file' must be a string");
+      RankEntry e{json_count(r, "begin", 0, got.params_total), json_count(r, "end", 0, got.params_total),
+                  r.contains("file") ? r.at("file").get<std::string>()
+                                     : rank_file(json_count(r, "rank", 0, got.world - 1), got.world)};
       if (e.begin >= e.end || e.end > got.params_total)
         throw std::runtime_error("rank range " + range_str(e.begin, e.end) + " outside the model's " +
                                  std::to_string(got.params_total) + " parameters");
@@ -301,7 +476,8 @@ CheckpointInfo load_checkpoint(const std::string& dir, Optimizer& opt, const Che
   }
   if (got.model != expect.model || got.params_total != expect.params_total ||
       got.subgroup_size != expect.subgroup_size || got.dtype != expect.dtype || got.seed != expect.seed ||
-      got.grad_parts != expect.grad_parts)
+      got.grad_parts != expect.grad_parts ||
+      (!got.architecture.empty() && !expect.architecture.empty() && got.architecture != expect.architecture))
     throw Error("cannot resume: the checkpoint in " + dir + " is of " + describe(got) + "; this run is " +
                 describe(expect) + ": resume with the same model, --subgroup-size, --dtype and --seed, and with the "
                 "checkpoint's --grad-parts " + std::to_string(got.grad_parts) +
@@ -348,7 +524,15 @@ CheckpointInfo load_checkpoint(const std::string& dir, Optimizer& opt, const Che
   std::vector<std::size_t> step_from(ns), step_to(ns);  // elements the subgroup's step was taken from
   std::vector<bool> have(ns, false);
   std::vector<std::vector<std::uint64_t>> identities;  // pass 2 must read the files pass 1 checked
-  for (const Piece& p : pieces) {  // one old file at a time
+  // each piece's file's block checksums of master, exp_avg, exp_avg_sq (none: saved before they were)
+  struct Sums {
+    std::size_t block = kBlockElements;
+    bool present = false;
+    std::vector<std::uint64_t> blocks[3];
+  };
+  std::vector<Sums> sums(pieces.size());
+  for (std::size_t pk = 0; pk < pieces.size(); ++pk) {  // one old file at a time
+    const Piece& p = pieces[pk];
     const std::string path = dir + "/" + p.entry->file;
     const std::size_t count = p.entry->end - p.entry->begin;
     std::vector<std::uint8_t> step_bytes, size_bytes;
@@ -382,6 +566,39 @@ CheckpointInfo load_checkpoint(const std::string& dir, Optimizer& opt, const Che
       size_bytes.resize(old_ns * 8);
       file.read("step", 0, step_bytes.data(), step_bytes.size());
       file.read("subgroup_sizes", 0, size_bytes.data(), size_bytes.size());
+      const auto kind = meta.find("checksum");
+      if (kind == meta.end()) {
+        std::fprintf(stderr, "[dos] warning: %s holds no checksums (saved by an older version): its data cannot be "
+                     "verified, only their values are checked\n", path.c_str());
+      } else {
+        if (kind->second != kChecksumName)
+          throw Error("cannot resume: " + path + " records checksums of kind '" + kind->second + "'; this program "
+                      "knows " + kChecksumName);
+        Sums& sm = sums[pk];
+        sm.present = true;
+        const auto blk = meta.find("checksum_block_elements");
+        char* endp = nullptr;
+        const unsigned long long b = blk == meta.end() ? 0 : std::strtoull(blk->second.c_str(), &endp, 10);
+        if (blk == meta.end() || blk->second.empty() || *endp || b < 1 || b > (1ull << 30))
+          throw Error("cannot resume: " + path + ": metadata checksum_block_elements must be a whole number in [1, "
+                      "2^30]" + (blk == meta.end() ? std::string(", and is missing") : ", got '" + blk->second + "'"));
+        sm.block = std::size_t(b);
+        for (int t = 0; t < 3; ++t) {
+          const std::string name = std::string(kStateTensors[t]) + ".xxh3";
+          const std::size_t nb = (count + sm.block - 1) / sm.block;
+          need(name.c_str(), "U64", nb, 8);
+          sm.blocks[t].resize(nb);
+          file.read(name, 0, sm.blocks[t].data(), nb * 8);
+        }
+        for (const auto& [name, bytes] : {std::make_pair("step", &step_bytes), std::make_pair("subgroup_sizes", &size_bytes)}) {
+          const auto want = meta.find(std::string(name) + ".xxh3");
+          const std::string got_sum = checksum_hex(checksum(bytes->data(), bytes->size()));
+          if (want == meta.end() || want->second != got_sum)
+            throw Error("cannot resume: " + path + ": tensor '" + name + "' fails its checksum (recorded " +
+                        (want == meta.end() ? std::string("none") : want->second) + ", computed " + got_sum +
+                        "): the file is damaged; resume from another checkpoint");
+        }
+      }
     } catch (const Error&) {
       throw;
     } catch (const std::exception& e) {
@@ -397,6 +614,10 @@ CheckpointInfo load_checkpoint(const std::string& dir, Optimizer& opt, const Che
       std::memcpy(&size, size_bytes.data() + k * 8, 8);
       std::memcpy(&step, step_bytes.data() + k * 8, 8);
       if (size <= 0 || std::size_t(size) > p.entry->end - ob) throw Error(bad_sizes);
+      if (step < 0 || step > got.iteration)
+        throw Error("cannot resume: " + path + ": tensor 'step': subgroup " + std::to_string(k) + " has taken " +
+                    std::to_string(step) + " Adam step(s), outside [0, " + std::to_string(got.iteration) +
+                    "] (the iterations its index.json records): the checkpoint is damaged");
       const std::size_t oe = ob + std::size_t(size), lo = std::max(ob, p.lo), hi = std::min(oe, p.hi);
       for (std::size_t i = std::size_t(std::upper_bound(starts.begin(), starts.end(), lo) - starts.begin()) - 1;
            lo < hi && i < ns && starts[i] < hi; ++i) {
@@ -417,22 +638,48 @@ CheckpointInfo load_checkpoint(const std::string& dir, Optimizer& opt, const Che
   }
   // Pass 2: each file's elements of this rank read straight into the optimizer's host buffers
   // (pread, subgroup by subgroup: no second copy of the state in memory).
+  // Each block of the old file that holds elements of this rank is read whole, its checksum and its
+  // values checked, and this rank's elements of it copied into the subgroups they belong to.
   opt.load_state_in_place(steps, [&](const std::vector<Optimizer::HostStateOut>& state) {
     for (std::size_t k = 0; k < pieces.size(); ++k) {
       const Piece& p = pieces[k];
+      const Sums& sm = sums[k];
       const std::string path = dir + "/" + p.entry->file;
       try {
         const SafetensorsReader file(path);
         if (file.identity() != identities[k])
           throw std::runtime_error(path + " changed while it was being read (another job saving into " + dir + "?)");
-        for (std::size_t i = std::size_t(std::upper_bound(starts.begin(), starts.end(), p.lo) - starts.begin()) - 1;
-             i < ns && starts[i] < p.hi; ++i) {
-          const std::size_t a = std::max(p.lo, starts[i]), b = std::min(p.hi, starts[i + 1]);
-          const std::uint64_t from = std::uint64_t(a - p.entry->begin) * 4;
-          const std::size_t into = a - starts[i], bytes = (b - a) * 4;
-          file.read("master", from, state[i].master + into, bytes);
-          file.read("exp_avg", from, state[i].exp_avg + into, bytes);
-          file.read("exp_avg_sq", from, state[i].exp_avg_sq + into, bytes);
+        const std::size_t count = p.entry->end - p.entry->begin;
+        const std::size_t first = p.lo - p.entry->begin, last = p.hi - p.entry->begin;  // in the old file
+        std::vector<float> block(std::min(sm.block, count));
+        for (int t = 0; t < 3; ++t) {
+          for (std::size_t b0 = first / sm.block * sm.block; b0 < last; b0 += sm.block) {
+            const std::size_t b1 = std::min(b0 + sm.block, count);
+            file.read(kStateTensors[t], std::uint64_t(b0) * 4, block.data(), (b1 - b0) * 4);
+            const std::string where = path + ": tensor '" + kStateTensors[t] + "', elements " + range_str(b0, b1);
+            if (sm.present) {
+              const std::uint64_t h = checksum(block.data(), (b1 - b0) * 4);
+              if (h != sm.blocks[t][b0 / sm.block])
+                throw std::runtime_error(where + " fail their checksum (recorded " +
+                                         checksum_hex(sm.blocks[t][b0 / sm.block]) + ", computed " + checksum_hex(h) +
+                                         "): the file is damaged; resume from another checkpoint");
+            }
+            const std::size_t lo = std::max(b0, first), hi = std::min(b1, last);  // this rank's part
+            const std::size_t bad = first_bad(block.data() + (lo - b0), hi - lo, t == 2);
+            if (bad < hi - lo)
+              throw std::runtime_error(path + ": tensor '" + kStateTensors[t] + "': element " +
+                                       std::to_string(lo + bad) + " is " + float_str(block[lo - b0 + bad]) + " (" +
+                                       (t == 2 ? "exp_avg_sq must be finite and >= 0" : "must be finite") +
+                                       "): the checkpoint is damaged or its run diverged");
+            // copy [lo, hi) (old file's numbering) into this rank's subgroups
+            const std::size_t glo = p.entry->begin + lo, ghi = p.entry->begin + hi;
+            for (std::size_t i = std::size_t(std::upper_bound(starts.begin(), starts.end(), glo) - starts.begin()) - 1;
+                 i < ns && starts[i] < ghi; ++i) {
+              const std::size_t a = std::max(glo, starts[i]), b = std::min(ghi, starts[i + 1]);
+              float* dst[3] = {state[i].master, state[i].exp_avg, state[i].exp_avg_sq};
+              std::memcpy(dst[t] + (a - starts[i]), block.data() + (a - p.entry->begin - b0), (b - a) * 4);
+            }
+          }
         }
       } catch (const std::exception& e) {
         throw Error(std::string("cannot resume: ") + e.what() + " (the optimizer's state is now incomplete: stop)");

@@ -7,7 +7,12 @@
 //                                         element range [begin, end) and its file)
 //   DIR/rank-RRRRR-of-WWWWW.safetensors   master, exp_avg, exp_avg_sq (F32, this rank's flat
 //                                         parameters), step (I64, one per subgroup),
-//                                         subgroup_sizes (I64, elements; consecutive from begin)
+//                                         subgroup_sizes (I64, elements; consecutive from begin),
+//                                         master.xxh3, exp_avg.xxh3, exp_avg_sq.xxh3 (U64: the XXH3
+//                                         64-bit checksum of every block of checksum_block_elements
+//                                         elements of that tensor; checksum.h); metadata: format,
+//                                         begin, end, checksum ("xxh3-64"), checksum_block_elements,
+//                                         step.xxh3 and subgroup_sizes.xxh3 (whole-tensor checksums)
 // A checkpoint resumes on any number of ranks (load_checkpoint re-shards it).
 #pragma once
 
@@ -27,9 +32,14 @@ namespace dos {
 /// parameters; rank, world: data-parallel position; subgroup_size: elements; dtype: "fp32", "fp16"
 /// or "bf16"; iteration: iterations done when saved; seed: the run's seed; grad_parts: how many
 /// data-parallel parts the (emulated) gradients sum (dos-train's --grad-parts, or its number of MPI
-/// ranks; 1 otherwise).
+/// ranks; 1 otherwise); architecture: the model's shape in words (dos-train: arch, layers, hidden,
+/// intermediate, heads, kv_heads, vocabulary, positions, tied embeddings), compared on resume when
+/// both sides have one ("" for none). Ranges enforced on save and on load: params_total and
+/// subgroup_size in [1, 2^53], iteration in [0, 2^53], world in [1, 2^20], grad_parts in [1, 2048],
+/// and every subgroup's step count in [0, iteration].
 struct CheckpointInfo {
   std::string model;
+  std::string architecture;
   std::size_t params_total = 0, begin = 0, end = 0, rank = 0, world = 1, subgroup_size = 0;
   std::string dtype;
   std::int64_t iteration = 0;
@@ -45,8 +55,11 @@ struct CheckpointRanks {
   std::function<long long(long long)> from_rank0;
 };
 
-/// Throws Error, before any work, when a checkpoint cannot be written at `dir` (its parent folder is
-/// missing or not writable, or `dir` exists and is not a folder).
+/// Throws Error, before any work, when a checkpoint cannot be written at `dir`: its parent folder is
+/// missing or not writable; `dir` exists and is not a folder; `dir` names ".", ".." or "/" (saving
+/// replaces the whole folder); or `dir` is a folder that holds anything but a checkpoint of ours
+/// (index.json of this format, rank-RRRRR-of-WWWWW.safetensors files and their temporary files):
+/// a user's folder is never emptied. An empty folder is accepted.
 void check_checkpoint_dir(const std::string& dir);
 
 /// Writes `opt`'s whole state (master, exp_avg, exp_avg_sq, step counts) and `info` to `dir`:
@@ -58,6 +71,13 @@ void check_checkpoint_dir(const std::string& dir);
 /// writes index.json (every rank's range and file) and swaps the folder in. A failure on any rank
 /// throws on every rank and leaves the previous checkpoint in place. Without `ranks` (a lone
 /// `--shard R/W` run) only this rank's file and entry are written.
+/// Refused (Error, the previous checkpoint left in place) before anything is written: `dir` fails
+/// check_checkpoint_dir; a number of `info` or a step count is out of the ranges above; the state
+/// holds a NaN or an infinity, or a negative exp_avg_sq (a diverged run: the message names the
+/// tensor, the element and the value). The new folder is registered with TempPathGuard while it is
+/// written (a SIGINT or SIGTERM removes it); after a successful swap, DIR.tmp-XXXXXX folders that
+/// earlier saves left when killed (holding only checkpoint files, older than this save) are
+/// removed and named on standard error.
 void save_checkpoint(const std::string& dir, const Optimizer& opt, const CheckpointInfo& info,
                      const CheckpointRanks* ranks = nullptr);
 
@@ -82,10 +102,16 @@ void save_checkpoint(const std::string& dir, const Optimizer& opt, const Checkpo
 ///  - the index's entries do not cover this rank's whole range (a lone `--shard R/W` run's
 ///    checkpoint holds only its own range; the message names the uncovered elements);
 ///  - one of this rank's subgroups overlaps old subgroups with different step counts (the message
-///    names both element ranges and step counts, and says to resume with the old number of ranks).
-/// Throws Error after changing the state only when reading the data itself fails once every check
-/// has passed (an I/O error, or a file replaced between the checks and the read): `opt` is then
-/// marked broken and refuses to step.
+///    names both element ranges and step counts, and says to resume with the old number of ranks);
+///  - a number in index.json is not a whole number in its range (the message quotes it as written),
+///    a step count is outside [0, iteration], or the checksum of step or subgroup_sizes differs;
+///  - the checkpoint is of another architecture (when both sides record one).
+/// The state's data are checked while they are read, block by block: the block's checksum against
+/// the one stored, and every element of master and exp_avg finite, of exp_avg_sq finite and >= 0.
+/// Throws Error after changing the state when such a check or the read itself fails (the message
+/// names the file, the tensor, the elements and the check; an I/O error; a file replaced between
+/// the checks and the read): `opt` is then marked broken and refuses to step. A rank file saved
+/// before checksums were recorded loads with a warning on standard error.
 CheckpointInfo load_checkpoint(const std::string& dir, Optimizer& opt, const CheckpointInfo& expect);
 
 }  // namespace dos

@@ -336,7 +336,9 @@ class Optimizer {
   std::unique_ptr<Impl> impl_;
 };
 
-/// Validates Adam hyper-parameters as torch.optim.Adam does; throws Error naming the bad value.
+/// Validates Adam hyper-parameters as torch.optim.Adam does; throws Error naming the bad value. Also
+/// refuses lr, eps, weight_decay or lr x weight_decay beyond fp32's range (above 3.4e38), which the
+/// fp32 kernels would turn into inf or NaN parameters at the first step.
 void validate_adam_hyper(const AdamHyper& h);
 
 /// Measures the rates of the resource model on this machine: U_c from an all-CPU phase of the real

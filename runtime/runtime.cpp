@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cfloat>
 #include <cmath>
 #include <condition_variable>
 #include <cstdio>
@@ -276,6 +277,17 @@ void validate_adam_hyper(const AdamHyper& h) {
   if (!(h.beta2 >= 0 && h.beta2 < 1)) bad("beta2 must be in [0, 1), got " + std::to_string(h.beta2));
   if (!(h.weight_decay >= 0) || !std::isfinite(h.weight_decay))
     bad("weight_decay must be a finite number >= 0, got " + std::to_string(h.weight_decay));
+  // the kernels compute in fp32: a value (or lr x weight_decay) beyond its range makes every
+  // parameter inf or NaN at the first step
+  const std::pair<const char*, double> fp32[] = {{"learning rate", h.lr}, {"weight_decay", h.weight_decay},
+                                                 {"eps", h.eps}, {"learning rate x weight_decay", h.lr * h.weight_decay}};
+  for (const auto& [name, v] : fp32)
+    if (v > FLT_MAX) {
+      char msg[160];
+      std::snprintf(msg, sizeof msg, "%s %g overflows fp32 (at most 3.4e38): every parameter would become inf or NaN",
+                    name, v);
+      bad(msg);
+    }
 }
 
 std::size_t host_bytes_per_param(DType dtype) { return 12 + 4 + dtype_size(dtype); }

@@ -8,9 +8,10 @@
 #
 # What it does, in order (every step says what it does, and skips itself when already done):
 #  1. Debian packages: meson, ninja-build, pkg-config, g++, libhwloc-dev, libcmocka-dev,
-#     nlohmann-json3-dev, libcli11-dev, libopenmpi-dev, openmpi-bin, through apt-get when the machine
-#     has it and a network; for `test`, python3-torch, python3-numpy and libopenblas0-pthread when no
-#     python3 imports torch, and slurm-wlm and munge when slurmctld is missing.
+#     nlohmann-json3-dev, libcli11-dev, libxxhash-dev (checkpoint checksums, header only),
+#     libopenmpi-dev, openmpi-bin, through apt-get when the machine has it and a network; for
+#     `test`, python3-torch, python3-numpy and libopenblas0-pthread when no python3 imports torch,
+#     and slurm-wlm and munge when slurmctld is missing.
 #  2. The cache folder .deps/cache (git-ignored): StarPU's Debian source tarball and the .deb files of the
 #     header/test libraries, filled when online. On a machine without a network (the GPU machine) the
 #     script builds from that folder alone: carry .deps/cache there.
@@ -30,15 +31,15 @@ SYSROOT=$DEPS/sysroot
 BUILD=${DOS_BUILD_DIR:-$ROOT/build}
 STARPU_VERSION=1.3.10
 STARPU_TARBALL=starpu_${STARPU_VERSION}+dfsg.orig.tar.gz
-CACHE_DEBS="libcmocka0 libcmocka-dev nlohmann-json3-dev libcli11-dev"
-APT_PACKAGES="meson ninja-build pkg-config g++ make libhwloc-dev libcmocka-dev nlohmann-json3-dev libcli11-dev libopenmpi-dev openmpi-bin"
+CACHE_DEBS="libcmocka0 libcmocka-dev nlohmann-json3-dev libcli11-dev libxxhash0 libxxhash-dev"
+APT_PACKAGES="meson ninja-build pkg-config g++ make libhwloc-dev libcmocka-dev nlohmann-json3-dev libcli11-dev libxxhash-dev libopenmpi-dev openmpi-bin"
 
 say() { printf '[setup] %s\n' "$*"; }
 die() { printf '[setup] error: %s\n' "$*" >&2; exit 1; }
 
 cmd=${1:-run}
 [ $# -gt 0 ] && shift
-case "$cmd" in run|test|deps|build) ;; -h|--help|help) sed -n '2,22p' "$0"; exit 0 ;;
+case "$cmd" in run|test|deps|build) ;; -h|--help|help) sed -n '2,24p' "$0"; exit 0 ;;
   *) die "unknown command '$cmd': use run, test, deps or build (scripts/setup.sh --help)" ;; esac
 
 mkdir -p "$CACHE"
@@ -66,6 +67,7 @@ missing=""
 need_cmd meson meson; need_cmd ninja ninja-build; need_cmd pkg-config pkg-config; need_cmd g++ g++
 need_cmd make make; need_cmd patch patch
 need_pc hwloc libhwloc-dev; need_pc cmocka libcmocka-dev; need_pc nlohmann_json nlohmann-json3-dev; need_pc CLI11 libcli11-dev
+need_pc libxxhash libxxhash-dev
 need_cmd mpicxx libopenmpi-dev; need_cmd mpirun openmpi-bin  # dos-train as MPI ranks (optional for the build)
 if [ -z "$missing" ]; then
   say "build tools and libraries already present"
@@ -139,7 +141,7 @@ done
 
 # Offline machines: take the libraries that pkg-config cannot find from the cached .deb files.
 PKG_CONFIG_PATH=${PKG_CONFIG_PATH:-}
-for pc in cmocka:libcmocka nlohmann_json:nlohmann-json3-dev CLI11:libcli11-dev; do
+for pc in cmocka:libcmocka nlohmann_json:nlohmann-json3-dev CLI11:libcli11-dev libxxhash:libxxhash; do
   mod=${pc%%:*}; pkgs=${pc#*:}
   if ! pkg-config --exists "$mod" 2>/dev/null; then
     mkdir -p "$SYSROOT"
@@ -187,9 +189,9 @@ else
   if [ $WITH_CUDA = 1 ]; then
     say "applying scripts/starpu-1.3.10-cuda13.patch (CUDA 13 removed computeMode and the legacy cuBLAS API)"
     (cd "$src" && patch -p1 -s < "$ROOT/scripts/starpu-1.3.10-cuda13.patch")
-    cuda_dir=$(dirname "$(dirname "$(command -v nvcc)")")
     say "applying scripts/starpu-1.3.10-energy.patch (NVML energy reads around every CUDA task only with STARPU_ENERGY_PROFILING=1)"
     (cd "$src" && patch -p1 -s < "$ROOT/scripts/starpu-1.3.10-energy.patch")
+    cuda_dir=$(dirname "$(dirname "$(command -v nvcc)")")
     cuda_opts="--enable-cuda --with-cuda-dir=$cuda_dir"
   fi
   (cd "$src" && ./configure --prefix="$STARPU_PREFIX" $cuda_opts --disable-static --disable-build-doc \

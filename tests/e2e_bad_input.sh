@@ -78,6 +78,31 @@ expect "not a regular file" --timeline "$tmp/fifo"
 expect "same file as --report" --timeline "$tmp/same2" --report "$tmp/same2"
 expect "needs a path" --timeline ""
 expect "needs a path" --report ""
+# sizes and numbers: a parameter count that overflows 64 bits, numbers printed as given
+printf '{ "model_type": "llama", "num_hidden_layers": 32768, "hidden_size": 16777216, "intermediate_size": 11184809, "num_attention_heads": 1, "vocab_size": 98304 }' > "$tmp/wrap.json"
+expect "more than dos-train handles" --config "$tmp/wrap.json"
+expect "at most 9e15 elements, got 1e20" --subgroup-size 1e20
+expect "got '-1'" --seed -1
+expect "got '18446744073709551616'" --seed 18446744073709551616
+expect "cores this process may use" --cpu-threads 100000
+# values that make every parameter inf or NaN at the first step
+expect "overflows fp32" --lr 1e300
+expect "overflows fp32" --weight-decay 1e300
+expect "overflows fp32" --lr 1e20 --weight-decay 1e20
+# output paths: two names for one file, an output inside the checkpoint folder, a folder that is
+# not a checkpoint, the current folder
+expect "name the same file" --save-params "$tmp/./x.out" --report "$tmp/x.out"
+expect "name the same file" --save-params "$tmp/sub/../x.out" --report "$tmp/x.out" --timeline "$tmp/t.json"
+touch "$tmp/hard1"; ln "$tmp/hard1" "$tmp/hard2"
+expect "name the same file" --report "$tmp/hard1" --save-params "$tmp/hard2"
+rm -f "$tmp/hard1" "$tmp/hard2"
+expect "lies in the checkpoint folder" --save-state "$tmp/ck2" --save-params "$tmp/ck2/p.safetensors"
+expect "folder of its own" --save-state .
+expect "folder of its own" --save-state "$tmp/.."
+mkdir "$tmp/precious"; echo precious > "$tmp/precious/precious.txt"
+expect "not part of a checkpoint" --save-state "$tmp/precious"
+if [ "$(cat "$tmp/precious/precious.txt")" = precious ]; then echo "ok: the user's folder is untouched"
+else echo "FAIL: the user's folder lost its file"; fails=$((fails+1)); fi
 out=$("$train" --preset tiny --iterations 1 --quiet --save-params /nonexistent-dir/p.safetensors 2>&1)
 if [ $? -ne 0 ] && grep -q "does not exist" <<<"$out"; then echo "ok: unwritable --save-params -> $out"
 else echo "FAIL: unwritable --save-params: $out"; fails=$((fails+1)); fi

@@ -1,0 +1,105 @@
+#include "temp_cleanup.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+
+namespace dos {
+namespace {
+
+constexpr int kSlots = 64;
+constexpr std::size_t kPathMax = 4096;
+
+/// A slot: 0 free, 1 being filled or emptied, 2 a file, 3 a folder.
+struct Slot {
+  std::atomic<int> state{0};
+  char path[kPathMax];
+};
+Slot g_slots[kSlots];
+struct sigaction g_previous[2];
+std::atomic<bool> g_installed{false};
+
+/// Removes the files directly inside `dir`, then `dir` (async-signal-safe).
+void remove_folder(const char* dir) {
+  const int fd = ::open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd >= 0) {
+    alignas(8) static char buf[16384];  // only the signal handler uses it
+    for (;;) {
+      const long n = ::syscall(SYS_getdents64, fd, buf, sizeof buf);
+      if (n <= 0) break;
+      for (long at = 0; at < n;) {
+        // struct linux_dirent64: ino (8), off (8), reclen (2), type (1), name
+        unsigned short reclen;
+        std::memcpy(&reclen, buf + at + 16, sizeof reclen);
+        const char* name = buf + at + 19;
+        if (std::strcmp(name, ".") != 0 && std::strcmp(name, "..") != 0) ::unlinkat(fd, name, 0);
+        at += reclen;
+      }
+    }
+    ::close(fd);
+  }
+  ::rmdir(dir);
+}
+
+void on_signal(int sig) {
+  for (Slot& s : g_slots) {
+    const int st = s.state.load();
+    if (st == 2) ::unlink(s.path);
+    if (st == 3) remove_folder(s.path);
+  }
+  // the previous handler (StarPU's, or the default action) ends the process once this returns
+  sigaction(sig, &g_previous[sig == SIGINT ? 0 : 1], nullptr);
+  raise(sig);
+}
+
+}  // namespace
+
+TempPathGuard::TempPathGuard(const std::string& path, bool folder) {
+  if (path.size() >= kPathMax) return;
+  for (int i = 0; i < kSlots; ++i) {
+    int expected = 0;
+    if (g_slots[i].state.compare_exchange_strong(expected, 1)) {
+      std::memcpy(g_slots[i].path, path.c_str(), path.size() + 1);
+      g_slots[i].state.store(folder ? 3 : 2);
+      slot_ = i;
+      return;
+    }
+  }
+}
+
+TempPathGuard::~TempPathGuard() { release(); }
+
+TempPathGuard& TempPathGuard::operator=(TempPathGuard&& o) noexcept {
+  if (this != &o) {
+    release();
+    slot_ = o.slot_;
+    o.slot_ = -1;
+  }
+  return *this;
+}
+
+void TempPathGuard::release() {
+  if (slot_ >= 0) g_slots[slot_].state.store(0);
+  slot_ = -1;
+}
+
+void remove_temporaries_on_signal() {
+  if (g_installed.exchange(true)) return;
+  struct sigaction sa;
+  std::memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaddset(&sa.sa_mask, SIGINT);
+  sigaddset(&sa.sa_mask, SIGTERM);
+  const int sigs[2] = {SIGINT, SIGTERM};
+  for (int k = 0; k < 2; ++k) {
+    sigaction(sigs[k], nullptr, &g_previous[k]);
+    if (g_previous[k].sa_handler != SIG_IGN) sigaction(sigs[k], &sa, nullptr);  // an ignored signal stays ignored
+  }
+}
+
+}  // namespace dos

@@ -1,0 +1,37 @@
+// Temporary files and folders that must not outlive an interrupted process: while registered, a
+// SIGINT or SIGTERM removes them before the process ends with the signal's usual status.
+#pragma once
+
+#include <string>
+
+namespace dos {
+
+/// A registration of one temporary path, for as long as the object lives. `folder`: the path is a
+/// folder whose files (one level deep; checkpoint folders hold no subfolders) are removed with it.
+/// At most 64 paths are registered at once, each shorter than 4096 bytes; beyond that a path is
+/// simply not registered (it is still removed by the normal error paths). Not copyable.
+class TempPathGuard {
+ public:
+  TempPathGuard() = default;
+  TempPathGuard(const std::string& path, bool folder);
+  ~TempPathGuard();
+  TempPathGuard(const TempPathGuard&) = delete;
+  TempPathGuard& operator=(const TempPathGuard&) = delete;
+  /// Takes over another registration (the moved-from object then holds none).
+  TempPathGuard(TempPathGuard&& o) noexcept : slot_(o.slot_) { o.slot_ = -1; }
+  TempPathGuard& operator=(TempPathGuard&& o) noexcept;
+  /// Ends the registration now (the path was renamed into place or removed).
+  void release();
+
+ private:
+  int slot_ = -1;
+};
+
+/// Installs handlers for SIGINT and SIGTERM that remove every registered path (async-signal-safe:
+/// unlink, unlinkat, rmdir and getdents64 only), then let the previous handler, or the default
+/// action, end the process with the signal (exit status 128 + signal number in a shell). Call it
+/// after anything else that installs handlers for these signals (StarPU does at starpu_init);
+/// calling it again does nothing. A signal that is ignored (SIG_IGN, as under nohup) stays ignored.
+void remove_temporaries_on_signal();
+
+}  // namespace dos

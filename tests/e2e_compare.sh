@@ -93,3 +93,15 @@ assert m.within_spread((1.0, 0.9, 1.1), (1.05, 1.0, 1.1)) is not None
 assert m.within_spread((1.0, 0.99, 1.01), (2.0, 1.98, 2.02)) is None
 print("ok: lower bound from any run with one, spreads")
 PY
+
+# Bad arguments: exit status 2 and a message naming the problem, nothing run
+refused() {  # refused 'expected message' ARGS...
+  local want=$1; shift
+  msg=$(python3 "$compare" --dos-train "$dos_train" "$@" --out "$out/bad" -- --preset tiny 2>&1)
+  rc=$?
+  [ $rc = 2 ] && [[ "$msg" == *"$want"* ]] || { echo "FAIL: $*: exit status $rc, message: $msg"; exit 1; }
+  [ ! -e "$out/bad" ] || { echo "FAIL: $*: $out/bad was created"; exit 1; }
+}
+refused "--repeats must be at least 1" --repeats 0
+refused "unknown variant(s) stride:0" --baselines stride:0
+echo "ok: bad arguments refused"

@@ -19,8 +19,11 @@ GPU or the runtime has no CUDA worker.
    Per-subgroup step counts that differ from each other round-trip too.
 3. Bad input, each with a clear error and nothing changed (parameters and optimizer state
    compared bit for bit before and after): parameters that do not require gradients, sparse
-   gradients, a parameter whose dtype changes between steps, a missing gradient,
-   load_state_dict from a different model, from torch.optim.AdamW, with a negative step count;
+   gradients, a parameter whose dtype changes between steps, one parameter's gradient missing, an
+   int32 tensor (named by its dtype), lr or weight decay beyond float32, subgroup_size=2**70,
+   pickling or copying the optimizer, load_state_dict from a different model, from
+   torch.optim.AdamW, with a step count that is negative, 2**63-1, 2**64 or a bool, NaN in master, a
+   negative exp_avg_sq; step() with no gradient at all changes nothing (as torch.optim);
    gradients holding inf/NaN skip the step (counted); a power-of-2 grad_scale gives the same bits
    as no scaling; unsupported options refused.
 """
@@ -30,6 +33,7 @@ import copy
 import io
 import math
 import os
+import pickle
 import sys
 import time
 
@@ -249,6 +253,16 @@ def test_bad_input(device, policy):
                  "a second policy in one process")
     expect_error(ValueError, "learning rate", lambda: dos.DeepOptimizerStates([m.l2.weight], lr=-1, policy=policy),
                  "a negative learning rate")
+    expect_error(ValueError, "overflows float32", lambda: dos.DeepOptimizerStates([m.l2.weight], lr=1e300, policy=policy),
+                 "lr=1e300")
+    expect_error(ValueError, "overflows float32",
+                 lambda: dos.DeepOptimizerStates([m.l2.weight], weight_decay=1e300, policy=policy), "weight_decay=1e300")
+    expect_error(ValueError, "[1, 2**53]",
+                 lambda: dos.DeepOptimizerStates([m.l2.weight], subgroup_size=2 ** 70, policy=policy),
+                 "subgroup_size=2**70")
+    ints = torch.zeros(4, dtype=torch.int32, device=device)
+    expect_error(ValueError, "dtype torch.int32 is not supported",
+                 lambda: dos.DeepOptimizerStates([ints], policy=policy), "an int32 tensor")
 
     # sparse gradients
     m = make_model(device, torch.float32, sparse=True)
@@ -276,13 +290,28 @@ def test_bad_input(device, policy):
     check(o.subgroup_steps() == [[1] * len(s) for s in o.subgroup_steps()], "and no step count advanced")
     o.close()
 
-    # a missing gradient
+    # no gradient at all: as torch.optim, step() changes nothing (a fresh optimizer, and after
+    # zero_grad(set_to_none=True)); some parameters without a gradient: refused
     m = make_model(device, torch.float32)
     o = make_opt(m, policy)
     before = snapshot(m, o)
+    o.step()
+    check(o.last_step["skipped"] and o.last_step.get("no_gradients") and same_snapshot(before, snapshot(m, o)),
+          "step() before any backward: parameters, state and step counts unchanged (as torch.optim.AdamW)")
     o.zero_grad(set_to_none=True)
-    expect_error(RuntimeError, "has no gradient", o.step, "step() before backward (no gradients)")
+    o.step()
+    check(same_snapshot(before, snapshot(m, o)), "step() after zero_grad(set_to_none=True): nothing changed")
+    x, y = batch(4, device)
+    torch.nn.functional.cross_entropy(m(x).reshape(-1, 50), y.reshape(-1)).backward()
+    m.l1.bias.grad = None
+    expect_error(RuntimeError, "has no gradient", o.step, "step() with one parameter's gradient missing")
     check(same_snapshot(before, snapshot(m, o)), "after the missing-gradient error: nothing changed")
+    o.zero_grad(set_to_none=True)
+
+    # the optimizer cannot be pickled or copied (its state lives in the runtime)
+    expect_error(TypeError, "cannot be pickled or copied", lambda: pickle.dumps(o), "pickle.dumps(optimizer)")
+    expect_error(TypeError, "cannot be pickled or copied", lambda: copy.deepcopy(o), "copy.deepcopy(optimizer)")
+    expect_error(TypeError, "cannot be pickled or copied", lambda: copy.copy(o), "copy.copy(optimizer)")
 
     # load_state_dict from a different model, or not one of ours
     other = Net(d=16).to(device)
@@ -299,6 +328,21 @@ def test_bad_input(device, policy):
     sd = o.state_dict()
     sd["state"][0]["exp_avg"] = sd["state"][0]["exp_avg"].double()
     expect_error(ValueError, "expected torch.float32", lambda: o.load_state_dict(sd), "an fp64 state tensor")
+    for bad_step in (2 ** 63 - 1, 2 ** 64, True):
+        sd = o.state_dict()
+        sd["dos"]["buckets"][0]["subgroup_steps"][0] = bad_step
+        expect_error(ValueError, "at most 2**53", lambda: o.load_state_dict(sd), f"a step count of {bad_step}")
+    sd = o.state_dict()
+    sd["state"][0]["master"].view(-1)[3] = float("nan")
+    expect_error(ValueError, "'master' of parameter 0 holds nan at element 3", lambda: o.load_state_dict(sd),
+                 "NaN in master")
+    sd = o.state_dict()
+    sd["state"][1]["exp_avg_sq"].view(-1)[0] = -1.0
+    expect_error(ValueError, "exp_avg_sq must be finite and >= 0", lambda: o.load_state_dict(sd),
+                 "-1 in exp_avg_sq")
+    sd = o.state_dict()
+    sd["dos"]["steps_taken"] = -1
+    expect_error(ValueError, "steps_taken must be an integer", lambda: o.load_state_dict(sd), "steps_taken -1")
     check(same_snapshot(before, snapshot(m, o)), "after the refused state dicts: parameters and state unchanged")
     o_other.close()
 

@@ -35,6 +35,10 @@ from . import runtime as _rt
 STATE_FORMAT = "deep_optimizer_states/1"
 
 _DTYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+#: The largest subgroup size and step count accepted (2**53: exact in a double, far beyond any model).
+_MAX_COUNT = 2 ** 53
+#: The largest float32 (the runtime computes in fp32: a larger lr, eps or weight decay overflows).
+_FLT_MAX = 3.4028234663852886e38
 _UNSUPPORTED = ("amsgrad", "maximize", "capturable", "differentiable", "fused")
 
 
@@ -108,7 +112,7 @@ class DeepOptimizerStates(torch.optim.Optimizer):
 
     Memory: the runtime holds 12 bytes of fp32 state per parameter plus 4 + 2 (or 4) bytes of
     staging, in host memory; the optimizer also keeps one flat gradient buffer per bucket (the
-    parameters' dtype and device) and points each ``p.grad`` at a view of it, so that backward
+    parameters' dtype and device) and, from the first step on, points each ``p.grad`` at a view of it, so that backward
     accumulates into it and no copy is needed at :meth:`step`.
 
     Notes: ``self.state`` stays empty (the state lives in the runtime; read it with
@@ -126,8 +130,8 @@ class DeepOptimizerStates(torch.optim.Optimizer):
         self._closed = False
         self._broken = None
         super().__init__(params, defaults)
-        if not isinstance(subgroup_size, int) or isinstance(subgroup_size, bool) or subgroup_size < 1:
-            raise ValueError(f"subgroup_size must be an integer >= 1 (elements), got {subgroup_size!r}")
+        if not isinstance(subgroup_size, int) or isinstance(subgroup_size, bool) or not 1 <= subgroup_size <= _MAX_COUNT:
+            raise ValueError(f"subgroup_size must be an integer in [1, 2**53] (elements), got {subgroup_size!r}")
         if max_grad_norm is not None and not (float(max_grad_norm) > 0 and math.isfinite(float(max_grad_norm))):
             raise ValueError(f"max_grad_norm must be a finite number > 0 or None, got {max_grad_norm!r}")
         self.subgroup_size = subgroup_size
@@ -178,6 +182,10 @@ class DeepOptimizerStates(torch.optim.Optimizer):
             raise ValueError(f"param group {gi}: invalid beta parameter at index 1: {b2}")
         if not (wd >= 0 and math.isfinite(wd)):
             raise ValueError(f"param group {gi}: invalid weight_decay value: {wd}")
+        for name, v in (("learning rate", lr), ("epsilon", eps), ("weight_decay", wd), ("lr x weight_decay", lr * wd)):
+            if v > _FLT_MAX:
+                raise ValueError(f"param group {gi}: {name} {v:g} overflows float32 (at most 3.4e38), in which the "
+                                 "update is computed: every parameter would become inf or NaN")
         return (lr, b1, b2, eps, wd, bool(group.get("decoupled", True)))
 
     def _build(self, hypers, policy, cpu_threads, cpu_workers, ncuda, verbose):
@@ -192,14 +200,14 @@ class DeepOptimizerStates(torch.optim.Optimizer):
                     raise ValueError(f"{what} appears more than once (also as parameter {seen[id(p)]}): each parameter "
                                      "may be given once")
                 seen[id(p)] = index
+                if p.dtype not in _DTYPES:
+                    raise ValueError(f"{what}: dtype {p.dtype} is not supported (torch.float32, torch.float16 or "
+                                     "torch.bfloat16)")
                 if not p.requires_grad:
                     raise ValueError(f"{what} does not require gradients: leave it out of the optimizer (or call "
                                      "requires_grad_(True) before creating the optimizer)")
                 if p.layout != torch.strided:
                     raise ValueError(f"{what} is sparse ({p.layout}): only dense parameters are supported")
-                if p.dtype not in _DTYPES:
-                    raise ValueError(f"{what}: dtype {p.dtype} is not supported (torch.float32, torch.float16 or "
-                                     "torch.bfloat16)")
                 if p.device.type not in ("cpu", "cuda") or (p.device.type == "cuda" and p.device.index != 0):
                     raise ValueError(f"{what}: only host memory and CUDA device 0 are supported (set "
                                      "CUDA_VISIBLE_DEVICES so that the GPU to use is device 0)")
@@ -236,10 +244,12 @@ class DeepOptimizerStates(torch.optim.Optimizer):
                     v = b.flat_grad.narrow(0, off, n).view(shape)
                     b.views.append(v)
                     off += n
+                    # a parameter without a gradient keeps none (as with torch.optim, a step before any
+                    # backward then changes nothing); step() points p.grad at its view once it has one
                     if p.grad is not None and p.grad.layout == torch.strided and p.grad.shape == p.shape \
                             and p.grad.dtype == p.dtype:
                         v.copy_(p.grad)
-                    p.grad = v
+                        p.grad = v
                 nt = len(b.params)
                 params = (ctypes.c_void_p * nt)(*[p.data_ptr() for p in b.params])
                 grads = (ctypes.c_void_p * nt)(*[v.data_ptr() for v in b.views])
@@ -279,7 +289,10 @@ class DeepOptimizerStates(torch.optim.Optimizer):
                                "create a new optimizer (and load a checkpoint)")
 
     def _check_params(self):
-        """Raises (changing nothing) when a parameter or its gradient no longer fits the runtime's view."""
+        """Raises (changing nothing) when a parameter or its gradient no longer fits the runtime's view.
+        Returns False when no parameter has a gradient (nothing to do, as for torch.optim), else True."""
+        if all(p.grad is None for b in self._buckets for p in b.params):
+            return False
         for b in self._buckets:
             for i, p, shape, ptr in zip(b.indices, b.params, b.shapes, b.ptrs):
                 what = _describe(i, p)
@@ -305,6 +318,7 @@ class DeepOptimizerStates(torch.optim.Optimizer):
                 if g.dtype != p.dtype or g.device != p.device or g.shape != p.shape:
                     raise RuntimeError(f"{what}: its gradient is {g.dtype} {tuple(g.shape)} on {g.device}, not like the "
                                        "parameter. Nothing was updated")
+        return True
 
     def _global_norm(self, dtype):
         """L2 norm of every gradient, as a Python float: per parameter in ``dtype`` (as
@@ -345,7 +359,11 @@ class DeepOptimizerStates(torch.optim.Optimizer):
         update phases, summed over buckets), ``step_seconds`` (float, s: the whole call),
         ``stats`` (list of per-bucket :class:`StepStats` dicts).
 
-        Raises ``RuntimeError`` (nothing updated) when a parameter has no gradient, a sparse
+        When no parameter has a gradient yet (before the first backward, or after
+        ``zero_grad(set_to_none=True)``), the step changes nothing, as ``torch.optim`` does, and
+        :attr:`last_step` says ``skipped`` and ``no_gradients``.
+
+        Raises ``RuntimeError`` (nothing updated) when some parameters have a gradient and another has none, a sparse
         gradient, changed dtype, device, storage or shape since construction, or no longer requires
         gradients; ``ValueError`` for an invalid hyper-parameter in ``param_groups`` or
         ``grad_scale``; :class:`DosError` when the runtime fails (the optimizer then refuses further
@@ -362,7 +380,10 @@ class DeepOptimizerStates(torch.optim.Optimizer):
             if not (grad_scale > 0 and math.isfinite(grad_scale)):
                 raise ValueError(f"grad_scale must be a finite number > 0, got {grad_scale}")
         hypers = [self._group_hyper(i, g) for i, g in enumerate(self.param_groups)]
-        self._check_params()
+        if not self._check_params():  # no gradient at all yet: torch.optim changes nothing either
+            self.last_step = dict(skipped=True, no_gradients=True, grad_norm=None, clip_coef=1.0, update_seconds=0.0,
+                                  step_seconds=time.perf_counter() - t0, stats=[])
+            return loss
 
         # gradients into the flat buffers (a no-op where backward accumulated into them already)
         for b in self._buckets:
@@ -426,8 +447,9 @@ class DeepOptimizerStates(torch.optim.Optimizer):
 
     def zero_grad(self, set_to_none=False):
         """Zeroes the gradients. By default (``set_to_none=False``, unlike torch 2.x's default) the
-        flat gradient buffers are zeroed in place and every ``p.grad`` points at its view, so that
-        the next backward accumulates into them and :meth:`step` copies nothing. With
+        flat gradient buffers are zeroed in place and every ``p.grad`` that is not None points at its
+        view, so that the next backward accumulates into them and :meth:`step` copies nothing (a
+        ``p.grad`` that is None stays None, as with ``torch.optim``). With
         ``set_to_none=True`` every ``p.grad`` becomes None (backward then allocates new gradients,
         which :meth:`step` copies into the buffers)."""
         for b in self._buckets:
@@ -437,7 +459,7 @@ class DeepOptimizerStates(torch.optim.Optimizer):
             else:
                 b.flat_grad.zero_()
                 for p, v in zip(b.params, b.views):
-                    if p.grad is None or p.grad.data_ptr() != v.data_ptr():
+                    if p.grad is not None and p.grad.data_ptr() != v.data_ptr():
                         p.grad = v
 
     # ------------------------------------------------------------------------------------------
@@ -520,7 +542,10 @@ class DeepOptimizerStates(torch.optim.Optimizer):
         Everything is checked before anything changes: ``ValueError`` naming the first difference
         when the state dict is not one of ours or was saved from a different model (another
         parameter count, shape, dtype or subgroup size), a state tensor is missing or not
-        fp32, or a step count is negative; the optimizer and the parameters are then untouched.
+        fp32, ``master`` or ``exp_avg`` holds an inf or NaN, ``exp_avg_sq`` an inf, NaN or negative
+        value (the message names the parameter, the tensor, the element and the value), a step count
+        is not an integer in [0, 2**53], or ``steps_taken``/``skipped_steps`` is not an
+        integer in [0, 2**53]; the optimizer and the parameters are then untouched.
         """
         self._check_open()
         if not isinstance(state_dict, dict) or not isinstance(state_dict.get("dos"), dict) \
@@ -550,13 +575,18 @@ class DeepOptimizerStates(torch.optim.Optimizer):
                     raise ValueError(f"the state dict was saved from a different model or configuration: bucket {k} "
                                      f"({self._buckets[k].describe()}) has {key} {t.get(key)!r} in the state dict, "
                                      f"{h[key]!r} here")
+        for key in ("steps_taken", "skipped_steps"):
+            v = dos.get(key, 0)
+            if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= _MAX_COUNT:
+                raise ValueError(f"the state dict's {key} must be an integer in [0, 2**53], got {v!r}")
         flat = []
         for k, (bk, b) in enumerate(zip(dos["buckets"], self._buckets)):
             steps = bk.get("subgroup_steps")
+            # beyond 2**53 a step count is damage (and the C side's int64 would wrap 2**64 to 0)
             if not isinstance(steps, (list, tuple)) or len(steps) != len(b.subgroup_sizes) \
-                    or not all(isinstance(s, int) and s >= 0 for s in steps):
-                raise ValueError(f"bucket {k}: subgroup_steps must be {len(b.subgroup_sizes)} integers >= 0, got "
-                                 f"{steps!r}")
+                    or not all(isinstance(s, int) and not isinstance(s, bool) and 0 <= s <= _MAX_COUNT for s in steps):
+                raise ValueError(f"bucket {k}: subgroup_steps must be {len(b.subgroup_sizes)} integers >= 0 and at most "
+                                 f"2**53, got {steps!r}")
             parts = {}
             for name in ("master", "exp_avg", "exp_avg_sq"):
                 pieces = []
@@ -567,7 +597,16 @@ class DeepOptimizerStates(torch.optim.Optimizer):
                     if t.dtype != torch.float32 or t.numel() != n:
                         raise ValueError(f"the state dict's {name!r} of parameter {idx} is {t.dtype} with {t.numel()} "
                                          f"elements; expected torch.float32 with {n}")
-                    pieces.append(t.detach().reshape(-1).cpu())
+                    flat_t = t.detach().reshape(-1).cpu()
+                    bad = ~torch.isfinite(flat_t)
+                    if name == "exp_avg_sq":
+                        bad |= flat_t < 0
+                    if bool(bad.any()):
+                        at = int(bad.nonzero()[0, 0])
+                        raise ValueError(f"the state dict's {name!r} of parameter {idx} holds {float(flat_t[at])!r} at "
+                                         f"element {at} ({'exp_avg_sq must be finite and >= 0' if name == 'exp_avg_sq' else 'must be finite'}): "
+                                         "the state dict is damaged or its run diverged")
+                    pieces.append(flat_t)
                 parts[name] = torch.cat(pieces).contiguous() if pieces else torch.empty(0)
             flat.append((parts, list(steps)))
         for gi, g in enumerate(groups):  # the hyper-parameters to take over, checked first too
@@ -596,6 +635,22 @@ class DeepOptimizerStates(torch.optim.Optimizer):
 
     # ------------------------------------------------------------------------------------------
     # lifetime
+
+    def __reduce_ex__(self, protocol):
+        """Refuses pickling (and ``copy.copy``, ``copy.deepcopy``, which use it): the state lives in
+        the runtime's pinned memory, which a copy would not have. Raises ``TypeError`` saying to
+        save :meth:`state_dict` with ``torch.save`` and load it into a new optimizer."""
+        raise TypeError("a DeepOptimizerStates optimizer cannot be pickled or copied: its state lives in the "
+                        "runtime's pinned host memory; save opt.state_dict() with torch.save and load it into a new "
+                        "optimizer with load_state_dict()")
+
+    def __copy__(self):
+        """Refuses copying (see :meth:`__reduce_ex__`)."""
+        return self.__reduce_ex__(2)
+
+    def __deepcopy__(self, memo):
+        """Refuses copying (see :meth:`__reduce_ex__`)."""
+        return self.__reduce_ex__(2)
 
     def close(self):
         """Frees the runtime's state of this optimizer (pinned host memory). Idempotent; the

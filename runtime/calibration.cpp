@@ -29,6 +29,10 @@ std::string cache_dir() {
 nlohmann::json to_json(const Rates& r) {
   return {{"U_c", r.U_c}, {"U_c_dma", r.U_c_dma}, {"U_g", r.U_g}, {"D_c", r.D_c}, {"B_h2d", r.B_h2d}, {"B_d2h", r.B_d2h}};
 }
+Rates rates_from_json(const nlohmann::json& j) {
+  return Rates{j.at("U_c").get<double>(), j.at("U_c_dma").get<double>(), j.at("U_g").get<double>(),
+               j.at("D_c").get<double>(), j.at("B_h2d").get<double>(), j.at("B_d2h").get<double>()};
+}
 
 /// The caller-side scratch buffers of the calibration: parameters and gradients, zeroed.
 struct Scratch {
@@ -78,13 +82,16 @@ std::string rates_cache_path(const Runtime& runtime, std::size_t S, DType dtype,
   return cache_dir() + "/rates-" + key + ".json";
 }
 
-void save_rates(const std::string& path, const Rates& r) {
+void save_rates(const std::string& path, const Rates& r, const Rates& calibrated) {
   std::filesystem::create_directories(path.substr(0, path.rfind('/')));  // throws on failure
-  const std::string text = to_json(r).dump(2) + "\n";
+  nlohmann::json j = to_json(r);
+  j["calibrated"] = to_json(calibrated);
+  const std::string text = j.dump(2) + "\n";
   write_file_atomically(path, {{text.data(), text.size()}});
 }
 
-Rates calibrate_rates(Runtime& runtime, std::size_t S, DType dtype, MemoryKind memory, bool force, bool verbose) {
+Rates calibrate_rates(Runtime& runtime, std::size_t S, DType dtype, MemoryKind memory, bool force, bool verbose,
+                      Rates* calibrated) {
   if (runtime.cuda_workers() == 0) throw Error("calibrating the model's rates needs a CUDA worker; there is none");
   if (!runtime.model_policy())
     throw Error("calibrating the model's rates needs the dos (or static:R) policy, not " + runtime.policy());
@@ -94,9 +101,10 @@ Rates calibrate_rates(Runtime& runtime, std::size_t S, DType dtype, MemoryKind m
     if (f) {
       try {
         const nlohmann::json j = nlohmann::json::parse(f);
-        Rates r{j.at("U_c").get<double>(), j.at("U_c_dma").get<double>(), j.at("U_g").get<double>(),
-                j.at("D_c").get<double>(), j.at("B_h2d").get<double>(), j.at("B_d2h").get<double>()};
-        if (rates_complete(r)) {
+        const Rates r = rates_from_json(j);
+        const Rates c = j.contains("calibrated") ? rates_from_json(j.at("calibrated")) : r;
+        if (rates_complete(r) && rates_complete(c)) {
+          if (calibrated) *calibrated = c;
           if (verbose) std::fprintf(stderr, "[dos] model rates from %s (--recalibrate measures them again)\n", path.c_str());
           return r;
         }
@@ -132,12 +140,21 @@ Rates calibrate_rates(Runtime& runtime, std::size_t S, DType dtype, MemoryKind m
   // the waits of its pipelined asynchronous tasks: it made GPU Adam look 100x slower than it is.)
   benchmark_gpu_rates(S, dtype, &r.U_g, &r.D_c);
   if (memory != MemoryKind::cuda) r.D_c = 1e15;  // no conversion on the GPU when the model is on the host
-  // PCIe: StarPU's own bus calibration (one direction at a time, MB/s = bytes/us). Short streamed
-  // phases of scratch subgroups gave a third of the rate that long real phases reach (9.3 against
-  // 35 GB/s on the GPU machine): the online refinement corrects B from every phase bound by PCIe.
+  // PCIe: both directions at once, as an update phase uses them: cudaMemcpyAsync of 256 MiB each
+  // way on two streams (benchmark_pcie). (Short streamed phases of scratch subgroups give a third of
+  // the rate that long real phases reach, so they are no measure of the link.) Without it, StarPU's
+  // own bus calibration (one direction at a time, MB/s = bytes/us). The online refinement then
+  // corrects B to what the runtime's streaming achieves.
   const unsigned gpu_node = unsigned(starpu_worker_get_memory_node(starpu_worker_get_by_type(STARPU_CUDA_WORKER, 0)));
   r.B_h2d = starpu_transfer_bandwidth(STARPU_MAIN_RAM, gpu_node) * 1e6;
   r.B_d2h = starpu_transfer_bandwidth(gpu_node, STARPU_MAIN_RAM) * 1e6;
+#if defined(DOS_HAVE_CUDA)
+  PcieRoof roof;
+  if (benchmark_pcie(std::size_t(256) << 20, &roof) == 0 && roof.duplex_h2d > 0 && roof.duplex_d2h > 0) {
+    r.B_h2d = roof.duplex_h2d;
+    r.B_d2h = roof.duplex_d2h;
+  }
+#endif
   r.U_c_dma = std::min(r.U_c_dma, r.U_c);
   if (!rates_complete(r)) throw Error("calibration measured a zero rate; run again with --recalibrate");
   if (verbose)
@@ -145,8 +162,9 @@ Rates calibrate_rates(Runtime& runtime, std::size_t S, DType dtype, MemoryKind m
                  "[dos] calibrated (%zu subgroups of %zu): U_c %.2f Gparams/s alone, %.2f under DMA; U_g %.1f Gparams/s; "
                  "D_c %.1f Gparams/s; PCIe %.1f GB/s H2D, %.1f GB/s D2H (both at once)\n",
                  nsub, S, r.U_c / 1e9, r.U_c_dma / 1e9, r.U_g / 1e9, r.D_c / 1e9, r.B_h2d / 1e9, r.B_d2h / 1e9);
+  if (calibrated) *calibrated = r;
   try {
-    save_rates(path, r);
+    save_rates(path, r, r);
   } catch (const std::exception& e) {
     if (verbose) std::fprintf(stderr, "[dos] warning: could not cache the calibration: %s\n", e.what());
   }

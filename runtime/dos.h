@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "../codelets/kernels/adam.h"
+#include "../models/phase_sim.h"
 #include "../models/resource_model.h"
 
 namespace dos {
@@ -151,10 +152,13 @@ class Runtime {
 ///   running it (the CUDA worker when the caller's buffers are on the GPU) pops next, instead of
 ///   behind the tasks already queued (TaskHint::urgent). The 20B quarter's timeline showed those
 ///   tasks waiting behind every streamed Adam until the end of the phase; this is the change for
-///   it, NOT YET MEASURED on the GPU machine, hence off by default. Same results either way.
+///   it; measured slower on the GPU machine (README), hence off by default. Same results either way.
 /// eager_writeback: write each streamed subgroup's state back as soon as its update ends (an
 ///   asynchronous read acquire on main RAM, then starpu_data_wont_use); false: all at the end of
 ///   the phase. A GPU update budget needs eager write-back (Error otherwise).
+/// submit_order: SubmitOrder (models/phase_sim.h); default cpu_first (the CUDA worker's queue is
+///   first in, first out: in plan order the CPU subgroups' gradient staging waited behind the
+///   streamed Adams). The results are the same bits either way.
 struct OptimizerOptions {
   AdamHyper adam;
   std::size_t subgroup_size = 100000000;
@@ -169,6 +173,7 @@ struct OptimizerOptions {
   bool eager_writeback = true;
   bool native_grads = true;
   bool urgent_writeback = false;
+  SubmitOrder submit_order = SubmitOrder::cpu_first;
 };
 
 /// One task or transfer sample of an update phase, for timelines. lane: "cpu" or "gpu" (an Adam,
@@ -231,6 +236,12 @@ struct StepStats {
   /// admission window held at once (0 without a GPU update budget).
   std::uint64_t gpu_bytes_end = 0;
   std::uint64_t window_peak_bytes = 0;
+  /// Whether the phase submitted its CPU subgroups first (OptimizerOptions::submit_order and the
+  /// budget allowed it), and when, in seconds since the phase began, the last streamed subgroup's
+  /// state was back in host memory (0: nothing streamed): the end of the streaming, which the rates'
+  /// refinement divides the PCIe bytes by.
+  bool cpu_first = false;
+  double stream_end_seconds = 0;
 };
 
 /// Host bytes the runtime needs per parameter, at most: 12 (fp32 master, exp_avg, exp_avg_sq) + 4
@@ -344,20 +355,25 @@ void validate_adam_hyper(const AdamHyper& h);
 /// Measures the rates of the resource model on this machine: U_c from an all-CPU phase of the real
 /// codelets and task graph on scratch subgroups of `subgroup_elems` elements (the caller's dtype and
 /// memory kind), U_c_dma from a phase where the CPU updates 2 subgroups while 6 stream, U_g and D_c
-/// from the CUDA kernels timed with events, B_h2d and B_d2h from StarPU's bus calibration (then
-/// refined online by the Optimizer from every phase bound by PCIe). Needs a model policy (dos,
-/// static:R) and a CUDA worker; takes a few seconds (pinning the scratch state).
-/// The result is cached in $DOS_CACHE_DIR (default $XDG_CACHE_HOME/dos-runtime, else
-/// ~/.cache/dos-runtime), one file per host and configuration; `force` measures again.
+/// from the CUDA kernels timed with events, B_h2d and B_d2h from copies both ways at once
+/// (cudaMemcpyAsync on two streams; StarPU's one-way bus calibration in a build without CUDA
+/// kernels), then refined online by the Optimizer from what each phase's resources were busy
+/// doing. Needs a model policy (dos, static:R) and a CUDA worker; takes a few seconds (pinning the
+/// scratch state). The result is cached in $DOS_CACHE_DIR (default $XDG_CACHE_HOME/dos-runtime,
+/// else ~/.cache/dos-runtime), one file per host and configuration, with the refined rates beside
+/// the calibrated ones; `force` measures again. Returns the rates to plan with (refined ones when
+/// the cache has them); *calibrated (when not null) gets the calibration's own, which the lower
+/// bound uses so that it does not move from run to run.
 /// Throws Error when there is no CUDA worker or the policy is not a model policy.
 Rates calibrate_rates(Runtime& runtime, std::size_t subgroup_elems, DType dtype, MemoryKind memory, bool force,
-                      bool verbose);
+                      bool verbose, Rates* calibrated = nullptr);
 
 /// The cache file of calibrate_rates for this runtime and configuration.
 std::string rates_cache_path(const Runtime& runtime, std::size_t subgroup_elems, DType dtype, MemoryKind memory);
 
-/// Writes `rates` to the cache file `path` atomically (creating its folder). Throws
-/// std::runtime_error naming the path when it cannot be written.
-void save_rates(const std::string& path, const Rates& rates);
+/// Writes `rates` (the ones to plan with) and `calibrated` (the calibration's own) to the cache file
+/// `path` atomically (creating its folder). Throws std::runtime_error naming the path when it
+/// cannot be written.
+void save_rates(const std::string& path, const Rates& rates, const Rates& calibrated);
 
 }  // namespace dos

@@ -460,6 +460,12 @@ struct Pending {
   std::mutex mu;
   std::condition_variable cv;
   int n = 0;
+  double last_subgroup_part_us = 0;  // starpu_timing_now() of the last write-back that ended a subgroup's part
+  void subgroup_part_ended() {
+    const double now = starpu_timing_now();
+    std::lock_guard<std::mutex> l(mu);
+    if (now > last_subgroup_part_us) last_subgroup_part_us = now;
+  }
   void add() {
     std::lock_guard<std::mutex> l(mu);
     ++n;
@@ -489,7 +495,10 @@ void release_after_writeback(void* arg) {
   Pending* p = wb->pending;
   Subgroup* sg = wb->sg;
   delete wb;
-  if (sg) subgroup_part_done(sg);
+  if (sg) {
+    p->subgroup_part_ended();
+    subgroup_part_done(sg);
+  }
   p->done();
 }
 
@@ -552,7 +561,8 @@ struct Optimizer::Impl {
   bool use_hints = false;
   PolicyChoice choice;
   Workload workload;
-  Rates rates{};
+  Rates rates{};             // the rates to plan with: calibrated, then refined after every phase
+  Rates calibrated_rates{};  // the calibration's own (the lower bound's, stable from run to run)
   bool have_rates = false;
   PlanOverride override_;
   std::string rates_path;  // where calibrate_rates caches the rates; refined ones go back there
@@ -564,16 +574,13 @@ struct Optimizer::Impl {
   bool timeline_on = false;
   std::vector<unsigned> cuda_nodes;  // memory node of each CUDA worker, in worker-id order
 
-  /// GPU bytes subgroup i holds during the phase when planned on `side` (OptimizerOptions,
-  /// gpu_update_budget): the state (12 B/param) when streamed, plus the fp32 gradient and 16-bit
-  /// parameter staging when the caller's buffers are on the GPU or the update runs there.
-  /// On the direct path (the caller's buffers on the GPU, the update there: adam_direct_cl) there
-  /// is no staging.
-  std::size_t footprint(std::size_t size, PlanSide side) const {
-    const std::size_t esz = dtype_size(opt.dtype);
-    const bool direct = workload.caller_on_gpu && side != PlanSide::cpu;
-    const bool staging = !direct && (workload.caller_on_gpu || side != PlanSide::cpu);
-    return size * ((side == PlanSide::gpu_streamed ? 12 : 0) + (staging ? workload.grad_bytes + esz : 0));
+  /// How step() carries a plan out (the phase simulation's view of it, models/phase_sim.h).
+  Execution execution() const {
+    Execution e;
+    e.order = opt.submit_order;
+    e.lookahead = cuda_nodes.empty() ? 0 : opt.stream_lookahead;
+    e.update_budget = cuda_nodes.empty() ? 0 : opt.gpu_update_budget;
+    return e;
   }
   /// Whether subgroup i's update this step takes the direct path: a plan puts it on the GPU and the
   /// caller's buffers are there (CUDA worker present).
@@ -586,7 +593,7 @@ struct Optimizer::Impl {
     starpu_task_wait_for_all();  // nothing may still use the buffers freed below
     if (refined && !rates_path.empty()) {
       try {  // the next run starts from what this one learned
-        save_rates(rates_path, rates);
+        save_rates(rates_path, rates, calibrated_rates);
       } catch (const std::exception& e) {
         std::fprintf(stderr, "[dos] warning: could not save the refined rates: %s\n", e.what());
       }
@@ -625,7 +632,7 @@ struct Optimizer::Impl {
           else if (override_.kind == PlanOverride::stride)
             p = workload.may_stream ? stride_plan(free, std::size_t(override_.value)) : spread_plan(free, 0);
           else
-            return choose_plan(workload, rates).plan;
+            return choose_plan_simulated(workload, rates, execution()).plan;
           p.resize(n, PlanSide::gpu_resident);
           return p;
         }
@@ -633,22 +640,33 @@ struct Optimizer::Impl {
     return {};
   }
 
-  /// Online refinement of the rates from what the step measured (exponential average, weight 1/2):
-  /// the CPU's Adam rate from the CPU worker's busy time (as U_c_dma when GPU subgroups streamed
-  /// beside it, else U_c), and the PCIe rates when the model said the phase was bound by PCIe.
-  void refine(const StepStats& st, const Prediction& pred) {
+  /// Online refinement of the rates from what the resources were busy doing in the step, against
+  /// what the phase simulation says they would have been doing (exponential average, weight 1/2):
+  ///  - U_c from the CPU worker's busy time in phases that streamed nothing;
+  ///  - U_c_dma from the CPU's busy time in phases that streamed: the simulation splits the CPU's
+  ///    work into a part beside DMA and a part alone; the part alone is taken at U_c, the rest of
+  ///    the measured busy time gives U_c_dma;
+  ///  - B_h2d and B_d2h from when the streaming ended (the last streamed subgroup's state back in
+  ///    host memory) against when the simulation ends it: the links run back to back until then.
+  void refine(const StepStats& st, const Simulation& sim) {
     if (!have_rates || choice.kind != PolicyKind::dos || rt->cuda_workers() == 0) return;
-    if (pred.cpu_params > 0 && st.cpu_busy_seconds > 0) {
-      const double u = pred.cpu_params / st.cpu_busy_seconds;
-      double& target = pred.streamed_params > 0 ? rates.U_c_dma : rates.U_c;
-      target = 0.5 * (target + u);
-      rates.U_c_dma = std::min(rates.U_c_dma, rates.U_c);
+    auto blend = [&](double& rate, double measured) {
+      if (!(measured > 0) || !std::isfinite(measured)) return;
+      rate = 0.5 * (rate + measured);
       refined = true;
+    };
+    if (st.planned_streamed == 0 && sim.cpu > 0 && st.cpu_busy_seconds > 0) {
+      blend(rates.U_c, rates.U_c * sim.cpu / st.cpu_busy_seconds);
+    } else if (sim.cpu_beside_dma > 0.2 * sim.cpu && st.cpu_busy_seconds > 0) {
+      const double alone = sim.cpu - sim.cpu_beside_dma;
+      const double beside = st.cpu_busy_seconds - alone;
+      if (beside > 0.2 * sim.cpu_beside_dma) blend(rates.U_c_dma, rates.U_c_dma * sim.cpu_beside_dma / beside);
     }
-    if (pred.streamed_params > 0 && (st.bound_by == "h2d" || st.bound_by == "d2h") && st.seconds > 0) {
-      if (st.bytes_h2d) rates.B_h2d = 0.5 * (rates.B_h2d + double(st.bytes_h2d) / st.seconds);
-      if (st.bytes_d2h) rates.B_d2h = 0.5 * (rates.B_d2h + double(st.bytes_d2h) / st.seconds);
-      refined = true;
+    rates.U_c_dma = std::min(rates.U_c_dma, rates.U_c);
+    if (st.planned_streamed > 0 && sim.stream_end > 0 && st.stream_end_seconds > 0 && opt.eager_writeback) {
+      const double f = sim.stream_end / st.stream_end_seconds;
+      blend(rates.B_h2d, rates.B_h2d * f);
+      blend(rates.B_d2h, rates.B_d2h * f);
     }
   }
 
@@ -798,8 +816,8 @@ Optimizer::Optimizer(Runtime& runtime, const std::vector<TensorView>& tensors, c
     if (gpu && budget > 0) {
       std::size_t need_cpu = 0, need_streamed = 0;
       for (std::size_t sz : I.workload.sizes) {
-        need_cpu = std::max(need_cpu, I.footprint(sz, PlanSide::cpu));
-        need_streamed = std::max(need_streamed, I.footprint(sz, PlanSide::gpu_streamed));
+        need_cpu = std::max(need_cpu, subgroup_footprint(I.workload, sz, PlanSide::cpu));
+        need_streamed = std::max(need_streamed, subgroup_footprint(I.workload, sz, PlanSide::gpu_streamed));
       }
       if (budget < need_cpu)
         throw Error("the GPU update budget of " + gb(double(budget)) + " is below the " + gb(double(need_cpu)) +
@@ -870,12 +888,13 @@ Optimizer::Optimizer(Runtime& runtime, const std::vector<TensorView>& tensors, c
   if (runtime.model_policy() && runtime.cuda_workers() > 0) {
     const Rates& r = options.rates;
     if (rates_complete(r)) {
-      I.rates = r;
+      I.rates = I.calibrated_rates = r;
     } else {
       // scratch subgroups as large as the workload's (at most 2^24 elements: a few seconds)
       const std::size_t largest = *std::max_element(I.workload.sizes.begin(), I.workload.sizes.end());
       const std::size_t cal = std::min<std::size_t>(largest, std::size_t(1) << 24);
-      I.rates = calibrate_rates(runtime, cal, options.dtype, options.memory, options.recalibrate, options.verbose);
+      I.rates = calibrate_rates(runtime, cal, options.dtype, options.memory, options.recalibrate, options.verbose,
+                                &I.calibrated_rates);
       I.rates_path = rates_cache_path(runtime, cal, options.dtype, options.memory);
     }
     I.have_rates = true;
@@ -926,7 +945,7 @@ StepStats Optimizer::step() {
   } stop_sampler{sampling, sampler};
 
   I.plan = I.make_plan();
-  Prediction pred;
+  Simulation sim;
   if (!I.plan.empty()) {
     for (std::size_t i = 0; i < I.sgs.size(); ++i) {
       I.sgs[i]->hint_update.side = I.plan[i] == PlanSide::cpu ? Side::cpu : Side::gpu;
@@ -934,10 +953,15 @@ StepStats Optimizer::step() {
       st.planned_resident += I.plan[i] == PlanSide::gpu_resident;
     }
     if (I.have_rates) {
-      pred = predict(I.workload, I.plan, I.rates);
-      st.predicted_seconds = pred.total;
-      st.lower_bound_seconds = lower_bound(I.workload, I.rates);
-      st.bound_by = pred.bound_by();
+      try {
+        sim = simulate_phase(I.workload, I.plan, I.rates, I.execution());
+      } catch (const std::logic_error&) {  // a simulation that cannot progress: the resource bound
+        const Prediction p = predict(I.workload, I.plan, I.rates);
+        sim.total = p.total;
+      }
+      st.predicted_seconds = sim.total;
+      st.lower_bound_seconds = lower_bound(I.workload, I.calibrated_rates);
+      st.bound_by = sim.busiest();
     }
   }
   // A failure part-way leaves some subgroups stepped and others not: wait for what was submitted,
@@ -958,11 +982,25 @@ StepStats Optimizer::step() {
   std::size_t largest_fp = 0;
   for (std::size_t i = 0; i < I.sgs.size(); ++i) {
     Subgroup* sg = I.sgs[i].get();
-    sg->footprint = gpu ? I.footprint(sg->size, I.plan.empty() ? PlanSide::cpu : I.plan[i]) : 0;
+    sg->footprint = gpu ? subgroup_footprint(I.workload, sg->size, I.plan.empty() ? PlanSide::cpu : I.plan[i]) : 0;
     largest_fp = std::max(largest_fp, sg->footprint);
     sg->timeline = I.timeline_on ? &I.timeline : nullptr;
   }
   I.window.reset(gpu ? I.opt.gpu_update_budget : 0);
+  // Submission order (OptimizerOptions::submit_order). cpu_first: the subgroups that are not
+  // streamed first, then the streamed ones. The CUDA worker runs its tasks in the order they become
+  // ready, so in plan order the CPU subgroups' gradient staging waits behind every streamed Adam
+  // submitted before it (and that Adam behind its state's H2D): the CPU starves while PCIe waits
+  // for the CPU's gradients. Staged first, the CPU's gradients go down at once and the streamed
+  // subgroups then follow each other on the link at its full rate. Only when the update budget
+  // holds the CPU subgroups' staging and the streaming window together; otherwise plan order.
+  std::vector<std::size_t> order;
+  order.reserve(I.sgs.size());
+  const bool cpu_first = gpu && !I.plan.empty() && submits_cpu_first(I.workload, I.plan, I.execution());
+  for (int pass = 0; pass < (cpu_first ? 2 : 1); ++pass)
+    for (std::size_t i = 0; i < I.sgs.size(); ++i)
+      if (!cpu_first || (pass == 0) != streamed(i)) order.push_back(i);
+  st.cpu_first = cpu_first;
   std::vector<char> admitted(I.sgs.size(), 0);
   auto prefetch_state = [&](std::size_t i) {
     Subgroup* sg = I.sgs[i].get();
@@ -1002,7 +1040,7 @@ StepStats Optimizer::step() {
   };
   try {
   std::size_t next_streamed = 0;  // position in stream_order of the next streamed subgroup
-  for (std::size_t i = 0; i < I.sgs.size(); ++i) {
+  for (const std::size_t i : order) {
     Subgroup* sg = I.sgs[i].get();
     const bool is_streamed = streamed(i);
     if (is_streamed && lookahead > 0) {
@@ -1086,6 +1124,8 @@ StepStats Optimizer::step() {
   read_bus_bytes(&st.bytes_h2d, &st.bytes_d2h);
   st.bytes_h2d -= h2d0;
   st.bytes_d2h -= d2h0;
+  if (pending.last_subgroup_part_us > 0)
+    st.stream_end_seconds = 1e-6 * (pending.last_subgroup_part_us - I.timeline.t0_us);
   st.cpu_busy_seconds = task_clock::take_busy_seconds(STARPU_CPU_WORKER);
   st.gpu_busy_seconds = task_clock::take_busy_seconds(STARPU_CUDA_WORKER);
   st.params = I.nparams;
@@ -1100,7 +1140,7 @@ StepStats Optimizer::step() {
   }
   // Forced plans are real measurements too. Not with a timeline: StarPU's bus counters are read and
   // reset without a lock (src/profiling/profiling.c), so the sampler may lose or double a transfer.
-  if (!I.timeline_on) I.refine(st, pred);
+  if (!I.timeline_on) I.refine(st, sim);
   return st;
 }
 

@@ -1,0 +1,312 @@
+// The event-driven simulation of one update phase (phase_sim.h).
+#include "phase_sim.h"
+
+#include <algorithm>
+#include <deque>
+#include <limits>
+#include <stdexcept>
+#include <string>
+
+namespace dos {
+
+std::size_t subgroup_footprint(const Workload& w, std::size_t n, PlanSide side) {
+  const bool direct = w.caller_on_gpu && side != PlanSide::cpu;
+  const bool staging = !direct && (w.caller_on_gpu || side != PlanSide::cpu);
+  return n * ((side == PlanSide::gpu_streamed ? 12 : 0) + (staging ? w.grad_bytes + w.param_bytes : 0));
+}
+
+bool submits_cpu_first(const Workload& w, const std::vector<PlanSide>& plan, const Execution& e) {
+  if (e.order != SubmitOrder::cpu_first) return false;
+  std::size_t largest = 0, others = 0;
+  bool any_streamed = false;
+  for (std::size_t i = 0; i < plan.size(); ++i) {
+    const std::size_t fp = subgroup_footprint(w, w.sizes[i], plan[i]);
+    largest = std::max(largest, fp);
+    if (plan[i] == PlanSide::gpu_streamed)
+      any_streamed = true;
+    else
+      others += fp;
+  }
+  return any_streamed && (e.update_budget == 0 || others + (e.lookahead + 1) * largest <= e.update_budget);
+}
+
+const char* Simulation::busiest() const {
+  const double m = std::max(std::max(cpu, gpu), std::max(h2d, d2h));
+  if (m == cpu) return "cpu";
+  if (m == h2d) return "h2d";
+  if (m == d2h) return "d2h";
+  return "gpu";
+}
+
+namespace {
+
+// The pieces of work of one subgroup, in the order they run (phase_sim.h).
+enum class Stage { gather, grad_down, adam_cpu, param_up, scatter, state_up, adam_gpu, state_down, done };
+
+struct Sg {
+  std::size_t n = 0;
+  PlanSide side = PlanSide::cpu;
+  std::size_t footprint = 0;
+  bool admitted = false;     // its footprint is in the window
+  bool input_ready = false;  // the data its next GPU or CPU task waits for has arrived
+  bool state_up_asked = false;
+};
+
+/// A piece of work waiting in a resource's queue: the subgroup and what it is.
+struct Piece {
+  std::size_t sg;
+  Stage stage;
+};
+
+/// One resource: a first-in first-out queue of pieces of work and the one in progress.
+struct Lane {
+  std::deque<Piece> queue;
+  long current = -1;     // subgroup index, -1: idle
+  Stage stage = Stage::done;
+  double left = 0;       // bytes, parameters or seconds, per the lane
+  double busy = 0;       // seconds busy so far
+};
+
+}  // namespace
+
+Simulation simulate_phase(const Workload& w, const std::vector<PlanSide>& plan, const Rates& r, const Execution& e) {
+  if (plan.size() != w.sizes.size())
+    throw std::invalid_argument("phase simulation: the plan has " + std::to_string(plan.size()) + " sides for " +
+                                std::to_string(w.sizes.size()) + " subgroups");
+  if (!rates_complete(r))
+    throw std::invalid_argument("phase simulation: every rate (U_c, U_c_dma, U_g, D_c, B_h2d, B_d2h) must be > 0");
+  const std::size_t count = plan.size();
+  const double gb = double(w.grad_bytes), pb = double(w.param_bytes);
+  std::vector<Sg> sgs(count);
+  std::size_t largest_fp = 0;
+  for (std::size_t i = 0; i < count; ++i) {
+    sgs[i].n = w.sizes[i];
+    sgs[i].side = plan[i];
+    sgs[i].footprint = subgroup_footprint(w, w.sizes[i], plan[i]);
+    largest_fp = std::max(largest_fp, sgs[i].footprint);
+  }
+  Simulation out;
+  out.cpu_first = submits_cpu_first(w, plan, e);
+  std::vector<std::size_t> order, stream_order;
+  for (std::size_t i = 0; i < count; ++i)
+    if (plan[i] == PlanSide::gpu_streamed) stream_order.push_back(i);
+  for (int pass = 0; pass < (out.cpu_first ? 2 : 1); ++pass)
+    for (std::size_t i = 0; i < count; ++i)
+      if (!out.cpu_first || (pass == 0) != (plan[i] == PlanSide::gpu_streamed)) order.push_back(i);
+  std::vector<std::size_t> stream_pos(count, 0);
+  for (std::size_t q = 0; q < stream_order.size(); ++q) stream_pos[stream_order[q]] = q;
+
+  // Lanes: PCIe each way (bytes), the GPU (seconds), the CPU (parameters).
+  Lane h2d, d2h, gpu, cpu;
+  std::size_t window_used = 0;
+  const std::size_t limit = e.update_budget;
+  auto fits = [&](std::size_t b) { return limit == 0 || window_used == 0 || window_used + b <= limit; };
+  std::size_t next = 0, finished = 0;
+  double now = 0;
+
+  auto ask_state_up = [&](std::size_t i) {
+    sgs[i].state_up_asked = true;
+    h2d.queue.push_back({i, Stage::state_up});
+  };
+  auto finish = [&](std::size_t i) {
+    window_used -= std::min(window_used, sgs[i].footprint);
+    ++finished;
+  };
+  // Submits what the window lets in, in order (the runtime's submission loop).
+  auto submit_ready = [&] {
+    while (next < order.size()) {
+      const std::size_t i = order[next];
+      Sg& s = sgs[i];
+      if (s.side == PlanSide::gpu_streamed && e.lookahead > 0) {
+        for (std::size_t q = stream_pos[i]; q < stream_order.size() && q <= stream_pos[i] + e.lookahead; ++q) {
+          Sg& t = sgs[stream_order[q]];
+          if (t.admitted) continue;
+          if (limit != 0 && window_used + t.footprint + largest_fp > limit) break;
+          t.admitted = true;
+          window_used += t.footprint;
+          ask_state_up(stream_order[q]);
+        }
+      }
+      if (!s.admitted) {
+        if (!fits(s.footprint)) return;
+        s.admitted = true;
+        window_used += s.footprint;
+      }
+      ++next;
+      if (s.side == PlanSide::cpu) {
+        if (w.caller_on_gpu) {
+          gpu.queue.push_back({i, Stage::gather});
+        } else {
+          s.input_ready = true;
+          cpu.queue.push_back({i, Stage::adam_cpu});
+        }
+      } else {
+        // streamed, or resident with the caller on the host: the inputs go up first
+        if (!s.state_up_asked && (s.side == PlanSide::gpu_streamed || !w.caller_on_gpu)) ask_state_up(i);
+        if (s.side == PlanSide::gpu_resident && w.caller_on_gpu) s.input_ready = true;
+        gpu.queue.push_back({i, Stage::adam_gpu});
+      }
+    }
+  };
+
+  // Starting the piece of work at the head of a lane, when it can start.
+  auto start_link = [&](Lane& lane) {
+    if (lane.current >= 0 || lane.queue.empty()) return false;
+    const Piece p = lane.queue.front();
+    lane.queue.pop_front();
+    const Sg& s = sgs[p.sg];
+    const double n = double(s.n), state = s.side == PlanSide::gpu_streamed ? 12.0 : 0.0;
+    const double extra = w.caller_on_gpu ? 0.0 : 1.0;  // the caller's gradient up, parameters down
+    lane.current = long(p.sg);
+    lane.stage = p.stage;
+    switch (p.stage) {
+      case Stage::grad_down: lane.left = gb * n; break;
+      case Stage::param_up: lane.left = pb * n; break;
+      case Stage::state_up: lane.left = (state + extra * gb) * n; break;
+      default: lane.left = (state + extra * pb) * n; break;  // state_down
+    }
+    return true;
+  };
+  auto start_gpu = [&] {
+    if (gpu.current >= 0 || gpu.queue.empty()) return false;
+    const Piece p = gpu.queue.front();
+    const Sg& s = sgs[p.sg];
+    if (p.stage != Stage::gather && !s.input_ready) return false;  // the head of the queue waits
+    gpu.queue.pop_front();
+    gpu.current = long(p.sg);
+    gpu.stage = p.stage;
+    if (p.stage == Stage::gather)
+      gpu.left = double(s.n) / r.D_c;
+    else if (p.stage == Stage::scatter)
+      gpu.left = 0;  // a device-to-device copy: next to nothing
+    else
+      gpu.left = double(s.n) / r.U_g;
+    return true;
+  };
+  auto start_cpu = [&] {
+    if (cpu.current >= 0 || cpu.queue.empty()) return false;
+    const Piece p = cpu.queue.front();
+    if (!sgs[p.sg].input_ready) return false;
+    cpu.queue.pop_front();
+    cpu.current = long(p.sg);
+    cpu.stage = p.stage;
+    cpu.left = double(sgs[p.sg].n);
+    return true;
+  };
+
+  // What follows a piece of work when it ends.
+  auto complete = [&](Lane& lane) {
+    const std::size_t i = std::size_t(lane.current);
+    Sg& s = sgs[i];
+    const Stage st = lane.stage;
+    lane.current = -1;
+    switch (st) {
+      case Stage::gather:  // the staged gradient goes down; the CPU Adam is queued and waits for it
+        s.input_ready = false;
+        d2h.queue.push_back({i, Stage::grad_down});
+        cpu.queue.push_back({i, Stage::adam_cpu});
+        break;
+      case Stage::grad_down: s.input_ready = true; break;
+      case Stage::adam_cpu:
+        if (w.caller_on_gpu) {  // the new parameters go up; the write-back is queued and waits for them
+          s.input_ready = false;
+          h2d.queue.push_back({i, Stage::param_up});
+          gpu.queue.push_back({i, Stage::scatter});
+        } else {
+          finish(i);
+        }
+        break;
+      case Stage::param_up: s.input_ready = true; break;
+      case Stage::scatter: finish(i); break;
+      case Stage::state_up: s.input_ready = true; break;
+      case Stage::adam_gpu:
+        if (s.side == PlanSide::gpu_streamed || !w.caller_on_gpu)
+          d2h.queue.push_back({i, Stage::state_down});
+        else
+          finish(i);
+        break;
+      case Stage::state_down:
+        if (s.side == PlanSide::gpu_streamed) out.stream_end = now;
+        finish(i);
+        break;
+      case Stage::done: break;
+    }
+  };
+
+  submit_ready();
+  const double eps = 1e-15;
+  std::size_t guard = 0;
+  while (finished < count) {
+    bool started = true;
+    while (started) {
+      started = false;
+      started |= start_link(h2d);
+      started |= start_link(d2h);
+      started |= start_gpu();
+      started |= start_cpu();
+    }
+    const bool dma = h2d.current >= 0 || d2h.current >= 0;
+    const double u_cpu = dma ? r.U_c_dma : r.U_c;
+    double dt = std::numeric_limits<double>::infinity();
+    if (h2d.current >= 0) dt = std::min(dt, h2d.left / r.B_h2d);
+    if (d2h.current >= 0) dt = std::min(dt, d2h.left / r.B_d2h);
+    if (gpu.current >= 0) dt = std::min(dt, gpu.left);
+    if (cpu.current >= 0) dt = std::min(dt, cpu.left / u_cpu);
+    if (!(dt < std::numeric_limits<double>::infinity()) || ++guard > 100 * count + 1000)
+      throw std::logic_error("phase simulation: no piece of work can progress (a bug in the simulation)");
+    now += dt;
+    if (h2d.current >= 0) {
+      h2d.left -= dt * r.B_h2d;
+      h2d.busy += dt;
+    }
+    if (d2h.current >= 0) {
+      d2h.left -= dt * r.B_d2h;
+      d2h.busy += dt;
+    }
+    if (gpu.current >= 0) {
+      gpu.left -= dt;
+      gpu.busy += dt;
+    }
+    if (cpu.current >= 0) {
+      cpu.left -= dt * u_cpu;
+      cpu.busy += dt;
+      if (dma) out.cpu_beside_dma += dt;
+    }
+    // relative tolerances: amounts are bytes (up to 1e11), parameters, or seconds
+    if (h2d.current >= 0 && h2d.left <= eps * (1 + r.B_h2d)) complete(h2d);
+    if (d2h.current >= 0 && d2h.left <= eps * (1 + r.B_d2h)) complete(d2h);
+    if (gpu.current >= 0 && gpu.left <= eps) complete(gpu);
+    if (cpu.current >= 0 && cpu.left <= eps * (1 + u_cpu)) complete(cpu);
+    submit_ready();
+  }
+  out.total = now;
+  out.cpu = cpu.busy;
+  out.h2d = h2d.busy;
+  out.d2h = d2h.busy;
+  out.gpu = gpu.busy;
+  return out;
+}
+
+Choice choose_plan_simulated(const Workload& w, const Rates& r, const Execution& e) {
+  Choice best;
+  const std::size_t n = w.sizes.size();
+  const std::size_t resident = std::min(w.resident, n), free = n - resident;
+  for (std::size_t m = 0; m <= (w.may_stream ? free : 0); ++m) {
+    std::vector<PlanSide> plan = spread_plan(free, m);
+    plan.resize(n, PlanSide::gpu_resident);
+    const Simulation s = simulate_phase(w, plan, r, e);
+    if (m == 0 || s.total < best.predicted.total) {
+      best.streamed = m;
+      best.predicted = predict(w, plan, r);  // the parameter counts, then the simulation's times
+      best.predicted.total = s.total;
+      best.predicted.cpu = s.cpu;
+      best.predicted.h2d = s.h2d;
+      best.predicted.d2h = s.d2h;
+      best.predicted.gpu = s.gpu;
+      best.plan = std::move(plan);
+    }
+  }
+  return best;
+}
+
+}  // namespace dos

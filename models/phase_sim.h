@@ -1,0 +1,85 @@
+// An event-driven simulation of one update phase: the plan's subgroups going through the shared
+// resources in the order the runtime submits them. Pure functions: no StarPU, no clocks.
+//
+// What predict() (resource_model.h) leaves out and this keeps:
+//   - order: the runtime submits the subgroups in a SubmitOrder; the CUDA worker and the CPU worker
+//     each run their tasks first in, first out, and a task at the head of a worker's queue that
+//     waits for its data holds back every task behind it (StarPU's drivers fetch one task's input
+//     at a time);
+//   - the pipeline's fill and drain: the first streamed subgroup's state must arrive before the GPU
+//     has anything to do, the last one's must still go back; the CPU waits for its first gradient
+//     and its last subgroup's parameters still go up;
+//   - host memory shared by CPU Adam and DMA, moment by moment: CPU Adam runs at U_c_dma while
+//     either PCIe direction is transferring and at U_c otherwise (the links keep their rate, as
+//     measured on the GPU machine);
+//   - the GPU update budget: a subgroup is submitted only when its footprint fits, and prefetches
+//     take theirs only while room for one more subgroup is left (the runtime's AdmissionWindow).
+//
+// The resources and what each subgroup asks of them (n its parameters, gb the staged gradient's
+// bytes per parameter, pb the parameters' bytes per parameter; caller on the GPU):
+//   CPU subgroup:      GPU: staging n / D_c;  D2H: gb n;  CPU: Adam on n;  H2D: pb n;  GPU: write-back
+//   streamed subgroup: H2D: 12 n (prefetched);  GPU: Adam n / U_g;  D2H: 12 n
+//   resident subgroup: GPU: Adam n / U_g
+// (caller in host memory: a CPU subgroup is the CPU Adam alone; a streamed one moves 12 + gb up and
+// 12 + pb down; a resident one gb up and pb down). Each PCIe direction serves its transfers one at
+// a time in the order they were asked for, at B_h2d or B_d2h.
+#pragma once
+
+#include <cstddef>
+#include <vector>
+
+#include "resource_model.h"
+
+namespace dos {
+
+/// The order in which the runtime submits an update phase's subgroups (OptimizerOptions::
+/// submit_order). cpu_first: the subgroups that are not streamed first (index order), then the
+/// streamed ones, when the update budget holds the former's staging beside the streaming window;
+/// otherwise, and for plan: index order.
+enum class SubmitOrder { cpu_first, plan };
+
+/// How the runtime carries a plan out, beyond the plan itself. order: SubmitOrder;
+/// lookahead: streamed subgroups whose state is prefetched ahead of the one being submitted;
+/// update_budget: the GPU update budget in bytes (0: none).
+struct Execution {
+  SubmitOrder order = SubmitOrder::cpu_first;
+  std::size_t lookahead = 3;
+  std::size_t update_budget = 0;
+};
+
+/// GPU bytes subgroup of n parameters on `side` holds while in flight (the runtime's footprint):
+/// 12 n of state when streamed, plus (gb + pb) n of gradient and parameter staging unless its update
+/// reads and writes the caller's buffers where they are (caller on the GPU and update there), or
+/// the caller is on the host and the update on the CPU.
+std::size_t subgroup_footprint(const Workload& w, std::size_t n, PlanSide side);
+
+/// Whether the runtime submits this plan CPU subgroups first (Execution::order cpu_first, at least
+/// one subgroup streamed, and the budget holds every non-streamed subgroup's footprint plus
+/// lookahead + 1 of the largest footprint).
+bool submits_cpu_first(const Workload& w, const std::vector<PlanSide>& plan, const Execution& e);
+
+/// What the simulation found. total: the phase's seconds (the last piece of work's end);
+/// cpu, h2d, d2h, gpu: seconds each resource was busy; cpu_beside_dma: the part of cpu spent beside
+/// DMA (at U_c_dma); stream_end: when the last streamed
+/// subgroup's state was back in host memory (0: none streamed); cpu_first: the order it simulated.
+struct Simulation {
+  double total = 0, cpu = 0, h2d = 0, d2h = 0, gpu = 0;
+  double cpu_beside_dma = 0;  // of cpu: the seconds CPU Adam ran while a PCIe direction transferred
+  double stream_end = 0;
+  bool cpu_first = false;
+  /// The busiest resource's name ("cpu", "h2d", "d2h" or "gpu"): the one the phase waits on most.
+  const char* busiest() const;
+};
+
+/// Simulates one update phase of `plan` (one side per subgroup of w.sizes) on rates r.
+/// Throws std::invalid_argument when the plan's length differs from w.sizes or a rate is not
+/// positive.
+Simulation simulate_phase(const Workload& w, const std::vector<PlanSide>& plan, const Rates& r, const Execution& e);
+
+/// The plan of least simulated time among those choose_plan (resource_model.h) considers (the last
+/// w.resident subgroups resident, spread_plan(n - resident, m) for every m; only m = 0 when
+/// !w.may_stream; ties: fewer streamed). Choice::predicted carries the simulation's figures:
+/// total, and each resource's busy seconds.
+Choice choose_plan_simulated(const Workload& w, const Rates& r, const Execution& e);
+
+}  // namespace dos

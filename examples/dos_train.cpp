@@ -68,6 +68,7 @@ struct Args {
   std::string writeback = "eager";
   std::string grad_transfer = "native";
   bool urgent_writeback = false;
+  std::string submit_order = "cpu-first";
   std::string timeline;
   int grad_parts = 0;
   std::string comm = "auto";
@@ -611,6 +612,7 @@ int run(const Args& args) {
   oo.eager_writeback = a.writeback == "eager";
   oo.native_grads = a.grad_transfer == "native";
   oo.urgent_writeback = a.urgent_writeback;
+  oo.submit_order = a.submit_order == "plan" ? dos::SubmitOrder::plan : dos::SubmitOrder::cpu_first;
   // the node's ranks calibrate (when they do) at the same time: the rates then include the other
   // ranks' DMA and CPU Adam on the shared host memory
   if (dp) g_comm->all_ok(true);
@@ -668,16 +670,18 @@ int run(const Args& args) {
   }
   if (rt.model_policy() && rt.cuda_workers() > 0) {
     const dos::Rates& r = opt.rates();
-    const dos::Choice c = dos::choose_plan(opt.workload(), r);
-    const dos::StrideChoice k = dos::choose_stride(opt.workload(), r);
+    const dos::Execution ex = opt.execution();
+    const dos::Choice c = dos::choose_plan_simulated(opt.workload(), r, ex);
+    const dos::StrideChoice k = dos::choose_stride_simulated(opt.workload(), r, ex);
+    const std::size_t ns = opt.num_subgroups();
     std::printf("model: U_c %.2f Gparams/s alone, %.2f under DMA; U_g %.1f; D_c %.1f; B %.1f GB/s H2D, %.1f GB/s D2H\n"
                 "model: best plan streams %zu of %zu subgroups (%.2f s predicted, %s-bound); best stride k = %zu "
                 "(%.2f s); all on the CPU %.2f s; all streamed %.2f s; lower bound %.2f s\n",
                 r.U_c / 1e9, r.U_c_dma / 1e9, r.U_g / 1e9, r.D_c / 1e9, r.B_h2d / 1e9, r.B_d2h / 1e9, c.streamed,
-                opt.num_subgroups(), c.predicted.total, c.predicted.bound_by().c_str(), k.k, k.predicted.total,
-                dos::predict(opt.workload(), dos::spread_plan(opt.num_subgroups(), 0), r).total,
-                dos::predict(opt.workload(), dos::spread_plan(opt.num_subgroups(), opt.num_subgroups()), r).total,
-                dos::lower_bound(opt.workload(), r));
+                ns, c.predicted.total, c.predicted.bound_by().c_str(), k.k, k.predicted.total,
+                dos::simulate_phase(opt.workload(), dos::spread_plan(ns, 0), r, ex).total,
+                dos::simulate_phase(opt.workload(), dos::spread_plan(ns, ns), r, ex).total,
+                dos::lower_bound(opt.workload(), opt.calibrated_rates()));
   }
   nlohmann::ordered_json iters = nlohmann::ordered_json::array();
   std::int64_t it = first_iteration;  // iterations numbered across resumes: the gradients depend on it
@@ -909,6 +913,22 @@ int run(const Args& args) {
                 median_field("iteration_seconds"), median_field("forward_seconds"), median_field("backward_seconds"),
                 median, median_field("model_tflops"), on_gpu ? "GPU" : "host (activations)", median_field("peak_gpu_bytes") / 1e9);
 
+  // A diverged run (master parameters inf or NaN) is reported, and nothing of it is saved.
+  std::size_t nonfinite = 0, first_bad = 0;
+  float first_value = 0;
+  opt.with_host_state([&](const std::vector<dos::Optimizer::HostState>& state) {
+    std::size_t at = range.begin;
+    for (const dos::Optimizer::HostState& sg : state) {
+      for (std::size_t k = 0; k < sg.size; ++k)
+        if (!std::isfinite(sg.master[k]) && nonfinite++ == 0) first_bad = at + k, first_value = sg.master[k];
+      at += sg.size;
+    }
+  });
+  if (nonfinite > 0)
+    fail("after iteration " + std::to_string(it) + ", " + std::to_string(nonfinite) + " of the " + std::to_string(n) +
+         " master parameters are inf or NaN (the first, element " + std::to_string(first_bad) + ", is " +
+         std::to_string(first_value) + "): the run diverged (lower --lr or --weight-decay); nothing was saved");
+
   // Outputs are written to temporary files first and put in place together: a failure leaves
   // neither behind.
   std::unique_ptr<dos::PendingFile> params_file, report_file;
@@ -916,13 +936,6 @@ int run(const Args& args) {
   if (!a.save_params.empty()) {
     master.resize(n);
     opt.read_master(master.data());
-    std::size_t bad = 0, first = n;
-    for (std::size_t k = 0; k < n; ++k)
-      if (!std::isfinite(master[k])) bad += 1, first = std::min(first, k);
-    if (bad > 0)
-      fail("the final master parameters hold " + std::to_string(bad) + " non-finite value(s) (the first at element " +
-           std::to_string(range.begin + first) + ": " + std::to_string(master[first]) + "): the run diverged (lower --lr "
-           "or --weight-decay); nothing was saved");
     std::vector<dos::SafetensorOut> out;
     std::map<std::string, std::string> meta = {{"model", cfg.name}, {"shard", a.shard},
                                                {"format", "fp32 master parameters after the last iteration"}};
@@ -959,6 +972,7 @@ int run(const Args& args) {
     rep["writeback"] = a.writeback;
     rep["grad_transfer"] = a.grad_transfer;
     rep["urgent_writeback"] = a.urgent_writeback;
+    rep["submit_order"] = a.submit_order;
     const std::string text = rep.dump(2) + "\n";
     report_file = std::make_unique<dos::PendingFile>(a.report, dos::Chunks{{text.data(), text.size()}});
   }
@@ -1087,6 +1101,11 @@ int main(int argc, char** argv) {
   app.add_flag("--urgent-writeback", a.urgent_writeback,
                "push the CPU-updated subgroups' parameter write-backs ahead of the queued GPU work (measured "
                "20-31% slower on the GPU machine: for experiments; see README)");
+  app.add_option("--submit-order", a.submit_order,
+                 "cpu-first: the CPU-updated subgroups' tasks are submitted before the streamed ones (when the "
+                 "GPU update budget holds both); plan: in subgroup order. Same results either way")
+      ->check(CLI::IsMember({"cpu-first", "plan"}))
+      ->capture_default_str();
   app.add_option("--timeline", a.timeline,
                  "write the last iteration's tasks (per worker) and PCIe byte samples to this JSON file");
   app.add_option("--grad-parts", a.grad_parts,

@@ -96,6 +96,14 @@ Simulation simulate_phase(const Workload& w, const std::vector<PlanSide>& plan, 
   std::vector<std::size_t> stream_pos(count, 0);
   for (std::size_t q = 0; q < stream_order.size(); ++q) stream_pos[stream_order[q]] = q;
 
+  // Host memory, shared by CPU Adam and both DMA directions: each asks for its full rate's traffic
+  // (CPU Adam reads master, exp_avg, exp_avg_sq and the gradient and writes the first three and
+  // the parameters: 24 + gb + pb bytes per parameter; each link its B), and when together they ask
+  // for more than the host delivers, M, each gets the same share of what it asked. M is what the
+  // calibration saw with all three running: U_c_dma / U_c of their full demand.
+  const double cpu_bytes = 24.0 + gb + pb;
+  const double host_bw = (r.U_c_dma / r.U_c) * (r.U_c * cpu_bytes + r.B_h2d + r.B_d2h);
+
   // Lanes: PCIe each way (bytes), the GPU (seconds), the CPU (parameters).
   Lane h2d, d2h, gpu, cpu;
   std::size_t window_used = 0;
@@ -246,21 +254,24 @@ Simulation simulate_phase(const Workload& w, const std::vector<PlanSide>& plan, 
       started |= start_cpu();
     }
     const bool dma = h2d.current >= 0 || d2h.current >= 0;
-    const double u_cpu = dma ? r.U_c_dma : r.U_c;
+    const double demand = (cpu.current >= 0 ? r.U_c * cpu_bytes : 0.0) + (h2d.current >= 0 ? r.B_h2d : 0.0) +
+                          (d2h.current >= 0 ? r.B_d2h : 0.0);
+    const double share = demand > host_bw ? host_bw / demand : 1.0;
+    const double u_cpu = r.U_c * share, b_up = r.B_h2d * share, b_down = r.B_d2h * share;
     double dt = std::numeric_limits<double>::infinity();
-    if (h2d.current >= 0) dt = std::min(dt, h2d.left / r.B_h2d);
-    if (d2h.current >= 0) dt = std::min(dt, d2h.left / r.B_d2h);
+    if (h2d.current >= 0) dt = std::min(dt, h2d.left / b_up);
+    if (d2h.current >= 0) dt = std::min(dt, d2h.left / b_down);
     if (gpu.current >= 0) dt = std::min(dt, gpu.left);
     if (cpu.current >= 0) dt = std::min(dt, cpu.left / u_cpu);
     if (!(dt < std::numeric_limits<double>::infinity()) || ++guard > 100 * count + 1000)
       throw std::logic_error("phase simulation: no piece of work can progress (a bug in the simulation)");
     now += dt;
     if (h2d.current >= 0) {
-      h2d.left -= dt * r.B_h2d;
+      h2d.left -= dt * b_up;
       h2d.busy += dt;
     }
     if (d2h.current >= 0) {
-      d2h.left -= dt * r.B_d2h;
+      d2h.left -= dt * b_down;
       d2h.busy += dt;
     }
     if (gpu.current >= 0) {
@@ -287,6 +298,34 @@ Simulation simulate_phase(const Workload& w, const std::vector<PlanSide>& plan, 
   return out;
 }
 
+namespace {
+/// predict()'s parameter counts with the simulation's times.
+Prediction simulated_prediction(const Workload& w, const std::vector<PlanSide>& plan, const Simulation& s,
+                                const Rates& r) {
+  Prediction p = predict(w, plan, r);
+  p.total = s.total;
+  p.cpu = s.cpu;
+  p.h2d = s.h2d;
+  p.d2h = s.d2h;
+  p.gpu = s.gpu;
+  return p;
+}
+}  // namespace
+
+StrideChoice choose_stride_simulated(const Workload& w, const Rates& r, const Execution& e) {
+  StrideChoice best;
+  const std::size_t n = w.sizes.size();
+  for (std::size_t k = 1; k <= std::max<std::size_t>(n, 1); ++k) {
+    const std::vector<PlanSide> plan = stride_plan(n, k);
+    const Simulation s = simulate_phase(w, plan, r, e);
+    if (k == 1 || s.total <= best.predicted.total) {
+      best.k = k;
+      best.predicted = simulated_prediction(w, plan, s, r);
+    }
+  }
+  return best;
+}
+
 Choice choose_plan_simulated(const Workload& w, const Rates& r, const Execution& e) {
   Choice best;
   const std::size_t n = w.sizes.size();
@@ -297,12 +336,7 @@ Choice choose_plan_simulated(const Workload& w, const Rates& r, const Execution&
     const Simulation s = simulate_phase(w, plan, r, e);
     if (m == 0 || s.total < best.predicted.total) {
       best.streamed = m;
-      best.predicted = predict(w, plan, r);  // the parameter counts, then the simulation's times
-      best.predicted.total = s.total;
-      best.predicted.cpu = s.cpu;
-      best.predicted.h2d = s.h2d;
-      best.predicted.d2h = s.d2h;
-      best.predicted.gpu = s.gpu;
+      best.predicted = simulated_prediction(w, plan, s, r);
       best.plan = std::move(plan);
     }
   }

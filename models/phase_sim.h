@@ -9,9 +9,13 @@
 //   - the pipeline's fill and drain: the first streamed subgroup's state must arrive before the GPU
 //     has anything to do, the last one's must still go back; the CPU waits for its first gradient
 //     and its last subgroup's parameters still go up;
-//   - host memory shared by CPU Adam and DMA, moment by moment: CPU Adam runs at U_c_dma while
-//     either PCIe direction is transferring and at U_c otherwise (the links keep their rate, as
-//     measured on the GPU machine);
+//   - host memory shared by CPU Adam and DMA, moment by moment: CPU Adam asks for U_c x (24 + gb +
+//     pb) bytes/s of host traffic, each PCIe direction for its B; when what is running asks for
+//     more than the host delivers, M, each gets the same fraction of what it asked, so CPU Adam and
+//     the links slow down together. M is calibrated by U_c_dma, the CPU's rate with both directions
+//     streaming: M = U_c_dma / U_c x (U_c (24 + gb + pb) + B_h2d + B_d2h). (On the GPU machine the
+//     13B quarter's mixed phases moved 38-43 GB/s each way while CPU Adam ran, 49 without it, and
+//     CPU Adam ran at 2.98 instead of 3.92 Gparams/s: both about 0.77 of their rate alone.)
 //   - the GPU update budget: a subgroup is submitted only when its footprint fits, and prefetches
 //     take theirs only while room for one more subgroup is left (the runtime's AdmissionWindow).
 //
@@ -81,5 +85,9 @@ Simulation simulate_phase(const Workload& w, const std::vector<PlanSide>& plan, 
 /// !w.may_stream; ties: fewer streamed). Choice::predicted carries the simulation's figures:
 /// total, and each resource's busy seconds.
 Choice choose_plan_simulated(const Workload& w, const Rates& r, const Execution& e);
+
+/// The paper's stride k in [1, n] of least simulated time (ties: larger k), with its simulated
+/// time in StrideChoice::predicted.total (and each resource's busy seconds).
+StrideChoice choose_stride_simulated(const Workload& w, const Rates& r, const Execution& e);
 
 }  // namespace dos

@@ -338,6 +338,12 @@ class Optimizer {
   void set_timeline(bool on);
   /// The rates the `dos` model uses now (calibrated, then refined after each step).
   const Rates& rates() const;
+  /// The rates as calibrated at start-up (or given in OptimizerOptions::rates), before any
+  /// refinement: what the lower bound uses.
+  const Rates& calibrated_rates() const;
+  /// How step() carries a plan out, for the phase simulation (models/phase_sim.h): the submission
+  /// order, the lookahead and the update budget (0 and 0 without a CUDA worker).
+  Execution execution() const;
   /// The workload the model sees (subgroup sizes, where the caller's buffers live).
   const Workload& workload() const;
 

@@ -1213,6 +1213,8 @@ void Optimizer::set_hyper(const AdamHyper& h) {
 const AdamHyper& Optimizer::hyper() const { return impl_->opt.adam; }
 const Rates& Optimizer::rates() const { return impl_->rates; }
 const Workload& Optimizer::workload() const { return impl_->workload; }
+const Rates& Optimizer::calibrated_rates() const { return impl_->calibrated_rates; }
+Execution Optimizer::execution() const { return impl_->execution(); }
 
 std::size_t Optimizer::num_params() const { return impl_->nparams; }
 std::size_t Optimizer::num_subgroups() const { return impl_->sgs.size(); }

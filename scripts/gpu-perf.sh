@@ -22,9 +22,11 @@ echo "build: $(( $(date +%s) - t0 )) s"
 export STARPU_SILENT=1
 D=$BUILD/examples/dos-train
 if has tests; then
-  tests=${TESTS-kernels-cuda optimizer-bf16-cuda train-cpu-vs-gpu-tolerance train-cpu-vs-dos-static train-grad-staging train-emulated-iteration}
+  tests=${TESTS-kernels-cuda optimizer-gpu-cuda-bf16-adamw optimizer-dos-cuda-bf16-adamw optimizer-dmda-cuda-bf16-adamw train-cpu-vs-gpu-tolerance train-cpu-vs-dos-static train-grad-staging train-emulated-iteration}
   [ "$tests" = all ] && tests=""
-  meson test -C "$BUILD" --print-errorlogs $tests 2>&1 | grep -E "^ *[0-9]+/[0-9]+ |^(Ok|Fail|Skipped|Expected|Unexpected|Timeout):|FAIL|Error" | tail -60
+  meson test -C "$BUILD" --print-errorlogs $tests > "$OUT/tests.log" 2>&1
+  grep -E "^ *[0-9]+/[0-9]+ " "$OUT/tests.log" | sed 's/  */ /g'
+  grep -E "^(Ok|Fail|Skipped|Timeout):" "$OUT/tests.log" | tr '\n' ' '; echo
   cp "$BUILD/meson-logs/testlog.txt" "$OUT/" 2>/dev/null
   echo "tests: $(( $(date +%s) - t0 )) s"
 fi
@@ -39,15 +41,25 @@ if has tiny; then
   done
 fi
 BIG=(--preset llama-20b --shard 1/4 --subgroup-size 1.24e8 -n "$ITERS" --gpu-update-budget 40GB)
+# BIG_RUNS: one 20B quarter run per line, "LABEL ARGS..." (the timeline of each is kept)
 if has timeline; then
-  for p in ${TL_POLICIES:-dos gpu}; do
-    echo "== 20B quarter, --policy $p, timeline"
-    "$D" "${BIG[@]}" --policy "$p" --timeline "$OUT/tl20-$p.json" --report "$OUT/r20-$p.json" 2>&1 | grep -vE "^\[starpu" | tail -$((ITERS + 4))
+  while read -r label args; do
+    [ -n "$label" ] || continue
+    echo "== 20B quarter, $label: $args"
+    "$D" "${BIG[@]}" $args --timeline "$OUT/tl20-$label.json" --report "$OUT/r20-$label.json" 2>&1 \
+      | grep -vE "^\[starpu" | grep -E "^(model|iter|summary)|rror" | tail -$((ITERS + 3))
+  done <<<"${BIG_RUNS:-dos --policy dos
+gpu --policy gpu}"
+fi
+# SWEEP_ORDERS: the 13B sweep once per submission order
+if has sweep; then
+  for order in ${SWEEP_ORDERS:-cpu-first}; do
+    echo "== sweep: llama2-13b --shard 0/4 --subgroup-size 1e8 --submit-order $order"
+    "$D" --preset llama2-13b --shard 0/4 --iterations "$ITERS" --subgroup-size 1e8 --policy dos --submit-order "$order" \
+       --sweep ${SWEEP:-0,1/4,1/3,1/2,2/3,3/4,1,model} --report "$OUT/sweep13-$order.json" 2>&1 | grep -vE "^\[starpu" \
+       | grep -E "^(model|sweep|  )|rror"
   done
 fi
-if has sweep; then
-  echo "== sweep: llama2-13b --shard 0/4 --subgroup-size 1e8"
-  "$D" --preset llama2-13b --shard 0/4 --iterations "$ITERS" --subgroup-size 1e8 --policy dos \
-     --sweep ${SWEEP:-0,1/4,1/3,1/2,2/3,3/4,1,model} --report "$OUT/sweep13.json" 2>&1 | grep -vE "^\[starpu" | tail -30
-fi
+# the timelines and reports in one archive (the device tool brings back few files)
+(cd "$OUT" && tar czf perf-json.tgz *.json 2>/dev/null && rm -f *.json)
 echo "total: $(( $(date +%s) - t0 )) s"

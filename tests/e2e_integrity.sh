@@ -101,6 +101,10 @@ out=$(run -n 3 --lr 1e30 --save-state "$tmp/diverged" --save-params "$tmp/diverg
 if [ $? -ne 0 ] && grep -q "diverged" <<<"$out" && [ ! -e "$tmp/diverged" ] && ! ls "$tmp"/diverged* >/dev/null 2>&1; then
   ok "a diverged run is reported and saves nothing -> $(grep diverged <<<"$out" | head -1)"
 else bad "a diverged run: $out"; ls "$tmp"; fi
+out=$(run -n 3 --lr 1e30 2>&1)
+if [ $? -ne 0 ] && grep -q "master parameters are inf or NaN" <<<"$out"; then
+  ok "a diverged run without outputs is reported too -> $(grep diverged <<<"$out" | head -1)"
+else bad "a diverged run without outputs: $out"; fi
 
 # what a killed save left is removed by the next successful one; a folder with other files is not
 mkdir "$tmp/good.tmp-AbC123" "$tmp/good.tmp-XyZ789"

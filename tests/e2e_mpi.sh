@@ -109,25 +109,19 @@ out=$("$train" "${common[@]}" --grad-parts 2 --iterations 1 --resume "$tmp/ck-lo
 ls "$tmp"/bad1* >/dev/null 2>&1 && { echo "FAIL: an output file was left"; exit 1; }
 echo "ok: $(grep -m1 "has no state" <<<"$out")"
 # old subgroups of different step counts cannot share a new subgroup: a copy of the checkpoint whose
-# rank 1's first subgroup took 5 steps (the others 2); 1 rank's subgroup across the old ranks' boundary
-# would mix them (the boundary is not a multiple of --subgroup-size 10007), so it is refused
+# rank 1's first subgroup took 1 step (the others 2; its checksums removed, as in a file saved before
+# they were recorded, so that the step counts are what is checked); 1 rank's subgroup across the old
+# ranks' boundary would mix them (the boundary is not a multiple of --subgroup-size 10007), so it is
+# refused
 cp -r "$tmp/ck" "$tmp/ck-steps"
-python3 - "$tmp/ck-steps/rank-00001-of-00002.safetensors" <<'EOF' || { echo "FAIL: editing the step counts"; exit 1; }
-import json, struct, sys
-with open(sys.argv[1], "r+b") as f:
-    (hlen,) = struct.unpack("<Q", f.read(8))
-    start, end = json.loads(f.read(hlen))["step"]["data_offsets"]
-    f.seek(8 + hlen + start)
-    assert struct.unpack("<q", f.read(8))[0] == 2
-    f.seek(8 + hlen + start)
-    f.write(struct.pack("<q", 5))
-EOF
+python3 "$(dirname "$check")/st_tamper.py" "$tmp/ck-steps/rank-00001-of-00002.safetensors" set-i64-at step 0 1 ||
+  { echo "FAIL: editing the step counts"; exit 1; }
 b=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["ranks"][1]["begin"])' "$tmp/ck/index.json")
 lo=$((b / 10007 * 10007)) hi=$((b / 10007 * 10007 + 10007))
 [ $((b % 10007)) -ne 0 ] || { echo "FAIL: the old ranks' boundary $b is a multiple of 10007"; exit 1; }
 out=$("$train" "${common[@]}" --grad-parts 2 --iterations 1 --resume "$tmp/ck-steps" --save-params "$tmp/bad2.safetensors" 2>&1)
 rc=$?
-want="elements \[$lo, $b) have taken 2 Adam step(s) and elements \[$b, $hi) 5, but this job's subgroup \[$lo, $hi)"
+want="elements \[$lo, $b) have taken 2 Adam step(s) and elements \[$b, $hi) 1, but this job's subgroup \[$lo, $hi)"
 [ $rc -ne 0 ] && grep -q "$want" <<<"$out" && grep -q "resume with the 2 rank(s) that saved it" <<<"$out" ||
   { echo "FAIL: mixed step counts resumed by 1 rank ($rc): $out"; exit 1; }
 ls "$tmp"/bad2* >/dev/null 2>&1 && { echo "FAIL: an output file was left"; exit 1; }

@@ -4,6 +4,7 @@
     st_tamper.py FILE flip TENSOR ELEMENT          XOR 0x40 into the top byte of a 4-byte element
     st_tamper.py FILE set-f32 TENSOR ELEMENT VALUE  set an F32 element (nan, -1, ...), checksums removed
     st_tamper.py FILE set-i64 TENSOR VALUE          set every I64 element, checksums removed
+    st_tamper.py FILE set-i64-at TENSOR ELEMENT VALUE  set one I64 element, checksums removed
 
 "checksums removed": the file is rewritten without its checksum tensors (*.xxh3) and metadata, as a
 checkpoint saved before checksums were recorded, so that the loader's value checks are what refuse it.
@@ -61,6 +62,11 @@ def main():
         b, e = header[name]["data_offsets"]
         for at in range(b, e, 8):
             data[at:at + 8] = struct.pack("<q", v)
+    elif op == "set-i64-at":
+        header, data = strip_checksums(header, data)
+        name, k, v = sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+        at = header[name]["data_offsets"][0] + 8 * k
+        data[at:at + 8] = struct.pack("<q", v)
     else:
         sys.exit(f"unknown operation {op}")
     write(path, header, data)

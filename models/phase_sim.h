@@ -46,7 +46,7 @@ enum class SubmitOrder { cpu_first, plan };
 /// lookahead: streamed subgroups whose state is prefetched ahead of the one being submitted;
 /// update_budget: the GPU update budget in bytes (0: none).
 struct Execution {
-  SubmitOrder order = SubmitOrder::cpu_first;
+  SubmitOrder order = SubmitOrder::plan;
   std::size_t lookahead = 3;
   std::size_t update_budget = 0;
 };

@@ -156,9 +156,10 @@ class Runtime {
 /// eager_writeback: write each streamed subgroup's state back as soon as its update ends (an
 ///   asynchronous read acquire on main RAM, then starpu_data_wont_use); false: all at the end of
 ///   the phase. A GPU update budget needs eager write-back (Error otherwise).
-/// submit_order: SubmitOrder (models/phase_sim.h); default cpu_first (the CUDA worker's queue is
-///   first in, first out: in plan order the CPU subgroups' gradient staging waited behind the
-///   streamed Adams). The results are the same bits either way.
+/// submit_order: SubmitOrder (models/phase_sim.h); default plan. cpu_first takes the CPU subgroups'
+///   gradient staging out from behind the streamed Adams in the CUDA worker's first-in first-out
+///   queue; on the GPU machine it was no faster (the phase is bound by host memory shared by CPU Adam
+///   and DMA, not by that queue; README). The results are the same bits either way.
 struct OptimizerOptions {
   AdamHyper adam;
   std::size_t subgroup_size = 100000000;
@@ -173,7 +174,7 @@ struct OptimizerOptions {
   bool eager_writeback = true;
   bool native_grads = true;
   bool urgent_writeback = false;
-  SubmitOrder submit_order = SubmitOrder::cpu_first;
+  SubmitOrder submit_order = SubmitOrder::plan;
 };
 
 /// One task or transfer sample of an update phase, for timelines. lane: "cpu" or "gpu" (an Adam,

@@ -3,7 +3,9 @@
 # of 1.24e8, update budget 40 GB, forward/backward emulated with 4096 tokens) with the PyTorch peers
 # in the same script. Needs ../shared/peers/torch_update_phase.py copied into .peers/ and carried:
 #   run(command="scripts/gpu-compare.sh", carry=[".deps/cache", ".peers"])
-# PART=main: dos, cpu, dmda, gpu, lws (+ RUNS, extra --run entries) and the peers zero_offload and
+# Before the measured runs, dmda's and dmdas' perfmodels are trained afresh (MODEL_POLICIES, default
+# "dmda dmdas"; CALIBRATION_ITERS, default 5) in $OUT/perfmodels, then frozen.
+# PART=main: dos, cpu, dmda, dmdas, gpu, lws (+ RUNS, extra --run entries) and the peers zero_offload and
 #            dos_stride:2..4
 # PART=budgets: resident budgets 10GB, 20GB, 31.5GB (dos and static:R) and the twinflow peers
 # COMMON: extra dos-train arguments for every run (e.g. --grad-transfer native)
@@ -24,11 +26,23 @@ PEERS+=(--repeats "${REPEATS:-1}")
 BASE=()
 ARGS=(--preset llama-20b --shard 1/4 --subgroup-size 1.24e8 -n 4 --gpu-update-budget 40GB --emulate-compute
       --tokens 4096 ${COMMON:-})
+# StarPU's history perfmodels start empty (a fresh sampling folder, so that no time measured by an
+# earlier build, e.g. one with StarPU's task profiling on, reaches dmda or dmdas), are trained by
+# one run per built-in model policy with STARPU_CALIBRATE=1, then frozen (STARPU_CALIBRATE=0) for the
+# measured runs: dmda and dmdas plan with task times measured on this machine, in this call.
+export STARPU_PERF_MODEL_DIR=$OUT/perfmodels STARPU_HOSTNAME=dos-compare
+rm -rf "$STARPU_PERF_MODEL_DIR"; mkdir -p "$STARPU_PERF_MODEL_DIR"
+for p in ${MODEL_POLICIES-dmda dmdas}; do
+  STARPU_CALIBRATE=1 "$ROOT/build/examples/dos-train" "${ARGS[@]}" --policy "$p" -n "${CALIBRATION_ITERS:-5}" \
+    > "$OUT/calibrate-$p.log" 2>&1 || { echo "the $p calibration run failed: $OUT/calibrate-$p.log"; tail -5 "$OUT/calibrate-$p.log"; }
+  echo "$p perfmodels calibrated: $(grep -h '^summary' "$OUT/calibrate-$p.log")"
+done
+export STARPU_CALIBRATE=0
 if [ "$PART" = main ]; then
   [ -n "${BASELINES:-}" ] && BASE=(--baselines "zero_offload,stride:2,stride:3,stride:4")
   extra=()
   [ -n "${RUNS:-}" ] && while IFS= read -r r; do [ -n "$r" ] && extra+=(--run "$r"); done <<<"$RUNS"
-  python3 "$ROOT/examples/dos_compare.py" --policies "${POLICIES:-dos,cpu,dmda,gpu,lws}" "${extra[@]}" \
+  python3 "$ROOT/examples/dos_compare.py" --policies "${POLICIES:-dos,cpu,dmda,dmdas,gpu,lws}" "${extra[@]}" \
     "${PEERS[@]}" "${BASE[@]}" --timeline --out "$OUT/main" -- "${ARGS[@]}" 2>&1 | grep -v "^\[starpu"
 else
   [ -n "${BASELINES:-}" ] && BASE=(--baselines "")  # only the twinflow:R of each budget

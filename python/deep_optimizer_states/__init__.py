@@ -20,20 +20,27 @@ serves Debian's torch 1.13 and pip's CUDA torch 2.x. See ``DOS_C_LIBRARY`` in :m
 where the library is looked up.
 
 Public names: :class:`DeepOptimizerStates`, :func:`get_runtime`, :func:`current_runtime`,
-:func:`shutdown`, :class:`DosError`, :class:`StepStats`, :data:`STATE_FORMAT`.
+:func:`shutdown`, :class:`DosError`, :class:`StepStats`, :data:`STATE_FORMAT`,
+:func:`param_groups_no_decay` and :func:`no_decay_parameter_names` (no weight decay for
+normalisation layers and biases, as the Hugging Face Trainer groups them),
+:data:`NO_DECAY_NAME_PATTERNS`.
 """
 
 from ._capi import DosError, StepStats, library_path
 from .optimizer import STATE_FORMAT, DeepOptimizerStates
+from .param_groups import NO_DECAY_NAME_PATTERNS, no_decay_parameter_names, param_groups_no_decay
 from .runtime import current_runtime, get_runtime, shutdown
 
 __all__ = [
     "DeepOptimizerStates",
     "DosError",
+    "NO_DECAY_NAME_PATTERNS",
     "STATE_FORMAT",
     "StepStats",
     "current_runtime",
     "get_runtime",
     "library_path",
+    "no_decay_parameter_names",
+    "param_groups_no_decay",
     "shutdown",
 ]

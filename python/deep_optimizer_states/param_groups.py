@@ -1,0 +1,99 @@
+"""Param groups with no weight decay for normalisation layers and biases, built as the Hugging Face
+``Trainer`` builds them for its own optimizer (``Trainer.get_decay_parameter_names``), so that a
+``DeepOptimizerStates`` handed to the Trainer (or returned by a Lightning module's
+``configure_optimizers``) decays the same parameters as the optimizer the Trainer would have made::
+
+    from deep_optimizer_states import DeepOptimizerStates, param_groups_no_decay
+
+    opt = DeepOptimizerStates(param_groups_no_decay(model, weight_decay=0.1), lr=3e-4)
+
+A parameter gets no weight decay when it belongs to a normalisation layer (``nn.LayerNorm``,
+``nn.GroupNorm``, the batch and instance norms, or any module whose class name contains ``Norm``,
+such as Llama's ``LlamaRMSNorm`` or ``nn.RMSNorm``), at any depth, or when its name, lowercased,
+matches one of :data:`NO_DECAY_NAME_PATTERNS` (``bias``, ``layernorm``, ``rmsnorm``, a module
+called ``norm`` or ending in ``_norm``). Every other parameter that requires gradients is decayed.
+"""
+
+import math
+import re
+
+import torch
+
+#: Regular expressions searched in each lowercased parameter name: a match means no weight decay
+#: (the patterns of the Hugging Face Trainer's ``get_decay_parameter_names``).
+NO_DECAY_NAME_PATTERNS = (r"bias", r"layernorm", r"rmsnorm", r"(?:^|\.)norm(?:$|\.)", r"_norm(?:$|\.)")
+
+_NORM_TYPES = (torch.nn.LayerNorm, torch.nn.GroupNorm, torch.nn.modules.batchnorm._BatchNorm,
+               torch.nn.modules.instancenorm._InstanceNorm, torch.nn.LocalResponseNorm)
+
+
+def _is_norm(module):
+    return isinstance(module, _NORM_TYPES) or "Norm" in type(module).__name__
+
+
+def no_decay_parameter_names(model):
+    """Names (as ``model.named_parameters()`` gives them) of the parameters that get no weight decay.
+
+    Arguments:
+      model (torch.nn.Module): the model. Every parameter is considered, trainable or not; a
+        parameter shared by two modules (tied weights) appears once, under its first name.
+
+    Returns a set of str. Raises ``TypeError`` when ``model`` is not a ``torch.nn.Module``.
+    """
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    patterns = [re.compile(p) for p in NO_DECAY_NAME_PATTERNS]
+    modules = dict(model.named_modules())
+    out = set()
+    for name, _ in model.named_parameters():
+        parts = name.split(".")[:-1]
+        owners = [modules.get(".".join(parts[:i])) for i in range(1, len(parts) + 1)]
+        if any(m is not None and _is_norm(m) for m in owners) or any(p.search(name.lower()) for p in patterns):
+            out.add(name)
+    return out
+
+
+def param_groups_no_decay(model, weight_decay, lr=None):
+    """The param groups of ``model``'s trainable parameters for ``torch.optim``-style optimizers:
+    first the parameters to decay, with ``weight_decay``; then the normalisation layers' parameters
+    and the biases (see :func:`no_decay_parameter_names`), with weight decay 0.
+
+    Arguments:
+      model (torch.nn.Module): the model; parameters with ``requires_grad=False`` are left out
+        (as the Trainer does); a tied parameter appears once.
+      weight_decay (float): >= 0, finite; the decoupled (AdamW) or L2 (Adam) coefficient of the
+        first group.
+      lr (float or None): when given (>= 0, finite), the learning rate of both groups; otherwise
+        the groups take the optimizer's ``lr``.
+
+    Returns a list of 1 or 2 dicts ``{"params": [Parameter, ...], "weight_decay": float[, "lr":
+    float]}`` in ``model.named_parameters()`` order within each group; an empty group is left out.
+    Raises ``TypeError`` when ``model`` is not a ``torch.nn.Module``, ``ValueError`` for a negative
+    or non-finite ``weight_decay`` or ``lr``, or when the model has no trainable parameter.
+    """
+    names = no_decay_parameter_names(model)  # raises TypeError first
+    try:
+        wd = float(weight_decay)
+    except (TypeError, ValueError):
+        raise ValueError(f"weight_decay must be a number >= 0, got {weight_decay!r}") from None
+    if not (wd >= 0 and math.isfinite(wd)):
+        raise ValueError(f"weight_decay must be a finite number >= 0, got {weight_decay!r}")
+    if lr is not None:
+        try:
+            lr = float(lr)
+        except (TypeError, ValueError):
+            raise ValueError(f"lr must be a number >= 0 or None, got {lr!r}") from None
+        if not (lr >= 0 and math.isfinite(lr)):
+            raise ValueError(f"lr must be a finite number >= 0 or None, got {lr!r}")
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            (no_decay if name in names else decay).append(p)
+    if not decay and not no_decay:
+        raise ValueError("the model has no parameter that requires gradients: nothing to optimize")
+    groups = [{"params": decay, "weight_decay": wd}, {"params": no_decay, "weight_decay": 0.0}]
+    groups = [g for g in groups if g["params"]]
+    if lr is not None:
+        for g in groups:
+            g["lr"] = lr
+    return groups

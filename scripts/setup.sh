@@ -11,7 +11,8 @@
 #     nlohmann-json3-dev, libcli11-dev, libxxhash-dev (checkpoint checksums, header only),
 #     libopenmpi-dev, openmpi-bin, through apt-get when the machine has it and a network; for
 #     `test`, python3-torch, python3-numpy and libopenblas0-pthread when no python3 imports torch,
-#     and slurm-wlm and munge when slurmctld is missing.
+#     python3-matplotlib when no python3 imports matplotlib (the PNGs of dos_compare.py and
+#     gpu-train.sh), and slurm-wlm and munge when slurmctld is missing.
 #  2. The cache folder .deps/cache (git-ignored): StarPU's Debian source tarball and the .deb files of the
 #     header/test libraries, filled when online. On a machine without a network (the GPU machine) the
 #     script builds from that folder alone: carry .deps/cache there.
@@ -39,7 +40,7 @@ die() { printf '[setup] error: %s\n' "$*" >&2; exit 1; }
 
 cmd=${1:-run}
 [ $# -gt 0 ] && shift
-case "$cmd" in run|test|deps|build) ;; -h|--help|help) sed -n '2,24p' "$0"; exit 0 ;;
+case "$cmd" in run|test|deps|build) ;; -h|--help|help) sed -n '2,25p' "$0"; exit 0 ;;
   *) die "unknown command '$cmd': use run, test, deps or build (scripts/setup.sh --help)" ;; esac
 
 mkdir -p "$CACHE"
@@ -92,6 +93,20 @@ if [ "$cmd" = test ] && ! /usr/bin/python3 -c 'import torch' >/dev/null 2>&1 \
       libopenblas0-pthread >/dev/null 2>&1 || say "apt-get install python3-torch failed: the PyTorch test will skip"
   else
     say "no package manager or no network: not installing python3-torch (the PyTorch test will skip)"
+  fi
+fi
+
+# The plots of examples/dos_compare.py (compare.png) and scripts/gpu-train.sh (train_gpt.png) need
+# matplotlib: Debian's python3-matplotlib for /usr/bin/python3, only for `test`, only when no python3
+# imports it (without it the scripts write their tables and say that no PNG was drawn).
+if [ "$cmd" = test ] && ! /usr/bin/python3 -c 'import matplotlib' >/dev/null 2>&1 \
+   && ! python3 -c 'import matplotlib' >/dev/null 2>&1; then
+  if have_apt && apt_update_once; then
+    say "installing Debian's python3-matplotlib for the comparison plots"
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends python3-matplotlib >/dev/null 2>&1 \
+      || say "apt-get install python3-matplotlib failed: the comparison scripts will write no PNG"
+  else
+    say "no package manager or no network: not installing python3-matplotlib (the comparison scripts will write no PNG)"
   fi
 fi
 

@@ -97,12 +97,10 @@ Simulation simulate_phase(const Workload& w, const std::vector<PlanSide>& plan, 
   for (std::size_t q = 0; q < stream_order.size(); ++q) stream_pos[stream_order[q]] = q;
 
   // Host memory, shared by CPU Adam and both DMA directions: each asks for its full rate's traffic
-  // (CPU Adam reads master, exp_avg, exp_avg_sq and the gradient and writes the first three and
-  // the parameters: 24 + gb + pb bytes per parameter; each link its B), and when together they ask
-  // for more than the host delivers, M, each gets the same share of what it asked. M is what the
-  // calibration saw with all three running: U_c_dma / U_c of their full demand.
-  const double cpu_bytes = 24.0 + gb + pb;
-  const double host_bw = (r.U_c_dma / r.U_c) * (r.U_c * cpu_bytes + r.B_h2d + r.B_d2h);
+  // (CPU Adam: cpu_adam_host_bytes per parameter; each link its B), and when together they ask for
+  // more than the host delivers (host_bandwidth, M), each gets the same share of what it asked.
+  const double cpu_bytes = cpu_adam_host_bytes(w);
+  const double host_bw = host_bandwidth(w, r);
 
   // Lanes: PCIe each way (bytes), the GPU (seconds), the CPU (parameters).
   Lane h2d, d2h, gpu, cpu;

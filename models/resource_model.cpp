@@ -12,7 +12,15 @@ std::string Prediction::bound_by() const {
   if (total == cpu) return "cpu";
   if (total == h2d) return "h2d";
   if (total == d2h) return "d2h";
+  if (total == host) return "host";
   return "gpu";
+}
+
+double cpu_adam_host_bytes(const Workload& w) { return 24.0 + double(w.grad_bytes) + double(w.param_bytes); }
+
+double host_bandwidth(const Workload& w, const Rates& r) {
+  const double cpu = r.U_c * cpu_adam_host_bytes(w), links = r.B_h2d + r.B_d2h;
+  return std::max((r.U_c_dma / r.U_c) * (cpu + links), std::max(cpu, links));
 }
 
 bool rates_complete(const Rates& r) {
@@ -40,8 +48,11 @@ Prediction predict_split(const Workload& w, double n_cpu, double n_streamed, con
   // a resident subgroup moves no state, but the caller's gradient up and parameters down when the
   // caller's buffers are on the host (its GPU update's bytes less the 12 B of state each way)
   const double res_h2d = double(per_gpu.h2d) - 12.0, res_d2h = double(per_gpu.d2h) - 12.0;
-  p.h2d = (double(per_gpu.h2d) * n_streamed + double(per_cpu.h2d) * n_cpu + res_h2d * n_resident) / r.B_h2d;
-  p.d2h = (double(per_gpu.d2h) * n_streamed + double(per_cpu.d2h) * n_cpu + res_d2h * n_resident) / r.B_d2h;
+  const double up = double(per_gpu.h2d) * n_streamed + double(per_cpu.h2d) * n_cpu + res_h2d * n_resident;
+  const double down = double(per_gpu.d2h) * n_streamed + double(per_cpu.d2h) * n_cpu + res_d2h * n_resident;
+  p.h2d = up / r.B_h2d;
+  p.d2h = down / r.B_d2h;
+  p.host = (n_cpu * cpu_adam_host_bytes(w) + up + down) / host_bandwidth(w, r);
   // the GPU stages the gradients of CPU-updated subgroups; GPU-updated ones read the caller's own
   // (the direct path: no staging)
   const double n_conv = w.caller_on_gpu ? n_cpu : 0.0;
@@ -49,7 +60,7 @@ Prediction predict_split(const Workload& w, double n_cpu, double n_streamed, con
   const double t_dma = std::max(p.h2d, p.d2h);
   const double contended = n_cpu / r.U_c_dma;
   p.cpu = contended <= t_dma ? contended : t_dma + (n_cpu - r.U_c_dma * t_dma) / r.U_c;
-  p.total = std::max(std::max(p.cpu, p.gpu), std::max(p.h2d, p.d2h));
+  p.total = std::max(std::max(std::max(p.cpu, p.gpu), std::max(p.h2d, p.d2h)), p.host);
   return p;
 }
 
@@ -132,11 +143,16 @@ double lower_bound(const Workload& w, const Rates& r) {
   double total = 0, resident = 0;
   const std::size_t n = w.sizes.size(), nres = std::min(w.resident, n);
   for (std::size_t i = 0; i < n; ++i) (i < n - nres ? total : resident) += double(w.sizes[i]);
-  double best = predict_split(w, total, 0, r, resident).total;
+  // each resource's whole work at its best rate: CPU Adam at U_c, the links at B, host memory at M
+  auto bound = [&](double n_cpu, double n_streamed) {
+    const Prediction p = predict_split(w, n_cpu, n_streamed, r, resident);
+    return std::max(std::max(n_cpu / r.U_c, p.gpu), std::max(std::max(p.h2d, p.d2h), p.host));
+  };
+  double best = bound(total, 0);
   const int steps = w.may_stream ? 10000 : 0;
   for (int i = 1; i <= steps; ++i) {
     const double f = double(i) / steps;
-    best = std::min(best, predict_split(w, total * (1 - f), total * f, r, resident).total);
+    best = std::min(best, bound(total * (1 - f), total * f));
   }
   return best;
 }

@@ -11,7 +11,8 @@
 //          and at U_c once they are done, so the CPU needs
 //            N_cpu / U_c_dma                               if that ends before T_dma,
 //            T_dma + (N_cpu - U_c_dma T_dma) / U_c         otherwise.
-//   T = max(T_cpu, T_h2d, T_d2h, T_gpu)
+//   T_host = (N_cpu (24 + gb + pb) + bytes_h2d + bytes_d2h) / M  (host memory: host_bandwidth)
+//   T = max(T_cpu, T_h2d, T_d2h, T_gpu, T_host)
 // The contention term (U_c_dma < U_c) is what the paper's model leaves out: on the GPU machine
 // DeepSpeed's CPU Adam fell from 4.1 to 2.9 Gparams/s while StarPU streamed 51 GB/s each way
 // (notes/gpu-machine.md). With U_c_dma = U_c the model is the paper's (notes/deep-optimizer-states.md,
@@ -59,11 +60,25 @@ struct Workload {
 /// ones matches DeepSpeed's ZeRO-Offload++ `ratio` (static_plan). Returns 0..sizes.size().
 std::size_t resident_subgroups(const std::vector<std::size_t>& sizes, std::size_t budget_bytes);
 
-/// The predicted times of a plan, seconds, per resource and overall (the maximum).
+/// Host memory traffic of CPU Adam, bytes per parameter: it reads the fp32 master, exp_avg and
+/// exp_avg_sq and the staged gradient (w.grad_bytes) and writes the first three and the 16-bit
+/// parameters (w.param_bytes): 24 + grad_bytes + param_bytes.
+double cpu_adam_host_bytes(const Workload& w);
+
+/// What host memory delivers to CPU Adam and both DMA directions together, bytes/s: CPU Adam at
+/// U_c asks for U_c x cpu_adam_host_bytes, each link for its B; with both links streaming, CPU Adam
+/// ran at U_c_dma, i.e. got U_c_dma / U_c of what it asked, and so (each getting the same share)
+/// did the links: M = U_c_dma / U_c x (U_c x cpu_adam_host_bytes + B_h2d + B_d2h), and at least
+/// what CPU Adam alone and both links alone were measured to get (U_c x cpu_adam_host_bytes,
+/// B_h2d + B_d2h). With U_c_dma = U_c (the paper's model) M is their full demand: no contention.
+double host_bandwidth(const Workload& w, const Rates& r);
+
+/// The predicted times of a plan, seconds, per resource and overall (the maximum). host: the
+/// plan's host memory traffic (CPU Adam's and every PCIe byte) over host_bandwidth.
 struct Prediction {
-  double total = 0, cpu = 0, h2d = 0, d2h = 0, gpu = 0;
+  double total = 0, cpu = 0, h2d = 0, d2h = 0, gpu = 0, host = 0;
   double streamed_params = 0, cpu_params = 0, resident_params = 0;
-  /// Which resource bounds the phase: "cpu", "h2d", "d2h" or "gpu".
+  /// Which resource bounds the phase: "cpu", "h2d", "d2h", "gpu" or "host".
   std::string bound_by() const;
 };
 
@@ -107,10 +122,14 @@ struct StrideChoice {
 };
 StrideChoice choose_stride(const Workload& w, const Rates& r);
 
-/// A lower bound for the update phase on the same resources: the least predicted time of any split
-/// of the parameters between CPU and streaming, ignoring subgroup boundaries (predict_split over
-/// the streamed fraction, minimised to 1e-4 of the total), with w.resident subgroups resident and
-/// nothing streamed when !w.may_stream. Seconds.
+/// A lower bound for the update phase on the same resources, seconds: over every split of the
+/// parameters between CPU and streaming, ignoring subgroup boundaries (minimised to 1e-4 of the
+/// total), the least of the busiest resource's whole work at its best rate, with w.resident
+/// subgroups resident and nothing streamed when !w.may_stream. What it assumes: every resource busy
+/// from the first instant to the last (no pipeline fill or drain, no wait of one resource on
+/// another), CPU Adam at U_c, each link at its B, the GPU at U_g and D_c, and host memory at M
+/// (host_bandwidth) for CPU Adam's traffic and every PCIe byte together: contention enters only
+/// through M. It bounds the phase simulation (phase_sim.h) of every plan.
 double lower_bound(const Workload& w, const Rates& r);
 
 }  // namespace dos

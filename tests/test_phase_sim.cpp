@@ -1,0 +1,193 @@
+// The phase simulation (models/phase_sim.h) on cases small enough to follow by hand: each expected
+// time below is worked out here, piece by piece, from the resources' rates and the order the runtime
+// submits in, not by the simulation's code.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <stdexcept>
+#include <vector>
+
+#include "cmocka_cpp.h"
+#include "phase_sim.h"
+
+namespace {
+
+using dos::PlanSide;
+
+dos::Workload workload(std::vector<std::size_t> sizes, bool caller_on_gpu) {
+  dos::Workload w;
+  w.sizes = std::move(sizes);
+  w.caller_on_gpu = caller_on_gpu;
+  w.param_bytes = 2;
+  w.grad_bytes = 2;
+  return w;
+}
+
+// Every subgroup on the CPU, the caller's buffers in host memory: no PCIe, CPU Adam alone at U_c.
+void test_cpu_only(void**) {
+  const dos::Workload w = workload({1000000, 3000000, 777}, false);
+  const dos::Rates r{1e9, 5e8, 1e12, 1e12, 1e10, 1e10};
+  const dos::Simulation s = dos::simulate_phase(w, {PlanSide::cpu, PlanSide::cpu, PlanSide::cpu}, r, dos::Execution{});
+  const double want = (1000000.0 + 3000000.0 + 777.0) / 1e9;
+  assert_float_equal(s.total, want, 1e-12);
+  assert_float_equal(s.cpu, want, 1e-12);
+  assert_float_equal(s.cpu_beside_dma, 0.0, 0.0);
+  assert_float_equal(s.h2d + s.d2h, 0.0, 0.0);
+  assert_float_equal(s.stream_end, 0.0, 0.0);
+}
+
+// One streamed subgroup: its state goes up (12 n / B), the GPU updates it (n / U_g), it comes back
+// (12 n / B): nothing overlaps (the pipeline's fill and drain).
+void test_one_streamed(void**) {
+  const double n = 1e8;
+  const dos::Workload w = workload({std::size_t(n)}, true);
+  const dos::Rates r{1e9, 1e9, 1e11, 4e11, 4e10, 5e10};
+  const dos::Simulation s = dos::simulate_phase(w, {PlanSide::gpu_streamed}, r, dos::Execution{});
+  const double want = 12 * n / 4e10 + n / 1e11 + 12 * n / 5e10;
+  assert_float_equal(s.total, want, 1e-12);
+  assert_float_equal(s.stream_end, want, 1e-12);
+  assert_float_equal(s.h2d, 12 * n / 4e10, 1e-12);
+  assert_float_equal(s.d2h, 12 * n / 5e10, 1e-12);
+}
+
+// Two streamed subgroups: the second's state goes up while the GPU updates the first (prefetched),
+// and comes back once the first's has: a = 12 n / B each way, g = n / U_g < a; the first goes up in
+// [0, a], is updated in [a, a + g], goes back in [a + g, 2a + g]; the second goes up in [a, 2a], is
+// updated in [2a, 2a + g] and goes back in [2a + g, 3a + g].
+void test_two_streamed(void**) {
+  const double n = 1e8, B = 5e10, U_g = 1e11;
+  const dos::Workload w = workload({std::size_t(n), std::size_t(n)}, true);
+  const dos::Rates r{1e9, 1e9, U_g, 4e11, B, B};
+  const dos::Simulation s =
+      dos::simulate_phase(w, {PlanSide::gpu_streamed, PlanSide::gpu_streamed}, r, dos::Execution{});
+  const double a = 12 * n / B, g = n / U_g;
+  assert_float_equal(s.total, 3 * a + g, 1e-12);
+  assert_float_equal(s.gpu, 2 * g, 1e-12);
+}
+
+// Host memory shared. U_c = 1e9 with 28 B of host traffic per CPU-updated parameter (24 + 2 + 2):
+// 28e9 B/s; B = 28e9 each way; U_c_dma = 0.75 U_c, so M = 0.75 (28e9 + 56e9) = 63e9 B/s: CPU Adam
+// beside one link (56e9) runs at full speed, beside both (84e9) everything gets 3/4. The caller in
+// host memory; subgroup 0 on the CPU (2e9 parameters), subgroups 1 and 2 streamed (2e9 each, 14 B
+// up and 14 B down per parameter: 28e9 B, 1 s at full rate); the GPU's work next to nothing.
+// [0, 1]: the CPU (1e9 done) and subgroup 1 going up, full speed. From 1: subgroup 2 goes up and 1
+// comes back, beside the CPU: all at 3/4, so both links need 4/3 s and the CPU's last 1e9 too:
+// they end together at 7/3. Then subgroup 2 comes back alone at full speed: 10/3.
+void test_host_memory_shared(void**) {
+  const dos::Workload w = workload({2000000000, 2000000000, 2000000000}, false);
+  const std::vector<PlanSide> plan = {PlanSide::cpu, PlanSide::gpu_streamed, PlanSide::gpu_streamed};
+  const dos::Rates r{1e9, 0.75e9, 1e15, 1e15, 28e9, 28e9};
+  assert_float_equal(dos::host_bandwidth(w, r), 63e9, 1.0);
+  const dos::Simulation s = dos::simulate_phase(w, plan, r, dos::Execution{});
+  assert_float_equal(s.cpu, 7.0 / 3, 1e-5);
+  assert_float_equal(s.cpu_beside_dma, 7.0 / 3, 1e-5);
+  assert_float_equal(s.total, 10.0 / 3, 1e-5);
+  assert_float_equal(s.stream_end, s.total, 1e-12);
+  // without contention (U_c_dma = U_c): the CPU ends at 2, the links at 2 and 3
+  const dos::Simulation f = dos::simulate_phase(w, plan, dos::Rates{1e9, 1e9, 1e15, 1e15, 28e9, 28e9}, dos::Execution{});
+  assert_float_equal(f.cpu, 2.0, 1e-5);
+  assert_float_equal(f.total, 3.0, 1e-5);
+  // M is never below what CPU Adam or both links get alone
+  assert_float_equal(dos::host_bandwidth(w, dos::Rates{1e9, 0.1e9, 1e15, 1e15, 28e9, 28e9}), 56e9, 1.0);
+  assert_float_equal(dos::host_bandwidth(w, dos::Rates{1e9, 0.1e9, 1e15, 1e15, 1e9, 1e9}), 28e9, 1.0);
+}
+
+// The order of submission and the CUDA worker's first-in first-out queue. Subgroup 0 streamed,
+// subgroup 1 on the CPU, the caller on the GPU; n = 1e9 each, B = 1.2e10 each way (the state, 12 n,
+// takes 1 s each way, the gradient and the parameters, 2 n, 1/6 s), CPU Adam 1 s, the GPU's work
+// next to nothing (1e-6 s: n / U_g; the staging n / D_c is 1e-6 s too).
+// plan order: the GPU's queue holds the streamed Adam, then the staging, which waits behind it
+// for the state: up [0, 1], Adam [1, 1+e], staging [1+e, 1+2e], the state goes back [1+e, 2+e]
+// and the gradient behind it [2+e, 2+e+1/6], CPU Adam [.., 3+e+1/6], parameters up
+// [.., 3+e+1/3], their write-back: 3 + 1/3 + e.
+// cpu_first: the staging first [0, e], the gradient down [e, e+1/6], CPU Adam [.., e+7/6],
+// parameters up once the state is up (1 s) [e+7/6, e+4/3]; the streamed Adam [1, 1+e], its state
+// back [1+e, 2+e], the end.
+void test_order(void**) {
+  const double n = 1e9, e = 1e-6;
+  const dos::Workload w = workload({std::size_t(n), std::size_t(n)}, true);
+  const dos::Rates r{1e9, 1e9, 1e15, 1e15, 1.2e10, 1.2e10};
+  const std::vector<PlanSide> plan = {PlanSide::gpu_streamed, PlanSide::cpu};
+  dos::Execution plan_order;
+  plan_order.order = dos::SubmitOrder::plan;
+  const dos::Simulation a = dos::simulate_phase(w, plan, r, plan_order);
+  assert_false(a.cpu_first);
+  assert_float_equal(a.total, 3 + 1.0 / 3 + e, 1e-9);
+  dos::Execution cpu_first;
+  cpu_first.order = dos::SubmitOrder::cpu_first;
+  const dos::Simulation b = dos::simulate_phase(w, plan, r, cpu_first);
+  assert_true(b.cpu_first);
+  assert_float_equal(b.total, 2 + e, 1e-9);
+  assert_float_equal(b.stream_end, 2 + e, 1e-9);
+  // an update budget too small for the CPU subgroup's staging beside the streaming window: plan order
+  cpu_first.update_budget = std::size_t(12 * n);
+  assert_false(dos::submits_cpu_first(w, plan, cpu_first));
+}
+
+// The update budget: two CPU subgroups (caller on the GPU, staging 4 B per parameter) and a budget
+// of one subgroup's staging: the second starts only when the first's parameters are back, so the
+// phase is twice one subgroup's chain: gradient down 0.2 s, Adam 1 s, parameters up 0.2 s. Without
+// a budget the second's gradient follows the first's and its Adam the first's: 0.2 + 1 + 1 + 0.2.
+void test_budget(void**) {
+  const double n = 1e9;
+  const dos::Workload w = workload({std::size_t(n), std::size_t(n)}, true);
+  const dos::Rates r{1e9, 1e9, 1e15, 1e15, 1e10, 1e10};
+  assert_int_equal(dos::subgroup_footprint(w, std::size_t(n), PlanSide::cpu), 4 * std::size_t(n));
+  assert_int_equal(dos::subgroup_footprint(w, std::size_t(n), PlanSide::gpu_streamed), 12 * std::size_t(n));
+  assert_int_equal(dos::subgroup_footprint(w, std::size_t(n), PlanSide::gpu_resident), 0);
+  dos::Execution tight;
+  tight.update_budget = 4 * std::size_t(n);
+  const std::vector<PlanSide> plan = {PlanSide::cpu, PlanSide::cpu};
+  assert_float_equal(dos::simulate_phase(w, plan, r, tight).total, 2 * 1.4 + 2e-6, 1e-9);
+  assert_float_equal(dos::simulate_phase(w, plan, r, dos::Execution{}).total, 2.4 + 1e-6, 1e-9);
+}
+
+// The plan search and the lower bound: on a grid of machines, the simulated best plan is never
+// faster than the lower bound (which assumes no fill, drain or wait) and never slower than the
+// simulated all-CPU and all-streamed plans.
+void test_choice_and_bound(void**) {
+  for (double uc : {1e9, 4e9}) {
+    for (double share : {1.0, 0.75, 0.5}) {
+      for (double b : {2e10, 5e10}) {
+        dos::Workload w = workload(std::vector<std::size_t>(20, 100000000), true);
+        const dos::Rates r{uc, uc * share, 1.3e11, 5e11, b, b};
+        const dos::Choice c = dos::choose_plan_simulated(w, r, dos::Execution{});
+        const double lb = dos::lower_bound(w, r);
+        const double all_cpu = dos::simulate_phase(w, dos::spread_plan(20, 0), r, dos::Execution{}).total;
+        const double all_gpu = dos::simulate_phase(w, dos::spread_plan(20, 20), r, dos::Execution{}).total;
+        assert_true(lb <= c.predicted.total + 1e-12);
+        assert_true(c.predicted.total <= std::min(all_cpu, all_gpu) + 1e-12);
+        assert_int_equal(std::size_t(std::count(c.plan.begin(), c.plan.end(), PlanSide::gpu_streamed)), c.streamed);
+      }
+    }
+  }
+}
+
+void test_bad_input(void**) {
+  const dos::Workload w = workload({10, 10}, true);
+  bool threw = false;
+  try {
+    dos::simulate_phase(w, {PlanSide::cpu}, dos::Rates{1, 1, 1, 1, 1, 1}, dos::Execution{});
+  } catch (const std::invalid_argument&) {
+    threw = true;
+  }
+  assert_true(threw);
+  threw = false;
+  try {
+    dos::simulate_phase(w, {PlanSide::cpu, PlanSide::cpu}, dos::Rates{1, 0, 1, 1, 1, 1}, dos::Execution{});
+  } catch (const std::invalid_argument&) {
+    threw = true;
+  }
+  assert_true(threw);
+}
+
+}  // namespace
+
+int main() {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_cpu_only),   cmocka_unit_test(test_one_streamed),       cmocka_unit_test(test_two_streamed),
+      cmocka_unit_test(test_host_memory_shared), cmocka_unit_test(test_order),       cmocka_unit_test(test_budget),
+      cmocka_unit_test(test_choice_and_bound),   cmocka_unit_test(test_bad_input),
+  };
+  return cmocka_run_group_tests(tests, nullptr, nullptr);
+}

@@ -130,12 +130,16 @@ Rates calibrate_rates(Runtime& runtime, std::size_t S, DType dtype, MemoryKind m
   phase(0.75);  // warm-up: device buffers allocated, streams started
   phase(0.0);
   Rates r;
+  double mixed_busy = 1e30;  // the CPU's least busy time in the mixed phase, seconds
   for (int rep = 0; rep < 2; ++rep) {
     const StepStats cpu = phase(0.0);  // every subgroup on the CPU: the CPU worker's busy time
     r.U_c = std::max(r.U_c, double(n) / cpu.cpu_busy_seconds);
     const StepStats mixed = phase(0.75);  // 2 subgroups on the CPU while 6 stream
-    r.U_c_dma = std::max(r.U_c_dma, double(nsub - 6) * double(S) / mixed.cpu_busy_seconds);
+    mixed_busy = std::min(mixed_busy, mixed.cpu_busy_seconds);
   }
+  // A first guess: the CPU's rate over the whole mixed phase. Part of that phase's CPU work may run
+  // beside one link or none, so U_c_dma is then fitted below with the phase simulation.
+  r.U_c_dma = double(nsub - 6) * double(S) / mixed_busy;
   // The GPU's own rates: its kernels timed with CUDA events. (A CUDA worker's busy time includes
   // the waits of its pipelined asynchronous tasks: it made GPU Adam look 100x slower than it is.)
   benchmark_gpu_rates(S, dtype, &r.U_g, &r.D_c);
@@ -157,6 +161,19 @@ Rates calibrate_rates(Runtime& runtime, std::size_t S, DType dtype, MemoryKind m
 #endif
   r.U_c_dma = std::min(r.U_c_dma, r.U_c);
   if (!rates_complete(r)) throw Error("calibration measured a zero rate; run again with --recalibrate");
+  // U_c_dma such that the phase simulation of the mixed phase keeps the CPU as busy as it was: the
+  // part of its work the simulation runs beside no or one link is taken at the simulated rate, the
+  // rest of the measured busy time gives the rate beside both (the online refinement's rule,
+  // iterated: M, and so the share, depend on U_c_dma).
+  {
+    const std::vector<PlanSide> mixed_plan = spread_plan(nsub, 6);
+    for (int it = 0; it < 8; ++it) {
+      const Simulation sim = simulate_phase(opt.workload(), mixed_plan, r, opt.execution());
+      const double alone = sim.cpu - sim.cpu_beside_dma, beside = mixed_busy - alone;
+      if (!(sim.cpu_beside_dma > 0) || !(beside > 0.2 * sim.cpu_beside_dma)) break;
+      r.U_c_dma = std::min(r.U_c, r.U_c_dma * sim.cpu_beside_dma / beside);
+    }
+  }
   if (verbose)
     std::fprintf(stderr,
                  "[dos] calibrated (%zu subgroups of %zu): U_c %.2f Gparams/s alone, %.2f under DMA; U_g %.1f Gparams/s; "

@@ -1,0 +1,215 @@
+#!/usr/bin/env python3
+"""Train a small Hugging Face causal language model with the ``transformers`` Trainer, the optimizer
+being ``DeepOptimizerStates`` (``--optimizer dos``) or ``torch.optim.AdamW`` for comparison.
+
+The optimizer is handed over as the Trainer's documentation says, ``Trainer(...,
+optimizers=(optimizer, lr_scheduler))``, built over :func:`param_groups_no_decay`'s groups (no weight
+decay for norms and biases: the groups the Trainer makes for its own optimizer) with the scheduler
+from ``transformers.get_scheduler``. Everything else is the Trainer's: gradient clipping
+(``max_grad_norm``), gradient accumulation, bf16 mixed precision (``--bf16``: ``bf16=True``),
+checkpoints every ``--save-steps`` steps and ``--resume`` from one (``trainer.train(
+resume_from_checkpoint=...)``).
+
+The model is ``LlamaForCausalLM`` (``--model llama``) or ``GPT2LMHeadModel`` (``--model gpt2``) from a
+config, randomly initialised, over byte-level tokens (vocabulary 256). The text is the running
+Python's standard library sources, as in ``examples/train_gpt.py`` (``--corpus`` picks other
+files): cut into windows of ``--seq-len`` bytes, which the Trainer's sampler shuffles (seeded by
+``--seed``).
+
+    PYTHONPATH=python DOS_C_LIBRARY=build/libdos_c.so \\
+        python3 examples/hf_trainer.py --model llama --optimizer dos --policy dos --bf16 --steps 100
+
+``--log-json FILE`` writes the loss of every micro-batch (``micro_losses``, the value the Trainer
+back-propagates) and of every logged step, the checkpoint folders and a summary.
+"""
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import sys
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "python"))
+sys.path.insert(0, HERE)
+
+from train_gpt import load_corpus  # noqa: E402
+
+VOCAB = 256  # byte-level tokens
+
+
+class ByteWindows(torch.utils.data.Dataset):
+    """Non-overlapping windows of ``seq_len`` bytes of ``data`` (a 1-D torch.uint8 tensor), as
+    ``{"input_ids": int64 (seq_len,), "labels": int64 (seq_len,)}`` (the model shifts the labels)."""
+
+    def __init__(self, data, seq_len):
+        self.data = data
+        self.seq_len = seq_len
+
+    def __len__(self):
+        return self.data.numel() // self.seq_len
+
+    def __getitem__(self, i):
+        w = self.data[i * self.seq_len:(i + 1) * self.seq_len].long()
+        return {"input_ids": w, "labels": w.clone()}
+
+
+def params_digest(model):
+    """SHA-256 (hex str) of every parameter's bytes, in ``model.parameters()`` order, read in the
+    parameters' own dtype on the CPU: equal digests mean bit-identical parameters."""
+    h = hashlib.sha256()
+    for p in model.parameters():
+        t = p.detach().cpu().contiguous()
+        h.update(str((tuple(t.shape), t.dtype)).encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
+def make_model(kind, n_layer, hidden, heads, seq_len):
+    """A randomly initialised ``LlamaForCausalLM`` (kind ``llama``) or ``GPT2LMHeadModel`` (``gpt2``)
+    over 256 byte tokens, fp32 on the CPU. Raises ``ValueError`` for another kind."""
+    import transformers
+    if kind == "llama":
+        cfg = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=hidden, intermediate_size=4 * hidden,
+                                       num_hidden_layers=n_layer, num_attention_heads=heads,
+                                       num_key_value_heads=heads, max_position_embeddings=seq_len)
+        return transformers.LlamaForCausalLM(cfg)
+    if kind == "gpt2":
+        cfg = transformers.GPT2Config(vocab_size=VOCAB, n_positions=seq_len, n_embd=hidden, n_layer=n_layer,
+                                      n_head=heads, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+        return transformers.GPT2LMHeadModel(cfg)
+    raise ValueError(f"unknown model {kind!r}: llama or gpt2")
+
+
+def make_optimizer(args, model):
+    """The optimizer ``args.optimizer`` names over ``param_groups_no_decay(model, args.weight_decay)``:
+    ``DeepOptimizerStates`` (AdamW, policy ``args.policy``) or ``torch.optim.AdamW``. Clipping is
+    left to the Trainer (``max_grad_norm``)."""
+    from deep_optimizer_states import DeepOptimizerStates, param_groups_no_decay
+    groups = param_groups_no_decay(model, args.weight_decay)
+    kw = dict(lr=args.lr, betas=(args.beta1, args.beta2), eps=args.eps)
+    if args.optimizer == "dos":
+        return DeepOptimizerStates(groups, decoupled=True, policy=args.policy,
+                                   subgroup_size=int(float(args.subgroup_size)), **kw)
+    return torch.optim.AdamW(groups, **kw)
+
+
+def parse_args(argv=None):
+    """The command line (``argv``, default sys.argv) as an argparse.Namespace; ``--help`` lists it."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--optimizer", choices=["dos", "adamw"], default="dos")
+    ap.add_argument("--policy", default="dos", help="the runtime's scheduling policy (cpu, gpu, dos, static:R, dmda...)")
+    ap.add_argument("--model", choices=["llama", "gpt2"], default="llama")
+    ap.add_argument("--n-layer", type=int, default=2)
+    ap.add_argument("--hidden", type=int, default=64)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--seq-len", type=int, default=64)
+    ap.add_argument("--batch-size", type=int, default=8, help="per micro-batch")
+    ap.add_argument("--grad-accum", type=int, default=1, help="micro-batches per optimizer step")
+    ap.add_argument("--steps", type=int, default=40, help="optimizer steps")
+    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--schedule", choices=["cosine", "linear", "constant_with_warmup"], default="cosine")
+    ap.add_argument("--beta1", type=float, default=0.9)
+    ap.add_argument("--beta2", type=float, default=0.95)
+    ap.add_argument("--eps", type=float, default=1e-8)
+    ap.add_argument("--weight-decay", type=float, default=0.1, help="for all but norms and biases")
+    ap.add_argument("--max-grad-norm", type=float, default=1.0, help="the Trainer's clipping (0: none)")
+    ap.add_argument("--subgroup-size", default="1e8", help="elements per subgroup (dos)")
+    ap.add_argument("--bf16", action="store_true", help="bf16 mixed precision (the Trainer's bf16=True)")
+    ap.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    ap.add_argument("--output-dir", default="hf_trainer_out")
+    ap.add_argument("--save-steps", type=int, default=0, help="checkpoint every N steps (0: none)")
+    ap.add_argument("--resume", help="a checkpoint folder to resume from, or 'last' (the newest in --output-dir)")
+    ap.add_argument("--corpus", action="append", help="text file or folder (repeatable); default: the Python "
+                    "standard library's .py files")
+    ap.add_argument("--corpus-glob", default="*", help="file-name pattern in corpus folders")
+    ap.add_argument("--corpus-mb", type=float, default=2.0)
+    ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--log-json", help="write the losses, checkpoints and a summary to this JSON file")
+    args = ap.parse_args(argv)
+    if args.steps < 1 or args.grad_accum < 1 or args.batch_size < 1:
+        ap.error("--steps, --grad-accum and --batch-size must be >= 1")
+    return args
+
+
+def main(argv=None):
+    """Trains as the arguments say; returns a dict: ``micro_losses`` (list of floats, one per
+    micro-batch of this run), ``step_losses`` (the Trainer's logged loss per step), ``summary``.
+    Exits with an error when ``transformers`` is not installed."""
+    args = parse_args(argv)
+    try:
+        import transformers
+    except ImportError:
+        sys.exit("hf_trainer.py needs the transformers package (pip install transformers accelerate)")
+    from transformers import Trainer, TrainingArguments
+
+    class RecordingTrainer(Trainer):
+        """The Trainer, noting the loss of every micro-batch (``compute_loss``'s value) in the list
+        ``micro_losses``."""
+
+        def compute_loss(self, model, inputs, *a, **kw):
+            """Trainer.compute_loss, with its loss appended to ``micro_losses`` (float)."""
+            out = super().compute_loss(model, inputs, *a, **kw)
+            self.micro_losses.append(float((out[0] if isinstance(out, tuple) else out).detach()))
+            return out
+
+    use_cpu = args.device == "cpu" or (args.device == "auto" and not torch.cuda.is_available())
+    targs = TrainingArguments(
+        output_dir=args.output_dir, max_steps=args.steps, per_device_train_batch_size=args.batch_size,
+        gradient_accumulation_steps=args.grad_accum, learning_rate=args.lr, weight_decay=args.weight_decay,
+        max_grad_norm=args.max_grad_norm, bf16=args.bf16, use_cpu=use_cpu, seed=args.seed, data_seed=args.seed,
+        logging_steps=1, save_strategy="steps" if args.save_steps else "no", save_steps=args.save_steps or 500,
+        report_to="none", dataloader_num_workers=0, disable_tqdm=True)
+    transformers.set_seed(args.seed)
+    data, corpus_desc = load_corpus(args.corpus, args.corpus_glob, int(args.corpus_mb * 1e6))
+    dataset = ByteWindows(data, args.seq_len)
+    model = make_model(args.model, args.n_layer, args.hidden, args.heads, args.seq_len)
+    # the optimizer reads the parameters where they are when it is made: move the model first
+    model.to(targs.device)
+    opt = make_optimizer(args, model)
+    sched = transformers.get_scheduler(args.schedule, optimizer=opt, num_warmup_steps=args.warmup,
+                                       num_training_steps=args.steps)
+    nparams = sum(p.numel() for p in model.parameters())
+    print(f"hf_trainer: {type(model).__name__}, {args.n_layer} layers, hidden {args.hidden}, {nparams:,} parameters "
+          f"on {targs.device}; optimizer {args.optimizer}" + (f" (policy {args.policy})" if args.optimizer == "dos" else "")
+          + f"; {'bf16 mixed precision' if args.bf16 else 'fp32'}; batch {args.batch_size} x {args.grad_accum} "
+          f"micro-batches x {args.seq_len} bytes; corpus {corpus_desc}; transformers {transformers.__version__}, "
+          f"torch {torch.__version__}", flush=True)
+    trainer = RecordingTrainer(model=model, args=targs, train_dataset=dataset, optimizers=(opt, sched))
+    trainer.micro_losses = []
+    resume = None
+    if args.resume:
+        resume = True if args.resume == "last" else args.resume
+    trainer.train(resume_from_checkpoint=resume)
+    step_losses = [(h["step"], h["loss"]) for h in trainer.state.log_history if "loss" in h]
+    ckpts = sorted(d for d in os.listdir(args.output_dir) if d.startswith("checkpoint-")) \
+        if os.path.isdir(args.output_dir) else []
+    summary = dict(optimizer=args.optimizer, policy=args.policy if args.optimizer == "dos" else None,
+                   model=type(model).__name__, params=nparams, steps=trainer.state.global_step,
+                   micro_batches=len(trainer.micro_losses), bf16=args.bf16, device=str(targs.device),
+                   resumed_from=args.resume, checkpoints=ckpts,
+                   skipped_steps=getattr(opt, "skipped_steps", 0), transformers=transformers.__version__,
+                   torch=torch.__version__)
+    ml = trainer.micro_losses
+    if ml:
+        print(f"summary: {args.optimizer}: micro-batch loss {ml[0]:.4f} -> {ml[-1]:.4f} over "
+              f"{len(ml)} micro-batches, global step {trainer.state.global_step}", flush=True)
+    result = dict(summary=summary, micro_losses=ml, step_losses=step_losses,
+                  final_params_sha256=params_digest(model),
+                  final_params_finite=all(bool(torch.isfinite(p).all()) for p in model.parameters()))
+    if args.log_json:
+        with open(args.log_json, "w") as f:
+            json.dump(dict(args=vars(args), **result), f, indent=1)
+    if hasattr(opt, "close"):
+        opt.close()
+    return result
+
+
+if __name__ == "__main__":
+    r = main()
+    sys.exit(0 if r["micro_losses"] and all(math.isfinite(x) for x in r["micro_losses"]) else 1)

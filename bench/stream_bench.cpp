@@ -1,5 +1,5 @@
 // dos-bench stream: the runtime's streaming of optimizer state through the GPU against the PCIe
-// roof measured in the same process (issue 5: "keep a benchmark that would catch a regression").
+// roof measured in the same process (a benchmark that catches a regression of the streaming).
 //
 // The roof is cudaMemcpyAsync between pinned host memory and the device, both directions at once
 // (dos::benchmark_pcie). The runtime runs the `gpu` policy (every subgroup streamed: its fp32

@@ -1,6 +1,6 @@
 // A training iteration's forward and backward, emulated with the model's real GEMM shapes, so that
 // the update phase runs between compute phases and GPU memory rises and falls as in training
-// (issue 5, "A realistic iteration"). Values are constants: only the times and the memory matter.
+// (the emulated iteration). Values are constants: only the times and the memory matter.
 #pragma once
 
 #include <cstddef>

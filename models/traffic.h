@@ -1,5 +1,5 @@
 // PCIe traffic of one subgroup update: the byte counts of ARCHITECTURE.md ("What one update phase
-// does"), as a pure function. The k-stride model (issue 4) builds its per-resource times on these;
+// does"), as a pure function. The resource model builds its per-resource times on these;
 // the tests check StarPU's measured bus counters against them.
 #pragma once
 

@@ -1,4 +1,4 @@
-// Collective communication among the data-parallel ranks of a job (issue 7): rank r of W owns
+// Collective communication among the data-parallel ranks of a job: rank r of W owns
 // shard r of the flat parameters (ZeRO partitioning, partition.h's shard_range) and runs the update
 // phase for it; every iteration the gradients are reduce-scattered (each rank receives the sum over
 // ranks of its shard) and the updated 16-bit parameters all-gathered. Two backends behind two small

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# On the GPU machine, for issue 3 (kernels at the memory roofs): dos-bench beside PyTorch's fused CPU
+# On the GPU machine (kernels at the memory roofs): dos-bench beside PyTorch's fused CPU
 # AdamW (the peers' cpu_adam_only), and the CPU side of the update phase with one CPU worker running
 # an OpenMP team against many single-threaded CPU workers. Build first (scripts/setup.sh build), or
 # carry a build/ made on the developer machine. Needs ../shared/peers/torch_update_phase.py copied

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# On the GPU machine, issue 5's side-by-side: dos-compare on the 20B preset's shard 1/4 (subgroups
+# On the GPU machine, the side by side: dos-compare on the 20B preset's shard 1/4 (subgroups
 # of 1.24e8, update budget 40 GB, forward/backward emulated with 4096 tokens) with the PyTorch peers
 # in the same script. Needs ../shared/peers/torch_update_phase.py copied into .peers/ and carried:
 #   run(command="scripts/gpu-compare.sh", carry=[".deps/cache", ".peers"])

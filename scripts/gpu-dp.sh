@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# On nvidia-h200-x2 (2 GPUs, 32 cores): issue 7's data-parallel runs. The same model on 1 rank
+# On nvidia-h200-x2 (2 GPUs, 32 cores): the data-parallel runs. The same model on 1 rank
 # (one GPU, all cores) and on 2 ranks (one GPU each, the cores split by dos-train near each GPU),
 # with the collectives through NCCL (GPU buffers) and through MPI (host buffers):
 #   run(command="scripts/gpu-dp.sh", kind="nvidia-h200-x2", carry=[".deps/cache"])

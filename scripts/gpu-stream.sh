@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# On the GPU machine, for issue 5 (streaming at the PCIe rate, budgets, a realistic iteration):
+# On the GPU machine (streaming at the PCIe rate, budgets, a realistic iteration):
 # builds, runs the GPU tests of the update phase, `dos-bench stream` (the runtime's streaming
 # variants against the duplex PCIe roof, same process), the 7B quarter under the old and the new
 # streaming, and the 20B quarter with the update budget and the emulated forward/backward.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# dos-train as a 2-rank MPI job (issue 7's first part) on the CPU: each rank owns half of the
+# dos-train as a 2-rank MPI job on the CPU: each rank owns half of the
 # parameters; gradients are reduce-scattered and parameters all-gathered every iteration. The two
 # ranks' saved shards must hold exactly their slices of a one-process run with --grad-parts 2 (the
 # same summed gradients); a bad option must fail the whole job on every rank, with a message,

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# dos-train as a 2-rank job whose collectives go through NCCL on the GPUs' buffers (issue 7): one
+# dos-train as a 2-rank job whose collectives go through NCCL on the GPUs' buffers: one
 # GPU per rank; the ranks' saved shards must be exactly their slices of a one-process run with
 # --grad-parts 2, as with MPI through host memory (both are checked); --comm nccl where the buffers
 # are on the host is refused with a message. Skips (77) without mpirun, without MPI or NCCL in

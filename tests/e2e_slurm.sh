@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A real Slurm in the tests (issue 7): starts a private single-node Slurm (munge, slurmctld,
+# A real Slurm in the tests: starts a private single-node Slurm (munge, slurmctld,
 # slurmd, a minimal slurm.conf for this machine, its own ports and folders), submits
 # examples/slurm/dos-train.sbatch as a 2-rank CPU job with `sbatch --wait` (the script's GPU and
 # partition lines removed, as on a CPU-only cluster), and checks that the job succeeded and that

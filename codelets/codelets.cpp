@@ -66,8 +66,8 @@ void cast_cpu(void* buffers[], void* cl_arg) {
 }
 
 // History-based perfmodels: subgroups of equal size share one footprint, so dmda learns one
-// time per (codelet, size, worker type) (regression models never validate on equal sizes,
-// notes/starpu-1.3.md section 2).
+// time per (codelet, size, worker type) (StarPU's regression models need several sizes to
+// become valid, so they never do on equal sizes).
 struct starpu_perfmodel adam_model = {};
 struct starpu_perfmodel adam_direct_model = {};
 struct starpu_perfmodel gather_model = {};

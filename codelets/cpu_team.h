@@ -2,7 +2,7 @@
 //
 // StarPU runs one "fat" CPU worker (or a few) whose codelets open an OpenMP parallel region. With
 // StarPU's own binding, the team would inherit the worker's single-core mask and pile onto one
-// core (notes/starpu-1.3.md, section 4), so the runtime starts StarPU with STARPU_WORKERS_NOBIND=1
+// core (seen with StarPU 1.3), so the runtime starts StarPU with STARPU_WORKERS_NOBIND=1
 // and binds threads itself: each CUDA worker's driver thread to a core of its own, and thread t of
 // CPU worker w's team to core (w * team_size + t) of the cores that are left. Pinned threads that
 // stay on their core keep the kernel's static OpenMP schedule balanced; on the GPU machine the

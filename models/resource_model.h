@@ -2,7 +2,7 @@
 // streamed through the GPU, and how long that takes. Pure functions: no StarPU, no clocks.
 //
 // A plan gives each subgroup a side. Its predicted update-phase time is that of the busiest shared
-// resource (ARCHITECTURE.md, "The decision"):
+// resource:
 //   T_h2d = bytes_h2d / B_h2d, T_d2h = bytes_d2h / B_d2h   (bytes per subgroup: traffic.h)
 //   T_gpu = N_gpu / U_g + N_conv / D_c                     (GPU Adam, and the gradient staging of
 //                                                          the CPU subgroups when the caller is on
@@ -14,9 +14,9 @@
 //   T_host = (N_cpu (24 + gb + pb) + bytes_h2d + bytes_d2h) / M  (host memory: host_bandwidth)
 //   T = max(T_cpu, T_h2d, T_d2h, T_gpu, T_host)
 // The contention term (U_c_dma < U_c) is what the paper's model leaves out: on the GPU machine
-// DeepSpeed's CPU Adam fell from 4.1 to 2.9 Gparams/s while StarPU streamed 51 GB/s each way
-// (notes/gpu-machine.md). With U_c_dma = U_c the model is the paper's (notes/deep-optimizer-states.md,
-// section 1): the stride k is the plan "one subgroup in k streamed" (subgroups k-1, 2k-1, ...).
+// DeepSpeed's CPU Adam fell from 4.1 to 2.9 Gparams/s while StarPU streamed 51 GB/s each way.
+// With U_c_dma = U_c the model is the paper's (Maurya et al., "Deep Optimizer States", Equation 1):
+// the stride k is the plan "one subgroup in k streamed" (subgroups k-1, 2k-1, ...).
 #pragma once
 
 #include <cstddef>

@@ -1,5 +1,5 @@
-// PCIe traffic of one subgroup update: the byte counts of ARCHITECTURE.md ("What one update phase
-// does"), as a pure function. The resource model builds its per-resource times on these;
+// PCIe traffic of one subgroup update: the byte counts of one update phase (README, "The update
+// phase's data flow"), as a pure function. The resource model builds its per-resource times on these;
 // the tests check StarPU's measured bus counters against them.
 #pragma once
 

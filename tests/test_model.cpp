@@ -1,5 +1,5 @@
 // The resource model (models/resource_model.h) on known cases, with the expected figures computed
-// here by hand from the formulas of ARCHITECTURE.md, not by the model's code.
+// here by hand from the model's formulas (models/resource_model.h), not by the model's code.
 #include <cmath>
 #include <algorithm>
 #include <cstdio>
@@ -38,7 +38,7 @@ void test_plans(void**) {
 }
 
 // The paper's worked example without contention: 20B model at DP=4, N = 3.83e9 in 31 subgroups,
-// U_c = 2.19e9 params/s, B = 20.7 GB/s each way (notes/deep-optimizer-states.md, section 1).
+// U_c = 2.19e9 params/s, B = 20.7 GB/s each way (the paper's figures).
 void test_paper_example(void**) {
   const double S = 3.83e9 / 31, Uc = 2.19e9, B = 20.7e9;
   const dos::Workload w = uniform(31, std::size_t(S));
@@ -62,7 +62,7 @@ void test_paper_example(void**) {
 }
 
 // The GPU machine: PCIe 51 GB/s each way, U_c 4.1e9 alone and 2.9e9 under full-duplex DMA:
-// roughly half streamed, near 0.6 s for 3.83e9 parameters (ARCHITECTURE.md).
+// roughly half streamed, near 0.6-0.7 s for 3.83e9 parameters.
 void test_gpu_machine(void**) {
   const dos::Workload w = uniform(31, 123548387);
   const dos::Rates r{4.1e9, 2.9e9, 1e11, 4e11, 51e9, 51e9};

@@ -325,20 +325,9 @@ StrideChoice choose_stride_simulated(const Workload& w, const Rates& r, const Ex
 }
 
 Choice choose_plan_simulated(const Workload& w, const Rates& r, const Execution& e) {
-  Choice best;
-  const std::size_t n = w.sizes.size();
-  const std::size_t resident = std::min(w.resident, n), free = n - resident;
-  for (std::size_t m = 0; m <= (w.may_stream ? free : 0); ++m) {
-    std::vector<PlanSide> plan = spread_plan(free, m);
-    plan.resize(n, PlanSide::gpu_resident);
-    const Simulation s = simulate_phase(w, plan, r, e);
-    if (m == 0 || s.total < best.predicted.total) {
-      best.streamed = m;
-      best.predicted = simulated_prediction(w, plan, s, r);
-      best.plan = std::move(plan);
-    }
-  }
-  return best;
+  return choose_plan_by(w, [&](const std::vector<PlanSide>& plan) {
+    return simulated_prediction(w, plan, simulate_phase(w, plan, r, e), r);
+  });
 }
 
 }  // namespace dos

@@ -109,14 +109,14 @@ std::size_t resident_subgroups(const std::vector<std::size_t>& sizes, std::size_
   return count;
 }
 
-Choice choose_plan(const Workload& w, const Rates& r) {
+Choice choose_plan_by(const Workload& w, const std::function<Prediction(const std::vector<PlanSide>&)>& eval) {
   Choice best;
   const std::size_t n = w.sizes.size();
   const std::size_t resident = std::min(w.resident, n), free = n - resident;
   for (std::size_t m = 0; m <= (w.may_stream ? free : 0); ++m) {
     std::vector<PlanSide> plan = spread_plan(free, m);
     plan.resize(n, PlanSide::gpu_resident);
-    const Prediction p = predict(w, plan, r);
+    const Prediction p = eval(plan);
     if (m == 0 || p.total < best.predicted.total) {
       best.plan = std::move(plan);
       best.streamed = m;
@@ -124,6 +124,10 @@ Choice choose_plan(const Workload& w, const Rates& r) {
     }
   }
   return best;
+}
+
+Choice choose_plan(const Workload& w, const Rates& r) {
+  return choose_plan_by(w, [&](const std::vector<PlanSide>& plan) { return predict(w, plan, r); });
 }
 
 StrideChoice choose_stride(const Workload& w, const Rates& r) {

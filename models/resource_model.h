@@ -20,6 +20,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -114,6 +115,9 @@ struct Choice {
   Prediction predicted;
 };
 Choice choose_plan(const Workload& w, const Rates& r);
+
+/// The same search with `eval` giving each candidate plan's prediction (its total is compared).
+Choice choose_plan_by(const Workload& w, const std::function<Prediction(const std::vector<PlanSide>&)>& eval);
 
 /// The best stride k in [1, n] by predicted time (ties: larger k), and its prediction.
 struct StrideChoice {

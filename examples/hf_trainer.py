@@ -97,13 +97,12 @@ def make_optimizer(args, model):
     return torch.optim.AdamW(groups, **kw)
 
 
-def parse_args(argv=None):
-    """The command line (``argv``, default sys.argv) as an argparse.Namespace; ``--help`` lists it."""
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_common_args(ap):
+    """Adds to the argparse parser ``ap`` the options both framework examples share (optimizer,
+    policy, model size, batch, schedule, AdamW's hyper-parameters, clipping, device, corpus, seed,
+    log); returns ``ap``."""
     ap.add_argument("--optimizer", choices=["dos", "adamw"], default="dos")
     ap.add_argument("--policy", default="dos", help="the runtime's scheduling policy (cpu, gpu, dos, static:R, dmda...)")
-    ap.add_argument("--model", choices=["llama", "gpt2"], default="llama")
     ap.add_argument("--n-layer", type=int, default=2)
     ap.add_argument("--hidden", type=int, default=64)
     ap.add_argument("--heads", type=int, default=4)
@@ -113,27 +112,62 @@ def parse_args(argv=None):
     ap.add_argument("--steps", type=int, default=40, help="optimizer steps")
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--warmup", type=int, default=5)
-    ap.add_argument("--schedule", choices=["cosine", "linear", "constant_with_warmup"], default="cosine")
     ap.add_argument("--beta1", type=float, default=0.9)
     ap.add_argument("--beta2", type=float, default=0.95)
     ap.add_argument("--eps", type=float, default=1e-8)
     ap.add_argument("--weight-decay", type=float, default=0.1, help="for all but norms and biases")
-    ap.add_argument("--max-grad-norm", type=float, default=1.0, help="the Trainer's clipping (0: none)")
+    ap.add_argument("--max-grad-norm", type=float, default=1.0, help="the framework's clipping (0: none)")
     ap.add_argument("--subgroup-size", default="1e8", help="elements per subgroup (dos)")
-    ap.add_argument("--bf16", action="store_true", help="bf16 mixed precision (the Trainer's bf16=True)")
     ap.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
-    ap.add_argument("--output-dir", default="hf_trainer_out")
-    ap.add_argument("--save-steps", type=int, default=0, help="checkpoint every N steps (0: none)")
-    ap.add_argument("--resume", help="a checkpoint folder to resume from, or 'last' (the newest in --output-dir)")
     ap.add_argument("--corpus", action="append", help="text file or folder (repeatable); default: the Python "
                     "standard library's .py files")
     ap.add_argument("--corpus-glob", default="*", help="file-name pattern in corpus folders")
     ap.add_argument("--corpus-mb", type=float, default=2.0)
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--log-json", help="write the losses, checkpoints and a summary to this JSON file")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def check_common_args(ap, args):
+    """Exits through ``ap.error`` when a count in ``args`` is below 1."""
     if args.steps < 1 or args.grad_accum < 1 or args.batch_size < 1:
         ap.error("--steps, --grad-accum and --batch-size must be >= 1")
+
+
+def finish(args, result, opt, global_step):
+    """Prints the summary line of ``result`` (a dict with ``micro_losses``), writes it with the
+    arguments to ``--log-json`` when given, closes ``opt`` when it has ``close``; returns
+    ``result``."""
+    ml = result["micro_losses"]
+    if ml:
+        print(f"summary: {args.optimizer}: micro-batch loss {ml[0]:.4f} -> {ml[-1]:.4f} over {len(ml)} "
+              f"micro-batches, global step {global_step}", flush=True)
+    if args.log_json:
+        with open(args.log_json, "w") as f:
+            json.dump(dict(args=vars(args), **result), f, indent=1)
+    if hasattr(opt, "close"):
+        opt.close()
+    return result
+
+
+def exit_status(result):
+    """0 when the run recorded losses and all are finite, else 1."""
+    ml = result["micro_losses"]
+    return 0 if ml and all(math.isfinite(x) for x in ml) else 1
+
+
+def parse_args(argv=None):
+    """The command line (``argv``, default sys.argv) as an argparse.Namespace; ``--help`` lists it."""
+    ap = add_common_args(argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                                 formatter_class=argparse.RawDescriptionHelpFormatter))
+    ap.add_argument("--model", choices=["llama", "gpt2"], default="llama")
+    ap.add_argument("--schedule", choices=["cosine", "linear", "constant_with_warmup"], default="cosine")
+    ap.add_argument("--bf16", action="store_true", help="bf16 mixed precision (the Trainer's bf16=True)")
+    ap.add_argument("--output-dir", default="hf_trainer_out")
+    ap.add_argument("--save-steps", type=int, default=0, help="checkpoint every N steps (0: none)")
+    ap.add_argument("--resume", help="a checkpoint folder to resume from, or 'last' (the newest in --output-dir)")
+    args = ap.parse_args(argv)
+    check_common_args(ap, args)
     return args
 
 
@@ -195,21 +229,10 @@ def main(argv=None):
                    resumed_from=args.resume, checkpoints=ckpts,
                    skipped_steps=getattr(opt, "skipped_steps", 0), transformers=transformers.__version__,
                    torch=torch.__version__)
-    ml = trainer.micro_losses
-    if ml:
-        print(f"summary: {args.optimizer}: micro-batch loss {ml[0]:.4f} -> {ml[-1]:.4f} over "
-              f"{len(ml)} micro-batches, global step {trainer.state.global_step}", flush=True)
-    result = dict(summary=summary, micro_losses=ml, step_losses=step_losses,
-                  final_params_sha256=params_digest(model),
-                  final_params_finite=all(bool(torch.isfinite(p).all()) for p in model.parameters()))
-    if args.log_json:
-        with open(args.log_json, "w") as f:
-            json.dump(dict(args=vars(args), **result), f, indent=1)
-    if hasattr(opt, "close"):
-        opt.close()
-    return result
+    result = dict(summary=summary, micro_losses=trainer.micro_losses, step_losses=step_losses,
+                  final_params_sha256=params_digest(model))
+    return finish(args, result, opt, trainer.state.global_step)
 
 
 if __name__ == "__main__":
-    r = main()
-    sys.exit(0 if r["micro_losses"] and all(math.isfinite(x) for x in r["micro_losses"]) else 1)
+    sys.exit(exit_status(main()))

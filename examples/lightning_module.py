@@ -27,7 +27,6 @@ summary.
 """
 
 import argparse
-import json
 import math
 import os
 import sys
@@ -104,40 +103,17 @@ if L is not None:
 
 def parse_args(argv=None):
     """The command line (``argv``, default sys.argv) as an argparse.Namespace; ``--help`` lists it."""
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--optimizer", choices=["dos", "adamw"], default="dos")
-    ap.add_argument("--policy", default="dos", help="the runtime's scheduling policy (cpu, gpu, dos, static:R, dmda...)")
+    ap = hf_trainer.add_common_args(argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                                            formatter_class=argparse.RawDescriptionHelpFormatter))
     ap.add_argument("--model", choices=["llama", "gpt2", "builtin"], default="llama")
-    ap.add_argument("--n-layer", type=int, default=2)
-    ap.add_argument("--hidden", type=int, default=64)
-    ap.add_argument("--heads", type=int, default=4)
-    ap.add_argument("--seq-len", type=int, default=64)
-    ap.add_argument("--batch-size", type=int, default=8, help="per micro-batch")
-    ap.add_argument("--grad-accum", type=int, default=1, help="micro-batches per optimizer step")
-    ap.add_argument("--steps", type=int, default=40, help="optimizer steps")
     ap.add_argument("--epoch-steps", type=int, default=0, help="optimizer steps per epoch (0: --steps / 2)")
-    ap.add_argument("--lr", type=float, default=3e-3)
-    ap.add_argument("--warmup", type=int, default=5)
-    ap.add_argument("--beta1", type=float, default=0.9)
-    ap.add_argument("--beta2", type=float, default=0.95)
-    ap.add_argument("--eps", type=float, default=1e-8)
-    ap.add_argument("--weight-decay", type=float, default=0.1, help="for all but norms and biases")
-    ap.add_argument("--max-grad-norm", type=float, default=1.0, help="Lightning's gradient_clip_val (0: none)")
-    ap.add_argument("--subgroup-size", default="1e8", help="elements per subgroup (dos)")
     ap.add_argument("--precision", choices=["32-true", "bf16-mixed", "bf16-true"], default="32-true")
-    ap.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     ap.add_argument("--output-dir", default="lightning_out", help="checkpoints go to OUTPUT_DIR/checkpoints")
     ap.add_argument("--resume", help="a checkpoint (.ckpt) to resume from, or 'last' (the newest in the folder)")
-    ap.add_argument("--corpus", action="append", help="text file or folder (repeatable); default: the Python "
-                    "standard library's .py files")
-    ap.add_argument("--corpus-glob", default="*", help="file-name pattern in corpus folders")
-    ap.add_argument("--corpus-mb", type=float, default=2.0)
-    ap.add_argument("--seed", type=int, default=1234)
-    ap.add_argument("--log-json", help="write the losses, checkpoints and a summary to this JSON file")
     args = ap.parse_args(argv)
-    if args.steps < 1 or args.grad_accum < 1 or args.batch_size < 1 or args.epoch_steps < 0:
-        ap.error("--steps, --grad-accum and --batch-size must be >= 1, --epoch-steps >= 0")
+    hf_trainer.check_common_args(ap, args)
+    if args.epoch_steps < 0:
+        ap.error("--epoch-steps must be >= 0")
     args.epoch_steps = args.epoch_steps or max(1, args.steps // 2)
     return args
 
@@ -191,19 +167,10 @@ def main(argv=None):
                    model=type(module.model).__name__, params=nparams, steps=trainer.global_step,
                    micro_batches=len(ml), precision=args.precision, resumed_from=resume, checkpoints=ckpts,
                    skipped_steps=getattr(opt, "skipped_steps", 0), lightning=L.__version__, torch=torch.__version__)
-    if ml:
-        print(f"summary: {args.optimizer}: micro-batch loss {ml[0]:.4f} -> {ml[-1]:.4f} over {len(ml)} "
-              f"micro-batches, global step {trainer.global_step}", flush=True)
     result = dict(summary=summary, micro_losses=ml, checkpoints=[os.path.join(ckdir, c) for c in ckpts],
                   final_params_sha256=hf_trainer.params_digest(module.model))
-    if args.log_json:
-        with open(args.log_json, "w") as f:
-            json.dump(dict(args=vars(args), **result), f, indent=1)
-    if hasattr(opt, "close"):
-        opt.close()
-    return result
+    return hf_trainer.finish(args, result, opt, trainer.global_step)
 
 
 if __name__ == "__main__":
-    r = main()
-    sys.exit(0 if r["micro_losses"] and all(math.isfinite(x) for x in r["micro_losses"]) else 1)
+    sys.exit(hf_trainer.exit_status(main()))

@@ -113,16 +113,42 @@ Choice choose_plan_by(const Workload& w, const std::function<Prediction(const st
   Choice best;
   const std::size_t n = w.sizes.size();
   const std::size_t resident = std::min(w.resident, n), free = n - resident;
-  for (std::size_t m = 0; m <= (w.may_stream ? free : 0); ++m) {
+  const std::size_t top = w.may_stream ? free : 0;
+  bool any = false;
+  auto consider = [&](std::size_t m) {
     std::vector<PlanSide> plan = spread_plan(free, m);
     plan.resize(n, PlanSide::gpu_resident);
     const Prediction p = eval(plan);
-    if (m == 0 || p.total < best.predicted.total) {
+    if (!any || p.total < best.predicted.total || (p.total == best.predicted.total && m < best.streamed)) {
       best.plan = std::move(plan);
       best.streamed = m;
       best.predicted = p;
+      any = true;
     }
+    return p.total;
+  };
+  constexpr std::size_t kGrid = 64;
+  if (top <= kGrid) {
+    for (std::size_t m = 0; m <= top; ++m) consider(m);
+    return best;
   }
+  // Many subgroups: every plan would cost (n + 1) evaluations of n subgroups each. A grid of kGrid + 1
+  // streamed counts, then a golden-section search between the grid points around the best (the
+  // predicted time against the streamed count has one minimum in every case measured).
+  std::size_t best_at = 0;
+  double best_t = 0;
+  for (std::size_t g = 0; g <= kGrid; ++g) {
+    const std::size_t m = top * g / kGrid;
+    const double t = consider(m);
+    if (g == 0 || t < best_t) best_t = t, best_at = g;
+  }
+  std::size_t lo = top * (best_at == 0 ? 0 : best_at - 1) / kGrid, hi = top * std::min(best_at + 1, kGrid) / kGrid;
+  while (hi - lo > 3) {
+    const std::size_t a = lo + (hi - lo) * 382 / 1000, b = hi - (hi - lo) * 382 / 1000;
+    if (consider(a) <= consider(b)) hi = b;
+    else lo = a;
+  }
+  for (std::size_t m = lo; m <= hi; ++m) consider(m);
   return best;
 }
 

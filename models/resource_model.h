@@ -116,7 +116,10 @@ struct Choice {
 };
 Choice choose_plan(const Workload& w, const Rates& r);
 
-/// The same search with `eval` giving each candidate plan's prediction (its total is compared).
+/// The same search with `eval` giving each candidate plan's prediction (its total is compared;
+/// ties: fewer streamed). Up to 64 streamable subgroups every m is tried; with more, a grid of 65
+/// values of m, then a golden-section search between the grid points around the best (about
+/// 65 + 2 log2(n / 64) evaluations).
 Choice choose_plan_by(const Workload& w, const std::function<Prediction(const std::vector<PlanSide>&)>& eval);
 
 /// The best stride k in [1, n] by predicted time (ties: larger k), and its prediction.

@@ -163,6 +163,26 @@ void test_choice_and_bound(void**) {
   }
 }
 
+// Many subgroups: the plan search's grid and golden-section steps find the plan that trying every
+// streamed count finds (here by brute force over every m, each simulated).
+void test_search_many(void**) {
+  dos::Workload w = workload(std::vector<std::size_t>(301, 10000000), true);
+  w.sizes.back() = 1234567;
+  for (double share : {1.0, 0.7}) {
+    const dos::Rates r{4e9, 4e9 * share, 1.3e11, 5e11, 5e10, 5e10};
+    double best = 0;
+    std::size_t best_m = 0;
+    for (std::size_t m = 0; m <= 301; ++m) {
+      const double t = dos::simulate_phase(w, dos::spread_plan(301, m), r, dos::Execution{}).total;
+      if (m == 0 || t < best) best = t, best_m = m;
+    }
+    const dos::Choice c = dos::choose_plan_simulated(w, r, dos::Execution{});
+    std::printf("  301 subgroups, U_c_dma/U_c %.1f: brute force %zu streamed (%.4f s), search %zu (%.4f s)\n", share,
+                best_m, best, c.streamed, c.predicted.total);
+    assert_true(c.predicted.total <= best * (1 + 1e-3));
+  }
+}
+
 void test_bad_input(void**) {
   const dos::Workload w = workload({10, 10}, true);
   bool threw = false;
@@ -187,7 +207,8 @@ int main() {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_cpu_only),   cmocka_unit_test(test_one_streamed),       cmocka_unit_test(test_two_streamed),
       cmocka_unit_test(test_host_memory_shared), cmocka_unit_test(test_order),       cmocka_unit_test(test_budget),
-      cmocka_unit_test(test_choice_and_bound),   cmocka_unit_test(test_bad_input),
+      cmocka_unit_test(test_choice_and_bound),   cmocka_unit_test(test_search_many),
+      cmocka_unit_test(test_bad_input),
   };
   return cmocka_run_group_tests(tests, nullptr, nullptr);
 }

@@ -60,6 +60,13 @@ if has sweep; then
        | grep -E "^(model|sweep|  )|rror"
   done
 fi
+# PyTorch: the 1.01e9-parameter GPT of scripts/gpu-train.sh, short runs (TRAIN_SECONDS each for dos)
+if has train; then
+  echo "== scripts/gpu-train.sh (short)"
+  OUT=$OUT/train DOS_C_LIBRARY=$BUILD/libdos_c.so TEST=0 DOS_SECONDS=${TRAIN_SECONDS:-30} ADAMW_SECONDS=10 \
+    OFFLOAD_SECONDS=15 timeout 240 "$ROOT/scripts/gpu-train.sh" 2>&1 | grep -vE "^\[starpu" | tail -25
+  (cd "$OUT" && tar czf train.tgz train && rm -rf train)
+fi
 # the timelines and reports in one archive (the device tool brings back few files)
 (cd "$OUT" && tar czf perf-json.tgz *.json 2>/dev/null && rm -f *.json)
 echo "total: $(( $(date +%s) - t0 )) s"

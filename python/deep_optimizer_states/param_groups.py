@@ -53,6 +53,17 @@ def no_decay_parameter_names(model):
     return out
 
 
+def _finite_nonneg(name, value):
+    """``value`` as a float; ``ValueError`` naming ``name`` unless it is a finite number >= 0."""
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        v = float("nan")
+    if not (v >= 0 and math.isfinite(v)):
+        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+    return v
+
+
 def param_groups_no_decay(model, weight_decay, lr=None):
     """The param groups of ``model``'s trainable parameters for ``torch.optim``-style optimizers:
     first the parameters to decay, with ``weight_decay``; then the normalisation layers' parameters
@@ -72,19 +83,8 @@ def param_groups_no_decay(model, weight_decay, lr=None):
     or non-finite ``weight_decay`` or ``lr``, or when the model has no trainable parameter.
     """
     names = no_decay_parameter_names(model)  # raises TypeError first
-    try:
-        wd = float(weight_decay)
-    except (TypeError, ValueError):
-        raise ValueError(f"weight_decay must be a number >= 0, got {weight_decay!r}") from None
-    if not (wd >= 0 and math.isfinite(wd)):
-        raise ValueError(f"weight_decay must be a finite number >= 0, got {weight_decay!r}")
-    if lr is not None:
-        try:
-            lr = float(lr)
-        except (TypeError, ValueError):
-            raise ValueError(f"lr must be a number >= 0 or None, got {lr!r}") from None
-        if not (lr >= 0 and math.isfinite(lr)):
-            raise ValueError(f"lr must be a finite number >= 0 or None, got {lr!r}")
+    wd = _finite_nonneg("weight_decay", weight_decay)
+    lr = None if lr is None else _finite_nonneg("lr", lr)
     decay, no_decay = [], []
     for name, p in model.named_parameters():
         if p.requires_grad:

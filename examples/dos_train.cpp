@@ -31,6 +31,9 @@
 #include "resource_model.h"
 #include "model_config.h"
 #include "partition.h"
+#include "plan.h"
+#include "plan_only.h"
+#include "policy.h"
 #include "safetensors.h"
 #include "temp_cleanup.h"
 
@@ -63,6 +66,8 @@ struct Args {
   std::string save_state, resume;
   std::vector<std::string> sweep;
   bool recalibrate = false;
+  bool plan_only = false;
+  std::string rates;  ///< --rates as given: six numbers or a rates file (plan_only.h)
   std::string gpu_resident_budget, gpu_update_budget;
   int stream_lookahead = 3;
   std::string writeback = "eager";
@@ -481,6 +486,10 @@ int run(const Args& args) {
     }
   if ((!a.k.empty() || !a.gpu_fraction.empty() || !a.sweep.empty()) && a.policy != "dos")
     fail("--k, --gpu-fraction and --sweep need --policy dos");
+  if (a.plan_only && (!a.k.empty() || !a.gpu_fraction.empty() || !a.sweep.empty()))
+    fail("--plan-only shows the plan's own choice: leave out --k, --gpu-fraction and --sweep");
+  dos::Rates rates{}, calibrated_rates{};
+  if (!a.rates.empty()) rates = dos_train::parse_rates(a.rates, &calibrated_rates);
   if (a.cpu_threads < 0) fail("--cpu-threads must be >= 0 (0: automatic), got " + std::to_string(a.cpu_threads));
   if (const std::size_t cores = dos::allowed_cores().size(); cores > 0 && std::size_t(a.cpu_threads) > cores)
     fail("--cpu-threads " + std::to_string(a.cpu_threads) + " is more than the " + std::to_string(cores) +
@@ -511,6 +520,35 @@ int run(const Args& args) {
   check_distinct_outputs(a);
   if (!a.report.empty()) dos::check_writable(a.report);
   if (!a.save_params.empty()) dos::check_writable(a.save_params);
+  if (a.plan_only) {  // no runtime, no buffers: the plan the first iteration would carry out
+    dos_train::PlanOnly po;
+    po.model = cfg.name;
+    po.policy = a.policy.empty() ? (std::getenv("STARPU_SCHED") && *std::getenv("STARPU_SCHED") ? std::getenv("STARPU_SCHED") : "cpu") : a.policy;
+    std::vector<std::size_t> numels;
+    for (const ShardTensor& st : shard_tensors(all, range)) numels.push_back(st.count);
+    for (const dos::SubgroupLayout& l : dos::partition_subgroups(numels, subgroup)) po.workload.sizes.push_back(l.size);
+    po.workload.caller_on_gpu = a.device != "host";
+    po.workload.param_bytes = dos::dtype_size(dtype);
+    po.workload.grad_bytes = a.grad_transfer == "native" ? dos::dtype_size(dtype) : 4;
+    po.budgets = dos::GpuBudgets{resident_budget, update_budget};
+    po.execution.order = a.submit_order == "plan" ? dos::SubmitOrder::plan : dos::SubmitOrder::cpu_first;
+    po.execution.lookahead = unsigned(a.stream_lookahead);
+    po.execution.update_budget = update_budget;
+    if (!a.rates.empty()) po.rates = &rates, po.calibrated = &calibrated_rates;
+    std::printf("dos-train --plan-only: %s, %zu of %zu parameters (shard %s), %s, subgroups of %zu\n", cfg.name.c_str(),
+                n, total, a.shard.c_str(), a.dtype.c_str(), subgroup);
+    nlohmann::ordered_json rep = dos_train::show_plan(po);
+    rep["params_total"] = total;
+    rep["params"] = n;
+    rep["shard"] = a.shard;
+    rep["dtype"] = a.dtype;
+    rep["subgroup_size"] = subgroup;
+    if (!a.report.empty()) {
+      const std::string text = rep.dump(2) + "\n";
+      dos::write_file_atomically(a.report, {{text.data(), text.size()}});
+    }
+    return 0;
+  }
   dos::check_host_memory(n * dos::host_bytes_per_param(dtype),
                          "the optimizer state of " + std::to_string(n) + " parameters (" + cfg.name + ", shard " + a.shard + ")");
   const std::vector<ShardTensor> tensors = shard_tensors(all, range);
@@ -605,6 +643,7 @@ int run(const Args& args) {
   oo.dtype = dtype;
   oo.memory = on_gpu ? dos::MemoryKind::cuda : dos::MemoryKind::host;
   oo.recalibrate = a.recalibrate;
+  if (!a.rates.empty()) oo.rates = rates;  // the model's plans use them instead of calibrating
   oo.verbose = !a.quiet;
   oo.gpu_resident_budget = resident_budget;
   oo.gpu_update_budget = update_budget;
@@ -651,9 +690,8 @@ int run(const Args& args) {
   }
 
   // ---- iterations ------------------------------------------------------------------------------
-  if (rt.static_cpu_share() >= 0 && rt.cuda_workers() > 0) {
-    const double R = rt.static_cpu_share();  // as parse_policy read it
-    const auto plan = dos::static_plan(opt.num_subgroups(), R);
+  if (rt.plan() && rt.plan()->needs().resident == dos::ResidentState::own && rt.cuda_workers() > 0) {
+    const auto plan = opt.next_plan();  // a plan that keeps its own subgroups resident: say which
     std::size_t ncpu = 0, pcpu = 0;
     for (std::size_t i = 0; i < plan.size(); ++i)
       if (plan[i] == dos::PlanSide::cpu) ++ncpu, pcpu += opt.subgroup_size(i);
@@ -829,6 +867,7 @@ int run(const Args& args) {
       nlohmann::ordered_json row = {{"iteration", it}, {"label", label}, {"update_seconds", s.seconds}, {"gparams_per_s", gps},
                        {"subgroups_cpu", s.subgroups_cpu}, {"subgroups_gpu", s.subgroups_gpu},
                        {"planned_streamed", s.planned_streamed}, {"planned_resident", s.planned_resident},
+                       {"plan", dos::plan_letters(s.plan)}, {"placement", dos::plan_letters(s.placement)},
                        {"predicted_seconds", s.predicted_seconds}, {"lower_bound_seconds", s.lower_bound_seconds},
                        {"bytes_h2d", s.bytes_h2d}, {"bytes_d2h", s.bytes_d2h},
                        {"cpu_busy_fraction", cpu_busy}, {"gpu_busy_fraction", gpu_busy},
@@ -1036,11 +1075,13 @@ int main(int argc, char** argv) {
   app.add_option("--config", a.config, "Hugging Face config.json of the model (overrides --preset)");
   app.add_option("--iterations,-n", a.iterations, "training iterations to run (>= 1)")->capture_default_str();
   app.add_option("--subgroup-size", a.subgroup_size, "elements per subgroup (>= 1; 1e8 notation accepted)")->capture_default_str();
+  std::string plans;
+  for (const dos::PlanEntry& e : dos::plan_registry()) plans += std::string(plans.empty() ? "" : "; ") + e.usage + ": " + e.summary;
+  std::string starpu_policies;
+  for (const auto* p : dos::registered_starpu_policies()) starpu_policies += std::string(", ") + p->policy_name;
   app.add_option("--policy", a.policy,
-                 "scheduling policy: cpu (every update on the CPU), gpu (every update on the GPU, state streamed), "
-                 "dos (the resource model's plan, re-taken every iteration), static:R (R = CPU share of the "
-                 "subgroups; the others keep their state resident on the GPU), or a StarPU built-in (dmda, dmdas, "
-                 "eager, lws, ...). Default: $STARPU_SCHED if set, else cpu");
+                 "scheduling policy: a plan (" + plans + "), or a StarPU policy that places the tasks itself (dmda, "
+                 "dmdas, eager, lws, ..." + starpu_policies + "). Default: $STARPU_SCHED if set, else cpu");
   app.add_option("--dtype", a.dtype, "dtype of the model's parameters and gradients: bf16, fp16, fp32")->capture_default_str();
   app.add_option("--optimizer", a.optimizer, "adamw (torch.optim.AdamW) or adam (torch.optim.Adam, L2 decay)")->capture_default_str();
   app.add_option("--lr", a.lr, "learning rate")->capture_default_str();
@@ -1124,6 +1165,14 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--cpu-scale", a.cpu_scale, "--emulate-compute without a GPU: divide every dimension by this")
       ->capture_default_str();
+  app.add_flag("--plan-only", a.plan_only,
+               "print the plan of --policy for the first iteration (one letter per subgroup), its simulated time and "
+               "the lower bound with --rates, and exit: no StarPU, no GPU needed. The caller's buffers are taken to be "
+               "on the GPU unless --device host; the GPU budgets, --submit-order and --stream-lookahead count");
+  app.add_option("--rates", a.rates,
+                 "the model's rates instead of calibrating: U_c,U_c_dma,U_g,D_c,B_h2d,B_d2h in Gparams/s (4) and GB/s "
+                 "(2), as the 'model:' line prints them, or the path of a rates file (the calibration cache's JSON, "
+                 "params/s and bytes/s)");
   app.add_flag("--recalibrate", a.recalibrate,
                "with --policy dos or static:R: measure the model's rates again instead of reading the cached ones");
   try {

@@ -2,6 +2,7 @@
 // calibrate_rates in dos.h), and its cache.
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -82,6 +83,25 @@ std::string rates_cache_path(const Runtime& runtime, std::size_t S, DType dtype,
   return cache_dir() + "/rates-" + key + ".json";
 }
 
+Rates load_rates(const std::string& path, Rates* calibrated) {
+  std::ifstream f(path);
+  if (!f) throw Error("cannot read the rates file " + path + ": " + std::strerror(errno));
+  Rates r, c;
+  try {
+    const nlohmann::json j = nlohmann::json::parse(f);
+    r = rates_from_json(j);
+    c = j.contains("calibrated") ? rates_from_json(j.at("calibrated")) : r;
+  } catch (const std::exception& e) {
+    throw Error("the rates file " + path + " is not a rates file (JSON with U_c, U_c_dma, U_g, D_c, B_h2d, B_d2h in "
+                "params/s and bytes/s): " + e.what());
+  }
+  if (!rates_complete(r) || !rates_complete(c))
+    throw Error("the rates file " + path + " has a rate that is not a positive number (U_c, U_c_dma, U_g, D_c, B_h2d, "
+                "B_d2h must all be > 0)");
+  if (calibrated) *calibrated = c;
+  return r;
+}
+
 void save_rates(const std::string& path, const Rates& r, const Rates& calibrated) {
   std::filesystem::create_directories(path.substr(0, path.rfind('/')));  // throws on failure
   nlohmann::json j = to_json(r);
@@ -96,20 +116,14 @@ Rates calibrate_rates(Runtime& runtime, std::size_t S, DType dtype, MemoryKind m
   if (!runtime.model_policy())
     throw Error("calibrating the model's rates needs the dos (or static:R) policy, not " + runtime.policy());
   const std::string path = rates_cache_path(runtime, S, dtype, memory), dir = path.substr(0, path.rfind('/'));
-  if (!force) {
-    std::ifstream f(path);
-    if (f) {
-      try {
-        const nlohmann::json j = nlohmann::json::parse(f);
-        const Rates r = rates_from_json(j);
-        const Rates c = j.contains("calibrated") ? rates_from_json(j.at("calibrated")) : r;
-        if (rates_complete(r) && rates_complete(c)) {
-          if (calibrated) *calibrated = c;
-          if (verbose) std::fprintf(stderr, "[dos] model rates from %s (--recalibrate measures them again)\n", path.c_str());
-          return r;
-        }
-      } catch (const std::exception&) {
-      }
+  if (!force && std::ifstream(path)) {
+    try {
+      Rates c;
+      const Rates r = load_rates(path, &c);
+      if (calibrated) *calibrated = c;
+      if (verbose) std::fprintf(stderr, "[dos] model rates from %s (--recalibrate measures them again)\n", path.c_str());
+      return r;
+    } catch (const Error&) {
       if (verbose) std::fprintf(stderr, "[dos] ignoring the unreadable calibration file %s\n", path.c_str());
     }
   }

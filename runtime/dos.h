@@ -48,9 +48,13 @@ struct TensorView {
   std::size_t numel;
 };
 
+class Plan;
+
 /// Options of a Runtime.
-/// policy: "cpu" (every update on the CPU), "gpu" (every update on the GPU), or the name of a
-///   StarPU built-in policy ("dmda", "eager", "lws", ...); empty: $STARPU_SCHED if set, else "cpu".
+/// policy: a registered plan ("cpu": every update on the CPU, "gpu": every update on the GPU,
+///   "dos", "static:R", "greedy", ...: scheduler/plan.h), a StarPU policy registered with the
+///   library (scheduler/policy.h), or the name of a StarPU built-in policy ("dmda", "eager", "lws",
+///   ...); empty: $STARPU_SCHED if set, else "cpu".
 ///   An explicit policy wins over $STARPU_SCHED (a warning says so).
 /// cpu_threads: OpenMP threads of the CPU Adam codelet; 0: $OMP_NUM_THREADS if set, else every
 ///   core of the process's CPU set minus one per CUDA worker (the cores that drive the GPUs).
@@ -83,8 +87,8 @@ struct RuntimeOptions {
   int node_ranks = 1;
 };
 
-/// The process's StarPU instance (one at a time). Throws Error for an unknown policy, a "gpu"
-/// policy without a CUDA worker, or when StarPU cannot start.
+/// The process's StarPU instance (one at a time). Throws Error for an unknown policy, a plan that
+/// needs a CUDA worker ("gpu") without one, or when StarPU cannot start.
 class Runtime {
  public:
   explicit Runtime(const RuntimeOptions& options);
@@ -92,14 +96,14 @@ class Runtime {
   Runtime(const Runtime&) = delete;
   Runtime& operator=(const Runtime&) = delete;
 
-  /// The policy name as StarPU reports it running ("dos-placement" for cpu/gpu, "dmda", ...).
+  /// The policy name as StarPU reports it running ("dos-placement" for the plans, "dmda", ...).
   std::string running_policy() const;
   /// The policy as requested ("cpu", "gpu", "dmda", ...).
   const std::string& policy() const { return policy_; }
-  /// True for the policies that plan with the resource model (dos, static:R).
+  /// True for the plans that need the model's rates (PlanNeeds::rates: dos, static:R, greedy).
   bool model_policy() const;
-  /// For static:R, the CPU share R in [0, 1]; -1 for every other policy.
-  double static_cpu_share() const;
+  /// The plan --policy named (scheduler/plan.h), or null under a StarPU policy. Owned by the Runtime.
+  const Plan* plan() const;
   unsigned cpu_workers() const;
   unsigned cuda_workers() const;
   int cpu_threads() const { return cpu_threads_; }
@@ -193,7 +197,7 @@ struct BusSample {
   std::uint64_t h2d = 0, d2h = 0;
 };
 
-/// Forces the `dos` policy's plan, for sweeps: fraction: round(value * n) subgroups streamed,
+/// Forces the plan of a plan with the model's rates (dos, ...), for sweeps: fraction: round(value * n) subgroups streamed,
 /// spread evenly (value in [0, 1]); stride: the paper's stride k = value (an integer >= 1);
 /// none: the model's choice.
 struct PlanOverride {
@@ -227,6 +231,8 @@ struct StepStats {
   double predicted_seconds = 0;
   double lower_bound_seconds = 0;
   std::string bound_by;
+  /// Per subgroup, the side the plan gave it (empty under a StarPU policy, which decides alone).
+  std::vector<PlanSide> plan;
   /// Per subgroup, the kind of worker its Adam task ran on (PlanSide::cpu or gpu_streamed, or
   /// gpu_resident where the plan kept it resident), as the task's executing worker reported it.
   std::vector<PlanSide> placement;
@@ -331,8 +337,9 @@ class Optimizer {
   /// The hyper-parameters the next step() uses.
   const AdamHyper& hyper() const;
 
-  /// Forces (or, with PlanOverride::none, releases) the plan of the `dos` (or `static:R`) policy
-  /// from the next step(). Throws Error for another policy or a value out of range.
+  /// Forces (or, with PlanOverride::none, releases) the plan of a plan with the model's rates (dos,
+  /// static:R, greedy: PlanNeeds::rates) from the next step(). Throws Error for another policy or a
+  /// value out of range.
   void set_plan_override(const PlanOverride& o);
   /// From the next step() on, records every task of the phase and samples the bus counters
   /// (StepStats::timeline, StepStats::bus); costs a sampling thread while a phase runs.
@@ -347,6 +354,10 @@ class Optimizer {
   Execution execution() const;
   /// The workload the model sees (subgroup sizes, where the caller's buffers live).
   const Workload& workload() const;
+  /// The plan the next step() would carry out with the rates as they are now (StepStats::plan);
+  /// empty under a StarPU policy. Throws Error (or the plan's own exception) when the plan cannot
+  /// decide.
+  std::vector<PlanSide> next_plan() const;
 
   struct Impl;
 
@@ -377,6 +388,13 @@ Rates calibrate_rates(Runtime& runtime, std::size_t subgroup_elems, DType dtype,
 
 /// The cache file of calibrate_rates for this runtime and configuration.
 std::string rates_cache_path(const Runtime& runtime, std::size_t subgroup_elems, DType dtype, MemoryKind memory);
+
+/// Reads a rates file in the format of calibrate_rates' cache: a JSON object with U_c, U_c_dma, U_g,
+/// D_c (params/s), B_h2d and B_d2h (bytes/s), the rates to plan with, and optionally the same under
+/// "calibrated" (the calibration's own). Returns the rates to plan with; *calibrated (when not null)
+/// gets the "calibrated" ones, or the same rates when the file has none.
+/// Throws Error naming the path when it cannot be read, is not such JSON, or a rate is not > 0.
+Rates load_rates(const std::string& path, Rates* calibrated = nullptr);
 
 /// Writes `rates` (the ones to plan with) and `calibrated` (the calibration's own) to the cache file
 /// `path` atomically (creating its folder). Throws std::runtime_error naming the path when it

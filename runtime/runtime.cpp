@@ -131,9 +131,9 @@ Runtime::Runtime(const RuntimeOptions& options) : impl_(new Impl) {
 
   struct starpu_conf conf;
   starpu_conf_init(&conf);
-  if (impl_->choice.builtin()) {
-    conf.sched_policy_name = impl_->choice.name.c_str();
-    conf.sched_policy = nullptr;
+  if (impl_->choice.builtin()) {  // a registered StarPU policy by its struct, a built-in by its name
+    conf.sched_policy = impl_->choice.starpu_policy;
+    conf.sched_policy_name = conf.sched_policy ? nullptr : impl_->choice.name.c_str();
   } else {
     conf.sched_policy_name = nullptr;
     conf.sched_policy = &placement_policy;
@@ -165,10 +165,10 @@ Runtime::Runtime(const RuntimeOptions& options) : impl_(new Impl) {
   if (ret != 0) throw Error("StarPU failed to start (starpu_init returned " + std::to_string(ret) + ")");
 
   const unsigned ncuda = starpu_cuda_worker_get_count();
-  if (impl_->choice.kind == PolicyKind::gpu && ncuda == 0) {
+  if (impl_->choice.plan && impl_->choice.plan->needs().cuda_worker && ncuda == 0) {
     starpu_shutdown();
     --g_live_runtimes;
-    throw Error(std::string("policy 'gpu' needs a CUDA worker and there is none") +
+    throw Error("policy '" + policy_ + "' needs a CUDA worker and there is none" +
                 (codelets_have_cuda() ? " (no CUDA device visible)" : " (this build has no CUDA: rebuild with nvcc)") +
                 ": use --policy cpu");
   }
@@ -230,8 +230,7 @@ Runtime::Runtime(const RuntimeOptions& options) : impl_(new Impl) {
                          "before 1.4.5 then read the GPU's energy counter around every CUDA task, which can add "
                          "milliseconds per task; the runtime does not need it (unset STARPU_PROFILING)\n");
 
-  if (ncuda == 0 && options.verbose &&
-      (impl_->choice.kind == PolicyKind::dos || impl_->choice.kind == PolicyKind::static_ratio))
+  if (ncuda == 0 && options.verbose && model_policy())
     std::fprintf(stderr, "[dos] policy %s: no CUDA worker on this machine, so every update runs on the CPU\n",
                  policy_.c_str());
   if (options.verbose)
@@ -257,12 +256,8 @@ std::string Runtime::running_policy() const {
   struct starpu_sched_policy* p = starpu_sched_ctx_get_sched_policy(0);
   return p && p->policy_name ? p->policy_name : "?";
 }
-bool Runtime::model_policy() const {
-  return impl_->choice.kind == PolicyKind::dos || impl_->choice.kind == PolicyKind::static_ratio;
-}
-double Runtime::static_cpu_share() const {
-  return impl_->choice.kind == PolicyKind::static_ratio ? impl_->choice.cpu_share : -1.0;
-}
+bool Runtime::model_policy() const { return impl_->choice.plan && impl_->choice.plan->needs().rates; }
+const Plan* Runtime::plan() const { return impl_->choice.plan.get(); }
 unsigned Runtime::cpu_workers() const { return starpu_cpu_worker_get_count(); }
 unsigned Runtime::cuda_workers() const { return starpu_cuda_worker_get_count(); }
 
@@ -605,39 +600,28 @@ struct Optimizer::Impl {
     }
   }
 
-  /// The plan of the next step, from the policy (and the model for dos). Returns the prediction
-  /// where there is a model.
+  /// The plan of the next step: none under a StarPU policy; every update on the CPU without a CUDA
+  /// worker; a forced plan (set_plan_override) spread over the subgroups that are not resident;
+  /// else the plan's own decision.
   std::vector<PlanSide> make_plan() const {
     const std::size_t n = sgs.size();
-    const bool gpu = rt->cuda_workers() > 0;
-    switch (choice.kind) {
-      case PolicyKind::builtin: return {};
-      case PolicyKind::cpu: return std::vector<PlanSide>(n, PlanSide::cpu);
-      case PolicyKind::gpu: {
-        std::vector<PlanSide> p(n, PlanSide::gpu_streamed);
-        for (std::size_t i = n - std::min(workload.resident, n); i < n; ++i) p[i] = PlanSide::gpu_resident;
-        return p;
-      }
-      case PolicyKind::static_ratio:
-      case PolicyKind::dos:
-        if (!gpu) return std::vector<PlanSide>(n, PlanSide::cpu);
-        if (choice.kind == PolicyKind::static_ratio && override_.kind == PlanOverride::none)
-          return static_plan(n, choice.cpu_share);
-        {
-          // forced plans spread over the subgroups that are not resident
-          const std::size_t res = std::min(workload.resident, n), free = n - res;
-          std::vector<PlanSide> p;
-          if (override_.kind == PlanOverride::fraction)
-            p = spread_plan(free, workload.may_stream ? std::size_t(std::llround(override_.value * double(free))) : 0);
-          else if (override_.kind == PlanOverride::stride)
-            p = workload.may_stream ? stride_plan(free, std::size_t(override_.value)) : spread_plan(free, 0);
-          else
-            return choose_plan_simulated(workload, rates, execution()).plan;
-          p.resize(n, PlanSide::gpu_resident);
-          return p;
-        }
+    if (!choice.plan) return {};
+    if (rt->cuda_workers() == 0) return std::vector<PlanSide>(n, PlanSide::cpu);
+    if (override_.kind == PlanOverride::none) {
+      std::vector<PlanSide> p = choice.plan->decide(PlanInput{workload, have_rates ? &rates : nullptr, execution()});
+      if (p.size() != n)
+        throw Error("plan " + choice.name + " gave " + std::to_string(p.size()) + " sides for " + std::to_string(n) +
+                    " subgroups");
+      return p;
     }
-    return {};
+    const std::size_t res = std::min(workload.resident, n), free = n - res;
+    std::vector<PlanSide> p;
+    if (override_.kind == PlanOverride::fraction)
+      p = spread_plan(free, workload.may_stream ? std::size_t(std::llround(override_.value * double(free))) : 0);
+    else
+      p = workload.may_stream ? stride_plan(free, std::size_t(override_.value)) : spread_plan(free, 0);
+    p.resize(n, PlanSide::gpu_resident);
+    return p;
   }
 
   /// Online refinement of the rates from what the resources were busy doing in the step, against
@@ -649,7 +633,7 @@ struct Optimizer::Impl {
   ///  - B_h2d and B_d2h from when the streaming ended (the last streamed subgroup's state back in
   ///    host memory) against when the simulation ends it: the links run back to back until then.
   void refine(const StepStats& st, const Simulation& sim) {
-    if (!have_rates || choice.kind != PolicyKind::dos || rt->cuda_workers() == 0) return;
+    if (!have_rates || !choice.plan || !choice.plan->needs().refine || rt->cuda_workers() == 0) return;
     auto blend = [&](double& rate, double measured) {
       if (!(measured > 0) || !std::isfinite(measured)) return;
       rate = 0.5 * (rate + measured);
@@ -784,56 +768,26 @@ Optimizer::Optimizer(Runtime& runtime, const std::vector<TensorView>& tensors, c
   for (const SubgroupLayout& l : layout) I.workload.sizes.push_back(l.size);
   {  // GPU budgets (OptimizerOptions): what may stay resident, and whether one streamed subgroup fits
     const bool gpu = runtime.cuda_workers() > 0;
-    auto gb = [](double b) {
-      char t[32];
-      std::snprintf(t, sizeof t, "%.2f GB", b / 1e9);
-      return std::string(t);
-    };
     if (options.gpu_resident_budget < -1)
       throw Error("the GPU resident budget must be >= 0 bytes (or -1: not given), got " +
                   std::to_string(options.gpu_resident_budget));
     if (options.gpu_update_budget > 0 && !options.eager_writeback)
       throw Error("a GPU update budget needs the eager write-back (a subgroup's GPU memory is given back when its "
                   "state is home): drop the budget or keep eager_writeback");
-    const std::size_t resident_bytes = options.gpu_resident_budget > 0 ? std::size_t(options.gpu_resident_budget) : 0;
-    if (gpu && choice.kind != PolicyKind::builtin && choice.kind != PolicyKind::static_ratio)
-      I.workload.resident = resident_subgroups(I.workload.sizes, resident_bytes);
-    if (gpu && choice.kind == PolicyKind::static_ratio && options.gpu_resident_budget >= 0) {
-      const std::vector<PlanSide> sp = static_plan(layout.size(), choice.cpu_share);
-      std::size_t kept = 0, nres = 0;
-      for (std::size_t i = 0; i < sp.size(); ++i)
-        if (sp[i] == PlanSide::gpu_resident) kept += 12 * layout[i].size, ++nres;
-      if (kept > resident_bytes) {
-        const std::size_t fit = resident_subgroups(I.workload.sizes, resident_bytes);
-        char r[32];
-        std::snprintf(r, sizeof r, "%.4g", double(layout.size() - fit) / double(layout.size()));
-        throw Error("policy " + choice.name + " keeps " + std::to_string(nres) + " subgroups' state (" + gb(double(kept)) +
-                    ") resident on the GPU, more than the GPU resident budget of " + gb(double(resident_bytes)) +
-                    ": use static:" + r + " or a larger CPU share (" + std::to_string(fit) + " subgroups fit), or raise the budget");
+    if (gpu) {
+      try {
+        apply_gpu_budgets(I.workload, choice.plan.get(), GpuBudgets{options.gpu_resident_budget, options.gpu_update_budget});
+      } catch (const std::invalid_argument& e) {
+        throw Error(e.what());
       }
     }
-    const std::size_t budget = options.gpu_update_budget;
-    if (gpu && budget > 0) {
-      std::size_t need_cpu = 0, need_streamed = 0;
-      for (std::size_t sz : I.workload.sizes) {
-        need_cpu = std::max(need_cpu, subgroup_footprint(I.workload, sz, PlanSide::cpu));
+    if (gpu && options.gpu_update_budget > 0 && !I.workload.may_stream && options.verbose) {
+      std::size_t need_streamed = 0;
+      for (std::size_t sz : I.workload.sizes)
         need_streamed = std::max(need_streamed, subgroup_footprint(I.workload, sz, PlanSide::gpu_streamed));
-      }
-      if (budget < need_cpu)
-        throw Error("the GPU update budget of " + gb(double(budget)) + " is below the " + gb(double(need_cpu)) +
-                    " one subgroup's gradient and parameter staging needs on the GPU: raise the budget or lower the "
-                    "subgroup size");
-      I.workload.may_stream = budget >= need_streamed;
-      if (!I.workload.may_stream) {
-        if (choice.kind == PolicyKind::gpu && I.workload.resident < layout.size())
-          throw Error("policy gpu streams every subgroup, and one streamed subgroup needs " + gb(double(need_streamed)) +
-                      " of GPU memory, above the GPU update budget of " + gb(double(budget)) +
-                      ": raise the budget, lower the subgroup size, or use the dos policy");
-        if (options.verbose)
-          std::fprintf(stderr, "[dos] the GPU update budget (%s) is below one streamed subgroup's %s: every update "
-                               "that is not resident runs on the CPU\n", gb(double(budget)).c_str(),
-                       gb(double(need_streamed)).c_str());
-      }
+      std::fprintf(stderr, "[dos] the GPU update budget (%s) is below one streamed subgroup's %s: every update "
+                           "that is not resident runs on the CPU\n", gb_text(double(options.gpu_update_budget)).c_str(),
+                   gb_text(double(need_streamed)).c_str());
     }
     for (unsigned w = 0; w < starpu_worker_get_count(); ++w)
       if (starpu_worker_get_type(int(w)) == STARPU_CUDA_WORKER) I.cuda_nodes.push_back(starpu_worker_get_memory_node(w));
@@ -945,6 +899,7 @@ StepStats Optimizer::step() {
   } stop_sampler{sampling, sampler};
 
   I.plan = I.make_plan();
+  st.plan = I.plan;
   Simulation sim;
   if (!I.plan.empty()) {
     for (std::size_t i = 0; i < I.sgs.size(); ++i) {
@@ -1197,8 +1152,9 @@ void Optimizer::load_state_in_place(const std::vector<std::int64_t>& steps,
 }
 
 void Optimizer::set_plan_override(const PlanOverride& o) {
-  if (impl_->choice.kind != PolicyKind::dos && impl_->choice.kind != PolicyKind::static_ratio)
-    throw Error("a forced plan (--k, --gpu-fraction) needs --policy dos");
+  if (!impl_->rt->model_policy())
+    throw Error("a forced plan (--k, --gpu-fraction) needs a plan with the model's rates (--policy dos), not " +
+                impl_->choice.name);
   if (o.kind == PlanOverride::fraction && !(o.value >= 0 && o.value <= 1))
     throw Error("the streamed fraction must be in [0, 1], got " + std::to_string(o.value));
   if (o.kind == PlanOverride::stride && !(o.value >= 1 && o.value == std::floor(o.value)))
@@ -1215,6 +1171,7 @@ const Rates& Optimizer::rates() const { return impl_->rates; }
 const Workload& Optimizer::workload() const { return impl_->workload; }
 const Rates& Optimizer::calibrated_rates() const { return impl_->calibrated_rates; }
 Execution Optimizer::execution() const { return impl_->execution(); }
+std::vector<PlanSide> Optimizer::next_plan() const { return impl_->make_plan(); }
 
 std::size_t Optimizer::num_params() const { return impl_->nparams; }
 std::size_t Optimizer::num_subgroups() const { return impl_->sgs.size(); }

@@ -1,7 +1,9 @@
-// The placement policy (contract in policy.h) and the policy-by-name registry.
+// The placement policy (contract in policy.h), the registered StarPU policies and the
+// policy-by-name lookup.
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 #include <stdexcept>
 
 #include "policy.h"
@@ -72,32 +74,54 @@ std::vector<std::string> builtin_policy_names() {
   return names;
 }
 
+// The StarPU policies of scheduler/meson.build's `starpu_policies` list (generated:
+// starpu_policy_list.cpp).
+struct starpu_sched_policy* const* built_in_starpu_policies(std::size_t* count);
+
+namespace {
+std::vector<struct starpu_sched_policy*>& starpu_registry() {
+  static std::vector<struct starpu_sched_policy*> r = [] {
+    std::size_t n = 0;
+    struct starpu_sched_policy* const* list = built_in_starpu_policies(&n);
+    return std::vector<struct starpu_sched_policy*>(list, list + n);
+  }();
+  return r;
+}
+}  // namespace
+
+const std::vector<struct starpu_sched_policy*>& registered_starpu_policies() { return starpu_registry(); }
+
+void register_starpu_policy(struct starpu_sched_policy* policy) {
+  if (!policy || !policy->policy_name || !*policy->policy_name)
+    throw std::invalid_argument("register_starpu_policy: the policy needs a policy_name");
+  const std::string name = policy->policy_name;
+  if (!policy->push_task) throw std::invalid_argument("register_starpu_policy: policy '" + name + "' has no push_task");
+  bool taken = make_plan_by_name(name) != nullptr;
+  for (struct starpu_sched_policy* p : starpu_registry()) taken = taken || name == p->policy_name;
+  for (const std::string& b : builtin_policy_names()) taken = taken || name == b;
+  if (taken) throw std::invalid_argument("register_starpu_policy: the name '" + name + "' is already taken");
+  starpu_registry().push_back(policy);
+}
+
 PolicyChoice parse_policy(const std::string& name) {
   PolicyChoice c;
   c.name = name;
-  if (name == "cpu" || name == "gpu" || name == "dos") {
-    c.kind = name == "cpu" ? PolicyKind::cpu : name == "gpu" ? PolicyKind::gpu : PolicyKind::dos;
-    return c;
-  }
-  if (name.rfind("static:", 0) == 0) {
-    const std::string r = name.substr(7);
-    char* end = nullptr;
-    const double v = std::strtod(r.c_str(), &end);
-    if (r.empty() || *end != '\0' || !(v >= 0.0 && v <= 1.0))
-      throw std::invalid_argument("policy '" + name + "': R in static:R is the CPU share of the subgroups, a number in [0, 1] (e.g. static:0.6)");
-    c.kind = PolicyKind::static_ratio;
-    c.cpu_share = v;
-    return c;
-  }
-  const std::vector<std::string> builtins = builtin_policy_names();
-  for (const std::string& b : builtins)
-    if (b == name) {
-      c.kind = PolicyKind::builtin;
+  if ((c.plan = make_plan_by_name(name))) return c;
+  for (struct starpu_sched_policy* p : starpu_registry())
+    if (name == p->policy_name) {
+      c.starpu_policy = p;
       return c;
     }
-  std::string list = "cpu, gpu, dos, static:R";
-  for (const std::string& b : builtins) list += ", " + b;
-  throw std::invalid_argument("unknown policy '" + name + "': choose one of " + list);
+  const std::vector<std::string> builtins = builtin_policy_names();
+  for (const std::string& b : builtins)
+    if (b == name) return c;
+  std::string others;
+  for (struct starpu_sched_policy* p : starpu_registry()) others += (others.empty() ? "" : ", ") + std::string(p->policy_name);
+  std::string list;
+  for (const std::string& b : builtins) list += (list.empty() ? "" : ", ") + b;
+  throw std::invalid_argument("unknown policy '" + name + "': choose a plan (" + plan_usages() + ")" +
+                              (others.empty() ? std::string() : ", a registered StarPU policy (" + others + ")") +
+                              " or one of StarPU's policies (" + list + ")");
 }
 
 }  // namespace dos

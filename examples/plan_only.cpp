@@ -1,0 +1,118 @@
+// dos-train --plan-only (plan_only.h).
+#include "plan_only.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <stdexcept>
+
+#include "dos.h"
+#include "policy.h"
+
+namespace dos_train {
+
+dos::Rates parse_rates(const std::string& text, dos::Rates* calibrated) {
+  const std::string forms =
+      "give U_c,U_c_dma,U_g,D_c,B_h2d,B_d2h (Gparams/s, Gparams/s, Gparams/s, Gparams/s, GB/s, GB/s; e.g. "
+      "--rates 4.1,2.9,60,300,50,50) or the path of a rates file (the calibration cache's JSON)";
+  if (std::filesystem::is_regular_file(text)) {
+    try {
+      return dos::load_rates(text, calibrated);
+    } catch (const dos::Error& e) {
+      throw std::runtime_error(std::string("--rates: ") + e.what());
+    }
+  }
+  std::vector<double> v;
+  std::size_t at = 0;
+  while (at <= text.size()) {
+    const std::size_t comma = std::min(text.find(',', at), text.size());
+    const std::string field = text.substr(at, comma - at);
+    char* end = nullptr;
+    const double x = std::strtod(field.c_str(), &end);
+    if (field.empty() || *end != '\0')
+      throw std::runtime_error("--rates '" + text + "' is neither a file nor six numbers ('" + field +
+                               "' is not a number): " + forms);
+    v.push_back(x);
+    at = comma + 1;
+  }
+  if (v.size() != 6)
+    throw std::runtime_error("--rates '" + text + "' has " + std::to_string(v.size()) + " numbers, not 6: " + forms);
+  const dos::Rates r{v[0] * 1e9, v[1] * 1e9, v[2] * 1e9, v[3] * 1e9, v[4] * 1e9, v[5] * 1e9};
+  if (!dos::rates_complete(r)) throw std::runtime_error("--rates '" + text + "': every rate must be > 0");
+  if (r.U_c_dma > r.U_c)
+    throw std::runtime_error("--rates '" + text + "': U_c_dma (CPU Adam beside DMA) cannot exceed U_c (alone)");
+  if (calibrated) *calibrated = r;
+  return r;
+}
+
+nlohmann::ordered_json show_plan(PlanOnly& p) {
+  const dos::PolicyChoice choice = dos::parse_policy(p.policy);
+  if (!choice.plan)
+    throw std::runtime_error("--plan-only: policy " + p.policy + " is a StarPU policy, which places each task as it "
+                             "comes: there is no plan to show before it runs; choose a plan (" + dos::plan_usages() + ")");
+  const dos::Plan& plan = *choice.plan;
+  const dos::PlanNeeds needs = plan.needs();
+  if (needs.rates && !p.rates)
+    throw std::runtime_error("--plan-only: plan " + p.policy + " needs the model's rates: give --rates " +
+                             "U_c,U_c_dma,U_g,D_c,B_h2d,B_d2h (Gparams/s x4, GB/s x2) or --rates FILE.json");
+  dos::Workload& w = p.workload;
+  try {
+    dos::apply_gpu_budgets(w, &plan, p.budgets);
+  } catch (const std::invalid_argument& e) {
+    throw std::runtime_error(e.what());
+  }
+  const std::vector<dos::PlanSide> sides = plan.decide(dos::PlanInput{w, needs.rates ? p.rates : nullptr, p.execution});
+  if (sides.size() != w.sizes.size())
+    throw std::runtime_error("plan " + p.policy + " gave " + std::to_string(sides.size()) + " sides for " +
+                             std::to_string(w.sizes.size()) + " subgroups");
+  std::size_t count[3] = {0, 0, 0};
+  double params[3] = {0, 0, 0};
+  for (std::size_t i = 0; i < sides.size(); ++i) {
+    count[int(sides[i])] += 1;
+    params[int(sides[i])] += double(w.sizes[i]);
+  }
+  const std::string letters = dos::plan_letters(sides);
+  std::printf("plan %s for %s: %zu subgroups (caller's buffers on the %s): %zu on the CPU (%.4g params), %zu streamed "
+              "(%.4g), %zu resident on the GPU (%.4g)\n",
+              p.policy.c_str(), p.model.c_str(), sides.size(), w.caller_on_gpu ? "GPU" : "host", count[0], params[0],
+              count[1], params[1], count[2], params[2]);
+  std::printf("plan: one letter per subgroup: c CPU, s streamed through the GPU, r resident on the GPU\n");
+  for (std::size_t at = 0; at < letters.size(); at += 64)
+    std::printf("plan %6zu: %s\n", at, letters.substr(at, 64).c_str());
+  nlohmann::ordered_json out = {{"model", p.model}, {"policy", p.policy}, {"subgroups", sides.size()},
+                                {"subgroup_sizes", w.sizes}, {"caller_memory", w.caller_on_gpu ? "cuda" : "host"},
+                                {"plan", letters}, {"planned_cpu", count[0]}, {"planned_streamed", count[1]},
+                                {"planned_resident", count[2]}};
+  if (!p.rates) {
+    std::printf("prediction: none (give --rates for the simulated time and the lower bound)\n");
+    return out;
+  }
+  const dos::Rates& r = *p.rates;
+  std::printf("rates: U_c %.2f Gparams/s alone, %.2f under DMA; U_g %.1f; D_c %.1f; B %.1f GB/s H2D, %.1f GB/s D2H\n",
+              r.U_c / 1e9, r.U_c_dma / 1e9, r.U_g / 1e9, r.D_c / 1e9, r.B_h2d / 1e9, r.B_d2h / 1e9);
+  dos::Simulation sim;
+  try {
+    sim = dos::simulate_phase(w, sides, r, p.execution);
+  } catch (const std::logic_error&) {  // a simulation that cannot progress: the resource bound, as the runtime does
+    const dos::Prediction pr = dos::predict(w, sides, r);
+    sim.total = pr.total;
+    sim.cpu = pr.cpu;
+    sim.h2d = pr.h2d;
+    sim.d2h = pr.d2h;
+    sim.gpu = pr.gpu;
+  }
+  const double bound = dos::lower_bound(w, p.calibrated ? *p.calibrated : r);
+  std::printf("predicted %.4f s (simulated, %s-bound; busy: cpu %.4f s, h2d %.4f s, d2h %.4f s, gpu %.4f s); lower bound "
+              "%.4f s\n",
+              sim.total, sim.busiest(), sim.cpu, sim.h2d, sim.d2h, sim.gpu, bound);
+  out["predicted_seconds"] = sim.total;
+  out["bound_by"] = sim.busiest();
+  out["busy_seconds"] = {{"cpu", sim.cpu}, {"h2d", sim.h2d}, {"d2h", sim.d2h}, {"gpu", sim.gpu}};
+  out["lower_bound_seconds"] = bound;
+  out["rates"] = {{"U_c", r.U_c}, {"U_c_dma", r.U_c_dma}, {"U_g", r.U_g}, {"D_c", r.D_c}, {"B_h2d", r.B_h2d},
+                  {"B_d2h", r.B_d2h}};
+  return out;
+}
+
+}  // namespace dos_train

@@ -1,0 +1,44 @@
+// dos-train --plan-only: a plan and its prediction without a GPU and without StarPU's update phase.
+#pragma once
+
+#include <cstddef>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "plan.h"
+
+namespace dos_train {
+
+/// Parses --rates: either six comma-separated numbers "U_c,U_c_dma,U_g,D_c,B_h2d,B_d2h" in Gparams/s
+/// (the first four) and GB/s (the last two), the units of dos-train's "model:" line, or the path of
+/// a rates file in the calibration cache's format (dos::load_rates: params/s and bytes/s, with the
+/// calibration's own rates under "calibrated"). Returns the rates to plan with, in params/s and
+/// bytes/s; *calibrated gets the ones the lower bound uses (the file's "calibrated", else the same).
+/// Throws std::runtime_error naming the value and both accepted forms when it is neither, or when a
+/// rate is not a positive number.
+dos::Rates parse_rates(const std::string& text, dos::Rates* calibrated);
+
+/// What --plan-only shows. model: the model's name; policy: the --policy text (must name a plan);
+/// workload: subgroup sizes (elements), caller_on_gpu, param_bytes and grad_bytes set (resident and
+/// may_stream are set here from budgets); budgets: the GPU budgets in bytes; execution: how the
+/// runtime would carry the plan out; rates, calibrated: the rates to plan with and the lower
+/// bound's (params/s, bytes/s), or null when none were given.
+struct PlanOnly {
+  std::string model, policy;
+  dos::Workload workload;
+  dos::GpuBudgets budgets;
+  dos::Execution execution;
+  const dos::Rates* rates = nullptr;
+  const dos::Rates* calibrated = nullptr;
+};
+
+/// Asks the plan for the next phase as the runtime would with a CUDA worker (none is needed here),
+/// prints it on standard output (per subgroup, one letter: c CPU, s streamed, r resident), and, with
+/// rates, its simulated time per resource (models/phase_sim.h) and the lower bound. Returns the same
+/// as JSON for --report. Throws std::runtime_error when the policy is not a plan (a StarPU policy
+/// has no plan before it runs), when the plan needs rates and none were given, or when the budgets
+/// or the plan refuse (the message says why).
+nlohmann::ordered_json show_plan(PlanOnly& p);
+
+}  // namespace dos_train

@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# dos-train --plan-only on any machine (no GPU, no StarPU update phase): the plan of each plan on
+# given rates, its prediction and the lower bound; rates from a file; a plan needing rates without
+# them, a StarPU policy and bad --rates refused with a message; the per-subgroup plan and placement
+# in the report of a real (CPU) run.
+#   e2e_plan_only.sh DOS_TRAIN
+set -u
+train=$1
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fails=0
+bad() { echo "FAIL: $*"; fails=$((fails+1)); }
+# 124M parameters in 8 subgroups of 2^24; rates of the README's GPU machine (Gparams/s x4, GB/s x2)
+rates=3.7,2.9,60,300,50,50
+common=(--preset gpt2-124m --subgroup-size 16777216 --plan-only)
+
+for policy in dos greedy static:0.5 cpu gpu; do
+  out=$("$train" "${common[@]}" --policy "$policy" --rates $rates --report "$tmp/plan-$policy.json" 2>&1) ||
+    { bad "--plan-only --policy $policy exited non-zero: $out"; continue; }
+  echo "$out"
+  plan=$(grep -E '^plan +0: ' <<<"$out" | awk '{print $3}')
+  [[ "$plan" =~ ^[csr]{8}$ ]] || bad "$policy: no plan of 8 subgroups printed"
+  grep -qE '^predicted [0-9.]+ s .*lower bound [0-9.]+ s' <<<"$out" || bad "$policy: no prediction and lower bound"
+  grep -q '^iter' <<<"$out" && bad "$policy: --plan-only ran iterations"
+  python3 - "$tmp/plan-$policy.json" "$plan" <<'PY' || bad "$policy: report"
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert r["plan"] == sys.argv[2] and r["subgroups"] == 8 and r["predicted_seconds"] > 0 and r["lower_bound_seconds"] > 0, r
+# the bound counts the resident subgroups of the resident budget only, not those a plan keeps itself
+if r["planned_resident"] == 0:
+    assert r["predicted_seconds"] >= r["lower_bound_seconds"] * 0.999, r
+PY
+done
+# the fixed plans, whatever the rates
+grep -q '"plan": "cccccccc"' "$tmp/plan-cpu.json" || bad "cpu: not all on the CPU"
+grep -q '"plan": "ssssssss"' "$tmp/plan-gpu.json" || bad "gpu: not all streamed"
+grep -q '"plan": "ccccrrrr"' "$tmp/plan-static:0.5.json" || bad "static:0.5: not half on the CPU, half resident"
+# a resident budget of two subgroups' state (12 B/param): the last two resident under gpu
+out=$("$train" "${common[@]}" --policy gpu --gpu-resident-budget $((2 * 12 * 16777216)) 2>&1)
+grep -q '^plan      0: ssssssrr$' <<<"$out" || bad "gpu with a resident budget: $out"
+grep -q 'prediction: none' <<<"$out" || bad "gpu without rates: no word about the missing prediction"
+
+# rates from a file in the calibration cache's format (params/s, bytes/s): the same plan as on the command line
+printf '{"U_c": 3.7e9, "U_c_dma": 2.9e9, "U_g": 6e10, "D_c": 3e11, "B_h2d": 5e10, "B_d2h": 5e10}\n' > "$tmp/rates.json"
+a=$("$train" "${common[@]}" --policy dos --rates "$tmp/rates.json" 2>&1 | grep -E '^(plan +0|predicted)')
+b=$("$train" "${common[@]}" --policy dos --rates $rates 2>&1 | grep -E '^(plan +0|predicted)')
+[ -n "$a" ] && [ "$a" = "$b" ] || bad "rates file and command line differ: '$a' vs '$b'"
+
+expect() {  # expect "substring of the message" dos-train-args...
+  local want=$1; shift
+  local out
+  if out=$("$train" "${common[@]}" "$@" 2>&1); then bad "'$*' exited 0"; return; fi
+  grep -qi -- "$want" <<<"$out" || { bad "'$*': message lacks '$want': $out"; return; }
+  echo "ok: $* -> $(grep -i -- "$want" <<<"$out" | head -1)"
+}
+expect "needs the model's rates" --policy dos
+expect "StarPU policy" --policy dmda --rates $rates
+expect "unknown policy 'nosuch'" --policy nosuch --rates $rates
+expect "cpu, gpu, dos, static:R, greedy" --policy nosuch --rates $rates
+expect "not 6" --policy dos --rates 1,2,3
+expect "is not a number" --policy dos --rates 1,2,x,4,5,6
+expect "must be > 0" --policy dos --rates 1,1,0,4,5,6
+expect "cannot exceed U_c" --policy dos --rates 1,2,3,4,5,6
+printf '{"U_c": 1}' > "$tmp/short.json"
+expect "not a rates file" --policy dos --rates "$tmp/short.json"
+expect "leave out --k" --policy dos --rates $rates --k 2
+
+# a real run on this machine: the per-subgroup plan and placement in each iteration of the report
+"$train" --preset tiny --iterations 2 --quiet --policy greedy --report "$tmp/run.json" >/dev/null 2>&1 ||
+  bad "dos-train --policy greedy failed"
+python3 - "$tmp/run.json" <<'PY' || bad "the report's plan and placement"
+import json, sys
+r = json.load(open(sys.argv[1]))
+for it in r["iterations"]:
+    n = r["subgroups"]
+    assert len(it["plan"]) == n and len(it["placement"]) == n, it
+    assert set(it["placement"]) <= set("csr") and set(it["plan"]) <= set("csr"), it
+PY
+"$train" --preset tiny --iterations 1 --quiet --policy dmda --report "$tmp/dmda.json" >/dev/null 2>&1 &&
+  python3 -c 'import json,sys; it=json.load(open(sys.argv[1]))["iterations"][0]; assert it["plan"] == "" and it["placement"], it' \
+    "$tmp/dmda.json" || bad "dmda's report: an empty plan and a placement"
+[ $fails -eq 0 ] && echo "all plan-only checks passed"
+exit $((fails > 0))

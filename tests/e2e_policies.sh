@@ -50,7 +50,12 @@ case "$mode" in
     run --policy cpu --save-params "$tmp/cpu.safetensors"
     run --policy dos --save-params "$tmp/dos.safetensors"
     run --policy static:0.5 --save-params "$tmp/static.safetensors"
-    "$cmp" "$tmp/cpu.safetensors" "$tmp/dos.safetensors" 1e-6 && "$cmp" "$tmp/cpu.safetensors" "$tmp/static.safetensors" 1e-6 ;;
+    # the plan-only example (greedy) and the registered StarPU policy written the StarPU way
+    # (round-robin, scheduler/policies/round_robin.cpp) on the same task graph
+    run --policy greedy --save-params "$tmp/greedy.safetensors"
+    run --policy round-robin --save-params "$tmp/rr.safetensors"
+    "$cmp" "$tmp/cpu.safetensors" "$tmp/dos.safetensors" 1e-6 && "$cmp" "$tmp/cpu.safetensors" "$tmp/static.safetensors" 1e-6 &&
+      "$cmp" "$tmp/cpu.safetensors" "$tmp/greedy.safetensors" 1e-6 && "$cmp" "$tmp/cpu.safetensors" "$tmp/rr.safetensors" 1e-6 ;;
   cpu-gpu)
     out=$("$train" "${common[@]}" --policy gpu --save-params "$tmp/gpu.safetensors" 2>&1)
     rc=$?

@@ -355,7 +355,7 @@ class Optimizer {
   /// The workload the model sees (subgroup sizes, where the caller's buffers live).
   const Workload& workload() const;
   /// The plan the next step() would carry out with the rates as they are now (StepStats::plan);
-  /// empty under a StarPU policy. Throws Error (or the plan's own exception) when the plan cannot
+  /// empty under a StarPU policy. Throws Error (naming the plan) when the plan cannot
   /// decide.
   std::vector<PlanSide> next_plan() const;
 

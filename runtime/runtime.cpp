@@ -608,7 +608,14 @@ struct Optimizer::Impl {
     if (!choice.plan) return {};
     if (rt->cuda_workers() == 0) return std::vector<PlanSide>(n, PlanSide::cpu);
     if (override_.kind == PlanOverride::none) {
-      std::vector<PlanSide> p = choice.plan->decide(PlanInput{workload, have_rates ? &rates : nullptr, execution()});
+      std::vector<PlanSide> p;
+      try {
+        p = choice.plan->decide(PlanInput{workload, have_rates ? &rates : nullptr, execution()});
+      } catch (const Error&) {
+        throw;
+      } catch (const std::exception& e) {
+        throw Error("plan " + choice.name + ": " + e.what());
+      }
       if (p.size() != n)
         throw Error("plan " + choice.name + " gave " + std::to_string(p.size()) + " sides for " + std::to_string(n) +
                     " subgroups");

@@ -80,7 +80,8 @@ class Plan {
   /// The side of every subgroup for the next phase: exactly in.workload.sizes.size() entries.
   /// Must put nothing on PlanSide::gpu_streamed when !in.workload.may_stream. Called only when
   /// there is a CUDA worker, and with rates when needs().rates. Throws std::invalid_argument (or
-  /// another std::exception) when it cannot decide; the runtime reports it as the step's error.
+  /// another std::exception) when it cannot decide; Optimizer::step() then throws dos::Error with
+  /// the plan's name and message, before submitting anything.
   virtual std::vector<PlanSide> decide(const PlanInput& in) const = 0;
   /// Checks, once when an optimizer is created with a CUDA worker (its Workload complete:
   /// resident and may_stream set), that the plan can work within the GPU budgets. Throws

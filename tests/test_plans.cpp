@@ -1,6 +1,6 @@
 // The plan registry (scheduler/plan.h), the plans built into it, the greedy plan against a
-// hand-computed expectation, the GPU budgets' checks, and --policy parsing (scheduler/policy.h).
-// No StarPU worker is started: plans are pure.
+// hand-computed expectation, the GPU budgets' checks, --policy parsing (scheduler/policy.h), and a
+// registered plan run by the runtime. Plans are pure: only the last test starts StarPU.
 #include <cstdio>
 #include <memory>
 #include <stdexcept>
@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "cmocka_cpp.h"
+#include "dos.h"
 #include "phase_sim.h"
 #include "plan.h"
 #include "policy.h"
@@ -178,12 +179,46 @@ void test_parse_policy(void**) {
                        "already taken"));
 }
 
+// A plan registered by a program runs under the runtime like a built-in one: selected by name, run
+// by the placement policy, its plan in every StepStats. (Without a CUDA worker the runtime plans
+// every update on the CPU without asking the plan; with one, the test's plan is asked.)
+void test_runtime_with_registered_plan(void**) {
+  dos::register_plan({"test-runtime-plan", "test-runtime-plan", "every update on the CPU, registered by the test",
+                      make_all_cpu});
+  dos::RuntimeOptions ro;
+  ro.policy = "test-runtime-plan";
+  ro.verbose = false;
+  dos::Runtime rt(ro);
+  assert_non_null(rt.plan());
+  assert_string_equal(rt.plan()->name().c_str(), "test-runtime-plan");
+  assert_string_equal(rt.running_policy().c_str(), "dos-placement");
+  assert_false(rt.model_policy());
+  std::vector<float> p(1000, 1.0f), g(1000, 0.5f);
+  dos::OptimizerOptions oo;
+  oo.dtype = dos::DType::fp32;
+  oo.subgroup_size = 300;
+  oo.verbose = false;
+  dos::Optimizer opt(rt, std::vector<dos::TensorView>{{p.data(), g.data(), 1000}}, oo);
+  assert_string_equal(dos::plan_letters(opt.next_plan()).c_str(), "cccc");
+  const dos::StepStats st = opt.step();
+  assert_string_equal(dos::plan_letters(st.plan).c_str(), "cccc");
+  assert_string_equal(dos::plan_letters(st.placement).c_str(), "cccc");
+  bool threw = false;  // forced plans need a plan with the model's rates
+  try {
+    opt.set_plan_override(dos::PlanOverride{dos::PlanOverride::fraction, 0.5});
+  } catch (const dos::Error& e) {
+    threw = std::string(e.what()).find("test-runtime-plan") != std::string::npos;
+  }
+  assert_true(threw);
+}
+
 }  // namespace
 
 int main() {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_registry),    cmocka_unit_test(test_register_plan), cmocka_unit_test(test_builtin_plans),
       cmocka_unit_test(test_greedy),      cmocka_unit_test(test_budgets),       cmocka_unit_test(test_parse_policy),
+      cmocka_unit_test(test_runtime_with_registered_plan),
   };
   return cmocka_run_group_tests(tests, nullptr, nullptr);
 }

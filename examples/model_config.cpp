@@ -67,7 +67,8 @@ ModelConfig make(const char* name, const char* arch, std::int64_t layers, std::i
 
 // Sources: Hugging Face config.json of openai-community/gpt2 and gpt2-xl, meta-llama/Llama-2-7b-hf
 // and Llama-2-13b-hf; the 20B Llama-style model is the paper's 20B configuration on H100
-// (40 layers, hidden 5120, FFN 20480, 64 heads, vocabulary 50304: notes/deep-optimizer-states.md).
+// (40 layers, hidden 5120, FFN 20480, 64 heads, vocabulary 50304: Maurya et al., "Deep Optimizer
+// States", arXiv 2410.21316).
 const std::vector<ModelConfig>& presets() {
   static const std::vector<ModelConfig> p = {
       make("tiny", "gpt2", 2, 128, 512, 4, 4, 1000, 128, true),

@@ -68,7 +68,7 @@ class Plan;
 /// STARPU_LIMIT_CUDA_MEM, set before StarPU starts, rounded down to MiB, at least 1 MiB; it stays
 /// set in the process's environment); 0: StarPU's default (90% of the device, or
 /// what STARPU_LIMIT_CUDA_MEM already says). StarPU keeps freed device buffers cached for reuse
-/// and StarPU 1.3 cannot hand them back on request (notes/starpu-1.3.md, section 3), so this
+/// and StarPU 1.3 cannot hand them back on request (starpu_data_evict_from_node came in 1.4), so this
 /// limit is what keeps the rest of the GPU for the model's forward and backward. Give it the
 /// resident budget plus the update budget (OptimizerOptions).
 struct RuntimeOptions {
@@ -145,7 +145,7 @@ class Runtime {
 ///   phase only while their footprint fits; a budget below one streamed subgroup's footprint plans
 ///   every non-resident update on the CPU; below one CPU subgroup's staging is an Error.
 /// stream_lookahead: streamed subgroups whose state is prefetched to the GPU ahead of the one
-///   being submitted (the probe in ../shared/probes/starpu-streaming used 3); 0: none, StarPU
+///   being submitted (default 3); 0: none, StarPU
 ///   prefetches a task's inputs when the task is pushed, as for every other task.
 /// native_grads: the gradients of subgroups updated away from the caller's buffers cross PCIe in
 ///   the parameters' dtype (2 B/param for bf16/fp16) and the Adam kernel widens them; false: they

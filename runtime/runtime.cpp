@@ -106,10 +106,10 @@ Runtime::Runtime(const RuntimeOptions& options) : impl_(new Impl) {
     std::fprintf(stderr, "[dos] warning: STARPU_SCHED=%s is ignored: the policy given is '%s'\n", env_sched,
                  requested.c_str());
   // StarPU reads STARPU_SCHED again inside starpu_init and lets it override conf.sched_policy
-  // (notes/starpu-1.3.md, section 1): the policy chosen here must be the one that runs.
+  // (StarPU 1.3's src/core/sched_policy.c): the policy chosen here must be the one that runs.
   unsetenv("STARPU_SCHED");
   // One CPU worker whose codelets run an OpenMP team; its threads must not inherit the worker's
-  // single-core binding (notes/starpu-1.3.md, section 4).
+  // single-core binding (codelets/cpu_team.h).
   setenv("STARPU_WORKERS_NOBIND", "1", 0);
   // StarPU's drivers write dirty device buffers back on their own once fewer than 5% are clean
   // (starpu_memchunk_tidy, src/datawizard/memalloc.c): that copies the 16-bit parameter staging
@@ -975,7 +975,7 @@ StepStats Optimizer::step() {
   };
   Pending pending;
   int refused = 0;
-  // The state write-back (notes/gpu-machine.md, "Streaming optimizer state through StarPU"): an
+  // The state write-back (README, "Streaming optimizer state at the PCIe rate"): an
   // asynchronous acquire on main RAM turns the write-back of a GPU-updated subgroup into a normal
   // D2H fetch, which runs beside the H2D stream. eager: a read acquire right after the subgroup's
   // tasks, then starpu_data_wont_use so StarPU drops the device copy first; else a read-write

@@ -975,7 +975,7 @@ StepStats Optimizer::step() {
   };
   Pending pending;
   int refused = 0;
-  // The state write-back (README, "Streaming optimizer state at the PCIe rate"): an
+  // The state write-back (docs/measured-2026-11-30.md, "Streaming optimizer state at the PCIe rate"): an
   // asynchronous acquire on main RAM turns the write-back of a GPU-updated subgroup into a normal
   // D2H fetch, which runs beside the H2D stream. eager: a read acquire right after the subgroup's
   // tasks, then starpu_data_wont_use so StarPU drops the device copy first; else a read-write

@@ -18,15 +18,12 @@ struct Stamp {
 std::mutex g_mu;
 std::unordered_map<const struct starpu_task*, Stamp> g_stamps;
 std::vector<double> g_last_end_us;  // per worker id: when its last finished task ended
-double g_busy_us[2] = {0, 0};       // CPU, CUDA
-
-int slot(enum starpu_worker_archtype type) { return type == STARPU_CUDA_WORKER ? 1 : 0; }
 
 }  // namespace
 
 void begin() noexcept {
   const struct starpu_task* t = starpu_task_get_current();
-  if (!t) return;
+  if (!t || !t->callback_func) return;
   const double now = starpu_timing_now();
   const int w = starpu_worker_get_id();
   try {
@@ -66,25 +63,11 @@ bool finish(const struct starpu_task* t, Span* out) noexcept {
     if (s.end_us > last) last = s.end_us;
   }
   if (s.end_us < s.start_us) s.end_us = s.start_us;
-  g_busy_us[gpu ? 1 : 0] += s.end_us - s.start_us;
   out->worker = s.worker;
   out->gpu = gpu;
   out->start_us = s.start_us;
   out->end_us = s.end_us;
   return true;
-}
-
-double take_busy_seconds(enum starpu_worker_archtype type) noexcept {
-  std::lock_guard<std::mutex> g(g_mu);
-  const double us = g_busy_us[slot(type)];
-  g_busy_us[slot(type)] = 0;
-  return us * 1e-6;
-}
-
-void reset() noexcept {
-  std::lock_guard<std::mutex> g(g_mu);
-  g_stamps.clear();
-  g_last_end_us.assign(g_last_end_us.size(), 0.0);
 }
 
 }  // namespace task_clock

@@ -11,8 +11,10 @@
 //     driver has seen its stream event complete and runs the callback, so the callback's time is
 //     its end. A CUDA task launched while the one before it on the same worker was still running
 //     (StarPU's CUDA pipeline) starts when that one ended: the same rule as StarPU's own profiling.
-// Times are starpu_timing_now()'s clock, in microseconds. Tasks that never call finish() (their
-// stamps are dropped by reset()) count for nothing.
+// Only tasks with a callback are stamped (a task without one never calls finish(), and its stamp
+// would stay). Times are starpu_timing_now()'s clock, in microseconds. What the spans add up to
+// (busy times per worker kind or per task kind) is the caller's to sum: the clock keeps no totals,
+// so optimizers stepping at the same time in one process do not mix theirs.
 #pragma once
 
 #include <starpu.h>
@@ -29,9 +31,9 @@ struct Span {
   double end_us = 0;
 };
 
-/// Stamps the start of the calling worker's current task (starpu_task_get_current()). Call first
-/// thing in a codelet implementation; does nothing outside a task. Thread-safe; never throws
-/// (a failed allocation drops the stamp).
+/// Stamps the start of the calling worker's current task (starpu_task_get_current()) when it has a
+/// callback. Call first thing in a codelet implementation; does nothing outside a task. Thread-safe;
+/// never throws (a failed allocation drops the stamp).
 void begin() noexcept;
 
 /// Stamps the end of the current task on a CPU worker: its kernel has returned. Call last thing in
@@ -39,17 +41,9 @@ void begin() noexcept;
 void end_here() noexcept;
 
 /// Completes task t's record from its callback (StarPU runs the callback on the worker that ran
-/// the task, once the task has ended): fills *out and adds its busy time to the worker type's
-/// total. Returns false, with *out untouched, when t was never stamped by begin(). Thread-safe.
+/// the task, once the task has ended): fills *out and forgets t. Returns false, with *out
+/// untouched, when t was never stamped by begin(). Thread-safe.
 bool finish(const struct starpu_task* t, Span* out) noexcept;
-
-/// Seconds the workers of `type` (STARPU_CPU_WORKER, STARPU_CUDA_WORKER) spent executing the tasks
-/// finished since the previous call for that type, summed over those workers; resets that total.
-double take_busy_seconds(enum starpu_worker_archtype type) noexcept;
-
-/// Drops the stamps of tasks that never finished and the CUDA pipeline's memory of the last end
-/// per worker (call when no task is in flight, e.g. before an update phase is submitted).
-void reset() noexcept;
 
 }  // namespace task_clock
 }  // namespace dos

@@ -719,7 +719,7 @@ int run(const Args& args) {
                 ns, c.predicted.total, c.predicted.bound_by().c_str(), k.k, k.predicted.total,
                 dos::simulate_phase(opt.workload(), dos::spread_plan(ns, 0), r, ex).total,
                 dos::simulate_phase(opt.workload(), dos::spread_plan(ns, ns), r, ex).total,
-                dos::lower_bound(opt.workload(), opt.calibrated_rates()));
+                dos::lower_bound(opt.workload(), opt.calibrated_rates(), rt.cpu_workers()));
   }
   nlohmann::ordered_json iters = nlohmann::ordered_json::array();
   std::int64_t it = first_iteration;  // iterations numbered across resumes: the gradients depend on it

@@ -100,10 +100,15 @@ Simulation simulate_phase(const Workload& w, const std::vector<PlanSide>& plan, 
   // (CPU Adam: cpu_adam_host_bytes per parameter; each link its B), and when together they ask for
   // more than the host delivers (host_bandwidth, M), each gets the same share of what it asked.
   const double cpu_bytes = cpu_adam_host_bytes(w);
-  const double host_bw = host_bandwidth(w, r);
+  Rates all_cpus = r;  // host memory as calibrated with every CPU worker's Adam asking at once
+  all_cpus.U_c *= double(std::max<std::size_t>(1, e.cpu_workers));
+  all_cpus.U_c_dma *= double(std::max<std::size_t>(1, e.cpu_workers));
+  const double host_bw = host_bandwidth(w, all_cpus);
 
   // Lanes: PCIe each way (bytes), the GPU (seconds), the CPU (parameters).
-  Lane h2d, d2h, gpu, cpu;
+  Lane h2d, d2h, gpu;
+  std::vector<Lane> cpus(std::max<std::size_t>(1, e.cpu_workers));  // subgroup i's Adam on CPU worker i % k
+  auto cpu_of = [&](std::size_t i) -> Lane& { return cpus[i % cpus.size()]; };
   std::size_t window_used = 0;
   const std::size_t limit = e.update_budget;
   auto fits = [&](std::size_t b) { return limit == 0 || window_used == 0 || window_used + b <= limit; };
@@ -144,7 +149,7 @@ Simulation simulate_phase(const Workload& w, const std::vector<PlanSide>& plan, 
           gpu.queue.push_back({i, Stage::gather});
         } else {
           s.input_ready = true;
-          cpu.queue.push_back({i, Stage::adam_cpu});
+          cpu_of(i).queue.push_back({i, Stage::adam_cpu});
         }
       } else {
         // streamed, or resident with the caller on the host: the inputs go up first
@@ -189,7 +194,7 @@ Simulation simulate_phase(const Workload& w, const std::vector<PlanSide>& plan, 
       gpu.left = double(s.n) / r.U_g;
     return true;
   };
-  auto start_cpu = [&] {
+  auto start_cpu = [&](Lane& cpu) {
     if (cpu.current >= 0 || cpu.queue.empty()) return false;
     const Piece p = cpu.queue.front();
     if (!sgs[p.sg].input_ready) return false;
@@ -210,7 +215,7 @@ Simulation simulate_phase(const Workload& w, const std::vector<PlanSide>& plan, 
       case Stage::gather:  // the staged gradient goes down; the CPU Adam is queued and waits for it
         s.input_ready = false;
         d2h.queue.push_back({i, Stage::grad_down});
-        cpu.queue.push_back({i, Stage::adam_cpu});
+        cpu_of(i).queue.push_back({i, Stage::adam_cpu});
         break;
       case Stage::grad_down: s.input_ready = true; break;
       case Stage::adam_cpu:
@@ -249,10 +254,12 @@ Simulation simulate_phase(const Workload& w, const std::vector<PlanSide>& plan, 
       started |= start_link(h2d);
       started |= start_link(d2h);
       started |= start_gpu();
-      started |= start_cpu();
+      for (Lane& cpu : cpus) started |= start_cpu(cpu);
     }
     const bool dma = h2d.current >= 0 || d2h.current >= 0;
-    const double demand = (cpu.current >= 0 ? r.U_c * cpu_bytes : 0.0) + (h2d.current >= 0 ? r.B_h2d : 0.0) +
+    double active_cpus = 0;
+    for (const Lane& cpu : cpus) active_cpus += cpu.current >= 0 ? 1 : 0;
+    const double demand = active_cpus * r.U_c * cpu_bytes + (h2d.current >= 0 ? r.B_h2d : 0.0) +
                           (d2h.current >= 0 ? r.B_d2h : 0.0);
     const double share = demand > host_bw ? host_bw / demand : 1.0;
     const double u_cpu = r.U_c * share, b_up = r.B_h2d * share, b_down = r.B_d2h * share;
@@ -260,8 +267,9 @@ Simulation simulate_phase(const Workload& w, const std::vector<PlanSide>& plan, 
     if (h2d.current >= 0) dt = std::min(dt, h2d.left / b_up);
     if (d2h.current >= 0) dt = std::min(dt, d2h.left / b_down);
     if (gpu.current >= 0) dt = std::min(dt, gpu.left);
-    if (cpu.current >= 0) dt = std::min(dt, cpu.left / u_cpu);
-    if (!(dt < std::numeric_limits<double>::infinity()) || ++guard > 100 * count + 1000)
+    for (const Lane& cpu : cpus)
+      if (cpu.current >= 0) dt = std::min(dt, cpu.left / u_cpu);
+    if (!(dt < std::numeric_limits<double>::infinity()) || ++guard > 100 * count + 10 * cpus.size() + 1000)
       throw std::logic_error("phase simulation: no piece of work can progress (a bug in the simulation)");
     now += dt;
     if (h2d.current >= 0) {
@@ -276,20 +284,22 @@ Simulation simulate_phase(const Workload& w, const std::vector<PlanSide>& plan, 
       gpu.left -= dt;
       gpu.busy += dt;
     }
-    if (cpu.current >= 0) {
-      cpu.left -= dt * u_cpu;
-      cpu.busy += dt;
-      if (dma) out.cpu_beside_dma += dt;
-    }
+    for (Lane& cpu : cpus)
+      if (cpu.current >= 0) {
+        cpu.left -= dt * u_cpu;
+        cpu.busy += dt;
+        if (dma) out.cpu_beside_dma += dt;
+      }
     // relative tolerances: amounts are bytes (up to 1e11), parameters, or seconds
     if (h2d.current >= 0 && h2d.left <= eps * (1 + r.B_h2d)) complete(h2d);
     if (d2h.current >= 0 && d2h.left <= eps * (1 + r.B_d2h)) complete(d2h);
     if (gpu.current >= 0 && gpu.left <= eps) complete(gpu);
-    if (cpu.current >= 0 && cpu.left <= eps * (1 + u_cpu)) complete(cpu);
+    for (Lane& cpu : cpus)
+      if (cpu.current >= 0 && cpu.left <= eps * (1 + u_cpu)) complete(cpu);
     submit_ready();
   }
   out.total = now;
-  out.cpu = cpu.busy;
+  for (const Lane& cpu : cpus) out.cpu += cpu.busy;
   out.h2d = h2d.busy;
   out.d2h = d2h.busy;
   out.gpu = gpu.busy;

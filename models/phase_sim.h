@@ -44,11 +44,15 @@ enum class SubmitOrder { cpu_first, plan };
 
 /// How the runtime carries a plan out, beyond the plan itself. order: SubmitOrder;
 /// lookahead: streamed subgroups whose state is prefetched ahead of the one being submitted;
-/// update_budget: the GPU update budget in bytes (0: none).
+/// update_budget: the GPU update budget in bytes (0: none); cpu_workers: StarPU CPU workers, each
+/// running its Adam tasks one after another at U_c (the placement policy gives subgroup i's to
+/// worker i % cpu_workers), all at once beside each other (0 counts as 1). One GPU and one PCIe
+/// pair are modelled: a process drives one GPU.
 struct Execution {
   SubmitOrder order = SubmitOrder::plan;
   std::size_t lookahead = 3;
   std::size_t update_budget = 0;
+  std::size_t cpu_workers = 1;
 };
 
 /// GPU bytes subgroup of n parameters on `side` holds while in flight (the runtime's footprint):
@@ -63,7 +67,7 @@ std::size_t subgroup_footprint(const Workload& w, std::size_t n, PlanSide side);
 bool submits_cpu_first(const Workload& w, const std::vector<PlanSide>& plan, const Execution& e);
 
 /// What the simulation found. total: the phase's seconds (the last piece of work's end);
-/// cpu, h2d, d2h, gpu: seconds each resource was busy; cpu_beside_dma: the part of cpu spent beside
+/// cpu, h2d, d2h, gpu: seconds each resource was busy (cpu: summed over the CPU workers); cpu_beside_dma: the part of cpu spent beside
 /// DMA (at U_c_dma); stream_end: when the last streamed
 /// subgroup's state was back in host memory (0: none streamed); cpu_first: the order it simulated.
 struct Simulation {

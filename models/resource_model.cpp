@@ -18,13 +18,20 @@ std::string Prediction::bound_by() const {
 
 double cpu_adam_host_bytes(const Workload& w) { return 24.0 + double(w.grad_bytes) + double(w.param_bytes); }
 
+double lowest_distinct_u_c_dma(const Workload& w, const Rates& r) {
+  const double cpu = r.U_c * cpu_adam_host_bytes(w), links = r.B_h2d + r.B_d2h;
+  return r.U_c * std::max(cpu, links) / (cpu + links);
+}
+
 double host_bandwidth(const Workload& w, const Rates& r) {
   const double cpu = r.U_c * cpu_adam_host_bytes(w), links = r.B_h2d + r.B_d2h;
   return std::max((r.U_c_dma / r.U_c) * (cpu + links), std::max(cpu, links));
 }
 
 bool rates_complete(const Rates& r) {
-  return r.U_c > 0 && r.U_c_dma > 0 && r.U_g > 0 && r.D_c > 0 && r.B_h2d > 0 && r.B_d2h > 0;
+  for (double x : {r.U_c, r.U_c_dma, r.U_g, r.D_c, r.B_h2d, r.B_d2h})
+    if (!(x > 0) || !std::isfinite(x)) return false;
+  return true;
 }
 
 namespace {
@@ -169,7 +176,10 @@ StrideChoice choose_stride(const Workload& w, const Rates& r) {
   return best;
 }
 
-double lower_bound(const Workload& w, const Rates& r) {
+double lower_bound(const Workload& w, const Rates& rates, std::size_t cpu_workers) {
+  Rates r = rates;  // k CPU workers side by side: the CPU's rates and its host traffic k times one's
+  r.U_c *= double(std::max<std::size_t>(1, cpu_workers));
+  r.U_c_dma *= double(std::max<std::size_t>(1, cpu_workers));
   double total = 0, resident = 0;
   const std::size_t n = w.sizes.size(), nres = std::min(w.resident, n);
   for (std::size_t i = 0; i < n; ++i) (i < n - nres ? total : resident) += double(w.sizes[i]);

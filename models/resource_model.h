@@ -27,14 +27,14 @@
 namespace dos {
 
 /// Measured rates of one rank's machine.
-/// U_c: CPU Adam, params/s, with no DMA running; U_c_dma: CPU Adam while H2D and D2H both stream
+/// U_c: CPU Adam on one StarPU CPU worker, params/s, with no DMA running; U_c_dma: the same while H2D and D2H both stream
 /// (params/s, <= U_c); U_g: GPU Adam, params/s; D_c: GPU gradient conversion to fp32, params/s;
 /// B_h2d, B_d2h: PCIe bandwidth each way while both directions run, bytes/s. All > 0.
 struct Rates {
   double U_c = 0, U_c_dma = 0, U_g = 0, D_c = 0, B_h2d = 0, B_d2h = 0;
 };
 
-/// True when every rate is a positive number (what predict needs).
+/// True when every rate is a positive finite number (what predict needs).
 bool rates_complete(const Rates& r);
 
 /// Where a subgroup's update runs: on the CPU, on the GPU with its state streamed in and out, or on
@@ -73,6 +73,11 @@ double cpu_adam_host_bytes(const Workload& w);
 /// what CPU Adam alone and both links alone were measured to get (U_c x cpu_adam_host_bytes,
 /// B_h2d + B_d2h). With U_c_dma = U_c (the paper's model) M is their full demand: no contention.
 double host_bandwidth(const Workload& w, const Rates& r);
+
+/// The lowest U_c_dma the model tells apart, params/s: below U_c x max(c, l) / (c + l), with c =
+/// U_c x cpu_adam_host_bytes and l = B_h2d + B_d2h, host_bandwidth is at its floor and no longer
+/// depends on U_c_dma. Calibration and refinement keep U_c_dma at or above it.
+double lowest_distinct_u_c_dma(const Workload& w, const Rates& r);
 
 /// The predicted times of a plan, seconds, per resource and overall (the maximum). host: the
 /// plan's host memory traffic (CPU Adam's and every PCIe byte) over host_bandwidth.
@@ -136,7 +141,8 @@ StrideChoice choose_stride(const Workload& w, const Rates& r);
 /// from the first instant to the last (no pipeline fill or drain, no wait of one resource on
 /// another), CPU Adam at U_c, each link at its B, the GPU at U_g and D_c, and host memory at M
 /// (host_bandwidth) for CPU Adam's traffic and every PCIe byte together: contention enters only
-/// through M. It bounds the phase simulation (phase_sim.h) of every plan.
-double lower_bound(const Workload& w, const Rates& r);
+/// through M. cpu_workers: StarPU CPU workers running Adam beside each other at U_c each (0 counts
+/// as 1). It bounds the phase simulation (phase_sim.h) of every plan with as many CPU workers.
+double lower_bound(const Workload& w, const Rates& r, std::size_t cpu_workers = 1);
 
 }  // namespace dos

@@ -146,14 +146,14 @@ Rates calibrate_rates(Runtime& runtime, std::size_t S, DType dtype, MemoryKind m
   Rates r;
   double mixed_busy = 1e30;  // the CPU's least busy time in the mixed phase, seconds
   for (int rep = 0; rep < 2; ++rep) {
-    const StepStats cpu = phase(0.0);  // every subgroup on the CPU: the CPU worker's busy time
-    r.U_c = std::max(r.U_c, double(n) / cpu.cpu_busy_seconds);
+    const StepStats cpu = phase(0.0);  // every subgroup on the CPU: its Adam tasks' busy time
+    if (cpu.cpu_adam_seconds > 0) r.U_c = std::max(r.U_c, double(n) / cpu.cpu_adam_seconds);
     const StepStats mixed = phase(0.75);  // 2 subgroups on the CPU while 6 stream
-    mixed_busy = std::min(mixed_busy, mixed.cpu_busy_seconds);
+    if (mixed.cpu_adam_seconds > 0) mixed_busy = std::min(mixed_busy, mixed.cpu_adam_seconds);
   }
   // A first guess: the CPU's rate over the whole mixed phase. Part of that phase's CPU work may run
   // beside one link or none, so U_c_dma is then fitted below with the phase simulation.
-  r.U_c_dma = double(nsub - 6) * double(S) / mixed_busy;
+  r.U_c_dma = mixed_busy < 1e30 ? double(nsub - 6) * double(S) / mixed_busy : 0.0;
   // The GPU's own rates: its kernels timed with CUDA events. (A CUDA worker's busy time includes
   // the waits of its pipelined asynchronous tasks: it made GPU Adam look 100x slower than it is.)
   benchmark_gpu_rates(S, dtype, &r.U_g, &r.D_c);
@@ -185,7 +185,8 @@ Rates calibrate_rates(Runtime& runtime, std::size_t S, DType dtype, MemoryKind m
       const Simulation sim = simulate_phase(opt.workload(), mixed_plan, r, opt.execution());
       const double alone = sim.cpu - sim.cpu_beside_dma, beside = mixed_busy - alone;
       if (!(sim.cpu_beside_dma > 0) || !(beside > 0.2 * sim.cpu_beside_dma)) break;
-      r.U_c_dma = std::min(r.U_c, r.U_c_dma * sim.cpu_beside_dma / beside);
+      r.U_c_dma = std::min(r.U_c, std::max(lowest_distinct_u_c_dma(opt.workload(), r),
+                                           r.U_c_dma * sim.cpu_beside_dma / beside));
     }
   }
   if (verbose)

@@ -223,6 +223,9 @@ struct StepStats {
   std::int64_t step = 0;
   double cpu_busy_seconds = 0;
   double gpu_busy_seconds = 0;
+  /// Of cpu_busy_seconds, the CPU Adam tasks alone, seconds (without the staging and write-back
+  /// tasks that run on CPU workers when the caller's buffers are in host memory).
+  double cpu_adam_seconds = 0;
   /// The plan of this phase: subgroups planned on the GPU (streamed or resident), and for the
   /// project's policies with a model (dos, static:R), the predicted time and the lower bound
   /// (models/resource_model.h), seconds; 0 where there is no model.

@@ -410,6 +410,7 @@ struct Subgroup {
   std::atomic<int> parts_left{0};
   AdmissionWindow* window = nullptr;
   struct Timeline* timeline = nullptr;
+  struct PhaseBusy* busy = nullptr;  // the optimizer's busy sums of the phase
 
   Subgroup() = default;
   Subgroup(const Subgroup&) = delete;
@@ -442,12 +443,30 @@ struct Timeline {
   }
 };
 
-/// From a step task's callback: completes the task's clock record (busy time) and, when a timeline
-/// is asked for, adds the task to it.
+/// Seconds one optimizer's tasks kept the workers busy during a phase, summed over workers: every
+/// task on CPU workers, every task on CUDA workers, and the CPU Adam tasks alone (what the rates'
+/// refinement and calibration compare with the model, which counts only Adam on the CPU).
+struct PhaseBusy {
+  std::mutex mu;
+  double cpu = 0, gpu = 0, cpu_adam = 0;
+  void reset() {
+    std::lock_guard<std::mutex> g(mu);
+    cpu = gpu = cpu_adam = 0;
+  }
+};
+
+/// From a step task's callback: completes the task's clock record, adds it to the optimizer's busy
+/// sums and, when a timeline is asked for, to the timeline.
 void clock_task(Subgroup* sg, const char* what) {
   task_clock::Span span;
-  if (task_clock::finish(starpu_task_get_current(), &span) && sg->timeline)
-    sg->timeline->record(what, std::size_t(sg->hint_update.subgroup), span);
+  if (!task_clock::finish(starpu_task_get_current(), &span)) return;
+  if (sg->busy) {
+    const double s = 1e-6 * (span.end_us - span.start_us);
+    std::lock_guard<std::mutex> g(sg->busy->mu);
+    (span.gpu ? sg->busy->gpu : sg->busy->cpu) += s;
+    if (!span.gpu && std::strcmp(what, "adam") == 0) sg->busy->cpu_adam += s;
+  }
+  if (sg->timeline) sg->timeline->record(what, std::size_t(sg->hint_update.subgroup), span);
 }
 
 /// Counts outstanding asynchronous acquisitions and waits for them.
@@ -566,6 +585,7 @@ struct Optimizer::Impl {
   std::string broken;          // why a failed step left the state inconsistent (empty: fine)
   AdmissionWindow window;      // the GPU update budget
   Timeline timeline;
+  PhaseBusy busy;
   bool timeline_on = false;
   std::vector<unsigned> cuda_nodes;  // memory node of each CUDA worker, in worker-id order
 
@@ -575,6 +595,7 @@ struct Optimizer::Impl {
     e.order = opt.submit_order;
     e.lookahead = cuda_nodes.empty() ? 0 : opt.stream_lookahead;
     e.update_budget = cuda_nodes.empty() ? 0 : opt.gpu_update_budget;
+    e.cpu_workers = rt->cpu_workers();
     return e;
   }
   /// Whether subgroup i's update this step takes the direct path: a plan puts it on the GPU and the
@@ -641,19 +662,23 @@ struct Optimizer::Impl {
   ///    host memory) against when the simulation ends it: the links run back to back until then.
   void refine(const StepStats& st, const Simulation& sim) {
     if (!have_rates || !choice.plan || !choice.plan->needs().refine || rt->cuda_workers() == 0) return;
+    // a step moves a rate half way to what it measured, and by at most a factor of 2
     auto blend = [&](double& rate, double measured) {
       if (!(measured > 0) || !std::isfinite(measured)) return;
-      rate = 0.5 * (rate + measured);
+      rate = 0.5 * (rate + std::min(2 * rate, std::max(0.5 * rate, measured)));
       refined = true;
     };
-    if (st.planned_streamed == 0 && sim.cpu > 0 && st.cpu_busy_seconds > 0) {
-      blend(rates.U_c, rates.U_c * sim.cpu / st.cpu_busy_seconds);
-    } else if (sim.cpu_beside_dma > 0.2 * sim.cpu && st.cpu_busy_seconds > 0) {
+    const double adam = st.cpu_adam_seconds;  // CPU Adam alone: the model counts nothing else
+    if (st.planned_streamed == 0 && sim.cpu > 0 && adam > 0) {
+      blend(rates.U_c, rates.U_c * sim.cpu / adam);
+    } else if (sim.cpu_beside_dma > 0.2 * sim.cpu && adam > 0) {
       const double alone = sim.cpu - sim.cpu_beside_dma;
-      const double beside = st.cpu_busy_seconds - alone;
+      const double beside = adam - alone;
       if (beside > 0.2 * sim.cpu_beside_dma) blend(rates.U_c_dma, rates.U_c_dma * sim.cpu_beside_dma / beside);
     }
-    rates.U_c_dma = std::min(rates.U_c_dma, rates.U_c);
+    // Below this U_c_dma, host memory (host_bandwidth) is at its floor, what CPU Adam or both links
+    // get alone, and the model no longer depends on U_c_dma: refining further would only drift.
+    rates.U_c_dma = std::min(rates.U_c, std::max(rates.U_c_dma, lowest_distinct_u_c_dma(workload, rates)));
     if (st.planned_streamed > 0 && sim.stream_end > 0 && st.stream_end_seconds > 0 && opt.eager_writeback) {
       const double f = sim.stream_end / st.stream_end_seconds;
       blend(rates.B_h2d, rates.B_h2d * f);
@@ -872,9 +897,7 @@ StepStats Optimizer::step() {
   StepStats st;
   std::uint64_t h2d0, d2h0;
   read_bus_bytes(&h2d0, &d2h0);
-  task_clock::reset();  // nothing is in flight: the clock starts afresh
-  task_clock::take_busy_seconds(STARPU_CPU_WORKER);
-  task_clock::take_busy_seconds(STARPU_CUDA_WORKER);
+  I.busy.reset();  // nothing of this optimizer is in flight
   const auto t0 = std::chrono::steady_clock::now();
   {
     std::lock_guard<std::mutex> g(I.timeline.mu);
@@ -922,7 +945,9 @@ StepStats Optimizer::step() {
         sim.total = p.total;
       }
       st.predicted_seconds = sim.total;
-      st.lower_bound_seconds = lower_bound(I.workload, I.calibrated_rates);
+      Workload bound_w = I.workload;  // a plan choosing its own resident subgroups keeps the last ones
+      bound_w.resident = std::max(bound_w.resident, st.planned_resident);
+      st.lower_bound_seconds = lower_bound(bound_w, I.calibrated_rates, I.rt->cpu_workers());
       st.bound_by = sim.busiest();
     }
   }
@@ -947,6 +972,7 @@ StepStats Optimizer::step() {
     sg->footprint = gpu ? subgroup_footprint(I.workload, sg->size, I.plan.empty() ? PlanSide::cpu : I.plan[i]) : 0;
     largest_fp = std::max(largest_fp, sg->footprint);
     sg->timeline = I.timeline_on ? &I.timeline : nullptr;
+    sg->busy = &I.busy;
   }
   I.window.reset(gpu ? I.opt.gpu_update_budget : 0);
   // Submission order (OptimizerOptions::submit_order). cpu_first: the subgroups that are not
@@ -1088,8 +1114,12 @@ StepStats Optimizer::step() {
   st.bytes_d2h -= d2h0;
   if (pending.last_subgroup_part_us > 0)
     st.stream_end_seconds = 1e-6 * (pending.last_subgroup_part_us - I.timeline.t0_us);
-  st.cpu_busy_seconds = task_clock::take_busy_seconds(STARPU_CPU_WORKER);
-  st.gpu_busy_seconds = task_clock::take_busy_seconds(STARPU_CUDA_WORKER);
+  {
+    std::lock_guard<std::mutex> g(I.busy.mu);
+    st.cpu_busy_seconds = I.busy.cpu;
+    st.gpu_busy_seconds = I.busy.gpu;
+    st.cpu_adam_seconds = I.busy.cpu_adam;
+  }
   st.params = I.nparams;
   for (std::size_t i = 0; i < I.sgs.size(); ++i) {
     const auto& sg = I.sgs[i];

@@ -163,6 +163,23 @@ void test_choice_and_bound(void**) {
   }
 }
 
+// Two CPU workers: subgroups 0 and 2 on the first, 1 on the second, side by side at U_c each (the
+// caller in host memory: no PCIe, and host memory holds both: M is at least their demand).
+void test_cpu_workers(void**) {
+  const dos::Workload w = workload({1000000000, 500000000, 250000000}, false);
+  const dos::Rates r{1e9, 1e9, 1e12, 1e12, 1e10, 1e10};
+  dos::Execution e;
+  e.cpu_workers = 2;
+  const dos::Simulation s = dos::simulate_phase(w, {PlanSide::cpu, PlanSide::cpu, PlanSide::cpu}, r, e);
+  assert_float_equal(s.total, 1.25, 1e-9);  // worker 0: 1 s + 0.25 s; worker 1: 0.5 s
+  assert_float_equal(s.cpu, 1.75, 1e-9);
+  // the lower bound counts both workers (nothing streamed): 1.75e9 parameters at 2e9/s
+  dos::Workload cpu_only = w;
+  cpu_only.may_stream = false;
+  assert_float_equal(dos::lower_bound(cpu_only, r, 2), 0.875, 1e-9);
+  assert_true(dos::lower_bound(w, r, 2) <= s.total);
+}
+
 // Many subgroups: the plan search's grid and golden-section steps find the plan that trying every
 // streamed count finds (here by brute force over every m, each simulated).
 void test_search_many(void**) {
@@ -207,7 +224,7 @@ int main() {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_cpu_only),   cmocka_unit_test(test_one_streamed),       cmocka_unit_test(test_two_streamed),
       cmocka_unit_test(test_host_memory_shared), cmocka_unit_test(test_order),       cmocka_unit_test(test_budget),
-      cmocka_unit_test(test_choice_and_bound),   cmocka_unit_test(test_search_many),
+      cmocka_unit_test(test_choice_and_bound),   cmocka_unit_test(test_search_many), cmocka_unit_test(test_cpu_workers),
       cmocka_unit_test(test_bad_input),
   };
   return cmocka_run_group_tests(tests, nullptr, nullptr);

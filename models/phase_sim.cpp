@@ -132,7 +132,7 @@ Simulation simulate_phase(const Workload& w, const std::vector<PlanSide>& plan, 
         for (std::size_t q = stream_pos[i]; q < stream_order.size() && q <= stream_pos[i] + e.lookahead; ++q) {
           Sg& t = sgs[stream_order[q]];
           if (t.admitted) continue;
-          if (limit != 0 && window_used + t.footprint + largest_fp > limit) break;
+          if (limit != 0 && window_used + t.footprint + largest_fp > limit) continue;  // a smaller one may fit
           t.admitted = true;
           window_used += t.footprint;
           ask_state_up(stream_order[q]);
@@ -153,7 +153,11 @@ Simulation simulate_phase(const Workload& w, const std::vector<PlanSide>& plan, 
         }
       } else {
         // streamed, or resident with the caller on the host: the inputs go up first
-        if (!s.state_up_asked && (s.side == PlanSide::gpu_streamed || !w.caller_on_gpu)) ask_state_up(i);
+        // Not prefetched: with a lookahead the runtime leaves the task's own prefetch off, so its
+        // inputs are fetched when the CUDA worker takes it (start_gpu); without one, StarPU
+        // prefetches them when the task is pushed, at submission.
+        const bool up = s.side == PlanSide::gpu_streamed || !w.caller_on_gpu;
+        if (up && !s.state_up_asked && (e.lookahead == 0 || s.side != PlanSide::gpu_streamed)) ask_state_up(i);
         if (s.side == PlanSide::gpu_resident && w.caller_on_gpu) s.input_ready = true;
         gpu.queue.push_back({i, Stage::adam_gpu});
       }
@@ -182,7 +186,9 @@ Simulation simulate_phase(const Workload& w, const std::vector<PlanSide>& plan, 
     if (gpu.current >= 0 || gpu.queue.empty()) return false;
     const Piece p = gpu.queue.front();
     const Sg& s = sgs[p.sg];
-    if (p.stage != Stage::gather && !s.input_ready) return false;  // the head of the queue waits
+    if (p.stage == Stage::adam_gpu && s.side == PlanSide::gpu_streamed && !s.state_up_asked)
+      ask_state_up(p.sg);  // not prefetched: fetched when the worker takes it
+    if (p.stage != Stage::gather && !s.input_ready) return false;             // the head of the queue waits
     gpu.queue.pop_front();
     gpu.current = long(p.sg);
     gpu.stage = p.stage;

@@ -6,8 +6,13 @@ pointers, so the same shared library serves any torch version (Debian's 1.13, pi
 The library is looked up, in order, at:
 
 1. ``$DOS_C_LIBRARY`` (a full path to ``libdos_c.so``);
-2. ``libdos_c.so`` next to this file (an installed copy);
-3. ``<repository>/build/libdos_c.so`` (what ``scripts/setup.sh build`` produces).
+2. ``libdos_c.so`` next to this file (a copy put there by hand);
+3. the library directory ``meson install`` put it in, as recorded in ``_paths.py`` (generated at
+   install time): first relative to where this package is now (an install with ``--destdir``, a
+   moved prefix), then as configured;
+4. ``<repository>/build/libdos_c.so`` (what ``scripts/setup.sh build`` produces);
+5. ``lib/``, ``lib/<multiarch>/`` and ``lib64/`` under ``sys.prefix`` (a package installed
+   with ``pip`` or by hand next to a ``meson install`` into the same prefix).
 
 Errors raised: :class:`DosError` (a subclass of ``RuntimeError``) for runtime failures and
 ``ValueError`` for bad input reported by the library; ``OSError`` when the library cannot be found
@@ -16,6 +21,8 @@ or loaded.
 
 import ctypes
 import os
+import sys
+import sysconfig
 import threading
 
 ABI_VERSION = 1
@@ -77,18 +84,36 @@ def library_path():
             raise OSError(f"DOS_C_LIBRARY={env} is not a file")
         return env
     here = os.path.dirname(os.path.abspath(__file__))
-    candidates = [
-        os.path.join(here, "libdos_c.so"),
-        os.path.join(os.path.dirname(os.path.dirname(here)), "build", "libdos_c.so"),
-    ]
+    candidates = [os.path.join(here, "libdos_c.so")]
+    candidates += _installed_candidates(here)
+    candidates.append(os.path.join(os.path.dirname(os.path.dirname(here)), "build", "libdos_c.so"))
+    multiarch = sysconfig.get_config_var("MULTIARCH")
+    for d in ["lib"] + ([os.path.join("lib", multiarch)] if multiarch else []) + ["lib64"]:
+        c = os.path.join(sys.prefix, d, "libdos_c.so")
+        if c not in candidates:
+            candidates.append(c)
     for c in candidates:
         if os.path.isfile(c):
             return c
     raise OSError(
         "cannot find the runtime's C library libdos_c.so (looked at $DOS_C_LIBRARY, "
         + ", ".join(candidates)
-        + "): build it with scripts/setup.sh build (or meson compile -C BUILD) and set DOS_C_LIBRARY=BUILD/libdos_c.so"
+        + "): build it with scripts/setup.sh build (or meson compile -C BUILD) and set DOS_C_LIBRARY=BUILD/libdos_c.so, or install it with meson install -C BUILD"
     )
+
+
+def _installed_candidates(here):
+    """Where ``meson install`` put ``libdos_c.so`` according to ``_paths.py`` (none in the source
+    tree, where that file does not exist): the configured library directory taken relative to the
+    configured package directory and applied to ``here``, then the configured one itself."""
+    try:
+        from . import _paths
+    except ImportError:
+        return []
+    relative = os.path.relpath(_paths.LIBDIR, _paths.PACKAGE_DIR)
+    moved = os.path.normpath(os.path.join(here, relative, "libdos_c.so"))
+    configured = os.path.join(_paths.LIBDIR, "libdos_c.so")
+    return [moved] if moved == configured else [moved, configured]
 
 
 def lib():

@@ -28,7 +28,7 @@ for f in dos/runtime/dos.h dos/runtime/dos_c.h dos/models/phase_sim.h dos/models
   [ -f "$root/include/$f" ] || fail "header include/$f not installed"
 done
 for f in "$libdir/libdos.so" "$libdir/libdos_c.so" "$pcdir/dos_c.pc" "$root/bin/dos-train" "$root/bin/dos-bench"; do
-  [ -f "$f" ] || fail "${f#$tmp/root} not installed"
+  [ -f "$f" ] || fail "${f#"$tmp"/root} not installed"
 done
 
 # meson test puts the build folder, which holds libraries of the same names, on LD_LIBRARY_PATH:
@@ -58,8 +58,9 @@ LD_LIBRARY_PATH=$libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} STARPU_SILENT=1 "$t
 
 # The C ABI: its header through dos_c.pc
 printf '#include <dos_c.h>\nint main(void) { return DOS_C_ABI_VERSION > 0 ? 0 : 1; }\n' > "$tmp/consumer/c_abi.cpp"
-# shellcheck disable=SC2086
-(cd "$tmp/consumer" && "$cxx" -c -o c_abi.o c_abi.cpp $(pkg-config --cflags dos_c)) || fail "dos_c.h not found through dos_c.pc"
+c_flags=$(pkg-config --cflags dos_c) || fail "pkg-config --cflags dos_c failed"
+# shellcheck disable=SC2086  # the flags are words
+(cd "$tmp/consumer" && "$cxx" -c -o c_abi.o c_abi.cpp $c_flags) || fail "dos_c.h not found through dos_c.pc"
 
 # The Python package, from the installed copy, without DOS_C_LIBRARY
 init=$(find "$root" -path '*/deep_optimizer_states/__init__.py' | head -1)

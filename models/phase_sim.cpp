@@ -30,6 +30,15 @@ bool submits_cpu_first(const Workload& w, const std::vector<PlanSide>& plan, con
   return any_streamed && (e.update_budget == 0 || others + (e.lookahead + 1) * largest <= e.update_budget);
 }
 
+std::vector<std::size_t> submission_order(const std::vector<PlanSide>& plan, bool cpu_first) {
+  std::vector<std::size_t> order;
+  order.reserve(plan.size());
+  for (int pass = 0; pass < (cpu_first ? 2 : 1); ++pass)
+    for (std::size_t i = 0; i < plan.size(); ++i)
+      if (!cpu_first || (pass == 0) != (plan[i] == PlanSide::gpu_streamed)) order.push_back(i);
+  return order;
+}
+
 const char* Simulation::busiest() const {
   const double m = std::max(std::max(cpu, gpu), std::max(h2d, d2h));
   if (m == cpu) return "cpu";
@@ -87,12 +96,10 @@ Simulation simulate_phase(const Workload& w, const std::vector<PlanSide>& plan, 
   }
   Simulation out;
   out.cpu_first = submits_cpu_first(w, plan, e);
-  std::vector<std::size_t> order, stream_order;
+  const std::vector<std::size_t> order = submission_order(plan, out.cpu_first);
+  std::vector<std::size_t> stream_order;
   for (std::size_t i = 0; i < count; ++i)
     if (plan[i] == PlanSide::gpu_streamed) stream_order.push_back(i);
-  for (int pass = 0; pass < (out.cpu_first ? 2 : 1); ++pass)
-    for (std::size_t i = 0; i < count; ++i)
-      if (!out.cpu_first || (pass == 0) != (plan[i] == PlanSide::gpu_streamed)) order.push_back(i);
   std::vector<std::size_t> stream_pos(count, 0);
   for (std::size_t q = 0; q < stream_order.size(); ++q) stream_pos[stream_order[q]] = q;
 
@@ -327,17 +334,9 @@ Prediction simulated_prediction(const Workload& w, const std::vector<PlanSide>& 
 }  // namespace
 
 StrideChoice choose_stride_simulated(const Workload& w, const Rates& r, const Execution& e) {
-  StrideChoice best;
-  const std::size_t n = w.sizes.size();
-  for (std::size_t k = 1; k <= std::max<std::size_t>(n, 1); ++k) {
-    const std::vector<PlanSide> plan = stride_plan(n, k);
-    const Simulation s = simulate_phase(w, plan, r, e);
-    if (k == 1 || s.total <= best.predicted.total) {
-      best.k = k;
-      best.predicted = simulated_prediction(w, plan, s, r);
-    }
-  }
-  return best;
+  return choose_stride_by(w, [&](const std::vector<PlanSide>& plan) {
+    return simulated_prediction(w, plan, simulate_phase(w, plan, r, e), r);
+  });
 }
 
 Choice choose_plan_simulated(const Workload& w, const Rates& r, const Execution& e) {

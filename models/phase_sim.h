@@ -66,6 +66,10 @@ std::size_t subgroup_footprint(const Workload& w, std::size_t n, PlanSide side);
 /// lookahead + 1 of the largest footprint).
 bool submits_cpu_first(const Workload& w, const std::vector<PlanSide>& plan, const Execution& e);
 
+/// The subgroups' indices in the order the runtime submits them: index order, or, when cpu_first,
+/// the subgroups that are not streamed (index order) and then the streamed ones (index order).
+std::vector<std::size_t> submission_order(const std::vector<PlanSide>& plan, bool cpu_first);
+
 /// What the simulation found. total: the phase's seconds (the last piece of work's end);
 /// cpu, h2d, d2h, gpu: seconds each resource was busy (cpu: summed over the CPU workers); cpu_beside_dma: the part of cpu spent beside
 /// DMA (at U_c_dma); stream_end: when the last streamed

@@ -164,10 +164,15 @@ Choice choose_plan(const Workload& w, const Rates& r) {
 }
 
 StrideChoice choose_stride(const Workload& w, const Rates& r) {
+  return choose_stride_by(w, [&](const std::vector<PlanSide>& plan) { return predict(w, plan, r); });
+}
+
+StrideChoice choose_stride_by(const Workload& w,
+                              const std::function<Prediction(const std::vector<PlanSide>&)>& eval) {
   StrideChoice best;
   const std::size_t n = w.sizes.size();
   for (std::size_t k = 1; k <= std::max<std::size_t>(n, 1); ++k) {
-    const Prediction p = predict(w, stride_plan(n, k), r);
+    const Prediction p = eval(stride_plan(n, k));
     if (k == 1 || p.total <= best.predicted.total) {
       best.k = k;
       best.predicted = p;

@@ -134,6 +134,10 @@ struct StrideChoice {
 };
 StrideChoice choose_stride(const Workload& w, const Rates& r);
 
+/// The same search with `eval` giving each stride plan's prediction (its total is compared; ties:
+/// larger k).
+StrideChoice choose_stride_by(const Workload& w, const std::function<Prediction(const std::vector<PlanSide>&)>& eval);
+
 /// A lower bound for the update phase on the same resources, seconds: over every split of the
 /// parameters between CPU and streaming, ignoring subgroup boundaries (minimised to 1e-4 of the
 /// total), the least of the busiest resource's whole work at its best rate, with w.resident

@@ -982,12 +982,9 @@ StepStats Optimizer::step() {
   // for the CPU's gradients. Staged first, the CPU's gradients go down at once and the streamed
   // subgroups then follow each other on the link at its full rate. Only when the update budget
   // holds the CPU subgroups' staging and the streaming window together; otherwise plan order.
-  std::vector<std::size_t> order;
-  order.reserve(I.sgs.size());
   const bool cpu_first = gpu && !I.plan.empty() && submits_cpu_first(I.workload, I.plan, I.execution());
-  for (int pass = 0; pass < (cpu_first ? 2 : 1); ++pass)
-    for (std::size_t i = 0; i < I.sgs.size(); ++i)
-      if (!cpu_first || (pass == 0) != streamed(i)) order.push_back(i);
+  const std::vector<std::size_t> order =
+      submission_order(I.plan.empty() ? std::vector<PlanSide>(I.sgs.size(), PlanSide::cpu) : I.plan, cpu_first);
   st.cpu_first = cpu_first;
   std::vector<char> admitted(I.sgs.size(), 0);
   auto prefetch_state = [&](std::size_t i) {

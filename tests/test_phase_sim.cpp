@@ -119,6 +119,11 @@ void test_order(void**) {
   assert_true(b.cpu_first);
   assert_float_equal(b.total, 2 + e, 1e-9);
   assert_float_equal(b.stream_end, 2 + e, 1e-9);
+  // the order itself: the subgroups that are not streamed first, each group in index order
+  const std::vector<PlanSide> four = {PlanSide::gpu_streamed, PlanSide::cpu, PlanSide::gpu_streamed,
+                                      PlanSide::gpu_resident};
+  assert_true(dos::submission_order(four, true) == (std::vector<std::size_t>{1, 3, 0, 2}));
+  assert_true(dos::submission_order(four, false) == (std::vector<std::size_t>{0, 1, 2, 3}));
   // an update budget too small for the CPU subgroup's staging beside the streaming window: plan order
   cpu_first.update_budget = std::size_t(12 * n);
   assert_false(dos::submits_cpu_first(w, plan, cpu_first));

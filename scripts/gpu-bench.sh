@@ -2,8 +2,8 @@
 # On the GPU machine (kernels at the memory roofs): dos-bench beside PyTorch's fused CPU
 # AdamW (the peers' cpu_adam_only), and the CPU side of the update phase with one CPU worker running
 # an OpenMP team against many single-threaded CPU workers. Build first (scripts/setup.sh build), or
-# carry a build/ made on the developer machine. Needs ../shared/peers/torch_update_phase.py copied
-# into .peers/ (git-ignored) and carried:
+# carry a build/ made on the developer machine. The torch row runs only when an independent
+# script is placed at .peers/torch_update_phase.py (git-ignored, not part of this repository):
 #   run(command="scripts/setup.sh build >/dev/null && scripts/gpu-bench.sh", carry=[".deps/cache", ".peers"])
 set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # On the GPU machine, the side by side: dos-compare on the 20B preset's shard 1/4 (subgroups
-# of 1.24e8, update budget 40 GB, forward/backward emulated with 4096 tokens) with the PyTorch peers
-# in the same script. Needs ../shared/peers/torch_update_phase.py copied into .peers/ and carried:
-#   run(command="scripts/gpu-compare.sh", carry=[".deps/cache", ".peers"])
+# of 1.24e8, update budget 40 GB, forward/backward emulated with 4096 tokens) with PyTorch baselines
+# in the same script: the repository's own (BASELINES=1) and, when an independent script is placed
+# at .peers/torch_update_phase.py (git-ignored, not part of this repository), that one as well:
+#   run(command="BASELINES=1 scripts/gpu-compare.sh", carry=[".deps/cache", ".peers"])
 # Before the measured runs, dmda's and dmdas' perfmodels are trained afresh (MODEL_POLICIES, default
 # "dmda dmdas"; CALIBRATION_ITERS, default 5) in $OUT/perfmodels, then frozen.
 # PART=main: dos, cpu, dmda, dmdas, gpu, lws (+ RUNS, extra --run entries) and the peers zero_offload and

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# On the GPU machine: why the runtime streams below the PCIe rate. Runs the team's streaming probe
-# (../shared/probes/starpu-streaming, copied into .peers/probe and carried) beside `dos-bench stream`
+# On the GPU machine: why the runtime streams below the PCIe rate. Runs a standalone StarPU streaming
+# probe when one is placed in .peers/probe (stream.c, stream_cuda.cu; git-ignored, not part of this
+# repository; skipped otherwise) beside `dos-bench stream`
 # under measurement switches (DOS_HOST_ALLOC=starpu, DOS_WONT_USE=0, DOS_BIND=0,
 # STARPU_CUDA_PIPELINE=4), and a 7B `gpu`-policy run with a timeline.
 #   run(command="scripts/gpu-stream-why.sh", carry=[".deps/cache", ".peers"])

@@ -21,6 +21,16 @@ void adam_cpu(void* buffers[], void* cl_arg) {
                 reinterpret_cast<void*>(STARPU_VECTOR_GET_PTR(buffers[4])), a->param_dtype, n, a->sp);
 }
 
+void adam_into_cpu(void* buffers[], void* cl_arg) {
+  const auto* a = static_cast<const AdamArgs*>(cl_arg);
+  bind_worker_team();
+  auto f32 = [&](int i) { return reinterpret_cast<float*>(STARPU_VECTOR_GET_PTR(buffers[i])); };
+  adam_step_into_cpu(f32(0), f32(1), f32(2), f32(5), f32(6), f32(7),
+                     reinterpret_cast<const void*>(STARPU_VECTOR_GET_PTR(buffers[3])), a->grad_dtype,
+                     reinterpret_cast<void*>(STARPU_VECTOR_GET_PTR(buffers[4])), a->param_dtype,
+                     STARPU_VECTOR_GET_NX(buffers[0]), a->sp);
+}
+
 void adam_direct_cpu(void* buffers[], void* cl_arg) {
   const auto* a = static_cast<const AdamDirectArgs*>(cl_arg);
   bind_worker_team();
@@ -70,6 +80,7 @@ void cast_cpu(void* buffers[], void* cl_arg) {
 // become valid, so they never do on equal sizes).
 struct starpu_perfmodel adam_model = {};
 struct starpu_perfmodel adam_direct_model = {};
+struct starpu_perfmodel adam_into_model = {};
 struct starpu_perfmodel gather_model = {};
 struct starpu_perfmodel scatter_model = {};
 struct starpu_perfmodel cast_model = {};
@@ -114,6 +125,8 @@ struct starpu_codelet make_codelet(const char* name, starpu_cpu_func_t cpu, star
 }
 
 const starpu_data_access_mode kAdamModes[] = {STARPU_RW, STARPU_RW, STARPU_RW, STARPU_R, STARPU_W};
+const starpu_data_access_mode kAdamIntoModes[] = {STARPU_R, STARPU_R, STARPU_R, STARPU_R,
+                                                   STARPU_W, STARPU_W, STARPU_W, STARPU_W};
 const starpu_data_access_mode kAdamDirectModes[] = {STARPU_RW, STARPU_RW, STARPU_RW};
 const starpu_data_access_mode kGatherModes[] = {STARPU_W};
 const starpu_data_access_mode kScatterModes[] = {STARPU_R};
@@ -126,6 +139,8 @@ struct starpu_codelet adam_cl = make_codelet("dos_adam", clocked_cpu<adam_cpu>, 
 struct starpu_codelet adam_direct_cl =
     make_codelet("dos_adam_direct", clocked_cpu<adam_direct_cpu>, clocked_cuda_or_null<cuda_funcs::adam_direct>(), 3,
                  kAdamDirectModes, &adam_direct_model, "dos_adam_direct");
+struct starpu_codelet adam_into_cl = make_codelet("dos_adam_into", clocked_cpu<adam_into_cpu>, nullptr, 8, kAdamIntoModes,
+                                                  &adam_into_model, "dos_adam_into");
 struct starpu_codelet gather_cl = make_codelet("dos_gather", clocked_cpu<gather_cpu>,
                                                clocked_cuda_or_null<cuda_funcs::gather>(), 1, kGatherModes,
                                                &gather_model, "dos_gather");

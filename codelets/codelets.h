@@ -19,6 +19,11 @@
 //               path of subgroups updated where the caller's buffers live: no fp32 gradient or
 //               16-bit parameter staging, no conversion or copy tasks)
 //                                                                      cl_arg: const AdamDirectArgs*
+//   adam_into_cl  master, exp_avg, exp_avg_sq (fp32, R), grad (grad_dtype, R), param16
+//               (param_dtype, W), master', exp_avg', exp_avg_sq' (fp32, W): adam_cl out of place,
+//               the new state written to the last three buffers and the first three left as they
+//               were (a speculative update: kept by swapping the two, or redone from the first
+//               three). CPU only.                                  cl_arg: const AdamArgs*
 // gather_cl, scatter_cl and adam_direct_cl touch caller memory by raw pointer, so the runtime restricts them
 // (task->where) to the side where that memory lives: STARPU_CUDA for GPU pointers, STARPU_CPU
 // for host pointers. All CUDA implementations run on StarPU's local stream (STARPU_CUDA_ASYNC).
@@ -80,6 +85,7 @@ struct AdamDirectArgs {
 
 extern struct starpu_codelet adam_cl;
 extern struct starpu_codelet adam_direct_cl;
+extern struct starpu_codelet adam_into_cl;
 extern struct starpu_codelet gather_cl;
 extern struct starpu_codelet scatter_cl;
 extern struct starpu_codelet cast_cl;

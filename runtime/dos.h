@@ -164,6 +164,12 @@ class Runtime {
 ///   gradient staging out from behind the streamed Adams in the CUDA worker's first-in first-out
 ///   queue; on the GPU machine it was no faster (the phase is bound by host memory shared by CPU Adam
 ///   and DMA, not by that queue; README). The results are the same bits either way.
+/// speculation_budget: host bytes for the shadow state of speculative updates (12 bytes per
+///   parameter of a subgroup updated speculatively, allocated and pinned at its first speculative
+///   update and kept); -1 (default): half of the host memory available (MemAvailable) when the
+///   first speculative update comes; 0: no speculative update (Optimizer::gradients_final only
+///   records, the whole update runs in finish_step). A subgroup beyond the budget waits for
+///   finish_step.
 struct OptimizerOptions {
   AdamHyper adam;
   std::size_t subgroup_size = 100000000;
@@ -179,7 +185,17 @@ struct OptimizerOptions {
   bool native_grads = true;
   bool urgent_writeback = false;
   SubmitOrder submit_order = SubmitOrder::plan;
+  std::int64_t speculation_budget = -1;
 };
+
+/// What the caller found once every gradient of a step was final (Optimizer::finish_step).
+/// keep: the gradients are as they were when declared final: the speculative updates are kept.
+/// changed: the caller changed gradients in place after declaring them final (global-norm
+///   clipping, loss-scale unscaling): every speculative update is redone from the state before the
+///   step, with the gradients as they are now.
+/// skip: no update this step (a gradient holds an inf or NaN): the speculative results are dropped,
+///   the step counts and the parameters stay as before the step.
+enum class StepVerdict { keep, changed, skip };
 
 /// One task or transfer sample of an update phase, for timelines. lane: "cpu" or "gpu" (an Adam,
 /// gradient conversion or parameter write-back task on that kind of worker); what: "adam",
@@ -252,6 +268,19 @@ struct StepStats {
   /// refinement divides the PCIe bytes by.
   bool cpu_first = false;
   double stream_end_seconds = 0;
+  /// Overlap (Optimizer::begin_step ... finish_step): whether the phase was opened by begin_step;
+  /// exposed_seconds: wall time of finish_step (of step() for a plain step: about `seconds`), the
+  /// part of the phase the caller waited for after its gradients were all final; `seconds` then
+  /// runs from begin_step. speculated: subgroups updated speculatively (before finish_step, from
+  /// gradients declared final); hidden_params: of their elements, those whose speculative update had
+  /// ended when finish_step was called; redone: speculative updates redone (StepVerdict::changed);
+  /// skipped: StepVerdict::skip (nothing updated: subgroups_cpu/gpu and placement are empty).
+  bool overlapped = false;
+  double exposed_seconds = 0;
+  std::size_t speculated = 0;
+  std::size_t hidden_params = 0;
+  std::size_t redone = 0;
+  bool skipped = false;
 };
 
 /// Host bytes the runtime needs per parameter, at most: 12 (fp32 master, exp_avg, exp_avg_sq) + 4
@@ -280,7 +309,31 @@ class Optimizer {
 
   /// Runs one update phase: every subgroup's step count += 1, Adam/AdamW on the policy's side,
   /// the new parameters written into the caller's buffers (rounded to nearest even).
+  /// Throws Error when a step is open (begin_step without finish_step) or a previous step failed.
   StepStats step();
+
+  /// The update overlapped with the caller's backward: begin_step() opens a phase (its plan is
+  /// made then); gradients_final(begin, end) says that the gradients of flat elements [begin, end)
+  /// will not change any more, and every subgroup whose gradient is then complete and that the
+  /// plan puts on the CPU (every subgroup under a StarPU policy) is updated at once, on CPU workers,
+  /// speculatively: the new state goes to a shadow copy (OptimizerOptions::speculation_budget), the
+  /// state and the caller's parameters stay as they were. finish_step(verdict) says every gradient
+  /// is final and what the caller did with them (StepVerdict): keep commits the speculative
+  /// updates (the shadow becomes the state, the parameters are written), changed redoes them from
+  /// the state before the step, skip drops them; then the rest of the phase runs as step() does.
+  /// The parameters and state after finish_step are the same bits as step() after the same
+  /// gradients (skip: as if no step ran), whatever was speculated.
+  /// The caller must not change gradients declared final before finish_step (except as
+  /// StepVerdict::changed says), nor read or write the parameters between begin_step and the end
+  /// of finish_step. Throws Error: begin_step when a step is already open or a previous step
+  /// failed; gradients_final outside an open step, for a range beyond num_params(), or for
+  /// elements declared final twice in one step; finish_step without begin_step. Other methods
+  /// that read or replace the state or the hyper-parameters throw Error while a step is open.
+  void begin_step();
+  void gradients_final(std::size_t begin, std::size_t end);
+  StepStats finish_step(StepVerdict verdict = StepVerdict::keep);
+  /// Whether a step is open (begin_step called, finish_step not yet).
+  bool step_open() const;
 
   std::size_t num_params() const;
   std::size_t num_subgroups() const;

@@ -13,6 +13,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <iterator>
+#include <map>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -287,13 +289,21 @@ void validate_adam_hyper(const AdamHyper& h) {
 
 std::size_t host_bytes_per_param(DType dtype) { return 12 + 4 + dtype_size(dtype); }
 
-void check_host_memory(std::size_t bytes, const std::string& what) {
+namespace {
+/// MemAvailable of /proc/meminfo, bytes; 0 when it cannot be read (not Linux).
+std::size_t host_memory_available() {
   std::ifstream f("/proc/meminfo");
   std::string key;
   std::size_t kb = 0, avail = 0;
   std::string unit;
   while (f >> key >> kb >> unit)
     if (key == "MemAvailable:") avail = kb * 1024;
+  return avail;
+}
+}  // namespace
+
+void check_host_memory(std::size_t bytes, const std::string& what) {
+  const std::size_t avail = host_memory_available();
   if (avail == 0) return;  // cannot tell (not Linux): let the allocation decide
   if (bytes > avail) {
     char msg[512];
@@ -394,6 +404,12 @@ struct Subgroup {
   HostBuffer grad32, param16;  // host staging of the fp32 gradient and the new parameters
   starpu_data_handle_t h_master = nullptr, h_exp_avg = nullptr, h_exp_avg_sq = nullptr;
   starpu_data_handle_t h_grad32 = nullptr, h_param16 = nullptr;
+  // The shadow state of speculative updates (Optimizer::gradients_final): where adam_into_cl writes
+  // the new state, swapped with the state above when the update is kept. Allocated at the
+  // subgroup's first speculative update.
+  HostBuffer sh_master, sh_exp_avg, sh_exp_avg_sq;
+  starpu_data_handle_t sh_h_master = nullptr, sh_h_exp_avg = nullptr, sh_h_exp_avg_sq = nullptr;
+  std::atomic<bool> spec_ended{false};  // the speculative Adam task of the open step has ended
   std::vector<Segment> segs;
   GatherArgs gather_grads{}, gather_params{};
   ScatterArgs scatter{};
@@ -420,9 +436,11 @@ struct Subgroup {
   ~Subgroup() {
     for (starpu_data_handle_t h : {h_master, h_exp_avg, h_exp_avg_sq})
       if (h) starpu_data_unregister(h);
-    for (starpu_data_handle_t h : {h_grad32, h_param16})  // scratch: nothing to bring home
+    // scratch: nothing to bring home
+    for (starpu_data_handle_t h : {h_grad32, h_param16, sh_h_master, sh_h_exp_avg, sh_h_exp_avg_sq})
       if (h) starpu_data_unregister_no_coherency(h);
-    for (HostBuffer* b : {&master, &exp_avg, &exp_avg_sq, &grad32, &param16}) free_host(*b);
+    for (HostBuffer* b : {&master, &exp_avg, &exp_avg_sq, &grad32, &param16, &sh_master, &sh_exp_avg, &sh_exp_avg_sq})
+      if (b->ptr) free_host(*b);
   }
 };
 
@@ -523,6 +541,13 @@ void record_worker(void* arg) {
   sg->ran_on.store(w >= 0 && starpu_worker_get_type(w) == STARPU_CUDA_WORKER ? 2 : 1);
   clock_task(sg, "adam");
 }
+/// Callback of a speculative Adam task (adam_into_cl): as record_worker, and the task has ended.
+void record_speculative(void* arg) {
+  auto* sg = static_cast<Subgroup*>(arg);
+  sg->ran_on.store(1);
+  clock_task(sg, "adam_spec");
+  sg->spec_ended.store(true);
+}
 void record_gather(void* arg) {
   clock_task(static_cast<Subgroup*>(arg), "gather");
 }
@@ -565,6 +590,38 @@ void read_bus_bytes(std::uint64_t* h2d, std::uint64_t* d2h) {
 
 }  // namespace
 
+namespace {
+/// The state of an update phase between begin_step() and the end of finish_step().
+struct OpenStep {
+  StepStats st;
+  std::uint64_t h2d0 = 0, d2h0 = 0;
+  std::chrono::steady_clock::time_point t0;
+  std::atomic<bool> sampling{false};
+  std::thread sampler;  // the timeline's bus samples, every millisecond
+  Simulation sim;
+  Pending pending;
+  int refused = 0;                      // asynchronous acquires StarPU refused
+  std::vector<char> admitted;           // the subgroup holds its footprint in the admission window
+  std::vector<std::size_t> final_elems;  // elements of the subgroup's gradient declared final
+  std::map<std::size_t, std::size_t> declared;  // the ranges declared final so far: begin -> end
+  std::vector<char> stepped;            // its step count went up in this step
+  std::vector<char> speculated;         // its speculative update was submitted (and not redone)
+  std::vector<std::size_t> spec_order;  // the speculated subgroups, in submission order
+  std::size_t largest_fp = 0;
+  bool cpu_first = false;
+
+  OpenStep() = default;
+  OpenStep(const OpenStep&) = delete;
+  OpenStep& operator=(const OpenStep&) = delete;
+  /// Stops the sampler and waits for the acquisitions still referring to `pending`.
+  ~OpenStep() {
+    sampling.store(false);
+    if (sampler.joinable()) sampler.join();
+    pending.wait();
+  }
+};
+}  // namespace
+
 struct Optimizer::Impl {
   Runtime* rt = nullptr;
   OptimizerOptions opt;
@@ -588,6 +645,22 @@ struct Optimizer::Impl {
   PhaseBusy busy;
   bool timeline_on = false;
   std::vector<unsigned> cuda_nodes;  // memory node of each CUDA worker, in worker-id order
+  std::unique_ptr<OpenStep> open;    // the update phase between begin_step and finish_step
+  std::size_t shadow_used = 0, shadow_limit = 0;  // host bytes of shadow state, and their budget
+
+  // The update phase (defined below, with OpenStep).
+  void begin(bool overlapped);
+  void declare_final(std::size_t begin, std::size_t end);
+  StepStats finish(StepVerdict verdict);
+  [[noreturn]] void fail(const std::string& why);
+  void require_no_open_step(const char* what) const;
+  bool speculable(std::size_t i) const;
+  bool ensure_shadow(Subgroup* sg);
+  void speculate(OpenStep& ph, std::size_t i);
+  void stage_gradient(OpenStep& ph, std::size_t i);
+  void scatter_params(Subgroup* sg);
+  void acquire_home(OpenStep& ph, starpu_data_handle_t h, enum starpu_data_access_mode mode, Subgroup* sg);
+  void write_back(OpenStep& ph, Subgroup* sg, enum starpu_data_access_mode mode, bool part_of_subgroup);
 
   /// How step() carries a plan out (the phase simulation's view of it, models/phase_sim.h).
   Execution execution() const {
@@ -607,6 +680,7 @@ struct Optimizer::Impl {
   Impl() { ++g_live_optimizers; }
   ~Impl() {
     starpu_task_wait_for_all();  // nothing may still use the buffers freed below
+    open.reset();
     if (refined && !rates_path.empty()) {
       try {  // the next run starts from what this one learned
         save_rates(rates_path, rates, calibrated_rates);
@@ -745,6 +819,7 @@ struct Optimizer::Impl {
   }
 
   void read_state(float* out, HostBuffer Subgroup::*buf, starpu_data_handle_t Subgroup::*h) const {
+    require_no_open_step("reading the optimizer state");
     for (const auto& sg : sgs) {
       starpu_data_acquire(sg.get()->*h, STARPU_R);  // waits for the tasks writing it, fetches it home
       std::memcpy(out + sg->begin, (sg.get()->*buf).ptr, sg->size * sizeof(float));
@@ -889,92 +964,155 @@ Optimizer::Optimizer(Runtime& runtime, const std::vector<TensorView>& tensors, c
 
 Optimizer::~Optimizer() = default;
 
-StepStats Optimizer::step() {
-  Impl& I = *impl_;
-  if (!I.broken.empty())
-    throw Error("a previous step failed (" + I.broken +
-                "): the optimizer state may be inconsistent; create a new Optimizer");
-  StepStats st;
-  std::uint64_t h2d0, d2h0;
-  read_bus_bytes(&h2d0, &d2h0);
-  I.busy.reset();  // nothing of this optimizer is in flight
-  const auto t0 = std::chrono::steady_clock::now();
+// ---------------------------------------------------------------------------------------------
+// One update phase: begin_step, gradients_final (speculative updates), finish_step
+
+namespace {
+// The state write-back (docs/measured-2026-11-30.md, "Streaming optimizer state at the PCIe rate"): an
+// asynchronous acquire on main RAM turns the write-back of a GPU-updated subgroup into a normal
+// D2H fetch, which runs beside the H2D stream. eager: a read acquire right after the subgroup's
+// tasks, then starpu_data_wont_use so StarPU drops the device copy first; else a read-write
+// acquire at the end of the phase (invalidating the device copy).
+// Measurement switch: DOS_WONT_USE=0 leaves starpu_data_wont_use out of the eager write-back.
+bool wont_use_after_writeback() {
+  static const bool on = !(std::getenv("DOS_WONT_USE") && std::string(std::getenv("DOS_WONT_USE")) == "0");
+  return on;
+}
+}  // namespace
+
+void Optimizer::Impl::require_no_open_step(const char* what) const {
+  if (open) throw Error(std::string(what) + " while an update phase is open (begin_step without finish_step): call "
+                        "finish_step first");
+}
+
+void Optimizer::Impl::acquire_home(OpenStep& ph, starpu_data_handle_t h, enum starpu_data_access_mode mode, Subgroup* sg) {
+  auto* wb = new WriteBack{h, &ph.pending, sg};  // before add(): a throw here leaves the count as it was
+  ph.pending.add();
+  if (starpu_data_acquire_on_node_cb(h, STARPU_MAIN_RAM, mode, release_after_writeback, wb) != 0) {
+    delete wb;
+    ph.pending.done();
+    if (sg) subgroup_part_done(sg);
+    ++ph.refused;
+  }
+}
+
+void Optimizer::Impl::write_back(OpenStep& ph, Subgroup* sg, enum starpu_data_access_mode mode, bool part_of_subgroup) {
+  for (starpu_data_handle_t h : {sg->h_master, sg->h_exp_avg, sg->h_exp_avg_sq}) {
+    acquire_home(ph, h, mode, part_of_subgroup ? sg : nullptr);
+    if (part_of_subgroup && wont_use_after_writeback()) starpu_data_wont_use(h);
+  }
+}
+
+bool Optimizer::Impl::speculable(std::size_t i) const {
+  return opt.speculation_budget != 0 && rt->cpu_workers() > 0 && (plan.empty() || plan[i] == PlanSide::cpu);
+}
+
+bool Optimizer::Impl::ensure_shadow(Subgroup* sg) {
+  if (sg->sh_h_master) return true;
+  const std::size_t bytes = 3 * sg->size * sizeof(float);
+  if (shadow_limit == 0) {  // the budget, fixed at the first speculative update
+    if (opt.speculation_budget > 0) {
+      shadow_limit = std::size_t(opt.speculation_budget);
+    } else {
+      const std::size_t avail = host_memory_available();
+      shadow_limit = avail ? avail / 2 : std::size_t(3) * nparams * sizeof(float);
+    }
+  }
+  if (shadow_used + bytes > shadow_limit) return false;
+  sg->sh_master = alloc_host(sg->size * sizeof(float));
+  sg->sh_exp_avg = alloc_host(sg->size * sizeof(float));
+  sg->sh_exp_avg_sq = alloc_host(sg->size * sizeof(float));
+  starpu_vector_data_register(&sg->sh_h_master, STARPU_MAIN_RAM, uintptr_t(sg->sh_master.ptr), sg->size, sizeof(float));
+  starpu_vector_data_register(&sg->sh_h_exp_avg, STARPU_MAIN_RAM, uintptr_t(sg->sh_exp_avg.ptr), sg->size, sizeof(float));
+  starpu_vector_data_register(&sg->sh_h_exp_avg_sq, STARPU_MAIN_RAM, uintptr_t(sg->sh_exp_avg_sq.ptr), sg->size,
+                              sizeof(float));
+  shadow_used += bytes;
+  return true;
+}
+
+void Optimizer::Impl::fail(const std::string& why) {
+  starpu_task_wait_for_all();
+  broken = why;
+  open.reset();
+  throw Error(why);
+}
+
+void Optimizer::Impl::begin(bool overlapped) {
+  if (!broken.empty())
+    throw Error("a previous step failed (" + broken + "): the optimizer state may be inconsistent; create a new Optimizer");
+  require_no_open_step("begin_step");
+  open = std::make_unique<OpenStep>();
+  OpenStep& ph = *open;
+  StepStats& st = ph.st;
+  st.overlapped = overlapped;
+  read_bus_bytes(&ph.h2d0, &ph.d2h0);
+  busy.reset();  // nothing of this optimizer is in flight
+  ph.t0 = std::chrono::steady_clock::now();
   {
-    std::lock_guard<std::mutex> g(I.timeline.mu);
-    I.timeline.tasks.clear();
-    I.timeline.t0_us = starpu_timing_now();
+    std::lock_guard<std::mutex> g(timeline.mu);
+    timeline.tasks.clear();
+    timeline.t0_us = starpu_timing_now();
   }
   // The timeline's bus samples: a thread reads the bus counters every millisecond during the phase.
-  std::atomic<bool> sampling{I.timeline_on};
-  std::thread sampler;
-  if (I.timeline_on)
-    sampler = std::thread([&] {
-      while (sampling.load()) {
+  if (timeline_on) {
+    ph.sampling.store(true);
+    ph.sampler = std::thread([&ph] {
+      while (ph.sampling.load()) {
         BusSample b;
         read_bus_bytes(&b.h2d, &b.d2h);
-        b.h2d -= h2d0;
-        b.d2h -= d2h0;
-        b.t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        st.bus.push_back(b);
+        b.h2d -= ph.h2d0;
+        b.d2h -= ph.d2h0;
+        b.t = std::chrono::duration<double>(std::chrono::steady_clock::now() - ph.t0).count();
+        ph.st.bus.push_back(b);
         std::this_thread::sleep_for(std::chrono::milliseconds(1));
       }
     });
-  struct StopSampler {  // the thread ends on every way out of step()
-    std::atomic<bool>& on;
-    std::thread& t;
-    ~StopSampler() {
-      on.store(false);
-      if (t.joinable()) t.join();
+  }
+  try {
+    plan = make_plan();
+  } catch (...) {
+    open.reset();
+    throw;
+  }
+  st.plan = plan;
+  if (!plan.empty()) {
+    for (std::size_t i = 0; i < sgs.size(); ++i) {
+      sgs[i]->hint_update.side = plan[i] == PlanSide::cpu ? Side::cpu : Side::gpu;
+      st.planned_streamed += plan[i] == PlanSide::gpu_streamed;
+      st.planned_resident += plan[i] == PlanSide::gpu_resident;
     }
-  } stop_sampler{sampling, sampler};
-
-  I.plan = I.make_plan();
-  st.plan = I.plan;
-  Simulation sim;
-  if (!I.plan.empty()) {
-    for (std::size_t i = 0; i < I.sgs.size(); ++i) {
-      I.sgs[i]->hint_update.side = I.plan[i] == PlanSide::cpu ? Side::cpu : Side::gpu;
-      st.planned_streamed += I.plan[i] == PlanSide::gpu_streamed;
-      st.planned_resident += I.plan[i] == PlanSide::gpu_resident;
-    }
-    if (I.have_rates) {
+    if (have_rates) {
       try {
-        sim = simulate_phase(I.workload, I.plan, I.rates, I.execution());
+        ph.sim = simulate_phase(workload, plan, rates, execution());
       } catch (const std::logic_error&) {  // a simulation that cannot progress: the resource bound
-        const Prediction p = predict(I.workload, I.plan, I.rates);
-        sim.total = p.total;
+        const Prediction p = predict(workload, plan, rates);
+        ph.sim.total = p.total;
       }
-      st.predicted_seconds = sim.total;
-      Workload bound_w = I.workload;  // a plan choosing its own resident subgroups keeps the last ones
+      st.predicted_seconds = ph.sim.total;
+      Workload bound_w = workload;  // a plan choosing its own resident subgroups keeps the last ones
       bound_w.resident = std::max(bound_w.resident, st.planned_resident);
-      st.lower_bound_seconds = lower_bound(bound_w, I.calibrated_rates, I.rt->cpu_workers());
-      st.bound_by = sim.busiest();
+      st.lower_bound_seconds = lower_bound(bound_w, calibrated_rates, rt->cpu_workers());
+      st.bound_by = ph.sim.busiest();
     }
   }
-  // A failure part-way leaves some subgroups stepped and others not: wait for what was submitted,
-  // then refuse further steps (the message says why).
-  auto fail = [&](const std::string& why) {
-    starpu_task_wait_for_all();
-    I.broken = why;
-    throw Error(why);
-  };
-  const bool gpu = !I.cuda_nodes.empty();
-  auto streamed = [&](std::size_t i) { return !I.plan.empty() && I.plan[i] == PlanSide::gpu_streamed; };
-  std::vector<std::size_t> stream_order;  // the streamed subgroups, in submission order
-  for (std::size_t i = 0; i < I.sgs.size(); ++i)
-    if (streamed(i)) stream_order.push_back(i);
-  const std::size_t lookahead = gpu ? I.opt.stream_lookahead : 0;
+  const bool gpu = !cuda_nodes.empty();
+  const std::size_t n = sgs.size();
+  ph.admitted.assign(n, 0);
+  ph.final_elems.assign(n, 0);
+  ph.stepped.assign(n, 0);
+  ph.speculated.assign(n, 0);
   // The update budget bounds the subgroups in flight; lookahead prefetches take theirs only while
   // room for one more subgroup is left, so that the subgroup being submitted always gets in.
-  std::size_t largest_fp = 0;
-  for (std::size_t i = 0; i < I.sgs.size(); ++i) {
-    Subgroup* sg = I.sgs[i].get();
-    sg->footprint = gpu ? subgroup_footprint(I.workload, sg->size, I.plan.empty() ? PlanSide::cpu : I.plan[i]) : 0;
-    largest_fp = std::max(largest_fp, sg->footprint);
-    sg->timeline = I.timeline_on ? &I.timeline : nullptr;
-    sg->busy = &I.busy;
+  for (std::size_t i = 0; i < n; ++i) {
+    Subgroup* sg = sgs[i].get();
+    sg->footprint = gpu ? subgroup_footprint(workload, sg->size, plan.empty() ? PlanSide::cpu : plan[i]) : 0;
+    ph.largest_fp = std::max(ph.largest_fp, sg->footprint);
+    sg->timeline = timeline_on ? &timeline : nullptr;
+    sg->busy = &busy;
+    sg->spec_ended.store(false);
+    sg->ran_on.store(0);
   }
-  I.window.reset(gpu ? I.opt.gpu_update_budget : 0);
+  window.reset(gpu ? opt.gpu_update_budget : 0);
   // Submission order (OptimizerOptions::submit_order). cpu_first: the subgroups that are not
   // streamed first, then the streamed ones. The CUDA worker runs its tasks in the order they become
   // ready, so in plan order the CPU subgroups' gradient staging waits behind every streamed Adam
@@ -982,156 +1120,266 @@ StepStats Optimizer::step() {
   // for the CPU's gradients. Staged first, the CPU's gradients go down at once and the streamed
   // subgroups then follow each other on the link at its full rate. Only when the update budget
   // holds the CPU subgroups' staging and the streaming window together; otherwise plan order.
-  const bool cpu_first = gpu && !I.plan.empty() && submits_cpu_first(I.workload, I.plan, I.execution());
-  const std::vector<std::size_t> order =
-      submission_order(I.plan.empty() ? std::vector<PlanSide>(I.sgs.size(), PlanSide::cpu) : I.plan, cpu_first);
-  st.cpu_first = cpu_first;
-  std::vector<char> admitted(I.sgs.size(), 0);
-  auto prefetch_state = [&](std::size_t i) {
-    Subgroup* sg = I.sgs[i].get();
-    if (admitted[i]) return;
-    if (!I.window.try_take(sg->footprint, I.window.limit ? largest_fp : 0)) return;
-    admitted[i] = 1;
-    const unsigned node = I.cuda_nodes[i % I.cuda_nodes.size()];  // the placement policy's choice
-    for (starpu_data_handle_t h : {sg->h_master, sg->h_exp_avg, sg->h_exp_avg_sq})
-      starpu_data_prefetch_on_node(h, node, 1);
-  };
-  Pending pending;
-  int refused = 0;
-  // The state write-back (docs/measured-2026-11-30.md, "Streaming optimizer state at the PCIe rate"): an
-  // asynchronous acquire on main RAM turns the write-back of a GPU-updated subgroup into a normal
-  // D2H fetch, which runs beside the H2D stream. eager: a read acquire right after the subgroup's
-  // tasks, then starpu_data_wont_use so StarPU drops the device copy first; else a read-write
-  // acquire at the end of the phase (invalidating the device copy).
-  // Measurement switch: DOS_WONT_USE=0 leaves starpu_data_wont_use out of the eager write-back.
-  static const bool wont_use = !(std::getenv("DOS_WONT_USE") && std::string(std::getenv("DOS_WONT_USE")) == "0");
-  // An asynchronous acquire of h on main RAM (its callback releases it); sg: the subgroup whose
-  // piece of work it is (nullptr: none). A refusal is counted and ends that piece.
-  auto acquire_home = [&](starpu_data_handle_t h, enum starpu_data_access_mode mode, Subgroup* sg) {
-    auto* wb = new WriteBack{h, &pending, sg};  // before add(): a throw here leaves the count as it was
-    pending.add();
-    if (starpu_data_acquire_on_node_cb(h, STARPU_MAIN_RAM, mode, release_after_writeback, wb) != 0) {
-      delete wb;
-      pending.done();
-      if (sg) subgroup_part_done(sg);
-      ++refused;
-    }
-  };
-  auto write_back = [&](Subgroup* sg, enum starpu_data_access_mode mode, bool part_of_subgroup) {
-    for (starpu_data_handle_t h : {sg->h_master, sg->h_exp_avg, sg->h_exp_avg_sq}) {
-      acquire_home(h, mode, part_of_subgroup ? sg : nullptr);
-      if (part_of_subgroup && wont_use) starpu_data_wont_use(h);
-    }
-  };
-  try {
-  std::size_t next_streamed = 0;  // position in stream_order of the next streamed subgroup
-  for (const std::size_t i : order) {
-    Subgroup* sg = I.sgs[i].get();
-    const bool is_streamed = streamed(i);
-    if (is_streamed && lookahead > 0) {
-      // this subgroup's state and that of the next `lookahead` streamed ones are on their way
-      for (std::size_t q = next_streamed; q < stream_order.size() && q <= next_streamed + lookahead; ++q)
-        prefetch_state(stream_order[q]);
-    }
-    if (is_streamed) ++next_streamed;
-    if (!admitted[i]) {
-      I.window.take(sg->footprint);
-      admitted[i] = 1;
-    }
-    const bool eager = is_streamed && I.opt.eager_writeback;
-    sg->parts_left.store(1 + (eager ? 3 : 0));
-    sg->hint_update.prefetch = !(is_streamed && lookahead > 0);
-    sg->step += 1;
-    sg->adam.sp = make_adam_step_params(I.opt.adam, sg->step);
-    sg->ran_on.store(0);
-    if (I.direct_path(i)) {
-      // One task: Adam on the state, reading the caller's gradients and writing its parameters in
-      // place (their dtype), so nothing but the state crosses PCIe and the CUDA worker runs one
-      // task per subgroup.
-      submit(I.adam_task(sg, &adam_direct_cl, &sg->adam_direct, STARPU_CUDA, adam_direct_done), "Adam");
-      if (eager) write_back(sg, STARPU_R, true);
-      continue;
-    }
+  ph.cpu_first = gpu && !plan.empty() && submits_cpu_first(workload, plan, execution());
+  st.cpu_first = ph.cpu_first;
+}
 
-    struct starpu_task* g = I.make_task(&gather_cl, &sg->gather_grads, &sg->hint_io, I.where_caller);
-    g->handles[0] = sg->h_grad32;
-    g->callback_func = record_gather;
-    g->callback_arg = sg;
-    submit(g, "gradient conversion");
-    if (!I.plan.empty() && I.plan[i] == PlanSide::cpu && I.where_caller == STARPU_CUDA && gpu) {
-      // The CPU's gradient comes down as soon as it is staged: an asynchronous acquire on main RAM
-      // is a fetch, which StarPU serves before prefetches; left to the Adam task's prefetch, it
-      // waited behind the streamed subgroups' write-backs and the CPU idled.
-      acquire_home(sg->h_grad32, STARPU_R, nullptr);
-    }
-
-    struct starpu_task* a = I.adam_task(sg, &adam_cl, &sg->adam, STARPU_CPU | STARPU_CUDA, record_worker);
-    a->handles[3] = sg->h_grad32;
-    a->handles[4] = sg->h_param16;
-    submit(a, "Adam");
-
-    struct starpu_task* s = I.make_task(&scatter_cl, &sg->scatter, &sg->hint_scatter, I.where_caller);
-    s->handles[0] = sg->h_param16;
-    s->callback_func = scatter_done;
-    s->callback_arg = sg;
-    submit(s, "parameter write-back");
-    starpu_data_invalidate_submit(sg->h_grad32);  // both staging buffers are dropped once used
-    starpu_data_invalidate_submit(sg->h_param16);
-    if (eager) write_back(sg, STARPU_R, true);
+void Optimizer::Impl::stage_gradient(OpenStep& ph, std::size_t i) {
+  Subgroup* sg = sgs[i].get();
+  struct starpu_task* g = make_task(&gather_cl, &sg->gather_grads, &sg->hint_io, where_caller);
+  g->handles[0] = sg->h_grad32;
+  g->callback_func = record_gather;
+  g->callback_arg = sg;
+  submit(g, "gradient conversion");
+  if ((plan.empty() ? ph.speculated[i] : plan[i] == PlanSide::cpu) && where_caller == STARPU_CUDA && !cuda_nodes.empty()) {
+    // The CPU's gradient comes down as soon as it is staged: an asynchronous acquire on main RAM
+    // is a fetch, which StarPU serves before prefetches; left to the Adam task's prefetch, it
+    // waited behind the streamed subgroups' write-backs and the CPU idled.
+    acquire_home(ph, sg->h_grad32, STARPU_R, nullptr);
   }
+}
+
+void Optimizer::Impl::scatter_params(Subgroup* sg) {
+  struct starpu_task* s = make_task(&scatter_cl, &sg->scatter, &sg->hint_scatter, where_caller);
+  s->handles[0] = sg->h_param16;
+  s->callback_func = scatter_done;
+  s->callback_arg = sg;
+  submit(s, "parameter write-back");
+  starpu_data_invalidate_submit(sg->h_grad32);  // both staging buffers are dropped once used
+  starpu_data_invalidate_submit(sg->h_param16);
+}
+
+void Optimizer::Impl::speculate(OpenStep& ph, std::size_t i) {
+  Subgroup* sg = sgs[i].get();
+  if (!speculable(i) || !ensure_shadow(sg)) return;
+  // its share of the update budget (GPU staging of the gradient) only if it fits now: nothing gives
+  // room back before finish_step, so a speculative update never waits for it
+  if (!ph.admitted[i]) {
+    if (!window.try_take(sg->footprint, 0)) return;
+    ph.admitted[i] = 1;
+  }
+  sg->step += 1;
+  ph.stepped[i] = 1;
+  ph.speculated[i] = 1;
+  ph.spec_order.push_back(i);
+  sg->adam.sp = make_adam_step_params(opt.adam, sg->step);
+  stage_gradient(ph, i);
+  struct starpu_task* a = make_task(&adam_into_cl, &sg->adam, &sg->hint_update, STARPU_CPU);
+  a->handles[0] = sg->h_master;
+  a->handles[1] = sg->h_exp_avg;
+  a->handles[2] = sg->h_exp_avg_sq;
+  a->handles[3] = sg->h_grad32;
+  a->handles[4] = sg->h_param16;
+  a->handles[5] = sg->sh_h_master;
+  a->handles[6] = sg->sh_h_exp_avg;
+  a->handles[7] = sg->sh_h_exp_avg_sq;
+  a->callback_func = record_speculative;
+  a->callback_arg = sg;
+  submit(a, "speculative Adam");
+  starpu_data_invalidate_submit(sg->h_grad32);  // a redo stages the gradient again
+}
+
+void Optimizer::Impl::declare_final(std::size_t begin, std::size_t end) {
+  if (!open) throw Error("gradients_final outside an update phase: call begin_step first");
+  if (begin > end || end > nparams)
+    throw Error("gradients_final: the range [" + std::to_string(begin) + ", " + std::to_string(end) +
+                ") is not inside the optimizer's " + std::to_string(nparams) + " parameters");
+  OpenStep& ph = *open;
+  if (begin == end) return;
+  {  // each element once per step: the range must not meet one declared before
+    auto next = ph.declared.lower_bound(begin);
+    const bool meets_next = next != ph.declared.end() && next->first < end;
+    const bool meets_prev = next != ph.declared.begin() && std::prev(next)->second > begin;
+    if (meets_next || meets_prev)
+      throw Error("gradients_final: elements of [" + std::to_string(begin) + ", " + std::to_string(end) +
+                  ") were declared final before in this step (each element once per step)");
+    ph.declared.emplace(begin, end);
+  }
+  // the first subgroup ending after `begin` (subgroups are consecutive in the flat order)
+  std::size_t i = std::size_t(std::upper_bound(sgs.begin(), sgs.end(), begin,
+                                               [](std::size_t b, const std::unique_ptr<Subgroup>& sg) {
+                                                 return b < sg->begin + sg->size;
+                                               }) - sgs.begin());
+  for (; i < sgs.size() && sgs[i]->begin < end; ++i) {
+    Subgroup* sg = sgs[i].get();
+    const std::size_t lo = std::max(begin, sg->begin), hi = std::min(end, sg->begin + sg->size);
+    if (hi <= lo) continue;
+    ph.final_elems[i] += hi - lo;
+    if (ph.final_elems[i] == sg->size) {
+      try {
+        speculate(ph, i);
+      } catch (const std::exception& e) {
+        ph.pending.wait();
+        fail(e.what());
+      }
+    }
+  }
+}
+
+StepStats Optimizer::Impl::finish(StepVerdict verdict) {
+  if (!open) throw Error("finish_step without begin_step");
+  OpenStep& ph = *open;
+  StepStats& st = ph.st;
+  const auto t_finish = std::chrono::steady_clock::now();
+  for (std::size_t i : ph.spec_order) {
+    st.speculated += 1;
+    if (sgs[i]->spec_ended.load()) st.hidden_params += sgs[i]->size;
+  }
+  const bool gpu = !cuda_nodes.empty();
+  auto streamed = [&](std::size_t i) { return !plan.empty() && plan[i] == PlanSide::gpu_streamed; };
+  try {
+    if (verdict == StepVerdict::skip) {
+      // nothing of this step is kept: the speculative results are dropped, the step counts restored
+      for (std::size_t i : ph.spec_order) {
+        sgs[i]->step -= 1;
+        starpu_data_invalidate_submit(sgs[i]->h_param16);
+        subgroup_part_done(sgs[i].get());
+      }
+      st.skipped = true;
+    } else {
+      for (std::size_t i : ph.spec_order) {
+        Subgroup* sg = sgs[i].get();
+        sg->parts_left.store(1);
+        if (verdict == StepVerdict::changed) {  // redone below from the state before the step
+          ph.speculated[i] = 0;
+          st.redone += 1;
+          starpu_data_invalidate_submit(sg->h_param16);
+          continue;
+        }
+        // kept: the shadow holds the new state (StarPU orders these swaps after the speculative
+        // task, which wrote the shadow handles, through the handles themselves)
+        std::swap(sg->master, sg->sh_master);
+        std::swap(sg->exp_avg, sg->sh_exp_avg);
+        std::swap(sg->exp_avg_sq, sg->sh_exp_avg_sq);
+        std::swap(sg->h_master, sg->sh_h_master);
+        std::swap(sg->h_exp_avg, sg->sh_h_exp_avg);
+        std::swap(sg->h_exp_avg_sq, sg->sh_h_exp_avg_sq);
+        scatter_params(sg);
+      }
+      std::vector<std::size_t> stream_order;  // the streamed subgroups, in submission order
+      for (std::size_t i = 0; i < sgs.size(); ++i)
+        if (streamed(i)) stream_order.push_back(i);
+      const std::size_t lookahead = gpu ? opt.stream_lookahead : 0;
+      auto prefetch_state = [&](std::size_t i) {
+        Subgroup* sg = sgs[i].get();
+        if (ph.admitted[i]) return;
+        if (!window.try_take(sg->footprint, window.limit ? ph.largest_fp : 0)) return;
+        ph.admitted[i] = 1;
+        const unsigned node = cuda_nodes[i % cuda_nodes.size()];  // the placement policy's choice
+        for (starpu_data_handle_t h : {sg->h_master, sg->h_exp_avg, sg->h_exp_avg_sq})
+          starpu_data_prefetch_on_node(h, node, 1);
+      };
+      const std::vector<std::size_t> order =
+          submission_order(plan.empty() ? std::vector<PlanSide>(sgs.size(), PlanSide::cpu) : plan, ph.cpu_first);
+      std::size_t next_streamed = 0;  // position in stream_order of the next streamed subgroup
+      for (const std::size_t i : order) {
+        Subgroup* sg = sgs[i].get();
+        const bool is_streamed = streamed(i);
+        if (is_streamed && lookahead > 0) {
+          // this subgroup's state and that of the next `lookahead` streamed ones are on their way
+          for (std::size_t q = next_streamed; q < stream_order.size() && q <= next_streamed + lookahead; ++q)
+            prefetch_state(stream_order[q]);
+        }
+        if (is_streamed) ++next_streamed;
+        if (ph.speculated[i]) continue;  // kept above
+        if (!ph.admitted[i]) {
+          window.take(sg->footprint);
+          ph.admitted[i] = 1;
+        }
+        const bool eager = is_streamed && opt.eager_writeback;
+        sg->parts_left.store(1 + (eager ? 3 : 0));
+        sg->hint_update.prefetch = !(is_streamed && lookahead > 0);
+        if (!ph.stepped[i]) {
+          sg->step += 1;
+          ph.stepped[i] = 1;
+        }
+        sg->adam.sp = make_adam_step_params(opt.adam, sg->step);
+        sg->ran_on.store(0);
+        if (direct_path(i)) {
+          // One task: Adam on the state, reading the caller's gradients and writing its parameters in
+          // place (their dtype), so nothing but the state crosses PCIe and the CUDA worker runs one
+          // task per subgroup.
+          submit(adam_task(sg, &adam_direct_cl, &sg->adam_direct, STARPU_CUDA, adam_direct_done), "Adam");
+          if (eager) write_back(ph, sg, STARPU_R, true);
+          continue;
+        }
+        stage_gradient(ph, i);
+        struct starpu_task* a = adam_task(sg, &adam_cl, &sg->adam, STARPU_CPU | STARPU_CUDA, record_worker);
+        a->handles[3] = sg->h_grad32;
+        a->handles[4] = sg->h_param16;
+        submit(a, "Adam");
+        scatter_params(sg);
+        if (eager) write_back(ph, sg, STARPU_R, true);
+      }
+    }
   } catch (const std::exception& e) {
-    pending.wait();  // the acquires already made call back into `pending` and the subgroups
+    ph.pending.wait();  // the acquires already made call back into `pending` and the subgroups
     fail(e.what());
   }
   // The phase ends when every subgroup's state is safe in host memory and nowhere else (pure
   // offload: nothing of the state stays valid on the GPU; after an eager write-back this moves no
   // data, it only invalidates the device copy). Resident subgroups keep their state on the GPU.
-  for (std::size_t i = 0; i < I.sgs.size(); ++i) {
-    if (!I.plan.empty() && I.plan[i] == PlanSide::gpu_resident) continue;
-    write_back(I.sgs[i].get(), STARPU_RW, false);
+  for (std::size_t i = 0; i < sgs.size(); ++i) {
+    if (!plan.empty() && plan[i] == PlanSide::gpu_resident) continue;
+    write_back(ph, sgs[i].get(), STARPU_RW, false);
   }
-  pending.wait();  // every callback has run: nothing refers to `pending` any more
-  if (refused) fail("StarPU refused to bring " + std::to_string(refused) + " buffer(s) back to host memory");
+  ph.pending.wait();  // every callback has run: nothing refers to `pending` any more
+  if (ph.refused) fail("StarPU refused to bring " + std::to_string(ph.refused) + " buffer(s) back to host memory");
   starpu_task_wait_for_all();
-  sampling.store(false);
-  if (sampler.joinable()) sampler.join();
-  st.window_peak_bytes = I.window.limit ? I.window.peak : 0;
-  for (unsigned node : I.cuda_nodes) {
+  ph.sampling.store(false);
+  if (ph.sampler.joinable()) ph.sampler.join();
+  st.window_peak_bytes = window.limit ? window.peak : 0;
+  for (unsigned node : cuda_nodes) {
     const starpu_ssize_t total = starpu_memory_get_total(node), avail = starpu_memory_get_available(node);
     if (total > 0 && avail >= 0) st.gpu_bytes_end += std::uint64_t(total - avail);
   }
-  if (I.timeline_on) {
-    std::lock_guard<std::mutex> g(I.timeline.mu);
-    st.timeline = I.timeline.tasks;
+  if (timeline_on) {
+    std::lock_guard<std::mutex> g(timeline.mu);
+    st.timeline = timeline.tasks;
   }
-
-  st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const auto t_end = std::chrono::steady_clock::now();
+  st.seconds = std::chrono::duration<double>(t_end - ph.t0).count();
+  st.exposed_seconds = std::chrono::duration<double>(t_end - t_finish).count();
   read_bus_bytes(&st.bytes_h2d, &st.bytes_d2h);
-  st.bytes_h2d -= h2d0;
-  st.bytes_d2h -= d2h0;
-  if (pending.last_subgroup_part_us > 0)
-    st.stream_end_seconds = 1e-6 * (pending.last_subgroup_part_us - I.timeline.t0_us);
+  st.bytes_h2d -= ph.h2d0;
+  st.bytes_d2h -= ph.d2h0;
+  if (ph.pending.last_subgroup_part_us > 0)
+    st.stream_end_seconds = 1e-6 * (ph.pending.last_subgroup_part_us - timeline.t0_us);
   {
-    std::lock_guard<std::mutex> g(I.busy.mu);
-    st.cpu_busy_seconds = I.busy.cpu;
-    st.gpu_busy_seconds = I.busy.gpu;
-    st.cpu_adam_seconds = I.busy.cpu_adam;
+    std::lock_guard<std::mutex> g(busy.mu);
+    st.cpu_busy_seconds = busy.cpu;
+    st.gpu_busy_seconds = busy.gpu;
+    st.cpu_adam_seconds = busy.cpu_adam;
   }
-  st.params = I.nparams;
-  for (std::size_t i = 0; i < I.sgs.size(); ++i) {
-    const auto& sg = I.sgs[i];
-    const bool gpu = sg->ran_on.load() == 2;
-    (gpu ? st.subgroups_gpu : st.subgroups_cpu) += 1;
-    st.placement.push_back(!gpu ? PlanSide::cpu
-                                : (!I.plan.empty() && I.plan[i] == PlanSide::gpu_resident ? PlanSide::gpu_resident
-                                                                                          : PlanSide::gpu_streamed));
+  st.params = nparams;
+  for (std::size_t i = 0; i < sgs.size(); ++i) {
+    const auto& sg = sgs[i];
     if (sg->step > st.step) st.step = sg->step;
+    if (st.skipped) continue;
+    const bool on_gpu = sg->ran_on.load() == 2;
+    (on_gpu ? st.subgroups_gpu : st.subgroups_cpu) += 1;
+    st.placement.push_back(!on_gpu ? PlanSide::cpu
+                                   : (!plan.empty() && plan[i] == PlanSide::gpu_resident ? PlanSide::gpu_resident
+                                                                                         : PlanSide::gpu_streamed));
   }
   // Forced plans are real measurements too. The refinement reads no bus counter (which the
-  // timeline's sampler also reads), so it runs with a timeline as without.
-  I.refine(st, sim);
-  return st;
+  // timeline's sampler also reads), so it runs with a timeline as without; not after a phase that
+  // overlapped the caller's backward (its busy times include what the caller's work slowed down)
+  // or was skipped.
+  if (!st.skipped && st.speculated == 0) refine(st, ph.sim);
+  StepStats out = std::move(st);
+  open.reset();
+  return out;
 }
+
+StepStats Optimizer::step() {
+  impl_->begin(false);
+  return impl_->finish(StepVerdict::keep);
+}
+void Optimizer::begin_step() { impl_->begin(true); }
+void Optimizer::gradients_final(std::size_t begin, std::size_t end) { impl_->declare_final(begin, end); }
+StepStats Optimizer::finish_step(StepVerdict verdict) { return impl_->finish(verdict); }
+bool Optimizer::step_open() const { return impl_->open != nullptr; }
 
 std::vector<std::int64_t> Optimizer::step_counts() const {
   std::vector<std::int64_t> out;
@@ -1155,6 +1403,7 @@ void Optimizer::load_state(const float* master, const float* exp_avg, const floa
 void Optimizer::load_state_in_place(const std::vector<std::int64_t>& steps,
                                     const std::function<void(const std::vector<HostStateOut>&)>& fill) {
   Impl& I = *impl_;
+  I.require_no_open_step("load_state");
   if (steps.size() != I.sgs.size())
     throw Error("the state to load has " + std::to_string(steps.size()) + " subgroup step counts; this optimizer has " +
                 std::to_string(I.sgs.size()) + " subgroups");
@@ -1197,6 +1446,7 @@ void Optimizer::set_plan_override(const PlanOverride& o) {
 }
 void Optimizer::set_timeline(bool on) { impl_->timeline_on = on; }
 void Optimizer::set_hyper(const AdamHyper& h) {
+  impl_->require_no_open_step("set_hyper");
   validate_adam_hyper(h);
   impl_->opt.adam = h;  // step() derives each subgroup's constants from it
 }
@@ -1212,6 +1462,7 @@ std::size_t Optimizer::num_subgroups() const { return impl_->sgs.size(); }
 std::size_t Optimizer::subgroup_size(std::size_t i) const { return impl_->sgs.at(i)->size; }
 std::int64_t Optimizer::step_count(std::size_t i) const { return impl_->sgs.at(i)->step; }
 void Optimizer::with_host_state(const std::function<void(const std::vector<HostState>&)>& fn) const {
+  impl_->require_no_open_step("with_host_state");
   impl_->hold_state<HostState>(STARPU_R, fn);  // waits for the tasks writing the state, fetches it home
 }
 

@@ -131,7 +131,20 @@ void run_case(const Case& c, int steps) {
     }
     const void* gp = c.grad == DType::fp32 ? static_cast<const void*>(g32.data()) : g16.data();
     void* op = out_is_32 ? static_cast<void*>(out32.data()) : out16.data();
+    // the out-of-place kernel (speculative updates) from the same state: the same bits, inputs untouched
+    const std::vector<float> p_in = p, m_in = m, v_in = v;
+    std::vector<float> p_o(c.n), m_o(c.n), v_o(c.n), out32_o(c.n);
+    std::vector<uint16_t> out16_o(c.n);
+    void* op_o = out_is_32 ? static_cast<void*>(out32_o.data()) : out16_o.data();
+    dos::adam_step_into_cpu(p_in.data(), m_in.data(), v_in.data(), p_o.data(), m_o.data(), v_o.data(), gp, c.grad, op_o,
+                            c.param, c.n, dos::make_adam_step_params(dh, t));
     dos::adam_step_cpu(p.data(), m.data(), v.data(), gp, c.grad, op, c.param, c.n, dos::make_adam_step_params(dh, t));
+    assert_memory_equal(p_o.data(), p.data(), c.n * 4);
+    assert_memory_equal(m_o.data(), m.data(), c.n * 4);
+    assert_memory_equal(v_o.data(), v.data(), c.n * 4);
+    if (out_is_32) assert_memory_equal(out32_o.data(), out32.data(), c.n * 4);
+    else assert_memory_equal(out16_o.data(), out16.data(), c.n * 2);
+    for (size_t i = 0; i < c.n; ++i) assert_true(double(p_in[i]) == pr[i] && double(m_in[i]) == mr[i] && double(v_in[i]) == vr[i]);
     for (size_t i = 0; i < c.n; ++i) {
       const double g = c.grad == DType::fp32 ? g32[i]
                        : c.grad == DType::fp16 ? ref::f16_bits_to_float(g16[i])

@@ -68,6 +68,15 @@ AdamStepParams make_adam_step_params(const AdamHyper& h, std::int64_t step);
 void adam_step_cpu(float* master, float* exp_avg, float* exp_avg_sq, const void* grad, DType grad_dtype,
                    void* param_out, DType param_dtype, std::size_t n, const AdamStepParams& sp);
 
+/// adam_step_cpu out of place: the state is read from master_in, exp_avg_in, exp_avg_sq_in and the
+/// new state written to master, exp_avg, exp_avg_sq (n fp32 each; the output arrays must not
+/// overlap the inputs), the inputs left as they were. The same fp32 operations in the same order as
+/// adam_step_cpu, hence the same bits: what a speculative update (computed before it is known to be
+/// kept) writes beside the state it may have to be redone from.
+void adam_step_into_cpu(const float* master_in, const float* exp_avg_in, const float* exp_avg_sq_in, float* master,
+                        float* exp_avg, float* exp_avg_sq, const void* grad, DType grad_dtype, void* param_out,
+                        DType param_dtype, std::size_t n, const AdamStepParams& sp);
+
 /// Copies `bytes` from src to dst (not overlapping) on the CPU, OpenMP-parallel in 64 KiB chunks.
 void copy_cpu(void* dst, const void* src, std::size_t bytes);
 

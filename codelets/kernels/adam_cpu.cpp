@@ -109,23 +109,25 @@ const F16Converters& f16_converters() {
   return c;
 }
 
+// One element of Adam/AdamW (adam.h's formula, in PyTorch's order): p, m, v in, out.
+inline __attribute__((always_inline)) void adam_elem(float gi, float& pi, float& mi, float& vi, const AdamStepParams& sp) {
+  gi = gi + sp.l2 * pi;      // Adam: coupled L2 (l2 = 0 for AdamW)
+  pi = pi * sp.decay;        // AdamW: decoupled decay (decay = 1 for Adam)
+  mi = lerp_torch(mi, gi, sp.one_minus_beta1);   // exp_avg.lerp_(grad, 1 - beta1)
+  vi = vi * sp.beta2 + (sp.one_minus_beta2 * gi) * gi;  // exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+  const float denom = std::sqrt(vi) / sp.bias_correction2_sqrt + sp.eps;  // (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)
+  pi = pi + (-sp.step_size * mi) / denom;      // param.addcdiv_(exp_avg, denom, value=-step_size)
+}
+
 template <DType G, DType P, bool WriteParam>
 inline __attribute__((always_inline)) void adam_range(float* __restrict p, float* __restrict m,
                                                       float* __restrict v, const void* __restrict g,
                                                       void* __restrict out, std::size_t n,
                                                       const AdamStepParams& sp) {
-  const float omb1 = sp.one_minus_beta1, b2 = sp.beta2, omb2 = sp.one_minus_beta2;
-  const float eps = sp.eps, step_size = sp.step_size, bc2s = sp.bias_correction2_sqrt;
-  const float l2 = sp.l2, decay = sp.decay;
+  const AdamStepParams c = sp;  // a local copy: the loop's constants cannot alias the arrays
   for (std::size_t i = 0; i < n; ++i) {
-    float gi = load_as_f32(g, G, i);
-    float pi = p[i];
-    gi = gi + l2 * pi;      // Adam: coupled L2 (l2 = 0 for AdamW)
-    pi = pi * decay;        // AdamW: decoupled decay (decay = 1 for Adam)
-    float mi = lerp_torch(m[i], gi, omb1);   // exp_avg.lerp_(grad, 1 - beta1)
-    float vi = v[i] * b2 + (omb2 * gi) * gi;  // exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-    float denom = std::sqrt(vi) / bc2s + eps;  // (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)
-    pi = pi + (-step_size * mi) / denom;      // param.addcdiv_(exp_avg, denom, value=-step_size)
+    float pi = p[i], mi = m[i], vi = v[i];
+    adam_elem(load_as_f32(g, G, i), pi, mi, vi, c);
     p[i] = pi;
     m[i] = mi;
     v[i] = vi;
@@ -133,11 +135,35 @@ inline __attribute__((always_inline)) void adam_range(float* __restrict p, float
   }
 }
 
-// One non-template, target-cloned function per (grad dtype, param dtype) pair.
-#define DOS_ADAM_VARIANT(NAME, G, P, W)                                                         \
-  DOS_CLONES void NAME(float* p, float* m, float* v, const void* g, void* out, std::size_t n, \
-                       const AdamStepParams& sp) {                                              \
-    adam_range<G, P, W>(p, m, v, g, out, n, sp);                                                \
+// The same step out of place: the state read from p_in, m_in, v_in and written to p, m, v (other
+// arrays), the same fp32 operations in the same order, hence the same bits as adam_range.
+template <DType G, DType P, bool WriteParam>
+inline __attribute__((always_inline)) void adam_range_into(const float* __restrict p_in, const float* __restrict m_in,
+                                                           const float* __restrict v_in, float* __restrict p,
+                                                           float* __restrict m, float* __restrict v,
+                                                           const void* __restrict g, void* __restrict out,
+                                                           std::size_t n, const AdamStepParams& sp) {
+  const AdamStepParams c = sp;
+  for (std::size_t i = 0; i < n; ++i) {
+    float pi = p_in[i], mi = m_in[i], vi = v_in[i];
+    adam_elem(load_as_f32(g, G, i), pi, mi, vi, c);
+    p[i] = pi;
+    m[i] = mi;
+    v[i] = vi;
+    if (WriteParam) store_from_f32(out, P, i, pi);
+  }
+}
+
+// One non-template, target-cloned function per (grad dtype, param dtype) pair, in place and out of
+// place.
+#define DOS_ADAM_VARIANT(NAME, G, P, W)                                                              \
+  DOS_CLONES void NAME(float* p, float* m, float* v, const void* g, void* out, std::size_t n,      \
+                       const AdamStepParams& sp) {                                                   \
+    adam_range<G, P, W>(p, m, v, g, out, n, sp);                                                     \
+  }                                                                                                  \
+  DOS_CLONES void NAME##_into(const float* pi, const float* mi, const float* vi, float* p, float* m, \
+                              float* v, const void* g, void* out, std::size_t n, const AdamStepParams& sp) { \
+    adam_range_into<G, P, W>(pi, mi, vi, p, m, v, g, out, n, sp);                                    \
   }
 DOS_ADAM_VARIANT(adam_f32_none, DType::fp32, DType::fp32, false)
 DOS_ADAM_VARIANT(adam_f32_f32, DType::fp32, DType::fp32, true)
@@ -154,16 +180,25 @@ DOS_ADAM_VARIANT(adam_bf16_f16, DType::bf16, DType::fp16, true)
 #undef DOS_ADAM_VARIANT
 
 using AdamFn = void (*)(float*, float*, float*, const void*, void*, std::size_t, const AdamStepParams&);
+using AdamIntoFn = void (*)(const float*, const float*, const float*, float*, float*, float*, const void*, void*,
+                            std::size_t, const AdamStepParams&);
 
-AdamFn pick_adam(DType g, DType p, bool write) {
-  static const AdamFn table[3][4] = {
-      // param: fp32, fp16, bf16, none
-      {adam_f32_f32, adam_f32_f16, adam_f32_bf16, adam_f32_none},
-      {adam_f16_f32, adam_f16_f16, adam_f16_bf16, adam_f16_none},
-      {adam_bf16_f32, adam_bf16_f16, adam_bf16_bf16, adam_bf16_none},
-  };
+/// The variant for gradient type g and parameter-copy type p (write: whether a copy is written).
+template <class Fn>
+Fn pick_adam(DType g, DType p, bool write, const Fn (&table)[3][4]) {
   return table[int(g)][write ? int(p) : 3];
 }
+// param: fp32, fp16, bf16, none
+const AdamFn kAdam[3][4] = {
+    {adam_f32_f32, adam_f32_f16, adam_f32_bf16, adam_f32_none},
+    {adam_f16_f32, adam_f16_f16, adam_f16_bf16, adam_f16_none},
+    {adam_bf16_f32, adam_bf16_f16, adam_bf16_bf16, adam_bf16_none},
+};
+const AdamIntoFn kAdamInto[3][4] = {
+    {adam_f32_f32_into, adam_f32_f16_into, adam_f32_bf16_into, adam_f32_none_into},
+    {adam_f16_f32_into, adam_f16_f16_into, adam_f16_bf16_into, adam_f16_none_into},
+    {adam_bf16_f32_into, adam_bf16_f16_into, adam_bf16_bf16_into, adam_bf16_none_into},
+};
 
 #define DOS_CONVERT_VARIANT(NAME, S)                                           \
   DOS_CLONES void NAME(const void* src, float* __restrict dst, std::size_t n) { \
@@ -175,12 +210,18 @@ DOS_CONVERT_VARIANT(convert_f32, DType::fp32)
 
 }  // namespace
 
-void adam_step_cpu(float* master, float* exp_avg, float* exp_avg_sq, const void* grad, DType grad_dtype,
+namespace {
+/// adam_step_cpu and adam_step_into_cpu: the state read from *_in and written to master, exp_avg,
+/// exp_avg_sq (the same arrays, in place, when into is false).
+void adam_step_any(bool into, const float* master_in, const float* exp_avg_in, const float* exp_avg_sq_in,
+                   float* master, float* exp_avg, float* exp_avg_sq, const void* grad, DType grad_dtype,
                    void* param_out, DType param_dtype, std::size_t n, const AdamStepParams& sp) {
   // fp16 gradients or parameters go through fp32 blocks in cache, converted with F16C/AVX-512 (the
   // element loop's own fp16 code does not vectorise); bf16 and fp32 are read and written in place.
   const bool f16_in = grad_dtype == DType::fp16, f16_out = param_out && param_dtype == DType::fp16;
-  const AdamFn fn = pick_adam(f16_in ? DType::fp32 : grad_dtype, f16_out ? DType::fp32 : param_dtype, param_out != nullptr);
+  const DType gk = f16_in ? DType::fp32 : grad_dtype, pk = f16_out ? DType::fp32 : param_dtype;
+  const AdamFn fn = pick_adam(gk, pk, param_out != nullptr, kAdam);
+  const AdamIntoFn fn_into = pick_adam(gk, pk, param_out != nullptr, kAdamInto);
   const F16Converters& cv = f16_converters();
   const std::size_t gsz = dtype_size(grad_dtype), psz = dtype_size(param_dtype);
   const std::size_t nchunks = (n + kChunk - 1) / kChunk;
@@ -200,10 +241,28 @@ void adam_step_cpu(float* master, float* exp_avg, float* exp_avg_sq, const void*
         g = gbuf;
       }
       void* out = param_out ? (f16_out ? static_cast<void*>(pbuf) : static_cast<char*>(param_out) + off * psz) : nullptr;
-      fn(master + off, exp_avg + off, exp_avg_sq + off, g, out, len, sp);
+      if (into)
+        fn_into(master_in + off, exp_avg_in + off, exp_avg_sq_in + off, master + off, exp_avg + off, exp_avg_sq + off, g,
+                out, len, sp);
+      else
+        fn(master + off, exp_avg + off, exp_avg_sq + off, g, out, len, sp);
       if (f16_out) cv.to_f16(pbuf, static_cast<std::uint16_t*>(param_out) + off, len);
     }
   }
+}
+}  // namespace
+
+void adam_step_cpu(float* master, float* exp_avg, float* exp_avg_sq, const void* grad, DType grad_dtype,
+                   void* param_out, DType param_dtype, std::size_t n, const AdamStepParams& sp) {
+  adam_step_any(false, master, exp_avg, exp_avg_sq, master, exp_avg, exp_avg_sq, grad, grad_dtype, param_out,
+                param_dtype, n, sp);
+}
+
+void adam_step_into_cpu(const float* master_in, const float* exp_avg_in, const float* exp_avg_sq_in, float* master,
+                        float* exp_avg, float* exp_avg_sq, const void* grad, DType grad_dtype, void* param_out,
+                        DType param_dtype, std::size_t n, const AdamStepParams& sp) {
+  adam_step_any(true, master_in, exp_avg_in, exp_avg_sq_in, master, exp_avg, exp_avg_sq, grad, grad_dtype, param_out,
+                param_dtype, n, sp);
 }
 
 void copy_cpu(void* dst, const void* src, std::size_t bytes) {

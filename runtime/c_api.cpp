@@ -117,6 +117,7 @@ dos::AdamHyper make_hyper(double lr, double beta1, double beta2, double eps, dou
   return h;
 }
 
+/// A double as "%.17g" prints it (every digit: 1 - 1e-17 is not shown as 1).
 std::string num(double v) {
   char b[64];
   std::snprintf(b, sizeof b, "%.17g", v);

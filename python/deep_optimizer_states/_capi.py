@@ -6,7 +6,8 @@ pointers, so the same shared library serves any torch version (Debian's 1.13, pi
 The library is looked up, in order, at:
 
 1. ``$DOS_C_LIBRARY`` (a full path to ``libdos_c.so``);
-2. ``libdos_c.so`` next to this file (a copy put there by hand);
+2. ``libdos_c.so`` next to this file (where ``pip install .`` puts it, with ``libdos.so`` beside
+   it: pyproject.toml builds the project with ``-Dpython_wheel=true``; or a copy put there by hand);
 3. the library directory ``meson install`` put it in, as recorded in ``_paths.py`` (generated at
    install time): first relative to where this package is now (an install with ``--destdir``, a
    moved prefix), then as configured;

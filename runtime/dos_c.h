@@ -12,7 +12,11 @@
  *  - Objects are opaque handles created by *_create and freed by *_destroy (NULL is accepted by
  *    *_destroy and ignored).
  *  - Element counts are size_t; times are seconds; byte counts are bytes.
- *  - dtype codes: 0 fp32, 1 fp16, 2 bf16 (dos::DType). memory codes: 0 host, 1 CUDA device 0.
+ *  - dtype codes: DOS_DTYPE_FP32 (0), _FP16 (1), _BF16 (2) (dos::DType). memory codes:
+ *    DOS_MEMORY_HOST (0), DOS_MEMORY_CUDA (1: CUDA device 0).
+ *  - An optimizer's options travel in struct dos_optimizer_options (filled with the defaults by
+ *    dos_optimizer_options_init, then changed field by field), which carries its own size and
+ *    version so that a struct of another layout is refused, not misread.
  *  - Pointers to the caller's parameters and gradients must stay valid, and their contents must
  *    not be touched by anyone else, while dos_optimizer_step or dos_optimizer_load_state runs;
  *    gradients on the GPU must be complete (the caller synchronises its streams) before a step.
@@ -27,7 +31,8 @@
 extern "C" {
 #endif
 
-#define DOS_C_ABI_VERSION 1
+/* 2: dos_optimizer_create takes a struct dos_optimizer_options (1: positional arguments). */
+#define DOS_C_ABI_VERSION 2
 
 #define DOS_OK 0
 #define DOS_E_INVALID (-1)
@@ -75,15 +80,115 @@ int dos_runtime_running_policy(const dos_runtime* rt, char* buf, size_t len);
 /* Worker counts and OpenMP threads per CPU worker. Any output pointer may be NULL. */
 int dos_runtime_workers(const dos_runtime* rt, unsigned* cpu_workers, unsigned* cuda_workers, int* cpu_threads);
 
+/* Codes of struct dos_optimizer_options' enumerated fields. */
+#define DOS_DTYPE_FP32 0
+#define DOS_DTYPE_FP16 1
+#define DOS_DTYPE_BF16 2
+#define DOS_MEMORY_HOST 0
+#define DOS_MEMORY_CUDA 1
+#define DOS_SUBMIT_ORDER_PLAN 0
+#define DOS_SUBMIT_ORDER_CPU_FIRST 1
+
+/* The layout version of struct dos_optimizer_options that this header describes. A field added
+ * later comes with a new version and a new size; dos_optimizer_create refuses a struct whose
+ * `version` or `size` this library does not know. */
+#define DOS_OPTIMIZER_OPTIONS_VERSION 1
+
+/* The resource model's rates of this machine (dos::Rates), for the policies that plan with a model
+ * (dos, static:R, greedy). All zero (the default): measured at the optimizer's creation and cached
+ * (see `recalibrate`); otherwise all six must be finite and > 0. */
+typedef struct dos_rates {
+  double U_c;     /* CPU Adam on one StarPU CPU worker, no DMA running, parameters/s */
+  double U_c_dma; /* the same while host -> device and device -> host both stream, parameters/s */
+  double U_g;     /* GPU Adam, parameters/s */
+  double D_c;     /* GPU gradient conversion to fp32, parameters/s */
+  double B_h2d;   /* PCIe host -> device while both directions run, bytes/s */
+  double B_d2h;   /* PCIe device -> host while both directions run, bytes/s */
+} dos_rates;
+
+/* Options of an optimizer (dos::OptimizerOptions), passed to dos_optimizer_create by pointer, in
+ * the manner of StarPU's struct starpu_conf: fill the defaults with dos_optimizer_options_init,
+ * change the fields wanted, then create. Every boolean field takes 0 or 1 only. Each field's
+ * default is given as [default ...]; a value outside the range given makes dos_optimizer_create
+ * return DOS_E_INVALID, with a message naming the field and its range. */
+typedef struct dos_optimizer_options {
+  /* Set by dos_optimizer_options_init; leave them as they are. size: sizeof(struct
+   * dos_optimizer_options) in bytes as the library knows it; version: DOS_OPTIMIZER_OPTIONS_VERSION.
+   * A struct that was not initialised, or that was built against another version of this header,
+   * is refused. */
+  size_t size;
+  int version;
+
+  /* Adam/AdamW hyper-parameters, as torch.optim.Adam (decoupled = 0: L2 weight decay added to the
+   * gradient) and torch.optim.AdamW (decoupled = 1). The kernels compute in fp32: lr, eps,
+   * weight_decay and lr x weight_decay must also be at most 3.4e38. */
+  double lr;           /* learning rate, finite, >= 0 [1e-3] */
+  double beta1;        /* in [0, 1) [0.9] */
+  double beta2;        /* in [0, 1) [0.999] */
+  double eps;          /* finite, >= 0 [1e-8] */
+  double weight_decay; /* finite, >= 0 [0] */
+  int decoupled;       /* 0 or 1 [1: AdamW] */
+
+  /* Elements per subgroup, the unit of scheduling: the caller's tensors are concatenated and cut
+   * into subgroups of this many elements, the last one holding the remainder; >= 1 [100000000]. */
+  size_t subgroup_size;
+  /* Element type of the caller's parameters and gradients: DOS_DTYPE_FP32, _FP16 or _BF16
+   * [DOS_DTYPE_BF16]. */
+  int dtype;
+  /* Where the caller's parameters and gradients live: DOS_MEMORY_HOST or DOS_MEMORY_CUDA (CUDA
+   * device 0; needs a CUDA worker) [DOS_MEMORY_HOST]. */
+  int memory;
+
+  /* GPU budgets (they take effect only with a CUDA worker). gpu_resident_budget: bytes of optimizer
+   * state (12 per parameter) the GPU may keep between iterations; -1: not given (dos and gpu then
+   * keep nothing resident); >= -1 [-1]. gpu_update_budget: bytes the update phase may hold on the
+   * GPU at once; 0: no limit; needs eager_writeback = 1 when > 0 [0]. */
+  int64_t gpu_resident_budget;
+  uint64_t gpu_update_budget;
+  /* Streamed subgroups whose state is prefetched to the GPU ahead of the one being submitted; 0:
+   * none (StarPU prefetches a task's inputs when it is pushed); in [0, 1000] [3]. */
+  int stream_lookahead;
+  /* 1: write each streamed subgroup's state back to host memory as soon as its update ends; 0: all
+   * at the end of the phase [1]. */
+  int eager_writeback;
+  /* 1: gradients of subgroups updated away from the caller's buffers cross PCIe in the parameters'
+   * dtype and the kernel widens them; 0: converted to fp32 first. Same results either way [1]. */
+  int native_grads;
+  /* 1: a CPU-updated subgroup's parameter write-back task goes ahead of the queued tasks of the
+   * worker that runs it. Same results either way [0]. */
+  int urgent_writeback;
+  /* Order in which the phase submits its subgroups: DOS_SUBMIT_ORDER_PLAN (the plan's order) or
+   * DOS_SUBMIT_ORDER_CPU_FIRST (the CPU subgroups first). Same results either way
+   * [DOS_SUBMIT_ORDER_PLAN]. */
+  int submit_order;
+
+  /* The model's rates (dos_rates) [all zero: calibrated]. recalibrate: 1 measures them again
+   * instead of reading the cached ones (only when rates are all zero) [0]. */
+  dos_rates rates;
+  int recalibrate;
+
+  /* 1: print the dos policy's calibration and the budgets' effect on stderr [1]. */
+  int verbose;
+} dos_optimizer_options;
+
+/* sizeof(struct dos_optimizer_options) in the library (a binding checks its own layout against it). */
+size_t dos_optimizer_options_size(void);
+/* Fills *options with the defaults (those of dos::OptimizerOptions, listed above) and sets `size`
+ * and `version`. Writes dos_optimizer_options_size() bytes: the struct must be the one of this
+ * header (check dos_c_abi_version() == DOS_C_ABI_VERSION). Returns DOS_E_INVALID when options is
+ * NULL. */
+int dos_optimizer_options_init(dos_optimizer_options* options);
+
 /* Creates an Adam/AdamW optimizer over ntensors caller tensors: params[i] and grads[i] point at
- * numels[i] elements of type dtype in memory `memory`. The fp32 master parameters are copied from
- * the parameters. Hyper-parameters as torch.optim.Adam (decoupled = 0) / torch.optim.AdamW
- * (decoupled != 0). subgroup_size: elements per subgroup (>= 1). verbose: nonzero prints the dos
- * policy's calibration on stderr. */
+ * numels[i] elements of type options->dtype in memory options->memory. The fp32 master parameters
+ * are copied from the parameters. options: initialised by dos_optimizer_options_init, then changed
+ * (read during the call only; NULL is refused). Returns DOS_E_INVALID (nothing created) for a NULL
+ * argument, an options struct of an unknown size or version, a field outside its range (the message
+ * names the field and the range), no element in all, or what dos::Optimizer refuses (a CUDA memory
+ * kind without a CUDA worker, GPU budgets that cannot work, more state than host memory holds). On
+ * success *out holds the handle. */
 int dos_optimizer_create(dos_runtime* rt, size_t ntensors, void* const* params, void* const* grads,
-                         const size_t* numels, int dtype, int memory, size_t subgroup_size, double lr,
-                         double beta1, double beta2, double eps, double weight_decay, int decoupled, int verbose,
-                         dos_optimizer** out);
+                         const size_t* numels, const dos_optimizer_options* options, dos_optimizer** out);
 void dos_optimizer_destroy(dos_optimizer* opt);
 
 /* Replaces the hyper-parameters used from the next step on (a learning-rate schedule). Validated as

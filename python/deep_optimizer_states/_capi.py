@@ -6,7 +6,8 @@ pointers, so the same shared library serves any torch version (Debian's 1.13, pi
 The library is looked up, in order, at:
 
 1. ``$DOS_C_LIBRARY`` (a full path to ``libdos_c.so``);
-2. ``libdos_c.so`` next to this file (a copy put there by hand);
+2. ``libdos_c.so`` next to this file (where ``pip install .`` puts it, with ``libdos.so`` beside
+   it: pyproject.toml builds the project with ``-Dpython_wheel=true``; or a copy put there by hand);
 3. the library directory ``meson install`` put it in, as recorded in ``_paths.py`` (generated at
    install time): first relative to where this package is now (an install with ``--destdir``, a
    moved prefix), then as configured;
@@ -25,11 +26,12 @@ import sys
 import sysconfig
 import threading
 
-ABI_VERSION = 1
+ABI_VERSION = 2
 
 DTYPE_CODES = {"fp32": 0, "fp16": 1, "bf16": 2}
 MEMORY_HOST = 0
 MEMORY_CUDA = 1
+SUBMIT_ORDER_CODES = {"plan": 0, "cpu_first": 1}
 
 _E_INVALID = -1
 
@@ -69,6 +71,72 @@ class StepStats(ctypes.Structure):
     def as_dict(self):
         """The fields as a plain ``dict`` (name -> int or float)."""
         return {name: getattr(self, name) for name, _ in self._fields_}
+
+
+class Rates(ctypes.Structure):
+    """The resource model's rates (``dos_rates`` of ``dos_c.h``): ``U_c``, ``U_c_dma``, ``U_g``,
+    ``D_c`` in parameters/s, ``B_h2d``, ``B_d2h`` in bytes/s. All zero means "calibrate"."""
+
+    _fields_ = [(name, ctypes.c_double) for name in ("U_c", "U_c_dma", "U_g", "D_c", "B_h2d", "B_d2h")]
+
+
+class OptimizerOptions(ctypes.Structure):
+    """An optimizer's options (``struct dos_optimizer_options`` of ``dos_c.h``, where every field's
+    unit, default and range are documented). Build one with :func:`optimizer_options`, which fills
+    the library's defaults first; ``size`` and ``version`` are the library's to set."""
+
+    _fields_ = [
+        ("size", ctypes.c_size_t),
+        ("version", ctypes.c_int),
+        ("lr", ctypes.c_double),
+        ("beta1", ctypes.c_double),
+        ("beta2", ctypes.c_double),
+        ("eps", ctypes.c_double),
+        ("weight_decay", ctypes.c_double),
+        ("decoupled", ctypes.c_int),
+        ("subgroup_size", ctypes.c_size_t),
+        ("dtype", ctypes.c_int),
+        ("memory", ctypes.c_int),
+        ("gpu_resident_budget", ctypes.c_int64),
+        ("gpu_update_budget", ctypes.c_uint64),
+        ("stream_lookahead", ctypes.c_int),
+        ("eager_writeback", ctypes.c_int),
+        ("native_grads", ctypes.c_int),
+        ("urgent_writeback", ctypes.c_int),
+        ("submit_order", ctypes.c_int),
+        ("rates", Rates),
+        ("recalibrate", ctypes.c_int),
+        ("verbose", ctypes.c_int),
+    ]
+
+
+def optimizer_options(**fields):
+    """A :class:`OptimizerOptions` holding the library's defaults (``dos_optimizer_options_init``)
+    with ``fields`` set over them: field name -> value (booleans as ``bool`` or 0/1; ``dtype`` as
+    ``"fp32"``/``"fp16"``/``"bf16"`` or its code; ``submit_order`` as ``"plan"``/``"cpu_first"`` or
+    its code; ``rates`` as a :class:`Rates` or a dict of its fields).
+
+    Raises ``TypeError`` for a field name the struct does not have (``size`` and ``version``
+    included) and ``ValueError`` (from the library, naming the field and its range) only later, at
+    ``dos_optimizer_create``; ``OSError`` / :class:`DosError` as :func:`lib`.
+    """
+    L = lib()
+    o = OptimizerOptions()
+    check(L.dos_optimizer_options_init(ctypes.byref(o)), "dos_optimizer_options_init")
+    names = {name for name, _ in OptimizerOptions._fields_} - {"size", "version"}
+    for name, value in fields.items():
+        if name not in names:
+            raise TypeError(f"dos_optimizer_options has no field {name!r} (fields: {', '.join(sorted(names))})")
+        if name == "dtype" and isinstance(value, str):
+            value = DTYPE_CODES[value]
+        elif name == "submit_order" and isinstance(value, str):
+            value = SUBMIT_ORDER_CODES[value]
+        elif name == "rates":
+            value = value if isinstance(value, Rates) else Rates(**dict(value))
+        elif isinstance(value, bool):
+            value = int(value)
+        setattr(o, name, value)
+    return o
 
 
 _lib = None
@@ -118,8 +186,8 @@ def _installed_candidates(here):
 
 def lib():
     """The loaded library with its argument and result types declared (loaded once per process).
-    Raises ``OSError`` when it cannot be found or loaded, ``DosError`` when its ABI version or
-    ``dos_step_stats`` layout differs from this binding's."""
+    Raises ``OSError`` when it cannot be found or loaded, ``DosError`` when its ABI version or the
+    layout of ``dos_step_stats`` or ``dos_optimizer_options`` differs from this binding's."""
     global _lib
     with _lib_lock:
         if _lib is not None:
@@ -142,11 +210,12 @@ def lib():
                 [ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint), ctypes.POINTER(ctypes.c_uint),
                  ctypes.POINTER(ctypes.c_int)],
             ),
+            "dos_optimizer_options_size": (ctypes.c_size_t, []),
+            "dos_optimizer_options_init": (ctypes.c_int, [ctypes.POINTER(OptimizerOptions)]),
             "dos_optimizer_create": (
                 ctypes.c_int,
-                [ctypes.c_void_p, ctypes.c_size_t, c_void_pp, c_void_pp, c_size_p, ctypes.c_int, ctypes.c_int,
-                 ctypes.c_size_t, ctypes.c_double, ctypes.c_double, ctypes.c_double, ctypes.c_double,
-                 ctypes.c_double, ctypes.c_int, ctypes.c_int, c_void_pp],
+                [ctypes.c_void_p, ctypes.c_size_t, c_void_pp, c_void_pp, c_size_p, ctypes.POINTER(OptimizerOptions),
+                 c_void_pp],
             ),
             "dos_optimizer_destroy": (None, [ctypes.c_void_p]),
             "dos_optimizer_set_hyper": (
@@ -177,6 +246,8 @@ def lib():
             )
         if L.dos_step_stats_size() != ctypes.sizeof(StepStats):
             raise DosError("dos_step_stats layout differs between libdos_c.so and the binding: rebuild")
+        if L.dos_optimizer_options_size() != ctypes.sizeof(OptimizerOptions):
+            raise DosError("dos_optimizer_options layout differs between libdos_c.so and the binding: rebuild")
         _lib = L
         return L
 

@@ -258,10 +258,12 @@ class DeepOptimizerStates(torch.optim.Optimizer):
                     torch.cuda.synchronize(b.device)  # the runtime reads the parameters on its own streams
                 h = ctypes.c_void_p()
                 lr, b1, b2, eps, wd, dec = hypers[b.group_index]
+                options = _capi.optimizer_options(
+                    lr=lr, beta1=b1, beta2=b2, eps=eps, weight_decay=wd, decoupled=bool(dec),
+                    subgroup_size=self.subgroup_size, dtype=_DTYPES[b.dtype],
+                    memory=_capi.MEMORY_CUDA if b.device.type == "cuda" else _capi.MEMORY_HOST, verbose=bool(verbose))
                 _capi.check(
-                    L.dos_optimizer_create(self.runtime.handle, nt, params, grads, numels, _capi.DTYPE_CODES[_DTYPES[b.dtype]],
-                                           _capi.MEMORY_CUDA if b.device.type == "cuda" else _capi.MEMORY_HOST,
-                                           self.subgroup_size, lr, b1, b2, eps, wd, int(dec), int(bool(verbose)),
+                    L.dos_optimizer_create(self.runtime.handle, nt, params, grads, numels, ctypes.byref(options),
                                            ctypes.byref(h)),
                     f"creating the runtime optimizer for {b.describe()}",
                 )

@@ -1,0 +1,209 @@
+/* The C ABI (runtime/dos_c.h, libdos_c.so), from a C program: dos_optimizer_options_init fills the
+ * defaults of dos::OptimizerOptions; an optimizer made from the options struct steps as Adam/AdamW
+ * should (checked against a double-precision reference); every field out of its range, a struct of
+ * an unknown size or version and a NULL struct are refused with DOS_E_INVALID and a message naming
+ * the field, and nothing is created; every option set to another valid value is accepted. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "dos_c.h"
+
+static dos_runtime* g_rt = NULL;
+
+static int setup(void** state) {
+  (void)state;
+  /* the CPU plan, one CPU worker of one thread, no CUDA worker, quiet */
+  return dos_runtime_create("cpu", 1, 1, 0, 0, &g_rt) == DOS_OK ? 0 : -1;
+}
+
+static int teardown(void** state) {
+  (void)state;
+  dos_runtime_destroy(g_rt);
+  return 0;
+}
+
+static void test_defaults(void** state) {
+  (void)state;
+  assert_int_equal(dos_c_abi_version(), DOS_C_ABI_VERSION);
+  dos_optimizer_options o;
+  memset(&o, 0xab, sizeof o);
+  assert_int_equal(dos_optimizer_options_init(&o), DOS_OK);
+  assert_int_equal(o.size, sizeof o);
+  assert_int_equal(o.size, dos_optimizer_options_size());
+  assert_int_equal(o.version, DOS_OPTIMIZER_OPTIONS_VERSION);
+  /* the defaults of dos::OptimizerOptions (runtime/dos.h) */
+  assert_true(o.lr == 1e-3 && o.beta1 == 0.9 && o.beta2 == 0.999 && o.eps == 1e-8 && o.weight_decay == 0.0);
+  assert_int_equal(o.decoupled, 1);
+  assert_int_equal(o.subgroup_size, 100000000);
+  assert_int_equal(o.dtype, DOS_DTYPE_BF16);
+  assert_int_equal(o.memory, DOS_MEMORY_HOST);
+  assert_true(o.gpu_resident_budget == -1);
+  assert_true(o.gpu_update_budget == 0);
+  assert_int_equal(o.stream_lookahead, 3);
+  assert_int_equal(o.eager_writeback, 1);
+  assert_int_equal(o.native_grads, 1);
+  assert_int_equal(o.urgent_writeback, 0);
+  assert_int_equal(o.submit_order, DOS_SUBMIT_ORDER_PLAN);
+  assert_true(o.rates.U_c == 0 && o.rates.U_c_dma == 0 && o.rates.U_g == 0 && o.rates.D_c == 0 &&
+              o.rates.B_h2d == 0 && o.rates.B_d2h == 0);
+  assert_int_equal(o.recalibrate, 0);
+  assert_int_equal(o.verbose, 1);
+
+  assert_int_equal(dos_optimizer_options_init(NULL), DOS_E_INVALID);
+  assert_non_null(strstr(dos_last_error(), "options is NULL"));
+}
+
+enum { N0 = 700, N1 = 301, N = N0 + N1 };
+
+/* One step of Adam/AdamW over two fp32 tensors in host memory with options `o`, checked against a
+ * double-precision reference of torch.optim.Adam / AdamW's first step. */
+static void step_and_check(const dos_optimizer_options* o) {
+  static float p[N], g[N];
+  double ref[N];
+  for (int i = 0; i < N; ++i) {
+    p[i] = (float)(0.5 - 0.001 * i);
+    g[i] = (float)(0.01 * ((i * 37) % 19 - 9));
+    const double pi = p[i], gi = g[i] + (o->decoupled ? 0.0 : o->weight_decay * p[i]);
+    const double m = (1 - o->beta1) * gi / (1 - o->beta1), v = (1 - o->beta2) * gi * gi / (1 - o->beta2);
+    ref[i] = (o->decoupled ? pi * (1 - o->lr * o->weight_decay) : pi) - o->lr * m / (sqrt(v) + o->eps);
+  }
+  void* params[2] = {p, p + N0};
+  void* grads[2] = {g, g + N0};
+  const size_t numels[2] = {N0, N1};
+  dos_optimizer* opt = NULL;
+  assert_int_equal(dos_optimizer_create(g_rt, 2, params, grads, numels, o, &opt), DOS_OK);
+  assert_non_null(opt);
+  assert_int_equal(dos_optimizer_num_params(opt), N);
+  assert_int_equal(dos_optimizer_num_subgroups(opt), (N + o->subgroup_size - 1) / o->subgroup_size);
+  dos_step_stats s;
+  assert_int_equal(dos_optimizer_step(opt, &s), DOS_OK);
+  assert_int_equal(s.params, N);
+  assert_int_equal(s.step, 1);
+  assert_int_equal(s.subgroups_cpu, dos_optimizer_num_subgroups(opt));
+  for (int i = 0; i < N; ++i) assert_true(fabs(p[i] - ref[i]) <= 1e-6 + 1e-6 * fabs(ref[i]));
+  dos_optimizer_destroy(opt);
+}
+
+static dos_optimizer_options fp32_options(void) {
+  dos_optimizer_options o;
+  dos_optimizer_options_init(&o);
+  o.dtype = DOS_DTYPE_FP32;
+  o.subgroup_size = 256;
+  o.lr = 1e-2;
+  o.weight_decay = 0.1;
+  o.verbose = 0;
+  return o;
+}
+
+static void test_step(void** state) {
+  (void)state;
+  dos_optimizer_options o = fp32_options();
+  step_and_check(&o);  /* AdamW */
+  o.decoupled = 0;
+  step_and_check(&o);  /* Adam */
+}
+
+/* Every field at another valid value: accepted, and (without a CUDA worker and under the cpu plan,
+ * where the GPU options and the rates have no effect) the same update. */
+static void test_every_option(void** state) {
+  (void)state;
+  dos_optimizer_options o = fp32_options();
+  o.beta1 = 0.8;
+  o.beta2 = 0.95;
+  o.eps = 1e-6;
+  o.gpu_resident_budget = 1 << 20;
+  o.gpu_update_budget = 64u << 20;
+  o.stream_lookahead = 0;
+  o.native_grads = 0;
+  o.urgent_writeback = 1;
+  o.submit_order = DOS_SUBMIT_ORDER_CPU_FIRST;
+  o.rates.U_c = 1e9;
+  o.rates.U_c_dma = 8e8;
+  o.rates.U_g = 2e10;
+  o.rates.D_c = 4e10;
+  o.rates.B_h2d = 2.5e10;
+  o.rates.B_d2h = 2.5e10;
+  o.recalibrate = 1;
+  step_and_check(&o);
+  o.stream_lookahead = 1000;
+  o.eager_writeback = 0;
+  o.gpu_update_budget = 0;
+  step_and_check(&o);
+}
+
+/* Creates with `o` and expects DOS_E_INVALID, no handle, and `needle` in the message. */
+static void expect_refused(const dos_optimizer_options* o, const char* needle) {
+  float p[4] = {1, 2, 3, 4}, g[4] = {0};
+  void* params[1] = {p};
+  void* grads[1] = {g};
+  const size_t numels[1] = {4};
+  dos_optimizer* opt = (dos_optimizer*)&opt; /* not NULL: create must clear it */
+  const int rc = dos_optimizer_create(g_rt, 1, params, grads, numels, o, &opt);
+  if (rc != DOS_E_INVALID || opt != NULL || strstr(dos_last_error(), needle) == NULL)
+    fail_msg("expected DOS_E_INVALID naming '%s', got %d: %s", needle, rc, dos_last_error());
+  assert_true(p[0] == 1 && p[3] == 4);
+}
+
+#define REFUSED(field_assignment, needle)    \
+  do {                                       \
+    dos_optimizer_options o = fp32_options(); \
+    o.field_assignment;                      \
+    expect_refused(&o, needle);              \
+  } while (0)
+
+static void test_bad_options(void** state) {
+  (void)state;
+  expect_refused(NULL, "options is NULL");
+  dos_optimizer_options junk;
+  memset(&junk, 0xab, sizeof junk); /* never initialised */
+  expect_refused(&junk, "dos_optimizer_options_init");
+  REFUSED(size = sizeof(dos_optimizer_options) + 8, "options has size");
+  REFUSED(size = sizeof(dos_optimizer_options) - 8, "options has size");
+  REFUSED(version = DOS_OPTIMIZER_OPTIONS_VERSION + 1, "version");
+  REFUSED(lr = -1e-3, "options.lr must be a finite number in [0, 3.4e38]");
+  REFUSED(lr = NAN, "options.lr");
+  REFUSED(lr = 1e39, "options.lr");
+  REFUSED(beta1 = 1.0, "options.beta1 must be in [0, 1)");
+  REFUSED(beta2 = -0.1, "options.beta2 must be in [0, 1)");
+  REFUSED(eps = INFINITY, "options.eps");
+  REFUSED(weight_decay = -0.5, "options.weight_decay");
+  REFUSED(lr = 1e20; o.weight_decay = 1e20, "options.lr x options.weight_decay");
+  REFUSED(decoupled = 2, "options.decoupled must be 0 or 1");
+  REFUSED(subgroup_size = 0, "options.subgroup_size must be >= 1");
+  REFUSED(dtype = 3, "options.dtype");
+  REFUSED(dtype = -1, "options.dtype");
+  REFUSED(memory = 2, "options.memory");
+  REFUSED(gpu_resident_budget = -2, "options.gpu_resident_budget must be >= -1");
+  REFUSED(stream_lookahead = -1, "options.stream_lookahead must be in [0, 1000]");
+  REFUSED(stream_lookahead = 1001, "options.stream_lookahead");
+  REFUSED(eager_writeback = -1, "options.eager_writeback must be 0 or 1");
+  REFUSED(native_grads = 2, "options.native_grads must be 0 or 1");
+  REFUSED(urgent_writeback = 3, "options.urgent_writeback must be 0 or 1");
+  REFUSED(submit_order = 2, "options.submit_order");
+  REFUSED(rates.U_c = 1e9, "options.rates.U_c_dma must be a finite number > 0");
+  REFUSED(rates.B_d2h = -1, "options.rates.U_c must be");
+  REFUSED(recalibrate = 5, "options.recalibrate must be 0 or 1");
+  REFUSED(verbose = -1, "options.verbose must be 0 or 1");
+  /* valid fields that the runtime refuses: CUDA memory without a CUDA worker */
+  REFUSED(memory = DOS_MEMORY_CUDA, "CUDA");
+  /* after all of that the runtime still works */
+  dos_optimizer_options o = fp32_options();
+  step_and_check(&o);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_defaults),
+      cmocka_unit_test(test_step),
+      cmocka_unit_test(test_every_option),
+      cmocka_unit_test(test_bad_options),
+  };
+  return cmocka_run_group_tests(tests, setup, teardown);
+}

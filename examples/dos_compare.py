@@ -66,7 +66,7 @@ BASELINES = os.path.join(HERE, "..", "python", "deep_optimizer_states", "baselin
 DEFAULT_POLICIES = "dos,cpu,dmda,gpu"
 DEFAULT_BASELINES = "zero_offload,stride:2,stride:3,stride:4"
 GPU_ONLY_POLICIES = ("gpu",)  # dos-train refuses them without a CUDA worker
-# dos-train's AdamW defaults (examples/dos_train.cpp), given to the baselines unless the dos-train
+# dos-train's AdamW defaults (examples/dos-train/options.h), given to the baselines unless the dos-train
 # arguments set them
 TRAIN_HYPER = (("--lr", "1e-4"), ("--beta1", "0.9"), ("--beta2", "0.999"), ("--eps", "1e-8"),
                ("--weight-decay", "0.01"))

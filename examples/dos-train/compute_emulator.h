@@ -8,7 +8,7 @@
 #include <memory>
 #include <vector>
 
-#include "../codelets/kernels/dtype.h"
+#include "../../codelets/kernels/dtype.h"
 #include "model_config.h"
 
 namespace dos_train {

@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <string>
 
-#include "../codelets/kernels/dtype.h"
+#include "../../codelets/kernels/dtype.h"
 
 namespace dos_train {
 

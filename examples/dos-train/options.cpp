@@ -1,0 +1,355 @@
+// dos-train's command line (options.h): CLI11's option definitions and help text, the parsers of
+// the options' values and the checks made before any work.
+#include "options.h"
+
+#include <CLI/CLI.hpp>
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+#include "atomic_file.h"
+#include "checkpoint.h"
+#include "cpu_team.h"
+#include "model_config.h"
+#include "plan.h"
+#include "plan_only.h"
+#include "policy.h"
+
+namespace dos_train {
+
+using dos::DType;
+
+void fail(const std::string& msg) { throw std::runtime_error(msg); }
+
+std::size_t parse_count(const std::string& s, const char* what) {
+  // Accepts "16777216", "1e8", "1.6e7"; the value must be a whole number >= 1.
+  char* end = nullptr;
+  errno = 0;
+  const double v = std::strtod(s.c_str(), &end);
+  if (s.empty() || *end != '\0' || errno != 0 || !std::isfinite(v))
+    fail(std::string(what) + " must be a number of elements, got '" + s + "'");
+  if (v < 1) fail(std::string(what) + " must be at least 1 element, got " + s);
+  if (v > 9e15) fail(std::string(what) + " must be at most 9e15 elements, got " + s);
+  if (v != std::floor(v)) fail(std::string(what) + " must be a whole number of elements, got " + s);
+  return std::size_t(v);
+}
+
+/// --seed: a whole number in [0, 2^64 - 1] written in decimal digits; fails quoting what was given.
+std::uint64_t parse_seed(const std::string& s) {
+  char* end = nullptr;
+  errno = 0;
+  const unsigned long long v = std::strtoull(s.c_str(), &end, 10);
+  if (s.empty() || !std::isdigit((unsigned char)s[0]) || *end != '\0' || errno == ERANGE)
+    fail("--seed must be a whole number in [0, 18446744073709551615], got '" + s + "'");
+  return std::uint64_t(v);
+}
+
+namespace {
+
+/// The path of `p` with symbolic links and ".." resolved, as far as it exists (the rest appended):
+/// two spellings of one path give the same string.
+std::string resolved(const std::string& p) {
+  std::error_code ec;
+  const std::filesystem::path r = std::filesystem::weakly_canonical(std::filesystem::absolute(p, ec), ec);
+  return ec ? p : r.lexically_normal().string();
+}
+
+}  // namespace
+
+void check_distinct_outputs(const Args& a) {
+  const std::pair<const char*, const std::string*> outs[] = {
+      {"--report", &a.report}, {"--save-params", &a.save_params}, {"--timeline", &a.timeline}};
+  for (std::size_t i = 0; i < 3; ++i)
+    for (std::size_t j = i + 1; j < 3; ++j) {
+      const std::string &x = *outs[i].second, &y = *outs[j].second;
+      if (x.empty() || y.empty()) continue;
+      struct stat sx, sy;
+      const bool same_inode = ::stat(x.c_str(), &sx) == 0 && ::stat(y.c_str(), &sy) == 0 && sx.st_dev == sy.st_dev &&
+                              sx.st_ino == sy.st_ino;
+      if (x == y || same_inode || resolved(x) == resolved(y))
+        fail(std::string(outs[i].first) + " " + x + " and " + outs[j].first + " " + y +
+             " name the same file: give each output its own file");
+    }
+  if (a.save_state.empty()) return;
+  const std::string ck = resolved(a.save_state);
+  for (const auto& [opt, path] : outs) {
+    if (path->empty()) continue;
+    const std::string r = resolved(*path);
+    if (r == ck || r.compare(0, ck.size() + 1, ck + "/") == 0)
+      fail(std::string(opt) + " " + *path + " lies in the checkpoint folder " + a.save_state +
+           ", which --save-state replaces as a whole at the end: write it outside that folder");
+  }
+}
+
+void parse_shard(const std::string& s, std::size_t* rank, std::size_t* world) {
+  const auto slash = s.find('/');
+  char *e1 = nullptr, *e2 = nullptr;
+  if (slash == std::string::npos) fail("--shard must look like R/W (rank R of W ranks, e.g. 0/4), got '" + s + "'");
+  const std::string r = s.substr(0, slash), w = s.substr(slash + 1);
+  const long long rv = std::strtoll(r.c_str(), &e1, 10), wv = std::strtoll(w.c_str(), &e2, 10);
+  if (r.empty() || w.empty() || *e1 || *e2 || rv < 0 || wv < 1)
+    fail("--shard must look like R/W with 0 <= R < W, got '" + s + "'");
+  if (rv >= wv) fail("--shard " + s + ": rank " + r + " is out of range for " + w + " ranks (0.." + std::to_string(wv - 1) + ")");
+  *rank = std::size_t(rv);
+  *world = std::size_t(wv);
+}
+
+/// A byte count: a number with an optional unit (B, KB, MB, GB, TB in powers of 1000; KiB, MiB,
+/// GiB, TiB in powers of 1024): "40GB", "31.5GB", "4e10", "10GiB". Fails naming the option.
+std::size_t parse_bytes(const std::string& s, const char* what) {
+  char* end = nullptr;
+  errno = 0;
+  const double v = std::strtod(s.c_str(), &end);
+  const std::string unit = end ? std::string(end) : std::string();
+  static const std::pair<const char*, double> units[] = {
+      {"", 1}, {"B", 1}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12},
+      {"KiB", 1024.0}, {"MiB", 1048576.0}, {"GiB", 1073741824.0}, {"TiB", 1099511627776.0}};
+  double mult = -1;
+  for (const auto& u : units)
+    if (unit == u.first) mult = u.second;
+  if (s.empty() || end == s.c_str() || errno != 0 || mult < 0 || !std::isfinite(v) || v < 0 || v * mult > 9e18)
+    fail(std::string(what) + " must be a size in bytes such as 40GB, 31.5GB, 4e10 or 10GiB, got '" + s + "'");
+  return std::size_t(std::llround(v * mult));
+}
+
+double parse_fraction(const std::string& s, const char* what) {
+  // "0.5", "1/3"
+  const auto slash = s.find('/');
+  char *e1 = nullptr, *e2 = nullptr;
+  double v;
+  if (slash == std::string::npos) {
+    v = std::strtod(s.c_str(), &e1);
+    if (s.empty() || *e1) fail(std::string(what) + ": '" + s + "' is not a number");
+  } else {
+    const std::string a = s.substr(0, slash), b = s.substr(slash + 1);
+    const double x = std::strtod(a.c_str(), &e1), y = std::strtod(b.c_str(), &e2);
+    if (a.empty() || b.empty() || *e1 || *e2 || y == 0) fail(std::string(what) + ": '" + s + "' is not a fraction like 1/3");
+    v = x / y;
+  }
+  return v;
+}
+
+DType parse_dtype(const std::string& s) {
+  if (s == "fp32") return DType::fp32;
+  if (s == "fp16") return DType::fp16;
+  if (s == "bf16") return DType::bf16;
+  fail("--dtype must be fp32, fp16 or bf16, got '" + s + "'");
+}
+
+Checked check_options(const Args& a) {
+  Checked c;
+  c.dtype = parse_dtype(a.dtype);
+  if (a.iterations < 1) fail("--iterations must be at least 1, got " + std::to_string(a.iterations));
+  if (a.optimizer != "adam" && a.optimizer != "adamw") fail("--optimizer must be adam or adamw, got '" + a.optimizer + "'");
+  if (a.device != "auto" && a.device != "host" && a.device != "cuda")
+    fail("--device must be auto, host or cuda, got '" + a.device + "'");
+  dos::AdamHyper& hyper = c.hyper;
+  hyper.lr = a.lr;
+  hyper.beta1 = a.beta1;
+  hyper.beta2 = a.beta2;
+  hyper.eps = a.eps;
+  hyper.weight_decay = a.weight_decay;
+  hyper.decoupled = a.optimizer == "adamw";
+  dos::validate_adam_hyper(hyper);
+  if (hyper.decoupled && a.lr * a.weight_decay >= 1)
+    std::fprintf(stderr, "dos-train: warning: --lr x --weight-decay = %g: each AdamW step multiplies the parameters by "
+                 "(1 - %g), which does not decay them (they flip sign or grow); a usual product is below 1e-3\n",
+                 a.lr * a.weight_decay, a.lr * a.weight_decay);
+  if (a.lr > 1)
+    std::fprintf(stderr, "dos-train: warning: --lr %g is unusually large (Adam moves each parameter by about lr "
+                 "per step; usual values are 1e-5 to 1e-2)\n", a.lr);
+  if (!a.k.empty() && !a.gpu_fraction.empty()) fail("give --k or --gpu-fraction, not both");
+  if (!a.k.empty()) {
+    const double k = parse_fraction(a.k, "--k");
+    if (!(k >= 1 && k <= 1e9 && k == std::floor(k))) fail("--k must be a whole number >= 1, got " + a.k);
+  }
+  if (!a.gpu_fraction.empty()) {
+    const double f = parse_fraction(a.gpu_fraction, "--gpu-fraction");
+    if (!(f >= 0 && f <= 1)) fail("--gpu-fraction must be in [0, 1], got " + a.gpu_fraction);
+  }
+  for (const std::string& e : a.sweep)
+    if (e != "model") {
+      const double f = parse_fraction(e, "--sweep");
+      if (!(f >= 0 && f <= 1)) fail("--sweep: each fraction must be in [0, 1] (or 'model'), got " + e);
+    }
+  if ((!a.k.empty() || !a.gpu_fraction.empty() || !a.sweep.empty()) && a.policy != "dos")
+    fail("--k, --gpu-fraction and --sweep need --policy dos");
+  if (a.plan_only && (!a.k.empty() || !a.gpu_fraction.empty() || !a.sweep.empty()))
+    fail("--plan-only shows the plan's own choice: leave out --k, --gpu-fraction and --sweep");
+  if (!a.rates.empty()) c.rates = parse_rates(a.rates, &c.calibrated);
+  if (a.cpu_threads < 0) fail("--cpu-threads must be >= 0 (0: automatic), got " + std::to_string(a.cpu_threads));
+  if (const std::size_t cores = dos::allowed_cores().size(); cores > 0 && std::size_t(a.cpu_threads) > cores)
+    fail("--cpu-threads " + std::to_string(a.cpu_threads) + " is more than the " + std::to_string(cores) +
+         " cores this process may use: give at most " + std::to_string(cores) + " (0: automatic)");
+  if (a.cpu_workers < 0) fail("--cpu-workers must be >= 0 (0: automatic), got " + std::to_string(a.cpu_workers));
+  c.resident_budget =
+      a.gpu_resident_budget.empty() ? -1 : std::int64_t(parse_bytes(a.gpu_resident_budget, "--gpu-resident-budget"));
+  c.update_budget = a.gpu_update_budget.empty() ? 0 : parse_bytes(a.gpu_update_budget, "--gpu-update-budget");
+  if (!a.gpu_update_budget.empty() && c.update_budget == 0)
+    fail("--gpu-update-budget must be more than 0 bytes (leave it out for no limit)");
+  if (a.stream_lookahead < 0 || a.stream_lookahead > 1000)
+    fail("--stream-lookahead must be in [0, 1000], got " + std::to_string(a.stream_lookahead));
+  if (a.grad_transfer != "fp32" && a.grad_transfer != "native")
+    fail("--grad-transfer must be fp32 or native, got '" + a.grad_transfer + "'");
+  if (a.writeback != "eager" && a.writeback != "end") fail("--writeback must be eager or end, got '" + a.writeback + "'");
+  if (c.update_budget > 0 && a.writeback != "eager") fail("--gpu-update-budget needs --writeback eager");
+  if (a.tokens < 1) fail("--tokens must be at least 1, got " + std::to_string(a.tokens));
+  if (a.cpu_scale < 1) fail("--cpu-scale must be at least 1, got " + std::to_string(a.cpu_scale));
+  if (!a.timeline.empty()) dos::check_writable(a.timeline);
+  if (a.comm != "auto" && a.comm != "mpi" && a.comm != "nccl")
+    fail("--comm must be auto, mpi or nccl, got '" + a.comm + "'");
+  if (a.ncuda < -1) fail("--ncuda must be >= -1 (-1: one per GPU), got " + std::to_string(a.ncuda));
+  if (!a.report.empty() && a.report == a.save_params) fail("--report and --save-params name the same file: " + a.report);
+  if (!a.timeline.empty() && (a.timeline == a.report || a.timeline == a.save_params))
+    fail("--timeline names the same file as --" + std::string(a.timeline == a.report ? "report" : "save-params") + ": " +
+         a.timeline);
+  if (!a.save_state.empty()) dos::check_checkpoint_dir(a.save_state);
+  check_distinct_outputs(a);
+  if (!a.report.empty()) dos::check_writable(a.report);
+  if (!a.save_params.empty()) dos::check_writable(a.save_params);
+  return c;
+}
+
+int parse_command_line(int argc, char** argv, Args& a) {
+  CLI::App app{
+      "dos-train: runs training iterations of a transformer's optimizer update phase on the Deep Optimizer "
+      "States runtime. Forward and backward are emulated: deterministic gradients from --seed (normal, std 1e-3) "
+      "are written into the model's gradient buffers (GPU memory when there is a CUDA worker). Prints one line per "
+      "iteration and a summary."};
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // a later option wins
+  std::string presets;
+  for (const auto& p : dos_train::preset_names()) presets += (presets.empty() ? "" : ", ") + p;
+  app.add_option("--preset", a.preset, "model preset: " + presets)->capture_default_str();
+  app.add_option("--config", a.config, "Hugging Face config.json of the model (overrides --preset)");
+  app.add_option("--iterations,-n", a.iterations, "training iterations to run (>= 1)")->capture_default_str();
+  app.add_option("--subgroup-size", a.subgroup_size, "elements per subgroup (>= 1; 1e8 notation accepted)")->capture_default_str();
+  std::string plans;
+  for (const dos::PlanEntry& e : dos::plan_registry()) plans += std::string(plans.empty() ? "" : "; ") + e.usage + ": " + e.summary;
+  std::string starpu_policies;
+  for (const auto* p : dos::registered_starpu_policies()) starpu_policies += std::string(", ") + p->policy_name;
+  app.add_option("--policy", a.policy,
+                 "scheduling policy: a plan (" + plans + "), or a StarPU policy that places the tasks itself (dmda, "
+                 "dmdas, eager, lws, ..." + starpu_policies + "). Default: $STARPU_SCHED if set, else cpu");
+  app.add_option("--dtype", a.dtype, "dtype of the model's parameters and gradients: bf16, fp16, fp32")->capture_default_str();
+  app.add_option("--optimizer", a.optimizer, "adamw (torch.optim.AdamW) or adam (torch.optim.Adam, L2 decay)")->capture_default_str();
+  app.add_option("--lr", a.lr, "learning rate")->capture_default_str();
+  app.add_option("--beta1", a.beta1, "Adam beta1, in [0, 1)")->capture_default_str();
+  app.add_option("--beta2", a.beta2, "Adam beta2, in [0, 1)")->capture_default_str();
+  app.add_option("--eps", a.eps, "Adam eps (>= 0)")->capture_default_str();
+  app.add_option("--weight-decay", a.weight_decay, "weight decay (>= 0)")->capture_default_str();
+  app.add_option("--seed", a.seed_text, "seed of the initial parameters and the emulated gradients (0 to 2^64-1)")
+      ->capture_default_str();
+  app.add_option("--shard", a.shard, "R/W: run rank R's 1/W of the parameters (ZeRO partitioning of the flat parameters)")
+      ->capture_default_str();
+  app.add_option("--device", a.device, "where the model's parameters and gradients live: auto (GPU if any), host, cuda")
+      ->capture_default_str();
+  app.add_option("--report", a.report, "write the per-iteration figures and the summary to this JSON file");
+  app.add_option("--save-params", a.save_params, "write the final fp32 master parameters to this safetensors file");
+  app.add_option("--cpu-threads", a.cpu_threads,
+                 "cores for CPU Adam, shared among the CPU workers' OpenMP teams (0: $OMP_NUM_THREADS, else all "
+                 "cores but one per CUDA worker)")
+      ->capture_default_str();
+  app.add_option("--cpu-workers", a.cpu_workers,
+                 "StarPU CPU workers (0: $STARPU_NCPU if set, else 1 worker running an OpenMP team; N: N workers "
+                 "sharing the --cpu-threads cores, subgroups spread over them)")
+      ->capture_default_str();
+  app.add_option("--ncuda", a.ncuda, "CUDA workers (-1: one per GPU, 0: none)")->capture_default_str();
+  app.add_flag("--quiet,-q", a.quiet, "do not print the runtime's set-up line");
+  app.add_option("--k", a.k, "with --policy dos: force the paper's stride k (one subgroup in k streamed: k-1, 2k-1, ...)");
+  app.add_option("--gpu-fraction", a.gpu_fraction,
+                 "with --policy dos: force this fraction of the subgroups (0..1, or a/b) to be streamed through the GPU, "
+                 "spread evenly");
+  app.add_option("--sweep", a.sweep,
+                 "with --policy dos: run --iterations iterations for each streamed fraction given (0..1 or a/b; "
+                 "'model' for the model's own choice), in this one process, and print a table")
+      ->delimiter(',');
+  app.add_option("--save-state", a.save_state,
+                 "after the last iteration, write the whole optimizer state (fp32 master, exp_avg, exp_avg_sq, step "
+                 "per subgroup) to this folder (safetensors + index.json; the previous checkpoint stays intact until "
+                 "the new one is complete)");
+  app.add_option("--resume", a.resume,
+                 "start from the checkpoint in this folder (same model, --subgroup-size, --dtype, --seed and "
+                 "--grad-parts; any number of ranks: the state is re-sharded): the run continues exactly as if it "
+                 "had not stopped");
+  app.add_option("--gpu-resident-budget", a.gpu_resident_budget,
+                 "GPU memory the optimizer state may keep between iterations (e.g. 10GB; default: none kept, pure "
+                 "offload). dos keeps the last subgroups that fit resident; static:R must fit its GPU share in it");
+  app.add_option("--gpu-update-budget", a.gpu_update_budget,
+                 "GPU memory the update phase may use at once (e.g. 40GB; default: no limit); StarPU's GPU memory is "
+                 "capped at the two budgets together, the rest is left to forward and backward");
+  app.add_option("--stream-lookahead", a.stream_lookahead,
+                 "streamed subgroups whose state is prefetched ahead (0: StarPU's prefetch when a task is pushed)")
+      ->capture_default_str();
+  app.add_option("--writeback", a.writeback,
+                 "eager: each streamed subgroup's state goes home as soon as it is updated; end: all at the end of the "
+                 "phase")->capture_default_str();
+  app.add_option("--grad-transfer", a.grad_transfer,
+                 "how the gradients of CPU-updated subgroups cross PCIe: fp32 (converted on the GPU) or native (in "
+                 "the model's dtype, widened by the CPU's Adam kernel: half the bytes for bf16/fp16)")
+      ->capture_default_str();
+  app.add_flag("--urgent-writeback", a.urgent_writeback,
+               "push the CPU-updated subgroups' parameter write-backs ahead of the queued GPU work (measured "
+               "20-31% slower on the GPU machine: for experiments; see README)");
+  app.add_option("--submit-order", a.submit_order,
+                 "plan: the subgroups' tasks are submitted in subgroup order; cpu-first: the CPU-updated ones "
+                 "before the streamed ones (when the GPU update budget holds both). Same results either way")
+      ->check(CLI::IsMember({"cpu-first", "plan"}))
+      ->capture_default_str();
+  app.add_option("--timeline", a.timeline,
+                 "write the last iteration's tasks (per worker) and PCIe byte samples to this JSON file");
+  app.add_option("--grad-parts", a.grad_parts,
+                 "the emulated gradient is the sum of this many data-parallel ranks' contributions (quantised so that "
+                 "the sum is exact): a one-process run with --grad-parts W gives the bits of a W-rank MPI job; under "
+                 "MPI (default: the number of ranks) rank r adds parts [r*P/W, (r+1)*P/W)");
+  app.add_option("--comm", a.comm,
+                 "the data-parallel collectives under MPI: nccl (GPU buffers, GPU to GPU), mpi (through host memory), "
+                 "auto (nccl when every rank's buffers are on a GPU and the build has NCCL)")
+      ->capture_default_str();
+  app.add_flag("--emulate-compute", a.emulate_compute,
+               "emulate forward and backward with the model's GEMMs (cuBLAS; a scaled-down CPU stand-in without a "
+               "GPU), activations allocated in forward and freed in backward; reports forward, backward, iteration "
+               "seconds, peak GPU memory and model TFLOPs");
+  app.add_option("--tokens", a.tokens, "tokens per iteration for --emulate-compute (micro-batch x sequence)")
+      ->capture_default_str();
+  app.add_option("--cpu-scale", a.cpu_scale, "--emulate-compute without a GPU: divide every dimension by this")
+      ->capture_default_str();
+  app.add_flag("--plan-only", a.plan_only,
+               "print the plan of --policy for the first iteration (one letter per subgroup), its simulated time and "
+               "the lower bound with --rates, and exit: no StarPU, no GPU needed. The caller's buffers are taken to be "
+               "on the GPU unless --device host; the GPU budgets, --submit-order and --stream-lookahead count");
+  app.add_option("--rates", a.rates,
+                 "the model's rates instead of calibrating: U_c,U_c_dma,U_g,D_c,B_h2d,B_d2h in Gparams/s (4) and GB/s "
+                 "(2), as the 'model:' line prints them, or the path of a rates file (the calibration cache's JSON, "
+                 "params/s and bytes/s)");
+  app.add_flag("--recalibrate", a.recalibrate,
+               "with --policy dos or static:R: measure the model's rates again instead of reading the cached ones");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  if (app.count("--config") && a.config.empty()) {
+    std::fprintf(stderr, "dos-train: error: --config needs the path of a config.json file, got an empty one\n");
+    return 1;
+  }
+  const std::pair<const char*, const std::string*> paths[] = {{"--report", &a.report},
+                                                               {"--save-params", &a.save_params},
+                                                               {"--timeline", &a.timeline},
+                                                               {"--save-state", &a.save_state},
+                                                               {"--resume", &a.resume}};
+  for (const auto& [opt, value] : paths)
+    if (app.count(opt) && value->empty()) {
+      std::fprintf(stderr, "dos-train: error: %s needs a path, got an empty one\n", opt);
+      return 1;
+    }
+  return -1;
+}
+
+}  // namespace dos_train

@@ -1,0 +1,105 @@
+// StepIO (step_io.h): the emulated gradients into the update, and the parameters out of it.
+#include "step_io.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "emulate.h"
+#include "parallel/parallel.h"
+
+namespace dos_train {
+
+namespace {
+/// NCCL's buckets in GPU memory hold at most this many elements (outside StarPU's memory cap and
+/// the GPU budgets).
+constexpr std::size_t kChunk = std::size_t(1) << 26;
+}  // namespace
+
+StepIO::StepIO(const Setup& s) : s_(s) {
+  const bool dp = s_.comm != nullptr;
+  ranges_ = dos::shard_ranges(s_.total, s_.world);
+  const dos::ShardRange mine = ranges_[s_.rank];
+  n_ = mine.end - mine.begin;
+  esz_ = dos::dtype_size(s_.dtype);
+  const std::size_t largest = dos::largest_shard(ranges_);
+  const bool host_buckets = (s_.parts > 1 || dp) && !s_.device;
+  bucket32_.resize(dp && !s_.device ? largest : 0);
+  shard32_.resize(host_buckets ? n_ : 0);
+  bucket16_.resize(dp && !s_.device ? largest * esz_ : 0);
+  staging16_.resize(host_buckets ? n_ * esz_ : 0);
+  chunk_ = std::min(kChunk, largest);
+#if defined(DOS_HAVE_CUDA)
+  if (s_.device) {
+    d_send32_.p = cuda_alloc(chunk_ * sizeof(float));
+    d_recv32_.p = cuda_alloc(chunk_ * sizeof(float));
+    d_bucket16_.p = cuda_alloc(chunk_ * esz_);
+  }
+#endif
+}
+
+StepIO::DeviceBuffer::~DeviceBuffer() {
+#if defined(DOS_HAVE_CUDA)
+  if (p) cuda_free(p);
+#endif
+}
+
+double StepIO::produce_gradients(std::uint64_t it) {
+  const dos::ShardRange mine = ranges_[s_.rank];
+  if (s_.device) {
+#if defined(DOS_HAVE_CUDA)
+    // GPU to GPU: this rank's contribution to each shard made on its GPU, reduced (fp32) to the
+    // shard's owner, rounded to the model's dtype into its gradients.
+    return dos::reduce_to_owners(
+        *s_.device, int(s_.rank), ranges_, chunk_,
+        [&](float* dst, dos::ShardRange p) {
+          fill_grad_parts_cuda(dst, p.end - p.begin, s_.seed, it, p.begin, s_.parts_begin, s_.parts_end, s_.parts);
+        },
+        static_cast<float*>(d_send32_.p), static_cast<float*>(d_recv32_.p),
+        [&](const float* sum, dos::ShardRange p) {
+          store_from_f32_cuda(static_cast<char*>(s_.grads) + (p.begin - mine.begin) * esz_, s_.dtype, sum,
+                              p.end - p.begin);
+        });
+#endif
+  }
+  if (s_.parts > 1 || s_.comm) {
+    // The gradient is the sum of `parts` ranks' contributions: under MPI, this rank's, reduced
+    // shard by shard (a bucket of one shard at a time) to the shard's owner; in one process
+    // (--grad-parts), all of them for this shard.
+    double comm_s = 0;
+    if (s_.comm) {
+      comm_s = dos::reduce_to_owners(
+          *s_.comm, ranges_,
+          [&](float* dst, dos::ShardRange p) {
+            fill_grad_parts_host(dst, p.end - p.begin, s_.seed, it, p.begin, s_.parts_begin, s_.parts_end, s_.parts);
+          },
+          bucket32_.data(), shard32_.data());
+    } else {
+      fill_grad_parts_host(shard32_.data(), n_, s_.seed, it, mine.begin, 0, s_.parts, s_.parts);
+    }
+    char* g16 = s_.on_gpu ? staging16_.data() : static_cast<char*>(s_.grads);
+    const float* sum = shard32_.data();
+#pragma omp parallel for schedule(static)
+    for (std::size_t k = 0; k < n_; ++k) dos::store_from_f32(g16, s_.dtype, k, sum[k]);
+#if defined(DOS_HAVE_CUDA)
+    if (s_.on_gpu) cuda_copy_to_device(s_.grads, staging16_.data(), n_ * esz_);
+#endif
+    return comm_s;
+  }
+#if defined(DOS_HAVE_CUDA)
+  if (s_.on_gpu) fill_grads_cuda(s_.grads, s_.dtype, n_, s_.seed, it, mine.begin);
+#endif
+  if (!s_.on_gpu) fill_grads_host(s_.grads, s_.dtype, n_, s_.seed, it, mine.begin);
+  return 0;
+}
+
+double StepIO::broadcast_parameters() {
+  if (s_.device) return dos::broadcast_from_owners(*s_.device, int(s_.rank), ranges_, esz_, chunk_, s_.params, d_bucket16_.p);
+  if (!s_.comm) return 0;
+#if defined(DOS_HAVE_CUDA)
+  if (s_.on_gpu) cuda_copy_to_host(staging16_.data(), s_.params, n_ * esz_);
+#endif
+  const void* mine = s_.on_gpu ? static_cast<const void*>(staging16_.data()) : s_.params;
+  return dos::broadcast_from_owners(*s_.comm, ranges_, esz_, mine, bucket16_.data());
+}
+
+}  // namespace dos_train

@@ -1,0 +1,72 @@
+// What surrounds the update in one of dos-train's iterations: this rank's gradients before
+// Optimizer::step() (produce_gradients) and the updated parameters' broadcast to every rank after
+// it (broadcast_parameters). The gradients are emulated (emulate.h); under MPI they are reduced
+// shard by shard to each shard's owner and the parameters broadcast from each owner with the
+// library's data-parallel loops (runtime/parallel/parallel.h), through NCCL on GPU buffers or MPI
+// through host memory.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "comm.h"
+#include "dos.h"
+
+namespace dos_train {
+
+/// The gradients in and the parameters out of this rank's update, with the buffers that takes
+/// (allocated once, at construction).
+class StepIO {
+ public:
+  struct Setup {
+    dos::Comm* comm = nullptr;          ///< the data-parallel job (two ranks or more); null for one process
+    dos::DeviceComm* device = nullptr;  ///< NCCL over this rank's GPU (needs comm); null: through host memory
+    std::size_t total = 0;              ///< the model's parameters, all shards
+    std::size_t rank = 0, world = 1;    ///< this rank's shard of `world` (partition.h's shard_range)
+    void* params = nullptr;             ///< this shard's parameters, `dtype` elements (GPU memory when on_gpu)
+    void* grads = nullptr;              ///< this shard's gradients, the same
+    dos::DType dtype = dos::DType::bf16;
+    bool on_gpu = false;
+    std::uint64_t seed = 0;             ///< --seed of the emulated gradients
+    /// The emulated gradient is the sum of `parts` parts; this rank adds [parts_begin, parts_end).
+    std::size_t parts = 1, parts_begin = 0, parts_end = 1;
+  };
+  /// Allocates the buckets the collectives need (at most one shard each, host memory; with
+  /// `device`, 64 Mi-element chunks of GPU memory instead: 640 MiB for bf16, whatever the model).
+  /// Throws std::runtime_error when memory runs out.
+  explicit StepIO(const Setup& s);
+  StepIO(const StepIO&) = delete;
+  StepIO& operator=(const StepIO&) = delete;
+
+  /// Writes this rank's gradients for iteration `iteration` into the gradient buffer: the emulated
+  /// gradient of its shard (one process), the sum of all parts (one process, --grad-parts), or,
+  /// under MPI, each rank's contribution reduced shard by shard to the shard's owner. Collective
+  /// under MPI. Returns the seconds spent in collectives (0 for one process). Throws
+  /// std::runtime_error when CUDA or a collective fails.
+  double produce_gradients(std::uint64_t iteration);
+
+  /// After the update: the updated parameters of each shard from its owner to every rank (the
+  /// all-gather forward needs next; forward being emulated, each shard goes through one bucket and
+  /// is not kept). Collective under MPI. Returns the seconds spent in collectives (0 for one
+  /// process). Throws std::runtime_error when CUDA or a collective fails.
+  double broadcast_parameters();
+
+ private:
+  Setup s_;
+  std::size_t n_ = 0, esz_ = 0, chunk_ = 0;
+  std::vector<dos::ShardRange> ranges_;
+  std::vector<float> bucket32_, shard32_;      // host buckets: a contribution, the summed shard (fp32)
+  std::vector<char> bucket16_, staging16_;     // a shard's parameters, and 16-bit staging of this shard
+  /// GPU memory freed with its owner.
+  struct DeviceBuffer {
+    void* p = nullptr;
+    DeviceBuffer() = default;
+    DeviceBuffer(const DeviceBuffer&) = delete;
+    DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+    ~DeviceBuffer();
+  };
+  DeviceBuffer d_send32_, d_recv32_, d_bucket16_;  // NCCL's chunks: a contribution, the sum (fp32), parameters
+};
+
+}  // namespace dos_train

@@ -31,6 +31,33 @@ assert r0["params"] + r1["params"] == r0["params_total"], (r0["params"], r1["par
 assert all(it["comm_seconds"] > 0 for it in r0["iterations"] + r1["iterations"])
 print("ok: the 2 ranks' reports name their shards and their communication time")
 PY
+# the update overlapped with the gradients' arrival (--overlap on) against after it (off), on 2 ranks:
+# the same bits, with global-norm clipping (the norm summed over the ranks) active on some
+# iterations, a NaN on one rank's gradient at iteration 2 (every rank skips it)
+ov=(--iterations 4 --max-grad-norm)
+"$train" "${common[@]}" --grad-parts 2 --iterations 4 --max-grad-norm 1e30 --report "$tmp/n.json" >/dev/null ||
+  { echo "FAIL: the norms run"; exit 1; }
+max=$(python3 -c "
+import json, statistics, sys
+print(repr(statistics.median(x['grad_norm'] for x in json.load(open(sys.argv[1]))['iterations'])))" "$tmp/n.json")
+for o in on off; do
+  timeout 120 "${mpi[@]}" "$train" "${common[@]}" "${ov[@]}" "$max" --nan-gradient-at 2 --overlap $o \
+    --save-params "$tmp/ov-$o.safetensors" --report "$tmp/ov-$o.json" >/dev/null 2>&1 || { echo "FAIL: 2 ranks, --overlap $o"; exit 1; }
+done
+for r in 00000 00001; do
+  cmp -s "$tmp/ov-on.rank-$r-of-00002.safetensors" "$tmp/ov-off.rank-$r-of-00002.safetensors" ||
+    { echo "FAIL: rank $r: overlap on and off differ (the saved parameter files are not the same bytes)"; exit 1; }
+done
+python3 - "$tmp" <<'PY' || exit 1
+import json, sys
+t = sys.argv[1]
+for r in ("00000", "00001"):
+    on, off = (json.load(open(f"{t}/ov-{o}.rank-{r}-of-00002.json"))["iterations"] for o in ("on", "off"))
+    assert [x["skipped"] for x in on] == [x["skipped"] for x in off] == [False, True, False, False], (on, off)
+    assert [x["clip_coef"] for x in on] == [x["clip_coef"] for x in off], (on, off)
+    assert any(x["clip_coef"] < 1 for x in on) and sum(x["speculated"] for x in on) > 0, on
+print("ok: 2 ranks, overlap on and off: the same bits, clipping on the global norm, a NaN on one rank skips the step on both")
+PY
 # ranks launched on the same cores (--bind-to none) split them: disjoint blocks, listed by rank 0
 if [ "$(nproc)" -ge 2 ]; then
   out=$(timeout 120 mpirun --oversubscribe -np 2 --mca btl self,vader --bind-to none "$train" "${common[@]}" 2>&1)

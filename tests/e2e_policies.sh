@@ -2,7 +2,7 @@
 # dos-train end to end: the saved fp32 master parameters of the same model and seed must be
 # bit-identical under the cpu policy and StarPU's dmda (both update on the CPU here), and, where a
 # GPU exists, within a relative 1e-6 of each other under cpu and gpu (see README, "Tolerance").
-#   e2e_policies.sh DOS_TRAIN ST_COMPARE cpu-dmda|cpu-gpu|cpu-dos|shards|resume|staging|iteration
+#   e2e_policies.sh DOS_TRAIN ST_COMPARE cpu-dmda|cpu-gpu|cpu-dos|shards|resume|staging|iteration|overlap
 set -u
 train=$1 cmp=$2 mode=$3
 tmp=$(mktemp -d)
@@ -85,7 +85,8 @@ case "$mode" in
     # CPU with its tokens divided by --cpu-scale and every task runs on the CPU; with one, the
     # tokens are as given and the staging and write-back run where the gradients live, on the GPU.
     run --policy cpu --save-params "$tmp/plain.safetensors"
-    run --policy cpu --emulate-compute --tokens 256 --cpu-scale 16 --report "$tmp/r.json" --timeline "$tmp/t.json"       --save-params "$tmp/emulated.safetensors"
+    run --policy cpu --emulate-compute --overlap off --tokens 256 --cpu-scale 16 --report "$tmp/r.json" --timeline "$tmp/t.json" \
+      --save-params "$tmp/emulated.safetensors"
     "$cmp" "$tmp/plain.safetensors" "$tmp/emulated.safetensors" || exit 1
     python3 - "$tmp/r.json" "$tmp/t.json" <<'PY'
 import json, sys
@@ -107,6 +108,50 @@ for x in t["tasks"]:
     assert x["lane"] == want and 0 <= x["start"] <= x["end"], (want, x)
 assert t["bus"] and all(len(b) == 3 for b in t["bus"]), t["bus"][:3]
 print(f"ok: emulated iteration, {len(t['tasks'])} tasks in the timeline, {len(t['bus'])} bus samples")
+PY
+    ;;
+  overlap)
+    # The update overlapped with backward (--overlap on: every layer's gradients declared final as
+    # its backward ends, the CPU's subgroups updated speculatively) against the update after
+    # backward (off): the same bits with global-norm clipping active on some iterations and not on
+    # others, a NaN gradient on one (skipped), under every policy. The clipping threshold is the
+    # median of the gradient norms of a first run (no clipping), so that about half the
+    # iterations clip.
+    it=(--iterations 6 --emulate-compute --tokens 256 --cpu-scale 16 --seed 11)
+    run "${it[@]}" --policy cpu --overlap off --max-grad-norm 1e30 --report "$tmp/norms.json" >/dev/null
+    max=$(python3 -c "
+import json, statistics, sys
+r = json.load(open(sys.argv[1]))
+print(repr(statistics.median(x['grad_norm'] for x in r['iterations'])))" "$tmp/norms.json") || exit 1
+    policies=(cpu dmda dos)
+    [ -n "${DOS_OVERLAP_POLICIES:-}" ] && read -r -a policies <<<"$DOS_OVERLAP_POLICIES"
+    for p in "${policies[@]}"; do
+      for o in on off; do
+        run "${it[@]}" --policy "$p" --overlap $o --max-grad-norm "$max" --nan-gradient-at 4 \
+          --report "$tmp/$p-$o.json" --save-params "$tmp/$p-$o.safetensors" >/dev/null
+      done
+      "$cmp" "$tmp/$p-on.safetensors" "$tmp/$p-off.safetensors" || { echo "policy $p: overlap on and off differ"; exit 1; }
+    done
+    python3 - "$tmp" "${policies[@]}" <<'PY'
+import json, sys
+tmp, policies = sys.argv[1], sys.argv[2:]
+for p in policies:
+    on, off = (json.load(open(f"{tmp}/{p}-{o}.json")) for o in ("on", "off"))
+    rows_on, rows_off = on["iterations"], off["iterations"]
+    clipped = [x["clip_coef"] < 1 for x in rows_off]
+    assert any(clipped) and not all(c for i, c in enumerate(clipped) if i != 3), (p, clipped)
+    for a, b in zip(rows_on, rows_off):
+        assert a["grad_norm"] == b["grad_norm"] and a["clip_coef"] == b["clip_coef"], (p, a, b)
+        assert a["skipped"] == b["skipped"] == (a["iteration"] == 4), (p, a["iteration"], a["skipped"], b["skipped"])
+        assert a["overlapped"] and not b["overlapped"], (p, a, b)
+        assert a["iteration_seconds"] >= a["forward_seconds"] + a["backward_seconds"] + a["exposed_seconds"] - 1e-9, a
+    speculated = sum(x["speculated"] for x in rows_on)
+    redone = sum(x["redone"] for x in rows_on)
+    # without a CUDA worker every subgroup is on the CPU: every plan speculates
+    if on["cuda_workers"] == 0 or p in ("cpu", "dmda"):
+        assert speculated > 0 and redone > 0, (p, speculated, redone)
+    print(f"ok: {p}: overlap on and off the same bits; {speculated} speculative updates, {redone} redone, "
+          f"clipped at {sum(clipped)} of {len(clipped)} iterations, iteration 4 skipped")
 PY
     ;;
   *) echo "unknown mode $mode"; exit 2 ;;

@@ -64,7 +64,14 @@ ComputeEmulator::~ComputeEmulator() {
     if (p) be_->free(p);
 }
 
-ComputeTimes ComputeEmulator::run() {
+std::size_t backward_group(const ModelConfig& c, const std::string& n) {
+  const std::string key = c.arch == "gpt2" ? "h." : "model.layers.";
+  if (n.rfind(key, 0) == 0) return std::size_t(std::stoll(n.substr(key.size())));
+  if (n == "wte.weight" || n == "wpe.weight" || n == "model.embed_tokens.weight") return std::size_t(c.layers) + 1;
+  return std::size_t(c.layers);  // lm_head, ln_f, model.norm
+}
+
+ComputeTimes ComputeEmulator::run(const std::function<void(std::size_t group)>& after_group) {
   ComputeTimes out;
   const std::size_t e = be_->elem_bytes(), T = std::size_t(tokens_);
   std::vector<void*> acts(gemms_.size(), nullptr);
@@ -100,6 +107,7 @@ ComputeTimes ComputeEmulator::run() {
     be_->sync();  // the layer's activations are read until its GEMMs end
     be_->free(acts[l]);
     acts[l] = nullptr;
+    if (after_group) after_group(l);
   }
   be_->sync();
   auto t2 = clock::now();

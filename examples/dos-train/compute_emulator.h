@@ -5,6 +5,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <string>
 #include <memory>
 #include <vector>
 
@@ -24,6 +26,12 @@ struct Gemm {
 /// the embeddings. Attention's token-by-token products (T x T per head) and the element-wise
 /// operations are not emulated.
 std::vector<std::vector<Gemm>> forward_gemms(const ModelConfig& c);
+
+/// The group (forward_gemms' index) whose backward makes the gradient of parameter tensor `name`
+/// final: its transformer layer (names "h.L." for gpt2, "model.layers.L." otherwise); c.layers for
+/// the output head and the final norm, whose backward comes first; c.layers + 1 for the embeddings
+/// (also the tied output head's weight), final only when backward has ended.
+std::size_t backward_group(const ModelConfig& c, const std::string& name);
 
 /// Times and memory of one emulated forward and backward.
 /// forward, backward: seconds (wall, device synchronised); flops: floating-point operations done
@@ -78,8 +86,12 @@ class ComputeEmulator {
                   std::int64_t scale = 1);
   ~ComputeEmulator();
   /// One forward and one backward pass; the times, the FLOPs done and the memory at the peak.
-  /// Throws std::runtime_error (from the backend) when memory runs out; activations are freed.
-  ComputeTimes run();
+  /// after_group (when given) is called with each group's index (forward_gemms' order) as that
+  /// group's backward GEMMs have ended, from the last group to the first: where a training loop's
+  /// gradients of that layer become final. Its time counts in backward.
+  /// Throws std::runtime_error (from the backend) when memory runs out; activations are freed; an
+  /// exception from after_group propagates the same way.
+  ComputeTimes run(const std::function<void(std::size_t group)>& after_group = {});
   std::int64_t tokens() const { return tokens_; }
   /// The backend's memory in use now (ComputeBackend::used_bytes).
   std::uint64_t used_bytes() const { return be_->used_bytes(); }

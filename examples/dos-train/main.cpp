@@ -24,6 +24,7 @@
 #include "compute_emulator.h"
 #include "dos.h"
 #include "emulate.h"
+#include "grad_norm.h"
 #include "model_config.h"
 #include "options.h"
 #include "parallel/parallel.h"
@@ -271,6 +272,7 @@ int run(const Args& args) {
   oo.native_grads = a.grad_transfer == "native";
   oo.urgent_writeback = a.urgent_writeback;
   oo.submit_order = a.submit_order == "plan" ? dos::SubmitOrder::plan : dos::SubmitOrder::cpu_first;
+  oo.speculation_budget = c.speculation_budget;
   // the node's ranks calibrate (when they do) at the same time: the rates then include the other
   // ranks' DMA and CPU Adam on the shared host memory
   if (dp) g_comm->all_ok(true);
@@ -333,23 +335,83 @@ int run(const Args& args) {
   io_setup.parts = parts;
   io_setup.parts_begin = my_parts_begin;
   io_setup.parts_end = my_parts_end;
+  io_setup.nan_at = std::uint64_t(a.nan_gradient_at);
   dos_train::StepIO io(io_setup);
   dos_train::IterationLog log(rt, compute.get(), on_gpu, total, dp ? world : 0,
                               dcomm ? dcomm->name() : dp ? g_comm->name() : std::string());
   // Runs `count` training iterations, each: forward and backward (emulated), this rank's gradients,
   // the update, the updated parameters to every rank, its line and row. Returns their update figures.
+  // Backward's order of the gradients: the ranges (shard-local) whose gradients each group's
+  // backward makes final (compute_emulator.h, backward_group), the head first, the embeddings last.
+  const std::size_t ngroups = std::size_t(cfg.layers) + 2;
+  std::vector<std::vector<std::pair<std::size_t, std::size_t>>> release(ngroups);
+  for (const ShardTensor& st : tensors) {
+    const std::size_t lo = st.global_begin - range.begin;
+    release[dos_train::backward_group(cfg, st.t.name)].push_back({lo, lo + st.count});
+  }
+  std::vector<std::size_t> backward_order;  // head, layers from the last, embeddings
+  for (std::size_t g = ngroups - 1; g-- > 0;) backward_order.push_back(g);
+  backward_order.push_back(ngroups - 1);
+  const bool overlap = a.overlap == "on";
+  // Runs `count` training iterations, each: forward and backward (emulated), this rank's gradients
+  // (with --overlap on, each group's written and declared final as its backward ends), the gradient
+  // check (--max-grad-norm), the update, the updated parameters to every rank, its line and row.
+  // Returns their update figures.
   auto run_iterations = [&](int count, const std::string& label) {
     std::vector<dos::StepStats> out;
     for (int i = 0; i < count; ++i) {
       ++it;
       const auto t_iter = std::chrono::steady_clock::now();
-      const dos_train::ComputeTimes ct = compute ? compute->run() : dos_train::ComputeTimes{};
-      double comm_s = io.produce_gradients(std::uint64_t(it));
-      const dos::StepStats s = opt.step();
-      comm_s += io.broadcast_parameters();
+      dos_train::ComputeTimes ct;
+      double comm_s = 0;
+      if (overlap) opt.begin_step();
+      if (overlap && io.by_range()) {
+        auto release_group = [&](std::size_t g) {
+          for (const auto& r : release[g]) {
+            io.produce_gradient_range(std::uint64_t(it), r.first, r.second);
+            opt.gradients_final(r.first, r.second);
+          }
+        };
+        if (compute) {
+          ct = compute->run(release_group);  // the head and every layer, in backward's order
+          release_group(ngroups - 1);        // the embeddings, when backward has ended
+        } else {
+          for (std::size_t g : backward_order) release_group(g);
+        }
+      } else {
+        if (compute) ct = compute->run();
+        comm_s += io.produce_gradients(std::uint64_t(it));
+        if (overlap) opt.gradients_final(0, n);
+      }
+      // Global-norm clipping and the non-finite check need every gradient: after backward.
+      dos_train::GradientCheck gc;
+      dos::StepVerdict verdict = dos::StepVerdict::keep;
+      if (a.max_grad_norm > 0) {
+        gc.checked = true;
+        gc.norm = std::sqrt(io.gradient_sumsq());
+        if (!std::isfinite(gc.norm)) {
+          verdict = dos::StepVerdict::skip;
+        } else {
+          gc.coef = dos_train::clip_coefficient(gc.norm, a.max_grad_norm);
+          if (gc.coef < 1) {
+            io.scale_gradients(gc.coef);
+            verdict = dos::StepVerdict::changed;
+          }
+        }
+      }
+      dos::StepStats s;
+      if (overlap) {
+        s = opt.finish_step(verdict);
+      } else if (verdict == dos::StepVerdict::skip) {
+        s.skipped = true;  // no update: the parameters and the state stay as they are
+        s.params = n;
+      } else {
+        s = opt.step();
+      }
+      if (!s.skipped) comm_s += io.broadcast_parameters();
       const double iter_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_iter).count();
       out.push_back(s);
-      log.add(it, label, s, ct, iter_s, comm_s);
+      log.add(it, label, s, ct, iter_s, comm_s, gc);
     }
     return out;
   };

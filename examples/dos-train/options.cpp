@@ -202,6 +202,13 @@ Checked check_options(const Args& a) {
   if (c.update_budget > 0 && a.writeback != "eager") fail("--gpu-update-budget needs --writeback eager");
   if (a.tokens < 1) fail("--tokens must be at least 1, got " + std::to_string(a.tokens));
   if (a.cpu_scale < 1) fail("--cpu-scale must be at least 1, got " + std::to_string(a.cpu_scale));
+  if (a.overlap != "on" && a.overlap != "off") fail("--overlap must be on or off, got '" + a.overlap + "'");
+  if (!(a.max_grad_norm >= 0) || !std::isfinite(a.max_grad_norm))
+    fail("--max-grad-norm must be a finite number > 0 (or 0: no clipping), got " + std::to_string(a.max_grad_norm));
+  if (a.nan_gradient_at < 0) fail("--nan-gradient-at must be an iteration number >= 1 (0: none), got " +
+                                  std::to_string(a.nan_gradient_at));
+  if (!a.speculation_budget.empty())
+    c.speculation_budget = std::int64_t(parse_bytes(a.speculation_budget, "--speculation-budget"));
   if (!a.timeline.empty()) dos::check_writable(a.timeline);
   if (a.comm != "auto" && a.comm != "mpi" && a.comm != "nccl")
     fail("--comm must be auto, mpi or nccl, got '" + a.comm + "'");
@@ -320,6 +327,22 @@ int parse_command_line(int argc, char** argv, Args& a) {
       ->capture_default_str();
   app.add_option("--cpu-scale", a.cpu_scale, "--emulate-compute without a GPU: divide every dimension by this")
       ->capture_default_str();
+  app.add_option("--overlap", a.overlap,
+                 "on: the update overlaps backward: each layer's gradients are declared final as its backward ends "
+                 "and the subgroups the plan puts on the CPU are updated at once, speculatively, then kept, redone "
+                 "(clipping changed the gradients) or dropped (a non-finite gradient) when every gradient is final; "
+                 "the same bits as off, where the update starts after backward")
+      ->capture_default_str();
+  app.add_option("--max-grad-norm", a.max_grad_norm,
+                 "clip the gradients to this global L2 norm as torch.nn.utils.clip_grad_norm_ does (coefficient "
+                 "max_norm / (norm + 1e-6) when below 1), and skip the update of an iteration whose gradients hold an "
+                 "inf or NaN; 0: neither (default)");
+  app.add_option("--nan-gradient-at", a.nan_gradient_at,
+                 "test aid: the first gradient element of this rank's shard is NaN at this iteration (with "
+                 "--max-grad-norm the iteration's update is skipped); 0: never");
+  app.add_option("--speculation-budget", a.speculation_budget,
+                 "host memory for the shadow state of speculative updates (--overlap on), e.g. 20GB; default: half of "
+                 "the memory available when the first speculative update comes; 0: no speculative update");
   app.add_flag("--plan-only", a.plan_only,
                "print the plan of --policy for the first iteration (one letter per subgroup), its simulated time and "
                "the lower bound with --rates, and exit: no StarPU, no GPU needed. The caller's buffers are taken to be "

@@ -51,6 +51,10 @@ struct Args {
   bool emulate_compute = false;
   long long tokens = 4096;
   int cpu_scale = 32;
+  std::string overlap = "on";     ///< --overlap: the update overlapped with backward (on) or after it (off)
+  double max_grad_norm = 0;       ///< --max-grad-norm: global-norm clipping; 0: none
+  long long nan_gradient_at = 0;  ///< --nan-gradient-at: the iteration whose gradient gets a NaN; 0: none
+  std::string speculation_budget; ///< --speculation-budget as given (bytes); empty: the runtime's default
 };
 
 /// Parses the command line into `a` (CLI11; a later option wins over an earlier one). Returns -1
@@ -94,6 +98,7 @@ struct Checked {
   dos::Rates rates{}, calibrated{};   ///< --rates (zero when not given)
   std::int64_t resident_budget = -1;  ///< --gpu-resident-budget, bytes; -1 when not given
   std::size_t update_budget = 0;      ///< --gpu-update-budget, bytes; 0 when not given (no limit)
+  std::int64_t speculation_budget = -1;  ///< --speculation-budget, bytes; -1 when not given
 };
 
 /// Checks every option that does not depend on the model or the MPI job, in a fixed order (the

@@ -2,6 +2,7 @@
 #include "report.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <utility>
@@ -90,7 +91,7 @@ IterationLog::IterationLog(const dos::Runtime& rt, const ComputeEmulator* comput
       comm_backend_(std::move(comm_backend)) {}
 
 void IterationLog::add(std::int64_t it, const std::string& label, const dos::StepStats& s, const ComputeTimes& ct,
-                       double iter_s, double comm_s) {
+                       double iter_s, double comm_s, const GradientCheck& gc) {
   const ComputeEmulator* compute = compute_;
   const bool on_gpu = on_gpu_, dp = world_ > 0;
   const std::uint64_t peak = compute ? std::max<std::uint64_t>(ct.peak_bytes, compute->used_bytes()) : 0;
@@ -100,9 +101,11 @@ void IterationLog::add(std::int64_t it, const std::string& label, const dos::Ste
                         : on_gpu ? 6.0 * double(total_) * double(compute->tokens()) / iter_s / 1e12
                                  : ct.flops / iter_s / 1e12;
   if (!s.timeline.empty() || !s.bus.empty()) last_tasks_ = s.timeline, last_bus_ = s.bus;
-  const double gps = double(s.params) / s.seconds / 1e9;
-  const double cpu_busy = cpu_workers_ ? s.cpu_busy_seconds / (s.seconds * cpu_workers_) : 0.0;
-  const double gpu_busy = cuda_workers_ ? s.gpu_busy_seconds / (s.seconds * cuda_workers_) : 0.0;
+  // a skipped update (StepStats::skipped) may have taken no time at all: its rates are 0
+  const double per_s = s.seconds > 0 ? 1.0 / s.seconds : 0.0;
+  const double gps = s.skipped ? 0.0 : double(s.params) * per_s / 1e9;
+  const double cpu_busy = cpu_workers_ ? s.cpu_busy_seconds * per_s / cpu_workers_ : 0.0;
+  const double gpu_busy = cuda_workers_ ? s.gpu_busy_seconds * per_s / cuda_workers_ : 0.0;
   char model[160] = "";
   if (s.predicted_seconds > 0)
     std::snprintf(model, sizeof model, "  predicted %.4f s (%s)  lower bound %.4f s", s.predicted_seconds,
@@ -115,11 +118,21 @@ void IterationLog::add(std::int64_t it, const std::string& label, const dos::Ste
     const std::size_t used = std::strlen(comp);
     std::snprintf(comp + used, sizeof comp - used, "  comm %.4f s (%zu ranks)", comm_s, world_);
   }
+  char over[200] = "";
+  if (s.overlapped)
+    std::snprintf(over, sizeof over, "  overlapped: exposed %.4f s, hidden %.0f%% of the parameters (%zu speculated, %zu "
+                  "redone)", s.exposed_seconds, s.params ? 100.0 * double(s.hidden_params) / double(s.params) : 0.0,
+                  s.speculated, s.redone);
+  if (gc.checked) {
+    const std::size_t used = std::strlen(over);
+    std::snprintf(over + used, sizeof over - used, "  grad norm %.4g%s", gc.norm,
+                  s.skipped ? " (not finite: update skipped)" : gc.coef < 1 ? " (clipped)" : "");
+  }
   std::printf("iter %3lld%s  update %8.4f s  %7.3f Gparams/s  subgroups cpu %zu gpu %zu (plan: %zu streamed, %zu "
-              "resident)%s  H2D %.3f GB %.1f GB/s  D2H %.3f GB %.1f GB/s  busy cpu %3.0f%% gpu %3.0f%%%s\n",
+              "resident)%s  H2D %.3f GB %.1f GB/s  D2H %.3f GB %.1f GB/s  busy cpu %3.0f%% gpu %3.0f%%%s%s\n",
               (long long)it, label.c_str(), s.seconds, gps, s.subgroups_cpu, s.subgroups_gpu, s.planned_streamed,
-              s.planned_resident, model, s.bytes_h2d / 1e9, s.bytes_h2d / s.seconds / 1e9, s.bytes_d2h / 1e9,
-              s.bytes_d2h / s.seconds / 1e9, 100 * cpu_busy, 100 * gpu_busy, comp);
+              s.planned_resident, model, s.bytes_h2d / 1e9, s.bytes_h2d * per_s / 1e9, s.bytes_d2h / 1e9,
+              s.bytes_d2h * per_s / 1e9, 100 * cpu_busy, 100 * gpu_busy, comp, over);
   nlohmann::ordered_json row = {{"iteration", it}, {"label", label}, {"update_seconds", s.seconds}, {"gparams_per_s", gps},
                                 {"subgroups_cpu", s.subgroups_cpu}, {"subgroups_gpu", s.subgroups_gpu},
                                 {"planned_streamed", s.planned_streamed}, {"planned_resident", s.planned_resident},
@@ -128,6 +141,16 @@ void IterationLog::add(std::int64_t it, const std::string& label, const dos::Ste
                                 {"bytes_h2d", s.bytes_h2d}, {"bytes_d2h", s.bytes_d2h},
                                 {"cpu_busy_fraction", cpu_busy}, {"gpu_busy_fraction", gpu_busy},
                                 {"starpu_gpu_bytes_end", s.gpu_bytes_end}, {"window_peak_bytes", s.window_peak_bytes}};
+  row["overlapped"] = s.overlapped;
+  row["exposed_seconds"] = s.exposed_seconds;
+  row["speculated"] = s.speculated;
+  row["hidden_params"] = s.hidden_params;
+  row["redone"] = s.redone;
+  row["skipped"] = s.skipped;
+  if (gc.checked) {
+    row["grad_norm"] = std::isfinite(gc.norm) ? nlohmann::ordered_json(gc.norm) : nlohmann::ordered_json(nullptr);
+    row["clip_coef"] = gc.coef;
+  }
   if (dp) {
     row["comm_seconds"] = comm_s;
     row["comm_backend"] = comm_backend_;
@@ -178,11 +201,13 @@ Summary print_summary(const std::vector<dos::StepStats>& steps, const IterationL
               "(iterations %s), %.3f Gparams/s at the median\n",
               n, subgroups, iterations, s.median, s.mean, steps.size() > 1 ? "2.." : "1", double(n) / s.median / 1e9);
   // medians of the compute figures over the same iterations (after the first)
+  const bool overlapped = steps.back().overlapped;
   if (compute)
-    std::printf("summary: iteration median %.4f s (forward %.4f s, backward %.4f s, update %.4f s), %.3g model TFLOPs, "
+    std::printf("summary: iteration median %.4f s (forward %.4f s, backward %.4f s, update %.4f s%s), %.3g model TFLOPs, "
                 "peak %s memory %.3g GB\n",
                 log.median_field("iteration_seconds"), log.median_field("forward_seconds"),
-                log.median_field("backward_seconds"), s.median, log.median_field("model_tflops"),
+                log.median_field("backward_seconds"), overlapped ? log.median_field("exposed_seconds") : s.median,
+                overlapped ? " exposed after backward: the update overlapped it" : "", log.median_field("model_tflops"),
                 on_gpu ? "GPU" : "host (activations)", log.median_field("peak_gpu_bytes") / 1e9);
   return s;
 }
@@ -205,6 +230,7 @@ nlohmann::ordered_json report_json(const RunFacts& f, const dos::Runtime& rt, co
       rep["summary"]["iteration_seconds_median"] = log.median_field("iteration_seconds");
       rep["summary"]["forward_seconds_median"] = log.median_field("forward_seconds");
       rep["summary"]["backward_seconds_median"] = log.median_field("backward_seconds");
+      rep["summary"]["exposed_seconds_median"] = log.median_field("exposed_seconds");
       rep["summary"]["model_tflops_median"] = log.median_field("model_tflops");
       rep["summary"]["peak_gpu_bytes_median"] = log.median_field("peak_gpu_bytes");
       rep["summary"]["tokens_per_iteration"] = compute->tokens();

@@ -40,6 +40,15 @@ void print_resident_plan(const dos::Runtime& rt, const dos::Optimizer& opt, std:
 /// worker; nothing otherwise.
 void print_model_choice(const dos::Runtime& rt, const dos::Optimizer& opt);
 
+/// What the iteration's gradient check found (--max-grad-norm): checked: whether it ran; norm: the
+/// global L2 norm of the gradients before clipping (inf or NaN: the update was skipped); coef: the
+/// clipping coefficient applied (1: none).
+struct GradientCheck {
+  bool checked = false;
+  double norm = 0;
+  float coef = 1;
+};
+
 /// One line per iteration on stdout and one row per iteration for the report.
 class IterationLog {
  public:
@@ -53,9 +62,11 @@ class IterationLog {
   /// Prints iteration `it`'s line (`label` after its number: " [0.5]" in a sweep) and keeps its row
   /// and, when the step recorded one, its timeline. ct: forward and backward (zero without
   /// --emulate-compute); iteration_seconds: the whole iteration, wall; comm_seconds: in the
-  /// data-parallel collectives. Flushes stdout.
+  /// data-parallel collectives; gc: the gradient check. An overlapped update (StepStats::overlapped)
+  /// also shows the part of it exposed after backward, the share of the parameters whose update
+  /// was hidden, and the speculative updates made and redone. Flushes stdout.
   void add(std::int64_t it, const std::string& label, const dos::StepStats& s, const ComputeTimes& ct,
-           double iteration_seconds, double comm_seconds);
+           double iteration_seconds, double comm_seconds, const GradientCheck& gc = {});
 
   /// Every iteration's row, in order (the report's "iterations").
   const nlohmann::ordered_json& rows() const { return rows_; }

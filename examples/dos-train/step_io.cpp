@@ -2,9 +2,13 @@
 #include "step_io.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <limits>
+#include <stdexcept>
 
 #include "emulate.h"
+#include "grad_norm.h"
 #include "parallel/parallel.h"
 
 namespace dos_train {
@@ -43,7 +47,66 @@ StepIO::DeviceBuffer::~DeviceBuffer() {
 #endif
 }
 
+namespace {
+/// The NaN of the test aid (step_io.h, Setup::nan_at) written into element 0 of `grads`.
+void poison_first(void* grads, dos::DType t, bool on_gpu) {
+  const std::size_t esz = dos::dtype_size(t);
+  char nan_elem[4];
+  dos::store_from_f32(nan_elem, t, 0, std::numeric_limits<float>::quiet_NaN());
+#if defined(DOS_HAVE_CUDA)
+  if (on_gpu) {
+    cuda_copy_to_device(grads, nan_elem, esz);
+    return;
+  }
+#endif
+  (void)on_gpu;
+  std::memcpy(grads, nan_elem, esz);
+}
+}  // namespace
+
 double StepIO::produce_gradients(std::uint64_t it) {
+  const double comm_s = produce_all(it);
+  if (s_.nan_at != 0 && it == s_.nan_at && n_ > 0) poison_first(s_.grads, s_.dtype, s_.on_gpu);
+  return comm_s;
+}
+
+void StepIO::produce_gradient_range(std::uint64_t it, std::size_t begin, std::size_t end) {
+  if (!by_range()) throw std::logic_error("gradients by range need one process and one gradient part");
+  if (begin > end || end > n_) throw std::out_of_range("gradient range beyond the shard");
+  const dos::ShardRange mine = ranges_[s_.rank];
+  void* dst = static_cast<char*>(s_.grads) + begin * esz_;
+#if defined(DOS_HAVE_CUDA)
+  if (s_.on_gpu) fill_grads_cuda(dst, s_.dtype, end - begin, s_.seed, it, mine.begin + begin);
+#endif
+  if (!s_.on_gpu) fill_grads_host(dst, s_.dtype, end - begin, s_.seed, it, mine.begin + begin);
+  if (s_.nan_at != 0 && it == s_.nan_at && begin == 0 && end > 0) poison_first(s_.grads, s_.dtype, s_.on_gpu);
+}
+
+double StepIO::gradient_sumsq() {
+  double mine = 0;
+#if defined(DOS_HAVE_CUDA)
+  if (s_.on_gpu) mine = grad_sumsq_cuda(s_.grads, s_.dtype, n_);
+#endif
+  if (!s_.on_gpu) mine = grad_sumsq_host(s_.grads, s_.dtype, n_);
+  if (!s_.comm) return mine;
+  std::vector<double> all(s_.world);
+  dos::gather_from_each(*s_.comm, &mine, all.data(), sizeof(double));
+  double total = 0;
+  for (double x : all) total += x;  // rank order on every rank: the same bits everywhere
+  return total;
+}
+
+void StepIO::scale_gradients(float coef) {
+#if defined(DOS_HAVE_CUDA)
+  if (s_.on_gpu) {
+    scale_grads_cuda(s_.grads, s_.dtype, n_, coef);
+    return;
+  }
+#endif
+  scale_grads_host(s_.grads, s_.dtype, n_, coef);
+}
+
+double StepIO::produce_all(std::uint64_t it) {
   const dos::ShardRange mine = ranges_[s_.rank];
   if (s_.device) {
 #if defined(DOS_HAVE_CUDA)

@@ -31,6 +31,8 @@ class StepIO {
     std::uint64_t seed = 0;             ///< --seed of the emulated gradients
     /// The emulated gradient is the sum of `parts` parts; this rank adds [parts_begin, parts_end).
     std::size_t parts = 1, parts_begin = 0, parts_end = 1;
+    /// Test aid: at this iteration (>= 1) the shard's first gradient element is a NaN; 0: never.
+    std::uint64_t nan_at = 0;
   };
   /// Allocates the buckets the collectives need (at most one shard each, host memory; with
   /// `device`, 64 Mi-element chunks of GPU memory instead: 640 MiB for bf16, whatever the model).
@@ -46,6 +48,26 @@ class StepIO {
   /// std::runtime_error when CUDA or a collective fails.
   double produce_gradients(std::uint64_t iteration);
 
+  /// Whether gradients can be produced range by range (produce_gradient_range): one process, the
+  /// gradient in one part (no sum over data-parallel parts to reduce first).
+  bool by_range() const { return !s_.comm && s_.parts == 1; }
+
+  /// produce_gradients for this shard's elements [begin, end) only (shard-local indices; the same
+  /// values as produce_gradients writes there), what a layer's backward writes. Needs by_range().
+  /// Throws std::logic_error without it, std::out_of_range for a range beyond the shard, and
+  /// std::runtime_error when CUDA fails.
+  void produce_gradient_range(std::uint64_t iteration, std::size_t begin, std::size_t end);
+
+  /// The squared L2 norm of the gradients of every rank (grad_norm.h's order: the same bits
+  /// whatever the thread count and on the host and GPU; under MPI this rank's sum gathered from
+  /// every rank and the sums added in rank order, collective). inf or NaN when a gradient is.
+  /// Throws std::runtime_error when CUDA or a collective fails.
+  double gradient_sumsq();
+
+  /// Multiplies this shard's gradients by coef in place (fp32 product rounded to the dtype), as
+  /// torch.nn.utils.clip_grad_norm_ does. Throws std::runtime_error when CUDA fails.
+  void scale_gradients(float coef);
+
   /// After the update: the updated parameters of each shard from its owner to every rank (the
   /// all-gather forward needs next; forward being emulated, each shard goes through one bucket and
   /// is not kept). Collective under MPI. Returns the seconds spent in collectives (0 for one
@@ -53,6 +75,8 @@ class StepIO {
   double broadcast_parameters();
 
  private:
+  /// produce_gradients without the test aid's NaN.
+  double produce_all(std::uint64_t iteration);
   Setup s_;
   std::size_t n_ = 0, esz_ = 0, chunk_ = 0;
   std::vector<dos::ShardRange> ranges_;

@@ -322,7 +322,9 @@ class Optimizer {
   /// updates (the shadow becomes the state, the parameters are written), changed redoes them from
   /// the state before the step, skip drops them; then the rest of the phase runs as step() does.
   /// The parameters and state after finish_step are the same bits as step() after the same
-  /// gradients (skip: as if no step ran), whatever was speculated.
+  /// gradients (skip: as if no step ran), whatever was speculated. After a step that ended with
+  /// StepVerdict::changed, the next step speculates nothing (its updates would most likely be
+  /// redone as well: clipping tends to stay active); the one after tries again.
   /// The caller must not change gradients declared final before finish_step (except as
   /// StepVerdict::changed says), nor read or write the parameters between begin_step and the end
   /// of finish_step. Throws Error: begin_step when a step is already open or a previous step

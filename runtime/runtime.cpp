@@ -647,6 +647,10 @@ struct Optimizer::Impl {
   std::vector<unsigned> cuda_nodes;  // memory node of each CUDA worker, in worker-id order
   std::unique_ptr<OpenStep> open;    // the update phase between begin_step and finish_step
   std::size_t shadow_used = 0, shadow_limit = 0;  // host bytes of shadow state, and their budget
+  // The previous overlapped step's gradients changed after their declaration (clipping was active):
+  // this step speculates nothing, since its speculative updates would most likely be redone too
+  // (clipping tends to stay active from one step to the next); the next step tries again.
+  bool last_changed = false;
 
   // The update phase (defined below, with OpenStep).
   void begin(bool overlapped);
@@ -1004,7 +1008,8 @@ void Optimizer::Impl::write_back(OpenStep& ph, Subgroup* sg, enum starpu_data_ac
 }
 
 bool Optimizer::Impl::speculable(std::size_t i) const {
-  return opt.speculation_budget != 0 && rt->cpu_workers() > 0 && (plan.empty() || plan[i] == PlanSide::cpu);
+  return opt.speculation_budget != 0 && !last_changed && rt->cpu_workers() > 0 &&
+         (plan.empty() || plan[i] == PlanSide::cpu);
 }
 
 bool Optimizer::Impl::ensure_shadow(Subgroup* sg) {
@@ -1366,6 +1371,7 @@ StepStats Optimizer::Impl::finish(StepVerdict verdict) {
   // timeline's sampler also reads), so it runs with a timeline as without; not after a phase that
   // overlapped the caller's backward (its busy times include what the caller's work slowed down)
   // or was skipped.
+  if (st.overlapped) last_changed = verdict == StepVerdict::changed;
   if (!st.skipped && st.speculated == 0) refine(st, ph.sim);
   StepStats out = std::move(st);
   open.reset();

@@ -407,6 +407,7 @@ class DeepOptimizerStates(torch.optim.Optimizer):
         return True
 
     def _remove_hooks(self):
+        """Removes the hooks _install_hooks registered (idempotent)."""
         for h in self._hook_handles:
             h.remove()
         self._hook_handles = []
@@ -482,6 +483,8 @@ class DeepOptimizerStates(torch.optim.Optimizer):
         b.pending = left
 
     def _gradients_final(self, b, j):
+        """Tells the runtime that the gradient of parameter ``j`` of ``b`` is final (its flat range).
+        Raises as :meth:`_runtime_call`."""
         L = _capi.lib()
         off = b.offsets[j]
         self._runtime_call(L.dos_optimizer_gradients_final(b.handle, off, off + b.numels[j]),
@@ -639,6 +642,7 @@ class DeepOptimizerStates(torch.optim.Optimizer):
         return loss
 
     def _step(self, grad_scale):
+        """The body of :meth:`step` after the closure (see there); raises as it does."""
         t0 = time.perf_counter()
         if grad_scale is not None:
             grad_scale = float(grad_scale)

@@ -21,6 +21,12 @@ files): cut into windows of ``--seq-len`` bytes, which the Trainer's sampler shu
 
 ``--log-json FILE`` writes the loss of every micro-batch (``micro_losses``, the value the Trainer
 back-propagates) and of every logged step, the checkpoint folders and a summary.
+
+``--overlap`` (with ``--optimizer dos``) overlaps the update with backward
+(``DeepOptimizerStates(overlap=True)``, the same bits) and moves the clipping from the Trainer into
+the optimizer (the same formula): the Trainer's ``clip_grad_norm_`` writes every gradient in place
+even when it does not clip, which would make every speculative update be redone. The summary then
+counts the steps whose speculative updates were kept and redone.
 """
 
 import argparse
@@ -84,16 +90,20 @@ def make_model(kind, n_layer, hidden, heads, seq_len):
     raise ValueError(f"unknown model {kind!r}: llama or gpt2")
 
 
-def make_optimizer(args, model):
+def make_optimizer(args, model, clip_in_optimizer=False):
     """The optimizer ``args.optimizer`` names over ``param_groups_no_decay(model, args.weight_decay)``:
-    ``DeepOptimizerStates`` (AdamW, policy ``args.policy``) or ``torch.optim.AdamW``. Clipping is
-    left to the Trainer (``max_grad_norm``)."""
+    ``DeepOptimizerStates`` (AdamW, policy ``args.policy``, the update overlapped with backward when
+    ``args.overlap``) or ``torch.optim.AdamW``. Clipping is left to the framework (``max_grad_norm``)
+    unless ``clip_in_optimizer``: then ``DeepOptimizerStates`` clips to ``args.max_grad_norm`` itself
+    (the same formula), and the caller turns the framework's clipping off."""
     from deep_optimizer_states import DeepOptimizerStates, param_groups_no_decay
     groups = param_groups_no_decay(model, args.weight_decay)
     kw = dict(lr=args.lr, betas=(args.beta1, args.beta2), eps=args.eps)
     if args.optimizer == "dos":
-        return DeepOptimizerStates(groups, decoupled=True, policy=args.policy,
-                                   subgroup_size=int(float(args.subgroup_size)), **kw)
+        clip = args.max_grad_norm if clip_in_optimizer and args.max_grad_norm > 0 else None
+        return DeepOptimizerStates(groups, decoupled=True, policy=args.policy, max_grad_norm=clip,
+                                   subgroup_size=int(float(args.subgroup_size)),
+                                   overlap=bool(getattr(args, "overlap", False)), **kw)
     return torch.optim.AdamW(groups, **kw)
 
 
@@ -118,6 +128,8 @@ def add_common_args(ap):
     ap.add_argument("--weight-decay", type=float, default=0.1, help="for all but norms and biases")
     ap.add_argument("--max-grad-norm", type=float, default=1.0, help="the framework's clipping (0: none)")
     ap.add_argument("--subgroup-size", default="1e8", help="elements per subgroup (dos)")
+    ap.add_argument("--overlap", action="store_true",
+                    help="dos: overlap the update with backward (DeepOptimizerStates(overlap=True); the same bits)")
     ap.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     ap.add_argument("--corpus", action="append", help="text file or folder (repeatable); default: the Python "
                     "standard library's .py files")
@@ -193,10 +205,13 @@ def main(argv=None):
             return out
 
     use_cpu = args.device == "cpu" or (args.device == "auto" and not torch.cuda.is_available())
+    # With --overlap the optimizer clips: the Trainer's clip_grad_norm_ writes every gradient in place
+    # even on steps where it does not clip, which makes every speculative update be redone.
+    clip_in_optimizer = args.overlap and args.optimizer == "dos"
     targs = TrainingArguments(
         output_dir=args.output_dir, max_steps=args.steps, per_device_train_batch_size=args.batch_size,
         gradient_accumulation_steps=args.grad_accum, learning_rate=args.lr, weight_decay=args.weight_decay,
-        max_grad_norm=args.max_grad_norm, bf16=args.bf16, use_cpu=use_cpu, seed=args.seed, data_seed=args.seed,
+        max_grad_norm=0.0 if clip_in_optimizer else args.max_grad_norm, bf16=args.bf16, use_cpu=use_cpu, seed=args.seed, data_seed=args.seed,
         logging_steps=1, save_strategy="steps" if args.save_steps else "no", save_steps=args.save_steps or 500,
         report_to="none", dataloader_num_workers=0, disable_tqdm=True)
     transformers.set_seed(args.seed)
@@ -205,7 +220,7 @@ def main(argv=None):
     model = make_model(args.model, args.n_layer, args.hidden, args.heads, args.seq_len)
     # the optimizer reads the parameters where they are when it is made: move the model first
     model.to(targs.device)
-    opt = make_optimizer(args, model)
+    opt = make_optimizer(args, model, clip_in_optimizer=clip_in_optimizer)
     sched = transformers.get_scheduler(args.schedule, optimizer=opt, num_warmup_steps=args.warmup,
                                        num_training_steps=args.steps)
     nparams = sum(p.numel() for p in model.parameters())
@@ -216,6 +231,13 @@ def main(argv=None):
           f"torch {torch.__version__}", flush=True)
     trainer = RecordingTrainer(model=model, args=targs, train_dataset=dataset, optimizers=(opt, sched))
     trainer.micro_losses = []
+    verdicts = {}
+    if args.overlap and args.optimizer == "dos":  # what the overlap did, step by step
+        def count_verdicts(o, *a, **kw):
+            for v in (o.last_step or {}).get("verdicts", []):
+                verdicts[str(v)] = verdicts.get(str(v), 0) + 1
+        if hasattr(opt, "register_step_post_hook"):  # torch >= 2.0
+            opt.register_step_post_hook(count_verdicts)
     resume = None
     if args.resume:
         resume = True if args.resume == "last" else args.resume
@@ -227,7 +249,8 @@ def main(argv=None):
                    model=type(model).__name__, params=nparams, steps=trainer.state.global_step,
                    micro_batches=len(trainer.micro_losses), bf16=args.bf16, device=str(targs.device),
                    resumed_from=args.resume, checkpoints=ckpts,
-                   skipped_steps=getattr(opt, "skipped_steps", 0), transformers=transformers.__version__,
+                   skipped_steps=getattr(opt, "skipped_steps", 0), overlap=bool(getattr(opt, "overlap", False)),
+                   overlap_verdicts=verdicts, transformers=transformers.__version__,
                    torch=torch.__version__)
     result = dict(summary=summary, micro_losses=trainer.micro_losses, step_losses=step_losses,
                   final_params_sha256=params_digest(model))

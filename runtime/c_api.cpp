@@ -27,8 +27,12 @@
 struct dos_runtime {
   std::unique_ptr<dos::Runtime> rt;
 };
+struct Active;
 struct dos_optimizer {
+  // Declared first, destroyed last: StarPU's workers stay awake while `opt` is torn down.
+  std::unique_ptr<Active> open_phase;  // the workers held running while an overlapped phase is open
   std::unique_ptr<dos::Optimizer> opt;
+  ~dos_optimizer();
 };
 
 namespace {
@@ -41,8 +45,12 @@ std::mutex g_mu;
 int g_runtimes = 0, g_optimizers = 0, g_active = 0;
 bool g_paused = false;
 
+}  // namespace
+
 /// Workers running for the lifetime of this object (nestable, thread-safe); paused again when the
-/// last one ends and StarPU is still up.
+/// last one ends and StarPU is still up. An open overlapped phase holds one from
+/// dos_optimizer_begin_step to dos_optimizer_finish_step: its speculative updates run on the CPU
+/// workers while the caller computes.
 struct Active {
   Active() {
     std::lock_guard<std::mutex> l(g_mu);
@@ -62,6 +70,19 @@ struct Active {
   Active(const Active&) = delete;
   Active& operator=(const Active&) = delete;
 };
+
+dos_optimizer::~dos_optimizer() {
+  // an open phase is dropped (as DOS_VERDICT_SKIP) before the optimizer goes: nothing of it is kept
+  if (opt && opt->step_open()) {
+    try {
+      opt->finish_step(dos::StepVerdict::skip);
+    } catch (...) {
+    }
+  }
+  opt.reset();
+}
+
+namespace {
 
 void count(int* counter, int delta) {
   std::lock_guard<std::mutex> l(g_mu);
@@ -115,6 +136,38 @@ dos::AdamHyper make_hyper(double lr, double beta1, double beta2, double eps, dou
   h.weight_decay = weight_decay;
   h.decoupled = decoupled != 0;
   return h;
+}
+
+void copy_stats(const dos::StepStats& s, dos_step_stats* stats) {
+  if (!stats) return;
+  stats->seconds = s.seconds;
+  stats->params = s.params;
+  stats->subgroups_cpu = s.subgroups_cpu;
+  stats->subgroups_gpu = s.subgroups_gpu;
+  stats->bytes_h2d = s.bytes_h2d;
+  stats->bytes_d2h = s.bytes_d2h;
+  stats->step = s.step;
+  stats->cpu_busy_seconds = s.cpu_busy_seconds;
+  stats->gpu_busy_seconds = s.gpu_busy_seconds;
+  stats->planned_streamed = s.planned_streamed;
+  stats->planned_resident = s.planned_resident;
+  stats->predicted_seconds = s.predicted_seconds;
+  stats->lower_bound_seconds = s.lower_bound_seconds;
+  stats->exposed_seconds = s.exposed_seconds;
+  stats->speculated = s.speculated;
+  stats->hidden_params = s.hidden_params;
+  stats->redone = s.redone;
+  stats->overlapped = s.overlapped ? 1 : 0;
+  stats->skipped = s.skipped ? 1 : 0;
+}
+
+/// DOS_E_INVALID naming `fn` when a phase of `opt` is open (the calls that read or replace the
+/// state, the hyper-parameters or run a plain step), else DOS_OK.
+int refuse_if_open(const dos_optimizer* opt, const char* fn) {
+  if (opt && opt->opt && opt->opt->step_open())
+    return fail(DOS_E_INVALID, std::string(fn) + ": an update phase is open (dos_optimizer_begin_step without "
+                                                 "dos_optimizer_finish_step): finish it first");
+  return DOS_OK;
 }
 
 /// A double as "%.17g" prints it (every digit: 1 - 1e-17 is not shown as 1).
@@ -192,6 +245,10 @@ std::string check_options(const dos_optimizer_options& c, dos::OptimizerOptions&
   o.rates = dos::Rates{c.rates.U_c, c.rates.U_c_dma, c.rates.U_g, c.rates.D_c, c.rates.B_h2d, c.rates.B_d2h};
   if (!(e = boolean("recalibrate", c.recalibrate, o.recalibrate)).empty()) return e;
   if (!(e = boolean("verbose", c.verbose, o.verbose)).empty()) return e;
+  if (c.speculation_budget < -1)
+    return field("speculation_budget", ">= -1 (bytes; -1: half of the available host memory; 0: no speculation)",
+                 std::to_string(c.speculation_budget));
+  o.speculation_budget = c.speculation_budget;
   return std::string();
 }
 
@@ -269,6 +326,7 @@ int dos_optimizer_options_init(dos_optimizer_options* options) {
   options->rates = dos_rates{d.rates.U_c, d.rates.U_c_dma, d.rates.U_g, d.rates.D_c, d.rates.B_h2d, d.rates.B_d2h};
   options->recalibrate = d.recalibrate ? 1 : 0;
   options->verbose = d.verbose ? 1 : 0;
+  options->speculation_budget = d.speculation_budget;
   return DOS_OK;
 }
 
@@ -301,33 +359,69 @@ void dos_optimizer_destroy(dos_optimizer* opt) { destroy_handle(opt, &g_optimize
 int dos_optimizer_set_hyper(dos_optimizer* opt, double lr, double beta1, double beta2, double eps,
                             double weight_decay, int decoupled) {
   if (!opt) return fail(DOS_E_INVALID, "dos_optimizer_set_hyper: optimizer is NULL");
+  if (refuse_if_open(opt, "dos_optimizer_set_hyper") != DOS_OK) return DOS_E_INVALID;
   return guarded([&] { opt->opt->set_hyper(make_hyper(lr, beta1, beta2, eps, weight_decay, decoupled)); });
 }
 
 int dos_optimizer_step(dos_optimizer* opt, dos_step_stats* stats) {
   if (!opt) return fail(DOS_E_INVALID, "dos_optimizer_step: optimizer is NULL");
+  if (refuse_if_open(opt, "dos_optimizer_step") != DOS_OK) return DOS_E_INVALID;
   Active active;
-  return guarded(
-      [&] {
-        const dos::StepStats s = opt->opt->step();
-        if (stats) {
-          stats->seconds = s.seconds;
-          stats->params = s.params;
-          stats->subgroups_cpu = s.subgroups_cpu;
-          stats->subgroups_gpu = s.subgroups_gpu;
-          stats->bytes_h2d = s.bytes_h2d;
-          stats->bytes_d2h = s.bytes_d2h;
-          stats->step = s.step;
-          stats->cpu_busy_seconds = s.cpu_busy_seconds;
-          stats->gpu_busy_seconds = s.gpu_busy_seconds;
-          stats->planned_streamed = s.planned_streamed;
-          stats->planned_resident = s.planned_resident;
-          stats->predicted_seconds = s.predicted_seconds;
-          stats->lower_bound_seconds = s.lower_bound_seconds;
-        }
-      },
-      false);
+  return guarded([&] { copy_stats(opt->opt->step(), stats); }, false);
 }
+
+int dos_optimizer_begin_step(dos_optimizer* opt) {
+  if (!opt) return fail(DOS_E_INVALID, "dos_optimizer_begin_step: optimizer is NULL");
+  if (refuse_if_open(opt, "dos_optimizer_begin_step") != DOS_OK) return DOS_E_INVALID;
+  auto active = std::make_unique<Active>();
+  const int rc = guarded([&] { opt->opt->begin_step(); }, false);
+  if (rc == DOS_OK) opt->open_phase = std::move(active);  // the workers run until finish_step
+  return rc;
+}
+
+int dos_optimizer_gradients_final(dos_optimizer* opt, size_t begin, size_t end) {
+  if (!opt) return fail(DOS_E_INVALID, "dos_optimizer_gradients_final: optimizer is NULL");
+  if (!opt->opt->step_open())
+    return fail(DOS_E_INVALID, "dos_optimizer_gradients_final: no update phase is open (call "
+                               "dos_optimizer_begin_step first)");
+  const size_t n = opt->opt->num_params();
+  if (begin > end || end > n)
+    return fail(DOS_E_INVALID, "dos_optimizer_gradients_final: the range [" + std::to_string(begin) + ", " +
+                                   std::to_string(end) + ") is not inside the optimizer's " + std::to_string(n) +
+                                   " parameters (begin <= end <= num_params)");
+  try {
+    opt->opt->gradients_final(begin, end);
+    return DOS_OK;
+  } catch (const std::exception& e) {
+    // an element declared twice leaves the phase open (bad input); a failed submission closes it
+    // and marks the optimizer broken
+    const bool still_open = opt->opt->step_open();
+    if (!still_open) opt->open_phase.reset();
+    return fail(still_open ? DOS_E_INVALID : DOS_E_RUNTIME, std::string("dos_optimizer_gradients_final: ") + e.what());
+  } catch (...) {
+    if (!opt->opt->step_open()) opt->open_phase.reset();
+    return fail(DOS_E_RUNTIME, "dos_optimizer_gradients_final: unknown C++ exception");
+  }
+}
+
+int dos_optimizer_finish_step(dos_optimizer* opt, int verdict, dos_step_stats* stats) {
+  if (!opt) return fail(DOS_E_INVALID, "dos_optimizer_finish_step: optimizer is NULL");
+  if (!opt->opt->step_open())
+    return fail(DOS_E_INVALID, "dos_optimizer_finish_step: no update phase is open (call dos_optimizer_begin_step "
+                               "first)");
+  if (verdict != DOS_VERDICT_KEEP && verdict != DOS_VERDICT_CHANGED && verdict != DOS_VERDICT_SKIP)
+    return fail(DOS_E_INVALID, "dos_optimizer_finish_step: verdict must be DOS_VERDICT_KEEP (0), DOS_VERDICT_CHANGED "
+                               "(1) or DOS_VERDICT_SKIP (2), got " + std::to_string(verdict));
+  const dos::StepVerdict v = verdict == DOS_VERDICT_KEEP      ? dos::StepVerdict::keep
+                             : verdict == DOS_VERDICT_CHANGED ? dos::StepVerdict::changed
+                                                              : dos::StepVerdict::skip;
+  Active active;  // held past the release of the phase's own, until the end of this call
+  const int rc = guarded([&] { copy_stats(opt->opt->finish_step(v), stats); }, false);
+  opt->open_phase.reset();  // closed either way: done, or failed (the optimizer is then broken)
+  return rc;
+}
+
+int dos_optimizer_step_open(const dos_optimizer* opt) { return opt && opt->opt->step_open() ? 1 : 0; }
 
 size_t dos_optimizer_num_params(const dos_optimizer* opt) { return opt ? opt->opt->num_params() : 0; }
 size_t dos_optimizer_num_subgroups(const dos_optimizer* opt) { return opt ? opt->opt->num_subgroups() : 0; }
@@ -341,6 +435,7 @@ int dos_optimizer_subgroup_sizes(const dos_optimizer* opt, size_t* out) {
 
 int dos_optimizer_step_counts(const dos_optimizer* opt, int64_t* out) {
   if (!opt || !out) return fail(DOS_E_INVALID, "dos_optimizer_step_counts: NULL argument");
+  if (refuse_if_open(opt, "dos_optimizer_step_counts") != DOS_OK) return DOS_E_INVALID;
   return guarded([&] {
     const std::vector<std::int64_t> s = opt->opt->step_counts();
     for (size_t i = 0; i < s.size(); ++i) out[i] = s[i];
@@ -351,6 +446,7 @@ int dos_optimizer_read_state(const dos_optimizer* opt, int which, float* out) {
   if (!opt || !out) return fail(DOS_E_INVALID, "dos_optimizer_read_state: NULL argument");
   if (which < 0 || which > 2)
     return fail(DOS_E_INVALID, "dos_optimizer_read_state: which must be 0 (master), 1 (exp_avg) or 2 (exp_avg_sq)");
+  if (refuse_if_open(opt, "dos_optimizer_read_state") != DOS_OK) return DOS_E_INVALID;
   Active active;
   return guarded(
       [&] {
@@ -365,6 +461,7 @@ int dos_optimizer_load_state(dos_optimizer* opt, const float* master, const floa
                              const float* exp_avg_sq, const int64_t* steps, size_t nsteps) {
   if (!opt || !master || !exp_avg || !exp_avg_sq || (nsteps > 0 && !steps))
     return fail(DOS_E_INVALID, "dos_optimizer_load_state: NULL argument");
+  if (refuse_if_open(opt, "dos_optimizer_load_state") != DOS_OK) return DOS_E_INVALID;
   Active active;
   return guarded([&] {
     opt->opt->load_state(master, exp_avg, exp_avg_sq, std::vector<std::int64_t>(steps, steps + nsteps));

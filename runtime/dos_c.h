@@ -18,8 +18,9 @@
  *    dos_optimizer_options_init, then changed field by field), which carries its own size and
  *    version so that a struct of another layout is refused, not misread.
  *  - Pointers to the caller's parameters and gradients must stay valid, and their contents must
- *    not be touched by anyone else, while dos_optimizer_step or dos_optimizer_load_state runs;
- *    gradients on the GPU must be complete (the caller synchronises its streams) before a step.
+ *    not be touched by anyone else, while dos_optimizer_step or dos_optimizer_load_state runs (for
+ *    an overlapped phase, see dos_optimizer_begin_step); gradients on the GPU must be complete (the
+ *    caller synchronises its streams) before a step.
  */
 #ifndef DOS_C_H
 #define DOS_C_H
@@ -31,8 +32,10 @@
 extern "C" {
 #endif
 
-/* 2: dos_optimizer_create takes a struct dos_optimizer_options (1: positional arguments). */
-#define DOS_C_ABI_VERSION 2
+/* 3: the overlapped update (dos_optimizer_begin_step, _gradients_final, _finish_step), its fields
+ * in dos_step_stats, options.speculation_budget (options version 2).
+ * 2: dos_optimizer_create takes a struct dos_optimizer_options (1: positional arguments). */
+#define DOS_C_ABI_VERSION 3
 
 #define DOS_OK 0
 #define DOS_E_INVALID (-1)
@@ -56,6 +59,17 @@ typedef struct dos_step_stats {
   uint64_t planned_resident;   /* subgroups the plan kept resident on the GPU */
   double predicted_seconds;    /* the model's prediction (dos, static:R), else 0 */
   double lower_bound_seconds;  /* the model's lower bound (dos, static:R), else 0 */
+  /* The overlapped update (dos_optimizer_begin_step ... dos_optimizer_finish_step); zero after a
+   * plain dos_optimizer_step, except exposed_seconds (about `seconds` then). */
+  double exposed_seconds;      /* wall time of finish_step (of the plain step): what the caller waited
+                                * for after its gradients were all final; `seconds` then counts from
+                                * begin_step */
+  uint64_t speculated;         /* subgroups updated speculatively (from gradients declared final) */
+  uint64_t hidden_params;      /* of their elements, those whose speculative update had ended when
+                                * finish_step was called (the update hidden behind the caller's work) */
+  uint64_t redone;             /* speculative updates redone (DOS_VERDICT_CHANGED) */
+  int32_t overlapped;          /* 1: the phase was opened by dos_optimizer_begin_step */
+  int32_t skipped;             /* 1: DOS_VERDICT_SKIP, nothing was updated (subgroups_cpu/gpu are 0) */
 } dos_step_stats;
 
 /* DOS_C_ABI_VERSION of the library (a binding checks it against its own). */
@@ -92,7 +106,7 @@ int dos_runtime_workers(const dos_runtime* rt, unsigned* cpu_workers, unsigned* 
 /* The layout version of struct dos_optimizer_options that this header describes. A field added
  * later comes with a new version and a new size; dos_optimizer_create refuses a struct whose
  * `version` or `size` this library does not know. */
-#define DOS_OPTIMIZER_OPTIONS_VERSION 1
+#define DOS_OPTIMIZER_OPTIONS_VERSION 2 /* 2: speculation_budget (1: without it) */
 
 /* The resource model's rates of this machine (dos::Rates), for the policies that plan with a model
  * (dos, static:R, greedy). All zero (the default): measured at the optimizer's creation and cached
@@ -169,6 +183,14 @@ typedef struct dos_optimizer_options {
 
   /* 1: print the dos policy's calibration and the budgets' effect on stderr [1]. */
   int verbose;
+
+  /* Host bytes for the shadow state of speculative updates (dos_optimizer_gradients_final): 12 per
+   * parameter of a subgroup updated speculatively, allocated and pinned at its first speculative
+   * update and kept until the optimizer is destroyed. -1: half of the host memory available
+   * (MemAvailable) when the first speculative update comes; 0: no speculative update (the whole
+   * update then runs in dos_optimizer_finish_step); a subgroup beyond the budget waits for
+   * finish_step; >= -1 [-1]. */
+  int64_t speculation_budget;
 } dos_optimizer_options;
 
 /* sizeof(struct dos_optimizer_options) in the library (a binding checks its own layout against it). */
@@ -196,8 +218,58 @@ void dos_optimizer_destroy(dos_optimizer* opt);
 int dos_optimizer_set_hyper(dos_optimizer* opt, double lr, double beta1, double beta2, double eps,
                             double weight_decay, int decoupled);
 /* One update phase (synchronous): every subgroup's step count += 1, new parameters written into the
- * caller's buffers. stats may be NULL. After a failure the optimizer refuses further steps. */
+ * caller's buffers. stats may be NULL. DOS_E_INVALID while a phase is open (begin_step); after a
+ * failure (DOS_E_RUNTIME) the optimizer refuses further steps. */
 int dos_optimizer_step(dos_optimizer* opt, dos_step_stats* stats);
+
+/* The update overlapped with the caller's backward (dos::Optimizer::begin_step, gradients_final,
+ * finish_step): the same bits as dos_optimizer_step after the same gradients, whatever was
+ * speculated.
+ *
+ *   dos_optimizer_begin_step(opt);                    opens an update phase (its plan is made now)
+ *   ... backward writes gradients ...
+ *   dos_optimizer_gradients_final(opt, begin, end);   flat elements [begin, end) will not change
+ *   ... more of backward, more declarations ...
+ *   dos_optimizer_finish_step(opt, verdict, &stats);  every gradient is final: commit
+ *
+ * Elements are numbered in the flat order of the tensors given at creation (tensor 0's first, ...,
+ * num_params() in all). A subgroup whose elements are all declared final and that the plan puts on
+ * the CPU (every subgroup under a StarPU policy) is updated at once on CPU workers, speculatively:
+ * the new state goes to a shadow copy (options.speculation_budget); the state and the caller's
+ * parameters stay as they were until finish_step. The verdict says what the caller did after its
+ * declarations: DOS_VERDICT_KEEP, the declared gradients are unchanged (the speculative updates
+ * are kept); DOS_VERDICT_CHANGED, gradients were changed in place after being declared final
+ * (clipping, loss-scale unscaling: every speculative update is redone from the state before the
+ * step, with the gradients as they are now); DOS_VERDICT_SKIP, no update this step (a non-finite
+ * gradient: the speculative results are dropped, step counts and parameters stay as before). Then
+ * the rest of the phase runs as dos_optimizer_step does.
+ *
+ * While a phase is open, StarPU's workers run (they are paused between calls otherwise), the
+ * caller must not change gradients declared final except as its verdict says, must not write the
+ * parameters (the runtime writes them during finish_step only), and may not call
+ * dos_optimizer_step, _set_hyper, _read_state, _step_counts or _load_state (DOS_E_INVALID).
+ * Gradients in CUDA memory must be complete (the caller synchronises the stream that wrote them)
+ * before they are declared final. Destroying an optimizer with an open phase drops it as
+ * DOS_VERDICT_SKIP would. */
+#define DOS_VERDICT_KEEP 0
+#define DOS_VERDICT_CHANGED 1
+#define DOS_VERDICT_SKIP 2
+/* Opens an update phase. DOS_E_INVALID when opt is NULL or a phase is already open; DOS_E_RUNTIME
+ * when a previous step failed or the plan cannot be made (nothing is then open). */
+int dos_optimizer_begin_step(dos_optimizer* opt);
+/* Declares the gradients of flat elements [begin, end) final for the open phase (begin == end:
+ * nothing). DOS_E_INVALID, changing nothing, when no phase is open, begin > end, end >
+ * num_params(), or an element of the range was declared before in this phase (each element once
+ * per phase); DOS_E_RUNTIME when a speculative update could not be submitted (the phase is then
+ * closed and the optimizer refuses further steps). */
+int dos_optimizer_gradients_final(dos_optimizer* opt, size_t begin, size_t end);
+/* Closes the open phase with `verdict` (DOS_VERDICT_*) and runs the rest of the update; stats (may
+ * be NULL) receives what the phase did. DOS_E_INVALID when no phase is open or verdict is not one
+ * of the three (the phase stays open); DOS_E_RUNTIME when the update fails (the optimizer then
+ * refuses further steps). */
+int dos_optimizer_finish_step(dos_optimizer* opt, int verdict, dos_step_stats* stats);
+/* 1 while a phase is open (begin_step without finish_step), 0 otherwise or when opt is NULL. */
+int dos_optimizer_step_open(const dos_optimizer* opt);
 
 size_t dos_optimizer_num_params(const dos_optimizer* opt);
 size_t dos_optimizer_num_subgroups(const dos_optimizer* opt);

@@ -26,12 +26,16 @@ import sys
 import sysconfig
 import threading
 
-ABI_VERSION = 2
+ABI_VERSION = 3
 
 DTYPE_CODES = {"fp32": 0, "fp16": 1, "bf16": 2}
 MEMORY_HOST = 0
 MEMORY_CUDA = 1
 SUBMIT_ORDER_CODES = {"plan": 0, "cpu_first": 1}
+#: Verdicts of ``dos_optimizer_finish_step`` (``DOS_VERDICT_*``).
+VERDICT_KEEP = 0
+VERDICT_CHANGED = 1
+VERDICT_SKIP = 2
 
 _E_INVALID = -1
 
@@ -49,7 +53,12 @@ class StepStats(ctypes.Structure):
     ``bytes_d2h`` (bytes moved host->device / device->host), ``step`` (largest subgroup step count),
     ``cpu_busy_seconds`` / ``gpu_busy_seconds`` (worker time executing tasks, s),
     ``planned_streamed`` / ``planned_resident`` (subgroups the plan put on the GPU),
-    ``predicted_seconds`` / ``lower_bound_seconds`` (the ``dos`` model's figures, s; 0 otherwise).
+    ``predicted_seconds`` / ``lower_bound_seconds`` (the ``dos`` model's figures, s; 0 otherwise);
+    the overlapped update's: ``exposed_seconds`` (s the caller waited for after its gradients were
+    final: the whole phase for a plain step), ``speculated`` (subgroups updated speculatively
+    during backward), ``hidden_params`` (elements whose speculative update had ended when the step
+    was finished), ``redone`` (speculative updates redone because gradients changed after being
+    declared final), ``overlapped`` / ``skipped`` (0 or 1).
     """
 
     _fields_ = [
@@ -66,6 +75,12 @@ class StepStats(ctypes.Structure):
         ("planned_resident", ctypes.c_uint64),
         ("predicted_seconds", ctypes.c_double),
         ("lower_bound_seconds", ctypes.c_double),
+        ("exposed_seconds", ctypes.c_double),
+        ("speculated", ctypes.c_uint64),
+        ("hidden_params", ctypes.c_uint64),
+        ("redone", ctypes.c_uint64),
+        ("overlapped", ctypes.c_int32),
+        ("skipped", ctypes.c_int32),
     ]
 
     def as_dict(self):
@@ -107,6 +122,7 @@ class OptimizerOptions(ctypes.Structure):
         ("rates", Rates),
         ("recalibrate", ctypes.c_int),
         ("verbose", ctypes.c_int),
+        ("speculation_budget", ctypes.c_int64),
     ]
 
 
@@ -224,6 +240,10 @@ def lib():
                  ctypes.c_double, ctypes.c_int],
             ),
             "dos_optimizer_step": (ctypes.c_int, [ctypes.c_void_p, ctypes.POINTER(StepStats)]),
+            "dos_optimizer_begin_step": (ctypes.c_int, [ctypes.c_void_p]),
+            "dos_optimizer_gradients_final": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t]),
+            "dos_optimizer_finish_step": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(StepStats)]),
+            "dos_optimizer_step_open": (ctypes.c_int, [ctypes.c_void_p]),
             "dos_optimizer_num_params": (ctypes.c_size_t, [ctypes.c_void_p]),
             "dos_optimizer_num_subgroups": (ctypes.c_size_t, [ctypes.c_void_p]),
             "dos_optimizer_subgroup_sizes": (ctypes.c_int, [ctypes.c_void_p, c_size_p]),

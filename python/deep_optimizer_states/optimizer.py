@@ -24,7 +24,10 @@ applied to the fp32 master parameters; the caller's parameters receive p_t round
 
 import ctypes
 import math
+import threading
 import time
+import warnings
+import weakref
 
 import torch
 
@@ -40,6 +43,26 @@ _MAX_COUNT = 2 ** 53
 #: The largest float32 (the runtime computes in fp32: a larger lr, eps or weight decay overflows).
 _FLT_MAX = 3.4028234663852886e38
 _UNSUPPORTED = ("amsgrad", "maximize", "capturable", "differentiable", "fused")
+_VERDICT_NAMES = {_capi.VERDICT_KEEP: "keep", _capi.VERDICT_CHANGED: "changed", _capi.VERDICT_SKIP: "skip"}
+_warned_no_hooks = False
+
+
+def _grad_hook_kind():
+    """How this torch tells that a parameter's gradient has been accumulated: ``"post_accumulate"``
+    (``Tensor.register_post_accumulate_grad_hook``, torch >= 2.1), ``"grad_accumulator"`` (a post
+    hook on the parameter's ``AccumulateGrad`` autograd node, which older versions run right after
+    writing ``p.grad``), or None."""
+    if hasattr(torch.Tensor, "register_post_accumulate_grad_hook"):
+        return "post_accumulate"
+    try:
+        probe = torch.zeros(1, requires_grad=True)
+        with torch.enable_grad():
+            node = probe.expand_as(probe).grad_fn.next_functions[0][0]
+        if type(node).__name__ == "AccumulateGrad" and hasattr(node, "register_hook"):
+            return "grad_accumulator"
+    except Exception:
+        pass
+    return None
 
 
 def _describe(index, p):
@@ -63,6 +86,14 @@ class _Bucket:
         self.handle = None  # ctypes.c_void_p of the C optimizer
         self.hyper = None   # the hyper-parameters the runtime holds now
         self.subgroup_sizes = []
+        self.offsets = []   # flat index of each parameter's first element
+        # the overlapped update (DeepOptimizerStates(overlap=True)), reset by every step()
+        self.open = False       # a runtime phase is open (dos_optimizer_begin_step)
+        self.declared = set()   # positions of the parameters whose gradient was declared final
+        self.pending = []       # (position, CUDA event) declared once the event has completed
+        self.fired = []         # per position: gradient accumulations seen in this step
+        self.changed = None     # why the speculative updates must be redone (str), or None
+        self.seen_version = None  # flat_grad._version after the last accumulation the hooks saw
 
     @property
     def num_params(self):
@@ -70,6 +101,15 @@ class _Bucket:
 
     def describe(self):
         return f"group {self.group_index}, {self.dtype} on {self.device.type}"
+
+    def reset_overlap(self):
+        """Forgets the overlapped update's bookkeeping of the step (the runtime's phase is closed)."""
+        self.open = False
+        self.declared = set()
+        self.pending = []
+        self.fired = [0] * len(self.params)
+        self.changed = None
+        self.seen_version = None
 
 
 class DeepOptimizerStates(torch.optim.Optimizer):
@@ -103,6 +143,42 @@ class DeepOptimizerStates(torch.optim.Optimizer):
         in :attr:`last_step`, as mixed-precision training with loss scaling needs.
       cpu_threads, cpu_workers, ncuda, verbose: runtime options, see :func:`get_runtime`
         (``verbose`` also prints the ``dos`` policy's calibration).
+      overlap (bool): when True, the update overlaps the backward pass: a hook on each parameter
+        declares its gradient final to the runtime as soon as autograd has accumulated it, and the
+        runtime updates every subgroup whose gradients are all final and that its plan puts on the
+        CPU at once, speculatively, into shadow state; :meth:`step` then keeps those updates, redoes
+        them (gradients changed after their declaration) or drops them (skipped step). The result
+        is bit-identical to ``overlap=False`` whatever happens in between (see "Overlap" below).
+        Default False: it costs up to 12 bytes of pinned host memory per parameter (the shadow
+        state, ``speculation_budget``), keeps StarPU's workers awake (polling) from the first
+        declaration to :meth:`step`, and pays off only when backward runs on the GPU while CPU
+        cores are idle. Needs torch >= 2.1 (``Tensor.register_post_accumulate_grad_hook``) or a
+        torch whose ``AccumulateGrad`` nodes take post hooks (1.x); otherwise a warning is given
+        once and the optimizer runs without overlap.
+      speculation_budget (int or None): host bytes for the shadow state of speculative updates, per
+        bucket; None: the runtime's default (half of the available host memory at the first
+        speculative update); 0: nothing is speculated. Only with ``overlap=True``.
+
+    Overlap: which backward is the last before :meth:`step` is not known while it runs (gradient
+    accumulation runs several, and the hooks fire in each). The optimizer counts the backward
+    passes that accumulate into each gradient between two steps and, from the next step on,
+    declares a gradient final during the backward it expects to be the last (the first at the start;
+    then as many as the previous step had). A gradient is declared final at most once per step, and
+    only into the optimizer's flat gradient buffer: the hook copies a gradient that autograd put
+    elsewhere (after ``zero_grad(set_to_none=True)``) into the buffer and points ``p.grad`` at it.
+    At :meth:`step` the speculative updates of a bucket are redone (``last_step["verdicts"]``
+    ``"changed"``, the reason in ``last_step["redo_reasons"]``) when another backward accumulated
+    into a declared gradient (more micro-batches than expected), when anything wrote into the
+    bucket's gradients after the last accumulation the hooks saw (the buffer's ``_version``, which
+    every in-place operation bumps: ``torch.nn.utils.clip_grad_norm_``, ``GradScaler.unscale_``,
+    your own code), when a declared ``p.grad`` is no longer the buffer's view, when this optimizer
+    clips (``max_grad_norm``, only on steps where the norm is above it) or unscales (``grad_scale``),
+    or when ``param_groups``' hyper-parameters changed after the declarations (then the phase is
+    dropped and the step runs whole). A skipped step (inf or NaN) drops them. :meth:`zero_grad`,
+    :meth:`state_dict`, :meth:`load_state_dict` and :meth:`subgroup_steps` between a backward and
+    :meth:`step` drop them too (nothing is updated; the step then runs whole). For the overlap to
+    pay off, let this optimizer clip (``max_grad_norm``) instead of ``clip_grad_norm_``, which
+    writes the gradients in place even when it does not clip.
 
     Raises ``ValueError`` for bad input (a parameter that does not require gradients, a sparse,
     non-contiguous, duplicated or overlapping parameter, an unsupported dtype or device, a
@@ -121,7 +197,7 @@ class DeepOptimizerStates(torch.optim.Optimizer):
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=None, decoupled=True,
                  subgroup_size=100_000_000, policy=None, max_grad_norm=None, skip_nonfinite=True,
-                 cpu_threads=0, cpu_workers=0, ncuda=-1, verbose=False):
+                 cpu_threads=0, cpu_workers=0, ncuda=-1, verbose=False, overlap=False, speculation_budget=None):
         if weight_decay is None:
             weight_decay = 1e-2 if decoupled else 0.0
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, decoupled=bool(decoupled))
@@ -129,11 +205,20 @@ class DeepOptimizerStates(torch.optim.Optimizer):
         self._built = False
         self._closed = False
         self._broken = None
+        self._hook_handles = []
+        self._grad_accumulators = []  # the AccumulateGrad nodes hooked (torch < 2.1), kept alive
+        self._overlap_lock = threading.Lock()
+        self._backwards_expected = 1  # backward passes per step, as the last step had them
+        self._backwards_seen = 0      # most accumulations into one gradient since the last step
         super().__init__(params, defaults)
         if not isinstance(subgroup_size, int) or isinstance(subgroup_size, bool) or not 1 <= subgroup_size <= _MAX_COUNT:
             raise ValueError(f"subgroup_size must be an integer in [1, 2**53] (elements), got {subgroup_size!r}")
         if max_grad_norm is not None and not (float(max_grad_norm) > 0 and math.isfinite(float(max_grad_norm))):
             raise ValueError(f"max_grad_norm must be a finite number > 0 or None, got {max_grad_norm!r}")
+        if speculation_budget is not None and (not isinstance(speculation_budget, int)
+                                               or isinstance(speculation_budget, bool) or speculation_budget < 0):
+            raise ValueError(f"speculation_budget must be None or an integer >= 0 (bytes), got {speculation_budget!r}")
+        self.speculation_budget = speculation_budget
         self.subgroup_size = subgroup_size
         self.max_grad_norm = None if max_grad_norm is None else float(max_grad_norm)
         self.skip_nonfinite = bool(skip_nonfinite)
@@ -145,6 +230,9 @@ class DeepOptimizerStates(torch.optim.Optimizer):
         self.last_step = None
         hypers = [self._group_hyper(i, g) for i, g in enumerate(self.param_groups)]
         self._build(hypers, policy, cpu_threads, cpu_workers, ncuda, verbose)
+        #: Whether the update overlaps backward (bool): ``overlap`` as given, False where this torch
+        #: has no hook for it.
+        self.overlap = bool(overlap) and self._install_hooks()
 
     # ------------------------------------------------------------------------------------------
     # construction
@@ -243,6 +331,7 @@ class DeepOptimizerStates(torch.optim.Optimizer):
                 for p, shape, n in zip(b.params, b.shapes, b.numels):
                     v = b.flat_grad.narrow(0, off, n).view(shape)
                     b.views.append(v)
+                    b.offsets.append(off)
                     off += n
                     # a parameter without a gradient keeps none (as with torch.optim, a step before any
                     # backward then changes nothing); step() points p.grad at its view once it has one
@@ -261,7 +350,8 @@ class DeepOptimizerStates(torch.optim.Optimizer):
                 options = _capi.optimizer_options(
                     lr=lr, beta1=b1, beta2=b2, eps=eps, weight_decay=wd, decoupled=bool(dec),
                     subgroup_size=self.subgroup_size, dtype=_DTYPES[b.dtype],
-                    memory=_capi.MEMORY_CUDA if b.device.type == "cuda" else _capi.MEMORY_HOST, verbose=bool(verbose))
+                    memory=_capi.MEMORY_CUDA if b.device.type == "cuda" else _capi.MEMORY_HOST, verbose=bool(verbose),
+                    speculation_budget=-1 if self.speculation_budget is None else self.speculation_budget)
                 _capi.check(
                     L.dos_optimizer_create(self.runtime.handle, nt, params, grads, numels, ctypes.byref(options),
                                            ctypes.byref(h)),
@@ -274,11 +364,164 @@ class DeepOptimizerStates(torch.optim.Optimizer):
                 sizes = (ctypes.c_size_t * ns)()
                 _capi.check(L.dos_optimizer_subgroup_sizes(h, sizes), "dos_optimizer_subgroup_sizes")
                 b.subgroup_sizes = list(sizes)
+                b.reset_overlap()
         except BaseException:
             self.close()
             raise
         self._built = True
         _rt._register(self)
+
+    # ------------------------------------------------------------------------------------------
+    # the overlapped update
+
+    def _install_hooks(self):
+        """Registers the gradient-accumulated hook on every parameter (see the class's "Overlap").
+        Returns False, with a warning given once per process, where this torch has no such hook."""
+        global _warned_no_hooks
+        kind = _grad_hook_kind()
+        if kind is None:
+            if not _warned_no_hooks:
+                _warned_no_hooks = True
+                warnings.warn(f"DeepOptimizerStates(overlap=True): torch {torch.__version__} has no hook that runs when "
+                              "a gradient has been accumulated (Tensor.register_post_accumulate_grad_hook, torch >= "
+                              "2.1): the update runs after backward, without overlap", RuntimeWarning, stacklevel=3)
+            return False
+        ref = weakref.ref(self)  # the hooks must not keep the optimizer (and its pinned state) alive
+        for b in self._buckets:
+            for j, p in enumerate(b.params):
+                if b.numels[j] == 0:
+                    continue
+
+                def on_accumulated(*_, b=b, j=j, p=p):
+                    opt = ref()
+                    if opt is not None:
+                        opt._grad_accumulated(b, j, p)
+
+                if kind == "post_accumulate":
+                    self._hook_handles.append(p.register_post_accumulate_grad_hook(on_accumulated))
+                else:
+                    with torch.enable_grad():
+                        node = p.expand_as(p).grad_fn.next_functions[0][0]
+                    self._grad_accumulators.append(node)
+                    self._hook_handles.append(node.register_hook(on_accumulated))
+        return True
+
+    def _remove_hooks(self):
+        """Removes the hooks _install_hooks registered (idempotent)."""
+        for h in self._hook_handles:
+            h.remove()
+        self._hook_handles = []
+        self._grad_accumulators = []
+
+    def _grad_accumulated(self, b, j, p):
+        """Autograd has accumulated the gradient of ``p`` (position ``j`` of bucket ``b``): move it
+        into the flat buffer where it is not there, and declare it final when this is the backward
+        pass expected to be the last before step(), or note that a declared gradient changed."""
+        if self._closed or self._broken:
+            return
+        with self._overlap_lock:
+            b.fired[j] += 1
+            n = b.fired[j]
+            self._backwards_seen = max(self._backwards_seen, n)
+            g = p.grad
+            v = b.views[j]
+            if g is None or g.requires_grad or g.layout != torch.strided or g.dtype != b.dtype \
+                    or g.device != b.device or g.shape != v.shape:
+                # not for the runtime as it is (a create_graph backward, a sparse or odd gradient):
+                # step() copies or refuses it
+                if j in b.declared and b.changed is None:
+                    b.changed = "a gradient declared final was replaced by one the optimizer cannot read in place"
+                return
+            if g.data_ptr() != v.data_ptr() or g.stride() != v.stride():
+                v.copy_(g)  # (after zero_grad(set_to_none=True): autograd made a new tensor)
+                p.grad = v
+            if j in b.declared:
+                if b.changed is None:
+                    b.changed = ("another backward pass accumulated into a gradient already declared final "
+                                 "(more micro-batches than the step before)")
+            elif n == self._backwards_expected and b.changed is None:
+                self._declare(b, j)
+            b.seen_version = b.flat_grad._version
+            if b.device.type == "cuda":
+                for bb in self._buckets:
+                    self._declare_completed(bb)
+
+    def _declare(self, b, j):
+        """Declares parameter ``j`` of bucket ``b`` final (opening the runtime's phase first); on
+        CUDA once the work that wrote the gradient has completed (an event, checked without
+        waiting at each later hook)."""
+        L = _capi.lib()
+        if not b.open:
+            try:
+                h = self._group_hyper(b.group_index, self.param_groups[b.group_index])
+            except ValueError:
+                return  # step() reports it
+            if h != b.hyper:
+                _capi.check(L.dos_optimizer_set_hyper(b.handle, *h[:5], int(h[5])),
+                            f"setting the hyper-parameters of {b.describe()}")
+                b.hyper = h
+            self._runtime_call(L.dos_optimizer_begin_step(b.handle), f"opening the update phase of {b.describe()}")
+            b.open = True
+        b.declared.add(j)
+        if b.device.type == "cuda":
+            ev = torch.cuda.Event()
+            ev.record()
+            b.pending.append((j, ev))
+        else:
+            self._gradients_final(b, j)
+
+    def _declare_completed(self, b):
+        """Declares final the pending CUDA gradients of ``b`` whose writing has completed."""
+        if not b.pending:
+            return
+        left = []
+        for j, ev in b.pending:
+            if ev.query():
+                self._gradients_final(b, j)
+            else:
+                left.append((j, ev))
+        b.pending = left
+
+    def _gradients_final(self, b, j):
+        """Tells the runtime that the gradient of parameter ``j`` of ``b`` is final (its flat range).
+        Raises as :meth:`_runtime_call`."""
+        L = _capi.lib()
+        off = b.offsets[j]
+        self._runtime_call(L.dos_optimizer_gradients_final(b.handle, off, off + b.numels[j]),
+                           f"declaring the gradient of parameter {b.indices[j]} final")
+
+    def _runtime_call(self, ret, what):
+        """Raises for a failed C call as _capi.check does; a runtime failure (not bad input) marks
+        the optimizer broken first."""
+        if ret != 0:
+            if ret != _capi._E_INVALID:
+                self._broken = _capi.lib().dos_last_error().decode("utf-8", "replace")
+            _capi.check(ret, what)
+
+    def _finish(self, b, verdict):
+        """Closes the open phase of ``b`` with ``verdict`` (``_capi.VERDICT_*``); returns its stats dict."""
+        st = _capi.StepStats()
+        ret = _capi.lib().dos_optimizer_finish_step(b.handle, verdict, ctypes.byref(st))
+        b.open = False
+        self._runtime_call(ret, f"update phase of {b.describe()}")
+        return st.as_dict()
+
+    def _drop_open_phases(self):
+        """Drops every open phase (as a skipped step: nothing updated) and forgets the step's
+        declarations; what was speculated is lost, the next step() runs whole. Returns the number of
+        phases dropped."""
+        dropped = 0
+        with self._overlap_lock:
+            for b in self._buckets:
+                if b.open and b.handle is not None and not self._broken:
+                    try:
+                        self._finish(b, _capi.VERDICT_SKIP)
+                    except Exception:
+                        pass
+                    dropped += 1
+                b.reset_overlap()
+            self._backwards_seen = 0
+        return dropped
 
     # ------------------------------------------------------------------------------------------
     # stepping
@@ -359,7 +602,15 @@ class DeepOptimizerStates(torch.optim.Optimizer):
         ``grad_norm`` (float, the unscaled norm before clipping; None when not computed),
         ``clip_coef`` (float, 1.0 when not clipped), ``update_seconds`` (float, s: the runtime's
         update phases, summed over buckets), ``step_seconds`` (float, s: the whole call),
-        ``stats`` (list of per-bucket :class:`StepStats` dicts).
+        ``stats`` (list of per-bucket :class:`StepStats` dicts); and the overlapped update's
+        (``overlap=True``; zero, False or None otherwise): ``overlapped`` (bool: a bucket's phase was
+        opened during backward), ``speculated`` (int: subgroups updated speculatively during
+        backward), ``hidden_params`` (int: elements whose speculative update had ended when step()
+        came), ``redone`` (int: speculative updates redone), ``exposed_seconds`` (float, s: the
+        update phases' time inside step(), summed over buckets; ``update_seconds`` then counts from
+        each phase's opening), ``verdicts`` (per bucket: ``"keep"``, ``"changed"``, ``"skip"``, or
+        None for a plain update phase), ``redo_reasons`` (list of str: why speculative updates were
+        redone or dropped).
 
         When no parameter has a gradient yet (before the first backward, or after
         ``zero_grad(set_to_none=True)``), the step changes nothing, as ``torch.optim`` does, and
@@ -376,6 +627,22 @@ class DeepOptimizerStates(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        try:
+            self._step(grad_scale)
+        except BaseException:
+            self._drop_open_phases()  # nothing was updated: what was speculated goes too
+            raise
+        finally:
+            if self._backwards_seen > 0:  # learnt for the next step (see the class's "Overlap")
+                self._backwards_expected = self._backwards_seen
+            self._backwards_seen = 0
+            for b in self._buckets:
+                if not b.open:
+                    b.reset_overlap()
+        return loss
+
+    def _step(self, grad_scale):
+        """The body of :meth:`step` after the closure (see there); raises as it does."""
         t0 = time.perf_counter()
         if grad_scale is not None:
             grad_scale = float(grad_scale)
@@ -383,9 +650,23 @@ class DeepOptimizerStates(torch.optim.Optimizer):
                 raise ValueError(f"grad_scale must be a finite number > 0, got {grad_scale}")
         hypers = [self._group_hyper(i, g) for i, g in enumerate(self.param_groups)]
         if not self._check_params():  # no gradient at all yet: torch.optim changes nothing either
+            self._drop_open_phases()
             self.last_step = dict(skipped=True, no_gradients=True, grad_norm=None, clip_coef=1.0, update_seconds=0.0,
-                                  step_seconds=time.perf_counter() - t0, stats=[])
-            return loss
+                                  step_seconds=time.perf_counter() - t0, stats=[], **self._overlap_summary([], []))
+            return
+
+        # the overlapped update: did anything change a declared gradient since its declaration?
+        for b in self._buckets:
+            if not b.open:
+                continue
+            b.pending = []  # declared but not yet told to the runtime: finish_step updates them as usual
+            if b.changed is None and b.flat_grad._version != b.seen_version:
+                b.changed = ("the gradients were written in place after they were declared final "
+                             "(clip_grad_norm_, GradScaler.unscale_, ...)")
+            for j in b.declared:
+                g, v = b.params[j].grad, b.views[j]
+                if b.changed is None and (g.data_ptr() != v.data_ptr() or g.stride() != v.stride()):
+                    b.changed = f"the gradient of parameter {b.indices[j]} was replaced after it was declared final"
 
         # gradients into the flat buffers (a no-op where backward accumulated into them already)
         for b in self._buckets:
@@ -413,23 +694,39 @@ class DeepOptimizerStates(torch.optim.Optimizer):
                     clip = c
 
         stats = []
+        verdicts = [None] * len(self._buckets)
         if skipped:
             self.skipped_steps += 1
+            for k, b in enumerate(self._buckets):
+                if b.open:  # the speculative updates are dropped
+                    stats.append(self._finish(b, _capi.VERDICT_SKIP))
+                    verdicts[k] = "skip"
         else:
             mult = clip / grad_scale if grad_scale is not None else clip
             if mult != 1.0:
                 for b in self._buckets:
                     b.flat_grad.mul_(mult)
+                    if b.open and b.changed is None:
+                        b.changed = ("this optimizer scaled the gradients after they were declared final "
+                                     + ("(clipping to max_grad_norm)" if clip != 1.0 else "(grad_scale)"))
             if any(b.device.type == "cuda" for b in self._buckets):
                 torch.cuda.synchronize()  # gradients complete before the runtime's streams read them
             L = _capi.lib()
             for b in self._buckets:
                 h = hypers[b.group_index]
                 if h != b.hyper:
+                    if b.open:  # speculated with the old hyper-parameters: dropped, the step runs whole
+                        self._finish(b, _capi.VERDICT_SKIP)
+                        b.changed = "param_groups' hyper-parameters changed after the gradients were declared final"
                     _capi.check(L.dos_optimizer_set_hyper(b.handle, *h[:5], int(h[5])),
                                 f"setting the hyper-parameters of {b.describe()}")
                     b.hyper = h
-            for b in self._buckets:
+            for k, b in enumerate(self._buckets):
+                if b.open:
+                    v = _capi.VERDICT_CHANGED if b.changed is not None else _capi.VERDICT_KEEP
+                    stats.append(self._finish(b, v))
+                    verdicts[k] = _VERDICT_NAMES[v]
+                    continue
                 st = _capi.StepStats()
                 ret = L.dos_optimizer_step(b.handle, ctypes.byref(st))
                 if ret != 0:
@@ -437,6 +734,7 @@ class DeepOptimizerStates(torch.optim.Optimizer):
                     _capi.check(ret, f"update phase of {b.describe()}")
                 stats.append(st.as_dict())
             self.steps_taken += 1
+        reasons = [b.changed for b in self._buckets if b.changed is not None]
         self.last_step = dict(
             skipped=skipped,
             grad_norm=grad_norm,
@@ -444,8 +742,21 @@ class DeepOptimizerStates(torch.optim.Optimizer):
             update_seconds=sum(s["seconds"] for s in stats),
             step_seconds=time.perf_counter() - t0,
             stats=stats,
+            **self._overlap_summary(stats, verdicts, reasons),
         )
-        return loss
+
+    @staticmethod
+    def _overlap_summary(stats, verdicts, reasons=()):
+        """The overlapped update's part of :attr:`last_step`."""
+        return dict(
+            overlapped=any(s["overlapped"] for s in stats),
+            speculated=sum(s["speculated"] for s in stats),
+            hidden_params=sum(s["hidden_params"] for s in stats),
+            redone=sum(s["redone"] for s in stats),
+            exposed_seconds=sum(s["exposed_seconds"] for s in stats),
+            verdicts=list(verdicts),
+            redo_reasons=list(reasons),
+        )
 
     def zero_grad(self, set_to_none=False):
         """Zeroes the gradients. By default (``set_to_none=False``, unlike torch 2.x's default) the
@@ -453,7 +764,9 @@ class DeepOptimizerStates(torch.optim.Optimizer):
         view, so that the next backward accumulates into them and :meth:`step` copies nothing (a
         ``p.grad`` that is None stays None, as with ``torch.optim``). With
         ``set_to_none=True`` every ``p.grad`` becomes None (backward then allocates new gradients,
-        which :meth:`step` copies into the buffers)."""
+        which :meth:`step` copies into the buffers). With ``overlap=True``, updates speculated
+        since the last step are dropped (nothing is updated)."""
+        self._drop_open_phases()  # a backward's gradients are discarded: nothing speculated is kept
         for b in self._buckets:
             if set_to_none:
                 for p in b.params:
@@ -468,8 +781,10 @@ class DeepOptimizerStates(torch.optim.Optimizer):
     # state
 
     def subgroup_steps(self):
-        """Step count of every subgroup, one list of ints per bucket (in bucket order)."""
+        """Step count of every subgroup, one list of ints per bucket (in bucket order). Drops the
+        updates speculated since the last step (``overlap=True``)."""
         self._check_open()
+        self._drop_open_phases()
         L = _capi.lib()
         out = []
         for b in self._buckets:
@@ -493,8 +808,11 @@ class DeepOptimizerStates(torch.optim.Optimizer):
 
         The tensors of one bucket are views of one flat tensor (saved once by ``torch.save``).
         Costs 12 bytes of host memory per parameter. Raises ``RuntimeError`` after :meth:`close`.
+        Drops the updates speculated since the last step (``overlap=True``): the state is the one
+        before them.
         """
         self._check_open()
+        self._drop_open_phases()
         L = _capi.lib()
         groups = []
         i = 0
@@ -547,9 +865,11 @@ class DeepOptimizerStates(torch.optim.Optimizer):
         fp32, ``master`` or ``exp_avg`` holds an inf or NaN, ``exp_avg_sq`` an inf, NaN or negative
         value (the message names the parameter, the tensor, the element and the value), a step count
         is not an integer in [0, 2**53], or ``steps_taken``/``skipped_steps`` is not an
-        integer in [0, 2**53]; the optimizer and the parameters are then untouched.
+        integer in [0, 2**53]; the optimizer and the parameters are then untouched. Drops the
+        updates speculated since the last step (``overlap=True``).
         """
         self._check_open()
+        self._drop_open_phases()
         if not isinstance(state_dict, dict) or not isinstance(state_dict.get("dos"), dict) \
                 or state_dict["dos"].get("format") != STATE_FORMAT:
             raise ValueError(f"not a DeepOptimizerStates state dict (no 'dos' section of format {STATE_FORMAT!r}): "
@@ -656,11 +976,13 @@ class DeepOptimizerStates(torch.optim.Optimizer):
 
     def close(self):
         """Frees the runtime's state of this optimizer (pinned host memory). Idempotent; the
-        optimizer cannot be used afterwards. Runs when the object is garbage-collected and at
-        interpreter exit."""
+        optimizer cannot be used afterwards; its gradient hooks (``overlap=True``) are removed and
+        an update phase opened during backward is dropped. Runs when the object is garbage-collected
+        and at interpreter exit."""
         if getattr(self, "_closed", True):
             return
         self._closed = True
+        self._remove_hooks()
         lib = _capi.lib() if _capi._lib is not None else None
         for b in getattr(self, "_buckets", []):
             if b.handle is not None and lib is not None:

@@ -1,0 +1,237 @@
+#!/usr/bin/env python3
+"""The overlapped update of the PyTorch binding (DeepOptimizerStates(overlap=True)) against the
+plain one (overlap=False), bit for bit.
+
+    test_pytorch_overlap.py [--device cpu|cuda]
+
+Exits 77 (meson's "skip") when torch cannot be imported, or with --device cuda when torch sees no
+GPU or the runtime has no CUDA worker. The runtime runs the cpu plan (every subgroup on the CPU: the
+subgroups that the runtime updates speculatively).
+
+1. Two equal small models (Linear, LayerNorm, GELU, Linear; in two param groups as
+   param_groups_no_decay makes them: two buckets; subgroups of 64 elements spanning tensors), fp32
+   and bf16, trained on the same data, one optimizer with overlap and one without, through a
+   schedule of steps that exercises every path: clipping by max_grad_norm active on some steps and
+   not on others, a NaN gradient (the step skipped), gradient accumulation over 2 micro-batches
+   (the first such step redone, the next ones kept), back to 1 micro-batch (a plain step, then
+   kept again), zero_grad(set_to_none=True) and model.zero_grad(set_to_none=True),
+   torch.nn.utils.clip_grad_norm_ before step() (redone), lr changed between backward and step()
+   (dropped, the step runs whole), zero_grad() between a backward and the next (dropped), a closure.
+   After every step the parameters must be the same bits; at the end master, exp_avg, exp_avg_sq
+   and every subgroup's step count too. The verdict of every step is checked, and at least one step
+   must have kept speculative updates and one redone them.
+2. speculation_budget=0: nothing speculated, the same bits; a bad budget refused.
+3. Where this torch has no gradient-accumulated hook (simulated), overlap=True warns once and runs
+   without overlap.
+"""
+
+import argparse
+import os
+import sys
+import warnings
+
+try:
+    import torch
+except ImportError:
+    print("torch is not importable by this Python: skipped")
+    sys.exit(77)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "python"))
+
+import deep_optimizer_states as dos  # noqa: E402
+from deep_optimizer_states import optimizer as dos_optimizer  # noqa: E402
+
+DEVICE = "cpu"
+MAX_NORM = 3.0  # the gradient norm is 0.8 to 1.4 here, 8 to 14 with `scale` 10
+
+
+def make_model(dtype, seed=0):
+    torch.manual_seed(seed)
+    m = torch.nn.Sequential(torch.nn.Linear(24, 40), torch.nn.LayerNorm(40), torch.nn.GELU(), torch.nn.Linear(40, 8))
+    return m.to(DEVICE, dtype)
+
+
+def make_opt(model, **kw):
+    return dos.DeepOptimizerStates(dos.param_groups_no_decay(model, 0.1), lr=1e-2, betas=(0.9, 0.95),
+                                   subgroup_size=64, max_grad_norm=MAX_NORM, **kw)
+
+
+def same_params(a, b):
+    return all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
+
+
+def same_state(oa, ob):
+    sa, sb = oa.state_dict(), ob.state_dict()
+    for idx in sa["state"]:
+        for name in ("master", "exp_avg", "exp_avg_sq"):
+            if not torch.equal(sa["state"][idx][name], sb["state"][idx][name]):
+                return f"{name} of parameter {idx}"
+    if sa["dos"]["buckets"] != sb["dos"]["buckets"]:
+        return "the subgroups' step counts"
+    return None
+
+
+# One entry per step: micro-batches; `scale` multiplies the loss (10: the gradient norm goes above
+# MAX_NORM, clipping active); `nan`: a NaN written into one gradient after backward; `none`:
+# opt.zero_grad(set_to_none=True) before (`model_none`: the model's own); `ext_clip`:
+# torch.nn.utils.clip_grad_norm_ before step(); `lr`: param_groups' lr changed between backward and
+# step(); `rezero`: a backward, zero_grad(), then the step's backward; `closure`: step(closure).
+# `expect`: the overlapped optimizer's verdict for both buckets (None: a plain update phase).
+SCHEDULE = [
+    dict(micro=1, expect="keep"),
+    dict(micro=1, scale=10.0, expect="changed"),             # clipped by this optimizer
+    dict(micro=1, expect="keep"),
+    dict(micro=1, nan=True, expect="skip"),
+    dict(micro=1, none=True, expect="keep"),
+    dict(micro=2, expect="changed"),                         # more micro-batches than the step before
+    dict(micro=2, none=True, expect="keep"),                 # declared in the second backward
+    dict(micro=2, scale=10.0, expect="changed"),
+    dict(micro=2, ext_clip=True, expect="changed"),          # clip_grad_norm_ writes in place
+    dict(micro=1, expect=None),                              # fewer: nothing was declared
+    dict(micro=1, model_none=True, expect="keep"),
+    dict(micro=1, lr=True, expect=None),                     # dropped: speculated with the old lr
+    dict(micro=1, rezero=True, expect="keep"),
+    dict(micro=1, closure=True, expect="keep"),
+    dict(micro=1, expect="keep"),
+]
+
+
+def train_schedule(dtype):
+    ma, mb = make_model(dtype), make_model(dtype)
+    oa, ob = make_opt(ma), make_opt(mb, overlap=True)
+    assert ob.overlap, "overlap=True should be on with this torch"
+    assert len(ob._buckets) == 2
+    gen = torch.Generator().manual_seed(1)
+    clipped = unclipped = kept = redone = 0
+    for t, s in enumerate(SCHEDULE):
+        batches = [(torch.randn(16, 24, generator=gen), torch.randn(16, 8, generator=gen)) for _ in range(s["micro"])]
+        for m, o in ((ma, oa), (mb, ob)):
+            if s.get("model_none"):
+                m.zero_grad(set_to_none=True)
+            else:
+                o.zero_grad(set_to_none=bool(s.get("none")))
+
+            def backward_all(m=m):
+                loss = None
+                for x, y in batches:
+                    x, y = x.to(DEVICE, dtype), y.to(DEVICE, dtype)
+                    loss = ((m(x) - y) ** 2).mean() * s.get("scale", 1.0) / s["micro"]
+                    loss.backward()
+                return loss
+
+            if s.get("rezero"):
+                backward_all()
+                o.zero_grad()
+            if s.get("closure"):
+                o.step(closure=backward_all)
+            else:
+                backward_all()
+                if s.get("nan"):
+                    with torch.no_grad():
+                        m[0].weight.grad.view(-1)[5] = float("nan")
+                if s.get("ext_clip"):
+                    torch.nn.utils.clip_grad_norm_(m.parameters(), 0.5)
+                if s.get("lr"):
+                    for g in o.param_groups:
+                        g["lr"] *= 0.5
+                o.step()
+        la, lb = oa.last_step, ob.last_step
+        if not same_params(ma, mb):
+            raise AssertionError(f"{dtype} step {t} ({s}): the parameters differ between overlap on and off; "
+                                 f"overlapped: {lb}")
+        assert la["skipped"] == lb["skipped"] == bool(s.get("nan")), (t, la, lb)
+        assert la["overlapped"] is False and la["speculated"] == 0 and la["verdicts"] == [None, None]
+        assert lb["verdicts"] == [s["expect"]] * 2, f"{dtype} step {t} ({s}): verdicts {lb['verdicts']}, " \
+            f"reasons {lb['redo_reasons']}"
+        if s["expect"] in ("keep", "changed"):
+            assert lb["overlapped"] and lb["speculated"] > 0, (t, lb)
+        if s["expect"] == "keep":
+            assert lb["redone"] == 0 and not lb["redo_reasons"], (t, lb)
+            kept += 1
+        if s["expect"] == "changed":
+            assert lb["redone"] == lb["speculated"] > 0 and lb["redo_reasons"], (t, lb)
+            redone += 1
+        if s["expect"] is None:
+            assert lb["speculated"] == 0, (t, lb)
+        if s.get("lr"):
+            assert any("hyper-parameters" in r for r in lb["redo_reasons"]), lb["redo_reasons"]
+        if not la["skipped"]:
+            clipped += la["clip_coef"] < 1.0
+            unclipped += la["clip_coef"] == 1.0
+        print(f"{dtype} step {t:2d}: verdicts {lb['verdicts']}, speculated {lb['speculated']}, redone "
+              f"{lb['redone']}, hidden {lb['hidden_params']} params, clip {la['clip_coef']:.3f}"
+              + (f" ({lb['redo_reasons'][0]})" if lb["redo_reasons"] else ""))
+    bad = same_state(oa, ob)
+    assert bad is None, f"{dtype}: {bad} differs between overlap on and off"
+    assert clipped > 0 and unclipped > 0, f"clipping should be active on some steps only: {clipped} clipped, " \
+        f"{unclipped} not"
+    assert kept > 0 and redone > 0
+    assert oa.skipped_steps == ob.skipped_steps == 1
+    oa.close()
+    ob.close()
+
+
+def test_budget_and_fallback():
+    ma, mb = make_model(torch.float32), make_model(torch.float32)
+    oa, ob = make_opt(ma), make_opt(mb, overlap=True, speculation_budget=0)
+    for _ in range(3):
+        x, y = torch.randn(16, 24).to(DEVICE), torch.randn(16, 8).to(DEVICE)
+        for m, o in ((ma, oa), (mb, ob)):
+            o.zero_grad()
+            ((m(x) - y) ** 2).mean().backward()
+            o.step()
+        assert same_params(ma, mb)
+        assert ob.last_step["verdicts"] == ["keep", "keep"] and ob.last_step["speculated"] == 0
+    assert same_state(oa, ob) is None
+    oa.close()
+    ob.close()
+    for bad in (-1, 1.5, True):
+        try:
+            make_opt(make_model(torch.float32), overlap=True, speculation_budget=bad)
+        except ValueError as e:
+            assert "speculation_budget" in str(e)
+        else:
+            raise AssertionError(f"speculation_budget={bad!r} accepted")
+
+    # a torch without the hook: one warning, no overlap, the same training
+    real = dos_optimizer._grad_hook_kind
+    dos_optimizer._grad_hook_kind = lambda: None
+    dos_optimizer._warned_no_hooks = False
+    try:
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            o1 = make_opt(make_model(torch.float32), overlap=True)
+            o2 = make_opt(make_model(torch.float32), overlap=True)
+        msgs = [str(x.message) for x in w if issubclass(x.category, RuntimeWarning)]
+        assert len(msgs) == 1 and "without overlap" in msgs[0], msgs
+        assert not o1.overlap and not o2.overlap
+        o1.close()
+        o2.close()
+    finally:
+        dos_optimizer._grad_hook_kind = real
+
+
+def main():
+    global DEVICE
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    args = ap.parse_args()
+    DEVICE = args.device
+    if DEVICE == "cuda" and not torch.cuda.is_available():
+        print("no CUDA device for torch: skipped")
+        return 77
+    rt = dos.get_runtime("cpu", cpu_threads=2, cpu_workers=1, ncuda=-1 if DEVICE == "cuda" else 0, verbose=False)
+    if DEVICE == "cuda" and rt.cuda_workers == 0:
+        print("the runtime has no CUDA worker: skipped")
+        return 77
+    print(f"torch {torch.__version__}, hook: {dos_optimizer._grad_hook_kind()}, device {DEVICE}")
+    for dtype in (torch.float32, torch.bfloat16):
+        train_schedule(dtype)
+    test_budget_and_fallback()
+    print("overlap on and off: the same bits")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

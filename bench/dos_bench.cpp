@@ -224,6 +224,19 @@ int main(int argc, char** argv) {
     rows.push_back({"cpu", "adam", a.label, n,
                     best_of(reps, [&] { dos::adam_step_cpu(p, m, v, a.grad, a.grad_dtype, a.copy, a.copy_dtype, n, sp); }),
                     a.bytes_per_param, roof_adam});
+  {  // the out-of-place update of speculative steps (adam_step_into_cpu): the same bytes moved
+    const std::size_t bytes = (n * 4 + 63) / 64 * 64;
+    float* p2 = static_cast<float*>(std::aligned_alloc(64, bytes));
+    float* m2 = static_cast<float*>(std::aligned_alloc(64, bytes));
+    float* v2 = static_cast<float*>(std::aligned_alloc(64, bytes));
+    if (p2 && m2 && v2) {
+      for (float* q : {p2, m2, v2}) dos::zero_fill_cpu(q, n);  // first touch by the threads that write it
+      rows.push_back({"cpu", "adam out of place", "bf16 grad + bf16 copy", n,
+                      best_of(reps, [&] { dos::adam_step_into_cpu(p, m, v, p2, m2, v2, g16, DType::bf16, out16, DType::bf16, n, sp); }),
+                      28, roof_adam});
+    }
+    for (float* q : {p2, m2, v2}) std::free(q);
+  }
   for (dos::DType t : {dos::DType::bf16, dos::DType::fp16}) {
     const std::string name = dos::dtype_name(t);
     rows.push_back({"cpu", "convert", name + " -> fp32", n,

@@ -1,6 +1,6 @@
 // CPU Adam/AdamW and conversion kernels (see adam.h for the formula and the contract).
 //
-// Vectorisation: the element loop is written once (adam_elem) and compiled by GCC for AVX-512,
+// Vectorisation: the element loop is written once (adam_range) and compiled by GCC for AVX-512,
 // AVX2 and baseline x86-64 through target_clones; the loader picks the best at run time, so one
 // binary serves the CI machine and the GPU machine. Tails need no special code: the compiler's
 // vector loop has its own scalar epilogue. Built with -ffp-contract=off so that every variant,
@@ -109,25 +109,23 @@ const F16Converters& f16_converters() {
   return c;
 }
 
-// One element of Adam/AdamW (adam.h's formula, in PyTorch's order): p, m, v in, out.
-inline __attribute__((always_inline)) void adam_elem(float gi, float& pi, float& mi, float& vi, const AdamStepParams& sp) {
-  gi = gi + sp.l2 * pi;      // Adam: coupled L2 (l2 = 0 for AdamW)
-  pi = pi * sp.decay;        // AdamW: decoupled decay (decay = 1 for Adam)
-  mi = lerp_torch(mi, gi, sp.one_minus_beta1);   // exp_avg.lerp_(grad, 1 - beta1)
-  vi = vi * sp.beta2 + (sp.one_minus_beta2 * gi) * gi;  // exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-  const float denom = std::sqrt(vi) / sp.bias_correction2_sqrt + sp.eps;  // (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)
-  pi = pi + (-sp.step_size * mi) / denom;      // param.addcdiv_(exp_avg, denom, value=-step_size)
-}
-
 template <DType G, DType P, bool WriteParam>
 inline __attribute__((always_inline)) void adam_range(float* __restrict p, float* __restrict m,
                                                       float* __restrict v, const void* __restrict g,
                                                       void* __restrict out, std::size_t n,
                                                       const AdamStepParams& sp) {
-  const AdamStepParams c = sp;  // a local copy: the loop's constants cannot alias the arrays
+  const float omb1 = sp.one_minus_beta1, b2 = sp.beta2, omb2 = sp.one_minus_beta2;
+  const float eps = sp.eps, step_size = sp.step_size, bc2s = sp.bias_correction2_sqrt;
+  const float l2 = sp.l2, decay = sp.decay;
   for (std::size_t i = 0; i < n; ++i) {
-    float pi = p[i], mi = m[i], vi = v[i];
-    adam_elem(load_as_f32(g, G, i), pi, mi, vi, c);
+    float gi = load_as_f32(g, G, i);
+    float pi = p[i];
+    gi = gi + l2 * pi;      // Adam: coupled L2 (l2 = 0 for AdamW)
+    pi = pi * decay;        // AdamW: decoupled decay (decay = 1 for Adam)
+    float mi = lerp_torch(m[i], gi, omb1);   // exp_avg.lerp_(grad, 1 - beta1)
+    float vi = v[i] * b2 + (omb2 * gi) * gi;  // exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+    float denom = std::sqrt(vi) / bc2s + eps;  // (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)
+    pi = pi + (-step_size * mi) / denom;      // param.addcdiv_(exp_avg, denom, value=-step_size)
     p[i] = pi;
     m[i] = mi;
     v[i] = vi;
@@ -135,35 +133,11 @@ inline __attribute__((always_inline)) void adam_range(float* __restrict p, float
   }
 }
 
-// The same step out of place: the state read from p_in, m_in, v_in and written to p, m, v (other
-// arrays), the same fp32 operations in the same order, hence the same bits as adam_range.
-template <DType G, DType P, bool WriteParam>
-inline __attribute__((always_inline)) void adam_range_into(const float* __restrict p_in, const float* __restrict m_in,
-                                                           const float* __restrict v_in, float* __restrict p,
-                                                           float* __restrict m, float* __restrict v,
-                                                           const void* __restrict g, void* __restrict out,
-                                                           std::size_t n, const AdamStepParams& sp) {
-  const AdamStepParams c = sp;
-  for (std::size_t i = 0; i < n; ++i) {
-    float pi = p_in[i], mi = m_in[i], vi = v_in[i];
-    adam_elem(load_as_f32(g, G, i), pi, mi, vi, c);
-    p[i] = pi;
-    m[i] = mi;
-    v[i] = vi;
-    if (WriteParam) store_from_f32(out, P, i, pi);
-  }
-}
-
-// One non-template, target-cloned function per (grad dtype, param dtype) pair, in place and out of
-// place.
-#define DOS_ADAM_VARIANT(NAME, G, P, W)                                                              \
-  DOS_CLONES void NAME(float* p, float* m, float* v, const void* g, void* out, std::size_t n,      \
-                       const AdamStepParams& sp) {                                                   \
-    adam_range<G, P, W>(p, m, v, g, out, n, sp);                                                     \
-  }                                                                                                  \
-  DOS_CLONES void NAME##_into(const float* pi, const float* mi, const float* vi, float* p, float* m, \
-                              float* v, const void* g, void* out, std::size_t n, const AdamStepParams& sp) { \
-    adam_range_into<G, P, W>(pi, mi, vi, p, m, v, g, out, n, sp);                                    \
+// One non-template, target-cloned function per (grad dtype, param dtype) pair.
+#define DOS_ADAM_VARIANT(NAME, G, P, W)                                                         \
+  DOS_CLONES void NAME(float* p, float* m, float* v, const void* g, void* out, std::size_t n, \
+                       const AdamStepParams& sp) {                                              \
+    adam_range<G, P, W>(p, m, v, g, out, n, sp);                                                \
   }
 DOS_ADAM_VARIANT(adam_f32_none, DType::fp32, DType::fp32, false)
 DOS_ADAM_VARIANT(adam_f32_f32, DType::fp32, DType::fp32, true)
@@ -180,25 +154,42 @@ DOS_ADAM_VARIANT(adam_bf16_f16, DType::bf16, DType::fp16, true)
 #undef DOS_ADAM_VARIANT
 
 using AdamFn = void (*)(float*, float*, float*, const void*, void*, std::size_t, const AdamStepParams&);
-using AdamIntoFn = void (*)(const float*, const float*, const float*, float*, float*, float*, const void*, void*,
-                            std::size_t, const AdamStepParams&);
 
 /// The variant for gradient type g and parameter-copy type p (write: whether a copy is written).
-template <class Fn>
-Fn pick_adam(DType g, DType p, bool write, const Fn (&table)[3][4]) {
+AdamFn pick_adam(DType g, DType p, bool write) {
+  static const AdamFn table[3][4] = {
+      // param: fp32, fp16, bf16, none
+      {adam_f32_f32, adam_f32_f16, adam_f32_bf16, adam_f32_none},
+      {adam_f16_f32, adam_f16_f16, adam_f16_bf16, adam_f16_none},
+      {adam_bf16_f32, adam_bf16_f16, adam_bf16_bf16, adam_bf16_none},
+  };
   return table[int(g)][write ? int(p) : 3];
 }
-// param: fp32, fp16, bf16, none
-const AdamFn kAdam[3][4] = {
-    {adam_f32_f32, adam_f32_f16, adam_f32_bf16, adam_f32_none},
-    {adam_f16_f32, adam_f16_f16, adam_f16_bf16, adam_f16_none},
-    {adam_bf16_f32, adam_bf16_f16, adam_bf16_bf16, adam_bf16_none},
-};
-const AdamIntoFn kAdamInto[3][4] = {
-    {adam_f32_f32_into, adam_f32_f16_into, adam_f32_bf16_into, adam_f32_none_into},
-    {adam_f16_f32_into, adam_f16_f16_into, adam_f16_bf16_into, adam_f16_none_into},
-    {adam_bf16_f32_into, adam_bf16_f16_into, adam_bf16_bf16_into, adam_bf16_none_into},
-};
+
+// Copies n floats with non-temporal stores (no read of the destination's lines before they are
+// written: what an out-of-place update saves over ordinary stores, 12 of its 40 bytes per
+// parameter); dst 64-byte aligned for the vector paths. Chosen once from what the processor has.
+__attribute__((target("avx512f"))) void stream_copy_avx512(float* dst, const float* src, std::size_t n) {
+  std::size_t i = 0;
+  for (; i + 16 <= n; i += 16) _mm512_stream_ps(dst + i, _mm512_loadu_ps(src + i));
+  for (; i < n; ++i) dst[i] = src[i];
+}
+__attribute__((target("avx"))) void stream_copy_avx(float* dst, const float* src, std::size_t n) {
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_stream_ps(dst + i, _mm256_loadu_ps(src + i));
+  for (; i < n; ++i) dst[i] = src[i];
+}
+void stream_copy_plain(float* dst, const float* src, std::size_t n) { std::memcpy(dst, src, n * sizeof(float)); }
+using StreamCopy = void (*)(float*, const float*, std::size_t);
+StreamCopy stream_copy_for(const float* dst) {
+  static const StreamCopy best = [] {
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f")) return &stream_copy_avx512;
+    if (__builtin_cpu_supports("avx")) return &stream_copy_avx;
+    return &stream_copy_plain;
+  }();
+  return reinterpret_cast<std::uintptr_t>(dst) % 64 == 0 ? best : &stream_copy_plain;
+}
 
 #define DOS_CONVERT_VARIANT(NAME, S)                                           \
   DOS_CLONES void NAME(const void* src, float* __restrict dst, std::size_t n) { \
@@ -212,25 +203,29 @@ DOS_CONVERT_VARIANT(convert_f32, DType::fp32)
 
 namespace {
 /// adam_step_cpu and adam_step_into_cpu: the state read from *_in and written to master, exp_avg,
-/// exp_avg_sq (the same arrays, in place, when into is false).
+/// exp_avg_sq (the same arrays, in place, when into is false). Out of place, each chunk's state is
+/// copied into cache-resident blocks, updated there in place by the same kernel (hence the same
+/// bits) and streamed out with non-temporal stores: the bytes moved are those of the update in place.
 void adam_step_any(bool into, const float* master_in, const float* exp_avg_in, const float* exp_avg_sq_in,
                    float* master, float* exp_avg, float* exp_avg_sq, const void* grad, DType grad_dtype,
                    void* param_out, DType param_dtype, std::size_t n, const AdamStepParams& sp) {
   // fp16 gradients or parameters go through fp32 blocks in cache, converted with F16C/AVX-512 (the
   // element loop's own fp16 code does not vectorise); bf16 and fp32 are read and written in place.
   const bool f16_in = grad_dtype == DType::fp16, f16_out = param_out && param_dtype == DType::fp16;
-  const DType gk = f16_in ? DType::fp32 : grad_dtype, pk = f16_out ? DType::fp32 : param_dtype;
-  const AdamFn fn = pick_adam(gk, pk, param_out != nullptr, kAdam);
-  const AdamIntoFn fn_into = pick_adam(gk, pk, param_out != nullptr, kAdamInto);
+  const AdamFn fn = pick_adam(f16_in ? DType::fp32 : grad_dtype, f16_out ? DType::fp32 : param_dtype, param_out != nullptr);
   const F16Converters& cv = f16_converters();
   const std::size_t gsz = dtype_size(grad_dtype), psz = dtype_size(param_dtype);
   const std::size_t nchunks = (n + kChunk - 1) / kChunk;
+  const std::size_t nstage = (f16_in || f16_out ? 2 : 0) + (into ? 3 : 0);
 #pragma omp parallel if (nchunks > 1)
   {
     // per-thread staging blocks (heap, not TLS: this code may live in a dlopen'ed library)
-    std::unique_ptr<float[]> stage((f16_in || f16_out) ? new float[2 * kChunk] : nullptr);
-    float* gbuf = stage.get();
-    float* pbuf = stage ? stage.get() + kChunk : nullptr;
+    std::unique_ptr<float, decltype(&std::free)> stage(
+        static_cast<float*>(nstage ? std::aligned_alloc(64, nstage * kChunk * sizeof(float)) : nullptr), &std::free);
+    if (nstage && !stage) std::abort();  // a few hundred KiB per thread: nothing to recover from
+    float* gbuf = (f16_in || f16_out) ? stage.get() : nullptr;
+    float* pbuf = gbuf ? gbuf + kChunk : nullptr;
+    float* sbuf = into ? stage.get() + (gbuf ? 2 * kChunk : 0) : nullptr;  // master, exp_avg, exp_avg_sq
 #pragma omp for schedule(static)
     for (std::size_t c = 0; c < nchunks; ++c) {
       const std::size_t off = c * kChunk;
@@ -241,13 +236,22 @@ void adam_step_any(bool into, const float* master_in, const float* exp_avg_in, c
         g = gbuf;
       }
       void* out = param_out ? (f16_out ? static_cast<void*>(pbuf) : static_cast<char*>(param_out) + off * psz) : nullptr;
-      if (into)
-        fn_into(master_in + off, exp_avg_in + off, exp_avg_sq_in + off, master + off, exp_avg + off, exp_avg_sq + off, g,
-                out, len, sp);
-      else
-        fn(master + off, exp_avg + off, exp_avg_sq + off, g, out, len, sp);
+      float *p = master + off, *m = exp_avg + off, *v = exp_avg_sq + off;
+      if (into) {
+        p = sbuf, m = sbuf + kChunk, v = sbuf + 2 * kChunk;
+        std::memcpy(p, master_in + off, len * sizeof(float));
+        std::memcpy(m, exp_avg_in + off, len * sizeof(float));
+        std::memcpy(v, exp_avg_sq_in + off, len * sizeof(float));
+      }
+      fn(p, m, v, g, out, len, sp);
+      if (into) {
+        stream_copy_for(master + off)(master + off, p, len);
+        stream_copy_for(exp_avg + off)(exp_avg + off, m, len);
+        stream_copy_for(exp_avg_sq + off)(exp_avg_sq + off, v, len);
+      }
       if (f16_out) cv.to_f16(pbuf, static_cast<std::uint16_t*>(param_out) + off, len);
     }
+    if (into) _mm_sfence();  // the streamed stores are visible before the task ends
   }
 }
 }  // namespace

@@ -1368,11 +1368,11 @@ StepStats Optimizer::Impl::finish(StepVerdict verdict) {
                                                                                          : PlanSide::gpu_streamed));
   }
   // Forced plans are real measurements too. The refinement reads no bus counter (which the
-  // timeline's sampler also reads), so it runs with a timeline as without; not after a phase that
-  // overlapped the caller's backward (its busy times include what the caller's work slowed down)
-  // or was skipped.
+  // timeline's sampler also reads), so it runs with a timeline as without; not after a phase opened
+  // by begin_step (its clock starts with the caller's backward, and its busy times include what the
+  // caller's work slowed down) or skipped.
   if (st.overlapped) last_changed = verdict == StepVerdict::changed;
-  if (!st.skipped && st.speculated == 0) refine(st, ph.sim);
+  if (!st.skipped && !st.overlapped) refine(st, ph.sim);
   StepStats out = std::move(st);
   open.reset();
   return out;

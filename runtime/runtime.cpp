@@ -1371,7 +1371,7 @@ StepStats Optimizer::Impl::finish(StepVerdict verdict) {
   // timeline's sampler also reads), so it runs with a timeline as without; not after a phase opened
   // by begin_step (its clock starts with the caller's backward, and its busy times include what the
   // caller's work slowed down) or skipped.
-  if (st.overlapped) last_changed = verdict == StepVerdict::changed;
+  last_changed = st.overlapped && verdict == StepVerdict::changed;
   if (!st.skipped && !st.overlapped) refine(st, ph.sim);
   StepStats out = std::move(st);
   open.reset();

@@ -139,7 +139,8 @@ struct starpu_codelet adam_cl = make_codelet("dos_adam", clocked_cpu<adam_cpu>, 
 struct starpu_codelet adam_direct_cl =
     make_codelet("dos_adam_direct", clocked_cpu<adam_direct_cpu>, clocked_cuda_or_null<cuda_funcs::adam_direct>(), 3,
                  kAdamDirectModes, &adam_direct_model, "dos_adam_direct");
-struct starpu_codelet adam_into_cl = make_codelet("dos_adam_into", clocked_cpu<adam_into_cpu>, nullptr, 8, kAdamIntoModes,
+struct starpu_codelet adam_into_cl = make_codelet("dos_adam_into", clocked_cpu<adam_into_cpu>,
+                                                  clocked_cuda_or_null<cuda_funcs::adam_into>(), 8, kAdamIntoModes,
                                                   &adam_into_model, "dos_adam_into");
 struct starpu_codelet gather_cl = make_codelet("dos_gather", clocked_cpu<gather_cpu>,
                                                clocked_cuda_or_null<cuda_funcs::gather>(), 1, kGatherModes,

@@ -23,7 +23,7 @@
 //               (param_dtype, W), master', exp_avg', exp_avg_sq' (fp32, W): adam_cl out of place,
 //               the new state written to the last three buffers and the first three left as they
 //               were (a speculative update: kept by swapping the two, or redone from the first
-//               three). CPU only.                                  cl_arg: const AdamArgs*
+//               three).                                            cl_arg: const AdamArgs*
 // gather_cl, scatter_cl and adam_direct_cl touch caller memory by raw pointer, so the runtime restricts them
 // (task->where) to the side where that memory lives: STARPU_CUDA for GPU pointers, STARPU_CPU
 // for host pointers. All CUDA implementations run on StarPU's local stream (STARPU_CUDA_ASYNC).

@@ -170,6 +170,10 @@ class Runtime {
 ///   first speculative update comes; 0: no speculative update (Optimizer::gradients_final only
 ///   records, the whole update runs in finish_step). A subgroup beyond the budget waits for
 ///   finish_step.
+/// speculate_streamed: speculative updates of the subgroups the plan streams too, on the GPU (their
+///   state crosses PCIe while the caller's backward runs, the new state comes back into the host
+///   shadow; GPU memory for the old and new state within the update budget); false: only the CPU's
+///   subgroups are updated speculatively.
 struct OptimizerOptions {
   AdamHyper adam;
   std::size_t subgroup_size = 100000000;
@@ -186,6 +190,7 @@ struct OptimizerOptions {
   bool urgent_writeback = false;
   SubmitOrder submit_order = SubmitOrder::plan;
   std::int64_t speculation_budget = -1;
+  bool speculate_streamed = true;
 };
 
 /// What the caller found once every gradient of a step was final (Optimizer::finish_step).
@@ -316,7 +321,8 @@ class Optimizer {
   /// made then); gradients_final(begin, end) says that the gradients of flat elements [begin, end)
   /// will not change any more, and every subgroup whose gradient is then complete and that the
   /// plan puts on the CPU (every subgroup under a StarPU policy) is updated at once, on CPU workers,
-  /// speculatively: the new state goes to a shadow copy (OptimizerOptions::speculation_budget), the
+  /// speculatively (each one the plan streams too, on the GPU, with
+  /// OptimizerOptions::speculate_streamed): the new state goes to a shadow copy (OptimizerOptions::speculation_budget), the
   /// state and the caller's parameters stay as they were. finish_step(verdict) says every gradient
   /// is final and what the caller did with them (StepVerdict): keep commits the speculative
   /// updates (the shadow becomes the state, the parameters are written), changed redoes them from

@@ -1008,8 +1008,10 @@ void Optimizer::Impl::write_back(OpenStep& ph, Subgroup* sg, enum starpu_data_ac
 }
 
 bool Optimizer::Impl::speculable(std::size_t i) const {
-  return opt.speculation_budget != 0 && !last_changed && rt->cpu_workers() > 0 &&
-         (plan.empty() || plan[i] == PlanSide::cpu);
+  if (opt.speculation_budget == 0 || last_changed) return false;
+  if (!plan.empty() && plan[i] == PlanSide::gpu_streamed)
+    return opt.speculate_streamed && !cuda_nodes.empty() && codelets_have_cuda();
+  return rt->cpu_workers() > 0 && (plan.empty() || plan[i] == PlanSide::cpu);
 }
 
 bool Optimizer::Impl::ensure_shadow(Subgroup* sg) {
@@ -1157,19 +1159,29 @@ void Optimizer::Impl::scatter_params(Subgroup* sg) {
 void Optimizer::Impl::speculate(OpenStep& ph, std::size_t i) {
   Subgroup* sg = sgs[i].get();
   if (!speculable(i) || !ensure_shadow(sg)) return;
-  // its share of the update budget (GPU staging of the gradient) only if it fits now: nothing gives
-  // room back before finish_step, so a speculative update never waits for it
+  // A streamed subgroup is updated on the GPU: its state goes down (PCIe is idle during backward),
+  // the new state is written to the shadow handles there and comes back into the host shadow at
+  // once; the old state's device copy is dropped first when memory runs short.
+  const bool on_gpu = !plan.empty() && plan[i] == PlanSide::gpu_streamed;
+  // its share of the update budget (with the shadow state on the GPU) only if it fits now:
+  // nothing gives room back before finish_step, so a speculative update never waits for it
   if (!ph.admitted[i]) {
-    if (!window.try_take(sg->footprint, 0)) return;
+    const std::size_t fp = sg->footprint + (on_gpu ? 3 * sg->size * sizeof(float) : 0);
+    if (!window.try_take(fp, 0)) return;
+    sg->footprint = fp;  // what the window gives back when the subgroup's work ends
     ph.admitted[i] = 1;
   }
   sg->step += 1;
   ph.stepped[i] = 1;
   ph.speculated[i] = 1;
   ph.spec_order.push_back(i);
+  // its pieces of work: the verdict's (the parameter write-back when kept), and on the GPU the three
+  // write-backs of the shadow state
+  sg->parts_left.store(1 + (on_gpu ? 3 : 0));
   sg->adam.sp = make_adam_step_params(opt.adam, sg->step);
+  sg->hint_update.prefetch = true;
   stage_gradient(ph, i);
-  struct starpu_task* a = make_task(&adam_into_cl, &sg->adam, &sg->hint_update, STARPU_CPU);
+  struct starpu_task* a = make_task(&adam_into_cl, &sg->adam, &sg->hint_update, on_gpu ? STARPU_CUDA : STARPU_CPU);
   a->handles[0] = sg->h_master;
   a->handles[1] = sg->h_exp_avg;
   a->handles[2] = sg->h_exp_avg_sq;
@@ -1182,6 +1194,13 @@ void Optimizer::Impl::speculate(OpenStep& ph, std::size_t i) {
   a->callback_arg = sg;
   submit(a, "speculative Adam");
   starpu_data_invalidate_submit(sg->h_grad32);  // a redo stages the gradient again
+  if (on_gpu) {
+    for (starpu_data_handle_t h : {sg->h_master, sg->h_exp_avg, sg->h_exp_avg_sq}) starpu_data_wont_use(h);
+    for (starpu_data_handle_t h : {sg->sh_h_master, sg->sh_h_exp_avg, sg->sh_h_exp_avg_sq}) {
+      acquire_home(ph, h, STARPU_R, sg);
+      if (wont_use_after_writeback()) starpu_data_wont_use(h);
+    }
+  }
 }
 
 void Optimizer::Impl::declare_final(std::size_t begin, std::size_t end) {
@@ -1244,7 +1263,6 @@ StepStats Optimizer::Impl::finish(StepVerdict verdict) {
     } else {
       for (std::size_t i : ph.spec_order) {
         Subgroup* sg = sgs[i].get();
-        sg->parts_left.store(1);
         if (verdict == StepVerdict::changed) {  // redone below from the state before the step
           ph.speculated[i] = 0;
           st.redone += 1;
@@ -1292,7 +1310,10 @@ StepStats Optimizer::Impl::finish(StepVerdict verdict) {
           ph.admitted[i] = 1;
         }
         const bool eager = is_streamed && opt.eager_writeback;
-        sg->parts_left.store(1 + (eager ? 3 : 0));
+        if (ph.spec_order.empty() || std::find(ph.spec_order.begin(), ph.spec_order.end(), i) == ph.spec_order.end())
+          sg->parts_left.store(1 + (eager ? 3 : 0));
+        else  // a redone speculative update: its verdict's piece is this write-back; its shadow's may still run
+          sg->parts_left.fetch_add(eager ? 3 : 0);
         sg->hint_update.prefetch = !(is_streamed && lookahead > 0);
         if (!ph.stepped[i]) {
           sg->step += 1;

@@ -273,6 +273,7 @@ int run(const Args& args) {
   oo.urgent_writeback = a.urgent_writeback;
   oo.submit_order = a.submit_order == "plan" ? dos::SubmitOrder::plan : dos::SubmitOrder::cpu_first;
   oo.speculation_budget = c.speculation_budget;
+  oo.speculate_streamed = a.speculate_streamed == "on";
   // the node's ranks calibrate (when they do) at the same time: the rates then include the other
   // ranks' DMA and CPU Adam on the shared host memory
   if (dp) g_comm->all_ok(true);

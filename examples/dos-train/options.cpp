@@ -207,6 +207,8 @@ Checked check_options(const Args& a) {
     fail("--max-grad-norm must be a finite number > 0 (or 0: no clipping), got " + std::to_string(a.max_grad_norm));
   if (a.nan_gradient_at < 0) fail("--nan-gradient-at must be an iteration number >= 1 (0: none), got " +
                                   std::to_string(a.nan_gradient_at));
+  if (a.speculate_streamed != "on" && a.speculate_streamed != "off")
+    fail("--speculate-streamed must be on or off, got '" + a.speculate_streamed + "'");
   if (!a.speculation_budget.empty())
     c.speculation_budget = std::int64_t(parse_bytes(a.speculation_budget, "--speculation-budget"));
   if (!a.timeline.empty()) dos::check_writable(a.timeline);
@@ -343,6 +345,10 @@ int parse_command_line(int argc, char** argv, Args& a) {
   app.add_option("--speculation-budget", a.speculation_budget,
                  "host memory for the shadow state of speculative updates (--overlap on), e.g. 20GB; default: half of "
                  "the memory available when the first speculative update comes; 0: no speculative update");
+  app.add_option("--speculate-streamed", a.speculate_streamed,
+                 "with --overlap on: the subgroups the plan streams are updated speculatively too, on the GPU, while "
+                 "backward runs (their state crosses PCIe then); off: only the CPU's subgroups")
+      ->capture_default_str();
   app.add_flag("--plan-only", a.plan_only,
                "print the plan of --policy for the first iteration (one letter per subgroup), its simulated time and "
                "the lower bound with --rates, and exit: no StarPU, no GPU needed. The caller's buffers are taken to be "

@@ -544,7 +544,8 @@ void record_worker(void* arg) {
 /// Callback of a speculative Adam task (adam_into_cl): as record_worker, and the task has ended.
 void record_speculative(void* arg) {
   auto* sg = static_cast<Subgroup*>(arg);
-  sg->ran_on.store(1);
+  const int w = starpu_worker_get_id();
+  sg->ran_on.store(w >= 0 && starpu_worker_get_type(w) == STARPU_CUDA_WORKER ? 2 : 1);
   clock_task(sg, "adam_spec");
   sg->spec_ended.store(true);
 }

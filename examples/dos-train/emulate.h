@@ -70,6 +70,9 @@ void fill_grads_host(void* dst, dos::DType t, std::size_t n, std::uint64_t seed,
                      std::uint64_t first);
 
 #if defined(DOS_HAVE_CUDA)
+/// The CUDA stream of the emulation's kernels (gradients, norms): non-blocking, created at first use
+/// (a cudaStream_t). Throws std::runtime_error when it cannot be created.
+struct CUstream_st* emulation_stream();
 /// Same on the GPU (dst a device pointer); synchronous. Throws std::runtime_error on a CUDA error.
 void fill_grads_cuda(void* dst, dos::DType t, std::size_t n, std::uint64_t seed, std::uint64_t iter,
                      std::uint64_t first);

@@ -34,27 +34,39 @@ void check(cudaError_t e, const char* what) {
 }
 }  // namespace
 
+cudaStream_t emulation_stream() {
+  // non-blocking and waited for alone: the emulated gradients never wait for the runtime's
+  // transfers and kernels on StarPU's streams (a legacy-default-stream launch, or a device-wide
+  // synchronisation, would, and then the overlapped update slowed the emulated backward down)
+  static cudaStream_t s = [] {
+    cudaStream_t t = nullptr;
+    check(cudaStreamCreateWithFlags(&t, cudaStreamNonBlocking), "cudaStreamCreateWithFlags (emulation)");
+    return t;
+  }();
+  return s;
+}
+
 void fill_grads_cuda(void* dst, dos::DType t, std::size_t n, std::uint64_t seed, std::uint64_t iter,
                      std::uint64_t first) {
   if (n == 0) return;
-  grads_kernel<<<grid_for(n), 256>>>(dst, t, n, seed, iter, first);
+  grads_kernel<<<grid_for(n), 256, 0, emulation_stream()>>>(dst, t, n, seed, iter, first);
   check(cudaGetLastError(), "gradient kernel launch");
-  check(cudaDeviceSynchronize(), "gradient kernel");
+  check(cudaStreamSynchronize(emulation_stream()), "gradient kernel");
 }
 
 void fill_grad_parts_cuda(float* dst, std::size_t n, std::uint64_t seed, std::uint64_t iter, std::uint64_t first,
                           std::uint64_t part_begin, std::uint64_t part_end, std::uint64_t parts) {
   if (n == 0) return;
-  grad_parts_kernel<<<grid_for(n), 256>>>(dst, n, seed, iter, first, part_begin, part_end, parts);
+  grad_parts_kernel<<<grid_for(n), 256, 0, emulation_stream()>>>(dst, n, seed, iter, first, part_begin, part_end, parts);
   check(cudaGetLastError(), "gradient parts kernel launch");
-  check(cudaDeviceSynchronize(), "gradient parts kernel");
+  check(cudaStreamSynchronize(emulation_stream()), "gradient parts kernel");
 }
 
 void store_from_f32_cuda(void* dst, dos::DType t, const float* src, std::size_t n) {
   if (n == 0) return;
-  store_kernel<<<grid_for(n), 256>>>(dst, t, src, n);
+  store_kernel<<<grid_for(n), 256, 0, emulation_stream()>>>(dst, t, src, n);
   check(cudaGetLastError(), "fp32 to 16-bit kernel launch");
-  check(cudaDeviceSynchronize(), "fp32 to 16-bit kernel");
+  check(cudaStreamSynchronize(emulation_stream()), "fp32 to 16-bit kernel");
 }
 
 int cuda_device_count() {

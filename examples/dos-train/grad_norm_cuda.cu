@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "emulate.h"
 #include "grad_norm.h"
 
 namespace dos_train {
@@ -41,26 +42,33 @@ __global__ void scale_kernel(void* g, dos::DType t, std::size_t n, float coef) {
 double grad_sumsq_cuda(const void* g, dos::DType t, std::size_t n) {
   if (n == 0) return 0;
   const std::size_t nchunks = (n + kNormChunk - 1) / kNormChunk;
-  double* d = nullptr;
-  check(cudaMalloc(&d, nchunks * sizeof(double)), "cudaMalloc (gradient norm)");
+  // the chunk sums' buffer, kept (cudaFree would wait for the whole device, the runtime's streams too)
+  static double* d = nullptr;
+  static std::size_t cap = 0;
+  if (cap < nchunks) {
+    if (d) check(cudaFree(d), "cudaFree (gradient norm)");
+    d = nullptr;
+    cap = 0;
+    check(cudaMalloc(&d, nchunks * sizeof(double)), "cudaMalloc (gradient norm)");
+    cap = nchunks;
+  }
   std::vector<double> sums(nchunks);
-  cudaError_t e = cudaSuccess;
-  sumsq_kernel<<<unsigned(nchunks), unsigned(kNormLanes)>>>(g, t, n, d);
-  e = cudaGetLastError();
-  if (e == cudaSuccess) e = cudaMemcpy(sums.data(), d, nchunks * sizeof(double), cudaMemcpyDeviceToHost);
-  cudaFree(d);
-  check(e, "gradient norm kernel");
+  cudaStream_t s = emulation_stream();
+  sumsq_kernel<<<unsigned(nchunks), unsigned(kNormLanes), 0, s>>>(g, t, n, d);
+  check(cudaGetLastError(), "gradient norm kernel launch");
+  check(cudaMemcpyAsync(sums.data(), d, nchunks * sizeof(double), cudaMemcpyDeviceToHost, s), "gradient norm copy");
+  check(cudaStreamSynchronize(s), "gradient norm kernel");
   double total = 0;
-  for (double s : sums) total += s;
+  for (double x : sums) total += x;
   return total;
 }
 
 void scale_grads_cuda(void* g, dos::DType t, std::size_t n, float coef) {
   if (n == 0) return;
   const std::size_t blocks = std::min<std::size_t>((n + 255) / 256, 65535);
-  scale_kernel<<<unsigned(blocks), 256>>>(g, t, n, coef);
+  scale_kernel<<<unsigned(blocks), 256, 0, emulation_stream()>>>(g, t, n, coef);
   check(cudaGetLastError(), "gradient scaling kernel launch");
-  check(cudaDeviceSynchronize(), "gradient scaling kernel");
+  check(cudaStreamSynchronize(emulation_stream()), "gradient scaling kernel");
 }
 
 }  // namespace dos_train

@@ -9,6 +9,7 @@
 #include <cfloat>
 #include <cmath>
 #include <condition_variable>
+#include <deque>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -610,12 +611,32 @@ struct OpenStep {
   std::vector<std::size_t> spec_order;  // the speculated subgroups, in submission order
   std::size_t largest_fp = 0;
   bool cpu_first = false;
+  // Speculative updates are submitted by a thread of their own, from the subgroups whose gradients
+  // became complete (gradients_final queues them): the caller's thread, busy with backward, never
+  // waits in StarPU's task and data calls.
+  std::mutex q_mu;
+  std::condition_variable q_cv;
+  std::deque<std::size_t> queue;
+  bool q_closed = false;
+  std::thread submitter;
+  std::string submit_error;  // the first failure of the submitter thread (empty: none)
 
   OpenStep() = default;
   OpenStep(const OpenStep&) = delete;
   OpenStep& operator=(const OpenStep&) = delete;
-  /// Stops the sampler and waits for the acquisitions still referring to `pending`.
+  /// Ends the submitter thread after the subgroups queued so far: every speculative update it
+  /// submits is submitted when this returns.
+  void drain() {
+    {
+      std::lock_guard<std::mutex> g(q_mu);
+      q_closed = true;
+    }
+    q_cv.notify_all();
+    if (submitter.joinable()) submitter.join();
+  }
+  /// Stops the submitter and the sampler and waits for the acquisitions still referring to `pending`.
   ~OpenStep() {
+    drain();
     sampling.store(false);
     if (sampler.joinable()) sampler.join();
     pending.wait();
@@ -1130,6 +1151,25 @@ void Optimizer::Impl::begin(bool overlapped) {
   // holds the CPU subgroups' staging and the streaming window together; otherwise plan order.
   ph.cpu_first = gpu && !plan.empty() && submits_cpu_first(workload, plan, execution());
   st.cpu_first = ph.cpu_first;
+  if (overlapped)
+    ph.submitter = std::thread([this, &ph] {
+      for (;;) {
+        std::size_t i;
+        {
+          std::unique_lock<std::mutex> l(ph.q_mu);
+          ph.q_cv.wait(l, [&] { return ph.q_closed || !ph.queue.empty(); });
+          if (ph.queue.empty()) return;  // closed and drained
+          i = ph.queue.front();
+          ph.queue.pop_front();
+        }
+        if (!ph.submit_error.empty()) continue;  // after a failure nothing more is submitted
+        try {
+          speculate(ph, i);
+        } catch (const std::exception& e) {
+          ph.submit_error = e.what();
+        }
+      }
+    });
 }
 
 void Optimizer::Impl::stage_gradient(OpenStep& ph, std::size_t i) {
@@ -1231,12 +1271,11 @@ void Optimizer::Impl::declare_final(std::size_t begin, std::size_t end) {
     if (hi <= lo) continue;
     ph.final_elems[i] += hi - lo;
     if (ph.final_elems[i] == sg->size) {
-      try {
-        speculate(ph, i);
-      } catch (const std::exception& e) {
-        ph.pending.wait();
-        fail(e.what());
+      {
+        std::lock_guard<std::mutex> g(ph.q_mu);
+        ph.queue.push_back(i);
       }
+      ph.q_cv.notify_one();
     }
   }
 }
@@ -1246,6 +1285,11 @@ StepStats Optimizer::Impl::finish(StepVerdict verdict) {
   OpenStep& ph = *open;
   StepStats& st = ph.st;
   const auto t_finish = std::chrono::steady_clock::now();
+  ph.drain();  // every speculative update queued so far is submitted
+  if (!ph.submit_error.empty()) {
+    ph.pending.wait();
+    fail(ph.submit_error);
+  }
   for (std::size_t i : ph.spec_order) {
     st.speculated += 1;
     if (sgs[i]->spec_ended.load()) st.hidden_params += sgs[i]->size;

@@ -3,7 +3,7 @@
 
 #include <cstddef>
 
-#include "../codelets/kernels/dtype.h"
+#include "dtype.h"
 
 namespace dos {
 

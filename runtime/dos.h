@@ -23,9 +23,9 @@
 #include <string>
 #include <vector>
 
-#include "../codelets/kernels/adam.h"
-#include "../models/phase_sim.h"
-#include "../models/resource_model.h"
+#include "adam.h"
+#include "phase_sim.h"
+#include "resource_model.h"
 
 namespace dos {
 

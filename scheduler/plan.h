@@ -19,8 +19,8 @@
 #include <string>
 #include <vector>
 
-#include "../models/phase_sim.h"
-#include "../models/resource_model.h"
+#include "phase_sim.h"
+#include "resource_model.h"
 
 namespace dos {
 

@@ -23,8 +23,8 @@ pc=$(find "$root" -name dos.pc -path '*/pkgconfig/*' | head -1)
 [ -n "$pc" ] || fail "no dos.pc installed under $root"
 pcdir=$(dirname "$pc")
 libdir=$(dirname "$pcdir")
-for f in dos/runtime/dos.h dos/runtime/dos_c.h dos/models/phase_sim.h dos/models/resource_model.h \
-         dos/codelets/kernels/adam.h dos/codelets/kernels/dtype.h dos/scheduler/plan.h; do
+for f in dos/dos.h dos/dos_c.h dos/phase_sim.h dos/resource_model.h dos/adam.h dos/dtype.h dos/plan.h \
+         dos/policy.h dos/comm.h dos/partition.h dos/parallel.h; do
   [ -f "$root/include/$f" ] || fail "header include/$f not installed"
 done
 for f in "$libdir/libdos.so" "$libdir/libdos_c.so" "$pcdir/dos_c.pc" "$root/bin/dos-train" "$root/bin/dos-bench"; do
@@ -46,7 +46,9 @@ sed -i "s#^prefix=.*#prefix=$root#" "$pcdir"/dos.pc "$pcdir"/dos_c.pc
 export PKG_CONFIG_PATH=$pcdir${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
 flags=$(pkg-config --cflags --libs dos) || fail "pkg-config --cflags --libs dos failed"
 echo "pkg-config --cflags --libs dos: $flags"
-case " $flags " in *" -I$root/include/dos/runtime "*) ;; *) fail "dos.pc's flags do not name the installed headers";; esac
+case " $flags " in *" -I$root/include/dos "*) ;; *) fail "dos.pc's flags do not name the installed headers";; esac
+# the public headers include each other by name, with no relative path out of include/dos/
+grep -l '#include "\.\./' "$root/include/dos/"*.h && fail "an installed header includes by a relative path"
 
 # Compiled away from the source tree: only the installed headers can be found.
 mkdir "$tmp/consumer"

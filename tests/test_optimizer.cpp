@@ -15,6 +15,7 @@
 #include <cuda_runtime.h>
 #endif
 
+#include "caller_buffers.h"
 #include "cmocka_cpp.h"
 #include "dos.h"
 #include "reference.h"
@@ -46,51 +47,9 @@ void encode(std::vector<uint16_t>& b16, std::vector<float>& b32, size_t i, float
   }
 }
 
-/// Caller-side buffers: one flat allocation per kind (host or device), tensors are views into it.
-struct CallerBuffers {
-  size_t n = 0, esz = 0;
-  void *param = nullptr, *grad = nullptr;
-  bool cuda = false;
-  CallerBuffers(size_t n_, bool cuda_) : n(n_), esz(dos::dtype_size(g_dtype)), cuda(cuda_) {
-#if defined(DOS_HAVE_CUDA)
-    if (cuda) {
-      assert_int_equal(cudaMalloc(&param, n * esz), 0);
-      assert_int_equal(cudaMalloc(&grad, n * esz), 0);
-      return;
-    }
-#endif
-    param = std::malloc(n * esz);
-    grad = std::malloc(n * esz);
-  }
-  ~CallerBuffers() {
-#if defined(DOS_HAVE_CUDA)
-    if (cuda) {
-      cudaFree(param);
-      cudaFree(grad);
-      return;
-    }
-#endif
-    std::free(param);
-    std::free(grad);
-  }
-  void put(void* dst, const void* src) {
-#if defined(DOS_HAVE_CUDA)
-    if (cuda) {
-      assert_int_equal(cudaMemcpy(dst, src, n * esz, cudaMemcpyHostToDevice), 0);
-      return;
-    }
-#endif
-    std::memcpy(dst, src, n * esz);
-  }
-  void get(void* dst, const void* src) {
-#if defined(DOS_HAVE_CUDA)
-    if (cuda) {
-      assert_int_equal(cudaMemcpy(dst, src, n * esz, cudaMemcpyDeviceToHost), 0);
-      return;
-    }
-#endif
-    std::memcpy(dst, src, n * esz);
-  }
+/// Caller-side buffers of the run's dtype (tests/caller_buffers.h).
+struct CallerBuffers : test::CallerBuffers {
+  CallerBuffers(size_t n, bool cuda) : test::CallerBuffers(n, dos::dtype_size(g_dtype), cuda) {}
 };
 
 void test_adamw_against_reference(void**) {

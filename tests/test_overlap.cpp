@@ -19,6 +19,7 @@
 #include <cuda_runtime.h>
 #endif
 
+#include "caller_buffers.h"
 #include "cmocka_cpp.h"
 #include "dos.h"
 #include "reference.h"
@@ -31,51 +32,14 @@ dos::Runtime* g_rt = nullptr;
 const std::vector<size_t> kSizes = {1, 1000, 17, 4099, 16, 2, 1025, 3};
 constexpr size_t kSubgroup = 1024;
 
-/// bf16 caller buffers (parameters and gradients), in host or GPU memory.
-struct Caller {
-  size_t n = 0;
-  bool cuda = false;
-  void *param = nullptr, *grad = nullptr;
-  explicit Caller(size_t n_, bool cuda_) : n(n_), cuda(cuda_) {
-#if defined(DOS_HAVE_CUDA)
-    if (cuda) {
-      assert_int_equal(cudaMalloc(&param, n * 2), 0);
-      assert_int_equal(cudaMalloc(&grad, n * 2), 0);
-      return;
-    }
-#endif
-    param = std::malloc(n * 2);
-    grad = std::malloc(n * 2);
-  }
-  ~Caller() {
-#if defined(DOS_HAVE_CUDA)
-    if (cuda) {
-      cudaFree(param);
-      cudaFree(grad);
-      return;
-    }
-#endif
-    std::free(param);
-    std::free(grad);
-  }
-  void put(void* dst, const std::vector<uint16_t>& src) {
-#if defined(DOS_HAVE_CUDA)
-    if (cuda) {
-      assert_int_equal(cudaMemcpy(dst, src.data(), n * 2, cudaMemcpyHostToDevice), 0);
-      return;
-    }
-#endif
-    std::memcpy(dst, src.data(), n * 2);
-  }
-  std::vector<uint16_t> get(const void* src) const {
+/// bf16 caller buffers (tests/caller_buffers.h) seen as vectors of bf16 bits, and as the
+/// optimizer's tensors (kSizes).
+struct Caller : test::CallerBuffers {
+  Caller(size_t n, bool cuda) : test::CallerBuffers(n, 2, cuda) {}
+  void put(void* dst, const std::vector<uint16_t>& src) { test::CallerBuffers::put(dst, src.data()); }
+  std::vector<uint16_t> get(const void* src) {
     std::vector<uint16_t> out(n);
-#if defined(DOS_HAVE_CUDA)
-    if (cuda) {
-      assert_int_equal(cudaMemcpy(out.data(), src, n * 2, cudaMemcpyDeviceToHost), 0);
-      return out;
-    }
-#endif
-    std::memcpy(out.data(), src, n * 2);
+    test::CallerBuffers::get(out.data(), src);
     return out;
   }
   std::vector<dos::TensorView> views() const {

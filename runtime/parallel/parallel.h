@@ -19,8 +19,8 @@
 #include <string>
 #include <vector>
 
-#include "../comm.h"
-#include "../partition.h"
+#include "comm.h"
+#include "partition.h"
 
 namespace dos {
 

@@ -202,7 +202,8 @@ Checked check_options(const Args& a) {
   if (c.update_budget > 0 && a.writeback != "eager") fail("--gpu-update-budget needs --writeback eager");
   if (a.tokens < 1) fail("--tokens must be at least 1, got " + std::to_string(a.tokens));
   if (a.cpu_scale < 1) fail("--cpu-scale must be at least 1, got " + std::to_string(a.cpu_scale));
-  if (a.overlap != "on" && a.overlap != "off") fail("--overlap must be on or off, got '" + a.overlap + "'");
+  if (a.overlap != "auto" && a.overlap != "on" && a.overlap != "off")
+    fail("--overlap must be auto, on or off, got '" + a.overlap + "'");
   if (!(a.max_grad_norm >= 0) || !std::isfinite(a.max_grad_norm))
     fail("--max-grad-norm must be a finite number > 0 (or 0: no clipping), got " + std::to_string(a.max_grad_norm));
   if (a.nan_gradient_at < 0) fail("--nan-gradient-at must be an iteration number >= 1 (0: none), got " +
@@ -331,9 +332,10 @@ int parse_command_line(int argc, char** argv, Args& a) {
       ->capture_default_str();
   app.add_option("--overlap", a.overlap,
                  "on: the update overlaps backward: each layer's gradients are declared final as its backward ends "
-                 "and the subgroups the plan puts on the CPU are updated at once, speculatively, then kept, redone "
+                 "and the subgroups whose gradients are complete are updated at once, speculatively, then kept, redone "
                  "(clipping changed the gradients) or dropped (a non-finite gradient) when every gradient is final; "
-                 "the same bits as off, where the update starts after backward")
+                 "the same bits as off, where the update starts after backward; auto: on with --emulate-compute "
+                 "(without it there is no backward, and the update's time would include the gradients' emulation)")
       ->capture_default_str();
   app.add_option("--max-grad-norm", a.max_grad_norm,
                  "clip the gradients to this global L2 norm as torch.nn.utils.clip_grad_norm_ does (coefficient "

@@ -51,7 +51,7 @@ struct Args {
   bool emulate_compute = false;
   long long tokens = 4096;
   int cpu_scale = 32;
-  std::string overlap = "on";     ///< --overlap: the update overlapped with backward (on) or after it (off)
+  std::string overlap = "auto";   ///< --overlap: the update overlapped with backward (on), after it (off); auto: on with --emulate-compute
   double max_grad_norm = 0;       ///< --max-grad-norm: global-norm clipping; 0: none
   long long nan_gradient_at = 0;  ///< --nan-gradient-at: the iteration whose gradient gets a NaN; 0: none
   std::string speculation_budget; ///< --speculation-budget as given (bytes); empty: the runtime's default

@@ -14,6 +14,8 @@ Runs:
   --policies dos,cpu,dmda        one run per policy (dos-train --policy). Default dos,cpu,dmda,gpu;
                                  a policy that needs a GPU (gpu) is skipped, with a note, when
                                  dos-train reports no CUDA worker
+  --overlap                      also run each run with the update overlapped with backward (LABEL+overlap;
+                                 needs --emulate-compute after --); the others run with --overlap off
   --run LABEL='ARGS'             one more run named LABEL with its own dos-train arguments (e.g.
                                  --run "dos-native=--policy dos --grad-transfer native"); repeatable
   --resident-budgets 10GB,20GB   for each budget B, a ``dos@B`` run (dos --gpu-resident-budget B)
@@ -95,6 +97,10 @@ def parse_args(argv):
                     help="an extra run: its label and its own dos-train arguments (repeatable)")
     ap.add_argument("--resident-budgets", default="",
                     help="comma-separated GPU resident budgets: a dos and a static:R run for each")
+    ap.add_argument("--overlap", action="store_true",
+                    help="also run every run with the update overlapped with backward (dos-train --overlap on, as "
+                         "LABEL+overlap; needs --emulate-compute among the dos-train arguments): the iteration seconds "
+                         "of both, the overlapped run's exposed update; the others run with --overlap off")
     ap.add_argument("--repeats", type=int, default=1,
                     help="runs of each configuration (default 1): median and min..max over them")
     ap.add_argument("--baselines", nargs="?", const=DEFAULT_BASELINES, default=None, metavar="LIST",
@@ -142,10 +148,23 @@ def parse_args(argv):
             ap.error(f"--baselines: unknown variant(s) {', '.join(bad)}: use zero_offload, stride:K, twinflow:R")
     if not a.runs and not a.budgets and not a.plot_only:
         ap.error("nothing to run: give --policies, --run or --resident-budgets")
+    # every run's update phase after backward, unless its own arguments say otherwise; with
+    # --overlap, each run once more with the update overlapped
+    if a.overlap and "--emulate-compute" not in a.train_args:
+        ap.error("--overlap compares iterations: give --emulate-compute among the dos-train arguments (after --)")
+    with_overlap = []
+    for label, args in a.runs:
+        if arg_value(args, "--overlap") is None:
+            with_overlap.append((label, args + ["--overlap", "off"]))
+            if a.overlap:
+                with_overlap.append((label + "+overlap", args + ["--overlap", "on"]))
+        else:
+            with_overlap.append((label, args))
+    a.runs = with_overlap
     labels = [l for l, _ in a.runs]
     if len(set(labels)) != len(labels):
         ap.error(f"two runs have the same label: {labels}")
-    for bad in ("--policy", "--report", "--save-params", "--sweep", "--timeline", "--gpu-resident-budget"):
+    for bad in ("--policy", "--report", "--save-params", "--sweep", "--timeline", "--gpu-resident-budget", "--overlap"):
         if any(t == bad or t.startswith(bad + "=") for t in a.train_args):
             ap.error(f"{bad} is set by dos-compare itself: leave it out of the dos-train arguments")
     return a
@@ -520,6 +539,8 @@ def main(argv=None):
                "update_seconds_runs": [x["summary"]["update_seconds_median"] for x in reports],
                "gparams_per_s": r["params"] / med / 1e9,
                "iteration_seconds": it_med, "model_tflops": summarize(reports, "model_tflops_median")[0],
+               "overlapped": bool((r.get("iterations") or [{}])[-1].get("overlapped")),
+               "exposed_seconds": summarize(reports, "exposed_seconds_median")[0],
                "peak_gpu_bytes": summarize(reports, "peak_gpu_bytes_median")[0]}
         lb = lower_bound(reports) or bounds.get(budget)
         if lb:
@@ -531,7 +552,8 @@ def main(argv=None):
     by_label = {row["label"]: row for row in rows}
     for row in rows:
         for ref in ("cpu", "dmda"):
-            if ref in by_label:
+            # update phases only: an overlapped run's phase begins before forward (compare its iteration)
+            if ref in by_label and not row["overlapped"] and not by_label[ref]["overlapped"]:
                 row[f"speedup_vs_{ref}"] = by_label[ref]["update_seconds"] / row["update_seconds"]
     brows = []
     for b in baselines:
@@ -554,28 +576,38 @@ def main(argv=None):
     fmt = lambda v, spec: "-" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec)  # noqa: E731
     spread = lambda row: (f"{row['update_seconds_min']:.4f}..{row['update_seconds_max']:.4f}"  # noqa: E731
                           if row.get("update_seconds_min") is not None else "-")
-    lines = ["| run | resident budget | iteration s | update s | spread (min..max) | Gparams/s | vs cpu | vs dmda | "
-             "% of lower bound |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = ["| run | resident budget | iteration s | update s | exposed update s | spread (min..max) | Gparams/s | "
+             "vs cpu | vs dmda | % of lower bound |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for row in rows:
         lines.append(f"| {row['label']} | {row['resident_budget'] or '-'} | {fmt(row['iteration_seconds'], '.4f')} | "
-                     f"{row['update_seconds']:.4f} | {spread(row)} | {row['gparams_per_s']:.3f} | "
+                     f"{row['update_seconds']:.4f} | {fmt(row['exposed_seconds'] if row['overlapped'] else None, '.4f')} | "
+                     f"{spread(row)} | {row['gparams_per_s']:.3f} | "
                      f"{fmt(row.get('speedup_vs_cpu'), '.2f')} | {fmt(row.get('speedup_vs_dmda'), '.2f')} | "
                      f"{fmt(row.get('percent_of_lower_bound'), '.0f')} |")
     for b in brows:
-        lines.append(f"| {b['label']} (PyTorch, this repository) | - | - | {b['update_seconds']:.4f} | {spread(b)} | "
+        lines.append(f"| {b['label']} (PyTorch, this repository) | - | - | {b['update_seconds']:.4f} | - | {spread(b)} | "
                      f"{b['gparams_per_s']:.3f} | {fmt(b.get('speedup_vs_cpu'), '.2f')} | "
                      f"{fmt(b.get('speedup_vs_dmda'), '.2f')} | - |")
     for k, v in peers.items():
-        lines.append(f"| peer {k} (external, PyTorch) | - | - | {v:.4f} | - | {rows[0]['params'] / v / 1e9:.3f} | - | - "
-                     f"| - |")
+        lines.append(f"| peer {k} (external, PyTorch) | - | - | {v:.4f} | - | - | {rows[0]['params'] / v / 1e9:.3f} | - "
+                     f"| - | - |")
     if rows:
         lines.append(f"\n{rows[0]['params']:,} parameters, {rows[0]['subgroups']} subgroups; update seconds: "
                      + (f"median over {a.repeats} runs of each run's median over iterations 2.., spread over the runs"
                         if a.repeats > 1 else "median over iterations 2.., spread over those iterations (one run "
                         "each; --repeats R for the spread between runs)")
                      + "; baselines: the same, over their update phases; peers: their mean per phase; lower bound: "
-                       "the resource model's, the run's own or that of the first run with the same resident budget")
+                       "the resource model's, the run's own or that of the first run with the same resident budget"
+                     + ("; an overlapped run's update s runs from before forward to the phase's end, its exposed "
+                        "update s from the end of backward: compare the iterations" if any(r["overlapped"] for r in rows)
+                        else ""))
+    for row in rows:  # the overlap's gain, iteration against iteration
+        base = by_label.get(row["label"][: -len("+overlap")]) if row["label"].endswith("+overlap") else None
+        if base and base.get("iteration_seconds") and row.get("iteration_seconds"):
+            notes.append(f"{row['label']}: iteration {row['iteration_seconds']:.4f} s against "
+                         f"{base['iteration_seconds']:.4f} s without overlap "
+                         f"({base['iteration_seconds'] / row['iteration_seconds']:.2f}x)")
     # speedups of dos over the others (other's seconds / dos's seconds), each checked against the spread
     ratios = {}
     triple = lambda row: (row["update_seconds"], row.get("update_seconds_min"), row.get("update_seconds_max"))  # noqa: E731
@@ -589,7 +621,7 @@ def main(argv=None):
     dos_row = by_label.get("dos")
     if dos_row:
         for row in rows:
-            if row["label"] != "dos" and row["resident_budget"] is None:
+            if row["label"] != "dos" and row["resident_budget"] is None and not row["overlapped"]:
                 ratio(f"dos_vs_{row['label']}", row, dos_row)
         if "zero_offload" in by_variant:
             ratio("dos_vs_baseline_zero_offload", by_variant["zero_offload"], dos_row)

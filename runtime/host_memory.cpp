@@ -1,0 +1,123 @@
+// Host memory: what the machine has left, and the optimizer state's host buffers (host_memory.h).
+#include "host_memory.h"
+
+#include <starpu.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <string>
+
+#include "../codelets/codelets.h"
+#include "../codelets/cpu_team.h"
+#include "dos.h"
+
+namespace dos {
+
+// ---------------------------------------------------------------------------------------------
+// Host memory
+
+std::size_t host_bytes_per_param(DType dtype) { return 12 + 4 + dtype_size(dtype); }
+
+namespace detail {
+std::size_t host_memory_available() {
+  std::ifstream f("/proc/meminfo");
+  std::string key;
+  std::size_t kb = 0, avail = 0;
+  std::string unit;
+  while (f >> key >> kb >> unit)
+    if (key == "MemAvailable:") avail = kb * 1024;
+  return avail;
+}
+}  // namespace detail
+
+void check_host_memory(std::size_t bytes, const std::string& what) {
+  const std::size_t avail = detail::host_memory_available();
+  if (avail == 0) return;  // cannot tell (not Linux): let the allocation decide
+  if (bytes > avail) {
+    char msg[512];
+    std::snprintf(msg, sizeof msg,
+                  "%s needs %.1f GB of host memory and only %.1f GB are available: run a shard of the model "
+                  "(--shard R/W), a smaller model, or on a machine with more memory",
+                  what.c_str(), bytes / 1e9, avail / 1e9);
+    throw Error(msg);
+  }
+}
+
+namespace {
+
+/// Measurement switch: DOS_HOST_ALLOC=starpu allocates the host buffers with starpu_malloc_flags
+/// (cudaHostAlloc) instead of posix_memalign + starpu_memory_pin (cudaHostRegister), to compare
+/// the DMA rates of the two kinds of pinned memory. StarPU aborts when that allocation fails.
+bool host_alloc_by_starpu() {
+  static const bool on = [] {
+    const char* e = std::getenv("DOS_HOST_ALLOC");
+    return e && std::string(e) == "starpu";
+  }();
+  return on && starpu_cuda_worker_get_count() > 0;
+}
+
+std::atomic<bool> g_warned_pageable{false};
+
+struct FirstTouch {
+  float* ptr;
+  std::size_t n;
+};
+void first_touch_on_worker(void* arg) {
+  auto* t = static_cast<FirstTouch*>(arg);
+  bind_worker_team();
+  zero_fill_cpu(t->ptr, t->n);
+}
+}  // namespace
+
+namespace detail {
+
+HostBuffer alloc_host(std::size_t bytes) {
+  HostBuffer b;
+  b.bytes = bytes;
+  const std::size_t n = bytes / sizeof(float);
+  void* p = nullptr;
+  if (host_alloc_by_starpu()) {
+    if (starpu_malloc_flags(&p, b.bytes ? b.bytes : 4096, STARPU_MALLOC_PINNED) != 0)
+      throw Error("cannot allocate " + std::to_string(b.bytes) + " bytes of pinned host memory (DOS_HOST_ALLOC=starpu)");
+    b.from_starpu = b.pinned = true;
+  } else if (posix_memalign(&p, 4096, b.bytes ? b.bytes : 4096) != 0) {
+    throw Error("cannot allocate " + std::to_string(b.bytes) + " bytes of host memory for the optimizer state");
+  }
+  b.ptr = static_cast<float*>(p);
+  // NUMA-aware first touch: the first CPU worker's (bound) team zeroes the buffer with the Adam
+  // kernel's partition, so each page lands on the NUMA node of the thread that will update it.
+  FirstTouch touch{b.ptr, n};
+  if (starpu_cpu_worker_get_count() > 0) {
+    unsigned worker = 0;
+    starpu_worker_get_ids_by_type(STARPU_CPU_WORKER, reinterpret_cast<int*>(&worker), 1);
+    starpu_execute_on_specific_workers(first_touch_on_worker, &touch, 1, &worker, "dos_first_touch");
+  } else {
+    zero_fill_cpu(b.ptr, n);
+  }
+  std::memset(reinterpret_cast<char*>(b.ptr) + n * sizeof(float), 0, bytes - n * sizeof(float));
+  if (starpu_cuda_worker_get_count() > 0 && !b.from_starpu) {
+    b.pinned = starpu_memory_pin(b.ptr, b.bytes) == 0;
+    if (!b.pinned && !g_warned_pageable.exchange(true))
+      std::fprintf(stderr, "[dos] warning: could not pin %zu bytes of optimizer state: using pageable memory, "
+                           "whose copies to and from the GPU are slower and synchronous\n", b.bytes);
+  }
+  return b;
+}
+
+void free_host(HostBuffer& b) {
+  if (!b.ptr) return;
+  if (b.from_starpu) {
+    starpu_free_flags(b.ptr, b.bytes ? b.bytes : 4096, STARPU_MALLOC_PINNED);
+    b.ptr = nullptr;
+    return;
+  }
+  if (b.pinned) starpu_memory_unpin(b.ptr, b.bytes);
+  std::free(b.ptr);
+  b.ptr = nullptr;
+}
+
+}  // namespace detail
+}  // namespace dos

@@ -1,0 +1,422 @@
+// The Optimizer: its construction (the subgroups' host state and StarPU handles, the master
+// parameters, the rates), each step's plan and the rates' refinement, the task helpers, and the
+// state as the caller reads, loads and sets it. The update phase is in update_phase.cpp.
+#include <starpu.h>
+
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <string>
+
+#include "../codelets/codelets.h"
+#include "../scheduler/policy.h"
+#include "dos.h"
+#include "optimizer_impl.h"
+#include "partition.h"
+#include "runtime_impl.h"
+
+namespace dos {
+using namespace detail;
+
+// ---------------------------------------------------------------------------------------------
+// Validation
+
+void validate_adam_hyper(const AdamHyper& h) {
+  auto bad = [](const std::string& what) { throw Error("invalid Adam hyper-parameter: " + what); };
+  if (!(h.lr >= 0) || !std::isfinite(h.lr)) bad("learning rate must be a finite number >= 0, got " + std::to_string(h.lr));
+  if (!(h.eps >= 0) || !std::isfinite(h.eps)) bad("eps must be a finite number >= 0, got " + std::to_string(h.eps));
+  if (!(h.beta1 >= 0 && h.beta1 < 1)) bad("beta1 must be in [0, 1), got " + std::to_string(h.beta1));
+  if (!(h.beta2 >= 0 && h.beta2 < 1)) bad("beta2 must be in [0, 1), got " + std::to_string(h.beta2));
+  if (!(h.weight_decay >= 0) || !std::isfinite(h.weight_decay))
+    bad("weight_decay must be a finite number >= 0, got " + std::to_string(h.weight_decay));
+  // the kernels compute in fp32: a value (or lr x weight_decay) beyond its range makes every
+  // parameter inf or NaN at the first step
+  const std::pair<const char*, double> fp32[] = {{"learning rate", h.lr}, {"weight_decay", h.weight_decay},
+                                                 {"eps", h.eps}, {"learning rate x weight_decay", h.lr * h.weight_decay}};
+  for (const auto& [name, v] : fp32)
+    if (v > FLT_MAX) {
+      char msg[160];
+      std::snprintf(msg, sizeof msg, "%s %g overflows fp32 (at most 3.4e38): every parameter would become inf or NaN",
+                    name, v);
+      bad(msg);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Optimizer
+
+namespace detail {
+
+void submit(struct starpu_task* t, const char* what) {
+  const int ret = starpu_task_submit(t);
+  if (ret != 0) throw Error(std::string("StarPU refused the ") + what + " task (error " + std::to_string(ret) + ")");
+}
+
+}  // namespace detail
+
+Optimizer::Impl::Impl() { ++g_live_optimizers; }
+Optimizer::Impl::~Impl() {
+  starpu_task_wait_for_all();  // nothing may still use the buffers freed below
+  open.reset();
+  if (refined && !rates_path.empty()) {
+    try {  // the next run starts from what this one learned
+      save_rates(rates_path, rates, calibrated_rates);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "[dos] warning: could not save the refined rates: %s\n", e.what());
+    }
+  }
+  sgs.clear();
+  if (--g_live_optimizers == 0 && g_shutdown_deferred) {
+    g_shutdown_deferred = false;
+    starpu_shutdown();
+  }
+}
+
+std::vector<PlanSide> Optimizer::Impl::make_plan() const {
+  const std::size_t n = sgs.size();
+  if (!choice.plan) return {};
+  if (rt->cuda_workers() == 0) return std::vector<PlanSide>(n, PlanSide::cpu);
+  if (override_.kind == PlanOverride::none) {
+    std::vector<PlanSide> p;
+    try {
+      p = choice.plan->decide(PlanInput{workload, have_rates ? &rates : nullptr, execution()});
+    } catch (const Error&) {
+      throw;
+    } catch (const std::exception& e) {
+      throw Error("plan " + choice.name + ": " + e.what());
+    }
+    if (p.size() != n)
+      throw Error("plan " + choice.name + " gave " + std::to_string(p.size()) + " sides for " + std::to_string(n) +
+                  " subgroups");
+    return p;
+  }
+  const std::size_t res = std::min(workload.resident, n), free = n - res;
+  std::vector<PlanSide> p;
+  if (override_.kind == PlanOverride::fraction)
+    p = spread_plan(free, workload.may_stream ? std::size_t(std::llround(override_.value * double(free))) : 0);
+  else
+    p = workload.may_stream ? stride_plan(free, std::size_t(override_.value)) : spread_plan(free, 0);
+  p.resize(n, PlanSide::gpu_resident);
+  return p;
+}
+
+void Optimizer::Impl::refine(const StepStats& st, const Simulation& sim) {
+  if (!have_rates || !choice.plan || !choice.plan->needs().refine || rt->cuda_workers() == 0) return;
+  // a step moves a rate half way to what it measured, and by at most a factor of 2
+  auto blend = [&](double& rate, double measured) {
+    if (!(measured > 0) || !std::isfinite(measured)) return;
+    rate = 0.5 * (rate + std::min(2 * rate, std::max(0.5 * rate, measured)));
+    refined = true;
+  };
+  const double adam = st.cpu_adam_seconds;  // CPU Adam alone: the model counts nothing else
+  if (st.planned_streamed == 0 && sim.cpu > 0 && adam > 0) {
+    blend(rates.U_c, rates.U_c * sim.cpu / adam);
+  } else if (sim.cpu_beside_dma > 0.2 * sim.cpu && adam > 0) {
+    const double alone = sim.cpu - sim.cpu_beside_dma;
+    const double beside = adam - alone;
+    if (beside > 0.2 * sim.cpu_beside_dma) blend(rates.U_c_dma, rates.U_c_dma * sim.cpu_beside_dma / beside);
+  }
+  // Below this U_c_dma, host memory (host_bandwidth) is at its floor, what CPU Adam or both links
+  // get alone, and the model no longer depends on U_c_dma: refining further would only drift.
+  rates.U_c_dma = std::min(rates.U_c, std::max(rates.U_c_dma, lowest_distinct_u_c_dma(workload, rates)));
+  if (st.planned_streamed > 0 && sim.stream_end > 0 && st.stream_end_seconds > 0 && opt.eager_writeback) {
+    const double f = sim.stream_end / st.stream_end_seconds;
+    blend(rates.B_h2d, rates.B_h2d * f);
+    blend(rates.B_d2h, rates.B_d2h * f);
+  }
+}
+
+struct starpu_task* Optimizer::Impl::make_task(struct starpu_codelet* cl, void* arg, const TaskHint* hint,
+                                               uint32_t where) {
+  struct starpu_task* t = starpu_task_create();
+  t->cl = cl;
+  t->cl_arg = arg;
+  t->cl_arg_size = 0;
+  t->cl_arg_free = 0;
+  t->where = where;
+  if (use_hints) t->sched_data = const_cast<TaskHint*>(hint);
+  return t;
+}
+
+struct starpu_task* Optimizer::Impl::adam_task(Subgroup* sg, struct starpu_codelet* cl, void* arg, uint32_t where,
+                                               void (*done)(void*)) {
+  struct starpu_task* t = make_task(cl, arg, &sg->hint_update, where);
+  t->handles[0] = sg->h_master;
+  t->handles[1] = sg->h_exp_avg;
+  t->handles[2] = sg->h_exp_avg_sq;
+  t->callback_func = done;
+  t->callback_arg = sg;
+  return t;
+}
+
+void Optimizer::Impl::keep_master_on_host_only() {
+  for (auto& sg : sgs) {
+    starpu_data_acquire(sg->h_master, STARPU_RW);
+    starpu_data_release(sg->h_master);
+  }
+}
+
+template <class State, class Fn>
+void Optimizer::Impl::hold_state(starpu_data_access_mode mode, Fn&& fn) const {
+  std::vector<State> state;
+  std::vector<starpu_data_handle_t> held;
+  state.reserve(sgs.size());
+  held.reserve(3 * sgs.size());  // no allocation between an acquire and its bookkeeping
+  struct Release {
+    std::vector<starpu_data_handle_t>& held;
+    ~Release() {
+      for (starpu_data_handle_t h : held) starpu_data_release(h);
+    }
+  } release{held};
+  for (const auto& sg : sgs) {
+    for (starpu_data_handle_t h : {sg->h_master, sg->h_exp_avg, sg->h_exp_avg_sq}) {
+      starpu_data_acquire(h, mode);
+      held.push_back(h);
+    }
+    state.push_back({sg->master.ptr, sg->exp_avg.ptr, sg->exp_avg_sq.ptr, sg->size});
+  }
+  fn(state);
+}
+
+void Optimizer::Impl::read_state(float* out, HostBuffer Subgroup::*buf, starpu_data_handle_t Subgroup::*h) const {
+  require_no_open_step("reading the optimizer state");
+  for (const auto& sg : sgs) {
+    starpu_data_acquire(sg.get()->*h, STARPU_R);  // waits for the tasks writing it, fetches it home
+    std::memcpy(out + sg->begin, (sg.get()->*buf).ptr, sg->size * sizeof(float));
+    starpu_data_release(sg.get()->*h);
+  }
+}
+
+Optimizer::Optimizer(Runtime& runtime, const std::vector<TensorView>& tensors, const OptimizerOptions& options)
+    : impl_(new Impl) {
+  Impl& I = *impl_;
+  I.rt = &runtime;
+  I.opt = options;
+  I.tensors = tensors;
+  validate_adam_hyper(options.adam);
+  if (tensors.empty()) throw Error("no tensors given to the optimizer");
+  std::vector<std::size_t> numels;
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    if (tensors[i].numel > 0 && (!tensors[i].param || !tensors[i].grad))
+      throw Error("tensor " + std::to_string(i) + " has a null parameter or gradient pointer");
+    numels.push_back(tensors[i].numel);
+  }
+  std::vector<SubgroupLayout> layout;
+  try {
+    layout = partition_subgroups(numels, options.subgroup_size);
+  } catch (const std::invalid_argument& e) {
+    throw Error(e.what());
+  }
+  for (std::size_t n : numels) I.nparams += n;
+  if (options.memory == MemoryKind::cuda) {
+    if (runtime.cuda_workers() == 0)
+      throw Error("the parameters live in GPU memory but the runtime has no CUDA worker");
+    I.where_caller = STARPU_CUDA;
+  }
+  const std::size_t esz = dtype_size(options.dtype);
+  {  // five page-aligned buffers per subgroup (alloc_host): count the rounding of small subgroups too
+    const std::size_t page = 4096;
+    auto pages = [&](std::size_t bytes) { return (bytes + page - 1) / page * page; };
+    std::size_t need = 0;
+    for (const SubgroupLayout& l : layout) need += 4 * pages(l.size * sizeof(float)) + pages(l.size * esz);
+    check_host_memory(need, "the optimizer state of " + std::to_string(I.nparams) + " parameters in " +
+                                std::to_string(layout.size()) + " subgroups");
+  }
+  const PolicyChoice choice = runtime.impl().choice;
+  I.choice = choice;
+  I.use_hints = !choice.builtin();
+  I.workload.caller_on_gpu = options.memory == MemoryKind::cuda;
+  I.workload.param_bytes = esz;
+  // The staged gradient: fp32, or the parameters' dtype (native_grads: half the bytes for 16-bit).
+  const DType grad_dtype = options.native_grads ? options.dtype : DType::fp32;
+  const std::size_t gsz = dtype_size(grad_dtype);
+  I.workload.grad_bytes = gsz;
+  for (const SubgroupLayout& l : layout) I.workload.sizes.push_back(l.size);
+  {  // GPU budgets (OptimizerOptions): what may stay resident, and whether one streamed subgroup fits
+    const bool gpu = runtime.cuda_workers() > 0;
+    if (options.gpu_resident_budget < -1)
+      throw Error("the GPU resident budget must be >= 0 bytes (or -1: not given), got " +
+                  std::to_string(options.gpu_resident_budget));
+    if (options.gpu_update_budget > 0 && !options.eager_writeback)
+      throw Error("a GPU update budget needs the eager write-back (a subgroup's GPU memory is given back when its "
+                  "state is home): drop the budget or keep eager_writeback");
+    if (gpu) {
+      try {
+        apply_gpu_budgets(I.workload, choice.plan.get(), GpuBudgets{options.gpu_resident_budget, options.gpu_update_budget});
+      } catch (const std::invalid_argument& e) {
+        throw Error(e.what());
+      }
+    }
+    if (gpu && options.gpu_update_budget > 0 && !I.workload.may_stream && options.verbose) {
+      std::size_t need_streamed = 0;
+      for (std::size_t sz : I.workload.sizes)
+        need_streamed = std::max(need_streamed, subgroup_footprint(I.workload, sz, PlanSide::gpu_streamed));
+      std::fprintf(stderr, "[dos] the GPU update budget (%s) is below one streamed subgroup's %s: every update "
+                           "that is not resident runs on the CPU\n", gb_text(double(options.gpu_update_budget)).c_str(),
+                   gb_text(double(need_streamed)).c_str());
+    }
+    for (unsigned w = 0; w < starpu_worker_get_count(); ++w)
+      if (starpu_worker_get_type(int(w)) == STARPU_CUDA_WORKER) I.cuda_nodes.push_back(starpu_worker_get_memory_node(w));
+  }
+
+  for (std::size_t s = 0; s < layout.size(); ++s) {
+    auto sg = std::make_unique<Subgroup>();
+    sg->begin = layout[s].begin;
+    sg->size = layout[s].size;
+    sg->master = alloc_host(sg->size * sizeof(float));
+    sg->exp_avg = alloc_host(sg->size * sizeof(float));
+    sg->exp_avg_sq = alloc_host(sg->size * sizeof(float));
+    sg->grad32 = alloc_host(sg->size * gsz);
+    sg->param16 = alloc_host(sg->size * esz);
+    starpu_vector_data_register(&sg->h_master, STARPU_MAIN_RAM, uintptr_t(sg->master.ptr), sg->size, sizeof(float));
+    starpu_vector_data_register(&sg->h_exp_avg, STARPU_MAIN_RAM, uintptr_t(sg->exp_avg.ptr), sg->size, sizeof(float));
+    starpu_vector_data_register(&sg->h_exp_avg_sq, STARPU_MAIN_RAM, uintptr_t(sg->exp_avg_sq.ptr), sg->size,
+                                sizeof(float));
+    // Staging buffers live in host memory allocated (and pinned) once. Left to StarPU (home node
+    // -1, dropped after each phase), their host copies were allocated and pinned again every
+    // iteration: the cpu policy's update phase for 1.68e9 parameters took 5.38 s on the GPU
+    // machine, 0.58 s with this (README, "Measured"). Their contents are dropped after use
+    // (invalidate), so nothing is ever written back for them.
+    starpu_vector_data_register(&sg->h_grad32, STARPU_MAIN_RAM, uintptr_t(sg->grad32.ptr), sg->size, gsz);
+    starpu_vector_data_register(&sg->h_param16, STARPU_MAIN_RAM, uintptr_t(sg->param16.ptr), sg->size, esz);
+    for (const Piece& p : layout[s].pieces) {
+      const TensorView& t = tensors[p.tensor];
+      sg->segs.push_back(Segment{static_cast<char*>(t.param) + p.tensor_offset * esz,
+                                 static_cast<char*>(t.grad) + p.tensor_offset * esz, p.offset, p.count});
+    }
+    sg->gather_grads = GatherArgs{sg->segs.data(), sg->segs.size(), options.dtype, false, grad_dtype};
+    sg->gather_params = GatherArgs{sg->segs.data(), sg->segs.size(), options.dtype, true};
+    sg->scatter = ScatterArgs{sg->segs.data(), sg->segs.size(), options.dtype};
+    sg->adam_direct = AdamDirectArgs{&sg->adam, sg->segs.data(), sg->segs.size(), options.dtype};
+    sg->adam.param_dtype = options.dtype;
+    sg->adam.grad_dtype = grad_dtype;
+    sg->hint_update = TaskHint{Side::cpu, unsigned(s)};
+    sg->hint_io = TaskHint{Side::any, unsigned(s)};
+    sg->hint_scatter = TaskHint{Side::any, unsigned(s)};
+    sg->hint_scatter.urgent = options.urgent_writeback;
+    sg->window = &I.window;  // the GPU update budget's window, reset at every step
+    I.sgs.push_back(std::move(sg));
+  }
+  // fp32 master parameters from the caller's parameters, converted where they live.
+  for (auto& sg : I.sgs) {
+    struct starpu_task* t = I.make_task(&gather_cl, &sg->gather_params, &sg->hint_io, I.where_caller);
+    t->handles[0] = sg->h_master;
+    submit(t, "master-parameter initialisation");
+  }
+  starpu_task_wait_for_all();
+  I.keep_master_on_host_only();
+  if (runtime.model_policy() && runtime.cuda_workers() > 0) {
+    const Rates& r = options.rates;
+    if (rates_complete(r)) {
+      I.rates = I.calibrated_rates = r;
+    } else {
+      // scratch subgroups as large as the workload's (at most 2^24 elements: a few seconds)
+      const std::size_t largest = *std::max_element(I.workload.sizes.begin(), I.workload.sizes.end());
+      const std::size_t cal = std::min<std::size_t>(largest, std::size_t(1) << 24);
+      I.rates = calibrate_rates(runtime, cal, options.dtype, options.memory, options.recalibrate, options.verbose,
+                                &I.calibrated_rates);
+      I.rates_path = rates_cache_path(runtime, cal, options.dtype, options.memory);
+    }
+    I.have_rates = true;
+  }
+}
+
+Optimizer::~Optimizer() = default;
+
+std::vector<std::int64_t> Optimizer::step_counts() const {
+  std::vector<std::int64_t> out;
+  for (const auto& sg : impl_->sgs) out.push_back(sg->step);
+  return out;
+}
+
+void Optimizer::load_state(const float* master, const float* exp_avg, const float* exp_avg_sq,
+                           const std::vector<std::int64_t>& steps) {
+  std::size_t at = 0;  // subgroups are consecutive in the flat order
+  load_state_in_place(steps, [&](const std::vector<HostStateOut>& state) {
+    for (const HostStateOut& sg : state) {
+      std::memcpy(sg.master, master + at, sg.size * sizeof(float));
+      std::memcpy(sg.exp_avg, exp_avg + at, sg.size * sizeof(float));
+      std::memcpy(sg.exp_avg_sq, exp_avg_sq + at, sg.size * sizeof(float));
+      at += sg.size;
+    }
+  });
+}
+
+void Optimizer::load_state_in_place(const std::vector<std::int64_t>& steps,
+                                    const std::function<void(const std::vector<HostStateOut>&)>& fill) {
+  Impl& I = *impl_;
+  I.require_no_open_step("load_state");
+  if (steps.size() != I.sgs.size())
+    throw Error("the state to load has " + std::to_string(steps.size()) + " subgroup step counts; this optimizer has " +
+                std::to_string(I.sgs.size()) + " subgroups");
+  for (std::int64_t st : steps)
+    if (st < 0) throw Error("a subgroup step count in the state to load is negative (" + std::to_string(st) + ")");
+  starpu_task_wait_for_all();
+  I.hold_state<HostStateOut>(STARPU_W, [&](const std::vector<HostStateOut>& state) {  // device copies invalidated
+    try {
+      fill(state);
+    } catch (const std::exception& e) {  // partly replaced: this optimizer must not step again
+      I.broken = std::string("loading a state failed part-way: ") + e.what();
+      throw;
+    }
+  });
+  for (std::size_t i = 0; i < I.sgs.size(); ++i) I.sgs[i]->step = steps[i];
+  // the caller's parameters: the loaded master rounded to their dtype, written where they live
+  for (auto& sg : I.sgs) {
+    struct starpu_task* c = I.make_task(&cast_cl, &sg->adam, &sg->hint_io, I.where_caller);
+    c->handles[0] = sg->h_master;
+    c->handles[1] = sg->h_param16;
+    submit(c, "parameter cast");
+    struct starpu_task* s = I.make_task(&scatter_cl, &sg->scatter, &sg->hint_io, I.where_caller);
+    s->handles[0] = sg->h_param16;
+    submit(s, "parameter write-back");
+    starpu_data_invalidate_submit(sg->h_param16);
+  }
+  starpu_task_wait_for_all();
+  I.keep_master_on_host_only();
+}
+
+void Optimizer::set_plan_override(const PlanOverride& o) {
+  if (!impl_->rt->model_policy())
+    throw Error("a forced plan (--k, --gpu-fraction) needs a plan with the model's rates (--policy dos), not " +
+                impl_->choice.name);
+  if (o.kind == PlanOverride::fraction && !(o.value >= 0 && o.value <= 1))
+    throw Error("the streamed fraction must be in [0, 1], got " + std::to_string(o.value));
+  if (o.kind == PlanOverride::stride && !(o.value >= 1 && o.value == std::floor(o.value)))
+    throw Error("the stride k must be a whole number >= 1, got " + std::to_string(o.value));
+  impl_->override_ = o;
+}
+void Optimizer::set_timeline(bool on) { impl_->timeline_on = on; }
+void Optimizer::set_hyper(const AdamHyper& h) {
+  impl_->require_no_open_step("set_hyper");
+  validate_adam_hyper(h);
+  impl_->opt.adam = h;  // step() derives each subgroup's constants from it
+}
+const AdamHyper& Optimizer::hyper() const { return impl_->opt.adam; }
+const Rates& Optimizer::rates() const { return impl_->rates; }
+const Workload& Optimizer::workload() const { return impl_->workload; }
+const Rates& Optimizer::calibrated_rates() const { return impl_->calibrated_rates; }
+Execution Optimizer::execution() const { return impl_->execution(); }
+std::vector<PlanSide> Optimizer::next_plan() const { return impl_->make_plan(); }
+
+std::size_t Optimizer::num_params() const { return impl_->nparams; }
+std::size_t Optimizer::num_subgroups() const { return impl_->sgs.size(); }
+std::size_t Optimizer::subgroup_size(std::size_t i) const { return impl_->sgs.at(i)->size; }
+std::int64_t Optimizer::step_count(std::size_t i) const { return impl_->sgs.at(i)->step; }
+void Optimizer::with_host_state(const std::function<void(const std::vector<HostState>&)>& fn) const {
+  impl_->require_no_open_step("with_host_state");
+  impl_->hold_state<HostState>(STARPU_R, fn);  // waits for the tasks writing the state, fetches it home
+}
+
+void Optimizer::read_master(float* out) const { impl_->read_state(out, &Subgroup::master, &Subgroup::h_master); }
+void Optimizer::read_exp_avg(float* out) const {
+  impl_->read_state(out, &Subgroup::exp_avg, &Subgroup::h_exp_avg);
+}
+void Optimizer::read_exp_avg_sq(float* out) const {
+  impl_->read_state(out, &Subgroup::exp_avg_sq, &Subgroup::h_exp_avg_sq);
+}
+
+}  // namespace dos

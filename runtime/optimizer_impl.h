@@ -1,0 +1,266 @@
+// Internal to the runtime (not installed): the optimizer's private parts, shared by optimizer.cpp
+// (construction, plans, refinement, task helpers, state access) and update_phase.cpp (the update
+// phase and its task callbacks). A Subgroup is one slice of the flat parameters with its host state,
+// staging buffers and StarPU handles; an OpenStep is an update phase between begin_step and the end
+// of finish_step; Optimizer::Impl owns both. Contract: Optimizer::Impl runs on the caller's thread,
+// except speculate (and what it calls), which the open step's submitter thread runs; StarPU's
+// callbacks touch a Subgroup only through its atomics, its window, its timeline and its busy sums,
+// and an OpenStep only through its Pending.
+#pragma once
+
+#include <starpu.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "../codelets/codelets.h"
+#include "../scheduler/policy.h"
+#include "admission.h"
+#include "dos.h"
+#include "host_memory.h"
+#include "profiling.h"
+
+namespace dos {
+namespace detail {
+
+struct Subgroup {
+  std::size_t begin = 0, size = 0;
+  std::int64_t step = 0;
+  HostBuffer master, exp_avg, exp_avg_sq;
+  HostBuffer grad32, param16;  // host staging of the fp32 gradient and the new parameters
+  starpu_data_handle_t h_master = nullptr, h_exp_avg = nullptr, h_exp_avg_sq = nullptr;
+  starpu_data_handle_t h_grad32 = nullptr, h_param16 = nullptr;
+  // The shadow state of speculative updates (Optimizer::gradients_final): where adam_into_cl writes
+  // the new state, swapped with the state above when the update is kept. Allocated at the
+  // subgroup's first speculative update.
+  HostBuffer sh_master, sh_exp_avg, sh_exp_avg_sq;
+  starpu_data_handle_t sh_h_master = nullptr, sh_h_exp_avg = nullptr, sh_h_exp_avg_sq = nullptr;
+  std::atomic<bool> spec_ended{false};  // the speculative Adam task of the open step has ended
+  std::vector<Segment> segs;
+  GatherArgs gather_grads{}, gather_params{};
+  ScatterArgs scatter{};
+  AdamArgs adam{};
+  AdamDirectArgs adam_direct{};
+  TaskHint hint_update{};  // the Adam task: the side the policy's plan names
+  TaskHint hint_io{};      // conversion and write-back: wherever the caller's buffers are
+  TaskHint hint_scatter{};  // the parameter write-back of an update phase: as hint_io, urgent
+  std::atomic<int> ran_on{0};  // 1: CPU worker, 2: CUDA worker
+  // Admission window (update budget): bytes this subgroup holds on the GPU in this phase, and the
+  // pieces of work (parameter write-back task, state write-backs) still to end before it gives
+  // them back.
+  std::size_t footprint = 0;
+  std::atomic<int> parts_left{0};
+  AdmissionWindow* window = nullptr;
+  struct Timeline* timeline = nullptr;
+  struct PhaseBusy* busy = nullptr;  // the optimizer's busy sums of the phase
+
+  Subgroup() = default;
+  Subgroup(const Subgroup&) = delete;
+  Subgroup& operator=(const Subgroup&) = delete;
+  /// Unregisters the handles (the state comes home first) and frees the host buffers. The caller
+  /// waits for every task touching them before (Optimizer::Impl's destructor does).
+  ~Subgroup() {
+    for (starpu_data_handle_t h : {h_master, h_exp_avg, h_exp_avg_sq})
+      if (h) starpu_data_unregister(h);
+    // scratch: nothing to bring home
+    for (starpu_data_handle_t h : {h_grad32, h_param16, sh_h_master, sh_h_exp_avg, sh_h_exp_avg_sq})
+      if (h) starpu_data_unregister_no_coherency(h);
+    for (HostBuffer* b : {&master, &exp_avg, &exp_avg_sq, &grad32, &param16, &sh_master, &sh_exp_avg, &sh_exp_avg_sq})
+      if (b->ptr) free_host(*b);
+  }
+};
+
+/// Counts outstanding asynchronous acquisitions and waits for them.
+struct Pending {
+  std::mutex mu;
+  std::condition_variable cv;
+  int n = 0;
+  double last_subgroup_part_us = 0;  // starpu_timing_now() of the last write-back that ended a subgroup's part
+  void subgroup_part_ended() {
+    const double now = starpu_timing_now();
+    std::lock_guard<std::mutex> l(mu);
+    if (now > last_subgroup_part_us) last_subgroup_part_us = now;
+  }
+  void add() {
+    std::lock_guard<std::mutex> l(mu);
+    ++n;
+  }
+  void done() {
+    std::lock_guard<std::mutex> l(mu);
+    if (--n == 0) cv.notify_all();
+  }
+  void wait() {
+    std::unique_lock<std::mutex> l(mu);
+    cv.wait(l, [&] { return n == 0; });
+  }
+};
+
+/// The state of an update phase between begin_step() and the end of finish_step().
+struct OpenStep {
+  StepStats st;
+  std::uint64_t h2d0 = 0, d2h0 = 0;
+  std::chrono::steady_clock::time_point t0;
+  std::atomic<bool> sampling{false};
+  std::thread sampler;  // the timeline's bus samples, every millisecond
+  Simulation sim;
+  Pending pending;
+  int refused = 0;                      // asynchronous acquires StarPU refused
+  std::vector<char> admitted;           // the subgroup holds its footprint in the admission window
+  std::vector<std::size_t> final_elems;  // elements of the subgroup's gradient declared final
+  std::map<std::size_t, std::size_t> declared;  // the ranges declared final so far: begin -> end
+  std::vector<char> stepped;            // its step count went up in this step
+  std::vector<char> speculated;         // its speculative update was submitted (and not redone)
+  std::vector<std::size_t> spec_order;  // the speculated subgroups, in submission order
+  std::size_t largest_fp = 0;
+  bool cpu_first = false;
+  // Speculative updates are submitted by a thread of their own, from the subgroups whose gradients
+  // became complete (gradients_final queues them): the caller's thread, busy with backward, never
+  // waits in StarPU's task and data calls.
+  std::mutex q_mu;
+  std::condition_variable q_cv;
+  std::deque<std::size_t> queue;
+  bool q_closed = false;
+  std::thread submitter;
+  std::string submit_error;  // the first failure of the submitter thread (empty: none)
+
+  OpenStep() = default;
+  OpenStep(const OpenStep&) = delete;
+  OpenStep& operator=(const OpenStep&) = delete;
+  /// Ends the submitter thread after the subgroups queued so far: every speculative update it
+  /// submits is submitted when this returns.
+  void drain() {
+    {
+      std::lock_guard<std::mutex> g(q_mu);
+      q_closed = true;
+    }
+    q_cv.notify_all();
+    if (submitter.joinable()) submitter.join();
+  }
+  /// Stops the submitter and the sampler and waits for the acquisitions still referring to `pending`.
+  ~OpenStep() {
+    drain();
+    sampling.store(false);
+    if (sampler.joinable()) sampler.join();
+    pending.wait();
+  }
+};
+
+/// Submits t; throws Error when StarPU refuses it (`what` names the task).
+void submit(struct starpu_task* t, const char* what);
+
+}  // namespace detail
+
+struct Optimizer::Impl {
+  Runtime* rt = nullptr;
+  OptimizerOptions opt;
+  std::vector<TensorView> tensors;
+  std::vector<std::unique_ptr<detail::Subgroup>> sgs;
+  std::size_t nparams = 0;
+  uint32_t where_caller = STARPU_CPU;
+  bool use_hints = false;
+  PolicyChoice choice;
+  Workload workload;
+  Rates rates{};             // the rates to plan with: calibrated, then refined after every phase
+  Rates calibrated_rates{};  // the calibration's own (the lower bound's, stable from run to run)
+  bool have_rates = false;
+  PlanOverride override_;
+  std::string rates_path;  // where calibrate_rates caches the rates; refined ones go back there
+  bool refined = false;
+  std::vector<PlanSide> plan;  // this step's plan (empty for StarPU's built-in policies)
+  std::string broken;          // why a failed step left the state inconsistent (empty: fine)
+  AdmissionWindow window;      // the GPU update budget
+  detail::Timeline timeline;
+  detail::PhaseBusy busy;
+  bool timeline_on = false;
+  std::vector<unsigned> cuda_nodes;  // memory node of each CUDA worker, in worker-id order
+  std::unique_ptr<detail::OpenStep> open;  // the update phase between begin_step and finish_step
+  std::size_t shadow_used = 0, shadow_limit = 0;  // host bytes of shadow state, and their budget
+  // The previous overlapped step's gradients changed after their declaration (clipping was active):
+  // this step speculates nothing, since its speculative updates would most likely be redone too
+  // (clipping tends to stay active from one step to the next); the next step tries again.
+  bool last_changed = false;
+
+  // The update phase (update_phase.cpp).
+  void begin(bool overlapped);
+  void declare_final(std::size_t begin, std::size_t end);
+  StepStats finish(StepVerdict verdict);
+  [[noreturn]] void fail(const std::string& why);
+  void require_no_open_step(const char* what) const;
+  bool speculable(std::size_t i) const;
+  bool ensure_shadow(detail::Subgroup* sg);
+  void speculate(detail::OpenStep& ph, std::size_t i);
+  void stage_gradient(detail::OpenStep& ph, std::size_t i);
+  void scatter_params(detail::Subgroup* sg);
+  void acquire_home(detail::OpenStep& ph, starpu_data_handle_t h,
+                    enum starpu_data_access_mode mode, detail::Subgroup* sg);
+  void write_back(detail::OpenStep& ph, detail::Subgroup* sg,
+                  enum starpu_data_access_mode mode, bool part_of_subgroup);
+
+  /// How step() carries a plan out (the phase simulation's view of it, models/phase_sim.h).
+  Execution execution() const {
+    Execution e;
+    e.order = opt.submit_order;
+    e.lookahead = cuda_nodes.empty() ? 0 : opt.stream_lookahead;
+    e.update_budget = cuda_nodes.empty() ? 0 : opt.gpu_update_budget;
+    e.cpu_workers = rt->cpu_workers();
+    return e;
+  }
+  /// Whether subgroup i's update this step takes the direct path: a plan puts it on the GPU and the
+  /// caller's buffers are there (CUDA worker present).
+  bool direct_path(std::size_t i) const {
+    return !plan.empty() && plan[i] != PlanSide::cpu && where_caller == STARPU_CUDA && !cuda_nodes.empty();
+  }
+
+  // Construction, plans, refinement, task helpers and state access (optimizer.cpp).
+  Impl();
+  ~Impl();
+
+  /// The plan of the next step: none under a StarPU policy; every update on the CPU without a CUDA
+  /// worker; a forced plan (set_plan_override) spread over the subgroups that are not resident;
+  /// else the plan's own decision.
+  std::vector<PlanSide> make_plan() const;
+
+  /// Online refinement of the rates from what the resources were busy doing in the step, against
+  /// what the phase simulation says they would have been doing (exponential average, weight 1/2):
+  ///  - U_c from the CPU worker's busy time in phases that streamed nothing;
+  ///  - U_c_dma from the CPU's busy time in phases that streamed: the simulation splits the CPU's
+  ///    work into a part beside DMA and a part alone; the part alone is taken at U_c, the rest of
+  ///    the measured busy time gives U_c_dma;
+  ///  - B_h2d and B_d2h from when the streaming ended (the last streamed subgroup's state back in
+  ///    host memory) against when the simulation ends it: the links run back to back until then.
+  void refine(const StepStats& st, const Simulation& sim);
+
+  struct starpu_task* make_task(struct starpu_codelet* cl, void* arg, const TaskHint* hint, uint32_t where);
+
+  /// An Adam task of the plan's side on subgroup sg's state (handles 0-2: master, exp_avg,
+  /// exp_avg_sq; the caller sets any others), with `done` as its callback (argument: sg).
+  struct starpu_task* adam_task(detail::Subgroup* sg, struct starpu_codelet* cl, void* arg, uint32_t where,
+                                void (*done)(void*));
+
+  /// After a write of the master parameters on the device side: the state lives in host memory
+  /// only, as after a step (a read-write acquire on main RAM invalidates any device copy).
+  void keep_master_on_host_only();
+
+  /// Holds every subgroup's master, exp_avg and exp_avg_sq in host memory (acquired in `mode`:
+  /// STARPU_R brings the host copies up to date, STARPU_W invalidates the device copies) and calls
+  /// fn with their pointers, as a vector of State ({master, exp_avg, exp_avg_sq, size}), in subgroup
+  /// (flat) order; releases them all when fn returns or throws.
+  /// (Defined in optimizer.cpp, its only user.)
+  template <class State, class Fn>
+  void hold_state(starpu_data_access_mode mode, Fn&& fn) const;
+
+  void read_state(float* out, detail::HostBuffer detail::Subgroup::*buf,
+                  starpu_data_handle_t detail::Subgroup::*h) const;
+};
+
+}  // namespace dos

@@ -1,0 +1,45 @@
+// What an update phase measures of itself: the bytes StarPU moved over the PCIe buses
+// (read_bus_bytes), the phase's tasks for its timeline (Timeline), and the seconds its tasks kept the
+// workers busy (PhaseBusy). Contract: all three are thread-safe (StarPU's callback threads, the
+// timeline's sampling thread and the caller's thread use them at once); read_bus_bytes needs StarPU
+// running. Internal to the runtime (not installed).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <vector>
+
+#include "../codelets/task_clock.h"
+#include "dos.h"
+
+namespace dos::detail {
+
+/// Bytes moved from host memory to a GPU (h2d) and back (d2h) since StarPU started, over every bus.
+void read_bus_bytes(std::uint64_t* h2d, std::uint64_t* d2h);
+
+/// Tasks of a phase, from the task clock (task_clock.h), when a timeline is asked for.
+struct Timeline {
+  std::mutex mu;
+  double t0_us = 0;  // starpu_timing_now() when the phase began: the task clock's clock
+  std::vector<TimelineTask> tasks;
+  void record(const char* what, std::size_t subgroup, const task_clock::Span& span) {
+    auto secs = [&](double us) { return 1e-6 * (us - t0_us); };
+    std::lock_guard<std::mutex> g(mu);
+    tasks.push_back(TimelineTask{span.gpu ? "gpu" : "cpu", what, subgroup, secs(span.start_us), secs(span.end_us)});
+  }
+};
+
+/// Seconds one optimizer's tasks kept the workers busy during a phase, summed over workers: every
+/// task on CPU workers, every task on CUDA workers, and the CPU Adam tasks alone (what the rates'
+/// refinement and calibration compare with the model, which counts only Adam on the CPU).
+struct PhaseBusy {
+  std::mutex mu;
+  double cpu = 0, gpu = 0, cpu_adam = 0;
+  void reset() {
+    std::lock_guard<std::mutex> g(mu);
+    cpu = gpu = cpu_adam = 0;
+  }
+};
+
+}  // namespace dos::detail

@@ -1,0 +1,570 @@
+// The update phase of the Optimizer: begin_step (or step()), gradients_final and the speculative
+// updates it lets the open step's submitter thread submit, finish_step (the plan's task graph, the
+// state's write-back, the phase's statistics), and the callbacks of its tasks.
+#include <starpu.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <iterator>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "../codelets/codelets.h"
+#include "../codelets/task_clock.h"
+#include "../scheduler/policy.h"
+#include "dos.h"
+#include "host_memory.h"
+#include "optimizer_impl.h"
+#include "profiling.h"
+
+namespace dos {
+using namespace detail;
+
+// ---------------------------------------------------------------------------------------------
+// The update phase's task callbacks (StarPU's threads)
+
+namespace {
+
+/// Ends one piece of a subgroup's work; the last one gives its footprint back to the window.
+void subgroup_part_done(Subgroup* sg) {
+  if (sg->parts_left.fetch_sub(1) == 1 && sg->window) sg->window->give(sg->footprint);
+}
+
+/// From a step task's callback: completes the task's clock record, adds it to the optimizer's busy
+/// sums and, when a timeline is asked for, to the timeline.
+void clock_task(Subgroup* sg, const char* what) {
+  task_clock::Span span;
+  if (!task_clock::finish(starpu_task_get_current(), &span)) return;
+  if (sg->busy) {
+    const double s = 1e-6 * (span.end_us - span.start_us);
+    std::lock_guard<std::mutex> g(sg->busy->mu);
+    (span.gpu ? sg->busy->gpu : sg->busy->cpu) += s;
+    if (!span.gpu && std::strcmp(what, "adam") == 0) sg->busy->cpu_adam += s;
+  }
+  if (sg->timeline) sg->timeline->record(what, std::size_t(sg->hint_update.subgroup), span);
+}
+
+struct WriteBack {
+  starpu_data_handle_t h;
+  Pending* pending;
+  Subgroup* sg;  // its part of the subgroup's work ends with the write-back (nullptr: none)
+};
+
+void release_after_writeback(void* arg) {
+  auto* wb = static_cast<WriteBack*>(arg);
+  // The host copy is valid now. After a write acquire (end-of-phase write-back) it is the only
+  // one; after a read acquire (eager write-back) the device copy was marked starpu_data_wont_use,
+  // so StarPU drops it first when it needs room.
+  starpu_data_release(wb->h);
+  Pending* p = wb->pending;
+  Subgroup* sg = wb->sg;
+  delete wb;
+  if (sg) {
+    p->subgroup_part_ended();
+    subgroup_part_done(sg);
+  }
+  p->done();
+}
+
+/// Callback of the Adam task: which kind of worker ran it, and its timeline entry.
+void record_worker(void* arg) {
+  auto* sg = static_cast<Subgroup*>(arg);
+  const int w = starpu_worker_get_id();
+  sg->ran_on.store(w >= 0 && starpu_worker_get_type(w) == STARPU_CUDA_WORKER ? 2 : 1);
+  clock_task(sg, "adam");
+}
+/// Callback of a speculative Adam task (adam_into_cl): as record_worker, and the task has ended.
+void record_speculative(void* arg) {
+  auto* sg = static_cast<Subgroup*>(arg);
+  const int w = starpu_worker_get_id();
+  sg->ran_on.store(w >= 0 && starpu_worker_get_type(w) == STARPU_CUDA_WORKER ? 2 : 1);
+  clock_task(sg, "adam_spec");
+  sg->spec_ended.store(true);
+}
+void record_gather(void* arg) {
+  clock_task(static_cast<Subgroup*>(arg), "gather");
+}
+/// Callback of the Adam task of the direct path (adam_direct_cl): as record_worker, and the task is
+/// one piece of the subgroup's work.
+void adam_direct_done(void* arg) {
+  record_worker(arg);
+  subgroup_part_done(static_cast<Subgroup*>(arg));
+}
+/// Callback of the parameter write-back task: the timeline, and one piece of the subgroup done.
+void scatter_done(void* arg) {
+  auto* sg = static_cast<Subgroup*>(arg);
+  clock_task(sg, "scatter");
+  subgroup_part_done(sg);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// One update phase: begin_step, gradients_final (speculative updates), finish_step
+
+namespace {
+// The state write-back (docs/measured-2026-11-30.md, "Streaming optimizer state at the PCIe rate"): an
+// asynchronous acquire on main RAM turns the write-back of a GPU-updated subgroup into a normal
+// D2H fetch, which runs beside the H2D stream. eager: a read acquire right after the subgroup's
+// tasks, then starpu_data_wont_use so StarPU drops the device copy first; else a read-write
+// acquire at the end of the phase (invalidating the device copy).
+// Measurement switch: DOS_WONT_USE=0 leaves starpu_data_wont_use out of the eager write-back.
+bool wont_use_after_writeback() {
+  static const bool on = !(std::getenv("DOS_WONT_USE") && std::string(std::getenv("DOS_WONT_USE")) == "0");
+  return on;
+}
+}  // namespace
+
+void Optimizer::Impl::require_no_open_step(const char* what) const {
+  if (open) throw Error(std::string(what) + " while an update phase is open (begin_step without finish_step): call "
+                        "finish_step first");
+}
+
+void Optimizer::Impl::acquire_home(OpenStep& ph, starpu_data_handle_t h, enum starpu_data_access_mode mode, Subgroup* sg) {
+  auto* wb = new WriteBack{h, &ph.pending, sg};  // before add(): a throw here leaves the count as it was
+  ph.pending.add();
+  if (starpu_data_acquire_on_node_cb(h, STARPU_MAIN_RAM, mode, release_after_writeback, wb) != 0) {
+    delete wb;
+    ph.pending.done();
+    if (sg) subgroup_part_done(sg);
+    ++ph.refused;
+  }
+}
+
+void Optimizer::Impl::write_back(OpenStep& ph, Subgroup* sg, enum starpu_data_access_mode mode, bool part_of_subgroup) {
+  for (starpu_data_handle_t h : {sg->h_master, sg->h_exp_avg, sg->h_exp_avg_sq}) {
+    acquire_home(ph, h, mode, part_of_subgroup ? sg : nullptr);
+    if (part_of_subgroup && wont_use_after_writeback()) starpu_data_wont_use(h);
+  }
+}
+
+bool Optimizer::Impl::speculable(std::size_t i) const {
+  if (opt.speculation_budget == 0 || last_changed) return false;
+  if (!plan.empty() && plan[i] == PlanSide::gpu_streamed)
+    return opt.speculate_streamed && !cuda_nodes.empty() && codelets_have_cuda();
+  return rt->cpu_workers() > 0 && (plan.empty() || plan[i] == PlanSide::cpu);
+}
+
+bool Optimizer::Impl::ensure_shadow(Subgroup* sg) {
+  if (sg->sh_h_master) return true;
+  const std::size_t bytes = 3 * sg->size * sizeof(float);
+  if (shadow_limit == 0) {  // the budget, fixed at the first speculative update
+    if (opt.speculation_budget > 0) {
+      shadow_limit = std::size_t(opt.speculation_budget);
+    } else {
+      const std::size_t avail = host_memory_available();
+      shadow_limit = avail ? avail / 2 : std::size_t(3) * nparams * sizeof(float);
+    }
+  }
+  if (shadow_used + bytes > shadow_limit) return false;
+  sg->sh_master = alloc_host(sg->size * sizeof(float));
+  sg->sh_exp_avg = alloc_host(sg->size * sizeof(float));
+  sg->sh_exp_avg_sq = alloc_host(sg->size * sizeof(float));
+  starpu_vector_data_register(&sg->sh_h_master, STARPU_MAIN_RAM, uintptr_t(sg->sh_master.ptr), sg->size, sizeof(float));
+  starpu_vector_data_register(&sg->sh_h_exp_avg, STARPU_MAIN_RAM, uintptr_t(sg->sh_exp_avg.ptr), sg->size, sizeof(float));
+  starpu_vector_data_register(&sg->sh_h_exp_avg_sq, STARPU_MAIN_RAM, uintptr_t(sg->sh_exp_avg_sq.ptr), sg->size,
+                              sizeof(float));
+  shadow_used += bytes;
+  return true;
+}
+
+void Optimizer::Impl::fail(const std::string& why) {
+  starpu_task_wait_for_all();
+  broken = why;
+  open.reset();
+  throw Error(why);
+}
+
+void Optimizer::Impl::begin(bool overlapped) {
+  if (!broken.empty())
+    throw Error("a previous step failed (" + broken + "): the optimizer state may be inconsistent; create a new Optimizer");
+  require_no_open_step("begin_step");
+  open = std::make_unique<OpenStep>();
+  OpenStep& ph = *open;
+  StepStats& st = ph.st;
+  st.overlapped = overlapped;
+  read_bus_bytes(&ph.h2d0, &ph.d2h0);
+  busy.reset();  // nothing of this optimizer is in flight
+  ph.t0 = std::chrono::steady_clock::now();
+  {
+    std::lock_guard<std::mutex> g(timeline.mu);
+    timeline.tasks.clear();
+    timeline.t0_us = starpu_timing_now();
+  }
+  // The timeline's bus samples: a thread reads the bus counters every millisecond during the phase.
+  if (timeline_on) {
+    ph.sampling.store(true);
+    ph.sampler = std::thread([&ph] {
+      while (ph.sampling.load()) {
+        BusSample b;
+        read_bus_bytes(&b.h2d, &b.d2h);
+        b.h2d -= ph.h2d0;
+        b.d2h -= ph.d2h0;
+        b.t = std::chrono::duration<double>(std::chrono::steady_clock::now() - ph.t0).count();
+        ph.st.bus.push_back(b);
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+    });
+  }
+  try {
+    plan = make_plan();
+  } catch (...) {
+    open.reset();
+    throw;
+  }
+  st.plan = plan;
+  if (!plan.empty()) {
+    for (std::size_t i = 0; i < sgs.size(); ++i) {
+      sgs[i]->hint_update.side = plan[i] == PlanSide::cpu ? Side::cpu : Side::gpu;
+      st.planned_streamed += plan[i] == PlanSide::gpu_streamed;
+      st.planned_resident += plan[i] == PlanSide::gpu_resident;
+    }
+    if (have_rates) {
+      try {
+        ph.sim = simulate_phase(workload, plan, rates, execution());
+      } catch (const std::logic_error&) {  // a simulation that cannot progress: the resource bound
+        const Prediction p = predict(workload, plan, rates);
+        ph.sim.total = p.total;
+      }
+      st.predicted_seconds = ph.sim.total;
+      Workload bound_w = workload;  // a plan choosing its own resident subgroups keeps the last ones
+      bound_w.resident = std::max(bound_w.resident, st.planned_resident);
+      st.lower_bound_seconds = lower_bound(bound_w, calibrated_rates, rt->cpu_workers());
+      st.bound_by = ph.sim.busiest();
+    }
+  }
+  const bool gpu = !cuda_nodes.empty();
+  const std::size_t n = sgs.size();
+  ph.admitted.assign(n, 0);
+  ph.final_elems.assign(n, 0);
+  ph.stepped.assign(n, 0);
+  ph.speculated.assign(n, 0);
+  // The update budget bounds the subgroups in flight; lookahead prefetches take theirs only while
+  // room for one more subgroup is left, so that the subgroup being submitted always gets in.
+  for (std::size_t i = 0; i < n; ++i) {
+    Subgroup* sg = sgs[i].get();
+    sg->footprint = gpu ? subgroup_footprint(workload, sg->size, plan.empty() ? PlanSide::cpu : plan[i]) : 0;
+    ph.largest_fp = std::max(ph.largest_fp, sg->footprint);
+    sg->timeline = timeline_on ? &timeline : nullptr;
+    sg->busy = &busy;
+    sg->spec_ended.store(false);
+    sg->ran_on.store(0);
+  }
+  window.reset(gpu ? opt.gpu_update_budget : 0);
+  // Submission order (OptimizerOptions::submit_order). cpu_first: the subgroups that are not
+  // streamed first, then the streamed ones. The CUDA worker runs its tasks in the order they become
+  // ready, so in plan order the CPU subgroups' gradient staging waits behind every streamed Adam
+  // submitted before it (and that Adam behind its state's H2D): the CPU starves while PCIe waits
+  // for the CPU's gradients. Staged first, the CPU's gradients go down at once and the streamed
+  // subgroups then follow each other on the link at its full rate. Only when the update budget
+  // holds the CPU subgroups' staging and the streaming window together; otherwise plan order.
+  ph.cpu_first = gpu && !plan.empty() && submits_cpu_first(workload, plan, execution());
+  st.cpu_first = ph.cpu_first;
+  if (overlapped)
+    ph.submitter = std::thread([this, &ph] {
+      for (;;) {
+        std::size_t i;
+        {
+          std::unique_lock<std::mutex> l(ph.q_mu);
+          ph.q_cv.wait(l, [&] { return ph.q_closed || !ph.queue.empty(); });
+          if (ph.queue.empty()) return;  // closed and drained
+          i = ph.queue.front();
+          ph.queue.pop_front();
+        }
+        if (!ph.submit_error.empty()) continue;  // after a failure nothing more is submitted
+        try {
+          speculate(ph, i);
+        } catch (const std::exception& e) {
+          ph.submit_error = e.what();
+        }
+      }
+    });
+}
+
+void Optimizer::Impl::stage_gradient(OpenStep& ph, std::size_t i) {
+  Subgroup* sg = sgs[i].get();
+  struct starpu_task* g = make_task(&gather_cl, &sg->gather_grads, &sg->hint_io, where_caller);
+  g->handles[0] = sg->h_grad32;
+  g->callback_func = record_gather;
+  g->callback_arg = sg;
+  submit(g, "gradient conversion");
+  if ((plan.empty() ? ph.speculated[i] : plan[i] == PlanSide::cpu) && where_caller == STARPU_CUDA && !cuda_nodes.empty()) {
+    // The CPU's gradient comes down as soon as it is staged: an asynchronous acquire on main RAM
+    // is a fetch, which StarPU serves before prefetches; left to the Adam task's prefetch, it
+    // waited behind the streamed subgroups' write-backs and the CPU idled.
+    acquire_home(ph, sg->h_grad32, STARPU_R, nullptr);
+  }
+}
+
+void Optimizer::Impl::scatter_params(Subgroup* sg) {
+  struct starpu_task* s = make_task(&scatter_cl, &sg->scatter, &sg->hint_scatter, where_caller);
+  s->handles[0] = sg->h_param16;
+  s->callback_func = scatter_done;
+  s->callback_arg = sg;
+  submit(s, "parameter write-back");
+  starpu_data_invalidate_submit(sg->h_grad32);  // both staging buffers are dropped once used
+  starpu_data_invalidate_submit(sg->h_param16);
+}
+
+void Optimizer::Impl::speculate(OpenStep& ph, std::size_t i) {
+  Subgroup* sg = sgs[i].get();
+  if (!speculable(i) || !ensure_shadow(sg)) return;
+  // A streamed subgroup is updated on the GPU: its state goes down (PCIe is idle during backward),
+  // the new state is written to the shadow handles there and comes back into the host shadow at
+  // once; the old state's device copy is dropped first when memory runs short.
+  const bool on_gpu = !plan.empty() && plan[i] == PlanSide::gpu_streamed;
+  // its share of the update budget (with the shadow state on the GPU) only if it fits now:
+  // nothing gives room back before finish_step, so a speculative update never waits for it
+  if (!ph.admitted[i]) {
+    const std::size_t fp = sg->footprint + (on_gpu ? 3 * sg->size * sizeof(float) : 0);
+    if (!window.try_take(fp, 0)) return;
+    sg->footprint = fp;  // what the window gives back when the subgroup's work ends
+    ph.admitted[i] = 1;
+  }
+  sg->step += 1;
+  ph.stepped[i] = 1;
+  ph.speculated[i] = 1;
+  ph.spec_order.push_back(i);
+  // its pieces of work: the verdict's (the parameter write-back when kept), and on the GPU the three
+  // write-backs of the shadow state
+  sg->parts_left.store(1 + (on_gpu ? 3 : 0));
+  sg->adam.sp = make_adam_step_params(opt.adam, sg->step);
+  sg->hint_update.prefetch = true;
+  stage_gradient(ph, i);
+  struct starpu_task* a = make_task(&adam_into_cl, &sg->adam, &sg->hint_update, on_gpu ? STARPU_CUDA : STARPU_CPU);
+  a->handles[0] = sg->h_master;
+  a->handles[1] = sg->h_exp_avg;
+  a->handles[2] = sg->h_exp_avg_sq;
+  a->handles[3] = sg->h_grad32;
+  a->handles[4] = sg->h_param16;
+  a->handles[5] = sg->sh_h_master;
+  a->handles[6] = sg->sh_h_exp_avg;
+  a->handles[7] = sg->sh_h_exp_avg_sq;
+  a->callback_func = record_speculative;
+  a->callback_arg = sg;
+  submit(a, "speculative Adam");
+  starpu_data_invalidate_submit(sg->h_grad32);  // a redo stages the gradient again
+  if (on_gpu) {
+    for (starpu_data_handle_t h : {sg->h_master, sg->h_exp_avg, sg->h_exp_avg_sq}) starpu_data_wont_use(h);
+    for (starpu_data_handle_t h : {sg->sh_h_master, sg->sh_h_exp_avg, sg->sh_h_exp_avg_sq}) {
+      acquire_home(ph, h, STARPU_R, sg);
+      if (wont_use_after_writeback()) starpu_data_wont_use(h);
+    }
+  }
+}
+
+void Optimizer::Impl::declare_final(std::size_t begin, std::size_t end) {
+  if (!open) throw Error("gradients_final outside an update phase: call begin_step first");
+  if (begin > end || end > nparams)
+    throw Error("gradients_final: the range [" + std::to_string(begin) + ", " + std::to_string(end) +
+                ") is not inside the optimizer's " + std::to_string(nparams) + " parameters");
+  OpenStep& ph = *open;
+  if (begin == end) return;
+  {  // each element once per step: the range must not meet one declared before
+    auto next = ph.declared.lower_bound(begin);
+    const bool meets_next = next != ph.declared.end() && next->first < end;
+    const bool meets_prev = next != ph.declared.begin() && std::prev(next)->second > begin;
+    if (meets_next || meets_prev)
+      throw Error("gradients_final: elements of [" + std::to_string(begin) + ", " + std::to_string(end) +
+                  ") were declared final before in this step (each element once per step)");
+    ph.declared.emplace(begin, end);
+  }
+  // the first subgroup ending after `begin` (subgroups are consecutive in the flat order)
+  std::size_t i = std::size_t(std::upper_bound(sgs.begin(), sgs.end(), begin,
+                                               [](std::size_t b, const std::unique_ptr<Subgroup>& sg) {
+                                                 return b < sg->begin + sg->size;
+                                               }) - sgs.begin());
+  for (; i < sgs.size() && sgs[i]->begin < end; ++i) {
+    Subgroup* sg = sgs[i].get();
+    const std::size_t lo = std::max(begin, sg->begin), hi = std::min(end, sg->begin + sg->size);
+    if (hi <= lo) continue;
+    ph.final_elems[i] += hi - lo;
+    if (ph.final_elems[i] == sg->size) {
+      {
+        std::lock_guard<std::mutex> g(ph.q_mu);
+        ph.queue.push_back(i);
+      }
+      ph.q_cv.notify_one();
+    }
+  }
+}
+
+StepStats Optimizer::Impl::finish(StepVerdict verdict) {
+  if (!open) throw Error("finish_step without begin_step");
+  OpenStep& ph = *open;
+  StepStats& st = ph.st;
+  const auto t_finish = std::chrono::steady_clock::now();
+  ph.drain();  // every speculative update queued so far is submitted
+  if (!ph.submit_error.empty()) {
+    ph.pending.wait();
+    fail(ph.submit_error);
+  }
+  for (std::size_t i : ph.spec_order) {
+    st.speculated += 1;
+    if (sgs[i]->spec_ended.load()) st.hidden_params += sgs[i]->size;
+  }
+  const bool gpu = !cuda_nodes.empty();
+  auto streamed = [&](std::size_t i) { return !plan.empty() && plan[i] == PlanSide::gpu_streamed; };
+  try {
+    if (verdict == StepVerdict::skip) {
+      // nothing of this step is kept: the speculative results are dropped, the step counts restored
+      for (std::size_t i : ph.spec_order) {
+        sgs[i]->step -= 1;
+        starpu_data_invalidate_submit(sgs[i]->h_param16);
+        subgroup_part_done(sgs[i].get());
+      }
+      st.skipped = true;
+    } else {
+      for (std::size_t i : ph.spec_order) {
+        Subgroup* sg = sgs[i].get();
+        if (verdict == StepVerdict::changed) {  // redone below from the state before the step
+          ph.speculated[i] = 0;
+          st.redone += 1;
+          starpu_data_invalidate_submit(sg->h_param16);
+          continue;
+        }
+        // kept: the shadow holds the new state (StarPU orders these swaps after the speculative
+        // task, which wrote the shadow handles, through the handles themselves)
+        std::swap(sg->master, sg->sh_master);
+        std::swap(sg->exp_avg, sg->sh_exp_avg);
+        std::swap(sg->exp_avg_sq, sg->sh_exp_avg_sq);
+        std::swap(sg->h_master, sg->sh_h_master);
+        std::swap(sg->h_exp_avg, sg->sh_h_exp_avg);
+        std::swap(sg->h_exp_avg_sq, sg->sh_h_exp_avg_sq);
+        scatter_params(sg);
+      }
+      std::vector<std::size_t> stream_order;  // the streamed subgroups, in submission order
+      for (std::size_t i = 0; i < sgs.size(); ++i)
+        if (streamed(i)) stream_order.push_back(i);
+      const std::size_t lookahead = gpu ? opt.stream_lookahead : 0;
+      auto prefetch_state = [&](std::size_t i) {
+        Subgroup* sg = sgs[i].get();
+        if (ph.admitted[i]) return;
+        if (!window.try_take(sg->footprint, window.limit ? ph.largest_fp : 0)) return;
+        ph.admitted[i] = 1;
+        const unsigned node = cuda_nodes[i % cuda_nodes.size()];  // the placement policy's choice
+        for (starpu_data_handle_t h : {sg->h_master, sg->h_exp_avg, sg->h_exp_avg_sq})
+          starpu_data_prefetch_on_node(h, node, 1);
+      };
+      const std::vector<std::size_t> order =
+          submission_order(plan.empty() ? std::vector<PlanSide>(sgs.size(), PlanSide::cpu) : plan, ph.cpu_first);
+      std::size_t next_streamed = 0;  // position in stream_order of the next streamed subgroup
+      for (const std::size_t i : order) {
+        Subgroup* sg = sgs[i].get();
+        const bool is_streamed = streamed(i);
+        if (is_streamed && lookahead > 0) {
+          // this subgroup's state and that of the next `lookahead` streamed ones are on their way
+          for (std::size_t q = next_streamed; q < stream_order.size() && q <= next_streamed + lookahead; ++q)
+            prefetch_state(stream_order[q]);
+        }
+        if (is_streamed) ++next_streamed;
+        if (ph.speculated[i]) continue;  // kept above
+        if (!ph.admitted[i]) {
+          window.take(sg->footprint);
+          ph.admitted[i] = 1;
+        }
+        const bool eager = is_streamed && opt.eager_writeback;
+        if (ph.spec_order.empty() || std::find(ph.spec_order.begin(), ph.spec_order.end(), i) == ph.spec_order.end())
+          sg->parts_left.store(1 + (eager ? 3 : 0));
+        else  // a redone speculative update: its verdict's piece is this write-back; its shadow's may still run
+          sg->parts_left.fetch_add(eager ? 3 : 0);
+        sg->hint_update.prefetch = !(is_streamed && lookahead > 0);
+        if (!ph.stepped[i]) {
+          sg->step += 1;
+          ph.stepped[i] = 1;
+        }
+        sg->adam.sp = make_adam_step_params(opt.adam, sg->step);
+        sg->ran_on.store(0);
+        if (direct_path(i)) {
+          // One task: Adam on the state, reading the caller's gradients and writing its parameters in
+          // place (their dtype), so nothing but the state crosses PCIe and the CUDA worker runs one
+          // task per subgroup.
+          submit(adam_task(sg, &adam_direct_cl, &sg->adam_direct, STARPU_CUDA, adam_direct_done), "Adam");
+          if (eager) write_back(ph, sg, STARPU_R, true);
+          continue;
+        }
+        stage_gradient(ph, i);
+        struct starpu_task* a = adam_task(sg, &adam_cl, &sg->adam, STARPU_CPU | STARPU_CUDA, record_worker);
+        a->handles[3] = sg->h_grad32;
+        a->handles[4] = sg->h_param16;
+        submit(a, "Adam");
+        scatter_params(sg);
+        if (eager) write_back(ph, sg, STARPU_R, true);
+      }
+    }
+  } catch (const std::exception& e) {
+    ph.pending.wait();  // the acquires already made call back into `pending` and the subgroups
+    fail(e.what());
+  }
+  // The phase ends when every subgroup's state is safe in host memory and nowhere else (pure
+  // offload: nothing of the state stays valid on the GPU; after an eager write-back this moves no
+  // data, it only invalidates the device copy). Resident subgroups keep their state on the GPU.
+  for (std::size_t i = 0; i < sgs.size(); ++i) {
+    if (!plan.empty() && plan[i] == PlanSide::gpu_resident) continue;
+    write_back(ph, sgs[i].get(), STARPU_RW, false);
+  }
+  ph.pending.wait();  // every callback has run: nothing refers to `pending` any more
+  if (ph.refused) fail("StarPU refused to bring " + std::to_string(ph.refused) + " buffer(s) back to host memory");
+  starpu_task_wait_for_all();
+  ph.sampling.store(false);
+  if (ph.sampler.joinable()) ph.sampler.join();
+  st.window_peak_bytes = window.limit ? window.peak : 0;
+  for (unsigned node : cuda_nodes) {
+    const starpu_ssize_t total = starpu_memory_get_total(node), avail = starpu_memory_get_available(node);
+    if (total > 0 && avail >= 0) st.gpu_bytes_end += std::uint64_t(total - avail);
+  }
+  if (timeline_on) {
+    std::lock_guard<std::mutex> g(timeline.mu);
+    st.timeline = timeline.tasks;
+  }
+  const auto t_end = std::chrono::steady_clock::now();
+  st.seconds = std::chrono::duration<double>(t_end - ph.t0).count();
+  st.exposed_seconds = std::chrono::duration<double>(t_end - t_finish).count();
+  read_bus_bytes(&st.bytes_h2d, &st.bytes_d2h);
+  st.bytes_h2d -= ph.h2d0;
+  st.bytes_d2h -= ph.d2h0;
+  if (ph.pending.last_subgroup_part_us > 0)
+    st.stream_end_seconds = 1e-6 * (ph.pending.last_subgroup_part_us - timeline.t0_us);
+  {
+    std::lock_guard<std::mutex> g(busy.mu);
+    st.cpu_busy_seconds = busy.cpu;
+    st.gpu_busy_seconds = busy.gpu;
+    st.cpu_adam_seconds = busy.cpu_adam;
+  }
+  st.params = nparams;
+  for (std::size_t i = 0; i < sgs.size(); ++i) {
+    const auto& sg = sgs[i];
+    if (sg->step > st.step) st.step = sg->step;
+    if (st.skipped) continue;
+    const bool on_gpu = sg->ran_on.load() == 2;
+    (on_gpu ? st.subgroups_gpu : st.subgroups_cpu) += 1;
+    st.placement.push_back(!on_gpu ? PlanSide::cpu
+                                   : (!plan.empty() && plan[i] == PlanSide::gpu_resident ? PlanSide::gpu_resident
+                                                                                         : PlanSide::gpu_streamed));
+  }
+  // Forced plans are real measurements too. The refinement reads no bus counter (which the
+  // timeline's sampler also reads), so it runs with a timeline as without; not after a phase opened
+  // by begin_step (its clock starts with the caller's backward, and its busy times include what the
+  // caller's work slowed down) or skipped.
+  last_changed = st.overlapped && verdict == StepVerdict::changed;
+  if (!st.skipped && !st.overlapped) refine(st, ph.sim);
+  StepStats out = std::move(st);
+  open.reset();
+  return out;
+}
+
+StepStats Optimizer::step() {
+  impl_->begin(false);
+  return impl_->finish(StepVerdict::keep);
+}
+void Optimizer::begin_step() { impl_->begin(true); }
+void Optimizer::gradients_final(std::size_t begin, std::size_t end) { impl_->declare_final(begin, end); }
+StepStats Optimizer::finish_step(StepVerdict verdict) { return impl_->finish(verdict); }
+bool Optimizer::step_open() const { return impl_->open != nullptr; }
+
+}  // namespace dos

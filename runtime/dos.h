@@ -116,9 +116,10 @@ class Runtime {
   const std::string& binding() const { return binding_; }
 
   struct Impl;
-  Impl& impl() const { return *impl_; }
 
  private:
+  friend class Optimizer;  // reads the policy the runtime chose
+  Impl& impl() const { return *impl_; }
   std::string policy_;
   int cpu_threads_ = 1;
   int node_ranks_ = 1;

@@ -162,9 +162,17 @@ bool Optimizer::Impl::ensure_shadow(Subgroup* sg) {
     }
   }
   if (shadow_used + bytes > shadow_limit) return false;
-  sg->sh_master = alloc_host(sg->size * sizeof(float));
-  sg->sh_exp_avg = alloc_host(sg->size * sizeof(float));
-  sg->sh_exp_avg_sq = alloc_host(sg->size * sizeof(float));
+  try {
+    sg->sh_master = alloc_host(sg->size * sizeof(float));
+    sg->sh_exp_avg = alloc_host(sg->size * sizeof(float));
+    sg->sh_exp_avg_sq = alloc_host(sg->size * sizeof(float));
+  } catch (const std::exception&) {
+    // no room after all: this subgroup (and every later one) is updated in finish_step, the same
+    // bits; what was allocated goes back
+    for (HostBuffer* b : {&sg->sh_master, &sg->sh_exp_avg, &sg->sh_exp_avg_sq}) free_host(*b);
+    shadow_limit = shadow_used;
+    return false;
+  }
   starpu_vector_data_register(&sg->sh_h_master, STARPU_MAIN_RAM, uintptr_t(sg->sh_master.ptr), sg->size, sizeof(float));
   starpu_vector_data_register(&sg->sh_h_exp_avg, STARPU_MAIN_RAM, uintptr_t(sg->sh_exp_avg.ptr), sg->size, sizeof(float));
   starpu_vector_data_register(&sg->sh_h_exp_avg_sq, STARPU_MAIN_RAM, uintptr_t(sg->sh_exp_avg_sq.ptr), sg->size,

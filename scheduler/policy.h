@@ -9,7 +9,10 @@
 //  - side: where the plan wants the task. Side::cpu or Side::gpu on the Adam task of a subgroup
 //    (the plan's PlanSide: cpu, or gpu_streamed/gpu_resident); Side::any on the gradient staging
 //    and parameter write-back tasks, whose task->where already allows only the memory of the
-//    caller's buffers. The runtime plans a side only when a worker of that kind exists.
+//    caller's buffers. The runtime plans a side only when a worker of that kind exists. A
+//    speculative update (Optimizer::gradients_final: codelet adam_into_cl, "dos_adam_into") is an
+//    Adam task like the others: its side is the plan's, its task->where allows that side only,
+//    and its hint.prefetch is true.
 //  - subgroup: the subgroup index (0-based, the flat order of the caller's tensors). With several
 //    workers of a side, the placement policy runs subgroup s on the (s mod m)-th of the m workers of
 //    that side able to run the task, in worker-id order.

@@ -353,7 +353,8 @@ int run(const Args& args) {
   std::vector<std::size_t> backward_order;  // head, layers from the last, embeddings
   for (std::size_t g = ngroups - 1; g-- > 0;) backward_order.push_back(g);
   backward_order.push_back(ngroups - 1);
-  const bool overlap = a.overlap == "on" || (a.overlap == "auto" && compute);
+  // auto: on where there is a backward to overlap, and not in a sweep (whose rows compare update phases)
+  const bool overlap = a.overlap == "on" || (a.overlap == "auto" && compute && a.sweep.empty());
   // Runs `count` training iterations, each: forward and backward (emulated), this rank's gradients
   // (with --overlap on, each group's written and declared final as its backward ends), the gradient
   // check (--max-grad-norm), the update, the updated parameters to every rank, its line and row.

@@ -335,7 +335,8 @@ int parse_command_line(int argc, char** argv, Args& a) {
                  "and the subgroups whose gradients are complete are updated at once, speculatively, then kept, redone "
                  "(clipping changed the gradients) or dropped (a non-finite gradient) when every gradient is final; "
                  "the same bits as off, where the update starts after backward; auto: on with --emulate-compute "
-                 "(without it there is no backward, and the update's time would include the gradients' emulation)")
+                 "and without --sweep (without a backward there is nothing to overlap, and a sweep compares update "
+                 "phases)")
       ->capture_default_str();
   app.add_option("--max-grad-norm", a.max_grad_norm,
                  "clip the gradients to this global L2 norm as torch.nn.utils.clip_grad_norm_ does (coefficient "

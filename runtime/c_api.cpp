@@ -249,6 +249,7 @@ std::string check_options(const dos_optimizer_options& c, dos::OptimizerOptions&
     return field("speculation_budget", ">= -1 (bytes; -1: half of the available host memory; 0: no speculation)",
                  std::to_string(c.speculation_budget));
   o.speculation_budget = c.speculation_budget;
+  if (!(e = boolean("speculate_streamed", c.speculate_streamed, o.speculate_streamed)).empty()) return e;
   return std::string();
 }
 
@@ -327,6 +328,7 @@ int dos_optimizer_options_init(dos_optimizer_options* options) {
   options->recalibrate = d.recalibrate ? 1 : 0;
   options->verbose = d.verbose ? 1 : 0;
   options->speculation_budget = d.speculation_budget;
+  options->speculate_streamed = d.speculate_streamed ? 1 : 0;
   return DOS_OK;
 }
 

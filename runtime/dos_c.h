@@ -106,7 +106,7 @@ int dos_runtime_workers(const dos_runtime* rt, unsigned* cpu_workers, unsigned* 
 /* The layout version of struct dos_optimizer_options that this header describes. A field added
  * later comes with a new version and a new size; dos_optimizer_create refuses a struct whose
  * `version` or `size` this library does not know. */
-#define DOS_OPTIMIZER_OPTIONS_VERSION 2 /* 2: speculation_budget (1: without it) */
+#define DOS_OPTIMIZER_OPTIONS_VERSION 3 /* 3: speculate_streamed; 2: speculation_budget; 1: neither */
 
 /* The resource model's rates of this machine (dos::Rates), for the policies that plan with a model
  * (dos, static:R, greedy). All zero (the default): measured at the optimizer's creation and cached
@@ -191,6 +191,10 @@ typedef struct dos_optimizer_options {
    * update then runs in dos_optimizer_finish_step); a subgroup beyond the budget waits for
    * finish_step; >= -1 [-1]. */
   int64_t speculation_budget;
+
+  /* 1: the subgroups the plan streams are updated speculatively too, on the GPU, while the
+   * caller's backward runs (their state crosses PCIe then); 0: only the CPU's subgroups; 0 or 1 [1]. */
+  int speculate_streamed;
 } dos_optimizer_options;
 
 /* sizeof(struct dos_optimizer_options) in the library (a binding checks its own layout against it). */

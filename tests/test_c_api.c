@@ -59,6 +59,7 @@ static void test_defaults(void** state) {
   assert_int_equal(o.recalibrate, 0);
   assert_int_equal(o.verbose, 1);
   assert_true(o.speculation_budget == -1);
+  assert_int_equal(o.speculate_streamed, 1);
   assert_int_equal(dos_step_stats_size(), sizeof(dos_step_stats));
 
   assert_int_equal(dos_optimizer_options_init(NULL), DOS_E_INVALID);
@@ -197,6 +198,7 @@ static void test_bad_options(void** state) {
   REFUSED(recalibrate = 5, "options.recalibrate must be 0 or 1");
   REFUSED(verbose = -1, "options.verbose must be 0 or 1");
   REFUSED(speculation_budget = -2, "options.speculation_budget must be >= -1");
+  REFUSED(speculate_streamed = 2, "options.speculate_streamed must be 0 or 1");
   /* valid fields that the runtime refuses: CUDA memory without a CUDA worker */
   REFUSED(memory = DOS_MEMORY_CUDA, "CUDA");
   /* after all of that the runtime still works */

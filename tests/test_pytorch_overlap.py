@@ -198,6 +198,25 @@ def test_budget_and_fallback():
             assert "speculation_budget" in str(e)
         else:
             raise AssertionError(f"speculation_budget={bad!r} accepted")
+    # the streamed subgroups kept out of the speculation: the same training, bit for bit
+    ma, mb = make_model(torch.float32), make_model(torch.float32)
+    oa, ob = make_opt(ma), make_opt(mb, overlap=True, speculate_streamed=False)
+    for _ in range(3):
+        x, y = torch.randn(16, 24).to(DEVICE), torch.randn(16, 8).to(DEVICE)
+        for m, o in ((ma, oa), (mb, ob)):
+            o.zero_grad()
+            ((m(x) - y) ** 2).mean().backward()
+            o.step()
+        assert same_params(ma, mb)
+    assert same_state(oa, ob) is None
+    oa.close()
+    ob.close()
+    try:
+        make_opt(make_model(torch.float32), overlap=True, speculate_streamed=1)
+    except ValueError as e:
+        assert "speculate_streamed" in str(e)
+    else:
+        raise AssertionError("speculate_streamed=1 accepted")
 
     # a torch without the hook: one warning, no overlap, the same training
     real = dos_optimizer._grad_hook_kind

@@ -123,6 +123,7 @@ class OptimizerOptions(ctypes.Structure):
         ("recalibrate", ctypes.c_int),
         ("verbose", ctypes.c_int),
         ("speculation_budget", ctypes.c_int64),
+        ("speculate_streamed", ctypes.c_int),
     ]
 
 

@@ -158,6 +158,10 @@ class DeepOptimizerStates(torch.optim.Optimizer):
       speculation_budget (int or None): host bytes for the shadow state of speculative updates, per
         bucket; None: the runtime's default (half of the available host memory at the first
         speculative update); 0: nothing is speculated. Only with ``overlap=True``.
+      speculate_streamed (bool): with ``overlap=True``, the subgroups the plan streams through the GPU
+        are updated speculatively too, on the GPU, while backward runs (default True); False: only
+        the CPU's subgroups. The same bits either way; on the GPU machine, with dos-train's emulated
+        backward, the GPU side slowed backward down as much as it hid (README, "Measured").
 
     Overlap: which backward is the last before :meth:`step` is not known while it runs (gradient
     accumulation runs several, and the hooks fire in each). The optimizer counts the backward
@@ -197,7 +201,8 @@ class DeepOptimizerStates(torch.optim.Optimizer):
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=None, decoupled=True,
                  subgroup_size=100_000_000, policy=None, max_grad_norm=None, skip_nonfinite=True,
-                 cpu_threads=0, cpu_workers=0, ncuda=-1, verbose=False, overlap=False, speculation_budget=None):
+                 cpu_threads=0, cpu_workers=0, ncuda=-1, verbose=False, overlap=False, speculation_budget=None,
+                 speculate_streamed=True):
         if weight_decay is None:
             weight_decay = 1e-2 if decoupled else 0.0
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, decoupled=bool(decoupled))
@@ -219,6 +224,9 @@ class DeepOptimizerStates(torch.optim.Optimizer):
                                                or isinstance(speculation_budget, bool) or speculation_budget < 0):
             raise ValueError(f"speculation_budget must be None or an integer >= 0 (bytes), got {speculation_budget!r}")
         self.speculation_budget = speculation_budget
+        if not isinstance(speculate_streamed, bool):
+            raise ValueError(f"speculate_streamed must be True or False, got {speculate_streamed!r}")
+        self.speculate_streamed = speculate_streamed
         self.subgroup_size = subgroup_size
         self.max_grad_norm = None if max_grad_norm is None else float(max_grad_norm)
         self.skip_nonfinite = bool(skip_nonfinite)
@@ -351,7 +359,8 @@ class DeepOptimizerStates(torch.optim.Optimizer):
                     lr=lr, beta1=b1, beta2=b2, eps=eps, weight_decay=wd, decoupled=bool(dec),
                     subgroup_size=self.subgroup_size, dtype=_DTYPES[b.dtype],
                     memory=_capi.MEMORY_CUDA if b.device.type == "cuda" else _capi.MEMORY_HOST, verbose=bool(verbose),
-                    speculation_budget=-1 if self.speculation_budget is None else self.speculation_budget)
+                    speculation_budget=-1 if self.speculation_budget is None else self.speculation_budget,
+                    speculate_streamed=int(self.speculate_streamed))
                 _capi.check(
                     L.dos_optimizer_create(self.runtime.handle, nt, params, grads, numels, ctypes.byref(options),
                                            ctypes.byref(h)),

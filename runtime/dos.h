@@ -173,8 +173,10 @@ class Runtime {
 ///   finish_step.
 /// speculate_streamed: speculative updates of the subgroups the plan streams too, on the GPU (their
 ///   state crosses PCIe while the caller's backward runs, the new state comes back into the host
-///   shadow; GPU memory for the old and new state within the update budget); false: only the CPU's
-///   subgroups are updated speculatively.
+///   shadow; GPU memory for the old and new state within the update budget); false (default): only
+///   the CPU's subgroups are updated speculatively. Off by default because, measured on the GPU
+///   machine with dos-train's emulated backward, the GPU side slowed backward down about as much as
+///   it hid (README, "Measured"); the same bits either way.
 struct OptimizerOptions {
   AdamHyper adam;
   std::size_t subgroup_size = 100000000;
@@ -191,7 +193,7 @@ struct OptimizerOptions {
   bool urgent_writeback = false;
   SubmitOrder submit_order = SubmitOrder::plan;
   std::int64_t speculation_budget = -1;
-  bool speculate_streamed = true;
+  bool speculate_streamed = false;
 };
 
 /// What the caller found once every gradient of a step was final (Optimizer::finish_step).

@@ -114,6 +114,7 @@ void test_overlap_same_bits(void**) {
   oo.verbose = false;
   // fixed rates: the plan does not depend on a calibration (which would differ between the two)
   oo.rates = dos::Rates{1e9, 8e8, 1e11, 1e11, 2e10, 2e10};
+  oo.speculate_streamed = true;  // the GPU side of the speculation too (off by default)
   dos::Optimizer plain(*g_rt, ca.views(), oo);
   dos::Optimizer over(*g_rt, cb.views(), oo);
 

@@ -159,8 +159,8 @@ class DeepOptimizerStates(torch.optim.Optimizer):
         bucket; None: the runtime's default (half of the available host memory at the first
         speculative update); 0: nothing is speculated. Only with ``overlap=True``.
       speculate_streamed (bool): with ``overlap=True``, the subgroups the plan streams through the GPU
-        are updated speculatively too, on the GPU, while backward runs (default True); False: only
-        the CPU's subgroups. The same bits either way; on the GPU machine, with dos-train's emulated
+        are updated speculatively too, on the GPU, while backward runs; False (default): only the
+        CPU's subgroups. The same bits either way; on the GPU machine, with dos-train's emulated
         backward, the GPU side slowed backward down as much as it hid (README, "Measured").
 
     Overlap: which backward is the last before :meth:`step` is not known while it runs (gradient
@@ -202,7 +202,7 @@ class DeepOptimizerStates(torch.optim.Optimizer):
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=None, decoupled=True,
                  subgroup_size=100_000_000, policy=None, max_grad_norm=None, skip_nonfinite=True,
                  cpu_threads=0, cpu_workers=0, ncuda=-1, verbose=False, overlap=False, speculation_budget=None,
-                 speculate_streamed=True):
+                 speculate_streamed=False):
         if weight_decay is None:
             weight_decay = 1e-2 if decoupled else 0.0
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, decoupled=bool(decoupled))

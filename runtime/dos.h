@@ -338,7 +338,9 @@ class Optimizer {
   /// StepVerdict::changed says), nor read or write the parameters between begin_step and the end
   /// of finish_step. Throws Error: begin_step when a step is already open or a previous step
   /// failed; gradients_final outside an open step, for a range beyond num_params(), or for
-  /// elements declared final twice in one step; finish_step without begin_step. Other methods
+  /// elements declared final twice in one step; finish_step without begin_step. gradients_final may
+  /// be called from several threads at once (each layer's backward on its own), not concurrently
+  /// with begin_step or finish_step. Other methods
   /// that read or replace the state or the hyper-parameters throw Error while a step is open.
   void begin_step();
   void gradients_final(std::size_t begin, std::size_t end);

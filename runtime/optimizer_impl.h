@@ -118,6 +118,7 @@ struct OpenStep {
   std::vector<char> admitted;           // the subgroup holds its footprint in the admission window
   std::vector<std::size_t> final_elems;  // elements of the subgroup's gradient declared final
   std::map<std::size_t, std::size_t> declared;  // the ranges declared final so far: begin -> end
+  std::mutex declare_mu;  // gradients_final from several threads at once (declared, final_elems)
   std::vector<char> stepped;            // its step count went up in this step
   std::vector<char> speculated;         // its speculative update was submitted (and not redone)
   std::vector<std::size_t> spec_order;  // the speculated subgroups, in submission order

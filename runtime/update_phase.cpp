@@ -373,6 +373,7 @@ void Optimizer::Impl::declare_final(std::size_t begin, std::size_t end) {
                 ") is not inside the optimizer's " + std::to_string(nparams) + " parameters");
   OpenStep& ph = *open;
   if (begin == end) return;
+  std::lock_guard<std::mutex> guard(ph.declare_mu);
   {  // each element once per step: the range must not meet one declared before
     auto next = ph.declared.lower_bound(begin);
     const bool meets_next = next != ph.declared.end() && next->first < end;

@@ -9,10 +9,12 @@
 //
 //   test_overlap POLICY MEMORY   POLICY: cpu, gpu, dmda, dos, ...; MEMORY: host or cuda
 // Exits 77 (skip) when the run needs a GPU and there is none.
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #if defined(DOS_HAVE_CUDA)
@@ -124,8 +126,8 @@ void test_overlap_same_bits(void**) {
   for (size_t i = 0; i < n; ++i) rp[i] = from_bf16(p0[i]);
   long rt = 0;
 
-  enum Kind { keep, changed, skip, keep_partial };
-  const Kind steps[] = {keep, changed, skip, keep, keep_partial, changed, keep};
+  enum Kind { keep, changed, skip, keep_partial, keep_threads };
+  const Kind steps[] = {keep, changed, skip, keep, keep_partial, changed, keep, keep_threads};
   size_t speculated_total = 0, redone_total = 0;
   int t = 0;
   for (Kind k : steps) {
@@ -150,13 +152,32 @@ void test_overlap_same_bits(void**) {
     over.begin_step();
     assert_true(over.step_open());
     const size_t declared = k == keep_partial ? n / 2 : n;  // the rest is final at finish_step
+    std::vector<std::pair<size_t, size_t>> pieces;
     size_t hi = n;
     size_t piece = 613;
     while (hi > n - declared) {
       const size_t lo = hi > n - declared + piece ? hi - piece : n - declared;
-      over.gradients_final(lo, hi);
+      pieces.push_back({lo, hi});
       hi = lo;
       piece = piece * 3 % 1000 + 1;
+    }
+    if (k == keep_threads) {  // two threads declaring alternate pieces at once
+      std::atomic<int> failures{0};
+      auto declare_every_other = [&](size_t first) {
+        for (size_t p = first; p < pieces.size(); p += 2) {
+          try {
+            over.gradients_final(pieces[p].first, pieces[p].second);
+          } catch (const std::exception&) {
+            ++failures;
+          }
+        }
+      };
+      std::thread t0(declare_every_other, 0), t1(declare_every_other, 1);
+      t0.join();
+      t1.join();
+      assert_int_equal(failures.load(), 0);
+    } else {
+      for (const auto& p : pieces) over.gradients_final(p.first, p.second);
     }
     dos::StepVerdict v = dos::StepVerdict::keep;
     if (k == changed) {

@@ -72,17 +72,20 @@ void release_after_writeback(void* arg) {
 }
 
 /// Callback of the Adam task: which kind of worker ran it, and its timeline entry.
-void record_worker(void* arg) {
-  auto* sg = static_cast<Subgroup*>(arg);
+/// Records in sg->ran_on the kind of worker running the current task (1: CPU, 2: CUDA).
+void note_worker(Subgroup* sg) {
   const int w = starpu_worker_get_id();
   sg->ran_on.store(w >= 0 && starpu_worker_get_type(w) == STARPU_CUDA_WORKER ? 2 : 1);
+}
+void record_worker(void* arg) {
+  auto* sg = static_cast<Subgroup*>(arg);
+  note_worker(sg);
   clock_task(sg, "adam");
 }
 /// Callback of a speculative Adam task (adam_into_cl): as record_worker, and the task has ended.
 void record_speculative(void* arg) {
   auto* sg = static_cast<Subgroup*>(arg);
-  const int w = starpu_worker_get_id();
-  sg->ran_on.store(w >= 0 && starpu_worker_get_type(w) == STARPU_CUDA_WORKER ? 2 : 1);
+  note_worker(sg);
   clock_task(sg, "adam_spec");
   sg->spec_ended.store(true);
 }
@@ -478,15 +481,16 @@ StepStats Optimizer::Impl::finish(StepVerdict verdict) {
           ph.admitted[i] = 1;
         }
         const bool eager = is_streamed && opt.eager_writeback;
-        if (ph.spec_order.empty() || std::find(ph.spec_order.begin(), ph.spec_order.end(), i) == ph.spec_order.end())
-          sg->parts_left.store(1 + (eager ? 3 : 0));
-        else  // a redone speculative update: its verdict's piece is this write-back; its shadow's may still run
+        if (ph.stepped[i]) {
+          // a redone speculative update (stepped when it was speculated): its verdict's piece of
+          // work is this write-back; its shadow's write-backs may still run
           sg->parts_left.fetch_add(eager ? 3 : 0);
-        sg->hint_update.prefetch = !(is_streamed && lookahead > 0);
-        if (!ph.stepped[i]) {
+        } else {
+          sg->parts_left.store(1 + (eager ? 3 : 0));
           sg->step += 1;
           ph.stepped[i] = 1;
         }
+        sg->hint_update.prefetch = !(is_streamed && lookahead > 0);
         sg->adam.sp = make_adam_step_params(opt.adam, sg->step);
         sg->ran_on.store(0);
         if (direct_path(i)) {

@@ -70,15 +70,19 @@ double StepIO::produce_gradients(std::uint64_t it) {
   return comm_s;
 }
 
-void StepIO::produce_gradient_range(std::uint64_t it, std::size_t begin, std::size_t end) {
-  if (!by_range()) throw std::logic_error("gradients by range need one process and one gradient part");
-  if (begin > end || end > n_) throw std::out_of_range("gradient range beyond the shard");
+void StepIO::fill_range(std::uint64_t it, std::size_t begin, std::size_t end) {
   const dos::ShardRange mine = ranges_[s_.rank];
   void* dst = static_cast<char*>(s_.grads) + begin * esz_;
 #if defined(DOS_HAVE_CUDA)
   if (s_.on_gpu) fill_grads_cuda(dst, s_.dtype, end - begin, s_.seed, it, mine.begin + begin);
 #endif
   if (!s_.on_gpu) fill_grads_host(dst, s_.dtype, end - begin, s_.seed, it, mine.begin + begin);
+}
+
+void StepIO::produce_gradient_range(std::uint64_t it, std::size_t begin, std::size_t end) {
+  if (!by_range()) throw std::logic_error("gradients by range need one process and one gradient part");
+  if (begin > end || end > n_) throw std::out_of_range("gradient range beyond the shard");
+  fill_range(it, begin, end);
   if (s_.nan_at != 0 && it == s_.nan_at && begin == 0 && end > 0) poison_first(s_.grads, s_.dtype, s_.on_gpu);
 }
 
@@ -148,10 +152,7 @@ double StepIO::produce_all(std::uint64_t it) {
 #endif
     return comm_s;
   }
-#if defined(DOS_HAVE_CUDA)
-  if (s_.on_gpu) fill_grads_cuda(s_.grads, s_.dtype, n_, s_.seed, it, mine.begin);
-#endif
-  if (!s_.on_gpu) fill_grads_host(s_.grads, s_.dtype, n_, s_.seed, it, mine.begin);
+  fill_range(it, 0, n_);
   return 0;
 }
 

@@ -77,6 +77,8 @@ class StepIO {
  private:
   /// produce_gradients without the test aid's NaN.
   double produce_all(std::uint64_t iteration);
+  /// The one-part emulated gradients of shard-local elements [begin, end), where they live.
+  void fill_range(std::uint64_t iteration, std::size_t begin, std::size_t end);
   Setup s_;
   std::size_t n_ = 0, esz_ = 0, chunk_ = 0;
   std::vector<dos::ShardRange> ranges_;

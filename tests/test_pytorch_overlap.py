@@ -177,9 +177,12 @@ def train_schedule(dtype):
     ob.close()
 
 
-def test_budget_and_fallback():
+def train_beside_plain(check_step=None, **overlapped):
+    """Trains two equal models 3 steps, one with the plain optimizer, one with
+    make_opt(**overlapped); the same parameters after every step (check_step(optimizer) then
+    checks the overlapped one's step) and the same state at the end."""
     ma, mb = make_model(torch.float32), make_model(torch.float32)
-    oa, ob = make_opt(ma), make_opt(mb, overlap=True, speculation_budget=0)
+    oa, ob = make_opt(ma), make_opt(mb, **overlapped)
     for _ in range(3):
         x, y = torch.randn(16, 24).to(DEVICE), torch.randn(16, 8).to(DEVICE)
         for m, o in ((ma, oa), (mb, ob)):
@@ -187,10 +190,18 @@ def test_budget_and_fallback():
             ((m(x) - y) ** 2).mean().backward()
             o.step()
         assert same_params(ma, mb)
-        assert ob.last_step["verdicts"] == ["keep", "keep"] and ob.last_step["speculated"] == 0
+        if check_step:
+            check_step(ob)
     assert same_state(oa, ob) is None
     oa.close()
     ob.close()
+
+
+def test_budget_and_fallback():
+    def nothing_speculated(o):
+        assert o.last_step["verdicts"] == ["keep", "keep"] and o.last_step["speculated"] == 0
+
+    train_beside_plain(nothing_speculated, overlap=True, speculation_budget=0)
     for bad in (-1, 1.5, True):
         try:
             make_opt(make_model(torch.float32), overlap=True, speculation_budget=bad)
@@ -199,18 +210,7 @@ def test_budget_and_fallback():
         else:
             raise AssertionError(f"speculation_budget={bad!r} accepted")
     # the streamed subgroups in the speculation too: the same training, bit for bit
-    ma, mb = make_model(torch.float32), make_model(torch.float32)
-    oa, ob = make_opt(ma), make_opt(mb, overlap=True, speculate_streamed=True)
-    for _ in range(3):
-        x, y = torch.randn(16, 24).to(DEVICE), torch.randn(16, 8).to(DEVICE)
-        for m, o in ((ma, oa), (mb, ob)):
-            o.zero_grad()
-            ((m(x) - y) ** 2).mean().backward()
-            o.step()
-        assert same_params(ma, mb)
-    assert same_state(oa, ob) is None
-    oa.close()
-    ob.close()
+    train_beside_plain(overlap=True, speculate_streamed=True)
     try:
         make_opt(make_model(torch.float32), overlap=True, speculate_streamed=1)
     except ValueError as e:

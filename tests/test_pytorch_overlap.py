@@ -40,7 +40,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "python"))
 
 import deep_optimizer_states as dos  # noqa: E402
-from deep_optimizer_states import optimizer as dos_optimizer  # noqa: E402
+from deep_optimizer_states import overlap as dos_overlap  # noqa: E402
 
 DEVICE = "cpu"
 MAX_NORM = 3.0  # the gradient norm is 0.8 to 1.4 here, 8 to 14 with `scale` 10
@@ -219,9 +219,9 @@ def test_budget_and_fallback():
         raise AssertionError("speculate_streamed=1 accepted")
 
     # a torch without the hook: one warning, no overlap, the same training
-    real = dos_optimizer._grad_hook_kind
-    dos_optimizer._grad_hook_kind = lambda: None
-    dos_optimizer._warned_no_hooks = False
+    real = dos_overlap._grad_hook_kind
+    dos_overlap._grad_hook_kind = lambda: None
+    dos_overlap._warned_no_hooks = False
     try:
         with warnings.catch_warnings(record=True) as w:
             warnings.simplefilter("always")
@@ -233,7 +233,7 @@ def test_budget_and_fallback():
         o1.close()
         o2.close()
     finally:
-        dos_optimizer._grad_hook_kind = real
+        dos_overlap._grad_hook_kind = real
 
 
 def main():
@@ -249,7 +249,7 @@ def main():
     if DEVICE == "cuda" and rt.cuda_workers == 0:
         print("the runtime has no CUDA worker: skipped")
         return 77
-    print(f"torch {torch.__version__}, hook: {dos_optimizer._grad_hook_kind()}, device {DEVICE}")
+    print(f"torch {torch.__version__}, hook: {dos_overlap._grad_hook_kind()}, device {DEVICE}")
     for dtype in (torch.float32, torch.bfloat16):
         train_schedule(dtype)
     test_budget_and_fallback()

@@ -1,0 +1,202 @@
+"""The overlapped update of :class:`~deep_optimizer_states.optimizer.DeepOptimizerStates`
+(``overlap=True``): a hook on each parameter declares its gradient final to the runtime during the
+backward pass expected to be the last before ``step()``, and notes what changes a declared gradient
+afterwards, so that ``step()`` keeps, redoes or drops the runtime's speculative updates (the
+optimizer's class docstring, "Overlap", gives the rules). A mixin: the optimizer's own state
+(``_buckets``, ``_overlap_lock``, ``_hook_handles``, ...) is set up by its constructor.
+"""
+
+import ctypes
+import warnings
+import weakref
+
+import torch
+
+from . import _capi
+
+_VERDICT_NAMES = {_capi.VERDICT_KEEP: "keep", _capi.VERDICT_CHANGED: "changed", _capi.VERDICT_SKIP: "skip"}
+_warned_no_hooks = False
+
+def _grad_hook_kind():
+    """How this torch tells that a parameter's gradient has been accumulated: ``"post_accumulate"``
+    (``Tensor.register_post_accumulate_grad_hook``, torch >= 2.1), ``"grad_accumulator"`` (a post
+    hook on the parameter's ``AccumulateGrad`` autograd node, which older versions run right after
+    writing ``p.grad``), or None."""
+    if hasattr(torch.Tensor, "register_post_accumulate_grad_hook"):
+        return "post_accumulate"
+    try:
+        probe = torch.zeros(1, requires_grad=True)
+        with torch.enable_grad():
+            node = probe.expand_as(probe).grad_fn.next_functions[0][0]
+        if type(node).__name__ == "AccumulateGrad" and hasattr(node, "register_hook"):
+            return "grad_accumulator"
+    except Exception:
+        pass
+    return None
+
+
+class _Overlap:
+    """The overlap's methods of DeepOptimizerStates (hooks, declarations, the runtime's open
+    phases) and its part of ``last_step``."""
+
+    def _install_hooks(self):
+        """Registers the gradient-accumulated hook on every parameter (see the class's "Overlap").
+        Returns False, with a warning given once per process, where this torch has no such hook."""
+        global _warned_no_hooks
+        kind = _grad_hook_kind()
+        if kind is None:
+            if not _warned_no_hooks:
+                _warned_no_hooks = True
+                warnings.warn(f"DeepOptimizerStates(overlap=True): torch {torch.__version__} has no hook that runs when "
+                              "a gradient has been accumulated (Tensor.register_post_accumulate_grad_hook, torch >= "
+                              "2.1): the update runs after backward, without overlap", RuntimeWarning, stacklevel=3)
+            return False
+        ref = weakref.ref(self)  # the hooks must not keep the optimizer (and its pinned state) alive
+        for b in self._buckets:
+            for j, p in enumerate(b.params):
+                if b.numels[j] == 0:
+                    continue
+
+                def on_accumulated(*_, b=b, j=j, p=p):
+                    opt = ref()
+                    if opt is not None:
+                        opt._grad_accumulated(b, j, p)
+
+                if kind == "post_accumulate":
+                    self._hook_handles.append(p.register_post_accumulate_grad_hook(on_accumulated))
+                else:
+                    with torch.enable_grad():
+                        node = p.expand_as(p).grad_fn.next_functions[0][0]
+                    self._grad_accumulators.append(node)
+                    self._hook_handles.append(node.register_hook(on_accumulated))
+        return True
+
+    def _remove_hooks(self):
+        """Removes the hooks _install_hooks registered (idempotent)."""
+        for h in self._hook_handles:
+            h.remove()
+        self._hook_handles = []
+        self._grad_accumulators = []
+
+    def _grad_accumulated(self, b, j, p):
+        """Autograd has accumulated the gradient of ``p`` (position ``j`` of bucket ``b``): move it
+        into the flat buffer where it is not there, and declare it final when this is the backward
+        pass expected to be the last before step(), or note that a declared gradient changed."""
+        if self._closed or self._broken:
+            return
+        with self._overlap_lock:
+            b.fired[j] += 1
+            n = b.fired[j]
+            self._backwards_seen = max(self._backwards_seen, n)
+            g = p.grad
+            v = b.views[j]
+            if g is None or g.requires_grad or g.layout != torch.strided or g.dtype != b.dtype \
+                    or g.device != b.device or g.shape != v.shape:
+                # not for the runtime as it is (a create_graph backward, a sparse or odd gradient):
+                # step() copies or refuses it
+                if j in b.declared and b.changed is None:
+                    b.changed = "a gradient declared final was replaced by one the optimizer cannot read in place"
+                return
+            if g.data_ptr() != v.data_ptr() or g.stride() != v.stride():
+                v.copy_(g)  # (after zero_grad(set_to_none=True): autograd made a new tensor)
+                p.grad = v
+            if j in b.declared:
+                if b.changed is None:
+                    b.changed = ("another backward pass accumulated into a gradient already declared final "
+                                 "(more micro-batches than the step before)")
+            elif n == self._backwards_expected and b.changed is None:
+                self._declare(b, j)
+            b.seen_version = b.flat_grad._version
+            if b.device.type == "cuda":
+                for bb in self._buckets:
+                    self._declare_completed(bb)
+
+    def _declare(self, b, j):
+        """Declares parameter ``j`` of bucket ``b`` final (opening the runtime's phase first); on
+        CUDA once the work that wrote the gradient has completed (an event, checked without
+        waiting at each later hook)."""
+        L = _capi.lib()
+        if not b.open:
+            try:
+                h = self._group_hyper(b.group_index, self.param_groups[b.group_index])
+            except ValueError:
+                return  # step() reports it
+            if h != b.hyper:
+                _capi.check(L.dos_optimizer_set_hyper(b.handle, *h[:5], int(h[5])),
+                            f"setting the hyper-parameters of {b.describe()}")
+                b.hyper = h
+            self._runtime_call(L.dos_optimizer_begin_step(b.handle), f"opening the update phase of {b.describe()}")
+            b.open = True
+        b.declared.add(j)
+        if b.device.type == "cuda":
+            ev = torch.cuda.Event()
+            ev.record()
+            b.pending.append((j, ev))
+        else:
+            self._gradients_final(b, j)
+
+    def _declare_completed(self, b):
+        """Declares final the pending CUDA gradients of ``b`` whose writing has completed."""
+        if not b.pending:
+            return
+        left = []
+        for j, ev in b.pending:
+            if ev.query():
+                self._gradients_final(b, j)
+            else:
+                left.append((j, ev))
+        b.pending = left
+
+    def _gradients_final(self, b, j):
+        """Tells the runtime that the gradient of parameter ``j`` of ``b`` is final (its flat range).
+        Raises as :meth:`_runtime_call`."""
+        L = _capi.lib()
+        off = b.offsets[j]
+        self._runtime_call(L.dos_optimizer_gradients_final(b.handle, off, off + b.numels[j]),
+                           f"declaring the gradient of parameter {b.indices[j]} final")
+
+    def _runtime_call(self, ret, what):
+        """Raises for a failed C call as _capi.check does; a runtime failure (not bad input) marks
+        the optimizer broken first."""
+        if ret != 0:
+            if ret != _capi._E_INVALID:
+                self._broken = _capi.lib().dos_last_error().decode("utf-8", "replace")
+            _capi.check(ret, what)
+
+    def _finish(self, b, verdict):
+        """Closes the open phase of ``b`` with ``verdict`` (``_capi.VERDICT_*``); returns its stats dict."""
+        st = _capi.StepStats()
+        ret = _capi.lib().dos_optimizer_finish_step(b.handle, verdict, ctypes.byref(st))
+        b.open = False
+        self._runtime_call(ret, f"update phase of {b.describe()}")
+        return st.as_dict()
+
+    def _drop_open_phases(self):
+        """Drops every open phase (as a skipped step: nothing updated) and forgets the step's
+        declarations; what was speculated is lost, the next step() runs whole. Returns the number of
+        phases dropped."""
+        dropped = 0
+        with self._overlap_lock:
+            for b in self._buckets:
+                if b.open and b.handle is not None and not self._broken:
+                    try:
+                        self._finish(b, _capi.VERDICT_SKIP)
+                    except Exception:
+                        pass
+                    dropped += 1
+                b.reset_overlap()
+            self._backwards_seen = 0
+        return dropped
+
+    @staticmethod
+    def _overlap_summary(stats, verdicts, reasons=()):
+        """The overlapped update's part of :attr:`last_step`."""
+        return dict(
+            overlapped=any(s["overlapped"] for s in stats),
+            speculated=sum(s["speculated"] for s in stats),
+            hidden_params=sum(s["hidden_params"] for s in stats),
+            redone=sum(s["redone"] for s in stats),
+            exposed_seconds=sum(s["exposed_seconds"] for s in stats),
+            verdicts=list(verdicts),
+            redo_reasons=list(reasons),
+        )

@@ -99,15 +99,23 @@ ComputeTimes ComputeEmulator::run(const std::function<void(std::size_t group)>& 
   be_->sync();
   out.peak_bytes = be_->used_bytes();
   auto t1 = clock::now();
+  auto seconds_since = [](clock::time_point a) { return std::chrono::duration<double>(clock::now() - a).count(); };
   for (std::size_t l = gemms_.size(); l-- > 0;) {
+    be_->span_begin();
+    const auto launch = clock::now();
     for (auto g = gemms_[l].rbegin(); g != gemms_[l].rend(); ++g) {
       be_->backward(weights_, acts[l], dy_, dx_, dweights_, tokens_, g->in, g->out);
       out.flops += 4.0 * double(T) * double(g->in) * double(g->out);
     }
-    be_->sync();  // the layer's activations are read until its GEMMs end
+    out.backward_launch += seconds_since(launch);
+    out.backward_device += be_->span_end();  // the layer's activations are read until its GEMMs end
     be_->free(acts[l]);
     acts[l] = nullptr;
-    if (after_group) after_group(l);
+    if (after_group) {
+      const auto release = clock::now();
+      after_group(l);
+      out.backward_release += seconds_since(release);
+    }
   }
   be_->sync();
   auto t2 = clock::now();
@@ -172,11 +180,14 @@ class CpuBackend : public ComputeBackend {
       }
   }
   void sync() override {}
+  void span_begin() override { span_ = std::chrono::steady_clock::now(); }
+  double span_end() override { return std::chrono::duration<double>(std::chrono::steady_clock::now() - span_).count(); }
   std::uint64_t used_bytes() const override { return used_; }
 
  private:
   std::uint64_t used_ = 0;
   std::vector<std::pair<void*, std::size_t>> sizes_;
+  std::chrono::steady_clock::time_point span_;
 };
 
 }  // namespace

@@ -34,13 +34,19 @@ std::vector<std::vector<Gemm>> forward_gemms(const ModelConfig& c);
 std::size_t backward_group(const ModelConfig& c, const std::string& name);
 
 /// Times and memory of one emulated forward and backward.
-/// forward, backward: seconds (wall, device synchronised); flops: floating-point operations done
+/// forward, backward: seconds (wall, device synchronised); backward_device: seconds the device spent
+/// from the start of each group's backward GEMMs to their end, summed over groups (CUDA events on the
+/// GPU, the wall clock on the CPU stand-in): what backward would take with nothing else in the way;
+/// backward_launch: seconds the host spent in the calls that enqueue backward's GEMMs (microseconds
+/// each, unless another thread holds the device: a cudaFree elsewhere waits for the whole device);
+/// backward_release: seconds spent in after_group (the gradients written and declared final);
+/// flops: floating-point operations done
 /// (2 T in out per forward GEMM, twice that in backward: input and weight gradients);
 /// peak_bytes: device memory in use at the end of the forward pass (all activations alive):
 /// on the GPU, everything the device has allocated (cudaMemGetInfo: the model, StarPU's pool,
 /// the activations); on the CPU stand-in, the activation bytes alone.
 struct ComputeTimes {
-  double forward = 0, backward = 0, flops = 0;
+  double forward = 0, backward = 0, backward_device = 0, backward_launch = 0, backward_release = 0, flops = 0;
   std::uint64_t peak_bytes = 0;
 };
 
@@ -63,6 +69,11 @@ class ComputeBackend {
   virtual void backward(const void* W, const void* X, const void* dY, void* dX, void* dW, std::int64_t T,
                         std::int64_t in, std::int64_t out) = 0;
   virtual void sync() = 0;
+  /// Marks the start of a span of work (the GPU records an event on its stream).
+  virtual void span_begin() = 0;
+  /// Waits for the work enqueued so far (as sync()) and returns the seconds from span_begin() to the
+  /// end of that work: device time between the two events on the GPU, the wall clock on the CPU.
+  virtual double span_end() = 0;
   /// Device memory in use now, bytes (see ComputeTimes::peak_bytes).
   virtual std::uint64_t used_bytes() const = 0;
 };

@@ -27,8 +27,12 @@ class CudaBackend : public ComputeBackend {
     if (st != CUBLAS_STATUS_SUCCESS) cudaStreamDestroy(stream_);
     check(st, "cublasCreate");
     check(cublasSetStream(h_, stream_), "cublasSetStream");
+    check(cudaEventCreate(&span_begin_), "cudaEventCreate");
+    check(cudaEventCreate(&span_end_), "cudaEventCreate");
   }
   ~CudaBackend() override {
+    cudaEventDestroy(span_begin_);
+    cudaEventDestroy(span_end_);
     cublasDestroy(h_);
     cudaStreamDestroy(stream_);
   }
@@ -56,6 +60,14 @@ class CudaBackend : public ComputeBackend {
     gemm(CUBLAS_OP_N, CUBLAS_OP_T, in, out, T, X, in, dY, out, dW, in);   // dW^T[in,out] = X^T[in,T] dY[T,out]
   }
   void sync() override { check(cudaStreamSynchronize(stream_), "GEMMs"); }
+  void span_begin() override { check(cudaEventRecord(span_begin_, stream_), "cudaEventRecord"); }
+  double span_end() override {
+    check(cudaEventRecord(span_end_, stream_), "cudaEventRecord");
+    check(cudaEventSynchronize(span_end_), "GEMMs");
+    float ms = 0;
+    check(cudaEventElapsedTime(&ms, span_begin_, span_end_), "cudaEventElapsedTime");
+    return 1e-3 * double(ms);
+  }
   std::uint64_t used_bytes() const override {
     std::size_t free_b = 0, total = 0;
     check(cudaMemGetInfo(&free_b, &total), "cudaMemGetInfo");
@@ -74,6 +86,7 @@ class CudaBackend : public ComputeBackend {
   cudaDataType_t type_;
   cudaStream_t stream_ = nullptr;
   cublasHandle_t h_ = nullptr;
+  cudaEvent_t span_begin_ = nullptr, span_end_ = nullptr;
 };
 
 }  // namespace

@@ -110,10 +110,13 @@ void IterationLog::add(std::int64_t it, const std::string& label, const dos::Ste
   if (s.predicted_seconds > 0)
     std::snprintf(model, sizeof model, "  predicted %.4f s (%s)  lower bound %.4f s", s.predicted_seconds,
                   s.bound_by.c_str(), s.lower_bound_seconds);
-  char comp[260] = "";
+  char comp[360] = "";
   if (compute)
-    std::snprintf(comp, sizeof comp, "  forward %.4f s  backward %.4f s  iteration %.4f s  peak %s %.3g GB  %.3g model TFLOPs",
-                  ct.forward, ct.backward, iter_s, on_gpu ? "GPU" : "host (activations)", peak / 1e9, tflops);
+    std::snprintf(comp, sizeof comp,
+                  "  forward %.4f s  backward %.4f s (GEMMs %.4f s, launches %.4f s, gradients released %.4f s)  "
+                  "iteration %.4f s  peak %s %.3g GB  %.3g model TFLOPs",
+                  ct.forward, ct.backward, ct.backward_device, ct.backward_launch, ct.backward_release, iter_s,
+                  on_gpu ? "GPU" : "host (activations)", peak / 1e9, tflops);
   if (dp) {
     const std::size_t used = std::strlen(comp);
     std::snprintf(comp + used, sizeof comp - used, "  comm %.4f s (%zu ranks)", comm_s, world_);
@@ -158,6 +161,9 @@ void IterationLog::add(std::int64_t it, const std::string& label, const dos::Ste
   if (compute) {
     row["forward_seconds"] = ct.forward;
     row["backward_seconds"] = ct.backward;
+    row["backward_device_seconds"] = ct.backward_device;
+    row["backward_launch_seconds"] = ct.backward_launch;
+    row["backward_release_seconds"] = ct.backward_release;
     row["iteration_seconds"] = iter_s;
     row["peak_gpu_bytes"] = peak;
     row["model_tflops"] = tflops;

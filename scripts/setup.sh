@@ -20,7 +20,9 @@
 #     is used as it is. Otherwise StarPU 1.3.10 is built from Debian's source package `starpu`
 #     1.3.10+dfsg into .deps/starpu-1.3.10[-cuda], with CUDA when nvcc is present (two small changes
 #     for CUDA 13 in scripts/starpu-1.3.10-cuda13.patch; NVML energy profiling only on request, as
-#     StarPU 1.4.5 does, in scripts/starpu-1.3.10-energy.patch). DOS_BUILD_STARPU=1 forces our own build.
+#     StarPU 1.4.5 does, in scripts/starpu-1.3.10-energy.patch; device buffers from CUDA's stream-ordered
+#     allocator, whose free does not wait for the whole GPU as cudaFree does, in
+#     scripts/starpu-1.3.10-malloc-async.patch). DOS_BUILD_STARPU=1 forces our own build.
 #  4. meson setup + compile into build/ (-Dcuda=auto).
 # Environment: DOS_BUILD_DIR (default build), MESON_OPTIONS (extra `meson setup` options).
 set -euo pipefail
@@ -189,7 +191,7 @@ if [ "${DOS_BUILD_STARPU:-0}" != 1 ]; then
     fi
   done
 fi
-STARPU_PATCHES="starpu-1.3.10-cuda13.patch starpu-1.3.10-energy.patch"
+STARPU_PATCHES="starpu-1.3.10-cuda13.patch starpu-1.3.10-energy.patch starpu-1.3.10-malloc-async.patch"
 stamp_want="starpu $STARPU_VERSION cuda=$WITH_CUDA patch=$(cd "$ROOT/scripts" && cat $STARPU_PATCHES | cksum | cut -d' ' -f1)"
 if [ -n "$site_starpu" ]; then
   say "using the site's StarPU: $site_starpu"
@@ -206,6 +208,8 @@ else
     (cd "$src" && patch -p1 -s < "$ROOT/scripts/starpu-1.3.10-cuda13.patch")
     say "applying scripts/starpu-1.3.10-energy.patch (NVML energy reads around every CUDA task only with STARPU_ENERGY_PROFILING=1)"
     (cd "$src" && patch -p1 -s < "$ROOT/scripts/starpu-1.3.10-energy.patch")
+    say "applying scripts/starpu-1.3.10-malloc-async.patch (device buffers from cudaMallocAsync/cudaFreeAsync: cudaFree waited for the whole GPU)"
+    (cd "$src" && patch -p1 -s < "$ROOT/scripts/starpu-1.3.10-malloc-async.patch")
     cuda_dir=$(dirname "$(dirname "$(command -v nvcc)")")
     cuda_opts="--enable-cuda --with-cuda-dir=$cuda_dir"
   fi

@@ -57,7 +57,13 @@ class Plan;
 ///   ...); empty: $STARPU_SCHED if set, else "cpu".
 ///   An explicit policy wins over $STARPU_SCHED (a warning says so).
 /// cpu_threads: OpenMP threads of the CPU Adam codelet; 0: $OMP_NUM_THREADS if set, else every
-///   core of the process's CPU set minus one per CUDA worker (the cores that drive the GPUs).
+///   core of the process's CPU set minus one per CUDA worker (the cores that drive the GPUs) and
+///   minus caller_cores.
+/// caller_cores: cores the automatic cpu_threads leaves to the caller's own threads (at least one
+///   CPU thread is kept); 0 (default) leaves none. An update overlapped with the caller's backward
+///   (Optimizer::begin_step) wants 1: the thread that launches backward's kernels otherwise shares
+///   its core with a busy Adam thread and each launch waits (the 20B quarter's emulated backward
+///   took 0.55 s instead of 0.45 s, README "Measured").
 /// cpu_workers: StarPU CPU workers; 0 (default): $STARPU_NCPU if set, else 1, one worker whose
 ///   codelets run an OpenMP team over cpu_threads cores. N > 1: N workers, the subgroups spread over
 ///   them, each worker's team cpu_threads / N threads (cpu_threads = N gives single-threaded
@@ -74,6 +80,7 @@ class Plan;
 struct RuntimeOptions {
   std::string policy;
   int cpu_threads = 0;
+  int caller_cores = 0;
   int cpu_workers = 0;
   int ncuda = -1;
   bool verbose = true;
@@ -173,10 +180,12 @@ class Runtime {
 ///   finish_step.
 /// speculate_streamed: speculative updates of the subgroups the plan streams too, on the GPU (their
 ///   state crosses PCIe while the caller's backward runs, the new state comes back into the host
-///   shadow; GPU memory for the old and new state within the update budget); false (default): only
-///   the CPU's subgroups are updated speculatively. Off by default because, measured on the GPU
-///   machine with dos-train's emulated backward, the GPU side slowed backward down about as much as
-///   it hid (README, "Measured"); the same bits either way.
+///   shadow; GPU memory for the old and new state within the update budget); true (default);
+///   false: only the CPU's subgroups are updated speculatively. The same bits either way. The GPU
+///   side needs StarPU's device buffers from CUDA's stream-ordered allocator (the StarPU that
+///   scripts/setup.sh builds): with cudaFree, each buffer StarPU frees under the update budget waits
+///   for the whole GPU, backward's kernels included, and the 20B quarter's emulated iteration took
+///   1.61 s instead of 1.26 s (README, "Measured"). With a site's own StarPU, measure both.
 struct OptimizerOptions {
   AdamHyper adam;
   std::size_t subgroup_size = 100000000;
@@ -193,7 +202,7 @@ struct OptimizerOptions {
   bool urgent_writeback = false;
   SubmitOrder submit_order = SubmitOrder::plan;
   std::int64_t speculation_budget = -1;
-  bool speculate_streamed = false;
+  bool speculate_streamed = true;
 };
 
 /// What the caller found once every gradient of a step was final (Optimizer::finish_step).

@@ -193,7 +193,7 @@ typedef struct dos_optimizer_options {
   int64_t speculation_budget;
 
   /* 1: the subgroups the plan streams are updated speculatively too, on the GPU, while the
-   * caller's backward runs (their state crosses PCIe then); 0: only the CPU's subgroups; 0 or 1 [0]. */
+   * caller's backward runs (their state crosses PCIe then); 0: only the CPU's subgroups; 0 or 1 [1]. */
   int speculate_streamed;
 } dos_optimizer_options;
 

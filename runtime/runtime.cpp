@@ -176,11 +176,11 @@ Runtime::Runtime(const RuntimeOptions& options) : impl_(new Impl) {
                 "where the model's buffers live; use dmda, dmdas, lws or eager, or heteroprio with --ncuda 0");
   }
   // OpenMP threads per CPU worker: the cores (given, $OMP_NUM_THREADS, or all but one per CUDA
-  // worker) shared among the CPU workers.
+  // worker and the caller's) shared among the CPU workers.
   int cores = options.cpu_threads;
   const char* env_omp = std::getenv("OMP_NUM_THREADS");
   if (cores <= 0 && env_omp && std::atoi(env_omp) > 0) cores = std::atoi(env_omp);
-  if (cores <= 0) cores = int(process_cores.size()) - int(ncuda);
+  if (cores <= 0) cores = std::max(1, int(process_cores.size()) - int(ncuda) - std::max(0, options.caller_cores));
   const int ncpuw = int(starpu_cpu_worker_get_count());
   int threads = cores / (ncpuw > 0 ? ncpuw : 1);
   if (threads < 1) threads = 1;

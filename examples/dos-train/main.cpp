@@ -181,9 +181,12 @@ int run(const Args& args) {
                          "the optimizer state of " + std::to_string(n) + " parameters (" + cfg.name + ", shard " + a.shard + ")");
   const std::vector<ShardTensor> tensors = shard_tensors(all, range);
   // ---- runtime and caller-owned buffers ------------------------------------------------------
+  // auto: on where there is a backward to overlap, and not in a sweep (whose rows compare update phases)
+  const bool overlap = a.overlap == "on" || (a.overlap == "auto" && a.emulate_compute && a.sweep.empty());
   dos::RuntimeOptions ro;
   ro.policy = a.policy;
   ro.cpu_threads = a.cpu_threads;
+  ro.caller_cores = overlap ? 1 : 0;  // the thread that runs backward keeps a core of its own
   ro.cpu_workers = a.cpu_workers;
   ro.ncuda = a.ncuda;
   ro.verbose = !a.quiet;
@@ -353,8 +356,6 @@ int run(const Args& args) {
   std::vector<std::size_t> backward_order;  // head, layers from the last, embeddings
   for (std::size_t g = ngroups - 1; g-- > 0;) backward_order.push_back(g);
   backward_order.push_back(ngroups - 1);
-  // auto: on where there is a backward to overlap, and not in a sweep (whose rows compare update phases)
-  const bool overlap = a.overlap == "on" || (a.overlap == "auto" && compute && a.sweep.empty());
   // Runs `count` training iterations, each: forward and backward (emulated), this rank's gradients
   // (with --overlap on, each group's written and declared final as its backward ends), the gradient
   // check (--max-grad-norm), the update, the updated parameters to every rank, its line and row.

@@ -336,7 +336,7 @@ int parse_command_line(int argc, char** argv, Args& a) {
                  "(clipping changed the gradients) or dropped (a non-finite gradient) when every gradient is final; "
                  "the same bits as off, where the update starts after backward; auto: on with --emulate-compute "
                  "and without --sweep (without a backward there is nothing to overlap, and a sweep compares update "
-                 "phases)")
+                 "phases). When on, the automatic --cpu-threads leaves one core to the thread that runs backward")
       ->capture_default_str();
   app.add_option("--max-grad-norm", a.max_grad_norm,
                  "clip the gradients to this global L2 norm as torch.nn.utils.clip_grad_norm_ does (coefficient "

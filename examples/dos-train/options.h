@@ -55,7 +55,7 @@ struct Args {
   double max_grad_norm = 0;       ///< --max-grad-norm: global-norm clipping; 0: none
   long long nan_gradient_at = 0;  ///< --nan-gradient-at: the iteration whose gradient gets a NaN; 0: none
   std::string speculation_budget; ///< --speculation-budget as given (bytes); empty: the runtime's default
-  std::string speculate_streamed = "off";  ///< --speculate-streamed: streamed subgroups speculated on the GPU too
+  std::string speculate_streamed = "on";  ///< --speculate-streamed: streamed subgroups speculated on the GPU too
 };
 
 /// Parses the command line into `a` (CLI11; a later option wins over an earlier one). Returns -1

@@ -136,9 +136,12 @@ class DeepOptimizerStates(_Overlap, torch.optim.Optimizer):
         bucket; None: the runtime's default (half of the available host memory at the first
         speculative update); 0: nothing is speculated. Only with ``overlap=True``.
       speculate_streamed (bool): with ``overlap=True``, the subgroups the plan streams through the GPU
-        are updated speculatively too, on the GPU, while backward runs; False (default): only the
-        CPU's subgroups. The same bits either way; on the GPU machine, with dos-train's emulated
-        backward, the GPU side slowed backward down as much as it hid (README, "Measured").
+        are updated speculatively too, on the GPU, while backward runs (True, the default); False:
+        only the CPU's subgroups. The same bits either way. The GPU side pays off with the StarPU
+        that ``scripts/setup.sh`` builds (device buffers from CUDA's stream-ordered allocator); with
+        a site's own StarPU, each device buffer StarPU frees waits for the whole GPU: measure both.
+        With ``overlap=True``, also leave a core to the thread that runs backward: ``cpu_threads``
+        = the cores minus one per GPU minus one (README, "Measured").
 
     Overlap: which backward is the last before :meth:`step` is not known while it runs (gradient
     accumulation runs several, and the hooks fire in each). The optimizer counts the backward
@@ -179,7 +182,7 @@ class DeepOptimizerStates(_Overlap, torch.optim.Optimizer):
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=None, decoupled=True,
                  subgroup_size=100_000_000, policy=None, max_grad_norm=None, skip_nonfinite=True,
                  cpu_threads=0, cpu_workers=0, ncuda=-1, verbose=False, overlap=False, speculation_budget=None,
-                 speculate_streamed=False):
+                 speculate_streamed=True):
         if weight_decay is None:
             weight_decay = 1e-2 if decoupled else 0.0
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, decoupled=bool(decoupled))

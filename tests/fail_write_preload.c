@@ -9,7 +9,7 @@
  *                                            disk that fills mid-write)
  *   DOS_TEST_FAIL_AFTER=N                    for the write mode (default 4096)
  *
- * dos-train writes its files through runtime/atomic_file.cpp: mkstemp (mkstemp64 where off_t is
+ * dos-train writes its files through runtime/io/atomic_file.cpp: mkstemp (mkstemp64 where off_t is
  * 64-bit) next to the final path, write, fsync, rename. Those are intercepted, and open, openat
  * and fopen opened for writing too, so a change of the write path does not quietly dodge the
  * fault. Opens for reading are left alone (a resumed job reads files of the same name). Each

@@ -1,4 +1,4 @@
-// Checkpoint checksums (runtime/checksum.h): XXH3-64 as the xxHash library defines it (its
+// Checkpoint checksums (runtime/io/checksum.h): XXH3-64 as the xxHash library defines it (its
 // published value for empty input), block checksums independent of how the byte stream is cut
 // into pieces, a flipped bit changing exactly its block's checksum, and the model's parameter count
 // checked for overflow (examples/dos-train/model_config.h: count_params).

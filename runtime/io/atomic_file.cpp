@@ -1,3 +1,5 @@
+// Atomic file writes (atomic_file.h): a temporary file next to the target, flushed, then renamed
+// over it; and the checks, before any work, that a path can be written.
 #include "atomic_file.h"
 
 #include <fcntl.h>

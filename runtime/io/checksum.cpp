@@ -1,3 +1,4 @@
+// Checksums of checkpoint data (checksum.h): XXH3 64-bit hashes of fixed-size blocks.
 #include "checksum.h"
 
 #include <algorithm>

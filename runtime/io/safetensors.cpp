@@ -1,3 +1,4 @@
+// Reading and writing safetensors files (safetensors.h).
 #include "safetensors.h"
 
 #include "atomic_file.h"

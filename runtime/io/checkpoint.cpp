@@ -1,3 +1,4 @@
+// Checkpoints of the optimizer state (checkpoint.h): the folder's checks, its save and its load.
 #include "checkpoint.h"
 
 #include <dirent.h>

@@ -1,3 +1,4 @@
+// Temporary paths removed on SIGINT or SIGTERM (temp_cleanup.h).
 #include "temp_cleanup.h"
 
 #include <fcntl.h>

@@ -354,7 +354,25 @@ class Optimizer {
   void begin_step();
   void gradients_final(std::size_t begin, std::size_t end);
   StepStats finish_step(StepVerdict verdict = StepVerdict::keep);
-  /// Whether a step is open (begin_step called, finish_step not yet).
+  /// The update overlapped with the caller's next forward too: finish_step_async(verdict) does
+  /// what finish_step does but returns once every task of the phase is submitted, without waiting
+  /// for them (its time counts in StepStats::exposed_seconds). wait_parameters(begin, end) then
+  /// blocks until the caller's parameters of flat elements [begin, end) hold the step's result
+  /// (every subgroup meeting the range has written its parameters; immediately when no phase
+  /// runs), so that the forward of a layer waits only for that layer's parameters; the subgroups'
+  /// parameters are written in the plan's submission order, which is the flat order but for the
+  /// CPU's subgroups first under SubmitOrder::cpu_first. wait_step() waits for the rest of the
+  /// phase (the state back in host memory) and returns its StepStats: exposed_seconds is the time
+  /// spent in the three calls; seconds runs from begin_step to the phase's last write-back.
+  /// The bits are those of finish_step. Until wait_step returns the caller may read the parameters
+  /// of ranges wait_parameters returned for and nothing else; begin_step, step(), and every method
+  /// that reads or replaces the state throw Error ("call wait_step first"). Throws Error:
+  /// finish_step_async as finish_step; wait_parameters for a range beyond num_params() or while a
+  /// step is open and not finished; wait_step without finish_step_async.
+  void finish_step_async(StepVerdict verdict = StepVerdict::keep);
+  void wait_parameters(std::size_t begin, std::size_t end);
+  StepStats wait_step();
+  /// Whether a step is open (begin_step called, finish_step or wait_step not yet).
   bool step_open() const;
 
   std::size_t num_params() const;

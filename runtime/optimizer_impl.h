@@ -46,6 +46,10 @@ struct Subgroup {
   HostBuffer sh_master, sh_exp_avg, sh_exp_avg_sq;
   starpu_data_handle_t sh_h_master = nullptr, sh_h_exp_avg = nullptr, sh_h_exp_avg_sq = nullptr;
   std::atomic<bool> spec_ended{false};  // the speculative Adam task of the open step has ended
+  // The caller's parameters of this subgroup hold the open step's result (its parameter write-back,
+  // or its direct-path Adam, has ended; Optimizer::wait_parameters waits for it).
+  std::atomic<bool> params_written{false};
+  struct ParamsReady* ready = nullptr;
   std::vector<Segment> segs;
   GatherArgs gather_grads{}, gather_params{};
   ScatterArgs scatter{};
@@ -81,10 +85,25 @@ struct Subgroup {
 };
 
 /// Counts outstanding asynchronous acquisitions and waits for them.
+/// Wakes Optimizer::wait_parameters when a subgroup's parameters are written (Subgroup::params_written).
+struct ParamsReady {
+  std::mutex mu;
+  std::condition_variable cv;
+  /// From a task's callback: the subgroup's parameters are written.
+  void mark(std::atomic<bool>& written) {
+    {
+      std::lock_guard<std::mutex> g(mu);
+      written.store(true);
+    }
+    cv.notify_all();
+  }
+};
+
 struct Pending {
   std::mutex mu;
   std::condition_variable cv;
   int n = 0;
+  double last_done_us = 0;  // starpu_timing_now() when the last acquisition ended
   double last_subgroup_part_us = 0;  // starpu_timing_now() of the last write-back that ended a subgroup's part
   void subgroup_part_ended() {
     const double now = starpu_timing_now();
@@ -96,7 +115,9 @@ struct Pending {
     ++n;
   }
   void done() {
+    const double now = starpu_timing_now();
     std::lock_guard<std::mutex> l(mu);
+    if (now > last_done_us) last_done_us = now;
     if (--n == 0) cv.notify_all();
   }
   void wait() {
@@ -122,6 +143,11 @@ struct OpenStep {
   std::vector<char> stepped;            // its step count went up in this step
   std::vector<char> speculated;         // its speculative update was submitted (and not redone)
   std::vector<std::size_t> spec_order;  // the speculated subgroups, in submission order
+  // Optimizer::finish_step_async: every task is submitted, the phase runs on (wait_step ends it)
+  bool finishing = false;
+  bool async = false;  // finished by finish_step_async
+  StepVerdict verdict = StepVerdict::keep;
+  double waited = 0;  // seconds the caller waited in finish_step_async, wait_parameters and wait_step
   std::size_t largest_fp = 0;
   bool cpu_first = false;
   // Speculative updates are submitted by a thread of their own, from the subgroups whose gradients
@@ -182,6 +208,7 @@ struct Optimizer::Impl {
   AdmissionWindow window;      // the GPU update budget
   detail::Timeline timeline;
   detail::PhaseBusy busy;
+  detail::ParamsReady ready;
   bool timeline_on = false;
   std::vector<unsigned> cuda_nodes;  // memory node of each CUDA worker, in worker-id order
   std::unique_ptr<detail::OpenStep> open;  // the update phase between begin_step and finish_step
@@ -195,6 +222,11 @@ struct Optimizer::Impl {
   void begin(bool overlapped);
   void declare_final(std::size_t begin, std::size_t end);
   StepStats finish(StepVerdict verdict);
+  /// finish(): everything submitted, the phase left running (Optimizer::finish_step_async when async).
+  void finish_submit(StepVerdict verdict, bool async);
+  /// finish(): waits for the phase submitted by finish_submit and returns its figures.
+  StepStats finish_wait();
+  void wait_parameters(std::size_t begin, std::size_t end);
   [[noreturn]] void fail(const std::string& why);
   void require_no_open_step(const char* what) const;
   bool speculable(std::size_t i) const;

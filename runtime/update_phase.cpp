@@ -94,14 +94,21 @@ void record_gather(void* arg) {
 }
 /// Callback of the Adam task of the direct path (adam_direct_cl): as record_worker, and the task is
 /// one piece of the subgroup's work.
+/// Marks the subgroup's parameters written (Optimizer::wait_parameters).
+void params_written(Subgroup* sg) {
+  if (sg->ready) sg->ready->mark(sg->params_written);
+}
 void adam_direct_done(void* arg) {
   record_worker(arg);
+  params_written(static_cast<Subgroup*>(arg));
   subgroup_part_done(static_cast<Subgroup*>(arg));
 }
-/// Callback of the parameter write-back task: the timeline, and one piece of the subgroup done.
+/// Callback of the parameter write-back task: the timeline, the parameters written, and one piece
+/// of the subgroup done.
 void scatter_done(void* arg) {
   auto* sg = static_cast<Subgroup*>(arg);
   clock_task(sg, "scatter");
+  params_written(sg);
   subgroup_part_done(sg);
 }
 
@@ -124,6 +131,9 @@ bool wont_use_after_writeback() {
 }  // namespace
 
 void Optimizer::Impl::require_no_open_step(const char* what) const {
+  if (open && open->finishing)
+    throw Error(std::string(what) + " while an update phase still runs (finish_step_async without wait_step): call "
+                "wait_step first");
   if (open) throw Error(std::string(what) + " while an update phase is open (begin_step without finish_step): call "
                         "finish_step first");
 }
@@ -265,6 +275,8 @@ void Optimizer::Impl::begin(bool overlapped) {
     sg->busy = &busy;
     sg->spec_ended.store(false);
     sg->ran_on.store(0);
+    sg->params_written.store(false);
+    sg->ready = &ready;
   }
   window.reset(gpu ? opt.gpu_update_budget : 0);
   // Submission order (OptimizerOptions::submit_order). cpu_first: the subgroups that are not
@@ -370,7 +382,7 @@ void Optimizer::Impl::speculate(OpenStep& ph, std::size_t i) {
 }
 
 void Optimizer::Impl::declare_final(std::size_t begin, std::size_t end) {
-  if (!open) throw Error("gradients_final outside an update phase: call begin_step first");
+  if (!open || open->finishing) throw Error("gradients_final outside an update phase: call begin_step first");
   if (begin > end || end > nparams)
     throw Error("gradients_final: the range [" + std::to_string(begin) + ", " + std::to_string(end) +
                 ") is not inside the optimizer's " + std::to_string(nparams) + " parameters");
@@ -407,10 +419,17 @@ void Optimizer::Impl::declare_final(std::size_t begin, std::size_t end) {
 }
 
 StepStats Optimizer::Impl::finish(StepVerdict verdict) {
-  if (!open) throw Error("finish_step without begin_step");
+  finish_submit(verdict, false);
+  return finish_wait();
+}
+
+void Optimizer::Impl::finish_submit(StepVerdict verdict, bool async) {
+  if (!open || open->finishing) throw Error("finish_step without begin_step");
   OpenStep& ph = *open;
   StepStats& st = ph.st;
   const auto t_finish = std::chrono::steady_clock::now();
+  ph.verdict = verdict;
+  ph.async = async;
   ph.drain();  // every speculative update queued so far is submitted
   if (!ph.submit_error.empty()) {
     ph.pending.wait();
@@ -431,6 +450,7 @@ StepStats Optimizer::Impl::finish(StepVerdict verdict) {
         subgroup_part_done(sgs[i].get());
       }
       st.skipped = true;
+      for (const auto& sg : sgs) params_written(sg.get());  // the caller's parameters stay as they are
     } else {
       for (std::size_t i : ph.spec_order) {
         Subgroup* sg = sgs[i].get();
@@ -517,10 +537,42 @@ StepStats Optimizer::Impl::finish(StepVerdict verdict) {
   // The phase ends when every subgroup's state is safe in host memory and nowhere else (pure
   // offload: nothing of the state stays valid on the GPU; after an eager write-back this moves no
   // data, it only invalidates the device copy). Resident subgroups keep their state on the GPU.
-  for (std::size_t i = 0; i < sgs.size(); ++i) {
-    if (!plan.empty() && plan[i] == PlanSide::gpu_resident) continue;
-    write_back(ph, sgs[i].get(), STARPU_RW, false);
+  try {
+    for (std::size_t i = 0; i < sgs.size(); ++i) {
+      if (!plan.empty() && plan[i] == PlanSide::gpu_resident) continue;
+      write_back(ph, sgs[i].get(), STARPU_RW, false);
+    }
+  } catch (const std::exception& e) {
+    ph.pending.wait();
+    fail(e.what());
   }
+  ph.finishing = true;
+  ph.waited += std::chrono::duration<double>(std::chrono::steady_clock::now() - t_finish).count();
+}
+
+void Optimizer::Impl::wait_parameters(std::size_t begin, std::size_t end) {
+  if (begin > end || end > nparams)
+    throw Error("wait_parameters: the range [" + std::to_string(begin) + ", " + std::to_string(end) +
+                ") is not inside the optimizer's " + std::to_string(nparams) + " parameters");
+  if (!open) return;  // no phase runs: the parameters are the last step's
+  if (!open->finishing)
+    throw Error("wait_parameters while an update phase is open (begin_step without finish_step): the parameters "
+                "are written after finish_step_async");
+  const auto t = std::chrono::steady_clock::now();
+  std::unique_lock<std::mutex> g(ready.mu);
+  for (const auto& sg : sgs) {
+    if (sg->begin >= end || sg->begin + sg->size <= begin) continue;
+    ready.cv.wait(g, [&] { return sg->params_written.load(); });
+  }
+  open->waited += std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+StepStats Optimizer::Impl::finish_wait() {
+  if (!open || !open->finishing) throw Error("wait_step without finish_step_async");
+  OpenStep& ph = *open;
+  StepStats& st = ph.st;
+  const StepVerdict verdict = ph.verdict;
+  const auto t_wait = std::chrono::steady_clock::now();
   ph.pending.wait();  // every callback has run: nothing refers to `pending` any more
   if (ph.refused) fail("StarPU refused to bring " + std::to_string(ph.refused) + " buffer(s) back to host memory");
   starpu_task_wait_for_all();
@@ -537,7 +589,12 @@ StepStats Optimizer::Impl::finish(StepVerdict verdict) {
   }
   const auto t_end = std::chrono::steady_clock::now();
   st.seconds = std::chrono::duration<double>(t_end - ph.t0).count();
-  st.exposed_seconds = std::chrono::duration<double>(t_end - t_finish).count();
+  // what the caller waited for: finish_step's whole call, or, after finish_step_async, the calls
+  // that waited (the phase may have ended long before wait_step: its end is its last write-back)
+  ph.waited += std::chrono::duration<double>(t_end - t_wait).count();
+  st.exposed_seconds = ph.waited;
+  if (ph.async && ph.pending.last_done_us > timeline.t0_us)
+    st.seconds = std::min(st.seconds, 1e-6 * (ph.pending.last_done_us - timeline.t0_us));
   read_bus_bytes(&st.bytes_h2d, &st.bytes_d2h);
   st.bytes_h2d -= ph.h2d0;
   st.bytes_d2h -= ph.d2h0;
@@ -578,6 +635,9 @@ StepStats Optimizer::step() {
 void Optimizer::begin_step() { impl_->begin(true); }
 void Optimizer::gradients_final(std::size_t begin, std::size_t end) { impl_->declare_final(begin, end); }
 StepStats Optimizer::finish_step(StepVerdict verdict) { return impl_->finish(verdict); }
+void Optimizer::finish_step_async(StepVerdict verdict) { impl_->finish_submit(verdict, true); }
+void Optimizer::wait_parameters(std::size_t begin, std::size_t end) { impl_->wait_parameters(begin, end); }
+StepStats Optimizer::wait_step() { return impl_->finish_wait(); }
 bool Optimizer::step_open() const { return impl_->open != nullptr; }
 
 }  // namespace dos

@@ -4,6 +4,8 @@
 // caller keeps working, through every verdict: kept, changed after the declaration (the caller
 // rescales its gradients in place, as global-norm clipping does), skipped (a non-finite gradient);
 // parameters, master, exp_avg, exp_avg_sq and step counts must be the same bits after every step.
+// Every other step ends with finish_step_async, as when the next forward overlaps the phase: each
+// range's parameters must hold the plain step's bits as soon as wait_parameters returns for it.
 // Both are also checked against the plain double-precision AdamW of reference.h, so that two
 // equally wrong runs cannot pass. Then the API's bad input.
 //
@@ -99,6 +101,18 @@ void expect_same_bits(dos::Optimizer& a, dos::Optimizer& b, Caller& ca, Caller& 
   assert_true(a.step_counts() == b.step_counts());
 }
 
+template <class F>
+void expect_error(F f, const char* what) {
+  try {
+    f();
+  } catch (const dos::Error& e) {
+    std::printf("refused as expected (%s): %s\n", what, e.what());
+    return;
+  }
+  std::fprintf(stderr, "no error for %s\n", what);
+  fail();
+}
+
 void test_overlap_same_bits(void**) {
   size_t n = 0;
   for (size_t s : kSizes) n += s;
@@ -116,7 +130,7 @@ void test_overlap_same_bits(void**) {
   oo.verbose = false;
   // fixed rates: the plan does not depend on a calibration (which would differ between the two)
   oo.rates = dos::Rates{1e9, 8e8, 1e11, 1e11, 2e10, 2e10};
-  oo.speculate_streamed = true;  // the GPU side of the speculation too (off by default)
+  oo.speculate_streamed = true;  // the GPU side of the speculation too (the default)
   dos::Optimizer plain(*g_rt, ca.views(), oo);
   dos::Optimizer over(*g_rt, cb.views(), oo);
 
@@ -185,7 +199,33 @@ void test_overlap_same_bits(void**) {
       v = dos::StepVerdict::changed;
     }
     if (k == skip) v = dos::StepVerdict::skip;
-    const dos::StepStats s = over.finish_step(v);
+    dos::StepStats s;
+    if (t % 2 == 0) {
+      // the next forward overlapping the phase: finish_step_async, then each range's parameters as
+      // forward would read them (first elements first), then the rest of the phase
+      over.finish_step_async(v);
+      assert_true(over.step_open());
+      expect_error([&] { over.begin_step(); }, "begin_step while the phase runs");
+      expect_error([&] { over.step(); }, "step() while the phase runs");
+      expect_error([&] { over.gradients_final(0, 1); }, "gradients_final after finish_step_async");
+      expect_error([&] { over.wait_parameters(0, n + 1); }, "wait_parameters beyond the parameters");
+      const std::vector<uint16_t> want = ca.get(ca.param);  // the plain optimizer has stepped
+      for (size_t lo = 0; lo < n; lo += 777) {
+        const size_t hi = std::min(n, lo + 777);
+        over.wait_parameters(lo, hi);
+        const std::vector<uint16_t> got = cb.get(cb.param);  // only [lo, hi) is final yet
+        for (size_t i = lo; i < hi; ++i)
+          if (got[i] != want[i]) {
+            std::fprintf(stderr, "step %d: parameter %zu is %#x after wait_parameters, %#x in the plain run\n", t, i,
+                         got[i], want[i]);
+            fail();
+          }
+      }
+      s = over.wait_step();
+      expect_error([&] { over.wait_step(); }, "wait_step twice");
+    } else {
+      s = over.finish_step(v);
+    }
     assert_false(over.step_open());
     assert_true(s.overlapped);
     assert_true(s.skipped == (k == skip));
@@ -218,18 +258,6 @@ void test_overlap_same_bits(void**) {
   }
 }
 
-template <class F>
-void expect_error(F f, const char* what) {
-  try {
-    f();
-  } catch (const dos::Error& e) {
-    std::printf("refused as expected (%s): %s\n", what, e.what());
-    return;
-  }
-  std::fprintf(stderr, "no error for %s\n", what);
-  fail();
-}
-
 void test_overlap_bad_input(void**) {
   size_t n = 0;
   for (size_t s : kSizes) n += s;
@@ -245,10 +273,14 @@ void test_overlap_bad_input(void**) {
   dos::Optimizer o(*g_rt, c.views(), oo);
   expect_error([&] { o.gradients_final(0, 1); }, "gradients_final outside a step");
   expect_error([&] { o.finish_step(); }, "finish_step without begin_step");
+  expect_error([&] { o.wait_step(); }, "wait_step without finish_step_async");
+  o.wait_parameters(0, n);  // no phase runs: the parameters are current
+  expect_error([&] { o.wait_parameters(3, 2); }, "wait_parameters of a reversed range");
   o.begin_step();
   expect_error([&] { o.begin_step(); }, "begin_step twice");
   expect_error([&] { o.gradients_final(0, n + 1); }, "a range beyond the parameters");
   expect_error([&] { o.gradients_final(5, 4); }, "an empty, reversed range");
+  expect_error([&] { o.wait_parameters(0, 1); }, "wait_parameters before finish_step_async");
   o.gradients_final(0, 10);
   expect_error([&] { o.gradients_final(9, 11); }, "an element declared final twice");
   expect_error([&] { o.step(); }, "step() while a step is open");

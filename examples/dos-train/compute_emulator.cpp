@@ -71,7 +71,9 @@ std::size_t backward_group(const ModelConfig& c, const std::string& n) {
   return std::size_t(c.layers);  // lm_head, ln_f, model.norm
 }
 
-ComputeTimes ComputeEmulator::run(const std::function<void(std::size_t group)>& after_group) {
+ComputeTimes ComputeEmulator::run(const std::function<void(std::size_t group)>& after_group,
+                                  const std::function<void(std::size_t group)>& before_group,
+                                  const std::function<void()>& between) {
   ComputeTimes out;
   const std::size_t e = be_->elem_bytes(), T = std::size_t(tokens_);
   std::vector<void*> acts(gemms_.size(), nullptr);
@@ -84,8 +86,14 @@ ComputeTimes ComputeEmulator::run(const std::function<void(std::size_t group)>& 
     }
   } guard{*be_, acts};
   using clock = std::chrono::steady_clock;
+  auto seconds_since = [](clock::time_point a) { return std::chrono::duration<double>(clock::now() - a).count(); };
   auto t0 = clock::now();
   for (std::size_t l = 0; l < gemms_.size(); ++l) {
+    if (before_group) {
+      const auto wait = clock::now();
+      before_group(l);
+      out.forward_wait += seconds_since(wait);
+    }
     std::int64_t in_max = 1, outs = 0;
     for (const Gemm& g : gemms_[l]) in_max = std::max(in_max, g.in), outs += g.out;
     acts[l] = be_->alloc(T * std::size_t(in_max + outs) * e);  // saved input + every output
@@ -98,8 +106,9 @@ ComputeTimes ComputeEmulator::run(const std::function<void(std::size_t group)>& 
   }
   be_->sync();
   out.peak_bytes = be_->used_bytes();
+  out.forward = seconds_since(t0);
+  if (between) between();
   auto t1 = clock::now();
-  auto seconds_since = [](clock::time_point a) { return std::chrono::duration<double>(clock::now() - a).count(); };
   for (std::size_t l = gemms_.size(); l-- > 0;) {
     be_->span_begin();
     const auto launch = clock::now();
@@ -119,7 +128,6 @@ ComputeTimes ComputeEmulator::run(const std::function<void(std::size_t group)>& 
   }
   be_->sync();
   auto t2 = clock::now();
-  out.forward = std::chrono::duration<double>(t1 - t0).count();
   out.backward = std::chrono::duration<double>(t2 - t1).count();
   return out;
 }

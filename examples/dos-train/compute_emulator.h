@@ -40,13 +40,15 @@ std::size_t backward_group(const ModelConfig& c, const std::string& name);
 /// backward_launch: seconds the host spent in the calls that enqueue backward's GEMMs (microseconds
 /// each, unless another thread holds the device: a cudaFree elsewhere waits for the whole device);
 /// backward_release: seconds spent in after_group (the gradients written and declared final);
+/// forward_wait: seconds spent in before_group (waiting for a layer's parameters), within forward;
 /// flops: floating-point operations done
 /// (2 T in out per forward GEMM, twice that in backward: input and weight gradients);
 /// peak_bytes: device memory in use at the end of the forward pass (all activations alive):
 /// on the GPU, everything the device has allocated (cudaMemGetInfo: the model, StarPU's pool,
 /// the activations); on the CPU stand-in, the activation bytes alone.
 struct ComputeTimes {
-  double forward = 0, backward = 0, backward_device = 0, backward_launch = 0, backward_release = 0, flops = 0;
+  double forward = 0, forward_wait = 0, backward = 0, backward_device = 0, backward_launch = 0, backward_release = 0,
+         flops = 0;
   std::uint64_t peak_bytes = 0;
 };
 
@@ -100,9 +102,15 @@ class ComputeEmulator {
   /// after_group (when given) is called with each group's index (forward_gemms' order) as that
   /// group's backward GEMMs have ended, from the last group to the first: where a training loop's
   /// gradients of that layer become final. Its time counts in backward.
+  /// before_group (when given) is called with each group's index before its forward GEMMs are
+  /// enqueued, from the first group to the last: where a layer's forward waits for its parameters
+  /// (its time counts in forward and in forward_wait). between (when given) is called once forward
+  /// has ended and before backward starts; its time counts in neither.
   /// Throws std::runtime_error (from the backend) when memory runs out; activations are freed; an
-  /// exception from after_group propagates the same way.
-  ComputeTimes run(const std::function<void(std::size_t group)>& after_group = {});
+  /// exception from a callback propagates the same way.
+  ComputeTimes run(const std::function<void(std::size_t group)>& after_group = {},
+                   const std::function<void(std::size_t group)>& before_group = {},
+                   const std::function<void()>& between = {});
   std::int64_t tokens() const { return tokens_; }
   /// The backend's memory in use now (ComputeBackend::used_bytes).
   std::uint64_t used_bytes() const { return be_->used_bytes(); }

@@ -356,18 +356,43 @@ int run(const Args& args) {
   std::vector<std::size_t> backward_order;  // head, layers from the last, embeddings
   for (std::size_t g = ngroups - 1; g-- > 0;) backward_order.push_back(g);
   backward_order.push_back(ngroups - 1);
+  // With --overlap on, an emulated backward and one process, the update overlaps the next forward
+  // too: the phase is finished with finish_step_async, each layer's forward waits only for that
+  // layer's parameters (wait_parameters; the embeddings before the first layer), and the phase is
+  // closed (wait_step) once forward has ended, before the next begin_step. An iteration's line then
+  // comes at the next iteration's backward, and its time runs to the start of the next iteration
+  // (the last iteration of a run waits for its phase: nothing follows it).
+  const bool overlap_forward = overlap && compute && io.by_range();
   // Runs `count` training iterations, each: forward and backward (emulated), this rank's gradients
   // (with --overlap on, each group's written and declared final as its backward ends), the gradient
   // check (--max-grad-norm), the update, the updated parameters to every rank, its line and row.
   // Returns their update figures.
   auto run_iterations = [&](int count, const std::string& label) {
+    using clock = std::chrono::steady_clock;
     std::vector<dos::StepStats> out;
+    struct Running {  // an iteration whose phase still runs (finish_step_async)
+      bool open = false;
+      std::int64_t it = 0;
+      dos_train::ComputeTimes ct;
+      dos_train::GradientCheck gc;
+      clock::time_point t_iter;
+    } running;
+    auto close_running = [&](clock::time_point t_next) {
+      const dos::StepStats s = opt.wait_step();
+      running.open = false;
+      const double iter_s = std::chrono::duration<double>(t_next - running.t_iter).count();
+      out.push_back(s);
+      log.add(running.it, label, s, running.ct, iter_s, 0.0, running.gc);
+    };
+    auto wait_group = [&](std::size_t g) {
+      for (const auto& r : release[g]) opt.wait_parameters(r.first, r.second);
+    };
     for (int i = 0; i < count; ++i) {
       ++it;
-      const auto t_iter = std::chrono::steady_clock::now();
+      const auto t_iter = clock::now();
       dos_train::ComputeTimes ct;
       double comm_s = 0;
-      if (overlap) opt.begin_step();
+      if (overlap && !overlap_forward) opt.begin_step();
       if (overlap && io.by_range()) {
         auto release_group = [&](std::size_t g) {
           for (const auto& r : release[g]) {
@@ -376,8 +401,18 @@ int run(const Args& args) {
           }
         };
         if (compute) {
-          ct = compute->run(release_group);  // the head and every layer, in backward's order
-          release_group(ngroups - 1);        // the embeddings, when backward has ended
+          // forward: the embeddings' parameters, then each layer's before its GEMMs; then the last
+          // phase closed and this one opened, before backward
+          auto before_forward = [&](std::size_t g) {
+            if (g == 0) wait_group(ngroups - 1);
+            wait_group(g);
+          };
+          auto between = [&] {
+            if (running.open) close_running(t_iter);
+            opt.begin_step();
+          };
+          ct = overlap_forward ? compute->run(release_group, before_forward, between) : compute->run(release_group);
+          release_group(ngroups - 1);  // the embeddings, when backward has ended
         } else {
           for (std::size_t g : backward_order) release_group(g);
         }
@@ -402,6 +437,11 @@ int run(const Args& args) {
           }
         }
       }
+      if (overlap_forward) {
+        opt.finish_step_async(verdict);  // the next iteration's forward overlaps the rest
+        running = {true, it, ct, gc, t_iter};
+        continue;
+      }
       dos::StepStats s;
       if (overlap) {
         s = opt.finish_step(verdict);
@@ -412,10 +452,11 @@ int run(const Args& args) {
         s = opt.step();
       }
       if (!s.skipped) comm_s += io.broadcast_parameters();
-      const double iter_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_iter).count();
+      const double iter_s = std::chrono::duration<double>(clock::now() - t_iter).count();
       out.push_back(s);
       log.add(it, label, s, ct, iter_s, comm_s, gc);
     }
+    if (running.open) close_running(clock::now());
     return out;
   };
   nlohmann::ordered_json sweep = nlohmann::ordered_json::array();

@@ -110,12 +110,13 @@ void IterationLog::add(std::int64_t it, const std::string& label, const dos::Ste
   if (s.predicted_seconds > 0)
     std::snprintf(model, sizeof model, "  predicted %.4f s (%s)  lower bound %.4f s", s.predicted_seconds,
                   s.bound_by.c_str(), s.lower_bound_seconds);
-  char comp[360] = "";
+  char comp[420] = "";
   if (compute)
     std::snprintf(comp, sizeof comp,
-                  "  forward %.4f s  backward %.4f s (GEMMs %.4f s, launches %.4f s, gradients released %.4f s)  "
-                  "iteration %.4f s  peak %s %.3g GB  %.3g model TFLOPs",
-                  ct.forward, ct.backward, ct.backward_device, ct.backward_launch, ct.backward_release, iter_s,
+                  "  forward %.4f s (waited %.4f s for parameters)  backward %.4f s (GEMMs %.4f s, launches %.4f s, "
+                  "gradients released %.4f s)  iteration %.4f s  peak %s %.3g GB  %.3g model TFLOPs",
+                  ct.forward, ct.forward_wait, ct.backward, ct.backward_device, ct.backward_launch, ct.backward_release,
+                  iter_s,
                   on_gpu ? "GPU" : "host (activations)", peak / 1e9, tflops);
   if (dp) {
     const std::size_t used = std::strlen(comp);
@@ -160,6 +161,7 @@ void IterationLog::add(std::int64_t it, const std::string& label, const dos::Ste
   }
   if (compute) {
     row["forward_seconds"] = ct.forward;
+    row["forward_wait_seconds"] = ct.forward_wait;
     row["backward_seconds"] = ct.backward;
     row["backward_device_seconds"] = ct.backward_device;
     row["backward_launch_seconds"] = ct.backward_launch;

@@ -75,7 +75,8 @@ dos_optimizer::~dos_optimizer() {
   // an open phase is dropped (as DOS_VERDICT_SKIP) before the optimizer goes: nothing of it is kept
   if (opt && opt->step_open()) {
     try {
-      opt->finish_step(dos::StepVerdict::skip);
+      if (opt->step_running()) opt->wait_step();  // a phase finished asynchronously runs to its end
+      else opt->finish_step(dos::StepVerdict::skip);
     } catch (...) {
     }
   }
@@ -406,20 +407,65 @@ int dos_optimizer_gradients_final(dos_optimizer* opt, size_t begin, size_t end) 
   }
 }
 
-int dos_optimizer_finish_step(dos_optimizer* opt, int verdict, dos_step_stats* stats) {
-  if (!opt) return fail(DOS_E_INVALID, "dos_optimizer_finish_step: optimizer is NULL");
+namespace {
+/// The verdict of dos_optimizer_finish_step[_async] (`fn` names the call in the message); false
+/// with the error set when it is none of the three or no phase is open.
+bool finish_verdict(dos_optimizer* opt, int verdict, const char* fn, dos::StepVerdict* out) {
+  if (!opt) return fail(DOS_E_INVALID, std::string(fn) + ": optimizer is NULL"), false;
   if (!opt->opt->step_open())
-    return fail(DOS_E_INVALID, "dos_optimizer_finish_step: no update phase is open (call dos_optimizer_begin_step "
-                               "first)");
+    return fail(DOS_E_INVALID, std::string(fn) + ": no update phase is open (call dos_optimizer_begin_step first)"),
+           false;
+  if (opt->opt->step_running())
+    return fail(DOS_E_INVALID, std::string(fn) + ": the phase was finished by dos_optimizer_finish_step_async (call "
+                                                 "dos_optimizer_wait_step)"),
+           false;
   if (verdict != DOS_VERDICT_KEEP && verdict != DOS_VERDICT_CHANGED && verdict != DOS_VERDICT_SKIP)
-    return fail(DOS_E_INVALID, "dos_optimizer_finish_step: verdict must be DOS_VERDICT_KEEP (0), DOS_VERDICT_CHANGED "
-                               "(1) or DOS_VERDICT_SKIP (2), got " + std::to_string(verdict));
-  const dos::StepVerdict v = verdict == DOS_VERDICT_KEEP      ? dos::StepVerdict::keep
-                             : verdict == DOS_VERDICT_CHANGED ? dos::StepVerdict::changed
-                                                              : dos::StepVerdict::skip;
+    return fail(DOS_E_INVALID, std::string(fn) + ": verdict must be DOS_VERDICT_KEEP (0), DOS_VERDICT_CHANGED (1) or "
+                                                 "DOS_VERDICT_SKIP (2), got " + std::to_string(verdict)),
+           false;
+  *out = verdict == DOS_VERDICT_KEEP      ? dos::StepVerdict::keep
+         : verdict == DOS_VERDICT_CHANGED ? dos::StepVerdict::changed
+                                          : dos::StepVerdict::skip;
+  return true;
+}
+}  // namespace
+
+int dos_optimizer_finish_step(dos_optimizer* opt, int verdict, dos_step_stats* stats) {
+  dos::StepVerdict v;
+  if (!finish_verdict(opt, verdict, "dos_optimizer_finish_step", &v)) return DOS_E_INVALID;
   Active active;  // held past the release of the phase's own, until the end of this call
   const int rc = guarded([&] { copy_stats(opt->opt->finish_step(v), stats); }, false);
-  opt->open_phase.reset();  // closed either way: done, or failed (the optimizer is then broken)
+  if (!opt->opt->step_open()) opt->open_phase.reset();  // closed: done, or failed (the optimizer is then broken)
+  return rc;
+}
+
+int dos_optimizer_finish_step_async(dos_optimizer* opt, int verdict) {
+  dos::StepVerdict v;
+  if (!finish_verdict(opt, verdict, "dos_optimizer_finish_step_async", &v)) return DOS_E_INVALID;
+  // the workers keep running (open_phase) until dos_optimizer_wait_step
+  const int rc = guarded([&] { opt->opt->finish_step_async(v); }, false);
+  if (!opt->opt->step_open()) opt->open_phase.reset();  // failed: the optimizer is broken
+  return rc;
+}
+
+int dos_optimizer_wait_parameters(dos_optimizer* opt, size_t begin, size_t end) {
+  if (!opt) return fail(DOS_E_INVALID, "dos_optimizer_wait_parameters: optimizer is NULL");
+  if (begin > end || end > opt->opt->num_params())
+    return fail(DOS_E_INVALID, "dos_optimizer_wait_parameters: the range [" + std::to_string(begin) + ", " +
+                                   std::to_string(end) + ") is not inside the optimizer's " +
+                                   std::to_string(opt->opt->num_params()) + " parameters");
+  if (opt->opt->step_open() && !opt->opt->step_running())
+    return fail(DOS_E_INVALID, "dos_optimizer_wait_parameters: the open phase is not finished (call "
+                               "dos_optimizer_finish_step_async first)");
+  return guarded([&] { opt->opt->wait_parameters(begin, end); }, true);
+}
+
+int dos_optimizer_wait_step(dos_optimizer* opt, dos_step_stats* stats) {
+  if (!opt) return fail(DOS_E_INVALID, "dos_optimizer_wait_step: optimizer is NULL");
+  if (!opt->opt->step_running())
+    return fail(DOS_E_INVALID, "dos_optimizer_wait_step: no phase was finished by dos_optimizer_finish_step_async");
+  const int rc = guarded([&] { copy_stats(opt->opt->wait_step(), stats); }, false);
+  if (!opt->opt->step_open()) opt->open_phase.reset();
   return rc;
 }
 

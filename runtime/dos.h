@@ -374,6 +374,8 @@ class Optimizer {
   StepStats wait_step();
   /// Whether a step is open (begin_step called, finish_step or wait_step not yet).
   bool step_open() const;
+  /// Whether a step was finished by finish_step_async and wait_step has not yet been called.
+  bool step_running() const;
 
   std::size_t num_params() const;
   std::size_t num_subgroups() const;

@@ -32,10 +32,12 @@
 extern "C" {
 #endif
 
-/* 3: the overlapped update (dos_optimizer_begin_step, _gradients_final, _finish_step), its fields
+/* 4: the update overlapped with the next forward (dos_optimizer_finish_step_async,
+ * _wait_parameters, _wait_step).
+ * 3: the overlapped update (dos_optimizer_begin_step, _gradients_final, _finish_step), its fields
  * in dos_step_stats, options.speculation_budget (options version 2).
  * 2: dos_optimizer_create takes a struct dos_optimizer_options (1: positional arguments). */
-#define DOS_C_ABI_VERSION 3
+#define DOS_C_ABI_VERSION 4
 
 #define DOS_OK 0
 #define DOS_E_INVALID (-1)
@@ -272,7 +274,22 @@ int dos_optimizer_gradients_final(dos_optimizer* opt, size_t begin, size_t end);
  * of the three (the phase stays open); DOS_E_RUNTIME when the update fails (the optimizer then
  * refuses further steps). */
 int dos_optimizer_finish_step(dos_optimizer* opt, int verdict, dos_step_stats* stats);
-/* 1 while a phase is open (begin_step without finish_step), 0 otherwise or when opt is NULL. */
+/* The update overlapped with the caller's next forward too (dos::Optimizer::finish_step_async,
+ * wait_parameters, wait_step): dos_optimizer_finish_step_async is dos_optimizer_finish_step
+ * returning once every task is submitted; dos_optimizer_wait_parameters(opt, begin, end) blocks
+ * until the caller's parameters of flat elements [begin, end) hold the step's result (at once when
+ * no phase runs), so that a layer's forward waits only for its own; dos_optimizer_wait_step waits
+ * for the rest of the phase and fills stats (may be NULL; exposed_seconds: the time spent in the
+ * three). Same bits as dos_optimizer_finish_step. Until wait_step the phase counts as open
+ * (dos_optimizer_step_open is 1, begin_step and step are refused) and the caller reads only the
+ * ranges wait_parameters returned for. DOS_E_INVALID: finish_step_async as finish_step;
+ * wait_parameters with begin > end, end > num_params(), or while a phase is open and not
+ * finished; wait_step without finish_step_async. DOS_E_RUNTIME when the update fails. */
+int dos_optimizer_finish_step_async(dos_optimizer* opt, int verdict);
+int dos_optimizer_wait_parameters(dos_optimizer* opt, size_t begin, size_t end);
+int dos_optimizer_wait_step(dos_optimizer* opt, dos_step_stats* stats);
+/* 1 while a phase is open (begin_step without finish_step or wait_step), 0 otherwise or when opt is
+ * NULL. */
 int dos_optimizer_step_open(const dos_optimizer* opt);
 
 size_t dos_optimizer_num_params(const dos_optimizer* opt);

@@ -89,11 +89,14 @@ struct Subgroup {
 struct ParamsReady {
   std::mutex mu;
   std::condition_variable cv;
+  double last_us = 0;  // starpu_timing_now() of the last mark of the phase
   /// From a task's callback: the subgroup's parameters are written.
   void mark(std::atomic<bool>& written) {
+    const double now = starpu_timing_now();
     {
       std::lock_guard<std::mutex> g(mu);
       written.store(true);
+      if (now > last_us) last_us = now;
     }
     cv.notify_all();
   }
@@ -148,6 +151,7 @@ struct OpenStep {
   bool async = false;  // finished by finish_step_async
   StepVerdict verdict = StepVerdict::keep;
   double waited = 0;  // seconds the caller waited in finish_step_async, wait_parameters and wait_step
+  double waits_end = 0;  // seconds from t0 to the end of the caller's last blocked wait_parameters
   std::size_t largest_fp = 0;
   bool cpu_first = false;
   // Speculative updates are submitted by a thread of their own, from the subgroups whose gradients

@@ -278,6 +278,10 @@ void Optimizer::Impl::begin(bool overlapped) {
     sg->params_written.store(false);
     sg->ready = &ready;
   }
+  {
+    std::lock_guard<std::mutex> g(ready.mu);
+    ready.last_us = 0;
+  }
   window.reset(gpu ? opt.gpu_update_budget : 0);
   // Submission order (OptimizerOptions::submit_order). cpu_first: the subgroups that are not
   // streamed first, then the streamed ones. The CUDA worker runs its tasks in the order they become
@@ -559,12 +563,18 @@ void Optimizer::Impl::wait_parameters(std::size_t begin, std::size_t end) {
     throw Error("wait_parameters while an update phase is open (begin_step without finish_step): the parameters "
                 "are written after finish_step_async");
   const auto t = std::chrono::steady_clock::now();
+  bool blocked = false;  // only a wait counts in the exposed time
   std::unique_lock<std::mutex> g(ready.mu);
   for (const auto& sg : sgs) {
-    if (sg->begin >= end || sg->begin + sg->size <= begin) continue;
+    if (sg->begin >= end || sg->begin + sg->size <= begin || sg->params_written.load()) continue;
+    blocked = true;
     ready.cv.wait(g, [&] { return sg->params_written.load(); });
   }
-  open->waited += std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+  if (blocked) {
+    const auto now = std::chrono::steady_clock::now();
+    open->waited += std::chrono::duration<double>(now - t).count();
+    open->waits_end = std::chrono::duration<double>(now - open->t0).count();
+  }
 }
 
 StepStats Optimizer::Impl::finish_wait() {
@@ -593,8 +603,19 @@ StepStats Optimizer::Impl::finish_wait() {
   // that waited (the phase may have ended long before wait_step: its end is its last write-back)
   ph.waited += std::chrono::duration<double>(t_end - t_wait).count();
   st.exposed_seconds = ph.waited;
-  if (ph.async && ph.pending.last_done_us > timeline.t0_us)
-    st.seconds = std::min(st.seconds, 1e-6 * (ph.pending.last_done_us - timeline.t0_us));
+  if (ph.async) {
+    // wait_step came after the phase's last piece of work: the phase ended then, plus what this
+    // call took (as finish_step's own time counts in a synchronous phase)
+    double last_us = ph.pending.last_done_us;
+    {
+      std::lock_guard<std::mutex> g(ready.mu);
+      last_us = std::max(last_us, ready.last_us);
+    }
+    // (or when the caller's last wait for parameters returned, a wake-up later)
+    const double done = std::max(1e-6 * (last_us - timeline.t0_us), ph.waits_end);
+    if (done > 0 && std::chrono::duration<double>(t_wait - ph.t0).count() >= done)
+      st.seconds = done + std::chrono::duration<double>(t_end - t_wait).count();
+  }
   read_bus_bytes(&st.bytes_h2d, &st.bytes_d2h);
   st.bytes_h2d -= ph.h2d0;
   st.bytes_d2h -= ph.d2h0;
@@ -639,5 +660,6 @@ void Optimizer::finish_step_async(StepVerdict verdict) { impl_->finish_submit(ve
 void Optimizer::wait_parameters(std::size_t begin, std::size_t end) { impl_->wait_parameters(begin, end); }
 StepStats Optimizer::wait_step() { return impl_->finish_wait(); }
 bool Optimizer::step_open() const { return impl_->open != nullptr; }
+bool Optimizer::step_running() const { return impl_->open && impl_->open->finishing; }
 
 }  // namespace dos

@@ -282,7 +282,25 @@ static size_t run_verdicts(int64_t speculation_budget) {
     }
     if (k == SKIP) verdict = DOS_VERDICT_SKIP;
     memset(&s, 0xab, sizeof s);
-    assert_int_equal(dos_optimizer_finish_step(q.over, verdict, &s), DOS_OK);
+    if (t % 2 == 1) {
+      /* as when the next forward overlaps the phase: each range's parameters as soon as they are
+       * written, then the rest */
+      assert_int_equal(dos_optimizer_finish_step_async(q.over, verdict), DOS_OK);
+      assert_int_equal(dos_optimizer_step_open(q.over), 1);
+      assert_int_equal(dos_optimizer_begin_step(q.over), DOS_E_INVALID);
+      assert_int_equal(dos_optimizer_finish_step(q.over, verdict, &s), DOS_E_INVALID);
+      assert_int_equal(dos_optimizer_wait_parameters(q.over, 0, (size_t)N + 1), DOS_E_INVALID);
+      for (size_t lo = 0; lo < (size_t)N; lo += 250) {
+        const size_t hi = lo + 250 < (size_t)N ? lo + 250 : (size_t)N;
+        assert_int_equal(dos_optimizer_wait_parameters(q.over, lo, hi), DOS_OK);
+        if (k != SKIP)
+          for (size_t i = lo; i < hi; ++i) assert_true(memcmp(&q.pa[i], &q.pb[i], sizeof q.pa[i]) == 0);
+      }
+      assert_int_equal(dos_optimizer_wait_step(q.over, &s), DOS_OK);
+      assert_int_equal(dos_optimizer_wait_step(q.over, &s), DOS_E_INVALID);
+    } else {
+      assert_int_equal(dos_optimizer_finish_step(q.over, verdict, &s), DOS_OK);
+    }
     assert_int_equal(dos_optimizer_step_open(q.over), 0);
     assert_int_equal(s.overlapped, 1);
     assert_int_equal(s.skipped, k == SKIP);
@@ -363,6 +381,23 @@ static void test_overlap_bad_calls(void** state) {
   assert_int_equal(dos_optimizer_step(opt, &s), DOS_OK);
   assert_int_equal(dos_optimizer_step_counts(opt, steps), DOS_OK);
   for (size_t i = 0; i < ns; ++i) assert_int_equal(steps[i], 2);
+  assert_int_equal(dos_optimizer_wait_step(opt, &s), DOS_E_INVALID); /* nothing finished asynchronously */
+  assert_int_equal(dos_optimizer_wait_parameters(opt, 0, N), DOS_OK); /* no phase: the parameters are current */
+  assert_int_equal(dos_optimizer_wait_parameters(opt, 3, 2), DOS_E_INVALID);
+  assert_int_equal(dos_optimizer_finish_step_async(opt, DOS_VERDICT_KEEP), DOS_E_INVALID); /* none open */
+  assert_int_equal(dos_optimizer_begin_step(opt), DOS_OK);
+  assert_int_equal(dos_optimizer_wait_parameters(opt, 0, N), DOS_E_INVALID); /* open, not finished */
+  assert_int_equal(dos_optimizer_finish_step_async(opt, 7), DOS_E_INVALID);
+  assert_int_equal(dos_optimizer_finish_step_async(opt, DOS_VERDICT_KEEP), DOS_OK);
+  assert_int_equal(dos_optimizer_wait_step(opt, NULL), DOS_OK);
+  assert_int_equal(dos_optimizer_step_counts(opt, steps), DOS_OK);
+  for (size_t i = 0; i < ns; ++i) assert_int_equal(steps[i], 3);
+  /* destroyed while a phase finished asynchronously runs: it runs to its end, nothing leaks */
+  assert_int_equal(dos_optimizer_begin_step(opt), DOS_OK);
+  assert_int_equal(dos_optimizer_finish_step_async(opt, DOS_VERDICT_KEEP), DOS_OK);
+  dos_optimizer_destroy(opt);
+  opt = NULL;
+  assert_int_equal(dos_optimizer_create(g_rt, 1, params, grads, numels, &o, &opt), DOS_OK);
   /* destroyed with a phase open (and a speculative update in flight): dropped, nothing leaks */
   assert_int_equal(dos_optimizer_begin_step(opt), DOS_OK);
   assert_int_equal(dos_optimizer_gradients_final(opt, 0, N), DOS_OK);

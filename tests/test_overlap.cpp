@@ -232,6 +232,7 @@ void test_overlap_same_bits(void**) {
     if (k == changed) assert_int_equal(s.redone, s.speculated);
     else assert_int_equal(s.redone, 0);
     assert_true(s.hidden_params <= n);
+    assert_true(s.exposed_seconds >= 0 && s.exposed_seconds <= s.seconds);
     speculated_total += s.speculated;
     redone_total += s.redone;
     if (k != skip) {

@@ -26,7 +26,7 @@ import sys
 import sysconfig
 import threading
 
-ABI_VERSION = 3
+ABI_VERSION = 4
 
 DTYPE_CODES = {"fp32": 0, "fp16": 1, "bf16": 2}
 MEMORY_HOST = 0
@@ -245,6 +245,9 @@ def lib():
             "dos_optimizer_gradients_final": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t]),
             "dos_optimizer_finish_step": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(StepStats)]),
             "dos_optimizer_step_open": (ctypes.c_int, [ctypes.c_void_p]),
+            "dos_optimizer_finish_step_async": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_int]),
+            "dos_optimizer_wait_parameters": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t]),
+            "dos_optimizer_wait_step": (ctypes.c_int, [ctypes.c_void_p, ctypes.POINTER(StepStats)]),
             "dos_optimizer_num_params": (ctypes.c_size_t, [ctypes.c_void_p]),
             "dos_optimizer_num_subgroups": (ctypes.c_size_t, [ctypes.c_void_p]),
             "dos_optimizer_subgroup_sizes": (ctypes.c_int, [ctypes.c_void_p, c_size_p]),

@@ -43,6 +43,7 @@ GPU or the runtime has no CUDA worker.
 
 import argparse
 import copy
+import gc
 import io
 import math
 import os
@@ -618,6 +619,34 @@ def test_weights_only_state_dict(device, policy):
     o2.close()
 
 
+def test_dropped_wrapper(device, policy):
+    """A framework's wrapper that copies the optimizer's __dict__ and subclasses its class (PyTorch
+    Lightning's LightningOptimizer does both), garbage-collected while the optimizer trains on: the
+    optimizer must keep its runtime state (the wrapper's __del__ runs the optimizer's close())."""
+    m1, m2 = make_model(device, torch.float32), make_model(device, torch.float32)
+    o1, o2 = make_opt(m1, policy), make_opt(m2, policy)
+    train_steps(m1, o1, range(1, 3), device)
+    train_steps(m2, o2, range(1, 3), device)
+
+    class Wrapper:
+        def __init__(self, optimizer):
+            self.__dict__ = {k: v for k, v in optimizer.__dict__.items() if k not in ("step", "__del__")}
+            self.__class__ = type("Wrapped" + optimizer.__class__.__name__, (Wrapper, optimizer.__class__), {})
+            self._optimizer = optimizer
+
+    w = Wrapper(o2)
+    check(isinstance(w, dos.DeepOptimizerStates), "the wrapper passes for the optimizer (isinstance)")
+    del w
+    gc.collect()
+    la = train_steps(m1, o1, range(3, 6), device)
+    lb = train_steps(m2, o2, range(3, 6), device)
+    check(la == lb and same_snapshot(snapshot(m1, o1), snapshot(m2, o2)),
+          "after a wrapper sharing its attributes was dropped, the optimizer steps on as an untouched one "
+          "(losses, parameters, state bit for bit)")
+    o1.close()
+    o2.close()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default="cpu")
@@ -641,6 +670,7 @@ def main():
     test_bad_input(args.device, args.policy)
     test_framework_paths(args.device, args.policy)
     test_weights_only_state_dict(args.device, args.policy)
+    test_dropped_wrapper(args.device, args.policy)
     dos.shutdown()
     print(f"{len(failures)} failure(s); {time.time() - t0:.1f} s")
     for f in failures:

@@ -189,6 +189,10 @@ class DeepOptimizerStates(_Overlap, torch.optim.Optimizer):
         self._buckets = []
         self._built = False
         self._closed = False
+        # the object that owns the runtime's optimizers: a wrapper that copies this object's
+        # __dict__ (PyTorch Lightning's LightningOptimizer does) shares the buckets and must not
+        # free them when it is dropped
+        self._owner_id = id(self)
         self._broken = None
         self._hook_handles = []
         self._grad_accumulators = []  # the AccumulateGrad nodes hooked (torch < 2.1), kept alive
@@ -802,8 +806,10 @@ class DeepOptimizerStates(_Overlap, torch.optim.Optimizer):
         """Frees the runtime's state of this optimizer (pinned host memory). Idempotent; the
         optimizer cannot be used afterwards; its gradient hooks (``overlap=True``) are removed and
         an update phase opened during backward is dropped. Runs when the object is garbage-collected
-        and at interpreter exit."""
-        if getattr(self, "_closed", True):
+        and at interpreter exit. On an object that only shares this optimizer's attributes (a
+        framework's wrapper that copied its ``__dict__``, as PyTorch Lightning's
+        ``LightningOptimizer`` does) it does nothing: the optimizer that made the state frees it."""
+        if getattr(self, "_closed", True) or getattr(self, "_owner_id", None) != id(self):
             return
         self._closed = True
         self._remove_hooks()

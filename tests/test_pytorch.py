@@ -620,24 +620,35 @@ def test_weights_only_state_dict(device, policy):
 
 
 def test_dropped_wrapper(device, policy):
-    """A framework's wrapper that copies the optimizer's __dict__ and subclasses its class (PyTorch
-    Lightning's LightningOptimizer does both), garbage-collected while the optimizer trains on: the
-    optimizer must keep its runtime state (the wrapper's __del__ runs the optimizer's close())."""
+    """Framework wrappers that subclass the optimizer's class and share its attributes, garbage-
+    collected while the optimizer trains on: PyTorch Lightning 2's LightningOptimizer (its own
+    attributes, every other one forwarded by __getattr__) and Lightning 1's (a copy of the
+    optimizer's __dict__). The optimizer must keep its runtime state: a wrapper's __del__ is the
+    optimizer's, and runs close() on the wrapper."""
     m1, m2 = make_model(device, torch.float32), make_model(device, torch.float32)
     o1, o2 = make_opt(m1, policy), make_opt(m2, policy)
     train_steps(m1, o1, range(1, 3), device)
     train_steps(m2, o2, range(1, 3), device)
 
-    class Wrapper:
+    class Forwarding:  # Lightning 2
+        def __init__(self, optimizer):
+            self._optimizer = optimizer
+            self.__class__ = type("Lightning" + optimizer.__class__.__name__, (Forwarding, optimizer.__class__), {})
+
+        def __getattr__(self, item):
+            return getattr(self._optimizer, item)
+
+    class Copying:  # Lightning 1
         def __init__(self, optimizer):
             self.__dict__ = {k: v for k, v in optimizer.__dict__.items() if k not in ("step", "__del__")}
-            self.__class__ = type("Wrapped" + optimizer.__class__.__name__, (Wrapper, optimizer.__class__), {})
+            self.__class__ = type("Lightning" + optimizer.__class__.__name__, (Copying, optimizer.__class__), {})
             self._optimizer = optimizer
 
-    w = Wrapper(o2)
-    check(isinstance(w, dos.DeepOptimizerStates), "the wrapper passes for the optimizer (isinstance)")
-    del w
-    gc.collect()
+    for wrap in (Forwarding, Copying):
+        w = wrap(o2)
+        check(isinstance(w, dos.DeepOptimizerStates), f"{wrap.__name__}: the wrapper passes for the optimizer")
+        del w
+        gc.collect()
     la = train_steps(m1, o1, range(3, 6), device)
     lb = train_steps(m2, o2, range(3, 6), device)
     check(la == lb and same_snapshot(snapshot(m1, o1), snapshot(m2, o2)),

@@ -189,9 +189,9 @@ class DeepOptimizerStates(_Overlap, torch.optim.Optimizer):
         self._buckets = []
         self._built = False
         self._closed = False
-        # the object that owns the runtime's optimizers: a wrapper that copies this object's
-        # __dict__ (PyTorch Lightning's LightningOptimizer does) shares the buckets and must not
-        # free them when it is dropped
+        # the object that owns the runtime's optimizers: a wrapper that subclasses this class and
+        # shares its attributes (PyTorch Lightning's LightningOptimizer forwards them, or copied
+        # them before Lightning 2) must not free them when it is dropped
         self._owner_id = id(self)
         self._broken = None
         self._hook_handles = []
@@ -807,8 +807,8 @@ class DeepOptimizerStates(_Overlap, torch.optim.Optimizer):
         optimizer cannot be used afterwards; its gradient hooks (``overlap=True``) are removed and
         an update phase opened during backward is dropped. Runs when the object is garbage-collected
         and at interpreter exit. On an object that only shares this optimizer's attributes (a
-        framework's wrapper that copied its ``__dict__``, as PyTorch Lightning's
-        ``LightningOptimizer`` does) it does nothing: the optimizer that made the state frees it."""
+        framework's wrapper of a subclass, such as PyTorch Lightning's ``LightningOptimizer``, which
+        forwards them) it does nothing: the optimizer that made the state frees it."""
         if getattr(self, "_closed", True) or getattr(self, "_owner_id", None) != id(self):
             return
         self._closed = True

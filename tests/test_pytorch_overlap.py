@@ -20,7 +20,12 @@ subgroups that the runtime updates speculatively).
    After every step the parameters must be the same bits; at the end master, exp_avg, exp_avg_sq
    and every subgroup's step count too. The verdict of every step is checked, and at least one step
    must have kept speculative updates and one redone them.
-2. speculation_budget=0: nothing speculated, the same bits; a bad budget refused.
+   A third optimizer runs the same schedule with the next forward overlapped too
+   (overlap_forward): after each step its phase still runs, a forward reads the plain run's
+   parameters bit for bit, its verdicts are the overlapped one's, and its state at the end is the
+   plain one's.
+2. speculation_budget=0: nothing speculated, the same bits; a bad budget refused; the next forward
+   overlapped without the overlap of backward, the same bits; overlap_forward's bad input.
 3. Where this torch has no gradient-accumulated hook (simulated), overlap=True warns once and runs
    without overlap.
 """
@@ -98,15 +103,17 @@ SCHEDULE = [
 
 
 def train_schedule(dtype):
-    ma, mb = make_model(dtype), make_model(dtype)
-    oa, ob = make_opt(ma), make_opt(mb, overlap=True)
+    ma, mb, mc = make_model(dtype), make_model(dtype), make_model(dtype)
+    oa, ob, oc = make_opt(ma), make_opt(mb, overlap=True), make_opt(mc, overlap=True)
     assert ob.overlap, "overlap=True should be on with this torch"
     assert len(ob._buckets) == 2
+    assert oc.overlap_forward(mc) == 3  # the two Linear and the LayerNorm
+    probe = torch.randn(4, 24).to(DEVICE, dtype)
     gen = torch.Generator().manual_seed(1)
     clipped = unclipped = kept = redone = 0
     for t, s in enumerate(SCHEDULE):
         batches = [(torch.randn(16, 24, generator=gen), torch.randn(16, 8, generator=gen)) for _ in range(s["micro"])]
-        for m, o in ((ma, oa), (mb, ob)):
+        for m, o in ((ma, oa), (mb, ob), (mc, oc)):
             if s.get("model_none"):
                 m.zero_grad(set_to_none=True)
             else:
@@ -136,10 +143,22 @@ def train_schedule(dtype):
                     for g in o.param_groups:
                         g["lr"] *= 0.5
                 o.step()
-        la, lb = oa.last_step, ob.last_step
+        la, lb, lc = oa.last_step, ob.last_step, oc.last_step
         if not same_params(ma, mb):
             raise AssertionError(f"{dtype} step {t} ({s}): the parameters differ between overlap on and off; "
                                  f"overlapped: {lb}")
+        # the next forward overlapped: the phase runs on after step(); a forward waits for each
+        # layer's parameters, which must then be the plain run's bits
+        assert lc["running"] == (not lc["skipped"]), (t, lc)
+        with torch.no_grad():
+            out_a, out_c = ma(probe), mc(probe)
+        if not (torch.equal(out_a, out_c) and same_params(ma, mc)):
+            raise AssertionError(f"{dtype} step {t} ({s}): with the next forward overlapped, the parameters a forward "
+                                 f"reads differ from the plain run's")
+        if t % 3 == 0:
+            oc.wait()
+            assert not lc["running"] and len(lc["stats"]) == 2, (t, lc)
+        assert lc["verdicts"] == lb["verdicts"] and lc["skipped"] == lb["skipped"], (t, lb, lc)
         assert la["skipped"] == lb["skipped"] == bool(s.get("nan")), (t, la, lb)
         assert la["overlapped"] is False and la["speculated"] == 0 and la["verdicts"] == [None, None]
         assert lb["verdicts"] == [s["expect"]] * 2, f"{dtype} step {t} ({s}): verdicts {lb['verdicts']}, " \
@@ -169,26 +188,36 @@ def train_schedule(dtype):
               + (f" ({lb['redo_reasons'][0]})" if lb["redo_reasons"] else ""))
     bad = same_state(oa, ob)
     assert bad is None, f"{dtype}: {bad} differs between overlap on and off"
+    bad = same_state(oa, oc)  # state_dict() waits for the phase left running
+    assert bad is None, f"{dtype}: {bad} differs between the next forward overlapped and the plain run"
+    assert not oc.last_step["running"] and len(oc.last_step["stats"]) == 2
     assert clipped > 0 and unclipped > 0, f"clipping should be active on some steps only: {clipped} clipped, " \
         f"{unclipped} not"
     assert kept > 0 and redone > 0
     assert oa.skipped_steps == ob.skipped_steps == 1
     oa.close()
     ob.close()
+    oc.close()
 
 
-def train_beside_plain(check_step=None, **overlapped):
+def train_beside_plain(check_step=None, forward=False, **overlapped):
     """Trains two equal models 3 steps, one with the plain optimizer, one with
-    make_opt(**overlapped); the same parameters after every step (check_step(optimizer) then
-    checks the overlapped one's step) and the same state at the end."""
+    make_opt(**overlapped) (and its next forward overlapped when `forward`); the same parameters
+    after every step (check_step(optimizer) then checks the overlapped one's step) and the same
+    state at the end."""
     ma, mb = make_model(torch.float32), make_model(torch.float32)
     oa, ob = make_opt(ma), make_opt(mb, **overlapped)
+    if forward:
+        ob.overlap_forward(mb)
     for _ in range(3):
         x, y = torch.randn(16, 24).to(DEVICE), torch.randn(16, 8).to(DEVICE)
         for m, o in ((ma, oa), (mb, ob)):
             o.zero_grad()
             ((m(x) - y) ** 2).mean().backward()
             o.step()
+        if forward:
+            with torch.no_grad():
+                mb(x)  # every layer's parameters waited for
         assert same_params(ma, mb)
         if check_step:
             check_step(ob)
@@ -211,6 +240,18 @@ def test_budget_and_fallback():
             raise AssertionError(f"speculation_budget={bad!r} accepted")
     # the streamed subgroups in the speculation too: the same training, bit for bit
     train_beside_plain(overlap=True, speculate_streamed=True)
+    # the next forward overlapped without the overlap of backward (zero_grad() while the phase runs)
+    train_beside_plain(forward=True)
+    m = make_model(torch.float32)
+    o = make_opt(m)
+    for bad, err in (("model", TypeError), (make_model(torch.float32, seed=3), ValueError)):
+        try:
+            o.overlap_forward(bad)
+        except err as e:
+            assert "overlap_forward" in str(e), e
+        else:
+            raise AssertionError(f"overlap_forward({type(bad).__name__}) accepted")
+    o.close()
     try:
         make_opt(make_model(torch.float32), overlap=True, speculate_streamed=1)
     except ValueError as e:

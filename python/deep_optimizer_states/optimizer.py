@@ -31,6 +31,7 @@ import torch
 
 from . import _capi
 from . import runtime as _rt
+from .forward import _ForwardOverlap
 from .overlap import _VERDICT_NAMES, _Overlap
 
 #: The ``format`` tag of :meth:`DeepOptimizerStates.state_dict`'s ``"dos"`` section.
@@ -71,6 +72,8 @@ class _Bucket:
         self.fired = []         # per position: gradient accumulations seen in this step
         self.changed = None     # why the speculative updates must be redone (str), or None
         self.seen_version = None  # flat_grad._version after the last accumulation the hooks saw
+        # the next forward overlapped (DeepOptimizerStates.overlap_forward)
+        self.running = False    # step() left the runtime's phase running (dos_optimizer_finish_step_async)
 
     @property
     def num_params(self):
@@ -89,7 +92,7 @@ class _Bucket:
         self.seen_version = None
 
 
-class DeepOptimizerStates(_Overlap, torch.optim.Optimizer):
+class DeepOptimizerStates(_Overlap, _ForwardOverlap, torch.optim.Optimizer):
     """Adam/AdamW with the optimizer state offloaded to pinned host memory and each subgroup's update
     placed on the CPU or streamed through the GPU by the runtime's scheduling policy.
 
@@ -164,6 +167,10 @@ class DeepOptimizerStates(_Overlap, torch.optim.Optimizer):
     pay off, let this optimizer clip (``max_grad_norm``) instead of ``clip_grad_norm_``, which
     writes the gradients in place even when it does not clip.
 
+    The next forward: after :meth:`overlap_forward` (model), :meth:`step` leaves the update phases
+    running and each layer's forward waits for its own parameters (see there; :meth:`wait` closes
+    the phases), with or without ``overlap``; the same bits.
+
     Raises ``ValueError`` for bad input (a parameter that does not require gradients, a sparse,
     non-contiguous, duplicated or overlapping parameter, an unsupported dtype or device, a
     hyper-parameter out of range, an unsupported option such as ``amsgrad=True``, a policy other
@@ -195,6 +202,8 @@ class DeepOptimizerStates(_Overlap, torch.optim.Optimizer):
         self._owner_id = id(self)
         self._broken = None
         self._hook_handles = []
+        self._forward_handles = []  # overlap_forward's hooks
+        self._forward_overlap = False
         self._grad_accumulators = []  # the AccumulateGrad nodes hooked (torch < 2.1), kept alive
         self._overlap_lock = threading.Lock()
         self._backwards_expected = 1  # backward passes per step, as the last step had them
@@ -485,6 +494,7 @@ class DeepOptimizerStates(_Overlap, torch.optim.Optimizer):
     def _step(self, grad_scale):
         """The body of :meth:`step` after the closure (see there); raises as it does."""
         t0 = time.perf_counter()
+        self.wait()  # the phases the last step left running (overlap_forward)
         if grad_scale is not None:
             grad_scale = float(grad_scale)
             if not (grad_scale > 0 and math.isfinite(grad_scale)):
@@ -563,6 +573,14 @@ class DeepOptimizerStates(_Overlap, torch.optim.Optimizer):
                                 f"setting the hyper-parameters of {b.describe()}")
                     b.hyper = h
             for k, b in enumerate(self._buckets):
+                if self._forward_overlap:  # the phase runs on into the next forward (overlap_forward)
+                    v = _capi.VERDICT_CHANGED if b.open and b.changed is not None else _capi.VERDICT_KEEP
+                    if b.open:
+                        verdicts[k] = _VERDICT_NAMES[v]
+                    self._finish_async(b, v)
+                    for p in b.params:  # nothing may write the flat gradients the phase still reads
+                        p.grad = None
+                    continue
                 if b.open:
                     v = _capi.VERDICT_CHANGED if b.changed is not None else _capi.VERDICT_KEEP
                     stats.append(self._finish(b, v))
@@ -583,6 +601,7 @@ class DeepOptimizerStates(_Overlap, torch.optim.Optimizer):
             update_seconds=sum(s["seconds"] for s in stats),
             step_seconds=time.perf_counter() - t0,
             stats=stats,
+            running=any(b.running for b in self._buckets),
             **self._overlap_summary(stats, verdicts, reasons),
         )
 
@@ -595,8 +614,10 @@ class DeepOptimizerStates(_Overlap, torch.optim.Optimizer):
         which :meth:`step` copies into the buffers). With ``overlap=True``, updates speculated
         since the last step are dropped (nothing is updated)."""
         self._drop_open_phases()  # a backward's gradients are discarded: nothing speculated is kept
+        # a phase left running (overlap_forward) may still read the flat buffers: not zeroed in place
+        to_none = set_to_none or any(b.running for b in self._buckets)
         for b in self._buckets:
-            if set_to_none:
+            if to_none:
                 for p in b.params:
                     p.grad = None
             else:
@@ -612,6 +633,7 @@ class DeepOptimizerStates(_Overlap, torch.optim.Optimizer):
         """Step count of every subgroup, one list of ints per bucket (in bucket order). Drops the
         updates speculated since the last step (``overlap=True``)."""
         self._check_open()
+        self.wait()
         self._drop_open_phases()
         L = _capi.lib()
         out = []
@@ -640,6 +662,7 @@ class DeepOptimizerStates(_Overlap, torch.optim.Optimizer):
         before them.
         """
         self._check_open()
+        self.wait()
         self._drop_open_phases()
         L = _capi.lib()
         groups = []
@@ -697,6 +720,7 @@ class DeepOptimizerStates(_Overlap, torch.optim.Optimizer):
         updates speculated since the last step (``overlap=True``).
         """
         self._check_open()
+        self.wait()
         self._drop_open_phases()
         if not isinstance(state_dict, dict) or not isinstance(state_dict.get("dos"), dict) \
                 or state_dict["dos"].get("format") != STATE_FORMAT:
@@ -811,8 +835,13 @@ class DeepOptimizerStates(_Overlap, torch.optim.Optimizer):
         forwards them) it does nothing: the optimizer that made the state frees it."""
         if getattr(self, "_closed", True) or getattr(self, "_owner_id", None) != id(self):
             return
-        self._closed = True
         self._remove_hooks()
+        self._remove_forward_hooks()
+        try:
+            self.wait()  # a phase left running ends before its optimizer goes
+        except Exception:
+            pass
+        self._closed = True
         lib = _capi.lib() if _capi._lib is not None else None
         for b in getattr(self, "_buckets", []):
             if b.handle is not None and lib is not None:

@@ -84,6 +84,7 @@ class _Overlap:
         pass expected to be the last before step(), or note that a declared gradient changed."""
         if self._closed or self._broken:
             return
+        self.wait()  # a phase the last step left running (overlap_forward) ends before gradients are written
         with self._overlap_lock:
             b.fired[j] += 1
             n = b.fired[j]

@@ -373,6 +373,15 @@ int dos_optimizer_step(dos_optimizer* opt, dos_step_stats* stats) {
   return guarded([&] { copy_stats(opt->opt->step(), stats); }, false);
 }
 
+int dos_optimizer_step_async(dos_optimizer* opt) {
+  if (!opt) return fail(DOS_E_INVALID, "dos_optimizer_step_async: optimizer is NULL");
+  if (refuse_if_open(opt, "dos_optimizer_step_async") != DOS_OK) return DOS_E_INVALID;
+  auto active = std::make_unique<Active>();
+  const int rc = guarded([&] { opt->opt->step_async(); }, false);
+  if (rc == DOS_OK) opt->open_phase = std::move(active);  // the workers run until dos_optimizer_wait_step
+  return rc;
+}
+
 int dos_optimizer_begin_step(dos_optimizer* opt) {
   if (!opt) return fail(DOS_E_INVALID, "dos_optimizer_begin_step: optimizer is NULL");
   if (refuse_if_open(opt, "dos_optimizer_begin_step") != DOS_OK) return DOS_E_INVALID;

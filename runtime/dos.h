@@ -370,6 +370,9 @@ class Optimizer {
   /// finish_step_async as finish_step; wait_parameters for a range beyond num_params() or while a
   /// step is open and not finished; wait_step without finish_step_async.
   void finish_step_async(StepVerdict verdict = StepVerdict::keep);
+  /// step() without waiting: the whole phase submitted (StepStats::overlapped stays false), then
+  /// wait_parameters and wait_step as after finish_step_async. Throws as step().
+  void step_async();
   void wait_parameters(std::size_t begin, std::size_t end);
   StepStats wait_step();
   /// Whether a step is open (begin_step called, finish_step or wait_step not yet).

@@ -32,7 +32,7 @@
 extern "C" {
 #endif
 
-/* 4: the update overlapped with the next forward (dos_optimizer_finish_step_async,
+/* 4: the update overlapped with the next forward (dos_optimizer_finish_step_async, _step_async,
  * _wait_parameters, _wait_step).
  * 3: the overlapped update (dos_optimizer_begin_step, _gradients_final, _finish_step), its fields
  * in dos_step_stats, options.speculation_budget (options version 2).
@@ -286,6 +286,10 @@ int dos_optimizer_finish_step(dos_optimizer* opt, int verdict, dos_step_stats* s
  * wait_parameters with begin > end, end > num_params(), or while a phase is open and not
  * finished; wait_step without finish_step_async. DOS_E_RUNTIME when the update fails. */
 int dos_optimizer_finish_step_async(dos_optimizer* opt, int verdict);
+/* dos_optimizer_step without waiting: the whole phase submitted (not overlapped with backward:
+ * stats.overlapped stays 0), then dos_optimizer_wait_parameters / dos_optimizer_wait_step as after
+ * dos_optimizer_finish_step_async. DOS_E_INVALID when opt is NULL or a phase is open. */
+int dos_optimizer_step_async(dos_optimizer* opt);
 int dos_optimizer_wait_parameters(dos_optimizer* opt, size_t begin, size_t end);
 int dos_optimizer_wait_step(dos_optimizer* opt, dos_step_stats* stats);
 /* 1 while a phase is open (begin_step without finish_step or wait_step), 0 otherwise or when opt is

@@ -641,9 +641,10 @@ StepStats Optimizer::Impl::finish_wait() {
   // Forced plans are real measurements too. The refinement reads no bus counter (which the
   // timeline's sampler also reads), so it runs with a timeline as without; not after a phase opened
   // by begin_step (its clock starts with the caller's backward, and its busy times include what the
-  // caller's work slowed down) or skipped.
+  // caller's work slowed down), nor after one left running into the caller's forward (the same), nor
+  // after a skipped one.
   last_changed = st.overlapped && verdict == StepVerdict::changed;
-  if (!st.skipped && !st.overlapped) refine(st, ph.sim);
+  if (!st.skipped && !st.overlapped && !ph.async) refine(st, ph.sim);
   StepStats out = std::move(st);
   open.reset();
   return out;
@@ -657,6 +658,10 @@ void Optimizer::begin_step() { impl_->begin(true); }
 void Optimizer::gradients_final(std::size_t begin, std::size_t end) { impl_->declare_final(begin, end); }
 StepStats Optimizer::finish_step(StepVerdict verdict) { return impl_->finish(verdict); }
 void Optimizer::finish_step_async(StepVerdict verdict) { impl_->finish_submit(verdict, true); }
+void Optimizer::step_async() {
+  impl_->begin(false);
+  impl_->finish_submit(StepVerdict::keep, true);
+}
 void Optimizer::wait_parameters(std::size_t begin, std::size_t end) { impl_->wait_parameters(begin, end); }
 StepStats Optimizer::wait_step() { return impl_->finish_wait(); }
 bool Optimizer::step_open() const { return impl_->open != nullptr; }

@@ -392,6 +392,16 @@ static void test_overlap_bad_calls(void** state) {
   assert_int_equal(dos_optimizer_wait_step(opt, NULL), DOS_OK);
   assert_int_equal(dos_optimizer_step_counts(opt, steps), DOS_OK);
   for (size_t i = 0; i < ns; ++i) assert_int_equal(steps[i], 3);
+  /* a plain step left running: not an overlapped phase */
+  assert_int_equal(dos_optimizer_step_async(NULL), DOS_E_INVALID);
+  assert_int_equal(dos_optimizer_step_async(opt), DOS_OK);
+  assert_int_equal(dos_optimizer_step_async(opt), DOS_E_INVALID); /* one runs */
+  assert_int_equal(dos_optimizer_wait_parameters(opt, 0, N), DOS_OK);
+  assert_int_equal(dos_optimizer_wait_step(opt, &s), DOS_OK);
+  assert_int_equal(s.overlapped, 0);
+  assert_true(s.exposed_seconds >= 0 && s.exposed_seconds <= s.seconds);
+  assert_int_equal(dos_optimizer_step_counts(opt, steps), DOS_OK);
+  for (size_t i = 0; i < ns; ++i) assert_int_equal(steps[i], 4);
   /* destroyed while a phase finished asynchronously runs: it runs to its end, nothing leaks */
   assert_int_equal(dos_optimizer_begin_step(opt), DOS_OK);
   assert_int_equal(dos_optimizer_finish_step_async(opt, DOS_VERDICT_KEEP), DOS_OK);

@@ -295,6 +295,11 @@ void test_overlap_bad_input(void**) {
   for (int64_t k : o.step_counts()) assert_int_equal(k, 1);  // still usable: the step ran whole
   o.step();
   for (int64_t k : o.step_counts()) assert_int_equal(k, 2);
+  o.step_async();  // a plain step left running: not an overlapped phase
+  expect_error([&] { o.step_async(); }, "step_async while a phase runs");
+  const dos::StepStats sa = o.wait_step();
+  assert_false(sa.overlapped);
+  for (int64_t k : o.step_counts()) assert_int_equal(k, 3);
 }
 
 }  // namespace

@@ -21,12 +21,17 @@ subgroups that the runtime updates speculatively).
    and every subgroup's step count too. The verdict of every step is checked, and at least one step
    must have kept speculative updates and one redone them.
    A third optimizer runs the same schedule with the next forward overlapped too
-   (overlap_forward): after each step its phase still runs, a forward reads the plain run's
-   parameters bit for bit, its verdicts are the overlapped one's, and its state at the end is the
-   plain one's.
+   (overlap_forward, each layer a block): after each step its phase still runs, a forward reads the
+   plain run's parameters bit for bit, its verdicts are the overlapped one's, and its state at the
+   end is the plain one's.
 2. speculation_budget=0: nothing speculated, the same bits; a bad budget refused; the next forward
    overlapped without the overlap of backward, the same bits; overlap_forward's bad input.
-3. Where this torch has no gradient-accumulated hook (simulated), overlap=True warns once and runs
+3. The next forward overlapped where modules read parameters in other ways: a transformer encoder
+   (attention reading its output projection's weight, the fused fast path in eval, the attention
+   called on its own), weight_norm (its pre-hook computes the weight before ours would), a
+   parameter unused on some steps, a step without backward; the same bits as a plain run, and what
+   a forward read while the phase ran equal to what it reads after wait().
+4. Where this torch has no gradient-accumulated hook (simulated), overlap=True warns once and runs
    without overlap.
 """
 
@@ -107,7 +112,7 @@ def train_schedule(dtype):
     oa, ob, oc = make_opt(ma), make_opt(mb, overlap=True), make_opt(mc, overlap=True)
     assert ob.overlap, "overlap=True should be on with this torch"
     assert len(ob._buckets) == 2
-    assert oc.overlap_forward(mc) == 3  # the two Linear and the LayerNorm
+    assert oc.overlap_forward(mc, blocks=list(mc)) == 3  # the two Linear and the LayerNorm
     probe = torch.randn(4, 24).to(DEVICE, dtype)
     gen = torch.Generator().manual_seed(1)
     clipped = unclipped = kept = redone = 0
@@ -226,6 +231,131 @@ def train_beside_plain(check_step=None, forward=False, **overlapped):
     ob.close()
 
 
+def train_pair(make, steps, blocks_of=None, opt_kw=None, between=None):
+    """Trains two equal models made by make() with equal optimizers, the second with its next
+    forward overlapped (overlap_forward(model, blocks_of(model)), the default blocks without
+    blocks_of); steps(m, o, t) runs step t (zero_grad,
+    forward, backward, step); between(m, o, t), when given, runs after every step on the second
+    one (a forward reading the parameters). Asserts the same parameters after every step and the
+    same state at the end; returns the second optimizer's last_step."""
+    ma, mb = make(), make()
+    kw = dict(lr=1e-2, weight_decay=0.1, subgroup_size=1 << 12)
+    kw.update(opt_kw or {})
+    oa, ob = (dos.DeepOptimizerStates(m.parameters(), **kw) for m in (ma, mb))
+    ob.overlap_forward(mb, blocks_of(mb) if blocks_of else None)
+    for t in range(4):
+        for m, o in ((ma, oa), (mb, ob)):
+            torch.manual_seed(100 + t)
+            steps(m, o, t)
+        seen = between(mb, ob, t) if between is not None else None  # while the phase may run
+        ob.wait()
+        assert same_params(ma, mb), f"step {t}: the parameters differ with the next forward overlapped"
+        if seen is not None:  # what it read then must be the final parameters
+            assert torch.equal(seen, between(mb, ob, t)), f"step {t}: a forward read parameters not yet written"
+    assert same_state(oa, ob) is None
+    last = ob.last_step
+    oa.close()
+    ob.close()
+    return last
+
+
+def test_forward_overlap_cases():
+    """The next forward overlapped where modules read parameters in other ways than a forward of
+    their own, where parameters get no gradient on some steps, and the API's bad input."""
+    # a transformer encoder: attention reads its output projection's weight without calling it,
+    # and in eval the layers' fused fast path reads every weight at once; the layers are the blocks
+    def encoder():
+        torch.manual_seed(0)
+        layer = torch.nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True)
+        return torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=False).to(DEVICE)
+
+    def encoder_step(m, o, t):
+        o.zero_grad()
+        m.train()
+        m(torch.randn(2, 5, 32).to(DEVICE)).pow(2).mean().backward()
+        o.step()
+
+    def eval_forward(m, o, t):
+        m.eval()
+        torch.manual_seed(7)
+        x = torch.randn(2, 5, 32).to(DEVICE)
+        with torch.no_grad():
+            return m(x)
+
+    def attention_alone(m, o, t):  # a submodule called outside the model's forward
+        torch.manual_seed(7)
+        x = torch.randn(2, 5, 32).to(DEVICE)
+        with torch.no_grad():
+            return m.layers[1].self_attn(x, x, x)[0]
+
+    train_pair(encoder, encoder_step, between=eval_forward)
+    train_pair(encoder, encoder_step, between=attention_alone)
+    # weight_norm's pre-hook computes the weight from weight_g and weight_v before any hook
+    # registered after it: each Linear a block of its own
+    def normed():
+        torch.manual_seed(0)
+        wn = torch.nn.utils.weight_norm
+        return torch.nn.Sequential(wn(torch.nn.Linear(16, 16)), torch.nn.GELU(), wn(torch.nn.Linear(16, 4))).to(DEVICE)
+
+    def normed_step(m, o, t):
+        o.zero_grad()
+        m(torch.randn(8, 16).to(DEVICE)).pow(2).mean().backward()
+        o.step()
+
+    def normed_forward(m, o, t):
+        torch.manual_seed(7)
+        with torch.no_grad():
+            return m(torch.randn(8, 16).to(DEVICE))
+
+    train_pair(normed, normed_step, between=normed_forward)  # no ModuleList: everything waited for first
+    train_pair(normed, normed_step, blocks_of=lambda m: [m[0], m[2]], between=normed_forward)
+    # a parameter unused on some steps (a zero gradient, as after zero_grad()), and a step with no
+    # backward since zero_grad() (zero gradients: the moments decay, weight decay applies)
+    class Branchy(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.layers = torch.nn.ModuleList([torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)])
+
+        def forward(self, x, use_second):
+            x = self.layers[0](x)
+            return self.layers[1](x) if use_second else x
+
+    def branchy_step(m, o, t):
+        o.zero_grad()
+        if t != 2:  # step 2: no backward at all
+            m(torch.randn(4, 8).to(DEVICE), t % 2 == 0).sum().backward()
+        o.step()
+
+    last = train_pair(lambda: Branchy().to(DEVICE), branchy_step)
+    assert last["overlapped"] is False, last  # a plain phase left running is not an overlapped one
+    # bad input
+    m = Branchy().to(DEVICE)
+    o = dos.DeepOptimizerStates(m.parameters(), lr=1e-2)
+    for bad, err, what in (("model", TypeError, "not a module"), (m.layers[1], ValueError, "not in the module"),
+                           (torch.nn.Linear(2, 2), ValueError, "not in the module")):
+        try:
+            o.overlap_forward(bad)
+        except err as e:
+            assert "overlap_forward" in str(e), e
+        else:
+            raise AssertionError(f"overlap_forward accepted a module {what}")
+    try:
+        o.overlap_forward(m, blocks=[torch.nn.Linear(2, 2)])
+    except ValueError as e:
+        assert "not a submodule" in str(e), e
+    else:
+        raise AssertionError("overlap_forward accepted a block outside the module")
+    assert o.overlap_forward(m) > 0
+    try:
+        o.overlap_forward(m)
+    except ValueError as e:
+        assert "called before" in str(e), e
+    else:
+        raise AssertionError("overlap_forward accepted twice")
+    o.close()
+
+
 def test_budget_and_fallback():
     def nothing_speculated(o):
         assert o.last_step["verdicts"] == ["keep", "keep"] and o.last_step["speculated"] == 0
@@ -294,6 +424,7 @@ def main():
     for dtype in (torch.float32, torch.bfloat16):
         train_schedule(dtype)
     test_budget_and_fallback()
+    test_forward_overlap_cases()
     print("overlap on and off: the same bits")
     return 0
 

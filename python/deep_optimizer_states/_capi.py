@@ -246,6 +246,7 @@ def lib():
             "dos_optimizer_finish_step": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(StepStats)]),
             "dos_optimizer_step_open": (ctypes.c_int, [ctypes.c_void_p]),
             "dos_optimizer_finish_step_async": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_int]),
+            "dos_optimizer_step_async": (ctypes.c_int, [ctypes.c_void_p]),
             "dos_optimizer_wait_parameters": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t]),
             "dos_optimizer_wait_step": (ctypes.c_int, [ctypes.c_void_p, ctypes.POINTER(StepStats)]),
             "dos_optimizer_num_params": (ctypes.c_size_t, [ctypes.c_void_p]),

@@ -74,6 +74,7 @@ class _Bucket:
         self.seen_version = None  # flat_grad._version after the last accumulation the hooks saw
         # the next forward overlapped (DeepOptimizerStates.overlap_forward)
         self.running = False    # step() left the runtime's phase running (dos_optimizer_finish_step_async)
+        self.grads_cleared = False  # that step set every p.grad to None (restored as zeros at the next step)
 
     @property
     def num_params(self):
@@ -495,6 +496,7 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, torch.optim.Optimizer):
         """The body of :meth:`step` after the closure (see there); raises as it does."""
         t0 = time.perf_counter()
         self.wait()  # the phases the last step left running (overlap_forward)
+        self._restore_cleared_grads()
         if grad_scale is not None:
             grad_scale = float(grad_scale)
             if not (grad_scale > 0 and math.isfinite(grad_scale)):
@@ -578,8 +580,6 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, torch.optim.Optimizer):
                     if b.open:
                         verdicts[k] = _VERDICT_NAMES[v]
                     self._finish_async(b, v)
-                    for p in b.params:  # nothing may write the flat gradients the phase still reads
-                        p.grad = None
                     continue
                 if b.open:
                     v = _capi.VERDICT_CHANGED if b.changed is not None else _capi.VERDICT_KEEP
@@ -615,8 +615,11 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, torch.optim.Optimizer):
         since the last step are dropped (nothing is updated)."""
         self._drop_open_phases()  # a backward's gradients are discarded: nothing speculated is kept
         # a phase left running (overlap_forward) may still read the flat buffers: not zeroed in place
+        # (the gradients stay None, and a parameter that gets none before step() has a zero one then)
         to_none = set_to_none or any(b.running for b in self._buckets)
         for b in self._buckets:
+            if set_to_none:
+                b.grads_cleared = False  # None asked for: they stay None
             if to_none:
                 for p in b.params:
                     p.grad = None

@@ -29,8 +29,10 @@ subgroups that the runtime updates speculatively).
 3. The next forward overlapped where modules read parameters in other ways: a transformer encoder
    (attention reading its output projection's weight, the fused fast path in eval, the attention
    called on its own), weight_norm (its pre-hook computes the weight before ours would), a
-   parameter unused on some steps, a step without backward; the same bits as a plain run, and what
-   a forward read while the phase ran equal to what it reads after wait().
+   parameter unused on some steps, a step without backward, a Llama-like layout with the blocks
+   forward_blocks finds (the head tied to the embeddings), a root reading a weight itself (no
+   blocks); the same bits as a plain run, and what a forward read while the phase ran equal to what
+   it reads after wait().
 4. Where this torch has no gradient-accumulated hook (simulated), overlap=True warns once and runs
    without overlap.
 """
@@ -288,8 +290,10 @@ def test_forward_overlap_cases():
         with torch.no_grad():
             return m.layers[1].self_attn(x, x, x)[0]
 
-    train_pair(encoder, encoder_step, between=eval_forward)
-    train_pair(encoder, encoder_step, between=attention_alone)
+    layers = lambda m: list(m.layers)  # noqa: E731
+    train_pair(encoder, encoder_step, blocks_of=layers, between=eval_forward)
+    train_pair(encoder, encoder_step, blocks_of=layers, between=attention_alone)
+    train_pair(encoder, encoder_step, between=eval_forward)  # no blocks: everything waited for first
     # weight_norm's pre-hook computes the weight from weight_g and weight_v before any hook
     # registered after it: each Linear a block of its own
     def normed():
@@ -307,7 +311,7 @@ def test_forward_overlap_cases():
         with torch.no_grad():
             return m(torch.randn(8, 16).to(DEVICE))
 
-    train_pair(normed, normed_step, between=normed_forward)  # no ModuleList: everything waited for first
+    train_pair(normed, normed_step, between=normed_forward)  # no blocks: everything waited for first
     train_pair(normed, normed_step, blocks_of=lambda m: [m[0], m[2]], between=normed_forward)
     # a parameter unused on some steps (a zero gradient, as after zero_grad()), and a step with no
     # backward since zero_grad() (zero gradients: the moments decay, weight decay applies)
@@ -327,8 +331,58 @@ def test_forward_overlap_cases():
             m(torch.randn(4, 8).to(DEVICE), t % 2 == 0).sum().backward()
         o.step()
 
-    last = train_pair(lambda: Branchy().to(DEVICE), branchy_step)
+    last = train_pair(lambda: Branchy().to(DEVICE), branchy_step, blocks_of=lambda m: list(m.layers))
     assert last["overlapped"] is False, last  # a plain phase left running is not an overlapped one
+    # a Llama-like layout (embeddings, layers, final norm, the head tied to the embeddings) with the
+    # blocks forward_blocks finds; and a root that reads a sibling's weight itself (position
+    # embeddings added by hand), correct with no blocks
+    class Inner(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed_tokens = torch.nn.Embedding(50, 16)
+            self.layers = torch.nn.ModuleList([torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.GELU())
+                                               for _ in range(3)])
+            self.norm = torch.nn.LayerNorm(16)
+
+    class LlamaLike(torch.nn.Module):
+        def __init__(self, by_hand=False):
+            super().__init__()
+            torch.manual_seed(0)
+            self.model = Inner()
+            self.lm_head = torch.nn.Linear(16, 50, bias=False)
+            self.lm_head.weight = self.model.embed_tokens.weight
+            self.pos = torch.nn.Embedding(8, 16)
+            self.by_hand = by_hand
+
+        def forward(self, ids):
+            h = self.model.embed_tokens(ids)
+            h = h + (self.pos.weight[: ids.shape[1]] if self.by_hand else self.pos(torch.arange(ids.shape[1])))
+            for layer in self.model.layers:
+                h = h + layer(h)
+            return self.lm_head(self.model.norm(h))
+
+    def lm_step(m, o, t):
+        o.zero_grad()
+        ids = torch.randint(0, 50, (2, 6))
+        torch.nn.functional.cross_entropy(m(ids).flatten(0, 1), ids.flatten()).backward()
+        o.step()
+
+    def lm_forward(m, o, t):
+        torch.manual_seed(7)
+        with torch.no_grad():
+            return m(torch.randint(0, 50, (2, 6)))
+
+    blocks = dos.forward_blocks(LlamaLike())
+    assert [type(b).__name__ for b in blocks] == ["Embedding", "Sequential", "Sequential", "Sequential", "LayerNorm",
+                                                  "Linear"], blocks
+    train_pair(LlamaLike, lm_step, blocks_of=dos.forward_blocks, between=lm_forward)
+    train_pair(lambda: LlamaLike(by_hand=True), lm_step, between=lm_forward)
+    try:
+        dos.forward_blocks(torch.nn.Linear(2, 2))
+    except ValueError as e:
+        assert "forward_blocks" in str(e), e
+    else:
+        raise AssertionError("forward_blocks accepted a layout it does not know")
     # bad input
     m = Branchy().to(DEVICE)
     o = dos.DeepOptimizerStates(m.parameters(), lr=1e-2)

@@ -27,6 +27,7 @@ normalisation layers and biases, as the Hugging Face Trainer groups them),
 """
 
 from ._capi import DosError, StepStats, library_path
+from .forward import forward_blocks
 from .optimizer import STATE_FORMAT, DeepOptimizerStates
 from .param_groups import NO_DECAY_NAME_PATTERNS, no_decay_parameter_names, param_groups_no_decay
 from .runtime import current_runtime, get_runtime, shutdown
@@ -38,6 +39,7 @@ __all__ = [
     "STATE_FORMAT",
     "StepStats",
     "current_runtime",
+    "forward_blocks",
     "get_runtime",
     "library_path",
     "no_decay_parameter_names",

@@ -1,7 +1,7 @@
 """The update overlapped with the next forward pass (:meth:`DeepOptimizerStates.overlap_forward`):
 ``step()`` submits each bucket's update phase and returns; before a block of the model (a
-transformer layer, by default) runs its forward, a pre-hook waits for the parameters under that
-block (the runtime's ``dos_optimizer_wait_parameters``), and the phases are closed
+transformer layer, say) runs its forward, a pre-hook waits for the parameters under that block
+(the runtime's ``dos_optimizer_wait_parameters``), and the phases are closed
 (``dos_optimizer_wait_step``) before anything else reads or writes the gradients or the state.
 A mixin, as the overlap of backward is: the optimizer's constructor sets up its attributes
 (``_forward_handles``, ``_forward_overlap``).
@@ -13,18 +13,6 @@ import weakref
 import torch
 
 from . import _capi
-
-
-def _default_blocks(module, ours):
-    """The elements of the ``torch.nn.ModuleList`` under ``module`` that holds the most of the
-    optimizer's parameters (ids in ``ours``): a transformer's layers. Empty when there is none."""
-    best, best_n = None, 0
-    for m in module.modules():
-        if isinstance(m, torch.nn.ModuleList):
-            n = sum(1 for p in m.parameters() if id(p) in ours)
-            if n > best_n:
-                best, best_n = m, n
-    return list(best) if best is not None else []
 
 
 def _register_first(module, hook):
@@ -43,42 +31,44 @@ class _ForwardOverlap:
 
     def overlap_forward(self, module, blocks=None):
         """Lets the next forward pass of ``module`` overlap the update: from now on ``step()``
-        returns once every bucket's update phase is submitted, and forward waits for each block's
-        parameters just before that block runs. The result is the same bits as without it.
+        returns once every bucket's update phase is submitted, and forward waits for parameters
+        only where they are read. The result is the same bits as without it.
 
         Arguments:
           module (torch.nn.Module): the model, holding every parameter of this optimizer.
-          blocks (list of torch.nn.Module or None): submodules of ``module`` whose forward reads
-            the parameters under them only while it runs, in any way (fused kernels, attention
-            reading its projection's weight, parametrisations); before each one's forward, the
-            parameters under it are waited for. None (default): the layers of the largest
-            ``torch.nn.ModuleList`` in the model (a transformer's blocks). Every other module on
-            the way (the embeddings, the final norm, the output head: the siblings of the blocks'
-            ancestors) is a block of its own, and parameters held directly by an ancestor are
-            waited for before that ancestor's forward. A model without a ``ModuleList`` and no
-            ``blocks`` waits for everything before its forward starts (correct, nothing overlapped).
-            A submodule called on its own, outside the model's forward, waits for every parameter
-            under it first.
+          blocks (list of torch.nn.Module or None): submodules of ``module``, each of which reads
+            the parameters under it only while its own forward runs (its submodules may read them
+            in any way: fused kernels, attention reading its projection's weight,
+            parametrisations such as ``weight_norm``). Before each block's forward, every parameter
+            under it is waited for; every parameter under no block is waited for when the model's
+            forward starts. For a causal language model: the embeddings, each layer, the final norm
+            and the output head (``forward_blocks(model)`` finds them in the usual layouts). None
+            (default): no block, so the model's forward waits for everything first (correct for any
+            model, nothing overlapped).
 
-        Until the phases are closed, read the parameters only inside the model's forward (or after
-        :meth:`wait`): ``model.state_dict()`` waits by itself on torch >= 2.0 (a state-dict
-        pre-hook); other readers (an EMA of the weights, a logger, a forward of another module
-        sharing the parameters) must call :meth:`wait` first. The phases are closed, and
-        :attr:`last_step` completed, by :meth:`wait`, by the next backward's first gradient hook
-        (``overlap=True``), by ``step()``, and by every call that reads or replaces the state.
+        The contract is the caller's: a parameter under a block read elsewhere before that block
+        runs (a root forward adding ``self.wpe.weight`` itself, a block reading another block's
+        weights) reads values the update is still writing. A submodule called on its own, outside
+        the model's forward, waits for every parameter under it first. Outside a forward, read the
+        parameters only after :meth:`wait` (``model.state_dict()`` waits by itself on torch >= 2.0:
+        a state-dict pre-hook). The phases are closed, and :attr:`last_step` completed, by
+        :meth:`wait`, by the next backward's first gradient hook (``overlap=True``), by ``step()``,
+        and by every call that reads or replaces the state.
+
         **One difference:** ``step()`` ends with the gradients zeroed, as ``zero_grad()`` would (a
         loop that zeroes them every step, as nearly all do, sees no difference; one that lets them
-        accumulate across ``step()`` calls must not use this). They read as None until the next
-        backward writes new ones (so that nothing, such as a model's ``zero_grad`` zeroing in place,
-        writes the flat gradient buffers the runtime may still read; the gradient hooks of
-        ``overlap=True`` or ``step()`` copy the new ones in), and a parameter that gets none before
-        the next ``step()`` has a zero gradient there (``zero_grad(set_to_none=True)`` in between
-        leaves it None, as without overlap).
+        accumulate across ``step()`` calls must not use this, nor one with sparse gradients). They
+        read as None until the next backward writes new ones (so that nothing, such as a model's
+        ``zero_grad`` zeroing in place, writes the flat gradient buffers the runtime may still
+        read; the gradient hooks of ``overlap=True`` or ``step()`` copy the new ones in), and a
+        parameter that gets none before the next ``step()`` has a zero gradient there, even when a
+        model's ``zero_grad(set_to_none=True)`` ran in between (this optimizer's
+        ``zero_grad(set_to_none=True)`` leaves it None, as without overlap).
 
         Raises ``TypeError`` when ``module`` (or a block) is not a ``torch.nn.Module``,
         ``ValueError`` when a parameter of this optimizer is not in ``module``, a block is not
         under ``module``, or it was called before, ``RuntimeError`` after :meth:`close`. Returns
-        the number of modules hooked (int).
+        the number of modules whose forward waits (int).
         """
         self._check_open()
         if self._forward_overlap:
@@ -98,75 +88,43 @@ class _ForwardOverlap:
             raise ValueError(f"overlap_forward: {len(missing)} parameter(s) of this optimizer (the first: index "
                              f"{missing[0]}) are not in the module given: nothing would wait for them; give the model "
                              "that holds them all")
-        if blocks is None:
-            blocks = _default_blocks(module, where)
-        blocks = list(blocks)
+        blocks = list(blocks) if blocks is not None else []
         inside = set(id(m) for m in module.modules())
         for k in blocks:
             if not isinstance(k, torch.nn.Module):
                 raise TypeError(f"overlap_forward: blocks holds a {type(k).__name__}, not a torch.nn.Module")
-            if id(k) not in inside:
+            if id(k) not in inside or k is module:
                 raise ValueError(f"overlap_forward: a block ({type(k).__name__}) is not a submodule of the module given")
-        if not blocks:
-            blocks = [module]
-        # the ancestors of the blocks; their other children become blocks of their own
-        block_ids = {id(k) for k in blocks}
-        ancestors = set()
-
-        def mark(m):
-            if id(m) in block_ids:
-                return True
-            found = False
-            for c in m.children():
-                found = mark(c) or found
-            if found:
-                ancestors.add(id(m))
-            return found
-
-        mark(module)
-        hooked_modules = list(blocks)
-        for m in module.modules():
-            if id(m) in ancestors:
-                hooked_modules += [c for c in m.children() if id(c) not in ancestors and id(c) not in block_ids]
         ref = weakref.ref(self)  # the hooks must not keep the optimizer (and its pinned state) alive
+        depth = [0]  # model forwards running (the root's first pre-hook counts up, its post-hook down)
 
-        def hook_for(ranges):
+        def waiting(ranges, only_alone=False):
             def before_forward(mod, args):
                 opt = ref()
-                if opt is not None:
+                if opt is not None and (not only_alone or depth[0] == 0):
                     opt._wait_ranges(ranges)
             return before_forward
 
         hooked = 0
-        for m in hooked_modules:
-            ranges = [where[id(p)] for p in m.parameters() if id(p) in where]
+        under_blocks = set()
+        for k in blocks:
+            ranges = [where[id(p)] for p in k.parameters() if id(p) in where]
+            under_blocks |= {id(p) for p in k.parameters()}
             if ranges:
-                self._forward_handles.append(_register_first(m, hook_for(ranges)))
+                self._forward_handles.append(_register_first(k, waiting(ranges)))
                 hooked += 1
-        for m in module.modules():  # parameters an ancestor holds itself
-            if id(m) in ancestors:
-                ranges = [where[id(p)] for p in m.parameters(recurse=False) if id(p) in where]
-                if ranges:
-                    self._forward_handles.append(_register_first(m, hook_for(ranges)))
-                    hooked += 1
-        # A submodule called on its own, outside the model's forward (model.encoder(x)), waits for
-        # everything under it: inside the model's forward the blocks above have waited already.
-        depth = [0]  # model forwards running (the root's pre-hook counts up, its post-hook down)
-        blocked = {id(m) for m in hooked_modules} | ancestors | {id(module)}
-
-        def hook_alone(ranges):
-            def before_forward(mod, args):
-                opt = ref()
-                if opt is not None and depth[0] == 0:
-                    opt._wait_ranges(ranges)
-            return before_forward
-
+        rest = [where[id(p)] for p in module.parameters() if id(p) in where and id(p) not in under_blocks]
+        if rest:
+            self._forward_handles.append(_register_first(module, waiting(rest)))
+            hooked += 1
+        # a submodule called on its own, outside the model's forward, waits for everything under it
+        block_ids = {id(k) for k in blocks}
         for m in module.modules():
-            if id(m) in blocked:
+            if m is module or id(m) in block_ids:
                 continue
             ranges = [where[id(p)] for p in m.parameters() if id(p) in where]
             if ranges:
-                self._forward_handles.append(_register_first(m, hook_alone(ranges)))
+                self._forward_handles.append(_register_first(m, waiting(ranges, only_alone=True)))
 
         def enter(mod, args):
             depth[0] += 1
@@ -267,3 +225,26 @@ class _ForwardOverlap:
             h.remove()
         self._forward_handles = []
         self._forward_overlap = False
+
+
+def forward_blocks(model):
+    """The blocks of :meth:`DeepOptimizerStates.overlap_forward` for the usual causal language model
+    layouts, in forward order: the token (and position) embeddings, each transformer layer, the
+    final norm, the output head. Knows Hugging Face's Llama-like models (``model.embed_tokens``,
+    ``model.layers``, ``model.norm``, ``lm_head``) and GPT-2 (``transformer.wte``, ``wpe``, ``h``,
+    ``ln_f``, ``lm_head``), whose forwards read these modules' parameters only by calling them.
+    Raises ``ValueError`` naming what is missing for any other layout (give the blocks yourself)."""
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"forward_blocks takes a torch.nn.Module, got {type(model).__name__}")
+    layouts = (("model", ("embed_tokens",), "layers", ("norm",)), ("transformer", ("wte", "wpe"), "h", ("ln_f",)))
+    for inner_name, embeds, layers_name, norms in layouts:
+        inner = getattr(model, inner_name, None)
+        if not isinstance(inner, torch.nn.Module):
+            continue
+        parts = [getattr(inner, n, None) for n in embeds]
+        layers = getattr(inner, layers_name, None)
+        tail = [getattr(inner, n, None) for n in norms] + [getattr(model, "lm_head", None)]
+        if isinstance(layers, torch.nn.ModuleList) and all(isinstance(x, torch.nn.Module) for x in parts):
+            return parts + list(layers) + [x for x in tail if isinstance(x, torch.nn.Module)]
+    raise ValueError(f"forward_blocks: {type(model).__name__} has neither model.embed_tokens/model.layers (Llama-like) "
+                     "nor transformer.wte/transformer.h (GPT-2): give overlap_forward its blocks yourself")

@@ -626,7 +626,8 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, torch.optim.Optimizer):
             else:
                 b.flat_grad.zero_()
                 for p, v in zip(b.params, b.views):
-                    if p.grad is not None and p.grad.data_ptr() != v.data_ptr():
+                    # (a sparse gradient step() refused has no data pointer: replaced as well)
+                    if p.grad is not None and (p.grad.layout != torch.strided or p.grad.data_ptr() != v.data_ptr()):
                         p.grad = v
 
     # ------------------------------------------------------------------------------------------

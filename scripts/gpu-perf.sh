@@ -5,7 +5,9 @@
 # Llama-2 13B quarter's sweep of the streamed fraction. Outputs go to $OUT (default
 # ./gpu-perf-out). Used through the `device` tool:
 #   run(command="scripts/gpu-perf.sh", carry=[".deps/cache"])
-# DOS_BUILD_DIR: the build folder (default build). PARTS (default "tests overhead tiny timeline sweep") picks the parts; ITERS (default 4).
+# DOS_BUILD_DIR: the build folder (default build). PARTS (default "tests overhead tiny timeline sweep";
+# also "frameworks" and "train") picks the parts; ITERS (default 4). BIG_RUNS lines may name another
+# --shard (the last one given wins), e.g. "q3on --shard 3/4 --policy dos --emulate-compute --overlap on".
 set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${OUT:-$ROOT/gpu-perf-out}
@@ -58,6 +60,16 @@ if has sweep; then
     "$D" --preset llama2-13b --shard 0/4 --iterations "$ITERS" --subgroup-size 1e8 --policy dos --submit-order "$order" \
        --sweep ${SWEEP:-0,1/4,1/3,1/2,2/3,3/4,1,model} --report "$OUT/sweep13-$order.json" 2>&1 | grep -vE "^\[starpu" \
        | grep -E "^(model|sweep|  )|rror"
+  done
+fi
+# The Hugging Face Trainer and Lightning examples against torch.optim.AdamW (tests/test_frameworks.py),
+# FRAMEWORK_POLICIES (default dos) only, each framework within FRAMEWORK_SECONDS (default 150)
+if has frameworks; then
+  for fw in hf lightning; do
+    echo "== tests/test_frameworks.py --framework $fw --policies ${FRAMEWORK_POLICIES:-dos}"
+    DOS_C_LIBRARY=$BUILD/libdos_c.so PYTHONPATH=$ROOT/python timeout "${FRAMEWORK_SECONDS:-150}" \
+      python3 "$ROOT/tests/test_frameworks.py" --framework "$fw" --policies "${FRAMEWORK_POLICIES:-dos}" 2>&1 \
+      | grep -E "^(ok|FAIL|[0-9]+ failure)|rror" | tail -20
   done
 fi
 # PyTorch: the 1.01e9-parameter GPT of scripts/gpu-train.sh, short runs (TRAIN_SECONDS each for dos)

@@ -165,10 +165,26 @@ void copy_stats(const dos::StepStats& s, dos_step_stats* stats) {
 /// DOS_E_INVALID naming `fn` when a phase of `opt` is open (the calls that read or replace the
 /// state, the hyper-parameters or run a plain step), else DOS_OK.
 int refuse_if_open(const dos_optimizer* opt, const char* fn) {
+  if (opt && opt->opt && opt->opt->step_running())
+    return fail(DOS_E_INVALID, std::string(fn) + ": an update phase still runs (dos_optimizer_finish_step_async or "
+                                                 "dos_optimizer_step_async without dos_optimizer_wait_step): wait "
+                                                 "for it first");
   if (opt && opt->opt && opt->opt->step_open())
     return fail(DOS_E_INVALID, std::string(fn) + ": an update phase is open (dos_optimizer_begin_step without "
                                                  "dos_optimizer_finish_step): finish it first");
   return DOS_OK;
+}
+
+/// Opens a phase with `open` (begin_step or step_async; `fn` names the C call in messages): StarPU's
+/// workers are held running from then until the phase closes (finish_step or wait_step).
+template <class F>
+int open_phase(dos_optimizer* opt, const char* fn, F&& open) {
+  if (!opt) return fail(DOS_E_INVALID, std::string(fn) + ": optimizer is NULL");
+  if (refuse_if_open(opt, fn) != DOS_OK) return DOS_E_INVALID;
+  auto active = std::make_unique<Active>();
+  const int rc = guarded(open, false);
+  if (rc == DOS_OK) opt->open_phase = std::move(active);
+  return rc;
 }
 
 /// A double as "%.17g" prints it (every digit: 1 - 1e-17 is not shown as 1).
@@ -373,22 +389,13 @@ int dos_optimizer_step(dos_optimizer* opt, dos_step_stats* stats) {
   return guarded([&] { copy_stats(opt->opt->step(), stats); }, false);
 }
 
+
 int dos_optimizer_step_async(dos_optimizer* opt) {
-  if (!opt) return fail(DOS_E_INVALID, "dos_optimizer_step_async: optimizer is NULL");
-  if (refuse_if_open(opt, "dos_optimizer_step_async") != DOS_OK) return DOS_E_INVALID;
-  auto active = std::make_unique<Active>();
-  const int rc = guarded([&] { opt->opt->step_async(); }, false);
-  if (rc == DOS_OK) opt->open_phase = std::move(active);  // the workers run until dos_optimizer_wait_step
-  return rc;
+  return open_phase(opt, "dos_optimizer_step_async", [&] { opt->opt->step_async(); });
 }
 
 int dos_optimizer_begin_step(dos_optimizer* opt) {
-  if (!opt) return fail(DOS_E_INVALID, "dos_optimizer_begin_step: optimizer is NULL");
-  if (refuse_if_open(opt, "dos_optimizer_begin_step") != DOS_OK) return DOS_E_INVALID;
-  auto active = std::make_unique<Active>();
-  const int rc = guarded([&] { opt->opt->begin_step(); }, false);
-  if (rc == DOS_OK) opt->open_phase = std::move(active);  // the workers run until finish_step
-  return rc;
+  return open_phase(opt, "dos_optimizer_begin_step", [&] { opt->opt->begin_step(); });
 }
 
 int dos_optimizer_gradients_final(dos_optimizer* opt, size_t begin, size_t end) {

@@ -396,6 +396,7 @@ static void test_overlap_bad_calls(void** state) {
   assert_int_equal(dos_optimizer_step_async(NULL), DOS_E_INVALID);
   assert_int_equal(dos_optimizer_step_async(opt), DOS_OK);
   assert_int_equal(dos_optimizer_step_async(opt), DOS_E_INVALID); /* one runs */
+  assert_non_null(strstr(dos_last_error(), "without dos_optimizer_wait_step"));
   assert_int_equal(dos_optimizer_wait_parameters(opt, 0, N), DOS_OK);
   assert_int_equal(dos_optimizer_wait_step(opt, &s), DOS_OK);
   assert_int_equal(s.overlapped, 0);

@@ -1,0 +1,197 @@
+"""The state of :class:`~deep_optimizer_states.optimizer.DeepOptimizerStates`: its subgroups' step
+counts, ``state_dict()`` and ``load_state_dict()``. A mixin: the optimizer's constructor sets up what
+these methods read (``_buckets``, ``param_groups``, ``steps_taken``, ``skipped_steps``, ...).
+"""
+
+import ctypes
+
+import torch
+
+from . import _capi
+
+#: The ``format`` tag of :meth:`DeepOptimizerStates.state_dict`'s ``"dos"`` section.
+STATE_FORMAT = "deep_optimizer_states/1"
+#: The largest subgroup size and step count accepted (2**53: exact in a double, far beyond any model).
+_MAX_COUNT = 2 ** 53
+
+
+class _State:
+    """The optimizer's step counts, state_dict() and load_state_dict()."""
+
+    def subgroup_steps(self):
+        """Step count of every subgroup, one list of ints per bucket (in bucket order). Drops the
+        updates speculated since the last step (``overlap=True``)."""
+        self._check_open()
+        self.wait()
+        self._drop_open_phases()
+        L = _capi.lib()
+        out = []
+        for b in self._buckets:
+            n = len(b.subgroup_sizes)
+            a = (ctypes.c_int64 * n)()
+            _capi.check(L.dos_optimizer_step_counts(b.handle, a), "dos_optimizer_step_counts")
+            out.append(list(a))
+        return out
+
+    def state_dict(self):
+        """The whole optimizer state, as torch tensors in host memory (a dict that ``torch.save``
+        writes and :meth:`load_state_dict` takes back):
+
+        - ``"state"``: per parameter index (``state_dict`` numbering: the order of the parameters
+          over the groups), a dict of fp32 tensors of the parameter's shape: ``"master"`` (the fp32
+          master parameters), ``"exp_avg"``, ``"exp_avg_sq"``;
+        - ``"param_groups"``: the groups' hyper-parameters, ``"params"`` holding indices;
+        - ``"dos"``: ``format`` (:data:`STATE_FORMAT`), ``buckets`` (per bucket: its group, parameter
+          indices, dtype, device type, shapes, ``subgroup_size``, ``subgroup_sizes`` and
+          ``subgroup_steps``: each subgroup's step count), ``steps_taken`` and ``skipped_steps``.
+
+        The tensors of one bucket are views of one flat tensor (saved once by ``torch.save``).
+        Costs 12 bytes of host memory per parameter. Raises ``RuntimeError`` after :meth:`close`.
+        Drops the updates speculated since the last step (``overlap=True``): the state is the one
+        before them.
+        """
+        self._check_open()
+        self.wait()
+        self._drop_open_phases()
+        L = _capi.lib()
+        groups = []
+        i = 0
+        for g in self.param_groups:
+            entry = {k: v for k, v in g.items() if k != "params"}
+            entry["params"] = list(range(i, i + len(g["params"])))
+            i += len(g["params"])
+            groups.append(entry)
+        state = {}
+        buckets = []
+        steps = self.subgroup_steps()
+        for b, bsteps in zip(self._buckets, steps):
+            parts = {}
+            for which, name in ((0, "master"), (1, "exp_avg"), (2, "exp_avg_sq")):
+                t = torch.empty(b.num_params, dtype=torch.float32)
+                _capi.check(L.dos_optimizer_read_state(b.handle, which, ctypes.c_void_p(t.data_ptr())),
+                            f"reading {name} of {b.describe()}")
+                parts[name] = t
+            off = 0
+            for idx, shape, n in zip(b.indices, b.shapes, b.numels):
+                state[idx] = {name: t.narrow(0, off, n).view(shape) for name, t in parts.items()}
+                off += n
+            buckets.append(dict(group=b.group_index, params=list(b.indices), dtype=str(b.dtype),
+                                device=b.device.type, shapes=[list(s) for s in b.shapes],
+                                subgroup_size=self.subgroup_size, subgroup_sizes=list(b.subgroup_sizes),
+                                subgroup_steps=bsteps))
+        return {
+            "state": state,
+            "param_groups": groups,
+            "dos": dict(format=STATE_FORMAT, buckets=buckets, steps_taken=self.steps_taken,
+                        skipped_steps=self.skipped_steps),
+        }
+
+    def _layout(self):
+        return [dict(group=b.group_index, params=list(b.indices), dtype=str(b.dtype), device=b.device.type,
+                     shapes=[list(s) for s in b.shapes], subgroup_size=self.subgroup_size,
+                     subgroup_sizes=list(b.subgroup_sizes)) for b in self._buckets]
+
+    def load_state_dict(self, state_dict):
+        """Replaces the whole state with one from :meth:`state_dict` (of an optimizer over the same
+        model: same groups, parameter shapes, dtypes, devices and subgroup size), including every
+        subgroup's step count and the groups' hyper-parameters (the parameters may live on another
+        device than when it was saved); then writes the master parameters,
+        rounded to each parameter's dtype, into the parameters. Training continues bit-identically
+        to a run that never stopped.
+
+        Everything is checked before anything changes: ``ValueError`` naming the first difference
+        when the state dict is not one of ours or was saved from a different model (another
+        parameter count, shape, dtype or subgroup size), a state tensor is missing or not
+        fp32, ``master`` or ``exp_avg`` holds an inf or NaN, ``exp_avg_sq`` an inf, NaN or negative
+        value (the message names the parameter, the tensor, the element and the value), a step count
+        is not an integer in [0, 2**53], or ``steps_taken``/``skipped_steps`` is not an
+        integer in [0, 2**53]; the optimizer and the parameters are then untouched. Drops the
+        updates speculated since the last step (``overlap=True``).
+        """
+        self._check_open()
+        self.wait()
+        self._drop_open_phases()
+        if not isinstance(state_dict, dict) or not isinstance(state_dict.get("dos"), dict) \
+                or state_dict["dos"].get("format") != STATE_FORMAT:
+            raise ValueError(f"not a DeepOptimizerStates state dict (no 'dos' section of format {STATE_FORMAT!r}): "
+                             "load the state dict of a DeepOptimizerStates optimizer")
+        dos = state_dict["dos"]
+        groups = state_dict.get("param_groups")
+        state = state_dict.get("state")
+        if not isinstance(groups, list) or not isinstance(state, dict):
+            raise ValueError("malformed state dict: 'param_groups' must be a list and 'state' a dict")
+        here_counts = [len(g["params"]) for g in self.param_groups]
+        there_counts = [len(g.get("params", [])) for g in groups]
+        if here_counts != there_counts:
+            raise ValueError(f"the state dict was saved from a different model: parameters per group {there_counts} "
+                             f"in the state dict, {here_counts} here")
+        there = [{k: v for k, v in bk.items() if k != "subgroup_steps"} for bk in dos.get("buckets", [])]
+        here = self._layout()
+        if len(there) != len(here):
+            raise ValueError(f"the state dict was saved from a different model: {len(there)} (group, dtype, device) "
+                             f"buckets in the state dict, {len(here)} here")
+        for k, (t, h) in enumerate(zip(there, here)):
+            # the device may differ (the state is in host memory either way): a run saved on the GPU
+            # resumes on the CPU and back
+            for key in ("group", "params", "dtype", "shapes", "subgroup_size", "subgroup_sizes"):
+                if t.get(key) != h[key]:
+                    raise ValueError(f"the state dict was saved from a different model or configuration: bucket {k} "
+                                     f"({self._buckets[k].describe()}) has {key} {t.get(key)!r} in the state dict, "
+                                     f"{h[key]!r} here")
+        for key in ("steps_taken", "skipped_steps"):
+            v = dos.get(key, 0)
+            if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= _MAX_COUNT:
+                raise ValueError(f"the state dict's {key} must be an integer in [0, 2**53], got {v!r}")
+        flat = []
+        for k, (bk, b) in enumerate(zip(dos["buckets"], self._buckets)):
+            steps = bk.get("subgroup_steps")
+            # beyond 2**53 a step count is damage (and the C side's int64 would wrap 2**64 to 0)
+            if not isinstance(steps, (list, tuple)) or len(steps) != len(b.subgroup_sizes) \
+                    or not all(isinstance(s, int) and not isinstance(s, bool) and 0 <= s <= _MAX_COUNT for s in steps):
+                raise ValueError(f"bucket {k}: subgroup_steps must be {len(b.subgroup_sizes)} integers >= 0 and at most "
+                                 f"2**53, got {steps!r}")
+            parts = {}
+            for name in ("master", "exp_avg", "exp_avg_sq"):
+                pieces = []
+                for idx, n in zip(b.indices, b.numels):
+                    t = state.get(idx, {}).get(name) if isinstance(state.get(idx), dict) else None
+                    if not isinstance(t, torch.Tensor):
+                        raise ValueError(f"the state dict has no {name!r} tensor for parameter {idx}")
+                    if t.dtype != torch.float32 or t.numel() != n:
+                        raise ValueError(f"the state dict's {name!r} of parameter {idx} is {t.dtype} with {t.numel()} "
+                                         f"elements; expected torch.float32 with {n}")
+                    flat_t = t.detach().reshape(-1).cpu()
+                    bad = ~torch.isfinite(flat_t)
+                    if name == "exp_avg_sq":
+                        bad |= flat_t < 0
+                    if bool(bad.any()):
+                        at = int(bad.nonzero()[0, 0])
+                        raise ValueError(f"the state dict's {name!r} of parameter {idx} holds {float(flat_t[at])!r} at "
+                                         f"element {at} ({'exp_avg_sq must be finite and >= 0' if name == 'exp_avg_sq' else 'must be finite'}): "
+                                         "the state dict is damaged or its run diverged")
+                    pieces.append(flat_t)
+                parts[name] = torch.cat(pieces).contiguous() if pieces else torch.empty(0)
+            flat.append((parts, list(steps)))
+        for gi, g in enumerate(groups):  # the hyper-parameters to take over, checked first too
+            merged = dict(self.param_groups[gi])
+            merged.update({k: v for k, v in g.items() if k != "params"})
+            self._group_hyper(gi, merged)
+
+        # everything checked: apply
+        if any(b.device.type == "cuda" for b in self._buckets):
+            torch.cuda.synchronize()  # the runtime writes the parameters on its own streams
+        L = _capi.lib()
+        for b, (parts, steps) in zip(self._buckets, flat):
+            a = (ctypes.c_int64 * len(steps))(*steps)
+            ret = L.dos_optimizer_load_state(b.handle, ctypes.c_void_p(parts["master"].data_ptr()),
+                                             ctypes.c_void_p(parts["exp_avg"].data_ptr()),
+                                             ctypes.c_void_p(parts["exp_avg_sq"].data_ptr()), a, len(steps))
+            if ret != 0:
+                self._broken = L.dos_last_error().decode("utf-8", "replace")
+                _capi.check(ret, f"loading the state of {b.describe()}")
+        for gi, g in enumerate(groups):
+            for k, v in g.items():
+                if k != "params":
+                    self.param_groups[gi][k] = v
+        self.steps_taken = int(dos.get("steps_taken", 0))
+        self.skipped_steps = int(dos.get("skipped_steps", 0))

@@ -92,12 +92,12 @@ void record_speculative(void* arg) {
 void record_gather(void* arg) {
   clock_task(static_cast<Subgroup*>(arg), "gather");
 }
-/// Callback of the Adam task of the direct path (adam_direct_cl): as record_worker, and the task is
-/// one piece of the subgroup's work.
 /// Marks the subgroup's parameters written (Optimizer::wait_parameters).
 void params_written(Subgroup* sg) {
   if (sg->ready) sg->ready->mark(sg->params_written);
 }
+/// Callback of the Adam task of the direct path (adam_direct_cl): as record_worker, the parameters
+/// written, and the task is one piece of the subgroup's work.
 void adam_direct_done(void* arg) {
   record_worker(arg);
   params_written(static_cast<Subgroup*>(arg));

@@ -4,7 +4,7 @@ transformer layer, say) runs its forward, a pre-hook waits for the parameters un
 (the runtime's ``dos_optimizer_wait_parameters``), and the phases are closed
 (``dos_optimizer_wait_step``) before anything else reads or writes the gradients or the state.
 A mixin, as the overlap of backward is: the optimizer's constructor sets up its attributes
-(``_forward_handles``, ``_forward_overlap``).
+(``_forward_handles``, ``_forward_overlap``, ``_forward_depth``).
 """
 
 import ctypes
@@ -202,9 +202,8 @@ class _ForwardOverlap:
         for p in b.params:  # nothing may write the flat gradients the phase still reads
             p.grad = None
         b.grads_cleared = True
-        depth = getattr(self, "_forward_depth", None)
-        if depth is not None:  # no model forward runs now (one that raised on torch < 2.1 is over)
-            depth[0] = 0
+        if self._forward_depth is not None:  # no model forward runs now (one that raised on torch < 2.1 is over)
+            self._forward_depth[0] = 0
 
     def _restore_cleared_grads(self):
         """At step(), after the phases closed: a parameter whose gradient the last step cleared

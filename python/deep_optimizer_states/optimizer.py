@@ -201,6 +201,7 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _State, torch.optim.Optimiz
         self._hook_handles = []
         self._forward_handles = []  # overlap_forward's hooks
         self._forward_overlap = False
+        self._forward_depth = None  # overlap_forward: [model forwards running]
         self._grad_accumulators = []  # the AccumulateGrad nodes hooked (torch < 2.1), kept alive
         self._overlap_lock = threading.Lock()
         self._backwards_expected = 1  # backward passes per step, as the last step had them

@@ -33,6 +33,14 @@ tokens/s (batch tokens over the whole step's wall time) and the optimizer's upda
 gradient norm; for ``dos`` also ``phase``: the runtime's own update phase). ``--log-json FILE``
 writes every step and a summary.
 
+``--overlap`` (with ``--optimizer dos``) hides the update: ``backward`` overlaps it with the backward
+pass (``DeepOptimizerStates(overlap=True)``: each parameter's gradient is declared final by a hook
+as autograd accumulates it), ``forward`` lets the update phase run on into the next forward pass
+(``overlap_forward``: each block of the model waits only for its own parameters, blocks from
+:func:`overlap_blocks`), ``both`` does both. The parameters are the same bits in every mode. Then
+``opt`` is the time spent inside ``step()`` and tokens/s counts each step from one forward's start
+to the next, waits included; ``phase`` is still the runtime's whole update phase.
+
 Example (CPU, seconds):  python3 examples/train_gpt.py --steps 20 --optimizer dos --policy cpu
 """
 
@@ -312,16 +320,36 @@ class PlainAdamW:
         self.last_step = dict(skipped=skipped, grad_norm=norm, clip_coef=1.0)
 
 
+def overlap_blocks(model):
+    """The blocks whose forward reads only their own parameters, in forward order, for
+    ``DeepOptimizerStates.overlap_forward``: for the builtin model the position embedding, each
+    transformer block and the final norm (the token embedding is left to the root, whose forward
+    also reads its weight as the tied output head); for transformers' GPT-2 what
+    ``deep_optimizer_states.forward_blocks`` finds. Raises ``ValueError`` for another model."""
+    if isinstance(model, GPT):
+        return [model.wpe] + list(model.blocks) + [model.ln_f]
+    if isinstance(model, _HFWrapper):
+        from deep_optimizer_states import forward_blocks
+        return forward_blocks(model.m)
+    raise ValueError(f"overlap_blocks: no blocks known for {type(model).__name__}")
+
+
 def make_optimizer(args, model):
     """The optimizer ``args.optimizer`` names over ``model``'s parameters (one group, weight decay
-    on every parameter)."""
+    on every parameter). For ``dos``, ``args.overlap`` picks the overlap: ``backward`` or ``both``
+    construct it with ``overlap=True``, ``forward`` or ``both`` call ``overlap_forward(model,
+    overlap_blocks(model))``."""
     betas = (args.beta1, args.beta2)
     params = list(model.parameters())
     if args.optimizer == "dos":
         from deep_optimizer_states import DeepOptimizerStates
-        return DeepOptimizerStates(params, lr=args.lr, betas=betas, eps=args.eps, weight_decay=args.weight_decay,
-                                   decoupled=True, subgroup_size=int(float(args.subgroup_size)), policy=args.policy,
-                                   max_grad_norm=args.max_grad_norm, verbose=args.verbose)
+        opt = DeepOptimizerStates(params, lr=args.lr, betas=betas, eps=args.eps, weight_decay=args.weight_decay,
+                                  decoupled=True, subgroup_size=int(float(args.subgroup_size)), policy=args.policy,
+                                  max_grad_norm=args.max_grad_norm, verbose=args.verbose,
+                                  overlap=args.overlap in ("backward", "both"))
+        if args.overlap in ("forward", "both"):
+            opt.overlap_forward(model, overlap_blocks(model))
+        return opt
     on_device = args.optimizer == "adamw"
     if params[0].dtype == torch.float32 and (on_device or params[0].device.type == "cpu"):
         return PlainAdamW(params, args.lr, betas, args.eps, args.weight_decay, args.max_grad_norm)
@@ -367,6 +395,8 @@ def parse_args(argv=None):
     ap.add_argument("--weight-decay", type=float, default=0.1)
     ap.add_argument("--max-grad-norm", type=float, default=1.0, help="0: no clipping")
     ap.add_argument("--subgroup-size", default="1e8", help="elements per subgroup (dos)")
+    ap.add_argument("--overlap", choices=["off", "backward", "forward", "both"], default="off",
+                    help="dos: overlap the update with backward, with the next forward, or both (the same bits)")
     ap.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], default="fp32", help="the model's parameters")
     ap.add_argument("--device", default="auto", help="cpu, cuda or auto (cuda when available)")
     ap.add_argument("--loss-scale", type=float, default=0,
@@ -383,6 +413,8 @@ def parse_args(argv=None):
                     help="stop after the step during which the training loop passed this many seconds (0: none)")
     ap.add_argument("--verbose", action="store_true", help="the runtime's start-up and calibration lines")
     args = ap.parse_args(argv)
+    if args.overlap != "off" and args.optimizer != "dos":
+        ap.error(f"--overlap {args.overlap} needs --optimizer dos (torch's AdamW runs after backward)")
     if args.max_grad_norm == 0:
         args.max_grad_norm = None
     return args
@@ -414,6 +446,9 @@ def main(argv=None):
     records = []
     tokens = args.batch_size * args.seq_len
     cuda = device.type == "cuda"
+    # the current stream only: a device-wide synchronisation would also wait for the runtime's streams
+    sync = torch.cuda.current_stream(device).synchronize if cuda else (lambda: None)
+    infos = []  # (record, the optimizer's last_step dict: completed in place when its phase ends)
     t_start = time.perf_counter()
     for step in range(1, args.steps + 1):
         lr = lr_at(args, step)
@@ -424,12 +459,10 @@ def main(argv=None):
         logits = model(x)
         loss = F.cross_entropy(logits.float().reshape(-1, VOCAB), y.reshape(-1))
         (loss * loss_scale if loss_scale else loss).backward()
-        if cuda:
-            torch.cuda.synchronize()
+        sync()
         t1 = time.perf_counter()
         opt.step(grad_scale=loss_scale)
-        if cuda:
-            torch.cuda.synchronize()
+        sync()
         t2 = time.perf_counter()
         opt.zero_grad()
         info = opt.last_step or {}
@@ -443,18 +476,27 @@ def main(argv=None):
                     loss_scale *= 2
                     good = 0
         lv = float(loss)
+        t3 = time.perf_counter()
         rec = dict(step=step, loss=lv, lr=lr, fwd_bwd_seconds=t1 - t0, opt_seconds=t2 - t1,
-                   phase_seconds=info.get("update_seconds", t2 - t1), tokens_per_s=tokens / (t2 - t0),
+                   phase_seconds=info.get("update_seconds", t2 - t1), tokens_per_s=tokens / (t3 - t0),
                    grad_norm=info.get("grad_norm"), skipped=bool(info.get("skipped")))
+        infos.append((rec, info))
         if args.optimizer == "dos" and info.get("stats"):
             s = info["stats"][0]
             rec.update(subgroups_cpu=s["subgroups_cpu"], subgroups_gpu=s["subgroups_gpu"], h2d_bytes=s["bytes_h2d"],
                        d2h_bytes=s["bytes_d2h"])
         records.append(rec)
         if step % args.print_every == 0 or step == 1 or step == args.steps:
-            extra = f" phase {rec['phase_seconds']:.4f} s" if args.optimizer == "dos" else ""
+            if args.optimizer != "dos":
+                extra = ""
+            elif info.get("running"):
+                extra = " phase running on into the next forward"
+            else:
+                extra = f" phase {rec['phase_seconds']:.4f} s"
             if "subgroups_cpu" in rec:
                 extra += f" (subgroups cpu {rec['subgroups_cpu']} gpu {rec['subgroups_gpu']})"
+            if info.get("speculated"):
+                extra += f" speculated {info['speculated']} redone {info.get('redone', 0)}"
             gn = rec["grad_norm"]
             print(f"step {step:4d}  loss {lv:.4f}  tok/s {rec['tokens_per_s']:9.0f}  fwd+bwd {t1 - t0:.4f} s  "
                   f"opt {t2 - t1:.4f} s{extra}  grad-norm {gn if gn is None else f'{gn:.3f}'}"
@@ -463,6 +505,17 @@ def main(argv=None):
             print(f"time limit: stopping after step {step} of {args.steps} ({time.perf_counter() - t_start:.0f} s > "
                   f"--time-limit {args.time_limit:g})", flush=True)
             break
+    if hasattr(opt, "wait"):
+        opt.wait()  # the last phase, left running (--overlap forward/both)
+    for rec, info in infos:  # figures of phases that ended after their step's record was made
+        if args.optimizer == "dos" and "update_seconds" in info:
+            rec["phase_seconds"] = info["update_seconds"]
+            if info.get("stats") and "subgroups_cpu" not in rec:
+                s = info["stats"][0]
+                rec.update(subgroups_cpu=s["subgroups_cpu"], subgroups_gpu=s["subgroups_gpu"],
+                           h2d_bytes=s["bytes_h2d"], d2h_bytes=s["bytes_d2h"])
+        rec.update(speculated=info.get("speculated", 0), redone=info.get("redone", 0),
+                   hidden_params=info.get("hidden_params", 0))
 
     def median(v):
         v = sorted(v)
@@ -470,6 +523,7 @@ def main(argv=None):
 
     later = records[1:] if len(records) > 1 else records
     summary = dict(optimizer=args.optimizer, policy=args.policy if args.optimizer == "dos" else None,
+                   overlap=args.overlap,
                    params=nparams, model=model_desc, corpus=corpus_desc, steps=len(records),
                    train_seconds=time.perf_counter() - t_start,
                    max_gpu_memory_gb=torch.cuda.max_memory_allocated() / 1e9 if cuda else 0.0,
@@ -477,12 +531,17 @@ def main(argv=None):
                    median_opt_seconds=median([r["opt_seconds"] for r in later]),
                    median_phase_seconds=median([r["phase_seconds"] for r in later]),
                    median_tokens_per_s=median([r["tokens_per_s"] for r in later]),
+                   median_fwd_bwd_seconds=median([r["fwd_bwd_seconds"] for r in later]),
+                   redone_steps=sum(1 for r in records if r["redone"]),
                    skipped_steps=getattr(opt, "skipped_steps", 0), torch=torch.__version__, device=device.type,
                    dtype=args.dtype)
-    print(f"summary: {args.optimizer}: loss {summary['first_loss']:.4f} -> {summary['last_loss']:.4f} over "
-          f"{len(records)} steps; median (steps 2..) opt {summary['median_opt_seconds']:.4f} s, update phase "
+    print(f"summary: {args.optimizer}" + (f" (overlap {args.overlap})" if args.overlap != "off" else "")
+          + f": loss {summary['first_loss']:.4f} -> {summary['last_loss']:.4f} over "
+          f"{len(records)} steps; median (steps 2..) fwd+bwd {summary['median_fwd_bwd_seconds']:.4f} s, opt "
+          f"{summary['median_opt_seconds']:.4f} s, update phase "
           f"{summary['median_phase_seconds']:.4f} s, {summary['median_tokens_per_s']:.0f} tokens/s; "
           f"{summary['skipped_steps']} skipped step(s)"
+          + (f", {summary['redone_steps']} step(s) with speculative updates redone" if args.overlap != "off" else "")
           + (f"; peak GPU memory allocated by torch {summary['max_gpu_memory_gb']:.1f} GB" if cuda else ""), flush=True)
     if args.log_json:
         tmp = args.log_json + ".tmp"

@@ -5,7 +5,10 @@
 // in a tight loop unless built with --enable-blocking-drivers, and a caller that computes between
 // update phases (a PyTorch training loop: forward and backward on the same cores) lost most of
 // its CPU to them (a tiny GPT on the 2-core CI machine: forward+backward 4 s instead of 0.35 s per
-// step). Every entry point that may submit or wait for StarPU work resumes the workers first.
+// step). Every entry point that may submit or wait for StarPU work resumes the workers first. A
+// phase left running (dos_optimizer_finish_step_async, dos_optimizer_step_async) pauses them again
+// as soon as its tasks have ended, from a thread of its own, not at dos_optimizer_wait_step: the
+// caller's next forward and backward run between the two.
 #include "dos_c.h"
 
 #include <starpu.h>
@@ -20,6 +23,8 @@
 #include <memory>
 #include <new>
 #include <string>
+#include <system_error>
+#include <thread>
 #include <vector>
 
 #include "dos.h"
@@ -31,7 +36,13 @@ struct Active;
 struct dos_optimizer {
   // Declared first, destroyed last: StarPU's workers stay awake while `opt` is torn down.
   std::unique_ptr<Active> open_phase;  // the workers held running while an overlapped phase is open
+  // A phase left running: holds the phase's Active until the phase's tasks have ended
+  // (Optimizer::wait_step_work). Joined before wait_step and before `opt` goes.
+  std::thread pauser;
   std::unique_ptr<dos::Optimizer> opt;
+  void join_pauser() {
+    if (pauser.joinable()) pauser.join();
+  }
   ~dos_optimizer();
 };
 
@@ -72,6 +83,7 @@ struct Active {
 };
 
 dos_optimizer::~dos_optimizer() {
+  join_pauser();
   // an open phase is dropped (as DOS_VERDICT_SKIP) before the optimizer goes: nothing of it is kept
   if (opt && opt->step_open()) {
     try {
@@ -185,6 +197,25 @@ int open_phase(dos_optimizer* opt, const char* fn, F&& open) {
   const int rc = guarded(open, false);
   if (rc == DOS_OK) opt->open_phase = std::move(active);
   return rc;
+}
+
+/// A phase of `opt` left running: its hold on the workers (open_phase) moves to a thread that
+/// releases it once the phase's tasks have ended, so that StarPU's workers stop polling while the
+/// caller computes. Without a thread (the system refuses one) the hold stays until wait_step.
+void pause_when_done(dos_optimizer* opt) {
+  opt->join_pauser();  // the previous phase's, long done
+  std::unique_ptr<Active> hold = std::move(opt->open_phase);
+  try {
+    dos::Optimizer* o = opt->opt.get();
+    Active* a = hold.get();
+    opt->pauser = std::thread([o, a] {
+      o->wait_step_work();
+      delete a;
+    });
+    hold.release();  // the thread deletes it
+  } catch (const std::system_error&) {
+    opt->open_phase = std::move(hold);
+  }
 }
 
 /// A double as "%.17g" prints it (every digit: 1 - 1e-17 is not shown as 1).
@@ -391,7 +422,9 @@ int dos_optimizer_step(dos_optimizer* opt, dos_step_stats* stats) {
 
 
 int dos_optimizer_step_async(dos_optimizer* opt) {
-  return open_phase(opt, "dos_optimizer_step_async", [&] { opt->opt->step_async(); });
+  const int rc = open_phase(opt, "dos_optimizer_step_async", [&] { opt->opt->step_async(); });
+  if (rc == DOS_OK) pause_when_done(opt);
+  return rc;
 }
 
 int dos_optimizer_begin_step(dos_optimizer* opt) {
@@ -458,9 +491,9 @@ int dos_optimizer_finish_step(dos_optimizer* opt, int verdict, dos_step_stats* s
 int dos_optimizer_finish_step_async(dos_optimizer* opt, int verdict) {
   dos::StepVerdict v;
   if (!finish_verdict(opt, verdict, "dos_optimizer_finish_step_async", &v)) return DOS_E_INVALID;
-  // the workers keep running (open_phase) until dos_optimizer_wait_step
   const int rc = guarded([&] { opt->opt->finish_step_async(v); }, false);
   if (!opt->opt->step_open()) opt->open_phase.reset();  // failed: the optimizer is broken
+  else pause_when_done(opt);
   return rc;
 }
 
@@ -480,6 +513,8 @@ int dos_optimizer_wait_step(dos_optimizer* opt, dos_step_stats* stats) {
   if (!opt) return fail(DOS_E_INVALID, "dos_optimizer_wait_step: optimizer is NULL");
   if (!opt->opt->step_running())
     return fail(DOS_E_INVALID, "dos_optimizer_wait_step: no phase was finished by dos_optimizer_finish_step_async");
+  opt->join_pauser();  // the phase's tasks have ended
+  Active active;       // the workers may have been paused since: awake for the rest of the phase's closing
   const int rc = guarded([&] { copy_stats(opt->opt->wait_step(), stats); }, false);
   if (!opt->opt->step_open()) opt->open_phase.reset();
   return rc;

@@ -375,6 +375,13 @@ class Optimizer {
   void step_async();
   void wait_parameters(std::size_t begin, std::size_t end);
   StepStats wait_step();
+  /// Blocks until every task of a phase left running by finish_step_async or step_async has ended
+  /// (parameters written, state back in host memory), without closing the phase: wait_step still
+  /// closes it, then without waiting. Returns at once when no phase runs. May be called from
+  /// another thread than the caller's while the caller is in wait_parameters or computes, but
+  /// wait_step must not start before it returns (the C ABI uses it to pause StarPU's workers as
+  /// soon as the phase's work is done). Throws nothing.
+  void wait_step_work();
   /// Whether a step is open (begin_step called, finish_step or wait_step not yet).
   bool step_open() const;
   /// Whether a step was finished by finish_step_async and wait_step has not yet been called.

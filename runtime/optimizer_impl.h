@@ -231,6 +231,8 @@ struct Optimizer::Impl {
   /// finish(): waits for the phase submitted by finish_submit and returns its figures.
   StepStats finish_wait();
   void wait_parameters(std::size_t begin, std::size_t end);
+  /// Optimizer::wait_step_work.
+  void wait_work();
   [[noreturn]] void fail(const std::string& why);
   void require_no_open_step(const char* what) const;
   bool speculable(std::size_t i) const;

@@ -577,6 +577,13 @@ void Optimizer::Impl::wait_parameters(std::size_t begin, std::size_t end) {
   }
 }
 
+void Optimizer::Impl::wait_work() {
+  OpenStep* ph = open.get();  // stays until wait_step, which does not start before this returns
+  if (!ph || !ph->finishing) return;
+  ph->pending.wait();
+  starpu_task_wait_for_all();
+}
+
 StepStats Optimizer::Impl::finish_wait() {
   if (!open || !open->finishing) throw Error("wait_step without finish_step_async");
   OpenStep& ph = *open;
@@ -664,6 +671,7 @@ void Optimizer::step_async() {
 }
 void Optimizer::wait_parameters(std::size_t begin, std::size_t end) { impl_->wait_parameters(begin, end); }
 StepStats Optimizer::wait_step() { return impl_->finish_wait(); }
+void Optimizer::wait_step_work() { impl_->wait_work(); }
 bool Optimizer::step_open() const { return impl_->open != nullptr; }
 bool Optimizer::step_running() const { return impl_->open && impl_->open->finishing; }
 

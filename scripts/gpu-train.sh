@@ -8,6 +8,8 @@
 #   2. --optimizer adamw                 torch.optim.AdamW (fused) on fp32 master copies on the GPU;
 #   3. --optimizer adamw-cpu-offload     ZeRO-Offload's recipe in PyTorch (fp32 state in pinned host
 #                                        memory, torch's fused CPU AdamW, gradients down, bf16 up);
+# and, when RUNS names it, 4. dos-overlap: --optimizer dos --overlap both (the update overlapped with
+# backward and with the next forward; the same bits as run 1, which the summary checks step by step);
 # then plots the loss curves and the optimizer step's seconds (PNG) and writes a summary table.
 # Everything goes to $OUT (default ./gpu-train-out): *.log, *.json, train_gpt.png, summary.md.
 # Total wall time about 5 minutes (each run is bounded by --time-limit and by `timeout`).
@@ -15,7 +17,9 @@
 #   OUT=/some/dir scripts/gpu-train.sh
 # Before them, tests/test_pytorch.py --device cuda --policy dos (the binding's test on the GPU; TEST=0
 # skips it), log in $OUT/test-pytorch-cuda.log.
-# Environment: DOS_SECONDS (130), ADAMW_SECONDS (25), OFFLOAD_SECONDS (35): training seconds per run;
+# Environment: RUNS (the runs, in order; default "dos adamw adamw-cpu-offload"; "dos dos-overlap" with
+#   BATCH=32 measures the overlap), DOS_SECONDS (130), ADAMW_SECONDS (25), OFFLOAD_SECONDS (35),
+#   OVERLAP_SECONDS (DOS_SECONDS): training seconds per run;
 #   STEPS (300), LAYERS (20), HIDDEN (2048), HEADS (16), SEQ (512), BATCH (8), SUBGROUP (5e7),
 #   MODEL (builtin; auto uses Hugging Face transformers when installed), POLICY (dos), DEVICE (cuda;
 #   cpu for a dry run of the script on a machine without a GPU, with small LAYERS/HIDDEN/SEQ),
@@ -28,6 +32,7 @@ mkdir -p "$OUT"
 STEPS=${STEPS:-300} LAYERS=${LAYERS:-20} HIDDEN=${HIDDEN:-2048} HEADS=${HEADS:-16} SEQ=${SEQ:-512} BATCH=${BATCH:-8}
 SUBGROUP=${SUBGROUP:-5e7} MODEL=${MODEL:-builtin} POLICY=${POLICY:-dos} DEVICE=${DEVICE:-cuda}
 DOS_SECONDS=${DOS_SECONDS:-130} ADAMW_SECONDS=${ADAMW_SECONDS:-25} OFFLOAD_SECONDS=${OFFLOAD_SECONDS:-35}
+OVERLAP_SECONDS=${OVERLAP_SECONDS:-$DOS_SECONDS} RUNS=${RUNS:-dos adamw adamw-cpu-offload}
 start=$(date +%s)
 say() { printf '[gpu-train +%ds] %s\n' "$(( $(date +%s) - start ))" "$*"; }
 
@@ -76,28 +81,44 @@ if [ "${TEST:-1}" = 1 ] && [ "$DEVICE" = cuda ]; then
   say "test finished (exit status $rc; 77 = skipped)"
 fi
 
-run dos "$DOS_SECONDS" --optimizer dos --policy "$POLICY" --subgroup-size "$SUBGROUP" --verbose
-run adamw "$ADAMW_SECONDS" --optimizer adamw
-run adamw-cpu-offload "$OFFLOAD_SECONDS" --optimizer adamw-cpu-offload
+for name in $RUNS; do
+  case $name in
+    dos) run dos "$DOS_SECONDS" --optimizer dos --policy "$POLICY" --subgroup-size "$SUBGROUP" --verbose ;;
+    dos-overlap) run dos-overlap "$OVERLAP_SECONDS" --optimizer dos --policy "$POLICY" --subgroup-size "$SUBGROUP" \
+                   --overlap both --verbose ;;
+    adamw) run adamw "$ADAMW_SECONDS" --optimizer adamw ;;
+    adamw-cpu-offload) run adamw-cpu-offload "$OFFLOAD_SECONDS" --optimizer adamw-cpu-offload ;;
+    *) say "RUNS: unknown run '$name' (dos, dos-overlap, adamw, adamw-cpu-offload)"; exit 2 ;;
+  esac
+done
 
 say "plotting"
 OUT="$OUT" "$PY" - <<'EOF'
 import json, os
 out = os.environ["OUT"]
 runs = {}
-for name in ("dos", "adamw", "adamw-cpu-offload"):
+for name in ("dos", "dos-overlap", "adamw", "adamw-cpu-offload"):
     p = os.path.join(out, name + ".json")
     if os.path.exists(p):
         with open(p) as f:
             runs[name] = json.load(f)
-rows = ["| optimizer | parameters | steps | loss first -> last | median optimizer step s | median update phase s "
-        "| tokens/s | peak GPU GB (torch) |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+rows = ["| optimizer | parameters | steps | loss first -> last | median forward+backward s | median optimizer step s "
+        "| median update phase s | tokens/s | peak GPU GB (torch) |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
 for name, r in runs.items():
     s = r["summary"]
     rows.append(f"| {name}{' (policy ' + s['policy'] + ')' if s.get('policy') else ''} | {s['params']:,} | {s['steps']} "
-                f"| {s['first_loss']:.3f} -> {s['last_loss']:.3f} | {s['median_opt_seconds']:.3f} "
-                f"| {s['median_phase_seconds']:.3f} | {s['median_tokens_per_s']:.0f} | {s['max_gpu_memory_gb']:.1f} |")
+                f"| {s['first_loss']:.3f} -> {s['last_loss']:.3f} | {s.get('median_fwd_bwd_seconds', float('nan')):.3f} "
+                f"| {s['median_opt_seconds']:.3f} | {s['median_phase_seconds']:.3f} | {s['median_tokens_per_s']:.0f} "
+                f"| {s['max_gpu_memory_gb']:.1f} |")
 text = "\n".join(rows)
+if "dos" in runs and "dos-overlap" in runs:
+    a, b = runs["dos"], runs["dos-overlap"]
+    n = min(len(a["steps"]), len(b["steps"]))
+    same = sum(1 for x, y in zip(a["steps"][:n], b["steps"][:n]) if x["loss"] == y["loss"])
+    worst = max((abs(x["loss"] - y["loss"]) / abs(x["loss"]) for x, y in zip(a["steps"][:n], b["steps"][:n])), default=0)
+    text += (f"\n\ndos-overlap against dos: tokens/s {b['summary']['median_tokens_per_s'] / a['summary']['median_tokens_per_s']:.2f}x; "
+             f"over their first {n} steps {same} losses equal bit for bit, largest relative difference {worst:.2e}; "
+             f"{b['summary'].get('redone_steps', 0)} step(s) with speculative updates redone")
 print(text)
 with open(os.path.join(out, "summary.md"), "w") as f:
     f.write(text + "\n")
@@ -109,7 +130,7 @@ except ImportError:
     print("matplotlib is not importable: no PNG")
     raise SystemExit(0)
 fig, ax = plt.subplots(1, 2, figsize=(13, 4.8))
-colors = {"dos": "C0", "adamw": "C1", "adamw-cpu-offload": "C2"}
+colors = {"dos": "C0", "adamw": "C1", "adamw-cpu-offload": "C2", "dos-overlap": "C4"}
 for name, r in runs.items():
     st = r["steps"]
     ax[0].plot([x["step"] for x in st], [x["loss"] for x in st], label=name, lw=1.2, color=colors[name])

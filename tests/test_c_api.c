@@ -13,6 +13,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #include <cmocka.h>
 
@@ -415,6 +416,62 @@ static void test_overlap_bad_calls(void** state) {
   dos_optimizer_destroy(opt);
 }
 
+/* Seconds of CPU time the whole process (StarPU's threads included) uses over `wall` seconds of
+ * sleep. */
+static double process_cpu_over(double wall) {
+  struct timespec a, b, d;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &a);
+  d.tv_sec = (time_t)wall;
+  d.tv_nsec = (long)((wall - (double)d.tv_sec) * 1e9);
+  while (nanosleep(&d, &d) != 0) {
+  }
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &b);
+  return (double)(b.tv_sec - a.tv_sec) + 1e-9 * (double)(b.tv_nsec - a.tv_nsec);
+}
+
+/* StarPU 1.3's workers poll in a tight loop while they run. Between calls the C ABI pauses them,
+ * and a phase left running (the caller's next forward overlapping it) lets them go as soon as its
+ * tasks have ended, before dos_optimizer_wait_step: the caller computes meanwhile. */
+static void test_async_phase_pauses_workers(void** state) {
+  (void)state;
+  static float p[N], g[N];
+  for (size_t i = 0; i < N; ++i) {
+    p[i] = 0.01f * (float)(i % 97);
+    g[i] = 0.001f * (float)(i % 13) - 0.005f;
+  }
+  dos_optimizer_options o = fp32_options();
+  void* params[1] = {p};
+  void* grads[1] = {g};
+  const size_t numels[1] = {N};
+  dos_optimizer* opt = NULL;
+  assert_int_equal(dos_optimizer_create(g_rt, 1, params, grads, numels, &o, &opt), DOS_OK);
+  dos_step_stats s;
+  const double idle = process_cpu_over(0.3); /* paused between calls */
+  for (int mode = 0; mode < 2; ++mode) {
+    if (mode == 0) {
+      assert_int_equal(dos_optimizer_step_async(opt), DOS_OK);
+    } else {
+      assert_int_equal(dos_optimizer_begin_step(opt), DOS_OK);
+      assert_int_equal(dos_optimizer_gradients_final(opt, 0, N), DOS_OK);
+      assert_int_equal(dos_optimizer_finish_step_async(opt, DOS_VERDICT_KEEP), DOS_OK);
+    }
+    assert_int_equal(dos_optimizer_wait_parameters(opt, 0, N), DOS_OK);
+    (void)process_cpu_over(0.2); /* the phase's last write-backs end */
+    const double running = process_cpu_over(0.3);
+    printf("%s: CPU seconds over 0.3 s of the caller's sleep: %.3f before the phase, %.3f after its tasks ended "
+           "(polling workers: about 0.3 each)\n", mode == 0 ? "dos_optimizer_step_async" : "finish_step_async",
+           idle, running);
+    assert_true(running < 0.15);
+    assert_int_equal(dos_optimizer_wait_step(opt, &s), DOS_OK);
+  }
+  /* the workers run again for the next phase */
+  assert_int_equal(dos_optimizer_step(opt, &s), DOS_OK);
+  int64_t steps[8];
+  assert_int_equal(dos_optimizer_step_counts(opt, steps), DOS_OK);
+  for (size_t i = 0; i < dos_optimizer_num_subgroups(opt); ++i) assert_int_equal(steps[i], 3);
+  dos_optimizer_destroy(opt);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_defaults),
@@ -423,6 +480,7 @@ int main(void) {
       cmocka_unit_test(test_bad_options),
       cmocka_unit_test(test_overlap_same_bits),
       cmocka_unit_test(test_overlap_bad_calls),
+      cmocka_unit_test(test_async_phase_pauses_workers),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -443,7 +443,7 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _State, torch.optim.Optimiz
         parameters (per parameter in fp32, then over parameters in fp64; in fp64 throughout when fp32 overflows) when ``max_grad_norm`` or
         ``skip_nonfinite`` asks for it, and they are scaled in place by ``1 / grad_scale`` and the
         clipping coefficient. With ``skip_nonfinite``, gradients holding an inf or NaN skip the
-        update (nothing changes, ``skipped_steps`` += 1). CUDA work of the caller is synchronised
+        update (nothing changes, ``skipped_steps`` += 1). CUDA work of the caller's current stream is synchronised
         first.
 
         Returns the closure's loss (or None). Sets :attr:`last_step` to a dict: ``skipped`` (bool),
@@ -559,8 +559,11 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _State, torch.optim.Optimiz
                     if b.open and b.changed is None:
                         b.changed = ("this optimizer scaled the gradients after they were declared final "
                                      + ("(clipping to max_grad_norm)" if clip != 1.0 else "(grad_scale)"))
-            if any(b.device.type == "cuda" for b in self._buckets):
-                torch.cuda.synchronize()  # gradients complete before the runtime's streams read them
+            # the gradients complete before the runtime's streams read them: the current stream of
+            # each device, where backward left them and where the scaling above ran (a device-wide
+            # synchronisation would also wait for the runtime's own speculative work)
+            for dev in {b.device for b in self._buckets if b.device.type == "cuda"}:
+                torch.cuda.current_stream(dev).synchronize()
             L = _capi.lib()
             for b in self._buckets:
                 h = hypers[b.group_index]

@@ -26,7 +26,8 @@ back-propagates) and of every logged step, the checkpoint folders and a summary.
 (``DeepOptimizerStates(overlap=True)``, the same bits) and moves the clipping from the Trainer into
 the optimizer (the same formula): the Trainer's ``clip_grad_norm_`` writes every gradient in place
 even when it does not clip, which would make every speculative update be redone. The summary then
-counts the steps whose speculative updates were kept and redone.
+counts the steps whose speculative updates were kept and redone. ``--clip-in optimizer`` without
+``--overlap`` is the run it gives the same bits as.
 """
 
 import argparse
@@ -178,8 +179,18 @@ def parse_args(argv=None):
     ap.add_argument("--output-dir", default="hf_trainer_out")
     ap.add_argument("--save-steps", type=int, default=0, help="checkpoint every N steps (0: none)")
     ap.add_argument("--resume", help="a checkpoint folder to resume from, or 'last' (the newest in --output-dir)")
+    ap.add_argument("--clip-in", choices=["framework", "optimizer"],
+                    help="who clips to --max-grad-norm: the Trainer (default) or, with --optimizer dos, the optimizer "
+                         "(the default with --overlap; the run to compare an overlapped one with)")
     args = ap.parse_args(argv)
     check_common_args(ap, args)
+    if args.clip_in is None:
+        args.clip_in = "optimizer" if args.overlap and args.optimizer == "dos" else "framework"
+    if args.clip_in == "optimizer" and args.optimizer != "dos":
+        ap.error("--clip-in optimizer needs --optimizer dos")
+    if args.clip_in == "framework" and args.overlap and args.optimizer == "dos":
+        ap.error("--overlap with --clip-in framework: the Trainer's clip_grad_norm_ rewrites every gradient after "
+                 "backward, so every speculative update would be redone; leave --clip-in out")
     return args
 
 
@@ -207,7 +218,7 @@ def main(argv=None):
     use_cpu = args.device == "cpu" or (args.device == "auto" and not torch.cuda.is_available())
     # With --overlap the optimizer clips: the Trainer's clip_grad_norm_ writes every gradient in place
     # even on steps where it does not clip, which makes every speculative update be redone.
-    clip_in_optimizer = args.overlap and args.optimizer == "dos"
+    clip_in_optimizer = args.clip_in == "optimizer"
     targs = TrainingArguments(
         output_dir=args.output_dir, max_steps=args.steps, per_device_train_batch_size=args.batch_size,
         gradient_accumulation_steps=args.grad_accum, learning_rate=args.lr, weight_decay=args.weight_decay,

@@ -18,7 +18,10 @@ micro-batches, 20 optimizer steps, warm-up and cosine schedule, clipping at 1.0,
    run's steps 11-20 and its final parameters are the same bits (on CUDA, losses within
    LOSS_RTOL_CUDA);
 3. bf16 mixed precision (the Trainer's bf16=True, Lightning's precision="bf16-mixed"), dos and
-   adamw: losses that fall by more than 10%, within BF16_RTOL of each other.
+   adamw: losses that fall by more than 10%, within BF16_RTOL of each other;
+4. (hf only) the update overlapped with backward (``--overlap``, clipping in the optimizer): the
+   losses and final parameters of the run without overlap that clips in the optimizer, bit for bit
+   on the CPU (within LOSS_RTOL_CUDA on CUDA), and a resume from its own checkpoint as in 2.
 The losses compared are those the framework back-propagates per micro-batch (the Trainer may
 divide them by the tokens of all the step's micro-batches: the same for both optimizers).
 """
@@ -143,6 +146,47 @@ def test_policy(framework, device, policy, tmp):
               f"({max(rel):.3e})")
 
 
+def test_hf_overlap(device, policy, tmp):
+    """The Trainer with the update overlapped with backward (``--overlap``): the losses and final
+    parameters of the same run without overlap, clipping in the optimizer (``--clip-in
+    optimizer``), bit for bit on the CPU and within LOSS_RTOL_CUDA on a GPU (whose backward kernels
+    need not be deterministic); resumed from its own checkpoint, the uninterrupted run's losses."""
+    cuda = device == "cuda"
+    d = {k: os.path.join(tmp, f"hf-{policy}-{k}") for k in ("clip", "overlap", "overlap-resumed")}
+    a = run("hf", d["clip"], "dos", policy, device, ["--clip-in", "optimizer"])
+    b = run("hf", d["overlap"], "dos", policy, device, ["--overlap"])
+    if b:
+        v = b["summary"].get("overlap_verdicts") or {}
+        print(f"hf {policy} overlap: verdicts per bucket and step {v}", flush=True)
+        check(b["summary"].get("overlap") is True, f"{policy} overlap: the optimizer overlapped backward")
+        check(v.get("keep", 0) + v.get("changed", 0) >= STEPS - 1,
+              f"{policy} overlap: a phase opened during backward on every step after the first ({v})")
+    if a and b:
+        la, lb = a["micro_losses"], b["micro_losses"]
+        if cuda:
+            check(len(la) == len(lb) and max(rel_diffs(lb, la)) <= LOSS_RTOL_CUDA,
+                  f"{policy} overlap: losses within {LOSS_RTOL_CUDA:g} of the run without overlap "
+                  f"({sum(x == y for x, y in zip(la, lb))} of {len(la)} equal bit for bit)")
+        else:
+            check(la == lb, f"{policy} overlap: the losses of the run without overlap, bit for bit ({len(la)})")
+            check(a["final_params_sha256"] == b["final_params_sha256"],
+                  f"{policy} overlap: and the same final parameters, bit for bit")
+    if b:
+        ck = checkpoint_of("hf", d["overlap"])
+        check(os.path.exists(ck), f"{policy} overlap: the Trainer wrote the step-{SAVE_AT} checkpoint ({ck})")
+        if os.path.exists(ck):
+            c = run("hf", d["overlap-resumed"], "dos", policy, device, ["--overlap", "--resume", ck])
+            if c:
+                tail, lc = b["micro_losses"][SAVE_AT * ACCUM:], c["micro_losses"]
+                if cuda:
+                    check(len(lc) == len(tail) and max(rel_diffs(lc, tail)) <= LOSS_RTOL_CUDA,
+                          f"{policy} overlap: resumed from step {SAVE_AT}: losses within {LOSS_RTOL_CUDA:g}")
+                else:
+                    check(lc == tail and c["final_params_sha256"] == b["final_params_sha256"],
+                          f"{policy} overlap: resumed from step {SAVE_AT}: the uninterrupted run's losses and final "
+                          "parameters, bit for bit")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--framework", choices=["hf", "lightning"], required=True)
@@ -164,6 +208,8 @@ def main():
     try:
         for p in policies:
             test_policy(args.framework, device, p, tmp)
+            if args.framework == "hf":
+                test_hf_overlap(device, p, tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"{len(failures)} failure(s)")

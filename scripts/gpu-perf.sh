@@ -68,11 +68,13 @@ if has frameworks; then
   for fw in hf lightning; do
     echo "== tests/test_frameworks.py --framework $fw --policies ${FRAMEWORK_POLICIES:-dos}"
     DOS_C_LIBRARY=$BUILD/libdos_c.so PYTHONPATH=$ROOT/python timeout "${FRAMEWORK_SECONDS:-150}" \
-      python3 "$ROOT/tests/test_frameworks.py" --framework "$fw" --policies "${FRAMEWORK_POLICIES:-dos}" 2>&1 \
-      | grep -E "^(ok|FAIL|[0-9]+ failure)|rror" | tail -20
+      python3 "$ROOT/tests/test_frameworks.py" --framework "$fw" --policies "${FRAMEWORK_POLICIES:-dos}" \
+      > "$OUT/frameworks-$fw.log" 2>&1
+    grep -E "^(ok|FAIL|[0-9]+ failure)|rror|verdicts|largest" "$OUT/frameworks-$fw.log" | tail -30
   done
 fi
-# PyTorch: the 1.01e9-parameter GPT of scripts/gpu-train.sh, short runs (TRAIN_SECONDS each for dos)
+# PyTorch: the 1.01e9-parameter GPT of scripts/gpu-train.sh, short runs (TRAIN_SECONDS each for dos;
+# RUNS and BATCH pass through, e.g. RUNS="dos dos-overlap" BATCH=32 for the overlap)
 if has train; then
   echo "== scripts/gpu-train.sh (short)"
   OUT=$OUT/train DOS_C_LIBRARY=$BUILD/libdos_c.so TEST=0 DOS_SECONDS=${TRAIN_SECONDS:-30} ADAMW_SECONDS=10 \

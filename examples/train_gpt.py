@@ -412,6 +412,9 @@ def parse_args(argv=None):
     ap.add_argument("--time-limit", type=float, default=0,
                     help="stop after the step during which the training loop passed this many seconds (0: none)")
     ap.add_argument("--verbose", action="store_true", help="the runtime's start-up and calibration lines")
+    ap.add_argument("--deterministic", action="store_true",
+                    help="torch's deterministic algorithms (torch.use_deterministic_algorithms, warning where an op "
+                         "has none), so that two runs can be compared bit for bit")
     args = ap.parse_args(argv)
     if args.overlap != "off" and args.optimizer != "dos":
         ap.error(f"--overlap {args.overlap} needs --optimizer dos (torch's AdamW runs after backward)")
@@ -424,6 +427,9 @@ def main(argv=None):
     """Runs the training the arguments describe; returns a dict with ``losses`` (list of floats),
     ``opt_seconds`` and ``phase_seconds`` per step, the parameter count and the optimizer."""
     args = parse_args(argv)
+    if args.deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS's condition for reproducible results
+        torch.use_deterministic_algorithms(True, warn_only=True)
     device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
     data, corpus_desc = load_corpus(args.corpus, args.corpus_glob, int(args.corpus_mb * 1e6))
@@ -475,7 +481,7 @@ def main(argv=None):
                 if good == 1000:
                     loss_scale *= 2
                     good = 0
-        lv = float(loss)
+        lv = float(loss.detach())
         t3 = time.perf_counter()
         rec = dict(step=step, loss=lv, lr=lr, fwd_bwd_seconds=t1 - t0, opt_seconds=t2 - t1,
                    phase_seconds=info.get("update_seconds", t2 - t1), tokens_per_s=tokens / (t3 - t0),

@@ -123,6 +123,12 @@ def test_policy(framework, device, policy, tmp):
             if c:
                 tail = a["micro_losses"][SAVE_AT * ACCUM:]
                 lc = c["micro_losses"]
+                if len(lc) != len(tail) or lc[:1] != tail[:1]:  # where the resumed run's losses sit in the whole run
+                    whole = a["micro_losses"]
+                    at = [k for k in range(len(whole)) if lc and abs(whole[k] - lc[0]) <= 1e-6 * abs(lc[0])]
+                    print(f"{framework} {policy} resumed: {len(lc)} micro-batch losses (expected {len(tail)}); its first "
+                          f"{lc[:3]} is micro-batch {at} of the uninterrupted run, whose {SAVE_AT * ACCUM}th on are "
+                          f"{tail[:3]}", flush=True)
                 if cuda:
                     ok = len(lc) == len(tail) and max(rel_diffs(lc, tail)) <= LOSS_RTOL_CUDA
                     check(ok, f"{policy}: resumed from step {SAVE_AT}: losses within {LOSS_RTOL_CUDA:g} of the "

@@ -413,8 +413,8 @@ def parse_args(argv=None):
                     help="stop after the step during which the training loop passed this many seconds (0: none)")
     ap.add_argument("--verbose", action="store_true", help="the runtime's start-up and calibration lines")
     ap.add_argument("--deterministic", action="store_true",
-                    help="torch's deterministic algorithms (torch.use_deterministic_algorithms, warning where an op "
-                         "has none), so that two runs can be compared bit for bit")
+                    help="torch's deterministic algorithms (torch.use_deterministic_algorithms(True): an op that has "
+                         "none raises), so that two runs can be compared bit for bit")
     args = ap.parse_args(argv)
     if args.overlap != "off" and args.optimizer != "dos":
         ap.error(f"--overlap {args.overlap} needs --optimizer dos (torch's AdamW runs after backward)")
@@ -429,7 +429,7 @@ def main(argv=None):
     args = parse_args(argv)
     if args.deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS's condition for reproducible results
-        torch.use_deterministic_algorithms(True, warn_only=True)
+        torch.use_deterministic_algorithms(True)
     device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
     data, corpus_desc = load_corpus(args.corpus, args.corpus_glob, int(args.corpus_mb * 1e6))

@@ -282,7 +282,9 @@ int dos_optimizer_finish_step(dos_optimizer* opt, int verdict, dos_step_stats* s
  * for the rest of the phase and fills stats (may be NULL; exposed_seconds: the time spent in the
  * three). Same bits as dos_optimizer_finish_step. Until wait_step the phase counts as open
  * (dos_optimizer_step_open is 1, begin_step and step are refused) and the caller reads only the
- * ranges wait_parameters returned for. DOS_E_INVALID: finish_step_async as finish_step;
+ * ranges wait_parameters returned for. StarPU's workers are paused again as soon as the phase's
+ * tasks have ended (a thread of the library waits for them), not at wait_step: the caller's own
+ * computation in between does not compete with polling workers. DOS_E_INVALID: finish_step_async as finish_step;
  * wait_parameters with begin > end, end > num_params(), or while a phase is open and not
  * finished; wait_step without finish_step_async. DOS_E_RUNTIME when the update fails. */
 int dos_optimizer_finish_step_async(dos_optimizer* opt, int verdict);

@@ -22,7 +22,9 @@
 #     for CUDA 13 in scripts/starpu-1.3.10-cuda13.patch; NVML energy profiling only on request, as
 #     StarPU 1.4.5 does, in scripts/starpu-1.3.10-energy.patch; device buffers from CUDA's stream-ordered
 #     allocator, whose free does not wait for the whole GPU as cudaFree does, in
-#     scripts/starpu-1.3.10-malloc-async.patch). DOS_BUILD_STARPU=1 forces our own build.
+#     scripts/starpu-1.3.10-malloc-async.patch; no cudaDeviceReset after the bus calibration, which
+#     destroyed the CUDA memory of an application that had started CUDA first (PyTorch), in
+#     scripts/starpu-1.3.10-bus-no-reset.patch). DOS_BUILD_STARPU=1 forces our own build.
 #  4. meson setup + compile into build/ (-Dcuda=auto).
 # Environment: DOS_BUILD_DIR (default build), MESON_OPTIONS (extra `meson setup` options).
 set -euo pipefail
@@ -191,7 +193,7 @@ if [ "${DOS_BUILD_STARPU:-0}" != 1 ]; then
     fi
   done
 fi
-STARPU_PATCHES="starpu-1.3.10-cuda13.patch starpu-1.3.10-energy.patch starpu-1.3.10-malloc-async.patch"
+STARPU_PATCHES="starpu-1.3.10-cuda13.patch starpu-1.3.10-energy.patch starpu-1.3.10-malloc-async.patch starpu-1.3.10-bus-no-reset.patch"
 stamp_want="starpu $STARPU_VERSION cuda=$WITH_CUDA patch=$(cd "$ROOT/scripts" && cat $STARPU_PATCHES | cksum | cut -d' ' -f1)"
 if [ -n "$site_starpu" ]; then
   say "using the site's StarPU: $site_starpu"
@@ -210,6 +212,8 @@ else
     (cd "$src" && patch -p1 -s < "$ROOT/scripts/starpu-1.3.10-energy.patch")
     say "applying scripts/starpu-1.3.10-malloc-async.patch (device buffers from cudaMallocAsync/cudaFreeAsync: cudaFree waited for the whole GPU)"
     (cd "$src" && patch -p1 -s < "$ROOT/scripts/starpu-1.3.10-malloc-async.patch")
+    say "applying scripts/starpu-1.3.10-bus-no-reset.patch (the bus calibration reset the GPU under the application's CUDA memory)"
+    (cd "$src" && patch -p1 -s < "$ROOT/scripts/starpu-1.3.10-bus-no-reset.patch")
     cuda_dir=$(dirname "$(dirname "$(command -v nvcc)")")
     cuda_opts="--enable-cuda --with-cuda-dir=$cuda_dir"
   fi

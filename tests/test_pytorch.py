@@ -39,6 +39,9 @@ GPU or the runtime has no CUDA worker.
    running torch's weights-only allowlist and every opcode is one that torch 2.x's weights-only
    unpickler reads; where torch >= 2.0, the real torch.load(weights_only=True) loads it; a fresh
    optimizer loading it continues bit for bit like the uninterrupted one.
+6. StarPU's bus calibration made in a child process (runtime.calibrate_bus_apart, in a fresh StarPU
+   home) is the file runtime.starpu_bus_file() names, whose absence makes get_runtime calibrate
+   apart when CUDA already runs and the StarPU underneath resets the GPU after calibrating.
 """
 
 import argparse
@@ -49,7 +52,9 @@ import math
 import os
 import pickle
 import pickletools
+import shutil
 import sys
+import tempfile
 import time
 import zipfile
 
@@ -658,6 +663,32 @@ def test_dropped_wrapper(device, policy):
     o2.close()
 
 
+def test_bus_calibration_apart():
+    """StarPU's bus calibration made in a child process (what get_runtime does when CUDA already runs
+    and the StarPU underneath would reset the GPU after calibrating) lands in the file that
+    starpu_bus_file() names: the file's absence is what triggers the child."""
+    from deep_optimizer_states import runtime as rtm
+    tmp = tempfile.mkdtemp(prefix="dos-bus-")
+    saved = {k: os.environ.get(k) for k in ("XDG_CACHE_HOME", "STARPU_PERF_MODEL_DIR")}
+    try:
+        os.environ["XDG_CACHE_HOME"] = tmp
+        os.environ.pop("STARPU_PERF_MODEL_DIR", None)
+        f = rtm.starpu_bus_file()
+        check(f.startswith(tmp) and not os.path.exists(f), f"a fresh StarPU home has no bus calibration ({f})")
+        rtm.calibrate_bus_apart()
+        check(os.path.exists(f), "calibrated in a child process, StarPU's bus calibration is the file starpu_bus_file() "
+              "names")
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(f"the StarPU under the library resets the GPU after calibrating the bus: {rtm.bus_calibration_resets()}",
+          flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default="cpu")
@@ -667,6 +698,7 @@ def main():
         print("torch sees no CUDA device: skipped")
         return 77
     t0 = time.time()
+    test_bus_calibration_apart()
     try:
         rt = dos.get_runtime(args.policy)
     except OSError as e:

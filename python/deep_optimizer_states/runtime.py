@@ -8,6 +8,10 @@ the runtime with its options, later ones share it and must ask for the same poli
 
 import atexit
 import ctypes
+import os
+import socket
+import subprocess
+import sys
 import threading
 import weakref
 
@@ -103,8 +107,75 @@ def get_runtime(policy=None, cpu_threads=0, cpu_workers=0, ncuda=-1, verbose=Fal
                         f"deep_optimizer_states.shutdown() first (it closes every optimizer), got {name}={w!r}"
                     )
             return _runtime
+        if int(ncuda) != 0 and _cuda_started() and bus_calibration_resets() and not os.path.exists(starpu_bus_file()):
+            calibrate_bus_apart(verbose)
         _runtime = Runtime(policy or DEFAULT_POLICY, cpu_threads, cpu_workers, ncuda, verbose)
         return _runtime
+
+
+def _cuda_started():
+    """Whether torch has started CUDA in this process (False when torch is not imported)."""
+    torch = sys.modules.get("torch")
+    try:
+        return bool(torch is not None and torch.cuda.is_initialized())
+    except Exception:
+        return False
+
+
+def starpu_bus_file():
+    """The file (str) in which StarPU keeps the bus calibration of this host, found as StarPU 1.3
+    finds it: the folder ``$STARPU_PERF_MODEL_DIR``, else ``.starpu/sampling`` under
+    ``$XDG_CACHE_HOME``, ``$STARPU_HOME`` or ``$HOME`` (the first set), then ``bus/HOST.config``
+    with HOST ``$STARPU_HOSTNAME`` or the host name up to its first dot. A StarPU configured with
+    another default folder keeps it elsewhere; then this file is never found, and
+    :func:`get_runtime` calibrates the bus apart at each start (a StarPU start-up more)."""
+    folder = os.environ.get("STARPU_PERF_MODEL_DIR")
+    if not folder:
+        home = (os.environ.get("XDG_CACHE_HOME") or os.environ.get("STARPU_HOME") or os.environ.get("HOME")
+                or "/tmp")
+        folder = os.path.join(home, ".starpu", "sampling")
+    host = os.environ.get("STARPU_HOSTNAME") or socket.gethostname().split(".")[0]
+    return os.path.join(folder, "bus", host + ".config")
+
+
+def bus_calibration_resets():
+    """Whether the StarPU under ``libdos_c.so`` resets each GPU (``cudaDeviceReset``) after
+    calibrating the bus, as StarPU 1.3 does unless built by ``scripts/setup.sh`` (whose patch
+    exports ``starpu_dos_bus_calibration_keeps_context``). The reset destroys the CUDA memory of
+    everything that started CUDA in the process before StarPU (a PyTorch model): its next kernel
+    faults on an illegal address."""
+    return not hasattr(_capi.lib(), "starpu_dos_bus_calibration_keeps_context")
+
+
+def calibrate_bus_apart(verbose=False):
+    """Starts and stops the runtime (StarPU with its CUDA workers) in a child process, so that
+    StarPU calibrates the bus there and keeps the result on file (:func:`starpu_bus_file`): the
+    runtime then starts in this process without calibrating, so without resetting the GPUs under
+    the caller's CUDA memory (:func:`bus_calibration_resets`). :func:`get_runtime` calls it when
+    CUDA already runs in this process and the file is missing. Seconds: one StarPU start-up and
+    the bus measurement (a few). Raises :class:`~deep_optimizer_states.DosError` when the child
+    fails, with the end of its output."""
+    package_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    code = ("import ctypes, sys\n"
+            f"sys.path.insert(0, {package_parent!r})\n"
+            "from deep_optimizer_states import _capi\n"
+            "L, h = _capi.lib(), ctypes.c_void_p()\n"
+            "_capi.check(L.dos_runtime_create(b'cpu', 1, 1, -1, 0, ctypes.byref(h)), 'starting StarPU')\n"
+            "L.dos_runtime_destroy(h)\n")
+    if verbose:
+        print(f"[dos] StarPU has no bus calibration for this host ({starpu_bus_file()}) and resets the GPU after "
+              "making one: calibrating it in a child process first", file=sys.stderr, flush=True)
+    try:
+        r = subprocess.run([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           timeout=900)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise _capi.DosError(f"calibrating StarPU's bus in a child process failed ({e}); run any StarPU program once "
+                             "on this host before CUDA starts (for example examples/dos-train --preset tiny)") from None
+    if r.returncode != 0:
+        tail = "\n".join(r.stdout.splitlines()[-8:])
+        raise _capi.DosError(f"calibrating StarPU's bus in a child process failed (exit status {r.returncode}); run any "
+                             "StarPU program once on this host before CUDA starts (for example examples/dos-train "
+                             f"--preset tiny). Its output ended with:\n{tail}")
 
 
 def current_runtime():

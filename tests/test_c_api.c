@@ -328,17 +328,23 @@ static void test_overlap_same_bits(void** state) {
   assert_int_equal(run_verdicts(0), 0); /* no budget: nothing speculated, the same bits still */
 }
 
-static void test_overlap_bad_calls(void** state) {
-  (void)state;
-  static float p[N], g[N], buf[N];
-  memset(p, 0, sizeof p);
-  memset(g, 0, sizeof g);
+/* An fp32 optimizer over one tensor of N elements (parameters p, gradients g) on g_rt. */
+static dos_optimizer* one_tensor_optimizer(float* p, float* g) {
   dos_optimizer_options o = fp32_options();
   void* params[1] = {p};
   void* grads[1] = {g};
   const size_t numels[1] = {N};
   dos_optimizer* opt = NULL;
   assert_int_equal(dos_optimizer_create(g_rt, 1, params, grads, numels, &o, &opt), DOS_OK);
+  return opt;
+}
+
+static void test_overlap_bad_calls(void** state) {
+  (void)state;
+  static float p[N], g[N], buf[N];
+  memset(p, 0, sizeof p);
+  memset(g, 0, sizeof g);
+  dos_optimizer* opt = one_tensor_optimizer(p, g);
   dos_step_stats s;
   int64_t steps[8];
   /* NULL handles */
@@ -409,7 +415,7 @@ static void test_overlap_bad_calls(void** state) {
   assert_int_equal(dos_optimizer_finish_step_async(opt, DOS_VERDICT_KEEP), DOS_OK);
   dos_optimizer_destroy(opt);
   opt = NULL;
-  assert_int_equal(dos_optimizer_create(g_rt, 1, params, grads, numels, &o, &opt), DOS_OK);
+  opt = one_tensor_optimizer(p, g);
   /* destroyed with a phase open (and a speculative update in flight): dropped, nothing leaks */
   assert_int_equal(dos_optimizer_begin_step(opt), DOS_OK);
   assert_int_equal(dos_optimizer_gradients_final(opt, 0, N), DOS_OK);
@@ -439,12 +445,7 @@ static void test_async_phase_pauses_workers(void** state) {
     p[i] = 0.01f * (float)(i % 97);
     g[i] = 0.001f * (float)(i % 13) - 0.005f;
   }
-  dos_optimizer_options o = fp32_options();
-  void* params[1] = {p};
-  void* grads[1] = {g};
-  const size_t numels[1] = {N};
-  dos_optimizer* opt = NULL;
-  assert_int_equal(dos_optimizer_create(g_rt, 1, params, grads, numels, &o, &opt), DOS_OK);
+  dos_optimizer* opt = one_tensor_optimizer(p, g);
   dos_step_stats s;
   const double idle = process_cpu_over(0.3); /* paused between calls */
   for (int mode = 0; mode < 2; ++mode) {

@@ -16,7 +16,11 @@ builtin``), randomly initialised, over byte-level tokens (vocabulary 256). The t
 Python's standard library sources (``--corpus`` picks other files), cut into windows of
 ``--seq-len`` bytes. An epoch is ``--epoch-steps`` optimizer steps over the same windows in the same
 order (no shuffling), so that a run resumed from an end-of-epoch checkpoint sees the batches of the
-run that never stopped.
+run that never stopped. When ``--steps`` is a multiple of ``--epoch-steps`` the Trainer is bounded by
+epochs (``max_epochs``), not steps: bounded by ``max_steps``, Lightning restarts from an end-of-epoch
+checkpoint as if in the middle of an epoch, and with gradient accumulation its first optimizer step
+then took a single micro-batch (seen on the GPU machine with Lightning 2.6: 19 micro-batches where
+the uninterrupted run had 20, the second already different).
 
     PYTHONPATH=python DOS_C_LIBRARY=build/libdos_c.so \\
         python3 examples/lightning_module.py --model llama --optimizer dos --policy dos \\
@@ -147,7 +151,10 @@ def main(argv=None):
     use_cpu = args.device == "cpu" or (args.device == "auto" and not torch.cuda.is_available())
     ckpt = ModelCheckpoint(dirpath=ckdir, filename="{epoch}-{step}", every_n_epochs=1, save_top_k=-1,
                                        save_on_train_epoch_end=True)
-    trainer = L.Trainer(accelerator="cpu" if use_cpu else "gpu", devices=1, max_steps=args.steps,
+    # bounded by whole epochs when it can be (see the module's docstring)
+    whole_epochs = args.steps % args.epoch_steps == 0
+    bounds = dict(max_epochs=args.steps // args.epoch_steps, max_steps=-1) if whole_epochs else dict(max_steps=args.steps)
+    trainer = L.Trainer(accelerator="cpu" if use_cpu else "gpu", devices=1, **bounds,
                         precision=args.precision, gradient_clip_val=args.max_grad_norm or None,
                         gradient_clip_algorithm="norm", accumulate_grad_batches=args.grad_accum,
                         callbacks=[ckpt], logger=False, enable_progress_bar=False, enable_model_summary=False,

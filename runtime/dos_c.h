@@ -250,7 +250,8 @@ int dos_optimizer_step(dos_optimizer* opt, dos_step_stats* stats);
  * gradient: the speculative results are dropped, step counts and parameters stay as before). Then
  * the rest of the phase runs as dos_optimizer_step does.
  *
- * While a phase is open, StarPU's workers run (they are paused between calls otherwise), the
+ * While a phase is open, StarPU's workers run (they are paused between calls otherwise, and after
+ * dos_optimizer_finish_step_async once the phase's tasks have ended), the
  * caller must not change gradients declared final except as its verdict says, must not write the
  * parameters (the runtime writes them during finish_step only), and may not call
  * dos_optimizer_step, _set_hyper, _read_state, _step_counts or _load_state (DOS_E_INVALID).

@@ -457,8 +457,9 @@ static void test_async_phase_pauses_workers(void** state) {
       assert_int_equal(dos_optimizer_finish_step_async(opt, DOS_VERDICT_KEEP), DOS_OK);
     }
     assert_int_equal(dos_optimizer_wait_parameters(opt, 0, N), DOS_OK);
-    (void)process_cpu_over(0.2); /* the phase's last write-backs end */
-    const double running = process_cpu_over(0.3);
+    /* the phase's last write-backs end soon after; polling workers would use a core all along */
+    double running = process_cpu_over(0.3);
+    for (int tries = 1; tries < 10 && running >= 0.15; ++tries) running = process_cpu_over(0.3);
     printf("%s: CPU seconds over 0.3 s of the caller's sleep: %.3f before the phase, %.3f after its tasks ended "
            "(polling workers: about 0.3 each)\n", mode == 0 ? "dos_optimizer_step_async" : "finish_step_async",
            idle, running);

@@ -9,7 +9,6 @@ the runtime with its options, later ones share it and must ask for the same poli
 import atexit
 import ctypes
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -88,9 +87,13 @@ def get_runtime(policy=None, cpu_threads=0, cpu_workers=0, ncuda=-1, verbose=Fal
       ncuda (int): CUDA workers; -1: one per visible device; 0: none.
       verbose (bool): print the runtime's choices on stderr.
 
+    When torch has started CUDA in this process and the StarPU underneath resets the GPUs after
+    calibrating its bus (:func:`bus_calibration_resets`), StarPU is first started in a child
+    process (:func:`calibrate_bus_apart`), so that no calibration happens here.
+
     Raises ``ValueError`` when a runtime already runs with a different policy or worker options
     (StarPU runs once per process: call :func:`shutdown` first) or for an unknown policy;
-    :class:`~deep_optimizer_states.DosError` when StarPU cannot start; ``OSError`` when
+    :class:`~deep_optimizer_states.DosError` when StarPU cannot start (here or in that child); ``OSError`` when
     ``libdos_c.so`` cannot be loaded.
     """
     global _runtime
@@ -107,7 +110,7 @@ def get_runtime(policy=None, cpu_threads=0, cpu_workers=0, ncuda=-1, verbose=Fal
                         f"deep_optimizer_states.shutdown() first (it closes every optimizer), got {name}={w!r}"
                     )
             return _runtime
-        if int(ncuda) != 0 and _cuda_started() and bus_calibration_resets() and not os.path.exists(starpu_bus_file()):
+        if _cuda_started() and bus_calibration_resets():
             calibrate_bus_apart(verbose)
         _runtime = Runtime(policy or DEFAULT_POLICY, cpu_threads, cpu_workers, ncuda, verbose)
         return _runtime
@@ -122,22 +125,6 @@ def _cuda_started():
         return False
 
 
-def starpu_bus_file():
-    """The file (str) in which StarPU keeps the bus calibration of this host, found as StarPU 1.3
-    finds it: the folder ``$STARPU_PERF_MODEL_DIR``, else ``.starpu/sampling`` under
-    ``$XDG_CACHE_HOME``, ``$STARPU_HOME`` or ``$HOME`` (the first set), then ``bus/HOST.config``
-    with HOST ``$STARPU_HOSTNAME`` or the host name up to its first dot. A StarPU configured with
-    another default folder keeps it elsewhere; then this file is never found, and
-    :func:`get_runtime` calibrates the bus apart at each start (a StarPU start-up more)."""
-    folder = os.environ.get("STARPU_PERF_MODEL_DIR")
-    if not folder:
-        home = (os.environ.get("XDG_CACHE_HOME") or os.environ.get("STARPU_HOME") or os.environ.get("HOME")
-                or "/tmp")
-        folder = os.path.join(home, ".starpu", "sampling")
-    host = os.environ.get("STARPU_HOSTNAME") or socket.gethostname().split(".")[0]
-    return os.path.join(folder, "bus", host + ".config")
-
-
 def bus_calibration_resets():
     """Whether the StarPU under ``libdos_c.so`` resets each GPU (``cudaDeviceReset``) after
     calibrating the bus, as StarPU 1.3 does unless built by ``scripts/setup.sh`` (whose patch
@@ -147,35 +134,42 @@ def bus_calibration_resets():
     return not hasattr(_capi.lib(), "starpu_dos_bus_calibration_keeps_context")
 
 
+_BUS_ADVICE = ("start the runtime (deep_optimizer_states.get_runtime()) before torch starts CUDA (before the model "
+               "goes to the GPU), or use the StarPU that scripts/setup.sh builds (DOS_BUILD_STARPU=1), which does "
+               "not reset the GPUs")
+
+
 def calibrate_bus_apart(verbose=False):
-    """Starts and stops the runtime (StarPU with its CUDA workers) in a child process, so that
-    StarPU calibrates the bus there and keeps the result on file (:func:`starpu_bus_file`): the
-    runtime then starts in this process without calibrating, so without resetting the GPUs under
-    the caller's CUDA memory (:func:`bus_calibration_resets`). :func:`get_runtime` calls it when
-    CUDA already runs in this process and the file is missing. Seconds: one StarPU start-up and
-    the bus measurement (a few). Raises :class:`~deep_optimizer_states.DosError` when the child
-    fails, with the end of its output."""
+    """Starts and stops StarPU in a child process (the runtime with no CUDA worker: StarPU measures
+    the bus of every visible GPU all the same), so that whatever bus calibration StarPU would make
+    at start-up (none on file for this host, a file that no longer matches the visible devices or
+    cores, ``STARPU_BUS_CALIBRATE=1``) is made there and kept on file; StarPU then starts in this
+    process without calibrating, so without resetting the GPUs under the caller's CUDA memory
+    (:func:`bus_calibration_resets`). :func:`get_runtime` calls it before starting the runtime
+    when torch has started CUDA in this process and the StarPU underneath resets. Seconds: a
+    Python start-up, a StarPU start-up and, when one is due, the bus measurement (2-5 in all).
+    Raises :class:`~deep_optimizer_states.DosError` when the child fails (for example GPUs in an
+    exclusive compute mode, where a second process cannot use them), with the end of its
+    output."""
     package_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     code = ("import ctypes, sys\n"
             f"sys.path.insert(0, {package_parent!r})\n"
             "from deep_optimizer_states import _capi\n"
             "L, h = _capi.lib(), ctypes.c_void_p()\n"
-            "_capi.check(L.dos_runtime_create(b'cpu', 1, 1, -1, 0, ctypes.byref(h)), 'starting StarPU')\n"
+            "_capi.check(L.dos_runtime_create(b'cpu', 1, 1, 0, 0, ctypes.byref(h)), 'starting StarPU')\n"
             "L.dos_runtime_destroy(h)\n")
     if verbose:
-        print(f"[dos] StarPU has no bus calibration for this host ({starpu_bus_file()}) and resets the GPU after "
-              "making one: calibrating it in a child process first", file=sys.stderr, flush=True)
+        print("[dos] this StarPU resets the GPUs after calibrating the bus, and CUDA already runs here: starting "
+              "StarPU in a child process first, so that any calibration is made there", file=sys.stderr, flush=True)
     try:
         r = subprocess.run([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                           timeout=900)
+                           errors="replace", timeout=900)
     except (OSError, subprocess.TimeoutExpired) as e:
-        raise _capi.DosError(f"calibrating StarPU's bus in a child process failed ({e}); run any StarPU program once "
-                             "on this host before CUDA starts (for example examples/dos-train --preset tiny)") from None
+        raise _capi.DosError(f"starting StarPU in a child process failed ({e}); {_BUS_ADVICE}") from None
     if r.returncode != 0:
         tail = "\n".join(r.stdout.splitlines()[-8:])
-        raise _capi.DosError(f"calibrating StarPU's bus in a child process failed (exit status {r.returncode}); run any "
-                             "StarPU program once on this host before CUDA starts (for example examples/dos-train "
-                             f"--preset tiny). Its output ended with:\n{tail}")
+        raise _capi.DosError(f"starting StarPU in a child process failed (exit status {r.returncode}); {_BUS_ADVICE}. "
+                             f"Its output ended with:\n{tail}")
 
 
 def current_runtime():

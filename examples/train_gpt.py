@@ -38,8 +38,8 @@ pass (``DeepOptimizerStates(overlap=True)``: each parameter's gradient is declar
 as autograd accumulates it), ``forward`` lets the update phase run on into the next forward pass
 (``overlap_forward``: each block of the model waits only for its own parameters, blocks from
 :func:`overlap_blocks`), ``both`` does both. The parameters are the same bits in every mode. Then
-``opt`` is the time spent inside ``step()`` and tokens/s counts each step from one forward's start
-to the next, waits included; ``phase`` is still the runtime's whole update phase.
+``opt`` is the time spent inside ``step()`` and tokens/s counts each step from its batch to its
+loss being read, its forward's waits included; ``phase`` is still the runtime's whole update phase.
 
 Example (CPU, seconds):  python3 examples/train_gpt.py --steps 20 --optimizer dos --policy cpu
 """

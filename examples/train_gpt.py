@@ -346,7 +346,8 @@ def make_optimizer(args, model):
         opt = DeepOptimizerStates(params, lr=args.lr, betas=betas, eps=args.eps, weight_decay=args.weight_decay,
                                   decoupled=True, subgroup_size=int(float(args.subgroup_size)), policy=args.policy,
                                   max_grad_norm=args.max_grad_norm, verbose=args.verbose,
-                                  overlap=args.overlap in ("backward", "both"))
+                                  overlap=args.overlap in ("backward", "both"),
+                                  urgent_writeback=args.urgent_writeback)
         if args.overlap in ("forward", "both"):
             opt.overlap_forward(model, overlap_blocks(model))
         return opt
@@ -397,6 +398,9 @@ def parse_args(argv=None):
     ap.add_argument("--subgroup-size", default="1e8", help="elements per subgroup (dos)")
     ap.add_argument("--overlap", choices=["off", "backward", "forward", "both"], default="off",
                     help="dos: overlap the update with backward, with the next forward, or both (the same bits)")
+    ap.add_argument("--urgent-writeback", action="store_true",
+                    help="dos: the CPU-updated subgroups' parameters go back ahead of the CUDA worker's queue "
+                         "(DeepOptimizerStates(urgent_writeback=True); for --overlap forward/both)")
     ap.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], default="fp32", help="the model's parameters")
     ap.add_argument("--device", default="auto", help="cpu, cuda or auto (cuda when available)")
     ap.add_argument("--loss-scale", type=float, default=0,
@@ -418,6 +422,8 @@ def parse_args(argv=None):
     args = ap.parse_args(argv)
     if args.overlap != "off" and args.optimizer != "dos":
         ap.error(f"--overlap {args.overlap} needs --optimizer dos (torch's AdamW runs after backward)")
+    if args.urgent_writeback and args.optimizer != "dos":
+        ap.error("--urgent-writeback needs --optimizer dos")
     if args.max_grad_norm == 0:
         args.max_grad_norm = None
     return args

@@ -8,8 +8,9 @@
 #   2. --optimizer adamw                 torch.optim.AdamW (fused) on fp32 master copies on the GPU;
 #   3. --optimizer adamw-cpu-offload     ZeRO-Offload's recipe in PyTorch (fp32 state in pinned host
 #                                        memory, torch's fused CPU AdamW, gradients down, bf16 up);
-# and, when RUNS names it, 4. dos-overlap: --optimizer dos --overlap both (the update overlapped with
-# backward and with the next forward; the same bits as run 1, which the summary checks step by step);
+# and, when RUNS names them, 4. dos-overlap: --optimizer dos --overlap both (the update overlapped with
+# backward and with the next forward; the same bits as run 1, which the summary checks step by step),
+# 5. dos-overlap-urgent: the same with --urgent-writeback;
 # then plots the loss curves and the optimizer step's seconds (PNG) and writes a summary table.
 # Everything goes to $OUT (default ./gpu-train-out): *.log, *.json, train_gpt.png, summary.md.
 # Total wall time about 5 minutes (each run is bounded by --time-limit and by `timeout`).
@@ -86,9 +87,11 @@ for name in $RUNS; do
     dos) run dos "$DOS_SECONDS" --optimizer dos --policy "$POLICY" --subgroup-size "$SUBGROUP" --verbose ;;
     dos-overlap) run dos-overlap "$OVERLAP_SECONDS" --optimizer dos --policy "$POLICY" --subgroup-size "$SUBGROUP" \
                    --overlap both --verbose ;;
+    dos-overlap-urgent) run dos-overlap-urgent "$OVERLAP_SECONDS" --optimizer dos --policy "$POLICY" \
+                   --subgroup-size "$SUBGROUP" --overlap both --urgent-writeback --verbose ;;
     adamw) run adamw "$ADAMW_SECONDS" --optimizer adamw ;;
     adamw-cpu-offload) run adamw-cpu-offload "$OFFLOAD_SECONDS" --optimizer adamw-cpu-offload ;;
-    *) say "RUNS: unknown run '$name' (dos, dos-overlap, adamw, adamw-cpu-offload)"; exit 2 ;;
+    *) say "RUNS: unknown run '$name' (dos, dos-overlap, dos-overlap-urgent, adamw, adamw-cpu-offload)"; exit 2 ;;
   esac
 done
 
@@ -97,7 +100,7 @@ OUT="$OUT" "$PY" - <<'EOF'
 import json, os
 out = os.environ["OUT"]
 runs = {}
-for name in ("dos", "dos-overlap", "adamw", "adamw-cpu-offload"):
+for name in ("dos", "dos-overlap", "dos-overlap-urgent", "adamw", "adamw-cpu-offload"):
     p = os.path.join(out, name + ".json")
     if os.path.exists(p):
         with open(p) as f:
@@ -111,12 +114,14 @@ for name, r in runs.items():
                 f"| {s['median_opt_seconds']:.3f} | {s['median_phase_seconds']:.3f} | {s['median_tokens_per_s']:.0f} "
                 f"| {s['max_gpu_memory_gb']:.1f} |")
 text = "\n".join(rows)
-if "dos" in runs and "dos-overlap" in runs:
-    a, b = runs["dos"], runs["dos-overlap"]
+for other in ("dos-overlap", "dos-overlap-urgent"):
+    if "dos" not in runs or other not in runs:
+        continue
+    a, b = runs["dos"], runs[other]
     n = min(len(a["steps"]), len(b["steps"]))
     same = sum(1 for x, y in zip(a["steps"][:n], b["steps"][:n]) if x["loss"] == y["loss"])
     worst = max((abs(x["loss"] - y["loss"]) / abs(x["loss"]) for x, y in zip(a["steps"][:n], b["steps"][:n])), default=0)
-    text += (f"\n\ndos-overlap against dos: tokens/s {b['summary']['median_tokens_per_s'] / a['summary']['median_tokens_per_s']:.2f}x; "
+    text += (f"\n\n{other} against dos: tokens/s {b['summary']['median_tokens_per_s'] / a['summary']['median_tokens_per_s']:.2f}x; "
              f"over their first {n} steps {same} losses equal bit for bit, largest relative difference {worst:.2e}; "
              f"{b['summary'].get('redone_steps', 0)} step(s) with speculative updates redone")
 print(text)
@@ -130,7 +135,7 @@ except ImportError:
     print("matplotlib is not importable: no PNG")
     raise SystemExit(0)
 fig, ax = plt.subplots(1, 2, figsize=(13, 4.8))
-colors = {"dos": "C0", "adamw": "C1", "adamw-cpu-offload": "C2", "dos-overlap": "C4"}
+colors = {"dos": "C0", "adamw": "C1", "adamw-cpu-offload": "C2", "dos-overlap": "C4", "dos-overlap-urgent": "C5"}
 for name, r in runs.items():
     st = r["steps"]
     ax[0].plot([x["step"] for x in st], [x["loss"] for x in st], label=name, lw=1.2, color=colors[name])

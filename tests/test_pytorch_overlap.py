@@ -25,7 +25,8 @@ subgroups that the runtime updates speculatively).
    plain run's parameters bit for bit, its verdicts are the overlapped one's, and its state at the
    end is the plain one's.
 2. speculation_budget=0: nothing speculated, the same bits; a bad budget refused; the next forward
-   overlapped without the overlap of backward, the same bits.
+   overlapped without the overlap of backward, the same bits; both overlaps with
+   urgent_writeback=True, the same bits; a non-bool urgent_writeback refused.
 3. The next forward overlapped where modules read parameters in other ways: a transformer encoder
    (attention reading its output projection's weight, the fused fast path in eval, the attention
    called on its own), weight_norm (its pre-hook computes the weight before ours would), a
@@ -432,6 +433,14 @@ def test_budget_and_fallback():
         assert "speculate_streamed" in str(e)
     else:
         raise AssertionError("speculate_streamed=1 accepted")
+    # the CPU's parameter write-backs ahead of the queue, with both overlaps: the same bits
+    train_beside_plain(forward=True, overlap=True, urgent_writeback=True)
+    try:
+        make_opt(make_model(torch.float32), urgent_writeback="yes")
+    except ValueError as e:
+        assert "urgent_writeback" in str(e)
+    else:
+        raise AssertionError("urgent_writeback='yes' accepted")
 
     # a torch without the hook: one warning, no overlap, the same training
     real = dos_overlap._grad_hook_kind

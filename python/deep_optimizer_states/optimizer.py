@@ -142,6 +142,12 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _State, torch.optim.Optimiz
         a site's own StarPU, each device buffer StarPU frees waits for the whole GPU: measure both.
         With ``overlap=True``, also leave a core to the thread that runs backward: ``cpu_threads``
         = the cores minus one per GPU minus one (README, "Measured").
+      urgent_writeback (bool): the parameters of the subgroups updated on the CPU go back to the
+        model (a task of the CUDA worker when the model is on the GPU) ahead of the tasks already
+        queued there, instead of behind every streamed subgroup's update. For
+        :meth:`overlap_forward`, whose first layers otherwise wait for nearly the whole phase when
+        the plan puts their subgroups on the CPU; measured slower for a phase run alone (README),
+        hence False by default. The same bits either way.
 
     Overlap: which backward is the last before :meth:`step` is not known while it runs (gradient
     accumulation runs several, and the hooks fire in each). The optimizer counts the backward
@@ -186,7 +192,7 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _State, torch.optim.Optimiz
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=None, decoupled=True,
                  subgroup_size=100_000_000, policy=None, max_grad_norm=None, skip_nonfinite=True,
                  cpu_threads=0, cpu_workers=0, ncuda=-1, verbose=False, overlap=False, speculation_budget=None,
-                 speculate_streamed=True):
+                 speculate_streamed=True, urgent_writeback=False):
         if weight_decay is None:
             weight_decay = 1e-2 if decoupled else 0.0
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, decoupled=bool(decoupled))
@@ -218,6 +224,9 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _State, torch.optim.Optimiz
         if not isinstance(speculate_streamed, bool):
             raise ValueError(f"speculate_streamed must be True or False, got {speculate_streamed!r}")
         self.speculate_streamed = speculate_streamed
+        if not isinstance(urgent_writeback, bool):
+            raise ValueError(f"urgent_writeback must be True or False, got {urgent_writeback!r}")
+        self.urgent_writeback = urgent_writeback
         self.subgroup_size = subgroup_size
         self.max_grad_norm = None if max_grad_norm is None else float(max_grad_norm)
         self.skip_nonfinite = bool(skip_nonfinite)
@@ -351,7 +360,7 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _State, torch.optim.Optimiz
                     subgroup_size=self.subgroup_size, dtype=_DTYPES[b.dtype],
                     memory=_capi.MEMORY_CUDA if b.device.type == "cuda" else _capi.MEMORY_HOST, verbose=bool(verbose),
                     speculation_budget=-1 if self.speculation_budget is None else self.speculation_budget,
-                    speculate_streamed=int(self.speculate_streamed))
+                    speculate_streamed=int(self.speculate_streamed), urgent_writeback=int(self.urgent_writeback))
                 _capi.check(
                     L.dos_optimizer_create(self.runtime.handle, nt, params, grads, numels, ctypes.byref(options),
                                            ctypes.byref(h)),

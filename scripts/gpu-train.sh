@@ -20,7 +20,8 @@
 # skips it), log in $OUT/test-pytorch-cuda.log.
 # Environment: RUNS (the runs, in order; default "dos adamw adamw-cpu-offload"; "dos dos-overlap" with
 #   BATCH=32 measures the overlap), DOS_SECONDS (130), ADAMW_SECONDS (25), OFFLOAD_SECONDS (35),
-#   OVERLAP_SECONDS (DOS_SECONDS): training seconds per run;
+#   OVERLAP_SECONDS (DOS_SECONDS): training seconds per run; TRAIN_ARGS: more train_gpt.py arguments for
+#   every run (e.g. "--max-grad-norm 0 --deterministic");
 #   STEPS (300), LAYERS (20), HIDDEN (2048), HEADS (16), SEQ (512), BATCH (8), SUBGROUP (5e7),
 #   MODEL (builtin; auto uses Hugging Face transformers when installed), POLICY (dos), DEVICE (cuda;
 #   cpu for a dry run of the script on a machine without a GPU, with small LAYERS/HIDDEN/SEQ),
@@ -61,6 +62,9 @@ say "python: $(command -v $PY), $($PY -c 'import torch; print("torch", torch.__v
 common=(--model "$MODEL" --n-layer "$LAYERS" --n-embd "$HIDDEN" --n-head "$HEADS" --seq-len "$SEQ"
         --batch-size "$BATCH" --steps "$STEPS" --dtype bf16 --device "$DEVICE" --lr 3e-4 --warmup 30 --schedule cosine
         --weight-decay 0.1 --max-grad-norm 1.0 --beta1 0.9 --beta2 0.95 --seed 1234 --print-every 10)
+# TRAIN_ARGS: more arguments for every run, after these (a later one wins), e.g. "--max-grad-norm 0 --deterministic"
+read -r -a extra_args <<< "${TRAIN_ARGS:-}"
+common+=("${extra_args[@]}")
 
 run() {  # name, seconds of training, extra arguments
   local name=$1 secs=$2; shift 2

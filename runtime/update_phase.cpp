@@ -590,9 +590,8 @@ StepStats Optimizer::Impl::finish_wait() {
   StepStats& st = ph.st;
   const StepVerdict verdict = ph.verdict;
   const auto t_wait = std::chrono::steady_clock::now();
-  ph.pending.wait();  // every callback has run: nothing refers to `pending` any more
+  wait_work();  // every callback has run (nothing refers to `pending` any more), every task ended
   if (ph.refused) fail("StarPU refused to bring " + std::to_string(ph.refused) + " buffer(s) back to host memory");
-  starpu_task_wait_for_all();
   ph.sampling.store(false);
   if (ph.sampler.joinable()) ph.sampler.join();
   st.window_peak_bytes = window.limit ? window.peak : 0;

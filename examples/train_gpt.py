@@ -358,6 +358,22 @@ def make_optimizer(args, model):
                        args.weight_decay, args.max_grad_norm)
 
 
+def record_phase(rec, info):
+    """Copies into a step's record ``rec`` (dict) the update phase's figures from the
+    ``DeepOptimizerStates.last_step`` dict ``info``: ``phase_seconds`` (s), the first bucket's
+    ``subgroups_cpu`` / ``subgroups_gpu`` and ``h2d_bytes`` / ``d2h_bytes`` (bytes), and the overlap's
+    ``speculated``, ``redone`` and ``hidden_params``. Called again once a phase left running into the
+    next forward has ended (``info`` is completed in place then)."""
+    if "update_seconds" in info:
+        rec["phase_seconds"] = info["update_seconds"]
+    if info.get("stats"):
+        s = info["stats"][0]
+        rec.update(subgroups_cpu=s["subgroups_cpu"], subgroups_gpu=s["subgroups_gpu"], h2d_bytes=s["bytes_h2d"],
+                   d2h_bytes=s["bytes_d2h"])
+    rec.update(speculated=info.get("speculated", 0), redone=info.get("redone", 0),
+               hidden_params=info.get("hidden_params", 0))
+
+
 def lr_at(args, step):
     """Learning rate of step ``step`` (1-based): linear warm-up over ``--warmup`` steps, then
     constant or cosine decay to ``--min-lr-ratio`` of ``--lr`` at ``--steps``."""
@@ -460,7 +476,7 @@ def main(argv=None):
     cuda = device.type == "cuda"
     # the current stream only: a device-wide synchronisation would also wait for the runtime's streams
     sync = torch.cuda.current_stream(device).synchronize if cuda else (lambda: None)
-    infos = []  # (record, the optimizer's last_step dict: completed in place when its phase ends)
+    infos = []  # dos: (record, the optimizer's last_step dict: completed in place when its phase ends)
     t_start = time.perf_counter()
     for step in range(1, args.steps + 1):
         lr = lr_at(args, step)
@@ -490,13 +506,12 @@ def main(argv=None):
         lv = float(loss.detach())
         t3 = time.perf_counter()
         rec = dict(step=step, loss=lv, lr=lr, fwd_bwd_seconds=t1 - t0, opt_seconds=t2 - t1,
-                   phase_seconds=info.get("update_seconds", t2 - t1), tokens_per_s=tokens / (t3 - t0),
-                   grad_norm=info.get("grad_norm"), skipped=bool(info.get("skipped")))
-        infos.append((rec, info))
-        if args.optimizer == "dos" and info.get("stats"):
-            s = info["stats"][0]
-            rec.update(subgroups_cpu=s["subgroups_cpu"], subgroups_gpu=s["subgroups_gpu"], h2d_bytes=s["bytes_h2d"],
-                       d2h_bytes=s["bytes_d2h"])
+                   phase_seconds=t2 - t1, tokens_per_s=tokens / (t3 - t0),
+                   grad_norm=info.get("grad_norm"), skipped=bool(info.get("skipped")),
+                   speculated=0, redone=0, hidden_params=0)
+        if args.optimizer == "dos":
+            record_phase(rec, info)
+            infos.append((rec, info))
         records.append(rec)
         if step % args.print_every == 0 or step == 1 or step == args.steps:
             if args.optimizer != "dos":
@@ -520,14 +535,7 @@ def main(argv=None):
     if hasattr(opt, "wait"):
         opt.wait()  # the last phase, left running (--overlap forward/both)
     for rec, info in infos:  # figures of phases that ended after their step's record was made
-        if args.optimizer == "dos" and "update_seconds" in info:
-            rec["phase_seconds"] = info["update_seconds"]
-            if info.get("stats") and "subgroups_cpu" not in rec:
-                s = info["stats"][0]
-                rec.update(subgroups_cpu=s["subgroups_cpu"], subgroups_gpu=s["subgroups_gpu"],
-                           h2d_bytes=s["bytes_h2d"], d2h_bytes=s["bytes_d2h"])
-        rec.update(speculated=info.get("speculated", 0), redone=info.get("redone", 0),
-                   hidden_params=info.get("hidden_params", 0))
+        record_phase(rec, info)
 
     def median(v):
         v = sorted(v)

@@ -95,6 +95,35 @@ def checkpoint_of(framework, out):
     return os.path.join(ck, names[0]) if names else os.path.join(ck, f"(none for step {SAVE_AT})")
 
 
+def check_resume(framework, device, policy, label, whole, out, resumed_out, extra=()):
+    """The ``dos`` run ``whole`` under ``policy`` (its JSON log, written in ``out``) resumed from its
+    step-SAVE_AT checkpoint with the same arguments plus ``extra``, into ``resumed_out``: the checkpoint exists,
+    and the resumed run's losses are the uninterrupted run's from there, bit for bit with the same
+    final parameters on the CPU, within LOSS_RTOL_CUDA on CUDA. ``label`` starts the messages."""
+    ck = checkpoint_of(framework, out)
+    check(os.path.exists(ck), f"{label}: the framework wrote the step-{SAVE_AT} checkpoint ({ck})")
+    if not os.path.exists(ck):
+        return
+    c = run(framework, resumed_out, "dos", policy, device, list(extra) + ["--resume", ck])
+    if not c:
+        return
+    tail = whole["micro_losses"][SAVE_AT * ACCUM:]
+    lc = c["micro_losses"]
+    if len(lc) != len(tail) or lc[:1] != tail[:1]:  # where the resumed run's losses sit in the whole run
+        at = [k for k, x in enumerate(whole["micro_losses"]) if lc and abs(x - lc[0]) <= 1e-6 * abs(lc[0])]
+        print(f"{framework} {label} resumed: {len(lc)} micro-batch losses (expected {len(tail)}); its first "
+              f"{lc[:3]} is micro-batch {at} of the uninterrupted run, whose {SAVE_AT * ACCUM}th on are "
+              f"{tail[:3]}", flush=True)
+    if device == "cuda":
+        ok = len(lc) == len(tail) and max(rel_diffs(lc, tail)) <= LOSS_RTOL_CUDA
+        check(ok, f"{label}: resumed from step {SAVE_AT}: losses within {LOSS_RTOL_CUDA:g} of the uninterrupted run's")
+    else:
+        check(lc == tail, f"{label}: resumed from step {SAVE_AT}: the uninterrupted run's losses, bit for bit "
+              f"({len(lc)} micro-batches)")
+        check(c["final_params_sha256"] == whole["final_params_sha256"],
+              f"{label}: and the same final parameters, bit for bit")
+
+
 def test_policy(framework, device, policy, tmp):
     cuda = device == "cuda"
     d = {k: os.path.join(tmp, f"{framework}-{policy}-{k}") for k in ("dos", "adamw", "resumed", "dos16", "adamw16")}
@@ -116,28 +145,7 @@ def test_policy(framework, device, policy, tmp):
         check(la[-1] < 0.9 * la[0], f"{policy}: the loss falls by more than 10% ({la[0]:.3f} -> {la[-1]:.3f})")
         check(a["summary"]["skipped_steps"] == 0, f"{policy}: no step skipped")
     if a:
-        ck = checkpoint_of(framework, d["dos"])
-        check(os.path.exists(ck), f"{policy}: the framework wrote the step-{SAVE_AT} checkpoint ({ck})")
-        if os.path.exists(ck):
-            c = run(framework, d["resumed"], "dos", policy, device, ["--resume", ck])
-            if c:
-                tail = a["micro_losses"][SAVE_AT * ACCUM:]
-                lc = c["micro_losses"]
-                if len(lc) != len(tail) or lc[:1] != tail[:1]:  # where the resumed run's losses sit in the whole run
-                    whole = a["micro_losses"]
-                    at = [k for k in range(len(whole)) if lc and abs(whole[k] - lc[0]) <= 1e-6 * abs(lc[0])]
-                    print(f"{framework} {policy} resumed: {len(lc)} micro-batch losses (expected {len(tail)}); its first "
-                          f"{lc[:3]} is micro-batch {at} of the uninterrupted run, whose {SAVE_AT * ACCUM}th on are "
-                          f"{tail[:3]}", flush=True)
-                if cuda:
-                    ok = len(lc) == len(tail) and max(rel_diffs(lc, tail)) <= LOSS_RTOL_CUDA
-                    check(ok, f"{policy}: resumed from step {SAVE_AT}: losses within {LOSS_RTOL_CUDA:g} of the "
-                          "uninterrupted run's")
-                else:
-                    check(lc == tail, f"{policy}: resumed from step {SAVE_AT}: the uninterrupted run's losses, bit for bit "
-                          f"({len(lc)} micro-batches)")
-                    check(c["final_params_sha256"] == a["final_params_sha256"],
-                          f"{policy}: and the same final parameters, bit for bit")
+        check_resume(framework, device, policy, policy, a, d["dos"], d["resumed"])
     flag = ["--bf16"] if framework == "hf" else ["--precision", "bf16-mixed"]
     a16 = run(framework, d["dos16"], "dos", policy, device, flag)
     b16 = run(framework, d["adamw16"], "adamw", policy, device, flag)
@@ -178,19 +186,7 @@ def test_hf_overlap(device, policy, tmp):
             check(a["final_params_sha256"] == b["final_params_sha256"],
                   f"{policy} overlap: and the same final parameters, bit for bit")
     if b:
-        ck = checkpoint_of("hf", d["overlap"])
-        check(os.path.exists(ck), f"{policy} overlap: the Trainer wrote the step-{SAVE_AT} checkpoint ({ck})")
-        if os.path.exists(ck):
-            c = run("hf", d["overlap-resumed"], "dos", policy, device, ["--overlap", "--resume", ck])
-            if c:
-                tail, lc = b["micro_losses"][SAVE_AT * ACCUM:], c["micro_losses"]
-                if cuda:
-                    check(len(lc) == len(tail) and max(rel_diffs(lc, tail)) <= LOSS_RTOL_CUDA,
-                          f"{policy} overlap: resumed from step {SAVE_AT}: losses within {LOSS_RTOL_CUDA:g}")
-                else:
-                    check(lc == tail and c["final_params_sha256"] == b["final_params_sha256"],
-                          f"{policy} overlap: resumed from step {SAVE_AT}: the uninterrupted run's losses and final "
-                          "parameters, bit for bit")
+        check_resume("hf", device, policy, f"{policy} overlap", b, d["overlap"], d["overlap-resumed"], ["--overlap"])
 
 
 def main():

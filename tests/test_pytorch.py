@@ -39,9 +39,6 @@ GPU or the runtime has no CUDA worker.
    running torch's weights-only allowlist and every opcode is one that torch 2.x's weights-only
    unpickler reads; where torch >= 2.0, the real torch.load(weights_only=True) loads it; a fresh
    optimizer loading it continues bit for bit like the uninterrupted one.
-6. StarPU started in a child process (runtime.calibrate_bus_apart, what get_runtime does when CUDA
-   already runs and the StarPU underneath resets the GPUs after calibrating its bus) leaves the bus
-   calibration on file in a fresh StarPU home.
 """
 
 import argparse
@@ -52,9 +49,7 @@ import math
 import os
 import pickle
 import pickletools
-import shutil
 import sys
-import tempfile
 import time
 import zipfile
 
@@ -663,35 +658,6 @@ def test_dropped_wrapper(device, policy):
     o2.close()
 
 
-def test_bus_calibration_apart():
-    """StarPU started in a child process (what get_runtime does when CUDA already runs and the StarPU
-    underneath would reset the GPUs after calibrating its bus) leaves the bus calibration on file in
-    a fresh StarPU home, where this process's StarPU will find it."""
-    from deep_optimizer_states import runtime as rtm
-    tmp = tempfile.mkdtemp(prefix="dos-bus-")
-    saved = {k: os.environ.get(k) for k in ("XDG_CACHE_HOME", "STARPU_PERF_MODEL_DIR")}
-    try:
-        os.environ["XDG_CACHE_HOME"] = tmp  # StarPU's home: its calibrations go under .starpu/sampling
-        os.environ.pop("STARPU_PERF_MODEL_DIR", None)
-        bus = os.path.join(tmp, ".starpu", "sampling", "bus")
-        check(not os.path.isdir(bus), f"a fresh StarPU home has no bus calibration ({bus})")
-        try:
-            rtm.calibrate_bus_apart()
-            made = sorted(f for f in os.listdir(bus) if f.endswith(".config")) if os.path.isdir(bus) else []
-            check(len(made) == 1, f"started in a child process, StarPU kept its bus calibration in that home ({made})")
-        except Exception as e:  # a failed child: reported as a failure, the other tests still run
-            check(False, f"calibrate_bus_apart raised {type(e).__name__}: {e}")
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        shutil.rmtree(tmp, ignore_errors=True)
-    print(f"the StarPU under the library resets the GPUs after calibrating the bus: {rtm.bus_calibration_resets()}",
-          flush=True)
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default="cpu")
@@ -701,7 +667,6 @@ def main():
         print("torch sees no CUDA device: skipped")
         return 77
     t0 = time.time()
-    test_bus_calibration_apart()
     try:
         rt = dos.get_runtime(args.policy)
     except OSError as e:

@@ -22,6 +22,18 @@ files): cut into windows of ``--seq-len`` bytes, which the Trainer's sampler shu
 ``--log-json FILE`` writes the loss of every micro-batch (``micro_losses``, the value the Trainer
 back-propagates) and of every logged step, the checkpoint folders and a summary.
 
+Speed: the summary gives the Trainer's ``train_samples_per_second`` (its whole ``train()``, the first
+steps included) and the steady rate (micro-batches per step x batch over the median seconds from
+one optimizer step's end to the next's, the first step left out). ``--optimizer adamw-cpu-offload``
+is ZeRO-Offload's recipe in PyTorch (``deep_optimizer_states.baselines.ZeroOffloadAdamW``: fp32
+master parameters and Adam state in pinned host memory, torch's CPU AdamW), the run users would
+compare with. ``--gpu-memory-gb G`` caps torch's share of the GPU at G GB
+(``torch.cuda.set_per_process_memory_fraction``), which makes a model whose optimizer state does
+not fit beside it on such a GPU: a run that runs out of memory ends with exit status 3 and
+``out_of_memory`` in its summary. The cap covers torch's allocations only; the runtime's own device
+buffers (``dos``) are counted in the summary's ``device_memory_used_gb`` (the whole device's use at
+the end, from ``torch.cuda.mem_get_info``). ``scripts/gpu-trainer-speed.sh`` runs the comparison.
+
 ``--overlap`` (with ``--optimizer dos``) overlaps the update with backward
 (``DeepOptimizerStates(overlap=True)``, the same bits) and moves the clipping from the Trainer into
 the optimizer (the same formula): the Trainer's ``clip_grad_norm_`` writes every gradient in place
@@ -35,7 +47,9 @@ import hashlib
 import json
 import math
 import os
+import statistics
 import sys
+import time
 
 import torch
 
@@ -94,7 +108,8 @@ def make_model(kind, n_layer, hidden, heads, seq_len):
 def make_optimizer(args, model, clip_in_optimizer=False):
     """The optimizer ``args.optimizer`` names over ``param_groups_no_decay(model, args.weight_decay)``:
     ``DeepOptimizerStates`` (AdamW, policy ``args.policy``, the update overlapped with backward when
-    ``args.overlap``) or ``torch.optim.AdamW``. Clipping is left to the framework (``max_grad_norm``)
+    ``args.overlap``), ``ZeroOffloadAdamW`` (``adamw-cpu-offload``: ZeRO-Offload's recipe) or
+    ``torch.optim.AdamW``. Clipping is left to the framework (``max_grad_norm``)
     unless ``clip_in_optimizer``: then ``DeepOptimizerStates`` clips to ``args.max_grad_norm`` itself
     (the same formula), and the caller turns the framework's clipping off."""
     from deep_optimizer_states import DeepOptimizerStates, param_groups_no_decay
@@ -105,6 +120,9 @@ def make_optimizer(args, model, clip_in_optimizer=False):
         return DeepOptimizerStates(groups, decoupled=True, policy=args.policy, max_grad_norm=clip,
                                    subgroup_size=int(float(args.subgroup_size)),
                                    overlap=bool(getattr(args, "overlap", False)), **kw)
+    if args.optimizer == "adamw-cpu-offload":
+        from deep_optimizer_states.baselines import ZeroOffloadAdamW
+        return ZeroOffloadAdamW(groups, **kw)
     return torch.optim.AdamW(groups, **kw)
 
 
@@ -112,7 +130,9 @@ def add_common_args(ap):
     """Adds to the argparse parser ``ap`` the options both framework examples share (optimizer,
     policy, model size, batch, schedule, AdamW's hyper-parameters, clipping, device, corpus, seed,
     log); returns ``ap``."""
-    ap.add_argument("--optimizer", choices=["dos", "adamw"], default="dos")
+    ap.add_argument("--optimizer", choices=["dos", "adamw", "adamw-cpu-offload"], default="dos",
+                    help="dos: DeepOptimizerStates; adamw: torch.optim.AdamW on the model's device; "
+                         "adamw-cpu-offload: ZeRO-Offload's recipe (fp32 state in host memory, CPU AdamW)")
     ap.add_argument("--policy", default="dos", help="the runtime's scheduling policy (cpu, gpu, dos, static:R, dmda...)")
     ap.add_argument("--n-layer", type=int, default=2)
     ap.add_argument("--hidden", type=int, default=64)
@@ -164,7 +184,10 @@ def finish(args, result, opt, global_step):
 
 
 def exit_status(result):
-    """0 when the run recorded losses and all are finite, else 1."""
+    """3 when the run ran out of GPU memory (``summary["out_of_memory"]``), else 0 when it recorded
+    losses and all are finite, else 1."""
+    if result.get("summary", {}).get("out_of_memory"):
+        return 3
     ml = result["micro_losses"]
     return 0 if ml and all(math.isfinite(x) for x in ml) else 1
 
@@ -179,11 +202,17 @@ def parse_args(argv=None):
     ap.add_argument("--output-dir", default="hf_trainer_out")
     ap.add_argument("--save-steps", type=int, default=0, help="checkpoint every N steps (0: none)")
     ap.add_argument("--resume", help="a checkpoint folder to resume from, or 'last' (the newest in --output-dir)")
+    ap.add_argument("--gpu-memory-gb", type=float, default=0,
+                    help="cap torch's share of the GPU at this many GB (0: no cap), to stand for a smaller GPU")
     ap.add_argument("--clip-in", choices=["framework", "optimizer"],
                     help="who clips to --max-grad-norm: the Trainer (default) or, with --optimizer dos, the optimizer "
                          "(the default with --overlap; the run to compare an overlapped one with)")
     args = ap.parse_args(argv)
     check_common_args(ap, args)
+    if args.gpu_memory_gb < 0:
+        ap.error(f"--gpu-memory-gb must be >= 0 (0: no cap), got {args.gpu_memory_gb}")
+    if args.gpu_memory_gb and not torch.cuda.is_available():
+        ap.error("--gpu-memory-gb caps a GPU's memory, and this torch sees no CUDA device")
     if args.clip_in is None:
         args.clip_in = "optimizer" if args.overlap and args.optimizer == "dos" else "framework"
     if args.clip_in == "optimizer" and args.optimizer != "dos":
@@ -203,7 +232,7 @@ def main(argv=None):
         import transformers
     except ImportError:
         sys.exit("hf_trainer.py needs the transformers package (pip install transformers accelerate)")
-    from transformers import Trainer, TrainingArguments
+    from transformers import Trainer, TrainerCallback, TrainingArguments
 
     class RecordingTrainer(Trainer):
         """The Trainer, noting the loss of every micro-batch (``compute_loss``'s value) in the list
@@ -214,6 +243,15 @@ def main(argv=None):
             out = super().compute_loss(model, inputs, *a, **kw)
             self.micro_losses.append(float((out[0] if isinstance(out, tuple) else out).detach()))
             return out
+
+    class StepClock(TrainerCallback):
+        """Notes ``time.perf_counter()`` (seconds) at the end of every optimizer step in ``ends``."""
+
+        def __init__(self):
+            self.ends = []
+
+        def on_step_end(self, *a, **kw):
+            self.ends.append(time.perf_counter())
 
     use_cpu = args.device == "cpu" or (args.device == "auto" and not torch.cuda.is_available())
     # With --overlap the optimizer clips: the Trainer's clip_grad_norm_ writes every gradient in place
@@ -226,6 +264,9 @@ def main(argv=None):
         logging_steps=1, save_strategy="steps" if args.save_steps else "no", save_steps=args.save_steps or 500,
         report_to="none", dataloader_num_workers=0, disable_tqdm=True)
     transformers.set_seed(args.seed)
+    if args.gpu_memory_gb and targs.device.type == "cuda":
+        total = torch.cuda.get_device_properties(targs.device).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, args.gpu_memory_gb * 1e9 / total), targs.device)
     data, corpus_desc = load_corpus(args.corpus, args.corpus_glob, int(args.corpus_mb * 1e6))
     dataset = ByteWindows(data, args.seq_len)
     model = make_model(args.model, args.n_layer, args.hidden, args.heads, args.seq_len)
@@ -242,6 +283,8 @@ def main(argv=None):
           f"torch {torch.__version__}", flush=True)
     trainer = RecordingTrainer(model=model, args=targs, train_dataset=dataset, optimizers=(opt, sched))
     trainer.micro_losses = []
+    clock = StepClock()
+    trainer.add_callback(clock)
     verdicts = {}
     if args.overlap and args.optimizer == "dos":  # what the overlap did, step by step
         def count_verdicts(o, *a, **kw):
@@ -252,7 +295,21 @@ def main(argv=None):
     resume = None
     if args.resume:
         resume = True if args.resume == "last" else args.resume
-    trainer.train(resume_from_checkpoint=resume)
+    oom = None
+    metrics = {}
+    try:
+        metrics = trainer.train(resume_from_checkpoint=resume).metrics
+    except torch.cuda.OutOfMemoryError as e:
+        oom = str(e).split("\n")[0]
+        print(f"hf_trainer: out of GPU memory at global step {trainer.state.global_step}"
+              + (f" under --gpu-memory-gb {args.gpu_memory_gb:g}" if args.gpu_memory_gb else "") + f": {oom}",
+              flush=True)
+    per_step = args.batch_size * args.grad_accum
+    gaps = [b - a for a, b in zip(clock.ends, clock.ends[1:])]
+    step_s = statistics.median(gaps) if gaps else None
+    cuda = targs.device.type == "cuda"
+    if cuda:
+        free, total = torch.cuda.mem_get_info(targs.device)
     step_losses = [(h["step"], h["loss"]) for h in trainer.state.log_history if "loss" in h]
     ckpts = sorted(d for d in os.listdir(args.output_dir) if d.startswith("checkpoint-")) \
         if os.path.isdir(args.output_dir) else []
@@ -262,7 +319,17 @@ def main(argv=None):
                    resumed_from=args.resume, checkpoints=ckpts,
                    skipped_steps=getattr(opt, "skipped_steps", 0), overlap=bool(getattr(opt, "overlap", False)),
                    overlap_verdicts=verdicts, transformers=transformers.__version__,
-                   torch=torch.__version__)
+                   torch=torch.__version__, out_of_memory=oom, gpu_memory_cap_gb=args.gpu_memory_gb or None,
+                   train_samples_per_second=metrics.get("train_samples_per_second"),
+                   train_runtime=metrics.get("train_runtime"), median_step_seconds=step_s,
+                   steady_samples_per_second=per_step / step_s if step_s else None,
+                   max_gpu_memory_gb=torch.cuda.max_memory_allocated(targs.device) / 1e9 if cuda else None,
+                   device_memory_used_gb=(total - free) / 1e9 if cuda else None)
+    if metrics:
+        print(f"speed: {args.optimizer}: train_samples_per_second {metrics.get('train_samples_per_second')}"
+              + (f", steady {per_step / step_s:.2f} samples/s ({step_s:.4f} s per step)" if step_s else "")
+              + (f", peak torch GPU memory {summary['max_gpu_memory_gb']:.2f} GB, device in use "
+                 f"{summary['device_memory_used_gb']:.2f} GB" if cuda else ""), flush=True)
     result = dict(summary=summary, micro_losses=trainer.micro_losses, step_losses=step_losses,
                   final_params_sha256=params_digest(model))
     return finish(args, result, opt, trainer.state.global_step)

@@ -6,7 +6,7 @@
 # ./gpu-perf-out). Used through the `device` tool:
 #   run(command="scripts/gpu-perf.sh", carry=[".deps/cache"])
 # DOS_BUILD_DIR: the build folder (default build). PARTS (default "tests overhead tiny timeline sweep";
-# also "frameworks" and "train") picks the parts; ITERS (default 4). BIG_RUNS lines may name another
+# also "frameworks", "trainer" and "train") picks the parts; ITERS (default 4). BIG_RUNS lines may name another
 # --shard (the last one given wins), e.g. "q3on --shard 3/4 --policy dos --emulate-compute --overlap on".
 set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -72,6 +72,12 @@ if has frameworks; then
       > "$OUT/frameworks-$fw.log" 2>&1
     grep -E "^(ok|FAIL|[0-9]+ failure)|rror|verdicts|largest" "$OUT/frameworks-$fw.log" | tail -30
   done
+fi
+# The Hugging Face Trainer's speed, dos against ZeRO-Offload's recipe (scripts/gpu-trainer-speed.sh;
+# its environment passes through)
+if has trainer; then
+  echo "== scripts/gpu-trainer-speed.sh"
+  OUT=$OUT/trainer DOS_C_LIBRARY=$BUILD/libdos_c.so "$ROOT/scripts/gpu-trainer-speed.sh" 2>&1 | grep -vE "^\[starpu" | tail -40
 fi
 # PyTorch: the 1.01e9-parameter GPT of scripts/gpu-train.sh, short runs (TRAIN_SECONDS each for dos;
 # RUNS and BATCH pass through, e.g. RUNS="dos dos-overlap" BATCH=32 for the overlap)

@@ -28,6 +28,11 @@ gradients live on the GPU (``device="cuda"``) or, on a machine without one, on t
     of consecutive streamed subgroups overlap), the others as ``zero_offload``, concurrently. Same
     subgroups as dos-train's ``--sweep stride:K``.
 
+For training frameworks, :class:`ZeroOffloadAdamW` is ZeRO-Offload's recipe as a
+``torch.optim.Optimizer`` (param groups, schedulers, state dicts), the comparison run for
+``DeepOptimizerStates`` under the Hugging Face Trainer or Lightning (``examples/hf_trainer.py
+--optimizer adamw-cpu-offload``).
+
 The Adam arithmetic is PyTorch's own (``torch.optim.AdamW``, or ``torch.optim.Adam`` for
 ``optimizer="adam"``: L2 weight decay added to the gradient), with each subgroup's optimizer
 counting its own steps, as the runtime does. Hyper-parameter defaults are dos-train's.
@@ -622,6 +627,145 @@ def _time_variant(ws, variant, hyper, iterations, repeats, stream_slots, log):
         f"resident {r['subgroups']['resident']} streamed {r['subgroups']['streamed']}, Adam cpu {ph.impl_cpu}"
         f"{', gpu ' + ph.impl_gpu if ph.impl_gpu else ''}, 16-bit params != rounded master: {r['params_mismatch']}")
     return r
+
+
+# ------------------------------------------------------------------- a framework's optimizer
+class ZeroOffloadAdamW(torch.optim.Optimizer):
+    """ZeRO-Offload's recipe as a ``torch.optim.Optimizer`` that training frameworks accept (the
+    Hugging Face Trainer's ``optimizers=(opt, scheduler)``, a Lightning module's
+    ``configure_optimizers``): the run to compare ``DeepOptimizerStates`` with under a framework.
+
+    ``params``: parameters or param groups, as ``torch.optim.AdamW`` takes them; floating point
+    (fp32, bf16 or fp16), all on one device. Group options ``lr``, ``betas``, ``eps`` and
+    ``weight_decay`` (AdamW's decoupled decay) as ``torch.optim.AdamW``'s; a scheduler may change
+    them between steps. The fp32 master copy of every parameter and AdamW's ``exp_avg`` and
+    ``exp_avg_sq`` live in host memory (page-locked when the parameters are on a CUDA device). Each
+    :meth:`step` copies every gradient into an fp32 host buffer (16-bit gradients are converted to
+    fp32 on their device first), waits for the copies, runs ``torch.optim.AdamW`` on the host
+    (``fused`` where this torch has the CPU kernel, else ``foreach``) with each group's current
+    hyper-parameters, and copies the new parameters back (rounded to the parameter's dtype on the
+    host). A parameter whose ``grad`` is None is left as it is, as ``torch.optim.AdamW`` does.
+
+    Host memory: 12 bytes per parameter (master, ``exp_avg``, ``exp_avg_sq``) plus an fp32
+    gradient buffer (4 bytes) and, for 16-bit parameters, a 16-bit staging buffer (2 bytes).
+
+    ``state_dict()`` is ``torch.optim``'s format (``state`` per parameter index: ``step``,
+    ``exp_avg``, ``exp_avg_sq`` as host tensors; ``param_groups``) plus, for 16-bit parameters,
+    ``master`` (index -> fp32 host tensor), so that ``torch.load(..., weights_only=True)`` reads
+    it back and :meth:`load_state_dict` resumes bit for bit.
+
+    Raises ``ValueError`` when the parameters are not floating point or lie on several devices, and
+    whatever ``torch.optim.AdamW`` raises for its options (a negative ``lr``, betas outside
+    [0, 1))."""
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2):
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
+        ps = [p for g in self.param_groups for p in g["params"]]
+        devices = {p.device for p in ps}
+        if len(devices) > 1:
+            raise ValueError(f"the parameters lie on several devices ({', '.join(sorted(map(str, devices)))}): "
+                             "give ZeroOffloadAdamW the parameters of one device")
+        bad = [tuple(p.shape) for p in ps if not p.is_floating_point()]
+        if bad:
+            raise ValueError(f"parameters of shapes {bad[:3]} are not floating point: AdamW needs float parameters")
+        self._cuda = bool(ps) and ps[0].device.type == "cuda"
+        pin = self._cuda
+
+        def host(like, dtype):
+            return torch.empty(like.shape, dtype=dtype, pin_memory=pin)
+
+        self._masters, self._grads, self._staging = [], [], []
+        host_groups = []
+        for g in self.param_groups:
+            ms = []
+            for p in g["params"]:
+                m = host(p, torch.float32)
+                m.copy_(p.detach())
+                self._masters.append(m)
+                self._grads.append(host(p, torch.float32))
+                self._staging.append(host(p, p.dtype) if p.dtype != torch.float32 else None)
+                ms.append(m)
+            host_groups.append(dict(params=ms, **{k: g[k] for k in ("lr", "betas", "eps", "weight_decay")}))
+        impl = adam_impl("cpu")
+        self._host = torch.optim.AdamW(host_groups, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
+                                       **{impl: True})
+
+    def _pairs(self):
+        """(parameter, master index) for every parameter, group by group."""
+        i = 0
+        for g in self.param_groups:
+            for p in g["params"]:
+                yield p, i
+                i += 1
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        """One AdamW update of every parameter that has a gradient (see the class); returns what
+        ``closure`` (called with gradients enabled first, when given) returns, else None."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for g, hg in zip(self.param_groups, self._host.param_groups):
+            for k in ("lr", "betas", "eps", "weight_decay"):
+                hg[k] = g[k]
+        for p, i in self._pairs():
+            m = self._masters[i]
+            if p.grad is None:
+                m.grad = None
+                continue
+            gr = p.grad if p.grad.dtype == torch.float32 else p.grad.float()
+            self._grads[i].copy_(gr, non_blocking=self._cuda)
+            m.grad = self._grads[i]
+        if self._cuda:
+            torch.cuda.synchronize()
+        self._host.step()
+        # the host buffers are not written again before the next step's synchronisation, which
+        # follows these copies on the same stream
+        for p, i in self._pairs():
+            if p.grad is None:
+                continue
+            src = self._masters[i]
+            if self._staging[i] is not None:
+                self._staging[i].copy_(src)
+                src = self._staging[i]
+            p.copy_(src, non_blocking=self._cuda)
+        return loss
+
+    def state_dict(self):
+        """``torch.optim``'s state dict of the host AdamW under this optimizer's param groups, plus
+        ``master`` (index -> fp32 host tensor) when the parameters are 16-bit. Tensors are the live
+        host buffers: copy them (``torch.save`` does) before the next step."""
+        if self._cuda:
+            torch.cuda.synchronize()
+        sd = super().state_dict()
+        sd["state"] = self._host.state_dict()["state"]
+        if any(s is not None for s in self._staging):
+            sd["master"] = {i: m for i, m in enumerate(self._masters)}
+        return sd
+
+    def load_state_dict(self, state_dict):
+        """Restores what :meth:`state_dict` returned (groups, AdamW state and, when present, the fp32
+        masters; without ``master`` the masters are read from the parameters). Raises
+        ``ValueError`` when the groups or the masters' shapes do not match this optimizer's."""
+        sd = dict(state_dict)
+        masters = sd.pop("master", None)
+        sources = []
+        for p, i in self._pairs():  # checked before anything changes
+            src = masters.get(i, masters.get(str(i))) if masters is not None else None
+            src = p.detach() if src is None else src
+            if tuple(src.shape) != tuple(self._masters[i].shape):
+                raise ValueError(f"master {i} has shape {tuple(src.shape)}, the parameter "
+                                 f"{tuple(self._masters[i].shape)}: a state dict of another model")
+            sources.append(src)
+        super().load_state_dict(dict(sd, state={}))
+        host_sd = self._host.state_dict()
+        self._host.load_state_dict(dict(state=sd["state"], param_groups=[
+            dict(hg, **{k: g[k] for k in ("lr", "betas", "eps", "weight_decay")})
+            for hg, g in zip(host_sd["param_groups"], self.param_groups)]))
+        with torch.no_grad():
+            for i, src in enumerate(sources):
+                self._masters[i].copy_(src)
 
 
 # ---------------------------------------------------------------------------------- command line

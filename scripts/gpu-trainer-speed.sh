@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# On the GPU machine (offline), from the repository root after `scripts/setup.sh build`: the Hugging
+# Face Trainer's speed with our optimizer against ZeRO-Offload's recipe, one process per run, with
+# examples/hf_trainer.py: a LlamaForCausalLM of about 1.07e9 parameters (LAYERS 16, HIDDEN 2048,
+# HEADS 16, SEQ 512; fp32 parameters, bf16 mixed precision, the Trainer's clipping at 1.0, cosine
+# schedule), BATCH 8, STEPS 20 optimizer steps, torch's share of the GPU capped at CAP_GB (16) GB so
+# that AdamW's state does not fit beside the model (16 bytes per parameter for the fp32 parameters,
+# gradients and AdamW's two moments, activations apart). Runs (RUNS, in order):
+#   dos                --optimizer dos --policy POLICY (dos)        under the cap
+#   adamw-cpu-offload  --optimizer adamw-cpu-offload                under the cap
+#   adamw              --optimizer adamw (on the GPU)               under the cap (expected: out of memory)
+#   adamw-nocap        --optimizer adamw                            without the cap (the GPU's own speed)
+# Each run's log and JSON go to $OUT (default ./gpu-trainer-speed-out); summary.md tabulates the
+# Trainer's train_samples_per_second, the steady samples/s (median step after the first), the peak
+# GPU memory torch allocated and the device memory in use at the end (all allocators: the runtime's
+# buffers too), and the ratio of dos to the offload recipe.
+#   OUT=/some/dir scripts/gpu-trainer-speed.sh
+# Environment: RUNS, LAYERS, HIDDEN, HEADS, SEQ, BATCH, STEPS, CAP_GB, POLICY, SUBGROUP (1e8),
+# DOS_C_LIBRARY (default build/libdos_c.so), SECONDS_PER_RUN (240: each run's timeout).
+set -u
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT"
+OUT=${OUT:-$ROOT/gpu-trainer-speed-out}
+mkdir -p "$OUT"
+LAYERS=${LAYERS:-16} HIDDEN=${HIDDEN:-2048} HEADS=${HEADS:-16} SEQ=${SEQ:-512} BATCH=${BATCH:-8}
+STEPS=${STEPS:-20} CAP_GB=${CAP_GB:-16} POLICY=${POLICY:-dos} SUBGROUP=${SUBGROUP:-1e8}
+RUNS=${RUNS:-dos adamw-cpu-offload adamw adamw-nocap} SECONDS_PER_RUN=${SECONDS_PER_RUN:-240}
+[ -f .deps/env.sh ] && . .deps/env.sh
+export DOS_C_LIBRARY=${DOS_C_LIBRARY:-$ROOT/build/libdos_c.so} PYTHONPATH=$ROOT/python${PYTHONPATH:+:$PYTHONPATH}
+export PYTHONUNBUFFERED=1 STARPU_SILENT=1
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null | sed 's/^/gpu: /'
+common=(--model llama --n-layer "$LAYERS" --hidden "$HIDDEN" --heads "$HEADS" --seq-len "$SEQ"
+        --batch-size "$BATCH" --steps "$STEPS" --bf16 --device cuda --lr 3e-4 --warmup 5 --max-grad-norm 1.0
+        --subgroup-size "$SUBGROUP" --policy "$POLICY" --output-dir "$OUT/trainer-out")
+for name in $RUNS; do
+  case $name in
+    dos) extra=(--optimizer dos --gpu-memory-gb "$CAP_GB") ;;
+    adamw-cpu-offload) extra=(--optimizer adamw-cpu-offload --gpu-memory-gb "$CAP_GB") ;;
+    adamw) extra=(--optimizer adamw --gpu-memory-gb "$CAP_GB") ;;
+    adamw-nocap) extra=(--optimizer adamw) ;;
+    *) echo "RUNS: unknown run '$name' (dos, adamw-cpu-offload, adamw, adamw-nocap)"; exit 2 ;;
+  esac
+  echo "== $name: examples/hf_trainer.py ${common[*]} ${extra[*]}"
+  timeout "$SECONDS_PER_RUN" python3 examples/hf_trainer.py "${common[@]}" "${extra[@]}" \
+    --log-json "$OUT/$name.json" > "$OUT/$name.log" 2>&1
+  echo "exit status $? (3: out of GPU memory)"
+  grep -E "^(hf_trainer|speed|summary)|Error" "$OUT/$name.log" | cut -c1-300
+done
+OUT="$OUT" python3 - <<'EOF'
+import json, os
+out = os.environ["OUT"]
+rows = ["| run | parameters | GPU cap (torch) GB | result | Trainer samples/s | steady samples/s | s per step "
+        "| peak torch GPU GB | device in use GB |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+runs = {}
+for name in ("dos", "adamw-cpu-offload", "adamw", "adamw-nocap"):
+    p = os.path.join(out, name + ".json")
+    if not os.path.exists(p):
+        continue
+    s = json.load(open(p))["summary"]
+    runs[name] = s
+    f = lambda x, fmt: "-" if x is None else format(x, fmt)
+    res = "out of memory" if s.get("out_of_memory") else f"{s['steps']} steps"
+    rows.append(f"| {name} | {s['params']:,} | {f(s.get('gpu_memory_cap_gb'), 'g')} | {res} "
+                f"| {f(s.get('train_samples_per_second'), '.2f')} | {f(s.get('steady_samples_per_second'), '.2f')} "
+                f"| {f(s.get('median_step_seconds'), '.4f')} | {f(s.get('max_gpu_memory_gb'), '.2f')} "
+                f"| {f(s.get('device_memory_used_gb'), '.2f')} |")
+text = "\n".join(rows)
+a, b = runs.get("dos"), runs.get("adamw-cpu-offload")
+if a and b and a.get("steady_samples_per_second") and b.get("steady_samples_per_second"):
+    text += (f"\n\ndos against adamw-cpu-offload: steady samples/s {a['steady_samples_per_second'] / b['steady_samples_per_second']:.2f}x"
+             f", Trainer samples/s {a['train_samples_per_second'] / b['train_samples_per_second']:.2f}x")
+print(text)
+open(os.path.join(out, "summary.md"), "w").write(text + "\n")
+EOF

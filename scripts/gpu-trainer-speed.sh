@@ -46,6 +46,7 @@ for name in $RUNS; do
   echo "exit status $? (3: out of GPU memory)"
   grep -E "^(hf_trainer|speed|summary)|Error" "$OUT/$name.log" | cut -c1-300
 done
+rm -rf "$OUT/trainer-out"  # the Trainer's output folder (no checkpoints are asked for)
 OUT="$OUT" python3 - <<'EOF'
 import json, os
 out = os.environ["OUT"]

@@ -31,8 +31,8 @@ compare with. ``--gpu-memory-gb G`` caps torch's share of the GPU at G GB
 (``torch.cuda.set_per_process_memory_fraction``), which makes a model whose optimizer state does
 not fit beside it on such a GPU: a run that runs out of memory ends with exit status 3 and
 ``out_of_memory`` in its summary. The cap covers torch's allocations only; the runtime's own device
-buffers (``dos``) are counted in the summary's ``device_memory_used_gb`` (the whole device's use at
-the end, from ``torch.cuda.mem_get_info``). ``scripts/gpu-trainer-speed.sh`` runs the comparison.
+buffers (``dos``) are bounded by ``--gpu-update-budget-gb`` and counted in the summary's
+``device_memory_used_gb`` (the whole device's use at the end, from ``torch.cuda.mem_get_info``). ``scripts/gpu-trainer-speed.sh`` runs the comparison.
 
 ``--overlap`` (with ``--optimizer dos``) overlaps the update with backward
 (``DeepOptimizerStates(overlap=True)``, the same bits) and moves the clipping from the Trainer into
@@ -117,9 +117,11 @@ def make_optimizer(args, model, clip_in_optimizer=False):
     kw = dict(lr=args.lr, betas=(args.beta1, args.beta2), eps=args.eps)
     if args.optimizer == "dos":
         clip = args.max_grad_norm if clip_in_optimizer and args.max_grad_norm > 0 else None
+        budget = getattr(args, "gpu_update_budget_gb", 0)
         return DeepOptimizerStates(groups, decoupled=True, policy=args.policy, max_grad_norm=clip,
                                    subgroup_size=int(float(args.subgroup_size)),
-                                   overlap=bool(getattr(args, "overlap", False)), **kw)
+                                   overlap=bool(getattr(args, "overlap", False)),
+                                   gpu_update_budget=int(budget * 1e9) if budget else None, **kw)
     if args.optimizer == "adamw-cpu-offload":
         from deep_optimizer_states.baselines import ZeroOffloadAdamW
         return ZeroOffloadAdamW(groups, **kw)
@@ -204,6 +206,9 @@ def parse_args(argv=None):
     ap.add_argument("--resume", help="a checkpoint folder to resume from, or 'last' (the newest in --output-dir)")
     ap.add_argument("--gpu-memory-gb", type=float, default=0,
                     help="cap torch's share of the GPU at this many GB (0: no cap), to stand for a smaller GPU")
+    ap.add_argument("--gpu-update-budget-gb", type=float, default=0,
+                    help="with --optimizer dos: GB of GPU memory the runtime's update phase may hold (0: no limit "
+                         "but StarPU's own); beside --gpu-memory-gb, which caps torch's share only")
     ap.add_argument("--clip-in", choices=["framework", "optimizer"],
                     help="who clips to --max-grad-norm: the Trainer (default) or, with --optimizer dos, the optimizer "
                          "(the default with --overlap; the run to compare an overlapped one with)")
@@ -211,6 +216,9 @@ def parse_args(argv=None):
     check_common_args(ap, args)
     if args.gpu_memory_gb < 0:
         ap.error(f"--gpu-memory-gb must be >= 0 (0: no cap), got {args.gpu_memory_gb}")
+    if args.gpu_update_budget_gb < 0 or (args.gpu_update_budget_gb and args.optimizer != "dos"):
+        ap.error(f"--gpu-update-budget-gb must be >= 0 and goes with --optimizer dos, got {args.gpu_update_budget_gb} "
+                 f"with --optimizer {args.optimizer}")
     if args.gpu_memory_gb and not torch.cuda.is_available():
         ap.error("--gpu-memory-gb caps a GPU's memory, and this torch sees no CUDA device")
     if args.clip_in is None:
@@ -320,6 +328,7 @@ def main(argv=None):
                    skipped_steps=getattr(opt, "skipped_steps", 0), overlap=bool(getattr(opt, "overlap", False)),
                    overlap_verdicts=verdicts, transformers=transformers.__version__,
                    torch=torch.__version__, out_of_memory=oom, gpu_memory_cap_gb=args.gpu_memory_gb or None,
+                   gpu_update_budget_gb=args.gpu_update_budget_gb or None,
                    train_samples_per_second=metrics.get("train_samples_per_second"),
                    train_runtime=metrics.get("train_runtime"), median_step_seconds=step_s,
                    steady_samples_per_second=per_step / step_s if step_s else None,

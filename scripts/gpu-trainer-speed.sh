@@ -3,19 +3,20 @@
 # Face Trainer's speed with our optimizer against ZeRO-Offload's recipe, one process per run, with
 # examples/hf_trainer.py: a LlamaForCausalLM of about 1.07e9 parameters (LAYERS 16, HIDDEN 2048,
 # HEADS 16, SEQ 512; fp32 parameters, bf16 mixed precision, the Trainer's clipping at 1.0, cosine
-# schedule), BATCH 8, STEPS 20 optimizer steps, torch's share of the GPU capped at CAP_GB (16) GB so
-# that AdamW's state does not fit beside the model (16 bytes per parameter for the fp32 parameters,
-# gradients and AdamW's two moments, activations apart). Runs (RUNS, in order):
-#   dos                --optimizer dos --policy POLICY (dos)        under the cap
-#   adamw-cpu-offload  --optimizer adamw-cpu-offload                under the cap
-#   adamw              --optimizer adamw (on the GPU)               under the cap (expected: out of memory)
-#   adamw-nocap        --optimizer adamw                            without the cap (the GPU's own speed)
+# schedule), BATCH 8, STEPS 20 optimizer steps, each run's GPU memory bounded by TOTAL_GB (20) GB, in
+# which AdamW's state does not fit beside the model (fp32 parameters, gradients and AdamW's two
+# moments take 16 bytes per parameter, 17.2 GB, and the activations about 7 GB more). Runs (RUNS):
+#   dos                --optimizer dos --policy POLICY (dos): torch capped at TOTAL_GB - UPDATE_GB,
+#                      the runtime's update phase at UPDATE_GB (4) GB (--gpu-update-budget-gb)
+#   adamw-cpu-offload  --optimizer adamw-cpu-offload: torch capped at TOTAL_GB
+#   adamw              --optimizer adamw (on the GPU): torch capped at TOTAL_GB (expected: out of memory)
+#   adamw-nocap        --optimizer adamw without a cap (the GPU's own speed)
 # Each run's log and JSON go to $OUT (default ./gpu-trainer-speed-out); summary.md tabulates the
 # Trainer's train_samples_per_second, the steady samples/s (median step after the first), the peak
 # GPU memory torch allocated and the device memory in use at the end (all allocators: the runtime's
 # buffers too), and the ratio of dos to the offload recipe.
 #   OUT=/some/dir scripts/gpu-trainer-speed.sh
-# Environment: RUNS, LAYERS, HIDDEN, HEADS, SEQ, BATCH, STEPS, CAP_GB, POLICY, SUBGROUP (1e8),
+# Environment: RUNS, LAYERS, HIDDEN, HEADS, SEQ, BATCH, STEPS, TOTAL_GB, UPDATE_GB, POLICY, SUBGROUP (1e8),
 # DOS_C_LIBRARY (default build/libdos_c.so), SECONDS_PER_RUN (240: each run's timeout).
 set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -23,7 +24,7 @@ cd "$ROOT"
 OUT=${OUT:-$ROOT/gpu-trainer-speed-out}
 mkdir -p "$OUT"
 LAYERS=${LAYERS:-16} HIDDEN=${HIDDEN:-2048} HEADS=${HEADS:-16} SEQ=${SEQ:-512} BATCH=${BATCH:-8}
-STEPS=${STEPS:-20} CAP_GB=${CAP_GB:-16} POLICY=${POLICY:-dos} SUBGROUP=${SUBGROUP:-1e8}
+STEPS=${STEPS:-20} TOTAL_GB=${TOTAL_GB:-20} UPDATE_GB=${UPDATE_GB:-4} POLICY=${POLICY:-dos} SUBGROUP=${SUBGROUP:-1e8}
 RUNS=${RUNS:-dos adamw-cpu-offload adamw adamw-nocap} SECONDS_PER_RUN=${SECONDS_PER_RUN:-240}
 [ -f .deps/env.sh ] && . .deps/env.sh
 export DOS_C_LIBRARY=${DOS_C_LIBRARY:-$ROOT/build/libdos_c.so} PYTHONPATH=$ROOT/python${PYTHONPATH:+:$PYTHONPATH}
@@ -34,9 +35,10 @@ common=(--model llama --n-layer "$LAYERS" --hidden "$HIDDEN" --heads "$HEADS" --
         --subgroup-size "$SUBGROUP" --policy "$POLICY" --output-dir "$OUT/trainer-out")
 for name in $RUNS; do
   case $name in
-    dos) extra=(--optimizer dos --gpu-memory-gb "$CAP_GB") ;;
-    adamw-cpu-offload) extra=(--optimizer adamw-cpu-offload --gpu-memory-gb "$CAP_GB") ;;
-    adamw) extra=(--optimizer adamw --gpu-memory-gb "$CAP_GB") ;;
+    dos) extra=(--optimizer dos --gpu-memory-gb "$(python3 -c "print($TOTAL_GB - $UPDATE_GB)")"
+                --gpu-update-budget-gb "$UPDATE_GB") ;;
+    adamw-cpu-offload) extra=(--optimizer adamw-cpu-offload --gpu-memory-gb "$TOTAL_GB") ;;
+    adamw) extra=(--optimizer adamw --gpu-memory-gb "$TOTAL_GB") ;;
     adamw-nocap) extra=(--optimizer adamw) ;;
     *) echo "RUNS: unknown run '$name' (dos, adamw-cpu-offload, adamw, adamw-nocap)"; exit 2 ;;
   esac
@@ -50,7 +52,7 @@ rm -rf "$OUT/trainer-out"  # the Trainer's output folder (no checkpoints are ask
 OUT="$OUT" python3 - <<'EOF'
 import json, os
 out = os.environ["OUT"]
-rows = ["| run | parameters | GPU cap (torch) GB | result | Trainer samples/s | steady samples/s | s per step "
+rows = ["| run | parameters | torch's GPU cap GB | result | Trainer samples/s | steady samples/s | s per step "
         "| peak torch GPU GB | device in use GB |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
 runs = {}
 for name in ("dos", "adamw-cpu-offload", "adamw", "adamw-nocap"):

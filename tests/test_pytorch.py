@@ -39,6 +39,11 @@ GPU or the runtime has no CUDA worker.
    running torch's weights-only allowlist and every opcode is one that torch 2.x's weights-only
    unpickler reads; where torch >= 2.0, the real torch.load(weights_only=True) loads it; a fresh
    optimizer loading it continues bit for bit like the uninterrupted one.
+6. GPU budgets (gpu_update_budget, gpu_resident_budget): values that are not integers in range
+   refused with the option named; a bf16 model trained 4 steps with a tight update budget and a
+   resident budget of two subgroups gives the same bits as without them; on CUDA with policy dos, an
+   update budget of 1 byte (below any streamed subgroup) leaves every update on the CPU. Without a
+   CUDA worker the budgets have no effect, so there only the refusals and the same bits are checked.
 """
 
 import argparse
@@ -658,6 +663,30 @@ def test_dropped_wrapper(device, policy):
     o2.close()
 
 
+def test_gpu_budgets(device, policy):
+    m = make_model(device, torch.float32)
+    for name, bad in (("gpu_update_budget", 0), ("gpu_update_budget", -5), ("gpu_update_budget", True),
+                      ("gpu_update_budget", 1.5), ("gpu_resident_budget", -1), ("gpu_resident_budget", "1GB")):
+        expect_error(ValueError, name, lambda: make_opt(m, policy, **{name: bad}), f"{name}={bad!r}")
+    runs = []
+    for kw in ({}, dict(gpu_update_budget=64 * 1024, gpu_resident_budget=2 * 12 * 700)):
+        mk = make_model(device, torch.bfloat16)
+        o = make_opt(mk, policy, **kw)
+        losses = train_steps(mk, o, range(1, 5), device)
+        runs.append((losses, snapshot(mk, o)))
+        o.close()
+    check(runs[0][0] == runs[1][0] and same_snapshot(runs[0][1], runs[1][1]),
+          "a 64 KiB update budget and a resident budget of two subgroups: losses, parameters and state bit for bit "
+          "as without budgets")
+    if device == "cuda" and policy == "dos":
+        mk = make_model(device, torch.bfloat16)
+        o = make_opt(mk, policy, gpu_update_budget=1)
+        train_steps(mk, o, range(1, 3), device)
+        on_gpu = sum(st["subgroups_gpu"] for st in o.last_step["stats"])
+        check(on_gpu == 0, f"an update budget of 1 byte: every update on the CPU ({on_gpu} on the GPU)")
+        o.close()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default="cpu")
@@ -682,6 +711,7 @@ def main():
     test_framework_paths(args.device, args.policy)
     test_weights_only_state_dict(args.device, args.policy)
     test_dropped_wrapper(args.device, args.policy)
+    test_gpu_budgets(args.device, args.policy)
     dos.shutdown()
     print(f"{len(failures)} failure(s); {time.time() - t0:.1f} s")
     for f in failures:

@@ -148,6 +148,17 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _State, torch.optim.Optimiz
         :meth:`overlap_forward`, whose first layers otherwise wait for nearly the whole phase when
         the plan puts their subgroups on the CPU; measured slower for a phase run alone (README),
         hence False by default. The same bits either way.
+      gpu_update_budget (int or None): bytes of GPU memory each bucket's update phase may hold at once
+        (streamed subgroups' state, gradients and parameters in flight), >= 1; subgroups beyond it
+        wait, and a budget below one streamed subgroup's footprint (about 16 bytes per element for
+        bf16 parameters) leaves every subgroup that is not resident on the CPU. None (default): no
+        limit but StarPU's own (90% of the device). Buckets step one after the other, except phases
+        left running into the next forward (:meth:`overlap_forward`), which hold one budget each.
+      gpu_resident_budget (int or None): bytes of optimizer state (12 per parameter) each bucket may
+        keep on the GPU between steps, >= 0; None (default): not given (policies ``dos`` and ``gpu``
+        then keep nothing resident). Both budgets take effect only when the runtime has a CUDA
+        worker, are the same bits either way, and are the runtime's ``OptimizerOptions`` fields of
+        the same names.
 
     Overlap: which backward is the last before :meth:`step` is not known while it runs (gradient
     accumulation runs several, and the hooks fire in each). The optimizer counts the backward
@@ -192,7 +203,7 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _State, torch.optim.Optimiz
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=None, decoupled=True,
                  subgroup_size=100_000_000, policy=None, max_grad_norm=None, skip_nonfinite=True,
                  cpu_threads=0, cpu_workers=0, ncuda=-1, verbose=False, overlap=False, speculation_budget=None,
-                 speculate_streamed=True, urgent_writeback=False):
+                 speculate_streamed=True, urgent_writeback=False, gpu_update_budget=None, gpu_resident_budget=None):
         if weight_decay is None:
             weight_decay = 1e-2 if decoupled else 0.0
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, decoupled=bool(decoupled))
@@ -227,6 +238,12 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _State, torch.optim.Optimiz
         if not isinstance(urgent_writeback, bool):
             raise ValueError(f"urgent_writeback must be True or False, got {urgent_writeback!r}")
         self.urgent_writeback = urgent_writeback
+        for name, value, low in (("gpu_update_budget", gpu_update_budget, 1),
+                                 ("gpu_resident_budget", gpu_resident_budget, 0)):
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < low):
+                raise ValueError(f"{name} must be None or an integer >= {low} (bytes), got {value!r}")
+        self.gpu_update_budget = gpu_update_budget
+        self.gpu_resident_budget = gpu_resident_budget
         self.subgroup_size = subgroup_size
         self.max_grad_norm = None if max_grad_norm is None else float(max_grad_norm)
         self.skip_nonfinite = bool(skip_nonfinite)
@@ -360,7 +377,9 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _State, torch.optim.Optimiz
                     subgroup_size=self.subgroup_size, dtype=_DTYPES[b.dtype],
                     memory=_capi.MEMORY_CUDA if b.device.type == "cuda" else _capi.MEMORY_HOST, verbose=bool(verbose),
                     speculation_budget=-1 if self.speculation_budget is None else self.speculation_budget,
-                    speculate_streamed=int(self.speculate_streamed), urgent_writeback=int(self.urgent_writeback))
+                    speculate_streamed=int(self.speculate_streamed), urgent_writeback=int(self.urgent_writeback),
+                    gpu_update_budget=self.gpu_update_budget or 0,
+                    gpu_resident_budget=-1 if self.gpu_resident_budget is None else self.gpu_resident_budget)
                 _capi.check(
                     L.dos_optimizer_create(self.runtime.handle, nt, params, grads, numels, ctypes.byref(options),
                                            ctypes.byref(h)),

@@ -22,6 +22,8 @@ micro-batches, 20 optimizer steps, warm-up and cosine schedule, clipping at 1.0,
 4. (hf only) the update overlapped with backward (``--overlap``, clipping in the optimizer): the
    losses and final parameters of the run without overlap that clips in the optimizer, bit for bit
    on the CPU (within LOSS_RTOL_CUDA on CUDA), and a resume from its own checkpoint as in 2.
+Once per framework: ZeRO-Offload's recipe (``--optimizer adamw-cpu-offload``) against AdamW, and
+its resume from the framework's checkpoint, as in 1 and 2.
 The losses compared are those the framework back-propagates per micro-batch (the Trainer may
 divide them by the tokens of all the step's micro-batches: the same for both optimizers).
 """
@@ -95,8 +97,8 @@ def checkpoint_of(framework, out):
     return os.path.join(ck, names[0]) if names else os.path.join(ck, f"(none for step {SAVE_AT})")
 
 
-def check_resume(framework, device, policy, label, whole, out, resumed_out, extra=()):
-    """The ``dos`` run ``whole`` under ``policy`` (its JSON log, written in ``out``) resumed from its
+def check_resume(framework, device, policy, label, whole, out, resumed_out, extra=(), optimizer="dos"):
+    """The ``optimizer`` run ``whole`` under ``policy`` (its JSON log, written in ``out``) resumed from its
     step-SAVE_AT checkpoint with the same arguments plus ``extra``, into ``resumed_out``: the checkpoint exists,
     and the resumed run's losses are the uninterrupted run's from there, bit for bit with the same
     final parameters on the CPU, within LOSS_RTOL_CUDA on CUDA. ``label`` starts the messages."""
@@ -104,7 +106,7 @@ def check_resume(framework, device, policy, label, whole, out, resumed_out, extr
     check(os.path.exists(ck), f"{label}: the framework wrote the step-{SAVE_AT} checkpoint ({ck})")
     if not os.path.exists(ck):
         return
-    c = run(framework, resumed_out, "dos", policy, device, list(extra) + ["--resume", ck])
+    c = run(framework, resumed_out, optimizer, policy, device, list(extra) + ["--resume", ck])
     if not c:
         return
     tail = whole["micro_losses"][SAVE_AT * ACCUM:]
@@ -160,6 +162,25 @@ def test_policy(framework, device, policy, tmp):
               f"({max(rel):.3e})")
 
 
+def test_offload_recipe(framework, device, tmp):
+    """ZeRO-Offload's recipe (``--optimizer adamw-cpu-offload``, the comparison run for speed) under
+    the framework: fp32 losses within the binding's tolerance of torch.optim.AdamW's (as for dos),
+    and resumed from the framework's step-SAVE_AT checkpoint, the uninterrupted run's losses."""
+    d = {k: os.path.join(tmp, f"{framework}-offload-{k}") for k in ("offload", "adamw", "resumed")}
+    a = run(framework, d["offload"], "adamw-cpu-offload", "cpu", device)
+    b = run(framework, d["adamw"], "adamw", "cpu", device)
+    if a and b:
+        la, lb = a["micro_losses"], b["micro_losses"]
+        rel = rel_diffs(la, lb) if len(la) == len(lb) and la else [float("inf")]
+        print(f"{framework} adamw-cpu-offload: {la[0]:.5f} -> {la[-1]:.5f}, adamw {lb[0]:.5f} -> {lb[-1]:.5f}; "
+              f"largest relative difference {max(rel):.3e}", flush=True)
+        tol = LOSS_RTOL_CUDA if device == "cuda" else LOSS_RTOL_LATE
+        check(max(rel) <= tol, f"adamw-cpu-offload: {len(la)} losses within {tol:g} of torch.optim.AdamW's")
+    if a:
+        check_resume(framework, device, "cpu", "adamw-cpu-offload", a, d["offload"], d["resumed"],
+                     optimizer="adamw-cpu-offload")
+
+
 def test_hf_overlap(device, policy, tmp):
     """The Trainer with the update overlapped with backward (``--overlap``): the losses and final
     parameters of the same run without overlap, clipping in the optimizer (``--clip-in
@@ -212,6 +233,7 @@ def main():
             test_policy(args.framework, device, p, tmp)
             if args.framework == "hf":
                 test_hf_overlap(device, p, tmp)
+        test_offload_recipe(args.framework, device, tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"{len(failures)} failure(s)")

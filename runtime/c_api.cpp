@@ -39,6 +39,9 @@ struct dos_optimizer {
   // (Optimizer::wait_step_work). Joined before wait_step and before `opt` goes.
   std::thread pauser;
   std::unique_ptr<dos::Optimizer> opt;
+  // The last ended phase's timeline (dos_optimizer_last_timeline) and start (runtime clock, s).
+  std::vector<dos::TimelineTask> last_timeline;
+  double last_started_at = 0;
   void join_pauser() {
     if (pauser.joinable()) pauser.join();
   }
@@ -171,6 +174,13 @@ void copy_stats(const dos::StepStats& s, dos_step_stats* stats) {
   stats->redone = s.redone;
   stats->overlapped = s.overlapped ? 1 : 0;
   stats->skipped = s.skipped ? 1 : 0;
+}
+
+/// copy_stats, keeping the phase's timeline and start in `opt` for dos_optimizer_last_timeline.
+void keep_stats(dos_optimizer* opt, const dos::StepStats& s, dos_step_stats* stats) {
+  opt->last_timeline = s.timeline;
+  opt->last_started_at = s.started_at;
+  copy_stats(s, stats);
 }
 
 /// DOS_E_INVALID naming `fn` when a phase of `opt` is open (the calls that read or replace the
@@ -416,7 +426,7 @@ int dos_optimizer_step(dos_optimizer* opt, dos_step_stats* stats) {
   if (!opt) return fail(DOS_E_INVALID, "dos_optimizer_step: optimizer is NULL");
   if (refuse_if_open(opt, "dos_optimizer_step") != DOS_OK) return DOS_E_INVALID;
   Active active;
-  return guarded([&] { copy_stats(opt->opt->step(), stats); }, false);
+  return guarded([&] { keep_stats(opt, opt->opt->step(), stats); }, false);
 }
 
 
@@ -482,7 +492,7 @@ int dos_optimizer_finish_step(dos_optimizer* opt, int verdict, dos_step_stats* s
   dos::StepVerdict v;
   if (!finish_verdict(opt, verdict, "dos_optimizer_finish_step", &v)) return DOS_E_INVALID;
   Active active;  // held past the release of the phase's own, until the end of this call
-  const int rc = guarded([&] { copy_stats(opt->opt->finish_step(v), stats); }, false);
+  const int rc = guarded([&] { keep_stats(opt, opt->opt->finish_step(v), stats); }, false);
   if (!opt->opt->step_open()) opt->open_phase.reset();  // closed: done, or failed (the optimizer is then broken)
   return rc;
 }
@@ -514,10 +524,42 @@ int dos_optimizer_wait_step(dos_optimizer* opt, dos_step_stats* stats) {
     return fail(DOS_E_INVALID, "dos_optimizer_wait_step: no phase was finished by dos_optimizer_finish_step_async");
   opt->join_pauser();  // the phase's tasks have ended
   Active active;       // the workers may have been paused since: awake for the rest of the phase's closing
-  const int rc = guarded([&] { copy_stats(opt->opt->wait_step(), stats); }, false);
+  const int rc = guarded([&] { keep_stats(opt, opt->opt->wait_step(), stats); }, false);
   if (!opt->opt->step_open()) opt->open_phase.reset();
   return rc;
 }
+
+int dos_optimizer_set_timeline(dos_optimizer* opt, int on) {
+  if (!opt) return fail(DOS_E_INVALID, "dos_optimizer_set_timeline: optimizer is NULL");
+  if (on != 0 && on != 1) return fail(DOS_E_INVALID, "dos_optimizer_set_timeline: on must be 0 or 1, got " + std::to_string(on));
+  if (refuse_if_open(opt, "dos_optimizer_set_timeline") != DOS_OK) return DOS_E_INVALID;
+  opt->opt->set_timeline(on == 1);
+  return DOS_OK;
+}
+
+int dos_optimizer_last_timeline(const dos_optimizer* opt, dos_timeline_task* tasks, size_t capacity, size_t* count,
+                                double* started_at) {
+  if (!opt || !count) return fail(DOS_E_INVALID, "dos_optimizer_last_timeline: optimizer or count is NULL");
+  if (!tasks && capacity > 0)
+    return fail(DOS_E_INVALID, "dos_optimizer_last_timeline: tasks is NULL with a capacity of " + std::to_string(capacity));
+  const std::vector<dos::TimelineTask>& tl = opt->last_timeline;
+  for (size_t i = 0; i < tl.size() && i < capacity; ++i) {
+    const dos::TimelineTask& t = tl[i];
+    tasks[i].lane = t.lane == "gpu" ? DOS_LANE_GPU : DOS_LANE_CPU;
+    tasks[i].kind = t.what == "adam_spec" ? DOS_TASK_ADAM_SPEC
+                    : t.what == "gather"  ? DOS_TASK_GATHER
+                    : t.what == "scatter" ? DOS_TASK_SCATTER
+                                          : DOS_TASK_ADAM;
+    tasks[i].subgroup = t.subgroup;
+    tasks[i].start = t.start;
+    tasks[i].end = t.end;
+  }
+  *count = tl.size();
+  if (started_at) *started_at = opt->last_started_at;
+  return DOS_OK;
+}
+
+double dos_clock_seconds(void) { return dos::clock_seconds(); }
 
 int dos_optimizer_step_open(const dos_optimizer* opt) { return opt && opt->opt->step_open() ? 1 : 0; }
 

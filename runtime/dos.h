@@ -94,6 +94,12 @@ struct RuntimeOptions {
   int node_ranks = 1;
 };
 
+/// The runtime's clock, seconds: StarPU's (starpu_timing_now(): CLOCK_MONOTONIC_RAW where the
+/// kernel has it, else CLOCK_MONOTONIC, counted from StarPU's start while a Runtime runs), which
+/// StepStats::started_at and the task clock read. Another clock of the process relates to it by
+/// reading both at once.
+double clock_seconds();
+
 /// The process's StarPU instance (one at a time). Throws Error for an unknown policy, a plan that
 /// needs a CUDA worker ("gpu") without one, or when StarPU cannot start.
 class Runtime {
@@ -216,7 +222,7 @@ enum class StepVerdict { keep, changed, skip };
 
 /// One task or transfer sample of an update phase, for timelines. lane: "cpu" or "gpu" (an Adam,
 /// gradient conversion or parameter write-back task on that kind of worker); what: "adam",
-/// "gather" or "scatter"; subgroup: its index; start, end: seconds since the phase began
+/// "adam_spec" (a speculative Adam, Optimizer::gradients_final), "gather" or "scatter"; subgroup: its index; start, end: seconds since the phase began
 /// (the runtime's own task clock, codelets/task_clock.h; StarPU's task profiling stays off).
 struct TimelineTask {
   std::string lane, what;
@@ -272,6 +278,9 @@ struct StepStats {
   /// Per subgroup, the kind of worker its Adam task ran on (PlanSide::cpu or gpu_streamed, or
   /// gpu_resident where the plan kept it resident), as the task's executing worker reported it.
   std::vector<PlanSide> placement;
+  /// When the phase began (begin_step, or step() / step_async()), seconds on the runtime's clock
+  /// (clock_seconds()): TimelineTask::start and end count from it.
+  double started_at = 0;
   /// Filled only when Optimizer::set_timeline(true): every task of the phase, and the bus samples.
   std::vector<TimelineTask> timeline;
   std::vector<BusSample> bus;

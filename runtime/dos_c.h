@@ -32,12 +32,13 @@
 extern "C" {
 #endif
 
-/* 4: the update overlapped with the next forward (dos_optimizer_finish_step_async, _step_async,
+/* 5: timelines (dos_optimizer_set_timeline, dos_optimizer_last_timeline, dos_clock_seconds).
+ * 4: the update overlapped with the next forward (dos_optimizer_finish_step_async, _step_async,
  * _wait_parameters, _wait_step).
  * 3: the overlapped update (dos_optimizer_begin_step, _gradients_final, _finish_step), its fields
  * in dos_step_stats, options.speculation_budget (options version 2).
  * 2: dos_optimizer_create takes a struct dos_optimizer_options (1: positional arguments). */
-#define DOS_C_ABI_VERSION 4
+#define DOS_C_ABI_VERSION 5
 
 #define DOS_OK 0
 #define DOS_E_INVALID (-1)
@@ -313,6 +314,35 @@ int dos_optimizer_read_state(const dos_optimizer* opt, int which, float* out);
  * dtype, into the caller's parameters. On a size error nothing changes. */
 int dos_optimizer_load_state(dos_optimizer* opt, const float* master, const float* exp_avg,
                              const float* exp_avg_sq, const int64_t* steps, size_t nsteps);
+
+/* Timelines: what each task of an update phase did, and when. */
+#define DOS_LANE_CPU 0 /* the task ran on a CPU worker */
+#define DOS_LANE_GPU 1 /* on a CUDA worker (from its launch to the end of its asynchronous work) */
+#define DOS_TASK_ADAM 0      /* an Adam update */
+#define DOS_TASK_ADAM_SPEC 1 /* a speculative Adam update (dos_optimizer_gradients_final) */
+#define DOS_TASK_GATHER 2    /* a gradient conversion or transfer into the runtime's buffers */
+#define DOS_TASK_SCATTER 3   /* a parameter write-back into the caller's buffers */
+typedef struct dos_timeline_task {
+  int32_t lane;      /* DOS_LANE_* */
+  int32_t kind;      /* DOS_TASK_* */
+  uint64_t subgroup; /* the subgroup's index */
+  double start;      /* seconds since the phase began (started_at below) */
+  double end;
+} dos_timeline_task;
+/* on = 1: from the next phase on, every phase of opt records its tasks (a sampling thread runs while
+ * a phase does); 0: no more. DOS_E_INVALID when opt is NULL, on is not 0 or 1, or a phase is open or
+ * running. */
+int dos_optimizer_set_timeline(dos_optimizer* opt, int on);
+/* The tasks of opt's last ended phase (the one whose stats the last dos_optimizer_step,
+ * _finish_step or _wait_step returned): copies min(capacity, count) of them into tasks (NULL when
+ * capacity is 0), in the order they ended, and sets *count to how many there are (0 without a
+ * timeline) and *started_at (NULL allowed) to when the phase began, seconds on dos_clock_seconds()'s
+ * clock. DOS_E_INVALID when opt or count is NULL, or tasks is NULL with capacity > 0. */
+int dos_optimizer_last_timeline(const dos_optimizer* opt, dos_timeline_task* tasks, size_t capacity, size_t* count,
+                                double* started_at);
+/* The runtime's clock, seconds (StarPU's: monotonic, counted from StarPU's start while a runtime
+ * runs); another clock of the process relates to it by reading both at once. */
+double dos_clock_seconds(void);
 
 #ifdef __cplusplus
 }

@@ -253,4 +253,6 @@ const Plan* Runtime::plan() const { return impl_->choice.plan.get(); }
 unsigned Runtime::cpu_workers() const { return starpu_cpu_worker_get_count(); }
 unsigned Runtime::cuda_workers() const { return starpu_cuda_worker_get_count(); }
 
+double clock_seconds() { return 1e-6 * starpu_timing_now(); }
+
 }  // namespace dos

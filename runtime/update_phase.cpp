@@ -216,6 +216,7 @@ void Optimizer::Impl::begin(bool overlapped) {
     std::lock_guard<std::mutex> g(timeline.mu);
     timeline.tasks.clear();
     timeline.t0_us = starpu_timing_now();
+    st.started_at = 1e-6 * timeline.t0_us;
   }
   // The timeline's bus samples: a thread reads the bus counters every millisecond during the phase.
   if (timeline_on) {

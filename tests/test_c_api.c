@@ -5,7 +5,8 @@
  * the field, and nothing is created; every option set to another valid value is accepted.
  * The overlapped update (dos_optimizer_begin_step / _gradients_final / _finish_step) against the
  * plain dos_optimizer_step, bit for bit, through every verdict, with and without a speculation
- * budget; and its bad calls refused with DOS_E_INVALID, leaving the phase as it was. */
+ * budget; and its bad calls refused with DOS_E_INVALID, leaving the phase as it was. Timelines
+ * (dos_optimizer_set_timeline, _last_timeline, dos_clock_seconds). */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -474,6 +475,77 @@ static void test_async_phase_pauses_workers(void** state) {
   dos_optimizer_destroy(opt);
 }
 
+/* Timelines: off by default (no task kept); on, every subgroup's Adam on the CPU lane within the
+ * phase's seconds and the phase's start between two readings of dos_clock_seconds(); an overlapped
+ * phase kept whole shows speculative Adams only; a capacity below the count copies that many and
+ * still says how many there are; bad calls refused. */
+static void test_timeline(void** state) {
+  (void)state;
+  static float p[N], g[N];
+  for (size_t i = 0; i < N; ++i) {
+    p[i] = 0.02f * (float)(i % 31);
+    g[i] = 0.001f * (float)(i % 11) - 0.004f;
+  }
+  dos_optimizer* opt = one_tensor_optimizer(p, g);
+  const size_t ns = dos_optimizer_num_subgroups(opt);
+  dos_step_stats s;
+  size_t count = 99;
+  assert_int_equal(dos_optimizer_step(opt, &s), DOS_OK);
+  assert_int_equal(dos_optimizer_last_timeline(opt, NULL, 0, &count, NULL), DOS_OK);
+  assert_int_equal(count, 0);
+
+  assert_int_equal(dos_optimizer_set_timeline(opt, 1), DOS_OK);
+  const double before = dos_clock_seconds();
+  assert_int_equal(dos_optimizer_step(opt, &s), DOS_OK);
+  const double after = dos_clock_seconds();
+  dos_timeline_task tasks[64];
+  double started = -1;
+  assert_int_equal(dos_optimizer_last_timeline(opt, tasks, 64, &count, &started), DOS_OK);
+  assert_true(count >= ns && count <= 64);
+  assert_true(started >= before && started <= after);
+  int adam_of[64] = {0};
+  for (size_t i = 0; i < count; ++i) {
+    assert_int_equal(tasks[i].lane, DOS_LANE_CPU);
+    assert_true(tasks[i].subgroup < ns);
+    assert_true(tasks[i].start >= 0 && tasks[i].start <= tasks[i].end && tasks[i].end <= s.seconds + 1e-3);
+    if (tasks[i].kind == DOS_TASK_ADAM) adam_of[tasks[i].subgroup]++;
+    else assert_true(tasks[i].kind == DOS_TASK_GATHER || tasks[i].kind == DOS_TASK_SCATTER);
+  }
+  for (size_t k = 0; k < ns; ++k) assert_int_equal(adam_of[k], 1);
+  size_t again = 0;
+  dos_timeline_task one;
+  assert_int_equal(dos_optimizer_last_timeline(opt, &one, 1, &again, NULL), DOS_OK);
+  assert_int_equal(again, count);
+  assert_memory_equal(&one, &tasks[0], sizeof one);
+
+  /* an overlapped phase, every gradient declared at once and kept: the Adams are the speculative ones */
+  assert_int_equal(dos_optimizer_begin_step(opt), DOS_OK);
+  assert_int_equal(dos_optimizer_set_timeline(opt, 0), DOS_E_INVALID);
+  assert_int_equal(dos_optimizer_gradients_final(opt, 0, N), DOS_OK);
+  assert_int_equal(dos_optimizer_finish_step(opt, DOS_VERDICT_KEEP, &s), DOS_OK);
+  assert_int_equal(dos_optimizer_last_timeline(opt, tasks, 64, &count, NULL), DOS_OK);
+  size_t spec = 0, plain = 0;
+  for (size_t i = 0; i < count && i < 64; ++i) {
+    spec += tasks[i].kind == DOS_TASK_ADAM_SPEC;
+    plain += tasks[i].kind == DOS_TASK_ADAM;
+  }
+  printf("timeline: %zu subgroups; the overlapped phase kept whole: %zu speculative Adams, %zu others "
+         "(speculated %llu)\n", ns, spec, plain, (unsigned long long)s.speculated);
+  assert_int_equal(spec, s.speculated);
+  assert_int_equal(spec + plain, ns);
+
+  assert_int_equal(dos_optimizer_set_timeline(NULL, 1), DOS_E_INVALID);
+  assert_int_equal(dos_optimizer_set_timeline(opt, 2), DOS_E_INVALID);
+  assert_int_equal(dos_optimizer_last_timeline(opt, NULL, 3, &count, NULL), DOS_E_INVALID);
+  assert_int_equal(dos_optimizer_last_timeline(opt, tasks, 3, NULL, NULL), DOS_E_INVALID);
+  assert_int_equal(dos_optimizer_last_timeline(NULL, tasks, 3, &count, NULL), DOS_E_INVALID);
+  assert_int_equal(dos_optimizer_set_timeline(opt, 0), DOS_OK);
+  assert_int_equal(dos_optimizer_step(opt, &s), DOS_OK);
+  assert_int_equal(dos_optimizer_last_timeline(opt, NULL, 0, &count, NULL), DOS_OK);
+  assert_int_equal(count, 0);
+  dos_optimizer_destroy(opt);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_defaults),
@@ -483,6 +555,7 @@ int main(void) {
       cmocka_unit_test(test_overlap_same_bits),
       cmocka_unit_test(test_overlap_bad_calls),
       cmocka_unit_test(test_async_phase_pauses_workers),
+      cmocka_unit_test(test_timeline),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

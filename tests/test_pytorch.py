@@ -45,6 +45,9 @@ GPU or the runtime has no CUDA worker.
    1 byte (below one subgroup's staging) is refused by the runtime and, with policy dos, one of 8000
    bytes (below one streamed subgroup) leaves every update on the CPU. Without a CUDA worker the
    budgets have no effect, so there only the refusals and the same bits are checked.
+7. timeline=True: each bucket's phase reports when it began on time.perf_counter()'s clock
+   (between the readings around step()) and every task within it, one Adam per subgroup; the
+   same bits as without a timeline; a non-bool timeline refused.
 """
 
 import argparse
@@ -698,6 +701,36 @@ def test_gpu_budgets(device, policy):
             o.close()
 
 
+def test_timeline(device, policy):
+    expect_error(ValueError, "timeline", lambda: make_opt(make_model(device, torch.float32), policy, timeline=1),
+                 "timeline=1")
+    runs = []
+    for kw in ({"timeline": True}, {}):
+        m = make_model(device, torch.bfloat16)
+        o = make_opt(m, policy, **kw)
+        train_steps(m, o, [1], device)
+        x, y = batch(2, device)
+        torch.nn.functional.cross_entropy(m(x).float().reshape(-1, 50), y.reshape(-1)).backward()
+        t0 = time.perf_counter()
+        o.step()
+        t1 = time.perf_counter()
+        runs.append((o.last_step, snapshot(m, o), t0, t1, o.num_subgroups))
+        o.close()
+    last, _, t0, t1, n_sub = runs[0]
+    tol = 2e-3  # the clocks are related by one reading each way: 2 ms is plenty
+    stats = last["stats"]
+    starts_ok = all(t0 - tol <= st["started_at"] <= t1 + tol for st in stats)
+    tasks_ok = all(0 <= t["start"] <= t["end"] <= t1 - st["started_at"] + tol for st in stats for t in st["timeline"])
+    adams = sorted((k, t["subgroup"]) for k, st in enumerate(stats) for t in st["timeline"] if t["what"] == "adam")
+    expected = sorted((k, i) for k, st in enumerate(stats) for i in range(st["subgroups_cpu"] + st["subgroups_gpu"]))
+    lanes = sorted({t["lane"] for st in stats for t in st["timeline"]})
+    check(starts_ok and tasks_ok, f"timeline: each phase began between the readings around step() and its tasks "
+          f"lie within it ({sum(len(st['timeline']) for st in stats)} tasks, lanes {lanes})")
+    check(adams == expected and len(adams) == n_sub, f"timeline: one Adam per subgroup ({len(adams)} of {n_sub})")
+    check("timeline" not in runs[1][0]["stats"][0], "no timeline unless asked for")
+    check(same_snapshot(runs[0][1], runs[1][1]), "timeline=True: the same bits as without")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default="cpu")
@@ -723,6 +756,7 @@ def main():
     test_weights_only_state_dict(args.device, args.policy)
     test_dropped_wrapper(args.device, args.policy)
     test_gpu_budgets(args.device, args.policy)
+    test_timeline(args.device, args.policy)
     dos.shutdown()
     print(f"{len(failures)} failure(s); {time.time() - t0:.1f} s")
     for f in failures:

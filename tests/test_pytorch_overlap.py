@@ -26,7 +26,8 @@ subgroups that the runtime updates speculatively).
    end is the plain one's.
 2. speculation_budget=0: nothing speculated, the same bits; a bad budget refused; the next forward
    overlapped without the overlap of backward, the same bits; both overlaps with
-   urgent_writeback=True, the same bits; a non-bool urgent_writeback refused.
+   urgent_writeback=True, the same bits; a non-bool urgent_writeback refused. timeline=True with both
+   overlaps: the same bits, and each phase's timeline holds every subgroup's update.
 3. The next forward overlapped where modules read parameters in other ways: a transformer encoder
    (attention reading its output projection's weight, the fused fast path in eval, the attention
    called on its own), weight_norm (its pre-hook computes the weight before ours would), a
@@ -435,6 +436,17 @@ def test_budget_and_fallback():
         raise AssertionError("speculate_streamed=1 accepted")
     # the CPU's parameter write-backs ahead of the queue, with both overlaps: the same bits
     train_beside_plain(forward=True, overlap=True, urgent_writeback=True)
+    # timelines of overlapped phases (completed once the phase left running ends): every subgroup's
+    # update, speculative or not, once; the same bits
+
+    def timeline_check(o):
+        o.wait()
+        for st in o.last_step["stats"]:
+            updates = sorted(t["subgroup"] for t in st["timeline"] if t["what"] in ("adam", "adam_spec"))
+            n = st["subgroups_cpu"] + st["subgroups_gpu"]
+            assert len(updates) >= n and set(updates) == set(range(n)), (updates, n)
+            assert all(0 <= t["start"] <= t["end"] for t in st["timeline"])
+    train_beside_plain(timeline_check, forward=True, overlap=True, timeline=True)
     try:
         make_opt(make_model(torch.float32), urgent_writeback="yes")
     except ValueError as e:

@@ -21,12 +21,13 @@ or loaded.
 """
 
 import ctypes
+import time
 import os
 import sys
 import sysconfig
 import threading
 
-ABI_VERSION = 4
+ABI_VERSION = 5
 
 DTYPE_CODES = {"fp32": 0, "fp16": 1, "bf16": 2}
 MEMORY_HOST = 0
@@ -86,6 +87,47 @@ class StepStats(ctypes.Structure):
     def as_dict(self):
         """The fields as a plain ``dict`` (name -> int or float)."""
         return {name: getattr(self, name) for name, _ in self._fields_}
+
+
+class TimelineTask(ctypes.Structure):
+    """One task of an update phase (``dos_timeline_task`` of ``dos_c.h``): ``lane`` (0 CPU worker,
+    1 CUDA worker), ``kind`` (0 Adam, 1 speculative Adam, 2 gradient gather, 3 parameter
+    write-back), ``subgroup`` (its index), ``start`` / ``end`` (seconds since the phase began)."""
+
+    _fields_ = [("lane", ctypes.c_int32), ("kind", ctypes.c_int32), ("subgroup", ctypes.c_uint64),
+                ("start", ctypes.c_double), ("end", ctypes.c_double)]
+
+
+LANE_NAMES = {0: "cpu", 1: "gpu"}
+TASK_NAMES = {0: "adam", 1: "adam_spec", 2: "gather", 3: "scatter"}
+
+
+def last_timeline(handle):
+    """The tasks of the last ended phase of the runtime optimizer ``handle``
+    (``dos_optimizer_last_timeline``): ``(started_at, tasks)``, ``started_at`` in seconds on the
+    runtime's clock (:func:`clock_seconds`), ``tasks`` a list of dicts ``lane`` ("cpu"/"gpu"),
+    ``what`` ("adam", "adam_spec", "gather", "scatter"), ``subgroup`` (int), ``start`` and ``end``
+    (float seconds since the phase began). Empty without a timeline. Raises :class:`DosError` or
+    ``ValueError`` as :func:`check`."""
+    L = lib()
+    count, started = ctypes.c_size_t(0), ctypes.c_double(0)
+    check(L.dos_optimizer_last_timeline(handle, None, 0, ctypes.byref(count), ctypes.byref(started)),
+          "reading the phase's timeline")
+    n = count.value
+    buf = (TimelineTask * max(n, 1))()
+    check(L.dos_optimizer_last_timeline(handle, buf, n, ctypes.byref(count), None), "reading the phase's timeline")
+    return started.value, [dict(lane=LANE_NAMES.get(t.lane, str(t.lane)), what=TASK_NAMES.get(t.kind, str(t.kind)),
+                                subgroup=int(t.subgroup), start=t.start, end=t.end) for t in buf[:n]]
+
+
+def clock_offset():
+    """The runtime's clock (``dos_clock_seconds``) minus ``time.perf_counter()``, seconds, read at
+    once (the midpoint of two perf_counter readings around the runtime's): add a runtime time minus
+    this to get a perf_counter time. Meaningful while a runtime runs."""
+    t1 = time.perf_counter()
+    c = lib().dos_clock_seconds()
+    t2 = time.perf_counter()
+    return c - 0.5 * (t1 + t2)
 
 
 class Rates(ctypes.Structure):
@@ -249,6 +291,13 @@ def lib():
             "dos_optimizer_step_async": (ctypes.c_int, [ctypes.c_void_p]),
             "dos_optimizer_wait_parameters": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t]),
             "dos_optimizer_wait_step": (ctypes.c_int, [ctypes.c_void_p, ctypes.POINTER(StepStats)]),
+            "dos_optimizer_set_timeline": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_int]),
+            "dos_optimizer_last_timeline": (
+                ctypes.c_int,
+                [ctypes.c_void_p, ctypes.POINTER(TimelineTask), ctypes.c_size_t, c_size_p,
+                 ctypes.POINTER(ctypes.c_double)],
+            ),
+            "dos_clock_seconds": (ctypes.c_double, []),
             "dos_optimizer_num_params": (ctypes.c_size_t, [ctypes.c_void_p]),
             "dos_optimizer_num_subgroups": (ctypes.c_size_t, [ctypes.c_void_p]),
             "dos_optimizer_subgroup_sizes": (ctypes.c_int, [ctypes.c_void_p, c_size_p]),

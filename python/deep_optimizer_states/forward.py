@@ -166,7 +166,7 @@ class _ForwardOverlap:
             if ret != 0 and failure is None:
                 failure = (ret, b)
             elif ret == 0:
-                stats.append(st.as_dict())
+                stats.append(self._phase_stats(b, st))
         if failure is not None:
             self._runtime_call(failure[0], f"update phase of {failure[1].describe()}")
         last = self.last_step

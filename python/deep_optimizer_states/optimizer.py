@@ -159,6 +159,8 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _State, torch.optim.Optimiz
         then keep nothing resident). Both budgets take effect only when the runtime has a CUDA
         worker, are the same bits either way, and are the runtime's ``OptimizerOptions`` fields of
         the same names.
+      timeline (bool): record every task of each update phase (lane, kind, subgroup, start, end)
+        into :attr:`last_step` (see :meth:`step`); costs a sampling thread per phase. Default False.
 
     Overlap: which backward is the last before :meth:`step` is not known while it runs (gradient
     accumulation runs several, and the hooks fire in each). The optimizer counts the backward
@@ -203,7 +205,8 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _State, torch.optim.Optimiz
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=None, decoupled=True,
                  subgroup_size=100_000_000, policy=None, max_grad_norm=None, skip_nonfinite=True,
                  cpu_threads=0, cpu_workers=0, ncuda=-1, verbose=False, overlap=False, speculation_budget=None,
-                 speculate_streamed=True, urgent_writeback=False, gpu_update_budget=None, gpu_resident_budget=None):
+                 speculate_streamed=True, urgent_writeback=False, gpu_update_budget=None, gpu_resident_budget=None,
+                 timeline=False):
         if weight_decay is None:
             weight_decay = 1e-2 if decoupled else 0.0
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, decoupled=bool(decoupled))
@@ -244,6 +247,9 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _State, torch.optim.Optimiz
                 raise ValueError(f"{name} must be None or an integer >= {low} (bytes), got {value!r}")
         self.gpu_update_budget = gpu_update_budget
         self.gpu_resident_budget = gpu_resident_budget
+        if not isinstance(timeline, bool):
+            raise ValueError(f"timeline must be True or False, got {timeline!r}")
+        self.timeline = timeline
         self.subgroup_size = subgroup_size
         self.max_grad_norm = None if max_grad_norm is None else float(max_grad_norm)
         self.skip_nonfinite = bool(skip_nonfinite)
@@ -387,6 +393,8 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _State, torch.optim.Optimiz
                 )
                 b.handle = h
                 self._buckets.append(b)  # from here on close() frees it
+                if self.timeline:
+                    _capi.check(L.dos_optimizer_set_timeline(h, 1), f"turning the timeline of {b.describe()} on")
                 b.hyper = hypers[b.group_index]
                 ns = L.dos_optimizer_num_subgroups(h)
                 sizes = (ctypes.c_size_t * ns)()
@@ -478,7 +486,8 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _State, torch.optim.Optimiz
         ``grad_norm`` (float, the unscaled norm before clipping; None when not computed),
         ``clip_coef`` (float, 1.0 when not clipped), ``update_seconds`` (float, s: the runtime's
         update phases, summed over buckets), ``step_seconds`` (float, s: the whole call),
-        ``stats`` (list of per-bucket :class:`StepStats` dicts); and the overlapped update's
+        ``stats`` (list of per-bucket :class:`StepStats` dicts; with ``timeline=True`` each also has
+        ``started_at``, s on ``time.perf_counter()``'s clock, and ``timeline``, the phase's tasks); and the overlapped update's
         (``overlap=True``; zero, False or None otherwise): ``overlapped`` (bool: a bucket's phase was
         opened during backward), ``speculated`` (int: subgroups updated speculatively during
         backward), ``hidden_params`` (int: elements whose speculative update had ended when step()
@@ -619,7 +628,7 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _State, torch.optim.Optimiz
                 if ret != 0:
                     self._broken = L.dos_last_error().decode("utf-8", "replace")
                     _capi.check(ret, f"update phase of {b.describe()}")
-                stats.append(st.as_dict())
+                stats.append(self._phase_stats(b, st))
             self.steps_taken += 1
         reasons = [b.changed for b in self._buckets if b.changed is not None]
         self.last_step = dict(
@@ -632,6 +641,18 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _State, torch.optim.Optimiz
             running=any(b.running for b in self._buckets),
             **self._overlap_summary(stats, verdicts, reasons),
         )
+
+    def _phase_stats(self, b, st):
+        """The figures of the phase of bucket ``b`` that just ended (``st``, a :class:`_capi.StepStats`)
+        as a dict; with ``timeline=True`` also ``started_at`` (when the phase began, on
+        ``time.perf_counter()``'s clock, s) and ``timeline`` (its tasks: dicts of ``lane``, ``what``,
+        ``subgroup``, ``start``, ``end``, seconds since ``started_at``)."""
+        d = st.as_dict()
+        if self.timeline:
+            started, tasks = _capi.last_timeline(b.handle)
+            d["started_at"] = started - _capi.clock_offset()
+            d["timeline"] = tasks
+        return d
 
     def zero_grad(self, set_to_none=False):
         """Zeroes the gradients. By default (``set_to_none=False``, unlike torch 2.x's default) the

@@ -170,7 +170,7 @@ class _Overlap:
         ret = _capi.lib().dos_optimizer_finish_step(b.handle, verdict, ctypes.byref(st))
         b.open = False
         self._runtime_call(ret, f"update phase of {b.describe()}")
-        return st.as_dict()
+        return self._phase_stats(b, st)
 
     def _drop_open_phases(self):
         """Drops every open phase (as a skipped step: nothing updated) and forgets the step's

@@ -347,7 +347,7 @@ def make_optimizer(args, model):
                                   decoupled=True, subgroup_size=int(float(args.subgroup_size)), policy=args.policy,
                                   max_grad_norm=args.max_grad_norm, verbose=args.verbose,
                                   overlap=args.overlap in ("backward", "both"),
-                                  urgent_writeback=args.urgent_writeback)
+                                  urgent_writeback=args.urgent_writeback, timeline=bool(args.timeline))
         if args.overlap in ("forward", "both"):
             opt.overlap_forward(model, overlap_blocks(model))
         return opt
@@ -432,6 +432,11 @@ def parse_args(argv=None):
     ap.add_argument("--time-limit", type=float, default=0,
                     help="stop after the step during which the training loop passed this many seconds (0: none)")
     ap.add_argument("--verbose", action="store_true", help="the runtime's start-up and calibration lines")
+    ap.add_argument("--timeline", help="dos: write the timeline of --timeline-steps to this JSON file (and a PNG "
+                    "beside it when matplotlib imports): forward, backward and step() of each step, and every task of "
+                    "their update phases, on one clock")
+    ap.add_argument("--timeline-steps", default="3:5", help="first:last step of the timeline (default 3:5); those "
+                    "steps synchronise the GPU after forward to time it")
     ap.add_argument("--deterministic", action="store_true",
                     help="torch's deterministic algorithms (torch.use_deterministic_algorithms(True): an op that has "
                          "none raises), so that two runs can be compared bit for bit")
@@ -440,9 +445,73 @@ def parse_args(argv=None):
         ap.error(f"--overlap {args.overlap} needs --optimizer dos (torch's AdamW runs after backward)")
     if args.urgent_writeback and args.optimizer != "dos":
         ap.error("--urgent-writeback needs --optimizer dos")
+    if args.timeline and args.optimizer != "dos":
+        ap.error("--timeline needs --optimizer dos (the runtime's tasks are what it shows)")
+    try:
+        first, last = (int(x) for x in args.timeline_steps.split(":"))
+    except ValueError:
+        ap.error(f"--timeline-steps must be FIRST:LAST (whole numbers), got {args.timeline_steps!r}")
+    if not 1 <= first <= last:
+        ap.error(f"--timeline-steps must satisfy 1 <= FIRST <= LAST, got {args.timeline_steps!r}")
+    args.timeline_range = (first, last)
     if args.max_grad_norm == 0:
         args.max_grad_norm = None
     return args
+
+
+def write_timeline(path, spans, infos):
+    """Writes the timeline JSON ``path`` (through a temporary file): ``spans`` (list of dicts
+    ``step``, ``forward``, ``backward``, ``step_call``: [start, end] pairs in perf_counter seconds)
+    and, from ``infos`` ((step, last_step dict) pairs, completed phases), every bucket's phase
+    ``started`` and its ``tasks`` (lane, what, subgroup, start, end); every time in seconds from the
+    first span's start (``origin``, perf_counter s). Draws ``path`` with ``.png`` for ``.json`` when
+    matplotlib imports. Returns the dict written."""
+    origin = spans[0]["forward"][0] if spans else 0.0
+    rel = lambda pair: [pair[0] - origin, pair[1] - origin]  # noqa: E731
+    phases = []
+    for step, info in infos:
+        for k, st in enumerate(info.get("stats") or []):
+            if "started_at" not in st:
+                continue
+            t = st["started_at"] - origin
+            phases.append(dict(step=step, bucket=k, started=t, seconds=st["seconds"],
+                               tasks=[dict(x, start=x["start"] + t, end=x["end"] + t) for x in st["timeline"]]))
+    doc = dict(origin_perf_counter=origin, steps=[dict(step=x["step"], forward=rel(x["forward"]),
+                                                       backward=rel(x["backward"]), step_call=rel(x["step_call"]))
+                                                  for x in spans], phases=phases)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(doc, f, indent=1)
+    os.replace(tmp, path)
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print(f"timeline: {path} (matplotlib is not importable: no PNG)", flush=True)
+        return doc
+    fig, ax = plt.subplots(figsize=(14, 3.6))
+    rows = {"model": 2, "gpu": 1, "cpu": 0}
+    colors = {"forward": "C0", "backward": "C1", "step_call": "C7", "adam": "C2", "adam_spec": "C4",
+              "gather": "C9", "scatter": "C3"}
+    for x in doc["steps"]:
+        for what in ("forward", "backward", "step_call"):
+            a, b = x[what]
+            ax.barh(rows["model"], b - a, left=a, height=0.6, color=colors[what])
+    for ph in phases:
+        for tk in ph["tasks"]:
+            ax.barh(rows[tk["lane"]] + (0.15 if tk["what"] in ("gather", "scatter") else -0.15), tk["end"] - tk["start"],
+                    left=tk["start"], height=0.3, color=colors[tk["what"]])
+    ax.set_yticks(list(rows.values()), [f"{k}" + (" (fwd, bwd, step)" if k == "model" else " tasks") for k in rows])
+    ax.set_xlabel(f"seconds from step {spans[0]['step'] if spans else '?'}'s start")
+    ax.legend(handles=[plt.Rectangle((0, 0), 1, 1, color=c) for c in colors.values()], labels=list(colors),
+              ncol=7, loc="upper center", bbox_to_anchor=(0.5, -0.22), fontsize=8)
+    fig.tight_layout()
+    png = (path[:-5] if path.endswith(".json") else path) + ".png"
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+    print(f"timeline: {path}, {png}", flush=True)
+    return doc
 
 
 def main(argv=None):
@@ -477,15 +546,20 @@ def main(argv=None):
     # the current stream only: a device-wide synchronisation would also wait for the runtime's streams
     sync = torch.cuda.current_stream(device).synchronize if cuda else (lambda: None)
     infos = []  # dos: (record, the optimizer's last_step dict: completed in place when its phase ends)
+    spans = []  # --timeline: forward, backward and step() of the timed steps
     t_start = time.perf_counter()
     for step in range(1, args.steps + 1):
         lr = lr_at(args, step)
         for g in opt.param_groups:
             g["lr"] = lr
+        timed = bool(args.timeline) and args.timeline_range[0] <= step <= args.timeline_range[1]
         t0 = time.perf_counter()
         x, y = get_batch(data, step, args.batch_size, args.seq_len, args.seed, device)
         logits = model(x)
         loss = F.cross_entropy(logits.float().reshape(-1, VOCAB), y.reshape(-1))
+        if timed:
+            sync()
+            t_fwd = time.perf_counter()
         (loss * loss_scale if loss_scale else loss).backward()
         sync()
         t1 = time.perf_counter()
@@ -512,6 +586,8 @@ def main(argv=None):
         if args.optimizer == "dos":
             record_phase(rec, info)
             infos.append((rec, info))
+        if timed:
+            spans.append(dict(step=step, forward=(t0, t_fwd), backward=(t_fwd, t1), step_call=(t1, t2)))
         records.append(rec)
         if step % args.print_every == 0 or step == 1 or step == args.steps:
             if args.optimizer != "dos":
@@ -536,6 +612,9 @@ def main(argv=None):
         opt.wait()  # the last phase, left running (--overlap forward/both)
     for rec, info in infos:  # figures of phases that ended after their step's record was made
         record_phase(rec, info)
+    if args.timeline:
+        write_timeline(args.timeline, spans, [(rec["step"], info) for rec, info in infos
+                                              if args.timeline_range[0] <= rec["step"] <= args.timeline_range[1]])
 
     def median(v):
         v = sorted(v)

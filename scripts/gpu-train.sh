@@ -20,7 +20,9 @@
 # skips it), log in $OUT/test-pytorch-cuda.log.
 # Environment: RUNS (the runs, in order; default "dos adamw adamw-cpu-offload"; "dos dos-overlap" with
 #   BATCH=32 measures the overlap), DOS_SECONDS (130), ADAMW_SECONDS (25), OFFLOAD_SECONDS (35),
-#   OVERLAP_SECONDS (DOS_SECONDS): training seconds per run; TRAIN_ARGS: more train_gpt.py arguments for
+#   OVERLAP_SECONDS (DOS_SECONDS): training seconds per run; TIMELINE_STEPS (10:12): the steps of which the
+#   dos runs write a timeline ($OUT/NAME-timeline.json and .png: forward, backward, step() and the update
+#   phase's tasks on one clock; those steps synchronise the GPU after forward to time it); TRAIN_ARGS: more train_gpt.py arguments for
 #   every run (e.g. "--max-grad-norm 0 --deterministic");
 #   STEPS (300), LAYERS (20), HIDDEN (2048), HEADS (16), SEQ (512), BATCH (8), SUBGROUP (5e7),
 #   MODEL (builtin; auto uses Hugging Face transformers when installed), POLICY (dos), DEVICE (cuda;
@@ -35,6 +37,7 @@ STEPS=${STEPS:-300} LAYERS=${LAYERS:-20} HIDDEN=${HIDDEN:-2048} HEADS=${HEADS:-1
 SUBGROUP=${SUBGROUP:-5e7} MODEL=${MODEL:-builtin} POLICY=${POLICY:-dos} DEVICE=${DEVICE:-cuda}
 DOS_SECONDS=${DOS_SECONDS:-130} ADAMW_SECONDS=${ADAMW_SECONDS:-25} OFFLOAD_SECONDS=${OFFLOAD_SECONDS:-35}
 OVERLAP_SECONDS=${OVERLAP_SECONDS:-$DOS_SECONDS} RUNS=${RUNS:-dos adamw adamw-cpu-offload}
+TIMELINE_STEPS=${TIMELINE_STEPS:-10:12}
 start=$(date +%s)
 say() { printf '[gpu-train +%ds] %s\n' "$(( $(date +%s) - start ))" "$*"; }
 
@@ -88,11 +91,13 @@ fi
 
 for name in $RUNS; do
   case $name in
-    dos) run dos "$DOS_SECONDS" --optimizer dos --policy "$POLICY" --subgroup-size "$SUBGROUP" --verbose ;;
+    dos) run dos "$DOS_SECONDS" --optimizer dos --policy "$POLICY" --subgroup-size "$SUBGROUP" --verbose \
+           --timeline "$OUT/dos-timeline.json" --timeline-steps "$TIMELINE_STEPS" ;;
     dos-overlap) run dos-overlap "$OVERLAP_SECONDS" --optimizer dos --policy "$POLICY" --subgroup-size "$SUBGROUP" \
-                   --overlap both --verbose ;;
+                   --overlap both --verbose --timeline "$OUT/dos-overlap-timeline.json" --timeline-steps "$TIMELINE_STEPS" ;;
     dos-overlap-urgent) run dos-overlap-urgent "$OVERLAP_SECONDS" --optimizer dos --policy "$POLICY" \
-                   --subgroup-size "$SUBGROUP" --overlap both --urgent-writeback --verbose ;;
+                   --subgroup-size "$SUBGROUP" --overlap both --urgent-writeback --verbose \
+                   --timeline "$OUT/dos-overlap-urgent-timeline.json" --timeline-steps "$TIMELINE_STEPS" ;;
     adamw) run adamw "$ADAMW_SECONDS" --optimizer adamw ;;
     adamw-cpu-offload) run adamw-cpu-offload "$OFFLOAD_SECONDS" --optimizer adamw-cpu-offload ;;
     *) say "RUNS: unknown run '$name' (dos, dos-overlap, dos-overlap-urgent, adamw, adamw-cpu-offload)"; exit 2 ;;

@@ -47,18 +47,22 @@ GPU or the runtime has no CUDA worker.
    budgets have no effect, so there only the refusals and the same bits are checked.
 7. timeline=True: each bucket's phase reports when it began on time.perf_counter()'s clock
    (between the readings around step()) and every task within it, one Adam per subgroup; the
-   same bits as without a timeline; a non-bool timeline refused.
+   same bits as without a timeline; a non-bool timeline refused; train_gpt.py --timeline writes the
+   timed steps' forward, backward and step() and each phase inside its step() call; malformed
+   --timeline-steps refused.
 """
 
 import argparse
 import copy
 import gc
 import io
+import json
 import math
 import os
 import pickle
 import pickletools
 import sys
+import tempfile
 import time
 import zipfile
 
@@ -729,6 +733,32 @@ def test_timeline(device, policy):
     check(adams == expected and len(adams) == n_sub, f"timeline: one Adam per subgroup ({len(adams)} of {n_sub})")
     check("timeline" not in runs[1][0]["stats"][0], "no timeline unless asked for")
     check(same_snapshot(runs[0][1], runs[1][1]), "timeline=True: the same bits as without")
+
+    # train_gpt.py --timeline: steps 2-4 of the tiny GPT, each phase inside its step() call
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "tl.json")
+        r = train_gpt.main(tiny_args("dos", device, policy, steps=5) + ["--timeline", path, "--timeline-steps", "2:4"])
+        r["optimizer"].close()
+        with open(path) as f:
+            tl = json.load(f)
+        steps = tl["steps"]
+        ordered = [x["step"] for x in steps] == [2, 3, 4] and all(
+            x["forward"][0] <= x["forward"][1] == x["backward"][0] <= x["backward"][1] == x["step_call"][0]
+            <= x["step_call"][1] for x in steps)
+        check(ordered, "train_gpt.py --timeline: forward, backward and step() of steps 2, 3 and 4, in order")
+        calls = {x["step"]: x["step_call"] for x in steps}
+        inside = [calls[ph["step"]][0] - tol <= ph["started"] and all(
+            ph["started"] - 1e-9 <= t["start"] <= t["end"] <= calls[ph["step"]][1] + tol for t in ph["tasks"])
+            for ph in tl["phases"]]
+        adams = [sorted(t["subgroup"] for t in ph["tasks"] if t["what"] == "adam") for ph in tl["phases"]]
+        check(len(inside) == 3 and all(inside) and all(a == list(range(len(a))) and a for a in adams),
+              f"and each step's phase inside its step() call, one Adam per subgroup ({[len(a) for a in adams]})")
+    for bad in ("3", "0:2", "4:2", "a:b"):
+        try:
+            train_gpt.parse_args(tiny_args("dos", device, policy) + ["--timeline", "x.json", "--timeline-steps", bad])
+            check(False, f"--timeline-steps {bad} refused")
+        except SystemExit as e:
+            check(e.code == 2, f"--timeline-steps {bad} refused (exit 2)")
 
 
 def main():

@@ -34,7 +34,8 @@ GPU or the runtime has no CUDA worker.
    before step(), LambdaLR and CosineAnnealingLR changing lr between steps (scheduler state dicts
    round-trip too). Losses within LOSS_RTOL relative at every step and parameters within
    PARAM_RTOL; decaying the norms and biases too would differ by far more. Zeroing in place and
-   setting to None give bit-identical runs.
+   setting to None give bit-identical runs. Where torch has torch.compile (>= 2.0), the same through a
+   compiled model (backend aot_eager): against torch.optim.AdamW, and overlap=True bit for bit.
 5. state_dict for torch.load(..., weights_only=True): every global the pickle names is in the
    running torch's weights-only allowlist and every opcode is one that torch 2.x's weights-only
    unpickler reads; where torch >= 2.0, the real torch.load(weights_only=True) loads it; a fresh
@@ -462,21 +463,26 @@ class FrameNet(torch.nn.Module):
 FRAME_NO_DECAY = {"l1.bias", "ln.weight", "ln.bias", "l2.bias", "final.weight", "post_norm.weight"}
 
 
-def frame_run(kind, device, policy, set_to_none=True, sched="lambda", decay_all=False, steps=12, accum=3):
+def frame_run(kind, device, policy, set_to_none=True, sched="lambda", decay_all=False, steps=12, accum=3,
+              compile_backend=None, opt_kw=None):
     """Trains FrameNet as a framework does: model.zero_grad(set_to_none), ``accum`` micro-batches
     with the loss divided by ``accum``, clip_grad_norm_(0.5), step(), scheduler.step(). Groups from
     param_groups_no_decay (weight decay 0.1; lr 2e-2 and 1e-2). kind: dos-adamw, dos-adam, adamw,
-    adam. Returns (losses, per step the tuple of the groups' lr, grad norms before clipping, model,
-    optimizer, scheduler)."""
+    adam. compile_backend: train through ``torch.compile(model, backend=compile_backend)`` (the
+    optimizer over the model's own parameters, as frameworks do). opt_kw: more DeepOptimizerStates
+    arguments. Returns (losses, per step the tuple of the groups' lr, grad norms before clipping,
+    model, optimizer, scheduler)."""
     torch.manual_seed(5)
     m = FrameNet().to(device)
+    fm = torch.compile(m, backend=compile_backend) if compile_backend else m
     groups = dos.param_groups_no_decay(m, 0.1)
     groups[0]["lr"], groups[1]["lr"] = 2e-2, 1e-2
     if decay_all:  # the mistake the grouping avoids: norms and biases decayed too
         groups[1]["weight_decay"] = 0.1
     common = dict(lr=1e-2, betas=(0.9, 0.99), eps=1e-8)
     if kind.startswith("dos"):
-        opt = dos.DeepOptimizerStates(groups, decoupled=kind == "dos-adamw", subgroup_size=500, policy=policy, **common)
+        opt = dos.DeepOptimizerStates(groups, decoupled=kind == "dos-adamw", subgroup_size=500, policy=policy, **common,
+                                      **(opt_kw or {}))
     else:
         opt = (torch.optim.AdamW if kind == "adamw" else torch.optim.Adam)(groups, **common)
     if sched == "lambda":  # linear warm-up over 4 steps, then cosine decay
@@ -490,7 +496,7 @@ def frame_run(kind, device, policy, set_to_none=True, sched="lambda", decay_all=
         total = 0.0
         for k in range(accum):
             x, y = batch(step * accum + k, device)
-            loss = torch.nn.functional.cross_entropy(m(x).reshape(-1, 50), y.reshape(-1)) / accum
+            loss = torch.nn.functional.cross_entropy(fm(x).reshape(-1, 50), y.reshape(-1)) / accum
             loss.backward()
             total += float(loss)
         norms.append(float(torch.nn.utils.clip_grad_norm_(m.parameters(), 0.5)))
@@ -504,6 +510,29 @@ def frame_run(kind, device, policy, set_to_none=True, sched="lambda", decay_all=
 def param_rel_diff(ma, mb):
     return max(float((a.detach().double() - b.detach().double()).abs().max()) / max(float(b.detach().abs().max()), 1e-30)
                for a, b in zip(ma.parameters(), mb.parameters()))
+
+
+def test_compiled_model(device, policy):
+    """A ``torch.compile``d model (torch >= 2.0; backend ``aot_eager``: TorchDynamo's graphs and
+    AOTAutograd's backward, no code generation, so that no compiler is needed) trained as frameworks
+    do: the losses of torch.optim.AdamW on the same compiled model within the usual tolerance, and
+    with ``overlap=True`` (gradient hooks under AOTAutograd) the same bits as without."""
+    if not hasattr(torch, "compile"):
+        print(f"torch {torch.__version__} has no torch.compile: the compiled-model check does not run here")
+        return
+    la, _, na, ma, oa, _ = frame_run("dos-adamw", device, policy, compile_backend="aot_eager")
+    lb, _, _, mb, ob, _ = frame_run("adamw", device, policy, compile_backend="aot_eager")
+    lc, _, _, mc, oc, _ = frame_run("dos-adamw", device, policy, compile_backend="aot_eager", opt_kw={"overlap": True})
+    rel = max(abs(x - y) / abs(y) for x, y in zip(la, lb))
+    tol = LOSS_RTOL_CUDA if device == "cuda" else LOSS_RTOL
+    check(rel <= tol, f"torch.compile (aot_eager): losses within {tol:g} of torch.optim.AdamW on the compiled model "
+          f"(largest {rel:.3e})")
+    check(la == lc and all(torch.equal(a, c) for a, c in zip(ma.parameters(), mc.parameters())),
+          "torch.compile (aot_eager) with overlap=True: the losses and parameters of overlap=False, bit for bit")
+    check(oc.last_step is not None and oc.last_step.get("overlapped"),
+          f"and the overlap ran (last step overlapped: {oc.last_step and oc.last_step.get('overlapped')})")
+    oa.close()
+    oc.close()
 
 
 def test_framework_paths(device, policy):
@@ -783,6 +812,7 @@ def main():
     test_state_dict_round_trip(args.device, args.policy)
     test_bad_input(args.device, args.policy)
     test_framework_paths(args.device, args.policy)
+    test_compiled_model(args.device, args.policy)
     test_weights_only_state_dict(args.device, args.policy)
     test_dropped_wrapper(args.device, args.policy)
     test_gpu_budgets(args.device, args.policy)

@@ -25,9 +25,9 @@ back-propagates) and of every logged step, the checkpoint folders and a summary.
 Speed: the summary gives the Trainer's ``train_samples_per_second`` (its whole ``train()``, the first
 steps included) and the steady rate (micro-batches per step x batch over the median seconds from
 one optimizer step's end to the next's, the first step left out). ``--optimizer adamw-cpu-offload``
-is ZeRO-Offload's recipe in PyTorch (``deep_optimizer_states.baselines.ZeroOffloadAdamW``: fp32
-master parameters and Adam state in pinned host memory, torch's CPU AdamW), the run users would
-compare with. ``--gpu-memory-gb G`` caps torch's share of the GPU at G GB
+is ZeRO-Offload's recipe re-created in PyTorch (``deep_optimizer_states.baselines.ZeroOffloadAdamW``:
+fp32 master parameters and Adam state in host memory, torch's CPU AdamW; its copies run after
+backward, not during it, and its CPU update is not DeepSpeed's CPU Adam), the run to compare with. ``--gpu-memory-gb G`` caps torch's share of the GPU at G GB
 (``torch.cuda.set_per_process_memory_fraction``), which makes a model whose optimizer state does
 not fit beside it on such a GPU: a run that runs out of memory ends with exit status 3 and
 ``out_of_memory`` in its summary. The cap covers torch's allocations only; the runtime's own device
@@ -219,8 +219,10 @@ def parse_args(argv=None):
     if args.gpu_update_budget_gb < 0 or (args.gpu_update_budget_gb and args.optimizer != "dos"):
         ap.error(f"--gpu-update-budget-gb must be >= 0 and goes with --optimizer dos, got {args.gpu_update_budget_gb} "
                  f"with --optimizer {args.optimizer}")
-    if args.gpu_memory_gb and not torch.cuda.is_available():
-        ap.error("--gpu-memory-gb caps a GPU's memory, and this torch sees no CUDA device")
+    if args.gpu_update_budget_gb and args.gpu_update_budget_gb * 1e9 < 1:
+        ap.error(f"--gpu-update-budget-gb {args.gpu_update_budget_gb} is below one byte: give 0 (no limit) or more")
+    if args.gpu_memory_gb and (args.device == "cpu" or not torch.cuda.is_available()):
+        ap.error("--gpu-memory-gb caps a GPU's memory: it needs a CUDA device and --device auto or cuda")
     if args.clip_in is None:
         args.clip_in = "optimizer" if args.overlap and args.optimizer == "dos" else "framework"
     if args.clip_in == "optimizer" and args.optimizer != "dos":
@@ -331,10 +333,10 @@ def main(argv=None):
                    gpu_update_budget_gb=args.gpu_update_budget_gb or None,
                    train_samples_per_second=metrics.get("train_samples_per_second"),
                    train_runtime=metrics.get("train_runtime"), median_step_seconds=step_s,
-                   steady_samples_per_second=per_step / step_s if step_s else None,
+                   steady_samples_per_second=per_step / step_s if step_s and not oom else None,
                    max_gpu_memory_gb=torch.cuda.max_memory_allocated(targs.device) / 1e9 if cuda else None,
                    device_memory_used_gb=(total - free) / 1e9 if cuda else None)
-    if metrics:
+    if metrics and not oom:
         print(f"speed: {args.optimizer}: train_samples_per_second {metrics.get('train_samples_per_second')}"
               + (f", steady {per_step / step_s:.2f} samples/s ({step_s:.4f} s per step)" if step_s else "")
               + (f", peak torch GPU memory {summary['max_gpu_memory_gb']:.2f} GB, device in use "

@@ -347,7 +347,7 @@ def make_optimizer(args, model):
                                   decoupled=True, subgroup_size=int(float(args.subgroup_size)), policy=args.policy,
                                   max_grad_norm=args.max_grad_norm, verbose=args.verbose,
                                   overlap=args.overlap in ("backward", "both"),
-                                  urgent_writeback=args.urgent_writeback, timeline=bool(args.timeline))
+                                  urgent_writeback=args.urgent_writeback)
         if args.overlap in ("forward", "both"):
             opt.overlap_forward(model, overlap_blocks(model))
         return opt
@@ -453,6 +453,9 @@ def parse_args(argv=None):
         ap.error(f"--timeline-steps must be FIRST:LAST (whole numbers), got {args.timeline_steps!r}")
     if not 1 <= first <= last:
         ap.error(f"--timeline-steps must satisfy 1 <= FIRST <= LAST, got {args.timeline_steps!r}")
+    if args.timeline and last > args.steps:
+        ap.error(f"--timeline-steps {args.timeline_steps} ends after --steps {args.steps}: the timeline would miss "
+                 "steps")
     args.timeline_range = (first, last)
     if args.max_grad_norm == 0:
         args.max_grad_norm = None
@@ -553,6 +556,8 @@ def main(argv=None):
         for g in opt.param_groups:
             g["lr"] = lr
         timed = bool(args.timeline) and args.timeline_range[0] <= step <= args.timeline_range[1]
+        if timed and step == args.timeline_range[0]:
+            opt.timeline = True  # the runtime records these steps' phases only (its bus sampler costs a thread)
         t0 = time.perf_counter()
         x, y = get_batch(data, step, args.batch_size, args.seq_len, args.seed, device)
         logits = model(x)
@@ -566,6 +571,8 @@ def main(argv=None):
         opt.step(grad_scale=loss_scale)
         sync()
         t2 = time.perf_counter()
+        if timed and step == args.timeline_range[1]:
+            opt.timeline = False  # a phase still running keeps recording until it ends
         opt.zero_grad()
         info = opt.last_step or {}
         if loss_scale:

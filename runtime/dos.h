@@ -94,8 +94,8 @@ struct RuntimeOptions {
   int node_ranks = 1;
 };
 
-/// The runtime's clock, seconds: StarPU's (starpu_timing_now(): CLOCK_MONOTONIC_RAW where the
-/// kernel has it, else CLOCK_MONOTONIC, counted from StarPU's start while a Runtime runs), which
+/// The runtime's clock, seconds: StarPU's (starpu_timing_now(): StarPU 1.3.10 reads CLOCK_MONOTONIC,
+/// counted from StarPU's start while a Runtime runs), which
 /// StepStats::started_at and the task clock read. Another clock of the process relates to it by
 /// reading both at once.
 double clock_seconds();

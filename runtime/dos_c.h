@@ -340,8 +340,8 @@ int dos_optimizer_set_timeline(dos_optimizer* opt, int on);
  * clock. DOS_E_INVALID when opt or count is NULL, or tasks is NULL with capacity > 0. */
 int dos_optimizer_last_timeline(const dos_optimizer* opt, dos_timeline_task* tasks, size_t capacity, size_t* count,
                                 double* started_at);
-/* The runtime's clock, seconds (StarPU's: monotonic, counted from StarPU's start while a runtime
- * runs); another clock of the process relates to it by reading both at once. */
+/* The runtime's clock, seconds (StarPU's starpu_timing_now(): monotonic, counted from StarPU's start
+ * while a runtime runs); another clock of the process relates to it by reading both at once. */
 double dos_clock_seconds(void);
 
 #ifdef __cplusplus

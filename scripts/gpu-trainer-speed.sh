@@ -11,7 +11,8 @@
 #   adamw-cpu-offload  --optimizer adamw-cpu-offload: torch capped at TOTAL_GB
 #   adamw              --optimizer adamw (on the GPU): torch capped at TOTAL_GB (expected: out of memory)
 #   adamw-nocap        --optimizer adamw without a cap (the GPU's own speed)
-# Each run's log and JSON go to $OUT (default ./gpu-trainer-speed-out); summary.md tabulates the
+# adamw-cpu-offload is ZeRO-Offload's recipe re-created in PyTorch (copies after backward, torch's CPU
+# AdamW), not DeepSpeed itself. Each run's log and JSON go to $OUT (default ./gpu-trainer-speed-out); summary.md tabulates the
 # Trainer's train_samples_per_second, the steady samples/s (median step after the first), the peak
 # GPU memory torch allocated and the device memory in use at the end (all allocators: the runtime's
 # buffers too), and the ratio of dos to the offload recipe.
@@ -43,21 +44,23 @@ for name in $RUNS; do
     *) echo "RUNS: unknown run '$name' (dos, adamw-cpu-offload, adamw, adamw-nocap)"; exit 2 ;;
   esac
   echo "== $name: examples/hf_trainer.py ${common[*]} ${extra[*]}"
+  rm -f "$OUT/$name.json"  # a run that dies leaves no figures of an earlier call behind
   timeout "$SECONDS_PER_RUN" python3 examples/hf_trainer.py "${common[@]}" "${extra[@]}" \
     --log-json "$OUT/$name.json" > "$OUT/$name.log" 2>&1
   echo "exit status $? (3: out of GPU memory)"
   grep -E "^(hf_trainer|speed|summary)|Error" "$OUT/$name.log" | cut -c1-300
 done
 rm -rf "$OUT/trainer-out"  # the Trainer's output folder (no checkpoints are asked for)
-OUT="$OUT" python3 - <<'EOF'
+OUT="$OUT" RUNS="$RUNS" python3 - <<'EOF'
 import json, os
 out = os.environ["OUT"]
 rows = ["| run | parameters | torch's GPU cap GB | result | Trainer samples/s | steady samples/s | s per step "
         "| peak torch GPU GB | device in use GB |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
 runs = {}
-for name in ("dos", "adamw-cpu-offload", "adamw", "adamw-nocap"):
+for name in os.environ["RUNS"].split():
     p = os.path.join(out, name + ".json")
     if not os.path.exists(p):
+        rows.append(f"| {name} | - | - | no figures (see {name}.log) | - | - | - | - | - |")
         continue
     s = json.load(open(p))["summary"]
     runs[name] = s
@@ -69,9 +72,10 @@ for name in ("dos", "adamw-cpu-offload", "adamw", "adamw-nocap"):
                 f"| {f(s.get('device_memory_used_gb'), '.2f')} |")
 text = "\n".join(rows)
 a, b = runs.get("dos"), runs.get("adamw-cpu-offload")
-if a and b and a.get("steady_samples_per_second") and b.get("steady_samples_per_second"):
-    text += (f"\n\ndos against adamw-cpu-offload: steady samples/s {a['steady_samples_per_second'] / b['steady_samples_per_second']:.2f}x"
-             f", Trainer samples/s {a['train_samples_per_second'] / b['train_samples_per_second']:.2f}x")
+keys = ("steady_samples_per_second", "train_samples_per_second")
+if a and b and all(a.get(k) and b.get(k) for k in keys):
+    text += (f"\n\ndos against adamw-cpu-offload: steady samples/s {a[keys[0]] / b[keys[0]]:.2f}x"
+             f", Trainer samples/s {a[keys[1]] / b[keys[1]]:.2f}x")
 print(text)
 open(os.path.join(out, "summary.md"), "w").write(text + "\n")
 EOF

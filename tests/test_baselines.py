@@ -25,7 +25,9 @@ checked too.
    decay and none), odd shapes, fp32 and bf16 parameters, a parameter without a gradient on one
    step, lr changed every step, against a double-precision AdamW (and a wrong one that decays the
    second group); parameters equal the masters rounded; resume from a ``weights_only`` state dict
-   bit for bit; a wrong state dict and integer parameters refused with nothing changed.
+   bit for bit; wrong state dicts (no state, a moment or master of another shape, state for a missing
+   parameter) refused, the optimizer then going on as an untouched twin, bit for bit; integer
+   parameters and add_param_group after construction refused.
 """
 
 import json
@@ -282,19 +284,51 @@ def test_framework_optimizer():
         check(same, f"{what}: resumed from a state dict after 2 steps (torch.load weights_only={weights_only}), "
                     "parameters bit for bit")
 
-        # bad input: nothing changes
+        # bad input: refused, and the optimizer goes on exactly as an untouched twin
         c_ps, c = fresh()
-        bad = c.state_dict()
-        bad["master"] = {0: torch.zeros(2)} if dtype != "fp32" else None
-        before = [p.detach().clone() for p in c_ps]
+        t_ps, t = fresh()
+        run(c_ps, c, range(2))
+        run(t_ps, t, range(2))
+        good = c.state_dict()
+
+        def bad(**change):
+            sd = {k: v for k, v in good.items()}
+            sd["param_groups"] = [dict(g, lr=0.5) for g in good["param_groups"]]
+            sd["state"] = {i: dict(v) for i, v in good["state"].items()}
+            for k, v in change.items():
+                if v is None:
+                    sd.pop(k, None)
+                else:
+                    v(sd)
+            return sd
+        cases = [("a missing state", "missing", bad(state=None)),
+                 ("exp_avg of another shape", "shape", bad(state=lambda sd: sd["state"][0].update(exp_avg=torch.zeros(2)))),
+                 ("state for a parameter it lacks", "lacks", bad(state=lambda sd: sd["state"].update({99: sd["state"][0]})))]
         if dtype != "fp32":
+            cases.append(("a master of another shape", "shape",
+                          bad(master=lambda sd: sd.update(master={**good["master"], 0: torch.zeros(2)}))))
+        for label, word, sd in cases:
             try:
-                c.load_state_dict(bad)
-                check(False, f"{what}: a master of the wrong shape refused")
+                c.load_state_dict(sd)
+                check(False, f"{what}: {label} refused")
             except ValueError as e:
-                check("shape" in str(e) and c.param_groups[0]["lr"] == 1e-2,
-                      f"{what}: a master of the wrong shape refused, nothing changed: {e}")
-        check(all(torch.equal(x, y.detach()) for x, y in zip(before, c_ps)), f"{what}: parameters untouched")
+                check(word in str(e) and c.param_groups[0]["lr"] == lrs[1], f"{what}: {label} refused: {e}")
+        run(c_ps, c, range(2, steps))
+        run(t_ps, t, range(2, steps))
+        same = all(torch.equal(x.detach(), y.detach()) for x, y in zip(c_ps, t_ps))
+        check(same, f"{what}: after the refusals, the parameters of an untouched twin, bit for bit")
+        if dtype != "fp32":  # parameters changed outside step(): refresh_masters reads them again
+            with torch.no_grad():
+                c_ps[decay[0]].mul_(0.5)
+            stale = torch.equal(c.state_dict()["master"][0].to(dt), c_ps[decay[0]].detach().cpu())
+            c.refresh_masters()
+            fresh_ok = torch.equal(c.state_dict()["master"][0], c_ps[decay[0]].detach().cpu().float())
+            check(not stale and fresh_ok, f"{what}: refresh_masters reads parameters changed outside step()")
+        try:
+            c.add_param_group({"params": [torch.nn.Parameter(torch.zeros(3, dtype=dt))]})
+            check(False, f"{what}: add_param_group after construction refused")
+        except RuntimeError as e:
+            check("after construction" in str(e), f"{what}: add_param_group after construction refused: {e}")
     try:
         B.ZeroOffloadAdamW([torch.nn.Parameter(torch.zeros(3)), torch.zeros(2, dtype=torch.int64)])
         check(False, "integer parameters refused")

@@ -703,7 +703,8 @@ def test_dropped_wrapper(device, policy):
 def test_gpu_budgets(device, policy):
     m = make_model(device, torch.float32)
     for name, bad in (("gpu_update_budget", 0), ("gpu_update_budget", -5), ("gpu_update_budget", True),
-                      ("gpu_update_budget", 1.5), ("gpu_resident_budget", -1), ("gpu_resident_budget", "1GB")):
+                      ("gpu_update_budget", 1.5), ("gpu_update_budget", 2 ** 64), ("gpu_resident_budget", -1),
+                      ("gpu_resident_budget", "1GB"), ("gpu_resident_budget", 2 ** 63)):
         expect_error(ValueError, name, lambda: make_opt(m, policy, **{name: bad}), f"{name}={bad!r}")
     runs = []
     for kw in ({}, dict(gpu_update_budget=64 * 1024, gpu_resident_budget=2 * 12 * 700)):
@@ -720,10 +721,8 @@ def test_gpu_budgets(device, policy):
         # GPU; 8000 bytes hold that staging (at most 8 bytes per element, 700 elements) but not one
         # streamed subgroup (12 bytes of state per element alone), so the dos policy streams nothing
         mk = make_model(device, torch.bfloat16)
-        o = make_opt(mk, policy, gpu_update_budget=1)
-        expect_error(ValueError, "update budget", lambda: train_steps(mk, o, [1], device),
+        expect_error(ValueError, "update budget", lambda: make_opt(mk, policy, gpu_update_budget=1),
                      "an update budget of 1 byte, below one subgroup's staging, refused by the runtime")
-        o.close()
         if policy == "dos":
             mk = make_model(device, torch.bfloat16)
             o = make_opt(mk, policy, gpu_update_budget=8000)
@@ -748,6 +747,14 @@ def test_timeline(device, policy):
         o.step()
         t1 = time.perf_counter()
         runs.append((o.last_step, snapshot(m, o), t0, t1, o.num_subgroups))
+        if kw:  # the attribute switches the recording between steps
+            o.timeline = False
+            train_steps(m, o, [3], device)
+            off = all("timeline" not in st for st in o.last_step["stats"])
+            o.timeline = True
+            train_steps(m, o, [4], device)
+            check(off and all(st["timeline"] for st in o.last_step["stats"]),
+                  "timeline switched off and on again between steps through the attribute")
         o.close()
     last, _, t0, t1, n_sub = runs[0]
     tol = 2e-3  # the clocks are related by one reading each way: 2 ms is plenty

@@ -441,6 +441,7 @@ def test_budget_and_fallback():
 
     def timeline_check(o):
         o.wait()
+        assert o.last_step["stats"], "no phase figures"
         for st in o.last_step["stats"]:
             updates = sorted(t["subgroup"] for t in st["timeline"] if t["what"] in ("adam", "adam_spec"))
             n = st["subgroups_cpu"] + st["subgroups_gpu"]

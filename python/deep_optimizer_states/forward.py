@@ -196,6 +196,7 @@ class _ForwardOverlap:
             ret = L.dos_optimizer_finish_step_async(b.handle, verdict)
             b.open = False
         else:
+            self._apply_timeline(b)
             ret = L.dos_optimizer_step_async(b.handle)
         b.running = ret == 0
         self._runtime_call(ret, f"update phase of {b.describe()}")

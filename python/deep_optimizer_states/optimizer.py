@@ -70,6 +70,7 @@ class _Bucket:
         self.seen_version = None  # flat_grad._version after the last accumulation the hooks saw
         # the next forward overlapped (DeepOptimizerStates.overlap_forward)
         self.running = False    # step() left the runtime's phase running (dos_optimizer_finish_step_async)
+        self.timeline_on = False  # the runtime optimizer records its phases' tasks (dos_optimizer_set_timeline)
         self.grads_cleared = False  # that step set every p.grad to None (restored as zeros at the next step)
 
     @property
@@ -151,7 +152,9 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _State, torch.optim.Optimiz
       gpu_update_budget (int or None): bytes of GPU memory each bucket's update phase may hold at once
         (streamed subgroups' state, gradients and parameters in flight), >= 1; subgroups beyond it
         wait, and a budget below one streamed subgroup's footprint (about 16 bytes per element for
-        bf16 parameters) leaves every subgroup that is not resident on the CPU. None (default): no
+        bf16 parameters) leaves every subgroup that is not resident on the CPU; one below a CPU
+        subgroup's gradient and parameter staging on the GPU raises ``ValueError`` (with a CUDA
+        worker and CUDA parameters: the runtime's check, at construction). None (default): no
         limit but StarPU's own (90% of the device). Buckets step one after the other, except phases
         left running into the next forward (:meth:`overlap_forward`), which hold one budget each.
       gpu_resident_budget (int or None): bytes of optimizer state (12 per parameter) each bucket may
@@ -160,7 +163,10 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _State, torch.optim.Optimiz
         worker, are the same bits either way, and are the runtime's ``OptimizerOptions`` fields of
         the same names.
       timeline (bool): record every task of each update phase (lane, kind, subgroup, start, end)
-        into :attr:`last_step` (see :meth:`step`); costs a sampling thread per phase. Default False.
+        into :attr:`last_step` (see :meth:`step`); costs a thread sampling the bus every millisecond
+        while a phase runs. Default False. The attribute :attr:`timeline` may be changed between
+        steps: each bucket applies it from its next phase on (a phase still running, or open during
+        backward, keeps what it began with).
 
     Overlap: which backward is the last before :meth:`step` is not known while it runs (gradient
     accumulation runs several, and the hooks fire in each). The optimizer counts the backward
@@ -241,10 +247,10 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _State, torch.optim.Optimiz
         if not isinstance(urgent_writeback, bool):
             raise ValueError(f"urgent_writeback must be True or False, got {urgent_writeback!r}")
         self.urgent_writeback = urgent_writeback
-        for name, value, low in (("gpu_update_budget", gpu_update_budget, 1),
-                                 ("gpu_resident_budget", gpu_resident_budget, 0)):
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < low):
-                raise ValueError(f"{name} must be None or an integer >= {low} (bytes), got {value!r}")
+        for name, value, low, high in (("gpu_update_budget", gpu_update_budget, 1, 2 ** 64 - 1),
+                                       ("gpu_resident_budget", gpu_resident_budget, 0, 2 ** 63 - 1)):
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high):
+                raise ValueError(f"{name} must be None or an integer in [{low}, {high}] (bytes), got {value!r}")
         self.gpu_update_budget = gpu_update_budget
         self.gpu_resident_budget = gpu_resident_budget
         if not isinstance(timeline, bool):
@@ -393,8 +399,7 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _State, torch.optim.Optimiz
                 )
                 b.handle = h
                 self._buckets.append(b)  # from here on close() frees it
-                if self.timeline:
-                    _capi.check(L.dos_optimizer_set_timeline(h, 1), f"turning the timeline of {b.describe()} on")
+                self._apply_timeline(b)
                 b.hyper = hypers[b.group_index]
                 ns = L.dos_optimizer_num_subgroups(h)
                 sizes = (ctypes.c_size_t * ns)()
@@ -624,6 +629,7 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _State, torch.optim.Optimiz
                     verdicts[k] = _VERDICT_NAMES[v]
                     continue
                 st = _capi.StepStats()
+                self._apply_timeline(b)
                 ret = L.dos_optimizer_step(b.handle, ctypes.byref(st))
                 if ret != 0:
                     self._broken = L.dos_last_error().decode("utf-8", "replace")
@@ -648,11 +654,21 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _State, torch.optim.Optimiz
         ``time.perf_counter()``'s clock, s) and ``timeline`` (its tasks: dicts of ``lane``, ``what``,
         ``subgroup``, ``start``, ``end``, seconds since ``started_at``)."""
         d = st.as_dict()
-        if self.timeline:
+        if b.timeline_on:
             started, tasks = _capi.last_timeline(b.handle)
             d["started_at"] = started - _capi.clock_offset()
             d["timeline"] = tasks
+        self._apply_timeline(b)
         return d
+
+    def _apply_timeline(self, b):
+        """Turns the runtime's timeline of bucket ``b`` on or off as :attr:`timeline` says, when no
+        phase of ``b`` is open or running (else at the end of that phase)."""
+        want = bool(self.timeline)
+        if b.timeline_on != want and not b.open and not b.running:
+            _capi.check(_capi.lib().dos_optimizer_set_timeline(b.handle, int(want)),
+                        f"turning the timeline of {b.describe()} {'on' if want else 'off'}")
+            b.timeline_on = want
 
     def zero_grad(self, set_to_none=False):
         """Zeroes the gradients. By default (``set_to_none=False``, unlike torch 2.x's default) the

@@ -126,6 +126,7 @@ class _Overlap:
                 _capi.check(L.dos_optimizer_set_hyper(b.handle, *h[:5], int(h[5])),
                             f"setting the hyper-parameters of {b.describe()}")
                 b.hyper = h
+            self._apply_timeline(b)
             self._runtime_call(L.dos_optimizer_begin_step(b.handle), f"opening the update phase of {b.describe()}")
             b.open = True
         b.declared.add(j)

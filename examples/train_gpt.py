@@ -347,7 +347,9 @@ def make_optimizer(args, model):
                                   decoupled=True, subgroup_size=int(float(args.subgroup_size)), policy=args.policy,
                                   max_grad_norm=args.max_grad_norm, verbose=args.verbose,
                                   overlap=args.overlap in ("backward", "both"),
-                                  urgent_writeback=args.urgent_writeback)
+                                  urgent_writeback=args.urgent_writeback,
+                                  # the threads launching forward and backward keep a core beside CPU Adam
+                                  caller_cores=1 if args.overlap != "off" else None)
         if args.overlap in ("forward", "both"):
             opt.overlap_forward(model, overlap_blocks(model))
         return opt

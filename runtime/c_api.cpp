@@ -320,13 +320,22 @@ const char* dos_last_error(void) { return g_last_error.c_str(); }
 
 int dos_runtime_create(const char* policy, int cpu_threads, int cpu_workers, int ncuda, int verbose,
                        dos_runtime** out) {
+  return dos_runtime_create_for_caller(policy, cpu_threads, 0, cpu_workers, ncuda, verbose, out);
+}
+
+int dos_runtime_create_for_caller(const char* policy, int cpu_threads, int caller_cores, int cpu_workers, int ncuda,
+                                  int verbose, dos_runtime** out) {
   if (!out) return fail(DOS_E_INVALID, "dos_runtime_create: out is NULL");
   *out = nullptr;
+  if (caller_cores < 0)
+    return fail(DOS_E_INVALID, "dos_runtime_create_for_caller: caller_cores must be >= 0 (cores left to the caller's "
+                               "threads), got " + std::to_string(caller_cores));
   Active active;
   return guarded([&] {
     dos::RuntimeOptions o;
     o.policy = policy ? policy : "";
     o.cpu_threads = cpu_threads;
+    o.caller_cores = caller_cores;
     o.cpu_workers = cpu_workers;
     o.ncuda = ncuda;
     o.verbose = verbose != 0;

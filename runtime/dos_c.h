@@ -32,7 +32,8 @@
 extern "C" {
 #endif
 
-/* 5: timelines (dos_optimizer_set_timeline, dos_optimizer_last_timeline, dos_clock_seconds).
+/* 5: timelines (dos_optimizer_set_timeline, dos_optimizer_last_timeline, dos_clock_seconds) and
+ * dos_runtime_create_for_caller.
  * 4: the update overlapped with the next forward (dos_optimizer_finish_step_async, _step_async,
  * _wait_parameters, _wait_step).
  * 3: the overlapped update (dos_optimizer_begin_step, _gradients_final, _finish_step), its fields
@@ -90,6 +91,11 @@ const char* dos_last_error(void);
  * See dos::RuntimeOptions. On success *out holds the handle. */
 int dos_runtime_create(const char* policy, int cpu_threads, int cpu_workers, int ncuda, int verbose,
                        dos_runtime** out);
+/* dos_runtime_create leaving caller_cores (>= 0) cores to the caller's own threads when cpu_threads
+ * is automatic (0): the thread that runs forward and backward while an overlapped update's CPU Adam
+ * runs (dos::RuntimeOptions::caller_cores). DOS_E_INVALID for caller_cores < 0. */
+int dos_runtime_create_for_caller(const char* policy, int cpu_threads, int caller_cores, int cpu_workers, int ncuda,
+                                  int verbose, dos_runtime** out);
 /* Stops the runtime (deferred until the last optimizer is destroyed, see dos::Runtime). */
 void dos_runtime_destroy(dos_runtime* rt);
 /* The policy as StarPU reports it running, copied NUL-terminated into buf (truncated to len). */

@@ -6,7 +6,7 @@
  * The overlapped update (dos_optimizer_begin_step / _gradients_final / _finish_step) against the
  * plain dos_optimizer_step, bit for bit, through every verdict, with and without a speculation
  * budget; and its bad calls refused with DOS_E_INVALID, leaving the phase as it was. Timelines
- * (dos_optimizer_set_timeline, _last_timeline, dos_clock_seconds). */
+ * (dos_optimizer_set_timeline, _last_timeline, dos_clock_seconds); a negative caller_cores refused. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -534,6 +534,10 @@ static void test_timeline(void** state) {
   assert_int_equal(spec, s.speculated);
   assert_int_equal(spec + plain, ns);
 
+  dos_runtime* other = NULL;
+  assert_int_equal(dos_runtime_create_for_caller("cpu", 0, -1, 1, 0, 0, &other), DOS_E_INVALID);
+  assert_null(other);
+  assert_non_null(strstr(dos_last_error(), "caller_cores"));
   assert_int_equal(dos_optimizer_set_timeline(NULL, 1), DOS_E_INVALID);
   assert_int_equal(dos_optimizer_set_timeline(opt, 2), DOS_E_INVALID);
   assert_int_equal(dos_optimizer_last_timeline(opt, NULL, 3, &count, NULL), DOS_E_INVALID);

@@ -46,6 +46,8 @@ GPU or the runtime has no CUDA worker.
    1 byte (below one subgroup's staging) is refused by the runtime and, with policy dos, one of 8000
    bytes (below one streamed subgroup) leaves every update on the CPU. Without a CUDA worker the
    budgets have no effect, so there only the refusals and the same bits are checked.
+8. caller_cores: the automatic CPU threads with caller_cores=1 are one fewer than with 0 (each in a
+   process of its own); a negative or non-integer caller_cores refused.
 7. timeline=True: each bucket's phase reports when it began on time.perf_counter()'s clock
    (between the readings around step()) and every task within it, one Adam per subgroup; the
    same bits as without a timeline; a non-bool timeline refused; train_gpt.py --timeline writes the
@@ -62,6 +64,7 @@ import math
 import os
 import pickle
 import pickletools
+import subprocess
 import sys
 import tempfile
 import time
@@ -733,6 +736,23 @@ def test_gpu_budgets(device, policy):
             o.close()
 
 
+def test_caller_cores(device, policy):
+    """caller_cores: the automatic CPU threads leave that many cores to the caller (each runtime in a
+    process of its own: one runtime per process); bad values refused."""
+    code = ("import os, sys; os.environ.pop('OMP_NUM_THREADS', None); import deep_optimizer_states as d; "
+            "print(d.get_runtime(sys.argv[1], ncuda=0, caller_cores=int(sys.argv[2])).cpu_threads)")
+    threads = []
+    for cc in (0, 1):
+        r = subprocess.run([sys.executable, "-c", code, "cpu", str(cc)], capture_output=True, text=True, timeout=120)
+        threads.append(int(r.stdout.split()[-1]) if r.returncode == 0 and r.stdout.split() else None)
+    check(None not in threads and threads[1] == max(1, threads[0] - 1),
+          f"caller_cores=1 leaves one core to the caller: CPU Adam threads {threads[0]} -> {threads[1]}")
+    expect_error(ValueError, "caller_cores", lambda: make_opt(make_model(device, torch.float32), policy, caller_cores=-1),
+                 "caller_cores=-1")
+    expect_error(ValueError, "caller_cores", lambda: make_opt(make_model(device, torch.float32), policy, caller_cores=1.0),
+                 "caller_cores=1.0")
+
+
 def test_timeline(device, policy):
     expect_error(ValueError, "timeline", lambda: make_opt(make_model(device, torch.float32), policy, timeline=1),
                  "timeline=1")
@@ -824,6 +844,7 @@ def main():
     test_dropped_wrapper(args.device, args.policy)
     test_gpu_budgets(args.device, args.policy)
     test_timeline(args.device, args.policy)
+    test_caller_cores(args.device, args.policy)
     dos.shutdown()
     print(f"{len(failures)} failure(s); {time.time() - t0:.1f} s")
     for f in failures:

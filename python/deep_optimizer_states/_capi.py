@@ -262,6 +262,10 @@ def lib():
                 ctypes.c_int,
                 [ctypes.c_char_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, c_void_pp],
             ),
+            "dos_runtime_create_for_caller": (
+                ctypes.c_int,
+                [ctypes.c_char_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, c_void_pp],
+            ),
             "dos_runtime_destroy": (None, [ctypes.c_void_p]),
             "dos_runtime_running_policy": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t]),
             "dos_runtime_workers": (

@@ -8,6 +8,8 @@ A mixin, as the overlap of backward is: the optimizer's constructor sets up its 
 """
 
 import ctypes
+import os
+import warnings
 import weakref
 
 import torch
@@ -146,6 +148,12 @@ class _ForwardOverlap:
                     opt.wait()
 
             self._forward_handles.append(module.register_state_dict_pre_hook(before_state_dict))
+        opts = self.runtime.options
+        if opts[1] == 0 and opts[4] == 0 and not os.environ.get("OMP_NUM_THREADS") and self.runtime.cpu_threads > 1:
+            warnings.warn("overlap_forward: the runtime's CPU Adam threads take every core but the GPUs' (automatic "
+                          "cpu_threads, caller_cores=0), so forward's kernel launches share cores with them while the "
+                          "phase runs; give DeepOptimizerStates(..., caller_cores=1) or get_runtime(caller_cores=1) "
+                          "before the runtime starts", stacklevel=2)
         self._forward_overlap = True
         return hooked
 

@@ -119,7 +119,11 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _State, torch.optim.Optimiz
       skip_nonfinite (bool): when True (default), a :meth:`step` whose gradients hold an inf or NaN
         updates nothing (no step count advances), is counted in :attr:`skipped_steps` and reported
         in :attr:`last_step`, as mixed-precision training with loss scaling needs.
-      cpu_threads, cpu_workers, ncuda, verbose: runtime options, see :func:`get_runtime`
+      cpu_threads, cpu_workers, ncuda, verbose, caller_cores: runtime options, see :func:`get_runtime`;
+        they take effect when this optimizer starts the runtime. ``caller_cores=None`` (default)
+        leaves one core to this process's threads when ``overlap=True`` (its CPU Adam runs while
+        backward launches kernels) and none otherwise, and asks nothing of a runtime already
+        running; an integer is a demand, as the other options are.
         (``verbose`` also prints the ``dos`` policy's calibration).
       overlap (bool): when True, the update overlaps the backward pass: a hook on each parameter
         declares its gradient final to the runtime as soon as autograd has accumulated it, and the
@@ -212,7 +216,7 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _State, torch.optim.Optimiz
                  subgroup_size=100_000_000, policy=None, max_grad_norm=None, skip_nonfinite=True,
                  cpu_threads=0, cpu_workers=0, ncuda=-1, verbose=False, overlap=False, speculation_budget=None,
                  speculate_streamed=True, urgent_writeback=False, gpu_update_budget=None, gpu_resident_budget=None,
-                 timeline=False):
+                 timeline=False, caller_cores=None):
         if weight_decay is None:
             weight_decay = 1e-2 if decoupled else 0.0
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, decoupled=bool(decoupled))
@@ -266,7 +270,13 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _State, torch.optim.Optimiz
         #: What the last :meth:`step` did (dict, see :meth:`step`); None before the first.
         self.last_step = None
         hypers = [self._group_hyper(i, g) for i, g in enumerate(self.param_groups)]
-        self._build(hypers, policy, cpu_threads, cpu_workers, ncuda, verbose)
+        if caller_cores is not None and (not isinstance(caller_cores, int) or isinstance(caller_cores, bool)
+                                         or caller_cores < 0):
+            raise ValueError(f"caller_cores must be None or an integer >= 0 (cores), got {caller_cores!r}")
+        if caller_cores is None:  # a preference, used only when this optimizer starts the runtime
+            running = _rt._runtime is not None and _rt._runtime.alive
+            caller_cores = 1 if overlap and not running else 0
+        self._build(hypers, policy, cpu_threads, cpu_workers, ncuda, verbose, caller_cores)
         #: Whether the update overlaps backward (bool): ``overlap`` as given, False where this torch
         #: has no hook for it.
         self.overlap = bool(overlap) and self._install_hooks()
@@ -313,7 +323,7 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _State, torch.optim.Optimiz
                                  "update is computed: every parameter would become inf or NaN")
         return (lr, b1, b2, eps, wd, bool(group.get("decoupled", True)))
 
-    def _build(self, hypers, policy, cpu_threads, cpu_workers, ncuda, verbose):
+    def _build(self, hypers, policy, cpu_threads, cpu_workers, ncuda, verbose, caller_cores=0):
         buckets = {}
         seen = {}
         index = 0
@@ -357,7 +367,7 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _State, torch.optim.Optimiz
         if index and all(n == 0 for bk in buckets.values() for n in bk.numels):
             raise ValueError("every parameter given has 0 elements: nothing to optimize")
 
-        self.runtime = _rt.get_runtime(policy, cpu_threads, cpu_workers, ncuda, verbose)
+        self.runtime = _rt.get_runtime(policy, cpu_threads, cpu_workers, ncuda, verbose, caller_cores)
         L = _capi.lib()
         try:
             for b in buckets.values():

@@ -30,20 +30,21 @@ class Runtime:
     Attributes: ``policy`` (str, as requested: ``"cpu"``, ``"gpu"``, ``"dos"``, ``"static:R"`` or a
     StarPU built-in such as ``"dmda"``), ``running_policy`` (str, as StarPU reports it),
     ``cpu_workers`` / ``cuda_workers`` (int, StarPU workers), ``cpu_threads`` (int, OpenMP threads
-    of each CPU worker's Adam codelet), ``options`` (the tuple it was started with).
+    of each CPU worker's Adam codelet), ``options`` (the tuple it was started with: policy,
+    cpu_threads, cpu_workers, ncuda, caller_cores).
     """
 
-    def __init__(self, policy, cpu_threads, cpu_workers, ncuda, verbose):
+    def __init__(self, policy, cpu_threads, cpu_workers, ncuda, verbose, caller_cores=0):
         L = _capi.lib()
         h = ctypes.c_void_p()
         _capi.check(
-            L.dos_runtime_create(policy.encode(), int(cpu_threads), int(cpu_workers), int(ncuda), int(bool(verbose)),
-                                 ctypes.byref(h)),
+            L.dos_runtime_create_for_caller(policy.encode(), int(cpu_threads), int(caller_cores), int(cpu_workers),
+                                            int(ncuda), int(bool(verbose)), ctypes.byref(h)),
             f"starting the runtime with policy '{policy}'",
         )
         self._h = h
         self.policy = policy
-        self.options = (policy, int(cpu_threads), int(cpu_workers), int(ncuda))
+        self.options = (policy, int(cpu_threads), int(cpu_workers), int(ncuda), int(caller_cores))
         buf = ctypes.create_string_buffer(128)
         _capi.check(L.dos_runtime_running_policy(h, buf, 128), "dos_runtime_running_policy")
         self.running_policy = buf.value.decode()
@@ -75,7 +76,7 @@ class Runtime:
                 f"worker(s) x {self.cpu_threads} threads, {self.cuda_workers} CUDA worker(s), {state})")
 
 
-def get_runtime(policy=None, cpu_threads=0, cpu_workers=0, ncuda=-1, verbose=False):
+def get_runtime(policy=None, cpu_threads=0, cpu_workers=0, ncuda=-1, verbose=False, caller_cores=0):
     """Returns the process's runtime, starting it on the first call.
 
     Arguments (see ``dos::RuntimeOptions`` in ``runtime/dos.h``):
@@ -86,6 +87,9 @@ def get_runtime(policy=None, cpu_threads=0, cpu_workers=0, ncuda=-1, verbose=Fal
       cpu_workers (int): StarPU CPU workers; 0: one (an OpenMP team).
       ncuda (int): CUDA workers; -1: one per visible device; 0: none.
       verbose (bool): print the runtime's choices on stderr.
+      caller_cores (int): with automatic ``cpu_threads``, cores left to this process's own threads
+        (>= 0; 0: none): 1 for an update overlapped with backward or the next forward, whose CPU Adam
+        otherwise shares every core with the threads that launch the model's kernels.
 
     When torch has started CUDA in this process and the StarPU underneath resets the GPUs after
     calibrating its bus (:func:`bus_calibration_resets`), StarPU is first started in a child
@@ -100,9 +104,10 @@ def get_runtime(policy=None, cpu_threads=0, cpu_workers=0, ncuda=-1, verbose=Fal
     with _lock:
         if _runtime is not None and _runtime.alive:
             have = _runtime.options
-            want = (policy, int(cpu_threads), int(cpu_workers), int(ncuda))
-            defaults = (None, 0, 0, -1)
-            for name, h, w, d in zip(("policy", "cpu_threads", "cpu_workers", "ncuda"), have, want, defaults):
+            want = (policy, int(cpu_threads), int(cpu_workers), int(ncuda), int(caller_cores))
+            defaults = (None, 0, 0, -1, 0)
+            for name, h, w, d in zip(("policy", "cpu_threads", "cpu_workers", "ncuda", "caller_cores"), have, want,
+                                     defaults):
                 if w != d and w != h:
                     raise ValueError(
                         f"the runtime already runs with {name}={h!r} and one runtime serves the whole process "
@@ -112,7 +117,9 @@ def get_runtime(policy=None, cpu_threads=0, cpu_workers=0, ncuda=-1, verbose=Fal
             return _runtime
         if _cuda_started() and bus_calibration_resets():
             calibrate_bus_apart(verbose)
-        _runtime = Runtime(policy or DEFAULT_POLICY, cpu_threads, cpu_workers, ncuda, verbose)
+        if int(caller_cores) < 0:
+            raise ValueError(f"caller_cores must be >= 0 (cores left to this process's threads), got {caller_cores!r}")
+        _runtime = Runtime(policy or DEFAULT_POLICY, cpu_threads, cpu_workers, ncuda, verbose, caller_cores)
         return _runtime
 
 

@@ -325,7 +325,7 @@ int dos_runtime_create(const char* policy, int cpu_threads, int cpu_workers, int
 
 int dos_runtime_create_for_caller(const char* policy, int cpu_threads, int caller_cores, int cpu_workers, int ncuda,
                                   int verbose, dos_runtime** out) {
-  if (!out) return fail(DOS_E_INVALID, "dos_runtime_create: out is NULL");
+  if (!out) return fail(DOS_E_INVALID, "dos_runtime_create_for_caller: out is NULL");
   *out = nullptr;
   if (caller_cores < 0)
     return fail(DOS_E_INVALID, "dos_runtime_create_for_caller: caller_cores must be >= 0 (cores left to the caller's "

@@ -32,14 +32,14 @@
 extern "C" {
 #endif
 
-/* 5: timelines (dos_optimizer_set_timeline, dos_optimizer_last_timeline, dos_clock_seconds) and
- * dos_runtime_create_for_caller.
+/* 6: dos_runtime_create_for_caller.
+ * 5: timelines (dos_optimizer_set_timeline, dos_optimizer_last_timeline, dos_clock_seconds).
  * 4: the update overlapped with the next forward (dos_optimizer_finish_step_async, _step_async,
  * _wait_parameters, _wait_step).
  * 3: the overlapped update (dos_optimizer_begin_step, _gradients_final, _finish_step), its fields
  * in dos_step_stats, options.speculation_budget (options version 2).
  * 2: dos_optimizer_create takes a struct dos_optimizer_options (1: positional arguments). */
-#define DOS_C_ABI_VERSION 5
+#define DOS_C_ABI_VERSION 6
 
 #define DOS_OK 0
 #define DOS_E_INVALID (-1)

@@ -283,6 +283,13 @@ def test_framework_optimizer():
         same = all(torch.equal(x.detach(), y.detach()) for x, y in zip(a_ps, b_ps))
         check(same, f"{what}: resumed from a state dict after 2 steps (torch.load weights_only={weights_only}), "
                     "parameters bit for bit")
+        text_keys = dict(sd, state={str(k): v for k, v in sd["state"].items()})
+        e_ps = [torch.nn.Parameter(p.detach().clone()) for p in b_ps]
+        e = B.ZeroOffloadAdamW([{"params": [e_ps[i] for i in decay], "weight_decay": 0.1},
+                                {"params": [e_ps[i] for i in no_decay], "weight_decay": 0.0}])
+        e.load_state_dict(text_keys)
+        check(all(torch.equal(e.state_dict()["state"][i]["exp_avg"], v["exp_avg"]) for i, v in sd["state"].items()),
+              f"{what}: a state dict whose parameter indices are strings loads the same moments")
 
         # bad input: refused, and the optimizer goes on exactly as an untouched twin
         c_ps, c = fresh()

@@ -534,10 +534,6 @@ static void test_timeline(void** state) {
   assert_int_equal(spec, s.speculated);
   assert_int_equal(spec + plain, ns);
 
-  dos_runtime* other = NULL;
-  assert_int_equal(dos_runtime_create_for_caller("cpu", 0, -1, 1, 0, 0, &other), DOS_E_INVALID);
-  assert_null(other);
-  assert_non_null(strstr(dos_last_error(), "caller_cores"));
   assert_int_equal(dos_optimizer_set_timeline(NULL, 1), DOS_E_INVALID);
   assert_int_equal(dos_optimizer_set_timeline(opt, 2), DOS_E_INVALID);
   assert_int_equal(dos_optimizer_last_timeline(opt, NULL, 3, &count, NULL), DOS_E_INVALID);
@@ -550,6 +546,18 @@ static void test_timeline(void** state) {
   dos_optimizer_destroy(opt);
 }
 
+/* dos_runtime_create_for_caller refuses a negative caller_cores (before anything starts) and a NULL
+ * out; its other arguments are dos_runtime_create's (that one runtime serves the process). */
+static void test_runtime_for_caller(void** state) {
+  (void)state;
+  dos_runtime* other = NULL;
+  assert_int_equal(dos_runtime_create_for_caller("cpu", 0, -1, 1, 0, 0, &other), DOS_E_INVALID);
+  assert_null(other);
+  assert_non_null(strstr(dos_last_error(), "caller_cores"));
+  assert_int_equal(dos_runtime_create_for_caller("cpu", 0, 1, 1, 0, 0, NULL), DOS_E_INVALID);
+  assert_non_null(strstr(dos_last_error(), "out is NULL"));
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_defaults),
@@ -560,6 +568,7 @@ int main(void) {
       cmocka_unit_test(test_overlap_bad_calls),
       cmocka_unit_test(test_async_phase_pauses_workers),
       cmocka_unit_test(test_timeline),
+      cmocka_unit_test(test_runtime_for_caller),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -46,13 +46,14 @@ GPU or the runtime has no CUDA worker.
    1 byte (below one subgroup's staging) is refused by the runtime and, with policy dos, one of 8000
    bytes (below one streamed subgroup) leaves every update on the CPU. Without a CUDA worker the
    budgets have no effect, so there only the refusals and the same bits are checked.
-8. caller_cores: the automatic CPU threads with caller_cores=1 are one fewer than with 0 (each in a
-   process of its own); a negative or non-integer caller_cores refused.
 7. timeline=True: each bucket's phase reports when it began on time.perf_counter()'s clock
    (between the readings around step()) and every task within it, one Adam per subgroup; the
    same bits as without a timeline; a non-bool timeline refused; train_gpt.py --timeline writes the
    timed steps' forward, backward and step() and each phase inside its step() call; malformed
    --timeline-steps refused.
+8. caller_cores: the automatic CPU threads with caller_cores=1 are one fewer than with 0, and an
+   overlap=True optimizer starting the runtime gets the same (each in a process of its own); a
+   negative or non-integer caller_cores refused.
 """
 
 import argparse
@@ -739,14 +740,25 @@ def test_gpu_budgets(device, policy):
 def test_caller_cores(device, policy):
     """caller_cores: the automatic CPU threads leave that many cores to the caller (each runtime in a
     process of its own: one runtime per process); bad values refused."""
-    code = ("import os, sys; os.environ.pop('OMP_NUM_THREADS', None); import deep_optimizer_states as d; "
-            "print(d.get_runtime(sys.argv[1], ncuda=0, caller_cores=int(sys.argv[2])).cpu_threads)")
-    threads = []
-    for cc in (0, 1):
-        r = subprocess.run([sys.executable, "-c", code, "cpu", str(cc)], capture_output=True, text=True, timeout=120)
-        threads.append(int(r.stdout.split()[-1]) if r.returncode == 0 and r.stdout.split() else None)
-    check(None not in threads and threads[1] == max(1, threads[0] - 1),
-          f"caller_cores=1 leaves one core to the caller: CPU Adam threads {threads[0]} -> {threads[1]}")
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "STARPU_NCPU")}
+    env["CUDA_VISIBLE_DEVICES"] = ""  # the child needs no GPU (and may not share an exclusive one)
+    start = {"0": "d.get_runtime('cpu', ncuda=0, caller_cores=0)",
+             "1": "d.get_runtime('cpu', ncuda=0, caller_cores=1)",
+             # an overlapped optimizer that starts the runtime asks for one core by default
+             "overlap": "(d.DeepOptimizerStates([torch.nn.Parameter(torch.zeros(4))], policy='cpu', ncuda=0, "
+                        "overlap=True), d.get_runtime())[1]"}
+    threads = {}
+    for key, expr in start.items():
+        code = f"import torch, deep_optimizer_states as d; print({expr}.cpu_threads)"
+        try:
+            r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+            out = r.stdout.split()
+            threads[key] = int(out[-1]) if r.returncode == 0 and out and out[-1].isdigit() else None
+        except subprocess.TimeoutExpired:
+            threads[key] = None
+    ok = None not in threads.values() and threads["1"] == max(1, threads["0"] - 1) and threads["overlap"] == threads["1"]
+    check(ok, f"caller_cores=1 leaves one core to the caller, as an overlapped optimizer starting the runtime asks: "
+          f"CPU Adam threads {threads}")
     expect_error(ValueError, "caller_cores", lambda: make_opt(make_model(device, torch.float32), policy, caller_cores=-1),
                  "caller_cores=-1")
     expect_error(ValueError, "caller_cores", lambda: make_opt(make_model(device, torch.float32), policy, caller_cores=1.0),
@@ -756,6 +768,12 @@ def test_caller_cores(device, policy):
 def test_timeline(device, policy):
     expect_error(ValueError, "timeline", lambda: make_opt(make_model(device, torch.float32), policy, timeline=1),
                  "timeline=1")
+    o = make_opt(make_model(device, torch.float32), policy)
+
+    def set_text():
+        o.timeline = "off"
+    expect_error(ValueError, "timeline", set_text, "opt.timeline = 'off'")
+    o.close()
     runs = []
     for kw in ({"timeline": True}, {}):
         m = make_model(device, torch.bfloat16)
@@ -773,7 +791,7 @@ def test_timeline(device, policy):
             off = all("timeline" not in st for st in o.last_step["stats"])
             o.timeline = True
             train_steps(m, o, [4], device)
-            check(off and all(st["timeline"] for st in o.last_step["stats"]),
+            check(off and o.last_step["stats"] and all(st["timeline"] for st in o.last_step["stats"]),
                   "timeline switched off and on again between steps through the attribute")
         o.close()
     last, _, t0, t1, n_sub = runs[0]

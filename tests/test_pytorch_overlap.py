@@ -27,7 +27,8 @@ subgroups that the runtime updates speculatively).
 2. speculation_budget=0: nothing speculated, the same bits; a bad budget refused; the next forward
    overlapped without the overlap of backward, the same bits; both overlaps with
    urgent_writeback=True, the same bits; a non-bool urgent_writeback refused. timeline=True with both
-   overlaps: the same bits, and each phase's timeline holds every subgroup's update.
+   overlaps: the same bits, and each phase's timeline holds every subgroup's update; switched on for one
+   step between steps, that step's phase alone recorded.
 3. The next forward overlapped where modules read parameters in other ways: a transformer encoder
    (attention reading its output projection's weight, the fused fast path in eval, the attention
    called on its own), weight_norm (its pre-hook computes the weight before ours would), a
@@ -448,6 +449,15 @@ def test_budget_and_fallback():
             assert len(updates) >= n and set(updates) == set(range(n)), (updates, n)
             assert all(0 <= t["start"] <= t["end"] for t in st["timeline"])
     train_beside_plain(timeline_check, forward=True, overlap=True, timeline=True)
+    # the attribute switched between steps, with both overlaps: the second step's phase alone recorded
+    seen = []
+
+    def toggle(o):
+        o.wait()
+        seen.append(bool(o.last_step["stats"]) and all("timeline" in st for st in o.last_step["stats"]))
+        o.timeline = len(seen) == 1
+    train_beside_plain(toggle, forward=True, overlap=True)
+    assert seen == [False, True, False], seen
     try:
         make_opt(make_model(torch.float32), urgent_writeback="yes")
     except ValueError as e:

@@ -27,7 +27,7 @@ import sys
 import sysconfig
 import threading
 
-ABI_VERSION = 5
+ABI_VERSION = 6
 
 DTYPE_CODES = {"fp32": 0, "fp16": 1, "bf16": 2}
 MEMORY_HOST = 0
@@ -313,15 +313,17 @@ def lib():
                  ctypes.POINTER(ctypes.c_int64), ctypes.c_size_t],
             ),
         }
-        for name, (res, args) in sigs.items():
-            f = getattr(L, name)
-            f.restype = res
-            f.argtypes = args
+        # the version first: a library of another version may lack some of the functions below
+        L.dos_c_abi_version.restype, L.dos_c_abi_version.argtypes = ctypes.c_int, []
         if L.dos_c_abi_version() != ABI_VERSION:
             raise DosError(
                 f"{library_path()} has C ABI version {L.dos_c_abi_version()}, this binding needs {ABI_VERSION}: "
                 "rebuild the library or use the binding of the same commit"
             )
+        for name, (res, args) in sigs.items():
+            f = getattr(L, name)
+            f.restype = res
+            f.argtypes = args
         if L.dos_step_stats_size() != ctypes.sizeof(StepStats):
             raise DosError("dos_step_stats layout differs between libdos_c.so and the binding: rebuild")
         if L.dos_optimizer_options_size() != ctypes.sizeof(OptimizerOptions):

@@ -789,12 +789,17 @@ class ZeroOffloadAdamW(torch.optim.Optimizer):
         if "state" not in sd or "param_groups" not in sd:
             raise ValueError("not a ZeroOffloadAdamW state dict: 'state' or 'param_groups' is missing")
         shapes = [tuple(m.shape) for m in self._masters]
-        for key, st in sd["state"].items():
-            i = int(key)
+        try:  # keys as torch writes them (ints), or as text formats give them back (strings)
+            sd["state"] = {int(k): v for k, v in sd["state"].items()}
+        except (TypeError, ValueError, AttributeError):
+            raise ValueError("the state dict's 'state' is not a mapping of parameter indices") from None
+        for i, st in sd["state"].items():
             if not 0 <= i < len(shapes):
                 raise ValueError(f"the state dict has state for parameter {i}, which this optimizer lacks (it has "
                                  f"{len(shapes)})")
             for name in ("exp_avg", "exp_avg_sq"):
+                if name in st and not isinstance(st[name], torch.Tensor):
+                    raise ValueError(f"{name} of parameter {i} is a {type(st[name]).__name__}, not a tensor")
                 if name in st and tuple(st[name].shape) != shapes[i]:
                     raise ValueError(f"{name} of parameter {i} has shape {tuple(st[name].shape)}, the parameter "
                                      f"{shapes[i]}: a state dict of another model")

@@ -8,13 +8,13 @@ A mixin, as the overlap of backward is: the optimizer's constructor sets up its 
 """
 
 import ctypes
-import os
 import warnings
 import weakref
 
 import torch
 
 from . import _capi
+from . import runtime as _rt
 
 
 def _register_first(module, hook):
@@ -148,8 +148,7 @@ class _ForwardOverlap:
                     opt.wait()
 
             self._forward_handles.append(module.register_state_dict_pre_hook(before_state_dict))
-        opts = self.runtime.options
-        if opts[1] == 0 and opts[4] == 0 and not os.environ.get("OMP_NUM_THREADS") and self.runtime.cpu_threads > 1:
+        if _rt.leaves_no_caller_core(self.runtime):
             warnings.warn("overlap_forward: the runtime's CPU Adam threads take every core but the GPUs' (automatic "
                           "cpu_threads, caller_cores=0), so forward's kernel launches share cores with them while the "
                           "phase runs; give DeepOptimizerStates(..., caller_cores=1) or get_runtime(caller_cores=1) "
@@ -161,28 +160,29 @@ class _ForwardOverlap:
         """Waits for the update phases ``step()`` left running (:meth:`overlap_forward`) and
         completes :attr:`last_step` with their figures; at once when none runs. Raises
         :class:`DosError` when a phase failed (the optimizer then refuses further steps)."""
-        running = [b for b in self._buckets if b.running]
-        if not running:
-            return
-        L = _capi.lib()
-        stats = []
-        failure = None
-        for b in running:
-            st = _capi.StepStats()
-            ret = L.dos_optimizer_wait_step(b.handle, ctypes.byref(st))
-            b.running = False
-            if ret != 0 and failure is None:
-                failure = (ret, b)
-            elif ret == 0:
-                stats.append(self._phase_stats(b, st))
-        if failure is not None:
-            self._runtime_call(failure[0], f"update phase of {failure[1].describe()}")
-        last = self.last_step
-        if last is not None and last.get("running"):
-            last["stats"] = last["stats"] + stats
-            last["running"] = False
-            last["update_seconds"] = sum(s["seconds"] for s in last["stats"])
-            last.update(self._overlap_summary(last["stats"], last["verdicts"], last["redo_reasons"]))
+        with self._overlap_lock:  # hooks of CPU and CUDA buckets may call it from two threads at once
+            running = [b for b in self._buckets if b.running]
+            if not running:
+                return
+            L = _capi.lib()
+            stats = []
+            failure = None
+            for b in running:
+                st = _capi.StepStats()
+                ret = L.dos_optimizer_wait_step(b.handle, ctypes.byref(st))
+                b.running = False
+                if ret != 0 and failure is None:
+                    failure = (ret, b)
+                elif ret == 0:
+                    stats.append(self._phase_stats(b, st))
+            if failure is not None:
+                self._runtime_call(failure[0], f"update phase of {failure[1].describe()}")
+            last = self.last_step
+            if last is not None and last.get("running"):
+                last["stats"] = last["stats"] + stats
+                last["running"] = False
+                last["update_seconds"] = sum(s["seconds"] for s in last["stats"])
+                last.update(self._overlap_summary(last["stats"], last["verdicts"], last["redo_reasons"]))
 
     def _wait_ranges(self, ranges):
         """Forward pre-hook: waits until the parameters of ``ranges`` ((bucket, begin, end) flat

@@ -26,6 +26,7 @@ import ctypes
 import math
 import threading
 import time
+import warnings
 
 import torch
 
@@ -123,7 +124,8 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _State, torch.optim.Optimiz
         they take effect when this optimizer starts the runtime. ``caller_cores=None`` (default)
         leaves one core to this process's threads when ``overlap=True`` (its CPU Adam runs while
         backward launches kernels) and none otherwise, and asks nothing of a runtime already
-        running; an integer is a demand, as the other options are.
+        running (a warning says when that one leaves no core for an overlapped update); an integer
+        is a demand, as the other options are. ``$OMP_NUM_THREADS`` wins over both.
         (``verbose`` also prints the ``dos`` policy's calibration).
       overlap (bool): when True, the update overlaps the backward pass: a hook on each parameter
         declares its gradient final to the runtime as soon as autograd has accumulated it, and the
@@ -145,8 +147,7 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _State, torch.optim.Optimiz
         only the CPU's subgroups. The same bits either way. The GPU side pays off with the StarPU
         that ``scripts/setup.sh`` builds (device buffers from CUDA's stream-ordered allocator); with
         a site's own StarPU, each device buffer StarPU frees waits for the whole GPU: measure both.
-        With ``overlap=True``, also leave a core to the thread that runs backward: ``cpu_threads``
-        = the cores minus one per GPU minus one (README, "Measured").
+        With ``overlap=True`` the thread that runs backward keeps a core of its own (``caller_cores``).
       urgent_writeback (bool): the parameters of the subgroups updated on the CPU go back to the
         model (a task of the CUDA worker when the model is on the GPU) ahead of the tasks already
         queued there, instead of behind every streamed subgroup's update. For
@@ -233,7 +234,9 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _State, torch.optim.Optimiz
         self._forward_overlap = False
         self._forward_depth = None  # overlap_forward: [model forwards running]
         self._grad_accumulators = []  # the AccumulateGrad nodes hooked (torch < 2.1), kept alive
-        self._overlap_lock = threading.Lock()
+        # reentrant: wait() and _apply_timeline take it too, and run inside _drop_open_phases; hooks of
+        # CPU and CUDA buckets run on different threads (the caller's and autograd's device thread)
+        self._overlap_lock = threading.RLock()
         self._backwards_expected = 1  # backward passes per step, as the last step had them
         self._backwards_seen = 0      # most accumulations into one gradient since the last step
         super().__init__(params, defaults)
@@ -242,8 +245,10 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _State, torch.optim.Optimiz
         if max_grad_norm is not None and not (float(max_grad_norm) > 0 and math.isfinite(float(max_grad_norm))):
             raise ValueError(f"max_grad_norm must be a finite number > 0 or None, got {max_grad_norm!r}")
         if speculation_budget is not None and (not isinstance(speculation_budget, int)
-                                               or isinstance(speculation_budget, bool) or speculation_budget < 0):
-            raise ValueError(f"speculation_budget must be None or an integer >= 0 (bytes), got {speculation_budget!r}")
+                                               or isinstance(speculation_budget, bool)
+                                               or not 0 <= speculation_budget <= 2 ** 63 - 1):
+            raise ValueError(f"speculation_budget must be None or an integer in [0, 2**63 - 1] (bytes), got "
+                             f"{speculation_budget!r}")
         self.speculation_budget = speculation_budget
         if not isinstance(speculate_streamed, bool):
             raise ValueError(f"speculate_streamed must be True or False, got {speculate_streamed!r}")
@@ -257,9 +262,7 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _State, torch.optim.Optimiz
                 raise ValueError(f"{name} must be None or an integer in [{low}, {high}] (bytes), got {value!r}")
         self.gpu_update_budget = gpu_update_budget
         self.gpu_resident_budget = gpu_resident_budget
-        if not isinstance(timeline, bool):
-            raise ValueError(f"timeline must be True or False, got {timeline!r}")
-        self.timeline = timeline
+        self.timeline = timeline  # the property below checks it
         self.subgroup_size = subgroup_size
         self.max_grad_norm = None if max_grad_norm is None else float(max_grad_norm)
         self.skip_nonfinite = bool(skip_nonfinite)
@@ -270,16 +273,17 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _State, torch.optim.Optimiz
         #: What the last :meth:`step` did (dict, see :meth:`step`); None before the first.
         self.last_step = None
         hypers = [self._group_hyper(i, g) for i, g in enumerate(self.param_groups)]
-        if caller_cores is not None and (not isinstance(caller_cores, int) or isinstance(caller_cores, bool)
-                                         or caller_cores < 0):
-            raise ValueError(f"caller_cores must be None or an integer >= 0 (cores), got {caller_cores!r}")
-        if caller_cores is None:  # a preference, used only when this optimizer starts the runtime
-            running = _rt._runtime is not None and _rt._runtime.alive
-            caller_cores = 1 if overlap and not running else 0
-        self._build(hypers, policy, cpu_threads, cpu_workers, ncuda, verbose, caller_cores)
+        _rt._check_caller_cores(caller_cores)
+        self._build(hypers, policy, cpu_threads, cpu_workers, ncuda, verbose, caller_cores, 1 if overlap else 0)
+
         #: Whether the update overlaps backward (bool): ``overlap`` as given, False where this torch
         #: has no hook for it.
         self.overlap = bool(overlap) and self._install_hooks()
+        if self.overlap and _rt.leaves_no_caller_core(self.runtime):
+            warnings.warn("overlap=True: the runtime was started leaving no core to this process's threads "
+                          "(automatic cpu_threads, caller_cores=0), so backward's kernel launches share cores with "
+                          "CPU Adam; start it with get_runtime(caller_cores=1) or let this optimizer start it",
+                          stacklevel=2)
 
     # ------------------------------------------------------------------------------------------
     # construction
@@ -323,7 +327,8 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _State, torch.optim.Optimiz
                                  "update is computed: every parameter would become inf or NaN")
         return (lr, b1, b2, eps, wd, bool(group.get("decoupled", True)))
 
-    def _build(self, hypers, policy, cpu_threads, cpu_workers, ncuda, verbose, caller_cores=0):
+    def _build(self, hypers, policy, cpu_threads, cpu_workers, ncuda, verbose, caller_cores=None,
+               preferred_caller_cores=0):
         buckets = {}
         seen = {}
         index = 0
@@ -367,7 +372,8 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _State, torch.optim.Optimiz
         if index and all(n == 0 for bk in buckets.values() for n in bk.numels):
             raise ValueError("every parameter given has 0 elements: nothing to optimize")
 
-        self.runtime = _rt.get_runtime(policy, cpu_threads, cpu_workers, ncuda, verbose, caller_cores)
+        self.runtime = _rt._get_runtime(policy, cpu_threads, cpu_workers, ncuda, verbose, caller_cores,
+                                        preferred_caller_cores)
         L = _capi.lib()
         try:
             for b in buckets.values():
@@ -671,14 +677,28 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _State, torch.optim.Optimiz
         self._apply_timeline(b)
         return d
 
+    @property
+    def timeline(self):
+        """Whether the update phases record their tasks (bool; see the constructor's ``timeline``).
+        Setting it takes effect from each bucket's next phase; raises ``ValueError`` for a
+        non-bool."""
+        return self._timeline
+
+    @timeline.setter
+    def timeline(self, on):
+        if not isinstance(on, bool):
+            raise ValueError(f"timeline must be True or False, got {on!r}")
+        self._timeline = on
+
     def _apply_timeline(self, b):
         """Turns the runtime's timeline of bucket ``b`` on or off as :attr:`timeline` says, when no
         phase of ``b`` is open or running (else at the end of that phase)."""
         want = bool(self.timeline)
-        if b.timeline_on != want and not b.open and not b.running:
-            _capi.check(_capi.lib().dos_optimizer_set_timeline(b.handle, int(want)),
-                        f"turning the timeline of {b.describe()} {'on' if want else 'off'}")
-            b.timeline_on = want
+        with self._overlap_lock:
+            if b.timeline_on != want and not b.open and not b.running:
+                _capi.check(_capi.lib().dos_optimizer_set_timeline(b.handle, int(want)),
+                            f"turning the timeline of {b.describe()} {'on' if want else 'off'}")
+                b.timeline_on = want
 
     def zero_grad(self, set_to_none=False):
         """Zeroes the gradients. By default (``set_to_none=False``, unlike torch 2.x's default) the

@@ -76,20 +76,22 @@ class Runtime:
                 f"worker(s) x {self.cpu_threads} threads, {self.cuda_workers} CUDA worker(s), {state})")
 
 
-def get_runtime(policy=None, cpu_threads=0, cpu_workers=0, ncuda=-1, verbose=False, caller_cores=0):
+def get_runtime(policy=None, cpu_threads=0, cpu_workers=0, ncuda=-1, verbose=False, caller_cores=None):
     """Returns the process's runtime, starting it on the first call.
 
     Arguments (see ``dos::RuntimeOptions`` in ``runtime/dos.h``):
       policy (str or None): scheduling policy; None means the running runtime's, or ``"dos"`` when
         none runs yet. On a machine without a CUDA worker, ``dos`` runs every update on the CPU.
       cpu_threads (int): OpenMP threads of the CPU Adam codelet; 0: ``$OMP_NUM_THREADS`` or every
-        core but one per CUDA worker.
+        core but one per CUDA worker and but ``caller_cores``.
       cpu_workers (int): StarPU CPU workers; 0: one (an OpenMP team).
       ncuda (int): CUDA workers; -1: one per visible device; 0: none.
       verbose (bool): print the runtime's choices on stderr.
-      caller_cores (int): with automatic ``cpu_threads``, cores left to this process's own threads
-        (>= 0; 0: none): 1 for an update overlapped with backward or the next forward, whose CPU Adam
-        otherwise shares every core with the threads that launch the model's kernels.
+      caller_cores (int or None): with automatic ``cpu_threads`` (and no ``$OMP_NUM_THREADS``, which
+        wins), cores left to this process's own threads (>= 0): 1 for an update overlapped with
+        backward or the next forward, whose CPU Adam otherwise shares every core with the threads
+        that launch the model's kernels. None (default): 0 when starting, and no demand on a
+        running runtime.
 
     When torch has started CUDA in this process and the StarPU underneath resets the GPUs after
     calibrating its bus (:func:`bus_calibration_resets`), StarPU is first started in a child
@@ -100,12 +102,27 @@ def get_runtime(policy=None, cpu_threads=0, cpu_workers=0, ncuda=-1, verbose=Fal
     :class:`~deep_optimizer_states.DosError` when StarPU cannot start (here or in that child); ``OSError`` when
     ``libdos_c.so`` cannot be loaded.
     """
+    return _get_runtime(policy, cpu_threads, cpu_workers, ncuda, verbose, caller_cores, 0)
+
+
+def _check_caller_cores(caller_cores):
+    """Raises ``ValueError`` unless ``caller_cores`` is None or an integer >= 0."""
+    if caller_cores is not None and (not isinstance(caller_cores, int) or isinstance(caller_cores, bool)
+                                     or caller_cores < 0):
+        raise ValueError(f"caller_cores must be None or an integer >= 0 (cores left to this process's threads), "
+                         f"got {caller_cores!r}")
+
+
+def _get_runtime(policy, cpu_threads, cpu_workers, ncuda, verbose, caller_cores, preferred_caller_cores):
+    """get_runtime, with ``preferred_caller_cores``: the caller cores to start with when
+    ``caller_cores`` is None (no demand on a running runtime)."""
     global _runtime
+    _check_caller_cores(caller_cores)
     with _lock:
         if _runtime is not None and _runtime.alive:
             have = _runtime.options
-            want = (policy, int(cpu_threads), int(cpu_workers), int(ncuda), int(caller_cores))
-            defaults = (None, 0, 0, -1, 0)
+            want = (policy, int(cpu_threads), int(cpu_workers), int(ncuda), caller_cores)
+            defaults = (None, 0, 0, -1, None)
             for name, h, w, d in zip(("policy", "cpu_threads", "cpu_workers", "ncuda", "caller_cores"), have, want,
                                      defaults):
                 if w != d and w != h:
@@ -117,10 +134,20 @@ def get_runtime(policy=None, cpu_threads=0, cpu_workers=0, ncuda=-1, verbose=Fal
             return _runtime
         if _cuda_started() and bus_calibration_resets():
             calibrate_bus_apart(verbose)
-        if int(caller_cores) < 0:
-            raise ValueError(f"caller_cores must be >= 0 (cores left to this process's threads), got {caller_cores!r}")
-        _runtime = Runtime(policy or DEFAULT_POLICY, cpu_threads, cpu_workers, ncuda, verbose, caller_cores)
+        cores = preferred_caller_cores if caller_cores is None else caller_cores
+        _runtime = Runtime(policy or DEFAULT_POLICY, cpu_threads, cpu_workers, ncuda, verbose, cores)
         return _runtime
+
+
+def leaves_no_caller_core(rt):
+    """Whether the runtime ``rt``'s CPU Adam takes every core the GPUs leave (automatic
+    ``cpu_threads``, no ``$OMP_NUM_THREADS`` > 0, ``caller_cores`` 0, more than one thread): an
+    overlapped update then shares cores with the threads that launch the model's kernels."""
+    try:
+        omp = int(os.environ.get("OMP_NUM_THREADS", "0"))
+    except ValueError:
+        omp = 0
+    return rt.options[1] == 0 and rt.options[4] == 0 and omp <= 0 and rt.cpu_threads > 1
 
 
 def _cuda_started():

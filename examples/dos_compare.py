@@ -271,19 +271,23 @@ def resident_fit(n_params, subgroup, budget):
     return count, len(sizes)
 
 
-def torch_python(a):
-    """A Python executable that imports torch (--baselines-python, else this one, else
-    /usr/bin/python3, else python3 on PATH), or None."""
-    if a.baselines_python:
-        return a.baselines_python
-    seen = []
+def python_with(module, skip_this=False):
+    """A Python executable that imports ``module`` (str): this one (unless ``skip_this``), else
+    /usr/bin/python3, else python3 on PATH; None when none does."""
+    seen = [sys.executable] if skip_this else []
     for py in (sys.executable, "/usr/bin/python3", shutil.which("python3")):
         if not py or py in seen or not os.access(py, os.X_OK):
             continue
         seen.append(py)
-        if subprocess.call([py, "-c", "import torch"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) == 0:
+        if subprocess.call([py, "-c", f"import {module}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) == 0:
             return py
     return None
+
+
+def torch_python(a):
+    """A Python executable that imports torch (--baselines-python, else :func:`python_with`), or
+    None."""
+    return a.baselines_python or python_with("torch")
 
 
 def run_baselines(a, r0, variants, notes):
@@ -359,12 +363,18 @@ def within_spread(x, y):
 def plot(a, rows, baselines, peers, timeline_path):
     """compare.png in --out: the update seconds of every run (blue, with their min..max), baseline
     (green, likewise) and peer (grey), the lower bound, and under them the timeline when there is one.
-    Prints a note and draws nothing when matplotlib is not importable."""
+    Where this Python cannot import matplotlib, another that can (/usr/bin/python3, python3 on
+    PATH) draws it from compare.json (``--plot-only``); with none, prints a note and draws nothing."""
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
+        other = None if a.plot_only else python_with("matplotlib", skip_this=True)
+        if other and os.path.exists(os.path.join(a.out, "compare.json")):
+            print(f"dos-compare: matplotlib is not importable here: drawing compare.png with {other}", flush=True)
+            if subprocess.call([other, os.path.abspath(__file__), "--plot-only", "--out", a.out]) == 0:
+                return
         print("dos-compare: matplotlib is not importable here: no PNG (the table is in compare.md)")
         return
     tl = None

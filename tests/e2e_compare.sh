@@ -23,6 +23,14 @@ for p in ("dmda", "static:0.5"):
 assert d["failed"] == []
 print("ok: 3 policies, final parameters bit-identical to the cpu run's")
 PY
+# the picture: written wherever python3 or /usr/bin/python3 imports matplotlib (dos_compare.py draws it
+# with the other one when its own cannot; scripts/setup.sh installs Debian's for /usr/bin/python3)
+if python3 -c "import matplotlib" 2>/dev/null || /usr/bin/python3 -c "import matplotlib" 2>/dev/null; then
+  [ -s "$out/compare.png" ] || { echo "FAIL: matplotlib imports, but dos-compare wrote no compare.png"; exit 1; }
+  echo "ok: compare.png written"
+else
+  echo "note: no python3 here imports matplotlib: no compare.png expected"
+fi
 
 # The defaults, repeats and the repository's baselines: no --policies (dos, cpu, dmda, and gpu only
 # where dos-train has a CUDA worker), each run twice, one resident budget (a dos and a static:R run,

@@ -349,7 +349,10 @@ def make_optimizer(args, model):
                                   overlap=args.overlap in ("backward", "both"),
                                   urgent_writeback=args.urgent_writeback,
                                   # the threads launching forward and backward keep a core beside CPU Adam
-                                  caller_cores=1 if args.overlap != "off" else None)
+                                  caller_cores=1 if args.overlap != "off" else None,
+                                  gpu_update_budget=int(args.gpu_update_budget * 1e9) or None,
+                                  gpu_resident_budget=int(args.gpu_resident_budget * 1e9) if args.gpu_resident_budget
+                                  else None)
         if args.overlap in ("forward", "both"):
             opt.overlap_forward(model, overlap_blocks(model))
         return opt
@@ -434,6 +437,11 @@ def parse_args(argv=None):
     ap.add_argument("--time-limit", type=float, default=0,
                     help="stop after the step during which the training loop passed this many seconds (0: none)")
     ap.add_argument("--verbose", action="store_true", help="the runtime's start-up and calibration lines")
+    ap.add_argument("--gpu-resident-budget", type=float, default=0,
+                    help="dos: GB of optimizer state (12 bytes per parameter) the GPU may keep between steps "
+                         "(0: none given; DeepOptimizerStates(gpu_resident_budget=...))")
+    ap.add_argument("--gpu-update-budget", type=float, default=0,
+                    help="dos: GB of GPU memory the update phase may hold at once (0: no limit but StarPU's)")
     ap.add_argument("--timeline", help="dos: write the timeline of --timeline-steps to this JSON file (and a PNG "
                     "beside it when matplotlib imports): forward, backward and step() of each step, and every task of "
                     "their update phases, on one clock")
@@ -447,6 +455,11 @@ def parse_args(argv=None):
         ap.error(f"--overlap {args.overlap} needs --optimizer dos (torch's AdamW runs after backward)")
     if args.urgent_writeback and args.optimizer != "dos":
         ap.error("--urgent-writeback needs --optimizer dos")
+    if (args.gpu_resident_budget or args.gpu_update_budget) and args.optimizer != "dos":
+        ap.error("--gpu-resident-budget and --gpu-update-budget need --optimizer dos")
+    if args.gpu_resident_budget < 0 or args.gpu_update_budget < 0 or 0 < args.gpu_update_budget * 1e9 < 1:
+        ap.error(f"--gpu-resident-budget and --gpu-update-budget are GB >= 0 (the update budget, when given, at least "
+                 f"one byte), got {args.gpu_resident_budget} and {args.gpu_update_budget}")
     if args.timeline and args.optimizer != "dos":
         ap.error("--timeline needs --optimizer dos (the runtime's tasks are what it shows)")
     try:

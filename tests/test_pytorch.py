@@ -827,6 +827,22 @@ def test_timeline(device, policy):
         adams = [sorted(t["subgroup"] for t in ph["tasks"] if t["what"] == "adam") for ph in tl["phases"]]
         check(len(inside) == 3 and all(inside) and all(a == list(range(len(a))) and a for a in adams),
               f"and each step's phase inside its step() call, one Adam per subgroup ({[len(a) for a in adams]})")
+    # the budgets' options: the same bits on a machine without a CUDA worker (no effect there), bad values refused
+    r = train_gpt.main(tiny_args("dos", device, policy, steps=3) + ["--gpu-resident-budget", "0.001",
+                                                                   "--gpu-update-budget", "0.5"])
+    ref = train_gpt.main(tiny_args("dos", device, policy, steps=3))
+    for x in (r, ref):
+        x["optimizer"].close()
+    check(r["optimizer"].gpu_resident_budget == 10 ** 6 and r["optimizer"].gpu_update_budget == 5 * 10 ** 8,
+          "train_gpt.py --gpu-resident-budget 0.001 --gpu-update-budget 0.5 reach the optimizer in bytes")
+    if device != "cuda":
+        check(r["losses"] == ref["losses"], "and, without a CUDA worker, change nothing")
+    for bad in (["--gpu-resident-budget", "-1"], ["--gpu-update-budget", "1e-12"]):
+        try:
+            train_gpt.parse_args(tiny_args("dos", device, policy) + bad)
+            check(False, f"{' '.join(bad)} refused")
+        except SystemExit as e:
+            check(e.code == 2, f"{' '.join(bad)} refused (exit 2)")
     for bad in ("3", "0:2", "4:2", "a:b"):
         try:
             train_gpt.parse_args(tiny_args("dos", device, policy) + ["--timeline", "x.json", "--timeline-steps", bad])

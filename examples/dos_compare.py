@@ -271,15 +271,19 @@ def resident_fit(n_params, subgroup, budget):
     return count, len(sizes)
 
 
-def python_with(module, skip_this=False):
-    """A Python executable that imports ``module`` (str): this one (unless ``skip_this``), else
-    /usr/bin/python3, else python3 on PATH; None when none does."""
+MATPLOTLIB_PROBE = "import matplotlib; matplotlib.use('Agg'); import matplotlib.pyplot"
+
+
+def python_with(probe, skip_this=False):
+    """A Python executable that runs ``probe`` (Python code, e.g. ``"import torch"``) without an
+    error: this one (unless ``skip_this``), else /usr/bin/python3, else python3 on PATH; None when
+    none does."""
     seen = [sys.executable] if skip_this else []
     for py in (sys.executable, "/usr/bin/python3", shutil.which("python3")):
         if not py or py in seen or not os.access(py, os.X_OK):
             continue
         seen.append(py)
-        if subprocess.call([py, "-c", f"import {module}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) == 0:
+        if subprocess.call([py, "-c", probe], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) == 0:
             return py
     return None
 
@@ -287,7 +291,7 @@ def python_with(module, skip_this=False):
 def torch_python(a):
     """A Python executable that imports torch (--baselines-python, else :func:`python_with`), or
     None."""
-    return a.baselines_python or python_with("torch")
+    return a.baselines_python or python_with("import torch")
 
 
 def run_baselines(a, r0, variants, notes):
@@ -364,19 +368,22 @@ def plot(a, rows, baselines, peers, timeline_path):
     """compare.png in --out: the update seconds of every run (blue, with their min..max), baseline
     (green, likewise) and peer (grey), the lower bound, and under them the timeline when there is one.
     Where this Python cannot import matplotlib, another that can (/usr/bin/python3, python3 on
-    PATH) draws it from compare.json (``--plot-only``); with none, prints a note and draws nothing."""
+    PATH) draws it from compare.json (``--plot-only``); with none, prints a note and draws nothing.
+    Returns whether compare.png was drawn."""
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        other = None if a.plot_only else python_with("matplotlib", skip_this=True)
+        other = None if a.plot_only else python_with(MATPLOTLIB_PROBE, skip_this=True)
+        png = os.path.join(a.out, "compare.png")
         if other and os.path.exists(os.path.join(a.out, "compare.json")):
             print(f"dos-compare: matplotlib is not importable here: drawing compare.png with {other}", flush=True)
-            if subprocess.call([other, os.path.abspath(__file__), "--plot-only", "--out", a.out]) == 0:
-                return
+            if subprocess.call([other, os.path.abspath(__file__), "--plot-only", f"--out={a.out}"]) == 0 \
+                    and os.path.exists(png):
+                return True
         print("dos-compare: matplotlib is not importable here: no PNG (the table is in compare.md)")
-        return
+        return False
     tl = None
     if timeline_path and os.path.exists(timeline_path):
         with open(timeline_path) as f:
@@ -437,6 +444,7 @@ def plot(a, rows, baselines, peers, timeline_path):
                      f"parameter write-back (orange)")
     fig.tight_layout()
     fig.savefig(os.path.join(a.out, "compare.png"), dpi=110)
+    return True
 
 
 def main(argv=None):
@@ -450,8 +458,9 @@ def main(argv=None):
             return 2
         with open(path) as f:
             d = json.load(f)
-        plot(a, d["rows"], d.get("baselines", []), d.get("peers", {}), os.path.join(a.out, "timeline.json"))
-        return 0
+        # the timeline of the run that wrote compare.json (a stale timeline.json beside it is not drawn)
+        tl = os.path.join(a.out, "timeline.json") if d.get("timeline", True) else None
+        return 0 if plot(a, d["rows"], d.get("baselines", []), d.get("peers", {}), tl) else 1
     if not os.access(a.dos_train, os.X_OK):
         print(f"dos-compare: {a.dos_train} is not an executable dos-train: build it (scripts/setup.sh build) or "
               f"give --dos-train PATH", file=sys.stderr)
@@ -681,6 +690,7 @@ def main(argv=None):
     with open(os.path.join(a.out, "compare.json"), "w") as f:
         json.dump({"rows": rows, "baselines": brows, "baseline_results": baselines, "peers": peers, "ratios": ratios,
                    "failed": failed, "skipped": skipped, "notes": notes, "repeats": a.repeats,
+                   "timeline": bool(timeline_path),
                    "dos_train_args": a.train_args}, f, indent=2)
     if rows:
         plot(a, rows, brows, peers, timeline_path)

@@ -457,9 +457,11 @@ def parse_args(argv=None):
         ap.error("--urgent-writeback needs --optimizer dos")
     if (args.gpu_resident_budget or args.gpu_update_budget) and args.optimizer != "dos":
         ap.error("--gpu-resident-budget and --gpu-update-budget need --optimizer dos")
-    if args.gpu_resident_budget < 0 or args.gpu_update_budget < 0 or 0 < args.gpu_update_budget * 1e9 < 1:
-        ap.error(f"--gpu-resident-budget and --gpu-update-budget are GB >= 0 (the update budget, when given, at least "
-                 f"one byte), got {args.gpu_resident_budget} and {args.gpu_update_budget}")
+    if not all(math.isfinite(v) and 0 <= v * 1e9 <= 2 ** 63 - 1 for v in (args.gpu_resident_budget,
+                                                                           args.gpu_update_budget)) \
+            or 0 < args.gpu_update_budget * 1e9 < 1:
+        ap.error(f"--gpu-resident-budget and --gpu-update-budget are finite GB in [0, 9.2e9] (the update budget, when "
+                 f"given, at least one byte), got {args.gpu_resident_budget} and {args.gpu_update_budget}")
     if args.timeline and args.optimizer != "dos":
         ap.error("--timeline needs --optimizer dos (the runtime's tasks are what it shows)")
     try:

@@ -25,7 +25,8 @@ print("ok: 3 policies, final parameters bit-identical to the cpu run's")
 PY
 # the picture: written wherever python3 or /usr/bin/python3 imports matplotlib (dos_compare.py draws it
 # with the other one when its own cannot; scripts/setup.sh installs Debian's for /usr/bin/python3)
-if python3 -c "import matplotlib" 2>/dev/null || /usr/bin/python3 -c "import matplotlib" 2>/dev/null; then
+probe="import matplotlib; matplotlib.use('Agg'); import matplotlib.pyplot"
+if python3 -c "$probe" 2>/dev/null || /usr/bin/python3 -c "$probe" 2>/dev/null; then
   [ -s "$out/compare.png" ] || { echo "FAIL: matplotlib imports, but dos-compare wrote no compare.png"; exit 1; }
   echo "ok: compare.png written"
 else

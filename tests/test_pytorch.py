@@ -693,6 +693,9 @@ def test_dropped_wrapper(device, policy):
     for wrap in (Forwarding, Copying):
         w = wrap(o2)
         check(isinstance(w, dos.DeepOptimizerStates), f"{wrap.__name__}: the wrapper passes for the optimizer")
+        w.timeline = True  # a switch set through the wrapper reaches the optimizer
+        check(o2.timeline is True, f"{wrap.__name__}: timeline set through the wrapper reaches the optimizer")
+        o2.timeline = False
         del w
         gc.collect()
     la = train_steps(m1, o1, range(3, 6), device)
@@ -788,7 +791,7 @@ def test_timeline(device, policy):
         if kw:  # the attribute switches the recording between steps
             o.timeline = False
             train_steps(m, o, [3], device)
-            off = all("timeline" not in st for st in o.last_step["stats"])
+            off = bool(o.last_step["stats"]) and all("timeline" not in st for st in o.last_step["stats"])
             o.timeline = True
             train_steps(m, o, [4], device)
             check(off and o.last_step["stats"] and all(st["timeline"] for st in o.last_step["stats"]),
@@ -837,7 +840,8 @@ def test_timeline(device, policy):
           "train_gpt.py --gpu-resident-budget 0.001 --gpu-update-budget 0.5 reach the optimizer in bytes")
     if device != "cuda":
         check(r["losses"] == ref["losses"], "and, without a CUDA worker, change nothing")
-    for bad in (["--gpu-resident-budget", "-1"], ["--gpu-update-budget", "1e-12"]):
+    for bad in (["--gpu-resident-budget", "-1"], ["--gpu-update-budget", "1e-12"], ["--gpu-update-budget", "nan"],
+                ["--gpu-resident-budget", "inf"], ["--gpu-update-budget", "1e12"]):
         try:
             train_gpt.parse_args(tiny_args("dos", device, policy) + bad)
             check(False, f"{' '.join(bad)} refused")

@@ -454,7 +454,8 @@ def test_budget_and_fallback():
 
     def toggle(o):
         o.wait()
-        seen.append(bool(o.last_step["stats"]) and all("timeline" in st for st in o.last_step["stats"]))
+        assert o.last_step["stats"], "no phase figures"
+        seen.append(all("timeline" in st for st in o.last_step["stats"]))
         o.timeline = len(seen) == 1
     train_beside_plain(toggle, forward=True, overlap=True)
     assert seen == [False, True, False], seen

@@ -262,6 +262,9 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _State, torch.optim.Optimiz
                 raise ValueError(f"{name} must be None or an integer in [{low}, {high}] (bytes), got {value!r}")
         self.gpu_update_budget = gpu_update_budget
         self.gpu_resident_budget = gpu_resident_budget
+        # switches a framework's wrapper may set: one dict, which Lightning's wrappers share (one copies
+        # __dict__, the other forwards attribute reads), so that setting them through a wrapper reaches us
+        self._settings = {}
         self.timeline = timeline  # the property below checks it
         self.subgroup_size = subgroup_size
         self.max_grad_norm = None if max_grad_norm is None else float(max_grad_norm)
@@ -682,13 +685,13 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _State, torch.optim.Optimiz
         """Whether the update phases record their tasks (bool; see the constructor's ``timeline``).
         Setting it takes effect from each bucket's next phase; raises ``ValueError`` for a
         non-bool."""
-        return self._timeline
+        return self._settings["timeline"]
 
     @timeline.setter
     def timeline(self, on):
         if not isinstance(on, bool):
             raise ValueError(f"timeline must be True or False, got {on!r}")
-        self._timeline = on
+        self._settings["timeline"] = on
 
     def _apply_timeline(self, b):
         """Turns the runtime's timeline of bucket ``b`` on or off as :attr:`timeline` says, when no

@@ -9,6 +9,7 @@ the runtime with its options, later ones share it and must ask for the same poli
 import atexit
 import ctypes
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -143,11 +144,9 @@ def leaves_no_caller_core(rt):
     """Whether the runtime ``rt``'s CPU Adam takes every core the GPUs leave (automatic
     ``cpu_threads``, no ``$OMP_NUM_THREADS`` > 0, ``caller_cores`` 0, more than one thread): an
     overlapped update then shares cores with the threads that launch the model's kernels."""
-    try:
-        omp = int(os.environ.get("OMP_NUM_THREADS", "0"))
-    except ValueError:
-        omp = 0
-    return rt.options[1] == 0 and rt.options[4] == 0 and omp <= 0 and rt.cpu_threads > 1
+    lead = re.match(r"\s*[+-]?\d+", os.environ.get("OMP_NUM_THREADS", ""))  # read as the runtime's atoi does
+    omp = int(lead.group()) if lead else 0
+    return rt.options[1] == 0 and rt.options[4] == 0 and omp <= 0 and rt.cpu_threads * max(1, rt.cpu_workers) > 1
 
 
 def _cuda_started():

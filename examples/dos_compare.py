@@ -47,10 +47,11 @@ difference between two medians smaller than their spread.
 With ``--check-params`` every run's final fp32 master parameters (its first repeat's) are compared
 with the ``cpu`` run's: bit-identical is expected among CPU-only runs, and within 1e-6 relative
 (README) when a GPU took part. Outputs (``--out DIR``): ``compare.json``, ``compare.md``,
-``compare.png`` (when matplotlib imports), and each run's report and log. Exit status: 0; 1 when
---check-params found parameters beyond the tolerance; 2 when dos-train is missing, a run fails (its
-log is kept and named; the other runs' results are still written), a report lacks its summary, the
-baselines fail, or an argument is malformed.
+``compare.png`` (when this Python, /usr/bin/python3 or python3 on PATH imports matplotlib), and
+each run's report and log. Exit status: 0; 1 when --check-params found parameters beyond the
+tolerance, or --plot-only drew nothing; 2 when dos-train is missing, a run fails (its log is kept
+and named; the other runs' results are still written), a report lacks its summary, the baselines
+fail, or an argument is malformed.
 """
 import argparse
 import json

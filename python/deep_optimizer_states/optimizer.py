@@ -244,22 +244,18 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _State, torch.optim.Optimiz
             raise ValueError(f"subgroup_size must be an integer in [1, 2**53] (elements), got {subgroup_size!r}")
         if max_grad_norm is not None and not (float(max_grad_norm) > 0 and math.isfinite(float(max_grad_norm))):
             raise ValueError(f"max_grad_norm must be a finite number > 0 or None, got {max_grad_norm!r}")
-        if speculation_budget is not None and (not isinstance(speculation_budget, int)
-                                               or isinstance(speculation_budget, bool)
-                                               or not 0 <= speculation_budget <= 2 ** 63 - 1):
-            raise ValueError(f"speculation_budget must be None or an integer in [0, 2**63 - 1] (bytes), got "
-                             f"{speculation_budget!r}")
-        self.speculation_budget = speculation_budget
-        if not isinstance(speculate_streamed, bool):
-            raise ValueError(f"speculate_streamed must be True or False, got {speculate_streamed!r}")
-        self.speculate_streamed = speculate_streamed
-        if not isinstance(urgent_writeback, bool):
-            raise ValueError(f"urgent_writeback must be True or False, got {urgent_writeback!r}")
-        self.urgent_writeback = urgent_writeback
-        for name, value, low, high in (("gpu_update_budget", gpu_update_budget, 1, 2 ** 64 - 1),
+        # byte counts as the runtime's fields hold them (int64, or uint64 for the update budget)
+        for name, value, low, high in (("speculation_budget", speculation_budget, 0, 2 ** 63 - 1),
+                                       ("gpu_update_budget", gpu_update_budget, 1, 2 ** 64 - 1),
                                        ("gpu_resident_budget", gpu_resident_budget, 0, 2 ** 63 - 1)):
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high):
                 raise ValueError(f"{name} must be None or an integer in [{low}, {high}] (bytes), got {value!r}")
+        for name, value in (("speculate_streamed", speculate_streamed), ("urgent_writeback", urgent_writeback)):
+            if not isinstance(value, bool):
+                raise ValueError(f"{name} must be True or False, got {value!r}")
+        self.speculation_budget = speculation_budget
+        self.speculate_streamed = speculate_streamed
+        self.urgent_writeback = urgent_writeback
         self.gpu_update_budget = gpu_update_budget
         self.gpu_resident_budget = gpu_resident_budget
         # switches a framework's wrapper may set: one dict, which Lightning's wrappers share (one copies
@@ -278,7 +274,6 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _State, torch.optim.Optimiz
         hypers = [self._group_hyper(i, g) for i, g in enumerate(self.param_groups)]
         _rt._check_caller_cores(caller_cores)
         self._build(hypers, policy, cpu_threads, cpu_workers, ncuda, verbose, caller_cores, 1 if overlap else 0)
-
         #: Whether the update overlaps backward (bool): ``overlap`` as given, False where this torch
         #: has no hook for it.
         self.overlap = bool(overlap) and self._install_hooks()

@@ -57,7 +57,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "python"))
 sys.path.insert(0, HERE)
 
-from train_gpt import load_corpus  # noqa: E402
+from train_gpt import budget_bytes, load_corpus  # noqa: E402
 
 VOCAB = 256  # byte-level tokens
 
@@ -117,11 +117,10 @@ def make_optimizer(args, model, clip_in_optimizer=False):
     kw = dict(lr=args.lr, betas=(args.beta1, args.beta2), eps=args.eps)
     if args.optimizer == "dos":
         clip = args.max_grad_norm if clip_in_optimizer and args.max_grad_norm > 0 else None
-        budget = getattr(args, "gpu_update_budget_gb", 0)
         return DeepOptimizerStates(groups, decoupled=True, policy=args.policy, max_grad_norm=clip,
                                    subgroup_size=int(float(args.subgroup_size)),
                                    overlap=bool(getattr(args, "overlap", False)),
-                                   gpu_update_budget=int(budget * 1e9) if budget else None, **kw)
+                                   gpu_update_budget=getattr(args, "gpu_update_budget_bytes", None), **kw)
     if args.optimizer == "adamw-cpu-offload":
         from deep_optimizer_states.baselines import ZeroOffloadAdamW
         return ZeroOffloadAdamW(groups, **kw)
@@ -216,11 +215,8 @@ def parse_args(argv=None):
     check_common_args(ap, args)
     if args.gpu_memory_gb < 0:
         ap.error(f"--gpu-memory-gb must be >= 0 (0: no cap), got {args.gpu_memory_gb}")
-    if args.gpu_update_budget_gb < 0 or (args.gpu_update_budget_gb and args.optimizer != "dos"):
-        ap.error(f"--gpu-update-budget-gb must be >= 0 and goes with --optimizer dos, got {args.gpu_update_budget_gb} "
-                 f"with --optimizer {args.optimizer}")
-    if args.gpu_update_budget_gb and args.gpu_update_budget_gb * 1e9 < 1:
-        ap.error(f"--gpu-update-budget-gb {args.gpu_update_budget_gb} is below one byte: give 0 (no limit) or more")
+    args.gpu_update_budget_bytes = budget_bytes(ap, "--gpu-update-budget-gb", args.gpu_update_budget_gb,
+                                                args.optimizer, least=1)
     if args.gpu_memory_gb and (args.device == "cpu" or not torch.cuda.is_available()):
         ap.error("--gpu-memory-gb caps a GPU's memory: it needs a CUDA device and --device auto or cuda")
     if args.clip_in is None:

@@ -350,9 +350,8 @@ def make_optimizer(args, model):
                                   urgent_writeback=args.urgent_writeback,
                                   # the threads launching forward and backward keep a core beside CPU Adam
                                   caller_cores=1 if args.overlap != "off" else None,
-                                  gpu_update_budget=int(args.gpu_update_budget * 1e9) or None,
-                                  gpu_resident_budget=int(args.gpu_resident_budget * 1e9) if args.gpu_resident_budget
-                                  else None)
+                                  gpu_update_budget=args.gpu_update_budget_bytes,
+                                  gpu_resident_budget=args.gpu_resident_budget_bytes)
         if args.overlap in ("forward", "both"):
             opt.overlap_forward(model, overlap_blocks(model))
         return opt
@@ -455,13 +454,10 @@ def parse_args(argv=None):
         ap.error(f"--overlap {args.overlap} needs --optimizer dos (torch's AdamW runs after backward)")
     if args.urgent_writeback and args.optimizer != "dos":
         ap.error("--urgent-writeback needs --optimizer dos")
-    if (args.gpu_resident_budget or args.gpu_update_budget) and args.optimizer != "dos":
-        ap.error("--gpu-resident-budget and --gpu-update-budget need --optimizer dos")
-    if not all(math.isfinite(v) and 0 <= v * 1e9 <= 2 ** 63 - 1 for v in (args.gpu_resident_budget,
-                                                                           args.gpu_update_budget)) \
-            or 0 < args.gpu_update_budget * 1e9 < 1:
-        ap.error(f"--gpu-resident-budget and --gpu-update-budget are finite GB in [0, 9.2e9] (the update budget, when "
-                 f"given, at least one byte), got {args.gpu_resident_budget} and {args.gpu_update_budget}")
+    args.gpu_resident_budget_bytes = budget_bytes(ap, "--gpu-resident-budget", args.gpu_resident_budget,
+                                                  args.optimizer)
+    args.gpu_update_budget_bytes = budget_bytes(ap, "--gpu-update-budget", args.gpu_update_budget, args.optimizer,
+                                                least=1)
     if args.timeline and args.optimizer != "dos":
         ap.error("--timeline needs --optimizer dos (the runtime's tasks are what it shows)")
     try:
@@ -477,6 +473,20 @@ def parse_args(argv=None):
     if args.max_grad_norm == 0:
         args.max_grad_norm = None
     return args
+
+
+def budget_bytes(ap, flag, gb, optimizer, least=0):
+    """The value ``gb`` (float, GB) of the GPU budget option ``flag`` as bytes (int), None for 0 (not
+    given). Exits through ``ap.error`` (argparse.ArgumentParser) when it is not finite, below
+    ``least`` bytes or above 2**63 - 1 bytes (the runtime's field), or given with an ``optimizer``
+    other than ``dos``. Shared with examples/hf_trainer.py."""
+    if gb == 0:
+        return None
+    if optimizer != "dos":
+        ap.error(f"{flag} needs --optimizer dos")
+    if not (math.isfinite(gb) and least <= gb * 1e9 <= 2 ** 63 - 1):
+        ap.error(f"{flag} must be finite GB in [{least / 1e9:g}, 9.2e9] (0: not given), got {gb}")
+    return int(gb * 1e9)
 
 
 def write_timeline(path, spans, infos):

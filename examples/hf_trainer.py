@@ -25,7 +25,7 @@ back-propagates) and of every logged step, the checkpoint folders and a summary.
 Speed: the summary gives the Trainer's ``train_samples_per_second`` (its whole ``train()``, the first
 steps included) and the steady rate (micro-batches per step x batch over the median seconds from
 one optimizer step's end to the next's, the first step left out). ``--optimizer adamw-cpu-offload``
-is ZeRO-Offload's recipe re-created in PyTorch (``deep_optimizer_states.baselines.ZeroOffloadAdamW``:
+is ZeRO-Offload's recipe re-created in PyTorch (``deep_optimizer_states.zero_offload.ZeroOffloadAdamW``:
 fp32 master parameters and Adam state in host memory, torch's CPU AdamW; its copies run after
 backward, not during it, and its CPU update is not DeepSpeed's CPU Adam), the run to compare with. ``--gpu-memory-gb G`` caps torch's share of the GPU at G GB
 (``torch.cuda.set_per_process_memory_fraction``), which makes a model whose optimizer state does
@@ -122,7 +122,7 @@ def make_optimizer(args, model, clip_in_optimizer=False):
                                    overlap=bool(getattr(args, "overlap", False)),
                                    gpu_update_budget=getattr(args, "gpu_update_budget_bytes", None), **kw)
     if args.optimizer == "adamw-cpu-offload":
-        from deep_optimizer_states.baselines import ZeroOffloadAdamW
+        from deep_optimizer_states.zero_offload import ZeroOffloadAdamW
         return ZeroOffloadAdamW(groups, **kw)
     return torch.optim.AdamW(groups, **kw)
 

@@ -40,34 +40,17 @@ GPU or the runtime has no CUDA worker.
    running torch's weights-only allowlist and every opcode is one that torch 2.x's weights-only
    unpickler reads; where torch >= 2.0, the real torch.load(weights_only=True) loads it; a fresh
    optimizer loading it continues bit for bit like the uninterrupted one.
-6. GPU budgets (gpu_update_budget, gpu_resident_budget): values that are not integers in range
-   refused with the option named; a bf16 model trained 4 steps with a tight update budget and a
-   resident budget of two subgroups gives the same bits as without them; on CUDA, an update budget of
-   1 byte (below one subgroup's staging) is refused by the runtime and, with policy dos, one of 8000
-   bytes (below one streamed subgroup) leaves every update on the CPU. Without a CUDA worker the
-   budgets have no effect, so there only the refusals and the same bits are checked.
-7. timeline=True: each bucket's phase reports when it began on time.perf_counter()'s clock
-   (between the readings around step()) and every task within it, one Adam per subgroup; the
-   same bits as without a timeline; a non-bool timeline refused; train_gpt.py --timeline writes the
-   timed steps' forward, backward and step() and each phase inside its step() call; malformed
-   --timeline-steps refused.
-8. caller_cores: the automatic CPU threads with caller_cores=1 are one fewer than with 0, and an
-   overlap=True optimizer starting the runtime gets the same (each in a process of its own); a
-   negative or non-integer caller_cores refused.
 """
 
 import argparse
 import copy
 import gc
 import io
-import json
 import math
 import os
 import pickle
 import pickletools
-import subprocess
 import sys
-import tempfile
 import time
 import zipfile
 
@@ -707,155 +690,9 @@ def test_dropped_wrapper(device, policy):
     o2.close()
 
 
-def test_gpu_budgets(device, policy):
-    m = make_model(device, torch.float32)
-    for name, bad in (("gpu_update_budget", 0), ("gpu_update_budget", -5), ("gpu_update_budget", True),
-                      ("gpu_update_budget", 1.5), ("gpu_update_budget", 2 ** 64), ("gpu_resident_budget", -1),
-                      ("gpu_resident_budget", "1GB"), ("gpu_resident_budget", 2 ** 63)):
-        expect_error(ValueError, name, lambda: make_opt(m, policy, **{name: bad}), f"{name}={bad!r}")
-    runs = []
-    for kw in ({}, dict(gpu_update_budget=64 * 1024, gpu_resident_budget=2 * 12 * 700)):
-        mk = make_model(device, torch.bfloat16)
-        o = make_opt(mk, policy, **kw)
-        losses = train_steps(mk, o, range(1, 5), device)
-        runs.append((losses, snapshot(mk, o)))
-        o.close()
-    check(runs[0][0] == runs[1][0] and same_snapshot(runs[0][1], runs[1][1]),
-          "a 64 KiB update budget and a resident budget of two subgroups: losses, parameters and state bit for bit "
-          "as without budgets")
-    if device == "cuda":
-        # the runtime's own checks (scheduler/plan.cpp): 1 byte is below one CPU subgroup's staging on the
-        # GPU; 8000 bytes hold that staging (at most 8 bytes per element, 700 elements) but not one
-        # streamed subgroup (12 bytes of state per element alone), so the dos policy streams nothing
-        mk = make_model(device, torch.bfloat16)
-        expect_error(ValueError, "update budget", lambda: make_opt(mk, policy, gpu_update_budget=1),
-                     "an update budget of 1 byte, below one subgroup's staging, refused by the runtime")
-        if policy == "dos":
-            mk = make_model(device, torch.bfloat16)
-            o = make_opt(mk, policy, gpu_update_budget=8000)
-            train_steps(mk, o, range(1, 3), device)
-            on_gpu = sum(st["subgroups_gpu"] for st in o.last_step["stats"])
-            check(on_gpu == 0, f"an update budget of 8000 bytes, below one streamed subgroup: every update on the CPU "
-                               f"({on_gpu} on the GPU)")
-            o.close()
-
-
-def test_caller_cores(device, policy):
-    """caller_cores: the automatic CPU threads leave that many cores to the caller (each runtime in a
-    process of its own: one runtime per process); bad values refused."""
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "STARPU_NCPU")}
-    env["CUDA_VISIBLE_DEVICES"] = ""  # the child needs no GPU (and may not share an exclusive one)
-    start = {"0": "d.get_runtime('cpu', ncuda=0, caller_cores=0)",
-             "1": "d.get_runtime('cpu', ncuda=0, caller_cores=1)",
-             # an overlapped optimizer that starts the runtime asks for one core by default
-             "overlap": "(d.DeepOptimizerStates([torch.nn.Parameter(torch.zeros(4))], policy='cpu', ncuda=0, "
-                        "overlap=True), d.get_runtime())[1]"}
-    threads = {}
-    for key, expr in start.items():
-        code = f"import torch, deep_optimizer_states as d; print({expr}.cpu_threads)"
-        try:
-            r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
-            out = r.stdout.split()
-            threads[key] = int(out[-1]) if r.returncode == 0 and out and out[-1].isdigit() else None
-        except subprocess.TimeoutExpired:
-            threads[key] = None
-    ok = None not in threads.values() and threads["1"] == max(1, threads["0"] - 1) and threads["overlap"] == threads["1"]
-    check(ok, f"caller_cores=1 leaves one core to the caller, as an overlapped optimizer starting the runtime asks: "
-          f"CPU Adam threads {threads}")
-    expect_error(ValueError, "caller_cores", lambda: make_opt(make_model(device, torch.float32), policy, caller_cores=-1),
-                 "caller_cores=-1")
-    expect_error(ValueError, "caller_cores", lambda: make_opt(make_model(device, torch.float32), policy, caller_cores=1.0),
-                 "caller_cores=1.0")
-
-
-def test_timeline(device, policy):
-    expect_error(ValueError, "timeline", lambda: make_opt(make_model(device, torch.float32), policy, timeline=1),
-                 "timeline=1")
-    o = make_opt(make_model(device, torch.float32), policy)
-
-    def set_text():
-        o.timeline = "off"
-    expect_error(ValueError, "timeline", set_text, "opt.timeline = 'off'")
-    o.close()
-    runs = []
-    for kw in ({"timeline": True}, {}):
-        m = make_model(device, torch.bfloat16)
-        o = make_opt(m, policy, **kw)
-        train_steps(m, o, [1], device)
-        x, y = batch(2, device)
-        torch.nn.functional.cross_entropy(m(x).float().reshape(-1, 50), y.reshape(-1)).backward()
-        t0 = time.perf_counter()
-        o.step()
-        t1 = time.perf_counter()
-        runs.append((o.last_step, snapshot(m, o), t0, t1, o.num_subgroups))
-        if kw:  # the attribute switches the recording between steps
-            o.timeline = False
-            train_steps(m, o, [3], device)
-            off = bool(o.last_step["stats"]) and all("timeline" not in st for st in o.last_step["stats"])
-            o.timeline = True
-            train_steps(m, o, [4], device)
-            check(off and o.last_step["stats"] and all(st["timeline"] for st in o.last_step["stats"]),
-                  "timeline switched off and on again between steps through the attribute")
-        o.close()
-    last, _, t0, t1, n_sub = runs[0]
-    tol = 2e-3  # the clocks are related by one reading each way: 2 ms is plenty
-    stats = last["stats"]
-    starts_ok = all(t0 - tol <= st["started_at"] <= t1 + tol for st in stats)
-    tasks_ok = all(0 <= t["start"] <= t["end"] <= t1 - st["started_at"] + tol for st in stats for t in st["timeline"])
-    adams = sorted((k, t["subgroup"]) for k, st in enumerate(stats) for t in st["timeline"] if t["what"] == "adam")
-    expected = sorted((k, i) for k, st in enumerate(stats) for i in range(st["subgroups_cpu"] + st["subgroups_gpu"]))
-    lanes = sorted({t["lane"] for st in stats for t in st["timeline"]})
-    check(starts_ok and tasks_ok, f"timeline: each phase began between the readings around step() and its tasks "
-          f"lie within it ({sum(len(st['timeline']) for st in stats)} tasks, lanes {lanes})")
-    check(adams == expected and len(adams) == n_sub, f"timeline: one Adam per subgroup ({len(adams)} of {n_sub})")
-    check("timeline" not in runs[1][0]["stats"][0], "no timeline unless asked for")
-    check(same_snapshot(runs[0][1], runs[1][1]), "timeline=True: the same bits as without")
-
-    # train_gpt.py --timeline: steps 2-4 of the tiny GPT, each phase inside its step() call
-    with tempfile.TemporaryDirectory() as d:
-        path = os.path.join(d, "tl.json")
-        r = train_gpt.main(tiny_args("dos", device, policy, steps=5) + ["--timeline", path, "--timeline-steps", "2:4"])
-        r["optimizer"].close()
-        with open(path) as f:
-            tl = json.load(f)
-        steps = tl["steps"]
-        ordered = [x["step"] for x in steps] == [2, 3, 4] and all(
-            x["forward"][0] <= x["forward"][1] == x["backward"][0] <= x["backward"][1] == x["step_call"][0]
-            <= x["step_call"][1] for x in steps)
-        check(ordered, "train_gpt.py --timeline: forward, backward and step() of steps 2, 3 and 4, in order")
-        calls = {x["step"]: x["step_call"] for x in steps}
-        inside = [calls[ph["step"]][0] - tol <= ph["started"] and all(
-            ph["started"] - 1e-9 <= t["start"] <= t["end"] <= calls[ph["step"]][1] + tol for t in ph["tasks"])
-            for ph in tl["phases"]]
-        adams = [sorted(t["subgroup"] for t in ph["tasks"] if t["what"] == "adam") for ph in tl["phases"]]
-        check(len(inside) == 3 and all(inside) and all(a == list(range(len(a))) and a for a in adams),
-              f"and each step's phase inside its step() call, one Adam per subgroup ({[len(a) for a in adams]})")
-    # the budgets' options: the same bits on a machine without a CUDA worker (no effect there), bad values refused
-    r = train_gpt.main(tiny_args("dos", device, policy, steps=3) + ["--gpu-resident-budget", "0.001",
-                                                                   "--gpu-update-budget", "0.5"])
-    ref = train_gpt.main(tiny_args("dos", device, policy, steps=3))
-    for x in (r, ref):
-        x["optimizer"].close()
-    check(r["optimizer"].gpu_resident_budget == 10 ** 6 and r["optimizer"].gpu_update_budget == 5 * 10 ** 8,
-          "train_gpt.py --gpu-resident-budget 0.001 --gpu-update-budget 0.5 reach the optimizer in bytes")
-    if device != "cuda":
-        check(r["losses"] == ref["losses"], "and, without a CUDA worker, change nothing")
-    for bad in (["--gpu-resident-budget", "-1"], ["--gpu-update-budget", "1e-12"], ["--gpu-update-budget", "nan"],
-                ["--gpu-resident-budget", "inf"], ["--gpu-update-budget", "1e12"]):
-        try:
-            train_gpt.parse_args(tiny_args("dos", device, policy) + bad)
-            check(False, f"{' '.join(bad)} refused")
-        except SystemExit as e:
-            check(e.code == 2, f"{' '.join(bad)} refused (exit 2)")
-    for bad in ("3", "0:2", "4:2", "a:b"):
-        try:
-            train_gpt.parse_args(tiny_args("dos", device, policy) + ["--timeline", "x.json", "--timeline-steps", bad])
-            check(False, f"--timeline-steps {bad} refused")
-        except SystemExit as e:
-            check(e.code == 2, f"--timeline-steps {bad} refused (exit 2)")
-
-
-def main():
+def main(tests=None):
+    """Runs ``tests`` (functions of device and policy; default: this file's) on the device and policy of
+    the command line; returns the exit status (77: skipped)."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--policy", default="cpu")
@@ -873,16 +710,9 @@ def main():
     if args.device == "cuda" and rt.cuda_workers == 0:
         print("the runtime has no CUDA worker (a build without CUDA?): skipped")
         return 77
-    test_losses_match_adamw(args.device, args.policy)
-    test_state_dict_round_trip(args.device, args.policy)
-    test_bad_input(args.device, args.policy)
-    test_framework_paths(args.device, args.policy)
-    test_compiled_model(args.device, args.policy)
-    test_weights_only_state_dict(args.device, args.policy)
-    test_dropped_wrapper(args.device, args.policy)
-    test_gpu_budgets(args.device, args.policy)
-    test_timeline(args.device, args.policy)
-    test_caller_cores(args.device, args.policy)
+    for test in tests or (test_losses_match_adamw, test_state_dict_round_trip, test_bad_input, test_framework_paths,
+                          test_compiled_model, test_weights_only_state_dict, test_dropped_wrapper):
+        test(args.device, args.policy)
     dos.shutdown()
     print(f"{len(failures)} failure(s); {time.time() - t0:.1f} s")
     for f in failures:

@@ -340,6 +340,15 @@ static dos_optimizer* one_tensor_optimizer(float* p, float* g) {
   return opt;
 }
 
+/* one_tensor_optimizer over p and g filled with small values of both signs (N each). */
+static dos_optimizer* filled_optimizer(float* p, float* g) {
+  for (size_t i = 0; i < N; ++i) {
+    p[i] = 0.01f * (float)(i % 97);
+    g[i] = 0.001f * (float)(i % 13) - 0.005f;
+  }
+  return one_tensor_optimizer(p, g);
+}
+
 static void test_overlap_bad_calls(void** state) {
   (void)state;
   static float p[N], g[N], buf[N];
@@ -442,11 +451,7 @@ static double process_cpu_over(double wall) {
 static void test_async_phase_pauses_workers(void** state) {
   (void)state;
   static float p[N], g[N];
-  for (size_t i = 0; i < N; ++i) {
-    p[i] = 0.01f * (float)(i % 97);
-    g[i] = 0.001f * (float)(i % 13) - 0.005f;
-  }
-  dos_optimizer* opt = one_tensor_optimizer(p, g);
+  dos_optimizer* opt = filled_optimizer(p, g);
   dos_step_stats s;
   const double idle = process_cpu_over(0.3); /* paused between calls */
   for (int mode = 0; mode < 2; ++mode) {
@@ -482,11 +487,7 @@ static void test_async_phase_pauses_workers(void** state) {
 static void test_timeline(void** state) {
   (void)state;
   static float p[N], g[N];
-  for (size_t i = 0; i < N; ++i) {
-    p[i] = 0.02f * (float)(i % 31);
-    g[i] = 0.001f * (float)(i % 11) - 0.004f;
-  }
-  dos_optimizer* opt = one_tensor_optimizer(p, g);
+  dos_optimizer* opt = filled_optimizer(p, g);
   const size_t ns = dos_optimizer_num_subgroups(opt);
   dos_step_stats s;
   size_t count = 99;

@@ -21,11 +21,11 @@ or loaded.
 """
 
 import ctypes
-import time
 import os
 import sys
 import sysconfig
 import threading
+import time
 
 ABI_VERSION = 6
 

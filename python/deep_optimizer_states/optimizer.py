@@ -35,6 +35,7 @@ from . import runtime as _rt
 from .forward import _ForwardOverlap
 from .overlap import _VERDICT_NAMES, _Overlap
 from .state import _MAX_COUNT, STATE_FORMAT, _State  # noqa: F401 (STATE_FORMAT: re-exported)
+from .timeline import _Timeline
 
 _DTYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 #: The largest float32 (the runtime computes in fp32: a larger lr, eps or weight decay overflows).
@@ -91,7 +92,7 @@ class _Bucket:
         self.seen_version = None
 
 
-class DeepOptimizerStates(_Overlap, _ForwardOverlap, _State, torch.optim.Optimizer):
+class DeepOptimizerStates(_Overlap, _ForwardOverlap, _State, _Timeline, torch.optim.Optimizer):
     """Adam/AdamW with the optimizer state offloaded to pinned host memory and each subgroup's update
     placed on the CPU or streamed through the GPU by the runtime's scheduling policy.
 
@@ -661,42 +662,6 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _State, torch.optim.Optimiz
             running=any(b.running for b in self._buckets),
             **self._overlap_summary(stats, verdicts, reasons),
         )
-
-    def _phase_stats(self, b, st):
-        """The figures of the phase of bucket ``b`` that just ended (``st``, a :class:`_capi.StepStats`)
-        as a dict; with ``timeline=True`` also ``started_at`` (when the phase began, on
-        ``time.perf_counter()``'s clock, s) and ``timeline`` (its tasks: dicts of ``lane``, ``what``,
-        ``subgroup``, ``start``, ``end``, seconds since ``started_at``)."""
-        d = st.as_dict()
-        if b.timeline_on:
-            started, tasks = _capi.last_timeline(b.handle)
-            d["started_at"] = started - _capi.clock_offset()
-            d["timeline"] = tasks
-        self._apply_timeline(b)
-        return d
-
-    @property
-    def timeline(self):
-        """Whether the update phases record their tasks (bool; see the constructor's ``timeline``).
-        Setting it takes effect from each bucket's next phase; raises ``ValueError`` for a
-        non-bool."""
-        return self._settings["timeline"]
-
-    @timeline.setter
-    def timeline(self, on):
-        if not isinstance(on, bool):
-            raise ValueError(f"timeline must be True or False, got {on!r}")
-        self._settings["timeline"] = on
-
-    def _apply_timeline(self, b):
-        """Turns the runtime's timeline of bucket ``b`` on or off as :attr:`timeline` says, when no
-        phase of ``b`` is open or running (else at the end of that phase)."""
-        want = bool(self.timeline)
-        with self._overlap_lock:
-            if b.timeline_on != want and not b.open and not b.running:
-                _capi.check(_capi.lib().dos_optimizer_set_timeline(b.handle, int(want)),
-                            f"turning the timeline of {b.describe()} {'on' if want else 'off'}")
-                b.timeline_on = want
 
     def zero_grad(self, set_to_none=False):
         """Zeroes the gradients. By default (``set_to_none=False``, unlike torch 2.x's default) the

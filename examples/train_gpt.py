@@ -489,6 +489,15 @@ def budget_bytes(ap, flag, gb, optimizer, least=0):
     return int(gb * 1e9)
 
 
+def write_json(path, doc):
+    """Writes ``doc`` as JSON to ``path`` through ``path``.tmp, so that a run killed meanwhile leaves
+    the previous file whole."""
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(doc, f, indent=1)
+    os.replace(tmp, path)
+
+
 def write_timeline(path, spans, infos):
     """Writes the timeline JSON ``path`` (through a temporary file): ``spans`` (list of dicts
     ``step``, ``forward``, ``backward``, ``step_call``: [start, end] pairs in perf_counter seconds)
@@ -509,10 +518,7 @@ def write_timeline(path, spans, infos):
     doc = dict(origin_perf_counter=origin, steps=[dict(step=x["step"], forward=rel(x["forward"]),
                                                        backward=rel(x["backward"]), step_call=rel(x["step_call"]))
                                                   for x in spans], phases=phases)
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(doc, f, indent=1)
-    os.replace(tmp, path)
+    write_json(path, doc)
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -677,10 +683,7 @@ def main(argv=None):
           + (f", {summary['redone_steps']} step(s) with speculative updates redone" if args.overlap != "off" else "")
           + (f"; peak GPU memory allocated by torch {summary['max_gpu_memory_gb']:.1f} GB" if cuda else ""), flush=True)
     if args.log_json:
-        tmp = args.log_json + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(dict(args=vars(args), summary=summary, steps=records), f, indent=1)
-        os.replace(tmp, args.log_json)
+        write_json(args.log_json, dict(args=vars(args), summary=summary, steps=records))
     result = dict(summary=summary, losses=[r["loss"] for r in records], records=records, model=model, optimizer=opt)
     return result
 

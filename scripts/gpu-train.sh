@@ -69,8 +69,9 @@ common=(--model "$MODEL" --n-layer "$LAYERS" --n-embd "$HIDDEN" --n-head "$HEADS
 read -r -a extra_args <<< "${TRAIN_ARGS:-}"
 common+=("${extra_args[@]}")
 
-run() {  # name, seconds of training, extra arguments
+run() {  # name, seconds of training, extra arguments (the dos runs also write their timeline)
   local name=$1 secs=$2; shift 2
+  case $name in dos*) set -- "$@" --timeline "$OUT/$name-timeline.json" --timeline-steps "$TIMELINE_STEPS" ;; esac
   say "== $name: examples/train_gpt.py ${common[*]} --time-limit $secs $*"
   timeout $(( secs + 90 )) "$PY" examples/train_gpt.py "${common[@]}" --time-limit "$secs" \
       --log-json "$OUT/$name.json" "$@" > "$OUT/$name.log" 2>&1
@@ -91,13 +92,11 @@ fi
 
 for name in $RUNS; do
   case $name in
-    dos) run dos "$DOS_SECONDS" --optimizer dos --policy "$POLICY" --subgroup-size "$SUBGROUP" --verbose \
-           --timeline "$OUT/dos-timeline.json" --timeline-steps "$TIMELINE_STEPS" ;;
+    dos) run dos "$DOS_SECONDS" --optimizer dos --policy "$POLICY" --subgroup-size "$SUBGROUP" --verbose ;;
     dos-overlap) run dos-overlap "$OVERLAP_SECONDS" --optimizer dos --policy "$POLICY" --subgroup-size "$SUBGROUP" \
-                   --overlap both --verbose --timeline "$OUT/dos-overlap-timeline.json" --timeline-steps "$TIMELINE_STEPS" ;;
+                   --overlap both --verbose ;;
     dos-overlap-urgent) run dos-overlap-urgent "$OVERLAP_SECONDS" --optimizer dos --policy "$POLICY" \
-                   --subgroup-size "$SUBGROUP" --overlap both --urgent-writeback --verbose \
-                   --timeline "$OUT/dos-overlap-urgent-timeline.json" --timeline-steps "$TIMELINE_STEPS" ;;
+                   --subgroup-size "$SUBGROUP" --overlap both --urgent-writeback --verbose ;;
     adamw) run adamw "$ADAMW_SECONDS" --optimizer adamw ;;
     adamw-cpu-offload) run adamw-cpu-offload "$OFFLOAD_SECONDS" --optimizer adamw-cpu-offload ;;
     *) say "RUNS: unknown run '$name' (dos, dos-overlap, dos-overlap-urgent, adamw, adamw-cpu-offload)"; exit 2 ;;

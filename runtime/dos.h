@@ -222,7 +222,8 @@ enum class StepVerdict { keep, changed, skip };
 
 /// One task or transfer sample of an update phase, for timelines. lane: "cpu" or "gpu" (an Adam,
 /// gradient conversion or parameter write-back task on that kind of worker); what: "adam",
-/// "adam_spec" (a speculative Adam, Optimizer::gradients_final), "gather" or "scatter"; subgroup: its index; start, end: seconds since the phase began
+/// "adam_spec" (a speculative Adam, Optimizer::gradients_final), "gather" or "scatter"; subgroup:
+/// its index; start, end: seconds since the phase began
 /// (the runtime's own task clock, codelets/task_clock.h; StarPU's task profiling stays off).
 struct TimelineTask {
   std::string lane, what;

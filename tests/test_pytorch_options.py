@@ -37,6 +37,7 @@ except ImportError:
     sys.exit(77)
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import deep_optimizer_states as dos  # noqa: E402
 from test_pytorch import (batch, check, expect_error, main, make_model, make_opt, same_snapshot,  # noqa: E402
                           snapshot, tiny_args, train_gpt, train_steps)
 
@@ -60,13 +61,16 @@ def test_gpu_budgets(device, policy):
     if device == "cuda":
         # the runtime's own checks (scheduler/plan.cpp): 1 byte is below one CPU subgroup's staging on the
         # GPU; 8000 bytes hold that staging (at most 8 bytes per element, 700 elements) but not one
-        # streamed subgroup (12 bytes of state per element alone), so the dos policy streams nothing
+        # streamed subgroup of 700 (12 bytes of state per element alone), so the dos policy streams
+        # nothing. One group: with two, the group of biases and norms has smaller subgroups, which fit.
         mk = make_model(device, torch.bfloat16)
         expect_error(ValueError, "update budget", lambda: make_opt(mk, policy, gpu_update_budget=1),
                      "an update budget of 1 byte, below one subgroup's staging, refused by the runtime")
         if policy == "dos":
             mk = make_model(device, torch.bfloat16)
-            o = make_opt(mk, policy, gpu_update_budget=8000)
+            o = dos.DeepOptimizerStates(mk.parameters(), lr=1e-2, subgroup_size=700, policy=policy,
+                                        gpu_update_budget=8000)
+            check(sum(p.numel() for p in mk.parameters()) >= 700, "the model holds a full subgroup of 700")
             train_steps(mk, o, range(1, 3), device)
             on_gpu = sum(st["subgroups_gpu"] for st in o.last_step["stats"])
             check(on_gpu == 0, f"an update budget of 8000 bytes, below one streamed subgroup: every update on the CPU "

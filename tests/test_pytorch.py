@@ -577,6 +577,19 @@ def test_framework_paths(device, policy):
     lc, _, _, mc, oc, _ = frame_run("dos-adamw", device, policy, set_to_none=False)
     check(la == lc and all(torch.equal(a, c) for a, c in zip(ma.parameters(), mc.parameters())),
           "model.zero_grad(set_to_none=True) and zeroing in place: bit-identical losses and parameters")
+    # after model.zero_grad(set_to_none=True) autograd allocates new gradients; where torch has a hook
+    # for it, each is moved into the optimizer's flat buffer as soon as it is accumulated, so that the
+    # model's gradients are not held twice until step()
+    if dos.overlap._grad_hook_kind() is not None:
+        ma.zero_grad(set_to_none=True)
+        x, y = batch(0, device)
+        torch.nn.functional.cross_entropy(ma(x).reshape(-1, 50), y.reshape(-1)).backward()
+        spans = [(b.flat_grad.data_ptr(), b.flat_grad.data_ptr() + b.flat_grad.numel() * b.flat_grad.element_size())
+                 for b in oa._buckets]
+        grads = [p.grad for p in ma.parameters() if p.grad is not None]
+        check(grads and all(any(lo <= g.data_ptr() < hi for lo, hi in spans) for g in grads),
+              f"after model.zero_grad(set_to_none=True) and backward, before step(): every gradient ({len(grads)}) "
+              "lies in the optimizer's flat buffers")
     # decaying every parameter is told apart from the grouped reference
     _, _, _, mb, ob, _ = frame_run("adamw", device, policy)
     _, _, _, md, od, _ = frame_run("dos-adamw", device, policy, decay_all=True)

@@ -208,7 +208,11 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _State, _Timeline, torch.op
     Memory: the runtime holds 12 bytes of fp32 state per parameter plus 4 + 2 (or 4) bytes of
     staging, in host memory; the optimizer also keeps one flat gradient buffer per bucket (the
     parameters' dtype and device) and, from the first step on, points each ``p.grad`` at a view of it, so that backward
-    accumulates into it and no copy is needed at :meth:`step`.
+    accumulates into it and no copy is needed at :meth:`step`. After ``zero_grad(set_to_none=True)``
+    (torch 2's ``Module.zero_grad`` and the Hugging Face Trainer) a hook on each parameter
+    (where torch has one) copies the gradient autograd allocated into the buffer as soon as it is
+    accumulated and points ``p.grad`` at the view, so that the model's gradients are never held
+    twice; at most one parameter's gradient is, for a moment.
 
     Notes: ``self.state`` stays empty (the state lives in the runtime; read it with
     :meth:`state_dict`); groups cannot be added after construction.
@@ -278,6 +282,8 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _State, _Timeline, torch.op
         #: Whether the update overlaps backward (bool): ``overlap`` as given, False where this torch
         #: has no hook for it.
         self.overlap = bool(overlap) and self._install_hooks()
+        if not self.overlap:
+            self._install_hooks(adopt_only=True)  # gradients moved into the flat buffers as they come
         if self.overlap and _rt.leaves_no_caller_core(self.runtime):
             warnings.warn("overlap=True: the runtime was started leaving no core to this process's threads "
                           "(automatic cpu_threads, caller_cores=0), so backward's kernel launches share cores with "

@@ -39,11 +39,15 @@ class _Overlap:
     """The overlap's methods of DeepOptimizerStates (hooks, declarations, the runtime's open
     phases) and its part of ``last_step``."""
 
-    def _install_hooks(self):
+    def _install_hooks(self, adopt_only=False):
         """Registers the gradient-accumulated hook on every parameter (see the class's "Overlap").
-        Returns False, with a warning given once per process, where this torch has no such hook."""
+        Returns False, with a warning given once per process, where this torch has no such hook.
+        With ``adopt_only`` (no overlap) the hook only moves a gradient autograd allocated anew into
+        the flat buffer (:meth:`_adopt_gradient`), and a torch without hooks gets no warning."""
         global _warned_no_hooks
         kind = _grad_hook_kind()
+        if kind is None and adopt_only:
+            return False  # step() copies the gradients into the flat buffers, as the hooks would
         if kind is None:
             if not _warned_no_hooks:
                 _warned_no_hooks = True
@@ -60,7 +64,7 @@ class _Overlap:
                 def on_accumulated(*_, b=b, j=j, p=p):
                     opt = ref()
                     if opt is not None:
-                        opt._grad_accumulated(b, j, p)
+                        (opt._adopt_gradient if adopt_only else opt._grad_accumulated)(b, j, p)
 
                 if kind == "post_accumulate":
                     self._hook_handles.append(p.register_post_accumulate_grad_hook(on_accumulated))
@@ -78,6 +82,31 @@ class _Overlap:
         self._hook_handles = []
         self._grad_accumulators = []
 
+    @staticmethod
+    def _readable_in_place(b, j, g):
+        """Whether gradient ``g`` of parameter ``j`` of bucket ``b`` is one the runtime can read from
+        the flat buffer (dense, the bucket's dtype, device and the parameter's shape, no graph)."""
+        return g is not None and not g.requires_grad and g.layout == torch.strided and g.dtype == b.dtype \
+            and g.device == b.device and g.shape == b.views[j].shape
+
+    def _adopt_gradient(self, b, j, p):
+        """Without overlap: autograd has accumulated the gradient of ``p`` (position ``j`` of bucket
+        ``b``); one it allocated anew (after ``zero_grad(set_to_none=True)``, the Hugging Face
+        Trainer's and torch 2's default) is copied into the flat buffer at once and ``p.grad`` pointed
+        at the buffer's view, so that a model's gradients do not exist twice on the device until
+        :meth:`step` (the same copy step() makes; the same bits). Leaves a gradient it cannot read in
+        place, and every gradient while a phase left running (overlap_forward) may read the buffer,
+        to step()."""
+        if self._closed or self._broken or b.running:
+            return
+        g = p.grad
+        if not self._readable_in_place(b, j, g):
+            return
+        v = b.views[j]
+        if g.data_ptr() != v.data_ptr() or g.stride() != v.stride():
+            v.copy_(g)
+            p.grad = v
+
     def _grad_accumulated(self, b, j, p):
         """Autograd has accumulated the gradient of ``p`` (position ``j`` of bucket ``b``): move it
         into the flat buffer where it is not there, and declare it final when this is the backward
@@ -91,8 +120,7 @@ class _Overlap:
             self._backwards_seen = max(self._backwards_seen, n)
             g = p.grad
             v = b.views[j]
-            if g is None or g.requires_grad or g.layout != torch.strided or g.dtype != b.dtype \
-                    or g.device != b.device or g.shape != v.shape:
+            if not self._readable_in_place(b, j, g):
                 # not for the runtime as it is (a create_graph backward, a sparse or odd gradient):
                 # step() copies or refuses it
                 if j in b.declared and b.changed is None:

@@ -50,6 +50,7 @@ import os
 import statistics
 import sys
 import time
+import traceback
 
 import torch
 
@@ -307,9 +308,11 @@ def main(argv=None):
         metrics = trainer.train(resume_from_checkpoint=resume).metrics
     except torch.cuda.OutOfMemoryError as e:
         oom = str(e).split("\n")[0]
+        where = " <- ".join(f"{os.path.basename(f.filename)}:{f.lineno} {f.name}"
+                            for f in reversed(traceback.extract_tb(e.__traceback__)[-6:]))
         print(f"hf_trainer: out of GPU memory at global step {trainer.state.global_step}"
-              + (f" under --gpu-memory-gb {args.gpu_memory_gb:g}" if args.gpu_memory_gb else "") + f": {oom}",
-              flush=True)
+              + (f" under --gpu-memory-gb {args.gpu_memory_gb:g}" if args.gpu_memory_gb else "") + f": {oom}"
+              + f"\nhf_trainer: where (innermost first): {where}", flush=True)
     per_step = args.batch_size * args.grad_accum
     gaps = [b - a for a, b in zip(clock.ends, clock.ends[1:])]
     step_s = statistics.median(gaps) if gaps else None

@@ -339,29 +339,36 @@ def test_bad_input(device, policy):
     ref = torch.optim.AdamW(other.parameters())
     expect_error(ValueError, "not a DeepOptimizerStates state dict", lambda: o.load_state_dict(ref.state_dict()),
                  "load_state_dict of torch.optim.AdamW")
-    sd = o.state_dict()
+    # (an optimizer that has updated nothing has an empty "state": the damaged tensors come from a
+    # twin that has stepped, over a model of the same shapes)
+    mt = make_model(device, torch.float32)
+    twin = make_opt(mt, policy)
+    train_steps(mt, twin, [1], device)
+    full_sd = twin.state_dict
+    sd = full_sd()
     sd["dos"]["buckets"][0]["subgroup_steps"][0] = -1
     expect_error(ValueError, "integers >= 0", lambda: o.load_state_dict(sd), "a negative step count")
-    sd = o.state_dict()
+    sd = full_sd()
     sd["state"][0]["exp_avg"] = sd["state"][0]["exp_avg"].double()
     expect_error(ValueError, "expected torch.float32", lambda: o.load_state_dict(sd), "an fp64 state tensor")
     for bad_step in (2 ** 63 - 1, 2 ** 64, True):
-        sd = o.state_dict()
+        sd = full_sd()
         sd["dos"]["buckets"][0]["subgroup_steps"][0] = bad_step
         expect_error(ValueError, "at most 2**53", lambda: o.load_state_dict(sd), f"a step count of {bad_step}")
-    sd = o.state_dict()
+    sd = full_sd()
     sd["state"][0]["master"].view(-1)[3] = float("nan")
     expect_error(ValueError, "'master' of parameter 0 holds nan at element 3", lambda: o.load_state_dict(sd),
                  "NaN in master")
-    sd = o.state_dict()
+    sd = full_sd()
     sd["state"][1]["exp_avg_sq"].view(-1)[0] = -1.0
     expect_error(ValueError, "exp_avg_sq must be finite and >= 0", lambda: o.load_state_dict(sd),
                  "-1 in exp_avg_sq")
-    sd = o.state_dict()
+    sd = full_sd()
     sd["dos"]["steps_taken"] = -1
     expect_error(ValueError, "steps_taken must be an integer", lambda: o.load_state_dict(sd), "steps_taken -1")
     check(same_snapshot(before, snapshot(m, o)), "after the refused state dicts: parameters and state unchanged")
     o_other.close()
+    twin.close()
 
     # inf/NaN gradients: the step is skipped and counted
     x, y = batch(3, device)

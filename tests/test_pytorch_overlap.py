@@ -16,7 +16,9 @@ subgroups that the runtime updates speculatively).
    (the first such step redone, the next ones kept), back to 1 micro-batch (a plain step, then
    kept again), zero_grad(set_to_none=True) and model.zero_grad(set_to_none=True),
    torch.nn.utils.clip_grad_norm_ before step() (redone), lr changed between backward and step()
-   (dropped, the step runs whole), zero_grad() between a backward and the next (dropped), a closure.
+   (dropped, the step runs whole), zero_grad() between a backward and the next (dropped), a closure,
+   every parameter written in place before the backward (the masters follow: kept) and after it
+   (dropped, the step runs whole).
    After every step the parameters must be the same bits; at the end master, exp_avg, exp_avg_sq
    and every subgroup's step count too. The verdict of every step is checked, and at least one step
    must have kept speculative updates and one redone them.
@@ -91,7 +93,8 @@ def same_state(oa, ob):
 # MAX_NORM, clipping active); `nan`: a NaN written into one gradient after backward; `none`:
 # opt.zero_grad(set_to_none=True) before (`model_none`: the model's own); `ext_clip`:
 # torch.nn.utils.clip_grad_norm_ before step(); `lr`: param_groups' lr changed between backward and
-# step(); `rezero`: a backward, zero_grad(), then the step's backward; `closure`: step(closure).
+# step(); `rezero`: a backward, zero_grad(), then the step's backward; `closure`: step(closure);
+# `write`: every parameter halved in place "before" the step's backward (after wait()) or "after" it.
 # `expect`: the overlapped optimizer's verdict for both buckets (None: a plain update phase).
 SCHEDULE = [
     dict(micro=1, expect="keep"),
@@ -108,8 +111,17 @@ SCHEDULE = [
     dict(micro=1, lr=True, expect=None),                     # dropped: speculated with the old lr
     dict(micro=1, rezero=True, expect="keep"),
     dict(micro=1, closure=True, expect="keep"),
+    dict(micro=1, write="before", expect="keep"),            # the masters follow before the phase opens
+    dict(micro=1, write="after", expect=None),               # dropped: speculated from the old masters
     dict(micro=1, expect="keep"),
 ]
+
+
+def halve_params(model):
+    """Writes every parameter in place (exactly: a power of 2)."""
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(0.5)
 
 
 def train_schedule(dtype):
@@ -124,6 +136,9 @@ def train_schedule(dtype):
     for t, s in enumerate(SCHEDULE):
         batches = [(torch.randn(16, 24, generator=gen), torch.randn(16, 8, generator=gen)) for _ in range(s["micro"])]
         for m, o in ((ma, oa), (mb, ob), (mc, oc)):
+            if s.get("write") == "before":
+                o.wait()  # (the next forward overlapped: the phase left running ends before the write)
+                halve_params(m)
             if s.get("model_none"):
                 m.zero_grad(set_to_none=True)
             else:
@@ -152,6 +167,8 @@ def train_schedule(dtype):
                 if s.get("lr"):
                     for g in o.param_groups:
                         g["lr"] *= 0.5
+                if s.get("write") == "after":
+                    halve_params(m)
                 o.step()
         la, lb, lc = oa.last_step, ob.last_step, oc.last_step
         if not same_params(ma, mb):
@@ -190,6 +207,8 @@ def train_schedule(dtype):
             assert lb["speculated"] == 0, (t, lb)
         if s.get("lr"):
             assert any("hyper-parameters" in r for r in lb["redo_reasons"]), lb["redo_reasons"]
+        if s.get("write") == "after":
+            assert any("written in place" in r for r in lb["redo_reasons"]), lb["redo_reasons"]
         if not la["skipped"]:
             clipped += la["clip_coef"] < 1.0
             unclipped += la["clip_coef"] == 1.0

@@ -57,6 +57,7 @@ class _Bucket:
         self.shapes = []
         self.numels = []
         self.ptrs = []      # data_ptr() of each parameter at creation
+        self.param_versions = []  # each parameter's _version when the runtime's masters last matched it
         self.flat_grad = None
         self.views = []     # views of flat_grad shaped like each parameter
         self.handle = None  # ctypes.c_void_p of the C optimizer
@@ -78,6 +79,17 @@ class _Bucket:
     @property
     def num_params(self):
         return sum(self.numels)
+
+    def note_param_versions(self):
+        """Notes each parameter's version counter (``Tensor._version``, which every in-place write
+        bumps; the runtime's own writes by pointer do not): the runtime's masters match the
+        parameters now."""
+        self.param_versions = [p._version for p in self.params]
+
+    def params_written(self):
+        """Whether a parameter was written in place (``model.load_state_dict``, ``p.copy_``, a
+        collective's broadcast, ...) since :meth:`note_param_versions`."""
+        return any(p._version != v for p, v in zip(self.params, self.param_versions))
 
     def describe(self):
         return f"group {self.group_index}, {self.dtype} on {self.device.type}"
@@ -214,8 +226,17 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _State, _Timeline, torch.op
     accumulated and points ``p.grad`` at the view, so that the model's gradients are never held
     twice; at most one parameter's gradient is, for a moment.
 
+    Parameters written in place after construction or between steps (``model.load_state_dict``, a
+    data-parallel broadcast, ``p.copy_``; seen by each parameter's version counter, which every
+    in-place write bumps): the next update starts from them, as with ``torch.optim``; the runtime's
+    fp32 master of an element whose parameter no longer holds it rounded is replaced by the
+    parameter's value (the moments stay). A write after backward, once the overlapped update has
+    speculated, drops what was speculated (the step runs whole). With :meth:`overlap_forward`, call
+    :meth:`wait` before writing parameters outside a forward.
+
     Notes: ``self.state`` stays empty (the state lives in the runtime; read it with
-    :meth:`state_dict`); groups cannot be added after construction.
+    :meth:`state_dict`, empty too until the first update, as ``torch.optim``'s); groups cannot be
+    added after construction.
     """
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=None, decoupled=True,
@@ -426,6 +447,7 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _State, _Timeline, torch.op
                 sizes = (ctypes.c_size_t * ns)()
                 _capi.check(L.dos_optimizer_subgroup_sizes(h, sizes), "dos_optimizer_subgroup_sizes")
                 b.subgroup_sizes = list(sizes)
+                b.note_param_versions()
                 b.reset_overlap()
         except BaseException:
             self.close()
@@ -637,6 +659,11 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _State, _Timeline, torch.op
                     _capi.check(L.dos_optimizer_set_hyper(b.handle, *h[:5], int(h[5])),
                                 f"setting the hyper-parameters of {b.describe()}")
                     b.hyper = h
+                if b.params_written():  # the update starts from the parameters as they are now
+                    if b.open:  # speculated from the old masters: dropped, the step runs whole
+                        self._finish(b, _capi.VERDICT_SKIP)
+                        b.changed = "a parameter was written in place after the gradients were declared final"
+                    self._sync_masters(b)
             for k, b in enumerate(self._buckets):
                 if self._forward_overlap:  # the phase runs on into the next forward (overlap_forward)
                     v = _capi.VERDICT_CHANGED if b.open and b.changed is not None else _capi.VERDICT_KEEP

@@ -155,6 +155,7 @@ class _Overlap:
                             f"setting the hyper-parameters of {b.describe()}")
                 b.hyper = h
             self._apply_timeline(b)
+            self._sync_masters(b)  # a parameter written in place since the last step: its master follows
             self._runtime_call(L.dos_optimizer_begin_step(b.handle), f"opening the update phase of {b.describe()}")
             b.open = True
         b.declared.add(j)

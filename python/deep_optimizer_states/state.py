@@ -24,14 +24,67 @@ class _State:
         self._check_open()
         self.wait()
         self._drop_open_phases()
+        return [self._bucket_steps(b) for b in self._buckets]
+
+    @staticmethod
+    def _bucket_steps(b):
+        """The step count of every subgroup of bucket ``b`` (list of ints)."""
+        a = (ctypes.c_int64 * len(b.subgroup_sizes))()
+        _capi.check(_capi.lib().dos_optimizer_step_counts(b.handle, a), "dos_optimizer_step_counts")
+        return list(a)
+
+    def _read_state(self, b, which):
+        """Part ``which`` (0: fp32 masters, 1: exp_avg, 2: exp_avg_sq) of bucket ``b``'s state, as a
+        flat fp32 tensor of ``b.num_params`` elements in host memory."""
+        t = torch.empty(b.num_params, dtype=torch.float32)
+        _capi.check(_capi.lib().dos_optimizer_read_state(b.handle, which, ctypes.c_void_p(t.data_ptr())),
+                    f"reading {('master', 'exp_avg', 'exp_avg_sq')[which]} of {b.describe()}")
+        return t
+
+    def _load_bucket(self, b, master, exp_avg, exp_avg_sq, steps):
+        """Replaces bucket ``b``'s state (flat fp32 host tensors of ``b.num_params`` elements, the
+        subgroups' step counts) and writes the masters, rounded to the parameters' dtype, into the
+        parameters. A failure marks the optimizer broken (the state may be half-written) and raises
+        :class:`DosError`."""
         L = _capi.lib()
-        out = []
-        for b in self._buckets:
-            n = len(b.subgroup_sizes)
-            a = (ctypes.c_int64 * n)()
-            _capi.check(L.dos_optimizer_step_counts(b.handle, a), "dos_optimizer_step_counts")
-            out.append(list(a))
-        return out
+        if b.device.type == "cuda":
+            torch.cuda.synchronize(b.device)  # the runtime writes the parameters on its own streams
+        a = (ctypes.c_int64 * len(steps))(*steps)
+        ret = L.dos_optimizer_load_state(b.handle, ctypes.c_void_p(master.data_ptr()),
+                                         ctypes.c_void_p(exp_avg.data_ptr()), ctypes.c_void_p(exp_avg_sq.data_ptr()),
+                                         a, len(steps))
+        if ret != 0:
+            self._broken = L.dos_last_error().decode("utf-8", "replace")
+            _capi.check(ret, f"loading the state of {b.describe()}")
+        b.note_param_versions()
+
+    def _params_as_masters(self, b):
+        """Bucket ``b``'s parameters as they are now, as one flat fp32 host tensor (the masters they
+        stand for)."""
+        return torch.cat([p.detach().reshape(-1).float().cpu() for p in b.params]).contiguous()
+
+    def _sync_masters(self, b):
+        """Takes bucket ``b``'s fp32 masters from its parameters when one was written in place since
+        the runtime last matched them (``model.load_state_dict`` after the optimizer was built, a
+        data-parallel broadcast, ``p.copy_``): the parameters are what the update starts from, as
+        with ``torch.optim``. Element by element: where a parameter still holds its master rounded
+        to its dtype (round to nearest even, as the runtime writes it) the master stays, with the
+        bits a 16-bit parameter cannot hold (so that loading a model checkpoint and its optimizer
+        checkpoint in either order resumes the same); elsewhere the master becomes the parameter's
+        value. The moments and step counts stay. No phase may be open. Returns True when it took
+        them. Costs 16 bytes of host memory per parameter of the bucket, for the moment."""
+        if not b.params_written():
+            return False
+        now = self._params_as_masters(b)
+        master = self._read_state(b, 0)
+        master = torch.where(now == master.to(b.dtype).float(), master, now)
+        self._load_bucket(b, master, self._read_state(b, 1), self._read_state(b, 2), self._bucket_steps(b))
+        return True
+
+    def _pristine(self):
+        """Whether nothing has been updated yet: no step taken (skipped ones change nothing), every
+        subgroup at step 0."""
+        return self.steps_taken == 0 and all(s == 0 for bs in self.subgroup_steps() for s in bs)
 
     def state_dict(self):
         """The whole optimizer state, as torch tensors in host memory (a dict that ``torch.save``
@@ -46,14 +99,17 @@ class _State:
           ``subgroup_steps``: each subgroup's step count), ``steps_taken`` and ``skipped_steps``.
 
         The tensors of one bucket are views of one flat tensor (saved once by ``torch.save``).
-        Costs 12 bytes of host memory per parameter. Raises ``RuntimeError`` after :meth:`close`.
+        Costs 12 bytes of host memory per parameter. Before anything has been updated (no step
+        taken; skipped ones change nothing) ``"state"`` is empty, as ``torch.optim``'s is: the moments are zero and
+        the masters are the parameters (frameworks that move an optimizer's state to the GPU and
+        back when they prepare it, as ``accelerate`` does under the Hugging Face Trainer, then move
+        nothing). Raises ``RuntimeError`` after :meth:`close`.
         Drops the updates speculated since the last step (``overlap=True``): the state is the one
         before them.
         """
         self._check_open()
         self.wait()
         self._drop_open_phases()
-        L = _capi.lib()
         groups = []
         i = 0
         for g in self.param_groups:
@@ -64,17 +120,15 @@ class _State:
         state = {}
         buckets = []
         steps = self.subgroup_steps()
+        fresh = self._pristine()
         for b, bsteps in zip(self._buckets, steps):
-            parts = {}
-            for which, name in ((0, "master"), (1, "exp_avg"), (2, "exp_avg_sq")):
-                t = torch.empty(b.num_params, dtype=torch.float32)
-                _capi.check(L.dos_optimizer_read_state(b.handle, which, ctypes.c_void_p(t.data_ptr())),
-                            f"reading {name} of {b.describe()}")
-                parts[name] = t
-            off = 0
-            for idx, shape, n in zip(b.indices, b.shapes, b.numels):
-                state[idx] = {name: t.narrow(0, off, n).view(shape) for name, t in parts.items()}
-                off += n
+            if not fresh:
+                parts = {name: self._read_state(b, which)
+                         for which, name in ((0, "master"), (1, "exp_avg"), (2, "exp_avg_sq"))}
+                off = 0
+                for idx, shape, n in zip(b.indices, b.shapes, b.numels):
+                    state[idx] = {name: t.narrow(0, off, n).view(shape) for name, t in parts.items()}
+                    off += n
             buckets.append(dict(group=b.group_index, params=list(b.indices), dtype=str(b.dtype),
                                 device=b.device.type, shapes=[list(s) for s in b.shapes],
                                 subgroup_size=self.subgroup_size, subgroup_sizes=list(b.subgroup_sizes),
@@ -107,6 +161,10 @@ class _State:
         is not an integer in [0, 2**53], or ``steps_taken``/``skipped_steps`` is not an
         integer in [0, 2**53]; the optimizer and the parameters are then untouched. Drops the
         updates speculated since the last step (``overlap=True``).
+
+        An empty ``"state"`` (the state dict of an optimizer that had updated nothing, every step
+        count 0) means a fresh state, as for ``torch.optim``: zero moments, step counts 0, the
+        masters taken from the parameters as they are; the parameters are not written.
         """
         self._check_open()
         self.wait()
@@ -143,6 +201,7 @@ class _State:
             if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= _MAX_COUNT:
                 raise ValueError(f"the state dict's {key} must be an integer in [0, 2**53], got {v!r}")
         flat = []
+        fresh = not state  # an optimizer's state dict before it updated anything
         for k, (bk, b) in enumerate(zip(dos["buckets"], self._buckets)):
             steps = bk.get("subgroup_steps")
             # beyond 2**53 a step count is damage (and the C side's int64 would wrap 2**64 to 0)
@@ -150,6 +209,13 @@ class _State:
                     or not all(isinstance(s, int) and not isinstance(s, bool) and 0 <= s <= _MAX_COUNT for s in steps):
                 raise ValueError(f"bucket {k}: subgroup_steps must be {len(b.subgroup_sizes)} integers >= 0 and at most "
                                  f"2**53, got {steps!r}")
+            if fresh:
+                if any(steps) or dos.get("steps_taken", 0):
+                    raise ValueError(f"the state dict has no state tensors but its step counts are not all 0 (bucket {k}: "
+                                     f"{steps!r}): only an optimizer that updated nothing saves an empty 'state'; the "
+                                     "state dict is damaged")
+                flat.append(None)
+                continue
             parts = {}
             for name in ("master", "exp_avg", "exp_avg_sq"):
                 pieces = []
@@ -178,17 +244,15 @@ class _State:
             self._group_hyper(gi, merged)
 
         # everything checked: apply
-        if any(b.device.type == "cuda" for b in self._buckets):
-            torch.cuda.synchronize()  # the runtime writes the parameters on its own streams
-        L = _capi.lib()
-        for b, (parts, steps) in zip(self._buckets, flat):
-            a = (ctypes.c_int64 * len(steps))(*steps)
-            ret = L.dos_optimizer_load_state(b.handle, ctypes.c_void_p(parts["master"].data_ptr()),
-                                             ctypes.c_void_p(parts["exp_avg"].data_ptr()),
-                                             ctypes.c_void_p(parts["exp_avg_sq"].data_ptr()), a, len(steps))
-            if ret != 0:
-                self._broken = L.dos_last_error().decode("utf-8", "replace")
-                _capi.check(ret, f"loading the state of {b.describe()}")
+        pristine = fresh and self._pristine()
+        for b, loaded in zip(self._buckets, flat):
+            if loaded is not None:
+                self._load_bucket(b, loaded[0]["master"], loaded[0]["exp_avg"], loaded[0]["exp_avg_sq"], loaded[1])
+            elif not pristine:  # a fresh state into an optimizer that has updated: zero moments and steps
+                zeros = torch.zeros(b.num_params, dtype=torch.float32)
+                self._load_bucket(b, self._params_as_masters(b), zeros, zeros, [0] * len(b.subgroup_sizes))
+            # (into an optimizer that has updated nothing, a fresh state changes nothing: its
+            # masters are taken from the parameters at the next step when they were written since)
         for gi, g in enumerate(groups):
             for k, v in g.items():
                 if k != "params":

@@ -1,0 +1,147 @@
+#!/usr/bin/env python3
+"""Tests of the PyTorch binding's state against what frameworks do with an optimizer before and
+between its steps: the state dict of an optimizer that has updated nothing, and parameters written
+in place after the optimizer was built.
+
+    python3 tests/test_pytorch_state.py [--device cpu|cuda] [--policy cpu|gpu|dos|...]
+
+Exits 0 when every check passes, 1 otherwise, 77 (skipped) without torch, or for cuda without a
+GPU or a runtime without a CUDA worker.
+
+1. A fresh optimizer's state dict holds no state tensors (as torch.optim's), so that a framework that
+   moves the state to the GPU and back while preparing the optimizer (accelerate, under the Hugging
+   Face Trainer) moves nothing; loading it back changes nothing (the same bits as without); loading
+   it into an optimizer that has stepped resets it to a fresh one over the parameters as they are
+   (the same bits as an optimizer built then); an empty state with step counts refused, nothing
+   changed.
+2. Parameters written in place between steps (``model.load_state_dict``, a data-parallel broadcast,
+   ``p.mul_``): the next update starts from them, as with torch.optim. fp32: against
+   torch.optim.AdamW with the same writes, within the binding's tolerance (the write ignored would be
+   off by half the parameters). bf16: the same bits as loading a state dict whose masters are the
+   written parameters. A model checkpoint and its optimizer checkpoint loaded in either order resume
+   the same bits as an uninterrupted run (the masters keep the bits a bf16 parameter cannot hold).
+"""
+
+import copy
+import os
+import sys
+
+try:
+    import torch
+except ImportError:
+    print("torch is not importable by this Python: skipped")
+    sys.exit(77)
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from test_pytorch import (PARAM_RTOL, check, expect_error, main, make_model, make_opt,  # noqa: E402
+                          same_snapshot, snapshot, train_steps)
+
+
+def halve(model):
+    """Writes every parameter in place (exactly, in any dtype: a power of 2)."""
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(0.5)
+
+
+def test_fresh_state_dict(device, policy):
+    """A fresh optimizer's state dict: no state tensors; loading it keeps or resets as torch.optim."""
+    m = make_model(device, torch.bfloat16)
+    o = make_opt(m, policy)
+    sd = o.state_dict()
+    check(sd["state"] == {} and all(s == 0 for b in sd["dos"]["buckets"] for s in b["subgroup_steps"]),
+          "an optimizer that has updated nothing: an empty 'state', every step count 0")
+    # what accelerate does when it prepares the optimizer: state_dict() moved and loaded back
+    o.load_state_dict(copy.deepcopy(sd))
+    la = train_steps(m, o, range(1, 4), device)
+    mr = make_model(device, torch.bfloat16)
+    orf = make_opt(mr, policy)
+    lr_ = train_steps(mr, orf, range(1, 4), device)
+    check(la == lr_ and same_snapshot(snapshot(m, o), snapshot(mr, orf)),
+          "the fresh state dict loaded back before the first step: the same bits as without")
+    check(len(o.state_dict()["state"]) == sum(1 for _ in m.parameters()),
+          "after a step the state dict holds every parameter's state")
+
+    # into an optimizer that has stepped: a fresh one over the parameters as they are now
+    before = snapshot(m, o)
+    bad = copy.deepcopy(sd)
+    bad["dos"]["buckets"][0]["subgroup_steps"][0] = 3
+    expect_error(ValueError, "no state tensors", lambda: o.load_state_dict(bad),
+                 "an empty 'state' with a step count of 3")
+    check(same_snapshot(before, snapshot(m, o)), "after the refusal: parameters and state unchanged")
+    o.load_state_dict(sd)
+    mf = make_model(device, torch.bfloat16, seed=11)
+    mf.load_state_dict(m.state_dict())
+    of = make_opt(mf, policy)
+    check(same_snapshot(snapshot(m, o), snapshot(mf, of)),
+          "the fresh state dict loaded into an optimizer that had stepped 3 times: step counts, moments, masters "
+          "and parameters as an optimizer built now")
+    la = train_steps(m, o, range(4, 7), device)
+    lf = train_steps(mf, of, range(4, 7), device)
+    check(la == lf and same_snapshot(snapshot(m, o), snapshot(mf, of)), "and 3 more steps: the same bits")
+    for x in (o, orf, of):
+        x.close()
+
+
+def test_params_written(device, policy):
+    """Parameters written in place between steps: the update starts from them."""
+    # fp32 against torch.optim.AdamW with the same writes
+    torch.manual_seed(0)
+    m, mt = make_model(device, torch.float32), make_model(device, torch.float32)
+    o = make_opt(m, policy, max_grad_norm=None)
+    groups = [{"params": [p for n, p in mt.named_parameters() if n.endswith("weight") and p.dim() == 2],
+               "weight_decay": 0.05},
+              {"params": [p for n, p in mt.named_parameters() if not (n.endswith("weight") and p.dim() == 2)],
+               "weight_decay": 0.0}]
+    ot = torch.optim.AdamW(groups, lr=1e-2, betas=(0.9, 0.99), eps=1e-8)
+    halve(m), halve(mt)  # before the first step: after the optimizer was built
+    for steps in (range(1, 3), range(3, 5)):
+        train_steps(m, o, steps, device)
+        train_steps(mt, ot, steps, device)
+        halve(m), halve(mt)  # between steps
+    train_steps(m, o, range(5, 7), device)
+    train_steps(mt, ot, range(5, 7), device)
+    rel = max(float((a.detach().double() - b.detach().double()).abs().max()) / max(float(b.detach().abs().max()), 1e-30)
+              for a, b in zip(m.parameters(), mt.parameters()))
+    check(rel <= PARAM_RTOL, f"fp32, every parameter halved in place before the first step and twice between steps: "
+          f"within {PARAM_RTOL:g} of torch.optim.AdamW with the same writes ({rel:.2e})")
+    o.close()
+
+    # bf16: the same bits as a state dict whose masters are the written parameters
+    ma, mb = make_model(device, torch.bfloat16), make_model(device, torch.bfloat16)
+    oa, ob = make_opt(ma, policy), make_opt(mb, policy)
+    train_steps(ma, oa, range(1, 3), device)
+    train_steps(mb, ob, range(1, 3), device)
+    halve(ma)
+    la = train_steps(ma, oa, range(3, 5), device)
+    sd = ob.state_dict()
+    halve(mb)
+    for i, p in enumerate(p for g in ob.param_groups for p in g["params"]):  # state_dict numbering
+        sd["state"][i]["master"] = p.detach().float().cpu()
+    ob.load_state_dict(sd)
+    lb = train_steps(mb, ob, range(3, 5), device)
+    check(la == lb and same_snapshot(snapshot(ma, oa), snapshot(mb, ob)),
+          "bf16, halved in place between steps: the same bits as loading masters equal to the halved parameters")
+
+    # a model checkpoint and its optimizer checkpoint, loaded in either order
+    ref_sd_model, ref_sd_opt = copy.deepcopy(ma.state_dict()), oa.state_dict()
+    lref = train_steps(ma, oa, range(5, 8), device)
+    for order in ("model first", "optimizer first"):
+        mc = make_model(device, torch.bfloat16, seed=23)
+        oc = make_opt(mc, policy)
+        if order == "model first":
+            mc.load_state_dict(ref_sd_model)
+            oc.load_state_dict(ref_sd_opt)
+        else:
+            oc.load_state_dict(ref_sd_opt)
+            mc.load_state_dict(ref_sd_model)
+        lc = train_steps(mc, oc, range(5, 8), device)
+        check(lc == lref and same_snapshot(snapshot(ma, oa), snapshot(mc, oc)),
+              f"bf16 resumed with the {order}: the same bits as the run that went on")
+        oc.close()
+    for x in (oa, ob):
+        x.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main([test_fresh_state_dict, test_params_written]))

@@ -14,12 +14,14 @@ GPU or a runtime without a CUDA worker.
    it into an optimizer that has stepped resets it to a fresh one over the parameters as they are
    (the same bits as an optimizer built then); an empty state with step counts refused, nothing
    changed.
-2. Parameters written in place between steps (``model.load_state_dict``, a data-parallel broadcast,
-   ``p.mul_``): the next update starts from them, as with torch.optim. fp32: against
+2. Parameters written in place between steps (``model.load_state_dict``, ``p.mul_`` under
+   ``torch.no_grad()``): the next update starts from them, as with torch.optim. fp32: against
    torch.optim.AdamW with the same writes, within the binding's tolerance (the write ignored would be
    off by half the parameters). bf16: the same bits as loading a state dict whose masters are the
    written parameters. A model checkpoint and its optimizer checkpoint loaded in either order resume
    the same bits as an uninterrupted run (the masters keep the bits a bf16 parameter cannot hold).
+   A write through ``p.data`` (which torch does not count) followed by ``refresh_masters()``: the
+   same bits as the counted write.
 """
 
 import copy
@@ -122,6 +124,18 @@ def test_params_written(device, policy):
     lb = train_steps(mb, ob, range(3, 5), device)
     check(la == lb and same_snapshot(snapshot(ma, oa), snapshot(mb, ob)),
           "bf16, halved in place between steps: the same bits as loading masters equal to the halved parameters")
+
+    # a write torch does not count (through p.data), then refresh_masters(): as the counted one
+    md = make_model(device, torch.bfloat16)
+    od = make_opt(md, policy)
+    train_steps(md, od, range(1, 3), device)
+    for p in md.parameters():
+        p.data.mul_(0.5)
+    od.refresh_masters()
+    ld = train_steps(md, od, range(3, 5), device)
+    check(ld == la and same_snapshot(snapshot(ma, oa), snapshot(md, od)),
+          "bf16, halved through p.data and then refresh_masters(): the same bits as halved in place")
+    od.close()
 
     # a model checkpoint and its optimizer checkpoint, loaded in either order
     ref_sd_model, ref_sd_opt = copy.deepcopy(ma.state_dict()), oa.state_dict()

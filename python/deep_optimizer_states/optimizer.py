@@ -226,11 +226,13 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _State, _Timeline, torch.op
     accumulated and points ``p.grad`` at the view, so that the model's gradients are never held
     twice; at most one parameter's gradient is, for a moment.
 
-    Parameters written in place after construction or between steps (``model.load_state_dict``, a
-    data-parallel broadcast, ``p.copy_``; seen by each parameter's version counter, which every
-    in-place write bumps): the next update starts from them, as with ``torch.optim``; the runtime's
-    fp32 master of an element whose parameter no longer holds it rounded is replaced by the
-    parameter's value (the moments stay). A write after backward, once the overlapped update has
+    Parameters written in place after construction or between steps (``model.load_state_dict``,
+    ``p.copy_`` under ``torch.no_grad()``, ``torch.nn.init``; seen by each parameter's version
+    counter, which such writes bump): the next update starts from them, as with ``torch.optim``; the
+    runtime's fp32 master of an element whose parameter no longer holds it rounded is replaced by the
+    parameter's value (the moments stay). Writes torch does not count (through ``p.data``, or a
+    collective writing into the parameter's memory) are not seen: call :meth:`refresh_masters`
+    after them. A write after backward, once the overlapped update has
     speculated, drops what was speculated (the step runs whole). With :meth:`overlap_forward`, call
     :meth:`wait` before writing parameters outside a forward.
 

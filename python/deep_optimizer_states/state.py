@@ -63,17 +63,32 @@ class _State:
         stand for)."""
         return torch.cat([p.detach().reshape(-1).float().cpu() for p in b.params]).contiguous()
 
-    def _sync_masters(self, b):
+    def refresh_masters(self):
+        """Takes the fp32 masters from the parameters now, by the rule the optimizer applies by itself
+        to parameters written in place (see :meth:`_sync_masters`): for writes torch does not count
+        in a parameter's version counter, such as ``p.data.copy_(...)`` or a collective writing
+        into the parameter's memory, which the optimizer cannot see. The moments and step counts
+        stay. Drops the updates speculated since the last step (``overlap=True``). Costs 16 bytes
+        of host memory per parameter, for the moment. Raises ``RuntimeError`` after
+        :meth:`close`."""
+        self._check_open()
+        self.wait()
+        self._drop_open_phases()
+        for b in self._buckets:
+            self._sync_masters(b, force=True)
+
+    def _sync_masters(self, b, force=False):
         """Takes bucket ``b``'s fp32 masters from its parameters when one was written in place since
-        the runtime last matched them (``model.load_state_dict`` after the optimizer was built, a
-        data-parallel broadcast, ``p.copy_``): the parameters are what the update starts from, as
+        the runtime last matched them (``model.load_state_dict`` after the optimizer was built,
+        ``p.copy_``; or always with ``force``): the parameters are what the update starts from, as
         with ``torch.optim``. Element by element: where a parameter still holds its master rounded
         to its dtype (round to nearest even, as the runtime writes it) the master stays, with the
         bits a 16-bit parameter cannot hold (so that loading a model checkpoint and its optimizer
         checkpoint in either order resumes the same); elsewhere the master becomes the parameter's
         value. The moments and step counts stay. No phase may be open. Returns True when it took
-        them. Costs 16 bytes of host memory per parameter of the bucket, for the moment."""
-        if not b.params_written():
+        them. Costs 16 bytes of host memory per parameter of the bucket, for the moment. ``force``:
+        whether or not a write was seen."""
+        if not (force or b.params_written()):
             return False
         now = self._params_as_masters(b)
         master = self._read_state(b, 0)

@@ -617,4 +617,10 @@ int dos_optimizer_load_state(dos_optimizer* opt, const float* master, const floa
   });
 }
 
+int dos_optimizer_set_gradients(dos_optimizer* opt, size_t ntensors, void* const* grads) {
+  if (!opt || (ntensors > 0 && !grads)) return fail(DOS_E_INVALID, "dos_optimizer_set_gradients: NULL argument");
+  if (refuse_if_open(opt, "dos_optimizer_set_gradients") != DOS_OK) return DOS_E_INVALID;
+  return guarded([&] { opt->opt->set_gradients(std::vector<void*>(grads, grads + ntensors)); });
+}
+
 }  // extern "C"

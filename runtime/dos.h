@@ -425,6 +425,15 @@ class Optimizer {
 
   /// Step count of every subgroup, in subgroup order.
   std::vector<std::int64_t> step_counts() const;
+  /// Points the optimizer at other gradient buffers from the next update phase on: grads[i] is
+  /// tensor i's gradient now (one pointer per tensor of the construction, in its order; the same
+  /// dtype, element count and memory kind as then). For a caller whose framework allocates the
+  /// gradients anew every step (PyTorch after zero_grad(set_to_none=True)): it hands them over
+  /// instead of copying them into fixed buffers, so that they need not live between steps. Waits
+  /// for the tasks still submitted. Throws Error, nothing changed, when grads has not one pointer
+  /// per tensor, a tensor with elements gets a null pointer, or an update phase is open or still
+  /// running (finish_step_async without wait_step).
+  void set_gradients(const std::vector<void*>& grads);
   /// Replaces the whole optimizer state (a checkpoint being resumed): master, exp_avg, exp_avg_sq
   /// (num_params() floats each, host memory, flat order) and each subgroup's step count; then
   /// writes the master parameters, rounded to the caller's dtype, into the caller's parameter

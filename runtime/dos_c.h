@@ -32,14 +32,15 @@
 extern "C" {
 #endif
 
-/* 6: dos_runtime_create_for_caller.
+/* 7: dos_optimizer_set_gradients.
+ * 6: dos_runtime_create_for_caller.
  * 5: timelines (dos_optimizer_set_timeline, dos_optimizer_last_timeline, dos_clock_seconds).
  * 4: the update overlapped with the next forward (dos_optimizer_finish_step_async, _step_async,
  * _wait_parameters, _wait_step).
  * 3: the overlapped update (dos_optimizer_begin_step, _gradients_final, _finish_step), its fields
  * in dos_step_stats, options.speculation_budget (options version 2).
  * 2: dos_optimizer_create takes a struct dos_optimizer_options (1: positional arguments). */
-#define DOS_C_ABI_VERSION 6
+#define DOS_C_ABI_VERSION 7
 
 #define DOS_OK 0
 #define DOS_E_INVALID (-1)
@@ -320,6 +321,13 @@ int dos_optimizer_read_state(const dos_optimizer* opt, int which, float* out);
  * dtype, into the caller's parameters. On a size error nothing changes. */
 int dos_optimizer_load_state(dos_optimizer* opt, const float* master, const float* exp_avg,
                              const float* exp_avg_sq, const int64_t* steps, size_t nsteps);
+/* Points the optimizer at other gradient buffers from the next update phase on: grads[i] is tensor
+ * i's gradient now (ntensors: the count given at creation, in its order; the same dtype, element
+ * count and memory kind as then), for a caller whose framework allocates gradients anew every step.
+ * Waits for the tasks still submitted. DOS_E_INVALID, nothing changed, for a NULL opt or grads,
+ * another count, a NULL pointer for a tensor with elements, or an update phase open or still
+ * running. */
+int dos_optimizer_set_gradients(dos_optimizer* opt, size_t ntensors, void* const* grads);
 
 /* Timelines: what each task of an update phase did, and when. */
 #define DOS_LANE_CPU 0 /* the task ran on a CPU worker */

@@ -286,6 +286,7 @@ Optimizer::Optimizer(Runtime& runtime, const std::vector<TensorView>& tensors, c
       const TensorView& t = tensors[p.tensor];
       sg->segs.push_back(Segment{static_cast<char*>(t.param) + p.tensor_offset * esz,
                                  static_cast<char*>(t.grad) + p.tensor_offset * esz, p.offset, p.count});
+      sg->seg_src.emplace_back(p.tensor, p.tensor_offset);
     }
     sg->gather_grads = GatherArgs{sg->segs.data(), sg->segs.size(), options.dtype, false, grad_dtype};
     sg->gather_params = GatherArgs{sg->segs.data(), sg->segs.size(), options.dtype, true};
@@ -330,6 +331,24 @@ std::vector<std::int64_t> Optimizer::step_counts() const {
   std::vector<std::int64_t> out;
   for (const auto& sg : impl_->sgs) out.push_back(sg->step);
   return out;
+}
+
+void Optimizer::set_gradients(const std::vector<void*>& grads) {
+  Impl& I = *impl_;
+  I.require_no_open_step("set_gradients");
+  if (grads.size() != I.tensors.size())
+    throw Error("set_gradients: " + std::to_string(grads.size()) + " gradient pointers for the optimizer's " +
+                std::to_string(I.tensors.size()) + " tensors: give one per tensor, in the order of construction");
+  for (std::size_t i = 0; i < grads.size(); ++i)
+    if (I.tensors[i].numel > 0 && !grads[i])
+      throw Error("set_gradients: tensor " + std::to_string(i) + " (" + std::to_string(I.tensors[i].numel) +
+                  " elements) has a null gradient pointer");
+  starpu_task_wait_for_all();  // no task of an earlier phase reads the old buffers any more
+  const std::size_t esz = dtype_size(I.opt.dtype);
+  for (std::size_t i = 0; i < grads.size(); ++i) I.tensors[i].grad = grads[i];
+  for (auto& sg : I.sgs)
+    for (std::size_t k = 0; k < sg->segs.size(); ++k)
+      sg->segs[k].grad = static_cast<char*>(I.tensors[sg->seg_src[k].first].grad) + sg->seg_src[k].second * esz;
 }
 
 void Optimizer::load_state(const float* master, const float* exp_avg, const float* exp_avg_sq,

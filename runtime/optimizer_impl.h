@@ -51,6 +51,9 @@ struct Subgroup {
   std::atomic<bool> params_written{false};
   struct ParamsReady* ready = nullptr;
   std::vector<Segment> segs;
+  // For each segment: the caller tensor it lies in and its first element there (where
+  // Optimizer::set_gradients finds the segment's gradient in the new buffers).
+  std::vector<std::pair<std::size_t, std::size_t>> seg_src;
   GatherArgs gather_grads{}, gather_params{};
   ScatterArgs scatter{};
   AdamArgs adam{};

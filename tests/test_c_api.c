@@ -349,6 +349,59 @@ static dos_optimizer* filled_optimizer(float* p, float* g) {
   return one_tensor_optimizer(p, g);
 }
 
+/* dos_optimizer_set_gradients: an optimizer handed a new gradient buffer every step (its old one
+ * then filled with garbage) gives the same bits as one reading fixed buffers with the same values;
+ * bad calls refused, changing nothing. Two tensors, subgroups of 256 spanning them. */
+static void test_set_gradients(void** state) {
+  (void)state;
+  static float pa[N], pb[N], ga[N], gb[2][N];
+  for (int i = 0; i < N; ++i) pa[i] = pb[i] = (float)(0.5 - 0.001 * i);
+  dos_optimizer_options o = fp32_options();
+  const size_t numels[2] = {N0, N1};
+  void* params_a[2] = {pa, pa + N0};
+  void* grads_a[2] = {ga, ga + N0};
+  void* params_b[2] = {pb, pb + N0};
+  void* grads_b[2] = {gb[0], gb[0] + N0};
+  dos_optimizer *a = NULL, *b = NULL;
+  assert_int_equal(dos_optimizer_create(g_rt, 2, params_a, grads_a, numels, &o, &a), DOS_OK);
+  assert_int_equal(dos_optimizer_create(g_rt, 2, params_b, grads_b, numels, &o, &b), DOS_OK);
+  for (int step = 0; step < 4; ++step) {
+    float* cur = gb[step % 2];
+    float* old = gb[(step + 1) % 2];
+    for (int i = 0; i < N; ++i) ga[i] = cur[i] = (float)(0.01 * (((i + 5 * step) * 37) % 19 - 9));
+    void* now[2] = {cur, cur + N0};
+    assert_int_equal(dos_optimizer_set_gradients(b, 2, now), DOS_OK);
+    for (int i = 0; i < N; ++i) old[i] = 1e3f; /* read from the old buffer, the update would differ */
+    assert_int_equal(dos_optimizer_step(a, NULL), DOS_OK);
+    assert_int_equal(dos_optimizer_step(b, NULL), DOS_OK);
+    assert_memory_equal(pa, pb, sizeof pa);
+  }
+  /* bad calls: refused, the buffers unchanged (the next step still reads gb[1], as set last) */
+  void* one[1] = {gb[0]};
+  assert_int_equal(dos_optimizer_set_gradients(b, 1, one), DOS_E_INVALID);
+  assert_non_null(strstr(dos_last_error(), "1 gradient pointers for the optimizer's 2 tensors"));
+  void* with_null[2] = {gb[0], NULL};
+  assert_int_equal(dos_optimizer_set_gradients(b, 2, with_null), DOS_E_INVALID);
+  assert_non_null(strstr(dos_last_error(), "tensor 1"));
+  assert_int_equal(dos_optimizer_set_gradients(b, 2, NULL), DOS_E_INVALID);
+  assert_non_null(strstr(dos_last_error(), "NULL argument"));
+  assert_int_equal(dos_optimizer_set_gradients(NULL, 2, with_null), DOS_E_INVALID);
+  assert_int_equal(dos_optimizer_begin_step(b), DOS_OK);
+  void* other[2] = {gb[0], gb[0] + N0};
+  assert_int_equal(dos_optimizer_set_gradients(b, 2, other), DOS_E_INVALID);
+  assert_non_null(strstr(dos_last_error(), "phase is open"));
+  assert_int_equal(dos_optimizer_finish_step(b, DOS_VERDICT_SKIP, NULL), DOS_OK);
+  for (int i = 0; i < N; ++i) {
+    ga[i] = gb[1][i] = (float)(0.002 * (i % 11) - 0.01);
+    gb[0][i] = 1e3f;
+  }
+  assert_int_equal(dos_optimizer_step(a, NULL), DOS_OK);
+  assert_int_equal(dos_optimizer_step(b, NULL), DOS_OK);
+  assert_memory_equal(pa, pb, sizeof pa);
+  dos_optimizer_destroy(a);
+  dos_optimizer_destroy(b);
+}
+
 static void test_overlap_bad_calls(void** state) {
   (void)state;
   static float p[N], g[N], buf[N];
@@ -567,6 +620,7 @@ int main(void) {
       cmocka_unit_test(test_bad_options),
       cmocka_unit_test(test_overlap_same_bits),
       cmocka_unit_test(test_overlap_bad_calls),
+      cmocka_unit_test(test_set_gradients),
       cmocka_unit_test(test_async_phase_pauses_workers),
       cmocka_unit_test(test_timeline),
       cmocka_unit_test(test_runtime_for_caller),

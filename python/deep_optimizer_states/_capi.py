@@ -27,7 +27,7 @@ import sysconfig
 import threading
 import time
 
-ABI_VERSION = 6
+ABI_VERSION = 7
 
 DTYPE_CODES = {"fp32": 0, "fp16": 1, "bf16": 2}
 MEMORY_HOST = 0
@@ -312,6 +312,7 @@ def lib():
                 [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
                  ctypes.POINTER(ctypes.c_int64), ctypes.c_size_t],
             ),
+            "dos_optimizer_set_gradients": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]),
         }
         # the version first: a library of another version may lack some of the functions below
         L.dos_c_abi_version.restype, L.dos_c_abi_version.argtypes = ctypes.c_int, []

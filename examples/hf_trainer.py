@@ -121,6 +121,7 @@ def make_optimizer(args, model, clip_in_optimizer=False):
         return DeepOptimizerStates(groups, decoupled=True, policy=args.policy, max_grad_norm=clip,
                                    subgroup_size=int(float(args.subgroup_size)),
                                    overlap=bool(getattr(args, "overlap", False)),
+                                   flat_gradients=not getattr(args, "no_flat_gradients", False),
                                    gpu_update_budget=getattr(args, "gpu_update_budget_bytes", None), **kw)
     if args.optimizer == "adamw-cpu-offload":
         from deep_optimizer_states.zero_offload import ZeroOffloadAdamW
@@ -209,6 +210,10 @@ def parse_args(argv=None):
     ap.add_argument("--gpu-update-budget-gb", type=float, default=0,
                     help="with --optimizer dos: GB of GPU memory the runtime's update phase may hold (0: no limit "
                          "but StarPU's own); beside --gpu-memory-gb, which caps torch's share only")
+    ap.add_argument("--no-flat-gradients", action="store_true",
+                    help="with --optimizer dos: leave the gradients where autograd puts them "
+                         "(DeepOptimizerStates(flat_gradients=False)): no gradient memory between steps; not with "
+                         "--overlap")
     ap.add_argument("--clip-in", choices=["framework", "optimizer"],
                     help="who clips to --max-grad-norm: the Trainer (default) or, with --optimizer dos, the optimizer "
                          "(the default with --overlap; the run to compare an overlapped one with)")
@@ -227,6 +232,9 @@ def parse_args(argv=None):
     if args.clip_in == "framework" and args.overlap and args.optimizer == "dos":
         ap.error("--overlap with --clip-in framework: the Trainer's clip_grad_norm_ rewrites every gradient after "
                  "backward, so every speculative update would be redone; leave --clip-in out")
+    if args.no_flat_gradients and (args.optimizer != "dos" or args.overlap):
+        ap.error("--no-flat-gradients needs --optimizer dos without --overlap (the overlapped update declares "
+                 "gradients final in the optimizer's own buffers)")
     return args
 
 

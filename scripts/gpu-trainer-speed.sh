@@ -12,6 +12,8 @@
 #                      UPDATE_GB on top (dos keeps a gradient buffer of 4 bytes per fp32 parameter from
 #                      construction on, where the recipe's gradients exist from backward to the step:
 #                      under TOTAL_GB - UPDATE_GB the 1.07e9 model ran out of memory in forward)
+#   dos-autograd-grads dos's caps with --no-flat-gradients (the gradients where autograd puts them:
+#                      no gradient memory between steps, as the recipe)
 #   adamw-cpu-offload  --optimizer adamw-cpu-offload: torch capped at TOTAL_GB
 #   adamw              --optimizer adamw (on the GPU): torch capped at TOTAL_GB (expected: out of memory)
 #   adamw-nocap        --optimizer adamw without a cap (the GPU's own speed)
@@ -30,7 +32,7 @@ OUT=${OUT:-$ROOT/gpu-trainer-speed-out}
 mkdir -p "$OUT"
 LAYERS=${LAYERS:-16} HIDDEN=${HIDDEN:-2048} HEADS=${HEADS:-16} SEQ=${SEQ:-512} BATCH=${BATCH:-8}
 STEPS=${STEPS:-20} TOTAL_GB=${TOTAL_GB:-20} UPDATE_GB=${UPDATE_GB:-4} POLICY=${POLICY:-dos} SUBGROUP=${SUBGROUP:-1e8}
-RUNS=${RUNS:-dos dos-samecap adamw-cpu-offload adamw adamw-nocap} SECONDS_PER_RUN=${SECONDS_PER_RUN:-240}
+RUNS=${RUNS:-dos dos-autograd-grads dos-samecap adamw-cpu-offload adamw adamw-nocap} SECONDS_PER_RUN=${SECONDS_PER_RUN:-240}
 [ -f .deps/env.sh ] && . .deps/env.sh
 export DOS_C_LIBRARY=${DOS_C_LIBRARY:-$ROOT/build/libdos_c.so} PYTHONPATH=$ROOT/python${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONUNBUFFERED=1 STARPU_SILENT=1
@@ -42,11 +44,13 @@ for name in $RUNS; do
   case $name in
     dos) extra=(--optimizer dos --gpu-memory-gb "$(python3 -c "print($TOTAL_GB - $UPDATE_GB)")"
                 --gpu-update-budget-gb "$UPDATE_GB") ;;
+    dos-autograd-grads) extra=(--optimizer dos --gpu-memory-gb "$(python3 -c "print($TOTAL_GB - $UPDATE_GB)")"
+                               --gpu-update-budget-gb "$UPDATE_GB" --no-flat-gradients) ;;
     dos-samecap) extra=(--optimizer dos --gpu-memory-gb "$TOTAL_GB" --gpu-update-budget-gb "$UPDATE_GB") ;;
     adamw-cpu-offload) extra=(--optimizer adamw-cpu-offload --gpu-memory-gb "$TOTAL_GB") ;;
     adamw) extra=(--optimizer adamw --gpu-memory-gb "$TOTAL_GB") ;;
     adamw-nocap) extra=(--optimizer adamw) ;;
-    *) echo "RUNS: unknown run '$name' (dos, dos-samecap, adamw-cpu-offload, adamw, adamw-nocap)"; exit 2 ;;
+    *) echo "RUNS: unknown run '$name' (dos, dos-autograd-grads, dos-samecap, adamw-cpu-offload, adamw, adamw-nocap)"; exit 2 ;;
   esac
   echo "== $name: examples/hf_trainer.py ${common[*]} ${extra[*]}"
   rm -f "$OUT/$name.json"  # a run that dies leaves no figures of an earlier call behind
@@ -78,7 +82,7 @@ for name in os.environ["RUNS"].split():
 text = "\n".join(rows)
 b = runs.get("adamw-cpu-offload")
 keys = ("steady_samples_per_second", "train_samples_per_second")
-for name in ("dos", "dos-samecap"):
+for name in ("dos", "dos-autograd-grads", "dos-samecap"):
     a = runs.get(name)
     if a and b and all(a.get(k) and b.get(k) for k in keys):
         text += (f"\n\n{name} against adamw-cpu-offload: steady samples/s {a[keys[0]] / b[keys[0]]:.2f}x"

@@ -19,6 +19,9 @@ micro-batches, 20 optimizer steps, warm-up and cosine schedule, clipping at 1.0,
    LOSS_RTOL_CUDA);
 3. bf16 mixed precision (the Trainer's bf16=True, Lightning's precision="bf16-mixed"), dos and
    adamw: losses that fall by more than 10%, within BF16_RTOL of each other;
+   (hf only) with ``--no-flat-gradients`` (DeepOptimizerStates(flat_gradients=False), the Trainer's
+   gradients left where autograd puts them): the losses and final parameters of 1's dos run, bit for
+   bit on the CPU (within LOSS_RTOL_CUDA on CUDA);
 4. (hf only) the update overlapped with backward (``--overlap``, clipping in the optimizer): the
    losses and final parameters of the run without overlap that clips in the optimizer, bit for bit
    on the CPU (within LOSS_RTOL_CUDA on CUDA), and a resume from its own checkpoint as in 2.
@@ -150,6 +153,19 @@ def test_policy(framework, device, policy, tmp):
         check(a["summary"]["skipped_steps"] == 0, f"{policy}: no step skipped")
     if a:
         check_resume(framework, device, policy, policy, a, d["dos"], d["resumed"])
+    if a and framework == "hf":  # the Trainer's set_to_none path, gradients left where autograd puts them
+        c = run(framework, os.path.join(tmp, f"{framework}-{policy}-autograd"), "dos", policy, device,
+                ["--no-flat-gradients"])
+        if c:
+            la, lc = a["micro_losses"], c["micro_losses"]
+            if cuda:
+                check(len(la) == len(lc) and max(rel_diffs(lc, la)) <= LOSS_RTOL_CUDA,
+                      f"{policy} --no-flat-gradients: losses within {LOSS_RTOL_CUDA:g} of the flat buffers' "
+                      f"({sum(x == y for x, y in zip(la, lc))} of {len(la)} equal bit for bit)")
+            else:
+                check(la == lc and a["final_params_sha256"] == c["final_params_sha256"],
+                      f"{policy} --no-flat-gradients: the losses and final parameters of the flat buffers' run, "
+                      "bit for bit")
     flag = ["--bf16"] if framework == "hf" else ["--precision", "bf16-mixed"]
     a16 = run(framework, d["dos16"], "dos", policy, device, flag)
     b16 = run(framework, d["adamw16"], "adamw", policy, device, flag)

@@ -21,6 +21,11 @@ GPU or the runtime has no CUDA worker.
 3. caller_cores: the automatic CPU threads with caller_cores=1 are one fewer than with 0, and an
    overlap=True optimizer starting the runtime gets the same (each in a process of its own); a
    negative or non-integer caller_cores refused.
+4. flat_gradients=False (the gradients left where autograd puts them, their addresses handed to
+   the runtime at each step): the same bits as flat_gradients=True through a framework's flow
+   (model.zero_grad(set_to_none=True) and in place, 3 micro-batches, clip_grad_norm_, a scheduler),
+   with the optimizer's own clipping and a NaN step, and with the next forward overlapped; a step
+   copies no gradient (each p.grad keeps its storage); non-bool values and overlap=True refused.
 """
 
 import json
@@ -38,8 +43,8 @@ except ImportError:
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import deep_optimizer_states as dos  # noqa: E402
-from test_pytorch import (batch, check, expect_error, main, make_model, make_opt, same_snapshot,  # noqa: E402
-                          snapshot, tiny_args, train_gpt, train_steps)
+from test_pytorch import (batch, check, expect_error, frame_run, main, make_model, make_opt,  # noqa: E402
+                          same_snapshot, snapshot, tiny_args, train_gpt, train_steps)
 
 
 def test_gpu_budgets(device, policy):
@@ -193,5 +198,61 @@ def test_timeline(device, policy):
             check(e.code == 2, f"--timeline-steps {bad} refused (exit 2)")
 
 
+def test_flat_gradients(device, policy):
+    """flat_gradients=False: the same bits as True; no copy at step; bad values refused."""
+    expect_error(ValueError, "flat_gradients", lambda: make_opt(make_model(device, torch.float32), policy,
+                                                               flat_gradients=1), "flat_gradients=1")
+    expect_error(ValueError, "needs flat_gradients=True",
+                 lambda: make_opt(make_model(device, torch.float32), policy, flat_gradients=False, overlap=True),
+                 "overlap=True with flat_gradients=False")
+    for set_to_none in (True, False):
+        runs = [frame_run("dos-adamw", device, policy, set_to_none=set_to_none, steps=6,
+                          opt_kw=dict(flat_gradients=flat)) for flat in (True, False)]
+        (la, _, na, ma, oa, _), (lb, _, nb, mb, ob, _) = runs
+        check(la == lb and na == nb and same_snapshot(snapshot(ma, oa), snapshot(mb, ob)),
+              f"flat_gradients=False, model.zero_grad(set_to_none={set_to_none}), 3 micro-batches, clip_grad_norm_, "
+              "a scheduler: the same bits as True")
+        oa.close(), ob.close()
+
+    # the optimizer's own clipping (active) and a NaN step; then the next forward overlapped
+    snaps = []
+    for flat in (True, False):
+        m = make_model(device, torch.bfloat16)
+        o = make_opt(m, policy, flat_gradients=flat)
+        losses = train_steps(m, o, range(1, 3), device)
+        x, y = batch(3, device)
+        loss = torch.nn.functional.cross_entropy(m(x).float().reshape(-1, 50), y.reshape(-1))
+        loss.backward()
+        ptrs = [p.grad.data_ptr() for p in m.parameters()]
+        o.step()
+        losses.append(float(loss))
+        kept = ptrs == [p.grad.data_ptr() for p in m.parameters()]
+        o.zero_grad()
+        x, y = batch(4, device)
+        torch.nn.functional.cross_entropy(m(x).float().reshape(-1, 50), y.reshape(-1)).backward()
+        next(m.parameters()).grad.view(-1)[0] = float("nan")
+        o.step()
+        skipped = o.last_step["skipped"]
+        o.zero_grad(set_to_none=True)
+        before = [p.grad for p in m.parameters()]
+        o.overlap_forward(m)
+        for s in range(5, 8):
+            x, y = batch(s, device)
+            loss = torch.nn.functional.cross_entropy(m(x).float().reshape(-1, 50), y.reshape(-1))
+            loss.backward()
+            o.step()
+            losses.append(float(loss))
+            o.zero_grad(set_to_none=True)
+        o.wait()
+        snaps.append((losses, skipped, snapshot(m, o)))
+        if not flat:
+            check(kept and all(g is None for g in before), "flat_gradients=False: a step copies no gradient (each "
+                  "p.grad keeps its storage until the step returns)")
+        o.close()
+    (la, sa, pa), (lb, sb, pb) = snaps
+    check(la == lb and sa and sb and same_snapshot(pa, pb),
+          "flat_gradients=False with max_grad_norm, a NaN step and the next forward overlapped: the same bits as True")
+
+
 if __name__ == "__main__":
-    sys.exit(main([test_gpu_budgets, test_timeline, test_caller_cores]))
+    sys.exit(main([test_gpu_budgets, test_timeline, test_caller_cores, test_flat_gradients]))

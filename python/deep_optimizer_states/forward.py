@@ -171,6 +171,7 @@ class _ForwardOverlap:
                 st = _capi.StepStats()
                 ret = L.dos_optimizer_wait_step(b.handle, ctypes.byref(st))
                 b.running = False
+                b.held_grads = []  # (flat_gradients=False) the phase no longer reads them
                 if ret != 0 and failure is None:
                     failure = (ret, b)
                 elif ret == 0:
@@ -221,6 +222,10 @@ class _ForwardOverlap:
         for b in self._buckets:
             if not b.grads_cleared:
                 continue
+            if not self.flat_gradients:
+                for p in b.params:
+                    if p.grad is None:
+                        p.grad = torch.zeros_like(p)
             for p, v in zip(b.params, b.views):
                 if p.grad is None:
                     v.zero_()

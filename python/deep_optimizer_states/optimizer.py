@@ -58,8 +58,10 @@ class _Bucket:
         self.numels = []
         self.ptrs = []      # data_ptr() of each parameter at creation
         self.param_versions = []  # each parameter's _version when the runtime's masters last matched it
-        self.flat_grad = None
+        self.flat_grad = None  # None with flat_gradients=False
         self.views = []     # views of flat_grad shaped like each parameter
+        self.grad_ptrs = None  # flat_gradients=False: the gradient pointers the runtime reads now
+        self.held_grads = []  # flat_gradients=False: the gradients a phase left running still reads
         self.handle = None  # ctypes.c_void_p of the C optimizer
         self.hyper = None   # the hyper-parameters the runtime holds now
         self.subgroup_sizes = []
@@ -161,6 +163,14 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _State, _Timeline, torch.op
         that ``scripts/setup.sh`` builds (device buffers from CUDA's stream-ordered allocator); with
         a site's own StarPU, each device buffer StarPU frees waits for the whole GPU: measure both.
         With ``overlap=True`` the thread that runs backward keeps a core of its own (``caller_cores``).
+      flat_gradients (bool): True (the default): the optimizer keeps one gradient buffer per
+        bucket from construction on and points each ``p.grad`` at its view of it (see "Memory"),
+        which the overlapped update needs. False: the gradients stay where autograd puts them
+        (allocated at each backward after ``zero_grad(set_to_none=True)``, freed by the next) and
+        each :meth:`step` hands their addresses to the runtime, so that no gradient memory lives
+        between steps, as with ``torch.optim``: under the Hugging Face Trainer, 4 bytes per fp32
+        parameter less GPU memory during forward. Not with ``overlap=True`` (``ValueError``). The
+        same bits either way.
       urgent_writeback (bool): the parameters of the subgroups updated on the CPU go back to the
         model (a task of the CUDA worker when the model is on the GPU) ahead of the tasks already
         queued there, instead of behind every streamed subgroup's update. For
@@ -245,7 +255,7 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _State, _Timeline, torch.op
                  subgroup_size=100_000_000, policy=None, max_grad_norm=None, skip_nonfinite=True,
                  cpu_threads=0, cpu_workers=0, ncuda=-1, verbose=False, overlap=False, speculation_budget=None,
                  speculate_streamed=True, urgent_writeback=False, gpu_update_budget=None, gpu_resident_budget=None,
-                 timeline=False, caller_cores=None):
+                 timeline=False, caller_cores=None, flat_gradients=True):
         if weight_decay is None:
             weight_decay = 1e-2 if decoupled else 0.0
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, decoupled=bool(decoupled))
@@ -278,9 +288,15 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _State, _Timeline, torch.op
                                        ("gpu_resident_budget", gpu_resident_budget, 0, 2 ** 63 - 1)):
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high):
                 raise ValueError(f"{name} must be None or an integer in [{low}, {high}] (bytes), got {value!r}")
-        for name, value in (("speculate_streamed", speculate_streamed), ("urgent_writeback", urgent_writeback)):
+        for name, value in (("speculate_streamed", speculate_streamed), ("urgent_writeback", urgent_writeback),
+                            ("flat_gradients", flat_gradients)):
             if not isinstance(value, bool):
                 raise ValueError(f"{name} must be True or False, got {value!r}")
+        if overlap and not flat_gradients:
+            raise ValueError("overlap=True needs flat_gradients=True: the overlapped update declares gradients final "
+                             "in the optimizer's own buffers while backward runs")
+        #: Whether the optimizer keeps its own gradient buffers (bool, ``flat_gradients`` as given).
+        self.flat_gradients = flat_gradients
         self.speculation_budget = speculation_budget
         self.speculate_streamed = speculate_streamed
         self.urgent_writeback = urgent_writeback
@@ -305,7 +321,7 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _State, _Timeline, torch.op
         #: Whether the update overlaps backward (bool): ``overlap`` as given, False where this torch
         #: has no hook for it.
         self.overlap = bool(overlap) and self._install_hooks()
-        if not self.overlap:
+        if not self.overlap and self.flat_gradients:
             self._install_hooks(adopt_only=True)  # gradients moved into the flat buffers as they come
         if self.overlap and _rt.leaves_no_caller_core(self.runtime):
             warnings.warn("overlap=True: the runtime was started leaving no core to this process's threads "
@@ -407,22 +423,27 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _State, _Timeline, torch.op
             for b in buckets.values():
                 if b.num_params == 0:
                     continue  # nothing to update (a group of empty tensors)
-                b.flat_grad = torch.zeros(b.num_params, dtype=b.dtype, device=b.device)
                 off = 0
-                for p, shape, n in zip(b.params, b.shapes, b.numels):
-                    v = b.flat_grad.narrow(0, off, n).view(shape)
-                    b.views.append(v)
+                for n in b.numels:
                     b.offsets.append(off)
                     off += n
-                    # a parameter without a gradient keeps none (as with torch.optim, a step before any
-                    # backward then changes nothing); step() points p.grad at its view once it has one
-                    if p.grad is not None and p.grad.layout == torch.strided and p.grad.shape == p.shape \
-                            and p.grad.dtype == p.dtype:
-                        v.copy_(p.grad)
-                        p.grad = v
+                if self.flat_gradients:
+                    b.flat_grad = torch.zeros(b.num_params, dtype=b.dtype, device=b.device)
+                    for p, shape, off, n in zip(b.params, b.shapes, b.offsets, b.numels):
+                        v = b.flat_grad.narrow(0, off, n).view(shape)
+                        b.views.append(v)
+                        # a parameter without a gradient keeps none (as with torch.optim, a step before any
+                        # backward then changes nothing); step() points p.grad at its view once it has one
+                        if p.grad is not None and p.grad.layout == torch.strided and p.grad.shape == p.shape \
+                                and p.grad.dtype == p.dtype:
+                            v.copy_(p.grad)
+                            p.grad = v
                 nt = len(b.params)
                 params = (ctypes.c_void_p * nt)(*[p.data_ptr() for p in b.params])
-                grads = (ctypes.c_void_p * nt)(*[v.data_ptr() for v in b.views])
+                # without flat buffers the runtime is told each step's gradients at step(); until then
+                # it holds the parameters' own addresses, which it never reads as gradients
+                grads = (ctypes.c_void_p * nt)(*[v.data_ptr() for v in b.views] if self.flat_gradients
+                                               else [p.data_ptr() for p in b.params])
                 numels = (ctypes.c_size_t * nt)(*b.numels)
                 if b.device.type == "cuda":
                     torch.cuda.synchronize(b.device)  # the runtime reads the parameters on its own streams
@@ -505,10 +526,27 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _State, _Timeline, torch.op
         off on torch 1.13's CPU), then over parameters in fp64. One synchronisation per bucket."""
         sq = 0.0
         for b in self._buckets:
-            norms = [torch.linalg.vector_norm(v, 2, dtype=dtype) for v in b.views if v.numel() > 0]
+            norms = [torch.linalg.vector_norm(v, 2, dtype=dtype) for v in self._grads(b) if v.numel() > 0]
             if norms:
                 sq += float(torch.stack(norms).double().pow(2).sum())
         return math.sqrt(sq)
+
+    def _grads(self, b):
+        """The gradients of bucket ``b`` the runtime reads: the views of its flat buffer, or
+        (``flat_gradients=False``) the parameters' ``.grad``."""
+        return b.views if self.flat_gradients else [p.grad for p in b.params]
+
+    def _hand_over_gradients(self, b):
+        """``flat_gradients=False``: tells the runtime where the gradients of ``b`` are now (when
+        they moved since it was last told). Raises :class:`DosError` as the C call does."""
+        ptrs = [p.grad.data_ptr() if n else p.data_ptr() for p, n in zip(b.params, b.numels)]
+        if ptrs != b.grad_ptrs:
+            arr = (ctypes.c_void_p * len(ptrs))(*ptrs)
+            self._runtime_call(_capi.lib().dos_optimizer_set_gradients(b.handle, len(ptrs), arr),
+                               f"handing the gradients of {b.describe()} to the runtime")
+            b.grad_ptrs = ptrs
+        if self._forward_overlap:  # a phase left running reads them after step() returns
+            b.held_grads = [p.grad for p in b.params]
 
     @torch.no_grad()
     def step(self, closure=None, grad_scale=None):
@@ -605,8 +643,14 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _State, _Timeline, torch.op
                 if b.changed is None and (g.data_ptr() != v.data_ptr() or g.stride() != v.stride()):
                     b.changed = f"the gradient of parameter {b.indices[j]} was replaced after it was declared final"
 
-        # gradients into the flat buffers (a no-op where backward accumulated into them already)
+        # gradients into the flat buffers (a no-op where backward accumulated into them already), or
+        # without them, contiguous where autograd put them
         for b in self._buckets:
+            if not self.flat_gradients:
+                for p in b.params:
+                    if not p.grad.is_contiguous():
+                        p.grad = p.grad.contiguous()
+                continue
             for p, v in zip(b.params, b.views):
                 g = p.grad
                 if g.data_ptr() != v.data_ptr() or g.stride() != v.stride():
@@ -619,7 +663,7 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _State, _Timeline, torch.op
         if self.max_grad_norm is not None or self.skip_nonfinite:
             total = self._global_norm(torch.float32)
             if not math.isfinite(total):
-                nonfinite = any(not bool(torch.isfinite(b.flat_grad).all()) for b in self._buckets)
+                nonfinite = any(not bool(torch.isfinite(g).all()) for b in self._buckets for g in self._grads(b))
                 if nonfinite:
                     skipped = self.skip_nonfinite
                 else:  # finite gradients whose squares overflow fp32
@@ -642,7 +686,8 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _State, _Timeline, torch.op
             mult = clip / grad_scale if grad_scale is not None else clip
             if mult != 1.0:
                 for b in self._buckets:
-                    b.flat_grad.mul_(mult)
+                    for g in ([b.flat_grad] if self.flat_gradients else self._grads(b)):
+                        g.mul_(mult)
                     if b.open and b.changed is None:
                         b.changed = ("this optimizer scaled the gradients after they were declared final "
                                      + ("(clipping to max_grad_norm)" if clip != 1.0 else "(grad_scale)"))
@@ -666,6 +711,9 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _State, _Timeline, torch.op
                         self._finish(b, _capi.VERDICT_SKIP)
                         b.changed = "a parameter was written in place after the gradients were declared final"
                     self._sync_masters(b)
+            if not self.flat_gradients:
+                for b in self._buckets:
+                    self._hand_over_gradients(b)
             for k, b in enumerate(self._buckets):
                 if self._forward_overlap:  # the phase runs on into the next forward (overlap_forward)
                     v = _capi.VERDICT_CHANGED if b.open and b.changed is not None else _capi.VERDICT_KEEP
@@ -716,6 +764,10 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _State, _Timeline, torch.op
             if to_none:
                 for p in b.params:
                     p.grad = None
+            elif not self.flat_gradients:
+                for p in b.params:
+                    if p.grad is not None:
+                        p.grad.zero_()
             else:
                 b.flat_grad.zero_()
                 for p, v in zip(b.params, b.views):

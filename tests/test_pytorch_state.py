@@ -21,12 +21,19 @@ GPU or a runtime without a CUDA worker.
    written parameters. A model checkpoint and its optimizer checkpoint loaded in either order resume
    the same bits as an uninterrupted run (the masters keep the bits a bf16 parameter cannot hold).
    A write through ``p.data`` (which torch does not count) followed by ``refresh_masters()``: the
-   same bits as the counted write.
+   same bits as the counted write. A write after the last step, then both checkpoints saved: the
+   optimizer's holds the written masters, and either load order resumes the run that went on.
+3. What frameworks wrap around the optimizer: under DistributedDataParallel with
+   ``gradient_as_bucket_view=True`` (gloo, one rank, on the CPU only), the gradients stay DDP's
+   views and the steps are the same bits as without DDP; with the next forward overlapped,
+   ``model.zero_grad(set_to_none=True)`` then backward leaves every gradient in the optimizer's flat
+   buffer; a state loaded with step counts 0 is saved with its masters (not as a fresh, empty one).
 """
 
 import copy
 import os
 import sys
+import tempfile
 
 try:
     import torch
@@ -35,7 +42,8 @@ except ImportError:
     sys.exit(77)
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_pytorch import (PARAM_RTOL, check, expect_error, main, make_model, make_opt,  # noqa: E402
+import deep_optimizer_states as dos  # noqa: E402
+from test_pytorch import (PARAM_RTOL, batch, check, expect_error, main, make_model, make_opt,  # noqa: E402
                           same_snapshot, snapshot, train_steps)
 
 
@@ -153,9 +161,101 @@ def test_params_written(device, policy):
         check(lc == lref and same_snapshot(snapshot(ma, oa), snapshot(mc, oc)),
               f"bf16 resumed with the {order}: the same bits as the run that went on")
         oc.close()
-    for x in (oa, ob):
+    # a write after the last step, then both checkpoints: the optimizer's holds the written masters
+    me, ms = make_model(device, torch.bfloat16), make_model(device, torch.bfloat16)
+    oe, os_ = make_opt(me, policy), make_opt(ms, policy)
+    train_steps(me, oe, range(1, 3), device)
+    train_steps(ms, os_, range(1, 3), device)
+    halve(me), halve(ms)
+    sd_model, sd_opt = copy.deepcopy(ms.state_dict()), os_.state_dict()
+    lref = train_steps(me, oe, range(3, 5), device)
+    for order in ("model first", "optimizer first"):
+        mc = make_model(device, torch.bfloat16, seed=29)
+        oc = make_opt(mc, policy)
+        if order == "model first":
+            mc.load_state_dict(sd_model)
+            oc.load_state_dict(sd_opt)
+        else:
+            oc.load_state_dict(sd_opt)
+            mc.load_state_dict(sd_model)
+        lc = train_steps(mc, oc, range(3, 5), device)
+        check(lc == lref and same_snapshot(snapshot(me, oe), snapshot(mc, oc)),
+              f"bf16 halved after the last step, both checkpoints saved, resumed with the {order}: the same bits as "
+              "the run that went on")
+        oc.close()
+    for x in (oa, ob, oe, os_):
         x.close()
 
 
+def test_framework_wrappers(device, policy):
+    """DDP's bucket views, the next forward overlapped with set_to_none, a state loaded at step 0."""
+    import torch.distributed as dist
+    if device != "cpu" or not (dist.is_available() and dist.is_gloo_available()):
+        print("skipped: DistributedDataParallel over gloo is checked on the CPU only")
+    else:
+        with tempfile.TemporaryDirectory() as tmp:
+            dist.init_process_group("gloo", init_method="file://" + os.path.join(tmp, "pg"), rank=0, world_size=1)
+            try:
+                runs, error = [], None
+                for wrap in (False, True):
+                    m = make_model(device, torch.float32)
+                    net = torch.nn.parallel.DistributedDataParallel(m, gradient_as_bucket_view=True) if wrap else m
+                    o = make_opt(m, policy)  # built after DDP, as Lightning's strategy does
+                    losses, views = [], True
+                    try:
+                        for st in range(1, 5):
+                            net.zero_grad(set_to_none=st % 2 == 1)
+                            x, y = batch(st, device)
+                            loss = torch.nn.functional.cross_entropy(net(x).float().reshape(-1, 50), y.reshape(-1))
+                            loss.backward()
+                            views = views and all(p.grad._base is not None for p in m.parameters())
+                            o.step()
+                            losses.append(float(loss))
+                    except RuntimeError as e:  # DDP refuses a gradient moved out of its bucket
+                        error = str(e).splitlines()[0][:120]
+                    runs.append((losses, views, snapshot(m, o)))
+                    o.close()
+                (la, _, sa), (lb, vb, sb) = runs
+                check(error is None and vb and la == lb and same_snapshot(sa, sb),
+                      "DistributedDataParallel(gradient_as_bucket_view=True), one rank: the gradients stay DDP's views "
+                      f"and 4 steps give the same bits as without DDP ({error or 'no error'})")
+            finally:
+                dist.destroy_process_group()
+
+    # the next forward overlapped, model.zero_grad(set_to_none=True): backward's gradients land in the buffer
+    m = make_model(device, torch.float32)
+    o = make_opt(m, policy)
+    o.overlap_forward(m)
+    inside = []
+    for st in range(1, 4):
+        m.zero_grad(set_to_none=True)
+        x, y = batch(st, device)
+        torch.nn.functional.cross_entropy(m(x).float().reshape(-1, 50), y.reshape(-1)).backward()
+        spans = [(b.flat_grad.data_ptr(), b.flat_grad.data_ptr() + b.flat_grad.numel() * b.flat_grad.element_size())
+                 for b in o._buckets]
+        inside.append(all(any(lo <= p.grad.data_ptr() < hi for lo, hi in spans) for p in m.parameters()))
+        o.step()
+    o.wait()
+    if dos.overlap._grad_hook_kind() is not None:
+        check(all(inside), f"the next forward overlapped, model.zero_grad(set_to_none=True): after each backward every "
+              f"gradient lies in the optimizer's flat buffers ({inside})")
+    o.close()
+
+    # a state loaded with step counts 0 keeps its masters in the next state dict
+    m = make_model(device, torch.bfloat16)
+    o = make_opt(m, policy)
+    twin = make_opt(make_model(device, torch.bfloat16), policy)
+    sd = copy.deepcopy(twin.state_dict())
+    for i, p in enumerate(pp for g in o.param_groups for pp in g["params"]):
+        sd["state"][i] = {"master": p.detach().float().cpu() + 1e-4, "exp_avg": torch.zeros(p.shape),
+                          "exp_avg_sq": torch.zeros(p.shape)}
+    o.load_state_dict(sd)
+    again = o.state_dict()
+    check(len(again["state"]) == len(sd["state"]) and all(torch.equal(again["state"][i]["master"], sd["state"][i]["master"])
+                                                          for i in sd["state"]),
+          "a state loaded with step counts 0: the next state dict holds its masters")
+    o.close(), twin.close()
+
+
 if __name__ == "__main__":
-    sys.exit(main([test_fresh_state_dict, test_params_written]))
+    sys.exit(main([test_fresh_state_dict, test_params_written, test_framework_wrappers]))

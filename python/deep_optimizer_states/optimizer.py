@@ -89,8 +89,8 @@ class _Bucket:
         self.param_versions = [p._version for p in self.params]
 
     def params_written(self):
-        """Whether a parameter was written in place (``model.load_state_dict``, ``p.copy_``, a
-        collective's broadcast, ...) since :meth:`note_param_versions`."""
+        """Whether a parameter was written in place in a way torch counts (``model.load_state_dict``,
+        ``p.copy_`` under ``torch.no_grad()``, ...) since :meth:`note_param_versions`."""
         return any(p._version != v for p, v in zip(self.params, self.param_versions))
 
     def describe(self):
@@ -267,6 +267,7 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _State, _Timeline, torch.op
         # them before Lightning 2) must not free them when it is dropped
         self._owner_id = id(self)
         self._broken = None
+        self._state_loaded = False  # load_state_dict took a state with tensors (see _State._pristine)
         self._hook_handles = []
         self._forward_handles = []  # overlap_forward's hooks
         self._forward_overlap = False
@@ -709,7 +710,7 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _State, _Timeline, torch.op
                 if b.params_written():  # the update starts from the parameters as they are now
                     if b.open:  # speculated from the old masters: dropped, the step runs whole
                         self._finish(b, _capi.VERDICT_SKIP)
-                        b.changed = "a parameter was written in place after the gradients were declared final"
+                        b.changed = b.changed or "a parameter was written in place after the gradients were declared final"
                     self._sync_masters(b)
             if not self.flat_gradients:
                 for b in self._buckets:
@@ -752,7 +753,8 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _State, _Timeline, torch.op
         view, so that the next backward accumulates into them and :meth:`step` copies nothing (a
         ``p.grad`` that is None stays None, as with ``torch.optim``). With
         ``set_to_none=True`` every ``p.grad`` becomes None (backward then allocates new gradients,
-        which :meth:`step` copies into the buffers). With ``overlap=True``, updates speculated
+        which a hook moves into the buffers as they come, or :meth:`step` where torch has no hook).
+        With ``flat_gradients=False`` the gradients are zeroed where they are. With ``overlap=True``, updates speculated
         since the last step are dropped (nothing is updated)."""
         self._drop_open_phases()  # a backward's gradients are discarded: nothing speculated is kept
         # a phase left running (overlap_forward) may still read the flat buffers: not zeroed in place

@@ -94,16 +94,21 @@ class _Overlap:
         ``b``); one it allocated anew (after ``zero_grad(set_to_none=True)``, the Hugging Face
         Trainer's and torch 2's default) is copied into the flat buffer at once and ``p.grad`` pointed
         at the buffer's view, so that a model's gradients do not exist twice on the device until
-        :meth:`step` (the same copy step() makes; the same bits). Leaves a gradient it cannot read in
-        place, and every gradient while a phase left running (overlap_forward) may read the buffer,
-        to step()."""
-        if self._closed or self._broken or b.running:
+        :meth:`step` (the same copy step() makes; the same bits). A phase the last step left running
+        (overlap_forward) is waited for first. Leaves a gradient it cannot read in place, and one
+        that is a view of another buffer (``DistributedDataParallel(gradient_as_bucket_view=True)``
+        points ``p.grad`` at its bucket and checks it is still there), to step()."""
+        if self._closed or self._broken:
             return
+        if b.running:
+            self.wait()  # a phase the last step left running (overlap_forward) ends before the buffer is written
         g = p.grad
         if not self._readable_in_place(b, j, g):
             return
         v = b.views[j]
         if g.data_ptr() != v.data_ptr() or g.stride() != v.stride():
+            if g._base is not None:
+                return  # a view of another's buffer (DDP's gradient_as_bucket_view): theirs; step() copies it
             v.copy_(g)
             p.grad = v
 

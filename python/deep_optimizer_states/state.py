@@ -60,17 +60,22 @@ class _State:
 
     def _params_as_masters(self, b):
         """Bucket ``b``'s parameters as they are now, as one flat fp32 host tensor (the masters they
-        stand for)."""
-        return torch.cat([p.detach().reshape(-1).float().cpu() for p in b.params]).contiguous()
+        stand for): each copied to the host in its own dtype and converted there, so that no fp32
+        copy is made on the device."""
+        out = torch.empty(b.num_params, dtype=torch.float32)
+        for p, off, n in zip(b.params, b.offsets, b.numels):
+            if n:
+                out.narrow(0, off, n).copy_(p.detach().reshape(-1).cpu())
+        return out
 
     def refresh_masters(self):
         """Takes the fp32 masters from the parameters now, by the rule the optimizer applies by itself
         to parameters written in place (see :meth:`_sync_masters`): for writes torch does not count
         in a parameter's version counter, such as ``p.data.copy_(...)`` or a collective writing
         into the parameter's memory, which the optimizer cannot see. The moments and step counts
-        stay. Drops the updates speculated since the last step (``overlap=True``). Costs 16 bytes
-        of host memory per parameter, for the moment. Raises ``RuntimeError`` after
-        :meth:`close`."""
+        stay. Drops the updates speculated since the last step (``overlap=True``). Costs 4 bytes of
+        host memory per parameter, and 12 more where a master changes, for the moment. Raises
+        ``RuntimeError`` after :meth:`close`."""
         self._check_open()
         self.wait()
         self._drop_open_phases()
@@ -78,28 +83,43 @@ class _State:
             self._sync_masters(b, force=True)
 
     def _sync_masters(self, b, force=False):
-        """Takes bucket ``b``'s fp32 masters from its parameters when one was written in place since
+        """Takes bucket ``b``'s fp32 masters from its parameters where one was written in place since
         the runtime last matched them (``model.load_state_dict`` after the optimizer was built,
-        ``p.copy_``; or always with ``force``): the parameters are what the update starts from, as
-        with ``torch.optim``. Element by element: where a parameter still holds its master rounded
-        to its dtype (round to nearest even, as the runtime writes it) the master stays, with the
-        bits a 16-bit parameter cannot hold (so that loading a model checkpoint and its optimizer
-        checkpoint in either order resumes the same); elsewhere the master becomes the parameter's
-        value. The moments and step counts stay. No phase may be open. Returns True when it took
-        them. Costs 16 bytes of host memory per parameter of the bucket, for the moment. ``force``:
-        whether or not a write was seen."""
-        if not (force or b.params_written()):
+        ``p.copy_`` under ``torch.no_grad()``; every parameter with ``force``): the parameters are
+        what the update starts from, as with ``torch.optim``. Element by element, over the
+        parameters written only: where a parameter still holds its master rounded to its dtype
+        (round to nearest even, as the runtime writes it) the master stays, with the bits a 16-bit
+        parameter cannot hold (so that loading a model checkpoint and its optimizer checkpoint in
+        either order resumes the same); elsewhere the master becomes the parameter's value. The
+        moments and step counts stay; nothing is loaded when no master changes. No phase may be
+        open. Returns True when masters changed. Costs 4 bytes of host memory per parameter of the
+        bucket (its masters read), and 12 more when a master changes (the state reloaded), for the
+        moment."""
+        written = [j for j, (p, v) in enumerate(zip(b.params, b.param_versions))
+                   if b.numels[j] and (force or p._version != v)]
+        if not written:
             return False
-        now = self._params_as_masters(b)
         master = self._read_state(b, 0)
-        master = torch.where(now == master.to(b.dtype).float(), master, now)
-        self._load_bucket(b, master, self._read_state(b, 1), self._read_state(b, 2), self._bucket_steps(b))
-        return True
+        changed = False
+        for j in written:
+            seg = master.narrow(0, b.offsets[j], b.numels[j])
+            now = b.params[j].detach().reshape(-1).cpu().float()
+            differs = now != seg.to(b.dtype).float()
+            if bool(differs.any()):
+                seg[differs] = now[differs]
+                changed = True
+        if changed:
+            self._load_bucket(b, master, self._read_state(b, 1), self._read_state(b, 2), self._bucket_steps(b))
+        else:
+            b.note_param_versions()
+        return changed
 
     def _pristine(self):
-        """Whether nothing has been updated yet: no step taken (skipped ones change nothing), every
-        subgroup at step 0."""
-        return self.steps_taken == 0 and all(s == 0 for bs in self.subgroup_steps() for s in bs)
+        """Whether nothing has been updated or loaded yet: no step taken (skipped ones change
+        nothing), every subgroup at step 0, and no state loaded since construction or the last fresh
+        one (a state loaded with step counts 0 may carry masters that are not the parameters)."""
+        return self.steps_taken == 0 and not self._state_loaded and \
+            all(s == 0 for bs in self.subgroup_steps() for s in bs)
 
     def state_dict(self):
         """The whole optimizer state, as torch tensors in host memory (a dict that ``torch.save``
@@ -114,8 +134,9 @@ class _State:
           ``subgroup_steps``: each subgroup's step count), ``steps_taken`` and ``skipped_steps``.
 
         The tensors of one bucket are views of one flat tensor (saved once by ``torch.save``).
-        Costs 12 bytes of host memory per parameter. Before anything has been updated (no step
-        taken; skipped ones change nothing) ``"state"`` is empty, as ``torch.optim``'s is: the moments are zero and
+        Costs 12 bytes of host memory per parameter. The masters saved follow the parameters
+        written in place since the last step, as the next step's would. Before anything has been
+        updated or loaded (no step taken; skipped ones change nothing) ``"state"`` is empty, as ``torch.optim``'s is: the moments are zero and
         the masters are the parameters (frameworks that move an optimizer's state to the GPU and
         back when they prepare it, as ``accelerate`` does under the Hugging Face Trainer, then move
         nothing). Raises ``RuntimeError`` after :meth:`close`.
@@ -138,6 +159,7 @@ class _State:
         fresh = self._pristine()
         for b, bsteps in zip(self._buckets, steps):
             if not fresh:
+                self._sync_masters(b)  # a parameter written since the last step is saved as written
                 parts = {name: self._read_state(b, which)
                          for which, name in ((0, "master"), (1, "exp_avg"), (2, "exp_avg_sq"))}
                 off = 0
@@ -179,7 +201,7 @@ class _State:
 
         An empty ``"state"`` (the state dict of an optimizer that had updated nothing, every step
         count 0) means a fresh state, as for ``torch.optim``: zero moments, step counts 0, the
-        masters taken from the parameters as they are; the parameters are not written.
+        masters taken from the parameters as they are (which keep their values).
         """
         self._check_open()
         self.wait()
@@ -258,16 +280,20 @@ class _State:
             merged.update({k: v for k, v in g.items() if k != "params"})
             self._group_hyper(gi, merged)
 
+        # a fresh state into an optimizer that has updated (or loaded) something: the parameters as
+        # masters, taken before anything changes (zero moments and steps)
+        reset = fresh and not self._pristine()
+        if reset:
+            flat = [(dict(master=self._params_as_masters(b), exp_avg=torch.zeros(b.num_params),
+                          exp_avg_sq=torch.zeros(b.num_params)), [0] * len(b.subgroup_sizes)) for b in self._buckets]
+
         # everything checked: apply
-        pristine = fresh and self._pristine()
         for b, loaded in zip(self._buckets, flat):
             if loaded is not None:
                 self._load_bucket(b, loaded[0]["master"], loaded[0]["exp_avg"], loaded[0]["exp_avg_sq"], loaded[1])
-            elif not pristine:  # a fresh state into an optimizer that has updated: zero moments and steps
-                zeros = torch.zeros(b.num_params, dtype=torch.float32)
-                self._load_bucket(b, self._params_as_masters(b), zeros, zeros, [0] * len(b.subgroup_sizes))
             # (into an optimizer that has updated nothing, a fresh state changes nothing: its
             # masters are taken from the parameters at the next step when they were written since)
+        self._state_loaded = not fresh
         for gi, g in enumerate(groups):
             for k, v in g.items():
                 if k != "params":

@@ -51,7 +51,6 @@ parameters differ from its rounded fp32 master parameters; 2 for bad arguments.
 import argparse
 import json
 import math
-import os
 import statistics
 import sys
 import time

@@ -33,6 +33,7 @@ import torch
 from . import _capi
 from . import runtime as _rt
 from .forward import _ForwardOverlap
+from .gradients import _describe, _Gradients
 from .overlap import _VERDICT_NAMES, _Overlap
 from .state import _MAX_COUNT, STATE_FORMAT, _State  # noqa: F401 (STATE_FORMAT: re-exported)
 from .timeline import _Timeline
@@ -41,10 +42,6 @@ _DTYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 #: The largest float32 (the runtime computes in fp32: a larger lr, eps or weight decay overflows).
 _FLT_MAX = 3.4028234663852886e38
 _UNSUPPORTED = ("amsgrad", "maximize", "capturable", "differentiable", "fused")
-def _describe(index, p):
-    return f"parameter {index} (shape {tuple(p.shape)}, {p.dtype}, {p.device})"
-
-
 class _Bucket:
     """The parameters of one param group with one dtype and one device: one runtime optimizer."""
 
@@ -106,7 +103,7 @@ class _Bucket:
         self.seen_version = None
 
 
-class DeepOptimizerStates(_Overlap, _ForwardOverlap, _State, _Timeline, torch.optim.Optimizer):
+class DeepOptimizerStates(_Overlap, _ForwardOverlap, _Gradients, _State, _Timeline, torch.optim.Optimizer):
     """Adam/AdamW with the optimizer state offloaded to pinned host memory and each subgroup's update
     placed on the CPU or streamed through the GPU by the runtime's scheduling policy.
 
@@ -489,66 +486,6 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _State, _Timeline, torch.op
             raise RuntimeError(f"a previous step failed ({self._broken}): the optimizer state may be inconsistent; "
                                "create a new optimizer (and load a checkpoint)")
 
-    def _check_params(self):
-        """Raises (changing nothing) when a parameter or its gradient no longer fits the runtime's view.
-        Returns False when no parameter has a gradient (nothing to do, as for torch.optim), else True."""
-        if all(p.grad is None for b in self._buckets for p in b.params):
-            return False
-        for b in self._buckets:
-            for i, p, shape, ptr in zip(b.indices, b.params, b.shapes, b.ptrs):
-                what = _describe(i, p)
-                if p.dtype != b.dtype:
-                    raise RuntimeError(f"{what} changed dtype from {b.dtype} to {p.dtype} since the optimizer was created "
-                                       "(model.to()/.half() afterwards?): create the optimizer after converting the "
-                                       "model. Nothing was updated")
-                if p.device != b.device or p.data_ptr() != ptr or tuple(p.shape) != shape:
-                    raise RuntimeError(f"{what} moved to other memory or changed shape since the optimizer was created "
-                                       f"(was {shape} on {b.device}): the runtime updates parameters in place by pointer; "
-                                       "create the optimizer after moving the model. Nothing was updated")
-                if not p.requires_grad:
-                    raise RuntimeError(f"{what} no longer requires gradients: the runtime updates every parameter it was "
-                                       "given; create a new optimizer without it. Nothing was updated")
-                g = p.grad
-                if g is None:
-                    raise RuntimeError(f"{what} has no gradient (.grad is None): every parameter given to "
-                                       "DeepOptimizerStates must receive a gradient before step() (leave unused "
-                                       "parameters out of the optimizer). Nothing was updated")
-                if g.layout != torch.strided or getattr(g, "is_sparse", False):
-                    raise RuntimeError(f"{what} has a sparse gradient ({g.layout}): DeepOptimizerStates needs dense "
-                                       "gradients (nn.Embedding(sparse=False)). Nothing was updated")
-                if g.dtype != p.dtype or g.device != p.device or g.shape != p.shape:
-                    raise RuntimeError(f"{what}: its gradient is {g.dtype} {tuple(g.shape)} on {g.device}, not like the "
-                                       "parameter. Nothing was updated")
-        return True
-
-    def _global_norm(self, dtype):
-        """L2 norm of every gradient, as a Python float: per parameter in ``dtype`` (as
-        torch.nn.utils.clip_grad_norm_ does; one long fp32 reduction over a whole bucket was 2e-6
-        off on torch 1.13's CPU), then over parameters in fp64. One synchronisation per bucket."""
-        sq = 0.0
-        for b in self._buckets:
-            norms = [torch.linalg.vector_norm(v, 2, dtype=dtype) for v in self._grads(b) if v.numel() > 0]
-            if norms:
-                sq += float(torch.stack(norms).double().pow(2).sum())
-        return math.sqrt(sq)
-
-    def _grads(self, b):
-        """The gradients of bucket ``b`` the runtime reads: the views of its flat buffer, or
-        (``flat_gradients=False``) the parameters' ``.grad``."""
-        return b.views if self.flat_gradients else [p.grad for p in b.params]
-
-    def _hand_over_gradients(self, b):
-        """``flat_gradients=False``: tells the runtime where the gradients of ``b`` are now (when
-        they moved since it was last told). Raises :class:`DosError` as the C call does."""
-        ptrs = [p.grad.data_ptr() if n else p.data_ptr() for p, n in zip(b.params, b.numels)]
-        if ptrs != b.grad_ptrs:
-            arr = (ctypes.c_void_p * len(ptrs))(*ptrs)
-            self._runtime_call(_capi.lib().dos_optimizer_set_gradients(b.handle, len(ptrs), arr),
-                               f"handing the gradients of {b.describe()} to the runtime")
-            b.grad_ptrs = ptrs
-        if self._forward_overlap:  # a phase left running reads them after step() returns
-            b.held_grads = [p.grad for p in b.params]
-
     @torch.no_grad()
     def step(self, closure=None, grad_scale=None):
         """Runs one update phase over every parameter.
@@ -644,36 +581,8 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _State, _Timeline, torch.op
                 if b.changed is None and (g.data_ptr() != v.data_ptr() or g.stride() != v.stride()):
                     b.changed = f"the gradient of parameter {b.indices[j]} was replaced after it was declared final"
 
-        # gradients into the flat buffers (a no-op where backward accumulated into them already), or
-        # without them, contiguous where autograd put them
-        for b in self._buckets:
-            if not self.flat_gradients:
-                for p in b.params:
-                    if not p.grad.is_contiguous():
-                        p.grad = p.grad.contiguous()
-                continue
-            for p, v in zip(b.params, b.views):
-                g = p.grad
-                if g.data_ptr() != v.data_ptr() or g.stride() != v.stride():
-                    v.copy_(g)
-                    p.grad = v
-
-        grad_norm = None
-        clip = 1.0
-        skipped = False
-        if self.max_grad_norm is not None or self.skip_nonfinite:
-            total = self._global_norm(torch.float32)
-            if not math.isfinite(total):
-                nonfinite = any(not bool(torch.isfinite(g).all()) for b in self._buckets for g in self._grads(b))
-                if nonfinite:
-                    skipped = self.skip_nonfinite
-                else:  # finite gradients whose squares overflow fp32
-                    total = self._global_norm(torch.float64)
-            grad_norm = total / grad_scale if grad_scale is not None else total
-            if self.max_grad_norm is not None and math.isfinite(grad_norm):
-                c = self.max_grad_norm / (grad_norm + 1e-6)
-                if c < 1.0:
-                    clip = c
+        self._gather_gradients()
+        grad_norm, clip, skipped = self._norm_and_clip(grad_scale)
 
         stats = []
         verdicts = [None] * len(self._buckets)
@@ -684,14 +593,7 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _State, _Timeline, torch.op
                     stats.append(self._finish(b, _capi.VERDICT_SKIP))
                     verdicts[k] = "skip"
         else:
-            mult = clip / grad_scale if grad_scale is not None else clip
-            if mult != 1.0:
-                for b in self._buckets:
-                    for g in ([b.flat_grad] if self.flat_gradients else self._grads(b)):
-                        g.mul_(mult)
-                    if b.open and b.changed is None:
-                        b.changed = ("this optimizer scaled the gradients after they were declared final "
-                                     + ("(clipping to max_grad_norm)" if clip != 1.0 else "(grad_scale)"))
+            self._scale_gradients(clip, grad_scale)
             # the gradients complete before the runtime's streams read them: the current stream of
             # each device, where backward left them and where the scaling above ran (a device-wide
             # synchronisation would also wait for the runtime's own speculative work)
@@ -746,36 +648,6 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _State, _Timeline, torch.op
             running=any(b.running for b in self._buckets),
             **self._overlap_summary(stats, verdicts, reasons),
         )
-
-    def zero_grad(self, set_to_none=False):
-        """Zeroes the gradients. By default (``set_to_none=False``, unlike torch 2.x's default) the
-        flat gradient buffers are zeroed in place and every ``p.grad`` that is not None points at its
-        view, so that the next backward accumulates into them and :meth:`step` copies nothing (a
-        ``p.grad`` that is None stays None, as with ``torch.optim``). With
-        ``set_to_none=True`` every ``p.grad`` becomes None (backward then allocates new gradients,
-        which a hook moves into the buffers as they come, or :meth:`step` where torch has no hook).
-        With ``flat_gradients=False`` the gradients are zeroed where they are. With ``overlap=True``, updates speculated
-        since the last step are dropped (nothing is updated)."""
-        self._drop_open_phases()  # a backward's gradients are discarded: nothing speculated is kept
-        # a phase left running (overlap_forward) may still read the flat buffers: not zeroed in place
-        # (the gradients stay None, and a parameter that gets none before step() has a zero one then)
-        to_none = set_to_none or any(b.running for b in self._buckets)
-        for b in self._buckets:
-            if set_to_none:
-                b.grads_cleared = False  # None asked for: they stay None
-            if to_none:
-                for p in b.params:
-                    p.grad = None
-            elif not self.flat_gradients:
-                for p in b.params:
-                    if p.grad is not None:
-                        p.grad.zero_()
-            else:
-                b.flat_grad.zero_()
-                for p, v in zip(b.params, b.views):
-                    # (a sparse gradient step() refused has no data pointer: replaced as well)
-                    if p.grad is not None and (p.grad.layout != torch.strided or p.grad.data_ptr() != v.data_ptr()):
-                        p.grad = v
 
     # ------------------------------------------------------------------------------------------
     # lifetime

@@ -429,8 +429,8 @@ class Optimizer {
   /// tensor i's gradient now (one pointer per tensor of the construction, in its order; the same
   /// dtype, element count and memory kind as then). For a caller whose framework allocates the
   /// gradients anew every step (PyTorch after zero_grad(set_to_none=True)): it hands them over
-  /// instead of copying them into fixed buffers, so that they need not live between steps. Waits
-  /// for the tasks still submitted. Throws Error, nothing changed, when grads has not one pointer
+  /// instead of copying them into fixed buffers, so that they need not live between steps. Throws
+  /// Error, nothing changed, when grads has not one pointer
   /// per tensor, a tensor with elements gets a null pointer, or an update phase is open or still
   /// running (finish_step_async without wait_step).
   void set_gradients(const std::vector<void*>& grads);

@@ -324,7 +324,7 @@ int dos_optimizer_load_state(dos_optimizer* opt, const float* master, const floa
 /* Points the optimizer at other gradient buffers from the next update phase on: grads[i] is tensor
  * i's gradient now (ntensors: the count given at creation, in its order; the same dtype, element
  * count and memory kind as then), for a caller whose framework allocates gradients anew every step.
- * Waits for the tasks still submitted. DOS_E_INVALID, nothing changed, for a NULL opt or grads,
+ * DOS_E_INVALID, nothing changed, for a NULL opt or grads,
  * another count, a NULL pointer for a tensor with elements, or an update phase open or still
  * running. */
 int dos_optimizer_set_gradients(dos_optimizer* opt, size_t ntensors, void* const* grads);

@@ -343,7 +343,8 @@ void Optimizer::set_gradients(const std::vector<void*>& grads) {
     if (I.tensors[i].numel > 0 && !grads[i])
       throw Error("set_gradients: tensor " + std::to_string(i) + " (" + std::to_string(I.tensors[i].numel) +
                   " elements) has a null gradient pointer");
-  starpu_task_wait_for_all();  // no task of an earlier phase reads the old buffers any more
+  // (no task of this optimizer reads the old buffers: a phase's tasks have ended when it closes,
+  // and one still running was refused above)
   const std::size_t esz = dtype_size(I.opt.dtype);
   for (std::size_t i = 0; i < grads.size(); ++i) I.tensors[i].grad = grads[i];
   for (auto& sg : I.sgs)

@@ -349,9 +349,11 @@ static dos_optimizer* filled_optimizer(float* p, float* g) {
   return one_tensor_optimizer(p, g);
 }
 
-/* dos_optimizer_set_gradients: an optimizer handed a new gradient buffer every step (its old one
- * then filled with garbage) gives the same bits as one reading fixed buffers with the same values;
- * bad calls refused, changing nothing. Two tensors, subgroups of 256 spanning them. */
+/* dos_optimizer_set_gradients: an optimizer handed new gradient buffers every step (its old ones
+ * then filled with garbage; tensor 1's placed before tensor 0's, so that a mapping by flat offset
+ * from tensor 0's base would read the wrong elements) gives the same bits as one reading fixed
+ * buffers with the same values; bad calls refused, changing nothing, also while a phase runs. Two
+ * tensors, subgroups of 256 spanning them. */
 static void test_set_gradients(void** state) {
   (void)state;
   static float pa[N], pb[N], ga[N], gb[2][N];
@@ -366,10 +368,14 @@ static void test_set_gradients(void** state) {
   assert_int_equal(dos_optimizer_create(g_rt, 2, params_a, grads_a, numels, &o, &a), DOS_OK);
   assert_int_equal(dos_optimizer_create(g_rt, 2, params_b, grads_b, numels, &o, &b), DOS_OK);
   for (int step = 0; step < 4; ++step) {
-    float* cur = gb[step % 2];
+    float* cur = gb[step % 2]; /* tensor 1's gradient at cur, tensor 0's at cur + N1 */
     float* old = gb[(step + 1) % 2];
-    for (int i = 0; i < N; ++i) ga[i] = cur[i] = (float)(0.01 * (((i + 5 * step) * 37) % 19 - 9));
-    void* now[2] = {cur, cur + N0};
+    for (int i = 0; i < N; ++i) {
+      ga[i] = (float)(0.01 * (((i + 5 * step) * 37) % 19 - 9));
+      if (i < N0) cur[N1 + i] = ga[i];
+      else cur[i - N0] = ga[i];
+    }
+    void* now[2] = {cur + N1, cur};
     assert_int_equal(dos_optimizer_set_gradients(b, 2, now), DOS_OK);
     for (int i = 0; i < N; ++i) old[i] = 1e3f; /* read from the old buffer, the update would differ */
     assert_int_equal(dos_optimizer_step(a, NULL), DOS_OK);
@@ -391,12 +397,17 @@ static void test_set_gradients(void** state) {
   assert_int_equal(dos_optimizer_set_gradients(b, 2, other), DOS_E_INVALID);
   assert_non_null(strstr(dos_last_error(), "phase is open"));
   assert_int_equal(dos_optimizer_finish_step(b, DOS_VERDICT_SKIP, NULL), DOS_OK);
-  for (int i = 0; i < N; ++i) {
-    ga[i] = gb[1][i] = (float)(0.002 * (i % 11) - 0.01);
+  for (int i = 0; i < N; ++i) {  /* gb[1] was set last: tensor 1 at its start, tensor 0 after */
+    ga[i] = (float)(0.002 * (i % 11) - 0.01);
+    if (i < N0) gb[1][N1 + i] = ga[i];
+    else gb[1][i - N0] = ga[i];
     gb[0][i] = 1e3f;
   }
   assert_int_equal(dos_optimizer_step(a, NULL), DOS_OK);
-  assert_int_equal(dos_optimizer_step(b, NULL), DOS_OK);
+  assert_int_equal(dos_optimizer_step_async(b), DOS_OK); /* a phase left running: refused too */
+  assert_int_equal(dos_optimizer_set_gradients(b, 2, other), DOS_E_INVALID);
+  assert_non_null(strstr(dos_last_error(), "still runs"));
+  assert_int_equal(dos_optimizer_wait_step(b, NULL), DOS_OK);
   assert_memory_equal(pa, pb, sizeof pa);
   dos_optimizer_destroy(a);
   dos_optimizer_destroy(b);

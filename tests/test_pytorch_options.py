@@ -24,8 +24,9 @@ GPU or the runtime has no CUDA worker.
 4. flat_gradients=False (the gradients left where autograd puts them, their addresses handed to
    the runtime at each step): the same bits as flat_gradients=True through a framework's flow
    (model.zero_grad(set_to_none=True) and in place, 3 micro-batches, clip_grad_norm_, a scheduler),
-   with the optimizer's own clipping and a NaN step, and with the next forward overlapped; a step
-   copies no gradient (each p.grad keeps its storage); non-bool values and overlap=True refused.
+   with the optimizer's own clipping and a NaN step, and with one gradient tensor given to two
+   parameters; a step copies no gradient (each p.grad keeps its storage); non-bool values,
+   overlap=True and overlap_forward refused.
 """
 
 import json
@@ -214,7 +215,7 @@ def test_flat_gradients(device, policy):
               "a scheduler: the same bits as True")
         oa.close(), ob.close()
 
-    # the optimizer's own clipping (active) and a NaN step; then the next forward overlapped
+    # the optimizer's own clipping (active), a NaN step, model.zero_grad(set_to_none=True)
     snaps = []
     for flat in (True, False):
         m = make_model(device, torch.bfloat16)
@@ -233,25 +234,42 @@ def test_flat_gradients(device, policy):
         next(m.parameters()).grad.view(-1)[0] = float("nan")
         o.step()
         skipped = o.last_step["skipped"]
-        o.zero_grad(set_to_none=True)
-        before = [p.grad for p in m.parameters()]
-        o.overlap_forward(m)
         for s in range(5, 8):
+            m.zero_grad(set_to_none=True)
             x, y = batch(s, device)
             loss = torch.nn.functional.cross_entropy(m(x).float().reshape(-1, 50), y.reshape(-1))
             loss.backward()
             o.step()
             losses.append(float(loss))
-            o.zero_grad(set_to_none=True)
-        o.wait()
         snaps.append((losses, skipped, snapshot(m, o)))
         if not flat:
-            check(kept and all(g is None for g in before), "flat_gradients=False: a step copies no gradient (each "
-                  "p.grad keeps its storage until the step returns)")
+            check(kept, "flat_gradients=False: a step copies no gradient (each p.grad keeps its storage)")
+            expect_error(ValueError, "needs flat_gradients=True", lambda: o.overlap_forward(m),
+                         "overlap_forward with flat_gradients=False")
         o.close()
     (la, sa, pa), (lb, sb, pb) = snaps
     check(la == lb and sa and sb and same_snapshot(pa, pb),
-          "flat_gradients=False with max_grad_norm, a NaN step and the next forward overlapped: the same bits as True")
+          "flat_gradients=False with max_grad_norm, a NaN step and model.zero_grad(set_to_none=True): the same bits "
+          "as True")
+
+    # one gradient tensor shared by two parameters, clipping active: each element scaled once
+    snaps = []
+    for flat in (True, False):
+        torch.manual_seed(7)
+        a = torch.nn.Parameter(torch.randn(300, device=device))
+        b = torch.nn.Parameter(torch.randn(300, device=device))
+        o = dos.DeepOptimizerStates([a, b], lr=1e-2, subgroup_size=128, policy=policy, max_grad_norm=0.1,
+                                    flat_gradients=flat)
+        for _ in range(2):
+            g = torch.randn(300, device=device)
+            a.grad, b.grad = g, g
+            o.step()
+        snaps.append((a.detach().clone(), b.detach().clone(), o.last_step["clip_coef"]))
+        o.close()
+    (a1, b1, c1), (a2, b2, c2) = snaps
+    check(c1 < 1.0 and torch.equal(a1, a2) and torch.equal(b1, b2),
+          f"one gradient tensor given to two parameters, clipping active (coefficient {c1:.3f}): flat_gradients=False "
+          "gives the bits of True")
 
 
 if __name__ == "__main__":

@@ -69,10 +69,16 @@ class _ForwardOverlap:
 
         Raises ``TypeError`` when ``module`` (or a block) is not a ``torch.nn.Module``,
         ``ValueError`` when a parameter of this optimizer is not in ``module``, a block is not
-        under ``module``, or it was called before, ``RuntimeError`` after :meth:`close`. Returns
-        the number of modules whose forward waits (int).
+        under ``module``, or it was called before, or the optimizer has ``flat_gradients=False``
+        (the phase left running would read gradient memory the caller may free or write while
+        forward runs), ``RuntimeError`` after :meth:`close`. Returns the number of modules whose
+        forward waits (int).
         """
         self._check_open()
+        if not self.flat_gradients:
+            raise ValueError("overlap_forward needs flat_gradients=True: the update phase left running reads the "
+                             "gradients while the next forward runs, and only the optimizer's own buffers are safe "
+                             "from being freed or written then")
         if self._forward_overlap:
             raise ValueError("overlap_forward was called before for this optimizer: once is enough (its hooks stay "
                              "until close())")
@@ -171,7 +177,6 @@ class _ForwardOverlap:
                 st = _capi.StepStats()
                 ret = L.dos_optimizer_wait_step(b.handle, ctypes.byref(st))
                 b.running = False
-                b.held_grads = []  # (flat_gradients=False) the phase no longer reads them
                 if ret != 0 and failure is None:
                     failure = (ret, b)
                 elif ret == 0:
@@ -222,10 +227,6 @@ class _ForwardOverlap:
         for b in self._buckets:
             if not b.grads_cleared:
                 continue
-            if not self.flat_gradients:
-                for p in b.params:
-                    if p.grad is None:
-                        p.grad = torch.zeros_like(p)
             for p, v in zip(b.params, b.views):
                 if p.grad is None:
                     v.zero_()

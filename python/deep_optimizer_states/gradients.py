@@ -78,19 +78,37 @@ class _Gradients:
             self._runtime_call(_capi.lib().dos_optimizer_set_gradients(b.handle, len(ptrs), arr),
                                f"handing the gradients of {b.describe()} to the runtime")
             b.grad_ptrs = ptrs
-        if self._forward_overlap:  # a phase left running reads them after step() returns
-            b.held_grads = [p.grad for p in b.params]
 
     def _gather_gradients(self):
         """Before a step: each gradient into its bucket's flat buffer (a no-op where backward
         accumulated into it already), or with ``flat_gradients=False`` made contiguous where
-        autograd put it."""
-        for b in self._buckets:
-            if not self.flat_gradients:
-                for p in b.params:
+        autograd put it, and cloned where it shares memory with another gradient or a parameter
+        (a tied gradient, overlapping views: the scaling and the runtime must see each element
+        once, as with the flat buffers)."""
+        if not self.flat_gradients:
+            spans = []  # (device, start, end, kind, bucket, position) of every parameter and gradient
+            for k, b in enumerate(self._buckets):
+                for j, p in enumerate(b.params):
+                    if not b.numels[j]:
+                        continue
                     if not p.grad.is_contiguous():
                         p.grad = p.grad.contiguous()
-                continue
+                    size = b.numels[j] * p.element_size()
+                    spans.append((str(p.device), p.data_ptr(), p.data_ptr() + size, 0, k, j))
+                    spans.append((str(p.device), p.grad.data_ptr(), p.grad.data_ptr() + size, 1, k, j))
+            spans.sort()
+            shared = set()
+            active = []  # the spans of the current device that reach past the current start
+            for dev, start, stop, kind, k, j in spans:
+                active = [a for a in active if a[0] == dev and a[2] > start]
+                if active:  # overlaps each of them: every gradient involved is cloned
+                    shared.update((a[4], a[5]) for a in active + [(dev, start, stop, kind, k, j)] if a[3] == 1)
+                active.append((dev, start, stop, kind, k, j))
+            for k, j in shared:
+                p = self._buckets[k].params[j]
+                p.grad = p.grad.clone()
+            return
+        for b in self._buckets:
             for p, v in zip(b.params, b.views):
                 g = p.grad
                 if g.data_ptr() != v.data_ptr() or g.stride() != v.stride():
@@ -137,8 +155,9 @@ class _Gradients:
         view, so that the next backward accumulates into them and :meth:`step` copies nothing (a
         ``p.grad`` that is None stays None, as with ``torch.optim``). With
         ``set_to_none=True`` every ``p.grad`` becomes None (backward then allocates new gradients,
-        which a hook moves into the buffers as they come, or :meth:`step` where torch has no hook).
-        With ``flat_gradients=False`` the gradients are zeroed where they are. With ``overlap=True``, updates speculated
+        which a hook moves into the buffers as they come, or :meth:`step` where torch has no hook;
+        with ``flat_gradients=False`` they stay where autograd puts them). With
+        ``flat_gradients=False`` and ``set_to_none=False`` the gradients are zeroed where they are. With ``overlap=True``, updates speculated
         since the last step are dropped (nothing is updated)."""
         self._drop_open_phases()  # a backward's gradients are discarded: nothing speculated is kept
         # a phase left running (overlap_forward) may still read the flat buffers: not zeroed in place

@@ -58,7 +58,6 @@ class _Bucket:
         self.flat_grad = None  # None with flat_gradients=False
         self.views = []     # views of flat_grad shaped like each parameter
         self.grad_ptrs = None  # flat_gradients=False: the gradient pointers the runtime reads now
-        self.held_grads = []  # flat_gradients=False: the gradients a phase left running still reads
         self.handle = None  # ctypes.c_void_p of the C optimizer
         self.hyper = None   # the hyper-parameters the runtime holds now
         self.subgroup_sizes = []
@@ -166,8 +165,10 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _Gradients, _State, _Timeli
         (allocated at each backward after ``zero_grad(set_to_none=True)``, freed by the next) and
         each :meth:`step` hands their addresses to the runtime, so that no gradient memory lives
         between steps, as with ``torch.optim``: under the Hugging Face Trainer, 4 bytes per fp32
-        parameter less GPU memory during forward. Not with ``overlap=True`` (``ValueError``). The
-        same bits either way.
+        parameter less GPU memory during forward. Not with ``overlap=True`` (``ValueError``) nor
+        :meth:`overlap_forward`. Gradients that share memory with each other or with a parameter
+        are cloned at the step (each element must be scaled and read once). The same bits either
+        way.
       urgent_writeback (bool): the parameters of the subgroups updated on the CPU go back to the
         model (a task of the CUDA worker when the model is on the GPU) ahead of the tasks already
         queued there, instead of behind every streamed subgroup's update. For
@@ -225,7 +226,8 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _Gradients, _State, _Timeli
     host memory for the state), ``OSError`` when ``libdos_c.so`` cannot be loaded.
 
     Memory: the runtime holds 12 bytes of fp32 state per parameter plus 4 + 2 (or 4) bytes of
-    staging, in host memory; the optimizer also keeps one flat gradient buffer per bucket (the
+    staging, in host memory; the optimizer also keeps (unless ``flat_gradients=False``) one flat
+    gradient buffer per bucket (the
     parameters' dtype and device) and, from the first step on, points each ``p.grad`` at a view of it, so that backward
     accumulates into it and no copy is needed at :meth:`step`. After ``zero_grad(set_to_none=True)``
     (torch 2's ``Module.zero_grad`` and the Hugging Face Trainer) a hook on each parameter
@@ -501,7 +503,8 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _Gradients, _State, _Timeli
         ``p.grad`` still holds the optimizer's dense buffer, autograd adds a sparse gradient into
         it and the update sees a dense one). Before anything is updated, the
         gradients are copied into the optimizer's flat buffers where they are not already there
-        (``p.grad`` then points at the buffer), their global L2 norm is computed over all
+        (``p.grad`` then points at the buffer; with ``flat_gradients=False`` they stay where they
+        are, made contiguous, and their addresses go to the runtime), their global L2 norm is computed over all
         parameters (per parameter in fp32, then over parameters in fp64; in fp64 throughout when fp32 overflows) when ``max_grad_norm`` or
         ``skip_nonfinite`` asks for it, and they are scaled in place by ``1 / grad_scale`` and the
         clipping coefficient. With ``skip_nonfinite``, gradients holding an inf or NaN skip the

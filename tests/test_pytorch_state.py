@@ -27,7 +27,7 @@ GPU or a runtime without a CUDA worker.
    ``gradient_as_bucket_view=True`` (gloo, one rank, on the CPU only), the gradients stay DDP's
    views and the steps are the same bits as without DDP; with the next forward overlapped,
    ``model.zero_grad(set_to_none=True)`` then backward leaves every gradient in the optimizer's flat
-   buffer; a state loaded with step counts 0 is saved with its masters (not as a fresh, empty one).
+   buffer, and ``model.load_state_dict`` while the phase runs waits for it; a state loaded with step counts 0 is saved with its masters (not as a fresh, empty one).
 """
 
 import copy
@@ -235,6 +235,15 @@ def test_framework_wrappers(device, policy):
                  for b in o._buckets]
         inside.append(all(any(lo <= p.grad.data_ptr() < hi for lo, hi in spans) for p in m.parameters()))
         o.step()
+    # a model.load_state_dict while the phase runs waits for it first (else the phase's write-backs
+    # would overwrite what was loaded)
+    loaded = make_model(device, torch.float32, seed=31).state_dict()
+    running = any(b.running for b in o._buckets)
+    m.load_state_dict(loaded)
+    check(running and not any(b.running for b in o._buckets)
+          and all(torch.equal(p, loaded[n]) for n, p in m.named_parameters()),
+          "the next forward overlapped: model.load_state_dict while the phase ran waited for it, and the model holds "
+          "what was loaded")
     o.wait()
     if dos.overlap._grad_hook_kind() is not None:
         check(all(inside), f"the next forward overlapped, model.zero_grad(set_to_none=True): after each backward every "

@@ -51,9 +51,9 @@ class _ForwardOverlap:
         The contract is the caller's: a parameter under a block read elsewhere before that block
         runs (a root forward adding ``self.wpe.weight`` itself, a block reading another block's
         weights) reads values the update is still writing. A submodule called on its own, outside
-        the model's forward, waits for every parameter under it first. Outside a forward, read the
-        parameters only after :meth:`wait` (``model.state_dict()`` waits by itself on torch >= 2.0:
-        a state-dict pre-hook). The phases are closed, and :attr:`last_step` completed, by
+        the model's forward, waits for every parameter under it first. Outside a forward, read or write
+        the parameters only after :meth:`wait` (``model.state_dict()`` waits by itself on torch >=
+        2.0, ``model.load_state_dict()`` on every torch: pre-hooks). The phases are closed, and :attr:`last_step` completed, by
         :meth:`wait`, by the next backward's first gradient hook (``overlap=True``), by ``step()``,
         and by every call that reads or replaces the state.
 
@@ -154,6 +154,16 @@ class _ForwardOverlap:
                     opt.wait()
 
             self._forward_handles.append(module.register_state_dict_pre_hook(before_state_dict))
+        # a model.load_state_dict while a phase runs would be overwritten by the phase's write-backs
+        # (and then seen as unchanged by the masters' check): it waits first
+        if hasattr(module, "_register_load_state_dict_pre_hook"):
+
+            def before_load(*_args, **_kwargs):
+                opt = ref()
+                if opt is not None:
+                    opt.wait()
+
+            self._forward_handles.append(module._register_load_state_dict_pre_hook(before_load))
         if _rt.leaves_no_caller_core(self.runtime):
             warnings.warn("overlap_forward: the runtime's CPU Adam threads take every core but the GPUs' (automatic "
                           "cpu_threads, caller_cores=0), so forward's kernel launches share cores with them while the "

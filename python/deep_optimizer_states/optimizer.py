@@ -243,7 +243,8 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _Gradients, _State, _Timeli
     collective writing into the parameter's memory) are not seen: call :meth:`refresh_masters`
     after them. A write after backward, once the overlapped update has
     speculated, drops what was speculated (the step runs whole). With :meth:`overlap_forward`, call
-    :meth:`wait` before writing parameters outside a forward.
+    :meth:`wait` before writing parameters outside a forward (``model.load_state_dict`` waits by
+    itself).
 
     Notes: ``self.state`` stays empty (the state lives in the runtime; read it with
     :meth:`state_dict`, empty too until the first update, as ``torch.optim``'s); groups cannot be

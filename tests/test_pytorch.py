@@ -12,12 +12,7 @@ GPU or the runtime has no CUDA worker.
    torch.nn.utils.clip_grad_norm_), same seed, warm-up 10 steps (so that learning-rate changes
    through param_groups are exercised) and clipping at 1.0 (active in the first steps). The
    per-step losses must agree within LOSS_RTOL relative over the first 20 steps and LOSS_RTOL_LATE after (see their comment).
-2. state_dict round trip: a bf16 model in two param groups (weights with weight decay, the rest
-   without), small subgroups spanning tensors; 3 steps, state_dict() through torch.save/torch.load,
-   3 more steps; a fresh model and optimizer loading both state dicts and doing the same 3 steps
-   must give bit-identical losses, parameters, master/exp_avg/exp_avg_sq and subgroup step counts.
-   Per-subgroup step counts that differ from each other round-trip too.
-3. Bad input, each with a clear error and nothing changed (parameters and optimizer state
+2. Bad input, each with a clear error and nothing changed (parameters and optimizer state
    compared bit for bit before and after): parameters that do not require gradients, sparse
    gradients, a parameter whose dtype changes between steps, one parameter's gradient missing, an
    int32 tensor (named by its dtype), lr or weight decay beyond float32, subgroup_size=2**70,
@@ -26,7 +21,7 @@ GPU or the runtime has no CUDA worker.
    negative exp_avg_sq; step() with no gradient at all changes nothing (as torch.optim);
    gradients holding inf/NaN skip the step (counted); a power-of-2 grad_scale gives the same bits
    as no scaling; unsupported options refused.
-4. What training frameworks do (the Hugging Face Trainer, PyTorch Lightning), against
+3. What training frameworks do (the Hugging Face Trainer, PyTorch Lightning), against
    torch.optim.AdamW and torch.optim.Adam with the same groups, 12 steps of a small model with
    LayerNorm, an RMSNorm-like layer, biases and a tied head: param_groups_no_decay (which
    parameters it decays), two groups with different weight decay and lr, model.zero_grad(
@@ -36,23 +31,18 @@ GPU or the runtime has no CUDA worker.
    PARAM_RTOL; decaying the norms and biases too would differ by far more. Zeroing in place and
    setting to None give bit-identical runs. Where torch has torch.compile (>= 2.0), the same through a
    compiled model (backend aot_eager): against torch.optim.AdamW, and overlap=True bit for bit.
-5. state_dict for torch.load(..., weights_only=True): every global the pickle names is in the
-   running torch's weights-only allowlist and every opcode is one that torch 2.x's weights-only
-   unpickler reads; where torch >= 2.0, the real torch.load(weights_only=True) loads it; a fresh
-   optimizer loading it continues bit for bit like the uninterrupted one.
+4. Framework wrappers dropped while the optimizer trains on (both of Lightning's forms).
+The state dict's round trip and torch.load(weights_only=True): tests/test_pytorch_state.py.
 """
 
 import argparse
 import copy
 import gc
-import io
 import math
 import os
 import pickle
-import pickletools
 import sys
 import time
-import zipfile
 
 try:
     import torch
@@ -217,43 +207,6 @@ def make_model(device, dtype, seed=3, **kw):
     return Net(**kw).to(device=device, dtype=dtype)
 
 
-def test_state_dict_round_trip(device, policy):
-    dtype = torch.bfloat16
-    m1 = make_model(device, dtype)
-    o1 = make_opt(m1, policy)
-    check(o1.num_subgroups >= 4, f"bf16 model in 2 groups: {o1.num_subgroups} subgroups of 700 elements")
-    train_steps(m1, o1, range(1, 4), device)
-    buf_opt, buf_model = io.BytesIO(), io.BytesIO()
-    torch.save(o1.state_dict(), buf_opt)
-    torch.save(m1.state_dict(), buf_model)
-    la = train_steps(m1, o1, range(4, 7), device)
-    a = snapshot(m1, o1)
-
-    m2 = make_model(device, dtype, seed=99)  # another initialisation: everything must come from the files
-    buf_model.seek(0)
-    m2.load_state_dict(torch.load(buf_model))
-    o2 = make_opt(m2, policy, lr=0.5)  # another lr too: the state dict's param_groups replace it
-    buf_opt.seek(0)
-    o2.load_state_dict(torch.load(buf_opt))
-    check(o2.param_groups[0]["lr"] == 1e-2, "load_state_dict takes the groups' hyper-parameters")
-    check(o2.subgroup_steps() == [[3] * len(s) for s in o2.subgroup_steps()], "step counts loaded (3 everywhere)")
-    lb = train_steps(m2, o2, range(4, 7), device)
-    b = snapshot(m2, o2)
-    check(la == lb, f"resumed losses bit-identical to the uninterrupted run's ({la} vs {lb})")
-    check(same_snapshot(a, b), "resumed parameters, master, exp_avg, exp_avg_sq and step counts bit-identical")
-
-    # per-subgroup step counts that differ round-trip as they are
-    sd = o2.state_dict()
-    steps = [[3 + i for i in range(len(bk["subgroup_steps"]))] for bk in sd["dos"]["buckets"]]
-    for bk, st in zip(sd["dos"]["buckets"], steps):
-        bk["subgroup_steps"] = st
-    o2.load_state_dict(sd)
-    check(o2.subgroup_steps() == steps, f"distinct per-subgroup step counts round-trip ({steps})")
-    check(o2.state_dict()["dos"]["buckets"][0]["subgroup_steps"] == steps[0], "and appear in state_dict()")
-    o1.close()
-    o2.close()
-
-
 def test_bad_input(device, policy):
     # parameters that do not require gradients
     m = make_model(device, torch.float32)
@@ -402,7 +355,7 @@ def test_bad_input(device, policy):
 
 
 # ------------------------------------------------------------------------------------------------
-# 4. what training frameworks do
+# 3. what training frameworks do
 
 # Parameters after the framework-path runs against torch's optimizers: max |dos - torch| over a
 # tensor, relative to max |torch| of that tensor. Rounding alone gave 3.7e-7 (AdamW) and 3.3e-7
@@ -607,67 +560,6 @@ def test_framework_paths(device, policy):
         o.close()
 
 
-# ------------------------------------------------------------------------------------------------
-# 5. state_dict for torch.load(weights_only=True)
-
-# The opcodes torch 2.x's weights-only unpickler reads (torch/_weights_only_unpickler.py); torch
-# 1.13's reads the same but BINFLOAT, so that no optimizer's state dict (floats in param_groups, as
-# torch.optim.AdamW's) loads there with weights_only=True.
-WEIGHTS_ONLY_OPCODES = {
-    "PROTO", "STOP", "GLOBAL", "NEWOBJ", "REDUCE", "BUILD", "APPEND", "APPENDS", "SETITEM", "SETITEMS", "MARK",
-    "TUPLE", "TUPLE1", "TUPLE2", "TUPLE3", "NONE", "NEWFALSE", "NEWTRUE", "EMPTY_TUPLE", "EMPTY_LIST", "EMPTY_DICT",
-    "EMPTY_SET", "BININT", "BININT1", "BININT2", "LONG1", "BINFLOAT", "BINUNICODE", "SHORT_BINSTRING", "BINPERSID",
-    "BINGET", "LONG_BINGET", "BINPUT", "LONG_BINPUT",
-}
-
-
-def torch_major():
-    return int(torch.__version__.split(".")[0])
-
-
-def test_weights_only_state_dict(device, policy):
-    m1 = make_model(device, torch.bfloat16)
-    o1 = make_opt(m1, policy)
-    sch1 = torch.optim.lr_scheduler.LambdaLR(o1, lambda s: 1.0 / (1 + s))  # adds initial_lr to the groups
-    train_steps(m1, o1, range(1, 4), device)
-    sch1.step()
-    buf, buf_model = io.BytesIO(), io.BytesIO()
-    torch.save(o1.state_dict(), buf)
-    torch.save(m1.state_dict(), buf_model)
-    la = train_steps(m1, o1, range(4, 7), device)
-    a = snapshot(m1, o1)
-
-    with zipfile.ZipFile(io.BytesIO(buf.getvalue())) as z:
-        pkl = z.read(next(n for n in z.namelist() if n.endswith("/data.pkl")))
-    ops = [(op.name, arg) for op, arg, _ in pickletools.genops(pkl)]
-    allowed = set(torch._weights_only_unpickler._get_allowed_globals())
-    names = {arg.replace(" ", ".") for name, arg in ops if name == "GLOBAL"}
-    check(names and names <= allowed, f"the state dict's pickle names only globals of torch's weights-only allowlist "
-          f"({sorted(names)}; outside it: {sorted(names - allowed)})")
-    opcodes = {name for name, _ in ops}
-    check(opcodes <= WEIGHTS_ONLY_OPCODES, f"and only opcodes torch 2.x's weights-only unpickler reads "
-          f"(outside them: {sorted(opcodes - WEIGHTS_ONLY_OPCODES)})")
-    buf.seek(0)
-    if torch_major() >= 2:
-        sd = torch.load(buf, weights_only=True)
-        check(isinstance(sd, dict) and "dos" in sd, f"torch {torch.__version__}: torch.load(weights_only=True) loads it")
-    else:
-        sd = torch.load(buf)
-        print(f"torch {torch.__version__}: its weights-only unpickler reads no float (torch.optim.AdamW's state dict "
-              "fails the same way): checked by the pickle's globals and opcodes above")
-    m2 = make_model(device, torch.bfloat16, seed=42)
-    buf_model.seek(0)
-    m2.load_state_dict(torch.load(buf_model))
-    o2 = make_opt(m2, policy)
-    o2.load_state_dict(sd)
-    check(o2.param_groups[0].get("initial_lr") == 1e-2, "the scheduler's initial_lr comes back with the groups")
-    lb = train_steps(m2, o2, range(4, 7), device)
-    check(la == lb and same_snapshot(a, snapshot(m2, o2)),
-          "the loaded state dict continues bit for bit (losses, parameters, master, exp_avg, exp_avg_sq, steps)")
-    o1.close()
-    o2.close()
-
-
 def test_dropped_wrapper(device, policy):
     """Framework wrappers that subclass the optimizer's class and share its attributes, garbage-
     collected while the optimizer trains on: PyTorch Lightning 2's LightningOptimizer (its own
@@ -730,8 +622,8 @@ def main(tests=None):
     if args.device == "cuda" and rt.cuda_workers == 0:
         print("the runtime has no CUDA worker (a build without CUDA?): skipped")
         return 77
-    for test in tests or (test_losses_match_adamw, test_state_dict_round_trip, test_bad_input, test_framework_paths,
-                          test_compiled_model, test_weights_only_state_dict, test_dropped_wrapper):
+    for test in tests or (test_losses_match_adamw, test_bad_input, test_framework_paths, test_compiled_model,
+                          test_dropped_wrapper):
         test(args.device, args.policy)
     dos.shutdown()
     print(f"{len(failures)} failure(s); {time.time() - t0:.1f} s")

@@ -31,9 +31,12 @@ GPU or a runtime without a CUDA worker.
 """
 
 import copy
+import io
 import os
+import pickletools
 import sys
 import tempfile
+import zipfile
 
 try:
     import torch
@@ -266,5 +269,101 @@ def test_framework_wrappers(device, policy):
     o.close(), twin.close()
 
 
+def test_state_dict_round_trip(device, policy):
+    dtype = torch.bfloat16
+    m1 = make_model(device, dtype)
+    o1 = make_opt(m1, policy)
+    check(o1.num_subgroups >= 4, f"bf16 model in 2 groups: {o1.num_subgroups} subgroups of 700 elements")
+    train_steps(m1, o1, range(1, 4), device)
+    buf_opt, buf_model = io.BytesIO(), io.BytesIO()
+    torch.save(o1.state_dict(), buf_opt)
+    torch.save(m1.state_dict(), buf_model)
+    la = train_steps(m1, o1, range(4, 7), device)
+    a = snapshot(m1, o1)
+
+    m2 = make_model(device, dtype, seed=99)  # another initialisation: everything must come from the files
+    buf_model.seek(0)
+    m2.load_state_dict(torch.load(buf_model))
+    o2 = make_opt(m2, policy, lr=0.5)  # another lr too: the state dict's param_groups replace it
+    buf_opt.seek(0)
+    o2.load_state_dict(torch.load(buf_opt))
+    check(o2.param_groups[0]["lr"] == 1e-2, "load_state_dict takes the groups' hyper-parameters")
+    check(o2.subgroup_steps() == [[3] * len(s) for s in o2.subgroup_steps()], "step counts loaded (3 everywhere)")
+    lb = train_steps(m2, o2, range(4, 7), device)
+    b = snapshot(m2, o2)
+    check(la == lb, f"resumed losses bit-identical to the uninterrupted run's ({la} vs {lb})")
+    check(same_snapshot(a, b), "resumed parameters, master, exp_avg, exp_avg_sq and step counts bit-identical")
+
+    # per-subgroup step counts that differ round-trip as they are
+    sd = o2.state_dict()
+    steps = [[3 + i for i in range(len(bk["subgroup_steps"]))] for bk in sd["dos"]["buckets"]]
+    for bk, st in zip(sd["dos"]["buckets"], steps):
+        bk["subgroup_steps"] = st
+    o2.load_state_dict(sd)
+    check(o2.subgroup_steps() == steps, f"distinct per-subgroup step counts round-trip ({steps})")
+    check(o2.state_dict()["dos"]["buckets"][0]["subgroup_steps"] == steps[0], "and appear in state_dict()")
+    o1.close()
+    o2.close()
+
+
+# The opcodes torch 2.x's weights-only unpickler reads (torch/_weights_only_unpickler.py); torch
+# 1.13's reads the same but BINFLOAT, so that no optimizer's state dict (floats in param_groups, as
+# torch.optim.AdamW's) loads there with weights_only=True.
+WEIGHTS_ONLY_OPCODES = {
+    "PROTO", "STOP", "GLOBAL", "NEWOBJ", "REDUCE", "BUILD", "APPEND", "APPENDS", "SETITEM", "SETITEMS", "MARK",
+    "TUPLE", "TUPLE1", "TUPLE2", "TUPLE3", "NONE", "NEWFALSE", "NEWTRUE", "EMPTY_TUPLE", "EMPTY_LIST", "EMPTY_DICT",
+    "EMPTY_SET", "BININT", "BININT1", "BININT2", "LONG1", "BINFLOAT", "BINUNICODE", "SHORT_BINSTRING", "BINPERSID",
+    "BINGET", "LONG_BINGET", "BINPUT", "LONG_BINPUT",
+}
+
+
+def torch_major():
+    return int(torch.__version__.split(".")[0])
+
+
+def test_weights_only_state_dict(device, policy):
+    m1 = make_model(device, torch.bfloat16)
+    o1 = make_opt(m1, policy)
+    sch1 = torch.optim.lr_scheduler.LambdaLR(o1, lambda s: 1.0 / (1 + s))  # adds initial_lr to the groups
+    train_steps(m1, o1, range(1, 4), device)
+    sch1.step()
+    buf, buf_model = io.BytesIO(), io.BytesIO()
+    torch.save(o1.state_dict(), buf)
+    torch.save(m1.state_dict(), buf_model)
+    la = train_steps(m1, o1, range(4, 7), device)
+    a = snapshot(m1, o1)
+
+    with zipfile.ZipFile(io.BytesIO(buf.getvalue())) as z:
+        pkl = z.read(next(n for n in z.namelist() if n.endswith("/data.pkl")))
+    ops = [(op.name, arg) for op, arg, _ in pickletools.genops(pkl)]
+    allowed = set(torch._weights_only_unpickler._get_allowed_globals())
+    names = {arg.replace(" ", ".") for name, arg in ops if name == "GLOBAL"}
+    check(names and names <= allowed, f"the state dict's pickle names only globals of torch's weights-only allowlist "
+          f"({sorted(names)}; outside it: {sorted(names - allowed)})")
+    opcodes = {name for name, _ in ops}
+    check(opcodes <= WEIGHTS_ONLY_OPCODES, f"and only opcodes torch 2.x's weights-only unpickler reads "
+          f"(outside them: {sorted(opcodes - WEIGHTS_ONLY_OPCODES)})")
+    buf.seek(0)
+    if torch_major() >= 2:
+        sd = torch.load(buf, weights_only=True)
+        check(isinstance(sd, dict) and "dos" in sd, f"torch {torch.__version__}: torch.load(weights_only=True) loads it")
+    else:
+        sd = torch.load(buf)
+        print(f"torch {torch.__version__}: its weights-only unpickler reads no float (torch.optim.AdamW's state dict "
+              "fails the same way): checked by the pickle's globals and opcodes above")
+    m2 = make_model(device, torch.bfloat16, seed=42)
+    buf_model.seek(0)
+    m2.load_state_dict(torch.load(buf_model))
+    o2 = make_opt(m2, policy)
+    o2.load_state_dict(sd)
+    check(o2.param_groups[0].get("initial_lr") == 1e-2, "the scheduler's initial_lr comes back with the groups")
+    lb = train_steps(m2, o2, range(4, 7), device)
+    check(la == lb and same_snapshot(a, snapshot(m2, o2)),
+          "the loaded state dict continues bit for bit (losses, parameters, master, exp_avg, exp_avg_sq, steps)")
+    o1.close()
+    o2.close()
+
+
 if __name__ == "__main__":
-    sys.exit(main([test_fresh_state_dict, test_params_written, test_framework_wrappers]))
+    sys.exit(main([test_fresh_state_dict, test_params_written, test_framework_wrappers, test_state_dict_round_trip,
+                   test_weights_only_state_dict]))

@@ -100,6 +100,21 @@ def checkpoint_of(framework, out):
     return os.path.join(ck, names[0]) if names else os.path.join(ck, f"(none for step {SAVE_AT})")
 
 
+def check_same_run(cuda, label, what, a, b):
+    """Run ``b``'s JSON log must give the losses and final parameters of run ``a``, bit for bit on
+    the CPU; on CUDA (whose backward kernels need not be deterministic) losses within
+    LOSS_RTOL_CUDA."""
+    la, lb = a["micro_losses"], b["micro_losses"]
+    if cuda:
+        check(len(la) == len(lb) and max(rel_diffs(lb, la)) <= LOSS_RTOL_CUDA,
+              f"{label}: losses within {LOSS_RTOL_CUDA:g} of {what} "
+              f"({sum(x == y for x, y in zip(la, lb))} of {len(la)} equal bit for bit)")
+    else:
+        check(la == lb, f"{label}: the losses of {what}, bit for bit ({len(la)})")
+        check(a["final_params_sha256"] == b["final_params_sha256"],
+              f"{label}: and the same final parameters, bit for bit")
+
+
 def check_resume(framework, device, policy, label, whole, out, resumed_out, extra=(), optimizer="dos"):
     """The ``optimizer`` run ``whole`` under ``policy`` (its JSON log, written in ``out``) resumed from its
     step-SAVE_AT checkpoint with the same arguments plus ``extra``, into ``resumed_out``: the checkpoint exists,
@@ -157,15 +172,7 @@ def test_policy(framework, device, policy, tmp):
         c = run(framework, os.path.join(tmp, f"{framework}-{policy}-autograd"), "dos", policy, device,
                 ["--no-flat-gradients"])
         if c:
-            la, lc = a["micro_losses"], c["micro_losses"]
-            if cuda:
-                check(len(la) == len(lc) and max(rel_diffs(lc, la)) <= LOSS_RTOL_CUDA,
-                      f"{policy} --no-flat-gradients: losses within {LOSS_RTOL_CUDA:g} of the flat buffers' "
-                      f"({sum(x == y for x, y in zip(la, lc))} of {len(la)} equal bit for bit)")
-            else:
-                check(la == lc and a["final_params_sha256"] == c["final_params_sha256"],
-                      f"{policy} --no-flat-gradients: the losses and final parameters of the flat buffers' run, "
-                      "bit for bit")
+            check_same_run(cuda, f"{policy} --no-flat-gradients", "the run with flat gradient buffers", a, c)
     flag = ["--bf16"] if framework == "hf" else ["--precision", "bf16-mixed"]
     a16 = run(framework, d["dos16"], "dos", policy, device, flag)
     b16 = run(framework, d["adamw16"], "adamw", policy, device, flag)
@@ -217,15 +224,7 @@ def test_hf_overlap(device, policy, tmp):
         check(v.get("keep", 0) + v.get("changed", 0) >= STEPS - 1,
               f"{policy} overlap: a phase opened during backward on every step after the first ({v})")
     if a and b:
-        la, lb = a["micro_losses"], b["micro_losses"]
-        if cuda:
-            check(len(la) == len(lb) and max(rel_diffs(lb, la)) <= LOSS_RTOL_CUDA,
-                  f"{policy} overlap: losses within {LOSS_RTOL_CUDA:g} of the run without overlap "
-                  f"({sum(x == y for x, y in zip(la, lb))} of {len(la)} equal bit for bit)")
-        else:
-            check(la == lb, f"{policy} overlap: the losses of the run without overlap, bit for bit ({len(la)})")
-            check(a["final_params_sha256"] == b["final_params_sha256"],
-                  f"{policy} overlap: and the same final parameters, bit for bit")
+        check_same_run(cuda, f"{policy} overlap", "the run without overlap", a, b)
     if b:
         check_resume("hf", device, policy, f"{policy} overlap", b, d["overlap"], d["overlap-resumed"], ["--overlap"])
 

@@ -96,6 +96,23 @@ def test_fresh_state_dict(device, policy):
         x.close()
 
 
+def resume_both_orders(device, policy, sd_model, sd_opt, m_ref, o_ref, steps, what):
+    """Trains ``m_ref``/``o_ref`` on ``steps``; then, for each order of loading ``sd_model`` and
+    ``sd_opt`` into a fresh bf16 model and optimizer, the same steps must give the same losses,
+    parameters and state, bit for bit."""
+    lref = train_steps(m_ref, o_ref, steps, device)
+    for order in ("model first", "optimizer first"):
+        mc = make_model(device, torch.bfloat16, seed=23)
+        oc = make_opt(mc, policy)
+        loads = [lambda: mc.load_state_dict(sd_model), lambda: oc.load_state_dict(sd_opt)]
+        for load in (loads if order == "model first" else loads[::-1]):
+            load()
+        lc = train_steps(mc, oc, steps, device)
+        check(lc == lref and same_snapshot(snapshot(m_ref, o_ref), snapshot(mc, oc)),
+              f"{what} with the {order}: the same bits as the run that went on")
+        oc.close()
+
+
 def test_params_written(device, policy):
     """Parameters written in place between steps: the update starts from them."""
     # fp32 against torch.optim.AdamW with the same writes
@@ -149,21 +166,8 @@ def test_params_written(device, policy):
     od.close()
 
     # a model checkpoint and its optimizer checkpoint, loaded in either order
-    ref_sd_model, ref_sd_opt = copy.deepcopy(ma.state_dict()), oa.state_dict()
-    lref = train_steps(ma, oa, range(5, 8), device)
-    for order in ("model first", "optimizer first"):
-        mc = make_model(device, torch.bfloat16, seed=23)
-        oc = make_opt(mc, policy)
-        if order == "model first":
-            mc.load_state_dict(ref_sd_model)
-            oc.load_state_dict(ref_sd_opt)
-        else:
-            oc.load_state_dict(ref_sd_opt)
-            mc.load_state_dict(ref_sd_model)
-        lc = train_steps(mc, oc, range(5, 8), device)
-        check(lc == lref and same_snapshot(snapshot(ma, oa), snapshot(mc, oc)),
-              f"bf16 resumed with the {order}: the same bits as the run that went on")
-        oc.close()
+    sd_model, sd_opt = copy.deepcopy(ma.state_dict()), oa.state_dict()
+    resume_both_orders(device, policy, sd_model, sd_opt, ma, oa, range(5, 8), "bf16 resumed")
     # a write after the last step, then both checkpoints: the optimizer's holds the written masters
     me, ms = make_model(device, torch.bfloat16), make_model(device, torch.bfloat16)
     oe, os_ = make_opt(me, policy), make_opt(ms, policy)
@@ -171,21 +175,8 @@ def test_params_written(device, policy):
     train_steps(ms, os_, range(1, 3), device)
     halve(me), halve(ms)
     sd_model, sd_opt = copy.deepcopy(ms.state_dict()), os_.state_dict()
-    lref = train_steps(me, oe, range(3, 5), device)
-    for order in ("model first", "optimizer first"):
-        mc = make_model(device, torch.bfloat16, seed=29)
-        oc = make_opt(mc, policy)
-        if order == "model first":
-            mc.load_state_dict(sd_model)
-            oc.load_state_dict(sd_opt)
-        else:
-            oc.load_state_dict(sd_opt)
-            mc.load_state_dict(sd_model)
-        lc = train_steps(mc, oc, range(3, 5), device)
-        check(lc == lref and same_snapshot(snapshot(me, oe), snapshot(mc, oc)),
-              f"bf16 halved after the last step, both checkpoints saved, resumed with the {order}: the same bits as "
-              "the run that went on")
-        oc.close()
+    resume_both_orders(device, policy, sd_model, sd_opt, me, oe, range(3, 5),
+                       "bf16 halved after the last step, both checkpoints saved, resumed")
     for x in (oa, ob, oe, os_):
         x.close()
 

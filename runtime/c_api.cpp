@@ -617,6 +617,20 @@ int dos_optimizer_load_state(dos_optimizer* opt, const float* master, const floa
   });
 }
 
+int dos_optimizer_read_masters(const dos_optimizer* opt, size_t begin, size_t end, float* out) {
+  if (!opt || (end > begin && !out)) return fail(DOS_E_INVALID, "dos_optimizer_read_masters: NULL argument");
+  if (refuse_if_open(opt, "dos_optimizer_read_masters") != DOS_OK) return DOS_E_INVALID;
+  Active active;
+  return guarded([&] { opt->opt->read_master_range(begin, end, out); });
+}
+
+int dos_optimizer_write_masters(dos_optimizer* opt, size_t begin, size_t end, const float* values) {
+  if (!opt || (end > begin && !values)) return fail(DOS_E_INVALID, "dos_optimizer_write_masters: NULL argument");
+  if (refuse_if_open(opt, "dos_optimizer_write_masters") != DOS_OK) return DOS_E_INVALID;
+  Active active;
+  return guarded([&] { opt->opt->write_master_range(begin, end, values); });
+}
+
 int dos_optimizer_set_gradients(dos_optimizer* opt, size_t ntensors, void* const* grads) {
   if (!opt || (ntensors > 0 && !grads)) return fail(DOS_E_INVALID, "dos_optimizer_set_gradients: NULL argument");
   if (refuse_if_open(opt, "dos_optimizer_set_gradients") != DOS_OK) return DOS_E_INVALID;

@@ -434,6 +434,16 @@ class Optimizer {
   /// per tensor, a tensor with elements gets a null pointer, or an update phase is open or still
   /// running (finish_step_async without wait_step).
   void set_gradients(const std::vector<void*>& grads);
+  /// Copies the fp32 master parameters of flat elements [begin, end) (the flat order of the
+  /// tensors given at construction) into out (end - begin floats, host memory).
+  /// Throws Error when the range is not inside num_params() or an update phase is open or running.
+  void read_master_range(std::size_t begin, std::size_t end, float* out) const;
+  /// Replaces the fp32 master parameters of flat elements [begin, end) by values (end - begin
+  /// floats, host memory); the moments, the step counts and the caller's parameters stay. For a
+  /// caller whose parameters were written outside the optimizer: their masters follow without a
+  /// whole load_state. Throws Error, nothing changed, when the range is not inside num_params() or
+  /// an update phase is open or running.
+  void write_master_range(std::size_t begin, std::size_t end, const float* values);
   /// Replaces the whole optimizer state (a checkpoint being resumed): master, exp_avg, exp_avg_sq
   /// (num_params() floats each, host memory, flat order) and each subgroup's step count; then
   /// writes the master parameters, rounded to the caller's dtype, into the caller's parameter

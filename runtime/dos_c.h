@@ -32,7 +32,7 @@
 extern "C" {
 #endif
 
-/* 7: dos_optimizer_set_gradients.
+/* 7: dos_optimizer_set_gradients, dos_optimizer_read_masters, dos_optimizer_write_masters.
  * 6: dos_runtime_create_for_caller.
  * 5: timelines (dos_optimizer_set_timeline, dos_optimizer_last_timeline, dos_clock_seconds).
  * 4: the update overlapped with the next forward (dos_optimizer_finish_step_async, _step_async,
@@ -328,6 +328,15 @@ int dos_optimizer_load_state(dos_optimizer* opt, const float* master, const floa
  * another count, a NULL pointer for a tensor with elements, or an update phase open or still
  * running. */
 int dos_optimizer_set_gradients(dos_optimizer* opt, size_t ntensors, void* const* grads);
+/* Copies the fp32 master parameters of flat elements [begin, end) into out (end - begin floats,
+ * host memory). DOS_E_INVALID for a NULL argument (out may be NULL when begin == end), a range
+ * outside the parameters, or an update phase open or still running. */
+int dos_optimizer_read_masters(const dos_optimizer* opt, size_t begin, size_t end, float* out);
+/* Replaces the fp32 master parameters of flat elements [begin, end) by values (end - begin floats,
+ * host memory); the moments, step counts and the caller's parameters stay (a caller whose
+ * parameters were written outside the optimizer makes their masters follow). DOS_E_INVALID,
+ * nothing changed, as for dos_optimizer_read_masters. */
+int dos_optimizer_write_masters(dos_optimizer* opt, size_t begin, size_t end, const float* values);
 
 /* Timelines: what each task of an update phase did, and when. */
 #define DOS_LANE_CPU 0 /* the task ran on a CPU worker */

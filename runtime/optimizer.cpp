@@ -431,6 +431,31 @@ void Optimizer::with_host_state(const std::function<void(const std::vector<HostS
   impl_->hold_state<HostState>(STARPU_R, fn);  // waits for the tasks writing the state, fetches it home
 }
 
+void Optimizer::Impl::copy_master_range(std::size_t begin, std::size_t end, float* at,
+                                        enum starpu_data_access_mode mode, const char* what) const {
+  require_no_open_step(what);
+  if (begin > end || end > nparams)
+    throw Error(std::string(what) + ": the range [" + std::to_string(begin) + ", " + std::to_string(end) +
+                ") is not inside the optimizer's " + std::to_string(nparams) + " parameters");
+  for (const auto& sg : sgs) {
+    const std::size_t lo = std::max(begin, sg->begin), hi = std::min(end, sg->begin + sg->size);
+    if (lo >= hi) continue;
+    starpu_data_acquire(sg->h_master, mode);  // waits for the tasks using it, fetches it home
+    float* m = static_cast<float*>(sg->master.ptr) + (lo - sg->begin);
+    if (mode == STARPU_R) std::memcpy(at + (lo - begin), m, (hi - lo) * sizeof(float));
+    else std::memcpy(m, at + (lo - begin), (hi - lo) * sizeof(float));
+    starpu_data_release(sg->h_master);
+  }
+}
+
+void Optimizer::read_master_range(std::size_t begin, std::size_t end, float* out) const {
+  impl_->copy_master_range(begin, end, out, STARPU_R, "read_master_range");
+}
+
+void Optimizer::write_master_range(std::size_t begin, std::size_t end, const float* values) {
+  impl_->copy_master_range(begin, end, const_cast<float*>(values), STARPU_RW, "write_master_range");
+}
+
 void Optimizer::read_master(float* out) const { impl_->read_state(out, &Subgroup::master, &Subgroup::h_master); }
 void Optimizer::read_exp_avg(float* out) const {
   impl_->read_state(out, &Subgroup::exp_avg, &Subgroup::h_exp_avg);

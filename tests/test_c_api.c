@@ -413,6 +413,62 @@ static void test_set_gradients(void** state) {
   dos_optimizer_destroy(b);
 }
 
+/* dos_optimizer_read_masters / _write_masters: a range spanning three subgroups reads what
+ * dos_optimizer_read_state gives; written, the masters change there only, the moments and the
+ * parameters stay, and the next step starts from them (the bits of an optimizer loaded with the
+ * same state); bad ranges and calls refused, nothing changed. */
+static void test_master_ranges(void** state) {
+  (void)state;
+  static float pa[N], ga[N], pb[N], gb[N], m0[N], v0[N], s0[N], m1[N], v1[N], s1[N], part[N], pa_before[N];
+  dos_optimizer* a = filled_optimizer(pa, ga);
+  dos_optimizer* b = filled_optimizer(pb, gb);
+  assert_int_equal(dos_optimizer_step(a, NULL), DOS_OK);
+  assert_int_equal(dos_optimizer_read_state(a, 0, m0), DOS_OK);
+  assert_int_equal(dos_optimizer_read_state(a, 1, v0), DOS_OK);
+  assert_int_equal(dos_optimizer_read_state(a, 2, s0), DOS_OK);
+  const size_t lo = 200, hi = 800; /* subgroups of 256: spans three of them */
+  assert_int_equal(dos_optimizer_read_masters(a, lo, hi, part), DOS_OK);
+  assert_memory_equal(part, m0 + lo, (hi - lo) * sizeof(float));
+  for (size_t i = 0; i < hi - lo; ++i) part[i] = 0.25f + 0.001f * (float)i;
+  memcpy(pa_before, pa, sizeof pa);
+  assert_int_equal(dos_optimizer_write_masters(a, lo, hi, part), DOS_OK);
+  assert_int_equal(dos_optimizer_read_state(a, 0, m1), DOS_OK);
+  assert_int_equal(dos_optimizer_read_state(a, 1, v1), DOS_OK);
+  assert_int_equal(dos_optimizer_read_state(a, 2, s1), DOS_OK);
+  assert_memory_equal(m1, m0, lo * sizeof(float));
+  assert_memory_equal(m1 + lo, part, (hi - lo) * sizeof(float));
+  assert_memory_equal(m1 + hi, m0 + hi, (N - hi) * sizeof(float));
+  assert_memory_equal(v1, v0, sizeof v0);
+  assert_memory_equal(s1, s0, sizeof s0);
+  assert_memory_equal(pa, pa_before, sizeof pa);
+  /* the reference: b loaded with the same state, then one step each */
+  const size_t ns = dos_optimizer_num_subgroups(a);
+  int64_t steps[16];
+  assert_true(ns <= 16);
+  assert_int_equal(dos_optimizer_step_counts(a, steps), DOS_OK);
+  assert_int_equal(dos_optimizer_load_state(b, m1, v1, s1, steps, ns), DOS_OK);
+  assert_int_equal(dos_optimizer_step(a, NULL), DOS_OK);
+  assert_int_equal(dos_optimizer_step(b, NULL), DOS_OK);
+  assert_memory_equal(pa, pb, sizeof pa);
+  /* bad calls */
+  assert_int_equal(dos_optimizer_read_masters(a, 0, N + 1, part), DOS_E_INVALID);
+  assert_non_null(strstr(dos_last_error(), "is not inside"));
+  assert_int_equal(dos_optimizer_write_masters(a, 9, 8, part), DOS_E_INVALID);
+  assert_non_null(strstr(dos_last_error(), "is not inside"));
+  assert_int_equal(dos_optimizer_write_masters(a, 0, 4, NULL), DOS_E_INVALID);
+  assert_non_null(strstr(dos_last_error(), "NULL argument"));
+  assert_int_equal(dos_optimizer_read_masters(a, 5, 5, NULL), DOS_OK); /* an empty range */
+  assert_int_equal(dos_optimizer_begin_step(a), DOS_OK);
+  assert_int_equal(dos_optimizer_write_masters(a, 0, 4, part), DOS_E_INVALID);
+  assert_non_null(strstr(dos_last_error(), "phase is open"));
+  assert_int_equal(dos_optimizer_finish_step(a, DOS_VERDICT_SKIP, NULL), DOS_OK);
+  assert_int_equal(dos_optimizer_read_state(a, 0, m0), DOS_OK);
+  assert_int_equal(dos_optimizer_read_state(b, 0, m1), DOS_OK);
+  assert_memory_equal(m0, m1, sizeof m0); /* the refused writes changed nothing */
+  dos_optimizer_destroy(a);
+  dos_optimizer_destroy(b);
+}
+
 static void test_overlap_bad_calls(void** state) {
   (void)state;
   static float p[N], g[N], buf[N];
@@ -632,6 +688,7 @@ int main(void) {
       cmocka_unit_test(test_overlap_same_bits),
       cmocka_unit_test(test_overlap_bad_calls),
       cmocka_unit_test(test_set_gradients),
+      cmocka_unit_test(test_master_ranges),
       cmocka_unit_test(test_async_phase_pauses_workers),
       cmocka_unit_test(test_timeline),
       cmocka_unit_test(test_runtime_for_caller),

@@ -313,6 +313,10 @@ def lib():
                  ctypes.POINTER(ctypes.c_int64), ctypes.c_size_t],
             ),
             "dos_optimizer_set_gradients": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]),
+            "dos_optimizer_read_masters": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t,
+                                                          ctypes.c_void_p]),
+            "dos_optimizer_write_masters": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t,
+                                                           ctypes.c_void_p]),
         }
         # the version first: a library of another version may lack some of the functions below
         L.dos_c_abi_version.restype, L.dos_c_abi_version.argtypes = ctypes.c_int, []

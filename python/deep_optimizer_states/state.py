@@ -73,8 +73,8 @@ class _State:
         to parameters written in place (see :meth:`_sync_masters`): for writes torch does not count
         in a parameter's version counter, such as ``p.data.copy_(...)`` or a collective writing
         into the parameter's memory, which the optimizer cannot see. The moments and step counts
-        stay. Drops the updates speculated since the last step (``overlap=True``). Costs 4 bytes of
-        host memory per parameter, and 12 more where a master changes, for the moment. Raises
+        stay. Drops the updates speculated since the last step (``overlap=True``). Costs about 8
+        bytes of host memory per element of the largest parameter, for the moment. Raises
         ``RuntimeError`` after :meth:`close`."""
         self._check_open()
         self.wait()
@@ -91,27 +91,28 @@ class _State:
         (round to nearest even, as the runtime writes it) the master stays, with the bits a 16-bit
         parameter cannot hold (so that loading a model checkpoint and its optimizer checkpoint in
         either order resumes the same); elsewhere the master becomes the parameter's value. The
-        moments and step counts stay; nothing is loaded when no master changes. No phase may be
-        open. Returns True when masters changed. Costs 4 bytes of host memory per parameter of the
-        bucket (its masters read), and 12 more when a master changes (the state reloaded), for the
-        moment."""
-        written = [j for j, (p, v) in enumerate(zip(b.params, b.param_versions))
-                   if b.numels[j] and (force or p._version != v)]
-        if not written:
-            return False
-        master = self._read_state(b, 0)
+        moments, the step counts and the parameters stay. No phase may be open. Returns True when
+        masters changed. Reads and writes the masters of the written parameters only (their range,
+        ``dos_optimizer_read_masters`` / ``_write_masters``): about 8 bytes of host memory per
+        element of those parameters, for the moment."""
+        L = _capi.lib()
         changed = False
-        for j in written:
-            seg = master.narrow(0, b.offsets[j], b.numels[j])
-            now = b.params[j].detach().reshape(-1).cpu().float()
+        for j, (p, v) in enumerate(zip(b.params, b.param_versions)):
+            n = b.numels[j]
+            if not n or not (force or p._version != v):
+                continue
+            off = b.offsets[j]
+            seg = torch.empty(n, dtype=torch.float32)
+            _capi.check(L.dos_optimizer_read_masters(b.handle, off, off + n, ctypes.c_void_p(seg.data_ptr())),
+                        f"reading the masters of parameter {b.indices[j]}")
+            now = p.detach().reshape(-1).cpu().float()
             differs = now != seg.to(b.dtype).float()
             if bool(differs.any()):
                 seg[differs] = now[differs]
+                self._runtime_call(L.dos_optimizer_write_masters(b.handle, off, off + n, ctypes.c_void_p(seg.data_ptr())),
+                                   f"writing the masters of parameter {b.indices[j]}")
                 changed = True
-        if changed:
-            self._load_bucket(b, master, self._read_state(b, 1), self._read_state(b, 2), self._bucket_steps(b))
-        else:
-            b.note_param_versions()
+        b.note_param_versions()
         return changed
 
     def _pristine(self):

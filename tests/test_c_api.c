@@ -413,7 +413,7 @@ static void test_set_gradients(void** state) {
   dos_optimizer_destroy(b);
 }
 
-/* dos_optimizer_read_masters / _write_masters: a range spanning three subgroups reads what
+/* dos_optimizer_read_masters / _write_masters: a range spanning four subgroups reads what
  * dos_optimizer_read_state gives; written, the masters change there only, the moments and the
  * parameters stay, and the next step starts from them (the bits of an optimizer loaded with the
  * same state); bad ranges and calls refused, nothing changed. */
@@ -426,7 +426,7 @@ static void test_master_ranges(void** state) {
   assert_int_equal(dos_optimizer_read_state(a, 0, m0), DOS_OK);
   assert_int_equal(dos_optimizer_read_state(a, 1, v0), DOS_OK);
   assert_int_equal(dos_optimizer_read_state(a, 2, s0), DOS_OK);
-  const size_t lo = 200, hi = 800; /* subgroups of 256: spans three of them */
+  const size_t lo = 200, hi = 800; /* subgroups of 256: spans four of them */
   assert_int_equal(dos_optimizer_read_masters(a, lo, hi, part), DOS_OK);
   assert_memory_equal(part, m0 + lo, (hi - lo) * sizeof(float));
   for (size_t i = 0; i < hi - lo; ++i) part[i] = 0.25f + 0.001f * (float)i;

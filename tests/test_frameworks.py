@@ -19,10 +19,10 @@ micro-batches, 20 optimizer steps, warm-up and cosine schedule, clipping at 1.0,
    LOSS_RTOL_CUDA);
 3. bf16 mixed precision (the Trainer's bf16=True, Lightning's precision="bf16-mixed"), dos and
    adamw: losses that fall by more than 10%, within BF16_RTOL of each other;
-   (hf only) with ``--no-flat-gradients`` (DeepOptimizerStates(flat_gradients=False), the Trainer's
-   gradients left where autograd puts them): the losses and final parameters of 1's dos run, bit for
-   bit on the CPU (within LOSS_RTOL_CUDA on CUDA);
-4. (hf only) the update overlapped with backward (``--overlap``, clipping in the optimizer): the
+4. (hf only) with ``--no-flat-gradients`` (DeepOptimizerStates(flat_gradients=False), the Trainer's
+   gradients left where autograd puts them): the losses and final parameters of 1's fp32 dos run,
+   bit for bit on the CPU (within LOSS_RTOL_CUDA on CUDA);
+5. (hf only) the update overlapped with backward (``--overlap``, clipping in the optimizer): the
    losses and final parameters of the run without overlap that clips in the optimizer, bit for bit
    on the CPU (within LOSS_RTOL_CUDA on CUDA), and a resume from its own checkpoint as in 2.
 Once per framework: ZeRO-Offload's recipe (``--optimizer adamw-cpu-offload``) against AdamW, and
@@ -145,7 +145,7 @@ def check_resume(framework, device, policy, label, whole, out, resumed_out, extr
 
 
 def test_policy(framework, device, policy, tmp):
-    """Checks 1-3 of the module's docstring under ``policy``; returns the adamw run's JSON log (None
+    """Checks 1-4 of the module's docstring under ``policy``; returns the adamw run's JSON log (None
     when it failed), which does not depend on the policy."""
     cuda = device == "cuda"
     d = {k: os.path.join(tmp, f"{framework}-{policy}-{k}") for k in ("dos", "adamw", "resumed", "dos16", "adamw16")}

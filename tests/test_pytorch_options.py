@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Tests of the PyTorch binding's runtime options: GPU budgets, timelines and caller cores, with
-test_pytorch.py's models, helpers and command line.
+"""Tests of the PyTorch binding's runtime options: GPU budgets, timelines, caller cores and
+flat_gradients, with test_pytorch.py's models, helpers and command line.
 
     test_pytorch_options.py [--device cpu|cuda] [--policy POLICY]
 

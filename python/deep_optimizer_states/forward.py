@@ -62,7 +62,8 @@ class _ForwardOverlap:
         accumulate across ``step()`` calls must not use this, nor one with sparse gradients). They
         read as None until the next backward writes new ones (so that nothing, such as a model's
         ``zero_grad`` zeroing in place, writes the flat gradient buffers the runtime may still
-        read; the gradient hooks of ``overlap=True`` or ``step()`` copy the new ones in), and a
+        read; the gradient hooks copy the new ones in as backward accumulates them, or ``step()``
+        where torch has none), and a
         parameter that gets none before the next ``step()`` has a zero gradient there, even when a
         model's ``zero_grad(set_to_none=True)`` ran in between (this optimizer's
         ``zero_grad(set_to_none=True)`` leaves it None, as without overlap).

@@ -228,7 +228,8 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _Gradients, _State, _Timeli
     Memory: the runtime holds 12 bytes of fp32 state per parameter plus 4 + 2 (or 4) bytes of
     staging, in host memory; the optimizer also keeps (unless ``flat_gradients=False``) one flat
     gradient buffer per bucket (the
-    parameters' dtype and device) and, from the first step on, points each ``p.grad`` at a view of it, so that backward
+    parameters' dtype and device) and points each ``p.grad`` at a view of it (a gradient present at
+    construction at once, a new one as backward accumulates it), so that backward
     accumulates into it and no copy is needed at :meth:`step`. After ``zero_grad(set_to_none=True)``
     (torch 2's ``Module.zero_grad`` and the Hugging Face Trainer) a hook on each parameter
     (where torch has one) copies the gradient autograd allocated into the buffer as soon as it is
@@ -505,7 +506,8 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _Gradients, _State, _Timeli
         it and the update sees a dense one). Before anything is updated, the
         gradients are copied into the optimizer's flat buffers where they are not already there
         (``p.grad`` then points at the buffer; with ``flat_gradients=False`` they stay where they
-        are, made contiguous, and their addresses go to the runtime), their global L2 norm is computed over all
+        are, made contiguous, cloned where they share memory with another gradient or a parameter,
+        and their addresses go to the runtime), their global L2 norm is computed over all
         parameters (per parameter in fp32, then over parameters in fp64; in fp64 throughout when fp32 overflows) when ``max_grad_norm`` or
         ``skip_nonfinite`` asks for it, and they are scaled in place by ``1 / grad_scale`` and the
         clipping coefficient. With ``skip_nonfinite``, gradients holding an inf or NaN skip the

@@ -15,7 +15,8 @@ GPU or the runtime has no CUDA worker.
    budgets have no effect, so there only the refusals and the same bits are checked.
 2. timeline=True: each bucket's phase reports when it began on time.perf_counter()'s clock
    (between the readings around step()) and every task within it, one Adam per subgroup; the
-   same bits as without a timeline; a non-bool timeline refused; train_gpt.py --timeline writes the
+   same bits as without a timeline; a non-bool timeline refused; with the next forward overlapped,
+   the smaller bucket's phase begins and ends first; train_gpt.py --timeline writes the
    timed steps' forward, backward and step() and each phase inside its step() call; malformed
    --timeline-steps refused.
 3. caller_cores: the automatic CPU threads with caller_cores=1 are one fewer than with 0, and an
@@ -154,6 +155,21 @@ def test_timeline(device, policy):
     check(adams == expected and len(adams) == n_sub, f"timeline: one Adam per subgroup ({len(adams)} of {n_sub})")
     check("timeline" not in runs[1][0]["stats"][0], "no timeline unless asked for")
     check(same_snapshot(runs[0][1], runs[1][1]), "timeline=True: the same bits as without")
+
+    # the next forward overlapped: the phases left running are submitted smallest bucket first (the
+    # group of biases and norms before the weights' subgroups), whose tasks then end first
+    m = make_model(device, torch.float32)
+    o = make_opt(m, policy, timeline=True)
+    o.overlap_forward(m)
+    train_steps(m, o, [1, 2], device)
+    o.wait()
+    st = o.last_step["stats"]
+    small, large = sorted(range(len(o._buckets)), key=lambda k: o._buckets[k].num_params)
+    ends = [st[k]["started_at"] + max(t["end"] for t in st[k]["timeline"]) for k in (small, large)]
+    check(len(st) == 2 and st[small]["started_at"] <= st[large]["started_at"] and ends[0] <= ends[1],
+          f"the next forward overlapped: the smaller bucket's phase ({o._buckets[small].num_params} elements) began "
+          f"and ended before the larger's ({o._buckets[large].num_params})")
+    o.close()
 
     # train_gpt.py --timeline: steps 2-4 of the tiny GPT, each phase inside its step() call
     with tempfile.TemporaryDirectory() as d:

@@ -623,7 +623,14 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _Gradients, _State, _Timeli
             if not self.flat_gradients:
                 for b in self._buckets:
                     self._hand_over_gradients(b)
-            for k, b in enumerate(self._buckets):
+            # phases left running into the next forward are submitted smallest bucket first: the
+            # runtime's workers take tasks in submission order, and forward's first layers need
+            # parameters of every bucket (a group of norms and biases, a few elements per layer,
+            # would otherwise wait behind every subgroup of the weights); the same bits in any order
+            order = sorted(range(len(self._buckets)), key=lambda k: self._buckets[k].num_params) \
+                if self._forward_overlap else range(len(self._buckets))
+            for k in order:
+                b = self._buckets[k]
                 if self._forward_overlap:  # the phase runs on into the next forward (overlap_forward)
                     v = _capi.VERDICT_CHANGED if b.open and b.changed is not None else _capi.VERDICT_KEEP
                     if b.open:

@@ -147,24 +147,19 @@ class _ForwardOverlap:
         except TypeError:
             self._forward_handles.append(module.register_forward_hook(leave))
         self._forward_depth = depth
-        if hasattr(module, "register_state_dict_pre_hook"):  # torch >= 2.0
 
-            def before_state_dict(*_args, **_kwargs):
-                opt = ref()
-                if opt is not None:
-                    opt.wait()
+        def wait_first(*_args, **_kwargs):
+            opt = ref()
+            if opt is not None:
+                opt.wait()
 
-            self._forward_handles.append(module.register_state_dict_pre_hook(before_state_dict))
+        # model.state_dict() reads the parameters the phase still writes (torch >= 2.0 has the hook);
         # a model.load_state_dict while a phase runs would be overwritten by the phase's write-backs
-        # (and then seen as unchanged by the masters' check): it waits first
+        # (and then seen as unchanged by the masters' check): both wait first
+        if hasattr(module, "register_state_dict_pre_hook"):
+            self._forward_handles.append(module.register_state_dict_pre_hook(wait_first))
         if hasattr(module, "_register_load_state_dict_pre_hook"):
-
-            def before_load(*_args, **_kwargs):
-                opt = ref()
-                if opt is not None:
-                    opt.wait()
-
-            self._forward_handles.append(module._register_load_state_dict_pre_hook(before_load))
+            self._forward_handles.append(module._register_load_state_dict_pre_hook(wait_first))
         if _rt.leaves_no_caller_core(self.runtime):
             warnings.warn("overlap_forward: the runtime's CPU Adam threads take every core but the GPUs' (automatic "
                           "cpu_threads, caller_cores=0), so forward's kernel launches share cores with them while the "

@@ -115,12 +115,14 @@ class _State:
         b.note_param_versions()
         return changed
 
-    def _pristine(self):
+    def _pristine(self, steps=None):
         """Whether nothing has been updated or loaded yet: no step taken (skipped ones change
         nothing), every subgroup at step 0, and no state loaded since construction or the last fresh
-        one (a state loaded with step counts 0 may carry masters that are not the parameters)."""
-        return self.steps_taken == 0 and not self._state_loaded and \
-            all(s == 0 for bs in self.subgroup_steps() for s in bs)
+        one (a state loaded with step counts 0 may carry masters that are not the parameters).
+        ``steps``: :meth:`subgroup_steps` when the caller has read it already."""
+        if self.steps_taken or self._state_loaded:
+            return False
+        return all(s == 0 for bs in (self.subgroup_steps() if steps is None else steps) for s in bs)
 
     def state_dict(self):
         """The whole optimizer state, as torch tensors in host memory (a dict that ``torch.save``
@@ -157,7 +159,7 @@ class _State:
         state = {}
         buckets = []
         steps = self.subgroup_steps()
-        fresh = self._pristine()
+        fresh = self._pristine(steps)
         for b, bsteps in zip(self._buckets, steps):
             if not fresh:
                 self._sync_masters(b)  # a parameter written since the last step is saved as written

@@ -32,6 +32,7 @@ import torch
 
 from . import _capi
 from . import runtime as _rt
+from .bucket import _Bucket
 from .forward import _ForwardOverlap
 from .gradients import _describe, _Gradients
 from .overlap import _VERDICT_NAMES, _Overlap
@@ -42,66 +43,6 @@ _DTYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 #: The largest float32 (the runtime computes in fp32: a larger lr, eps or weight decay overflows).
 _FLT_MAX = 3.4028234663852886e38
 _UNSUPPORTED = ("amsgrad", "maximize", "capturable", "differentiable", "fused")
-class _Bucket:
-    """The parameters of one param group with one dtype and one device: one runtime optimizer."""
-
-    def __init__(self, group_index, dtype, device):
-        self.group_index = group_index
-        self.dtype = dtype
-        self.device = device
-        self.params = []    # the torch Parameters, in group order
-        self.indices = []   # their indices in state_dict numbering
-        self.shapes = []
-        self.numels = []
-        self.ptrs = []      # data_ptr() of each parameter at creation
-        self.param_versions = []  # each parameter's _version when the runtime's masters last matched it
-        self.flat_grad = None  # None with flat_gradients=False
-        self.views = []     # views of flat_grad shaped like each parameter
-        self.grad_ptrs = None  # flat_gradients=False: the gradient pointers the runtime reads now
-        self.handle = None  # ctypes.c_void_p of the C optimizer
-        self.hyper = None   # the hyper-parameters the runtime holds now
-        self.subgroup_sizes = []
-        self.offsets = []   # flat index of each parameter's first element
-        # the overlapped update (DeepOptimizerStates(overlap=True)), reset by every step()
-        self.open = False       # a runtime phase is open (dos_optimizer_begin_step)
-        self.declared = set()   # positions of the parameters whose gradient was declared final
-        self.pending = []       # (position, CUDA event) declared once the event has completed
-        self.fired = []         # per position: gradient accumulations seen in this step
-        self.changed = None     # why the speculative updates must be redone (str), or None
-        self.seen_version = None  # flat_grad._version after the last accumulation the hooks saw
-        # the next forward overlapped (DeepOptimizerStates.overlap_forward)
-        self.running = False    # step() left the runtime's phase running (dos_optimizer_finish_step_async)
-        self.timeline_on = False  # the runtime optimizer records its phases' tasks (dos_optimizer_set_timeline)
-        self.grads_cleared = False  # that step set every p.grad to None (restored as zeros at the next step)
-
-    @property
-    def num_params(self):
-        return sum(self.numels)
-
-    def note_param_versions(self):
-        """Notes each parameter's version counter (``Tensor._version``, which every in-place write
-        bumps; the runtime's own writes by pointer do not): the runtime's masters match the
-        parameters now."""
-        self.param_versions = [p._version for p in self.params]
-
-    def params_written(self):
-        """Whether a parameter was written in place in a way torch counts (``model.load_state_dict``,
-        ``p.copy_`` under ``torch.no_grad()``, ...) since :meth:`note_param_versions`."""
-        return any(p._version != v for p, v in zip(self.params, self.param_versions))
-
-    def describe(self):
-        return f"group {self.group_index}, {self.dtype} on {self.device.type}"
-
-    def reset_overlap(self):
-        """Forgets the overlapped update's bookkeeping of the step (the runtime's phase is closed)."""
-        self.open = False
-        self.declared = set()
-        self.pending = []
-        self.fired = [0] * len(self.params)
-        self.changed = None
-        self.seen_version = None
-
-
 class DeepOptimizerStates(_Overlap, _ForwardOverlap, _Gradients, _State, _Timeline, torch.optim.Optimizer):
     """Adam/AdamW with the optimizer state offloaded to pinned host memory and each subgroup's update
     placed on the CPU or streamed through the GPU by the runtime's scheduling policy.

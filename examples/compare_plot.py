@@ -1,0 +1,69 @@
+"""The picture of examples/dos_compare.py (compare.png): the update seconds of every run, baseline
+and peer beside the lower bound, and under them the timeline of one phase when there is one."""
+
+
+def draw(plt, png, rows, baselines, peers, tl):
+    """Draws compare.png into ``png`` with ``plt`` (matplotlib.pyplot, Agg backend): the update
+    seconds (median) of every dos-train run (``rows``: dicts of compare.json with ``label``,
+    ``update_seconds``, optional ``update_seconds_min`` / ``_max``, ``params``, ``subgroups``,
+    ``lower_bound_seconds``; blue, with their min..max), baseline (``baselines``, likewise; green) and
+    peer (``peers``: label -> seconds; grey), the first lower bound found (red, dashed), and under
+    them, when ``tl`` (dos-train's --timeline JSON: ``tasks``, ``bus``, ``policy``, ``iteration``)
+    is given, its tasks on the CPU and GPU lanes and the PCIe rates (GB/s averaged over 20 ms
+    windows of the cumulative bus samples)."""
+    bars = [(r["label"], r["update_seconds"], "C0", r) for r in rows] + \
+        [(b["label"], b["update_seconds"], "C2", b) for b in baselines] + \
+        [(f"peer {k}", v, "C7", {}) for k, v in peers.items()]
+    fig, axes = plt.subplots(2 if tl else 1, 1, figsize=(max(8, 0.75 * len(bars) + 3), 8 if tl else 4.5),
+                             squeeze=False)
+    ax = axes[0][0]
+    err = [[b[1] - b[3].get("update_seconds_min", b[1]) for b in bars],
+           [b[3].get("update_seconds_max", b[1]) - b[1] for b in bars]]
+    ax.bar(range(len(bars)), [b[1] for b in bars], color=[b[2] for b in bars], yerr=err, capsize=3)
+    ax.set_xticks(range(len(bars)))
+    ax.set_xticklabels([b[0] for b in bars], rotation=35, ha="right", fontsize=8)
+    ax.set(ylabel="update phase, s (median)", title=f"{rows[0]['params']:,} parameters, {rows[0]['subgroups']} subgroups"
+           if rows else "")
+    lbr = next((r for r in rows if r.get("lower_bound_seconds")), None)
+    if lbr:
+        lb = lbr["lower_bound_seconds"]
+        ax.axhline(lb, color="C3", ls="--", label=f"lower bound ({lbr['label']}) {lb:.3f} s")
+        ax.legend(fontsize=8)
+    if tl:
+        ax = axes[1][0]
+        lanes = {"cpu": 3, "gpu": 2}
+        colors = {"adam": "C0", "gather": "C2", "scatter": "C1"}
+        for t in tl["tasks"]:
+            ax.barh(lanes[t["lane"]], t["end"] - t["start"], left=t["start"], height=0.7,
+                    color=colors.get(t["what"], "C4"), edgecolor="none")
+        # PCIe rates from the cumulative bus samples (bytes are counted when a transfer completes,
+        # so rates are averaged over 20 ms windows)
+        bus = tl["bus"]
+        if len(bus) > 1:
+            w = 0.02
+            end = bus[-1][0]
+            ts, up, down = [], [], []
+            j = 0
+            prev = bus[0]
+            k = 0
+            while k * w < end:
+                t1 = (k + 1) * w
+                while j + 1 < len(bus) and bus[j + 1][0] <= t1:
+                    j += 1
+                ts.append(k * w + w / 2)
+                up.append((bus[j][1] - prev[1]) / w / 1e9)
+                down.append((bus[j][2] - prev[2]) / w / 1e9)
+                prev = bus[j]
+                k += 1
+            peak = max(max(up), max(down), 1.0)
+            ax.fill_between(ts, 1 - 0.4, [1 - 0.4 + 0.8 * u / peak for u in up], step="mid", color="C4", alpha=0.7)
+            ax.fill_between(ts, 0 - 0.4, [0 - 0.4 + 0.8 * d / peak for d in down], step="mid", color="C5", alpha=0.7)
+            ax.text(end, 1, f" H2D (peak {peak:.0f} GB/s)", va="center", fontsize=8)
+            ax.text(end, 0, " D2H", va="center", fontsize=8)
+        ax.set_yticks([0, 1, 2, 3])
+        ax.set_yticklabels(["D2H", "H2D", "GPU worker", "CPU worker"])
+        ax.set(xlabel="seconds since the update phase began",
+               title=f"policy {tl['policy']}, iteration {tl['iteration']}: Adam (blue), gradient staging (green), "
+                     f"parameter write-back (orange)")
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)

@@ -13,6 +13,12 @@ GPU or the runtime has no CUDA worker.
    1 byte (below one subgroup's staging) is refused by the runtime and, with policy dos, one of 8000
    bytes (below one streamed subgroup) leaves every update on the CPU. Without a CUDA worker the
    budgets have no effect, so there only the refusals and the same bits are checked.
+   An optimizer with budgets that starts the runtime (in a process of its own) sets StarPU's
+   device memory limit to the sum over its buckets of each budget, capped at what the bucket could
+   hold; get_runtime refuses a gpu_memory_limit that is not a positive integer. On CUDA, policy gpu
+   streaming 12 subgroups of 1e7 fp32 elements: the device memory beyond torch's stays within the
+   256 MiB update budget (plus 256 MiB), and without a budget it does not (StarPU keeps what it
+   freed), so that the first check could fail.
 2. timeline=True: each bucket's phase reports when it began on time.perf_counter()'s clock
    (between the readings around step()) and every task within it, one Adam per subgroup; the
    same bits as without a timeline; a non-bool timeline refused; with the next forward overlapped,
@@ -83,6 +89,79 @@ def test_gpu_budgets(device, policy):
             check(on_gpu == 0, f"an update budget of 8000 bytes, below one streamed subgroup: every update on the CPU "
                                f"({on_gpu} on the GPU)")
             o.close()
+
+
+_LIMIT_CHILD = """
+import json, os, sys, warnings
+import torch
+import deep_optimizer_states as d
+mode = sys.argv[1]
+os.environ.pop("STARPU_LIMIT_CUDA_MEM", None)
+if mode == "sum":
+    a = [torch.nn.Parameter(torch.zeros(200_000)), torch.nn.Parameter(torch.zeros(200_000))]
+    b = [torch.nn.Parameter(torch.zeros(10_000, dtype=torch.bfloat16))]
+    o = d.DeepOptimizerStates([{"params": a}, {"params": b}], policy="cpu", ncuda=0, gpu_update_budget=5_000_000,
+                              gpu_resident_budget=3_000_000)
+    print(json.dumps({"env": os.environ.get("STARPU_LIMIT_CUDA_MEM"), "limit": d.get_runtime().gpu_memory_limit}))
+else:
+    torch.zeros(1, device="cuda")
+    free0, total = torch.cuda.mem_get_info()
+    before = total - free0 - torch.cuda.memory_reserved()
+    ps = [torch.nn.Parameter(torch.randn(10_000_000, device="cuda")) for _ in range(12)]
+    kw = dict(gpu_update_budget=256 << 20) if mode == "budget" else {}
+    o = d.DeepOptimizerStates(ps, lr=1e-3, subgroup_size=10_000_000, policy="gpu", **kw)
+    streamed = 0
+    for step in range(3):
+        for p in ps:
+            p.grad = torch.randn_like(p)
+        o.step()
+        streamed += sum(st["subgroups_gpu"] for st in o.last_step["stats"])
+    torch.cuda.synchronize()
+    free1, _ = torch.cuda.mem_get_info()
+    print(json.dumps({"other": total - free1 - torch.cuda.memory_reserved() - before, "streamed": streamed,
+                      "limit": d.get_runtime().gpu_memory_limit}))
+"""
+
+
+def _limit_child(mode, device):
+    """Runs _LIMIT_CHILD in a process of its own (the runtime starts once per process); its JSON, or
+    None with its output's end printed."""
+    env = dict(os.environ)
+    if device != "cuda":
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    try:
+        r = subprocess.run([sys.executable, "-c", _LIMIT_CHILD, mode], capture_output=True, text=True, timeout=300,
+                           env=env)
+    except subprocess.TimeoutExpired:
+        print(f"the {mode} child timed out")
+        return None
+    try:
+        return json.loads(r.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        print(f"the {mode} child failed (exit status {r.returncode}):\n{(r.stdout + r.stderr)[-1500:]}")
+        return None
+
+
+def test_gpu_memory_limit(device, policy):
+    """The optimizer's GPU budgets bound StarPU's device memory (get_runtime's gpu_memory_limit)."""
+    for bad in (0, -1, 1.5, True, "1GB"):
+        expect_error(ValueError, "gpu_memory_limit", lambda: dos.get_runtime(gpu_memory_limit=bad),
+                     f"get_runtime(gpu_memory_limit={bad!r})")
+    r = _limit_child("sum", device)
+    # fp32 bucket of 4e5 elements: update min(5e6, 20 * 4e5 + 1 MiB) = 5e6, resident min(3e6, 12 * 4e5) = 3e6;
+    # bf16 bucket of 1e4: update min(5e6, 16 * 1e4 + 1 MiB) = 1,208,576, resident 12 * 1e4 = 120,000
+    want = (5_000_000 + 3_000_000 + 1_208_576 + 120_000) >> 20
+    check(r is not None and r["env"] == str(want) and r["limit"] == want << 20,
+          f"two buckets with budgets: StarPU's limit is the sum of their capped budgets, {want} MiB ({r})")
+    if device == "cuda":
+        cap, free = _limit_child("budget", device), _limit_child("none", device)
+        mib = 1 << 20
+        check(cap is not None and cap["streamed"] == 36 and cap["other"] <= (256 + 256) * mib,
+              f"a 256 MiB update budget, 36 subgroups of 1e7 streamed: the device memory beyond torch's stays within "
+              f"it plus 256 MiB ({cap and cap['other'] // mib} MiB, limit {cap and cap['limit'] // mib} MiB)")
+        check(free is not None and free["other"] > (256 + 256) * mib,
+              f"without a budget StarPU keeps what it freed ({free and free['other'] // mib} MiB beyond torch's), so "
+              "the check above can fail")
 
 
 def test_caller_cores(device, policy):
@@ -289,4 +368,4 @@ def test_flat_gradients(device, policy):
 
 
 if __name__ == "__main__":
-    sys.exit(main([test_gpu_budgets, test_timeline, test_caller_cores, test_flat_gradients]))
+    sys.exit(main([test_gpu_budgets, test_gpu_memory_limit, test_timeline, test_caller_cores, test_flat_gradients]))

@@ -124,6 +124,12 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _Gradients, _State, _Timeli
         worker and CUDA parameters: the runtime's check, at construction). None (default): no
         limit but StarPU's own (90% of the device). Buckets step one after the other, except phases
         left running into the next forward (:meth:`overlap_forward`), which hold one budget each.
+        An optimizer with a ``gpu_update_budget`` that starts the runtime also bounds StarPU's
+        cache of device buffers (:func:`get_runtime`'s ``gpu_memory_limit``) by the sum over its
+        buckets of the update budget and the resident budget, each at most what the bucket could
+        hold (20 bytes per element for fp32 parameters, 16 for 16-bit ones, and 1 MiB, for the
+        update; 12 bytes per element resident): without it StarPU keeps every device buffer it
+        freed, far beyond the budget.
       gpu_resident_budget (int or None): bytes of optimizer state (12 per parameter) each bucket may
         keep on the GPU between steps, >= 0; None (default): not given (policies ``dos`` and ``gpu``
         then keep nothing resident). Both budgets take effect only when the runtime has a CUDA
@@ -314,6 +320,23 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _Gradients, _State, _Timeli
                                  "update is computed: every parameter would become inf or NaN")
         return (lr, b1, b2, eps, wd, bool(group.get("decoupled", True)))
 
+    def _gpu_memory_limit(self, buckets):
+        """Bytes of GPU memory the runtime's StarPU needs for ``buckets``' update phases at once and
+        their resident state (the docstring's ``gpu_update_budget``), 0 without an update budget
+        (no limit asked for)."""
+        if not self.gpu_update_budget:
+            return 0
+        total = 0
+        for b in buckets:
+            n = sum(b.numels)
+            if n == 0:
+                continue
+            elsize = torch.empty((), dtype=b.dtype).element_size()
+            # a streamed subgroup holds its state (12 bytes per element), gradient and parameters
+            total += min(self.gpu_update_budget, (12 + 2 * elsize) * n + (1 << 20))
+            total += min(self.gpu_resident_budget or 0, 12 * n)
+        return total
+
     def _build(self, hypers, policy, cpu_threads, cpu_workers, ncuda, verbose, caller_cores=None,
                preferred_caller_cores=0):
         buckets = {}
@@ -360,7 +383,7 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _Gradients, _State, _Timeli
             raise ValueError("every parameter given has 0 elements: nothing to optimize")
 
         self.runtime = _rt._get_runtime(policy, cpu_threads, cpu_workers, ncuda, verbose, caller_cores,
-                                        preferred_caller_cores)
+                                        preferred_caller_cores, self._gpu_memory_limit(buckets.values()))
         L = _capi.lib()
         try:
             for b in buckets.values():

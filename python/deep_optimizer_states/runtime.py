@@ -13,6 +13,7 @@ import re
 import subprocess
 import sys
 import threading
+import warnings
 import weakref
 
 from . import _capi
@@ -32,12 +33,17 @@ class Runtime:
     StarPU built-in such as ``"dmda"``), ``running_policy`` (str, as StarPU reports it),
     ``cpu_workers`` / ``cuda_workers`` (int, StarPU workers), ``cpu_threads`` (int, OpenMP threads
     of each CPU worker's Adam codelet), ``options`` (the tuple it was started with: policy,
-    cpu_threads, cpu_workers, ncuda, caller_cores).
+    cpu_threads, cpu_workers, ncuda, caller_cores), ``gpu_memory_limit`` (int, bytes: what StarPU
+    may allocate on each GPU, from ``$STARPU_LIMIT_CUDA_MEM`` as it started; 0: no limit but
+    StarPU's own, 90% of the device).
     """
 
-    def __init__(self, policy, cpu_threads, cpu_workers, ncuda, verbose, caller_cores=0):
+    def __init__(self, policy, cpu_threads, cpu_workers, ncuda, verbose, caller_cores=0, gpu_memory_limit=0):
         L = _capi.lib()
         h = ctypes.c_void_p()
+        if gpu_memory_limit > 0:
+            _set_starpu_limit(gpu_memory_limit)
+        self.gpu_memory_limit = _starpu_limit()
         _capi.check(
             L.dos_runtime_create_for_caller(policy.encode(), int(cpu_threads), int(caller_cores), int(cpu_workers),
                                             int(ncuda), int(bool(verbose)), ctypes.byref(h)),
@@ -77,7 +83,30 @@ class Runtime:
                 f"worker(s) x {self.cpu_threads} threads, {self.cuda_workers} CUDA worker(s), {state})")
 
 
-def get_runtime(policy=None, cpu_threads=0, cpu_workers=0, ncuda=-1, verbose=False, caller_cores=None):
+_LIMIT_ENV = "STARPU_LIMIT_CUDA_MEM"
+
+
+def _starpu_limit():
+    """Bytes StarPU may allocate on each GPU as ``$STARPU_LIMIT_CUDA_MEM`` (MiB, as StarPU reads it
+    with atoi) says; 0 when it is unset or not a positive number (StarPU's own limit then)."""
+    lead = re.match(r"\s*[+-]?\d+", os.environ.get(_LIMIT_ENV, ""))
+    mib = int(lead.group()) if lead else 0
+    return mib << 20 if mib > 0 else 0
+
+
+def _set_starpu_limit(limit):
+    """Sets ``$STARPU_LIMIT_CUDA_MEM`` to ``limit`` bytes (rounded down to MiB, at least 1 MiB) for
+    the StarPU about to start, with a warning when the environment said otherwise (the GPU budgets
+    win, as ``dos::RuntimeOptions::gpu_memory_limit`` does in C++)."""
+    mib = str(max(1, int(limit) >> 20))
+    have = os.environ.get(_LIMIT_ENV)
+    if have is not None and have != mib:
+        warnings.warn(f"{_LIMIT_ENV}={have} is replaced by the GPU budgets' {mib} MiB", stacklevel=4)
+    os.environ[_LIMIT_ENV] = mib
+
+
+def get_runtime(policy=None, cpu_threads=0, cpu_workers=0, ncuda=-1, verbose=False, caller_cores=None,
+                gpu_memory_limit=None):
     """Returns the process's runtime, starting it on the first call.
 
     Arguments (see ``dos::RuntimeOptions`` in ``runtime/dos.h``):
@@ -93,17 +122,30 @@ def get_runtime(policy=None, cpu_threads=0, cpu_workers=0, ncuda=-1, verbose=Fal
         backward or the next forward, whose CPU Adam otherwise shares every core with the threads
         that launch the model's kernels. None (default): 0 when starting, and no demand on a
         running runtime.
+      gpu_memory_limit (int or None): bytes StarPU may allocate on each GPU, >= 1 (set as
+        ``$STARPU_LIMIT_CUDA_MEM``, rounded down to MiB, before StarPU starts). StarPU keeps the
+        device buffers it freed for reuse and StarPU 1.3 cannot hand them back, so without a limit
+        its cache grows to what the update phases ever held at once, up to 90% of the device. An
+        optimizer given ``gpu_update_budget`` that starts the runtime sets it from its budgets;
+        give it here when the runtime must serve several optimizers. None (default): no demand
+        (``$STARPU_LIMIT_CUDA_MEM`` or StarPU's own limit when starting).
 
     When torch has started CUDA in this process and the StarPU underneath resets the GPUs after
     calibrating its bus (:func:`bus_calibration_resets`), StarPU is first started in a child
     process (:func:`calibrate_bus_apart`), so that no calibration happens here.
 
     Raises ``ValueError`` when a runtime already runs with a different policy or worker options
-    (StarPU runs once per process: call :func:`shutdown` first) or for an unknown policy;
+    (StarPU runs once per process: call :func:`shutdown` first), for an unknown policy or a
+    ``gpu_memory_limit`` that is not a positive integer; warns (``UserWarning``) when a running
+    runtime's GPU memory limit is lower than ``gpu_memory_limit`` or absent;
     :class:`~deep_optimizer_states.DosError` when StarPU cannot start (here or in that child); ``OSError`` when
     ``libdos_c.so`` cannot be loaded.
     """
-    return _get_runtime(policy, cpu_threads, cpu_workers, ncuda, verbose, caller_cores, 0)
+    if gpu_memory_limit is not None and (not isinstance(gpu_memory_limit, int) or isinstance(gpu_memory_limit, bool)
+                                         or gpu_memory_limit < 1):
+        raise ValueError(f"gpu_memory_limit must be None or an integer >= 1 (bytes StarPU may allocate on each GPU), "
+                         f"got {gpu_memory_limit!r}")
+    return _get_runtime(policy, cpu_threads, cpu_workers, ncuda, verbose, caller_cores, 0, gpu_memory_limit or 0)
 
 
 def _check_caller_cores(caller_cores):
@@ -114,9 +156,11 @@ def _check_caller_cores(caller_cores):
                          f"got {caller_cores!r}")
 
 
-def _get_runtime(policy, cpu_threads, cpu_workers, ncuda, verbose, caller_cores, preferred_caller_cores):
+def _get_runtime(policy, cpu_threads, cpu_workers, ncuda, verbose, caller_cores, preferred_caller_cores,
+                 gpu_memory_limit=0):
     """get_runtime, with ``preferred_caller_cores``: the caller cores to start with when
-    ``caller_cores`` is None (no demand on a running runtime)."""
+    ``caller_cores`` is None (no demand on a running runtime); ``gpu_memory_limit``: bytes, 0 for
+    no demand."""
     global _runtime
     _check_caller_cores(caller_cores)
     with _lock:
@@ -132,11 +176,18 @@ def _get_runtime(policy, cpu_threads, cpu_workers, ncuda, verbose, caller_cores,
                         f"(StarPU runs once per process): ask for {name}={h!r}, or leave it out, or call "
                         f"deep_optimizer_states.shutdown() first (it closes every optimizer), got {name}={w!r}"
                     )
+            have, want = _runtime.gpu_memory_limit, max(1, gpu_memory_limit >> 20) << 20  # StarPU counts MiB
+            if gpu_memory_limit > 0 and _runtime.cuda_workers > 0 and (have == 0 or have < want):
+                what = f"{have >> 20} MiB" if have else "no limit but StarPU's own (90% of the device)"
+                warnings.warn(f"the running runtime lets StarPU allocate {what} on each GPU, and these GPU budgets want "
+                              f"{want >> 20} MiB: StarPU's cache of device buffers is not bounded by them. "
+                              "Start the runtime with get_runtime(gpu_memory_limit=...) covering every optimizer's "
+                              "budgets, before the first optimizer", stacklevel=4)
             return _runtime
         if _cuda_started() and bus_calibration_resets():
             calibrate_bus_apart(verbose)
         cores = preferred_caller_cores if caller_cores is None else caller_cores
-        _runtime = Runtime(policy or DEFAULT_POLICY, cpu_threads, cpu_workers, ncuda, verbose, cores)
+        _runtime = Runtime(policy or DEFAULT_POLICY, cpu_threads, cpu_workers, ncuda, verbose, cores, gpu_memory_limit)
         return _runtime
 
 

@@ -33,10 +33,10 @@ Runs:
                                  (--baselines-python, else the first of this one and
                                  /usr/bin/python3 that does); skipped with a note when none does
   --peers PATH                   an external re-creation of the baselines (torch_update_phase.py)
-                                 on the same N and S, as a cross-check: zero_offload and
-                                 dos_stride:2..4 (when --policies or --run ran something) and, per
-                                 resident budget, twinflow:R_gpu keeping the same subgroups
-                                 resident; rows ``peer VARIANT``
+                                 on the same N and S, as a cross-check: --peer-variants (default
+                                 zero_offload and dos_stride:2..4; when --policies or --run ran
+                                 something) and, per resident budget, twinflow:R_gpu keeping the
+                                 same subgroups resident; rows ``peer VARIANT``
   --timeline                     the first dos run writes its last phase's timeline; plotted under
                                  the bars (CPU worker, GPU worker, H2D and D2H rates)
 
@@ -116,6 +116,9 @@ def parse_args(argv):
                          "the first that imports torch)")
     ap.add_argument("--peers", default=None, help="path of torch_update_phase.py: run that external cross-check too")
     ap.add_argument("--peer-iters", type=int, default=3, help="timed phases per peer variant (default 3)")
+    ap.add_argument("--peer-variants", default="zero_offload,dos_stride:2,dos_stride:3,dos_stride:4",
+                    help="the peers' variants beside the policies, comma-separated (default "
+                         "zero_offload,dos_stride:2,dos_stride:3,dos_stride:4)")
     ap.add_argument("--timeline", action="store_true", help="plot the first dos run's last update phase")
     ap.add_argument("--out", default="dos-compare-out", help="folder for the reports, logs, table and plot")
     ap.add_argument("--plot-only", action="store_true",
@@ -339,7 +342,7 @@ def run_baselines(a, r0, variants, notes):
 
 def run_peers(a, n, s, twinflow):
     """Runs the external peers script; returns {variant: mean seconds per phase} (missing on failure)."""
-    base = ["zero_offload", "dos_stride:2", "dos_stride:3", "dos_stride:4"] if a.runs else []
+    base = [v.strip() for v in a.peer_variants.split(",") if v.strip()] if a.runs else []
     variants = base + [f"twinflow:{r:.4g}" for r in twinflow]
     cmd = [sys.executable, a.peers, "--n", str(n), "--s", str(s), "--iters", str(a.peer_iters),
            "--variants", ",".join(variants)]

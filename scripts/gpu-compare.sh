@@ -10,8 +10,10 @@
 #            dos_stride:2..4
 # PART=budgets: resident budgets 10GB, 20GB, 31.5GB (dos and static:R) and the twinflow peers
 # COMMON: extra dos-train arguments for every run (e.g. --grad-transfer native)
-# BASELINES=1: the repository's PyTorch baselines too (dos_compare.py --baselines: zero_offload and
-#            stride:2..4 in PART=main, twinflow:R per budget in PART=budgets); REPEATS=R: each run R times
+# BASELINES=1: the repository's PyTorch baselines too (dos_compare.py --baselines: BASELINE_LIST, default
+#            zero_offload and stride:2..4, in PART=main, twinflow:R per budget in PART=budgets); REPEATS=R: each
+#            run R times; PEER_VARIANTS: the external peers' variants in PART=main (default zero_offload and
+#            dos_stride:2..4); POLICIES: the policies of PART=main (default dos,cpu,dmda,dmdas,gpu,lws)
 set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${OUT:-$ROOT/gpu-compare-out}
@@ -23,7 +25,7 @@ echo "build: $(( $(date +%s) - t0 )) s"
 . "$ROOT/.deps/env.sh"
 PEERS=()
 [ -f "$ROOT/.peers/torch_update_phase.py" ] && PEERS=(--peers "$ROOT/.peers/torch_update_phase.py")
-PEERS+=(--repeats "${REPEATS:-1}")
+PEERS+=(--repeats "${REPEATS:-1}" --peer-variants "${PEER_VARIANTS:-zero_offload,dos_stride:2,dos_stride:3,dos_stride:4}")
 BASE=()
 ARGS=(--preset llama-20b --shard 1/4 --subgroup-size 1.24e8 -n 4 --gpu-update-budget 40GB --emulate-compute
       --tokens 4096 ${COMMON:-})
@@ -40,7 +42,7 @@ for p in ${MODEL_POLICIES-dmda dmdas}; do
 done
 export STARPU_CALIBRATE=0
 if [ "$PART" = main ]; then
-  [ -n "${BASELINES:-}" ] && BASE=(--baselines "zero_offload,stride:2,stride:3,stride:4")
+  [ -n "${BASELINES:-}" ] && BASE=(--baselines "${BASELINE_LIST:-zero_offload,stride:2,stride:3,stride:4}")
   extra=()
   [ -n "${RUNS:-}" ] && while IFS= read -r r; do [ -n "$r" ] && extra+=(--run "$r"); done <<<"$RUNS"
   python3 "$ROOT/examples/dos_compare.py" --policies "${POLICIES:-dos,cpu,dmda,dmdas,gpu,lws}" "${extra[@]}" \

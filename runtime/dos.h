@@ -71,7 +71,7 @@ class Plan;
 /// ncuda: CUDA workers to start; -1: one per visible device (StarPU's default); 0: none.
 /// verbose: print what was chosen (policy, workers, threads) on stderr.
 /// gpu_memory_limit: bytes StarPU may allocate on each GPU for the optimizer's data (its
-/// STARPU_LIMIT_CUDA_MEM, set before StarPU starts, rounded down to MiB, at least 1 MiB; it stays
+/// STARPU_LIMIT_CUDA_MEM, set before StarPU starts, rounded up to MiB; it stays
 /// set in the process's environment); 0: StarPU's default (90% of the device, or
 /// what STARPU_LIMIT_CUDA_MEM already says). StarPU keeps freed device buffers cached for reuse
 /// and StarPU 1.3 cannot hand them back on request (starpu_data_evict_from_node came in 1.4), so this

@@ -109,9 +109,9 @@ Runtime::Runtime(const RuntimeOptions& options) : impl_(new Impl) {
   setenv("STARPU_MINIMUM_CLEAN_BUFFERS", "0", 0);
   setenv("STARPU_TARGET_CLEAN_BUFFERS", "0", 0);
   if (options.gpu_memory_limit > 0) {
-    // StarPU reads its limit in MiB (src/drivers/cuda/driver_cuda.c); the option wins over the
-    // environment, with a word when they differ.
-    const std::string mib = std::to_string(std::max<std::size_t>(1, options.gpu_memory_limit >> 20));
+    // StarPU reads its limit in MiB (src/drivers/cuda/driver_cuda.c), rounded up here so that the
+    // budgets fit; the option wins over the environment, with a word when they differ.
+    const std::string mib = std::to_string((options.gpu_memory_limit + (std::size_t(1) << 20) - 1) >> 20);  // up
     const char* env_limit = std::getenv("STARPU_LIMIT_CUDA_MEM");
     if (env_limit && mib != env_limit && options.verbose)
       std::fprintf(stderr, "[dos] warning: STARPU_LIMIT_CUDA_MEM=%s is replaced by the GPU budgets (%s MiB)\n",

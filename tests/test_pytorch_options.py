@@ -14,8 +14,10 @@ GPU or the runtime has no CUDA worker.
    bytes (below one streamed subgroup) leaves every update on the CPU. Without a CUDA worker the
    budgets have no effect, so there only the refusals and the same bits are checked.
    An optimizer with budgets that starts the runtime (in a process of its own) sets StarPU's
-   device memory limit to the sum over its buckets of each budget, capped at what the bucket could
-   hold; get_runtime refuses a gpu_memory_limit that is not a positive integer. On CUDA, policy gpu
+   device memory limit, in whole MiB: per bucket the update budget or one subgroup, the larger, at
+   most the bucket streamed, plus the resident budget, summed over the buckets; policy cpu asks for none; the environment
+   is restored once StarPU started, and a runtime started after shutdown() without budgets has no
+   limit; get_runtime refuses a gpu_memory_limit out of range. On CUDA, policy gpu
    streaming 12 subgroups of 1e7 fp32 elements: the device memory beyond torch's stays within the
    256 MiB update budget (plus 256 MiB), and without a budget it does not (StarPU keeps what it
    freed), so that the first check could fail.
@@ -98,11 +100,24 @@ import deep_optimizer_states as d
 mode = sys.argv[1]
 os.environ.pop("STARPU_LIMIT_CUDA_MEM", None)
 if mode == "sum":
-    a = [torch.nn.Parameter(torch.zeros(200_000)), torch.nn.Parameter(torch.zeros(200_000))]
-    b = [torch.nn.Parameter(torch.zeros(10_000, dtype=torch.bfloat16))]
-    o = d.DeepOptimizerStates([{"params": a}, {"params": b}], policy="cpu", ncuda=0, gpu_update_budget=5_000_000,
-                              gpu_resident_budget=3_000_000)
-    print(json.dumps({"env": os.environ.get("STARPU_LIMIT_CUDA_MEM"), "limit": d.get_runtime().gpu_memory_limit}))
+    out = {}
+    def start(name, groups, **kw):
+        o = d.DeepOptimizerStates(groups, ncuda=0, **kw)
+        out[name] = {"limit": d.get_runtime().gpu_memory_limit, "env": os.environ.get("STARPU_LIMIT_CUDA_MEM")}
+        o.close()
+        d.shutdown()
+    a = [torch.nn.Parameter(torch.zeros(1_000_000)), torch.nn.Parameter(torch.zeros(2_000_000))]
+    b = [torch.nn.Parameter(torch.zeros(1_000_000, dtype=torch.bfloat16))]
+    kw = dict(policy="dos", subgroup_size=1_000_000)  # fp32: 2e7 bytes per streamed subgroup, 6e7 the bucket
+    start("u10", a, gpu_update_budget=10_000_000, **kw)  # below one subgroup, which runs alone
+    start("u40", a, gpu_update_budget=40_000_000, **kw)
+    start("u1e9", a, gpu_update_budget=10 ** 9, **kw)  # beyond the whole bucket streamed
+    start("r20", a, gpu_update_budget=40_000_000, gpu_resident_budget=20_000_000, **kw)
+    start("two", [{"params": a}, {"params": b}], gpu_update_budget=40_000_000, **kw)  # + 1.6e7 bf16 streamed
+    start("cpu", a, policy="cpu", gpu_update_budget=40_000_000)
+    d.get_runtime("dos", ncuda=0)
+    out["after"] = {"limit": d.get_runtime().gpu_memory_limit, "env": os.environ.get("STARPU_LIMIT_CUDA_MEM")}
+    print(json.dumps(out))
 else:
     torch.zeros(1, device="cuda")
     free0, total = torch.cuda.mem_get_info()
@@ -144,19 +159,38 @@ def _limit_child(mode, device):
 
 def test_gpu_memory_limit(device, policy):
     """The optimizer's GPU budgets bound StarPU's device memory (get_runtime's gpu_memory_limit)."""
-    for bad in (0, -1, 1.5, True, "1GB"):
+    for bad in (0, -1, 1.5, True, "1GB", 1 << 51):
         expect_error(ValueError, "gpu_memory_limit", lambda: dos.get_runtime(gpu_memory_limit=bad),
                      f"get_runtime(gpu_memory_limit={bad!r})")
     r = _limit_child("sum", device)
-    # fp32 bucket of 4e5 elements: update min(5e6, 20 * 4e5 + 1 MiB) = 5e6, resident min(3e6, 12 * 4e5) = 3e6;
-    # bf16 bucket of 1e4: update min(5e6, 16 * 1e4 + 1 MiB) = 1,208,576, resident 12 * 1e4 = 120,000
-    want = (5_000_000 + 3_000_000 + 1_208_576 + 120_000) >> 20
-    check(r is not None and r["env"] == str(want) and r["limit"] == want << 20,
-          f"two buckets with budgets: StarPU's limit is the sum of their capped budgets, {want} MiB ({r})")
+    if r is None:
+        check(False, "the limits' child ran")
+    else:
+        mib = 1 << 20
+        lim = {k: v["limit"] for k, v in r.items()}
+
+        def near(x, want):  # StarPU counts whole MiB, rounded up
+            return abs(x - want) <= mib
+
+        check(all(v % mib == 0 for v in lim.values()) and lim["u10"] >= 20_000_000 and lim["u40"] >= 40_000_000,
+              f"StarPU's limit in whole MiB, covering the update budget and one subgroup ({lim})")
+        check(near(lim["u40"] - lim["u10"], 20_000_000),
+              "an update budget below one subgroup (2e7 bytes streamed): the limit holds that subgroup, 2e7 below "
+              "the limit of a 4e7 budget")
+        check(near(lim["u1e9"] - lim["u40"], 20_000_000),
+              "an update budget beyond the whole bucket: the limit holds the bucket streamed (6e7 bytes), not the budget")
+        check(near(lim["r20"] - lim["u40"], 20_000_000), "a resident budget of 2e7 bytes adds 2e7 to the limit")
+        check(near(lim["two"] - lim["u40"], 16_000_000),
+              "a second bucket (1e6 bf16 elements, 1.6e7 bytes streamed) adds what it can hold")
+        check(r["cpu"]["limit"] == 0, f"policy cpu, which uses no GPU: no limit asked ({r['cpu']})")
+        check(all(r[k]["env"] is None for k in r),
+              f"STARPU_LIMIT_CUDA_MEM restored (unset) once each runtime started: {[r[k]['env'] for k in r]}")
+        check(r["after"]["limit"] == 0, f"a runtime started after shutdown() without budgets has no limit ({r['after']})")
     if device == "cuda":
         cap, free = _limit_child("budget", device), _limit_child("none", device)
         mib = 1 << 20
-        check(cap is not None and cap["streamed"] == 36 and cap["other"] <= (256 + 256) * mib,
+        check(cap is not None and cap["streamed"] == 36 and 256 * mib <= cap["limit"] <= (256 + 64 + 1) * mib
+              and cap["other"] <= (256 + 256) * mib,
               f"a 256 MiB update budget, 36 subgroups of 1e7 streamed: the device memory beyond torch's stays within "
               f"it plus 256 MiB ({cap and cap['other'] // mib} MiB, limit {cap and cap['limit'] // mib} MiB)")
         check(free is not None and free["other"] > (256 + 256) * mib,

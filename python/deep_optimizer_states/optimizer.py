@@ -124,12 +124,12 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _Gradients, _State, _Timeli
         worker and CUDA parameters: the runtime's check, at construction). None (default): no
         limit but StarPU's own (90% of the device). Buckets step one after the other, except phases
         left running into the next forward (:meth:`overlap_forward`), which hold one budget each.
-        An optimizer with a ``gpu_update_budget`` that starts the runtime also bounds StarPU's
-        cache of device buffers (:func:`get_runtime`'s ``gpu_memory_limit``) by the sum over its
-        buckets of the update budget and the resident budget, each at most what the bucket could
-        hold (20 bytes per element for fp32 parameters, 16 for 16-bit ones, and 1 MiB, for the
-        update; 12 bytes per element resident): without it StarPU keeps every device buffer it
-        freed, far beyond the budget.
+        An optimizer with a ``gpu_update_budget`` and policy ``dos`` or ``gpu`` that starts the
+        runtime also bounds StarPU's cache of device buffers (:func:`get_runtime`'s
+        ``gpu_memory_limit``) by the sum over its buckets of what each may hold (the larger of the
+        update budget and one subgroup, at most the whole bucket streamed, plus its resident
+        budget; :meth:`_gpu_memory_limit` gives the formula): without it StarPU keeps every device
+        buffer it freed, far beyond the budget.
       gpu_resident_budget (int or None): bytes of optimizer state (12 per parameter) each bucket may
         keep on the GPU between steps, >= 0; None (default): not given (policies ``dos`` and ``gpu``
         then keep nothing resident). Both budgets take effect only when the runtime has a CUDA
@@ -266,6 +266,7 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _Gradients, _State, _Timeli
         self.last_step = None
         hypers = [self._group_hyper(i, g) for i, g in enumerate(self.param_groups)]
         _rt._check_caller_cores(caller_cores)
+        self._overlap_asked = bool(overlap)
         self._build(hypers, policy, cpu_threads, cpu_workers, ncuda, verbose, caller_cores, 1 if overlap else 0)
         #: Whether the update overlaps backward (bool): ``overlap`` as given, False where this torch
         #: has no hook for it.
@@ -320,21 +321,33 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _Gradients, _State, _Timeli
                                  "update is computed: every parameter would become inf or NaN")
         return (lr, b1, b2, eps, wd, bool(group.get("decoupled", True)))
 
-    def _gpu_memory_limit(self, buckets):
-        """Bytes of GPU memory the runtime's StarPU needs for ``buckets``' update phases at once and
-        their resident state (the docstring's ``gpu_update_budget``), 0 without an update budget
-        (no limit asked for)."""
-        if not self.gpu_update_budget:
+    def _gpu_memory_limit(self, buckets, policy):
+        """Bytes of GPU memory the runtime's StarPU may need for ``buckets``' update phases at once
+        and their resident state (the class docstring's ``gpu_update_budget``), 0 when no limit is
+        asked for: no update budget, or a policy other than ``dos`` and ``gpu`` (``cpu`` uses no
+        GPU; ``static:R`` and StarPU's built-ins place state on the GPU outside the budgets).
+
+        Per bucket of n elements of e bytes, f = 12 + 2e bytes per streamed element (state,
+        gradient, parameters; twice that with ``overlap``: the shadow state of a speculative update
+        and its staging): the update phase holds at most max(budget, one subgroup) (the runtime's
+        admission window lets a subgroup larger than the budget run alone), and never more than
+        n f; the resident state min(resident budget, 12 n). Plus 64 MiB for StarPU's own buffers.
+        Returns 0 (StarPU's own limit, 90% of the device) when the sum reaches 90% of GPU 0."""
+        if not self.gpu_update_budget or (policy or "dos").split(":")[0] not in ("dos", "gpu"):
             return 0
-        total = 0
+        total = 64 << 20
         for b in buckets:
             n = sum(b.numels)
             if n == 0:
                 continue
-            elsize = torch.empty((), dtype=b.dtype).element_size()
-            # a streamed subgroup holds its state (12 bytes per element), gradient and parameters
-            total += min(self.gpu_update_budget, (12 + 2 * elsize) * n + (1 << 20))
+            f = 12 + 2 * torch.empty((), dtype=b.dtype).element_size()
+            if self._overlap_asked:
+                f *= 2
+            largest = min(self.subgroup_size, n) * f
+            total += min(max(self.gpu_update_budget, largest), n * f)
             total += min(self.gpu_resident_budget or 0, 12 * n)
+        if torch.cuda.is_available() and total >= 0.9 * torch.cuda.get_device_properties(0).total_memory:
+            return 0
         return total
 
     def _build(self, hypers, policy, cpu_threads, cpu_workers, ncuda, verbose, caller_cores=None,
@@ -382,8 +395,10 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _Gradients, _State, _Timeli
         if index and all(n == 0 for bk in buckets.values() for n in bk.numels):
             raise ValueError("every parameter given has 0 elements: nothing to optimize")
 
+        running = _rt.current_runtime()
+        self._gpu_request = self._gpu_memory_limit(buckets.values(), policy or (running.policy if running else None))
         self.runtime = _rt._get_runtime(policy, cpu_threads, cpu_workers, ncuda, verbose, caller_cores,
-                                        preferred_caller_cores, self._gpu_memory_limit(buckets.values()))
+                                        preferred_caller_cores, self._gpu_request)
         L = _capi.lib()
         try:
             for b in buckets.values():

@@ -41,14 +41,24 @@ class Runtime:
     def __init__(self, policy, cpu_threads, cpu_workers, ncuda, verbose, caller_cores=0, gpu_memory_limit=0):
         L = _capi.lib()
         h = ctypes.c_void_p()
+        before = os.environ.get(_LIMIT_ENV)
         if gpu_memory_limit > 0:
             _set_starpu_limit(gpu_memory_limit)
         self.gpu_memory_limit = _starpu_limit()
-        _capi.check(
-            L.dos_runtime_create_for_caller(policy.encode(), int(cpu_threads), int(caller_cores), int(cpu_workers),
-                                            int(ncuda), int(bool(verbose)), ctypes.byref(h)),
-            f"starting the runtime with policy '{policy}'",
-        )
+        try:
+            _capi.check(
+                L.dos_runtime_create_for_caller(policy.encode(), int(cpu_threads), int(caller_cores), int(cpu_workers),
+                                                int(ncuda), int(bool(verbose)), ctypes.byref(h)),
+                f"starting the runtime with policy '{policy}'",
+            )
+        finally:
+            # StarPU has read it while starting: the process's environment goes back to what it was, so
+            # that neither a later runtime (after shutdown()) nor a child process inherits these budgets
+            if gpu_memory_limit > 0:
+                if before is None:
+                    os.environ.pop(_LIMIT_ENV, None)
+                else:
+                    os.environ[_LIMIT_ENV] = before
         self._h = h
         self.policy = policy
         self.options = (policy, int(cpu_threads), int(cpu_workers), int(ncuda), int(caller_cores))
@@ -87,22 +97,33 @@ _LIMIT_ENV = "STARPU_LIMIT_CUDA_MEM"
 
 
 def _starpu_limit():
-    """Bytes StarPU may allocate on each GPU as ``$STARPU_LIMIT_CUDA_MEM`` (MiB, as StarPU reads it
-    with atoi) says; 0 when it is unset or not a positive number (StarPU's own limit then)."""
-    lead = re.match(r"\s*[+-]?\d+", os.environ.get(_LIMIT_ENV, ""))
-    mib = int(lead.group()) if lead else 0
-    return mib << 20 if mib > 0 else 0
+    """Bytes StarPU may allocate on each GPU as ``$STARPU_LIMIT_CUDA_MEM`` (MiB) says; 0 when it is
+    unset or not a positive whole number (StarPU's own limit, 90% of the device, then applies, or
+    StarPU refuses the value)."""
+    text = os.environ.get(_LIMIT_ENV, "").strip()
+    return int(text) << 20 if text.isdigit() and int(text) > 0 else 0
+
+
+def _user_stacklevel():
+    """The ``stacklevel`` for :func:`warnings.warn` called from this package that names the first
+    frame outside it (the caller's line)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    f, level = sys._getframe(1), 1
+    while f is not None and os.path.dirname(os.path.abspath(f.f_code.co_filename)) == here:
+        f, level = f.f_back, level + 1
+    return level
 
 
 def _set_starpu_limit(limit):
-    """Sets ``$STARPU_LIMIT_CUDA_MEM`` to ``limit`` bytes (rounded down to MiB, at least 1 MiB) for
-    the StarPU about to start, with a warning when the environment said otherwise (the GPU budgets
-    win, as ``dos::RuntimeOptions::gpu_memory_limit`` does in C++)."""
-    mib = str(max(1, int(limit) >> 20))
-    have = os.environ.get(_LIMIT_ENV)
-    if have is not None and have != mib:
-        warnings.warn(f"{_LIMIT_ENV}={have} is replaced by the GPU budgets' {mib} MiB", stacklevel=4)
-    os.environ[_LIMIT_ENV] = mib
+    """Sets ``$STARPU_LIMIT_CUDA_MEM`` to ``limit`` bytes (rounded up to MiB) for the StarPU about to
+    start, with a warning when the environment said otherwise (the GPU budgets win, as
+    ``dos::RuntimeOptions::gpu_memory_limit`` does in C++)."""
+    mib = -(-int(limit) >> 20)
+    have = _starpu_limit()
+    if os.environ.get(_LIMIT_ENV) is not None and have != mib << 20:
+        warnings.warn(f"{_LIMIT_ENV}={os.environ[_LIMIT_ENV]} is replaced by the GPU budgets' {mib} MiB for this "
+                      "runtime", stacklevel=_user_stacklevel())
+    os.environ[_LIMIT_ENV] = str(mib)
 
 
 def get_runtime(policy=None, cpu_threads=0, cpu_workers=0, ncuda=-1, verbose=False, caller_cores=None,
@@ -122,8 +143,9 @@ def get_runtime(policy=None, cpu_threads=0, cpu_workers=0, ncuda=-1, verbose=Fal
         backward or the next forward, whose CPU Adam otherwise shares every core with the threads
         that launch the model's kernels. None (default): 0 when starting, and no demand on a
         running runtime.
-      gpu_memory_limit (int or None): bytes StarPU may allocate on each GPU, >= 1 (set as
-        ``$STARPU_LIMIT_CUDA_MEM``, rounded down to MiB, before StarPU starts). StarPU keeps the
+      gpu_memory_limit (int or None): bytes StarPU may allocate on each GPU, in [1, 2**51) (set as
+        ``$STARPU_LIMIT_CUDA_MEM``, rounded up to MiB, while StarPU starts; the environment is
+        restored afterwards). StarPU keeps the
         device buffers it freed for reuse and StarPU 1.3 cannot hand them back, so without a limit
         its cache grows to what the update phases ever held at once, up to 90% of the device. An
         optimizer given ``gpu_update_budget`` that starts the runtime sets it from its budgets;
@@ -136,15 +158,15 @@ def get_runtime(policy=None, cpu_threads=0, cpu_workers=0, ncuda=-1, verbose=Fal
 
     Raises ``ValueError`` when a runtime already runs with a different policy or worker options
     (StarPU runs once per process: call :func:`shutdown` first), for an unknown policy or a
-    ``gpu_memory_limit`` that is not a positive integer; warns (``UserWarning``) when a running
-    runtime's GPU memory limit is lower than ``gpu_memory_limit`` or absent;
+    ``gpu_memory_limit`` out of range; warns (``UserWarning``) when a running runtime's GPU memory
+    limit is lower than ``gpu_memory_limit`` plus what the live optimizers asked for, or absent;
     :class:`~deep_optimizer_states.DosError` when StarPU cannot start (here or in that child); ``OSError`` when
     ``libdos_c.so`` cannot be loaded.
     """
     if gpu_memory_limit is not None and (not isinstance(gpu_memory_limit, int) or isinstance(gpu_memory_limit, bool)
-                                         or gpu_memory_limit < 1):
-        raise ValueError(f"gpu_memory_limit must be None or an integer >= 1 (bytes StarPU may allocate on each GPU), "
-                         f"got {gpu_memory_limit!r}")
+                                         or not 1 <= gpu_memory_limit < 1 << 51):
+        raise ValueError(f"gpu_memory_limit must be None or an integer in [1, 2**51) (bytes StarPU may allocate on each "
+                         f"GPU; StarPU reads MiB into an int), got {gpu_memory_limit!r}")
     return _get_runtime(policy, cpu_threads, cpu_workers, ncuda, verbose, caller_cores, 0, gpu_memory_limit or 0)
 
 
@@ -176,13 +198,15 @@ def _get_runtime(policy, cpu_threads, cpu_workers, ncuda, verbose, caller_cores,
                         f"(StarPU runs once per process): ask for {name}={h!r}, or leave it out, or call "
                         f"deep_optimizer_states.shutdown() first (it closes every optimizer), got {name}={w!r}"
                     )
-            have, want = _runtime.gpu_memory_limit, max(1, gpu_memory_limit >> 20) << 20  # StarPU counts MiB
+            # what the live optimizers asked for stays on the GPU while this one runs (resident state)
+            asked = sum(getattr(o, "_gpu_request", 0) for o in list(_optimizers) if not getattr(o, "_closed", True))
+            have, want = _runtime.gpu_memory_limit, -(-(gpu_memory_limit + asked) >> 20) << 20  # StarPU counts MiB
             if gpu_memory_limit > 0 and _runtime.cuda_workers > 0 and (have == 0 or have < want):
                 what = f"{have >> 20} MiB" if have else "no limit but StarPU's own (90% of the device)"
                 warnings.warn(f"the running runtime lets StarPU allocate {what} on each GPU, and these GPU budgets want "
-                              f"{want >> 20} MiB: StarPU's cache of device buffers is not bounded by them. "
-                              "Start the runtime with get_runtime(gpu_memory_limit=...) covering every optimizer's "
-                              "budgets, before the first optimizer", stacklevel=4)
+                              f"{want >> 20} MiB with the live optimizers': StarPU's cache of device buffers is not "
+                              "bounded by them. Start the runtime with get_runtime(gpu_memory_limit=...) covering "
+                              "every optimizer's budgets, before the first optimizer", stacklevel=_user_stacklevel())
             return _runtime
         if _cuda_started() and bus_calibration_resets():
             calibrate_bus_apart(verbose)

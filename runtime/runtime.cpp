@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <climits>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -111,7 +112,8 @@ Runtime::Runtime(const RuntimeOptions& options) : impl_(new Impl) {
   if (options.gpu_memory_limit > 0) {
     // StarPU reads its limit in MiB (src/drivers/cuda/driver_cuda.c), rounded up here so that the
     // budgets fit; the option wins over the environment, with a word when they differ.
-    const std::string mib = std::to_string((options.gpu_memory_limit + (std::size_t(1) << 20) - 1) >> 20);  // up
+    const std::size_t l = options.gpu_memory_limit;  // MiB rounded up, at most what StarPU's int holds
+    const std::string mib = std::to_string(std::min<std::size_t>(l / (1u << 20) + (l % (1u << 20) != 0), INT_MAX));
     const char* env_limit = std::getenv("STARPU_LIMIT_CUDA_MEM");
     if (env_limit && mib != env_limit && options.verbose)
       std::fprintf(stderr, "[dos] warning: STARPU_LIMIT_CUDA_MEM=%s is replaced by the GPU budgets (%s MiB)\n",

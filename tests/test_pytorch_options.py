@@ -16,8 +16,9 @@ GPU or the runtime has no CUDA worker.
    An optimizer with budgets that starts the runtime (in a process of its own) sets StarPU's
    device memory limit, in whole MiB: per bucket the update budget or one subgroup, the larger, at
    most the bucket streamed, plus the resident budget, summed over the buckets; policy cpu asks for none; the environment
-   is restored once StarPU started, and a runtime started after shutdown() without budgets has no
-   limit; get_runtime refuses a gpu_memory_limit out of range. On CUDA, policy gpu
+   is restored once StarPU started (a value of the caller's replaced with a warning, then back), a
+   runtime started after shutdown() without budgets has no limit, and the variable is read as
+   StarPU reads it; get_runtime refuses a gpu_memory_limit out of range. On CUDA, policy gpu
    streaming 12 subgroups of 1e7 fp32 elements: the device memory beyond torch's stays within the
    256 MiB update budget (plus 256 MiB), and without a budget it does not (StarPU keeps what it
    freed), so that the first check could fail.
@@ -115,6 +116,12 @@ if mode == "sum":
     start("r20", a, gpu_update_budget=40_000_000, gpu_resident_budget=20_000_000, **kw)
     start("two", [{"params": a}, {"params": b}], gpu_update_budget=40_000_000, **kw)  # + 1.6e7 bf16 streamed
     start("cpu", a, policy="cpu", gpu_update_budget=40_000_000)
+    os.environ["STARPU_LIMIT_CUDA_MEM"] = "7"  # the caller's own: replaced for StarPU's start, with a warning
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        start("preset", a, gpu_update_budget=40_000_000, **kw)
+    out["preset"]["warned"] = [str(w.message) for w in caught if "is replaced" in str(w.message)]
+    out["preset"]["env"] = os.environ.pop("STARPU_LIMIT_CUDA_MEM", None)
     d.get_runtime("dos", ncuda=0)
     out["after"] = {"limit": d.get_runtime().gpu_memory_limit, "env": os.environ.get("STARPU_LIMIT_CUDA_MEM")}
     print(json.dumps(out))
@@ -162,6 +169,14 @@ def test_gpu_memory_limit(device, policy):
     for bad in (0, -1, 1.5, True, "1GB", 1 << 51):
         expect_error(ValueError, "gpu_memory_limit", lambda: dos.get_runtime(gpu_memory_limit=bad),
                      f"get_runtime(gpu_memory_limit={bad!r})")
+    saved = os.environ.get("STARPU_LIMIT_CUDA_MEM")
+    read = {}
+    for text in ("512", "+5", " 5", "5 ", "512MB", "0", "-3", "\u00b2", ""):
+        os.environ["STARPU_LIMIT_CUDA_MEM"] = text
+        read[text] = dos.runtime._starpu_limit() >> 20
+    os.environ.pop("STARPU_LIMIT_CUDA_MEM") if saved is None else os.environ.__setitem__("STARPU_LIMIT_CUDA_MEM", saved)
+    check(read == {"512": 512, "+5": 5, " 5": 5, "5 ": 0, "512MB": 0, "0": 0, "-3": 0, "\u00b2": 0, "": 0},
+          f"STARPU_LIMIT_CUDA_MEM read as StarPU's strtol takes it whole, MiB (0: none or refused): {read}")
     r = _limit_child("sum", device)
     if r is None:
         check(False, "the limits' child ran")
@@ -182,6 +197,10 @@ def test_gpu_memory_limit(device, policy):
         check(near(lim["r20"] - lim["u40"], 20_000_000), "a resident budget of 2e7 bytes adds 2e7 to the limit")
         check(near(lim["two"] - lim["u40"], 16_000_000),
               "a second bucket (1e6 bf16 elements, 1.6e7 bytes streamed) adds what it can hold")
+        check(r["preset"]["limit"] == lim["u40"] and r["preset"]["env"] == "7" and len(r["preset"]["warned"]) == 1,
+              f"a STARPU_LIMIT_CUDA_MEM of the caller's: replaced with a warning while StarPU starts, then restored "
+              f"({r['preset']})")
+        del r["preset"]
         check(r["cpu"]["limit"] == 0, f"policy cpu, which uses no GPU: no limit asked ({r['cpu']})")
         check(all(r[k]["env"] is None for k in r),
               f"STARPU_LIMIT_CUDA_MEM restored (unset) once each runtime started: {[r[k]['env'] for k in r]}")

@@ -124,8 +124,8 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _Gradients, _State, _Timeli
         worker and CUDA parameters: the runtime's check, at construction). None (default): no
         limit but StarPU's own (90% of the device). Buckets step one after the other, except phases
         left running into the next forward (:meth:`overlap_forward`), which hold one budget each.
-        An optimizer with a ``gpu_update_budget`` and policy ``dos`` or ``gpu`` that starts the
-        runtime also bounds StarPU's cache of device buffers (:func:`get_runtime`'s
+        An optimizer with a ``gpu_update_budget`` and policy ``dos``, ``gpu`` or ``greedy`` that
+        starts the runtime also bounds StarPU's cache of device buffers (:func:`get_runtime`'s
         ``gpu_memory_limit``) by the sum over its buckets of what each may hold (the larger of the
         update budget and one subgroup, at most the whole bucket streamed, plus its resident
         budget; :meth:`_gpu_memory_limit` gives the formula): without it StarPU keeps every device
@@ -324,16 +324,18 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _Gradients, _State, _Timeli
     def _gpu_memory_limit(self, buckets, policy):
         """Bytes of GPU memory the runtime's StarPU may need for ``buckets``' update phases at once
         and their resident state (the class docstring's ``gpu_update_budget``), 0 when no limit is
-        asked for: no update budget, or a policy other than ``dos`` and ``gpu`` (``cpu`` uses no
-        GPU; ``static:R`` and StarPU's built-ins place state on the GPU outside the budgets).
+        asked for: no update budget, or a policy other than ``dos``, ``gpu`` and ``greedy``
+        (``cpu`` uses no GPU; ``static:R`` and StarPU's built-ins place state on the GPU outside the
+        budgets).
 
         Per bucket of n elements of e bytes, f = 12 + 2e bytes per streamed element (state,
         gradient, parameters; twice that with ``overlap``: the shadow state of a speculative update
         and its staging): the update phase holds at most max(budget, one subgroup) (the runtime's
         admission window lets a subgroup larger than the budget run alone), and never more than
         n f; the resident state min(resident budget, 12 n). Plus 64 MiB for StarPU's own buffers.
-        Returns 0 (StarPU's own limit, 90% of the device) when the sum reaches 90% of GPU 0."""
-        if not self.gpu_update_budget or (policy or "dos").split(":")[0] not in ("dos", "gpu"):
+        (The runtime sets none when this reaches 90% of a GPU that torch already uses: StarPU's
+        own limit.)"""
+        if not self.gpu_update_budget or (policy or "dos") not in ("dos", "gpu", "greedy"):
             return 0
         total = 64 << 20
         for b in buckets:
@@ -346,8 +348,6 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _Gradients, _State, _Timeli
             largest = min(self.subgroup_size, n) * f
             total += min(max(self.gpu_update_budget, largest), n * f)
             total += min(self.gpu_resident_budget or 0, 12 * n)
-        if torch.cuda.is_available() and total >= 0.9 * torch.cuda.get_device_properties(0).total_memory:
-            return 0
         return total
 
     def _build(self, hypers, policy, cpu_threads, cpu_workers, ncuda, verbose, caller_cores=None,
@@ -398,7 +398,7 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _Gradients, _State, _Timeli
         running = _rt.current_runtime()
         self._gpu_request = self._gpu_memory_limit(buckets.values(), policy or (running.policy if running else None))
         self.runtime = _rt._get_runtime(policy, cpu_threads, cpu_workers, ncuda, verbose, caller_cores,
-                                        preferred_caller_cores, self._gpu_request)
+                                        preferred_caller_cores, self._gpu_request, count_live=True)
         L = _capi.lib()
         try:
             for b in buckets.values():

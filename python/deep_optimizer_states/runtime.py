@@ -42,6 +42,8 @@ class Runtime:
         L = _capi.lib()
         h = ctypes.c_void_p()
         before = os.environ.get(_LIMIT_ENV)
+        if gpu_memory_limit > 0 and gpu_memory_limit >= 0.9 * _device_memory():
+            gpu_memory_limit = 0  # StarPU's own limit, 90% of the device, is the smaller
         if gpu_memory_limit > 0:
             _set_starpu_limit(gpu_memory_limit)
         self.gpu_memory_limit = _starpu_limit()
@@ -94,14 +96,26 @@ class Runtime:
 
 
 _LIMIT_ENV = "STARPU_LIMIT_CUDA_MEM"
+_MAX_LIMIT = (2 ** 31 - 1) << 20  # StarPU reads the MiB into an int
 
 
 def _starpu_limit():
     """Bytes StarPU may allocate on each GPU as ``$STARPU_LIMIT_CUDA_MEM`` (MiB) says; 0 when it is
     unset or not a positive whole number (StarPU's own limit, 90% of the device, then applies, or
     StarPU refuses the value)."""
-    text = os.environ.get(_LIMIT_ENV, "").strip()
-    return int(text) << 20 if text.isdigit() and int(text) > 0 else 0
+    m = re.fullmatch(r"\s*\+?([0-9]+)", os.environ.get(_LIMIT_ENV, ""))  # what StarPU's strtol takes whole
+    return int(m.group(1)) << 20 if m and int(m.group(1)) > 0 else 0
+
+
+def _device_memory():
+    """Bytes of CUDA device 0 when torch has already started CUDA in this process (asking would
+    start it otherwise); infinity when not known."""
+    if not _cuda_started():
+        return float("inf")
+    try:
+        return sys.modules["torch"].cuda.get_device_properties(0).total_memory
+    except Exception:
+        return float("inf")
 
 
 def _user_stacklevel():
@@ -118,7 +132,7 @@ def _set_starpu_limit(limit):
     """Sets ``$STARPU_LIMIT_CUDA_MEM`` to ``limit`` bytes (rounded up to MiB) for the StarPU about to
     start, with a warning when the environment said otherwise (the GPU budgets win, as
     ``dos::RuntimeOptions::gpu_memory_limit`` does in C++)."""
-    mib = -(-int(limit) >> 20)
+    mib = min(-(-int(limit) >> 20), _MAX_LIMIT >> 20)
     have = _starpu_limit()
     if os.environ.get(_LIMIT_ENV) is not None and have != mib << 20:
         warnings.warn(f"{_LIMIT_ENV}={os.environ[_LIMIT_ENV]} is replaced by the GPU budgets' {mib} MiB for this "
@@ -143,7 +157,7 @@ def get_runtime(policy=None, cpu_threads=0, cpu_workers=0, ncuda=-1, verbose=Fal
         backward or the next forward, whose CPU Adam otherwise shares every core with the threads
         that launch the model's kernels. None (default): 0 when starting, and no demand on a
         running runtime.
-      gpu_memory_limit (int or None): bytes StarPU may allocate on each GPU, in [1, 2**51) (set as
+      gpu_memory_limit (int or None): bytes StarPU may allocate on each GPU, in [1, (2**31 - 1) MiB] (set as
         ``$STARPU_LIMIT_CUDA_MEM``, rounded up to MiB, while StarPU starts; the environment is
         restored afterwards). StarPU keeps the
         device buffers it freed for reuse and StarPU 1.3 cannot hand them back, so without a limit
@@ -164,9 +178,9 @@ def get_runtime(policy=None, cpu_threads=0, cpu_workers=0, ncuda=-1, verbose=Fal
     ``libdos_c.so`` cannot be loaded.
     """
     if gpu_memory_limit is not None and (not isinstance(gpu_memory_limit, int) or isinstance(gpu_memory_limit, bool)
-                                         or not 1 <= gpu_memory_limit < 1 << 51):
-        raise ValueError(f"gpu_memory_limit must be None or an integer in [1, 2**51) (bytes StarPU may allocate on each "
-                         f"GPU; StarPU reads MiB into an int), got {gpu_memory_limit!r}")
+                                         or not 1 <= gpu_memory_limit <= _MAX_LIMIT):
+        raise ValueError(f"gpu_memory_limit must be None or an integer in [1, (2**31 - 1) MiB] (bytes StarPU may "
+                         f"allocate on each GPU; StarPU reads MiB into an int), got {gpu_memory_limit!r}")
     return _get_runtime(policy, cpu_threads, cpu_workers, ncuda, verbose, caller_cores, 0, gpu_memory_limit or 0)
 
 
@@ -179,10 +193,11 @@ def _check_caller_cores(caller_cores):
 
 
 def _get_runtime(policy, cpu_threads, cpu_workers, ncuda, verbose, caller_cores, preferred_caller_cores,
-                 gpu_memory_limit=0):
+                 gpu_memory_limit=0, count_live=False):
     """get_runtime, with ``preferred_caller_cores``: the caller cores to start with when
     ``caller_cores`` is None (no demand on a running runtime); ``gpu_memory_limit``: bytes, 0 for
-    no demand."""
+    no demand; ``count_live``: it is one more optimizer's, to which the live optimizers' requests
+    add (else it is the whole demand)."""
     global _runtime
     _check_caller_cores(caller_cores)
     with _lock:
@@ -199,7 +214,8 @@ def _get_runtime(policy, cpu_threads, cpu_workers, ncuda, verbose, caller_cores,
                         f"deep_optimizer_states.shutdown() first (it closes every optimizer), got {name}={w!r}"
                     )
             # what the live optimizers asked for stays on the GPU while this one runs (resident state)
-            asked = sum(getattr(o, "_gpu_request", 0) for o in list(_optimizers) if not getattr(o, "_closed", True))
+            asked = sum(getattr(o, "_gpu_request", 0) for o in list(_optimizers)
+                        if not getattr(o, "_closed", True)) if count_live else 0
             have, want = _runtime.gpu_memory_limit, -(-(gpu_memory_limit + asked) >> 20) << 20  # StarPU counts MiB
             if gpu_memory_limit > 0 and _runtime.cuda_workers > 0 and (have == 0 or have < want):
                 what = f"{have >> 20} MiB" if have else "no limit but StarPU's own (90% of the device)"

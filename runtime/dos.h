@@ -75,8 +75,8 @@ class Plan;
 /// set in the process's environment); 0: StarPU's default (90% of the device, or
 /// what STARPU_LIMIT_CUDA_MEM already says). StarPU keeps freed device buffers cached for reuse
 /// and StarPU 1.3 cannot hand them back on request (starpu_data_evict_from_node came in 1.4), so this
-/// limit is what keeps the rest of the GPU for the model's forward and backward. Give it the
-/// resident budget plus the update budget (OptimizerOptions).
+/// limit is what keeps the rest of the GPU for the model's forward and backward. Give it the sum of
+/// gpu_memory_for_budgets over the optimizers plus kStarpuDeviceMargin.
 struct RuntimeOptions {
   std::string policy;
   int cpu_threads = 0;
@@ -93,6 +93,25 @@ struct RuntimeOptions {
   /// stream their state at the same time are the ones that hold for this rank.
   int node_ranks = 1;
 };
+
+/// Bytes of GPU memory StarPU may need for one optimizer's update phases and resident state under
+/// its GPU budgets (OptimizerOptions::gpu_update_budget, gpu_resident_budget), for
+/// RuntimeOptions::gpu_memory_limit. elements: the optimizer's parameters; subgroup_size: elements
+/// per subgroup (>= 1); element_bytes: bytes of one parameter and of one gradient element (2 or 4);
+/// speculative: streamed subgroups may be updated speculatively during backward (an overlapped
+/// update with speculate_streamed), which holds a shadow copy of their state and its staging.
+/// With f = 12 + 2 element_bytes bytes per streamed element (fp32 master, two moments, gradient,
+/// parameter; 2f when speculative): the update phase holds at most the larger of update_budget and
+/// one subgroup (runtime/admission.h runs a subgroup larger than the budget alone), and never more
+/// than the whole optimizer streamed, elements x f; the resident state at most
+/// min(resident_budget, 12 elements). Returns 0 when update_budget is 0 (no budget: no limit to
+/// ask for). Saturates at SIZE_MAX instead of wrapping. Throws Error for subgroup_size 0 or
+/// element_bytes other than 2 and 4.
+std::size_t gpu_memory_for_budgets(std::size_t elements, std::size_t subgroup_size, std::size_t element_bytes,
+                                   std::size_t update_budget, std::int64_t resident_budget, bool speculative);
+/// Bytes of GPU memory StarPU allocates for itself beside the optimizers' data (its per-worker
+/// buffers), added once to the sum of gpu_memory_for_budgets: 64 MiB.
+inline constexpr std::size_t kStarpuDeviceMargin = std::size_t(64) << 20;
 
 /// The runtime's clock, seconds: StarPU's (starpu_timing_now(): StarPU 1.3.10 reads CLOCK_MONOTONIC,
 /// counted from StarPU's start while a Runtime runs), which

@@ -32,7 +32,8 @@
 extern "C" {
 #endif
 
-/* 7: dos_optimizer_set_gradients, dos_optimizer_read_masters, dos_optimizer_write_masters.
+/* 8: dos_gpu_memory_for_budgets, dos_starpu_device_margin.
+ * 7: dos_optimizer_set_gradients, dos_optimizer_read_masters, dos_optimizer_write_masters.
  * 6: dos_runtime_create_for_caller.
  * 5: timelines (dos_optimizer_set_timeline, dos_optimizer_last_timeline, dos_clock_seconds).
  * 4: the update overlapped with the next forward (dos_optimizer_finish_step_async, _step_async,
@@ -40,7 +41,7 @@ extern "C" {
  * 3: the overlapped update (dos_optimizer_begin_step, _gradients_final, _finish_step), its fields
  * in dos_step_stats, options.speculation_budget (options version 2).
  * 2: dos_optimizer_create takes a struct dos_optimizer_options (1: positional arguments). */
-#define DOS_C_ABI_VERSION 7
+#define DOS_C_ABI_VERSION 8
 
 #define DOS_OK 0
 #define DOS_E_INVALID (-1)
@@ -97,6 +98,18 @@ int dos_runtime_create(const char* policy, int cpu_threads, int cpu_workers, int
  * runs (dos::RuntimeOptions::caller_cores). DOS_E_INVALID for caller_cores < 0. */
 int dos_runtime_create_for_caller(const char* policy, int cpu_threads, int caller_cores, int cpu_workers, int ncuda,
                                   int verbose, dos_runtime** out);
+/* Bytes of GPU memory StarPU may need for one optimizer's update phases and resident state under its
+ * GPU budgets (dos::gpu_memory_for_budgets, which gives the formula): elements, subgroup_size (>= 1),
+ * element_bytes (2 or 4: one parameter or gradient element), the options' gpu_update_budget and
+ * gpu_resident_budget, speculative (nonzero: an overlapped update that speculates streamed
+ * subgroups). *out is 0 when update_budget is 0. Sum it over the optimizers, add
+ * dos_starpu_device_margin() once, and give the total to StarPU as $STARPU_LIMIT_CUDA_MEM (MiB,
+ * rounded up) before the runtime starts: StarPU keeps every device buffer it freed until it reaches
+ * that limit. DOS_E_INVALID for subgroup_size 0, other element_bytes or a NULL out. */
+int dos_gpu_memory_for_budgets(size_t elements, size_t subgroup_size, size_t element_bytes, uint64_t update_budget,
+                               int64_t resident_budget, int speculative, size_t* out);
+/* Bytes StarPU allocates on a GPU for itself beside the optimizers' data (dos::kStarpuDeviceMargin). */
+size_t dos_starpu_device_margin(void);
 /* Stops the runtime (deferred until the last optimizer is destroyed, see dos::Runtime). */
 void dos_runtime_destroy(dos_runtime* rt);
 /* The policy as StarPU reports it running, copied NUL-terminated into buf (truncated to len). */

@@ -190,7 +190,9 @@ int run(const Args& args) {
   ro.cpu_workers = a.cpu_workers;
   ro.ncuda = a.ncuda;
   ro.verbose = !a.quiet;
-  if (c.update_budget > 0) ro.gpu_memory_limit = c.update_budget + std::size_t(std::max<std::int64_t>(0, c.resident_budget));
+  if (c.update_budget > 0)  // StarPU keeps what it freed up to this limit: the budgets' worst case, and its own
+    ro.gpu_memory_limit = dos::gpu_memory_for_budgets(n, subgroup, dos::dtype_size(dtype), c.update_budget,
+                                                      c.resident_budget, overlap) + dos::kStarpuDeviceMargin;
   dos::Placement placement;
   if (dp) {
     ro.cuda_device = dos::choose_gpu(*g_comm, a.ncuda);

@@ -27,7 +27,7 @@ import sysconfig
 import threading
 import time
 
-ABI_VERSION = 7
+ABI_VERSION = 8
 
 DTYPE_CODES = {"fp32": 0, "fp16": 1, "bf16": 2}
 MEMORY_HOST = 0
@@ -266,6 +266,12 @@ def lib():
                 ctypes.c_int,
                 [ctypes.c_char_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, c_void_pp],
             ),
+            "dos_gpu_memory_for_budgets": (
+                ctypes.c_int,
+                [ctypes.c_size_t, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_uint64, ctypes.c_int64, ctypes.c_int,
+                 c_size_p],
+            ),
+            "dos_starpu_device_margin": (ctypes.c_size_t, []),
             "dos_runtime_destroy": (None, [ctypes.c_void_p]),
             "dos_runtime_running_policy": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t]),
             "dos_runtime_workers": (

@@ -326,28 +326,22 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _Gradients, _State, _Timeli
         and their resident state (the class docstring's ``gpu_update_budget``), 0 when no limit is
         asked for: no update budget, or a policy other than ``dos``, ``gpu`` and ``greedy``
         (``cpu`` uses no GPU; ``static:R`` and StarPU's built-ins place state on the GPU outside the
-        budgets).
-
-        Per bucket of n elements of e bytes, f = 12 + 2e bytes per streamed element (state,
-        gradient, parameters; twice that with ``overlap``: the shadow state of a speculative update
-        and its staging): the update phase holds at most max(budget, one subgroup) (the runtime's
-        admission window lets a subgroup larger than the budget run alone), and never more than
-        n f; the resident state min(resident budget, 12 n). Plus 64 MiB for StarPU's own buffers.
-        (The runtime sets none when this reaches 90% of a GPU that torch already uses: StarPU's
-        own limit.)"""
+        budgets). The runtime's ``dos_gpu_memory_for_budgets`` per bucket (the larger of the update
+        budget and one subgroup streamed, at most the bucket streamed, twice the footprint with
+        ``overlap``, plus the resident budget), summed, plus ``dos_starpu_device_margin()`` (64
+        MiB). (The runtime sets none when this reaches 90% of a GPU that torch already uses:
+        StarPU's own limit.)"""
         if not self.gpu_update_budget or (policy or "dos") not in ("dos", "gpu", "greedy"):
             return 0
-        total = 64 << 20
+        L = _capi.lib()
+        total = L.dos_starpu_device_margin()
         for b in buckets:
-            n = sum(b.numels)
-            if n == 0:
-                continue
-            f = 12 + 2 * torch.empty((), dtype=b.dtype).element_size()
-            if self._overlap_asked:
-                f *= 2
-            largest = min(self.subgroup_size, n) * f
-            total += min(max(self.gpu_update_budget, largest), n * f)
-            total += min(self.gpu_resident_budget or 0, 12 * n)
+            out = ctypes.c_size_t()
+            _capi.check(L.dos_gpu_memory_for_budgets(
+                sum(b.numels), self.subgroup_size, torch.empty((), dtype=b.dtype).element_size(),
+                self.gpu_update_budget, -1 if self.gpu_resident_budget is None else self.gpu_resident_budget,
+                int(self._overlap_asked), ctypes.byref(out)), "dos_gpu_memory_for_budgets")
+            total += out.value
         return total
 
     def _build(self, hypers, policy, cpu_threads, cpu_workers, ncuda, verbose, caller_cores=None,

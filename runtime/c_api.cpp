@@ -318,12 +318,12 @@ int dos_c_abi_version(void) { return DOS_C_ABI_VERSION; }
 size_t dos_step_stats_size(void) { return sizeof(dos_step_stats); }
 const char* dos_last_error(void) { return g_last_error.c_str(); }
 
-int dos_gpu_memory_for_budgets(size_t elements, size_t subgroup_size, size_t element_bytes, uint64_t update_budget,
-                               int64_t resident_budget, int speculative, size_t* out) {
+int dos_gpu_memory_for_budgets(size_t elements, size_t subgroup_size, size_t param_bytes, size_t grad_bytes,
+                               uint64_t update_budget, int64_t resident_budget, int speculative, size_t* out) {
   if (!out) return fail(DOS_E_INVALID, "dos_gpu_memory_for_budgets: out is NULL");
   *out = 0;
   return guarded([&] {
-    *out = dos::gpu_memory_for_budgets(elements, subgroup_size, element_bytes,
+    *out = dos::gpu_memory_for_budgets(elements, subgroup_size, param_bytes, grad_bytes,
                                        update_budget > SIZE_MAX ? SIZE_MAX : std::size_t(update_budget),
                                        resident_budget, speculative != 0);
   });

@@ -97,18 +97,23 @@ struct RuntimeOptions {
 /// Bytes of GPU memory StarPU may need for one optimizer's update phases and resident state under
 /// its GPU budgets (OptimizerOptions::gpu_update_budget, gpu_resident_budget), for
 /// RuntimeOptions::gpu_memory_limit. elements: the optimizer's parameters; subgroup_size: elements
-/// per subgroup (>= 1); element_bytes: bytes of one parameter and of one gradient element (2 or 4);
-/// speculative: streamed subgroups may be updated speculatively during backward (an overlapped
-/// update with speculate_streamed), which holds a shadow copy of their state and its staging.
-/// With f = 12 + 2 element_bytes bytes per streamed element (fp32 master, two moments, gradient,
-/// parameter; 2f when speculative): the update phase holds at most the larger of update_budget and
-/// one subgroup (runtime/admission.h runs a subgroup larger than the budget alone), and never more
-/// than the whole optimizer streamed, elements x f; the resident state at most
-/// min(resident_budget, 12 elements). Returns 0 when update_budget is 0 (no budget: no limit to
-/// ask for). Saturates at SIZE_MAX instead of wrapping. Throws Error for subgroup_size 0 or
-/// element_bytes other than 2 and 4.
-std::size_t gpu_memory_for_budgets(std::size_t elements, std::size_t subgroup_size, std::size_t element_bytes,
-                                   std::size_t update_budget, std::int64_t resident_budget, bool speculative);
+/// per subgroup (>= 1); param_bytes, grad_bytes: bytes of one parameter element and of one gradient
+/// element as the runtime stages them on the GPU (2 or 4: the dtype's size, or 4 for gradients sent
+/// in fp32); speculative: streamed subgroups may be updated speculatively during backward (an
+/// overlapped update with speculate_streamed and a speculation budget).
+/// A streamed subgroup takes f = 12 + grad_bytes + param_bytes bytes per element at most (the fp32
+/// master and two moments, and the gradient and parameters when staged: models/phase_sim.h's
+/// subgroup_footprint, which the admission window charges), and a speculated one f + 16 +
+/// param_bytes more (its shadow state, and its fp32 gradient and parameters staged beside it, of
+/// which the window charges the shadow state only). The update phase then holds at most the
+/// larger of update_budget and one subgroup (runtime/admission.h admits one subgroup whatever its
+/// size), twice the budget when speculative, and never more than the whole optimizer; the resident
+/// state at most min(resident_budget, 12 elements). Returns 0 when update_budget is 0 (no budget:
+/// no limit to ask for). Saturates at SIZE_MAX instead of wrapping. Throws Error for subgroup_size
+/// 0 or bytes other than 2 and 4.
+std::size_t gpu_memory_for_budgets(std::size_t elements, std::size_t subgroup_size, std::size_t param_bytes,
+                                   std::size_t grad_bytes, std::size_t update_budget, std::int64_t resident_budget,
+                                   bool speculative);
 /// Bytes of GPU memory StarPU allocates for itself beside the optimizers' data (its per-worker
 /// buffers), added once to the sum of gpu_memory_for_budgets: 64 MiB.
 inline constexpr std::size_t kStarpuDeviceMargin = std::size_t(64) << 20;

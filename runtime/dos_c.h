@@ -100,14 +100,15 @@ int dos_runtime_create_for_caller(const char* policy, int cpu_threads, int calle
                                   int verbose, dos_runtime** out);
 /* Bytes of GPU memory StarPU may need for one optimizer's update phases and resident state under its
  * GPU budgets (dos::gpu_memory_for_budgets, which gives the formula): elements, subgroup_size (>= 1),
- * element_bytes (2 or 4: one parameter or gradient element), the options' gpu_update_budget and
+ * param_bytes and grad_bytes (2 or 4: one parameter element and one gradient element as the runtime
+ * stages them: the dtype's size, 4 for gradients sent in fp32), the options' gpu_update_budget and
  * gpu_resident_budget, speculative (nonzero: an overlapped update that speculates streamed
  * subgroups). *out is 0 when update_budget is 0. Sum it over the optimizers, add
  * dos_starpu_device_margin() once, and give the total to StarPU as $STARPU_LIMIT_CUDA_MEM (MiB,
  * rounded up) before the runtime starts: StarPU keeps every device buffer it freed until it reaches
- * that limit. DOS_E_INVALID for subgroup_size 0, other element_bytes or a NULL out. */
-int dos_gpu_memory_for_budgets(size_t elements, size_t subgroup_size, size_t element_bytes, uint64_t update_budget,
-                               int64_t resident_budget, int speculative, size_t* out);
+ * that limit. DOS_E_INVALID for subgroup_size 0, other byte counts or a NULL out. */
+int dos_gpu_memory_for_budgets(size_t elements, size_t subgroup_size, size_t param_bytes, size_t grad_bytes,
+                               uint64_t update_budget, int64_t resident_budget, int speculative, size_t* out);
 /* Bytes StarPU allocates on a GPU for itself beside the optimizers' data (dos::kStarpuDeviceMargin). */
 size_t dos_starpu_device_margin(void);
 /* Stops the runtime (deferred until the last optimizer is destroyed, see dos::Runtime). */

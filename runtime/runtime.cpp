@@ -258,20 +258,25 @@ unsigned Runtime::cuda_workers() const { return starpu_cuda_worker_get_count(); 
 
 double clock_seconds() { return 1e-6 * starpu_timing_now(); }
 
-std::size_t gpu_memory_for_budgets(std::size_t elements, std::size_t subgroup_size, std::size_t element_bytes,
-                                   std::size_t update_budget, std::int64_t resident_budget, bool speculative) {
+std::size_t gpu_memory_for_budgets(std::size_t elements, std::size_t subgroup_size, std::size_t param_bytes,
+                                   std::size_t grad_bytes, std::size_t update_budget, std::int64_t resident_budget,
+                                   bool speculative) {
   if (subgroup_size == 0) throw Error("gpu_memory_for_budgets: subgroup_size must be >= 1");
-  if (element_bytes != 2 && element_bytes != 4)
-    throw Error("gpu_memory_for_budgets: element_bytes must be 2 or 4, got " + std::to_string(element_bytes));
+  for (const std::size_t b : {param_bytes, grad_bytes})
+    if (b != 2 && b != 4)
+      throw Error("gpu_memory_for_budgets: param_bytes and grad_bytes must be 2 or 4, got " + std::to_string(b));
   if (update_budget == 0 || elements == 0) return 0;
   const std::size_t kMax = std::numeric_limits<std::size_t>::max();
-  const std::size_t f = (12 + 2 * element_bytes) * (speculative ? 2 : 1);
-  const auto times = [&](std::size_t n) { return n > kMax / f ? kMax : n * f; };
-  const std::size_t whole = times(elements);
-  const std::size_t phase = std::min(std::max(update_budget, times(std::min(subgroup_size, elements))), whole);
-  const std::size_t resident =
-      resident_budget <= 0 ? 0 : std::min<std::size_t>(std::size_t(resident_budget), elements > kMax / 12 ? kMax : 12 * elements);
-  return phase > kMax - resident ? kMax : phase + resident;
+  const auto times = [&](std::size_t n, std::size_t f) { return n > kMax / f ? kMax : n * f; };
+  const auto plus = [&](std::size_t a, std::size_t b) { return a > kMax - b ? kMax : a + b; };
+  std::size_t f = 12 + grad_bytes + param_bytes;
+  if (speculative) f += 16 + param_bytes;
+  const std::size_t budget = speculative ? times(update_budget, 2) : update_budget;
+  const std::size_t phase =
+      std::min(std::max(budget, times(std::min(subgroup_size, elements), f)), times(elements, f));
+  const std::uint64_t r = resident_budget <= 0 ? 0 : std::uint64_t(resident_budget);
+  const std::size_t resident = std::size_t(std::min<std::uint64_t>(r, times(elements, 12)));
+  return plus(phase, resident);
 }
 
 }  // namespace dos

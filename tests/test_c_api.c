@@ -35,42 +35,49 @@ static int teardown(void** state) {
 }
 
 /* The GPU memory that the budgets may need (dos_gpu_memory_for_budgets), against the arithmetic of
- * its contract: f = 12 + 2 x element bytes per streamed element (twice that when speculative), the
- * phase at least one subgroup and the budget, at most the whole optimizer streamed, plus the
- * resident budget up to 12 bytes per element. */
+ * its contract: f = 12 + gradient bytes + parameter bytes per streamed element (f + 16 + parameter
+ * bytes when speculative, and twice the budget), the phase at least one subgroup and the budget, at
+ * most the whole optimizer, plus the resident budget up to 12 bytes per element. */
 static void test_gpu_memory_for_budgets(void** state) {
   (void)state;
   size_t out = 7;
   const size_t MiB = (size_t)1 << 20;
   assert_int_equal(dos_starpu_device_margin(), 64 * MiB);
   /* no update budget: no limit asked for */
-  assert_int_equal(dos_gpu_memory_for_budgets(1000, 100, 4, 0, 5000, 0, &out), DOS_OK);
+  assert_int_equal(dos_gpu_memory_for_budgets(1000, 100, 4, 4, 0, 5000, 0, &out), DOS_OK);
   assert_int_equal(out, 0);
   /* fp32, 3e6 elements in subgroups of 1e6: 20 bytes each, 2e7 a subgroup, 6e7 in all */
-  assert_int_equal(dos_gpu_memory_for_budgets(3000000, 1000000, 4, 40000000, -1, 0, &out), DOS_OK);
+  assert_int_equal(dos_gpu_memory_for_budgets(3000000, 1000000, 4, 4, 40000000, -1, 0, &out), DOS_OK);
   assert_int_equal(out, 40000000);
-  assert_int_equal(dos_gpu_memory_for_budgets(3000000, 1000000, 4, 10000000, -1, 0, &out), DOS_OK);
-  assert_int_equal(out, 20000000); /* a subgroup above the budget runs alone */
-  assert_int_equal(dos_gpu_memory_for_budgets(3000000, 1000000, 4, 1000000000, -1, 0, &out), DOS_OK);
+  assert_int_equal(dos_gpu_memory_for_budgets(3000000, 1000000, 4, 4, 10000000, -1, 0, &out), DOS_OK);
+  assert_int_equal(out, 20000000); /* the window admits one subgroup whatever its size */
+  assert_int_equal(dos_gpu_memory_for_budgets(3000000, 1000000, 4, 4, 1000000000, -1, 0, &out), DOS_OK);
   assert_int_equal(out, 60000000); /* never more than everything streamed */
-  assert_int_equal(dos_gpu_memory_for_budgets(3000000, 1000000, 4, 10000000, -1, 1, &out), DOS_OK);
-  assert_int_equal(out, 40000000); /* speculative: twice the subgroup */
-  assert_int_equal(dos_gpu_memory_for_budgets(3000000, 1000000, 4, 40000000, 20000000, 0, &out), DOS_OK);
+  /* speculative: 20 + 16 + 4 = 40 bytes per element, twice the budget */
+  assert_int_equal(dos_gpu_memory_for_budgets(3000000, 1000000, 4, 4, 10000000, -1, 1, &out), DOS_OK);
+  assert_int_equal(out, 40000000);
+  assert_int_equal(dos_gpu_memory_for_budgets(3000000, 1000000, 4, 4, 50000000, -1, 1, &out), DOS_OK);
+  assert_int_equal(out, 100000000);
+  assert_int_equal(dos_gpu_memory_for_budgets(3000000, 1000000, 4, 4, 40000000, 20000000, 0, &out), DOS_OK);
   assert_int_equal(out, 60000000); /* + the resident budget */
-  assert_int_equal(dos_gpu_memory_for_budgets(3000000, 1000000, 4, 40000000, INT64_MAX, 0, &out), DOS_OK);
+  assert_int_equal(dos_gpu_memory_for_budgets(3000000, 1000000, 4, 4, 40000000, INT64_MAX, 0, &out), DOS_OK);
   assert_int_equal(out, 40000000 + 36000000); /* resident at most 12 bytes per element */
-  /* bf16, 1e6 elements in one subgroup: 16 bytes each */
-  assert_int_equal(dos_gpu_memory_for_budgets(1000000, 100000000, 2, 40000000, -1, 0, &out), DOS_OK);
+  /* 1e6 bf16 parameters in one subgroup: 16 bytes each, 18 with gradients sent in fp32 */
+  assert_int_equal(dos_gpu_memory_for_budgets(1000000, 100000000, 2, 2, 40000000, -1, 0, &out), DOS_OK);
   assert_int_equal(out, 16000000);
+  assert_int_equal(dos_gpu_memory_for_budgets(1000000, 100000000, 2, 4, 40000000, -1, 0, &out), DOS_OK);
+  assert_int_equal(out, 18000000);
   /* saturates instead of wrapping */
-  assert_int_equal(dos_gpu_memory_for_budgets(SIZE_MAX / 2, SIZE_MAX, 4, UINT64_MAX, INT64_MAX, 1, &out), DOS_OK);
+  assert_int_equal(dos_gpu_memory_for_budgets(SIZE_MAX / 2, SIZE_MAX, 4, 4, UINT64_MAX, INT64_MAX, 1, &out), DOS_OK);
   assert_true(out == SIZE_MAX);
   /* refusals */
-  assert_int_equal(dos_gpu_memory_for_budgets(1000, 0, 4, 1000, -1, 0, &out), DOS_E_INVALID);
+  assert_int_equal(dos_gpu_memory_for_budgets(1000, 0, 4, 4, 1000, -1, 0, &out), DOS_E_INVALID);
   assert_non_null(strstr(dos_last_error(), "subgroup_size"));
-  assert_int_equal(dos_gpu_memory_for_budgets(1000, 100, 8, 1000, -1, 0, &out), DOS_E_INVALID);
-  assert_non_null(strstr(dos_last_error(), "element_bytes"));
-  assert_int_equal(dos_gpu_memory_for_budgets(1000, 100, 4, 1000, -1, 0, NULL), DOS_E_INVALID);
+  assert_int_equal(dos_gpu_memory_for_budgets(1000, 100, 8, 4, 1000, -1, 0, &out), DOS_E_INVALID);
+  assert_non_null(strstr(dos_last_error(), "param_bytes"));
+  assert_int_equal(dos_gpu_memory_for_budgets(1000, 100, 4, 3, 1000, -1, 0, &out), DOS_E_INVALID);
+  assert_non_null(strstr(dos_last_error(), "grad_bytes"));
+  assert_int_equal(dos_gpu_memory_for_budgets(1000, 100, 4, 4, 1000, -1, 0, NULL), DOS_E_INVALID);
 }
 
 static void test_defaults(void** state) {

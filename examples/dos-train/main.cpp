@@ -191,8 +191,11 @@ int run(const Args& args) {
   ro.ncuda = a.ncuda;
   ro.verbose = !a.quiet;
   if (c.update_budget > 0)  // StarPU keeps what it freed up to this limit: the budgets' worst case, and its own
-    ro.gpu_memory_limit = dos::gpu_memory_for_budgets(n, subgroup, dos::dtype_size(dtype), c.update_budget,
-                                                      c.resident_budget, overlap) + dos::kStarpuDeviceMargin;
+    ro.gpu_memory_limit =
+        dos::gpu_memory_for_budgets(n, subgroup, dos::dtype_size(dtype),
+                                    a.grad_transfer == "native" ? dos::dtype_size(dtype) : 4, c.update_budget,
+                                    c.resident_budget, overlap && a.speculate_streamed == "on") +
+        dos::kStarpuDeviceMargin;
   dos::Placement placement;
   if (dp) {
     ro.cuda_device = dos::choose_gpu(*g_comm, a.ncuda);

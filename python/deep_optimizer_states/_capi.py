@@ -268,8 +268,8 @@ def lib():
             ),
             "dos_gpu_memory_for_budgets": (
                 ctypes.c_int,
-                [ctypes.c_size_t, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_uint64, ctypes.c_int64, ctypes.c_int,
-                 c_size_p],
+                [ctypes.c_size_t, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_uint64, ctypes.c_int64,
+                 ctypes.c_int, c_size_p],
             ),
             "dos_starpu_device_margin": (ctypes.c_size_t, []),
             "dos_runtime_destroy": (None, [ctypes.c_void_p]),

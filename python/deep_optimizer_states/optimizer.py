@@ -327,20 +327,22 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _Gradients, _State, _Timeli
         asked for: no update budget, or a policy other than ``dos``, ``gpu`` and ``greedy``
         (``cpu`` uses no GPU; ``static:R`` and StarPU's built-ins place state on the GPU outside the
         budgets). The runtime's ``dos_gpu_memory_for_budgets`` per bucket (the larger of the update
-        budget and one subgroup streamed, at most the bucket streamed, twice the footprint with
-        ``overlap``, plus the resident budget), summed, plus ``dos_starpu_device_margin()`` (64
-        MiB). (The runtime sets none when this reaches 90% of a GPU that torch already uses:
+        budget and one subgroup streamed, at most the bucket streamed, more when ``overlap``
+        speculates streamed subgroups, plus the resident budget), summed, plus
+        ``dos_starpu_device_margin()`` (64 MiB). (The runtime sets none when this reaches 90% of a GPU that torch already uses:
         StarPU's own limit.)"""
         if not self.gpu_update_budget or (policy or "dos") not in ("dos", "gpu", "greedy"):
             return 0
         L = _capi.lib()
         total = L.dos_starpu_device_margin()
+        speculative = self._overlap_asked and self.speculate_streamed and self.speculation_budget != 0
         for b in buckets:
             out = ctypes.c_size_t()
+            size = torch.empty((), dtype=b.dtype).element_size()  # parameters and gradients alike
             _capi.check(L.dos_gpu_memory_for_budgets(
-                sum(b.numels), self.subgroup_size, torch.empty((), dtype=b.dtype).element_size(),
-                self.gpu_update_budget, -1 if self.gpu_resident_budget is None else self.gpu_resident_budget,
-                int(self._overlap_asked), ctypes.byref(out)), "dos_gpu_memory_for_budgets")
+                sum(b.numels), self.subgroup_size, size, size, self.gpu_update_budget,
+                -1 if self.gpu_resident_budget is None else self.gpu_resident_budget, int(speculative),
+                ctypes.byref(out)), "dos_gpu_memory_for_budgets")
             total += out.value
         return total
 

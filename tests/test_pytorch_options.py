@@ -110,7 +110,7 @@ if mode == "sum":
     a = [torch.nn.Parameter(torch.zeros(1_000_000)), torch.nn.Parameter(torch.zeros(2_000_000))]
     b = [torch.nn.Parameter(torch.zeros(1_000_000, dtype=torch.bfloat16))]
     kw = dict(policy="dos", subgroup_size=1_000_000)  # fp32: 2e7 bytes per streamed subgroup, 6e7 the bucket
-    start("u10", a, gpu_update_budget=10_000_000, **kw)  # below one subgroup, which runs alone
+    start("u10", a, gpu_update_budget=10_000_000, **kw)  # below one subgroup, which the window admits all the same
     start("u40", a, gpu_update_budget=40_000_000, **kw)
     start("u1e9", a, gpu_update_budget=10 ** 9, **kw)  # beyond the whole bucket streamed
     start("r20", a, gpu_update_budget=40_000_000, gpu_resident_budget=20_000_000, **kw)

@@ -21,7 +21,8 @@
 # AdamW), not DeepSpeed itself. Each run's log and JSON go to $OUT (default ./gpu-trainer-speed-out); summary.md tabulates the
 # Trainer's train_samples_per_second, the steady samples/s (median step after the first), the peak
 # GPU memory torch allocated and the device memory in use at the end (all allocators: the runtime's
-# buffers too), and the ratio of dos to the offload recipe.
+# buffers too) and how far that is from TOTAL_GB (the CUDA context's few hundred MB included), and the
+# ratio of dos to the offload recipe.
 #   OUT=/some/dir scripts/gpu-trainer-speed.sh
 # Environment: RUNS, LAYERS, HIDDEN, HEADS, SEQ, BATCH, STEPS, TOTAL_GB, UPDATE_GB, POLICY, SUBGROUP (1e8),
 # DOS_C_LIBRARY (default build/libdos_c.so), SECONDS_PER_RUN (240: each run's timeout).
@@ -60,16 +61,18 @@ for name in $RUNS; do
   grep -E "^(hf_trainer|speed|summary)|Error" "$OUT/$name.log" | cut -c1-300
 done
 rm -rf "$OUT/trainer-out"  # the Trainer's output folder (no checkpoints are asked for)
-OUT="$OUT" RUNS="$RUNS" python3 - <<'EOF'
+OUT="$OUT" RUNS="$RUNS" TOTAL_GB="$TOTAL_GB" python3 - <<'EOF'
 import json, os
 out = os.environ["OUT"]
+total = float(os.environ["TOTAL_GB"])
 rows = ["| run | parameters | torch's GPU cap GB | result | Trainer samples/s | steady samples/s | s per step "
-        "| peak torch GPU GB | device in use GB |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+        f"| peak torch GPU GB | device in use GB | in use - {total:g} GB |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
 runs = {}
 for name in os.environ["RUNS"].split():
     p = os.path.join(out, name + ".json")
     if not os.path.exists(p):
-        rows.append(f"| {name} | - | - | no figures (see {name}.log) | - | - | - | - | - |")
+        rows.append(f"| {name} | - | - | no figures (see {name}.log) | - | - | - | - | - | - |")
         continue
     s = json.load(open(p))["summary"]
     runs[name] = s
@@ -78,7 +81,8 @@ for name in os.environ["RUNS"].split():
     rows.append(f"| {name} | {s['params']:,} | {f(s.get('gpu_memory_cap_gb'), 'g')} | {res} "
                 f"| {f(s.get('train_samples_per_second'), '.2f')} | {f(s.get('steady_samples_per_second'), '.2f')} "
                 f"| {f(s.get('median_step_seconds'), '.4f')} | {f(s.get('max_gpu_memory_gb'), '.2f')} "
-                f"| {f(s.get('device_memory_used_gb'), '.2f')} |")
+                f"| {f(s.get('device_memory_used_gb'), '.2f')} "
+                f"| {f(None if s.get('device_memory_used_gb') is None else s['device_memory_used_gb'] - total, '+.2f')} |")
 text = "\n".join(rows)
 b = runs.get("adamw-cpu-offload")
 keys = ("steady_samples_per_second", "train_samples_per_second")

@@ -104,8 +104,8 @@ struct RuntimeOptions {
 /// A streamed subgroup takes f = 12 + grad_bytes + param_bytes bytes per element at most (the fp32
 /// master and two moments, and the gradient and parameters when staged: models/phase_sim.h's
 /// subgroup_footprint, which the admission window charges), and a speculated one f + 16 +
-/// param_bytes more (its shadow state, and its fp32 gradient and parameters staged beside it, of
-/// which the window charges the shadow state only). The update phase then holds at most the
+/// param_bytes in all (also its shadow state, and its fp32 gradient and parameters staged beside
+/// it, of which the window charges the shadow state only). The update phase then holds at most the
 /// larger of update_budget and one subgroup (runtime/admission.h admits one subgroup whatever its
 /// size), twice the budget when speculative, and never more than the whole optimizer; the resident
 /// state at most min(resident_budget, 12 elements). Returns 0 when update_budget is 0 (no budget:

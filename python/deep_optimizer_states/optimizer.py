@@ -127,9 +127,9 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _Gradients, _State, _Timeli
         An optimizer with a ``gpu_update_budget`` and policy ``dos``, ``gpu`` or ``greedy`` that
         starts the runtime also bounds StarPU's cache of device buffers (:func:`get_runtime`'s
         ``gpu_memory_limit``) by the sum over its buckets of what each may hold (the larger of the
-        update budget and one subgroup, at most the whole bucket streamed, plus its resident
-        budget; :meth:`_gpu_memory_limit` gives the formula): without it StarPU keeps every device
-        buffer it freed, far beyond the budget.
+        update budget and one subgroup, at most the whole bucket streamed, more when ``overlap``
+        speculates, plus its resident budget), plus 64 MiB (:meth:`_gpu_memory_limit` gives the
+        formula): without it StarPU keeps every device buffer it freed, far beyond the budget.
       gpu_resident_budget (int or None): bytes of optimizer state (12 per parameter) each bucket may
         keep on the GPU between steps, >= 0; None (default): not given (policies ``dos`` and ``gpu``
         then keep nothing resident). Both budgets take effect only when the runtime has a CUDA

@@ -172,8 +172,9 @@ def get_runtime(policy=None, cpu_threads=0, cpu_workers=0, ncuda=-1, verbose=Fal
 
     Raises ``ValueError`` when a runtime already runs with a different policy or worker options
     (StarPU runs once per process: call :func:`shutdown` first), for an unknown policy or a
-    ``gpu_memory_limit`` out of range; warns (``UserWarning``) when a running runtime's GPU memory
-    limit is lower than ``gpu_memory_limit`` plus what the live optimizers asked for, or absent;
+    ``gpu_memory_limit`` out of range; warns (``UserWarning``) when a running runtime with CUDA
+    workers has a GPU memory limit lower than ``gpu_memory_limit`` (for an optimizer's request:
+    plus the live optimizers'), or none;
     :class:`~deep_optimizer_states.DosError` when StarPU cannot start (here or in that child); ``OSError`` when
     ``libdos_c.so`` cannot be loaded.
     """

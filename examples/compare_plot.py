@@ -37,11 +37,12 @@ def draw(plt, png, rows, baselines, peers, tl):
             ax.barh(lanes[t["lane"]], t["end"] - t["start"], left=t["start"], height=0.7,
                     color=colors.get(t["what"], "C4"), edgecolor="none")
         # PCIe rates from the cumulative bus samples (bytes are counted when a transfer completes,
-        # so rates are averaged over 20 ms windows)
+        # so rates are averaged over windows of 20 ms, or a twentieth of a shorter phase)
         bus = tl["bus"]
+        last = max([t["end"] for t in tl["tasks"]] + [bus[-1][0] if bus else 0.0])
         if len(bus) > 1:
-            w = 0.02
             end = bus[-1][0]
+            w = min(0.02, end / 20) if end > 0 else 0.02
             ts, up, down = [], [], []
             j = 0
             prev = bus[0]
@@ -55,15 +56,19 @@ def draw(plt, png, rows, baselines, peers, tl):
                 down.append((bus[j][2] - prev[2]) / w / 1e9)
                 prev = bus[j]
                 k += 1
-            peak = max(max(up), max(down), 1.0)
-            ax.fill_between(ts, 1 - 0.4, [1 - 0.4 + 0.8 * u / peak for u in up], step="mid", color="C4", alpha=0.7)
-            ax.fill_between(ts, 0 - 0.4, [0 - 0.4 + 0.8 * d / peak for d in down], step="mid", color="C5", alpha=0.7)
-            ax.text(end, 1, f" H2D (peak {peak:.0f} GB/s)", va="center", fontsize=8)
-            ax.text(end, 0, " D2H", va="center", fontsize=8)
+            peak = max(max(up), max(down))
+            scale = peak if peak > 0 else 1.0
+            ax.fill_between(ts, 1 - 0.4, [1 - 0.4 + 0.8 * u / scale for u in up], step="mid", color="C4", alpha=0.7)
+            ax.fill_between(ts, 0 - 0.4, [0 - 0.4 + 0.8 * d / scale for d in down], step="mid", color="C5", alpha=0.7)
+            ax.text(last, 1, f" H2D (peak {peak:.1f} GB/s)" if peak > 0 else " no PCIe traffic", va="center",
+                    fontsize=8)
+            ax.text(last, 0, " D2H", va="center", fontsize=8)
+        if last > 0:
+            ax.set_xlim(0, last)
         ax.set_yticks([0, 1, 2, 3])
         ax.set_yticklabels(["D2H", "H2D", "GPU worker", "CPU worker"])
         ax.set(xlabel="seconds since the update phase began",
-               title=f"policy {tl['policy']}, iteration {tl['iteration']}: Adam (blue), gradient staging (green), "
+               title=f"policy {tl['policy']}, iteration {tl['iteration']}\nAdam (blue), gradient staging (green), "
                      f"parameter write-back (orange)")
     fig.tight_layout()
     fig.savefig(png, dpi=110)

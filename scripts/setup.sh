@@ -243,6 +243,8 @@ if [ ! -f "$BUILD/build.ninja" ]; then
   meson setup "$BUILD" "$ROOT" --buildtype=release ${MESON_OPTIONS:-} > "$DEPS/meson-setup.out" 2>&1 \
     || { cat "$DEPS/meson-setup.out"; die "meson setup failed"; }
   grep -E "^\s*(CUDA|StarPU|OpenMP)" "$DEPS/meson-setup.out" | sed 's/^ */[setup]   /' || true
+else
+  say "meson setup: ${BUILD#$ROOT/} already configured"
 fi
 say "compiling (meson compile -C ${BUILD#$ROOT/})"
 meson compile -C "$BUILD" > "$DEPS/meson-compile.out" 2>&1 || { tail -50 "$DEPS/meson-compile.out"; die "compile failed"; }

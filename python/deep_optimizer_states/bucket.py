@@ -41,6 +41,19 @@ class _Bucket:
     def num_params(self):
         return sum(self.numels)
 
+    def holds(self, j, g):
+        """Whether gradient ``g`` of parameter ``j`` is the flat buffer's view itself (same memory,
+        same strides), where the runtime reads it."""
+        v = self.views[j]
+        return g.data_ptr() == v.data_ptr() and g.stride() == v.stride()
+
+    def move_into_view(self, j, p):
+        """Copies the gradient of ``p`` (parameter ``j``) into the flat buffer's view and points
+        ``p.grad`` at the view, unless it is there already."""
+        if not self.holds(j, p.grad):
+            self.views[j].copy_(p.grad)
+            p.grad = self.views[j]
+
     def note_param_versions(self):
         """Notes each parameter's version counter (``Tensor._version``, which every in-place write
         bumps; the runtime's own writes by pointer do not): the runtime's masters match the

@@ -109,11 +109,8 @@ class _Gradients:
                 p.grad = p.grad.clone()
             return
         for b in self._buckets:
-            for p, v in zip(b.params, b.views):
-                g = p.grad
-                if g.data_ptr() != v.data_ptr() or g.stride() != v.stride():
-                    v.copy_(g)
-                    p.grad = v
+            for j, p in enumerate(b.params):
+                b.move_into_view(j, p)
 
     def _norm_and_clip(self, grad_scale):
         """The global gradient norm (float, unscaled by ``grad_scale``; None when neither clipping

@@ -329,18 +329,18 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _Gradients, _State, _Timeli
         budgets). The runtime's ``dos_gpu_memory_for_budgets`` per bucket (the larger of the update
         budget and one subgroup streamed, at most the bucket streamed, more when ``overlap``
         speculates streamed subgroups, plus the resident budget), summed, plus
-        ``dos_starpu_device_margin()`` (64 MiB). (The runtime sets none when this reaches 90% of a GPU that torch already uses:
-        StarPU's own limit.)"""
-        if not self.gpu_update_budget or (policy or "dos") not in ("dos", "gpu", "greedy"):
+        ``dos_starpu_device_margin()`` (64 MiB). (The runtime sets none when this reaches 90% of a
+        GPU that torch already uses: StarPU's own limit.)"""
+        if not self.gpu_update_budget or (policy or _rt.DEFAULT_POLICY) not in ("dos", "gpu", "greedy"):
             return 0
         L = _capi.lib()
         total = L.dos_starpu_device_margin()
         speculative = self._overlap_asked and self.speculate_streamed and self.speculation_budget != 0
         for b in buckets:
             out = ctypes.c_size_t()
-            size = torch.empty((), dtype=b.dtype).element_size()  # parameters and gradients alike
+            size = b.params[0].element_size()  # the bucket's dtype: parameters and gradients alike
             _capi.check(L.dos_gpu_memory_for_budgets(
-                sum(b.numels), self.subgroup_size, size, size, self.gpu_update_budget,
+                b.num_params, self.subgroup_size, size, size, self.gpu_update_budget,
                 -1 if self.gpu_resident_budget is None else self.gpu_resident_budget, int(speculative),
                 ctypes.byref(out)), "dos_gpu_memory_for_budgets")
             total += out.value
@@ -558,8 +558,7 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _Gradients, _State, _Timeli
                 b.changed = ("the gradients were written in place after they were declared final "
                              "(clip_grad_norm_, GradScaler.unscale_, ...)")
             for j in b.declared:
-                g, v = b.params[j].grad, b.views[j]
-                if b.changed is None and (g.data_ptr() != v.data_ptr() or g.stride() != v.stride()):
+                if b.changed is None and not b.holds(j, b.params[j].grad):
                     b.changed = f"the gradient of parameter {b.indices[j]} was replaced after it was declared final"
 
         self._gather_gradients()

@@ -105,12 +105,9 @@ class _Overlap:
         g = p.grad
         if not self._readable_in_place(b, j, g):
             return
-        v = b.views[j]
-        if g.data_ptr() != v.data_ptr() or g.stride() != v.stride():
-            if g._base is not None:
-                return  # a view of another's buffer (DDP's gradient_as_bucket_view): theirs; step() copies it
-            v.copy_(g)
-            p.grad = v
+        if g._base is not None and not b.holds(j, g):
+            return  # a view of another's buffer (DDP's gradient_as_bucket_view): theirs; step() copies it
+        b.move_into_view(j, p)
 
     def _grad_accumulated(self, b, j, p):
         """Autograd has accumulated the gradient of ``p`` (position ``j`` of bucket ``b``): move it
@@ -124,16 +121,13 @@ class _Overlap:
             n = b.fired[j]
             self._backwards_seen = max(self._backwards_seen, n)
             g = p.grad
-            v = b.views[j]
             if not self._readable_in_place(b, j, g):
                 # not for the runtime as it is (a create_graph backward, a sparse or odd gradient):
                 # step() copies or refuses it
                 if j in b.declared and b.changed is None:
                     b.changed = "a gradient declared final was replaced by one the optimizer cannot read in place"
                 return
-            if g.data_ptr() != v.data_ptr() or g.stride() != v.stride():
-                v.copy_(g)  # (after zero_grad(set_to_none=True): autograd made a new tensor)
-                p.grad = v
+            b.move_into_view(j, p)  # (after zero_grad(set_to_none=True): autograd made a new tensor)
             if j in b.declared:
                 if b.changed is None:
                     b.changed = ("another backward pass accumulated into a gradient already declared final "

@@ -18,12 +18,18 @@ _MAX_COUNT = 2 ** 53
 class _State:
     """The optimizer's step counts, state_dict() and load_state_dict()."""
 
-    def subgroup_steps(self):
-        """Step count of every subgroup, one list of ints per bucket (in bucket order). Drops the
-        updates speculated since the last step (``overlap=True``)."""
+    def _settle(self):
+        """Before reading or replacing the state: raises ``RuntimeError`` after :meth:`close`,
+        waits for a phase the last step left running (:meth:`overlap_forward`) and drops the updates
+        speculated since the last step (``overlap=True``), so that the state is the last step's."""
         self._check_open()
         self.wait()
         self._drop_open_phases()
+
+    def subgroup_steps(self):
+        """Step count of every subgroup, one list of ints per bucket (in bucket order). Drops the
+        updates speculated since the last step (``overlap=True``)."""
+        self._settle()
         return [self._bucket_steps(b) for b in self._buckets]
 
     @staticmethod
@@ -76,9 +82,7 @@ class _State:
         stay. Drops the updates speculated since the last step (``overlap=True``). Costs about 8
         bytes of host memory per element of the largest parameter, for the moment. Raises
         ``RuntimeError`` after :meth:`close`."""
-        self._check_open()
-        self.wait()
-        self._drop_open_phases()
+        self._settle()
         for b in self._buckets:
             self._sync_masters(b, force=True)
 
@@ -146,9 +150,7 @@ class _State:
         Drops the updates speculated since the last step (``overlap=True``): the state is the one
         before them.
         """
-        self._check_open()
-        self.wait()
-        self._drop_open_phases()
+        self._settle()
         groups = []
         i = 0
         for g in self.param_groups:
@@ -206,9 +208,7 @@ class _State:
         count 0) means a fresh state, as for ``torch.optim``: zero moments, step counts 0, the
         masters taken from the parameters as they are (which keep their values).
         """
-        self._check_open()
-        self.wait()
-        self._drop_open_phases()
+        self._settle()
         if not isinstance(state_dict, dict) or not isinstance(state_dict.get("dos"), dict) \
                 or state_dict["dos"].get("format") != STATE_FORMAT:
             raise ValueError(f"not a DeepOptimizerStates state dict (no 'dos' section of format {STATE_FORMAT!r}): "

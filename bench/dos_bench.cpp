@@ -19,6 +19,9 @@
 //
 // dos-bench overhead: the runtime's cost per task and per subgroup with tiny subgroups, beside an
 // empty StarPU task in the same process (overhead_bench.h).
+//
+// dos-bench host: CPU Adam and full-duplex PCIe DMA sharing host memory, alone and at once, per
+// host page backing and team size (host_bench.h).
 #include <omp.h>
 
 #include <CLI/CLI.hpp>
@@ -33,8 +36,10 @@
 #include <vector>
 
 #include "adam.h"
+#include "host_bench.h"
 #include "overhead_bench.h"
 #include "stream_bench.h"
+#include "cpu_team.h"
 
 namespace {
 
@@ -102,8 +107,8 @@ int main(int argc, char** argv) {
   int reps = 5;
   bool json = false;
   app.add_option("what", sub,
-                 "what to benchmark: kernels, stream (the runtime's PCIe streaming), or overhead (the runtime's cost "
-                 "per task beside an empty StarPU task)")
+                 "what to benchmark: kernels, stream (the runtime's PCIe streaming), overhead (the runtime's cost "
+                 "per task beside an empty StarPU task), or host (CPU Adam and PCIe DMA sharing host memory)")
       ->required();
   app.add_option("--n", n_d, "elements per kernel call (stream: parameters, default 1.6e9)");
   app.add_option("--reps", reps, "runs per kernel (the best is kept); stream: timed iterations per variant")
@@ -118,7 +123,27 @@ int main(int argc, char** argv) {
   int empty_tasks = 2000;
   app.add_option("--subgroups", subgroups_d, "overhead: subgroups per phase (default 55; --subgroup-size default 10007)");
   app.add_option("--empty-tasks", empty_tasks, "overhead: empty StarPU tasks per worker kind")->capture_default_str();
+  std::vector<int> host_threads;
+  std::vector<std::string> host_pages = {"4k", "huge"};
+  app.add_option("--threads", host_threads, "host: OpenMP team sizes (default: every core the process may use but one)");
+  app.add_option("--pages", host_pages, "host: page backings, 4k and/or huge")->capture_default_str()
+      ->check(CLI::IsMember({"4k", "huge"}));
   CLI11_PARSE(app, argc, argv);
+  if (sub == "host") {
+    dos_bench::HostOptions ho;
+    if (app.count("--n") == 0) n_d = 5e8;
+    if (!(n_d >= 1 && n_d <= 4e9) || reps < 1) {
+      std::fprintf(stderr, "dos-bench host: --n must be in [1, 4e9] and --reps >= 1\n");
+      return 1;
+    }
+    ho.n = std::size_t(n_d);
+    ho.reps = reps;
+    ho.threads = host_threads;
+    if (ho.threads.empty()) ho.threads = {int(dos::allowed_cores().size()) - 1};
+    ho.pages = host_pages;
+    ho.json = json;
+    return dos_bench::run_host(ho);
+  }
   if (sub == "overhead") {
     dos_bench::OverheadOptions oo;
     if (app.count("--subgroup-size") == 0) subgroup_d = 10007;
@@ -171,7 +196,7 @@ int main(int argc, char** argv) {
     }
   }
   if (sub != "kernels") {
-    std::fprintf(stderr, "dos-bench: unknown benchmark '%s': use kernels, stream or overhead\n", sub.c_str());
+    std::fprintf(stderr, "dos-bench: unknown benchmark '%s': use kernels, stream, overhead or host\n", sub.c_str());
     return 1;
   }
   if (app.count("--n") == 0) n_d = 1 << 27;

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <sys/mman.h>
 #include <fstream>
 #include <string>
 
@@ -59,6 +60,20 @@ bool host_alloc_by_starpu() {
   return on && starpu_cuda_worker_get_count() > 0;
 }
 
+/// Page backing of the host buffers, from DOS_HOST_PAGES: "huge" (2 MiB aligned and advised
+/// MADV_HUGEPAGE, so that the kernel backs them with transparent huge pages where it allows them),
+/// "4k" (advised MADV_NOHUGEPAGE), unset or anything else: as the allocator gives them.
+enum class Pages { as_given, huge, small };
+Pages host_pages() {
+  static const Pages p = [] {
+    const char* e = std::getenv("DOS_HOST_PAGES");
+    const std::string s = e ? e : "";
+    return s == "huge" ? Pages::huge : s == "4k" ? Pages::small : Pages::as_given;
+  }();
+  return p;
+}
+constexpr std::size_t kHugePage = std::size_t(2) << 20;
+
 std::atomic<bool> g_warned_pageable{false};
 
 struct FirstTouch {
@@ -83,8 +98,13 @@ HostBuffer alloc_host(std::size_t bytes) {
     if (starpu_malloc_flags(&p, b.bytes ? b.bytes : 4096, STARPU_MALLOC_PINNED) != 0)
       throw Error("cannot allocate " + std::to_string(b.bytes) + " bytes of pinned host memory (DOS_HOST_ALLOC=starpu)");
     b.from_starpu = b.pinned = true;
-  } else if (posix_memalign(&p, 4096, b.bytes ? b.bytes : 4096) != 0) {
-    throw Error("cannot allocate " + std::to_string(b.bytes) + " bytes of host memory for the optimizer state");
+  } else {
+    const Pages pages = host_pages();
+    const std::size_t align = pages == Pages::huge ? kHugePage : 4096;
+    const std::size_t span = ((b.bytes ? b.bytes : 4096) + align - 1) / align * align;
+    if (posix_memalign(&p, align, span) != 0)
+      throw Error("cannot allocate " + std::to_string(b.bytes) + " bytes of host memory for the optimizer state");
+    if (pages != Pages::as_given) madvise(p, span, pages == Pages::huge ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
   }
   b.ptr = static_cast<float*>(p);
   // NUMA-aware first touch: the first CPU worker's (bound) team zeroes the buffer with the Adam

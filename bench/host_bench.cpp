@@ -1,0 +1,274 @@
+// dos-bench host: CPU Adam (the runtime's kernel, adam_step_cpu) and full-duplex PCIe DMA
+// (cudaMemcpyAsync both ways, as a streamed subgroup's state moves) sharing host memory, alone and
+// at the same time, for each host page backing and OpenMP team size asked for. No StarPU: the
+// kernel and the copies as the update phase runs them, without the runtime's scheduling, so that
+// the figures say what host memory gives when both compete.
+//
+// Cores: the DMA thread on the first core the process may use, the CPU team on the next ones, one
+// thread per core (as the runtime binds its CUDA driver thread and its CPU team).
+#include "host_bench.h"
+
+#include <omp.h>
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "adam.h"
+#include "cpu_team.h"
+
+#if defined(DOS_HAVE_CUDA)
+#include <cuda_runtime.h>
+#endif
+
+namespace dos_bench {
+
+#if !defined(DOS_HAVE_CUDA)
+int run_host(const HostOptions&) {
+  std::fprintf(stderr, "dos-bench host: this build has no CUDA\n");
+  return 1;
+}
+#else
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double now_s() { return std::chrono::duration<double>(Clock::now().time_since_epoch()).count(); }
+
+constexpr std::size_t kHuge = std::size_t(2) << 20;
+
+/// Host memory with the asked page backing, first touched by the bound team, pinned for DMA.
+struct Buffer {
+  void* ptr = nullptr;
+  std::size_t bytes = 0;
+  bool pinned = false;
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  Buffer(std::size_t n, bool huge) : bytes((n + kHuge - 1) / kHuge * kHuge) {
+    if (posix_memalign(&ptr, huge ? kHuge : 4096, bytes) != 0) {
+      ptr = nullptr;
+      return;
+    }
+    madvise(ptr, bytes, huge ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
+    char* c = static_cast<char*>(ptr);
+#pragma omp parallel for schedule(static)
+    for (std::size_t i = 0; i < bytes; i += 4096) c[i] = 0;
+    pinned = cudaHostRegister(ptr, bytes, cudaHostRegisterDefault) == cudaSuccess;
+  }
+  ~Buffer() {
+    if (pinned) cudaHostUnregister(ptr);
+    std::free(ptr);
+  }
+};
+
+/// AnonHugePages of /proc/self/smaps_rollup, bytes (0 when unreadable).
+std::size_t anon_huge_bytes() {
+  std::ifstream f("/proc/self/smaps_rollup");
+  std::string key;
+  std::size_t kb = 0;
+  while (f >> key) {
+    if (key == "AnonHugePages:") {
+      f >> kb;
+      return kb * 1024;
+    }
+    f.ignore(1 << 20, '\n');
+  }
+  return 0;
+}
+
+std::string read_line(const char* path) {
+  std::ifstream f(path);
+  std::string s;
+  std::getline(f, s);
+  return s.empty() ? "(unreadable)" : s;
+}
+
+/// Full-duplex copies between two pinned host buffers and the device, two in flight per direction,
+/// until stopped; records each completed pair's time so that any interval's rate can be read.
+struct DmaLoop {
+  const Buffer &up_host, &down_host;
+  void *dev_up = nullptr, *dev_down = nullptr;
+  std::size_t chunk;
+  int core;
+  std::atomic<bool> stop{false};
+  std::vector<double> done_at;  // completion time of each pair (both directions), seconds
+  std::thread th;
+  DmaLoop(const Buffer& up, const Buffer& down, std::size_t chunk_bytes, int core_)
+      : up_host(up), down_host(down), chunk(chunk_bytes), core(core_) {}
+  bool start() {
+    if (cudaMalloc(&dev_up, up_host.bytes) != cudaSuccess || cudaMalloc(&dev_down, down_host.bytes) != cudaSuccess)
+      return false;
+    th = std::thread([this] { run(); });
+    return true;
+  }
+  void run() {
+    dos::bind_this_thread(core);
+    cudaStream_t s[2];
+    cudaEvent_t ev[2];
+    for (int i = 0; i < 2; ++i) {
+      cudaStreamCreateWithFlags(&s[i], cudaStreamNonBlocking);
+      cudaEventCreateWithFlags(&ev[i], cudaEventDisableTiming);
+    }
+    const std::size_t nchunks = std::max<std::size_t>(1, up_host.bytes / chunk);
+    for (std::size_t i = 0; !stop.load(std::memory_order_relaxed); ++i) {
+      const std::size_t off = (i % nchunks) * chunk;
+      cudaMemcpyAsync(static_cast<char*>(dev_up) + off, static_cast<char*>(up_host.ptr) + off, chunk,
+                      cudaMemcpyHostToDevice, s[0]);
+      cudaMemcpyAsync(static_cast<char*>(down_host.ptr) + off, static_cast<char*>(dev_down) + off, chunk,
+                      cudaMemcpyDeviceToHost, s[1]);
+      cudaEventRecord(ev[i % 2], s[0]);
+      cudaStreamWaitEvent(s[1], ev[i % 2], 0);  // pairs complete in order: one event per pair
+      cudaEventRecord(ev[i % 2], s[1]);
+      if (i >= 1) {
+        cudaEventSynchronize(ev[(i - 1) % 2]);
+        done_at.push_back(now_s());
+      }
+    }
+    for (int i = 0; i < 2; ++i) cudaStreamSynchronize(s[i]);
+    for (int i = 0; i < 2; ++i) {
+      cudaStreamDestroy(s[i]);
+      cudaEventDestroy(ev[i]);
+    }
+  }
+  /// Bytes per second each way over [t0, t1].
+  double rate(double t0, double t1) const {
+    const auto c = std::count_if(done_at.begin(), done_at.end(), [&](double t) { return t >= t0 && t <= t1; });
+    return double(c) * double(chunk) / (t1 - t0);
+  }
+  void finish() {
+    stop = true;
+    if (th.joinable()) th.join();
+    cudaFree(dev_up);
+    cudaFree(dev_down);
+  }
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+}  // namespace
+
+int run_host(const HostOptions& o) {
+  int ndev = 0;
+  if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
+    std::fprintf(stderr, "dos-bench host: no usable GPU\n");
+    return 1;
+  }
+  const std::vector<int> cores = dos::allowed_cores();
+  for (int t : o.threads)
+    if (t < 1 || std::size_t(t) + 1 > cores.size()) {
+      std::fprintf(stderr, "dos-bench host: a team of %d threads needs %d cores (one for the DMA thread); this "
+                           "process may use %zu: give --threads between 1 and %zu\n",
+                   t, t + 1, cores.size(), cores.size() - 1);
+      return 1;
+    }
+  const std::size_t n = o.n;
+  const dos::AdamStepParams sp = dos::make_adam_step_params(dos::AdamHyper{}, 10);
+  nlohmann::ordered_json out = {{"params", n},
+                                {"bytes_per_param", 28},
+                                {"thp_enabled", read_line("/sys/kernel/mm/transparent_hugepage/enabled")},
+                                {"thp_defrag", read_line("/sys/kernel/mm/transparent_hugepage/defrag")},
+                                {"runs", nlohmann::ordered_json::array()}};
+  if (!o.json)
+    std::printf("dos-bench host: CPU Adam (bf16 gradients and copy, fp32 state, 28 B/param) on %zu parameters "
+                "beside full-duplex DMA (%zu MiB copies), median of %d calls; DMA thread on core %d; THP %s\n",
+                n, o.dma_bytes >> 20, o.reps, cores[0], out["thp_enabled"].get<std::string>().c_str());
+  for (const std::string& pages : o.pages) {
+    const bool huge = pages == "huge";
+    const std::size_t huge_before = anon_huge_bytes();
+    // the team that first touches the state is the largest asked for, bound as it will run
+    const int touch_threads = *std::max_element(o.threads.begin(), o.threads.end());
+    omp_set_num_threads(touch_threads);
+#pragma omp parallel
+    dos::bind_this_thread(cores[1 + omp_get_thread_num()]);
+    Buffer master(n * 4, huge), m(n * 4, huge), v(n * 4, huge), g(n * 2, huge), p(n * 2, huge);
+    const std::size_t dma_total = std::max<std::size_t>(o.dma_bytes, std::size_t(1) << 30);
+    Buffer up(dma_total, huge), down(dma_total, huge);
+    for (const Buffer* b : {&master, &m, &v, &g, &p, &up, &down})
+      if (!b->ptr || !b->pinned) {
+        std::fprintf(stderr, "dos-bench host: cannot allocate and pin %zu bytes of host memory (%s pages)\n", b->bytes,
+                     pages.c_str());
+        return 1;
+      }
+    const double huge_share =
+        double(anon_huge_bytes() - std::min(anon_huge_bytes(), huge_before)) /
+        double(master.bytes * 3 + g.bytes + p.bytes + up.bytes + down.bytes);
+    // DMA alone
+    double dma_alone = 0;
+    {
+      DmaLoop dma(up, down, o.dma_bytes, cores[0]);
+      if (!dma.start()) {
+        std::fprintf(stderr, "dos-bench host: cannot allocate %zu bytes on the GPU\n", 2 * dma_total);
+        return 1;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      const double t0 = now_s();
+      std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+      dma_alone = dma.rate(t0, now_s());
+      dma.finish();
+    }
+    if (!o.json)
+      std::printf("\npages %s (%.0f%% of the buffers in huge pages): DMA alone %.1f GB/s each way\n%-8s %14s %14s %12s "
+                  "%14s %14s\n",
+                  pages.c_str(), 100 * huge_share, dma_alone / 1e9, "threads", "alone Gp/s", "beside Gp/s",
+                  "DMA GB/s", "host GB/s", "alone host");
+    for (int threads : o.threads) {
+      omp_set_num_threads(threads);
+#pragma omp parallel
+      dos::bind_this_thread(cores[1 + omp_get_thread_num()]);
+      auto call = [&] {
+        dos::adam_step_cpu(static_cast<float*>(master.ptr), static_cast<float*>(m.ptr), static_cast<float*>(v.ptr),
+                           g.ptr, dos::DType::bf16, p.ptr, dos::DType::bf16, n, sp);
+      };
+      auto timed = [&](std::vector<double>& starts, std::vector<double>& ends) {
+        call();
+        for (int r = 0; r < o.reps; ++r) {
+          starts.push_back(now_s());
+          call();
+          ends.push_back(now_s());
+        }
+      };
+      std::vector<double> s_alone, e_alone, s_both, e_both;
+      timed(s_alone, e_alone);
+      DmaLoop dma(up, down, o.dma_bytes, cores[0]);
+      if (!dma.start()) return 1;
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      timed(s_both, e_both);
+      dma.finish();
+      std::vector<double> t_alone, t_both, d_both;
+      for (int r = 0; r < o.reps; ++r) {
+        t_alone.push_back(e_alone[r] - s_alone[r]);
+        t_both.push_back(e_both[r] - s_both[r]);
+      }
+      const double u_alone = double(n) / median(t_alone), u_both = double(n) / median(t_both);
+      const double dma_both = dma.rate(s_both.front(), e_both.back());
+      const double host_both = 28 * u_both + 2 * dma_both;
+      out["runs"].push_back({{"pages", pages},
+                             {"huge_page_share", huge_share},
+                             {"threads", threads},
+                             {"dma_alone_bytes_per_s_each_way", dma_alone},
+                             {"adam_alone_params_per_s", u_alone},
+                             {"adam_beside_dma_params_per_s", u_both},
+                             {"dma_beside_adam_bytes_per_s_each_way", dma_both},
+                             {"host_bytes_per_s_both", host_both}});
+      if (!o.json)
+        std::printf("%-8d %14.2f %14.2f %12.1f %14.1f %14.1f\n", threads, u_alone / 1e9, u_both / 1e9, dma_both / 1e9,
+                    host_both / 1e9, 28 * u_alone / 1e9);
+    }
+  }
+  if (o.json) std::printf("%s\n", out.dump(2).c_str());
+  return 0;
+}
+#endif
+
+}  // namespace dos_bench

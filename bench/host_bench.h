@@ -1,0 +1,34 @@
+// dos-bench host (host_bench.cpp): CPU Adam and PCIe DMA sharing host memory, the resource that
+// bounds a mixed update phase.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+namespace dos_bench {
+
+/// n: parameters per CPU Adam call (bf16 gradients and parameter copy over fp32 state: 12 B of
+/// state, 2 B of gradient and 2 B of copy per parameter, 28 B of host traffic per parameter
+/// updated); reps: timed calls per measurement (after one untimed); threads: OpenMP team sizes to
+/// try (each team bound to the cores after the DMA thread's); pages: host page backings to try,
+/// "4k" (transparent huge pages refused with MADV_NOHUGEPAGE) or "huge" (MADV_HUGEPAGE, 2 MiB
+/// aligned); dma_bytes: bytes per cudaMemcpyAsync of the DMA loop.
+struct HostOptions {
+  std::size_t n = 0;
+  int reps = 5;
+  std::vector<int> threads;
+  std::vector<std::string> pages;
+  std::size_t dma_bytes = std::size_t(64) << 20;
+  bool json = false;
+};
+
+/// For each page backing: full-duplex DMA alone (GB/s each way), then for each team size CPU Adam
+/// alone and beside the DMA loop (Gparams/s, median of reps; the DMA's GB/s each way over the
+/// same interval), and the host traffic of both (28 B/param + both DMA directions, GB/s). Prints a
+/// table or JSON. Returns 0, or 1 with a message on stderr when the build has no CUDA, there is no
+/// GPU, a team size exceeds the cores the process may use less one, or memory cannot be allocated
+/// or pinned.
+int run_host(const HostOptions& o);
+
+}  // namespace dos_bench

@@ -126,8 +126,11 @@ int main(int argc, char** argv) {
   std::vector<int> host_threads;
   std::vector<std::string> host_pages = {"4k", "huge"};
   app.add_option("--threads", host_threads, "host: OpenMP team sizes (default: every core the process may use but one)");
-  app.add_option("--pages", host_pages, "host: page backings, 4k and/or huge")->capture_default_str()
-      ->check(CLI::IsMember({"4k", "huge"}));
+  app.add_option("--pages", host_pages,
+                 "host: host memory kinds, each STATE or STATE/DMA with a kind 4k, huge or cuda (cudaHostAlloc)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"4k", "huge", "cuda", "4k/cuda", "cuda/4k", "huge/cuda", "cuda/huge", "4k/huge",
+                             "huge/4k"}));
   CLI11_PARSE(app, argc, argv);
   if (sub == "host") {
     dos_bench::HostOptions ho;

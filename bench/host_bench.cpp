@@ -49,21 +49,29 @@ constexpr std::size_t kHuge = std::size_t(2) << 20;
 struct Buffer {
   void* ptr = nullptr;
   std::size_t bytes = 0;
-  bool pinned = false;
+  bool pinned = false, by_cuda = false;
   Buffer(const Buffer&) = delete;
   Buffer& operator=(const Buffer&) = delete;
-  Buffer(std::size_t n, bool huge) : bytes((n + kHuge - 1) / kHuge * kHuge) {
-    if (posix_memalign(&ptr, huge ? kHuge : 4096, bytes) != 0) {
+  /// kind: "4k", "huge" (posix_memalign, advised, pinned by cudaHostRegister) or "cuda" (cudaHostAlloc).
+  Buffer(std::size_t n, const std::string& kind) : bytes((n + kHuge - 1) / kHuge * kHuge) {
+    by_cuda = kind == "cuda";
+    if (by_cuda) {
+      if (cudaHostAlloc(&ptr, bytes, cudaHostAllocDefault) != cudaSuccess) ptr = nullptr;
+    } else if (posix_memalign(&ptr, kind == "huge" ? kHuge : 4096, bytes) != 0) {
       ptr = nullptr;
-      return;
     }
-    madvise(ptr, bytes, huge ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
+    if (!ptr) return;
+    if (!by_cuda) madvise(ptr, bytes, kind == "huge" ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
     char* c = static_cast<char*>(ptr);
 #pragma omp parallel for schedule(static)
     for (std::size_t i = 0; i < bytes; i += 4096) c[i] = 0;
-    pinned = cudaHostRegister(ptr, bytes, cudaHostRegisterDefault) == cudaSuccess;
+    pinned = by_cuda || cudaHostRegister(ptr, bytes, cudaHostRegisterDefault) == cudaSuccess;
   }
   ~Buffer() {
+    if (by_cuda) {
+      cudaFreeHost(ptr);
+      return;
+    }
     if (pinned) cudaHostUnregister(ptr);
     std::free(ptr);
   }
@@ -91,61 +99,59 @@ std::string read_line(const char* path) {
   return s.empty() ? "(unreadable)" : s;
 }
 
-/// Full-duplex copies between two pinned host buffers and the device, two in flight per direction,
-/// until stopped; records each completed pair's time so that any interval's rate can be read.
+/// Full-duplex copies between two pinned host buffers and the device: one thread per direction
+/// (both on the DMA core, blocking on events), each keeping two copies in flight on its own stream,
+/// until stopped; records each completed copy's time so that any interval's rate can be read.
 struct DmaLoop {
   const Buffer &up_host, &down_host;
   void *dev_up = nullptr, *dev_down = nullptr;
   std::size_t chunk;
   int core;
   std::atomic<bool> stop{false};
-  std::vector<double> done_at;  // completion time of each pair (both directions), seconds
-  std::thread th;
+  std::vector<double> done_at[2];  // completion time of each copy, per direction (0: H2D, 1: D2H)
+  std::thread th[2];
   DmaLoop(const Buffer& up, const Buffer& down, std::size_t chunk_bytes, int core_)
       : up_host(up), down_host(down), chunk(chunk_bytes), core(core_) {}
   bool start() {
     if (cudaMalloc(&dev_up, up_host.bytes) != cudaSuccess || cudaMalloc(&dev_down, down_host.bytes) != cudaSuccess)
       return false;
-    th = std::thread([this] { run(); });
+    for (int d = 0; d < 2; ++d) th[d] = std::thread([this, d] { run(d); });
     return true;
   }
-  void run() {
+  void run(int d) {
     dos::bind_this_thread(core);
-    cudaStream_t s[2];
+    cudaStream_t s;
     cudaEvent_t ev[2];
-    for (int i = 0; i < 2; ++i) {
-      cudaStreamCreateWithFlags(&s[i], cudaStreamNonBlocking);
-      cudaEventCreateWithFlags(&ev[i], cudaEventDisableTiming);
-    }
-    const std::size_t nchunks = std::max<std::size_t>(1, up_host.bytes / chunk);
+    cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+    for (auto& e : ev) cudaEventCreateWithFlags(&e, cudaEventDisableTiming | cudaEventBlockingSync);
+    const Buffer& host = d == 0 ? up_host : down_host;
+    char* dev = static_cast<char*>(d == 0 ? dev_up : dev_down);
+    char* h = static_cast<char*>(host.ptr);
+    const std::size_t nchunks = std::max<std::size_t>(1, host.bytes / chunk);
     for (std::size_t i = 0; !stop.load(std::memory_order_relaxed); ++i) {
       const std::size_t off = (i % nchunks) * chunk;
-      cudaMemcpyAsync(static_cast<char*>(dev_up) + off, static_cast<char*>(up_host.ptr) + off, chunk,
-                      cudaMemcpyHostToDevice, s[0]);
-      cudaMemcpyAsync(static_cast<char*>(down_host.ptr) + off, static_cast<char*>(dev_down) + off, chunk,
-                      cudaMemcpyDeviceToHost, s[1]);
-      cudaEventRecord(ev[i % 2], s[0]);
-      cudaStreamWaitEvent(s[1], ev[i % 2], 0);  // pairs complete in order: one event per pair
-      cudaEventRecord(ev[i % 2], s[1]);
+      if (d == 0) cudaMemcpyAsync(dev + off, h + off, chunk, cudaMemcpyHostToDevice, s);
+      else cudaMemcpyAsync(h + off, dev + off, chunk, cudaMemcpyDeviceToHost, s);
+      cudaEventRecord(ev[i % 2], s);
       if (i >= 1) {
         cudaEventSynchronize(ev[(i - 1) % 2]);
-        done_at.push_back(now_s());
+        done_at[d].push_back(now_s());
       }
     }
-    for (int i = 0; i < 2; ++i) cudaStreamSynchronize(s[i]);
-    for (int i = 0; i < 2; ++i) {
-      cudaStreamDestroy(s[i]);
-      cudaEventDestroy(ev[i]);
-    }
+    cudaStreamSynchronize(s);
+    cudaStreamDestroy(s);
+    for (auto& e : ev) cudaEventDestroy(e);
   }
-  /// Bytes per second each way over [t0, t1].
+  /// Bytes per second each way (the mean of the two directions) over [t0, t1].
   double rate(double t0, double t1) const {
-    const auto c = std::count_if(done_at.begin(), done_at.end(), [&](double t) { return t >= t0 && t <= t1; });
-    return double(c) * double(chunk) / (t1 - t0);
+    double c = 0;
+    for (const auto& v : done_at) c += double(std::count_if(v.begin(), v.end(), [&](double t) { return t >= t0 && t <= t1; }));
+    return c / 2 * double(chunk) / (t1 - t0);
   }
   void finish() {
     stop = true;
-    if (th.joinable()) th.join();
+    for (auto& t : th)
+      if (t.joinable()) t.join();
     cudaFree(dev_up);
     cudaFree(dev_down);
   }
@@ -184,16 +190,18 @@ int run_host(const HostOptions& o) {
                 "beside full-duplex DMA (%zu MiB copies), median of %d calls; DMA thread on core %d; THP %s\n",
                 n, o.dma_bytes >> 20, o.reps, cores[0], out["thp_enabled"].get<std::string>().c_str());
   for (const std::string& pages : o.pages) {
-    const bool huge = pages == "huge";
+    const std::size_t slash = pages.find('/');
+    const std::string state_kind = pages.substr(0, slash), dma_kind = slash == std::string::npos ? state_kind : pages.substr(slash + 1);
     const std::size_t huge_before = anon_huge_bytes();
     // the team that first touches the state is the largest asked for, bound as it will run
     const int touch_threads = *std::max_element(o.threads.begin(), o.threads.end());
     omp_set_num_threads(touch_threads);
 #pragma omp parallel
     dos::bind_this_thread(cores[1 + omp_get_thread_num()]);
-    Buffer master(n * 4, huge), m(n * 4, huge), v(n * 4, huge), g(n * 2, huge), p(n * 2, huge);
+    Buffer master(n * 4, state_kind), m(n * 4, state_kind), v(n * 4, state_kind), g(n * 2, state_kind),
+        p(n * 2, state_kind);
     const std::size_t dma_total = std::max<std::size_t>(o.dma_bytes, std::size_t(1) << 30);
-    Buffer up(dma_total, huge), down(dma_total, huge);
+    Buffer up(dma_total, dma_kind), down(dma_total, dma_kind);
     for (const Buffer* b : {&master, &m, &v, &g, &p, &up, &down})
       if (!b->ptr || !b->pinned) {
         std::fprintf(stderr, "dos-bench host: cannot allocate and pin %zu bytes of host memory (%s pages)\n", b->bytes,

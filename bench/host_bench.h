@@ -11,9 +11,11 @@ namespace dos_bench {
 /// n: parameters per CPU Adam call (bf16 gradients and parameter copy over fp32 state: 12 B of
 /// state, 2 B of gradient and 2 B of copy per parameter, 28 B of host traffic per parameter
 /// updated); reps: timed calls per measurement (after one untimed); threads: OpenMP team sizes to
-/// try (each team bound to the cores after the DMA thread's); pages: host page backings to try,
-/// "4k" (transparent huge pages refused with MADV_NOHUGEPAGE) or "huge" (MADV_HUGEPAGE, 2 MiB
-/// aligned); dma_bytes: bytes per cudaMemcpyAsync of the DMA loop.
+/// try (each team bound to the cores after the DMA thread's); pages: host memory to try, each
+/// "STATE" or "STATE/DMA" (the Adam state's and the DMA buffers' kinds), a kind being "4k"
+/// (posix_memalign, transparent huge pages refused with MADV_NOHUGEPAGE, cudaHostRegister),
+/// "huge" (2 MiB aligned, MADV_HUGEPAGE, cudaHostRegister) or "cuda" (cudaHostAlloc);
+/// dma_bytes: bytes per cudaMemcpyAsync of the DMA loop.
 struct HostOptions {
   std::size_t n = 0;
   int reps = 5;

@@ -232,6 +232,53 @@ void test_adam_no_param_copy(void**) {
   assert_memory_equal(p2.data(), out.data(), n * 4);
 }
 
+void test_param_copy_misaligned(void**) {
+  // The parameter copy at every byte offset of a 64-byte line (each element size), several chunks
+  // long: the copy is the master rounded (fp32: equal), in place and out of place, and the bytes
+  // around it are left as they were.
+  const size_t n = 2 * 16384 + 37;
+  dos::AdamHyper h;
+  const auto sp = dos::make_adam_step_params(h, 3);
+  for (DType pd : {DType::bf16, DType::fp32, DType::fp16})
+    for (size_t shift = 0; shift < 64; shift += dos::dtype_size(pd))
+      for (int into = 0; into < 2; ++into) {
+        std::vector<float> p(n), m(n, 0.01f), v(n, 1e-4f), g(n), p_o(n), m_o(n), v_o(n);
+        for (size_t i = 0; i < n; ++i) {
+          p[i] = float(i % 977) * 1e-3f - 0.4f;
+          g[i] = float((i * 7919) % 101) * 1e-4f - 5e-3f;
+        }
+        const size_t bytes = n * dos::dtype_size(pd);
+        std::vector<unsigned char> raw(bytes + 64 + 128, 0xA5);
+        const size_t base = (64 - reinterpret_cast<std::uintptr_t>(raw.data()) % 64) % 64;  // a line's start
+        unsigned char* out = raw.data() + base + shift;
+        if (into)
+          dos::adam_step_into_cpu(p.data(), m.data(), v.data(), p_o.data(), m_o.data(), v_o.data(), g.data(), DType::fp32,
+                                  out, pd, n, sp);
+        else
+          dos::adam_step_cpu(p.data(), m.data(), v.data(), g.data(), DType::fp32, out, pd, n, sp);
+        const std::vector<float>& master = into ? p_o : p;
+        for (size_t i = 0; i < n; ++i) {
+          float got;
+          if (pd == DType::fp32) std::memcpy(&got, out + 4 * i, 4);
+          else {
+            uint16_t b;
+            std::memcpy(&b, out + 2 * i, 2);
+            got = pd == DType::bf16 ? ref::bf16_bits_to_float(b) : ref::f16_bits_to_float(b);
+          }
+          const float want = pd == DType::fp32 ? master[i]
+                             : pd == DType::bf16 ? ref::round_to_bf16(master[i])
+                                                 : ref::f16_bits_to_float(ref::float_to_f16_bits(master[i]));
+          if (std::memcmp(&got, &want, 4) != 0) {
+            std::fprintf(stderr, "%s copy at byte offset %zu (%s): element %zu is %a, want %a\n", dos::dtype_name(pd),
+                         shift, into ? "out of place" : "in place", i, double(got), double(want));
+            fail();
+          }
+        }
+        for (size_t i = 0; i < raw.size(); ++i)
+          if (i < base + shift || i >= base + shift + bytes) assert_int_equal(raw[i], 0xA5);
+      }
+}
+
 void test_convert_to_f32(void**) {
   std::printf("  fp16 conversions on this CPU: %s\n", dos::f16_conversion_isa());
   for (size_t n : {size_t(1), size_t(17), size_t(65536), size_t(16384 * 5 + 5)}) {
@@ -255,7 +302,7 @@ int main() {
       cmocka_unit_test(test_f16_decode_exhaustive), cmocka_unit_test(test_f32_to_16bit_sweep),
       cmocka_unit_test(test_convert_to_f32),        cmocka_unit_test(test_adam_no_param_copy),
       cmocka_unit_test(test_adam_small_sizes),      cmocka_unit_test(test_adam_mixed_dtypes),
-      cmocka_unit_test(test_adam_large),
+      cmocka_unit_test(test_adam_large),            cmocka_unit_test(test_param_copy_misaligned),
   };
   return cmocka_run_group_tests(tests, nullptr, nullptr);
 }

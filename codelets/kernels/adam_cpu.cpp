@@ -166,29 +166,52 @@ AdamFn pick_adam(DType g, DType p, bool write) {
   return table[int(g)][write ? int(p) : 3];
 }
 
-// Copies n floats with non-temporal stores (no read of the destination's lines before they are
-// written: what an out-of-place update saves over ordinary stores, 12 of its 40 bytes per
-// parameter); dst 64-byte aligned for the vector paths. Chosen once from what the processor has.
-__attribute__((target("avx512f"))) void stream_copy_avx512(float* dst, const float* src, std::size_t n) {
-  std::size_t i = 0;
-  for (; i + 16 <= n; i += 16) _mm512_stream_ps(dst + i, _mm512_loadu_ps(src + i));
-  for (; i < n; ++i) dst[i] = src[i];
+// Copies `bytes` with non-temporal stores: no read of the destination's lines before they are
+// written (the read for ownership of an ordinary store), and no eviction of what the cache holds.
+// What the update saves on each array it writes but does not read: the parameter copy (2 of the
+// 30 bytes per parameter that an update in place with a 16-bit copy moves) and, out of place, the
+// new state (12 of 40). The head up to the vector's alignment and the tail go through memcpy.
+// Chosen once from what the processor has; the caller fences (_mm_sfence) before the data is used
+// by another thread or a device.
+template <std::size_t W>
+inline std::size_t unaligned_head(const char* d, std::size_t n) {
+  const std::size_t head = (W - reinterpret_cast<std::uintptr_t>(d) % W) % W;
+  return head < n ? head : n;
 }
-__attribute__((target("avx"))) void stream_copy_avx(float* dst, const float* src, std::size_t n) {
-  std::size_t i = 0;
-  for (; i + 8 <= n; i += 8) _mm256_stream_ps(dst + i, _mm256_loadu_ps(src + i));
-  for (; i < n; ++i) dst[i] = src[i];
+__attribute__((target("avx512f"))) void stream_bytes_avx512(void* dst, const void* src, std::size_t n) {
+  char* d = static_cast<char*>(dst);
+  const char* s = static_cast<const char*>(src);
+  const std::size_t head = unaligned_head<64>(d, n);
+  std::memcpy(d, s, head);
+  std::size_t i = head;
+  for (; i + 64 <= n; i += 64)
+    _mm512_stream_si512(reinterpret_cast<__m512i*>(d + i), _mm512_loadu_si512(reinterpret_cast<const void*>(s + i)));
+  std::memcpy(d + i, s + i, n - i);
 }
-void stream_copy_plain(float* dst, const float* src, std::size_t n) { std::memcpy(dst, src, n * sizeof(float)); }
-using StreamCopy = void (*)(float*, const float*, std::size_t);
-StreamCopy stream_copy_for(const float* dst) {
-  static const StreamCopy best = [] {
+__attribute__((target("avx"))) void stream_bytes_avx(void* dst, const void* src, std::size_t n) {
+  char* d = static_cast<char*>(dst);
+  const char* s = static_cast<const char*>(src);
+  const std::size_t head = unaligned_head<32>(d, n);
+  std::memcpy(d, s, head);
+  std::size_t i = head;
+  for (; i + 32 <= n; i += 32)
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(d + i), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + i)));
+  std::memcpy(d + i, s + i, n - i);
+}
+void stream_bytes_plain(void* dst, const void* src, std::size_t n) { std::memcpy(dst, src, n); }
+using StreamBytes = void (*)(void*, const void*, std::size_t);
+/// The non-temporal copy for this processor; DOS_NT_STORES=0 in the environment gives memcpy
+/// instead (a measurement switch: the same bits either way).
+StreamBytes stream_bytes() {
+  static const StreamBytes best = [] {
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f")) return &stream_copy_avx512;
-    if (__builtin_cpu_supports("avx")) return &stream_copy_avx;
-    return &stream_copy_plain;
+    const char* off = std::getenv("DOS_NT_STORES");
+    if (off && std::string(off) == "0") return &stream_bytes_plain;
+    if (__builtin_cpu_supports("avx512f")) return &stream_bytes_avx512;
+    if (__builtin_cpu_supports("avx")) return &stream_bytes_avx;
+    return &stream_bytes_plain;
   }();
-  return reinterpret_cast<std::uintptr_t>(dst) % 64 == 0 ? best : &stream_copy_plain;
+  return best;
 }
 
 #define DOS_CONVERT_VARIANT(NAME, S)                                           \
@@ -216,7 +239,10 @@ void adam_step_any(bool into, const float* master_in, const float* exp_avg_in, c
   const F16Converters& cv = f16_converters();
   const std::size_t gsz = dtype_size(grad_dtype), psz = dtype_size(param_dtype);
   const std::size_t nchunks = (n + kChunk - 1) / kChunk;
-  const std::size_t nstage = (f16_in || f16_out ? 2 : 0) + (into ? 3 : 0);
+  // staging blocks of kChunk floats per thread: fp32 gradient and parameter (fp16 in or out), the
+  // parameter copy as written (streamed out from there), the state (out of place)
+  const std::size_t nstage = (f16_in || f16_out ? 2 : 0) + (param_out ? 1 : 0) + (into ? 3 : 0);
+  const StreamBytes stream = stream_bytes();
 #pragma omp parallel if (nchunks > 1)
   {
     // per-thread staging blocks (heap, not TLS: this code may live in a dlopen'ed library)
@@ -225,7 +251,8 @@ void adam_step_any(bool into, const float* master_in, const float* exp_avg_in, c
     if (nstage && !stage) std::abort();  // a few hundred KiB per thread: nothing to recover from
     float* gbuf = (f16_in || f16_out) ? stage.get() : nullptr;
     float* pbuf = gbuf ? gbuf + kChunk : nullptr;
-    float* sbuf = into ? stage.get() + (gbuf ? 2 * kChunk : 0) : nullptr;  // master, exp_avg, exp_avg_sq
+    float* obuf = param_out ? stage.get() + (gbuf ? 2 * kChunk : 0) : nullptr;  // the copy, param_dtype
+    float* sbuf = into ? stage.get() + (gbuf ? 2 * kChunk : 0) + (obuf ? kChunk : 0) : nullptr;  // master, exp_avg, exp_avg_sq
 #pragma omp for schedule(static)
     for (std::size_t c = 0; c < nchunks; ++c) {
       const std::size_t off = c * kChunk;
@@ -235,7 +262,7 @@ void adam_step_any(bool into, const float* master_in, const float* exp_avg_in, c
         cv.to_f32(static_cast<const std::uint16_t*>(g), gbuf, len);
         g = gbuf;
       }
-      void* out = param_out ? (f16_out ? static_cast<void*>(pbuf) : static_cast<char*>(param_out) + off * psz) : nullptr;
+      void* out = param_out ? (f16_out ? static_cast<void*>(pbuf) : static_cast<void*>(obuf)) : nullptr;
       float *p = master + off, *m = exp_avg + off, *v = exp_avg_sq + off;
       if (into) {
         p = sbuf, m = sbuf + kChunk, v = sbuf + 2 * kChunk;
@@ -245,13 +272,16 @@ void adam_step_any(bool into, const float* master_in, const float* exp_avg_in, c
       }
       fn(p, m, v, g, out, len, sp);
       if (into) {
-        stream_copy_for(master + off)(master + off, p, len);
-        stream_copy_for(exp_avg + off)(exp_avg + off, m, len);
-        stream_copy_for(exp_avg_sq + off)(exp_avg_sq + off, v, len);
+        stream(master + off, p, len * sizeof(float));
+        stream(exp_avg + off, m, len * sizeof(float));
+        stream(exp_avg_sq + off, v, len * sizeof(float));
       }
-      if (f16_out) cv.to_f16(pbuf, static_cast<std::uint16_t*>(param_out) + off, len);
+      if (param_out) {
+        if (f16_out) cv.to_f16(pbuf, reinterpret_cast<std::uint16_t*>(obuf), len);
+        stream(static_cast<char*>(param_out) + off * psz, obuf, len * psz);
+      }
     }
-    if (into) _mm_sfence();  // the streamed stores are visible before the task ends
+    if (into || param_out) _mm_sfence();  // the streamed stores are visible before the task ends
   }
 }
 }  // namespace

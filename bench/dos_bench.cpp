@@ -131,6 +131,10 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::IsMember({"4k", "huge", "cuda", "4k/cuda", "cuda/4k", "huge/cuda", "cuda/huge", "4k/huge",
                              "huge/4k"}));
+  double dma_seconds = 0;
+  app.add_option("--dma-seconds", dma_seconds,
+                 "host: only the full-duplex DMA loop, this long, its rate per half second (run another program's "
+                 "CPU work beside it)");
   CLI11_PARSE(app, argc, argv);
   if (sub == "host") {
     dos_bench::HostOptions ho;
@@ -145,6 +149,11 @@ int main(int argc, char** argv) {
     if (ho.threads.empty()) ho.threads = {int(dos::allowed_cores().size()) - 1};
     ho.pages = host_pages;
     ho.json = json;
+    if (!(dma_seconds >= 0 && dma_seconds <= 3600)) {
+      std::fprintf(stderr, "dos-bench host: --dma-seconds must be in [0, 3600]\n");
+      return 1;
+    }
+    ho.dma_seconds = dma_seconds;
     return dos_bench::run_host(ho);
   }
   if (sub == "overhead") {

@@ -178,6 +178,24 @@ int run_host(const HostOptions& o) {
                    t, t + 1, cores.size(), cores.size() - 1);
       return 1;
     }
+  if (o.dma_seconds > 0) {
+    const std::string kind = o.pages.front().substr(o.pages.front().find('/') + 1);
+    Buffer up(std::size_t(1) << 30, kind), down(std::size_t(1) << 30, kind);
+    if (!up.ptr || !up.pinned || !down.ptr || !down.pinned) {
+      std::fprintf(stderr, "dos-bench host: cannot allocate and pin 2 GiB of host memory\n");
+      return 1;
+    }
+    DmaLoop dma(up, down, o.dma_bytes, cores[0]);
+    if (!dma.start()) return 1;
+    const double t0 = now_s();
+    for (double t = 0.5; t <= o.dma_seconds + 1e-9; t += 0.5) {
+      std::this_thread::sleep_until(Clock::now() + std::chrono::duration<double>(t0 + t - now_s()));
+      std::printf("dma t=%6.1f s: %5.1f GB/s each way\n", t, dma.rate(t0 + t - 0.5, t0 + t) / 1e9);
+      std::fflush(stdout);
+    }
+    dma.finish();
+    return 0;
+  }
   const std::size_t n = o.n;
   const dos::AdamStepParams sp = dos::make_adam_step_params(dos::AdamHyper{}, 10);
   nlohmann::ordered_json out = {{"params", n},

@@ -22,6 +22,7 @@ struct HostOptions {
   std::vector<int> threads;
   std::vector<std::string> pages;
   std::size_t dma_bytes = std::size_t(64) << 20;
+  double dma_seconds = 0;  ///< > 0: only the DMA loop, this long, its rate printed per half second
   bool json = false;
 };
 
@@ -30,7 +31,9 @@ struct HostOptions {
 /// same interval), and the host traffic of both (28 B/param + both DMA directions, GB/s). Prints a
 /// table or JSON. Returns 0, or 1 with a message on stderr when the build has no CUDA, there is no
 /// GPU, a team size exceeds the cores the process may use less one, or memory cannot be allocated
-/// or pinned.
+/// or pinned. With dma_seconds > 0, only the DMA loop runs (on the first page kind's memory), for
+/// that long, its rate each way printed per half second: what another program's CPU work (run
+/// beside it) leaves to the DMA.
 int run_host(const HostOptions& o);
 
 }  // namespace dos_bench

@@ -111,7 +111,7 @@ int main(int argc, char** argv) {
                  "per task beside an empty StarPU task), or host (CPU Adam and PCIe DMA sharing host memory)")
       ->required();
   app.add_option("--n", n_d, "elements per kernel call (stream: parameters, default 1.6e9)");
-  app.add_option("--reps", reps, "runs per kernel (the best is kept); stream: timed iterations per variant")
+  app.add_option("--reps", reps, "runs per kernel (the best is kept); stream: timed iterations per variant; host: timed calls (the median is kept)")
       ->capture_default_str();
   app.add_flag("--json", json, "print JSON instead of a table");
   double subgroup_d = 67108864;
@@ -151,6 +151,11 @@ int main(int argc, char** argv) {
     ho.json = json;
     if (!(dma_seconds >= 0 && dma_seconds <= 3600)) {
       std::fprintf(stderr, "dos-bench host: --dma-seconds must be in [0, 3600]\n");
+      return 1;
+    }
+    if (dma_seconds > 0 && (dma_seconds < 0.5 || json)) {
+      std::fprintf(stderr, "dos-bench host: --dma-seconds prints one line per half second: give at least 0.5, "
+                           "without --json\n");
       return 1;
     }
     ho.dma_seconds = dma_seconds;

@@ -4,8 +4,9 @@
 // kernel and the copies as the update phase runs them, without the runtime's scheduling, so that
 // the figures say what host memory gives when both compete.
 //
-// Cores: the DMA thread on the first core the process may use, the CPU team on the next ones, one
-// thread per core (as the runtime binds its CUDA driver thread and its CPU team).
+// CPUs: the DMA threads on the first logical CPU the process may use, the CPU team on the next ones,
+// one thread per logical CPU (as the runtime binds its CUDA driver thread and its CPU team; with
+// SMT, siblings share a core).
 #include "host_bench.h"
 
 #include <omp.h>
@@ -45,7 +46,8 @@ double now_s() { return std::chrono::duration<double>(Clock::now().time_since_ep
 
 constexpr std::size_t kHuge = std::size_t(2) << 20;
 
-/// Host memory with the asked page backing, first touched by the bound team, pinned for DMA.
+/// Host memory of the asked kind, its pages touched by the calling thread's bound team (for "4k"
+/// and "huge", where that places them; cudaHostAlloc places its own), pinned for DMA.
 struct Buffer {
   void* ptr = nullptr;
   std::size_t bytes = 0;
@@ -101,59 +103,85 @@ std::string read_line(const char* path) {
 
 /// Full-duplex copies between two pinned host buffers and the device: one thread per direction
 /// (both on the DMA core, blocking on events), each keeping two copies in flight on its own stream,
-/// until stopped; records each completed copy's time so that any interval's rate can be read.
+/// until stopped. completed() counts the copies done (both directions), so that any interval's
+/// rate is the difference of two readings; a failed CUDA call stops the loop and is kept in error.
 struct DmaLoop {
   const Buffer &up_host, &down_host;
   void *dev_up = nullptr, *dev_down = nullptr;
   std::size_t chunk;
   int core;
   std::atomic<bool> stop{false};
-  std::vector<double> done_at[2];  // completion time of each copy, per direction (0: H2D, 1: D2H)
+  std::atomic<std::size_t> done{0};
+  std::atomic<int> error{0};  // the first failed call's cudaError_t
   std::thread th[2];
   DmaLoop(const Buffer& up, const Buffer& down, std::size_t chunk_bytes, int core_)
       : up_host(up), down_host(down), chunk(chunk_bytes), core(core_) {}
+  ~DmaLoop() { finish(); }
+  /// Starts both threads; false (the error kept) when the device buffers cannot be allocated.
   bool start() {
-    if (cudaMalloc(&dev_up, up_host.bytes) != cudaSuccess || cudaMalloc(&dev_down, down_host.bytes) != cudaSuccess)
+    cudaError_t e = cudaMalloc(&dev_up, up_host.bytes);
+    if (e == cudaSuccess) e = cudaMalloc(&dev_down, down_host.bytes);
+    if (e != cudaSuccess) {
+      error = int(e);
       return false;
+    }
     for (int d = 0; d < 2; ++d) th[d] = std::thread([this, d] { run(d); });
     return true;
   }
+  bool ok(cudaError_t e) {
+    if (e == cudaSuccess) return true;
+    int none = 0;
+    error.compare_exchange_strong(none, int(e));
+    stop = true;
+    return false;
+  }
   void run(int d) {
     dos::bind_this_thread(core);
-    cudaStream_t s;
-    cudaEvent_t ev[2];
-    cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
-    for (auto& e : ev) cudaEventCreateWithFlags(&e, cudaEventDisableTiming | cudaEventBlockingSync);
+    cudaStream_t s = nullptr;
+    cudaEvent_t ev[2] = {nullptr, nullptr};
+    bool ready = ok(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    for (auto& e : ev) ready = ready && ok(cudaEventCreateWithFlags(&e, cudaEventDisableTiming | cudaEventBlockingSync));
     const Buffer& host = d == 0 ? up_host : down_host;
     char* dev = static_cast<char*>(d == 0 ? dev_up : dev_down);
     char* h = static_cast<char*>(host.ptr);
     const std::size_t nchunks = std::max<std::size_t>(1, host.bytes / chunk);
-    for (std::size_t i = 0; !stop.load(std::memory_order_relaxed); ++i) {
+    for (std::size_t i = 0; ready && !stop.load(std::memory_order_relaxed); ++i) {
       const std::size_t off = (i % nchunks) * chunk;
-      if (d == 0) cudaMemcpyAsync(dev + off, h + off, chunk, cudaMemcpyHostToDevice, s);
-      else cudaMemcpyAsync(h + off, dev + off, chunk, cudaMemcpyDeviceToHost, s);
-      cudaEventRecord(ev[i % 2], s);
+      if (!ok(d == 0 ? cudaMemcpyAsync(dev + off, h + off, chunk, cudaMemcpyHostToDevice, s)
+                     : cudaMemcpyAsync(h + off, dev + off, chunk, cudaMemcpyDeviceToHost, s)) ||
+          !ok(cudaEventRecord(ev[i % 2], s)))
+        break;
       if (i >= 1) {
-        cudaEventSynchronize(ev[(i - 1) % 2]);
-        done_at[d].push_back(now_s());
+        if (!ok(cudaEventSynchronize(ev[(i - 1) % 2]))) break;
+        done.fetch_add(1);
       }
     }
-    cudaStreamSynchronize(s);
-    cudaStreamDestroy(s);
-    for (auto& e : ev) cudaEventDestroy(e);
+    if (s) {
+      cudaStreamSynchronize(s);
+      cudaStreamDestroy(s);
+    }
+    for (auto& e : ev)
+      if (e) cudaEventDestroy(e);
   }
-  /// Bytes per second each way (the mean of the two directions) over [t0, t1].
-  double rate(double t0, double t1) const {
-    double c = 0;
-    for (const auto& v : done_at) c += double(std::count_if(v.begin(), v.end(), [&](double t) { return t >= t0 && t <= t1; }));
-    return c / 2 * double(chunk) / (t1 - t0);
+  /// Copies completed so far, both directions together.
+  std::size_t completed() const { return done.load(); }
+  /// Bytes per second each way (the mean of the two directions) between two readings of completed().
+  double rate(std::size_t c0, double t0, std::size_t c1, double t1) const {
+    return double(c1 - c0) / 2 * double(chunk) / (t1 - t0);
   }
   void finish() {
     stop = true;
     for (auto& t : th)
       if (t.joinable()) t.join();
-    cudaFree(dev_up);
-    cudaFree(dev_down);
+    if (dev_up) cudaFree(dev_up);
+    if (dev_down) cudaFree(dev_down);
+    dev_up = dev_down = nullptr;
+  }
+  /// Prints the kept error, if any; returns whether there was one.
+  bool failed() const {
+    if (error.load() == 0) return false;
+    std::fprintf(stderr, "dos-bench host: the DMA loop failed: %s\n", cudaGetErrorString(cudaError_t(error.load())));
+    return true;
   }
 };
 
@@ -186,27 +214,40 @@ int run_host(const HostOptions& o) {
       return 1;
     }
     DmaLoop dma(up, down, o.dma_bytes, cores[0]);
-    if (!dma.start()) return 1;
+    if (!dma.start()) return dma.failed(), 1;
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));  // both threads started
     const double t0 = now_s();
-    for (double t = 0.5; t <= o.dma_seconds + 1e-9; t += 0.5) {
+    double t_prev = t0;
+    std::size_t c_prev = dma.completed();
+    for (double t = 0.5; t <= o.dma_seconds + 1e-9 && !dma.failed(); t += 0.5) {
       std::this_thread::sleep_until(Clock::now() + std::chrono::duration<double>(t0 + t - now_s()));
-      std::printf("dma t=%6.1f s: %5.1f GB/s each way\n", t, dma.rate(t0 + t - 0.5, t0 + t) / 1e9);
+      const double tn = now_s();
+      const std::size_t cn = dma.completed();
+      std::printf("dma t=%6.1f s: %5.1f GB/s each way\n", t, dma.rate(c_prev, t_prev, cn, tn) / 1e9);
       std::fflush(stdout);
+      t_prev = tn;
+      c_prev = cn;
     }
     dma.finish();
-    return 0;
+    return dma.failed() ? 1 : 0;
   }
   const std::size_t n = o.n;
   const dos::AdamStepParams sp = dos::make_adam_step_params(dos::AdamHyper{}, 10);
+  // host bytes per parameter updated: 12 of state read and written, 2 of gradient read, 2 of copy
+  // written, and with ordinary stores the copy's lines read first (adam.h, cpu_param_copy_stores)
+  const std::string stores = dos::cpu_param_copy_stores();
+  const double bpp = stores.rfind("non-temporal", 0) == 0 ? 28 : 30;
   nlohmann::ordered_json out = {{"params", n},
-                                {"bytes_per_param", 28},
+                                {"bytes_per_param", bpp},
+                                {"param_copy_stores", stores},
                                 {"thp_enabled", read_line("/sys/kernel/mm/transparent_hugepage/enabled")},
                                 {"thp_defrag", read_line("/sys/kernel/mm/transparent_hugepage/defrag")},
                                 {"runs", nlohmann::ordered_json::array()}};
   if (!o.json)
-    std::printf("dos-bench host: CPU Adam (bf16 gradients and copy, fp32 state, 28 B/param) on %zu parameters "
-                "beside full-duplex DMA (%zu MiB copies), median of %d calls; DMA thread on core %d; THP %s\n",
-                n, o.dma_bytes >> 20, o.reps, cores[0], out["thp_enabled"].get<std::string>().c_str());
+    std::printf("dos-bench host: CPU Adam (bf16 gradients and copy, fp32 state; copy stores %s: %.0f B/param) on %zu "
+                "parameters beside full-duplex DMA (%zu MiB copies), median of %d calls; DMA thread on CPU %d; THP %s\n",
+                stores.c_str(), bpp, n, o.dma_bytes >> 20, o.reps, cores[0],
+                out["thp_enabled"].get<std::string>().c_str());
   for (const std::string& pages : o.pages) {
     const std::size_t slash = pages.find('/');
     const std::string state_kind = pages.substr(0, slash), dma_kind = slash == std::string::npos ? state_kind : pages.substr(slash + 1);
@@ -233,15 +274,14 @@ int run_host(const HostOptions& o) {
     double dma_alone = 0;
     {
       DmaLoop dma(up, down, o.dma_bytes, cores[0]);
-      if (!dma.start()) {
-        std::fprintf(stderr, "dos-bench host: cannot allocate %zu bytes on the GPU\n", 2 * dma_total);
-        return 1;
-      }
+      if (!dma.start()) return dma.failed(), 1;
       std::this_thread::sleep_for(std::chrono::milliseconds(200));
       const double t0 = now_s();
+      const std::size_t c0 = dma.completed();
       std::this_thread::sleep_for(std::chrono::milliseconds(1000));
-      dma_alone = dma.rate(t0, now_s());
+      dma_alone = dma.rate(c0, t0, dma.completed(), now_s());
       dma.finish();
+      if (dma.failed()) return 1;
     }
     if (!o.json)
       std::printf("\npages %s (%.0f%% of the buffers in huge pages): DMA alone %.1f GB/s each way\n%-8s %14s %14s %12s "
@@ -256,29 +296,28 @@ int run_host(const HostOptions& o) {
         dos::adam_step_cpu(static_cast<float*>(master.ptr), static_cast<float*>(m.ptr), static_cast<float*>(v.ptr),
                            g.ptr, dos::DType::bf16, p.ptr, dos::DType::bf16, n, sp);
       };
-      auto timed = [&](std::vector<double>& starts, std::vector<double>& ends) {
-        call();
+      auto timed = [&](std::vector<double>& times) {
         for (int r = 0; r < o.reps; ++r) {
-          starts.push_back(now_s());
+          const double t0 = now_s();
           call();
-          ends.push_back(now_s());
+          times.push_back(now_s() - t0);
         }
       };
-      std::vector<double> s_alone, e_alone, s_both, e_both;
-      timed(s_alone, e_alone);
+      std::vector<double> t_alone, t_both;
+      call();  // untimed: pages and caches warm
+      timed(t_alone);
       DmaLoop dma(up, down, o.dma_bytes, cores[0]);
-      if (!dma.start()) return 1;
+      if (!dma.start()) return dma.failed(), 1;
       std::this_thread::sleep_for(std::chrono::milliseconds(200));
-      timed(s_both, e_both);
+      call();
+      const double w0 = now_s();
+      const std::size_t c0 = dma.completed();
+      timed(t_both);
+      const double dma_both = dma.rate(c0, w0, dma.completed(), now_s());
       dma.finish();
-      std::vector<double> t_alone, t_both, d_both;
-      for (int r = 0; r < o.reps; ++r) {
-        t_alone.push_back(e_alone[r] - s_alone[r]);
-        t_both.push_back(e_both[r] - s_both[r]);
-      }
+      if (dma.failed()) return 1;
       const double u_alone = double(n) / median(t_alone), u_both = double(n) / median(t_both);
-      const double dma_both = dma.rate(s_both.front(), e_both.back());
-      const double host_both = 28 * u_both + 2 * dma_both;
+      const double host_both = bpp * u_both + 2 * dma_both;
       out["runs"].push_back({{"pages", pages},
                              {"huge_page_share", huge_share},
                              {"threads", threads},
@@ -289,7 +328,7 @@ int run_host(const HostOptions& o) {
                              {"host_bytes_per_s_both", host_both}});
       if (!o.json)
         std::printf("%-8d %14.2f %14.2f %12.1f %14.1f %14.1f\n", threads, u_alone / 1e9, u_both / 1e9, dma_both / 1e9,
-                    host_both / 1e9, 28 * u_alone / 1e9);
+                    host_both / 1e9, bpp * u_alone / 1e9);
     }
   }
   if (o.json) std::printf("%s\n", out.dump(2).c_str());

@@ -4,6 +4,7 @@
 #include <starpu.h>
 
 #include <atomic>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -60,21 +61,33 @@ bool host_alloc_by_starpu() {
   return on && starpu_cuda_worker_get_count() > 0;
 }
 
-/// Page backing of the host buffers, from DOS_HOST_PAGES: "huge" (2 MiB aligned and advised
-/// MADV_HUGEPAGE, so that the kernel backs them with transparent huge pages where it allows them),
-/// "4k" (advised MADV_NOHUGEPAGE), unset or anything else: as the allocator gives them.
+/// Measurement switch: the page backing of the host buffers, from DOS_HOST_PAGES: "huge" (2 MiB
+/// aligned and advised MADV_HUGEPAGE, so that the kernel backs them with transparent huge pages
+/// where it allows them), "4k" (advised MADV_NOHUGEPAGE), unset: as the allocator gives them. Any
+/// other value, or one given with DOS_HOST_ALLOC=starpu (whose memory the CUDA driver allocates),
+/// warns once and is ignored.
 enum class Pages { as_given, huge, small };
 Pages host_pages() {
   static const Pages p = [] {
     const char* e = std::getenv("DOS_HOST_PAGES");
-    const std::string s = e ? e : "";
-    return s == "huge" ? Pages::huge : s == "4k" ? Pages::small : Pages::as_given;
+    if (!e) return Pages::as_given;
+    const std::string s = e;
+    if (s != "huge" && s != "4k") {
+      std::fprintf(stderr, "[dos] warning: DOS_HOST_PAGES=%s is not huge or 4k: ignored (the allocator's pages)\n", e);
+      return Pages::as_given;
+    }
+    if (host_alloc_by_starpu()) {
+      std::fprintf(stderr, "[dos] warning: DOS_HOST_PAGES is ignored with DOS_HOST_ALLOC=starpu (cudaHostAlloc's pages)\n");
+      return Pages::as_given;
+    }
+    return s == "huge" ? Pages::huge : Pages::small;
   }();
   return p;
 }
 constexpr std::size_t kHugePage = std::size_t(2) << 20;
 
 std::atomic<bool> g_warned_pageable{false};
+std::atomic<bool> g_warned_madvise{false};
 
 struct FirstTouch {
   float* ptr;
@@ -104,7 +117,10 @@ HostBuffer alloc_host(std::size_t bytes) {
     const std::size_t span = ((b.bytes ? b.bytes : 4096) + align - 1) / align * align;
     if (posix_memalign(&p, align, span) != 0)
       throw Error("cannot allocate " + std::to_string(b.bytes) + " bytes of host memory for the optimizer state");
-    if (pages != Pages::as_given) madvise(p, span, pages == Pages::huge ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
+    if (pages != Pages::as_given && madvise(p, span, pages == Pages::huge ? MADV_HUGEPAGE : MADV_NOHUGEPAGE) != 0 &&
+        !g_warned_madvise.exchange(true))
+      std::fprintf(stderr, "[dos] warning: madvise for DOS_HOST_PAGES failed (%s): the allocator's pages\n",
+                   std::strerror(errno));
   }
   b.ptr = static_cast<float*>(p);
   // NUMA-aware first touch: the first CPU worker's (bound) team zeroes the buffer with the Adam

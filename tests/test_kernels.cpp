@@ -233,50 +233,62 @@ void test_adam_no_param_copy(void**) {
 }
 
 void test_param_copy_misaligned(void**) {
-  // The parameter copy at every byte offset of a 64-byte line (each element size), several chunks
-  // long: the copy is the master rounded (fp32: equal), in place and out of place, and the bytes
-  // around it are left as they were.
+  // The parameter copy at every byte offset of a 64-byte line (each element size, each gradient
+  // type), several chunks long: the copy is the master rounded (fp32: equal), in place and out of
+  // place, and the bytes around it are left as they were.
+  std::printf("  parameter copy stores on this CPU: %s\n", dos::cpu_param_copy_stores());
   const size_t n = 2 * 16384 + 37;
   dos::AdamHyper h;
   const auto sp = dos::make_adam_step_params(h, 3);
-  for (DType pd : {DType::bf16, DType::fp32, DType::fp16})
-    for (size_t shift = 0; shift < 64; shift += dos::dtype_size(pd))
-      for (int into = 0; into < 2; ++into) {
-        std::vector<float> p(n), m(n, 0.01f), v(n, 1e-4f), g(n), p_o(n), m_o(n), v_o(n);
-        for (size_t i = 0; i < n; ++i) {
-          p[i] = float(i % 977) * 1e-3f - 0.4f;
-          g[i] = float((i * 7919) % 101) * 1e-4f - 5e-3f;
-        }
-        const size_t bytes = n * dos::dtype_size(pd);
-        std::vector<unsigned char> raw(bytes + 64 + 128, 0xA5);
-        const size_t base = (64 - reinterpret_cast<std::uintptr_t>(raw.data()) % 64) % 64;  // a line's start
-        unsigned char* out = raw.data() + base + shift;
-        if (into)
-          dos::adam_step_into_cpu(p.data(), m.data(), v.data(), p_o.data(), m_o.data(), v_o.data(), g.data(), DType::fp32,
-                                  out, pd, n, sp);
-        else
-          dos::adam_step_cpu(p.data(), m.data(), v.data(), g.data(), DType::fp32, out, pd, n, sp);
-        const std::vector<float>& master = into ? p_o : p;
-        for (size_t i = 0; i < n; ++i) {
-          float got;
-          if (pd == DType::fp32) std::memcpy(&got, out + 4 * i, 4);
-          else {
-            uint16_t b;
-            std::memcpy(&b, out + 2 * i, 2);
-            got = pd == DType::bf16 ? ref::bf16_bits_to_float(b) : ref::f16_bits_to_float(b);
+  for (DType gd : {DType::fp32, DType::fp16, DType::bf16})
+    for (DType pd : {DType::bf16, DType::fp32, DType::fp16})
+      for (size_t shift = 0; shift < 64; shift += dos::dtype_size(pd))
+        for (int into = 0; into < 2; ++into) {
+          std::vector<float> p(n), m(n, 0.01f), v(n, 1e-4f), g(n), p_o(n), m_o(n), v_o(n);
+          std::vector<uint16_t> g16(n);
+          for (size_t i = 0; i < n; ++i) {
+            p[i] = float(i % 977) * 1e-3f - 0.4f;
+            g[i] = float((i * 7919) % 101) * 1e-4f - 5e-3f;
+            if (gd == DType::fp16) g16[i] = ref::float_to_f16_bits(g[i]);
+            else {
+              const float r = ref::round_to_bf16(g[i]);
+              uint32_t u;
+              std::memcpy(&u, &r, 4);
+              g16[i] = uint16_t(u >> 16);
+            }
           }
-          const float want = pd == DType::fp32 ? master[i]
-                             : pd == DType::bf16 ? ref::round_to_bf16(master[i])
-                                                 : ref::f16_bits_to_float(ref::float_to_f16_bits(master[i]));
-          if (std::memcmp(&got, &want, 4) != 0) {
-            std::fprintf(stderr, "%s copy at byte offset %zu (%s): element %zu is %a, want %a\n", dos::dtype_name(pd),
-                         shift, into ? "out of place" : "in place", i, double(got), double(want));
-            fail();
+          const void* gp = gd == DType::fp32 ? static_cast<const void*>(g.data()) : g16.data();
+          const size_t bytes = n * dos::dtype_size(pd);
+          std::vector<unsigned char> raw(bytes + 64 + 128, 0xA5);
+          const size_t base = (64 - reinterpret_cast<std::uintptr_t>(raw.data()) % 64) % 64;  // a line's start
+          unsigned char* out = raw.data() + base + shift;
+          if (into)
+            dos::adam_step_into_cpu(p.data(), m.data(), v.data(), p_o.data(), m_o.data(), v_o.data(), gp, gd, out, pd, n,
+                                    sp);
+          else
+            dos::adam_step_cpu(p.data(), m.data(), v.data(), gp, gd, out, pd, n, sp);
+          const std::vector<float>& master = into ? p_o : p;
+          for (size_t i = 0; i < n; ++i) {
+            float got;
+            if (pd == DType::fp32) std::memcpy(&got, out + 4 * i, 4);
+            else {
+              uint16_t b;
+              std::memcpy(&b, out + 2 * i, 2);
+              got = pd == DType::bf16 ? ref::bf16_bits_to_float(b) : ref::f16_bits_to_float(b);
+            }
+            const float want = pd == DType::fp32 ? master[i]
+                               : pd == DType::bf16 ? ref::round_to_bf16(master[i])
+                                                   : ref::f16_bits_to_float(ref::float_to_f16_bits(master[i]));
+            if (std::memcmp(&got, &want, 4) != 0) {
+              std::fprintf(stderr, "%s gradient, %s copy at byte offset %zu (%s): element %zu is %a, want %a\n",
+                           dos::dtype_name(gd), dos::dtype_name(pd), shift, into ? "out of place" : "in place", i,
+                           double(got), double(want));
+              fail();
+            }
           }
+          for (size_t i = 0; i < raw.size(); ++i)
+            if (i < base + shift || i >= base + shift + bytes) assert_int_equal(raw[i], 0xA5);
         }
-        for (size_t i = 0; i < raw.size(); ++i)
-          if (i < base + shift || i >= base + shift + bytes) assert_int_equal(raw[i], 0xA5);
-      }
 }
 
 void test_convert_to_f32(void**) {

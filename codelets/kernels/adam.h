@@ -96,6 +96,14 @@ void convert_from_f32_cpu(const float* src, void* dst, DType dst_dtype, std::siz
 /// those the processor has, for tests).
 const char* f16_conversion_isa();
 
+/// How adam_step_cpu writes its parameter copy (arrays of kChunk = 16384 elements or more) and
+/// adam_step_into_cpu its new state: "non-temporal avx512f" or "non-temporal avx" (streaming
+/// stores: the destination's lines are not read first, so an in-place update with 16-bit gradient
+/// and copy moves 28 bytes per parameter), or "cached (memcpy)" (ordinary stores, which read each
+/// destination line first: 30 bytes). Chosen once from what the processor has; DOS_NT_STORES=0
+/// (cached) or =avx in the environment picks another, with the same bits.
+const char* cpu_param_copy_stores();
+
 #if defined(DOS_HAVE_CUDA)
 /// CUDA twins of the functions above: same arguments, device pointers, launched asynchronously on
 /// `stream` (a cudaStream_t). Errors of the launch are returned as a cudaError_t value (0 = success).

@@ -169,8 +169,8 @@ AdamFn pick_adam(DType g, DType p, bool write) {
 // Copies `bytes` with non-temporal stores: no read of the destination's lines before they are
 // written (the read for ownership of an ordinary store), and no eviction of what the cache holds.
 // What the update saves on each array it writes but does not read: the parameter copy (2 of the
-// 30 bytes per parameter that an update in place with a 16-bit copy moves) and, out of place, the
-// new state (12 of 40). The head up to the vector's alignment and the tail go through memcpy.
+// 30 bytes per parameter that an update in place with 16-bit gradient and copy moves, 2 of 32 with
+// an fp32 gradient) and, out of place, the new state (12 of 40 or 42). The head up to the vector's alignment and the tail go through memcpy.
 // Chosen once from what the processor has; the caller fences (_mm_sfence) before the data is used
 // by another thread or a device.
 template <std::size_t W>
@@ -200,16 +200,22 @@ __attribute__((target("avx"))) void stream_bytes_avx(void* dst, const void* src,
 }
 void stream_bytes_plain(void* dst, const void* src, std::size_t n) { std::memcpy(dst, src, n); }
 using StreamBytes = void (*)(void*, const void*, std::size_t);
-/// The non-temporal copy for this processor; DOS_NT_STORES=0 in the environment gives memcpy
-/// instead (a measurement switch: the same bits either way).
-StreamBytes stream_bytes() {
-  static const StreamBytes best = [] {
+struct Streamer {
+  StreamBytes fn;
+  const char* name;
+};
+/// The non-temporal copy for this processor. DOS_NT_STORES in the environment picks another: "0"
+/// memcpy (a measurement switch), "avx" the 256-bit path where the processor has AVX (tests); the
+/// same bits every way.
+const Streamer& streamer() {
+  static const Streamer best = [] {
     __builtin_cpu_init();
-    const char* off = std::getenv("DOS_NT_STORES");
-    if (off && std::string(off) == "0") return &stream_bytes_plain;
-    if (__builtin_cpu_supports("avx512f")) return &stream_bytes_avx512;
-    if (__builtin_cpu_supports("avx")) return &stream_bytes_avx;
-    return &stream_bytes_plain;
+    const char* e = std::getenv("DOS_NT_STORES");
+    const std::string want = e ? e : "";
+    if (want == "0") return Streamer{&stream_bytes_plain, "cached (memcpy)"};
+    if (__builtin_cpu_supports("avx512f") && want != "avx") return Streamer{&stream_bytes_avx512, "non-temporal avx512f"};
+    if (__builtin_cpu_supports("avx")) return Streamer{&stream_bytes_avx, "non-temporal avx"};
+    return Streamer{&stream_bytes_plain, "cached (memcpy)"};
   }();
   return best;
 }
@@ -241,8 +247,11 @@ void adam_step_any(bool into, const float* master_in, const float* exp_avg_in, c
   const std::size_t nchunks = (n + kChunk - 1) / kChunk;
   // staging blocks of kChunk floats per thread: fp32 gradient and parameter (fp16 in or out), the
   // parameter copy as written (streamed out from there), the state (out of place)
-  const std::size_t nstage = (f16_in || f16_out ? 2 : 0) + (param_out ? 1 : 0) + (into ? 3 : 0);
-  const StreamBytes stream = stream_bytes();
+  // The copy goes through the block and non-temporal stores only when the array spans a chunk or
+  // more: below that the block, the stores and the fence cost more than the lines they save.
+  const bool staged_out = param_out && n >= kChunk;
+  const std::size_t nstage = (f16_in || f16_out ? 2 : 0) + (staged_out ? 1 : 0) + (into ? 3 : 0);
+  const StreamBytes stream = streamer().fn;
 #pragma omp parallel if (nchunks > 1)
   {
     // per-thread staging blocks (heap, not TLS: this code may live in a dlopen'ed library)
@@ -251,7 +260,7 @@ void adam_step_any(bool into, const float* master_in, const float* exp_avg_in, c
     if (nstage && !stage) std::abort();  // a few hundred KiB per thread: nothing to recover from
     float* gbuf = (f16_in || f16_out) ? stage.get() : nullptr;
     float* pbuf = gbuf ? gbuf + kChunk : nullptr;
-    float* obuf = param_out ? stage.get() + (gbuf ? 2 * kChunk : 0) : nullptr;  // the copy, param_dtype
+    float* obuf = staged_out ? stage.get() + (gbuf ? 2 * kChunk : 0) : nullptr;  // the copy, param_dtype
     float* sbuf = into ? stage.get() + (gbuf ? 2 * kChunk : 0) + (obuf ? kChunk : 0) : nullptr;  // master, exp_avg, exp_avg_sq
 #pragma omp for schedule(static)
     for (std::size_t c = 0; c < nchunks; ++c) {
@@ -262,7 +271,8 @@ void adam_step_any(bool into, const float* master_in, const float* exp_avg_in, c
         cv.to_f32(static_cast<const std::uint16_t*>(g), gbuf, len);
         g = gbuf;
       }
-      void* out = param_out ? (f16_out ? static_cast<void*>(pbuf) : static_cast<void*>(obuf)) : nullptr;
+      void* const dst = param_out ? static_cast<char*>(param_out) + off * psz : nullptr;
+      void* out = f16_out ? static_cast<void*>(pbuf) : staged_out ? static_cast<void*>(obuf) : dst;
       float *p = master + off, *m = exp_avg + off, *v = exp_avg_sq + off;
       if (into) {
         p = sbuf, m = sbuf + kChunk, v = sbuf + 2 * kChunk;
@@ -276,12 +286,14 @@ void adam_step_any(bool into, const float* master_in, const float* exp_avg_in, c
         stream(exp_avg + off, m, len * sizeof(float));
         stream(exp_avg_sq + off, v, len * sizeof(float));
       }
-      if (param_out) {
+      if (staged_out) {
         if (f16_out) cv.to_f16(pbuf, reinterpret_cast<std::uint16_t*>(obuf), len);
-        stream(static_cast<char*>(param_out) + off * psz, obuf, len * psz);
+        stream(dst, obuf, len * psz);
+      } else if (f16_out) {
+        cv.to_f16(pbuf, static_cast<std::uint16_t*>(dst), len);
       }
     }
-    if (into || param_out) _mm_sfence();  // the streamed stores are visible before the task ends
+    if (into || staged_out) _mm_sfence();  // the streamed stores are visible before the task ends
   }
 }
 }  // namespace
@@ -359,5 +371,7 @@ void convert_from_f32_cpu(const float* src, void* dst, DType dst_dtype, std::siz
 }
 
 const char* f16_conversion_isa() { return f16_converters().isa; }
+
+const char* cpu_param_copy_stores() { return streamer().name; }
 
 }  // namespace dos

@@ -460,8 +460,8 @@ def main(argv=None):
         ref = next(iter(runs.values()), None)
         first = ref["reports"][0] if ref else None
         if first is None:  # learn N and S from a first budget run
-            first = do(f"dos@{a.budgets[0][0]}", ["--policy", "dos", "--gpu-resident-budget", a.budgets[0][0]],
-                       a.budgets[0][0])
+            first = do(f"dos@{a.budgets[0][0]}", ["--policy", "dos", "--gpu-resident-budget", a.budgets[0][0],
+                                                  "--overlap", "off"], a.budgets[0][0])
             order.append(f"dos@{a.budgets[0][0]}")
         if first is None:
             print("dos-compare: no run succeeded: cannot size the resident budgets", file=sys.stderr)
@@ -470,10 +470,11 @@ def main(argv=None):
         for text, b in a.budgets:
             fit, nsub = resident_fit(n, s, b)
             if f"dos@{text}" not in order:
-                do(f"dos@{text}", ["--policy", "dos", "--gpu-resident-budget", text], text)
+                do(f"dos@{text}", ["--policy", "dos", "--gpu-resident-budget", text, "--overlap", "off"], text)
                 order.append(f"dos@{text}")
             r_cpu = (nsub - fit) / nsub
-            do(f"static:{r_cpu:.4g}@{text}", ["--policy", f"static:{r_cpu:.6g}", "--gpu-resident-budget", text], text)
+            do(f"static:{r_cpu:.4g}@{text}", ["--policy", f"static:{r_cpu:.6g}", "--gpu-resident-budget", text,
+                                              "--overlap", "off"], text)
             order.append(f"static:{r_cpu:.4g}@{text}")
             twinflow.append(fit / nsub)
             static_share.append(r_cpu)

@@ -103,6 +103,20 @@ assert m.within_spread((1.0, 0.99, 1.01), (2.0, 1.98, 2.02)) is None
 print("ok: lower bound from any run with one, spreads")
 PY
 
+# Resident budgets with forward and backward emulated: their dos and static:R runs, like the
+# others, run with the update after backward (dos-train's --overlap off), so that their update
+# seconds are comparable with the peers' phases; only --overlap adds overlapped runs.
+python3 "$compare" --dos-train "$dos_train" --policies "" --resident-budgets 2.5MB --out "$out/budget-emul" \
+  -- --preset tiny --iterations 2 --subgroup-size 100000 --emulate-compute --tokens 16 > "$out/budget-emul.txt" 2>&1 || {
+  cat "$out/budget-emul.txt"; echo "FAIL: dos-compare with a resident budget and --emulate-compute exited with $?"; exit 1; }
+python3 - "$out/budget-emul/compare.json" <<'PY' || { cat "$out/budget-emul.txt"; exit 1; }
+import json, sys
+rows = json.load(open(sys.argv[1]))["rows"]
+assert len(rows) == 2 and all(r["label"].endswith("@2.5MB") for r in rows), [r["label"] for r in rows]
+assert not any(r["overlapped"] for r in rows), [(r["label"], r["overlapped"]) for r in rows]
+print("ok: resident-budget runs with the update after backward")
+PY
+
 # Bad arguments: exit status 2 and a message naming the problem, nothing run
 refused() {  # refused 'expected message' ARGS...
   local want=$1; shift

@@ -100,7 +100,11 @@ assert m.summarize([rep("cpu", [0] * 3, [9, 1, 2]), rep("cpu", [0] * 3, [9, 3, 4
                     rep("cpu", [0] * 3, [9, 5, 6])]) == (3.5, 1.5, 5.5)
 assert m.within_spread((1.0, 0.9, 1.1), (1.05, 1.0, 1.1)) is not None
 assert m.within_spread((1.0, 0.99, 1.01), (2.0, 1.98, 2.02)) is None
-print("ok: lower bound from any run with one, spreads")
+assert m.bound_share("dos", 1.0, 0.9, False) == (90.0, None)
+assert m.bound_share("dos+overlap", 1.0, 0.9, True) == (None, None)
+pct, warn = m.bound_share("dos", 0.9, 0.99, False)
+assert abs(pct - 110.0) < 1e-9 and warn.startswith("WARNING: dos:") and "faster than its printed lower bound" in warn
+print("ok: lower bound from any run with one, spreads, a bound the phase beat")
 PY
 
 # Resident budgets with forward and backward emulated: their dos and static:R runs, like the

@@ -267,8 +267,9 @@ int run_host(const HostOptions& o) {
                      pages.c_str());
         return 1;
       }
+    const std::size_t huge_after = anon_huge_bytes();
     const double huge_share =
-        double(anon_huge_bytes() - std::min(anon_huge_bytes(), huge_before)) /
+        double(huge_after - std::min(huge_after, huge_before)) /
         double(master.bytes * 3 + g.bytes + p.bytes + up.bytes + down.bytes);
     // DMA alone
     double dma_alone = 0;

@@ -13,6 +13,7 @@
 
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <memory>
@@ -170,33 +171,28 @@ AdamFn pick_adam(DType g, DType p, bool write) {
 // written (the read for ownership of an ordinary store), and no eviction of what the cache holds.
 // What the update saves on each array it writes but does not read: the parameter copy (2 of the
 // 30 bytes per parameter that an update in place with 16-bit gradient and copy moves, 2 of 32 with
-// an fp32 gradient) and, out of place, the new state (12 of 40 or 42). The head up to the vector's alignment and the tail go through memcpy.
-// Chosen once from what the processor has; the caller fences (_mm_sfence) before the data is used
-// by another thread or a device.
-template <std::size_t W>
-inline std::size_t unaligned_head(const char* d, std::size_t n) {
-  const std::size_t head = (W - reinterpret_cast<std::uintptr_t>(d) % W) % W;
-  return head < n ? head : n;
-}
-__attribute__((target("avx512f"))) void stream_bytes_avx512(void* dst, const void* src, std::size_t n) {
-  char* d = static_cast<char*>(dst);
-  const char* s = static_cast<const char*>(src);
-  const std::size_t head = unaligned_head<64>(d, n);
-  std::memcpy(d, s, head);
-  std::size_t i = head;
-  for (; i + 64 <= n; i += 64)
+// an fp32 gradient) and, out of place, the new state (12 of 40 or 42). The head up to the vector's
+// alignment and the tail go through memcpy; Lines streams the whole vectors between them (d aligned
+// to W, n a multiple of W), one function per instruction set. Chosen once from what the processor
+// has; the caller fences (_mm_sfence) before the data is used by another thread or a device.
+__attribute__((target("avx512f"))) void stream_lines_avx512(char* d, const char* s, std::size_t n) {
+  for (std::size_t i = 0; i < n; i += 64)
     _mm512_stream_si512(reinterpret_cast<__m512i*>(d + i), _mm512_loadu_si512(reinterpret_cast<const void*>(s + i)));
-  std::memcpy(d + i, s + i, n - i);
 }
-__attribute__((target("avx"))) void stream_bytes_avx(void* dst, const void* src, std::size_t n) {
+__attribute__((target("avx"))) void stream_lines_avx(char* d, const char* s, std::size_t n) {
+  for (std::size_t i = 0; i < n; i += 32)
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(d + i), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + i)));
+}
+template <std::size_t W, void (*Lines)(char*, const char*, std::size_t)>
+void stream_bytes(void* dst, const void* src, std::size_t n) {
   char* d = static_cast<char*>(dst);
   const char* s = static_cast<const char*>(src);
-  const std::size_t head = unaligned_head<32>(d, n);
+  const std::size_t misalign = reinterpret_cast<std::uintptr_t>(d) % W;
+  const std::size_t head = std::min(n, misalign ? W - misalign : 0);
+  const std::size_t body = (n - head) / W * W;
   std::memcpy(d, s, head);
-  std::size_t i = head;
-  for (; i + 32 <= n; i += 32)
-    _mm256_stream_si256(reinterpret_cast<__m256i*>(d + i), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + i)));
-  std::memcpy(d + i, s + i, n - i);
+  Lines(d + head, s + head, body);
+  std::memcpy(d + head + body, s + head + body, n - head - body);
 }
 void stream_bytes_plain(void* dst, const void* src, std::size_t n) { std::memcpy(dst, src, n); }
 using StreamBytes = void (*)(void*, const void*, std::size_t);
@@ -213,8 +209,8 @@ const Streamer& streamer() {
     const char* e = std::getenv("DOS_NT_STORES");
     const std::string want = e ? e : "";
     if (want == "0") return Streamer{&stream_bytes_plain, "cached (memcpy)"};
-    if (__builtin_cpu_supports("avx512f") && want != "avx") return Streamer{&stream_bytes_avx512, "non-temporal avx512f"};
-    if (__builtin_cpu_supports("avx")) return Streamer{&stream_bytes_avx, "non-temporal avx"};
+    if (__builtin_cpu_supports("avx512f") && want != "avx") return Streamer{&stream_bytes<64, stream_lines_avx512>, "non-temporal avx512f"};
+    if (__builtin_cpu_supports("avx")) return Streamer{&stream_bytes<32, stream_lines_avx>, "non-temporal avx"};
     return Streamer{&stream_bytes_plain, "cached (memcpy)"};
   }();
   return best;

@@ -145,12 +145,20 @@ Rates calibrate_rates(Runtime& runtime, std::size_t S, DType dtype, MemoryKind m
   phase(0.0);
   Rates r;
   double mixed_busy = 1e30;  // the CPU's least busy time in the mixed phase, seconds
+  std::string reps;          // each repetition's figures, for the verbose line
   for (int rep = 0; rep < 2; ++rep) {
     const StepStats cpu = phase(0.0);  // every subgroup on the CPU: its Adam tasks' busy time
     if (cpu.cpu_adam_seconds > 0) r.U_c = std::max(r.U_c, double(n) / cpu.cpu_adam_seconds);
     const StepStats mixed = phase(0.75);  // 2 subgroups on the CPU while 6 stream
     if (mixed.cpu_adam_seconds > 0) mixed_busy = std::min(mixed_busy, mixed.cpu_adam_seconds);
+    char line[160];
+    std::snprintf(line, sizeof line, "%s%.2f alone (phase %.3f s), %.2f mixed (phase %.3f s)", rep ? "; " : "",
+                  cpu.cpu_adam_seconds > 0 ? 1e-9 * double(n) / cpu.cpu_adam_seconds : 0.0, cpu.seconds,
+                  mixed.cpu_adam_seconds > 0 ? 1e-9 * double(nsub - 6) * double(S) / mixed.cpu_adam_seconds : 0.0,
+                  mixed.seconds);
+    reps += line;
   }
+  if (verbose) std::fprintf(stderr, "[dos] calibration's CPU Adam, Gparams/s per repetition: %s\n", reps.c_str());
   // A first guess: the CPU's rate over the whole mixed phase. Part of that phase's CPU work may run
   // beside one link or none, so U_c_dma is then fitted below with the phase simulation.
   r.U_c_dma = mixed_busy < 1e30 ? double(nsub - 6) * double(S) / mixed_busy : 0.0;

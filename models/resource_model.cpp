@@ -202,4 +202,8 @@ double lower_bound(const Workload& w, const Rates& rates, std::size_t cpu_worker
   return best;
 }
 
+double lower_bound(const Workload& w, const Rates& calibrated, const Rates& refined, std::size_t cpu_workers) {
+  return std::min(lower_bound(w, calibrated, cpu_workers), lower_bound(w, refined, cpu_workers));
+}
+
 }  // namespace dos

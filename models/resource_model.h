@@ -149,4 +149,11 @@ StrideChoice choose_stride_by(const Workload& w, const std::function<Prediction(
 /// as 1). It bounds the phase simulation (phase_sim.h) of every plan with as many CPU workers.
 double lower_bound(const Workload& w, const Rates& r, std::size_t cpu_workers = 1);
 
+/// The lower bound with the rates known two ways, seconds: the lesser of lower_bound with the
+/// calibrated rates and with the refined ones (after the phases run so far). A rate the refinement
+/// found higher than calibrated (CPU Adam measured in a phase's tasks faster than the calibration's
+/// scratch phases measured it) lowers the bound; a rate it found lower (a link's average over a
+/// phase, which includes its idle gaps) does not raise it. Throws what lower_bound throws.
+double lower_bound(const Workload& w, const Rates& calibrated, const Rates& refined, std::size_t cpu_workers);
+
 }  // namespace dos

@@ -103,7 +103,7 @@ std::vector<PlanSide> Optimizer::Impl::make_plan() const {
   return p;
 }
 
-void Optimizer::Impl::refine(const StepStats& st, const Simulation& sim) {
+void Optimizer::Impl::refine(const StepStats& st, const Simulation& sim, const CpuAlone& alone) {
   if (!have_rates || !choice.plan || !choice.plan->needs().refine || rt->cuda_workers() == 0) return;
   // a step moves a rate half way to what it measured, and by at most a factor of 2
   auto blend = [&](double& rate, double measured) {
@@ -112,13 +112,20 @@ void Optimizer::Impl::refine(const StepStats& st, const Simulation& sim) {
     refined = true;
   };
   const double adam = st.cpu_adam_seconds;  // CPU Adam alone: the model counts nothing else
+  const bool measured_alone = st.planned_streamed > 0 && alone.seconds >= 2e-3 && alone.params > 0;
   if (st.planned_streamed == 0 && sim.cpu > 0 && adam > 0) {
     blend(rates.U_c, rates.U_c * sim.cpu / adam);
   } else if (sim.cpu_beside_dma > 0.2 * sim.cpu && adam > 0) {
-    const double alone = sim.cpu - sim.cpu_beside_dma;
-    const double beside = adam - alone;
-    if (beside > 0.2 * sim.cpu_beside_dma) blend(rates.U_c_dma, rates.U_c_dma * sim.cpu_beside_dma / beside);
+    // the simulated split of the CPU's work, at the rates the plan was made with
+    const double sim_alone = sim.cpu - sim.cpu_beside_dma;
+    const double beside = adam - sim_alone;
+    if (beside > 0.2 * sim.cpu_beside_dma) {
+      const double u_dma = rates.U_c_dma * sim.cpu_beside_dma / beside;
+      if (u_dma > rates.U_c && !measured_alone) blend(rates.U_c, u_dma);  // alone is at least as fast
+      blend(rates.U_c_dma, u_dma);
+    }
   }
+  if (measured_alone) blend(rates.U_c, alone.params / alone.seconds);
   // Below this U_c_dma, host memory (host_bandwidth) is at its floor, what CPU Adam or both links
   // get alone, and the model no longer depends on U_c_dma: refining further would only drift.
   rates.U_c_dma = std::min(rates.U_c, std::max(rates.U_c_dma, lowest_distinct_u_c_dma(workload, rates)));

@@ -30,15 +30,25 @@ struct Timeline {
   }
 };
 
+/// One CPU Adam task of a phase: when it ran (starpu_timing_now(), microseconds) and on how many
+/// parameters.
+struct AdamSpan {
+  double start_us = 0, end_us = 0;
+  std::size_t params = 0;
+};
+
 /// Seconds one optimizer's tasks kept the workers busy during a phase, summed over workers: every
 /// task on CPU workers, every task on CUDA workers, and the CPU Adam tasks alone (what the rates'
-/// refinement and calibration compare with the model, which counts only Adam on the CPU).
+/// refinement and calibration compare with the model, which counts only Adam on the CPU), with each
+/// CPU Adam task's span (the refinement's measure of U_c: the tasks that ran after the streaming).
 struct PhaseBusy {
   std::mutex mu;
   double cpu = 0, gpu = 0, cpu_adam = 0;
+  std::vector<AdamSpan> cpu_adam_spans;
   void reset() {
     std::lock_guard<std::mutex> g(mu);
     cpu = gpu = cpu_adam = 0;
+    cpu_adam_spans.clear();
   }
 };
 

@@ -44,7 +44,10 @@ void clock_task(Subgroup* sg, const char* what) {
     const double s = 1e-6 * (span.end_us - span.start_us);
     std::lock_guard<std::mutex> g(sg->busy->mu);
     (span.gpu ? sg->busy->gpu : sg->busy->cpu) += s;
-    if (!span.gpu && std::strcmp(what, "adam") == 0) sg->busy->cpu_adam += s;
+    if (!span.gpu && std::strcmp(what, "adam") == 0) {
+      sg->busy->cpu_adam += s;
+      sg->busy->cpu_adam_spans.push_back(AdamSpan{span.start_us, span.end_us, sg->size});
+    }
   }
   if (sg->timeline) sg->timeline->record(what, std::size_t(sg->hint_update.subgroup), span);
 }
@@ -256,7 +259,7 @@ void Optimizer::Impl::begin(bool overlapped) {
       st.predicted_seconds = ph.sim.total;
       Workload bound_w = workload;  // a plan choosing its own resident subgroups keeps the last ones
       bound_w.resident = std::max(bound_w.resident, st.planned_resident);
-      st.lower_bound_seconds = lower_bound(bound_w, calibrated_rates, rt->cpu_workers());
+      st.lower_bound_seconds = lower_bound(bound_w, calibrated_rates, rates, rt->cpu_workers());
       st.bound_by = ph.sim.busiest();
     }
   }
@@ -628,11 +631,19 @@ StepStats Optimizer::Impl::finish_wait() {
   st.bytes_d2h -= ph.d2h0;
   if (ph.pending.last_subgroup_part_us > 0)
     st.stream_end_seconds = 1e-6 * (ph.pending.last_subgroup_part_us - timeline.t0_us);
+  CpuAlone alone;  // the CPU Adam tasks that began once the streamed state was back in host memory
   {
     std::lock_guard<std::mutex> g(busy.mu);
     st.cpu_busy_seconds = busy.cpu;
     st.gpu_busy_seconds = busy.gpu;
     st.cpu_adam_seconds = busy.cpu_adam;
+    const double stream_end_us = ph.pending.last_subgroup_part_us;
+    if (st.planned_streamed > 0 && stream_end_us > 0)
+      for (const AdamSpan& s : busy.cpu_adam_spans)
+        if (s.start_us >= stream_end_us) {
+          alone.params += double(s.params);
+          alone.seconds += 1e-6 * (s.end_us - s.start_us);
+        }
   }
   st.params = nparams;
   for (std::size_t i = 0; i < sgs.size(); ++i) {
@@ -651,7 +662,7 @@ StepStats Optimizer::Impl::finish_wait() {
   // caller's work slowed down), nor after one left running into the caller's forward (the same), nor
   // after a skipped one.
   last_changed = st.overlapped && verdict == StepVerdict::changed;
-  if (!st.skipped && !st.overlapped && !ph.async) refine(st, ph.sim);
+  if (!st.skipped && !st.overlapped && !ph.async) refine(st, ph.sim, alone);
   StepStats out = std::move(st);
   open.reset();
   return out;

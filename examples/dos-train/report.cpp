@@ -77,7 +77,7 @@ void print_model_choice(const dos::Runtime& rt, const dos::Optimizer& opt) {
               ns, c.predicted.total, c.predicted.bound_by().c_str(), k.k, k.predicted.total,
               dos::simulate_phase(opt.workload(), dos::spread_plan(ns, 0), r, ex).total,
               dos::simulate_phase(opt.workload(), dos::spread_plan(ns, ns), r, ex).total,
-              dos::lower_bound(opt.workload(), opt.calibrated_rates(), rt.cpu_workers()));
+              dos::lower_bound(opt.workload(), opt.calibrated_rates(), opt.rates(), rt.cpu_workers()));
 }
 
 IterationLog::IterationLog(const dos::Runtime& rt, const ComputeEmulator* compute, bool on_gpu, std::size_t total,

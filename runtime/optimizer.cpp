@@ -269,6 +269,24 @@ Optimizer::Optimizer(Runtime& runtime, const std::vector<TensorView>& tensors, c
       if (starpu_worker_get_type(int(w)) == STARPU_CUDA_WORKER) I.cuda_nodes.push_back(starpu_worker_get_memory_node(w));
   }
 
+  if (runtime.model_policy() && runtime.cuda_workers() > 0) {
+    const Rates& r = options.rates;
+    if (rates_complete(r)) {
+      I.rates = I.calibrated_rates = r;
+    } else {
+      // scratch subgroups as large as the workload's (at most 2^24 elements: a few seconds), before
+      // this optimizer's state is allocated: on the GPU machine, a calibration run after the 20B
+      // quarter's 69 GB of pinned state measured CPU Adam at 2.2-2.4 Gparams/s, where the same
+      // calibration in a smaller process and the 20B phases' own CPU tasks ran it at 2.9-4.0
+      const std::size_t largest = *std::max_element(I.workload.sizes.begin(), I.workload.sizes.end());
+      const std::size_t cal = std::min<std::size_t>(largest, std::size_t(1) << 24);
+      I.rates = calibrate_rates(runtime, cal, options.dtype, options.memory, options.recalibrate, options.verbose,
+                                &I.calibrated_rates);
+      I.rates_path = rates_cache_path(runtime, cal, options.dtype, options.memory);
+    }
+    I.have_rates = true;
+  }
+
   for (std::size_t s = 0; s < layout.size(); ++s) {
     auto sg = std::make_unique<Subgroup>();
     sg->begin = layout[s].begin;
@@ -316,20 +334,6 @@ Optimizer::Optimizer(Runtime& runtime, const std::vector<TensorView>& tensors, c
   }
   starpu_task_wait_for_all();
   I.keep_master_on_host_only();
-  if (runtime.model_policy() && runtime.cuda_workers() > 0) {
-    const Rates& r = options.rates;
-    if (rates_complete(r)) {
-      I.rates = I.calibrated_rates = r;
-    } else {
-      // scratch subgroups as large as the workload's (at most 2^24 elements: a few seconds)
-      const std::size_t largest = *std::max_element(I.workload.sizes.begin(), I.workload.sizes.end());
-      const std::size_t cal = std::min<std::size_t>(largest, std::size_t(1) << 24);
-      I.rates = calibrate_rates(runtime, cal, options.dtype, options.memory, options.recalibrate, options.verbose,
-                                &I.calibrated_rates);
-      I.rates_path = rates_cache_path(runtime, cal, options.dtype, options.memory);
-    }
-    I.have_rates = true;
-  }
 }
 
 Optimizer::~Optimizer() = default;

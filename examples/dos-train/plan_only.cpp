@@ -102,7 +102,7 @@ nlohmann::ordered_json show_plan(PlanOnly& p) {
     sim.d2h = pr.d2h;
     sim.gpu = pr.gpu;
   }
-  const double bound = dos::lower_bound(w, p.calibrated ? *p.calibrated : r);
+  const double bound = p.calibrated ? dos::lower_bound(w, *p.calibrated, r, 1) : dos::lower_bound(w, r);
   std::printf("predicted %.4f s (simulated, %s-bound; busy: cpu %.4f s, h2d %.4f s, d2h %.4f s, gpu %.4f s); lower bound "
               "%.4f s\n",
               sim.total, sim.busiest(), sim.cpu, sim.h2d, sim.d2h, sim.gpu, bound);

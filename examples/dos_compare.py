@@ -21,13 +21,18 @@ Runs:
   --resident-budgets 10GB,20GB   for each budget B, a ``dos@B`` run (dos --gpu-resident-budget B)
                                  and a ``static:R@B`` run, R the smallest CPU share whose resident
                                  subgroups fit in B (DeepSpeed's ratio for the same bytes)
-  --repeats R                    every run R times: the table gives the median of the R runs'
-                                 medians and their minimum..maximum (with R = 1, the spread is that
-                                 of the run's iterations 2..)
+  --repeats R                    R rounds: each round runs every run once (in the same order), then
+                                 the baselines once, then the peers once, so that a machine whose
+                                 speed drifts between processes weighs on every row alike (on the
+                                 GPU machine CPU Adam's rate differed by up to 1.5x between
+                                 processes a minute apart). The table gives the median of the R
+                                 runs' medians and their minimum..maximum (with R = 1, the spread is
+                                 that of the run's iterations 2..); a peer's row, the median of its
+                                 R means and their minimum..maximum
   --baselines [LIST]             the repository's PyTorch baselines
                                  (python/deep_optimizer_states/baselines.py) on the same N, S, dtype,
-                                 optimizer, hyper-parameters, CPU threads and iteration count, R
-                                 repeats: LIST (default zero_offload,stride:2,stride:3,stride:4) and,
+                                 optimizer, hyper-parameters, CPU threads and iteration count, once
+                                 per round: LIST (default zero_offload,stride:2,stride:3,stride:4) and,
                                  per resident budget, twinflow:R with the static run's R; rows
                                  ``baseline VARIANT``. Run by a Python that imports torch
                                  (--baselines-python, else the first of this one and
@@ -319,11 +324,17 @@ def torch_python(a):
     return a.baselines_python or python_with("import torch")
 
 
-def run_baselines(a, r0, variants, notes):
-    """Runs python/deep_optimizer_states/baselines.py on the workload of report ``r0`` (N, S,
-    dtype, optimizer, iteration count, CPU threads; hyper-parameters from the dos-train arguments,
-    else dos-train's defaults; the GPU variants where dos-train's buffers were on a GPU). Returns
-    (results list, error text or None); skipped variants and a missing torch go to ``notes``."""
+def round_tag(k):
+    """The file-name suffix of round k (0-based): none for the first, ".rK" (K = k + 1) after it."""
+    return f".r{k + 1}" if k else ""
+
+
+def run_baselines(a, r0, variants, notes, k=0):
+    """Runs python/deep_optimizer_states/baselines.py once (round ``k``, 0-based: its JSON and log
+    are baselines[.rK].json/.log) on the workload of report ``r0`` (N, S, dtype, optimizer,
+    iteration count, CPU threads; hyper-parameters from the dos-train arguments, else dos-train's
+    defaults; the GPU variants where dos-train's buffers were on a GPU). Returns (results list,
+    error text or None); skipped variants and a missing torch go to ``notes``."""
     py = torch_python(a)
     if py is None:
         notes.append("--baselines: no Python here imports torch (tried this one and /usr/bin/python3; "
@@ -332,19 +343,19 @@ def run_baselines(a, r0, variants, notes):
     device = "cuda" if r0.get("caller_memory") == "cuda" else "cpu"
     cmd = [py, BASELINES, "--n", str(r0["params"]), "--s", str(r0["subgroup_size"]), "--dtype", r0["dtype"],
            "--optimizer", r0.get("optimizer", "adamw"), "--iterations", str(len(r0["iterations"])),
-           "--repeats", str(a.repeats), "--device", device, "--variants", ",".join(variants),
-           "--json", os.path.join(a.out, "baselines.json")]
+           "--repeats", "1", "--device", device, "--variants", ",".join(variants),
+           "--json", os.path.join(a.out, f"baselines{round_tag(k)}.json")]
     if r0.get("cpu_threads"):
         cmd += ["--threads", str(r0["cpu_threads"])]
     for opt, default in TRAIN_HYPER:
         cmd += [opt, arg_value(a.train_args, opt, default)]
-    log = os.path.join(a.out, "baselines.log")
+    log = os.path.join(a.out, f"baselines{round_tag(k)}.log")
     print(f"dos-compare: baselines {', '.join(variants)} ({device}), log {log}", flush=True)
     with open(log, "w") as f:
         f.write("$ " + " ".join(cmd) + "\n")
         f.flush()
         rc = subprocess.call(cmd, stdout=f, stderr=subprocess.STDOUT)
-    path = os.path.join(a.out, "baselines.json")
+    path = os.path.join(a.out, f"baselines{round_tag(k)}.json")
     if rc not in (0, 1) or not os.path.exists(path):
         return [], f"the baselines exited with status {rc}: see {log}"
     with open(path) as f:
@@ -357,13 +368,33 @@ def run_baselines(a, r0, variants, notes):
                      f"see {log}" if bad else None)
 
 
-def run_peers(a, n, s, twinflow):
-    """Runs the external peers script; returns {variant: mean seconds per phase} (missing on failure)."""
+def merge_baselines(rounds):
+    """One result per variant from the baselines' rounds (lists of baselines.py results, the first
+    round's order): the repeats of every round where the variant has seconds pooled, their median,
+    minimum and maximum, and params/s at that median; a variant skipped or failed in the first round
+    stays as that round gave it."""
+    merged = []
+    for first in rounds[0] if rounds else []:
+        if "seconds_median" not in first:
+            merged.append(first)
+            continue
+        same = [x for rnd in rounds for x in rnd if x.get("variant") == first["variant"] and "seconds_median" in x]
+        per = [t for x in same for t in x["repeat_seconds"]]
+        med = statistics.median(per)
+        merged.append(dict(first, seconds_median=med, seconds_min=min(per), seconds_max=max(per), repeat_seconds=per,
+                           phase_seconds=[ph for x in same for ph in x["phase_seconds"]],
+                           gparams_per_s=first["gparams_per_s"] * first["seconds_median"] / med))
+    return merged
+
+
+def run_peers(a, n, s, twinflow, k=0):
+    """Runs the external peers script once (round ``k``: its log is peers[.rK].log); returns
+    {variant: mean seconds per phase} (missing on failure)."""
     base = [v.strip() for v in a.peer_variants.split(",") if v.strip()] if a.runs else []
     variants = base + [f"twinflow:{r:.4g}" for r in twinflow]
     cmd = [sys.executable, a.peers, "--n", str(n), "--s", str(s), "--iters", str(a.peer_iters),
            "--variants", ",".join(variants)]
-    log = os.path.join(a.out, "peers.log")
+    log = os.path.join(a.out, f"peers{round_tag(k)}.log")
     with open(log, "w") as f:
         f.write("$ " + " ".join(cmd) + "\n")
         f.flush()
@@ -437,6 +468,7 @@ def main(argv=None):
         return 2
     os.makedirs(a.out, exist_ok=True)
     runs, failed, skipped, notes = {}, [], {}, []
+    executed = []  # (label, dos-train arguments) in the order round 0 ran them; later rounds repeat it
     timeline_path = os.path.join(a.out, "timeline.json") if a.timeline else None
     timeline_done = False
 
@@ -452,20 +484,17 @@ def main(argv=None):
             skipped[label] = why
             print(f"dos-compare: run {label} skipped: {why}", file=sys.stderr)
             return None
-        reports, params = [], None
-        for k in range(a.repeats):
-            extra = []
-            if timeline_path and not timeline_done and arg_value(args, "--policy") == "dos":
-                extra = ["--timeline", timeline_path]
-                timeline_done = True
-            r, _, p = run_one(a, label, args + extra, k)
-            if r is None:
-                failed.append(label)
-                return None
-            reports.append(r)
-            params = params or p
-        runs[label] = {"reports": reports, "params": params, "budget": budget}
-        return reports[0]
+        extra = []
+        if timeline_path and not timeline_done and arg_value(args, "--policy") == "dos":
+            extra = ["--timeline", timeline_path]
+            timeline_done = True
+        r, _, p = run_one(a, label, args + extra, 0)
+        if r is None:
+            failed.append(label)
+            return None
+        runs[label] = {"reports": [r], "params": p, "budget": budget}
+        executed.append((label, args))
+        return r
 
     # a run that needs a GPU goes after one that does not, so that dos-train has said whether it
     # has a CUDA worker before it starts (the table keeps the given order)
@@ -502,18 +531,40 @@ def main(argv=None):
         notes.append("WARNING: dos-train reports no CUDA worker: every policy updates every subgroup on the CPU "
                      "(dos and static:R are cpu here), so the rows differ only by noise and scheduling overhead; "
                      "their speedups say nothing about placement")
-    baselines, baseline_error = [], None
+    variants = []
     if a.baselines is not None and r0:
         variants = list(a.baseline_variants)
         for r_cpu in static_share:
             v = f"twinflow:{r_cpu:.6g}"
             if v not in variants:
                 variants.append(v)
+    # Round 0's runs are done; each round then runs the baselines and the peers once, and the
+    # rounds after it every run again first, in round 0's order.
+    baseline_rounds, baseline_error, peer_rounds = [], None, []
+    for k in range(a.repeats):
+        for label, args in executed if k else []:
+            if label not in runs:
+                continue
+            r, _, _ = run_one(a, label, args, k)
+            if r is None:
+                failed.append(label)
+                del runs[label]
+                continue
+            runs[label]["reports"].append(r)
         if variants:
-            baselines, baseline_error = run_baselines(a, r0, variants, notes)
-    peers = {}
-    if a.peers and r0:
-        peers = run_peers(a, r0["params"], r0["subgroup_size"], twinflow)
+            results, err = run_baselines(a, r0, variants, notes if k == 0 else [], k)
+            baseline_rounds.append(results)
+            baseline_error = baseline_error or err
+        if a.peers and r0:
+            peer_rounds.append(run_peers(a, r0["params"], r0["subgroup_size"], twinflow, k))
+    order = [l for l in order if l in runs]
+    baselines = merge_baselines([r for r in baseline_rounds if r])
+    peers, peer_runs = {}, {}  # variant: the median of its rounds' means, and those means
+    for rnd in peer_rounds:
+        for v, t in rnd.items():
+            peer_runs.setdefault(v, []).append(t)
+    for v, ts in peer_runs.items():
+        peers[v] = statistics.median(ts)
 
     bounds = bounds_by_budget({l: runs[l] for l in order})
     rows = []
@@ -584,14 +635,18 @@ def main(argv=None):
                      f"{b['gparams_per_s']:.3f} | {fmt(b.get('speedup_vs_cpu'), '.2f')} | "
                      f"{fmt(b.get('speedup_vs_dmda'), '.2f')} | - |")
     for k, v in peers.items():
-        lines.append(f"| peer {k} (external, PyTorch) | - | - | {v:.4f} | - | - | {rows[0]['params'] / v / 1e9:.3f} | - "
-                     f"| - | - |")
+        ts = peer_runs[k]
+        pspread = f"{min(ts):.4f}..{max(ts):.4f}" if len(ts) > 1 else "-"
+        lines.append(f"| peer {k} (external, PyTorch) | - | - | {v:.4f} | - | {pspread} | "
+                     f"{rows[0]['params'] / v / 1e9:.3f} | - | - | - |")
     if rows:
         lines.append(f"\n{rows[0]['params']:,} parameters, {rows[0]['subgroups']} subgroups; update seconds: "
                      + (f"median over {a.repeats} runs of each run's median over iterations 2.., spread over the runs"
                         if a.repeats > 1 else "median over iterations 2.., spread over those iterations (one run "
                         "each; --repeats R for the spread between runs)")
-                     + "; baselines: the same, over their update phases; peers: their mean per phase; lower bound: "
+                     + "; baselines: the same, over their update phases; peers: their mean per phase"
+                     + (f" (median and spread over the {a.repeats} rounds)" if a.repeats > 1 else "")
+                     + "; lower bound: "
                        "the resource model's, the run's own or that of the first run with the same resident budget"
                      + ("; an overlapped run's update s runs from before forward to the phase's end, its exposed "
                         "update s from the end of backward: compare the iterations" if any(r["overlapped"] for r in rows)
@@ -624,13 +679,19 @@ def main(argv=None):
             best = min(strides, key=lambda b: b["update_seconds"])
             ratio("dos_vs_baseline_best_stride", best, dos_row)
             ratios["baseline_best_stride"] = best["variant"]
-        dos_s = dos_row["update_seconds"]
+        def peer_ratio(key, variant):
+            ts = peer_runs[variant]
+            ratios[key] = peers[variant] / dos_row["update_seconds"]
+            w = within_spread((peers[variant], min(ts), max(ts)), triple(dos_row)) if len(ts) > 1 else None
+            if w:
+                notes.append(f"WARNING: {key}: {w}: not a measured difference (more --repeats or --iterations)")
+
         if peers.get("zero_offload"):
-            ratios["dos_vs_peer_zero_offload"] = peers["zero_offload"] / dos_s
+            peer_ratio("dos_vs_peer_zero_offload", "zero_offload")
         pstrides = {k: v for k, v in peers.items() if k.startswith("dos_stride")}
         if pstrides:
             best = min(pstrides, key=pstrides.get)
-            ratios["dos_vs_peer_best_dos_stride"] = pstrides[best] / dos_s
+            peer_ratio("dos_vs_peer_best_dos_stride", best)
             ratios["peer_best_dos_stride"] = best
     for (text, _), frac, r_cpu in zip(a.budgets, twinflow, static_share):
         d = by_label.get(f"dos@{text}")
@@ -663,7 +724,8 @@ def main(argv=None):
     with open(os.path.join(a.out, "compare.md"), "w") as f:
         f.write(text + "\n")
     with open(os.path.join(a.out, "compare.json"), "w") as f:
-        json.dump({"rows": rows, "baselines": brows, "baseline_results": baselines, "peers": peers, "ratios": ratios,
+        json.dump({"rows": rows, "baselines": brows, "baseline_results": baselines, "peers": peers,
+                   "peer_runs": peer_runs, "ratios": ratios,
                    "failed": failed, "skipped": skipped, "notes": notes, "repeats": a.repeats,
                    "timeline": bool(timeline_path),
                    "dos_train_args": a.train_args}, f, indent=2)

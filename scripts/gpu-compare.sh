@@ -11,8 +11,8 @@
 # PART=budgets: resident budgets 10GB, 20GB, 31.5GB (dos and static:R) and the twinflow peers
 # COMMON: extra dos-train arguments for every run (e.g. --grad-transfer native)
 # BASELINES=1: the repository's PyTorch baselines too (dos_compare.py --baselines: BASELINE_LIST, default
-#            zero_offload and stride:2..4, in PART=main, twinflow:R per budget in PART=budgets); REPEATS=R: each
-#            run R times; PEER_VARIANTS: the external peers' variants in PART=main (default zero_offload and
+#            zero_offload and stride:2..4, in PART=main, twinflow:R per budget in PART=budgets); REPEATS=R: R
+#            rounds of every run, the baselines and the peers; PEER_VARIANTS: the external peers' variants in PART=main (default zero_offload and
 #            dos_stride:2..4); POLICIES: the policies of PART=main (default dos,cpu,dmda,dmdas,gpu,lws)
 set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)

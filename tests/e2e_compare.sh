@@ -37,7 +37,18 @@ fi
 # where dos-train has a CUDA worker), each run twice, one resident budget (a dos and a static:R run,
 # and the baseline twinflow:R with the same R), the baselines on the same workload. The model's
 # buffers are on the host, so the baselines' GPU variants must be skipped, saying why.
+# A stand-in for the external peers script: a different mean per call (0.5 s, then 0.7 s), so that
+# the rounds' median and spread can be checked.
+cat > "$out/fake_peers.py" <<'PY'
+import os, sys
+count = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fake_peers.calls")
+k = int(open(count).read()) if os.path.exists(count) else 0
+open(count, "w").write(str(k + 1))
+print(f"RESULT zero_offload {0.5 + 0.2 * k:.4f} s/phase")
+PY
+rm -f "$out/fake_peers.calls"
 python3 "$compare" --dos-train "$dos_train" --repeats 2 --baselines --resident-budgets 2.5MB --out "$out/auto" \
+  --peers "$out/fake_peers.py" --peer-variants zero_offload \
   -- --preset tiny --iterations 3 --subgroup-size 100000 --device host > "$out/auto.txt" 2>&1 || {
   cat "$out/auto.txt"; echo "FAIL: dos-compare with the defaults exited with status $?"; exit 1; }
 python3 - "$out/auto/compare.json" "$out/auto.txt" <<'PY' || { cat "$out/auto.txt"; exit 1; }
@@ -58,6 +69,16 @@ for r in d["rows"]:
     assert r["update_seconds_min"] <= r["update_seconds"] <= r["update_seconds_max"], r
     assert r["update_seconds_min"] == min(r["update_seconds_runs"]), r
 assert d["failed"] == [] and d["repeats"] == 2
+# the peers once per round: their median and spread over the two rounds
+assert d["peer_runs"] == {"zero_offload": [0.5, 0.7]}, d["peer_runs"]
+assert abs(d["peers"]["zero_offload"] - 0.6) < 1e-12, d["peers"]
+assert "| peer zero_offload (external, PyTorch) | - | - | 0.6000 | - | 0.5000..0.7000 |" in text, text
+# rounds, not runs back to back: round 1's runs start after round 0's baselines and peers ended
+import os
+out = os.path.dirname(sys.argv[1])
+t = lambda name: os.path.getmtime(os.path.join(out, name))  # noqa: E731
+assert t("dos.json") <= t("peers.log") <= t("dos.r2.json") <= t("peers.r2.log"), "the rounds are not interleaved"
+assert t("dos-2.5MB.json") <= t("dos.r2.json"), "round 0's budget runs come before round 1"
 r_static = static[0][len("static:"):-len("@2.5MB")]
 base = {b["variant"]: b for b in d["baseline_results"]}
 if any("no Python here imports torch" in n for n in d["notes"]):
@@ -70,6 +91,8 @@ else:
     zo = [b for b in d["baselines"] if b["label"] == "baseline zero_offload"]
     assert len(zo) == 1 and zo[0]["update_seconds"] > 0 and zo[0]["repeats"] == 2, d["baselines"]
     assert zo[0]["update_seconds_min"] <= zo[0]["update_seconds"] <= zo[0]["update_seconds_max"]
+    assert len(base["zero_offload"]["repeat_seconds"]) == 2, base["zero_offload"]
+    assert t("baselines.json") <= t("dos.r2.json") <= t("baselines.r2.json"), "the baselines are not run per round"
     assert base["zero_offload"]["subgroups"]["cpu"] == rows["dos"]["subgroups"], base["zero_offload"]
     for v in ("stride:2", "stride:3", "stride:4"):
         assert "CUDA" in base[v].get("skipped", ""), base[v]

@@ -24,8 +24,8 @@ Runs:
   --repeats R                    R rounds: each round runs every run once (in the same order), then
                                  the baselines once, then the peers once, so that a machine whose
                                  speed drifts between processes weighs on every row alike (on the
-                                 GPU machine CPU Adam's rate differed by up to 1.5x between
-                                 processes a minute apart). The table gives the median of the R
+                                 GPU machine CPU Adam's calibrated rate differed by up to 1.7x
+                                 between processes minutes apart). The table gives the median of the R
                                  runs' medians and their minimum..maximum (with R = 1, the spread is
                                  that of the run's iterations 2..); a peer's row, the median of its
                                  R means and their minimum..maximum

@@ -275,10 +275,10 @@ Optimizer::Optimizer(Runtime& runtime, const std::vector<TensorView>& tensors, c
       I.rates = I.calibrated_rates = r;
     } else {
       // scratch subgroups as large as the workload's (at most 2^24 elements: a few seconds), before
-      // this optimizer's state is allocated: on the GPU machine the calibration measured CPU Adam
-      // at 2.2-2.4 Gparams/s after the 20B quarter's 69 GB of pinned state were allocated and at
-      // 4.0-4.1 before (3.9-4.5 in a small process, in the same calls; the cause was not found).
-      // The refinement then measures it in the phases' own tasks.
+      // this optimizer's state is allocated (a calibration that fails then fails before the
+      // allocation, and its scratch is freed before the state's peak). On the GPU machine the
+      // calibrated CPU Adam rate differed by up to 1.7x between processes, calibrated before the
+      // allocation or after it; the refinement (refine) measures U_c in the phases' own tasks.
       const std::size_t largest = *std::max_element(I.workload.sizes.begin(), I.workload.sizes.end());
       const std::size_t cal = std::min<std::size_t>(largest, std::size_t(1) << 24);
       I.rates = calibrate_rates(runtime, cal, options.dtype, options.memory, options.recalibrate, options.verbose,

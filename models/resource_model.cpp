@@ -203,7 +203,26 @@ double lower_bound(const Workload& w, const Rates& rates, std::size_t cpu_worker
 }
 
 double lower_bound(const Workload& w, const Rates& calibrated, const Rates& refined, std::size_t cpu_workers) {
-  return std::min(lower_bound(w, calibrated, cpu_workers), lower_bound(w, refined, cpu_workers));
+  check_rates(calibrated);
+  check_rates(refined);
+  const double k = double(std::max<std::size_t>(1, cpu_workers));
+  auto workers = [&](Rates r) {  // k CPU workers side by side, as lower_bound counts them
+    r.U_c *= k;
+    r.U_c_dma *= k;
+    return r;
+  };
+  const Rates a = workers(calibrated), b = workers(refined);
+  Rates best;
+  best.U_c = std::max(a.U_c, b.U_c);
+  best.U_g = std::max(a.U_g, b.U_g);
+  best.D_c = std::max(a.D_c, b.D_c);
+  best.B_h2d = std::max(a.B_h2d, b.B_h2d);
+  best.B_d2h = std::max(a.B_d2h, b.B_d2h);
+  // U_c_dma enters the bound only through host_bandwidth: the one that gives the higher M of the two
+  const double m = std::max(host_bandwidth(w, a), host_bandwidth(w, b));
+  const double demand = best.U_c * cpu_adam_host_bytes(w) + best.B_h2d + best.B_d2h;
+  best.U_c_dma = best.U_c * std::min(1.0, m / demand);
+  return lower_bound(w, best, 1);
 }
 
 }  // namespace dos

@@ -149,11 +149,14 @@ StrideChoice choose_stride_by(const Workload& w, const std::function<Prediction(
 /// as 1). It bounds the phase simulation (phase_sim.h) of every plan with as many CPU workers.
 double lower_bound(const Workload& w, const Rates& r, std::size_t cpu_workers = 1);
 
-/// The lower bound with the rates known two ways, seconds: the lesser of lower_bound with the
-/// calibrated rates and with the refined ones (after the phases run so far). A rate the refinement
-/// found higher than calibrated (CPU Adam measured in a phase's tasks faster than the calibration's
-/// scratch phases measured it) lowers the bound; a rate it found lower (a link's average over a
-/// phase, which includes its idle gaps) does not raise it. Throws what lower_bound throws.
+/// The lower bound with the rates known two ways, seconds: lower_bound with every resource at the
+/// better of its calibrated and its refined rate (after the phases run so far): U_c, U_g, D_c,
+/// B_h2d and B_d2h each the higher of the two, and host memory at the higher of the two
+/// host_bandwidth figures (U_c_dma chosen to give it, since the bound reads U_c_dma only there).
+/// So it is at most either one-rate bound: a rate the refinement found higher than calibrated (CPU
+/// Adam measured in a phase's tasks faster than in the calibration's scratch phases) lowers it,
+/// and a rate it found lower (a link's average over a phase, with its idle gaps) does not raise
+/// it. Throws std::invalid_argument when a rate of either set is not positive.
 double lower_bound(const Workload& w, const Rates& calibrated, const Rates& refined, std::size_t cpu_workers);
 
 }  // namespace dos

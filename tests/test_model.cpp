@@ -106,6 +106,51 @@ void test_bound_two_rates(void**) {
   assert_float_equal(dos::lower_bound(w, calibrated, slower_links, 1), lb_cal, 1e-12);
   // two CPU workers count as in the one-rate bound
   assert_float_equal(dos::lower_bound(w, calibrated, calibrated, 2), dos::lower_bound(w, calibrated, 2), 1e-12);
+  // U_c refined up alone (the refinement's measure from the tasks after the streaming): the
+  // one-rate bound of those rates rises (host memory M shrinks with U_c_dma / U_c), the two-rate
+  // bound does not
+  dos::Rates faster_alone = calibrated;
+  faster_alone.U_c = 3.4e9;
+  dos::Workload host = w;
+  host.caller_on_gpu = false;
+  for (const dos::Workload& v : {w, host}) {
+    const double two = dos::lower_bound(v, calibrated, faster_alone, 1);
+    assert_true(two <= dos::lower_bound(v, calibrated) * (1 + 1e-12));
+    assert_true(two <= dos::lower_bound(v, faster_alone) * (1 + 1e-12));
+  }
+  assert_true(dos::lower_bound(host, faster_alone) > dos::lower_bound(host, calibrated));
+  // each set better at one resource (no contention: host memory does not bind): the bound with the
+  // better of each is below both (the lesser of the two bounds would not be)
+  const dos::Rates cpu_fast{4.0e9, 4.0e9, 1.38e11, 4.8e11, 30e9, 30e9}, links_fast{2.0e9, 2.0e9, 1.38e11, 4.8e11, 60e9, 60e9};
+  for (const dos::Workload& v : {w, host})
+    assert_true(dos::lower_bound(v, cpu_fast, links_fast, 1) <
+                0.99 * std::min(dos::lower_bound(v, cpu_fast), dos::lower_bound(v, links_fast)));
+  // at most either one-rate bound, for rates drawn apart (a fixed-seed generator), 1 or 2 workers
+  unsigned long long seed = 12345;
+  auto draw = [&](double lo, double hi) {
+    seed = seed * 6364136223846793005ULL + 1442695040888963407ULL;
+    return lo + (hi - lo) * double(seed >> 11) / double(1ULL << 53);
+  };
+  for (int i = 0; i < 200; ++i) {
+    dos::Rates r[2];
+    for (dos::Rates& x : r) {
+      x.U_c = draw(1e9, 5e9);
+      x.U_c_dma = x.U_c * draw(0.3, 1.0);
+      x.U_g = draw(5e10, 2e11);
+      x.D_c = draw(1e11, 6e11);
+      x.B_h2d = draw(2e10, 6e10);
+      x.B_d2h = draw(2e10, 6e10);
+    }
+    const dos::Workload& v = i % 2 ? w : host;
+    const std::size_t workers = 1 + std::size_t(i % 3 == 0);
+    const double two = dos::lower_bound(v, r[0], r[1], workers);
+    assert_true(two <= dos::lower_bound(v, r[0], workers) * (1 + 1e-9));
+    assert_true(two <= dos::lower_bound(v, r[1], workers) * (1 + 1e-9));
+    assert_true(two > 0);
+  }
+  dos::Rates bad = calibrated;
+  bad.B_h2d = 0;
+  assert_true(throws_invalid_argument([&] { dos::lower_bound(w, calibrated, bad, 1); }));
 }
 
 void test_extremes(void**) {

@@ -45,10 +45,13 @@ struct PhaseBusy {
   std::mutex mu;
   double cpu = 0, gpu = 0, cpu_adam = 0;
   std::vector<AdamSpan> cpu_adam_spans;
-  void reset() {
+  /// Zeroes the sums and makes room for `subgroups` spans, so that the task callbacks never
+  /// allocate (a bad_alloc there would cross StarPU's C code). Throws std::bad_alloc.
+  void reset(std::size_t subgroups) {
     std::lock_guard<std::mutex> g(mu);
     cpu = gpu = cpu_adam = 0;
     cpu_adam_spans.clear();
+    cpu_adam_spans.reserve(subgroups);
   }
 };
 

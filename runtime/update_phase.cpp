@@ -46,7 +46,8 @@ void clock_task(Subgroup* sg, const char* what) {
     (span.gpu ? sg->busy->gpu : sg->busy->cpu) += s;
     if (!span.gpu && std::strcmp(what, "adam") == 0) {
       sg->busy->cpu_adam += s;
-      sg->busy->cpu_adam_spans.push_back(AdamSpan{span.start_us, span.end_us, sg->size});
+      auto& spans = sg->busy->cpu_adam_spans;  // room for one per subgroup (PhaseBusy::reset): no allocation here
+      if (spans.size() < spans.capacity()) spans.push_back(AdamSpan{span.start_us, span.end_us, sg->size});
     }
   }
   if (sg->timeline) sg->timeline->record(what, std::size_t(sg->hint_update.subgroup), span);
@@ -213,7 +214,7 @@ void Optimizer::Impl::begin(bool overlapped) {
   StepStats& st = ph.st;
   st.overlapped = overlapped;
   read_bus_bytes(&ph.h2d0, &ph.d2h0);
-  busy.reset();  // nothing of this optimizer is in flight
+  busy.reset(sgs.size());  // nothing of this optimizer is in flight
   ph.t0 = std::chrono::steady_clock::now();
   {
     std::lock_guard<std::mutex> g(timeline.mu);

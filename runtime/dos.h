@@ -508,8 +508,8 @@ class Optimizer {
   /// The rates the `dos` model uses now (calibrated, then refined after each step).
   const Rates& rates() const;
   /// The rates as calibrated at start-up (or given in OptimizerOptions::rates), before any
-  /// refinement: the lower bound (StepStats::lower_bound_seconds) is the lesser of the bounds with
-  /// these and with rates().
+  /// refinement: the lower bound (StepStats::lower_bound_seconds) takes each rate at the better of
+  /// these and rates() (models/resource_model.h, lower_bound with two rate sets).
   const Rates& calibrated_rates() const;
   /// How step() carries a plan out, for the phase simulation (models/phase_sim.h): the submission
   /// order, the lookahead and the update budget (0 and 0 without a CUDA worker).

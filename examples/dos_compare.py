@@ -112,7 +112,8 @@ def parse_args(argv):
                          "LABEL+overlap; needs --emulate-compute among the dos-train arguments): the iteration seconds "
                          "of both, the overlapped run's exposed update; the others run with --overlap off")
     ap.add_argument("--repeats", type=int, default=1,
-                    help="runs of each configuration (default 1): median and min..max over them")
+                    help="rounds (default 1), each running every run, then the baselines, then the peers once: "
+                         "median and min..max over them")
     ap.add_argument("--baselines", nargs="?", const=DEFAULT_BASELINES, default=None, metavar="LIST",
                     help=f"run the PyTorch baselines too (default list {DEFAULT_BASELINES}; twinflow:R "
                          f"added per resident budget)")
@@ -177,6 +178,10 @@ def parse_args(argv):
     labels = [l for l, _ in a.runs]
     if len(set(labels)) != len(labels):
         ap.error(f"two runs have the same label: {labels}")
+    for label in labels:  # its files must not be another's (LABEL.json, LABEL.rK.json, baselines.json, ...)
+        if re.search(r"\.r[0-9]+$", label) or label in ("baselines", "peers", "compare", "timeline"):
+            ap.error(f"--run label '{label}' would share its files with another output (labels may not end in .rK "
+                     f"nor be baselines, peers, compare or timeline): choose another")
     for bad in ("--policy", "--report", "--save-params", "--sweep", "--timeline", "--gpu-resident-budget", "--overlap"):
         if any(t == bad or t.startswith(bad + "=") for t in a.train_args):
             ap.error(f"{bad} is set by dos-compare itself: leave it out of the dos-train arguments")
@@ -350,12 +355,14 @@ def run_baselines(a, r0, variants, notes, k=0):
     for opt, default in TRAIN_HYPER:
         cmd += [opt, arg_value(a.train_args, opt, default)]
     log = os.path.join(a.out, f"baselines{round_tag(k)}.log")
+    path = os.path.join(a.out, f"baselines{round_tag(k)}.json")
+    if os.path.exists(path):  # an earlier invocation's: must not pass for this one's when this one writes none
+        os.remove(path)
     print(f"dos-compare: baselines {', '.join(variants)} ({device}), log {log}", flush=True)
     with open(log, "w") as f:
         f.write("$ " + " ".join(cmd) + "\n")
         f.flush()
         rc = subprocess.call(cmd, stdout=f, stderr=subprocess.STDOUT)
-    path = os.path.join(a.out, f"baselines{round_tag(k)}.json")
     if rc not in (0, 1) or not os.path.exists(path):
         return [], f"the baselines exited with status {rc}: see {log}"
     with open(path) as f:
@@ -369,16 +376,22 @@ def run_baselines(a, r0, variants, notes, k=0):
 
 
 def merge_baselines(rounds):
-    """One result per variant from the baselines' rounds (lists of baselines.py results, the first
-    round's order): the repeats of every round where the variant has seconds pooled, their median,
-    minimum and maximum, and params/s at that median; a variant skipped or failed in the first round
-    stays as that round gave it."""
-    merged = []
-    for first in rounds[0] if rounds else []:
-        if "seconds_median" not in first:
-            merged.append(first)
+    """One result per variant from the baselines' rounds (lists of baselines.py results), in the
+    order the variants first appear: the repeats of every round where the variant has seconds
+    pooled, their median, minimum and maximum, and params/s at that median (the other fields from
+    its first round with seconds); a variant without seconds in any round stays as its first round
+    gave it (skipped or failed)."""
+    merged, seen = [], []
+    for rnd in rounds:
+        for x in rnd:
+            if x.get("variant") not in seen:
+                seen.append(x.get("variant"))
+    for variant in seen:
+        same = [x for rnd in rounds for x in rnd if x.get("variant") == variant and "seconds_median" in x]
+        if not same:
+            merged.append(next(x for rnd in rounds for x in rnd if x.get("variant") == variant))
             continue
-        same = [x for rnd in rounds for x in rnd if x.get("variant") == first["variant"] and "seconds_median" in x]
+        first = same[0]
         per = [t for x in same for t in x["repeat_seconds"]]
         med = statistics.median(per)
         merged.append(dict(first, seconds_median=med, seconds_min=min(per), seconds_max=max(per), repeat_seconds=per,
@@ -387,9 +400,10 @@ def merge_baselines(rounds):
     return merged
 
 
-def run_peers(a, n, s, twinflow, k=0):
+def run_peers(a, n, s, twinflow, notes, k=0):
     """Runs the external peers script once (round ``k``: its log is peers[.rK].log); returns
-    {variant: mean seconds per phase} (missing on failure)."""
+    {variant: mean seconds per phase} of the variants it finished (a variant with no RESULT line, or
+    a zero one, is missing). A non-zero exit status is a WARNING in ``notes``."""
     base = [v.strip() for v in a.peer_variants.split(",") if v.strip()] if a.runs else []
     variants = base + [f"twinflow:{r:.4g}" for r in twinflow]
     cmd = [sys.executable, a.peers, "--n", str(n), "--s", str(s), "--iters", str(a.peer_iters),
@@ -402,10 +416,12 @@ def run_peers(a, n, s, twinflow, k=0):
     out = {}
     for line in open(log):
         m = re.match(r"RESULT\s+(\S+)\s+([0-9.]+) s/phase", line)
-        if m:
+        if m and float(m.group(2)) > 0:
             out[m.group(1)] = float(m.group(2))
     if rc != 0:
         print(f"dos-compare: the peers exited with status {rc}: see {log}", file=sys.stderr)
+        notes.append(f"WARNING: the peers exited with status {rc} in round {k + 1} (see {log}); that round gave "
+                     f"the variants it finished: {', '.join(out) or 'none'}")
     return out
 
 
@@ -470,7 +486,7 @@ def main(argv=None):
     runs, failed, skipped, notes = {}, [], {}, []
     executed = []  # (label, dos-train arguments) in the order round 0 ran them; later rounds repeat it
     timeline_path = os.path.join(a.out, "timeline.json") if a.timeline else None
-    timeline_done = False
+    timeline_label = None  # the run that writes the timeline
 
     def cuda_workers():
         """CUDA workers dos-train reported (None before any run succeeded)."""
@@ -478,16 +494,16 @@ def main(argv=None):
         return r["reports"][0].get("cuda_workers", 0) if r else None
 
     def do(label, args, budget=None):
-        nonlocal timeline_done
+        nonlocal timeline_label
         if arg_value(args, "--policy") in GPU_ONLY_POLICIES and cuda_workers() == 0:
             why = f"dos-train reports no CUDA worker, and policy {arg_value(args, '--policy')} needs one"
             skipped[label] = why
             print(f"dos-compare: run {label} skipped: {why}", file=sys.stderr)
             return None
         extra = []
-        if timeline_path and not timeline_done and arg_value(args, "--policy") == "dos":
+        if timeline_path and timeline_label is None and arg_value(args, "--policy") == "dos":
             extra = ["--timeline", timeline_path]
-            timeline_done = True
+            timeline_label = label
         r, _, p = run_one(a, label, args + extra, 0)
         if r is None:
             failed.append(label)
@@ -545,19 +561,24 @@ def main(argv=None):
         for label, args in executed if k else []:
             if label not in runs:
                 continue
-            r, _, _ = run_one(a, label, args, k)
+            r, log, _ = run_one(a, label, args, k)
             if r is None:
                 failed.append(label)
                 del runs[label]
+                notes.append(f"WARNING: run {label} failed in round {k + 1} (see {log}): its row is left out")
                 continue
             runs[label]["reports"].append(r)
         if variants:
-            results, err = run_baselines(a, r0, variants, notes if k == 0 else [], k)
+            round_notes = []
+            results, err = run_baselines(a, r0, variants, round_notes, k)
+            notes.extend(n for n in round_notes if n not in notes)
             baseline_rounds.append(results)
             baseline_error = baseline_error or err
         if a.peers and r0:
-            peer_rounds.append(run_peers(a, r0["params"], r0["subgroup_size"], twinflow, k))
+            peer_rounds.append(run_peers(a, r0["params"], r0["subgroup_size"], twinflow, notes, k))
     order = [l for l in order if l in runs]
+    if timeline_label is not None and timeline_label not in runs:  # the run that wrote it has no row (it failed later)
+        timeline_path = None
     baselines = merge_baselines([r for r in baseline_rounds if r])
     peers, peer_runs = {}, {}  # variant: the median of its rounds' means, and those means
     for rnd in peer_rounds:
@@ -565,6 +586,8 @@ def main(argv=None):
             peer_runs.setdefault(v, []).append(t)
     for v, ts in peer_runs.items():
         peers[v] = statistics.median(ts)
+        if len(ts) < a.repeats:
+            notes.append(f"WARNING: peer {v}: {len(ts)} of {a.repeats} rounds gave a figure")
 
     bounds = bounds_by_budget({l: runs[l] for l in order})
     rows = []
@@ -604,6 +627,9 @@ def main(argv=None):
     for b in baselines:
         if "seconds_median" not in b:
             continue
+        if len(b["repeat_seconds"]) < a.repeats:
+            notes.append(f"WARNING: baseline {b['variant']}: {len(b['repeat_seconds'])} of {a.repeats} rounds gave a "
+                         f"figure (see the baselines' logs)")
         brow = {"label": f"baseline {b['variant']}", "variant": b["variant"], "repeats": len(b["repeat_seconds"]),
                 "update_seconds": b["seconds_median"], "update_seconds_min": b["seconds_min"],
                 "update_seconds_max": b["seconds_max"], "gparams_per_s": b["gparams_per_s"],
@@ -638,14 +664,14 @@ def main(argv=None):
         ts = peer_runs[k]
         pspread = f"{min(ts):.4f}..{max(ts):.4f}" if len(ts) > 1 else "-"
         lines.append(f"| peer {k} (external, PyTorch) | - | - | {v:.4f} | - | {pspread} | "
-                     f"{rows[0]['params'] / v / 1e9:.3f} | - | - | - |")
+                     f"{r0['params'] / v / 1e9:.3f} | - | - | - |")
     if rows:
         lines.append(f"\n{rows[0]['params']:,} parameters, {rows[0]['subgroups']} subgroups; update seconds: "
                      + (f"median over {a.repeats} runs of each run's median over iterations 2.., spread over the runs"
                         if a.repeats > 1 else "median over iterations 2.., spread over those iterations (one run "
                         "each; --repeats R for the spread between runs)")
                      + "; baselines: the same, over their update phases; peers: their mean per phase"
-                     + (f" (median and spread over the {a.repeats} rounds)" if a.repeats > 1 else "")
+                     + (f" (median and spread over the {a.repeats} rounds)" if a.repeats > 1 and peers else "")
                      + "; lower bound: "
                        "the resource model's, the run's own or that of the first run with the same resident budget"
                      + ("; an overlapped run's update s runs from before forward to the phase's end, its exposed "

@@ -154,4 +154,91 @@ refused() {  # refused 'expected message' ARGS...
 }
 refused "--repeats must be at least 1" --repeats 0
 refused "unknown variant(s) stride:0" --baselines stride:0
+refused "would share its files with another output" --run "dos.r2=--policy dos"
+refused "would share its files with another output" --run "peers=--policy cpu"
 echo "ok: bad arguments refused"
+
+# Rounds that go wrong: a dos-train that fails from its second call on, stand-ins for the peers (the
+# second round exits 3 after one variant) and for a Python with torch (round 2 skips the variant,
+# then, in a second invocation, crashes without writing its JSON while an earlier invocation's
+# baselines.r2.json lies in --out). Every case: exit status 2 or the warning, the table written,
+# nothing from another round or invocation taken for this one's.
+cat > "$out/fail2-dos-train" <<SH
+#!/usr/bin/env bash
+calls="$out/fail2.calls"
+k=\$(cat "\$calls" 2>/dev/null || echo 0); echo \$((k + 1)) > "\$calls"
+[ \$k -ge 1 ] && { echo "stand-in: failing call \$((k + 1))"; exit 7; }
+exec "$dos_train" "\$@"
+SH
+cat > "$out/peers2.py" <<'PY'
+import os, sys
+count = os.path.join(os.path.dirname(os.path.abspath(__file__)), "peers2.calls")
+k = int(open(count).read()) if os.path.exists(count) else 0
+open(count, "w").write(str(k + 1))
+print(f"RESULT zero_offload {0.5 + k:.4f} s/phase")
+if k:
+    sys.exit(3)
+print("RESULT dos_stride:2 0.4000 s/phase")
+PY
+cat > "$out/fakepy" <<'PY'
+#!/usr/bin/env python3
+import json, os, sys
+args = sys.argv[2:]
+count = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fakepy.calls")
+k = int(open(count).read()) if os.path.exists(count) else 0
+open(count, "w").write(str(k + 1))
+if os.environ.get("FAKE_MODE") == "crash" and k >= 1:
+    raise RuntimeError("stand-in: a traceback in round 2")
+res = [dict(variant="zero_offload", skipped="stand-in: skipped in round 2")] if k == 1 else \
+      [dict(variant="zero_offload", seconds_median=1.0 + k, seconds_min=1.0 + k, seconds_max=1.0 + k,
+            repeat_seconds=[1.0 + k], phase_seconds=[[2.0, 1.0 + k, 1.0 + k]], gparams_per_s=0.1,
+            subgroups={"cpu": 1, "resident": 0, "streamed": 0}, adam_cpu="stand-in", adam_gpu="", params_mismatch=0)]
+json.dump(dict(results=res), open(args[args.index("--json") + 1], "w"))
+PY
+chmod +x "$out/fail2-dos-train" "$out/fakepy"
+tiny=(-- --preset tiny --iterations 3 --subgroup-size 100000 --device host)
+python3 "$compare" --dos-train "$out/fail2-dos-train" --policies dos --repeats 2 --peers "$out/peers2.py" \
+  --peer-variants zero_offload,dos_stride:2 --out "$out/rounds-fail" "${tiny[@]}" > "$out/rounds-fail.txt" 2>&1
+rc=$?
+python3 - "$out/rounds-fail" "$rc" <<'PY' || { cat "$out/rounds-fail.txt"; exit 1; }
+import json, os, sys
+d = json.load(open(os.path.join(sys.argv[1], "compare.json")))
+assert sys.argv[2] == "2", f"exit status {sys.argv[2]}, not 2, with a run failed in round 2"
+assert d["failed"] == ["dos"] and d["rows"] == [], d
+assert any("run dos failed in round 2" in n for n in d["notes"]), d["notes"]
+assert any("peers exited with status 3 in round 2" in n for n in d["notes"]), d["notes"]
+assert any("peer dos_stride:2: 1 of 2 rounds" in n for n in d["notes"]), d["notes"]
+assert d["peer_runs"] == {"zero_offload": [0.5, 1.5], "dos_stride:2": [0.4]}, d["peer_runs"]
+assert os.path.exists(os.path.join(sys.argv[1], "compare.md"))
+print("ok: a run failing in round 2, peers failing in round 2")
+PY
+[ $? = 0 ] || exit 1
+rm -f "$out/fakepy.calls"
+python3 "$compare" --dos-train "$dos_train" --policies dos --repeats 2 --baselines zero_offload \
+  --baselines-python "$out/fakepy" --out "$out/rounds-skip" "${tiny[@]}" > "$out/rounds-skip.txt" 2>&1 || {
+  cat "$out/rounds-skip.txt"; echo "FAIL: dos-compare with a baseline skipped in round 2 exited with $?"; exit 1; }
+python3 - "$out/rounds-skip/compare.json" <<'PY' || { cat "$out/rounds-skip.txt"; exit 1; }
+import json, sys
+d = json.load(open(sys.argv[1]))
+b = [x for x in d["baselines"] if x["variant"] == "zero_offload"]
+assert len(b) == 1 and b[0]["repeats"] == 1 and b[0]["update_seconds"] == 1.0, d["baselines"]
+assert any("baseline zero_offload skipped: stand-in: skipped in round 2" in n for n in d["notes"]), d["notes"]
+assert any("baseline zero_offload: 1 of 2 rounds" in n for n in d["notes"]), d["notes"]
+print("ok: a baseline skipped in round 2, said")
+PY
+[ $? = 0 ] || exit 1
+rm -f "$out/fakepy.calls"
+echo '{"results": [{"variant": "zero_offload", "seconds_median": 99.0, "seconds_min": 99.0, "seconds_max": 99.0,
+  "repeat_seconds": [99.0], "phase_seconds": [[99.0]], "gparams_per_s": 0.1}]}' > "$out/rounds-skip/baselines.r2.json"
+FAKE_MODE=crash python3 "$compare" --dos-train "$dos_train" --policies dos --repeats 2 --baselines zero_offload \
+  --baselines-python "$out/fakepy" --out "$out/rounds-skip" "${tiny[@]}" > "$out/rounds-crash.txt" 2>&1
+rc=$?
+python3 - "$out/rounds-skip/compare.json" "$rc" <<'PY' || { cat "$out/rounds-crash.txt"; exit 1; }
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert sys.argv[2] == "2", f"exit status {sys.argv[2]}, not 2, with the baselines crashed in round 2"
+b = [x for x in d["baselines"] if x["variant"] == "zero_offload"]
+assert len(b) == 1 and b[0]["update_seconds"] == 1.0 and b[0]["repeats"] == 1, ("a stale file was read", d["baselines"])
+print("ok: the baselines crashing in round 2 beside an earlier invocation's file: not read, exit status 2")
+PY
+[ $? = 0 ] || exit 1

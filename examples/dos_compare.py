@@ -53,7 +53,8 @@ With ``--check-params`` every run's final fp32 master parameters (its first repe
 with the ``cpu`` run's: bit-identical is expected among CPU-only runs, and within 1e-6 relative
 (README) when a GPU took part. Outputs (``--out DIR``): ``compare.json``, ``compare.md``,
 ``compare.png`` (when this Python, /usr/bin/python3 or python3 on PATH imports matplotlib), and
-each run's report and log. Exit status: 0; 1 when --check-params found parameters beyond the
+each run's report and log (LABEL.json/.log, LABEL.rK.json/.log for round K >= 2; likewise
+baselines[.rK].json/.log and peers[.rK].log). Exit status: 0; 1 when --check-params found parameters beyond the
 tolerance, or --plot-only drew nothing; 2 when dos-train is missing, a run fails (its log is kept
 and named; the other runs' results are still written), a report lacks its summary, the baselines
 fail, or an argument is malformed.

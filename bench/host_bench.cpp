@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "adam.h"
+#include "bench_stats.h"
 #include "cpu_team.h"
 
 #if defined(DOS_HAVE_CUDA)
@@ -184,11 +185,6 @@ struct DmaLoop {
     return true;
   }
 };
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 }  // namespace
 

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_stats.h"
 #include "dos.h"
 
 #if defined(DOS_HAVE_CUDA)
@@ -71,11 +72,6 @@ struct PhaseCost {
   double seconds = 0;  // median update phase
   std::size_t tasks = 0;
 };
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 }  // namespace
 

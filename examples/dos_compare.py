@@ -382,12 +382,8 @@ def merge_baselines(rounds):
     pooled, their median, minimum and maximum, and params/s at that median (the other fields from
     its first round with seconds); a variant without seconds in any round stays as its first round
     gave it (skipped or failed)."""
-    merged, seen = [], []
-    for rnd in rounds:
-        for x in rnd:
-            if x.get("variant") not in seen:
-                seen.append(x.get("variant"))
-    for variant in seen:
+    merged = []
+    for variant in dict.fromkeys(x.get("variant") for rnd in rounds for x in rnd):
         same = [x for rnd in rounds for x in rnd if x.get("variant") == variant and "seconds_median" in x]
         if not same:
             merged.append(next(x for rnd in rounds for x in rnd if x.get("variant") == variant))
@@ -585,8 +581,12 @@ def main(argv=None):
     for rnd in peer_rounds:
         for v, t in rnd.items():
             peer_runs.setdefault(v, []).append(t)
+    peer_rows = {}  # variant: its figures as a row's (the spread over the rounds, when more than one)
     for v, ts in peer_runs.items():
         peers[v] = statistics.median(ts)
+        several = len(ts) > 1
+        peer_rows[v] = {"update_seconds": peers[v], "update_seconds_min": min(ts) if several else None,
+                        "update_seconds_max": max(ts) if several else None}
         if len(ts) < a.repeats:
             notes.append(f"WARNING: peer {v}: {len(ts)} of {a.repeats} rounds gave a figure")
 
@@ -662,9 +662,7 @@ def main(argv=None):
                      f"{b['gparams_per_s']:.3f} | {fmt(b.get('speedup_vs_cpu'), '.2f')} | "
                      f"{fmt(b.get('speedup_vs_dmda'), '.2f')} | - |")
     for k, v in peers.items():
-        ts = peer_runs[k]
-        pspread = f"{min(ts):.4f}..{max(ts):.4f}" if len(ts) > 1 else "-"
-        lines.append(f"| peer {k} (external, PyTorch) | - | - | {v:.4f} | - | {pspread} | "
+        lines.append(f"| peer {k} (external, PyTorch) | - | - | {v:.4f} | - | {spread(peer_rows[k])} | "
                      f"{r0['params'] / v / 1e9:.3f} | - | - | - |")
     if rows:
         lines.append(f"\n{rows[0]['params']:,} parameters, {rows[0]['subgroups']} subgroups; update seconds: "
@@ -706,19 +704,12 @@ def main(argv=None):
             best = min(strides, key=lambda b: b["update_seconds"])
             ratio("dos_vs_baseline_best_stride", best, dos_row)
             ratios["baseline_best_stride"] = best["variant"]
-        def peer_ratio(key, variant):
-            ts = peer_runs[variant]
-            ratios[key] = peers[variant] / dos_row["update_seconds"]
-            w = within_spread((peers[variant], min(ts), max(ts)), triple(dos_row)) if len(ts) > 1 else None
-            if w:
-                notes.append(f"WARNING: {key}: {w}: not a measured difference (more --repeats or --iterations)")
-
-        if peers.get("zero_offload"):
-            peer_ratio("dos_vs_peer_zero_offload", "zero_offload")
+        if "zero_offload" in peer_rows:
+            ratio("dos_vs_peer_zero_offload", peer_rows["zero_offload"], dos_row)
         pstrides = {k: v for k, v in peers.items() if k.startswith("dos_stride")}
         if pstrides:
             best = min(pstrides, key=pstrides.get)
-            peer_ratio("dos_vs_peer_best_dos_stride", best)
+            ratio("dos_vs_peer_best_dos_stride", peer_rows[best], dos_row)
             ratios["peer_best_dos_stride"] = best
     for (text, _), frac, r_cpu in zip(a.budgets, twinflow, static_share):
         d = by_label.get(f"dos@{text}")
@@ -731,8 +722,8 @@ def main(argv=None):
         tw = by_variant.get(f"twinflow:{r_cpu:.6g}")
         if tw:
             ratio(f"dos_vs_baseline_twinflow@{text}", tw, d)
-        if peers.get(f"twinflow:{frac:.4g}"):
-            ratios[f"dos_vs_peer_twinflow@{text}"] = peers[f"twinflow:{frac:.4g}"] / d["update_seconds"]
+        if f"twinflow:{frac:.4g}" in peer_rows:
+            ratio(f"dos_vs_peer_twinflow@{text}", peer_rows[f"twinflow:{frac:.4g}"], d)
     if ratios:
         lines.append("\nspeedups of dos (other's seconds / dos's seconds): " +
                      ", ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}" for k, v in ratios.items()))

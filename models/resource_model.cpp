@@ -41,6 +41,15 @@ void check_rates(const Rates& r) {
     throw std::invalid_argument("resource model: every rate (U_c, U_c_dma, U_g, D_c, B_h2d, B_d2h) must be > 0");
 }
 
+/// `rates` for k CPU workers side by side (0 counts as 1): the CPU's rates, and so its host
+/// traffic, k times one worker's.
+Rates with_cpu_workers(Rates r, std::size_t cpu_workers) {
+  const double k = double(std::max<std::size_t>(1, cpu_workers));
+  r.U_c *= k;
+  r.U_c_dma *= k;
+  return r;
+}
+
 }  // namespace
 
 Prediction predict_split(const Workload& w, double n_cpu, double n_streamed, const Rates& r, double n_resident) {
@@ -182,9 +191,7 @@ StrideChoice choose_stride_by(const Workload& w,
 }
 
 double lower_bound(const Workload& w, const Rates& rates, std::size_t cpu_workers) {
-  Rates r = rates;  // k CPU workers side by side: the CPU's rates and its host traffic k times one's
-  r.U_c *= double(std::max<std::size_t>(1, cpu_workers));
-  r.U_c_dma *= double(std::max<std::size_t>(1, cpu_workers));
+  const Rates r = with_cpu_workers(rates, cpu_workers);
   double total = 0, resident = 0;
   const std::size_t n = w.sizes.size(), nres = std::min(w.resident, n);
   for (std::size_t i = 0; i < n; ++i) (i < n - nres ? total : resident) += double(w.sizes[i]);
@@ -205,13 +212,7 @@ double lower_bound(const Workload& w, const Rates& rates, std::size_t cpu_worker
 double lower_bound(const Workload& w, const Rates& calibrated, const Rates& refined, std::size_t cpu_workers) {
   check_rates(calibrated);
   check_rates(refined);
-  const double k = double(std::max<std::size_t>(1, cpu_workers));
-  auto workers = [&](Rates r) {  // k CPU workers side by side, as lower_bound counts them
-    r.U_c *= k;
-    r.U_c_dma *= k;
-    return r;
-  };
-  const Rates a = workers(calibrated), b = workers(refined);
+  const Rates a = with_cpu_workers(calibrated, cpu_workers), b = with_cpu_workers(refined, cpu_workers);
   Rates best;
   best.U_c = std::max(a.U_c, b.U_c);
   best.U_g = std::max(a.U_g, b.U_g);

@@ -27,6 +27,7 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -135,6 +136,11 @@ int main(int argc, char** argv) {
   app.add_option("--dma-seconds", dma_seconds,
                  "host: only the full-duplex DMA loop, this long, its rate per half second (run another program's "
                  "CPU work beside it)");
+  std::vector<double> dma_ring_mib = {0};
+  app.add_option("--dma-ring-mib", dma_ring_mib,
+                 "host: the DMA loop's host memory, one measurement each: 0 for 1 GiB per direction in 64 MiB "
+                 "copies, N for one N MiB ring both directions share in copies of N/4 MiB")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   if (sub == "host") {
     dos_bench::HostOptions ho;
@@ -159,6 +165,16 @@ int main(int argc, char** argv) {
       return 1;
     }
     ho.dma_seconds = dma_seconds;
+    ho.dma_rings.clear();
+    for (double r : dma_ring_mib) {
+      // a ring of four slots, each a whole number of 4 KiB pages
+      if (!(r == 0 || (r >= 0.0625 && r <= 4096 && std::fmod(r * 1024, 16) == 0))) {
+        std::fprintf(stderr, "dos-bench host: --dma-ring-mib %g: give 0 or a size in [0.0625, 4096] MiB that is a "
+                             "multiple of 16 KiB\n", r);
+        return 1;
+      }
+      ho.dma_rings.push_back(std::size_t(r * 1024) << 10);
+    }
     return dos_bench::run_host(ho);
   }
   if (sub == "overhead") {

@@ -19,6 +19,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
@@ -257,7 +258,13 @@ int run_host(const HostOptions& o) {
         p(n * 2, state_kind);
     const std::size_t dma_total = std::max<std::size_t>(o.dma_bytes, std::size_t(1) << 30);
     Buffer up(dma_total, dma_kind), down(dma_total, dma_kind);
-    for (const Buffer* b : {&master, &m, &v, &g, &p, &up, &down})
+    std::vector<std::unique_ptr<Buffer>> rings;  // one per --dma-ring size above 0, shared by both directions
+    for (std::size_t r : o.dma_rings)
+      rings.push_back(r ? std::make_unique<Buffer>(r, dma_kind) : nullptr);
+    std::vector<const Buffer*> all = {&master, &m, &v, &g, &p, &up, &down};
+    for (const auto& r : rings)
+      if (r) all.push_back(r.get());
+    for (const Buffer* b : all)
       if (!b->ptr || !b->pinned) {
         std::fprintf(stderr, "dos-bench host: cannot allocate and pin %zu bytes of host memory (%s pages)\n", b->bytes,
                      pages.c_str());
@@ -267,65 +274,77 @@ int run_host(const HostOptions& o) {
     const double huge_share =
         double(huge_after - std::min(huge_after, huge_before)) /
         double(master.bytes * 3 + g.bytes + p.bytes + up.bytes + down.bytes);
-    // DMA alone
-    double dma_alone = 0;
-    {
-      DmaLoop dma(up, down, o.dma_bytes, cores[0]);
-      if (!dma.start()) return dma.failed(), 1;
-      std::this_thread::sleep_for(std::chrono::milliseconds(200));
-      const double t0 = now_s();
-      const std::size_t c0 = dma.completed();
-      std::this_thread::sleep_for(std::chrono::milliseconds(1000));
-      dma_alone = dma.rate(c0, t0, dma.completed(), now_s());
-      dma.finish();
-      if (dma.failed()) return 1;
-    }
-    if (!o.json)
-      std::printf("\npages %s (%.0f%% of the buffers in huge pages): DMA alone %.1f GB/s each way\n%-8s %14s %14s %12s "
-                  "%14s %14s\n",
-                  pages.c_str(), 100 * huge_share, dma_alone / 1e9, "threads", "alone Gp/s", "beside Gp/s",
-                  "DMA GB/s", "host GB/s", "alone host");
-    for (int threads : o.threads) {
-      omp_set_num_threads(threads);
-#pragma omp parallel
-      dos::bind_this_thread(cores[1 + omp_get_thread_num()]);
-      auto call = [&] {
-        dos::adam_step_cpu(static_cast<float*>(master.ptr), static_cast<float*>(m.ptr), static_cast<float*>(v.ptr),
-                           g.ptr, dos::DType::bf16, p.ptr, dos::DType::bf16, n, sp);
-      };
-      auto timed = [&](std::vector<double>& times) {
-        for (int r = 0; r < o.reps; ++r) {
-          const double t0 = now_s();
-          call();
-          times.push_back(now_s() - t0);
-        }
-      };
-      std::vector<double> t_alone, t_both;
-      call();  // untimed: pages and caches warm
-      timed(t_alone);
-      DmaLoop dma(up, down, o.dma_bytes, cores[0]);
-      if (!dma.start()) return dma.failed(), 1;
-      std::this_thread::sleep_for(std::chrono::milliseconds(200));
-      call();
-      const double w0 = now_s();
-      const std::size_t c0 = dma.completed();
-      timed(t_both);
-      const double dma_both = dma.rate(c0, w0, dma.completed(), now_s());
-      dma.finish();
-      if (dma.failed()) return 1;
-      const double u_alone = double(n) / median(t_alone), u_both = double(n) / median(t_both);
-      const double host_both = bpp * u_both + 2 * dma_both;
-      out["runs"].push_back({{"pages", pages},
-                             {"huge_page_share", huge_share},
-                             {"threads", threads},
-                             {"dma_alone_bytes_per_s_each_way", dma_alone},
-                             {"adam_alone_params_per_s", u_alone},
-                             {"adam_beside_dma_params_per_s", u_both},
-                             {"dma_beside_adam_bytes_per_s_each_way", dma_both},
-                             {"host_bytes_per_s_both", host_both}});
+    for (std::size_t ri = 0; ri < rings.size(); ++ri) {
+      // ring 0: each direction over its own 1 GiB in copies of dma_bytes; a ring: both directions
+      // over the same buffer in copies of a quarter of it (a staging ring of four slots)
+      const std::size_t ring_bytes = o.dma_rings[ri];
+      const Buffer* dma_up = rings[ri] ? rings[ri].get() : &up;
+      const Buffer* dma_down = rings[ri] ? rings[ri].get() : &down;
+      const std::size_t copy = rings[ri] ? ring_bytes / 4 : o.dma_bytes;
+      const std::string ring_name = rings[ri] ? "both ways over one " + std::to_string(ring_bytes >> 20) +
+                                                    " MiB ring, " + std::to_string(copy >> 10) + " KiB copies"
+                                              : "over 1 GiB each way, " + std::to_string(copy >> 20) + " MiB copies";
+      // DMA alone
+      double dma_alone = 0;
+      {
+        DmaLoop dma(*dma_up, *dma_down, copy, cores[0]);
+        if (!dma.start()) return dma.failed(), 1;
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        const double t0 = now_s();
+        const std::size_t c0 = dma.completed();
+        std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+        dma_alone = dma.rate(c0, t0, dma.completed(), now_s());
+        dma.finish();
+        if (dma.failed()) return 1;
+      }
       if (!o.json)
-        std::printf("%-8d %14.2f %14.2f %12.1f %14.1f %14.1f\n", threads, u_alone / 1e9, u_both / 1e9, dma_both / 1e9,
-                    host_both / 1e9, bpp * u_alone / 1e9);
+        std::printf("\npages %s (%.0f%% of the buffers in huge pages), DMA %s: DMA alone %.1f GB/s each way\n%-8s %14s "
+                    "%14s %12s %14s %14s\n",
+                    pages.c_str(), 100 * huge_share, ring_name.c_str(), dma_alone / 1e9, "threads", "alone Gp/s", "beside Gp/s",
+                    "DMA GB/s", "host GB/s", "alone host");
+      for (int threads : o.threads) {
+        omp_set_num_threads(threads);
+  #pragma omp parallel
+        dos::bind_this_thread(cores[1 + omp_get_thread_num()]);
+        auto call = [&] {
+          dos::adam_step_cpu(static_cast<float*>(master.ptr), static_cast<float*>(m.ptr), static_cast<float*>(v.ptr),
+                             g.ptr, dos::DType::bf16, p.ptr, dos::DType::bf16, n, sp);
+        };
+        auto timed = [&](std::vector<double>& times) {
+          for (int r = 0; r < o.reps; ++r) {
+            const double t0 = now_s();
+            call();
+            times.push_back(now_s() - t0);
+          }
+        };
+        std::vector<double> t_alone, t_both;
+        call();  // untimed: pages and caches warm
+        timed(t_alone);
+        DmaLoop dma(*dma_up, *dma_down, copy, cores[0]);
+        if (!dma.start()) return dma.failed(), 1;
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        call();
+        const double w0 = now_s();
+        const std::size_t c0 = dma.completed();
+        timed(t_both);
+        const double dma_both = dma.rate(c0, w0, dma.completed(), now_s());
+        dma.finish();
+        if (dma.failed()) return 1;
+        const double u_alone = double(n) / median(t_alone), u_both = double(n) / median(t_both);
+        const double host_both = bpp * u_both + 2 * dma_both;
+        out["runs"].push_back({{"pages", pages},
+                               {"huge_page_share", huge_share},
+                               {"dma_ring_bytes", ring_bytes},
+                               {"threads", threads},
+                               {"dma_alone_bytes_per_s_each_way", dma_alone},
+                               {"adam_alone_params_per_s", u_alone},
+                               {"adam_beside_dma_params_per_s", u_both},
+                               {"dma_beside_adam_bytes_per_s_each_way", dma_both},
+                               {"host_bytes_per_s_both", host_both}});
+        if (!o.json)
+          std::printf("%-8d %14.2f %14.2f %12.1f %14.1f %14.1f\n", threads, u_alone / 1e9, u_both / 1e9, dma_both / 1e9,
+                      host_both / 1e9, bpp * u_alone / 1e9);
+      }
     }
   }
   if (o.json) std::printf("%s\n", out.dump(2).c_str());

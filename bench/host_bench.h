@@ -15,13 +15,19 @@ namespace dos_bench {
 /// "STATE" or "STATE/DMA" (the Adam state's and the DMA buffers' kinds), a kind being "4k"
 /// (posix_memalign, transparent huge pages refused with MADV_NOHUGEPAGE, cudaHostRegister),
 /// "huge" (2 MiB aligned, MADV_HUGEPAGE, cudaHostRegister) or "cuda" (cudaHostAlloc);
-/// dma_bytes: bytes per cudaMemcpyAsync of the DMA loop.
+/// dma_bytes: bytes per cudaMemcpyAsync of the DMA loop; dma_rings: the host memory the DMA loop
+/// cycles through, one measurement each: 0 for a buffer of 1 GiB per direction in copies of
+/// dma_bytes (memory no cache holds), a size in bytes (a multiple of 4 KiB times 4) for one buffer
+/// that both directions share in copies of a quarter of it, as a staging ring of four slots would
+/// (what the device writes there is what it reads back: whether the last-level cache keeps such a
+/// ring out of DRAM shows in CPU Adam's rate beside it).
 struct HostOptions {
   std::size_t n = 0;
   int reps = 5;
   std::vector<int> threads;
   std::vector<std::string> pages;
   std::size_t dma_bytes = std::size_t(64) << 20;
+  std::vector<std::size_t> dma_rings = {0};
   double dma_seconds = 0;  ///< > 0: only the DMA loop, this long, its rate printed per half second
   bool json = false;
 };

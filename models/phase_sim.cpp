@@ -121,6 +121,12 @@ Simulation simulate_phase(const Workload& w, const std::vector<PlanSide>& plan, 
   auto fits = [&](std::size_t b) { return limit == 0 || window_used == 0 || window_used + b <= limit; };
   std::size_t next = 0, finished = 0;
   double now = 0;
+  std::vector<double> cpu_start(count, 0.0);  // when each subgroup's CPU Adam began
+  struct CpuPiece {
+    double start, end, params;
+  };
+  std::vector<CpuPiece> cpu_pieces;
+  cpu_pieces.reserve(count);
 
   auto ask_state_up = [&](std::size_t i) {
     sgs[i].state_up_asked = true;
@@ -215,6 +221,7 @@ Simulation simulate_phase(const Workload& w, const std::vector<PlanSide>& plan, 
     cpu.current = long(p.sg);
     cpu.stage = p.stage;
     cpu.left = double(sgs[p.sg].n);
+    cpu_start[p.sg] = now;
     return true;
   };
 
@@ -232,6 +239,7 @@ Simulation simulate_phase(const Workload& w, const std::vector<PlanSide>& plan, 
         break;
       case Stage::grad_down: s.input_ready = true; break;
       case Stage::adam_cpu:
+        cpu_pieces.push_back({cpu_start[i], now, double(s.n)});
         if (w.caller_on_gpu) {  // the new parameters go up; the write-back is queued and waits for them
           s.input_ready = false;
           h2d.queue.push_back({i, Stage::param_up});
@@ -312,6 +320,12 @@ Simulation simulate_phase(const Workload& w, const std::vector<PlanSide>& plan, 
     submit_ready();
   }
   out.total = now;
+  if (out.stream_end > 0)
+    for (const CpuPiece& c : cpu_pieces)
+      if (c.start >= out.stream_end) {
+        out.cpu_after_stream += c.end - c.start;
+        out.cpu_after_stream_params += c.params;
+      }
   for (const Lane& cpu : cpus) out.cpu += cpu.busy;
   out.h2d = h2d.busy;
   out.d2h = d2h.busy;

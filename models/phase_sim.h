@@ -78,6 +78,11 @@ struct Simulation {
   double total = 0, cpu = 0, h2d = 0, d2h = 0, gpu = 0;
   double cpu_beside_dma = 0;  // of cpu: the seconds CPU Adam ran while a PCIe direction transferred
   double stream_end = 0;
+  /// The CPU Adam pieces that began at or after stream_end (none when nothing streamed): their
+  /// seconds (summed) and parameters. What they ran beside (the CPU subgroups' own gradient and
+  /// parameter copies, no streamed state) is what the runtime's CPU Adam tasks that began after
+  /// the last streamed write-back ran beside: the refinement compares the two (refinement.h).
+  double cpu_after_stream = 0, cpu_after_stream_params = 0;
   bool cpu_first = false;
   /// The busiest resource's name ("cpu", "h2d", "d2h" or "gpu"): the one the phase waits on most.
   const char* busiest() const;

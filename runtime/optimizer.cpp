@@ -16,6 +16,7 @@
 #include "dos.h"
 #include "optimizer_impl.h"
 #include "partition.h"
+#include "refinement.h"
 #include "runtime_impl.h"
 
 namespace dos {
@@ -105,35 +106,16 @@ std::vector<PlanSide> Optimizer::Impl::make_plan() const {
 
 void Optimizer::Impl::refine(const StepStats& st, const Simulation& sim, const CpuAlone& alone) {
   if (!have_rates || !choice.plan || !choice.plan->needs().refine || rt->cuda_workers() == 0) return;
-  // a step moves a rate half way to what it measured, and by at most a factor of 2
-  auto blend = [&](double& rate, double measured) {
-    if (!(measured > 0) || !std::isfinite(measured)) return;
-    rate = 0.5 * (rate + std::min(2 * rate, std::max(0.5 * rate, measured)));
-    refined = true;
-  };
-  const double adam = st.cpu_adam_seconds;  // CPU Adam alone: the model counts nothing else
-  const bool measured_alone = st.planned_streamed > 0 && alone.seconds >= 2e-3 && alone.params > 0;
-  if (st.planned_streamed == 0 && sim.cpu > 0 && adam > 0) {
-    blend(rates.U_c, rates.U_c * sim.cpu / adam);
-  } else if (sim.cpu_beside_dma > 0.2 * sim.cpu && adam > 0) {
-    // the simulated split of the CPU's work, at the rates the plan was made with
-    const double sim_alone = sim.cpu - sim.cpu_beside_dma;
-    const double beside = adam - sim_alone;
-    if (beside > 0.2 * sim.cpu_beside_dma) {
-      const double u_dma = rates.U_c_dma * sim.cpu_beside_dma / beside;
-      if (u_dma > rates.U_c && !measured_alone) blend(rates.U_c, u_dma);  // alone is at least as fast
-      blend(rates.U_c_dma, u_dma);
-    }
-  }
-  if (measured_alone) blend(rates.U_c, alone.params / alone.seconds);
-  // Below this U_c_dma, host memory (host_bandwidth) is at its floor, what CPU Adam or both links
-  // get alone, and the model no longer depends on U_c_dma: refining further would only drift.
-  rates.U_c_dma = std::min(rates.U_c, std::max(rates.U_c_dma, lowest_distinct_u_c_dma(workload, rates)));
-  if (st.planned_streamed > 0 && sim.stream_end > 0 && st.stream_end_seconds > 0 && opt.eager_writeback) {
-    const double f = sim.stream_end / st.stream_end_seconds;
-    blend(rates.B_h2d, rates.B_h2d * f);
-    blend(rates.B_d2h, rates.B_d2h * f);
-  }
+  PhaseMeasure m;
+  m.streamed = st.planned_streamed;
+  m.cpu_adam_seconds = st.cpu_adam_seconds;
+  m.alone_params = alone.params;
+  m.alone_seconds = alone.seconds;
+  m.stream_end_seconds = st.stream_end_seconds;
+  m.eager_writeback = opt.eager_writeback;
+  const Refined r = refine_rates(workload, rates, m, sim);
+  rates = r.rates;
+  refined = refined || r.applied;
 }
 
 struct starpu_task* Optimizer::Impl::make_task(struct starpu_codelet* cl, void* arg, const TaskHint* hint,

@@ -278,23 +278,17 @@ struct Optimizer::Impl {
   std::vector<PlanSide> make_plan() const;
 
   /// The CPU Adam tasks of a streaming phase that began after its last streamed state write-back:
-  /// their parameters and busy seconds (they ran with no state stream beside them).
+  /// their parameters and busy seconds (they ran with no state stream beside them, only the CPU
+  /// subgroups' own gradient and parameter copies).
   struct CpuAlone {
     double params = 0, seconds = 0;
   };
 
-  /// Online refinement of the rates from what the resources were busy doing in the step, against
-  /// what the phase simulation says they would have been doing (exponential average, weight 1/2):
-  ///  - U_c from the CPU worker's busy time in phases that streamed nothing, and in phases that
-  ///    streamed, from the CPU Adam tasks that began after the streaming ended (`alone`, when
-  ///    they ran 2 ms or more);
-  ///  - U_c_dma from the CPU's busy time in phases that streamed: the simulation splits the CPU's
-  ///    work into a part beside DMA and a part alone; the part alone is taken at U_c, the rest of
-  ///    the measured busy time gives U_c_dma. When that exceeds U_c (the CPU did better beside the
-  ///    streams than U_c allows alone: U_c was measured low) and no task ran alone, U_c moves
-  ///    towards it too;
-  ///  - B_h2d and B_d2h from when the streaming ended (the last streamed subgroup's state back in
-  ///    host memory) against when the simulation ends it: the links run back to back until then.
+  /// Online refinement of the rates after a step (the rule and its sources: models/refinement.h,
+  /// refine_rates): the step's CPU Adam busy time, its CPU Adam tasks that began after the last
+  /// streamed write-back (`alone`) and when the streaming ended, against `sim`, the simulation of
+  /// the step's plan at the rates it was made with. Only under a plan that refines, with a CUDA
+  /// worker, once rates are known; sets `refined` when a rate moved.
   void refine(const StepStats& st, const Simulation& sim, const CpuAlone& alone);
 
   struct starpu_task* make_task(struct starpu_codelet* cl, void* arg, const TaskHint* hint, uint32_t where);

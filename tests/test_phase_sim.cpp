@@ -205,6 +205,39 @@ void test_search_many(void**) {
   }
 }
 
+// The CPU Adam pieces that began after the streaming ended (Simulation::cpu_after_stream). Caller in
+// host memory, so the CPU subgroups move nothing over PCIe and wait for nothing: the CPU runs
+// subgroup 1 from 0 to n1 / U_c and subgroup 2 after it; the streamed subgroup 0 moves (12 + 2) n0
+// up, is updated in n0 / U_g and moves (12 + 2) n0 down. With U_c_dma = U_c host memory never
+// slows anything (M is the full demand), so each time is its resource's own.
+void test_cpu_after_stream(void**) {
+  const double n0 = 1e8, B = 5e10, U_g = 1e11, U_c = 1e9;
+  const dos::Rates r{U_c, U_c, U_g, 4e11, B, B};
+  const double stream_end = 14 * n0 / B + n0 / U_g + 14 * n0 / B;  // 0.057 s
+  const std::vector<PlanSide> plan = {PlanSide::gpu_streamed, PlanSide::cpu, PlanSide::cpu};
+  {  // subgroup 1 ends after the streaming: subgroup 2 begins after it, and alone counts
+    const double n1 = 1e8, n2 = 3e7;  // n1 / U_c = 0.1 s > stream_end
+    const dos::Simulation s =
+        dos::simulate_phase(workload({std::size_t(n0), std::size_t(n1), std::size_t(n2)}, false), plan, r, dos::Execution{});
+    assert_float_equal(s.stream_end, stream_end, 1e-12);
+    assert_float_equal(s.cpu_after_stream_params, n2, 0.0);
+    assert_float_equal(s.cpu_after_stream, n2 / U_c, 1e-12);
+    assert_float_equal(s.total, (n1 + n2) / U_c, 1e-12);
+  }
+  {  // both CPU pieces begin before the streaming ends: nothing counts
+    const double n1 = 2e7, n2 = 2e7;  // subgroup 2 begins at 0.02 s < stream_end
+    const dos::Simulation s =
+        dos::simulate_phase(workload({std::size_t(n0), std::size_t(n1), std::size_t(n2)}, false), plan, r, dos::Execution{});
+    assert_float_equal(s.cpu_after_stream_params, 0.0, 0.0);
+    assert_float_equal(s.cpu_after_stream, 0.0, 0.0);
+  }
+  {  // nothing streamed: nothing counts
+    const dos::Simulation s = dos::simulate_phase(workload({1000, 2000}, false), {PlanSide::cpu, PlanSide::cpu}, r,
+                                                  dos::Execution{});
+    assert_float_equal(s.cpu_after_stream_params, 0.0, 0.0);
+  }
+}
+
 void test_bad_input(void**) {
   const dos::Workload w = workload({10, 10}, true);
   bool threw = false;
@@ -230,7 +263,7 @@ int main() {
       cmocka_unit_test(test_cpu_only),   cmocka_unit_test(test_one_streamed),       cmocka_unit_test(test_two_streamed),
       cmocka_unit_test(test_host_memory_shared), cmocka_unit_test(test_order),       cmocka_unit_test(test_budget),
       cmocka_unit_test(test_choice_and_bound),   cmocka_unit_test(test_search_many), cmocka_unit_test(test_cpu_workers),
-      cmocka_unit_test(test_bad_input),
+      cmocka_unit_test(test_cpu_after_stream),   cmocka_unit_test(test_bad_input),
   };
   return cmocka_run_group_tests(tests, nullptr, nullptr);
 }

@@ -1,0 +1,52 @@
+// The online refinement of the model's rates (refinement.h).
+#include "refinement.h"
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+
+namespace dos {
+
+Refined refine_rates(const Workload& w, const Rates& r, const PhaseMeasure& m, const Simulation& sim) {
+  if (!rates_complete(r)) throw std::invalid_argument("refine_rates: every rate must be a positive number");
+  Refined out{r, false};
+  Rates& q = out.rates;
+  // a step moves a rate half way to what it measured, and by at most a factor of 2
+  auto blend = [&](double& rate, double measured) {
+    if (!(measured > 0) || !std::isfinite(measured)) return;
+    rate = 0.5 * (rate + std::min(2 * rate, std::max(0.5 * rate, measured)));
+    out.applied = true;
+  };
+  const double adam = m.cpu_adam_seconds;  // CPU Adam alone: the model counts nothing else
+  const bool measured_alone = m.streamed > 0 && m.alone_seconds >= 2e-3 && m.alone_params > 0;
+  if (m.streamed == 0 && sim.cpu > 0 && adam > 0) {
+    blend(q.U_c, q.U_c * sim.cpu / adam);
+  } else if (sim.cpu_beside_dma > 0.2 * sim.cpu && adam > 0) {
+    // the simulated split of the CPU's work, at the rates the plan was made with
+    const double sim_alone = sim.cpu - sim.cpu_beside_dma;
+    const double beside = adam - sim_alone;
+    if (beside > 0.2 * sim.cpu_beside_dma) {
+      const double u_dma = q.U_c_dma * sim.cpu_beside_dma / beside;
+      if (u_dma > q.U_c && !measured_alone) blend(q.U_c, u_dma);  // alone is at least as fast
+      blend(q.U_c_dma, u_dma);
+    }
+  }
+  if (measured_alone) {
+    const double measured_per_param = m.alone_seconds / m.alone_params;
+    if (sim.cpu_after_stream > 0 && sim.cpu_after_stream_params > 0)
+      blend(q.U_c, r.U_c * (sim.cpu_after_stream / sim.cpu_after_stream_params) / measured_per_param);
+    else
+      blend(q.U_c, 1 / measured_per_param);
+  }
+  // Below this U_c_dma, host memory (host_bandwidth) is at its floor, what CPU Adam or both links
+  // get alone, and the model no longer depends on U_c_dma: refining further would only drift.
+  q.U_c_dma = std::min(q.U_c, std::max(q.U_c_dma, lowest_distinct_u_c_dma(w, q)));
+  if (m.streamed > 0 && sim.stream_end > 0 && m.stream_end_seconds > 0 && m.eager_writeback) {
+    const double f = sim.stream_end / m.stream_end_seconds;
+    blend(q.B_h2d, q.B_h2d * f);
+    blend(q.B_d2h, q.B_d2h * f);
+  }
+  return out;
+}
+
+}  // namespace dos

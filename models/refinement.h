@@ -1,0 +1,59 @@
+// The online refinement of the model's rates: after each update phase, what the resources were
+// busy doing, against what the phase simulation (phase_sim.h) says they would have been doing at
+// the rates the plan was made with. Pure functions: no StarPU, no clocks; the runtime measures,
+// this decides.
+#pragma once
+
+#include <cstddef>
+
+#include "phase_sim.h"
+#include "resource_model.h"
+
+namespace dos {
+
+/// What one update phase measured. Seconds from the phase's start, parameters as counts.
+/// streamed: subgroups the plan streamed through the GPU; cpu_adam_seconds: the CPU Adam tasks'
+/// busy seconds, summed over the CPU workers; alone_params, alone_seconds: the CPU Adam tasks that
+/// began at or after the last streamed state write-back (their parameters and busy seconds; 0 when
+/// none did); stream_end_seconds: when the last streamed subgroup's state was back in host memory
+/// (0: unknown or nothing streamed); eager_writeback: each streamed subgroup's state went home as
+/// soon as its update ended (the links then run back to back until stream_end_seconds).
+struct PhaseMeasure {
+  std::size_t streamed = 0;
+  double cpu_adam_seconds = 0;
+  double alone_params = 0, alone_seconds = 0;
+  double stream_end_seconds = 0;
+  bool eager_writeback = true;
+};
+
+/// The rates after one phase, and whether a measurement moved any of them.
+struct Refined {
+  Rates rates;
+  bool applied = false;
+};
+
+/// One step of the refinement: each rate moves half way towards what the phase measured, by at most
+/// a factor of 2 (an exponential average of weight 1/2, so that one odd phase does not swing the
+/// plan). `sim` is simulate_phase of the phase's plan at rates `r` (the rates the plan was made with).
+///  - U_c, in a phase that streamed nothing: scaled by sim.cpu / cpu_adam_seconds.
+///  - U_c, in a phase that streamed: from the CPU Adam tasks that began after the streaming ended,
+///    when they ran 2 ms or more. They ran beside the CPU subgroups' own gradient and parameter
+///    copies, which share host memory with them, and so do the simulation's pieces that began after
+///    its stream_end: U_c is scaled by the ratio of the two per-parameter times, (sim.cpu_after_stream
+///    / sim.cpu_after_stream_params) / (alone_seconds / alone_params), so that the simulation at the
+///    new U_c runs those pieces at the measured speed. When the simulation has none, U_c is taken as
+///    the measured rate alone_params / alone_seconds.
+///  - U_c_dma, in a phase that streamed: the simulation splits the CPU's work into a part beside DMA
+///    (sim.cpu_beside_dma) and a part alone; the part alone is taken as simulated, the rest of the
+///    measured busy time gives U_c_dma = r.U_c_dma x sim.cpu_beside_dma / (cpu_adam_seconds -
+///    alone part), when that rest is above a fifth of the simulated part (below, the measure is
+///    noise). When that U_c_dma exceeds U_c and no task ran alone, U_c moves towards it too (the
+///    CPU did better beside the streams than U_c allows alone: U_c was measured low).
+///    U_c_dma then stays in [lowest_distinct_u_c_dma, U_c] (below, the model does not depend on it).
+///  - B_h2d and B_d2h, in a phase that streamed with eager write-backs: scaled by sim.stream_end /
+///    stream_end_seconds (the links run back to back until the streaming ends).
+/// Returns r unchanged (applied false) when nothing was measured. Throws std::invalid_argument when
+/// a rate of r is not positive (rates_complete).
+Refined refine_rates(const Workload& w, const Rates& r, const PhaseMeasure& m, const Simulation& sim);
+
+}  // namespace dos

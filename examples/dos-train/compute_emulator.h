@@ -70,10 +70,6 @@ class ComputeBackend {
   virtual void forward(const void* W, const void* X, void* Y, std::int64_t T, std::int64_t in, std::int64_t out) = 0;
   virtual void backward(const void* W, const void* X, const void* dY, void* dX, void* dW, std::int64_t T,
                         std::int64_t in, std::int64_t out) = 0;
-  /// Waits for the work enqueued so far. On the GPU the waiting thread sleeps until the GPU is done
-  /// (events created with cudaEventBlockingSync); DOS_EMULATE_SPIN=1 in the environment makes it
-  /// spin instead (CUDA's default), which takes a core from the CPU Adam team when the update is
-  /// overlapped with forward and backward. Throws std::runtime_error when a CUDA call fails.
   virtual void sync() = 0;
   /// Marks the start of a span of work (the GPU records an event on its stream).
   virtual void span_begin() = 0;

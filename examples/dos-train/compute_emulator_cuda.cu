@@ -2,8 +2,6 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
-#include <cstdlib>
-#include <cstring>
 #include <stdexcept>
 #include <string>
 
@@ -29,20 +27,12 @@ class CudaBackend : public ComputeBackend {
     if (st != CUBLAS_STATUS_SUCCESS) cudaStreamDestroy(stream_);
     check(st, "cublasCreate");
     check(cublasSetStream(h_, stream_), "cublasSetStream");
-    // The host thread waits for the GEMMs on events that block it (it sleeps until the GPU is done)
-    // unless DOS_EMULATE_SPIN=1: CUDA's default wait spins, and with the update overlapped a
-    // spinning caller takes a core from the CPU Adam team.
-    const char* spin = std::getenv("DOS_EMULATE_SPIN");
-    spin_ = spin && std::strcmp(spin, "1") == 0;
-    const unsigned flags = spin_ ? cudaEventDefault : cudaEventBlockingSync;
-    check(cudaEventCreateWithFlags(&span_begin_, flags), "cudaEventCreate");
-    check(cudaEventCreateWithFlags(&span_end_, flags), "cudaEventCreate");
-    check(cudaEventCreateWithFlags(&done_, flags | cudaEventDisableTiming), "cudaEventCreate");
+    check(cudaEventCreate(&span_begin_), "cudaEventCreate");
+    check(cudaEventCreate(&span_end_), "cudaEventCreate");
   }
   ~CudaBackend() override {
     cudaEventDestroy(span_begin_);
     cudaEventDestroy(span_end_);
-    cudaEventDestroy(done_);
     cublasDestroy(h_);
     cudaStreamDestroy(stream_);
   }
@@ -69,11 +59,7 @@ class CudaBackend : public ComputeBackend {
     gemm(CUBLAS_OP_N, CUBLAS_OP_N, in, T, out, W, in, dY, out, dX, in);   // dX^T[in,T] = W^T[in,out] dY^T[out,T]
     gemm(CUBLAS_OP_N, CUBLAS_OP_T, in, out, T, X, in, dY, out, dW, in);   // dW^T[in,out] = X^T[in,T] dY[T,out]
   }
-  void sync() override {
-    if (spin_) return check(cudaStreamSynchronize(stream_), "GEMMs");
-    check(cudaEventRecord(done_, stream_), "cudaEventRecord");
-    check(cudaEventSynchronize(done_), "GEMMs");
-  }
+  void sync() override { check(cudaStreamSynchronize(stream_), "GEMMs"); }
   void span_begin() override { check(cudaEventRecord(span_begin_, stream_), "cudaEventRecord"); }
   double span_end() override {
     check(cudaEventRecord(span_end_, stream_), "cudaEventRecord");
@@ -100,8 +86,7 @@ class CudaBackend : public ComputeBackend {
   cudaDataType_t type_;
   cudaStream_t stream_ = nullptr;
   cublasHandle_t h_ = nullptr;
-  cudaEvent_t span_begin_ = nullptr, span_end_ = nullptr, done_ = nullptr;
-  bool spin_ = false;  // DOS_EMULATE_SPIN=1: CUDA's spinning waits
+  cudaEvent_t span_begin_ = nullptr, span_end_ = nullptr;
 };
 
 }  // namespace

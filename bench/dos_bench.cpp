@@ -165,6 +165,11 @@ int main(int argc, char** argv) {
       return 1;
     }
     ho.dma_seconds = dma_seconds;
+    if (dma_seconds > 0 && app.count("--dma-ring-mib") > 0) {
+      std::fprintf(stderr, "dos-bench host: --dma-seconds runs the DMA loop over 1 GiB buffers only: leave out "
+                           "--dma-ring-mib\n");
+      return 1;
+    }
     ho.dma_rings.clear();
     for (double r : dma_ring_mib) {
       // a ring of four slots, each a whole number of 4 KiB pages

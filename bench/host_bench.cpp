@@ -105,19 +105,20 @@ std::string read_line(const char* path) {
 
 /// Full-duplex copies between two pinned host buffers and the device: one thread per direction
 /// (both on the DMA core, blocking on events), each keeping two copies in flight on its own stream,
-/// until stopped. completed() counts the copies done (both directions), so that any interval's
+/// cycling through the first `span` bytes of its buffer (all of it when span is 0; a buffer may be
+/// larger than asked, rounded up to whole pages) from its start, until stopped. completed() counts the copies done (both directions), so that any interval's
 /// rate is the difference of two readings; a failed CUDA call stops the loop and is kept in error.
 struct DmaLoop {
   const Buffer &up_host, &down_host;
   void *dev_up = nullptr, *dev_down = nullptr;
-  std::size_t chunk;
+  std::size_t chunk, span;
   int core;
   std::atomic<bool> stop{false};
   std::atomic<std::size_t> done{0};
   std::atomic<int> error{0};  // the first failed call's cudaError_t
   std::thread th[2];
-  DmaLoop(const Buffer& up, const Buffer& down, std::size_t chunk_bytes, int core_)
-      : up_host(up), down_host(down), chunk(chunk_bytes), core(core_) {}
+  DmaLoop(const Buffer& up, const Buffer& down, std::size_t chunk_bytes, int core_, std::size_t span_bytes = 0)
+      : up_host(up), down_host(down), chunk(chunk_bytes), span(span_bytes), core(core_) {}
   ~DmaLoop() { finish(); }
   /// Starts both threads; false (the error kept) when the device buffers cannot be allocated.
   bool start() {
@@ -146,7 +147,7 @@ struct DmaLoop {
     const Buffer& host = d == 0 ? up_host : down_host;
     char* dev = static_cast<char*>(d == 0 ? dev_up : dev_down);
     char* h = static_cast<char*>(host.ptr);
-    const std::size_t nchunks = std::max<std::size_t>(1, host.bytes / chunk);
+    const std::size_t nchunks = std::max<std::size_t>(1, (span ? std::min(span, host.bytes) : host.bytes) / chunk);
     for (std::size_t i = 0; ready && !stop.load(std::memory_order_relaxed); ++i) {
       const std::size_t off = (i % nchunks) * chunk;
       if (!ok(d == 0 ? cudaMemcpyAsync(dev + off, h + off, chunk, cudaMemcpyHostToDevice, s)
@@ -228,6 +229,12 @@ int run_host(const HostOptions& o) {
     dma.finish();
     return dma.failed() ? 1 : 0;
   }
+  for (std::size_t r : o.dma_rings)
+    if (r != 0 && (r < (std::size_t(64) << 10) || r % (std::size_t(16) << 10) != 0)) {
+      std::fprintf(stderr, "dos-bench host: a DMA ring of %zu bytes: give 0 or at least 64 KiB, a multiple of 16 KiB "
+                           "(four slots of whole 4 KiB pages)\n", r);
+      return 1;
+    }
   const std::size_t n = o.n;
   const dos::AdamStepParams sp = dos::make_adam_step_params(dos::AdamHyper{}, 10);
   // host bytes per parameter updated: 12 of state read and written, 2 of gradient read, 2 of copy
@@ -242,7 +249,7 @@ int run_host(const HostOptions& o) {
                                 {"runs", nlohmann::ordered_json::array()}};
   if (!o.json)
     std::printf("dos-bench host: CPU Adam (bf16 gradients and copy, fp32 state; copy stores %s: %.0f B/param) on %zu "
-                "parameters beside full-duplex DMA (%zu MiB copies), median of %d calls; DMA thread on CPU %d; THP %s\n",
+                "parameters beside full-duplex DMA (%zu MiB copies where no ring is named), median of %d calls; DMA thread on CPU %d; THP %s\n",
                 stores.c_str(), bpp, n, o.dma_bytes >> 20, o.reps, cores[0],
                 out["thp_enabled"].get<std::string>().c_str());
   for (const std::string& pages : o.pages) {
@@ -273,7 +280,11 @@ int run_host(const HostOptions& o) {
     const std::size_t huge_after = anon_huge_bytes();
     const double huge_share =
         double(huge_after - std::min(huge_after, huge_before)) /
-        double(master.bytes * 3 + g.bytes + p.bytes + up.bytes + down.bytes);
+        double(master.bytes * 3 + g.bytes + p.bytes + up.bytes + down.bytes + [&] {
+          std::size_t b = 0;
+          for (const auto& r : rings) b += r ? r->bytes : 0;
+          return b;
+        }());
     for (std::size_t ri = 0; ri < rings.size(); ++ri) {
       // ring 0: each direction over its own 1 GiB in copies of dma_bytes; a ring: both directions
       // over the same buffer in copies of a quarter of it (a staging ring of four slots)
@@ -281,13 +292,15 @@ int run_host(const HostOptions& o) {
       const Buffer* dma_up = rings[ri] ? rings[ri].get() : &up;
       const Buffer* dma_down = rings[ri] ? rings[ri].get() : &down;
       const std::size_t copy = rings[ri] ? ring_bytes / 4 : o.dma_bytes;
-      const std::string ring_name = rings[ri] ? "both ways over one " + std::to_string(ring_bytes >> 20) +
-                                                    " MiB ring, " + std::to_string(copy >> 10) + " KiB copies"
-                                              : "over 1 GiB each way, " + std::to_string(copy >> 20) + " MiB copies";
+      char ring_text[96];
+      std::snprintf(ring_text, sizeof ring_text, "both ways over one %g MiB ring, %zu KiB copies",
+                    double(ring_bytes) / double(1 << 20), copy >> 10);
+      const std::string ring_name =
+          rings[ri] ? ring_text : "over 1 GiB each way, " + std::to_string(copy >> 20) + " MiB copies";
       // DMA alone
       double dma_alone = 0;
       {
-        DmaLoop dma(*dma_up, *dma_down, copy, cores[0]);
+        DmaLoop dma(*dma_up, *dma_down, copy, cores[0], rings[ri] ? ring_bytes : 0);
         if (!dma.start()) return dma.failed(), 1;
         std::this_thread::sleep_for(std::chrono::milliseconds(200));
         const double t0 = now_s();
@@ -320,7 +333,7 @@ int run_host(const HostOptions& o) {
         std::vector<double> t_alone, t_both;
         call();  // untimed: pages and caches warm
         timed(t_alone);
-        DmaLoop dma(*dma_up, *dma_down, copy, cores[0]);
+        DmaLoop dma(*dma_up, *dma_down, copy, cores[0], rings[ri] ? ring_bytes : 0);
         if (!dma.start()) return dma.failed(), 1;
         std::this_thread::sleep_for(std::chrono::milliseconds(200));
         call();

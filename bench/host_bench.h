@@ -17,10 +17,11 @@ namespace dos_bench {
 /// "huge" (2 MiB aligned, MADV_HUGEPAGE, cudaHostRegister) or "cuda" (cudaHostAlloc);
 /// dma_bytes: bytes per cudaMemcpyAsync of the DMA loop; dma_rings: the host memory the DMA loop
 /// cycles through, one measurement each: 0 for a buffer of 1 GiB per direction in copies of
-/// dma_bytes (memory no cache holds), a size in bytes (a multiple of 4 KiB times 4) for one buffer
-/// that both directions share in copies of a quarter of it, as a staging ring of four slots would
-/// (what the device writes there is what it reads back: whether the last-level cache keeps such a
-/// ring out of DRAM shows in CPU Adam's rate beside it).
+/// dma_bytes (memory no cache holds), or a size in bytes (at least 64 KiB, a multiple of 16 KiB:
+/// four slots of whole 4 KiB pages) for one buffer that both directions share in copies of a
+/// quarter of it, as a staging ring of four slots would; both directions start at the first slot
+/// and go round in step, so the device writes the slot it is also reading. Whether that traffic
+/// costs CPU Adam on other memory shows in its rate beside it.
 struct HostOptions {
   std::size_t n = 0;
   int reps = 5;
@@ -37,7 +38,7 @@ struct HostOptions {
 /// same interval), and the host traffic of both (28 B/param + both DMA directions, GB/s). Prints a
 /// table or JSON. Returns 0, or 1 with a message on stderr when the build has no CUDA, there is no
 /// GPU, a team size exceeds the cores the process may use less one, or memory cannot be allocated
-/// or pinned. With dma_seconds > 0, only the DMA loop runs (on the first page kind's memory), for
+/// or pinned, or a ring size is not one dma_rings allows. With dma_seconds > 0, only the DMA loop runs (on the first page kind's memory), for
 /// that long, its rate each way printed per half second: what another program's CPU work (run
 /// beside it) leaves to the DMA.
 int run_host(const HostOptions& o);

@@ -80,8 +80,9 @@ struct Simulation {
   double stream_end = 0;
   /// The CPU Adam pieces that began at or after stream_end (none when nothing streamed): their
   /// seconds (summed) and parameters. What they ran beside (the CPU subgroups' own gradient and
-  /// parameter copies, no streamed state) is what the runtime's CPU Adam tasks that began after
-  /// the last streamed write-back ran beside: the refinement compares the two (refinement.h).
+  /// parameter copies, and with the caller on the host the resident subgroups' ones; no streamed
+  /// state) is what the runtime's CPU Adam tasks that began after the last streamed write-back ran
+  /// beside: the refinement compares the two (refinement.h).
   double cpu_after_stream = 0, cpu_after_stream_params = 0;
   bool cpu_first = false;
   /// The busiest resource's name ("cpu", "h2d", "d2h" or "gpu"): the one the phase waits on most.

@@ -26,7 +26,8 @@ struct PhaseMeasure {
   bool eager_writeback = true;
 };
 
-/// The rates after one phase, and whether a measurement moved any of them.
+/// The rates after one phase, and whether a measurement was blended into any of them (applied: the
+/// value may have stayed the same; U_c_dma's clamp below does not count).
 struct Refined {
   Rates rates;
   bool applied = false;
@@ -41,8 +42,9 @@ struct Refined {
 ///    copies, which share host memory with them, and so do the simulation's pieces that began after
 ///    its stream_end: U_c is scaled by the ratio of the two per-parameter times, (sim.cpu_after_stream
 ///    / sim.cpu_after_stream_params) / (alone_seconds / alone_params), so that the simulation at the
-///    new U_c runs those pieces at the measured speed. When the simulation has none, U_c is taken as
-///    the measured rate alone_params / alone_seconds.
+///    new U_c runs those pieces at the measured speed, to first order (exactly when host memory does
+///    not limit them: its share depends on U_c itself, and phase after phase the blend converges).
+///    When the simulation has none, U_c is taken as the measured rate alone_params / alone_seconds.
 ///  - U_c_dma, in a phase that streamed: the simulation splits the CPU's work into a part beside DMA
 ///    (sim.cpu_beside_dma) and a part alone; the part alone is taken as simulated, the rest of the
 ///    measured busy time gives U_c_dma = r.U_c_dma x sim.cpu_beside_dma / (cpu_adam_seconds -
@@ -52,8 +54,8 @@ struct Refined {
 ///    U_c_dma then stays in [lowest_distinct_u_c_dma, U_c] (below, the model does not depend on it).
 ///  - B_h2d and B_d2h, in a phase that streamed with eager write-backs: scaled by sim.stream_end /
 ///    stream_end_seconds (the links run back to back until the streaming ends).
-/// Returns r unchanged (applied false) when nothing was measured. Throws std::invalid_argument when
-/// a rate of r is not positive (rates_complete).
+/// When nothing was measured, returns r with only U_c_dma's clamp applied (applied false). Throws
+/// std::invalid_argument when a rate of r is not positive (rates_complete).
 Refined refine_rates(const Workload& w, const Rates& r, const PhaseMeasure& m, const Simulation& sim);
 
 }  // namespace dos

@@ -288,7 +288,9 @@ struct Optimizer::Impl {
   /// refine_rates): the step's CPU Adam busy time, its CPU Adam tasks that began after the last
   /// streamed write-back (`alone`) and when the streaming ended, against `sim`, the simulation of
   /// the step's plan at the rates it was made with. Only under a plan that refines, with a CUDA
-  /// worker, once rates are known; sets `refined` when a rate moved.
+  /// worker, once rates are known (then they are complete: given and checked, or calibrated, and a
+  /// refinement step keeps each positive and finite, so refine_rates does not throw here); sets
+  /// `refined` when a measurement was applied.
   void refine(const StepStats& st, const Simulation& sim, const CpuAlone& alone);
 
   struct starpu_task* make_task(struct starpu_codelet* cl, void* arg, const TaskHint* hint, uint32_t where);

@@ -231,6 +231,28 @@ void test_cpu_after_stream(void**) {
     assert_float_equal(s.cpu_after_stream_params, 0.0, 0.0);
     assert_float_equal(s.cpu_after_stream, 0.0, 0.0);
   }
+  {  // a piece that begins exactly when the streaming ends counts (the runtime's >= as well): one
+     // parameter streamed, 14 B each way at 14 B/s and 1 s of GPU Adam, so the state is home at 3;
+     // the CPU's first piece takes [0, 3], the second [3, 4]
+    const dos::Simulation s = dos::simulate_phase(workload({1, 3, 1}, false), plan, dos::Rates{1, 1, 1, 1, 14, 14},
+                                                  dos::Execution{});
+    ASSERT_NEAR(s.stream_end, 3.0, 1e-12);
+    ASSERT_NEAR(s.cpu_after_stream, 1.0, 1e-12);
+    ASSERT_NEAR(s.cpu_after_stream_params, 1.0, 0.0);
+  }
+  {  // two CPU workers: subgroups 1 and 3 on one, 2 and 4 on the other (i % 2): 1 in [0, 3], 2 in
+     // [0, 4], 3 in [3, 5], 4 in [4, 5]; the streaming ends at 3, so 3 (2 parameters, 2 s) and 4
+     // (1 parameter, 1 s) count
+    dos::Execution two;
+    two.cpu_workers = 2;
+    const dos::Simulation s =
+        dos::simulate_phase(workload({1, 3, 4, 2, 1}, false),
+                            {PlanSide::gpu_streamed, PlanSide::cpu, PlanSide::cpu, PlanSide::cpu, PlanSide::cpu},
+                            dos::Rates{1, 1, 1, 1, 14, 14}, two);
+    ASSERT_NEAR(s.stream_end, 3.0, 1e-12);
+    ASSERT_NEAR(s.cpu_after_stream, 3.0, 1e-12);
+    ASSERT_NEAR(s.cpu_after_stream_params, 3.0, 0.0);
+  }
   {  // nothing streamed: nothing counts
     const dos::Simulation s = dos::simulate_phase(workload({1000, 2000}, false), {PlanSide::cpu, PlanSide::cpu}, r,
                                                   dos::Execution{});

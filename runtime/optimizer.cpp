@@ -16,7 +16,6 @@
 #include "dos.h"
 #include "optimizer_impl.h"
 #include "partition.h"
-#include "refinement.h"
 #include "runtime_impl.h"
 
 namespace dos {
@@ -104,15 +103,8 @@ std::vector<PlanSide> Optimizer::Impl::make_plan() const {
   return p;
 }
 
-void Optimizer::Impl::refine(const StepStats& st, const Simulation& sim, const CpuAlone& alone) {
+void Optimizer::Impl::refine(const PhaseMeasure& m, const Simulation& sim) {
   if (!have_rates || !choice.plan || !choice.plan->needs().refine || rt->cuda_workers() == 0) return;
-  PhaseMeasure m;
-  m.streamed = st.planned_streamed;
-  m.cpu_adam_seconds = st.cpu_adam_seconds;
-  m.alone_params = alone.params;
-  m.alone_seconds = alone.seconds;
-  m.stream_end_seconds = st.stream_end_seconds;
-  m.eager_writeback = opt.eager_writeback;
   const Refined r = refine_rates(workload, rates, m, sim);
   rates = r.rates;
   refined = refined || r.applied;

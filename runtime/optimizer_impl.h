@@ -29,6 +29,7 @@
 #include "dos.h"
 #include "host_memory.h"
 #include "profiling.h"
+#include "refinement.h"
 
 namespace dos {
 namespace detail {
@@ -277,21 +278,14 @@ struct Optimizer::Impl {
   /// else the plan's own decision.
   std::vector<PlanSide> make_plan() const;
 
-  /// The CPU Adam tasks of a streaming phase that began after its last streamed state write-back:
-  /// their parameters and busy seconds (they ran with no state stream beside them, only the CPU
-  /// subgroups' own gradient and parameter copies).
-  struct CpuAlone {
-    double params = 0, seconds = 0;
-  };
-
   /// Online refinement of the rates after a step (the rule and its sources: models/refinement.h,
-  /// refine_rates): the step's CPU Adam busy time, its CPU Adam tasks that began after the last
-  /// streamed write-back (`alone`) and when the streaming ended, against `sim`, the simulation of
-  /// the step's plan at the rates it was made with. Only under a plan that refines, with a CUDA
-  /// worker, once rates are known (then they are complete: given and checked, or calibrated, and a
-  /// refinement step keeps each positive and finite, so refine_rates does not throw here); sets
-  /// `refined` when a measurement was applied.
-  void refine(const StepStats& st, const Simulation& sim, const CpuAlone& alone);
+  /// refine_rates): what the step measured (`m`: its CPU Adam busy time, its CPU Adam tasks that
+  /// began after the last streamed write-back, when the streaming ended), against `sim`, the
+  /// simulation of the step's plan at the rates it was made with. Only under a plan that refines,
+  /// with a CUDA worker, once rates are known (then they are complete: given and checked, or
+  /// calibrated, and a refinement step keeps each positive and finite, so refine_rates does not
+  /// throw here); sets `refined` when a measurement was applied.
+  void refine(const PhaseMeasure& m, const Simulation& sim);
 
   struct starpu_task* make_task(struct starpu_codelet* cl, void* arg, const TaskHint* hint, uint32_t where);
 

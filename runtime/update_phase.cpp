@@ -632,20 +632,25 @@ StepStats Optimizer::Impl::finish_wait() {
   st.bytes_d2h -= ph.d2h0;
   if (ph.pending.last_subgroup_part_us > 0)
     st.stream_end_seconds = 1e-6 * (ph.pending.last_subgroup_part_us - timeline.t0_us);
-  CpuAlone alone;  // the CPU Adam tasks that began once the streamed state was back in host memory
+  PhaseMeasure measure;  // what the refinement reads (models/refinement.h)
   {
     std::lock_guard<std::mutex> g(busy.mu);
     st.cpu_busy_seconds = busy.cpu;
     st.gpu_busy_seconds = busy.gpu;
     st.cpu_adam_seconds = busy.cpu_adam;
+    // the CPU Adam tasks that began once the streamed state was back in host memory
     const double stream_end_us = ph.pending.last_subgroup_part_us;
     if (st.planned_streamed > 0 && stream_end_us > 0)
       for (const AdamSpan& s : busy.cpu_adam_spans)
         if (s.start_us >= stream_end_us) {
-          alone.params += double(s.params);
-          alone.seconds += 1e-6 * (s.end_us - s.start_us);
+          measure.alone_params += double(s.params);
+          measure.alone_seconds += 1e-6 * (s.end_us - s.start_us);
         }
   }
+  measure.streamed = st.planned_streamed;
+  measure.cpu_adam_seconds = st.cpu_adam_seconds;
+  measure.stream_end_seconds = st.stream_end_seconds;
+  measure.eager_writeback = opt.eager_writeback;
   st.params = nparams;
   for (std::size_t i = 0; i < sgs.size(); ++i) {
     const auto& sg = sgs[i];
@@ -663,7 +668,7 @@ StepStats Optimizer::Impl::finish_wait() {
   // caller's work slowed down), nor after one left running into the caller's forward (the same), nor
   // after a skipped one.
   last_changed = st.overlapped && verdict == StepVerdict::changed;
-  if (!st.skipped && !st.overlapped && !ph.async) refine(st, ph.sim, alone);
+  if (!st.skipped && !st.overlapped && !ph.async) refine(measure, ph.sim);
   StepStats out = std::move(st);
   open.reset();
   return out;

@@ -191,6 +191,12 @@ struct DmaLoop {
 }  // namespace
 
 int run_host(const HostOptions& o) {
+  for (std::size_t r : o.dma_rings)
+    if (r != 0 && (r < (std::size_t(64) << 10) || r % (std::size_t(16) << 10) != 0)) {
+      std::fprintf(stderr, "dos-bench host: a DMA ring of %zu bytes (%g MiB): give 0 or at least 64 KiB, a multiple "
+                           "of 16 KiB (four slots of whole 4 KiB pages)\n", r, double(r) / double(1 << 20));
+      return 1;
+    }
   int ndev = 0;
   if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
     std::fprintf(stderr, "dos-bench host: no usable GPU\n");
@@ -229,12 +235,6 @@ int run_host(const HostOptions& o) {
     dma.finish();
     return dma.failed() ? 1 : 0;
   }
-  for (std::size_t r : o.dma_rings)
-    if (r != 0 && (r < (std::size_t(64) << 10) || r % (std::size_t(16) << 10) != 0)) {
-      std::fprintf(stderr, "dos-bench host: a DMA ring of %zu bytes: give 0 or at least 64 KiB, a multiple of 16 KiB "
-                           "(four slots of whole 4 KiB pages)\n", r);
-      return 1;
-    }
   const std::size_t n = o.n;
   const dos::AdamStepParams sp = dos::make_adam_step_params(dos::AdamHyper{}, 10);
   // host bytes per parameter updated: 12 of state read and written, 2 of gradient read, 2 of copy
@@ -317,7 +317,7 @@ int run_host(const HostOptions& o) {
                     "DMA GB/s", "host GB/s", "alone host");
       for (int threads : o.threads) {
         omp_set_num_threads(threads);
-  #pragma omp parallel
+#pragma omp parallel
         dos::bind_this_thread(cores[1 + omp_get_thread_num()]);
         auto call = [&] {
           dos::adam_step_cpu(static_cast<float*>(master.ptr), static_cast<float*>(m.ptr), static_cast<float*>(v.ptr),

@@ -527,7 +527,7 @@ def write_timeline(path, spans, infos):
         print(f"timeline: {path} (matplotlib is not importable: no PNG)", flush=True)
         return doc
     fig, ax = plt.subplots(figsize=(14, 3.6))
-    rows = {"model": 2, "gpu": 1, "cpu": 0}
+    rows = {"model": 2, "gpu": 1, "h2d": 0.5, "cpu": 0}
     colors = {"forward": "C0", "backward": "C1", "step_call": "C7", "adam": "C2", "adam_spec": "C4",
               "gather": "C9", "scatter": "C3"}
     for x in doc["steps"]:

@@ -245,7 +245,9 @@ struct OptimizerOptions {
 enum class StepVerdict { keep, changed, skip };
 
 /// One task or transfer sample of an update phase, for timelines. lane: "cpu" or "gpu" (an Adam,
-/// gradient conversion or parameter write-back task on that kind of worker); what: "adam",
+/// gradient conversion or parameter write-back task on that kind of worker), or "h2d" (a
+/// CPU-updated subgroup's parameter write-back copied by the runtime itself, on a CUDA stream of its
+/// own, when the caller's parameters are on the GPU); what: "adam",
 /// "adam_spec" (a speculative Adam, Optimizer::gradients_final), "gather" or "scatter"; subgroup:
 /// its index; start, end: seconds since the phase began
 /// (the runtime's own task clock, codelets/task_clock.h; StarPU's task profiling stays off).

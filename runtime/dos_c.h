@@ -355,6 +355,8 @@ int dos_optimizer_write_masters(dos_optimizer* opt, size_t begin, size_t end, co
 /* Timelines: what each task of an update phase did, and when. */
 #define DOS_LANE_CPU 0 /* the task ran on a CPU worker */
 #define DOS_LANE_GPU 1 /* on a CUDA worker (from its launch to the end of its asynchronous work) */
+#define DOS_LANE_H2D 2 /* the runtime's own host-to-device copy, outside StarPU's workers (a
+                          CPU-updated subgroup's parameter write-back to GPU tensors) */
 #define DOS_TASK_ADAM 0      /* an Adam update */
 #define DOS_TASK_ADAM_SPEC 1 /* a speculative Adam update (dos_optimizer_gradients_final) */
 #define DOS_TASK_GATHER 2    /* a gradient conversion or transfer into the runtime's buffers */

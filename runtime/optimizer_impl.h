@@ -28,6 +28,7 @@
 #include "admission.h"
 #include "dos.h"
 #include "host_memory.h"
+#include "param_upload.h"
 #include "profiling.h"
 #include "refinement.h"
 
@@ -167,6 +168,14 @@ struct OpenStep {
   bool q_closed = false;
   std::thread submitter;
   std::string submit_error;  // the first failure of the submitter thread (empty: none)
+  // the first failure of a parameter upload of the runtime's own (ParamUploader; empty: none): the
+  // phase fails when it ends
+  std::mutex upload_mu;
+  std::string upload_error;
+  void note_upload_error(const std::string& why) {
+    std::lock_guard<std::mutex> g(upload_mu);
+    if (upload_error.empty()) upload_error = why;
+  }
 
   OpenStep() = default;
   OpenStep(const OpenStep&) = delete;
@@ -220,6 +229,7 @@ struct Optimizer::Impl {
   bool timeline_on = false;
   std::vector<unsigned> cuda_nodes;  // memory node of each CUDA worker, in worker-id order
   std::unique_ptr<detail::OpenStep> open;  // the update phase between begin_step and finish_step
+  std::unique_ptr<detail::ParamUploader> uploader;  // made at the first upload (uploads_params)
   std::size_t shadow_used = 0, shadow_limit = 0;  // host bytes of shadow state, and their budget
   // The previous overlapped step's gradients changed after their declaration (clipping was active):
   // this step speculates nothing, since its speculative updates would most likely be redone too
@@ -248,7 +258,9 @@ struct Optimizer::Impl {
   bool ensure_shadow(detail::Subgroup* sg);
   void speculate(detail::OpenStep& ph, std::size_t i);
   void stage_gradient(detail::OpenStep& ph, std::size_t i);
-  void scatter_params(detail::Subgroup* sg);
+  /// Subgroup i's parameter write-back, after its Adam task: the runtime's own upload
+  /// (uploads_params(i)) or a scatter_cl task; then both staging buffers are invalidated.
+  void scatter_params(detail::OpenStep& ph, std::size_t i);
   void acquire_home(detail::OpenStep& ph, starpu_data_handle_t h,
                     enum starpu_data_access_mode mode, detail::Subgroup* sg);
   void write_back(detail::OpenStep& ph, detail::Subgroup* sg,
@@ -263,6 +275,11 @@ struct Optimizer::Impl {
     e.cpu_workers = rt->cpu_workers();
     return e;
   }
+  /// Whether subgroup i's new parameters go to the caller's GPU tensors by the runtime's own upload
+  /// (ParamUploader) instead of a scatter_cl task on the CUDA worker: the plan updates it on the
+  /// CPU, the caller's buffers are on a GPU and the build has CUDA. Measurement switch:
+  /// DOS_PARAM_UPLOAD=task keeps the scatter_cl task.
+  bool uploads_params(std::size_t i) const;
   /// Whether subgroup i's update this step takes the direct path: a plan puts it on the GPU and the
   /// caller's buffers are there (CUDA worker present).
   bool direct_path(std::size_t i) const {

@@ -28,4 +28,10 @@ void read_bus_bytes(std::uint64_t* h2d, std::uint64_t* d2h) {
   *d2h = g_bus_d2h;
 }
 
+void add_bus_bytes(std::uint64_t h2d, std::uint64_t d2h) {
+  std::lock_guard<std::mutex> l(g_bus_mu);
+  g_bus_h2d += h2d;
+  g_bus_d2h += d2h;
+}
+
 }  // namespace dos::detail

@@ -17,6 +17,9 @@ namespace dos::detail {
 
 /// Bytes moved from host memory to a GPU (h2d) and back (d2h) since StarPU started, over every bus.
 void read_bus_bytes(std::uint64_t* h2d, std::uint64_t* d2h);
+/// Adds bytes the runtime copied itself, outside StarPU (ParamUploader), to the totals
+/// read_bus_bytes gives, once the copy has ended (as StarPU counts its own).
+void add_bus_bytes(std::uint64_t h2d, std::uint64_t d2h);
 
 /// Tasks of a phase, from the task clock (task_clock.h), when a timeline is asked for.
 struct Timeline {
@@ -27,6 +30,12 @@ struct Timeline {
     auto secs = [&](double us) { return 1e-6 * (us - t0_us); };
     std::lock_guard<std::mutex> g(mu);
     tasks.push_back(TimelineTask{span.gpu ? "gpu" : "cpu", what, subgroup, secs(span.start_us), secs(span.end_us)});
+  }
+  /// A piece of work that is no worker's task (the runtime's own copies): its lane, kind,
+  /// subgroup, and start and end on the task clock's clock (starpu_timing_now(), microseconds).
+  void record_span(const char* lane, const char* what, std::size_t subgroup, double start_us, double end_us) {
+    std::lock_guard<std::mutex> g(mu);
+    tasks.push_back(TimelineTask{lane, what, subgroup, 1e-6 * (start_us - t0_us), 1e-6 * (end_us - t0_us)});
   }
 };
 

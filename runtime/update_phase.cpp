@@ -116,6 +116,42 @@ void scatter_done(void* arg) {
   subgroup_part_done(sg);
 }
 
+/// A parameter upload of the runtime's own (ParamUploader) between its acquire and its end.
+struct Upload {
+  Subgroup* sg;
+  OpenStep* ph;
+  ParamUploader* uploader;
+};
+
+/// The upload's end, on the uploader's thread: the staging buffer is released, the bytes join the
+/// bus counters, the timeline gets the copy on its lane ("h2d", a "scatter"), and the parameters are written
+/// (or the phase records why not: it fails when it ends).
+void end_upload(Upload* up, const ParamUploader::Result& r) noexcept {
+  Subgroup* sg = up->sg;
+  OpenStep* ph = up->ph;
+  delete up;
+  starpu_data_release(sg->h_param16);
+  if (r.error.empty()) add_bus_bytes(r.bytes, 0);
+  else ph->note_upload_error(r.error);
+  if (sg->timeline) sg->timeline->record_span("h2d", "scatter", std::size_t(sg->hint_update.subgroup), r.start_us, r.end_us);
+  params_written(sg);
+  subgroup_part_done(sg);
+  ph->pending.done();
+}
+
+/// Callback of the read acquire of a CPU-updated subgroup's parameter staging on host memory (a
+/// StarPU thread): hands the copy to the uploader.
+void start_upload(void* arg) {
+  auto* up = static_cast<Upload*>(arg);
+  try {
+    up->uploader->enqueue({&up->sg->scatter, up->sg->param16.ptr, [up](const ParamUploader::Result& r) { end_upload(up, r); }});
+  } catch (const std::exception& e) {
+    ParamUploader::Result r;
+    r.error = std::string("queueing the parameter upload: ") + e.what();
+    end_upload(up, r);
+  }
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -165,6 +201,12 @@ void Optimizer::Impl::write_back(OpenStep& ph, Subgroup* sg, enum starpu_data_ac
     acquire_home(ph, h, mode, part_of_subgroup ? sg : nullptr);
     if (part_of_subgroup && wont_use_after_writeback()) starpu_data_wont_use(h);
   }
+}
+
+bool Optimizer::Impl::uploads_params(std::size_t i) const {
+  static const bool tasks = std::getenv("DOS_PARAM_UPLOAD") && std::string(std::getenv("DOS_PARAM_UPLOAD")) == "task";
+  return !tasks && !plan.empty() && plan[i] == PlanSide::cpu && where_caller == STARPU_CUDA && !cuda_nodes.empty() &&
+         codelets_have_cuda();
 }
 
 bool Optimizer::Impl::speculable(std::size_t i) const {
@@ -340,12 +382,29 @@ void Optimizer::Impl::stage_gradient(OpenStep& ph, std::size_t i) {
   }
 }
 
-void Optimizer::Impl::scatter_params(Subgroup* sg) {
-  struct starpu_task* s = make_task(&scatter_cl, &sg->scatter, &sg->hint_scatter, where_caller);
-  s->handles[0] = sg->h_param16;
-  s->callback_func = scatter_done;
-  s->callback_arg = sg;
-  submit(s, "parameter write-back");
+void Optimizer::Impl::scatter_params(OpenStep& ph, std::size_t i) {
+  Subgroup* sg = sgs[i].get();
+  if (uploads_params(i)) {
+    // The runtime's own upload (param_upload.h) once the CPU's Adam has written the staging buffer:
+    // a read acquire on host memory, held until the copy has ended.
+    if (!uploader) uploader = std::make_unique<ParamUploader>();
+    auto* up = new Upload{sg, &ph, uploader.get()};  // before add(): a throw here leaves the count as it was
+    ph.pending.add();
+    if (starpu_data_acquire_on_node_cb(sg->h_param16, STARPU_MAIN_RAM, STARPU_R, start_upload, up) != 0) {
+      delete up;
+      ph.note_upload_error("StarPU refused to acquire the new parameters of subgroup " + std::to_string(i) +
+                           " in host memory");
+      params_written(sg);
+      subgroup_part_done(sg);
+      ph.pending.done();
+    }
+  } else {
+    struct starpu_task* s = make_task(&scatter_cl, &sg->scatter, &sg->hint_scatter, where_caller);
+    s->handles[0] = sg->h_param16;
+    s->callback_func = scatter_done;
+    s->callback_arg = sg;
+    submit(s, "parameter write-back");
+  }
   starpu_data_invalidate_submit(sg->h_grad32);  // both staging buffers are dropped once used
   starpu_data_invalidate_submit(sg->h_param16);
 }
@@ -484,7 +543,7 @@ void Optimizer::Impl::finish_submit(StepVerdict verdict, bool async) {
         std::swap(sg->h_master, sg->sh_h_master);
         std::swap(sg->h_exp_avg, sg->sh_h_exp_avg);
         std::swap(sg->h_exp_avg_sq, sg->sh_h_exp_avg_sq);
-        scatter_params(sg);
+        scatter_params(ph, i);
       }
       std::vector<std::size_t> stream_order;  // the streamed subgroups, in submission order
       for (std::size_t i = 0; i < sgs.size(); ++i)
@@ -542,7 +601,7 @@ void Optimizer::Impl::finish_submit(StepVerdict verdict, bool async) {
         a->handles[3] = sg->h_grad32;
         a->handles[4] = sg->h_param16;
         submit(a, "Adam");
-        scatter_params(sg);
+        scatter_params(ph, i);
         if (eager) write_back(ph, sg, STARPU_R, true);
       }
     }
@@ -604,6 +663,14 @@ StepStats Optimizer::Impl::finish_wait() {
   const auto t_wait = std::chrono::steady_clock::now();
   wait_work();  // every callback has run (nothing refers to `pending` any more), every task ended
   if (ph.refused) fail("StarPU refused to bring " + std::to_string(ph.refused) + " buffer(s) back to host memory");
+  {
+    std::string upload_error;
+    {
+      std::lock_guard<std::mutex> g(ph.upload_mu);
+      upload_error = ph.upload_error;
+    }
+    if (!upload_error.empty()) fail("the upload of new parameters to the GPU failed (" + upload_error + ")");
+  }
   ph.sampling.store(false);
   if (ph.sampler.joinable()) ph.sampler.join();
   st.window_peak_bytes = window.limit ? window.peak : 0;

@@ -114,6 +114,10 @@ Simulation simulate_phase(const Workload& w, const std::vector<PlanSide>& plan, 
 
   // Lanes: PCIe each way (bytes), the GPU (seconds), the CPU (parameters).
   Lane h2d, d2h, gpu;
+  // The runtime's own parameter uploads (Execution::own_param_upload): a second host-to-device
+  // stream beside StarPU's; while both carry data they share the link's B_h2d evenly.
+  Lane up_own;
+  const bool own_upload = e.own_param_upload && w.caller_on_gpu;
   std::vector<Lane> cpus(std::max<std::size_t>(1, e.cpu_workers));  // subgroup i's Adam on CPU worker i % k
   auto cpu_of = [&](std::size_t i) -> Lane& { return cpus[i % cpus.size()]; };
   std::size_t window_used = 0;
@@ -240,7 +244,9 @@ Simulation simulate_phase(const Workload& w, const std::vector<PlanSide>& plan, 
       case Stage::grad_down: s.input_ready = true; break;
       case Stage::adam_cpu:
         cpu_pieces.push_back({cpu_start[i], now, double(s.n)});
-        if (w.caller_on_gpu) {  // the new parameters go up; the write-back is queued and waits for them
+        if (own_upload) {  // the new parameters go up on the runtime's own stream; then it is done
+          up_own.queue.push_back({i, Stage::param_up});
+        } else if (w.caller_on_gpu) {  // the new parameters go up; the write-back is queued and waits for them
           s.input_ready = false;
           h2d.queue.push_back({i, Stage::param_up});
           gpu.queue.push_back({i, Stage::scatter});
@@ -248,7 +254,10 @@ Simulation simulate_phase(const Workload& w, const std::vector<PlanSide>& plan, 
           finish(i);
         }
         break;
-      case Stage::param_up: s.input_ready = true; break;
+      case Stage::param_up:
+        if (&lane == &up_own) finish(i);
+        else s.input_ready = true;
+        break;
       case Stage::scatter: finish(i); break;
       case Stage::state_up: s.input_ready = true; break;
       case Stage::adam_gpu:
@@ -273,19 +282,23 @@ Simulation simulate_phase(const Workload& w, const std::vector<PlanSide>& plan, 
     while (started) {
       started = false;
       started |= start_link(h2d);
+      started |= start_link(up_own);
       started |= start_link(d2h);
       started |= start_gpu();
       for (Lane& cpu : cpus) started |= start_cpu(cpu);
     }
-    const bool dma = h2d.current >= 0 || d2h.current >= 0;
+    const bool up_busy = h2d.current >= 0 || up_own.current >= 0;
+    const bool dma = up_busy || d2h.current >= 0;
     double active_cpus = 0;
     for (const Lane& cpu : cpus) active_cpus += cpu.current >= 0 ? 1 : 0;
-    const double demand = active_cpus * r.U_c * cpu_bytes + (h2d.current >= 0 ? r.B_h2d : 0.0) +
+    const double demand = active_cpus * r.U_c * cpu_bytes + (up_busy ? r.B_h2d : 0.0) +
                           (d2h.current >= 0 ? r.B_d2h : 0.0);
     const double share = demand > host_bw ? host_bw / demand : 1.0;
-    const double u_cpu = r.U_c * share, b_up = r.B_h2d * share, b_down = r.B_d2h * share;
+    const double u_cpu = r.U_c * share, b_down = r.B_d2h * share;
+    const double b_up = r.B_h2d * share / (h2d.current >= 0 && up_own.current >= 0 ? 2.0 : 1.0);
     double dt = std::numeric_limits<double>::infinity();
     if (h2d.current >= 0) dt = std::min(dt, h2d.left / b_up);
+    if (up_own.current >= 0) dt = std::min(dt, up_own.left / b_up);
     if (d2h.current >= 0) dt = std::min(dt, d2h.left / b_down);
     if (gpu.current >= 0) dt = std::min(dt, gpu.left);
     for (const Lane& cpu : cpus)
@@ -296,6 +309,10 @@ Simulation simulate_phase(const Workload& w, const std::vector<PlanSide>& plan, 
     if (h2d.current >= 0) {
       h2d.left -= dt * b_up;
       h2d.busy += dt;
+    }
+    if (up_own.current >= 0) {
+      up_own.left -= dt * b_up;
+      if (h2d.current < 0) h2d.busy += dt;  // the link's busy time: either stream
     }
     if (d2h.current >= 0) {
       d2h.left -= dt * b_down;
@@ -313,6 +330,7 @@ Simulation simulate_phase(const Workload& w, const std::vector<PlanSide>& plan, 
       }
     // relative tolerances: amounts are bytes (up to 1e11), parameters, or seconds
     if (h2d.current >= 0 && h2d.left <= eps * (1 + r.B_h2d)) complete(h2d);
+    if (up_own.current >= 0 && up_own.left <= eps * (1 + r.B_h2d)) complete(up_own);
     if (d2h.current >= 0 && d2h.left <= eps * (1 + r.B_d2h)) complete(d2h);
     if (gpu.current >= 0 && gpu.left <= eps) complete(gpu);
     for (Lane& cpu : cpus)

@@ -22,6 +22,7 @@
 // The resources and what each subgroup asks of them (n its parameters, gb the staged gradient's
 // bytes per parameter, pb the parameters' bytes per parameter; caller on the GPU):
 //   CPU subgroup:      GPU: staging n / D_c;  D2H: gb n;  CPU: Adam on n;  H2D: pb n;  GPU: write-back
+//                      (with Execution::own_param_upload: H2D pb n on a stream of its own, no write-back)
 //   streamed subgroup: H2D: 12 n (prefetched);  GPU: Adam n / U_g;  D2H: 12 n
 //   resident subgroup: GPU: Adam n / U_g
 // (caller in host memory: a CPU subgroup is the CPU Adam alone; a streamed one moves 12 + gb up and
@@ -53,6 +54,12 @@ struct Execution {
   std::size_t lookahead = 3;
   std::size_t update_budget = 0;
   std::size_t cpu_workers = 1;
+  /// With the caller on the GPU: a CPU subgroup's new parameters go up on the runtime's own stream
+  /// (ParamUploader) as soon as its Adam ends, beside StarPU's host-to-device stream (the two share
+  /// B_h2d evenly while both carry data), and the subgroup is done then; false: they go up on
+  /// StarPU's stream behind what was asked before them, and a write-back task on the GPU's queue
+  /// waits for them.
+  bool own_param_upload = false;
 };
 
 /// GPU bytes subgroup of n parameters on `side` holds while in flight (the runtime's footprint):

@@ -273,13 +273,18 @@ struct Optimizer::Impl {
     e.lookahead = cuda_nodes.empty() ? 0 : opt.stream_lookahead;
     e.update_budget = cuda_nodes.empty() ? 0 : opt.gpu_update_budget;
     e.cpu_workers = rt->cpu_workers();
+    e.own_param_upload = own_param_upload();
     return e;
   }
   /// Whether subgroup i's new parameters go to the caller's GPU tensors by the runtime's own upload
   /// (ParamUploader) instead of a scatter_cl task on the CUDA worker: the plan updates it on the
   /// CPU, the caller's buffers are on a GPU and the build has CUDA. Measurement switch:
   /// DOS_PARAM_UPLOAD=task keeps the scatter_cl task.
-  bool uploads_params(std::size_t i) const;
+  bool uploads_params(std::size_t i) const { return !plan.empty() && plan[i] == PlanSide::cpu && own_param_upload(); }
+  /// Whether the runtime uploads CPU-updated subgroups' parameters itself (uploads_params): the
+  /// caller's buffers are on a GPU, a CUDA worker runs and the build has CUDA, unless
+  /// DOS_PARAM_UPLOAD=task.
+  bool own_param_upload() const;
   /// Whether subgroup i's update this step takes the direct path: a plan puts it on the GPU and the
   /// caller's buffers are there (CUDA worker present).
   bool direct_path(std::size_t i) const {

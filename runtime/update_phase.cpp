@@ -203,10 +203,9 @@ void Optimizer::Impl::write_back(OpenStep& ph, Subgroup* sg, enum starpu_data_ac
   }
 }
 
-bool Optimizer::Impl::uploads_params(std::size_t i) const {
+bool Optimizer::Impl::own_param_upload() const {
   static const bool tasks = std::getenv("DOS_PARAM_UPLOAD") && std::string(std::getenv("DOS_PARAM_UPLOAD")) == "task";
-  return !tasks && !plan.empty() && plan[i] == PlanSide::cpu && where_caller == STARPU_CUDA && !cuda_nodes.empty() &&
-         codelets_have_cuda();
+  return !tasks && where_caller == STARPU_CUDA && !cuda_nodes.empty() && codelets_have_cuda();
 }
 
 bool Optimizer::Impl::speculable(std::size_t i) const {

@@ -129,6 +129,42 @@ void test_order(void**) {
   assert_false(dos::submits_cpu_first(w, plan, cpu_first));
 }
 
+// The runtime's own parameter upload (Execution::own_param_upload), cpu_first, caller on the GPU:
+// subgroup 0 streamed (n_s = 1e9: its state, 12 n_s, takes 1 s each way at B = 1.2e10), subgroup 1
+// on the CPU (n_c = 3e9: gradient down and parameters up 6e9 bytes each, 0.5 s alone; Adam 0.3 s at
+// U_c = 1e10); the GPU's work n / 1e15 (staging 3e-6 s, the streamed Adam 1e-6 s); host memory
+// never binds (U_c_dma = U_c).
+// Own upload: staging [0, 3e-6], gradient down [.., 0.5 + 3e-6], CPU Adam [.., 0.8 + 3e-6]; the
+// parameters then go up beside the state, which has 2.4e9 - 3.6e4 bytes left: both at B / 2, the
+// state is up after 0.4 - 6e-6 s, at 1.2 - 3e-6; the streamed Adam ends at 1.2 - 2e-6 and its state is
+// back 1 s later: 2.2 - 2e-6 (the parameters, 3.6e9 + 3.6e4 bytes left at B, are up at 1.5).
+// StarPU's stream instead: the parameters wait behind the state [0, 1] and go up in [1, 1.5], the
+// write-back behind the streamed Adam [1, 1 + 1e-6] runs at 1.5; the state back in
+// [1 + 1e-6, 2 + 1e-6]: 2 + 1e-6. Sharing the link slowed the state on its way up.
+void test_own_param_upload(void**) {
+  const dos::Workload w = workload({1000000000, 3000000000}, true);
+  const dos::Rates r{1e10, 1e10, 1e15, 1e15, 1.2e10, 1.2e10};
+  const std::vector<PlanSide> plan = {PlanSide::gpu_streamed, PlanSide::cpu};
+  dos::Execution e;
+  e.order = dos::SubmitOrder::cpu_first;
+  e.own_param_upload = true;
+  const dos::Simulation own = dos::simulate_phase(w, plan, r, e);
+  assert_true(own.cpu_first);
+  ASSERT_NEAR(own.total, 2.2 - 2e-6, 1e-9);
+  ASSERT_NEAR(own.stream_end, 2.2 - 2e-6, 1e-9);
+  ASSERT_NEAR(own.h2d, 1.5, 1e-9);  // the link was busy while either stream carried data
+  e.own_param_upload = false;
+  const dos::Simulation task = dos::simulate_phase(w, plan, r, e);
+  ASSERT_NEAR(task.total, 2 + 1e-6, 1e-9);
+  ASSERT_NEAR(task.h2d, 1.5, 1e-9);
+  // caller in host memory: nothing goes up, the flag changes nothing
+  const dos::Workload host = workload({1000000000, 3000000000}, false);
+  e.own_param_upload = true;
+  const double with = dos::simulate_phase(host, plan, r, e).total;
+  e.own_param_upload = false;
+  ASSERT_NEAR(with, dos::simulate_phase(host, plan, r, e).total, 0.0);
+}
+
 // The update budget: two CPU subgroups (caller on the GPU, staging 4 B per parameter) and a budget
 // of one subgroup's staging: the second starts only when the first's parameters are back, so the
 // phase is twice one subgroup's chain: gradient down 0.2 s, Adam 1 s, parameters up 0.2 s. Without
@@ -285,7 +321,7 @@ int main() {
       cmocka_unit_test(test_cpu_only),   cmocka_unit_test(test_one_streamed),       cmocka_unit_test(test_two_streamed),
       cmocka_unit_test(test_host_memory_shared), cmocka_unit_test(test_order),       cmocka_unit_test(test_budget),
       cmocka_unit_test(test_choice_and_bound),   cmocka_unit_test(test_search_many), cmocka_unit_test(test_cpu_workers),
-      cmocka_unit_test(test_cpu_after_stream),   cmocka_unit_test(test_bad_input),
+      cmocka_unit_test(test_cpu_after_stream),   cmocka_unit_test(test_bad_input), cmocka_unit_test(test_own_param_upload),
   };
   return cmocka_run_group_tests(tests, nullptr, nullptr);
 }

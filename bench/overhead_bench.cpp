@@ -137,7 +137,9 @@ int run_overhead(const OverheadOptions& o) {
       if (i < 2) continue;  // the first phases allocate device buffers and warm the caches
       secs.push_back(st.seconds);
       // tasks per subgroup: one Adam on the direct path (caller's buffers and update on the GPU),
-      // else a gradient gather, an Adam and a parameter scatter
+      // else a gradient gather, an Adam and a parameter scatter; on the CPU with the caller's buffers
+      // on the GPU the runtime copies the parameters itself (dos::runtime_uploads_params): no scatter
+      // task, its upload counted as one piece of work
       tasks = st.subgroups_gpu * (memory == dos::MemoryKind::cuda ? 1 : 3) + st.subgroups_cpu * 3;
     }
     phases.push_back({p.label, p.side, median(secs), tasks});

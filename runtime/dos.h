@@ -118,6 +118,13 @@ std::size_t gpu_memory_for_budgets(std::size_t elements, std::size_t subgroup_si
 /// buffers), added once to the sum of gpu_memory_for_budgets: 64 MiB.
 inline constexpr std::size_t kStarpuDeviceMargin = std::size_t(64) << 20;
 
+/// Whether, with the caller's parameters on a GPU, the runtime copies the new parameters of the
+/// subgroups updated on the CPU to them itself, on a CUDA stream of its own, as soon as each
+/// subgroup's Adam ends (true), or by a write-back task in the CUDA worker's queue (false). True
+/// unless the environment says DOS_PARAM_UPLOAD=task (a measurement switch, read once); the plan's
+/// phase simulation follows the same choice (Execution::own_param_upload). Same results either way.
+bool runtime_uploads_params();
+
 /// The runtime's clock, seconds: StarPU's (starpu_timing_now(): StarPU 1.3.10 reads CLOCK_MONOTONIC,
 /// counted from StarPU's start while a Runtime runs), which
 /// StepStats::started_at and the task clock read. Another clock of the process relates to it by
@@ -404,7 +411,9 @@ class Optimizer {
   /// of ranges wait_parameters returned for and nothing else; begin_step, step(), and every method
   /// that reads or replaces the state throw Error ("call wait_step first"). Throws Error:
   /// finish_step_async as finish_step; wait_parameters for a range beyond num_params() or while a
-  /// step is open and not finished; wait_step without finish_step_async.
+  /// step is open and not finished, and once the runtime's own copy of new parameters to the GPU
+  /// has failed (runtime_uploads_params; the parameters then hold a mix of old and new values, and
+  /// wait_step fails the step); wait_step without finish_step_async.
   void finish_step_async(StepVerdict verdict = StepVerdict::keep);
   /// step() without waiting: the whole phase submitted (StepStats::overlapped stays false), then
   /// wait_parameters and wait_step as after finish_step_async. Throws as step().

@@ -44,7 +44,6 @@ void ParamUploader::run() {
   cudaStream_t stream = nullptr;
   cudaEvent_t done_event = nullptr;
   int device = -1;  // the device the stream and event belong to
-  std::string setup_error;
   for (;;) {
     Job job;
     {
@@ -56,48 +55,55 @@ void ParamUploader::run() {
     }
     Result res;
     res.start_us = starpu_timing_now();
-    const ScatterArgs& a = *job.args;
-    const std::size_t esz = dtype_size(a.dtype);
-    std::string err;
-    if (a.nseg > 0) {
-      // the stream on the device of the caller's tensors (one device per optimizer in practice; a
-      // job on another device gets a stream there)
-      cudaPointerAttributes attr{};
-      err = cuda_error(cudaPointerGetAttributes(&attr, a.segs[0].param), "cudaPointerGetAttributes of the parameters");
-      if (err.empty() && attr.type != cudaMemoryTypeDevice && attr.type != cudaMemoryTypeManaged)
-        err = "the caller's parameters are not in GPU memory";
-      if (err.empty() && attr.device != device) {
-        if (stream) cudaStreamDestroy(stream), stream = nullptr;
-        if (done_event) cudaEventDestroy(done_event), done_event = nullptr;
-        device = -1;
-        err = cuda_error(cudaSetDevice(attr.device), "cudaSetDevice");
-        if (err.empty()) err = cuda_error(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
-        if (err.empty())
-          err = cuda_error(cudaEventCreateWithFlags(&done_event, cudaEventBlockingSync | cudaEventDisableTiming),
-                           "cudaEventCreate");
-        if (err.empty()) device = attr.device;
-      }
-    }
-    const char* host = static_cast<const char*>(job.host);
-    for (std::size_t s = 0; err.empty() && s < a.nseg; ++s) {
-      const Segment& seg = a.segs[s];
-      err = cuda_error(cudaMemcpyAsync(seg.param, host + seg.offset * esz, seg.count * esz, cudaMemcpyHostToDevice,
-                                       stream),
-                       "cudaMemcpyAsync of the parameters to the GPU");
-      if (err.empty()) res.bytes += seg.count * esz;
-    }
-    if (a.nseg > 0 && device >= 0) {  // wait for what was issued, also after a failed issue
-      std::string e = cuda_error(cudaEventRecord(done_event, stream), "cudaEventRecord");
-      if (e.empty()) e = cuda_error(cudaEventSynchronize(done_event), "waiting for the parameter upload");
-      if (err.empty()) err = e;
+    try {
+      upload(job, res, stream, done_event, device);
+    } catch (const std::exception& e) {  // std::bad_alloc while building a message
+      res.error = e.what();
     }
     res.end_us = starpu_timing_now();
-    res.error = std::move(err);
     if (!res.error.empty()) res.bytes = 0;
     job.done(res);
   }
   if (done_event) cudaEventDestroy(done_event);
   if (stream) cudaStreamDestroy(stream);
+}
+
+void ParamUploader::upload(const Job& job, Result& res, cudaStream_t& stream, cudaEvent_t& done_event, int& device) {
+  const ScatterArgs& a = *job.args;
+  const std::size_t esz = dtype_size(a.dtype);
+  std::string err;
+  if (a.nseg > 0) {
+    // the stream on the device of the caller's tensors (one device per optimizer in practice; a
+    // job on another device gets a stream there)
+    cudaPointerAttributes attr{};
+    err = cuda_error(cudaPointerGetAttributes(&attr, a.segs[0].param), "cudaPointerGetAttributes of the parameters");
+    if (err.empty() && attr.type != cudaMemoryTypeDevice && attr.type != cudaMemoryTypeManaged)
+      err = "the caller's parameters are not in GPU memory";
+    if (err.empty() && attr.device != device) {
+      if (stream) cudaStreamDestroy(stream), stream = nullptr;
+      if (done_event) cudaEventDestroy(done_event), done_event = nullptr;
+      device = -1;
+      err = cuda_error(cudaSetDevice(attr.device), "cudaSetDevice");
+      if (err.empty()) err = cuda_error(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+      if (err.empty())
+        err = cuda_error(cudaEventCreateWithFlags(&done_event, cudaEventBlockingSync | cudaEventDisableTiming),
+                         "cudaEventCreate");
+      if (err.empty()) device = attr.device;
+    }
+  }
+  const char* host = static_cast<const char*>(job.host);
+  for (std::size_t s = 0; err.empty() && s < a.nseg; ++s) {
+    const Segment& seg = a.segs[s];
+    err = cuda_error(cudaMemcpyAsync(seg.param, host + seg.offset * esz, seg.count * esz, cudaMemcpyHostToDevice, stream),
+                     "cudaMemcpyAsync of the parameters to the GPU");
+    if (err.empty()) res.bytes += seg.count * esz;
+  }
+  if (a.nseg > 0 && device >= 0) {  // wait for what was issued, also after a failed issue
+    std::string e = cuda_error(cudaEventRecord(done_event, stream), "cudaEventRecord");
+    if (e.empty()) e = cuda_error(cudaEventSynchronize(done_event), "waiting for the parameter upload");
+    if (err.empty()) err = e;
+  }
+  res.error = std::move(err);
 }
 
 #else  // no CUDA: nothing to upload to
@@ -108,6 +114,7 @@ ParamUploader::ParamUploader() {
 ParamUploader::~ParamUploader() = default;
 void ParamUploader::enqueue(Job) { throw std::logic_error("ParamUploader needs a build with CUDA"); }
 void ParamUploader::run() {}
+void ParamUploader::upload(const Job&, Result&, CUstream_st*&, CUevent_st*&, int&) {}
 
 #endif
 

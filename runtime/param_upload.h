@@ -29,6 +29,9 @@
 
 #include "../codelets/codelets.h"
 
+struct CUstream_st;  // cudaStream_t and cudaEvent_t without CUDA's headers
+struct CUevent_st;
+
 namespace dos::detail {
 
 class ParamUploader {
@@ -66,6 +69,9 @@ class ParamUploader {
 
  private:
   void run();
+  /// One job's copies on `stream` (made, with `done_event`, on the job's device when `device`
+  /// differs), waited for; fills res.bytes and res.error.
+  void upload(const Job& job, Result& res, CUstream_st*& stream, CUevent_st*& done_event, int& device);
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Job> jobs_;

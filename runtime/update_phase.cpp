@@ -25,6 +25,11 @@
 namespace dos {
 using namespace detail;
 
+bool runtime_uploads_params() {
+  static const bool tasks = std::getenv("DOS_PARAM_UPLOAD") && std::string(std::getenv("DOS_PARAM_UPLOAD")) == "task";
+  return !tasks;
+}
+
 // ---------------------------------------------------------------------------------------------
 // The update phase's task callbacks (StarPU's threads)
 
@@ -132,8 +137,12 @@ void end_upload(Upload* up, const ParamUploader::Result& r) noexcept {
   delete up;
   starpu_data_release(sg->h_param16);
   if (r.error.empty()) add_bus_bytes(r.bytes, 0);
-  else ph->note_upload_error(r.error);
-  if (sg->timeline) sg->timeline->record_span("h2d", "scatter", std::size_t(sg->hint_update.subgroup), r.start_us, r.end_us);
+  try {
+    if (!r.error.empty()) ph->note_upload_error(r.error);
+    if (sg->timeline) sg->timeline->record_span("h2d", "scatter", std::size_t(sg->hint_update.subgroup), r.start_us, r.end_us);
+  } catch (const std::bad_alloc&) {  // the timeline loses the span; an error keeps its placeholder
+    if (!r.error.empty()) ph->note_upload_error("out of memory");
+  }
   params_written(sg);
   subgroup_part_done(sg);
   ph->pending.done();
@@ -204,8 +213,7 @@ void Optimizer::Impl::write_back(OpenStep& ph, Subgroup* sg, enum starpu_data_ac
 }
 
 bool Optimizer::Impl::own_param_upload() const {
-  static const bool tasks = std::getenv("DOS_PARAM_UPLOAD") && std::string(std::getenv("DOS_PARAM_UPLOAD")) == "task";
-  return !tasks && where_caller == STARPU_CUDA && !cuda_nodes.empty() && codelets_have_cuda();
+  return runtime_uploads_params() && where_caller == STARPU_CUDA && !cuda_nodes.empty() && codelets_have_cuda();
 }
 
 bool Optimizer::Impl::speculable(std::size_t i) const {
@@ -645,6 +653,11 @@ void Optimizer::Impl::wait_parameters(std::size_t begin, std::size_t end) {
     open->waited += std::chrono::duration<double>(now - t).count();
     open->waits_end = std::chrono::duration<double>(now - open->t0).count();
   }
+  g.unlock();
+  std::lock_guard<std::mutex> u(open->upload_mu);
+  if (!open->upload_error.empty())
+    throw Error("wait_parameters: the upload of new parameters to the GPU failed (" + open->upload_error +
+                "): the parameters hold a mix of old and new values; wait_step fails the step");
 }
 
 void Optimizer::Impl::wait_work() {

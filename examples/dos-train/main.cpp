@@ -110,6 +110,7 @@ int run_plan_only(const Args& a, const ModelConfig& cfg, const std::vector<Param
   po.execution.order = a.submit_order == "plan" ? dos::SubmitOrder::plan : dos::SubmitOrder::cpu_first;
   po.execution.lookahead = unsigned(a.stream_lookahead);
   po.execution.update_budget = update_budget;
+  po.execution.own_param_upload = po.workload.caller_on_gpu && dos::runtime_uploads_params();
   if (!a.rates.empty()) po.rates = &rates, po.calibrated = &calibrated_rates;
   std::printf("dos-train --plan-only: %s, %zu of %zu parameters (shard %s), %s, subgroups of %zu\n", cfg.name.c_str(),
               n, total, a.shard.c_str(), a.dtype.c_str(), subgroup);

@@ -198,10 +198,12 @@ class Runtime {
 ///   Default true: on the GPU machine the 20B quarter's dos update phase took 0.948 s with it and
 ///   1.057 s with fp32 gradients, in one run (README, "Side by side").
 /// urgent_writeback: push a CPU-updated subgroup's parameter write-back task where the worker
-///   running it (the CUDA worker when the caller's buffers are on the GPU) pops next, instead of
-///   behind the tasks already queued (TaskHint::urgent). The 20B quarter's timeline showed those
-///   tasks waiting behind every streamed Adam until the end of the phase; this is the change for
-///   it; measured slower on the GPU machine (README), hence off by default. Same results either way.
+///   running it pops next, instead of behind the tasks already queued (TaskHint::urgent). Only
+///   where that write-back is a task: the caller's buffers in host memory, or on the GPU with
+///   runtime_uploads_params() false (otherwise the runtime copies the parameters itself and there is
+///   no such task). Measured slower on the GPU machine (README: the urgent task holds the CUDA
+///   worker while its input waits on StarPU's host-to-device stream behind the lookahead's
+///   prefetches), hence off by default. Same results either way.
 /// eager_writeback: write each streamed subgroup's state back as soon as its update ends (an
 ///   asynchronous read acquire on main RAM, then starpu_data_wont_use); false: all at the end of
 ///   the phase. A GPU update budget needs eager write-back (Error otherwise).

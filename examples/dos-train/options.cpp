@@ -305,8 +305,9 @@ int parse_command_line(int argc, char** argv, Args& a) {
                  "the model's dtype, widened by the CPU's Adam kernel: half the bytes for bf16/fp16)")
       ->capture_default_str();
   app.add_flag("--urgent-writeback", a.urgent_writeback,
-               "push the CPU-updated subgroups' parameter write-backs ahead of the queued GPU work (measured "
-               "20-31% slower on the GPU machine: for experiments; see README)");
+               "push the CPU-updated subgroups' parameter write-back tasks ahead of the queued GPU work; only with "
+               "--device host or DOS_PARAM_UPLOAD=task (otherwise the runtime copies those parameters to the GPU "
+               "itself, with no task); measured slower on the GPU machine: for experiments, see README");
   app.add_option("--submit-order", a.submit_order,
                  "plan: the subgroups' tasks are submitted in subgroup order; cpu-first: the CPU-updated ones "
                  "before the streamed ones (when the GPU update budget holds both). Same results either way")

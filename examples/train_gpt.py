@@ -536,7 +536,8 @@ def write_timeline(path, spans, infos):
             ax.barh(rows["model"], b - a, left=a, height=0.6, color=colors[what])
     for ph in phases:
         for tk in ph["tasks"]:
-            ax.barh(rows[tk["lane"]] + (0.15 if tk["what"] in ("gather", "scatter") else -0.15), tk["end"] - tk["start"],
+            off = 0.0 if tk["lane"] == "h2d" else (0.15 if tk["what"] in ("gather", "scatter") else -0.15)
+            ax.barh(rows[tk["lane"]] + off, tk["end"] - tk["start"],
                     left=tk["start"], height=0.3, color=colors[tk["what"]])
     ax.set_yticks(list(rows.values()), [f"{k}" + (" (fwd, bwd, step)" if k == "model" else " tasks") for k in rows])
     ax.set_xlabel(f"seconds from step {spans[0]['step'] if spans else '?'}'s start")

@@ -177,13 +177,6 @@ bool wont_use_after_writeback() {
   static const bool on = !(std::getenv("DOS_WONT_USE") && std::string(std::getenv("DOS_WONT_USE")) == "0");
   return on;
 }
-// Measurement switch: DOS_LOOKAHEAD_FETCH=1 moves the lookahead's state with fetch requests
-// (starpu_data_fetch_on_node), which StarPU serves before prefetches and which may evict device
-// buffers to make room, instead of prefetch requests, which may not.
-bool lookahead_fetches() {
-  static const bool on = std::getenv("DOS_LOOKAHEAD_FETCH") && std::string(std::getenv("DOS_LOOKAHEAD_FETCH")) == "1";
-  return on;
-}
 }  // namespace
 
 void Optimizer::Impl::require_no_open_step(const char* what) const {
@@ -563,7 +556,7 @@ void Optimizer::Impl::finish_submit(StepVerdict verdict, bool async) {
         ph.admitted[i] = 1;
         const unsigned node = cuda_nodes[i % cuda_nodes.size()];  // the placement policy's choice
         for (starpu_data_handle_t h : {sg->h_master, sg->h_exp_avg, sg->h_exp_avg_sq})
-          lookahead_fetches() ? starpu_data_fetch_on_node(h, node, 1) : starpu_data_prefetch_on_node(h, node, 1);
+          starpu_data_prefetch_on_node(h, node, 1);
       };
       const std::vector<std::size_t> order =
           submission_order(plan.empty() ? std::vector<PlanSide>(sgs.size(), PlanSide::cpu) : plan, ph.cpu_first);

@@ -48,7 +48,8 @@ class ParamUploader {
   /// One subgroup's upload: `host` holds the subgroup's new parameters in the caller's dtype
   /// (args->dtype), packed in subgroup order; segment s's args->segs[s].count elements go from
   /// host + segs[s].offset elements to segs[s].param (a device pointer). host and args must stay
-  /// valid and unchanged until `done` has been called.
+  /// valid and unchanged until `done` has been called. `done` runs on the uploader's thread and
+  /// must not throw (an exception there ends the process).
   struct Job {
     const ScatterArgs* args = nullptr;
     const void* host = nullptr;

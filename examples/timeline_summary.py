@@ -1,0 +1,147 @@
+#!/usr/bin/env python3
+"""Where an update phase's time went, in text, from a timeline that ``dos-train --timeline FILE``
+(or ``dos_compare.py --timeline``) wrote.
+
+The timeline holds the phase's tasks (lane ``cpu``, ``gpu`` or ``h2d``; kind ``adam``,
+``adam_spec``, ``gather`` or ``scatter``; subgroup; start and end in seconds since the phase began)
+and its PCIe byte samples (seconds, cumulative host-to-device and device-to-host bytes, which
+StarPU counts when a transfer ends, plus the runtime's own uploads when they end). This prints:
+
+- the phase's span (the last task's end, seconds) and, per lane, its tasks, busy seconds and busy
+  fraction of the span (tasks of one lane do not overlap: each lane is one worker or one stream);
+- the CPU lane's idle gaps of at least ``--gap-ms`` (default 5 ms), when each began and how long;
+- the tail: from the end of the last streamed GPU Adam (lane ``gpu``, kind ``adam``) to the end of
+  the phase, its length and the tasks that ran in it, by lane and kind;
+- PCIe: the bytes each way over the phase and their average rate (GB/s, 1e9 bytes), and the same
+  per window of ``--window-ms`` (default 50 ms: the samples jump when a transfer ends, so short
+  windows mislead).
+
+``--json`` prints the same as one JSON object instead. Usage::
+
+    python3 examples/timeline_summary.py run.json [--gap-ms 5] [--window-ms 50] [--json]
+
+Errors: a file that cannot be read, is not JSON, or has no ``tasks`` list exits with status 2 and
+a message saying which (nothing is written).
+"""
+import argparse
+import json
+import sys
+
+
+def summarize(doc, gap_ms=5.0, window_ms=50.0):
+    """The summary of one timeline document (the dict dos-train writes) as a dict.
+
+    doc: {"tasks": [{"lane", "what", "subgroup", "start", "end"}...], "bus": [[t, h2d, d2h]...]}
+    (seconds and cumulative bytes). gap_ms, window_ms: milliseconds (> 0). Returns {"span" (s),
+    "lanes": {lane: {"tasks", "busy" (s), "fraction"}}, "cpu_gaps": [[start s, length s]...],
+    "tail": {"from" (s) or None, "length" (s), "tasks": {"lane/what": count}}, "bus": {"h2d_bytes",
+    "d2h_bytes", "h2d_gbps", "d2h_gbps", "windows": [[start s, h2d GB/s, d2h GB/s]...]}}.
+    Raises ValueError when doc has no task list or a task lacks a field, or gap_ms / window_ms is
+    not positive.
+    """
+    if gap_ms <= 0 or window_ms <= 0:
+        raise ValueError(f"gap_ms and window_ms must be > 0, got {gap_ms} and {window_ms}")
+    tasks = doc.get("tasks") if isinstance(doc, dict) else None
+    if not isinstance(tasks, list):
+        raise ValueError("the timeline has no 'tasks' list: is it a file of dos-train --timeline?")
+    for t in tasks:
+        for k in ("lane", "what", "start", "end"):
+            if k not in t:
+                raise ValueError(f"a task has no '{k}': {t}")
+    span = max((t["end"] for t in tasks), default=0.0)
+    lanes = {}
+    for t in tasks:
+        l = lanes.setdefault(t["lane"], {"tasks": 0, "busy": 0.0})
+        l["tasks"] += 1
+        l["busy"] += t["end"] - t["start"]
+    for l in lanes.values():
+        l["fraction"] = l["busy"] / span if span > 0 else 0.0
+    gaps = []
+    prev = 0.0
+    for t in sorted((t for t in tasks if t["lane"] == "cpu"), key=lambda t: t["start"]):
+        if t["start"] - prev >= gap_ms / 1e3:
+            gaps.append([prev, t["start"] - prev])
+        prev = max(prev, t["end"])
+    streamed_ends = [t["end"] for t in tasks if t["lane"] == "gpu" and t["what"] == "adam"]
+    tail = {"from": None, "length": 0.0, "tasks": {}}
+    if streamed_ends:
+        start = max(streamed_ends)
+        tail["from"] = start
+        tail["length"] = span - start
+        for t in tasks:
+            if t["start"] >= start:
+                key = f"{t['lane']}/{t['what']}"
+                tail["tasks"][key] = tail["tasks"].get(key, 0) + 1
+    bus = sorted(doc.get("bus") or [])
+    out_bus = {"h2d_bytes": 0, "d2h_bytes": 0, "h2d_gbps": 0.0, "d2h_gbps": 0.0, "windows": []}
+    if bus:
+        out_bus["h2d_bytes"] = bus[-1][1]  # counted from the phase's start
+        out_bus["d2h_bytes"] = bus[-1][2]
+        if span > 0:
+            out_bus["h2d_gbps"] = bus[-1][1] / span / 1e9
+            out_bus["d2h_gbps"] = bus[-1][2] / span / 1e9
+        w = window_ms / 1e3
+
+        def at(x):  # cumulative bytes counted by time x (the last sample at or before it)
+            h = d = 0
+            for s in bus:
+                if s[0] > x:
+                    break
+                h, d = s[1], s[2]
+            return h, d
+
+        k = 0
+        while k * w < span:
+            a, b = at(k * w), at(min((k + 1) * w, span))
+            length = min((k + 1) * w, span) - k * w
+            out_bus["windows"].append([k * w, (b[0] - a[0]) / length / 1e9, (b[1] - a[1]) / length / 1e9])
+            k += 1
+    return {"span": span, "lanes": lanes, "cpu_gaps": gaps, "tail": tail, "bus": out_bus}
+
+
+def render(s):
+    """The summary (summarize's dict) as text lines."""
+    lines = [f"phase: {s['span']:.4f} s"]
+    for name in sorted(s["lanes"]):
+        l = s["lanes"][name]
+        lines.append(f"  lane {name}: {l['tasks']} tasks, busy {l['busy']:.4f} s ({100 * l['fraction']:.0f}%)")
+    if s["cpu_gaps"]:
+        g = ", ".join(f"{1e3 * a:.0f}+{1e3 * b:.0f}" for a, b in s["cpu_gaps"])
+        lines.append(f"  CPU idle gaps (start+length, ms): {g}; {1e3 * sum(b for _, b in s['cpu_gaps']):.0f} ms in all")
+    else:
+        lines.append("  CPU idle gaps: none")
+    t = s["tail"]
+    if t["from"] is None:
+        lines.append("  tail: no streamed GPU Adam")
+    else:
+        what = ", ".join(f"{k} {v}" for k, v in sorted(t["tasks"].items())) or "nothing"
+        lines.append(f"  tail after the last streamed Adam ({1e3 * t['from']:.0f} ms): {1e3 * t['length']:.0f} ms; {what}")
+    b = s["bus"]
+    lines.append(f"  PCIe: H2D {b['h2d_bytes'] / 1e9:.3f} GB ({b['h2d_gbps']:.1f} GB/s), "
+                 f"D2H {b['d2h_bytes'] / 1e9:.3f} GB ({b['d2h_gbps']:.1f} GB/s)")
+    if b["windows"]:
+        lines.append("  per window (start ms: H2D/D2H GB/s): " +
+                     " ".join(f"{1e3 * a:.0f}:{h:.0f}/{d:.0f}" for a, h, d in b["windows"]))
+    return lines
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description="Where an update phase's time went, from dos-train --timeline's file")
+    ap.add_argument("timeline", help="the JSON file dos-train --timeline wrote")
+    ap.add_argument("--gap-ms", type=float, default=5.0, help="the shortest CPU idle gap listed, ms (default 5)")
+    ap.add_argument("--window-ms", type=float, default=50.0, help="the PCIe rate windows, ms (default 50)")
+    ap.add_argument("--json", action="store_true", help="print the summary as JSON")
+    a = ap.parse_args(argv)
+    try:
+        with open(a.timeline) as f:
+            doc = json.load(f)
+        s = summarize(doc, a.gap_ms, a.window_ms)
+    except (OSError, json.JSONDecodeError, ValueError) as e:
+        print(f"timeline_summary: {a.timeline}: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(s) if a.json else "\n".join(render(s)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,100 @@
+#!/usr/bin/env python3
+"""examples/timeline_summary.py on a timeline made by hand, every expected figure worked out here
+from the tasks and samples below; then its command line (text, JSON, bad files)."""
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+script = sys.argv[1]
+spec = importlib.util.spec_from_file_location("timeline_summary", script)
+ts = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(ts)
+
+# CPU Adams of subgroups 0, 1, 3; a streamed Adam (2) and a gradient staging (3) on the GPU; the
+# runtime's own parameter uploads of 0, 1, 3 on lane h2d. Span 0.150 s.
+doc = {"tasks": [
+    {"lane": "cpu", "what": "adam", "subgroup": 0, "start": 0.010, "end": 0.050},
+    {"lane": "cpu", "what": "adam", "subgroup": 1, "start": 0.052, "end": 0.090},
+    {"lane": "cpu", "what": "adam", "subgroup": 3, "start": 0.100, "end": 0.140},
+    {"lane": "gpu", "what": "adam", "subgroup": 2, "start": 0.030, "end": 0.031},
+    {"lane": "gpu", "what": "gather", "subgroup": 3, "start": 0.001, "end": 0.002},
+    {"lane": "h2d", "what": "scatter", "subgroup": 0, "start": 0.050, "end": 0.055},
+    {"lane": "h2d", "what": "scatter", "subgroup": 1, "start": 0.090, "end": 0.095},
+    {"lane": "h2d", "what": "scatter", "subgroup": 3, "start": 0.140, "end": 0.150}],
+    "bus": [[0.06, 3e9, 2e9], [0.02, 1e9, 0], [0.15, 6e9, 2e9]]}  # out of order on purpose
+s = ts.summarize(doc)
+fails = []
+
+
+def near(a, b, what, tol=1e-9):
+    if abs(a - b) > tol:
+        fails.append(f"{what}: {a} != {b}")
+
+
+near(s["span"], 0.150, "span")
+near(s["lanes"]["cpu"]["busy"], 0.040 + 0.038 + 0.040, "cpu busy")
+near(s["lanes"]["cpu"]["fraction"], 0.118 / 0.150, "cpu fraction")
+near(s["lanes"]["gpu"]["busy"], 0.002, "gpu busy")
+near(s["lanes"]["h2d"]["busy"], 0.020, "h2d busy")
+if [s["lanes"][k]["tasks"] for k in ("cpu", "gpu", "h2d")] != [3, 2, 3]:
+    fails.append(f"task counts {s['lanes']}")
+# gaps of at least 5 ms: [0, 10 ms) before the first Adam and [90, 100 ms); the 2 ms one is not listed
+if len(s["cpu_gaps"]) != 2:
+    fails.append(f"cpu gaps {s['cpu_gaps']}")
+else:
+    near(s["cpu_gaps"][0][0], 0.0, "gap 1 start"), near(s["cpu_gaps"][0][1], 0.010, "gap 1 length")
+    near(s["cpu_gaps"][1][0], 0.090, "gap 2 start"), near(s["cpu_gaps"][1][1], 0.010, "gap 2 length")
+near(len(ts.summarize(doc, gap_ms=1.5)["cpu_gaps"]), 3, "gaps of 1.5 ms or more")
+# the tail: from the streamed Adam's end (31 ms) to 150 ms; the CPU Adams of 1 and 3 and the three uploads began in it
+near(s["tail"]["from"], 0.031, "tail start")
+near(s["tail"]["length"], 0.119, "tail length")
+if s["tail"]["tasks"] != {"cpu/adam": 2, "h2d/scatter": 3}:
+    fails.append(f"tail tasks {s['tail']['tasks']}")
+# PCIe: 6e9 up and 2e9 down in 0.150 s: 40 and 13.33 GB/s; windows of 50 ms: 1e9, 2e9, 3e9 up
+# (20, 40, 60 GB/s), 0, 2e9, 0 down (0, 40, 0)
+b = s["bus"]
+near(b["h2d_bytes"], 6e9, "h2d bytes"), near(b["d2h_bytes"], 2e9, "d2h bytes")
+near(b["h2d_gbps"], 40.0, "h2d GB/s"), near(b["d2h_gbps"], 2e9 / 0.15 / 1e9, "d2h GB/s")
+if len(b["windows"]) != 3:
+    fails.append(f"windows {b['windows']}")
+else:
+    for (a, h, d), (wa, wh, wd) in zip(b["windows"], [(0.0, 20, 0), (0.05, 40, 40), (0.10, 60, 0)]):
+        near(a, wa, "window start"), near(h, wh, f"window {wa} h2d", 1e-6), near(d, wd, f"window {wa} d2h", 1e-6)
+# no streamed Adam: no tail; bad input refused
+plain = {"tasks": [t for t in doc["tasks"] if not (t["lane"] == "gpu" and t["what"] == "adam")], "bus": []}
+p = ts.summarize(plain)
+if p["tail"]["from"] is not None or p["bus"]["windows"]:
+    fails.append(f"without a streamed Adam or samples: {p['tail']}, {p['bus']}")
+for bad, kw in (({"bus": []}, {}), ({"tasks": [{"lane": "cpu"}]}, {}), (doc, {"gap_ms": 0})):
+    try:
+        ts.summarize(bad, **kw)
+        fails.append(f"accepted {bad if bad is not doc else 'gap_ms=0'}")
+    except ValueError:
+        pass
+
+# the command line
+with tempfile.TemporaryDirectory() as d:
+    good = os.path.join(d, "t.json")
+    with open(good, "w") as f:
+        json.dump(doc, f)
+    r = subprocess.run([sys.executable, script, good], capture_output=True, text=True)
+    if r.returncode != 0 or "tail after the last streamed Adam (31 ms): 119 ms; cpu/adam 2, h2d/scatter 3" not in r.stdout:
+        fails.append(f"text output: {r.returncode} {r.stdout} {r.stderr}")
+    r = subprocess.run([sys.executable, script, good, "--json"], capture_output=True, text=True)
+    if r.returncode != 0 or abs(json.loads(r.stdout)["span"] - 0.15) > 1e-12:
+        fails.append(f"json output: {r.returncode} {r.stdout[:200]} {r.stderr}")
+    notjson = os.path.join(d, "n.json")
+    with open(notjson, "w") as f:
+        f.write("not json")
+    for path in (notjson, os.path.join(d, "missing.json")):
+        r = subprocess.run([sys.executable, script, path], capture_output=True, text=True)
+        if r.returncode != 2 or "timeline_summary:" not in r.stderr or r.stdout:
+            fails.append(f"{path}: exit {r.returncode}, stderr {r.stderr!r}")
+
+if fails:
+    print("FAIL:\n  " + "\n  ".join(fails))
+    sys.exit(1)
+print("ok: timeline_summary on a hand-made timeline and on bad files")

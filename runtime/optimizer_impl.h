@@ -170,11 +170,16 @@ struct OpenStep {
   std::string submit_error;  // the first failure of the submitter thread (empty: none)
   // the first failure of a parameter upload of the runtime's own (ParamUploader; empty: none): the
   // phase fails when it ends
-  std::mutex upload_mu;
+  mutable std::mutex upload_mu;
   std::string upload_error;
   void note_upload_error(const std::string& why) {
     std::lock_guard<std::mutex> g(upload_mu);
     if (upload_error.empty()) upload_error = why;
+  }
+  /// The first upload failure noted so far (empty: none); any thread.
+  std::string upload_failure() const {
+    std::lock_guard<std::mutex> g(upload_mu);
+    return upload_error;
   }
 
   OpenStep() = default;

@@ -647,9 +647,9 @@ void Optimizer::Impl::wait_parameters(std::size_t begin, std::size_t end) {
     open->waits_end = std::chrono::duration<double>(now - open->t0).count();
   }
   g.unlock();
-  std::lock_guard<std::mutex> u(open->upload_mu);
-  if (!open->upload_error.empty())
-    throw Error("wait_parameters: the upload of new parameters to the GPU failed (" + open->upload_error +
+  const std::string upload_error = open->upload_failure();
+  if (!upload_error.empty())
+    throw Error("wait_parameters: the upload of new parameters to the GPU failed (" + upload_error +
                 "): the parameters hold a mix of old and new values; wait_step fails the step");
 }
 
@@ -668,14 +668,8 @@ StepStats Optimizer::Impl::finish_wait() {
   const auto t_wait = std::chrono::steady_clock::now();
   wait_work();  // every callback has run (nothing refers to `pending` any more), every task ended
   if (ph.refused) fail("StarPU refused to bring " + std::to_string(ph.refused) + " buffer(s) back to host memory");
-  {
-    std::string upload_error;
-    {
-      std::lock_guard<std::mutex> g(ph.upload_mu);
-      upload_error = ph.upload_error;
-    }
-    if (!upload_error.empty()) fail("the upload of new parameters to the GPU failed (" + upload_error + ")");
-  }
+  if (const std::string e = ph.upload_failure(); !e.empty())
+    fail("the upload of new parameters to the GPU failed (" + e + ")");
   ph.sampling.store(false);
   if (ph.sampler.joinable()) ph.sampler.join();
   st.window_peak_bytes = window.limit ? window.peak : 0;

@@ -207,6 +207,16 @@ struct OpenStep {
 /// Submits t; throws Error when StarPU refuses it (`what` names the task).
 void submit(struct starpu_task* t, const char* what);
 
+// The update phase's callback helpers (update_phase.cpp), shared with the parameter write-back
+// (param_writeback.cpp). StarPU's threads and the uploader's call them.
+/// Ends one piece of a subgroup's work; the last one gives its footprint back to the window.
+void subgroup_part_done(Subgroup* sg);
+/// From a step task's callback: completes the task's clock record, adds it to the optimizer's busy
+/// sums and, when a timeline is asked for, to the timeline.
+void clock_task(Subgroup* sg, const char* what);
+/// Marks the subgroup's parameters written (Optimizer::wait_parameters).
+void params_written(Subgroup* sg);
+
 }  // namespace detail
 
 struct Optimizer::Impl {

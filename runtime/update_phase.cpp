@@ -25,23 +25,15 @@
 namespace dos {
 using namespace detail;
 
-bool runtime_uploads_params() {
-  static const bool tasks = std::getenv("DOS_PARAM_UPLOAD") && std::string(std::getenv("DOS_PARAM_UPLOAD")) == "task";
-  return !tasks;
-}
-
 // ---------------------------------------------------------------------------------------------
 // The update phase's task callbacks (StarPU's threads)
 
-namespace {
+namespace detail {  // the callback helpers (optimizer_impl.h)
 
-/// Ends one piece of a subgroup's work; the last one gives its footprint back to the window.
 void subgroup_part_done(Subgroup* sg) {
   if (sg->parts_left.fetch_sub(1) == 1 && sg->window) sg->window->give(sg->footprint);
 }
 
-/// From a step task's callback: completes the task's clock record, adds it to the optimizer's busy
-/// sums and, when a timeline is asked for, to the timeline.
 void clock_task(Subgroup* sg, const char* what) {
   task_clock::Span span;
   if (!task_clock::finish(starpu_task_get_current(), &span)) return;
@@ -57,6 +49,14 @@ void clock_task(Subgroup* sg, const char* what) {
   }
   if (sg->timeline) sg->timeline->record(what, std::size_t(sg->hint_update.subgroup), span);
 }
+
+void params_written(Subgroup* sg) {
+  if (sg->ready) sg->ready->mark(sg->params_written);
+}
+
+}  // namespace detail
+
+namespace {
 
 struct WriteBack {
   starpu_data_handle_t h;
@@ -101,10 +101,6 @@ void record_speculative(void* arg) {
 void record_gather(void* arg) {
   clock_task(static_cast<Subgroup*>(arg), "gather");
 }
-/// Marks the subgroup's parameters written (Optimizer::wait_parameters).
-void params_written(Subgroup* sg) {
-  if (sg->ready) sg->ready->mark(sg->params_written);
-}
 /// Callback of the Adam task of the direct path (adam_direct_cl): as record_worker, the parameters
 /// written, and the task is one piece of the subgroup's work.
 void adam_direct_done(void* arg) {
@@ -112,55 +108,6 @@ void adam_direct_done(void* arg) {
   params_written(static_cast<Subgroup*>(arg));
   subgroup_part_done(static_cast<Subgroup*>(arg));
 }
-/// Callback of the parameter write-back task: the timeline, the parameters written, and one piece
-/// of the subgroup done.
-void scatter_done(void* arg) {
-  auto* sg = static_cast<Subgroup*>(arg);
-  clock_task(sg, "scatter");
-  params_written(sg);
-  subgroup_part_done(sg);
-}
-
-/// A parameter upload of the runtime's own (ParamUploader) between its acquire and its end.
-struct Upload {
-  Subgroup* sg;
-  OpenStep* ph;
-  ParamUploader* uploader;
-};
-
-/// The upload's end, on the uploader's thread: the staging buffer is released, the bytes join the
-/// bus counters, the timeline gets the copy on its lane ("h2d", a "scatter"), and the parameters are written
-/// (or the phase records why not: it fails when it ends).
-void end_upload(Upload* up, const ParamUploader::Result& r) noexcept {
-  Subgroup* sg = up->sg;
-  OpenStep* ph = up->ph;
-  delete up;
-  starpu_data_release(sg->h_param16);
-  if (r.error.empty()) add_bus_bytes(r.bytes, 0);
-  try {
-    if (!r.error.empty()) ph->note_upload_error(r.error);
-    if (sg->timeline) sg->timeline->record_span("h2d", "scatter", std::size_t(sg->hint_update.subgroup), r.start_us, r.end_us);
-  } catch (const std::bad_alloc&) {  // the timeline loses the span; an error keeps its placeholder
-    if (!r.error.empty()) ph->note_upload_error("out of memory");
-  }
-  params_written(sg);
-  subgroup_part_done(sg);
-  ph->pending.done();
-}
-
-/// Callback of the read acquire of a CPU-updated subgroup's parameter staging on host memory (a
-/// StarPU thread): hands the copy to the uploader.
-void start_upload(void* arg) {
-  auto* up = static_cast<Upload*>(arg);
-  try {
-    up->uploader->enqueue({&up->sg->scatter, up->sg->param16.ptr, [up](const ParamUploader::Result& r) { end_upload(up, r); }});
-  } catch (const std::exception& e) {
-    ParamUploader::Result r;
-    r.error = std::string("queueing the parameter upload: ") + e.what();
-    end_upload(up, r);
-  }
-}
-
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -203,10 +150,6 @@ void Optimizer::Impl::write_back(OpenStep& ph, Subgroup* sg, enum starpu_data_ac
     acquire_home(ph, h, mode, part_of_subgroup ? sg : nullptr);
     if (part_of_subgroup && wont_use_after_writeback()) starpu_data_wont_use(h);
   }
-}
-
-bool Optimizer::Impl::own_param_upload() const {
-  return runtime_uploads_params() && where_caller == STARPU_CUDA && !cuda_nodes.empty() && codelets_have_cuda();
 }
 
 bool Optimizer::Impl::speculable(std::size_t i) const {
@@ -380,33 +323,6 @@ void Optimizer::Impl::stage_gradient(OpenStep& ph, std::size_t i) {
     // waited behind the streamed subgroups' write-backs and the CPU idled.
     acquire_home(ph, sg->h_grad32, STARPU_R, nullptr);
   }
-}
-
-void Optimizer::Impl::scatter_params(OpenStep& ph, std::size_t i) {
-  Subgroup* sg = sgs[i].get();
-  if (uploads_params(i)) {
-    // The runtime's own upload (param_upload.h) once the CPU's Adam has written the staging buffer:
-    // a read acquire on host memory, held until the copy has ended.
-    if (!uploader) uploader = std::make_unique<ParamUploader>();
-    auto* up = new Upload{sg, &ph, uploader.get()};  // before add(): a throw here leaves the count as it was
-    ph.pending.add();
-    if (starpu_data_acquire_on_node_cb(sg->h_param16, STARPU_MAIN_RAM, STARPU_R, start_upload, up) != 0) {
-      delete up;
-      ph.note_upload_error("StarPU refused to acquire the new parameters of subgroup " + std::to_string(i) +
-                           " in host memory");
-      params_written(sg);
-      subgroup_part_done(sg);
-      ph.pending.done();
-    }
-  } else {
-    struct starpu_task* s = make_task(&scatter_cl, &sg->scatter, &sg->hint_scatter, where_caller);
-    s->handles[0] = sg->h_param16;
-    s->callback_func = scatter_done;
-    s->callback_arg = sg;
-    submit(s, "parameter write-back");
-  }
-  starpu_data_invalidate_submit(sg->h_grad32);  // both staging buffers are dropped once used
-  starpu_data_invalidate_submit(sg->h_param16);
 }
 
 void Optimizer::Impl::speculate(OpenStep& ph, std::size_t i) {

@@ -24,6 +24,7 @@ Errors: a file that cannot be read, is not JSON, or has no ``tasks`` list exits 
 a message saying which (nothing is written).
 """
 import argparse
+import bisect
 import json
 import sys
 
@@ -82,13 +83,11 @@ def summarize(doc, gap_ms=5.0, window_ms=50.0):
             out_bus["d2h_gbps"] = bus[-1][2] / span / 1e9
         w = window_ms / 1e3
 
+        times = [s[0] for s in bus]
+
         def at(x):  # cumulative bytes counted by time x (the last sample at or before it)
-            h = d = 0
-            for s in bus:
-                if s[0] > x:
-                    break
-                h, d = s[1], s[2]
-            return h, d
+            k = bisect.bisect_right(times, x)
+            return (bus[k - 1][1], bus[k - 1][2]) if k else (0, 0)
 
         k = 0
         while k * w < span:

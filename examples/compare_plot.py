@@ -31,10 +31,11 @@ def draw(plt, png, rows, baselines, peers, tl):
         ax.legend(fontsize=8)
     if tl:
         ax = axes[1][0]
-        lanes = {"cpu": 3, "gpu": 2, "h2d": 1}  # h2d: the runtime's own parameter uploads, on the H2D row
+        # h2d, d2h: the runtime's own parameter uploads and gradient downloads, on the PCIe row
+        lanes = {"cpu": 3, "gpu": 2, "h2d": 1.1, "d2h": 0.9}
         colors = {"adam": "C0", "gather": "C2", "scatter": "C1"}
         for t in tl["tasks"]:
-            ax.barh(lanes[t["lane"]], t["end"] - t["start"], left=t["start"], height=0.7 if t["lane"] != "h2d" else 0.2,
+            ax.barh(lanes[t["lane"]], t["end"] - t["start"], left=t["start"], height=0.7 if t["lane"] in ("cpu", "gpu") else 0.2,
                     color=colors.get(t["what"], "C4"), edgecolor="none")
         # PCIe rates from the cumulative bus samples (bytes are counted when a transfer completes,
         # so rates are averaged over windows of 20 ms, or a twentieth of a shorter phase)

@@ -2,10 +2,10 @@
 """Where an update phase's time went, in text, from a timeline that ``dos-train --timeline FILE``
 (or ``dos_compare.py --timeline``) wrote.
 
-The timeline holds the phase's tasks (lane ``cpu``, ``gpu`` or ``h2d``; kind ``adam``,
+The timeline holds the phase's tasks (lane ``cpu``, ``gpu``, ``h2d`` or ``d2h``; kind ``adam``,
 ``adam_spec``, ``gather`` or ``scatter``; subgroup; start and end in seconds since the phase began)
 and its PCIe byte samples (seconds, cumulative host-to-device and device-to-host bytes, which
-StarPU counts when a transfer ends, plus the runtime's own uploads when they end). This prints:
+StarPU counts when a transfer ends, plus the runtime's own copies when they end). This prints:
 
 - the phase's span (the last task's end, seconds) and, per lane, its tasks, busy seconds and busy
   fraction of the span (tasks of one lane do not overlap: each lane is one worker or one stream);

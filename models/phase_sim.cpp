@@ -118,6 +118,10 @@ Simulation simulate_phase(const Workload& w, const std::vector<PlanSide>& plan, 
   // stream beside StarPU's; while both carry data they share the link's B_h2d evenly.
   Lane up_own;
   const bool own_upload = e.own_param_upload && w.caller_on_gpu;
+  // The runtime's own gradient downloads (Execution::own_grad_download): a second device-to-host
+  // stream beside StarPU's, sharing B_d2h evenly in the same way.
+  Lane down_own;
+  const bool own_download = e.own_grad_download && w.caller_on_gpu;
   std::vector<Lane> cpus(std::max<std::size_t>(1, e.cpu_workers));  // subgroup i's Adam on CPU worker i % k
   auto cpu_of = [&](std::size_t i) -> Lane& { return cpus[i % cpus.size()]; };
   std::size_t window_used = 0;
@@ -162,7 +166,11 @@ Simulation simulate_phase(const Workload& w, const std::vector<PlanSide>& plan, 
       }
       ++next;
       if (s.side == PlanSide::cpu) {
-        if (w.caller_on_gpu) {
+        if (own_download) {  // the gradients go down at once; the CPU Adam is queued and waits for them
+          s.input_ready = false;
+          down_own.queue.push_back({i, Stage::grad_down});
+          cpu_of(i).queue.push_back({i, Stage::adam_cpu});
+        } else if (w.caller_on_gpu) {
           gpu.queue.push_back({i, Stage::gather});
         } else {
           s.input_ready = true;
@@ -284,22 +292,25 @@ Simulation simulate_phase(const Workload& w, const std::vector<PlanSide>& plan, 
       started |= start_link(h2d);
       started |= start_link(up_own);
       started |= start_link(d2h);
+      started |= start_link(down_own);
       started |= start_gpu();
       for (Lane& cpu : cpus) started |= start_cpu(cpu);
     }
     const bool up_busy = h2d.current >= 0 || up_own.current >= 0;
-    const bool dma = up_busy || d2h.current >= 0;
+    const bool down_busy = d2h.current >= 0 || down_own.current >= 0;
+    const bool dma = up_busy || down_busy;
     double active_cpus = 0;
     for (const Lane& cpu : cpus) active_cpus += cpu.current >= 0 ? 1 : 0;
-    const double demand = active_cpus * r.U_c * cpu_bytes + (up_busy ? r.B_h2d : 0.0) +
-                          (d2h.current >= 0 ? r.B_d2h : 0.0);
+    const double demand = active_cpus * r.U_c * cpu_bytes + (up_busy ? r.B_h2d : 0.0) + (down_busy ? r.B_d2h : 0.0);
     const double share = demand > host_bw ? host_bw / demand : 1.0;
-    const double u_cpu = r.U_c * share, b_down = r.B_d2h * share;
+    const double u_cpu = r.U_c * share;
+    const double b_down = r.B_d2h * share / (d2h.current >= 0 && down_own.current >= 0 ? 2.0 : 1.0);
     const double b_up = r.B_h2d * share / (h2d.current >= 0 && up_own.current >= 0 ? 2.0 : 1.0);
     double dt = std::numeric_limits<double>::infinity();
     if (h2d.current >= 0) dt = std::min(dt, h2d.left / b_up);
     if (up_own.current >= 0) dt = std::min(dt, up_own.left / b_up);
     if (d2h.current >= 0) dt = std::min(dt, d2h.left / b_down);
+    if (down_own.current >= 0) dt = std::min(dt, down_own.left / b_down);
     if (gpu.current >= 0) dt = std::min(dt, gpu.left);
     for (const Lane& cpu : cpus)
       if (cpu.current >= 0) dt = std::min(dt, cpu.left / u_cpu);
@@ -318,6 +329,10 @@ Simulation simulate_phase(const Workload& w, const std::vector<PlanSide>& plan, 
       d2h.left -= dt * b_down;
       d2h.busy += dt;
     }
+    if (down_own.current >= 0) {
+      down_own.left -= dt * b_down;
+      if (d2h.current < 0) d2h.busy += dt;  // the link's busy time: either stream
+    }
     if (gpu.current >= 0) {
       gpu.left -= dt;
       gpu.busy += dt;
@@ -332,6 +347,7 @@ Simulation simulate_phase(const Workload& w, const std::vector<PlanSide>& plan, 
     if (h2d.current >= 0 && h2d.left <= eps * (1 + r.B_h2d)) complete(h2d);
     if (up_own.current >= 0 && up_own.left <= eps * (1 + r.B_h2d)) complete(up_own);
     if (d2h.current >= 0 && d2h.left <= eps * (1 + r.B_d2h)) complete(d2h);
+    if (down_own.current >= 0 && down_own.left <= eps * (1 + r.B_d2h)) complete(down_own);
     if (gpu.current >= 0 && gpu.left <= eps) complete(gpu);
     for (Lane& cpu : cpus)
       if (cpu.current >= 0 && cpu.left <= eps * (1 + u_cpu)) complete(cpu);

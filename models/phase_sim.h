@@ -22,7 +22,9 @@
 // The resources and what each subgroup asks of them (n its parameters, gb the staged gradient's
 // bytes per parameter, pb the parameters' bytes per parameter; caller on the GPU):
 //   CPU subgroup:      GPU: staging n / D_c;  D2H: gb n;  CPU: Adam on n;  H2D: pb n;  GPU: write-back
-//                      (with Execution::own_param_upload: H2D pb n on a stream of its own, no write-back)
+//                      (with Execution::own_grad_download: D2H gb n on a stream of its own from its
+//                      submission, no staging on the GPU; with Execution::own_param_upload: H2D pb n
+//                      on a stream of its own, no write-back)
 //   streamed subgroup: H2D: 12 n (prefetched);  GPU: Adam n / U_g;  D2H: 12 n
 //   resident subgroup: GPU: Adam n / U_g
 // (caller in host memory: a CPU subgroup is the CPU Adam alone; a streamed one moves 12 + gb up and
@@ -60,6 +62,12 @@ struct Execution {
   /// StarPU's stream behind what was asked before them, and a write-back task on the GPU's queue
   /// waits for them.
   bool own_param_upload = false;
+  /// With the caller on the GPU: a CPU subgroup's gradients go down on the runtime's own stream
+  /// (CopyStream) as soon as the subgroup is submitted, beside StarPU's device-to-host stream (the
+  /// two share B_d2h evenly while both carry data), with no staging task on the GPU; false: a
+  /// staging task in the GPU's queue, then StarPU's device-to-host stream behind what was asked
+  /// before. The runtime does this only when the gradients keep the caller's dtype.
+  bool own_grad_download = false;
 };
 
 /// GPU bytes subgroup of n parameters on `side` holds while in flight (the runtime's footprint):

@@ -125,6 +125,15 @@ inline constexpr std::size_t kStarpuDeviceMargin = std::size_t(64) << 20;
 /// phase simulation follows the same choice (Execution::own_param_upload). Same results either way.
 bool runtime_uploads_params();
 
+/// Whether, with the caller's gradients on a GPU, the runtime copies the gradients of the subgroups
+/// updated on the CPU into their host staging itself, on a CUDA stream of its own, as soon as their
+/// update is submitted (true), or by a gradient conversion task in the CUDA worker's queue and
+/// StarPU's device-to-host transfer (false). Only where the staged gradient keeps the caller's dtype
+/// (OptimizerOptions::native_grads, or fp32 parameters); a conversion to fp32 stays a task. True
+/// unless the environment says DOS_GRAD_DOWNLOAD=task (a measurement switch, read once); the plan's
+/// phase simulation follows the same choice (Execution::own_grad_download). Same results either way.
+bool runtime_downloads_grads();
+
 /// The runtime's clock, seconds: StarPU's (starpu_timing_now(): StarPU 1.3.10 reads CLOCK_MONOTONIC,
 /// counted from StarPU's start while a Runtime runs), which
 /// StepStats::started_at and the task clock read. Another clock of the process relates to it by
@@ -254,9 +263,10 @@ struct OptimizerOptions {
 enum class StepVerdict { keep, changed, skip };
 
 /// One task or transfer sample of an update phase, for timelines. lane: "cpu" or "gpu" (an Adam,
-/// gradient conversion or parameter write-back task on that kind of worker), or "h2d" (a
-/// CPU-updated subgroup's parameter write-back copied by the runtime itself, on a CUDA stream of its
-/// own, when the caller's parameters are on the GPU); what: "adam",
+/// gradient conversion or parameter write-back task on that kind of worker), "h2d" (a CPU-updated
+/// subgroup's parameter write-back copied by the runtime itself, on a CUDA stream of its own, when
+/// the caller's parameters are on the GPU: runtime_uploads_params) or "d2h" (a CPU-updated
+/// subgroup's gradients copied down by the runtime itself: runtime_downloads_grads); what: "adam",
 /// "adam_spec" (a speculative Adam, Optimizer::gradients_final), "gather" or "scatter"; subgroup:
 /// its index; start, end: seconds since the phase began
 /// (the runtime's own task clock, codelets/task_clock.h; StarPU's task profiling stays off).
@@ -413,9 +423,10 @@ class Optimizer {
   /// of ranges wait_parameters returned for and nothing else; begin_step, step(), and every method
   /// that reads or replaces the state throw Error ("call wait_step first"). Throws Error:
   /// finish_step_async as finish_step; wait_parameters for a range beyond num_params() or while a
-  /// step is open and not finished, and once the runtime's own copy of new parameters to the GPU
-  /// has failed (runtime_uploads_params; the parameters then hold a mix of old and new values, and
-  /// wait_step fails the step); wait_step without finish_step_async.
+  /// step is open and not finished, and once one of the runtime's own copies between the GPU and
+  /// host memory has failed (runtime_uploads_params, runtime_downloads_grads; the parameters may
+  /// then hold a mix of old and new values, and wait_step fails the step); wait_step without
+  /// finish_step_async.
   void finish_step_async(StepVerdict verdict = StepVerdict::keep);
   /// step() without waiting: the whole phase submitted (StepStats::overlapped stays false), then
   /// wait_parameters and wait_step as after finish_step_async. Throws as step().

@@ -357,9 +357,11 @@ int dos_optimizer_write_masters(dos_optimizer* opt, size_t begin, size_t end, co
 #define DOS_LANE_GPU 1 /* on a CUDA worker (from its launch to the end of its asynchronous work) */
 #define DOS_LANE_H2D 2 /* the runtime's own host-to-device copy, outside StarPU's workers (a
                           CPU-updated subgroup's parameter write-back to GPU tensors) */
+#define DOS_LANE_D2H 3 /* the runtime's own device-to-host copy, outside StarPU's workers (a
+                          CPU-updated subgroup's gradients from GPU tensors into host staging) */
 #define DOS_TASK_ADAM 0      /* an Adam update */
 #define DOS_TASK_ADAM_SPEC 1 /* a speculative Adam update (dos_optimizer_gradients_final) */
-#define DOS_TASK_GATHER 2    /* a gradient conversion or transfer into the runtime's buffers */
+#define DOS_TASK_GATHER 2    /* a gradient conversion or copy into the runtime's buffers */
 #define DOS_TASK_SCATTER 3   /* a parameter write-back into the caller's buffers */
 typedef struct dos_timeline_task {
   int32_t lane;      /* DOS_LANE_* */

@@ -28,7 +28,7 @@
 #include "admission.h"
 #include "dos.h"
 #include "host_memory.h"
-#include "param_upload.h"
+#include "copy_stream.h"
 #include "profiling.h"
 #include "refinement.h"
 
@@ -168,18 +168,18 @@ struct OpenStep {
   bool q_closed = false;
   std::thread submitter;
   std::string submit_error;  // the first failure of the submitter thread (empty: none)
-  // the first failure of a parameter upload of the runtime's own (ParamUploader; empty: none): the
-  // phase fails when it ends
-  mutable std::mutex upload_mu;
-  std::string upload_error;
-  void note_upload_error(const std::string& why) {
-    std::lock_guard<std::mutex> g(upload_mu);
-    if (upload_error.empty()) upload_error = why;
+  // the first failure of a copy of the runtime's own between the caller's GPU tensors and host
+  // staging (CopyStream; empty: none): the phase fails when it ends
+  mutable std::mutex copy_mu;
+  std::string copy_error;
+  void note_copy_error(const std::string& why) {
+    std::lock_guard<std::mutex> g(copy_mu);
+    if (copy_error.empty()) copy_error = why;
   }
-  /// The first upload failure noted so far (empty: none); any thread.
-  std::string upload_failure() const {
-    std::lock_guard<std::mutex> g(upload_mu);
-    return upload_error;
+  /// The first copy failure noted so far (empty: none); any thread.
+  std::string copy_failure() const {
+    std::lock_guard<std::mutex> g(copy_mu);
+    return copy_error;
   }
 
   OpenStep() = default;
@@ -208,7 +208,7 @@ struct OpenStep {
 void submit(struct starpu_task* t, const char* what);
 
 // The update phase's callback helpers (update_phase.cpp), shared with the parameter write-back
-// (param_writeback.cpp). StarPU's threads and the uploader's call them.
+// (staging.cpp). StarPU's threads and the CopyStreams' call them.
 /// Ends one piece of a subgroup's work; the last one gives its footprint back to the window.
 void subgroup_part_done(Subgroup* sg);
 /// From a step task's callback: completes the task's clock record, adds it to the optimizer's busy
@@ -244,7 +244,9 @@ struct Optimizer::Impl {
   bool timeline_on = false;
   std::vector<unsigned> cuda_nodes;  // memory node of each CUDA worker, in worker-id order
   std::unique_ptr<detail::OpenStep> open;  // the update phase between begin_step and finish_step
-  std::unique_ptr<detail::ParamUploader> uploader;  // made at the first upload (uploads_params)
+  // the runtime's own copies of CPU subgroups' staging (copy_stream.h), one stream each way, made at
+  // their first use (uploads_params, downloads_grads)
+  std::unique_ptr<detail::CopyStream> uploader, downloader;
   std::size_t shadow_used = 0, shadow_limit = 0;  // host bytes of shadow state, and their budget
   // The previous overlapped step's gradients changed after their declaration (clipping was active):
   // this step speculates nothing, since its speculative updates would most likely be redone too
@@ -272,10 +274,18 @@ struct Optimizer::Impl {
   bool speculable(std::size_t i) const;
   bool ensure_shadow(detail::Subgroup* sg);
   void speculate(detail::OpenStep& ph, std::size_t i);
+  /// Subgroup i's gradients into its staging handle (h_grad32), before its Adam task: the runtime's
+  /// own download (downloads_grads(i)), or a gather_cl task where the caller's buffers are (and,
+  /// with them on a GPU and the update on the CPU, an acquire that brings the result down at once).
   void stage_gradient(detail::OpenStep& ph, std::size_t i);
   /// Subgroup i's parameter write-back, after its Adam task: the runtime's own upload
   /// (uploads_params(i)) or a scatter_cl task; then both staging buffers are invalidated.
   void scatter_params(detail::OpenStep& ph, std::size_t i);
+  /// A copy of the runtime's own for subgroup i (staging.cpp): an asynchronous acquire of its
+  /// staging handle on host memory (to_gpu: h_param16 for reading; to_host: h_grad32 for writing),
+  /// whose callback queues the copy on the CopyStream of that direction; the copy's end releases
+  /// the handle. A failure is noted in ph (OpenStep::note_copy_error) and fails the phase at its end.
+  void own_copy(detail::OpenStep& ph, std::size_t i, detail::CopyStream::Direction dir);
   void acquire_home(detail::OpenStep& ph, starpu_data_handle_t h,
                     enum starpu_data_access_mode mode, detail::Subgroup* sg);
   void write_back(detail::OpenStep& ph, detail::Subgroup* sg,
@@ -289,17 +299,28 @@ struct Optimizer::Impl {
     e.update_budget = cuda_nodes.empty() ? 0 : opt.gpu_update_budget;
     e.cpu_workers = rt->cpu_workers();
     e.own_param_upload = own_param_upload();
+    e.own_grad_download = own_grad_download();
     return e;
   }
   /// Whether subgroup i's new parameters go to the caller's GPU tensors by the runtime's own upload
-  /// (ParamUploader) instead of a scatter_cl task on the CUDA worker: the plan updates it on the
+  /// (CopyStream) instead of a scatter_cl task on the CUDA worker: the plan updates it on the
   /// CPU, the caller's buffers are on a GPU and the build has CUDA. Measurement switch:
   /// DOS_PARAM_UPLOAD=task keeps the scatter_cl task.
   bool uploads_params(std::size_t i) const { return !plan.empty() && plan[i] == PlanSide::cpu && own_param_upload(); }
-  /// Whether the runtime uploads CPU-updated subgroups' parameters itself (uploads_params): the
-  /// caller's buffers are on a GPU, a CUDA worker runs and the build has CUDA, unless
-  /// DOS_PARAM_UPLOAD=task.
+  /// Whether the runtime uploads CPU-updated subgroups' parameters itself (uploads_params):
+  /// own_copies_possible(), unless DOS_PARAM_UPLOAD=task.
   bool own_param_upload() const;
+  /// Whether subgroup i's gradients come into host staging by the runtime's own download
+  /// (CopyStream) instead of a gather_cl task on the CUDA worker and StarPU's transfer: the plan
+  /// updates it on the CPU and own_grad_download(). Measurement switch: DOS_GRAD_DOWNLOAD=task.
+  bool downloads_grads(std::size_t i) const { return !plan.empty() && plan[i] == PlanSide::cpu && own_grad_download(); }
+  /// Whether the runtime downloads CPU-updated subgroups' gradients itself (downloads_grads):
+  /// own_copies_possible(), the gradients staged in the caller's dtype (native_grads, or fp32
+  /// parameters: a plain copy, no conversion), unless DOS_GRAD_DOWNLOAD=task.
+  bool own_grad_download() const;
+  /// Whether copies of the runtime's own can serve the caller: its buffers are on a GPU, a CUDA
+  /// worker runs and the build has CUDA.
+  bool own_copies_possible() const;
   /// Whether subgroup i's update this step takes the direct path: a plan puts it on the GPU and the
   /// caller's buffers are there (CUDA worker present).
   bool direct_path(std::size_t i) const {

@@ -17,7 +17,7 @@ namespace dos::detail {
 
 /// Bytes moved from host memory to a GPU (h2d) and back (d2h) since StarPU started, over every bus.
 void read_bus_bytes(std::uint64_t* h2d, std::uint64_t* d2h);
-/// Adds bytes the runtime copied itself, outside StarPU (ParamUploader), to the totals
+/// Adds bytes the runtime copied itself, outside StarPU (CopyStream), to the totals
 /// read_bus_bytes gives, once the copy has ended (as StarPU counts its own).
 void add_bus_bytes(std::uint64_t h2d, std::uint64_t d2h);
 

@@ -98,9 +98,6 @@ void record_speculative(void* arg) {
   clock_task(sg, "adam_spec");
   sg->spec_ended.store(true);
 }
-void record_gather(void* arg) {
-  clock_task(static_cast<Subgroup*>(arg), "gather");
-}
 /// Callback of the Adam task of the direct path (adam_direct_cl): as record_worker, the parameters
 /// written, and the task is one piece of the subgroup's work.
 void adam_direct_done(void* arg) {
@@ -308,21 +305,6 @@ void Optimizer::Impl::begin(bool overlapped) {
         }
       }
     });
-}
-
-void Optimizer::Impl::stage_gradient(OpenStep& ph, std::size_t i) {
-  Subgroup* sg = sgs[i].get();
-  struct starpu_task* g = make_task(&gather_cl, &sg->gather_grads, &sg->hint_io, where_caller);
-  g->handles[0] = sg->h_grad32;
-  g->callback_func = record_gather;
-  g->callback_arg = sg;
-  submit(g, "gradient conversion");
-  if ((plan.empty() ? ph.speculated[i] : plan[i] == PlanSide::cpu) && where_caller == STARPU_CUDA && !cuda_nodes.empty()) {
-    // The CPU's gradient comes down as soon as it is staged: an asynchronous acquire on main RAM
-    // is a fetch, which StarPU serves before prefetches; left to the Adam task's prefetch, it
-    // waited behind the streamed subgroups' write-backs and the CPU idled.
-    acquire_home(ph, sg->h_grad32, STARPU_R, nullptr);
-  }
 }
 
 void Optimizer::Impl::speculate(OpenStep& ph, std::size_t i) {
@@ -563,10 +545,10 @@ void Optimizer::Impl::wait_parameters(std::size_t begin, std::size_t end) {
     open->waits_end = std::chrono::duration<double>(now - open->t0).count();
   }
   g.unlock();
-  const std::string upload_error = open->upload_failure();
-  if (!upload_error.empty())
-    throw Error("wait_parameters: the upload of new parameters to the GPU failed (" + upload_error +
-                "): the parameters hold a mix of old and new values; wait_step fails the step");
+  const std::string copy_error = open->copy_failure();
+  if (!copy_error.empty())
+    throw Error("wait_parameters: a copy between the GPU and host memory failed (" + copy_error +
+                "): the parameters may hold a mix of old and new values; wait_step fails the step");
 }
 
 void Optimizer::Impl::wait_work() {
@@ -584,8 +566,8 @@ StepStats Optimizer::Impl::finish_wait() {
   const auto t_wait = std::chrono::steady_clock::now();
   wait_work();  // every callback has run (nothing refers to `pending` any more), every task ended
   if (ph.refused) fail("StarPU refused to bring " + std::to_string(ph.refused) + " buffer(s) back to host memory");
-  if (const std::string e = ph.upload_failure(); !e.empty())
-    fail("the upload of new parameters to the GPU failed (" + e + ")");
+  if (const std::string e = ph.copy_failure(); !e.empty())
+    fail("a copy between the GPU and host memory failed (" + e + ")");
   ph.sampling.store(false);
   if (ph.sampler.joinable()) ph.sampler.join();
   st.window_peak_bytes = window.limit ? window.peak : 0;

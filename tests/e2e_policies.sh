@@ -83,8 +83,8 @@ case "$mode" in
     # timeline has every task of the last phase (a gradient staging, an Adam and a parameter
     # write-back per subgroup) and its bus samples. Without a CUDA worker the stand-in runs on the
     # CPU with its tokens divided by --cpu-scale and every task runs on the CPU; with one, the
-    # tokens are as given, the staging runs where the gradients live, on the GPU, and the parameter
-    # write-back is the runtime's own copy to the GPU (lane h2d).
+    # tokens are as given, and the gradient staging and the parameter write-back are the runtime's
+    # own copies from and to the GPU (lanes d2h and h2d).
     run --policy cpu --save-params "$tmp/plain.safetensors"
     run --policy cpu --emulate-compute --overlap off --tokens 256 --cpu-scale 16 --report "$tmp/r.json" --timeline "$tmp/t.json" \
       --save-params "$tmp/emulated.safetensors"
@@ -105,7 +105,7 @@ kinds = sorted((x["what"], x["subgroup"]) for x in t["tasks"])
 n = r["subgroups"]
 assert kinds == sorted([(w, i) for w in ("adam", "gather", "scatter") for i in range(n)]), kinds
 for x in t["tasks"]:
-    want = "cpu" if not gpu or x["what"] == "adam" else ("h2d" if x["what"] == "scatter" else "gpu")
+    want = "cpu" if not gpu or x["what"] == "adam" else ("h2d" if x["what"] == "scatter" else "d2h")
     assert x["lane"] == want and 0 <= x["start"] <= x["end"], (want, x)
 assert t["bus"] and all(len(b) == 3 for b in t["bus"]), t["bus"][:3]
 print(f"ok: emulated iteration, {len(t['tasks'])} tasks in the timeline, {len(t['bus'])} bus samples")

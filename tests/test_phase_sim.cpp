@@ -165,6 +165,51 @@ void test_own_param_upload(void**) {
   ASSERT_NEAR(with, dos::simulate_phase(host, plan, r, e).total, 0.0);
 }
 
+// The runtime's own gradient download (Execution::own_grad_download), plan order, caller on the
+// GPU, own parameter upload in both runs; the rates and subgroups of test_own_param_upload.
+// Own download: the gradient goes down at submission [0, 0.5], the CPU Adam [0.5, 0.8], the
+// parameters go up beside the state from 0.8 (both at B / 2: the state's 2.4e9 bytes left are up at
+// 1.2, the parameters at 1.5); the streamed Adam [1.2, 1.2 + 1e-6], the state back 1 s later:
+// 2.2 + 1e-6; PCIe down busy 0.5 + 1.
+// Staging task instead: it waits in the GPU's queue behind the streamed Adam, which waits for its
+// state [0, 1]: Adam [1, 1 + 1e-6], staging [.., 1 + 4e-6]; its gradient goes down behind the state
+// [1 + 1e-6, 2 + 1e-6], in [2 + 1e-6, 2.5 + 1e-6]; the CPU Adam to 2.8 + 1e-6, the parameters up
+// 0.5 s: 3.3 + 1e-6.
+// Both streams down at once (CPU subgroup of 1.5e10: its gradient, 3e10 bytes, alone from 0 to
+// 1 + 1e-6 moves 1.2000012e10; then both at B / 2: the state's 1.2e10 are back at 3 + 1e-6, the
+// gradient's last 5.999988e9 alone at B take 0.499999 s: 3.5); CPU Adam 1.5 s to 5, parameters up
+// 2.5 s: 7.5; PCIe down busy 3.5.
+void test_own_grad_download(void**) {
+  const dos::Workload w = workload({1000000000, 3000000000}, true);
+  const dos::Rates r{1e10, 1e10, 1e15, 1e15, 1.2e10, 1.2e10};
+  const std::vector<PlanSide> plan = {PlanSide::gpu_streamed, PlanSide::cpu};
+  dos::Execution e;
+  e.order = dos::SubmitOrder::plan;
+  e.own_param_upload = true;
+  e.own_grad_download = true;
+  const dos::Simulation own = dos::simulate_phase(w, plan, r, e);
+  assert_false(own.cpu_first);
+  ASSERT_NEAR(own.total, 2.2 + 1e-6, 1e-9);
+  ASSERT_NEAR(own.stream_end, 2.2 + 1e-6, 1e-9);
+  ASSERT_NEAR(own.d2h, 1.5, 1e-9);
+  ASSERT_NEAR(own.gpu, 1e-6, 1e-12);  // no staging task on the GPU
+  e.own_grad_download = false;
+  const dos::Simulation task = dos::simulate_phase(w, plan, r, e);
+  ASSERT_NEAR(task.total, 3.3 + 1e-6, 1e-9);
+  ASSERT_NEAR(task.stream_end, 2 + 1e-6, 1e-9);
+  ASSERT_NEAR(task.gpu, 4e-6, 1e-12);
+  e.own_grad_download = true;
+  const dos::Simulation shared = dos::simulate_phase(workload({1000000000, 15000000000}, true), plan, r, e);
+  ASSERT_NEAR(shared.stream_end, 3 + 1e-6, 1e-9);
+  ASSERT_NEAR(shared.total, 7.5, 1e-9);
+  ASSERT_NEAR(shared.d2h, 3.5, 1e-9);
+  // caller in host memory: nothing comes down, the flag changes nothing
+  const dos::Workload host = workload({1000000000, 3000000000}, false);
+  const double with = dos::simulate_phase(host, plan, r, e).total;
+  e.own_grad_download = false;
+  ASSERT_NEAR(with, dos::simulate_phase(host, plan, r, e).total, 0.0);
+}
+
 // The update budget: two CPU subgroups (caller on the GPU, staging 4 B per parameter) and a budget
 // of one subgroup's staging: the second starts only when the first's parameters are back, so the
 // phase is twice one subgroup's chain: gradient down 0.2 s, Adam 1 s, parameters up 0.2 s. Without
@@ -322,6 +367,7 @@ int main() {
       cmocka_unit_test(test_host_memory_shared), cmocka_unit_test(test_order),       cmocka_unit_test(test_budget),
       cmocka_unit_test(test_choice_and_bound),   cmocka_unit_test(test_search_many), cmocka_unit_test(test_cpu_workers),
       cmocka_unit_test(test_cpu_after_stream),   cmocka_unit_test(test_bad_input), cmocka_unit_test(test_own_param_upload),
+      cmocka_unit_test(test_own_grad_download),
   };
   return cmocka_run_group_tests(tests, nullptr, nullptr);
 }

@@ -111,6 +111,9 @@ int run_plan_only(const Args& a, const ModelConfig& cfg, const std::vector<Param
   po.execution.lookahead = unsigned(a.stream_lookahead);
   po.execution.update_budget = update_budget;
   po.execution.own_param_upload = po.workload.caller_on_gpu && dos::runtime_uploads_params();
+  // the runtime's own gradient download needs no conversion: the gradients keep the parameters' dtype
+  po.execution.own_grad_download = po.workload.caller_on_gpu && dos::runtime_downloads_grads() &&
+                                   po.workload.grad_bytes == po.workload.param_bytes;
   if (!a.rates.empty()) po.rates = &rates, po.calibrated = &calibrated_rates;
   std::printf("dos-train --plan-only: %s, %zu of %zu parameters (shard %s), %s, subgroups of %zu\n", cfg.name.c_str(),
               n, total, a.shard.c_str(), a.dtype.c_str(), subgroup);

@@ -98,7 +98,7 @@ class TimelineTask(ctypes.Structure):
                 ("start", ctypes.c_double), ("end", ctypes.c_double)]
 
 
-LANE_NAMES = {0: "cpu", 1: "gpu", 2: "h2d"}
+LANE_NAMES = {0: "cpu", 1: "gpu", 2: "h2d", 3: "d2h"}
 TASK_NAMES = {0: "adam", 1: "adam_spec", 2: "gather", 3: "scatter"}
 
 

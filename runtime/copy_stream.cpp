@@ -1,5 +1,5 @@
-// The runtime's own parameter upload (param_upload.h).
-#include "param_upload.h"
+// The runtime's own copies between the caller's GPU tensors and host staging (copy_stream.h).
+#include "copy_stream.h"
 
 #include <starpu.h>
 
@@ -21,9 +21,9 @@ std::string cuda_error(cudaError_t r, const char* what) {
 }
 }  // namespace
 
-ParamUploader::ParamUploader() { thread_ = std::thread([this] { run(); }); }
+CopyStream::CopyStream() { thread_ = std::thread([this] { run(); }); }
 
-ParamUploader::~ParamUploader() {
+CopyStream::~CopyStream() {
   {
     std::lock_guard<std::mutex> g(mu_);
     closing_ = true;
@@ -32,7 +32,7 @@ ParamUploader::~ParamUploader() {
   thread_.join();
 }
 
-void ParamUploader::enqueue(Job j) {
+void CopyStream::enqueue(Job j) {
   {
     std::lock_guard<std::mutex> g(mu_);
     jobs_.push_back(std::move(j));
@@ -40,7 +40,7 @@ void ParamUploader::enqueue(Job j) {
   cv_.notify_one();
 }
 
-void ParamUploader::run() {
+void CopyStream::run() {
   cudaStream_t stream = nullptr;
   cudaEvent_t done_event = nullptr;
   int device = -1;  // the device the stream and event belong to
@@ -56,7 +56,7 @@ void ParamUploader::run() {
     Result res;
     res.start_us = starpu_timing_now();
     try {
-      upload(job, res, stream, done_event, device);
+      copy(job, res, stream, done_event, device);
     } catch (const std::exception& e) {  // std::bad_alloc while building a message
       res.error = e.what();
     }
@@ -68,17 +68,18 @@ void ParamUploader::run() {
   if (stream) cudaStreamDestroy(stream);
 }
 
-void ParamUploader::upload(const Job& job, Result& res, cudaStream_t& stream, cudaEvent_t& done_event, int& device) {
-  const ScatterArgs& a = *job.args;
-  const std::size_t esz = dtype_size(a.dtype);
+void CopyStream::copy(const Job& job, Result& res, cudaStream_t& stream, cudaEvent_t& done_event, int& device) {
+  const bool up = job.dir == Direction::to_gpu;
+  auto gpu_ptr = [&](const Segment& seg) { return up ? seg.param : seg.grad; };
   std::string err;
-  if (a.nseg > 0) {
+  if (job.nseg > 0) {
     // the stream on the device of the caller's tensors (one device per optimizer in practice; a
     // job on another device gets a stream there)
     cudaPointerAttributes attr{};
-    err = cuda_error(cudaPointerGetAttributes(&attr, a.segs[0].param), "cudaPointerGetAttributes of the parameters");
+    err = cuda_error(cudaPointerGetAttributes(&attr, gpu_ptr(job.segs[0])),
+                     up ? "cudaPointerGetAttributes of the parameters" : "cudaPointerGetAttributes of the gradients");
     if (err.empty() && attr.type != cudaMemoryTypeDevice && attr.type != cudaMemoryTypeManaged)
-      err = "the caller's parameters are not in GPU memory";
+      err = std::string("the caller's ") + (up ? "parameters" : "gradients") + " are not in GPU memory";
     if (err.empty() && attr.device != device) {
       if (stream) cudaStreamDestroy(stream), stream = nullptr;
       if (done_event) cudaEventDestroy(done_event), done_event = nullptr;
@@ -91,30 +92,33 @@ void ParamUploader::upload(const Job& job, Result& res, cudaStream_t& stream, cu
       if (err.empty()) device = attr.device;
     }
   }
-  const char* host = static_cast<const char*>(job.host);
-  for (std::size_t s = 0; err.empty() && s < a.nseg; ++s) {
-    const Segment& seg = a.segs[s];
-    err = cuda_error(cudaMemcpyAsync(seg.param, host + seg.offset * esz, seg.count * esz, cudaMemcpyHostToDevice, stream),
-                     "cudaMemcpyAsync of the parameters to the GPU");
-    if (err.empty()) res.bytes += seg.count * esz;
+  char* host = static_cast<char*>(job.host);
+  for (std::size_t s = 0; err.empty() && s < job.nseg; ++s) {
+    const Segment& seg = job.segs[s];
+    const std::size_t n = seg.count * job.elem_bytes;
+    char* h = host + seg.offset * job.elem_bytes;
+    const cudaError_t r = up ? cudaMemcpyAsync(seg.param, h, n, cudaMemcpyHostToDevice, stream)
+                             : cudaMemcpyAsync(h, seg.grad, n, cudaMemcpyDeviceToHost, stream);
+    err = cuda_error(r, up ? "cudaMemcpyAsync of the parameters to the GPU" : "cudaMemcpyAsync of the gradients to the host");
+    if (err.empty()) res.bytes += n;
   }
-  if (a.nseg > 0 && device >= 0) {  // wait for what was issued, also after a failed issue
+  if (job.nseg > 0 && device >= 0) {  // wait for what was issued, also after a failed issue
     std::string e = cuda_error(cudaEventRecord(done_event, stream), "cudaEventRecord");
-    if (e.empty()) e = cuda_error(cudaEventSynchronize(done_event), "waiting for the parameter upload");
+    if (e.empty()) e = cuda_error(cudaEventSynchronize(done_event), up ? "waiting for the copy of the parameters" : "waiting for the copy of the gradients");
     if (err.empty()) err = e;
   }
   res.error = std::move(err);
 }
 
-#else  // no CUDA: nothing to upload to
+#else  // no CUDA: no GPU to copy to or from
 
-ParamUploader::ParamUploader() {
-  throw std::logic_error("ParamUploader needs a build with CUDA (DOS_HAVE_CUDA)");
+CopyStream::CopyStream() {
+  throw std::logic_error("CopyStream needs a build with CUDA (DOS_HAVE_CUDA)");
 }
-ParamUploader::~ParamUploader() = default;
-void ParamUploader::enqueue(Job) { throw std::logic_error("ParamUploader needs a build with CUDA"); }
-void ParamUploader::run() {}
-void ParamUploader::upload(const Job&, Result&, CUstream_st*&, CUevent_st*&, int&) {}
+CopyStream::~CopyStream() = default;
+void CopyStream::enqueue(Job) { throw std::logic_error("CopyStream needs a build with CUDA"); }
+void CopyStream::run() {}
+void CopyStream::copy(const Job&, Result&, CUstream_st*&, CUevent_st*&, int&) {}
 
 #endif
 

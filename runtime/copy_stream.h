@@ -1,0 +1,93 @@
+// The copies of CPU-updated subgroups between the caller's GPU tensors and their pinned host
+// staging buffers, made by the runtime itself: the new 16-bit parameters up (host to GPU), the
+// gradients down (GPU to host, in the caller's dtype).
+//
+// Why not StarPU tasks: as CUDA tasks (gather_cl, scatter_cl) these copies wait in the CUDA
+// worker's first-in first-out queue behind every streamed subgroup's Adam submitted before them,
+// and their data then wait on StarPU's one transfer stream per direction behind the streamed state
+// already requested there (the lookahead's prefetches up, the eager write-backs down): on the 20B
+// quarter every CPU subgroup's parameter upload ran after the last streamed Adam, in a tail of
+// about 85 ms with nothing else on the link, and the CPU waited 21-28 ms at a time for gradients.
+// Here each copy is a cudaMemcpyAsync on a CUDA stream of the CopyStream's own, issued as soon as
+// StarPU hands over the staging buffer, beside the streaming.
+//
+// Contract: one CopyStream per direction per optimizer, used only in builds with CUDA
+// (DOS_HAVE_CUDA; in others the constructor throws std::logic_error). enqueue() may be called
+// from any thread, StarPU's callback threads included, and never blocks on a copy; the jobs run in
+// FIFO order on a thread of the CopyStream's own, which sets the CUDA device of each job's first
+// GPU pointer, issues its copies on the CopyStream's stream and waits for them (a blocking-sync
+// event: the thread sleeps, it does not spin on a core). Each job's `done` runs on that thread
+// once its copies have ended or failed, exactly once, also for jobs still queued when the
+// CopyStream is destroyed (the destructor runs them all, then joins). The CopyStream never touches
+// StarPU.
+#pragma once
+
+#include <condition_variable>
+#include <cstddef>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "../codelets/codelets.h"
+
+struct CUstream_st;  // cudaStream_t and cudaEvent_t without CUDA's headers
+struct CUevent_st;
+
+namespace dos::detail {
+
+class CopyStream {
+ public:
+  /// Which way a job copies. to_gpu: host + segs[s].offset elements -> segs[s].param (the new
+  /// parameters); to_host: segs[s].grad -> host + segs[s].offset elements (the gradients).
+  enum class Direction { to_gpu, to_host };
+
+  /// What one job did. start_us, end_us: starpu_timing_now()'s clock (microseconds) when its first
+  /// copy was issued and when the last had ended; bytes: bytes copied; error: empty, or what failed
+  /// (the CUDA call and its message: the destination then holds an unknown mix of old and new
+  /// values).
+  struct Result {
+    double start_us = 0, end_us = 0;
+    std::size_t bytes = 0;
+    std::string error;
+  };
+  /// One subgroup's copy: segment s (s < nseg) moves segs[s].count elements of elem_bytes bytes
+  /// each between the GPU pointer of its direction (segs[s].param or segs[s].grad) and `host` +
+  /// segs[s].offset elements (a packed staging buffer in subgroup order, pinned for the copy to be
+  /// asynchronous). segs, the GPU buffers and `host` must stay valid, and the source unchanged,
+  /// until `done` has been called. `done` runs on the CopyStream's thread and must not throw (an
+  /// exception there ends the process).
+  struct Job {
+    Direction dir = Direction::to_gpu;
+    const Segment* segs = nullptr;
+    std::size_t nseg = 0;
+    std::size_t elem_bytes = 0;
+    void* host = nullptr;
+    std::function<void(const Result&)> done;
+  };
+
+  /// Starts the thread (its CUDA stream is made on first use, on the first job's device). Throws
+  /// std::logic_error in a build without CUDA, std::system_error when the thread cannot start.
+  CopyStream();
+  /// Finishes every job queued (their `done` run), then stops the thread.
+  ~CopyStream();
+  CopyStream(const CopyStream&) = delete;
+  CopyStream& operator=(const CopyStream&) = delete;
+
+  /// Queues j behind the jobs queued before it. Never blocks on a copy; throws std::bad_alloc only.
+  void enqueue(Job j);
+
+ private:
+  void run();
+  /// One job's copies on `stream` (made, with `done_event`, on the job's device when `device`
+  /// differs), waited for; fills res.bytes and res.error.
+  void copy(const Job& job, Result& res, CUstream_st*& stream, CUevent_st*& done_event, int& device);
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Job> jobs_;
+  bool closing_ = false;
+  std::thread thread_;
+};
+
+}  // namespace dos::detail

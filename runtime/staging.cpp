@@ -1,0 +1,186 @@
+// A CPU-updated subgroup's staging between the caller's buffers and the runtime's: its gradients
+// into the host staging buffer (Optimizer::Impl::stage_gradient) and its new parameters back to the
+// caller (Optimizer::Impl::scatter_params). Each is a StarPU task (gather_cl, scatter_cl), or, when
+// the caller's tensors are on a GPU, a copy of the runtime's own on a CUDA stream per direction
+// (copy_stream.h), with the callbacks of both.
+#include <starpu.h>
+
+#include <cstdlib>
+#include <exception>
+#include <memory>
+#include <new>
+#include <string>
+
+#include "../codelets/codelets.h"
+#include "optimizer_impl.h"
+#include "profiling.h"
+
+namespace dos {
+using namespace detail;
+
+namespace {
+/// Whether the environment variable `name` says "task" (a measurement switch, read by the caller once).
+bool says_task(const char* name) {
+  const char* v = std::getenv(name);
+  return v && std::string(v) == "task";
+}
+}  // namespace
+
+bool runtime_uploads_params() {
+  static const bool tasks = says_task("DOS_PARAM_UPLOAD");
+  return !tasks;
+}
+
+bool runtime_downloads_grads() {
+  static const bool tasks = says_task("DOS_GRAD_DOWNLOAD");
+  return !tasks;
+}
+
+namespace {
+
+/// Callback of the parameter write-back task: the timeline, the parameters written, and one piece
+/// of the subgroup done.
+void scatter_done(void* arg) {
+  auto* sg = static_cast<Subgroup*>(arg);
+  clock_task(sg, "scatter");
+  params_written(sg);
+  subgroup_part_done(sg);
+}
+
+/// Callback of the gradient conversion task: the timeline.
+void gather_done(void* arg) { clock_task(static_cast<Subgroup*>(arg), "gather"); }
+
+/// A copy of the runtime's own (CopyStream) between its acquire of the staging handle on host
+/// memory and its end: the parameters up (to_gpu, handle h_param16 held for reading) or the
+/// gradients down (to_host, h_grad32 held for writing).
+struct OwnCopy {
+  Subgroup* sg;
+  OpenStep* ph;
+  CopyStream* stream;
+  CopyStream::Direction dir;
+};
+
+/// The copy's end, on the CopyStream's thread: the staging handle is released (for the gradients,
+/// this lets the CPU Adam waiting for them run), the bytes join the bus counters, the timeline gets
+/// the copy on its lane ("h2d", a "scatter"; "d2h", a "gather"), and, for the parameters, they are
+/// written and the subgroup's piece of work is done. A failure is recorded: the phase fails when
+/// it ends (a gradient that did not arrive has been used by the CPU Adam, so the optimizer is then
+/// broken, as after any failed step).
+void end_copy(OwnCopy* c, const CopyStream::Result& r) noexcept {
+  Subgroup* sg = c->sg;
+  OpenStep* ph = c->ph;
+  const bool up = c->dir == CopyStream::Direction::to_gpu;
+  delete c;
+  starpu_data_release(up ? sg->h_param16 : sg->h_grad32);
+  if (r.error.empty()) add_bus_bytes(up ? r.bytes : 0, up ? 0 : r.bytes);
+  const std::string which = up ? "uploading the parameters of subgroup " : "downloading the gradients of subgroup ";
+  try {
+    if (!r.error.empty()) ph->note_copy_error(which + std::to_string(sg->hint_update.subgroup) + ": " + r.error);
+    if (sg->timeline)
+      sg->timeline->record_span(up ? "h2d" : "d2h", up ? "scatter" : "gather", std::size_t(sg->hint_update.subgroup),
+                                r.start_us, r.end_us);
+  } catch (const std::bad_alloc&) {  // the timeline loses the span; an error keeps its placeholder
+    if (!r.error.empty()) ph->note_copy_error("out of memory");
+  }
+  if (up) {
+    params_written(sg);
+    subgroup_part_done(sg);
+  }
+  ph->pending.done();
+}
+
+/// Callback of the acquire of a CPU-updated subgroup's staging handle on host memory (a StarPU
+/// thread): hands the copy to its CopyStream.
+void start_copy(void* arg) {
+  auto* c = static_cast<OwnCopy*>(arg);
+  Subgroup* sg = c->sg;
+  const bool up = c->dir == CopyStream::Direction::to_gpu;
+  try {
+    CopyStream::Job j;
+    j.dir = c->dir;
+    j.segs = sg->segs.data();
+    j.nseg = sg->segs.size();
+    j.elem_bytes = up ? dtype_size(sg->scatter.dtype) : dtype_size(sg->gather_grads.dst_dtype);
+    j.host = up ? sg->param16.ptr : sg->grad32.ptr;
+    j.done = [c](const CopyStream::Result& r) { end_copy(c, r); };
+    c->stream->enqueue(std::move(j));
+  } catch (const std::exception& e) {
+    CopyStream::Result r;
+    r.error = std::string("queueing the copy: ") + e.what();
+    end_copy(c, r);
+  }
+}
+
+}  // namespace
+
+bool Optimizer::Impl::own_copies_possible() const {
+  return where_caller == STARPU_CUDA && !cuda_nodes.empty() && codelets_have_cuda();
+}
+
+bool Optimizer::Impl::own_param_upload() const { return runtime_uploads_params() && own_copies_possible(); }
+
+bool Optimizer::Impl::own_grad_download() const {
+  // a plain copy only when the staged gradient keeps the caller's dtype (no conversion to fp32)
+  return runtime_downloads_grads() && own_copies_possible() && (opt.native_grads || opt.dtype == DType::fp32);
+}
+
+void Optimizer::Impl::own_copy(OpenStep& ph, std::size_t i, CopyStream::Direction dir) {
+  Subgroup* sg = sgs[i].get();
+  const bool up = dir == CopyStream::Direction::to_gpu;
+  std::unique_ptr<CopyStream>& stream = up ? uploader : downloader;
+  if (!stream) stream = std::make_unique<CopyStream>();
+  auto* c = new OwnCopy{sg, &ph, stream.get(), dir};  // before add(): a throw here leaves the count as it was
+  ph.pending.add();
+  // up: a read acquire, once the CPU's Adam has written the parameters; down: a write acquire, which
+  // the CPU Adam submitted after it waits for (StarPU's sequential consistency)
+  if (starpu_data_acquire_on_node_cb(up ? sg->h_param16 : sg->h_grad32, STARPU_MAIN_RAM, up ? STARPU_R : STARPU_W,
+                                     start_copy, c) != 0) {
+    delete c;
+    ph.note_copy_error(std::string("StarPU refused to acquire the ") + (up ? "new parameters" : "gradient staging") +
+                       " of subgroup " + std::to_string(i) + " in host memory");
+    if (up) {
+      params_written(sg);
+      subgroup_part_done(sg);
+    }
+    ph.pending.done();
+  }
+}
+
+void Optimizer::Impl::stage_gradient(OpenStep& ph, std::size_t i) {
+  Subgroup* sg = sgs[i].get();
+  if (downloads_grads(i)) {
+    // The runtime's own download (copy_stream.h): the gradients come down beside the streaming,
+    // not behind the streamed Adams in the CUDA worker's queue.
+    own_copy(ph, i, CopyStream::Direction::to_host);
+    return;
+  }
+  struct starpu_task* g = make_task(&gather_cl, &sg->gather_grads, &sg->hint_io, where_caller);
+  g->handles[0] = sg->h_grad32;
+  g->callback_func = gather_done;
+  g->callback_arg = sg;
+  submit(g, "gradient conversion");
+  if ((plan.empty() ? ph.speculated[i] : plan[i] == PlanSide::cpu) && where_caller == STARPU_CUDA && !cuda_nodes.empty()) {
+    // The CPU's gradient comes down as soon as it is staged: an asynchronous acquire on main RAM
+    // is a fetch, which StarPU serves before prefetches; left to the Adam task's prefetch, it
+    // waited behind the streamed subgroups' write-backs and the CPU idled.
+    acquire_home(ph, sg->h_grad32, STARPU_R, nullptr);
+  }
+}
+
+void Optimizer::Impl::scatter_params(OpenStep& ph, std::size_t i) {
+  Subgroup* sg = sgs[i].get();
+  if (uploads_params(i)) {
+    // The runtime's own upload (copy_stream.h) once the CPU's Adam has written the staging buffer.
+    own_copy(ph, i, CopyStream::Direction::to_gpu);
+  } else {
+    struct starpu_task* s = make_task(&scatter_cl, &sg->scatter, &sg->hint_scatter, where_caller);
+    s->handles[0] = sg->h_param16;
+    s->callback_func = scatter_done;
+    s->callback_arg = sg;
+    submit(s, "parameter write-back");
+  }
+  starpu_data_invalidate_submit(sg->h_grad32);  // both staging buffers are dropped once used
+  starpu_data_invalidate_submit(sg->h_param16);
+}
+
+}  // namespace dos

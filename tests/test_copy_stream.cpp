@@ -1,0 +1,171 @@
+// The runtime's own copies between GPU tensors and host staging (runtime/copy_stream.h): each job's
+// `done` runs once, in the order the jobs were queued, also for jobs still queued when the
+// CopyStream is destroyed; a copy that cannot be made reports why and no bytes; with a GPU, the
+// bytes land where the segments say, both ways (two segments, an odd element count, 16-bit
+// elements up, 16-bit gradients down) and nothing else of the destination moves. Without CUDA in
+// the build the CopyStream refuses to exist. The GPU cases skip without a GPU.
+#include <cstdint>
+#include <cstring>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "cmocka_cpp.h"
+#include "copy_stream.h"
+
+#if defined(DOS_HAVE_CUDA)
+#include <cuda_runtime.h>
+#endif
+
+namespace {
+
+using dos::detail::CopyStream;
+
+struct Record {
+  std::mutex mu;
+  std::vector<int> order;
+  std::vector<CopyStream::Result> results;
+};
+
+#if defined(DOS_HAVE_CUDA)
+
+bool have_gpu() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+/// A job of one direction over segs, recording its result in rec under tag j.
+CopyStream::Job job(CopyStream::Direction dir, const dos::Segment* segs, std::size_t nseg, void* host, Record& rec,
+                    int j) {
+  CopyStream::Job jb;
+  jb.dir = dir;
+  jb.segs = segs;
+  jb.nseg = nseg;
+  jb.elem_bytes = 2;
+  jb.host = host;
+  jb.done = [&rec, j](const CopyStream::Result& r) {
+    std::lock_guard<std::mutex> g(rec.mu);
+    rec.order.push_back(j);
+    rec.results.push_back(r);
+  };
+  return jb;
+}
+
+// Jobs whose GPU side is host memory cannot be copied, either way: each reports an error and 0
+// bytes, each done runs once and in queue order, and destroying the CopyStream right after queueing
+// them still runs every one (on a machine without a GPU, the CUDA calls themselves fail, with the
+// same outcome). Neither side is written.
+void test_errors_in_order(void**) {
+  std::vector<std::uint16_t> host(1000, 7), not_gpu(1000, 0);
+  dos::Segment seg{not_gpu.data(), not_gpu.data(), 0, 1000};
+  Record rec;
+  {
+    CopyStream cs;
+    for (int j = 0; j < 6; ++j)
+      cs.enqueue(job(j % 2 ? CopyStream::Direction::to_host : CopyStream::Direction::to_gpu, &seg, 1, host.data(), rec, j));
+  }  // the destructor finishes the queue
+  assert_int_equal(rec.order.size(), 6);
+  for (int j = 0; j < 6; ++j) {
+    assert_int_equal(rec.order[std::size_t(j)], j);
+    const CopyStream::Result& r = rec.results[std::size_t(j)];
+    assert_false(r.error.empty());
+    assert_int_equal(r.bytes, 0);
+    assert_true(r.end_us >= r.start_us);
+  }
+  for (std::uint16_t v : not_gpu) assert_int_equal(v, 0);  // nothing was written to the "GPU" side
+  for (std::uint16_t v : host) assert_int_equal(v, 7);     // nor to the host side
+}
+
+// A real upload: two segments of one subgroup (3 and 1998 elements, packed in the staging buffer at
+// offsets 0 and 3) into two places of a device buffer; read back, the segments hold the staged bits
+// and the elements around them keep their fill.
+void test_upload_on_gpu(void**) {
+  if (!have_gpu()) skip();
+  const std::size_t n = 4096, a = 3, b = 1998;
+  std::uint16_t* staging = nullptr;
+  assert_int_equal(cudaMallocHost(reinterpret_cast<void**>(&staging), (a + b) * 2), cudaSuccess);
+  for (std::size_t i = 0; i < a + b; ++i) staging[i] = std::uint16_t(0x3f80 + i);
+  std::uint16_t* dev = nullptr;
+  assert_int_equal(cudaMalloc(reinterpret_cast<void**>(&dev), n * 2), cudaSuccess);
+  assert_int_equal(cudaMemset(dev, 0xff, n * 2), cudaSuccess);
+  dos::Segment segs[2] = {{dev + 10, nullptr, 0, a}, {dev + 1000, nullptr, a, b}};
+  Record rec;
+  {
+    CopyStream cs;
+    cs.enqueue(job(CopyStream::Direction::to_gpu, segs, 2, staging, rec, 0));
+  }
+  assert_int_equal(rec.results.size(), 1);
+  assert_true(rec.results[0].error.empty());
+  assert_int_equal(rec.results[0].bytes, (a + b) * 2);
+  std::vector<std::uint16_t> back(n);
+  assert_int_equal(cudaMemcpy(back.data(), dev, n * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+  for (std::size_t i = 0; i < n; ++i) {
+    std::uint16_t want = 0xffff;
+    if (i >= 10 && i < 10 + a) want = staging[i - 10];
+    if (i >= 1000 && i < 1000 + b) want = staging[a + (i - 1000)];
+    if (back[i] != want) fail_msg("element %zu: %#x, want %#x", i, unsigned(back[i]), unsigned(want));
+  }
+  cudaFree(dev);
+  cudaFreeHost(staging);
+}
+
+// A real download: the gradients of two segments (1 and 2047 elements) at two places of a device
+// buffer, packed into a staging buffer at offsets 0 and 1; the staging holds the device's bits
+// there, and its element past the end keeps its fill.
+void test_download_on_gpu(void**) {
+  if (!have_gpu()) skip();
+  const std::size_t n = 8192, a = 1, b = 2047;
+  std::vector<std::uint16_t> grads(n);
+  for (std::size_t i = 0; i < n; ++i) grads[i] = std::uint16_t(0xbf00 + 3 * i);
+  std::uint16_t* dev = nullptr;
+  assert_int_equal(cudaMalloc(reinterpret_cast<void**>(&dev), n * 2), cudaSuccess);
+  assert_int_equal(cudaMemcpy(dev, grads.data(), n * 2, cudaMemcpyHostToDevice), cudaSuccess);
+  std::uint16_t* staging = nullptr;
+  assert_int_equal(cudaMallocHost(reinterpret_cast<void**>(&staging), (a + b + 1) * 2), cudaSuccess);
+  for (std::size_t i = 0; i < a + b + 1; ++i) staging[i] = 0x1234;
+  dos::Segment segs[2] = {{nullptr, dev + 4000, 0, a}, {nullptr, dev + 17, a, b}};
+  Record rec;
+  {
+    CopyStream cs;
+    cs.enqueue(job(CopyStream::Direction::to_host, segs, 2, staging, rec, 0));
+  }
+  assert_int_equal(rec.results.size(), 1);
+  assert_true(rec.results[0].error.empty());
+  assert_int_equal(rec.results[0].bytes, (a + b) * 2);
+  assert_int_equal(staging[0], grads[4000]);
+  for (std::size_t i = 0; i < b; ++i)
+    if (staging[a + i] != grads[17 + i]) fail_msg("element %zu: %#x, want %#x", a + i, unsigned(staging[a + i]), unsigned(grads[17 + i]));
+  assert_int_equal(staging[a + b], 0x1234);
+  cudaFree(dev);
+  cudaFreeHost(staging);
+}
+
+#else
+
+void test_needs_cuda(void**) {
+  bool threw = false;
+  try {
+    CopyStream up;
+  } catch (const std::logic_error&) {
+    threw = true;
+  }
+  assert_true(threw);
+}
+
+#endif
+
+}  // namespace
+
+int main() {
+  const struct CMUnitTest tests[] = {
+#if defined(DOS_HAVE_CUDA)
+      cmocka_unit_test(test_errors_in_order),
+      cmocka_unit_test(test_upload_on_gpu),
+      cmocka_unit_test(test_download_on_gpu),
+#else
+      cmocka_unit_test(test_needs_cuda),
+#endif
+  };
+  return cmocka_run_group_tests(tests, nullptr, nullptr);
+}

@@ -3,11 +3,15 @@
 
 #include <starpu.h>
 
+#include <cstdlib>
 #include <stdexcept>
+#include <string>
 #include <utility>
 
 #if defined(DOS_HAVE_CUDA)
 #include <cuda_runtime.h>
+
+#include "../codelets/kernels/pcie_copy.h"
 #endif
 
 namespace dos::detail {
@@ -15,6 +19,16 @@ namespace dos::detail {
 #if defined(DOS_HAVE_CUDA)
 
 namespace {
+/// Whether copies go by pcie_copy_cuda (true unless DOS_COPY_BY=memcpy: a measurement switch).
+bool copies_by_kernel() {
+  static const bool memcpy = std::getenv("DOS_COPY_BY") && std::string(std::getenv("DOS_COPY_BY")) == "memcpy";
+  return !memcpy;
+}
+/// pcie_copy_cuda's grid: DOS_COPY_BLOCKS (a measurement switch), else 0 (one block per multiprocessor).
+unsigned kernel_blocks() {
+  static const unsigned blocks = std::getenv("DOS_COPY_BLOCKS") ? unsigned(std::atoi(std::getenv("DOS_COPY_BLOCKS"))) : 0u;
+  return blocks;
+}
 /// Empty when r is cudaSuccess, else "<what>: <CUDA's message>".
 std::string cuda_error(cudaError_t r, const char* what) {
   return r == cudaSuccess ? std::string() : std::string(what) + ": " + cudaGetErrorString(r);
@@ -92,14 +106,27 @@ void CopyStream::copy(const Job& job, Result& res, cudaStream_t& stream, cudaEve
       if (err.empty()) device = attr.device;
     }
   }
+  // the staging buffer as the device sees it: pinned memory is mapped; pageable memory (the
+  // runtime could not pin it) is not, and goes by cudaMemcpyAsync
   char* host = static_cast<char*>(job.host);
+  char* host_dev = nullptr;
+  if (err.empty() && job.nseg > 0 && copies_by_kernel() &&
+      cudaHostGetDevicePointer(reinterpret_cast<void**>(&host_dev), host, 0) != cudaSuccess) {
+    cudaGetLastError();  // not mapped: clear the error
+    host_dev = nullptr;
+  }
   for (std::size_t s = 0; err.empty() && s < job.nseg; ++s) {
     const Segment& seg = job.segs[s];
     const std::size_t n = seg.count * job.elem_bytes;
-    char* h = host + seg.offset * job.elem_bytes;
-    const cudaError_t r = up ? cudaMemcpyAsync(seg.param, h, n, cudaMemcpyHostToDevice, stream)
-                             : cudaMemcpyAsync(h, seg.grad, n, cudaMemcpyDeviceToHost, stream);
-    err = cuda_error(r, up ? "cudaMemcpyAsync of the parameters to the GPU" : "cudaMemcpyAsync of the gradients to the host");
+    const std::size_t at = seg.offset * job.elem_bytes;
+    cudaError_t r;
+    if (host_dev)
+      r = up ? cudaError_t(pcie_copy_cuda(seg.param, host_dev + at, n, true, kernel_blocks(), stream))
+             : cudaError_t(pcie_copy_cuda(host_dev + at, seg.grad, n, false, kernel_blocks(), stream));
+    else
+      r = up ? cudaMemcpyAsync(seg.param, host + at, n, cudaMemcpyHostToDevice, stream)
+             : cudaMemcpyAsync(host + at, seg.grad, n, cudaMemcpyDeviceToHost, stream);
+    err = cuda_error(r, up ? "copying the parameters to the GPU" : "copying the gradients to the host");
     if (err.empty()) res.bytes += n;
   }
   if (job.nseg > 0 && device >= 0) {  // wait for what was issued, also after a failed issue

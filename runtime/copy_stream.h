@@ -8,8 +8,15 @@
 // already requested there (the lookahead's prefetches up, the eager write-backs down): on the 20B
 // quarter every CPU subgroup's parameter upload ran after the last streamed Adam, in a tail of
 // about 85 ms with nothing else on the link, and the CPU waited 21-28 ms at a time for gradients.
-// Here each copy is a cudaMemcpyAsync on a CUDA stream of the CopyStream's own, issued as soon as
-// StarPU hands over the staging buffer, beside the streaming.
+// Here each copy is issued on a CUDA stream of the CopyStream's own as soon as StarPU hands over
+// the staging buffer, beside the streaming, and made by a kernel (pcie_copy_cuda,
+// codelets/kernels/pcie_copy.h) through the pinned staging buffer's mapped pointer: a
+// cudaMemcpyAsync there would wait for the copy engine behind StarPU's queue of streamed state
+// (measured: 710 ms for the first 248 MB parameter upload of the 20B quarter's phase, until the
+// streaming had ended). Staging that is not pinned (the runtime could not pin it) goes by
+// cudaMemcpyAsync; so does every copy with DOS_COPY_BY=memcpy (a measurement switch). Same bytes
+// either way. DOS_COPY_BLOCKS=N (a measurement switch) sets the kernel's grid (default: one block
+// per multiprocessor); the kernel shares the GPU's cores with whatever else runs there.
 //
 // Contract: one CopyStream per direction per optimizer, used only in builds with CUDA
 // (DOS_HAVE_CUDA; in others the constructor throws std::logic_error). enqueue() may be called

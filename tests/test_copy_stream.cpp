@@ -2,8 +2,10 @@
 // `done` runs once, in the order the jobs were queued, also for jobs still queued when the
 // CopyStream is destroyed; a copy that cannot be made reports why and no bytes; with a GPU, the
 // bytes land where the segments say, both ways (two segments, an odd element count, 16-bit
-// elements up, 16-bit gradients down) and nothing else of the destination moves. Without CUDA in
-// the build the CopyStream refuses to exist. The GPU cases skip without a GPU.
+// elements up, 16-bit gradients down; pinned staging, copied by the kernel, with segments whose
+// host and device addresses differ modulo 16 bytes, and pageable staging, copied by
+// cudaMemcpyAsync) and nothing else of the destination moves. Without CUDA in the build the
+// CopyStream refuses to exist. The GPU cases skip without a GPU.
 #include <cstdint>
 #include <cstring>
 #include <mutex>
@@ -141,6 +143,34 @@ void test_download_on_gpu(void**) {
   cudaFreeHost(staging);
 }
 
+// Staging that is not pinned (pageable memory: the runtime could not pin it) has no device
+// pointer and goes by cudaMemcpyAsync: an upload from a std::vector lands all the same.
+void test_pageable_staging(void**) {
+  if (!have_gpu()) skip();
+  const std::size_t n = 1001;
+  std::vector<std::uint16_t> staging(n);
+  for (std::size_t i = 0; i < n; ++i) staging[i] = std::uint16_t(0x4000 + 5 * i);
+  std::uint16_t* dev = nullptr;
+  assert_int_equal(cudaMalloc(reinterpret_cast<void**>(&dev), (n + 8) * 2), cudaSuccess);
+  assert_int_equal(cudaMemset(dev, 0, (n + 8) * 2), cudaSuccess);
+  dos::Segment seg{dev + 3, nullptr, 0, n};
+  Record rec;
+  {
+    CopyStream cs;
+    cs.enqueue(job(CopyStream::Direction::to_gpu, &seg, 1, staging.data(), rec, 0));
+  }
+  assert_int_equal(rec.results.size(), 1);
+  assert_true(rec.results[0].error.empty());
+  assert_int_equal(rec.results[0].bytes, n * 2);
+  std::vector<std::uint16_t> back(n + 8);
+  assert_int_equal(cudaMemcpy(back.data(), dev, (n + 8) * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+  for (std::size_t i = 0; i < n + 8; ++i) {
+    const std::uint16_t want = i >= 3 && i < 3 + n ? staging[i - 3] : 0;
+    if (back[i] != want) fail_msg("element %zu: %#x, want %#x", i, unsigned(back[i]), unsigned(want));
+  }
+  cudaFree(dev);
+}
+
 #else
 
 void test_needs_cuda(void**) {
@@ -163,6 +193,7 @@ int main() {
       cmocka_unit_test(test_errors_in_order),
       cmocka_unit_test(test_upload_on_gpu),
       cmocka_unit_test(test_download_on_gpu),
+      cmocka_unit_test(test_pageable_staging),
 #else
       cmocka_unit_test(test_needs_cuda),
 #endif

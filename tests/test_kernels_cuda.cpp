@@ -2,7 +2,8 @@
 // bit-level references in test_kernels): the same bits, since both sides do the same fp32
 // operations in the same order (--fmad=false, -ffp-contract=off). Covers the vector path (16-byte
 // aligned buffers), the scalar path (buffers offset by 1-3 elements), every tail length, every
-// gradient and parameter dtype, several steps, and the conversions over special values.
+// gradient and parameter dtype, several steps, and the conversions over special values. And the
+// copy kernel between pinned host and device memory (pcie_copy.h) at every small misalignment.
 // Exits 77 (skip) without a CUDA device.
 #include <cuda_runtime.h>
 
@@ -14,6 +15,7 @@
 
 #include "adam.h"
 #include "cmocka_cpp.h"
+#include "pcie_copy.h"
 
 using dos::DType;
 
@@ -157,6 +159,47 @@ void test_conversions_cuda_equal_cpu(void**) {
   }
 }
 
+// pcie_copy_cuda both ways between pinned host memory (its mapped pointer) and device memory, at
+// every pair of host and device offsets 0..17 bytes (co-aligned modulo 16 or not), lengths around
+// the 16-byte unit and long ones, with 1 and 3 blocks: the destination's range holds the source's
+// bytes and every byte around it keeps its fill.
+void test_pcie_copy(void**) {
+  const std::size_t span = 8192;
+  char* h = nullptr;
+  assert_int_equal(cudaMallocHost(reinterpret_cast<void**>(&h), span), cudaSuccess);
+  char* h_dev = nullptr;
+  assert_int_equal(cudaHostGetDevicePointer(reinterpret_cast<void**>(&h_dev), h, 0), cudaSuccess);
+  DevBuf d(span, 0);
+  std::vector<char> fill(span), got(span), src(span);
+  for (std::size_t i = 0; i < span; ++i) fill[i] = char(i * 13 + 5), src[i] = char(i * 7 + 1);
+  for (unsigned blocks : {1u, 3u})
+    for (std::size_t ho = 0; ho < 18; ++ho)
+      for (std::size_t dof = 0; dof < 18; ++dof)
+        for (std::size_t n : {std::size_t(0), std::size_t(1), std::size_t(15), std::size_t(16), std::size_t(17),
+                              std::size_t(31), std::size_t(4097), std::size_t(8000)}) {
+          // up: host bytes src -> device, device pre-filled
+          std::memcpy(h, src.data(), span);
+          d.put(fill.data(), span);
+          assert_int_equal(dos::pcie_copy_cuda(static_cast<char*>(d.ptr()) + dof, h_dev + ho, n, true, blocks, nullptr), 0);
+          assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
+          d.get(got.data(), span);
+          for (std::size_t i = 0; i < span; ++i) {
+            const char want = i >= dof && i < dof + n ? src[ho + i - dof] : fill[i];
+            if (got[i] != want) fail_msg("up: host +%zu, device +%zu, %zu bytes: byte %zu wrong", ho, dof, n, i);
+          }
+          // down: device bytes src -> host, host pre-filled
+          d.put(src.data(), span);
+          std::memcpy(h, fill.data(), span);
+          assert_int_equal(dos::pcie_copy_cuda(h_dev + ho, static_cast<char*>(d.ptr()) + dof, n, false, blocks, nullptr), 0);
+          assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
+          for (std::size_t i = 0; i < span; ++i) {
+            const char want = i >= ho && i < ho + n ? src[dof + i - ho] : fill[i];
+            if (h[i] != want) fail_msg("down: host +%zu, device +%zu, %zu bytes: byte %zu wrong", ho, dof, n, i);
+          }
+        }
+  cudaFreeHost(h);
+}
+
 }  // namespace
 
 int main() {
@@ -168,6 +211,7 @@ int main() {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_adam_cuda_equals_cpu),
       cmocka_unit_test(test_conversions_cuda_equal_cpu),
+      cmocka_unit_test(test_pcie_copy),
   };
   return cmocka_run_group_tests(tests, nullptr, nullptr);
 }

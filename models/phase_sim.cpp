@@ -115,11 +115,11 @@ Simulation simulate_phase(const Workload& w, const std::vector<PlanSide>& plan, 
   // Lanes: PCIe each way (bytes), the GPU (seconds), the CPU (parameters).
   Lane h2d, d2h, gpu;
   // The runtime's own parameter uploads (Execution::own_param_upload): a second host-to-device
-  // stream beside StarPU's; while both carry data they share the link's B_h2d evenly.
+  // lane beside StarPU's stream, at B_h2d alone and B_h2d / 2 beside it, which keeps its B_h2d.
   Lane up_own;
   const bool own_upload = e.own_param_upload && w.caller_on_gpu;
   // The runtime's own gradient downloads (Execution::own_grad_download): a second device-to-host
-  // stream beside StarPU's, sharing B_d2h evenly in the same way.
+  // lane in the same way.
   Lane down_own;
   const bool own_download = e.own_grad_download && w.caller_on_gpu;
   std::vector<Lane> cpus(std::max<std::size_t>(1, e.cpu_workers));  // subgroup i's Adam on CPU worker i % k
@@ -296,21 +296,26 @@ Simulation simulate_phase(const Workload& w, const std::vector<PlanSide>& plan, 
       started |= start_gpu();
       for (Lane& cpu : cpus) started |= start_cpu(cpu);
     }
-    const bool up_busy = h2d.current >= 0 || up_own.current >= 0;
-    const bool down_busy = d2h.current >= 0 || down_own.current >= 0;
-    const bool dma = up_busy || down_busy;
+    const bool dma = h2d.current >= 0 || up_own.current >= 0 || d2h.current >= 0 || down_own.current >= 0;
     double active_cpus = 0;
     for (const Lane& cpu : cpus) active_cpus += cpu.current >= 0 ? 1 : 0;
-    const double demand = active_cpus * r.U_c * cpu_bytes + (up_busy ? r.B_h2d : 0.0) + (down_busy ? r.B_d2h : 0.0);
+    // StarPU's streams move at B; the runtime's own copies (made by the GPU's cores, not its copy
+    // engines) at B beside an idle StarPU stream and B / 2 beside a busy one, without slowing it
+    // (bench/copy-contention on the GPU machine: a kernel copy beside a full copy-engine queue ran
+    // at 26 GB/s up and 45 down, and the queue's own rate stayed at 55)
+    const double own_up = (h2d.current >= 0 ? 0.5 : 1.0) * r.B_h2d, own_down = (d2h.current >= 0 ? 0.5 : 1.0) * r.B_d2h;
+    const double demand = active_cpus * r.U_c * cpu_bytes + (h2d.current >= 0 ? r.B_h2d : 0.0) +
+                          (up_own.current >= 0 ? own_up : 0.0) + (d2h.current >= 0 ? r.B_d2h : 0.0) +
+                          (down_own.current >= 0 ? own_down : 0.0);
     const double share = demand > host_bw ? host_bw / demand : 1.0;
     const double u_cpu = r.U_c * share;
-    const double b_down = r.B_d2h * share / (d2h.current >= 0 && down_own.current >= 0 ? 2.0 : 1.0);
-    const double b_up = r.B_h2d * share / (h2d.current >= 0 && up_own.current >= 0 ? 2.0 : 1.0);
+    const double b_up = r.B_h2d * share, b_down = r.B_d2h * share;
+    const double b_up_own = own_up * share, b_down_own = own_down * share;
     double dt = std::numeric_limits<double>::infinity();
     if (h2d.current >= 0) dt = std::min(dt, h2d.left / b_up);
-    if (up_own.current >= 0) dt = std::min(dt, up_own.left / b_up);
+    if (up_own.current >= 0) dt = std::min(dt, up_own.left / b_up_own);
     if (d2h.current >= 0) dt = std::min(dt, d2h.left / b_down);
-    if (down_own.current >= 0) dt = std::min(dt, down_own.left / b_down);
+    if (down_own.current >= 0) dt = std::min(dt, down_own.left / b_down_own);
     if (gpu.current >= 0) dt = std::min(dt, gpu.left);
     for (const Lane& cpu : cpus)
       if (cpu.current >= 0) dt = std::min(dt, cpu.left / u_cpu);
@@ -322,7 +327,7 @@ Simulation simulate_phase(const Workload& w, const std::vector<PlanSide>& plan, 
       h2d.busy += dt;
     }
     if (up_own.current >= 0) {
-      up_own.left -= dt * b_up;
+      up_own.left -= dt * b_up_own;
       if (h2d.current < 0) h2d.busy += dt;  // the link's busy time: either stream
     }
     if (d2h.current >= 0) {
@@ -330,7 +335,7 @@ Simulation simulate_phase(const Workload& w, const std::vector<PlanSide>& plan, 
       d2h.busy += dt;
     }
     if (down_own.current >= 0) {
-      down_own.left -= dt * b_down;
+      down_own.left -= dt * b_down_own;
       if (d2h.current < 0) d2h.busy += dt;  // the link's busy time: either stream
     }
     if (gpu.current >= 0) {

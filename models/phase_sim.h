@@ -56,15 +56,15 @@ struct Execution {
   std::size_t lookahead = 3;
   std::size_t update_budget = 0;
   std::size_t cpu_workers = 1;
-  /// With the caller on the GPU: a CPU subgroup's new parameters go up on the runtime's own stream
-  /// (ParamUploader) as soon as its Adam ends, beside StarPU's host-to-device stream (the two share
-  /// B_h2d evenly while both carry data), and the subgroup is done then; false: they go up on
-  /// StarPU's stream behind what was asked before them, and a write-back task on the GPU's queue
-  /// waits for them.
+  /// With the caller on the GPU: a CPU subgroup's new parameters go up by the runtime's own copy
+  /// (CopyStream, a kernel: no copy engine) as soon as its Adam ends, beside StarPU's host-to-device
+  /// stream (at B_h2d alone, B_h2d / 2 while StarPU's stream carries data, which keeps its B_h2d),
+  /// and the subgroup is done then; false: they go up on StarPU's stream behind what was asked
+  /// before them, and a write-back task on the GPU's queue waits for them.
   bool own_param_upload = false;
-  /// With the caller on the GPU: a CPU subgroup's gradients go down on the runtime's own stream
-  /// (CopyStream) as soon as the subgroup is submitted, beside StarPU's device-to-host stream (the
-  /// two share B_d2h evenly while both carry data), with no staging task on the GPU; false: a
+  /// With the caller on the GPU: a CPU subgroup's gradients go down by the runtime's own copy
+  /// (CopyStream) as soon as the subgroup is submitted, beside StarPU's device-to-host stream (at
+  /// B_d2h alone, B_d2h / 2 beside it, which keeps its B_d2h), with no staging task on the GPU; false: a
   /// staging task in the GPU's queue, then StarPU's device-to-host stream behind what was asked
   /// before. The runtime does this only when the gradients keep the caller's dtype.
   bool own_grad_download = false;

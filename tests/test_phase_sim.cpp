@@ -135,12 +135,12 @@ void test_order(void**) {
 // U_c = 1e10); the GPU's work n / 1e15 (staging 3e-6 s, the streamed Adam 1e-6 s); host memory
 // never binds (U_c_dma = U_c).
 // Own upload: staging [0, 3e-6], gradient down [.., 0.5 + 3e-6], CPU Adam [.., 0.8 + 3e-6]; the
-// parameters then go up beside the state, which has 2.4e9 - 3.6e4 bytes left: both at B / 2, the
-// state is up after 0.4 - 6e-6 s, at 1.2 - 3e-6; the streamed Adam ends at 1.2 - 2e-6 and its state is
-// back 1 s later: 2.2 - 2e-6 (the parameters, 3.6e9 + 3.6e4 bytes left at B, are up at 1.5).
+// parameters then go up beside the state, which keeps B (up at 1, as alone), at B / 2 until 1
+// (1.2e9 - 1.8e4 bytes), then their 4.8e9 + 1.8e4 bytes left at B: up at 1.4 + 1.5e-6; the
+// streamed Adam [1, 1 + 1e-6], its state back 1 s later: 2 + 1e-6; the link up busy until 1.4 + 1.5e-6.
 // StarPU's stream instead: the parameters wait behind the state [0, 1] and go up in [1, 1.5], the
 // write-back behind the streamed Adam [1, 1 + 1e-6] runs at 1.5; the state back in
-// [1 + 1e-6, 2 + 1e-6]: 2 + 1e-6. Sharing the link slowed the state on its way up.
+// [1 + 1e-6, 2 + 1e-6]: 2 + 1e-6, the link up busy 1.5.
 void test_own_param_upload(void**) {
   const dos::Workload w = workload({1000000000, 3000000000}, true);
   const dos::Rates r{1e10, 1e10, 1e15, 1e15, 1.2e10, 1.2e10};
@@ -150,9 +150,9 @@ void test_own_param_upload(void**) {
   e.own_param_upload = true;
   const dos::Simulation own = dos::simulate_phase(w, plan, r, e);
   assert_true(own.cpu_first);
-  ASSERT_NEAR(own.total, 2.2 - 2e-6, 1e-9);
-  ASSERT_NEAR(own.stream_end, 2.2 - 2e-6, 1e-9);
-  ASSERT_NEAR(own.h2d, 1.5, 1e-9);  // the link was busy while either stream carried data
+  ASSERT_NEAR(own.total, 2 + 1e-6, 1e-9);
+  ASSERT_NEAR(own.stream_end, 2 + 1e-6, 1e-9);
+  ASSERT_NEAR(own.h2d, 1.4 + 1.5e-6, 1e-9);  // the link was busy while either carried data
   e.own_param_upload = false;
   const dos::Simulation task = dos::simulate_phase(w, plan, r, e);
   ASSERT_NEAR(task.total, 2 + 1e-6, 1e-9);
@@ -168,17 +168,17 @@ void test_own_param_upload(void**) {
 // The runtime's own gradient download (Execution::own_grad_download), plan order, caller on the
 // GPU, own parameter upload in both runs; the rates and subgroups of test_own_param_upload.
 // Own download: the gradient goes down at submission [0, 0.5], the CPU Adam [0.5, 0.8], the
-// parameters go up beside the state from 0.8 (both at B / 2: the state's 2.4e9 bytes left are up at
-// 1.2, the parameters at 1.5); the streamed Adam [1.2, 1.2 + 1e-6], the state back 1 s later:
-// 2.2 + 1e-6; PCIe down busy 0.5 + 1.
+// parameters go up beside the state from 0.8 (the state at B, up at 1; the parameters at B / 2
+// until 1, then at B: up at 1.4); the streamed Adam [1, 1 + 1e-6], the state back 1 s later:
+// 2 + 1e-6; PCIe down busy 0.5 + 1.
 // Staging task instead: it waits in the GPU's queue behind the streamed Adam, which waits for its
 // state [0, 1]: Adam [1, 1 + 1e-6], staging [.., 1 + 4e-6]; its gradient goes down behind the state
 // [1 + 1e-6, 2 + 1e-6], in [2 + 1e-6, 2.5 + 1e-6]; the CPU Adam to 2.8 + 1e-6, the parameters up
 // 0.5 s: 3.3 + 1e-6.
-// Both streams down at once (CPU subgroup of 1.5e10: its gradient, 3e10 bytes, alone from 0 to
-// 1 + 1e-6 moves 1.2000012e10; then both at B / 2: the state's 1.2e10 are back at 3 + 1e-6, the
-// gradient's last 5.999988e9 alone at B take 0.499999 s: 3.5); CPU Adam 1.5 s to 5, parameters up
-// 2.5 s: 7.5; PCIe down busy 3.5.
+// Both down at once (CPU subgroup of 1.5e10: its gradient, 3e10 bytes, alone from 0 to 1 + 1e-6
+// moves 1.2000012e10; then the state at B, back at 2 + 1e-6, and the gradient at B / 2, 6e9 more;
+// its last 1.1999988e10 alone at B take 0.999999 s: 3); CPU Adam 1.5 s to 4.5, parameters up
+// 2.5 s: 7; PCIe down busy 3.
 void test_own_grad_download(void**) {
   const dos::Workload w = workload({1000000000, 3000000000}, true);
   const dos::Rates r{1e10, 1e10, 1e15, 1e15, 1.2e10, 1.2e10};
@@ -189,8 +189,8 @@ void test_own_grad_download(void**) {
   e.own_grad_download = true;
   const dos::Simulation own = dos::simulate_phase(w, plan, r, e);
   assert_false(own.cpu_first);
-  ASSERT_NEAR(own.total, 2.2 + 1e-6, 1e-9);
-  ASSERT_NEAR(own.stream_end, 2.2 + 1e-6, 1e-9);
+  ASSERT_NEAR(own.total, 2 + 1e-6, 1e-9);
+  ASSERT_NEAR(own.stream_end, 2 + 1e-6, 1e-9);
   ASSERT_NEAR(own.d2h, 1.5, 1e-9);
   ASSERT_NEAR(own.gpu, 1e-6, 1e-12);  // no staging task on the GPU
   e.own_grad_download = false;
@@ -200,9 +200,9 @@ void test_own_grad_download(void**) {
   ASSERT_NEAR(task.gpu, 4e-6, 1e-12);
   e.own_grad_download = true;
   const dos::Simulation shared = dos::simulate_phase(workload({1000000000, 15000000000}, true), plan, r, e);
-  ASSERT_NEAR(shared.stream_end, 3 + 1e-6, 1e-9);
-  ASSERT_NEAR(shared.total, 7.5, 1e-9);
-  ASSERT_NEAR(shared.d2h, 3.5, 1e-9);
+  ASSERT_NEAR(shared.stream_end, 2 + 1e-6, 1e-9);
+  ASSERT_NEAR(shared.total, 7, 1e-9);
+  ASSERT_NEAR(shared.d2h, 3, 1e-9);
   // caller in host memory: nothing comes down, the flag changes nothing
   const dos::Workload host = workload({1000000000, 3000000000}, false);
   const double with = dos::simulate_phase(host, plan, r, e).total;

@@ -10,8 +10,10 @@
 namespace dos {
 
 std::size_t subgroup_footprint(const Workload& w, std::size_t n, PlanSide side) {
-  const bool direct = w.caller_on_gpu && side != PlanSide::cpu;
-  const bool staging = !direct && (w.caller_on_gpu || side != PlanSide::cpu);
+  if (side == PlanSide::cpu)
+    return w.caller_on_gpu ? n * ((w.cpu_grads_staged_on_gpu ? w.grad_bytes : 0) + (w.cpu_params_staged_on_gpu ? w.param_bytes : 0))
+                           : 0;
+  const bool staging = !w.caller_on_gpu;  // on the GPU with the caller there: the direct path, nothing staged
   return n * ((side == PlanSide::gpu_streamed ? 12 : 0) + (staging ? w.grad_bytes + w.param_bytes : 0));
 }
 

@@ -54,6 +54,12 @@ struct Workload {
   std::size_t resident = 0;
   bool may_stream = true;
   std::size_t grad_bytes = 4;  // bytes per element of the staged gradient (traffic.h)
+  /// With the caller on the GPU: whether a CPU subgroup's staged gradient (grad_bytes per element)
+  /// and its staged new parameters (param_bytes) take GPU memory while it is in flight; false where
+  /// the runtime copies them between the caller's GPU tensors and host staging itself
+  /// (Execution::own_grad_download, Execution::own_param_upload: nothing staged on the GPU).
+  bool cpu_grads_staged_on_gpu = true;
+  bool cpu_params_staged_on_gpu = true;
 };
 
 /// How many subgroups, counted from the last one backwards, fit their fp32 state (master,

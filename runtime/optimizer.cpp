@@ -224,6 +224,11 @@ Optimizer::Optimizer(Runtime& runtime, const std::vector<TensorView>& tensors, c
     if (options.gpu_update_budget > 0 && !options.eager_writeback)
       throw Error("a GPU update budget needs the eager write-back (a subgroup's GPU memory is given back when its "
                   "state is home): drop the budget or keep eager_writeback");
+    for (unsigned w = 0; w < starpu_worker_get_count(); ++w)
+      if (starpu_worker_get_type(int(w)) == STARPU_CUDA_WORKER) I.cuda_nodes.push_back(starpu_worker_get_memory_node(w));
+    // a CPU subgroup's staging on the GPU, for the footprints (none where the runtime copies itself)
+    I.workload.cpu_grads_staged_on_gpu = !I.own_grad_download();
+    I.workload.cpu_params_staged_on_gpu = !I.own_param_upload();
     if (gpu) {
       try {
         apply_gpu_budgets(I.workload, choice.plan.get(), GpuBudgets{options.gpu_resident_budget, options.gpu_update_budget});
@@ -239,8 +244,6 @@ Optimizer::Optimizer(Runtime& runtime, const std::vector<TensorView>& tensors, c
                            "that is not resident runs on the CPU\n", gb_text(double(options.gpu_update_budget)).c_str(),
                    gb_text(double(need_streamed)).c_str());
     }
-    for (unsigned w = 0; w < starpu_worker_get_count(); ++w)
-      if (starpu_worker_get_type(int(w)) == STARPU_CUDA_WORKER) I.cuda_nodes.push_back(starpu_worker_get_memory_node(w));
   }
 
   if (runtime.model_policy() && runtime.cuda_workers() > 0) {

@@ -226,6 +226,18 @@ void test_budget(void**) {
   const std::vector<PlanSide> plan = {PlanSide::cpu, PlanSide::cpu};
   assert_float_equal(dos::simulate_phase(w, plan, r, tight).total, 2 * 1.4 + 2e-6, 1e-9);
   assert_float_equal(dos::simulate_phase(w, plan, r, dos::Execution{}).total, 2.4 + 1e-6, 1e-9);
+  // The runtime's own copies stage nothing on the GPU: a CPU subgroup's footprint counts what is
+  // left there, and with nothing left the same tight budget no longer holds the second subgroup
+  // back: gradients down on the own lane [0, 0.2] and [0.2, 0.4], Adams [0.2, 1.2] and [1.2, 2.2],
+  // parameters up [1.2, 1.4] and [2.2, 2.4] (no staging task on the GPU).
+  dos::Workload own = w;
+  own.cpu_grads_staged_on_gpu = false;
+  assert_int_equal(dos::subgroup_footprint(own, std::size_t(n), PlanSide::cpu), 2 * std::size_t(n));
+  own.cpu_params_staged_on_gpu = false;
+  assert_int_equal(dos::subgroup_footprint(own, std::size_t(n), PlanSide::cpu), 0);
+  assert_int_equal(dos::subgroup_footprint(own, std::size_t(n), PlanSide::gpu_streamed), 12 * std::size_t(n));
+  tight.own_grad_download = tight.own_param_upload = true;
+  assert_float_equal(dos::simulate_phase(own, plan, r, tight).total, 2.4, 1e-9);
 }
 
 // The plan search and the lower bound: on a grid of machines, the simulated best plan is never

@@ -114,6 +114,8 @@ int run_plan_only(const Args& a, const ModelConfig& cfg, const std::vector<Param
   // the runtime's own gradient download needs no conversion: the gradients keep the parameters' dtype
   po.execution.own_grad_download = po.workload.caller_on_gpu && dos::runtime_downloads_grads() &&
                                    po.workload.grad_bytes == po.workload.param_bytes;
+  po.workload.cpu_grads_staged_on_gpu = !po.execution.own_grad_download;
+  po.workload.cpu_params_staged_on_gpu = !po.execution.own_param_upload;
   if (!a.rates.empty()) po.rates = &rates, po.calibrated = &calibrated_rates;
   std::printf("dos-train --plan-only: %s, %zu of %zu parameters (shard %s), %s, subgroups of %zu\n", cfg.name.c_str(),
               n, total, a.shard.c_str(), a.dtype.c_str(), subgroup);

@@ -79,6 +79,19 @@ void test_errors_in_order(void**) {
   for (std::uint16_t v : host) assert_int_equal(v, 7);     // nor to the host side
 }
 
+/// One job through a CopyStream of its own, waited for (the destructor drains the queue): it must
+/// end once, without an error, having copied `bytes`.
+void copy_one(CopyStream::Direction dir, const dos::Segment* segs, std::size_t nseg, void* host, std::size_t bytes) {
+  Record rec;
+  {
+    CopyStream cs;
+    cs.enqueue(job(dir, segs, nseg, host, rec, 0));
+  }
+  assert_int_equal(rec.results.size(), 1);
+  if (!rec.results[0].error.empty()) fail_msg("copy failed: %s", rec.results[0].error.c_str());
+  assert_int_equal(rec.results[0].bytes, bytes);
+}
+
 // A real upload: two segments of one subgroup (3 and 1998 elements, packed in the staging buffer at
 // offsets 0 and 3) into two places of a device buffer; read back, the segments hold the staged bits
 // and the elements around them keep their fill.
@@ -92,14 +105,7 @@ void test_upload_on_gpu(void**) {
   assert_int_equal(cudaMalloc(reinterpret_cast<void**>(&dev), n * 2), cudaSuccess);
   assert_int_equal(cudaMemset(dev, 0xff, n * 2), cudaSuccess);
   dos::Segment segs[2] = {{dev + 10, nullptr, 0, a}, {dev + 1000, nullptr, a, b}};
-  Record rec;
-  {
-    CopyStream cs;
-    cs.enqueue(job(CopyStream::Direction::to_gpu, segs, 2, staging, rec, 0));
-  }
-  assert_int_equal(rec.results.size(), 1);
-  assert_true(rec.results[0].error.empty());
-  assert_int_equal(rec.results[0].bytes, (a + b) * 2);
+  copy_one(CopyStream::Direction::to_gpu, segs, 2, staging, (a + b) * 2);
   std::vector<std::uint16_t> back(n);
   assert_int_equal(cudaMemcpy(back.data(), dev, n * 2, cudaMemcpyDeviceToHost), cudaSuccess);
   for (std::size_t i = 0; i < n; ++i) {
@@ -127,14 +133,7 @@ void test_download_on_gpu(void**) {
   assert_int_equal(cudaMallocHost(reinterpret_cast<void**>(&staging), (a + b + 1) * 2), cudaSuccess);
   for (std::size_t i = 0; i < a + b + 1; ++i) staging[i] = 0x1234;
   dos::Segment segs[2] = {{nullptr, dev + 4000, 0, a}, {nullptr, dev + 17, a, b}};
-  Record rec;
-  {
-    CopyStream cs;
-    cs.enqueue(job(CopyStream::Direction::to_host, segs, 2, staging, rec, 0));
-  }
-  assert_int_equal(rec.results.size(), 1);
-  assert_true(rec.results[0].error.empty());
-  assert_int_equal(rec.results[0].bytes, (a + b) * 2);
+  copy_one(CopyStream::Direction::to_host, segs, 2, staging, (a + b) * 2);
   assert_int_equal(staging[0], grads[4000]);
   for (std::size_t i = 0; i < b; ++i)
     if (staging[a + i] != grads[17 + i]) fail_msg("element %zu: %#x, want %#x", a + i, unsigned(staging[a + i]), unsigned(grads[17 + i]));
@@ -154,14 +153,7 @@ void test_pageable_staging(void**) {
   assert_int_equal(cudaMalloc(reinterpret_cast<void**>(&dev), (n + 8) * 2), cudaSuccess);
   assert_int_equal(cudaMemset(dev, 0, (n + 8) * 2), cudaSuccess);
   dos::Segment seg{dev + 3, nullptr, 0, n};
-  Record rec;
-  {
-    CopyStream cs;
-    cs.enqueue(job(CopyStream::Direction::to_gpu, &seg, 1, staging.data(), rec, 0));
-  }
-  assert_int_equal(rec.results.size(), 1);
-  assert_true(rec.results[0].error.empty());
-  assert_int_equal(rec.results[0].bytes, n * 2);
+  copy_one(CopyStream::Direction::to_gpu, &seg, 1, staging.data(), n * 2);
   std::vector<std::uint16_t> back(n + 8);
   assert_int_equal(cudaMemcpy(back.data(), dev, (n + 8) * 2, cudaMemcpyDeviceToHost), cudaSuccess);
   for (std::size_t i = 0; i < n + 8; ++i) {

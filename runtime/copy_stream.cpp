@@ -3,6 +3,8 @@
 
 #include <starpu.h>
 
+#include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
@@ -24,9 +26,19 @@ bool copies_by_kernel() {
   static const bool memcpy = std::getenv("DOS_COPY_BY") && std::string(std::getenv("DOS_COPY_BY")) == "memcpy";
   return !memcpy;
 }
-/// pcie_copy_cuda's grid: DOS_COPY_BLOCKS (a measurement switch), else 0 (one block per multiprocessor).
+/// pcie_copy_cuda's grid: DOS_COPY_BLOCKS (a measurement switch: a whole number 1..65535), else 0
+/// (one block per multiprocessor); any other value is ignored, with a warning on stderr.
 unsigned kernel_blocks() {
-  static const unsigned blocks = std::getenv("DOS_COPY_BLOCKS") ? unsigned(std::atoi(std::getenv("DOS_COPY_BLOCKS"))) : 0u;
+  static const unsigned blocks = [] {
+    const char* v = std::getenv("DOS_COPY_BLOCKS");
+    if (!v || !*v) return 0u;
+    char* end = nullptr;
+    const long n = std::strtol(v, &end, 10);
+    if (*end == '\0' && n >= 1 && n <= 65535) return unsigned(n);
+    std::fprintf(stderr, "[dos] warning: DOS_COPY_BLOCKS='%s' is not a whole number from 1 to 65535: ignored "
+                         "(one block per multiprocessor)\n", v);
+    return 0u;
+  }();
   return blocks;
 }
 /// Empty when r is cudaSuccess, else "<what>: <CUDA's message>".
@@ -114,6 +126,10 @@ void CopyStream::copy(const Job& job, Result& res, cudaStream_t& stream, cudaEve
       cudaHostGetDevicePointer(reinterpret_cast<void**>(&host_dev), host, 0) != cudaSuccess) {
     cudaGetLastError();  // not mapped: clear the error
     host_dev = nullptr;
+    static std::atomic<bool> warned{false};
+    if (!warned.exchange(true))
+      std::fprintf(stderr, "[dos] warning: a host staging buffer is not pinned (no device pointer): its copies go by "
+                           "cudaMemcpyAsync, which waits behind StarPU's transfers on the copy engine (slower, same bits)\n");
   }
   for (std::size_t s = 0; err.empty() && s < job.nseg; ++s) {
     const Segment& seg = job.segs[s];

@@ -50,8 +50,9 @@ class CopyStream {
   /// parameters); to_host: segs[s].grad -> host + segs[s].offset elements (the gradients).
   enum class Direction { to_gpu, to_host };
 
-  /// What one job did. start_us, end_us: starpu_timing_now()'s clock (microseconds) when its first
-  /// copy was issued and when the last had ended; bytes: bytes copied; error: empty, or what failed
+  /// What one job did. start_us, end_us: starpu_timing_now()'s clock (microseconds) when the
+  /// thread took the job (before its device pointer lookup and, for the first job on a device, the
+  /// stream's creation) and when its last copy had ended; bytes: bytes copied; error: empty, or what failed
   /// (the CUDA call and its message: the destination then holds an unknown mix of old and new
   /// values).
   struct Result {
@@ -77,7 +78,8 @@ class CopyStream {
   /// Starts the thread (its CUDA stream is made on first use, on the first job's device). Throws
   /// std::logic_error in a build without CUDA, std::system_error when the thread cannot start.
   CopyStream();
-  /// Finishes every job queued (their `done` run), then stops the thread.
+  /// Finishes every job queued (their `done` run), then stops the thread. No enqueue() may start
+  /// once the destructor has begun (a job queued then would never run its `done`).
   ~CopyStream();
   CopyStream(const CopyStream&) = delete;
   CopyStream& operator=(const CopyStream&) = delete;

@@ -226,9 +226,11 @@ Optimizer::Optimizer(Runtime& runtime, const std::vector<TensorView>& tensors, c
                   "state is home): drop the budget or keep eager_writeback");
     for (unsigned w = 0; w < starpu_worker_get_count(); ++w)
       if (starpu_worker_get_type(int(w)) == STARPU_CUDA_WORKER) I.cuda_nodes.push_back(starpu_worker_get_memory_node(w));
-    // a CPU subgroup's staging on the GPU, for the footprints (none where the runtime copies itself)
-    I.workload.cpu_grads_staged_on_gpu = !I.own_grad_download();
-    I.workload.cpu_params_staged_on_gpu = !I.own_param_upload();
+    // a CPU subgroup's staging on the GPU, for the footprints: none where the runtime copies itself,
+    // which it does under a plan only (StarPU's own policies stage by tasks)
+    const bool planned = choice.plan != nullptr;
+    I.workload.cpu_grads_staged_on_gpu = !(planned && I.own_grad_download());
+    I.workload.cpu_params_staged_on_gpu = !(planned && I.own_param_upload());
     if (gpu) {
       try {
         apply_gpu_budgets(I.workload, choice.plan.get(), GpuBudgets{options.gpu_resident_budget, options.gpu_update_budget});

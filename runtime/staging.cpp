@@ -71,16 +71,21 @@ void end_copy(OwnCopy* c, const CopyStream::Result& r) noexcept {
   OpenStep* ph = c->ph;
   const bool up = c->dir == CopyStream::Direction::to_gpu;
   delete c;
+  // a failure is noted before the release lets the CPU Adam (and after it wait_parameters) go on
+  try {
+    if (!r.error.empty())
+      ph->note_copy_error(std::string(up ? "uploading the parameters of subgroup " : "downloading the gradients of subgroup ") +
+                          std::to_string(sg->hint_update.subgroup) + ": " + r.error);
+  } catch (const std::bad_alloc&) {
+    ph->note_copy_error("out of memory");
+  }
   starpu_data_release(up ? sg->h_param16 : sg->h_grad32);
   if (r.error.empty()) add_bus_bytes(up ? r.bytes : 0, up ? 0 : r.bytes);
-  const std::string which = up ? "uploading the parameters of subgroup " : "downloading the gradients of subgroup ";
   try {
-    if (!r.error.empty()) ph->note_copy_error(which + std::to_string(sg->hint_update.subgroup) + ": " + r.error);
     if (sg->timeline)
       sg->timeline->record_span(up ? "h2d" : "d2h", up ? "scatter" : "gather", std::size_t(sg->hint_update.subgroup),
                                 r.start_us, r.end_us);
-  } catch (const std::bad_alloc&) {  // the timeline loses the span; an error keeps its placeholder
-    if (!r.error.empty()) ph->note_copy_error("out of memory");
+  } catch (const std::bad_alloc&) {  // the timeline loses the span
   }
   if (up) {
     params_written(sg);
@@ -136,13 +141,14 @@ void Optimizer::Impl::own_copy(OpenStep& ph, std::size_t i, CopyStream::Directio
   if (starpu_data_acquire_on_node_cb(up ? sg->h_param16 : sg->h_grad32, STARPU_MAIN_RAM, up ? STARPU_R : STARPU_W,
                                      start_copy, c) != 0) {
     delete c;
-    ph.note_copy_error(std::string("StarPU refused to acquire the ") + (up ? "new parameters" : "gradient staging") +
-                       " of subgroup " + std::to_string(i) + " in host memory");
-    if (up) {
-      params_written(sg);
-      subgroup_part_done(sg);
-    }
     ph.pending.done();
+    if (!up)  // the Adam that would read the staging must not be submitted: the phase fails
+      throw Error("StarPU refused to acquire the gradient staging of subgroup " + std::to_string(i) +
+                  " in host memory");
+    ph.note_copy_error("StarPU refused to acquire the new parameters of subgroup " + std::to_string(i) +
+                       " in host memory");
+    params_written(sg);
+    subgroup_part_done(sg);
   }
 }
 

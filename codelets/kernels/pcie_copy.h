@@ -23,7 +23,8 @@ namespace dos {
 /// (whole PCIe requests); an up copy may read up to 15 bytes of host memory before and after the
 /// range, inside its first and last aligned 16 bytes (never another page), and no byte outside
 /// [dst, dst + bytes) is written. The ranges must not overlap. Returns a cudaError_t value
-/// (0 = success) of the launch.
+/// (0 = success): that of cudaGetDevice or cudaDeviceGetAttribute when blocks is 0 and they fail,
+/// else that of the launch (the copy's own faults surface at the stream's next synchronisation).
 int pcie_copy_cuda(void* dst, const void* src, std::size_t bytes, bool to_device, unsigned blocks, void* stream);
 #endif
 

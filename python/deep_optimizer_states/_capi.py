@@ -91,7 +91,7 @@ class StepStats(ctypes.Structure):
 
 class TimelineTask(ctypes.Structure):
     """One task of an update phase (``dos_timeline_task`` of ``dos_c.h``): ``lane`` (0 CPU worker,
-    1 CUDA worker), ``kind`` (0 Adam, 1 speculative Adam, 2 gradient gather, 3 parameter
+    1 CUDA worker, 2 and 3 the runtime's own host-to-device and device-to-host copies), ``kind`` (0 Adam, 1 speculative Adam, 2 gradient gather, 3 parameter
     write-back), ``subgroup`` (its index), ``start`` / ``end`` (seconds since the phase began)."""
 
     _fields_ = [("lane", ctypes.c_int32), ("kind", ctypes.c_int32), ("subgroup", ctypes.c_uint64),
@@ -105,7 +105,7 @@ TASK_NAMES = {0: "adam", 1: "adam_spec", 2: "gather", 3: "scatter"}
 def last_timeline(handle):
     """The tasks of the last ended phase of the runtime optimizer ``handle``
     (``dos_optimizer_last_timeline``): ``(started_at, tasks)``, ``started_at`` in seconds on the
-    runtime's clock (:func:`clock_seconds`), ``tasks`` a list of dicts ``lane`` ("cpu"/"gpu"),
+    runtime's clock (:func:`clock_seconds`), ``tasks`` a list of dicts ``lane`` ("cpu"/"gpu"/"h2d"/"d2h"),
     ``what`` ("adam", "adam_spec", "gather", "scatter"), ``subgroup`` (int), ``start`` and ``end``
     (float seconds since the phase began). Empty without a timeline. Raises :class:`DosError` or
     ``ValueError`` as :func:`check`."""

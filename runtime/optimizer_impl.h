@@ -284,7 +284,9 @@ struct Optimizer::Impl {
   /// A copy of the runtime's own for subgroup i (staging.cpp): an asynchronous acquire of its
   /// staging handle on host memory (to_gpu: h_param16 for reading; to_host: h_grad32 for writing),
   /// whose callback queues the copy on the CopyStream of that direction; the copy's end releases
-  /// the handle. A failure is noted in ph (OpenStep::note_copy_error) and fails the phase at its end.
+  /// the handle. A failed copy, or a refused acquire of the parameters, is noted in ph
+  /// (OpenStep::note_copy_error) and fails the phase at its end; a refused acquire of the gradient
+  /// staging throws Error at once (nothing may then read the staging).
   void own_copy(detail::OpenStep& ph, std::size_t i, detail::CopyStream::Direction dir);
   void acquire_home(detail::OpenStep& ph, starpu_data_handle_t h,
                     enum starpu_data_access_mode mode, detail::Subgroup* sg);

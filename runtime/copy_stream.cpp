@@ -10,6 +10,8 @@
 #include <string>
 #include <utility>
 
+#include "switches.h"
+
 #if defined(DOS_HAVE_CUDA)
 #include <cuda_runtime.h>
 
@@ -23,7 +25,7 @@ namespace dos::detail {
 namespace {
 /// Whether copies go by pcie_copy_cuda (true unless DOS_COPY_BY=memcpy: a measurement switch).
 bool copies_by_kernel() {
-  static const bool memcpy = std::getenv("DOS_COPY_BY") && std::string(std::getenv("DOS_COPY_BY")) == "memcpy";
+  static const bool memcpy = env_says("DOS_COPY_BY", "memcpy");
   return !memcpy;
 }
 /// pcie_copy_cuda's grid: DOS_COPY_BLOCKS (a measurement switch: a whole number 1..65535), else 0

@@ -5,7 +5,6 @@
 // (copy_stream.h), with the callbacks of both.
 #include <starpu.h>
 
-#include <cstdlib>
 #include <exception>
 #include <memory>
 #include <new>
@@ -14,25 +13,18 @@
 #include "../codelets/codelets.h"
 #include "optimizer_impl.h"
 #include "profiling.h"
+#include "switches.h"
 
 namespace dos {
 using namespace detail;
 
-namespace {
-/// Whether the environment variable `name` says "task" (a measurement switch, read by the caller once).
-bool says_task(const char* name) {
-  const char* v = std::getenv(name);
-  return v && std::string(v) == "task";
-}
-}  // namespace
-
 bool runtime_uploads_params() {
-  static const bool tasks = says_task("DOS_PARAM_UPLOAD");
+  static const bool tasks = env_says("DOS_PARAM_UPLOAD", "task");
   return !tasks;
 }
 
 bool runtime_downloads_grads() {
-  static const bool tasks = says_task("DOS_GRAD_DOWNLOAD");
+  static const bool tasks = env_says("DOS_GRAD_DOWNLOAD", "task");
   return !tasks;
 }
 

@@ -21,6 +21,7 @@
 #include "host_memory.h"
 #include "optimizer_impl.h"
 #include "profiling.h"
+#include "switches.h"
 
 namespace dos {
 using namespace detail;
@@ -118,7 +119,7 @@ namespace {
 // acquire at the end of the phase (invalidating the device copy).
 // Measurement switch: DOS_WONT_USE=0 leaves starpu_data_wont_use out of the eager write-back.
 bool wont_use_after_writeback() {
-  static const bool on = !(std::getenv("DOS_WONT_USE") && std::string(std::getenv("DOS_WONT_USE")) == "0");
+  static const bool on = !env_says("DOS_WONT_USE", "0");
   return on;
 }
 }  // namespace

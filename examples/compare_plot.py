@@ -1,6 +1,8 @@
 """The picture of examples/dos_compare.py (compare.png): the update seconds of every run, baseline
 and peer beside the lower bound, and under them the timeline of one phase when there is one."""
 
+from timeline_summary import pcie_windows  # the PCIe rates per window, as the summary counts them
+
 
 def draw(plt, png, rows, baselines, peers, tl):
     """Draws compare.png into ``png`` with ``plt`` (matplotlib.pyplot, Agg backend): the update
@@ -41,22 +43,13 @@ def draw(plt, png, rows, baselines, peers, tl):
         # so rates are averaged over windows of 20 ms, or a twentieth of a shorter phase)
         bus = tl["bus"]
         last = max([t["end"] for t in tl["tasks"]] + [bus[-1][0] if bus else 0.0])
-        if len(bus) > 1:
-            end = bus[-1][0]
-            w = min(0.02, end / 20) if end > 0 else 0.02
-            ts, up, down = [], [], []
-            j = 0
-            prev = bus[0]
-            k = 0
-            while k * w < end:
-                t1 = (k + 1) * w
-                while j + 1 < len(bus) and bus[j + 1][0] <= t1:
-                    j += 1
-                ts.append(k * w + w / 2)
-                up.append((bus[j][1] - prev[1]) / w / 1e9)
-                down.append((bus[j][2] - prev[2]) / w / 1e9)
-                prev = bus[j]
-                k += 1
+        bus = sorted(bus)
+        end = bus[-1][0] if bus else 0.0
+        windows = pcie_windows(bus, end, min(0.02, end / 20)) if end > 0 else []
+        if windows:
+            ts = [t0 + min(0.01, end / 40) for t0, _, _ in windows]
+            up = [h for _, h, _ in windows]
+            down = [d for _, _, d in windows]
             peak = max(max(up), max(down))
             scale = peak if peak > 0 else 1.0
             ax.fill_between(ts, 1 - 0.4, [1 - 0.4 + 0.8 * u / scale for u in up], step="mid", color="C4", alpha=0.7)

@@ -29,6 +29,35 @@ import json
 import sys
 
 
+def pcie_windows(bus, span, window):
+    """The PCIe rates of a phase per window: [[start s, H2D GB/s, D2H GB/s]...] for consecutive
+    windows of ``window`` seconds (> 0) from 0 to ``span`` seconds (the last one cut at span).
+
+    bus: [[t s, cumulative H2D bytes, cumulative D2H bytes]...] sorted by t, counted from the
+    phase's start (dos-train's --timeline ``bus``). A window's rate is the bytes the samples add
+    within it over its length; bytes are counted when a transfer completes, so short windows jump.
+    Returns [] when bus is empty or span <= 0. Raises ValueError when window is not positive.
+    """
+    if not window > 0:
+        raise ValueError(f"the window must be > 0 seconds, got {window}")
+    if not bus or not span > 0:
+        return []
+    times = [s[0] for s in bus]
+
+    def at(x):  # cumulative bytes counted by time x (the last sample at or before it)
+        k = bisect.bisect_right(times, x)
+        return (bus[k - 1][1], bus[k - 1][2]) if k else (0, 0)
+
+    out = []
+    k = 0
+    while k * window < span:
+        end = min((k + 1) * window, span)
+        a, b = at(k * window), at(end)
+        out.append([k * window, (b[0] - a[0]) / (end - k * window) / 1e9, (b[1] - a[1]) / (end - k * window) / 1e9])
+        k += 1
+    return out
+
+
 def summarize(doc, gap_ms=5.0, window_ms=50.0):
     """The summary of one timeline document (the dict dos-train writes) as a dict.
 
@@ -81,20 +110,7 @@ def summarize(doc, gap_ms=5.0, window_ms=50.0):
         if span > 0:
             out_bus["h2d_gbps"] = bus[-1][1] / span / 1e9
             out_bus["d2h_gbps"] = bus[-1][2] / span / 1e9
-        w = window_ms / 1e3
-
-        times = [s[0] for s in bus]
-
-        def at(x):  # cumulative bytes counted by time x (the last sample at or before it)
-            k = bisect.bisect_right(times, x)
-            return (bus[k - 1][1], bus[k - 1][2]) if k else (0, 0)
-
-        k = 0
-        while k * w < span:
-            a, b = at(k * w), at(min((k + 1) * w, span))
-            length = min((k + 1) * w, span) - k * w
-            out_bus["windows"].append([k * w, (b[0] - a[0]) / length / 1e9, (b[1] - a[1]) / length / 1e9])
-            k += 1
+        out_bus["windows"] = pcie_windows(bus, span, window_ms / 1e3)
     return {"span": span, "lanes": lanes, "cpu_gaps": gaps, "tail": tail, "bus": out_bus}
 
 

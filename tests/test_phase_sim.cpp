@@ -129,6 +129,15 @@ void test_order(void**) {
   assert_false(dos::submits_cpu_first(w, plan, cpu_first));
 }
 
+// The subgroups, rates and plan of the two tests of the runtime's own copies: subgroup 0 streamed
+// (1e9 parameters), subgroup 1 on the CPU (3e9), the caller on the GPU; U_c = U_c_dma = 1e10
+// params/s, U_g = D_c = 1e15 params/s, B = 1.2e10 B/s each way.
+struct OwnCopyCase {
+  dos::Workload w = workload({1000000000, 3000000000}, true);
+  dos::Rates r{1e10, 1e10, 1e15, 1e15, 1.2e10, 1.2e10};
+  std::vector<PlanSide> plan = {PlanSide::gpu_streamed, PlanSide::cpu};
+};
+
 // The runtime's own parameter upload (Execution::own_param_upload), cpu_first, caller on the GPU:
 // subgroup 0 streamed (n_s = 1e9: its state, 12 n_s, takes 1 s each way at B = 1.2e10), subgroup 1
 // on the CPU (n_c = 3e9: gradient down and parameters up 6e9 bytes each, 0.5 s alone; Adam 0.3 s at
@@ -142,9 +151,10 @@ void test_order(void**) {
 // write-back behind the streamed Adam [1, 1 + 1e-6] runs at 1.5; the state back in
 // [1 + 1e-6, 2 + 1e-6]: 2 + 1e-6, the link up busy 1.5.
 void test_own_param_upload(void**) {
-  const dos::Workload w = workload({1000000000, 3000000000}, true);
-  const dos::Rates r{1e10, 1e10, 1e15, 1e15, 1.2e10, 1.2e10};
-  const std::vector<PlanSide> plan = {PlanSide::gpu_streamed, PlanSide::cpu};
+  const OwnCopyCase c;
+  const dos::Workload& w = c.w;
+  const dos::Rates& r = c.r;
+  const std::vector<PlanSide>& plan = c.plan;
   dos::Execution e;
   e.order = dos::SubmitOrder::cpu_first;
   e.own_param_upload = true;
@@ -180,9 +190,10 @@ void test_own_param_upload(void**) {
 // its last 1.1999988e10 alone at B take 0.999999 s: 3); CPU Adam 1.5 s to 4.5, parameters up
 // 2.5 s: 7; PCIe down busy 3.
 void test_own_grad_download(void**) {
-  const dos::Workload w = workload({1000000000, 3000000000}, true);
-  const dos::Rates r{1e10, 1e10, 1e15, 1e15, 1.2e10, 1.2e10};
-  const std::vector<PlanSide> plan = {PlanSide::gpu_streamed, PlanSide::cpu};
+  const OwnCopyCase c;
+  const dos::Workload& w = c.w;
+  const dos::Rates& r = c.r;
+  const std::vector<PlanSide>& plan = c.plan;
   dos::Execution e;
   e.order = dos::SubmitOrder::plan;
   e.own_param_upload = true;

@@ -213,8 +213,10 @@ Simulation simulate_phase(const Workload& w, const std::vector<PlanSide>& plan, 
     if (gpu.current >= 0 || gpu.queue.empty()) return false;
     const Piece p = gpu.queue.front();
     const Sg& s = sgs[p.sg];
-    if (p.stage == Stage::adam_gpu && s.side == PlanSide::gpu_streamed && !s.state_up_asked)
+    if (p.stage == Stage::adam_gpu && s.side == PlanSide::gpu_streamed && !s.state_up_asked) {
       ask_state_up(p.sg);  // not prefetched: fetched when the worker takes it
+      return true;         // the link may start it: the lanes are tried again
+    }
     if (p.stage != Stage::gather && !s.input_ready) return false;             // the head of the queue waits
     gpu.queue.pop_front();
     gpu.current = long(p.sg);

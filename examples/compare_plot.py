@@ -45,9 +45,10 @@ def draw(plt, png, rows, baselines, peers, tl):
         last = max([t["end"] for t in tl["tasks"]] + [bus[-1][0] if bus else 0.0])
         bus = sorted(bus)
         end = bus[-1][0] if bus else 0.0
-        windows = pcie_windows(bus, end, min(0.02, end / 20)) if end > 0 else []
+        w = min(0.02, end / 20)
+        windows = pcie_windows(bus, end, w) if end > 0 else []
         if windows:
-            ts = [t0 + min(0.01, end / 40) for t0, _, _ in windows]
+            ts = [t0 + w / 2 for t0, _, _ in windows]
             up = [h for _, h, _ in windows]
             down = [d for _, _, d in windows]
             peak = max(max(up), max(down))

@@ -9,6 +9,7 @@
 #include <stdexcept>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "switches.h"
 
@@ -47,6 +48,12 @@ unsigned kernel_blocks() {
 std::string cuda_error(cudaError_t r, const char* what) {
   return r == cudaSuccess ? std::string() : std::string(what) + ": " + cudaGetErrorString(r);
 }
+/// Whether the thread takes every queued job at once (true unless DOS_COPY_BATCH=0: a measurement
+/// switch that takes one job at a time and sleeps on its event at once, the earlier way).
+bool batches_jobs() {
+  static const bool one_at_a_time = env_says("DOS_COPY_BATCH", "0");
+  return !one_at_a_time;
+}
 }  // namespace
 
 CopyStream::CopyStream() { thread_ = std::thread([this] { run(); }); }
@@ -70,62 +77,114 @@ void CopyStream::enqueue(Job j) {
 
 void CopyStream::run() {
   cudaStream_t stream = nullptr;
-  cudaEvent_t done_event = nullptr;
-  int device = -1;  // the device the stream and event belong to
+  std::vector<cudaEvent_t> events;  // one per job issued and not yet waited for, on `device`
+  int device = -1;                  // the device the stream and events belong to
   for (;;) {
-    Job job;
+    std::deque<Job> batch;
     {
       std::unique_lock<std::mutex> l(mu_);
       cv_.wait(l, [&] { return closing_ || !jobs_.empty(); });
       if (jobs_.empty()) break;  // closing, every job done
-      job = std::move(jobs_.front());
-      jobs_.pop_front();
+      if (batches_jobs()) {
+        batch.swap(jobs_);
+      } else {
+        batch.push_back(std::move(jobs_.front()));
+        jobs_.pop_front();
+      }
     }
-    Result res;
-    res.start_us = starpu_timing_now();
-    try {
-      copy(job, res, stream, done_event, device);
-    } catch (const std::exception& e) {  // std::bad_alloc while building a message
-      res.error = e.what();
+    std::vector<Result> res(batch.size());
+    std::vector<char> has_event(batch.size(), 0);
+    std::size_t first = 0;  // jobs [first, k) are issued and not yet waited for
+    // waits for jobs [first, k) in order and runs their `done`; job j's span starts when it was
+    // issued or when job j-1 ended, whichever is later (the stream runs them one after the other)
+    auto finish = [&](std::size_t k) {
+      for (std::size_t j = first; j < k; ++j) {
+        if (has_event[j]) {
+          std::string e = wait_event(events[j - first]);
+          if (res[j].error.empty()) res[j].error = std::move(e);
+        }
+        res[j].end_us = starpu_timing_now();
+        if (j > first && res[j].start_us < res[j - 1].end_us) res[j].start_us = res[j - 1].end_us;
+        if (!res[j].error.empty()) res[j].bytes = 0;
+        batch[j].done(res[j]);
+      }
+      first = k;
+    };
+    for (std::size_t k = 0; k < batch.size(); ++k) {
+      res[k].start_us = starpu_timing_now();
+      try {
+        const int dev = job_device(batch[k], res[k].error);
+        if (dev >= 0 && dev != device) {  // another device: what was issued on this one ends first
+          finish(k);
+          res[k].start_us = starpu_timing_now();
+          for (cudaEvent_t ev : events) cudaEventDestroy(ev);
+          events.clear();
+          if (stream) cudaStreamDestroy(stream), stream = nullptr;
+          device = -1;
+          res[k].error = cuda_error(cudaSetDevice(dev), "cudaSetDevice");
+          if (res[k].error.empty())
+            res[k].error = cuda_error(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+          if (res[k].error.empty()) device = dev;
+        }
+        if (dev >= 0 && device == dev) {  // issued, also after a failed issue (what went out is waited for)
+          issue(batch[k], res[k], stream);
+          const std::size_t slot = k - first;
+          if (events.size() <= slot) {
+            cudaEvent_t ev = nullptr;
+            std::string e = cuda_error(cudaEventCreateWithFlags(&ev, cudaEventBlockingSync | cudaEventDisableTiming),
+                                       "cudaEventCreate");
+            if (e.empty()) events.push_back(ev);
+            else if (res[k].error.empty()) res[k].error = std::move(e);
+          }
+          if (events.size() > slot) {
+            std::string e = cuda_error(cudaEventRecord(events[slot], stream), "cudaEventRecord");
+            if (e.empty()) has_event[k] = 1;
+            else if (res[k].error.empty()) res[k].error = std::move(e);
+          }
+          if (!has_event[k] && res[k].error.empty()) res[k].error = "no event to wait for the copy";
+          if (!has_event[k]) cudaStreamSynchronize(stream);  // nothing of it may still run after its done
+        }
+      } catch (const std::exception& e) {  // std::bad_alloc while building a message
+        if (res[k].error.empty()) res[k].error = e.what();
+      }
     }
-    res.end_us = starpu_timing_now();
-    if (!res.error.empty()) res.bytes = 0;
-    job.done(res);
+    finish(batch.size());
   }
-  if (done_event) cudaEventDestroy(done_event);
+  for (cudaEvent_t ev : events) cudaEventDestroy(ev);
   if (stream) cudaStreamDestroy(stream);
 }
 
-void CopyStream::copy(const Job& job, Result& res, cudaStream_t& stream, cudaEvent_t& done_event, int& device) {
-  const bool up = job.dir == Direction::to_gpu;
-  auto gpu_ptr = [&](const Segment& seg) { return up ? seg.param : seg.grad; };
-  std::string err;
-  if (job.nseg > 0) {
-    // the stream on the device of the caller's tensors (one device per optimizer in practice; a
-    // job on another device gets a stream there)
-    cudaPointerAttributes attr{};
-    err = cuda_error(cudaPointerGetAttributes(&attr, gpu_ptr(job.segs[0])),
-                     up ? "cudaPointerGetAttributes of the parameters" : "cudaPointerGetAttributes of the gradients");
-    if (err.empty() && attr.type != cudaMemoryTypeDevice && attr.type != cudaMemoryTypeManaged)
-      err = std::string("the caller's ") + (up ? "parameters" : "gradients") + " are not in GPU memory";
-    if (err.empty() && attr.device != device) {
-      if (stream) cudaStreamDestroy(stream), stream = nullptr;
-      if (done_event) cudaEventDestroy(done_event), done_event = nullptr;
-      device = -1;
-      err = cuda_error(cudaSetDevice(attr.device), "cudaSetDevice");
-      if (err.empty()) err = cuda_error(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
-      if (err.empty())
-        err = cuda_error(cudaEventCreateWithFlags(&done_event, cudaEventBlockingSync | cudaEventDisableTiming),
-                         "cudaEventCreate");
-      if (err.empty()) device = attr.device;
-    }
+std::string CopyStream::wait_event(cudaEvent_t ev) {
+  // a short poll first: a small copy ends within microseconds, sooner than the thread would wake
+  // from a blocking wait; a large one then sleeps (the thread does not hold a core for it)
+  const double until = starpu_timing_now() + kPollUs;
+  for (;;) {
+    const cudaError_t q = cudaEventQuery(ev);
+    if (q == cudaSuccess) return std::string();
+    if (q != cudaErrorNotReady) return cuda_error(q, "waiting for a copy");
+    if (!batches_jobs() || starpu_timing_now() >= until) break;
   }
+  return cuda_error(cudaEventSynchronize(ev), "waiting for a copy");
+}
+
+int CopyStream::job_device(const Job& job, std::string& err) {
+  if (job.nseg == 0) return -1;
+  const bool up = job.dir == Direction::to_gpu;
+  cudaPointerAttributes attr{};
+  err = cuda_error(cudaPointerGetAttributes(&attr, up ? job.segs[0].param : job.segs[0].grad),
+                   up ? "cudaPointerGetAttributes of the parameters" : "cudaPointerGetAttributes of the gradients");
+  if (err.empty() && attr.type != cudaMemoryTypeDevice && attr.type != cudaMemoryTypeManaged)
+    err = std::string("the caller's ") + (up ? "parameters" : "gradients") + " are not in GPU memory";
+  return err.empty() ? attr.device : -1;
+}
+
+void CopyStream::issue(const Job& job, Result& res, cudaStream_t stream) {
+  const bool up = job.dir == Direction::to_gpu;
   // the staging buffer as the device sees it: pinned memory is mapped; pageable memory (the
   // runtime could not pin it) is not, and goes by cudaMemcpyAsync
   char* host = static_cast<char*>(job.host);
   char* host_dev = nullptr;
-  if (err.empty() && job.nseg > 0 && copies_by_kernel() &&
-      cudaHostGetDevicePointer(reinterpret_cast<void**>(&host_dev), host, 0) != cudaSuccess) {
+  if (copies_by_kernel() && cudaHostGetDevicePointer(reinterpret_cast<void**>(&host_dev), host, 0) != cudaSuccess) {
     cudaGetLastError();  // not mapped: clear the error
     host_dev = nullptr;
     static std::atomic<bool> warned{false};
@@ -133,7 +192,7 @@ void CopyStream::copy(const Job& job, Result& res, cudaStream_t& stream, cudaEve
       std::fprintf(stderr, "[dos] warning: a host staging buffer is not pinned (no device pointer): its copies go by "
                            "cudaMemcpyAsync, which waits behind StarPU's transfers on the copy engine (slower, same bits)\n");
   }
-  for (std::size_t s = 0; err.empty() && s < job.nseg; ++s) {
+  for (std::size_t s = 0; res.error.empty() && s < job.nseg; ++s) {
     const Segment& seg = job.segs[s];
     const std::size_t n = seg.count * job.elem_bytes;
     const std::size_t at = seg.offset * job.elem_bytes;
@@ -144,15 +203,9 @@ void CopyStream::copy(const Job& job, Result& res, cudaStream_t& stream, cudaEve
     else
       r = up ? cudaMemcpyAsync(seg.param, host + at, n, cudaMemcpyHostToDevice, stream)
              : cudaMemcpyAsync(host + at, seg.grad, n, cudaMemcpyDeviceToHost, stream);
-    err = cuda_error(r, up ? "copying the parameters to the GPU" : "copying the gradients to the host");
-    if (err.empty()) res.bytes += n;
+    res.error = cuda_error(r, up ? "copying the parameters to the GPU" : "copying the gradients to the host");
+    if (res.error.empty()) res.bytes += n;
   }
-  if (job.nseg > 0 && device >= 0) {  // wait for what was issued, also after a failed issue
-    std::string e = cuda_error(cudaEventRecord(done_event, stream), "cudaEventRecord");
-    if (e.empty()) e = cuda_error(cudaEventSynchronize(done_event), up ? "waiting for the copy of the parameters" : "waiting for the copy of the gradients");
-    if (err.empty()) err = e;
-  }
-  res.error = std::move(err);
 }
 
 #else  // no CUDA: no GPU to copy to or from
@@ -163,7 +216,9 @@ CopyStream::CopyStream() {
 CopyStream::~CopyStream() = default;
 void CopyStream::enqueue(Job) { throw std::logic_error("CopyStream needs a build with CUDA"); }
 void CopyStream::run() {}
-void CopyStream::copy(const Job&, Result&, CUstream_st*&, CUevent_st*&, int&) {}
+std::string CopyStream::wait_event(CUevent_st*) { return std::string(); }
+int CopyStream::job_device(const Job&, std::string&) { return -1; }
+void CopyStream::issue(const Job&, Result&, CUstream_st*) {}
 
 #endif
 

@@ -22,11 +22,15 @@
 // (DOS_HAVE_CUDA; in others the constructor throws std::logic_error). enqueue() may be called
 // from any thread, StarPU's callback threads included, and never blocks on a copy; the jobs run in
 // FIFO order on a thread of the CopyStream's own, which sets the CUDA device of each job's first
-// GPU pointer, issues its copies on the CopyStream's stream and waits for them (a blocking-sync
-// event: the thread sleeps, it does not spin on a core). Each job's `done` runs on that thread
-// once its copies have ended or failed, exactly once, also for jobs still queued when the
-// CopyStream is destroyed (the destructor runs them all, then joins). The CopyStream never touches
-// StarPU.
+// GPU pointer. The thread takes every job queued at once: it issues all their copies on the
+// CopyStream's stream, one event recorded after each job's, then waits for the events in order
+// (polling up to kPollUs microseconds, then a blocking-sync wait: the thread sleeps through a long
+// copy, it does not spin on a core), so a run of small copies costs one wake-up, not one each. A
+// job on another device than the previous one's waits until those have ended. Each job's `done`
+// runs on that thread once its copies have ended or failed, exactly once, in FIFO order, also for
+// jobs still queued when the CopyStream is destroyed (the destructor runs them all, then joins).
+// DOS_COPY_BATCH=0 (a measurement switch) takes one job at a time and sleeps on its event at once.
+// The CopyStream never touches StarPU.
 #pragma once
 
 #include <condition_variable>
@@ -51,8 +55,9 @@ class CopyStream {
   enum class Direction { to_gpu, to_host };
 
   /// What one job did. start_us, end_us: starpu_timing_now()'s clock (microseconds) when the
-  /// thread took the job (before its device pointer lookup and, for the first job on a device, the
-  /// stream's creation) and when its last copy had ended; bytes: bytes copied; error: empty, or what failed
+  /// thread began to issue the job (before its device pointer lookup and, for the first job on a
+  /// device, the stream's creation), or when the job before it in the same batch ended if that is
+  /// later (the stream runs them one after the other), and when its wait for its copies returned; bytes: bytes copied; error: empty, or what failed
   /// (the CUDA call and its message: the destination then holds an unknown mix of old and new
   /// values).
   struct Result {
@@ -88,10 +93,17 @@ class CopyStream {
   void enqueue(Job j);
 
  private:
+  /// How long a wait polls its event before it sleeps on it (microseconds).
+  static constexpr double kPollUs = 50;
   void run();
-  /// One job's copies on `stream` (made, with `done_event`, on the job's device when `device`
-  /// differs), waited for; fills res.bytes and res.error.
-  void copy(const Job& job, Result& res, CUstream_st*& stream, CUevent_st*& done_event, int& device);
+  /// The CUDA device of job's first GPU pointer, or -1 when it has none (nseg 0) or on an error,
+  /// which goes into err (else err is emptied).
+  static int job_device(const Job& job, std::string& err);
+  /// Issues job's copies on `stream` (on the job's device, current) without waiting; adds their
+  /// bytes to res.bytes and stops at the first failure, written into res.error.
+  static void issue(const Job& job, Result& res, CUstream_st* stream);
+  /// Waits for `ev` (polls it up to kPollUs, then blocks): empty, or what failed.
+  static std::string wait_event(CUevent_st* ev);
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Job> jobs_;

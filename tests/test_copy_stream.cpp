@@ -4,7 +4,9 @@
 // bytes land where the segments say, both ways (two segments, an odd element count, 16-bit
 // elements up, 16-bit gradients down; pinned staging, copied by the kernel, with segments whose
 // host and device addresses differ modulo 16 bytes, and pageable staging, copied by
-// cudaMemcpyAsync) and nothing else of the destination moves. Without CUDA in the build the
+// cudaMemcpyAsync) and nothing else of the destination moves; many jobs queued at once (taken by
+// the thread as one batch, issued together, waited for in order) land as each would alone, with a
+// failing job among them failing alone and the spans one after the other. Without CUDA in the build the
 // CopyStream refuses to exist. The GPU cases skip without a GPU.
 #include <cstdint>
 #include <cstring>
@@ -163,6 +165,71 @@ void test_pageable_staging(void**) {
   cudaFree(dev);
 }
 
+// 40 jobs queued at once (the thread takes what is queued as one batch: issued together, waited
+// for in order), uploads and downloads of 1..40 odd-sized elements at distinct places, with a job
+// whose GPU side is host memory at position 7: every other job copies its bytes and only those,
+// the failing one reports an error and 0 bytes and writes nothing, every done runs once in queue
+// order, and each span starts no earlier than the one before it ended (one stream runs them in turn).
+void test_batch_on_gpu(void**) {
+  if (!have_gpu()) skip();
+  const int jobs = 40;
+  const std::size_t stride = 64;  // elements per job's region, on both sides
+  std::uint16_t *staging = nullptr, *dev = nullptr;
+  assert_int_equal(cudaMallocHost(reinterpret_cast<void**>(&staging), jobs * stride * 2), cudaSuccess);
+  assert_int_equal(cudaMalloc(reinterpret_cast<void**>(&dev), jobs * stride * 2), cudaSuccess);
+  std::vector<std::uint16_t> dev_init(jobs * stride);
+  for (std::size_t i = 0; i < dev_init.size(); ++i) {
+    staging[i] = std::uint16_t(0x1000 + i);
+    dev_init[i] = std::uint16_t(0x8000 + 7 * i);
+  }
+  assert_int_equal(cudaMemcpy(dev, dev_init.data(), dev_init.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
+  std::vector<std::uint16_t> not_gpu(stride, 0);
+  std::vector<dos::Segment> segs(jobs);
+  Record rec;
+  {
+    CopyStream cs;
+    for (int j = 0; j < jobs; ++j) {
+      const std::size_t count = std::size_t(j % 37) + 1, at = std::size_t(j) * stride;
+      segs[std::size_t(j)] = j == 7 ? dos::Segment{not_gpu.data(), not_gpu.data(), at, count}
+                                    : dos::Segment{dev + at + 1, dev + at + 1, at, count};
+      cs.enqueue(job(j % 2 ? CopyStream::Direction::to_host : CopyStream::Direction::to_gpu, &segs[std::size_t(j)], 1,
+                     staging, rec, j));
+    }
+  }
+  assert_int_equal(rec.order.size(), jobs);
+  std::vector<std::uint16_t> back(jobs * stride);
+  assert_int_equal(cudaMemcpy(back.data(), dev, back.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+  for (int j = 0; j < jobs; ++j) {
+    assert_int_equal(rec.order[std::size_t(j)], j);
+    const CopyStream::Result& r = rec.results[std::size_t(j)];
+    const std::size_t count = std::size_t(j % 37) + 1, at = std::size_t(j) * stride;
+    if (j == 7) {
+      assert_false(r.error.empty());
+      assert_int_equal(r.bytes, 0);
+    } else {
+      if (!r.error.empty()) fail_msg("job %d failed: %s", j, r.error.c_str());
+      assert_int_equal(r.bytes, count * 2);
+    }
+    if (j > 0) assert_true(r.start_us >= rec.results[std::size_t(j) - 1].end_us);
+    assert_true(r.end_us >= r.start_us);
+    const bool up = j % 2 == 0;
+    for (std::size_t i = 0; i + 1 < stride; ++i) {
+      // device element at + 1 + i took staging[at + i] on an upload; staging[at + i] took the
+      // device's at + 1 + i on a download; everything else kept its fill
+      const bool in = j != 7 && i < count;
+      const std::uint16_t want_dev = up && in ? std::uint16_t(0x1000 + at + i) : dev_init[at + 1 + i];
+      if (back[at + 1 + i] != want_dev)
+        fail_msg("job %d, device element %zu: %#x, want %#x", j, at + 1 + i, unsigned(back[at + 1 + i]), unsigned(want_dev));
+      const std::uint16_t want_host = !up && in ? dev_init[at + 1 + i] : std::uint16_t(0x1000 + at + i);
+      if (staging[at + i] != want_host)
+        fail_msg("job %d, staging element %zu: %#x, want %#x", j, at + i, unsigned(staging[at + i]), unsigned(want_host));
+    }
+  }
+  for (std::uint16_t v : not_gpu) assert_int_equal(v, 0);
+  cudaFree(dev);
+  cudaFreeHost(staging);
+}
+
 #else
 
 void test_needs_cuda(void**) {
@@ -186,6 +253,7 @@ int main() {
       cmocka_unit_test(test_upload_on_gpu),
       cmocka_unit_test(test_download_on_gpu),
       cmocka_unit_test(test_pageable_staging),
+      cmocka_unit_test(test_batch_on_gpu),
 #else
       cmocka_unit_test(test_needs_cuda),
 #endif

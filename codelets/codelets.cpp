@@ -10,37 +10,42 @@
 namespace dos {
 namespace {
 
+/// The three fp32 slices of a state buffer (codelets.h): master, exp_avg, exp_avg_sq.
+struct StateSlices {
+  float *p, *m, *v;
+};
+StateSlices slices(void* state_buffer, std::size_t stride) {
+  float* s = reinterpret_cast<float*>(STARPU_VECTOR_GET_PTR(state_buffer));
+  return {s, s + stride, s + 2 * stride};
+}
+
 void adam_cpu(void* buffers[], void* cl_arg) {
   const auto* a = static_cast<const AdamArgs*>(cl_arg);
   bind_worker_team();
-  const std::size_t n = STARPU_VECTOR_GET_NX(buffers[0]);
-  adam_step_cpu(reinterpret_cast<float*>(STARPU_VECTOR_GET_PTR(buffers[0])),
-                reinterpret_cast<float*>(STARPU_VECTOR_GET_PTR(buffers[1])),
-                reinterpret_cast<float*>(STARPU_VECTOR_GET_PTR(buffers[2])),
-                reinterpret_cast<const void*>(STARPU_VECTOR_GET_PTR(buffers[3])), a->grad_dtype,
-                reinterpret_cast<void*>(STARPU_VECTOR_GET_PTR(buffers[4])), a->param_dtype, n, a->sp);
+  const std::size_t n = STARPU_VECTOR_GET_NX(buffers[1]);
+  const StateSlices s = slices(buffers[0], a->state_stride);
+  adam_step_cpu(s.p, s.m, s.v, reinterpret_cast<const void*>(STARPU_VECTOR_GET_PTR(buffers[1])), a->grad_dtype,
+                reinterpret_cast<void*>(STARPU_VECTOR_GET_PTR(buffers[2])), a->param_dtype, n, a->sp);
 }
 
 void adam_into_cpu(void* buffers[], void* cl_arg) {
   const auto* a = static_cast<const AdamArgs*>(cl_arg);
   bind_worker_team();
-  auto f32 = [&](int i) { return reinterpret_cast<float*>(STARPU_VECTOR_GET_PTR(buffers[i])); };
-  adam_step_into_cpu(f32(0), f32(1), f32(2), f32(5), f32(6), f32(7),
-                     reinterpret_cast<const void*>(STARPU_VECTOR_GET_PTR(buffers[3])), a->grad_dtype,
-                     reinterpret_cast<void*>(STARPU_VECTOR_GET_PTR(buffers[4])), a->param_dtype,
-                     STARPU_VECTOR_GET_NX(buffers[0]), a->sp);
+  const StateSlices in = slices(buffers[0], a->state_stride), out = slices(buffers[3], a->state_stride);
+  adam_step_into_cpu(in.p, in.m, in.v, out.p, out.m, out.v,
+                     reinterpret_cast<const void*>(STARPU_VECTOR_GET_PTR(buffers[1])), a->grad_dtype,
+                     reinterpret_cast<void*>(STARPU_VECTOR_GET_PTR(buffers[2])), a->param_dtype,
+                     STARPU_VECTOR_GET_NX(buffers[1]), a->sp);
 }
 
 void adam_direct_cpu(void* buffers[], void* cl_arg) {
   const auto* a = static_cast<const AdamDirectArgs*>(cl_arg);
   bind_worker_team();
-  float* p = reinterpret_cast<float*>(STARPU_VECTOR_GET_PTR(buffers[0]));
-  float* m = reinterpret_cast<float*>(STARPU_VECTOR_GET_PTR(buffers[1]));
-  float* v = reinterpret_cast<float*>(STARPU_VECTOR_GET_PTR(buffers[2]));
+  const StateSlices st = slices(buffers[0], a->adam->state_stride);
   for (std::size_t s = 0; s < a->nseg; ++s) {
     const Segment& sg = a->segs[s];
-    adam_step_cpu(p + sg.offset, m + sg.offset, v + sg.offset, sg.grad, a->dtype, sg.param, a->dtype, sg.count,
-                  a->adam->sp);
+    adam_step_cpu(st.p + sg.offset, st.m + sg.offset, st.v + sg.offset, sg.grad, a->dtype, sg.param, a->dtype,
+                  sg.count, a->adam->sp);
   }
 }
 
@@ -124,10 +129,9 @@ struct starpu_codelet make_codelet(const char* name, starpu_cpu_func_t cpu, star
   return cl;
 }
 
-const starpu_data_access_mode kAdamModes[] = {STARPU_RW, STARPU_RW, STARPU_RW, STARPU_R, STARPU_W};
-const starpu_data_access_mode kAdamIntoModes[] = {STARPU_R, STARPU_R, STARPU_R, STARPU_R,
-                                                   STARPU_W, STARPU_W, STARPU_W, STARPU_W};
-const starpu_data_access_mode kAdamDirectModes[] = {STARPU_RW, STARPU_RW, STARPU_RW};
+const starpu_data_access_mode kAdamModes[] = {STARPU_RW, STARPU_R, STARPU_W};
+const starpu_data_access_mode kAdamIntoModes[] = {STARPU_R, STARPU_R, STARPU_W, STARPU_W};
+const starpu_data_access_mode kAdamDirectModes[] = {STARPU_RW};
 const starpu_data_access_mode kGatherModes[] = {STARPU_W};
 const starpu_data_access_mode kScatterModes[] = {STARPU_R};
 const starpu_data_access_mode kCastModes[] = {STARPU_R, STARPU_W};
@@ -135,12 +139,12 @@ const starpu_data_access_mode kCastModes[] = {STARPU_R, STARPU_W};
 }  // namespace
 
 struct starpu_codelet adam_cl = make_codelet("dos_adam", clocked_cpu<adam_cpu>, clocked_cuda_or_null<cuda_funcs::adam>(),
-                                             5, kAdamModes, &adam_model, "dos_adam");
+                                             3, kAdamModes, &adam_model, "dos_adam");
 struct starpu_codelet adam_direct_cl =
-    make_codelet("dos_adam_direct", clocked_cpu<adam_direct_cpu>, clocked_cuda_or_null<cuda_funcs::adam_direct>(), 3,
+    make_codelet("dos_adam_direct", clocked_cpu<adam_direct_cpu>, clocked_cuda_or_null<cuda_funcs::adam_direct>(), 1,
                  kAdamDirectModes, &adam_direct_model, "dos_adam_direct");
 struct starpu_codelet adam_into_cl = make_codelet("dos_adam_into", clocked_cpu<adam_into_cpu>,
-                                                  clocked_cuda_or_null<cuda_funcs::adam_into>(), 8, kAdamIntoModes,
+                                                  clocked_cuda_or_null<cuda_funcs::adam_into>(), 4, kAdamIntoModes,
                                                   &adam_into_model, "dos_adam_into");
 struct starpu_codelet gather_cl = make_codelet("dos_gather", clocked_cpu<gather_cpu>,
                                                clocked_cuda_or_null<cuda_funcs::gather>(), 1, kGatherModes,

@@ -3,27 +3,30 @@
 // kernel; they decide nothing about where a task runs (that is scheduler/).
 //
 // Buffers (all StarPU vector handles) and arguments (task->cl_arg, owned by the runtime and
-// alive until the task has finished):
-//   adam_cl     master (fp32, RW), exp_avg (fp32, RW), exp_avg_sq (fp32, RW), grad (grad_dtype, R),
-//               param16 (param_dtype, W)                              cl_arg: const AdamArgs*
+// alive until the task has finished). "state" is a subgroup's whole Adam state in one fp32 vector
+// of 3 * AdamArgs::state_stride elements: the master parameters at [0, n), exp_avg at
+// [stride, stride + n), exp_avg_sq at [2 stride, 2 stride + n) (n: the subgroup's size; stride >= n,
+// a multiple of 16 elements so that each slice is 64-byte aligned), so that a streamed subgroup
+// moves in one transfer each way:
+//   adam_cl     state (fp32, RW), grad (grad_dtype, R, n elements), param16 (param_dtype, W)
+//                                                                      cl_arg: const AdamArgs*
 //   gather_cl   dst (dst_dtype, W): the caller's gradients (or parameters) of one subgroup,
 //               converted to fp32 (or copied as they are) from the caller's own buffers (raw
 //               pointers in the segments)
 //                                                                      cl_arg: const GatherArgs*
 //   scatter_cl  param16 (param_dtype, R): copied into the caller's parameter buffers
 //                                                                      cl_arg: const ScatterArgs*
-//   cast_cl     master (fp32, R), param16 (param_dtype, W): the master parameters rounded to the
-//               parameters' dtype (after a checkpoint is loaded)     cl_arg: const AdamArgs*
-//   adam_direct_cl  master, exp_avg, exp_avg_sq (fp32, RW): Adam reading the caller's gradients
-//               and writing the caller's parameters directly (their dtype), segment by segment (the
-//               path of subgroups updated where the caller's buffers live: no fp32 gradient or
-//               16-bit parameter staging, no conversion or copy tasks)
+//   cast_cl     master (fp32, R, n elements), param16 (param_dtype, W): the master parameters rounded
+//               to the parameters' dtype (after a checkpoint is loaded) cl_arg: const AdamArgs*
+//   adam_direct_cl  state (fp32, RW): Adam reading the caller's gradients and writing the caller's
+//               parameters directly (their dtype), segment by segment (the path of subgroups updated
+//               where the caller's buffers live: no fp32 gradient or 16-bit parameter staging, no
+//               conversion or copy tasks)
 //                                                                      cl_arg: const AdamDirectArgs*
-//   adam_into_cl  master, exp_avg, exp_avg_sq (fp32, R), grad (grad_dtype, R), param16
-//               (param_dtype, W), master', exp_avg', exp_avg_sq' (fp32, W): adam_cl out of place,
-//               the new state written to the last three buffers and the first three left as they
-//               were (a speculative update: kept by swapping the two, or redone from the first
-//               three).                                            cl_arg: const AdamArgs*
+//   adam_into_cl  state (fp32, R), grad (grad_dtype, R), param16 (param_dtype, W), state' (fp32, W):
+//               adam_cl out of place, the new state written to the last buffer and the first left as
+//               it was (a speculative update: kept by swapping the two, or redone from the first).
+//                                                                      cl_arg: const AdamArgs*
 // gather_cl, scatter_cl and adam_direct_cl touch caller memory by raw pointer, so the runtime restricts them
 // (task->where) to the side where that memory lives: STARPU_CUDA for GPU pointers, STARPU_CPU
 // for host pointers. All CUDA implementations run on StarPU's local stream (STARPU_CUDA_ASYNC).
@@ -48,13 +51,20 @@ struct Segment {
   std::size_t count;
 };
 
-/// Arguments of adam_cl: the step constants, the type of the 16-bit parameter copy, and the type
-/// of the staged gradient (fp32, or the parameters' dtype when gradients are staged unconverted).
+/// Arguments of adam_cl: the step constants, the type of the 16-bit parameter copy, the type of the
+/// staged gradient (fp32, or the parameters' dtype when gradients are staged unconverted), and the
+/// state's stride: elements from the master parameters to exp_avg and from exp_avg to exp_avg_sq in
+/// the state buffer (state_stride_for).
 struct AdamArgs {
   AdamStepParams sp;
   DType param_dtype;
   DType grad_dtype = DType::fp32;
+  std::size_t state_stride = 0;
 };
+
+/// The state stride of a subgroup of n parameters: n rounded up to a multiple of 16 elements (each
+/// fp32 slice of the state buffer then starts 64-byte aligned when the buffer does).
+constexpr std::size_t state_stride_for(std::size_t n) { return (n + 15) / 16 * 16; }
 
 /// Arguments of gather_cl: which caller buffers to read (from_params: the parameters, used once to
 /// initialise the fp32 master parameters; otherwise the gradients), their dtype, and the segments.

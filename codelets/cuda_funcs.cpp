@@ -14,44 +14,48 @@ void check(int err, const char* what) {
 }
 }  // namespace
 
+/// The three fp32 slices of a state buffer (codelets.h): master, exp_avg, exp_avg_sq.
+struct StateSlices {
+  float *p, *m, *v;
+};
+StateSlices slices(void* state_buffer, std::size_t stride) {
+  float* s = reinterpret_cast<float*>(STARPU_VECTOR_GET_PTR(state_buffer));
+  return {s, s + stride, s + 2 * stride};
+}
+
 void adam(void* buffers[], void* cl_arg) {
   const auto* a = static_cast<const AdamArgs*>(cl_arg);
-  const std::size_t n = STARPU_VECTOR_GET_NX(buffers[0]);
-  check(adam_step_cuda(reinterpret_cast<float*>(STARPU_VECTOR_GET_PTR(buffers[0])),
-                       reinterpret_cast<float*>(STARPU_VECTOR_GET_PTR(buffers[1])),
-                       reinterpret_cast<float*>(STARPU_VECTOR_GET_PTR(buffers[2])),
-                       reinterpret_cast<const void*>(STARPU_VECTOR_GET_PTR(buffers[3])), a->grad_dtype,
-                       reinterpret_cast<void*>(STARPU_VECTOR_GET_PTR(buffers[4])), a->param_dtype, n, a->sp,
+  const std::size_t n = STARPU_VECTOR_GET_NX(buffers[1]);
+  const StateSlices s = slices(buffers[0], a->state_stride);
+  check(adam_step_cuda(s.p, s.m, s.v, reinterpret_cast<const void*>(STARPU_VECTOR_GET_PTR(buffers[1])), a->grad_dtype,
+                       reinterpret_cast<void*>(STARPU_VECTOR_GET_PTR(buffers[2])), a->param_dtype, n, a->sp,
                        starpu_cuda_get_local_stream()),
         "CUDA Adam kernel launch");
 }
 
 void adam_into(void* buffers[], void* cl_arg) {
   const auto* a = static_cast<const AdamArgs*>(cl_arg);
-  const std::size_t n = STARPU_VECTOR_GET_NX(buffers[0]);
   cudaStream_t stream = starpu_cuda_get_local_stream();
-  float* out[3];
-  for (int k = 0; k < 3; ++k) {  // the new state starts as a copy of the old (GPU memory: ~1% of the task)
-    out[k] = reinterpret_cast<float*>(STARPU_VECTOR_GET_PTR(buffers[5 + k]));
-    check(int(cudaMemcpyAsync(out[k], reinterpret_cast<const void*>(STARPU_VECTOR_GET_PTR(buffers[k])), n * sizeof(float),
-                              cudaMemcpyDeviceToDevice, stream)),
-          "cudaMemcpyAsync of the state");
-  }
-  check(adam_step_cuda(out[0], out[1], out[2], reinterpret_cast<const void*>(STARPU_VECTOR_GET_PTR(buffers[3])),
-                       a->grad_dtype, reinterpret_cast<void*>(STARPU_VECTOR_GET_PTR(buffers[4])), a->param_dtype, n,
-                       a->sp, stream),
+  // the new state starts as a copy of the old (GPU memory: ~1% of the task), padding included
+  const std::size_t total = STARPU_VECTOR_GET_NX(buffers[0]);
+  check(int(cudaMemcpyAsync(reinterpret_cast<void*>(STARPU_VECTOR_GET_PTR(buffers[3])),
+                            reinterpret_cast<const void*>(STARPU_VECTOR_GET_PTR(buffers[0])), total * sizeof(float),
+                            cudaMemcpyDeviceToDevice, stream)),
+        "cudaMemcpyAsync of the state");
+  const StateSlices out = slices(buffers[3], a->state_stride);
+  check(adam_step_cuda(out.p, out.m, out.v, reinterpret_cast<const void*>(STARPU_VECTOR_GET_PTR(buffers[1])),
+                       a->grad_dtype, reinterpret_cast<void*>(STARPU_VECTOR_GET_PTR(buffers[2])), a->param_dtype,
+                       STARPU_VECTOR_GET_NX(buffers[1]), a->sp, stream),
         "CUDA Adam kernel launch");
 }
 
 void adam_direct(void* buffers[], void* cl_arg) {
   const auto* a = static_cast<const AdamDirectArgs*>(cl_arg);
-  float* p = reinterpret_cast<float*>(STARPU_VECTOR_GET_PTR(buffers[0]));
-  float* m = reinterpret_cast<float*>(STARPU_VECTOR_GET_PTR(buffers[1]));
-  float* v = reinterpret_cast<float*>(STARPU_VECTOR_GET_PTR(buffers[2]));
+  const StateSlices st = slices(buffers[0], a->adam->state_stride);
   for (std::size_t s = 0; s < a->nseg; ++s) {
     const Segment& sg = a->segs[s];
-    check(adam_step_cuda(p + sg.offset, m + sg.offset, v + sg.offset, sg.grad, a->dtype, sg.param, a->dtype, sg.count,
-                         a->adam->sp, starpu_cuda_get_local_stream()),
+    check(adam_step_cuda(st.p + sg.offset, st.m + sg.offset, st.v + sg.offset, sg.grad, a->dtype, sg.param, a->dtype,
+                         sg.count, a->adam->sp, starpu_cuda_get_local_stream()),
           "CUDA Adam kernel launch");
   }
 }

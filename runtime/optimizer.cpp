@@ -125,19 +125,31 @@ struct starpu_task* Optimizer::Impl::make_task(struct starpu_codelet* cl, void* 
 struct starpu_task* Optimizer::Impl::adam_task(Subgroup* sg, struct starpu_codelet* cl, void* arg, uint32_t where,
                                                void (*done)(void*)) {
   struct starpu_task* t = make_task(cl, arg, &sg->hint_update, where);
-  t->handles[0] = sg->h_master;
-  t->handles[1] = sg->h_exp_avg;
-  t->handles[2] = sg->h_exp_avg_sq;
+  t->handles[0] = sg->h_state;
   t->callback_func = done;
   t->callback_arg = sg;
   return t;
 }
 
-void Optimizer::Impl::keep_master_on_host_only() {
-  for (auto& sg : sgs) {
-    starpu_data_acquire(sg->h_master, STARPU_RW);
-    starpu_data_release(sg->h_master);
+void Optimizer::Impl::with_master_handles(const std::function<void(Subgroup*, starpu_data_handle_t)>& submit_for) {
+  std::vector<starpu_data_handle_t> handles;
+  handles.reserve(sgs.size());  // no allocation between a register and its bookkeeping
+  auto end = [&] {
+    starpu_task_wait_for_all();
+    for (starpu_data_handle_t h : handles) starpu_data_unregister(h);  // what a task wrote comes home
+  };
+  try {
+    for (auto& sg : sgs) {
+      starpu_data_handle_t h = nullptr;
+      starpu_vector_data_register(&h, STARPU_MAIN_RAM, uintptr_t(sg->master()), sg->size, sizeof(float));
+      handles.push_back(h);
+      submit_for(sg.get(), h);
+    }
+  } catch (...) {
+    end();
+    throw;
   }
+  end();
 }
 
 template <class State, class Fn>
@@ -145,7 +157,7 @@ void Optimizer::Impl::hold_state(starpu_data_access_mode mode, Fn&& fn) const {
   std::vector<State> state;
   std::vector<starpu_data_handle_t> held;
   state.reserve(sgs.size());
-  held.reserve(3 * sgs.size());  // no allocation between an acquire and its bookkeeping
+  held.reserve(sgs.size());  // no allocation between an acquire and its bookkeeping
   struct Release {
     std::vector<starpu_data_handle_t>& held;
     ~Release() {
@@ -153,21 +165,19 @@ void Optimizer::Impl::hold_state(starpu_data_access_mode mode, Fn&& fn) const {
     }
   } release{held};
   for (const auto& sg : sgs) {
-    for (starpu_data_handle_t h : {sg->h_master, sg->h_exp_avg, sg->h_exp_avg_sq}) {
-      starpu_data_acquire(h, mode);
-      held.push_back(h);
-    }
-    state.push_back({sg->master.ptr, sg->exp_avg.ptr, sg->exp_avg_sq.ptr, sg->size});
+    starpu_data_acquire(sg->h_state, mode);
+    held.push_back(sg->h_state);
+    state.push_back({sg->master(), sg->exp_avg(), sg->exp_avg_sq(), sg->size});
   }
   fn(state);
 }
 
-void Optimizer::Impl::read_state(float* out, HostBuffer Subgroup::*buf, starpu_data_handle_t Subgroup::*h) const {
+void Optimizer::Impl::read_state(float* out, std::size_t slice) const {
   require_no_open_step("reading the optimizer state");
   for (const auto& sg : sgs) {
-    starpu_data_acquire(sg.get()->*h, STARPU_R);  // waits for the tasks writing it, fetches it home
-    std::memcpy(out + sg->begin, (sg.get()->*buf).ptr, sg->size * sizeof(float));
-    starpu_data_release(sg.get()->*h);
+    starpu_data_acquire(sg->h_state, STARPU_R);  // waits for the tasks writing it, fetches it home
+    std::memcpy(out + sg->begin, sg->state.ptr + slice * sg->stride, sg->size * sizeof(float));
+    starpu_data_release(sg->h_state);
   }
 }
 
@@ -198,11 +208,12 @@ Optimizer::Optimizer(Runtime& runtime, const std::vector<TensorView>& tensors, c
     I.where_caller = STARPU_CUDA;
   }
   const std::size_t esz = dtype_size(options.dtype);
-  {  // five page-aligned buffers per subgroup (alloc_host): count the rounding of small subgroups too
+  {  // three page-aligned buffers per subgroup (alloc_host): count the rounding of small subgroups too
     const std::size_t page = 4096;
     auto pages = [&](std::size_t bytes) { return (bytes + page - 1) / page * page; };
     std::size_t need = 0;
-    for (const SubgroupLayout& l : layout) need += 4 * pages(l.size * sizeof(float)) + pages(l.size * esz);
+    for (const SubgroupLayout& l : layout)
+      need += pages(3 * state_stride_for(l.size) * sizeof(float)) + pages(l.size * sizeof(float)) + pages(l.size * esz);
     check_host_memory(need, "the optimizer state of " + std::to_string(I.nparams) + " parameters in " +
                                 std::to_string(layout.size()) + " subgroups");
   }
@@ -271,14 +282,11 @@ Optimizer::Optimizer(Runtime& runtime, const std::vector<TensorView>& tensors, c
     auto sg = std::make_unique<Subgroup>();
     sg->begin = layout[s].begin;
     sg->size = layout[s].size;
-    sg->master = alloc_host(sg->size * sizeof(float));
-    sg->exp_avg = alloc_host(sg->size * sizeof(float));
-    sg->exp_avg_sq = alloc_host(sg->size * sizeof(float));
+    sg->stride = state_stride_for(sg->size);
+    sg->state = alloc_host(3 * sg->stride * sizeof(float));
     sg->grad32 = alloc_host(sg->size * gsz);
     sg->param16 = alloc_host(sg->size * esz);
-    starpu_vector_data_register(&sg->h_master, STARPU_MAIN_RAM, uintptr_t(sg->master.ptr), sg->size, sizeof(float));
-    starpu_vector_data_register(&sg->h_exp_avg, STARPU_MAIN_RAM, uintptr_t(sg->exp_avg.ptr), sg->size, sizeof(float));
-    starpu_vector_data_register(&sg->h_exp_avg_sq, STARPU_MAIN_RAM, uintptr_t(sg->exp_avg_sq.ptr), sg->size,
+    starpu_vector_data_register(&sg->h_state, STARPU_MAIN_RAM, uintptr_t(sg->state.ptr), 3 * sg->stride,
                                 sizeof(float));
     // Staging buffers live in host memory allocated (and pinned) once. Left to StarPU (home node
     // -1, dropped after each phase), their host copies were allocated and pinned again every
@@ -299,6 +307,7 @@ Optimizer::Optimizer(Runtime& runtime, const std::vector<TensorView>& tensors, c
     sg->adam_direct = AdamDirectArgs{&sg->adam, sg->segs.data(), sg->segs.size(), options.dtype};
     sg->adam.param_dtype = options.dtype;
     sg->adam.grad_dtype = grad_dtype;
+    sg->adam.state_stride = sg->stride;
     sg->hint_update = TaskHint{Side::cpu, unsigned(s)};
     sg->hint_io = TaskHint{Side::any, unsigned(s)};
     sg->hint_scatter = TaskHint{Side::any, unsigned(s)};
@@ -306,14 +315,12 @@ Optimizer::Optimizer(Runtime& runtime, const std::vector<TensorView>& tensors, c
     sg->window = &I.window;  // the GPU update budget's window, reset at every step
     I.sgs.push_back(std::move(sg));
   }
-  // fp32 master parameters from the caller's parameters, converted where they live.
-  for (auto& sg : I.sgs) {
+  // fp32 master parameters from the caller's parameters, converted where they live
+  I.with_master_handles([&](Subgroup* sg, starpu_data_handle_t master) {
     struct starpu_task* t = I.make_task(&gather_cl, &sg->gather_params, &sg->hint_io, I.where_caller);
-    t->handles[0] = sg->h_master;
+    t->handles[0] = master;
     submit(t, "master-parameter initialisation");
-  }
-  starpu_task_wait_for_all();
-  I.keep_master_on_host_only();
+  });
 }
 
 Optimizer::~Optimizer() = default;
@@ -376,18 +383,16 @@ void Optimizer::load_state_in_place(const std::vector<std::int64_t>& steps,
   });
   for (std::size_t i = 0; i < I.sgs.size(); ++i) I.sgs[i]->step = steps[i];
   // the caller's parameters: the loaded master rounded to their dtype, written where they live
-  for (auto& sg : I.sgs) {
+  I.with_master_handles([&](Subgroup* sg, starpu_data_handle_t master) {
     struct starpu_task* c = I.make_task(&cast_cl, &sg->adam, &sg->hint_io, I.where_caller);
-    c->handles[0] = sg->h_master;
+    c->handles[0] = master;
     c->handles[1] = sg->h_param16;
     submit(c, "parameter cast");
     struct starpu_task* s = I.make_task(&scatter_cl, &sg->scatter, &sg->hint_io, I.where_caller);
     s->handles[0] = sg->h_param16;
     submit(s, "parameter write-back");
     starpu_data_invalidate_submit(sg->h_param16);
-  }
-  starpu_task_wait_for_all();
-  I.keep_master_on_host_only();
+  });
 }
 
 void Optimizer::set_plan_override(const PlanOverride& o) {
@@ -431,11 +436,11 @@ void Optimizer::Impl::copy_master_range(std::size_t begin, std::size_t end, floa
   for (const auto& sg : sgs) {
     const std::size_t lo = std::max(begin, sg->begin), hi = std::min(end, sg->begin + sg->size);
     if (lo >= hi) continue;
-    starpu_data_acquire(sg->h_master, mode);  // waits for the tasks using it, fetches it home
-    float* m = static_cast<float*>(sg->master.ptr) + (lo - sg->begin);
+    starpu_data_acquire(sg->h_state, mode);  // waits for the tasks using it, fetches it home
+    float* m = sg->master() + (lo - sg->begin);
     if (mode == STARPU_R) std::memcpy(at + (lo - begin), m, (hi - lo) * sizeof(float));
     else std::memcpy(m, at + (lo - begin), (hi - lo) * sizeof(float));
-    starpu_data_release(sg->h_master);
+    starpu_data_release(sg->h_state);
   }
 }
 
@@ -447,12 +452,8 @@ void Optimizer::write_master_range(std::size_t begin, std::size_t end, const flo
   impl_->copy_master_range(begin, end, const_cast<float*>(values), STARPU_RW, "write_master_range");
 }
 
-void Optimizer::read_master(float* out) const { impl_->read_state(out, &Subgroup::master, &Subgroup::h_master); }
-void Optimizer::read_exp_avg(float* out) const {
-  impl_->read_state(out, &Subgroup::exp_avg, &Subgroup::h_exp_avg);
-}
-void Optimizer::read_exp_avg_sq(float* out) const {
-  impl_->read_state(out, &Subgroup::exp_avg_sq, &Subgroup::h_exp_avg_sq);
-}
+void Optimizer::read_master(float* out) const { impl_->read_state(out, 0); }
+void Optimizer::read_exp_avg(float* out) const { impl_->read_state(out, 1); }
+void Optimizer::read_exp_avg_sq(float* out) const { impl_->read_state(out, 2); }
 
 }  // namespace dos

@@ -16,6 +16,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -38,15 +39,24 @@ namespace detail {
 struct Subgroup {
   std::size_t begin = 0, size = 0;
   std::int64_t step = 0;
-  HostBuffer master, exp_avg, exp_avg_sq;
+  // The Adam state in one host buffer of 3 * stride fp32 elements under one StarPU handle (the
+  // layout of codelets.h: master parameters, exp_avg, exp_avg_sq, each `size` long, `stride` apart),
+  // so that a streamed subgroup's state moves in one transfer each way.
+  std::size_t stride = 0;
+  HostBuffer state;
   HostBuffer grad32, param16;  // host staging of the fp32 gradient and the new parameters
-  starpu_data_handle_t h_master = nullptr, h_exp_avg = nullptr, h_exp_avg_sq = nullptr;
+  starpu_data_handle_t h_state = nullptr;
   starpu_data_handle_t h_grad32 = nullptr, h_param16 = nullptr;
   // The shadow state of speculative updates (Optimizer::gradients_final): where adam_into_cl writes
   // the new state, swapped with the state above when the update is kept. Allocated at the
   // subgroup's first speculative update.
-  HostBuffer sh_master, sh_exp_avg, sh_exp_avg_sq;
-  starpu_data_handle_t sh_h_master = nullptr, sh_h_exp_avg = nullptr, sh_h_exp_avg_sq = nullptr;
+  HostBuffer sh_state;
+  starpu_data_handle_t sh_h_state = nullptr;
+  /// The host copy of the master parameters, exp_avg and exp_avg_sq (size fp32 elements each;
+  /// valid on the host only while h_state is acquired there or no task holds it elsewhere).
+  float* master() const { return state.ptr; }
+  float* exp_avg() const { return state.ptr + stride; }
+  float* exp_avg_sq() const { return state.ptr + 2 * stride; }
   std::atomic<bool> spec_ended{false};  // the speculative Adam task of the open step has ended
   // The caller's parameters of this subgroup hold the open step's result (its parameter write-back,
   // or its direct-path Adam, has ended; Optimizer::wait_parameters waits for it).
@@ -79,12 +89,11 @@ struct Subgroup {
   /// Unregisters the handles (the state comes home first) and frees the host buffers. The caller
   /// waits for every task touching them before (Optimizer::Impl's destructor does).
   ~Subgroup() {
-    for (starpu_data_handle_t h : {h_master, h_exp_avg, h_exp_avg_sq})
-      if (h) starpu_data_unregister(h);
+    if (h_state) starpu_data_unregister(h_state);
     // scratch: nothing to bring home
-    for (starpu_data_handle_t h : {h_grad32, h_param16, sh_h_master, sh_h_exp_avg, sh_h_exp_avg_sq})
+    for (starpu_data_handle_t h : {h_grad32, h_param16, sh_h_state})
       if (h) starpu_data_unregister_no_coherency(h);
-    for (HostBuffer* b : {&master, &exp_avg, &exp_avg_sq, &grad32, &param16, &sh_master, &sh_exp_avg, &sh_exp_avg_sq})
+    for (HostBuffer* b : {&state, &grad32, &param16, &sh_state})
       if (b->ptr) free_host(*b);
   }
 };
@@ -349,16 +358,21 @@ struct Optimizer::Impl {
 
   struct starpu_task* make_task(struct starpu_codelet* cl, void* arg, const TaskHint* hint, uint32_t where);
 
-  /// An Adam task of the plan's side on subgroup sg's state (handles 0-2: master, exp_avg,
-  /// exp_avg_sq; the caller sets any others), with `done` as its callback (argument: sg).
+  /// An Adam task of the plan's side on subgroup sg's state (handle 0: h_state; the caller sets any
+  /// others), with `done` as its callback (argument: sg).
   struct starpu_task* adam_task(detail::Subgroup* sg, struct starpu_codelet* cl, void* arg, uint32_t where,
                                 void (*done)(void*));
 
-  /// After a write of the master parameters on the device side: the state lives in host memory
-  /// only, as after a step (a read-write acquire on main RAM invalidates any device copy).
-  void keep_master_on_host_only();
+  /// Calls submit_for(sg, master) for every subgroup in order, `master` a StarPU handle of its own
+  /// over the master slice of sg's host state (sg->size fp32 elements), then waits for every task
+  /// and unregisters those handles, which brings what a task wrote home into the state buffer (its
+  /// device copies are dropped). For tasks on the master parameters alone (their initialisation,
+  /// the cast after a load), which would otherwise move the whole state. h_state must be valid in
+  /// host memory only and hold no task (as after its registration or a write acquire there), and
+  /// no task may use it meanwhile. Rethrows what submit_for throws, after the same wait.
+  void with_master_handles(const std::function<void(detail::Subgroup*, starpu_data_handle_t)>& submit_for);
 
-  /// Holds every subgroup's master, exp_avg and exp_avg_sq in host memory (acquired in `mode`:
+  /// Holds every subgroup's state (h_state: master, exp_avg and exp_avg_sq) in host memory (acquired in `mode`:
   /// STARPU_R brings the host copies up to date, STARPU_W invalidates the device copies) and calls
   /// fn with their pointers, as a vector of State ({master, exp_avg, exp_avg_sq, size}), in subgroup
   /// (flat) order; releases them all when fn returns or throws.
@@ -366,8 +380,9 @@ struct Optimizer::Impl {
   template <class State, class Fn>
   void hold_state(starpu_data_access_mode mode, Fn&& fn) const;
 
-  void read_state(float* out, detail::HostBuffer detail::Subgroup::*buf,
-                  starpu_data_handle_t detail::Subgroup::*h) const;
+  /// Copies slice `slice` of every subgroup's state (0: master, 1: exp_avg, 2: exp_avg_sq) into
+  /// out (nparams fp32 elements, flat order), each acquired in host memory for reading.
+  void read_state(float* out, std::size_t slice) const;
 };
 
 }  // namespace dos

@@ -144,10 +144,8 @@ void Optimizer::Impl::acquire_home(OpenStep& ph, starpu_data_handle_t h, enum st
 }
 
 void Optimizer::Impl::write_back(OpenStep& ph, Subgroup* sg, enum starpu_data_access_mode mode, bool part_of_subgroup) {
-  for (starpu_data_handle_t h : {sg->h_master, sg->h_exp_avg, sg->h_exp_avg_sq}) {
-    acquire_home(ph, h, mode, part_of_subgroup ? sg : nullptr);
-    if (part_of_subgroup && wont_use_after_writeback()) starpu_data_wont_use(h);
-  }
+  acquire_home(ph, sg->h_state, mode, part_of_subgroup ? sg : nullptr);
+  if (part_of_subgroup && wont_use_after_writeback()) starpu_data_wont_use(sg->h_state);
 }
 
 bool Optimizer::Impl::speculable(std::size_t i) const {
@@ -158,8 +156,8 @@ bool Optimizer::Impl::speculable(std::size_t i) const {
 }
 
 bool Optimizer::Impl::ensure_shadow(Subgroup* sg) {
-  if (sg->sh_h_master) return true;
-  const std::size_t bytes = 3 * sg->size * sizeof(float);
+  if (sg->sh_h_state) return true;
+  const std::size_t bytes = 3 * sg->stride * sizeof(float);
   if (shadow_limit == 0) {  // the budget, fixed at the first speculative update
     if (opt.speculation_budget > 0) {
       shadow_limit = std::size_t(opt.speculation_budget);
@@ -170,19 +168,13 @@ bool Optimizer::Impl::ensure_shadow(Subgroup* sg) {
   }
   if (shadow_used + bytes > shadow_limit) return false;
   try {
-    sg->sh_master = alloc_host(sg->size * sizeof(float));
-    sg->sh_exp_avg = alloc_host(sg->size * sizeof(float));
-    sg->sh_exp_avg_sq = alloc_host(sg->size * sizeof(float));
+    sg->sh_state = alloc_host(bytes);
   } catch (const std::exception&) {
-    // no room after all: this subgroup (and every later one) is updated in finish_step, the same
-    // bits; what was allocated goes back
-    for (HostBuffer* b : {&sg->sh_master, &sg->sh_exp_avg, &sg->sh_exp_avg_sq}) free_host(*b);
+    // no room after all: this subgroup (and every later one) is updated in finish_step, the same bits
     shadow_limit = shadow_used;
     return false;
   }
-  starpu_vector_data_register(&sg->sh_h_master, STARPU_MAIN_RAM, uintptr_t(sg->sh_master.ptr), sg->size, sizeof(float));
-  starpu_vector_data_register(&sg->sh_h_exp_avg, STARPU_MAIN_RAM, uintptr_t(sg->sh_exp_avg.ptr), sg->size, sizeof(float));
-  starpu_vector_data_register(&sg->sh_h_exp_avg_sq, STARPU_MAIN_RAM, uintptr_t(sg->sh_exp_avg_sq.ptr), sg->size,
+  starpu_vector_data_register(&sg->sh_h_state, STARPU_MAIN_RAM, uintptr_t(sg->sh_state.ptr), 3 * sg->stride,
                               sizeof(float));
   shadow_used += bytes;
   return true;
@@ -318,7 +310,7 @@ void Optimizer::Impl::speculate(OpenStep& ph, std::size_t i) {
   // its share of the update budget (with the shadow state on the GPU) only if it fits now:
   // nothing gives room back before finish_step, so a speculative update never waits for it
   if (!ph.admitted[i]) {
-    const std::size_t fp = sg->footprint + (on_gpu ? 3 * sg->size * sizeof(float) : 0);
+    const std::size_t fp = sg->footprint + (on_gpu ? 3 * sg->stride * sizeof(float) : 0);
     if (!window.try_take(fp, 0)) return;
     sg->footprint = fp;  // what the window gives back when the subgroup's work ends
     ph.admitted[i] = 1;
@@ -327,31 +319,25 @@ void Optimizer::Impl::speculate(OpenStep& ph, std::size_t i) {
   ph.stepped[i] = 1;
   ph.speculated[i] = 1;
   ph.spec_order.push_back(i);
-  // its pieces of work: the verdict's (the parameter write-back when kept), and on the GPU the three
-  // write-backs of the shadow state
-  sg->parts_left.store(1 + (on_gpu ? 3 : 0));
+  // its pieces of work: the verdict's (the parameter write-back when kept), and on the GPU the
+  // write-back of the shadow state
+  sg->parts_left.store(1 + (on_gpu ? 1 : 0));
   sg->adam.sp = make_adam_step_params(opt.adam, sg->step);
   sg->hint_update.prefetch = true;
   stage_gradient(ph, i);
   struct starpu_task* a = make_task(&adam_into_cl, &sg->adam, &sg->hint_update, on_gpu ? STARPU_CUDA : STARPU_CPU);
-  a->handles[0] = sg->h_master;
-  a->handles[1] = sg->h_exp_avg;
-  a->handles[2] = sg->h_exp_avg_sq;
-  a->handles[3] = sg->h_grad32;
-  a->handles[4] = sg->h_param16;
-  a->handles[5] = sg->sh_h_master;
-  a->handles[6] = sg->sh_h_exp_avg;
-  a->handles[7] = sg->sh_h_exp_avg_sq;
+  a->handles[0] = sg->h_state;
+  a->handles[1] = sg->h_grad32;
+  a->handles[2] = sg->h_param16;
+  a->handles[3] = sg->sh_h_state;
   a->callback_func = record_speculative;
   a->callback_arg = sg;
   submit(a, "speculative Adam");
   starpu_data_invalidate_submit(sg->h_grad32);  // a redo stages the gradient again
   if (on_gpu) {
-    for (starpu_data_handle_t h : {sg->h_master, sg->h_exp_avg, sg->h_exp_avg_sq}) starpu_data_wont_use(h);
-    for (starpu_data_handle_t h : {sg->sh_h_master, sg->sh_h_exp_avg, sg->sh_h_exp_avg_sq}) {
-      acquire_home(ph, h, STARPU_R, sg);
-      if (wont_use_after_writeback()) starpu_data_wont_use(h);
-    }
+    starpu_data_wont_use(sg->h_state);
+    acquire_home(ph, sg->sh_h_state, STARPU_R, sg);
+    if (wont_use_after_writeback()) starpu_data_wont_use(sg->sh_h_state);
   }
 }
 
@@ -436,12 +422,8 @@ void Optimizer::Impl::finish_submit(StepVerdict verdict, bool async) {
         }
         // kept: the shadow holds the new state (StarPU orders these swaps after the speculative
         // task, which wrote the shadow handles, through the handles themselves)
-        std::swap(sg->master, sg->sh_master);
-        std::swap(sg->exp_avg, sg->sh_exp_avg);
-        std::swap(sg->exp_avg_sq, sg->sh_exp_avg_sq);
-        std::swap(sg->h_master, sg->sh_h_master);
-        std::swap(sg->h_exp_avg, sg->sh_h_exp_avg);
-        std::swap(sg->h_exp_avg_sq, sg->sh_h_exp_avg_sq);
+        std::swap(sg->state, sg->sh_state);
+        std::swap(sg->h_state, sg->sh_h_state);
         scatter_params(ph, i);
       }
       std::vector<std::size_t> stream_order;  // the streamed subgroups, in submission order
@@ -454,8 +436,7 @@ void Optimizer::Impl::finish_submit(StepVerdict verdict, bool async) {
         if (!window.try_take(sg->footprint, window.limit ? ph.largest_fp : 0)) return;
         ph.admitted[i] = 1;
         const unsigned node = cuda_nodes[i % cuda_nodes.size()];  // the placement policy's choice
-        for (starpu_data_handle_t h : {sg->h_master, sg->h_exp_avg, sg->h_exp_avg_sq})
-          starpu_data_prefetch_on_node(h, node, 1);
+        starpu_data_prefetch_on_node(sg->h_state, node, 1);
       };
       const std::vector<std::size_t> order =
           submission_order(plan.empty() ? std::vector<PlanSide>(sgs.size(), PlanSide::cpu) : plan, ph.cpu_first);
@@ -478,9 +459,9 @@ void Optimizer::Impl::finish_submit(StepVerdict verdict, bool async) {
         if (ph.stepped[i]) {
           // a redone speculative update (stepped when it was speculated): its verdict's piece of
           // work is this write-back; its shadow's write-backs may still run
-          sg->parts_left.fetch_add(eager ? 3 : 0);
+          sg->parts_left.fetch_add(eager ? 1 : 0);
         } else {
-          sg->parts_left.store(1 + (eager ? 3 : 0));
+          sg->parts_left.store(1 + (eager ? 1 : 0));
           sg->step += 1;
           ph.stepped[i] = 1;
         }
@@ -497,8 +478,8 @@ void Optimizer::Impl::finish_submit(StepVerdict verdict, bool async) {
         }
         stage_gradient(ph, i);
         struct starpu_task* a = adam_task(sg, &adam_cl, &sg->adam, STARPU_CPU | STARPU_CUDA, record_worker);
-        a->handles[3] = sg->h_grad32;
-        a->handles[4] = sg->h_param16;
+        a->handles[1] = sg->h_grad32;
+        a->handles[2] = sg->h_param16;
         submit(a, "Adam");
         scatter_params(ph, i);
         if (eager) write_back(ph, sg, STARPU_R, true);

@@ -128,13 +128,16 @@ void CopyStream::run() {
         }
         if (dev >= 0 && device == dev) {  // issued, also after a failed issue (what went out is waited for)
           issue(batch[k], res[k], stream);
-          const std::size_t slot = k - first;
-          if (events.size() <= slot) {
+          const std::size_t slot = k - first;  // events[slot] is job k's (a job not issued leaves its slot unused)
+          while (events.size() <= slot) {
             cudaEvent_t ev = nullptr;
             std::string e = cuda_error(cudaEventCreateWithFlags(&ev, cudaEventBlockingSync | cudaEventDisableTiming),
                                        "cudaEventCreate");
-            if (e.empty()) events.push_back(ev);
-            else if (res[k].error.empty()) res[k].error = std::move(e);
+            if (!e.empty()) {
+              if (res[k].error.empty()) res[k].error = std::move(e);
+              break;
+            }
+            events.push_back(ev);
           }
           if (events.size() > slot) {
             std::string e = cuda_error(cudaEventRecord(events[slot], stream), "cudaEventRecord");

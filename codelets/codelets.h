@@ -62,10 +62,6 @@ struct AdamArgs {
   std::size_t state_stride = 0;
 };
 
-/// The state stride of a subgroup of n parameters: n rounded up to a multiple of 16 elements (each
-/// fp32 slice of the state buffer then starts 64-byte aligned when the buffer does).
-constexpr std::size_t state_stride_for(std::size_t n) { return (n + 15) / 16 * 16; }
-
 /// Arguments of gather_cl: which caller buffers to read (from_params: the parameters, used once to
 /// initialise the fp32 master parameters; otherwise the gradients), their dtype, and the segments.
 /// dst_dtype: fp32 (convert), or `dtype` itself (copy unconverted: 16-bit gradient staging); no

@@ -246,14 +246,16 @@ def bounds_by_budget(runs):
 
 
 def resident_fit(n_params, subgroup, budget):
-    """Subgroups, counted from the last, whose fp32 state (12 B/param) fits in budget bytes
-    (models/resource_model.h, resident_subgroups), and the subgroup count."""
+    """Subgroups, counted from the last, whose fp32 state (12 B/param, each of its three slices
+    padded to 16 elements) fits in budget bytes (models/resource_model.h, resident_subgroups), and
+    the subgroup count."""
     sizes = [subgroup] * (n_params // subgroup) + ([n_params % subgroup] if n_params % subgroup else [])
     used = count = 0
     for s in reversed(sizes):
-        if used + 12 * s > budget:
+        state = 12 * ((s + 15) // 16 * 16)
+        if used + state > budget:
             break
-        used += 12 * s
+        used += state
         count += 1
     return count, len(sizes)
 

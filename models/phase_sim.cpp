@@ -7,6 +7,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "adam.h"
+
 namespace dos {
 
 std::size_t subgroup_footprint(const Workload& w, std::size_t n, PlanSide side) {
@@ -14,7 +16,7 @@ std::size_t subgroup_footprint(const Workload& w, std::size_t n, PlanSide side) 
     return w.caller_on_gpu ? n * ((w.cpu_grads_staged_on_gpu ? w.grad_bytes : 0) + (w.cpu_params_staged_on_gpu ? w.param_bytes : 0))
                            : 0;
   const bool staging = !w.caller_on_gpu;  // on the GPU with the caller there: the direct path, nothing staged
-  return n * ((side == PlanSide::gpu_streamed ? 12 : 0) + (staging ? w.grad_bytes + w.param_bytes : 0));
+  return (side == PlanSide::gpu_streamed ? state_bytes_for(n) : 0) + n * (staging ? w.grad_bytes + w.param_bytes : 0);
 }
 
 bool submits_cpu_first(const Workload& w, const std::vector<PlanSide>& plan, const Execution& e) {

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "adam.h"
 #include "traffic.h"
 
 namespace dos {
@@ -117,7 +118,7 @@ std::vector<PlanSide> static_plan(std::size_t n, double cpu_share) {
 std::size_t resident_subgroups(const std::vector<std::size_t>& sizes, std::size_t budget_bytes) {
   std::size_t used = 0, count = 0;
   for (auto it = sizes.rbegin(); it != sizes.rend(); ++it) {
-    const std::size_t bytes = 12 * *it;
+    const std::size_t bytes = state_bytes_for(*it);
     if (bytes > budget_bytes - used) break;
     used += bytes;
     ++count;

@@ -63,7 +63,8 @@ struct Workload {
 };
 
 /// How many subgroups, counted from the last one backwards, fit their fp32 state (master,
-/// exp_avg, exp_avg_sq: 12 bytes per parameter) in `budget_bytes` of GPU memory. Taking the last
+/// exp_avg, exp_avg_sq: 12 bytes per parameter and each slice padded to 16 elements,
+/// state_bytes_for in codelets/kernels/adam.h) in `budget_bytes` of GPU memory. Taking the last
 /// ones matches DeepSpeed's ZeRO-Offload++ `ratio` (static_plan). Returns 0..sizes.size().
 std::size_t resident_subgroups(const std::vector<std::size_t>& sizes, std::size_t budget_bytes);
 

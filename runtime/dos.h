@@ -105,12 +105,13 @@ struct RuntimeOptions {
 /// master and two moments, and the gradient and parameters when staged: models/phase_sim.h's
 /// subgroup_footprint, which the admission window charges), and a speculated one f + 16 +
 /// param_bytes in all (also its shadow state, and its fp32 gradient and parameters staged beside
-/// it, of which the window charges the shadow state only). The update phase then holds at most the
-/// larger of update_budget and one subgroup (runtime/admission.h admits one subgroup whatever its
-/// size), twice the budget when speculative, and never more than the whole optimizer; the resident
-/// state at most min(resident_budget, 12 elements). Returns 0 when update_budget is 0 (no budget:
-/// no limit to ask for). Saturates at SIZE_MAX instead of wrapping. Throws Error for subgroup_size
-/// 0 or bytes other than 2 and 4.
+/// it, of which the window charges the shadow state only); each state buffer adds its padding, at
+/// most 180 bytes per subgroup (state_bytes_for, codelets/kernels/adam.h). The update phase then
+/// holds at most the larger of update_budget and one subgroup (runtime/admission.h admits one
+/// subgroup whatever its size), twice the budget when speculative, and never more than the whole
+/// optimizer; the resident state at most min(resident_budget, 12 elements and the padding).
+/// Returns 0 when update_budget is 0 (no budget: no limit to ask for). Saturates at SIZE_MAX
+/// instead of wrapping. Throws Error for subgroup_size 0 or bytes other than 2 and 4.
 std::size_t gpu_memory_for_budgets(std::size_t elements, std::size_t subgroup_size, std::size_t param_bytes,
                                    std::size_t grad_bytes, std::size_t update_budget, std::int64_t resident_budget,
                                    bool speculative);

@@ -271,11 +271,20 @@ std::size_t gpu_memory_for_budgets(std::size_t elements, std::size_t subgroup_si
   const auto plus = [&](std::size_t a, std::size_t b) { return a > kMax - b ? kMax : a + b; };
   std::size_t f = 12 + grad_bytes + param_bytes;
   if (speculative) f += 16 + param_bytes;
+  // a state buffer's padding beyond its 12 bytes per element (state_bytes_for): of the first
+  // subgroup, and of all of them (full ones and the tail); twice with the shadow state
+  // (state_bytes_for(n) - 12 n, written so that it cannot overflow for any n)
+  const auto pad = [](std::size_t n) { return 3 * sizeof(float) * (state_stride_for(n % 16) - n % 16); };
+  const std::size_t first = std::min(subgroup_size, elements);
+  const std::size_t pad_all = plus(times(elements / subgroup_size, pad(subgroup_size)), pad(elements % subgroup_size));
+  const std::size_t copies = speculative ? 2 : 1;
   const std::size_t budget = speculative ? times(update_budget, 2) : update_budget;
-  const std::size_t phase =
-      std::min(std::max(budget, times(std::min(subgroup_size, elements), f)), times(elements, f));
+  const std::size_t one = plus(times(first, f), copies * pad(first));
+  const std::size_t all = plus(times(elements, f), times(pad_all, copies));
+  const std::size_t phase = std::min(std::max(budget, one), all);
   const std::uint64_t r = resident_budget <= 0 ? 0 : std::uint64_t(resident_budget);
-  const std::size_t resident = std::size_t(std::min<std::uint64_t>(r, times(elements, 12)));
+  const std::size_t state = plus(times(elements, 12), pad_all);
+  const std::size_t resident = std::size_t(std::min<std::uint64_t>(r, state));
   return plus(phase, resident);
 }
 

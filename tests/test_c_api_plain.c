@@ -51,7 +51,8 @@ void test_defaults(void** state) {
 /* The GPU memory that the budgets may need (dos_gpu_memory_for_budgets), against the arithmetic of
  * its contract: f = 12 + gradient bytes + parameter bytes per streamed element (f + 16 + parameter
  * bytes when speculative, and twice the budget), the phase at least one subgroup and the budget, at
- * most the whole optimizer, plus the resident budget up to 12 bytes per element. */
+ * most the whole optimizer, plus the resident budget up to 12 bytes per element; each state buffer's
+ * padding (its three slices rounded up to 16 elements) on top. */
 void test_gpu_memory_for_budgets(void** state) {
   (void)state;
   size_t out = 7;
@@ -81,6 +82,17 @@ void test_gpu_memory_for_budgets(void** state) {
   assert_int_equal(out, 16000000);
   assert_int_equal(dos_gpu_memory_for_budgets(1000000, 100000000, 2, 4, 40000000, -1, 0, &out), DOS_OK);
   assert_int_equal(out, 18000000);
+  /* each state buffer's padding (slices of 16 elements): 1000 elements in subgroups of 300, three
+   * of 300 (4 elements short of 304) and a tail of 100 (12 short of 112), 12 bytes per missing
+   * element: 48 a subgroup of 300, 3 * 48 + 144 = 288 in all; twice with the shadow state */
+  assert_int_equal(dos_gpu_memory_for_budgets(1000, 300, 4, 4, 1, -1, 0, &out), DOS_OK);
+  assert_int_equal(out, 20 * 300 + 48); /* one subgroup */
+  assert_int_equal(dos_gpu_memory_for_budgets(1000, 300, 4, 4, 1000000, -1, 0, &out), DOS_OK);
+  assert_int_equal(out, 20 * 1000 + 288); /* all of them */
+  assert_int_equal(dos_gpu_memory_for_budgets(1000, 300, 4, 4, 1000000, -1, 1, &out), DOS_OK);
+  assert_int_equal(out, 40 * 1000 + 2 * 288);
+  assert_int_equal(dos_gpu_memory_for_budgets(1000, 300, 4, 4, 1, INT64_MAX, 0, &out), DOS_OK);
+  assert_int_equal(out, 20 * 300 + 48 + 12 * 1000 + 288); /* the resident state with its padding */
   /* saturates instead of wrapping */
   assert_int_equal(dos_gpu_memory_for_budgets(SIZE_MAX / 2, SIZE_MAX, 4, 4, UINT64_MAX, INT64_MAX, 1, &out), DOS_OK);
   assert_true(out == SIZE_MAX);

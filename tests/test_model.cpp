@@ -191,14 +191,17 @@ void test_static_fidelity(void**) {
 // GPU budgets: which subgroups fit the resident budget, and plans that keep them resident and
 // stream only the others (or nothing when the update budget cannot hold one streamed subgroup).
 void test_budgets(void**) {
-  // 12 bytes of state per parameter, counted from the last subgroup; the smaller last one first
+  // 12 bytes of state per parameter, each slice padded to 16 elements (1008 and 512), counted from
+  // the last subgroup; the smaller last one first
   const std::vector<std::size_t> sizes = {1000, 1000, 1000, 500};
   assert_int_equal(dos::resident_subgroups(sizes, 0), 0);
-  assert_int_equal(dos::resident_subgroups(sizes, 12 * 500 - 1), 0);
-  assert_int_equal(dos::resident_subgroups(sizes, 12 * 500), 1);
-  assert_int_equal(dos::resident_subgroups(sizes, 12 * 1499), 1);
-  assert_int_equal(dos::resident_subgroups(sizes, 12 * 1500), 2);
-  assert_int_equal(dos::resident_subgroups(sizes, 12 * 3500), 4);
+  assert_int_equal(dos::resident_subgroups(sizes, 12 * 500), 0);  // its padding does not fit
+  assert_int_equal(dos::resident_subgroups(sizes, 12 * 512 - 1), 0);
+  assert_int_equal(dos::resident_subgroups(sizes, 12 * 512), 1);
+  assert_int_equal(dos::resident_subgroups(sizes, 12 * 1519), 1);
+  assert_int_equal(dos::resident_subgroups(sizes, 12 * 1520), 2);
+  assert_int_equal(dos::resident_subgroups(sizes, 12 * 3536 - 1), 3);
+  assert_int_equal(dos::resident_subgroups(sizes, 12 * 3536), 4);
   assert_int_equal(dos::resident_subgroups(sizes, std::size_t(1) << 60), 4);
 
   const dos::Rates fast_link{1e8, 1e8, 1e12, 4e12, 1e13, 1e13};  // everything free is streamed

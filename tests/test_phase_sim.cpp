@@ -232,6 +232,9 @@ void test_budget(void**) {
   assert_int_equal(dos::subgroup_footprint(w, std::size_t(n), PlanSide::cpu), 4 * std::size_t(n));
   assert_int_equal(dos::subgroup_footprint(w, std::size_t(n), PlanSide::gpu_streamed), 12 * std::size_t(n));
   assert_int_equal(dos::subgroup_footprint(w, std::size_t(n), PlanSide::gpu_resident), 0);
+  // the state buffer's slices are padded to 16 elements: 1001 parameters take 3 slices of 1008
+  assert_int_equal(dos::subgroup_footprint(w, 1001, PlanSide::gpu_streamed), 12 * 1008);
+  assert_int_equal(dos::subgroup_footprint(w, 1001, PlanSide::cpu), 4 * 1001);
   dos::Execution tight;
   tight.update_budget = 4 * std::size_t(n);
   const std::vector<PlanSide> plan = {PlanSide::cpu, PlanSide::cpu};

@@ -25,6 +25,16 @@
 
 namespace dos {
 
+/// The state stride of a subgroup of n parameters: n rounded up to a multiple of 16 elements. A
+/// subgroup's Adam state is one fp32 buffer of 3 strides (master, exp_avg, exp_avg_sq: each slice
+/// then starts 64-byte aligned when the buffer does).
+constexpr std::size_t state_stride_for(std::size_t n) { return (n + 15) / 16 * 16; }
+
+/// Bytes of a subgroup's Adam state buffer for n parameters: 3 * 4 * state_stride_for(n), that is
+/// 12 bytes per parameter plus at most 180 bytes of padding. What a subgroup's state takes in GPU
+/// memory, streamed or resident.
+constexpr std::size_t state_bytes_for(std::size_t n) { return 3 * sizeof(float) * state_stride_for(n); }
+
 /// Hyper-parameters of Adam/AdamW, as in torch.optim.Adam / torch.optim.AdamW.
 /// lr: learning rate (> 0); beta1, beta2: in [0, 1); eps: > 0, added to the denominator;
 /// weight_decay: >= 0; decoupled: true for AdamW (decoupled weight decay), false for Adam

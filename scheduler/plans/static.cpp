@@ -7,6 +7,7 @@
 #include <stdexcept>
 
 #include "../plan.h"
+#include "adam.h"
 
 namespace dos {
 namespace {
@@ -30,7 +31,7 @@ class StaticPlan final : public Plan {
     const std::vector<PlanSide> sp = static_plan(w.sizes.size(), cpu_share_);
     std::size_t kept = 0, nres = 0;
     for (std::size_t i = 0; i < sp.size(); ++i)
-      if (sp[i] == PlanSide::gpu_resident) kept += 12 * w.sizes[i], ++nres;
+      if (sp[i] == PlanSide::gpu_resident) kept += state_bytes_for(w.sizes[i]), ++nres;
     if (kept <= budget) return;
     const std::size_t fit = resident_subgroups(w.sizes, budget);
     char r[32];

@@ -191,14 +191,15 @@ class Runtime {
 /// rates: the machine's rates for the `dos` policy's model; all zero (the default): measured at
 ///   start-up by calibrate_rates (cached per host and configuration), unless recalibrate is set,
 ///   which forces a new measurement.
-/// gpu_resident_budget: bytes of optimizer state (12 per parameter) the GPU may keep between
-///   iterations; -1: not given. `dos` (and `gpu`) keep the last subgroups that fit resident (none
-///   when not given) and plan the others; `static:R` must fit its resident share in it when given (Error
-///   otherwise, naming the smallest R that fits).
+/// gpu_resident_budget: bytes of optimizer state the GPU may keep between iterations (12 per
+///   parameter, each of a subgroup's three state slices padded to 16 elements); -1: not given.
+///   `dos` (and `gpu`) keep the last subgroups that fit resident (none when not given) and plan the
+///   others; `static:R` must fit its resident share in it when given (Error otherwise, naming the
+///   smallest R that fits).
 /// gpu_update_budget: bytes the update phase may hold on the GPU at once (state of streamed
-///   subgroups, 12 B/param; the gradient and parameter staging of the others where it is on the
-///   GPU: not where the runtime copies between the caller's GPU tensors and host staging itself,
-///   runtime_downloads_grads, runtime_uploads_params); 0: no limit. Subgroups enter the
+///   subgroups, 12 B/param with the same padding; the gradient and parameter staging of the others
+///   where it is on the GPU: not where the runtime copies between the caller's GPU tensors and host
+///   staging itself, runtime_downloads_grads, runtime_uploads_params); 0: no limit. Subgroups enter the
 ///   phase only while their footprint fits; a budget below one streamed subgroup's footprint plans
 ///   every non-resident update on the CPU; below one CPU subgroup's staging is an Error.
 /// stream_lookahead: streamed subgroups whose state is prefetched to the GPU ahead of the one

@@ -134,18 +134,21 @@ void test_greedy(void**) {
 }
 
 void test_budgets(void**) {
-  // resident subgroups from the budget for the plans that take it; static chooses its own
+  // resident subgroups from the budget for the plans that take it; static chooses its own. A
+  // subgroup of 100 keeps 12 x 112 = 1344 B of state (each slice padded to 16 elements)
   dos::Workload w = workload({100, 100, 100, 100});
   const auto gpu = dos::make_plan_by_name("gpu");
   dos::apply_gpu_budgets(w, gpu.get(), dos::GpuBudgets{2 * 12 * 100, 0});
+  assert_int_equal(w.resident, 1);  // the padding of the second does not fit
+  dos::apply_gpu_budgets(w, gpu.get(), dos::GpuBudgets{2 * 12 * 112, 0});
   assert_int_equal(w.resident, 2);
   assert_true(w.may_stream);
   const auto st = dos::make_plan_by_name("static:0.5");
-  dos::apply_gpu_budgets(w, st.get(), dos::GpuBudgets{2 * 12 * 100, 0});
+  dos::apply_gpu_budgets(w, st.get(), dos::GpuBudgets{2 * 12 * 112, 0});
   assert_int_equal(w.resident, 0);
-  // static:0.25 keeps 3 subgroups (3600 B) resident: over a 2400 B budget, which holds 2 (static:0.5)
+  // static:0.25 keeps 3 subgroups (4032 B) resident: over a 2688 B budget, which holds 2 (static:0.5)
   const std::string m = message_of([&] {
-    dos::apply_gpu_budgets(w, dos::make_plan_by_name("static:0.25").get(), dos::GpuBudgets{2 * 12 * 100, 0});
+    dos::apply_gpu_budgets(w, dos::make_plan_by_name("static:0.25").get(), dos::GpuBudgets{2 * 12 * 112, 0});
   });
   assert_true(contains(m, "static:0.25") && contains(m, "use static:0.5") && contains(m, "2 subgroups fit"));
   // an update budget below one streamed subgroup (12 B/param of state, caller on the GPU):

@@ -54,7 +54,7 @@ struct Segment {
 /// Arguments of adam_cl: the step constants, the type of the 16-bit parameter copy, the type of the
 /// staged gradient (fp32, or the parameters' dtype when gradients are staged unconverted), and the
 /// state's stride: elements from the master parameters to exp_avg and from exp_avg to exp_avg_sq in
-/// the state buffer (state_stride_for).
+/// the state buffer (state_stride_for, kernels/adam.h).
 struct AdamArgs {
   AdamStepParams sp;
   DType param_dtype;

@@ -437,7 +437,8 @@ def parse_args(argv=None):
                     help="stop after the step during which the training loop passed this many seconds (0: none)")
     ap.add_argument("--verbose", action="store_true", help="the runtime's start-up and calibration lines")
     ap.add_argument("--gpu-resident-budget", type=float, default=0,
-                    help="dos: GB of optimizer state (12 bytes per parameter) the GPU may keep between steps "
+                    help="dos: GB of optimizer state (12 bytes per parameter, padded to 16 elements per subgroup "
+                         "slice) the GPU may keep between steps "
                          "(0: none given; DeepOptimizerStates(gpu_resident_budget=...))")
     ap.add_argument("--gpu-update-budget", type=float, default=0,
                     help="dos: GB of GPU memory the update phase may hold at once (0: no limit but StarPU's)")

@@ -225,7 +225,7 @@ class Runtime {
 ///   queue; on the GPU machine it was no faster (the phase is bound by host memory shared by CPU Adam
 ///   and DMA, not by that queue; README). The results are the same bits either way.
 /// speculation_budget: host bytes for the shadow state of speculative updates (12 bytes per
-///   parameter of a subgroup updated speculatively, allocated and pinned at its first speculative
+///   parameter of a subgroup updated speculatively and its slices' padding, state_bytes_for, allocated and pinned at its first speculative
 ///   update and kept); -1 (default): half of the host memory available (MemAvailable) when the
 ///   first speculative update comes; 0: no speculative update (Optimizer::gradients_final only
 ///   records, the whole update runs in finish_step). A subgroup beyond the budget waits for

@@ -267,7 +267,7 @@ std::size_t gpu_memory_for_budgets(std::size_t elements, std::size_t subgroup_si
       throw Error("gpu_memory_for_budgets: param_bytes and grad_bytes must be 2 or 4, got " + std::to_string(b));
   if (update_budget == 0 || elements == 0) return 0;
   const std::size_t kMax = std::numeric_limits<std::size_t>::max();
-  const auto times = [&](std::size_t n, std::size_t f) { return n > kMax / f ? kMax : n * f; };
+  const auto times = [&](std::size_t n, std::size_t f) { return f != 0 && n > kMax / f ? kMax : n * f; };
   const auto plus = [&](std::size_t a, std::size_t b) { return a > kMax - b ? kMax : a + b; };
   std::size_t f = 12 + grad_bytes + param_bytes;
   if (speculative) f += 16 + param_bytes;

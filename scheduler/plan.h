@@ -62,9 +62,10 @@ struct PlanInput {
   Execution execution;
 };
 
-/// The GPU budgets of an optimizer, bytes. resident: optimizer state (12 B/param) the GPU may keep
-/// between iterations, -1 (or any negative value) when not given; update: what an update phase may hold on the GPU at once,
-/// 0 for no limit (OptimizerOptions::gpu_resident_budget, gpu_update_budget).
+/// The GPU budgets of an optimizer, bytes. resident: optimizer state (12 B/param, each of a
+/// subgroup's three state slices padded to 16 elements: state_bytes_for) the GPU may keep between
+/// iterations, -1 (or any negative value) when not given; update: what an update phase may hold on
+/// the GPU at once, 0 for no limit (OptimizerOptions::gpu_resident_budget, gpu_update_budget).
 struct GpuBudgets {
   std::int64_t resident = -1;
   std::size_t update = 0;

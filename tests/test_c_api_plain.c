@@ -91,6 +91,11 @@ void test_gpu_memory_for_budgets(void** state) {
   assert_int_equal(out, 20 * 1000 + 288); /* all of them */
   assert_int_equal(dos_gpu_memory_for_budgets(1000, 300, 4, 4, 1000000, -1, 1, &out), DOS_OK);
   assert_int_equal(out, 40 * 1000 + 2 * 288);
+  assert_int_equal(dos_gpu_memory_for_budgets(1000, 300, 4, 4, 1, -1, 1, &out), DOS_OK);
+  assert_int_equal(out, 40 * 300 + 2 * 48); /* one subgroup and its shadow state, both padded */
+  /* subgroups of a multiple of 16 elements have no padding */
+  assert_int_equal(dos_gpu_memory_for_budgets(32, 16, 4, 4, 1, INT64_MAX, 0, &out), DOS_OK);
+  assert_int_equal(out, 20 * 16 + 12 * 32);
   assert_int_equal(dos_gpu_memory_for_budgets(1000, 300, 4, 4, 1, INT64_MAX, 0, &out), DOS_OK);
   assert_int_equal(out, 20 * 300 + 48 + 12 * 1000 + 288); /* the resident state with its padding */
   /* saturates instead of wrapping */

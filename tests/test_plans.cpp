@@ -151,6 +151,11 @@ void test_budgets(void**) {
     dos::apply_gpu_budgets(w, dos::make_plan_by_name("static:0.25").get(), dos::GpuBudgets{2 * 12 * 112, 0});
   });
   assert_true(contains(m, "static:0.25") && contains(m, "use static:0.5") && contains(m, "2 subgroups fit"));
+  // static:0.5's two resident subgroups with their padding (2688 B) over 2400 B: refused, 1 fits
+  const std::string m2 = message_of([&] {
+    dos::apply_gpu_budgets(w, dos::make_plan_by_name("static:0.5").get(), dos::GpuBudgets{2 * 12 * 100, 0});
+  });
+  assert_true(contains(m2, "static:0.5") && contains(m2, "use static:0.75") && contains(m2, "1 subgroups fit"));
   // an update budget below one streamed subgroup (12 B/param of state, caller on the GPU):
   // nothing streams; gpu refuses it; below one CPU subgroup's staging, an error for every plan
   dos::apply_gpu_budgets(w, nullptr, dos::GpuBudgets{-1, 1000});

@@ -106,10 +106,13 @@ void IterationLog::add(std::int64_t it, const std::string& label, const dos::Ste
   const double gps = s.skipped ? 0.0 : double(s.params) * per_s / 1e9;
   const double cpu_busy = cpu_workers_ ? s.cpu_busy_seconds * per_s / cpu_workers_ : 0.0;
   const double gpu_busy = cuda_workers_ ? s.gpu_busy_seconds * per_s / cuda_workers_ : 0.0;
-  char model[160] = "";
+  // an overlapped phase's seconds begin with backward, and it refines no rates: its prediction is
+  // that of the same plan run alone after backward, which is what the text says
+  char model[200] = "";
   if (s.predicted_seconds > 0)
-    std::snprintf(model, sizeof model, "  predicted %.4f s (%s)  lower bound %.4f s", s.predicted_seconds,
-                  s.bound_by.c_str(), s.lower_bound_seconds);
+    std::snprintf(model, sizeof model, "  predicted %.4f s (%s%s)  lower bound %.4f s", s.predicted_seconds,
+                  s.bound_by.c_str(), s.overlapped ? "; for the phase alone after backward" : "",
+                  s.lower_bound_seconds);
   char comp[420] = "";
   if (compute)
     std::snprintf(comp, sizeof comp,

@@ -74,8 +74,8 @@ struct Execution {
 /// its state buffer when streamed (state_bytes_for(n): 12 n and the slices' padding, at most 180),
 /// plus (gb + pb) n of gradient and parameter staging unless its update reads and writes the
 /// caller's buffers where they are (caller on the GPU and update there), or the caller is on the
-/// host and the update on the CPU; a CPU subgroup with the caller on the GPU counts only the staging the runtime keeps there (Workload::cpu_grads_staged_on_gpu,
-/// cpu_params_staged_on_gpu).
+/// host and the update on the CPU; a CPU subgroup with the caller on the GPU counts only the
+/// staging the runtime keeps there (Workload::cpu_grads_staged_on_gpu, cpu_params_staged_on_gpu).
 std::size_t subgroup_footprint(const Workload& w, std::size_t n, PlanSide side);
 
 /// Whether the runtime submits this plan CPU subgroups first (Execution::order cpu_first, at least

@@ -199,9 +199,10 @@ class Runtime {
 /// gpu_update_budget: bytes the update phase may hold on the GPU at once (state of streamed
 ///   subgroups, 12 B/param with the same padding; the gradient and parameter staging of the others
 ///   where it is on the GPU: not where the runtime copies between the caller's GPU tensors and host
-///   staging itself, runtime_downloads_grads, runtime_uploads_params); 0: no limit. Subgroups enter the
-///   phase only while their footprint fits; a budget below one streamed subgroup's footprint plans
-///   every non-resident update on the CPU; below one CPU subgroup's staging is an Error.
+///   staging itself, runtime_downloads_grads, runtime_uploads_params); 0: no limit. Subgroups
+///   enter the phase only while their footprint fits; a budget below one streamed subgroup's
+///   footprint plans every non-resident update on the CPU; below one CPU subgroup's staging is an
+///   Error.
 /// stream_lookahead: streamed subgroups whose state is prefetched to the GPU ahead of the one
 ///   being submitted (default 3); 0: none, StarPU
 ///   prefetches a task's inputs when the task is pushed, as for every other task.
@@ -225,10 +226,11 @@ class Runtime {
 ///   queue; on the GPU machine it was no faster (the phase is bound by host memory shared by CPU Adam
 ///   and DMA, not by that queue; README). The results are the same bits either way.
 /// speculation_budget: host bytes for the shadow state of speculative updates (12 bytes per
-///   parameter of a subgroup updated speculatively and its slices' padding, state_bytes_for, allocated and pinned at its first speculative
-///   update and kept); -1 (default): half of the host memory available (MemAvailable) when the
-///   first speculative update comes; 0: no speculative update (Optimizer::gradients_final only
-///   records, the whole update runs in finish_step). A subgroup beyond the budget waits for
+///   parameter of a subgroup updated speculatively and its slices' padding, state_bytes_for,
+///   allocated and pinned at its first speculative update and kept); -1 (default): half of the
+///   host memory available (MemAvailable) when the first speculative update comes; 0: no
+///   speculative update (Optimizer::gradients_final only records, the whole update runs in
+///   finish_step). A subgroup beyond the budget waits for
 ///   finish_step.
 /// speculate_streamed: speculative updates of the subgroups the plan streams too, on the GPU (their
 ///   state crosses PCIe while the caller's backward runs, the new state comes back into the host

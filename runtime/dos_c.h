@@ -179,8 +179,9 @@ typedef struct dos_optimizer_options {
 
   /* GPU budgets (they take effect only with a CUDA worker). gpu_resident_budget: bytes of optimizer
    * state (12 per parameter, each subgroup's slices padded to 16 elements) the GPU may keep between
-   * iterations; -1: not given (dos and gpu then keep nothing resident); >= -1 [-1]. gpu_update_budget: bytes the update phase may hold on the
-   * GPU at once; 0: no limit; needs eager_writeback = 1 when > 0 [0]. */
+   * iterations; -1: not given (dos and gpu then keep nothing resident); >= -1 [-1].
+   * gpu_update_budget: bytes the update phase may hold on the GPU at once; 0: no limit; needs
+   * eager_writeback = 1 when > 0 [0]. */
   int64_t gpu_resident_budget;
   uint64_t gpu_update_budget;
   /* Streamed subgroups whose state is prefetched to the GPU ahead of the one being submitted; 0:

@@ -213,7 +213,7 @@ Optimizer::Optimizer(Runtime& runtime, const std::vector<TensorView>& tensors, c
     auto pages = [&](std::size_t bytes) { return (bytes + page - 1) / page * page; };
     std::size_t need = 0;
     for (const SubgroupLayout& l : layout)
-      need += pages(3 * state_stride_for(l.size) * sizeof(float)) + pages(l.size * sizeof(float)) + pages(l.size * esz);
+      need += pages(state_bytes_for(l.size)) + pages(l.size * sizeof(float)) + pages(l.size * esz);
     check_host_memory(need, "the optimizer state of " + std::to_string(I.nparams) + " parameters in " +
                                 std::to_string(layout.size()) + " subgroups");
   }
@@ -283,7 +283,7 @@ Optimizer::Optimizer(Runtime& runtime, const std::vector<TensorView>& tensors, c
     sg->begin = layout[s].begin;
     sg->size = layout[s].size;
     sg->stride = state_stride_for(sg->size);
-    sg->state = alloc_host(3 * sg->stride * sizeof(float));
+    sg->state = alloc_host(state_bytes_for(sg->size));
     sg->grad32 = alloc_host(sg->size * gsz);
     sg->param16 = alloc_host(sg->size * esz);
     starpu_vector_data_register(&sg->h_state, STARPU_MAIN_RAM, uintptr_t(sg->state.ptr), 3 * sg->stride,

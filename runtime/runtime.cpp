@@ -273,8 +273,8 @@ std::size_t gpu_memory_for_budgets(std::size_t elements, std::size_t subgroup_si
   if (speculative) f += 16 + param_bytes;
   // a state buffer's padding beyond its 12 bytes per element (state_bytes_for): of the first
   // subgroup, and of all of them (full ones and the tail); twice with the shadow state
-  // (state_bytes_for(n) - 12 n, written so that it cannot overflow for any n)
-  const auto pad = [](std::size_t n) { return 3 * sizeof(float) * (state_stride_for(n % 16) - n % 16); };
+  // (state_bytes_for(n) - 12 n, taken on n % 16 so that it cannot overflow for any n)
+  const auto pad = [](std::size_t n) { return state_bytes_for(n % 16) - 12 * (n % 16); };
   const std::size_t first = std::min(subgroup_size, elements);
   const std::size_t pad_all = plus(times(elements / subgroup_size, pad(subgroup_size)), pad(elements % subgroup_size));
   const std::size_t copies = speculative ? 2 : 1;

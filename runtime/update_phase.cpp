@@ -157,7 +157,7 @@ bool Optimizer::Impl::speculable(std::size_t i) const {
 
 bool Optimizer::Impl::ensure_shadow(Subgroup* sg) {
   if (sg->sh_h_state) return true;
-  const std::size_t bytes = 3 * sg->stride * sizeof(float);
+  const std::size_t bytes = state_bytes_for(sg->size);
   if (shadow_limit == 0) {  // the budget, fixed at the first speculative update
     if (opt.speculation_budget > 0) {
       shadow_limit = std::size_t(opt.speculation_budget);
@@ -310,7 +310,7 @@ void Optimizer::Impl::speculate(OpenStep& ph, std::size_t i) {
   // its share of the update budget (with the shadow state on the GPU) only if it fits now:
   // nothing gives room back before finish_step, so a speculative update never waits for it
   if (!ph.admitted[i]) {
-    const std::size_t fp = sg->footprint + (on_gpu ? 3 * sg->stride * sizeof(float) : 0);
+    const std::size_t fp = sg->footprint + (on_gpu ? state_bytes_for(sg->size) : 0);
     if (!window.try_take(fp, 0)) return;
     sg->footprint = fp;  // what the window gives back when the subgroup's work ends
     ph.admitted[i] = 1;

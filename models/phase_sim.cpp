@@ -109,7 +109,8 @@ Simulation simulate_phase(const Workload& w, const std::vector<PlanSide>& plan, 
 
   // Host memory, shared by CPU Adam and both DMA directions: each asks for its full rate's traffic
   // (CPU Adam: cpu_adam_host_bytes per parameter; each link its B), and when together they ask for
-  // more than the host delivers (host_bandwidth, M), each gets the same share of what it asked.
+  // more than the host delivers (host_bandwidth, M), they share it as host_shares says (the links
+  // link_share times CPU Adam's fraction of their ask).
   const double cpu_bytes = cpu_adam_host_bytes(w);
   Rates all_cpus = r;  // host memory as calibrated with every CPU worker's Adam asking at once
   all_cpus.U_c *= double(std::max<std::size_t>(1, e.cpu_workers));
@@ -310,13 +311,12 @@ Simulation simulate_phase(const Workload& w, const std::vector<PlanSide>& plan, 
     // (bench/copy-contention on the GPU machine: a kernel copy beside a full copy-engine queue ran
     // at 26 GB/s up and 45 down, and the queue's own rate stayed at 55)
     const double own_up = (h2d.current >= 0 ? 0.5 : 1.0) * r.B_h2d, own_down = (d2h.current >= 0 ? 0.5 : 1.0) * r.B_d2h;
-    const double demand = active_cpus * r.U_c * cpu_bytes + (h2d.current >= 0 ? r.B_h2d : 0.0) +
-                          (up_own.current >= 0 ? own_up : 0.0) + (d2h.current >= 0 ? r.B_d2h : 0.0) +
-                          (down_own.current >= 0 ? own_down : 0.0);
-    const double share = demand > host_bw ? host_bw / demand : 1.0;
-    const double u_cpu = r.U_c * share;
-    const double b_up = r.B_h2d * share, b_down = r.B_d2h * share;
-    const double b_up_own = own_up * share, b_down_own = own_down * share;
+    const double links_ask = (h2d.current >= 0 ? r.B_h2d : 0.0) + (up_own.current >= 0 ? own_up : 0.0) +
+                             (d2h.current >= 0 ? r.B_d2h : 0.0) + (down_own.current >= 0 ? own_down : 0.0);
+    const HostShares share = host_shares(active_cpus * r.U_c * cpu_bytes, links_ask, host_bw, r.link_share);
+    const double u_cpu = r.U_c * share.cpu;
+    const double b_up = r.B_h2d * share.links, b_down = r.B_d2h * share.links;
+    const double b_up_own = own_up * share.links, b_down_own = own_down * share.links;
     double dt = std::numeric_limits<double>::infinity();
     if (h2d.current >= 0) dt = std::min(dt, h2d.left / b_up);
     if (up_own.current >= 0) dt = std::min(dt, up_own.left / b_up_own);
@@ -354,6 +354,12 @@ Simulation simulate_phase(const Workload& w, const std::vector<PlanSide>& plan, 
         cpu.busy += dt;
         if (dma) out.cpu_beside_dma += dt;
       }
+    // the streamed state's transfers on StarPU's streams, beside CPU Adam or not
+    auto carries_state = [&](const Lane& l) {
+      return l.current >= 0 && (l.stage == Stage::state_up || l.stage == Stage::state_down) &&
+             sgs[std::size_t(l.current)].side == PlanSide::gpu_streamed;
+    };
+    if (carries_state(h2d) || carries_state(d2h)) (active_cpus > 0 ? out.stream_beside_cpu : out.stream_alone) += dt;
     // relative tolerances: amounts are bytes (up to 1e11), parameters, or seconds
     if (h2d.current >= 0 && h2d.left <= eps * (1 + r.B_h2d)) complete(h2d);
     if (up_own.current >= 0 && up_own.left <= eps * (1 + r.B_h2d)) complete(up_own);

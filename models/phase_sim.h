@@ -11,9 +11,10 @@
 //     and its last subgroup's parameters still go up;
 //   - host memory shared by CPU Adam and DMA, moment by moment: CPU Adam asks for U_c x (24 + gb +
 //     pb) bytes/s of host traffic, each PCIe direction for its B; when what is running asks for
-//     more than the host delivers, M, each gets the same fraction of what it asked, so CPU Adam and
-//     the links slow down together. M is calibrated by U_c_dma, the CPU's rate with both directions
-//     streaming: M = U_c_dma / U_c x (U_c (24 + gb + pb) + B_h2d + B_d2h). (On the GPU machine the
+//     more than the host delivers, M, CPU Adam gets a fraction f of what it asked and the links
+//     link_share x f of theirs (host_shares), so CPU Adam and the links slow down together. M is
+//     calibrated by U_c_dma, the CPU's rate with both directions streaming: M = U_c_dma / U_c x
+//     (U_c (24 + gb + pb) + link_share (B_h2d + B_d2h)). (On the GPU machine the
 //     13B quarter's mixed phases moved 38-43 GB/s each way while CPU Adam ran, 49 without it, and
 //     CPU Adam ran at 2.98 instead of 3.92 Gparams/s: both about 0.77 of their rate alone.)
 //   - the GPU update budget: a subgroup is submitted only when its footprint fits, and prefetches
@@ -101,6 +102,10 @@ struct Simulation {
   /// state) is what the runtime's CPU Adam tasks that began after the last streamed write-back ran
   /// beside: the refinement compares the two (refinement.h).
   double cpu_after_stream = 0, cpu_after_stream_params = 0;
+  /// Seconds during which StarPU's streams carried streamed state (either direction), with CPU Adam
+  /// running on some CPU worker (stream_beside_cpu) or on none (stream_alone). The rest of
+  /// [0, stream_end] the streams waited (the pipeline's fill, a GPU Adam, the update budget).
+  double stream_beside_cpu = 0, stream_alone = 0;
   bool cpu_first = false;
   /// The busiest resource's name ("cpu", "h2d", "d2h" or "gpu"): the one the phase waits on most.
   const char* busiest() const;

@@ -42,9 +42,29 @@ Refined refine_rates(const Workload& w, const Rates& r, const PhaseMeasure& m, c
   // get alone, and the model no longer depends on U_c_dma: refining further would only drift.
   q.U_c_dma = std::min(q.U_c, std::max(q.U_c_dma, lowest_distinct_u_c_dma(w, q)));
   if (m.streamed > 0 && sim.stream_end > 0 && m.stream_end_seconds > 0 && m.eager_writeback) {
-    const double f = sim.stream_end / m.stream_end_seconds;
-    blend(q.B_h2d, q.B_h2d * f);
-    blend(q.B_d2h, q.B_d2h * f);
+    const double beside = sim.stream_beside_cpu, alone = sim.stream_alone;
+    if (beside > alone) {
+      // The streams ran mostly beside CPU Adam: their rate there is link_share x f x B (f: CPU
+      // Adam's fraction, host_shares), so link_share takes the error. The seconds alone and the
+      // waits are taken as simulated; the beside seconds are what the measured end leaves.
+      const double waits = std::max(0.0, sim.stream_end - beside - alone);
+      const double left = m.stream_end_seconds - waits - alone;
+      const double share = left > 0 ? q.link_share * beside / left : 2 * q.link_share;
+      // Above U_c / U_c_dma the links get all they ask beside CPU Adam at U_c_dma: a larger share
+      // changes nothing, so what the measure asks beyond it goes to B itself. Below 1/16: a floor
+      // for the figures' sake.
+      const double cap = q.U_c / q.U_c_dma;
+      blend(q.link_share, std::min(share, cap));
+      if (share > cap) {
+        blend(q.B_h2d, q.B_h2d * share / cap);
+        blend(q.B_d2h, q.B_d2h * share / cap);
+      }
+      q.link_share = std::min(cap, std::max(1.0 / 16, q.link_share));
+    } else {
+      const double f = sim.stream_end / m.stream_end_seconds;
+      blend(q.B_h2d, q.B_h2d * f);
+      blend(q.B_d2h, q.B_d2h * f);
+    }
   }
   return out;
 }

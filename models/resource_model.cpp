@@ -21,16 +21,43 @@ double cpu_adam_host_bytes(const Workload& w) { return 24.0 + double(w.grad_byte
 
 double lowest_distinct_u_c_dma(const Workload& w, const Rates& r) {
   const double cpu = r.U_c * cpu_adam_host_bytes(w), links = r.B_h2d + r.B_d2h;
-  return r.U_c * std::max(cpu, links) / (cpu + links);
+  return r.U_c * std::max(cpu, links) / (cpu + r.link_share * links);
 }
 
 double host_bandwidth(const Workload& w, const Rates& r) {
   const double cpu = r.U_c * cpu_adam_host_bytes(w), links = r.B_h2d + r.B_d2h;
-  return std::max((r.U_c_dma / r.U_c) * (cpu + links), std::max(cpu, links));
+  return std::max((r.U_c_dma / r.U_c) * (cpu + r.link_share * links), std::max(cpu, links));
+}
+
+HostShares host_shares(double cpu_ask, double links_ask, double host_bytes_per_s, double link_share) {
+  if (!(cpu_ask >= 0) || !(links_ask >= 0) || !std::isfinite(cpu_ask) || !std::isfinite(links_ask))
+    throw std::invalid_argument("host_shares: the asks must be finite and >= 0");
+  if (!(host_bytes_per_s > 0) || !std::isfinite(host_bytes_per_s) || !(link_share > 0) || !std::isfinite(link_share))
+    throw std::invalid_argument("host_shares: host memory's bandwidth and link_share must be positive numbers");
+  HostShares s;
+  if (cpu_ask + links_ask <= host_bytes_per_s) return s;
+  if (cpu_ask == 0) {
+    s.links = host_bytes_per_s / links_ask;
+    return s;
+  }
+  if (links_ask == 0) {
+    s.cpu = host_bytes_per_s / cpu_ask;
+    return s;
+  }
+  s.cpu = host_bytes_per_s / (cpu_ask + link_share * links_ask);
+  s.links = link_share * s.cpu;
+  if (s.links > 1) {  // the links get all they ask, CPU Adam the rest (less than its ask: the asks exceed M)
+    s.links = 1;
+    s.cpu = (host_bytes_per_s - links_ask) / cpu_ask;
+  } else if (s.cpu > 1) {
+    s.cpu = 1;
+    s.links = (host_bytes_per_s - cpu_ask) / links_ask;
+  }
+  return s;
 }
 
 bool rates_complete(const Rates& r) {
-  for (double x : {r.U_c, r.U_c_dma, r.U_g, r.D_c, r.B_h2d, r.B_d2h})
+  for (double x : {r.U_c, r.U_c_dma, r.U_g, r.D_c, r.B_h2d, r.B_d2h, r.link_share})
     if (!(x > 0) || !std::isfinite(x)) return false;
   return true;
 }
@@ -39,7 +66,7 @@ namespace {
 
 void check_rates(const Rates& r) {
   if (!rates_complete(r))
-    throw std::invalid_argument("resource model: every rate (U_c, U_c_dma, U_g, D_c, B_h2d, B_d2h) must be > 0");
+    throw std::invalid_argument("resource model: every rate (U_c, U_c_dma, U_g, D_c, B_h2d, B_d2h, link_share) must be > 0");
 }
 
 /// `rates` for k CPU workers side by side (0 counts as 1): the CPU's rates, and so its host
@@ -220,9 +247,10 @@ double lower_bound(const Workload& w, const Rates& calibrated, const Rates& refi
   best.D_c = std::max(a.D_c, b.D_c);
   best.B_h2d = std::max(a.B_h2d, b.B_h2d);
   best.B_d2h = std::max(a.B_d2h, b.B_d2h);
+  best.link_share = std::max(a.link_share, b.link_share);
   // U_c_dma enters the bound only through host_bandwidth: the one that gives the higher M of the two
   const double m = std::max(host_bandwidth(w, a), host_bandwidth(w, b));
-  const double demand = best.U_c * cpu_adam_host_bytes(w) + best.B_h2d + best.B_d2h;
+  const double demand = best.U_c * cpu_adam_host_bytes(w) + best.link_share * (best.B_h2d + best.B_d2h);
   best.U_c_dma = best.U_c * std::min(1.0, m / demand);
   return lower_bound(w, best, 1);
 }

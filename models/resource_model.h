@@ -29,12 +29,18 @@ namespace dos {
 /// Measured rates of one rank's machine.
 /// U_c: CPU Adam on one StarPU CPU worker, params/s, with no DMA running; U_c_dma: the same while H2D and D2H both stream
 /// (params/s, <= U_c); U_g: GPU Adam, params/s; D_c: GPU gradient conversion to fp32, params/s;
-/// B_h2d, B_d2h: PCIe bandwidth each way while both directions run, bytes/s. All > 0.
+/// B_h2d, B_d2h: PCIe bandwidth each way while both directions run and CPU Adam does not, bytes/s.
+/// link_share: when CPU Adam and the links together ask host memory for more than it delivers, the
+/// links get link_share times the fraction of their ask that CPU Adam gets of its own (host_shares;
+/// 1: the same fraction; below 1: the CPU's cores win more of the memory controllers than the DMA
+/// engines). Not measured by the calibration (it starts at 1) but refined from the phases whose
+/// streams ran beside CPU Adam (models/refinement.h). All > 0.
 struct Rates {
   double U_c = 0, U_c_dma = 0, U_g = 0, D_c = 0, B_h2d = 0, B_d2h = 0;
+  double link_share = 1;
 };
 
-/// True when every rate is a positive finite number (what predict needs).
+/// True when every rate, link_share included, is a positive finite number (what predict needs).
 bool rates_complete(const Rates& r);
 
 /// Where a subgroup's update runs: on the CPU, on the GPU with its state streamed in and out, or on
@@ -75,15 +81,31 @@ double cpu_adam_host_bytes(const Workload& w);
 
 /// What host memory delivers to CPU Adam and both DMA directions together, bytes/s: CPU Adam at
 /// U_c asks for U_c x cpu_adam_host_bytes, each link for its B; with both links streaming, CPU Adam
-/// ran at U_c_dma, i.e. got U_c_dma / U_c of what it asked, and so (each getting the same share)
-/// did the links: M = U_c_dma / U_c x (U_c x cpu_adam_host_bytes + B_h2d + B_d2h), and at least
-/// what CPU Adam alone and both links alone were measured to get (U_c x cpu_adam_host_bytes,
-/// B_h2d + B_d2h). With U_c_dma = U_c (the paper's model) M is their full demand: no contention.
+/// ran at U_c_dma, i.e. got U_c_dma / U_c of what it asked, and the links link_share times that
+/// (host_shares): M = U_c_dma / U_c x (U_c x cpu_adam_host_bytes + link_share x (B_h2d + B_d2h)),
+/// and at least what CPU Adam alone and both links alone were measured to get (U_c x
+/// cpu_adam_host_bytes, B_h2d + B_d2h). With U_c_dma = U_c (the paper's model) and link_share 1,
+/// M is their full demand: no contention.
 double host_bandwidth(const Workload& w, const Rates& r);
 
-/// The lowest U_c_dma the model tells apart, params/s: below U_c x max(c, l) / (c + l), with c =
-/// U_c x cpu_adam_host_bytes and l = B_h2d + B_d2h, host_bandwidth is at its floor and no longer
-/// depends on U_c_dma. Calibration and refinement keep U_c_dma at or above it.
+/// The fractions of what they ask that CPU Adam (cpu) and the PCIe links (links) get from host
+/// memory, each in (0, 1].
+struct HostShares {
+  double cpu = 1, links = 1;
+};
+
+/// How host memory of `host_bytes_per_s` (M, host_bandwidth) is shared when CPU Adam asks for
+/// `cpu_ask` and the links for `links_ask` bytes/s (each >= 0): everyone gets all it asks when the
+/// asks fit in M; otherwise CPU Adam gets f = M / (cpu_ask + link_share x links_ask) of its ask and
+/// the links link_share x f of theirs, so that together they take M; when that would give one of
+/// them more than its ask, it gets its ask and the other the rest of M. A side that asks for
+/// nothing gets 1. Throws std::invalid_argument when an ask is negative, or M or link_share is not
+/// a positive finite number.
+HostShares host_shares(double cpu_ask, double links_ask, double host_bytes_per_s, double link_share);
+
+/// The lowest U_c_dma the model tells apart, params/s: below U_c x max(c, l) / (c + link_share x
+/// l), with c = U_c x cpu_adam_host_bytes and l = B_h2d + B_d2h, host_bandwidth is at its floor and
+/// no longer depends on U_c_dma. Calibration and refinement keep U_c_dma at or above it.
 double lowest_distinct_u_c_dma(const Workload& w, const Rates& r);
 
 /// The predicted times of a plan, seconds, per resource and overall (the maximum). host: the
@@ -158,7 +180,7 @@ double lower_bound(const Workload& w, const Rates& r, std::size_t cpu_workers = 
 
 /// The lower bound with the rates known two ways, seconds: lower_bound with every resource at the
 /// better of its calibrated and its refined rate (after the phases run so far): U_c, U_g, D_c,
-/// B_h2d and B_d2h each the higher of the two, and host memory at the higher of the two
+/// B_h2d, B_d2h and link_share each the higher of the two, and host memory at the higher of the two
 /// host_bandwidth figures (U_c_dma chosen to give it, since the bound reads U_c_dma only there).
 /// So it is at most either one-rate bound: a rate the refinement found higher than calibrated (CPU
 /// Adam measured in a phase's tasks faster than in the calibration's scratch phases) lowers it,

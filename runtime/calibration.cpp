@@ -28,11 +28,16 @@ std::string cache_dir() {
 }
 
 nlohmann::json to_json(const Rates& r) {
-  return {{"U_c", r.U_c}, {"U_c_dma", r.U_c_dma}, {"U_g", r.U_g}, {"D_c", r.D_c}, {"B_h2d", r.B_h2d}, {"B_d2h", r.B_d2h}};
+  return {{"U_c", r.U_c},     {"U_c_dma", r.U_c_dma}, {"U_g", r.U_g},
+          {"D_c", r.D_c},     {"B_h2d", r.B_h2d},     {"B_d2h", r.B_d2h},
+          {"link_share", r.link_share}};
 }
+/// The rates of a JSON object; link_share is optional (1 when absent: files written before it).
 Rates rates_from_json(const nlohmann::json& j) {
-  return Rates{j.at("U_c").get<double>(), j.at("U_c_dma").get<double>(), j.at("U_g").get<double>(),
-               j.at("D_c").get<double>(), j.at("B_h2d").get<double>(), j.at("B_d2h").get<double>()};
+  Rates r{j.at("U_c").get<double>(), j.at("U_c_dma").get<double>(), j.at("U_g").get<double>(),
+          j.at("D_c").get<double>(), j.at("B_h2d").get<double>(), j.at("B_d2h").get<double>()};
+  if (j.contains("link_share")) r.link_share = j.at("link_share").get<double>();
+  return r;
 }
 
 /// The caller-side scratch buffers of the calibration: parameters and gradients, zeroed.
@@ -93,11 +98,11 @@ Rates load_rates(const std::string& path, Rates* calibrated) {
     c = j.contains("calibrated") ? rates_from_json(j.at("calibrated")) : r;
   } catch (const std::exception& e) {
     throw Error("the rates file " + path + " is not a rates file (JSON with U_c, U_c_dma, U_g, D_c, B_h2d, B_d2h in "
-                "params/s and bytes/s): " + e.what());
+                "params/s and bytes/s, and optionally link_share): " + e.what());
   }
   if (!rates_complete(r) || !rates_complete(c))
     throw Error("the rates file " + path + " has a rate that is not a positive number (U_c, U_c_dma, U_g, D_c, B_h2d, "
-                "B_d2h must all be > 0)");
+                "B_d2h and link_share when given must all be > 0); delete it or run with --recalibrate");
   if (calibrated) *calibrated = c;
   return r;
 }

@@ -45,6 +45,22 @@ printf '{"U_c": 3.7e9, "U_c_dma": 2.9e9, "U_g": 6e10, "D_c": 3e11, "B_h2d": 5e10
 a=$("$train" "${common[@]}" --policy dos --rates "$tmp/rates.json" 2>&1 | grep -E '^(plan +0|predicted)')
 b=$("$train" "${common[@]}" --policy dos --rates $rates 2>&1 | grep -E '^(plan +0|predicted)')
 [ -n "$a" ] && [ "$a" = "$b" ] || bad "rates file and command line differ: '$a' vs '$b'"
+# link_share, a seventh number or the file's key: the same prediction from both, and a share of 0.5
+# (the links slowed more than CPU Adam beside each other) predicts a mixed plan slower than 1 does
+printf '{"U_c": 3.7e9, "U_c_dma": 2.9e9, "U_g": 6e10, "D_c": 3e11, "B_h2d": 5e10, "B_d2h": 5e10, "link_share": 0.5}\n' \
+  > "$tmp/rates-share.json"
+# greedy's plan does not read link_share: the same mixed plan, predicted at both shares
+one=$("$train" "${common[@]}" --policy greedy --rates $rates 2>&1)
+half=$("$train" "${common[@]}" --policy greedy --rates $rates,0.5 2>&1)
+p1=$(sed -nE 's/^predicted ([0-9.]+) s.*/\1/p' <<<"$one") p2=$(sed -nE 's/^predicted ([0-9.]+) s.*/\1/p' <<<"$half")
+plan1=$(grep -E '^plan +0: ' <<<"$one" | awk '{print $3}') plan2=$(grep -E '^plan +0: ' <<<"$half" | awk '{print $3}')
+{ [ "$plan1" = "$plan2" ] && [[ "$plan1" =~ c && "$plan1" =~ s ]] && [ -n "$p1" ] && [ -n "$p2" ] &&
+  python3 -c "import sys; sys.exit(0 if float(sys.argv[2]) > float(sys.argv[1]) else 1)" "$p1" "$p2"; } ||
+  bad "link_share 0.5 should slow greedy's mixed plan ($plan1: $p1 s; $plan2: $p2 s)"
+a=$("$train" "${common[@]}" --policy gpu --rates "$tmp/rates-share.json" 2>&1 | grep -E '^(predicted|rates)')
+b=$("$train" "${common[@]}" --policy gpu --rates $rates,0.5 2>&1 | grep -E '^(predicted|rates)')
+[ -n "$a" ] && [ "$a" = "$b" ] || bad "link_share from a file and from the command line differ: '$a' vs '$b'"
+grep -q "share beside CPU Adam 0.50" <<<"$b" || bad "the rates line does not print link_share 0.5: $b"
 
 expect() {  # expect "substring of the message" dos-train-args...
   local want=$1; shift
@@ -57,10 +73,11 @@ expect "needs the model's rates" --policy dos
 expect "StarPU policy" --policy dmda --rates $rates
 expect "unknown policy 'nosuch'" --policy nosuch --rates $rates
 expect "cpu, gpu, dos, static:R, greedy" --policy nosuch --rates $rates
-expect "not 6" --policy dos --rates 1,2,3
+expect "not 6 or 7" --policy dos --rates 1,2,3
 expect "is not a number" --policy dos --rates 1,2,x,4,5,6
 expect "must be > 0" --policy dos --rates 1,1,0,4,5,6
 expect "cannot exceed U_c" --policy dos --rates 1,2,3,4,5,6
+expect "must be > 0" --policy dos --rates 1,1,3,4,5,6,0
 printf '{"U_c": 1}' > "$tmp/short.json"
 expect "not a rates file" --policy dos --rates "$tmp/short.json"
 expect "leave out --k" --policy dos --rates $rates --k 2

@@ -2,6 +2,7 @@
 // hand, then the whole loop against a machine that behaves as the phase simulation says at rates
 // known to the test: from rates 0.6x and 1.5x off, the refinement's predictions must come to the
 // machine's phase times and its plans to the machine's best.
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <stdexcept>
@@ -162,12 +163,13 @@ dos::PhaseMeasure measure_on(const dos::Workload& w, const std::vector<PlanSide>
 /// last plan, its predicted and measured seconds, and how many phases had CPU tasks after the
 /// streaming (2 ms or more: the refinement's measure of U_c).
 dos::Rates closed_loop(const dos::Workload& w, const dos::Execution& e, dos::Rates r, const std::vector<PlanSide>* fixed,
-                       int phases, std::vector<PlanSide>* plan, double* predicted, double* measured, int* alone_phases) {
+                       int phases, std::vector<PlanSide>* plan, double* predicted, double* measured, int* alone_phases,
+                       const dos::Rates& truth = kRates) {
   *alone_phases = 0;
   for (int phase = 0; phase < phases; ++phase) {
     *plan = fixed ? *fixed : dos::choose_plan_simulated(w, r, e).plan;
     const dos::Simulation sim = dos::simulate_phase(w, *plan, r, e);
-    const dos::PhaseMeasure m = measure_on(w, *plan, kRates, e, measured);
+    const dos::PhaseMeasure m = measure_on(w, *plan, truth, e, measured);
     *alone_phases += m.alone_seconds >= 2e-3 ? 1 : 0;
     *predicted = sim.total;
     r = dos::refine_rates(w, r, m, sim).rates;
@@ -239,13 +241,122 @@ void test_closed_loop_chosen_plans(void**) {
     const dos::Rates r = closed_loop(w, e, off_by(off), nullptr, 30, &plan, &predicted, &measured, &alone);
     std::size_t streamed = 0;
     for (PlanSide p : plan) streamed += p == PlanSide::gpu_streamed ? 1 : 0;
-    std::printf("  chosen plans, from %.1fx: U_c %.4g, U_c_dma %.4g, B %.4g/%.4g; last plan %zu streamed, predicted "
-                "%.4f s, measured %.4f s; the machine's best %zu streamed, %.4f s\n",
-                off, r.U_c, r.U_c_dma, r.B_h2d, r.B_d2h, streamed, predicted, measured, best.streamed,
+    std::printf("  chosen plans, from %.1fx: U_c %.4g, U_c_dma %.4g, B %.4g/%.4g, link_share %.3g; last plan %zu "
+                "streamed, predicted %.4f s, measured %.4f s; the machine's best %zu streamed, %.4f s\n",
+                off, r.U_c, r.U_c_dma, r.B_h2d, r.B_d2h, r.link_share, streamed, predicted, measured, best.streamed,
                 best.predicted.total);
     ASSERT_NEAR(predicted / measured, 1.0, 0.02);
     assert_true(measured <= 1.03 * best.predicted.total);
   }
+}
+
+// A machine whose links lose more of host memory to CPU Adam than CPU Adam loses to them
+// (link_share 0.7), run as dos-train --sweep runs it: 3 phases each of 14, 16, 18, 20 and 22 of 35
+// subgroups streamed, then dos's own plans, from the calibration's rates (the machine's, with
+// link_share 1). The 22/35 phases stream alone for part of the phase (their CPU is done early) and
+// the 14/35 ones beside CPU Adam all along: one link rate cannot describe both. After the sweep,
+// every fixed fraction must be predicted within 3%, and the plans dos settles on within 3% of
+// the machine's best, predicted within 2%.
+void test_sweep_links_beside_cpu(void**) {
+  const dos::Workload w = quarter_20b();
+  dos::Execution e;
+  e.update_budget = std::size_t(40e9);
+  dos::Rates truth = kRates;
+  truth.link_share = 0.7;
+  dos::Rates r = kRates;  // link_share 1
+  int alone = 0;
+  double predicted = 0, measured = 0;
+  std::vector<PlanSide> plan;
+  for (std::size_t m : {14, 16, 18, 20, 22}) {
+    const std::vector<PlanSide> fixed = dos::spread_plan(w.sizes.size(), m);
+    r = closed_loop(w, e, r, &fixed, 3, &plan, &predicted, &measured, &alone, truth);
+    const dos::Simulation s = dos::simulate_phase(w, fixed, r, e);
+    std::printf("  %2zu/35 streamed: predicted %.4f s, measured %.4f s (streams beside CPU Adam %.3f s, alone %.3f "
+                "s); link_share %.3g, B %.4g/%.4g\n",
+                m, predicted, measured, s.stream_beside_cpu, s.stream_alone, r.link_share, r.B_h2d, r.B_d2h);
+  }
+  for (std::size_t m : {14, 16, 18, 20, 22}) {
+    const std::vector<PlanSide> fixed = dos::spread_plan(w.sizes.size(), m);
+    const double p = dos::simulate_phase(w, fixed, r, e).total, t = dos::simulate_phase(w, fixed, truth, e).total;
+    std::printf("  after the sweep, %2zu/35: predicted %.4f s, on the machine %.4f s (%+.1f%%)\n", m, p, t,
+                100 * (p / t - 1));
+    ASSERT_NEAR(p / t, 1.0, 0.03);
+  }
+  r = closed_loop(w, e, r, nullptr, 6, &plan, &predicted, &measured, &alone, truth);
+  const dos::Choice best = dos::choose_plan_simulated(w, truth, e);
+  std::size_t streamed = 0;
+  for (PlanSide p : plan) streamed += p == PlanSide::gpu_streamed ? 1 : 0;
+  std::printf("  dos's plans after the sweep: %zu streamed, predicted %.4f s, measured %.4f s; the machine's best "
+              "%zu streamed, %.4f s; link_share %.3g\n",
+              streamed, predicted, measured, best.streamed, best.predicted.total, r.link_share);
+  ASSERT_NEAR(predicted / measured, 1.0, 0.02);
+  assert_true(measured <= 1.03 * best.predicted.total);
+  assert_true(r.link_share < 0.9);
+}
+
+// host_shares: the asks fit, contention at link_share 1 and 0.5, and a share so high that the links
+// get all they ask (CPU Adam the rest); a side that asks for nothing; bad input refused.
+void test_host_shares(void**) {
+  dos::HostShares s = dos::host_shares(60, 40, 100, 0.5);
+  ASSERT_NEAR(s.cpu, 1.0, 0.0);
+  ASSERT_NEAR(s.links, 1.0, 0.0);
+  s = dos::host_shares(100, 100, 100, 1.0);  // each half of its ask
+  ASSERT_NEAR(s.cpu, 0.5, 1e-15);
+  ASSERT_NEAR(s.links, 0.5, 1e-15);
+  s = dos::host_shares(100, 100, 100, 0.5);  // f = 100 / (100 + 50) = 2/3, links 1/3: 66.7 + 33.3 = 100
+  ASSERT_NEAR(s.cpu, 2.0 / 3, 1e-15);
+  ASSERT_NEAR(s.links, 1.0 / 3, 1e-15);
+  s = dos::host_shares(100, 50, 120, 4.0);  // 4 x 120 / 300 = 1.6 > 1: links 50, CPU Adam 70 of 100
+  ASSERT_NEAR(s.links, 1.0, 0.0);
+  ASSERT_NEAR(s.cpu, 0.7, 1e-15);
+  s = dos::host_shares(200, 10, 150, 0.01);  // 150 / 200.1 < 1 for CPU Adam: the formula holds
+  ASSERT_NEAR(s.cpu, 150 / 200.1, 1e-12);
+  ASSERT_NEAR(s.links, 0.01 * 150 / 200.1, 1e-12);
+  s = dos::host_shares(0, 200, 100, 0.5);  // the links alone: half of their ask, whatever the share
+  ASSERT_NEAR(s.links, 0.5, 0.0);
+  ASSERT_NEAR(s.cpu, 1.0, 0.0);
+  for (auto bad : {std::array<double, 4>{-1, 1, 1, 1}, std::array<double, 4>{1, 1, 0, 1},
+                   std::array<double, 4>{1, 1, 1, 0}, std::array<double, 4>{1, NAN, 1, 1}}) {
+    bool threw = false;
+    try {
+      dos::host_shares(bad[0], bad[1], bad[2], bad[3]);
+    } catch (const std::invalid_argument&) {
+      threw = true;
+    }
+    assert_true(threw);
+  }
+}
+
+// link_share's rule on figures worked out by hand: the simulation streamed 0.6 s beside CPU Adam
+// and 0.1 s alone and waited 0.05 s (stream end 0.75 s); the machine's streams ended at 0.95 s, so
+// the beside seconds were 0.95 - 0.05 - 0.1 = 0.8 and the measure is 1 x 0.6 / 0.8 = 0.75: half way,
+// 0.875, B unchanged. Faster than the cap U_c / U_c_dma = 4/3 allows (0.35 s measured: 0.2 s
+// beside, measure 3): link_share half way to 4/3, and B half way to B x 3 / (4/3) = 2.25 B, which
+// the step caps at twice B.
+// Streams mostly alone: B as before.
+void test_link_share(void**) {
+  dos::Simulation sim;
+  sim.stream_end = 0.75;
+  sim.stream_beside_cpu = 0.6;
+  sim.stream_alone = 0.1;
+  dos::PhaseMeasure m;
+  m.streamed = 10;
+  m.stream_end_seconds = 0.95;
+  const dos::Workload w = quarter_20b();
+  const dos::Refined r = dos::refine_rates(w, kRates, m, sim);
+  assert_true(r.applied);
+  ASSERT_NEAR(r.rates.link_share, 0.875, 1e-12);
+  ASSERT_NEAR(r.rates.B_h2d, kRates.B_h2d, 0.0);
+  m.stream_end_seconds = 0.35;
+  const dos::Refined fast = dos::refine_rates(w, kRates, m, sim);
+  ASSERT_NEAR(fast.rates.link_share, 0.5 * (1 + 4.0 / 3), 1e-12);
+  ASSERT_NEAR(fast.rates.B_h2d, 0.5 * (kRates.B_h2d + 2 * kRates.B_h2d), 10.0);  // 2.25x, capped at 2x
+  sim.stream_beside_cpu = 0.1;
+  sim.stream_alone = 0.6;
+  m.stream_end_seconds = 0.95;
+  const dos::Refined mostly_alone = dos::refine_rates(w, kRates, m, sim);
+  ASSERT_NEAR(mostly_alone.rates.link_share, 1.0, 0.0);
+  ASSERT_NEAR(mostly_alone.rates.B_h2d, 0.5 * (kRates.B_h2d + kRates.B_h2d * 0.75 / 0.95), 10.0);
 }
 
 }  // namespace
@@ -256,6 +367,8 @@ int main() {
       cmocka_unit_test(test_u_c_dma),        cmocka_unit_test(test_u_c_dma_clamp),
       cmocka_unit_test(test_bad_rates),
       cmocka_unit_test(test_closed_loop_fixed_plan), cmocka_unit_test(test_closed_loop_chosen_plans),
+      cmocka_unit_test(test_sweep_links_beside_cpu), cmocka_unit_test(test_host_shares),
+      cmocka_unit_test(test_link_share),
   };
   return cmocka_run_group_tests(tests, nullptr, nullptr);
 }

@@ -15,7 +15,8 @@ namespace dos_train {
 dos::Rates parse_rates(const std::string& text, dos::Rates* calibrated) {
   const std::string forms =
       "give U_c,U_c_dma,U_g,D_c,B_h2d,B_d2h (Gparams/s, Gparams/s, Gparams/s, Gparams/s, GB/s, GB/s; e.g. "
-      "--rates 4.1,2.9,60,300,50,50) or the path of a rates file (the calibration cache's JSON)";
+      "--rates 4.1,2.9,60,300,50,50), optionally a seventh number, link_share (the links' share of host memory "
+      "beside CPU Adam; 1 when not given), or the path of a rates file (the calibration cache's JSON)";
   if (std::filesystem::is_regular_file(text)) {
     try {
       return dos::load_rates(text, calibrated);
@@ -31,14 +32,16 @@ dos::Rates parse_rates(const std::string& text, dos::Rates* calibrated) {
     char* end = nullptr;
     const double x = std::strtod(field.c_str(), &end);
     if (field.empty() || *end != '\0')
-      throw std::runtime_error("--rates '" + text + "' is neither a file nor six numbers ('" + field +
+      throw std::runtime_error("--rates '" + text + "' is neither a file nor six or seven numbers ('" + field +
                                "' is not a number): " + forms);
     v.push_back(x);
     at = comma + 1;
   }
-  if (v.size() != 6)
-    throw std::runtime_error("--rates '" + text + "' has " + std::to_string(v.size()) + " numbers, not 6: " + forms);
-  const dos::Rates r{v[0] * 1e9, v[1] * 1e9, v[2] * 1e9, v[3] * 1e9, v[4] * 1e9, v[5] * 1e9};
+  if (v.size() != 6 && v.size() != 7)
+    throw std::runtime_error("--rates '" + text + "' has " + std::to_string(v.size()) + " numbers, not 6 or 7: " +
+                             forms);
+  dos::Rates r{v[0] * 1e9, v[1] * 1e9, v[2] * 1e9, v[3] * 1e9, v[4] * 1e9, v[5] * 1e9};
+  if (v.size() == 7) r.link_share = v[6];
   if (!dos::rates_complete(r)) throw std::runtime_error("--rates '" + text + "': every rate must be > 0");
   if (r.U_c_dma > r.U_c)
     throw std::runtime_error("--rates '" + text + "': U_c_dma (CPU Adam beside DMA) cannot exceed U_c (alone)");
@@ -89,8 +92,9 @@ nlohmann::ordered_json show_plan(PlanOnly& p) {
     return out;
   }
   const dos::Rates& r = *p.rates;
-  std::printf("rates: U_c %.2f Gparams/s alone, %.2f under DMA; U_g %.1f; D_c %.1f; B %.1f GB/s H2D, %.1f GB/s D2H\n",
-              r.U_c / 1e9, r.U_c_dma / 1e9, r.U_g / 1e9, r.D_c / 1e9, r.B_h2d / 1e9, r.B_d2h / 1e9);
+  std::printf("rates: U_c %.2f Gparams/s alone, %.2f under DMA; U_g %.1f; D_c %.1f; B %.1f GB/s H2D, %.1f GB/s D2H; "
+              "links' share beside CPU Adam %.2f\n",
+              r.U_c / 1e9, r.U_c_dma / 1e9, r.U_g / 1e9, r.D_c / 1e9, r.B_h2d / 1e9, r.B_d2h / 1e9, r.link_share);
   dos::Simulation sim;
   try {
     sim = dos::simulate_phase(w, sides, r, p.execution);
@@ -111,7 +115,7 @@ nlohmann::ordered_json show_plan(PlanOnly& p) {
   out["busy_seconds"] = {{"cpu", sim.cpu}, {"h2d", sim.h2d}, {"d2h", sim.d2h}, {"gpu", sim.gpu}};
   out["lower_bound_seconds"] = bound;
   out["rates"] = {{"U_c", r.U_c}, {"U_c_dma", r.U_c_dma}, {"U_g", r.U_g}, {"D_c", r.D_c}, {"B_h2d", r.B_h2d},
-                  {"B_d2h", r.B_d2h}};
+                  {"B_d2h", r.B_d2h}, {"link_share", r.link_share}};
   return out;
 }
 

@@ -482,7 +482,7 @@ int run(const Args& args) {
       opt.set_plan_override(o);
       const auto st = run_iterations(a.iterations, " [" + e + "]");
       rows.push_back({e, st.back().planned_streamed, dos_train::median_update_seconds(st), st.back().predicted_seconds,
-                      st.back().lower_bound_seconds});
+                      st.back().lower_bound_seconds, dos_train::median_prediction_error(st)});
     }
     sweep = dos_train::print_sweep(rows, n, opt.num_subgroups(), a.iterations);
   }

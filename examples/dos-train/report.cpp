@@ -30,6 +30,14 @@ double median_update_seconds(const std::vector<dos::StepStats>& steps) {
   return median(std::move(t));
 }
 
+double median_prediction_error(const std::vector<dos::StepStats>& steps) {
+  std::vector<double> e;
+  for (std::size_t i = steps.size() > 1 ? 1 : 0; i < steps.size(); ++i)
+    if (steps[i].seconds > 0 && steps[i].predicted_seconds > 0)
+      e.push_back(steps[i].predicted_seconds / steps[i].seconds - 1);
+  return e.empty() ? std::nan("") : median(std::move(e));
+}
+
 double mean_update_seconds(const std::vector<dos::StepStats>& steps) {
   double mean = 0;
   for (std::size_t i = steps.size() > 1 ? 1 : 0; i < steps.size(); ++i) mean += steps[i].seconds;
@@ -191,14 +199,20 @@ nlohmann::ordered_json print_sweep(const std::vector<SweepRow>& rows, std::size_
   if (rows.empty()) return sweep;
   double best = rows[0].median;
   for (const SweepRow& r : rows) best = std::min(best, r.median);
-  std::printf("sweep (%zu parameters, %zu subgroups, median of iterations 2..%d of each):\n", n, subgroups, iterations);
-  std::printf("  %-8s %9s %12s %12s %12s %10s\n", "fraction", "streamed", "update s", "predicted s", "lower bound",
-              "vs fastest");
+  std::printf("sweep (%zu parameters, %zu subgroups, median of iterations 2..%d of each; predicted s: the last "
+              "iteration's; pred. error: the median of each iteration's prediction against its own seconds):\n",
+              n, subgroups, iterations);
+  std::printf("  %-8s %9s %12s %12s %12s %10s %12s\n", "fraction", "streamed", "update s", "predicted s", "lower bound",
+              "vs fastest", "pred. error");
   for (const SweepRow& r : rows) {
-    std::printf("  %-8s %9zu %12.4f %12.4f %12.4f %9.1f%%\n", r.entry.c_str(), r.streamed, r.median, r.predicted,
-                r.bound, 100.0 * (r.median / best - 1.0));
+    char error[32] = "           -";
+    if (std::isfinite(r.error)) std::snprintf(error, sizeof error, "%+11.1f%%", 100.0 * r.error);
+    std::printf("  %-8s %9zu %12.4f %12.4f %12.4f %9.1f%% %s\n", r.entry.c_str(), r.streamed, r.median, r.predicted,
+                r.bound, 100.0 * (r.median / best - 1.0), error);
     sweep.push_back({{"entry", r.entry}, {"streamed", r.streamed}, {"update_seconds_median", r.median},
-                     {"predicted_seconds", r.predicted}, {"lower_bound_seconds", r.bound}});
+                     {"predicted_seconds", r.predicted}, {"lower_bound_seconds", r.bound},
+                     {"prediction_error_median", std::isfinite(r.error) ? nlohmann::ordered_json(r.error)
+                                                                        : nlohmann::ordered_json(nullptr)}});
   }
   return sweep;
 }

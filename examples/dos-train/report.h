@@ -88,12 +88,19 @@ class IterationLog {
 };
 
 /// One entry of --sweep: the streamed fraction as given ("0.5", "model"), the subgroups its plan
-/// streamed, the median update seconds, the model's prediction and lower bound (seconds).
+/// streamed, the median update seconds, the model's prediction and lower bound (seconds) in the
+/// last iteration, and error: the median over the iterations after the first of each iteration's
+/// prediction against its own measured seconds (predicted / measured - 1; 0.05: 5% too slow).
 struct SweepRow {
   std::string entry;
   std::size_t streamed;
-  double median, predicted, bound;
+  double median, predicted, bound, error;
 };
+
+/// The median over the iterations after the first (all of them when there is one) of predicted /
+/// measured - 1, each iteration's prediction against its own update seconds; NaN when no iteration
+/// has a prediction (a run without the model's rates).
+double median_prediction_error(const std::vector<dos::StepStats>& steps);
 
 /// Prints the sweep's table (each entry against the fastest) and returns it as the report's
 /// "sweep" array. n: this shard's parameters; subgroups: their number; iterations: per entry.

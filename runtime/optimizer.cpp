@@ -105,7 +105,10 @@ std::vector<PlanSide> Optimizer::Impl::make_plan() const {
 
 void Optimizer::Impl::refine(const PhaseMeasure& m, const Simulation& sim) {
   if (!have_rates || !choice.plan || !choice.plan->needs().refine || rt->cuda_workers() == 0) return;
-  if (++refinable_steps == 1) return;  // the first step: allocations and first touches (optimizer_impl.h)
+  if (m.streamed > 0 && !streamed_once) {  // its GPU buffers were allocated in it (optimizer_impl.h)
+    streamed_once = true;
+    return;
+  }
   const Refined r = refine_rates(workload, rates, m, sim);
   rates = r.rates;
   refined = refined || r.applied;

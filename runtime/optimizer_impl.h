@@ -244,7 +244,7 @@ struct Optimizer::Impl {
   PlanOverride override_;
   std::string rates_path;  // where calibrate_rates caches the rates; refined ones go back there
   bool refined = false;
-  std::size_t refinable_steps = 0;  // steps refine() was called for under a refining plan
+  bool streamed_once = false;  // a step refine() was called for streamed (the first one refines nothing)
   std::vector<PlanSide> plan;  // this step's plan (empty for StarPU's built-in policies)
   std::string broken;          // why a failed step left the state inconsistent (empty: fine)
   AdmissionWindow window;      // the GPU update budget
@@ -354,10 +354,11 @@ struct Optimizer::Impl {
   /// simulation of the step's plan at the rates it was made with. Only under a plan that refines,
   /// with a CUDA worker, once rates are known (then they are complete: given and checked, or
   /// calibrated, and a refinement step keeps each positive and finite, so refine_rates does not
-  /// throw here); sets `refined` when a measurement was applied. The optimizer's first such step
-  /// refines nothing: it allocates the GPU's buffers and touches the pinned state and staging for
-  /// the first time (on the GPU machine it ran 15-20% slower than the next ones on the 7B and 20B
-  /// quarters), so it measures no rate the later steps run at.
+  /// throw here); sets `refined` when a measurement was applied. The optimizer's first step that
+  /// streamed refines nothing: StarPU allocates the streamed state's GPU buffers in it (on the GPU
+  /// machine it ran 15-25% slower than the next ones on the 7B and 20B quarters), so it measures no
+  /// rate the later steps run at. (A first step that streamed nothing ran 3% slower than the next
+  /// ones on the 7B 1/16 shard: it refines.)
   void refine(const PhaseMeasure& m, const Simulation& sim);
 
   struct starpu_task* make_task(struct starpu_codelet* cl, void* arg, const TaskHint* hint, uint32_t where);

@@ -78,12 +78,15 @@ void print_model_choice(const dos::Runtime& rt, const dos::Optimizer& opt) {
   const dos::Choice c = dos::choose_plan_simulated(opt.workload(), r, ex);
   const dos::StrideChoice k = dos::choose_stride_simulated(opt.workload(), r, ex);
   const std::size_t ns = opt.num_subgroups();
+  // the busiest resource of the chosen plan's simulation, as each iteration's line names it (a
+  // simulated total is none of the busy times, which Prediction::bound_by compares it with)
+  const char* busiest = dos::simulate_phase(opt.workload(), c.plan, r, ex).busiest();
   std::printf("model: U_c %.2f Gparams/s alone, %.2f under DMA; U_g %.1f; D_c %.1f; B %.1f GB/s H2D, %.1f GB/s D2H; "
               "links' share beside CPU Adam %.2f\n"
               "model: best plan streams %zu of %zu subgroups (%.2f s predicted, %s-bound); best stride k = %zu "
               "(%.2f s); all on the CPU %.2f s; all streamed %.2f s; lower bound %.2f s\n",
               r.U_c / 1e9, r.U_c_dma / 1e9, r.U_g / 1e9, r.D_c / 1e9, r.B_h2d / 1e9, r.B_d2h / 1e9, r.link_share, c.streamed,
-              ns, c.predicted.total, c.predicted.bound_by().c_str(), k.k, k.predicted.total,
+              ns, c.predicted.total, busiest, k.k, k.predicted.total,
               dos::simulate_phase(opt.workload(), dos::spread_plan(ns, 0), r, ex).total,
               dos::simulate_phase(opt.workload(), dos::spread_plan(ns, ns), r, ex).total,
               dos::lower_bound(opt.workload(), opt.calibrated_rates(), opt.rates(), rt.cpu_workers()));

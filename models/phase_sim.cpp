@@ -87,7 +87,7 @@ Simulation simulate_phase(const Workload& w, const std::vector<PlanSide>& plan, 
     throw std::invalid_argument("phase simulation: the plan has " + std::to_string(plan.size()) + " sides for " +
                                 std::to_string(w.sizes.size()) + " subgroups");
   if (!rates_complete(r))
-    throw std::invalid_argument("phase simulation: every rate (U_c, U_c_dma, U_g, D_c, B_h2d, B_d2h) must be > 0");
+    throw std::invalid_argument("phase simulation: every rate (U_c, U_c_dma, U_g, D_c, B_h2d, B_d2h, link_share) must be > 0");
   const std::size_t count = plan.size();
   const double gb = double(w.grad_bytes), pb = double(w.param_bytes);
   std::vector<Sg> sgs(count);

@@ -7,7 +7,12 @@
 
 namespace dos {
 
-Refined refine_rates(const Workload& w, const Rates& r, const PhaseMeasure& m, const Simulation& sim) {
+namespace {
+constexpr double kLowestLinkShare = 1.0 / 16;  // a floor for the figures' sake (refinement.h)
+}  // namespace
+
+Refined refine_rates(const Workload& w, const Rates& r, const PhaseMeasure& m, const Simulation& sim,
+                     std::size_t cpu_workers) {
   if (!rates_complete(r)) throw std::invalid_argument("refine_rates: every rate must be a positive number");
   Refined out{r, false};
   Rates& q = out.rates;
@@ -38,9 +43,7 @@ Refined refine_rates(const Workload& w, const Rates& r, const PhaseMeasure& m, c
     else
       blend(q.U_c, 1 / measured_per_param);
   }
-  // Below this U_c_dma, host memory (host_bandwidth) is at its floor, what CPU Adam or both links
-  // get alone, and the model no longer depends on U_c_dma: refining further would only drift.
-  q.U_c_dma = std::min(q.U_c, std::max(q.U_c_dma, lowest_distinct_u_c_dma(w, q)));
+  q.U_c_dma = std::min(q.U_c_dma, q.U_c);
   if (m.streamed > 0 && sim.stream_end > 0 && m.stream_end_seconds > 0 && m.eager_writeback) {
     const double beside = sim.stream_beside_cpu, alone = sim.stream_alone;
     if (beside > alone) {
@@ -51,21 +54,30 @@ Refined refine_rates(const Workload& w, const Rates& r, const PhaseMeasure& m, c
       const double left = m.stream_end_seconds - waits - alone;
       const double share = left > 0 ? q.link_share * beside / left : 2 * q.link_share;
       // Above U_c / U_c_dma the links get all they ask beside CPU Adam at U_c_dma: a larger share
-      // changes nothing, so what the measure asks beyond it goes to B itself. Below 1/16: a floor
-      // for the figures' sake.
-      const double cap = q.U_c / q.U_c_dma;
-      blend(q.link_share, std::min(share, cap));
-      if (share > cap) {
-        blend(q.B_h2d, q.B_h2d * share / cap);
-        blend(q.B_d2h, q.B_d2h * share / cap);
+      // changes nothing, so what the measure asks beyond it goes to B itself; so does what it asks
+      // below the floor.
+      const double cap = highest_link_share(q);
+      blend(q.link_share, std::min(cap, std::max(kLowestLinkShare, share)));
+      const double rest = share > cap ? share / cap : share < kLowestLinkShare ? share / kLowestLinkShare : 1.0;
+      if (rest != 1.0) {
+        blend(q.B_h2d, q.B_h2d * rest);
+        blend(q.B_d2h, q.B_d2h * rest);
       }
-      q.link_share = std::min(cap, std::max(1.0 / 16, q.link_share));
     } else {
       const double f = sim.stream_end / m.stream_end_seconds;
       blend(q.B_h2d, q.B_h2d * f);
       blend(q.B_d2h, q.B_d2h * f);
     }
   }
+  // The bounds, on the final rates (each depends on the other): below its floor U_c_dma no longer
+  // changes host memory's M (it is at what CPU Adam or both links get alone) and refining further
+  // would only drift; above its cap link_share gives the links more than they ask. Raising U_c_dma
+  // lowers link_share's cap and lowering link_share raises U_c_dma's floor: a few rounds settle.
+  for (int round = 0; round < 4; ++round) {
+    q.link_share = std::min(highest_link_share(q), std::max(kLowestLinkShare, q.link_share));
+    q.U_c_dma = std::min(q.U_c, std::max(q.U_c_dma, lowest_distinct_u_c_dma(w, q, cpu_workers)));
+  }
+  q.link_share = std::min(highest_link_share(q), q.link_share);
   return out;
 }
 

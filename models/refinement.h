@@ -51,22 +51,32 @@ struct Refined {
 ///    alone part), when that rest is above a fifth of the simulated part (below, the measure is
 ///    noise). When that U_c_dma exceeds U_c and no task ran alone, U_c moves towards it too (the
 ///    CPU did better beside the streams than U_c allows alone: U_c was measured low).
-///    U_c_dma then stays in [lowest_distinct_u_c_dma, U_c] (below, the model does not depend on it).
 ///  - The links, in a phase that streamed with eager write-backs (the links then run back to back
 ///    until the streaming ends), from stream_end_seconds against sim.stream_end. When the
 ///    simulation's streams ran more seconds beside CPU Adam than without it (sim.stream_beside_cpu
 ///    > sim.stream_alone): link_share, whose measure is link_share x sim.stream_beside_cpu / (the
 ///    measured stream end less the simulated seconds alone and waits), the streams' rate beside CPU
-///    Adam being proportional to it (twice link_share when nothing is left for those seconds). Above
-///    U_c / U_c_dma the links get all they ask beside CPU Adam at U_c_dma and a larger share changes
-///    nothing: a measure above that cap moves link_share towards the cap and B_h2d and B_d2h by
-///    measure / cap. link_share then stays in [1/16, U_c / U_c_dma].
+///    Adam being proportional to it at full contention (twice link_share when nothing is left for
+///    those seconds). Above U_c / U_c_dma (highest_link_share) the links get all they ask beside
+///    CPU Adam at U_c_dma and a larger share changes nothing: a measure above that cap moves
+///    link_share towards the cap and B_h2d and B_d2h by measure / cap; likewise below the floor
+///    1/16 (a floor for the figures' sake), B by measure / (1/16).
 ///    Otherwise B_h2d and B_d2h, scaled by sim.stream_end / stream_end_seconds. So B stays the
 ///    links' rate without CPU Adam (as calibrated, and as phases that stream mostly alone measure
 ///    it), and phases whose streams run beside CPU Adam all along do not raise it to what they
 ///    averaged: a plan's links are predicted as fast as they run beside the CPU and without it.
-/// When nothing was measured, returns r with only U_c_dma's clamp applied (applied false). Throws
+///    What this cannot tell apart: a calibrated B that is wrong, in phases that stream mostly
+///    beside CPU Adam, goes into link_share (one measure, the stream's end, for two rates); the
+///    plans near the ones run are then predicted right, those far from them (mostly streamed) are
+///    not, until phases that stream mostly alone refine B.
+///  - Last, the bounds on the final rates: link_share in [1/16, U_c / U_c_dma] and U_c_dma in
+///    [lowest_distinct_u_c_dma with cpu_workers, U_c] (below that floor the model does not depend
+///    on U_c_dma); each bound depends on the other rate, so they are applied in a few rounds, the
+///    cap on link_share last.
+/// When nothing was measured, returns r with only the bounds applied (applied false). Throws
 /// std::invalid_argument when a rate of r is not positive (rates_complete).
-Refined refine_rates(const Workload& w, const Rates& r, const PhaseMeasure& m, const Simulation& sim);
+/// cpu_workers: the StarPU CPU workers the phase ran (as Execution::cpu_workers; for U_c_dma's floor).
+Refined refine_rates(const Workload& w, const Rates& r, const PhaseMeasure& m, const Simulation& sim,
+                     std::size_t cpu_workers = 1);
 
 }  // namespace dos

@@ -19,10 +19,13 @@ std::string Prediction::bound_by() const {
 
 double cpu_adam_host_bytes(const Workload& w) { return 24.0 + double(w.grad_bytes) + double(w.param_bytes); }
 
-double lowest_distinct_u_c_dma(const Workload& w, const Rates& r) {
-  const double cpu = r.U_c * cpu_adam_host_bytes(w), links = r.B_h2d + r.B_d2h;
-  return r.U_c * std::max(cpu, links) / (cpu + r.link_share * links);
+double lowest_distinct_u_c_dma(const Workload& w, const Rates& r, std::size_t cpu_workers) {
+  const double cpu = double(std::max<std::size_t>(1, cpu_workers)) * r.U_c * cpu_adam_host_bytes(w);
+  const double links = r.B_h2d + r.B_d2h;
+  return r.U_c * std::min(1.0, std::max(cpu, links) / (cpu + r.link_share * links));
 }
+
+double highest_link_share(const Rates& r) { return r.U_c / r.U_c_dma; }
 
 double host_bandwidth(const Workload& w, const Rates& r) {
   const double cpu = r.U_c * cpu_adam_host_bytes(w), links = r.B_h2d + r.B_d2h;

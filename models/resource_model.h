@@ -104,9 +104,18 @@ struct HostShares {
 HostShares host_shares(double cpu_ask, double links_ask, double host_bytes_per_s, double link_share);
 
 /// The lowest U_c_dma the model tells apart, params/s: below U_c x max(c, l) / (c + link_share x
-/// l), with c = U_c x cpu_adam_host_bytes and l = B_h2d + B_d2h, host_bandwidth is at its floor and
-/// no longer depends on U_c_dma. Calibration and refinement keep U_c_dma at or above it.
-double lowest_distinct_u_c_dma(const Workload& w, const Rates& r);
+/// l), with c = cpu_workers x U_c x cpu_adam_host_bytes (every CPU worker's Adam asking at once, as
+/// the phase simulation counts it; 0 workers count as 1) and l = B_h2d + B_d2h, host_bandwidth is
+/// at its floor and no longer depends on U_c_dma; at most U_c (with link_share below 1 the ratio can
+/// exceed 1: M is then at its floor whatever U_c_dma). Calibration and refinement keep U_c_dma at
+/// or above it.
+double lowest_distinct_u_c_dma(const Workload& w, const Rates& r, std::size_t cpu_workers = 1);
+
+/// The largest link_share the model tells apart: U_c / U_c_dma. Above it the links would get more
+/// than they ask beside CPU Adam at U_c_dma (host_shares then gives them their ask), so a larger
+/// share changes nothing. Rates files and --rates above it are refused; the refinement keeps
+/// link_share at or below it.
+double highest_link_share(const Rates& r);
 
 /// The predicted times of a plan, seconds, per resource and overall (the maximum). host: the
 /// plan's host memory traffic (CPU Adam's and every PCIe byte) over host_bandwidth.

@@ -103,6 +103,11 @@ Rates load_rates(const std::string& path, Rates* calibrated) {
   if (!rates_complete(r) || !rates_complete(c))
     throw Error("the rates file " + path + " has a rate that is not a positive number (U_c, U_c_dma, U_g, D_c, B_h2d, "
                 "B_d2h and link_share when given must all be > 0); delete it or run with --recalibrate");
+  for (const Rates* x : {&r, &c})
+    if (x->U_c_dma > x->U_c || x->link_share > highest_link_share(*x))
+      throw Error("the rates file " + path + " has U_c_dma above U_c or link_share above U_c / U_c_dma (" +
+                  std::to_string(highest_link_share(*x)) + ": beyond it the links would get more than they ask); "
+                  "correct it, delete it or run with --recalibrate");
   if (calibrated) *calibrated = c;
   return r;
 }
@@ -198,7 +203,7 @@ Rates calibrate_rates(Runtime& runtime, std::size_t S, DType dtype, MemoryKind m
       const Simulation sim = simulate_phase(opt.workload(), mixed_plan, r, opt.execution());
       const double alone = sim.cpu - sim.cpu_beside_dma, beside = mixed_busy - alone;
       if (!(sim.cpu_beside_dma > 0) || !(beside > 0.2 * sim.cpu_beside_dma)) break;
-      r.U_c_dma = std::min(r.U_c, std::max(lowest_distinct_u_c_dma(opt.workload(), r),
+      r.U_c_dma = std::min(r.U_c, std::max(lowest_distinct_u_c_dma(opt.workload(), r, opt.execution().cpu_workers),
                                            r.U_c_dma * sim.cpu_beside_dma / beside));
     }
   }

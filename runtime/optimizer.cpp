@@ -109,7 +109,7 @@ void Optimizer::Impl::refine(const PhaseMeasure& m, const Simulation& sim) {
     streamed_once = true;
     return;
   }
-  const Refined r = refine_rates(workload, rates, m, sim);
+  const Refined r = refine_rates(workload, rates, m, sim, rt->cpu_workers());
   rates = r.rates;
   refined = refined || r.applied;
 }

@@ -78,6 +78,7 @@ expect "is not a number" --policy dos --rates 1,2,x,4,5,6
 expect "must be > 0" --policy dos --rates 1,1,0,4,5,6
 expect "cannot exceed U_c" --policy dos --rates 1,2,3,4,5,6
 expect "must be > 0" --policy dos --rates 1,1,3,4,5,6,0
+expect "link_share cannot exceed" --policy dos --rates 3.7,2.9,60,300,50,50,3
 printf '{"U_c": 1}' > "$tmp/short.json"
 expect "not a rates file" --policy dos --rates "$tmp/short.json"
 expect "leave out --k" --policy dos --rates $rates --k 2

@@ -45,6 +45,10 @@ dos::Rates parse_rates(const std::string& text, dos::Rates* calibrated) {
   if (!dos::rates_complete(r)) throw std::runtime_error("--rates '" + text + "': every rate must be > 0");
   if (r.U_c_dma > r.U_c)
     throw std::runtime_error("--rates '" + text + "': U_c_dma (CPU Adam beside DMA) cannot exceed U_c (alone)");
+  if (r.link_share > dos::highest_link_share(r))
+    throw std::runtime_error("--rates '" + text + "': link_share cannot exceed U_c / U_c_dma = " +
+                             std::to_string(dos::highest_link_share(r)) +
+                             " (beyond it the links would get more than they ask beside CPU Adam)");
   if (calibrated) *calibrated = r;
   return r;
 }

@@ -190,8 +190,14 @@ def optimizer_options(**fields):
             value = DTYPE_CODES[value]
         elif name == "submit_order" and isinstance(value, str):
             value = SUBMIT_ORDER_CODES[value]
-        elif name == "rates":
-            value = value if isinstance(value, Rates) else Rates(**dict(value))
+        elif name == "rates" and not isinstance(value, Rates):
+            value = dict(value)
+            rate_names = [n for n, _ in Rates._fields_]
+            if set(value) - set(rate_names):
+                raise TypeError(f"rates take {', '.join(rate_names)}, not {', '.join(sorted(set(value) - set(rate_names)))}"
+                                " (link_share, in a rates file, is not part of the C ABI: given rates start with 1 and"
+                                " the dos policy refines it)")
+            value = Rates(**value)
         elif isinstance(value, bool):
             value = int(value)
         setattr(o, name, value)

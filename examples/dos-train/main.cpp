@@ -481,7 +481,7 @@ int run(const Args& args) {
       }
       opt.set_plan_override(o);
       const auto st = run_iterations(a.iterations, " [" + e + "]");
-      rows.push_back({e, st.back().planned_streamed, dos_train::median_update_seconds(st), st.back().predicted_seconds,
+      rows.push_back({e, st.back().planned_streamed, dos_train::median_update_seconds(st), dos_train::median_predicted_seconds(st),
                       st.back().lower_bound_seconds, dos_train::median_prediction_error(st)});
     }
     sweep = dos_train::print_sweep(rows, n, opt.num_subgroups(), a.iterations);

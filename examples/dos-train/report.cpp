@@ -30,6 +30,12 @@ double median_update_seconds(const std::vector<dos::StepStats>& steps) {
   return median(std::move(t));
 }
 
+double median_predicted_seconds(const std::vector<dos::StepStats>& steps) {
+  std::vector<double> t;
+  for (std::size_t i = steps.size() > 1 ? 1 : 0; i < steps.size(); ++i) t.push_back(steps[i].predicted_seconds);
+  return median(std::move(t));
+}
+
 double median_prediction_error(const std::vector<dos::StepStats>& steps) {
   std::vector<double> e;
   for (std::size_t i = steps.size() > 1 ? 1 : 0; i < steps.size(); ++i)
@@ -202,8 +208,8 @@ nlohmann::ordered_json print_sweep(const std::vector<SweepRow>& rows, std::size_
   if (rows.empty()) return sweep;
   double best = rows[0].median;
   for (const SweepRow& r : rows) best = std::min(best, r.median);
-  std::printf("sweep (%zu parameters, %zu subgroups, median of iterations 2..%d of each; predicted s: the last "
-              "iteration's; pred. error: the median of each iteration's prediction against its own seconds):\n",
+  std::printf("sweep (%zu parameters, %zu subgroups, medians of iterations 2..%d of each; pred. error: the median of "
+              "each iteration's prediction against its own seconds):\n",
               n, subgroups, iterations);
   std::printf("  %-8s %9s %12s %12s %12s %10s %12s\n", "fraction", "streamed", "update s", "predicted s", "lower bound",
               "vs fastest", "pred. error");

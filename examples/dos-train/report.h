@@ -21,6 +21,10 @@ namespace dos_train {
 /// pays allocations), or of the one step there is; 0 when empty.
 double median_update_seconds(const std::vector<dos::StepStats>& steps);
 
+/// The median of the predicted seconds over the same iterations as median_update_seconds; 0 when
+/// empty (or when no iteration has a prediction: they are 0 then).
+double median_predicted_seconds(const std::vector<dos::StepStats>& steps);
+
 /// The mean of the same update seconds as median_update_seconds; 0 when empty.
 double mean_update_seconds(const std::vector<dos::StepStats>& steps);
 
@@ -88,9 +92,11 @@ class IterationLog {
 };
 
 /// One entry of --sweep: the streamed fraction as given ("0.5", "model"), the subgroups its plan
-/// streamed, the median update seconds, the model's prediction and lower bound (seconds) in the
-/// last iteration, and error: the median over the iterations after the first of each iteration's
-/// prediction against its own measured seconds (predicted / measured - 1; 0.05: 5% too slow).
+/// streamed in the last iteration, the median update seconds and the median prediction over the
+/// same iterations (after the first; median_update_seconds, median_predicted_seconds), the lower
+/// bound in the last iteration (seconds), and error: the median over those iterations of each
+/// iteration's prediction against its own measured seconds (predicted / measured - 1; 0.05: 5% too
+/// slow).
 struct SweepRow {
   std::string entry;
   std::size_t streamed;

@@ -43,13 +43,7 @@ std::vector<std::size_t> submission_order(const std::vector<PlanSide>& plan, boo
   return order;
 }
 
-const char* Simulation::busiest() const {
-  const double m = std::max(std::max(cpu, gpu), std::max(h2d, d2h));
-  if (m == cpu) return "cpu";
-  if (m == h2d) return "h2d";
-  if (m == d2h) return "d2h";
-  return "gpu";
-}
+const char* Simulation::busiest() const { return busiest_resource(cpu, h2d, d2h, gpu); }
 
 namespace {
 
@@ -289,6 +283,12 @@ Simulation simulate_phase(const Workload& w, const std::vector<PlanSide>& plan, 
     }
   };
 
+  // whether a StarPU stream is moving a streamed subgroup's state (Simulation::stream_beside_cpu)
+  auto carries_state = [&](const Lane& l) {
+    return l.current >= 0 && (l.stage == Stage::state_up || l.stage == Stage::state_down) &&
+           sgs[std::size_t(l.current)].side == PlanSide::gpu_streamed;
+  };
+
   submit_ready();
   const double eps = 1e-15;
   std::size_t guard = 0;
@@ -355,10 +355,6 @@ Simulation simulate_phase(const Workload& w, const std::vector<PlanSide>& plan, 
         if (dma) out.cpu_beside_dma += dt;
       }
     // the streamed state's transfers on StarPU's streams, beside CPU Adam or not
-    auto carries_state = [&](const Lane& l) {
-      return l.current >= 0 && (l.stage == Stage::state_up || l.stage == Stage::state_down) &&
-             sgs[std::size_t(l.current)].side == PlanSide::gpu_streamed;
-    };
     if (carries_state(h2d) || carries_state(d2h)) (active_cpus > 0 ? out.stream_beside_cpu : out.stream_alone) += dt;
     // relative tolerances: amounts are bytes (up to 1e11), parameters, or seconds
     if (h2d.current >= 0 && h2d.left <= eps * (1 + r.B_h2d)) complete(h2d);

@@ -14,6 +14,14 @@ std::string Prediction::bound_by() const {
   if (total == h2d) return "h2d";
   if (total == d2h) return "d2h";
   if (total == host) return "host";
+  return busiest_resource(cpu, h2d, d2h, gpu);
+}
+
+const char* busiest_resource(double cpu, double h2d, double d2h, double gpu) {
+  const double m = std::max(std::max(cpu, gpu), std::max(h2d, d2h));
+  if (m == cpu) return "cpu";
+  if (m == h2d) return "h2d";
+  if (m == d2h) return "d2h";
   return "gpu";
 }
 
@@ -26,6 +34,14 @@ double lowest_distinct_u_c_dma(const Workload& w, const Rates& r, std::size_t cp
 }
 
 double highest_link_share(const Rates& r) { return r.U_c / r.U_c_dma; }
+
+std::string rate_bounds_error(const Rates& r) {
+  if (r.U_c_dma > r.U_c) return "U_c_dma (CPU Adam beside DMA) cannot exceed U_c (alone)";
+  if (r.link_share > highest_link_share(r))
+    return "link_share cannot exceed U_c / U_c_dma = " + std::to_string(highest_link_share(r)) +
+           " (beyond it the links would get more than they ask beside CPU Adam)";
+  return "";
+}
 
 double host_bandwidth(const Workload& w, const Rates& r) {
   const double cpu = r.U_c * cpu_adam_host_bytes(w), links = r.B_h2d + r.B_d2h;

@@ -111,6 +111,11 @@ HostShares host_shares(double cpu_ask, double links_ask, double host_bytes_per_s
 /// or above it.
 double lowest_distinct_u_c_dma(const Workload& w, const Rates& r, std::size_t cpu_workers = 1);
 
+/// What is wrong with rates whose each rate is positive (rates_complete) but which break the
+/// model's bounds: U_c_dma above U_c, or link_share above highest_link_share; "" when none.
+/// Rates files and dos-train --rates are refused with this text.
+std::string rate_bounds_error(const Rates& r);
+
 /// The largest link_share the model tells apart: U_c / U_c_dma. Above it the links would get more
 /// than they ask beside CPU Adam at U_c_dma (host_shares then gives them their ask), so a larger
 /// share changes nothing. Rates files and --rates above it are refused; the refinement keeps
@@ -122,9 +127,15 @@ double highest_link_share(const Rates& r);
 struct Prediction {
   double total = 0, cpu = 0, h2d = 0, d2h = 0, gpu = 0, host = 0;
   double streamed_params = 0, cpu_params = 0, resident_params = 0;
-  /// Which resource bounds the phase: "cpu", "h2d", "d2h", "gpu" or "host".
+  /// Which resource bounds the phase: "cpu", "h2d", "d2h", "gpu" or "host": the one whose time is
+  /// the total (predict's closed form), else (a simulated total, which is none of the busy times)
+  /// busiest_resource of the busy times, as the simulation names it.
   std::string bound_by() const;
 };
+
+/// The name of the largest of four busy times, seconds: "cpu", "h2d", "d2h" or "gpu" (ties in that
+/// order). What Simulation::busiest and Prediction::bound_by call a simulated phase's bound.
+const char* busiest_resource(double cpu, double h2d, double d2h, double gpu);
 
 /// Predicted update-phase time of `plan` (one side per subgroup, same length as w.sizes).
 /// Throws std::invalid_argument when the lengths differ or a rate is not positive.

@@ -104,10 +104,8 @@ Rates load_rates(const std::string& path, Rates* calibrated) {
     throw Error("the rates file " + path + " has a rate that is not a positive number (U_c, U_c_dma, U_g, D_c, B_h2d, "
                 "B_d2h and link_share when given must all be > 0); delete it or run with --recalibrate");
   for (const Rates* x : {&r, &c})
-    if (x->U_c_dma > x->U_c || x->link_share > highest_link_share(*x))
-      throw Error("the rates file " + path + " has U_c_dma above U_c or link_share above U_c / U_c_dma (" +
-                  std::to_string(highest_link_share(*x)) + ": beyond it the links would get more than they ask); "
-                  "correct it, delete it or run with --recalibrate");
+    if (const std::string e = rate_bounds_error(*x); !e.empty())
+      throw Error("the rates file " + path + ": " + e + "; correct it, delete it or run with --recalibrate");
   if (calibrated) *calibrated = c;
   return r;
 }

@@ -80,6 +80,9 @@ expect "cannot exceed U_c" --policy dos --rates 1,2,3,4,5,6
 expect "must be > 0" --policy dos --rates 1,1,3,4,5,6,0
 expect "link_share cannot exceed" --policy dos --rates 3.7,2.9,60,300,50,50,3
 printf '{"U_c": 1}' > "$tmp/short.json"
+printf '{"U_c": 3.7e9, "U_c_dma": 2.9e9, "U_g": 6e10, "D_c": 3e11, "B_h2d": 5e10, "B_d2h": 5e10, "link_share": 3}\n' \
+  > "$tmp/share-above-cap.json"
+expect "link_share cannot exceed" --policy dos --rates "$tmp/share-above-cap.json"
 expect "not a rates file" --policy dos --rates "$tmp/short.json"
 expect "leave out --k" --policy dos --rates $rates --k 2
 

@@ -277,9 +277,30 @@ void test_choice_and_bound(void**) {
         assert_true(lb <= c.predicted.total + 1e-12);
         assert_true(c.predicted.total <= std::min(all_cpu, all_gpu) + 1e-12);
         assert_int_equal(std::size_t(std::count(c.plan.begin(), c.plan.end(), PlanSide::gpu_streamed)), c.streamed);
+        // a simulated choice's bound is what the simulation of its plan names, not "gpu" for
+        // every total that is none of the busy times
+        const dos::Simulation s = dos::simulate_phase(w, c.plan, r, dos::Execution{});
+        assert_string_equal(c.predicted.bound_by().c_str(), s.busiest());
       }
     }
   }
+}
+
+// busiest_resource by hand: the largest time, ties in the order cpu, h2d, d2h, gpu.
+void test_busiest_resource(void**) {
+  assert_string_equal(dos::busiest_resource(1, 2, 3, 4), "gpu");
+  assert_string_equal(dos::busiest_resource(5, 2, 3, 4), "cpu");
+  assert_string_equal(dos::busiest_resource(1, 3, 3, 2), "h2d");
+  assert_string_equal(dos::busiest_resource(1, 2, 3, 3), "d2h");
+  dos::Prediction p;  // a simulated total, above every busy time: the busiest, d2h
+  p.total = 1.0;
+  p.cpu = 0.5;
+  p.h2d = 0.6;
+  p.d2h = 0.7;
+  p.gpu = 0.1;
+  assert_string_equal(p.bound_by().c_str(), "d2h");
+  p.host = 1.0;  // the closed form's total is the host term
+  assert_string_equal(p.bound_by().c_str(), "host");
 }
 
 // Two CPU workers: subgroups 0 and 2 on the first, 1 on the second, side by side at U_c each (the
@@ -400,7 +421,7 @@ int main() {
       cmocka_unit_test(test_host_memory_shared), cmocka_unit_test(test_order),       cmocka_unit_test(test_budget),
       cmocka_unit_test(test_choice_and_bound),   cmocka_unit_test(test_search_many), cmocka_unit_test(test_cpu_workers),
       cmocka_unit_test(test_cpu_after_stream),   cmocka_unit_test(test_bad_input), cmocka_unit_test(test_own_param_upload),
-      cmocka_unit_test(test_own_grad_download),
+      cmocka_unit_test(test_own_grad_download), cmocka_unit_test(test_busiest_resource),
   };
   return cmocka_run_group_tests(tests, nullptr, nullptr);
 }

@@ -43,12 +43,8 @@ dos::Rates parse_rates(const std::string& text, dos::Rates* calibrated) {
   dos::Rates r{v[0] * 1e9, v[1] * 1e9, v[2] * 1e9, v[3] * 1e9, v[4] * 1e9, v[5] * 1e9};
   if (v.size() == 7) r.link_share = v[6];
   if (!dos::rates_complete(r)) throw std::runtime_error("--rates '" + text + "': every rate must be > 0");
-  if (r.U_c_dma > r.U_c)
-    throw std::runtime_error("--rates '" + text + "': U_c_dma (CPU Adam beside DMA) cannot exceed U_c (alone)");
-  if (r.link_share > dos::highest_link_share(r))
-    throw std::runtime_error("--rates '" + text + "': link_share cannot exceed U_c / U_c_dma = " +
-                             std::to_string(dos::highest_link_share(r)) +
-                             " (beyond it the links would get more than they ask beside CPU Adam)");
+  if (const std::string e = dos::rate_bounds_error(r); !e.empty())
+    throw std::runtime_error("--rates '" + text + "': " + e);
   if (calibrated) *calibrated = r;
   return r;
 }

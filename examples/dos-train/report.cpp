@@ -22,33 +22,40 @@ double median(std::vector<double> v) {
   return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
 }
 
+/// The steps the summaries count: those after the first (which pays allocations), or the one step
+/// there is.
+std::vector<const dos::StepStats*> after_first(const std::vector<dos::StepStats>& steps) {
+  std::vector<const dos::StepStats*> out;
+  for (std::size_t i = steps.size() > 1 ? 1 : 0; i < steps.size(); ++i) out.push_back(&steps[i]);
+  return out;
+}
+
 }  // namespace
 
 double median_update_seconds(const std::vector<dos::StepStats>& steps) {
   std::vector<double> t;
-  for (std::size_t i = steps.size() > 1 ? 1 : 0; i < steps.size(); ++i) t.push_back(steps[i].seconds);
+  for (const dos::StepStats* s : after_first(steps)) t.push_back(s->seconds);
   return median(std::move(t));
 }
 
 double median_predicted_seconds(const std::vector<dos::StepStats>& steps) {
   std::vector<double> t;
-  for (std::size_t i = steps.size() > 1 ? 1 : 0; i < steps.size(); ++i) t.push_back(steps[i].predicted_seconds);
+  for (const dos::StepStats* s : after_first(steps)) t.push_back(s->predicted_seconds);
   return median(std::move(t));
 }
 
 double median_prediction_error(const std::vector<dos::StepStats>& steps) {
   std::vector<double> e;
-  for (std::size_t i = steps.size() > 1 ? 1 : 0; i < steps.size(); ++i)
-    if (steps[i].seconds > 0 && steps[i].predicted_seconds > 0)
-      e.push_back(steps[i].predicted_seconds / steps[i].seconds - 1);
+  for (const dos::StepStats* s : after_first(steps))
+    if (s->seconds > 0 && s->predicted_seconds > 0) e.push_back(s->predicted_seconds / s->seconds - 1);
   return e.empty() ? std::nan("") : median(std::move(e));
 }
 
 double mean_update_seconds(const std::vector<dos::StepStats>& steps) {
+  const std::vector<const dos::StepStats*> counted = after_first(steps);
   double mean = 0;
-  for (std::size_t i = steps.size() > 1 ? 1 : 0; i < steps.size(); ++i) mean += steps[i].seconds;
-  if (!steps.empty()) mean /= double(steps.size() > 1 ? steps.size() - 1 : 1);
-  return mean;
+  for (const dos::StepStats* s : counted) mean += s->seconds;
+  return counted.empty() ? 0.0 : mean / double(counted.size());
 }
 
 void print_ranks(dos::Comm& comm, std::size_t total, const std::string& words, const std::string& backend) {
@@ -84,15 +91,12 @@ void print_model_choice(const dos::Runtime& rt, const dos::Optimizer& opt) {
   const dos::Choice c = dos::choose_plan_simulated(opt.workload(), r, ex);
   const dos::StrideChoice k = dos::choose_stride_simulated(opt.workload(), r, ex);
   const std::size_t ns = opt.num_subgroups();
-  // the busiest resource of the chosen plan's simulation, as each iteration's line names it (a
-  // simulated total is none of the busy times, which Prediction::bound_by compares it with)
-  const char* busiest = dos::simulate_phase(opt.workload(), c.plan, r, ex).busiest();
   std::printf("model: U_c %.2f Gparams/s alone, %.2f under DMA; U_g %.1f; D_c %.1f; B %.1f GB/s H2D, %.1f GB/s D2H; "
               "links' share beside CPU Adam %.2f\n"
               "model: best plan streams %zu of %zu subgroups (%.2f s predicted, %s-bound); best stride k = %zu "
               "(%.2f s); all on the CPU %.2f s; all streamed %.2f s; lower bound %.2f s\n",
               r.U_c / 1e9, r.U_c_dma / 1e9, r.U_g / 1e9, r.D_c / 1e9, r.B_h2d / 1e9, r.B_d2h / 1e9, r.link_share, c.streamed,
-              ns, c.predicted.total, busiest, k.k, k.predicted.total,
+              ns, c.predicted.total, c.predicted.bound_by().c_str(), k.k, k.predicted.total,
               dos::simulate_phase(opt.workload(), dos::spread_plan(ns, 0), r, ex).total,
               dos::simulate_phase(opt.workload(), dos::spread_plan(ns, ns), r, ex).total,
               dos::lower_bound(opt.workload(), opt.calibrated_rates(), opt.rates(), rt.cpu_workers()));

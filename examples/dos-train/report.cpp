@@ -88,18 +88,28 @@ void print_model_choice(const dos::Runtime& rt, const dos::Optimizer& opt) {
   if (!(rt.model_policy() && rt.cuda_workers() > 0)) return;
   const dos::Rates& r = opt.rates();
   const dos::Execution ex = opt.execution();
-  const dos::Choice c = dos::choose_plan_simulated(opt.workload(), r, ex);
-  const dos::StrideChoice k = dos::choose_stride_simulated(opt.workload(), r, ex);
+  const dos::Workload& w = opt.workload();
+  const dos::Choice c = dos::choose_plan_simulated(w, r, ex);
   const std::size_t ns = opt.num_subgroups();
+  // A stride or an all-streamed plan streams subgroups; when the GPU update budget holds none, no
+  // such plan can run, and its prediction would only mislead.
+  char streaming[160];
+  if (w.may_stream) {
+    const dos::StrideChoice k = dos::choose_stride_simulated(w, r, ex);
+    std::snprintf(streaming, sizeof streaming, "best stride k = %zu (%.2f s); all on the CPU %.2f s; all streamed %.2f s",
+                  k.k, k.predicted.total, dos::simulate_phase(w, dos::spread_plan(ns, 0), r, ex).total,
+                  dos::simulate_phase(w, dos::spread_plan(ns, ns), r, ex).total);
+  } else {
+    std::snprintf(streaming, sizeof streaming,
+                  "no stride and no streamed subgroup (the GPU update budget holds none); all on the CPU %.2f s",
+                  dos::simulate_phase(w, dos::spread_plan(ns, 0), r, ex).total);
+  }
   std::printf("model: U_c %.2f Gparams/s alone, %.2f under DMA; U_g %.1f; D_c %.1f; B %.1f GB/s H2D, %.1f GB/s D2H; "
               "links' share beside CPU Adam %.2f\n"
-              "model: best plan streams %zu of %zu subgroups (%.2f s predicted, %s-bound); best stride k = %zu "
-              "(%.2f s); all on the CPU %.2f s; all streamed %.2f s; lower bound %.2f s\n",
+              "model: best plan streams %zu of %zu subgroups (%.2f s predicted, %s-bound); %s; lower bound %.2f s\n",
               r.U_c / 1e9, r.U_c_dma / 1e9, r.U_g / 1e9, r.D_c / 1e9, r.B_h2d / 1e9, r.B_d2h / 1e9, r.link_share, c.streamed,
-              ns, c.predicted.total, c.predicted.bound_by().c_str(), k.k, k.predicted.total,
-              dos::simulate_phase(opt.workload(), dos::spread_plan(ns, 0), r, ex).total,
-              dos::simulate_phase(opt.workload(), dos::spread_plan(ns, ns), r, ex).total,
-              dos::lower_bound(opt.workload(), opt.calibrated_rates(), opt.rates(), rt.cpu_workers()));
+              ns, c.predicted.total, c.predicted.bound_by().c_str(), streaming,
+              dos::lower_bound(w, opt.calibrated_rates(), opt.rates(), rt.cpu_workers()));
 }
 
 IterationLog::IterationLog(const dos::Runtime& rt, const ComputeEmulator* compute, bool on_gpu, std::size_t total,

@@ -41,7 +41,9 @@ void print_resident_plan(const dos::Runtime& rt, const dos::Optimizer& opt, std:
 
 /// Prints the model's rates and its choices ("model: ..." lines: the best plan, the best stride,
 /// all on the CPU, all streamed, the lower bound, seconds) for a policy with a model and a CUDA
-/// worker; nothing otherwise.
+/// worker; nothing otherwise. When the GPU update budget holds no streamed subgroup
+/// (Workload::may_stream false), it says so instead of predicting a stride and all streamed, plans
+/// that cannot run under that budget.
 void print_model_choice(const dos::Runtime& rt, const dos::Optimizer& opt);
 
 /// What the iteration's gradient check found (--max-grad-norm): checked: whether it ran; norm: the

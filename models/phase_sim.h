@@ -117,8 +117,8 @@ struct Simulation {
 Simulation simulate_phase(const Workload& w, const std::vector<PlanSide>& plan, const Rates& r, const Execution& e);
 
 /// The plan of least simulated time among those choose_plan (resource_model.h) considers (the last
-/// w.resident subgroups resident, spread_plan(n - resident, m) for every m; only m = 0 when
-/// !w.may_stream; ties: fewer streamed). Choice::predicted carries the simulation's figures:
+/// w.resident subgroups resident, spread_plan(n - resident, m) for every m and the strides k = 2..8;
+/// only m = 0 when !w.may_stream; ties: fewer streamed). Choice::predicted carries the simulation's figures:
 /// total, and each resource's busy seconds.
 Choice choose_plan_simulated(const Workload& w, const Rates& r, const Execution& e);
 

@@ -178,9 +178,9 @@ Choice choose_plan_by(const Workload& w, const std::function<Prediction(const st
   const std::size_t resident = std::min(w.resident, n), free = n - resident;
   const std::size_t top = w.may_stream ? free : 0;
   bool any = false;
-  auto consider = [&](std::size_t m) {
-    std::vector<PlanSide> plan = spread_plan(free, m);
+  auto consider_plan = [&](std::vector<PlanSide> plan) {
     plan.resize(n, PlanSide::gpu_resident);
+    const std::size_t m = std::size_t(std::count(plan.begin(), plan.end(), PlanSide::gpu_streamed));
     const Prediction p = eval(plan);
     if (!any || p.total < best.predicted.total || (p.total == best.predicted.total && m < best.streamed)) {
       best.plan = std::move(plan);
@@ -190,9 +190,17 @@ Choice choose_plan_by(const Workload& w, const std::function<Prediction(const st
     }
     return p.total;
   };
+  auto consider = [&](std::size_t m) { return consider_plan(spread_plan(free, m)); };
+  // The paper's strides k = 2..kStrides stream other subgroups than the spread plans of the same
+  // count when the sizes differ (a short last subgroup): candidates too.
+  constexpr std::size_t kStrides = 8;
+  auto consider_strides = [&] {
+    for (std::size_t k = 2; k <= std::min(top, kStrides); ++k) consider_plan(stride_plan(free, k));
+  };
   constexpr std::size_t kGrid = 64;
   if (top <= kGrid) {
     for (std::size_t m = 0; m <= top; ++m) consider(m);
+    consider_strides();
     return best;
   }
   // Many subgroups: every plan would cost (n + 1) evaluations of n subgroups each. A grid of kGrid + 1
@@ -212,6 +220,7 @@ Choice choose_plan_by(const Workload& w, const std::function<Prediction(const st
     else lo = a;
   }
   for (std::size_t m = lo; m <= hi; ++m) consider(m);
+  consider_strides();
   return best;
 }
 

@@ -161,8 +161,10 @@ std::vector<PlanSide> stride_plan(std::size_t n, std::size_t k);
 std::vector<PlanSide> static_plan(std::size_t n, double cpu_share);
 
 /// The plan of least predicted time: the last w.resident subgroups resident, and among the others
-/// spread_plan(n - w.resident, m), m = 0..n - w.resident (only m = 0 when !w.may_stream; ties:
-/// fewer streamed).
+/// spread_plan(n - w.resident, m), m = 0..n - w.resident, and the paper's stride_plan(n - w.resident,
+/// k), k = 2..8 (with subgroups of different sizes a stride can stream other subgroups than the
+/// spread plan of the same count, and be faster); only m = 0 when !w.may_stream; ties: fewer
+/// streamed. Choice::streamed counts the chosen plan's streamed subgroups.
 struct Choice {
   std::vector<PlanSide> plan;
   std::size_t streamed = 0;
@@ -173,7 +175,7 @@ Choice choose_plan(const Workload& w, const Rates& r);
 /// The same search with `eval` giving each candidate plan's prediction (its total is compared;
 /// ties: fewer streamed). Up to 64 streamable subgroups every m is tried; with more, a grid of 65
 /// values of m, then a golden-section search between the grid points around the best (about
-/// 65 + 2 log2(n / 64) evaluations).
+/// 65 + 2 log2(n / 64) evaluations); then the strides k = 2..8 (7 evaluations more at most).
 Choice choose_plan_by(const Workload& w, const std::function<Prediction(const std::vector<PlanSide>&)>& eval);
 
 /// The best stride k in [1, n] by predicted time (ties: larger k), and its prediction.

@@ -89,6 +89,30 @@ void test_gpu_machine(void**) {
   assert_float_equal(p16.cpu, t_cpu, 1e-9);
 }
 
+// The paper's stride among the plan search's candidates. Four subgroups of 1e8 and a short last one
+// of 2e7, no contention (U_c_dma = U_c = 1.6e9), PCIe 20 GB/s each way: by hand, a plan with n_s
+// parameters streamed and n_c on the CPU takes max(n_c / U_c, (12 n_s + 4 n_c) / B) (D2H carries
+// the streamed state and the CPU subgroups' fp32 gradients; H2D less). The stride 2 (cscsc: 2e8
+// streamed) takes max(0.1375, 0.164) = 0.164 s; the spread plans of 2 and 3 streamed (ccscs, cscss:
+// 1.2e8 and 2.2e8) max(0.1875, 0.132) = 0.1875 s and max(0.125, 0.172) = 0.172 s: the stride wins.
+void test_stride_candidate(void**) {
+  dos::Workload w = uniform(5, 100000000);
+  w.sizes.back() = 20000000;
+  const dos::Rates r{1.6e9, 1.6e9, 1e12, 1e12, 20e9, 20e9};
+  const double B = 20e9, U = 1.6e9;
+  auto by_hand = [&](double ns, double nc) { return std::max(nc / U, (12 * ns + 4 * nc) / B); };
+  assert_float_equal(dos::predict(w, dos::stride_plan(5, 2), r).total, by_hand(2e8, 2.2e8), 1e-9);
+  assert_float_equal(dos::predict(w, dos::spread_plan(5, 2), r).total, by_hand(1.2e8, 3e8), 1e-9);
+  assert_float_equal(dos::predict(w, dos::spread_plan(5, 3), r).total, by_hand(2.2e8, 2e8), 1e-9);
+  const dos::Choice c = dos::choose_plan(w, r);
+  assert_true(c.plan == dos::stride_plan(5, 2));
+  assert_int_equal(c.streamed, 2);
+  assert_float_equal(c.predicted.total, 0.164, 1e-9);
+  // no streaming allowed: the strides are not candidates either
+  w.may_stream = false;
+  assert_true(dos::choose_plan(w, r).plan == dos::spread_plan(5, 0));
+}
+
 // The bound with calibrated and refined rates: a CPU measured faster in the phases than the
 // calibration's lowers it (the 20B quarter's calibration once measured CPU Adam at 2.4 Gparams/s
 // where its phases ran it at 2.9 beside DMA); links averaged lower over phases do not raise it.
@@ -251,7 +275,7 @@ void test_bad_input(void**) {
 
 int main() {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_plans),      cmocka_unit_test(test_paper_example), cmocka_unit_test(test_gpu_machine), cmocka_unit_test(test_bound_two_rates),
+      cmocka_unit_test(test_plans),      cmocka_unit_test(test_paper_example), cmocka_unit_test(test_gpu_machine), cmocka_unit_test(test_stride_candidate), cmocka_unit_test(test_bound_two_rates),
       cmocka_unit_test(test_extremes),   cmocka_unit_test(test_static_fidelity), cmocka_unit_test(test_bad_input),
       cmocka_unit_test(test_budgets),    cmocka_unit_test(test_grad_bytes),
   };

@@ -320,6 +320,37 @@ void test_cpu_workers(void**) {
   assert_true(dos::lower_bound(w, r, 2) <= s.total);
 }
 
+// The simulated search takes the paper's strides as candidates too: the 7B 1/16 shard's five
+// subgroups (four of 1e8 and one of 2.115e7) at the rates a GPU machine had, where the stride 2
+// (cscsc) streams two whole subgroups and the spread plans of 2 and 3 streamed (ccscs, cscss) stream
+// the short last one: the choice is the least simulated time over every spread plan and every
+// stride 2..5 (the brute force here), which on these rates is the stride 2.
+void test_search_strides(void**) {
+  dos::Workload w = workload({100000000, 100000000, 100000000, 100000000, 21150976}, true);
+  w.cpu_grads_staged_on_gpu = w.cpu_params_staged_on_gpu = false;
+  dos::Rates r{3.70e9, 3.69e9, 137.1e9, 510e9, 52.0e9, 50.8e9};
+  dos::Execution e;
+  e.own_param_upload = e.own_grad_download = true;
+  double best = dos::simulate_phase(w, dos::spread_plan(5, 0), r, e).total;
+  std::vector<PlanSide> best_plan = dos::spread_plan(5, 0);
+  auto take = [&](const std::vector<PlanSide>& p) {
+    const double t = dos::simulate_phase(w, p, r, e).total;
+    if (t < best) best = t, best_plan = p;
+  };
+  double best_spread = best;
+  for (std::size_t m = 1; m <= 5; ++m) {
+    take(dos::spread_plan(5, m));
+    best_spread = std::min(best_spread, dos::simulate_phase(w, dos::spread_plan(5, m), r, e).total);
+  }
+  for (std::size_t k = 2; k <= 5; ++k) take(dos::stride_plan(5, k));
+  const dos::Choice c = dos::choose_plan_simulated(w, r, e);
+  std::printf("  7B 1/16: best spread plan %.4f s, choice %zu streamed %.4f s\n", best_spread, c.streamed, c.predicted.total);
+  assert_float_equal(c.predicted.total, best, 1e-12);
+  assert_true(c.plan == best_plan);
+  assert_true(c.plan == dos::stride_plan(5, 2));
+  assert_true(c.predicted.total < 0.95 * best_spread);
+}
+
 // Many subgroups: the plan search's grid and golden-section steps find the plan that trying every
 // streamed count finds (here by brute force over every m, each simulated).
 void test_search_many(void**) {
@@ -419,7 +450,7 @@ int main() {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_cpu_only),   cmocka_unit_test(test_one_streamed),       cmocka_unit_test(test_two_streamed),
       cmocka_unit_test(test_host_memory_shared), cmocka_unit_test(test_order),       cmocka_unit_test(test_budget),
-      cmocka_unit_test(test_choice_and_bound),   cmocka_unit_test(test_search_many), cmocka_unit_test(test_cpu_workers),
+      cmocka_unit_test(test_choice_and_bound),   cmocka_unit_test(test_search_many), cmocka_unit_test(test_search_strides), cmocka_unit_test(test_cpu_workers),
       cmocka_unit_test(test_cpu_after_stream),   cmocka_unit_test(test_bad_input), cmocka_unit_test(test_own_param_upload),
       cmocka_unit_test(test_own_grad_download), cmocka_unit_test(test_busiest_resource),
   };

@@ -10,6 +10,10 @@
 #            dos_stride:2..4
 # PART=budgets: resident budgets 10GB, 20GB, 31.5GB (dos and static:R) and the twinflow peers
 # COMMON: extra dos-train arguments for every run (e.g. --grad-transfer native)
+# ITERS: iterations per run (default 4; medians over iterations 2..ITERS). A fresh process's first phases
+#        run plans chosen at freshly calibrated rates, which the refinement moves over about five phases:
+#        ITERS=8 measures closer to the steady state a training run sees (the repository's baselines
+#        run as many phases; the external peers time dos_compare.py's --peer-iters phases, 3, either way).
 # BASELINES=1: the repository's PyTorch baselines too (dos_compare.py --baselines: BASELINE_LIST, default
 #            zero_offload and stride:2..4, in PART=main, twinflow:R per budget in PART=budgets); REPEATS=R: R
 #            rounds of every run, the baselines and the peers; PEER_VARIANTS: the external peers' variants in PART=main (default zero_offload and
@@ -27,7 +31,7 @@ PEERS=()
 [ -f "$ROOT/.peers/torch_update_phase.py" ] && PEERS=(--peers "$ROOT/.peers/torch_update_phase.py")
 PEERS+=(--repeats "${REPEATS:-1}" --peer-variants "${PEER_VARIANTS:-zero_offload,dos_stride:2,dos_stride:3,dos_stride:4}")
 BASE=()
-ARGS=(--preset llama-20b --shard 1/4 --subgroup-size 1.24e8 -n 4 --gpu-update-budget 40GB --emulate-compute
+ARGS=(--preset llama-20b --shard 1/4 --subgroup-size 1.24e8 -n "${ITERS:-4}" --gpu-update-budget 40GB --emulate-compute
       --tokens 4096 ${COMMON:-})
 # StarPU's history perfmodels start empty (a fresh sampling folder, so that no time measured by an
 # earlier build, e.g. one with StarPU's task profiling on, reaches dmda or dmdas), are trained by

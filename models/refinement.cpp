@@ -45,6 +45,10 @@ Refined refine_rates(const Workload& w, const Rates& r, const PhaseMeasure& m, c
   }
   q.U_c_dma = std::min(q.U_c_dma, q.U_c);
   if (m.streamed > 0 && sim.stream_end > 0 && m.stream_end_seconds > 0 && m.eager_writeback) {
+    auto scale_links = [&](double f) {  // both links towards f times their rate
+      blend(q.B_h2d, q.B_h2d * f);
+      blend(q.B_d2h, q.B_d2h * f);
+    };
     const double beside = sim.stream_beside_cpu, alone = sim.stream_alone;
     if (beside > alone) {
       // The streams ran mostly beside CPU Adam: their rate there is link_share x f x B (f: CPU
@@ -59,14 +63,9 @@ Refined refine_rates(const Workload& w, const Rates& r, const PhaseMeasure& m, c
       const double cap = highest_link_share(q);
       blend(q.link_share, std::min(cap, std::max(kLowestLinkShare, share)));
       const double rest = share > cap ? share / cap : share < kLowestLinkShare ? share / kLowestLinkShare : 1.0;
-      if (rest != 1.0) {
-        blend(q.B_h2d, q.B_h2d * rest);
-        blend(q.B_d2h, q.B_d2h * rest);
-      }
+      if (rest != 1.0) scale_links(rest);
     } else {
-      const double f = sim.stream_end / m.stream_end_seconds;
-      blend(q.B_h2d, q.B_h2d * f);
-      blend(q.B_d2h, q.B_d2h * f);
+      scale_links(sim.stream_end / m.stream_end_seconds);
     }
   }
   // The bounds, on the final rates (each depends on the other): below its floor U_c_dma no longer

@@ -32,16 +32,23 @@ std::vector<const dos::StepStats*> after_first(const std::vector<dos::StepStats>
 
 }  // namespace
 
-double median_update_seconds(const std::vector<dos::StepStats>& steps) {
+namespace {
+
+/// The median of one figure of the steps after the first (after_first).
+double median_after_first(const std::vector<dos::StepStats>& steps, double dos::StepStats::*figure) {
   std::vector<double> t;
-  for (const dos::StepStats* s : after_first(steps)) t.push_back(s->seconds);
+  for (const dos::StepStats* s : after_first(steps)) t.push_back(s->*figure);
   return median(std::move(t));
 }
 
+}  // namespace
+
+double median_update_seconds(const std::vector<dos::StepStats>& steps) {
+  return median_after_first(steps, &dos::StepStats::seconds);
+}
+
 double median_predicted_seconds(const std::vector<dos::StepStats>& steps) {
-  std::vector<double> t;
-  for (const dos::StepStats* s : after_first(steps)) t.push_back(s->predicted_seconds);
-  return median(std::move(t));
+  return median_after_first(steps, &dos::StepStats::predicted_seconds);
 }
 
 double median_prediction_error(const std::vector<dos::StepStats>& steps) {
@@ -93,16 +100,15 @@ void print_model_choice(const dos::Runtime& rt, const dos::Optimizer& opt) {
   const std::size_t ns = opt.num_subgroups();
   // A stride or an all-streamed plan streams subgroups; when the GPU update budget holds none, no
   // such plan can run, and its prediction would only mislead.
+  const double all_cpu = dos::simulate_phase(w, dos::spread_plan(ns, 0), r, ex).total;
   char streaming[160];
   if (w.may_stream) {
     const dos::StrideChoice k = dos::choose_stride_simulated(w, r, ex);
     std::snprintf(streaming, sizeof streaming, "best stride k = %zu (%.2f s); all on the CPU %.2f s; all streamed %.2f s",
-                  k.k, k.predicted.total, dos::simulate_phase(w, dos::spread_plan(ns, 0), r, ex).total,
-                  dos::simulate_phase(w, dos::spread_plan(ns, ns), r, ex).total);
+                  k.k, k.predicted.total, all_cpu, dos::simulate_phase(w, dos::spread_plan(ns, ns), r, ex).total);
   } else {
     std::snprintf(streaming, sizeof streaming,
-                  "no stride and no streamed subgroup (the GPU update budget holds none); all on the CPU %.2f s",
-                  dos::simulate_phase(w, dos::spread_plan(ns, 0), r, ex).total);
+                  "no stride and no streamed subgroup (the GPU update budget holds none); all on the CPU %.2f s", all_cpu);
   }
   std::printf("model: U_c %.2f Gparams/s alone, %.2f under DMA; U_g %.1f; D_c %.1f; B %.1f GB/s H2D, %.1f GB/s D2H; "
               "links' share beside CPU Adam %.2f\n"

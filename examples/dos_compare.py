@@ -44,6 +44,13 @@ Runs:
                                  same subgroups resident; rows ``peer VARIANT``
   --timeline                     the first dos run writes its last phase's timeline; plotted under
                                  the bars (CPU worker, GPU worker, H2D and D2H rates)
+  --host-bench [PATH]            after the first round's runs, measure CPU Adam and full-duplex DMA
+                                 alone and side by side with dos-bench host (PATH, default
+                                 build/bench/dos-bench), and give each run its percentage of the
+                                 lower bound at those rates too (examples/host_probe.py): a yardstick
+                                 that the run's own refinement does not move. Needs a run that
+                                 reports the model's rates (dos, static:R, greedy) and a GPU; else
+                                 a WARNING says why there is none
 
 Warnings (printed, and kept in compare.md and compare.json) say where a comparison cannot mean
 anything: no CUDA worker (every policy then updates everything on the CPU, dos is cpu), or a
@@ -73,6 +80,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:  # loaded by path (as the tests do) rather than run: its modules are beside it
     sys.path.insert(0, HERE)
 import compare_plot  # noqa: E402 (the picture's drawing)
+import host_probe  # noqa: E402 (the bound at dos-bench host's rates)
 from compare_runs import (MATPLOTLIB_PROBE, arg_value, compare_params, merge_baselines, python_with,  # noqa: E402
                           run_baselines, run_one, run_peers)
 
@@ -123,6 +131,10 @@ def parse_args(argv):
                     help="the peers' variants beside the policies, comma-separated (default "
                          "zero_offload,dos_stride:2,dos_stride:3,dos_stride:4)")
     ap.add_argument("--timeline", action="store_true", help="plot the first dos run's last update phase")
+    ap.add_argument("--host-bench", nargs="?", default=None, metavar="PATH",
+                    const=os.path.join(HERE, "..", "build", "bench", "dos-bench"),
+                    help="also the lower bound at the rates dos-bench host (PATH, default build/bench/dos-bench) "
+                         "measures here, and each run's percentage of it")
     ap.add_argument("--out", default="dos-compare-out", help="folder for the reports, logs, table and plot")
     ap.add_argument("--plot-only", action="store_true",
                     help="run nothing: draw compare.png from the compare.json (and timeline.json) in --out")
@@ -183,6 +195,45 @@ def parse_args(argv):
         if any(t == bad or t.startswith(bad + "=") for t in a.train_args):
             ap.error(f"{bad} is set by dos-compare itself: leave it out of the dos-train arguments")
     return a
+
+
+def measure_probe(a, runs, order, notes):
+    """--host-bench: dos-bench host's rates (host_probe.probe_rates) and the lower bound at them for
+    no resident budget and each of --resident-budgets, from the first run in ``order`` whose report
+    has the model's rates. Returns {"rates": rates dict, "from": "run LABEL", "bounds": {budget
+    text ("" for none, when a run has no resident budget): seconds}}, or None with a WARNING
+    appended to ``notes`` saying why."""
+    src = next((l for l in order if l in runs and "rates" in runs[l]["reports"][0]), None)
+    if src is None:
+        notes.append("WARNING: --host-bench: no run reported the model's rates (a dos, static:R or greedy run with a "
+                     "CUDA worker): no lower bound at dos-bench host's rates")
+        return None
+    r = runs[src]["reports"][0]
+    if r.get("cpu_workers") != 1:
+        notes.append(f"WARNING: --host-bench: run {src} has {r.get('cpu_workers')} CPU workers; dos-bench host "
+                     f"measures one team: no lower bound at its rates")
+        return None
+    bench, why = host_probe.run_bench(a.host_bench, r["cpu_threads"], a.out)
+    if bench is None:
+        notes.append(f"WARNING: --host-bench: {why}: no lower bound at its rates")
+        return None
+    try:
+        rates = host_probe.probe_rates(bench, r["cpu_threads"], r["rates"], r["calibrated_rates"])
+    except ValueError as e:
+        notes.append(f"WARNING: --host-bench: {e}: no lower bound at its rates")
+        return None
+    bounds = {}
+    none = [""] if any(runs[l]["budget"] is None for l in order if l in runs) else []
+    for text in none + [t for t, _ in a.budgets]:
+        b, why = host_probe.bound_at(a.dos_train, a.train_args, rates, a.out, re.sub(r"[^A-Za-z0-9_.-]", "-", text)
+                                     or "none", text or None)
+        if b is None:
+            notes.append(f"WARNING: --host-bench: {why}")
+        else:
+            bounds[text] = b
+    print(f"dos-compare: lower bound at dos-bench host's rates: "
+          + ", ".join(f"{t or 'no resident budget'} {b:.4f} s" for t, b in bounds.items()), flush=True)
+    return {"rates": rates, "from": f"run {src}", "bounds": bounds}
 
 
 def median_of(values):
@@ -382,6 +433,7 @@ def main(argv=None):
         notes.append("WARNING: dos-train reports no CUDA worker: every policy updates every subgroup on the CPU "
                      "(dos and static:R are cpu here), so the rows differ only by noise and scheduling overhead; "
                      "their speedups say nothing about placement")
+    probe = measure_probe(a, runs, order, notes) if a.host_bench is not None else None
     variants = []
     if a.baselines is not None and r0:
         variants = list(a.baseline_variants)
@@ -453,6 +505,10 @@ def main(argv=None):
                 row["percent_of_lower_bound"] = pct
             if warn:
                 notes.append(warn)
+        pb = (probe or {}).get("bounds", {}).get(budget or "")
+        if pb and not row["overlapped"]:
+            row["probe_lower_bound_seconds"] = pb
+            row["percent_of_probe_bound"] = 100.0 * pb / med
         if a.check_params and "cpu" in runs and label != "cpu" and e["params"] and runs["cpu"]["params"]:
             row["params_vs_cpu"] = compare_params(a, runs["cpu"]["params"], e["params"])
         rows.append(row)
@@ -562,6 +618,14 @@ def main(argv=None):
             ratio(f"dos_vs_baseline_twinflow@{text}", tw, d)
         if f"twinflow:{frac:.4g}" in peer_rows:
             ratio(f"dos_vs_peer_twinflow@{text}", peer_rows[f"twinflow:{frac:.4g}"], d)
+    if probe:
+        for budget, pb in probe["bounds"].items():
+            shares = ", ".join(f"{row['label']} {row['percent_of_probe_bound']:.0f}%" for row in rows
+                               if (row["resident_budget"] or "") == budget and "percent_of_probe_bound" in row)
+            lines.append(f"\nlower bound at the rates dos-bench host measured here"
+                         f"{f' (resident budget {budget})' if budget else ''}: {pb:.4f} s; of it: {shares or '-'}")
+        lines.append(f"(the probe's rates: {host_probe.describe(probe['rates'])} {probe['from']}; "
+                     f"{os.path.join(a.out, 'host-bench.log')})")
     if ratios:
         lines.append("\nspeedups of dos (other's seconds / dos's seconds): " +
                      ", ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}" for k, v in ratios.items()))
@@ -581,7 +645,7 @@ def main(argv=None):
         f.write(text + "\n")
     with open(os.path.join(a.out, "compare.json"), "w") as f:
         json.dump({"rows": rows, "baselines": brows, "baseline_results": baselines, "peers": peers,
-                   "peer_runs": peer_runs, "ratios": ratios,
+                   "peer_runs": peer_runs, "ratios": ratios, "probe": probe,
                    "failed": failed, "skipped": skipped, "notes": notes, "repeats": a.repeats,
                    "timeline": bool(timeline_path),
                    "dos_train_args": a.train_args}, f, indent=2)

@@ -18,6 +18,9 @@
 #            zero_offload and stride:2..4, in PART=main, twinflow:R per budget in PART=budgets); REPEATS=R: R
 #            rounds of every run, the baselines and the peers; PEER_VARIANTS: the external peers' variants in PART=main (default zero_offload and
 #            dos_stride:2..4); POLICIES: the policies of PART=main (default dos,cpu,dmda,dmdas,gpu,lws)
+# HOST_BENCH=0: no second bound; by default dos_compare.py's --host-bench measures CPU Adam and DMA with
+#            dos-bench host after the first round's runs and prints each run's % of the lower bound at
+#            those rates beside its % of the model's own bound
 set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${OUT:-$ROOT/gpu-compare-out}
@@ -31,6 +34,8 @@ PEERS=()
 [ -f "$ROOT/.peers/torch_update_phase.py" ] && PEERS=(--peers "$ROOT/.peers/torch_update_phase.py")
 PEERS+=(--repeats "${REPEATS:-1}" --peer-variants "${PEER_VARIANTS:-zero_offload,dos_stride:2,dos_stride:3,dos_stride:4}")
 BASE=()
+PROBE=(--host-bench)
+[ "${HOST_BENCH:-1}" = 0 ] && PROBE=()
 ARGS=(--preset llama-20b --shard 1/4 --subgroup-size 1.24e8 -n "${ITERS:-4}" --gpu-update-budget 40GB --emulate-compute
       --tokens 4096 ${COMMON:-})
 # StarPU's history perfmodels start empty (a fresh sampling folder, so that no time measured by an
@@ -50,10 +55,10 @@ if [ "$PART" = main ]; then
   extra=()
   [ -n "${RUNS:-}" ] && while IFS= read -r r; do [ -n "$r" ] && extra+=(--run "$r"); done <<<"$RUNS"
   python3 "$ROOT/examples/dos_compare.py" --policies "${POLICIES:-dos,cpu,dmda,dmdas,gpu,lws}" "${extra[@]}" \
-    "${PEERS[@]}" "${BASE[@]}" --timeline --out "$OUT/main" -- "${ARGS[@]}" 2>&1 | grep -v "^\[starpu"
+    "${PEERS[@]}" "${BASE[@]}" "${PROBE[@]}" --timeline --out "$OUT/main" -- "${ARGS[@]}" 2>&1 | grep -v "^\[starpu"
 else
   [ -n "${BASELINES:-}" ] && BASE=(--baselines "")  # only the twinflow:R of each budget
-  python3 "$ROOT/examples/dos_compare.py" --policies "" --resident-budgets 10GB,20GB,31.5GB "${PEERS[@]}" "${BASE[@]}" \
+  python3 "$ROOT/examples/dos_compare.py" --policies "" --resident-budgets 10GB,20GB,31.5GB "${PEERS[@]}" "${BASE[@]}" "${PROBE[@]}" \
     --out "$OUT/budgets" -- "${ARGS[@]}" 2>&1 | grep -v "^\[starpu"
 fi
 for f in "$OUT"/*/*.log; do grep -h -E "^(model|iter|summary)" "$f" | sed "s|^|$(basename "$f" .log): |" ; done | grep -E "model:|summary" | head -60

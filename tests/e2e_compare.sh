@@ -144,6 +144,94 @@ assert not any(r["overlapped"] for r in rows), [(r["label"], r["overlapped"]) fo
 print("ok: resident-budget runs with the update after backward")
 PY
 
+# --host-bench: the bound at dos-bench host's rates. First the rates from a probe's row, worked out by
+# hand: link_share = (DMA beside / alone) / (Adam beside / alone) = 0.8 / 0.625 = 1.28, kept in
+# [1/16, U_c / U_c_dma = 1.6]; U_g and D_c the higher of the run's refined and calibrated ones.
+python3 - "$compare" <<'PY' || exit 1
+import importlib.util, os, sys
+sys.path.insert(0, os.path.dirname(sys.argv[1]))
+import host_probe as h
+def bench(beside_dma, threads=15, ring=0):
+    return {"runs": [{"threads": 3, "dma_ring_bytes": 0, "adam_alone_params_per_s": 1.0,
+                      "adam_beside_dma_params_per_s": 1.0, "dma_alone_bytes_per_s_each_way": 1.0,
+                      "dma_beside_adam_bytes_per_s_each_way": 1.0},
+                     {"threads": threads, "dma_ring_bytes": ring, "adam_alone_params_per_s": 4e9,
+                      "adam_beside_dma_params_per_s": 2.5e9, "dma_alone_bytes_per_s_each_way": 50e9,
+                      "dma_beside_adam_bytes_per_s_each_way": beside_dma}]}
+run = {"U_g": 130e9, "D_c": 400e9}
+cal = {"U_g": 120e9, "D_c": 450e9}
+r = h.probe_rates(bench(40e9), 15, run, cal)
+want = {"U_c": 4e9, "U_c_dma": 2.5e9, "U_g": 130e9, "D_c": 450e9, "B_h2d": 50e9, "B_d2h": 50e9, "link_share": 1.28}
+assert set(r) == set(want) and all(abs(r[k] - want[k]) <= 1e-12 * want[k] for k in want), r
+assert abs(h.probe_rates(bench(55e9), 15, run, cal)["link_share"] - 1.6) < 1e-12   # (1.1 / 0.625) capped at 1.6
+assert abs(h.probe_rates(bench(1e9), 15, run, cal)["link_share"] - 1 / 16) < 1e-12  # 0.032 raised to 1/16
+for b, t, why in ((bench(40e9), 7, "no row for a team of 7"), (bench(40e9, ring=1 << 20), 15, "no row for a team of 15"),
+                  (bench(0.0), 15, "no positive dma_beside_adam_bytes_per_s_each_way")):
+    try:
+        h.probe_rates(b, t, run, cal)
+        raise SystemExit(f"FAIL: probe_rates accepted a probe with {why}")
+    except ValueError as e:
+        assert why in str(e), e
+print("ok: the probe's rates, worked out by hand")
+PY
+# Then the whole path, with stand-ins: a dos-train whose reports give made-up model rates (a run on
+# a machine without a GPU has none), a dos-bench that prints the row above for the team asked for.
+# The bound must be the one dos-train --plan-only gives for those rates typed as numbers, and each
+# run's percentage that bound over its median.
+cat > "$out/rates-dos-train" <<SH
+#!/usr/bin/env bash
+"$dos_train" "\$@" || exit \$?
+for ((i = 1; i < \$#; i++)); do
+  if [ "\${!i}" = --report ]; then j=\$((i + 1)); rep=\${!j}; fi
+done
+[[ " \$* " == *" --plan-only "* ]] || python3 - "\$rep" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+d["rates"] = {"U_c": 3e9, "U_c_dma": 2e9, "U_g": 130e9, "D_c": 400e9, "B_h2d": 45e9, "B_d2h": 45e9, "link_share": 1.0}
+d["calibrated_rates"] = dict(d["rates"], U_g=120e9, D_c=450e9)
+json.dump(d, open(sys.argv[1], "w"))
+PY
+SH
+cat > "$out/fake-bench" <<'SH'
+#!/usr/bin/env bash
+[ "$1" = host ] && [ "$2" = --threads ] || { echo "fake-bench: unexpected arguments $*" >&2; exit 9; }
+echo "{\"runs\": [{\"threads\": $3, \"dma_ring_bytes\": 0, \"adam_alone_params_per_s\": 4e9,
+  \"adam_beside_dma_params_per_s\": 2.5e9, \"dma_alone_bytes_per_s_each_way\": 50e9,
+  \"dma_beside_adam_bytes_per_s_each_way\": 40e9}]}"
+SH
+chmod +x "$out/rates-dos-train" "$out/fake-bench"
+ptiny=(--preset tiny --iterations 2 --subgroup-size 100000 --device host)
+python3 "$compare" --dos-train "$out/rates-dos-train" --policies dos,cpu --host-bench "$out/fake-bench" \
+  --out "$out/probe" -- "${ptiny[@]}" > "$out/probe.txt" 2>&1 || {
+  cat "$out/probe.txt"; echo "FAIL: dos-compare --host-bench exited with $?"; exit 1; }
+"$dos_train" --plan-only --policy dos --rates 4,2.5,130,450,50,50,1.28 --report "$out/probe-direct.json" "${ptiny[@]}" \
+  > "$out/probe-direct.txt" 2>&1 || { cat "$out/probe-direct.txt"; echo "FAIL: dos-train --plan-only --rates"; exit 1; }
+python3 - "$out/probe/compare.json" "$out/probe-direct.json" "$out/probe.txt" <<'PY' || { cat "$out/probe.txt"; exit 1; }
+import json, sys
+d, direct, text = json.load(open(sys.argv[1])), json.load(open(sys.argv[2])), open(sys.argv[3]).read()
+want = direct["lower_bound_seconds"]
+assert want > 0 and d["probe"] and d["probe"]["from"] == "run dos", d["probe"]
+got = d["probe"]["bounds"][""]
+assert abs(got - want) <= 1e-9 * want, (got, want)
+for row in d["rows"]:
+    assert abs(row["percent_of_probe_bound"] - 100 * want / row["update_seconds"]) < 1e-9, row
+assert "lower bound at the rates dos-bench host measured here: " in text and "link_share 1.280" in text, text
+print(f"ok: --host-bench's bound ({got:.6f} s) is dos-train --plan-only's at the probe's rates")
+PY
+[ $? = 0 ] || exit 1
+# A probe that cannot run (here: no run has the model's rates, or the bench fails) is said, not hidden.
+python3 "$compare" --dos-train "$dos_train" --policies cpu --host-bench "$out/fake-bench-missing" \
+  --out "$out/probe-none" -- "${ptiny[@]}" > "$out/probe-none.txt" 2>&1 || {
+  cat "$out/probe-none.txt"; echo "FAIL: dos-compare --host-bench without rates exited with $?"; exit 1; }
+grep -q "WARNING: --host-bench: no run reported the model's rates" "$out/probe-none.txt" || {
+  cat "$out/probe-none.txt"; echo "FAIL: no warning for a --host-bench without rates"; exit 1; }
+python3 "$compare" --dos-train "$out/rates-dos-train" --policies dos --host-bench "$out/fake-bench-missing" \
+  --out "$out/probe-fail" -- "${ptiny[@]}" > "$out/probe-fail.txt" 2>&1 || {
+  cat "$out/probe-fail.txt"; echo "FAIL: dos-compare with a --host-bench that cannot run exited with $?"; exit 1; }
+grep -q "WARNING: --host-bench: cannot run .*fake-bench-missing" "$out/probe-fail.txt" || {
+  cat "$out/probe-fail.txt"; echo "FAIL: no warning for a --host-bench that cannot run"; exit 1; }
+echo "ok: a --host-bench without rates or without a bench: said"
+
 # Bad arguments: exit status 2 and a message naming the problem, nothing run
 refused() {  # refused 'expected message' ARGS...
   local want=$1; shift

@@ -138,7 +138,11 @@ struct RunFacts {
 };
 
 /// The --report JSON: the run's facts, the runtime's set-up, the iterations' rows, the sweep, and
-/// for a main run the summary (with --emulate-compute, the compute medians too).
+/// for a main run the summary (with --emulate-compute, the compute medians too). With a plan that
+/// uses the model's rates (dos, static:R, greedy): "rates", those after the last step's refinement,
+/// and "calibrated_rates", those it started from, each with U_c, U_c_dma, U_g, D_c (params/s),
+/// B_h2d, B_d2h (bytes/s) and link_share, as the rates cache's file writes them (--rates FILE
+/// reads such an object).
 nlohmann::ordered_json report_json(const RunFacts& f, const dos::Runtime& rt, const dos::Optimizer& opt,
                                    const IterationLog& log, const nlohmann::ordered_json& sweep,
                                    const Summary* summary, const ComputeEmulator* compute);

@@ -48,7 +48,9 @@ Runs:
                                  alone and side by side with dos-bench host (PATH, default
                                  build/bench/dos-bench), and give each run its percentage of the
                                  lower bound at those rates too (examples/host_probe.py): a yardstick
-                                 that the run's own refinement does not move. Needs a run that
+                                 that the run's own refinement does not move; and the speedups of dos
+                                 that a phase at that bound would give (the most any plan that keeps
+                                 the state in host memory reaches on this machine). Needs a run that
                                  reports the model's rates (dos, static:R, greedy) and a GPU; else
                                  a WARNING says why there is none
 
@@ -629,6 +631,17 @@ def main(argv=None):
     if ratios:
         lines.append("\nspeedups of dos (other's seconds / dos's seconds): " +
                      ", ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}" for k, v in ratios.items()))
+    # what a phase at the probe's bound would give against the same others: the most any plan that
+    # keeps the state in host memory reaches on this machine
+    at_bound = {}
+    pb = (probe or {}).get("bounds", {})
+    if dos_row and pb.get(""):
+        for k, v in ratios.items():
+            if isinstance(v, float) and "@" not in k:
+                at_bound[k] = v * dos_row["update_seconds"] / pb[""]
+    if at_bound:
+        lines.append("the same speedups for a phase at the lower bound of dos-bench host's rates: " +
+                     ", ".join(f"{k} {v:.2f}" for k, v in at_bound.items()))
     for label, why in skipped.items():
         notes.insert(0, f"run {label} skipped: {why}")
     if baseline_error:
@@ -645,7 +658,7 @@ def main(argv=None):
         f.write(text + "\n")
     with open(os.path.join(a.out, "compare.json"), "w") as f:
         json.dump({"rows": rows, "baselines": brows, "baseline_results": baselines, "peers": peers,
-                   "peer_runs": peer_runs, "ratios": ratios, "probe": probe,
+                   "peer_runs": peer_runs, "ratios": ratios, "probe": probe, "ratios_at_probe_bound": at_bound,
                    "failed": failed, "skipped": skipped, "notes": notes, "repeats": a.repeats,
                    "timeline": bool(timeline_path),
                    "dos_train_args": a.train_args}, f, indent=2)

@@ -216,6 +216,9 @@ assert abs(got - want) <= 1e-9 * want, (got, want)
 for row in d["rows"]:
     assert abs(row["percent_of_probe_bound"] - 100 * want / row["update_seconds"]) < 1e-9, row
 assert "lower bound at the rates dos-bench host measured here: " in text and "link_share 1.280" in text, text
+rows = {r["label"]: r for r in d["rows"]}
+ab = d["ratios_at_probe_bound"]["dos_vs_cpu"]
+assert abs(ab - rows["cpu"]["update_seconds"] / want) <= 1e-9 * ab, (ab, rows["cpu"]["update_seconds"], want)
 print(f"ok: --host-bench's bound ({got:.6f} s) is dos-train --plan-only's at the probe's rates")
 PY
 [ $? = 0 ] || exit 1

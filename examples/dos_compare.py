@@ -49,8 +49,9 @@ Runs:
                                  build/bench/dos-bench), and give each run its percentage of the
                                  lower bound at those rates too (examples/host_probe.py): a yardstick
                                  that the run's own refinement does not move; and the speedups of dos
-                                 that a phase at that bound would give (the most any plan that keeps
-                                 the state in host memory reaches on this machine). Needs a run that
+                                 that a phase at that bound would give (the model's bound at the
+                                 probe's rates: no plan in the model does better). --run rows get
+                                 no share of it (their arguments may change the bound). Needs a run that
                                  reports the model's rates (dos, static:R, greedy) and a GPU; else
                                  a WARNING says why there is none
 
@@ -152,6 +153,7 @@ def parse_args(argv):
     a.default_policies = a.policies is None
     policies = DEFAULT_POLICIES if a.policies is None else a.policies
     a.runs = [(p.strip(), ["--policy", p.strip()]) for p in policies.split(",") if p.strip()]
+    a.custom_labels = {r.partition("=")[0].strip() for r in a.run}
     for r in a.run:
         label, eq, args = r.partition("=")
         if not eq or not label.strip() or "--policy" not in args:
@@ -203,8 +205,9 @@ def measure_probe(a, runs, order, notes):
     """--host-bench: dos-bench host's rates (host_probe.probe_rates) and the lower bound at them for
     no resident budget and each of --resident-budgets, from the first run in ``order`` whose report
     has the model's rates. Returns {"rates": rates dict, "from": "run LABEL", "bounds": {budget
-    text ("" for none, when a run has no resident budget): seconds}}, or None with a WARNING
-    appended to ``notes`` saying why."""
+    text ("" for none, when a run has no resident budget): seconds}, "notes": what the model could
+    not hold of the probe's figures}, or None with a WARNING appended to ``notes`` saying why.
+    Runs from --run get no share of it (their own arguments may change the workload's bound)."""
     src = next((l for l in order if l in runs and "rates" in runs[l]["reports"][0]), None)
     if src is None:
         notes.append("WARNING: --host-bench: no run reported the model's rates (a dos, static:R or greedy run with a "
@@ -220,10 +223,11 @@ def measure_probe(a, runs, order, notes):
         notes.append(f"WARNING: --host-bench: {why}: no lower bound at its rates")
         return None
     try:
-        rates = host_probe.probe_rates(bench, r["cpu_threads"], r["rates"], r["calibrated_rates"])
+        rates, held = host_probe.probe_rates(bench, r["cpu_threads"], r["rates"], r["calibrated_rates"])
     except ValueError as e:
         notes.append(f"WARNING: --host-bench: {e}: no lower bound at its rates")
         return None
+    notes.extend(f"WARNING: --host-bench: {n}" for n in held)
     bounds = {}
     none = [""] if any(runs[l]["budget"] is None for l in order if l in runs) else []
     for text in none + [t for t, _ in a.budgets]:
@@ -233,9 +237,11 @@ def measure_probe(a, runs, order, notes):
             notes.append(f"WARNING: --host-bench: {why}")
         else:
             bounds[text] = b
+    if not bounds:
+        return None
     print(f"dos-compare: lower bound at dos-bench host's rates: "
           + ", ".join(f"{t or 'no resident budget'} {b:.4f} s" for t, b in bounds.items()), flush=True)
-    return {"rates": rates, "from": f"run {src}", "bounds": bounds}
+    return {"rates": rates, "from": f"run {src}", "bounds": bounds, "notes": held}
 
 
 def median_of(values):
@@ -508,9 +514,13 @@ def main(argv=None):
             if warn:
                 notes.append(warn)
         pb = (probe or {}).get("bounds", {}).get(budget or "")
-        if pb and not row["overlapped"]:
+        if pb and not row["overlapped"] and label not in a.custom_labels:
             row["probe_lower_bound_seconds"] = pb
             row["percent_of_probe_bound"] = 100.0 * pb / med
+            if pb > med:
+                notes.append(f"WARNING: {label}: its phase ({med:.4f} s) is faster than the lower bound at dos-bench "
+                             f"host's rates ({pb:.4f} s): the probe or the run's U_g and D_c underestimated a rate; "
+                             f"its % of that bound is no fraction of a bound")
         if a.check_params and "cpu" in runs and label != "cpu" and e["params"] and runs["cpu"]["params"]:
             row["params_vs_cpu"] = compare_params(a, runs["cpu"]["params"], e["params"])
         rows.append(row)
@@ -631,8 +641,7 @@ def main(argv=None):
     if ratios:
         lines.append("\nspeedups of dos (other's seconds / dos's seconds): " +
                      ", ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}" for k, v in ratios.items()))
-    # what a phase at the probe's bound would give against the same others: the most any plan that
-    # keeps the state in host memory reaches on this machine
+    # what a phase at the model's bound for the probe's rates would give against the same others
     at_bound = {}
     pb = (probe or {}).get("bounds", {})
     if dos_row and pb.get(""):

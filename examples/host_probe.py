@@ -14,53 +14,91 @@ From one ``dos-bench host`` row (one OpenMP team of T threads, T the run's CPU t
   U_c_dma  = CPU Adam beside the DMA, params/s (at most U_c)
   B_h2d = B_d2h = the DMA alone, bytes/s each way (both directions at once)
   link_share = (DMA beside Adam / DMA alone) / (U_c_dma / U_c), kept in [1/16, U_c / U_c_dma]
-               (the bounds the model tells apart, resource_model.h, highest_link_share)
+               (the lowest the refinement keeps, models/refinement.h, and the highest the model
+               tells apart, resource_model.h, highest_link_share)
 so that the model's host memory, M = U_c_dma / U_c x (U_c x bytes + link_share x 2 B), is what
 the probe measured CPU Adam and the DMA to move together (host_bandwidth). U_g and D_c: the higher
 of the run's calibrated and refined ones, as the run's own bound takes them.
+
+Where the model cannot hold the probe's figure, the notes say so: link_share kept in its range, or
+the probe's total below what CPU Adam or the DMA moved alone (the model never takes host memory
+below either, host_bandwidth): the bound is then lower than the probe's rates allow. The probe's
+state and DMA buffers are 4 KiB pages, registered with CUDA (bench/host_bench.h); the runs' host
+memory is what their allocator gives.
 """
 import json
+import math
 import os
 import subprocess
 
 # the lowest link_share the model's refinement keeps (models/refinement.h)
 LOWEST_LINK_SHARE = 1.0 / 16
+# seconds a probe or a --plan-only run may take before it counts as failed
+BENCH_TIMEOUT_S = 900
+PLAN_TIMEOUT_S = 300
 
 
 def probe_rates(bench, threads, run_rates, run_calibrated):
-    """The model's rates at the probe's figures (module docstring): a dict with U_c, U_c_dma, U_g,
-    D_c (params/s), B_h2d, B_d2h (bytes/s) and link_share, as a rates file holds them.
+    """The model's rates at the probe's figures (module docstring), and notes on what the model could
+    not hold: (rates, notes). rates: a dict with U_c, U_c_dma, U_g, D_c (params/s), B_h2d, B_d2h
+    (bytes/s) and link_share, as a rates file holds them; notes: a list of strings.
 
-    bench: ``dos-bench host --json``'s object (its "runs"); threads: the team size whose row is
-    taken (the run's CPU threads); run_rates, run_calibrated: the run's report's "rates" and
-    "calibrated_rates" (same keys). Raises ValueError when the probe has no row for that team over
-    1 GiB buffers (dma_ring_bytes 0), or a figure in it is not a positive number."""
-    rows = [r for r in bench.get("runs", []) if r.get("threads") == threads and not r.get("dma_ring_bytes")]
+    bench: ``dos-bench host --json``'s object (its "runs", and "bytes_per_param", CPU Adam's host
+    bytes per parameter, 28 when absent); threads: the team size whose row is taken (the run's CPU
+    threads); run_rates, run_calibrated: the run's report's "rates" and "calibrated_rates" (same
+    keys). Raises ValueError when the probe's object is not of that shape, has no row for that team
+    over 1 GiB buffers (dma_ring_bytes 0), or a figure in it or a U_g or D_c is not a positive
+    finite number."""
+    def positive(x):
+        return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
+
+    runs = bench.get("runs") if isinstance(bench, dict) else None
+    if not isinstance(runs, list) or not all(isinstance(r, dict) for r in runs):
+        raise ValueError("dos-bench host's JSON has no list of rows ('runs')")
+    rows = [r for r in runs if r.get("threads") == threads and not r.get("dma_ring_bytes")]
     if not rows:
         raise ValueError(f"dos-bench host has no row for a team of {threads} threads over 1 GiB DMA buffers")
     r = rows[0]
     keys = ("adam_alone_params_per_s", "adam_beside_dma_params_per_s", "dma_alone_bytes_per_s_each_way",
             "dma_beside_adam_bytes_per_s_each_way")
-    bad = [k for k in keys if not (isinstance(r.get(k), (int, float)) and r[k] > 0)]
+    bad = [k for k in keys if not positive(r.get(k))]
     if bad:
         raise ValueError(f"dos-bench host's row for {threads} threads has no positive {', '.join(bad)}")
+    gpu = {}
+    for k in ("U_g", "D_c"):
+        vals = [x.get(k) if isinstance(x, dict) else None for x in (run_rates, run_calibrated)]
+        if not all(positive(v) for v in vals):
+            raise ValueError(f"the run's report has no positive {k} in its rates")
+        gpu[k] = max(vals)
     u_alone, u_beside, b_alone, b_beside = (float(r[k]) for k in keys)
     u_dma = min(u_beside, u_alone)
-    share = (b_beside / b_alone) / (u_dma / u_alone)
-    share = min(max(share, LOWEST_LINK_SHARE), u_alone / u_dma)
-    return {"U_c": u_alone, "U_c_dma": u_dma,
-            "U_g": max(run_rates["U_g"], run_calibrated["U_g"]), "D_c": max(run_rates["D_c"], run_calibrated["D_c"]),
-            "B_h2d": b_alone, "B_d2h": b_alone, "link_share": share}
+    measured = (b_beside / b_alone) / (u_dma / u_alone)
+    share = min(max(measured, LOWEST_LINK_SHARE), u_alone / u_dma)
+    notes = []
+    if share != measured:
+        notes.append(f"the probe's link_share {measured:.3g} is outside what the model tells apart, "
+                     f"[{LOWEST_LINK_SHARE:.3g}, {u_alone / u_dma:.3g}]: {share:.3g} taken")
+    bpp = bench.get("bytes_per_param", 28)
+    bpp = float(bpp) if positive(bpp) else 28.0
+    together = u_dma * bpp + 2 * b_beside
+    floor = max(u_alone * bpp, 2 * b_alone)
+    if together < floor:
+        notes.append(f"the probe's CPU Adam and DMA moved {together / 1e9:.1f} GB/s together, less than "
+                     f"{floor / 1e9:.1f} GB/s for one of them alone; the model never takes host memory below "
+                     f"that, so this bound is lower than the probe's rates allow")
+    return ({"U_c": u_alone, "U_c_dma": u_dma, "U_g": gpu["U_g"], "D_c": gpu["D_c"],
+             "B_h2d": b_alone, "B_d2h": b_alone, "link_share": share}, notes)
 
 
 def run_bench(bench_path, threads, out_dir):
-    """Runs ``BENCH host --threads T --pages 4k --reps 3 --json``; returns (its JSON object, None) or
-    (None, why it gave none). Its output is kept in OUT_DIR/host-bench.log."""
+    """Runs ``BENCH host --threads T --pages 4k --reps 3 --json`` (at most BENCH_TIMEOUT_S seconds);
+    returns (its JSON object, None) or (None, why it gave none). Its output is kept in
+    OUT_DIR/host-bench.log."""
     log = os.path.join(out_dir, "host-bench.log")
     cmd = [bench_path, "host", "--threads", str(threads), "--pages", "4k", "--reps", "3", "--json"]
     try:
-        p = subprocess.run(cmd, capture_output=True, text=True)
-    except OSError as e:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=BENCH_TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired) as e:
         return None, f"cannot run {bench_path}: {e}"
     with open(log, "w") as f:
         f.write("$ " + " ".join(cmd) + "\n" + p.stdout + p.stderr)
@@ -76,24 +114,32 @@ def run_bench(bench_path, threads, out_dir):
 def bound_at(dos_train, train_args, rates, out_dir, tag, budget=None):
     """The lower bound of the workload that ``train_args`` (dos-train's arguments) describe, at
     ``rates`` (probe_rates' dict), seconds: ``dos-train --plan-only --policy dos --rates FILE``
-    (with --gpu-resident-budget BUDGET when given). Writes OUT_DIR/probe-rates.json (the rates file)
-    and OUT_DIR/probe-bound-TAG.json/.log (the plan's report and output). Returns (seconds, None)
-    or (None, why there is none)."""
+    (with --gpu-resident-budget BUDGET when given; at most PLAN_TIMEOUT_S seconds). Writes
+    OUT_DIR/probe-rates.json (the rates file) and OUT_DIR/probe-bound-TAG.json/.log (the plan's
+    report and output). Returns (seconds, None) or (None, why there is none)."""
     rates_file = os.path.join(out_dir, "probe-rates.json")
     with open(rates_file, "w") as f:
         json.dump(rates, f, indent=2)
     report, log = (os.path.join(out_dir, f"probe-bound-{tag}.{x}") for x in ("json", "log"))
     cmd = ([dos_train, "--plan-only", "--policy", "dos", "--rates", rates_file, "--report", report]
            + (["--gpu-resident-budget", budget] if budget else []) + list(train_args))
+    if os.path.exists(report):
+        os.remove(report)  # an earlier invocation's report is not this one's
     with open(log, "w") as f:
         f.write("$ " + " ".join(cmd) + "\n")
         f.flush()
-        rc = subprocess.call(cmd, stdout=f, stderr=subprocess.STDOUT)
+        try:
+            rc = subprocess.call(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=PLAN_TIMEOUT_S)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            return None, f"dos-train --plan-only at the probe's rates did not run ({e}; see {log})"
     if rc != 0:
         return None, f"dos-train --plan-only at the probe's rates failed (exit status {rc}; see {log})"
-    with open(report) as f:
-        bound = json.load(f).get("lower_bound_seconds")
-    if not (isinstance(bound, (int, float)) and bound > 0):
+    try:
+        with open(report) as f:
+            bound = json.load(f).get("lower_bound_seconds")
+    except (OSError, ValueError, AttributeError) as e:
+        return None, f"dos-train --plan-only at the probe's rates wrote no readable report ({e}; see {log})"
+    if not (isinstance(bound, (int, float)) and math.isfinite(bound) and bound > 0):
         return None, f"dos-train --plan-only at the probe's rates reported no lower bound (see {report})"
     return float(bound), None
 

@@ -160,18 +160,29 @@ def bench(beside_dma, threads=15, ring=0):
                       "dma_beside_adam_bytes_per_s_each_way": beside_dma}]}
 run = {"U_g": 130e9, "D_c": 400e9}
 cal = {"U_g": 120e9, "D_c": 450e9}
-r = h.probe_rates(bench(40e9), 15, run, cal)
+r, notes = h.probe_rates(bench(40e9), 15, run, cal)
 want = {"U_c": 4e9, "U_c_dma": 2.5e9, "U_g": 130e9, "D_c": 450e9, "B_h2d": 50e9, "B_d2h": 50e9, "link_share": 1.28}
 assert set(r) == set(want) and all(abs(r[k] - want[k]) <= 1e-12 * want[k] for k in want), r
-assert abs(h.probe_rates(bench(55e9), 15, run, cal)["link_share"] - 1.6) < 1e-12   # (1.1 / 0.625) capped at 1.6
-assert abs(h.probe_rates(bench(1e9), 15, run, cal)["link_share"] - 1 / 16) < 1e-12  # 0.032 raised to 1/16
+assert notes == [], notes  # 2.5e9 x 28 + 2 x 40e9 = 150 GB/s together, above 112 (Adam alone) and 100 (DMA alone)
+r, notes = h.probe_rates(bench(55e9), 15, run, cal)  # (1.1 / 0.625) capped at 1.6, and said
+assert abs(r["link_share"] - 1.6) < 1e-12 and len(notes) == 1 and "outside what the model tells apart" in notes[0], notes
+r, notes = h.probe_rates(bench(1e9), 15, run, cal)  # 0.032 raised to 1/16; 72 GB/s together, below 112 alone
+assert abs(r["link_share"] - 1 / 16) < 1e-12, r
+assert len(notes) == 2 and "lower than the probe's rates allow" in notes[1], notes
 for b, t, why in ((bench(40e9), 7, "no row for a team of 7"), (bench(40e9, ring=1 << 20), 15, "no row for a team of 15"),
-                  (bench(0.0), 15, "no positive dma_beside_adam_bytes_per_s_each_way")):
+                  (bench(0.0), 15, "no positive dma_beside_adam_bytes_per_s_each_way"),
+                  (bench(float("inf")), 15, "no positive dma_beside_adam_bytes_per_s_each_way"),
+                  ({"runs": 5}, 15, "no list of rows"), ({"runs": [1]}, 15, "no list of rows"), ([], 15, "no list of rows")):
     try:
         h.probe_rates(b, t, run, cal)
         raise SystemExit(f"FAIL: probe_rates accepted a probe with {why}")
     except ValueError as e:
         assert why in str(e), e
+try:
+    h.probe_rates(bench(40e9), 15, {"U_g": 130e9}, cal)
+    raise SystemExit("FAIL: probe_rates accepted a run without D_c")
+except ValueError as e:
+    assert "no positive D_c" in str(e), e
 print("ok: the probe's rates, worked out by hand")
 PY
 # Then the whole path, with stand-ins: a dos-train whose reports give made-up model rates (a run on
@@ -202,19 +213,29 @@ SH
 chmod +x "$out/rates-dos-train" "$out/fake-bench"
 ptiny=(--preset tiny --iterations 2 --subgroup-size 100000 --device host)
 python3 "$compare" --dos-train "$out/rates-dos-train" --policies dos,cpu --host-bench "$out/fake-bench" \
+  --resident-budgets 2.5MB --run "custom=--policy dos --gpu-update-budget 2MB" \
   --out "$out/probe" -- "${ptiny[@]}" > "$out/probe.txt" 2>&1 || {
   cat "$out/probe.txt"; echo "FAIL: dos-compare --host-bench exited with $?"; exit 1; }
-"$dos_train" --plan-only --policy dos --rates 4,2.5,130,450,50,50,1.28 --report "$out/probe-direct.json" "${ptiny[@]}" \
-  > "$out/probe-direct.txt" 2>&1 || { cat "$out/probe-direct.txt"; echo "FAIL: dos-train --plan-only --rates"; exit 1; }
-python3 - "$out/probe/compare.json" "$out/probe-direct.json" "$out/probe.txt" <<'PY' || { cat "$out/probe.txt"; exit 1; }
+for b in "" 2.5MB; do
+  "$dos_train" --plan-only --policy dos --rates 4,2.5,130,450,50,50,1.28 --report "$out/probe-direct$b.json" \
+    ${b:+--gpu-resident-budget $b} "${ptiny[@]}" > "$out/probe-direct.txt" 2>&1 || {
+    cat "$out/probe-direct.txt"; echo "FAIL: dos-train --plan-only --rates ($b)"; exit 1; }
+done
+python3 - "$out/probe/compare.json" "$out/probe-direct.json" "$out/probe.txt" "$out/probe-direct2.5MB.json" <<'PY' || { cat "$out/probe.txt"; exit 1; }
 import json, sys
 d, direct, text = json.load(open(sys.argv[1])), json.load(open(sys.argv[2])), open(sys.argv[3]).read()
 want = direct["lower_bound_seconds"]
+want_b = json.load(open(sys.argv[4]))["lower_bound_seconds"]
 assert want > 0 and d["probe"] and d["probe"]["from"] == "run dos", d["probe"]
-got = d["probe"]["bounds"][""]
+got, got_b = d["probe"]["bounds"][""], d["probe"]["bounds"]["2.5MB"]
 assert abs(got - want) <= 1e-9 * want, (got, want)
+assert abs(got_b - want_b) <= 1e-9 * want_b and abs(want_b - want) > 1e-6 * want, (got_b, want_b, want)
 for row in d["rows"]:
-    assert abs(row["percent_of_probe_bound"] - 100 * want / row["update_seconds"]) < 1e-9, row
+    if row["label"] == "custom":  # its own arguments: no share of the probe's bound
+        assert "percent_of_probe_bound" not in row, row
+        continue
+    w = want_b if row["resident_budget"] == "2.5MB" else want
+    assert abs(row["percent_of_probe_bound"] - 100 * w / row["update_seconds"]) < 1e-9, row
 assert "lower bound at the rates dos-bench host measured here: " in text and "link_share 1.280" in text, text
 rows = {r["label"]: r for r in d["rows"]}
 ab = d["ratios_at_probe_bound"]["dos_vs_cpu"]
@@ -233,7 +254,15 @@ python3 "$compare" --dos-train "$out/rates-dos-train" --policies dos --host-benc
   cat "$out/probe-fail.txt"; echo "FAIL: dos-compare with a --host-bench that cannot run exited with $?"; exit 1; }
 grep -q "WARNING: --host-bench: cannot run .*fake-bench-missing" "$out/probe-fail.txt" || {
   cat "$out/probe-fail.txt"; echo "FAIL: no warning for a --host-bench that cannot run"; exit 1; }
-echo "ok: a --host-bench without rates or without a bench: said"
+printf '#!/usr/bin/env bash\necho "stand-in: no usable GPU" >&2; exit 3\n' > "$out/fake-bench-fails"
+chmod +x "$out/fake-bench-fails"
+python3 "$compare" --dos-train "$out/rates-dos-train" --policies dos --host-bench "$out/fake-bench-fails" \
+  --out "$out/probe-fail2" -- "${ptiny[@]}" > "$out/probe-fail2.txt" 2>&1 || {
+  cat "$out/probe-fail2.txt"; echo "FAIL: dos-compare with a failing --host-bench exited with $?"; exit 1; }
+grep -q "WARNING: --host-bench: dos-bench host failed (stand-in: no usable GPU" "$out/probe-fail2.txt" &&
+  [ -s "$out/probe-fail2/compare.md" ] || {
+  cat "$out/probe-fail2.txt"; echo "FAIL: no warning, or no table, with a failing --host-bench"; exit 1; }
+echo "ok: a --host-bench without rates, without a bench or with a failing one: said, the table written"
 
 # Bad arguments: exit status 2 and a message naming the problem, nothing run
 refused() {  # refused 'expected message' ARGS...

@@ -141,6 +141,12 @@ int main(int argc, char** argv) {
                  "host: the DMA loop's host memory, one measurement each: 0 for 1 GiB per direction in 64 MiB "
                  "copies, N for one N MiB ring both directions share in copies of N/4 MiB")
       ->capture_default_str();
+  std::vector<std::string> dma_directions = {"both"};
+  app.add_option("--dma-directions", dma_directions,
+                 "host: the DMA loop's directions, one measurement each: both (full duplex), h2d or d2h (that "
+                 "direction alone, as a phase's state write-backs run once its uploads are done)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"both", "h2d", "d2h"}));
   CLI11_PARSE(app, argc, argv);
   if (sub == "host") {
     dos_bench::HostOptions ho;
@@ -165,6 +171,7 @@ int main(int argc, char** argv) {
       return 1;
     }
     ho.dma_seconds = dma_seconds;
+    ho.dma_directions = dma_directions;
     if (dma_seconds > 0 && app.count("--dma-ring-mib") > 0) {
       std::fprintf(stderr, "dos-bench host: --dma-seconds runs the DMA loop over 1 GiB buffers only: leave out "
                            "--dma-ring-mib\n");

@@ -103,24 +103,28 @@ std::string read_line(const char* path) {
   return s.empty() ? "(unreadable)" : s;
 }
 
-/// Full-duplex copies between two pinned host buffers and the device: one thread per direction
-/// (both on the DMA core, blocking on events), each keeping two copies in flight on its own stream,
+/// Copies between two pinned host buffers and the device, both directions at once (full duplex) or
+/// one of them (dirs: 1 host to device, 2 device to host, 3 both): one thread per direction that
+/// runs (both on the DMA core, blocking on events), each keeping two copies in flight on its own stream,
 /// cycling through the first `span` bytes of its buffer (all of it when span is 0; a buffer may be
-/// larger than asked, rounded up to whole pages) from its start, until stopped. completed() counts the copies done (both directions), so that any interval's
+/// larger than asked, rounded up to whole pages) from its start, until stopped. completed() counts the copies done (every direction that runs), so that any interval's
 /// rate is the difference of two readings; a failed CUDA call stops the loop and is kept in error.
 struct DmaLoop {
   const Buffer &up_host, &down_host;
   void *dev_up = nullptr, *dev_down = nullptr;
   std::size_t chunk, span;
   int core;
+  int dirs;  // 1: host to device, 2: device to host, 3: both
   std::atomic<bool> stop{false};
   std::atomic<std::size_t> done{0};
   std::atomic<int> error{0};  // the first failed call's cudaError_t
   std::thread th[2];
-  DmaLoop(const Buffer& up, const Buffer& down, std::size_t chunk_bytes, int core_, std::size_t span_bytes = 0)
-      : up_host(up), down_host(down), chunk(chunk_bytes), span(span_bytes), core(core_) {}
+  DmaLoop(const Buffer& up, const Buffer& down, std::size_t chunk_bytes, int core_, std::size_t span_bytes = 0,
+          int dirs_ = 3)
+      : up_host(up), down_host(down), chunk(chunk_bytes), span(span_bytes), core(core_), dirs(dirs_) {}
   ~DmaLoop() { finish(); }
-  /// Starts both threads; false (the error kept) when the device buffers cannot be allocated.
+  /// Starts the threads of the directions that run; false (the error kept) when the device buffers
+  /// cannot be allocated.
   bool start() {
     cudaError_t e = cudaMalloc(&dev_up, up_host.bytes);
     if (e == cudaSuccess) e = cudaMalloc(&dev_down, down_host.bytes);
@@ -128,7 +132,8 @@ struct DmaLoop {
       error = int(e);
       return false;
     }
-    for (int d = 0; d < 2; ++d) th[d] = std::thread([this, d] { run(d); });
+    for (int d = 0; d < 2; ++d)
+      if (dirs & (1 << d)) th[d] = std::thread([this, d] { run(d); });
     return true;
   }
   bool ok(cudaError_t e) {
@@ -166,11 +171,14 @@ struct DmaLoop {
     for (auto& e : ev)
       if (e) cudaEventDestroy(e);
   }
-  /// Copies completed so far, both directions together.
+  /// Copies completed so far, every direction that runs together.
   std::size_t completed() const { return done.load(); }
-  /// Bytes per second each way (the mean of the two directions) between two readings of completed().
+  /// The directions that run (1 or 2).
+  int directions() const { return (dirs & 1) + ((dirs >> 1) & 1); }
+  /// Bytes per second per direction that runs (with both, the mean of the two) between two readings
+  /// of completed().
   double rate(std::size_t c0, double t0, std::size_t c1, double t1) const {
-    return double(c1 - c0) / 2 * double(chunk) / (t1 - t0);
+    return double(c1 - c0) / directions() * double(chunk) / (t1 - t0);
   }
   void finish() {
     stop = true;
@@ -188,9 +196,21 @@ struct DmaLoop {
   }
 };
 
+/// DmaLoop's directions for a --dma-directions value: "both" 3, "h2d" 1, "d2h" 2; 0 for another.
+int direction_mask(const std::string& d) { return d == "both" ? 3 : d == "h2d" ? 1 : d == "d2h" ? 2 : 0; }
+
 }  // namespace
 
 int run_host(const HostOptions& o) {
+  if (o.dma_directions.empty()) {
+    std::fprintf(stderr, "dos-bench host: give at least one --dma-directions value (both, h2d or d2h)\n");
+    return 1;
+  }
+  for (const std::string& d : o.dma_directions)
+    if (direction_mask(d) == 0) {
+      std::fprintf(stderr, "dos-bench host: --dma-directions %s: give both, h2d or d2h\n", d.c_str());
+      return 1;
+    }
   for (std::size_t r : o.dma_rings)
     if (r != 0 && (r < (std::size_t(64) << 10) || r % (std::size_t(16) << 10) != 0)) {
       std::fprintf(stderr, "dos-bench host: a DMA ring of %zu bytes (%g MiB): give 0 or at least 64 KiB, a multiple "
@@ -217,9 +237,10 @@ int run_host(const HostOptions& o) {
       std::fprintf(stderr, "dos-bench host: cannot allocate and pin 2 GiB of host memory\n");
       return 1;
     }
-    DmaLoop dma(up, down, o.dma_bytes, cores[0]);
+    const int dirs = direction_mask(o.dma_directions.front());
+    DmaLoop dma(up, down, o.dma_bytes, cores[0], 0, dirs);
     if (!dma.start()) return dma.failed(), 1;
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));  // both threads started
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the threads started
     const double t0 = now_s();
     double t_prev = t0;
     std::size_t c_prev = dma.completed();
@@ -227,7 +248,8 @@ int run_host(const HostOptions& o) {
       std::this_thread::sleep_until(Clock::now() + std::chrono::duration<double>(t0 + t - now_s()));
       const double tn = now_s();
       const std::size_t cn = dma.completed();
-      std::printf("dma t=%6.1f s: %5.1f GB/s each way\n", t, dma.rate(c_prev, t_prev, cn, tn) / 1e9);
+      std::printf("dma t=%6.1f s: %5.1f GB/s %s\n", t, dma.rate(c_prev, t_prev, cn, tn) / 1e9,
+                  dirs == 3 ? "each way" : dirs == 1 ? "host to device" : "device to host");
       std::fflush(stdout);
       t_prev = tn;
       c_prev = cn;
@@ -285,9 +307,14 @@ int run_host(const HostOptions& o) {
           for (const auto& r : rings) b += r ? r->bytes : 0;
           return b;
         }());
-    for (std::size_t ri = 0; ri < rings.size(); ++ri) {
-      // ring 0: each direction over its own 1 GiB in copies of dma_bytes; a ring: both directions
-      // over the same buffer in copies of a quarter of it (a staging ring of four slots)
+    for (std::size_t k = 0; k < rings.size() * o.dma_directions.size(); ++k) {
+      // each ring with each set of directions; ring 0: each direction over its own 1 GiB in copies
+      // of dma_bytes; a ring: both directions over the same buffer in copies of a quarter of it (a
+      // staging ring of four slots)
+      const std::size_t ri = k / o.dma_directions.size();
+      const std::string& dir_name = o.dma_directions[k % o.dma_directions.size()];
+      const int dirs = direction_mask(dir_name);
+      const char* way = dirs == 3 ? "each way" : dirs == 1 ? "host to device only" : "device to host only";
       const std::size_t ring_bytes = o.dma_rings[ri];
       const Buffer* dma_up = rings[ri] ? rings[ri].get() : &up;
       const Buffer* dma_down = rings[ri] ? rings[ri].get() : &down;
@@ -300,7 +327,7 @@ int run_host(const HostOptions& o) {
       // DMA alone
       double dma_alone = 0;
       {
-        DmaLoop dma(*dma_up, *dma_down, copy, cores[0], rings[ri] ? ring_bytes : 0);
+        DmaLoop dma(*dma_up, *dma_down, copy, cores[0], rings[ri] ? ring_bytes : 0, dirs);
         if (!dma.start()) return dma.failed(), 1;
         std::this_thread::sleep_for(std::chrono::milliseconds(200));
         const double t0 = now_s();
@@ -311,9 +338,9 @@ int run_host(const HostOptions& o) {
         if (dma.failed()) return 1;
       }
       if (!o.json)
-        std::printf("\npages %s (%.0f%% of the buffers in huge pages), DMA %s: DMA alone %.1f GB/s each way\n%-8s %14s "
+        std::printf("\npages %s (%.0f%% of the buffers in huge pages), DMA %s, %s: DMA alone %.1f GB/s\n%-8s %14s "
                     "%14s %12s %14s %14s\n",
-                    pages.c_str(), 100 * huge_share, ring_name.c_str(), dma_alone / 1e9, "threads", "alone Gp/s", "beside Gp/s",
+                    pages.c_str(), 100 * huge_share, ring_name.c_str(), way, dma_alone / 1e9, "threads", "alone Gp/s", "beside Gp/s",
                     "DMA GB/s", "host GB/s", "alone host");
       for (int threads : o.threads) {
         omp_set_num_threads(threads);
@@ -333,7 +360,7 @@ int run_host(const HostOptions& o) {
         std::vector<double> t_alone, t_both;
         call();  // untimed: pages and caches warm
         timed(t_alone);
-        DmaLoop dma(*dma_up, *dma_down, copy, cores[0], rings[ri] ? ring_bytes : 0);
+        DmaLoop dma(*dma_up, *dma_down, copy, cores[0], rings[ri] ? ring_bytes : 0, dirs);
         if (!dma.start()) return dma.failed(), 1;
         std::this_thread::sleep_for(std::chrono::milliseconds(200));
         call();
@@ -344,10 +371,11 @@ int run_host(const HostOptions& o) {
         dma.finish();
         if (dma.failed()) return 1;
         const double u_alone = double(n) / median(t_alone), u_both = double(n) / median(t_both);
-        const double host_both = bpp * u_both + 2 * dma_both;
+        const double host_both = bpp * u_both + dma.directions() * dma_both;
         out["runs"].push_back({{"pages", pages},
                                {"huge_page_share", huge_share},
                                {"dma_ring_bytes", ring_bytes},
+                               {"dma_directions", dir_name},
                                {"threads", threads},
                                {"dma_alone_bytes_per_s_each_way", dma_alone},
                                {"adam_alone_params_per_s", u_alone},

@@ -29,16 +29,21 @@ struct HostOptions {
   std::vector<std::string> pages;
   std::size_t dma_bytes = std::size_t(64) << 20;
   std::vector<std::size_t> dma_rings = {0};
-  double dma_seconds = 0;  ///< > 0: only the DMA loop, this long, its rate printed per half second
+  /// The DMA loop's directions, one measurement each: "both" (full duplex), "h2d" or "d2h" (that
+  /// direction alone: the other's buffer stays idle). Rates are per direction that runs.
+  std::vector<std::string> dma_directions = {"both"};
+  double dma_seconds = 0;  ///< > 0: only the DMA loop (its first dma_directions), this long, its rate printed per half second
   bool json = false;
 };
 
-/// For each page backing: full-duplex DMA alone (GB/s each way), then for each team size CPU Adam
-/// alone and beside the DMA loop (Gparams/s, median of reps; the DMA's GB/s each way over the
-/// same interval), and the host traffic of both (28 B/param + both DMA directions, GB/s). Prints a
+/// For each page backing, DMA ring and set of DMA directions: the DMA alone (GB/s per direction
+/// that runs), then for each team size CPU Adam alone and beside the DMA loop (Gparams/s, median of
+/// reps; the DMA's GB/s per direction over the same interval), and the host traffic of both (28
+/// B/param + every DMA direction that runs, GB/s; JSON rows name their "dma_directions"). Prints a
 /// table or JSON. Returns 0, or 1 with a message on stderr when the build has no CUDA, there is no
 /// GPU, a team size exceeds the cores the process may use less one, or memory cannot be allocated
-/// or pinned, or a ring size is not one dma_rings allows. With dma_seconds > 0, only the DMA loop runs (on the first page kind's memory), for
+/// or pinned, or a ring size is not one dma_rings allows, or a dma_directions value is not both,
+/// h2d or d2h (or there is none). With dma_seconds > 0, only the DMA loop runs (on the first page kind's memory), for
 /// that long, its rate each way printed per half second: what another program's CPU work (run
 /// beside it) leaves to the DMA.
 int run_host(const HostOptions& o);

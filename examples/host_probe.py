@@ -55,9 +55,11 @@ def probe_rates(bench, threads, run_rates, run_calibrated):
     runs = bench.get("runs") if isinstance(bench, dict) else None
     if not isinstance(runs, list) or not all(isinstance(r, dict) for r in runs):
         raise ValueError("dos-bench host's JSON has no list of rows ('runs')")
-    rows = [r for r in runs if r.get("threads") == threads and not r.get("dma_ring_bytes")]
+    rows = [r for r in runs if r.get("threads") == threads and not r.get("dma_ring_bytes")
+            and r.get("dma_directions", "both") == "both"]
     if not rows:
-        raise ValueError(f"dos-bench host has no row for a team of {threads} threads over 1 GiB DMA buffers")
+        raise ValueError(f"dos-bench host has no row for a team of {threads} threads over 1 GiB DMA buffers, both "
+                         f"directions at once")
     r = rows[0]
     keys = ("adam_alone_params_per_s", "adam_beside_dma_params_per_s", "dma_alone_bytes_per_s_each_way",
             "dma_beside_adam_bytes_per_s_each_way")

@@ -152,7 +152,10 @@ import importlib.util, os, sys
 sys.path.insert(0, os.path.dirname(sys.argv[1]))
 import host_probe as h
 def bench(beside_dma, threads=15, ring=0):
-    return {"runs": [{"threads": 3, "dma_ring_bytes": 0, "adam_alone_params_per_s": 1.0,
+    return {"runs": [{"threads": 15, "dma_ring_bytes": 0, "dma_directions": "d2h", "adam_alone_params_per_s": 1.0,
+                      "adam_beside_dma_params_per_s": 1.0, "dma_alone_bytes_per_s_each_way": 1.0,
+                      "dma_beside_adam_bytes_per_s_each_way": 1.0},
+                     {"threads": 3, "dma_ring_bytes": 0, "adam_alone_params_per_s": 1.0,
                       "adam_beside_dma_params_per_s": 1.0, "dma_alone_bytes_per_s_each_way": 1.0,
                       "dma_beside_adam_bytes_per_s_each_way": 1.0},
                      {"threads": threads, "dma_ring_bytes": ring, "adam_alone_params_per_s": 4e9,

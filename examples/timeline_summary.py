@@ -8,7 +8,9 @@ and its PCIe byte samples (seconds, cumulative host-to-device and device-to-host
 StarPU counts when a transfer ends, plus the runtime's own copies when they end). This prints:
 
 - the phase's span (the last task's end, seconds) and, per lane, its tasks, busy seconds and busy
-  fraction of the span (tasks of one lane do not overlap: each lane is one worker or one stream);
+  fraction of the span (tasks of one lane do not overlap: each lane is one worker or one stream),
+  and its tasks' shortest, median and longest durations (ms: a CPU Adam's, over its subgroup's
+  size, is CPU Adam's rate in that phase);
 - the CPU lane's idle gaps of at least ``--gap-ms`` (default 5 ms), when each began and how long;
 - the tail: from the end of the last streamed GPU Adam (lane ``gpu``, kind ``adam``) to the end of
   the phase, its length and the tasks that ran in it, by lane and kind;
@@ -26,6 +28,7 @@ a message saying which (nothing is written).
 import argparse
 import bisect
 import json
+import statistics
 import sys
 
 
@@ -63,7 +66,8 @@ def summarize(doc, gap_ms=5.0, window_ms=50.0):
 
     doc: {"tasks": [{"lane", "what", "subgroup", "start", "end"}...], "bus": [[t, h2d, d2h]...]}
     (seconds and cumulative bytes). gap_ms, window_ms: milliseconds (> 0). Returns {"span" (s),
-    "lanes": {lane: {"tasks", "busy" (s), "fraction"}}, "cpu_gaps": [[start s, length s]...],
+    "lanes": {lane: {"tasks", "busy" (s), "fraction", "task_seconds": {"min", "median", "max"}}},
+    "cpu_gaps": [[start s, length s]...],
     "tail": {"from" (s) or None, "length" (s), "tasks": {"lane/what": count}}, "bus": {"h2d_bytes",
     "d2h_bytes", "h2d_gbps", "d2h_gbps", "windows": [[start s, h2d GB/s, d2h GB/s]...]}}.
     Raises ValueError when doc has no task list or a task lacks a field, or gap_ms / window_ms is
@@ -79,13 +83,16 @@ def summarize(doc, gap_ms=5.0, window_ms=50.0):
             if k not in t:
                 raise ValueError(f"a task has no '{k}': {t}")
     span = max((t["end"] for t in tasks), default=0.0)
-    lanes = {}
+    lanes, durations = {}, {}
     for t in tasks:
         l = lanes.setdefault(t["lane"], {"tasks": 0, "busy": 0.0})
         l["tasks"] += 1
         l["busy"] += t["end"] - t["start"]
-    for l in lanes.values():
+        durations.setdefault(t["lane"], []).append(t["end"] - t["start"])
+    for name, l in lanes.items():
         l["fraction"] = l["busy"] / span if span > 0 else 0.0
+        d = durations[name]
+        l["task_seconds"] = {"min": min(d), "median": statistics.median(d), "max": max(d)}
     gaps = []
     prev = 0.0
     for t in sorted((t for t in tasks if t["lane"] == "cpu"), key=lambda t: t["start"]):
@@ -119,7 +126,9 @@ def render(s):
     lines = [f"phase: {s['span']:.4f} s"]
     for name in sorted(s["lanes"]):
         l = s["lanes"][name]
-        lines.append(f"  lane {name}: {l['tasks']} tasks, busy {l['busy']:.4f} s ({100 * l['fraction']:.0f}%)")
+        d = l["task_seconds"]
+        lines.append(f"  lane {name}: {l['tasks']} tasks, busy {l['busy']:.4f} s ({100 * l['fraction']:.0f}%), per task "
+                     f"{1e3 * d['min']:.1f}/{1e3 * d['median']:.1f}/{1e3 * d['max']:.1f} ms (shortest/median/longest)")
     if s["cpu_gaps"]:
         g = ", ".join(f"{1e3 * a:.0f}+{1e3 * b:.0f}" for a, b in s["cpu_gaps"])
         lines.append(f"  CPU idle gaps (start+length, ms): {g}; {1e3 * sum(b for _, b in s['cpu_gaps']):.0f} ms in all")

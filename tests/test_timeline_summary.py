@@ -41,6 +41,13 @@ near(s["lanes"]["gpu"]["busy"], 0.002, "gpu busy")
 near(s["lanes"]["h2d"]["busy"], 0.020, "h2d busy")
 if [s["lanes"][k]["tasks"] for k in ("cpu", "gpu", "h2d")] != [3, 2, 3]:
     fails.append(f"task counts {s['lanes']}")
+# per task: the CPU's Adams last 40, 38 and 40 ms, the uploads 5, 5 and 10 ms
+for lane, want in (("cpu", (0.038, 0.040, 0.040)), ("h2d", (0.005, 0.005, 0.010)), ("gpu", (0.001, 0.001, 0.001))):
+    got = s["lanes"][lane]["task_seconds"]
+    for k, w in zip(("min", "median", "max"), want):
+        near(got[k], w, f"{lane} task {k}")
+if "lane cpu: 3 tasks, busy 0.1180 s (79%), per task 38.0/40.0/40.0 ms" not in "\n".join(ts.render(s)):
+    fails.append(f"the cpu lane's line: {ts.render(s)}")
 # gaps of at least 5 ms: [0, 10 ms) before the first Adam and [90, 100 ms); the 2 ms one is not listed
 if len(s["cpu_gaps"]) != 2:
     fails.append(f"cpu gaps {s['cpu_gaps']}")

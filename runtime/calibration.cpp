@@ -14,6 +14,7 @@
 #include "atomic_file.h"
 #include "device_memory.h"
 #include "dos.h"
+#include "rates_json.h"
 
 #include <starpu.h>
 
@@ -27,11 +28,6 @@ std::string cache_dir() {
   return std::string(home && *home ? home : "/tmp") + "/.cache/dos-runtime";
 }
 
-nlohmann::json to_json(const Rates& r) {
-  return {{"U_c", r.U_c},     {"U_c_dma", r.U_c_dma}, {"U_g", r.U_g},
-          {"D_c", r.D_c},     {"B_h2d", r.B_h2d},     {"B_d2h", r.B_d2h},
-          {"link_share", r.link_share}};
-}
 /// The rates of a JSON object; link_share is optional (1 when absent: files written before it).
 Rates rates_from_json(const nlohmann::json& j) {
   Rates r{j.at("U_c").get<double>(), j.at("U_c_dma").get<double>(), j.at("U_g").get<double>(),
@@ -88,6 +84,12 @@ std::string rates_cache_path(const Runtime& runtime, std::size_t S, DType dtype,
   return cache_dir() + "/rates-" + key + ".json";
 }
 
+nlohmann::ordered_json rates_to_json(const Rates& r) {
+  return {{"U_c", r.U_c},     {"U_c_dma", r.U_c_dma}, {"U_g", r.U_g},
+          {"D_c", r.D_c},     {"B_h2d", r.B_h2d},     {"B_d2h", r.B_d2h},
+          {"link_share", r.link_share}};
+}
+
 Rates load_rates(const std::string& path, Rates* calibrated) {
   std::ifstream f(path);
   if (!f) throw Error("cannot read the rates file " + path + ": " + std::strerror(errno));
@@ -112,8 +114,8 @@ Rates load_rates(const std::string& path, Rates* calibrated) {
 
 void save_rates(const std::string& path, const Rates& r, const Rates& calibrated) {
   std::filesystem::create_directories(path.substr(0, path.rfind('/')));  // throws on failure
-  nlohmann::json j = to_json(r);
-  j["calibrated"] = to_json(calibrated);
+  nlohmann::ordered_json j = rates_to_json(r);
+  j["calibrated"] = rates_to_json(calibrated);
   const std::string text = j.dump(2) + "\n";
   write_file_atomically(path, {{text.data(), text.size()}});
 }

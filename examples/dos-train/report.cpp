@@ -9,6 +9,7 @@
 
 #include "parallel/parallel.h"
 #include "plan.h"
+#include "rates_json.h"
 #include "resource_model.h"
 
 namespace dos_train {
@@ -299,13 +300,8 @@ nlohmann::ordered_json report_json(const RunFacts& f, const dos::Runtime& rt, co
   rep["urgent_writeback"] = a.urgent_writeback;
   rep["submit_order"] = a.submit_order;
   if (dos::rates_complete(opt.rates()) && dos::rates_complete(opt.calibrated_rates())) {
-    const auto rates = [](const dos::Rates& r) {
-      return nlohmann::ordered_json{{"U_c", r.U_c},     {"U_c_dma", r.U_c_dma}, {"U_g", r.U_g},
-                                    {"D_c", r.D_c},     {"B_h2d", r.B_h2d},     {"B_d2h", r.B_d2h},
-                                    {"link_share", r.link_share}};
-    };
-    rep["rates"] = rates(opt.rates());
-    rep["calibrated_rates"] = rates(opt.calibrated_rates());
+    rep["rates"] = dos::rates_to_json(opt.rates());
+    rep["calibrated_rates"] = dos::rates_to_json(opt.calibrated_rates());
   }
   return rep;
 }

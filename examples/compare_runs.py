@@ -37,10 +37,15 @@ def arg_value(args, name, default=None):
     return default
 
 
+def file_tag(label):
+    """``label`` as a file name's stem: every character but letters, digits, '_', '.' and '-' made '-'."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "-", label)
+
+
 def run_one(a, label, args, repeat):
     """Runs dos-train once (repeat 0, 1, ... of run ``label``); returns (report dict or None, log path,
     params path or None). The first repeat's files are LABEL.json/.log, later ones LABEL.rK.*."""
-    tag = re.sub(r"[^A-Za-z0-9_.-]", "-", label) + round_tag(repeat)
+    tag = file_tag(label) + round_tag(repeat)
     report = os.path.join(a.out, f"{tag}.json")
     log = os.path.join(a.out, f"{tag}.log")
     params = os.path.join(a.out, f"{tag}.safetensors") if a.check_params and not repeat else None

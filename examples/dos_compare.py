@@ -84,8 +84,8 @@ if HERE not in sys.path:  # loaded by path (as the tests do) rather than run: it
     sys.path.insert(0, HERE)
 import compare_plot  # noqa: E402 (the picture's drawing)
 import host_probe  # noqa: E402 (the bound at dos-bench host's rates)
-from compare_runs import (MATPLOTLIB_PROBE, arg_value, compare_params, merge_baselines, python_with,  # noqa: E402
-                          run_baselines, run_one, run_peers)
+from compare_runs import (MATPLOTLIB_PROBE, arg_value, compare_params, file_tag, merge_baselines,  # noqa: E402
+                          python_with, run_baselines, run_one, run_peers)
 
 DEFAULT_POLICIES = "dos,cpu,dmda,gpu"
 DEFAULT_BASELINES = "zero_offload,stride:2,stride:3,stride:4"
@@ -231,8 +231,7 @@ def measure_probe(a, runs, order, notes):
     bounds = {}
     none = [""] if any(runs[l]["budget"] is None for l in order if l in runs) else []
     for text in none + [t for t, _ in a.budgets]:
-        b, why = host_probe.bound_at(a.dos_train, a.train_args, rates, a.out, re.sub(r"[^A-Za-z0-9_.-]", "-", text)
-                                     or "none", text or None)
+        b, why = host_probe.bound_at(a.dos_train, a.train_args, rates, a.out, file_tag(text) or "none", text or None)
         if b is None:
             notes.append(f"WARNING: --host-bench: {why}")
         else:
@@ -266,21 +265,22 @@ def summarize(reports, key="update_seconds_median"):
     return statistics.median(vals), min(vals), max(vals)
 
 
-def bound_share(label, update_seconds, bound_seconds, overlapped):
+def bound_share(label, update_seconds, bound_seconds, overlapped, bound_name="its printed lower bound",
+                beaten_because="the bound comes from the calibrated rates, and this calibration underestimated one "
+                               "(dos-train --recalibrate measures them again)"):
     """The "% of lower bound" of a run and a warning when it cannot be one: (percent or None, note or
-    None). update_seconds: the run's median update phase (s); bound_seconds: the printed lower bound
-    (s, > 0). An overlapped run's update seconds begin before forward, so there is no phase to bound
-    (None, None). A phase faster than its bound gets its percent (above 100) and a WARNING note: the
-    bound comes from the calibrated rates, so one of them was underestimated."""
+    None). update_seconds: the run's median update phase (s); bound_seconds: the lower bound (s, > 0),
+    by default the printed one (bound_name names it in the note, beaten_because says why a phase
+    can beat it). An overlapped run's update seconds begin before forward, so there is no phase to
+    bound (None, None). A phase faster than its bound gets its percent (above 100) and a WARNING
+    note: one of the rates the bound comes from was underestimated."""
     if overlapped:
         return None, None
     pct = 100.0 * bound_seconds / update_seconds
     if bound_seconds <= update_seconds:
         return pct, None
-    return pct, (f"WARNING: {label}: the update phase ({update_seconds:.4f} s) ran faster than its printed lower "
-                 f"bound ({bound_seconds:.4f} s): the bound comes from the calibrated rates, and this calibration "
-                 f"underestimated one (dos-train --recalibrate measures them again); its % of lower bound is no "
-                 f"fraction of a bound")
+    return pct, (f"WARNING: {label}: the update phase ({update_seconds:.4f} s) ran faster than {bound_name} "
+                 f"({bound_seconds:.4f} s): {beaten_because}; its % of lower bound is no fraction of a bound")
 
 
 def lower_bound(reports):
@@ -514,13 +514,14 @@ def main(argv=None):
             if warn:
                 notes.append(warn)
         pb = (probe or {}).get("bounds", {}).get(budget or "")
-        if pb and not row["overlapped"] and label not in a.custom_labels:
-            row["probe_lower_bound_seconds"] = pb
-            row["percent_of_probe_bound"] = 100.0 * pb / med
-            if pb > med:
-                notes.append(f"WARNING: {label}: its phase ({med:.4f} s) is faster than the lower bound at dos-bench "
-                             f"host's rates ({pb:.4f} s): the probe or the run's U_g and D_c underestimated a rate; "
-                             f"its % of that bound is no fraction of a bound")
+        if pb and label not in a.custom_labels:
+            pct, warn = bound_share(label, med, pb, row["overlapped"], "the lower bound at dos-bench host's rates",
+                                    "the probe or the run's U_g and D_c underestimated a rate")
+            if pct is not None:
+                row["probe_lower_bound_seconds"] = pb
+                row["percent_of_probe_bound"] = pct
+            if warn:
+                notes.append(warn)
         if a.check_params and "cpu" in runs and label != "cpu" and e["params"] and runs["cpu"]["params"]:
             row["params_vs_cpu"] = compare_params(a, runs["cpu"]["params"], e["params"])
         rows.append(row)

@@ -3,10 +3,15 @@
 #include <cmath>
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "cmocka_cpp.h"
+#include "dos.h"
 #include "resource_model.h"
 #include "traffic.h"
 
@@ -271,13 +276,58 @@ void test_bad_input(void**) {
   assert_true(throws_invalid_argument([&] { dos::predict(w, dos::spread_plan(4, 1), dos::Rates{0, 1, 1, 1, 1, 1}); }));
 }
 
+// The rates file (dos.h, save_rates and load_rates): written with the keys and units its readers
+// expect (checked against the numbers given here, read as plain JSON), read back whole, the
+// calibrated rates beside; a file whose rates break the model's bounds is refused, naming why.
+void test_rates_file(void**) {
+  char dir[] = "/tmp/dos-rates-XXXXXX";
+  assert_non_null(mkdtemp(dir));
+  const std::string path = std::string(dir) + "/sub/rates.json";
+  const dos::Rates r{4e9, 2.5e9, 130e9, 450e9, 50e9, 49e9, 1.25};
+  const dos::Rates c{3.9e9, 2.4e9, 120e9, 400e9, 48e9, 47e9, 1.0};
+  dos::save_rates(path, r, c);
+  nlohmann::json j;
+  std::ifstream(path) >> j;
+  assert_float_equal(j.at("U_c").get<double>(), 4e9, 0);
+  assert_float_equal(j.at("U_c_dma").get<double>(), 2.5e9, 0);
+  assert_float_equal(j.at("U_g").get<double>(), 130e9, 0);
+  assert_float_equal(j.at("D_c").get<double>(), 450e9, 0);
+  assert_float_equal(j.at("B_h2d").get<double>(), 50e9, 0);
+  assert_float_equal(j.at("B_d2h").get<double>(), 49e9, 0);
+  assert_float_equal(j.at("link_share").get<double>(), 1.25, 0);
+  assert_float_equal(j.at("calibrated").at("D_c").get<double>(), 400e9, 0);
+  dos::Rates back_c;
+  const dos::Rates back = dos::load_rates(path, &back_c);
+  for (const auto& [got, want] : {std::pair{back, r}, std::pair{back_c, c}}) {
+    assert_float_equal(got.U_c, want.U_c, 0);
+    assert_float_equal(got.U_c_dma, want.U_c_dma, 0);
+    assert_float_equal(got.U_g, want.U_g, 0);
+    assert_float_equal(got.D_c, want.D_c, 0);
+    assert_float_equal(got.B_h2d, want.B_h2d, 0);
+    assert_float_equal(got.B_d2h, want.B_d2h, 0);
+    assert_float_equal(got.link_share, want.link_share, 0);
+  }
+  j["U_c_dma"] = 5e9;  // above U_c
+  std::ofstream(path) << j.dump();
+  bool refused = false;
+  try {
+    dos::load_rates(path);
+  } catch (const std::exception& e) {
+    refused = std::string(e.what()).find("U_c_dma (CPU Adam beside DMA) cannot exceed U_c") != std::string::npos;
+  }
+  assert_true(refused);
+  std::remove(path.c_str());
+  std::remove((std::string(dir) + "/sub").c_str());
+  std::remove(dir);
+}
+
 }  // namespace
 
 int main() {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_plans),      cmocka_unit_test(test_paper_example), cmocka_unit_test(test_gpu_machine), cmocka_unit_test(test_stride_candidate), cmocka_unit_test(test_bound_two_rates),
       cmocka_unit_test(test_extremes),   cmocka_unit_test(test_static_fidelity), cmocka_unit_test(test_bad_input),
-      cmocka_unit_test(test_budgets),    cmocka_unit_test(test_grad_bytes),
+      cmocka_unit_test(test_budgets),    cmocka_unit_test(test_grad_bytes), cmocka_unit_test(test_rates_file),
   };
   return cmocka_run_group_tests(tests, nullptr, nullptr);
 }

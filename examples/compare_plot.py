@@ -33,9 +33,10 @@ def draw(plt, png, rows, baselines, peers, tl):
         ax.legend(fontsize=8)
     if tl:
         ax = axes[1][0]
-        # h2d, d2h: the runtime's own parameter uploads and gradient downloads, on the PCIe row
-        lanes = {"cpu": 3, "gpu": 2, "h2d": 1.1, "d2h": 0.9}
-        colors = {"adam": "C0", "gather": "C2", "scatter": "C1"}
+        # h2d, d2h: the runtime's own parameter uploads and gradient downloads, on the PCIe row;
+        # writeback: a streamed subgroup's state, from its Adam's end to home (these may overlap)
+        lanes = {"cpu": 3, "gpu": 2, "h2d": 1.1, "d2h": 0.9, "writeback": 0.7}
+        colors = {"adam": "C0", "gather": "C2", "scatter": "C1", "state": "C5"}
         for t in tl["tasks"]:
             ax.barh(lanes[t["lane"]], t["end"] - t["start"], left=t["start"], height=0.7 if t["lane"] in ("cpu", "gpu") else 0.2,
                     color=colors.get(t["what"], "C4"), edgecolor="none")

@@ -11,6 +11,11 @@ StarPU counts when a transfer ends, plus the runtime's own copies when they end)
   fraction of the span (tasks of one lane do not overlap: each lane is one worker or one stream),
   and its tasks' shortest, median and longest durations (ms: a CPU Adam's, over its subgroup's
   size, is CPU Adam's rate in that phase);
+- the streamed subgroups' state write-backs (lane ``writeback``: from the end of the Adam that wrote
+  the state to the state being home, waits included, so they may overlap and count in no busy
+  figure): how many, when the first and the last ended, their shortest, median and longest spans,
+  and the state bytes they brought home per second between the first streamed Adam's end and the
+  last write-back's end (``--state-bytes``, bytes per subgroup's write-back, when given);
 - the CPU lane's idle gaps of at least ``--gap-ms`` (default 5 ms), when each began and how long;
 - the tail: from the end of the last streamed GPU Adam (lane ``gpu``, kind ``adam``) to the end of
   the phase, its length and the tasks that ran in it, by lane and kind;
@@ -20,7 +25,7 @@ StarPU counts when a transfer ends, plus the runtime's own copies when they end)
 
 ``--json`` prints the same as one JSON object instead. Usage::
 
-    python3 examples/timeline_summary.py run.json [--gap-ms 5] [--window-ms 50] [--json]
+    python3 examples/timeline_summary.py run.json [--gap-ms 5] [--window-ms 50] [--state-bytes B] [--json]
 
 Errors: a file that cannot be read, is not JSON, or has no ``tasks`` list exits with status 2 and
 a message saying which (nothing is written).
@@ -61,7 +66,28 @@ def pcie_windows(bus, span, window):
     return out
 
 
-def summarize(doc, gap_ms=5.0, window_ms=50.0):
+def writebacks(tasks, state_bytes=None):
+    """The state write-backs of a phase (tasks of lane ``writeback``) as a dict, or None when there is
+    none: {"count", "first_end", "last_end" (s since the phase began), "span_seconds": {"min",
+    "median", "max"} (from its Adam's end to home), "gbps": state bytes home per second (GB/s, 1e9
+    bytes) from the first write-back's start to the last one's end, or None without state_bytes
+    (bytes per write-back, > 0)}. Raises ValueError when state_bytes is given and not positive."""
+    if state_bytes is not None and not state_bytes > 0:
+        raise ValueError(f"state_bytes must be > 0, got {state_bytes}")
+    wb = [t for t in tasks if t["lane"] == "writeback"]
+    if not wb:
+        return None
+    spans = [t["end"] - t["start"] for t in wb]
+    first_start = min(t["start"] for t in wb)
+    last_end = max(t["end"] for t in wb)
+    gbps = None
+    if state_bytes is not None and last_end > first_start:
+        gbps = len(wb) * state_bytes / (last_end - first_start) / 1e9
+    return {"count": len(wb), "first_end": min(t["end"] for t in wb), "last_end": last_end,
+            "span_seconds": {"min": min(spans), "median": statistics.median(spans), "max": max(spans)}, "gbps": gbps}
+
+
+def summarize(doc, gap_ms=5.0, window_ms=50.0, state_bytes=None):
     """The summary of one timeline document (the dict dos-train writes) as a dict.
 
     doc: {"tasks": [{"lane", "what", "subgroup", "start", "end"}...], "bus": [[t, h2d, d2h]...]}
@@ -69,9 +95,10 @@ def summarize(doc, gap_ms=5.0, window_ms=50.0):
     "lanes": {lane: {"tasks", "busy" (s), "fraction", "task_seconds": {"min", "median", "max"}}},
     "cpu_gaps": [[start s, length s]...],
     "tail": {"from" (s) or None, "length" (s), "tasks": {"lane/what": count}}, "bus": {"h2d_bytes",
-    "d2h_bytes", "h2d_gbps", "d2h_gbps", "windows": [[start s, h2d GB/s, d2h GB/s]...]}}.
-    Raises ValueError when doc has no task list or a task lacks a field, or gap_ms / window_ms is
-    not positive.
+    "d2h_bytes", "h2d_gbps", "d2h_gbps", "windows": [[start s, h2d GB/s, d2h GB/s]...]},
+    "writebacks": writebacks(tasks, state_bytes)} (lane ``writeback`` is left out of "lanes").
+    Raises ValueError when doc has no task list or a task lacks a field, or gap_ms / window_ms /
+    state_bytes is not positive.
     """
     if gap_ms <= 0 or window_ms <= 0:
         raise ValueError(f"gap_ms and window_ms must be > 0, got {gap_ms} and {window_ms}")
@@ -83,8 +110,11 @@ def summarize(doc, gap_ms=5.0, window_ms=50.0):
             if k not in t:
                 raise ValueError(f"a task has no '{k}': {t}")
     span = max((t["end"] for t in tasks), default=0.0)
+    wbs = writebacks(tasks, state_bytes)
     lanes, durations = {}, {}
     for t in tasks:
+        if t["lane"] == "writeback":
+            continue
         l = lanes.setdefault(t["lane"], {"tasks": 0, "busy": 0.0})
         l["tasks"] += 1
         l["busy"] += t["end"] - t["start"]
@@ -118,7 +148,7 @@ def summarize(doc, gap_ms=5.0, window_ms=50.0):
             out_bus["h2d_gbps"] = bus[-1][1] / span / 1e9
             out_bus["d2h_gbps"] = bus[-1][2] / span / 1e9
         out_bus["windows"] = pcie_windows(bus, span, window_ms / 1e3)
-    return {"span": span, "lanes": lanes, "cpu_gaps": gaps, "tail": tail, "bus": out_bus}
+    return {"span": span, "lanes": lanes, "cpu_gaps": gaps, "tail": tail, "bus": out_bus, "writebacks": wbs}
 
 
 def render(s):
@@ -134,6 +164,13 @@ def render(s):
         lines.append(f"  CPU idle gaps (start+length, ms): {g}; {1e3 * sum(b for _, b in s['cpu_gaps']):.0f} ms in all")
     else:
         lines.append("  CPU idle gaps: none")
+    w = s.get("writebacks")
+    if w:
+        d = w["span_seconds"]
+        rate = f"; {w['gbps']:.1f} GB/s of state home" if w["gbps"] is not None else ""
+        lines.append(f"  state write-backs: {w['count']}, ended from {1e3 * w['first_end']:.0f} to {1e3 * w['last_end']:.0f} ms, "
+                     f"each {1e3 * d['min']:.1f}/{1e3 * d['median']:.1f}/{1e3 * d['max']:.1f} ms from its Adam's end "
+                     f"(shortest/median/longest){rate}")
     t = s["tail"]
     if t["from"] is None:
         lines.append("  tail: no streamed GPU Adam")
@@ -154,12 +191,14 @@ def main(argv=None):
     ap.add_argument("timeline", help="the JSON file dos-train --timeline wrote")
     ap.add_argument("--gap-ms", type=float, default=5.0, help="the shortest CPU idle gap listed, ms (default 5)")
     ap.add_argument("--window-ms", type=float, default=50.0, help="the PCIe rate windows, ms (default 50)")
+    ap.add_argument("--state-bytes", type=float, default=None,
+                    help="bytes of state each write-back brings home (12 per parameter of a subgroup), for their rate")
     ap.add_argument("--json", action="store_true", help="print the summary as JSON")
     a = ap.parse_args(argv)
     try:
         with open(a.timeline) as f:
             doc = json.load(f)
-        s = summarize(doc, a.gap_ms, a.window_ms)
+        s = summarize(doc, a.gap_ms, a.window_ms, a.state_bytes)
     except (OSError, json.JSONDecodeError, ValueError) as e:
         print(f"timeline_summary: {a.timeline}: {e}", file=sys.stderr)
         return 2

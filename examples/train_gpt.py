@@ -528,16 +528,16 @@ def write_timeline(path, spans, infos):
         print(f"timeline: {path} (matplotlib is not importable: no PNG)", flush=True)
         return doc
     fig, ax = plt.subplots(figsize=(14, 3.6))
-    rows = {"model": 2, "gpu": 1, "h2d": 0.6, "d2h": 0.4, "cpu": 0}
+    rows = {"model": 2, "gpu": 1, "h2d": 0.6, "d2h": 0.4, "writeback": 0.2, "cpu": -0.2}
     colors = {"forward": "C0", "backward": "C1", "step_call": "C7", "adam": "C2", "adam_spec": "C4",
-              "gather": "C9", "scatter": "C3"}
+              "gather": "C9", "scatter": "C3", "state": "C5"}
     for x in doc["steps"]:
         for what in ("forward", "backward", "step_call"):
             a, b = x[what]
             ax.barh(rows["model"], b - a, left=a, height=0.6, color=colors[what])
     for ph in phases:
         for tk in ph["tasks"]:
-            off = 0.0 if tk["lane"] in ("h2d", "d2h") else (0.15 if tk["what"] in ("gather", "scatter") else -0.15)
+            off = 0.0 if tk["lane"] in ("h2d", "d2h", "writeback") else (0.15 if tk["what"] in ("gather", "scatter") else -0.15)
             ax.barh(rows[tk["lane"]] + off, tk["end"] - tk["start"],
                     left=tk["start"], height=0.3, color=colors[tk["what"]])
     ax.set_yticks(list(rows.values()), [f"{k}" + (" (fwd, bwd, step)" if k == "model" else " tasks") for k in rows])

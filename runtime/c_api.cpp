@@ -567,10 +567,12 @@ int dos_optimizer_last_timeline(const dos_optimizer* opt, dos_timeline_task* tas
   const std::vector<dos::TimelineTask>& tl = opt->last_timeline;
   for (size_t i = 0; i < tl.size() && i < capacity; ++i) {
     const dos::TimelineTask& t = tl[i];
-    tasks[i].lane = t.lane == "gpu" ? DOS_LANE_GPU : t.lane == "h2d" ? DOS_LANE_H2D : t.lane == "d2h" ? DOS_LANE_D2H : DOS_LANE_CPU;
+    tasks[i].lane = t.lane == "gpu" ? DOS_LANE_GPU : t.lane == "h2d" ? DOS_LANE_H2D : t.lane == "d2h" ? DOS_LANE_D2H
+                    : t.lane == "writeback" ? DOS_LANE_WRITEBACK : DOS_LANE_CPU;
     tasks[i].kind = t.what == "adam_spec" ? DOS_TASK_ADAM_SPEC
                     : t.what == "gather"  ? DOS_TASK_GATHER
                     : t.what == "scatter" ? DOS_TASK_SCATTER
+                    : t.what == "state"   ? DOS_TASK_STATE
                                           : DOS_TASK_ADAM;
     tasks[i].subgroup = t.subgroup;
     tasks[i].start = t.start;

@@ -272,8 +272,11 @@ enum class StepVerdict { keep, changed, skip };
 /// gradient conversion or parameter write-back task on that kind of worker), "h2d" (a CPU-updated
 /// subgroup's parameter write-back copied by the runtime itself, on a CUDA stream of its own, when
 /// the caller's parameters are on the GPU: runtime_uploads_params) or "d2h" (a CPU-updated
-/// subgroup's gradients copied down by the runtime itself: runtime_downloads_grads); what: "adam",
-/// "adam_spec" (a speculative Adam, Optimizer::gradients_final), "gather" or "scatter"; subgroup:
+/// subgroup's gradients copied down by the runtime itself: runtime_downloads_grads) or "writeback"
+/// (a streamed subgroup's eager state write-back, from the end of the Adam that wrote the state to
+/// the state being home: its wait behind other transfers on StarPU's device-to-host stream
+/// included, so these spans may overlap); what: "adam", "adam_spec" (a speculative Adam,
+/// Optimizer::gradients_final), "gather", "scatter" or "state" (lane "writeback"); subgroup:
 /// its index; start, end: seconds since the phase began
 /// (the runtime's own task clock, codelets/task_clock.h; StarPU's task profiling stays off).
 struct TimelineTask {

@@ -32,7 +32,8 @@
 extern "C" {
 #endif
 
-/* 8: dos_gpu_memory_for_budgets, dos_starpu_device_margin.
+/* 9: timeline lane DOS_LANE_WRITEBACK and kind DOS_TASK_STATE (a streamed subgroup's state write-back).
+ * 8: dos_gpu_memory_for_budgets, dos_starpu_device_margin.
  * 7: dos_optimizer_set_gradients, dos_optimizer_read_masters, dos_optimizer_write_masters.
  * 6: dos_runtime_create_for_caller.
  * 5: timelines (dos_optimizer_set_timeline, dos_optimizer_last_timeline, dos_clock_seconds).
@@ -41,7 +42,7 @@ extern "C" {
  * 3: the overlapped update (dos_optimizer_begin_step, _gradients_final, _finish_step), its fields
  * in dos_step_stats, options.speculation_budget (options version 2).
  * 2: dos_optimizer_create takes a struct dos_optimizer_options (1: positional arguments). */
-#define DOS_C_ABI_VERSION 8
+#define DOS_C_ABI_VERSION 9
 
 #define DOS_OK 0
 #define DOS_E_INVALID (-1)
@@ -362,10 +363,15 @@ int dos_optimizer_write_masters(dos_optimizer* opt, size_t begin, size_t end, co
                           CPU-updated subgroup's parameter write-back to GPU tensors) */
 #define DOS_LANE_D2H 3 /* the runtime's own device-to-host copy, outside StarPU's workers (a
                           CPU-updated subgroup's gradients from GPU tensors into host staging) */
+#define DOS_LANE_WRITEBACK 4 /* a streamed subgroup's eager state write-back on StarPU's device-to-host
+                                stream, from the end of the Adam that wrote the state to the state
+                                being in host memory (its wait behind other transfers included: these
+                                spans may overlap) */
 #define DOS_TASK_ADAM 0      /* an Adam update */
 #define DOS_TASK_ADAM_SPEC 1 /* a speculative Adam update (dos_optimizer_gradients_final) */
 #define DOS_TASK_GATHER 2    /* a gradient conversion or copy into the runtime's buffers */
 #define DOS_TASK_SCATTER 3   /* a parameter write-back into the caller's buffers */
+#define DOS_TASK_STATE 4     /* a state write-back to host memory (lane DOS_LANE_WRITEBACK) */
 typedef struct dos_timeline_task {
   int32_t lane;      /* DOS_LANE_* */
   int32_t kind;      /* DOS_TASK_* */

@@ -81,6 +81,9 @@ struct Subgroup {
   std::atomic<int> parts_left{0};
   AdmissionWindow* window = nullptr;
   struct Timeline* timeline = nullptr;
+  // starpu_timing_now() (microseconds) when this subgroup's last Adam task ended, for the
+  // timeline's write-back span (it starts there: the write-back waits for that task)
+  std::atomic<double> adam_end_us{0};
   struct PhaseBusy* busy = nullptr;  // the optimizer's busy sums of the phase
 
   Subgroup() = default;

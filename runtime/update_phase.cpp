@@ -48,6 +48,7 @@ void clock_task(Subgroup* sg, const char* what) {
       if (spans.size() < spans.capacity()) spans.push_back(AdamSpan{span.start_us, span.end_us, sg->size});
     }
   }
+  sg->adam_end_us.store(span.end_us);
   if (sg->timeline) sg->timeline->record(what, std::size_t(sg->hint_update.subgroup), span);
 }
 
@@ -74,6 +75,16 @@ void release_after_writeback(void* arg) {
   Pending* p = wb->pending;
   Subgroup* sg = wb->sg;
   delete wb;
+  if (sg && sg->timeline) {
+    // lane "writeback": from the end of the Adam that wrote the state to the state being home
+    // (the wait behind other transfers on StarPU's device-to-host stream included)
+    try {
+      const double end_us = starpu_timing_now();
+      sg->timeline->record_span("writeback", "state", std::size_t(sg->hint_update.subgroup),
+                                std::min(sg->adam_end_us.load(), end_us), end_us);
+    } catch (const std::bad_alloc&) {  // the timeline loses the span
+    }
+  }
   if (sg) {
     p->subgroup_part_ended();
     subgroup_part_done(sg);

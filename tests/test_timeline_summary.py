@@ -82,6 +82,34 @@ for bad, kw in (({"bus": []}, {}), ({"tasks": [{"lane": "cpu"}]}, {}), (doc, {"g
     except ValueError:
         pass
 
+# state write-backs: none above; two here, from their Adams' ends (31 and 60 ms) home at 91 and
+# 130 ms: spans 60 and 70 ms, overlapping, in no lane's busy figure; 2 x 1.2e9 bytes between 31 and
+# 130 ms: 2.4e9 / 0.099 s
+if s["writebacks"] is not None:
+    fails.append(f"write-backs without any: {s['writebacks']}")
+wdoc = {"tasks": doc["tasks"] + [
+    {"lane": "writeback", "what": "state", "subgroup": 2, "start": 0.031, "end": 0.091},
+    {"lane": "writeback", "what": "state", "subgroup": 4, "start": 0.060, "end": 0.130}], "bus": doc["bus"]}
+w = ts.summarize(wdoc, state_bytes=1.2e9)
+if "writeback" in w["lanes"] or w["writebacks"] is None or w["writebacks"]["count"] != 2:
+    fails.append(f"write-backs: lanes {sorted(w['lanes'])}, {w['writebacks']}")
+else:
+    wb = w["writebacks"]
+    near(wb["first_end"], 0.091, "first write-back end"), near(wb["last_end"], 0.130, "last write-back end")
+    near(wb["span_seconds"]["min"], 0.060, "shortest write-back"), near(wb["span_seconds"]["max"], 0.070, "longest")
+    near(wb["span_seconds"]["median"], 0.065, "median write-back")
+    near(wb["gbps"], 2.4e9 / 0.099 / 1e9, "write-back GB/s", 1e-9)
+    near(w["lanes"]["cpu"]["busy"], s["lanes"]["cpu"]["busy"], "cpu busy with write-backs")
+    if "state write-backs: 2, ended from 91 to 130 ms, each 60.0/65.0/70.0 ms" not in "\n".join(ts.render(w)):
+        fails.append(f"write-back line: {ts.render(w)}")
+if ts.summarize(wdoc)["writebacks"]["gbps"] is not None:
+    fails.append("a write-back rate without --state-bytes")
+try:
+    ts.summarize(wdoc, state_bytes=0)
+    fails.append("accepted state_bytes=0")
+except ValueError:
+    pass
+
 # the command line
 with tempfile.TemporaryDirectory() as d:
     good = os.path.join(d, "t.json")

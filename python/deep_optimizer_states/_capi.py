@@ -27,7 +27,7 @@ import sysconfig
 import threading
 import time
 
-ABI_VERSION = 8
+ABI_VERSION = 9
 
 DTYPE_CODES = {"fp32": 0, "fp16": 1, "bf16": 2}
 MEMORY_HOST = 0
@@ -91,22 +91,23 @@ class StepStats(ctypes.Structure):
 
 class TimelineTask(ctypes.Structure):
     """One task of an update phase (``dos_timeline_task`` of ``dos_c.h``): ``lane`` (0 CPU worker,
-    1 CUDA worker, 2 and 3 the runtime's own host-to-device and device-to-host copies), ``kind`` (0 Adam, 1 speculative Adam, 2 gradient gather, 3 parameter
-    write-back), ``subgroup`` (its index), ``start`` / ``end`` (seconds since the phase began)."""
+    1 CUDA worker, 2 and 3 the runtime's own host-to-device and device-to-host copies, 4 a streamed
+    subgroup's state write-back), ``kind`` (0 Adam, 1 speculative Adam, 2 gradient gather, 3 parameter
+    write-back, 4 state write-back), ``subgroup`` (its index), ``start`` / ``end`` (seconds since the phase began)."""
 
     _fields_ = [("lane", ctypes.c_int32), ("kind", ctypes.c_int32), ("subgroup", ctypes.c_uint64),
                 ("start", ctypes.c_double), ("end", ctypes.c_double)]
 
 
-LANE_NAMES = {0: "cpu", 1: "gpu", 2: "h2d", 3: "d2h"}
-TASK_NAMES = {0: "adam", 1: "adam_spec", 2: "gather", 3: "scatter"}
+LANE_NAMES = {0: "cpu", 1: "gpu", 2: "h2d", 3: "d2h", 4: "writeback"}
+TASK_NAMES = {0: "adam", 1: "adam_spec", 2: "gather", 3: "scatter", 4: "state"}
 
 
 def last_timeline(handle):
     """The tasks of the last ended phase of the runtime optimizer ``handle``
     (``dos_optimizer_last_timeline``): ``(started_at, tasks)``, ``started_at`` in seconds on the
-    runtime's clock (:func:`clock_seconds`), ``tasks`` a list of dicts ``lane`` ("cpu"/"gpu"/"h2d"/"d2h"),
-    ``what`` ("adam", "adam_spec", "gather", "scatter"), ``subgroup`` (int), ``start`` and ``end``
+    runtime's clock (:func:`clock_seconds`), ``tasks`` a list of dicts ``lane`` ("cpu"/"gpu"/"h2d"/"d2h"/"writeback"),
+    ``what`` ("adam", "adam_spec", "gather", "scatter", "state"), ``subgroup`` (int), ``start`` and ``end``
     (float seconds since the phase began). Empty without a timeline. Raises :class:`DosError` or
     ``ValueError`` as :func:`check`."""
     L = lib()

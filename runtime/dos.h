@@ -275,7 +275,8 @@ enum class StepVerdict { keep, changed, skip };
 /// subgroup's gradients copied down by the runtime itself: runtime_downloads_grads) or "writeback"
 /// (a streamed subgroup's eager state write-back, from the end of the Adam that wrote the state to
 /// the state being home: its wait behind other transfers on StarPU's device-to-host stream
-/// included, so these spans may overlap); what: "adam", "adam_spec" (a speculative Adam,
+/// included, so these spans may overlap; of zero length at its end when it ended before the Adam's
+/// own callback ran, as a tiny one can); what: "adam", "adam_spec" (a speculative Adam,
 /// Optimizer::gradients_final), "gather", "scatter" or "state" (lane "writeback"); subgroup:
 /// its index; start, end: seconds since the phase began
 /// (the runtime's own task clock, codelets/task_clock.h; StarPU's task profiling stays off).

@@ -79,9 +79,12 @@ void release_after_writeback(void* arg) {
     // lane "writeback": from the end of the Adam that wrote the state to the state being home
     // (the wait behind other transfers on StarPU's device-to-host stream included)
     try {
+      // zero length when the Adam's own callback has not run yet (StarPU releases the task's data
+      // before calling it, so a tiny write-back can end first)
       const double end_us = starpu_timing_now();
+      const double a = sg->adam_end_us.load();
       sg->timeline->record_span("writeback", "state", std::size_t(sg->hint_update.subgroup),
-                                std::min(sg->adam_end_us.load(), end_us), end_us);
+                                a > 0 && a <= end_us ? a : end_us, end_us);
     } catch (const std::bad_alloc&) {  // the timeline loses the span
     }
   }
@@ -273,6 +276,7 @@ void Optimizer::Impl::begin(bool overlapped) {
     sg->busy = &busy;
     sg->spec_ended.store(false);
     sg->ran_on.store(0);
+    sg->adam_end_us.store(0);
     sg->params_written.store(false);
     sg->ready = &ready;
   }
@@ -479,6 +483,7 @@ void Optimizer::Impl::finish_submit(StepVerdict verdict, bool async) {
         sg->hint_update.prefetch = !(is_streamed && lookahead > 0);
         sg->adam.sp = make_adam_step_params(opt.adam, sg->step);
         sg->ran_on.store(0);
+        sg->adam_end_us.store(0);
         if (direct_path(i)) {
           // One task: Adam on the state, reading the caller's gradients and writing its parameters in
           // place (their dtype), so nothing but the state crosses PCIe and the CUDA worker runs one

@@ -110,6 +110,26 @@ for x in t["tasks"]:
 assert t["bus"] and all(len(b) == 3 for b in t["bus"]), t["bus"][:3]
 print(f"ok: emulated iteration, {len(t['tasks'])} tasks in the timeline, {len(t['bus'])} bus samples")
 PY
+    [ $? -eq 0 ] || exit 1
+    # With a CUDA worker, every subgroup streamed (--policy gpu): one state write-back per subgroup
+    # in lane writeback, from its Adam's end on the GPU lane (or of zero length, where it ended
+    # before the Adam's callback ran) to no earlier than that end
+    if python3 -c "import json,sys; sys.exit(0 if json.load(open(sys.argv[1]))['cuda_workers'] > 0 else 1)" "$tmp/r.json"; then
+      run --policy gpu --emulate-compute --overlap off --tokens 256 --timeline "$tmp/g.json"
+      python3 - "$tmp/g.json" <<'PY'
+import json, sys
+t = json.load(open(sys.argv[1]))
+adam = {x["subgroup"]: x for x in t["tasks"] if x["what"] == "adam"}
+wb = [x for x in t["tasks"] if x["lane"] == "writeback"]
+assert adam and all(x["lane"] == "gpu" for x in adam.values()), sorted((x["lane"], x["subgroup"]) for x in adam.values())
+assert sorted(x["subgroup"] for x in wb) == sorted(adam), (sorted(x["subgroup"] for x in wb), sorted(adam))
+for x in wb:
+    a = adam[x["subgroup"]]
+    assert x["what"] == "state" and x["end"] >= a["end"] - 1e-6, (x, a)
+    assert abs(x["start"] - a["end"]) < 1e-6 or x["start"] == x["end"], (x, a)
+print(f"ok: {len(wb)} state write-backs in the timeline, each from its Adam's end")
+PY
+    fi
     ;;
   overlap)
     # The update overlapped with backward (--overlap on: every layer's gradients declared final as

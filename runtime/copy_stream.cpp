@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -24,10 +25,24 @@ namespace dos::detail {
 #if defined(DOS_HAVE_CUDA)
 
 namespace {
-/// Whether copies go by pcie_copy_cuda (true unless DOS_COPY_BY=memcpy: a measurement switch).
-bool copies_by_kernel() {
-  static const bool memcpy = env_says("DOS_COPY_BY", "memcpy");
-  return !memcpy;
+/// Whether the copies of one direction (up: parameters to the GPU) go by pcie_copy_cuda; a
+/// measurement switch, DOS_COPY_BY: unset or "kernel", both by the kernel; "memcpy", both by
+/// cudaMemcpyAsync; "memcpy-down", the gradient downloads by cudaMemcpyAsync and the parameter
+/// uploads by the kernel (a download kernel holds the GPU's multiprocessors, which a streamed
+/// Adam's kernel then waits for); "memcpy-up", the reverse. Another value: both by the kernel, with
+/// a warning on stderr.
+bool copies_by_kernel(bool up) {
+  static const int by = [] {  // bit 0: downloads by cudaMemcpyAsync, bit 1: uploads
+    const char* v = std::getenv("DOS_COPY_BY");
+    if (!v || !*v || std::strcmp(v, "kernel") == 0) return 0;
+    if (std::strcmp(v, "memcpy") == 0) return 3;
+    if (std::strcmp(v, "memcpy-down") == 0) return 1;
+    if (std::strcmp(v, "memcpy-up") == 0) return 2;
+    std::fprintf(stderr, "[dos] warning: DOS_COPY_BY='%s' is not kernel, memcpy, memcpy-down or memcpy-up: ignored "
+                         "(both directions by the kernel)\n", v);
+    return 0;
+  }();
+  return (by & (up ? 2 : 1)) == 0;
 }
 /// pcie_copy_cuda's grid: DOS_COPY_BLOCKS (a measurement switch: a whole number 1..65535), else 0
 /// (one block per multiprocessor); any other value is ignored, with a warning on stderr.
@@ -196,7 +211,7 @@ void CopyStream::issue(const Job& job, Result& res, cudaStream_t stream) {
   // runtime could not pin it) is not, and goes by cudaMemcpyAsync
   char* host = static_cast<char*>(job.host);
   char* host_dev = nullptr;
-  if (copies_by_kernel() && cudaHostGetDevicePointer(reinterpret_cast<void**>(&host_dev), host, 0) != cudaSuccess) {
+  if (copies_by_kernel(up) && cudaHostGetDevicePointer(reinterpret_cast<void**>(&host_dev), host, 0) != cudaSuccess) {
     cudaGetLastError();  // not mapped: clear the error
     host_dev = nullptr;
     static std::atomic<bool> warned{false};

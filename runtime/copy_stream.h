@@ -14,7 +14,8 @@
 // cudaMemcpyAsync there would wait for the copy engine behind StarPU's queue of streamed state
 // (measured: 710 ms for the first 248 MB parameter upload of the 20B quarter's phase, until the
 // streaming had ended). Staging that is not pinned (the runtime could not pin it) goes by
-// cudaMemcpyAsync; so does every copy with DOS_COPY_BY=memcpy (a measurement switch). Same bytes
+// cudaMemcpyAsync; so does every copy with DOS_COPY_BY=memcpy, and those of one direction with
+// DOS_COPY_BY=memcpy-down or memcpy-up (measurement switches, copy_stream.cpp). Same bytes
 // either way. DOS_COPY_BLOCKS=N (a measurement switch) sets the kernel's grid (default: one block
 // per multiprocessor); the kernel shares the GPU's cores with whatever else runs there.
 //

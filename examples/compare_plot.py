@@ -35,8 +35,8 @@ def draw(plt, png, rows, baselines, peers, tl):
         ax = axes[1][0]
         # h2d, d2h: the runtime's own parameter uploads and gradient downloads, on the PCIe row;
         # writeback: a streamed subgroup's state, from its Adam's end to home (these may overlap)
-        lanes = {"cpu": 3, "gpu": 2, "h2d": 1.1, "d2h": 0.9, "writeback": 0.7}
-        colors = {"adam": "C0", "gather": "C2", "scatter": "C1", "state": "C5"}
+        lanes = {"cpu": 3, "gpu": 2, "h2d": 1.1, "d2h": 0.9, "writeback": 2.5}
+        colors = {"adam": "C0", "gather": "C2", "scatter": "C1", "state": "C3"}
         for t in tl["tasks"]:
             ax.barh(lanes[t["lane"]], t["end"] - t["start"], left=t["start"], height=0.7 if t["lane"] in ("cpu", "gpu") else 0.2,
                     color=colors.get(t["what"], "C4"), edgecolor="none")
@@ -61,10 +61,10 @@ def draw(plt, png, rows, baselines, peers, tl):
             ax.text(last, 0, " D2H", va="center", fontsize=8)
         if last > 0:
             ax.set_xlim(0, last)
-        ax.set_yticks([0, 1, 2, 3])
-        ax.set_yticklabels(["D2H", "H2D", "GPU worker", "CPU worker"])
+        ax.set_yticks([0, 1, 2, 2.5, 3])
+        ax.set_yticklabels(["D2H", "H2D", "GPU worker", "state home", "CPU worker"])
         ax.set(xlabel="seconds since the update phase began",
                title=f"policy {tl['policy']}, iteration {tl['iteration']}\nAdam (blue), gradient staging (green), "
-                     f"parameter write-back (orange)")
+                     f"parameter write-back (orange), state write-back from its Adam's end (red)")
     fig.tight_layout()
     fig.savefig(png, dpi=110)

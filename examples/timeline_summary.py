@@ -14,8 +14,8 @@ StarPU counts when a transfer ends, plus the runtime's own copies when they end)
 - the streamed subgroups' state write-backs (lane ``writeback``: from the end of the Adam that wrote
   the state to the state being home, waits included, so they may overlap and count in no busy
   figure): how many, when the first and the last ended, their shortest, median and longest spans,
-  and the state bytes they brought home per second between the first streamed Adam's end and the
-  last write-back's end (``--state-bytes``, bytes per subgroup's write-back, when given);
+  and the state bytes they brought home per second between the first write-back's start (its Adam's
+  end) and the last write-back's end (``--state-bytes``, bytes per subgroup's write-back, when given);
 - the CPU lane's idle gaps of at least ``--gap-ms`` (default 5 ms), when each began and how long;
 - the tail: from the end of the last streamed GPU Adam (lane ``gpu``, kind ``adam``) to the end of
   the phase, its length and the tasks that ran in it, by lane and kind;

@@ -528,7 +528,7 @@ def write_timeline(path, spans, infos):
         print(f"timeline: {path} (matplotlib is not importable: no PNG)", flush=True)
         return doc
     fig, ax = plt.subplots(figsize=(14, 3.6))
-    rows = {"model": 2, "gpu": 1, "h2d": 0.6, "d2h": 0.4, "writeback": 0.2, "cpu": -0.2}
+    rows = {"model": 2, "gpu": 1, "h2d": 0.6, "d2h": 0.4, "writeback": 0.1, "cpu": -0.3}
     colors = {"forward": "C0", "backward": "C1", "step_call": "C7", "adam": "C2", "adam_spec": "C4",
               "gather": "C9", "scatter": "C3", "state": "C5"}
     for x in doc["steps"]:

@@ -28,8 +28,8 @@ namespace {
 /// Whether the copies of one direction (up: parameters to the GPU) go by pcie_copy_cuda; a
 /// measurement switch, DOS_COPY_BY: unset or "kernel", both by the kernel; "memcpy", both by
 /// cudaMemcpyAsync; "memcpy-down", the gradient downloads by cudaMemcpyAsync and the parameter
-/// uploads by the kernel (a download kernel holds the GPU's multiprocessors, which a streamed
-/// Adam's kernel then waits for); "memcpy-up", the reverse. Another value: both by the kernel, with
+/// uploads by the kernel (to measure whether the download kernels delay the first streamed Adam,
+/// as the 20B quarter's timelines suggest); "memcpy-up", the reverse. Another value: both by the kernel, with
 /// a warning on stderr.
 bool copies_by_kernel(bool up) {
   static const int by = [] {  // bit 0: downloads by cudaMemcpyAsync, bit 1: uploads

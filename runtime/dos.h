@@ -206,9 +206,10 @@ class Runtime {
 /// stream_lookahead: streamed subgroups whose state is prefetched to the GPU ahead of the one
 ///   being submitted (default 3); 0: none, StarPU
 ///   prefetches a task's inputs when the task is pushed, as for every other task. finish_step
-///   submits the whole phase in one go, so by its end every streamed state the update budget
-///   admits has been asked for, whatever the value above 0 (on the GPU machine 3, 8 and 26 ran
-///   the 20B quarter alike: README, "At the final code").
+///   submits the whole phase in one go, so when the update budget holds every streamed state, all
+///   are asked for by the submission's end whatever the value above 0 (on the GPU machine 3, 8 and
+///   26 ran the 20B quarter at 40 GB alike: README, "At the final code"); a tighter budget stops
+///   the submission at the admission window, and then the value counts.
 /// native_grads: the gradients of subgroups updated away from the caller's buffers cross PCIe in
 ///   the parameters' dtype (2 B/param for bf16/fp16) and the Adam kernel widens them; false: they
 ///   are converted to fp32 first (4 B/param). Same results either way (the widening is exact).
@@ -276,7 +277,8 @@ enum class StepVerdict { keep, changed, skip };
 /// subgroup's parameter write-back copied by the runtime itself, on a CUDA stream of its own, when
 /// the caller's parameters are on the GPU: runtime_uploads_params) or "d2h" (a CPU-updated
 /// subgroup's gradients copied down by the runtime itself: runtime_downloads_grads) or "writeback"
-/// (a streamed subgroup's eager state write-back, from the end of the Adam that wrote the state to
+/// (a streamed subgroup's eager state write-back in the phase, not a speculative update's write-back
+/// into its shadow state, from the end of the Adam that wrote the state to
 /// the state being home: its wait behind other transfers on StarPU's device-to-host stream
 /// included, so these spans may overlap; of zero length at its end when it ended before the Adam's
 /// own callback ran, as a tiny one can); what: "adam", "adam_spec" (a speculative Adam,

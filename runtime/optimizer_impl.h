@@ -301,8 +301,10 @@ struct Optimizer::Impl {
   /// (OpenStep::note_copy_error) and fails the phase at its end; a refused acquire of the gradient
   /// staging throws Error at once (nothing may then read the staging).
   void own_copy(detail::OpenStep& ph, std::size_t i, detail::CopyStream::Direction dir);
+  /// on_timeline: the span of this write-back goes on the timeline's lane "writeback" (the eager
+  /// write-back of a subgroup's state; with sg null it never does).
   void acquire_home(detail::OpenStep& ph, starpu_data_handle_t h,
-                    enum starpu_data_access_mode mode, detail::Subgroup* sg);
+                    enum starpu_data_access_mode mode, detail::Subgroup* sg, bool on_timeline);
   void write_back(detail::OpenStep& ph, detail::Subgroup* sg,
                   enum starpu_data_access_mode mode, bool part_of_subgroup);
 

@@ -161,7 +161,7 @@ void Optimizer::Impl::stage_gradient(OpenStep& ph, std::size_t i) {
     // The CPU's gradient comes down as soon as it is staged: an asynchronous acquire on main RAM
     // is a fetch, which StarPU serves before prefetches; left to the Adam task's prefetch, it
     // waited behind the streamed subgroups' write-backs and the CPU idled.
-    acquire_home(ph, sg->h_grad32, STARPU_R, nullptr);
+    acquire_home(ph, sg->h_grad32, STARPU_R, nullptr, false);
   }
 }
 

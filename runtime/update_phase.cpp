@@ -48,8 +48,13 @@ void clock_task(Subgroup* sg, const char* what) {
       if (spans.size() < spans.capacity()) spans.push_back(AdamSpan{span.start_us, span.end_us, sg->size});
     }
   }
-  sg->adam_end_us.store(span.end_us);
-  if (sg->timeline) sg->timeline->record(what, std::size_t(sg->hint_update.subgroup), span);
+  if (std::strcmp(what, "adam") == 0 || std::strcmp(what, "adam_spec") == 0) sg->adam_end_us.store(span.end_us);
+  if (sg->timeline) {
+    try {
+      sg->timeline->record(what, std::size_t(sg->hint_update.subgroup), span);
+    } catch (const std::bad_alloc&) {  // the timeline loses the task (this runs in StarPU's C callback)
+    }
+  }
 }
 
 void params_written(Subgroup* sg) {
@@ -64,6 +69,7 @@ struct WriteBack {
   starpu_data_handle_t h;
   Pending* pending;
   Subgroup* sg;  // its part of the subgroup's work ends with the write-back (nullptr: none)
+  bool on_timeline;  // the eager write-back of the subgroup's state: its span goes on lane "writeback"
 };
 
 void release_after_writeback(void* arg) {
@@ -74,8 +80,9 @@ void release_after_writeback(void* arg) {
   starpu_data_release(wb->h);
   Pending* p = wb->pending;
   Subgroup* sg = wb->sg;
+  const bool on_timeline = wb->on_timeline;
   delete wb;
-  if (sg && sg->timeline) {
+  if (sg && sg->timeline && on_timeline) {
     // lane "writeback": from the end of the Adam that wrote the state to the state being home
     // (the wait behind other transfers on StarPU's device-to-host stream included)
     try {
@@ -146,8 +153,9 @@ void Optimizer::Impl::require_no_open_step(const char* what) const {
                         "finish_step first");
 }
 
-void Optimizer::Impl::acquire_home(OpenStep& ph, starpu_data_handle_t h, enum starpu_data_access_mode mode, Subgroup* sg) {
-  auto* wb = new WriteBack{h, &ph.pending, sg};  // before add(): a throw here leaves the count as it was
+void Optimizer::Impl::acquire_home(OpenStep& ph, starpu_data_handle_t h, enum starpu_data_access_mode mode, Subgroup* sg,
+                                  bool on_timeline) {
+  auto* wb = new WriteBack{h, &ph.pending, sg, on_timeline && sg != nullptr};  // before add(): a throw here leaves the count as it was
   ph.pending.add();
   if (starpu_data_acquire_on_node_cb(h, STARPU_MAIN_RAM, mode, release_after_writeback, wb) != 0) {
     delete wb;
@@ -158,7 +166,7 @@ void Optimizer::Impl::acquire_home(OpenStep& ph, starpu_data_handle_t h, enum st
 }
 
 void Optimizer::Impl::write_back(OpenStep& ph, Subgroup* sg, enum starpu_data_access_mode mode, bool part_of_subgroup) {
-  acquire_home(ph, sg->h_state, mode, part_of_subgroup ? sg : nullptr);
+  acquire_home(ph, sg->h_state, mode, part_of_subgroup ? sg : nullptr, part_of_subgroup);
   if (part_of_subgroup && wont_use_after_writeback()) starpu_data_wont_use(sg->h_state);
 }
 
@@ -351,7 +359,7 @@ void Optimizer::Impl::speculate(OpenStep& ph, std::size_t i) {
   starpu_data_invalidate_submit(sg->h_grad32);  // a redo stages the gradient again
   if (on_gpu) {
     starpu_data_wont_use(sg->h_state);
-    acquire_home(ph, sg->sh_h_state, STARPU_R, sg);
+    acquire_home(ph, sg->sh_h_state, STARPU_R, sg, false);  // not on the timeline's lane "writeback"
     if (wont_use_after_writeback()) starpu_data_wont_use(sg->sh_h_state);
   }
 }

@@ -189,6 +189,12 @@ int run(const Args& args) {
   // ---- runtime and caller-owned buffers ------------------------------------------------------
   // auto: on where there is a backward to overlap, and not in a sweep (whose rows compare update phases)
   const bool overlap = a.overlap == "on" || (a.overlap == "auto" && a.emulate_compute && a.sweep.empty());
+  if (!a.copy_by.empty()) {  // read once by the runtime, at its first copy: set before it starts
+    const char* env = std::getenv("DOS_COPY_BY");
+    if (env && *env && a.copy_by != env && !a.quiet)
+      std::fprintf(stderr, "dos-train: DOS_COPY_BY=%s is replaced by --copy-by %s\n", env, a.copy_by.c_str());
+    setenv("DOS_COPY_BY", a.copy_by.c_str(), 1);
+  }
   dos::RuntimeOptions ro;
   ro.policy = a.policy;
   ro.cpu_threads = a.cpu_threads;

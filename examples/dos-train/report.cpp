@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <cstring>
 #include <utility>
@@ -297,6 +298,10 @@ nlohmann::ordered_json report_json(const RunFacts& f, const dos::Runtime& rt, co
   rep["stream_lookahead"] = a.stream_lookahead;
   rep["writeback"] = a.writeback;
   rep["grad_transfer"] = a.grad_transfer;
+  {  // the runtime's own copies as this run made them (--copy-by, else DOS_COPY_BY, else the kernel)
+    const char* env = std::getenv("DOS_COPY_BY");
+    rep["copy_by"] = !a.copy_by.empty() ? a.copy_by : env && *env ? std::string(env) : std::string("kernel");
+  }
   rep["urgent_writeback"] = a.urgent_writeback;
   rep["submit_order"] = a.submit_order;
   if (dos::rates_complete(opt.rates()) && dos::rates_complete(opt.calibrated_rates())) {

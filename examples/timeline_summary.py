@@ -17,6 +17,9 @@ StarPU counts when a transfer ends, plus the runtime's own copies when they end)
   and the state bytes they brought home per second between the first write-back's start (its Adam's
   end) and the last write-back's end (``--state-bytes``, bytes per subgroup's write-back, when given);
 - the CPU lane's idle gaps of at least ``--gap-ms`` (default 5 ms), when each began and how long;
+- the streamed subgroups' chain: when the first streamed GPU Adam (lane ``gpu``, kind ``adam``)
+  began, the shortest, median and longest intervals between the starts of consecutive ones, and
+  when the CPU's last task ended against the chain's last write-back (or last streamed Adam);
 - the tail: from the end of the last streamed GPU Adam (lane ``gpu``, kind ``adam``) to the end of
   the phase, its length and the tasks that ran in it, by lane and kind;
 - PCIe: the bytes each way over the phase and their average rate (GB/s, 1e9 bytes), and the same
@@ -87,6 +90,23 @@ def writebacks(tasks, state_bytes=None):
             "span_seconds": {"min": min(spans), "median": statistics.median(spans), "max": max(spans)}, "gbps": gbps}
 
 
+def chain(tasks):
+    """The streamed subgroups' chain of a phase as a dict, or None without a streamed GPU Adam:
+    {"first_adam" (s since the phase began), "interval_seconds": {"min", "median", "max"} between the
+    starts of consecutive streamed Adams, or None with one, "cpu_end": the CPU lane's last end (s)
+    or None without one, "chain_end": the last write-back's end, else the last streamed Adam's}."""
+    starts = sorted(t["start"] for t in tasks if t["lane"] == "gpu" and t["what"] == "adam")
+    if not starts:
+        return None
+    gaps = [b - a for a, b in zip(starts, starts[1:])]
+    ends = [t["end"] for t in tasks if t["lane"] == "writeback"] or \
+        [t["end"] for t in tasks if t["lane"] == "gpu" and t["what"] == "adam"]
+    cpu = [t["end"] for t in tasks if t["lane"] == "cpu"]
+    return {"first_adam": starts[0],
+            "interval_seconds": {"min": min(gaps), "median": statistics.median(gaps), "max": max(gaps)} if gaps else None,
+            "cpu_end": max(cpu) if cpu else None, "chain_end": max(ends)}
+
+
 def summarize(doc, gap_ms=5.0, window_ms=50.0, state_bytes=None):
     """The summary of one timeline document (the dict dos-train writes) as a dict.
 
@@ -96,7 +116,8 @@ def summarize(doc, gap_ms=5.0, window_ms=50.0, state_bytes=None):
     "cpu_gaps": [[start s, length s]...],
     "tail": {"from" (s) or None, "length" (s), "tasks": {"lane/what": count}}, "bus": {"h2d_bytes",
     "d2h_bytes", "h2d_gbps", "d2h_gbps", "windows": [[start s, h2d GB/s, d2h GB/s]...]},
-    "writebacks": writebacks(tasks, state_bytes)} (lane ``writeback`` is left out of "lanes").
+    "writebacks": writebacks(tasks, state_bytes), "chain": chain(tasks)} (lane ``writeback`` is left out
+    of "lanes").
     Raises ValueError when doc has no task list or a task lacks a field, or gap_ms / window_ms /
     state_bytes is not positive.
     """
@@ -148,7 +169,8 @@ def summarize(doc, gap_ms=5.0, window_ms=50.0, state_bytes=None):
             out_bus["h2d_gbps"] = bus[-1][1] / span / 1e9
             out_bus["d2h_gbps"] = bus[-1][2] / span / 1e9
         out_bus["windows"] = pcie_windows(bus, span, window_ms / 1e3)
-    return {"span": span, "lanes": lanes, "cpu_gaps": gaps, "tail": tail, "bus": out_bus, "writebacks": wbs}
+    return {"span": span, "lanes": lanes, "cpu_gaps": gaps, "tail": tail, "bus": out_bus, "writebacks": wbs,
+            "chain": chain(tasks)}
 
 
 def render(s):
@@ -171,6 +193,16 @@ def render(s):
         lines.append(f"  state write-backs: {w['count']}, ended from {1e3 * w['first_end']:.0f} to {1e3 * w['last_end']:.0f} ms, "
                      f"each {1e3 * d['min']:.1f}/{1e3 * d['median']:.1f}/{1e3 * d['max']:.1f} ms from its Adam's end "
                      f"(shortest/median/longest){rate}")
+    c = s.get("chain")
+    if c:
+        line = f"  streamed chain: first Adam at {1e3 * c['first_adam']:.0f} ms"
+        if c["interval_seconds"]:
+            d = c["interval_seconds"]
+            line += f", then one every {1e3 * d['min']:.1f}/{1e3 * d['median']:.1f}/{1e3 * d['max']:.1f} ms (shortest/median/longest)"
+        if c["cpu_end"] is not None:
+            line += f"; the CPU's last task ended at {1e3 * c['cpu_end']:.0f} ms"
+        line += f", the chain at {1e3 * c['chain_end']:.0f} ms"
+        lines.append(line)
     t = s["tail"]
     if t["from"] is None:
         lines.append("  tail: no streamed GPU Adam")

@@ -102,6 +102,21 @@ else:
     near(w["lanes"]["cpu"]["busy"], s["lanes"]["cpu"]["busy"], "cpu busy with write-backs")
     if "state write-backs: 2, ended from 91 to 130 ms, each 60.0/65.0/70.0 ms" not in "\n".join(ts.render(w)):
         fails.append(f"write-back line: {ts.render(w)}")
+# the chain: in doc one streamed Adam (2, 30-31 ms): no interval, the CPU ends at 140 ms, the chain
+# (no write-back) at 31 ms; in wdoc a second streamed Adam (4) at 59-60 ms: one interval of 29 ms,
+# the chain ends with the last write-back (130 ms)
+c = s["chain"]
+near(c["first_adam"], 0.030, "first streamed Adam"), near(c["cpu_end"], 0.140, "cpu end"), near(c["chain_end"], 0.031, "chain end")
+if c["interval_seconds"] is not None:
+    fails.append(f"an interval with one streamed Adam: {c}")
+w2 = ts.summarize({"tasks": wdoc["tasks"] + [{"lane": "gpu", "what": "adam", "subgroup": 4, "start": 0.059, "end": 0.060}]})
+c2 = w2["chain"]
+near(c2["interval_seconds"]["median"], 0.029, "chain interval"), near(c2["chain_end"], 0.130, "chain end with write-backs")
+if "streamed chain: first Adam at 30 ms, then one every 29.0/29.0/29.0 ms (shortest/median/longest); the CPU's last task " \
+        "ended at 140 ms, the chain at 130 ms" not in "\n".join(ts.render(w2)):
+    fails.append(f"chain line: {ts.render(w2)}")
+if p["chain"] is not None:
+    fails.append(f"a chain without a streamed Adam: {p['chain']}")
 if ts.summarize(wdoc)["writebacks"]["gbps"] is not None:
     fails.append("a write-back rate without --state-bytes")
 try:

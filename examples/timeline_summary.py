@@ -2,8 +2,9 @@
 """Where an update phase's time went, in text, from a timeline that ``dos-train --timeline FILE``
 (or ``dos_compare.py --timeline``) wrote.
 
-The timeline holds the phase's tasks (lane ``cpu``, ``gpu``, ``h2d`` or ``d2h``; kind ``adam``,
-``adam_spec``, ``gather`` or ``scatter``; subgroup; start and end in seconds since the phase began)
+The timeline holds the phase's tasks (lane ``cpu``, ``gpu``, ``h2d``, ``d2h`` or ``writeback``;
+kind ``adam``, ``adam_spec``, ``gather``, ``scatter`` or ``state``; subgroup; start and end in
+seconds since the phase began)
 and its PCIe byte samples (seconds, cumulative host-to-device and device-to-host bytes, which
 StarPU counts when a transfer ends, plus the runtime's own copies when they end). This prints:
 
@@ -91,16 +92,22 @@ def writebacks(tasks, state_bytes=None):
 
 
 def chain(tasks):
-    """The streamed subgroups' chain of a phase as a dict, or None without a streamed GPU Adam:
-    {"first_adam" (s since the phase began), "interval_seconds": {"min", "median", "max"} between the
-    starts of consecutive streamed Adams, or None with one, "cpu_end": the CPU lane's last end (s)
-    or None without one, "chain_end": the last write-back's end, else the last streamed Adam's}."""
-    starts = sorted(t["start"] for t in tasks if t["lane"] == "gpu" and t["what"] == "adam")
-    if not starts:
+    """The streamed subgroups' chain of a phase as a dict, or None without a streamed GPU Adam (the
+    Adams on lane ``gpu`` of the subgroups that have a write-back; every GPU Adam in a timeline
+    without write-backs): {"first_adam" (s since the phase began), "interval_seconds": {"min",
+    "median", "max"} between the starts of consecutive streamed Adams, or None with one, "cpu_end":
+    the CPU lane's last end (s) or None without one, "chain_end": the last end of those Adams and
+    the write-backs (s)}."""
+    wb = [t for t in tasks if t["lane"] == "writeback"]
+    streamed = {t.get("subgroup") for t in wb}
+    # with write-backs, only the Adams of the subgroups written back (a resident one's Adam is not
+    # part of the chain); without (older timelines), every GPU Adam
+    adams = [t for t in tasks if t["lane"] == "gpu" and t["what"] == "adam" and (not wb or t.get("subgroup") in streamed)]
+    if not adams:
         return None
+    starts = sorted(t["start"] for t in adams)
     gaps = [b - a for a, b in zip(starts, starts[1:])]
-    ends = [t["end"] for t in tasks if t["lane"] == "writeback"] or \
-        [t["end"] for t in tasks if t["lane"] == "gpu" and t["what"] == "adam"]
+    ends = [t["end"] for t in wb + adams]
     cpu = [t["end"] for t in tasks if t["lane"] == "cpu"]
     return {"first_adam": starts[0],
             "interval_seconds": {"min": min(gaps), "median": statistics.median(gaps), "max": max(gaps)} if gaps else None,

@@ -48,7 +48,9 @@ void clock_task(Subgroup* sg, const char* what) {
       if (spans.size() < spans.capacity()) spans.push_back(AdamSpan{span.start_us, span.end_us, sg->size});
     }
   }
-  if (std::strcmp(what, "adam") == 0 || std::strcmp(what, "adam_spec") == 0) sg->adam_end_us.store(span.end_us);
+  // the write-back span's start (a speculative Adam's write-back into its shadow is on no lane, and
+  // a redone one's may still end after the reset of its redo)
+  if (std::strcmp(what, "adam") == 0) sg->adam_end_us.store(span.end_us);
   if (sg->timeline) {
     try {
       sg->timeline->record(what, std::size_t(sg->hint_update.subgroup), span);

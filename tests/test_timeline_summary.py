@@ -115,6 +115,23 @@ near(c2["interval_seconds"]["median"], 0.029, "chain interval"), near(c2["chain_
 if "streamed chain: first Adam at 30 ms, then one every 29.0/29.0/29.0 ms (shortest/median/longest); the CPU's last task " \
         "ended at 140 ms, the chain at 130 ms" not in "\n".join(ts.render(w2)):
     fails.append(f"chain line: {ts.render(w2)}")
+# out of time order on purpose: streamed Adams (subgroups 2, 4, 6, 8 with write-backs) start at 30,
+# 59, 110 and 100 ms: intervals 29, 41 and 10 ms; a resident subgroup's Adam (9, no write-back) at
+# 5 ms is not in the chain; write-backs end at 130 and 125 ms, the Adams of 6 and 8 at 111 and 101;
+# the CPU's last task ends at 140 ms though listed before one ending at 20 ms
+odd = {"tasks": [
+    {"lane": "gpu", "what": "adam", "subgroup": 6, "start": 0.110, "end": 0.111},
+    {"lane": "gpu", "what": "adam", "subgroup": 9, "start": 0.005, "end": 0.006},
+    {"lane": "gpu", "what": "adam", "subgroup": 8, "start": 0.100, "end": 0.101}] + wdoc["tasks"] + [
+    {"lane": "gpu", "what": "adam", "subgroup": 4, "start": 0.059, "end": 0.060},
+    {"lane": "writeback", "what": "state", "subgroup": 6, "start": 0.111, "end": 0.125},
+    {"lane": "writeback", "what": "state", "subgroup": 8, "start": 0.101, "end": 0.115},
+    {"lane": "cpu", "what": "adam", "subgroup": 10, "start": 0.0, "end": 0.020}]}
+co = ts.summarize(odd)["chain"]
+near(co["first_adam"], 0.030, "odd: first streamed Adam")
+for k, w in (("min", 0.010), ("median", 0.029), ("max", 0.041)):
+    near(co["interval_seconds"][k], w, f"odd: interval {k}")
+near(co["cpu_end"], 0.140, "odd: cpu end"), near(co["chain_end"], 0.130, "odd: chain end")
 if p["chain"] is not None:
     fails.append(f"a chain without a streamed Adam: {p['chain']}")
 if ts.summarize(wdoc)["writebacks"]["gbps"] is not None:

@@ -189,12 +189,6 @@ int run(const Args& args) {
   // ---- runtime and caller-owned buffers ------------------------------------------------------
   // auto: on where there is a backward to overlap, and not in a sweep (whose rows compare update phases)
   const bool overlap = a.overlap == "on" || (a.overlap == "auto" && a.emulate_compute && a.sweep.empty());
-  if (!a.copy_by.empty()) {  // read once by the runtime, at its first copy: set before it starts
-    const char* env = std::getenv("DOS_COPY_BY");
-    if (env && *env && a.copy_by != env && !a.quiet)
-      std::fprintf(stderr, "dos-train: DOS_COPY_BY=%s is replaced by --copy-by %s\n", env, a.copy_by.c_str());
-    setenv("DOS_COPY_BY", a.copy_by.c_str(), 1);
-  }
   dos::RuntimeOptions ro;
   ro.policy = a.policy;
   ro.cpu_threads = a.cpu_threads;
@@ -586,6 +580,12 @@ int run(const Args& args) {
 int main(int argc, char** argv) {
   Args a;
   if (const int rc = dos_train::parse_command_line(argc, argv, a); rc >= 0) return rc;
+  if (!a.copy_by.empty()) {  // read once by the runtime, at its first copy; set before MPI starts threads
+    const char* env = std::getenv("DOS_COPY_BY");
+    if (env && *env && a.copy_by != env && !a.quiet)
+      std::fprintf(stderr, "dos-train: DOS_COPY_BY=%s is replaced by --copy-by %s\n", env, a.copy_by.c_str());
+    setenv("DOS_COPY_BY", a.copy_by.c_str(), 1);
+  }
   try {
     if (dos::launched_by_mpi() && dos::have_mpi()) {
       g_comm = dos::make_mpi_comm();

@@ -298,9 +298,13 @@ nlohmann::ordered_json report_json(const RunFacts& f, const dos::Runtime& rt, co
   rep["stream_lookahead"] = a.stream_lookahead;
   rep["writeback"] = a.writeback;
   rep["grad_transfer"] = a.grad_transfer;
-  {  // the runtime's own copies as this run made them (--copy-by, else DOS_COPY_BY, else the kernel)
+  {  // how the runtime's own copies go where it makes them (--copy-by, else a DOS_COPY_BY the runtime
+     // takes, else the kernel; it ignores other values)
     const char* env = std::getenv("DOS_COPY_BY");
-    rep["copy_by"] = !a.copy_by.empty() ? a.copy_by : env && *env ? std::string(env) : std::string("kernel");
+    const std::string e = env ? env : "";
+    rep["copy_by"] = !a.copy_by.empty() ? a.copy_by
+                     : (e == "memcpy" || e == "memcpy-down" || e == "memcpy-up") ? e
+                                                                                 : std::string("kernel");
   }
   rep["urgent_writeback"] = a.urgent_writeback;
   rep["submit_order"] = a.submit_order;

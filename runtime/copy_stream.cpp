@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "dos.h"
 #include "switches.h"
 
 #if defined(DOS_HAVE_CUDA)
@@ -25,24 +26,11 @@ namespace dos::detail {
 #if defined(DOS_HAVE_CUDA)
 
 namespace {
-/// Whether the copies of one direction (up: parameters to the GPU) go by pcie_copy_cuda; a
-/// measurement switch, DOS_COPY_BY: unset or "kernel", both by the kernel; "memcpy", both by
-/// cudaMemcpyAsync; "memcpy-down", the gradient downloads by cudaMemcpyAsync and the parameter
-/// uploads by the kernel (to measure whether the download kernels delay the first streamed Adam,
-/// as the 20B quarter's timelines suggest); "memcpy-up", the reverse. Another value: both by the kernel, with
-/// a warning on stderr.
+/// Whether the copies of one direction (up: parameters to the GPU) go by pcie_copy_cuda, as
+/// runtime_copy_by says.
 bool copies_by_kernel(bool up) {
-  static const int by = [] {  // bit 0: downloads by cudaMemcpyAsync, bit 1: uploads
-    const char* v = std::getenv("DOS_COPY_BY");
-    if (!v || !*v || std::strcmp(v, "kernel") == 0) return 0;
-    if (std::strcmp(v, "memcpy") == 0) return 3;
-    if (std::strcmp(v, "memcpy-down") == 0) return 1;
-    if (std::strcmp(v, "memcpy-up") == 0) return 2;
-    std::fprintf(stderr, "[dos] warning: DOS_COPY_BY='%s' is not kernel, memcpy, memcpy-down or memcpy-up: ignored "
-                         "(both directions by the kernel)\n", v);
-    return 0;
-  }();
-  return (by & (up ? 2 : 1)) == 0;
+  const char* by = dos::runtime_copy_by();
+  return std::strcmp(by, "memcpy") != 0 && std::strcmp(by, up ? "memcpy-up" : "memcpy-down") != 0;
 }
 /// pcie_copy_cuda's grid: DOS_COPY_BLOCKS (a measurement switch: a whole number 1..65535), else 0
 /// (one block per multiprocessor); any other value is ignored, with a warning on stderr.

@@ -135,6 +135,18 @@ bool runtime_uploads_params();
 /// phase simulation follows the same choice (Execution::own_grad_download). Same results either way.
 bool runtime_downloads_grads();
 
+/// The values DOS_COPY_BY may take (runtime_copy_by).
+inline constexpr const char* kCopyByValues[] = {"kernel", "memcpy", "memcpy-down", "memcpy-up"};
+
+/// How the runtime's own copies (runtime_uploads_params, runtime_downloads_grads) go, as the
+/// environment's DOS_COPY_BY says (a measurement switch, read once): "kernel" (unset, or a value
+/// not in kCopyByValues, with a warning on stderr) through the pinned staging's mapped pointer;
+/// "memcpy" both directions by cudaMemcpyAsync; "memcpy-down" the gradient downloads by
+/// cudaMemcpyAsync and the parameter uploads by the kernel (to measure whether the download kernels
+/// delay the first streamed Adam, as the 20B quarter's timelines suggest); "memcpy-up" the
+/// reverse. Same results every way.
+const char* runtime_copy_by();
+
 /// The runtime's clock, seconds: StarPU's (starpu_timing_now(): StarPU 1.3.10 reads CLOCK_MONOTONIC,
 /// counted from StarPU's start while a Runtime runs), which
 /// StepStats::started_at and the task clock read. Another clock of the process relates to it by

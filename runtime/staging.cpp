@@ -5,6 +5,9 @@
 // (copy_stream.h), with the callbacks of both.
 #include <starpu.h>
 
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <memory>
 #include <new>
@@ -26,6 +29,19 @@ bool runtime_uploads_params() {
 bool runtime_downloads_grads() {
   static const bool tasks = env_says("DOS_GRAD_DOWNLOAD", "task");
   return !tasks;
+}
+
+const char* runtime_copy_by() {
+  static const char* const by = [] {
+    const char* v = std::getenv("DOS_COPY_BY");
+    if (!v || !*v) return kCopyByValues[0];
+    for (const char* k : kCopyByValues)
+      if (std::strcmp(v, k) == 0) return k;
+    std::fprintf(stderr, "[dos] warning: DOS_COPY_BY='%s' is not kernel, memcpy, memcpy-down or memcpy-up: ignored "
+                         "(both directions by the kernel)\n", v);
+    return kCopyByValues[0];
+  }();
+  return by;
 }
 
 namespace {

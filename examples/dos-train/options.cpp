@@ -5,11 +5,13 @@
 #include <CLI/CLI.hpp>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <iterator>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -198,8 +200,8 @@ Checked check_options(const Args& a) {
     fail("--stream-lookahead must be in [0, 1000], got " + std::to_string(a.stream_lookahead));
   if (a.grad_transfer != "fp32" && a.grad_transfer != "native")
     fail("--grad-transfer must be fp32 or native, got '" + a.grad_transfer + "'");
-  if (!a.copy_by.empty() && a.copy_by != "kernel" && a.copy_by != "memcpy" && a.copy_by != "memcpy-down" &&
-      a.copy_by != "memcpy-up")
+  if (!a.copy_by.empty() && std::none_of(std::begin(dos::kCopyByValues), std::end(dos::kCopyByValues),
+                                         [&](const char* k) { return a.copy_by == k; }))
     fail("--copy-by must be kernel, memcpy, memcpy-down or memcpy-up, got '" + a.copy_by + "'");
   if (a.writeback != "eager" && a.writeback != "end") fail("--writeback must be eager or end, got '" + a.writeback + "'");
   if (c.update_budget > 0 && a.writeback != "eager") fail("--gpu-update-budget needs --writeback eager");

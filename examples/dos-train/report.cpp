@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <cstdio>
 #include <cstring>
 #include <utility>
@@ -298,14 +297,7 @@ nlohmann::ordered_json report_json(const RunFacts& f, const dos::Runtime& rt, co
   rep["stream_lookahead"] = a.stream_lookahead;
   rep["writeback"] = a.writeback;
   rep["grad_transfer"] = a.grad_transfer;
-  {  // how the runtime's own copies go where it makes them (--copy-by, else a DOS_COPY_BY the runtime
-     // takes, else the kernel; it ignores other values)
-    const char* env = std::getenv("DOS_COPY_BY");
-    const std::string e = env ? env : "";
-    rep["copy_by"] = !a.copy_by.empty() ? a.copy_by
-                     : (e == "memcpy" || e == "memcpy-down" || e == "memcpy-up") ? e
-                                                                                 : std::string("kernel");
-  }
+  rep["copy_by"] = dos::runtime_copy_by();  // --copy-by has set DOS_COPY_BY before the runtime read it
   rep["urgent_writeback"] = a.urgent_writeback;
   rep["submit_order"] = a.submit_order;
   if (dos::rates_complete(opt.rates()) && dos::rates_complete(opt.calibrated_rates())) {

@@ -121,6 +121,9 @@ Simulation simulate_phase(const Workload& w, const std::vector<PlanSide>& plan, 
   // lane in the same way.
   Lane down_own;
   const bool own_download = e.own_grad_download && w.caller_on_gpu;
+  // By the copy engine, the runtime's own copies join StarPU's stream of their direction.
+  Lane& down_lane = own_download && e.grad_download_by_copy_engine ? d2h : down_own;
+  Lane& up_lane = own_upload && e.param_upload_by_copy_engine ? h2d : up_own;
   std::vector<Lane> cpus(std::max<std::size_t>(1, e.cpu_workers));  // subgroup i's Adam on CPU worker i % k
   auto cpu_of = [&](std::size_t i) -> Lane& { return cpus[i % cpus.size()]; };
   std::size_t window_used = 0;
@@ -167,7 +170,7 @@ Simulation simulate_phase(const Workload& w, const std::vector<PlanSide>& plan, 
       if (s.side == PlanSide::cpu) {
         if (own_download) {  // the gradients go down at once; the CPU Adam is queued and waits for them
           s.input_ready = false;
-          down_own.queue.push_back({i, Stage::grad_down});
+          down_lane.queue.push_back({i, Stage::grad_down});
           cpu_of(i).queue.push_back({i, Stage::adam_cpu});
         } else if (w.caller_on_gpu) {
           gpu.queue.push_back({i, Stage::gather});
@@ -254,7 +257,7 @@ Simulation simulate_phase(const Workload& w, const std::vector<PlanSide>& plan, 
       case Stage::adam_cpu:
         cpu_pieces.push_back({cpu_start[i], now, double(s.n)});
         if (own_upload) {  // the new parameters go up on the runtime's own stream; then it is done
-          up_own.queue.push_back({i, Stage::param_up});
+          up_lane.queue.push_back({i, Stage::param_up});
         } else if (w.caller_on_gpu) {  // the new parameters go up; the write-back is queued and waits for them
           s.input_ready = false;
           h2d.queue.push_back({i, Stage::param_up});
@@ -264,7 +267,7 @@ Simulation simulate_phase(const Workload& w, const std::vector<PlanSide>& plan, 
         }
         break;
       case Stage::param_up:
-        if (&lane == &up_own) finish(i);
+        if (own_upload) finish(i);  // the runtime's own upload: the subgroup is done
         else s.input_ready = true;
         break;
       case Stage::scatter: finish(i); break;

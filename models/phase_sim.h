@@ -23,9 +23,10 @@
 // The resources and what each subgroup asks of them (n its parameters, gb the staged gradient's
 // bytes per parameter, pb the parameters' bytes per parameter; caller on the GPU):
 //   CPU subgroup:      GPU: staging n / D_c;  D2H: gb n;  CPU: Adam on n;  H2D: pb n;  GPU: write-back
-//                      (with Execution::own_grad_download: D2H gb n on a stream of its own from its
-//                      submission, no staging on the GPU; with Execution::own_param_upload: H2D pb n
-//                      on a stream of its own, no write-back)
+//                      (with Execution::own_grad_download: D2H gb n from its submission, no staging
+//                      on the GPU, beside StarPU's stream or, by the copy engine, in its queue; with
+//                      Execution::own_param_upload: H2D pb n beside StarPU's stream or in its
+//                      queue, no write-back)
 //   streamed subgroup: H2D: 12 n (prefetched);  GPU: Adam n / U_g;  D2H: 12 n
 //   resident subgroup: GPU: Adam n / U_g
 // (caller in host memory: a CPU subgroup is the CPU Adam alone; a streamed one moves 12 + gb up and
@@ -69,6 +70,17 @@ struct Execution {
   /// staging task in the GPU's queue, then StarPU's device-to-host stream behind what was asked
   /// before. The runtime does this only when the gradients keep the caller's dtype.
   bool own_grad_download = false;
+  /// With own_grad_download: the runtime's gradient downloads go by the GPU's copy engine
+  /// (cudaMemcpyAsync; dos::runtime_copies_by_copy_engine, the runtime's default), which serves them
+  /// and StarPU's device-to-host stream one at a time in the order asked, at B_d2h: a download asked
+  /// for after a streamed state's write-back waits behind it. false: by a kernel, beside StarPU's
+  /// stream, as own_grad_download says.
+  bool grad_download_by_copy_engine = false;
+  /// With own_param_upload: the runtime's parameter uploads go by the copy engine, behind every
+  /// streamed state StarPU asked to bring up before them, at B_h2d (DOS_COPY_BY=memcpy or
+  /// memcpy-up). false: by a kernel, beside StarPU's stream, as own_param_upload says (the
+  /// runtime's default).
+  bool param_upload_by_copy_engine = false;
 };
 
 /// GPU bytes subgroup of n parameters on `side` holds while in flight (the runtime's footprint):

@@ -26,12 +26,6 @@ namespace dos::detail {
 #if defined(DOS_HAVE_CUDA)
 
 namespace {
-/// Whether the copies of one direction (up: parameters to the GPU) go by pcie_copy_cuda, as
-/// runtime_copy_by says.
-bool copies_by_kernel(bool up) {
-  const char* by = dos::runtime_copy_by();
-  return std::strcmp(by, "memcpy") != 0 && std::strcmp(by, up ? "memcpy-up" : "memcpy-down") != 0;
-}
 /// pcie_copy_cuda's grid: DOS_COPY_BLOCKS (a measurement switch: a whole number 1..65535), else 0
 /// (one block per multiprocessor); any other value is ignored, with a warning on stderr.
 unsigned kernel_blocks() {
@@ -199,7 +193,8 @@ void CopyStream::issue(const Job& job, Result& res, cudaStream_t stream) {
   // runtime could not pin it) is not, and goes by cudaMemcpyAsync
   char* host = static_cast<char*>(job.host);
   char* host_dev = nullptr;
-  if (copies_by_kernel(up) && cudaHostGetDevicePointer(reinterpret_cast<void**>(&host_dev), host, 0) != cudaSuccess) {
+  if (!dos::runtime_copies_by_copy_engine(up) &&
+      cudaHostGetDevicePointer(reinterpret_cast<void**>(&host_dev), host, 0) != cudaSuccess) {
     cudaGetLastError();  // not mapped: clear the error
     host_dev = nullptr;
     static std::atomic<bool> warned{false};

@@ -9,13 +9,19 @@
 // quarter every CPU subgroup's parameter upload ran after the last streamed Adam, in a tail of
 // about 85 ms with nothing else on the link, and the CPU waited 21-28 ms at a time for gradients.
 // Here each copy is issued on a CUDA stream of the CopyStream's own as soon as StarPU hands over
-// the staging buffer, beside the streaming, and made by a kernel (pcie_copy_cuda,
-// codelets/kernels/pcie_copy.h) through the pinned staging buffer's mapped pointer: a
-// cudaMemcpyAsync there would wait for the copy engine behind StarPU's queue of streamed state
-// (measured: 710 ms for the first 248 MB parameter upload of the 20B quarter's phase, until the
-// streaming had ended). Staging that is not pinned (the runtime could not pin it) goes by
-// cudaMemcpyAsync; so does every copy with DOS_COPY_BY=memcpy, and those of one direction with
-// DOS_COPY_BY=memcpy-down or memcpy-up (measurement switches, copy_stream.cpp). Same bytes
+// the staging buffer, beside the streaming. Which engine makes it, as
+// dos::runtime_copies_by_copy_engine says (DOS_COPY_BY):
+//   - the parameters up, by default by a kernel (pcie_copy_cuda, codelets/kernels/pcie_copy.h)
+//     through the pinned staging buffer's mapped pointer: a cudaMemcpyAsync there would wait for
+//     the copy engine behind StarPU's queue of streamed state (measured: 710 ms, and again 627 ms,
+//     for the first 248 MB parameter upload of the 20B quarter's phase, until the streaming had
+//     ended);
+//   - the gradients down, by default by cudaMemcpyAsync: they are asked for when the phase is
+//     submitted, before StarPU writes any streamed state back, so the copy engine takes them first;
+//     made by the kernel they held back StarPU's upload of the first streamed state (the first
+//     streamed Adam began at 100-110 ms instead of 41-68 ms) while the kernels wrote into host
+//     memory. Those asked for after write-backs began wait behind them, ahead of the CPU's need.
+// Staging that is not pinned (the runtime could not pin it) goes by cudaMemcpyAsync. Same bytes
 // either way. DOS_COPY_BLOCKS=N (a measurement switch) sets the kernel's grid (default: one block
 // per multiprocessor); the kernel shares the GPU's cores with whatever else runs there.
 //

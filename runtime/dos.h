@@ -135,17 +135,30 @@ bool runtime_uploads_params();
 /// phase simulation follows the same choice (Execution::own_grad_download). Same results either way.
 bool runtime_downloads_grads();
 
-/// The values DOS_COPY_BY may take (runtime_copy_by).
-inline constexpr const char* kCopyByValues[] = {"kernel", "memcpy", "memcpy-down", "memcpy-up"};
+/// The values DOS_COPY_BY may take (runtime_copy_by); the first is the default.
+inline constexpr const char* kCopyByValues[] = {"memcpy-down", "kernel", "memcpy", "memcpy-up"};
 
 /// How the runtime's own copies (runtime_uploads_params, runtime_downloads_grads) go, as the
-/// environment's DOS_COPY_BY says (a measurement switch, read once): "kernel" (unset, or a value
-/// not in kCopyByValues, with a warning on stderr) through the pinned staging's mapped pointer;
-/// "memcpy" both directions by cudaMemcpyAsync; "memcpy-down" the gradient downloads by
-/// cudaMemcpyAsync and the parameter uploads by the kernel (to measure whether the download kernels
-/// delay the first streamed Adam, as the 20B quarter's timelines suggest); "memcpy-up" the
-/// reverse. Same results every way.
+/// environment's DOS_COPY_BY says (read once): "memcpy-down" (the default: unset, or a value not in
+/// kCopyByValues, with a warning on stderr) the gradient downloads by cudaMemcpyAsync (the GPU's
+/// copy engine) and the parameter uploads by a kernel through the pinned staging's mapped pointer;
+/// "kernel" both directions by the kernel; "memcpy" both by cudaMemcpyAsync; "memcpy-up" the
+/// uploads by cudaMemcpyAsync and the downloads by the kernel. The last three are measurement
+/// switches. Why the default (measured on the GPU machine, 20B quarter, 19 CPU subgroups of 248 MB
+/// of gradients each, downloaded at the phase's start): downloads by the kernel ran back to back for
+/// about 110 ms and held back the streamed state's upload, so the first streamed Adam began at
+/// 100-110 ms; by the copy engine at 41-68 ms. An upload by cudaMemcpyAsync waits behind every
+/// streamed state StarPU has queued up (the first 248 MB one ended only at 672 ms, after the last
+/// streamed Adam). Same results every way.
 const char* runtime_copy_by();
+
+/// Whether the runtime's own copies of one direction (up: the CPU-updated parameters to the GPU;
+/// otherwise the gradients to host staging) go by cudaMemcpyAsync (the copy engine, shared in order
+/// with StarPU's transfers of the same direction) rather than by a kernel, as runtime_copy_by()
+/// says. The plan's phase simulation follows it (Execution::grad_download_by_copy_engine,
+/// param_upload_by_copy_engine). Staging the runtime could not pin goes by cudaMemcpyAsync whatever
+/// this says.
+bool runtime_copies_by_copy_engine(bool up);
 
 /// The runtime's clock, seconds: StarPU's (starpu_timing_now(): StarPU 1.3.10 reads CLOCK_MONOTONIC,
 /// counted from StarPU's start while a Runtime runs), which

@@ -317,6 +317,8 @@ struct Optimizer::Impl {
     e.cpu_workers = rt->cpu_workers();
     e.own_param_upload = own_param_upload();
     e.own_grad_download = own_grad_download();
+    e.grad_download_by_copy_engine = runtime_copies_by_copy_engine(false);
+    e.param_upload_by_copy_engine = runtime_copies_by_copy_engine(true);
     return e;
   }
   /// Whether subgroup i's new parameters go to the caller's GPU tensors by the runtime's own upload

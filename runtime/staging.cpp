@@ -37,11 +37,16 @@ const char* runtime_copy_by() {
     if (!v || !*v) return kCopyByValues[0];
     for (const char* k : kCopyByValues)
       if (std::strcmp(v, k) == 0) return k;
-    std::fprintf(stderr, "[dos] warning: DOS_COPY_BY='%s' is not kernel, memcpy, memcpy-down or memcpy-up: ignored "
-                         "(both directions by the kernel)\n", v);
+    std::fprintf(stderr, "[dos] warning: DOS_COPY_BY='%s' is not memcpy-down, kernel, memcpy or memcpy-up: ignored "
+                         "(the default, memcpy-down: gradients down by the copy engine, parameters up by the kernel)\n", v);
     return kCopyByValues[0];
   }();
   return by;
+}
+
+bool runtime_copies_by_copy_engine(bool up) {
+  const char* by = runtime_copy_by();
+  return std::strcmp(by, "memcpy") == 0 || std::strcmp(by, up ? "memcpy-up" : "memcpy-down") == 0;
 }
 
 namespace {

@@ -87,7 +87,7 @@ case "$mode" in
     # own copies from and to the GPU (lanes d2h and h2d).
     run --policy cpu --save-params "$tmp/plain.safetensors"
     run --policy cpu --emulate-compute --overlap off --tokens 256 --cpu-scale 16 --report "$tmp/r.json" --timeline "$tmp/t.json" \
-      --save-params "$tmp/emulated.safetensors" --copy-by memcpy-down
+      --save-params "$tmp/emulated.safetensors" --copy-by kernel
     "$cmp" "$tmp/plain.safetensors" "$tmp/emulated.safetensors" || exit 1
     python3 - "$tmp/r.json" "$tmp/t.json" <<'PY'
 import json, sys
@@ -101,7 +101,7 @@ assert s["peak_gpu_bytes_median"] > 0 and s["tokens_per_iteration"] == (256 if g
 for it in r["iterations"]:
     assert it["iteration_seconds"] >= it["forward_seconds"] + it["backward_seconds"] + it["update_seconds"] - 1e-9, it
 assert t["iteration"] == 3 and t["policy"] == "cpu", t
-assert r["copy_by"] == "memcpy-down", r["copy_by"]  # --copy-by: the same bits (compared above)
+assert r["copy_by"] == "kernel", r["copy_by"]  # --copy-by: the same bits (compared above)
 kinds = sorted((x["what"], x["subgroup"]) for x in t["tasks"])
 n = r["subgroups"]
 assert kinds == sorted([(w, i) for w in ("adam", "gather", "scatter") for i in range(n)]), kinds

@@ -221,6 +221,50 @@ void test_own_grad_download(void**) {
   ASSERT_NEAR(with, dos::simulate_phase(host, plan, r, e).total, 0.0);
 }
 
+// The runtime's own copies made by the GPU's copy engine (Execution::grad_download_by_copy_engine,
+// param_upload_by_copy_engine) join StarPU's stream of their direction, first in first out; the
+// rates and subgroups of test_own_param_upload.
+// Downloads, plan order, with the CPU subgroup of 1.5e10 of test_own_grad_download's last case:
+// its gradient (3e10 bytes) goes down first, [0, 2.5] at B; the streamed state (up [0, 1], Adam
+// [1, 1 + 1e-6]) waits behind it and goes home in [2.5, 3.5]; CPU Adam [2.5, 4], parameters up by
+// the kernel with the link up idle, 2.5 s: 6.5; PCIe down busy 3.5. (By the kernel, beside: 7,
+// the state home at 2 + 1e-6.)
+// Uploads, cpu_first, own download off (a staging task [0, 3e-6], the gradient down to 0.5 + 3e-6,
+// CPU Adam to 0.8 + 3e-6): the parameters wait behind the state [0, 1] and go up in [1, 1.5], so the
+// link up is busy 1.5 s (by the kernel: 1.4 + 1.5e-6, test_own_param_upload); the state home at
+// 2 + 1e-6 either way.
+void test_own_copies_by_copy_engine(void**) {
+  const OwnCopyCase c;
+  dos::Execution e;
+  e.order = dos::SubmitOrder::plan;
+  e.own_param_upload = e.own_grad_download = true;
+  e.grad_download_by_copy_engine = true;
+  const dos::Workload big = workload({1000000000, 15000000000}, true);
+  const dos::Simulation down = dos::simulate_phase(big, c.plan, c.r, e);
+  ASSERT_NEAR(down.stream_end, 3.5, 1e-9);
+  ASSERT_NEAR(down.total, 6.5, 1e-9);
+  ASSERT_NEAR(down.d2h, 3.5, 1e-9);
+  e.grad_download_by_copy_engine = false;
+  ASSERT_NEAR(dos::simulate_phase(big, c.plan, c.r, e).total, 7, 1e-9);
+  // the flag means nothing without the runtime's own download
+  e.own_grad_download = false;
+  e.grad_download_by_copy_engine = true;
+  const double task = dos::simulate_phase(big, c.plan, c.r, e).total;
+  e.grad_download_by_copy_engine = false;
+  ASSERT_NEAR(task, dos::simulate_phase(big, c.plan, c.r, e).total, 0.0);
+
+  e.order = dos::SubmitOrder::cpu_first;
+  e.param_upload_by_copy_engine = true;
+  const dos::Simulation up = dos::simulate_phase(c.w, c.plan, c.r, e);
+  assert_true(up.cpu_first);
+  ASSERT_NEAR(up.h2d, 1.5, 1e-9);
+  ASSERT_NEAR(up.stream_end, 2 + 1e-6, 1e-9);
+  ASSERT_NEAR(up.total, 2 + 1e-6, 1e-9);
+  ASSERT_NEAR(up.gpu, 3e-6 + 1e-6, 1e-12);  // the staging task and the streamed Adam: no write-back task
+  e.param_upload_by_copy_engine = false;
+  ASSERT_NEAR(dos::simulate_phase(c.w, c.plan, c.r, e).h2d, 1.4 + 1.5e-6, 1e-9);
+}
+
 // The update budget: two CPU subgroups (caller on the GPU, staging 4 B per parameter) and a budget
 // of one subgroup's staging: the second starts only when the first's parameters are back, so the
 // phase is twice one subgroup's chain: gradient down 0.2 s, Adam 1 s, parameters up 0.2 s. Without
@@ -452,7 +496,8 @@ int main() {
       cmocka_unit_test(test_host_memory_shared), cmocka_unit_test(test_order),       cmocka_unit_test(test_budget),
       cmocka_unit_test(test_choice_and_bound),   cmocka_unit_test(test_search_many), cmocka_unit_test(test_search_strides), cmocka_unit_test(test_cpu_workers),
       cmocka_unit_test(test_cpu_after_stream),   cmocka_unit_test(test_bad_input), cmocka_unit_test(test_own_param_upload),
-      cmocka_unit_test(test_own_grad_download), cmocka_unit_test(test_busiest_resource),
+      cmocka_unit_test(test_own_grad_download),
+      cmocka_unit_test(test_own_copies_by_copy_engine), cmocka_unit_test(test_busiest_resource),
   };
   return cmocka_run_group_tests(tests, nullptr, nullptr);
 }

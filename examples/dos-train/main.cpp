@@ -114,6 +114,8 @@ int run_plan_only(const Args& a, const ModelConfig& cfg, const std::vector<Param
   // the runtime's own gradient download needs no conversion: the gradients keep the parameters' dtype
   po.execution.own_grad_download = po.workload.caller_on_gpu && dos::runtime_downloads_grads() &&
                                    po.workload.grad_bytes == po.workload.param_bytes;
+  po.execution.grad_download_by_copy_engine = dos::runtime_copies_by_copy_engine(false);
+  po.execution.param_upload_by_copy_engine = dos::runtime_copies_by_copy_engine(true);
   po.workload.cpu_grads_staged_on_gpu = !po.execution.own_grad_download;
   po.workload.cpu_params_staged_on_gpu = !po.execution.own_param_upload;
   if (!a.rates.empty()) po.rates = &rates, po.calibrated = &calibrated_rates;

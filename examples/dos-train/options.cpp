@@ -202,7 +202,7 @@ Checked check_options(const Args& a) {
     fail("--grad-transfer must be fp32 or native, got '" + a.grad_transfer + "'");
   if (!a.copy_by.empty() && std::none_of(std::begin(dos::kCopyByValues), std::end(dos::kCopyByValues),
                                          [&](const char* k) { return a.copy_by == k; }))
-    fail("--copy-by must be kernel, memcpy, memcpy-down or memcpy-up, got '" + a.copy_by + "'");
+    fail("--copy-by must be memcpy-down, kernel, memcpy or memcpy-up, got '" + a.copy_by + "'");
   if (a.writeback != "eager" && a.writeback != "end") fail("--writeback must be eager or end, got '" + a.writeback + "'");
   if (c.update_budget > 0 && a.writeback != "eager") fail("--gpu-update-budget needs --writeback eager");
   if (a.tokens < 1) fail("--tokens must be at least 1, got " + std::to_string(a.tokens));
@@ -310,10 +310,11 @@ int parse_command_line(int argc, char** argv, Args& a) {
                  "the model's dtype, widened by the CPU's Adam kernel: half the bytes for bf16/fp16)")
       ->capture_default_str();
   app.add_option("--copy-by", a.copy_by,
-                 "a measurement switch (DOS_COPY_BY, which it replaces for this run): the runtime's own copies of "
-                 "CPU-updated subgroups between the model's GPU tensors and host staging by a kernel through mapped "
-                 "memory (kernel, the default), by cudaMemcpyAsync (memcpy), or one direction by cudaMemcpyAsync "
-                 "(memcpy-down: the gradient downloads; memcpy-up: the parameter uploads); the same bits every way");
+                 "how the runtime's own copies of CPU-updated subgroups between the model's GPU tensors and host "
+                 "staging go (DOS_COPY_BY, which it replaces for this run): memcpy-down (the default) the gradients "
+                 "down by cudaMemcpyAsync and the parameters up by a kernel through mapped memory; kernel, memcpy "
+                 "and memcpy-up (measurement switches) both by the kernel, both by cudaMemcpyAsync, or only the "
+                 "uploads by cudaMemcpyAsync; the same bits every way");
   app.add_flag("--urgent-writeback", a.urgent_writeback,
                "push the CPU-updated subgroups' parameter write-back tasks ahead of the queued GPU work; only with "
                "--device host or DOS_PARAM_UPLOAD=task (otherwise the runtime copies those parameters to the GPU "

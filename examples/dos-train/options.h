@@ -43,7 +43,7 @@ struct Args {
   int stream_lookahead = 3;
   std::string writeback = "eager";
   std::string grad_transfer = "native";
-  std::string copy_by;  ///< --copy-by: "" (as DOS_COPY_BY says, else kernel), kernel, memcpy, memcpy-down, memcpy-up
+  std::string copy_by;  ///< --copy-by: "" (as DOS_COPY_BY says, else memcpy-down), memcpy-down, kernel, memcpy, memcpy-up
   bool urgent_writeback = false;
   std::string submit_order = "plan";
   std::string timeline;

@@ -269,6 +269,13 @@ class Runtime {
 ///   scripts/setup.sh builds): with cudaFree, each buffer StarPU frees under the update budget waits
 ///   for the whole GPU, backward's kernels included, and the 20B quarter's emulated iteration took
 ///   1.61 s instead of 1.26 s (README, "Measured"). With a site's own StarPU, measure both.
+/// tail_subgroups: late binding of the plan's tail (models/tail_binding.h). With a plan that both
+///   streams and updates on the CPU, the last tail_subgroups subgroups of the plan's CPU and streamed
+///   ones (index order; none updated speculatively) are left out of the submission, and a thread of
+///   the phase gives each, in index order, to the side projected to end first when either side's
+///   work ahead falls to one of its updates, from the pace each side has kept in this phase. 0
+///   (default): the plan as made. Results are the same bits either way; StepStats::tail_bound and
+///   tail_moved say what it did.
 struct OptimizerOptions {
   AdamHyper adam;
   std::size_t subgroup_size = 100000000;
@@ -286,6 +293,7 @@ struct OptimizerOptions {
   SubmitOrder submit_order = SubmitOrder::plan;
   std::int64_t speculation_budget = -1;
   bool speculate_streamed = true;
+  std::size_t tail_subgroups = 0;
 };
 
 /// What the caller found once every gradient of a step was final (Optimizer::finish_step).
@@ -380,6 +388,11 @@ struct StepStats {
   /// refinement divides the PCIe bytes by.
   bool cpu_first = false;
   double stream_end_seconds = 0;
+  /// Late binding (OptimizerOptions::tail_subgroups): subgroups whose side was decided while the
+  /// phase ran, and of those, the ones given the other side than the plan's (`plan` keeps the plan's
+  /// sides, `placement` says where each ran).
+  std::size_t tail_bound = 0;
+  std::size_t tail_moved = 0;
   /// Overlap (Optimizer::begin_step ... finish_step): whether the phase was opened by begin_step;
   /// exposed_seconds: wall time of finish_step (of step() for a plain step: about `seconds`), the
   /// part of the phase the caller waited for after its gradients were all final; `seconds` then

@@ -85,6 +85,10 @@ struct Subgroup {
   // timeline's write-back span (it starts there: the write-back waits for that task)
   std::atomic<double> adam_end_us{0};
   struct PhaseBusy* busy = nullptr;  // the optimizer's busy sums of the phase
+  // Late binding of the plan's tail (OptimizerOptions::tail_subgroups): what the phase's binder
+  // watches, and the side this subgroup's Adam counts on there (0: none, 1: CPU, 2: stream).
+  struct TailWatch* tail = nullptr;
+  std::atomic<int> tail_side{0};
 
   Subgroup() = default;
   Subgroup(const Subgroup&) = delete;
@@ -146,6 +150,48 @@ struct Pending {
   }
 };
 
+/// What the late binding of a plan's tail watches while the phase runs (OptimizerOptions::
+/// tail_subgroups, models/tail_binding.h): each side's parameters submitted whose Adam has not
+/// ended, and the pace each side kept. The Adam tasks' callbacks write it (adam_ended), the
+/// phase's binder thread reads it. Times: starpu_timing_now()'s microseconds.
+struct TailWatch {
+  std::mutex mu;
+  std::condition_variable cv;
+  double t0_us = 0;                       // the phase's start
+  double cpu_out = 0, stream_out = 0;     // parameters submitted to each side, Adam not ended
+  double cpu_seconds = 0, cpu_params = 0;  // the CPU Adam tasks ended: busy seconds, parameters
+  double cpu_last_end_us = 0;
+  // the stream's Adam ends: the first, the last, and the parameters of those after the first
+  double stream_first_end_us = 0, stream_last_end_us = 0, stream_params_after_first = 0;
+  bool stop = false;  // the phase is being torn down: the binder gives up
+  /// n parameters given to one side (cpu, else the stream).
+  void submitted(bool cpu, double n) {
+    std::lock_guard<std::mutex> g(mu);
+    (cpu ? cpu_out : stream_out) += n;
+  }
+  /// The Adam of n parameters given to one side ran from start_us to end_us.
+  void adam_ended(bool cpu, double n, double start_us, double end_us) {
+    {
+      std::lock_guard<std::mutex> g(mu);
+      if (cpu) {
+        cpu_out -= n;
+        cpu_seconds += 1e-6 * (end_us - start_us);
+        cpu_params += n;
+        if (end_us > cpu_last_end_us) cpu_last_end_us = end_us;
+      } else {
+        stream_out -= n;
+        if (stream_first_end_us == 0) {
+          stream_first_end_us = end_us;
+        } else {
+          stream_params_after_first += n;
+        }
+        if (end_us > stream_last_end_us) stream_last_end_us = end_us;
+      }
+    }
+    cv.notify_all();
+  }
+};
+
 /// The state of an update phase between begin_step() and the end of finish_step().
 struct OpenStep {
   StepStats st;
@@ -180,6 +226,13 @@ struct OpenStep {
   bool q_closed = false;
   std::thread submitter;
   std::string submit_error;  // the first failure of the submitter thread (empty: none)
+  // Late binding of the plan's tail (OptimizerOptions::tail_subgroups): the subgroups left out of
+  // the submission, and the thread that binds and submits them (its failure: bind_error).
+  TailWatch tail;
+  std::vector<std::size_t> tail_order;
+  std::vector<char> in_tail;
+  std::thread binder;
+  std::string bind_error;
   // the first failure of a copy of the runtime's own between the caller's GPU tensors and host
   // staging (CopyStream; empty: none): the phase fails when it ends
   mutable std::mutex copy_mu;
@@ -207,9 +260,22 @@ struct OpenStep {
     q_cv.notify_all();
     if (submitter.joinable()) submitter.join();
   }
-  /// Stops the submitter and the sampler and waits for the acquisitions still referring to `pending`.
+  /// Waits for the binder thread to end; with `stop`, tells it to give up first (a failed phase).
+  void join_binder(bool stop) {
+    if (stop) {
+      {
+        std::lock_guard<std::mutex> g(tail.mu);
+        tail.stop = true;
+      }
+      tail.cv.notify_all();
+    }
+    if (binder.joinable()) binder.join();
+  }
+  /// Stops the submitter, the binder and the sampler and waits for the acquisitions still referring
+  /// to `pending`.
   ~OpenStep() {
     drain();
+    join_binder(true);
     sampling.store(false);
     if (sampler.joinable()) sampler.join();
     pending.wait();
@@ -294,6 +360,20 @@ struct Optimizer::Impl {
   /// Subgroup i's parameter write-back, after its Adam task: the runtime's own upload
   /// (uploads_params(i)) or a scatter_cl task; then both staging buffers are invalidated.
   void scatter_params(detail::OpenStep& ph, std::size_t i);
+  /// Submits subgroup i's update in this phase (update_phase.cpp): its admission into the window,
+  /// step count, Adam task with its gradient staging and parameter write-back, and the eager
+  /// write-back of a streamed state. prefetched: its state's prefetch was asked for by the
+  /// submission's lookahead (else StarPU prefetches the task's inputs when it is pushed).
+  void submit_update(detail::OpenStep& ph, std::size_t i, bool prefetched);
+  /// The binder thread's work (OptimizerOptions::tail_subgroups): each subgroup of ph.tail_order,
+  /// in turn, once tail_due, is given bind_tail's side (plan, hint and footprint), submitted, and
+  /// its end-of-phase write-back asked for. Throws what submit_update throws.
+  void bind_tail_subgroups(detail::OpenStep& ph);
+  /// Chooses ph.tail_order and ph.in_tail (OptimizerOptions::tail_subgroups): the last
+  /// tail_subgroups subgroups, in index order, that the plan updates on the CPU or streams and that
+  /// were not updated speculatively; none without a CUDA worker, a model's plan or rates, or when
+  /// the subgroups left outside the tail do not both stream and update on the CPU.
+  void choose_tail(detail::OpenStep& ph);
   /// A copy of the runtime's own for subgroup i (staging.cpp): an asynchronous acquire of its
   /// staging handle on host memory (to_gpu: h_param16 for reading; to_host: h_grad32 for writing),
   /// whose callback queues the copy on the CopyStream of that direction; the copy's end releases

@@ -20,6 +20,7 @@
 #include "dos.h"
 #include "host_memory.h"
 #include "optimizer_impl.h"
+#include "../models/tail_binding.h"
 #include "profiling.h"
 #include "switches.h"
 
@@ -50,7 +51,11 @@ void clock_task(Subgroup* sg, const char* what) {
   }
   // the write-back span's start (a speculative Adam's write-back into its shadow is on no lane, and
   // a redone one's may still end after the reset of its redo)
-  if (std::strcmp(what, "adam") == 0) sg->adam_end_us.store(span.end_us);
+  if (std::strcmp(what, "adam") == 0) {
+    sg->adam_end_us.store(span.end_us);
+    if (const int side = sg->tail_side.load(); side != 0 && sg->tail)
+      sg->tail->adam_ended(side == 1, double(sg->size), span.start_us, span.end_us);
+  }
   if (sg->timeline) {
     try {
       sg->timeline->record(what, std::size_t(sg->hint_update.subgroup), span);
@@ -276,6 +281,7 @@ void Optimizer::Impl::begin(bool overlapped) {
   ph.final_elems.assign(n, 0);
   ph.stepped.assign(n, 0);
   ph.speculated.assign(n, 0);
+  ph.in_tail.assign(n, 0);
   // The update budget bounds the subgroups in flight; lookahead prefetches take theirs only while
   // room for one more subgroup is left, so that the subgroup being submitted always gets in.
   for (std::size_t i = 0; i < n; ++i) {
@@ -284,6 +290,8 @@ void Optimizer::Impl::begin(bool overlapped) {
     ph.largest_fp = std::max(ph.largest_fp, sg->footprint);
     sg->timeline = timeline_on ? &timeline : nullptr;
     sg->busy = &busy;
+    sg->tail = &ph.tail;
+    sg->tail_side.store(0);
     sg->spec_ended.store(false);
     sg->ran_on.store(0);
     sg->adam_end_us.store(0);
@@ -451,9 +459,10 @@ void Optimizer::Impl::finish_submit(StepVerdict verdict, bool async) {
         std::swap(sg->h_state, sg->sh_h_state);
         scatter_params(ph, i);
       }
+      choose_tail(ph);
       std::vector<std::size_t> stream_order;  // the streamed subgroups, in submission order
       for (std::size_t i = 0; i < sgs.size(); ++i)
-        if (streamed(i)) stream_order.push_back(i);
+        if (streamed(i) && !ph.in_tail[i]) stream_order.push_back(i);
       const std::size_t lookahead = gpu ? opt.stream_lookahead : 0;
       auto prefetch_state = [&](std::size_t i) {
         Subgroup* sg = sgs[i].get();
@@ -467,7 +476,7 @@ void Optimizer::Impl::finish_submit(StepVerdict verdict, bool async) {
           submission_order(plan.empty() ? std::vector<PlanSide>(sgs.size(), PlanSide::cpu) : plan, ph.cpu_first);
       std::size_t next_streamed = 0;  // position in stream_order of the next streamed subgroup
       for (const std::size_t i : order) {
-        Subgroup* sg = sgs[i].get();
+        if (ph.in_tail[i]) continue;  // bound and submitted by the binder thread
         const bool is_streamed = streamed(i);
         if (is_streamed && lookahead > 0) {
           // this subgroup's state and that of the next `lookahead` streamed ones are on their way
@@ -476,42 +485,18 @@ void Optimizer::Impl::finish_submit(StepVerdict verdict, bool async) {
         }
         if (is_streamed) ++next_streamed;
         if (ph.speculated[i]) continue;  // kept above
-        if (!ph.admitted[i]) {
-          window.take(sg->footprint);
-          ph.admitted[i] = 1;
-        }
-        const bool eager = is_streamed && opt.eager_writeback;
-        if (ph.stepped[i]) {
-          // a redone speculative update (stepped when it was speculated): its verdict's piece of
-          // work is this write-back; its shadow's write-backs may still run
-          sg->parts_left.fetch_add(eager ? 1 : 0);
-        } else {
-          sg->parts_left.store(1 + (eager ? 1 : 0));
-          sg->step += 1;
-          ph.stepped[i] = 1;
-        }
-        sg->hint_update.prefetch = !(is_streamed && lookahead > 0);
-        sg->adam.sp = make_adam_step_params(opt.adam, sg->step);
-        sg->ran_on.store(0);
-        sg->adam_end_us.store(0);
-        if (direct_path(i)) {
-          // One task: Adam on the state, reading the caller's gradients and writing its parameters in
-          // place (their dtype), so nothing but the state crosses PCIe and the CUDA worker runs one
-          // task per subgroup.
-          submit(adam_task(sg, &adam_direct_cl, &sg->adam_direct, STARPU_CUDA, adam_direct_done), "Adam");
-          if (eager) write_back(ph, sg, STARPU_R, true);
-          continue;
-        }
-        stage_gradient(ph, i);
-        struct starpu_task* a = adam_task(sg, &adam_cl, &sg->adam, STARPU_CPU | STARPU_CUDA, record_worker);
-        a->handles[1] = sg->h_grad32;
-        a->handles[2] = sg->h_param16;
-        submit(a, "Adam");
-        scatter_params(ph, i);
-        if (eager) write_back(ph, sg, STARPU_R, true);
+        submit_update(ph, i, is_streamed && lookahead > 0);
       }
+      if (!ph.tail_order.empty()) ph.binder = std::thread([this, &ph] {
+        try {
+          bind_tail_subgroups(ph);
+        } catch (const std::exception& e) {
+          ph.bind_error = e.what();
+        }
+      });
     }
   } catch (const std::exception& e) {
+    ph.join_binder(true);
     ph.pending.wait();  // the acquires already made call back into `pending` and the subgroups
     fail(e.what());
   }
@@ -520,15 +505,126 @@ void Optimizer::Impl::finish_submit(StepVerdict verdict, bool async) {
   // data, it only invalidates the device copy). Resident subgroups keep their state on the GPU.
   try {
     for (std::size_t i = 0; i < sgs.size(); ++i) {
-      if (!plan.empty() && plan[i] == PlanSide::gpu_resident) continue;
+      if (ph.in_tail[i] || (!plan.empty() && plan[i] == PlanSide::gpu_resident)) continue;  // the binder: after its tasks
       write_back(ph, sgs[i].get(), STARPU_RW, false);
     }
   } catch (const std::exception& e) {
+    ph.join_binder(true);
     ph.pending.wait();
     fail(e.what());
   }
   ph.finishing = true;
   ph.waited += std::chrono::duration<double>(std::chrono::steady_clock::now() - t_finish).count();
+}
+
+void Optimizer::Impl::submit_update(OpenStep& ph, std::size_t i, bool prefetched) {
+  Subgroup* sg = sgs[i].get();
+  const bool is_streamed = !plan.empty() && plan[i] == PlanSide::gpu_streamed;
+  if (!ph.admitted[i]) {
+    window.take(sg->footprint);
+    ph.admitted[i] = 1;
+  }
+  const bool eager = is_streamed && opt.eager_writeback;
+  if (ph.stepped[i]) {
+    // a redone speculative update (stepped when it was speculated): its verdict's piece of
+    // work is this write-back; its shadow's write-backs may still run
+    sg->parts_left.fetch_add(eager ? 1 : 0);
+  } else {
+    sg->parts_left.store(1 + (eager ? 1 : 0));
+    sg->step += 1;
+    ph.stepped[i] = 1;
+  }
+  sg->hint_update.prefetch = !prefetched;
+  sg->adam.sp = make_adam_step_params(opt.adam, sg->step);
+  sg->ran_on.store(0);
+  sg->adam_end_us.store(0);
+  if (!ph.tail_order.empty() && !plan.empty() && plan[i] != PlanSide::gpu_resident) {
+    // the binder's pace: every CPU and streamed update of the phase counts
+    sg->tail_side.store(is_streamed ? 2 : 1);
+    ph.tail.submitted(!is_streamed, double(sg->size));
+  }
+  if (direct_path(i)) {
+    // One task: Adam on the state, reading the caller's gradients and writing its parameters in
+    // place (their dtype), so nothing but the state crosses PCIe and the CUDA worker runs one
+    // task per subgroup.
+    submit(adam_task(sg, &adam_direct_cl, &sg->adam_direct, STARPU_CUDA, adam_direct_done), "Adam");
+    if (eager) write_back(ph, sg, STARPU_R, true);
+    return;
+  }
+  stage_gradient(ph, i);
+  struct starpu_task* a = adam_task(sg, &adam_cl, &sg->adam, STARPU_CPU | STARPU_CUDA, record_worker);
+  a->handles[1] = sg->h_grad32;
+  a->handles[2] = sg->h_param16;
+  submit(a, "Adam");
+  scatter_params(ph, i);
+  if (eager) write_back(ph, sg, STARPU_R, true);
+}
+
+void Optimizer::Impl::choose_tail(OpenStep& ph) {
+  ph.tail_order.clear();
+  if (opt.tail_subgroups == 0 || cuda_nodes.empty() || plan.empty() || !have_rates) return;
+  std::vector<std::size_t> tail;
+  for (std::size_t i = sgs.size(); i-- > 0 && tail.size() < opt.tail_subgroups;)
+    if (plan[i] != PlanSide::gpu_resident && !ph.speculated[i] && !ph.stepped[i]) tail.push_back(i);
+  std::vector<char> in(sgs.size(), 0);
+  for (std::size_t i : tail) in[i] = 1;
+  // the binder learns each side's pace from the updates submitted before the tail: it needs both
+  bool cpu = false, stream = false;
+  for (std::size_t i = 0; i < sgs.size(); ++i)
+    if (!in[i]) {
+      cpu = cpu || plan[i] == PlanSide::cpu;
+      stream = stream || plan[i] == PlanSide::gpu_streamed;
+    }
+  if (!cpu || !stream) return;
+  ph.tail_order.assign(tail.rbegin(), tail.rend());
+  ph.in_tail = std::move(in);
+  std::lock_guard<std::mutex> g(ph.tail.mu);
+  ph.tail.t0_us = timeline.t0_us;
+}
+
+void Optimizer::Impl::bind_tail_subgroups(OpenStep& ph) {
+  TailWatch& w = ph.tail;
+  const double workers = double(std::max<std::size_t>(1, rt->cpu_workers()));
+  // Before a side has a pace of its own in this phase: the model's rates (the CPU beside DMA, the
+  // state's 12 bytes per parameter up at B_h2d)
+  const double cpu_model = 1.0 / (rates.U_c_dma * workers), stream_model = 12.0 / rates.B_h2d;
+  const double cpu_drain = double(workload.param_bytes) / rates.B_h2d, stream_drain = 12.0 / rates.B_d2h;
+  for (const std::size_t i : ph.tail_order) {
+    Subgroup* sg = sgs[i].get();
+    const std::size_t n = sg->size;
+    PlanSide side;
+    {
+      std::unique_lock<std::mutex> l(w.mu);
+      for (;;) {
+        if (w.stop) return;
+        const double now = starpu_timing_now();
+        SideOutlook cpu, stream;
+        cpu.pace = w.cpu_params > 0 ? w.cpu_seconds / w.cpu_params / workers : cpu_model;
+        cpu.drain = cpu_drain;
+        // work ahead: what is given and not ended, less what the running update has done since the
+        // side's last end (or the phase's start)
+        cpu.left = std::max(0.0, w.cpu_out * cpu.pace - 1e-6 * (now - std::max(w.cpu_last_end_us, w.t0_us)));
+        stream.pace = w.stream_params_after_first > 0
+                          ? 1e-6 * (w.stream_last_end_us - w.stream_first_end_us) / w.stream_params_after_first
+                          : stream_model;
+        stream.drain = stream_drain;
+        stream.left =
+            std::max(0.0, w.stream_out * stream.pace - 1e-6 * (now - std::max(w.stream_last_end_us, w.t0_us)));
+        if (tail_due(n, cpu, stream)) {
+          side = bind_tail(n, cpu, stream);
+          break;
+        }
+        w.cv.wait_for(l, std::chrono::milliseconds(1));  // an Adam's end, or time passing
+      }
+    }
+    ph.st.tail_bound += 1;
+    if (side != plan[i]) ph.st.tail_moved += 1;
+    plan[i] = side;
+    sg->hint_update.side = side == PlanSide::cpu ? Side::cpu : Side::gpu;
+    sg->footprint = subgroup_footprint(workload, sg->size, side);
+    submit_update(ph, i, false);
+    write_back(ph, sg, STARPU_RW, false);  // the end of the phase, after its tasks
+  }
 }
 
 void Optimizer::Impl::wait_parameters(std::size_t begin, std::size_t end) {
@@ -562,6 +658,7 @@ void Optimizer::Impl::wait_parameters(std::size_t begin, std::size_t end) {
 void Optimizer::Impl::wait_work() {
   OpenStep* ph = open.get();  // stays until wait_step, which does not start before this returns
   if (!ph || !ph->finishing) return;
+  ph->join_binder(false);  // every subgroup of the tail submitted, its write-back asked for
   ph->pending.wait();
   starpu_task_wait_for_all();
 }
@@ -573,6 +670,7 @@ StepStats Optimizer::Impl::finish_wait() {
   const StepVerdict verdict = ph.verdict;
   const auto t_wait = std::chrono::steady_clock::now();
   wait_work();  // every callback has run (nothing refers to `pending` any more), every task ended
+  if (!ph.bind_error.empty()) fail("submitting the plan's tail failed (" + ph.bind_error + ")");
   if (ph.refused) fail("StarPU refused to bring " + std::to_string(ph.refused) + " buffer(s) back to host memory");
   if (const std::string e = ph.copy_failure(); !e.empty())
     fail("a copy between the GPU and host memory failed (" + e + ")");
@@ -627,6 +725,15 @@ StepStats Optimizer::Impl::finish_wait() {
         }
   }
   measure.streamed = st.planned_streamed;
+  if (st.tail_moved > 0) {
+    // the refinement compares the phase with the simulation of what ran: the plan as bound
+    measure.streamed = std::size_t(std::count(plan.begin(), plan.end(), PlanSide::gpu_streamed));
+    try {
+      ph.sim = simulate_phase(workload, plan, rates, execution());
+    } catch (const std::logic_error&) {
+      ph.sim.total = predict(workload, plan, rates).total;
+    }
+  }
   measure.cpu_adam_seconds = st.cpu_adam_seconds;
   measure.stream_end_seconds = st.stream_end_seconds;
   measure.eager_writeback = opt.eager_writeback;

@@ -69,6 +69,8 @@ expect "eager or end" --writeback later
 expect "fp32 or native" --grad-transfer fp8
 expect "memcpy-down, kernel, memcpy or memcpy-up" --copy-by memcopy
 expect "stream-lookahead" --stream-lookahead -1
+expect "tail-subgroups must be in" --tail-subgroups -1
+expect "needs --policy dos or static:R" --policy cpu --tail-subgroups 2
 expect "grad-parts" --grad-parts -1
 expect "grad-parts" --grad-parts 5000
 expect "must be auto, mpi or nccl" --comm nccI

@@ -2,7 +2,7 @@
 # dos-train end to end: the saved fp32 master parameters of the same model and seed must be
 # bit-identical under the cpu policy and StarPU's dmda (both update on the CPU here), and, where a
 # GPU exists, within a relative 1e-6 of each other under cpu and gpu (see README, "Tolerance").
-#   e2e_policies.sh DOS_TRAIN ST_COMPARE cpu-dmda|cpu-gpu|cpu-dos|shards|resume|staging|iteration|overlap
+#   e2e_policies.sh DOS_TRAIN ST_COMPARE cpu-dmda|cpu-gpu|cpu-dos|tail|shards|resume|staging|iteration|overlap
 set -u
 train=$1 cmp=$2 mode=$3
 tmp=$(mktemp -d)
@@ -56,6 +56,31 @@ case "$mode" in
     run --policy round-robin --save-params "$tmp/rr.safetensors"
     "$cmp" "$tmp/cpu.safetensors" "$tmp/dos.safetensors" 1e-6 && "$cmp" "$tmp/cpu.safetensors" "$tmp/static.safetensors" 1e-6 &&
       "$cmp" "$tmp/cpu.safetensors" "$tmp/greedy.safetensors" 1e-6 && "$cmp" "$tmp/cpu.safetensors" "$tmp/rr.safetensors" 1e-6 ;;
+  tail)
+    # late binding of the plan's tail (--tail-subgroups): the same results as the plan as made,
+    # within the cpu-gpu tolerance (a tail subgroup may run on either side). With a CUDA worker every
+    # iteration binds the 4 last subgroups while the phase runs; without one nothing is bound and
+    # the run is the CPU's, bit for bit.
+    run --policy cpu --save-params "$tmp/cpu.safetensors"
+    run --policy dos --gpu-fraction 1/2 --save-params "$tmp/plan.safetensors"
+    run --policy dos --gpu-fraction 1/2 --tail-subgroups 4 --report "$tmp/r.json" --save-params "$tmp/tail.safetensors"
+    "$cmp" "$tmp/plan.safetensors" "$tmp/tail.safetensors" 1e-6 || exit 1
+    python3 - "$tmp/r.json" <<'PY' || exit 1
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert r["tail_subgroups"] == 4, r["tail_subgroups"]
+gpu = r["cuda_workers"] > 0
+for it in r["iterations"]:
+    assert it["tail_bound"] == (4 if gpu else 0), it
+    assert 0 <= it["tail_moved"] <= it["tail_bound"], it
+    # the plan's own sides stay in "plan"; where each tail subgroup ran is in "placement"
+    moved = sum(p != q for p, q in zip(it["plan"][-4:], it["placement"][-4:]))
+    assert moved == it["tail_moved"], (moved, it)
+print("ok: %d iterations, tail bound %s, moved %s" % (len(r["iterations"]), [i["tail_bound"] for i in r["iterations"]],
+                                                   [i["tail_moved"] for i in r["iterations"]]))
+PY
+    [ "$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["cuda_workers"])' "$tmp/r.json")" != 0 ] ||
+      "$cmp" "$tmp/cpu.safetensors" "$tmp/tail.safetensors" ;;
   cpu-gpu)
     out=$("$train" "${common[@]}" --policy gpu --save-params "$tmp/gpu.safetensors" 2>&1)
     rc=$?

@@ -284,6 +284,7 @@ int run(const Args& args) {
   oo.gpu_resident_budget = c.resident_budget;
   oo.gpu_update_budget = c.update_budget;
   oo.stream_lookahead = unsigned(a.stream_lookahead);
+  oo.tail_subgroups = std::size_t(a.tail_subgroups);
   oo.eager_writeback = a.writeback == "eager";
   oo.native_grads = a.grad_transfer == "native";
   oo.urgent_writeback = a.urgent_writeback;

@@ -41,6 +41,7 @@ struct Args {
   std::string rates;  ///< --rates as given: six numbers or a rates file (plan_only.h)
   std::string gpu_resident_budget, gpu_update_budget;
   int stream_lookahead = 3;
+  int tail_subgroups = 0;  ///< --tail-subgroups: OptimizerOptions::tail_subgroups
   std::string writeback = "eager";
   std::string grad_transfer = "native";
   std::string copy_by;  ///< --copy-by: "" (as DOS_COPY_BY says, else memcpy-down), memcpy-down, kernel, memcpy, memcpy-up

@@ -174,10 +174,12 @@ void IterationLog::add(std::int64_t it, const std::string& label, const dos::Ste
     std::snprintf(over + used, sizeof over - used, "  grad norm %.4g%s", gc.norm,
                   s.skipped ? " (not finite: update skipped)" : gc.coef < 1 ? " (clipped)" : "");
   }
+  char tail[64] = "";
+  if (s.tail_bound > 0) std::snprintf(tail, sizeof tail, "; tail %zu bound, %zu moved", s.tail_bound, s.tail_moved);
   std::printf("iter %3lld%s  update %8.4f s  %7.3f Gparams/s  subgroups cpu %zu gpu %zu (plan: %zu streamed, %zu "
-              "resident)%s  H2D %.3f GB %.1f GB/s  D2H %.3f GB %.1f GB/s  busy cpu %3.0f%% gpu %3.0f%%%s%s\n",
+              "resident%s)%s  H2D %.3f GB %.1f GB/s  D2H %.3f GB %.1f GB/s  busy cpu %3.0f%% gpu %3.0f%%%s%s\n",
               (long long)it, label.c_str(), s.seconds, gps, s.subgroups_cpu, s.subgroups_gpu, s.planned_streamed,
-              s.planned_resident, model, s.bytes_h2d / 1e9, s.bytes_h2d * per_s / 1e9, s.bytes_d2h / 1e9,
+              s.planned_resident, tail, model, s.bytes_h2d / 1e9, s.bytes_h2d * per_s / 1e9, s.bytes_d2h / 1e9,
               s.bytes_d2h * per_s / 1e9, 100 * cpu_busy, 100 * gpu_busy, comp, over);
   nlohmann::ordered_json row = {{"iteration", it}, {"label", label}, {"update_seconds", s.seconds}, {"gparams_per_s", gps},
                                 {"subgroups_cpu", s.subgroups_cpu}, {"subgroups_gpu", s.subgroups_gpu},
@@ -187,6 +189,8 @@ void IterationLog::add(std::int64_t it, const std::string& label, const dos::Ste
                                 {"bytes_h2d", s.bytes_h2d}, {"bytes_d2h", s.bytes_d2h},
                                 {"cpu_busy_fraction", cpu_busy}, {"gpu_busy_fraction", gpu_busy},
                                 {"starpu_gpu_bytes_end", s.gpu_bytes_end}, {"window_peak_bytes", s.window_peak_bytes}};
+  row["tail_bound"] = s.tail_bound;
+  row["tail_moved"] = s.tail_moved;
   row["overlapped"] = s.overlapped;
   row["exposed_seconds"] = s.exposed_seconds;
   row["speculated"] = s.speculated;
@@ -295,6 +299,7 @@ nlohmann::ordered_json report_json(const RunFacts& f, const dos::Runtime& rt, co
   rep["gpu_resident_budget"] = f.resident_budget;
   rep["gpu_update_budget"] = f.update_budget;
   rep["stream_lookahead"] = a.stream_lookahead;
+  rep["tail_subgroups"] = a.tail_subgroups;
   rep["writeback"] = a.writeback;
   rep["grad_transfer"] = a.grad_transfer;
   rep["copy_by"] = dos::runtime_copy_by();  // --copy-by has set DOS_COPY_BY before the runtime read it

@@ -20,8 +20,11 @@ namespace dos {
 /// workers; the stream: seconds between its first and last Adam ends over the parameters updated
 /// between them); drain: seconds per parameter after a subgroup's update until it is done on this
 /// side (the CPU: its new parameters up, pb / B_h2d; the stream: its state home, 12 / B_d2h).
+/// lead: how many updates of work ahead the side needs to be given its next subgroup in time (the
+/// CPU 1: its next gradients come down while its current update runs; the stream 2: the next
+/// state goes up behind the one already on its way).
 struct SideOutlook {
-  double left = 0, pace = 0, drain = 0;
+  double left = 0, pace = 0, drain = 0, lead = 1;
 };
 
 /// The side for a tail subgroup of n parameters: PlanSide::cpu when the CPU's projected end,
@@ -31,9 +34,8 @@ struct SideOutlook {
 PlanSide bind_tail(std::size_t n, const SideOutlook& cpu, const SideOutlook& stream);
 
 /// Whether the next tail subgroup of n parameters is due now: a side's work ahead has fallen to
-/// one of its own updates of n parameters (left <= n pace: the CPU must have its next gradients
-/// downloaded, the stream its next state uploaded, while that one runs). Throws
-/// std::invalid_argument as bind_tail.
+/// its lead of its own updates of n parameters (left <= lead n pace). Throws std::invalid_argument
+/// as bind_tail, and when a lead is negative or not finite.
 bool tail_due(std::size_t n, const SideOutlook& cpu, const SideOutlook& stream);
 
 }  // namespace dos

@@ -273,7 +273,8 @@ class Runtime {
 ///   streams and updates on the CPU, the last tail_subgroups subgroups of the plan's CPU and streamed
 ///   ones (index order; none updated speculatively) are left out of the submission, and a thread of
 ///   the phase gives each, in index order, to the side projected to end first when either side's
-///   work ahead falls to one of its updates, from the pace each side has kept in this phase. 0
+///   work ahead falls to its lead (the CPU one update, the stream two: its next state goes up
+///   behind the one already on its way), from the pace each side has kept in this phase. 0
 ///   (default): the plan as made. Results are the same bits either way; StepStats::tail_bound and
 ///   tail_moved say what it did.
 struct OptimizerOptions {

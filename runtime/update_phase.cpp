@@ -492,6 +492,11 @@ void Optimizer::Impl::finish_submit(StepVerdict verdict, bool async) {
           bind_tail_subgroups(ph);
         } catch (const std::exception& e) {
           ph.bind_error = e.what();
+          // the subgroups it did not submit will not be written: a caller's wait_parameters must
+          // not wait for them, and says the step failed (wait_step then fails it)
+          ph.note_copy_error("submitting the plan's tail failed: " + ph.bind_error);
+          for (std::size_t i : ph.tail_order)
+            if (!ph.stepped[i]) params_written(sgs[i].get());
         }
       });
     }
@@ -599,6 +604,8 @@ void Optimizer::Impl::bind_tail_subgroups(OpenStep& ph) {
         if (w.stop) return;
         const double now = starpu_timing_now();
         SideOutlook cpu, stream;
+        cpu.lead = 1;
+        stream.lead = 2;
         cpu.pace = w.cpu_params > 0 ? w.cpu_seconds / w.cpu_params / workers : cpu_model;
         cpu.drain = cpu_drain;
         // work ahead: what is given and not ended, less what the running update has done since the

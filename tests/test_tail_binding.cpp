@@ -33,8 +33,8 @@ void test_bind_side(void**) {
   assert_true(dos::bind_tail(1, cpu, stream) == PlanSide::gpu_streamed);
 }
 
-// Due when a side's work ahead is down to one of its own updates of the subgroup's size: the CPU at
-// 0.03 s (1e8 x 3e-10), the stream at 0.04 s (1e8 x 4e-10).
+// Due when a side's work ahead is down to its lead (1 unless said) of its own updates of the
+// subgroup's size: the CPU at 0.03 s (1e8 x 3e-10), the stream at 0.04 s (1e8 x 4e-10).
 void test_due(void**) {
   const std::size_t n = 100000000;
   SideOutlook cpu{0.05, 3e-10, 0}, stream{0.06, 4e-10, 0};
@@ -47,12 +47,18 @@ void test_due(void**) {
   assert_true(dos::tail_due(n, cpu, stream));
   // nothing ahead on a side: due at once
   assert_true(dos::tail_due(n, SideOutlook{0, 3e-10, 0}, SideOutlook{1, 4e-10, 0}));
+  // a lead of 2 updates: the stream is due at 0.08 s ahead
+  stream = {0.081, 4e-10, 0, 2};
+  assert_false(dos::tail_due(n, SideOutlook{0.05, 3e-10, 0}, stream));
+  stream.left = 0.08;
+  assert_true(dos::tail_due(n, SideOutlook{0.05, 3e-10, 0}, stream));
 }
 
 void test_bad_input(void**) {
   const SideOutlook ok{0.01, 1e-10, 0};
   const double nan = std::numeric_limits<double>::quiet_NaN(), inf = std::numeric_limits<double>::infinity();
-  for (const SideOutlook bad : {SideOutlook{-1, 1e-10, 0}, SideOutlook{0.01, nan, 0}, SideOutlook{0.01, 1e-10, inf}}) {
+  for (const SideOutlook bad : {SideOutlook{-1, 1e-10, 0}, SideOutlook{0.01, nan, 0}, SideOutlook{0.01, 1e-10, inf},
+                                SideOutlook{0.01, 1e-10, 0, -1}}) {
     bool threw = false;
     try {
       dos::bind_tail(10, bad, ok);

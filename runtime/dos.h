@@ -271,12 +271,13 @@ class Runtime {
 ///   1.61 s instead of 1.26 s (README, "Measured"). With a site's own StarPU, measure both.
 /// tail_subgroups: late binding of the plan's tail (models/tail_binding.h). With a plan that both
 ///   streams and updates on the CPU, the last tail_subgroups subgroups of the plan's CPU and streamed
-///   ones (index order; none updated speculatively) are left out of the submission, and a thread of
+///   ones (index order) are left out of the submission, and a thread of
 ///   the phase gives each, in index order, to the side projected to end first when either side's
 ///   work ahead falls to its lead (the CPU one update, the stream two: its next state goes up
 ///   behind the one already on its way), from the pace each side has kept in this phase. 0
-///   (default): the plan as made. Results are the same bits either way; StepStats::tail_bound and
-///   tail_moved say what it did.
+///   (default): the plan as made. Only in phases run by step() (not in one opened by begin_step,
+///   nor in step_async()'s). Results are the same bits either way;
+///   StepStats::tail_bound and tail_moved say what it did.
 struct OptimizerOptions {
   AdamHyper adam;
   std::size_t subgroup_size = 100000000;

@@ -201,7 +201,7 @@ struct OpenStep {
   std::thread sampler;  // the timeline's bus samples, every millisecond
   Simulation sim;
   Pending pending;
-  int refused = 0;                      // asynchronous acquires StarPU refused
+  std::atomic<int> refused{0};          // asynchronous acquires StarPU refused (any submitting thread)
   std::vector<char> admitted;           // the subgroup holds its footprint in the admission window
   std::vector<std::size_t> final_elems;  // elements of the subgroup's gradient declared final
   std::map<std::size_t, std::size_t> declared;  // the ranges declared final so far: begin -> end
@@ -231,6 +231,7 @@ struct OpenStep {
   TailWatch tail;
   std::vector<std::size_t> tail_order;
   std::vector<char> in_tail;
+  std::vector<char> tail_submitted;  // the binder submitted all of the subgroup's work
   std::thread binder;
   std::string bind_error;
   // the first failure of a copy of the runtime's own between the caller's GPU tensors and host
@@ -370,9 +371,10 @@ struct Optimizer::Impl {
   /// its end-of-phase write-back asked for. Throws what submit_update throws.
   void bind_tail_subgroups(detail::OpenStep& ph);
   /// Chooses ph.tail_order and ph.in_tail (OptimizerOptions::tail_subgroups): the last
-  /// tail_subgroups subgroups, in index order, that the plan updates on the CPU or streams and that
-  /// were not updated speculatively; none without a CUDA worker, a model's plan or rates, or when
-  /// the subgroups left outside the tail do not both stream and update on the CPU.
+  /// tail_subgroups subgroups, in index order, that the plan updates on the CPU or streams; none
+  /// in a phase opened by begin_step or finished by finish_step_async (the binder runs only inside
+  /// step(), so no call of the caller's meets it half way), without a CUDA worker, a model's plan or
+  /// rates, or when the subgroups left outside the tail do not both stream and update on the CPU.
   void choose_tail(detail::OpenStep& ph);
   /// A copy of the runtime's own for subgroup i (staging.cpp): an asynchronous acquire of its
   /// staging handle on host memory (to_gpu: h_param16 for reading; to_host: h_grad32 for writing),

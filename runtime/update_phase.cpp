@@ -496,7 +496,7 @@ void Optimizer::Impl::finish_submit(StepVerdict verdict, bool async) {
           // not wait for them, and says the step failed (wait_step then fails it)
           ph.note_copy_error("submitting the plan's tail failed: " + ph.bind_error);
           for (std::size_t i : ph.tail_order)
-            if (!ph.stepped[i]) params_written(sgs[i].get());
+            if (!ph.tail_submitted[i]) params_written(sgs[i].get());
         }
       });
     }
@@ -567,10 +567,11 @@ void Optimizer::Impl::submit_update(OpenStep& ph, std::size_t i, bool prefetched
 
 void Optimizer::Impl::choose_tail(OpenStep& ph) {
   ph.tail_order.clear();
-  if (opt.tail_subgroups == 0 || cuda_nodes.empty() || plan.empty() || !have_rates) return;
+  if (opt.tail_subgroups == 0 || ph.st.overlapped || ph.async || cuda_nodes.empty() || plan.empty() || !have_rates)
+    return;
   std::vector<std::size_t> tail;
   for (std::size_t i = sgs.size(); i-- > 0 && tail.size() < opt.tail_subgroups;)
-    if (plan[i] != PlanSide::gpu_resident && !ph.speculated[i] && !ph.stepped[i]) tail.push_back(i);
+    if (plan[i] != PlanSide::gpu_resident) tail.push_back(i);
   std::vector<char> in(sgs.size(), 0);
   for (std::size_t i : tail) in[i] = 1;
   // the binder learns each side's pace from the updates submitted before the tail: it needs both
@@ -583,8 +584,9 @@ void Optimizer::Impl::choose_tail(OpenStep& ph) {
   if (!cpu || !stream) return;
   ph.tail_order.assign(tail.rbegin(), tail.rend());
   ph.in_tail = std::move(in);
+  ph.tail_submitted.assign(sgs.size(), 0);
   std::lock_guard<std::mutex> g(ph.tail.mu);
-  ph.tail.t0_us = timeline.t0_us;
+  ph.tail.t0_us = starpu_timing_now();  // the submission's start: no side has had work before
 }
 
 void Optimizer::Impl::bind_tail_subgroups(OpenStep& ph) {
@@ -631,6 +633,7 @@ void Optimizer::Impl::bind_tail_subgroups(OpenStep& ph) {
     sg->footprint = subgroup_footprint(workload, sg->size, side);
     submit_update(ph, i, false);
     write_back(ph, sg, STARPU_RW, false);  // the end of the phase, after its tasks
+    ph.tail_submitted[i] = 1;
   }
 }
 
@@ -678,7 +681,8 @@ StepStats Optimizer::Impl::finish_wait() {
   const auto t_wait = std::chrono::steady_clock::now();
   wait_work();  // every callback has run (nothing refers to `pending` any more), every task ended
   if (!ph.bind_error.empty()) fail("submitting the plan's tail failed (" + ph.bind_error + ")");
-  if (ph.refused) fail("StarPU refused to bring " + std::to_string(ph.refused) + " buffer(s) back to host memory");
+  if (const int refused = ph.refused.load())
+    fail("StarPU refused to bring " + std::to_string(refused) + " buffer(s) back to host memory");
   if (const std::string e = ph.copy_failure(); !e.empty())
     fail("a copy between the GPU and host memory failed (" + e + ")");
   ph.sampling.store(false);

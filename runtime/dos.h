@@ -233,7 +233,7 @@ class Runtime {
 ///   prefetches a task's inputs when the task is pushed, as for every other task. finish_step
 ///   submits the whole phase in one go, so when the update budget holds every streamed state, all
 ///   are asked for by the submission's end whatever the value above 0 (on the GPU machine 3, 8 and
-///   26 ran the 20B quarter at 40 GB alike: README, "At the final code"); a tighter budget stops
+///   26 ran the 20B quarter at 40 GB alike: docs/measured-2026-12.md, "At 360e7b7"); a tighter budget stops
 ///   the submission at the admission window, and then the value counts.
 /// native_grads: the gradients of subgroups updated away from the caller's buffers cross PCIe in
 ///   the parameters' dtype (2 B/param for bf16/fp16) and the Adam kernel widens them; false: they

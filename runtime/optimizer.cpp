@@ -103,6 +103,16 @@ std::vector<PlanSide> Optimizer::Impl::make_plan() const {
   return p;
 }
 
+Simulation Optimizer::Impl::simulate_plan() const {
+  try {
+    return simulate_phase(workload, plan, rates, execution());
+  } catch (const std::logic_error&) {  // a simulation that cannot progress: the resource bound
+    Simulation bound;
+    bound.total = predict(workload, plan, rates).total;
+    return bound;
+  }
+}
+
 void Optimizer::Impl::refine(const PhaseMeasure& m, const Simulation& sim) {
   if (!have_rates || !choice.plan || !choice.plan->needs().refine || rt->cuda_workers() == 0) return;
   if (m.streamed > 0 && !streamed_once) {  // its GPU buffers were allocated in it (optimizer_impl.h)

@@ -1,6 +1,7 @@
 // Internal to the runtime (not installed): the optimizer's private parts, shared by optimizer.cpp
 // (construction, plans, refinement, task helpers, state access) and update_phase.cpp (the update
-// phase and its task callbacks). A Subgroup is one slice of the flat parameters with its host state,
+// phase and its task callbacks), with staging.cpp (the CPU subgroups' copies), state_writeback.cpp
+// (the state's way home) and tail_binder.cpp (the late binding of the plan's tail). A Subgroup is one slice of the flat parameters with its host state,
 // staging buffers and StarPU handles; an OpenStep is an update phase between begin_step and the end
 // of finish_step; Optimizer::Impl owns both. Contract: Optimizer::Impl runs on the caller's thread,
 // except speculate (and what it calls), which the open step's submitter thread runs; StarPU's
@@ -295,6 +296,9 @@ void subgroup_part_done(Subgroup* sg);
 void clock_task(Subgroup* sg, const char* what);
 /// Marks the subgroup's parameters written (Optimizer::wait_parameters).
 void params_written(Subgroup* sg);
+/// Whether a read acquire of a state on host memory is followed by starpu_data_wont_use on its
+/// handle (state_writeback.cpp): true unless DOS_WONT_USE=0 (a measurement switch, read once).
+bool wont_use_after_writeback();
 
 }  // namespace detail
 
@@ -366,15 +370,17 @@ struct Optimizer::Impl {
   /// write-back of a streamed state. prefetched: its state's prefetch was asked for by the
   /// submission's lookahead (else StarPU prefetches the task's inputs when it is pushed).
   void submit_update(detail::OpenStep& ph, std::size_t i, bool prefetched);
-  /// The binder thread's work (OptimizerOptions::tail_subgroups): each subgroup of ph.tail_order,
-  /// in turn, once tail_due, is given bind_tail's side (plan, hint and footprint), submitted, and
-  /// its end-of-phase write-back asked for. Throws what submit_update throws.
+  /// The binder thread's work (tail_binder.cpp; OptimizerOptions::tail_subgroups): each subgroup
+  /// of ph.tail_order, in turn, once tail_due, is given bind_tail's side (plan, hint and
+  /// footprint), submitted, and its end-of-phase write-back asked for. Throws what submit_update
+  /// throws.
   void bind_tail_subgroups(detail::OpenStep& ph);
-  /// Chooses ph.tail_order and ph.in_tail (OptimizerOptions::tail_subgroups): the last
-  /// tail_subgroups subgroups, in index order, that the plan updates on the CPU or streams; none
-  /// in a phase opened by begin_step or finished by finish_step_async (the binder runs only inside
-  /// step(), so no call of the caller's meets it half way), without a CUDA worker, a model's plan or
-  /// rates, or when the subgroups left outside the tail do not both stream and update on the CPU.
+  /// Chooses ph.tail_order and ph.in_tail (tail_binder.cpp; OptimizerOptions::tail_subgroups):
+  /// the last tail_subgroups subgroups, in index order, that the plan updates on the CPU or
+  /// streams; none in a phase opened by begin_step or finished by finish_step_async (the binder
+  /// runs only inside step(), so no call of the caller's meets it half way), without a CUDA worker,
+  /// a model's plan or rates, or when the subgroups left outside the tail do not both stream and
+  /// update on the CPU.
   void choose_tail(detail::OpenStep& ph);
   /// A copy of the runtime's own for subgroup i (staging.cpp): an asynchronous acquire of its
   /// staging handle on host memory (to_gpu: h_param16 for reading; to_host: h_grad32 for writing),
@@ -403,6 +409,10 @@ struct Optimizer::Impl {
     e.param_upload_by_copy_engine = runtime_copies_by_copy_engine(true);
     return e;
   }
+  /// The phase simulation of `plan` at `rates` as step() carries it out (execution()); when the
+  /// simulation cannot progress (std::logic_error), a Simulation holding only the resource bound's
+  /// total (predict, resource_model.h). Needs have_rates.
+  Simulation simulate_plan() const;
   /// Whether subgroup i's new parameters go to the caller's GPU tensors by the runtime's own upload
   /// (CopyStream) instead of a scatter_cl task on the CUDA worker: the plan updates it on the
   /// CPU, the caller's buffers are on a GPU and the build has CUDA. Measurement switch:

@@ -1,6 +1,7 @@
 // The update phase of the Optimizer: begin_step (or step()), gradients_final and the speculative
 // updates it lets the open step's submitter thread submit, finish_step (the plan's task graph, the
-// state's write-back, the phase's statistics), and the callbacks of its tasks.
+// state's write-back (state_writeback.cpp), the late-bound tail (tail_binder.cpp), the phase's
+// statistics), and the callbacks of its tasks.
 #include <starpu.h>
 
 #include <algorithm>
@@ -20,7 +21,6 @@
 #include "dos.h"
 #include "host_memory.h"
 #include "optimizer_impl.h"
-#include "../models/tail_binding.h"
 #include "profiling.h"
 #include "switches.h"
 
@@ -72,43 +72,6 @@ void params_written(Subgroup* sg) {
 
 namespace {
 
-struct WriteBack {
-  starpu_data_handle_t h;
-  Pending* pending;
-  Subgroup* sg;  // its part of the subgroup's work ends with the write-back (nullptr: none)
-  bool on_timeline;  // the eager write-back of the subgroup's state: its span goes on lane "writeback"
-};
-
-void release_after_writeback(void* arg) {
-  auto* wb = static_cast<WriteBack*>(arg);
-  // The host copy is valid now. After a write acquire (end-of-phase write-back) it is the only
-  // one; after a read acquire (eager write-back) the device copy was marked starpu_data_wont_use,
-  // so StarPU drops it first when it needs room.
-  starpu_data_release(wb->h);
-  Pending* p = wb->pending;
-  Subgroup* sg = wb->sg;
-  const bool on_timeline = wb->on_timeline;
-  delete wb;
-  if (sg && sg->timeline && on_timeline) {
-    // lane "writeback": from the end of the Adam that wrote the state to the state being home
-    // (the wait behind other transfers on StarPU's device-to-host stream included)
-    try {
-      // zero length when the Adam's own callback has not run yet (StarPU releases the task's data
-      // before calling it, so a tiny write-back can end first)
-      const double end_us = starpu_timing_now();
-      const double a = sg->adam_end_us.load();
-      sg->timeline->record_span("writeback", "state", std::size_t(sg->hint_update.subgroup),
-                                a > 0 && a <= end_us ? a : end_us, end_us);
-    } catch (const std::bad_alloc&) {  // the timeline loses the span
-    }
-  }
-  if (sg) {
-    p->subgroup_part_ended();
-    subgroup_part_done(sg);
-  }
-  p->done();
-}
-
 /// Callback of the Adam task: which kind of worker ran it, and its timeline entry.
 /// Records in sg->ran_on the kind of worker running the current task (1: CPU, 2: CUDA).
 void note_worker(Subgroup* sg) {
@@ -139,42 +102,12 @@ void adam_direct_done(void* arg) {
 // ---------------------------------------------------------------------------------------------
 // One update phase: begin_step, gradients_final (speculative updates), finish_step
 
-namespace {
-// The state write-back (docs/measured-2026-11-30.md, "Streaming optimizer state at the PCIe rate"): an
-// asynchronous acquire on main RAM turns the write-back of a GPU-updated subgroup into a normal
-// D2H fetch, which runs beside the H2D stream. eager: a read acquire right after the subgroup's
-// tasks, then starpu_data_wont_use so StarPU drops the device copy first; else a read-write
-// acquire at the end of the phase (invalidating the device copy).
-// Measurement switch: DOS_WONT_USE=0 leaves starpu_data_wont_use out of the eager write-back.
-bool wont_use_after_writeback() {
-  static const bool on = !env_says("DOS_WONT_USE", "0");
-  return on;
-}
-}  // namespace
-
 void Optimizer::Impl::require_no_open_step(const char* what) const {
   if (open && open->finishing)
     throw Error(std::string(what) + " while an update phase still runs (finish_step_async without wait_step): call "
                 "wait_step first");
   if (open) throw Error(std::string(what) + " while an update phase is open (begin_step without finish_step): call "
                         "finish_step first");
-}
-
-void Optimizer::Impl::acquire_home(OpenStep& ph, starpu_data_handle_t h, enum starpu_data_access_mode mode, Subgroup* sg,
-                                  bool on_timeline) {
-  auto* wb = new WriteBack{h, &ph.pending, sg, on_timeline && sg != nullptr};  // before add(): a throw here leaves the count as it was
-  ph.pending.add();
-  if (starpu_data_acquire_on_node_cb(h, STARPU_MAIN_RAM, mode, release_after_writeback, wb) != 0) {
-    delete wb;
-    ph.pending.done();
-    if (sg) subgroup_part_done(sg);
-    ++ph.refused;
-  }
-}
-
-void Optimizer::Impl::write_back(OpenStep& ph, Subgroup* sg, enum starpu_data_access_mode mode, bool part_of_subgroup) {
-  acquire_home(ph, sg->h_state, mode, part_of_subgroup ? sg : nullptr, part_of_subgroup);
-  if (part_of_subgroup && wont_use_after_writeback()) starpu_data_wont_use(sg->h_state);
 }
 
 bool Optimizer::Impl::speculable(std::size_t i) const {
@@ -262,12 +195,7 @@ void Optimizer::Impl::begin(bool overlapped) {
       st.planned_resident += plan[i] == PlanSide::gpu_resident;
     }
     if (have_rates) {
-      try {
-        ph.sim = simulate_phase(workload, plan, rates, execution());
-      } catch (const std::logic_error&) {  // a simulation that cannot progress: the resource bound
-        const Prediction p = predict(workload, plan, rates);
-        ph.sim.total = p.total;
-      }
+      ph.sim = simulate_plan();
       st.predicted_seconds = ph.sim.total;
       Workload bound_w = workload;  // a plan choosing its own resident subgroups keeps the last ones
       bound_w.resident = std::max(bound_w.resident, st.planned_resident);
@@ -565,78 +493,6 @@ void Optimizer::Impl::submit_update(OpenStep& ph, std::size_t i, bool prefetched
   if (eager) write_back(ph, sg, STARPU_R, true);
 }
 
-void Optimizer::Impl::choose_tail(OpenStep& ph) {
-  ph.tail_order.clear();
-  if (opt.tail_subgroups == 0 || ph.st.overlapped || ph.async || cuda_nodes.empty() || plan.empty() || !have_rates)
-    return;
-  std::vector<std::size_t> tail;
-  for (std::size_t i = sgs.size(); i-- > 0 && tail.size() < opt.tail_subgroups;)
-    if (plan[i] != PlanSide::gpu_resident) tail.push_back(i);
-  std::vector<char> in(sgs.size(), 0);
-  for (std::size_t i : tail) in[i] = 1;
-  // the binder learns each side's pace from the updates submitted before the tail: it needs both
-  bool cpu = false, stream = false;
-  for (std::size_t i = 0; i < sgs.size(); ++i)
-    if (!in[i]) {
-      cpu = cpu || plan[i] == PlanSide::cpu;
-      stream = stream || plan[i] == PlanSide::gpu_streamed;
-    }
-  if (!cpu || !stream) return;
-  ph.tail_order.assign(tail.rbegin(), tail.rend());
-  ph.in_tail = std::move(in);
-  ph.tail_submitted.assign(sgs.size(), 0);
-  std::lock_guard<std::mutex> g(ph.tail.mu);
-  ph.tail.t0_us = starpu_timing_now();  // the submission's start: no side has had work before
-}
-
-void Optimizer::Impl::bind_tail_subgroups(OpenStep& ph) {
-  TailWatch& w = ph.tail;
-  const double workers = double(std::max<std::size_t>(1, rt->cpu_workers()));
-  // Before a side has a pace of its own in this phase: the model's rates (the CPU beside DMA, the
-  // state's 12 bytes per parameter up at B_h2d)
-  const double cpu_model = 1.0 / (rates.U_c_dma * workers), stream_model = 12.0 / rates.B_h2d;
-  const double cpu_drain = double(workload.param_bytes) / rates.B_h2d, stream_drain = 12.0 / rates.B_d2h;
-  for (const std::size_t i : ph.tail_order) {
-    Subgroup* sg = sgs[i].get();
-    const std::size_t n = sg->size;
-    PlanSide side;
-    {
-      std::unique_lock<std::mutex> l(w.mu);
-      for (;;) {
-        if (w.stop) return;
-        const double now = starpu_timing_now();
-        SideOutlook cpu, stream;
-        cpu.lead = 1;
-        stream.lead = 2;
-        cpu.pace = w.cpu_params > 0 ? w.cpu_seconds / w.cpu_params / workers : cpu_model;
-        cpu.drain = cpu_drain;
-        // work ahead: what is given and not ended, less what the running update has done since the
-        // side's last end (or the phase's start)
-        cpu.left = std::max(0.0, w.cpu_out * cpu.pace - 1e-6 * (now - std::max(w.cpu_last_end_us, w.t0_us)));
-        stream.pace = w.stream_params_after_first > 0
-                          ? 1e-6 * (w.stream_last_end_us - w.stream_first_end_us) / w.stream_params_after_first
-                          : stream_model;
-        stream.drain = stream_drain;
-        stream.left =
-            std::max(0.0, w.stream_out * stream.pace - 1e-6 * (now - std::max(w.stream_last_end_us, w.t0_us)));
-        if (tail_due(n, cpu, stream)) {
-          side = bind_tail(n, cpu, stream);
-          break;
-        }
-        w.cv.wait_for(l, std::chrono::milliseconds(1));  // an Adam's end, or time passing
-      }
-    }
-    ph.st.tail_bound += 1;
-    if (side != plan[i]) ph.st.tail_moved += 1;
-    plan[i] = side;
-    sg->hint_update.side = side == PlanSide::cpu ? Side::cpu : Side::gpu;
-    sg->footprint = subgroup_footprint(workload, sg->size, side);
-    submit_update(ph, i, false);
-    write_back(ph, sg, STARPU_RW, false);  // the end of the phase, after its tasks
-    ph.tail_submitted[i] = 1;
-  }
-}
-
 void Optimizer::Impl::wait_parameters(std::size_t begin, std::size_t end) {
   if (begin > end || end > nparams)
     throw Error("wait_parameters: the range [" + std::to_string(begin) + ", " + std::to_string(end) +
@@ -739,11 +595,7 @@ StepStats Optimizer::Impl::finish_wait() {
   if (st.tail_moved > 0) {
     // the refinement compares the phase with the simulation of what ran: the plan as bound
     measure.streamed = std::size_t(std::count(plan.begin(), plan.end(), PlanSide::gpu_streamed));
-    try {
-      ph.sim = simulate_phase(workload, plan, rates, execution());
-    } catch (const std::logic_error&) {
-      ph.sim.total = predict(workload, plan, rates).total;
-    }
+    ph.sim = simulate_plan();
   }
   measure.cpu_adam_seconds = st.cpu_adam_seconds;
   measure.stream_end_seconds = st.stream_end_seconds;

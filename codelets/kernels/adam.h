@@ -69,7 +69,9 @@ DOS_HD float lerp_torch(float start, float end, float weight) {
 AdamStepParams make_adam_step_params(const AdamHyper& h, std::int64_t step);
 
 /// One Adam/AdamW step over n elements on the CPU (vectorised, OpenMP-parallel over the
-/// calling thread's team; the instruction set is chosen at run time).
+/// calling thread's team in work items of 16384 elements, one contiguous range of them per thread,
+/// or handed out one at a time with DOS_CPU_SCHEDULE=dynamic in the environment, a measurement
+/// switch with the same bits; the instruction set is chosen at run time).
 ///   master, exp_avg, exp_avg_sq: fp32 arrays of n elements, updated in place.
 ///   grad: n elements of type grad_dtype (fp32, fp16 or bf16), read only.
 ///   param_out: n elements of type param_dtype, written with the new master parameters rounded

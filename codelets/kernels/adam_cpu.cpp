@@ -216,6 +216,17 @@ const Streamer& streamer() {
   return best;
 }
 
+/// Whether adam_step_cpu hands its work items out dynamically: DOS_CPU_SCHEDULE=dynamic in the
+/// environment (a measurement switch, read once; any other value or none: static). The same bits
+/// either way.
+bool cpu_adam_dynamic_schedule() {
+  static const bool dynamic = [] {
+    const char* e = std::getenv("DOS_CPU_SCHEDULE");
+    return e && std::string(e) == "dynamic";
+  }();
+  return dynamic;
+}
+
 #define DOS_CONVERT_VARIANT(NAME, S)                                           \
   DOS_CLONES void NAME(const void* src, float* __restrict dst, std::size_t n) { \
     for (std::size_t i = 0; i < n; ++i) dst[i] = load_as_f32(src, S, i);       \
@@ -248,6 +259,7 @@ void adam_step_any(bool into, const float* master_in, const float* exp_avg_in, c
   const bool staged_out = param_out && n >= kChunk;
   const std::size_t nstage = (f16_in || f16_out ? 2 : 0) + (staged_out ? 1 : 0) + (into ? 3 : 0);
   const StreamBytes stream = streamer().fn;
+  const bool dynamic = cpu_adam_dynamic_schedule();
 #pragma omp parallel if (nchunks > 1)
   {
     // per-thread staging blocks (heap, not TLS: this code may live in a dlopen'ed library)
@@ -258,8 +270,7 @@ void adam_step_any(bool into, const float* master_in, const float* exp_avg_in, c
     float* pbuf = gbuf ? gbuf + kChunk : nullptr;
     float* obuf = staged_out ? stage.get() + (gbuf ? 2 * kChunk : 0) : nullptr;  // the copy, param_dtype
     float* sbuf = into ? stage.get() + (gbuf ? 2 * kChunk : 0) + (obuf ? kChunk : 0) : nullptr;  // master, exp_avg, exp_avg_sq
-#pragma omp for schedule(static)
-    for (std::size_t c = 0; c < nchunks; ++c) {
+    auto chunk = [&](std::size_t c) {
       const std::size_t off = c * kChunk;
       const std::size_t len = off + kChunk <= n ? kChunk : n - off;
       const void* g = static_cast<const char*>(grad) + off * gsz;
@@ -288,6 +299,17 @@ void adam_step_any(bool into, const float* master_in, const float* exp_avg_in, c
       } else if (f16_out) {
         cv.to_f16(pbuf, static_cast<std::uint16_t*>(dst), len);
       }
+    };
+    // The same work items either way (each element's arithmetic does not depend on which thread
+    // runs it): static gives each thread one contiguous range, dynamic hands the items out one at
+    // a time, so that a thread slowed down (its core taken by another thread or by the host) holds
+    // up only the items it takes.
+    if (dynamic) {
+#pragma omp for schedule(dynamic, 1)
+      for (std::size_t c = 0; c < nchunks; ++c) chunk(c);
+    } else {
+#pragma omp for schedule(static)
+      for (std::size_t c = 0; c < nchunks; ++c) chunk(c);
     }
     if (into || staged_out) _mm_sfence();  // the streamed stores are visible before the task ends
   }

@@ -69,9 +69,9 @@ DOS_HD float lerp_torch(float start, float end, float weight) {
 AdamStepParams make_adam_step_params(const AdamHyper& h, std::int64_t step);
 
 /// One Adam/AdamW step over n elements on the CPU (vectorised, OpenMP-parallel over the
-/// calling thread's team in work items of 16384 elements, one contiguous range of them per thread,
-/// or handed out one at a time with DOS_CPU_SCHEDULE=dynamic in the environment, a measurement
-/// switch with the same bits; the instruction set is chosen at run time).
+/// calling thread's team in work items of 16384 elements handed out one at a time, or one
+/// contiguous range of them per thread with DOS_CPU_SCHEDULE=static in the environment, a
+/// measurement switch with the same bits; the instruction set is chosen at run time).
 ///   master, exp_avg, exp_avg_sq: fp32 arrays of n elements, updated in place.
 ///   grad: n elements of type grad_dtype (fp32, fp16 or bf16), read only.
 ///   param_out: n elements of type param_dtype, written with the new master parameters rounded
@@ -92,9 +92,11 @@ void adam_step_into_cpu(const float* master_in, const float* exp_avg_in, const f
 /// Copies `bytes` from src to dst (not overlapping) on the CPU, OpenMP-parallel in 64 KiB chunks.
 void copy_cpu(void* dst, const void* src, std::size_t bytes);
 
-/// Zeroes n floats with adam_step_cpu's OpenMP partition (same chunks, static schedule), so that
-/// with the same team each page is first touched, hence placed on the NUMA node of, the thread
-/// that will update it.
+/// Zeroes n floats, OpenMP-parallel over the calling thread's team, one contiguous range of
+/// 16384-element work items per thread, so that the pages are first touched, hence placed, on the
+/// NUMA nodes of the team's cores. adam_step_cpu hands the same items out dynamically by default,
+/// so with a team spread over several NUMA nodes an item may run on another node than its pages;
+/// DOS_CPU_SCHEDULE=static keeps each on the thread that first touched it.
 void zero_fill_cpu(float* p, std::size_t n);
 
 /// Converts n elements of type src_dtype to fp32 on the CPU (OpenMP-parallel).

@@ -69,7 +69,9 @@ expect "eager or end" --writeback later
 expect "fp32 or native" --grad-transfer fp8
 expect "memcpy-down, kernel, memcpy or memcpy-up" --copy-by memcopy
 expect "stream-lookahead" --stream-lookahead -1
-expect "tail-subgroups must be in" --tail-subgroups -1
+expect "tail-subgroups must be auto or a whole number in" --tail-subgroups -1
+expect "tail-subgroups must be auto or a whole number in" --tail-subgroups 6x
+expect "tail-subgroups must be auto or a whole number in" --tail-subgroups 1000001
 expect "needs --policy dos or static:R" --policy cpu --tail-subgroups 2
 expect "grad-parts" --grad-parts -1
 expect "grad-parts" --grad-parts 5000

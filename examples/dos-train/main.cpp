@@ -284,7 +284,7 @@ int run(const Args& args) {
   oo.gpu_resident_budget = c.resident_budget;
   oo.gpu_update_budget = c.update_budget;
   oo.stream_lookahead = unsigned(a.stream_lookahead);
-  oo.tail_subgroups = std::size_t(a.tail_subgroups);
+  oo.tail_subgroups = c.tail_subgroups;
   oo.eager_writeback = a.writeback == "eager";
   oo.native_grads = a.grad_transfer == "native";
   oo.urgent_writeback = a.urgent_writeback;
@@ -535,6 +535,7 @@ int run(const Args& args) {
     facts.subgroup = subgroup;
     facts.resident_budget = c.resident_budget;
     facts.update_budget = c.update_budget;
+    facts.tail_subgroups = c.tail_subgroups;
     facts.on_gpu = on_gpu;
     const nlohmann::ordered_json rep =
         dos_train::report_json(facts, rt, opt, log, sweep, main_run.empty() ? nullptr : &summary, compute.get());

@@ -196,11 +196,18 @@ Checked check_options(const Args& a) {
   c.update_budget = a.gpu_update_budget.empty() ? 0 : parse_bytes(a.gpu_update_budget, "--gpu-update-budget");
   if (!a.gpu_update_budget.empty() && c.update_budget == 0)
     fail("--gpu-update-budget must be more than 0 bytes (leave it out for no limit)");
-  if (a.tail_subgroups < 0 || a.tail_subgroups > 1000000)
-    fail("--tail-subgroups must be in [0, 1000000], got " + std::to_string(a.tail_subgroups));
-  if (a.tail_subgroups > 0 && a.policy != "dos" && a.policy.rfind("static:", 0) != 0)
-    fail("--tail-subgroups binds the tail of a model's plan: it needs --policy dos or static:R, got --policy " +
-         a.policy);
+  if (a.tail_subgroups == "auto") {
+    const bool own_plan = a.policy == "dos" && a.k.empty() && a.gpu_fraction.empty() && a.sweep.empty();
+    c.tail_subgroups = own_plan ? kAutoTailSubgroups : 0;
+  } else {
+    const std::string& t = a.tail_subgroups;
+    if (t.empty() || t.size() > 7 || t.find_first_not_of("0123456789") != std::string::npos || std::stoul(t) > 1000000)
+      fail("--tail-subgroups must be auto or a whole number in [0, 1000000], got '" + t + "'");
+    c.tail_subgroups = std::stoul(t);
+    if (c.tail_subgroups > 0 && a.policy != "dos" && a.policy.rfind("static:", 0) != 0)
+      fail("--tail-subgroups binds the tail of a model's plan: it needs --policy dos or static:R, got --policy " +
+           a.policy);
+  }
   if (a.stream_lookahead < 0 || a.stream_lookahead > 1000)
     fail("--stream-lookahead must be in [0, 1000], got " + std::to_string(a.stream_lookahead));
   if (a.grad_transfer != "fp32" && a.grad_transfer != "native")
@@ -310,7 +317,8 @@ int parse_command_line(int argc, char** argv, Args& a) {
   app.add_option("--tail-subgroups", a.tail_subgroups,
                  "late binding: the plan's last N CPU or streamed subgroups go, one by one while the phase runs, to "
                  "the side projected to end first at the pace each kept in the phase (0: the plan as made; the same "
-                 "bits either way)")
+                 "bits either way); auto: " + std::to_string(kAutoTailSubgroups) + " with --policy dos when the model "
+                 "chooses the split (no --k, --gpu-fraction or --sweep), else 0")
       ->capture_default_str();
   app.add_option("--writeback", a.writeback,
                  "eager: each streamed subgroup's state goes home as soon as it is updated; end: all at the end of the "

@@ -299,7 +299,7 @@ nlohmann::ordered_json report_json(const RunFacts& f, const dos::Runtime& rt, co
   rep["gpu_resident_budget"] = f.resident_budget;
   rep["gpu_update_budget"] = f.update_budget;
   rep["stream_lookahead"] = a.stream_lookahead;
-  rep["tail_subgroups"] = a.tail_subgroups;
+  rep["tail_subgroups"] = f.tail_subgroups;
   rep["writeback"] = a.writeback;
   rep["grad_transfer"] = a.grad_transfer;
   rep["copy_by"] = dos::runtime_copy_by();  // --copy-by has set DOS_COPY_BY before the runtime read it

@@ -134,6 +134,7 @@ struct RunFacts {
   std::size_t subgroup = 0;            ///< --subgroup-size, elements
   std::int64_t resident_budget = -1;   ///< bytes, -1: none given
   std::size_t update_budget = 0;       ///< bytes, 0: none given
+  std::size_t tail_subgroups = 0;      ///< --tail-subgroups as resolved (auto: 6 or 0)
   bool on_gpu = false;                 ///< the model's buffers are in GPU memory
 };
 

@@ -174,6 +174,8 @@ void copy_stats(const dos::StepStats& s, dos_step_stats* stats) {
   stats->redone = s.redone;
   stats->overlapped = s.overlapped ? 1 : 0;
   stats->skipped = s.skipped ? 1 : 0;
+  stats->tail_bound = s.tail_bound;
+  stats->tail_moved = s.tail_moved;
 }
 
 /// copy_stats, keeping the phase's timeline and start in `opt` for dos_optimizer_last_timeline.
@@ -307,6 +309,9 @@ std::string check_options(const dos_optimizer_options& c, dos::OptimizerOptions&
                  std::to_string(c.speculation_budget));
   o.speculation_budget = c.speculation_budget;
   if (!(e = boolean("speculate_streamed", c.speculate_streamed, o.speculate_streamed)).empty()) return e;
+  if (c.tail_subgroups < 0 || c.tail_subgroups > 1000000)
+    return field("tail_subgroups", "in [0, 1000000] (subgroups; 0: the plan as made)", std::to_string(c.tail_subgroups));
+  o.tail_subgroups = static_cast<std::size_t>(c.tail_subgroups);
   return std::string();
 }
 
@@ -408,6 +413,7 @@ int dos_optimizer_options_init(dos_optimizer_options* options) {
   options->verbose = d.verbose ? 1 : 0;
   options->speculation_budget = d.speculation_budget;
   options->speculate_streamed = d.speculate_streamed ? 1 : 0;
+  options->tail_subgroups = static_cast<int>(d.tail_subgroups);
   return DOS_OK;
 }
 

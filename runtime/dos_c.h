@@ -32,7 +32,8 @@
 extern "C" {
 #endif
 
-/* 9: timeline lane DOS_LANE_WRITEBACK and kind DOS_TASK_STATE (a streamed subgroup's state write-back).
+/* 10: options.tail_subgroups (options version 4), dos_step_stats.tail_bound and tail_moved.
+ * 9: timeline lane DOS_LANE_WRITEBACK and kind DOS_TASK_STATE (a streamed subgroup's state write-back).
  * 8: dos_gpu_memory_for_budgets, dos_starpu_device_margin.
  * 7: dos_optimizer_set_gradients, dos_optimizer_read_masters, dos_optimizer_write_masters.
  * 6: dos_runtime_create_for_caller.
@@ -42,7 +43,7 @@ extern "C" {
  * 3: the overlapped update (dos_optimizer_begin_step, _gradients_final, _finish_step), its fields
  * in dos_step_stats, options.speculation_budget (options version 2).
  * 2: dos_optimizer_create takes a struct dos_optimizer_options (1: positional arguments). */
-#define DOS_C_ABI_VERSION 9
+#define DOS_C_ABI_VERSION 10
 
 #define DOS_OK 0
 #define DOS_E_INVALID (-1)
@@ -77,6 +78,10 @@ typedef struct dos_step_stats {
   uint64_t redone;             /* speculative updates redone (DOS_VERDICT_CHANGED) */
   int32_t overlapped;          /* 1: the phase was opened by dos_optimizer_begin_step */
   int32_t skipped;             /* 1: DOS_VERDICT_SKIP, nothing was updated (subgroups_cpu/gpu are 0) */
+  /* Late binding (options.tail_subgroups): subgroups whose side was decided while the phase ran,
+   * and of them those that went to the other side than the plan's. */
+  uint64_t tail_bound;
+  uint64_t tail_moved;
 } dos_step_stats;
 
 /* DOS_C_ABI_VERSION of the library (a binding checks it against its own). */
@@ -131,7 +136,7 @@ int dos_runtime_workers(const dos_runtime* rt, unsigned* cpu_workers, unsigned* 
 /* The layout version of struct dos_optimizer_options that this header describes. A field added
  * later comes with a new version and a new size; dos_optimizer_create refuses a struct whose
  * `version` or `size` this library does not know. */
-#define DOS_OPTIMIZER_OPTIONS_VERSION 3 /* 3: speculate_streamed; 2: speculation_budget; 1: neither */
+#define DOS_OPTIMIZER_OPTIONS_VERSION 4 /* 4: tail_subgroups; 3: speculate_streamed; 2: speculation_budget; 1: none */
 
 /* The resource model's rates of this machine (dos::Rates), for the policies that plan with a model
  * (dos, static:R, greedy). All zero (the default): measured at the optimizer's creation and cached
@@ -223,6 +228,14 @@ typedef struct dos_optimizer_options {
   /* 1: the subgroups the plan streams are updated speculatively too, on the GPU, while the
    * caller's backward runs (their state crosses PCIe then); 0: only the CPU's subgroups; 0 or 1 [1]. */
   int speculate_streamed;
+
+  /* Late binding of the plan's tail (dos::OptimizerOptions::tail_subgroups): the last
+   * tail_subgroups subgroups that a model's plan (dos, static:R) updates on the CPU or streams are
+   * given their side while the phase runs, each to the side projected to end first. Only in phases
+   * run by dos_optimizer_step with a CUDA worker (not in an overlapped or asynchronous one).
+   * Same results either way; dos_step_stats.tail_bound and tail_moved say what it did. 0: the plan
+   * as made; in [0, 1000000] (subgroups) [0]. */
+  int tail_subgroups;
 } dos_optimizer_options;
 
 /* sizeof(struct dos_optimizer_options) in the library (a binding checks its own layout against it). */

@@ -173,6 +173,8 @@ static void test_bad_options(void** state) {
   REFUSED(verbose = -1, "options.verbose must be 0 or 1");
   REFUSED(speculation_budget = -2, "options.speculation_budget must be >= -1");
   REFUSED(speculate_streamed = 2, "options.speculate_streamed must be 0 or 1");
+  REFUSED(tail_subgroups = -1, "options.tail_subgroups must be in [0, 1000000]");
+  REFUSED(tail_subgroups = 1000001, "options.tail_subgroups must be in [0, 1000000]");
   /* valid fields that the runtime refuses: CUDA memory without a CUDA worker */
   REFUSED(memory = DOS_MEMORY_CUDA, "CUDA");
   /* after all of that the runtime still works */

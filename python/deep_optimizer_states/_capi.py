@@ -27,7 +27,7 @@ import sysconfig
 import threading
 import time
 
-ABI_VERSION = 9
+ABI_VERSION = 10
 
 DTYPE_CODES = {"fp32": 0, "fp16": 1, "bf16": 2}
 MEMORY_HOST = 0
@@ -59,7 +59,9 @@ class StepStats(ctypes.Structure):
     final: the whole phase for a plain step), ``speculated`` (subgroups updated speculatively
     during backward), ``hidden_params`` (elements whose speculative update had ended when the step
     was finished), ``redone`` (speculative updates redone because gradients changed after being
-    declared final), ``overlapped`` / ``skipped`` (0 or 1).
+    declared final), ``overlapped`` / ``skipped`` (0 or 1); the late binding's (``tail_subgroups``):
+    ``tail_bound`` (subgroups whose side was decided while the phase ran) and ``tail_moved`` (of
+    them, those that went to the other side than the plan's).
     """
 
     _fields_ = [
@@ -82,6 +84,8 @@ class StepStats(ctypes.Structure):
         ("redone", ctypes.c_uint64),
         ("overlapped", ctypes.c_int32),
         ("skipped", ctypes.c_int32),
+        ("tail_bound", ctypes.c_uint64),
+        ("tail_moved", ctypes.c_uint64),
     ]
 
     def as_dict(self):
@@ -167,6 +171,7 @@ class OptimizerOptions(ctypes.Structure):
         ("verbose", ctypes.c_int),
         ("speculation_budget", ctypes.c_int64),
         ("speculate_streamed", ctypes.c_int),
+        ("tail_subgroups", ctypes.c_int),
     ]
 
 

@@ -276,7 +276,9 @@ class Runtime {
 ///   work ahead falls to its lead (the CPU one update, the stream two: its next state goes up
 ///   behind the one already on its way), from the pace each side has kept in this phase. 0
 ///   (default): the plan as made. Only in phases run by step() (not in one opened by begin_step,
-///   nor in step_async()'s). Results are the same bits either way;
+///   nor in step_async()'s), with a CUDA worker and a plan made with the model's rates (dos,
+///   static:R, greedy) that has CPU and streamed subgroups before the tail (their pace is what the
+///   binder learns from); otherwise nothing is bound (no error). Results are the same bits either way;
 ///   StepStats::tail_bound and tail_moved say what it did.
 struct OptimizerOptions {
   AdamHyper adam;

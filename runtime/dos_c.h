@@ -134,8 +134,9 @@ int dos_runtime_workers(const dos_runtime* rt, unsigned* cpu_workers, unsigned* 
 #define DOS_SUBMIT_ORDER_CPU_FIRST 1
 
 /* The layout version of struct dos_optimizer_options that this header describes. A field added
- * later comes with a new version and a new size; dos_optimizer_create refuses a struct whose
- * `version` or `size` this library does not know. */
+ * later comes with a new version, and with a new size unless it fills padding (version 4's
+ * tail_subgroups did: 192 bytes on x86-64 as in version 3); dos_optimizer_create refuses a struct
+ * whose `version` or `size` this library does not know, so a binding checks both. */
 #define DOS_OPTIMIZER_OPTIONS_VERSION 4 /* 4: tail_subgroups; 3: speculate_streamed; 2: speculation_budget; 1: none */
 
 /* The resource model's rates of this machine (dos::Rates), for the policies that plan with a model
@@ -230,11 +231,14 @@ typedef struct dos_optimizer_options {
   int speculate_streamed;
 
   /* Late binding of the plan's tail (dos::OptimizerOptions::tail_subgroups): the last
-   * tail_subgroups subgroups that a model's plan (dos, static:R) updates on the CPU or streams are
-   * given their side while the phase runs, each to the side projected to end first. Only in phases
-   * run by dos_optimizer_step with a CUDA worker (not in an overlapped or asynchronous one).
-   * Same results either way; dos_step_stats.tail_bound and tail_moved say what it did. 0: the plan
-   * as made; in [0, 1000000] (subgroups) [0]. */
+   * tail_subgroups subgroups that a plan made with the model's rates (policies dos, static:R,
+   * greedy) updates on the CPU or streams are given their side while the phase runs, each to the
+   * side projected to end first. Only in phases run by dos_optimizer_step with a CUDA worker (not in
+   * an overlapped or asynchronous one), and only when the plan has CPU and streamed subgroups
+   * before the tail (the binder learns each side's pace from them); otherwise, and under other
+   * policies, nothing is bound (accepted, no effect). Same results either way;
+   * dos_step_stats.tail_bound and tail_moved say what it did. 0: the plan as made; in [0, 1000000]
+   * (subgroups) [0]. */
   int tail_subgroups;
 } dos_optimizer_options;
 

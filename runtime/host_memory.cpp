@@ -123,8 +123,10 @@ HostBuffer alloc_host(std::size_t bytes) {
                    std::strerror(errno));
   }
   b.ptr = static_cast<float*>(p);
-  // NUMA-aware first touch: the first CPU worker's (bound) team zeroes the buffer with the Adam
-  // kernel's partition, so each page lands on the NUMA node of the thread that will update it.
+  // NUMA-aware first touch: the first CPU worker's (bound) team zeroes the buffer, one contiguous
+  // range per thread, so its pages spread over the NUMA nodes of the team's cores. The Adam kernel
+  // hands its work items out dynamically by default, so a page is updated on its own node only
+  // when the team is on one node (DOS_CPU_SCHEDULE=static: by the thread that touched it).
   FirstTouch touch{b.ptr, n};
   if (starpu_cpu_worker_get_count() > 0) {
     unsigned worker = 0;

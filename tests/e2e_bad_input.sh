@@ -72,6 +72,8 @@ expect "stream-lookahead" --stream-lookahead -1
 expect "tail-subgroups must be auto or a whole number in" --tail-subgroups -1
 expect "tail-subgroups must be auto or a whole number in" --tail-subgroups 6x
 expect "tail-subgroups must be auto or a whole number in" --tail-subgroups 1000001
+expect "tail-subgroups must be auto or a whole number in" --tail-subgroups ""
+expect "tail-subgroups must be auto or a whole number in" --tail-subgroups 18446744073709551616
 expect "needs --policy dos or static:R" --policy cpu --tail-subgroups 2
 expect "grad-parts" --grad-parts -1
 expect "grad-parts" --grad-parts 5000

@@ -2,6 +2,7 @@
 // Adam/AdamW over sizes with every kind of tail, for fp32, fp16 and bf16 gradients, several steps.
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <vector>
@@ -309,8 +310,18 @@ void test_convert_to_f32(void**) {
 
 }  // namespace
 
+void test_schedule_switch(void**) {
+  // the work items' schedule is the one the environment asks for (the other tests then check the
+  // same references under it): DOS_CPU_SCHEDULE=static, else dynamic
+  const char* env = std::getenv("DOS_CPU_SCHEDULE");
+  const bool want_static = env && std::strcmp(env, "static") == 0;
+  std::printf("  CPU Adam's schedule: %s\n", dos::cpu_adam_schedule());
+  assert_string_equal(dos::cpu_adam_schedule(), want_static ? "static" : "dynamic");
+}
+
 int main() {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_schedule_switch),
       cmocka_unit_test(test_f16_decode_exhaustive), cmocka_unit_test(test_f32_to_16bit_sweep),
       cmocka_unit_test(test_convert_to_f32),        cmocka_unit_test(test_adam_no_param_copy),
       cmocka_unit_test(test_adam_small_sizes),      cmocka_unit_test(test_adam_mixed_dtypes),

@@ -110,6 +110,11 @@ void convert_from_f32_cpu(const float* src, void* dst, DType dst_dtype, std::siz
 /// those the processor has, for tests).
 const char* f16_conversion_isa();
 
+/// How adam_step_cpu and adam_step_into_cpu hand their work items to the team's threads:
+/// "dynamic" (one at a time, the default) or "static" (one contiguous range per thread, with
+/// DOS_CPU_SCHEDULE=static in the environment, read once). The same bits either way.
+const char* cpu_adam_schedule();
+
 /// How adam_step_cpu writes its parameter copy (arrays of kChunk = 16384 elements or more) and
 /// adam_step_into_cpu its new state: "non-temporal avx512f" or "non-temporal avx" (streaming
 /// stores: the destination's lines are not read first, so an in-place update with 16-bit gradient

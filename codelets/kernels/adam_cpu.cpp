@@ -393,4 +393,6 @@ const char* f16_conversion_isa() { return f16_converters().isa; }
 
 const char* cpu_param_copy_stores() { return streamer().name; }
 
+const char* cpu_adam_schedule() { return cpu_adam_dynamic_schedule() ? "dynamic" : "static"; }
+
 }  // namespace dos

@@ -90,6 +90,12 @@ void check_distinct_outputs(const Args& a) {
   }
 }
 
+std::string effective_policy(const Args& a) {
+  if (!a.policy.empty()) return a.policy;
+  const char* env = std::getenv("STARPU_SCHED");
+  return env && *env ? env : "cpu";
+}
+
 void parse_shard(const std::string& s, std::size_t* rank, std::size_t* world) {
   const auto slash = s.find('/');
   char *e1 = nullptr, *e2 = nullptr;
@@ -181,8 +187,9 @@ Checked check_options(const Args& a) {
       const double f = parse_fraction(e, "--sweep");
       if (!(f >= 0 && f <= 1)) fail("--sweep: each fraction must be in [0, 1] (or 'model'), got " + e);
     }
-  if ((!a.k.empty() || !a.gpu_fraction.empty() || !a.sweep.empty()) && a.policy != "dos")
-    fail("--k, --gpu-fraction and --sweep need --policy dos");
+  const std::string policy = effective_policy(a);
+  if ((!a.k.empty() || !a.gpu_fraction.empty() || !a.sweep.empty()) && policy != "dos")
+    fail("--k, --gpu-fraction and --sweep need --policy dos, got " + policy);
   if (a.plan_only && (!a.k.empty() || !a.gpu_fraction.empty() || !a.sweep.empty()))
     fail("--plan-only shows the plan's own choice: leave out --k, --gpu-fraction and --sweep");
   if (!a.rates.empty()) c.rates = parse_rates(a.rates, &c.calibrated);
@@ -197,16 +204,16 @@ Checked check_options(const Args& a) {
   if (!a.gpu_update_budget.empty() && c.update_budget == 0)
     fail("--gpu-update-budget must be more than 0 bytes (leave it out for no limit)");
   if (a.tail_subgroups == "auto") {
-    const bool own_plan = a.policy == "dos" && a.k.empty() && a.gpu_fraction.empty() && a.sweep.empty();
+    const bool own_plan = policy == "dos" && a.k.empty() && a.gpu_fraction.empty() && a.sweep.empty();
     c.tail_subgroups = own_plan ? kAutoTailSubgroups : 0;
   } else {
     const std::string& t = a.tail_subgroups;
     if (t.empty() || t.size() > 7 || t.find_first_not_of("0123456789") != std::string::npos || std::stoul(t) > 1000000)
       fail("--tail-subgroups must be auto or a whole number in [0, 1000000], got '" + t + "'");
     c.tail_subgroups = std::stoul(t);
-    if (c.tail_subgroups > 0 && a.policy != "dos" && a.policy.rfind("static:", 0) != 0)
+    if (c.tail_subgroups > 0 && policy != "dos" && policy.rfind("static:", 0) != 0)
       fail("--tail-subgroups binds the tail of a model's plan: it needs --policy dos or static:R, got --policy " +
-           a.policy);
+           policy);
   }
   if (a.stream_lookahead < 0 || a.stream_lookahead > 1000)
     fail("--stream-lookahead must be in [0, 1000], got " + std::to_string(a.stream_lookahead));

@@ -94,6 +94,12 @@ struct RuntimeOptions {
   int node_ranks = 1;
 };
 
+/// The policy a Runtime started with RuntimeOptions::policy `given` runs: `given` when not empty,
+/// else $STARPU_SCHED when set and not empty, else "cpu". Reads the environment only (a Runtime
+/// unsets $STARPU_SCHED once started, so ask before); the name is not checked. Never throws but
+/// std::bad_alloc.
+std::string resolve_policy(const std::string& given);
+
 /// Bytes of GPU memory StarPU may need for one optimizer's update phases and resident state under
 /// its GPU budgets (OptimizerOptions::gpu_update_budget, gpu_resident_budget), for
 /// RuntimeOptions::gpu_memory_limit. elements: the optimizer's parameters; subgroup_size: elements

@@ -84,12 +84,17 @@ void setup_cuda_worker(void* arg) {
 
 }  // namespace
 
+std::string resolve_policy(const std::string& given) {
+  if (!given.empty()) return given;
+  const char* env = std::getenv("STARPU_SCHED");
+  return env && *env ? env : "cpu";
+}
+
 Runtime::Runtime(const RuntimeOptions& options) : impl_(new Impl) {
   if (g_live_runtimes > 0 || g_shutdown_deferred)
     throw Error("a dos::Runtime already exists in this process (StarPU runs once per process): use that one");
   const char* env_sched = std::getenv("STARPU_SCHED");
-  std::string requested = options.policy;
-  if (requested.empty()) requested = env_sched && *env_sched ? env_sched : "cpu";
+  const std::string requested = resolve_policy(options.policy);
   try {
     impl_->choice = parse_policy(requested);
   } catch (const std::invalid_argument& e) {

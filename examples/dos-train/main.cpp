@@ -99,7 +99,7 @@ int run_plan_only(const Args& a, const ModelConfig& cfg, const std::vector<Param
   dos::Rates rates = c.rates, calibrated_rates = c.calibrated;
   dos_train::PlanOnly po;
   po.model = cfg.name;
-  po.policy = dos_train::effective_policy(a);
+  po.policy = dos::resolve_policy(a.policy);
   std::vector<std::size_t> numels;
   for (const ShardTensor& st : shard_tensors(all, range)) numels.push_back(st.count);
   for (const dos::SubgroupLayout& l : dos::partition_subgroups(numels, subgroup)) po.workload.sizes.push_back(l.size);

@@ -90,12 +90,6 @@ void check_distinct_outputs(const Args& a) {
   }
 }
 
-std::string effective_policy(const Args& a) {
-  if (!a.policy.empty()) return a.policy;
-  const char* env = std::getenv("STARPU_SCHED");
-  return env && *env ? env : "cpu";
-}
-
 void parse_shard(const std::string& s, std::size_t* rank, std::size_t* world) {
   const auto slash = s.find('/');
   char *e1 = nullptr, *e2 = nullptr;
@@ -187,7 +181,7 @@ Checked check_options(const Args& a) {
       const double f = parse_fraction(e, "--sweep");
       if (!(f >= 0 && f <= 1)) fail("--sweep: each fraction must be in [0, 1] (or 'model'), got " + e);
     }
-  const std::string policy = effective_policy(a);
+  const std::string policy = dos::resolve_policy(a.policy);  // the one the runtime will run
   if ((!a.k.empty() || !a.gpu_fraction.empty() || !a.sweep.empty()) && policy != "dos")
     fail("--k, --gpu-fraction and --sweep need --policy dos, got " + policy);
   if (a.plan_only && (!a.k.empty() || !a.gpu_fraction.empty() || !a.sweep.empty()))
@@ -208,9 +202,11 @@ Checked check_options(const Args& a) {
     c.tail_subgroups = own_plan ? kAutoTailSubgroups : 0;
   } else {
     const std::string& t = a.tail_subgroups;
-    if (t.empty() || t.size() > 7 || t.find_first_not_of("0123456789") != std::string::npos || std::stoul(t) > 1000000)
+    // at most 7 digits, so that std::stoul neither throws nor wraps
+    const bool digits = !t.empty() && t.size() <= 7 && t.find_first_not_of("0123456789") == std::string::npos;
+    c.tail_subgroups = digits ? std::stoul(t) : 0;
+    if (!digits || c.tail_subgroups > 1000000)
       fail("--tail-subgroups must be auto or a whole number in [0, 1000000], got '" + t + "'");
-    c.tail_subgroups = std::stoul(t);
     if (c.tail_subgroups > 0 && policy != "dos" && policy.rfind("static:", 0) != 0)
       fail("--tail-subgroups binds the tail of a model's plan: it needs --policy dos or static:R, got --policy " +
            policy);

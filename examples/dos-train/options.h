@@ -77,10 +77,6 @@ std::size_t parse_count(const std::string& s, const char* what);
 /// quoting `s` otherwise.
 std::uint64_t parse_seed(const std::string& s);
 
-/// The policy the run uses: --policy, else $STARPU_SCHED when set and not empty, else "cpu" (as
-/// the runtime resolves it). Never throws.
-std::string effective_policy(const Args& a);
-
 /// --shard R/W: rank R of W ranks (0 <= R < W) into *rank and *world. Throws std::runtime_error
 /// quoting `s` when it is not of that form or R is out of range.
 void parse_shard(const std::string& s, std::size_t* rank, std::size_t* world);

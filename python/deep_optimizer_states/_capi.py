@@ -175,6 +175,13 @@ class OptimizerOptions(ctypes.Structure):
     ]
 
 
+def int_in(value, low, high=None):
+    """Whether ``value`` is an ``int`` (a ``bool`` is not one here) in [``low``, ``high``], with no
+    upper bound when ``high`` is None: the check of an integer option before it crosses into C,
+    whose callers raise ``ValueError`` with the option's own range and unit. Never raises."""
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value and (high is None or value <= high)
+
+
 def optimizer_options(**fields):
     """A :class:`OptimizerOptions` holding the library's defaults (``dos_optimizer_options_init``)
     with ``fields`` set over them: field name -> value (booleans as ``bool`` or 0/1; ``dtype`` as

@@ -1,8 +1,33 @@
 """One bucket of :class:`~deep_optimizer_states.optimizer.DeepOptimizerStates`: the parameters of
 one param group with one dtype and one device, the runtime optimizer that updates them, their flat
 gradient buffer and views, and the per-step bookkeeping of the overlapped update and of the
-parameters' version counters.
+parameters' version counters; and the GPU memory the buckets' update phases may hold.
 """
+
+import ctypes
+
+from . import _capi
+
+
+def gpu_memory_for_buckets(buckets, subgroup_size, update_budget, resident_budget, speculative):
+    """Bytes of GPU memory the runtime's StarPU may need for ``buckets``' (``_Bucket``) update
+    phases at once and their resident state: the runtime's ``dos_gpu_memory_for_budgets`` per
+    bucket (the larger of ``update_budget`` and one subgroup of ``subgroup_size`` elements streamed,
+    at most the bucket streamed, more when ``speculative``, an overlapped update that speculates
+    streamed subgroups; plus ``resident_budget``, None: not given), summed, plus
+    ``dos_starpu_device_margin()`` (64 MiB). Each bucket's parameters and gradients have its
+    parameters' element size. ``update_budget``: bytes, >= 1. Raises :class:`DosError` when the
+    runtime refuses the figures, ``OSError`` when ``libdos_c.so`` cannot be loaded."""
+    L = _capi.lib()
+    total = L.dos_starpu_device_margin()
+    for b in buckets:
+        out = ctypes.c_size_t()
+        size = b.params[0].element_size()  # the bucket's dtype: parameters and gradients alike
+        _capi.check(L.dos_gpu_memory_for_budgets(
+            b.num_params, subgroup_size, size, size, update_budget, -1 if resident_budget is None else resident_budget,
+            int(speculative), ctypes.byref(out)), "dos_gpu_memory_for_budgets")
+        total += out.value
+    return total
 
 
 class _Bucket:

@@ -32,7 +32,7 @@ import torch
 
 from . import _capi
 from . import runtime as _rt
-from .bucket import _Bucket
+from .bucket import _Bucket, gpu_memory_for_buckets
 from .forward import _ForwardOverlap
 from .gradients import _describe, _Gradients
 from .overlap import _VERDICT_NAMES, _Overlap
@@ -128,8 +128,8 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _Gradients, _State, _Timeli
         starts the runtime also bounds StarPU's cache of device buffers (:func:`get_runtime`'s
         ``gpu_memory_limit``) by the sum over its buckets of what each may hold (the larger of the
         update budget and one subgroup, at most the whole bucket streamed, more when ``overlap``
-        speculates, plus its resident budget), plus 64 MiB (:meth:`_gpu_memory_limit` gives the
-        formula): without it StarPU keeps every device buffer it freed, far beyond the budget.
+        speculates, plus its resident budget), plus 64 MiB
+        (:func:`~deep_optimizer_states.bucket.gpu_memory_for_buckets` gives the formula): without it StarPU keeps every device buffer it freed, far beyond the budget.
       gpu_resident_budget (int or None): bytes of optimizer state (12 per parameter, each
         subgroup's three slices padded to 16 elements) each bucket may keep on the GPU between
         steps, >= 0; None (default): not given (policies ``dos`` and ``gpu``
@@ -238,7 +238,7 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _Gradients, _State, _Timeli
         self._backwards_expected = 1  # backward passes per step, as the last step had them
         self._backwards_seen = 0      # most accumulations into one gradient since the last step
         super().__init__(params, defaults)
-        if not isinstance(subgroup_size, int) or isinstance(subgroup_size, bool) or not 1 <= subgroup_size <= _MAX_COUNT:
+        if not _capi.int_in(subgroup_size, 1, _MAX_COUNT):
             raise ValueError(f"subgroup_size must be an integer in [1, 2**53] (elements), got {subgroup_size!r}")
         if max_grad_norm is not None and not (float(max_grad_norm) > 0 and math.isfinite(float(max_grad_norm))):
             raise ValueError(f"max_grad_norm must be a finite number > 0 or None, got {max_grad_norm!r}")
@@ -246,13 +246,13 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _Gradients, _State, _Timeli
         for name, value, low, high in (("speculation_budget", speculation_budget, 0, 2 ** 63 - 1),
                                        ("gpu_update_budget", gpu_update_budget, 1, 2 ** 64 - 1),
                                        ("gpu_resident_budget", gpu_resident_budget, 0, 2 ** 63 - 1)):
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high):
+            if value is not None and not _capi.int_in(value, low, high):
                 raise ValueError(f"{name} must be None or an integer in [{low}, {high}] (bytes), got {value!r}")
         for name, value in (("speculate_streamed", speculate_streamed), ("urgent_writeback", urgent_writeback),
                             ("flat_gradients", flat_gradients)):
             if not isinstance(value, bool):
                 raise ValueError(f"{name} must be True or False, got {value!r}")
-        if not isinstance(tail_subgroups, int) or isinstance(tail_subgroups, bool) or not 0 <= tail_subgroups <= 1000000:
+        if not _capi.int_in(tail_subgroups, 0, 1000000):
             raise ValueError(f"tail_subgroups must be an integer in [0, 1000000] (subgroups; 0: the plan as made), "
                              f"got {tail_subgroups!r}")
         if overlap and not flat_gradients:
@@ -338,31 +338,6 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _Gradients, _State, _Timeli
                                  "update is computed: every parameter would become inf or NaN")
         return (lr, b1, b2, eps, wd, bool(group.get("decoupled", True)))
 
-    def _gpu_memory_limit(self, buckets, policy):
-        """Bytes of GPU memory the runtime's StarPU may need for ``buckets``' update phases at once
-        and their resident state (the class docstring's ``gpu_update_budget``), 0 when no limit is
-        asked for: no update budget, or a policy other than ``dos``, ``gpu`` and ``greedy``
-        (``cpu`` uses no GPU; ``static:R`` and StarPU's built-ins place state on the GPU outside the
-        budgets). The runtime's ``dos_gpu_memory_for_budgets`` per bucket (the larger of the update
-        budget and one subgroup streamed, at most the bucket streamed, more when ``overlap``
-        speculates streamed subgroups, plus the resident budget), summed, plus
-        ``dos_starpu_device_margin()`` (64 MiB). (The runtime sets none when this reaches 90% of a
-        GPU that torch already uses: StarPU's own limit.)"""
-        if not self.gpu_update_budget or (policy or _rt.DEFAULT_POLICY) not in ("dos", "gpu", "greedy"):
-            return 0
-        L = _capi.lib()
-        total = L.dos_starpu_device_margin()
-        speculative = self._overlap_asked and self.speculate_streamed and self.speculation_budget != 0
-        for b in buckets:
-            out = ctypes.c_size_t()
-            size = b.params[0].element_size()  # the bucket's dtype: parameters and gradients alike
-            _capi.check(L.dos_gpu_memory_for_budgets(
-                b.num_params, self.subgroup_size, size, size, self.gpu_update_budget,
-                -1 if self.gpu_resident_budget is None else self.gpu_resident_budget, int(speculative),
-                ctypes.byref(out)), "dos_gpu_memory_for_budgets")
-            total += out.value
-        return total
-
     def _build(self, hypers, policy, cpu_threads, cpu_workers, ncuda, verbose, caller_cores=None,
                preferred_caller_cores=0):
         buckets = {}
@@ -409,7 +384,13 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _Gradients, _State, _Timeli
             raise ValueError("every parameter given has 0 elements: nothing to optimize")
 
         running = _rt.current_runtime()
-        self._gpu_request = self._gpu_memory_limit(buckets.values(), policy or (running.policy if running else None))
+        # StarPU's cache of device buffers bounded by the update budgets, for the policies that keep to
+        # them (cpu uses no GPU; static:R and StarPU's built-ins place state on the GPU outside them)
+        budgeted = (policy or (running.policy if running else None) or _rt.DEFAULT_POLICY) in ("dos", "gpu", "greedy")
+        speculative = self._overlap_asked and self.speculate_streamed and self.speculation_budget != 0
+        self._gpu_request = gpu_memory_for_buckets(
+            buckets.values(), self.subgroup_size, self.gpu_update_budget, self.gpu_resident_budget,
+            speculative) if self.gpu_update_budget and budgeted else 0
         self.runtime = _rt._get_runtime(policy, cpu_threads, cpu_workers, ncuda, verbose, caller_cores,
                                         preferred_caller_cores, self._gpu_request, count_live=True)
         L = _capi.lib()

@@ -178,8 +178,7 @@ def get_runtime(policy=None, cpu_threads=0, cpu_workers=0, ncuda=-1, verbose=Fal
     :class:`~deep_optimizer_states.DosError` when StarPU cannot start (here or in that child); ``OSError`` when
     ``libdos_c.so`` cannot be loaded.
     """
-    if gpu_memory_limit is not None and (not isinstance(gpu_memory_limit, int) or isinstance(gpu_memory_limit, bool)
-                                         or not 1 <= gpu_memory_limit <= _MAX_LIMIT):
+    if gpu_memory_limit is not None and not _capi.int_in(gpu_memory_limit, 1, _MAX_LIMIT):
         raise ValueError(f"gpu_memory_limit must be None or an integer in [1, (2**31 - 1) MiB] (bytes StarPU may "
                          f"allocate on each GPU; StarPU reads MiB into an int), got {gpu_memory_limit!r}")
     return _get_runtime(policy, cpu_threads, cpu_workers, ncuda, verbose, caller_cores, 0, gpu_memory_limit or 0)
@@ -187,8 +186,7 @@ def get_runtime(policy=None, cpu_threads=0, cpu_workers=0, ncuda=-1, verbose=Fal
 
 def _check_caller_cores(caller_cores):
     """Raises ``ValueError`` unless ``caller_cores`` is None or an integer >= 0."""
-    if caller_cores is not None and (not isinstance(caller_cores, int) or isinstance(caller_cores, bool)
-                                     or caller_cores < 0):
+    if caller_cores is not None and not _capi.int_in(caller_cores, 0):
         raise ValueError(f"caller_cores must be None or an integer >= 0 (cores left to this process's threads), "
                          f"got {caller_cores!r}")
 

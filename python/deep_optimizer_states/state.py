@@ -238,7 +238,7 @@ class _State:
                                      f"{h[key]!r} here")
         for key in ("steps_taken", "skipped_steps"):
             v = dos.get(key, 0)
-            if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= _MAX_COUNT:
+            if not _capi.int_in(v, 0, _MAX_COUNT):
                 raise ValueError(f"the state dict's {key} must be an integer in [0, 2**53], got {v!r}")
         flat = []
         fresh = not state  # an optimizer's state dict before it updated anything
@@ -246,7 +246,7 @@ class _State:
             steps = bk.get("subgroup_steps")
             # beyond 2**53 a step count is damage (and the C side's int64 would wrap 2**64 to 0)
             if not isinstance(steps, (list, tuple)) or len(steps) != len(b.subgroup_sizes) \
-                    or not all(isinstance(s, int) and not isinstance(s, bool) and 0 <= s <= _MAX_COUNT for s in steps):
+                    or not all(_capi.int_in(s, 0, _MAX_COUNT) for s in steps):
                 raise ValueError(f"bucket {k}: subgroup_steps must be {len(b.subgroup_sizes)} integers >= 0 and at most "
                                  f"2**53, got {steps!r}")
             if fresh:

@@ -319,6 +319,9 @@ struct Optimizer::Impl {
   std::string rates_path;  // where calibrate_rates caches the rates; refined ones go back there
   bool refined = false;
   bool streamed_once = false;  // a step refine() was called for streamed (the first one refines nothing)
+  /// Whether a phase of this optimizer has run (not skipped) with streamed subgroups: StarPU
+  /// allocated their GPU buffers in it. Until then choose_tail binds nothing (tail_binder.cpp).
+  bool stream_buffers_allocated = false;
   std::vector<PlanSide> plan;  // this step's plan (empty for StarPU's built-in policies)
   std::string broken;          // why a failed step left the state inconsistent (empty: fine)
   AdmissionWindow window;      // the GPU update budget
@@ -379,8 +382,9 @@ struct Optimizer::Impl {
   /// the last tail_subgroups subgroups, in index order, that the plan updates on the CPU or
   /// streams; none in a phase opened by begin_step or finished by finish_step_async (the binder
   /// runs only inside step(), so no call of the caller's meets it half way), without a CUDA worker,
-  /// a model's plan or rates, or when the subgroups left outside the tail do not both stream and
-  /// update on the CPU.
+  /// a model's plan or rates, before a phase of this optimizer has streamed
+  /// (stream_buffers_allocated), or when the subgroups left outside the tail do not both stream
+  /// and update on the CPU.
   void choose_tail(detail::OpenStep& ph);
   /// A copy of the runtime's own for subgroup i (staging.cpp): an asynchronous acquire of its
   /// staging handle on host memory (to_gpu: h_param16 for reading; to_host: h_grad32 for writing),

@@ -19,6 +19,11 @@ void Optimizer::Impl::choose_tail(OpenStep& ph) {
   ph.tail_order.clear();
   if (opt.tail_subgroups == 0 || ph.st.overlapped || ph.async || cuda_nodes.empty() || plan.empty() || !have_rates)
     return;
+  // Not in the first phase that streams: StarPU allocates the streamed state's GPU buffers in it,
+  // which slows the stream by an amount no pace measured so far foretells. On the GPU machine, the
+  // 20B quarter's first phase with the binder took 0.94-0.95 s against 0.81-0.88 s for the plan as
+  // made, the CPU busy 64-67% of it against 74-81% (README, "Measured").
+  if (!stream_buffers_allocated) return;
   std::vector<std::size_t> tail;
   for (std::size_t i = sgs.size(); i-- > 0 && tail.size() < opt.tail_subgroups;)
     if (plan[i] != PlanSide::gpu_resident) tail.push_back(i);

@@ -600,6 +600,7 @@ StepStats Optimizer::Impl::finish_wait() {
   measure.cpu_adam_seconds = st.cpu_adam_seconds;
   measure.stream_end_seconds = st.stream_end_seconds;
   measure.eager_writeback = opt.eager_writeback;
+  if (!st.skipped && measure.streamed > 0) stream_buffers_allocated = true;  // choose_tail reads it
   st.params = nparams;
   for (std::size_t i = 0; i < sgs.size(); ++i) {
     const auto& sg = sgs[i];

@@ -59,8 +59,9 @@ case "$mode" in
   tail)
     # late binding of the plan's tail (--tail-subgroups): the same results as the plan as made,
     # within the cpu-gpu tolerance (a tail subgroup may run on either side). With a CUDA worker every
-    # iteration binds the 4 last subgroups while the phase runs; without one nothing is bound and
-    # the run is the CPU's, bit for bit.
+    # iteration after the first binds the 4 last subgroups while the phase runs (the first, which
+    # allocates the streamed state's GPU buffers, runs the plan as made); without one nothing is
+    # bound and the run is the CPU's, bit for bit.
     run --policy cpu --save-params "$tmp/cpu.safetensors"
     run --policy dos --gpu-fraction 1/2 --save-params "$tmp/plan.safetensors"
     run --policy dos --gpu-fraction 1/2 --tail-subgroups 4 --report "$tmp/r.json" --save-params "$tmp/tail.safetensors"
@@ -71,7 +72,7 @@ r = json.load(open(sys.argv[1]))
 assert r["tail_subgroups"] == 4, r["tail_subgroups"]
 gpu = r["cuda_workers"] > 0
 for it in r["iterations"]:
-    assert it["tail_bound"] == (4 if gpu else 0), it
+    assert it["tail_bound"] == (4 if gpu and it["iteration"] > 1 else 0), it
     assert 0 <= it["tail_moved"] <= it["tail_bound"], it
     # the plan's own sides stay in "plan"; where each tail subgroup ran is in "placement"
     moved = sum(p != q for p, q in zip(it["plan"][-4:], it["placement"][-4:]))

@@ -368,19 +368,25 @@ def test_tail_subgroups(device, policy):
         losses = []
         mixed = 0  # phases whose plan leaves CPU and streamed subgroups beside a full tail
         cuda = False
+        streamed_before = {}  # per bucket: whether an earlier step streamed (allocated GPU buffers)
         for s in range(1, 5):
             losses += train_steps(mk, o, [s], device)
             cuda = dos.current_runtime().cuda_workers > 0
-            for st in o.last_step["stats"]:
+            for b, st in enumerate(o.last_step["stats"]):
                 check(0 <= st["tail_moved"] <= st["tail_bound"] <= tail,
                       f"tail_subgroups={tail}: {st['tail_bound']} bound, {st['tail_moved']} moved")
                 bound.append(st["tail_bound"])
                 planned_cpu = st["subgroups_cpu"] + st["subgroups_gpu"] - st["planned_streamed"] - st["planned_resident"]
-                if cuda and tail and st["planned_streamed"] > tail and planned_cpu > tail:
+                if not streamed_before.get(b):
+                    # a bucket's first step that streams allocates its GPU buffers: nothing bound
+                    check(st["tail_bound"] == 0, f"bucket {b}'s first step that streams: nothing bound "
+                                                 f"(got {st['tail_bound']})")
+                elif cuda and tail and st["planned_streamed"] > tail and planned_cpu > tail:
                     # the plan has more than `tail` subgroups on each side: the last `tail` are bound
                     mixed += 1
                     check(st["tail_bound"] == tail, f"a plan of {planned_cpu} CPU and {st['planned_streamed']} streamed "
                                                     f"subgroups: the last {tail} bound (got {st['tail_bound']})")
+                streamed_before[b] = streamed_before.get(b) or st["planned_streamed"] > 0
         if not cuda:
             check(sum(bound) == 0, f"no CUDA worker: nothing bound (got {bound})")
         elif tail:

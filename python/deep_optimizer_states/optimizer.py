@@ -141,8 +141,9 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _Gradients, _State, _Timeli
         ``static:R``, ``greedy``) updates on the CPU or streams get their side while the phase runs,
         each going to the side projected to end first from the pace each has kept in that phase.
         Only in plain steps with a CUDA worker (not with ``overlap=True``, nor in a phase left
-        running into the next forward), and only when the plan has CPU and streamed subgroups before
-        the tail; otherwise, and under other policies, nothing is bound (no error). The same bits
+        running into the next forward), only when the plan has CPU and streamed subgroups before
+        the tail, and not in a bucket's first step that streams (it allocates the GPU buffers);
+        otherwise, and under other policies, nothing is bound (no error). The same bits
         either way; each bucket's entry of ``last_step["stats"]`` has ``tail_bound`` and
         ``tail_moved``. 0 (default): the plan as made. dos-train measured 6 at 1.8-7.2% faster than
         the plan as made on a 20B shard (README); from PyTorch it has not yet run on a GPU.

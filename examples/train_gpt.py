@@ -351,7 +351,8 @@ def make_optimizer(args, model):
                                   # the threads launching forward and backward keep a core beside CPU Adam
                                   caller_cores=1 if args.overlap != "off" else None,
                                   gpu_update_budget=args.gpu_update_budget_bytes,
-                                  gpu_resident_budget=args.gpu_resident_budget_bytes)
+                                  gpu_resident_budget=args.gpu_resident_budget_bytes,
+                                  tail_subgroups=args.tail_subgroups)
         if args.overlap in ("forward", "both"):
             opt.overlap_forward(model, overlap_blocks(model))
         return opt
@@ -365,7 +366,8 @@ def make_optimizer(args, model):
 def record_phase(rec, info):
     """Copies into a step's record ``rec`` (dict) the update phase's figures from the
     ``DeepOptimizerStates.last_step`` dict ``info``: ``phase_seconds`` (s), the first bucket's
-    ``subgroups_cpu`` / ``subgroups_gpu`` and ``h2d_bytes`` / ``d2h_bytes`` (bytes), and the overlap's
+    ``subgroups_cpu`` / ``subgroups_gpu``, ``h2d_bytes`` / ``d2h_bytes`` (bytes) and ``tail_bound`` /
+    ``tail_moved`` (the late binding's subgroups, ``--tail-subgroups``), and the overlap's
     ``speculated``, ``redone`` and ``hidden_params``. Called again once a phase left running into the
     next forward has ended (``info`` is completed in place then)."""
     if "update_seconds" in info:
@@ -373,7 +375,7 @@ def record_phase(rec, info):
     if info.get("stats"):
         s = info["stats"][0]
         rec.update(subgroups_cpu=s["subgroups_cpu"], subgroups_gpu=s["subgroups_gpu"], h2d_bytes=s["bytes_h2d"],
-                   d2h_bytes=s["bytes_d2h"])
+                   d2h_bytes=s["bytes_d2h"], tail_bound=s["tail_bound"], tail_moved=s["tail_moved"])
     rec.update(speculated=info.get("speculated", 0), redone=info.get("redone", 0),
                hidden_params=info.get("hidden_params", 0))
 
@@ -440,6 +442,9 @@ def parse_args(argv=None):
                     help="dos: GB of optimizer state (12 bytes per parameter, padded to 16 elements per subgroup "
                          "slice) the GPU may keep between steps "
                          "(0: none given; DeepOptimizerStates(gpu_resident_budget=...))")
+    ap.add_argument("--tail-subgroups", type=int, default=0,
+                    help="dos: late binding of the plan's tail, the last N subgroups given their side while the "
+                         "phase runs, in [0, 1000000] (0: the plan as made; DeepOptimizerStates(tail_subgroups=N))")
     ap.add_argument("--gpu-update-budget", type=float, default=0,
                     help="dos: GB of GPU memory the update phase may hold at once (0: no limit but StarPU's)")
     ap.add_argument("--timeline", help="dos: write the timeline of --timeline-steps to this JSON file (and a PNG "
@@ -455,6 +460,10 @@ def parse_args(argv=None):
         ap.error(f"--overlap {args.overlap} needs --optimizer dos (torch's AdamW runs after backward)")
     if args.urgent_writeback and args.optimizer != "dos":
         ap.error("--urgent-writeback needs --optimizer dos")
+    if not 0 <= args.tail_subgroups <= 1000000:
+        ap.error(f"--tail-subgroups must be in [0, 1000000] (subgroups; 0: the plan as made), got {args.tail_subgroups}")
+    if args.tail_subgroups and args.optimizer != "dos":
+        ap.error("--tail-subgroups needs --optimizer dos (it binds the runtime's plan)")
     args.gpu_resident_budget_bytes = budget_bytes(ap, "--gpu-resident-budget", args.gpu_resident_budget,
                                                   args.optimizer)
     args.gpu_update_budget_bytes = budget_bytes(ap, "--gpu-update-budget", args.gpu_update_budget, args.optimizer,
@@ -639,7 +648,10 @@ def main(argv=None):
             else:
                 extra = f" phase {rec['phase_seconds']:.4f} s"
             if "subgroups_cpu" in rec:
-                extra += f" (subgroups cpu {rec['subgroups_cpu']} gpu {rec['subgroups_gpu']})"
+                extra += f" (subgroups cpu {rec['subgroups_cpu']} gpu {rec['subgroups_gpu']}"
+                if rec.get("tail_bound"):
+                    extra += f"; tail {rec['tail_bound']} bound, {rec['tail_moved']} moved"
+                extra += ")"
             if info.get("speculated"):
                 extra += f" speculated {info['speculated']} redone {info.get('redone', 0)}"
             gn = rec["grad_norm"]

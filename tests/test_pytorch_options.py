@@ -395,6 +395,24 @@ def test_tail_subgroups(device, policy):
         o.close()
     check(runs[0][0] == runs[1][0] and same_snapshot(runs[0][1], runs[1][1]),
           f"tail_subgroups=3 (bound per phase: {runs[1][2]}): losses, parameters and state bit for bit as with 0")
+    # train_gpt.py --tail-subgroups: reaches the optimizer; bad values and other optimizers refused
+    args = train_gpt.parse_args(tiny_args("dos", device, policy) + ["--tail-subgroups", "4"])
+    check(args.tail_subgroups == 4, f"train_gpt.py --tail-subgroups 4 parsed (got {args.tail_subgroups})")
+    r = train_gpt.main(tiny_args("dos", device, policy, steps=2) + ["--tail-subgroups", "4"])
+    r["optimizer"].close()
+    check(r["optimizer"].tail_subgroups == 4, "train_gpt.py --tail-subgroups 4 reaches the optimizer")
+    for bad in (["--tail-subgroups", "-1"], ["--tail-subgroups", "1000001"], ["--tail-subgroups", "x"]):
+        for opt_name in ("dos", "adamw"):
+            try:
+                train_gpt.parse_args(tiny_args(opt_name, device, policy) + bad)
+                check(False, f"--optimizer {opt_name} {' '.join(bad)} refused")
+            except SystemExit as e:
+                check(e.code == 2, f"--optimizer {opt_name} {' '.join(bad)} refused (exit 2)")
+    try:
+        train_gpt.parse_args(tiny_args("adamw", device, policy) + ["--tail-subgroups", "2"])
+        check(False, "--optimizer adamw --tail-subgroups 2 refused")
+    except SystemExit as e:
+        check(e.code == 2, "--optimizer adamw --tail-subgroups 2 refused (exit 2)")
 
 
 def test_flat_gradients(device, policy):

@@ -284,8 +284,9 @@ class Runtime {
 ///   (default): the plan as made. Only in phases run by step() (not in one opened by begin_step,
 ///   nor in step_async()'s), with a CUDA worker and a plan made with the model's rates (dos,
 ///   static:R, greedy) that has CPU and streamed subgroups before the tail (their pace is what the
-///   binder learns from), from the optimizer's second phase that streams on (StarPU allocates the
-///   streamed state's GPU buffers in the first, which slows the stream unforeseeably); otherwise
+///   binder learns from), once a phase of the optimizer (not skipped; overlapped and asynchronous ones
+///   count) whose plan streams has ended (StarPU allocates the streamed state's GPU buffers in the
+///   first, which slows the stream unforeseeably); otherwise
 ///   nothing is bound (no error). Results are the same bits either way;
 ///   StepStats::tail_bound and tail_moved say what it did.
 struct OptimizerOptions {

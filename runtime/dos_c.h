@@ -235,8 +235,9 @@ typedef struct dos_optimizer_options {
    * greedy) updates on the CPU or streams are given their side while the phase runs, each to the
    * side projected to end first. Only in phases run by dos_optimizer_step with a CUDA worker (not in
    * an overlapped or asynchronous one), only when the plan has CPU and streamed subgroups
-   * before the tail (the binder learns each side's pace from them), and not in the optimizer's
-   * first phase that streams (it allocates the GPU buffers); otherwise, and under other
+   * before the tail (the binder learns each side's pace from them), and not before a phase of the
+   * optimizer whose plan streams has ended (not skipped; it allocates the GPU buffers); otherwise,
+   * and under other
    * policies, nothing is bound (accepted, no effect). Same results either way;
    * dos_step_stats.tail_bound and tail_moved say what it did. 0: the plan as made; in [0, 1000000]
    * (subgroups) [0]. */

@@ -320,7 +320,8 @@ struct Optimizer::Impl {
   bool refined = false;
   bool streamed_once = false;  // a step refine() was called for streamed (the first one refines nothing)
   /// Whether a phase of this optimizer has run (not skipped) with streamed subgroups: StarPU
-  /// allocated their GPU buffers in it. Until then choose_tail binds nothing (tail_binder.cpp).
+  /// allocated their GPU buffers in it. Until then choose_tail binds nothing (tail_binder.cpp). An
+  /// approximation: a later plan that streams other subgroups allocates theirs in a phase that binds.
   bool stream_buffers_allocated = false;
   std::vector<PlanSide> plan;  // this step's plan (empty for StarPU's built-in policies)
   std::string broken;          // why a failed step left the state inconsistent (empty: fine)

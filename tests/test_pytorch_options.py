@@ -401,6 +401,10 @@ def test_tail_subgroups(device, policy):
     r = train_gpt.main(tiny_args("dos", device, policy, steps=2) + ["--tail-subgroups", "4"])
     r["optimizer"].close()
     check(r["optimizer"].tail_subgroups == 4, "train_gpt.py --tail-subgroups 4 reaches the optimizer")
+    recs = [(x.get("tail_bound"), x.get("tail_moved")) for x in r["records"]]
+    check(len(recs) == 2 and recs[0] == (0, 0) and all(b is not None and 0 <= m <= b for b, m in recs)
+          and (dos.current_runtime().cuda_workers > 0 or all(b == 0 for b, _ in recs)),
+          f"and each step's record has the binding's counts, none in step 1 nor without a CUDA worker ({recs})")
     for bad in (["--tail-subgroups", "-1"], ["--tail-subgroups", "1000001"], ["--tail-subgroups", "x"]):
         for opt_name in ("dos", "adamw"):
             try:

@@ -142,11 +142,14 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _Gradients, _State, _Timeli
         each going to the side projected to end first from the pace each has kept in that phase.
         Only in plain steps with a CUDA worker (not with ``overlap=True``, nor in a phase left
         running into the next forward), only when the plan has CPU and streamed subgroups before
-        the tail, and not in a bucket's first step that streams (it allocates the GPU buffers);
+        the tail, and not before a bucket's first (not skipped) step whose plan streams has ended
+        (it allocates the GPU buffers);
         otherwise, and under other policies, nothing is bound (no error). The same bits
         either way; each bucket's entry of ``last_step["stats"]`` has ``tail_bound`` and
         ``tail_moved``. 0 (default): the plan as made. dos-train measured 6 at 1.8-7.2% faster than
-        the plan as made on a 20B shard (README); from PyTorch it has not yet run on a GPU.
+        the plan as made on a 20B shard in one set of runs and no faster in another (README); from
+        PyTorch (``train_gpt.py --tail-subgroups 6``, a 1.01e9-parameter GPT) it changed nothing
+        measurable.
       timeline (bool): record every task of each update phase (lane, kind, subgroup, start, end)
         into :attr:`last_step` (see :meth:`step`); costs a thread sampling the bus every millisecond
         while a phase runs. Default False. The attribute :attr:`timeline` may be changed between

@@ -341,17 +341,20 @@ def test_timeline(device, policy):
         check(r["losses"] == ref["losses"], "and, without a CUDA worker, change nothing")
     for bad in (["--gpu-resident-budget", "-1"], ["--gpu-update-budget", "1e-12"], ["--gpu-update-budget", "nan"],
                 ["--gpu-resident-budget", "inf"], ["--gpu-update-budget", "1e12"]):
-        try:
-            train_gpt.parse_args(tiny_args("dos", device, policy) + bad)
-            check(False, f"{' '.join(bad)} refused")
-        except SystemExit as e:
-            check(e.code == 2, f"{' '.join(bad)} refused (exit 2)")
+        expect_refused(tiny_args("dos", device, policy) + bad, " ".join(bad))
     for bad in ("3", "0:2", "4:2", "a:b"):
-        try:
-            train_gpt.parse_args(tiny_args("dos", device, policy) + ["--timeline", "x.json", "--timeline-steps", bad])
-            check(False, f"--timeline-steps {bad} refused")
-        except SystemExit as e:
-            check(e.code == 2, f"--timeline-steps {bad} refused (exit 2)")
+        expect_refused(tiny_args("dos", device, policy) + ["--timeline", "x.json", "--timeline-steps", bad],
+                       f"--timeline-steps {bad}")
+
+
+def expect_refused(argv, what):
+    """Checks that train_gpt.py refuses the command line ``argv`` (list of str) as argparse does:
+    SystemExit with status 2 (a usage error); ``what`` names the case in the check's line."""
+    try:
+        train_gpt.parse_args(argv)
+        check(False, f"{what} refused")
+    except SystemExit as e:
+        check(e.code == 2, f"{what} refused (exit 2)")
 
 
 def test_tail_subgroups(device, policy):
@@ -407,16 +410,8 @@ def test_tail_subgroups(device, policy):
           f"and each step's record has the binding's counts, none in step 1 nor without a CUDA worker ({recs})")
     for bad in (["--tail-subgroups", "-1"], ["--tail-subgroups", "1000001"], ["--tail-subgroups", "x"]):
         for opt_name in ("dos", "adamw"):
-            try:
-                train_gpt.parse_args(tiny_args(opt_name, device, policy) + bad)
-                check(False, f"--optimizer {opt_name} {' '.join(bad)} refused")
-            except SystemExit as e:
-                check(e.code == 2, f"--optimizer {opt_name} {' '.join(bad)} refused (exit 2)")
-    try:
-        train_gpt.parse_args(tiny_args("adamw", device, policy) + ["--tail-subgroups", "2"])
-        check(False, "--optimizer adamw --tail-subgroups 2 refused")
-    except SystemExit as e:
-        check(e.code == 2, "--optimizer adamw --tail-subgroups 2 refused (exit 2)")
+            expect_refused(tiny_args(opt_name, device, policy) + bad, f"--optimizer {opt_name} {' '.join(bad)}")
+    expect_refused(tiny_args("adamw", device, policy) + ["--tail-subgroups", "2"], "--optimizer adamw --tail-subgroups 2")
 
 
 def test_flat_gradients(device, policy):

@@ -12,7 +12,7 @@ constexpr double kLowestLinkShare = 1.0 / 16;  // a floor for the figures' sake 
 }  // namespace
 
 Refined refine_rates(const Workload& w, const Rates& r, const PhaseMeasure& m, const Simulation& sim,
-                     std::size_t cpu_workers) {
+                     std::size_t cpu_workers, bool link_share_measured) {
   if (!rates_complete(r)) throw std::invalid_argument("refine_rates: every rate must be a positive number");
   Refined out{r, false};
   Rates& q = out.rates;
@@ -61,7 +61,14 @@ Refined refine_rates(const Workload& w, const Rates& r, const PhaseMeasure& m, c
       // changes nothing, so what the measure asks beyond it goes to B itself; so does what it asks
       // below the floor.
       const double cap = highest_link_share(q);
-      blend(q.link_share, std::min(cap, std::max(kLowestLinkShare, share)));
+      const double bounded = std::min(cap, std::max(kLowestLinkShare, share));
+      if (link_share_measured) {
+        blend(q.link_share, bounded);
+      } else {  // the placeholder: nothing to average with
+        q.link_share = bounded;
+        out.applied = true;
+      }
+      out.link_share_applied = true;
       const double rest = share > cap ? share / cap : share < kLowestLinkShare ? share / kLowestLinkShare : 1.0;
       if (rest != 1.0) scale_links(rest);
     } else {

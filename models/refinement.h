@@ -31,6 +31,8 @@ struct PhaseMeasure {
 struct Refined {
   Rates rates;
   bool applied = false;
+  /// A measure of link_share was taken (blended, or taken whole when it had none before).
+  bool link_share_applied = false;
 };
 
 /// One step of the refinement: each rate moves half way towards what the phase measured, by at most
@@ -69,6 +71,11 @@ struct Refined {
 ///    beside CPU Adam, goes into link_share (one measure, the stream's end, for two rates); the
 ///    plans near the ones run are then predicted right, those far from them (mostly streamed) are
 ///    not, until phases that stream mostly alone refine B.
+///    link_share_measured false: link_share is still the calibration's placeholder (1: the
+///    calibration does not measure it), so the step takes its measure whole (within the bounds
+///    below) instead of half way: there is nothing to average it with. On the GPU machine the
+///    20B quarter's first measure was about 0.77 against the placeholder's 1, and half way (0.88)
+///    left the next phase's prediction 9% under the measured time.
 ///  - Last, the bounds on the final rates: link_share in [1/16, U_c / U_c_dma] and U_c_dma in
 ///    [lowest_distinct_u_c_dma with cpu_workers, U_c] (below that floor the model does not depend
 ///    on U_c_dma); each bound depends on the other rate, so they are applied in a few rounds, the
@@ -76,7 +83,9 @@ struct Refined {
 /// When nothing was measured, returns r with only the bounds applied (applied false). Throws
 /// std::invalid_argument when a rate of r is not positive (rates_complete).
 /// cpu_workers: the StarPU CPU workers the phase ran (as Execution::cpu_workers; for U_c_dma's floor).
+/// link_share_measured: whether r.link_share holds a measure (an earlier phase's, a rates file's
+/// refined value) rather than the calibration's placeholder; see the link_share rule above.
 Refined refine_rates(const Workload& w, const Rates& r, const PhaseMeasure& m, const Simulation& sim,
-                     std::size_t cpu_workers = 1);
+                     std::size_t cpu_workers = 1, bool link_share_measured = true);
 
 }  // namespace dos

@@ -119,9 +119,10 @@ void Optimizer::Impl::refine(const PhaseMeasure& m, const Simulation& sim) {
     streamed_once = true;
     return;
   }
-  const Refined r = refine_rates(workload, rates, m, sim, rt->cpu_workers());
+  const Refined r = refine_rates(workload, rates, m, sim, rt->cpu_workers(), link_share_measured);
   rates = r.rates;
   refined = refined || r.applied;
+  link_share_measured = link_share_measured || r.link_share_applied;
 }
 
 struct starpu_task* Optimizer::Impl::make_task(struct starpu_codelet* cl, void* arg, const TaskHint* hint,
@@ -290,6 +291,7 @@ Optimizer::Optimizer(Runtime& runtime, const std::vector<TensorView>& tensors, c
       I.rates_path = rates_cache_path(runtime, cal, options.dtype, options.memory);
     }
     I.have_rates = true;
+    I.link_share_measured = I.rates.link_share != I.calibrated_rates.link_share;
   }
 
   for (std::size_t s = 0; s < layout.size(); ++s) {

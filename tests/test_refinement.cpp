@@ -336,8 +336,11 @@ void test_host_shares(void**) {
 // 0.875, B unchanged. Faster than the cap U_c / U_c_dma = 4/3 allows (0.35 s measured: 0.2 s
 // beside, measure 3): link_share half way to 4/3, and B half way to B x 3 / (4/3) = 2.25 B, which
 // the step caps at twice B.
-// Streams mostly alone: B as before.
-void test_link_share(void**) {
+// Streams mostly alone: B as before, and no link_share measure.
+// first: link_share is the calibration's placeholder (link_share_measured false), so its measure is
+// taken whole (0.75; the cap 4/3 for the fast phase, B as when blended: the rest of the measure goes
+// to B the same way); a phase that streamed nothing measures no link at all.
+void check_link_share_rule(bool first) {
   dos::Simulation sim;
   sim.stream_end = 0.75;
   sim.stream_beside_cpu = 0.6;
@@ -346,56 +349,28 @@ void test_link_share(void**) {
   m.streamed = 10;
   m.stream_end_seconds = 0.95;
   const dos::Workload w = quarter_20b();
-  const dos::Refined r = dos::refine_rates(w, kRates, m, sim);
+  const dos::Refined r = dos::refine_rates(w, kRates, m, sim, 1, !first);
   assert_true(r.applied);
-  ASSERT_NEAR(r.rates.link_share, 0.875, 1e-12);
+  assert_true(r.link_share_applied);
+  ASSERT_NEAR(r.rates.link_share, first ? 0.75 : 0.875, 1e-12);
   ASSERT_NEAR(r.rates.B_h2d, kRates.B_h2d, 0.0);
   m.stream_end_seconds = 0.35;
-  const dos::Refined fast = dos::refine_rates(w, kRates, m, sim);
-  ASSERT_NEAR(fast.rates.link_share, 0.5 * (1 + 4.0 / 3), 1e-12);
+  const dos::Refined fast = dos::refine_rates(w, kRates, m, sim, 1, !first);
+  ASSERT_NEAR(fast.rates.link_share, first ? 4.0 / 3 : 0.5 * (1 + 4.0 / 3), 1e-12);
   ASSERT_NEAR(fast.rates.B_h2d, 0.5 * (kRates.B_h2d + 2 * kRates.B_h2d), 10.0);  // 2.25x, capped at 2x
   sim.stream_beside_cpu = 0.1;
   sim.stream_alone = 0.6;
   m.stream_end_seconds = 0.95;
-  const dos::Refined mostly_alone = dos::refine_rates(w, kRates, m, sim);
-  ASSERT_NEAR(mostly_alone.rates.link_share, 1.0, 0.0);
-  ASSERT_NEAR(mostly_alone.rates.B_h2d, 0.5 * (kRates.B_h2d + kRates.B_h2d * 0.75 / 0.95), 10.0);
-}
-
-// link_share's first measure, while it is still the calibration's placeholder: taken whole, not
-// half way (the figures of test_link_share: measure 0.75), and within its bounds (measure 3 above
-// the cap 4/3: the cap, and B as when blended, since the rest of the measure goes to B the same
-// way). Phases that stream mostly alone measure no link_share: nothing is taken.
-void test_link_share_first_measure(void**) {
-  dos::Simulation sim;
-  sim.stream_end = 0.75;
-  sim.stream_beside_cpu = 0.6;
-  sim.stream_alone = 0.1;
-  dos::PhaseMeasure m;
-  m.streamed = 10;
-  m.stream_end_seconds = 0.95;
-  const dos::Workload w = quarter_20b();
-  const dos::Refined r = dos::refine_rates(w, kRates, m, sim, 1, false);
-  assert_true(r.applied);
-  assert_true(r.link_share_applied);
-  ASSERT_NEAR(r.rates.link_share, 0.75, 1e-12);
-  ASSERT_NEAR(r.rates.B_h2d, kRates.B_h2d, 0.0);
-  const dos::Refined blended = dos::refine_rates(w, kRates, m, sim, 1, true);
-  assert_true(blended.link_share_applied);
-  ASSERT_NEAR(blended.rates.link_share, 0.875, 1e-12);
-  m.stream_end_seconds = 0.35;
-  const dos::Refined fast = dos::refine_rates(w, kRates, m, sim, 1, false);
-  ASSERT_NEAR(fast.rates.link_share, 4.0 / 3, 1e-12);
-  ASSERT_NEAR(fast.rates.B_h2d, 1.5 * kRates.B_h2d, 10.0);  // half way to 2.25x, capped at 2x
-  sim.stream_beside_cpu = 0.1;
-  sim.stream_alone = 0.6;
-  m.stream_end_seconds = 0.95;
-  const dos::Refined mostly_alone = dos::refine_rates(w, kRates, m, sim, 1, false);
+  const dos::Refined mostly_alone = dos::refine_rates(w, kRates, m, sim, 1, !first);
   assert_false(mostly_alone.link_share_applied);
   ASSERT_NEAR(mostly_alone.rates.link_share, 1.0, 0.0);
-  dos::PhaseMeasure none;  // nothing streamed: no link measure at all
-  assert_false(dos::refine_rates(w, kRates, none, sim, 1, false).link_share_applied);
+  ASSERT_NEAR(mostly_alone.rates.B_h2d, 0.5 * (kRates.B_h2d + kRates.B_h2d * 0.75 / 0.95), 10.0);
+  const dos::PhaseMeasure none;  // nothing streamed
+  assert_false(dos::refine_rates(w, kRates, none, sim, 1, !first).link_share_applied);
 }
+
+void test_link_share(void**) { check_link_share_rule(false); }
+void test_link_share_first_measure(void**) { check_link_share_rule(true); }
 
 // dos's own plans on a machine of link_share 0.7, from the calibration's rates (the machine's, with
 // the placeholder link_share 1), as the optimizer refines (its first phase that streams measures

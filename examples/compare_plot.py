@@ -40,7 +40,8 @@ def draw(plt, png, rows, baselines, peers, tl):
         for t in tl["tasks"]:
             ax.barh(lanes[t["lane"]], t["end"] - t["start"], left=t["start"], height=0.7 if t["lane"] in ("cpu", "gpu") else 0.2,
                     color=colors.get(t["what"], "C4"), edgecolor="none")
-        # PCIe rates from the cumulative bus samples (bytes are counted when a transfer completes,
+        # PCIe rates from the cumulative bus samples (bytes are counted a whole transfer at once,
+        # StarPU's when issued and the runtime's own copies when ended,
         # so rates are averaged over windows of 20 ms, or a twentieth of a shorter phase)
         bus = tl["bus"]
         last = max([t["end"] for t in tl["tasks"]] + [bus[-1][0] if bus else 0.0])

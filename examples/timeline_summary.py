@@ -6,7 +6,8 @@ The timeline holds the phase's tasks (lane ``cpu``, ``gpu``, ``h2d``, ``d2h`` or
 kind ``adam``, ``adam_spec``, ``gather``, ``scatter`` or ``state``; subgroup; start and end in
 seconds since the phase began)
 and its PCIe byte samples (seconds, cumulative host-to-device and device-to-host bytes, which
-StarPU counts when a transfer ends, plus the runtime's own copies when they end). This prints:
+StarPU 1.3.10 counts when it issues a transfer, the runtime's own copies when they end). This
+prints:
 
 - the phase's span (the last task's end, seconds) and, per lane, its tasks, busy seconds and busy
   fraction of the span (tasks of one lane do not overlap: each lane is one worker or one stream),
@@ -24,7 +25,9 @@ StarPU counts when a transfer ends, plus the runtime's own copies when they end)
 - the tail: from the end of the last streamed GPU Adam (lane ``gpu``, kind ``adam``) to the end of
   the phase, its length and the tasks that ran in it, by lane and kind;
 - PCIe: the bytes each way over the phase and their average rate (GB/s, 1e9 bytes), and the same
-  per window of ``--window-ms`` (default 50 ms: the samples jump when a transfer ends, so short
+  per window of ``--window-ms`` (default 50 ms: the samples jump by a whole transfer at once, at
+  its issue for StarPU's (a window can show more than the link carries, and a later one nothing
+  while those transfers run), so short
   windows mislead).
 
 ``--json`` prints the same as one JSON object instead. Usage::
@@ -47,7 +50,8 @@ def pcie_windows(bus, span, window):
 
     bus: [[t s, cumulative H2D bytes, cumulative D2H bytes]...] sorted by t, counted from the
     phase's start (dos-train's --timeline ``bus``). A window's rate is the bytes the samples add
-    within it over its length; bytes are counted when a transfer completes, so short windows jump.
+    within it over its length; bytes are counted a whole transfer at once (StarPU's when issued, the
+    runtime's own copies when ended), so short windows jump.
     Returns [] when bus is empty or span <= 0. Raises ValueError when window is not positive.
     """
     if not window > 0:

@@ -16,9 +16,12 @@
 namespace dos::detail {
 
 /// Bytes moved from host memory to a GPU (h2d) and back (d2h) since StarPU started, over every bus.
+/// StarPU (1.3.10) counts a transfer's bytes in its bus profiling when it issues the copy, not
+/// when the copy ends: a phase's total holds every transfer it issued (it waits for them all), but
+/// a sample taken during the phase runs ahead of what the links have carried.
 void read_bus_bytes(std::uint64_t* h2d, std::uint64_t* d2h);
 /// Adds bytes the runtime copied itself, outside StarPU (CopyStream), to the totals
-/// read_bus_bytes gives, once the copy has ended (as StarPU counts its own).
+/// read_bus_bytes gives, once the copy has ended (unlike StarPU, which counts at the issue).
 void add_bus_bytes(std::uint64_t h2d, std::uint64_t d2h);
 
 /// Tasks of a phase, from the task clock (task_clock.h), when a timeline is asked for.

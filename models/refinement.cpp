@@ -87,4 +87,6 @@ Refined refine_rates(const Workload& w, const Rates& r, const PhaseMeasure& m, c
   return out;
 }
 
+bool link_share_is_measured(const Rates& r) { return r.link_share != 1.0; }
+
 }  // namespace dos

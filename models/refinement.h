@@ -84,8 +84,16 @@ struct Refined {
 /// std::invalid_argument when a rate of r is not positive (rates_complete).
 /// cpu_workers: the StarPU CPU workers the phase ran (as Execution::cpu_workers; for U_c_dma's floor).
 /// link_share_measured: whether r.link_share holds a measure (an earlier phase's, a rates file's
-/// refined value) rather than the calibration's placeholder; see the link_share rule above.
+/// refined value, a value given) rather than the calibration's placeholder (link_share_is_measured);
+/// see the link_share rule above.
 Refined refine_rates(const Workload& w, const Rates& r, const PhaseMeasure& m, const Simulation& sim,
                      std::size_t cpu_workers = 1, bool link_share_measured = true);
+
+/// Whether rates that an optimizer starts from hold a measured link_share: false only for the
+/// calibration's placeholder, a link_share of exactly 1 (the calibration does not measure it, and
+/// rates given without one, in --rates or the C ABI, get 1). So a rates file that an earlier run
+/// refined, or rates given with a link_share other than 1, count as measured. (A refinement that
+/// lands on exactly 1 is taken for the placeholder: its next measure is then taken whole.)
+bool link_share_is_measured(const Rates& r);
 
 }  // namespace dos

@@ -291,7 +291,7 @@ Optimizer::Optimizer(Runtime& runtime, const std::vector<TensorView>& tensors, c
       I.rates_path = rates_cache_path(runtime, cal, options.dtype, options.memory);
     }
     I.have_rates = true;
-    I.link_share_measured = I.rates.link_share != I.calibrated_rates.link_share;
+    I.link_share_measured = link_share_is_measured(I.rates);
   }
 
   for (std::size_t s = 0; s < layout.size(); ++s) {

@@ -319,8 +319,8 @@ struct Optimizer::Impl {
   std::string rates_path;  // where calibrate_rates caches the rates; refined ones go back there
   bool refined = false;
   // rates.link_share holds a measure, not the calibration's placeholder (refine_rates takes its
-  // first measure whole): set when it differs from the calibration's at construction (a rates
-  // file an earlier run refined) and after the first phase that measured it
+  // first measure whole): link_share_is_measured at construction, and set after the first phase
+  // that measured it
   bool link_share_measured = false;
   bool streamed_once = false;  // a step refine() was called for streamed (the first one refines nothing)
   /// Whether a phase of this optimizer has run (not skipped) with streamed subgroups: StarPU

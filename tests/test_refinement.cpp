@@ -370,6 +370,17 @@ void check_link_share_rule(bool first) {
 }
 
 void test_link_share(void**) { check_link_share_rule(false); }
+
+// The placeholder is a link_share of exactly 1: the calibration's, and that of rates given without
+// one; a refined or given value is a measure.
+void test_link_share_is_measured(void**) {
+  dos::Rates r = kRates;
+  assert_false(dos::link_share_is_measured(r));
+  r.link_share = 0.77;
+  assert_true(dos::link_share_is_measured(r));
+  r.link_share = 1.2;
+  assert_true(dos::link_share_is_measured(r));
+}
 void test_link_share_first_measure(void**) { check_link_share_rule(true); }
 
 // dos's own plans on a machine of link_share 0.7, from the calibration's rates (the machine's, with
@@ -468,7 +479,7 @@ int main() {
       cmocka_unit_test(test_bad_rates),
       cmocka_unit_test(test_closed_loop_fixed_plan), cmocka_unit_test(test_closed_loop_chosen_plans),
       cmocka_unit_test(test_sweep_links_beside_cpu), cmocka_unit_test(test_host_shares),
-      cmocka_unit_test(test_link_share), cmocka_unit_test(test_link_share_first_measure), cmocka_unit_test(test_first_link_share_closed_loop), cmocka_unit_test(test_bounds_after_a_step),
+      cmocka_unit_test(test_link_share), cmocka_unit_test(test_link_share_first_measure), cmocka_unit_test(test_link_share_is_measured), cmocka_unit_test(test_first_link_share_closed_loop), cmocka_unit_test(test_bounds_after_a_step),
       cmocka_unit_test(test_closed_loop_wrong_b),
   };
   return cmocka_run_group_tests(tests, nullptr, nullptr);

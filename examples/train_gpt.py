@@ -343,7 +343,8 @@ def parse_args(argv=None):
                          "(0: none given; DeepOptimizerStates(gpu_resident_budget=...))")
     ap.add_argument("--tail-subgroups", type=int, default=0,
                     help="dos: late binding of the plan's tail, the last N subgroups given their side while the "
-                         "phase runs, in [0, 1000000] (0: the plan as made; DeepOptimizerStates(tail_subgroups=N))")
+                         "phase runs, in [0, 1000000] (0: the plan as made; DeepOptimizerStates(tail_subgroups=N)); "
+                         "needs --overlap off (an overlapped step binds nothing)")
     ap.add_argument("--gpu-update-budget", type=float, default=0,
                     help="dos: GB of GPU memory the update phase may hold at once (0: no limit but StarPU's)")
     ap.add_argument("--timeline", help="dos: write the timeline of --timeline-steps to this JSON file (and a PNG "
@@ -363,6 +364,9 @@ def parse_args(argv=None):
         ap.error(f"--tail-subgroups must be in [0, 1000000] (subgroups; 0: the plan as made), got {args.tail_subgroups}")
     if args.tail_subgroups and args.optimizer != "dos":
         ap.error("--tail-subgroups needs --optimizer dos (it binds the runtime's plan)")
+    if args.tail_subgroups and args.overlap != "off":
+        ap.error(f"--tail-subgroups binds the plan's tail in steps run after backward; with --overlap "
+                 f"{args.overlap} nothing would be bound: use --overlap off, or leave --tail-subgroups out")
     args.gpu_resident_budget_bytes = budget_bytes(ap, "--gpu-resident-budget", args.gpu_resident_budget,
                                                   args.optimizer)
     args.gpu_update_budget_bytes = budget_bytes(ap, "--gpu-update-budget", args.gpu_update_budget, args.optimizer,

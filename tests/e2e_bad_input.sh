@@ -75,6 +75,7 @@ expect "tail-subgroups must be auto or a whole number in" --tail-subgroups 10000
 expect "tail-subgroups must be auto or a whole number in" --tail-subgroups ""
 expect "tail-subgroups must be auto or a whole number in" --tail-subgroups 18446744073709551616
 expect "needs --policy dos or static:R" --policy cpu --tail-subgroups 2
+expect "nothing would be bound" --policy dos --overlap on --tail-subgroups 2
 expect "grad-parts" --grad-parts -1
 expect "grad-parts" --grad-parts 5000
 expect "must be auto, mpi or nccl" --comm nccI

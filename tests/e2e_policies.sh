@@ -84,13 +84,15 @@ PY
     [ "$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["cuda_workers"])' "$tmp/r.json")" != 0 ] ||
       "$cmp" "$tmp/cpu.safetensors" "$tmp/tail.safetensors" || exit 1
     # --tail-subgroups auto (the default): 6 when the model chooses the split of policy dos (given by
-    # --policy or, without it, by $STARPU_SCHED), 0 with a split given or another policy
+    # --policy or, without it, by $STARPU_SCHED) and the update runs after backward, 0 with a split
+    # given, another policy or the update overlapped
     tail_of() {  # tail_of [VAR=VALUE] dos-train-args...: the report's resolved tail_subgroups
       (export "${1:-_=}"; shift; run --iterations 1 --report "$tmp/auto.json" "$@" >/dev/null) || exit 1
       python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["tail_subgroups"])' "$tmp/auto.json"
     }
     for want in "6||--policy dos" "6|STARPU_SCHED=dos|" "0||--policy dos --k 2" "0||--policy dos --gpu-fraction 1/2" \
-                "0||--policy static:0.5" "0||--policy cpu" "3||--policy dos --tail-subgroups 3"; do
+                "0||--policy static:0.5" "0||--policy cpu" "0||--policy dos --overlap on" \
+                "3||--policy dos --tail-subgroups 3"; do
       IFS='|' read -r n var args <<< "$want"
       # shellcheck disable=SC2086
       got=$(tail_of "$var" $args) || exit 1

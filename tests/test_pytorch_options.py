@@ -412,6 +412,9 @@ def test_tail_subgroups(device, policy):
         for opt_name in ("dos", "adamw"):
             expect_refused(tiny_args(opt_name, device, policy) + bad, f"--optimizer {opt_name} {' '.join(bad)}")
     expect_refused(tiny_args("adamw", device, policy) + ["--tail-subgroups", "2"], "--optimizer adamw --tail-subgroups 2")
+    for overlap in ("backward", "forward", "both"):  # the runtime binds nothing in those steps
+        expect_refused(tiny_args("dos", device, policy) + ["--tail-subgroups", "2", "--overlap", overlap],
+                       f"--tail-subgroups 2 --overlap {overlap}")
 
 
 def test_flat_gradients(device, policy):

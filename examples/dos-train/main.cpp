@@ -189,8 +189,7 @@ int run(const Args& args) {
                          "the optimizer state of " + std::to_string(n) + " parameters (" + cfg.name + ", shard " + a.shard + ")");
   const std::vector<ShardTensor> tensors = shard_tensors(all, range);
   // ---- runtime and caller-owned buffers ------------------------------------------------------
-  // auto: on where there is a backward to overlap, and not in a sweep (whose rows compare update phases)
-  const bool overlap = a.overlap == "on" || (a.overlap == "auto" && a.emulate_compute && a.sweep.empty());
+  const bool overlap = c.overlap;
   dos::RuntimeOptions ro;
   ro.policy = a.policy;
   ro.cpu_threads = a.cpu_threads;

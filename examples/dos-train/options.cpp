@@ -197,8 +197,14 @@ Checked check_options(const Args& a) {
   c.update_budget = a.gpu_update_budget.empty() ? 0 : parse_bytes(a.gpu_update_budget, "--gpu-update-budget");
   if (!a.gpu_update_budget.empty() && c.update_budget == 0)
     fail("--gpu-update-budget must be more than 0 bytes (leave it out for no limit)");
+  if (a.overlap != "auto" && a.overlap != "on" && a.overlap != "off")
+    fail("--overlap must be auto, on or off, got '" + a.overlap + "'");
+  // auto: on where there is a backward to overlap, and not in a sweep (whose rows compare update phases)
+  c.overlap = a.overlap == "on" || (a.overlap == "auto" && a.emulate_compute && a.sweep.empty());
   if (a.tail_subgroups == "auto") {
-    const bool own_plan = policy == "dos" && a.k.empty() && a.gpu_fraction.empty() && a.sweep.empty();
+    // the binder acts only in phases run after backward (OptimizerOptions::tail_subgroups)
+    const bool own_plan =
+        policy == "dos" && a.k.empty() && a.gpu_fraction.empty() && a.sweep.empty() && !c.overlap;
     c.tail_subgroups = own_plan ? kAutoTailSubgroups : 0;
   } else {
     const std::string& t = a.tail_subgroups;
@@ -210,6 +216,10 @@ Checked check_options(const Args& a) {
     if (c.tail_subgroups > 0 && policy != "dos" && policy.rfind("static:", 0) != 0)
       fail("--tail-subgroups binds the tail of a model's plan: it needs --policy dos or static:R, got --policy " +
            policy);
+    if (c.tail_subgroups > 0 && c.overlap)
+      fail("--tail-subgroups binds the plan's tail in update phases that run after backward; with the update "
+           "overlapped (--overlap on, the default with --emulate-compute) nothing would be bound: add --overlap "
+           "off, or leave --tail-subgroups out");
   }
   if (a.stream_lookahead < 0 || a.stream_lookahead > 1000)
     fail("--stream-lookahead must be in [0, 1000], got " + std::to_string(a.stream_lookahead));
@@ -222,8 +232,6 @@ Checked check_options(const Args& a) {
   if (c.update_budget > 0 && a.writeback != "eager") fail("--gpu-update-budget needs --writeback eager");
   if (a.tokens < 1) fail("--tokens must be at least 1, got " + std::to_string(a.tokens));
   if (a.cpu_scale < 1) fail("--cpu-scale must be at least 1, got " + std::to_string(a.cpu_scale));
-  if (a.overlap != "auto" && a.overlap != "on" && a.overlap != "off")
-    fail("--overlap must be auto, on or off, got '" + a.overlap + "'");
   if (!(a.max_grad_norm >= 0) || !std::isfinite(a.max_grad_norm))
     fail("--max-grad-norm must be a finite number > 0 (or 0: no clipping), got " + std::to_string(a.max_grad_norm));
   if (a.nan_gradient_at < 0) fail("--nan-gradient-at must be an iteration number >= 1 (0: none), got " +
@@ -321,7 +329,8 @@ int parse_command_line(int argc, char** argv, Args& a) {
                  "late binding: the plan's last N CPU or streamed subgroups go, one by one while the phase runs, to "
                  "the side projected to end first at the pace each kept in the phase (0: the plan as made; the same "
                  "bits either way); auto: " + std::to_string(kAutoTailSubgroups) + " with --policy dos when the model "
-                 "chooses the split (no --k, --gpu-fraction or --sweep), else 0")
+                 "chooses the split (no --k, --gpu-fraction or --sweep) and the update runs after backward "
+                 "(--overlap off), else 0; N > 0 with the update overlapped is refused (nothing would be bound)")
       ->capture_default_str();
   app.add_option("--writeback", a.writeback,
                  "eager: each streamed subgroup's state goes home as soon as it is updated; end: all at the end of the "

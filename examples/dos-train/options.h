@@ -103,12 +103,17 @@ struct Checked {
   std::size_t update_budget = 0;      ///< --gpu-update-budget, bytes; 0 when not given (no limit)
   std::int64_t speculation_budget = -1;  ///< --speculation-budget, bytes; -1 when not given
   /// --tail-subgroups: OptimizerOptions::tail_subgroups. "auto" gives kAutoTailSubgroups with
-  /// --policy dos and a plan of the model's own choosing (no --k, --gpu-fraction or --sweep), else 0.
+  /// --policy dos, a plan of the model's own choosing (no --k, --gpu-fraction or --sweep) and the
+  /// update after backward (overlap off), else 0.
   std::size_t tail_subgroups = 0;
+  /// --overlap resolved: on, or auto with --emulate-compute and without --sweep.
+  bool overlap = false;
 };
 
 /// The subgroups --tail-subgroups auto leaves to late binding: measured on the GPU machine on the
-/// 20B quarter (35 subgroups of 1.24e8), where 6 gave phases 1.8-7.2% shorter than the plan as made.
+/// 20B quarter (35 subgroups of 1.24e8), where 6 gave phases 1.8-7.2% shorter than the plan as made
+/// while the model's first plans were unbalanced; since the refinement balances them (its first
+/// link_share measure taken whole), within the spread of the plan as made either way (README).
 inline constexpr std::size_t kAutoTailSubgroups = 6;
 
 /// Checks every option that does not depend on the model or the MPI job, in a fixed order (the

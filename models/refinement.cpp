@@ -56,19 +56,22 @@ Refined refine_rates(const Workload& w, const Rates& r, const PhaseMeasure& m, c
       // waits are taken as simulated; the beside seconds are what the measured end leaves.
       const double waits = std::max(0.0, sim.stream_end - beside - alone);
       const double left = m.stream_end_seconds - waits - alone;
-      const double share = left > 0 ? q.link_share * beside / left : 2 * q.link_share;
+      // left <= 0: the streams ended before the seconds alone and the waits were over, a measure
+      // of no size; twice link_share stands in for it, blended, and is not link_share's measure
+      const bool sized = left > 0;
+      const double share = sized ? q.link_share * beside / left : 2 * q.link_share;
       // Above U_c / U_c_dma the links get all they ask beside CPU Adam at U_c_dma: a larger share
       // changes nothing, so what the measure asks beyond it goes to B itself; so does what it asks
       // below the floor.
       const double cap = highest_link_share(q);
       const double bounded = std::min(cap, std::max(kLowestLinkShare, share));
-      if (link_share_measured) {
+      if (link_share_measured || !sized) {
         blend(q.link_share, bounded);
-      } else {  // the placeholder: nothing to average with
-        q.link_share = bounded;
+      } else {  // the placeholder: nothing to average with, but a step of at most a factor of 2
+        q.link_share = std::min(2 * q.link_share, std::max(0.5 * q.link_share, bounded));
         out.applied = true;
       }
-      out.link_share_applied = true;
+      out.link_share_applied = sized;
       const double rest = share > cap ? share / cap : share < kLowestLinkShare ? share / kLowestLinkShare : 1.0;
       if (rest != 1.0) scale_links(rest);
     } else {
@@ -84,6 +87,7 @@ Refined refine_rates(const Workload& w, const Rates& r, const PhaseMeasure& m, c
     q.U_c_dma = std::min(q.U_c, std::max(q.U_c_dma, lowest_distinct_u_c_dma(w, q, cpu_workers)));
   }
   q.link_share = std::min(highest_link_share(q), q.link_share);
+  out.link_share_measured = link_share_measured || out.link_share_applied;
   return out;
 }
 

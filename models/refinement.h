@@ -26,13 +26,18 @@ struct PhaseMeasure {
   bool eager_writeback = true;
 };
 
-/// The rates after one phase, and whether a measurement was blended into any of them (applied: the
-/// value may have stayed the same; U_c_dma's clamp below does not count).
+/// The rates after one phase, and whether a measurement was applied to any of them (blended, or
+/// link_share's first taken whole; the value may have stayed the same; U_c_dma's clamp below does
+/// not count).
 struct Refined {
   Rates rates;
   bool applied = false;
-  /// A measure of link_share was taken (blended, or taken whole when it had none before).
+  /// A measure of link_share was taken (blended, or taken whole when it had none before; not the
+  /// stand-in of a phase whose streams ended too early to size one).
   bool link_share_applied = false;
+  /// rates.link_share holds a measure: the link_share_measured given, or link_share_applied. What
+  /// the next step's link_share_measured is.
+  bool link_share_measured = false;
 };
 
 /// One step of the refinement: each rate moves half way towards what the phase measured, by at most
@@ -58,8 +63,8 @@ struct Refined {
 ///    simulation's streams ran more seconds beside CPU Adam than without it (sim.stream_beside_cpu
 ///    > sim.stream_alone): link_share, whose measure is link_share x sim.stream_beside_cpu / (the
 ///    measured stream end less the simulated seconds alone and waits), the streams' rate beside CPU
-///    Adam being proportional to it at full contention (twice link_share when nothing is left for
-///    those seconds). Above U_c / U_c_dma (highest_link_share) the links get all they ask beside
+///    Adam being proportional to it at full contention (when nothing is left for those seconds,
+///    twice link_share stands in for the measure: it is blended and is not link_share's measure). Above U_c / U_c_dma (highest_link_share) the links get all they ask beside
 ///    CPU Adam at U_c_dma and a larger share changes nothing: a measure above that cap moves
 ///    link_share towards the cap and B_h2d and B_d2h by measure / cap; likewise below the floor
 ///    1/16 (a floor for the figures' sake), B by measure / (1/16).
@@ -73,7 +78,8 @@ struct Refined {
 ///    not, until phases that stream mostly alone refine B.
 ///    link_share_measured false: link_share is still the calibration's placeholder (1: the
 ///    calibration does not measure it), so the step takes its measure whole (within the bounds
-///    below) instead of half way: there is nothing to average it with. On the GPU machine the
+///    below, and still by at most a factor of 2, so that one odd first phase does not swing the
+///    plan) instead of half way: there is nothing to average it with. On the GPU machine the
 ///    20B quarter's first measure was about 0.77 against the placeholder's 1, and half way (0.88)
 ///    left the next phase's prediction 9% under the measured time.
 ///  - Last, the bounds on the final rates: link_share in [1/16, U_c / U_c_dma] and U_c_dma in
@@ -92,8 +98,11 @@ Refined refine_rates(const Workload& w, const Rates& r, const PhaseMeasure& m, c
 /// Whether rates that an optimizer starts from hold a measured link_share: false only for the
 /// calibration's placeholder, a link_share of exactly 1 (the calibration does not measure it, and
 /// rates given without one, in --rates or the C ABI, get 1). So a rates file that an earlier run
-/// refined, or rates given with a link_share other than 1, count as measured. (A refinement that
-/// lands on exactly 1 is taken for the placeholder: its next measure is then taken whole.)
+/// refined, or rates given with a link_share other than 1, count as measured. A refined value of
+/// exactly 1 is taken for the placeholder too: it is common (link_share's cap U_c / U_c_dma is 1
+/// when U_c_dma reaches U_c), and the next run then takes its first measure whole, within a factor
+/// of 2 of 1, where it would have blended it; the rates file does not record whether link_share
+/// was measured.
 bool link_share_is_measured(const Rates& r);
 
 }  // namespace dos

@@ -122,7 +122,7 @@ void Optimizer::Impl::refine(const PhaseMeasure& m, const Simulation& sim) {
   const Refined r = refine_rates(workload, rates, m, sim, rt->cpu_workers(), link_share_measured);
   rates = r.rates;
   refined = refined || r.applied;
-  link_share_measured = link_share_measured || r.link_share_applied;
+  link_share_measured = r.link_share_measured;
 }
 
 struct starpu_task* Optimizer::Impl::make_task(struct starpu_codelet* cl, void* arg, const TaskHint* hint,

@@ -319,8 +319,7 @@ struct Optimizer::Impl {
   std::string rates_path;  // where calibrate_rates caches the rates; refined ones go back there
   bool refined = false;
   // rates.link_share holds a measure, not the calibration's placeholder (refine_rates takes its
-  // first measure whole): link_share_is_measured at construction, and set after the first phase
-  // that measured it
+  // first measure whole): link_share_is_measured at construction, then Refined::link_share_measured
   bool link_share_measured = false;
   bool streamed_once = false;  // a step refine() was called for streamed (the first one refines nothing)
   /// Whether a phase of this optimizer has run (not skipped) with streamed subgroups: StarPU
@@ -462,9 +461,9 @@ struct Optimizer::Impl {
   /// simulation of the step's plan at the rates it was made with. Only under a plan that refines,
   /// with a CUDA worker, once rates are known (then they are complete: given and checked, or
   /// calibrated, and a refinement step keeps each positive and finite, so refine_rates does not
-  /// throw here); sets `refined` when a measurement was applied, and `link_share_measured` when
-  /// link_share was (its first measure is taken whole while it is the calibration's placeholder,
-  /// refine_rates). The optimizer's first step that
+  /// throw here); sets `refined` when a measurement was applied, and `link_share_measured` as
+  /// refine_rates says (Refined::link_share_measured: its first measure is taken whole while it is
+  /// the calibration's placeholder). The optimizer's first step that
   /// streamed refines nothing: StarPU allocates the streamed state's GPU buffers in it (on the GPU
   /// machine it ran 15-25% slower than the next ones on the 7B and 20B quarters), so it measures no
   /// rate the later steps run at. (A first step that streamed nothing ran 3% slower than the next

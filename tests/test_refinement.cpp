@@ -174,7 +174,7 @@ dos::Rates closed_loop(const dos::Workload& w, const dos::Execution& e, dos::Rat
     *predicted = sim.total;
     // as the optimizer refines: link_share's first measure whole while it is the placeholder
     const dos::Refined q = dos::refine_rates(w, r, m, sim, 1, link_share_measured ? *link_share_measured : true);
-    if (link_share_measured) *link_share_measured = *link_share_measured || q.link_share_applied;
+    if (link_share_measured) *link_share_measured = q.link_share_measured;
     r = q.rates;
   }
   return r;
@@ -339,7 +339,8 @@ void test_host_shares(void**) {
 // Streams mostly alone: B as before, and no link_share measure.
 // first: link_share is the calibration's placeholder (link_share_measured false), so its measure is
 // taken whole (0.75; the cap 4/3 for the fast phase, B as when blended: the rest of the measure goes
-// to B the same way); a phase that streamed nothing measures no link at all.
+// to B the same way), and from then on it is measured (Refined::link_share_measured); a phase that
+// streamed nothing measures no link at all.
 void check_link_share_rule(bool first) {
   dos::Simulation sim;
   sim.stream_end = 0.75;
@@ -367,6 +368,26 @@ void check_link_share_rule(bool first) {
   ASSERT_NEAR(mostly_alone.rates.B_h2d, 0.5 * (kRates.B_h2d + kRates.B_h2d * 0.75 / 0.95), 10.0);
   const dos::PhaseMeasure none;  // nothing streamed
   assert_false(dos::refine_rates(w, kRates, none, sim, 1, !first).link_share_applied);
+  assert_true(r.link_share_measured && fast.link_share_measured);
+  assert_int_equal(mostly_alone.link_share_measured, !first);
+  // A slow phase (streams end at 2.05 s: 1.9 s beside, measure 0.6 / 1.9 = 0.316): taken whole, the
+  // step still stops at a factor of 2 (0.5); blended, half way to that (0.75).
+  sim.stream_beside_cpu = 0.6;
+  sim.stream_alone = 0.1;
+  m.stream_end_seconds = 2.05;
+  const dos::Refined slow = dos::refine_rates(w, kRates, m, sim, 1, !first);
+  ASSERT_NEAR(slow.rates.link_share, first ? 0.5 : 0.75, 1e-12);
+  ASSERT_NEAR(slow.rates.B_h2d, kRates.B_h2d, 0.0);
+  // Streams that end before the simulated seconds alone and waits (0.1 s < 0.15 s) size no
+  // measure: twice link_share stands in, capped at 4/3 and blended either way (7/6); the rest of
+  // it, 2 / (4/3), moves B half way (1.25 B); it is not link_share's measure.
+  m.stream_end_seconds = 0.1;
+  const dos::Refined early = dos::refine_rates(w, kRates, m, sim, 1, !first);
+  assert_true(early.applied);
+  assert_false(early.link_share_applied);
+  assert_int_equal(early.link_share_measured, !first);
+  ASSERT_NEAR(early.rates.link_share, 7.0 / 6, 1e-12);
+  ASSERT_NEAR(early.rates.B_h2d, 1.25 * kRates.B_h2d, 10.0);
 }
 
 void test_link_share(void**) { check_link_share_rule(false); }
@@ -384,8 +405,8 @@ void test_link_share_is_measured(void**) {
 void test_link_share_first_measure(void**) { check_link_share_rule(true); }
 
 // dos's own plans on a machine of link_share 0.7, from the calibration's rates (the machine's, with
-// the placeholder link_share 1), as the optimizer refines (its first phase that streams measures
-// nothing): the phase after the first measure is predicted nearer with that measure taken whole
+// the placeholder link_share 1), as the optimizer refines from its second phase that streams on (the
+// first refines nothing; the first phase here stands for that second one): the phase after the first measure is predicted nearer with that measure taken whole
 // than half way (-5.4% against -11.3%: one measure does not reach 0.7, since U_c_dma moves in the
 // same step), and within 7% of what the machine takes.
 void test_first_link_share_closed_loop(void**) {

@@ -400,7 +400,7 @@ int parse_command_line(int argc, char** argv, Args& a) {
                "on the GPU unless --device host; the GPU budgets, --submit-order and --stream-lookahead count");
   app.add_option("--rates", a.rates,
                  "the model's rates instead of calibrating: U_c,U_c_dma,U_g,D_c,B_h2d,B_d2h in Gparams/s (4) and GB/s "
-                 "(2), as the 'model:' line prints them, optionally followed by link_share (1 when not given), or the path of a rates file (the calibration cache's JSON, "
+                 "(2), as the 'model:' line prints them, optionally followed by link_share (1 when not given; 1 counts as unmeasured, so the first phase's measure replaces it, where another value is blended half way), or the path of a rates file (the calibration cache's JSON, "
                  "params/s and bytes/s)");
   app.add_flag("--recalibrate", a.recalibrate,
                "with --policy dos or static:R: measure the model's rates again instead of reading the cached ones");

@@ -16,10 +16,11 @@ Refined refine_rates(const Workload& w, const Rates& r, const PhaseMeasure& m, c
   if (!rates_complete(r)) throw std::invalid_argument("refine_rates: every rate must be a positive number");
   Refined out{r, false};
   Rates& q = out.rates;
-  // a step moves a rate half way to what it measured, and by at most a factor of 2
+  // a step moves a rate by at most a factor of 2 towards what it measured, and half way to that
+  auto within_2x = [](double rate, double measured) { return std::min(2 * rate, std::max(0.5 * rate, measured)); };
   auto blend = [&](double& rate, double measured) {
     if (!(measured > 0) || !std::isfinite(measured)) return;
-    rate = 0.5 * (rate + std::min(2 * rate, std::max(0.5 * rate, measured)));
+    rate = 0.5 * (rate + within_2x(rate, measured));
     out.applied = true;
   };
   const double adam = m.cpu_adam_seconds;  // CPU Adam alone: the model counts nothing else
@@ -68,7 +69,7 @@ Refined refine_rates(const Workload& w, const Rates& r, const PhaseMeasure& m, c
       if (link_share_measured || !sized) {
         blend(q.link_share, bounded);
       } else {  // the placeholder: nothing to average with, but a step of at most a factor of 2
-        q.link_share = std::min(2 * q.link_share, std::max(0.5 * q.link_share, bounded));
+        q.link_share = within_2x(q.link_share, bounded);
         out.applied = true;
       }
       out.link_share_applied = sized;

@@ -64,10 +64,11 @@ struct Refined {
 ///    > sim.stream_alone): link_share, whose measure is link_share x sim.stream_beside_cpu / (the
 ///    measured stream end less the simulated seconds alone and waits), the streams' rate beside CPU
 ///    Adam being proportional to it at full contention (when nothing is left for those seconds,
-///    twice link_share stands in for the measure: it is blended and is not link_share's measure). Above U_c / U_c_dma (highest_link_share) the links get all they ask beside
-///    CPU Adam at U_c_dma and a larger share changes nothing: a measure above that cap moves
-///    link_share towards the cap and B_h2d and B_d2h by measure / cap; likewise below the floor
-///    1/16 (a floor for the figures' sake), B by measure / (1/16).
+///    twice link_share stands in for the measure: it is blended and is not link_share's measure).
+///    Above U_c / U_c_dma (highest_link_share) the links get all they ask beside CPU Adam at
+///    U_c_dma and a larger share changes nothing: a measure above that cap moves link_share
+///    towards the cap and B_h2d and B_d2h by measure / cap; likewise below the floor 1/16 (a floor
+///    for the figures' sake), B by measure / (1/16).
 ///    Otherwise B_h2d and B_d2h, scaled by sim.stream_end / stream_end_seconds. So B stays the
 ///    links' rate without CPU Adam (as calibrated, and as phases that stream mostly alone measure
 ///    it), and phases whose streams run beside CPU Adam all along do not raise it to what they

@@ -24,14 +24,6 @@ void* device_alloc_zeroed(std::size_t bytes) {
 void device_free(void* p) {
   if (p) cudaFree(p);
 }
-std::size_t device_free_bytes(int device) {
-  int current = 0;
-  if (cudaGetDevice(&current) != cudaSuccess) return 0;
-  std::size_t free = 0, total = 0;
-  const bool ok = cudaSetDevice(device) == cudaSuccess && cudaMemGetInfo(&free, &total) == cudaSuccess;
-  cudaSetDevice(current);
-  return ok ? free : 0;
-}
 void benchmark_gpu_rates(std::size_t n, DType dtype, double* adam_params_per_s, double* convert_params_per_s) {
   double a = 0, c = 0, store = 0;
   const int err = benchmark_cuda_kernels(n, dtype, &a, &c, &store);
@@ -48,7 +40,6 @@ void* device_alloc_zeroed(std::size_t bytes) {
   throw Error("cannot allocate " + std::to_string(bytes) + " bytes of GPU memory: this build has no CUDA");
 }
 void device_free(void*) {}
-std::size_t device_free_bytes(int) { return 0; }
 void benchmark_gpu_rates(std::size_t, DType, double*, double*) {
   throw Error("cannot benchmark the GPU kernels: this build has no CUDA");
 }

@@ -13,11 +13,6 @@ void* device_alloc_zeroed(std::size_t bytes);
 /// Frees memory from device_alloc_zeroed (nullptr is ignored).
 void device_free(void* p);
 
-/// Bytes of memory free on CUDA device `device` as the driver reports it (cudaMemGetInfo): what
-/// any allocator of the process, or of another process, may still take. 0 when the build has no
-/// CUDA, the device does not exist or the query fails. Throws nothing.
-std::size_t device_free_bytes(int device);
-
 /// The GPU's Adam and gradient-conversion rates, params/s, from a micro-benchmark of the real CUDA
 /// kernels on n elements (benchmark_cuda_kernels in codelets/kernels/adam.h). Throws dos::Error
 /// without CUDA or on a CUDA error.

@@ -4,7 +4,6 @@
 #include <starpu.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cfloat>
 #include <cmath>
 #include <cstdio>
@@ -116,10 +115,9 @@ Simulation Optimizer::Impl::simulate_plan() const {
 
 void Optimizer::Impl::refine(const PhaseMeasure& m, const Simulation& sim) {
   if (!have_rates || !choice.plan || !choice.plan->needs().refine || rt->cuda_workers() == 0) return;
-  if (m.streamed > 0 && !streamed_once) {
+  if (m.streamed > 0 && !streamed_once) {  // its GPU buffers were allocated in it (optimizer_impl.h)
     streamed_once = true;
-    // its GPU buffers were allocated in it, unless made at construction (optimizer_impl.h)
-    if (m.streamed > prepared_stream_buffers) return;
+    return;
   }
   const Refined r = refine_rates(workload, rates, m, sim, rt->cpu_workers(), link_share_measured);
   rates = r.rates;
@@ -339,10 +337,6 @@ Optimizer::Optimizer(Runtime& runtime, const std::vector<TensorView>& tensors, c
     t->handles[0] = master;
     submit(t, "master-parameter initialisation");
   });
-  const auto t_prep = std::chrono::steady_clock::now();
-  if (const std::size_t made = I.prepare_stream_buffers(); made > 0 && options.verbose)
-    std::fprintf(stderr, "[dos] made the GPU buffers of the first plan's %zu streamed subgroups' state in %.3f s\n",
-                 made, std::chrono::duration<double>(std::chrono::steady_clock::now() - t_prep).count());
 }
 
 Optimizer::~Optimizer() = default;

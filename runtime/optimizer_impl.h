@@ -322,9 +322,6 @@ struct Optimizer::Impl {
   // first measure whole): link_share_is_measured at construction, then Refined::link_share_measured
   bool link_share_measured = false;
   bool streamed_once = false;  // a step refine() was called for streamed (the first one refines nothing)
-  /// Streamed subgroups whose state's GPU buffer prepare_stream_buffers made at construction (0:
-  /// none made); a first phase streaming no more than these allocates nothing and refines.
-  std::size_t prepared_stream_buffers = 0;
   /// Whether a phase of this optimizer has run (not skipped) with streamed subgroups: StarPU
   /// allocated their GPU buffers in it. Until then choose_tail binds nothing (tail_binder.cpp). An
   /// approximation: a later plan that streams other subgroups allocates theirs in a phase that binds.
@@ -467,26 +464,11 @@ struct Optimizer::Impl {
   /// throw here); sets `refined` when a measurement was applied, and `link_share_measured` as
   /// refine_rates says (Refined::link_share_measured: its first measure is taken whole while it is
   /// the calibration's placeholder). The optimizer's first step that
-  /// streamed refines nothing when it streamed more subgroups than prepare_stream_buffers made
-  /// buffers for: StarPU allocates the streamed state's GPU buffers in it (on the GPU
+  /// streamed refines nothing: StarPU allocates the streamed state's GPU buffers in it (on the GPU
   /// machine it ran 15-25% slower than the next ones on the 7B and 20B quarters), so it measures no
   /// rate the later steps run at. (A first step that streamed nothing ran 3% slower than the next
   /// ones on the 7B 1/16 shard: it refines.)
   void refine(const PhaseMeasure& m, const Simulation& sim);
-  /// Makes, at construction, the GPU buffers that the first plan's streamed subgroups will take
-  /// (stream_buffers.cpp), so that their allocation is a start-up cost, not the first phase's:
-  /// for each streamed subgroup of make_plan(), in index order, while the GPU update budget (when
-  /// given) holds their footprints together, a scratch handle of its state's shape (3 x stride
-  /// fp32, no home) is acquired for writing on that subgroup's CUDA node, which allocates its
-  /// buffer there; once all are held they are dropped without coherency, and StarPU keeps their
-  /// buffers in its allocation cache, where the subgroups' own state handles (same interface, same
-  /// size, so the same footprint) take them in their first phase. Nothing is made (returns 0) with
-  /// DOS_PREPARE_STREAM=0 (a measurement switch), without a CUDA worker, rates or a model's plan,
-  /// when the plan streams nothing or its make_plan throws (begin_step raises that error), or when
-  /// the CUDA driver reports less free memory on a node than its buffers and 1 GiB beside them
-  /// (StarPU would wait for memory that nothing frees). Returns the buffers made and sets
-  /// prepared_stream_buffers. Throws nothing.
-  std::size_t prepare_stream_buffers();
 
   struct starpu_task* make_task(struct starpu_codelet* cl, void* arg, const TaskHint* hint, uint32_t where);
 

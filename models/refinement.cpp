@@ -92,6 +92,21 @@ Refined refine_rates(const Workload& w, const Rates& r, const PhaseMeasure& m, c
   return out;
 }
 
+Refined refine_after_phase(const Workload& w, const Rates& r, const PhaseMeasure& m, const Simulation& sim,
+                           std::size_t cpu_workers, bool link_share_measured, bool first_streamed) {
+  if (!first_streamed) return refine_rates(w, r, m, sim, cpu_workers, link_share_measured);
+  if (link_share_measured) {
+    if (!rates_complete(r)) throw std::invalid_argument("refine_rates: every rate must be a positive number");
+    Refined same{r, false};
+    same.link_share_measured = true;
+    return same;
+  }
+  Refined out = refine_rates(w, r, m, sim, cpu_workers, false);
+  out.link_share_applied = false;
+  out.link_share_measured = false;
+  return out;
+}
+
 bool link_share_is_measured(const Rates& r) { return r.link_share != 1.0; }
 
 }  // namespace dos

@@ -115,11 +115,9 @@ Simulation Optimizer::Impl::simulate_plan() const {
 
 void Optimizer::Impl::refine(const PhaseMeasure& m, const Simulation& sim) {
   if (!have_rates || !choice.plan || !choice.plan->needs().refine || rt->cuda_workers() == 0) return;
-  if (m.streamed > 0 && !streamed_once) {  // its GPU buffers were allocated in it (optimizer_impl.h)
-    streamed_once = true;
-    return;
-  }
-  const Refined r = refine_rates(workload, rates, m, sim, rt->cpu_workers(), link_share_measured);
+  const bool first_streamed = m.streamed > 0 && !streamed_once;  // its GPU buffers were allocated in it
+  streamed_once = streamed_once || m.streamed > 0;
+  const Refined r = refine_after_phase(workload, rates, m, sim, rt->cpu_workers(), link_share_measured, first_streamed);
   rates = r.rates;
   refined = refined || r.applied;
   link_share_measured = r.link_share_measured;

@@ -321,7 +321,7 @@ struct Optimizer::Impl {
   // rates.link_share holds a measure, not the calibration's placeholder (refine_rates takes its
   // first measure whole): link_share_is_measured at construction, then Refined::link_share_measured
   bool link_share_measured = false;
-  bool streamed_once = false;  // a step refine() was called for streamed (the first one refines nothing)
+  bool streamed_once = false;  // a step refine() was called for streamed (refine_after_phase's first_streamed)
   /// Whether a phase of this optimizer has run (not skipped) with streamed subgroups: StarPU
   /// allocated their GPU buffers in it. Until then choose_tail binds nothing (tail_binder.cpp). An
   /// approximation: a later plan that streams other subgroups allocates theirs in a phase that binds.
@@ -464,10 +464,11 @@ struct Optimizer::Impl {
   /// throw here); sets `refined` when a measurement was applied, and `link_share_measured` as
   /// refine_rates says (Refined::link_share_measured: its first measure is taken whole while it is
   /// the calibration's placeholder). The optimizer's first step that
-  /// streamed refines nothing: StarPU allocates the streamed state's GPU buffers in it (on the GPU
-  /// machine it ran 15-25% slower than the next ones on the 7B and 20B quarters), so it measures no
-  /// rate the later steps run at. (A first step that streamed nothing ran 3% slower than the next
-  /// ones on the 7B 1/16 shard: it refines.)
+  /// streamed is refine_after_phase's first_streamed: StarPU allocates the streamed state's GPU
+  /// buffers in it (on the GPU machine it ran 15-25% slower than the next ones on the 7B and 20B
+  /// quarters), so it refines nothing when link_share holds a measure, and only half way, as no
+  /// measure of link_share, while link_share is the placeholder. (A first step that streamed
+  /// nothing ran 3% slower than the next ones on the 7B 1/16 shard: it refines.)
   void refine(const PhaseMeasure& m, const Simulation& sim);
 
   struct starpu_task* make_task(struct starpu_codelet* cl, void* arg, const TaskHint* hint, uint32_t where);

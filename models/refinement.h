@@ -105,13 +105,16 @@ Refined refine_rates(const Workload& w, const Rates& r, const PhaseMeasure& m, c
 ///  - link_share still the calibration's placeholder: refine_rates with it (link_share's measure
 ///    taken whole, within a factor of 2; the other rates blended), but the phase is not link_share's
 ///    first measure: link_share_measured stays false, so the next phase's measure is taken whole
-///    too and replaces what the slow phase said. The placeholder is further from what the phases
-///    run at than that slow phase is: on the GPU machine a calibrating run's first two phases, both
-///    planned at the placeholder, were predicted 7-18% too fast (a skipped first phase left the
-///    second at the calibration's rates). On the simulation of the 20B quarter (link_share 0.7, the
-///    first phase's links at 1/1.3 to 1 of their rate), the second phase is predicted -5.4% to
-///    +2.6% off with the first taken whole, -11.3% to -7.7% with it blended half way, -16.4%
-///    with it skipped (test_refinement).
+///    too and replaces what the slow phase said. Where the machine's link_share is below 1 (the
+///    GPU machine's runs refined it to 0.77-0.89), the placeholder is further from what the phases
+///    run at than that slow phase is: there a calibrating run's first two phases, both planned at
+///    the placeholder, were predicted 7-18% too fast (a skipped first phase left the second at the
+///    calibration's rates). On the simulation of the 20B quarter (test_refinement, the first
+///    phase's links at 1/1.3 to 1 of their rate): at link_share 0.7 the second phase is predicted
+///    -5.4% to +2.6% off (-16.4% skipped; -11.3% to -7.7% with the first blended half way) and
+///    runs 0.5-1.1% faster; at 1.0 and 1.2 the slow phase pulls link_share below the machine's, and
+///    the second phase is predicted up to 10.5% too slow (0 to +5.5% skipped) and runs up to 2.0%
+///    slower; the third is within 2.4% in every case (-5.4% at 0.7 skipped).
 /// Otherwise (not first_streamed, which includes a phase that streamed nothing) refine_rates with
 /// link_share_measured as given. Throws what refine_rates throws.
 Refined refine_after_phase(const Workload& w, const Rates& r, const PhaseMeasure& m, const Simulation& sim,

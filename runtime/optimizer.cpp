@@ -63,7 +63,11 @@ Optimizer::Impl::~Impl() {
   open.reset();
   if (refined && !rates_path.empty()) {
     try {  // the next run starts from what this one learned
-      save_rates(rates_path, rates, calibrated_rates);
+      // a link_share that no phase measured (a first phase's stand-in, refine_after_phase) goes back
+      // as the placeholder, which the next run does not take for a measure
+      Rates learned = rates;
+      if (!link_share_measured) learned.link_share = 1;
+      save_rates(rates_path, learned, calibrated_rates);
     } catch (const std::exception& e) {
       std::fprintf(stderr, "[dos] warning: could not save the refined rates: %s\n", e.what());
     }
@@ -113,10 +117,8 @@ Simulation Optimizer::Impl::simulate_plan() const {
   }
 }
 
-void Optimizer::Impl::refine(const PhaseMeasure& m, const Simulation& sim) {
+void Optimizer::Impl::refine(const PhaseMeasure& m, const Simulation& sim, bool first_streamed) {
   if (!have_rates || !choice.plan || !choice.plan->needs().refine || rt->cuda_workers() == 0) return;
-  const bool first_streamed = m.streamed > 0 && !streamed_once;  // its GPU buffers were allocated in it
-  streamed_once = streamed_once || m.streamed > 0;
   const Refined r = refine_after_phase(workload, rates, m, sim, rt->cpu_workers(), link_share_measured, first_streamed);
   rates = r.rates;
   refined = refined || r.applied;

@@ -321,9 +321,10 @@ struct Optimizer::Impl {
   // rates.link_share holds a measure, not the calibration's placeholder (refine_rates takes its
   // first measure whole): link_share_is_measured at construction, then Refined::link_share_measured
   bool link_share_measured = false;
-  bool streamed_once = false;  // a step refine() was called for streamed (refine_after_phase's first_streamed)
   /// Whether a phase of this optimizer has run (not skipped) with streamed subgroups: StarPU
-  /// allocated their GPU buffers in it. Until then choose_tail binds nothing (tail_binder.cpp). An
+  /// allocated their GPU buffers in it. Until then choose_tail binds nothing (tail_binder.cpp), and
+  /// the next phase that streams is refine's first_streamed (overlapped and asynchronous phases
+  /// allocate too, though they refine nothing). An
   /// approximation: a later plan that streams other subgroups allocates theirs in a phase that binds.
   bool stream_buffers_allocated = false;
   std::vector<PlanSide> plan;  // this step's plan (empty for StarPU's built-in policies)
@@ -463,13 +464,14 @@ struct Optimizer::Impl {
   /// calibrated, and a refinement step keeps each positive and finite, so refine_rates does not
   /// throw here); sets `refined` when a measurement was applied, and `link_share_measured` as
   /// refine_rates says (Refined::link_share_measured: its first measure is taken whole while it is
-  /// the calibration's placeholder). The optimizer's first step that
-  /// streamed is refine_after_phase's first_streamed: StarPU allocates the streamed state's GPU
-  /// buffers in it (on the GPU machine it ran 15-25% slower than the next ones on the 7B and 20B
-  /// quarters), so it refines nothing when link_share holds a measure, and only half way, as no
-  /// measure of link_share, while link_share is the placeholder. (A first step that streamed
+  /// the calibration's placeholder). first_streamed: the step streamed and no earlier phase of
+  /// this optimizer did (stream_buffers_allocated before it), so StarPU allocated the streamed
+  /// state's GPU buffers in it (on the GPU machine such a phase ran 0-25% slower than the next
+  /// ones on the 7B and 20B quarters); refine_after_phase then refines nothing when link_share
+  /// holds a measure, and while link_share is the placeholder takes its measure whole (the other
+  /// rates half way) without counting it as link_share's measure. (A first step that streamed
   /// nothing ran 3% slower than the next ones on the 7B 1/16 shard: it refines.)
-  void refine(const PhaseMeasure& m, const Simulation& sim);
+  void refine(const PhaseMeasure& m, const Simulation& sim, bool first_streamed);
 
   struct starpu_task* make_task(struct starpu_codelet* cl, void* arg, const TaskHint* hint, uint32_t where);
 

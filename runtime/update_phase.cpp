@@ -600,6 +600,7 @@ StepStats Optimizer::Impl::finish_wait() {
   measure.cpu_adam_seconds = st.cpu_adam_seconds;
   measure.stream_end_seconds = st.stream_end_seconds;
   measure.eager_writeback = opt.eager_writeback;
+  const bool buffers_were_allocated = stream_buffers_allocated;  // before this phase
   if (!st.skipped && measure.streamed > 0) stream_buffers_allocated = true;  // choose_tail reads it
   st.params = nparams;
   for (std::size_t i = 0; i < sgs.size(); ++i) {
@@ -618,7 +619,7 @@ StepStats Optimizer::Impl::finish_wait() {
   // caller's work slowed down), nor after one left running into the caller's forward (the same), nor
   // after a skipped one.
   last_changed = st.overlapped && verdict == StepVerdict::changed;
-  if (!st.skipped && !st.overlapped && !ph.async) refine(measure, ph.sim);
+  if (!st.skipped && !st.overlapped && !ph.async) refine(measure, ph.sim, measure.streamed > 0 && !buffers_were_allocated);
   StepStats out = std::move(st);
   open.reset();
   return out;

@@ -489,40 +489,63 @@ void test_first_streamed_phase_rule(void**) {
   assert_true(threw);
 }
 
-// A calibrating run on a machine of link_share 0.7 whose first phase that streams runs slower (the
-// allocations; here its links at 1/1.2 of their rate): its second phase, planned after the first
-// refined (refine_after_phase), is predicted nearer than when the first refined nothing and the
-// second planned at the placeholder (the rule before: -16.4%), and within 5% (+0.2%). Its second
-// phase's measure is then taken whole too (not yet measured).
+// Calibrating runs on machines of link_share 0.7, 1.0 and 1.2 whose first phase that streams runs
+// slower (the allocations; here its links at 1/1.3 to 1 of their rate), three phases each, under
+// the rule (refine_after_phase) and under the rule before (the first phase refines nothing, the
+// second's link_share measure is the first, taken whole). Printed: each case's second and third
+// phases, seconds and prediction error, both ways.
+struct FirstPhases {
+  double s2 = 0, e2 = 0, s3 = 0, e3 = 0;  // the second and third phases: seconds, prediction error
+};
+FirstPhases calibrating_run(const dos::Workload& w, const dos::Execution& e, double truth_share, double slowdown,
+                            bool rule) {
+  dos::Rates truth = kRates, slow = kRates;
+  truth.link_share = slow.link_share = truth_share;
+  slow.B_h2d /= slowdown;
+  slow.B_d2h /= slowdown;
+  dos::Rates r = kRates;  // the calibration's: the machine's rates, the placeholder link_share 1
+  bool measured_flag = false;
+  FirstPhases out;
+  for (int phase = 1; phase <= 3; ++phase) {
+    const std::vector<PlanSide> plan = dos::choose_plan_simulated(w, r, e).plan;
+    const dos::Simulation sim = dos::simulate_phase(w, plan, r, e);
+    double seconds = 0;
+    const dos::PhaseMeasure m = measure_on(w, plan, phase == 1 ? slow : truth, e, &seconds);
+    if (phase == 2) out = FirstPhases{seconds, sim.total / seconds - 1};
+    if (phase == 3) out.s3 = seconds, out.e3 = sim.total / seconds - 1;
+    if (phase == 1 && !rule) continue;  // the rule before: the first phase refines nothing
+    const dos::Refined q = dos::refine_after_phase(w, r, m, sim, 1, measured_flag, phase == 1);
+    if (phase == 1) assert_false(q.link_share_measured);
+    r = q.rates;
+    measured_flag = q.link_share_measured;
+  }
+  return out;
+}
+
+// What the rule gains and costs. Where the machine's link_share is below 1 (0.77-0.89 where the GPU
+// machine's runs refined it), the second phase is predicted much nearer than at the placeholder.
+// Where it is 1 or more, the slow first phase's measure pulls link_share below it: the second
+// phase is predicted too slow and runs up to 2.5% slower than at the placeholder (its plan streams
+// less), and the third, after a measure taken whole again, is predicted within 5% either way.
 void test_first_streamed_phase_closed_loop(void**) {
   const dos::Workload w = quarter_20b();
   dos::Execution e;
   e.update_budget = std::size_t(40e9);
-  dos::Rates truth = kRates, slow = kRates;
-  truth.link_share = slow.link_share = 0.7;
-  slow.B_h2d /= 1.2;
-  slow.B_d2h /= 1.2;
-  double error[2] = {0, 0};
-  for (int blend = 0; blend < 2; ++blend) {
-    dos::Rates r = kRates;  // the calibration's: the machine's rates, the placeholder link_share 1
-    const std::vector<PlanSide> plan1 = dos::choose_plan_simulated(w, r, e).plan;
-    const dos::Simulation sim1 = dos::simulate_phase(w, plan1, r, e);
-    double s1 = 0;
-    const dos::PhaseMeasure m1 = measure_on(w, plan1, slow, e, &s1);
-    if (blend) {  // the rule now
-      const dos::Refined q = dos::refine_after_phase(w, r, m1, sim1, 1, false, true);
-      assert_false(q.link_share_measured);
-      r = q.rates;
+  for (double share : {0.7, 1.0, 1.2})
+    for (double slowdown : {1.0, 1.2, 1.3}) {
+      const FirstPhases now = calibrating_run(w, e, share, slowdown, true);
+      const FirstPhases before = calibrating_run(w, e, share, slowdown, false);
+      std::printf("  link_share %.1f, first phase's links at 1/%.1f: second phase %.4f s (%+.1f%%), third %.4f s "
+                  "(%+.1f%%); before: %.4f s (%+.1f%%), %.4f s (%+.1f%%)\n",
+                  share, slowdown, now.s2, 100 * now.e2, now.s3, 100 * now.e3, before.s2, 100 * before.e2,
+                  before.s3, 100 * before.e3);
+      if (share < 1) {
+        assert_true(std::fabs(now.e2) < std::fabs(before.e2));
+        assert_true(std::fabs(now.e2) < 0.06);
+      }
+      assert_true(now.s2 < 1.025 * before.s2);
+      assert_true(std::fabs(now.e3) < 0.05);
     }
-    const std::vector<PlanSide> plan2 = dos::choose_plan_simulated(w, r, e).plan;
-    double s2 = 0;
-    measure_on(w, plan2, truth, e, &s2);
-    error[blend] = dos::simulate_phase(w, plan2, r, e).total / s2 - 1;
-    std::printf("  first phase %s: link_share %.3f after it; the second predicted %+.1f%% off\n",
-                blend ? "refined" : "skipped", r.link_share, 100 * error[blend]);
-  }
-  assert_true(std::fabs(error[1]) < std::fabs(error[0]));
-  assert_true(std::fabs(error[1]) < 0.05);
 }
 
 // The bounds after a step: a phase that raises U_c_dma (the CPU beside DMA faster than thought)

@@ -9,11 +9,15 @@ namespace dos {
 
 namespace {
 constexpr double kLowestLinkShare = 1.0 / 16;  // a floor for the figures' sake (refinement.h)
+
+void require_complete(const Rates& r) {
+  if (!rates_complete(r)) throw std::invalid_argument("refine_rates: every rate must be a positive number");
+}
 }  // namespace
 
 Refined refine_rates(const Workload& w, const Rates& r, const PhaseMeasure& m, const Simulation& sim,
                      std::size_t cpu_workers, bool link_share_measured) {
-  if (!rates_complete(r)) throw std::invalid_argument("refine_rates: every rate must be a positive number");
+  require_complete(r);
   Refined out{r, false};
   Rates& q = out.rates;
   // a step moves a rate by at most a factor of 2 towards what it measured, and half way to that
@@ -96,7 +100,7 @@ Refined refine_after_phase(const Workload& w, const Rates& r, const PhaseMeasure
                            std::size_t cpu_workers, bool link_share_measured, bool first_streamed) {
   if (!first_streamed) return refine_rates(w, r, m, sim, cpu_workers, link_share_measured);
   if (link_share_measured) {
-    if (!rates_complete(r)) throw std::invalid_argument("refine_rates: every rate must be a positive number");
+    require_complete(r);
     Refined same{r, false};
     same.link_share_measured = true;
     return same;
@@ -107,6 +111,6 @@ Refined refine_after_phase(const Workload& w, const Rates& r, const PhaseMeasure
   return out;
 }
 
-bool link_share_is_measured(const Rates& r) { return r.link_share != 1.0; }
+bool link_share_is_measured(const Rates& r) { return r.link_share != kUnmeasuredLinkShare; }
 
 }  // namespace dos

@@ -66,7 +66,7 @@ Optimizer::Impl::~Impl() {
       // a link_share that no phase measured (a first phase's stand-in, refine_after_phase) goes back
       // as the placeholder, which the next run does not take for a measure
       Rates learned = rates;
-      if (!link_share_measured) learned.link_share = 1;
+      if (!link_share_measured) learned.link_share = kUnmeasuredLinkShare;
       save_rates(rates_path, learned, calibrated_rates);
     } catch (const std::exception& e) {
       std::fprintf(stderr, "[dos] warning: could not save the refined rates: %s\n", e.what());

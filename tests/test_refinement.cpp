@@ -28,6 +28,12 @@ dos::Workload quarter_20b() {  // the 20B preset's shard 1/4 as dos-train plans 
   return w;
 }
 
+dos::Execution budget_40gb() {  // dos-train's --gpu-update-budget 40GB on that shard
+  dos::Execution e;
+  e.update_budget = std::size_t(40e9);
+  return e;
+}
+
 // A phase that streamed nothing: U_c moves half way to U_c x simulated / measured busy time.
 void test_cpu_only_phase(void**) {
   dos::Simulation sim;
@@ -197,8 +203,7 @@ dos::Rates off_by(double f) {
 // the machine's 4e9 and 3e9, since host memory's share depends on both.)
 void test_closed_loop_fixed_plan(void**) {
   const dos::Workload w = quarter_20b();
-  dos::Execution e;
-  e.update_budget = std::size_t(40e9);
+  const dos::Execution e = budget_40gb();
   std::vector<PlanSide> fixed(w.sizes.size(), PlanSide::cpu);
   for (std::size_t i = 0; i < 10; ++i) fixed[i] = PlanSide::gpu_streamed;
   const dos::Simulation at_truth = dos::simulate_phase(w, fixed, kRates, e);
@@ -234,8 +239,7 @@ void test_closed_loop_fixed_plan(void**) {
 // CPU task after the streaming: this loop checks the rest of the refinement, not the U_c rule.)
 void test_closed_loop_chosen_plans(void**) {
   const dos::Workload w = quarter_20b();
-  dos::Execution e;
-  e.update_budget = std::size_t(40e9);
+  const dos::Execution e = budget_40gb();
   const dos::Choice best = dos::choose_plan_simulated(w, kRates, e);
   for (double off : {0.6, 1.5}) {
     std::vector<PlanSide> plan;
@@ -262,8 +266,7 @@ void test_closed_loop_chosen_plans(void**) {
 // the machine's best, predicted within 2%.
 void test_sweep_links_beside_cpu(void**) {
   const dos::Workload w = quarter_20b();
-  dos::Execution e;
-  e.update_budget = std::size_t(40e9);
+  const dos::Execution e = budget_40gb();
   dos::Rates truth = kRates;
   truth.link_share = 0.7;
   dos::Rates r = kRates;  // link_share 1
@@ -411,8 +414,7 @@ void test_link_share_first_measure(void**) { check_link_share_rule(true); }
 // same step), and within 7% of what the machine takes.
 void test_first_link_share_closed_loop(void**) {
   const dos::Workload w = quarter_20b();
-  dos::Execution e;
-  e.update_budget = std::size_t(40e9);
+  const dos::Execution e = budget_40gb();
   dos::Rates truth = kRates;
   truth.link_share = 0.7;
   double error[2] = {0, 0};
@@ -445,8 +447,7 @@ void assert_same_rates(const dos::Rates& a, const dos::Rates& b) {
 // with the placeholder (link_share's measure taken whole), but link_share still not measured.
 void test_first_streamed_phase_rule(void**) {
   const dos::Workload w = quarter_20b();
-  dos::Execution e;
-  e.update_budget = std::size_t(40e9);
+  const dos::Execution e = budget_40gb();
   dos::Rates truth = kRates;
   truth.link_share = 0.7;
   const std::vector<PlanSide> plan = dos::choose_plan_simulated(w, kRates, e).plan;
@@ -529,8 +530,7 @@ FirstPhases calibrating_run(const dos::Workload& w, const dos::Execution& e, dou
 // less), and the third, after a measure taken whole again, is predicted within 5% either way.
 void test_first_streamed_phase_closed_loop(void**) {
   const dos::Workload w = quarter_20b();
-  dos::Execution e;
-  e.update_budget = std::size_t(40e9);
+  const dos::Execution e = budget_40gb();
   for (double share : {0.7, 1.0, 1.2})
     for (double slowdown : {1.0, 1.2, 1.3}) {
       const FirstPhases now = calibrating_run(w, e, share, slowdown, true);
@@ -586,8 +586,7 @@ void test_bounds_after_a_step(void**) {
 // still be predicted within 3% and settle within 3% of the machine's best.
 void test_closed_loop_wrong_b(void**) {
   const dos::Workload w = quarter_20b();
-  dos::Execution e;
-  e.update_budget = std::size_t(40e9);
+  const dos::Execution e = budget_40gb();
   const dos::Choice best = dos::choose_plan_simulated(w, kRates, e);
   for (double f : {1.3, 0.8}) {
     dos::Rates start = kRates;

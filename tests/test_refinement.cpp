@@ -409,9 +409,10 @@ void test_link_share_first_measure(void**) { check_link_share_rule(true); }
 
 // dos's own plans on a machine of link_share 0.7, from the calibration's rates (the machine's, with
 // the placeholder link_share 1), as the optimizer refines a phase that streams after its first (the
-// first is refine_after_phase's first_streamed; the first phase here stands for the second one): the phase after the
-// first measure is predicted nearer with that measure taken whole than half way (-5.4% against -11.3%: one measure does not reach 0.7, since U_c_dma moves in the
-// same step), and within 7% of what the machine takes.
+// first is refine_after_phase's first_streamed; the first phase here stands for the second one):
+// the phase after the first measure is predicted nearer with that measure taken whole than half
+// way (-5.4% against -11.3%: one measure does not reach 0.7, since U_c_dma moves in the same step),
+// and within 7% of what the machine takes.
 void test_first_link_share_closed_loop(void**) {
   const dos::Workload w = quarter_20b();
   const dos::Execution e = budget_40gb();

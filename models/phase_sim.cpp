@@ -57,6 +57,7 @@ struct Sg {
   bool admitted = false;     // its footprint is in the window
   bool input_ready = false;  // the data its next GPU or CPU task waits for has arrived
   bool state_up_asked = false;
+  bool state_off_gpu = false;  // resident, its state not yet on the GPU (Execution::state_off_gpu)
 };
 
 /// A piece of work waiting in a resource's queue: the subgroup and what it is.
@@ -82,6 +83,9 @@ Simulation simulate_phase(const Workload& w, const std::vector<PlanSide>& plan, 
                                 std::to_string(w.sizes.size()) + " subgroups");
   if (!rates_complete(r))
     throw std::invalid_argument("phase simulation: every rate (U_c, U_c_dma, U_g, D_c, B_h2d, B_d2h, link_share) must be > 0");
+  if (!e.state_off_gpu.empty() && e.state_off_gpu.size() != plan.size())
+    throw std::invalid_argument("phase simulation: Execution::state_off_gpu has " + std::to_string(e.state_off_gpu.size()) +
+                                " flags for " + std::to_string(plan.size()) + " subgroups (give one per subgroup, or none)");
   const std::size_t count = plan.size();
   const double gb = double(w.grad_bytes), pb = double(w.param_bytes);
   std::vector<Sg> sgs(count);
@@ -90,6 +94,7 @@ Simulation simulate_phase(const Workload& w, const std::vector<PlanSide>& plan, 
     sgs[i].n = w.sizes[i];
     sgs[i].side = plan[i];
     sgs[i].footprint = subgroup_footprint(w, w.sizes[i], plan[i]);
+    sgs[i].state_off_gpu = plan[i] == PlanSide::gpu_resident && !e.state_off_gpu.empty() && e.state_off_gpu[i];
     largest_fp = std::max(largest_fp, sgs[i].footprint);
   }
   Simulation out;
@@ -179,13 +184,14 @@ Simulation simulate_phase(const Workload& w, const std::vector<PlanSide>& plan, 
           cpu_of(i).queue.push_back({i, Stage::adam_cpu});
         }
       } else {
-        // streamed, or resident with the caller on the host: the inputs go up first
-        // Not prefetched: with a lookahead the runtime leaves the task's own prefetch off, so its
-        // inputs are fetched when the CUDA worker takes it (start_gpu); without one, StarPU
-        // prefetches them when the task is pushed, at submission.
-        const bool up = s.side == PlanSide::gpu_streamed || !w.caller_on_gpu;
+        // streamed, resident with the caller on the host or resident with its state off the GPU:
+        // the inputs go up first. Not prefetched: with a lookahead the runtime leaves a streamed
+        // task's own prefetch off, so its inputs are fetched when the CUDA worker takes it
+        // (start_gpu); without one, and for a resident task, StarPU prefetches them when the task
+        // is pushed, at submission.
+        const bool up = s.side == PlanSide::gpu_streamed || !w.caller_on_gpu || s.state_off_gpu;
         if (up && !s.state_up_asked && (e.lookahead == 0 || s.side != PlanSide::gpu_streamed)) ask_state_up(i);
-        if (s.side == PlanSide::gpu_resident && w.caller_on_gpu) s.input_ready = true;
+        if (!up) s.input_ready = true;  // resident, its state on the GPU, the caller's buffers there
         gpu.queue.push_back({i, Stage::adam_gpu});
       }
     }
@@ -197,15 +203,18 @@ Simulation simulate_phase(const Workload& w, const std::vector<PlanSide>& plan, 
     const Piece p = lane.queue.front();
     lane.queue.pop_front();
     const Sg& s = sgs[p.sg];
-    const double n = double(s.n), state = s.side == PlanSide::gpu_streamed ? 12.0 : 0.0;
+    const double n = double(s.n);
+    // a streamed state goes both ways; a resident one off the GPU only up, once
+    const double state_up = s.side == PlanSide::gpu_streamed || s.state_off_gpu ? 12.0 : 0.0;
+    const double state_down = s.side == PlanSide::gpu_streamed ? 12.0 : 0.0;
     const double extra = w.caller_on_gpu ? 0.0 : 1.0;  // the caller's gradient up, parameters down
     lane.current = long(p.sg);
     lane.stage = p.stage;
     switch (p.stage) {
       case Stage::grad_down: lane.left = gb * n; break;
       case Stage::param_up: lane.left = pb * n; break;
-      case Stage::state_up: lane.left = (state + extra * gb) * n; break;
-      default: lane.left = (state + extra * pb) * n; break;  // state_down
+      case Stage::state_up: lane.left = (state_up + extra * gb) * n; break;
+      default: lane.left = (state_down + extra * pb) * n; break;  // state_down
     }
     return true;
   };
@@ -287,10 +296,20 @@ Simulation simulate_phase(const Workload& w, const std::vector<PlanSide>& plan, 
   };
 
   // whether a StarPU stream is moving a streamed subgroup's state (Simulation::stream_beside_cpu)
-  auto carries_state = [&](const Lane& l) {
+  auto carries_streamed = [&](const Lane& l) {
     return l.current >= 0 && (l.stage == Stage::state_up || l.stage == Stage::state_down) &&
            sgs[std::size_t(l.current)].side == PlanSide::gpu_streamed;
   };
+  // whether it is moving a resident subgroup's state up (Execution::state_off_gpu): counted with the
+  // streamed state when it ends by stream_end (resident_up_spans, sorted out at the end)
+  auto carries_resident = [&](const Lane& l) {
+    return l.current >= 0 && l.stage == Stage::state_up && sgs[std::size_t(l.current)].state_off_gpu;
+  };
+  struct ResidentUpSpan {
+    double end, seconds;
+    bool beside_cpu;
+  };
+  std::vector<ResidentUpSpan> resident_up_spans;
 
   submit_ready();
   const double eps = 1e-15;
@@ -357,8 +376,11 @@ Simulation simulate_phase(const Workload& w, const std::vector<PlanSide>& plan, 
         cpu.busy += dt;
         if (dma) out.cpu_beside_dma += dt;
       }
-    // the streamed state's transfers on StarPU's streams, beside CPU Adam or not
-    if (carries_state(h2d) || carries_state(d2h)) (active_cpus > 0 ? out.stream_beside_cpu : out.stream_alone) += dt;
+    // optimizer state on StarPU's streams, beside CPU Adam or not
+    if (carries_streamed(h2d) || carries_streamed(d2h))
+      (active_cpus > 0 ? out.stream_beside_cpu : out.stream_alone) += dt;
+    else if (carries_resident(h2d))
+      resident_up_spans.push_back({now, dt, active_cpus > 0});
     // relative tolerances: amounts are bytes (up to 1e11), parameters, or seconds
     if (h2d.current >= 0 && h2d.left <= eps * (1 + r.B_h2d)) complete(h2d);
     if (up_own.current >= 0 && up_own.left <= eps * (1 + r.B_h2d)) complete(up_own);
@@ -370,6 +392,8 @@ Simulation simulate_phase(const Workload& w, const std::vector<PlanSide>& plan, 
     submit_ready();
   }
   out.total = now;
+  for (const ResidentUpSpan& c : resident_up_spans)  // a resident state's upload within [0, stream_end]
+    if (c.end <= out.stream_end) (c.beside_cpu ? out.stream_beside_cpu : out.stream_alone) += c.seconds;
   if (out.stream_end > 0)
     for (const CpuPiece& c : cpu_pieces)
       if (c.start >= out.stream_end) {

@@ -28,10 +28,12 @@
 //                      Execution::own_param_upload: H2D pb n beside StarPU's stream or in its
 //                      queue, no write-back)
 //   streamed subgroup: H2D: 12 n (prefetched);  GPU: Adam n / U_g;  D2H: 12 n
-//   resident subgroup: GPU: Adam n / U_g
+//   resident subgroup: GPU: Adam n / U_g (with Execution::state_off_gpu: H2D 12 n first, asked for at
+//                      its submission)
 // (caller in host memory: a CPU subgroup is the CPU Adam alone; a streamed one moves 12 + gb up and
-// 12 + pb down; a resident one gb up and pb down). Each PCIe direction serves its transfers one at
-// a time in the order they were asked for, at B_h2d or B_d2h.
+// 12 + pb down; a resident one gb up (12 + gb when its state is off the GPU) and pb down). Each
+// PCIe direction serves its transfers one at a time in the order they were asked for, at B_h2d or
+// B_d2h.
 #pragma once
 
 #include <cstddef>
@@ -81,6 +83,13 @@ struct Execution {
   /// memcpy-up). false: by a kernel, beside StarPU's stream, as own_param_upload says (the
   /// runtime's default).
   bool param_upload_by_copy_engine = false;
+  /// Per subgroup (w.sizes' order): its optimizer state has no valid copy on the GPU when the phase
+  /// starts. A resident subgroup flagged so first brings its 12 n bytes of state up on StarPU's
+  /// host-to-device stream, asked for at its submission, before its Adam can run: the first phase
+  /// that keeps it resident, or one after its host copy was written (a checkpoint load, new master
+  /// parameters). Other sides ignore the flag. Empty: every resident subgroup's state is on the GPU
+  /// (the steady state). The runtime asks StarPU where each state is when the phase begins.
+  std::vector<bool> state_off_gpu;
 };
 
 /// GPU bytes subgroup of n parameters on `side` holds while in flight (the runtime's footprint):
@@ -114,8 +123,9 @@ struct Simulation {
   /// state) is what the runtime's CPU Adam tasks that began after the last streamed write-back ran
   /// beside: the refinement compares the two (refinement.h).
   double cpu_after_stream = 0, cpu_after_stream_params = 0;
-  /// Seconds during which StarPU's streams carried streamed state (either direction), with CPU Adam
-  /// running on some CPU worker (stream_beside_cpu) or on none (stream_alone). The rest of
+  /// Seconds of [0, stream_end] during which StarPU's streams carried optimizer state (a streamed
+  /// subgroup's either way, a resident one's up when Execution::state_off_gpu flags it), with CPU
+  /// Adam running on some CPU worker (stream_beside_cpu) or on none (stream_alone). The rest of
   /// [0, stream_end] the streams waited (the pipeline's fill, a GPU Adam, the update budget).
   double stream_beside_cpu = 0, stream_alone = 0;
   bool cpu_first = false;

@@ -120,10 +120,6 @@ Refined refine_rates(const Workload& w, const Rates& r, const PhaseMeasure& m, c
 Refined refine_after_phase(const Workload& w, const Rates& r, const PhaseMeasure& m, const Simulation& sim,
                            std::size_t cpu_workers, bool link_share_measured, bool first_streamed);
 
-/// The calibration's placeholder link_share (Rates' default): what link_share_is_measured takes
-/// for no measure, and what the optimizer saves to the rates cache when no phase measured it.
-inline constexpr double kUnmeasuredLinkShare = 1;
-
 /// Whether rates that an optimizer starts from hold a measured link_share: false only for the
 /// calibration's placeholder, a link_share of exactly 1 (the calibration does not measure it, and
 /// rates given without one, in --rates or the C ABI, get 1). So a rates file that an earlier run

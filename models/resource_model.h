@@ -26,6 +26,11 @@
 
 namespace dos {
 
+/// The calibration's placeholder link_share (Rates' default): the calibration does not measure it.
+/// What link_share_is_measured (models/refinement.h) takes for no measure, and what the optimizer
+/// saves to the rates cache when no phase measured it.
+inline constexpr double kUnmeasuredLinkShare = 1;
+
 /// Measured rates of one rank's machine.
 /// U_c: CPU Adam on one StarPU CPU worker, params/s, with no DMA running; U_c_dma: the same while H2D and D2H both stream
 /// (params/s, <= U_c); U_g: GPU Adam, params/s; D_c: GPU gradient conversion to fp32, params/s;
@@ -33,11 +38,11 @@ namespace dos {
 /// link_share: when CPU Adam and the links together ask host memory for more than it delivers, the
 /// links get link_share times the fraction of their ask that CPU Adam gets of its own (host_shares;
 /// 1: the same fraction; below 1: the CPU's cores win more of the memory controllers than the DMA
-/// engines). Not measured by the calibration (it starts at 1) but refined from the phases whose
-/// streams ran beside CPU Adam (models/refinement.h). All > 0.
+/// engines). Not measured by the calibration (it starts at kUnmeasuredLinkShare, 1) but refined
+/// from the phases whose streams ran beside CPU Adam (models/refinement.h). All > 0.
 struct Rates {
   double U_c = 0, U_c_dma = 0, U_g = 0, D_c = 0, B_h2d = 0, B_d2h = 0;
-  double link_share = 1;
+  double link_share = kUnmeasuredLinkShare;
 };
 
 /// True when every rate, link_share included, is a positive finite number (what predict needs).

@@ -602,7 +602,9 @@ class Optimizer {
   /// these and rates() (models/resource_model.h, lower_bound with two rate sets).
   const Rates& calibrated_rates() const;
   /// How step() carries a plan out, for the phase simulation (models/phase_sim.h): the submission
-  /// order, the lookahead and the update budget (0 and 0 without a CUDA worker).
+  /// order, the lookahead and the update budget (0 and 0 without a CUDA worker), and which
+  /// subgroups' state has no valid copy on the GPU now (Execution::state_off_gpu, from StarPU;
+  /// during a phase, as it was when the phase began; empty without a CUDA worker).
   Execution execution() const;
   /// The workload the model sees (subgroup sizes, where the caller's buffers live).
   const Workload& workload() const;

@@ -107,6 +107,18 @@ std::vector<PlanSide> Optimizer::Impl::make_plan() const {
   return p;
 }
 
+std::vector<bool> Optimizer::Impl::states_off_gpu() const {
+  if (cuda_nodes.empty()) return {};
+  std::vector<bool> off(sgs.size(), true);
+  for (std::size_t i = 0; i < sgs.size(); ++i) {
+    if (!sgs[i]->h_state) continue;
+    int valid = 0;
+    starpu_data_query_status(sgs[i]->h_state, int(cuda_nodes[i % cuda_nodes.size()]), nullptr, &valid, nullptr);
+    off[i] = valid == 0;
+  }
+  return off;
+}
+
 Simulation Optimizer::Impl::simulate_plan() const {
   try {
     return simulate_phase(workload, plan, rates, execution());

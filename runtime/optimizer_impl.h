@@ -201,6 +201,9 @@ struct OpenStep {
   std::atomic<bool> sampling{false};
   std::thread sampler;  // the timeline's bus samples, every millisecond
   Simulation sim;
+  /// Per subgroup, its state had no valid copy on the GPU when the phase began (states_off_gpu):
+  /// what execution() hands the phase simulation while the phase is open.
+  std::vector<bool> state_off_gpu;
   Pending pending;
   std::atomic<int> refused{0};          // asynchronous acquires StarPU refused (any submitting thread)
   std::vector<char> admitted;           // the subgroup holds its footprint in the admission window
@@ -416,8 +419,14 @@ struct Optimizer::Impl {
     e.own_grad_download = own_grad_download();
     e.grad_download_by_copy_engine = runtime_copies_by_copy_engine(false);
     e.param_upload_by_copy_engine = runtime_copies_by_copy_engine(true);
+    e.state_off_gpu = open ? open->state_off_gpu : states_off_gpu();
     return e;
   }
+  /// Per subgroup, whether its state handle has no valid copy on the memory node of the CUDA
+  /// worker that the placement policy gives it (StarPU's starpu_data_query_status, read without
+  /// StarPU's lock: exact when none of this optimizer's tasks is in flight, as at a phase's
+  /// beginning, which is when begin() reads it). Empty without a CUDA worker.
+  std::vector<bool> states_off_gpu() const;
   /// The phase simulation of `plan` at `rates` as step() carries it out (execution()); when the
   /// simulation cannot progress (std::logic_error), a Simulation holding only the resource bound's
   /// total (predict, resource_model.h). Needs have_rates.

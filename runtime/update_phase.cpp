@@ -181,6 +181,7 @@ void Optimizer::Impl::begin(bool overlapped) {
       }
     });
   }
+  ph.state_off_gpu = states_off_gpu();  // before the plan: a resident state off the GPU must come up
   try {
     plan = make_plan();
   } catch (...) {

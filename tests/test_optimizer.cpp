@@ -201,6 +201,73 @@ void test_bad_input(void**) {
   }
 }
 
+// Where each subgroup's state has a valid copy (Optimizer::execution().state_off_gpu, what the
+// phase simulation charges a resident subgroup's first upload by): no flags without a CUDA worker;
+// with one, every state off the GPU before the first phase, then on it only for the subgroups the
+// plan kept resident, still there after the masters were read on the host, off it again once they
+// were written there, and back on after the next phase. Policy dos only (a forced half-and-half
+// plan of the subgroups that are not resident).
+void test_state_off_gpu(void**) {
+  if (g_policy != "dos") {
+    std::printf("  policy %s: no resident state\n", g_policy.c_str());
+    return;
+  }
+  size_t n = 0;
+  for (size_t s : kSizes) n += s;
+  const bool cuda = g_memory == "cuda";
+  CallerBuffers buf(n, cuda);
+  std::vector<uint16_t> p16(n), g16(n);
+  std::vector<float> p32(n), g32(n);
+  for (size_t i = 0; i < n; ++i) {
+    encode(p16, p32, i, float(0.001 * double(i % 97) - 0.05));
+    encode(g16, g32, i, float(0.0001 * double(i % 13) - 0.0006));
+  }
+  buf.put(buf.param, g_dtype == dos::DType::fp32 ? static_cast<void*>(p32.data()) : p16.data());
+  buf.put(buf.grad, g_dtype == dos::DType::fp32 ? static_cast<void*>(g32.data()) : g16.data());
+  std::vector<dos::TensorView> views;
+  size_t off = 0;
+  for (size_t sz : kSizes) {
+    views.push_back({static_cast<char*>(buf.param) + off * buf.esz, static_cast<char*>(buf.grad) + off * buf.esz, sz});
+    off += sz;
+  }
+  dos::OptimizerOptions oo;
+  oo.subgroup_size = kSubgroup;
+  oo.dtype = g_dtype;
+  oo.memory = cuda ? dos::MemoryKind::cuda : dos::MemoryKind::host;
+  oo.gpu_resident_budget = 2 * 12 * int64_t(kSubgroup) + 360;  // two subgroups' state and their padding
+  dos::Optimizer opt(*g_rt, views, oo);
+  opt.set_plan_override({dos::PlanOverride::fraction, 0.5});
+  const size_t ns = opt.num_subgroups();
+  if (g_rt->cuda_workers() == 0) {
+    assert_true(opt.execution().state_off_gpu.empty());
+    opt.step();
+    assert_true(opt.execution().state_off_gpu.empty());
+    return;
+  }
+  std::vector<bool> flags = opt.execution().state_off_gpu;
+  assert_int_equal(flags.size(), ns);
+  for (size_t i = 0; i < ns; ++i) assert_true(flags[i]);
+  const dos::StepStats st = opt.step();
+  assert_int_equal(st.placement.size(), ns);
+  size_t resident = 0;
+  std::vector<bool> want(ns);
+  for (size_t i = 0; i < ns; ++i) {
+    want[i] = st.placement[i] != dos::PlanSide::gpu_resident;
+    resident += want[i] ? 0 : 1;
+  }
+  std::printf("  %zu of %zu subgroups resident\n", resident, ns);
+  assert_true(resident > 0 && resident < ns);
+  assert_true(opt.execution().state_off_gpu == want);
+  std::vector<float> master(n);
+  opt.read_master(master.data());
+  assert_true(opt.execution().state_off_gpu == want);
+  opt.write_master_range(0, n, master.data());
+  flags = opt.execution().state_off_gpu;
+  for (size_t i = 0; i < ns; ++i) assert_true(flags[i]);
+  opt.step();
+  assert_true(opt.execution().state_off_gpu == want);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -237,6 +304,7 @@ int main(int argc, char** argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_adamw_against_reference),
       cmocka_unit_test(test_bad_input),
+      cmocka_unit_test(test_state_off_gpu),
   };
   return cmocka_run_group_tests(tests, nullptr, nullptr);
 }

@@ -470,6 +470,71 @@ void test_cpu_after_stream(void**) {
   }
 }
 
+// A resident subgroup whose state is not on the GPU yet (Execution::state_off_gpu): its 12 n bytes
+// go up first, asked for at its submission (a = 12 n / B_h2d), then the GPU updates it (g = n / U_g).
+//  1. The caller on the GPU, one resident subgroup: a + g flagged, g not (no flags: the same as
+//     not flagged); other sides ignore the flag.
+//  2. Two resident subgroups, the second flagged, a > g: the first is updated in [0, g], the second's
+//     state is up at a, updated in [a, a + g].
+//  3. The caller in host memory: up (12 + gb) n, the update, down pb n (no CPU: the links alone).
+//  4. The flagged resident subgroup first, a streamed one after it (plan order, lookahead 3):
+//     resident up [0, a], updated [a, a + g]; streamed up [a, 2a], updated [2a, 2a + g], back
+//     [2a + g, 3a + g] = stream_end. The streams carried state 3a of it, with no CPU: stream_alone.
+//  5. The streamed one first and a resident one of 3n after it: streamed up [0, a], updated
+//     [a, a + g], back [a + g, 2a + g] = stream_end; the resident state goes up in [a, 4a]. Of
+//     [0, stream_end] the streams carried state all but nothing: [a, a + g] the resident state
+//     alone, then it beside the streamed state's way back (counted once): stream_alone 2a + g; what
+//     it carried after stream_end is no part of it. Updated [4a, 4a + 3g].
+void test_resident_state_off_gpu(void**) {
+  const double n = 1e8, B = 4e10, U_g = 1e11;
+  const double a = 12 * n / B, g = n / U_g;
+  const dos::Rates r{1e9, 1e9, U_g, 4e11, B, B};
+  dos::Execution off;
+  off.state_off_gpu = {true};
+  const dos::Workload one = workload({std::size_t(n)}, true);
+  dos::Simulation s = dos::simulate_phase(one, {PlanSide::gpu_resident}, r, off);
+  assert_float_equal(s.total, a + g, 1e-12);
+  assert_float_equal(s.h2d, a, 1e-12);
+  assert_float_equal(s.d2h, 0.0, 0.0);
+  assert_float_equal(s.stream_end, 0.0, 0.0);
+  dos::Execution on;
+  on.state_off_gpu = {false};
+  assert_float_equal(dos::simulate_phase(one, {PlanSide::gpu_resident}, r, on).total, g, 1e-12);
+  assert_float_equal(dos::simulate_phase(one, {PlanSide::gpu_resident}, r, dos::Execution{}).total, g, 1e-12);
+  assert_float_equal(dos::simulate_phase(one, {PlanSide::gpu_streamed}, r, off).total,
+                     dos::simulate_phase(one, {PlanSide::gpu_streamed}, r, dos::Execution{}).total, 0.0);
+
+  dos::Execution second;
+  second.state_off_gpu = {false, true};
+  const dos::Workload two = workload({std::size_t(n), std::size_t(n)}, true);
+  s = dos::simulate_phase(two, {PlanSide::gpu_resident, PlanSide::gpu_resident}, r, second);
+  assert_float_equal(s.total, a + g, 1e-12);
+  assert_float_equal(s.gpu, 2 * g, 1e-12);
+
+  const dos::Workload host = workload({std::size_t(n)}, false);
+  s = dos::simulate_phase(host, {PlanSide::gpu_resident}, r, off);
+  assert_float_equal(s.total, (12 + 2) * n / B + g + 2 * n / B, 1e-12);
+  assert_float_equal(s.h2d, (12 + 2) * n / B, 1e-12);
+  assert_float_equal(dos::simulate_phase(host, {PlanSide::gpu_resident}, r, on).total, 2 * n / B + g + 2 * n / B, 1e-12);
+
+  dos::Execution first;
+  first.state_off_gpu = {true, false};
+  s = dos::simulate_phase(two, {PlanSide::gpu_resident, PlanSide::gpu_streamed}, r, first);
+  assert_false(s.cpu_first);
+  assert_float_equal(s.total, 3 * a + g, 1e-12);
+  assert_float_equal(s.stream_end, 3 * a + g, 1e-12);
+  assert_float_equal(s.stream_alone, 3 * a, 1e-12);
+  assert_float_equal(s.stream_beside_cpu, 0.0, 0.0);
+
+  dos::Execution last;
+  last.state_off_gpu = {false, true};
+  const dos::Workload big_last = workload({std::size_t(n), std::size_t(3 * n)}, true);
+  s = dos::simulate_phase(big_last, {PlanSide::gpu_streamed, PlanSide::gpu_resident}, r, last);
+  assert_float_equal(s.stream_end, 2 * a + g, 1e-12);
+  assert_float_equal(s.stream_alone, 2 * a + g, 1e-12);
+  assert_float_equal(s.total, 4 * a + 3 * g, 1e-12);
+}
+
 void test_bad_input(void**) {
   const dos::Workload w = workload({10, 10}, true);
   bool threw = false;
@@ -486,6 +551,16 @@ void test_bad_input(void**) {
     threw = true;
   }
   assert_true(threw);
+  threw = false;
+  dos::Execution flags;
+  flags.state_off_gpu = {true};  // one flag for two subgroups
+  try {
+    dos::simulate_phase(w, {PlanSide::gpu_resident, PlanSide::gpu_resident}, dos::Rates{1, 1, 1, 1, 1, 1}, flags);
+  } catch (const std::invalid_argument& e) {
+    threw = true;
+    std::printf("  %s\n", e.what());
+  }
+  assert_true(threw);
 }
 
 }  // namespace
@@ -498,6 +573,7 @@ int main() {
       cmocka_unit_test(test_cpu_after_stream),   cmocka_unit_test(test_bad_input), cmocka_unit_test(test_own_param_upload),
       cmocka_unit_test(test_own_grad_download),
       cmocka_unit_test(test_own_copies_by_copy_engine), cmocka_unit_test(test_busiest_resource),
+      cmocka_unit_test(test_resident_state_off_gpu),
   };
   return cmocka_run_group_tests(tests, nullptr, nullptr);
 }

@@ -35,6 +35,13 @@ done
 grep -q '"plan": "cccccccc"' "$tmp/plan-cpu.json" || bad "cpu: not all on the CPU"
 grep -q '"plan": "ssssssss"' "$tmp/plan-gpu.json" || bad "gpu: not all streamed"
 grep -q '"plan": "ccccrrrr"' "$tmp/plan-static:0.5.json" || bad "static:0.5: not half on the CPU, half resident"
+# the first iteration's resident subgroups bring their state up (12 B/param at B_h2d = 50 GB/s)
+python3 - "$tmp/plan-static:0.5.json" <<'PY' || bad "static:0.5: the resident state's upload is not in the prediction"
+import json, sys
+r = json.load(open(sys.argv[1]))
+up = 12 * sum(n for n, side in zip(r["subgroup_sizes"], r["plan"]) if side == "r") / 50e9
+assert up > 0 and r["busy_seconds"]["h2d"] >= up * 0.999 and r["predicted_seconds"] >= up, (up, r)
+PY
 # a resident budget of two subgroups' state (12 B/param): the last two resident under gpu
 out=$("$train" "${common[@]}" --policy gpu --gpu-resident-budget $((2 * 12 * 16777216)) 2>&1)
 grep -q '^plan      0: ssssssrr$' <<<"$out" || bad "gpu with a resident budget: $out"

@@ -116,6 +116,8 @@ int run_plan_only(const Args& a, const ModelConfig& cfg, const std::vector<Param
                                    po.workload.grad_bytes == po.workload.param_bytes;
   po.execution.grad_download_by_copy_engine = dos::runtime_copies_by_copy_engine(false);
   po.execution.param_upload_by_copy_engine = dos::runtime_copies_by_copy_engine(true);
+  // the first iteration: no subgroup's state is on the GPU yet, the resident ones' must come up
+  po.execution.state_off_gpu.assign(po.workload.sizes.size(), true);
   po.workload.cpu_grads_staged_on_gpu = !po.execution.own_grad_download;
   po.workload.cpu_params_staged_on_gpu = !po.execution.own_param_upload;
   if (!a.rates.empty()) po.rates = &rates, po.calibrated = &calibrated_rates;

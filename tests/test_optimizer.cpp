@@ -52,9 +52,26 @@ struct CallerBuffers : test::CallerBuffers {
   CallerBuffers(size_t n, bool cuda) : test::CallerBuffers(n, dos::dtype_size(g_dtype), cuda) {}
 };
 
-void test_adamw_against_reference(void**) {
+/// The parameters of all kSizes' tensors together.
+size_t total_params() {
   size_t n = 0;
   for (size_t s : kSizes) n += s;
+  return n;
+}
+
+/// One view per tensor of kSizes, laid out one after another in buf's parameter and gradient buffers.
+std::vector<dos::TensorView> tensor_views(const CallerBuffers& buf) {
+  std::vector<dos::TensorView> views;
+  size_t off = 0;
+  for (size_t sz : kSizes) {
+    views.push_back({static_cast<char*>(buf.param) + off * buf.esz, static_cast<char*>(buf.grad) + off * buf.esz, sz});
+    off += sz;
+  }
+  return views;
+}
+
+void test_adamw_against_reference(void**) {
+  const size_t n = total_params();
   const bool cuda = g_memory == "cuda";
   CallerBuffers buf(n, cuda);
   std::vector<uint16_t> p16(n), g16(n);
@@ -71,12 +88,7 @@ void test_adamw_against_reference(void**) {
   const void* hostg = g_dtype == dos::DType::fp32 ? static_cast<void*>(g32.data()) : g16.data();
   buf.put(buf.param, hostp);
 
-  std::vector<dos::TensorView> views;
-  size_t off = 0;
-  for (size_t sz : kSizes) {
-    views.push_back({static_cast<char*>(buf.param) + off * buf.esz, static_cast<char*>(buf.grad) + off * buf.esz, sz});
-    off += sz;
-  }
+  const std::vector<dos::TensorView> views = tensor_views(buf);
   dos::OptimizerOptions oo;
   oo.adam.lr = double(1e-2f);
   oo.adam.beta1 = double(0.9f);
@@ -212,8 +224,7 @@ void test_state_off_gpu(void**) {
     std::printf("  policy %s: no resident state\n", g_policy.c_str());
     return;
   }
-  size_t n = 0;
-  for (size_t s : kSizes) n += s;
+  const size_t n = total_params();
   const bool cuda = g_memory == "cuda";
   CallerBuffers buf(n, cuda);
   std::vector<uint16_t> p16(n), g16(n);
@@ -224,12 +235,7 @@ void test_state_off_gpu(void**) {
   }
   buf.put(buf.param, g_dtype == dos::DType::fp32 ? static_cast<void*>(p32.data()) : p16.data());
   buf.put(buf.grad, g_dtype == dos::DType::fp32 ? static_cast<void*>(g32.data()) : g16.data());
-  std::vector<dos::TensorView> views;
-  size_t off = 0;
-  for (size_t sz : kSizes) {
-    views.push_back({static_cast<char*>(buf.param) + off * buf.esz, static_cast<char*>(buf.grad) + off * buf.esz, sz});
-    off += sz;
-  }
+  const std::vector<dos::TensorView> views = tensor_views(buf);
   dos::OptimizerOptions oo;
   oo.subgroup_size = kSubgroup;
   oo.dtype = g_dtype;

@@ -85,10 +85,15 @@ struct Execution {
   bool param_upload_by_copy_engine = false;
   /// Per subgroup (w.sizes' order): its optimizer state has no valid copy on the GPU when the phase
   /// starts. A resident subgroup flagged so first brings its 12 n bytes of state up on StarPU's
-  /// host-to-device stream, asked for at its submission, before its Adam can run: the first phase
-  /// that keeps it resident, or one after its host copy was written (a checkpoint load, new master
-  /// parameters). Other sides ignore the flag. Empty: every resident subgroup's state is on the GPU
-  /// (the steady state). The runtime asks StarPU where each state is when the phase begins.
+  /// host-to-device stream, asked for at its submission (with the caller in host memory, together
+  /// with its gradient; the runtime's task is pushed, and its inputs fetched, once the gradient is
+  /// staged), before its Adam can run: the first phase that keeps it resident, or one after its host
+  /// copy was written (a checkpoint load, new master parameters). Other sides ignore the flag: a
+  /// streamed subgroup is charged its 12 n both ways, a CPU one nothing, even when an earlier plan
+  /// left its state on the GPU (a plan override that stops keeping subgroups resident: the one phase
+  /// that brings those states home costs more than simulated). Empty: every resident subgroup's
+  /// state is on the GPU (the steady state). The runtime asks StarPU where each state is when the
+  /// phase begins.
   std::vector<bool> state_off_gpu;
 };
 
@@ -119,9 +124,10 @@ struct Simulation {
   double stream_end = 0;
   /// The CPU Adam pieces that began at or after stream_end (none when nothing streamed): their
   /// seconds (summed) and parameters. What they ran beside (the CPU subgroups' own gradient and
-  /// parameter copies, and with the caller on the host the resident subgroups' ones; no streamed
-  /// state) is what the runtime's CPU Adam tasks that began after the last streamed write-back ran
-  /// beside: the refinement compares the two (refinement.h).
+  /// parameter copies, with the caller on the host the resident subgroups' ones, and the uploads of
+  /// resident states not yet on the GPU that were still going; no streamed state) is what the
+  /// runtime's CPU Adam tasks that began after the last streamed write-back ran beside: the
+  /// refinement compares the two (refinement.h).
   double cpu_after_stream = 0, cpu_after_stream_params = 0;
   /// Seconds of [0, stream_end] during which StarPU's streams carried optimizer state (a streamed
   /// subgroup's either way, a resident one's up when Execution::state_off_gpu flags it), with CPU

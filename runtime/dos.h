@@ -604,7 +604,8 @@ class Optimizer {
   /// How step() carries a plan out, for the phase simulation (models/phase_sim.h): the submission
   /// order, the lookahead and the update budget (0 and 0 without a CUDA worker), and which
   /// subgroups' state has no valid copy on the GPU now (Execution::state_off_gpu, from StarPU;
-  /// during a phase, as it was when the phase began; empty without a CUDA worker).
+  /// during a phase, as it was when the phase began; empty without a CUDA worker). From the thread
+  /// that calls step() (or begin_step/finish_step), not beside those calls.
   Execution execution() const;
   /// The workload the model sees (subgroup sizes, where the caller's buffers live).
   const Workload& workload() const;

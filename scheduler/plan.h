@@ -54,8 +54,9 @@ struct PlanNeeds {
 ///   budget cannot hold one streamed subgroup, so nothing may be streamed);
 /// rates: the rates to plan with (params/s and bytes/s, all > 0), or null when the plan did not ask
 ///   for them (PlanNeeds::rates) or there are none;
-/// execution: how the runtime carries the plan out (submission order, lookahead, update budget), for
-///   plans that simulate the phase (simulate_phase, phase_sim.h).
+/// execution: how the runtime carries the plan out (submission order, lookahead, update budget, and
+///   which subgroups' state is not on the GPU yet: Execution::state_off_gpu), for plans that
+///   simulate the phase (simulate_phase, phase_sim.h).
 struct PlanInput {
   const Workload& workload;
   const Rates* rates = nullptr;

@@ -485,6 +485,13 @@ void test_cpu_after_stream(void**) {
 //     [0, stream_end] the streams carried state all but nothing: [a, a + g] the resident state
 //     alone, then it beside the streamed state's way back (counted once): stream_alone 2a + g; what
 //     it carried after stream_end is no part of it. Updated [4a, 4a + 3g].
+//  6. Beside CPU Adam, the caller in host memory: the flagged resident subgroup (n), a CPU one (2n,
+//     0.2 s at U_c = 1e9 with U_c_dma = U_c: host memory never short), a streamed one (n); b = 14 n
+//     / B (state and gradient up; the streamed state and parameters down), d = 2 n / B (the
+//     resident subgroup's parameters down). Up: resident [0, b], streamed [b, 2b]; the resident one
+//     updated [b, b + g] and its parameters down [b + g, b + g + d]; the streamed one updated
+//     [2b, 2b + g], down [2b + g, 3b + g] = stream_end. The streams carried state 3b of it, all
+//     beside the CPU (the resident upload included); the phase is the CPU's 0.2 s.
 void test_resident_state_off_gpu(void**) {
   const double n = 1e8, B = 4e10, U_g = 1e11;
   const double a = 12 * n / B, g = n / U_g;
@@ -533,6 +540,18 @@ void test_resident_state_off_gpu(void**) {
   assert_float_equal(s.stream_end, 2 * a + g, 1e-12);
   assert_float_equal(s.stream_alone, 2 * a + g, 1e-12);
   assert_float_equal(s.total, 4 * a + 3 * g, 1e-12);
+
+  const dos::Workload mixed = workload({std::size_t(n), std::size_t(2 * n), std::size_t(n)}, false);
+  const dos::Rates even{1e9, 1e9, U_g, 4e11, B, B};
+  dos::Execution resident_first;
+  resident_first.state_off_gpu = {true, true, true};
+  s = dos::simulate_phase(mixed, {PlanSide::gpu_resident, PlanSide::cpu, PlanSide::gpu_streamed}, even, resident_first);
+  const double b = 14 * n / B;
+  assert_float_equal(s.stream_end, 3 * b + g, 1e-12);
+  assert_float_equal(s.stream_beside_cpu, 3 * b, 1e-12);
+  assert_float_equal(s.stream_alone, 0.0, 0.0);
+  assert_float_equal(s.total, 0.2, 1e-12);
+  assert_float_equal(s.cpu_beside_dma, 3 * b, 1e-12);  // DMA in [0, 2b] and [2b + g, 3b + g]
 }
 
 void test_bad_input(void**) {

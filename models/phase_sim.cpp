@@ -84,8 +84,9 @@ Simulation simulate_phase(const Workload& w, const std::vector<PlanSide>& plan, 
   if (!rates_complete(r))
     throw std::invalid_argument("phase simulation: every rate (U_c, U_c_dma, U_g, D_c, B_h2d, B_d2h, link_share) must be > 0");
   if (!e.state_off_gpu.empty() && e.state_off_gpu.size() != plan.size())
-    throw std::invalid_argument("phase simulation: Execution::state_off_gpu has " + std::to_string(e.state_off_gpu.size()) +
-                                " flags for " + std::to_string(plan.size()) + " subgroups (give one per subgroup, or none)");
+    throw std::invalid_argument("phase simulation: Execution::state_off_gpu has " +
+                                std::to_string(e.state_off_gpu.size()) + " flags for " + std::to_string(plan.size()) +
+                                " subgroups (give one per subgroup, or none)");
   const std::size_t count = plan.size();
   const double gb = double(w.grad_bytes), pb = double(w.param_bytes);
   std::vector<Sg> sgs(count);
@@ -250,6 +251,8 @@ Simulation simulate_phase(const Workload& w, const std::vector<PlanSide>& plan, 
     return true;
   };
 
+  // a resident state's upload seconds not yet counted in Simulation::stream_beside_cpu/stream_alone
+  double resident_up_beside_cpu = 0, resident_up_alone = 0;
   // What follows a piece of work when it ends.
   auto complete = [&](Lane& lane) {
     const std::size_t i = std::size_t(lane.current);
@@ -288,7 +291,12 @@ Simulation simulate_phase(const Workload& w, const std::vector<PlanSide>& plan, 
           finish(i);
         break;
       case Stage::state_down:
-        if (s.side == PlanSide::gpu_streamed) out.stream_end = now;
+        if (s.side == PlanSide::gpu_streamed) {
+          out.stream_end = now;
+          out.stream_beside_cpu += resident_up_beside_cpu;  // the resident uploads within [0, stream_end]
+          out.stream_alone += resident_up_alone;
+          resident_up_beside_cpu = resident_up_alone = 0;
+        }
         finish(i);
         break;
       case Stage::done: break;
@@ -301,15 +309,11 @@ Simulation simulate_phase(const Workload& w, const std::vector<PlanSide>& plan, 
            sgs[std::size_t(l.current)].side == PlanSide::gpu_streamed;
   };
   // whether it is moving a resident subgroup's state up (Execution::state_off_gpu): counted with the
-  // streamed state when it ends by stream_end (resident_up_spans, sorted out at the end)
+  // streamed state once a streamed state comes home after it (stream_end moves past it): until
+  // then its seconds wait in resident_up_beside_cpu and resident_up_alone (declared above)
   auto carries_resident = [&](const Lane& l) {
     return l.current >= 0 && l.stage == Stage::state_up && sgs[std::size_t(l.current)].state_off_gpu;
   };
-  struct ResidentUpSpan {
-    double end, seconds;
-    bool beside_cpu;
-  };
-  std::vector<ResidentUpSpan> resident_up_spans;
 
   submit_ready();
   const double eps = 1e-15;
@@ -380,7 +384,7 @@ Simulation simulate_phase(const Workload& w, const std::vector<PlanSide>& plan, 
     if (carries_streamed(h2d) || carries_streamed(d2h))
       (active_cpus > 0 ? out.stream_beside_cpu : out.stream_alone) += dt;
     else if (carries_resident(h2d))
-      resident_up_spans.push_back({now, dt, active_cpus > 0});
+      (active_cpus > 0 ? resident_up_beside_cpu : resident_up_alone) += dt;
     // relative tolerances: amounts are bytes (up to 1e11), parameters, or seconds
     if (h2d.current >= 0 && h2d.left <= eps * (1 + r.B_h2d)) complete(h2d);
     if (up_own.current >= 0 && up_own.left <= eps * (1 + r.B_h2d)) complete(up_own);
@@ -392,8 +396,6 @@ Simulation simulate_phase(const Workload& w, const std::vector<PlanSide>& plan, 
     submit_ready();
   }
   out.total = now;
-  for (const ResidentUpSpan& c : resident_up_spans)  // a resident state's upload within [0, stream_end]
-    if (c.end <= out.stream_end) (c.beside_cpu ? out.stream_beside_cpu : out.stream_alone) += c.seconds;
   if (out.stream_end > 0)
     for (const CpuPiece& c : cpu_pieces)
       if (c.start >= out.stream_end) {

@@ -47,7 +47,8 @@ struct Refined {
 ///  - U_c, in a phase that streamed: from the CPU Adam tasks that began after the streaming ended,
 ///    when they ran 2 ms or more. They ran beside the CPU subgroups' own gradient and parameter
 ///    copies (and the uploads of resident states not yet on the GPU still going), which share host
-///    memory with them, and so do the simulation's pieces that began after its stream_end: U_c is scaled by the ratio of the two per-parameter times, (sim.cpu_after_stream
+///    memory with them, and so do the simulation's pieces that began after its stream_end: U_c is
+///    scaled by the ratio of the two per-parameter times, (sim.cpu_after_stream
 ///    / sim.cpu_after_stream_params) / (alone_seconds / alone_params), so that the simulation at the
 ///    new U_c runs those pieces at the measured speed, to first order (exactly when host memory does
 ///    not limit them: its share depends on U_c itself, and phase after phase the blend converges).

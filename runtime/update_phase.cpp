@@ -620,7 +620,8 @@ StepStats Optimizer::Impl::finish_wait() {
   // caller's work slowed down), nor after one left running into the caller's forward (the same), nor
   // after a skipped one.
   last_changed = st.overlapped && verdict == StepVerdict::changed;
-  if (!st.skipped && !st.overlapped && !ph.async) refine(measure, ph.sim, measure.streamed > 0 && !buffers_were_allocated);
+  const bool first_streamed = measure.streamed > 0 && !buffers_were_allocated;
+  if (!st.skipped && !st.overlapped && !ph.async) refine(measure, ph.sim, first_streamed);
   StepStats out = std::move(st);
   open.reset();
   return out;

@@ -10,14 +10,22 @@
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
+#include <mutex>
 #include <string>
 #include <vector>
 
 #include "../codelets/codelets.h"
 #include "../codelets/cpu_team.h"
+#if defined(DOS_HAVE_CUDA)
+#include <cuda_runtime.h>
+
+#include "../codelets/kernels/adam.h"
+#include "../codelets/kernels/pcie_copy.h"
+#endif
 #include "../scheduler/policy.h"
 #include "dos.h"
 #include "runtime_impl.h"
+#include "switches.h"
 
 namespace dos {
 
@@ -80,6 +88,32 @@ void setup_cuda_worker(void* arg) {
   auto* d = static_cast<DriverSetup*>(arg);
   const int index = d->next.fetch_add(1);
   if (index < int(d->cores.size())) bind_this_thread(d->cores[std::size_t(index)]);
+}
+
+/// Runs on each CUDA worker's driver thread: loads the runtime's kernels into its device's context
+/// (preload_adam_kernels in codelets/kernels/adam.h says why), and keeps the first failure's text.
+struct KernelPreload {
+  std::mutex mu;
+  std::string error;  // empty: every worker loaded every kernel
+};
+void preload_cuda_worker(void* arg) {
+#if defined(DOS_HAVE_CUDA)
+  auto* p = static_cast<KernelPreload*>(arg);
+  const char* what = "the Adam and conversion kernels";
+  int e = preload_adam_kernels();
+  if (e == 0) {
+    what = "the PCIe copy kernels";
+    e = preload_pcie_copy_kernels();
+  }
+  if (e == 0) return;
+  std::lock_guard<std::mutex> g(p->mu);
+  if (p->error.empty())
+    p->error = std::string(what) + " could not be loaded on CUDA device " +
+               std::to_string(starpu_worker_get_devid(starpu_worker_get_id())) + ": " +
+               cudaGetErrorString(cudaError_t(e));
+#else
+  (void)arg;
+#endif
 }
 
 }  // namespace
@@ -182,6 +216,20 @@ Runtime::Runtime(const RuntimeOptions& options) : impl_(new Impl) {
     throw Error("StarPU's heteroprio cannot run this update phase with a CUDA worker: it needs every task to be able "
                 "to run on every kind of worker, and the gradient staging and parameter write-back tasks run only "
                 "where the model's buffers live; use dmda, dmdas, lws or eager, or heteroprio with --ncuda 0");
+  }
+  // The runtime's kernels are loaded now, before any transfer is queued: under CUDA's lazy loading
+  // a kernel's first launch could otherwise wait behind the first phase's state uploads.
+  // DOS_PRELOAD_KERNELS=0 leaves them to their first launch (a measurement switch).
+  if (ncuda > 0 && !detail::env_says("DOS_PRELOAD_KERNELS", "0")) {
+    KernelPreload preload;
+    starpu_execute_on_each_worker(preload_cuda_worker, &preload, STARPU_CUDA);
+    if (!preload.error.empty()) {
+      starpu_shutdown();
+      --g_live_runtimes;
+      throw Error(preload.error + " (a build for other GPUs? set meson's gpu_arch option to this GPU's compute "
+                                  "capability, e.g. meson configure build -Dgpu_arch=90, and rebuild; or start "
+                                  "the runtime with no CUDA worker: ncuda 0, dos-train --ncuda 0)");
+    }
   }
   // OpenMP threads per CPU worker: the cores (given, $OMP_NUM_THREADS, or all but one per CUDA
   // worker and the caller's) shared among the CPU workers.

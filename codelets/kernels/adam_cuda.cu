@@ -185,7 +185,39 @@ void launch_store(const float* src, void* dst, std::size_t n, cudaStream_t s) {
     store_kernel<D><<<grid_for(n), kThreads, 0, s>>>(src, dst, n);
 }
 
+/// cudaFuncGetAttributes on each kernel given, in order; the first error, or cudaSuccess.
+template <typename... K>
+cudaError_t load_kernels(K*... kernels) {
+  cudaError_t e = cudaSuccess;
+  cudaFuncAttributes attr;
+  ((e = e == cudaSuccess ? cudaFuncGetAttributes(&attr, kernels) : e), ...);
+  return e;
+}
+
+/// The Adam kernels of gradient dtype G: every parameter dtype written, and none, scalar and vector.
+template <DType G>
+cudaError_t load_adam_kernels() {
+  return load_kernels(adam_kernel<G, DType::fp32, false>, adam_kernel_vec4<G, DType::fp32, false>,
+                      adam_kernel<G, DType::fp32, true>, adam_kernel_vec4<G, DType::fp32, true>,
+                      adam_kernel<G, DType::fp16, true>, adam_kernel_vec4<G, DType::fp16, true>,
+                      adam_kernel<G, DType::bf16, true>, adam_kernel_vec4<G, DType::bf16, true>);
+}
+
+/// The conversion kernels from and to dtype T, scalar and vector.
+template <DType T>
+cudaError_t load_conversion_kernels() {
+  return load_kernels(convert_kernel<T>, convert_kernel_vec4<T>, store_kernel<T>, store_kernel_vec4<T>);
+}
+
 }  // namespace
+
+int preload_adam_kernels() {
+  for (cudaError_t e : {load_adam_kernels<DType::fp32>(), load_adam_kernels<DType::fp16>(),
+                        load_adam_kernels<DType::bf16>(), load_conversion_kernels<DType::fp32>(),
+                        load_conversion_kernels<DType::fp16>(), load_conversion_kernels<DType::bf16>()})
+    if (e != cudaSuccess) return int(e);
+  return 0;
+}
 
 int adam_step_cuda(float* master, float* exp_avg, float* exp_avg_sq, const void* grad, DType grad_dtype,
                    void* param_out, DType param_dtype, std::size_t n, const AdamStepParams& sp, void* stream) {

@@ -53,6 +53,13 @@ __global__ void pcie_copy_kernel(char* __restrict__ dst, const char* __restrict_
 
 }  // namespace
 
+int preload_pcie_copy_kernels() {
+  cudaFuncAttributes attr;
+  cudaError_t e = cudaFuncGetAttributes(&attr, pcie_copy_kernel<true>);
+  if (e == cudaSuccess) e = cudaFuncGetAttributes(&attr, pcie_copy_kernel<false>);
+  return int(e);
+}
+
 int pcie_copy_cuda(void* dst, const void* src, std::size_t bytes, bool to_device, unsigned blocks, void* stream) {
   if (bytes == 0) return cudaSuccess;
   if (blocks == 0) {

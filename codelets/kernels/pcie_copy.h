@@ -26,6 +26,12 @@ namespace dos {
 /// (0 = success): that of cudaGetDevice or cudaDeviceGetAttribute when blocks is 0 and they fail,
 /// else that of the launch (the copy's own faults surface at the stream's next synchronisation).
 int pcie_copy_cuda(void* dst, const void* src, std::size_t bytes, bool to_device, unsigned blocks, void* stream);
+
+/// Loads both copy kernels (up and down) into the current device's context, now, instead of at
+/// their first launch, which under CUDA's lazy loading can wait for the work already running on the
+/// device (preload_adam_kernels in adam.h says why that matters). Returns a cudaError_t value (0 =
+/// success): that of the first cudaFuncGetAttributes that failed.
+int preload_pcie_copy_kernels();
 #endif
 
 }  // namespace dos

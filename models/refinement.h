@@ -99,7 +99,8 @@ Refined refine_rates(const Workload& w, const Rates& r, const PhaseMeasure& m, c
 
 /// The optimizer's refinement after one phase: refine_rates, with a rule for the optimizer's first
 /// phase that streamed (first_streamed). StarPU allocates the streamed states' GPU buffers in that
-/// phase, which slowed it by 0-25% against the next ones on the GPU machine (7B and 20B quarters),
+/// phase, which (with the kernels loaded at their first launch, before the runtime loaded them at
+/// its start) slowed it by 0-25% against the next ones on the GPU machine (7B and 20B quarters),
 /// so it measures the links and the CPU beside them slower than the later phases run:
 ///  - link_share_measured (the rates hold what earlier phases or a rates file measured): nothing is
 ///    refined from it (returns r with applied false), which it would only pull down;

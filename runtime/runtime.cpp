@@ -90,12 +90,17 @@ void setup_cuda_worker(void* arg) {
   if (index < int(d->cores.size())) bind_this_thread(d->cores[std::size_t(index)]);
 }
 
-/// Runs on each CUDA worker's driver thread: loads the runtime's kernels into its device's context
-/// (preload_adam_kernels in codelets/kernels/adam.h says why), and keeps the first failure's text.
+/// What preload_cuda_worker found on the CUDA workers: one line per worker whose device could not
+/// load a kernel (empty: every worker loaded every kernel). Written under mu.
 struct KernelPreload {
   std::mutex mu;
-  std::string error;  // empty: every worker loaded every kernel
+  std::string failures;
 };
+
+/// Runs on each CUDA worker's driver thread: loads the runtime's kernels into its device's context
+/// (preload_adam_kernels in codelets/kernels/adam.h says why). A failure is noted in the
+/// KernelPreload and cleared from the thread's last CUDA error, which the codelets read after each
+/// launch: the worker goes on as before the preload, its kernels left to their first launch.
 void preload_cuda_worker(void* arg) {
 #if defined(DOS_HAVE_CUDA)
   auto* p = static_cast<KernelPreload*>(arg);
@@ -106,11 +111,17 @@ void preload_cuda_worker(void* arg) {
     e = preload_pcie_copy_kernels();
   }
   if (e == 0) return;
+  (void)cudaGetLastError();
+  const bool no_code = e == int(cudaErrorNoKernelImageForDevice) || e == int(cudaErrorInvalidDeviceFunction);
   std::lock_guard<std::mutex> g(p->mu);
-  if (p->error.empty())
-    p->error = std::string(what) + " could not be loaded on CUDA device " +
-               std::to_string(starpu_worker_get_devid(starpu_worker_get_id())) + ": " +
-               cudaGetErrorString(cudaError_t(e));
+  p->failures += std::string("[dos] warning: ") + what + " could not be loaded on CUDA device " +
+                 std::to_string(starpu_worker_get_devid(starpu_worker_get_id())) + " (" +
+                 cudaGetErrorString(cudaError_t(e)) + "): an update task there will fail" +
+                 (no_code ? "; this build has no code for that GPU: set meson's gpu_arch option to its compute "
+                            "capability (meson configure build -Dgpu_arch=XY) and rebuild, or leave the GPU out "
+                            "(CUDA_VISIBLE_DEVICES, or no CUDA worker: dos-train --ncuda 0)"
+                          : "") +
+                 "\n";
 #else
   (void)arg;
 #endif
@@ -220,16 +231,12 @@ Runtime::Runtime(const RuntimeOptions& options) : impl_(new Impl) {
   // The runtime's kernels are loaded now, before any transfer is queued: under CUDA's lazy loading
   // a kernel's first launch could otherwise wait behind the first phase's state uploads.
   // DOS_PRELOAD_KERNELS=0 leaves them to their first launch (a measurement switch).
+  // A device that cannot load them (a build without code for it) is warned about, not refused: work
+  // that launches no kernel there (every update on the CPU) runs as before.
   if (ncuda > 0 && !detail::env_says("DOS_PRELOAD_KERNELS", "0")) {
     KernelPreload preload;
     starpu_execute_on_each_worker(preload_cuda_worker, &preload, STARPU_CUDA);
-    if (!preload.error.empty()) {
-      starpu_shutdown();
-      --g_live_runtimes;
-      throw Error(preload.error + " (a build for other GPUs? set meson's gpu_arch option to this GPU's compute "
-                                  "capability, e.g. meson configure build -Dgpu_arch=90, and rebuild; or start "
-                                  "the runtime with no CUDA worker: ncuda 0, dos-train --ncuda 0)");
-    }
+    if (!preload.failures.empty()) std::fputs(preload.failures.c_str(), stderr);
   }
   // OpenMP threads per CPU worker: the cores (given, $OMP_NUM_THREADS, or all but one per CUDA
   // worker and the caller's) shared among the CPU workers.

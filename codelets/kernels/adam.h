@@ -151,14 +151,15 @@ struct PcieRoof {
 };
 int benchmark_pcie(std::size_t bytes, PcieRoof* roof);
 
-/// Loads every kernel of this file (each Adam, conversion and store kernel, every dtype, scalar
+/// Loads every kernel of adam_cuda.cu (each Adam, conversion and store kernel, every dtype, scalar
 /// and vector) into the current device's context, now. Under CUDA's lazy loading (the default since
 /// CUDA 12.2, CUDA_MODULE_LOADING=LAZY) a kernel is otherwise loaded at its first launch, and that
 /// load can wait for the work already running on the device: in an optimizer's first update phase
 /// the first Adam, queued behind gigabytes of state transfers, then waited for them (tens of
 /// milliseconds) and held up every streamed subgroup behind it. cudaFuncGetAttributes on a kernel
-/// loads it (the runtime resolves a kernel's function at its first reference). Call it on each
-/// device before work is queued there (the runtime does, on each CUDA worker, when it starts).
+/// loads it (CUDA's runtime looks a kernel up in its module, which loads it, the first time the
+/// kernel is referenced). Call it on each device before work is queued there (the runtime does, on
+/// each CUDA worker, when it starts). A kernel added to adam_cuda.cu must be added to its list.
 /// Under eager loading it only reads the attributes. Returns a cudaError_t value (0 = success):
 /// the first failure, e.g. cudaErrorNoKernelImageForDevice when the build has no code for the
 /// device (meson's gpu_arch option).

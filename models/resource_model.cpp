@@ -246,15 +246,22 @@ StrideChoice choose_stride_by(const Workload& w,
   return best;
 }
 
-double lower_bound(const Workload& w, const Rates& rates, std::size_t cpu_workers) {
+double lower_bound(const Workload& w, const Rates& rates, std::size_t cpu_workers, double cold_resident_params) {
   const Rates r = with_cpu_workers(rates, cpu_workers);
   double total = 0, resident = 0;
   const std::size_t n = w.sizes.size(), nres = std::min(w.resident, n);
   for (std::size_t i = 0; i < n; ++i) (i < n - nres ? total : resident) += double(w.sizes[i]);
+  if (!(cold_resident_params >= 0) || !std::isfinite(cold_resident_params) || cold_resident_params > resident)
+    throw std::invalid_argument("lower bound: the resident state to bring up (" + std::to_string(cold_resident_params) +
+                                " parameters) must be a finite count between 0 and the resident subgroups' " +
+                                std::to_string(resident) + " parameters");
+  // the resident state still to come up: 12 B per parameter on the host-to-device link and in host memory
+  const double cold_bytes = 12.0 * cold_resident_params;
+  const double cold_h2d = cold_bytes / r.B_h2d, cold_host = cold_bytes / host_bandwidth(w, r);
   // each resource's whole work at its best rate: CPU Adam at U_c, the links at B, host memory at M
   auto bound = [&](double n_cpu, double n_streamed) {
     const Prediction p = predict_split(w, n_cpu, n_streamed, r, resident);
-    return std::max(std::max(n_cpu / r.U_c, p.gpu), std::max(std::max(p.h2d, p.d2h), p.host));
+    return std::max(std::max(n_cpu / r.U_c, p.gpu), std::max(std::max(p.h2d + cold_h2d, p.d2h), p.host + cold_host));
   };
   double best = bound(total, 0);
   const int steps = w.may_stream ? 10000 : 0;
@@ -265,7 +272,8 @@ double lower_bound(const Workload& w, const Rates& rates, std::size_t cpu_worker
   return best;
 }
 
-double lower_bound(const Workload& w, const Rates& calibrated, const Rates& refined, std::size_t cpu_workers) {
+double lower_bound(const Workload& w, const Rates& calibrated, const Rates& refined, std::size_t cpu_workers,
+                   double cold_resident_params) {
   check_rates(calibrated);
   check_rates(refined);
   const Rates a = with_cpu_workers(calibrated, cpu_workers), b = with_cpu_workers(refined, cpu_workers);
@@ -280,7 +288,7 @@ double lower_bound(const Workload& w, const Rates& calibrated, const Rates& refi
   const double m = std::max(host_bandwidth(w, a), host_bandwidth(w, b));
   const double demand = best.U_c * cpu_adam_host_bytes(w) + best.link_share * (best.B_h2d + best.B_d2h);
   best.U_c_dma = best.U_c * std::min(1.0, m / demand);
-  return lower_bound(w, best, 1);
+  return lower_bound(w, best, 1, cold_resident_params);
 }
 
 }  // namespace dos

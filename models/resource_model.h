@@ -203,7 +203,15 @@ StrideChoice choose_stride_by(const Workload& w, const std::function<Prediction(
 /// (host_bandwidth) for CPU Adam's traffic and every PCIe byte together: contention enters only
 /// through M. cpu_workers: StarPU CPU workers running Adam beside each other at U_c each (0 counts
 /// as 1). It bounds the phase simulation (phase_sim.h) of every plan with as many CPU workers.
-double lower_bound(const Workload& w, const Rates& r, std::size_t cpu_workers = 1);
+/// cold_resident_params: parameters of resident subgroups whose state is not on the GPU when the
+/// phase begins (Execution::state_off_gpu: an optimizer's first phase, or one after a checkpoint's
+/// load), whose 12 bytes each go up first: they add 12 x cold_resident_params bytes to the
+/// host-to-device link and to host memory, as the phase simulation charges them. 0 (the default)
+/// is the bound of a phase with the resident state already on the GPU (every later phase).
+/// Throws std::invalid_argument when a rate is not positive, or when cold_resident_params is
+/// negative, not finite, or more than the parameters of the w.resident subgroups the bound keeps
+/// resident (the last ones).
+double lower_bound(const Workload& w, const Rates& r, std::size_t cpu_workers = 1, double cold_resident_params = 0);
 
 /// The lower bound with the rates known two ways, seconds: lower_bound with every resource at the
 /// better of its calibrated and its refined rate (after the phases run so far): U_c, U_g, D_c,
@@ -212,7 +220,9 @@ double lower_bound(const Workload& w, const Rates& r, std::size_t cpu_workers = 
 /// So it is at most either one-rate bound: a rate the refinement found higher than calibrated (CPU
 /// Adam measured in a phase's tasks faster than in the calibration's scratch phases) lowers it,
 /// and a rate it found lower (a link's average over a phase, with its idle gaps) does not raise
-/// it. Throws std::invalid_argument when a rate of either set is not positive.
-double lower_bound(const Workload& w, const Rates& calibrated, const Rates& refined, std::size_t cpu_workers);
+/// it. cold_resident_params as in the bound above. Throws std::invalid_argument when a rate of
+/// either set is not positive, and what the bound above throws.
+double lower_bound(const Workload& w, const Rates& calibrated, const Rates& refined, std::size_t cpu_workers,
+                   double cold_resident_params = 0);
 
 }  // namespace dos

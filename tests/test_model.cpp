@@ -253,6 +253,35 @@ void test_budgets(void**) {
   assert_float_equal(none.predicted.total, cpu_only, 1e-9);
 }
 
+// The lower bound of a phase whose resident state is still in host memory (an optimizer's first
+// phase): the state's 12 B per parameter go up first. By hand, 10 subgroups of s = 2^20, the last 3
+// resident, nothing streamed, the caller on the GPU, U_c = U_c_dma = 1e8, B = 1e8 each way,
+// link_share 1: the 7 CPU subgroups move 2 B up and 4 B down each, so H2D 14 s / B and D2H 28 s / B;
+// CPU Adam 7 s / U_c; host memory (7 s x 30 + 42 s) / M with M = 30 U_c + 2 B = 3.2e9, 7.875 s /
+// 1e8. Without the upload D2H binds (28 s / 1e8); with all 3 resident states coming up H2D carries
+// 14 s + 36 s and binds (50 s / 1e8), host memory then 9 s / 1e8; with one of them, 26 s < 28 s.
+// (Host memory cannot bind here: with link_share 1 it gets at least 30 U_c + 2 B, and whichever
+// of U_c and B is the smaller, CPU Adam or H2D then takes longer; the upload's bytes go to it too.)
+void test_bound_cold_resident(void**) {
+  dos::Workload w = uniform(10, 1 << 20);
+  w.resident = 3;
+  w.may_stream = false;
+  const dos::Rates r{1e8, 1e8, 1e12, 4e12, 1e8, 1e8};
+  const double s = double(1 << 20);
+  assert_float_equal(dos::lower_bound(w, r), 28 * s / 1e8, 1e-12);
+  assert_float_equal(dos::lower_bound(w, r, 1, 0), 28 * s / 1e8, 1e-12);
+  assert_float_equal(dos::lower_bound(w, r, 1, 3 * s), 50 * s / 1e8, 1e-12);
+  assert_float_equal(dos::lower_bound(w, r, 1, s), 28 * s / 1e8, 1e-12);
+  assert_float_equal(dos::lower_bound(w, r, r, 1, 3 * s), 50 * s / 1e8, 1e-12);
+  // more than the resident parameters, negative or not a number: refused
+  assert_true(throws_invalid_argument([&] { dos::lower_bound(w, r, 1, 3 * s + 1); }));
+  assert_true(throws_invalid_argument([&] { dos::lower_bound(w, r, 1, -1); }));
+  assert_true(throws_invalid_argument([&] { dos::lower_bound(w, r, 1, std::nan("")); }));
+  assert_true(throws_invalid_argument([&] { dos::lower_bound(w, r, r, 1, 3 * s + 1); }));
+  w.resident = 0;  // nothing resident: nothing can come up
+  assert_true(throws_invalid_argument([&] { dos::lower_bound(w, r, 1, 1); }));
+}
+
 // The staged gradient's size in the traffic: 16-bit gradients halve a CPU subgroup's D2H.
 void test_grad_bytes(void**) {
   const dos::PcieBytes f = dos::subgroup_pcie_bytes(false, true, 2, 1000, 4);
@@ -328,6 +357,7 @@ int main() {
       cmocka_unit_test(test_plans),      cmocka_unit_test(test_paper_example), cmocka_unit_test(test_gpu_machine), cmocka_unit_test(test_stride_candidate), cmocka_unit_test(test_bound_two_rates),
       cmocka_unit_test(test_extremes),   cmocka_unit_test(test_static_fidelity), cmocka_unit_test(test_bad_input),
       cmocka_unit_test(test_budgets),    cmocka_unit_test(test_grad_bytes), cmocka_unit_test(test_rates_file),
+      cmocka_unit_test(test_bound_cold_resident),
   };
   return cmocka_run_group_tests(tests, nullptr, nullptr);
 }

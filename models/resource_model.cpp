@@ -255,13 +255,16 @@ double lower_bound(const Workload& w, const Rates& rates, std::size_t cpu_worker
     throw std::invalid_argument("lower bound: the resident state to bring up (" + std::to_string(cold_resident_params) +
                                 " parameters) must be a finite count between 0 and the resident subgroups' " +
                                 std::to_string(resident) + " parameters");
-  // the resident state still to come up: 12 B per parameter on the host-to-device link and in host memory
+  // the resident state still to come up: 12 B per parameter up, through StarPU's stream with the
+  // streamed states' 12 B (the runtime's own parameter uploads may run beside that stream, so they
+  // are not added to it), and through host memory
   const double cold_bytes = 12.0 * cold_resident_params;
-  const double cold_h2d = cold_bytes / r.B_h2d, cold_host = cold_bytes / host_bandwidth(w, r);
+  const double cold_host = cold_bytes / host_bandwidth(w, r);
   // each resource's whole work at its best rate: CPU Adam at U_c, the links at B, host memory at M
   auto bound = [&](double n_cpu, double n_streamed) {
     const Prediction p = predict_split(w, n_cpu, n_streamed, r, resident);
-    return std::max(std::max(n_cpu / r.U_c, p.gpu), std::max(std::max(p.h2d + cold_h2d, p.d2h), p.host + cold_host));
+    const double state_up = cold_bytes > 0 ? (12.0 * n_streamed + cold_bytes) / r.B_h2d : 0.0;
+    return std::max(std::max(n_cpu / r.U_c, p.gpu), std::max(std::max(p.h2d, state_up), std::max(p.d2h, p.host + cold_host)));
   };
   double best = bound(total, 0);
   const int steps = w.may_stream ? 10000 : 0;

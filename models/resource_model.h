@@ -205,9 +205,12 @@ StrideChoice choose_stride_by(const Workload& w, const std::function<Prediction(
 /// as 1). It bounds the phase simulation (phase_sim.h) of every plan with as many CPU workers.
 /// cold_resident_params: parameters of resident subgroups whose state is not on the GPU when the
 /// phase begins (Execution::state_off_gpu: an optimizer's first phase, or one after a checkpoint's
-/// load), whose 12 bytes each go up first: they add 12 x cold_resident_params bytes to the
-/// host-to-device link and to host memory, as the phase simulation charges them. 0 (the default)
-/// is the bound of a phase with the resident state already on the GPU (every later phase).
+/// load), whose 12 bytes each go up first, as the phase simulation charges them: host memory
+/// carries 12 x cold_resident_params bytes more, and the host-to-device link at least the streamed
+/// states' 12 bytes per parameter and these together (StarPU's stream carries every state upload;
+/// the runtime's own parameter uploads may run beside it, so the link's bound is the larger of
+/// that and every byte up without them). 0 (the default) is the bound of a phase with the resident
+/// state already on the GPU (every later phase).
 /// Throws std::invalid_argument when a rate is not positive, or when cold_resident_params is
 /// negative, not finite, or more than the parameters of the w.resident subgroups the bound keeps
 /// resident (the last ones).

@@ -104,24 +104,34 @@ struct KernelPreload {
 void preload_cuda_worker(void* arg) {
 #if defined(DOS_HAVE_CUDA)
   auto* p = static_cast<KernelPreload*>(arg);
-  const char* what = "the Adam and conversion kernels";
-  int e = preload_adam_kernels();
-  if (e == 0) {
-    what = "the PCIe copy kernels";
-    e = preload_pcie_copy_kernels();
-  }
-  if (e == 0) return;
+  const int adam = preload_adam_kernels(), copy = preload_pcie_copy_kernels();
+  if (adam == 0 && copy == 0) return;
+  (void)cudaGetLastError();
+  const int e = adam != 0 ? adam : copy;
+  const char* what = adam != 0 && copy != 0 ? "the Adam, conversion and PCIe copy kernels"
+                     : adam != 0            ? "the Adam and conversion kernels"
+                                            : "the PCIe copy kernels";
+  int dev = -1, major = 0, minor = 0;
+  const bool cc = cudaGetDevice(&dev) == cudaSuccess &&
+                  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+                  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess;
   (void)cudaGetLastError();
   const bool no_code = e == int(cudaErrorNoKernelImageForDevice) || e == int(cudaErrorInvalidDeviceFunction);
+  std::string line = std::string("[dos] warning: ") + what + " could not be loaded on CUDA device " +
+                     std::to_string(starpu_worker_get_devid(starpu_worker_get_id())) + " (" +
+                     cudaGetErrorString(cudaError_t(e)) +
+                     "): a task that launches one there will abort the process (with the model's buffers on that "
+                     "GPU, the CPU-updated subgroups' gradient and parameter copies launch them too)";
+  if (no_code)
+    line += std::string("; this build has no code for that GPU") +
+            (cc ? " (compute capability " + std::to_string(major) + "." + std::to_string(minor) +
+                      "): add " + std::to_string(major) + std::to_string(minor) +
+                      " to meson's gpu_arch option (default 80,90; meson configure build -Dgpu_arch=80,90," +
+                      std::to_string(major) + std::to_string(minor) + ") and rebuild"
+                : ": add its compute capability to meson's gpu_arch option and rebuild") +
+            ", or leave the GPU out (CUDA_VISIBLE_DEVICES, or no CUDA worker: dos-train --ncuda 0)";
   std::lock_guard<std::mutex> g(p->mu);
-  p->failures += std::string("[dos] warning: ") + what + " could not be loaded on CUDA device " +
-                 std::to_string(starpu_worker_get_devid(starpu_worker_get_id())) + " (" +
-                 cudaGetErrorString(cudaError_t(e)) + "): an update task there will fail" +
-                 (no_code ? "; this build has no code for that GPU: set meson's gpu_arch option to its compute "
-                            "capability (meson configure build -Dgpu_arch=XY) and rebuild, or leave the GPU out "
-                            "(CUDA_VISIBLE_DEVICES, or no CUDA worker: dos-train --ncuda 0)"
-                          : "") +
-                 "\n";
+  p->failures += line + "\n";
 #else
   (void)arg;
 #endif
@@ -232,7 +242,8 @@ Runtime::Runtime(const RuntimeOptions& options) : impl_(new Impl) {
   // a kernel's first launch could otherwise wait behind the first phase's state uploads.
   // DOS_PRELOAD_KERNELS=0 leaves them to their first launch (a measurement switch).
   // A device that cannot load them (a build without code for it) is warned about, not refused: work
-  // that launches no kernel there (every update on the CPU) runs as before.
+  // that launches no kernel there (every update on the CPU with the model's buffers in host memory)
+  // runs as before.
   if (ncuda > 0 && !detail::env_says("DOS_PRELOAD_KERNELS", "0")) {
     KernelPreload preload;
     starpu_execute_on_each_worker(preload_cuda_worker, &preload, STARPU_CUDA);

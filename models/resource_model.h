@@ -203,9 +203,10 @@ StrideChoice choose_stride_by(const Workload& w, const std::function<Prediction(
 /// (host_bandwidth) for CPU Adam's traffic and every PCIe byte together: contention enters only
 /// through M. cpu_workers: StarPU CPU workers running Adam beside each other at U_c each (0 counts
 /// as 1). It bounds the phase simulation (phase_sim.h) of every plan with as many CPU workers, but
-/// for one gap: the simulation runs the runtime's own parameter uploads by the copy kernel beside
-/// StarPU's stream, while this counts every byte up at B_h2d, and a sweep of random small phases
-/// with such uploads found 37 of 20000 simulated up to 3.4% under it.
+/// for one gap: with the runtime's own gradient downloads (Execution::own_grad_download, the caller
+/// on the GPU) the simulation converts no CPU subgroup's gradient on the GPU, while this charges the
+/// GPU n_cpu / D_c for them (predict_split); in a sweep of 20000 random small phases with those
+/// downloads, 62-68 GPU-bound ones were simulated up to 3.4% under it.
 /// cold_resident_params: parameters of resident subgroups whose state is not on the GPU when the
 /// phase begins (Execution::state_off_gpu: an optimizer's first phase, or one after a checkpoint's
 /// load), whose 12 bytes each go up first, as the phase simulation charges them: host memory

@@ -116,9 +116,9 @@ Prediction predict_split(const Workload& w, double n_cpu, double n_streamed, con
   p.h2d = up / r.B_h2d;
   p.d2h = down / r.B_d2h;
   p.host = (n_cpu * cpu_adam_host_bytes(w) + up + down) / host_bandwidth(w, r);
-  // the GPU stages the gradients of CPU-updated subgroups; GPU-updated ones read the caller's own
-  // (the direct path: no staging)
-  const double n_conv = w.caller_on_gpu ? n_cpu : 0.0;
+  // the GPU stages the gradients of CPU-updated subgroups (unless the runtime downloads them itself:
+  // cpu_grads_staged_on_gpu false); GPU-updated ones read the caller's own (the direct path)
+  const double n_conv = w.caller_on_gpu && w.cpu_grads_staged_on_gpu ? n_cpu : 0.0;
   p.gpu = (n_streamed + n_resident) / r.U_g + n_conv / r.D_c;
   const double t_dma = std::max(p.h2d, p.d2h);
   const double contended = n_cpu / r.U_c_dma;

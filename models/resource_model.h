@@ -6,7 +6,8 @@
 //   T_h2d = bytes_h2d / B_h2d, T_d2h = bytes_d2h / B_d2h   (bytes per subgroup: traffic.h)
 //   T_gpu = N_gpu / U_g + N_conv / D_c                     (GPU Adam, and the gradient staging of
 //                                                          the CPU subgroups when the caller is on
-//                                                          the GPU: N_conv = N_cpu)
+//                                                          the GPU and the GPU stages them:
+//                                                          N_conv = N_cpu, else 0)
 //   T_cpu: CPU Adam runs at U_c_dma while the DMA engines stream (for T_dma = max(T_h2d, T_d2h))
 //          and at U_c once they are done, so the CPU needs
 //            N_cpu / U_c_dma                               if that ends before T_dma,
@@ -202,11 +203,10 @@ StrideChoice choose_stride_by(const Workload& w, const std::function<Prediction(
 /// another), CPU Adam at U_c, each link at its B, the GPU at U_g and D_c, and host memory at M
 /// (host_bandwidth) for CPU Adam's traffic and every PCIe byte together: contention enters only
 /// through M. cpu_workers: StarPU CPU workers running Adam beside each other at U_c each (0 counts
-/// as 1). It bounds the phase simulation (phase_sim.h) of every plan with as many CPU workers, but
-/// for one gap: with the runtime's own gradient downloads (Execution::own_grad_download, the caller
-/// on the GPU) the simulation converts no CPU subgroup's gradient on the GPU, while this charges the
-/// GPU n_cpu / D_c for them (predict_split); in a sweep of 20000 random small phases with those
-/// downloads, 62-68 GPU-bound ones were simulated up to 3.4% under it.
+/// as 1). It bounds the phase simulation (phase_sim.h) of every plan with as many CPU workers and
+/// the matching w.cpu_grads_staged_on_gpu (false with the runtime's own gradient downloads, which
+/// convert nothing on the GPU: charging the GPU n_cpu / D_c for them had put 62-68 of 20000 random
+/// small GPU-bound phases up to 3.4% under the bound).
 /// cold_resident_params: parameters of resident subgroups whose state is not on the GPU when the
 /// phase begins (Execution::state_off_gpu: an optimizer's first phase, or one after a checkpoint's
 /// load), whose 12 bytes each go up first, as the phase simulation charges them: host memory

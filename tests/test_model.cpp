@@ -294,6 +294,27 @@ void test_bound_cold_resident(void**) {
   assert_true(throws_invalid_argument([&] { dos::lower_bound(w, r, 1, 1); }));
 }
 
+// The GPU's share of a CPU subgroup: converting its staged gradient (D_c), only when the GPU stages
+// it. One CPU subgroup and one resident subgroup of 1e6, U_g 1e8 and D_c 1e8: the GPU takes 1e6 /
+// U_g + 1e6 / D_c = 0.02 s with the gradient staged on the GPU, 0.01 s when the runtime downloads it
+// itself (cpu_grads_staged_on_gpu false), and nothing for it with the caller in host memory. With
+// fast links and CPU the GPU binds the plan and the bound alike: the bound's free subgroup costs the
+// GPU 1e6 x 1e-8 s streamed or staged (0.02 s in all), and nothing on the CPU unstaged (0.01 s).
+void test_gpu_conversion(void**) {
+  dos::Workload w = uniform(2, 1000000);
+  w.resident = 1;
+  const dos::Rates r{1e12, 1e12, 1e8, 1e8, 1e13, 1e13};
+  const std::vector<dos::PlanSide> plan = {dos::PlanSide::cpu, dos::PlanSide::gpu_resident};
+  assert_float_equal(dos::predict(w, plan, r).gpu, 0.02, 1e-12);
+  assert_float_equal(dos::lower_bound(w, r), 0.02, 1e-9);
+  w.cpu_grads_staged_on_gpu = false;
+  assert_float_equal(dos::predict(w, plan, r).gpu, 0.01, 1e-12);
+  assert_float_equal(dos::lower_bound(w, r), 0.01, 1e-9);
+  w.cpu_grads_staged_on_gpu = true;
+  w.caller_on_gpu = false;
+  assert_float_equal(dos::predict(w, plan, r).gpu, 0.01, 1e-12);
+}
+
 // The staged gradient's size in the traffic: 16-bit gradients halve a CPU subgroup's D2H.
 void test_grad_bytes(void**) {
   const dos::PcieBytes f = dos::subgroup_pcie_bytes(false, true, 2, 1000, 4);
@@ -370,6 +391,7 @@ int main() {
       cmocka_unit_test(test_extremes),   cmocka_unit_test(test_static_fidelity), cmocka_unit_test(test_bad_input),
       cmocka_unit_test(test_budgets),    cmocka_unit_test(test_grad_bytes), cmocka_unit_test(test_rates_file),
       cmocka_unit_test(test_bound_cold_resident),
+      cmocka_unit_test(test_gpu_conversion),
   };
   return cmocka_run_group_tests(tests, nullptr, nullptr);
 }

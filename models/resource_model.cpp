@@ -257,13 +257,13 @@ double lower_bound(const Workload& w, const Rates& rates, std::size_t cpu_worker
                                 std::to_string(resident) + " parameters");
   // the resident state still to come up: 12 B per parameter up, through StarPU's stream with the
   // streamed states' 12 B (the runtime's own parameter uploads may run beside that stream, so they
-  // are not added to it), and through host memory
+  // are not added to it), and through host memory; with none, that stream term is within p.h2d
   const double cold_bytes = 12.0 * cold_resident_params;
   const double cold_host = cold_bytes / host_bandwidth(w, r);
   // each resource's whole work at its best rate: CPU Adam at U_c, the links at B, host memory at M
   auto bound = [&](double n_cpu, double n_streamed) {
     const Prediction p = predict_split(w, n_cpu, n_streamed, r, resident);
-    const double state_up = cold_bytes > 0 ? (12.0 * n_streamed + cold_bytes) / r.B_h2d : 0.0;
+    const double state_up = (12.0 * n_streamed + cold_bytes) / r.B_h2d;
     return std::max(std::max(n_cpu / r.U_c, p.gpu), std::max(std::max(p.h2d, state_up), std::max(p.d2h, p.host + cold_host)));
   };
   double best = bound(total, 0);

@@ -201,16 +201,13 @@ void Optimizer::Impl::begin(bool overlapped) {
       Workload bound_w = workload;  // a plan choosing its own resident subgroups keeps the last ones
       bound_w.resident = std::max(bound_w.resident, st.planned_resident);
       // the resident states still off the GPU come up in this phase (its simulation charges them
-      // too); counted up to the bound's own resident parameters (the last subgroups', which may be
-      // a little fewer than the plan's when the last subgroup is short)
-      double cold = 0, bound_resident = 0;
-      for (std::size_t i = 0; i < sgs.size(); ++i) {
-        if (plan[i] == PlanSide::gpu_resident && i < ph.state_off_gpu.size() && ph.state_off_gpu[i])
-          cold += double(sgs[i]->size);
-        if (i + std::min(bound_w.resident, sgs.size()) >= sgs.size()) bound_resident += double(bound_w.sizes[i]);
-      }
-      st.lower_bound_seconds =
-          lower_bound(bound_w, calibrated_rates, rates, rt->cpu_workers(), std::min(cold, bound_resident));
+      // too): those of the bound's resident subgroups (the last ones, which every plan of this
+      // repository keeps resident) that the plan keeps resident
+      const std::size_t first_resident = sgs.size() - std::min(bound_w.resident, sgs.size());
+      double cold = 0;
+      for (std::size_t i = first_resident; i < ph.state_off_gpu.size(); ++i)
+        if (plan[i] == PlanSide::gpu_resident && ph.state_off_gpu[i]) cold += double(bound_w.sizes[i]);
+      st.lower_bound_seconds = lower_bound(bound_w, calibrated_rates, rates, rt->cpu_workers(), cold);
       st.bound_by = ph.sim.busiest();
     }
   }

@@ -3,7 +3,8 @@
 // operations in the same order (--fmad=false, -ffp-contract=off). Covers the vector path (16-byte
 // aligned buffers), the scalar path (buffers offset by 1-3 elements), every tail length, every
 // gradient and parameter dtype, several steps, and the conversions over special values. And the
-// copy kernel between pinned host and device memory (pcie_copy.h) at every small misalignment.
+// copy kernel between pinned host and device memory (pcie_copy.h) at every small misalignment;
+// Adam without a parameter copy, and a dtype outside DType's values refused by every launch.
 // Exits 77 (skip) without a CUDA device.
 #include <cuda_runtime.h>
 
@@ -209,6 +210,64 @@ void test_preload(void**) {
   assert_int_equal(cudaGetLastError(), cudaSuccess);
 }
 
+// Adam with no parameter copy (param_out nullptr), every gradient dtype, aligned and not, odd
+// sizes: the CPU kernel's bits; and a dtype outside DType's values refused by every launch
+// (cudaErrorInvalidValue, nothing launched, nothing written).
+void test_adam_cuda_no_copy_and_bad_dtype(void**) {
+  std::mt19937 rng(13);
+  dos::AdamHyper h;
+  h.lr = 1e-3;
+  h.weight_decay = 0.1;
+  for (DType gt : {DType::fp32, DType::bf16, DType::fp16})
+    for (std::size_t n : {std::size_t(5), std::size_t(4099)})
+      for (std::size_t off : {std::size_t(0), std::size_t(1)}) {
+        std::vector<float> p(n), m(n, 0.0f), v(n, 0.0f);
+        std::normal_distribution<float> nd(0.0f, 0.5f);
+        for (float& x : p) x = nd(rng);
+        const std::size_t gs = dos::dtype_size(gt);
+        DevBuf dp(4 * n, 4 * off), dm(4 * n, 4 * off), dv(4 * n, 4 * off), dg(gs * n, gs * off);
+        dp.put(p.data(), 4 * n);
+        dm.put(m.data(), 4 * n);
+        dv.put(v.data(), 4 * n);
+        for (std::int64_t step = 1; step <= 2; ++step) {
+          const auto g = random_grads(n, gt, rng);
+          dg.put(g.data(), g.size());
+          const dos::AdamStepParams sp = dos::make_adam_step_params(h, step);
+          dos::adam_step_cpu(p.data(), m.data(), v.data(), g.data(), gt, nullptr, DType::bf16, n, sp);
+          assert_int_equal(dos::adam_step_cuda(static_cast<float*>(dp.ptr()), static_cast<float*>(dm.ptr()),
+                                               static_cast<float*>(dv.ptr()), dg.ptr(), gt, nullptr, DType::bf16, n,
+                                               sp, nullptr),
+                           0);
+        }
+        std::vector<float> pg(n), mg(n), vg(n);
+        dp.get(pg.data(), 4 * n);
+        dm.get(mg.data(), 4 * n);
+        dv.get(vg.data(), 4 * n);
+        expect_same_bits(p.data(), pg.data(), 4 * n, "master (no copy)", n, off);
+        expect_same_bits(m.data(), mg.data(), 4 * n, "exp_avg (no copy)", n, off);
+        expect_same_bits(v.data(), vg.data(), 4 * n, "exp_avg_sq (no copy)", n, off);
+      }
+  const std::size_t n = 64;
+  const DType bad = static_cast<DType>(7);
+  DevBuf dp(4 * n, 0), dm(4 * n, 0), dv(4 * n, 0), dg(4 * n, 0), dout(4 * n, 0);
+  const std::vector<float> ones(n, 1.0f);
+  dp.put(ones.data(), 4 * n);
+  const dos::AdamStepParams sp = dos::make_adam_step_params(dos::AdamHyper{}, 1);
+  float* fp = static_cast<float*>(dp.ptr());
+  float* fm = static_cast<float*>(dm.ptr());
+  float* fv = static_cast<float*>(dv.ptr());
+  assert_int_equal(dos::adam_step_cuda(fp, fm, fv, dg.ptr(), bad, dout.ptr(), DType::fp32, n, sp, nullptr),
+                   cudaErrorInvalidValue);
+  assert_int_equal(dos::adam_step_cuda(fp, fm, fv, dg.ptr(), DType::fp32, dout.ptr(), bad, n, sp, nullptr),
+                   cudaErrorInvalidValue);
+  assert_int_equal(dos::convert_to_f32_cuda(dg.ptr(), bad, fm, n, nullptr), cudaErrorInvalidValue);
+  assert_int_equal(dos::convert_from_f32_cuda(fp, dout.ptr(), bad, n, nullptr), cudaErrorInvalidValue);
+  assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
+  std::vector<float> back(n);
+  dp.get(back.data(), 4 * n);
+  expect_same_bits(ones.data(), back.data(), 4 * n, "master after refused launches", n, 0);
+}
+
 }  // namespace
 
 int main() {
@@ -222,6 +281,7 @@ int main() {
       cmocka_unit_test(test_adam_cuda_equals_cpu),
       cmocka_unit_test(test_conversions_cuda_equal_cpu),
       cmocka_unit_test(test_pcie_copy),
+      cmocka_unit_test(test_adam_cuda_no_copy_and_bad_dtype),
   };
   return cmocka_run_group_tests(tests, nullptr, nullptr);
 }

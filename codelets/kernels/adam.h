@@ -125,7 +125,8 @@ const char* cpu_param_copy_stores();
 
 #if defined(DOS_HAVE_CUDA)
 /// CUDA twins of the functions above: same arguments, device pointers, launched asynchronously on
-/// `stream` (a cudaStream_t). Errors of the launch are returned as a cudaError_t value (0 = success).
+/// `stream` (a cudaStream_t). Errors of the launch are returned as a cudaError_t value (0 = success);
+/// a dtype outside DType's values launches nothing and returns cudaErrorInvalidValue.
 int adam_step_cuda(float* master, float* exp_avg, float* exp_avg_sq, const void* grad, DType grad_dtype,
                    void* param_out, DType param_dtype, std::size_t n, const AdamStepParams& sp, void* stream);
 int convert_to_f32_cuda(const void* src, DType src_dtype, float* dst, std::size_t n, void* stream);
@@ -159,8 +160,9 @@ int benchmark_pcie(std::size_t bytes, PcieRoof* roof);
 /// milliseconds) and held up every streamed subgroup behind it. cudaFuncGetAttributes on a kernel
 /// loads it (CUDA's runtime looks a kernel up in its module, which loads it, the first time the
 /// kernel is referenced). Call it on each device before work is queued there (the runtime does, on
-/// each CUDA worker, when it starts). A kernel added to adam_cuda.cu must be added to its list.
-/// Under eager loading it only reads the attributes. Returns a cudaError_t value (0 = success):
+/// each CUDA worker, when it starts). It asks the launches' own kernel choice (adam_cuda.cu) for
+/// every value of its inputs (the dtypes, a parameter copy written or not, scalar or vector), so
+/// it loads every kernel a launch can use. Under eager loading it only reads the attributes. Returns a cudaError_t value (0 = success):
 /// the first failure, e.g. cudaErrorNoKernelImageForDevice when the build has no code for the
 /// device (meson's gpu_arch option).
 int preload_adam_kernels();

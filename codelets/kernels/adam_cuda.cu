@@ -148,108 +148,116 @@ bool aligned4(const void* ptr, std::size_t bytes_per_element) {
   return ptr == nullptr || reinterpret_cast<std::uintptr_t>(ptr) % (4 * bytes_per_element) == 0;
 }
 
+// Each family's kernels are chosen in one place, by the launch's runtime inputs (the dtypes, whether
+// a parameter copy is written, whether the buffers allow the vector kernel): the launches call these
+// functions, and preload_adam_kernels calls them over every value of those inputs, so the preload
+// loads exactly the kernels a launch can use. nullptr: a dtype outside DType's values.
+using AdamKernel = void (*)(float*, float*, float*, const void*, void*, std::size_t, AdamStepParams);
+using ConvertKernel = void (*)(const void*, float*, std::size_t);
+using StoreKernel = void (*)(const float*, void*, std::size_t);
+
+constexpr DType kDTypes[] = {DType::fp32, DType::fp16, DType::bf16};
+
 template <DType G, DType P, bool W>
-void launch_adam(float* p, float* m, float* v, const void* g, void* out, std::size_t n,
-                 const AdamStepParams& sp, cudaStream_t s) {
-  if (aligned4(p, 4) && aligned4(m, 4) && aligned4(v, 4) && aligned4(g, dtype_size(G)) &&
-      (!W || aligned4(out, dtype_size(P))))
-    adam_kernel_vec4<G, P, W><<<grid_for((n + 3) / 4), kThreads, 0, s>>>(p, m, v, g, out, n, sp);
-  else
-    adam_kernel<G, P, W><<<grid_for(n), kThreads, 0, s>>>(p, m, v, g, out, n, sp);
+AdamKernel adam_variant(bool vec) {
+  return vec ? adam_kernel_vec4<G, P, W> : adam_kernel<G, P, W>;
 }
 
 template <DType G>
-void launch_adam_g(float* p, float* m, float* v, const void* g, void* out, DType pt, std::size_t n,
-                   const AdamStepParams& sp, cudaStream_t s) {
-  if (!out) return launch_adam<G, DType::fp32, false>(p, m, v, g, out, n, sp, s);
+AdamKernel adam_kernel_for_g(DType pt, bool write, bool vec) {
+  if (!write) return adam_variant<G, DType::fp32, false>(vec);
   switch (pt) {
-    case DType::fp32: return launch_adam<G, DType::fp32, true>(p, m, v, g, out, n, sp, s);
-    case DType::fp16: return launch_adam<G, DType::fp16, true>(p, m, v, g, out, n, sp, s);
-    case DType::bf16: return launch_adam<G, DType::bf16, true>(p, m, v, g, out, n, sp, s);
+    case DType::fp32: return adam_variant<G, DType::fp32, true>(vec);
+    case DType::fp16: return adam_variant<G, DType::fp16, true>(vec);
+    case DType::bf16: return adam_variant<G, DType::bf16, true>(vec);
   }
+  return nullptr;
 }
 
-template <DType S>
-void launch_convert(const void* src, float* dst, std::size_t n, cudaStream_t s) {
-  if (aligned4(src, dtype_size(S)) && aligned4(dst, 4))
-    convert_kernel_vec4<S><<<grid_for((n + 3) / 4), kThreads, 0, s>>>(src, dst, n);
-  else
-    convert_kernel<S><<<grid_for(n), kThreads, 0, s>>>(src, dst, n);
+/// The Adam kernel for gradients of gt, a parameter copy of pt written (write) or none, scalar or
+/// vector (vec).
+AdamKernel adam_kernel_for(DType gt, DType pt, bool write, bool vec) {
+  switch (gt) {
+    case DType::fp32: return adam_kernel_for_g<DType::fp32>(pt, write, vec);
+    case DType::fp16: return adam_kernel_for_g<DType::fp16>(pt, write, vec);
+    case DType::bf16: return adam_kernel_for_g<DType::bf16>(pt, write, vec);
+  }
+  return nullptr;
 }
 
-template <DType D>
-void launch_store(const float* src, void* dst, std::size_t n, cudaStream_t s) {
-  if (aligned4(src, 4) && aligned4(dst, dtype_size(D)))
-    store_kernel_vec4<D><<<grid_for((n + 3) / 4), kThreads, 0, s>>>(src, dst, n);
-  else
-    store_kernel<D><<<grid_for(n), kThreads, 0, s>>>(src, dst, n);
+/// The kernel converting a buffer of st to fp32, scalar or vector.
+ConvertKernel convert_kernel_for(DType st, bool vec) {
+  switch (st) {
+    case DType::fp32: return vec ? convert_kernel_vec4<DType::fp32> : convert_kernel<DType::fp32>;
+    case DType::fp16: return vec ? convert_kernel_vec4<DType::fp16> : convert_kernel<DType::fp16>;
+    case DType::bf16: return vec ? convert_kernel_vec4<DType::bf16> : convert_kernel<DType::bf16>;
+  }
+  return nullptr;
 }
 
-/// cudaFuncGetAttributes on each kernel given, in order; the first error, or cudaSuccess.
-template <typename... K>
-cudaError_t load_kernels(K*... kernels) {
-  cudaError_t e = cudaSuccess;
+/// The kernel storing fp32 into a buffer of dt, scalar or vector.
+StoreKernel store_kernel_for(DType dt, bool vec) {
+  switch (dt) {
+    case DType::fp32: return vec ? store_kernel_vec4<DType::fp32> : store_kernel<DType::fp32>;
+    case DType::fp16: return vec ? store_kernel_vec4<DType::fp16> : store_kernel<DType::fp16>;
+    case DType::bf16: return vec ? store_kernel_vec4<DType::bf16> : store_kernel<DType::bf16>;
+  }
+  return nullptr;
+}
+
+/// Blocks for a kernel over n elements, scalar or vector (four elements per thread and trip).
+unsigned grid_for_kernel(std::size_t n, bool vec) { return grid_for(vec ? (n + 3) / 4 : n); }
+
+/// cudaFuncGetAttributes on `kernel` (which loads it); cudaErrorInvalidValue for nullptr.
+template <typename K>
+cudaError_t load_kernel(K kernel) {
+  if (!kernel) return cudaErrorInvalidValue;
   cudaFuncAttributes attr;
-  ((e = e == cudaSuccess ? cudaFuncGetAttributes(&attr, kernels) : e), ...);
-  return e;
-}
-
-/// The Adam kernels of gradient dtype G: every parameter dtype written, and none, scalar and vector.
-template <DType G>
-cudaError_t load_adam_kernels() {
-  return load_kernels(adam_kernel<G, DType::fp32, false>, adam_kernel_vec4<G, DType::fp32, false>,
-                      adam_kernel<G, DType::fp32, true>, adam_kernel_vec4<G, DType::fp32, true>,
-                      adam_kernel<G, DType::fp16, true>, adam_kernel_vec4<G, DType::fp16, true>,
-                      adam_kernel<G, DType::bf16, true>, adam_kernel_vec4<G, DType::bf16, true>);
-}
-
-/// The conversion kernels from and to dtype T, scalar and vector.
-template <DType T>
-cudaError_t load_conversion_kernels() {
-  return load_kernels(convert_kernel<T>, convert_kernel_vec4<T>, store_kernel<T>, store_kernel_vec4<T>);
+  return cudaFuncGetAttributes(&attr, kernel);
 }
 
 }  // namespace
 
 int preload_adam_kernels() {
-  for (cudaError_t e : {load_adam_kernels<DType::fp32>(), load_adam_kernels<DType::fp16>(),
-                        load_adam_kernels<DType::bf16>(), load_conversion_kernels<DType::fp32>(),
-                        load_conversion_kernels<DType::fp16>(), load_conversion_kernels<DType::bf16>()})
-    if (e != cudaSuccess) return int(e);
+  for (bool vec : {false, true})
+    for (DType a : kDTypes) {
+      for (DType b : kDTypes)
+        for (bool write : {false, true})
+          if (const cudaError_t e = load_kernel(adam_kernel_for(a, b, write, vec)); e != cudaSuccess) return int(e);
+      if (const cudaError_t e = load_kernel(convert_kernel_for(a, vec)); e != cudaSuccess) return int(e);
+      if (const cudaError_t e = load_kernel(store_kernel_for(a, vec)); e != cudaSuccess) return int(e);
+    }
   return 0;
 }
 
 int adam_step_cuda(float* master, float* exp_avg, float* exp_avg_sq, const void* grad, DType grad_dtype,
                    void* param_out, DType param_dtype, std::size_t n, const AdamStepParams& sp, void* stream) {
   if (n == 0) return 0;
-  cudaStream_t s = static_cast<cudaStream_t>(stream);
-  switch (grad_dtype) {
-    case DType::fp32: launch_adam_g<DType::fp32>(master, exp_avg, exp_avg_sq, grad, param_out, param_dtype, n, sp, s); break;
-    case DType::fp16: launch_adam_g<DType::fp16>(master, exp_avg, exp_avg_sq, grad, param_out, param_dtype, n, sp, s); break;
-    case DType::bf16: launch_adam_g<DType::bf16>(master, exp_avg, exp_avg_sq, grad, param_out, param_dtype, n, sp, s); break;
-  }
+  const bool write = param_out != nullptr;
+  const bool vec = aligned4(master, 4) && aligned4(exp_avg, 4) && aligned4(exp_avg_sq, 4) &&
+                   aligned4(grad, dtype_size(grad_dtype)) && (!write || aligned4(param_out, dtype_size(param_dtype)));
+  const AdamKernel k = adam_kernel_for(grad_dtype, param_dtype, write, vec);
+  if (!k) return int(cudaErrorInvalidValue);
+  k<<<grid_for_kernel(n, vec), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(master, exp_avg, exp_avg_sq, grad,
+                                                                               param_out, n, sp);
   return int(cudaGetLastError());
 }
 
 int convert_to_f32_cuda(const void* src, DType src_dtype, float* dst, std::size_t n, void* stream) {
   if (n == 0) return 0;
-  cudaStream_t s = static_cast<cudaStream_t>(stream);
-  switch (src_dtype) {
-    case DType::fp32: launch_convert<DType::fp32>(src, dst, n, s); break;
-    case DType::fp16: launch_convert<DType::fp16>(src, dst, n, s); break;
-    case DType::bf16: launch_convert<DType::bf16>(src, dst, n, s); break;
-  }
+  const bool vec = aligned4(src, dtype_size(src_dtype)) && aligned4(dst, 4);
+  const ConvertKernel k = convert_kernel_for(src_dtype, vec);
+  if (!k) return int(cudaErrorInvalidValue);
+  k<<<grid_for_kernel(n, vec), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(src, dst, n);
   return int(cudaGetLastError());
 }
 
 int convert_from_f32_cuda(const float* src, void* dst, DType dst_dtype, std::size_t n, void* stream) {
   if (n == 0) return 0;
-  cudaStream_t s = static_cast<cudaStream_t>(stream);
-  switch (dst_dtype) {
-    case DType::fp32: launch_store<DType::fp32>(src, dst, n, s); break;
-    case DType::fp16: launch_store<DType::fp16>(src, dst, n, s); break;
-    case DType::bf16: launch_store<DType::bf16>(src, dst, n, s); break;
-  }
+  const bool vec = aligned4(src, 4) && aligned4(dst, dtype_size(dst_dtype));
+  const StoreKernel k = store_kernel_for(dst_dtype, vec);
+  if (!k) return int(cudaErrorInvalidValue);
+  k<<<grid_for_kernel(n, vec), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(src, dst, n);
   return int(cudaGetLastError());
 }
 

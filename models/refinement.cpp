@@ -98,13 +98,7 @@ Refined refine_rates(const Workload& w, const Rates& r, const PhaseMeasure& m, c
 
 Refined refine_after_phase(const Workload& w, const Rates& r, const PhaseMeasure& m, const Simulation& sim,
                            std::size_t cpu_workers, bool link_share_measured, bool first_streamed) {
-  if (!first_streamed) return refine_rates(w, r, m, sim, cpu_workers, link_share_measured);
-  if (link_share_measured) {
-    require_complete(r);
-    Refined same{r, false};
-    same.link_share_measured = true;
-    return same;
-  }
+  if (!first_streamed || link_share_measured) return refine_rates(w, r, m, sim, cpu_workers, link_share_measured);
   Refined out = refine_rates(w, r, m, sim, cpu_workers, false);
   out.link_share_applied = false;
   out.link_share_measured = false;

@@ -98,17 +98,16 @@ Refined refine_rates(const Workload& w, const Rates& r, const PhaseMeasure& m, c
                      std::size_t cpu_workers = 1, bool link_share_measured = true);
 
 /// The optimizer's refinement after one phase: refine_rates, with a rule for the optimizer's first
-/// phase that streamed (first_streamed). StarPU allocates the streamed states' GPU buffers in that
-/// phase, which (with the kernels loaded at their first launch, before the runtime loaded them at
-/// its start) slowed it by 0-25% against the next ones on the GPU machine (7B and 20B quarters),
-/// so it measures the links and the CPU beside them slower than the later phases run:
-///  - link_share_measured (the rates hold what earlier phases or a rates file measured): nothing is
-///    refined from it (returns r with applied false), which it would only pull down;
+/// phase that streamed (first_streamed) while link_share is still the calibration's placeholder.
+/// StarPU allocates the streamed states' GPU buffers in that phase; with the kernels loaded at their
+/// first launch (before the runtime loaded them at its start) it ran 0-25% slower than the next ones
+/// on the GPU machine (7B and 20B quarters), with them loaded at start 1% faster to 10% slower, so
+/// it measures the links and the CPU beside them somewhat slower than later phases run:
 ///  - link_share still the calibration's placeholder: refine_rates with it (link_share's measure
 ///    taken whole, within a factor of 2; the other rates blended), but the phase is not link_share's
 ///    first measure: link_share_measured stays false, so the next phase's measure is taken whole
 ///    too and replaces what the slow phase said. Where the machine's link_share is below 1 (the
-///    GPU machine's runs refined it to 0.77-0.89), the placeholder is further from what the phases
+///    GPU machine's runs refined it to 0.64-0.89), the placeholder is further from what the phases
 ///    run at than that slow phase is: there a calibrating run's first two phases, both planned at
 ///    the placeholder, were predicted 7-18% too fast (a skipped first phase left the second at the
 ///    calibration's rates). On the simulation of the 20B quarter (test_refinement, the first
@@ -117,6 +116,15 @@ Refined refine_rates(const Workload& w, const Rates& r, const PhaseMeasure& m, c
 ///    runs 0.5-1.1% faster; at 1.0 and 1.2 the slow phase pulls link_share below the machine's, and
 ///    the second phase is predicted up to 10.5% too slow (0 to +5.5% skipped) and runs up to 2.0%
 ///    slower; the third is within 2.4% in every case (-5.4% at 0.7 skipped).
+///  - link_share_measured (rates from an earlier run's file, or given): refine_rates as for any
+///    later phase, blended half way. Those rates were measured in another process, and the GPU
+///    machine's speed drifts between processes (CPU Adam at 2.2-4.5 Gparams/s in processes minutes
+///    apart). On the simulation (test_refinement: rates from a file, a machine whose CPU has become
+///    1.25x or 0.8x as fast, the first phase's links at 1/1.1 to 1 of their rate) this puts the
+///    refinement one phase ahead of refining nothing from that phase: the second phase's plan is
+///    the one the third would have had, and runs 0.9-5.8% faster; on a machine the file describes
+///    exactly, a first phase 10% slow costs the second phase 1.4% of prediction and 0.2% of time.
+///    (Refining nothing from it was the rule while first phases ran up to 25% slow.)
 /// Otherwise (not first_streamed, which includes a phase that streamed nothing) refine_rates with
 /// link_share_measured as given. Throws what refine_rates throws.
 Refined refine_after_phase(const Workload& w, const Rates& r, const PhaseMeasure& m, const Simulation& sim,

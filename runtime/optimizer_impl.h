@@ -476,10 +476,11 @@ struct Optimizer::Impl {
   /// the calibration's placeholder). first_streamed: the step streamed and no earlier phase of
   /// this optimizer did (stream_buffers_allocated before it), so StarPU allocated the streamed
   /// state's GPU buffers in it (on the GPU machine such a phase ran 0-25% slower than the next
-  /// ones on the 7B and 20B quarters); refine_after_phase then refines nothing when link_share
-  /// holds a measure, and while link_share is the placeholder takes its measure whole (the other
-  /// rates half way) without counting it as link_share's measure. (A first step that streamed
-  /// nothing ran 3% slower than the next ones on the 7B 1/16 shard: it refines.)
+  /// ones on the 7B and 20B quarters before the kernels were loaded at start, 1% faster to 10%
+  /// slower after); while link_share is the placeholder refine_after_phase takes its measure whole
+  /// (the other rates half way) without counting it as link_share's measure, and when link_share
+  /// holds a measure it refines the phase as any other. (A first step that streamed nothing ran 3%
+  /// slower than the next ones on the 7B 1/16 shard: it refines.)
   void refine(const PhaseMeasure& m, const Simulation& sim, bool first_streamed);
 
   struct starpu_task* make_task(struct starpu_codelet* cl, void* arg, const TaskHint* hint, uint32_t where);

@@ -119,12 +119,16 @@ Refined refine_rates(const Workload& w, const Rates& r, const PhaseMeasure& m, c
 ///  - link_share_measured (rates from an earlier run's file, or given): refine_rates as for any
 ///    later phase, blended half way. Those rates were measured in another process, and the GPU
 ///    machine's speed drifts between processes (CPU Adam at 2.2-4.5 Gparams/s in processes minutes
-///    apart). On the simulation (test_refinement: rates from a file, a machine whose CPU has become
-///    1.25x or 0.8x as fast, the first phase's links at 1/1.1 to 1 of their rate) this puts the
-///    refinement one phase ahead of refining nothing from that phase: the second phase's plan is
-///    the one the third would have had, and runs 0.9-5.8% faster; on a machine the file describes
-///    exactly, a first phase 10% slow costs the second phase 1.4% of prediction and 0.2% of time.
-///    (Refining nothing from it was the rule while first phases ran up to 25% slow.)
+///    apart). On the simulation (test_refinement: rates from a file with link_share 0.8, a machine
+///    whose CPU has become 1.25x or 0.8x as fast and whose link_share is 0.64 or 1.0, the first
+///    phase's links at 1/1.1 to 1 of their rate) the second phase runs 0.9-5.8% faster than when
+///    that phase refines nothing; with the first phase at full rate this is the refinement one
+///    phase ahead (the second phase gets the plan and prediction the third had). Its prediction is
+///    not always nearer: at 1.25x it is -10.5% (-9.2% after a slow first phase) where refining
+///    nothing left -1.1% (the file's two errors cancelling for that plan) and the third -10.5%. On
+///    a machine the file describes exactly, a first phase 10% slow costs the second phase 1.4% of
+///    prediction and 0.2% of time. (Refining nothing from it was the rule while first phases ran
+///    up to 25% slow.)
 /// Otherwise (not first_streamed, which includes a phase that streamed nothing) refine_rates with
 /// link_share_measured as given. Throws what refine_rates throws.
 Refined refine_after_phase(const Workload& w, const Rates& r, const PhaseMeasure& m, const Simulation& sim,

@@ -444,7 +444,7 @@ void assert_same_rates(const dos::Rates& a, const dos::Rates& b) {
 
 // The optimizer's first phase that streamed (refine_after_phase), on a phase that measured
 // link_share 0.7 against plans made at the placeholder 1: not the first, refine_rates as given; the
-// first with link_share measured, nothing refined; the first with the placeholder, refine_rates
+// first with link_share measured, refine_rates blended; the first with the placeholder, refine_rates
 // with the placeholder (link_share's measure taken whole), but link_share still not measured.
 void test_first_streamed_phase_rule(void**) {
   const dos::Workload w = quarter_20b();
@@ -526,7 +526,7 @@ FirstPhases calibrating_run(const dos::Workload& w, const dos::Execution& e, dou
   return out;
 }
 
-// What the rule gains and costs. Where the machine's link_share is below 1 (0.77-0.89 where the GPU
+// What the rule gains and costs. Where the machine's link_share is below 1 (0.64-0.89 where the GPU
 // machine's runs refined it), the second phase is predicted much nearer than at the placeholder.
 // Where it is 1 or more, the slow first phase's measure pulls link_share below it: the second
 // phase is predicted too slow and runs up to 2.5% slower than at the placeholder (its plan streams

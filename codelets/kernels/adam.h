@@ -125,8 +125,10 @@ const char* cpu_param_copy_stores();
 
 #if defined(DOS_HAVE_CUDA)
 /// CUDA twins of the functions above: same arguments, device pointers, launched asynchronously on
-/// `stream` (a cudaStream_t). Errors of the launch are returned as a cudaError_t value (0 = success);
-/// a dtype outside DType's values launches nothing and returns cudaErrorInvalidValue.
+/// `stream` (a cudaStream_t). Errors of the launch are returned as a cudaError_t value (0 = success).
+/// With n > 0, a dtype outside DType's values that the call uses (adam_step_cuda's grad_dtype, and
+/// its param_dtype when param_out is not nullptr; the conversions' dtype) launches nothing and
+/// returns cudaErrorInvalidValue; n == 0 launches nothing and returns 0 whatever the dtypes.
 int adam_step_cuda(float* master, float* exp_avg, float* exp_avg_sq, const void* grad, DType grad_dtype,
                    void* param_out, DType param_dtype, std::size_t n, const AdamStepParams& sp, void* stream);
 int convert_to_f32_cuda(const void* src, DType src_dtype, float* dst, std::size_t n, void* stream);

@@ -100,11 +100,18 @@ Refined refine_after_phase(const Workload& w, const Rates& r, const PhaseMeasure
                            std::size_t cpu_workers, bool link_share_measured, bool first_streamed) {
   if (!first_streamed || link_share_measured) return refine_rates(w, r, m, sim, cpu_workers, link_share_measured);
   Refined out = refine_rates(w, r, m, sim, cpu_workers, false);
+  out.link_share_provisional = out.link_share_applied;
   out.link_share_applied = false;
   out.link_share_measured = false;
   return out;
 }
 
 bool link_share_is_measured(const Rates& r) { return r.link_share != kUnmeasuredLinkShare; }
+
+Rates rates_to_save(const Rates& r, bool link_share_measured, bool link_share_provisional) {
+  Rates out = r;
+  if (!link_share_measured && !link_share_provisional) out.link_share = kUnmeasuredLinkShare;
+  return out;
+}
 
 }  // namespace dos

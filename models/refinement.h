@@ -38,6 +38,10 @@ struct Refined {
   /// rates.link_share holds a measure: the link_share_measured given, or link_share_applied. What
   /// the next step's link_share_measured is.
   bool link_share_measured = false;
+  /// refine_after_phase's first phase that streamed, at the placeholder, took link_share's measure
+  /// whole without counting it (link_share_measured stays false): rates.link_share holds that
+  /// provisional measure. What rates_to_save keeps when no later phase measures link_share.
+  bool link_share_provisional = false;
 };
 
 /// One step of the refinement: each rate moves half way towards what the phase measured, by at most
@@ -106,7 +110,9 @@ Refined refine_rates(const Workload& w, const Rates& r, const PhaseMeasure& m, c
 ///  - link_share still the calibration's placeholder: refine_rates with it (link_share's measure
 ///    taken whole, within a factor of 2; the other rates blended), but the phase is not link_share's
 ///    first measure: link_share_measured stays false, so the next phase's measure is taken whole
-///    too and replaces what the slow phase said. Where the machine's link_share is below 1 (the
+///    too and replaces what the slow phase said (link_share_provisional is set: when no later phase
+///    measures link_share, that provisional measure is what the rates file gets, rates_to_save).
+///    Where the machine's link_share is below 1 (the
 ///    GPU machine's runs refined it to 0.64-0.89), the placeholder is further from what the phases
 ///    run at than that slow phase is: there a calibrating run's first two phases, both planned at
 ///    the placeholder, were predicted 7-18% too fast (a skipped first phase left the second at the
@@ -143,5 +149,18 @@ Refined refine_after_phase(const Workload& w, const Rates& r, const PhaseMeasure
 /// of 2 of 1, where it would have blended it; the rates file does not record whether link_share
 /// was measured.
 bool link_share_is_measured(const Rates& r);
+
+/// The rates an optimizer writes back to its rates file at its end: `r`, whose link_share is
+/// replaced by the placeholder (kUnmeasuredLinkShare) only when no phase gave it a value from a
+/// measure: neither link_share_measured (a measure counted, or rates that started with one) nor
+/// link_share_provisional (Refined::link_share_provisional: a first phase that streamed took its
+/// measure whole at the placeholder). A provisional measure is kept because the placeholder is
+/// further from the machine than it: on the GPU machine a run of two phases with 31.5 GB of the
+/// 20B quarter's state resident (the first bringing it up and streaming nothing, the second the
+/// first that streams) saved the placeholder, and the next run's first phase, planned at link_share
+/// 1, was predicted 17% too fast (the phase simulation puts it within 1% at 0.75, near what the
+/// later phases refined). The next run takes a saved value other than 1 for a measure
+/// (link_share_is_measured) and blends its own phases' measures with it. Throws nothing.
+Rates rates_to_save(const Rates& r, bool link_share_measured, bool link_share_provisional);
 
 }  // namespace dos

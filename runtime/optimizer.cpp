@@ -63,11 +63,9 @@ Optimizer::Impl::~Impl() {
   open.reset();
   if (refined && !rates_path.empty()) {
     try {  // the next run starts from what this one learned
-      // a link_share that no phase measured (a first phase's stand-in, refine_after_phase) goes back
-      // as the placeholder, which the next run does not take for a measure
-      Rates learned = rates;
-      if (!link_share_measured) learned.link_share = kUnmeasuredLinkShare;
-      save_rates(rates_path, learned, calibrated_rates);
+      // a link_share that no phase measured goes back as the placeholder; a first streamed phase's
+      // provisional measure is kept (rates_to_save)
+      save_rates(rates_path, rates_to_save(rates, link_share_measured, link_share_provisional), calibrated_rates);
     } catch (const std::exception& e) {
       std::fprintf(stderr, "[dos] warning: could not save the refined rates: %s\n", e.what());
     }
@@ -135,6 +133,7 @@ void Optimizer::Impl::refine(const PhaseMeasure& m, const Simulation& sim, bool 
   rates = r.rates;
   refined = refined || r.applied;
   link_share_measured = r.link_share_measured;
+  link_share_provisional = link_share_provisional || r.link_share_provisional;
 }
 
 struct starpu_task* Optimizer::Impl::make_task(struct starpu_codelet* cl, void* arg, const TaskHint* hint,

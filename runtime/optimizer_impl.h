@@ -324,6 +324,9 @@ struct Optimizer::Impl {
   // rates.link_share holds a measure, not the calibration's placeholder (refine_rates takes its
   // first measure whole): link_share_is_measured at construction, then Refined::link_share_measured
   bool link_share_measured = false;
+  // a first streamed phase took link_share's measure whole at the placeholder without counting it
+  // (Refined::link_share_provisional): saved to the rates file all the same (rates_to_save)
+  bool link_share_provisional = false;
   /// Whether a phase of this optimizer has run (not skipped) with streamed subgroups: StarPU
   /// allocated their GPU buffers in it. Until then choose_tail binds nothing (tail_binder.cpp), and
   /// the next phase that streams is refine's first_streamed (overlapped and asynchronous phases

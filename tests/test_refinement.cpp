@@ -481,6 +481,8 @@ void test_first_streamed_phase_rule(void**) {
   assert_false(first.link_share_measured);
   assert_true(whole.link_share_measured);
   const dos::Refined blended = dos::refine_rates(w, kRates, m, sim, 1, true);
+  assert_true(first.link_share_provisional);  // what the rates file gets when nothing later measures
+  assert_false(kept.link_share_provisional || whole.link_share_provisional);
   assert_true(first.rates.link_share < blended.rates.link_share && blended.rates.link_share < 0.95);
   std::printf("  first phase at the placeholder: link_share %.3f (blended half way it would be %.3f)\n",
               first.rates.link_share, blended.rates.link_share);
@@ -672,6 +674,72 @@ void test_closed_loop_wrong_b(void**) {
 
 }  // namespace
 
+// What an optimizer writes to its rates file (rates_to_save): link_share as refined when a phase
+// measured it or took a provisional measure, the placeholder otherwise; the other rates as given.
+void test_rates_to_save(void**) {
+  dos::Rates r = kRates;
+  r.link_share = 0.7;
+  assert_same_rates(dos::rates_to_save(r, true, false), r);
+  assert_same_rates(dos::rates_to_save(r, false, true), r);
+  assert_same_rates(dos::rates_to_save(r, true, true), r);
+  dos::Rates placeholder = r;
+  placeholder.link_share = dos::kUnmeasuredLinkShare;
+  assert_same_rates(dos::rates_to_save(r, false, false), placeholder);
+}
+
+// Two runs on a machine of link_share 0.7, with the 20B quarter's 31.5 GB resident (as dos-train
+// --gpu-resident-budget 31.5GB). The first calibrates (the placeholder link_share) and runs two
+// phases: the first brings the resident state up and streams nothing, the second is its first that
+// streams, whose link_share measure is provisional. The second run starts from what the first saved
+// (rates_to_save) and its first phase, which brings the resident state up again, is predicted
+// against what it runs: from the provisional measure, and from the placeholder (what was saved
+// before). Printed: both predictions' errors.
+void test_provisional_link_share_saved(void**) {
+  dos::Workload w = quarter_20b();
+  w.resident = dos::resident_subgroups(w.sizes, std::size_t(31.5e9));
+  assert_true(w.resident > 0 && w.resident < w.sizes.size());
+  const dos::Execution warm = budget_40gb();
+  dos::Execution cold = warm;
+  cold.state_off_gpu.assign(w.sizes.size(), true);
+  dos::Rates truth = kRates;
+  truth.link_share = 0.7;
+  dos::Rates r = kRates;  // the calibration's: the placeholder link_share
+  bool measured = false, provisional = false, streamed_before = false;
+  for (int phase = 1; phase <= 2; ++phase) {
+    const dos::Execution& e = phase == 1 ? cold : warm;
+    const std::vector<PlanSide> plan = dos::choose_plan_simulated(w, r, e).plan;
+    const dos::Simulation sim = dos::simulate_phase(w, plan, r, e);
+    double seconds = 0;
+    const dos::PhaseMeasure m = measure_on(w, plan, truth, e, &seconds);
+    assert_true(phase == 1 ? m.streamed == 0 : m.streamed > 0);  // the runs' shape on the GPU machine
+    const dos::Refined x =
+        dos::refine_after_phase(w, r, m, sim, 1, measured, m.streamed > 0 && !streamed_before);
+    r = x.rates;
+    measured = x.link_share_measured;
+    provisional = provisional || x.link_share_provisional;
+    streamed_before = streamed_before || m.streamed > 0;
+  }
+  assert_false(measured);
+  assert_true(provisional);
+  const dos::Rates saved = dos::rates_to_save(r, measured, provisional);
+  assert_true(dos::link_share_is_measured(saved));
+  assert_true(std::fabs(saved.link_share - truth.link_share) < 0.1);
+  const dos::Rates before = dos::rates_to_save(r, false, false);
+  assert_false(dos::link_share_is_measured(before));
+  double err[2];
+  for (int i = 0; i < 2; ++i) {  // the second run's first phase from either file
+    const dos::Rates& start = i == 0 ? saved : before;
+    const std::vector<PlanSide> plan = dos::choose_plan_simulated(w, start, cold).plan;
+    const double predicted = dos::simulate_phase(w, plan, start, cold).total;
+    err[i] = predicted / dos::simulate_phase(w, plan, truth, cold).total - 1;
+  }
+  std::printf("  the next run's first phase: predicted %+.1f%% from the provisional link_share %.3f, %+.1f%% from "
+              "the placeholder\n",
+              100 * err[0], saved.link_share, 100 * err[1]);
+  assert_true(std::fabs(err[0]) < 0.05);
+  assert_true(err[1] < -0.05);  // the placeholder's links too fast beside CPU Adam
+}
+
 int main() {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_cpu_only_phase), cmocka_unit_test(test_u_c_after_stream), cmocka_unit_test(test_links),
@@ -682,6 +750,7 @@ int main() {
       cmocka_unit_test(test_link_share), cmocka_unit_test(test_link_share_first_measure), cmocka_unit_test(test_link_share_is_measured), cmocka_unit_test(test_first_link_share_closed_loop), cmocka_unit_test(test_bounds_after_a_step),
       cmocka_unit_test(test_first_streamed_phase_rule), cmocka_unit_test(test_first_streamed_phase_closed_loop),
       cmocka_unit_test(test_first_streamed_from_earlier_rates),
+      cmocka_unit_test(test_rates_to_save), cmocka_unit_test(test_provisional_link_share_saved),
       cmocka_unit_test(test_closed_loop_wrong_b),
   };
   return cmocka_run_group_tests(tests, nullptr, nullptr);

@@ -159,7 +159,8 @@ bool link_share_is_measured(const Rates& r);
 /// 20B quarter's state resident (the first bringing it up and streaming nothing, the second the
 /// first that streams) saved the placeholder, and the next run's first phase, planned at link_share
 /// 1, was predicted 17% too fast (the phase simulation puts it within 1% at 0.75, near what the
-/// later phases refined). The next run takes a saved value other than 1 for a measure
+/// later phases refined); with the provisional measure saved (0.78) the next runs predicted that
+/// phase -6.6% and -8.2%. The next run takes a saved value other than 1 for a measure
 /// (link_share_is_measured) and blends its own phases' measures with it. Throws nothing.
 Rates rates_to_save(const Rates& r, bool link_share_measured, bool link_share_provisional);
 

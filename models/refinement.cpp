@@ -108,9 +108,16 @@ Refined refine_after_phase(const Workload& w, const Rates& r, const PhaseMeasure
 
 bool link_share_is_measured(const Rates& r) { return r.link_share != kUnmeasuredLinkShare; }
 
-Rates rates_to_save(const Rates& r, bool link_share_measured, bool link_share_provisional) {
+LinkShareRecord record_phase(const LinkShareRecord& before, const Refined& r) noexcept {
+  LinkShareRecord out = before;
+  out.measured = r.link_share_measured;
+  if (r.link_share_provisional) out.provisional = r.rates.link_share;
+  return out;
+}
+
+Rates rates_to_save(const Rates& r, const LinkShareRecord& rec) noexcept {
   Rates out = r;
-  if (!link_share_measured && !link_share_provisional) out.link_share = kUnmeasuredLinkShare;
+  if (!rec.measured) out.link_share = rec.provisional > 0 ? rec.provisional : kUnmeasuredLinkShare;
   return out;
 }
 

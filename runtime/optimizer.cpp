@@ -63,9 +63,9 @@ Optimizer::Impl::~Impl() {
   open.reset();
   if (refined && !rates_path.empty()) {
     try {  // the next run starts from what this one learned
-      // a link_share that no phase measured goes back as the placeholder; a first streamed phase's
-      // provisional measure is kept (rates_to_save)
-      save_rates(rates_path, rates_to_save(rates, link_share_measured, link_share_provisional), calibrated_rates);
+      // a link_share that no phase measured goes back as a first streamed phase's provisional
+      // measure, or else as the placeholder (rates_to_save)
+      save_rates(rates_path, rates_to_save(rates, link_share_record), calibrated_rates);
     } catch (const std::exception& e) {
       std::fprintf(stderr, "[dos] warning: could not save the refined rates: %s\n", e.what());
     }
@@ -129,11 +129,11 @@ Simulation Optimizer::Impl::simulate_plan() const {
 
 void Optimizer::Impl::refine(const PhaseMeasure& m, const Simulation& sim, bool first_streamed) {
   if (!have_rates || !choice.plan || !choice.plan->needs().refine || rt->cuda_workers() == 0) return;
-  const Refined r = refine_after_phase(workload, rates, m, sim, rt->cpu_workers(), link_share_measured, first_streamed);
+  const Refined r =
+      refine_after_phase(workload, rates, m, sim, rt->cpu_workers(), link_share_record.measured, first_streamed);
   rates = r.rates;
   refined = refined || r.applied;
-  link_share_measured = r.link_share_measured;
-  link_share_provisional = link_share_provisional || r.link_share_provisional;
+  link_share_record = record_phase(link_share_record, r);
 }
 
 struct starpu_task* Optimizer::Impl::make_task(struct starpu_codelet* cl, void* arg, const TaskHint* hint,
@@ -302,7 +302,7 @@ Optimizer::Optimizer(Runtime& runtime, const std::vector<TensorView>& tensors, c
       I.rates_path = rates_cache_path(runtime, cal, options.dtype, options.memory);
     }
     I.have_rates = true;
-    I.link_share_measured = link_share_is_measured(I.rates);
+    I.link_share_record.measured = link_share_is_measured(I.rates);
   }
 
   for (std::size_t s = 0; s < layout.size(); ++s) {

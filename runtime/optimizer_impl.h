@@ -321,12 +321,11 @@ struct Optimizer::Impl {
   PlanOverride override_;
   std::string rates_path;  // where calibrate_rates caches the rates; refined ones go back there
   bool refined = false;
-  // rates.link_share holds a measure, not the calibration's placeholder (refine_rates takes its
-  // first measure whole): link_share_is_measured at construction, then Refined::link_share_measured
-  bool link_share_measured = false;
-  // a first streamed phase took link_share's measure whole at the placeholder without counting it
-  // (Refined::link_share_provisional): saved to the rates file all the same (rates_to_save)
-  bool link_share_provisional = false;
+  // whether rates.link_share holds a measure, not the calibration's placeholder (refine_rates takes
+  // its first measure whole), and a first streamed phase's provisional measure (LinkShareRecord):
+  // link_share_is_measured at construction, then record_phase after each refined phase; what
+  // rates_to_save writes back
+  LinkShareRecord link_share_record;
   /// Whether a phase of this optimizer has run (not skipped) with streamed subgroups: StarPU
   /// allocated their GPU buffers in it. Until then choose_tail binds nothing (tail_binder.cpp), and
   /// the next phase that streams is refine's first_streamed (overlapped and asynchronous phases
@@ -474,9 +473,10 @@ struct Optimizer::Impl {
   /// simulation of the step's plan at the rates it was made with. Only under a plan that refines,
   /// with a CUDA worker, once rates are known (then they are complete: given and checked, or
   /// calibrated, and a refinement step keeps each positive and finite, so refine_rates does not
-  /// throw here); sets `refined` when a measurement was applied, and `link_share_measured` as
-  /// refine_rates says (Refined::link_share_measured: its first measure is taken whole while it is
-  /// the calibration's placeholder). first_streamed: the step streamed and no earlier phase of
+  /// throw here); sets `refined` when a measurement was applied, and `link_share_record` by
+  /// record_phase (Refined::link_share_measured: its first measure is taken whole while it is the
+  /// calibration's placeholder; Refined::link_share_provisional: what the rates file gets when no
+  /// phase measures it). first_streamed: the step streamed and no earlier phase of
   /// this optimizer did (stream_buffers_allocated before it), so StarPU allocated the streamed
   /// state's GPU buffers in it (on the GPU machine such a phase ran 0-25% slower than the next
   /// ones on the 7B and 20B quarters before the kernels were loaded at start, 1% faster to 10%

@@ -117,7 +117,8 @@ LinkShareRecord record_phase(const LinkShareRecord& before, const Refined& r) no
 
 Rates rates_to_save(const Rates& r, const LinkShareRecord& rec) noexcept {
   Rates out = r;
-  if (!rec.measured) out.link_share = rec.provisional > 0 ? rec.provisional : kUnmeasuredLinkShare;
+  if (!rec.measured)  // the provisional value within the final rates' cap, as every refined link_share is
+    out.link_share = rec.provisional > 0 ? std::min(rec.provisional, highest_link_share(out)) : kUnmeasuredLinkShare;
   return out;
 }
 

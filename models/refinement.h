@@ -153,9 +153,10 @@ bool link_share_is_measured(const Rates& r);
 
 /// What an optimizer's phases have told about link_share, for its rates file. measured: the rates
 /// hold a counted measure (link_share_is_measured of the rates it started from, then each phase's
-/// Refined::link_share_measured); provisional: the link_share that a first phase that streamed
-/// took whole at the placeholder without counting it (Refined::link_share_provisional; the value
-/// after that phase's bounds), 0 when none did.
+/// Refined::link_share_measured); provisional: the link_share (a share, unitless, as
+/// Rates::link_share) that a first phase that streamed took whole at the placeholder without
+/// counting it (Refined::link_share_provisional; the value after that phase's bounds, in [1/16,
+/// U_c / U_c_dma] at that phase's rates), 0 when none did.
 struct LinkShareRecord {
   bool measured = false;
   double provisional = 0;
@@ -169,9 +170,12 @@ LinkShareRecord record_phase(const LinkShareRecord& before, const Refined& r) no
 
 /// The rates an optimizer writes back to its rates file at its end: `r` when rec.measured;
 /// otherwise `r` with link_share replaced by rec.provisional when a first phase that streamed took
-/// one (rec.provisional > 0), else by the placeholder (kUnmeasuredLinkShare). The next run takes a
-/// saved value other than 1 for a measure (link_share_is_measured) and blends its own phases'
-/// measures with it, half way.
+/// one (rec.provisional > 0), capped at highest_link_share of `r` (a later phase may have lowered
+/// that cap by moving U_c or U_c_dma; rates files above it are refused, rate_bounds_error), else by
+/// the placeholder (kUnmeasuredLinkShare). The next run takes a saved value other than 1 for a
+/// measure (link_share_is_measured) and blends its own phases' measures with it, half way; a
+/// provisional value of exactly 1 (the cap when U_c_dma reached U_c) is saved as 1 and taken for
+/// the placeholder.
 /// Why the provisional measure is kept: on the GPU machine, whose phases refine link_share to
 /// 0.64-0.89, a run of two phases with 31.5 GB of the 20B quarter's state resident (the first
 /// bringing it up and streaming nothing, the second the first that streams) saved the placeholder,
@@ -185,7 +189,9 @@ LinkShareRecord record_phase(const LinkShareRecord& before, const Refined& r) no
 /// (+0.3% from the placeholder), +16.5% at 1/1.3 (+0.8%), +10.2% at 1/1.3 on a machine of 1.2
 /// (+3.2%); on a machine of 0.7 it is -4.2% against -18.6% from the placeholder. With the kernels
 /// loaded at start, first phases that stream ran 1% faster to 10% slower than the next ones on the
-/// GPU machine. Throws nothing.
+/// GPU machine (7B and 20B quarters without resident state). The GPU machine's figures here:
+/// docs/measured-2026-12.md, "At 675bd11" (calls A and B) and "The README's measured section at
+/// 4820de6". Throws nothing.
 Rates rates_to_save(const Rates& r, const LinkShareRecord& rec) noexcept;
 
 }  // namespace dos

@@ -29,7 +29,8 @@ namespace dos {
 
 /// The calibration's placeholder link_share (Rates' default): the calibration does not measure it.
 /// What link_share_is_measured (models/refinement.h) takes for no measure, and what the optimizer
-/// saves to the rates cache when no phase measured it (rates_to_save, models/refinement.h).
+/// saves to the rates cache when no phase measured it, not even provisionally (rates_to_save,
+/// models/refinement.h).
 inline constexpr double kUnmeasuredLinkShare = 1;
 
 /// Measured rates of one rank's machine.

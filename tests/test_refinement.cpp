@@ -487,6 +487,11 @@ void test_first_streamed_phase_rule(void**) {
   const dos::Refined none = dos::refine_after_phase(w, kRates, unsized, sim, 1, false, true);
   assert_false(none.link_share_provisional || none.link_share_measured);
   assert_true(none.rates.link_share == kRates.link_share);
+  dos::PhaseMeasure early = m;  // streams that ended before the simulation's: the stand-in, no measure
+  early.stream_end_seconds = 1e-6;
+  const dos::Refined stand_in = dos::refine_after_phase(w, kRates, early, sim, 1, false, true);
+  assert_false(stand_in.link_share_provisional || stand_in.link_share_measured);
+  assert_true(stand_in.rates.link_share != kRates.link_share);  // moved towards the stand-in all the same
   assert_false(kept.link_share_provisional || whole.link_share_provisional);
   assert_true(first.rates.link_share < blended.rates.link_share && blended.rates.link_share < 0.95);
   std::printf("  first phase at the placeholder: link_share %.3f (blended half way it would be %.3f)\n",
@@ -711,6 +716,15 @@ void test_rates_to_save(void**) {
   rec = dos::record_phase(rec, phase);
   assert_true(rec.measured);
   assert_true(dos::rates_to_save(phase.rates, rec).link_share == 0.75);
+
+  // a provisional value above the cap of the final rates (a later phase moved U_c_dma up): saved
+  // at the cap, so that the next run can read the file (rate_bounds_error)
+  dos::Rates later = kRates;  // cap U_c / U_c_dma = 4e9 / 3.6e9 = 1.11
+  later.U_c_dma = 3.6e9;
+  const dos::Rates saved = dos::rates_to_save(later, dos::LinkShareRecord{false, 1.3});
+  ASSERT_NEAR(saved.link_share, dos::highest_link_share(later), 1e-12);
+  assert_true(dos::rate_bounds_error(saved).empty());
+  assert_true(dos::rates_to_save(later, dos::LinkShareRecord{false, 0.9}).link_share == 0.9);
 }
 
 // Two runs with the 20B quarter's 31.5 GB resident (as dos-train --gpu-resident-budget 31.5GB). The

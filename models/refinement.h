@@ -117,7 +117,7 @@ Refined refine_rates(const Workload& w, const Rates& r, const PhaseMeasure& m, c
 ///    GPU machine's runs refined it to 0.64-0.89), the placeholder is further from what the phases
 ///    run at than that slow phase is: there a calibrating run's first two phases, both planned at
 ///    the placeholder, were predicted 7-18% too fast (a skipped first phase left the second at the
-///    calibration's rates). On the simulation of the 20B quarter (test_refinement, the first
+///    calibration's rates). On the simulation of the 20B quarter (test_first_phases, the first
 ///    phase's links at 1/1.3 to 1 of their rate): at link_share 0.7 the second phase is predicted
 ///    -5.4% to +2.6% off (-16.4% skipped; -11.3% to -7.7% with the first blended half way) and
 ///    runs 0.5-1.1% faster; at 1.0 and 1.2 the slow phase pulls link_share below the machine's, and
@@ -126,7 +126,7 @@ Refined refine_rates(const Workload& w, const Rates& r, const PhaseMeasure& m, c
 ///  - link_share_measured (rates from an earlier run's file, or given): refine_rates as for any
 ///    later phase, blended half way. Those rates were measured in another process, and the GPU
 ///    machine's speed drifts between processes (CPU Adam at 2.2-4.5 Gparams/s in processes minutes
-///    apart). On the simulation (test_refinement: rates from a file with link_share 0.8, a machine
+///    apart). On the simulation (test_first_phases: rates from a file with link_share 0.8, a machine
 ///    whose CPU has become 1.25x or 0.8x as fast and whose link_share is 0.64 or 1.0, the first
 ///    phase's links at 1/1.1 to 1 of their rate) the second phase runs 0.9-5.8% faster than when
 ///    that phase refines nothing; with the first phase at full rate this is the refinement one
@@ -183,7 +183,7 @@ LinkShareRecord record_phase(const LinkShareRecord& before, const Refined& r) no
 /// another machine with the provisional measure saved (0.78) the next runs predicted them -6.6% and
 /// -8.2% (a calibrating run there, at the placeholder, -15.2%).
 /// What it costs: that first phase may run slow, and on a machine whose link_share is 1 or more
-/// a slow phase measures it low. On the simulation (test_refinement's
+/// a slow phase measures it low. On the simulation (test_first_phases's
 /// test_provisional_link_share_saved) the next run's first phase is then predicted too slow:
 /// +6.4% after a first streamed phase whose links ran at 1/1.1 of their rate on a machine of 1.0
 /// (+0.3% from the placeholder), +16.5% at 1/1.3 (+0.8%), +10.2% at 1/1.3 on a machine of 1.2

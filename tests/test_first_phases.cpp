@@ -1,0 +1,326 @@
+// The optimizer's first phases and its rates file (models/refinement.h: refine_after_phase,
+// record_phase, rates_to_save), against a machine that behaves as the phase simulation says at
+// rates known to the test: the rule for the first phase that streams (its link_share measure taken
+// whole but provisional while link_share is the calibration's placeholder, blended when it holds a
+// measure), calibrating runs and runs from an earlier run's rates, and what goes back to the rates
+// file and how the next run's first phase is then predicted.
+#include <cmath>
+#include <cstdio>
+#include <stdexcept>
+#include <vector>
+
+#include "cmocka_cpp.h"
+#include "phase_sim.h"
+#include "refinement.h"
+#include "refinement_fixtures.h"
+
+namespace {
+
+using dos::PlanSide;
+using namespace refinement_fixtures;
+
+// The optimizer's first phase that streamed (refine_after_phase), on a phase that measured
+// link_share 0.7 against plans made at the placeholder 1: not the first, refine_rates as given; the
+// first with link_share measured, refine_rates blended; the first with the placeholder, refine_rates
+// with the placeholder (link_share's measure taken whole), but link_share still not measured.
+void test_first_streamed_phase_rule(void**) {
+  const dos::Workload w = quarter_20b();
+  const dos::Execution e = budget_40gb();
+  dos::Rates truth = kRates;
+  truth.link_share = 0.7;
+  const std::vector<PlanSide> plan = dos::choose_plan_simulated(w, kRates, e).plan;
+  const dos::Simulation sim = dos::simulate_phase(w, plan, kRates, e);
+  double seconds = 0;
+  const dos::PhaseMeasure m = measure_on(w, plan, truth, e, &seconds);
+  assert_true(m.streamed > 0);
+  for (bool flag : {false, true}) {  // not the first: refine_rates itself, whole or blended
+    const dos::Refined a = dos::refine_after_phase(w, kRates, m, sim, 1, flag, false);
+    const dos::Refined b = dos::refine_rates(w, kRates, m, sim, 1, flag);
+    assert_same_rates(a.rates, b.rates);
+    assert_true(a.applied == b.applied && a.link_share_measured == b.link_share_measured);
+  }
+  dos::Rates known = kRates;  // the first, link_share measured: refine_rates, blended
+  known.link_share = 0.8;
+  const dos::Simulation sim_known = dos::simulate_phase(w, plan, known, e);
+  const dos::Refined kept = dos::refine_after_phase(w, known, m, sim_known, 1, true, true);
+  const dos::Refined kept_ref = dos::refine_rates(w, known, m, sim_known, 1, true);
+  assert_same_rates(kept.rates, kept_ref.rates);
+  assert_true(kept.applied && kept_ref.applied);
+  assert_true(kept.link_share_measured);
+  assert_true(kept.rates.link_share < known.link_share);  // the phase ran at 0.7
+  // the first, the placeholder: link_share's measure taken whole (1 towards 0.7: about 0.8, since
+  // U_c_dma moves in the same step), and not a measure
+  const dos::Refined first = dos::refine_after_phase(w, kRates, m, sim, 1, false, true);
+  const dos::Refined whole = dos::refine_rates(w, kRates, m, sim, 1, false);
+  assert_same_rates(first.rates, whole.rates);
+  assert_true(first.applied);
+  assert_false(first.link_share_applied);
+  assert_false(first.link_share_measured);
+  assert_true(whole.link_share_measured);
+  const dos::Refined blended = dos::refine_rates(w, kRates, m, sim, 1, true);
+  assert_true(first.link_share_provisional);  // what the rates file gets when nothing later measures
+  dos::PhaseMeasure unsized = m;  // the same first phase with no stream end known: no measure at all
+  unsized.stream_end_seconds = 0;
+  const dos::Refined none = dos::refine_after_phase(w, kRates, unsized, sim, 1, false, true);
+  assert_false(none.link_share_provisional || none.link_share_measured);
+  assert_true(none.rates.link_share == kRates.link_share);
+  dos::PhaseMeasure early = m;  // streams that ended before the simulation's: the stand-in, no measure
+  early.stream_end_seconds = 1e-6;
+  const dos::Refined stand_in = dos::refine_after_phase(w, kRates, early, sim, 1, false, true);
+  assert_false(stand_in.link_share_provisional || stand_in.link_share_measured);
+  assert_true(stand_in.rates.link_share != kRates.link_share);  // moved towards the stand-in all the same
+  assert_false(kept.link_share_provisional || whole.link_share_provisional);
+  assert_true(first.rates.link_share < blended.rates.link_share && blended.rates.link_share < 0.95);
+  std::printf("  first phase at the placeholder: link_share %.3f (blended half way it would be %.3f)\n",
+              first.rates.link_share, blended.rates.link_share);
+  bool threw = false;
+  try {
+    dos::refine_after_phase(w, dos::Rates{}, m, sim, 1, true, true);
+  } catch (const std::invalid_argument&) {
+    threw = true;
+  }
+  assert_true(threw);
+}
+
+// Calibrating runs on machines of link_share 0.7, 1.0 and 1.2 whose first phase that streams runs
+// slower (the allocations; here its links at 1/1.3 to 1 of their rate), three phases each, under
+// the rule (refine_after_phase) and under the rule before (the first phase refines nothing, the
+// second's link_share measure is the first, taken whole). Printed: each case's second and third
+// phases, seconds and prediction error, both ways.
+struct FirstPhases {
+  double s2 = 0, e2 = 0, s3 = 0, e3 = 0;  // the second and third phases: seconds, prediction error
+};
+FirstPhases calibrating_run(const dos::Workload& w, const dos::Execution& e, double truth_share, double slowdown,
+                            bool rule) {
+  dos::Rates truth = kRates, slow = kRates;
+  truth.link_share = slow.link_share = truth_share;
+  slow.B_h2d /= slowdown;
+  slow.B_d2h /= slowdown;
+  dos::Rates r = kRates;  // the calibration's: the machine's rates, the placeholder link_share 1
+  bool measured_flag = false;
+  FirstPhases out;
+  for (int phase = 1; phase <= 3; ++phase) {
+    const std::vector<PlanSide> plan = dos::choose_plan_simulated(w, r, e).plan;
+    const dos::Simulation sim = dos::simulate_phase(w, plan, r, e);
+    double seconds = 0;
+    const dos::PhaseMeasure m = measure_on(w, plan, phase == 1 ? slow : truth, e, &seconds);
+    if (phase == 2) out = FirstPhases{seconds, sim.total / seconds - 1};
+    if (phase == 3) out.s3 = seconds, out.e3 = sim.total / seconds - 1;
+    if (phase == 1 && !rule) continue;  // the rule before: the first phase refines nothing
+    const dos::Refined q = dos::refine_after_phase(w, r, m, sim, 1, measured_flag, phase == 1);
+    if (phase == 1) assert_false(q.link_share_measured);
+    r = q.rates;
+    measured_flag = q.link_share_measured;
+  }
+  return out;
+}
+
+// What the rule gains and costs. Where the machine's link_share is below 1 (0.64-0.89 where the GPU
+// machine's runs refined it), the second phase is predicted much nearer than at the placeholder.
+// Where it is 1 or more, the slow first phase's measure pulls link_share below it: the second
+// phase is predicted too slow and runs up to 2.5% slower than at the placeholder (its plan streams
+// less), and the third, after a measure taken whole again, is predicted within 5% either way.
+void test_first_streamed_phase_closed_loop(void**) {
+  const dos::Workload w = quarter_20b();
+  const dos::Execution e = budget_40gb();
+  for (double share : {0.7, 1.0, 1.2})
+    for (double slowdown : {1.0, 1.2, 1.3}) {
+      const FirstPhases now = calibrating_run(w, e, share, slowdown, true);
+      const FirstPhases before = calibrating_run(w, e, share, slowdown, false);
+      std::printf("  link_share %.1f, first phase's links at 1/%.1f: second phase %.4f s (%+.1f%%), third %.4f s "
+                  "(%+.1f%%); before: %.4f s (%+.1f%%), %.4f s (%+.1f%%)\n",
+                  share, slowdown, now.s2, 100 * now.e2, now.s3, 100 * now.e3, before.s2, 100 * before.e2,
+                  before.s3, 100 * before.e3);
+      if (share < 1) {
+        assert_true(std::fabs(now.e2) < std::fabs(before.e2));
+        assert_true(std::fabs(now.e2) < 0.06);
+      }
+      assert_true(now.s2 < 1.025 * before.s2);
+      assert_true(std::fabs(now.e3) < 0.05);
+    }
+}
+
+// A run that starts from an earlier run's rates (link_share measured, 0.8) on a machine that has
+// drifted since (CPU Adam, alone and beside DMA, 1.25x or 0.8x as fast, the links' share beside it
+// 0.64 or 1.0) or not, its first phase that streams slower (links at 1/1.1) or not: the first
+// phase refined as any other (refine_after_phase) against refined nothing from (the rule before).
+// Refining it puts the refinement one phase ahead: with the first phase not slow, the second phase
+// gets the plan and prediction the third had before; where the machine drifted the second phase
+// runs faster; where it did not, a slow first phase costs the second under 2% of prediction and
+// under 0.5% of time.
+void test_first_streamed_from_earlier_rates(void**) {
+  const dos::Workload w = quarter_20b();
+  const dos::Execution e = budget_40gb();
+  dos::Rates file = kRates;
+  file.link_share = 0.8;
+  struct Machine {
+    double cpu, share;
+  };
+  for (Machine mc : {Machine{1.0, 0.8}, Machine{1.25, 0.64}, Machine{0.8, 1.0}})
+    for (double slowdown : {1.0, 1.1}) {
+      dos::Rates truth = file;
+      truth.U_c *= mc.cpu;
+      truth.U_c_dma *= mc.cpu;
+      truth.link_share = mc.share;
+      dos::Rates slow = truth;
+      slow.B_h2d /= slowdown;
+      slow.B_d2h /= slowdown;
+      FirstPhases got[2];  // [0] refining nothing from the first phase, [1] refining it
+      for (int refine_first = 0; refine_first < 2; ++refine_first) {
+        dos::Rates r = file;
+        bool measured_flag = true;
+        for (int phase = 1; phase <= 3; ++phase) {
+          const std::vector<PlanSide> plan = dos::choose_plan_simulated(w, r, e).plan;
+          const dos::Simulation sim = dos::simulate_phase(w, plan, r, e);
+          double seconds = 0;
+          const dos::PhaseMeasure m = measure_on(w, plan, phase == 1 ? slow : truth, e, &seconds);
+          if (phase == 2) got[refine_first] = FirstPhases{seconds, sim.total / seconds - 1};
+          if (phase == 3) got[refine_first].s3 = seconds, got[refine_first].e3 = sim.total / seconds - 1;
+          if (phase == 1 && !refine_first) continue;
+          const dos::Refined q = dos::refine_after_phase(w, r, m, sim, 1, measured_flag, phase == 1);
+          r = q.rates;
+          measured_flag = q.link_share_measured;
+        }
+      }
+      const FirstPhases &now = got[1], &before = got[0];
+      std::printf("  CPU %.2fx, link_share %.2f, first phase's links at 1/%.1f: second phase %.4f s (%+.1f%%), "
+                  "third %.4f s (%+.1f%%); refining nothing from the first: %.4f s (%+.1f%%), %.4f s (%+.1f%%)\n",
+                  mc.cpu, mc.share, slowdown, now.s2, 100 * now.e2, now.s3, 100 * now.e3, before.s2, 100 * before.e2,
+                  before.s3, 100 * before.e3);
+      assert_true(now.s2 <= 1.005 * before.s2);
+      if (slowdown == 1.0) {  // one phase ahead
+        ASSERT_NEAR(now.s2, before.s3, 1e-9);
+        ASSERT_NEAR(now.e2, before.e3, 1e-9);
+      }
+      if (mc.cpu != 1.0) {
+        assert_true(now.s2 < before.s2);
+      } else {
+        assert_true(std::fabs(now.e2) < 0.02);
+        assert_true(std::fabs(now.e3) < 0.01);
+      }
+    }
+}
+
+// What an optimizer writes to its rates file (rates_to_save): link_share as refined when a phase
+// measured it, a first streamed phase's provisional measure when one took it, the placeholder
+// otherwise; the other rates as given. And what record_phase keeps of each phase.
+void test_rates_to_save(void**) {
+  dos::Rates r = kRates;
+  r.link_share = 0.7;
+  assert_same_rates(dos::rates_to_save(r, dos::LinkShareRecord{true, 0}), r);
+  assert_same_rates(dos::rates_to_save(r, dos::LinkShareRecord{true, 0.9}), r);
+  dos::Rates expect = r;
+  expect.link_share = 0.9;
+  assert_same_rates(dos::rates_to_save(r, dos::LinkShareRecord{false, 0.9}), expect);
+  expect.link_share = dos::kUnmeasuredLinkShare;
+  assert_same_rates(dos::rates_to_save(r, dos::LinkShareRecord{false, 0}), expect);
+
+  dos::Refined phase;  // a first streamed phase at the placeholder: provisional 0.8
+  phase.rates = kRates;
+  phase.rates.link_share = 0.8;
+  phase.link_share_provisional = true;
+  dos::LinkShareRecord rec = dos::record_phase(dos::LinkShareRecord{}, phase);
+  assert_false(rec.measured);
+  assert_true(rec.provisional == 0.8);
+  phase.rates.link_share = 1.07;  // a later phase still at the placeholder, moved by its stand-in
+  phase.link_share_provisional = false;
+  rec = dos::record_phase(rec, phase);
+  assert_false(rec.measured);
+  assert_true(rec.provisional == 0.8);  // the stand-in is no measure: the first phase's value stays
+  assert_true(dos::rates_to_save(phase.rates, rec).link_share == 0.8);
+  phase.rates.link_share = 0.75;  // a later phase that measured it
+  phase.link_share_measured = true;
+  rec = dos::record_phase(rec, phase);
+  assert_true(rec.measured);
+  assert_true(dos::rates_to_save(phase.rates, rec).link_share == 0.75);
+
+  // a provisional value above the cap of the final rates (a later phase moved U_c_dma up): saved
+  // at the cap, so that the next run can read the file (rate_bounds_error)
+  dos::Rates later = kRates;  // cap U_c / U_c_dma = 4e9 / 3.6e9 = 1.11
+  later.U_c_dma = 3.6e9;
+  const dos::Rates saved = dos::rates_to_save(later, dos::LinkShareRecord{false, 1.3});
+  ASSERT_NEAR(saved.link_share, dos::highest_link_share(later), 1e-12);
+  assert_true(dos::rate_bounds_error(saved).empty());
+  assert_true(dos::rates_to_save(later, dos::LinkShareRecord{false, 0.9}).link_share == 0.9);
+}
+
+// Two runs with the 20B quarter's 31.5 GB resident (as dos-train --gpu-resident-budget 31.5GB). The
+// first calibrates (the placeholder link_share) and runs two phases: the first brings the resident
+// state up and streams nothing, the second is its first that streams, whose link_share measure is
+// provisional (its links at 1/slow of their rate). The second run starts from what the first saved
+// (rates_to_save of record_phase's record, as the optimizer keeps them) and its first phase, which
+// brings the resident state up again, is predicted against what it runs: from the provisional
+// measure, and from the placeholder (what was saved before). On machines of link_share 0.7, 1.0 and
+// 1.2; printed: both predictions' errors.
+double next_run_error(double truth_share, double slow, bool keep_provisional, double* saved_share) {
+  dos::Workload w = quarter_20b();
+  w.resident = dos::resident_subgroups(w.sizes, std::size_t(31.5e9));
+  assert_true(w.resident > 0 && w.resident < w.sizes.size());
+  const dos::Execution warm = budget_40gb();
+  dos::Execution cold = warm;
+  cold.state_off_gpu.assign(w.sizes.size(), true);
+  dos::Rates truth = kRates, slowed = kRates;
+  truth.link_share = slowed.link_share = truth_share;
+  slowed.B_h2d /= slow;
+  slowed.B_d2h /= slow;
+  dos::Rates r = kRates;  // the calibration's: the placeholder link_share
+  dos::LinkShareRecord rec;
+  bool streamed_before = false;
+  for (int phase = 1; phase <= 2; ++phase) {
+    const dos::Execution& e = phase == 1 ? cold : warm;
+    const std::vector<PlanSide> plan = dos::choose_plan_simulated(w, r, e).plan;
+    const dos::Simulation sim = dos::simulate_phase(w, plan, r, e);
+    double seconds = 0;
+    const dos::PhaseMeasure m = measure_on(w, plan, phase == 1 ? truth : slowed, e, &seconds);
+    assert_true(phase == 1 ? m.streamed == 0 : m.streamed > 0);  // the runs' shape on the GPU machine
+    const dos::Refined x = dos::refine_after_phase(w, r, m, sim, 1, rec.measured, m.streamed > 0 && !streamed_before);
+    r = x.rates;
+    rec = dos::record_phase(rec, x);
+    streamed_before = streamed_before || m.streamed > 0;
+  }
+  assert_false(rec.measured);
+  assert_true(rec.provisional > 0);
+  if (!keep_provisional) rec.provisional = 0;  // what was saved before
+  const dos::Rates start = dos::rates_to_save(r, rec);
+  assert_true(dos::link_share_is_measured(start) == keep_provisional);
+  *saved_share = start.link_share;
+  const std::vector<PlanSide> plan = dos::choose_plan_simulated(w, start, cold).plan;
+  const double predicted = dos::simulate_phase(w, plan, start, cold).total;
+  return predicted / dos::simulate_phase(w, plan, truth, cold).total - 1;
+}
+
+void test_provisional_link_share_saved(void**) {
+  struct Case {
+    double share, slow;
+  };
+  for (const Case c : {Case{0.7, 1.0}, Case{1.0, 1.1}, Case{1.0, 1.3}, Case{1.2, 1.3}}) {
+    double kept_share = 0, placeholder = 0;
+    const double kept = next_run_error(c.share, c.slow, true, &kept_share);
+    const double before = next_run_error(c.share, c.slow, false, &placeholder);
+    std::printf("  machine's link_share %.1f, the first streamed phase's links at 1/%.1f: the next run's first phase "
+                "predicted %+.1f%% from the provisional %.3f, %+.1f%% from the placeholder\n",
+                c.share, c.slow, 100 * kept, kept_share, 100 * before);
+    assert_true(placeholder == dos::kUnmeasuredLinkShare);
+    if (c.share < 1) {  // the GPU machine's case: the placeholder far off, the provisional measure near
+      assert_true(std::fabs(kept_share - c.share) < 0.1);
+      assert_true(std::fabs(kept) < 0.05);
+      assert_true(before < -0.05);
+    } else {  // the cost: a slow phase measures link_share low, the next run is predicted too slow
+      assert_true(kept_share < c.share && kept > before);
+      if (c.slow <= 1.1) assert_true(kept < 0.1);
+    }
+  }
+}
+
+}  // namespace
+
+int main() {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_first_streamed_phase_rule),
+      cmocka_unit_test(test_first_streamed_phase_closed_loop),
+      cmocka_unit_test(test_first_streamed_from_earlier_rates),
+      cmocka_unit_test(test_rates_to_save),
+      cmocka_unit_test(test_provisional_link_share_saved),
+  };
+  return cmocka_run_group_tests(tests, nullptr, nullptr);
+}

@@ -108,6 +108,17 @@ Refined refine_after_phase(const Workload& w, const Rates& r, const PhaseMeasure
 
 bool link_share_is_measured(const Rates& r) { return r.link_share != kUnmeasuredLinkShare; }
 
+LinkShareRecord initial_link_share_record(const Rates& rates, const Rates& calibrated) noexcept {
+  LinkShareRecord out;
+  if (rates.link_share == calibrated.link_share) {
+    out.measured = false;
+    out.provisional = link_share_is_measured(calibrated) ? calibrated.link_share : 0;
+  } else {
+    out.measured = link_share_is_measured(rates);
+  }
+  return out;
+}
+
 LinkShareRecord record_phase(const LinkShareRecord& before, const Refined& r) noexcept {
   LinkShareRecord out = before;
   out.measured = r.link_share_measured;

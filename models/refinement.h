@@ -162,6 +162,21 @@ struct LinkShareRecord {
   double provisional = 0;
 };
 
+/// The record an optimizer starts with, from the rates it plans with (`rates`) and the calibration's
+/// own (`calibrated`, as calibrate_rates gives them; both as Rates, link_share unitless):
+///  - rates.link_share equal to calibrated.link_share: no phase has measured it since the
+///    calibration. measured is false, so the optimizer's first phases that stream take their own
+///    measures whole (refine_after_phase); provisional is the calibration's value when it measured
+///    one (not kUnmeasuredLinkShare), 0 otherwise, so rates_to_save keeps it when no phase measures
+///    link_share. This covers a fresh calibration and a rates file whose link_share no phase moved.
+///  - otherwise: measured is link_share_is_measured(rates) (a rates file that phases refined, or a
+///    file written before the calibration measured link_share, whose calibrated link_share is the
+///    placeholder), provisional 0.
+/// Why the calibration's measure is not counted: it comes from short phases of scratch subgroups
+/// (calibrate_rates), and a first measure counted would be blended half way with the phases' own
+/// where, while it is uncounted, the first phases replace it. Throws nothing.
+LinkShareRecord initial_link_share_record(const Rates& rates, const Rates& calibrated) noexcept;
+
 /// The record after one more phase, refined as `r` says: measured becomes r.link_share_measured;
 /// provisional becomes r.rates.link_share when r.link_share_provisional, and is kept otherwise (a
 /// later phase still at the placeholder that could size no measure moves link_share towards its

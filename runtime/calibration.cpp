@@ -2,6 +2,7 @@
 // calibrate_rates in dos.h), and its cache.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -10,10 +11,12 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "atomic_file.h"
 #include "device_memory.h"
 #include "dos.h"
+#include "optimizer_impl.h"
 #include "rates_json.h"
 
 #include <starpu.h>
@@ -70,6 +73,62 @@ struct Scratch {
     }
   }
 };
+
+/// link_share measured on the calibration's scratch optimizer `I` (its nsub subgroups' state
+/// already streamed once, so no phase below is its first that streams), from the rates `r` just
+/// calibrated: `reps` phases of the spread plan whose simulated streams run longest beside CPU Adam
+/// (and more beside it than without it, the refinement's condition for a link_share measure), each
+/// refined from `r` with link_share at the placeholder and uncounted, as an optimizer's first
+/// phases are (refine_after_phase: the measure taken whole, within a factor of 2 of 1, within
+/// [1/16, U_c / U_c_dma]). Returns the median of the phases that sized a measure (unitless, as
+/// Rates::link_share), or kUnmeasuredLinkShare when fewer than half of them did or no plan streams
+/// beside CPU Adam; *note (when not null) gets each measure, for the verbose line.
+double measure_link_share(Optimizer::Impl& I, Optimizer& opt, const Rates& r, std::size_t nsub, int reps,
+                          std::string* note) {
+  Rates r0 = r;
+  r0.link_share = kUnmeasuredLinkShare;
+  std::size_t best = 0;
+  double best_beside = 0;
+  for (std::size_t s = 1; s < nsub; ++s) {
+    const Simulation sim = simulate_phase(opt.workload(), spread_plan(nsub, s), r0, opt.execution());
+    if (sim.stream_beside_cpu > sim.stream_alone && sim.stream_beside_cpu > best_beside) {
+      best = s;
+      best_beside = sim.stream_beside_cpu;
+    }
+  }
+  if (best == 0) {
+    if (note) *note = "no plan of the scratch subgroups streams beside CPU Adam: the placeholder";
+    return kUnmeasuredLinkShare;
+  }
+  opt.set_plan_override(PlanOverride{PlanOverride::fraction, double(best) / double(nsub)});
+  std::vector<double> measures;
+  std::string each;
+  for (int rep = 0; rep < reps; ++rep) {
+    I.rates = r0;
+    I.link_share_record = LinkShareRecord{};
+    opt.step();
+    char text[32];
+    if (I.link_share_record.measured) {
+      measures.push_back(I.rates.link_share);
+      std::snprintf(text, sizeof text, "%s%.3f", rep ? " " : "", I.rates.link_share);
+    } else {
+      std::snprintf(text, sizeof text, "%s-", rep ? " " : "");
+    }
+    each += text;
+  }
+  const double result = 2 * measures.size() < std::size_t(reps) ? kUnmeasuredLinkShare : [&] {
+    std::sort(measures.begin(), measures.end());
+    const std::size_t k = measures.size();
+    return k % 2 ? measures[k / 2] : 0.5 * (measures[k / 2 - 1] + measures[k / 2]);
+  }();
+  if (note) {
+    char head[160];
+    std::snprintf(head, sizeof head, "%.3f, the median of %zu phase(s) with %zu of %zu subgroups streamed (each: ",
+                  result, measures.size(), best, nsub);
+    *note = std::string(head) + each + (2 * measures.size() < std::size_t(reps) ? "; too few sized: the placeholder)" : ")");
+  }
+  return result;
+}
 
 }  // namespace
 
@@ -207,6 +266,13 @@ Rates calibrate_rates(Runtime& runtime, std::size_t S, DType dtype, MemoryKind m
                                            r.U_c_dma * sim.cpu_beside_dma / beside));
     }
   }
+  // link_share, last: its measure is the refinement's, which simulates the phase at the rates above
+  std::string link_note;
+  // (capped at U_c / U_c_dma of these rates: each phase's cap was that of its own refined rates,
+  // and a rates file above the cap is refused on load)
+  r.link_share = std::min(highest_link_share(r),
+                          measure_link_share(*opt.impl_, opt, r, nsub, 5, verbose ? &link_note : nullptr));
+  if (verbose) std::fprintf(stderr, "[dos] calibration's link_share: %s\n", link_note.c_str());
   if (verbose)
     std::fprintf(stderr,
                  "[dos] calibrated (%zu subgroups of %zu): U_c %.2f Gparams/s alone, %.2f under DMA; U_g %.1f Gparams/s; "

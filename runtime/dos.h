@@ -617,6 +617,8 @@ class Optimizer {
   struct Impl;
 
  private:
+  // measures link_share on its scratch optimizer's phases, from the rates it has just calibrated
+  friend Rates calibrate_rates(Runtime&, std::size_t, DType, MemoryKind, bool, bool, Rates*);
   std::unique_ptr<Impl> impl_;
 };
 

@@ -302,7 +302,10 @@ Optimizer::Optimizer(Runtime& runtime, const std::vector<TensorView>& tensors, c
       I.rates_path = rates_cache_path(runtime, cal, options.dtype, options.memory);
     }
     I.have_rates = true;
-    I.link_share_record.measured = link_share_is_measured(I.rates);
+    // rates given: a link_share other than 1 is a measure; calibrated or from the cache: the
+    // calibration's own measure is not counted until a phase measures it (models/refinement.h)
+    I.link_share_record = rates_complete(r) ? LinkShareRecord{link_share_is_measured(I.rates), 0}
+                                            : initial_link_share_record(I.rates, I.calibrated_rates);
   }
 
   for (std::size_t s = 0; s < layout.size(); ++s) {

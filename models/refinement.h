@@ -38,7 +38,7 @@ struct Refined {
   /// rates.link_share holds a measure: the link_share_measured given, or link_share_applied. What
   /// the next step's link_share_measured is.
   bool link_share_measured = false;
-  /// refine_after_phase's first phase that streamed, at the placeholder, took link_share's measure
+  /// refine_after_phase's first phase that streamed, link_share not counted, took link_share's measure
   /// whole without counting it (link_share_measured stays false): rates.link_share holds that
   /// provisional measure. record_phase keeps it, and rates_to_save saves it when no later phase
   /// measures link_share.
@@ -83,8 +83,9 @@ struct Refined {
 ///    beside CPU Adam, goes into link_share (one measure, the stream's end, for two rates); the
 ///    plans near the ones run are then predicted right, those far from them (mostly streamed) are
 ///    not, until phases that stream mostly alone refine B.
-///    link_share_measured false: link_share is still the calibration's placeholder (1: the
-///    calibration does not measure it), so the step takes its measure whole (within the bounds
+///    link_share_measured false: link_share holds no counted measure (the placeholder 1, or the
+///    calibration's measure on scratch phases, not counted: initial_link_share_record), so the
+///    step takes its measure whole (within the bounds
 ///    below, and still by at most a factor of 2, so that one odd first phase does not swing the
 ///    plan) instead of half way: there is nothing to average it with. On the GPU machine the
 ///    20B quarter's first measure was about 0.77 against the placeholder's 1, and half way (0.88)
@@ -97,18 +98,19 @@ struct Refined {
 /// std::invalid_argument when a rate of r is not positive (rates_complete).
 /// cpu_workers: the StarPU CPU workers the phase ran (as Execution::cpu_workers; for U_c_dma's floor).
 /// link_share_measured: whether r.link_share holds a measure (an earlier phase's, a rates file's
-/// refined value, a value given) rather than the calibration's placeholder (link_share_is_measured);
-/// see the link_share rule above.
+/// refined value, a value given) rather than the placeholder or the calibration's uncounted
+/// measure (initial_link_share_record); see the link_share rule above.
 Refined refine_rates(const Workload& w, const Rates& r, const PhaseMeasure& m, const Simulation& sim,
                      std::size_t cpu_workers = 1, bool link_share_measured = true);
 
 /// The optimizer's refinement after one phase: refine_rates, with a rule for the optimizer's first
-/// phase that streamed (first_streamed) while link_share is still the calibration's placeholder.
+/// phase that streamed (first_streamed) while link_share holds no counted measure (the placeholder,
+/// or the calibration's uncounted measure).
 /// StarPU allocates the streamed states' GPU buffers in that phase; with the kernels loaded at their
 /// first launch (before the runtime loaded them at its start) it ran 0-25% slower than the next ones
 /// on the GPU machine (7B and 20B quarters), with them loaded at start 1% faster to 10% slower, so
 /// it measures the links and the CPU beside them somewhat slower than later phases run:
-///  - link_share still the calibration's placeholder: refine_rates with it (link_share's measure
+///  - link_share not counted: refine_rates with it (link_share's measure
 ///    taken whole, within a factor of 2; the other rates blended), but the phase is not link_share's
 ///    first measure: link_share_measured stays false, so the next phase's measure is taken whole
 ///    too and replaces what the slow phase said (link_share_provisional is set: when no later phase
@@ -141,9 +143,10 @@ Refined refine_rates(const Workload& w, const Rates& r, const PhaseMeasure& m, c
 Refined refine_after_phase(const Workload& w, const Rates& r, const PhaseMeasure& m, const Simulation& sim,
                            std::size_t cpu_workers, bool link_share_measured, bool first_streamed);
 
-/// Whether rates that an optimizer starts from hold a measured link_share: false only for the
-/// calibration's placeholder, a link_share of exactly 1 (the calibration does not measure it, and
-/// rates given without one, in --rates or the C ABI, get 1). So a rates file that an earlier run
+/// Whether rates hold a measured link_share: false only for the placeholder, a link_share of exactly
+/// 1 (a calibration that sized no measure gives it, and rates given without one, in --rates or the C
+/// ABI, get 1). Whether an optimizer counts that measure is initial_link_share_record's rule (the
+/// calibration's own value is not counted). So a rates file that an earlier run
 /// refined, or rates given with a link_share other than 1, count as measured. A refined value of
 /// exactly 1 is taken for the placeholder too: it is common (link_share's cap U_c / U_c_dma is 1
 /// when U_c_dma reaches U_c), and the next run then takes its first measure whole, within a factor
@@ -152,11 +155,11 @@ Refined refine_after_phase(const Workload& w, const Rates& r, const PhaseMeasure
 bool link_share_is_measured(const Rates& r);
 
 /// What an optimizer's phases have told about link_share, for its rates file. measured: the rates
-/// hold a counted measure (link_share_is_measured of the rates it started from, then each phase's
-/// Refined::link_share_measured); provisional: the link_share (a share, unitless, as
-/// Rates::link_share) that a first phase that streamed took whole at the placeholder without
-/// counting it (Refined::link_share_provisional; the value after that phase's bounds, in [1/16,
-/// U_c / U_c_dma] at that phase's rates), 0 when none did.
+/// hold a counted measure (initial_link_share_record of the rates it started from, then each
+/// phase's Refined::link_share_measured); provisional: the last uncounted measure of link_share (a
+/// share, unitless, as Rates::link_share): the calibration's, then the one a first phase that
+/// streamed took whole without counting it (Refined::link_share_provisional; the value after that
+/// phase's bounds, in [1/16, U_c / U_c_dma] at that phase's rates), 0 when there is none.
 struct LinkShareRecord {
   bool measured = false;
   double provisional = 0;
@@ -179,13 +182,13 @@ LinkShareRecord initial_link_share_record(const Rates& rates, const Rates& calib
 
 /// The record after one more phase, refined as `r` says: measured becomes r.link_share_measured;
 /// provisional becomes r.rates.link_share when r.link_share_provisional, and is kept otherwise (a
-/// later phase still at the placeholder that could size no measure moves link_share towards its
-/// stand-in, which is no measure: the provisional value stays the first phase's). Throws nothing.
+/// later phase still uncounted that could size no measure moves link_share towards its stand-in,
+/// which is no measure: the provisional value stays the first phase's). Throws nothing.
 LinkShareRecord record_phase(const LinkShareRecord& before, const Refined& r) noexcept;
 
 /// The rates an optimizer writes back to its rates file at its end: `r` when rec.measured;
-/// otherwise `r` with link_share replaced by rec.provisional when a first phase that streamed took
-/// one (rec.provisional > 0), capped at highest_link_share of `r` (a later phase may have lowered
+/// otherwise `r` with link_share replaced by rec.provisional when the calibration or a first phase
+/// that streamed took one (rec.provisional > 0), capped at highest_link_share of `r` (a later phase may have lowered
 /// that cap by moving U_c or U_c_dma; rates files above it are refused, rate_bounds_error), else by
 /// the placeholder (kUnmeasuredLinkShare). The next run takes a saved value other than 1 for a
 /// measure (link_share_is_measured) and blends its own phases' measures with it, half way; a

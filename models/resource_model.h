@@ -27,10 +27,10 @@
 
 namespace dos {
 
-/// The calibration's placeholder link_share (Rates' default): the calibration does not measure it.
-/// What link_share_is_measured (models/refinement.h) takes for no measure, and what the optimizer
-/// saves to the rates cache when no phase measured it, not even provisionally (rates_to_save,
-/// models/refinement.h).
+/// The placeholder link_share (Rates' default): no measure. What a calibration that could size no
+/// measure gives (calibrate_rates), what link_share_is_measured (models/refinement.h) takes for no
+/// measure, and what the optimizer saves to the rates cache when neither the calibration nor a
+/// phase measured it (rates_to_save, models/refinement.h).
 inline constexpr double kUnmeasuredLinkShare = 1;
 
 /// Measured rates of one rank's machine.
@@ -40,8 +40,10 @@ inline constexpr double kUnmeasuredLinkShare = 1;
 /// link_share: when CPU Adam and the links together ask host memory for more than it delivers, the
 /// links get link_share times the fraction of their ask that CPU Adam gets of its own (host_shares;
 /// 1: the same fraction; below 1: the CPU's cores win more of the memory controllers than the DMA
-/// engines). Not measured by the calibration (it starts at kUnmeasuredLinkShare, 1) but refined
-/// from the phases whose streams ran beside CPU Adam (models/refinement.h). All > 0.
+/// engines). Measured by the calibration on short phases of scratch subgroups (calibrate_rates;
+/// kUnmeasuredLinkShare, 1, when it sized no measure), and refined from the phases whose streams
+/// ran beside CPU Adam (models/refinement.h), the first of them replacing the calibration's
+/// value. All > 0.
 struct Rates {
   double U_c = 0, U_c_dma = 0, U_g = 0, D_c = 0, B_h2d = 0, B_d2h = 0;
   double link_share = kUnmeasuredLinkShare;

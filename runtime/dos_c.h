@@ -143,7 +143,7 @@ int dos_runtime_workers(const dos_runtime* rt, unsigned* cpu_workers, unsigned* 
  * (dos, static:R, greedy). All zero (the default): measured at the optimizer's creation and cached
  * (see `recalibrate`); otherwise all six must be finite and > 0. dos::Rates::link_share (the links'
  * share of host memory beside CPU Adam) is not part of this struct: rates given here start with
- * link_share 1, the calibration's placeholder (calibrated or cached rates carry their own): the dos
+ * link_share 1, the placeholder of no measure (calibrated or cached rates carry their own): the dos
  * policy takes its first measure whole, not half way, and refines it from then on. */
 typedef struct dos_rates {
   double U_c;     /* CPU Adam on one StarPU CPU worker, no DMA running, parameters/s */

@@ -321,10 +321,11 @@ struct Optimizer::Impl {
   PlanOverride override_;
   std::string rates_path;  // where calibrate_rates caches the rates; refined ones go back there
   bool refined = false;
-  // whether rates.link_share holds a measure, not the calibration's placeholder (refine_rates takes
-  // its first measure whole), and a first streamed phase's provisional measure (LinkShareRecord):
-  // link_share_is_measured at construction, then record_phase after each refined phase; what
-  // rates_to_save writes back
+  // whether rates.link_share holds a counted measure, not the placeholder nor the calibration's
+  // uncounted one (refine_rates takes its first measure whole), and the provisional measure, the
+  // calibration's or a first streamed phase's (LinkShareRecord): initial_link_share_record (or
+  // link_share_is_measured of rates given) at construction, then record_phase after each refined
+  // phase; what rates_to_save writes back
   LinkShareRecord link_share_record;
   /// Whether a phase of this optimizer has run (not skipped) with streamed subgroups: StarPU
   /// allocated their GPU buffers in it. Until then choose_tail binds nothing (tail_binder.cpp), and
@@ -474,13 +475,13 @@ struct Optimizer::Impl {
   /// with a CUDA worker, once rates are known (then they are complete: given and checked, or
   /// calibrated, and a refinement step keeps each positive and finite, so refine_rates does not
   /// throw here); sets `refined` when a measurement was applied, and `link_share_record` by
-  /// record_phase (Refined::link_share_measured: its first measure is taken whole while it is the
-  /// calibration's placeholder; Refined::link_share_provisional: what the rates file gets when no
+  /// record_phase (Refined::link_share_measured: its first measure is taken whole while it is not
+  /// counted (the placeholder or the calibration's measure); Refined::link_share_provisional: what the rates file gets when no
   /// phase measures it). first_streamed: the step streamed and no earlier phase of
   /// this optimizer did (stream_buffers_allocated before it), so StarPU allocated the streamed
   /// state's GPU buffers in it (on the GPU machine such a phase ran 0-25% slower than the next
   /// ones on the 7B and 20B quarters before the kernels were loaded at start, 1% faster to 10%
-  /// slower after); while link_share is the placeholder refine_after_phase takes its measure whole
+  /// slower after); while link_share is not counted refine_after_phase takes its measure whole
   /// (the other rates half way) without counting it as link_share's measure, and when link_share
   /// holds a measure it refines the phase as any other. (A first step that streamed nothing ran 3%
   /// slower than the next ones on the 7B 1/16 shard: it refines.)

@@ -244,6 +244,54 @@ void test_rates_to_save(void**) {
   assert_true(dos::rates_to_save(later, dos::LinkShareRecord{false, 0.9}).link_share == 0.9);
 }
 
+// The record an optimizer starts with (initial_link_share_record), and a calibrating run's cycle
+// through its rates file: the calibration's measure is not counted, a phase's replaces it, and the
+// file then tells the two apart by the calibration's own value kept beside the refined ones.
+void test_initial_link_share_record(void**) {
+  dos::Rates cal = kRates;
+  cal.link_share = 0.78;  // the calibration measured it
+  dos::LinkShareRecord rec = dos::initial_link_share_record(cal, cal);
+  assert_false(rec.measured);
+  assert_true(rec.provisional == 0.78);
+  // no phase measured it: the file keeps the calibration's value, and the next run starts as this one
+  const dos::Rates saved = dos::rates_to_save(cal, rec);
+  assert_true(saved.link_share == 0.78);
+  rec = dos::initial_link_share_record(saved, cal);
+  assert_false(rec.measured);
+  assert_true(rec.provisional == 0.78);
+
+  // the first streamed phase takes its own measure (provisional): it replaces the calibration's
+  dos::Refined phase;
+  phase.rates = cal;
+  phase.rates.link_share = 0.7;
+  phase.link_share_provisional = true;
+  rec = dos::record_phase(rec, phase);
+  assert_false(rec.measured);
+  assert_true(rec.provisional == 0.7);
+  const dos::Rates after = dos::rates_to_save(phase.rates, rec);
+  assert_true(after.link_share == 0.7);
+  // the next run: its link_share differs from the calibration's, so it is a phase's measure
+  rec = dos::initial_link_share_record(after, cal);
+  assert_true(rec.measured);
+  assert_true(rec.provisional == 0);
+
+  // a calibration that measured nothing (the placeholder 1), and files written before the
+  // calibration measured link_share (their calibrated value is the placeholder)
+  dos::Rates placeholder = kRates;
+  rec = dos::initial_link_share_record(placeholder, placeholder);
+  assert_false(rec.measured);
+  assert_true(rec.provisional == 0);
+  assert_true(dos::rates_to_save(placeholder, rec).link_share == dos::kUnmeasuredLinkShare);
+  dos::Rates refined = kRates;
+  refined.link_share = 0.8;
+  rec = dos::initial_link_share_record(refined, placeholder);
+  assert_true(rec.measured);
+  // a phase's value of exactly 1 is taken for the placeholder, as link_share_is_measured says
+  rec = dos::initial_link_share_record(placeholder, cal);
+  assert_false(rec.measured);
+  assert_true(rec.provisional == 0);
+}
+
 // Two runs with the 20B quarter's 31.5 GB resident (as dos-train --gpu-resident-budget 31.5GB). The
 // first calibrates (the placeholder link_share) and runs two phases: the first brings the resident
 // state up and streams nothing, the second is its first that streams, whose link_share measure is
@@ -320,6 +368,7 @@ int main() {
       cmocka_unit_test(test_first_streamed_phase_closed_loop),
       cmocka_unit_test(test_first_streamed_from_earlier_rates),
       cmocka_unit_test(test_rates_to_save),
+      cmocka_unit_test(test_initial_link_share_record),
       cmocka_unit_test(test_provisional_link_share_saved),
   };
   return cmocka_run_group_tests(tests, nullptr, nullptr);

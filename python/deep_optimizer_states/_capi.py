@@ -209,7 +209,7 @@ def optimizer_options(**fields):
             if set(value) - set(rate_names):
                 raise TypeError(f"rates take {', '.join(rate_names)}, not {', '.join(sorted(set(value) - set(rate_names)))}"
                                 " (link_share, in a rates file, is not part of the C ABI: given rates start with 1, the"
-                                " calibration's placeholder, whose first measure the dos policy takes whole)")
+                                " placeholder of no measure, whose first measure the dos policy takes whole)")
             value = Rates(**value)
         elif isinstance(value, bool):
             value = int(value)

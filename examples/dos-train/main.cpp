@@ -116,8 +116,9 @@ int run_plan_only(const Args& a, const ModelConfig& cfg, const std::vector<Param
                                    po.workload.grad_bytes == po.workload.param_bytes;
   po.execution.grad_download_by_copy_engine = dos::runtime_copies_by_copy_engine(false);
   po.execution.param_upload_by_copy_engine = dos::runtime_copies_by_copy_engine(true);
-  // the first iteration: no subgroup's state is on the GPU yet, the resident ones' must come up
-  po.execution.state_off_gpu.assign(po.workload.sizes.size(), true);
+  // the first iteration: no subgroup's state is on the GPU yet, the resident ones' must come up;
+  // a later one: the resident states are on the GPU (the streamed ones go home after each phase)
+  po.execution.state_off_gpu.assign(po.workload.sizes.size(), a.plan_phase == "first");
   po.workload.cpu_grads_staged_on_gpu = !po.execution.own_grad_download;
   po.workload.cpu_params_staged_on_gpu = !po.execution.own_param_upload;
   if (!a.rates.empty()) po.rates = &rates, po.calibrated = &calibrated_rates;

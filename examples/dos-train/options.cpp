@@ -394,10 +394,18 @@ int parse_command_line(int argc, char** argv, Args& a) {
                  "with --overlap on: the subgroups the plan streams are updated speculatively too, on the GPU, while "
                  "backward runs (their state crosses PCIe then); off: only the CPU's subgroups")
       ->capture_default_str();
-  app.add_flag("--plan-only", a.plan_only,
-               "print the plan of --policy for the first iteration (one letter per subgroup), its simulated time and "
-               "the lower bound with --rates, and exit: no StarPU, no GPU needed. The caller's buffers are taken to be "
-               "on the GPU unless --device host; the GPU budgets, --submit-order and --stream-lookahead count");
+  CLI::Option* plan_only = app.add_flag(
+      "--plan-only", a.plan_only,
+      "print the plan of --policy for the first iteration (one letter per subgroup), its simulated time and "
+      "the lower bound with --rates, and exit: no StarPU, no GPU needed. The caller's buffers are taken to be "
+      "on the GPU unless --device host; the GPU budgets, --submit-order and --stream-lookahead count");
+  app.add_option("--plan-phase", a.plan_phase,
+                 "with --plan-only: the phase to plan and simulate: first (no state on the GPU yet: the resident "
+                 "subgroups' state comes up in it) or later (every phase after the first: the resident state is "
+                 "already on the GPU)")
+      ->check(CLI::IsMember({"first", "later"}))
+      ->needs(plan_only)
+      ->capture_default_str();
   app.add_option("--rates", a.rates,
                  "the model's rates instead of calibrating: U_c,U_c_dma,U_g,D_c,B_h2d,B_d2h in Gparams/s (4) and GB/s "
                  "(2), as the 'model:' line prints them, optionally followed by link_share (1 when not given; 1 counts as unmeasured, so the first phase's measure replaces it, where another value is blended half way), or the path of a rates file (the calibration cache's JSON, "

@@ -38,6 +38,7 @@ struct Args {
   std::vector<std::string> sweep;
   bool recalibrate = false;
   bool plan_only = false;
+  std::string plan_phase = "first";  ///< --plan-phase: "first" or "later" (the phase --plan-only simulates)
   std::string rates;  ///< --rates as given: six numbers or a rates file (plan_only.h)
   std::string gpu_resident_budget, gpu_update_budget;
   int stream_lookahead = 3;

@@ -84,7 +84,8 @@ struct Refined {
 ///    plans near the ones run are then predicted right, those far from them (mostly streamed) are
 ///    not, until phases that stream mostly alone refine B.
 ///    link_share_measured false: link_share holds no counted measure (the placeholder 1, or the
-///    calibration's measure on scratch phases, not counted: initial_link_share_record), so the
+///    calibration's measure on scratch phases with DOS_CALIBRATE_LINK_SHARE=1, not counted:
+///    initial_link_share_record), so the
 ///    step takes its measure whole (within the bounds
 ///    below, and still by at most a factor of 2, so that one odd first phase does not swing the
 ///    plan) instead of half way: there is nothing to average it with. On the GPU machine the
@@ -144,9 +145,9 @@ Refined refine_after_phase(const Workload& w, const Rates& r, const PhaseMeasure
                            std::size_t cpu_workers, bool link_share_measured, bool first_streamed);
 
 /// Whether rates hold a measured link_share: false only for the placeholder, a link_share of exactly
-/// 1 (a calibration that sized no measure gives it, and rates given without one, in --rates or the C
-/// ABI, get 1). Whether an optimizer counts that measure is initial_link_share_record's rule (the
-/// calibration's own value is not counted). So a rates file that an earlier run
+/// 1 (the calibration gives it unless it measures link_share, and rates given without one, in
+/// --rates or the C ABI, get 1). Whether an optimizer counts that measure is
+/// initial_link_share_record's rule (the calibration's own value is not counted). So a rates file that an earlier run
 /// refined, or rates given with a link_share other than 1, count as measured. A refined value of
 /// exactly 1 is taken for the placeholder too: it is common (link_share's cap U_c / U_c_dma is 1
 /// when U_c_dma reaches U_c), and the next run then takes its first measure whole, within a factor

@@ -27,8 +27,8 @@
 
 namespace dos {
 
-/// The placeholder link_share (Rates' default): no measure. What a calibration that could size no
-/// measure gives (calibrate_rates), what link_share_is_measured (models/refinement.h) takes for no
+/// The placeholder link_share (Rates' default): no measure. What the calibration gives unless it
+/// measures link_share (calibrate_rates), what link_share_is_measured (models/refinement.h) takes for no
 /// measure, and what the optimizer saves to the rates cache when neither the calibration nor a
 /// phase measured it (rates_to_save, models/refinement.h).
 inline constexpr double kUnmeasuredLinkShare = 1;
@@ -40,8 +40,8 @@ inline constexpr double kUnmeasuredLinkShare = 1;
 /// link_share: when CPU Adam and the links together ask host memory for more than it delivers, the
 /// links get link_share times the fraction of their ask that CPU Adam gets of its own (host_shares;
 /// 1: the same fraction; below 1: the CPU's cores win more of the memory controllers than the DMA
-/// engines). Measured by the calibration on short phases of scratch subgroups (calibrate_rates;
-/// kUnmeasuredLinkShare, 1, when it sized no measure), and refined from the phases whose streams
+/// engines). The calibration gives kUnmeasuredLinkShare, 1, or with DOS_CALIBRATE_LINK_SHARE=1
+/// measures it on short phases of scratch subgroups (calibrate_rates), and it is refined from the phases whose streams
 /// ran beside CPU Adam (models/refinement.h), the first of them replacing the calibration's
 /// value. All > 0.
 struct Rates {

@@ -18,6 +18,7 @@
 #include "dos.h"
 #include "optimizer_impl.h"
 #include "rates_json.h"
+#include "switches.h"
 
 #include <starpu.h>
 
@@ -267,12 +268,16 @@ Rates calibrate_rates(Runtime& runtime, std::size_t S, DType dtype, MemoryKind m
     }
   }
   // link_share, last: its measure is the refinement's, which simulates the phase at the rates above
-  std::string link_note;
   // (capped at U_c / U_c_dma of these rates: each phase's cap was that of its own refined rates,
-  // and a rates file above the cap is refused on load)
-  r.link_share = std::min(highest_link_share(r),
-                          measure_link_share(*opt.impl_, opt, r, nsub, 5, verbose ? &link_note : nullptr));
-  if (verbose) std::fprintf(stderr, "[dos] calibration's link_share: %s\n", link_note.c_str());
+  // and a rates file above the cap is refused on load). A measurement switch until it has been
+  // measured on the GPU machine against the placeholder: DOS_CALIBRATE_LINK_SHARE=1 measures it.
+  static const bool measure_share = detail::env_says("DOS_CALIBRATE_LINK_SHARE", "1");
+  if (measure_share) {
+    std::string link_note;
+    r.link_share = std::min(highest_link_share(r),
+                            measure_link_share(*opt.impl_, opt, r, nsub, 5, verbose ? &link_note : nullptr));
+    if (verbose) std::fprintf(stderr, "[dos] calibration's link_share: %s\n", link_note.c_str());
+  }
   if (verbose)
     std::fprintf(stderr,
                  "[dos] calibrated (%zu subgroups of %zu): U_c %.2f Gparams/s alone, %.2f under DMA; U_g %.1f Gparams/s; "

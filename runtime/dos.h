@@ -632,12 +632,15 @@ void validate_adam_hyper(const AdamHyper& h);
 /// memory kind), U_c_dma from a phase where the CPU updates 2 subgroups while 6 stream, U_g and D_c
 /// from the CUDA kernels timed with events, B_h2d and B_d2h from copies both ways at once
 /// (cudaMemcpyAsync on two streams; StarPU's one-way bus calibration in a build without CUDA
-/// kernels), and link_share, last, from 5 phases of the spread plan whose simulated streams run
-/// longest beside CPU Adam, each refined from the rates above as an optimizer's first phases are
-/// (models/refinement.h; the median of those that sized a measure, capped at U_c / U_c_dma; the
-/// placeholder 1 when fewer than 3 did), then refined online by the Optimizer from what each
-/// phase's resources were busy doing (an optimizer does not count the calibration's link_share as
-/// a measure: its first phases that stream replace it, initial_link_share_record). Needs a model policy (dos, static:R) and a CUDA worker; takes a few seconds (pinning the
+/// kernels), and link_share at the placeholder 1 (kUnmeasuredLinkShare), then refined online by the
+/// Optimizer from what each phase's resources were busy doing.
+/// With the measurement switch DOS_CALIBRATE_LINK_SHARE=1 (read once; not yet the default: it has
+/// not run on a GPU against the placeholder), link_share is measured last, from 5 phases of the
+/// spread plan whose simulated streams run longest beside CPU Adam, each refined from the rates
+/// above as an optimizer's first phases are (models/refinement.h; the median of those that sized a
+/// measure, capped at U_c / U_c_dma; the placeholder when fewer than 3 did). An optimizer does not
+/// count the calibration's link_share as a measure: its first phases that stream replace it
+/// (initial_link_share_record). Needs a model policy (dos, static:R) and a CUDA worker; takes a few seconds (pinning the
 /// scratch state). The result is cached in $DOS_CACHE_DIR (default $XDG_CACHE_HOME/dos-runtime,
 /// else ~/.cache/dos-runtime), one file per host and configuration, with the refined rates beside
 /// the calibrated ones; `force` measures again. Returns the rates to plan with (refined ones when

@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# On the GPU machine: does the calibration's link_share measure (DOS_CALIBRATE_LINK_SHARE=1) predict
+# a calibrating run's first phases better than the placeholder 1? Builds, then runs each case
+# below as one calibrating process (a fresh rates cache each), with the switch off and on,
+# interleaved, ROUNDS times, and prints each phase's update time and prediction error:
+#   20b-resident  the 20B quarter with 31.5 GB resident, update after backward, -n 2 (its first
+#                 phase brings the resident state up, its second is the first that streams)
+#   20b           the 20B quarter, nothing resident, -n 3
+#   7b-16m        the 7B 1/16 shard in subgroups of 2^24 under a 400 MB update budget, -n 4
+#   run(command="scripts/gpu-calibration.sh", carry=[".deps/cache"])
+# Outputs go to $OUT (default ./gpu-calibration-out): each process's log and report, summary.txt.
+# CASES picks cases (default all three), ROUNDS the repetitions (default 1).
+set -u
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+OUT=${OUT:-$ROOT/gpu-calibration-out}
+CASES=${CASES:-20b-resident 20b 7b-16m}
+ROUNDS=${ROUNDS:-1}
+mkdir -p "$OUT"
+t0=$(date +%s)
+"$ROOT/scripts/setup.sh" build > "$OUT/setup.log" 2>&1 || { tail -30 "$OUT/setup.log"; exit 1; }
+echo "build: $(( $(date +%s) - t0 )) s"
+. "$ROOT/.deps/env.sh"
+export STARPU_SILENT=1
+TRAIN="$ROOT/build/examples/dos-train"
+B20=(--preset llama-20b --shard 1/4 --subgroup-size 1.24e8 --gpu-update-budget 40GB --emulate-compute --tokens 4096
+     --policy dos)
+args() {
+  case $1 in
+    20b-resident) echo "${B20[@]} --overlap off --gpu-resident-budget 31.5GB -n 2" ;;
+    20b) echo "${B20[@]} -n 3" ;;
+    7b-16m) echo "--preset llama2-7b --shard 0/16 --subgroup-size 16777216 --gpu-update-budget 400MB --policy dos -n 4" ;;
+    *) echo "unknown case $1" >&2; return 1 ;;
+  esac
+}
+for round in $(seq 1 "$ROUNDS"); do
+  for c in $CASES; do
+    a=$(args "$c") || exit 2
+    for sw in 0 1; do
+      name="$c-switch$sw-round$round"
+      cache=$(mktemp -d)
+      # shellcheck disable=SC2086
+      DOS_CACHE_DIR=$cache DOS_CALIBRATE_LINK_SHARE=$sw timeout 120 "$TRAIN" $a --report "$OUT/$name.json" \
+        > "$OUT/$name.log" 2>&1
+      echo "$name: exit $?, $(grep -h "calibration's link_share" "$OUT/$name.log" | head -1)"
+      cp "$cache"/rates-*.json "$OUT/$name.rates.json" 2>/dev/null
+      rm -rf "$cache"
+    done
+  done
+done
+python3 - "$OUT" <<'PY' | tee "$OUT/summary.txt"
+import glob, json, os, sys
+print("case, switch, round: per phase update s (prediction error %)")
+for path in sorted(glob.glob(os.path.join(sys.argv[1], "*-switch*-round*.json"))):
+    if path.endswith(".rates.json"):
+        continue
+    try:
+        r = json.load(open(path))
+    except (OSError, ValueError) as e:
+        print(f"{os.path.basename(path)}: unreadable ({e})")
+        continue
+    cells = []
+    for it in r["iterations"]:
+        s, p = it["update_seconds"], it.get("predicted_seconds", 0)
+        cells.append(f"{s:.4f} ({100 * (p / s - 1):+.1f}%)" if p > 0 and s > 0 else f"{s:.4f} (-)")
+    print(f"{os.path.basename(path)[:-5]}: " + ", ".join(cells))
+PY

@@ -110,9 +110,11 @@ bool link_share_is_measured(const Rates& r) { return r.link_share != kUnmeasured
 
 LinkShareRecord initial_link_share_record(const Rates& rates, const Rates& calibrated) noexcept {
   LinkShareRecord out;
-  if (rates.link_share == calibrated.link_share) {
+  // the calibration's value as rates_to_save keeps it: capped at the rates' own U_c / U_c_dma
+  const double kept = std::min(calibrated.link_share, highest_link_share(rates));
+  if (rates.link_share == calibrated.link_share || (kept < calibrated.link_share && rates.link_share == kept)) {
     out.measured = false;
-    out.provisional = link_share_is_measured(calibrated) ? calibrated.link_share : 0;
+    out.provisional = link_share_is_measured(calibrated) ? rates.link_share : 0;
   } else {
     out.measured = link_share_is_measured(rates);
   }

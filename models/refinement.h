@@ -168,14 +168,22 @@ struct LinkShareRecord {
 
 /// The record an optimizer starts with, from the rates it plans with (`rates`) and the calibration's
 /// own (`calibrated`, as calibrate_rates gives them; both as Rates, link_share unitless):
-///  - rates.link_share equal to calibrated.link_share: no phase has measured it since the
-///    calibration. measured is false, so the optimizer's first phases that stream take their own
-///    measures whole (refine_after_phase); provisional is the calibration's value when it measured
-///    one (not kUnmeasuredLinkShare), 0 otherwise, so rates_to_save keeps it when no phase measures
-///    link_share. This covers a fresh calibration and a rates file whose link_share no phase moved.
+///  - rates.link_share equal to calibrated.link_share, or to calibrated.link_share capped at
+///    highest_link_share(rates) (as rates_to_save keeps it when a phase lowered that cap): no phase
+///    has measured it since the calibration. measured is false, so the optimizer's first phases
+///    that stream take their own measures whole (refine_after_phase); provisional is that value
+///    when the calibration measured one (calibrated.link_share not kUnmeasuredLinkShare), 0
+///    otherwise, so rates_to_save keeps it when no phase measures link_share. This covers a fresh
+///    calibration and a rates file whose link_share no phase moved. (A phase's measure that equals
+///    it exactly is taken for it: its next run's first phases take their measures whole.)
 ///  - otherwise: measured is link_share_is_measured(rates) (a rates file that phases refined, or a
 ///    file written before the calibration measured link_share, whose calibrated link_share is the
 ///    placeholder), provisional 0.
+/// A rates file keeps the calibration's value until --recalibrate, whether or not the run that reads
+/// it measures link_share in its calibration (DOS_CALIBRATE_LINK_SHARE). load_rates gives a file
+/// without a "calibrated" object its own rates as the calibration's, so such a file's link_share is
+/// taken for the calibration's (uncounted); `dos-train --rates FILE` gives no calibrated rates,
+/// so there a link_share other than 1 counts as measured, as every rate given does.
 /// Why the calibration's measure is not counted: it comes from short phases of scratch subgroups
 /// (calibrate_rates), and a first measure counted would be blended half way with the phases' own
 /// where, while it is uncounted, the first phases replace it. Throws nothing.

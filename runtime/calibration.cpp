@@ -81,11 +81,20 @@ struct Scratch {
 /// (and more beside it than without it, the refinement's condition for a link_share measure), each
 /// refined from `r` with link_share at the placeholder and uncounted, as an optimizer's first
 /// phases are (refine_after_phase: the measure taken whole, within a factor of 2 of 1, within
-/// [1/16, U_c / U_c_dma]). Returns the median of the phases that sized a measure (unitless, as
-/// Rates::link_share), or kUnmeasuredLinkShare when fewer than half of them did or no plan streams
-/// beside CPU Adam; *note (when not null) gets each measure, for the verbose line.
-double measure_link_share(Optimizer::Impl& I, Optimizer& opt, const Rates& r, std::size_t nsub, int reps,
+/// [1/16, U_c / U_c_dma]). A measure at that factor of 2 (0.5 or 2) is no measure: the phase asked
+/// for more than one step allows (short scratch phases whose links ran far below their rate would
+/// all stop at 0.5). Returns the median of the phases that sized a measure, capped at `cap` (U_c /
+/// U_c_dma of `r`: each phase's cap was that of its own refined rates, and a rates file above the
+/// cap is refused on load; unitless, as Rates::link_share), or kUnmeasuredLinkShare when fewer than
+/// half of them did, no plan streams beside CPU Adam, or the optimizer's plan does not refine (the
+/// static:R and greedy plans); *note (when not null) gets the result and each measure, for the
+/// verbose line.
+double measure_link_share(Optimizer::Impl& I, Optimizer& opt, const Rates& r, double cap, std::size_t nsub, int reps,
                           std::string* note) {
+  if (!I.choice.plan || !I.choice.plan->needs().refine) {
+    if (note) *note = "the placeholder 1 (the plan " + I.choice.name + " does not refine its rates)";
+    return kUnmeasuredLinkShare;
+  }
   Rates r0 = r;
   r0.link_share = kUnmeasuredLinkShare;
   std::size_t best = 0;
@@ -98,7 +107,7 @@ double measure_link_share(Optimizer::Impl& I, Optimizer& opt, const Rates& r, st
     }
   }
   if (best == 0) {
-    if (note) *note = "no plan of the scratch subgroups streams beside CPU Adam: the placeholder";
+    if (note) *note = "the placeholder 1 (no plan of the scratch subgroups streams beside CPU Adam)";
     return kUnmeasuredLinkShare;
   }
   opt.set_plan_override(PlanOverride{PlanOverride::fraction, double(best) / double(nsub)});
@@ -108,25 +117,30 @@ double measure_link_share(Optimizer::Impl& I, Optimizer& opt, const Rates& r, st
     I.rates = r0;
     I.link_share_record = LinkShareRecord{};
     opt.step();
-    char text[32];
-    if (I.link_share_record.measured) {
-      measures.push_back(I.rates.link_share);
-      std::snprintf(text, sizeof text, "%s%.3f", rep ? " " : "", I.rates.link_share);
+    const double v = I.rates.link_share;
+    const bool at_step_bound = v <= 0.5 * kUnmeasuredLinkShare * (1 + 1e-9) || v >= 2 * kUnmeasuredLinkShare * (1 - 1e-9);
+    char text[48];
+    if (I.link_share_record.measured && !at_step_bound) {
+      measures.push_back(v);
+      std::snprintf(text, sizeof text, "%s%.3f", rep ? " " : "", v);
     } else {
-      std::snprintf(text, sizeof text, "%s-", rep ? " " : "");
+      std::snprintf(text, sizeof text, "%s%s", rep ? " " : "", I.link_share_record.measured ? "bound" : "-");
     }
     each += text;
   }
-  const double result = 2 * measures.size() < std::size_t(reps) ? kUnmeasuredLinkShare : [&] {
+  const bool enough = 2 * measures.size() >= std::size_t(reps);
+  double result = kUnmeasuredLinkShare;
+  if (enough) {
     std::sort(measures.begin(), measures.end());
     const std::size_t k = measures.size();
-    return k % 2 ? measures[k / 2] : 0.5 * (measures[k / 2 - 1] + measures[k / 2]);
-  }();
+    result = std::min(cap, k % 2 ? measures[k / 2] : 0.5 * (measures[k / 2 - 1] + measures[k / 2]));
+  }
   if (note) {
-    char head[160];
-    std::snprintf(head, sizeof head, "%.3f, the median of %zu phase(s) with %zu of %zu subgroups streamed (each: ",
-                  result, measures.size(), best, nsub);
-    *note = std::string(head) + each + (2 * measures.size() < std::size_t(reps) ? "; too few sized: the placeholder)" : ")");
+    char head[200];
+    std::snprintf(head, sizeof head,
+                  "%.3f%s, from %zu sized measure(s) of %d phases with %zu of %zu subgroups streamed (each: ", result,
+                  enough ? "" : " (the placeholder: too few sized)", measures.size(), reps, best, nsub);
+    *note = std::string(head) + each + "; -: none sized, bound: at the step's factor of 2)";
   }
   return result;
 }
@@ -268,14 +282,12 @@ Rates calibrate_rates(Runtime& runtime, std::size_t S, DType dtype, MemoryKind m
     }
   }
   // link_share, last: its measure is the refinement's, which simulates the phase at the rates above
-  // (capped at U_c / U_c_dma of these rates: each phase's cap was that of its own refined rates,
-  // and a rates file above the cap is refused on load). A measurement switch until it has been
+  // (capped at U_c / U_c_dma of these rates). A measurement switch until it has been
   // measured on the GPU machine against the placeholder: DOS_CALIBRATE_LINK_SHARE=1 measures it.
   static const bool measure_share = detail::env_says("DOS_CALIBRATE_LINK_SHARE", "1");
   if (measure_share) {
     std::string link_note;
-    r.link_share = std::min(highest_link_share(r),
-                            measure_link_share(*opt.impl_, opt, r, nsub, 5, verbose ? &link_note : nullptr));
+    r.link_share = measure_link_share(*opt.impl_, opt, r, highest_link_share(r), nsub, 5, verbose ? &link_note : nullptr);
     if (verbose) std::fprintf(stderr, "[dos] calibration's link_share: %s\n", link_note.c_str());
   }
   if (verbose)

@@ -55,6 +55,7 @@ python3 - "$tmp/plan-static:0.5.json" "$tmp/later.json" <<'PY' || bad "--plan-ph
 import json, sys
 first, later = (json.load(open(p)) for p in sys.argv[1:])
 assert later["plan"] == first["plan"] == "ccccrrrr", (first["plan"], later["plan"])
+assert first["plan_phase"] == "first" and later["plan_phase"] == "later", (first["plan_phase"], later["plan_phase"])
 up = 12 * sum(n for n, side in zip(first["subgroup_sizes"], first["plan"]) if side == "r") / 50e9
 assert later["busy_seconds"]["h2d"] < first["busy_seconds"]["h2d"] - 0.9 * up, (first["busy_seconds"], later["busy_seconds"])
 assert later["predicted_seconds"] < first["predicted_seconds"], (first["predicted_seconds"], later["predicted_seconds"])
@@ -62,7 +63,8 @@ PY
 "$train" --preset tiny --plan-phase later >"$tmp/out" 2>&1 && bad "--plan-phase without --plan-only exited 0"
 grep -q -- "--plan-phase requires --plan-only" "$tmp/out" || bad "--plan-phase without --plan-only: $(cat "$tmp/out")"
 "$train" "${common[@]}" --policy dos --rates $rates --plan-phase warm >"$tmp/out" 2>&1 && bad "--plan-phase warm exited 0"
-grep -q "first" "$tmp/out" || bad "--plan-phase warm: the message does not name the values: $(cat "$tmp/out")"
+grep -q -- "--plan-phase: warm not in {first,later}" "$tmp/out" ||
+  bad "--plan-phase warm: the message does not name the values: $(cat "$tmp/out")"
 
 # rates from a file in the calibration cache's format (params/s, bytes/s): the same plan as on the command line
 printf '{"U_c": 3.7e9, "U_c_dma": 2.9e9, "U_g": 6e10, "D_c": 3e11, "B_h2d": 5e10, "B_d2h": 5e10}\n' > "$tmp/rates.json"

@@ -1,8 +1,8 @@
 // The optimizer's first phases and its rates file (models/refinement.h: refine_after_phase,
 // record_phase, rates_to_save), against a machine that behaves as the phase simulation says at
 // rates known to the test: the rule for the first phase that streams (its link_share measure taken
-// whole but provisional while link_share is the calibration's placeholder, blended when it holds a
-// measure), calibrating runs and runs from an earlier run's rates, and what goes back to the rates
+// whole but provisional while link_share holds no counted measure, the placeholder or the
+// calibration's own, blended when it holds one), calibrating runs and runs from an earlier run's rates, and what goes back to the rates
 // file and how the next run's first phase is then predicted.
 #include <cmath>
 #include <cstdio>
@@ -306,6 +306,21 @@ void test_initial_link_share_record(void**) {
   rec = dos::initial_link_share_record(after, cal);
   assert_true(rec.measured);
   assert_true(rec.provisional == 0);
+
+  // the calibration's value above the cap of the rates saved (a phase moved U_c_dma up): saved at
+  // the cap, and still the calibration's, uncounted
+  dos::Rates high = kRates;  // cap U_c / U_c_dma = 4e9 / 3e9
+  high.link_share = 1.3;
+  dos::Rates moved = high;
+  moved.U_c_dma = 3.6e9;  // cap 4e9 / 3.6e9
+  const dos::Rates capped = dos::rates_to_save(moved, dos::initial_link_share_record(high, high));
+  ASSERT_NEAR(capped.link_share, 4e9 / 3.6e9, 1e-12);
+  rec = dos::initial_link_share_record(capped, high);
+  assert_false(rec.measured);
+  ASSERT_NEAR(rec.provisional, 4e9 / 3.6e9, 1e-12);
+  dos::Rates measured_below = moved;  // a phase's measure below the cap is a measure
+  measured_below.link_share = 0.9;
+  assert_true(dos::initial_link_share_record(measured_below, high).measured);
 
   // a calibration that measured nothing (the placeholder 1), and files written before the
   // calibration measured link_share (their calibrated value is the placeholder)

@@ -88,8 +88,8 @@ void* host_alloc(std::size_t bytes) {
   return p;
 }
 
-/// --plan-only: the plan the first iteration would carry out, without a runtime or buffers; printed,
-/// and written to --report when given.
+/// --plan-only: the plan the first iteration (--plan-phase later: a later one) would carry out,
+/// without a runtime or buffers; printed, and written to --report when given.
 int run_plan_only(const Args& a, const ModelConfig& cfg, const std::vector<ParamTensor>& all, dos::ShardRange range,
                   std::size_t total, std::size_t subgroup, const Checked& c) {
   const std::size_t n = range.end - range.begin;
@@ -122,14 +122,16 @@ int run_plan_only(const Args& a, const ModelConfig& cfg, const std::vector<Param
   po.workload.cpu_grads_staged_on_gpu = !po.execution.own_grad_download;
   po.workload.cpu_params_staged_on_gpu = !po.execution.own_param_upload;
   if (!a.rates.empty()) po.rates = &rates, po.calibrated = &calibrated_rates;
-  std::printf("dos-train --plan-only: %s, %zu of %zu parameters (shard %s), %s, subgroups of %zu\n", cfg.name.c_str(),
-              n, total, a.shard.c_str(), a.dtype.c_str(), subgroup);
+  std::printf("dos-train --plan-only: %s, %zu of %zu parameters (shard %s), %s, subgroups of %zu, the %s phase\n",
+              cfg.name.c_str(), n, total, a.shard.c_str(), a.dtype.c_str(), subgroup,
+              a.plan_phase == "first" ? "first (the resident state comes up in it)" : "later (the resident state on the GPU)");
   nlohmann::ordered_json rep = dos_train::show_plan(po);
   rep["params_total"] = total;
   rep["params"] = n;
   rep["shard"] = a.shard;
   rep["dtype"] = a.dtype;
   rep["subgroup_size"] = subgroup;
+  rep["plan_phase"] = a.plan_phase;
   if (!a.report.empty()) {
     const std::string text = rep.dump(2) + "\n";
     dos::write_file_atomically(a.report, {{text.data(), text.size()}});

@@ -396,7 +396,8 @@ int parse_command_line(int argc, char** argv, Args& a) {
       ->capture_default_str();
   CLI::Option* plan_only = app.add_flag(
       "--plan-only", a.plan_only,
-      "print the plan of --policy for the first iteration (one letter per subgroup), its simulated time and "
+      "print the plan of --policy for the first iteration (--plan-phase later: a later one; one letter per "
+      "subgroup), its simulated time and "
       "the lower bound with --rates, and exit: no StarPU, no GPU needed. The caller's buffers are taken to be "
       "on the GPU unless --device host; the GPU budgets, --submit-order and --stream-lookahead count");
   app.add_option("--plan-phase", a.plan_phase,

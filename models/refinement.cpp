@@ -16,7 +16,7 @@ void require_complete(const Rates& r) {
 }  // namespace
 
 Refined refine_rates(const Workload& w, const Rates& r, const PhaseMeasure& m, const Simulation& sim,
-                     std::size_t cpu_workers, bool link_share_measured) {
+                     std::size_t cpu_workers, bool link_share_measured, bool u_c_measured) {
   require_complete(r);
   Refined out{r, false};
   Rates& q = out.rates;
@@ -29,8 +29,17 @@ Refined refine_rates(const Workload& w, const Rates& r, const PhaseMeasure& m, c
   };
   const double adam = m.cpu_adam_seconds;  // CPU Adam alone: the model counts nothing else
   const bool measured_alone = m.streamed > 0 && m.alone_seconds >= 2e-3 && m.alone_params > 0;
+  bool u_c_direct = false;  // a measure of U_c applied: from a phase that streamed nothing, or alone
   if (m.streamed == 0 && sim.cpu > 0 && adam > 0) {
-    blend(q.U_c, q.U_c * sim.cpu / adam);
+    const double measured = q.U_c * sim.cpu / adam;
+    const bool mostly_alone = sim.cpu_beside_dma <= 0.5 * sim.cpu;  // not a resident upload's phase
+    if (!u_c_measured && mostly_alone && std::isfinite(measured) && measured > 0) {
+      q.U_c = within_2x(q.U_c, measured);  // the first: nothing of this optimizer's to average with
+      out.applied = true;
+    } else {
+      blend(q.U_c, measured);
+    }
+    u_c_direct = mostly_alone;
   } else if (sim.cpu_beside_dma > 0.2 * sim.cpu && adam > 0) {
     // the simulated split of the CPU's work, at the rates the plan was made with
     const double sim_alone = sim.cpu - sim.cpu_beside_dma;
@@ -47,7 +56,9 @@ Refined refine_rates(const Workload& w, const Rates& r, const PhaseMeasure& m, c
       blend(q.U_c, r.U_c * (sim.cpu_after_stream / sim.cpu_after_stream_params) / measured_per_param);
     else
       blend(q.U_c, 1 / measured_per_param);
+    u_c_direct = true;
   }
+  out.u_c_measured = u_c_measured || u_c_direct;
   q.U_c_dma = std::min(q.U_c_dma, q.U_c);
   if (m.streamed > 0 && sim.stream_end > 0 && m.stream_end_seconds > 0 && m.eager_writeback) {
     auto scale_links = [&](double f) {  // both links towards f times their rate
@@ -97,9 +108,11 @@ Refined refine_rates(const Workload& w, const Rates& r, const PhaseMeasure& m, c
 }
 
 Refined refine_after_phase(const Workload& w, const Rates& r, const PhaseMeasure& m, const Simulation& sim,
-                           std::size_t cpu_workers, bool link_share_measured, bool first_streamed) {
-  if (!first_streamed || link_share_measured) return refine_rates(w, r, m, sim, cpu_workers, link_share_measured);
-  Refined out = refine_rates(w, r, m, sim, cpu_workers, false);
+                           std::size_t cpu_workers, bool link_share_measured, bool first_streamed,
+                           bool u_c_measured) {
+  if (!first_streamed || link_share_measured)
+    return refine_rates(w, r, m, sim, cpu_workers, link_share_measured, u_c_measured);
+  Refined out = refine_rates(w, r, m, sim, cpu_workers, false, u_c_measured);
   out.link_share_provisional = out.link_share_applied;
   out.link_share_applied = false;
   out.link_share_measured = false;

@@ -43,12 +43,27 @@ struct Refined {
   /// provisional measure. record_phase keeps it, and rates_to_save saves it when no later phase
   /// measures link_share.
   bool link_share_provisional = false;
+  /// rates.U_c holds a measure of the optimizer's own phases: the u_c_measured given, or a measure of
+  /// U_c applied in this step from a phase that streamed nothing whose simulated CPU Adam ran mostly
+  /// without DMA, or from CPU Adam tasks that ran after the streaming. What the next step's
+  /// u_c_measured is.
+  bool u_c_measured = false;
 };
 
 /// One step of the refinement: each rate moves half way towards what the phase measured, by at most
 /// a factor of 2 (an exponential average of weight 1/2, so that one odd phase does not swing the
 /// plan). `sim` is simulate_phase of the phase's plan at rates `r` (the rates the plan was made with).
-///  - U_c, in a phase that streamed nothing: scaled by sim.cpu / cpu_adam_seconds.
+///  - U_c, in a phase that streamed nothing: scaled by sim.cpu / cpu_adam_seconds. With u_c_measured
+///    false (U_c is the calibration's or a rates file's: no phase of this optimizer has measured it)
+///    and the simulated CPU Adam mostly without DMA (sim.cpu_beside_dma at most half of sim.cpu: not
+///    a phase bringing resident state up beside it, whose CPU time depends on link_share too), that
+///    measure is taken whole (still by at most a factor of 2) instead of half way: the phase's own
+///    tasks are the direct measure, and what U_c held came from another process or from the
+///    calibration's smaller scratch subgroups. On the GPU machine a 7B 1/16 shard under a 400 MB
+///    update budget (its 5 subgroups all on the CPU) started from a U_c of 1.91 Gparams/s where its
+///    phases ran CPU Adam at 2.5-2.7: blended half way, its phases were predicted +34.9, +22.3,
+///    +12.0, +5.2% off; on the simulation, taken whole, the second phase is predicted within the
+///    first phase's own deviation from the later ones (test_first_phases).
 ///  - U_c, in a phase that streamed: from the CPU Adam tasks that began after the streaming ended,
 ///    when they ran 2 ms or more. They ran beside the CPU subgroups' own gradient and parameter
 ///    copies (and the uploads of resident states not yet on the GPU still going), which share host
@@ -101,8 +116,11 @@ struct Refined {
 /// link_share_measured: whether r.link_share holds a measure (an earlier phase's, a rates file's
 /// refined value, a value given) rather than the placeholder or the calibration's uncounted
 /// measure (initial_link_share_record); see the link_share rule above.
+/// u_c_measured: whether r.U_c holds a measure of this optimizer's phases (Refined::u_c_measured of
+/// the step before; false at an optimizer's start from calibrated or cached rates); see the U_c rule
+/// above.
 Refined refine_rates(const Workload& w, const Rates& r, const PhaseMeasure& m, const Simulation& sim,
-                     std::size_t cpu_workers = 1, bool link_share_measured = true);
+                     std::size_t cpu_workers = 1, bool link_share_measured = true, bool u_c_measured = true);
 
 /// The optimizer's refinement after one phase: refine_rates, with a rule for the optimizer's first
 /// phase that streamed (first_streamed) while link_share holds no counted measure (the placeholder,
@@ -141,8 +159,10 @@ Refined refine_rates(const Workload& w, const Rates& r, const PhaseMeasure& m, c
 ///    up to 25% slow.)
 /// Otherwise (not first_streamed, which includes a phase that streamed nothing) refine_rates with
 /// link_share_measured as given. Throws what refine_rates throws.
+/// u_c_measured goes to refine_rates as given.
 Refined refine_after_phase(const Workload& w, const Rates& r, const PhaseMeasure& m, const Simulation& sim,
-                           std::size_t cpu_workers, bool link_share_measured, bool first_streamed);
+                           std::size_t cpu_workers, bool link_share_measured, bool first_streamed,
+                           bool u_c_measured = true);
 
 /// Whether rates hold a measured link_share: false only for the placeholder, a link_share of exactly
 /// 1 (the calibration gives it unless it measures link_share, and rates given without one, in

@@ -129,9 +129,10 @@ Simulation Optimizer::Impl::simulate_plan() const {
 
 void Optimizer::Impl::refine(const PhaseMeasure& m, const Simulation& sim, bool first_streamed) {
   if (!have_rates || !choice.plan || !choice.plan->needs().refine || rt->cuda_workers() == 0) return;
-  const Refined r =
-      refine_after_phase(workload, rates, m, sim, rt->cpu_workers(), link_share_record.measured, first_streamed);
+  const Refined r = refine_after_phase(workload, rates, m, sim, rt->cpu_workers(), link_share_record.measured,
+                                       first_streamed, u_c_measured);
   rates = r.rates;
+  u_c_measured = r.u_c_measured;
   refined = refined || r.applied;
   link_share_record = record_phase(link_share_record, r);
 }
@@ -306,6 +307,7 @@ Optimizer::Optimizer(Runtime& runtime, const std::vector<TensorView>& tensors, c
     // calibration's own measure is not counted until a phase measures it (models/refinement.h)
     I.link_share_record = rates_complete(r) ? LinkShareRecord{link_share_is_measured(I.rates), 0}
                                             : initial_link_share_record(I.rates, I.calibrated_rates);
+    I.u_c_measured = rates_complete(r);
   }
 
   for (std::size_t s = 0; s < layout.size(); ++s) {

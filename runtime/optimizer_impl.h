@@ -327,6 +327,10 @@ struct Optimizer::Impl {
   // link_share_is_measured of rates given) at construction, then record_phase after each refined
   // phase; what rates_to_save writes back
   LinkShareRecord link_share_record;
+  // whether rates.U_c holds a measure of this optimizer's phases (Refined::u_c_measured): false at
+  // the start from calibrated or cached rates (the first direct measure is then taken whole), true
+  // from rates given
+  bool u_c_measured = true;
   /// Whether a phase of this optimizer has run (not skipped) with streamed subgroups: StarPU
   /// allocated their GPU buffers in it. Until then choose_tail binds nothing (tail_binder.cpp), and
   /// the next phase that streams is refine's first_streamed (overlapped and asynchronous phases

@@ -32,14 +32,21 @@ Refined refine_rates(const Workload& w, const Rates& r, const PhaseMeasure& m, c
   bool u_c_direct = false;  // a measure of U_c applied: from a phase that streamed nothing, or alone
   if (m.streamed == 0 && sim.cpu > 0 && adam > 0) {
     const double measured = q.U_c * sim.cpu / adam;
-    const bool mostly_alone = sim.cpu_beside_dma <= 0.5 * sim.cpu;  // not a resident upload's phase
-    if (!u_c_measured && mostly_alone && std::isfinite(measured) && measured > 0) {
-      q.U_c = within_2x(q.U_c, measured);  // the first: nothing of this optimizer's to average with
+    // the simulated CPU Adam mostly without DMA (not beside a resident upload, whose share of host
+    // memory depends on link_share too), over a phase long enough to measure by
+    const bool direct = sim.cpu_beside_dma <= 0.5 * sim.cpu && adam >= 2e-3;
+    if (!u_c_measured && direct && std::isfinite(measured) && measured > 0) {
+      // the first: nothing of this optimizer's to average with. The CPU's speed, so U_c_dma moves
+      // by the same factor (the simulated CPU time then matches the measured one to first order)
+      const double f = within_2x(q.U_c, measured) / q.U_c;
+      q.U_c *= f;
+      q.U_c_dma *= f;
       out.applied = true;
+      u_c_direct = true;
     } else {
       blend(q.U_c, measured);
+      u_c_direct = direct && out.applied;
     }
-    u_c_direct = mostly_alone;
   } else if (sim.cpu_beside_dma > 0.2 * sim.cpu && adam > 0) {
     // the simulated split of the CPU's work, at the rates the plan was made with
     const double sim_alone = sim.cpu - sim.cpu_beside_dma;

@@ -45,8 +45,8 @@ struct Refined {
   bool link_share_provisional = false;
   /// rates.U_c holds a measure of the optimizer's own phases: the u_c_measured given, or a measure of
   /// U_c applied in this step from a phase that streamed nothing whose simulated CPU Adam ran mostly
-  /// without DMA, or from CPU Adam tasks that ran after the streaming. What the next step's
-  /// u_c_measured is.
+  /// without DMA for 2 ms or more, or from CPU Adam tasks that ran after the streaming (blended:
+  /// after it, a phase that streams nothing blends too). What the next step's u_c_measured is.
   bool u_c_measured = false;
 };
 
@@ -54,12 +54,18 @@ struct Refined {
 /// a factor of 2 (an exponential average of weight 1/2, so that one odd phase does not swing the
 /// plan). `sim` is simulate_phase of the phase's plan at rates `r` (the rates the plan was made with).
 ///  - U_c, in a phase that streamed nothing: scaled by sim.cpu / cpu_adam_seconds. With u_c_measured
-///    false (U_c is the calibration's or a rates file's: no phase of this optimizer has measured it)
-///    and the simulated CPU Adam mostly without DMA (sim.cpu_beside_dma at most half of sim.cpu: not
-///    a phase bringing resident state up beside it, whose CPU time depends on link_share too), that
-///    measure is taken whole (still by at most a factor of 2) instead of half way: the phase's own
-///    tasks are the direct measure, and what U_c held came from another process or from the
-///    calibration's smaller scratch subgroups. On the GPU machine a 7B 1/16 shard under a 400 MB
+///    false (U_c is the calibration's or the rates cache's: no phase of this optimizer has measured
+///    it), the simulated CPU Adam mostly without DMA (sim.cpu_beside_dma at most half of sim.cpu)
+///    and cpu_adam_seconds at least 2 ms, that factor is taken whole (still at most 2 either way)
+///    instead of half way, and applied to U_c_dma too: the phase's own tasks are the direct measure
+///    of the CPU's speed, and what U_c held came from another process or from the calibration's
+///    smaller scratch subgroups. sim.cpu_beside_dma counts every transfer beside CPU Adam: a
+///    resident state's upload (a first phase with resident state is beside it all along, and its
+///    CPU time depends on link_share too), and the CPU subgroups' own gradient downloads and
+///    parameter uploads, which keep it below half with one CPU worker (7B 1/16 shard: 0.13-0.18 of
+///    sim.cpu; the 20B quarter's later phases with 31.5 GB resident: 0.41) and above half with
+///    several CPU workers each running a subgroup beside the others' copies (the 20B quarter all on
+///    the CPU: 0.98 with 4 workers), where the rule then does not apply. On the GPU machine a 7B 1/16 shard under a 400 MB
 ///    update budget (its 5 subgroups all on the CPU) started from a U_c of 1.91 Gparams/s where its
 ///    phases ran CPU Adam at 2.5-2.7: blended half way, its phases were predicted +34.9, +22.3,
 ///    +12.0, +5.2% off; on the simulation, taken whole, the second phase is predicted within the
@@ -117,8 +123,8 @@ struct Refined {
 /// refined value, a value given) rather than the placeholder or the calibration's uncounted
 /// measure (initial_link_share_record); see the link_share rule above.
 /// u_c_measured: whether r.U_c holds a measure of this optimizer's phases (Refined::u_c_measured of
-/// the step before; false at an optimizer's start from calibrated or cached rates); see the U_c rule
-/// above.
+/// the step before; false at an optimizer's start from calibrated or cached rates, true from rates
+/// given, `dos-train --rates FILE` included); see the U_c rule above.
 Refined refine_rates(const Workload& w, const Rates& r, const PhaseMeasure& m, const Simulation& sim,
                      std::size_t cpu_workers = 1, bool link_share_measured = true, bool u_c_measured = true);
 

@@ -328,8 +328,9 @@ struct Optimizer::Impl {
   // phase; what rates_to_save writes back
   LinkShareRecord link_share_record;
   // whether rates.U_c holds a measure of this optimizer's phases (Refined::u_c_measured): false at
-  // the start from calibrated or cached rates (the first direct measure is then taken whole), true
-  // from rates given
+  // the start from calibrated or cached rates (the first measure from a phase that streamed nothing
+  // and ran its CPU Adam mostly without DMA is then taken whole; a measure from CPU Adam tasks after
+  // a phase's streaming is blended and ends that), true from rates given
   bool u_c_measured = true;
   /// Whether a phase of this optimizer has run (not skipped) with streamed subgroups: StarPU
   /// allocated their GPU buffers in it. Until then choose_tail binds nothing (tail_binder.cpp), and

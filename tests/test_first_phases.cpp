@@ -219,21 +219,32 @@ void test_first_u_c_measure(void**) {
     assert_true(err[0][1] > 0.1);
   }
 
-  // a phase that streamed nothing but whose simulated CPU Adam ran mostly beside DMA: blended, and
-  // no measure of U_c
+  // a phase that streamed nothing but whose simulated CPU Adam ran mostly beside DMA (just above
+  // half): blended, and no measure of U_c
   dos::Simulation sim;
   sim.cpu = 1.0;
-  sim.cpu_beside_dma = 0.8;
+  sim.cpu_beside_dma = 0.55;
   dos::PhaseMeasure m;
-  m.cpu_adam_seconds = 0.5;  // twice as fast as simulated
+  m.cpu_adam_seconds = 0.8;  // 1.25x as fast as simulated
   const dos::Refined q = dos::refine_rates(quarter_20b(), kRates, m, sim, 1, true, false);
-  ASSERT_NEAR(q.rates.U_c, 1.5 * kRates.U_c, 1.0);
+  ASSERT_NEAR(q.rates.U_c, 1.125 * kRates.U_c, 1.0);
+  ASSERT_NEAR(q.rates.U_c_dma, kRates.U_c_dma, 0.0);
+  assert_true(q.applied);
   assert_false(q.u_c_measured);
-  sim.cpu_beside_dma = 0.3;  // mostly alone: taken whole, and counted
+  sim.cpu_beside_dma = 0.45;  // mostly alone (just below half): taken whole for U_c and U_c_dma, and counted
   const dos::Refined whole = dos::refine_rates(quarter_20b(), kRates, m, sim, 1, true, false);
-  ASSERT_NEAR(whole.rates.U_c, 2 * kRates.U_c, 1.0);
-  assert_true(whole.u_c_measured);
-  assert_true(dos::refine_rates(quarter_20b(), kRates, m, sim, 1, true, true).rates.U_c < 1.6 * kRates.U_c);
+  ASSERT_NEAR(whole.rates.U_c, 1.25 * kRates.U_c, 1.0);
+  ASSERT_NEAR(whole.rates.U_c_dma, 1.25 * kRates.U_c_dma, 1.0);
+  assert_true(whole.applied && whole.u_c_measured);
+  m.cpu_adam_seconds = 0.4;  // 2.5x as fast: still by at most a factor of 2
+  ASSERT_NEAR(dos::refine_rates(quarter_20b(), kRates, m, sim, 1, true, false).rates.U_c, 2 * kRates.U_c, 1.0);
+  ASSERT_NEAR(dos::refine_rates(quarter_20b(), kRates, m, sim, 1, true, true).rates.U_c, 1.5 * kRates.U_c, 1.0);
+  sim.cpu = 2e-3;  // a phase under 2 ms of CPU Adam: blended, no measure
+  sim.cpu_beside_dma = 0;
+  m.cpu_adam_seconds = 1e-3;
+  const dos::Refined short_phase = dos::refine_rates(quarter_20b(), kRates, m, sim, 1, true, false);
+  ASSERT_NEAR(short_phase.rates.U_c, 1.5 * kRates.U_c, 1.0);
+  assert_false(short_phase.u_c_measured);
 }
 
 // A run that starts from an earlier run's rates (link_share measured, 0.8) on a machine that has

@@ -7,13 +7,17 @@
 #                 phase brings the resident state up, its second is the first that streams)
 #   20b           the 20B quarter, nothing resident, -n 3
 #   7b-16m        the 7B 1/16 shard in subgroups of 2^24 under a 400 MB update budget, -n 4
+#   7b-seq        the 7B quarter (subgroups of 1e8, -n 4), then from its rates cache the 7B 1/16
+#                 shard under a 400 MB update budget (all on the CPU, -n 4): U_c's first measure in
+#                 the second process, which starts from the quarter's rates (the report of the
+#                 second is the case's; the first's is <name>-first.json)
 #   run(command="scripts/gpu-calibration.sh", carry=[".deps/cache"])
 # Outputs go to $OUT (default ./gpu-calibration-out): each process's log and report, summary.txt.
 # CASES picks cases (default all three), ROUNDS the repetitions (default 1).
 set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${OUT:-$ROOT/gpu-calibration-out}
-CASES=${CASES:-20b-resident 20b 7b-16m}
+CASES=${CASES:-20b-resident 20b 7b-16m 7b-seq}
 ROUNDS=${ROUNDS:-1}
 mkdir -p "$OUT"
 t0=$(date +%s)
@@ -29,6 +33,7 @@ args() {
     20b-resident) echo "${B20[@]} --overlap off --gpu-resident-budget 31.5GB -n 2" ;;
     20b) echo "${B20[@]} -n 3" ;;
     7b-16m) echo "--preset llama2-7b --shard 0/16 --subgroup-size 16777216 --gpu-update-budget 400MB --policy dos -n 4" ;;
+    7b-seq) echo "--preset llama2-7b --shard 0/16 --subgroup-size 1e8 --gpu-update-budget 400MB --policy dos -n 4" ;;
     *) echo "unknown case $1" >&2; return 1 ;;
   esac
 }
@@ -38,6 +43,10 @@ for round in $(seq 1 "$ROUNDS"); do
     for sw in 0 1; do
       name="$c-switch$sw-round$round"
       cache=$(mktemp -d)
+      if [ "$c" = 7b-seq ]; then
+        DOS_CACHE_DIR=$cache DOS_CALIBRATE_LINK_SHARE=$sw timeout 120 "$TRAIN" --preset llama2-7b --shard 0/4 \
+          --subgroup-size 1e8 --policy dos -n 4 --report "$OUT/$name-first.json" > "$OUT/$name-first.log" 2>&1
+      fi
       # shellcheck disable=SC2086
       DOS_CACHE_DIR=$cache DOS_CALIBRATE_LINK_SHARE=$sw timeout 120 "$TRAIN" $a --report "$OUT/$name.json" \
         > "$OUT/$name.log" 2>&1
@@ -51,7 +60,7 @@ python3 - "$OUT" <<'PY' | tee "$OUT/summary.txt"
 import glob, json, os, sys
 print("case, switch, round: per phase update s (prediction error %)")
 for path in sorted(glob.glob(os.path.join(sys.argv[1], "*-switch*-round*.json"))):
-    if path.endswith(".rates.json"):
+    if path.endswith(".rates.json") or path.endswith("-first.json"):
         continue
     try:
         r = json.load(open(path))

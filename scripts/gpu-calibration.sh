@@ -13,7 +13,9 @@
 #                 second is the case's; the first's is <name>-first.json)
 #   run(command="scripts/gpu-calibration.sh", carry=[".deps/cache"])
 # Outputs go to $OUT (default ./gpu-calibration-out): each process's log and report, summary.txt.
-# CASES picks cases (default all three), ROUNDS the repetitions (default 1).
+# CASES picks cases (default all four), ROUNDS the repetitions (default 1). TESTS=1 runs the GPU
+# tests first (the README's list with refinement-first-phases, about 200 s; the cases take about
+# 250 s more, so CASES="20b-resident 7b-seq" keeps one call within 600 s).
 set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${OUT:-$ROOT/gpu-calibration-out}
@@ -26,6 +28,13 @@ echo "build: $(( $(date +%s) - t0 )) s"
 . "$ROOT/.deps/env.sh"
 export STARPU_SILENT=1
 TRAIN="$ROOT/build/examples/dos-train"
+if [ "${TESTS:-0}" = 1 ]; then
+  (cd "$ROOT" && timeout 330 meson test -C build --print-errorlogs $(meson test -C build --list |
+     grep -E "cuda|train-|copy-stream" | grep -vE "mpi|nccl|shards|resume|bad-input|plan-only|integrity") \
+     refinement refinement-first-phases phase-sim tail-binding model plans kernels-static \
+     optimizer-dos-host-bf16-adam train-plan-only > "$OUT/tests.log" 2>&1)
+  echo "GPU tests: exit $?; $(grep -E '^(Ok|Fail|Skipped|Timeout):' "$OUT/tests.log" | tr -s ' ' | tr '\n' ' ')"
+fi
 B20=(--preset llama-20b --shard 1/4 --subgroup-size 1.24e8 --gpu-update-budget 40GB --emulate-compute --tokens 4096
      --policy dos)
 args() {

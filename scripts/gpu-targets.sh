@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# On the GPU machine: the runs behind the README's "At the final code" table, in three calls that
+# each stay under the device tool's 600 s (PART, default tests):
+#   run(command="PART=tests scripts/gpu-targets.sh", carry=[".deps/cache", ".peers"])
+#   PART=tests  the GPU tests (the README's list with refinement-first-phases; 200-260 s)
+#   PART=20b    the 20B quarter side by side (dos, the plan untouched, our zero_offload and stride:2,
+#               the peers when .peers/torch_update_phase.py is there; -n 5, with dos-bench host's
+#               bound), then with 31.5 GB resident (dos, static:0.4, our stride:2 and twinflow, the
+#               TwinFlow-ratio peer; -n 4); about 320 s
+#   PART=rest   the resident sequence (calibrating -n 2, then -n 3 from its rates cache), the 13B
+#               sweep, the 7B quarter, its 1/16 shard under 400 MB, the tiny preset (dos, cpu, gpu),
+#               dos-bench overhead, the 1.01e9-parameter GPT's update phase; about 380 s
+# Each step runs only if it can start early enough for the call to end in time (its log says when it
+# was skipped). Every call starts from an empty rates cache ($OUT/cache): its first model run
+# calibrates, the later ones start from what the earlier ones refined.
+# Outputs to $OUT (default ./gpu-targets-out): each step's log and report, times.txt (each step's exit
+# status, seconds and start), summary.txt (each dos-train report's phases and prediction errors, the
+# side by sides' tables, the sweep, the overhead and the GPT lines).
+set -u
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT"
+OUT=${OUT:-$ROOT/gpu-targets-out}
+PART=${PART:-tests}
+mkdir -p "$OUT"
+T0=$(date +%s)
+# step NAME LATEST_START TIMEOUT COMMAND...: runs COMMAND (stdout and stderr to $OUT/NAME.log) unless
+# more than LATEST_START seconds have passed since the script began
+step() {
+  local name=$1 latest=$2 limit=$3; shift 3
+  local now=$(( $(date +%s) - T0 ))
+  if [ "$now" -gt "$latest" ]; then echo "$name: skipped (at $now s, after $latest s)" | tee -a "$OUT/times.txt"; return; fi
+  local s=$(date +%s)
+  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
+  echo "$name: exit $?, $(( $(date +%s) - s )) s, started at $now s" | tee -a "$OUT/times.txt"
+}
+step setup 0 300 scripts/setup.sh build
+. .deps/env.sh
+export STARPU_SILENT=1 DOS_CACHE_DIR=$OUT/cache
+rm -rf "$DOS_CACHE_DIR"
+git log --oneline -1 > "$OUT/git.txt" 2>&1; git status --short >> "$OUT/git.txt" 2>&1
+TRAIN=build/examples/dos-train
+B20=(--preset llama-20b --shard 1/4 --subgroup-size 1.24e8 --gpu-update-budget 40GB --emulate-compute --tokens 4096)
+PEERS=()
+[ -f .peers/torch_update_phase.py ] && PEERS=(--peers .peers/torch_update_phase.py)
+case $PART in
+  tests)
+    step tests 150 330 bash -c 'meson test -C build --print-errorlogs $(meson test -C build --list |
+      grep -E "cuda|train-|copy-stream" | grep -vE "mpi|nccl|shards|resume|bad-input|plan-only|integrity") \
+      refinement refinement-first-phases phase-sim tail-binding model plans kernels-static \
+      optimizer-dos-host-bf16-adam train-plan-only'
+    cp build/meson-logs/testlog.txt "$OUT/" 2>/dev/null
+    ;;
+  20b)
+    pv=(); [ ${#PEERS[@]} -gt 0 ] && pv=(--peer-variants zero_offload,dos_stride:2)
+    step side-by-side 150 220 python3 examples/dos_compare.py --policies dos \
+      --run "plan=--policy dos --tail-subgroups 0" --baselines zero_offload,stride:2 "${PEERS[@]}" "${pv[@]}" \
+      --repeats 1 --host-bench --out "$OUT/side-by-side" -- "${B20[@]}" -n 5
+    pv=(); [ ${#PEERS[@]} -gt 0 ] && pv=(--peer-variants dos_stride:2)
+    step resident 380 200 python3 examples/dos_compare.py --policies "" --resident-budgets 31.5GB \
+      --baselines stride:2 "${PEERS[@]}" "${pv[@]}" --repeats 1 --host-bench --out "$OUT/resident" -- "${B20[@]}" -n 4
+    ;;
+  rest)
+    RES=("${B20[@]}" --overlap off --policy dos --gpu-resident-budget 31.5GB)
+    step resident-calibrating 120 90 "$TRAIN" "${RES[@]}" -n 2 --report "$OUT/resident-calibrating.json"
+    step resident-from-cache 170 90 "$TRAIN" "${RES[@]}" -n 3 --report "$OUT/resident-from-cache.json"
+    step 13b-sweep 250 120 "$TRAIN" --preset llama2-13b --shard 0/4 --iterations 4 --subgroup-size 1e8 --policy dos \
+      --sweep 0,1/4,1/2,2/3,3/4,1,model --report "$OUT/13b-sweep.json"
+    step 7b 370 60 "$TRAIN" --preset llama2-7b --shard 0/4 --subgroup-size 1e8 --policy dos -n 4 --report "$OUT/7b.json"
+    step 7b-1of16-400MB 410 40 "$TRAIN" --preset llama2-7b --shard 0/16 --subgroup-size 1e8 --policy dos -n 4 \
+      --gpu-update-budget 400MB --report "$OUT/7b-1of16-400MB.json"
+    for p in dos cpu gpu; do
+      step "tiny-$p" 440 30 "$TRAIN" --preset tiny --subgroup-size 10007 --policy "$p" -n 8 --report "$OUT/tiny-$p.json"
+    done
+    step overhead 450 40 build/bench/dos-bench overhead
+    step gpt 460 120 env OUT="$OUT/gpt" TEST=0 BATCH=32 DOS_SECONDS=30 TRAIN_ARGS="--max-grad-norm 0" RUNS=dos \
+      scripts/gpu-train.sh
+    ;;
+  *) echo "PART must be tests, 20b or rest, not $PART" >&2; exit 2 ;;
+esac
+python3 - "$OUT" <<'PY' > "$OUT/summary.txt" 2>&1
+import glob, json, os, statistics, sys
+out = sys.argv[1]
+print("dos-train reports: median update s of iterations 2.. (all: each phase's s and prediction error)")
+for path in sorted(glob.glob(os.path.join(out, "*.json"))):
+    try:
+        r = json.load(open(path))
+    except (OSError, ValueError):
+        continue
+    its = r.get("iterations") if isinstance(r, dict) else None
+    if not its:
+        continue
+    secs = [it["update_seconds"] for it in its]
+    cells = []
+    for it in its:
+        s, p = it["update_seconds"], it.get("predicted_seconds", 0)
+        label = (it.get("label") or "") + " " if it.get("label") else ""
+        cells.append(f"{label}{s:.4f} ({100 * (p / s - 1):+.1f}%)" if p > 0 and s > 0 else f"{label}{s:.4f}")
+    med = statistics.median(secs[1:]) if len(secs) > 1 else secs[0]
+    print(f"{os.path.basename(path)[:-5]}: median {med:.4f} s; all: " + ", ".join(cells))
+for name in ("side-by-side", "resident"):
+    md = os.path.join(out, name, "compare.md")
+    if os.path.exists(md):
+        print(f"\n{name} (compare.md):")
+        print(open(md).read())
+for name, keys in (("13b-sweep", ("pred.", "model", "fraction")), ("overhead", ("us", "task"))):
+    log = os.path.join(out, name + ".log")
+    if os.path.exists(log):
+        print(f"\n{name}.log, the lines with {', '.join(keys)}:")
+        for line in open(log, errors="replace"):
+            if any(k in line for k in keys) and not line.startswith("["):
+                print("  " + line.rstrip())
+gpt = os.path.join(out, "gpt", "summary.md")
+if os.path.exists(gpt):
+    print("\nGPT (gpt/summary.md):")
+    print(open(gpt).read())
+PY
+cat "$OUT/times.txt" "$OUT/summary.txt"

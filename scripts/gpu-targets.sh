@@ -10,8 +10,12 @@
 #   PART=rest   the resident sequence (calibrating -n 2, then -n 3 from its rates cache), the 13B
 #               sweep, the 7B quarter, its 1/16 shard under 400 MB, the tiny preset (dos, cpu, gpu),
 #               dos-bench overhead, the 1.01e9-parameter GPT's update phase; about 380 s
-# Each step runs only if it can start early enough for the call to end in time (its log says when it
-# was skipped). Every call starts from an empty rates cache ($OUT/cache): its first model run
+# .peers/torch_update_phase.py is the team's independent PyTorch script (git-ignored, not in a
+# clone): when present, PART=20b runs it as the peers beside the repository's own baselines;
+# otherwise only those. Host memory: PART=20b about 80 GB (the 20B quarter's state and staging),
+# PART=rest about 60 GB (the 13B quarter); the GPU machine has 128 GB.
+# Each step runs only if it can start early enough for the call to end in time (times.txt says when
+# one was skipped). Every call starts from an empty rates cache ($OUT/cache): its first model run
 # calibrates, the later ones start from what the earlier ones refined.
 # Outputs to $OUT (default ./gpu-targets-out): each step's log and report, times.txt (each step's exit
 # status, seconds and start), summary.txt (each dos-train report's phases and prediction errors, the

@@ -44,7 +44,7 @@ die() { printf '[setup] error: %s\n' "$*" >&2; exit 1; }
 
 cmd=${1:-run}
 [ $# -gt 0 ] && shift
-case "$cmd" in run|test|deps|build) ;; -h|--help|help) sed -n '2,25p' "$0"; exit 0 ;;
+case "$cmd" in run|test|deps|build) ;; -h|--help|help) sed -n '2,29p' "$0"; exit 0 ;;
   *) die "unknown command '$cmd': use run, test, deps or build (scripts/setup.sh --help)" ;; esac
 
 mkdir -p "$CACHE"

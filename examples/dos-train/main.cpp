@@ -122,9 +122,10 @@ int run_plan_only(const Args& a, const ModelConfig& cfg, const std::vector<Param
   po.workload.cpu_grads_staged_on_gpu = !po.execution.own_grad_download;
   po.workload.cpu_params_staged_on_gpu = !po.execution.own_param_upload;
   if (!a.rates.empty()) po.rates = &rates, po.calibrated = &calibrated_rates;
-  std::printf("dos-train --plan-only: %s, %zu of %zu parameters (shard %s), %s, subgroups of %zu, the %s phase\n",
+  std::printf("dos-train --plan-only: %s, %zu of %zu parameters (shard %s), %s, subgroups of %zu, phase: %s\n",
               cfg.name.c_str(), n, total, a.shard.c_str(), a.dtype.c_str(), subgroup,
-              a.plan_phase == "first" ? "first (the resident state comes up in it)" : "later (the resident state on the GPU)");
+              a.plan_phase == "first" ? "first (resident state, if any, uploaded during it)"
+                                      : "later (resident state already on the GPU)");
   nlohmann::ordered_json rep = dos_train::show_plan(po);
   rep["params_total"] = total;
   rep["params"] = n;

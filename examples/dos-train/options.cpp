@@ -399,7 +399,8 @@ int parse_command_line(int argc, char** argv, Args& a) {
       "print the plan of --policy for the first iteration (--plan-phase later: a later one; one letter per "
       "subgroup), its simulated time and "
       "the lower bound with --rates, and exit: no StarPU, no GPU needed. The caller's buffers are taken to be "
-      "on the GPU unless --device host; the GPU budgets, --submit-order and --stream-lookahead count");
+      "on the GPU unless --device host; the GPU budgets, --submit-order, --stream-lookahead and --grad-transfer "
+      "count");
   app.add_option("--plan-phase", a.plan_phase,
                  "with --plan-only: the phase to plan and simulate: first (no state on the GPU yet: the resident "
                  "subgroups' state comes up in it) or later (every phase after the first: the resident state is "

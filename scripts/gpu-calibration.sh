@@ -72,20 +72,7 @@ for round in $(seq 1 "$ROUNDS"); do
     done
   done
 done
-python3 - "$OUT" <<'PY' | tee "$OUT/summary.txt"
-import glob, json, os, sys
-print("case, switch, round: per phase update s (prediction error %)")
-for path in sorted(glob.glob(os.path.join(sys.argv[1], "*-switch*-round*.json"))):
-    if path.endswith(".rates.json") or path.endswith("-first.json"):
-        continue
-    try:
-        r = json.load(open(path))
-    except (OSError, ValueError) as e:
-        print(f"{os.path.basename(path)}: unreadable ({e})")
-        continue
-    cells = []
-    for it in r["iterations"]:
-        s, p = it["update_seconds"], it.get("predicted_seconds", 0)
-        cells.append(f"{s:.4f} ({100 * (p / s - 1):+.1f}%)" if p > 0 and s > 0 else f"{s:.4f} (-)")
-    print(f"{os.path.basename(path)[:-5]}: " + ", ".join(cells))
-PY
+{
+  echo "case-switchN-roundK: per phase update s (prediction error, CPU Adam per CPU worker)"
+  python3 "$ROOT/scripts/report_phases.py" $(ls "$OUT"/*-switch*-round*.json | grep -v '\.rates\.json$')
+} | tee "$OUT/summary.txt"

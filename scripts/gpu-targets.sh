@@ -81,26 +81,13 @@ case $PART in
     ;;
   *) echo "PART must be tests, 20b or rest, not $PART" >&2; exit 2 ;;
 esac
-python3 - "$OUT" <<'PY' > "$OUT/summary.txt" 2>&1
-import glob, json, os, statistics, sys
+{
+  echo "dos-train reports: per phase update s (prediction error, CPU Adam per CPU worker)"
+  python3 scripts/report_phases.py "$OUT"/*.json
+} > "$OUT/summary.txt" 2>&1
+python3 - "$OUT" <<'PY' >> "$OUT/summary.txt" 2>&1
+import os, sys
 out = sys.argv[1]
-print("dos-train reports: median update s of iterations 2.. (all: each phase's s and prediction error)")
-for path in sorted(glob.glob(os.path.join(out, "*.json"))):
-    try:
-        r = json.load(open(path))
-    except (OSError, ValueError):
-        continue
-    its = r.get("iterations") if isinstance(r, dict) else None
-    if not its:
-        continue
-    secs = [it["update_seconds"] for it in its]
-    cells = []
-    for it in its:
-        s, p = it["update_seconds"], it.get("predicted_seconds", 0)
-        label = (it.get("label") or "") + " " if it.get("label") else ""
-        cells.append(f"{label}{s:.4f} ({100 * (p / s - 1):+.1f}%)" if p > 0 and s > 0 else f"{label}{s:.4f}")
-    med = statistics.median(secs[1:]) if len(secs) > 1 else secs[0]
-    print(f"{os.path.basename(path)[:-5]}: median {med:.4f} s; all: " + ", ".join(cells))
 for name in ("side-by-side", "resident"):
     md = os.path.join(out, name, "compare.md")
     if os.path.exists(md):

@@ -190,6 +190,7 @@ void IterationLog::add(std::int64_t it, const std::string& label, const dos::Ste
                                 {"bytes_h2d", s.bytes_h2d}, {"bytes_d2h", s.bytes_d2h},
                                 {"cpu_busy_fraction", cpu_busy}, {"gpu_busy_fraction", gpu_busy},
                                 {"starpu_gpu_bytes_end", s.gpu_bytes_end}, {"window_peak_bytes", s.window_peak_bytes}};
+  row["cpu_adam_seconds"] = s.cpu_adam_seconds;
   row["tail_bound"] = s.tail_bound;
   row["tail_moved"] = s.tail_moved;
   row["overlapped"] = s.overlapped;

@@ -1,0 +1,61 @@
+#!/usr/bin/env python3
+"""Prints each dos-train --report JSON's phases: update seconds, the model's prediction error
+(predicted / measured - 1, in %) and the CPU Adam rate (Gparams/s per CPU worker: the parameters
+placed on the CPU over the CPU Adam tasks' busy seconds summed over the workers, as the model's
+U_c counts it), one line per report, and the median update seconds of iterations 2 on.
+
+    scripts/report_phases.py REPORT.json [REPORT.json ...]
+
+Files that are not dos-train reports (no "iterations") are skipped; an unreadable one is named.
+Used by scripts/gpu-calibration.sh and scripts/gpu-targets.sh. Exit status 0.
+"""
+import json
+import os
+import statistics
+import sys
+
+
+def subgroup_sizes(r):
+    """The subgroups' parameter counts: subgroup_size each, the last one the remainder."""
+    n, s, k = r.get("params", 0), r.get("subgroup_size", 0), r.get("subgroups", 0)
+    if not (n and s and k):
+        return []
+    return [s] * (k - 1) + [n - s * (k - 1)]
+
+
+def phase_cell(it, sizes):
+    s, p = it.get("update_seconds", 0), it.get("predicted_seconds", 0)
+    label = it["label"].strip() + " " if it.get("label") else ""
+    cell = f"{label}{s:.4f}"
+    if p > 0 and s > 0:
+        cell += f" ({100 * (p / s - 1):+.1f}%"
+    else:
+        cell += " (-"
+    adam, placement = it.get("cpu_adam_seconds", 0), it.get("placement", "")
+    if adam > 0 and len(placement) == len(sizes):
+        on_cpu = sum(n for n, side in zip(sizes, placement) if side == "c")
+        cell += f", CPU Adam {1e-9 * on_cpu / adam:.2f} Gp/s"
+    return cell + ")"
+
+
+def main(paths):
+    for path in sorted(paths):
+        name = os.path.basename(path)[:-5] if path.endswith(".json") else os.path.basename(path)
+        try:
+            with open(path) as f:
+                r = json.load(f)
+        except (OSError, ValueError) as e:
+            print(f"{name}: unreadable ({e})")
+            continue
+        its = r.get("iterations") if isinstance(r, dict) else None
+        if not its:
+            continue
+        sizes = subgroup_sizes(r)
+        secs = [it.get("update_seconds", 0) for it in its]
+        med = statistics.median(secs[1:]) if len(secs) > 1 else secs[0]
+        print(f"{name}: median {med:.4f} s (iterations 2..); each: " + ", ".join(phase_cell(it, sizes) for it in its))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

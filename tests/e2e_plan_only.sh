@@ -122,7 +122,15 @@ for it in r["iterations"]:
     n = r["subgroups"]
     assert len(it["plan"]) == n and len(it["placement"]) == n, it
     assert set(it["placement"]) <= set("csr") and set(it["plan"]) <= set("csr"), it
+    # the CPU's subgroups (all of them without a CUDA worker): their Adam tasks took some time
+    assert it["cpu_adam_seconds"] > 0 if "c" in it["placement"] else it["cpu_adam_seconds"] == 0, it
 PY
+# scripts/report_phases.py on that report: one line, both iterations (a CPU Adam rate for each that
+# ran subgroups on the CPU, as every one does without a CUDA worker)
+phases=$(python3 "$(dirname "$0")/../scripts/report_phases.py" "$tmp/run.json" 2>&1)
+want=$(python3 -c 'import json,sys; print(sum("c" in it["placement"] for it in json.load(open(sys.argv[1]))["iterations"]))' "$tmp/run.json")
+[ "$(grep -c '^run: median' <<<"$phases")" = 1 ] && [ "$(grep -o 'CPU Adam [0-9.]* Gp/s' <<<"$phases" | wc -l)" = "$want" ] ||
+  bad "report_phases.py ($want iterations with CPU subgroups): $phases"
 "$train" --preset tiny --iterations 1 --quiet --policy dmda --report "$tmp/dmda.json" >/dev/null 2>&1 &&
   python3 -c 'import json,sys; it=json.load(open(sys.argv[1]))["iterations"][0]; assert it["plan"] == "" and it["placement"], it' \
     "$tmp/dmda.json" || bad "dmda's report: an empty plan and a placement"

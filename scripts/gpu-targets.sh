@@ -81,10 +81,11 @@ case $PART in
     ;;
   *) echo "PART must be tests, 20b or rest, not $PART" >&2; exit 2 ;;
 esac
-{
+reports=("$OUT"/*.json)
+if [ -e "${reports[0]}" ]; then
   echo "dos-train reports: per phase update s (prediction error, CPU Adam per CPU worker)"
-  python3 scripts/report_phases.py "$OUT"/*.json
-} > "$OUT/summary.txt" 2>&1
+  python3 scripts/report_phases.py "${reports[@]}"
+fi > "$OUT/summary.txt" 2>&1
 python3 - "$OUT" <<'PY' >> "$OUT/summary.txt" 2>&1
 import os, sys
 out = sys.argv[1]

@@ -21,7 +21,9 @@ Refined refine_rates(const Workload& w, const Rates& r, const PhaseMeasure& m, c
   Refined out{r, false};
   Rates& q = out.rates;
   // a step moves a rate by at most a factor of 2 towards what it measured, and half way to that
-  auto within_2x = [](double rate, double measured) { return std::min(2 * rate, std::max(0.5 * rate, measured)); };
+  auto within_2x = [](double rate, double measured) {
+    return std::min(kRefinementStep * rate, std::max(rate / kRefinementStep, measured));
+  };
   auto blend = [&](double& rate, double measured) {
     if (!(measured > 0) || !std::isfinite(measured)) return;
     rate = 0.5 * (rate + within_2x(rate, measured));

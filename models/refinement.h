@@ -11,6 +11,11 @@
 
 namespace dos {
 
+/// The most one refinement step moves a rate: by this factor (unitless) either way towards what it
+/// measured (refine_rates). A measure beyond it is cut at it, so a rate found exactly at
+/// that factor of where it was says only that the measure was at least that far.
+inline constexpr double kRefinementStep = 2;
+
 /// What one update phase measured. Seconds from the phase's start, parameters as counts.
 /// streamed: subgroups the plan streamed through the GPU; cpu_adam_seconds: the CPU Adam tasks'
 /// busy seconds, summed over the CPU workers; alone_params, alone_seconds: the CPU Adam tasks that

@@ -81,7 +81,7 @@ struct Scratch {
 /// (and more beside it than without it, the refinement's condition for a link_share measure), each
 /// refined from `r` with link_share at the placeholder and uncounted, as an optimizer's first
 /// phases are (refine_after_phase: the measure taken whole, within a factor of 2 of 1, within
-/// [1/16, U_c / U_c_dma]). A measure at that factor of 2 (0.5 or 2) is no measure: the phase asked
+/// [1/16, U_c / U_c_dma]). A measure at that factor (kRefinementStep: 0.5 or 2) is no measure: the phase asked
 /// for more than one step allows (short scratch phases whose links ran far below their rate would
 /// all stop at 0.5). Returns the median of the phases that sized a measure, capped at `cap` (U_c /
 /// U_c_dma of `r`: each phase's cap was that of its own refined rates, and a rates file above the
@@ -118,7 +118,8 @@ double measure_link_share(Optimizer::Impl& I, Optimizer& opt, const Rates& r, do
     I.link_share_record = LinkShareRecord{};
     opt.step();
     const double v = I.rates.link_share;
-    const bool at_step_bound = v <= 0.5 * kUnmeasuredLinkShare * (1 + 1e-9) || v >= 2 * kUnmeasuredLinkShare * (1 - 1e-9);
+    const bool at_step_bound = v <= kUnmeasuredLinkShare / kRefinementStep * (1 + 1e-9) ||
+                               v >= kUnmeasuredLinkShare * kRefinementStep * (1 - 1e-9);
     char text[48];
     if (I.link_share_record.measured && !at_step_bound) {
       measures.push_back(v);

@@ -288,7 +288,8 @@ Optimizer::Optimizer(Runtime& runtime, const std::vector<TensorView>& tensors, c
 
   if (runtime.model_policy() && runtime.cuda_workers() > 0) {
     const Rates& r = options.rates;
-    if (rates_complete(r)) {
+    const bool given = rates_complete(r);
+    if (given) {
       I.rates = I.calibrated_rates = r;
     } else {
       // scratch subgroups as large as the workload's (at most 2^24 elements: a few seconds), before
@@ -305,9 +306,9 @@ Optimizer::Optimizer(Runtime& runtime, const std::vector<TensorView>& tensors, c
     I.have_rates = true;
     // rates given: a link_share other than 1 is a measure; calibrated or from the cache: the
     // calibration's own measure is not counted until a phase measures it (models/refinement.h)
-    I.link_share_record = rates_complete(r) ? LinkShareRecord{link_share_is_measured(I.rates), 0}
-                                            : initial_link_share_record(I.rates, I.calibrated_rates);
-    I.u_c_measured = rates_complete(r);
+    I.link_share_record = given ? LinkShareRecord{link_share_is_measured(I.rates), 0}
+                                : initial_link_share_record(I.rates, I.calibrated_rates);
+    I.u_c_measured = given;
   }
 
   for (std::size_t s = 0; s < layout.size(); ++s) {

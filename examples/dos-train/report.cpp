@@ -261,7 +261,8 @@ Summary print_summary(const std::vector<dos::StepStats>& steps, const IterationL
   s.mean = mean_update_seconds(steps);
   std::printf("summary: %zu parameters, %zu subgroup%s, %d iteration%s: update median %.4f s, mean %.4f s "
               "(iterations %s), %.3f Gparams/s at the median\n",
-              n, subgroups, subgroups == 1 ? "" : "s", iterations, iterations == 1 ? "" : "s", s.median, s.mean, steps.size() > 1 ? "2.." : "1", double(n) / s.median / 1e9);
+              n, subgroups, subgroups == 1 ? "" : "s", iterations, iterations == 1 ? "" : "s", s.median, s.mean,
+              steps.size() > 1 ? "2.." : "1", double(n) / s.median / 1e9);
   // medians of the compute figures over the same iterations (after the first)
   const bool overlapped = steps.back().overlapped;
   if (compute)

@@ -210,8 +210,9 @@ struct LinkShareRecord {
 ///  - otherwise: measured is link_share_is_measured(rates) (a rates file that phases refined, or a
 ///    file written before the calibration measured link_share, whose calibrated link_share is the
 ///    placeholder), provisional 0.
-/// A rates file keeps the calibration's value until --recalibrate, whether or not the run that reads
-/// it measures link_share in its calibration (DOS_CALIBRATE_LINK_SHARE). load_rates gives a file
+/// A rates file keeps the calibration's value until --recalibrate; calibrations with and without
+/// the link_share measure (DOS_CALIBRATE_LINK_SHARE) have files of their own (rates_cache_path),
+/// so a run reads its own kind's. load_rates gives a file
 /// without a "calibrated" object its own rates as the calibration's, so such a file's link_share is
 /// taken for the calibration's (uncounted); `dos-train --rates FILE` gives no calibrated rates,
 /// so there a link_share other than 1 counts as measured, as every rate given does.

@@ -146,6 +146,14 @@ double measure_link_share(Optimizer::Impl& I, Optimizer& opt, const Rates& r, do
   return result;
 }
 
+// Whether the calibration measures link_share (the measurement switch DOS_CALIBRATE_LINK_SHARE=1,
+// read once). Its rates files get their own name, so that a run with the switch off never plans
+// from a calibration made with it on, and the reverse.
+bool calibration_measures_link_share() {
+  static const bool on = detail::env_says("DOS_CALIBRATE_LINK_SHARE", "1");
+  return on;
+}
+
 }  // namespace
 
 std::string rates_cache_path(const Runtime& runtime, std::size_t S, DType dtype, MemoryKind memory) {
@@ -155,7 +163,8 @@ std::string rates_cache_path(const Runtime& runtime, std::size_t S, DType dtype,
                           std::to_string(runtime.cpu_threads()) + "-cuda" + std::to_string(runtime.cuda_workers()) +
                           "-" + dtype_name(dtype) + "-" + (memory == MemoryKind::cuda ? "gpu" : "host") + "-S" +
                           std::to_string(S) +
-                          (runtime.node_ranks() > 1 ? "-ranks" + std::to_string(runtime.node_ranks()) : std::string());
+                          (runtime.node_ranks() > 1 ? "-ranks" + std::to_string(runtime.node_ranks()) : std::string()) +
+                          (calibration_measures_link_share() ? "-link_share" : "");
   return cache_dir() + "/rates-" + key + ".json";
 }
 
@@ -285,8 +294,7 @@ Rates calibrate_rates(Runtime& runtime, std::size_t S, DType dtype, MemoryKind m
   // link_share, last: its measure is the refinement's, which simulates the phase at the rates above
   // (capped at U_c / U_c_dma of these rates). A measurement switch until it has been
   // measured on the GPU machine against the placeholder: DOS_CALIBRATE_LINK_SHARE=1 measures it.
-  static const bool measure_share = detail::env_says("DOS_CALIBRATE_LINK_SHARE", "1");
-  if (measure_share) {
+  if (calibration_measures_link_share()) {
     std::string link_note;
     r.link_share = measure_link_share(*opt.impl_, opt, r, highest_link_share(r), nsub, 5, verbose ? &link_note : nullptr);
     if (verbose) std::fprintf(stderr, "[dos] calibration's link_share: %s\n", link_note.c_str());

@@ -650,7 +650,10 @@ void validate_adam_hyper(const AdamHyper& h);
 Rates calibrate_rates(Runtime& runtime, std::size_t subgroup_elems, DType dtype, MemoryKind memory, bool force,
                       bool verbose, Rates* calibrated = nullptr);
 
-/// The cache file of calibrate_rates for this runtime and configuration.
+/// The cache file of calibrate_rates for this runtime and configuration: rates-KEY.json in the cache
+/// folder, KEY naming the host, the workers, the dtype, the memory kind, the subgroup size, the
+/// node's ranks when more than one, and "-link_share" with the measurement switch
+/// DOS_CALIBRATE_LINK_SHARE=1 (a calibration made with the switch on is read only with it on).
 std::string rates_cache_path(const Runtime& runtime, std::size_t subgroup_elems, DType dtype, MemoryKind memory);
 
 /// Reads a rates file in the format of calibrate_rates' cache: a JSON object with U_c, U_c_dma, U_g,

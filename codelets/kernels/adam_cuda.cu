@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "adam.h"
 
@@ -163,13 +164,15 @@ AdamKernel adam_variant(bool vec) {
   return vec ? adam_kernel_vec4<G, P, W> : adam_kernel<G, P, W>;
 }
 
-template <DType G>
-AdamKernel adam_kernel_for_g(DType pt, bool write, bool vec) {
-  if (!write) return adam_variant<G, DType::fp32, false>(vec);
-  switch (pt) {
-    case DType::fp32: return adam_variant<G, DType::fp32, true>(vec);
-    case DType::fp16: return adam_variant<G, DType::fp16, true>(vec);
-    case DType::bf16: return adam_variant<G, DType::bf16, true>(vec);
+/// Calls f with std::integral_constant<DType, d> for the runtime dtype d (so that f can name a
+/// kernel instance by decltype(c)::value) and returns what f returns, a kernel pointer; nullptr for
+/// a value outside DType's.
+template <typename F>
+auto with_dtype(DType d, F&& f) -> decltype(f(std::integral_constant<DType, DType::fp32>{})) {
+  switch (d) {
+    case DType::fp32: return f(std::integral_constant<DType, DType::fp32>{});
+    case DType::fp16: return f(std::integral_constant<DType, DType::fp16>{});
+    case DType::bf16: return f(std::integral_constant<DType, DType::bf16>{});
   }
   return nullptr;
 }
@@ -177,32 +180,27 @@ AdamKernel adam_kernel_for_g(DType pt, bool write, bool vec) {
 /// The Adam kernel for gradients of gt, a parameter copy of pt written (write) or none, scalar or
 /// vector (vec).
 AdamKernel adam_kernel_for(DType gt, DType pt, bool write, bool vec) {
-  switch (gt) {
-    case DType::fp32: return adam_kernel_for_g<DType::fp32>(pt, write, vec);
-    case DType::fp16: return adam_kernel_for_g<DType::fp16>(pt, write, vec);
-    case DType::bf16: return adam_kernel_for_g<DType::bf16>(pt, write, vec);
-  }
-  return nullptr;
+  return with_dtype(gt, [&](auto g) -> AdamKernel {
+    constexpr DType G = decltype(g)::value;
+    if (!write) return adam_variant<G, DType::fp32, false>(vec);
+    return with_dtype(pt, [&](auto p) -> AdamKernel { return adam_variant<G, decltype(p)::value, true>(vec); });
+  });
 }
 
 /// The kernel converting a buffer of st to fp32, scalar or vector.
 ConvertKernel convert_kernel_for(DType st, bool vec) {
-  switch (st) {
-    case DType::fp32: return vec ? convert_kernel_vec4<DType::fp32> : convert_kernel<DType::fp32>;
-    case DType::fp16: return vec ? convert_kernel_vec4<DType::fp16> : convert_kernel<DType::fp16>;
-    case DType::bf16: return vec ? convert_kernel_vec4<DType::bf16> : convert_kernel<DType::bf16>;
-  }
-  return nullptr;
+  return with_dtype(st, [&](auto c) -> ConvertKernel {
+    constexpr DType S = decltype(c)::value;
+    return vec ? convert_kernel_vec4<S> : convert_kernel<S>;
+  });
 }
 
 /// The kernel storing fp32 into a buffer of dt, scalar or vector.
 StoreKernel store_kernel_for(DType dt, bool vec) {
-  switch (dt) {
-    case DType::fp32: return vec ? store_kernel_vec4<DType::fp32> : store_kernel<DType::fp32>;
-    case DType::fp16: return vec ? store_kernel_vec4<DType::fp16> : store_kernel<DType::fp16>;
-    case DType::bf16: return vec ? store_kernel_vec4<DType::bf16> : store_kernel<DType::bf16>;
-  }
-  return nullptr;
+  return with_dtype(dt, [&](auto c) -> StoreKernel {
+    constexpr DType D = decltype(c)::value;
+    return vec ? store_kernel_vec4<D> : store_kernel<D>;
+  });
 }
 
 /// Blocks for a kernel over n elements, scalar or vector (four elements per thread and trip).

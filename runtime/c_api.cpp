@@ -123,7 +123,8 @@ int fail(int code, const std::string& msg) {
 }
 
 /// Runs f, mapping exceptions to status codes: dos::Error and std::invalid_argument are bad input
-/// when `invalid_is_input` (creation, set_hyper), everything else is a runtime failure.
+/// when `invalid_is_input` (creation, set_hyper); dos::ResourceError (StarPU, host memory) and
+/// everything else are runtime failures.
 template <class F>
 int guarded(F&& f, bool invalid_is_input = true) {
   try {
@@ -131,6 +132,8 @@ int guarded(F&& f, bool invalid_is_input = true) {
     return DOS_OK;
   } catch (const std::invalid_argument& e) {
     return fail(DOS_E_INVALID, e.what());
+  } catch (const dos::ResourceError& e) {
+    return fail(DOS_E_RUNTIME, e.what());
   } catch (const dos::Error& e) {
     return fail(invalid_is_input ? DOS_E_INVALID : DOS_E_RUNTIME, e.what());
   } catch (const std::bad_alloc&) {

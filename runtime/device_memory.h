@@ -7,7 +7,8 @@
 
 namespace dos {
 
-/// Allocates `bytes` of zeroed memory on CUDA device 0. Throws dos::Error when the build has no
+/// Allocates `bytes` of zeroed memory on the calling thread's current CUDA device (the runtime's
+/// GPU in its threads). Throws dos::Error when the build has no
 /// CUDA or the allocation fails (the message says which).
 void* device_alloc_zeroed(std::size_t bytes);
 /// Frees memory from device_alloc_zeroed (nullptr is ignored).

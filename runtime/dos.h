@@ -1,7 +1,8 @@
 // Deep Optimizer States: the public C++ API.
 //
 // The caller (a training loop, a PyTorch binding) owns the model's parameters and gradients:
-// buffers of fp32, fp16 or bf16 elements, all in host memory or all in the memory of CUDA device 0.
+// buffers of fp32, fp16 or bf16 elements, all in host memory or all in the memory of the runtime's
+// GPU (CUDA device 0 unless RuntimeOptions::cuda_device names another).
 // The runtime owns the optimizer state: fp32 master parameters (initialised from the caller's
 // parameters), `exp_avg`, `exp_avg_sq` and a step count per subgroup, in pinned host memory.
 //
@@ -30,10 +31,19 @@
 namespace dos {
 
 /// The error type of the runtime: bad input (the message names the value and what to do) or a
-/// resource that could not be had (no CUDA worker, not enough host memory).
+/// resource that could not be had (ResourceError).
 class Error : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
+};
+
+/// An Error that is no fault of the input: StarPU could not start, or host memory for the
+/// optimizer state could not be had (not enough available, an allocation refused). The C ABI
+/// reports it as DOS_E_RUNTIME wherever it arises (DosError in the Python binding), where other
+/// Errors at creation are DOS_E_INVALID (ValueError).
+class ResourceError : public Error {
+ public:
+  using Error::Error;
 };
 
 /// Where the caller's parameter and gradient buffers live.
@@ -172,8 +182,10 @@ bool runtime_copies_by_copy_engine(bool up);
 /// reading both at once.
 double clock_seconds();
 
-/// The process's StarPU instance (one at a time). Throws Error for an unknown policy, a plan that
-/// needs a CUDA worker ("gpu") without one, or when StarPU cannot start.
+/// The process's StarPU instance (one at a time). Throws Error for an unknown policy, a Runtime that
+/// already exists in this process, cpu_workers < 0, node_ranks < 1, a plan that needs a CUDA worker
+/// ("gpu") without one, or StarPU's heteroprio with a CUDA worker; ResourceError when StarPU cannot
+/// start.
 class Runtime {
  public:
   explicit Runtime(const RuntimeOptions& options);
@@ -189,8 +201,11 @@ class Runtime {
   bool model_policy() const;
   /// The plan --policy named (scheduler/plan.h), or null under a StarPU policy. Owned by the Runtime.
   const Plan* plan() const;
+  /// StarPU's CPU workers (each runs one CPU task at a time with a team of cpu_threads()).
   unsigned cpu_workers() const;
+  /// StarPU's CUDA workers (0 without a GPU, or with ncuda 0).
   unsigned cuda_workers() const;
+  /// OpenMP threads of each CPU worker's team.
   int cpu_threads() const { return cpu_threads_; }
   /// RuntimeOptions::node_ranks as given.
   int node_ranks() const { return node_ranks_; }
@@ -219,9 +234,11 @@ class Runtime {
 /// subgroup_size: elements per subgroup (>= 1); the last subgroup holds the remainder.
 /// dtype: element type of the caller's parameters and gradients.
 /// memory: where the caller's buffers live.
-/// rates: the machine's rates for the `dos` policy's model; all zero (the default): measured at
-///   start-up by calibrate_rates (cached per host and configuration), unless recalibrate is set,
-///   which forces a new measurement.
+/// rates: the machine's rates for the `dos` policy's model (params/s and bytes/s, Rates); left at
+///   their defaults (the six rates 0, link_share 1): measured at start-up by calibrate_rates
+///   (cached per host and configuration), unless recalibrate is set, which forces a new
+///   measurement. Given, they must be given whole: Error when some are and some are not (each > 0
+///   and finite), or when they break the model's bounds (rate_bounds_error).
 /// gpu_resident_budget: bytes of optimizer state the GPU may keep between iterations (12 per
 ///   parameter, each of a subgroup's three state slices padded to 16 elements); -1: not given.
 ///   `dos` (and `gpu`) keep the last subgroups that fit resident (none when not given) and plan the
@@ -660,7 +677,8 @@ std::string rates_cache_path(const Runtime& runtime, std::size_t subgroup_elems,
 /// D_c (params/s), B_h2d and B_d2h (bytes/s), the rates to plan with, and optionally the same under
 /// "calibrated" (the calibration's own). Returns the rates to plan with; *calibrated (when not null)
 /// gets the "calibrated" ones, or the same rates when the file has none.
-/// Throws Error naming the path when it cannot be read, is not such JSON, or a rate is not > 0.
+/// Throws Error naming the path when it cannot be read, is not such JSON, a rate is not > 0, or a
+/// rate lies beyond the model's bounds (rate_bounds_error: link_share above U_c / U_c_dma, ...).
 Rates load_rates(const std::string& path, Rates* calibrated = nullptr);
 
 /// Writes `rates` (the ones to plan with) and `calibrated` (the calibration's own) to the cache file

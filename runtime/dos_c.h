@@ -13,7 +13,8 @@
  *    *_destroy and ignored).
  *  - Element counts are size_t; times are seconds; byte counts are bytes.
  *  - dtype codes: DOS_DTYPE_FP32 (0), _FP16 (1), _BF16 (2) (dos::DType). memory codes:
- *    DOS_MEMORY_HOST (0), DOS_MEMORY_CUDA (1: CUDA device 0).
+ *    DOS_MEMORY_HOST (0), DOS_MEMORY_CUDA (1: the runtime's GPU, CUDA device 0 unless the runtime
+ *    was given another).
  *  - An optimizer's options travel in struct dos_optimizer_options (filled with the defaults by
  *    dos_optimizer_options_init, then changed field by field), which carries its own size and
  *    version so that a struct of another layout is refused, not misread.
@@ -93,10 +94,13 @@ size_t dos_step_stats_size(void);
 const char* dos_last_error(void);
 
 /* Starts the process's runtime (StarPU; one at a time per process).
- * policy: "cpu", "gpu", "dos", "static:R" or a StarPU built-in ("dmda", ...); NULL or "" means
- * $STARPU_SCHED if set, else "cpu". cpu_threads, cpu_workers: 0 for the defaults; ncuda: -1 for one
- * CUDA worker per visible device, 0 for none; verbose: nonzero prints the choices on stderr.
- * See dos::RuntimeOptions. On success *out holds the handle. */
+ * policy: a registered plan ("cpu", "gpu", "dos", "static:R", "greedy", or one registered by the
+ * caller: scheduler/plan.h) or a StarPU built-in ("dmda", ...); NULL or "" means $STARPU_SCHED if
+ * set, else "cpu". cpu_threads, cpu_workers: 0 for the defaults; ncuda: -1 for one CUDA worker per
+ * visible device, 0 for none; verbose: nonzero prints the choices on stderr. See
+ * dos::RuntimeOptions. On success *out holds the handle. DOS_E_INVALID for a NULL out, an unknown
+ * policy, a runtime that already exists in this process, cpu_workers < 0, or a policy that needs
+ * a CUDA worker without one; DOS_E_RUNTIME when StarPU cannot start. */
 int dos_runtime_create(const char* policy, int cpu_threads, int cpu_workers, int ncuda, int verbose,
                        dos_runtime** out);
 /* dos_runtime_create leaving caller_cores (>= 0) cores to the caller's own threads when cpu_threads
@@ -119,9 +123,11 @@ int dos_gpu_memory_for_budgets(size_t elements, size_t subgroup_size, size_t par
 size_t dos_starpu_device_margin(void);
 /* Stops the runtime (deferred until the last optimizer is destroyed, see dos::Runtime). */
 void dos_runtime_destroy(dos_runtime* rt);
-/* The policy as StarPU reports it running, copied NUL-terminated into buf (truncated to len). */
+/* The policy as StarPU reports it running, copied NUL-terminated into buf (truncated to len).
+ * DOS_E_INVALID for a NULL rt or buf, or len 0. */
 int dos_runtime_running_policy(const dos_runtime* rt, char* buf, size_t len);
-/* Worker counts and OpenMP threads per CPU worker. Any output pointer may be NULL. */
+/* Worker counts and OpenMP threads per CPU worker. Any output pointer may be NULL. DOS_E_INVALID
+ * for a NULL rt. */
 int dos_runtime_workers(const dos_runtime* rt, unsigned* cpu_workers, unsigned* cuda_workers, int* cpu_threads);
 
 /* Codes of struct dos_optimizer_options' enumerated fields. */

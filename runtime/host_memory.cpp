@@ -44,7 +44,7 @@ void check_host_memory(std::size_t bytes, const std::string& what) {
                   "%s needs %.1f GB of host memory and only %.1f GB are available: run a shard of the model "
                   "(--shard R/W), a smaller model, or on a machine with more memory",
                   what.c_str(), bytes / 1e9, avail / 1e9);
-    throw Error(msg);
+    throw ResourceError(msg);
   }
 }
 
@@ -109,14 +109,15 @@ HostBuffer alloc_host(std::size_t bytes) {
   void* p = nullptr;
   if (host_alloc_by_starpu()) {
     if (starpu_malloc_flags(&p, b.bytes ? b.bytes : 4096, STARPU_MALLOC_PINNED) != 0)
-      throw Error("cannot allocate " + std::to_string(b.bytes) + " bytes of pinned host memory (DOS_HOST_ALLOC=starpu)");
+      throw ResourceError("cannot allocate " + std::to_string(b.bytes) +
+                          " bytes of pinned host memory (DOS_HOST_ALLOC=starpu)");
     b.from_starpu = b.pinned = true;
   } else {
     const Pages pages = host_pages();
     const std::size_t align = pages == Pages::huge ? kHugePage : 4096;
     const std::size_t span = ((b.bytes ? b.bytes : 4096) + align - 1) / align * align;
     if (posix_memalign(&p, align, span) != 0)
-      throw Error("cannot allocate " + std::to_string(b.bytes) + " bytes of host memory for the optimizer state");
+      throw ResourceError("cannot allocate " + std::to_string(b.bytes) + " bytes of host memory for the optimizer state");
     if (pages != Pages::as_given && madvise(p, span, pages == Pages::huge ? MADV_HUGEPAGE : MADV_NOHUGEPAGE) != 0 &&
         !g_warned_madvise.exchange(true))
       std::fprintf(stderr, "[dos] warning: madvise for DOS_HOST_PAGES failed (%s): the allocator's pages\n",

@@ -215,6 +215,17 @@ Optimizer::Optimizer(Runtime& runtime, const std::vector<TensorView>& tensors, c
   I.opt = options;
   I.tensors = tensors;
   validate_adam_hyper(options.adam);
+  {  // the model's rates: given whole (each > 0 and within the model's bounds), or not at all
+    const Rates& r = options.rates;
+    const bool none = r.U_c == 0 && r.U_c_dma == 0 && r.U_g == 0 && r.D_c == 0 && r.B_h2d == 0 && r.B_d2h == 0 &&
+                      r.link_share == kUnmeasuredLinkShare;
+    if (!none && !rates_complete(r))
+      throw Error("OptimizerOptions::rates is given in part: give U_c, U_c_dma, U_g, D_c (params/s), B_h2d and "
+                  "B_d2h (bytes/s) all finite and > 0 (link_share > 0 and at most U_c / U_c_dma; 1 when not measured), or leave "
+                  "them all at their defaults to have them calibrated");
+    if (!none)
+      if (const std::string e = rate_bounds_error(r); !e.empty()) throw Error("OptimizerOptions::rates: " + e);
+  }
   if (tensors.empty()) throw Error("no tensors given to the optimizer");
   std::vector<std::size_t> numels;
   for (std::size_t i = 0; i < tensors.size(); ++i) {

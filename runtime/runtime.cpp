@@ -216,8 +216,8 @@ Runtime::Runtime(const RuntimeOptions& options) : impl_(new Impl) {
   node_ranks_ = options.node_ranks;
   const int ret = starpu_init(&conf);
   if (ret == 0) ++g_live_runtimes;
-  if (ret == -ENODEV) throw Error("StarPU found no worker to run on (starpu_init returned -ENODEV)");
-  if (ret != 0) throw Error("StarPU failed to start (starpu_init returned " + std::to_string(ret) + ")");
+  if (ret == -ENODEV) throw ResourceError("StarPU found no worker to run on (starpu_init returned -ENODEV)");
+  if (ret != 0) throw ResourceError("StarPU failed to start (starpu_init returned " + std::to_string(ret) + ")");
 
   const unsigned ncuda = starpu_cuda_worker_get_count();
   if (impl_->choice.plan && impl_->choice.plan->needs().cuda_worker && ncuda == 0) {

@@ -177,6 +177,20 @@ static void test_bad_options(void** state) {
   REFUSED(tail_subgroups = 1000001, "options.tail_subgroups must be in [0, 1000000]");
   /* valid fields that the runtime refuses: CUDA memory without a CUDA worker */
   REFUSED(memory = DOS_MEMORY_CUDA, "CUDA");
+  /* more host memory than any machine has (12 bytes of state per parameter for 1.5e13 parameters):
+   * a resource the runtime cannot have, DOS_E_RUNTIME, not bad input; nothing is allocated or read */
+  {
+    float p[4] = {1, 2, 3, 4}, g[4] = {0};
+    void* params[1] = {p};
+    void* grads[1] = {g};
+    const size_t numels[1] = {(size_t)15000000000000ull};
+    dos_optimizer_options big = fp32_options();
+    big.subgroup_size = (size_t)1 << 31;
+    dos_optimizer* opt = (dos_optimizer*)&opt;
+    const int rc = dos_optimizer_create(g_rt, 1, params, grads, numels, &big, &opt);
+    if (rc != DOS_E_RUNTIME || opt != NULL || strstr(dos_last_error(), "host memory") == NULL)
+      fail_msg("expected DOS_E_RUNTIME naming host memory, got %d: %s", rc, dos_last_error());
+  }
   /* after all of that the runtime still works */
   dos_optimizer_options o = fp32_options();
   step_and_check(&o);

@@ -206,6 +206,16 @@ void test_bad_input(void**) {
   bad = oo;
   bad.adam.beta2 = 1.0;
   expect_error([&] { dos::Optimizer o(*g_rt, {{p.data(), g.data(), 10}}, bad); }, "beta2 = 1");
+  // rates given in part, or beyond the model's bounds, are refused (not calibrated over silently)
+  bad = oo;
+  bad.rates.U_c = 4e9;
+  expect_error([&] { dos::Optimizer o(*g_rt, {{p.data(), g.data(), 10}}, bad); }, "rates given in part");
+  bad = oo;
+  bad.rates.link_share = 0.7;
+  expect_error([&] { dos::Optimizer o(*g_rt, {{p.data(), g.data(), 10}}, bad); }, "link_share alone");
+  bad = oo;
+  bad.rates = dos::Rates{2e9, 3e9, 1e11, 1e11, 5e10, 5e10};
+  expect_error([&] { dos::Optimizer o(*g_rt, {{p.data(), g.data(), 10}}, bad); }, "U_c_dma above U_c");
   if (g_rt->cuda_workers() == 0) {
     bad = oo;
     bad.memory = dos::MemoryKind::cuda;

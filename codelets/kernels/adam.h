@@ -36,7 +36,7 @@ constexpr std::size_t state_stride_for(std::size_t n) { return (n + 15) / 16 * 1
 constexpr std::size_t state_bytes_for(std::size_t n) { return 3 * sizeof(float) * state_stride_for(n); }
 
 /// Hyper-parameters of Adam/AdamW, as in torch.optim.Adam / torch.optim.AdamW.
-/// lr: learning rate (> 0); beta1, beta2: in [0, 1); eps: > 0, added to the denominator;
+/// lr: learning rate (finite, >= 0); beta1, beta2: in [0, 1); eps: finite, >= 0, added to the denominator;
 /// weight_decay: >= 0; decoupled: true for AdamW (decoupled weight decay), false for Adam
 /// (weight decay added to the gradient, "L2"). amsgrad, maximize and capturable are not supported.
 struct AdamHyper {

@@ -15,10 +15,11 @@ printf '{ "model_type": "gpt2", "n_layer": 2, "n_embd": 4611686018427387904, "n_
 printf '{ "model_type": "bert", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 100 }' > "$tmp/bert.json"
 mkfifo "$tmp/fifo"
 fails=0
-expect() {  # expect "substring of the message" dos-train-args...
+expect() {  # expect "substring of the message" dos-train-args... (PLAN=1: no --save-params, as --plan-only)
   local want=$1; shift
-  local out rc
-  out=$("$train" --preset tiny --iterations 1 --quiet --report "$tmp/r.json" --save-params "$tmp/p.safetensors" "$@" 2>&1)
+  local out rc outs=(--report "$tmp/r.json" --save-params "$tmp/p.safetensors")
+  [ "${PLAN:-0}" = 1 ] && outs=(--report "$tmp/r.json")
+  out=$("$train" --preset tiny --iterations 1 --quiet "${outs[@]}" "$@" 2>&1)
   rc=$?
   if [ $rc -eq 0 ]; then echo "FAIL: '$*' exited 0"; fails=$((fails+1)); return; fi
   if ! grep -qi -- "$want" <<<"$out"; then echo "FAIL: '$*': message lacks '$want': $out"; fails=$((fails+1)); return; fi
@@ -105,6 +106,23 @@ touch "$tmp/hard1"; ln "$tmp/hard1" "$tmp/hard2"
 expect "name the same file" --report "$tmp/hard1" --save-params "$tmp/hard2"
 rm -f "$tmp/hard1" "$tmp/hard2"
 expect "lies in the checkpoint folder" --save-state "$tmp/ck2" --save-params "$tmp/ck2/p.safetensors"
+# outputs over the run's inputs: a part of the checkpoint --resume reads, the --config file, a
+# --rates file; each left as it was
+"$train" --preset tiny --iterations 1 --quiet --save-state "$tmp/ck1" >/dev/null 2>&1
+cp "$tmp/ck1/index.json" "$tmp/index.keep"
+printf '{ "model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "vocab_size": 100 }' > "$tmp/good-config.json"
+cp "$tmp/good-config.json" "$tmp/config.keep"
+printf '{ "U_c": 4e9, "U_c_dma": 3e9, "U_g": 1e11, "D_c": 3e11, "B_h2d": 5e10, "B_d2h": 5e10 }' > "$tmp/rates-in.json"
+cp "$tmp/rates-in.json" "$tmp/rates.keep"
+expect "that --resume reads" --resume "$tmp/ck1" --report "$tmp/ck1/index.json"
+expect "is the file --config reads" --config "$tmp/good-config.json" --timeline "$tmp/./good-config.json"
+expect "is the file --rates reads" --policy dos --rates "$tmp/rates-in.json" --save-params "$tmp/rates-in.json"
+PLAN=1 expect "is the file --rates reads" --policy dos --plan-only --rates "$tmp/rates-in.json" --report "$tmp/rates-in.json"
+if cmp -s "$tmp/ck1/index.json" "$tmp/index.keep" && cmp -s "$tmp/good-config.json" "$tmp/config.keep" \
+   && cmp -s "$tmp/rates-in.json" "$tmp/rates.keep"; then echo "ok: the inputs are untouched"
+else echo "FAIL: an input was overwritten"; fails=$((fails+1)); fi
+expect "runs no update phase" --policy dos --plan-only --rates "$tmp/rates-in.json" --save-state "$tmp/ck3"
+PLAN=1 expect "runs no update phase" --policy dos --plan-only --rates "$tmp/rates-in.json" --timeline "$tmp/t3.json"
 expect "folder of its own" --save-state .
 expect "folder of its own" --save-state "$tmp/.."
 mkdir "$tmp/precious"; echo precious > "$tmp/precious/precious.txt"

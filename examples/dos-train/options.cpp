@@ -65,29 +65,56 @@ std::string resolved(const std::string& p) {
 
 }  // namespace
 
+namespace {
+
+/// True when x and y name one file: the same spelling, the same resolved path, or the same inode.
+bool same_file(const std::string& x, const std::string& y) {
+  struct stat sx, sy;
+  const bool same_inode =
+      ::stat(x.c_str(), &sx) == 0 && ::stat(y.c_str(), &sy) == 0 && sx.st_dev == sy.st_dev && sx.st_ino == sy.st_ino;
+  return x == y || same_inode || resolved(x) == resolved(y);
+}
+
+/// True when `path` is the folder `dir` or lies inside it (both resolved).
+bool inside(const std::string& path, const std::string& dir) {
+  const std::string r = resolved(path), d = resolved(dir);
+  return r == d || r.compare(0, d.size() + 1, d + "/") == 0;
+}
+
+}  // namespace
+
 void check_distinct_outputs(const Args& a) {
   const std::pair<const char*, const std::string*> outs[] = {
       {"--report", &a.report}, {"--save-params", &a.save_params}, {"--timeline", &a.timeline}};
   for (std::size_t i = 0; i < 3; ++i)
     for (std::size_t j = i + 1; j < 3; ++j) {
       const std::string &x = *outs[i].second, &y = *outs[j].second;
-      if (x.empty() || y.empty()) continue;
-      struct stat sx, sy;
-      const bool same_inode = ::stat(x.c_str(), &sx) == 0 && ::stat(y.c_str(), &sy) == 0 && sx.st_dev == sy.st_dev &&
-                              sx.st_ino == sy.st_ino;
-      if (x == y || same_inode || resolved(x) == resolved(y))
+      if (!x.empty() && !y.empty() && same_file(x, y))
         fail(std::string(outs[i].first) + " " + x + " and " + outs[j].first + " " + y +
              " name the same file: give each output its own file");
     }
-  if (a.save_state.empty()) return;
-  const std::string ck = resolved(a.save_state);
+  // the inputs a run reads: an output over one of them would destroy it (a rates file given by
+  // --rates only when it is a path, not six numbers)
+  const bool rates_file = !a.rates.empty() && a.rates.find(',') == std::string::npos;
+  const std::pair<const char*, const std::string*> ins[] = {{"--config", &a.config},
+                                                            {"--rates", rates_file ? &a.rates : nullptr}};
   for (const auto& [opt, path] : outs) {
     if (path->empty()) continue;
-    const std::string r = resolved(*path);
-    if (r == ck || r.compare(0, ck.size() + 1, ck + "/") == 0)
+    for (const auto& [in_opt, in_path] : ins)
+      if (in_path && !in_path->empty() && same_file(*path, *in_path))
+        fail(std::string(opt) + " " + *path + " is the file " + in_opt + " reads: write it to a file of its own");
+    if (!a.resume.empty() && inside(*path, a.resume))
+      fail(std::string(opt) + " " + *path + " lies in the checkpoint folder " + a.resume +
+           " that --resume reads, and would overwrite a part of it: write it outside that folder");
+    if (!a.save_state.empty() && inside(*path, a.save_state))
       fail(std::string(opt) + " " + *path + " lies in the checkpoint folder " + a.save_state +
            ", which --save-state replaces as a whole at the end: write it outside that folder");
   }
+  if (!a.save_state.empty())
+    for (const auto& [in_opt, in_path] : ins)
+      if (in_path && !in_path->empty() && inside(*in_path, a.save_state))
+        fail(std::string(in_opt) + " " + *in_path + " lies in the checkpoint folder " + a.save_state +
+             ", which --save-state replaces as a whole at the end: keep it outside that folder");
 }
 
 void parse_shard(const std::string& s, std::size_t* rank, std::size_t* world) {
@@ -186,6 +213,9 @@ Checked check_options(const Args& a) {
     fail("--k, --gpu-fraction and --sweep need --policy dos, got " + policy);
   if (a.plan_only && (!a.k.empty() || !a.gpu_fraction.empty() || !a.sweep.empty()))
     fail("--plan-only shows the plan's own choice: leave out --k, --gpu-fraction and --sweep");
+  if (a.plan_only && (!a.timeline.empty() || !a.save_params.empty() || !a.save_state.empty() || !a.resume.empty()))
+    fail("--plan-only runs no update phase, so it has no timeline, parameters or optimizer state to write or "
+         "read: leave out --timeline, --save-params, --save-state and --resume (--report writes the plan)");
   if (!a.rates.empty()) c.rates = parse_rates(a.rates, &c.calibrated);
   if (a.cpu_threads < 0) fail("--cpu-threads must be >= 0 (0: automatic), got " + std::to_string(a.cpu_threads));
   if (const std::size_t cores = dos::allowed_cores().size(); cores > 0 && std::size_t(a.cpu_threads) > cores)

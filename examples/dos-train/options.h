@@ -125,8 +125,9 @@ Checked check_options(const Args& a);
 
 /// Throws std::runtime_error, before the run, when two of the output paths (--report,
 /// --save-params, --timeline) name one file (the same path spelled two ways, or hard links to one
-/// file: device and inode compared), or when one of them lies inside the checkpoint folder that
-/// --save-state replaces.
+/// file: device and inode compared), when one of them names an input (--config, a --rates file) or
+/// lies inside the checkpoint folder that --resume reads or the one --save-state replaces, or when
+/// an input lies inside the --save-state folder.
 void check_distinct_outputs(const Args& a);
 
 }  // namespace dos_train

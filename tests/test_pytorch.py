@@ -230,6 +230,23 @@ def test_bad_input(device, policy):
     expect_error(ValueError, "[1, 2**53]",
                  lambda: dos.DeepOptimizerStates([m.l2.weight], subgroup_size=2 ** 70, policy=policy),
                  "subgroup_size=2**70")
+    # switches and counts of the wrong type: refused by name, not read by their truth or truncated
+    # (a string "False" would otherwise run AdamW)
+    for kw, needle in ((dict(decoupled="False"), "decoupled must be True or False"),
+                       (dict(overlap="no"), "overlap must be True or False"),
+                       (dict(skip_nonfinite=0), "skip_nonfinite must be True or False"),
+                       (dict(verbose="yes"), "verbose must be True or False"),
+                       (dict(max_grad_norm="x"), "max_grad_norm must be"),
+                       (dict(cpu_threads=-1), "cpu_threads must be an integer"),
+                       (dict(cpu_threads=100000), "cpu_threads must be an integer"),
+                       (dict(cpu_workers=1.5), "cpu_workers must be an integer"),
+                       (dict(ncuda=-5), "ncuda must be an integer"),
+                       (dict(policy=5), "policy must be None or a str")):
+        expect_error(ValueError, needle, lambda: dos.DeepOptimizerStates([m.l2.weight], **{"policy": policy, **kw}),
+                     f"{kw}")
+    expect_error(ValueError, "param group 0: decoupled must be True",
+                 lambda: dos.DeepOptimizerStates([{"params": [m.l2.weight], "decoupled": "False"}], policy=policy),
+                 "a param group's decoupled='False'")
     ints = torch.zeros(4, dtype=torch.int32, device=device)
     expect_error(ValueError, "dtype torch.int32 is not supported",
                  lambda: dos.DeepOptimizerStates([ints], policy=policy), "an int32 tensor")

@@ -24,6 +24,7 @@ applied to the fp32 master parameters; the caller's parameters receive p_t round
 
 import ctypes
 import math
+import numbers
 import threading
 import time
 import warnings
@@ -219,9 +220,13 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _Gradients, _State, _Timeli
                  cpu_threads=0, cpu_workers=0, ncuda=-1, verbose=False, overlap=False, speculation_budget=None,
                  speculate_streamed=True, urgent_writeback=False, gpu_update_budget=None, gpu_resident_budget=None,
                  timeline=False, caller_cores=None, flat_gradients=True, tail_subgroups=0):
+        for name, value in (("decoupled", decoupled), ("skip_nonfinite", skip_nonfinite), ("overlap", overlap),
+                            ("verbose", verbose)):
+            if not isinstance(value, bool):
+                raise ValueError(f"{name} must be True or False, got {value!r}")
         if weight_decay is None:
             weight_decay = 1e-2 if decoupled else 0.0
-        defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, decoupled=bool(decoupled))
+        defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, decoupled=decoupled)
         self._buckets = []
         self._built = False
         self._closed = False
@@ -244,7 +249,8 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _Gradients, _State, _Timeli
         super().__init__(params, defaults)
         if not _capi.int_in(subgroup_size, 1, _MAX_COUNT):
             raise ValueError(f"subgroup_size must be an integer in [1, 2**53] (elements), got {subgroup_size!r}")
-        if max_grad_norm is not None and not (float(max_grad_norm) > 0 and math.isfinite(float(max_grad_norm))):
+        if max_grad_norm is not None and not (isinstance(max_grad_norm, numbers.Real) and not isinstance(
+                max_grad_norm, bool) and max_grad_norm > 0 and math.isfinite(max_grad_norm)):
             raise ValueError(f"max_grad_norm must be a finite number > 0 or None, got {max_grad_norm!r}")
         # byte counts as the runtime's fields hold them (int64, or uint64 for the update budget)
         for name, value, low, high in (("speculation_budget", speculation_budget, 0, 2 ** 63 - 1),
@@ -340,7 +346,10 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _Gradients, _State, _Timeli
             if v > _FLT_MAX:
                 raise ValueError(f"param group {gi}: {name} {v:g} overflows float32 (at most 3.4e38), in which the "
                                  "update is computed: every parameter would become inf or NaN")
-        return (lr, b1, b2, eps, wd, bool(group.get("decoupled", True)))
+        decoupled = group.get("decoupled", True)
+        if not isinstance(decoupled, bool):
+            raise ValueError(f"param group {gi}: decoupled must be True (AdamW) or False (Adam), got {decoupled!r}")
+        return (lr, b1, b2, eps, wd, decoupled)
 
     def _build(self, hypers, policy, cpu_threads, cpu_workers, ncuda, verbose, caller_cores=None,
                preferred_caller_cores=0):

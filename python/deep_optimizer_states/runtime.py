@@ -170,7 +170,8 @@ def get_runtime(policy=None, cpu_threads=0, cpu_workers=0, ncuda=-1, verbose=Fal
     calibrating its bus (:func:`bus_calibration_resets`), StarPU is first started in a child
     process (:func:`calibrate_bus_apart`), so that no calibration happens here.
 
-    Raises ``ValueError`` when a runtime already runs with a different policy or worker options
+    Raises ``ValueError`` for an argument of the wrong type or range (each named), when a runtime
+    already runs with a different policy or worker options
     (StarPU runs once per process: call :func:`shutdown` first), for an unknown policy or a
     ``gpu_memory_limit`` out of range; warns (``UserWarning``) when a running runtime with CUDA
     workers has a GPU memory limit lower than ``gpu_memory_limit`` (for an optimizer's request:
@@ -182,6 +183,25 @@ def get_runtime(policy=None, cpu_threads=0, cpu_workers=0, ncuda=-1, verbose=Fal
         raise ValueError(f"gpu_memory_limit must be None or an integer in [1, (2**31 - 1) MiB] (bytes StarPU may "
                          f"allocate on each GPU; StarPU reads MiB into an int), got {gpu_memory_limit!r}")
     return _get_runtime(policy, cpu_threads, cpu_workers, ncuda, verbose, caller_cores, 0, gpu_memory_limit or 0)
+
+
+def _check_runtime_args(policy, cpu_threads, cpu_workers, ncuda, verbose):
+    """Raises ``ValueError`` naming the argument unless ``policy`` is None or a str,
+    ``cpu_threads`` an integer in [0, the cores this process may use], ``cpu_workers`` an integer
+    >= 0, ``ncuda`` an integer >= -1 and ``verbose`` a bool (as dos-train's options; the runtime
+    would otherwise start a thread per requested core, or read a string's truth)."""
+    if policy is not None and not isinstance(policy, str):
+        raise ValueError(f"policy must be None or a str such as 'dos', 'cpu', 'static:0.5' or 'dmda', got {policy!r}")
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if not _capi.int_in(cpu_threads, 0, cores):
+        raise ValueError(f"cpu_threads must be an integer in [0, {cores}] (OpenMP threads of the CPU Adam; 0: "
+                         f"automatic; {cores} cores may be used by this process), got {cpu_threads!r}")
+    if not _capi.int_in(cpu_workers, 0):
+        raise ValueError(f"cpu_workers must be an integer >= 0 (StarPU CPU workers; 0: automatic), got {cpu_workers!r}")
+    if not isinstance(ncuda, int) or isinstance(ncuda, bool) or ncuda < -1:
+        raise ValueError(f"ncuda must be an integer >= -1 (CUDA workers; -1: one per visible GPU), got {ncuda!r}")
+    if not isinstance(verbose, bool):
+        raise ValueError(f"verbose must be True or False, got {verbose!r}")
 
 
 def _check_caller_cores(caller_cores):
@@ -198,6 +218,7 @@ def _get_runtime(policy, cpu_threads, cpu_workers, ncuda, verbose, caller_cores,
     no demand; ``count_live``: it is one more optimizer's, to which the live optimizers' requests
     add (else it is the whole demand)."""
     global _runtime
+    _check_runtime_args(policy, cpu_threads, cpu_workers, ncuda, verbose)
     _check_caller_cores(caller_cores)
     with _lock:
         if _runtime is not None and _runtime.alive:

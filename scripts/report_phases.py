@@ -6,7 +6,8 @@ U_c counts it), one line per report, and the median update seconds of iterations
 
     scripts/report_phases.py REPORT.json [REPORT.json ...]
 
-Files that are not dos-train reports (no "iterations") are skipped; an unreadable one is named.
+Files that are not dos-train reports (no "iterations") are skipped; an unreadable one, or one
+whose fields are not of a report's types, is named with what was wrong, and the next file is read.
 Used by scripts/gpu-calibration.sh and scripts/gpu-targets.sh. Exit status 0.
 """
 import json
@@ -50,10 +51,15 @@ def main(paths):
         its = r.get("iterations") if isinstance(r, dict) else None
         if not its:
             continue
-        sizes = subgroup_sizes(r)
-        secs = [it.get("update_seconds", 0) for it in its]
-        med = statistics.median(secs[1:]) if len(secs) > 1 else secs[0]
-        print(f"{name}: median {med:.4f} s (iterations 2..); each: " + ", ".join(phase_cell(it, sizes) for it in its))
+        try:
+            sizes = subgroup_sizes(r)
+            secs = [it.get("update_seconds", 0) for it in its]
+            med = statistics.median(secs[1:]) if len(secs) > 1 else secs[0]
+            line = f"{name}: median {med:.4f} s (iterations 2..); each: " + ", ".join(phase_cell(it, sizes) for it in its)
+        except (TypeError, AttributeError, ValueError, KeyError) as e:
+            print(f"{name}: not a dos-train report's fields ({type(e).__name__}: {e})")
+            continue
+        print(line)
     return 0
 
 

@@ -131,6 +131,12 @@ phases=$(python3 "$(dirname "$0")/../scripts/report_phases.py" "$tmp/run.json" 2
 want=$(python3 -c 'import json,sys; print(sum("c" in it["placement"] for it in json.load(open(sys.argv[1]))["iterations"]))' "$tmp/run.json")
 [ "$(grep -c '^run: median' <<<"$phases")" = 1 ] && [ "$(grep -o 'CPU Adam [0-9.]* Gp/s' <<<"$phases" | wc -l)" = "$want" ] ||
   bad "report_phases.py ($want iterations with CPU subgroups): $phases"
+# a report with a field of the wrong type is named, and the next file is still read
+python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); r["iterations"][0]["cpu_adam_seconds"]="1"; json.dump(r, open(sys.argv[2], "w"))' \
+  "$tmp/run.json" "$tmp/a-bad.json"
+phases=$(python3 "$(dirname "$0")/../scripts/report_phases.py" "$tmp/a-bad.json" "$tmp/run.json" 2>&1)
+[ $? -eq 0 ] && grep -q "^a-bad: not a dos-train report's fields" <<<"$phases" && grep -q '^run: median' <<<"$phases" ||
+  bad "report_phases.py on a report with a string for a number: $phases"
 "$train" --preset tiny --iterations 1 --quiet --policy dmda --report "$tmp/dmda.json" >/dev/null 2>&1 &&
   python3 -c 'import json,sys; it=json.load(open(sys.argv[1]))["iterations"][0]; assert it["plan"] == "" and it["placement"], it' \
     "$tmp/dmda.json" || bad "dmda's report: an empty plan and a placement"

@@ -356,6 +356,37 @@ def parse_args(argv=None):
                     help="torch's deterministic algorithms (torch.use_deterministic_algorithms(True): an op that has "
                          "none raises), so that two runs can be compared bit for bit")
     args = ap.parse_args(argv)
+    for flag, value, least in (("--n-layer", args.n_layer, 1), ("--n-embd", args.n_embd, 1),
+                               ("--n-head", args.n_head, 1), ("--seq-len", args.seq_len, 1),
+                               ("--batch-size", args.batch_size, 1), ("--steps", args.steps, 1),
+                               ("--print-every", args.print_every, 1), ("--warmup", args.warmup, 0)):
+        if value < least:
+            ap.error(f"{flag} must be a whole number >= {least}, got {value}")
+    if args.n_embd % args.n_head:
+        ap.error(f"--n-head {args.n_head} must divide --n-embd {args.n_embd} (each head takes n_embd / n_head)")
+    for flag, value in (("--lr", args.lr), ("--eps", args.eps), ("--weight-decay", args.weight_decay),
+                        ("--max-grad-norm", args.max_grad_norm), ("--loss-scale", args.loss_scale),
+                        ("--time-limit", args.time_limit)):
+        if not (math.isfinite(value) and value >= 0):
+            ap.error(f"{flag} must be a finite number >= 0, got {value}")
+    if not 0 <= args.min_lr_ratio <= 1:
+        ap.error(f"--min-lr-ratio must be in [0, 1] (the final learning rate over --lr), got {args.min_lr_ratio}")
+    if not (math.isfinite(args.corpus_mb) and args.corpus_mb > 0):
+        ap.error(f"--corpus-mb must be a finite number of MB > 0, got {args.corpus_mb}")
+    try:
+        sub = float(args.subgroup_size)
+    except ValueError:
+        sub = float("nan")
+    if not (math.isfinite(sub) and sub >= 1 and sub == int(sub) and sub <= 2 ** 53):
+        ap.error(f"--subgroup-size must be a whole number of elements in [1, 2**53] (1e8 notation accepted), "
+                 f"got {args.subgroup_size!r}")
+    if args.device not in ("auto", "cpu", "cuda"):
+        ap.error(f"--device must be auto, cpu or cuda, got {args.device!r}")
+    for flag, path in (("--log-json", args.log_json), ("--timeline", args.timeline)):
+        if path:
+            check_output_path(ap, flag, path)
+    if args.log_json and args.timeline and os.path.abspath(args.log_json) == os.path.abspath(args.timeline):
+        ap.error("--log-json and --timeline name the same file: give each its own")
     if args.overlap != "off" and args.optimizer != "dos":
         ap.error(f"--overlap {args.overlap} needs --optimizer dos (torch's AdamW runs after backward)")
     if args.urgent_writeback and args.optimizer != "dos":
@@ -402,13 +433,32 @@ def budget_bytes(ap, flag, gb, optimizer, least=0):
     return int(gb * 1e9)
 
 
+def check_output_path(ap, flag, path):
+    """Exits through ``ap.error`` before any training when the output file ``path`` of option
+    ``flag`` could not be written at the end: it is a folder, its folder does not exist, or this
+    process may not write there."""
+    if os.path.isdir(path):
+        ap.error(f"{flag} {path} is a folder: give a file path")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        ap.error(f"{flag} {path}: the folder {folder} does not exist")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        ap.error(f"{flag} {path}: this process may not write in {folder}")
+
+
 def write_json(path, doc):
     """Writes ``doc`` as JSON to ``path`` through ``path``.tmp, so that a run killed meanwhile leaves
-    the previous file whole."""
+    the previous file whole; a write that fails leaves no ``.tmp`` behind (and raises its
+    ``OSError``)."""
     tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(doc, f, indent=1)
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as f:
+            json.dump(doc, f, indent=1)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.isfile(tmp):
+            os.remove(tmp)
+        raise
 
 
 def write_timeline(path, spans, infos):

@@ -13,6 +13,7 @@ printf '{ "model_type": "llama", "num_hidden_layers": 4000, "hidden_size": 16384
 printf '{ "model_type": "llama", "num_hidden_layers": 2, "hidden_size": 100, "intermediate_size": 64, "num_attention_heads": 3, "vocab_size": 50 }' > "$tmp/heads.json"
 printf '{ "model_type": "gpt2", "n_layer": 2, "n_embd": 4611686018427387904, "n_inner": 5, "n_head": 1, "n_positions": 2, "vocab_size": 4 }' > "$tmp/overflow.json"
 printf '{ "model_type": "bert", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 100 }' > "$tmp/bert.json"
+printf '{ "n_layer": 2, "n_embd": 64, "num_attention_heads": 4, "vocab_size": 100, "n_positions": 64 }' > "$tmp/mixed.json"
 mkfifo "$tmp/fifo"
 fails=0
 expect() {  # expect "substring of the message" dos-train-args... (PLAN=1: no --save-params, as --plan-only)
@@ -35,6 +36,7 @@ expect "whole number" --subgroup-size 2.5
 expect "not valid JSON" --config "$tmp/malformed.json"
 expect "missing field 'num_hidden_layers'" --config "$tmp/missing.json"
 expect "cannot read" --config "$tmp/nonexistent.json"
+expect "fields of both GPT-2" --config "$tmp/mixed.json"
 expect "must divide" --config "$tmp/heads.json"
 expect "host memory" --config "$tmp/huge.json"
 expect "out of range" --shard 3/2

@@ -121,7 +121,21 @@ ModelConfig load_hf_config(const std::string& path) {
   c.name = path;
   if (j.contains("model_type") && !j["model_type"].is_string())
     throw std::runtime_error(path + ": field 'model_type' must be a string");
-  const std::string type = j.value("model_type", std::string("llama"));
+  // Without model_type, the field names tell: GPT-2's n_layer, n_embd, n_head against the Llama
+  // family's num_hidden_layers, hidden_size, num_attention_heads; names of both kinds are refused.
+  std::string type;
+  if (j.contains("model_type")) {
+    type = j["model_type"].get<std::string>();
+  } else {
+    const bool gpt2_names = j.contains("n_layer") || j.contains("n_embd") || j.contains("n_head");
+    const bool llama_names =
+        j.contains("num_hidden_layers") || j.contains("hidden_size") || j.contains("num_attention_heads");
+    if (gpt2_names && llama_names)
+      throw std::runtime_error(path + ": no model_type, and fields of both GPT-2 (n_layer, n_embd, n_head) and the "
+                                      "Llama family (num_hidden_layers, hidden_size, num_attention_heads): add "
+                                      "\"model_type\": \"gpt2\" or \"llama\"");
+    type = gpt2_names ? "gpt2" : "llama";
+  }
   if (type != "gpt2" && type != "llama" && type != "mistral")
     throw std::runtime_error(path + ": model_type '" + type +
                              "' is not supported: dos-train knows gpt2 and Llama-style decoders (llama, mistral)");

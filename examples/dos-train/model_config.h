@@ -50,8 +50,10 @@ ModelConfig preset(const std::string& name);
 
 /// Reads a Hugging Face config.json (fields num_hidden_layers|n_layer, hidden_size|n_embd,
 /// intermediate_size|n_inner, num_attention_heads|n_head, num_key_value_heads, vocab_size,
-/// max_position_embeddings|n_positions, tie_word_embeddings, model_type).
-/// Throws std::runtime_error naming the file and the missing or invalid field, and
+/// max_position_embeddings|n_positions, tie_word_embeddings, model_type). Without model_type, GPT-2's
+/// field names (n_layer, n_embd, n_head) make it gpt2, and otherwise it is a Llama-style decoder.
+/// Throws std::runtime_error naming the file and the missing or invalid field (or, without
+/// model_type, field names of both kinds), and
 /// std::invalid_argument when the dimensions are out of range or the parameter count exceeds
 /// kMaxParams (count_params).
 ModelConfig load_hf_config(const std::string& path);

@@ -15,8 +15,9 @@ namespace dos_train {
 /// a rates file in the calibration cache's format (dos::load_rates: params/s and bytes/s, with the
 /// calibration's own rates under "calibrated"). Returns the rates to plan with, in params/s and
 /// bytes/s; *calibrated gets the ones the lower bound uses (the file's "calibrated", else the same).
-/// Throws std::runtime_error naming the value and both accepted forms when it is neither, or when a
-/// rate is not a positive number.
+/// Throws std::runtime_error naming the value and both accepted forms when it is neither, when a
+/// rate is not a finite positive number, or when one lies outside [1e6, 1e16] per second (a
+/// thousandth to ten million Gparams/s or GB/s: a mistake of units, such as a file in Gparams/s).
 dos::Rates parse_rates(const std::string& text, dos::Rates* calibrated);
 
 /// What --plan-only shows. model: the model's name; policy: the --policy text (must name a plan);

@@ -185,6 +185,16 @@ Runtime::Runtime(const RuntimeOptions& options) : impl_(new Impl) {
   const std::vector<int> process_cores = allowed_cores();  // before StarPU starts its threads
 
   struct starpu_conf conf;
+  // StarPU's worker counts from the environment: StarPU aborts the process on one that is not a
+  // whole number (its STARPU_ASSERT), so they are checked here first
+  for (const char* name : {"STARPU_NCPU", "STARPU_NCPUS", "STARPU_NCUDA"})
+    if (const char* v = std::getenv(name); v && *v) {
+      char* end = nullptr;
+      const long n = std::strtol(v, &end, 10);
+      if (*end != '\0' || n < 0)
+        throw Error(std::string("the environment's ") + name + "=" + v +
+                    " is not a worker count (a whole number >= 0): correct it or unset it");
+    }
   starpu_conf_init(&conf);
   if (impl_->choice.builtin()) {  // a registered StarPU policy by its struct, a built-in by its name
     conf.sched_policy = impl_->choice.starpu_policy;

@@ -39,6 +39,8 @@ expect "cannot read" --config "$tmp/nonexistent.json"
 expect "fields of both GPT-2" --config "$tmp/mixed.json"
 expect "must divide" --config "$tmp/heads.json"
 expect "host memory" --config "$tmp/huge.json"
+STARPU_NCPU=abc expect "STARPU_NCPU=abc is not a worker count"
+STARPU_NCUDA=-1 expect "STARPU_NCUDA=-1 is not a worker count"
 expect "out of range" --shard 3/2
 expect "R/W" --shard 3
 expect "nothing" --shard 0/999999999

@@ -151,8 +151,8 @@ int main(int argc, char** argv) {
   if (sub == "host") {
     dos_bench::HostOptions ho;
     if (app.count("--n") == 0) n_d = 5e8;
-    if (!(n_d >= 1 && n_d <= 4e9) || reps < 1) {
-      std::fprintf(stderr, "dos-bench host: --n must be in [1, 4e9] and --reps >= 1\n");
+    if (!(n_d >= 1 && n_d <= 4e9) || n_d != std::floor(n_d) || reps < 1) {
+      std::fprintf(stderr, "dos-bench host: --n must be a whole number in [1, 4e9] and --reps >= 1\n");
       return 1;
     }
     ho.n = std::size_t(n_d);
@@ -213,8 +213,10 @@ int main(int argc, char** argv) {
   if (sub == "stream") {
     dos_bench::StreamOptions so;
     if (app.count("--n") == 0) n_d = 1.6e9;
-    if (!(n_d >= 1 && n_d <= 1e11) || !(subgroup_d >= 1 && subgroup_d <= n_d) || reps < 1) {
-      std::fprintf(stderr, "dos-bench stream: --n must be in [1, 1e11], --subgroup-size in [1, n], --reps >= 1\n");
+    if (!(n_d >= 1 && n_d <= 1e11) || n_d != std::floor(n_d) || !(subgroup_d >= 1 && subgroup_d <= n_d) ||
+        subgroup_d != std::floor(subgroup_d) || reps < 1) {
+      std::fprintf(stderr, "dos-bench stream: --n must be a whole number in [1, 1e11], --subgroup-size a whole "
+                           "number in [1, n], --reps >= 1\n");
       return 1;
     }
     so.n = std::size_t(n_d);
@@ -245,8 +247,8 @@ int main(int argc, char** argv) {
     return 1;
   }
   if (app.count("--n") == 0) n_d = 1 << 27;
-  if (!(n_d >= 1 && n_d <= 4e9) || reps < 1) {
-    std::fprintf(stderr, "dos-bench: --n must be in [1, 4e9] and --reps >= 1\n");
+  if (!(n_d >= 1 && n_d <= 4e9) || n_d != std::floor(n_d) || reps < 1) {
+    std::fprintf(stderr, "dos-bench: --n must be a whole number in [1, 4e9] and --reps >= 1\n");
     return 1;
   }
   const std::size_t n = std::size_t(n_d);

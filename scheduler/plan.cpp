@@ -77,8 +77,13 @@ std::string plan_letters(const std::vector<PlanSide>& plan) {
 }
 
 std::string gb_text(double bytes) {
-  char t[32];
-  std::snprintf(t, sizeof t, "%.2f GB", bytes / 1e9);
+  char t[48];
+  if (bytes >= 1e8 || bytes == 0)
+    std::snprintf(t, sizeof t, "%.2f GB", bytes / 1e9);
+  else if (bytes >= 1e5)
+    std::snprintf(t, sizeof t, "%.2f MB", bytes / 1e6);
+  else
+    std::snprintf(t, sizeof t, "%.0f bytes", bytes);
   return t;
 }
 

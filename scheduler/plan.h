@@ -143,7 +143,8 @@ std::string plan_letters(const std::vector<PlanSide>& plan);
 /// staging (the message names both figures), or when plan->validate does.
 void apply_gpu_budgets(Workload& w, const Plan* plan, const GpuBudgets& budgets);
 
-/// "12.34 GB": bytes in GB (1e9), two decimals, for messages.
+/// "12.34 GB": bytes in GB (1e9), two decimals, for messages; below 0.1 GB in MB ("3.52 MB"), and
+/// below 0.1 MB in bytes ("4096 bytes"), so that small budgets do not read "0.00 GB".
 std::string gb_text(double bytes);
 
 }  // namespace dos

@@ -127,6 +127,10 @@ if cmp -s "$tmp/ck1/index.json" "$tmp/index.keep" && cmp -s "$tmp/good-config.js
 else echo "FAIL: an input was overwritten"; fails=$((fails+1)); fi
 expect "runs no update phase" --policy dos --plan-only --rates "$tmp/rates-in.json" --save-state "$tmp/ck3"
 PLAN=1 expect "runs no update phase" --policy dos --plan-only --rates "$tmp/rates-in.json" --timeline "$tmp/t3.json"
+mkdir "$tmp/scratch"; ln -s "$tmp/scratch" "$tmp/link"
+expect "is a symbolic link" --save-state "$tmp/link"
+[ -L "$tmp/link" ] && echo "ok: the link is kept" || { echo "FAIL: the link was replaced"; fails=$((fails+1)); }
+expect "beyond 2^63 - 1" --shard 0/18446744073709551617
 expect "folder of its own" --save-state .
 expect "folder of its own" --save-state "$tmp/.."
 mkdir "$tmp/precious"; echo precious > "$tmp/precious/precious.txt"

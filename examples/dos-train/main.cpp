@@ -512,7 +512,12 @@ int run(const Args& args) {
   if (nonfinite > 0)
     fail("after iteration " + std::to_string(it) + ", " + std::to_string(nonfinite) + " of the " + std::to_string(n) +
          " master parameters are inf or NaN (the first, element " + std::to_string(first_bad) + ", is " +
-         std::to_string(first_value) + "): the run diverged (lower --lr or --weight-decay); nothing was saved");
+         std::to_string(first_value) + "): " +
+         (a.nan_gradient_at > 0 && a.max_grad_norm == 0
+              ? "--nan-gradient-at put a NaN into the gradients and without --max-grad-norm nothing skips that step "
+                "(give --max-grad-norm N to have a non-finite gradient's step skipped)"
+              : "the run diverged (lower --lr or --weight-decay)") +
+         "; nothing was saved");
 
   // Outputs are written to temporary files first and put in place together: a failure leaves
   // neither behind.

@@ -122,7 +122,9 @@ void parse_shard(const std::string& s, std::size_t* rank, std::size_t* world) {
   char *e1 = nullptr, *e2 = nullptr;
   if (slash == std::string::npos) fail("--shard must look like R/W (rank R of W ranks, e.g. 0/4), got '" + s + "'");
   const std::string r = s.substr(0, slash), w = s.substr(slash + 1);
+  errno = 0;
   const long long rv = std::strtoll(r.c_str(), &e1, 10), wv = std::strtoll(w.c_str(), &e2, 10);
+  if (errno == ERANGE) fail("--shard " + s + ": a number beyond 2^63 - 1: give R/W with 0 <= R < W");
   if (r.empty() || w.empty() || *e1 || *e2 || rv < 0 || wv < 1)
     fail("--shard must look like R/W with 0 <= R < W, got '" + s + "'");
   if (rv >= wv) fail("--shard " + s + ": rank " + r + " is out of range for " + w + " ranks (0.." + std::to_string(wv - 1) + ")");

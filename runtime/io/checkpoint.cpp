@@ -158,6 +158,15 @@ void check_checkpoint_dir(const std::string& dir_given) {
                 ": give the checkpoint a folder of its own (e.g. " + (dir == "/" ? std::string("/ckpt") : dir + "/ckpt") + ")");
   struct stat st;
   if (::lstat(dir.c_str(), &st) == 0) {
+    if (S_ISLNK(st.st_mode)) {
+      std::error_code ec;
+      const std::filesystem::path target = std::filesystem::canonical(dir, ec);
+      throw Error("will not write the checkpoint at " + dir + ": it is a symbolic link" +
+                  (ec ? std::string(" (to nothing that exists)") : " to " + target.string()) +
+                  ", and saving replaces the folder by renaming a new one into its place, which would replace the "
+                  "link itself: give the folder the link points to" +
+                  (ec ? std::string() : " (" + target.string() + ")"));
+    }
     if (!S_ISDIR(st.st_mode)) throw Error("cannot write the checkpoint " + dir + ": it exists and is not a folder");
     const std::string why = foreign_content(dir);
     if (!why.empty())

@@ -56,7 +56,8 @@ struct CheckpointRanks {
 };
 
 /// Throws Error, before any work, when a checkpoint cannot be written at `dir`: its parent folder is
-/// missing or not writable; `dir` exists and is not a folder; `dir` names ".", ".." or "/" (saving
+/// missing or not writable; `dir` is a symbolic link (saving would replace the link: give its
+/// target); `dir` exists and is not a folder; `dir` names ".", ".." or "/" (saving
 /// replaces the whole folder); or `dir` is a folder that holds anything but a checkpoint of ours
 /// (index.json of this format, rank-RRRRR-of-WWWWW.safetensors files and their temporary files):
 /// a user's folder is never emptied. An empty folder is accepted.

@@ -119,6 +119,9 @@ cp "$tmp/good-config.json" "$tmp/config.keep"
 printf '{ "U_c": 4e9, "U_c_dma": 3e9, "U_g": 1e11, "D_c": 3e11, "B_h2d": 5e10, "B_d2h": 5e10 }' > "$tmp/rates-in.json"
 cp "$tmp/rates-in.json" "$tmp/rates.keep"
 expect "that --resume reads" --resume "$tmp/ck1" --report "$tmp/ck1/index.json"
+# a checkpoint resumed with other hyper-parameters than it was trained with (its moments are theirs)
+expect "was trained with adamw lr=" --resume "$tmp/ck1" --lr 0.5
+expect "this run asks for adam lr=" --resume "$tmp/ck1" --optimizer adam
 expect "is the file --config reads" --config "$tmp/good-config.json" --timeline "$tmp/./good-config.json"
 expect "is the file --rates reads" --policy dos --rates "$tmp/rates-in.json" --save-params "$tmp/rates-in.json"
 PLAN=1 expect "is the file --rates reads" --policy dos --plan-only --rates "$tmp/rates-in.json" --report "$tmp/rates-in.json"

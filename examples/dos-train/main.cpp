@@ -326,6 +326,7 @@ int run(const Args& args) {
   job.dtype = a.dtype;
   job.seed = a.seed;
   job.grad_parts = parts;
+  job.optimizer = dos::hyper_text(c.hyper);
   std::int64_t first_iteration = 0;
   if (!a.resume.empty()) {
     first_iteration = dos::load_checkpoint(a.resume, opt, job).iteration;

@@ -130,7 +130,7 @@ nlohmann::ordered_json to_json(const CheckpointInfo& i, bool all_ranks) {
           {"params_total", i.params_total}, {"begin", ranks[0]["begin"]},
           {"end", ranks[0]["end"]},  {"rank", ranks[0]["rank"]}, {"world", i.world},       {"subgroup_size", i.subgroup_size},
           {"dtype", i.dtype},        {"iteration", i.iteration}, {"seed", i.seed},
-          {"grad_parts", i.grad_parts}, {"files", files}, {"ranks", ranks}};
+          {"grad_parts", i.grad_parts}, {"optimizer", i.optimizer}, {"files", files}, {"ranks", ranks}};
 }
 
 std::string describe(const CheckpointInfo& i) {
@@ -141,6 +141,13 @@ std::string describe(const CheckpointInfo& i) {
 }
 
 }  // namespace
+
+std::string hyper_text(const AdamHyper& h) {
+  char t[256];
+  std::snprintf(t, sizeof t, "%s lr=%.17g beta1=%.17g beta2=%.17g eps=%.17g weight_decay=%.17g",
+                h.decoupled ? "adamw" : "adam", h.lr, h.beta1, h.beta2, h.eps, h.weight_decay);
+  return t;
+}
 
 void check_checkpoint_dir(const std::string& dir_given) {
   if (dir_given.empty()) throw Error("the checkpoint folder name is empty");
@@ -468,6 +475,7 @@ CheckpointInfo load_checkpoint(const std::string& dir, Optimizer& opt, const Che
     got.iteration = std::int64_t(json_count(j, "iteration", 0, kMaxCount));
     got.seed = json_count(j, "seed", 0, UINT64_MAX);
     got.grad_parts = j.contains("grad_parts") ? json_count(j, "grad_parts", 1, 2048) : 1;  // absent before it was recorded
+    if (j.contains("optimizer")) got.optimizer = j.at("optimizer").get<std::string>();  // absent before it was recorded
     // the old ranks' ranges and files (older indexes: only the top-level one)
     for (const auto& r : j.contains("ranks") ? j.at("ranks") : nlohmann::json::array({j})) {
       if (r.contains("file") && !r.at("file").is_string()) throw std::runtime_error("a rank's 'file' must be a string");
@@ -492,6 +500,10 @@ CheckpointInfo load_checkpoint(const std::string& dir, Optimizer& opt, const Che
                 describe(expect) + ": resume with the same model, --subgroup-size, --dtype and --seed, and with the "
                 "checkpoint's --grad-parts " + std::to_string(got.grad_parts) +
                 " (any number of ranks can resume it with that)");
+  if (!got.optimizer.empty() && !expect.optimizer.empty() && got.optimizer != expect.optimizer)
+    throw Error("cannot resume: the checkpoint in " + dir + " was trained with " + got.optimizer + "; this run asks for " +
+                expect.optimizer + ": resume with the same optimizer and hyper-parameters, which continue the run "
+                "exactly (its exp_avg and exp_avg_sq were made by them)");
 
   // This rank's elements [lo, hi) come from the old ranks whose ranges cover them: pieces of
   // (entry, lo, hi), in order, covering [expect.begin, expect.end) exactly.

@@ -45,7 +45,15 @@ struct CheckpointInfo {
   std::int64_t iteration = 0;
   std::uint64_t seed = 0;
   std::size_t grad_parts = 1;
+  /// The optimizer and its hyper-parameters as the run gave them (hyper_text of its AdamHyper);
+  /// "" when not recorded (checkpoints saved before it was, or a caller that does not say).
+  std::string optimizer;
 };
+
+/// The text CheckpointInfo::optimizer records for `h`: "adamw" or "adam", then lr, beta1, beta2,
+/// eps and weight_decay each as name=value with 17 significant digits (so that two texts are equal
+/// exactly when the hyper-parameters are). Throws nothing but std::bad_alloc.
+std::string hyper_text(const AdamHyper& h);
 
 /// How the ranks of a data-parallel job take part in a save (comm.h provides them): all_ok is a
 /// logical AND over the ranks (every rank calls it, so it is also a barrier); from_rank0 returns

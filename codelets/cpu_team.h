@@ -4,9 +4,13 @@
 // StarPU's own binding, the team would inherit the worker's single-core mask and pile onto one
 // core (seen with StarPU 1.3), so the runtime starts StarPU with STARPU_WORKERS_NOBIND=1
 // and binds threads itself: each CUDA worker's driver thread to a core of its own, and thread t of
-// CPU worker w's team to core (w * team_size + t) of the cores that are left. Pinned threads that
-// stay on their core keep the kernel's static OpenMP schedule balanced; on the GPU machine the
-// bound team ran CPU Adam 5-15% faster than an unbound one (dos-bench, README "Kernels").
+// CPU worker w's team to core (w * team_size + t) of the cores that are left. Pinned threads stay
+// on their core: two of them never share one, and with DOS_CPU_SCHEDULE=static each thread updates
+// the range whose pages it first touched (the CPU Adam kernel hands its work items out one at a time
+// by default: cpu_adam_schedule, codelets/kernels/adam.h). On the GPU machine, at commit f62fde5, a
+// quarter of Llama-2 7B's update phase under the cpu policy took 0.563 s with 15 bound threads and
+// 0.593 s with 15 unbound ones (DOS_BIND=0) (docs/measured-2026-11-30.md, "Kernels against the
+// memory roofs").
 #pragma once
 
 #include <string>

@@ -1,9 +1,10 @@
 """The processes examples/dos_compare.py starts and what it reads back from them: dos-train runs
 (run_one), st-compare (compare_params), the repository's PyTorch baselines (run_baselines, one
-round at a time, and merge_baselines over the rounds) and the external peers script (run_peers),
-with the helpers they share (arg_value, round_tag, python_with). Every function writes its
-process's log (and report) into the ``--out`` folder of the arguments ``a`` that dos_compare.py
-parsed, and never raises for a process that fails: it returns what says so."""
+round at a time, and merge_baselines over the rounds) and the peers script (run_peers: an external
+PyTorch script given by --peers, not part of this repository), with the helpers they share
+(arg_value, round_tag, python_with). Every function writes its process's log (and report) into the
+``--out`` folder of the arguments ``a`` that dos_compare.py parsed, and never raises for a process
+that fails: it returns what says so."""
 import json
 import os
 import re
@@ -165,9 +166,11 @@ def merge_baselines(rounds):
 
 
 def run_peers(a, n, s, twinflow, notes, k=0):
-    """Runs the external peers script once (round ``k``: its log is peers[.rK].log); returns
-    {variant: mean seconds per phase} of the variants it finished (a variant with no RESULT line, or
-    a zero one, is missing). A non-zero exit status is a WARNING in ``notes``."""
+    """Runs the peers script ``a.peers`` (an external PyTorch script, called with --n N --s S --iters
+    ITERS --variants LIST, that prints one ``RESULT VARIANT SECONDS s/phase`` line per variant) once
+    (round ``k``: its log is peers[.rK].log); returns {variant: mean seconds per phase} of the
+    variants it finished (a variant with no RESULT line, or a zero one, is missing). A non-zero exit
+    status is a WARNING in ``notes``."""
     base = [v.strip() for v in a.peer_variants.split(",") if v.strip()] if a.runs else []
     variants = base + [f"twinflow:{r:.4g}" for r in twinflow]
     cmd = [sys.executable, a.peers, "--n", str(n), "--s", str(s), "--iters", str(a.peer_iters),

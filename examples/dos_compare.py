@@ -37,8 +37,11 @@ Runs:
                                  ``baseline VARIANT``. Run by a Python that imports torch
                                  (--baselines-python, else the first of this one and
                                  /usr/bin/python3 that does); skipped with a note when none does
-  --peers PATH                   an external re-creation of the baselines (torch_update_phase.py)
-                                 on the same N and S, as a cross-check: --peer-variants (default
+  --peers PATH                   an external PyTorch re-creation of the baselines, as a cross-check
+                                 (a script taking --n, --s, --iters and --variants and printing
+                                 ``RESULT VARIANT SECONDS s/phase`` lines: compare_runs.run_peers;
+                                 for example a copy kept at .peers/torch_update_phase.py,
+                                 git-ignored), on the same N and S: --peer-variants (default
                                  zero_offload and dos_stride:2..4; when --policies or --run ran
                                  something) and, per resident budget, twinflow:R_gpu keeping the
                                  same subgroups resident; rows ``peer VARIANT``
@@ -128,7 +131,8 @@ def parse_args(argv):
     ap.add_argument("--baselines-python", default=None,
                     help="the Python (with torch) that runs the baselines (default: this one or /usr/bin/python3, "
                          "the first that imports torch)")
-    ap.add_argument("--peers", default=None, help="path of torch_update_phase.py: run that external cross-check too")
+    ap.add_argument("--peers", default=None, help="path of an external PyTorch script re-creating the baselines "
+                         "(--n, --s, --iters, --variants; RESULT lines): run that cross-check too")
     ap.add_argument("--peer-iters", type=int, default=3, help="timed phases per peer variant (default 3)")
     ap.add_argument("--peer-variants", default="zero_offload,dos_stride:2,dos_stride:3,dos_stride:4",
                     help="the peers' variants beside the policies, comma-separated (default "

@@ -248,9 +248,10 @@ LinkShareRecord record_phase(const LinkShareRecord& before, const Refined& r) no
 /// (+0.3% from the placeholder), +16.5% at 1/1.3 (+0.8%), +10.2% at 1/1.3 on a machine of 1.2
 /// (+3.2%); on a machine of 0.7 it is -4.2% against -18.6% from the placeholder. With the kernels
 /// loaded at start, first phases that stream ran 1% faster to 10% slower than the next ones on the
-/// GPU machine (7B and 20B quarters without resident state). The GPU machine's figures here:
-/// docs/measured-2026-12.md, "At 675bd11" (calls A and B) and "The README's measured section at
-/// 4820de6". Throws nothing.
+/// GPU machine (7B and 20B quarters without resident state). The GPU machine's figures here, from
+/// runs on two GPU machines (the 17% at bc5e312, the others at 675bd11): docs/measured-2026-12.md,
+/// "At 675bd11" (also README, "At the final code (675bd11)"), and "The README's measured section
+/// at 4820de6". Throws nothing.
 Rates rates_to_save(const Rates& r, const LinkShareRecord& rec) noexcept;
 
 }  // namespace dos

@@ -14,8 +14,10 @@
 //            T_dma + (N_cpu - U_c_dma T_dma) / U_c         otherwise.
 //   T_host = (N_cpu (24 + gb + pb) + bytes_h2d + bytes_d2h) / M  (host memory: host_bandwidth)
 //   T = max(T_cpu, T_h2d, T_d2h, T_gpu, T_host)
-// The contention term (U_c_dma < U_c) is what the paper's model leaves out: on the GPU machine
-// DeepSpeed's CPU Adam fell from 4.1 to 2.9 Gparams/s while StarPU streamed 51 GB/s each way.
+// The contention term (U_c_dma < U_c) is what the paper's model leaves out: CPU Adam and the DMA
+// engines share host memory, and on the GPU machine this repository's CPU Adam ran at 2.1-2.7
+// Gparams/s while the streamed state moved at 37 GB/s each way, against 4.0-4.1 alone
+// (docs/measured-2026-12.md, "Side by side: a quarter of the 20B preset").
 // With U_c_dma = U_c the model is the paper's (Maurya et al., "Deep Optimizer States", Equation 1):
 // the stride k is the plan "one subgroup in k streamed" (subgroups k-1, 2k-1, ...).
 #pragma once

@@ -72,8 +72,10 @@ class Plan;
 /// caller_cores: cores the automatic cpu_threads leaves to the caller's own threads (at least one
 ///   CPU thread is kept); 0 (default) leaves none. An update overlapped with the caller's backward
 ///   (Optimizer::begin_step) wants 1: the thread that launches backward's kernels otherwise shares
-///   its core with a busy Adam thread and each launch waits (the 20B quarter's emulated backward
-///   took 0.55 s instead of 0.45 s, README "Measured").
+///   its core with a busy Adam thread and each launch waits (on the GPU machine a quarter of the 20B
+///   preset's emulated backward, overlapped with the update, took 0.566 s with every core given to
+///   CPU Adam and 0.451 s with one left to the caller: docs/measured-2026-12.md, "The update
+///   overlapped with backward and the next forward: a quarter of the 20B preset").
 /// cpu_workers: StarPU CPU workers; 0 (default): $STARPU_NCPU if set, else 1, one worker whose
 ///   codelets run an OpenMP team over cpu_threads cores. N > 1: N workers, the subgroups spread over
 ///   them, each worker's team cpu_threads / N threads (cpu_threads = N gives single-threaded
@@ -240,6 +242,12 @@ class Runtime {
 ///   (cached per host and configuration), unless recalibrate is set, which forces a new
 ///   measurement. Given, they must be given whole: Error when some are and some are not (each > 0
 ///   and finite), or when they break the model's bounds (rate_bounds_error).
+/// verbose: print on stderr, lines starting "[dos]", where the model's rates came from (the
+///   calibration: its CPU Adam rate per repetition, its link_share when measured, the calibrated
+///   rates; or the rates cache file read), a warning when the rates cache cannot be read or written,
+///   and a note when the GPU update budget is below one streamed subgroup's footprint (every update
+///   not resident then runs on the CPU). Default true; false prints none of these (errors are still
+///   thrown).
 /// gpu_resident_budget: bytes of optimizer state the GPU may keep between iterations (12 per
 ///   parameter, each of a subgroup's three state slices padded to 16 elements); -1: not given.
 ///   `dos` (and `gpu`) keep the last subgroups that fit resident (none when not given) and plan the
@@ -263,21 +271,24 @@ class Runtime {
 ///   the parameters' dtype (2 B/param for bf16/fp16) and the Adam kernel widens them; false: they
 ///   are converted to fp32 first (4 B/param). Same results either way (the widening is exact).
 ///   Default true: on the GPU machine the 20B quarter's dos update phase took 0.948 s with it and
-///   1.057 s with fp32 gradients, in one run (README, "Side by side").
+///   1.057 s with fp32 gradients, in one measurement (docs/measured-2026-11-30.md, "Side by side: a
+///   quarter of the 20B preset").
 /// urgent_writeback: push a CPU-updated subgroup's parameter write-back task where the worker
 ///   running it pops next, instead of behind the tasks already queued (TaskHint::urgent). Only
 ///   where that write-back is a task: the caller's buffers in host memory, or on the GPU with
 ///   runtime_uploads_params() false (otherwise the runtime copies the parameters itself and there is
-///   no such task). Measured slower on the GPU machine (README: the urgent task holds the CUDA
-///   worker while its input waits on StarPU's host-to-device stream behind the lookahead's
-///   prefetches), hence off by default. Same results either way.
+///   no such task). Measured slower on the GPU machine (README, "dos-train", --urgent-writeback, and
+///   the runs kept in docs/compare-20b/urgent/: the urgent task holds the CUDA worker while its input
+///   waits on StarPU's host-to-device stream behind the lookahead's prefetches), hence off by
+///   default. Same results either way.
 /// eager_writeback: write each streamed subgroup's state back as soon as its update ends (an
 ///   asynchronous read acquire on main RAM, then starpu_data_wont_use); false: all at the end of
 ///   the phase. A GPU update budget needs eager write-back (Error otherwise).
 /// submit_order: SubmitOrder (models/phase_sim.h); default plan. cpu_first takes the CPU subgroups'
 ///   gradient staging out from behind the streamed Adams in the CUDA worker's first-in first-out
 ///   queue; on the GPU machine it was no faster (the phase is bound by host memory shared by CPU Adam
-///   and DMA, not by that queue; README). The results are the same bits either way.
+///   and DMA, not by that queue; docs/measured-2026-12.md, "Side by side: a quarter of the 20B
+///   preset"). The results are the same bits either way.
 /// speculation_budget: host bytes for the shadow state of speculative updates (12 bytes per
 ///   parameter of a subgroup updated speculatively and its slices' padding, state_bytes_for,
 ///   allocated and pinned at its first speculative update and kept); -1 (default): half of the
@@ -292,7 +303,8 @@ class Runtime {
 ///   side needs StarPU's device buffers from CUDA's stream-ordered allocator (the StarPU that
 ///   scripts/setup.sh builds): with cudaFree, each buffer StarPU frees under the update budget waits
 ///   for the whole GPU, backward's kernels included, and the 20B quarter's emulated iteration took
-///   1.61 s instead of 1.26 s (README, "Measured"). With a site's own StarPU, measure both.
+///   1.61 s instead of 1.26 s (docs/measured-2026-12.md, "The update overlapped with backward and
+///   the next forward: a quarter of the 20B preset"). With a site's own StarPU, measure both.
 /// tail_subgroups: late binding of the plan's tail (models/tail_binding.h). With a plan that both
 ///   streams and updates on the CPU, the last tail_subgroups subgroups of the plan's CPU and streamed
 ///   ones (index order) are left out of the submission, and a thread of
@@ -397,6 +409,9 @@ struct StepStats {
   std::size_t planned_resident = 0;
   double predicted_seconds = 0;
   double lower_bound_seconds = 0;
+  /// The resource the phase simulation of this phase's plan found busiest, as
+  /// Simulation::busiest names it (models/phase_sim.h): "cpu", "h2d", "d2h" or "gpu"; empty where
+  /// there is no model (a StarPU policy, a plan without the model's rates, no CUDA worker).
   std::string bound_by;
   /// Per subgroup, the side the plan gave it (empty under a StarPU policy, which decides alone).
   std::vector<PlanSide> plan;
@@ -444,8 +459,9 @@ struct StepStats {
 /// staging).
 std::size_t host_bytes_per_param(DType dtype);
 
-/// Throws Error when `bytes` exceed the host memory available now (MemAvailable of
-/// /proc/meminfo), naming `what`, both figures in GB, and what to do.
+/// Throws ResourceError (an Error) when `bytes` exceed the host memory available now (MemAvailable of
+/// /proc/meminfo), naming `what`, both figures in GB, and what to do. Does nothing when
+/// MemAvailable cannot be read (no /proc/meminfo, as off Linux): the allocation then decides.
 void check_host_memory(std::size_t bytes, const std::string& what);
 
 /// Adam/AdamW over the caller's tensors, as StarPU task graphs (one per step()).
@@ -529,16 +545,20 @@ class Optimizer {
   /// Whether a step was finished by finish_step_async and wait_step has not yet been called.
   bool step_running() const;
 
+  /// Elements the optimizer updates: the sum of the tensors' numel given at construction.
   std::size_t num_params() const;
+  /// Subgroups the parameters were cut into: ceil(num_params() / OptimizerOptions::subgroup_size).
   std::size_t num_subgroups() const;
   /// Size in elements of subgroup i (i < num_subgroups()).
   std::size_t subgroup_size(std::size_t i) const;
   /// Step count of subgroup i (0 before the first step()).
   std::int64_t step_count(std::size_t i) const;
   /// Copies the fp32 master parameters (num_params() floats, in the flat order of the caller's
-  /// tensors) into `out`, host memory.
+  /// tensors) into `out`, host memory. Throws Error while an update phase is open (begin_step
+  /// without finish_step: "call finish_step first") or still running (finish_step_async without
+  /// wait_step: "call wait_step first").
   void read_master(float* out) const;
-  /// Same for exp_avg and exp_avg_sq.
+  /// Same for exp_avg and exp_avg_sq (the same errors).
   void read_exp_avg(float* out) const;
   void read_exp_avg_sq(float* out) const;
 
@@ -552,7 +572,8 @@ class Optimizer {
   /// Calls fn with every subgroup's state in host memory, in subgroup order, without copying it
   /// (what a checkpoint writer streams to its file: no second copy of 12 bytes per parameter). The
   /// host copies are brought up to date and held for reading while fn runs (no step may run then).
-  /// An exception from fn propagates, after the state is released.
+  /// An exception from fn propagates, after the state is released. Throws Error, without calling
+  /// fn, while an update phase is open or still running (as read_master).
   void with_host_state(const std::function<void(const std::vector<HostState>&)>& fn) const;
 
   /// Step count of every subgroup, in subgroup order.

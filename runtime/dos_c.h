@@ -269,10 +269,18 @@ int dos_optimizer_options_init(dos_optimizer_options* options);
  * success *out holds the handle. */
 int dos_optimizer_create(dos_runtime* rt, size_t ntensors, void* const* params, void* const* grads,
                          const size_t* numels, const dos_optimizer_options* options, dos_optimizer** out);
+/* Destroys an optimizer (NULL is ignored). A phase opened by dos_optimizer_begin_step and not
+ * finished is dropped first, as DOS_VERDICT_SKIP would (nothing of it kept); a phase left running
+ * by dos_optimizer_finish_step_async or dos_optimizer_step_async is waited for and runs to its end.
+ * Cannot report an error: a failure while closing the phase or tearing down is ignored. */
 void dos_optimizer_destroy(dos_optimizer* opt);
 
 /* Replaces the hyper-parameters used from the next step on (a learning-rate schedule). Validated as
- * at creation; on error nothing changes. */
+ * at creation (the ranges of dos_optimizer_options' lr ... weight_decay, and lr, eps, weight_decay
+ * and lr x weight_decay at most fp32's 3.4e38: dos::validate_adam_hyper); on error nothing changes.
+ * Returns DOS_E_INVALID for a NULL opt, a value out of its range (the message names it), or an
+ * update phase open or still running (dos_optimizer_begin_step without finish_step, or
+ * finish_step_async / step_async without wait_step). */
 int dos_optimizer_set_hyper(dos_optimizer* opt, double lr, double beta1, double beta2, double eps,
                             double weight_decay, int decoupled);
 /* One update phase (synchronous): every subgroup's step count += 1, new parameters written into the
@@ -351,18 +359,30 @@ int dos_optimizer_wait_step(dos_optimizer* opt, dos_step_stats* stats);
  * NULL. */
 int dos_optimizer_step_open(const dos_optimizer* opt);
 
+/* Elements the optimizer updates (the sum of numels given at creation); 0 when opt is NULL. */
 size_t dos_optimizer_num_params(const dos_optimizer* opt);
+/* Subgroups the elements were cut into (ceil(num_params / options.subgroup_size)); 0 when opt is
+ * NULL. */
 size_t dos_optimizer_num_subgroups(const dos_optimizer* opt);
-/* Sizes (elements) and step counts of every subgroup, num_subgroups() entries each. */
+/* Sizes (elements) and step counts of every subgroup, in subgroup order: out holds
+ * dos_optimizer_num_subgroups() entries. dos_optimizer_subgroup_sizes: DOS_E_INVALID for a NULL
+ * opt or out; allowed while a phase is open. dos_optimizer_step_counts: DOS_E_INVALID for a NULL
+ * opt or out, or an update phase open or still running (as dos_optimizer_set_hyper). */
 int dos_optimizer_subgroup_sizes(const dos_optimizer* opt, size_t* out);
 int dos_optimizer_step_counts(const dos_optimizer* opt, int64_t* out);
 
 /* Copies one part of the state (which: 0 fp32 master parameters, 1 exp_avg, 2 exp_avg_sq) into out,
- * num_params() floats of host memory, in the flat order of the tensors given at creation. */
+ * num_params() floats (4 * num_params() bytes) of host memory, in the flat order of the tensors
+ * given at creation. DOS_E_INVALID for a NULL opt or out, `which` outside 0-2, or an update phase
+ * open or still running (as dos_optimizer_set_hyper); DOS_E_RUNTIME when reading the state fails. */
 int dos_optimizer_read_state(const dos_optimizer* opt, int which, float* out);
 /* Replaces the whole state: master, exp_avg, exp_avg_sq (num_params() floats each, host memory) and
  * the nsteps == num_subgroups() step counts; then writes the master parameters, rounded to the
- * dtype, into the caller's parameters. On a size error nothing changes. */
+ * dtype, into the caller's parameters. DOS_E_INVALID, nothing changed, for a NULL opt, master,
+ * exp_avg or exp_avg_sq (or steps with nsteps > 0), an update phase open or still running (as
+ * dos_optimizer_set_hyper), nsteps other than num_subgroups() or a negative step count; also
+ * DOS_E_INVALID when StarPU refuses a task writing the parameters (a dos::Error), DOS_E_RUNTIME for
+ * other failures (out of host memory, ...). */
 int dos_optimizer_load_state(dos_optimizer* opt, const float* master, const float* exp_avg,
                              const float* exp_avg_sq, const int64_t* steps, size_t nsteps);
 /* Points the optimizer at other gradient buffers from the next update phase on: grads[i] is tensor

@@ -335,8 +335,8 @@ Optimizer::Optimizer(Runtime& runtime, const std::vector<TensorView>& tensors, c
     // Staging buffers live in host memory allocated (and pinned) once. Left to StarPU (home node
     // -1, dropped after each phase), their host copies were allocated and pinned again every
     // iteration: the cpu policy's update phase for 1.68e9 parameters took 5.38 s on the GPU
-    // machine, 0.58 s with this (README, "Measured"). Their contents are dropped after use
-    // (invalidate), so nothing is ever written back for them.
+    // machine, 0.58 s with this (docs/measured-2026-11-30.md, "History"). Their contents are
+    // dropped after use (invalidate), so nothing is ever written back for them.
     starpu_vector_data_register(&sg->h_grad32, STARPU_MAIN_RAM, uintptr_t(sg->grad32.ptr), sg->size, gsz);
     starpu_vector_data_register(&sg->h_param16, STARPU_MAIN_RAM, uintptr_t(sg->param16.ptr), sg->size, esz);
     for (const Piece& p : layout[s].pieces) {

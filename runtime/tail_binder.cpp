@@ -22,7 +22,8 @@ void Optimizer::Impl::choose_tail(OpenStep& ph) {
   // Not in the first phase that streams: StarPU allocates the streamed state's GPU buffers in it,
   // which slows the stream by an amount no pace measured so far foretells. On the GPU machine, the
   // 20B quarter's first phase with the binder took 0.94-0.95 s against 0.81-0.88 s for the plan as
-  // made, the CPU busy 64-67% of it against 74-81% (README, "Measured").
+  // made, the CPU busy 64-67% of it against 74-81% (docs/measured-2026-12.md, "At 099fc13", "The
+  // tail binding's first phase").
   if (!stream_buffers_allocated) return;
   std::vector<std::size_t> tail;
   for (std::size_t i = sgs.size(); i-- > 0 && tail.size() < opt.tail_subgroups;)

@@ -2,9 +2,10 @@
 # On the GPU machine (kernels at the memory roofs): dos-bench beside PyTorch's fused CPU
 # AdamW (the peers' cpu_adam_only), and the CPU side of the update phase with one CPU worker running
 # an OpenMP team against many single-threaded CPU workers. Build first (scripts/setup.sh build), or
-# carry a build/ made on the developer machine. The torch row runs only when an independent
-# script is placed at .peers/torch_update_phase.py (git-ignored, not part of this repository):
-#   run(command="scripts/setup.sh build >/dev/null && scripts/gpu-bench.sh", carry=[".deps/cache", ".peers"])
+# bring a build/ made on a machine of the same kind. The torch row runs only when an external PyTorch
+# script with the command line dos_compare.py's --peers takes is kept at .peers/torch_update_phase.py
+# (git-ignored, not part of this repository). On the GPU machine, with .deps/cache and .peers present:
+#   scripts/setup.sh build >/dev/null && scripts/gpu-bench.sh
 set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 N=${N:-2.68e8}

@@ -11,14 +11,15 @@
 #                 shard under a 400 MB update budget (all on the CPU, -n 4): U_c's first measure in
 #                 the second process, which starts from the quarter's rates (the report of the
 #                 second is the case's; the first's is <name>-first.json)
-#   run(command="scripts/gpu-calibration.sh", carry=[".deps/cache"])
-#   run(command="TESTS=1 CASES='20b-resident 7b-seq' scripts/gpu-calibration.sh", carry=[".deps/cache"])
+# On the GPU machine, with .deps/cache present:
+#   scripts/gpu-calibration.sh
+#   TESTS=1 CASES='20b-resident 7b-seq' scripts/gpu-calibration.sh
 # Outputs go to $OUT (default ./gpu-calibration-out): each process's log and report, summary.txt.
 # CASES picks cases (default all four), ROUNDS the repetitions (default 1). TESTS=1 runs the GPU
 # tests first (the README's list with refinement-first-phases, 200-260 s). Each case runs twice
 # (switch off and on): 20b-resident about 70 s, 20b about 90 s, 7b-16m about 12 s, 7b-seq about
 # 80 s; with the build (60-90 s) all four cases take about 350 s, so with TESTS=1 give two of them
-# (as above) to stay within the device tool's 600 s. Needs about 80 GB of host memory (the 20B
+# (as above) to stay under 600 s per run on the GPU machine. Needs about 80 GB of host memory (the 20B
 # quarter's state and staging). On a machine without a GPU the runs fall back to the CPU and
 # calibrate nothing: the script says so and its figures mean nothing.
 set -u

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine: set up and build from .deps/cache (offline), run the test suite (GPU tests
 # included), then dos-train on a Llama-2 7B shard under cpu, gpu and dmda. Reports go to $OUT (or
-# ./gpu-check-out). Used through the `device` tool:  run(command="scripts/gpu-check.sh", carry=[".deps/cache"])
+# ./gpu-check-out). On the GPU machine, with .deps/cache present:  scripts/gpu-check.sh
 #   SHARD (default 0/4), ITERS (default 4), SUBGROUP (default 1e8), SWEEP=0 skips the Llama-2 13B sweep,
 #   HOSTRUN=1 adds a cpu run with the model's buffers in host memory
 set -u

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # On the GPU machine, the side by side: dos-compare on the 20B preset's shard 1/4 (subgroups
 # of 1.24e8, update budget 40 GB, forward/backward emulated with 4096 tokens) with PyTorch baselines
-# in the same script: the repository's own (BASELINES=1) and, when an independent script is placed
-# at .peers/torch_update_phase.py (git-ignored, not part of this repository), that one as well:
-#   run(command="BASELINES=1 scripts/gpu-compare.sh", carry=[".deps/cache", ".peers"])
+# in the same script: the repository's own (BASELINES=1) and, when an external PyTorch script with
+# the command line dos_compare.py's --peers takes is kept at .peers/torch_update_phase.py
+# (git-ignored, not part of this repository), that one as well. On the GPU machine, with
+# .deps/cache (and .peers) present; outputs go to $OUT:
+#   BASELINES=1 scripts/gpu-compare.sh
 # Before the measured runs, dmda's and dmdas' perfmodels are trained afresh (MODEL_POLICIES, default
 # "dmda dmdas"; CALIBRATION_ITERS, default 5) in $OUT/perfmodels, then frozen.
 # PART=main: dos, cpu, dmda, dmdas, gpu, lws (+ RUNS, extra --run entries) and the peers zero_offload and
@@ -41,7 +43,7 @@ ARGS=(--preset llama-20b --shard 1/4 --subgroup-size 1.24e8 -n "${ITERS:-4}" --g
 # StarPU's history perfmodels start empty (a fresh sampling folder, so that no time measured by an
 # earlier build, e.g. one with StarPU's task profiling on, reaches dmda or dmdas), are trained by
 # one run per built-in model policy with STARPU_CALIBRATE=1, then frozen (STARPU_CALIBRATE=0) for the
-# measured runs: dmda and dmdas plan with task times measured on this machine, in this call.
+# measured runs: dmda and dmdas plan with task times measured on this machine, by this script.
 export STARPU_PERF_MODEL_DIR=$OUT/perfmodels STARPU_HOSTNAME=dos-compare
 rm -rf "$STARPU_PERF_MODEL_DIR"; mkdir -p "$STARPU_PERF_MODEL_DIR"
 for p in ${MODEL_POLICIES-dmda dmdas}; do

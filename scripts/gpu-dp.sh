@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # On nvidia-h200-x2 (2 GPUs, 32 cores): the data-parallel runs. The same model on 1 rank
 # (one GPU, all cores) and on 2 ranks (one GPU each, the cores split by dos-train near each GPU),
-# with the collectives through NCCL (GPU buffers) and through MPI (host buffers):
-#   run(command="scripts/gpu-dp.sh", kind="nvidia-h200-x2", carry=[".deps/cache"])
+# with the collectives through NCCL (GPU buffers) and through MPI (host buffers). On that machine,
+# with .deps/cache present; outputs go to $OUT:
+#   scripts/gpu-dp.sh
 # PART=check: build, the machine's topology, the test train-nccl-2ranks
 # PART=scale: the model below on 1 rank (--ncuda 1), on 2 ranks with NCCL and on 2 ranks with MPI
 #             (MPI_ITERATIONS iterations, default 5: its host collectives take seconds), and the table

@@ -3,8 +3,8 @@
 # GPU tests (TESTS: meson test names, "all" for the whole suite, "" for none), dos-bench overhead,
 # the tiny preset's phase under several policies, timelines of the 20B quarter (dos and gpu), the
 # Llama-2 13B quarter's sweep of the streamed fraction. Outputs go to $OUT (default
-# ./gpu-perf-out). Used through the `device` tool:
-#   run(command="scripts/gpu-perf.sh", carry=[".deps/cache"])
+# ./gpu-perf-out). On the GPU machine, with .deps/cache present:
+#   scripts/gpu-perf.sh
 # DOS_BUILD_DIR: the build folder (default build). PARTS (default "tests overhead tiny timeline sweep";
 # also "frameworks", "trainer" and "train") picks the parts; ITERS (default 4). BIG_RUNS lines may name another
 # --shard (the last one given wins), e.g. "q3on --shard 3/4 --policy dos --emulate-compute --overlap on".
@@ -75,7 +75,7 @@ if has frameworks; then
 fi
 # The Hugging Face Trainer's speed, dos against ZeRO-Offload's recipe (scripts/gpu-trainer-speed.sh;
 # its environment passes through; TRAINER_RUNS, default the runs within one memory bound, picks its
-# RUNS: its own default, six runs of up to SECONDS_PER_RUN each, would not fit one device call)
+# RUNS: its own default, six runs of up to SECONDS_PER_RUN each, would not fit in one 600 s run)
 if has trainer; then
   echo "== scripts/gpu-trainer-speed.sh"
   OUT=$OUT/trainer DOS_C_LIBRARY=$BUILD/libdos_c.so SECONDS_PER_RUN=${SECONDS_PER_RUN:-110} \
@@ -91,6 +91,6 @@ if has train; then
     OFFLOAD_SECONDS=15 timeout 240 "$ROOT/scripts/gpu-train.sh" 2>&1 | grep -vE "^\[starpu" | tail -25
   (cd "$OUT" && tar czf train.tgz train && rm -rf train)
 fi
-# the timelines and reports in one archive (the device tool brings back few files)
+# the timelines and reports in one archive (fewer files to copy back from the GPU machine)
 (cd "$OUT" && tar czf perf-json.tgz *.json 2>/dev/null && rm -f *.json)
 echo "total: $(( $(date +%s) - t0 )) s"

@@ -4,7 +4,8 @@
 # repository; skipped otherwise) beside `dos-bench stream`
 # under measurement switches (DOS_HOST_ALLOC=starpu, DOS_WONT_USE=0, DOS_BIND=0,
 # STARPU_CUDA_PIPELINE=4), and a 7B `gpu`-policy run with a timeline.
-#   run(command="scripts/gpu-stream-why.sh", carry=[".deps/cache", ".peers"])
+# On the GPU machine, with .deps/cache (and .peers/probe) present; outputs go to $OUT:
+#   scripts/gpu-stream-why.sh
 set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${OUT:-$ROOT/gpu-stream-out}

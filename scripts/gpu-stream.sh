@@ -3,7 +3,8 @@
 # builds, runs the GPU tests of the update phase, `dos-bench stream` (the runtime's streaming
 # variants against the duplex PCIe roof, same process), the 7B quarter under the old and the new
 # streaming, and the 20B quarter with the update budget and the emulated forward/backward.
-#   run(command="scripts/gpu-stream.sh", carry=[".deps/cache"])
+# On the GPU machine, with .deps/cache present:
+#   scripts/gpu-stream.sh
 # Outputs (reports, timelines) go to $OUT (default ./gpu-stream-out). PART selects pieces (default all):
 #   PART="tests bench 7b 20b"
 set -u

@@ -1,22 +1,23 @@
 #!/usr/bin/env bash
-# On the GPU machine: the runs behind the README's "At the final code" table, in three calls that
-# each stay under the device tool's 600 s (PART, default tests):
-#   run(command="PART=tests scripts/gpu-targets.sh", carry=[".deps/cache", ".peers"])
+# On the GPU machine: the runs behind the README's "At the final code" table, in three parts that
+# each run in under 600 s on the GPU machine (PART, default tests); outputs go to $OUT. With
+# .deps/cache (and .peers) present:
+#   PART=tests scripts/gpu-targets.sh
 #   PART=tests  the GPU tests (the README's list with refinement-first-phases; 200-260 s)
-#   PART=20b    the 20B quarter side by side (dos, the plan untouched, our zero_offload and stride:2,
-#               the peers when .peers/torch_update_phase.py is there; -n 5, with dos-bench host's
-#               bound), then with 31.5 GB resident (dos, static:0.4, our stride:2 and twinflow, the
-#               TwinFlow-ratio peer; -n 4); about 320 s
+#   PART=20b    the 20B quarter side by side (dos, the plan untouched, the repository's zero_offload
+#               and stride:2, the peers when .peers/torch_update_phase.py is there; -n 5, with
+#               dos-bench host's bound), then with 31.5 GB resident (dos, static:0.4, the
+#               repository's stride:2 and twinflow, the TwinFlow-ratio peer; -n 4); about 320 s
 #   PART=rest   the resident sequence (calibrating -n 2, then -n 3 from its rates cache), the 13B
 #               sweep, the 7B quarter, its 1/16 shard under 400 MB, the tiny preset (dos, cpu, gpu),
 #               dos-bench overhead, the 1.01e9-parameter GPT's update phase; about 380 s
-# .peers/torch_update_phase.py is the team's independent PyTorch script (git-ignored, not in a
-# clone): when present, PART=20b runs it as the peers beside the repository's own baselines;
-# otherwise only those. Host memory: PART=20b about 80 GB (the 20B quarter's state and staging),
-# PART=rest about 60 GB (the 13B quarter); the GPU machine has 128 GB.
-# Each step runs only if it can start early enough for the call to end in time (times.txt says when
-# one was skipped). Every call starts from an empty rates cache ($OUT/cache): its first model run
-# calibrates, the later ones start from what the earlier ones refined.
+# .peers/torch_update_phase.py: an external PyTorch script with the command line dos_compare.py's
+# --peers takes (git-ignored, not in a clone): when present, PART=20b runs it as the peers beside the
+# repository's own baselines; otherwise only those. Host memory: PART=20b about 80 GB (the 20B
+# quarter's state and staging), PART=rest about 60 GB (the 13B quarter); the GPU machine has 128 GB.
+# Each step runs only if it can start early enough for the part to end in time (times.txt says when
+# one was skipped). The rates cache is $OUT/cache, empty in a fresh $OUT: the part's first model run
+# then calibrates, the later ones start from what the earlier ones refined.
 # Outputs to $OUT (default ./gpu-targets-out): each step's log and report, times.txt (each step's exit
 # status, seconds and start), summary.txt (each dos-train report's phases and prediction errors, the
 # side by sides' tables, the sweep, the overhead and the GPT lines).

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine (offline), from the repository root after `scripts/setup.sh build`: the Hugging
-# Face Trainer's speed with our optimizer against ZeRO-Offload's recipe, one process per run, with
-# examples/hf_trainer.py: a LlamaForCausalLM of about 1.07e9 parameters (LAYERS 16, HIDDEN 2048,
+# Face Trainer's speed with the repository's optimizer against ZeRO-Offload's recipe, one process
+# per run, with examples/hf_trainer.py: a LlamaForCausalLM of about 1.07e9 parameters (LAYERS 16, HIDDEN 2048,
 # HEADS 16, SEQ 512; fp32 parameters, bf16 mixed precision, the Trainer's clipping at 1.0, cosine
 # schedule), BATCH 8, STEPS 20 optimizer steps, each run's GPU memory bounded by TOTAL_GB (20) GB, in
 # which AdamW's state does not fit beside the model (fp32 parameters, gradients and AdamW's two

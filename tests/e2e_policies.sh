@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # dos-train end to end: the saved fp32 master parameters of the same model and seed must be
 # bit-identical under the cpu policy and StarPU's dmda (both update on the CPU here), and, where a
-# GPU exists, within a relative 1e-6 of each other under cpu and gpu (see README, "Tolerance").
+# GPU exists, within a relative 1e-6 of each other under cpu and gpu (README, "Tests",
+# train-cpu-vs-gpu-tolerance).
 #   e2e_policies.sh DOS_TRAIN ST_COMPARE cpu-dmda|cpu-gpu|cpu-dos|tail|shards|resume|staging|iteration|overlap
 set -u
 train=$1 cmp=$2 mode=$3

@@ -36,6 +36,7 @@ inline const char* dtype_name(DType t) {
   return t == DType::fp32 ? "fp32" : (t == DType::fp16 ? "fp16" : "bf16");
 }
 
+/// The IEEE binary32 bit pattern of f (a bit copy, no conversion; on the host and the GPU).
 DOS_HD std::uint32_t f32_bits(float f) {
 #if defined(__CUDA_ARCH__)
   return __float_as_uint(f);
@@ -46,6 +47,7 @@ DOS_HD std::uint32_t f32_bits(float f) {
 #endif
 }
 
+/// The float whose IEEE binary32 bit pattern is u (the inverse of f32_bits; a bit copy).
 DOS_HD float bits_f32(std::uint32_t u) {
 #if defined(__CUDA_ARCH__)
   return __uint_as_float(u);

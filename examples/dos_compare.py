@@ -380,7 +380,14 @@ def main(argv=None):
         print(f"dos-compare: {a.dos_train} is not an executable dos-train: build it (scripts/setup.sh build) or "
               f"give --dos-train PATH", file=sys.stderr)
         return 2
-    os.makedirs(a.out, exist_ok=True)
+    if os.path.exists(a.out) and not os.path.isdir(a.out):
+        print(f"dos-compare: --out {a.out} exists and is not a folder: give a folder for the reports", file=sys.stderr)
+        return 2
+    try:
+        os.makedirs(a.out, exist_ok=True)
+    except OSError as e:
+        print(f"dos-compare: cannot make the --out folder {a.out}: {e}", file=sys.stderr)
+        return 2
     runs, failed, skipped, notes = {}, [], {}, []
     executed = []  # (label, dos-train arguments) in the order round 0 ran them; later rounds repeat it
     timeline_path = os.path.join(a.out, "timeline.json") if a.timeline else None

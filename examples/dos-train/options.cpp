@@ -219,6 +219,20 @@ Checked check_options(const Args& a) {
     fail("--plan-only runs no update phase, so it has no timeline, parameters or optimizer state to write or "
          "read: leave out --timeline, --save-params, --save-state and --resume (--report writes the plan)");
   if (!a.rates.empty()) c.rates = parse_rates(a.rates, &c.calibrated);
+  if ((!a.rates.empty() || a.recalibrate) && !a.plan_only) {
+    // the model's rates are read only by the plans that need them; a policy known to be without
+    // them is said so (an unknown one is refused when the runtime starts)
+    bool needs_rates = true;
+    try {
+      const dos::PolicyChoice choice = dos::parse_policy(policy);
+      needs_rates = choice.plan && choice.plan->needs().rates;
+    } catch (const std::invalid_argument&) {
+    }
+    if (!needs_rates)
+      std::fprintf(stderr, "dos-train: warning: policy %s plans without the model's rates: %s changes nothing "
+                           "(the plans with rates: dos, static:R, greedy)\n",
+                   policy.c_str(), a.rates.empty() ? "--recalibrate" : "--rates");
+  }
   if (a.cpu_threads < 0) fail("--cpu-threads must be >= 0 (0: automatic), got " + std::to_string(a.cpu_threads));
   if (const std::size_t cores = dos::allowed_cores().size(); cores > 0 && std::size_t(a.cpu_threads) > cores)
     fail("--cpu-threads " + std::to_string(a.cpu_threads) + " is more than the " + std::to_string(cores) +

@@ -197,7 +197,9 @@ int refuse_if_open(const dos_optimizer* opt, const char* fn) {
                                                  "for it first");
   if (opt && opt->opt && opt->opt->step_open())
     return fail(DOS_E_INVALID, std::string(fn) + ": an update phase is open (dos_optimizer_begin_step without "
-                                                 "dos_optimizer_finish_step): finish it first");
+                                                 "dos_optimizer_finish_step, or a dos_optimizer_step that another "
+                                                 "thread is running): finish it first (an optimizer takes one call "
+                                                 "at a time)");
   return DOS_OK;
 }
 
@@ -450,6 +452,9 @@ int dos_optimizer_set_hyper(dos_optimizer* opt, double lr, double beta1, double 
                             double weight_decay, int decoupled) {
   if (!opt) return fail(DOS_E_INVALID, "dos_optimizer_set_hyper: optimizer is NULL");
   if (refuse_if_open(opt, "dos_optimizer_set_hyper") != DOS_OK) return DOS_E_INVALID;
+  if (decoupled != 0 && decoupled != 1)
+    return fail(DOS_E_INVALID, "dos_optimizer_set_hyper: decoupled must be 0 or 1 (0: Adam, 1: AdamW), got " +
+                                   std::to_string(decoupled));
   return guarded([&] { opt->opt->set_hyper(make_hyper(lr, beta1, beta2, eps, weight_decay, decoupled)); });
 }
 

@@ -41,8 +41,9 @@ void check_host_memory(std::size_t bytes, const std::string& what) {
   if (bytes > avail) {
     char msg[512];
     std::snprintf(msg, sizeof msg,
-                  "%s needs %.1f GB of host memory and only %.1f GB are available: run a shard of the model "
-                  "(--shard R/W), a smaller model, or on a machine with more memory",
+                  "%s needs %.1f GB of host memory and only %.1f GB are available: give this process a shard of "
+                  "the model (fewer parameters: dos-train --shard R/W, or data-parallel ranks on more nodes), a "
+                  "smaller model, or run on a machine with more memory",
                   what.c_str(), bytes / 1e9, avail / 1e9);
     throw ResourceError(msg);
   }

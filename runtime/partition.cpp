@@ -9,7 +9,12 @@ std::vector<SubgroupLayout> partition_subgroups(const std::vector<std::size_t>& 
   if (subgroup_size == 0)
     throw std::invalid_argument("subgroup size must be at least 1 element (got 0)");
   std::size_t total = 0;
-  for (std::size_t n : numels) total += n;
+  for (std::size_t i = 0; i < numels.size(); ++i) {
+    if (numels[i] > kMaxTotalElements - total)
+      throw std::invalid_argument("the tensors hold more than 2^53 elements in all (tensor " + std::to_string(i) +
+                                  " has " + std::to_string(numels[i]) + "): give the element counts of real tensors");
+    total += numels[i];
+  }
   if (total == 0) throw std::invalid_argument("no parameters to optimize: every tensor has 0 elements");
   if ((total + subgroup_size - 1) / subgroup_size > kMaxSubgroups)
     throw std::invalid_argument("subgroups of " + std::to_string(subgroup_size) + " elements cut " + std::to_string(total) +

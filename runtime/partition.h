@@ -24,18 +24,24 @@ struct SubgroupLayout {
   std::vector<Piece> pieces;
 };
 
-/// Cuts the concatenation of tensors of `numels` elements into subgroups of `subgroup_size`
-/// elements; the last subgroup holds the remainder (so sizes are subgroup_size except possibly the
-/// last, which is in [1, subgroup_size]). A subgroup may span several tensors and a tensor several
-/// subgroups; tensors of 0 elements contribute no piece.
-/// Throws std::invalid_argument when subgroup_size is 0, the total element count is 0, or there
-/// would be more than kMaxSubgroups subgroups.
+/// The most subgroups one optimizer may have (three StarPU tasks each).
 constexpr std::size_t kMaxSubgroups = std::size_t(1) << 20;
+
+/// The most elements one optimizer may hold in all, 2^53 (every count stays exact in a double).
+constexpr std::size_t kMaxTotalElements = std::size_t(1) << 53;
 
 /// Subgroups past which an Optimizer (verbose) warns that their per-subgroup cost (StarPU data
 /// handles and tasks: about 28 KB of host memory and 0.14 ms of update phase each, measured on a
 /// 2-core machine) outweighs their updates.
 constexpr std::size_t kManySubgroups = 4096;
+
+/// Cuts the concatenation of tensors of `numels` elements into subgroups of `subgroup_size`
+/// elements; the last subgroup holds the remainder (so sizes are subgroup_size except possibly the
+/// last, which is in [1, subgroup_size]). A subgroup may span several tensors and a tensor several
+/// subgroups; tensors of 0 elements contribute no piece.
+/// Throws std::invalid_argument when subgroup_size is 0, the total element count is 0 or above
+/// kMaxTotalElements (counts that would wrap around included), or there would be more than
+/// kMaxSubgroups subgroups.
 std::vector<SubgroupLayout> partition_subgroups(const std::vector<std::size_t>& numels, std::size_t subgroup_size);
 
 /// The element range [begin, end) owned by rank `rank` of `world` ranks when `total` elements are

@@ -185,6 +185,15 @@ Runtime::Runtime(const RuntimeOptions& options) : impl_(new Impl) {
   const std::vector<int> process_cores = allowed_cores();  // before StarPU starts its threads
 
   struct starpu_conf conf;
+  if (options.cpu_threads < 0)
+    throw Error("cpu_threads must be >= 0 (0: automatic), got " + std::to_string(options.cpu_threads));
+  if (!process_cores.empty() && std::size_t(options.cpu_threads) > process_cores.size())
+    throw Error("cpu_threads " + std::to_string(options.cpu_threads) + " is more than the " +
+                std::to_string(process_cores.size()) + " cores this process may use: give at most " +
+                std::to_string(process_cores.size()) + " (0: automatic)");
+  if (options.ncuda < -1)
+    throw Error("ncuda must be >= -1 (-1: one CUDA worker per visible GPU, 0: none), got " +
+                std::to_string(options.ncuda));
   // StarPU's worker counts from the environment: StarPU aborts the process on one that is not a
   // whole number (its STARPU_ASSERT), so they are checked here first
   for (const char* name : {"STARPU_NCPU", "STARPU_NCPUS", "STARPU_NCUDA"})
@@ -247,6 +256,13 @@ Runtime::Runtime(const RuntimeOptions& options) : impl_(new Impl) {
     throw Error("StarPU's heteroprio cannot run this update phase with a CUDA worker: it needs every task to be able "
                 "to run on every kind of worker, and the gradient staging and parameter write-back tasks run only "
                 "where the model's buffers live; use dmda, dmdas, lws or eager, or heteroprio with --ncuda 0");
+  }
+  if (options.ncuda > 0 && options.cuda_device < 0 && int(ncuda) < options.ncuda) {
+    starpu_shutdown();
+    --g_live_runtimes;
+    throw Error("ncuda " + std::to_string(options.ncuda) + " CUDA workers were asked for and StarPU started " +
+                std::to_string(ncuda) + " (one per GPU it sees): ask for at most " + std::to_string(ncuda) +
+                ", or -1 for one per visible GPU");
   }
   // The runtime's kernels are loaded now, before any transfer is queued: under CUDA's lazy loading
   // a kernel's first launch could otherwise wait behind the first phase's state uploads.

@@ -39,6 +39,7 @@ expect "cannot read" --config "$tmp/nonexistent.json"
 expect "fields of both GPT-2" --config "$tmp/mixed.json"
 expect "must divide" --config "$tmp/heads.json"
 expect "host memory" --config "$tmp/huge.json"
+expect "CUDA workers were asked for" --ncuda 64
 STARPU_NCPU=abc expect "STARPU_NCPU=abc is not a worker count"
 STARPU_NCUDA=-1 expect "STARPU_NCUDA=-1 is not a worker count"
 expect "out of range" --shard 3/2

@@ -191,6 +191,33 @@ static void test_bad_options(void** state) {
     if (rc != DOS_E_RUNTIME || opt != NULL || strstr(dos_last_error(), "host memory") == NULL)
       fail_msg("expected DOS_E_RUNTIME naming host memory, got %d: %s", rc, dos_last_error());
   }
+  /* set_hyper validates as creation does: decoupled only 0 or 1 */
+  {
+    float p[4] = {1, 2, 3, 4}, g[4] = {0};
+    void* params[1] = {p};
+    void* grads[1] = {g};
+    const size_t numels[1] = {4};
+    dos_optimizer_options ok = fp32_options();
+    dos_optimizer* opt = NULL;
+    assert_int_equal(dos_optimizer_create(g_rt, 1, params, grads, numels, &ok, &opt), DOS_OK);
+    assert_int_equal(dos_optimizer_set_hyper(opt, 1e-3, 0.9, 0.999, 1e-8, 0, 5), DOS_E_INVALID);
+    assert_non_null(strstr(dos_last_error(), "decoupled must be 0 or 1"));
+    assert_int_equal(dos_optimizer_set_hyper(opt, 1e-3, 0.9, 0.999, 1e-8, 0, -1), DOS_E_INVALID);
+    assert_int_equal(dos_optimizer_set_hyper(opt, 1e-3, 0.9, 0.999, 1e-8, 0, 0), DOS_OK);
+    dos_optimizer_destroy(opt);
+  }
+  /* element counts whose sum wraps around: refused, not an optimizer of a few elements */
+  {
+    float p[4] = {1, 2, 3, 4}, g[4] = {0};
+    void* params[2] = {p, p};
+    void* grads[2] = {g, g};
+    const size_t numels[2] = {(size_t)-1, 2};
+    dos_optimizer_options ok = fp32_options();
+    dos_optimizer* opt = (dos_optimizer*)&opt;
+    assert_int_equal(dos_optimizer_create(g_rt, 2, params, grads, numels, &ok, &opt), DOS_E_INVALID);
+    assert_null(opt);
+    assert_non_null(strstr(dos_last_error(), "more than 2^53 elements"));
+  }
   /* after all of that the runtime still works */
   dos_optimizer_options o = fp32_options();
   step_and_check(&o);

@@ -65,6 +65,13 @@ void test_bad_partition_input(void**) {
   assert_true(throws_invalid_argument([&] { dos::partition_subgroups({0, 0}, 4); }));
   // one subgroup too many
   assert_true(throws_invalid_argument([&] { dos::partition_subgroups({dos::kMaxSubgroups * 2 + 1}, 2); }));
+  // counts whose sum wraps around (it would look like 1 element, or 4) or passes 2^53
+  const std::size_t top = ~std::size_t(0);
+  assert_true(throws_invalid_argument([&] { dos::partition_subgroups({top, 2}, std::size_t(1) << 40); }));
+  assert_true(throws_invalid_argument([&] { dos::partition_subgroups({top - 3, 8}, std::size_t(1) << 40); }));
+  assert_true(throws_invalid_argument(
+      [&] { dos::partition_subgroups({dos::kMaxTotalElements, 1}, std::size_t(1) << 40); }));
+  assert_int_equal(dos::partition_subgroups({dos::kMaxTotalElements - 1, 1}, std::size_t(1) << 40).size(), 8192);
   assert_int_equal(dos::partition_subgroups({dos::kMaxSubgroups * 2}, 2).size(), dos::kMaxSubgroups);
 }
 

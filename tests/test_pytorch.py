@@ -614,6 +614,31 @@ def test_framework_paths(device, policy):
         o.close()
 
 
+def test_two_optimizers_one_parameter(device, policy):
+    """One parameter given to two optimizers, stepped in turn: each starts from what the other
+    wrote, as two torch AdamW over one parameter do (fp32: the same values within Adam's rounding;
+    before, the second stepped from its own stale master and the first's update was lost)."""
+    torch.manual_seed(5)
+    ref = torch.nn.Linear(8, 4).to(device)
+    ours = copy.deepcopy(ref)
+    x = torch.randn(16, 8, device=device)
+    r1, r2 = (torch.optim.AdamW(ref.parameters(), lr=1e-2) for _ in range(2))
+    o1, o2 = (dos.DeepOptimizerStates(ours.parameters(), lr=1e-2, policy=policy) for _ in range(2))
+    worst = 0.0
+    for _ in range(3):
+        for model, opts in ((ref, (r1, r2)), (ours, (o1, o2))):
+            for o in opts:
+                o.zero_grad()
+            model(x).square().sum().backward()
+            for o in opts:
+                o.step()
+        worst = max(worst, max((a - b).abs().max().item() for a, b in zip(ref.parameters(), ours.parameters())))
+    check(worst < 1e-5, f"two optimizers over one parameter, stepped in turn: {worst:.2e} from two torch AdamW "
+                        "(one lost update would be 1e-2)")
+    o1.close()
+    o2.close()
+
+
 def test_dropped_wrapper(device, policy):
     """Framework wrappers that subclass the optimizer's class and share its attributes, garbage-
     collected while the optimizer trains on: PyTorch Lightning 2's LightningOptimizer (its own
@@ -677,7 +702,7 @@ def main(tests=None):
         print("the runtime has no CUDA worker (a build without CUDA?): skipped")
         return 77
     for test in tests or (test_losses_match_adamw, test_bad_input, test_train_gpt_bad_args, test_framework_paths,
-                          test_compiled_model, test_dropped_wrapper):
+                          test_compiled_model, test_two_optimizers_one_parameter, test_dropped_wrapper):
         test(args.device, args.policy)
     dos.shutdown()
     print(f"{len(failures)} failure(s); {time.time() - t0:.1f} s")

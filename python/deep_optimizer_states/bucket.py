@@ -5,8 +5,15 @@ parameters' version counters; and the GPU memory the buckets' update phases may 
 """
 
 import ctypes
+import weakref
 
 from . import _capi
+
+# Which bucket's runtime last wrote each parameter, by pointer, which torch's version counter does
+# not see: id(parameter) -> (a weak reference to it, that bucket's token). A parameter given to two
+# optimizers is written by each in turn; each then starts its update from what the other wrote, as
+# two torch.optim optimizers over one parameter do, instead of from its own stale master.
+_last_writer = {}
 
 
 def gpu_memory_for_buckets(buckets, subgroup_size, update_budget, resident_budget, speculative):
@@ -43,6 +50,7 @@ class _Bucket:
         self.numels = []
         self.ptrs = []      # data_ptr() of each parameter at creation
         self.param_versions = []  # each parameter's _version when the runtime's masters last matched it
+        self.token = object()  # this bucket, in _last_writer
         self.flat_grad = None  # None with flat_gradients=False
         self.views = []     # views of flat_grad shaped like each parameter
         self.grad_ptrs = None  # flat_gradients=False: the gradient pointers the runtime reads now
@@ -81,14 +89,33 @@ class _Bucket:
 
     def note_param_versions(self):
         """Notes each parameter's version counter (``Tensor._version``, which every in-place write
-        bumps; the runtime's own writes by pointer do not): the runtime's masters match the
-        parameters now."""
+        bumps; the runtime's own writes by pointer do not), and this bucket as the parameters' last
+        writer: the runtime's masters match the parameters now, and its next phase writes them."""
         self.param_versions = [p._version for p in self.params]
+        for p in self.params:
+            _last_writer[id(p)] = (weakref.ref(p), self.token)
+
+    def param_written(self, j):
+        """Whether parameter ``j`` (position in this bucket) was written since
+        :meth:`note_param_versions` in a way torch counts (``model.load_state_dict``, ``p.copy_``
+        under ``torch.no_grad()``, ...), or by another optimizer's runtime (the same parameter
+        given to two optimizers)."""
+        p = self.params[j]
+        if p._version != self.param_versions[j]:
+            return True
+        rec = _last_writer.get(id(p))
+        return rec is not None and rec[1] is not self.token and rec[0]() is p
 
     def params_written(self):
-        """Whether a parameter was written in place in a way torch counts (``model.load_state_dict``,
-        ``p.copy_`` under ``torch.no_grad()``, ...) since :meth:`note_param_versions`."""
-        return any(p._version != v for p, v in zip(self.params, self.param_versions))
+        """Whether any parameter was written since :meth:`note_param_versions` (:meth:`param_written`)."""
+        return any(self.param_written(j) for j in range(len(self.params)))
+
+    def forget_writes(self):
+        """Takes this bucket out of the last-writer record (when its optimizer is closed)."""
+        for p in self.params:
+            rec = _last_writer.get(id(p))
+            if rec is not None and rec[1] is self.token:
+                del _last_writer[id(p)]
 
     def describe(self):
         return f"group {self.group_index}, {self.dtype} on {self.device.type}"

@@ -205,7 +205,8 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _Gradients, _State, _Timeli
     runtime's fp32 master of an element whose parameter no longer holds it rounded is replaced by the
     parameter's value (the moments stay). Writes torch does not count (through ``p.data``, or a
     collective writing into the parameter's memory) are not seen: call :meth:`refresh_masters`
-    after them. A write after backward, once the overlapped update has
+    after them. A parameter given to two of these optimizers is written by each in turn, and each
+    starts from what the other wrote, as two ``torch.optim`` optimizers over one parameter do. A write after backward, once the overlapped update has
     speculated, drops what was speculated (the step runs whole). With :meth:`overlap_forward`, call
     :meth:`wait` before writing parameters outside a forward (``model.load_state_dict`` waits by
     itself).
@@ -687,6 +688,7 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _Gradients, _State, _Timeli
             if b.handle is not None and lib is not None:
                 lib.dos_optimizer_destroy(b.handle)
             b.handle = None
+            b.forget_writes()
 
     def __del__(self):
         try:

@@ -101,9 +101,9 @@ class _State:
         element of those parameters, for the moment."""
         L = _capi.lib()
         changed = False
-        for j, (p, v) in enumerate(zip(b.params, b.param_versions)):
+        for j, p in enumerate(b.params):
             n = b.numels[j]
-            if not n or not (force or p._version != v):
+            if not n or not (force or b.param_written(j)):
                 continue
             off = b.offsets[j]
             seg = torch.empty(n, dtype=torch.float32)

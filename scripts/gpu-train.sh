@@ -28,11 +28,13 @@
 #   MODEL (builtin; auto uses Hugging Face transformers when installed), POLICY (dos), DEVICE (cuda;
 #   cpu for a dry run of the script on a machine without a GPU, with small LAYERS/HIDDEN/SEQ),
 #   DOS_C_LIBRARY (default build/libdos_c.so).
+# Exit status: 0 when every run (and the binding's test, unless skipped) ended with status 0; 1
+# otherwise (the summary and plot are still written), or before any run when no torch sees a GPU
+# or DOS_C_LIBRARY names no file.
 set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
 OUT=${OUT:-$ROOT/gpu-train-out}
-mkdir -p "$OUT"
 STEPS=${STEPS:-300} LAYERS=${LAYERS:-20} HIDDEN=${HIDDEN:-2048} HEADS=${HEADS:-16} SEQ=${SEQ:-512} BATCH=${BATCH:-8}
 SUBGROUP=${SUBGROUP:-5e7} MODEL=${MODEL:-builtin} POLICY=${POLICY:-dos} DEVICE=${DEVICE:-cuda}
 DOS_SECONDS=${DOS_SECONDS:-130} ADAMW_SECONDS=${ADAMW_SECONDS:-25} OFFLOAD_SECONDS=${OFFLOAD_SECONDS:-35}
@@ -44,10 +46,14 @@ say() { printf '[gpu-train +%ds] %s\n' "$(( $(date +%s) - start ))" "$*"; }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | sed 's/^/gpu: /'
 echo "cores: $(nproc), memory: $(free -g | awk '/^Mem:/{print $2 " GiB"}')"
 
+if [ -n "${DOS_C_LIBRARY:-}" ] && [ ! -f "$DOS_C_LIBRARY" ]; then
+  say "DOS_C_LIBRARY=$DOS_C_LIBRARY is not a file: give the path of a built libdos_c.so, or unset it"; exit 1
+fi
 LIB=${DOS_C_LIBRARY:-$ROOT/build/libdos_c.so}
 if [ ! -f "$LIB" ] || [ ! -f .deps/env.sh ]; then
   say "$LIB missing: running scripts/setup.sh build"
-  scripts/setup.sh build 2>&1 | tail -5 || { say "build failed"; exit 1; }
+  built=$(scripts/setup.sh build 2>&1) || { printf '%s\n' "$built" | tail -20; say "build failed"; exit 1; }
+  printf '%s\n' "$built" | tail -5
 fi
 . .deps/env.sh
 export DOS_C_LIBRARY=$LIB PYTHONPATH=$ROOT/python${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
@@ -60,6 +66,8 @@ sys.exit(0 if os.environ["DEVICE"] == "cpu" or torch.cuda.is_available() else 1)
   fi
 done
 [ -n "$PY" ] || { say "no python3 here imports a torch that sees a GPU"; exit 1; }
+mkdir -p "$OUT"
+failed=0
 say "python: $(command -v $PY), $($PY -c 'import torch; print("torch", torch.__version__, "CUDA", torch.version.cuda)')"
 
 common=(--model "$MODEL" --n-layer "$LAYERS" --n-embd "$HIDDEN" --n-head "$HEADS" --seq-len "$SEQ"
@@ -76,6 +84,7 @@ run() {  # name, seconds of training, extra arguments (the dos runs also write t
   timeout $(( secs + 90 )) "$PY" examples/train_gpt.py "${common[@]}" --time-limit "$secs" \
       --log-json "$OUT/$name.json" "$@" > "$OUT/$name.log" 2>&1
   local rc=$?
+  [ $rc -eq 0 ] || failed=$((failed + 1))
   grep -vE '^\[starpu\]' "$OUT/$name.log" | grep -E '^(train_gpt|corpus|summary|time limit|\[dos\]|model|Traceback|[A-Za-z]*Error)|step +(1|10|50|100|150|200|250|300) ' | cut -c1-240
   say "$name finished (exit status $rc)"
 }
@@ -88,6 +97,7 @@ if [ "${TEST:-1}" = 1 ] && [ "$DEVICE" = cuda ]; then
   rc=$?
   grep -E '^(losses|FAIL|[0-9]+ failure)' "$OUT/test-pytorch-cuda.log" | cut -c1-240
   say "test finished (exit status $rc; 77 = skipped)"
+  [ $rc -eq 0 ] || [ $rc -eq 77 ] || failed=$((failed + 1))
 fi
 
 for name in $RUNS; do
@@ -164,3 +174,4 @@ fig.savefig(os.path.join(out, "train_gpt.png"), dpi=110)
 print("wrote", os.path.join(out, "train_gpt.png"))
 EOF
 say "done: $OUT"
+[ $failed -eq 0 ] || { say "$failed run(s) failed: see their logs in $OUT"; exit 1; }

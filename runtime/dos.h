@@ -602,7 +602,8 @@ class Optimizer {
   /// (num_params() floats each, host memory, flat order) and each subgroup's step count; then
   /// writes the master parameters, rounded to the caller's dtype, into the caller's parameter
   /// buffers, so that training continues exactly where the checkpoint was taken.
-  /// Throws Error when steps has not num_subgroups() entries or a step count is negative.
+  /// Throws Error, changing nothing, when steps has not num_subgroups() entries, a step count is
+  /// negative or above 2^53, or a value is not finite (or exp_avg_sq negative).
   void load_state(const float* master, const float* exp_avg, const float* exp_avg_sq,
                   const std::vector<std::int64_t>& steps);
   /// One subgroup's optimizer state in host memory, writable: `size` fp32 values of each.
@@ -617,7 +618,7 @@ class Optimizer {
   /// set and the caller's parameters written, as load_state does. A checkpoint reader fills them
   /// from its files directly (no second copy of 12 bytes per parameter).
   /// Throws Error, changing nothing, when steps has not num_subgroups() entries or a step count is
-  /// negative. If fill throws, the exception propagates and the state is partly replaced: the
+  /// negative or above 2^53. If fill throws, the exception propagates and the state is partly replaced: the
   /// optimizer is then marked broken (step() throws Error saying so).
   void load_state_in_place(const std::vector<std::int64_t>& steps,
                            const std::function<void(const std::vector<HostStateOut>&)>& fill);

@@ -380,7 +380,8 @@ int dos_optimizer_read_state(const dos_optimizer* opt, int which, float* out);
  * the nsteps == num_subgroups() step counts; then writes the master parameters, rounded to the
  * dtype, into the caller's parameters. DOS_E_INVALID, nothing changed, for a NULL opt, master,
  * exp_avg or exp_avg_sq (or steps with nsteps > 0), an update phase open or still running (as
- * dos_optimizer_set_hyper), nsteps other than num_subgroups() or a negative step count; also
+ * dos_optimizer_set_hyper), nsteps other than num_subgroups(), a step count negative or above 2^53,
+ * or a value that is not finite (or a negative exp_avg_sq); also
  * DOS_E_INVALID when StarPU refuses a task writing the parameters (a dos::Error), DOS_E_RUNTIME for
  * other failures (out of host memory, ...). */
 int dos_optimizer_load_state(dos_optimizer* opt, const float* master, const float* exp_avg,

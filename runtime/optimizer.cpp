@@ -406,6 +406,18 @@ void Optimizer::set_gradients(const std::vector<void*>& grads) {
 
 void Optimizer::load_state(const float* master, const float* exp_avg, const float* exp_avg_sq,
                            const std::vector<std::int64_t>& steps) {
+  // an Adam state holds finite values and a second moment >= 0: anything else is a damaged or
+  // foreign state, refused before a value is replaced (what the Python binding checks, for every
+  // caller of the C ABI)
+  const std::size_t n = impl_->nparams;
+  const std::pair<const char*, const float*> parts[] = {{"master", master}, {"exp_avg", exp_avg},
+                                                        {"exp_avg_sq", exp_avg_sq}};
+  for (const auto& [name, v] : parts)
+    for (std::size_t i = 0; i < n; ++i)
+      if (!std::isfinite(v[i]) || (v == exp_avg_sq && v[i] < 0))
+        throw Error(std::string("the state to load has ") + name + " = " + std::to_string(v[i]) + " at element " +
+                    std::to_string(i) + ": an Adam state holds finite numbers" +
+                    (v == exp_avg_sq ? " and a second moment >= 0" : "") + " (a damaged or foreign state?)");
   std::size_t at = 0;  // subgroups are consecutive in the flat order
   load_state_in_place(steps, [&](const std::vector<HostStateOut>& state) {
     for (const HostStateOut& sg : state) {
@@ -425,7 +437,9 @@ void Optimizer::load_state_in_place(const std::vector<std::int64_t>& steps,
     throw Error("the state to load has " + std::to_string(steps.size()) + " subgroup step counts; this optimizer has " +
                 std::to_string(I.sgs.size()) + " subgroups");
   for (std::int64_t st : steps)
-    if (st < 0) throw Error("a subgroup step count in the state to load is negative (" + std::to_string(st) + ")");
+    if (st < 0 || st > (std::int64_t(1) << 53))
+      throw Error("a subgroup step count in the state to load is " + std::string(st < 0 ? "negative" : "above 2^53") +
+                  " (" + std::to_string(st) + ")");
   starpu_task_wait_for_all();
   I.hold_state<HostStateOut>(STARPU_W, [&](const std::vector<HostStateOut>& state) {  // device copies invalidated
     try {

@@ -465,6 +465,22 @@ static void test_master_ranges(void** state) {
   assert_int_equal(dos_optimizer_step(a, NULL), DOS_OK);
   assert_int_equal(dos_optimizer_step(b, NULL), DOS_OK);
   assert_memory_equal(pa, pb, sizeof pa);
+  /* a damaged state is refused and changes nothing: a NaN master, a negative exp_avg_sq, a step
+   * count above 2^53 */
+  assert_int_equal(dos_optimizer_read_state(b, 0, m0), DOS_OK);
+  m1[7] = NAN;
+  assert_int_equal(dos_optimizer_load_state(b, m1, v1, s1, steps, ns), DOS_E_INVALID);
+  assert_non_null(strstr(dos_last_error(), "master = nan at element 7"));
+  m1[7] = 0.5f;
+  s1[3] = -1.0f;
+  assert_int_equal(dos_optimizer_load_state(b, m1, v1, s1, steps, ns), DOS_E_INVALID);
+  assert_non_null(strstr(dos_last_error(), "second moment >= 0"));
+  s1[3] = 0.0f;
+  steps[0] = (int64_t)1 << 62;
+  assert_int_equal(dos_optimizer_load_state(b, m1, v1, s1, steps, ns), DOS_E_INVALID);
+  assert_non_null(strstr(dos_last_error(), "above 2^53"));
+  assert_int_equal(dos_optimizer_read_state(b, 0, part), DOS_OK);
+  assert_memory_equal(part, m0, N * sizeof(float));
   /* bad calls */
   assert_int_equal(dos_optimizer_read_masters(a, 0, N + 1, part), DOS_E_INVALID);
   assert_non_null(strstr(dos_last_error(), "is not inside"));

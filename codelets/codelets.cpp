@@ -10,15 +10,6 @@
 namespace dos {
 namespace {
 
-/// The three fp32 slices of a state buffer (codelets.h): master, exp_avg, exp_avg_sq.
-struct StateSlices {
-  float *p, *m, *v;
-};
-StateSlices slices(void* state_buffer, std::size_t stride) {
-  float* s = reinterpret_cast<float*>(STARPU_VECTOR_GET_PTR(state_buffer));
-  return {s, s + stride, s + 2 * stride};
-}
-
 void adam_cpu(void* buffers[], void* cl_arg) {
   const auto* a = static_cast<const AdamArgs*>(cl_arg);
   bind_worker_team();

@@ -89,6 +89,19 @@ struct AdamDirectArgs {
   DType dtype;
 };
 
+/// The three fp32 slices of a state buffer (see "state" above): the master parameters (p),
+/// exp_avg (m) and exp_avg_sq (v), each `stride` elements apart (AdamArgs::state_stride).
+struct StateSlices {
+  float *p, *m, *v;
+};
+
+/// The slices of the StarPU vector interface `state_buffer` (a task's buffers[i] of a state handle)
+/// at `stride` elements apart. Throws nothing.
+inline StateSlices slices(void* state_buffer, std::size_t stride) {
+  float* s = reinterpret_cast<float*>(STARPU_VECTOR_GET_PTR(state_buffer));
+  return {s, s + stride, s + 2 * stride};
+}
+
 extern struct starpu_codelet adam_cl;
 extern struct starpu_codelet adam_direct_cl;
 extern struct starpu_codelet adam_into_cl;

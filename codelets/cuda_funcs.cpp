@@ -14,15 +14,6 @@ void check(int err, const char* what) {
 }
 }  // namespace
 
-/// The three fp32 slices of a state buffer (codelets.h): master, exp_avg, exp_avg_sq.
-struct StateSlices {
-  float *p, *m, *v;
-};
-StateSlices slices(void* state_buffer, std::size_t stride) {
-  float* s = reinterpret_cast<float*>(STARPU_VECTOR_GET_PTR(state_buffer));
-  return {s, s + stride, s + 2 * stride};
-}
-
 void adam(void* buffers[], void* cl_arg) {
   const auto* a = static_cast<const AdamArgs*>(cl_arg);
   const std::size_t n = STARPU_VECTOR_GET_NX(buffers[1]);

@@ -279,7 +279,13 @@ Runtime::Runtime(const RuntimeOptions& options) : impl_(new Impl) {
   // worker and the caller's) shared among the CPU workers.
   int cores = options.cpu_threads;
   const char* env_omp = std::getenv("OMP_NUM_THREADS");
-  if (cores <= 0 && env_omp && std::atoi(env_omp) > 0) cores = std::atoi(env_omp);
+  if (cores <= 0 && env_omp && std::atoi(env_omp) > 0) {
+    cores = std::atoi(env_omp);
+    if (!process_cores.empty() && std::size_t(cores) > process_cores.size() && options.verbose)
+      std::fprintf(stderr, "[dos] warning: OMP_NUM_THREADS=%s is more than the %zu cores this process may use: CPU "
+                           "Adam's threads will share cores (slower); give at most %zu, or unset it\n",
+                   env_omp, process_cores.size(), process_cores.size());
+  }
   if (cores <= 0) cores = std::max(1, int(process_cores.size()) - int(ncuda) - std::max(0, options.caller_cores));
   const int ncpuw = int(starpu_cpu_worker_get_count());
   int threads = cores / (ncpuw > 0 ? ncpuw : 1);

@@ -313,7 +313,9 @@ Runtime::Runtime(const RuntimeOptions& options) : impl_(new Impl) {
                "CPU team(s) on cores " + core_list_string(ws.team_cores);
   }
   starpu_execute_on_each_worker(setup_cpu_worker, &ws, STARPU_CPU);
-  if (ws.min_cores.load() < threads && options.verbose)
+  // (threads beyond the process's cores were warned about above, with their cause)
+  if (ws.min_cores.load() < threads && options.verbose &&
+      (process_cores.empty() || std::size_t(threads) <= process_cores.size()))
     std::fprintf(stderr, "[dos] warning: a CPU worker may run on only %d core(s) but has %d OpenMP threads: its threads "
                          "share cores (is STARPU_WORKERS_NOBIND=0 or a cgroup limiting the process?)\n",
                  ws.min_cores.load(), threads);

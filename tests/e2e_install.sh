@@ -41,6 +41,12 @@ for e in "${entries[@]}"; do
 done
 export LD_LIBRARY_PATH=$ld_path
 
+# The installed program starts with no LD_LIBRARY_PATH at all: its run path names the installed
+# libraries and StarPU's folder (where that is outside the loader's own).
+env -u LD_LIBRARY_PATH STARPU_SILENT=1 "$root/bin/dos-train" --preset tiny --iterations 1 --quiet > "$tmp/train.log" 2>&1 \
+  || { cat "$tmp/train.log" >&2; fail "the installed dos-train did not start without LD_LIBRARY_PATH"; }
+echo "the installed dos-train ran without LD_LIBRARY_PATH"
+
 # The .pc files say prefix=$prefix, where a real install puts them; point them at the destdir copy.
 sed -i "s#^prefix=.*#prefix=$root#" "$pcdir"/dos.pc "$pcdir"/dos_c.pc
 export PKG_CONFIG_PATH=$pcdir${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}

@@ -102,7 +102,10 @@ void* alloc_touched(std::size_t bytes) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"dos-bench kernels: kernel rates beside the memory roofs measured in the same run; dos-bench stream: the runtime streaming optimizer state through the GPU beside the PCIe roof"};
+  CLI::App app{"dos-bench kernels: kernel rates beside the memory roofs measured in the same run; dos-bench stream: "
+               "the runtime streaming optimizer state through the GPU beside the PCIe roof; dos-bench overhead: the "
+               "runtime's cost per task beside StarPU's empty task; dos-bench host: CPU Adam and DMA sharing host "
+               "memory"};
   std::string sub;
   double n_d = 1 << 27;
   int reps = 5;

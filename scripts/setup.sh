@@ -7,7 +7,7 @@
 #   scripts/setup.sh build                      dependencies + build, nothing run
 #
 # What it does, in order (every step says what it does, and skips itself when already done):
-#  1. Debian packages: meson, ninja-build, pkg-config, g++, libhwloc-dev, libcmocka-dev,
+#  1. Debian packages: meson, ninja-build, pkg-config, g++, make, patch, libhwloc-dev, libcmocka-dev,
 #     nlohmann-json3-dev, libcli11-dev, libxxhash-dev (checkpoint checksums, header only),
 #     libopenmpi-dev, openmpi-bin, through apt-get when the machine has it and a network; for
 #     `test`, python3-torch, python3-numpy and libopenblas0-pthread when no python3 imports torch,

@@ -127,6 +127,16 @@ class _Overlap:
                 if j in b.declared and b.changed is None:
                     b.changed = "a gradient declared final was replaced by one the optimizer cannot read in place"
                 return
+            # Each accumulation moves the buffer's version counter by one: autograd's in-place sum into
+            # the view, or (a new tensor autograd made) the copy into the view below. Any other move
+            # since the last hook is a write of the caller's into the buffer (a hook of its own, a
+            # write between two backward passes), maybe into a gradient already declared final,
+            # which the next hooks would otherwise take for their own: the speculation is redone.
+            accumulated_in_place = b.holds(j, g)
+            if b.seen_version is not None and b.declared and b.changed is None and \
+                    b.flat_grad._version != b.seen_version + (1 if accumulated_in_place else 0):
+                b.changed = ("the bucket's gradients were written in place between two accumulations, after some "
+                             "were declared final")
             b.move_into_view(j, p)  # (after zero_grad(set_to_none=True): autograd made a new tensor)
             if j in b.declared:
                 if b.changed is None:

@@ -120,9 +120,13 @@ cp "$tmp/good-config.json" "$tmp/config.keep"
 printf '{ "U_c": 4e9, "U_c_dma": 3e9, "U_g": 1e11, "D_c": 3e11, "B_h2d": 5e10, "B_d2h": 5e10 }' > "$tmp/rates-in.json"
 cp "$tmp/rates-in.json" "$tmp/rates.keep"
 expect "that --resume reads" --resume "$tmp/ck1" --report "$tmp/ck1/index.json"
-# a checkpoint resumed with other hyper-parameters than it was trained with (its moments are theirs)
-expect "was trained with adamw lr=" --resume "$tmp/ck1" --lr 0.5
-expect "this run asks for adam lr=" --resume "$tmp/ck1" --optimizer adam
+# a checkpoint resumed with another optimizer or betas than its moments were made with is refused;
+# another learning rate goes on from it, with a note
+expect "was trained with adamw beta1=" --resume "$tmp/ck1" --beta2 0.95
+expect "this run asks for adam beta1=" --resume "$tmp/ck1" --optimizer adam
+out=$("$train" --preset tiny --iterations 1 --quiet --resume "$tmp/ck1" --lr 0.5 2>&1)
+if [ $? -eq 0 ] && grep -q "this run goes on from it with lr=0.5" <<<"$out"; then echo "ok: another --lr resumes, with a note"
+else echo "FAIL: another --lr on resume: $out"; fails=$((fails+1)); fi
 expect "is the file --config reads" --config "$tmp/good-config.json" --timeline "$tmp/./good-config.json"
 expect "is the file --rates reads" --policy dos --rates "$tmp/rates-in.json" --save-params "$tmp/rates-in.json"
 PLAN=1 expect "is the file --rates reads" --policy dos --plan-only --rates "$tmp/rates-in.json" --report "$tmp/rates-in.json"

@@ -326,10 +326,15 @@ int run(const Args& args) {
   job.dtype = a.dtype;
   job.seed = a.seed;
   job.grad_parts = parts;
-  job.optimizer = dos::hyper_text(c.hyper);
+  job.optimizer = dos::moment_hyper_text(c.hyper);
+  job.step_hyper = dos::step_hyper_text(c.hyper);
   std::int64_t first_iteration = 0;
   if (!a.resume.empty()) {
-    first_iteration = dos::load_checkpoint(a.resume, opt, job).iteration;
+    const dos::CheckpointInfo got = dos::load_checkpoint(a.resume, opt, job);
+    first_iteration = got.iteration;
+    if (!got.step_hyper.empty() && got.step_hyper != job.step_hyper && rank == 0)
+      std::printf("note: the checkpoint was trained with %s; this run goes on from it with %s\n",
+                  got.step_hyper.c_str(), job.step_hyper.c_str());
     if (dp) g_comm->all_ok(true);  // "resumed" only once every rank has (a rank that failed aborts the job)
     std::printf("resumed from %s after iteration %lld\n", a.resume.c_str(), (long long)first_iteration);
   }

@@ -130,7 +130,8 @@ nlohmann::ordered_json to_json(const CheckpointInfo& i, bool all_ranks) {
           {"params_total", i.params_total}, {"begin", ranks[0]["begin"]},
           {"end", ranks[0]["end"]},  {"rank", ranks[0]["rank"]}, {"world", i.world},       {"subgroup_size", i.subgroup_size},
           {"dtype", i.dtype},        {"iteration", i.iteration}, {"seed", i.seed},
-          {"grad_parts", i.grad_parts}, {"optimizer", i.optimizer}, {"files", files}, {"ranks", ranks}};
+          {"grad_parts", i.grad_parts}, {"optimizer", i.optimizer}, {"step_hyper", i.step_hyper},
+          {"files", files}, {"ranks", ranks}};
 }
 
 std::string describe(const CheckpointInfo& i) {
@@ -142,10 +143,21 @@ std::string describe(const CheckpointInfo& i) {
 
 }  // namespace
 
-std::string hyper_text(const AdamHyper& h) {
-  char t[256];
-  std::snprintf(t, sizeof t, "%s lr=%.17g beta1=%.17g beta2=%.17g eps=%.17g weight_decay=%.17g",
-                h.decoupled ? "adamw" : "adam", h.lr, h.beta1, h.beta2, h.eps, h.weight_decay);
+std::string moment_hyper_text(const AdamHyper& h) {
+  char t[160];
+  if (h.decoupled)
+    std::snprintf(t, sizeof t, "adamw beta1=%.17g beta2=%.17g", h.beta1, h.beta2);
+  else
+    std::snprintf(t, sizeof t, "adam beta1=%.17g beta2=%.17g weight_decay=%.17g", h.beta1, h.beta2, h.weight_decay);
+  return t;
+}
+
+std::string step_hyper_text(const AdamHyper& h) {
+  char t[160];
+  if (h.decoupled)
+    std::snprintf(t, sizeof t, "lr=%.17g eps=%.17g weight_decay=%.17g", h.lr, h.eps, h.weight_decay);
+  else
+    std::snprintf(t, sizeof t, "lr=%.17g eps=%.17g", h.lr, h.eps);
   return t;
 }
 
@@ -476,6 +488,7 @@ CheckpointInfo load_checkpoint(const std::string& dir, Optimizer& opt, const Che
     got.seed = json_count(j, "seed", 0, UINT64_MAX);
     got.grad_parts = j.contains("grad_parts") ? json_count(j, "grad_parts", 1, 2048) : 1;  // absent before it was recorded
     if (j.contains("optimizer")) got.optimizer = j.at("optimizer").get<std::string>();  // absent before it was recorded
+    if (j.contains("step_hyper")) got.step_hyper = j.at("step_hyper").get<std::string>();
     // the old ranks' ranges and files (older indexes: only the top-level one)
     for (const auto& r : j.contains("ranks") ? j.at("ranks") : nlohmann::json::array({j})) {
       if (r.contains("file") && !r.at("file").is_string()) throw std::runtime_error("a rank's 'file' must be a string");
@@ -502,8 +515,8 @@ CheckpointInfo load_checkpoint(const std::string& dir, Optimizer& opt, const Che
                 " (any number of ranks can resume it with that)");
   if (!got.optimizer.empty() && !expect.optimizer.empty() && got.optimizer != expect.optimizer)
     throw Error("cannot resume: the checkpoint in " + dir + " was trained with " + got.optimizer + "; this run asks for " +
-                expect.optimizer + ": resume with the same optimizer and hyper-parameters, which continue the run "
-                "exactly (its exp_avg and exp_avg_sq were made by them)");
+                expect.optimizer + ": resume with the same optimizer, betas (and for Adam weight decay), which made "
+                "its exp_avg and exp_avg_sq (the learning rate, eps and AdamW's weight decay may change)");
 
   // This rank's elements [lo, hi) come from the old ranks whose ranges cover them: pieces of
   // (entry, lo, hi), in order, covering [expect.begin, expect.end) exactly.

@@ -45,15 +45,23 @@ struct CheckpointInfo {
   std::int64_t iteration = 0;
   std::uint64_t seed = 0;
   std::size_t grad_parts = 1;
-  /// The optimizer and its hyper-parameters as the run gave them (hyper_text of its AdamHyper);
-  /// "" when not recorded (checkpoints saved before it was, or a caller that does not say).
+  /// The optimizer and the hyper-parameters its moments depend on (moment_hyper_text); "" when not
+  /// recorded (checkpoints saved before it was, or a caller that does not say). A resume must match.
   std::string optimizer;
+  /// The hyper-parameters only the parameters' step depends on (step_hyper_text); "" when not
+  /// recorded. A resume may change them (a learning rate lowered from there on).
+  std::string step_hyper;
 };
 
-/// The text CheckpointInfo::optimizer records for `h`: "adamw" or "adam", then lr, beta1, beta2,
-/// eps and weight_decay each as name=value with 17 significant digits (so that two texts are equal
-/// exactly when the hyper-parameters are). Throws nothing but std::bad_alloc.
-std::string hyper_text(const AdamHyper& h);
+/// The text CheckpointInfo::optimizer records for `h`: "adamw" or "adam", then beta1 and beta2 (the
+/// moments' decay and bias correction), and for Adam weight_decay (its L2 term enters the
+/// gradient, so the moments), each as name=value with 17 significant digits (two texts are equal
+/// exactly when those hyper-parameters are). Throws nothing but std::bad_alloc.
+std::string moment_hyper_text(const AdamHyper& h);
+
+/// The text CheckpointInfo::step_hyper records for `h`: lr, eps, and for AdamW weight_decay (its
+/// decoupled decay acts on the parameters only), as moment_hyper_text writes them.
+std::string step_hyper_text(const AdamHyper& h);
 
 /// How the ranks of a data-parallel job take part in a save (comm.h provides them): all_ok is a
 /// logical AND over the ranks (every rank calls it, so it is also a barrier); from_rank0 returns

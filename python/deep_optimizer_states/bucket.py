@@ -9,10 +9,13 @@ import weakref
 
 from . import _capi
 
-# Which bucket's runtime last wrote each parameter, by pointer, which torch's version counter does
-# not see: id(parameter) -> (a weak reference to it, that bucket's token). A parameter given to two
-# optimizers is written by each in turn; each then starts its update from what the other wrote, as
-# two torch.optim optimizers over one parameter do, instead of from its own stale master.
+# Which bucket's masters last matched each parameter (noted whenever they are made to match: at
+# construction, after a sync, a state load, a declaration), and so whose runtime writes it next, by
+# pointer, which torch's version counter does not see: id(parameter) -> (a weak reference to it,
+# that bucket's token). A parameter given to two optimizers is written by each in turn; each then
+# starts its update from what the other wrote, as two torch.optim optimizers over one parameter do,
+# instead of from its own stale master. An entry outlives its bucket's optimizer (closing it must
+# not hide its last write from the other); the weak reference tells a reused id apart.
 _last_writer = {}
 
 
@@ -110,12 +113,6 @@ class _Bucket:
         """Whether any parameter was written since :meth:`note_param_versions` (:meth:`param_written`)."""
         return any(self.param_written(j) for j in range(len(self.params)))
 
-    def forget_writes(self):
-        """Takes this bucket out of the last-writer record (when its optimizer is closed)."""
-        for p in self.params:
-            rec = _last_writer.get(id(p))
-            if rec is not None and rec[1] is self.token:
-                del _last_writer[id(p)]
 
     def describe(self):
         return f"group {self.group_index}, {self.dtype} on {self.device.type}"

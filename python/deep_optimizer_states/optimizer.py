@@ -207,7 +207,9 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _Gradients, _State, _Timeli
     parameter's value (the moments stay). Writes torch does not count (through ``p.data``, or a
     collective writing into the parameter's memory) are not seen: call :meth:`refresh_masters`
     after them. A parameter given to two of these optimizers is written by each in turn, and each
-    starts from what the other wrote, as two ``torch.optim`` optimizers over one parameter do. A write after backward, once the overlapped update has
+    starts from what the other wrote, as two ``torch.optim`` optimizers over one parameter do
+    (with ``overlap=True`` both then redo their bucket's speculative updates every step: nothing
+    is gained by the overlap there). A write after backward, once the overlapped update has
     speculated, drops what was speculated (the step runs whole). With :meth:`overlap_forward`, call
     :meth:`wait` before writing parameters outside a forward (``model.load_state_dict`` waits by
     itself).
@@ -689,7 +691,6 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _Gradients, _State, _Timeli
             if b.handle is not None and lib is not None:
                 lib.dos_optimizer_destroy(b.handle)
             b.handle = None
-            b.forget_writes()
 
     def __del__(self):
         try:

@@ -99,8 +99,10 @@ const char* dos_last_error(void);
  * set, else "cpu". cpu_threads, cpu_workers: 0 for the defaults; ncuda: -1 for one CUDA worker per
  * visible device, 0 for none; verbose: nonzero prints the choices on stderr. See
  * dos::RuntimeOptions. On success *out holds the handle. DOS_E_INVALID for a NULL out, an unknown
- * policy, a runtime that already exists in this process, cpu_workers < 0, or a policy that needs
- * a CUDA worker without one; DOS_E_RUNTIME when StarPU cannot start. */
+ * policy, a runtime that already exists in this process, cpu_threads < 0 or above 4 times the
+ * machine's cores, cpu_workers < 0, ncuda < -1 or above the GPUs StarPU sees, $STARPU_NCPU,
+ * $STARPU_NCPUS or $STARPU_NCUDA not a whole number >= 0, or a policy that needs a CUDA worker
+ * without one (nothing of the process changed); DOS_E_RUNTIME when StarPU cannot start. */
 int dos_runtime_create(const char* policy, int cpu_threads, int cpu_workers, int ncuda, int verbose,
                        dos_runtime** out);
 /* dos_runtime_create leaving caller_cores (>= 0) cores to the caller's own threads when cpu_threads

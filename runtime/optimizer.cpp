@@ -412,12 +412,15 @@ void Optimizer::load_state(const float* master, const float* exp_avg, const floa
   const std::size_t n = impl_->nparams;
   const std::pair<const char*, const float*> parts[] = {{"master", master}, {"exp_avg", exp_avg},
                                                         {"exp_avg_sq", exp_avg_sq}};
-  for (const auto& [name, v] : parts)
+  for (int k = 0; k < 3; ++k) {
+    const float* v = parts[k].second;
+    const bool second_moment = k == 2;
     for (std::size_t i = 0; i < n; ++i)
-      if (!std::isfinite(v[i]) || (v == exp_avg_sq && v[i] < 0))
-        throw Error(std::string("the state to load has ") + name + " = " + std::to_string(v[i]) + " at element " +
-                    std::to_string(i) + ": an Adam state holds finite numbers" +
-                    (v == exp_avg_sq ? " and a second moment >= 0" : "") + " (a damaged or foreign state?)");
+      if (!std::isfinite(v[i]) || (second_moment && v[i] < 0))
+        throw Error(std::string("the state to load has ") + parts[k].first + " = " + std::to_string(v[i]) +
+                    " at element " + std::to_string(i) + ": an Adam state holds finite numbers" +
+                    (second_moment ? " and a second moment >= 0" : "") + " (a damaged or foreign state?)");
+  }
   std::size_t at = 0;  // subgroups are consecutive in the flat order
   load_state_in_place(steps, [&](const std::vector<HostStateOut>& state) {
     for (const HostStateOut& sg : state) {

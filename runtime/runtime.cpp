@@ -12,6 +12,7 @@
 #include <limits>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "../codelets/codelets.h"
@@ -148,6 +149,39 @@ std::string resolve_policy(const std::string& given) {
 Runtime::Runtime(const RuntimeOptions& options) : impl_(new Impl) {
   if (g_live_runtimes > 0 || g_shutdown_deferred)
     throw Error("a dos::Runtime already exists in this process (StarPU runs once per process): use that one");
+  // The options and the environment's worker counts are checked before anything is changed (the
+  // environment included), so that a refused Runtime leaves the process as it was.
+  const std::vector<int> process_cores = allowed_cores();  // before StarPU starts its threads
+  if (options.cpu_threads < 0)
+    throw Error("cpu_threads must be >= 0 (0: automatic), got " + std::to_string(options.cpu_threads));
+  {
+    // above the process's cores its threads share cores (a warning below: an affinity narrowed by
+    // OMP_PROC_BIND or a rank's placement may be the caller's intent); far above the machine's, a
+    // mistake
+    const std::size_t machine = std::max<std::size_t>(std::thread::hardware_concurrency(), process_cores.size());
+    if (machine > 0 && std::size_t(options.cpu_threads) > 4 * machine)
+      throw Error("cpu_threads " + std::to_string(options.cpu_threads) + " is more than 4 times the " +
+                  std::to_string(machine) + " cores of this machine: give at most " +
+                  std::to_string(process_cores.empty() ? machine : process_cores.size()) + " (0: automatic)");
+  }
+  if (options.cpu_workers < 0) throw Error("cpu_workers must be >= 0, got " + std::to_string(options.cpu_workers));
+  if (options.ncuda < -1)
+    throw Error("ncuda must be >= -1 (-1: one CUDA worker per visible GPU, 0: none), got " +
+                std::to_string(options.ncuda));
+  if (options.node_ranks < 1) throw Error("node_ranks must be >= 1, got " + std::to_string(options.node_ranks));
+  // StarPU's worker counts from the environment: StarPU aborts the process on one that is not a
+  // whole number (its STARPU_ASSERT), so they are checked here first
+  for (const char* name : {"STARPU_NCPU", "STARPU_NCPUS", "STARPU_NCUDA"})
+    if (const char* v = std::getenv(name); v && *v) {
+      char* end = nullptr;
+      const long n = std::strtol(v, &end, 10);
+      if (*end != '\0' || n < 0)
+        throw Error(std::string("the environment's ") + name + "=" + v +
+                    " is not a worker count (a whole number >= 0): correct it or unset it");
+    }
+  if (!process_cores.empty() && std::size_t(options.cpu_threads) > process_cores.size() && options.verbose)
+    std::fprintf(stderr, "[dos] warning: cpu_threads %d is more than the %zu cores this process may use: CPU Adam's "
+                         "threads will share cores (slower)\n", options.cpu_threads, process_cores.size());
   const char* env_sched = std::getenv("STARPU_SCHED");
   const std::string requested = resolve_policy(options.policy);
   try {
@@ -182,28 +216,7 @@ Runtime::Runtime(const RuntimeOptions& options) : impl_(new Impl) {
     setenv("STARPU_LIMIT_CUDA_MEM", mib.c_str(), 1);
   }
 
-  const std::vector<int> process_cores = allowed_cores();  // before StarPU starts its threads
-
   struct starpu_conf conf;
-  if (options.cpu_threads < 0)
-    throw Error("cpu_threads must be >= 0 (0: automatic), got " + std::to_string(options.cpu_threads));
-  if (!process_cores.empty() && std::size_t(options.cpu_threads) > process_cores.size())
-    throw Error("cpu_threads " + std::to_string(options.cpu_threads) + " is more than the " +
-                std::to_string(process_cores.size()) + " cores this process may use: give at most " +
-                std::to_string(process_cores.size()) + " (0: automatic)");
-  if (options.ncuda < -1)
-    throw Error("ncuda must be >= -1 (-1: one CUDA worker per visible GPU, 0: none), got " +
-                std::to_string(options.ncuda));
-  // StarPU's worker counts from the environment: StarPU aborts the process on one that is not a
-  // whole number (its STARPU_ASSERT), so they are checked here first
-  for (const char* name : {"STARPU_NCPU", "STARPU_NCPUS", "STARPU_NCUDA"})
-    if (const char* v = std::getenv(name); v && *v) {
-      char* end = nullptr;
-      const long n = std::strtol(v, &end, 10);
-      if (*end != '\0' || n < 0)
-        throw Error(std::string("the environment's ") + name + "=" + v +
-                    " is not a worker count (a whole number >= 0): correct it or unset it");
-    }
   starpu_conf_init(&conf);
   if (impl_->choice.builtin()) {  // a registered StarPU policy by its struct, a built-in by its name
     conf.sched_policy = impl_->choice.starpu_policy;
@@ -212,7 +225,6 @@ Runtime::Runtime(const RuntimeOptions& options) : impl_(new Impl) {
     conf.sched_policy_name = nullptr;
     conf.sched_policy = &placement_policy;
   }
-  if (options.cpu_workers < 0) throw Error("cpu_workers must be >= 0, got " + std::to_string(options.cpu_workers));
   if (options.cpu_workers > 0) conf.ncpus = options.cpu_workers;
   else if (!std::getenv("STARPU_NCPU") && !std::getenv("STARPU_NCPUS")) conf.ncpus = 1;
   if (options.ncuda >= 0) conf.ncuda = options.ncuda;
@@ -231,7 +243,6 @@ Runtime::Runtime(const RuntimeOptions& options) : impl_(new Impl) {
       setenv(name, want.c_str(), 1);
     }
   }
-  if (options.node_ranks < 1) throw Error("node_ranks must be >= 1, got " + std::to_string(options.node_ranks));
   node_ranks_ = options.node_ranks;
   const int ret = starpu_init(&conf);
   if (ret == 0) ++g_live_runtimes;
@@ -261,7 +272,8 @@ Runtime::Runtime(const RuntimeOptions& options) : impl_(new Impl) {
     starpu_shutdown();
     --g_live_runtimes;
     throw Error("ncuda " + std::to_string(options.ncuda) + " CUDA workers were asked for and StarPU started " +
-                std::to_string(ncuda) + " (one per GPU it sees): ask for at most " + std::to_string(ncuda) +
+                std::to_string(ncuda) + " (one per GPU it sees, within $STARPU_NCUDA, $STARPU_WORKERS_CUDAID and "
+                "$CUDA_VISIBLE_DEVICES when set): ask for at most " + std::to_string(ncuda) +
                 ", or -1 for one per visible GPU");
   }
   // The runtime's kernels are loaded now, before any transfer is queued: under CUDA's lazy loading

@@ -187,15 +187,16 @@ def get_runtime(policy=None, cpu_threads=0, cpu_workers=0, ncuda=-1, verbose=Fal
 
 def _check_runtime_args(policy, cpu_threads, cpu_workers, ncuda, verbose):
     """Raises ``ValueError`` naming the argument unless ``policy`` is None or a str,
-    ``cpu_threads`` an integer in [0, the cores this process may use], ``cpu_workers`` an integer
-    >= 0, ``ncuda`` an integer >= -1 and ``verbose`` a bool (as dos-train's options; the runtime
-    would otherwise start a thread per requested core, or read a string's truth)."""
+    ``cpu_threads`` an integer in [0, 4 x the machine's cores] (the runtime warns, when verbose,
+    above the cores this process may use: an affinity narrowed by ``OMP_PROC_BIND`` may be
+    intended), ``cpu_workers`` an integer >= 0, ``ncuda`` an integer >= -1 and ``verbose`` a bool
+    (the runtime would otherwise start a thread per requested core, or read a string's truth)."""
     if policy is not None and not isinstance(policy, str):
         raise ValueError(f"policy must be None or a str such as 'dos', 'cpu', 'static:0.5' or 'dmda', got {policy!r}")
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    if not _capi.int_in(cpu_threads, 0, cores):
-        raise ValueError(f"cpu_threads must be an integer in [0, {cores}] (OpenMP threads of the CPU Adam; 0: "
-                         f"automatic; {cores} cores may be used by this process), got {cpu_threads!r}")
+    machine = os.cpu_count() or 1
+    if not _capi.int_in(cpu_threads, 0, 4 * machine):
+        raise ValueError(f"cpu_threads must be an integer in [0, {4 * machine}] (OpenMP threads of the CPU Adam; 0: "
+                         f"automatic; this machine has {machine} cores), got {cpu_threads!r}")
     if not _capi.int_in(cpu_workers, 0):
         raise ValueError(f"cpu_workers must be an integer >= 0 (StarPU CPU workers; 0: automatic), got {cpu_workers!r}")
     if not isinstance(ncuda, int) or isinstance(ncuda, bool) or ncuda < -1:

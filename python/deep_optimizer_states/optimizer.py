@@ -169,8 +169,10 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _Gradients, _State, _Timeli
     into a declared gradient (more micro-batches than expected), when anything wrote into the
     bucket's gradients after the last accumulation the hooks saw or between two of them (the
     buffer's ``_version``, which every in-place operation bumps, and each accumulation by exactly
-    one: ``torch.nn.utils.clip_grad_norm_``, ``GradScaler.unscale_``, your own code or hooks; not a
-    write through ``p.grad.data``, which torch does not count: write ``p.grad`` itself), when a declared ``p.grad`` is no longer the buffer's view, when this optimizer
+    one: ``torch.nn.utils.clip_grad_norm_``, ``GradScaler.unscale_``, your own code or hooks; a
+    hook of yours that runs before this optimizer's on the same parameter and writes its gradient
+    makes every step redo; not a write through ``p.grad.data``, which torch does not count: write
+    ``p.grad`` itself), when a declared ``p.grad`` is no longer the buffer's view, when this optimizer
     clips (``max_grad_norm``, only on steps where the norm is above it) or unscales (``grad_scale``),
     or when ``param_groups``' hyper-parameters changed after the declarations (then the phase is
     dropped and the step runs whole). A skipped step (inf or NaN) drops them. :meth:`zero_grad`,

@@ -252,6 +252,7 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _Gradients, _State, _Timeli
         self._overlap_lock = threading.RLock()
         self._backwards_expected = 1  # backward passes per step, as the last step had them
         self._backwards_seen = 0      # most accumulations into one gradient since the last step
+        self._redo_key, self._redo_streak, self._redo_warned = None, 0, False  # _note_redo_streak
         super().__init__(params, defaults)
         if not _capi.int_in(subgroup_size, 1, _MAX_COUNT):
             raise ValueError(f"subgroup_size must be an integer in [1, 2**53] (elements), got {subgroup_size!r}")
@@ -642,6 +643,7 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _Gradients, _State, _Timeli
                 stats.append(self._phase_stats(b, st))
             self.steps_taken += 1
         reasons = [b.changed for b in self._buckets if b.changed is not None]
+        self._note_redo_streak(reasons)
         self.last_step = dict(
             skipped=skipped,
             grad_norm=grad_norm,

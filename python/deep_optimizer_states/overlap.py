@@ -228,6 +228,28 @@ class _Overlap:
             self._backwards_seen = 0
         return dropped
 
+    #: Overlapped steps in a row redone for one same reason after which a warning says so, once.
+    REDO_STREAK_WARNING = 5
+
+    def _note_redo_streak(self, reasons):
+        """Warns once per optimizer (``UserWarning``) when the last :attr:`REDO_STREAK_WARNING`
+        steps each redid their speculative updates for the same reasons (``reasons``: this step's
+        ``redo_reasons``): the overlap then gains nothing, and the reason says what to change (a
+        clip on every step, a write of the caller's into the gradients, ...). Steps that redo
+        nothing start the count again."""
+        if not self.overlap or self._redo_warned:
+            return
+        key = tuple(sorted(set(reasons)))
+        if key and key == self._redo_key:
+            self._redo_streak += 1
+        else:
+            self._redo_key, self._redo_streak = (key, 1) if key else (None, 0)
+        if self._redo_streak >= self.REDO_STREAK_WARNING:
+            self._redo_warned = True
+            warnings.warn(f"DeepOptimizerStates(overlap=True): the last {self._redo_streak} steps each redid their "
+                          f"speculative updates ({'; '.join(key)}): the overlap gains nothing while that lasts; "
+                          "last_step['redo_reasons'] says why for each step", stacklevel=3)
+
     @staticmethod
     def _overlap_summary(stats, verdicts, reasons=()):
         """The overlapped update's part of :attr:`last_step`."""

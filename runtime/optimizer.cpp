@@ -17,6 +17,7 @@
 #include "optimizer_impl.h"
 #include "partition.h"
 #include "runtime_impl.h"
+#include "state_check.h"
 
 namespace dos {
 using namespace detail;
@@ -415,10 +416,7 @@ void Optimizer::load_state(const float* master, const float* exp_avg, const floa
   for (int k = 0; k < 3; ++k) {
     const float* v = parts[k].second;
     const bool second_moment = k == 2;
-    std::size_t first_bad = n;  // the first bad element, found by the process's threads together
-#pragma omp parallel for reduction(min : first_bad) schedule(static)
-    for (std::size_t i = 0; i < n; ++i)
-      if (!std::isfinite(v[i]) || (second_moment && v[i] < 0)) first_bad = std::min(first_bad, i);
+    const std::size_t first_bad = first_bad_state_value(v, n, second_moment);
     if (first_bad < n)
       throw Error(std::string("the state to load has ") + parts[k].first + " = " + std::to_string(v[first_bad]) +
                   " at element " + std::to_string(first_bad) + ": an Adam state holds finite numbers" +

@@ -23,6 +23,7 @@
 #include "checksum.h"
 #include "partition.h"
 #include "safetensors.h"
+#include "state_check.h"
 #include "temp_cleanup.h"
 
 namespace dos {
@@ -34,13 +35,6 @@ constexpr std::size_t kBlockElements = std::size_t(1) << 20;
 /// The largest count a checkpoint may record (exact in a double).
 constexpr std::uint64_t kMaxCount = std::uint64_t(1) << 53;
 const char* const kStateTensors[3] = {"master", "exp_avg", "exp_avg_sq"};
-
-/// The first element of v[0, n) that is not finite, or (nonnegative) is below 0; n when none.
-std::size_t first_bad(const float* v, std::size_t n, bool nonnegative) {
-  for (std::size_t k = 0; k < n; ++k)
-    if (!std::isfinite(v[k]) || (nonnegative && v[k] < 0)) return k;
-  return n;
-}
 
 std::string float_str(float v) {
   char s[32];
@@ -218,7 +212,7 @@ void write_rank_file(const std::string& tmp, const Optimizer& opt, const Checkpo
       const float* arrays[3] = {sg.master, sg.exp_avg, sg.exp_avg_sq};
       for (int t = 0; t < 3; ++t) {
         // a diverged run is reported, not saved: its checkpoint would not resume
-        const std::size_t bad = first_bad(arrays[t], sg.size, t == 2);
+        const std::size_t bad = first_bad_state_value(arrays[t], sg.size, t == 2);
         if (bad < sg.size)
           throw Error("will not save the checkpoint: element " + std::to_string(at + bad) + " of " + kStateTensors[t] +
                       " is " + float_str(arrays[t][bad]) + " (the run diverged: lower --lr or --weight-decay, or "
@@ -700,7 +694,7 @@ CheckpointInfo load_checkpoint(const std::string& dir, Optimizer& opt, const Che
                                          "): the file is damaged; resume from another checkpoint");
             }
             const std::size_t lo = std::max(b0, first), hi = std::min(b1, last);  // this rank's part
-            const std::size_t bad = first_bad(block.data() + (lo - b0), hi - lo, t == 2);
+            const std::size_t bad = first_bad_state_value(block.data() + (lo - b0), hi - lo, t == 2);
             if (bad < hi - lo)
               throw std::runtime_error(path + ": tensor '" + kStateTensors[t] + "': element " +
                                        std::to_string(lo + bad) + " is " + float_str(block[lo - b0 + bad]) + " (" +

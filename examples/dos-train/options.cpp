@@ -63,10 +63,6 @@ std::string resolved(const std::string& p) {
   return ec ? p : r.lexically_normal().string();
 }
 
-}  // namespace
-
-namespace {
-
 /// True when x and y name one file: the same spelling, the same resolved path, or the same inode.
 bool same_file(const std::string& x, const std::string& y) {
   struct stat sx, sy;
@@ -93,9 +89,9 @@ void check_distinct_outputs(const Args& a) {
         fail(std::string(outs[i].first) + " " + x + " and " + outs[j].first + " " + y +
              " name the same file: give each output its own file");
     }
-  // the inputs a run reads: an output over one of them would destroy it (a rates file given by
-  // --rates only when it is a path, not six numbers)
-  const bool rates_file = !a.rates.empty() && a.rates.find(',') == std::string::npos;
+  // the inputs a run reads: an output over one of them would destroy it (--rates only when it names
+  // a file, as parse_rates reads it, not six numbers)
+  const bool rates_file = !a.rates.empty() && std::filesystem::is_regular_file(a.rates);
   const std::pair<const char*, const std::string*> ins[] = {{"--config", &a.config},
                                                             {"--rates", rates_file ? &a.rates : nullptr}};
   for (const auto& [opt, path] : outs) {

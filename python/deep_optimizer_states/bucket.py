@@ -113,7 +113,6 @@ class _Bucket:
         """Whether any parameter was written since :meth:`note_param_versions` (:meth:`param_written`)."""
         return any(self.param_written(j) for j in range(len(self.params)))
 
-
     def describe(self):
         return f"group {self.group_index}, {self.dtype} on {self.device.type}"
 

@@ -227,7 +227,8 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _Gradients, _State, _Timeli
                  speculate_streamed=True, urgent_writeback=False, gpu_update_budget=None, gpu_resident_budget=None,
                  timeline=False, caller_cores=None, flat_gradients=True, tail_subgroups=0):
         for name, value in (("decoupled", decoupled), ("skip_nonfinite", skip_nonfinite), ("overlap", overlap),
-                            ("verbose", verbose)):
+                            ("verbose", verbose), ("speculate_streamed", speculate_streamed),
+                            ("urgent_writeback", urgent_writeback), ("flat_gradients", flat_gradients)):
             if not isinstance(value, bool):
                 raise ValueError(f"{name} must be True or False, got {value!r}")
         if weight_decay is None:
@@ -265,10 +266,6 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _Gradients, _State, _Timeli
                                        ("gpu_resident_budget", gpu_resident_budget, 0, 2 ** 63 - 1)):
             if value is not None and not _capi.int_in(value, low, high):
                 raise ValueError(f"{name} must be None or an integer in [{low}, {high}] (bytes), got {value!r}")
-        for name, value in (("speculate_streamed", speculate_streamed), ("urgent_writeback", urgent_writeback),
-                            ("flat_gradients", flat_gradients)):
-            if not isinstance(value, bool):
-                raise ValueError(f"{name} must be True or False, got {value!r}")
         if not _capi.int_in(tail_subgroups, 0, 1000000):
             raise ValueError(f"tail_subgroups must be an integer in [0, 1000000] (subgroups; 0: the plan as made), "
                              f"got {tail_subgroups!r}")

@@ -199,7 +199,7 @@ def _check_runtime_args(policy, cpu_threads, cpu_workers, ncuda, verbose):
                          f"automatic; this machine has {machine} cores), got {cpu_threads!r}")
     if not _capi.int_in(cpu_workers, 0):
         raise ValueError(f"cpu_workers must be an integer >= 0 (StarPU CPU workers; 0: automatic), got {cpu_workers!r}")
-    if not isinstance(ncuda, int) or isinstance(ncuda, bool) or ncuda < -1:
+    if not _capi.int_in(ncuda, -1):
         raise ValueError(f"ncuda must be an integer >= -1 (CUDA workers; -1: one per visible GPU), got {ncuda!r}")
     if not isinstance(verbose, bool):
         raise ValueError(f"verbose must be True or False, got {verbose!r}")

@@ -1,0 +1,81 @@
+#!/usr/bin/env python3
+"""examples/train_gpt.py's argument checks: sizes, counts, rates, the subgroup size, the device and
+the output paths refused by argparse's usage error (status 2) with a message naming the option,
+before any training, and leaving no file behind.
+
+    test_train_gpt_args.py
+
+Exits 77 (meson's "skip") when torch cannot be imported (train_gpt.py imports it).
+"""
+
+import contextlib
+import io
+import os
+import sys
+import tempfile
+
+try:
+    import torch  # noqa: F401 (train_gpt.py needs it)
+except ImportError:
+    print("torch is not importable by this Python: skipped")
+    sys.exit(77)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "python"))
+sys.path.insert(0, os.path.join(ROOT, "examples"))
+
+import train_gpt  # noqa: E402
+
+failures = []
+
+
+def check(cond, what):
+    print(("ok   " if cond else "FAIL ") + what, flush=True)
+    if not cond:
+        failures.append(what)
+
+
+def expect_usage_error(argv, needle, what):
+    """train_gpt.parse_args(argv) must exit (argparse's usage error, status 2) with ``needle`` in
+    its message, before any training."""
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            train_gpt.parse_args(argv)
+    except SystemExit as e:
+        check(e.code == 2 and needle in err.getvalue(), f"train_gpt {what}: usage error saying '{needle}' "
+              f"({err.getvalue().strip().splitlines()[-1][:160] if err.getvalue().strip() else 'nothing printed'})")
+        return
+    check(False, f"train_gpt {what}: accepted")
+
+
+def test_train_gpt_bad_args():
+    for argv, needle in ((["--steps", "0"], "--steps must be a whole number >= 1"),
+                         (["--n-head", "3", "--n-embd", "32"], "must divide --n-embd"),
+                         (["--n-head", "0"], "--n-head must be"),
+                         (["--print-every", "0"], "--print-every must be"),
+                         (["--batch-size", "0"], "--batch-size must be"),
+                         (["--corpus-mb", "nan"], "--corpus-mb must be"),
+                         (["--subgroup-size", "abc"], "--subgroup-size must be"),
+                         (["--subgroup-size", "1.5"], "--subgroup-size must be"),
+                         (["--warmup", "-5"], "--warmup must be"),
+                         (["--min-lr-ratio", "5"], "--min-lr-ratio must be in [0, 1]"),
+                         (["--device", "gpu"], "--device must be auto, cpu or cuda")):
+        expect_usage_error(argv, needle, " ".join(argv))
+    with tempfile.TemporaryDirectory() as d:
+        expect_usage_error(["--log-json", d], "is a folder", "--log-json at a folder")
+        expect_usage_error(["--log-json", os.path.join(d, "no", "x.json")], "does not exist",
+                           "--log-json in a missing folder")
+        check(os.listdir(d) == [], "train_gpt's refused outputs left nothing behind")
+    # the defaults, and a file in a folder that exists, are accepted
+    args = train_gpt.parse_args([])
+    check(args.steps == 50 and args.n_head == 4 and args.max_grad_norm == 1.0, "train_gpt's defaults accepted")
+    with tempfile.TemporaryDirectory() as d:
+        args = train_gpt.parse_args(["--log-json", os.path.join(d, "x.json"), "--subgroup-size", "2e4"])
+        check(args.log_json.endswith("x.json") and os.listdir(d) == [], "a --log-json path accepted, nothing written")
+
+
+if __name__ == "__main__":
+    test_train_gpt_bad_args()
+    print(f"{len(failures)} failure(s)")
+    sys.exit(1 if failures else 0)

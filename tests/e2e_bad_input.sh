@@ -53,6 +53,9 @@ expect "need --policy dos" --policy cpu --gpu-fraction 0.5
 expect "not both" --policy dos --k 2 --gpu-fraction 0.5
 expect "whole number" --policy dos --k inf
 expect "in \[0, 1\]" --policy dos --sweep 0.5,2
+expect "an empty entry" --policy dos --sweep 0.1,,0.3
+expect "an empty entry" --policy dos --sweep 0.1,
+expect "an empty entry" --policy dos --sweep ""
 expect "out of range" --config "$tmp/overflow.json"
 expect "more than 1048576 subgroups" --preset gpt2-124m --subgroup-size 1
 expect "not supported" --config "$tmp/bert.json"
@@ -148,6 +151,12 @@ else echo "FAIL: the user's folder lost its file"; fails=$((fails+1)); fi
 out=$("$train" --preset tiny --iterations 1 --quiet --save-params /nonexistent-dir/p.safetensors 2>&1)
 if [ $? -ne 0 ] && grep -q "does not exist" <<<"$out"; then echo "ok: unwritable --save-params -> $out"
 else echo "FAIL: unwritable --save-params: $out"; fails=$((fails+1)); fi
+# a write-protected output is refused and kept, not replaced by the rename
+echo keep > "$tmp/ro.json"; chmod a-w "$tmp/ro.json"
+out=$("$train" --preset tiny --iterations 1 --quiet --report "$tmp/ro.json" 2>&1)
+if [ $? -ne 0 ] && grep -q "write-protected" <<<"$out" && [ "$(cat "$tmp/ro.json")" = keep ]; then echo "ok: write-protected --report -> $out"
+else echo "FAIL: write-protected --report: $out"; fails=$((fails+1)); fi
+chmod u+w "$tmp/ro.json"
 # a good run: valid JSON report, one entry per iteration, safetensors file present
 if "$train" --preset tiny --iterations 2 --quiet --report "$tmp/good.json" --save-params "$tmp/good.safetensors" >/dev/null 2>&1 \
    && python3 -c "import json,sys; r=json.load(open(sys.argv[1])); assert len(r['iterations'])==2, r; assert r['params']>0" "$tmp/good.json" \

@@ -202,7 +202,9 @@ Checked check_options(const Args& a) {
     if (!(f >= 0 && f <= 1)) fail("--gpu-fraction must be in [0, 1], got " + a.gpu_fraction);
   }
   for (const std::string& e : a.sweep)
-    if (e != "model") {
+    if (e.empty()) {
+      fail("--sweep: an empty entry in '" + a.sweep_text + "': give fractions separated by single commas, such as 0,0.5,1");
+    } else if (e != "model") {
       const double f = parse_fraction(e, "--sweep");
       if (!(f >= 0 && f <= 1)) fail("--sweep: each fraction must be in [0, 1] (or 'model'), got " + e);
     }
@@ -346,10 +348,9 @@ int parse_command_line(int argc, char** argv, Args& a) {
   app.add_option("--gpu-fraction", a.gpu_fraction,
                  "with --policy dos: force this fraction of the subgroups (0..1, or a/b) to be streamed through the GPU, "
                  "spread evenly");
-  app.add_option("--sweep", a.sweep,
+  app.add_option("--sweep", a.sweep_text,
                  "with --policy dos: run --iterations iterations for each streamed fraction given (0..1 or a/b; "
-                 "'model' for the model's own choice), in this one process, and print a table")
-      ->delimiter(',');
+                 "'model' for the model's own choice; comma-separated), in this one process, and print a table");
   app.add_option("--save-state", a.save_state,
                  "after the last iteration, write the whole optimizer state (fp32 master, exp_avg, exp_avg_sq, step "
                  "per subgroup) to this folder (safetensors + index.json; the previous checkpoint stays intact until "
@@ -460,6 +461,15 @@ int parse_command_line(int argc, char** argv, Args& a) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
+  }
+  if (app.count("--sweep")) {  // split here: an empty entry must reach the checks, not vanish
+    a.sweep.clear();
+    for (std::size_t from = 0;;) {
+      const std::size_t comma = a.sweep_text.find(',', from);
+      a.sweep.push_back(a.sweep_text.substr(from, comma == std::string::npos ? std::string::npos : comma - from));
+      if (comma == std::string::npos) break;
+      from = comma + 1;
+    }
   }
   if (app.count("--config") && a.config.empty()) {
     std::fprintf(stderr, "dos-train: error: --config needs the path of a config.json file, got an empty one\n");

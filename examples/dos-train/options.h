@@ -35,7 +35,8 @@ struct Args {
   bool quiet = false;
   std::string k, gpu_fraction;
   std::string save_state, resume;
-  std::vector<std::string> sweep;
+  std::string sweep_text;          ///< --sweep as given: comma-separated entries
+  std::vector<std::string> sweep;  ///< --sweep's entries (split by validate; none may be empty)
   bool recalibrate = false;
   bool plan_only = false;
   std::string plan_phase = "first";  ///< --plan-phase: "first" or "later" (the phase --plan-only simulates)

@@ -235,9 +235,10 @@ nlohmann::ordered_json print_sweep(const std::vector<SweepRow>& rows, std::size_
   if (rows.empty()) return sweep;
   double best = rows[0].median;
   for (const SweepRow& r : rows) best = std::min(best, r.median);
-  std::printf("sweep (%zu parameters, %zu subgroups, medians of iterations 2..%d of each; pred. error: the median of "
+  const std::string over = iterations > 1 ? "medians of iterations 2.." + std::to_string(iterations) : "iteration 1";
+  std::printf("sweep (%zu parameters, %zu subgroups, %s of each; pred. error: the median of "
               "each iteration's prediction against its own seconds):\n",
-              n, subgroups, iterations);
+              n, subgroups, over.c_str());
   std::printf("  %-8s %9s %12s %12s %12s %10s %12s\n", "fraction", "streamed", "update s", "predicted s", "lower bound",
               "vs fastest", "pred. error");
   for (const SweepRow& r : rows) {

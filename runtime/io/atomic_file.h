@@ -17,7 +17,7 @@ using Chunks = std::vector<std::pair<const void*, std::size_t>>;
 /// to `path` and flushes it (fsync); commit() renames it over `path`; destroying it uncommitted
 /// removes the temporary file. Throws std::runtime_error naming the path and the system error when
 /// the file cannot be written (and leaves nothing behind), or when `path` exists and is not a
-/// regular file (a device, a FIFO, a symbolic link: never replaced). The temporary file is
+/// regular file (a device, a FIFO, a symbolic link: never replaced) or is write-protected. The temporary file is
 /// registered with TempPathGuard (temp_cleanup.h): a SIGINT or SIGTERM removes it.
 class PendingFile {
  public:
@@ -45,8 +45,9 @@ void write_file_atomically(const std::string& path, const Chunks& chunks);
 void check_parent_writable(const std::string& path, const std::string& what);
 
 /// Throws std::runtime_error, before any work is done, when a file cannot be created at `path`
-/// (its folder is missing or not writable, or `path` exists and is not a regular file), naming the
-/// path and the reason.
+/// (its folder is missing or not writable, or `path` exists and is not a regular file, or exists
+/// write-protected: no write permission for this user or no write bit at all in its mode), naming
+/// the path and the reason.
 void check_writable(const std::string& path);
 
 }  // namespace dos

@@ -107,7 +107,9 @@ void convert_from_f32_cpu(const float* src, void* dst, DType dst_dtype, std::siz
 
 /// The instruction set the CPU's fp16 conversions use: "avx512f", "f16c" or "scalar" (chosen once
 /// from what the processor has; DOS_F16_ISA=scalar|f16c|avx512f in the environment picks one of
-/// those the processor has, for tests).
+/// those the processor has, for tests; a value that is not one of them, or a path the processor
+/// lacks, is named in a warning on standard error and the best path it has is used: the bits are
+/// the same on every path).
 const char* f16_conversion_isa();
 
 /// How adam_step_cpu and adam_step_into_cpu hand their work items to the team's threads:

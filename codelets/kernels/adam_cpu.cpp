@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <memory>
 #include <string>
@@ -101,11 +102,22 @@ const F16Converters& f16_converters() {
     const bool f16c = __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
     const char* force = std::getenv("DOS_F16_ISA");  // tests: each path the processor has
     const std::string want = force ? force : "";
-    if (want == "scalar") return F16Converters{f16_to_f32_scalar, f32_to_f16_scalar, "scalar"};
-    if (avx512 && (want.empty() || want == "avx512f")) return F16Converters{f16_to_f32_avx512, f32_to_f16_avx512, "avx512f"};
-    if (f16c && (want.empty() || want == "f16c" || want == "avx512f"))
-      return F16Converters{f16_to_f32_f16c, f32_to_f16_f16c, "f16c"};
-    return F16Converters{f16_to_f32_scalar, f32_to_f16_scalar, "scalar"};
+    const bool known = want == "scalar" || want == "f16c" || want == "avx512f";
+    const std::string pick = known ? want : "";  // an unknown request: the best path, as unset
+    F16Converters got{f16_to_f32_scalar, f32_to_f16_scalar, "scalar"};
+    if (pick == "scalar") return got;
+    if (avx512 && (pick.empty() || pick == "avx512f"))
+      got = F16Converters{f16_to_f32_avx512, f32_to_f16_avx512, "avx512f"};
+    else if (f16c && (pick.empty() || pick == "f16c" || pick == "avx512f"))
+      got = F16Converters{f16_to_f32_f16c, f32_to_f16_f16c, "f16c"};
+    // every path gives the same bits: a request that cannot be met is said, not refused
+    if (!want.empty() && !known)
+      std::fprintf(stderr, "[dos] warning: DOS_F16_ISA=%s is not one of scalar, f16c, avx512f; the fp16 conversions use %s\n",
+                   want.c_str(), got.isa);
+    else if (!want.empty() && want != got.isa)
+      std::fprintf(stderr, "[dos] warning: DOS_F16_ISA=%s: this processor lacks it; the fp16 conversions use %s\n",
+                   want.c_str(), got.isa);
+    return got;
   }();
   return c;
 }

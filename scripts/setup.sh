@@ -194,7 +194,7 @@ if [ "${DOS_BUILD_STARPU:-0}" != 1 ]; then
   done
 fi
 STARPU_PATCHES="starpu-1.3.10-cuda13.patch starpu-1.3.10-energy.patch starpu-1.3.10-malloc-async.patch starpu-1.3.10-bus-no-reset.patch"
-stamp_want="starpu $STARPU_VERSION cuda=$WITH_CUDA patch=$(cd "$ROOT/scripts" && cat $STARPU_PATCHES | cksum | cut -d' ' -f1)"
+stamp_want="starpu $STARPU_VERSION cuda=$WITH_CUDA patch=$(cd "$ROOT/scripts" && cat $STARPU_PATCHES | cksum | cut -d' ' -f1) cuda-rpath"
 if [ -n "$site_starpu" ]; then
   say "using the site's StarPU: $site_starpu"
 elif [ -f "$STARPU_PREFIX/.dos-stamp" ] && [ "$(cat "$STARPU_PREFIX/.dos-stamp")" = "$stamp_want" ]; then
@@ -216,8 +216,13 @@ else
     (cd "$src" && patch -p1 -s < "$ROOT/scripts/starpu-1.3.10-bus-no-reset.patch")
     cuda_dir=$(dirname "$(dirname "$(command -v nvcc)")")
     cuda_opts="--enable-cuda --with-cuda-dir=$cuda_dir"
+    # libstarpu's own run path names CUDA's libraries (cudart, cuBLAS, cuSPARSE): a program's run
+    # path does not serve its libraries' needs, and a site's CUDA module may be unloaded at run time
+    for sub in lib64 lib; do
+      if [ -e "$cuda_dir/$sub/libcudart.so" ]; then starpu_ldflags="-Wl,-rpath,$cuda_dir/$sub"; break; fi
+    done
   fi
-  (cd "$src" && ./configure --prefix="$STARPU_PREFIX" $cuda_opts --disable-static --disable-build-doc \
+  (cd "$src" && LDFLAGS="${starpu_ldflags:-} ${LDFLAGS:-}" ./configure --prefix="$STARPU_PREFIX" $cuda_opts --disable-static --disable-build-doc \
       --disable-build-examples --disable-build-tests --disable-fortran --disable-socl --disable-starpufft \
       --disable-mpi --disable-opencl --disable-starpurm --disable-glpk > "$src/configure.out" 2>&1) \
     || die "StarPU configure failed: see ${src#$ROOT/}/configure.out"

@@ -46,6 +46,19 @@ export LD_LIBRARY_PATH=$ld_path
 env -u LD_LIBRARY_PATH STARPU_SILENT=1 "$root/bin/dos-train" --preset tiny --iterations 1 --quiet > "$tmp/train.log" 2>&1 \
   || { cat "$tmp/train.log" >&2; fail "the installed dos-train did not start without LD_LIBRARY_PATH"; }
 echo "the installed dos-train ran without LD_LIBRARY_PATH"
+# The loader here may find CUDA's runtime through ld.so.conf; a site's CUDA module does not put it
+# there, so the installed library's own run path must name a folder that holds it.
+if command -v readelf >/dev/null; then
+  cudart=$(readelf -d "$libdir/libdos.so" | sed -n 's/.*NEEDED.*\[\(libcudart[^]]*\)\]/\1/p')
+  if [ -n "$cudart" ]; then
+    runpath=$(readelf -d "$libdir/libdos.so" | sed -n 's/.*R\(UN\)\{0,1\}PATH.*\[\(.*\)\]/\2/p')
+    found=
+    IFS=: read -ra dirs <<< "$runpath"
+    for d in "${dirs[@]}"; do [ -e "$d/$cudart" ] && found=$d; done
+    [ -n "$found" ] || fail "libdos.so needs $cudart, but its run path ($runpath) names no folder holding it"
+    echo "libdos.so's run path finds $cudart in $found"
+  fi
+fi
 
 # The .pc files say prefix=$prefix, where a real install puts them; point them at the destdir copy.
 sed -i "s#^prefix=.*#prefix=$root#" "$pcdir"/dos.pc "$pcdir"/dos_c.pc

@@ -143,4 +143,18 @@ interrupt() {
 interrupt TERM 143
 interrupt INT 130
 
+# a folder the user made for the checkpoint (setgid, a group of its own, mode 2750) keeps its mode
+# and group through two saves (the first replaces it empty, the second replaces a checkpoint), and
+# the files inside get that group
+mkdir -m 2750 "$tmp/shared"
+group=$(id -G | tr ' ' '\n' | grep -vx "$(id -g)" | head -1)
+[ -z "$group" ] && [ "$(id -u)" = 0 ] && group=1
+[ -n "$group" ] && chgrp "$group" "$tmp/shared" 2>/dev/null
+want=$(stat -c '%a %g' "$tmp/shared")
+run -n 1 --save-state "$tmp/shared" >/dev/null 2>&1 && run -n 1 --save-state "$tmp/shared" >/dev/null 2>&1 \
+  || bad "saving into a folder made for it"
+got=$(stat -c '%a %g' "$tmp/shared")
+files=$(stat -c '%g' "$tmp/shared"/* | sort -u)
+if [ "$got" = "$want" ] && [ "$files" = "${want#* }" ]; then ok "the checkpoint folder keeps its mode and group ($got), its files that group"
+else bad "the checkpoint folder was $want, is $got; its files' groups: $files"; fi
 [ $fails -eq 0 ] || { echo "$fails case(s) failed"; exit 1; }

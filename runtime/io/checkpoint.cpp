@@ -225,6 +225,32 @@ std::string make_fresh_dir(const std::string& prefix) {
   return std::string();
 }
 
+/// Gives the new checkpoint folder `tmp` the group and permission bits of the folder it will
+/// replace at `dir` (a folder the user made for it, perhaps shared with a project's group and
+/// setgid so that files made in it take that group): the group first, then the mode with the
+/// owner's rwx added (the files are still to be written), so that the files written next inherit
+/// the group as they would in `dir`. Nothing when `dir` is not a folder. A group the user may not
+/// give (not a member) is named in a warning and the folder keeps its own. Returns the mode to
+/// set once the files are written (finish_folder_attributes), 0 when there is none.
+mode_t take_folder_attributes(const std::string& tmp, const std::string& dir) {
+  struct stat want, got;
+  if (::stat(dir.c_str(), &want) != 0 || !S_ISDIR(want.st_mode) || ::stat(tmp.c_str(), &got) != 0) return 0;
+  if (want.st_gid != got.st_gid && ::chown(tmp.c_str(), (uid_t)-1, want.st_gid) != 0)
+    std::fprintf(stderr, "[dos] warning: the checkpoint %s cannot keep its folder's group (%u): %s; it gets %u\n",
+                 dir.c_str(), unsigned(want.st_gid), std::strerror(errno), unsigned(got.st_gid));
+  const mode_t mode = want.st_mode & 07777;
+  if (::chmod(tmp.c_str(), mode | S_IRWXU) != 0) return 0;
+  return mode;
+}
+
+/// Sets `tmp`'s permission bits to `mode` (take_folder_attributes's) once its files are written;
+/// nothing when mode is 0. A failure is named in a warning (the checkpoint itself is whole).
+void finish_folder_attributes(const std::string& tmp, mode_t mode) {
+  if (mode != 0 && ::chmod(tmp.c_str(), mode) != 0)
+    std::fprintf(stderr, "[dos] warning: could not give the checkpoint folder mode %o: %s\n", unsigned(mode),
+                 std::strerror(errno));
+}
+
 /// Removes `path` and everything in it; a warning on standard error when some of it stays.
 void remove_tree(const std::string& path, const char* what) {
   std::error_code ec;
@@ -343,9 +369,11 @@ void save_checkpoint(const std::string& dir_given, const Optimizer& opt, const C
     // repeat); its 6-character suffix travels packed in an integer, -1 when rank 0 failed
     std::string why;
     long long packed = -1;
+    mode_t folder_mode = 0;
     if (info.rank == 0) {
       const std::string made = make_fresh_dir(dir + ".tmp-");
       if (!made.empty()) {
+        folder_mode = take_folder_attributes(made, dir);
         packed = 0;
         for (std::size_t k = made.size() - 6; k < made.size(); ++k) packed = (packed << 8) | (unsigned char)made[k];
       } else {
@@ -367,6 +395,7 @@ void save_checkpoint(const std::string& dir_given, const Optimizer& opt, const C
     if (written && info.rank == 0) {
       try {
         write_index(tmp, info, true);
+        finish_folder_attributes(tmp, folder_mode);
         swap_in(tmp, dir);
         remove_stale_temporaries(dir, started);
       } catch (const std::exception& e) {
@@ -384,6 +413,7 @@ void save_checkpoint(const std::string& dir_given, const Optimizer& opt, const C
   const std::string tmp = make_fresh_dir(dir + ".tmp-");
   if (tmp.empty()) throw Error("cannot create a folder next to " + dir + ": " + std::strerror(errno));
   TempPathGuard guard(tmp, true);  // a SIGINT or SIGTERM removes it
+  const mode_t folder_mode = take_folder_attributes(tmp, dir);
   try {
     write_rank_file(tmp, opt, info);
     write_index(tmp, info, false);
@@ -391,6 +421,7 @@ void save_checkpoint(const std::string& dir_given, const Optimizer& opt, const C
     remove_tree(tmp, "the failed save's temporary folder");
     throw Error(std::string("cannot write the checkpoint: ") + e.what());
   }
+  finish_folder_attributes(tmp, folder_mode);
   swap_in(tmp, dir);
   guard.release();
   remove_stale_temporaries(dir, started);

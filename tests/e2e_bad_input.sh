@@ -24,7 +24,10 @@ expect() {  # expect "substring of the message" dos-train-args... (PLAN=1: no --
   rc=$?
   if [ $rc -eq 0 ]; then echo "FAIL: '$*' exited 0"; fails=$((fails+1)); return; fi
   if ! grep -qi -- "$want" <<<"$out"; then echo "FAIL: '$*': message lacks '$want': $out"; fails=$((fails+1)); return; fi
-  if ls "$tmp"/r.json* "$tmp"/p.safetensors* >/dev/null 2>&1; then echo "FAIL: '$*' left an output file"; fails=$((fails+1)); return; fi
+  if compgen -G "$tmp/r.json*" >/dev/null || compgen -G "$tmp/p.safetensors*" >/dev/null; then
+    echo "FAIL: '$*' left an output file: $(cd "$tmp" && ls -d r.json* p.safetensors* 2>/dev/null)"; fails=$((fails+1))
+    rm -f "$tmp"/r.json* "$tmp"/p.safetensors*; return
+  fi
   echo "ok: $* -> $(grep -i -- "$want" <<<"$out" | head -1)"
 }
 expect "unknown policy" --policy nosuch

@@ -137,7 +137,8 @@ interrupt() {
   local rc=$?
   if [ -z "$seen" ]; then bad "SIG$sig: the save was not caught in progress (exit $rc)"
   elif [ $rc -ne "$code" ]; then bad "SIG$sig during the save: exit status $rc, not $code"
-  elif ls -d "$ck".tmp-* "$tmp/int-$sig.st"* "$ck" >/dev/null 2>&1; then bad "SIG$sig left files: $(ls "$tmp")"
+  elif compgen -G "$ck.tmp-*" >/dev/null || compgen -G "$tmp/int-$sig.st*" >/dev/null || [ -e "$ck" ]; then
+    bad "SIG$sig left files: $(ls "$tmp")"
   else ok "SIG$sig during --save-state: exit $rc, no temporary folder or file left"; fi
 }
 interrupt TERM 143

@@ -1,6 +1,7 @@
 /* The C ABI (runtime/dos_c.h, libdos_c.so), from a C program: dos_optimizer_options_init fills the
  * defaults of dos::OptimizerOptions; an optimizer made from the options struct steps as Adam/AdamW
- * should (checked against a double-precision reference); every field out of its range, a struct of
+ * should (4 steps checked against a double-precision reference, in which beta1, beta2 and eps
+ * visibly matter); every field out of its range, a struct of
  * an unknown size or version and a NULL struct are refused with DOS_E_INVALID and a message naming
  * the field, and nothing is created; every option set to another valid value is accepted.
  * The overlapped update (dos_optimizer_begin_step / _gradients_final / _finish_step) against the
@@ -42,17 +43,64 @@ void test_gpu_memory_for_budgets(void** state);
 
 enum { N0 = 700, N1 = 301, N = N0 + N1 };
 
-/* One step of Adam/AdamW over two fp32 tensors in host memory with options `o`, checked against a
- * double-precision reference of torch.optim.Adam / AdamW's first step. */
-static void step_and_check(const dos_optimizer_options* o) {
-  static float p[N], g[N];
-  double ref[N];
+enum { STEPS = 4 };
+
+/* The gradient of element i at step t (1-based): signs and sizes vary from step to step, so that
+ * beta1 and beta2 matter from the second step on; one element in 10 is tiny (1e-5 scale), so that
+ * eps matters. */
+static float grad_at(int i, int t) {
+  const double g = 0.01 * (((i * 37 + 11 * t) % 19) - 9) * (1 + 0.3 * t);
+  return (float)(i % 10 == 3 ? g * 1e-3 : g);
+}
+
+/* STEPS steps of torch.optim.Adam / AdamW (their documented formulas, bias corrections included)
+ * in double precision from p0, with beta1, beta2 and eps as given: the final parameters in ref.
+ * well (may be NULL): whether the element is well conditioned, 0 where Adam's coupled gradient
+ * g + weight_decay * p nearly cancels at some step (below 1/20 of its terms' sizes): there fp32's
+ * rounding of the sum, which any fp32 Adam has, is amplified without bound by m / sqrt(v). */
+static void reference(const dos_optimizer_options* o, double beta1, double beta2, double eps, const float* p0,
+                      double* ref, unsigned char* well) {
   for (int i = 0; i < N; ++i) {
-    p[i] = (float)(0.5 - 0.001 * i);
-    g[i] = (float)(0.01 * ((i * 37) % 19 - 9));
-    const double pi = p[i], gi = g[i] + (o->decoupled ? 0.0 : o->weight_decay * p[i]);
-    const double m = (1 - o->beta1) * gi / (1 - o->beta1), v = (1 - o->beta2) * gi * gi / (1 - o->beta2);
-    ref[i] = (o->decoupled ? pi * (1 - o->lr * o->weight_decay) : pi) - o->lr * m / (sqrt(v) + o->eps);
+    double pi = p0[i], m = 0, v = 0;
+    if (well) well[i] = 1;
+    for (int t = 1; t <= STEPS; ++t) {
+      const double gi = grad_at(i, t) + (o->decoupled ? 0.0 : o->weight_decay * pi);
+      if (well && !o->decoupled && fabs(gi) < 0.05 * (fabs(grad_at(i, t)) + fabs(o->weight_decay * pi))) well[i] = 0;
+      if (o->decoupled) pi *= 1 - o->lr * o->weight_decay;
+      m = beta1 * m + (1 - beta1) * gi;
+      v = beta2 * v + (1 - beta2) * gi * gi;
+      const double bc1 = 1 - pow(beta1, t), bc2 = 1 - pow(beta2, t);
+      pi -= o->lr / bc1 * m / (sqrt(v) / sqrt(bc2) + eps);
+    }
+    ref[i] = pi;
+  }
+}
+
+/* A bound on fp32's distance from the double reference after STEPS steps: a few ulp per step of
+ * the largest value the parameter passed through (its start, its end, an update of about lr). */
+static double bound(double p0, double ref, double lr) { return STEPS * 4 * (fabs(p0) + fabs(ref) + lr) * 0x1p-24; }
+
+/* STEPS steps of Adam/AdamW over two fp32 tensors in host memory (700 and 301 elements: subgroups
+ * of o->subgroup_size with a tail) with options `o`, each well-conditioned parameter (at least 9
+ * in 10; all of them for AdamW) checked against the double-precision reference above. The test checks its own reach too: the reference with the
+ * default beta1, beta2 and eps must differ from the one with o's by far more than the bound
+ * wherever o changes them, so that a runtime ignoring them fails. */
+static void step_and_check(const dos_optimizer_options* o) {
+  static float p[N], g[N], p0[N];
+  static double ref[N], other[N];
+  static unsigned char well[N];
+  for (int i = 0; i < N; ++i) p0[i] = p[i] = (float)(0.5 - 0.001 * i);
+  reference(o, o->beta1, o->beta2, o->eps, p0, ref, well);
+  int checked = 0;
+  for (int i = 0; i < N; ++i) checked += well[i];
+  assert_true(checked >= N * 9 / 10);  /* the ill-conditioned elements left out are few */
+  dos_optimizer_options d;
+  dos_optimizer_options_init(&d);
+  if (o->beta1 != d.beta1 || o->beta2 != d.beta2 || o->eps != d.eps) {
+    reference(o, d.beta1, d.beta2, d.eps, p0, other, NULL);
+    int far = 0;
+    for (int i = 0; i < N; ++i) far += fabs(other[i] - ref[i]) > 100 * bound(p0[i], ref[i], o->lr);
+    assert_true(far > N / 2);
   }
   void* params[2] = {p, p + N0};
   void* grads[2] = {g, g + N0};
@@ -62,12 +110,18 @@ static void step_and_check(const dos_optimizer_options* o) {
   assert_non_null(opt);
   assert_int_equal(dos_optimizer_num_params(opt), N);
   assert_int_equal(dos_optimizer_num_subgroups(opt), (N + o->subgroup_size - 1) / o->subgroup_size);
-  dos_step_stats s;
-  assert_int_equal(dos_optimizer_step(opt, &s), DOS_OK);
-  assert_int_equal(s.params, N);
-  assert_int_equal(s.step, 1);
-  assert_int_equal(s.subgroups_cpu, dos_optimizer_num_subgroups(opt));
-  for (int i = 0; i < N; ++i) assert_true(fabs(p[i] - ref[i]) <= 1e-6 + 1e-6 * fabs(ref[i]));
+  for (int t = 1; t <= STEPS; ++t) {
+    for (int i = 0; i < N; ++i) g[i] = grad_at(i, t);
+    dos_step_stats s;
+    assert_int_equal(dos_optimizer_step(opt, &s), DOS_OK);
+    assert_int_equal(s.params, N);
+    assert_int_equal(s.step, t);
+    assert_int_equal(s.subgroups_cpu, dos_optimizer_num_subgroups(opt));
+  }
+  for (int i = 0; i < N; ++i)
+    if (well[i] && !(fabs(p[i] - ref[i]) <= bound(p0[i], ref[i], o->lr)))
+      fail_msg("element %d after %d steps: %.9g, the double reference %.9g (bound %.3g)", i, STEPS, p[i], ref[i],
+               bound(p0[i], ref[i], o->lr));
   dos_optimizer_destroy(opt);
 }
 

@@ -248,12 +248,20 @@ void test_overlap_same_bits(void**) {
   std::printf("speculated %zu subgroup updates over %d steps, %zu redone\n", speculated_total, t, redone_total);
   for (int64_t c : over.step_counts()) assert_int_equal(c, rt);
 
-  // both against the double-precision reference (bf16 parameters: 2 ulps of bf16 after a few steps)
+  // both against the double-precision reference (bf16 parameters: 2 ulps of bf16 after a few steps;
+  // the moments: a few fp32 ulps per step of the largest term, the gradient's size included)
   const std::vector<float> master = read(over, &dos::Optimizer::read_master);
+  const std::vector<float> m = read(over, &dos::Optimizer::read_exp_avg);
+  const std::vector<float> v = read(over, &dos::Optimizer::read_exp_avg_sq);
   for (size_t i = 0; i < n; ++i) {
+    const double gs = i % 7 == 0 ? 3.0 : 0.01;  // the gradients' scale (grad_value)
     const double tol = 1e-6 + 2e-5 * std::fabs(rp[i]);
-    if (std::fabs(double(master[i]) - rp[i]) > tol) {
-      std::fprintf(stderr, "master %zu: %.9g, reference %.9g\n", i, master[i], rp[i]);
+    const double tol_m = rt * 4 * ref::ulp(float(std::fabs(rm[i]) + 0.1 * gs));
+    const double tol_v = rt * 4 * ref::ulp(float(rv[i] + 0.001 * gs * gs)) + 1e-12;
+    if (std::fabs(double(master[i]) - rp[i]) > tol || std::fabs(double(m[i]) - rm[i]) > tol_m ||
+        std::fabs(double(v[i]) - rv[i]) > tol_v) {
+      std::fprintf(stderr, "element %zu: master %.9g (reference %.9g), exp_avg %.9g (%.9g), exp_avg_sq %.9g (%.9g)\n",
+                   i, master[i], rp[i], m[i], rm[i], v[i], rv[i]);
       fail();
     }
   }

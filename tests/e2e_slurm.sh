@@ -96,6 +96,10 @@ full, _ = sc.load(full_path)
 flat = b"".join(full[name] for name in full)  # tensors in file order = flat parameter order
 index = json.load(open(os.path.join(ck, "index.json")))
 assert index["world"] == 2 and len(index["ranks"]) == 2, index
+# the ranks' slices cover the whole parameter vector, in order, without overlap
+spans = sorted((r["begin"], r["end"]) for r in index["ranks"])
+assert spans[0][0] == 0 and spans[-1][1] * 4 == len(flat), (spans, len(flat) // 4)
+assert all(a[1] == b[0] for a, b in zip(spans, spans[1:])), spans
 for r in index["ranks"]:
     t, _ = sc.load(os.path.join(ck, r["file"]))
     got = t["master"]
@@ -105,11 +109,11 @@ print("ok: the Slurm job's checkpoint holds exactly the one-process run's parame
 PY
 # a job that cannot resume (rank 1's file removed): it fails, says why, and the checkpoint is kept
 rm "$tmp/out/a/checkpoint/rank-00001-of-00002.safetensors"
-before=$(ls "$tmp/out/a/checkpoint")
+before=$(cd "$tmp/out/a/checkpoint" && md5sum *)
 DOS_ROOT=$root DOS_TRAIN=$train DOS_ARGS="$common --iterations 1" DOS_OUT=$tmp/out/b DOS_RESUME=$tmp/out/a/checkpoint \
   timeout 240 "${sub[@]}" --output="$tmp/b.out" "$tmp/job.sbatch" >/dev/null
 rc=$?
 [ $rc -ne 0 ] || { echo "FAIL: a job resuming from an incomplete checkpoint succeeded"; exit 1; }
 grep -q "rank-00001-of-00002" "$tmp/b.out" || { echo "FAIL: the job's output does not say what is missing:"; cat "$tmp/b.out"; exit 1; }
-[ "$(ls "$tmp/out/a/checkpoint")" = "$before" ] || { echo "FAIL: the checkpoint folder changed"; exit 1; }
+[ "$(cd "$tmp/out/a/checkpoint" && md5sum *)" = "$before" ] || { echo "FAIL: the checkpoint folder changed"; exit 1; }
 echo "ok: the failing job ($rc): $(grep -m1 "rank-00001-of-00002" "$tmp/b.out")"

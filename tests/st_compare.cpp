@@ -1,6 +1,7 @@
 // st-compare A B [MAX_REL]: compares two safetensors files tensor by tensor (same names, dtypes,
 // shapes). Without MAX_REL they must be bit-identical; with it, every fp32 element must satisfy
-// |a - b| <= MAX_REL * max(|a|, |b|), and a NaN or inf matches only the same bits. Prints the largest differences. Exit 0: equal / within
+// |a - b| <= MAX_REL * max(|a|, |b|), and a NaN or inf matches only the same bits; tensors of other
+// dtypes must be bit-identical either way. Prints the largest differences. Exit 0: equal / within
 // tolerance; 1: different; 2: unreadable input.
 #include <cmath>
 #include <cstdio>
@@ -28,7 +29,7 @@ int main(int argc, char** argv) {
     std::printf("different tensor counts: %zu vs %zu\n", a.size(), b.size());
     return 1;
   }
-  size_t n = 0, differing = 0;
+  size_t n = 0, differing = 0, differing_other = 0;  // the latter: tensors other than F32 (compared bit for bit)
   double worst_abs = 0, worst_rel = 0;
   for (const auto& [name, ta] : a) {
     auto it = b.find(name);
@@ -38,7 +39,11 @@ int main(int argc, char** argv) {
       return 1;
     }
     if (ta.dtype != "F32") {
-      if (ta.data != it->second.data) ++differing;
+      if (ta.data != it->second.data) {
+        ++differing_other;
+        std::printf("tensor %s (%s): differs (tensors other than F32 must be bit-identical)\n", name.c_str(),
+                    ta.dtype.c_str());
+      }
       continue;
     }
     const size_t cnt = ta.data.size() / 4;
@@ -61,6 +66,7 @@ int main(int argc, char** argv) {
   }
   std::printf("%zu elements, %zu differ; largest |a-b| %.3g, largest relative difference %.3g\n", n, differing,
               worst_abs, worst_rel);
+  if (differing_other > 0) return 1;
   if (exact) return differing == 0 ? 0 : 1;
   return worst_rel <= max_rel ? 0 : 1;
 }

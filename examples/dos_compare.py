@@ -63,12 +63,12 @@ anything: no CUDA worker (every policy then updates everything on the CPU, dos i
 difference between two medians smaller than their spread.
 
 With ``--check-params`` every run's final fp32 master parameters (its first repeat's) are compared
-with the ``cpu`` run's: bit-identical is expected among CPU-only runs, and within 1e-6 relative
-(README) when a GPU took part. Outputs (``--out DIR``): ``compare.json``, ``compare.md``,
+with the ``cpu`` run's, bit for bit (whether a GPU took part or not: both sides' kernels evaluate
+the same IEEE fp32 operations in the same order). Outputs (``--out DIR``): ``compare.json``, ``compare.md``,
 ``compare.png`` (when this Python, /usr/bin/python3 or python3 on PATH imports matplotlib), and
 each run's report and log (LABEL.json/.log, LABEL.rK.json/.log for round K >= 2; likewise
-baselines[.rK].json/.log and peers[.rK].log). Exit status: 0; 1 when --check-params found parameters beyond the
-tolerance, or --plot-only drew nothing; 2 when dos-train is missing, a run fails (its log is kept
+baselines[.rK].json/.log and peers[.rK].log). Exit status: 0; 1 when --check-params found parameters that
+differ from the cpu run's, or --plot-only drew nothing; 2 when dos-train is missing, a run fails (its log is kept
 and named; the other runs' results are still written), a report lacks its summary, the baselines
 fail, or an argument is malformed.
 """
@@ -693,7 +693,7 @@ def main(argv=None):
         return 2
     differ = [r["label"] for r in rows if (r.get("params_vs_cpu") or "").startswith("DIFFER")]
     if differ:
-        print(f"dos-compare: final parameters differ from the cpu run's beyond 1e-6 relative: {', '.join(differ)}",
+        print(f"dos-compare: final parameters differ from the cpu run's bits: {', '.join(differ)}",
               file=sys.stderr)
         return 1
     return 0

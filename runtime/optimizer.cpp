@@ -91,9 +91,7 @@ std::vector<PlanSide> Optimizer::Impl::make_plan() const {
     } catch (const std::exception& e) {
       throw Error("plan " + choice.name + ": " + e.what());
     }
-    if (p.size() != n)
-      throw Error("plan " + choice.name + " gave " + std::to_string(p.size()) + " sides for " + std::to_string(n) +
-                  " subgroups");
+    if (const std::string e = plan_contract_error(*choice.plan, workload, p); !e.empty()) throw Error(e);
     return p;
   }
   const std::size_t res = std::min(workload.resident, n), free = n - res;

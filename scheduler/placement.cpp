@@ -1,5 +1,6 @@
 // The placement policy (contract in policy.h), the registered StarPU policies and the
 // policy-by-name lookup.
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -103,7 +104,39 @@ void register_starpu_policy(struct starpu_sched_policy* policy) {
   starpu_registry().push_back(policy);
 }
 
+std::string policy_name_clash() {
+  const std::vector<std::string> builtins = builtin_policy_names();
+  auto builtin = [&](const std::string& n) { return std::find(builtins.begin(), builtins.end(), n) != builtins.end(); };
+  std::vector<std::string> plans;
+  for (const PlanEntry& e : plan_registry()) {
+    const std::string n = e.name;
+    if (std::find(plans.begin(), plans.end(), n) != plans.end())
+      return "two plans are named '" + n + "' (scheduler/meson.build's plans list, or register_plan): rename one";
+    if (builtin(n) || n == placement_policy.policy_name)
+      return "the plan '" + n + "' has the name of one of StarPU's policies, which --policy " + n +
+             " would then not reach: rename the plan (its PlanEntry's name)";
+    plans.push_back(n);
+  }
+  std::vector<std::string> seen;
+  for (struct starpu_sched_policy* p : starpu_registry()) {
+    const std::string n = p->policy_name ? p->policy_name : "";
+    if (n.empty()) return "a registered StarPU policy has no policy_name: give it one";
+    if (std::find(seen.begin(), seen.end(), n) != seen.end())
+      return "two registered StarPU policies are named '" + n + "': rename one (its policy_name)";
+    if (builtin(n) || n == placement_policy.policy_name)
+      return "the registered StarPU policy '" + n + "' has the name of one of StarPU's own, which it would replace "
+             "under --policy " + n + ": rename it (its policy_name)";
+    if (std::find(plans.begin(), plans.end(), n) != plans.end())
+      return "the registered StarPU policy '" + n + "' has the name of a plan, which --policy " + n +
+             " names first: rename one";
+    seen.push_back(n);
+  }
+  return "";
+}
+
 PolicyChoice parse_policy(const std::string& name) {
+  if (const std::string clash = policy_name_clash(); !clash.empty())
+    throw std::invalid_argument("the policies' names clash: " + clash);
   PolicyChoice c;
   c.name = name;
   if ((c.plan = make_plan_by_name(name))) return c;

@@ -69,6 +69,26 @@ std::string plan_usages() {
   return out;
 }
 
+std::string plan_contract_error(const Plan& plan, const Workload& w, const std::vector<PlanSide>& sides) {
+  const std::size_t n = w.sizes.size();
+  const std::string who = "plan " + plan.name();
+  if (sides.size() != n)
+    return who + " gave " + std::to_string(sides.size()) + " sides for " + std::to_string(n) + " subgroups";
+  const bool budget = plan.needs().resident == ResidentState::budget;
+  const std::size_t first_resident = n - std::min(w.resident, n);
+  for (std::size_t i = 0; i < n; ++i) {
+    if (sides[i] == PlanSide::gpu_streamed && !w.may_stream)
+      return who + " streams subgroup " + std::to_string(i) +
+             ", but the GPU update budget cannot hold a streamed subgroup (Workload::may_stream is false): it must "
+             "stream nothing";
+    if (sides[i] == PlanSide::gpu_resident && budget && i < first_resident)
+      return who + " keeps subgroup " + std::to_string(i) + " resident on the GPU, but the resident budget holds " +
+             (w.resident == 0 ? std::string("none") : "only the last " + std::to_string(std::min(w.resident, n))) +
+             " (Workload::resident; a plan that picks its own resident subgroups declares ResidentState::own)";
+  }
+  return "";
+}
+
 std::string plan_letters(const std::vector<PlanSide>& plan) {
   std::string s(plan.size(), 'c');
   for (std::size_t i = 0; i < plan.size(); ++i)

@@ -119,7 +119,8 @@ const std::vector<PlanEntry>& plan_registry();
 
 /// Adds a plan at run time (a program's own plan, registered before its Runtime starts).
 /// Throws std::invalid_argument when the name is empty, contains ':' or is already registered, or
-/// make is null.
+/// make is null. A name of one of StarPU's policies is refused where a policy is next parsed
+/// (parse_policy, policy_name_clash in policy.h: the Runtime's start, dos-train's options).
 void register_plan(const PlanEntry& entry);
 
 /// The plan --policy `text` names: "name" or "name:ARGUMENT". Returns null when no registered plan
@@ -129,6 +130,13 @@ std::unique_ptr<Plan> make_plan_by_name(const std::string& text);
 
 /// The registered plans' usages, comma-separated ("cpu, gpu, dos, static:R, greedy").
 std::string plan_usages();
+
+/// What is wrong with the sides `plan` decided for workload `w` (one PlanSide per subgroup), or ""
+/// when they keep the contract: as many sides as w.sizes; nothing on PlanSide::gpu_streamed when
+/// !w.may_stream; for a plan whose resident state is ResidentState::budget, PlanSide::gpu_resident
+/// only among the last w.resident subgroups (those the budget holds). The message names the plan
+/// and the first subgroup at fault. Throws nothing.
+std::string plan_contract_error(const Plan& plan, const Workload& w, const std::vector<PlanSide>& sides);
 
 /// One letter per subgroup: 'c' CPU, 's' streamed through the GPU, 'r' resident on the GPU
 /// ("ccsr"); empty for an empty plan.

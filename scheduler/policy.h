@@ -105,11 +105,19 @@ struct PolicyChoice {
   bool builtin() const { return !plan; }
 };
 
+/// What clashes among the names --policy resolves, or "" when nothing does: two plans of one name,
+/// two registered StarPU policies of one name, a plan or a registered policy named as one of
+/// StarPU's own policies (or "dos-placement"), a registered policy named as a plan. A clash would
+/// silently run another policy than the one named (the build-time lists are not checked at
+/// registration). Throws nothing.
+std::string policy_name_clash();
+
 /// Parses a policy name: a registered plan (plan.h: "cpu", "gpu", "dos", "static:R", "greedy", ...),
 /// a registered StarPU policy, or the name of one of StarPU's built-in policies (as listed by
 /// StarPU, e.g. "dmda", "dmdas", "eager", "lws", "heteroprio").
 /// Throws std::invalid_argument for an unknown name (the message lists the plans and the StarPU
-/// policies) or a plan's bad argument (e.g. R outside [0, 1] in static:R).
+/// policies), a plan's bad argument (e.g. R outside [0, 1] in static:R), or a clash among the
+/// registered names (policy_name_clash).
 PolicyChoice parse_policy(const std::string& name);
 
 /// Names of StarPU's built-in policies in the linked StarPU, in StarPU's order.

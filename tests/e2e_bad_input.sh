@@ -31,6 +31,7 @@ expect() {  # expect "substring of the message" dos-train-args... (PLAN=1: no --
   echo "ok: $* -> $(grep -i -- "$want" <<<"$out" | head -1)"
 }
 expect "unknown policy" --policy nosuch
+expect "needs a name" --policy ""
 expect "unknown preset" --preset nosuch
 expect "at least 1 element" --subgroup-size 0
 expect "at least 1 element" --subgroup-size -5

@@ -471,6 +471,11 @@ int parse_command_line(int argc, char** argv, Args& a) {
       from = comma + 1;
     }
   }
+  if (app.count("--policy") && a.policy.empty()) {
+    std::fprintf(stderr, "dos-train: error: --policy needs a name, got an empty one (leave --policy out for "
+                         "$STARPU_SCHED, else cpu)\n");
+    return 1;
+  }
   if (app.count("--config") && a.config.empty()) {
     std::fprintf(stderr, "dos-train: error: --config needs the path of a config.json file, got an empty one\n");
     return 1;

@@ -96,9 +96,7 @@ nlohmann::ordered_json show_plan(PlanOnly& p) {
     throw std::runtime_error(e.what());
   }
   const std::vector<dos::PlanSide> sides = plan.decide(dos::PlanInput{w, needs.rates ? p.rates : nullptr, p.execution});
-  if (sides.size() != w.sizes.size())
-    throw std::runtime_error("plan " + p.policy + " gave " + std::to_string(sides.size()) + " sides for " +
-                             std::to_string(w.sizes.size()) + " subgroups");
+  if (const std::string e = dos::plan_contract_error(plan, w, sides); !e.empty()) throw std::runtime_error(e);
   std::size_t count[3] = {0, 0, 0};
   double params[3] = {0, 0, 0};
   for (std::size_t i = 0; i < sides.size(); ++i) {

@@ -177,10 +177,14 @@ void IterationLog::add(std::int64_t it, const std::string& label, const dos::Ste
   }
   char tail[64] = "";
   if (s.tail_bound > 0) std::snprintf(tail, sizeof tail, "; tail %zu bound, %zu moved", s.tail_bound, s.tail_moved);
-  std::printf("iter %3lld%s  update %8.4f s  %7.3f Gparams/s  subgroups cpu %zu gpu %zu (plan: %zu streamed, %zu "
-              "resident%s)%s  H2D %.3f GB %.1f GB/s  D2H %.3f GB %.1f GB/s  busy cpu %3.0f%% gpu %3.0f%%%s%s\n",
-              (long long)it, label.c_str(), s.seconds, gps, s.subgroups_cpu, s.subgroups_gpu, s.planned_streamed,
-              s.planned_resident, tail, model, s.bytes_h2d / 1e9, s.bytes_h2d * per_s / 1e9, s.bytes_d2h / 1e9,
+  // under a StarPU policy there is no plan (s.plan empty): StarPU placed every task itself
+  char planned[96] = "(no plan: StarPU placed the tasks)";
+  if (!s.plan.empty() || s.subgroups_cpu + s.subgroups_gpu == 0)
+    std::snprintf(planned, sizeof planned, "(plan: %zu streamed, %zu resident%s)", s.planned_streamed, s.planned_resident,
+                  tail);
+  std::printf("iter %3lld%s  update %8.4f s  %7.3f Gparams/s  subgroups cpu %zu gpu %zu %s%s  H2D %.3f GB %.1f GB/s  "
+              "D2H %.3f GB %.1f GB/s  busy cpu %3.0f%% gpu %3.0f%%%s%s\n",
+              (long long)it, label.c_str(), s.seconds, gps, s.subgroups_cpu, s.subgroups_gpu, planned, model, s.bytes_h2d / 1e9, s.bytes_h2d * per_s / 1e9, s.bytes_d2h / 1e9,
               s.bytes_d2h * per_s / 1e9, 100 * cpu_busy, 100 * gpu_busy, comp, over);
   nlohmann::ordered_json row = {{"iteration", it}, {"label", label}, {"update_seconds", s.seconds}, {"gparams_per_s", gps},
                                 {"subgroups_cpu", s.subgroups_cpu}, {"subgroups_gpu", s.subgroups_gpu},

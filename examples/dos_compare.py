@@ -195,6 +195,18 @@ def parse_args(argv):
     labels = [l for l, _ in a.runs]
     if len(set(labels)) != len(labels):
         ap.error(f"two runs have the same label: {labels}")
+    tags = {}
+    for label in labels:  # two labels must not write one file ("a/b" and "a b" are both a-b.json)
+        other = tags.setdefault(file_tag(label), label)
+        if other != label:
+            ap.error(f"the labels '{other}' and '{label}' would write the same files ({file_tag(label)}.json, ...): "
+                     f"choose labels that differ in letters, digits, '_', '.' or '-'")
+    shared = {t.partition("=")[0] for t in a.train_args if t.startswith("--")}
+    for label, args in a.runs:  # an option in both places: which one wins would be a guess
+        both = sorted({t.partition("=")[0] for t in args if t.startswith("--")} & shared)
+        if both:
+            ap.error(f"run '{label}' sets {', '.join(both)}, which the dos-train arguments after -- give every run: "
+                     f"give each option in one place")
     for label in labels:  # its files must not be another's (LABEL.json, LABEL.rK.json, baselines.json, ...)
         if re.search(r"\.r[0-9]+$", label) or label in ("baselines", "peers", "compare", "timeline"):
             ap.error(f"--run label '{label}' would share its files with another output (labels may not end in .rK "
@@ -409,8 +421,15 @@ def main(argv=None):
         if timeline_path and timeline_label is None and arg_value(args, "--policy") == "dos":
             extra = ["--timeline", timeline_path]
             timeline_label = label
-        r, _, p = run_one(a, label, args + extra, 0)
+        r, log, p = run_one(a, label, args + extra, 0)
         if r is None:
+            with open(log, errors="replace") as f:
+                needs_gpu = re.search(r"needs a CUDA worker and there is none", f.read())
+            if needs_gpu:  # a plan that declares it needs a GPU (PlanNeeds::cuda_worker), on a machine without
+                why = f"policy {arg_value(args, '--policy')} needs a CUDA worker and dos-train has none ({log})"
+                skipped[label] = why
+                print(f"dos-compare: run {label} skipped: {why}", file=sys.stderr)
+                return None
             failed.append(label)
             return None
         runs[label] = {"reports": [r], "params": p, "budget": budget}

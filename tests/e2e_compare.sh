@@ -279,7 +279,28 @@ refused "--repeats must be at least 1" --repeats 0
 refused "unknown variant(s) stride:0" --baselines stride:0
 refused "would share its files with another output" --run "dos.r2=--policy dos"
 refused "would share its files with another output" --run "peers=--policy cpu"
+refused "would write the same files" --run "a/b=--policy cpu" --run "a b=--policy dmda"
+refused "give each option in one place" --run "x=--policy cpu --preset gpt2-124m"
 echo "ok: bad arguments refused"
+
+# A plan that declares it needs a CUDA worker (as a build's own plan may), on a machine without one:
+# skipped with its reason, like gpu, not a failed run. A stand-in dos-train answers for it as
+# dos-train does.
+cat > "$out/needs-gpu-dos-train" <<SH
+#!/usr/bin/env bash
+for t in "\$@"; do [ "\$t" = mine ] && { echo "dos-train: error: policy 'mine' needs a CUDA worker and there is none"; exit 1; }; done
+exec "$dos_train" "\$@"
+SH
+chmod +x "$out/needs-gpu-dos-train"
+python3 "$compare" --dos-train "$out/needs-gpu-dos-train" --policies cpu --run "mine=--policy mine" --out "$out/needs-gpu" \
+  -- --preset tiny --iterations 2 --device host > "$out/needs-gpu.txt" 2>&1 || {
+  cat "$out/needs-gpu.txt"; echo "FAIL: a plan needing a GPU failed the comparison"; exit 1; }
+python3 - "$out/needs-gpu/compare.json" <<'PY' || { cat "$out/needs-gpu.txt"; exit 1; }
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["failed"] == [] and "needs a CUDA worker" in d["skipped"].get("mine", ""), (d["failed"], d["skipped"])
+print("ok: a plan that needs a CUDA worker is skipped, saying why")
+PY
 
 # Rounds that go wrong: a dos-train that fails from its second call on, stand-ins for the peers (the
 # second round exits 3 after one variant) and for a Python with torch (round 2 skips the variant,

@@ -26,6 +26,9 @@ int round_robin_push_task(struct starpu_task* task) {
     if (starpu_get_prefetch_flag()) starpu_prefetch_task_input_for(task, w);
     return starpu_push_local_task(int(w), task, 0);
   }
+  // Not reached: starpu_task_submit refuses (-ENODEV) a task that no worker can run before any
+  // policy sees it, and every task this policy is pushed has at least one worker above. Kept as
+  // the loud end of a broken invariant rather than a push to a worker that cannot run the task.
   std::fprintf(stderr, "round-robin: no worker can run task '%s'\n", task->cl && task->cl->name ? task->cl->name : "?");
   return -ENODEV;
 }

@@ -65,7 +65,8 @@ def draw(plt, png, rows, baselines, peers, tl):
         ax.set_yticks([0, 1, 2, 2.5, 3])
         ax.set_yticklabels(["D2H", "H2D", "GPU worker", "state home", "CPU worker"])
         ax.set(xlabel="seconds since the update phase began",
-               title=f"policy {tl['policy']}, iteration {tl['iteration']}\nAdam (blue), gradient staging (green), "
+               title=f"policy {tl['policy']}, iteration {tl['iteration']}\nAdam (blue), gradient staging (green),\n"
                      f"parameter write-back (orange), state write-back from its Adam's end (red)")
+        ax.title.set_fontsize(9)  # three lines that fit the figure's width
     fig.tight_layout()
     fig.savefig(png, dpi=110)

@@ -24,7 +24,7 @@ def draw(plt, png, rows, baselines, peers, tl):
     ax.bar(range(len(bars)), [b[1] for b in bars], color=[b[2] for b in bars], yerr=err, capsize=3)
     ax.set_xticks(range(len(bars)))
     ax.set_xticklabels([b[0] for b in bars], rotation=35, ha="right", fontsize=8)
-    ax.set(ylabel="update phase, s (median)", title=f"{rows[0]['params']:,} parameters, {rows[0]['subgroups']} subgroups"
+    ax.set(ylabel="update phase, s (median)", title=f"{rows[0]['params']:,} parameters, {rows[0]['subgroups']} subgroup{'' if rows[0]['subgroups'] == 1 else 's'}"
            if rows else "")
     lbr = next((r for r in rows if r.get("lower_bound_seconds")), None)
     if lbr:

@@ -5,7 +5,8 @@
 # same summed gradients); a bad option must fail the whole job on every rank, with a message,
 # without hanging; sharded checkpoints resume bit-identically, on the same or another number of ranks
 # (re-sharded: 2 -> 1, 2 -> 3, 1 -> 2), and are refused where a rank's range is not in the checkpoint,
-# where re-sharding would mix subgroups of different step counts, or with a rank's file missing. Skips (77) without mpirun or when dos-train was built without MPI.
+# where re-sharding would mix subgroups of different step counts, with a rank's file missing or of
+# another save, or with the index's iteration edited; ranks given different options are refused. Skips (77) without mpirun or when dos-train was built without MPI.
 #   e2e_mpi.sh DOS_TRAIN SHARD_CHECK.py
 set -u
 train=$1 check=$2
@@ -77,6 +78,24 @@ rc=$?
 grep -q "disagrees with the MPI job" <<<"$out" || { echo "FAIL: no clear message: $out"; exit 1; }
 ls "$tmp"/bad* >/dev/null 2>&1 && { echo "FAIL: an output file was left"; exit 1; }
 echo "ok: a bad --shard fails the job: $(grep -m1 "disagrees" <<<"$out")"
+# ranks given different jobs (one option on rank 1 only, through a wrapper): refused on every rank,
+# naming the option, before any collective; without the check these corrupted memory (--dtype),
+# hung (--iterations, --resume on one rank) or saved checkpoints whose ranks disagree (--seed)
+cat > "$tmp/rank1.sh" <<SH
+#!/usr/bin/env bash
+if [ "\$OMPI_COMM_WORLD_RANK" = 1 ]; then exec "$train" "\$@" \$RANK1_ARGS; else exec "$train" "\$@"; fi
+SH
+chmod +x "$tmp/rank1.sh"
+for case in "--dtype fp32|--dtype" "--seed 8|--seed" "--iterations 5|--iterations" "--lr 1e-2|--lr" \
+            "--resume $tmp/none|--resume" "--save-state $tmp/rank1-ck|--save-state" "--preset gpt2-124m|the model"; do
+  IFS='|' read -r extra want <<< "$case"
+  out=$(RANK1_ARGS="$extra" timeout 120 "${mpi[@]}" "$tmp/rank1.sh" "${common[@]}" 2>&1)
+  rc=$?
+  [ $rc -ne 0 ] && [ $rc -ne 124 ] || { echo "FAIL: '$extra' on rank 1 only exited $rc (124: it hung)"; exit 1; }
+  grep -q "were given different.*$want" <<<"$out" || { echo "FAIL: '$extra' on rank 1 only: no clear message: $out"; exit 1; }
+done
+[ ! -e "$tmp/rank1-ck" ] || { echo "FAIL: a refused job saved a checkpoint"; exit 1; }
+echo "ok: ranks given different options are refused, naming the option: $(grep -m1 "were given different" <<<"$out")"
 # more ranks than subgroups: refused on every rank
 out=$(timeout 120 "${mpi[@]}" "$train" "${common[@]}" --subgroup-size 1e6 2>&1)
 rc=$?
@@ -206,6 +225,22 @@ grep -qiE "signal 9|killed" "$log" || { echo "FAIL: the job's output does not sa
 timeout 120 "${mpi[@]}" "$train" "${common[@]}" --iterations 1 --resume "$tmp/ck" >/dev/null 2>&1 ||
   { echo "FAIL: the checkpoint does not resume after the killed job"; exit 1; }
 echo "ok: a killed rank fails the job ($rc: $(grep -m1 -iE "signal 9|killed" "$log" | cut -c1-100)); the checkpoint is unchanged and resumes"
+# a rank file of another save of the same shapes, copied in: refused (each file records its save),
+# as is an index whose iteration was edited
+timeout 120 "${mpi[@]}" "$train" "${common[@]}" --iterations 1 --save-state "$tmp/other" >/dev/null 2>&1 ||
+  { echo "FAIL: the other save"; exit 1; }
+cp -r "$tmp/ck" "$tmp/mixed" && cp "$tmp/other/rank-00001-of-00002.safetensors" "$tmp/mixed/"
+out=$(timeout 120 "${mpi[@]}" "$train" "${common[@]}" --iterations 1 --resume "$tmp/mixed" 2>&1)
+rc=$?
+[ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "belongs to another save" <<<"$out" ||
+  { echo "FAIL: a rank file of another save ($rc): $out"; exit 1; }
+echo "ok: a rank file of another save is refused: $(grep -m1 "belongs to another save" <<<"$out" | cut -c1-160)"
+rm -rf "$tmp/mixed" && cp -r "$tmp/ck" "$tmp/edited"
+python3 -c "import json,sys; p=sys.argv[1]; j=json.load(open(p)); j['iteration'] += 5; json.dump(j, open(p, 'w'))" "$tmp/edited/index.json"
+out=$(timeout 120 "${mpi[@]}" "$train" "${common[@]}" --iterations 1 --resume "$tmp/edited" 2>&1)
+[ $? -ne 0 ] && grep -q "was saved after iteration" <<<"$out" || { echo "FAIL: an edited iteration: $out"; exit 1; }
+echo "ok: an index whose iteration was edited is refused"
+rm -rf "$tmp/edited" "$tmp/other"
 # a missing rank file: the job fails on that rank with the file named
 rm "$tmp/ck/rank-00001-of-00002.safetensors"
 out=$(timeout 120 "${mpi[@]}" "$train" "${common[@]}" --iterations 1 --resume "$tmp/ck" 2>&1)

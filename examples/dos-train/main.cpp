@@ -25,6 +25,7 @@
 #include "dos.h"
 #include "emulate.h"
 #include "grad_norm.h"
+#include "job_agreement.h"
 #include "model_config.h"
 #include "options.h"
 #include "parallel/parallel.h"
@@ -190,6 +191,32 @@ int run(const Args& args) {
   const std::size_t n = range.end - range.begin;
   const Checked c = dos_train::check_options(a);
   const DType dtype = c.dtype;
+  if (dp) {  // before any other collective: ranks given different jobs would corrupt or hang it
+    auto given = [](const std::string& s) { return std::string(s.empty() ? "no" : "yes"); };
+    char norm[32];
+    std::snprintf(norm, sizeof norm, "%a", a.max_grad_norm);
+    const std::string disagreement = dos_train::job_disagreement(
+        *g_comm, {{"--preset or --config (the model)", cfg.name + "\n" + dos_train::describe_architecture(cfg)},
+                  {"--subgroup-size", std::to_string(subgroup)},
+                  {"--dtype", a.dtype},
+                  {"--seed", std::to_string(a.seed)},
+                  {"--grad-parts", std::to_string(parts)},
+                  {"--optimizer, --lr, --beta1, --beta2, --eps or --weight-decay",
+                   dos::moment_hyper_text(c.hyper) + "\n" + dos::step_hyper_text(c.hyper)},
+                  {"--iterations", std::to_string(a.iterations)},
+                  {"--max-grad-norm", norm},
+                  {"--nan-gradient-at", std::to_string(a.nan_gradient_at)},
+                  {"--resume", a.resume},
+                  {"--save-state", a.save_state},
+                  {"--save-params (given or not)", given(a.save_params)},
+                  {"--report (given or not)", given(a.report)},
+                  {"--timeline (given or not)", given(a.timeline)},
+                  {"--plan-only", a.plan_only ? "yes" : "no"},
+                  {"--emulate-compute or --overlap", std::string(a.emulate_compute ? "emulate " : "") +
+                                                         (c.overlap ? "overlap" : "")},
+                  {"--comm", a.comm}});
+    if (!disagreement.empty()) fail(disagreement);
+  }
   if (a.plan_only) return run_plan_only(a, cfg, all, range, total, subgroup, c);
   dos::check_host_memory(n * dos::host_bytes_per_param(dtype),
                          "the optimizer state of " + std::to_string(n) + " parameters (" + cfg.name + ", shard " + a.shard + ")");

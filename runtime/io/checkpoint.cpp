@@ -84,8 +84,9 @@ std::string foreign_content(const std::string& dir) {
 
 /// The index: the job's fields and the ranks' ranges and files ("ranks"): every rank's when the
 /// whole job saved together (all_ranks), else this one's (a lone shard run with --shard R/W). The
-/// top-level begin, end and rank are the first entry's, as a one-rank checkpoint has them.
-nlohmann::ordered_json to_json(const CheckpointInfo& i, bool all_ranks) {
+/// top-level begin, end and rank are the first entry's, as a one-rank checkpoint has them; save_id:
+/// the save's identity, as every rank file records it (save_id_of).
+nlohmann::ordered_json to_json(const CheckpointInfo& i, bool all_ranks, const std::string& save_id) {
   nlohmann::ordered_json ranks = nlohmann::ordered_json::array(), files = nlohmann::ordered_json::array();
   for (std::size_t r = all_ranks ? 0 : i.rank; r < (all_ranks ? i.world : i.rank + 1); ++r) {
     const ShardRange s = all_ranks ? shard_range(i.params_total, r, i.world) : ShardRange{i.begin, i.end};
@@ -97,7 +98,7 @@ nlohmann::ordered_json to_json(const CheckpointInfo& i, bool all_ranks) {
           {"end", ranks[0]["end"]},  {"rank", ranks[0]["rank"]}, {"world", i.world},       {"subgroup_size", i.subgroup_size},
           {"dtype", i.dtype},        {"iteration", i.iteration}, {"seed", i.seed},
           {"grad_parts", i.grad_parts}, {"optimizer", i.optimizer}, {"step_hyper", i.step_hyper},
-          {"files", files}, {"ranks", ranks}};
+          {"save_id", save_id}, {"files", files}, {"ranks", ranks}};
 }
 
 
@@ -159,6 +160,12 @@ namespace {
 
 /// This rank's file of the checkpoint, into folder `tmp`: the state streamed from the optimizer's
 /// own host buffers, subgroup by subgroup (no second copy of it in memory).
+/// The save's identity, which its index and every rank file record, so that a rank file from
+/// another save (copied in, or a job whose ranks resumed different checkpoints) is refused at load:
+/// the random 6-character suffix of the save's temporary folder (DIR.tmp-XXXXXX), which every rank
+/// writes into.
+std::string save_id_of(const std::string& tmp) { return tmp.size() >= 6 ? tmp.substr(tmp.size() - 6) : tmp; }
+
 void write_rank_file(const std::string& tmp, const Optimizer& opt, const CheckpointInfo& info) {
   const std::size_t n = opt.num_params();
   const std::vector<std::int64_t> steps = opt.step_counts();
@@ -201,6 +208,8 @@ void write_rank_file(const std::string& tmp, const Optimizer& opt, const Checkpo
                       {{"format", kFormat},
                        {"begin", std::to_string(info.begin)},
                        {"end", std::to_string(info.end)},
+                       {"save_id", save_id_of(tmp)},
+                       {"iteration", std::to_string(info.iteration)},
                        {"checksum", kChecksumName},
                        {"checksum_block_elements", std::to_string(kBlockElements)},
                        {"step.xxh3", checksum_hex(checksum(steps.data(), steps.size() * 8))},
@@ -351,7 +360,7 @@ void check_info(const CheckpointInfo& info) {
 }
 
 void write_index(const std::string& tmp, const CheckpointInfo& info, bool all_ranks) {
-  const std::string index = to_json(info, all_ranks).dump(2) + "\n";
+  const std::string index = to_json(info, all_ranks, save_id_of(tmp)).dump(2) + "\n";
   write_file_atomically(tmp + "/index.json", {{index.data(), index.size()}});
 }
 

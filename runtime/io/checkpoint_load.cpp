@@ -54,6 +54,7 @@ CheckpointInfo load_checkpoint(const std::string& dir, Optimizer& opt, const Che
                                                      found + " (check one and rename it to " + dir + ")"));
   }
   CheckpointInfo got;
+  std::string save_id;  // "" in checkpoints saved before it was recorded
   std::vector<RankEntry> entries;
   try {
     const nlohmann::json j = nlohmann::json::parse(f);
@@ -72,6 +73,7 @@ CheckpointInfo load_checkpoint(const std::string& dir, Optimizer& opt, const Che
     got.grad_parts = j.contains("grad_parts") ? json_count(j, "grad_parts", 1, 2048) : 1;  // absent before it was recorded
     if (j.contains("optimizer")) got.optimizer = j.at("optimizer").get<std::string>();  // absent before it was recorded
     if (j.contains("step_hyper")) got.step_hyper = j.at("step_hyper").get<std::string>();
+    if (j.contains("save_id")) save_id = j.at("save_id").get<std::string>();
     // the old ranks' ranges and files (older indexes: only the top-level one)
     for (const auto& r : j.contains("ranks") ? j.at("ranks") : nlohmann::json::array({j})) {
       if (r.contains("file") && !r.at("file").is_string()) throw std::runtime_error("a rank's 'file' must be a string");
@@ -173,6 +175,16 @@ CheckpointInfo load_checkpoint(const std::string& dir, Optimizer& opt, const Che
         throw Error("cannot resume: " + path + " holds elements [" + b->second + ", " + e->second +
                     ") but the index of " + dir + " says " + range_str(p.entry->begin, p.entry->end) +
                     " (files renamed or swapped?)");
+      // and which save it belongs to: a file of another save (copied in) or another iteration is refused
+      const auto id = meta.find("save_id"), at = meta.find("iteration");
+      if (!save_id.empty() && (id == meta.end() || id->second != save_id))
+        throw Error("cannot resume: " + path + " belongs to another save than the index of " + dir + " (save " +
+                    (id == meta.end() ? std::string("unrecorded") : id->second) + ", the index's " + save_id +
+                    "): a rank file copied in from another checkpoint? Resume from a checkpoint folder as one save "
+                    "wrote it");
+      if (at != meta.end() && at->second != std::to_string(got.iteration))
+        throw Error("cannot resume: " + path + " was saved after iteration " + at->second + " but the index of " + dir +
+                    " says " + std::to_string(got.iteration) + " (the index edited, or a file of another save?)");
       need("master", "F32", count, 4);
       need("exp_avg", "F32", count, 4);
       need("exp_avg_sq", "F32", count, 4);

@@ -293,6 +293,16 @@ def test_state_dict_round_trip(device, policy):
     o2.load_state_dict(sd)
     check(o2.subgroup_steps() == steps, f"distinct per-subgroup step counts round-trip ({steps})")
     check(o2.state_dict()["dos"]["buckets"][0]["subgroup_steps"] == steps[0], "and appear in state_dict()")
+    # a state tensor of the right size in another shape (a matrix's transposed) is another layout:
+    # refused, naming both shapes, and the optimizer keeps its state
+    sd = o2.state_dict()
+    idx = next(i for i, st in sd["state"].items() if st["master"].dim() == 2 and st["master"].shape[0] != st["master"].shape[1])
+    shape = list(sd["state"][idx]["master"].shape)
+    sd["state"][idx]["master"] = sd["state"][idx]["master"].t().contiguous()
+    before = snapshot(m2, o2)
+    expect_error(ValueError, f"of the parameter's shape {shape}", lambda: o2.load_state_dict(sd),
+                 "a transposed master tensor")
+    check(same_snapshot(before, snapshot(m2, o2)), "the refused state dict changed nothing")
     o1.close()
     o2.close()
 

@@ -259,13 +259,14 @@ class _State:
             parts = {}
             for name in ("master", "exp_avg", "exp_avg_sq"):
                 pieces = []
-                for idx, n in zip(b.indices, b.numels):
+                for idx, n, shape in zip(b.indices, b.numels, b.shapes):
                     t = state.get(idx, {}).get(name) if isinstance(state.get(idx), dict) else None
                     if not isinstance(t, torch.Tensor):
                         raise ValueError(f"the state dict has no {name!r} tensor for parameter {idx}")
-                    if t.dtype != torch.float32 or t.numel() != n:
-                        raise ValueError(f"the state dict's {name!r} of parameter {idx} is {t.dtype} with {t.numel()} "
-                                         f"elements; expected torch.float32 with {n}")
+                    if t.dtype != torch.float32 or tuple(t.shape) != tuple(shape):
+                        raise ValueError(f"the state dict's {name!r} of parameter {idx} is {t.dtype} of shape "
+                                         f"{list(t.shape)}; expected torch.float32 of the parameter's shape "
+                                         f"{list(shape)} ({n} elements)")
                     flat_t = t.detach().reshape(-1).cpu()
                     bad = ~torch.isfinite(flat_t)
                     if name == "exp_avg_sq":

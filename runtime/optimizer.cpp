@@ -81,7 +81,7 @@ Optimizer::Impl::~Impl() {
 std::vector<PlanSide> Optimizer::Impl::make_plan() const {
   const std::size_t n = sgs.size();
   if (!choice.plan) return {};
-  if (rt->cuda_workers() == 0) return std::vector<PlanSide>(n, PlanSide::cpu);
+  if (rt.cuda_workers() == 0) return std::vector<PlanSide>(n, PlanSide::cpu);
   if (override_.kind == PlanOverride::none) {
     std::vector<PlanSide> p;
     try {
@@ -127,8 +127,8 @@ Simulation Optimizer::Impl::simulate_plan() const {
 }
 
 void Optimizer::Impl::refine(const PhaseMeasure& m, const Simulation& sim, bool first_streamed) {
-  if (!have_rates || !choice.plan || !choice.plan->needs().refine || rt->cuda_workers() == 0) return;
-  const Refined r = refine_after_phase(workload, rates, m, sim, rt->cpu_workers(), link_share_record.measured,
+  if (!have_rates || !choice.plan || !choice.plan->needs().refine || rt.cuda_workers() == 0) return;
+  const Refined r = refine_after_phase(workload, rates, m, sim, rt.cpu_workers(), link_share_record.measured,
                                        first_streamed, u_c_measured);
   rates = r.rates;
   u_c_measured = r.u_c_measured;
@@ -210,7 +210,7 @@ void Optimizer::Impl::read_state(float* out, std::size_t slice) const {
 Optimizer::Optimizer(Runtime& runtime, const std::vector<TensorView>& tensors, const OptimizerOptions& options)
     : impl_(new Impl) {
   Impl& I = *impl_;
-  I.rt = &runtime;
+  I.rt.model = runtime.model_policy();
   I.opt = options;
   I.tensors = tensors;
   validate_adam_hyper(options.adam);
@@ -466,7 +466,7 @@ void Optimizer::load_state_in_place(const std::vector<std::int64_t>& steps,
 }
 
 void Optimizer::set_plan_override(const PlanOverride& o) {
-  if (!impl_->rt->model_policy())
+  if (!impl_->rt.model_policy())
     throw Error("a forced plan (--k, --gpu-fraction) needs a plan with the model's rates (--policy dos), not " +
                 impl_->choice.name);
   if (o.kind == PlanOverride::fraction && !(o.value >= 0 && o.value <= 1))

@@ -305,8 +305,18 @@ bool wont_use_after_writeback();
 
 }  // namespace detail
 
+/// What an optimizer reads of its Runtime, kept by value: an Optimizer may outlive its Runtime
+/// (StarPU then stops with the last Optimizer), so it keeps no pointer to it. The worker counts are
+/// StarPU's, read when asked (StarPU runs as long as an Optimizer lives).
+struct RuntimeFacts {
+  bool model = false;  ///< Runtime::model_policy() when the optimizer was made
+  bool model_policy() const { return model; }
+  unsigned cpu_workers() const { return starpu_cpu_worker_get_count(); }
+  unsigned cuda_workers() const { return starpu_cuda_worker_get_count(); }
+};
+
 struct Optimizer::Impl {
-  Runtime* rt = nullptr;
+  RuntimeFacts rt;
   OptimizerOptions opt;
   std::vector<TensorView> tensors;
   std::vector<std::unique_ptr<detail::Subgroup>> sgs;
@@ -422,7 +432,7 @@ struct Optimizer::Impl {
     e.order = opt.submit_order;
     e.lookahead = cuda_nodes.empty() ? 0 : opt.stream_lookahead;
     e.update_budget = cuda_nodes.empty() ? 0 : opt.gpu_update_budget;
-    e.cpu_workers = rt->cpu_workers();
+    e.cpu_workers = rt.cpu_workers();
     e.own_param_upload = own_param_upload();
     e.own_grad_download = own_grad_download();
     e.grad_download_by_copy_engine = runtime_copies_by_copy_engine(false);

@@ -147,8 +147,12 @@ std::string resolve_policy(const std::string& given) {
 }
 
 Runtime::Runtime(const RuntimeOptions& options) : impl_(new Impl) {
-  if (g_live_runtimes > 0 || g_shutdown_deferred)
+  if (g_live_runtimes > 0)
     throw Error("a dos::Runtime already exists in this process (StarPU runs once per process): use that one");
+  if (g_shutdown_deferred)
+    throw Error("the previous dos::Runtime was destroyed, but StarPU still runs for " +
+                std::to_string(g_live_optimizers) + " Optimizer(s) that outlived it: destroy them before making a "
+                "new Runtime");
   // The options and the environment's worker counts are checked before anything is changed (the
   // environment included), so that a refused Runtime leaves the process as it was.
   const std::vector<int> process_cores = allowed_cores();  // before StarPU starts its threads

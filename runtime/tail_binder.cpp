@@ -47,7 +47,7 @@ void Optimizer::Impl::choose_tail(OpenStep& ph) {
 
 void Optimizer::Impl::bind_tail_subgroups(OpenStep& ph) {
   TailWatch& w = ph.tail;
-  const double workers = double(std::max<std::size_t>(1, rt->cpu_workers()));
+  const double workers = double(std::max<std::size_t>(1, rt.cpu_workers()));
   // Before a side has a pace of its own in this phase: the model's rates (the CPU beside DMA, the
   // state's 12 bytes per parameter up at B_h2d)
   const double cpu_model = 1.0 / (rates.U_c_dma * workers), stream_model = 12.0 / rates.B_h2d;

@@ -114,7 +114,7 @@ bool Optimizer::Impl::speculable(std::size_t i) const {
   if (opt.speculation_budget == 0 || last_changed) return false;
   if (!plan.empty() && plan[i] == PlanSide::gpu_streamed)
     return opt.speculate_streamed && !cuda_nodes.empty() && codelets_have_cuda();
-  return rt->cpu_workers() > 0 && (plan.empty() || plan[i] == PlanSide::cpu);
+  return rt.cpu_workers() > 0 && (plan.empty() || plan[i] == PlanSide::cpu);
 }
 
 bool Optimizer::Impl::ensure_shadow(Subgroup* sg) {
@@ -207,7 +207,7 @@ void Optimizer::Impl::begin(bool overlapped) {
       double cold = 0;
       for (std::size_t i = first_resident; i < ph.state_off_gpu.size(); ++i)
         if (plan[i] == PlanSide::gpu_resident && ph.state_off_gpu[i]) cold += double(bound_w.sizes[i]);
-      st.lower_bound_seconds = lower_bound(bound_w, calibrated_rates, rates, rt->cpu_workers(), cold);
+      st.lower_bound_seconds = lower_bound(bound_w, calibrated_rates, rates, rt.cpu_workers(), cold);
       st.bound_by = ph.sim.busiest();
     }
   }

@@ -2,6 +2,7 @@
 // StarPU stops with it; an Optimizer that refuses its input leaves the runtime usable.
 #include <cmath>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "cmocka_cpp.h"
@@ -52,6 +53,23 @@ void test_lifetimes(void**) {
   ref::adam_step(rp, rm, rv, 0.5, h, 1);
   assert_true(rp < 1 - 0.5 * oo.adam.lr);  // the reference moved: the check below can fail
   for (float x : p) assert_true(std::fabs(double(x) - rp) <= 2 * ref::ulp(float(rp)));
+  // the Optimizer asks nothing of the destroyed Runtime (it keeps what it needs by value): a forced
+  // plan is refused for the cpu policy it was made under, as before
+  threw = false;
+  try {
+    opt->set_plan_override({dos::PlanOverride::fraction, 0.5});
+  } catch (const dos::Error&) {
+    threw = true;
+  }
+  assert_true(threw);
+  // no new Runtime while StarPU still runs for it, and the message says why
+  threw = false;
+  try {
+    dos::Runtime early(cpu_options());
+  } catch (const dos::Error& e) {
+    threw = std::string(e.what()).find("Optimizer(s) that outlived it") != std::string::npos;
+  }
+  assert_true(threw);
   opt.reset();  // StarPU stops here
 
   // and a new Runtime can start afterwards

@@ -106,17 +106,29 @@ if [ $? -ne 0 ] && grep -q "master parameters are inf or NaN" <<<"$out"; then
   ok "a diverged run without outputs is reported too -> $(grep diverged <<<"$out" | head -1)"
 else bad "a diverged run without outputs: $out"; fi
 
-# what a killed save left is removed by the next successful one; a folder with other files is not
+# what a killed save left is removed by the next successful one; a folder with other files is not,
+# nor one holding a complete checkpoint (a copy the user named so, or a save killed before its swap)
 mkdir "$tmp/good.tmp-AbC123" "$tmp/good.tmp-XyZ789"
 : > "$tmp/good.tmp-AbC123/rank-00000-of-00001.safetensors"
 : > "$tmp/good.tmp-XyZ789/notes.txt"
 : > "$tmp/p.st.tmp.Q1w2E3"
-touch -d '1 hour ago' "$tmp/good.tmp-AbC123" "$tmp/good.tmp-XyZ789" "$tmp/p.st.tmp.Q1w2E3"
+cp -a "$tmp/good" "$tmp/good.tmp-backup"
+touch -d '1 hour ago' "$tmp/good.tmp-AbC123" "$tmp/good.tmp-XyZ789" "$tmp/p.st.tmp.Q1w2E3" "$tmp/good.tmp-backup"
 out=$(run -n 1 --resume "$tmp/good" --save-state "$tmp/good" --save-params "$tmp/p.st" 2>&1)
 if [ $? -eq 0 ] && [ ! -e "$tmp/good.tmp-AbC123" ] && [ ! -e "$tmp/p.st.tmp.Q1w2E3" ] && [ -e "$tmp/good.tmp-XyZ789/notes.txt" ] \
+   && [ -e "$tmp/good.tmp-backup/index.json" ] && grep -q "good.tmp-backup holds a complete checkpoint" <<<"$out" \
    && grep -q "removed .*good.tmp-AbC123" <<<"$out" && grep -q "removed .*p.st.tmp.Q1w2E3" <<<"$out"; then
-  ok "a successful save removed what killed saves left, and named it; a folder holding other files stays"
+  ok "a successful save removed what killed saves left, and named it; a folder holding other files, or a complete checkpoint, stays"
 else bad "stale temporaries: $out"; ls -la "$tmp"; fi
+rm -rf "$tmp/good.tmp-backup" "$tmp/good.tmp-XyZ789"
+# a write-protected checkpoint folder is refused before the run (its old files could not be removed
+# after the swap) and left as it was
+mkdir -m 555 "$tmp/locked"
+out=$(run -n 1 --save-state "$tmp/locked" 2>&1)
+if [ $? -ne 0 ] && grep -q "write-protected" <<<"$out" && [ "$(stat -c %a "$tmp/locked")" = 555 ] \
+   && ! compgen -G "$tmp/locked.tmp-*" >/dev/null; then ok "a write-protected checkpoint folder is refused: $(grep -m1 write-protected <<<"$out")"
+else bad "a write-protected checkpoint folder: $out"; fi
+chmod 755 "$tmp/locked"
 
 # SIGTERM and SIGINT while the checkpoint is being written (gpt2-124m: 1.5 GB to write)
 interrupt() {

@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -192,11 +193,16 @@ int run(const Args& args) {
   const Checked c = dos_train::check_options(a);
   const DType dtype = c.dtype;
   if (dp) {  // before any other collective: ranks given different jobs would corrupt or hang it
-    auto given = [](const std::string& s) { return std::string(s.empty() ? "no" : "yes"); };
+    auto place = [](const std::string& path) {  // two spellings of one folder are one place
+      if (path.empty()) return std::string();
+      std::error_code ec;
+      const std::filesystem::path p = std::filesystem::weakly_canonical(path, ec);
+      return ec ? path : p.string();
+    };
     char norm[32];
     std::snprintf(norm, sizeof norm, "%a", a.max_grad_norm);
     const std::string disagreement = dos_train::job_disagreement(
-        *g_comm, {{"--preset or --config (the model)", cfg.name + "\n" + dos_train::describe_architecture(cfg)},
+        *g_comm, {{"--preset or --config (the model)", dos_train::describe_architecture(cfg)},
                   {"--subgroup-size", std::to_string(subgroup)},
                   {"--dtype", a.dtype},
                   {"--seed", std::to_string(a.seed)},
@@ -206,11 +212,8 @@ int run(const Args& args) {
                   {"--iterations", std::to_string(a.iterations)},
                   {"--max-grad-norm", norm},
                   {"--nan-gradient-at", std::to_string(a.nan_gradient_at)},
-                  {"--resume", a.resume},
-                  {"--save-state", a.save_state},
-                  {"--save-params (given or not)", given(a.save_params)},
-                  {"--report (given or not)", given(a.report)},
-                  {"--timeline (given or not)", given(a.timeline)},
+                  {"--resume", place(a.resume)},
+                  {"--save-state", place(a.save_state)},
                   {"--plan-only", a.plan_only ? "yes" : "no"},
                   {"--emulate-compute or --overlap", std::string(a.emulate_compute ? "emulate " : "") +
                                                          (c.overlap ? "overlap" : "")},

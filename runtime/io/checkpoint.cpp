@@ -148,6 +148,12 @@ void check_checkpoint_dir(const std::string& dir_given) {
                   (ec ? std::string() : " (" + target.string() + ")"));
     }
     if (!S_ISDIR(st.st_mode)) throw Error("cannot write the checkpoint " + dir + ": it exists and is not a folder");
+    // the new folder takes the old one's mode (take_folder_attributes), and the old one's files must
+    // be removed after the swap: a folder its owner may not write is the user's protection
+    if ((st.st_mode & S_IWUSR) == 0 || ::access(dir.c_str(), W_OK) != 0)
+      throw Error("will not write the checkpoint " + dir + ": the folder is write-protected (mode " +
+                  [&] { char m[8]; std::snprintf(m, sizeof m, "%o", unsigned(st.st_mode & 07777)); return std::string(m); }() +
+                  "); make it writable (chmod u+w) or give another folder");
     const std::string why = foreign_content(dir);
     if (!why.empty())
       throw Error("will not write the checkpoint into " + dir + ": " + why +
@@ -158,14 +164,14 @@ void check_checkpoint_dir(const std::string& dir_given) {
 
 namespace {
 
-/// This rank's file of the checkpoint, into folder `tmp`: the state streamed from the optimizer's
-/// own host buffers, subgroup by subgroup (no second copy of it in memory).
 /// The save's identity, which its index and every rank file record, so that a rank file from
 /// another save (copied in, or a job whose ranks resumed different checkpoints) is refused at load:
 /// the random 6-character suffix of the save's temporary folder (DIR.tmp-XXXXXX), which every rank
 /// writes into.
 std::string save_id_of(const std::string& tmp) { return tmp.size() >= 6 ? tmp.substr(tmp.size() - 6) : tmp; }
 
+/// This rank's file of the checkpoint, into folder `tmp`: the state streamed from the optimizer's
+/// own host buffers, subgroup by subgroup (no second copy of it in memory).
 void write_rank_file(const std::string& tmp, const Optimizer& opt, const CheckpointInfo& info) {
   const std::size_t n = opt.num_params();
   const std::vector<std::int64_t> steps = opt.step_counts();
@@ -261,12 +267,14 @@ void finish_folder_attributes(const std::string& tmp, mode_t mode) {
 }
 
 /// Removes `path` and everything in it; a warning on standard error when some of it stays.
-void remove_tree(const std::string& path, const char* what) {
+/// Returns whether it is gone.
+bool remove_tree(const std::string& path, const char* what) {
   std::error_code ec;
   std::filesystem::remove_all(path, ec);
   if (ec)
     std::fprintf(stderr, "[dos] warning: could not remove %s %s: %s (remove it by hand)\n", what, path.c_str(),
                  ec.message().c_str());
+  return !ec;
 }
 
 /// The swap of the new checkpoint folder `tmp` in at `dir`. Where `dir` exists, the two are
@@ -314,7 +322,9 @@ void swap_in(const std::string& tmp, const std::string& dir) {
 }
 
 /// Removes the DIR.tmp-XXXXXX folders beside `dir` that saves killed before they finished left
-/// (folders that hold only checkpoint files, last changed before `before`), naming each.
+/// (folders that hold only checkpoint files and no index.json, last changed before `before`),
+/// naming each. One with an index.json is complete (a save killed between its index and its swap,
+/// or a copy the user made under such a name): it is kept and named, never removed.
 void remove_stale_temporaries(const std::string& dir, const struct timespec& before) {
   const auto slash = dir.find_last_of('/');
   const std::string parent = slash == std::string::npos ? "." : slash == 0 ? "/" : dir.substr(0, slash);
@@ -329,15 +339,19 @@ void remove_stale_temporaries(const std::string& dir, const struct timespec& bef
       if (::lstat(full.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) continue;
       const bool older = st.st_mtim.tv_sec < before.tv_sec ||
                          (st.st_mtim.tv_sec == before.tv_sec && st.st_mtim.tv_nsec < before.tv_nsec);
-      if (older && foreign_content(full).empty()) stale.push_back(full);
+      if (!older || !foreign_content(full).empty()) continue;
+      if (::access((full + "/index.json").c_str(), F_OK) == 0)
+        std::fprintf(stderr, "[dos] note: %s holds a complete checkpoint (an earlier save of %s killed before its "
+                     "swap, or a copy): kept; remove it when it is no longer needed\n", full.c_str(), dir.c_str());
+      else
+        stale.push_back(full);
     }
     ::closedir(d);
   }
-  for (const std::string& f : stale) {
-    remove_tree(f, "the temporary folder of an interrupted save");
-    std::fprintf(stderr, "[dos] removed %s, the temporary folder of an earlier save of %s that did not finish\n",
-                 f.c_str(), dir.c_str());
-  }
+  for (const std::string& f : stale)
+    if (remove_tree(f, "the temporary folder of an interrupted save"))
+      std::fprintf(stderr, "[dos] removed %s, the temporary folder of an earlier save of %s that did not finish\n",
+                   f.c_str(), dir.c_str());
 }
 
 /// Throws Error when a number of `info` is out of the ranges CheckpointInfo states.

@@ -194,7 +194,8 @@ if [ "${DOS_BUILD_STARPU:-0}" != 1 ]; then
   done
 fi
 STARPU_PATCHES="starpu-1.3.10-cuda13.patch starpu-1.3.10-energy.patch starpu-1.3.10-malloc-async.patch starpu-1.3.10-bus-no-reset.patch"
-stamp_want="starpu $STARPU_VERSION cuda=$WITH_CUDA patch=$(cd "$ROOT/scripts" && cat $STARPU_PATCHES | cksum | cut -d' ' -f1) cuda-rpath"
+stamp_want="starpu $STARPU_VERSION cuda=$WITH_CUDA patch=$(cd "$ROOT/scripts" && cat $STARPU_PATCHES | cksum | cut -d' ' -f1)"
+[ $WITH_CUDA = 1 ] && stamp_want="$stamp_want cuda-rpath"  # libstarpu's run path names CUDA's folder
 if [ -n "$site_starpu" ]; then
   say "using the site's StarPU: $site_starpu"
 elif [ -f "$STARPU_PREFIX/.dos-stamp" ] && [ "$(cat "$STARPU_PREFIX/.dos-stamp")" = "$stamp_want" ]; then

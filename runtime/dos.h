@@ -549,6 +549,8 @@ class Optimizer {
 
   /// Elements the optimizer updates: the sum of the tensors' numel given at construction.
   std::size_t num_params() const;
+  /// The dtype of the caller's parameters and gradients (OptimizerOptions::dtype).
+  DType dtype() const;
   /// Subgroups the parameters were cut into: ceil(num_params() / OptimizerOptions::subgroup_size).
   std::size_t num_subgroups() const;
   /// Size in elements of subgroup i (i < num_subgroups()).
@@ -596,8 +598,9 @@ class Optimizer {
   /// Replaces the fp32 master parameters of flat elements [begin, end) by values (end - begin
   /// floats, host memory); the moments, the step counts and the caller's parameters stay. For a
   /// caller whose parameters were written outside the optimizer: their masters follow without a
-  /// whole load_state. Throws Error, nothing changed, when the range is not inside num_params() or
-  /// an update phase is open or running.
+  /// whole load_state. Throws Error, nothing changed, when the range is not inside num_params(), a
+  /// value is not finite (NaN or inf, as load_state refuses them; values null for a non-empty range
+  /// too) or an update phase is open or running.
   void write_master_range(std::size_t begin, std::size_t end, const float* values);
   /// Replaces the whole optimizer state (a checkpoint being resumed): master, exp_avg, exp_avg_sq
   /// (num_params() floats each, host memory, flat order) and each subgroup's step count; then

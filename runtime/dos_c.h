@@ -402,7 +402,8 @@ int dos_optimizer_read_masters(const dos_optimizer* opt, size_t begin, size_t en
 /* Replaces the fp32 master parameters of flat elements [begin, end) by values (end - begin floats,
  * host memory); the moments, step counts and the caller's parameters stay (a caller whose
  * parameters were written outside the optimizer makes their masters follow). DOS_E_INVALID,
- * nothing changed, as for dos_optimizer_read_masters. */
+ * nothing changed, as for dos_optimizer_read_masters, and when a value is not finite (NaN or inf,
+ * which dos_optimizer_load_state refuses too). */
 int dos_optimizer_write_masters(dos_optimizer* opt, size_t begin, size_t end, const float* values);
 
 /* Timelines: what each task of an update phase did, and when. */

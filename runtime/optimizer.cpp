@@ -489,6 +489,7 @@ Execution Optimizer::execution() const { return impl_->execution(); }
 std::vector<PlanSide> Optimizer::next_plan() const { return impl_->make_plan(); }
 
 std::size_t Optimizer::num_params() const { return impl_->nparams; }
+DType Optimizer::dtype() const { return impl_->opt.dtype; }
 std::size_t Optimizer::num_subgroups() const { return impl_->sgs.size(); }
 std::size_t Optimizer::subgroup_size(std::size_t i) const { return impl_->sgs.at(i)->size; }
 std::int64_t Optimizer::step_count(std::size_t i) const { return impl_->sgs.at(i)->step; }
@@ -519,6 +520,12 @@ void Optimizer::read_master_range(std::size_t begin, std::size_t end, float* out
 }
 
 void Optimizer::write_master_range(std::size_t begin, std::size_t end, const float* values) {
+  if (begin < end && !values) throw Error("write_master_range: values is null");
+  // the same values load_state accepts: an inf or NaN master would make every later step NaN
+  if (begin < end && end <= impl_->nparams)
+    if (const std::size_t k = first_bad_state_value(values, end - begin, false); k < end - begin)
+      throw Error("write_master_range: the value for element " + std::to_string(begin + k) + " is " +
+                  std::to_string(values[k]) + "; a master parameter must be finite (nothing was written)");
   impl_->copy_master_range(begin, end, const_cast<float*>(values), STARPU_RW, "write_master_range");
 }
 

@@ -542,6 +542,13 @@ static void test_master_ranges(void** state) {
   assert_non_null(strstr(dos_last_error(), "is not inside"));
   assert_int_equal(dos_optimizer_write_masters(a, 0, 4, NULL), DOS_E_INVALID);
   assert_non_null(strstr(dos_last_error(), "NULL argument"));
+  {  /* a value that is not finite, as load_state refuses it: nothing written */
+    float bad[4] = {1.0f, 2.0f, NAN, 4.0f};
+    assert_int_equal(dos_optimizer_write_masters(a, 0, 4, bad), DOS_E_INVALID);
+    assert_non_null(strstr(dos_last_error(), "must be finite"));
+    bad[2] = INFINITY;
+    assert_int_equal(dos_optimizer_write_masters(a, 0, 4, bad), DOS_E_INVALID);
+  }
   assert_int_equal(dos_optimizer_read_masters(a, 5, 5, NULL), DOS_OK); /* an empty range */
   assert_int_equal(dos_optimizer_begin_step(a), DOS_OK);
   assert_int_equal(dos_optimizer_write_masters(a, 0, 4, part), DOS_E_INVALID);

@@ -385,6 +385,20 @@ void save_checkpoint(const std::string& dir_given, const Optimizer& opt, const C
   const std::string dir = without_trailing_slashes(dir_given);
   check_checkpoint_dir(dir);
   check_info(info);
+  {  // the job described must be this optimizer's: else the checkpoint could never be resumed
+    const std::size_t n = info.end - info.begin, ns = opt.num_subgroups();
+    if (n != opt.num_params())
+      throw Error("will not save the checkpoint: its range [" + std::to_string(info.begin) + ", " +
+                  std::to_string(info.end) + ") holds " + std::to_string(n) + " parameters, the optimizer " +
+                  std::to_string(opt.num_params()) + "; describe this optimizer's shard (CheckpointInfo begin, end)");
+    if (ns > 0 && (ns > 1 ? opt.subgroup_size(0) != info.subgroup_size : opt.subgroup_size(0) > info.subgroup_size))
+      throw Error("will not save the checkpoint: CheckpointInfo says subgroups of " + std::to_string(info.subgroup_size) +
+                  " elements, the optimizer's are of " + std::to_string(opt.subgroup_size(0)) +
+                  ": give its OptimizerOptions::subgroup_size");
+    if (info.dtype != dtype_name(opt.dtype()))
+      throw Error("will not save the checkpoint: CheckpointInfo says dtype '" + info.dtype + "', the optimizer's is " +
+                  dtype_name(opt.dtype()));
+  }
   struct timespec started;
   ::clock_gettime(CLOCK_REALTIME, &started);
   if (info.world > 1 && ranks) {

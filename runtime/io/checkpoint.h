@@ -89,12 +89,16 @@ void check_checkpoint_dir(const std::string& dir);
 /// throws on every rank and leaves the previous checkpoint in place. Without `ranks` (a lone
 /// `--shard R/W` run) only this rank's file and entry are written.
 /// Refused (Error, the previous checkpoint left in place) before anything is written: `dir` fails
-/// check_checkpoint_dir; a number of `info` or a step count is out of the ranges above; the state
-/// holds a NaN or an infinity, or a negative exp_avg_sq (a diverged run: the message names the
-/// tensor, the element and the value). The new folder is registered with TempPathGuard while it is
-/// written (a SIGINT or SIGTERM removes it); after a successful swap, DIR.tmp-XXXXXX folders that
-/// earlier saves left when killed (holding only checkpoint files, older than this save) are
-/// removed and named on standard error.
+/// check_checkpoint_dir; a number of `info` or a step count is out of the ranges above; `info`
+/// describes another optimizer (its range holds another count than opt.num_params(), its
+/// subgroup_size is not the optimizer's, its dtype is not opt.dtype()'s name); the state holds a
+/// NaN or an infinity, or a negative exp_avg_sq (a diverged run: the message names the tensor, the
+/// element and the value). The new folder takes the group and mode of the folder it replaces, and
+/// the save id of its temporary folder's name is recorded in the index and every rank file. It is
+/// registered with TempPathGuard while it is written (a SIGINT or SIGTERM removes it); after a
+/// successful swap, DIR.tmp-XXXXXX folders that earlier saves left when killed (holding only
+/// checkpoint files and no index.json, older than this save) are removed and named on standard
+/// error; one holding a complete checkpoint is kept and named.
 void save_checkpoint(const std::string& dir, const Optimizer& opt, const CheckpointInfo& info,
                      const CheckpointRanks* ranks = nullptr);
 

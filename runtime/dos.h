@@ -483,6 +483,12 @@ class Optimizer {
 
   /// Runs one update phase: every subgroup's step count += 1, Adam/AdamW on the policy's side,
   /// the new parameters written into the caller's buffers (rounded to nearest even).
+  /// The gradients are not checked, as torch.optim.AdamW does not check them: a NaN or inf
+  /// gradient makes its element's master and moments NaN or inf for good. A caller that may see
+  /// them checks first (dos-train's --max-grad-norm, the binding's skip_nonfinite) and skips the
+  /// step (begin_step, then finish_step with StepVerdict::skip: nothing changes).
+  /// One thread at a time: calls on one Optimizer from two threads at once are refused (Error)
+  /// where they are seen, and are not otherwise safe.
   /// Throws Error when a step is open (begin_step without finish_step) or a previous step failed.
   StepStats step();
 
@@ -668,8 +674,9 @@ class Optimizer {
 };
 
 /// Validates Adam hyper-parameters as torch.optim.Adam does; throws Error naming the bad value. Also
-/// refuses lr, eps, weight_decay or lr x weight_decay beyond fp32's range (above 3.4e38), which the
-/// fp32 kernels would turn into inf or NaN parameters at the first step.
+/// refuses lr, eps, weight_decay, lr x weight_decay or the first step's step size lr / (1 - beta1)
+/// beyond fp32's range (above 3.4e38), which the fp32 kernels would turn into inf or NaN
+/// parameters at the first step.
 void validate_adam_hyper(const AdamHyper& h);
 
 /// Measures the rates of the resource model on this machine: U_c from an all-CPU phase of the real

@@ -35,8 +35,11 @@ void validate_adam_hyper(const AdamHyper& h) {
     bad("weight_decay must be a finite number >= 0, got " + std::to_string(h.weight_decay));
   // the kernels compute in fp32: a value (or lr x weight_decay) beyond its range makes every
   // parameter inf or NaN at the first step
+  // (the first step's step size lr / (1 - beta1), the largest of all steps': its bias correction
+  // 1 - beta1^t is smallest at t = 1)
   const std::pair<const char*, double> fp32[] = {{"learning rate", h.lr}, {"weight_decay", h.weight_decay},
-                                                 {"eps", h.eps}, {"learning rate x weight_decay", h.lr * h.weight_decay}};
+                                                 {"eps", h.eps}, {"learning rate x weight_decay", h.lr * h.weight_decay},
+                                                 {"the first step's step size lr / (1 - beta1)", h.lr / (1 - h.beta1)}};
   for (const auto& [name, v] : fp32)
     if (v > FLT_MAX) {
       char msg[160];

@@ -323,6 +323,9 @@ struct Optimizer::Impl {
   std::size_t nparams = 0;
   uint32_t where_caller = STARPU_CPU;
   bool use_hints = false;
+  /// Set while step(), step_async() or begin_step() runs: a second thread's call meanwhile is
+  /// refused (OneCaller in update_phase.cpp).
+  std::atomic<bool> in_call{false};
   PolicyChoice choice;
   Workload workload;
   Rates rates{};             // the rates to plan with: calibrated, then refined after every phase

@@ -634,15 +634,34 @@ StepStats Optimizer::Impl::finish_wait() {
   return out;
 }
 
+namespace {
+/// Holds Impl::in_call for one call of step(), step_async() or begin_step(); throws Error when
+/// another thread's call holds it (the phase's state is not made for two threads at once).
+struct OneCaller {
+  std::atomic<bool>& flag;
+  OneCaller(std::atomic<bool>& f, const char* what) : flag(f) {
+    if (flag.exchange(true))
+      throw Error(std::string(what) + " was called while another thread's step() or begin_step() runs on this "
+                  "optimizer: call it from one thread at a time");
+  }
+  ~OneCaller() { flag.store(false); }
+};
+}  // namespace
+
 StepStats Optimizer::step() {
+  OneCaller one(impl_->in_call, "step()");
   impl_->begin(false);
   return impl_->finish(StepVerdict::keep);
 }
-void Optimizer::begin_step() { impl_->begin(true); }
+void Optimizer::begin_step() {
+  OneCaller one(impl_->in_call, "begin_step()");
+  impl_->begin(true);
+}
 void Optimizer::gradients_final(std::size_t begin, std::size_t end) { impl_->declare_final(begin, end); }
 StepStats Optimizer::finish_step(StepVerdict verdict) { return impl_->finish(verdict); }
 void Optimizer::finish_step_async(StepVerdict verdict) { impl_->finish_submit(verdict, true); }
 void Optimizer::step_async() {
+  OneCaller one(impl_->in_call, "step_async()");
   impl_->begin(false);
   impl_->finish_submit(StepVerdict::keep, true);
 }

@@ -41,6 +41,7 @@
 #include "overhead_bench.h"
 #include "stream_bench.h"
 #include "cpu_team.h"
+#include "dos.h"
 
 namespace {
 
@@ -115,8 +116,9 @@ int main(int argc, char** argv) {
                  "per task beside an empty StarPU task), or host (CPU Adam and PCIe DMA sharing host memory)")
       ->required();
   app.add_option("--n", n_d, "elements per kernel call (stream: parameters, default 1.6e9)");
-  app.add_option("--reps", reps, "runs per kernel (the best is kept); stream: timed iterations per variant; host: timed calls (the median is kept)")
-      ->capture_default_str();
+  app.add_option("--reps", reps, "kernels: runs per kernel (default 5, the best is kept); stream: timed iterations per "
+                 "variant (default 5); host: timed calls (default 5, the median is kept); overhead: timed phases "
+                 "(default 20, the median is kept)");
   app.add_flag("--json", json, "print JSON instead of a table");
   double subgroup_d = 67108864;
   std::vector<std::string> stream_variants = {"0:end", "0:eager", "3:eager", "3:end", "8:eager"};
@@ -151,6 +153,26 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::IsMember({"both", "h2d", "d2h"}));
   CLI11_PARSE(app, argc, argv);
+  {  // an option of another benchmark would be ignored: refuse it, naming the benchmarks that take it
+    const std::vector<std::pair<const char*, std::vector<std::string>>> takes = {
+        {"--n", {"kernels", "stream", "host"}},
+        {"--subgroup-size", {"stream", "overhead"}},
+        {"--variants", {"stream"}},
+        {"--subgroups", {"overhead"}},
+        {"--empty-tasks", {"overhead"}},
+        {"--threads", {"host"}},
+        {"--pages", {"host"}},
+        {"--dma-seconds", {"host"}},
+        {"--dma-ring-mib", {"host"}},
+        {"--dma-directions", {"host"}}};
+    for (const auto& [opt, subs] : takes)
+      if (app.count(opt) && std::find(subs.begin(), subs.end(), sub) == subs.end()) {
+        std::string list;
+        for (const std::string& x : subs) list += (list.empty() ? "" : ", ") + x;
+        std::fprintf(stderr, "dos-bench %s: %s is an option of %s only: leave it out\n", sub.c_str(), opt, list.c_str());
+        return 1;
+      }
+  }
   if (sub == "host") {
     dos_bench::HostOptions ho;
     if (app.count("--n") == 0) n_d = 5e8;
@@ -196,9 +218,9 @@ int main(int argc, char** argv) {
     dos_bench::OverheadOptions oo;
     if (app.count("--subgroup-size") == 0) subgroup_d = 10007;
     if (!(subgroup_d >= 1 && subgroup_d <= 1e9) || !(subgroups_d >= 1 && subgroups_d <= 1e5) || reps < 1 ||
-        empty_tasks < 1) {
-      std::fprintf(stderr, "dos-bench overhead: --subgroup-size must be in [1, 1e9], --subgroups in [1, 1e5], --reps "
-                           "and --empty-tasks >= 1\n");
+        empty_tasks < 1 || subgroup_d != std::floor(subgroup_d) || subgroups_d != std::floor(subgroups_d)) {
+      std::fprintf(stderr, "dos-bench overhead: --subgroup-size must be a whole number in [1, 1e9], --subgroups a whole "
+                           "number in [1, 1e5], --reps and --empty-tasks >= 1\n");
       return 1;
     }
     oo.subgroup_size = std::size_t(subgroup_d);
@@ -256,6 +278,12 @@ int main(int argc, char** argv) {
   }
   const std::size_t n = std::size_t(n_d);
   std::vector<Row> rows;
+  try {  // the CPU side's six arrays: 20 bytes per element
+    dos::check_host_memory(n * 20, "dos-bench kernels --n " + std::to_string(n) + " (20 bytes per element)");
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "dos-bench kernels: %s\n", e.what());
+    return 1;
+  }
 
   // ---- CPU ----
   float* p = static_cast<float*>(alloc_touched(n * 4));

@@ -174,12 +174,12 @@ int run_overhead(const OverheadOptions& o) {
   std::printf("%-36s %12s %7s %12s %10s %14s\n", "what", "phase s", "tasks", "us/subgroup", "us/task", "above empty us");
   std::printf("%-36s %12s %7d %12s %10.1f %14s\n", "empty StarPU task, CPU worker (batch)", "-", o.empty_tasks, "-",
               empty_cpu.batch_us, "0");
-  std::printf("%-36s %12s %7d %12s %10.1f %14s\n", "empty StarPU task, CPU worker (trip)", "-", o.empty_tasks / 4, "-",
+  std::printf("%-36s %12s %7d %12s %10.1f %14s\n", "empty StarPU task, CPU worker (trip)", "-", std::max(1, o.empty_tasks / 4), "-",
               empty_cpu.round_trip_us, "-");
   if (gpu) {
     std::printf("%-36s %12s %7d %12s %10.1f %14s\n", "empty StarPU task, CUDA worker (batch)", "-", o.empty_tasks, "-",
                 empty_cuda.batch_us, "0");
-    std::printf("%-36s %12s %7d %12s %10.1f %14s\n", "empty StarPU task, CUDA worker (trip)", "-", o.empty_tasks / 4,
+    std::printf("%-36s %12s %7d %12s %10.1f %14s\n", "empty StarPU task, CUDA worker (trip)", "-", std::max(1, o.empty_tasks / 4),
                 "-", empty_cuda.round_trip_us, "-");
   }
   for (const PhaseCost& p : phases) {

@@ -129,7 +129,8 @@ std::string resolve_policy(const std::string& given);
 /// subgroup whatever its size), twice the budget when speculative, and never more than the whole
 /// optimizer; the resident state at most min(resident_budget, 12 elements and the padding).
 /// Returns 0 when update_budget is 0 (no budget: no limit to ask for). Saturates at SIZE_MAX
-/// instead of wrapping. Throws Error for subgroup_size 0 or bytes other than 2 and 4.
+/// instead of wrapping. Throws Error for subgroup_size 0, bytes other than 2 and 4, or a
+/// resident_budget below -1 (as OptimizerOptions::gpu_resident_budget refuses it).
 std::size_t gpu_memory_for_budgets(std::size_t elements, std::size_t subgroup_size, std::size_t param_bytes,
                                    std::size_t grad_bytes, std::size_t update_budget, std::int64_t resident_budget,
                                    bool speculative);
@@ -613,7 +614,7 @@ class Optimizer {
   /// writes the master parameters, rounded to the caller's dtype, into the caller's parameter
   /// buffers, so that training continues exactly where the checkpoint was taken.
   /// Throws Error, changing nothing, when steps has not num_subgroups() entries, a step count is
-  /// negative or above 2^53, or a value is not finite (or exp_avg_sq negative).
+  /// negative or above 2^53, a value is not finite (or exp_avg_sq negative), or a pointer is null.
   void load_state(const float* master, const float* exp_avg, const float* exp_avg_sq,
                   const std::vector<std::int64_t>& steps);
   /// One subgroup's optimizer state in host memory, writable: `size` fp32 values of each.
@@ -629,7 +630,8 @@ class Optimizer {
   /// from its files directly (no second copy of 12 bytes per parameter).
   /// Throws Error, changing nothing, when steps has not num_subgroups() entries or a step count is
   /// negative or above 2^53. If fill throws, the exception propagates and the state is partly replaced: the
-  /// optimizer is then marked broken (step() throws Error saying so).
+  /// optimizer is then marked broken (step() throws Error saying so) until a later load replaces the
+  /// whole state (a step that failed keeps it broken: create a new Optimizer).
   void load_state_in_place(const std::vector<std::int64_t>& steps,
                            const std::function<void(const std::vector<HostStateOut>&)>& fill);
 

@@ -118,7 +118,8 @@ int dos_runtime_create_for_caller(const char* policy, int cpu_threads, int calle
  * subgroups). *out is 0 when update_budget is 0. Sum it over the optimizers, add
  * dos_starpu_device_margin() once, and give the total to StarPU as $STARPU_LIMIT_CUDA_MEM (MiB,
  * rounded up) before the runtime starts: StarPU keeps every device buffer it freed until it reaches
- * that limit. DOS_E_INVALID for subgroup_size 0, other byte counts or a NULL out. */
+ * that limit. DOS_E_INVALID for subgroup_size 0, other byte counts, a resident_budget below -1 or a
+ * NULL out. */
 int dos_gpu_memory_for_budgets(size_t elements, size_t subgroup_size, size_t param_bytes, size_t grad_bytes,
                                uint64_t update_budget, int64_t resident_budget, int speculative, size_t* out);
 /* Bytes StarPU allocates on a GPU for itself beside the optimizers' data (dos::kStarpuDeviceMargin). */

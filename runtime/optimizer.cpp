@@ -408,6 +408,8 @@ void Optimizer::set_gradients(const std::vector<void*>& grads) {
 
 void Optimizer::load_state(const float* master, const float* exp_avg, const float* exp_avg_sq,
                            const std::vector<std::int64_t>& steps) {
+  if (impl_->nparams > 0 && (!master || !exp_avg || !exp_avg_sq))
+    throw Error("load_state: a null master, exp_avg or exp_avg_sq pointer (each must hold num_params() floats)");
   // an Adam state holds finite values and a second moment >= 0: anything else is a damaged or
   // foreign state, refused before a value is replaced (what the Python binding checks, for every
   // caller of the C ABI)
@@ -434,6 +436,10 @@ void Optimizer::load_state(const float* master, const float* exp_avg, const floa
   });
 }
 
+namespace {
+constexpr const char* kLoadFailed = "loading a state failed part-way: ";  // Impl::broken's prefix for it
+}  // namespace
+
 void Optimizer::load_state_in_place(const std::vector<std::int64_t>& steps,
                                     const std::function<void(const std::vector<HostStateOut>&)>& fill) {
   Impl& I = *impl_;
@@ -450,10 +456,13 @@ void Optimizer::load_state_in_place(const std::vector<std::int64_t>& steps,
     try {
       fill(state);
     } catch (const std::exception& e) {  // partly replaced: this optimizer must not step again
-      I.broken = std::string("loading a state failed part-way: ") + e.what();
+      I.broken = std::string(kLoadFailed) + e.what();
       throw;
     }
   });
+  // the whole state replaced: a load that failed part-way before is mended (a failed step is not:
+  // what it left besides the state is unknown)
+  if (I.broken.rfind(kLoadFailed, 0) == 0) I.broken.clear();
   for (std::size_t i = 0; i < I.sgs.size(); ++i) I.sgs[i]->step = steps[i];
   // the caller's parameters: the loaded master rounded to their dtype, written where they live
   I.with_master_handles([&](Subgroup* sg, starpu_data_handle_t master) {

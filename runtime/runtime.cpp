@@ -383,6 +383,9 @@ std::size_t gpu_memory_for_budgets(std::size_t elements, std::size_t subgroup_si
                                    std::size_t grad_bytes, std::size_t update_budget, std::int64_t resident_budget,
                                    bool speculative) {
   if (subgroup_size == 0) throw Error("gpu_memory_for_budgets: subgroup_size must be >= 1");
+  if (resident_budget < -1)
+    throw Error("gpu_memory_for_budgets: resident_budget must be -1 (none), 0 or a byte count, got " +
+                std::to_string(resident_budget));
   for (const std::size_t b : {param_bytes, grad_bytes})
     if (b != 2 && b != 4)
       throw Error("gpu_memory_for_budgets: param_bytes and grad_bytes must be 2 or 4, got " + std::to_string(b));

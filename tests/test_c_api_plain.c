@@ -110,4 +110,6 @@ void test_gpu_memory_for_budgets(void** state) {
   assert_int_equal(dos_gpu_memory_for_budgets(1000, 100, 4, 3, 1000, -1, 0, &out), DOS_E_INVALID);
   assert_non_null(strstr(dos_last_error(), "grad_bytes"));
   assert_int_equal(dos_gpu_memory_for_budgets(1000, 100, 4, 4, 1000, -1, 0, NULL), DOS_E_INVALID);
+  assert_int_equal(dos_gpu_memory_for_budgets(1000, 100, 4, 4, 1000, -5, 0, &out), DOS_E_INVALID);
+  assert_non_null(strstr(dos_last_error(), "resident_budget must be -1"));
 }

@@ -84,6 +84,9 @@ void test_rank_path(void**) {
   assert_string_equal(dos::rank_path("out/report.json", 3, 8).c_str(), "out/report.rank-00003-of-00008.json");
   assert_string_equal(dos::rank_path("report", 0, 2).c_str(), "report.rank-00000-of-00002");
   assert_string_equal(dos::rank_path("a.d/report", 1, 2).c_str(), "a.d/report.rank-00001-of-00002");
+  assert_string_equal(dos::rank_path(".hidden", 0, 2).c_str(), ".hidden.rank-00000-of-00002");  // a leading dot only
+  assert_string_equal(dos::rank_path("d/.hidden", 1, 2).c_str(), "d/.hidden.rank-00001-of-00002");
+  assert_string_equal(dos::rank_path("d/.r.json", 1, 2).c_str(), "d/.r.rank-00001-of-00002.json");
 }
 
 void test_shard_ranges(void**) {

@@ -43,7 +43,9 @@ std::string rank_path(const std::string& path, std::size_t rank, std::size_t wor
   char tag[48];
   std::snprintf(tag, sizeof tag, ".rank-%05zu-of-%05zu", rank, world);
   const auto slash = path.find_last_of('/'), dot = path.find_last_of('.');
-  if (dot == std::string::npos || (slash != std::string::npos && dot < slash)) return path + tag;
+  const std::size_t name_start = slash == std::string::npos ? 0 : slash + 1;
+  // no extension: no dot in the file's name, or only its leading one (".hidden")
+  if (dot == std::string::npos || dot <= name_start) return path + tag;
   return path.substr(0, dot) + tag + path.substr(dot);
 }
 

@@ -468,7 +468,9 @@ std::size_t host_bytes_per_param(DType dtype);
 void check_host_memory(std::size_t bytes, const std::string& what);
 
 /// Adam/AdamW over the caller's tensors, as StarPU task graphs (one per step()).
-/// Throws Error on bad input: no tensor or 0 elements in all, a null pointer, subgroup_size 0,
+/// Throws Error on bad input: no tensor or 0 elements in all, a null pointer, two tensors whose
+/// parameters (or whose gradients) share memory (a gradient may point at its own parameter until
+/// set_gradients gives the real one), subgroup_size 0,
 /// hyper-parameters outside their ranges (lr < 0, eps < 0, beta outside [0, 1),
 /// weight_decay < 0), CUDA memory without a CUDA worker, or more state than host memory holds;
 /// and, with a CUDA worker, GPU budgets that cannot work (OptimizerOptions): a resident budget

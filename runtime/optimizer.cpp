@@ -242,6 +242,33 @@ Optimizer::Optimizer(Runtime& runtime, const std::vector<TensorView>& tensors, c
     throw Error(e.what());
   }
   for (std::size_t n : numels) I.nparams += n;
+  {  // no memory written twice: the tensors' parameter ranges apart, and their gradient ranges (a
+    // gradient pointer may be its parameter's until set_gradients: the binding's placeholder)
+    struct Span {
+      std::uintptr_t lo, hi;
+      std::size_t tensor;
+      const char* what;
+    };
+    std::vector<Span> spans;
+    const std::size_t esz = dtype_size(options.dtype);
+    for (std::size_t i = 0; i < tensors.size(); ++i) {
+      if (tensors[i].numel == 0) continue;
+      for (const auto& [ptr, what] : {std::pair<const void*, const char*>{tensors[i].param, "parameters"},
+                                      std::pair<const void*, const char*>{tensors[i].grad, "gradients"}}) {
+        const std::uintptr_t lo = reinterpret_cast<std::uintptr_t>(ptr);
+        spans.push_back({lo, lo + tensors[i].numel * esz, i, what});
+      }
+    }
+    std::sort(spans.begin(), spans.end(), [](const Span& a, const Span& b) {
+      const bool ga = a.what[0] == 'g', gb = b.what[0] == 'g';  // "gradients" after "parameters"
+      return ga != gb ? gb : a.lo < b.lo;                          // by kind, then by address
+    });
+    for (std::size_t k = 1; k < spans.size(); ++k)
+      if (spans[k].what[0] == spans[k - 1].what[0] && spans[k].lo < spans[k - 1].hi)
+        throw Error("tensor " + std::to_string(spans[k - 1].tensor) + "'s " + spans[k - 1].what + " and tensor " +
+                    std::to_string(spans[k].tensor) + "'s " + spans[k].what +
+                    " share memory: each element's parameter and gradient must be its own (give each tensor once)");
+  }
   if (options.memory == MemoryKind::cuda) {
     if (runtime.cuda_workers() == 0)
       throw Error("the parameters live in GPU memory but the runtime has no CUDA worker");

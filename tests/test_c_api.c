@@ -245,6 +245,18 @@ static void test_bad_options(void** state) {
     if (rc != DOS_E_RUNTIME || opt != NULL || strstr(dos_last_error(), "host memory") == NULL)
       fail_msg("expected DOS_E_RUNTIME naming host memory, got %d: %s", rc, dos_last_error());
   }
+  /* two tensors over one piece of parameter memory: refused (each would be stepped twice) */
+  {
+    float p[8] = {0}, g[8] = {0};
+    void* params[2] = {p, p + 2};
+    void* grads[2] = {g, g + 4};
+    const size_t numels[2] = {4, 4};
+    dos_optimizer_options o = fp32_options();
+    dos_optimizer* opt = (dos_optimizer*)&opt;
+    assert_int_equal(dos_optimizer_create(g_rt, 2, params, grads, numels, &o, &opt), DOS_E_INVALID);
+    assert_null(opt);
+    assert_non_null(strstr(dos_last_error(), "share memory"));
+  }
   /* set_hyper validates as creation does: decoupled only 0 or 1 */
   {
     float p[4] = {1, 2, 3, 4}, g[4] = {0};

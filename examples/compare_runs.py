@@ -43,13 +43,14 @@ def file_tag(label):
     return re.sub(r"[^A-Za-z0-9_.-]", "-", label)
 
 
-def run_one(a, label, args, repeat):
+def run_one(a, label, args, repeat, keep_params=True):
     """Runs dos-train once (repeat 0, 1, ... of run ``label``); returns (report dict or None, log path,
-    params path or None). The first repeat's files are LABEL.json/.log, later ones LABEL.rK.*."""
+    params path or None). The first repeat's files are LABEL.json/.log, later ones LABEL.rK.*; the
+    first repeat's parameters are saved with --check-params unless ``keep_params`` is False."""
     tag = file_tag(label) + round_tag(repeat)
     report = os.path.join(a.out, f"{tag}.json")
     log = os.path.join(a.out, f"{tag}.log")
-    params = os.path.join(a.out, f"{tag}.safetensors") if a.check_params and not repeat else None
+    params = os.path.join(a.out, f"{tag}.safetensors") if a.check_params and not repeat and keep_params else None
     cmd = [a.dos_train, "--report", report] + (["--save-params", params] if params else []) + args + a.train_args
     with open(log, "w") as f:
         f.write("$ " + " ".join(cmd) + "\n")

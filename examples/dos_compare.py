@@ -92,6 +92,7 @@ from compare_runs import (MATPLOTLIB_PROBE, arg_value, compare_params, file_tag,
 
 DEFAULT_POLICIES = "dos,cpu,dmda,gpu"
 DEFAULT_BASELINES = "zero_offload,stride:2,stride:3,stride:4"
+TIMELINE_RUN = "timeline-run"  # the label (and file names) of the run that records --timeline
 GPU_ONLY_POLICIES = ("gpu",)  # dos-train refuses them without a CUDA worker
 
 
@@ -137,7 +138,8 @@ def parse_args(argv):
     ap.add_argument("--peer-variants", default="zero_offload,dos_stride:2,dos_stride:3,dos_stride:4",
                     help="the peers' variants beside the policies, comma-separated (default "
                          "zero_offload,dos_stride:2,dos_stride:3,dos_stride:4)")
-    ap.add_argument("--timeline", action="store_true", help="plot the first dos run's last update phase")
+    ap.add_argument("--timeline", action="store_true", help="plot a dos update phase: the last phase of one more run with the first dos run's arguments, "
+                         "after the others and out of the table (timeline-run.json/.log)")
     ap.add_argument("--host-bench", nargs="?", default=None, metavar="PATH",
                     const=os.path.join(HERE, "..", "build", "bench", "dos-bench"),
                     help="also the lower bound at the rates dos-bench host (PATH, default build/bench/dos-bench) "
@@ -208,9 +210,9 @@ def parse_args(argv):
             ap.error(f"run '{label}' sets {', '.join(both)}, which the dos-train arguments after -- give every run: "
                      f"give each option in one place")
     for label in labels:  # its files must not be another's (LABEL.json, LABEL.rK.json, baselines.json, ...)
-        if re.search(r"\.r[0-9]+$", label) or label in ("baselines", "peers", "compare", "timeline"):
+        if re.search(r"\.r[0-9]+$", label) or label in ("baselines", "peers", "compare", "timeline", TIMELINE_RUN):
             ap.error(f"--run label '{label}' would share its files with another output (labels may not end in .rK "
-                     f"nor be baselines, peers, compare or timeline): choose another")
+                     f"nor be baselines, peers, compare, timeline or {TIMELINE_RUN}): choose another")
     for bad in ("--policy", "--report", "--save-params", "--sweep", "--timeline", "--gpu-resident-budget", "--overlap"):
         if any(t == bad or t.startswith(bad + "=") for t in a.train_args):
             ap.error(f"{bad} is set by dos-compare itself: leave it out of the dos-train arguments")
@@ -403,7 +405,6 @@ def main(argv=None):
     runs, failed, skipped, notes = {}, [], {}, []
     executed = []  # (label, dos-train arguments) in the order round 0 ran them; later rounds repeat it
     timeline_path = os.path.join(a.out, "timeline.json") if a.timeline else None
-    timeline_label = None  # the run that writes the timeline
 
     def cuda_workers():
         """CUDA workers dos-train reported (None before any run succeeded)."""
@@ -411,17 +412,12 @@ def main(argv=None):
         return r["reports"][0].get("cuda_workers", 0) if r else None
 
     def do(label, args, budget=None):
-        nonlocal timeline_label
         if arg_value(args, "--policy") in GPU_ONLY_POLICIES and cuda_workers() == 0:
             why = f"dos-train reports no CUDA worker, and policy {arg_value(args, '--policy')} needs one"
             skipped[label] = why
             print(f"dos-compare: run {label} skipped: {why}", file=sys.stderr)
             return None
-        extra = []
-        if timeline_path and timeline_label is None and arg_value(args, "--policy") == "dos":
-            extra = ["--timeline", timeline_path]
-            timeline_label = label
-        r, log, p = run_one(a, label, args + extra, 0)
+        r, log, p = run_one(a, label, args, 0)
         if r is None:
             with open(log, errors="replace") as f:
                 needs_gpu = re.search(r"needs a CUDA worker and there is none", f.read())
@@ -502,8 +498,18 @@ def main(argv=None):
         if a.peers and r0:
             peer_rounds.append(run_peers(a, r0["params"], r0["subgroup_size"], twinflow, notes, k))
     order = [l for l in order if l in runs]
-    if timeline_label is not None and timeline_label not in runs:  # the run that wrote it has no row (it failed later)
-        timeline_path = None
+    if timeline_path:
+        # the picture's timeline from a run of its own, after the others and out of the table, so that
+        # recording it slows no row: the first dos run's arguments again
+        first_dos = next((args for label, args in executed if label in runs and arg_value(args, "--policy") == "dos"),
+                         None)
+        r = None
+        if first_dos is not None:
+            r, log, _ = run_one(a, TIMELINE_RUN, first_dos + ["--timeline", timeline_path], 0, keep_params=False)
+        if r is None:
+            notes.append("WARNING: --timeline: " + ("no dos run to repeat with a timeline" if first_dos is None
+                                                    else f"the timeline run failed (see {log})") + ": none drawn")
+            timeline_path = None
     baselines = merge_baselines([r for r in baseline_rounds if r])
     peers, peer_runs = {}, {}  # variant: the median of its rounds' means, and those means
     for rnd in peer_rounds:

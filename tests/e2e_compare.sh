@@ -301,6 +301,18 @@ d = json.load(open(sys.argv[1]))
 assert d["failed"] == [] and "needs a CUDA worker" in d["skipped"].get("mine", ""), (d["failed"], d["skipped"])
 print("ok: a plan that needs a CUDA worker is skipped, saying why")
 PY
+# --timeline: recorded by a run of its own after the others, not one of the table's rows
+python3 "$compare" --dos-train "$dos_train" --policies cpu,dos --timeline --out "$out/tl" \
+  -- --preset tiny --iterations 2 --device host > "$out/tl.txt" 2>&1 || { cat "$out/tl.txt"; echo "FAIL: --timeline"; exit 1; }
+python3 - "$out/tl" <<'PY' || { cat "$out/tl.txt"; exit 1; }
+import json, os, sys
+d = json.load(open(os.path.join(sys.argv[1], "compare.json")))
+assert d["timeline"] and {r["label"] for r in d["rows"]} == {"cpu", "dos"}, (d["timeline"], [r["label"] for r in d["rows"]])
+t = json.load(open(os.path.join(sys.argv[1], "timeline.json")))
+assert "--timeline" in open(os.path.join(sys.argv[1], "timeline-run.log")).readline()
+assert "--timeline" not in open(os.path.join(sys.argv[1], "dos.log")).readline()
+print("ok: --timeline recorded by a run of its own, out of the table")
+PY
 
 # Rounds that go wrong: a dos-train that fails from its second call on, stand-ins for the peers (the
 # second round exits 3 after one variant) and for a Python with torch (round 2 skips the variant,

@@ -72,12 +72,10 @@ differ from the cpu run's, or --plot-only drew nothing; 2 when dos-train is miss
 and named; the other runs' results are still written), a report lacks its summary, the baselines
 fail, or an argument is malformed.
 """
-import argparse
 import json
 import math
 import os
 import re
-import shlex
 import statistics
 import subprocess
 import sys
@@ -87,136 +85,9 @@ if HERE not in sys.path:  # loaded by path (as the tests do) rather than run: it
     sys.path.insert(0, HERE)
 import compare_plot  # noqa: E402 (the picture's drawing)
 import host_probe  # noqa: E402 (the bound at dos-bench host's rates)
+from compare_args import GPU_ONLY_POLICIES, TIMELINE_RUN, parse_args  # noqa: E402 (the command line)
 from compare_runs import (MATPLOTLIB_PROBE, arg_value, compare_params, file_tag, merge_baselines,  # noqa: E402
                           python_with, run_baselines, run_one, run_peers)
-
-DEFAULT_POLICIES = "dos,cpu,dmda,gpu"
-DEFAULT_BASELINES = "zero_offload,stride:2,stride:3,stride:4"
-TIMELINE_RUN = "timeline-run"  # the label (and file names) of the run that records --timeline
-GPU_ONLY_POLICIES = ("gpu",)  # dos-train refuses them without a CUDA worker
-
-
-def parse_size(text):
-    """'10GB', '31.5GB', '4e10', '10GiB' -> bytes (as dos-train reads --gpu-*-budget)."""
-    m = re.fullmatch(r"([0-9.eE+-]+)(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)?", text.strip())
-    units = {None: 1, "B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12, "KiB": 2 ** 10, "MiB": 2 ** 20,
-             "GiB": 2 ** 30, "TiB": 2 ** 40}
-    if not m:
-        raise ValueError(f"'{text}' is not a size such as 10GB, 31.5GB or 4e10")
-    return float(m.group(1)) * units[m.group(2)]
-
-
-def parse_args(argv):
-    """Command-line arguments (see the module's docstring). Exits 2 (argparse) with a message for
-    malformed ones."""
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--dos-train", default=os.path.join(HERE, "..", "build", "examples", "dos-train"),
-                    help="path of the dos-train binary (default: build/examples/dos-train)")
-    ap.add_argument("--policies", default=None,
-                    help=f"comma-separated policies (dos-train --policy values), default {DEFAULT_POLICIES} "
-                         f"(gpu skipped without a CUDA worker)")
-    ap.add_argument("--run", action="append", default=[], metavar="LABEL=ARGS",
-                    help="an extra run: its label and its own dos-train arguments (repeatable)")
-    ap.add_argument("--resident-budgets", default="",
-                    help="comma-separated GPU resident budgets: a dos and a static:R run for each")
-    ap.add_argument("--overlap", action="store_true",
-                    help="also run every run with the update overlapped with backward (dos-train --overlap on, as "
-                         "LABEL+overlap; needs --emulate-compute among the dos-train arguments): the iteration seconds "
-                         "of both, the overlapped run's exposed update; the others run with --overlap off")
-    ap.add_argument("--repeats", type=int, default=1,
-                    help="rounds (default 1), each running every run, then the baselines, then the peers once: "
-                         "median and min..max over them")
-    ap.add_argument("--baselines", nargs="?", const=DEFAULT_BASELINES, default=None, metavar="LIST",
-                    help=f"run the PyTorch baselines too (default list {DEFAULT_BASELINES}; twinflow:R "
-                         f"added per resident budget)")
-    ap.add_argument("--baselines-python", default=None,
-                    help="the Python (with torch) that runs the baselines (default: this one or /usr/bin/python3, "
-                         "the first that imports torch)")
-    ap.add_argument("--peers", default=None, help="path of an external PyTorch script re-creating the baselines "
-                         "(--n, --s, --iters, --variants; RESULT lines): run that cross-check too")
-    ap.add_argument("--peer-iters", type=int, default=3, help="timed phases per peer variant (default 3)")
-    ap.add_argument("--peer-variants", default="zero_offload,dos_stride:2,dos_stride:3,dos_stride:4",
-                    help="the peers' variants beside the policies, comma-separated (default "
-                         "zero_offload,dos_stride:2,dos_stride:3,dos_stride:4)")
-    ap.add_argument("--timeline", action="store_true", help="plot a dos update phase: the last phase of one more run with the first dos run's arguments, "
-                         "after the others and out of the table (timeline-run.json/.log)")
-    ap.add_argument("--host-bench", nargs="?", default=None, metavar="PATH",
-                    const=os.path.join(HERE, "..", "build", "bench", "dos-bench"),
-                    help="also the lower bound at the rates dos-bench host (PATH, default build/bench/dos-bench) "
-                         "measures here, and each run's percentage of it")
-    ap.add_argument("--out", default="dos-compare-out", help="folder for the reports, logs, table and plot")
-    ap.add_argument("--plot-only", action="store_true",
-                    help="run nothing: draw compare.png from the compare.json (and timeline.json) in --out")
-    ap.add_argument("--check-params", action="store_true",
-                    help="save every run's final master parameters and compare them with the cpu run's")
-    ap.add_argument("--st-compare", default=None,
-                    help="path of st-compare (default: build/tests/st-compare next to dos-train's build)")
-    ap.add_argument("train_args", nargs=argparse.REMAINDER,
-                    help="after --: arguments given to every dos-train run (--preset, --shard, --iterations, ...)")
-    a = ap.parse_args(argv)
-    if a.train_args and a.train_args[0] == "--":
-        a.train_args = a.train_args[1:]
-    a.default_policies = a.policies is None
-    policies = DEFAULT_POLICIES if a.policies is None else a.policies
-    a.runs = [(p.strip(), ["--policy", p.strip()]) for p in policies.split(",") if p.strip()]
-    a.custom_labels = {r.partition("=")[0].strip() for r in a.run}
-    for r in a.run:
-        label, eq, args = r.partition("=")
-        if not eq or not label.strip() or "--policy" not in args:
-            ap.error(f"--run '{r}': give LABEL='dos-train arguments including --policy'")
-        a.runs.append((label.strip(), shlex.split(args)))
-    try:
-        a.budgets = [(b.strip(), parse_size(b)) for b in a.resident_budgets.split(",") if b.strip()]
-    except ValueError as e:
-        ap.error(f"--resident-budgets: {e}")
-    if a.repeats < 1:
-        ap.error(f"--repeats must be at least 1, got {a.repeats}")
-    if a.peer_iters < 1:
-        ap.error(f"--peer-iters must be at least 1, got {a.peer_iters}")
-    a.baseline_variants = []
-    if a.baselines is not None:
-        a.baseline_variants = [v.strip() for v in a.baselines.split(",") if v.strip()]
-        bad = [v for v in a.baseline_variants if not re.fullmatch(r"zero_offload|stride:[1-9][0-9]*|twinflow:[0-9.eE+-]+", v)]
-        if bad:
-            ap.error(f"--baselines: unknown variant(s) {', '.join(bad)}: use zero_offload, stride:K, twinflow:R")
-    if not a.runs and not a.budgets and not a.plot_only:
-        ap.error("nothing to run: give --policies, --run or --resident-budgets")
-    # every run's update phase after backward, unless its own arguments say otherwise; with
-    # --overlap, each run once more with the update overlapped
-    if a.overlap and "--emulate-compute" not in a.train_args:
-        ap.error("--overlap compares iterations: give --emulate-compute among the dos-train arguments (after --)")
-    with_overlap = []
-    for label, args in a.runs:
-        if arg_value(args, "--overlap") is None:
-            with_overlap.append((label, args + ["--overlap", "off"]))
-            if a.overlap:
-                with_overlap.append((label + "+overlap", args + ["--overlap", "on"]))
-        else:
-            with_overlap.append((label, args))
-    a.runs = with_overlap
-    labels = [l for l, _ in a.runs]
-    if len(set(labels)) != len(labels):
-        ap.error(f"two runs have the same label: {labels}")
-    tags = {}
-    for label in labels:  # two labels must not write one file ("a/b" and "a b" are both a-b.json)
-        other = tags.setdefault(file_tag(label), label)
-        if other != label:
-            ap.error(f"the labels '{other}' and '{label}' would write the same files ({file_tag(label)}.json, ...): "
-                     f"choose labels that differ in letters, digits, '_', '.' or '-'")
-    shared = {t.partition("=")[0] for t in a.train_args if t.startswith("--")}
-    for label, args in a.runs:  # an option in both places: which one wins would be a guess
-        both = sorted({t.partition("=")[0] for t in args if t.startswith("--")} & shared)
-        if both:
-            ap.error(f"run '{label}' sets {', '.join(both)}, which the dos-train arguments after -- give every run: "
-                     f"give each option in one place")
-    for label in labels:  # its files must not be another's (LABEL.json, LABEL.rK.json, baselines.json, ...)
-        if re.search(r"\.r[0-9]+$", label) or label in ("baselines", "peers", "compare", "timeline", TIMELINE_RUN):
-            ap.error(f"--run label '{label}' would share its files with another output (labels may not end in .rK "
-                     f"nor be baselines, peers, compare, timeline or {TIMELINE_RUN}): choose another")
-    for bad in ("--policy", "--report", "--save-params", "--sweep", "--timeline", "--gpu-resident-budget", "--overlap"):
-        if any(t == bad or t.startswith(bad + "=") for t in a.train_args):
-            ap.error(f"{bad} is set by dos-compare itself: leave it out of the dos-train arguments")
-    return a
 
 
 def measure_probe(a, runs, order, notes):
@@ -256,7 +127,7 @@ def measure_probe(a, runs, order, notes):
             bounds[text] = b
     if not bounds:
         return None
-    print(f"dos-compare: lower bound at dos-bench host's rates: "
+    print("dos-compare: lower bound at dos-bench host's rates: "
           + ", ".join(f"{t or 'no resident budget'} {b:.4f} s" for t, b in bounds.items()), flush=True)
     return {"rates": rates, "from": f"run {src}", "bounds": bounds, "notes": held}
 
@@ -379,7 +250,7 @@ def plot(a, rows, baselines, peers, timeline_path):
 def main(argv=None):
     """Runs everything the arguments ask for and writes the outputs; returns the exit status (see
     the module's docstring)."""
-    a = parse_args(sys.argv[1:] if argv is None else argv)
+    a = parse_args(sys.argv[1:] if argv is None else argv, __doc__)
     if a.plot_only:
         path = os.path.join(a.out, "compare.json")
         if not os.path.exists(path):

@@ -110,6 +110,7 @@ expect "cores this process may use" --cpu-threads 100000
 expect "overflows fp32" --lr 1e300
 expect "overflows fp32" --weight-decay 1e300
 expect "overflows fp32" --lr 1e20 --weight-decay 1e20
+expect "first step's step size" --lr 1e38
 # output paths: two names for one file, an output inside the checkpoint folder, a folder that is
 # not a checkpoint, the current folder
 expect "name the same file" --save-params "$tmp/./x.out" --report "$tmp/x.out"

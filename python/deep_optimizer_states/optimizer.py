@@ -37,13 +37,11 @@ from .bucket import _Bucket, gpu_memory_for_buckets
 from .forward import _ForwardOverlap
 from .gradients import _describe, _Gradients
 from .overlap import _VERDICT_NAMES, _Overlap
+from .param_groups import group_hyper
 from .state import _MAX_COUNT, STATE_FORMAT, _State  # noqa: F401 (STATE_FORMAT: re-exported)
 from .timeline import _Timeline
 
 _DTYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
-#: The largest float32 (the runtime computes in fp32: a larger lr, eps or weight decay overflows).
-_FLT_MAX = 3.4028234663852886e38
-_UNSUPPORTED = ("amsgrad", "maximize", "capturable", "differentiable", "fused")
 class DeepOptimizerStates(_Overlap, _ForwardOverlap, _Gradients, _State, _Timeline, torch.optim.Optimizer):
     """Adam/AdamW with the optimizer state offloaded to pinned host memory and each subgroup's update
     placed on the CPU or streamed through the GPU by the runtime's scheduling policy.
@@ -322,38 +320,7 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _Gradients, _State, _Timeli
                                "state is laid out once; create a new optimizer over all the groups")
         super().add_param_group(param_group)
 
-    @staticmethod
-    def _group_hyper(gi, group):
-        """Validates a group's hyper-parameters as torch.optim.AdamW does; returns them as the tuple
-        (lr, beta1, beta2, eps, weight_decay, decoupled). Raises ValueError naming the bad value."""
-        for k in _UNSUPPORTED:
-            if group.get(k):
-                raise ValueError(f"param group {gi}: {k}={group[k]!r} is not supported by DeepOptimizerStates")
-        try:
-            lr = float(group["lr"])
-            b1, b2 = (float(b) for b in group["betas"])
-            eps = float(group["eps"])
-            wd = float(group["weight_decay"])
-        except (TypeError, ValueError, KeyError) as e:
-            raise ValueError(f"param group {gi}: malformed hyper-parameters ({e})") from None
-        if not (lr >= 0 and math.isfinite(lr)):
-            raise ValueError(f"param group {gi}: invalid learning rate: {lr}")
-        if not (eps >= 0 and math.isfinite(eps)):
-            raise ValueError(f"param group {gi}: invalid epsilon value: {eps}")
-        if not 0.0 <= b1 < 1.0:
-            raise ValueError(f"param group {gi}: invalid beta parameter at index 0: {b1}")
-        if not 0.0 <= b2 < 1.0:
-            raise ValueError(f"param group {gi}: invalid beta parameter at index 1: {b2}")
-        if not (wd >= 0 and math.isfinite(wd)):
-            raise ValueError(f"param group {gi}: invalid weight_decay value: {wd}")
-        for name, v in (("learning rate", lr), ("epsilon", eps), ("weight_decay", wd), ("lr x weight_decay", lr * wd)):
-            if v > _FLT_MAX:
-                raise ValueError(f"param group {gi}: {name} {v:g} overflows float32 (at most 3.4e38), in which the "
-                                 "update is computed: every parameter would become inf or NaN")
-        decoupled = group.get("decoupled", True)
-        if not isinstance(decoupled, bool):
-            raise ValueError(f"param group {gi}: decoupled must be True (AdamW) or False (Adam), got {decoupled!r}")
-        return (lr, b1, b2, eps, wd, decoupled)
+    _group_hyper = staticmethod(group_hyper)
 
     def _build(self, hypers, policy, cpu_threads, cpu_workers, ncuda, verbose, caller_cores=None,
                preferred_caller_cores=0):

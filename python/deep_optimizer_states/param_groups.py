@@ -12,12 +12,20 @@ A parameter gets no weight decay when it belongs to a normalisation layer (``nn.
 such as Llama's ``LlamaRMSNorm`` or ``nn.RMSNorm``), at any depth, or when its name, lowercased,
 matches one of :data:`NO_DECAY_NAME_PATTERNS` (``bias``, ``layernorm``, ``rmsnorm``, a module
 called ``norm`` or ending in ``_norm``). Every other parameter that requires gradients is decayed.
+
+Also :func:`group_hyper`, the check of one param group's hyper-parameters that the optimizer runs
+at construction, at every step and on loading a state dict.
 """
 
 import math
 import re
 
 import torch
+
+#: The largest float32 (the runtime computes in fp32: a larger lr, eps or weight decay overflows).
+_FLT_MAX = 3.4028234663852886e38
+#: torch.optim.Adam's options DeepOptimizerStates does not support.
+_UNSUPPORTED = ("amsgrad", "maximize", "capturable", "differentiable", "fused")
 
 #: Regular expressions searched in each lowercased parameter name: a match means no weight decay
 #: (the patterns of the Hugging Face Trainer's ``get_decay_parameter_names``).
@@ -97,3 +105,37 @@ def param_groups_no_decay(model, weight_decay, lr=None):
         for g in groups:
             g["lr"] = lr
     return groups
+
+
+def group_hyper(gi, group):
+    """Validates a group's hyper-parameters as torch.optim.AdamW does; returns them as the tuple
+    (lr, beta1, beta2, eps, weight_decay, decoupled). Raises ValueError naming the bad value."""
+    for k in _UNSUPPORTED:
+        if group.get(k):
+            raise ValueError(f"param group {gi}: {k}={group[k]!r} is not supported by DeepOptimizerStates")
+    try:
+        lr = float(group["lr"])
+        b1, b2 = (float(b) for b in group["betas"])
+        eps = float(group["eps"])
+        wd = float(group["weight_decay"])
+    except (TypeError, ValueError, KeyError) as e:
+        raise ValueError(f"param group {gi}: malformed hyper-parameters ({e})") from None
+    if not (lr >= 0 and math.isfinite(lr)):
+        raise ValueError(f"param group {gi}: invalid learning rate: {lr}")
+    if not (eps >= 0 and math.isfinite(eps)):
+        raise ValueError(f"param group {gi}: invalid epsilon value: {eps}")
+    if not 0.0 <= b1 < 1.0:
+        raise ValueError(f"param group {gi}: invalid beta parameter at index 0: {b1}")
+    if not 0.0 <= b2 < 1.0:
+        raise ValueError(f"param group {gi}: invalid beta parameter at index 1: {b2}")
+    if not (wd >= 0 and math.isfinite(wd)):
+        raise ValueError(f"param group {gi}: invalid weight_decay value: {wd}")
+    for name, v in (("learning rate", lr), ("epsilon", eps), ("weight_decay", wd), ("lr x weight_decay", lr * wd),
+                    ("the first step's step size lr / (1 - beta1)", lr / (1 - b1))):
+        if v > _FLT_MAX:
+            raise ValueError(f"param group {gi}: {name} {v:g} overflows float32 (at most 3.4e38), in which the "
+                             "update is computed: every parameter would become inf or NaN")
+    decoupled = group.get("decoupled", True)
+    if not isinstance(decoupled, bool):
+        raise ValueError(f"param group {gi}: decoupled must be True (AdamW) or False (Adam), got {decoupled!r}")
+    return (lr, b1, b2, eps, wd, decoupled)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `pip install .` (pyproject.toml, meson-python) into a temporary prefix, then, from the installed
 # copy only (another working folder, no DOS_C_LIBRARY, the repository's python/ not on the path):
-# the package loads the libdos_c.so inside it and one AdamW step on the CPU equals torch.optim.AdamW's.
+# the package loads the libdos_c.so inside it, and StarPU without LD_LIBRARY_PATH, and one AdamW step
+# on the CPU equals torch.optim.AdamW's.
 # Exits 77 (skip) when the Python has no meson-python (Debian: python3-mesonpy) or no torch.
 # Not in meson's test list: the wheel build compiles the libraries again (about 2.5 min on the
 # 2-core CI machine with CUDA). Run it by hand from the repository root, with StarPU's .pc on
@@ -34,7 +35,9 @@ for f in libdos.so libdos_c.so _paths.py; do
   [ -f "$pkg/$f" ] || fail "$f is not in the installed package $pkg"
 done
 
-(cd "$tmp" && env -u DOS_C_LIBRARY PYTHONPATH="$site" STARPU_SILENT=1 "$python" - "$site" <<'PY') \
+# no LD_LIBRARY_PATH either: the wheel's libraries carry no run path to StarPU's folder (meson-python
+# 0.12 leaves install_rpath out), so the package must find StarPU from what the build recorded
+(cd "$tmp" && env -u DOS_C_LIBRARY -u LD_LIBRARY_PATH PYTHONPATH="$site" STARPU_SILENT=1 "$python" - "$site" <<'PY') \
   || fail "the pip-installed package did not run a step"
 import os, sys
 import torch

@@ -15,7 +15,9 @@ The library is looked up, in order, at:
 5. ``lib/``, ``lib/<multiarch>/`` and ``lib64/`` under ``sys.prefix`` (a package installed
    with ``pip`` or by hand next to a ``meson install`` into the same prefix).
 
-Errors raised: :class:`DosError` (a subclass of ``RuntimeError``) for runtime failures and
+Where the loader cannot find a library the runtime needs (StarPU's, from a ``pip install .`` wheel,
+which carries no run path to it), it is loaded from the folders the build recorded in
+``_paths.py``. Errors raised: :class:`DosError` (a subclass of ``RuntimeError``) for runtime failures and
 ``ValueError`` for bad input reported by the library; ``OSError`` when the library cannot be found
 or loaded.
 """
@@ -262,6 +264,34 @@ def _installed_candidates(here):
     return [moved] if moved == configured else [moved, configured]
 
 
+def _dependency_dirs():
+    """The folders of the libraries the runtime needs (StarPU's, CUDA's) that lie outside the
+    loader's own, as the build recorded them in ``_paths.py`` (``DEP_LIBDIRS``); [] without it."""
+    try:
+        from . import _paths
+    except ImportError:
+        return []
+    return [d for d in getattr(_paths, "DEP_LIBDIRS", "").split(":") if d]
+
+
+def _load_with_dependencies(path):
+    """``ctypes.CDLL(path)``; when the loader cannot find a library it needs (``libstarpu-1.3.so.9:
+    cannot open shared object file``: a ``pip install .`` wheel carries no run path to StarPU's
+    folder), that library is loaded first from the folders the build recorded
+    (:func:`_dependency_dirs`, with ``RTLD_GLOBAL`` so that the next attempt finds it), and the load
+    tried again. Raises the loader's ``OSError`` when a needed library is in none of them."""
+    for _ in range(8):
+        try:
+            return ctypes.CDLL(path)
+        except OSError as e:
+            missing = str(e).split(": cannot open shared object file")[0].rsplit(": ", 1)[-1].strip()
+            found = [os.path.join(d, missing) for d in _dependency_dirs() if os.path.exists(os.path.join(d, missing))]
+            if "cannot open shared object file" not in str(e) or not found:
+                raise
+            ctypes.CDLL(found[0], mode=ctypes.RTLD_GLOBAL)
+    return ctypes.CDLL(path)
+
+
 def lib():
     """The loaded library with its argument and result types declared (loaded once per process).
     Raises ``OSError`` when it cannot be found or loaded, ``DosError`` when its ABI version or the
@@ -270,7 +300,7 @@ def lib():
     with _lib_lock:
         if _lib is not None:
             return _lib
-        L = ctypes.CDLL(library_path())
+        L = _load_with_dependencies(library_path())
         c_size_p = ctypes.POINTER(ctypes.c_size_t)
         c_void_pp = ctypes.POINTER(ctypes.c_void_p)
         sigs = {

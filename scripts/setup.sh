@@ -48,7 +48,12 @@ case "$cmd" in run|test|deps|build) ;; -h|--help|help) sed -n '2,29p' "$0"; exit
   *) die "unknown command '$cmd': use run, test, deps or build (scripts/setup.sh --help)" ;; esac
 
 mkdir -p "$CACHE"
-[ -d /usr/local/cuda/bin ] && case ":$PATH:" in *:/usr/local/cuda/bin:*) ;; *) PATH=$PATH:/usr/local/cuda/bin ;; esac
+# what this script adds to the search paths, for .deps/env.sh (which adds the same at source time)
+env_path_add="" env_pkg_add="" env_ld_add=""
+if [ -d /usr/local/cuda/bin ]; then
+  env_path_add=/usr/local/cuda/bin
+  case ":$PATH:" in *:/usr/local/cuda/bin:*) ;; *) PATH=$PATH:/usr/local/cuda/bin ;; esac
+fi
 export PATH
 
 SUDO=""
@@ -177,8 +182,11 @@ if [ -d "$SYSROOT" ]; then
     [ -d "$pcdir" ] || continue
     sed -i -e "s#^prefix=/usr\$#prefix=$SYSROOT/usr#" -e "s#-I/usr/#-I$SYSROOT/usr/#g" -e "s#-L/usr/#-L$SYSROOT/usr/#g" "$pcdir"/*.pc
     PKG_CONFIG_PATH=$pcdir:$PKG_CONFIG_PATH
+    env_pkg_add=$pcdir${env_pkg_add:+:$env_pkg_add}
   done
-  LD_LIBRARY_PATH=$(ls -d "$SYSROOT"/usr/lib/*-linux-gnu 2>/dev/null | head -1):${LD_LIBRARY_PATH:-}
+  sysroot_lib=$(ls -d "$SYSROOT"/usr/lib/*-linux-gnu 2>/dev/null | head -1)
+  LD_LIBRARY_PATH=$sysroot_lib:${LD_LIBRARY_PATH:-}
+  env_ld_add=$sysroot_lib
   export LD_LIBRARY_PATH
 fi
 
@@ -235,12 +243,30 @@ fi
 if [ -z "$site_starpu" ]; then
   PKG_CONFIG_PATH=$STARPU_PREFIX/lib/pkgconfig:$PKG_CONFIG_PATH
   LD_LIBRARY_PATH=$STARPU_PREFIX/lib:${LD_LIBRARY_PATH:-}
+  env_pkg_add=$STARPU_PREFIX/lib/pkgconfig${env_pkg_add:+:$env_pkg_add}
+  env_ld_add=$STARPU_PREFIX/lib${env_ld_add:+:$env_ld_add}
   export LD_LIBRARY_PATH
 fi
 export PKG_CONFIG_PATH
-# An environment file for running the binaries by hand: `. .deps/env.sh`
-printf 'export PATH=%q\nexport PKG_CONFIG_PATH=%q\nexport LD_LIBRARY_PATH=%q\n' \
-  "$PATH" "$PKG_CONFIG_PATH" "${LD_LIBRARY_PATH:-}" > "$DEPS/env.sh"
+# An environment file for running the binaries by hand: `. .deps/env.sh`. It adds this script's
+# folders to the variables as they are when it is sourced (a later `module load` is kept), each
+# once, with no empty entry (which would make the loader search the current folder).
+env_line() {  # env_line VAR DIR first|last: a POSIX sh line that adds DIR to VAR unless it is there
+  if [ "$3" = first ]; then
+    printf 'case ":${%s:-}:" in *":%s:"*) ;; *) %s="%s${%s:+:$%s}"; export %s ;; esac\n' "$1" "$2" "$1" "$2" "$1" "$1" "$1"
+  else
+    printf 'case ":${%s:-}:" in *":%s:"*) ;; *) %s="${%s:+$%s:}%s"; export %s ;; esac\n' "$1" "$2" "$1" "$1" "$1" "$2" "$1"
+  fi
+}
+{
+  echo "# written by scripts/setup.sh: adds the project's folders to PATH, PKG_CONFIG_PATH and LD_LIBRARY_PATH"
+  [ -n "$env_path_add" ] && env_line PATH "$env_path_add" last
+  IFS=: read -ra dirs <<< "$env_pkg_add"
+  for ((k = ${#dirs[@]} - 1; k >= 0; k--)); do [ -n "${dirs[k]}" ] && env_line PKG_CONFIG_PATH "${dirs[k]}" first; done
+  IFS=: read -ra dirs <<< "$env_ld_add"
+  for ((k = ${#dirs[@]} - 1; k >= 0; k--)); do [ -n "${dirs[k]}" ] && env_line LD_LIBRARY_PATH "${dirs[k]}" first; done
+  true
+} > "$DEPS/env.sh"
 [ "$cmd" = deps ] && { say "dependencies ready; '. .deps/env.sh' sets PKG_CONFIG_PATH and LD_LIBRARY_PATH"; exit 0; }
 
 # ---- 4. build -----------------------------------------------------------------------------------

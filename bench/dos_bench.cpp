@@ -153,6 +153,10 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::IsMember({"both", "h2d", "d2h"}));
   CLI11_PARSE(app, argc, argv);
+  if (sub != "kernels" && sub != "stream" && sub != "overhead" && sub != "host") {
+    std::fprintf(stderr, "dos-bench: unknown benchmark '%s': use kernels, stream, overhead or host\n", sub.c_str());
+    return 1;
+  }
   {  // an option of another benchmark would be ignored: refuse it, naming the benchmarks that take it
     const std::vector<std::pair<const char*, std::vector<std::string>>> takes = {
         {"--n", {"kernels", "stream", "host"}},
@@ -278,8 +282,8 @@ int main(int argc, char** argv) {
   }
   const std::size_t n = std::size_t(n_d);
   std::vector<Row> rows;
-  try {  // the CPU side's six arrays: 20 bytes per element
-    dos::check_host_memory(n * 20, "dos-bench kernels --n " + std::to_string(n) + " (20 bytes per element)");
+  try {  // the CPU side's arrays at their peak (the out-of-place variants' three more): 32 bytes per element
+    dos::check_host_memory(n * 32, "dos-bench kernels --n " + std::to_string(n) + " (32 bytes per element)");
   } catch (const std::exception& e) {
     std::fprintf(stderr, "dos-bench kernels: %s\n", e.what());
     return 1;

@@ -130,7 +130,8 @@ def parse_args(argv, doc):
             ap.error(f"run '{label}' sets {', '.join(both)}, which the dos-train arguments after -- give every run: "
                      f"give each option in one place")
     for label in labels:  # its files must not be another's (LABEL.json, LABEL.rK.json, baselines.json, ...)
-        if re.search(r"\.r[0-9]+$", label) or label in ("baselines", "peers", "compare", "timeline", TIMELINE_RUN):
+        if re.search(r"\.r[0-9]+$", label) or file_tag(label) in ("baselines", "peers", "compare", "timeline",
+                                                                    TIMELINE_RUN):
             ap.error(f"--run label '{label}' would share its files with another output (labels may not end in .rK "
                      f"nor be baselines, peers, compare, timeline or {TIMELINE_RUN}): choose another")
     for bad in ("--policy", "--report", "--save-params", "--sweep", "--timeline", "--gpu-resident-budget", "--overlap"):

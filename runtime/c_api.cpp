@@ -134,6 +134,8 @@ int guarded(F&& f, bool invalid_is_input = true) {
     return fail(DOS_E_INVALID, e.what());
   } catch (const dos::ResourceError& e) {
     return fail(DOS_E_RUNTIME, e.what());
+  } catch (const dos::UsageError& e) {
+    return fail(DOS_E_INVALID, e.what());
   } catch (const dos::Error& e) {
     return fail(invalid_is_input ? DOS_E_INVALID : DOS_E_RUNTIME, e.what());
   } catch (const std::bad_alloc&) {

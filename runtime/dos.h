@@ -46,6 +46,14 @@ class ResourceError : public Error {
   using Error::Error;
 };
 
+/// An Error of a call made out of turn, leaving the optimizer as it was: a second thread's step()
+/// while one runs. The C ABI reports it as DOS_E_INVALID wherever it arises (ValueError in the
+/// Python binding), where other Errors of a step are DOS_E_RUNTIME.
+class UsageError : public Error {
+ public:
+  using Error::Error;
+};
+
 /// Where the caller's parameter and gradient buffers live.
 enum class MemoryKind { host, cuda };
 
@@ -490,8 +498,8 @@ class Optimizer {
   /// gradient makes its element's master and moments NaN or inf for good. A caller that may see
   /// them checks first (dos-train's --max-grad-norm, the binding's skip_nonfinite) and skips the
   /// step (begin_step, then finish_step with StepVerdict::skip: nothing changes).
-  /// One thread at a time: calls on one Optimizer from two threads at once are refused (Error)
-  /// where they are seen, and are not otherwise safe.
+  /// One thread at a time: step(), step_async() and begin_step() from a second thread while one
+  /// of them runs are refused (UsageError, nothing changed); other concurrent calls are not safe.
   /// Throws Error when a step is open (begin_step without finish_step) or a previous step failed.
   StepStats step();
 

@@ -483,7 +483,8 @@ void Optimizer::load_state_in_place(const std::vector<std::int64_t>& steps,
     try {
       fill(state);
     } catch (const std::exception& e) {  // partly replaced: this optimizer must not step again
-      I.broken = std::string(kLoadFailed) + e.what();
+      if (I.broken.empty() || I.broken.rfind(kLoadFailed, 0) == 0)  // a failed step's mark stays
+        I.broken = std::string(kLoadFailed) + e.what();
       throw;
     }
   });

@@ -635,13 +635,13 @@ StepStats Optimizer::Impl::finish_wait() {
 }
 
 namespace {
-/// Holds Impl::in_call for one call of step(), step_async() or begin_step(); throws Error when
+/// Holds Impl::in_call for one call of step(), step_async() or begin_step(); throws UsageError when
 /// another thread's call holds it (the phase's state is not made for two threads at once).
 struct OneCaller {
   std::atomic<bool>& flag;
   OneCaller(std::atomic<bool>& f, const char* what) : flag(f) {
     if (flag.exchange(true))
-      throw Error(std::string(what) + " was called while another thread's step() or begin_step() runs on this "
+      throw UsageError(std::string(what) + " was called while another thread's step() or begin_step() runs on this "
                   "optimizer: call it from one thread at a time");
   }
   ~OneCaller() { flag.store(false); }

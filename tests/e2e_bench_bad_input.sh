@@ -22,8 +22,8 @@ expect "is an option of host only" kernels --pages cuda
 expect "is an option of overhead only" host --empty-tasks 3
 expect "whole number" kernels --n 1.5
 avail_kb=$(awk '/^MemAvailable:/ {print $2}' /proc/meminfo 2>/dev/null)
-if [ -n "$avail_kb" ] && [ "$avail_kb" -lt 78000000 ]; then expect "needs" kernels --n 4e9  # 80 GB
-else echo "note: this machine has the 80 GB kernels --n 4e9 needs: that case is not a refusal here"; fi
+if [ -n "$avail_kb" ] && [ "$avail_kb" -lt 125000000 ]; then expect "needs" kernels --n 4e9  # 128 GB
+else echo "note: this machine has the 128 GB kernels --n 4e9 needs: that case is not a refusal here"; fi
 out=$("$bench" overhead --subgroups 3 --empty-tasks 2 --reps 2 2>&1)
 if [ $? -eq 0 ] && grep -qE "CPU worker \(trip\) +- +1 " <<<"$out"; then echo "ok: the round trip's row counts the 1 task that ran"
 else echo "FAIL: overhead with --empty-tasks 2: $out"; fails=$((fails+1)); fi

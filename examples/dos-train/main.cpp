@@ -196,13 +196,17 @@ int run(const Args& args) {
     auto place = [](const std::string& path) {  // two spellings of one folder are one place
       if (path.empty()) return std::string();
       std::error_code ec;
-      const std::filesystem::path p = std::filesystem::weakly_canonical(path, ec);
-      return ec ? path : p.string();
+      std::filesystem::path p = std::filesystem::absolute(path, ec);
+      if (!ec) p = std::filesystem::weakly_canonical(p, ec);
+      if (ec) p = std::filesystem::absolute(path).lexically_normal();
+      std::string s = p.string();
+      while (s.size() > 1 && s.back() == '/') s.pop_back();  // "ck/" is "ck"
+      return s;
     };
     char norm[32];
     std::snprintf(norm, sizeof norm, "%a", a.max_grad_norm);
     const std::string disagreement = dos_train::job_disagreement(
-        *g_comm, {{"--preset or --config (the model)", dos_train::describe_architecture(cfg)},
+        *g_comm, {{"--preset or --config (the model)", cfg.name + "\n" + dos_train::describe_architecture(cfg)},
                   {"--subgroup-size", std::to_string(subgroup)},
                   {"--dtype", a.dtype},
                   {"--seed", std::to_string(a.seed)},

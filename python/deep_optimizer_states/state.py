@@ -110,7 +110,8 @@ class _State:
             _capi.check(L.dos_optimizer_read_masters(b.handle, off, off + n, ctypes.c_void_p(seg.data_ptr())),
                         f"reading the masters of parameter {b.indices[j]}")
             now = p.detach().reshape(-1).cpu().float()
-            differs = now != seg.to(b.dtype).float()
+            held = seg.to(b.dtype).float()
+            differs = (now != held) & ~(torch.isnan(now) & torch.isnan(held))  # NaN for NaN: no write
             if bool(differs.any()):
                 seg[differs] = now[differs]
                 self._runtime_call(L.dos_optimizer_write_masters(b.handle, off, off + n, ctypes.c_void_p(seg.data_ptr())),

@@ -378,11 +378,11 @@ void write_index(const std::string& tmp, const CheckpointInfo& info, bool all_ra
   write_file_atomically(tmp + "/index.json", {{index.data(), index.size()}});
 }
 
-}  // namespace
-
-void save_checkpoint(const std::string& dir_given, const Optimizer& opt, const CheckpointInfo& info,
-                     const CheckpointRanks* ranks) {
-  const std::string dir = without_trailing_slashes(dir_given);
+/// save_checkpoint's checks before any work, on this rank: the folder (check_checkpoint_dir), the
+/// numbers of `info` (check_info), and that `info` describes `opt` (its range holds
+/// opt.num_params() elements, its subgroup size and dtype are the optimizer's: else the
+/// checkpoint could never be resumed). Throws Error naming the first failure.
+void check_save(const std::string& dir, const Optimizer& opt, const CheckpointInfo& info) {
   check_checkpoint_dir(dir);
   check_info(info);
   {  // the job described must be this optimizer's: else the checkpoint could never be resumed
@@ -399,6 +399,24 @@ void save_checkpoint(const std::string& dir_given, const Optimizer& opt, const C
       throw Error("will not save the checkpoint: CheckpointInfo says dtype '" + info.dtype + "', the optimizer's is " +
                   dtype_name(opt.dtype()));
   }
+}
+
+}  // namespace
+
+void save_checkpoint(const std::string& dir_given, const Optimizer& opt, const CheckpointInfo& info,
+                     const CheckpointRanks* ranks) {
+  const std::string dir = without_trailing_slashes(dir_given);
+  std::string refused;  // this rank's refusal before any work: under a job, every rank must hear of it
+  try {
+    check_save(dir, opt, info);
+  } catch (const std::exception& e) {
+    refused = e.what();
+  }
+  if (info.world > 1 && ranks && !ranks->all_ok(refused.empty()))
+    throw Error(refused.empty() ? "another rank refused to save the checkpoint " + dir + " (see its message); the "
+                                  "previous checkpoint is left in place"
+                                : refused);
+  if (!refused.empty()) throw Error(refused);
   struct timespec started;
   ::clock_gettime(CLOCK_REALTIME, &started);
   if (info.world > 1 && ranks) {

@@ -88,7 +88,8 @@ void check_checkpoint_dir(const std::string& dir);
 /// writes index.json (every rank's range and file) and swaps the folder in. A failure on any rank
 /// throws on every rank and leaves the previous checkpoint in place. Without `ranks` (a lone
 /// `--shard R/W` run) only this rank's file and entry are written.
-/// Refused (Error, the previous checkpoint left in place) before anything is written: `dir` fails
+/// Refused (Error, the previous checkpoint left in place; with `ranks`, on every rank, with this
+/// rank's reason or "another rank refused") before anything is written: `dir` fails
 /// check_checkpoint_dir; a number of `info` or a step count is out of the ranges above; `info`
 /// describes another optimizer (its range holds another count than opt.num_params(), its
 /// subgroup_size is not the optimizer's, its dtype is not opt.dtype()'s name); the state holds a

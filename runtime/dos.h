@@ -476,6 +476,9 @@ std::size_t host_bytes_per_param(DType dtype);
 void check_host_memory(std::size_t bytes, const std::string& what);
 
 /// Adam/AdamW over the caller's tensors, as StarPU task graphs (one per step()).
+/// Two Optimizers over the same parameters each take their masters for the parameters' own values
+/// and write them back unseen by the other: not supported (the Python binding handles a parameter
+/// given to two optimizers; a C++ caller gives each parameter to one Optimizer).
 /// Throws Error on bad input: no tensor or 0 elements in all, a null pointer, two tensors whose
 /// parameters (or whose gradients) share memory (a gradient may point at its own parameter until
 /// set_gradients gives the real one), subgroup_size 0,

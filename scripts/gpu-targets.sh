@@ -7,7 +7,8 @@
 #   PART=20b    the 20B quarter side by side (dos, the plan untouched, the repository's zero_offload
 #               and stride:2, the peers when .peers/torch_update_phase.py is there; -n 5, with
 #               dos-bench host's bound), then with 31.5 GB resident (dos, static:0.4, the
-#               repository's stride:2 and twinflow, the TwinFlow-ratio peer; -n 4); about 320 s
+#               repository's stride:2 and twinflow, the TwinFlow-ratio peer; -n 4); about 320 s (400 s
+#               on a slower machine: the side by side may take up to 300 s)
 #   PART=rest   the resident sequence (calibrating -n 2, then -n 3 from its rates cache), the 13B
 #               sweep, the 7B quarter, its 1/16 shard under 400 MB, the tiny preset (dos, cpu, gpu),
 #               dos-bench overhead, the 1.01e9-parameter GPT's update phase; about 380 s
@@ -57,7 +58,7 @@ case $PART in
     ;;
   20b)
     pv=(); [ ${#PEERS[@]} -gt 0 ] && pv=(--peer-variants zero_offload,dos_stride:2)
-    step side-by-side 150 220 python3 examples/dos_compare.py --policies dos \
+    step side-by-side 150 300 python3 examples/dos_compare.py --policies dos \
       --run "plan=--policy dos --tail-subgroups 0" --baselines zero_offload,stride:2 "${PEERS[@]}" "${pv[@]}" \
       --repeats 1 --host-bench --out "$OUT/side-by-side" -- "${B20[@]}" -n 5
     pv=(); [ ${#PEERS[@]} -gt 0 ] && pv=(--peer-variants dos_stride:2)

@@ -282,20 +282,20 @@ def main(argv=None):
         r = next(iter(runs.values()), None)
         return r["reports"][0].get("cuda_workers", 0) if r else None
 
+    def skip(label, why):
+        skipped[label] = why
+        print(f"dos-compare: run {label} skipped: {why}", file=sys.stderr)
+
     def do(label, args, budget=None):
         if arg_value(args, "--policy") in GPU_ONLY_POLICIES and cuda_workers() == 0:
-            why = f"dos-train reports no CUDA worker, and policy {arg_value(args, '--policy')} needs one"
-            skipped[label] = why
-            print(f"dos-compare: run {label} skipped: {why}", file=sys.stderr)
+            skip(label, f"dos-train reports no CUDA worker, and policy {arg_value(args, '--policy')} needs one")
             return None
         r, log, p = run_one(a, label, args, 0)
         if r is None:
             with open(log, errors="replace") as f:
                 needs_gpu = re.search(r"needs a CUDA worker and there is none", f.read())
             if needs_gpu:  # a plan that declares it needs a GPU (PlanNeeds::cuda_worker), on a machine without
-                why = f"policy {arg_value(args, '--policy')} needs a CUDA worker and dos-train has none ({log})"
-                skipped[label] = why
-                print(f"dos-compare: run {label} skipped: {why}", file=sys.stderr)
+                skip(label, f"policy {arg_value(args, '--policy')} needs a CUDA worker and dos-train has none ({log})")
                 return None
             failed.append(label)
             return None

@@ -245,29 +245,28 @@ Optimizer::Optimizer(Runtime& runtime, const std::vector<TensorView>& tensors, c
   {  // no memory written twice: the tensors' parameter ranges apart, and their gradient ranges (a
     // gradient pointer may be its parameter's until set_gradients: the binding's placeholder)
     struct Span {
+      bool grad;  // parameters first, then gradients: each kind by address
       std::uintptr_t lo, hi;
       std::size_t tensor;
-      const char* what;
+      bool operator<(const Span& o) const { return grad != o.grad ? o.grad : lo < o.lo; }
     };
     std::vector<Span> spans;
     const std::size_t esz = dtype_size(options.dtype);
     for (std::size_t i = 0; i < tensors.size(); ++i) {
       if (tensors[i].numel == 0) continue;
-      for (const auto& [ptr, what] : {std::pair<const void*, const char*>{tensors[i].param, "parameters"},
-                                      std::pair<const void*, const char*>{tensors[i].grad, "gradients"}}) {
-        const std::uintptr_t lo = reinterpret_cast<std::uintptr_t>(ptr);
-        spans.push_back({lo, lo + tensors[i].numel * esz, i, what});
+      for (const bool grad : {false, true}) {
+        const std::uintptr_t lo = reinterpret_cast<std::uintptr_t>(grad ? tensors[i].grad : tensors[i].param);
+        spans.push_back({grad, lo, lo + tensors[i].numel * esz, i});
       }
     }
-    std::sort(spans.begin(), spans.end(), [](const Span& a, const Span& b) {
-      const bool ga = a.what[0] == 'g', gb = b.what[0] == 'g';  // "gradients" after "parameters"
-      return ga != gb ? gb : a.lo < b.lo;                          // by kind, then by address
-    });
+    std::sort(spans.begin(), spans.end());
     for (std::size_t k = 1; k < spans.size(); ++k)
-      if (spans[k].what[0] == spans[k - 1].what[0] && spans[k].lo < spans[k - 1].hi)
-        throw Error("tensor " + std::to_string(spans[k - 1].tensor) + "'s " + spans[k - 1].what + " and tensor " +
-                    std::to_string(spans[k].tensor) + "'s " + spans[k].what +
+      if (spans[k].grad == spans[k - 1].grad && spans[k].lo < spans[k - 1].hi) {
+        const char* what = spans[k].grad ? "gradients" : "parameters";
+        throw Error("tensor " + std::to_string(spans[k - 1].tensor) + "'s " + what + " and tensor " +
+                    std::to_string(spans[k].tensor) + "'s " + what +
                     " share memory: each element's parameter and gradient must be its own (give each tensor once)");
+      }
   }
   if (options.memory == MemoryKind::cuda) {
     if (runtime.cuda_workers() == 0)
@@ -544,6 +543,11 @@ void Optimizer::Impl::copy_master_range(std::size_t begin, std::size_t end, floa
   if (begin > end || end > nparams)
     throw Error(std::string(what) + ": the range [" + std::to_string(begin) + ", " + std::to_string(end) +
                 ") is not inside the optimizer's " + std::to_string(nparams) + " parameters");
+  // a write takes the values load_state accepts: an inf or NaN master would make every later step NaN
+  if (mode != STARPU_R)
+    if (const std::size_t k = first_bad_state_value(at, end - begin, false); k < end - begin)
+      throw Error(std::string(what) + ": the value for element " + std::to_string(begin + k) + " is " +
+                  std::to_string(at[k]) + "; a master parameter must be finite (nothing was written)");
   for (const auto& sg : sgs) {
     const std::size_t lo = std::max(begin, sg->begin), hi = std::min(end, sg->begin + sg->size);
     if (lo >= hi) continue;
@@ -561,11 +565,6 @@ void Optimizer::read_master_range(std::size_t begin, std::size_t end, float* out
 
 void Optimizer::write_master_range(std::size_t begin, std::size_t end, const float* values) {
   if (begin < end && !values) throw Error("write_master_range: values is null");
-  // the same values load_state accepts: an inf or NaN master would make every later step NaN
-  if (begin < end && end <= impl_->nparams)
-    if (const std::size_t k = first_bad_state_value(values, end - begin, false); k < end - begin)
-      throw Error("write_master_range: the value for element " + std::to_string(begin + k) + " is " +
-                  std::to_string(values[k]) + "; a master parameter must be finite (nothing was written)");
   impl_->copy_master_range(begin, end, const_cast<float*>(values), STARPU_RW, "write_master_range");
 }
 

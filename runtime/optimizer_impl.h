@@ -384,7 +384,8 @@ struct Optimizer::Impl {
   void require_no_open_step(const char* what) const;
   /// read_master_range / write_master_range: copies between the masters of flat elements
   /// [begin, end) and `at` (host memory), subgroup by subgroup, acquiring each master for `mode`
-  /// (STARPU_R to read, STARPU_RW to write). Throws Error for a range outside the parameters.
+  /// (STARPU_R to read, STARPU_RW to write). Throws Error, nothing copied, for a range outside the
+  /// parameters or, writing, a value that is not finite.
   void copy_master_range(std::size_t begin, std::size_t end, float* at, enum starpu_data_access_mode mode,
                          const char* what) const;
   bool speculable(std::size_t i) const;

@@ -14,25 +14,10 @@ import os
 import sys
 import tempfile
 
-try:
-    import torch  # noqa: F401 (train_gpt.py needs it)
-except ImportError:
-    print("torch is not importable by this Python: skipped")
-    sys.exit(77)
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "python"))
-sys.path.insert(0, os.path.join(ROOT, "examples"))
-
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# test_pytorch: torch imported (or exit 77), python/ and examples/ on the path, check() and its failures
+from test_pytorch import check, failures  # noqa: E402
 import train_gpt  # noqa: E402
-
-failures = []
-
-
-def check(cond, what):
-    print(("ok   " if cond else "FAIL ") + what, flush=True)
-    if not cond:
-        failures.append(what)
 
 
 def expect_usage_error(argv, needle, what):

@@ -107,12 +107,13 @@ void check_parent_writable(const std::string& path, const std::string& what) {
 void check_writable(const std::string& path) {
   check_parent_writable(path, path);
   struct stat st;
-  if (::lstat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode))
+  if (::lstat(path.c_str(), &st) != 0) return;  // a new file
+  if (!S_ISREG(st.st_mode))
     throw std::runtime_error("will not write " + path + ": it exists and is not a regular file (a folder, device, "
                              "FIFO or symbolic link); give the path of a regular file");
   // The rename would replace a write-protected file all the same: honour the protection (by its
   // mode bits too, which root's access() ignores).
-  if (::lstat(path.c_str(), &st) == 0 && ((st.st_mode & 0222) == 0 || ::access(path.c_str(), W_OK) != 0))
+  if ((st.st_mode & 0222) == 0 || ::access(path.c_str(), W_OK) != 0)
     throw std::runtime_error("will not write " + path + ": it exists and is write-protected; make it writable "
                              "(chmod u+w) or give another path");
 }

@@ -43,6 +43,10 @@ GPU or the runtime has no CUDA worker.
    parameters and state bit for bit as with 0; every phase's stats say at most 3 subgroups bound
    and at most those moved, none bound without a CUDA worker, and with one all 3 bound in every
    phase whose plan has more than 3 subgroups on each side (how many phases that was is printed).
+   On CUDA under a model policy other than static:R, the same again in a process of its own under
+   static:0.5 (half of the 10-subgroup bucket on each side), which must bind all 3 in at least one
+   phase: the policy's own plans for this small model may never be mixed enough, which would leave
+   the same-bits check comparing phases in which nothing was bound.
 """
 
 import json
@@ -357,19 +361,19 @@ def expect_refused(argv, what):
         check(e.code == 2, f"{what} refused (exit 2)")
 
 
-def test_tail_subgroups(device, policy):
-    m = make_model(device, torch.float32)
-    for bad in (-1, 1000001, True, 2.0, "6"):
-        expect_error(ValueError, "tail_subgroups", lambda: make_opt(m, policy, tail_subgroups=bad),
-                     f"tail_subgroups={bad!r}")
+def tail_runs(device, policy):
+    """Trains a bf16 model 4 steps with tail_subgroups 0, then 3, under ``policy`` (a str), checking each
+    phase's binding counts as it goes; returns ``(runs, mixed)``: runs a list of two (losses, snapshot,
+    tail_bound per phase) tuples, mixed the phases with tail 3 whose plan had more than 3 subgroups on
+    each side (all 3 then bound)."""
     runs = []
+    mixed = 0  # phases whose plan leaves CPU and streamed subgroups beside a full tail
     for tail in (0, 3):
         mk = make_model(device, torch.bfloat16)
         o = make_opt(mk, policy, tail_subgroups=tail)
         check(o.tail_subgroups == tail, f"the optimizer keeps tail_subgroups={tail}")
         bound = []
         losses = []
-        mixed = 0  # phases whose plan leaves CPU and streamed subgroups beside a full tail
         cuda = False
         streamed_before = {}  # per bucket: whether an earlier step streamed (allocated GPU buffers)
         for s in range(1, 5):
@@ -393,11 +397,54 @@ def test_tail_subgroups(device, policy):
         if not cuda:
             check(sum(bound) == 0, f"no CUDA worker: nothing bound (got {bound})")
         elif tail:
-            print(f"     tail_subgroups={tail}: {mixed} phase(s) with a plan mixed enough to bind all {tail}")
+            print(f"     policy {policy}, tail_subgroups={tail}: {mixed} phase(s) with a plan mixed enough to bind "
+                  f"all {tail}")
         runs.append((losses, snapshot(mk, o), bound))
         o.close()
     check(runs[0][0] == runs[1][0] and same_snapshot(runs[0][1], runs[1][1]),
-          f"tail_subgroups=3 (bound per phase: {runs[1][2]}): losses, parameters and state bit for bit as with 0")
+          f"policy {policy}: tail_subgroups=3 (bound per phase: {runs[1][2]}): losses, parameters and state bit for bit "
+          "as with 0")
+    return runs, mixed
+
+
+# A process of its own (the runtime's policy is the process's): the tail binding under static:0.5, whose
+# plan puts half of the 10-subgroup bucket on each side, so that the binder has a full tail to bind and
+# the same-bits check compares phases in which it bound (and may have moved) 3 subgroups.
+_TAIL_CHILD = """
+import sys
+sys.path.insert(0, sys.argv[1])
+sys.argv = sys.argv[:1]
+import test_pytorch_options as t
+from test_pytorch import failures
+t.dos.get_runtime("static:0.5")
+runs, mixed = t.tail_runs("cuda", "static:0.5")
+t.check(mixed > 0, f"policy static:0.5: at least one phase with a plan mixed enough to bind all 3 (got {mixed})")
+t.dos.shutdown()
+print(f"{len(failures)} failure(s)")
+for f in failures:
+    print("  failed: " + f)
+sys.exit(1 if failures else 0)
+"""
+
+
+def test_tail_subgroups(device, policy):
+    m = make_model(device, torch.float32)
+    for bad in (-1, 1000001, True, 2.0, "6"):
+        expect_error(ValueError, "tail_subgroups", lambda: make_opt(m, policy, tail_subgroups=bad),
+                     f"tail_subgroups={bad!r}")
+    tail_runs(device, policy)
+    if device == "cuda" and not policy.startswith("static:"):
+        # the policy's own plans may keep a side under 4 subgroups on this small model, which binds
+        # nothing: a forced half-and-half plan binds in every phase after the first that streams
+        try:
+            r = subprocess.run([sys.executable, "-c", _TAIL_CHILD, os.path.dirname(os.path.abspath(__file__))],
+                               capture_output=True, text=True, timeout=240)
+            out, ok = r.stdout + r.stderr, r.returncode == 0
+        except subprocess.TimeoutExpired:
+            out, ok = "timed out after 240 s", False
+        print("\n".join("     " + line for line in out.splitlines() if line.startswith(("ok", "FAIL", "     policy", "  failed"))))
+        check(ok, f"under static:0.5 in a process of its own, the tail binding binds all 3 and keeps the bits "
+                  f"({'passed' if ok else out[-1500:]})")
     # train_gpt.py --tail-subgroups: reaches the optimizer; bad values and other optimizers refused
     args = train_gpt.parse_args(tiny_args("dos", device, policy) + ["--tail-subgroups", "4"])
     check(args.tail_subgroups == 4, f"train_gpt.py --tail-subgroups 4 parsed (got {args.tail_subgroups})")

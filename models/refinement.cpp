@@ -8,7 +8,6 @@
 namespace dos {
 
 namespace {
-constexpr double kLowestLinkShare = 1.0 / 16;  // a floor for the figures' sake (refinement.h)
 
 void require_complete(const Rates& r) {
   if (!rates_complete(r)) throw std::invalid_argument("refine_rates: every rate must be a positive number");

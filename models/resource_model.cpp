@@ -35,6 +35,13 @@ double lowest_distinct_u_c_dma(const Workload& w, const Rates& r, std::size_t cp
 
 double highest_link_share(const Rates& r) { return r.U_c / r.U_c_dma; }
 
+double estimated_link_share(const Rates& r) {
+  if (!(r.U_c > 0 && std::isfinite(r.U_c) && r.U_c_dma > 0 && std::isfinite(r.U_c_dma)))
+    throw std::invalid_argument("estimated_link_share needs U_c and U_c_dma positive and finite (params/s), got " +
+                                std::to_string(r.U_c) + " and " + std::to_string(r.U_c_dma));
+  return std::min(kUnmeasuredLinkShare, std::max(kLowestLinkShare, r.U_c_dma / r.U_c));
+}
+
 std::string rate_bounds_error(const Rates& r) {
   if (r.U_c_dma > r.U_c) return "U_c_dma (CPU Adam beside DMA) cannot exceed U_c (alone)";
   if (r.link_share > highest_link_share(r))
@@ -279,7 +286,11 @@ double lower_bound(const Workload& w, const Rates& calibrated, const Rates& refi
                    double cold_resident_params) {
   check_rates(calibrated);
   check_rates(refined);
-  const Rates a = with_cpu_workers(calibrated, cpu_workers), b = with_cpu_workers(refined, cpu_workers);
+  Rates a = with_cpu_workers(calibrated, cpu_workers);
+  const Rates b = with_cpu_workers(refined, cpu_workers);
+  // the calibration's link_share is no counted measure (an estimate, or a measure on scratch
+  // phases): it counts as at least the placeholder, so that no prior makes the bound higher
+  a.link_share = std::max(a.link_share, kUnmeasuredLinkShare);
   Rates best;
   best.U_c = std::max(a.U_c, b.U_c);
   best.U_g = std::max(a.U_g, b.U_g);

@@ -35,6 +35,10 @@ namespace dos {
 /// phase measured it (rates_to_save, models/refinement.h).
 inline constexpr double kUnmeasuredLinkShare = 1;
 
+/// The lowest link_share the refinement and the calibration's estimate give: a floor for the
+/// figures' sake (models/refinement.h), unitless.
+inline constexpr double kLowestLinkShare = 1.0 / 16;
+
 /// Measured rates of one rank's machine.
 /// U_c: CPU Adam on one StarPU CPU worker, params/s, with no DMA running; U_c_dma: the same while H2D and D2H both stream
 /// (params/s, <= U_c); U_g: GPU Adam, params/s; D_c: GPU gradient conversion to fp32, params/s;
@@ -133,6 +137,19 @@ std::string rate_bounds_error(const Rates& r);
 /// link_share at or below it.
 double highest_link_share(const Rates& r);
 
+/// The calibration's link_share before any phase has measured it (calibrate_rates' default rule):
+/// U_c_dma / U_c, the fraction of its own rate that CPU Adam keeps beside DMA, within [1/16, 1]
+/// (unitless, as Rates::link_share; 1 when U_c_dma reaches U_c). An empirical prior, not a
+/// derivation: in the model, link_share 1 already gives the links the same fraction as CPU Adam,
+/// yet on the GPU machine (one H200, 16 cores) the phases refined link_share to about this ratio
+/// where the streams ran beside CPU Adam all along (the 20B quarter with 31.5 GB resident: 0.766
+/// refined against a calibrated ratio of 0.766, and 0.831 against 0.823), and above it where part
+/// of the streaming ran alone (the 13B quarter 0.86 against 0.73, the 7B quarter 1.05 against 0.74;
+/// docs/measured-2026-12.md, "Link share: the calibration's estimate"). A calibrating run plans its
+/// first phases at this value, which phases that stream then replace (initial_link_share_record).
+/// Throws std::invalid_argument when U_c or U_c_dma is not a positive finite number.
+double estimated_link_share(const Rates& r);
+
 /// The predicted times of a plan, seconds, per resource and overall (the maximum). host: the
 /// plan's host memory traffic (CPU Adam's and every PCIe byte) over host_bandwidth.
 struct Prediction {
@@ -229,6 +246,9 @@ double lower_bound(const Workload& w, const Rates& r, std::size_t cpu_workers = 
 /// better of its calibrated and its refined rate (after the phases run so far): U_c, U_g, D_c,
 /// B_h2d, B_d2h and link_share each the higher of the two, and host memory at the higher of the two
 /// host_bandwidth figures (U_c_dma chosen to give it, since the bound reads U_c_dma only there).
+/// The calibrated link_share counts as at least kUnmeasuredLinkShare (1): the calibration's value
+/// is an estimate or a measure on short scratch phases that no optimizer counts
+/// (initial_link_share_record), and a prior below 1 would lower M and so raise the bound.
 /// So it is at most either one-rate bound: a rate the refinement found higher than calibrated (CPU
 /// Adam measured in a phase's tasks faster than in the calibration's scratch phases) lowers it,
 /// and a rate it found lower (a link's average over a phase, with its idle gaps) does not raise

@@ -18,7 +18,6 @@
 #include "dos.h"
 #include "optimizer_impl.h"
 #include "rates_json.h"
-#include "switches.h"
 
 #include <starpu.h>
 
@@ -146,12 +145,25 @@ double measure_link_share(Optimizer::Impl& I, Optimizer& opt, const Rates& r, do
   return result;
 }
 
-// Whether the calibration measures link_share (the measurement switch DOS_CALIBRATE_LINK_SHARE=1,
-// read once). Its rates files get their own name, so that a run with the switch off never plans
-// from a calibration made with it on, and the reverse.
-bool calibration_measures_link_share() {
-  static const bool on = detail::env_says("DOS_CALIBRATE_LINK_SHARE", "1");
-  return on;
+// How the calibration gives link_share (DOS_CALIBRATE_LINK_SHARE, read once): estimate (unset or
+// empty, the default): estimated_link_share of the calibrated rates; placeholder: 1
+// (kUnmeasuredLinkShare, the rule before the estimate); measure (or 1, its older spelling):
+// measure_link_share on scratch phases. Each rule's rates files get their own name (rates_cache_path),
+// so that a run never plans from a calibration made under another rule. Throws Error naming the
+// variable for any other value.
+enum class LinkShareRule { estimate, placeholder, measure };
+
+LinkShareRule link_share_rule() {
+  static const LinkShareRule rule = [] {
+    const char* v = std::getenv("DOS_CALIBRATE_LINK_SHARE");
+    const std::string s = v ? v : "";
+    if (s.empty() || s == "estimate") return LinkShareRule::estimate;
+    if (s == "placeholder") return LinkShareRule::placeholder;
+    if (s == "measure" || s == "1") return LinkShareRule::measure;
+    throw Error("DOS_CALIBRATE_LINK_SHARE is '" + s + "': it must be estimate (the default, also when unset or "
+                "empty), placeholder or measure; unset it or give one of those");
+  }();
+  return rule;
 }
 
 }  // namespace
@@ -164,7 +176,9 @@ std::string rates_cache_path(const Runtime& runtime, std::size_t S, DType dtype,
                           "-" + dtype_name(dtype) + "-" + (memory == MemoryKind::cuda ? "gpu" : "host") + "-S" +
                           std::to_string(S) +
                           (runtime.node_ranks() > 1 ? "-ranks" + std::to_string(runtime.node_ranks()) : std::string()) +
-                          (calibration_measures_link_share() ? "-link_share" : "");
+                          (link_share_rule() == LinkShareRule::measure       ? "-link_share"
+                           : link_share_rule() == LinkShareRule::placeholder ? "-link_share_placeholder"
+                                                                             : "");
   return cache_dir() + "/rates-" + key + ".json";
 }
 
@@ -291,10 +305,15 @@ Rates calibrate_rates(Runtime& runtime, std::size_t S, DType dtype, MemoryKind m
                                            r.U_c_dma * sim.cpu_beside_dma / beside));
     }
   }
-  // link_share, last: its measure is the refinement's, which simulates the phase at the rates above
-  // (capped at U_c / U_c_dma of these rates). A measurement switch until it has been
-  // measured on the GPU machine against the placeholder: DOS_CALIBRATE_LINK_SHARE=1 measures it.
-  if (calibration_measures_link_share()) {
+  // link_share, last: the estimate (from U_c and U_c_dma above), the placeholder, or the
+  // refinement's measure on scratch phases, which simulates them at the rates above (capped at
+  // U_c / U_c_dma of these rates); DOS_CALIBRATE_LINK_SHARE picks the rule (link_share_rule)
+  if (link_share_rule() == LinkShareRule::estimate) {
+    r.link_share = estimated_link_share(r);
+    if (verbose)
+      std::fprintf(stderr, "[dos] calibration's link_share: %.3f, estimated as U_c_dma / U_c (replaced by the first "
+                   "phases that stream)\n", r.link_share);
+  } else if (link_share_rule() == LinkShareRule::measure) {
     std::string link_note;
     r.link_share = measure_link_share(*opt.impl_, opt, r, highest_link_share(r), nsub, 5, verbose ? &link_note : nullptr);
     if (verbose) std::fprintf(stderr, "[dos] calibration's link_share: %s\n", link_note.c_str());

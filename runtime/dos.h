@@ -699,13 +699,14 @@ void validate_adam_hyper(const AdamHyper& h);
 /// memory kind), U_c_dma from a phase where the CPU updates 2 subgroups while 6 stream, U_g and D_c
 /// from the CUDA kernels timed with events, B_h2d and B_d2h from copies both ways at once
 /// (cudaMemcpyAsync on two streams; StarPU's one-way bus calibration in a build without CUDA
-/// kernels), and link_share at the placeholder 1 (kUnmeasuredLinkShare), then refined online by the
-/// Optimizer from what each phase's resources were busy doing.
-/// With the measurement switch DOS_CALIBRATE_LINK_SHARE=1 (read once; not yet the default: it has
-/// not run on a GPU against the placeholder), link_share is measured last, from 5 phases of the
-/// spread plan whose simulated streams run longest beside CPU Adam, each refined from the rates
-/// above as an optimizer's first phases are (models/refinement.h; the median of those that sized a
-/// measure, capped at U_c / U_c_dma; the placeholder when fewer than 3 did). An optimizer does not
+/// kernels), and link_share by the rule DOS_CALIBRATE_LINK_SHARE picks (read once): by default
+/// (unset, empty or "estimate") estimated_link_share of the rates above, U_c_dma / U_c within
+/// [1/16, 1] (models/resource_model.h gives the GPU machine's evidence); "placeholder": 1
+/// (kUnmeasuredLinkShare); "measure" (or "1"): measured last, from 5 phases of the spread plan whose
+/// simulated streams run longest beside CPU Adam, each refined from the rates above as an
+/// optimizer's first phases are (models/refinement.h; the median of those that sized a measure,
+/// capped at U_c / U_c_dma; the placeholder when fewer than 3 did). link_share is then refined
+/// online by the Optimizer from what each phase's resources were busy doing. An optimizer does not
 /// count the calibration's link_share as a measure: its first phases that stream replace it
 /// (initial_link_share_record). Needs a model policy (dos, static:R) and a CUDA worker; takes a few seconds (pinning the
 /// scratch state). The result is cached in $DOS_CACHE_DIR (default $XDG_CACHE_HOME/dos-runtime,
@@ -713,14 +714,17 @@ void validate_adam_hyper(const AdamHyper& h);
 /// the calibrated ones; `force` measures again. Returns the rates to plan with (refined ones when
 /// the cache has them); *calibrated (when not null) gets the calibration's own, which the lower
 /// bound uses so that it does not move from run to run.
-/// Throws Error when there is no CUDA worker or the policy is not a model policy.
+/// Throws Error when there is no CUDA worker, the policy is not a model policy, or
+/// DOS_CALIBRATE_LINK_SHARE names no rule.
 Rates calibrate_rates(Runtime& runtime, std::size_t subgroup_elems, DType dtype, MemoryKind memory, bool force,
                       bool verbose, Rates* calibrated = nullptr);
 
 /// The cache file of calibrate_rates for this runtime and configuration: rates-KEY.json in the cache
 /// folder, KEY naming the host, the workers, the dtype, the memory kind, the subgroup size, the
-/// node's ranks when more than one, and "-link_share" with the measurement switch
-/// DOS_CALIBRATE_LINK_SHARE=1 (a calibration made with the switch on is read only with it on).
+/// node's ranks when more than one, and the calibration's link_share rule (DOS_CALIBRATE_LINK_SHARE,
+/// calibrate_rates): nothing for the default estimate, "-link_share" for measure (or 1),
+/// "-link_share_placeholder" for placeholder, so that a calibration made under one rule is read only
+/// under it. Throws Error when DOS_CALIBRATE_LINK_SHARE names no rule.
 std::string rates_cache_path(const Runtime& runtime, std::size_t subgroup_elems, DType dtype, MemoryKind memory);
 
 /// Reads a rates file in the format of calibrate_rates' cache: a JSON object with U_c, U_c_dma, U_g,

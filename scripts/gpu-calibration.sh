@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# On the GPU machine: does the calibration's link_share measure (DOS_CALIBRATE_LINK_SHARE=1) predict
-# a calibrating run's first phases better than the placeholder 1? Builds, then runs each case
-# below as one calibrating process (a fresh rates cache each), with the switch off and on,
-# interleaved, ROUNDS times, and prints each phase's update time and prediction error:
+# On the GPU machine: which of the calibration's link_share rules (DOS_CALIBRATE_LINK_SHARE: the
+# estimate U_c_dma / U_c, the default; the placeholder 1; the measure on scratch phases) predicts a
+# calibrating run's first phases best? Builds, then runs each case below as one calibrating process
+# (a fresh rates cache each) under each rule of RULES (default "placeholder estimate"), interleaved,
+# ROUNDS times, and prints each phase's update time and prediction error:
 #   20b-resident  the 20B quarter with 31.5 GB resident, update after backward, -n 2 (its first
 #                 phase brings the resident state up, its second is the first that streams)
 #   20b           the 20B quarter, nothing resident, -n 3
@@ -11,21 +12,23 @@
 #                 shard under a 400 MB update budget (all on the CPU, -n 4): U_c's first measure in
 #                 the second process, which starts from the quarter's rates (the report of the
 #                 second is the case's; the first's is <name>-first.json)
+# Each process is named CASE-RULE-roundK.
 # On the GPU machine, with .deps/cache present:
 #   scripts/gpu-calibration.sh
 #   TESTS=1 CASES='20b-resident 7b-seq' scripts/gpu-calibration.sh
 # Outputs go to $OUT (default ./gpu-calibration-out): each process's log and report, summary.txt.
-# CASES picks cases (default all four), ROUNDS the repetitions (default 1). TESTS=1 runs the GPU
-# tests first (the README's list with refinement-first-phases, 200-260 s). Each case runs twice
-# (switch off and on): 20b-resident about 70 s, 20b about 90 s, 7b-16m about 12 s, 7b-seq about
-# 80 s; with the build (60-90 s) all four cases take about 350 s, so with TESTS=1 give two of them
-# (as above) to stay under 600 s per run on the GPU machine. Needs about 80 GB of host memory (the 20B
+# CASES picks cases (default all four), RULES the rules, ROUNDS the repetitions (default 1). TESTS=1
+# runs the GPU tests first (the README's list with refinement-first-phases, 200-260 s). Each case
+# runs once per rule; with two rules: 20b-resident about 70 s, 20b about 90 s, 7b-16m about 12 s,
+# 7b-seq about 80 s; with the build (60-90 s) all four cases take about 350 s, so with TESTS=1 give
+# two of them (as above) to stay under 600 s per run on the GPU machine. Needs about 80 GB of host memory (the 20B
 # quarter's state and staging). On a machine without a GPU the runs fall back to the CPU and
 # calibrate nothing: the script says so and its figures mean nothing.
 set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${OUT:-$ROOT/gpu-calibration-out}
 CASES=${CASES:-20b-resident 20b 7b-16m 7b-seq}
+RULES=${RULES:-placeholder estimate}
 ROUNDS=${ROUNDS:-1}
 mkdir -p "$OUT"
 t0=$(date +%s)
@@ -55,15 +58,15 @@ args() {
 for round in $(seq 1 "$ROUNDS"); do
   for c in $CASES; do
     a=$(args "$c") || exit 2
-    for sw in 0 1; do
-      name="$c-switch$sw-round$round"
+    for rule in $RULES; do
+      name="$c-$rule-round$round"
       cache=$(mktemp -d)
       if [ "$c" = 7b-seq ]; then
-        DOS_CACHE_DIR=$cache DOS_CALIBRATE_LINK_SHARE=$sw timeout 120 "$TRAIN" --preset llama2-7b --shard 0/4 \
+        DOS_CACHE_DIR=$cache DOS_CALIBRATE_LINK_SHARE=$rule timeout 120 "$TRAIN" --preset llama2-7b --shard 0/4 \
           --subgroup-size 1e8 --policy dos -n 4 --report "$OUT/$name-first.json" > "$OUT/$name-first.log" 2>&1
       fi
       # shellcheck disable=SC2086
-      DOS_CACHE_DIR=$cache DOS_CALIBRATE_LINK_SHARE=$sw timeout 120 "$TRAIN" $a --report "$OUT/$name.json" \
+      DOS_CACHE_DIR=$cache DOS_CALIBRATE_LINK_SHARE=$rule timeout 120 "$TRAIN" $a --report "$OUT/$name.json" \
         > "$OUT/$name.log" 2>&1
       echo "$name: exit $?, $(grep -h "calibration's link_share" "$OUT/$name.log" | head -1)"
       grep -q "no CUDA worker" "$OUT/$name.log" &&
@@ -74,6 +77,6 @@ for round in $(seq 1 "$ROUNDS"); do
   done
 done
 {
-  echo "case-switchN-roundK: per phase update s (prediction error, CPU Adam per CPU worker)"
-  python3 "$ROOT/scripts/report_phases.py" $(ls "$OUT"/*-switch*-round*.json | grep -v '\.rates\.json$')
+  echo "case-rule-roundK: per phase update s (prediction error, CPU Adam per CPU worker)"
+  python3 "$ROOT/scripts/report_phases.py" $(ls "$OUT"/*-round*.json | grep -v '\.rates\.json$')
 } | tee "$OUT/summary.txt"

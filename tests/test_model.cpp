@@ -12,6 +12,7 @@
 
 #include "cmocka_cpp.h"
 #include "dos.h"
+#include "refinement.h"
 #include "resource_model.h"
 #include "traffic.h"
 
@@ -135,6 +136,16 @@ void test_bound_two_rates(void**) {
   assert_float_equal(dos::lower_bound(w, calibrated, slower_links, 1), lb_cal, 1e-12);
   // two CPU workers count as in the one-rate bound
   assert_float_equal(dos::lower_bound(w, calibrated, calibrated, 2), dos::lower_bound(w, calibrated, 2), 1e-12);
+  // the calibration's link_share estimate (below 1) raises no bound: the calibrated side counts it
+  // as the placeholder 1, where the one-rate bound of the same rates is higher (less host memory)
+  dos::Rates estimated = calibrated;
+  estimated.link_share = dos::estimated_link_share(calibrated);
+  assert_true(estimated.link_share < 0.7);
+  for (const dos::Workload& v : {w, [&] { dos::Workload h = w; h.caller_on_gpu = false; return h; }()}) {
+    assert_float_equal(dos::lower_bound(v, estimated, calibrated, 1), dos::lower_bound(v, calibrated, calibrated, 1),
+                       1e-12);
+    assert_true(dos::lower_bound(v, estimated) > dos::lower_bound(v, calibrated) * 1.001);
+  }
   // U_c refined up alone (the refinement's measure from the tasks after the streaming): the
   // one-rate bound of those rates rises (host memory M shrinks with U_c_dma / U_c), the two-rate
   // bound does not
@@ -383,6 +394,46 @@ void test_rates_file(void**) {
   std::remove(dir);
 }
 
+// The calibration's link_share estimate (estimated_link_share): U_c_dma / U_c within [1/16, 1],
+// refused for rates it cannot divide; and the optimizer does not count it as a measure
+// (initial_link_share_record): its first phases that stream replace it.
+void test_estimated_link_share(void**) {
+  dos::Rates r{4e9, 3e9, 130e9, 450e9, 50e9, 49e9, 1.0};
+  assert_true(dos::estimated_link_share(r) == 0.75);
+  r.U_c_dma = r.U_c;
+  assert_true(dos::estimated_link_share(r) == 1.0);
+  r.U_c_dma = 1e8;  // 1/40 of U_c: the floor
+  assert_true(dos::estimated_link_share(r) == 1.0 / 16);
+  r.U_c_dma = 5e9;  // above U_c (rates that break the model's bounds): at most 1
+  assert_true(dos::estimated_link_share(r) == 1.0);
+  for (const double bad : {0.0, -1.0, std::nan(""), HUGE_VAL}) {
+    dos::Rates b = r;
+    b.U_c_dma = bad;
+    bool refused = false;
+    try {
+      (void)dos::estimated_link_share(b);
+    } catch (const std::invalid_argument&) {
+      refused = true;
+    }
+    assert_true(refused);
+    b = r;
+    b.U_c = bad;
+    refused = false;
+    try {
+      (void)dos::estimated_link_share(b);
+    } catch (const std::invalid_argument&) {
+      refused = true;
+    }
+    assert_true(refused);
+  }
+  // a fresh calibration's rates: the estimate is the calibration's own value, not counted
+  dos::Rates cal{4e9, 3e9, 130e9, 450e9, 50e9, 49e9, 1.0};
+  cal.link_share = dos::estimated_link_share(cal);
+  const dos::LinkShareRecord rec = dos::initial_link_share_record(cal, cal);
+  assert_false(rec.measured);
+  assert_true(rec.provisional == 0.75);
+}
+
 }  // namespace
 
 int main() {
@@ -391,7 +442,7 @@ int main() {
       cmocka_unit_test(test_extremes),   cmocka_unit_test(test_static_fidelity), cmocka_unit_test(test_bad_input),
       cmocka_unit_test(test_budgets),    cmocka_unit_test(test_grad_bytes), cmocka_unit_test(test_rates_file),
       cmocka_unit_test(test_bound_cold_resident),
-      cmocka_unit_test(test_gpu_conversion),
+      cmocka_unit_test(test_gpu_conversion),     cmocka_unit_test(test_estimated_link_share),
   };
   return cmocka_run_group_tests(tests, nullptr, nullptr);
 }

@@ -1,6 +1,7 @@
-// The rates cache's file name (rates_cache_path): one file per configuration, and calibrations with
-// and without the link_share measure (DOS_CALIBRATE_LINK_SHARE=1) in files of their own. Run once
-// with the switch and once without (meson.build); each run checks the name its environment asks for.
+// The rates cache's file name (rates_cache_path): one file per configuration, and the calibration's
+// link_share rules (DOS_CALIBRATE_LINK_SHARE: estimate by default, placeholder, measure or its older
+// spelling 1) in files of their own. Run once per value (meson.build); each run checks the name its
+// environment asks for, and a value that names no rule is refused with an error naming the variable.
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -18,7 +19,24 @@ bool ends_with(const std::string& s, const std::string& tail) {
 
 void test_cache_names(void**) {
   const char* sw = std::getenv("DOS_CALIBRATE_LINK_SHARE");
-  const bool on = sw && std::strcmp(sw, "1") == 0;
+  const std::string rule = sw ? sw : "";
+  if (rule != "" && rule != "estimate" && rule != "placeholder" && rule != "measure" && rule != "1") {
+    // a value that names no rule: refused, with the variable named, on every call (nothing cached)
+    for (int call = 0; call < 2; ++call) {
+      try {
+        (void)dos::rates_cache_path(*g_rt, 1000, dos::DType::bf16, dos::MemoryKind::host);
+        fail_msg("DOS_CALIBRATE_LINK_SHARE=%s was accepted", rule.c_str());
+      } catch (const dos::Error& e) {
+        std::printf("  refused: %s\n", e.what());
+        assert_non_null(std::strstr(e.what(), "DOS_CALIBRATE_LINK_SHARE"));
+        assert_non_null(std::strstr(e.what(), rule.c_str()));
+      }
+    }
+    return;
+  }
+  const char* suffix = rule == "measure" || rule == "1" ? "-link_share.json"
+                       : rule == "placeholder"         ? "-link_share_placeholder.json"
+                                                       : "-S1000.json";
   const std::string a = dos::rates_cache_path(*g_rt, 1000, dos::DType::bf16, dos::MemoryKind::host);
   const std::string b = dos::rates_cache_path(*g_rt, 1001, dos::DType::bf16, dos::MemoryKind::host);
   const std::string c = dos::rates_cache_path(*g_rt, 1000, dos::DType::fp16, dos::MemoryKind::host);
@@ -28,9 +46,9 @@ void test_cache_names(void**) {
   assert_true(a != b && a != c && a != d && b != c && b != d && c != d);
   assert_true(a.rfind(std::string(std::getenv("DOS_CACHE_DIR")) + "/rates-", 0) == 0);
   assert_true(a.find("-S1000") != std::string::npos);
-  // the switch's own name, and only with the switch
-  assert_true(ends_with(a, on ? "-link_share.json" : "-S1000.json"));
-  assert_true(ends_with(d, on ? "-link_share.json" : "-S1000.json"));
+  // each rule's own name, and the default's without a suffix
+  assert_true(ends_with(a, suffix));
+  assert_true(ends_with(d, suffix));
 }
 
 }  // namespace

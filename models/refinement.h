@@ -110,7 +110,7 @@ struct Refined {
 ///    plans near the ones run are then predicted right, those far from them (mostly streamed) are
 ///    not, until phases that stream mostly alone refine B.
 ///    link_share_measured false: link_share holds no counted measure (the placeholder 1, or the
-///    calibration's measure on scratch phases with DOS_CALIBRATE_LINK_SHARE=1, not counted:
+///    calibration's value, its estimate or its measure on scratch phases, not counted:
 ///    initial_link_share_record), so the
 ///    step takes its measure whole (within the bounds
 ///    below, and still by at most a factor of 2, so that one odd first phase does not swing the
@@ -203,15 +203,15 @@ struct LinkShareRecord {
 ///    highest_link_share(rates) (as rates_to_save keeps it when a phase lowered that cap): no phase
 ///    has measured it since the calibration. measured is false, so the optimizer's first phases
 ///    that stream take their own measures whole (refine_after_phase); provisional is that value
-///    when the calibration measured one (calibrated.link_share not kUnmeasuredLinkShare), 0
+///    when the calibration gave one (its estimate or measure: calibrated.link_share not kUnmeasuredLinkShare), 0
 ///    otherwise, so rates_to_save keeps it when no phase measures link_share. This covers a fresh
 ///    calibration and a rates file whose link_share no phase moved. (A phase's measure that equals
 ///    it exactly is taken for it: its next run's first phases take their measures whole.)
 ///  - otherwise: measured is link_share_is_measured(rates) (a rates file that phases refined, or a
 ///    file written before the calibration measured link_share, whose calibrated link_share is the
 ///    placeholder), provisional 0.
-/// A rates file keeps the calibration's value until --recalibrate; calibrations with and without
-/// the link_share measure (DOS_CALIBRATE_LINK_SHARE) have files of their own (rates_cache_path),
+/// A rates file keeps the calibration's value until --recalibrate; calibrations under each
+/// link_share rule (DOS_CALIBRATE_LINK_SHARE) have files of their own (rates_cache_path),
 /// so a run reads its own kind's. load_rates gives a file
 /// without a "calibrated" object its own rates as the calibration's, so such a file's link_share is
 /// taken for the calibration's (uncounted); `dos-train --rates FILE` gives no calibrated rates,

@@ -46,8 +46,8 @@ inline constexpr double kLowestLinkShare = 1.0 / 16;
 /// link_share: when CPU Adam and the links together ask host memory for more than it delivers, the
 /// links get link_share times the fraction of their ask that CPU Adam gets of its own (host_shares;
 /// 1: the same fraction; below 1: the CPU's cores win more of the memory controllers than the DMA
-/// engines). The calibration gives kUnmeasuredLinkShare, 1, or with DOS_CALIBRATE_LINK_SHARE=1
-/// measures it on short phases of scratch subgroups (calibrate_rates), and it is refined from the phases whose streams
+/// engines). The calibration gives estimated_link_share by default, or (DOS_CALIBRATE_LINK_SHARE)
+/// kUnmeasuredLinkShare, 1, or a measure on short phases of scratch subgroups (calibrate_rates), and it is refined from the phases whose streams
 /// ran beside CPU Adam (models/refinement.h), the first of them replacing the calibration's
 /// value. All > 0.
 struct Rates {

@@ -43,10 +43,11 @@ GPU or the runtime has no CUDA worker.
    parameters and state bit for bit as with 0; every phase's stats say at most 3 subgroups bound
    and at most those moved, none bound without a CUDA worker, and with one all 3 bound in every
    phase whose plan has more than 3 subgroups on each side (how many phases that was is printed).
-   On CUDA under a model policy other than static:R, the same again in a process of its own under
-   static:0.5 (half of the 10-subgroup bucket on each side), which must bind all 3 in at least one
-   phase: the policy's own plans for this small model may never be mixed enough, which would leave
-   the same-bits check comparing phases in which nothing was bound.
+   On CUDA, the same again under policy dos in a process of its own whose rates cache is rewritten
+   with rates that balance the CPU and the streams (subgroups of 100: about half of the 66-subgroup
+   bucket on each side), which must bind all 3 in at least one phase: the model's own plans for this small model
+   were never mixed enough on the GPU machine, which left the same-bits check comparing phases in
+   which nothing was bound.
 """
 
 import json
@@ -361,16 +362,19 @@ def expect_refused(argv, what):
         check(e.code == 2, f"{what} refused (exit 2)")
 
 
-def tail_runs(device, policy):
+def tail_runs(device, policy, before_each=None, **opt_kw):
     """Trains a bf16 model 4 steps with tail_subgroups 0, then 3, under ``policy`` (a str), checking each
-    phase's binding counts as it goes; returns ``(runs, mixed)``: runs a list of two (losses, snapshot,
-    tail_bound per phase) tuples, mixed the phases with tail 3 whose plan had more than 3 subgroups on
-    each side (all 3 then bound)."""
+    phase's binding counts as it goes; ``before_each`` (a function of no argument, or None) is called
+    before each of the two optimizers is made; ``opt_kw`` goes to make_opt. Returns ``(runs, mixed)``: runs a list of two (losses,
+    snapshot, tail_bound per phase) tuples, mixed the phases with tail 3 whose plan had more than 3
+    subgroups on each side (all 3 then bound)."""
     runs = []
     mixed = 0  # phases whose plan leaves CPU and streamed subgroups beside a full tail
     for tail in (0, 3):
+        if before_each:
+            before_each()
         mk = make_model(device, torch.bfloat16)
-        o = make_opt(mk, policy, tail_subgroups=tail)
+        o = make_opt(mk, policy, tail_subgroups=tail, **opt_kw)
         check(o.tail_subgroups == tail, f"the optimizer keeps tail_subgroups={tail}")
         bound = []
         losses = []
@@ -407,19 +411,42 @@ def tail_runs(device, policy):
     return runs, mixed
 
 
-# A process of its own (the runtime's policy is the process's): the tail binding under static:0.5, whose
-# plan puts half of the 10-subgroup bucket on each side, so that the binder has a full tail to bind and
-# the same-bits check compares phases in which it bound (and may have moved) 3 subgroups.
+# A process of its own (its own rates cache, DOS_CACHE_DIR): the tail binding under policy dos with
+# rates that make its plan mixed. The cache is first filled by a calibration (one step of the test's
+# model), then, before each optimizer, every rates file in it is rewritten with rates at which a
+# subgroup of 100 parameters takes about as long on the CPU (0.1 ms at 1e6 params/s) as its state's
+# crossing (1200 bytes each way at 1.4e7 bytes/s, 0.086 ms), so that the plan puts about half of
+# the 66-subgroup bucket on each side (the phases' refinement then moves the rates by at most 2x per
+# phase, and a plan 4x further to one side still has more than 3 on each); the binder then has a
+# full tail to bind, and the same-bits check compares phases in which it bound (and may have moved)
+# 3 subgroups.
 _TAIL_CHILD = """
-import sys
+import glob, json, os, sys, tempfile
 sys.path.insert(0, sys.argv[1])
 sys.argv = sys.argv[:1]
+cache = tempfile.mkdtemp(prefix="dos-tail-rates-")
+os.environ["DOS_CACHE_DIR"] = cache
 import test_pytorch_options as t
 from test_pytorch import failures
-t.dos.get_runtime("static:0.5")
-runs, mixed = t.tail_runs("cuda", "static:0.5")
-t.check(mixed > 0, f"policy static:0.5: at least one phase with a plan mixed enough to bind all 3 (got {mixed})")
+t.dos.get_runtime("dos")
+m = t.make_model("cuda", t.torch.bfloat16)
+o = t.make_opt(m, "dos", subgroup_size=100)
+t.train_steps(m, o, [1], "cuda")
+o.close()
+files = sorted(glob.glob(os.path.join(cache, "rates-*.json")))
+t.check(len(files) > 0, f"the calibration wrote its rates files to the child's cache ({files})")
+rates = {"U_c": 1e6, "U_c_dma": 1e6, "U_g": 1e12, "D_c": 1e12, "B_h2d": 1.4e7, "B_d2h": 1.4e7, "link_share": 1.0}
+def balanced():
+    for f in files:
+        with open(f, "w") as out:
+            json.dump(dict(rates, calibrated=rates), out)
+runs, mixed = t.tail_runs("cuda", "dos", before_each=balanced, subgroup_size=100)
+t.check(mixed > 0, f"policy dos at rates that balance the sides: at least one phase with a plan mixed enough to "
+                   f"bind all 3 (got {mixed})")
 t.dos.shutdown()
+for f in files:
+    os.remove(f)
+os.rmdir(cache)
 print(f"{len(failures)} failure(s)")
 for f in failures:
     print("  failed: " + f)
@@ -433,9 +460,9 @@ def test_tail_subgroups(device, policy):
         expect_error(ValueError, "tail_subgroups", lambda: make_opt(m, policy, tail_subgroups=bad),
                      f"tail_subgroups={bad!r}")
     tail_runs(device, policy)
-    if device == "cuda" and not policy.startswith("static:"):
-        # the policy's own plans may keep a side under 4 subgroups on this small model, which binds
-        # nothing: a forced half-and-half plan binds in every phase after the first that streams
+    if device == "cuda":
+        # the model's own plans for this small model may keep a side under 4 subgroups (on the GPU
+        # machine they did), which binds nothing: rates that balance the sides make a plan that binds
         try:
             r = subprocess.run([sys.executable, "-c", _TAIL_CHILD, os.path.dirname(os.path.abspath(__file__))],
                                capture_output=True, text=True, timeout=240)
@@ -443,7 +470,7 @@ def test_tail_subgroups(device, policy):
         except subprocess.TimeoutExpired:
             out, ok = "timed out after 240 s", False
         print("\n".join("     " + line for line in out.splitlines() if line.startswith(("ok", "FAIL", "     policy", "  failed"))))
-        check(ok, f"under static:0.5 in a process of its own, the tail binding binds all 3 and keeps the bits "
+        check(ok, f"at balancing rates in a process of its own, the tail binding binds all 3 and keeps the bits "
                   f"({'passed' if ok else out[-1500:]})")
     # train_gpt.py --tail-subgroups: reaches the optimizer; bad values and other optimizers refused
     args = train_gpt.parse_args(tiny_args("dos", device, policy) + ["--tail-subgroups", "4"])

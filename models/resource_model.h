@@ -248,7 +248,12 @@ double lower_bound(const Workload& w, const Rates& r, std::size_t cpu_workers = 
 /// host_bandwidth figures (U_c_dma chosen to give it, since the bound reads U_c_dma only there).
 /// The calibrated link_share counts as at least kUnmeasuredLinkShare (1): the calibration's value
 /// is an estimate or a measure on short scratch phases that no optimizer counts
-/// (initial_link_share_record), and a prior below 1 would lower M and so raise the bound.
+/// (initial_link_share_record), and a prior below 1 would lower M and so raise the bound. Rates
+/// given instead of calibrated (OptimizerOptions::rates, dos-train --rates) come here as the
+/// calibrated set too, so a given link_share below 1, which the optimizer does count, is not taken
+/// either: their bound is the one at link_share 1 or the refined value when higher, lower (looser)
+/// than at the given share, as every calibrated run's bound was before the estimate (its
+/// calibrated link_share was the placeholder 1).
 /// So it is at most either one-rate bound: a rate the refinement found higher than calibrated (CPU
 /// Adam measured in a phase's tasks faster than in the calibration's scratch phases) lowers it,
 /// and a rate it found lower (a link's average over a phase, with its idle gaps) does not raise

@@ -149,7 +149,8 @@ double measure_link_share(Optimizer::Impl& I, Optimizer& opt, const Rates& r, do
 // empty, the default): estimated_link_share of the calibrated rates; placeholder: 1
 // (kUnmeasuredLinkShare, the rule before the estimate); measure (or 1, its older spelling):
 // measure_link_share on scratch phases. Each rule's rates files get their own name (rates_cache_path),
-// so that a run never plans from a calibration made under another rule. Throws Error naming the
+// so that a run never plans from a calibration made under another rule; the placeholder's is the
+// name without a suffix, which every rates file written before the estimate has. Throws Error naming the
 // variable for any other value.
 enum class LinkShareRule { estimate, placeholder, measure };
 
@@ -176,9 +177,9 @@ std::string rates_cache_path(const Runtime& runtime, std::size_t S, DType dtype,
                           "-" + dtype_name(dtype) + "-" + (memory == MemoryKind::cuda ? "gpu" : "host") + "-S" +
                           std::to_string(S) +
                           (runtime.node_ranks() > 1 ? "-ranks" + std::to_string(runtime.node_ranks()) : std::string()) +
-                          (link_share_rule() == LinkShareRule::measure       ? "-link_share"
-                           : link_share_rule() == LinkShareRule::placeholder ? "-link_share_placeholder"
-                                                                             : "");
+                          (link_share_rule() == LinkShareRule::measure    ? "-link_share"
+                           : link_share_rule() == LinkShareRule::estimate ? "-link_share_estimate"
+                                                                          : "");
   return cache_dir() + "/rates-" + key + ".json";
 }
 

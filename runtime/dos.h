@@ -722,9 +722,10 @@ Rates calibrate_rates(Runtime& runtime, std::size_t subgroup_elems, DType dtype,
 /// The cache file of calibrate_rates for this runtime and configuration: rates-KEY.json in the cache
 /// folder, KEY naming the host, the workers, the dtype, the memory kind, the subgroup size, the
 /// node's ranks when more than one, and the calibration's link_share rule (DOS_CALIBRATE_LINK_SHARE,
-/// calibrate_rates): nothing for the default estimate, "-link_share" for measure (or 1),
-/// "-link_share_placeholder" for placeholder, so that a calibration made under one rule is read only
-/// under it. Throws Error when DOS_CALIBRATE_LINK_SHARE names no rule.
+/// calibrate_rates): "-link_share_estimate" for the default estimate, "-link_share" for measure (or
+/// 1), nothing for placeholder (the name of every rates file written before the estimate, whose
+/// calibrations gave the placeholder), so that a calibration made under one rule is read only under
+/// it. Throws Error when DOS_CALIBRATE_LINK_SHARE names no rule.
 std::string rates_cache_path(const Runtime& runtime, std::size_t subgroup_elems, DType dtype, MemoryKind memory);
 
 /// Reads a rates file in the format of calibrate_rates' cache: a JSON object with U_c, U_c_dma, U_g,

@@ -35,8 +35,8 @@ void test_cache_names(void**) {
     return;
   }
   const char* suffix = rule == "measure" || rule == "1" ? "-link_share.json"
-                       : rule == "placeholder"         ? "-link_share_placeholder.json"
-                                                       : "-S1000.json";
+                       : rule == "placeholder"         ? "-S1000.json"
+                                                       : "-link_share_estimate.json";
   const std::string a = dos::rates_cache_path(*g_rt, 1000, dos::DType::bf16, dos::MemoryKind::host);
   const std::string b = dos::rates_cache_path(*g_rt, 1001, dos::DType::bf16, dos::MemoryKind::host);
   const std::string c = dos::rates_cache_path(*g_rt, 1000, dos::DType::fp16, dos::MemoryKind::host);
@@ -46,7 +46,8 @@ void test_cache_names(void**) {
   assert_true(a != b && a != c && a != d && b != c && b != d && c != d);
   assert_true(a.rfind(std::string(std::getenv("DOS_CACHE_DIR")) + "/rates-", 0) == 0);
   assert_true(a.find("-S1000") != std::string::npos);
-  // each rule's own name, and the default's without a suffix
+  // each rule's own name; the placeholder's without a suffix, as every file written before the
+  // estimate was
   assert_true(ends_with(a, suffix));
   assert_true(ends_with(d, suffix));
 }

@@ -21,7 +21,9 @@
 # then calibrates, the later ones start from what the earlier ones refined.
 # Outputs to $OUT (default ./gpu-targets-out): each step's log and report, times.txt (each step's exit
 # status, seconds and start), summary.txt (each dos-train report's phases and prediction errors, the
-# side by sides' tables, the sweep, the overhead and the GPT lines).
+# side by sides' tables, the sweep's table, the overhead's table and the GPT lines), and all.tgz, all
+# of them in one archive (the GPU machine returns a limited number of files: with ARCHIVE_ONLY=1 only
+# all.tgz, summary.txt and times.txt are left in $OUT).
 set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
@@ -96,12 +98,15 @@ for name in ("side-by-side", "resident"):
     if os.path.exists(md):
         print(f"\n{name} (compare.md):")
         print(open(md).read())
-for name, keys in (("13b-sweep", ("pred.", "model", "fraction")), ("overhead", ("us", "task"))):
+# the 13B sweep's table (from its "sweep (" line on) and model lines, the overhead table whole
+for name, start in (("13b-sweep", "sweep ("), ("overhead", "dos-bench overhead")):
     log = os.path.join(out, name + ".log")
     if os.path.exists(log):
-        print(f"\n{name}.log, the lines with {', '.join(keys)}:")
+        print(f"\n{name}.log:")
+        printing = False
         for line in open(log, errors="replace"):
-            if any(k in line for k in keys) and not line.startswith("["):
+            printing = printing or line.lstrip().startswith(start)
+            if (printing or line.startswith("model:")) and not line.startswith("["):
                 print("  " + line.rstrip())
 gpt = os.path.join(out, "gpt", "summary.md")
 if os.path.exists(gpt):
@@ -109,3 +114,13 @@ if os.path.exists(gpt):
     print(open(gpt).read())
 PY
 cat "$OUT/times.txt" "$OUT/summary.txt"
+# the GPU machine returns a limited number of files: everything in one archive beside the summary
+# (with ARCHIVE_ONLY=1, only the archive, summary.txt and times.txt are left)
+tmp_archive=$(mktemp "${TMPDIR:-/tmp}/gpu-targets-XXXXXX.tgz")
+if (cd "$OUT" && tar czf "$tmp_archive" --exclude=./all.tgz .) && mv "$tmp_archive" "$OUT/all.tgz"; then
+  if [ "${ARCHIVE_ONLY:-0}" = 1 ]; then
+    find "$OUT" -mindepth 1 -maxdepth 1 ! -name all.tgz ! -name summary.txt ! -name times.txt -exec rm -rf {} +
+  fi
+else
+  rm -f "$tmp_archive"; echo "could not archive $OUT" >&2
+fi

@@ -162,12 +162,14 @@ LinkShareRule link_share_rule() {
     if (s == "placeholder") return LinkShareRule::placeholder;
     if (s == "measure" || s == "1") return LinkShareRule::measure;
     throw Error("DOS_CALIBRATE_LINK_SHARE is '" + s + "': it must be estimate (the default, also when unset or "
-                "empty), placeholder or measure; unset it or give one of those");
+                "empty), placeholder, or measure (also 1); unset it or give one of those");
   }();
   return rule;
 }
 
 }  // namespace
+
+void detail::check_link_share_rule() { (void)link_share_rule(); }
 
 std::string rates_cache_path(const Runtime& runtime, std::size_t S, DType dtype, MemoryKind memory) {
   char host[256] = "unknown";

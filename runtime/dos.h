@@ -487,7 +487,9 @@ void check_host_memory(std::size_t bytes, const std::string& what);
 /// and, with a CUDA worker, GPU budgets that cannot work (OptimizerOptions): a resident budget
 /// below -1, an update budget without eager write-back or below one CPU subgroup's staging,
 /// static:R keeping more state resident than the resident budget, or policy gpu with an update
-/// budget below one streamed subgroup. Without a CUDA worker the budgets have no effect.
+/// budget below one streamed subgroup. Without a CUDA worker the budgets have no effect. Under a
+/// model policy (dos, static:R), also when DOS_CALIBRATE_LINK_SHARE names no rule
+/// (calibrate_rates), with or without a CUDA worker.
 class Optimizer {
  public:
   Optimizer(Runtime& runtime, const std::vector<TensorView>& tensors, const OptimizerOptions& options);

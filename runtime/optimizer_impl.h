@@ -303,6 +303,11 @@ void params_written(Subgroup* sg);
 /// handle (state_writeback.cpp): true unless DOS_WONT_USE=0 (a measurement switch, read once).
 bool wont_use_after_writeback();
 
+/// Checks DOS_CALIBRATE_LINK_SHARE (the calibration's link_share rule, calibrate_rates) now, so that a
+/// value naming no rule is refused wherever a model policy runs, not only where a calibration does
+/// (a machine without a GPU never calibrates). Throws Error naming the variable. (calibration.cpp)
+void check_link_share_rule();
+
 }  // namespace detail
 
 /// What an optimizer reads of its Runtime, kept by value: an Optimizer may outlive its Runtime

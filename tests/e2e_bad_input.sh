@@ -33,6 +33,14 @@ expect() {  # expect "substring of the message" dos-train-args... (PLAN=1: no --
 expect "unknown policy" --policy nosuch
 expect "needs a name" --policy ""
 expect "unknown preset" --preset nosuch
+# the calibration's link_share rule: refused wherever a model policy runs, a machine without a GPU
+# (which never calibrates) included; a policy without a model does not read it
+DOS_CALIBRATE_LINK_SHARE=bogus expect "DOS_CALIBRATE_LINK_SHARE is 'bogus'" --policy dos
+if DOS_CALIBRATE_LINK_SHARE=bogus "$train" --preset tiny --iterations 1 --quiet --policy cpu >/dev/null 2>&1; then
+  echo "ok: DOS_CALIBRATE_LINK_SHARE=bogus --policy cpu runs (no model, no calibration)"
+else
+  echo "FAIL: DOS_CALIBRATE_LINK_SHARE=bogus --policy cpu failed"; fails=$((fails+1))
+fi
 expect "at least 1 element" --subgroup-size 0
 expect "at least 1 element" --subgroup-size -5
 expect "must be a number" --subgroup-size abc

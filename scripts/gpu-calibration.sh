@@ -16,7 +16,9 @@
 # On the GPU machine, with .deps/cache present:
 #   scripts/gpu-calibration.sh
 #   TESTS=1 CASES='20b-resident 7b-seq' scripts/gpu-calibration.sh
-# Outputs go to $OUT (default ./gpu-calibration-out): each process's log and report, summary.txt.
+# Outputs go to $OUT (default ./gpu-calibration-out): each process's log and report, summary.txt, and
+# all.tgz holding them all (ARCHIVE_ONLY=1 leaves only it and summary.txt: the GPU machine returns a
+# limited number of files).
 # CASES picks cases (default all four), RULES the rules, ROUNDS the repetitions (default 1). TESTS=1
 # runs the GPU tests first (the README's list with refinement-first-phases, 200-260 s). Each case
 # runs once per rule; with two rules: 20b-resident about 70 s, 20b about 90 s, 7b-16m about 12 s,
@@ -80,3 +82,5 @@ done
   echo "case-rule-roundK: per phase update s (prediction error, CPU Adam per CPU worker)"
   python3 "$ROOT/scripts/report_phases.py" $(ls "$OUT"/*-round*.json | grep -v '\.rates\.json$')
 } | tee "$OUT/summary.txt"
+# the GPU machine returns a limited number of files: everything in one archive beside the summary
+"$ROOT/scripts/archive-out.sh" "$OUT" summary.txt

@@ -115,12 +115,4 @@ if os.path.exists(gpt):
 PY
 cat "$OUT/times.txt" "$OUT/summary.txt"
 # the GPU machine returns a limited number of files: everything in one archive beside the summary
-# (with ARCHIVE_ONLY=1, only the archive, summary.txt and times.txt are left)
-tmp_archive=$(mktemp "${TMPDIR:-/tmp}/gpu-targets-XXXXXX.tgz")
-if (cd "$OUT" && tar czf "$tmp_archive" --exclude=./all.tgz .) && mv "$tmp_archive" "$OUT/all.tgz"; then
-  if [ "${ARCHIVE_ONLY:-0}" = 1 ]; then
-    find "$OUT" -mindepth 1 -maxdepth 1 ! -name all.tgz ! -name summary.txt ! -name times.txt -exec rm -rf {} +
-  fi
-else
-  rm -f "$tmp_archive"; echo "could not archive $OUT" >&2
-fi
+scripts/archive-out.sh "$OUT" summary.txt times.txt

@@ -8,18 +8,20 @@ policy updates on the CPU or streams through the GPU (Deep Optimizer States, arX
 
 The update is Adam (``decoupled=False``, L2 penalty added to the gradient, as ``torch.optim.Adam``)
 or AdamW (``decoupled=True``, decoupled weight decay, as ``torch.optim.AdamW``), with the formulas
-and the order of fp32 operations of PyTorch's documented algorithm (the "Algorithm" boxes of the
-``torch.optim.Adam`` and ``torch.optim.AdamW`` documentation; ``codelets/kernels/adam.h``)::
+of PyTorch's documented algorithm (the "Algorithm" boxes of the ``torch.optim.Adam`` and
+``torch.optim.AdamW`` documentation), with the fp32 operations in the order of torch 2.x's
+single-tensor implementation (``codelets/kernels/adam.h``)::
 
     g_t = grad                                  (Adam: g_t += weight_decay * p_{t-1})
     p   = p_{t-1} * (1 - lr * weight_decay)     (AdamW only)
-    m_t = beta1 * m_{t-1} + (1 - beta1) * g_t
-    v_t = beta2 * v_{t-1} + (1 - beta2) * g_t^2
+    m_t = lerp(m_{t-1}, g_t, 1 - beta1)         (= beta1 * m_{t-1} + (1 - beta1) * g_t, as ATen's lerp
+                                                 rounds it: torch 1.x's mul and add round otherwise)
+    v_t = beta2 * v_{t-1} + ((1 - beta2) * g_t) * g_t
     p_t = p - lr / (1 - beta1^t) * m_t / (sqrt(v_t) / sqrt(1 - beta2^t) + eps)
 
 applied to the fp32 master parameters; the caller's parameters receive p_t rounded to their dtype
 (round to nearest even). ``t`` is each subgroup's own step count. ``amsgrad``, ``maximize``,
-``capturable``, ``differentiable`` and ``fused`` are not supported.
+``capturable``, ``differentiable`` and ``fused`` are taken at their defaults only.
 """
 
 import ctypes
@@ -37,7 +39,8 @@ from .bucket import _Bucket, gpu_memory_for_buckets
 from .forward import _ForwardOverlap
 from .gradients import _describe, _Gradients
 from .overlap import _VERDICT_NAMES, _Overlap
-from .param_groups import group_hyper
+from .param_groups import (check_adamw_options, check_groups_unchanged, default_weight_decay_by_mode, group_hyper,
+                           groups_layout)
 from .state import _MAX_COUNT, STATE_FORMAT, _State  # noqa: F401 (STATE_FORMAT: re-exported)
 from .timeline import _Timeline
 
@@ -57,7 +60,8 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _Gradients, _State, _Timeli
       betas (tuple of 2 floats): ``(beta1, beta2)``, each in [0, 1).
       eps (float): added to the denominator (>= 0).
       weight_decay (float or None): >= 0; None means 1e-2 for AdamW (``torch.optim.AdamW``'s
-        default) and 0 for Adam.
+        default) and 0 for Adam, each group by its own ``decoupled`` (a group that sets
+        ``decoupled`` and leaves ``weight_decay`` out gets its mode's default).
       decoupled (bool): True for AdamW (decoupled weight decay), False for Adam (L2 penalty).
       subgroup_size (int): elements per subgroup (>= 1), the runtime's unit of scheduling; the
         parameters of a bucket are concatenated in order and cut into subgroups of this size.
@@ -149,6 +153,10 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _Gradients, _State, _Timeli
         the plan as made on a 20B shard in one set of runs and no faster in another (README); from
         PyTorch (``train_gpt.py --tail-subgroups 6``, a 1.01e9-parameter GPT) it changed nothing
         measurable.
+      amsgrad, maximize, capturable, differentiable, fused, foreach: ``torch.optim.AdamW``'s
+        options, so that code written for it runs unchanged: taken at their defaults only (a true
+        value raises ``ValueError``; ``foreach`` at any value), as in a param group's dict
+        (:func:`param_groups.check_adamw_options`).
       timeline (bool): record every task of each update phase (lane, kind, subgroup, start, end)
         into :attr:`last_step` (see :meth:`step`); costs a thread sampling the bus every millisecond
         while a phase runs. Default False. The attribute :attr:`timeline` may be changed between
@@ -185,7 +193,8 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _Gradients, _State, _Timeli
 
     Raises ``ValueError`` for bad input (a parameter that does not require gradients, a sparse,
     non-contiguous, duplicated or overlapping parameter, an unsupported dtype or device, a
-    hyper-parameter out of range, an unsupported option such as ``amsgrad=True``, a policy other
+    hyper-parameter out of range, an unsupported option such as ``amsgrad=True``, ``param_groups``
+    edited by hand after construction (at :meth:`step`), a policy other
     than the running runtime's), :class:`DosError` when the runtime fails (for example not enough
     host memory for the state), ``OSError`` when ``libdos_c.so`` cannot be loaded.
 
@@ -223,12 +232,16 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _Gradients, _State, _Timeli
                  subgroup_size=100_000_000, policy=None, max_grad_norm=None, skip_nonfinite=True,
                  cpu_threads=0, cpu_workers=0, ncuda=-1, verbose=False, overlap=False, speculation_budget=None,
                  speculate_streamed=True, urgent_writeback=False, gpu_update_budget=None, gpu_resident_budget=None,
-                 timeline=False, caller_cores=None, flat_gradients=True, tail_subgroups=0):
+                 timeline=False, caller_cores=None, flat_gradients=True, tail_subgroups=0, amsgrad=False,
+                 maximize=False, foreach=None, capturable=False, differentiable=False, fused=None):
+        check_adamw_options("", dict(amsgrad=amsgrad, maximize=maximize, capturable=capturable,
+                                     differentiable=differentiable, fused=fused))
         for name, value in (("decoupled", decoupled), ("skip_nonfinite", skip_nonfinite), ("overlap", overlap),
                             ("verbose", verbose), ("speculate_streamed", speculate_streamed),
                             ("urgent_writeback", urgent_writeback), ("flat_gradients", flat_gradients)):
             if not isinstance(value, bool):
                 raise ValueError(f"{name} must be True or False, got {value!r}")
+        wd_by_mode = weight_decay is None  # each group's default then follows its own decoupled
         if weight_decay is None:
             weight_decay = 1e-2 if decoupled else 0.0
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, decoupled=decoupled)
@@ -252,7 +265,13 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _Gradients, _State, _Timeli
         self._backwards_expected = 1  # backward passes per step, as the last step had them
         self._backwards_seen = 0      # most accumulations into one gradient since the last step
         self._redo_key, self._redo_streak, self._redo_warned = None, 0, False  # _note_redo_streak
+        params = params if isinstance(params, torch.Tensor) else list(params)  # a tensor: torch.optim refuses it
+        # which group dicts set weight_decay (torch.optim fills defaults into the same dicts)
+        wd_given = [("weight_decay" in g) if isinstance(g, dict) else None for g in params] \
+            if isinstance(params, list) else []
         super().__init__(params, defaults)
+        if wd_by_mode:
+            default_weight_decay_by_mode(self.param_groups, wd_given)
         if not _capi.int_in(subgroup_size, 1, _MAX_COUNT):
             raise ValueError(f"subgroup_size must be an integer in [1, 2**53] (elements), got {subgroup_size!r}")
         if max_grad_norm is not None and not (isinstance(max_grad_norm, numbers.Real) and not isinstance(
@@ -321,6 +340,11 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _Gradients, _State, _Timeli
         super().add_param_group(param_group)
 
     _group_hyper = staticmethod(group_hyper)
+
+    def _check_groups(self):
+        """Raises ``ValueError`` (changing nothing) when ``param_groups`` no longer holds the groups
+        and parameters the optimizer was built with (:func:`param_groups.check_groups_unchanged`)."""
+        check_groups_unchanged(self.param_groups, self._built_groups)
 
     def _build(self, hypers, policy, cpu_threads, cpu_workers, ncuda, verbose, caller_cores=None,
                preferred_caller_cores=0):
@@ -435,6 +459,9 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _Gradients, _State, _Timeli
             self.close()
             raise
         self._built = True
+        # each group's parameters as built: param_groups edited by hand afterwards are refused
+        # (_check_groups), since the runtime's state is laid out for these only
+        self._built_groups = groups_layout(self.param_groups)
         _rt._register(self)
 
     # ------------------------------------------------------------------------------------------
@@ -524,6 +551,7 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _Gradients, _State, _Timeli
             grad_scale = float(grad_scale)
             if not (grad_scale > 0 and math.isfinite(grad_scale)):
                 raise ValueError(f"grad_scale must be a finite number > 0, got {grad_scale}")
+        self._check_groups()
         hypers = [self._group_hyper(i, g) for i, g in enumerate(self.param_groups)]
         if not self._check_params():  # no gradient at all yet: torch.optim changes nothing either
             self._drop_open_phases()

@@ -107,12 +107,63 @@ def param_groups_no_decay(model, weight_decay, lr=None):
     return groups
 
 
+def check_adamw_options(where, options):
+    """Raises ``ValueError`` when ``options`` (a dict: the constructor's keywords or a param group)
+    holds one of ``torch.optim.AdamW``'s options that change what or how torch computes
+    (``amsgrad``, ``maximize``, ``capturable``, ``differentiable``, ``fused``) at a true value;
+    they are taken at their defaults only (``foreach``, an implementation choice, at any value).
+    ``where`` (str) starts the message (e.g. ``"param group 0: "``)."""
+    for k in _UNSUPPORTED:
+        if options.get(k):
+            raise ValueError(f"{where}{k}={options[k]!r} is not supported by DeepOptimizerStates (it runs its own "
+                             f"AdamW kernels): leave {k} out or set it to {None if k == 'fused' else False}")
+
+
+def groups_layout(param_groups):
+    """Each group's parameters, by identity: a list of tuples of ``id``s (what
+    :func:`check_groups_unchanged` compares)."""
+    return [tuple(id(p) for p in g["params"]) for g in param_groups]
+
+
+def check_groups_unchanged(param_groups, built):
+    """Raises ``ValueError`` (changing nothing) when ``param_groups`` (an optimizer's list of group
+    dicts) no longer holds the groups and parameters of ``built`` (:func:`groups_layout` at
+    construction), in that order: a group appended or removed, a parameter appended to, removed
+    from or replaced in a group's ``"params"``. DeepOptimizerStates lays the runtime's state out
+    once, for the parameters it was given, and would go on updating those while the parameters now
+    listed were silently left alone."""
+    now = groups_layout(param_groups)
+    if now == built:
+        return
+    if len(now) != len(built):
+        what = f"{len(now)} param groups, where it was built with {len(built)}"
+    else:
+        gi = next(i for i, (a, b) in enumerate(zip(now, built)) if a != b)
+        what = (f"param group {gi} lists {len(now[gi])} parameters, not the {len(built[gi])} it was built with"
+                if len(now[gi]) != len(built[gi]) else f"param group {gi} lists other parameters than it was built with")
+    raise ValueError(f"param_groups was edited after construction: {what}. DeepOptimizerStates lays out the runtime's "
+                     "state once, for the parameters it was given; to train other parameters, create a new optimizer "
+                     "over all of them (load_state_dict carries a saved state over to the same groups). Nothing was "
+                     "updated")
+
+
+def default_weight_decay_by_mode(param_groups, wd_given):
+    """Gives each group that left ``weight_decay`` out its own mode's default: 1e-2 for AdamW
+    (``decoupled`` True, ``torch.optim.AdamW``'s), 0 for Adam. ``param_groups``: the optimizer's
+    groups (defaults filled in); ``wd_given``: per item the caller gave, in order, whether its dict
+    set ``weight_decay`` (None for a tensor: the caller gave tensors, one group, and the
+    constructor's default stands)."""
+    if len(wd_given) != len(param_groups) or None in wd_given:
+        return
+    for group, given in zip(param_groups, wd_given):
+        if not given and isinstance(group.get("decoupled"), bool):
+            group["weight_decay"] = 1e-2 if group["decoupled"] else 0.0
+
+
 def group_hyper(gi, group):
     """Validates a group's hyper-parameters as torch.optim.AdamW does; returns them as the tuple
     (lr, beta1, beta2, eps, weight_decay, decoupled). Raises ValueError naming the bad value."""
-    for k in _UNSUPPORTED:
-        if group.get(k):
-            raise ValueError(f"param group {gi}: {k}={group[k]!r} is not supported by DeepOptimizerStates")
+    check_adamw_options(f"param group {gi}: ", group)
     try:
         lr = float(group["lr"])
         b1, b2 = (float(b) for b in group["betas"])

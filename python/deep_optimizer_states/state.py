@@ -147,11 +147,13 @@ class _State:
         updated or loaded (no step taken; skipped ones change nothing) ``"state"`` is empty, as ``torch.optim``'s is: the moments are zero and
         the masters are the parameters (frameworks that move an optimizer's state to the GPU and
         back when they prepare it, as ``accelerate`` does under the Hugging Face Trainer, then move
-        nothing). Raises ``RuntimeError`` after :meth:`close`.
+        nothing). Raises ``RuntimeError`` after :meth:`close`, ``ValueError`` when ``param_groups``
+        was edited by hand after construction (the state would not match the groups listed).
         Drops the updates speculated since the last step (``overlap=True``): the state is the one
         before them.
         """
         self._settle()
+        self._check_groups()
         groups = []
         i = 0
         for g in self.param_groups:
@@ -202,7 +204,8 @@ class _State:
         fp32, ``master`` or ``exp_avg`` holds an inf or NaN, ``exp_avg_sq`` an inf, NaN or negative
         value (the message names the parameter, the tensor, the element and the value), a step count
         is not an integer in [0, 2**53], or ``steps_taken``/``skipped_steps`` is not an
-        integer in [0, 2**53]; the optimizer and the parameters are then untouched. Drops the
+        integer in [0, 2**53], or this optimizer's ``param_groups`` was edited by hand after
+        construction; the optimizer and the parameters are then untouched. Drops the
         updates speculated since the last step (``overlap=True``).
 
         An empty ``"state"`` (the state dict of an optimizer that had updated nothing, every step
@@ -210,6 +213,7 @@ class _State:
         masters taken from the parameters as they are (which keep their values).
         """
         self._settle()
+        self._check_groups()
         if not isinstance(state_dict, dict) or not isinstance(state_dict.get("dos"), dict) \
                 or state_dict["dos"].get("format") != STATE_FORMAT:
             raise ValueError(f"not a DeepOptimizerStates state dict (no 'dos' section of format {STATE_FORMAT!r}): "

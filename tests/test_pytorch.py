@@ -39,7 +39,8 @@ GPU or the runtime has no CUDA worker.
    as without them, a true value is refused naming the option; param_groups edited by hand after
    construction (a parameter appended, replaced or removed, a group appended) refused at step()
    and state_dict() with nothing updated, and a restored list steps again; a group that sets decoupled and leaves
-   weight_decay out gets its mode's default (0 for Adam, 1e-2 for AdamW), one that sets it keeps it.
+   weight_decay out gets its mode's default (0 for Adam, 1e-2 for AdamW), one that sets it keeps it;
+   a channels_last parameter refused with the call that makes it contiguous, which then works.
 The state dict's round trip and torch.load(weights_only=True): tests/test_pytorch_state.py;
 examples/train_gpt.py's argument checks: tests/test_train_gpt_args.py.
 """
@@ -606,6 +607,18 @@ def test_adamw_code(device, policy):
     for name in ("amsgrad", "maximize", "capturable", "differentiable", "fused"):
         expect_error(ValueError, f"{name}=True is not supported", lambda: make_opt(m, policy, **{name: True}),
                      f"{name}=True refused")
+
+    # a channels_last parameter: refused, the message saying how to make it contiguous, which then works
+    conv = torch.nn.Conv2d(3, 4, 3).to(device=device, memory_format=torch.channels_last)
+    expect_error(ValueError, "contiguous_format", lambda: dos.DeepOptimizerStates(conv.parameters(), policy=policy),
+                 "a channels_last weight")
+    conv = conv.to(memory_format=torch.contiguous_format)
+    try:
+        dos.DeepOptimizerStates(conv.parameters(), policy=policy).close()
+        accepted = ""
+    except ValueError as e:
+        accepted = str(e)
+    check(not accepted, f"and accepted once made contiguous as the message says {accepted}")
 
     # param_groups edited by hand after construction
     m = make_model(device, torch.float32)

@@ -371,7 +371,9 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _Gradients, _State, _Timeli
                     raise ValueError(f"{what}: only host memory and CUDA device 0 are supported (set "
                                      "CUDA_VISIBLE_DEVICES so that the GPU to use is device 0)")
                 if not p.is_contiguous():
-                    raise ValueError(f"{what} is not contiguous: the runtime reads parameters as flat arrays")
+                    raise ValueError(f"{what} is not contiguous: the runtime reads parameters as flat arrays; "
+                                     "make the model's parameters contiguous before creating the optimizer "
+                                     "(model.to(memory_format=torch.contiguous_format) for channels_last)")
                 if p.numel() > 0:
                     spans.append((p.device, p.data_ptr(), p.data_ptr() + p.numel() * p.element_size(), index))
                 key = (gi, p.dtype, p.device)

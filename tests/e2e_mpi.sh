@@ -6,7 +6,7 @@
 # without hanging; sharded checkpoints resume bit-identically, on the same or another number of ranks
 # (re-sharded: 2 -> 1, 2 -> 3, 1 -> 2), and are refused where a rank's range is not in the checkpoint,
 # where re-sharding would mix subgroups of different step counts, with a rank's file missing or of
-# another save, or with the index's iteration edited; ranks given different options are refused. Skips (77) without mpirun or when dos-train was built without MPI.
+# another save, or with the index's iteration edited; ranks given different options are refused, and one checkpoint folder spelt two ways on two ranks is accepted. Skips (77) without mpirun or when dos-train was built without MPI.
 #   e2e_mpi.sh DOS_TRAIN SHARD_CHECK.py
 set -u
 train=$1 check=$2
@@ -96,6 +96,18 @@ for case in "--dtype fp32|--dtype" "--seed 8|--seed" "--iterations 5|--iteration
 done
 [ ! -e "$tmp/rank1-ck" ] || { echo "FAIL: a refused job saved a checkpoint"; exit 1; }
 echo "ok: ranks given different options are refused, naming the option: $(grep -m1 "were given different" <<<"$out")"
+# two spellings of one checkpoint folder are one place: accepted, and the checkpoint saved there
+cat > "$tmp/spell.sh" <<SH
+#!/usr/bin/env bash
+if [ "\$OMPI_COMM_WORLD_RANK" = 1 ]; then exec "$train" "\$@" --save-state "$tmp/./spelt//ck/"
+else exec "$train" "\$@" --save-state "$tmp/spelt/ck"; fi
+SH
+chmod +x "$tmp/spell.sh"
+mkdir -p "$tmp/spelt"
+out=$(timeout 120 "${mpi[@]}" "$tmp/spell.sh" "${common[@]}" 2>&1) ||
+  { echo "FAIL: --save-state spelt two ways for one folder was refused: $out"; exit 1; }
+[ -f "$tmp/spelt/ck/index.json" ] || { echo "FAIL: --save-state spelt two ways: no checkpoint in $tmp/spelt/ck"; exit 1; }
+echo "ok: one checkpoint folder spelt two ways on the two ranks is one place (saved)"
 # more ranks than subgroups: refused on every rank
 out=$(timeout 120 "${mpi[@]}" "$train" "${common[@]}" --subgroup-size 1e6 2>&1)
 rc=$?

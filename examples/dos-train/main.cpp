@@ -11,7 +11,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -21,6 +20,7 @@
 
 #include "atomic_file.h"
 #include "checkpoint.h"
+#include "checkpoint_format.h"
 #include "comm.h"
 #include "compute_emulator.h"
 #include "dos.h"
@@ -193,15 +193,8 @@ int run(const Args& args) {
   const Checked c = dos_train::check_options(a);
   const DType dtype = c.dtype;
   if (dp) {  // before any other collective: ranks given different jobs would corrupt or hang it
-    auto place = [](const std::string& path) {  // two spellings of one folder are one place
-      if (path.empty()) return std::string();
-      std::error_code ec;
-      std::filesystem::path p = std::filesystem::absolute(path, ec);
-      if (!ec) p = std::filesystem::weakly_canonical(p, ec);
-      if (ec) p = std::filesystem::absolute(path).lexically_normal();
-      std::string s = p.string();
-      while (s.size() > 1 && s.back() == '/') s.pop_back();  // "ck/" is "ck"
-      return s;
+    auto place = [](const std::string& path) {  // two spellings of one folder are one place ("ck/" is "ck")
+      return path.empty() ? std::string() : dos::checkpoint_io::without_trailing_slashes(dos_train::resolved_path(path));
     };
     char norm[32];
     std::snprintf(norm, sizeof norm, "%a", a.max_grad_norm);

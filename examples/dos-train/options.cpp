@@ -53,27 +53,27 @@ std::uint64_t parse_seed(const std::string& s) {
   return std::uint64_t(v);
 }
 
-namespace {
-
-/// The path of `p` with symbolic links and ".." resolved, as far as it exists (the rest appended):
-/// two spellings of one path give the same string.
-std::string resolved(const std::string& p) {
+std::string resolved_path(const std::string& p) {
   std::error_code ec;
   const std::filesystem::path r = std::filesystem::weakly_canonical(std::filesystem::absolute(p, ec), ec);
-  return ec ? p : r.lexically_normal().string();
+  if (!ec) return r.lexically_normal().string();
+  const std::filesystem::path a = std::filesystem::absolute(p, ec);  // a part could not be read: lexically
+  return ec ? p : a.lexically_normal().string();
 }
+
+namespace {
 
 /// True when x and y name one file: the same spelling, the same resolved path, or the same inode.
 bool same_file(const std::string& x, const std::string& y) {
   struct stat sx, sy;
   const bool same_inode =
       ::stat(x.c_str(), &sx) == 0 && ::stat(y.c_str(), &sy) == 0 && sx.st_dev == sy.st_dev && sx.st_ino == sy.st_ino;
-  return x == y || same_inode || resolved(x) == resolved(y);
+  return x == y || same_inode || resolved_path(x) == resolved_path(y);
 }
 
 /// True when `path` is the folder `dir` or lies inside it (both resolved).
 bool inside(const std::string& path, const std::string& dir) {
-  const std::string r = resolved(path), d = resolved(dir);
+  const std::string r = resolved_path(path), d = resolved_path(dir);
   return r == d || r.compare(0, d.size() + 1, d + "/") == 0;
 }
 

@@ -131,4 +131,9 @@ Checked check_options(const Args& a);
 /// an input lies inside the --save-state folder.
 void check_distinct_outputs(const Args& a);
 
+/// The absolute path of `p` with symbolic links and ".." resolved as far as it exists (the rest
+/// appended), so that two spellings of one path give the same string; where a part cannot be read,
+/// the absolute path normalised lexically; `p` itself when even that fails. Throws nothing.
+std::string resolved_path(const std::string& p);
+
 }  // namespace dos_train

@@ -1,13 +1,20 @@
 """One bucket of :class:`~deep_optimizer_states.optimizer.DeepOptimizerStates`: the parameters of
 one param group with one dtype and one device, the runtime optimizer that updates them, their flat
 gradient buffer and views, and the per-step bookkeeping of the overlapped update and of the
-parameters' version counters; and the GPU memory the buckets' update phases may hold.
+parameters' version counters; how an optimizer's param groups are checked and cut into buckets
+(:func:`buckets_of`); and the GPU memory the buckets' update phases may hold.
 """
 
 import ctypes
 import weakref
 
+import torch
+
 from . import _capi
+from .gradients import _describe
+
+#: The parameter dtypes the runtime updates, by the runtime's name for each.
+DTYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 
 # Which bucket's masters last matched each parameter (noted whenever they are made to match: at
 # construction, after a sync, a state load, a declaration), and so whose runtime writes it next, by
@@ -17,6 +24,61 @@ from . import _capi
 # instead of from its own stale master. An entry outlives its bucket's optimizer (closing it must
 # not hide its last write from the other); the weak reference tells a reused id apart.
 _last_writer = {}
+
+
+def buckets_of(param_groups):
+    """The buckets (``_Bucket``, their runtime optimizers not yet made) of an optimizer's
+    ``param_groups`` (a list of group dicts): one per (group, dtype, device), in the order of first
+    appearance, each with its parameters, their state_dict indices, shapes, element counts and
+    addresses. Raises ``ValueError`` naming the parameter (its state_dict index, shape, dtype and
+    device) for one given twice, of a dtype not in :data:`DTYPES`, not requiring gradients, sparse,
+    on a device other than the host or CUDA device 0, or not contiguous; for two whose memory
+    overlaps; and when every parameter has 0 elements."""
+    buckets = {}
+    seen = {}
+    index = 0
+    spans = []  # (device, start, end, index) to find overlapping storage
+    for gi, group in enumerate(param_groups):
+        for p in group["params"]:
+            what = _describe(index, p)
+            if id(p) in seen:
+                raise ValueError(f"{what} appears more than once (also as parameter {seen[id(p)]}): each parameter "
+                                 "may be given once")
+            seen[id(p)] = index
+            if p.dtype not in DTYPES:
+                raise ValueError(f"{what}: dtype {p.dtype} is not supported (torch.float32, torch.float16 or "
+                                 "torch.bfloat16)")
+            if not p.requires_grad:
+                raise ValueError(f"{what} does not require gradients: leave it out of the optimizer (or call "
+                                 "requires_grad_(True) before creating the optimizer)")
+            if p.layout != torch.strided:
+                raise ValueError(f"{what} is sparse ({p.layout}): only dense parameters are supported")
+            if p.device.type not in ("cpu", "cuda") or (p.device.type == "cuda" and p.device.index != 0):
+                raise ValueError(f"{what}: only host memory and CUDA device 0 are supported (set "
+                                 "CUDA_VISIBLE_DEVICES so that the GPU to use is device 0)")
+            if not p.is_contiguous():
+                raise ValueError(f"{what} is not contiguous: the runtime reads parameters as flat arrays; "
+                                 "make the model's parameters contiguous before creating the optimizer "
+                                 "(model.to(memory_format=torch.contiguous_format) for channels_last)")
+            if p.numel() > 0:
+                spans.append((p.device, p.data_ptr(), p.data_ptr() + p.numel() * p.element_size(), index))
+            key = (gi, p.dtype, p.device)
+            b = buckets.get(key)
+            if b is None:
+                b = buckets[key] = _Bucket(gi, p.dtype, p.device)
+            b.params.append(p)
+            b.indices.append(index)
+            b.shapes.append(tuple(p.shape))
+            b.numels.append(p.numel())
+            b.ptrs.append(p.data_ptr())
+            index += 1
+    spans.sort(key=lambda s: (str(s[0]), s[1]))
+    for a, b in zip(spans, spans[1:]):
+        if a[0] == b[0] and b[1] < a[2]:
+            raise ValueError(f"parameters {a[3]} and {b[3]} share memory: each element may be updated once")
+    if index and all(n == 0 for bk in buckets.values() for n in bk.numels):
+        raise ValueError("every parameter given has 0 elements: nothing to optimize")
+    return list(buckets.values())
 
 
 def gpu_memory_for_buckets(buckets, subgroup_size, update_budget, resident_budget, speculative):

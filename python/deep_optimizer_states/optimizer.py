@@ -35,16 +35,15 @@ import torch
 
 from . import _capi
 from . import runtime as _rt
-from .bucket import _Bucket, gpu_memory_for_buckets
+from .bucket import DTYPES, buckets_of, gpu_memory_for_buckets
 from .forward import _ForwardOverlap
-from .gradients import _describe, _Gradients
+from .gradients import _Gradients
 from .overlap import _VERDICT_NAMES, _Overlap
 from .param_groups import (check_adamw_options, check_groups_unchanged, default_weight_decay_by_mode, group_hyper,
                            groups_layout)
 from .state import _MAX_COUNT, STATE_FORMAT, _State  # noqa: F401 (STATE_FORMAT: re-exported)
 from .timeline import _Timeline
 
-_DTYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 class DeepOptimizerStates(_Overlap, _ForwardOverlap, _Gradients, _State, _Timeline, torch.optim.Optimizer):
     """Adam/AdamW with the optimizer state offloaded to pinned host memory and each subgroup's update
     placed on the CPU or streamed through the GPU by the runtime's scheduling policy.
@@ -267,8 +266,8 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _Gradients, _State, _Timeli
         self._redo_key, self._redo_streak, self._redo_warned = None, 0, False  # _note_redo_streak
         params = params if isinstance(params, torch.Tensor) else list(params)  # a tensor: torch.optim refuses it
         # which group dicts set weight_decay (torch.optim fills defaults into the same dicts)
-        wd_given = [("weight_decay" in g) if isinstance(g, dict) else None for g in params] \
-            if isinstance(params, list) else []
+        wd_given = [] if isinstance(params, torch.Tensor) else \
+            [("weight_decay" in g) if isinstance(g, dict) else None for g in params]
         super().__init__(params, defaults)
         if wd_by_mode:
             default_weight_decay_by_mode(self.param_groups, wd_given)
@@ -348,50 +347,7 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _Gradients, _State, _Timeli
 
     def _build(self, hypers, policy, cpu_threads, cpu_workers, ncuda, verbose, caller_cores=None,
                preferred_caller_cores=0):
-        buckets = {}
-        seen = {}
-        index = 0
-        spans = []  # (device, start, end, index) to find overlapping storage
-        for gi, group in enumerate(self.param_groups):
-            for p in group["params"]:
-                what = _describe(index, p)
-                if id(p) in seen:
-                    raise ValueError(f"{what} appears more than once (also as parameter {seen[id(p)]}): each parameter "
-                                     "may be given once")
-                seen[id(p)] = index
-                if p.dtype not in _DTYPES:
-                    raise ValueError(f"{what}: dtype {p.dtype} is not supported (torch.float32, torch.float16 or "
-                                     "torch.bfloat16)")
-                if not p.requires_grad:
-                    raise ValueError(f"{what} does not require gradients: leave it out of the optimizer (or call "
-                                     "requires_grad_(True) before creating the optimizer)")
-                if p.layout != torch.strided:
-                    raise ValueError(f"{what} is sparse ({p.layout}): only dense parameters are supported")
-                if p.device.type not in ("cpu", "cuda") or (p.device.type == "cuda" and p.device.index != 0):
-                    raise ValueError(f"{what}: only host memory and CUDA device 0 are supported (set "
-                                     "CUDA_VISIBLE_DEVICES so that the GPU to use is device 0)")
-                if not p.is_contiguous():
-                    raise ValueError(f"{what} is not contiguous: the runtime reads parameters as flat arrays; "
-                                     "make the model's parameters contiguous before creating the optimizer "
-                                     "(model.to(memory_format=torch.contiguous_format) for channels_last)")
-                if p.numel() > 0:
-                    spans.append((p.device, p.data_ptr(), p.data_ptr() + p.numel() * p.element_size(), index))
-                key = (gi, p.dtype, p.device)
-                b = buckets.get(key)
-                if b is None:
-                    b = buckets[key] = _Bucket(gi, p.dtype, p.device)
-                b.params.append(p)
-                b.indices.append(index)
-                b.shapes.append(tuple(p.shape))
-                b.numels.append(p.numel())
-                b.ptrs.append(p.data_ptr())
-                index += 1
-        spans.sort(key=lambda s: (str(s[0]), s[1]))
-        for a, b in zip(spans, spans[1:]):
-            if a[0] == b[0] and b[1] < a[2]:
-                raise ValueError(f"parameters {a[3]} and {b[3]} share memory: each element may be updated once")
-        if index and all(n == 0 for bk in buckets.values() for n in bk.numels):
-            raise ValueError("every parameter given has 0 elements: nothing to optimize")
+        buckets = buckets_of(self.param_groups)
 
         running = _rt.current_runtime()
         # StarPU's cache of device buffers bounded by the update budgets, for the policies that keep to
@@ -399,13 +355,13 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _Gradients, _State, _Timeli
         budgeted = (policy or (running.policy if running else None) or _rt.DEFAULT_POLICY) in ("dos", "gpu", "greedy")
         speculative = self._overlap_asked and self.speculate_streamed and self.speculation_budget != 0
         self._gpu_request = gpu_memory_for_buckets(
-            buckets.values(), self.subgroup_size, self.gpu_update_budget, self.gpu_resident_budget,
+            buckets, self.subgroup_size, self.gpu_update_budget, self.gpu_resident_budget,
             speculative) if self.gpu_update_budget and budgeted else 0
         self.runtime = _rt._get_runtime(policy, cpu_threads, cpu_workers, ncuda, verbose, caller_cores,
                                         preferred_caller_cores, self._gpu_request, count_live=True)
         L = _capi.lib()
         try:
-            for b in buckets.values():
+            for b in buckets:
                 if b.num_params == 0:
                     continue  # nothing to update (a group of empty tensors)
                 off = 0
@@ -436,7 +392,7 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _Gradients, _State, _Timeli
                 lr, b1, b2, eps, wd, dec = hypers[b.group_index]
                 options = _capi.optimizer_options(
                     lr=lr, beta1=b1, beta2=b2, eps=eps, weight_decay=wd, decoupled=bool(dec),
-                    subgroup_size=self.subgroup_size, dtype=_DTYPES[b.dtype],
+                    subgroup_size=self.subgroup_size, dtype=DTYPES[b.dtype],
                     memory=_capi.MEMORY_CUDA if b.device.type == "cuda" else _capi.MEMORY_HOST, verbose=bool(verbose),
                     speculation_budget=-1 if self.speculation_budget is None else self.speculation_budget,
                     speculate_streamed=int(self.speculate_streamed), urgent_writeback=int(self.urgent_writeback),

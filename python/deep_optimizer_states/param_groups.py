@@ -24,7 +24,7 @@ import torch
 
 #: The largest float32 (the runtime computes in fp32: a larger lr, eps or weight decay overflows).
 _FLT_MAX = 3.4028234663852886e38
-#: torch.optim.Adam's options DeepOptimizerStates does not support.
+#: torch.optim.AdamW's options DeepOptimizerStates takes at their defaults only (check_adamw_options).
 _UNSUPPORTED = ("amsgrad", "maximize", "capturable", "differentiable", "fused")
 
 #: Regular expressions searched in each lowercased parameter name: a match means no weight decay

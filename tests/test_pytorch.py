@@ -34,14 +34,9 @@ GPU or the runtime has no CUDA worker.
 4. One parameter given to two optimizers, stepped in turn (and one of them closed), against two
    torch.optim.AdamW.
 5. Framework wrappers dropped while the optimizer trains on (both of Lightning's forms).
-6. Code written against torch.optim.AdamW: its option keywords at their defaults (amsgrad,
-   maximize, capturable, differentiable False, fused None or False, foreach any) give the same bits
-   as without them, a true value is refused naming the option; param_groups edited by hand after
-   construction (a parameter appended, replaced or removed, a group appended) refused at step()
-   and state_dict() with nothing updated, and a restored list steps again; a group that sets decoupled and leaves
-   weight_decay out gets its mode's default (0 for Adam, 1e-2 for AdamW), one that sets it keeps it;
-   a channels_last parameter refused with the call that makes it contiguous, which then works.
-The state dict's round trip and torch.load(weights_only=True): tests/test_pytorch_state.py;
+The state dict's round trip and torch.load(weights_only=True): tests/test_pytorch_state.py; code
+written against torch.optim.AdamW (its option keywords, param_groups edited by hand):
+tests/test_pytorch_options.py;
 examples/train_gpt.py's argument checks: tests/test_train_gpt_args.py.
 """
 
@@ -589,82 +584,6 @@ def test_framework_paths(device, policy):
         o.close()
 
 
-def test_adamw_code(device, policy):
-    def one_step(**kw):
-        m = make_model(device, torch.float32)
-        o = make_opt(m, policy, **kw)
-        train_steps(m, o, [1, 2], device)
-        snap = snapshot(m, o)
-        o.close()
-        return snap
-
-    ref = one_step()
-    same = one_step(amsgrad=False, maximize=False, capturable=False, differentiable=False, fused=None, foreach=True)
-    check(same_snapshot(ref, same), "torch.optim.AdamW's option keywords at their defaults (foreach=True too): "
-                                    "the same bits as without them")
-    check(same_snapshot(ref, one_step(fused=False, foreach=False)), "fused=False, foreach=False: the same bits")
-    m = make_model(device, torch.float32)
-    for name in ("amsgrad", "maximize", "capturable", "differentiable", "fused"):
-        expect_error(ValueError, f"{name}=True is not supported", lambda: make_opt(m, policy, **{name: True}),
-                     f"{name}=True refused")
-
-    # a channels_last parameter: refused, the message saying how to make it contiguous, which then works
-    conv = torch.nn.Conv2d(3, 4, 3).to(device=device, memory_format=torch.channels_last)
-    expect_error(ValueError, "contiguous_format", lambda: dos.DeepOptimizerStates(conv.parameters(), policy=policy),
-                 "a channels_last weight")
-    conv = conv.to(memory_format=torch.contiguous_format)
-    try:
-        dos.DeepOptimizerStates(conv.parameters(), policy=policy).close()
-        accepted = ""
-    except ValueError as e:
-        accepted = str(e)
-    check(not accepted, f"and accepted once made contiguous as the message says {accepted}")
-
-    # param_groups edited by hand after construction
-    m = make_model(device, torch.float32)
-    o = make_opt(m, policy)
-    train_steps(m, o, [1], device)
-    extra = torch.nn.Parameter(torch.ones(5, device=device))
-    group = o.param_groups[1]["params"]
-    kept = list(group)
-    edits = (("a parameter appended to a group", lambda: group.append(extra)),
-             ("a parameter replaced", lambda: group.__setitem__(0, extra)),
-             ("a parameter removed", lambda: group.pop()),
-             ("a group appended", lambda: o.param_groups.append(dict(o.param_groups[1], params=[extra]))))
-    for what, edit in edits:
-        x, y = batch(2, device)
-        torch.nn.functional.cross_entropy(m(x).float().reshape(-1, 50), y.reshape(-1)).backward()
-        extra.grad = torch.ones_like(extra)
-        before = snapshot(m, o)
-        edit()
-        expect_error(ValueError, "param_groups was edited", o.step, f"{what}: step() refused")
-        expect_error(ValueError, "param_groups was edited", o.state_dict, f"{what}: state_dict() refused")
-        group[:] = kept
-        del o.param_groups[2:]
-        check(same_snapshot(before, snapshot(m, o)) and torch.equal(extra.detach(), torch.ones(5, device=device)),
-              f"{what}: nothing updated")
-        o.zero_grad()
-    train_steps(m, o, [2], device)
-    check(o.steps_taken == 2, "the groups restored: step() runs again")
-    o.close()
-
-    # each group's default weight decay follows its own mode
-    m = make_model(device, torch.float32)
-    ps = list(m.parameters())
-    o = dos.DeepOptimizerStates([{"params": ps[:2], "decoupled": False}, {"params": ps[2:4]},
-                                 {"params": ps[4:], "decoupled": False, "weight_decay": 0.5}], policy=policy)
-    check([g["weight_decay"] for g in o.param_groups] == [0.0, 1e-2, 0.5],
-          f"weight_decay left out: 0 for an Adam group, 1e-2 for AdamW; given: kept "
-          f"({[g['weight_decay'] for g in o.param_groups]})")
-    o.close()
-    o = dos.DeepOptimizerStates([{"params": ps[:2], "decoupled": True}, {"params": ps[2:]}], decoupled=False,
-                                policy=policy)
-    check([g["weight_decay"] for g in o.param_groups] == [1e-2, 0.0],
-          f"decoupled=False by default, one group AdamW: 1e-2 for it, 0 for the other "
-          f"({[g['weight_decay'] for g in o.param_groups]})")
-    o.close()
-
-
 def test_two_optimizers_one_parameter(device, policy):
     """One parameter given to two optimizers, stepped in turn: each starts from what the other
     wrote, as two torch AdamW over one parameter do (fp32: the same values within Adam's rounding;
@@ -764,7 +683,7 @@ def main(tests=None):
         print("the runtime has no CUDA worker (a build without CUDA?): skipped")
         return 77
     for test in tests or (test_losses_match_adamw, test_bad_input, test_framework_paths, test_compiled_model,
-                          test_two_optimizers_one_parameter, test_dropped_wrapper, test_adamw_code):
+                          test_two_optimizers_one_parameter, test_dropped_wrapper):
         test(args.device, args.policy)
     dos.shutdown()
     print(f"{len(failures)} failure(s); {time.time() - t0:.1f} s")

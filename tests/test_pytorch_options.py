@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Tests of the PyTorch binding's runtime options: GPU budgets, timelines, caller cores and
-flat_gradients, with test_pytorch.py's models, helpers and command line.
+"""Tests of the PyTorch binding's options: GPU budgets, timelines, caller cores, flat_gradients,
+tail_subgroups, and torch.optim.AdamW's own (code written against AdamW), with test_pytorch.py's
+models, helpers and command line.
 
     test_pytorch_options.py [--device cpu|cuda] [--policy POLICY]
 
@@ -48,6 +49,13 @@ GPU or the runtime has no CUDA worker.
    bucket on each side), which must bind all 3 in at least one phase: the model's own plans for this small model
    were never mixed enough on the GPU machine, which left the same-bits check comparing phases in
    which nothing was bound.
+6. Code written against torch.optim.AdamW: its option keywords at their defaults (amsgrad,
+   maximize, capturable, differentiable False, fused None or False, foreach any) give the same bits
+   as without them, a true value is refused naming the option; param_groups edited by hand after
+   construction (a parameter appended, replaced or removed, a group appended) refused at step()
+   and state_dict() with nothing updated, and a restored list steps again; a group that sets decoupled and leaves
+   weight_decay out gets its mode's default (0 for Adam, 1e-2 for AdamW), one that sets it keeps it;
+   a channels_last parameter refused with the call that makes it contiguous, which then works.
 """
 
 import json
@@ -564,6 +572,82 @@ def test_flat_gradients(device, policy):
           "gives the bits of True")
 
 
+def test_adamw_code(device, policy):
+    def one_step(**kw):
+        m = make_model(device, torch.float32)
+        o = make_opt(m, policy, **kw)
+        train_steps(m, o, [1, 2], device)
+        snap = snapshot(m, o)
+        o.close()
+        return snap
+
+    ref = one_step()
+    same = one_step(amsgrad=False, maximize=False, capturable=False, differentiable=False, fused=None, foreach=True)
+    check(same_snapshot(ref, same), "torch.optim.AdamW's option keywords at their defaults (foreach=True too): "
+                                    "the same bits as without them")
+    check(same_snapshot(ref, one_step(fused=False, foreach=False)), "fused=False, foreach=False: the same bits")
+    m = make_model(device, torch.float32)
+    for name in ("amsgrad", "maximize", "capturable", "differentiable", "fused"):
+        expect_error(ValueError, f"{name}=True is not supported", lambda: make_opt(m, policy, **{name: True}),
+                     f"{name}=True refused")
+
+    # a channels_last parameter: refused, the message saying how to make it contiguous, which then works
+    conv = torch.nn.Conv2d(3, 4, 3).to(device=device, memory_format=torch.channels_last)
+    expect_error(ValueError, "contiguous_format", lambda: dos.DeepOptimizerStates(conv.parameters(), policy=policy),
+                 "a channels_last weight")
+    conv = conv.to(memory_format=torch.contiguous_format)
+    try:
+        dos.DeepOptimizerStates(conv.parameters(), policy=policy).close()
+        accepted = ""
+    except ValueError as e:
+        accepted = str(e)
+    check(not accepted, f"and accepted once made contiguous as the message says {accepted}")
+
+    # param_groups edited by hand after construction
+    m = make_model(device, torch.float32)
+    o = make_opt(m, policy)
+    train_steps(m, o, [1], device)
+    extra = torch.nn.Parameter(torch.ones(5, device=device))
+    group = o.param_groups[1]["params"]
+    kept = list(group)
+    edits = (("a parameter appended to a group", lambda: group.append(extra)),
+             ("a parameter replaced", lambda: group.__setitem__(0, extra)),
+             ("a parameter removed", lambda: group.pop()),
+             ("a group appended", lambda: o.param_groups.append(dict(o.param_groups[1], params=[extra]))))
+    for what, edit in edits:
+        x, y = batch(2, device)
+        torch.nn.functional.cross_entropy(m(x).float().reshape(-1, 50), y.reshape(-1)).backward()
+        extra.grad = torch.ones_like(extra)
+        before = snapshot(m, o)
+        edit()
+        expect_error(ValueError, "param_groups was edited", o.step, f"{what}: step() refused")
+        expect_error(ValueError, "param_groups was edited", o.state_dict, f"{what}: state_dict() refused")
+        group[:] = kept
+        del o.param_groups[2:]
+        check(same_snapshot(before, snapshot(m, o)) and torch.equal(extra.detach(), torch.ones(5, device=device)),
+              f"{what}: nothing updated")
+        o.zero_grad()
+    train_steps(m, o, [2], device)
+    check(o.steps_taken == 2, "the groups restored: step() runs again")
+    o.close()
+
+    # each group's default weight decay follows its own mode
+    m = make_model(device, torch.float32)
+    ps = list(m.parameters())
+    o = dos.DeepOptimizerStates([{"params": ps[:2], "decoupled": False}, {"params": ps[2:4]},
+                                 {"params": ps[4:], "decoupled": False, "weight_decay": 0.5}], policy=policy)
+    check([g["weight_decay"] for g in o.param_groups] == [0.0, 1e-2, 0.5],
+          f"weight_decay left out: 0 for an Adam group, 1e-2 for AdamW; given: kept "
+          f"({[g['weight_decay'] for g in o.param_groups]})")
+    o.close()
+    o = dos.DeepOptimizerStates([{"params": ps[:2], "decoupled": True}, {"params": ps[2:]}], decoupled=False,
+                                policy=policy)
+    check([g["weight_decay"] for g in o.param_groups] == [1e-2, 0.0],
+          f"decoupled=False by default, one group AdamW: 1e-2 for it, 0 for the other "
+          f"({[g['weight_decay'] for g in o.param_groups]})")
+    o.close()
+
+
 if __name__ == "__main__":
     sys.exit(main([test_gpu_budgets, test_gpu_memory_limit, test_timeline, test_caller_cores, test_flat_gradients,
-                   test_tail_subgroups]))
+                   test_tail_subgroups, test_adamw_code]))

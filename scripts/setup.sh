@@ -227,16 +227,9 @@ else
     cuda_opts="--enable-cuda --with-cuda-dir=$cuda_dir"
     # libstarpu's own run path names CUDA's libraries (cudart, cuBLAS, cuSPARSE): a program's run
     # path does not serve its libraries' needs, and a site's CUDA module may be unloaded at run time
-    # (the toolkit's library folder: $CUDA_PATH, $CUDA_HOME, beside nvcc, beside its real path (a
-    # wrapper script in /usr/local/bin is not beside it), or /usr/local/cuda; as meson.build finds it)
-    for root in "${CUDA_PATH:-}" "${CUDA_HOME:-}" "$cuda_dir" "$(dirname "$(dirname "$(realpath "$(command -v nvcc)")")")" \
-                /usr/local/cuda; do
-      for sub in lib64 lib; do
-        if [ -z "${starpu_ldflags:-}" ] && [ -n "$root" ] && [ -e "$root/$sub/libcudart.so" ]; then
-          starpu_ldflags="-Wl,-rpath,$root/$sub"
-        fi
-      done
-    done
+    # (the toolkit's library folder, as meson.build finds it: scripts/cuda-libdir.sh)
+    cuda_libdir=$("$ROOT/scripts/cuda-libdir.sh" "$(command -v nvcc)")
+    if [ -n "$cuda_libdir" ]; then starpu_ldflags="-Wl,-rpath,$cuda_libdir"; fi
   fi
   (cd "$src" && LDFLAGS="${starpu_ldflags:-} ${LDFLAGS:-}" ./configure --prefix="$STARPU_PREFIX" $cuda_opts --disable-static --disable-build-doc \
       --disable-build-examples --disable-build-tests --disable-fortran --disable-socl --disable-starpufft \

@@ -32,6 +32,11 @@ void bind_worker_team() {
   }
 }
 
+bool release_caller_openmp_threads() noexcept {
+  if (omp_in_parallel()) return false;
+  return omp_pause_resource_all(omp_pause_soft) == 0;
+}
+
 std::vector<int> allowed_cores() {
   std::vector<int> out;
   cpu_set_t set;

@@ -378,7 +378,8 @@ struct TimelineTask {
   double start = 0, end = 0;
 };
 /// Bytes moved over PCIe, each way, since the phase began, sampled every millisecond while the
-/// phase runs (StarPU's bus counters); t: seconds since the phase began.
+/// phase runs and once more when it has ended (StarPU's bus counters; so a timeline's phase has at
+/// least one sample, the last one its totals); t: seconds since the phase began.
 struct BusSample {
   double t = 0;
   std::uint64_t h2d = 0, d2h = 0;
@@ -505,6 +506,9 @@ class Optimizer {
   /// step (begin_step, then finish_step with StepVerdict::skip: nothing changes).
   /// One thread at a time: step(), step_async() and begin_step() from a second thread while one
   /// of them runs are refused (UsageError, nothing changed); other concurrent calls are not safe.
+  /// Before the phase, step(), step_async() and begin_step() free the calling thread's idle OpenMP
+  /// threads (release_caller_openmp_threads, codelets/cpu_team.h: with them, libgomp lets the CPU
+  /// workers' teams sleep between kernels); the caller's next parallel region starts them again.
   /// Throws Error when a step is open (begin_step without finish_step) or a previous step failed.
   StepStats step();
 

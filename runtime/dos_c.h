@@ -288,7 +288,8 @@ int dos_optimizer_set_hyper(dos_optimizer* opt, double lr, double beta1, double 
                             double weight_decay, int decoupled);
 /* One update phase (synchronous): every subgroup's step count += 1, new parameters written into the
  * caller's buffers. stats may be NULL. DOS_E_INVALID while a phase is open (begin_step); after a
- * failure (DOS_E_RUNTIME) the optimizer refuses further steps. */
+ * failure (DOS_E_RUNTIME) the optimizer refuses further steps. Like begin_step and step_async, it
+ * first frees the calling thread's idle OpenMP threads of the library's libgomp (dos::Optimizer::step). */
 int dos_optimizer_step(dos_optimizer* opt, dos_step_stats* stats);
 
 /* The update overlapped with the caller's backward (dos::Optimizer::begin_step, gradients_final,

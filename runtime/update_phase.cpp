@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "../codelets/codelets.h"
+#include "../codelets/cpu_team.h"
 #include "../codelets/task_clock.h"
 #include "../scheduler/policy.h"
 #include "dos.h"
@@ -153,6 +154,9 @@ void Optimizer::Impl::begin(bool overlapped) {
   if (!broken.empty())
     throw Error("a previous step failed (" + broken + "): the optimizer state may be inconsistent; create a new Optimizer");
   require_no_open_step("begin_step");
+  // the caller's idle OpenMP threads would leave the CPU workers' teams sleeping between kernels
+  // (codelets/cpu_team.h); freed before the phase's clock starts
+  release_caller_openmp_threads();
   open = std::make_unique<OpenStep>();
   OpenStep& ph = *open;
   StepStats& st = ph.st;
@@ -550,7 +554,17 @@ StepStats Optimizer::Impl::finish_wait() {
   if (const std::string e = ph.copy_failure(); !e.empty())
     fail("a copy between the GPU and host memory failed (" + e + ")");
   ph.sampling.store(false);
-  if (ph.sampler.joinable()) ph.sampler.join();
+  if (ph.sampler.joinable()) {
+    ph.sampler.join();
+    // the phase's totals as its last sample: a phase shorter than the sampler's first period (or
+    // than its thread's start) still gets one
+    BusSample b;
+    read_bus_bytes(&b.h2d, &b.d2h);
+    b.h2d -= ph.h2d0;
+    b.d2h -= ph.d2h0;
+    b.t = std::chrono::duration<double>(std::chrono::steady_clock::now() - ph.t0).count();
+    st.bus.push_back(b);
+  }
   st.window_peak_bytes = window.limit ? window.peak : 0;
   for (unsigned node : cuda_nodes) {
     const starpu_ssize_t total = starpu_memory_get_total(node), avail = starpu_memory_get_available(node);

@@ -1,0 +1,127 @@
+// The CPU team helpers (codelets/cpu_team.h): release_caller_openmp_threads frees the calling
+// thread's idle OpenMP threads (counted by the kernel: /proc/self/status's Threads), refuses inside a
+// parallel region, leaves another thread's team alone, and the next parallel region gets its full
+// team again; core_list_string's ranges.
+#include <omp.h>
+
+#include <chrono>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cmocka_cpp.h"
+#include "cpu_team.h"
+
+namespace {
+
+/// The process's threads as the kernel counts them (/proc/self/status, "Threads:").
+int process_threads() {
+  std::ifstream f("/proc/self/status");
+  std::string key;
+  while (f >> key) {
+    if (key == "Threads:") {
+      int n = 0;
+      f >> n;
+      return n;
+    }
+    std::getline(f, key);
+  }
+  fail_msg("/proc/self/status has no Threads: line");
+  return -1;
+}
+
+/// Waits up to 2 s for the process's thread count to reach `want` (exiting threads leave
+/// asynchronously); returns the last count seen.
+int wait_threads(int want) {
+  int n = process_threads();
+  for (int k = 0; k < 200 && n != want; ++k) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    n = process_threads();
+  }
+  return n;
+}
+
+/// Runs one parallel region of `threads` threads on the calling thread; returns the team's size.
+int run_region(int threads) {
+  int seen = 0;
+#pragma omp parallel num_threads(threads)
+  {
+#pragma omp single
+    seen = omp_get_num_threads();
+  }
+  return seen;
+}
+
+void test_frees_the_callers_pool(void**) {
+  omp_set_dynamic(0);
+  const int before = process_threads();
+  assert_int_equal(run_region(4), 4);
+  // libgomp keeps the 3 other threads of the team waiting in the calling thread's pool
+  assert_int_equal(process_threads(), before + 3);
+  assert_true(dos::release_caller_openmp_threads());
+  assert_int_equal(wait_threads(before), before);
+  // the next region starts its threads again, with its full team
+  assert_int_equal(run_region(4), 4);
+  assert_int_equal(process_threads(), before + 3);
+  assert_true(dos::release_caller_openmp_threads());
+  assert_int_equal(wait_threads(before), before);
+  // nothing to free: still accepted
+  assert_true(dos::release_caller_openmp_threads());
+  assert_int_equal(process_threads(), before);
+}
+
+void test_refused_inside_a_region(void**) {
+  omp_set_dynamic(0);
+  const int before = process_threads();
+  int refused = 0;
+#pragma omp parallel num_threads(2) reduction(+ : refused)
+  refused += dos::release_caller_openmp_threads() ? 0 : 1;
+  assert_int_equal(refused, 2);
+  // the team's pool is still there (one waiting thread), freed from outside the region
+  assert_int_equal(process_threads(), before + 1);
+  assert_true(dos::release_caller_openmp_threads());
+  assert_int_equal(wait_threads(before), before);
+}
+
+void test_other_threads_team_kept(void**) {
+  omp_set_dynamic(0);
+  const int before = process_threads();
+  // a worker thread (as a StarPU CPU worker) with a team of 3 of its own, kept while the calling
+  // thread frees its pool
+  int worker_team = 0, worker_after = 0, during = 0;
+  bool go_on = false;
+  std::thread w([&] {
+    worker_team = run_region(3);
+    while (!__atomic_load_n(&go_on, __ATOMIC_ACQUIRE)) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    worker_after = run_region(3);
+  });
+  while (process_threads() < before + 3) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  assert_int_equal(run_region(2), 2);  // the caller's pool: 1 more thread
+  during = process_threads();
+  assert_int_equal(during, before + 1 + 2 + 1);  // the worker, its team's 2 others, the caller's 1
+  assert_true(dos::release_caller_openmp_threads());
+  assert_int_equal(wait_threads(before + 3), before + 3);  // only the caller's thread left
+  __atomic_store_n(&go_on, true, __ATOMIC_RELEASE);
+  w.join();
+  assert_int_equal(worker_team, 3);
+  assert_int_equal(worker_after, 3);
+}
+
+void test_core_list_string(void**) {
+  assert_string_equal(dos::core_list_string({}).c_str(), "");
+  assert_string_equal(dos::core_list_string({3}).c_str(), "3");
+  assert_string_equal(dos::core_list_string({0, 1, 2, 5, 7, 8}).c_str(), "0-2,5,7-8");
+}
+
+}  // namespace
+
+int main() {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_frees_the_callers_pool),
+      cmocka_unit_test(test_refused_inside_a_region),
+      cmocka_unit_test(test_other_threads_team_kept),
+      cmocka_unit_test(test_core_list_string),
+  };
+  return cmocka_run_group_tests(tests, nullptr, nullptr);
+}

@@ -200,6 +200,16 @@ struct OpenStep {
   std::chrono::steady_clock::time_point t0;
   std::atomic<bool> sampling{false};
   std::thread sampler;  // the timeline's bus samples, every millisecond
+  /// Appends one bus sample to st.bus: the bytes each way since h2d0 / d2h0, at seconds since t0.
+  /// Called by the sampler thread while the phase runs, then once by the caller after joining it.
+  void sample_bus() {
+    BusSample b;
+    read_bus_bytes(&b.h2d, &b.d2h);
+    b.h2d -= h2d0;
+    b.d2h -= d2h0;
+    b.t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    st.bus.push_back(b);
+  }
   Simulation sim;
   /// Per subgroup, its state had no valid copy on the GPU when the phase began (states_off_gpu):
   /// what execution() hands the phase simulation while the phase is open.

@@ -175,12 +175,7 @@ void Optimizer::Impl::begin(bool overlapped) {
     ph.sampling.store(true);
     ph.sampler = std::thread([&ph] {
       while (ph.sampling.load()) {
-        BusSample b;
-        read_bus_bytes(&b.h2d, &b.d2h);
-        b.h2d -= ph.h2d0;
-        b.d2h -= ph.d2h0;
-        b.t = std::chrono::duration<double>(std::chrono::steady_clock::now() - ph.t0).count();
-        ph.st.bus.push_back(b);
+        ph.sample_bus();
         std::this_thread::sleep_for(std::chrono::milliseconds(1));
       }
     });
@@ -558,12 +553,7 @@ StepStats Optimizer::Impl::finish_wait() {
     ph.sampler.join();
     // the phase's totals as its last sample: a phase shorter than the sampler's first period (or
     // than its thread's start) still gets one
-    BusSample b;
-    read_bus_bytes(&b.h2d, &b.d2h);
-    b.h2d -= ph.h2d0;
-    b.d2h -= ph.d2h0;
-    b.t = std::chrono::duration<double>(std::chrono::steady_clock::now() - ph.t0).count();
-    st.bus.push_back(b);
+    ph.sample_bus();
   }
   st.window_peak_bytes = window.limit ? window.peak : 0;
   for (unsigned node : cuda_nodes) {

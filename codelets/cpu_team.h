@@ -31,16 +31,27 @@ void bind_worker_team();
 
 /// Frees the calling thread's idle OpenMP threads, those its own parallel regions left waiting in
 /// libgomp's pool (omp_pause_resource_all(omp_pause_soft)); its next parallel region starts them
-/// again. Why: once a process's libgomp threads outnumber its cores, libgomp shortens every
-/// thread's spin wait between parallel regions to about 100 iterations, so the CPU workers' teams
-/// sleep between kernels and each kernel's fork waits for its threads to wake. A caller's thread
-/// that ran one parallel region with all the cores (a dos-train gradient pass, Debian's torch on the
-/// same libgomp, a checkpoint's state check) keeps such a pool for the process's life. Measured on
-/// a 2-core machine: a worker team of 2's parallel region took 3.7 us with no other pool and 30-60
-/// us beside a caller's pool of 2, 3.7 us again once it was freed; the tiny preset's update phase
-/// under the cpu policy (55 subgroups of 10007) went from 8-12 ms to 1.6-2.5 ms.
-/// Returns true when libgomp accepted the pause (also when there was nothing to free); false inside
-/// a parallel region (libgomp refuses, nothing is freed). Never throws.
+/// again (new threads: their thread-local data and any affinity set by hand start afresh).
+/// Why (libgomp's rule, with OMP_WAIT_POLICY unset): once libgomp's managed threads (the initial
+/// thread and every pool's extra threads; threads that only start regions, as StarPU's workers, do
+/// not count) outnumber the cores of the process's affinity mask at load time, every thread's spin
+/// wait between parallel regions drops from GOMP_SPINCOUNT (300000) to about 100 iterations, so the
+/// CPU workers' teams sleep between kernels and each kernel's fork waits for its threads to wake.
+/// One parallel region of 2 or more threads on a caller's thread (a dos-train pass over the
+/// parameters, Debian's torch on the same libgomp, a checkpoint's state check) keeps such a pool
+/// for that thread's life. (OMP_WAIT_POLICY=passive: no spinning at all, nothing to gain;
+/// active: about 1000.) Measured on a 2-core machine: a worker team of 2's parallel region took 3.7
+/// us with no other pool and 30-60 us beside a caller's pool of 2, 3.7 us once it was freed; the
+/// tiny preset's update phase under the cpu policy (55 subgroups of 10007) 8.2-8.6 -> 1.5-1.7 ms,
+/// its whole iteration 12.0-14.2 -> 8.6-9.9 ms: the team, no longer throttled, spins after the
+/// phase's last kernel (up to about 7.6 ms here) beside the caller's next pass over the cores
+/// (GOMP_SPINCOUNT=1000 brought the iteration to 5.7-6.4 ms). The pause itself costs tens of us,
+/// the pool's new threads at the caller's next region about as much again.
+/// Affects only the libgomp this library links: a caller on another OpenMP runtime (pip's torch
+/// bundles its own libgomp) is left alone, and so is a clang/libomp build's semantics, not
+/// described here. Returns true when libgomp accepted the pause (also when there was nothing to
+/// free); false inside a parallel region, even an inactive one (libgomp refuses, nothing is
+/// freed). Never throws.
 bool release_caller_openmp_threads() noexcept;
 
 /// Binds the calling thread to one core (OS processor number). Returns false if the system refused.

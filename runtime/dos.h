@@ -377,9 +377,11 @@ struct TimelineTask {
   std::size_t subgroup = 0;
   double start = 0, end = 0;
 };
-/// Bytes moved over PCIe, each way, since the phase began, sampled every millisecond while the
-/// phase runs and once more when it has ended (StarPU's bus counters; so a timeline's phase has at
-/// least one sample, the last one its totals); t: seconds since the phase began.
+/// Bytes moved over PCIe, each way, since the phase began, sampled every millisecond from the
+/// phase's start until the call that waits for its end (step(), finish_step, or wait_step after
+/// step_async / finish_step_async, which may come long after the phase ended), then once more
+/// there (StarPU's bus counters; so a timeline's phase has at least one sample, the last one its
+/// totals); t: seconds since the phase began.
 struct BusSample {
   double t = 0;
   std::uint64_t h2d = 0, d2h = 0;
@@ -507,8 +509,11 @@ class Optimizer {
   /// One thread at a time: step(), step_async() and begin_step() from a second thread while one
   /// of them runs are refused (UsageError, nothing changed); other concurrent calls are not safe.
   /// Before the phase, step(), step_async() and begin_step() free the calling thread's idle OpenMP
-  /// threads (release_caller_openmp_threads, codelets/cpu_team.h: with them, libgomp lets the CPU
-  /// workers' teams sleep between kernels); the caller's next parallel region starts them again.
+  /// threads of this library's libgomp (release_caller_openmp_threads, codelets/cpu_team.h: with
+  /// them, libgomp lets the CPU workers' teams sleep between kernels); the caller's next parallel
+  /// region starts new ones (thread-local data and affinity set by hand start afresh). Nothing is
+  /// freed when called inside a parallel region, and the gain is lost while the caller runs
+  /// parallel regions during the phase (an overlapped phase beside a backward on the CPU).
   /// Throws Error when a step is open (begin_step without finish_step) or a previous step failed.
   StepStats step();
 

@@ -551,8 +551,8 @@ StepStats Optimizer::Impl::finish_wait() {
   ph.sampling.store(false);
   if (ph.sampler.joinable()) {
     ph.sampler.join();
-    // the phase's totals as its last sample: a phase shorter than the sampler's first period (or
-    // than its thread's start) still gets one
+    // the phase's totals as its last sample: a phase that ends before the sampler's thread has
+    // started still gets one
     ph.sample_bus();
   }
   st.window_peak_bytes = window.limit ? window.peak : 0;

@@ -1,10 +1,13 @@
 // The CPU team helpers (codelets/cpu_team.h): release_caller_openmp_threads frees the calling
 // thread's idle OpenMP threads (counted by the kernel: /proc/self/status's Threads), refuses inside a
 // parallel region, leaves another thread's team alone, and the next parallel region gets its full
-// team again; core_list_string's ranges.
+// team again; Optimizer::step() and step_async() call it on the caller's thread; core_list_string's
+// ranges. Skips (77) where the OpenMP settings cannot give teams of 4 (OMP_THREAD_LIMIT,
+// OMP_MAX_ACTIVE_LEVELS=0); teams are asked for with dynamic adjustment off on every thread.
 #include <omp.h>
 
 #include <chrono>
+#include <cstdio>
 #include <fstream>
 #include <string>
 #include <thread>
@@ -12,6 +15,7 @@
 
 #include "cmocka_cpp.h"
 #include "cpu_team.h"
+#include "dos.h"
 
 namespace {
 
@@ -32,7 +36,7 @@ int process_threads() {
 }
 
 /// Waits up to 2 s for the process's thread count to reach `want` (exiting threads leave
-/// asynchronously); returns the last count seen.
+/// asynchronously; starting ones appear so); returns the last count seen.
 int wait_threads(int want) {
   int n = process_threads();
   for (int k = 0; k < 200 && n != want; ++k) {
@@ -42,8 +46,10 @@ int wait_threads(int want) {
   return n;
 }
 
-/// Runs one parallel region of `threads` threads on the calling thread; returns the team's size.
+/// Runs one parallel region of `threads` threads on the calling thread (dynamic adjustment off on
+/// it); returns the team's size.
 int run_region(int threads) {
+  omp_set_dynamic(0);
   int seen = 0;
 #pragma omp parallel num_threads(threads)
   {
@@ -54,7 +60,6 @@ int run_region(int threads) {
 }
 
 void test_frees_the_callers_pool(void**) {
-  omp_set_dynamic(0);
   const int before = process_threads();
   assert_int_equal(run_region(4), 4);
   // libgomp keeps the 3 other threads of the team waiting in the calling thread's pool
@@ -85,27 +90,59 @@ void test_refused_inside_a_region(void**) {
 }
 
 void test_other_threads_team_kept(void**) {
-  omp_set_dynamic(0);
   const int before = process_threads();
   // a worker thread (as a StarPU CPU worker) with a team of 3 of its own, kept while the calling
   // thread frees its pool
-  int worker_team = 0, worker_after = 0, during = 0;
+  int worker_team = 0, worker_after = 0;
   bool go_on = false;
   std::thread w([&] {
     worker_team = run_region(3);
     while (!__atomic_load_n(&go_on, __ATOMIC_ACQUIRE)) std::this_thread::sleep_for(std::chrono::milliseconds(1));
     worker_after = run_region(3);
   });
-  while (process_threads() < before + 3) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  // joined whatever the checks below say (a failed check returns through longjmp)
+  struct Joiner {
+    std::thread& t;
+    bool& go;
+    ~Joiner() {
+      __atomic_store_n(&go, true, __ATOMIC_RELEASE);
+      if (t.joinable()) t.join();
+    }
+  } joiner{w, go_on};
+  const int with_worker = wait_threads(before + 3);  // the worker and its team's 2 others
+  assert_int_equal(with_worker, before + 3);
   assert_int_equal(run_region(2), 2);  // the caller's pool: 1 more thread
-  during = process_threads();
-  assert_int_equal(during, before + 1 + 2 + 1);  // the worker, its team's 2 others, the caller's 1
+  assert_int_equal(process_threads(), before + 4);
   assert_true(dos::release_caller_openmp_threads());
   assert_int_equal(wait_threads(before + 3), before + 3);  // only the caller's thread left
   __atomic_store_n(&go_on, true, __ATOMIC_RELEASE);
   w.join();
   assert_int_equal(worker_team, 3);
   assert_int_equal(worker_after, 3);
+}
+
+void test_step_frees_the_callers_pool(void**) {
+  dos::RuntimeOptions ro;
+  ro.policy = "cpu";
+  ro.verbose = false;
+  dos::Runtime rt(ro);
+  std::vector<float> p(1000, 1.0f), g(1000, 0.5f);
+  dos::OptimizerOptions oo;
+  oo.dtype = dos::DType::fp32;
+  oo.subgroup_size = 300;
+  dos::Optimizer opt(rt, {{p.data(), g.data(), 1000}}, oo);
+  opt.step();  // StarPU's and the workers' threads all started
+  const int before = process_threads();
+  assert_int_equal(run_region(3), 3);
+  assert_int_equal(process_threads(), before + 2);
+  opt.step();
+  assert_int_equal(wait_threads(before), before);
+  assert_int_equal(run_region(3), 3);
+  assert_int_equal(process_threads(), before + 2);
+  opt.step_async();
+  opt.wait_step();
+  assert_int_equal(wait_threads(before), before);
+  assert_true(p[0] != 1.0f);  // the steps ran
 }
 
 void test_core_list_string(void**) {
@@ -117,10 +154,16 @@ void test_core_list_string(void**) {
 }  // namespace
 
 int main() {
+  if (omp_get_thread_limit() < 6 || omp_get_max_active_levels() < 1) {
+    std::printf("skip: the OpenMP settings (OMP_THREAD_LIMIT %d, OMP_MAX_ACTIVE_LEVELS %d) allow no teams of 4\n",
+                omp_get_thread_limit(), omp_get_max_active_levels());
+    return 77;
+  }
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_frees_the_callers_pool),
       cmocka_unit_test(test_refused_inside_a_region),
       cmocka_unit_test(test_other_threads_team_kept),
+      cmocka_unit_test(test_step_frees_the_callers_pool),
       cmocka_unit_test(test_core_list_string),
   };
   return cmocka_run_group_tests(tests, nullptr, nullptr);

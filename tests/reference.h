@@ -18,7 +18,7 @@ struct Hyper {
 /// One step of Adam (decoupled=false) or AdamW (decoupled=true) at step count t, in double.
 inline void adam_step(double& p, double& m, double& v, double g, const Hyper& h, long t) {
   if (h.decoupled) p *= 1.0 - h.lr * h.weight_decay;
-  else g += h.weight_decay * p;
+  else if (h.weight_decay != 0) g += h.weight_decay * p;  // torch: "if lambda != 0"
   m = h.beta1 * m + (1.0 - h.beta1) * g;
   v = h.beta2 * v + (1.0 - h.beta2) * g * g;
   const double mhat = m / (1.0 - std::pow(h.beta1, double(t)));

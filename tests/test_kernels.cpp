@@ -216,6 +216,76 @@ void test_adam_large(void**) {
   run_case({10000019, DType::fp32, DType::fp32, true}, 2);
 }
 
+// Non-finite master parameters (a diverged run, or a checkpoint that holds them) where the
+// gradient gets no L2 term: AdamW, and Adam without weight decay. torch adds weight_decay * p to the
+// gradient only where weight_decay != 0, so an infinite master leaves exp_avg and exp_avg_sq finite
+// and the master infinite; 0 * inf would make them NaN. Each case runs the kernel twice, on masters
+// holding +inf, -inf and NaN at a few places (in the first work item's vector body, the second's
+// vector body and its scalar tail) and on the same masters with 1.0 there: exp_avg and exp_avg_sq
+// must not differ anywhere, and match the double-precision reference at those places; the other
+// masters must not differ; +inf and -inf stay, NaN stays NaN; the bf16 copy rounds them as they are.
+void test_adam_nonfinite_master(void**) {
+  const size_t n = 16384 + 37;
+  const size_t at[] = {3, 16384 + 20, 16384 + 35};
+  const float bad[] = {INFINITY, -INFINITY, NAN};
+  struct Flavour {
+    bool decoupled;
+    double wd;
+  };
+  for (const Flavour f : {Flavour{true, 0.1}, Flavour{true, 0.0}, Flavour{false, 0.0}}) {
+    dos::AdamHyper h;
+    h.decoupled = f.decoupled;
+    h.weight_decay = f.wd;
+    Rng rng{0xfeedull + f.decoupled};
+    std::vector<float> pa(n), g(n);
+    for (size_t i = 0; i < n; ++i) {
+      pa[i] = float(rng.normal());
+      g[i] = float(rng.normal() * 1e-2);
+    }
+    std::vector<float> pb = pa, ma(n, 0.0f), va(n, 0.0f);
+    for (int k = 0; k < 3; ++k) {
+      pa[at[k]] = bad[k];
+      pb[at[k]] = 1.0f;
+    }
+    std::vector<float> mb = ma, vb = va, pi = pa, mi = ma, vi = va;
+    std::vector<uint16_t> outa(n), outb(n), outi(n);
+    for (long t = 1; t <= 3; ++t) {
+      const auto sp = dos::make_adam_step_params(h, t);
+      std::vector<float> pi_in = pi, mi_in = mi, vi_in = vi;
+      dos::adam_step_into_cpu(pi_in.data(), mi_in.data(), vi_in.data(), pi.data(), mi.data(), vi.data(), g.data(),
+                              DType::fp32, outi.data(), DType::bf16, n, sp);
+      const double m_prev = ma[at[0]], v_prev = va[at[0]];
+      dos::adam_step_cpu(pa.data(), ma.data(), va.data(), g.data(), DType::fp32, outa.data(), DType::bf16, n, sp);
+      dos::adam_step_cpu(pb.data(), mb.data(), vb.data(), g.data(), DType::fp32, outb.data(), DType::bf16, n, sp);
+      assert_memory_equal(ma.data(), mb.data(), n * 4);
+      assert_memory_equal(va.data(), vb.data(), n * 4);
+      assert_memory_equal(mi.data(), ma.data(), n * 4);
+      assert_memory_equal(vi.data(), va.data(), n * 4);
+      // the reference at the first infinite master: exp_avg and exp_avg_sq as for any master
+      double pr = INFINITY, mr = m_prev, vr = v_prev;
+      const ref::Hyper rh{h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, h.decoupled};
+      ref::adam_step(pr, mr, vr, g[at[0]], rh, t);
+      assert_true(std::isinf(pr) && pr > 0);
+      assert_true(std::fabs(ma[at[0]] - mr) <= 4 * ref::ulp(float(std::fabs(mr) + std::fabs(g[at[0]]))));
+      assert_true(std::fabs(va[at[0]] - vr) <= 4 * ref::ulp(float(vr)));
+      for (size_t i = 0; i < n; ++i) {
+        assert_true(std::isfinite(ma[i]) && std::isfinite(va[i]));
+        const bool injected = i == at[0] || i == at[1] || i == at[2];
+        if (!injected) {
+          assert_true(std::memcmp(&pa[i], &pb[i], 4) == 0);
+          assert_int_equal(outa[i], outb[i]);
+        }
+      }
+      assert_true(std::isinf(pa[at[0]]) && pa[at[0]] > 0 && std::isinf(pa[at[1]]) && pa[at[1]] < 0);
+      assert_true(std::isnan(pa[at[2]]) && std::isnan(pi[at[2]]));
+      assert_true(std::isinf(pi[at[0]]) && pi[at[0]] > 0 && std::isinf(pi[at[1]]) && pi[at[1]] < 0);
+      assert_int_equal(outa[at[0]], 0x7f80);
+      assert_int_equal(outa[at[1]], 0xff80);
+      assert_true((outa[at[2]] & 0x7f80) == 0x7f80 && (outa[at[2]] & 0x7f) != 0);
+    }
+  }
+}
+
 void test_adam_no_param_copy(void**) {
   // param_out == nullptr: state updated, nothing else written; same values as with a copy
   const size_t n = 1031;
@@ -333,6 +403,7 @@ int main() {
       cmocka_unit_test(test_convert_to_f32),        cmocka_unit_test(test_adam_no_param_copy),
       cmocka_unit_test(test_adam_small_sizes),      cmocka_unit_test(test_adam_mixed_dtypes),
       cmocka_unit_test(test_adam_large),            cmocka_unit_test(test_param_copy_misaligned),
+      cmocka_unit_test(test_adam_nonfinite_master),
   };
   return cmocka_run_group_tests(tests, nullptr, nullptr);
 }

@@ -122,7 +122,7 @@ const F16Converters& f16_converters() {
   return c;
 }
 
-template <DType G, DType P, bool WriteParam>
+template <DType G, DType P, bool WriteParam, bool L2>
 inline __attribute__((always_inline)) void adam_range(float* __restrict p, float* __restrict m,
                                                       float* __restrict v, const void* __restrict g,
                                                       void* __restrict out, std::size_t n,
@@ -133,7 +133,10 @@ inline __attribute__((always_inline)) void adam_range(float* __restrict p, float
   for (std::size_t i = 0; i < n; ++i) {
     float gi = load_as_f32(g, G, i);
     float pi = p[i];
-    gi = gi + l2 * pi;      // Adam: coupled L2 (l2 = 0 for AdamW)
+    // Adam: coupled L2, left out where l2 is 0 (AdamW, or Adam without weight decay) as torch skips
+    // grad.add(param, alpha=0): 0 * an infinite master would make the gradient NaN. A template
+    // argument, not a select in the loop: GCC vectorised no bf16 variant with the select (3.5x slower)
+    if (L2) gi = gi + l2 * pi;
     pi = pi * decay;        // AdamW: decoupled decay (decay = 1 for Adam)
     float mi = lerp_torch(m[i], gi, omb1);   // exp_avg.lerp_(grad, 1 - beta1)
     float vi = v[i] * b2 + (omb2 * gi) * gi;  // exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
@@ -150,7 +153,8 @@ inline __attribute__((always_inline)) void adam_range(float* __restrict p, float
 #define DOS_ADAM_VARIANT(NAME, G, P, W)                                                         \
   DOS_CLONES void NAME(float* p, float* m, float* v, const void* g, void* out, std::size_t n, \
                        const AdamStepParams& sp) {                                              \
-    adam_range<G, P, W>(p, m, v, g, out, n, sp);                                                \
+    if (sp.l2 != 0.0f) adam_range<G, P, W, true>(p, m, v, g, out, n, sp);                     \
+    else adam_range<G, P, W, false>(p, m, v, g, out, n, sp);                                    \
   }
 DOS_ADAM_VARIANT(adam_f32_none, DType::fp32, DType::fp32, false)
 DOS_ADAM_VARIANT(adam_f32_f32, DType::fp32, DType::fp32, true)

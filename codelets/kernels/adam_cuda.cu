@@ -47,7 +47,7 @@ __device__ __forceinline__ void store4(void* __restrict__ dst, std::size_t q, co
 
 /// One element's Adam/AdamW update, in the CPU kernel's (and PyTorch's) operation order.
 __device__ __forceinline__ void adam_elem(float& pi, float& mi, float& vi, float gi, const AdamStepParams& sp) {
-  gi = gi + sp.l2 * pi;
+  gi = sp.l2 != 0.0f ? gi + sp.l2 * pi : gi;  // skipped where l2 is 0, as in the CPU kernel
   pi = pi * sp.decay;
   mi = lerp_torch(mi, gi, sp.one_minus_beta1);
   vi = vi * sp.beta2 + (sp.one_minus_beta2 * gi) * gi;

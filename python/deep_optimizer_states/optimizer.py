@@ -12,15 +12,18 @@ of PyTorch's documented algorithm (the "Algorithm" boxes of the ``torch.optim.Ad
 ``torch.optim.AdamW`` documentation), with the fp32 operations in the order of torch 2.x's
 single-tensor implementation (``codelets/kernels/adam.h``)::
 
-    g_t = grad                                  (Adam: g_t += weight_decay * p_{t-1})
+    g_t = grad                                  (Adam with weight_decay != 0: g_t += weight_decay * p_{t-1})
     p   = p_{t-1} * (1 - lr * weight_decay)     (AdamW only)
-    m_t = lerp(m_{t-1}, g_t, 1 - beta1)         (= beta1 * m_{t-1} + (1 - beta1) * g_t, as ATen's lerp
-                                                 rounds it: torch 1.x's mul and add round otherwise)
+    m_t = lerp(m_{t-1}, g_t, 1 - beta1)         (= beta1 * m_{t-1} + (1 - beta1) * g_t, from the nearer
+                                                 end as ATen's lerp computes it)
     v_t = beta2 * v_{t-1} + ((1 - beta2) * g_t) * g_t
     p_t = p - lr / (1 - beta1^t) * m_t / (sqrt(v_t) / sqrt(1 - beta2^t) + eps)
 
 applied to the fp32 master parameters; the caller's parameters receive p_t rounded to their dtype
-(round to nearest even). ``t`` is each subgroup's own step count. ``amsgrad``, ``maximize``,
+(round to nearest even). ``t`` is each subgroup's own step count. Each fp32 operation is rounded
+on its own; torch's kernels fuse some into multiply-adds (``lerp_``, ``addcmul_``, ``add(alpha=)``
+on the CPU; CUDA builds contract them), so ``torch.optim.AdamW`` gives the same bits on the first
+step and differs in the last place from the second. ``amsgrad``, ``maximize``,
 ``capturable``, ``differentiable`` and ``fused`` are taken at their defaults only.
 """
 

@@ -45,7 +45,9 @@ std::string describe_architecture(const ModelConfig& c) {
   return c.arch + " layers " + std::to_string(c.layers) + " hidden " + std::to_string(c.hidden) + " intermediate " +
          std::to_string(c.intermediate) + " heads " + std::to_string(c.heads) + " kv_heads " +
          std::to_string(c.kv_heads) + " vocab " + std::to_string(c.vocab) + " positions " +
-         std::to_string(c.positions) + (c.tie_embeddings ? " tied" : " untied");
+         std::to_string(c.positions) + (c.tie_embeddings ? " tied" : " untied") +
+         (c.head_dim > 0 && c.head_dim * c.heads != c.hidden ? " head_dim " + std::to_string(c.head_dim) : "") +
+         (c.attention_bias ? " attention_bias" : "") + (c.mlp_bias ? " mlp_bias" : "");
 }
 
 namespace {
@@ -107,15 +109,28 @@ ModelConfig load_hf_config(const std::string& path) {
     throw std::runtime_error(path + " is not valid JSON: " + e.what());
   }
   if (!j.is_object()) throw std::runtime_error(path + ": expected a JSON object like a Hugging Face config.json");
+  // a field under any of its names (Hugging Face's and GPT-2's); two names given must agree
   auto get = [&](std::initializer_list<const char*> keys, bool required, std::int64_t dflt) -> std::int64_t {
+    const char* found = nullptr;
+    std::int64_t value = 0;
     for (const char* k : keys)
       if (j.contains(k) && !j[k].is_null()) {
         if (!j[k].is_number_integer() || j[k].get<std::int64_t>() <= 0)
           throw std::runtime_error(path + ": field '" + k + "' must be a positive integer");
-        return j[k].get<std::int64_t>();
+        const std::int64_t v = j[k].get<std::int64_t>();
+        if (found && v != value)
+          throw std::runtime_error(path + ": fields '" + found + "' (" + std::to_string(value) + ") and '" + k + "' (" +
+                                   std::to_string(v) + ") name the same dimension and disagree: keep one");
+        if (!found) found = k, value = v;
       }
+    if (found) return value;
     if (required) throw std::runtime_error(path + ": missing field '" + *keys.begin() + "'");
     return dflt;
+  };
+  auto get_bool = [&](const char* key, bool dflt) -> bool {
+    if (!j.contains(key) || j[key].is_null()) return dflt;
+    if (!j[key].is_boolean()) throw std::runtime_error(path + ": field '" + std::string(key) + "' must be true or false");
+    return j[key].get<bool>();
   };
   ModelConfig c;
   c.name = path;
@@ -147,25 +162,36 @@ ModelConfig load_hf_config(const std::string& path) {
   c.kv_heads = get({"num_key_value_heads"}, false, c.heads);
   c.vocab = get({"vocab_size"}, true, 0);
   c.positions = get({"max_position_embeddings", "n_positions"}, c.arch == "gpt2", 0);
-  if (j.contains("tie_word_embeddings") && !j["tie_word_embeddings"].is_boolean())
-    throw std::runtime_error(path + ": field 'tie_word_embeddings' must be true or false");
-  c.tie_embeddings = j.value("tie_word_embeddings", c.arch == "gpt2");
+  c.tie_embeddings = get_bool("tie_word_embeddings", c.arch == "gpt2");
+  c.head_dim = get({"head_dim"}, false, 0);
+  c.attention_bias = get_bool("attention_bias", false);
+  c.mlp_bias = get_bool("mlp_bias", false);
+  if (c.arch == "gpt2" && (c.head_dim > 0 || c.attention_bias || c.mlp_bias)) {
+    const char* f = c.head_dim > 0 ? "head_dim" : c.attention_bias ? "attention_bias" : "mlp_bias";
+    throw std::runtime_error(path + ": field '" + f + "' is not part of dos-train's gpt2 model (its attention heads " +
+                             "are hidden / n_head wide and every projection has a bias): remove it, or give a " +
+                             "Llama-style model_type");
+  }
   count_params(param_tensors(c), c.name);  // validates the dimensions and the parameter count
   return c;
 }
 
 std::vector<ParamTensor> param_tensors(const ModelConfig& c) {
-  if (c.layers <= 0 || c.hidden <= 0 || c.intermediate <= 0 || c.heads <= 0 || c.kv_heads <= 0 || c.vocab <= 0)
+  if (c.layers <= 0 || c.hidden <= 0 || c.intermediate <= 0 || c.heads <= 0 || c.kv_heads <= 0 || c.vocab <= 0 ||
+      c.head_dim < 0)
     throw std::invalid_argument("model '" + c.name + "': every dimension must be positive");
   // Bounds that no real transformer comes near, so that the sizes below cannot overflow 64 bits.
   const std::int64_t kMaxDim = std::int64_t(1) << 24, kMaxLayers = 100000;
   if (c.hidden > kMaxDim || c.intermediate > kMaxDim || c.vocab > kMaxDim || c.positions > kMaxDim ||
-      c.heads > kMaxDim || c.layers > kMaxLayers)
+      c.heads > kMaxDim || c.layers > kMaxLayers || c.head_dim > kMaxDim ||
+      (c.head_dim > 0 && c.heads * c.head_dim > kMaxDim))
     throw std::invalid_argument("model '" + c.name + "': a dimension is out of range (hidden, intermediate, vocabulary, "
-                                "positions and heads at most 2^24, layers at most 100000)");
-  if (c.hidden % c.heads != 0 || c.heads % c.kv_heads != 0)
-    throw std::invalid_argument("model '" + c.name + "': hidden size must divide by heads and heads by kv_heads");
-  const std::int64_t H = c.hidden, I = c.intermediate, V = c.vocab, kv = c.kv_heads * (H / c.heads);
+                                "positions, heads, head_dim and heads x head_dim at most 2^24, layers at most 100000)");
+  if ((c.head_dim == 0 && c.hidden % c.heads != 0) || c.heads % c.kv_heads != 0)
+    throw std::invalid_argument("model '" + c.name + "': hidden size must divide by heads (or give head_dim) and heads "
+                                "by kv_heads");
+  const std::int64_t H = c.hidden, I = c.intermediate, V = c.vocab;
+  const std::int64_t hd = c.head_dim > 0 ? c.head_dim : H / c.heads, q = c.heads * hd, kv = c.kv_heads * hd;
   std::vector<ParamTensor> t;
   auto add = [&](std::string n, std::vector<std::int64_t> s, TensorKind k) { t.push_back({std::move(n), std::move(s), k}); };
   if (c.arch == "gpt2") {
@@ -193,13 +219,18 @@ std::vector<ParamTensor> param_tensors(const ModelConfig& c) {
     add("model.embed_tokens.weight", {V, H}, TensorKind::weight);
     for (std::int64_t l = 0; l < c.layers; ++l) {
       const std::string p = "model.layers." + std::to_string(l) + ".";
-      add(p + "self_attn.q_proj.weight", {H, H}, TensorKind::weight);
-      add(p + "self_attn.k_proj.weight", {kv, H}, TensorKind::weight);
-      add(p + "self_attn.v_proj.weight", {kv, H}, TensorKind::weight);
-      add(p + "self_attn.o_proj.weight", {H, H}, TensorKind::weight);
-      add(p + "mlp.gate_proj.weight", {I, H}, TensorKind::weight);
-      add(p + "mlp.up_proj.weight", {I, H}, TensorKind::weight);
-      add(p + "mlp.down_proj.weight", {H, I}, TensorKind::weight);
+      // Hugging Face's LlamaAttention and LlamaMLP: each projection's weight, then its bias where set
+      auto proj = [&](const std::string& n, std::int64_t out, std::int64_t in, bool bias) {
+        add(p + n + ".weight", {out, in}, TensorKind::weight);
+        if (bias) add(p + n + ".bias", {out}, TensorKind::bias);
+      };
+      proj("self_attn.q_proj", q, H, c.attention_bias);
+      proj("self_attn.k_proj", kv, H, c.attention_bias);
+      proj("self_attn.v_proj", kv, H, c.attention_bias);
+      proj("self_attn.o_proj", H, q, c.attention_bias);
+      proj("mlp.gate_proj", I, H, c.mlp_bias);
+      proj("mlp.up_proj", I, H, c.mlp_bias);
+      proj("mlp.down_proj", H, I, c.mlp_bias);
       add(p + "input_layernorm.weight", {H}, TensorKind::norm);
       add(p + "post_attention_layernorm.weight", {H}, TensorKind::norm);
     }

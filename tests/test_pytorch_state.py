@@ -303,6 +303,19 @@ def test_state_dict_round_trip(device, policy):
     expect_error(ValueError, f"of the parameter's shape {shape}", lambda: o2.load_state_dict(sd),
                  "a transposed master tensor")
     check(same_snapshot(before, snapshot(m2, o2)), "the refused state dict changed nothing")
+    # damaged structure: a ValueError that says so, nothing changed
+    for what, damage in (("a param group that is not a dict", lambda sd: sd.__setitem__("param_groups", [1])),
+                         ("buckets that are not dicts", lambda sd: sd["dos"].__setitem__("buckets", [1])),
+                         ("buckets that are None", lambda sd: sd["dos"].__setitem__("buckets", None)),
+                         ("a sparse master", lambda sd: sd["state"][idx].__setitem__(
+                             "master", sd["state"][idx]["master"].to_sparse())),
+                         ("a master on the meta device", lambda sd: sd["state"][idx].__setitem__(
+                             "master", sd["state"][idx]["master"].to("meta")))):
+        sd = o2.state_dict()
+        damage(sd)
+        expect_error(ValueError, "sparse" if "sparse" in what else "meta" if "meta" in what else "malformed state dict",
+                     lambda: o2.load_state_dict(sd), what)
+        check(same_snapshot(before, snapshot(m2, o2)), f"{what}: the refused state dict changed nothing")
     o1.close()
     o2.close()
 

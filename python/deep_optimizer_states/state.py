@@ -193,15 +193,18 @@ class _State:
     def load_state_dict(self, state_dict):
         """Replaces the whole state with one from :meth:`state_dict` (of an optimizer over the same
         model: same groups, parameter shapes, dtypes, devices and subgroup size), including every
-        subgroup's step count and the groups' hyper-parameters (the parameters may live on another
+        subgroup's step count and the groups' hyper-parameters, ``decoupled`` among them, as
+        ``torch.optim``'s ``load_state_dict`` replaces every group key (a state dict saved as Adam makes
+        this optimizer Adam) (the parameters may live on another
         device than when it was saved); then writes the master parameters,
         rounded to each parameter's dtype, into the parameters. Training continues bit-identically
         to a run that never stopped.
 
         Everything is checked before anything changes: ``ValueError`` naming the first difference
         when the state dict is not one of ours or was saved from a different model (another
-        parameter count, shape, dtype or subgroup size), a state tensor is missing or not
-        fp32, ``master`` or ``exp_avg`` holds an inf or NaN, ``exp_avg_sq`` an inf, NaN or negative
+        parameter count, shape, dtype or subgroup size), its structure is damaged (a group that is
+        not a dict, buckets that are not dicts), a state tensor is missing, not fp32, sparse or on
+        the meta device, ``master`` or ``exp_avg`` holds an inf or NaN, ``exp_avg_sq`` an inf, NaN or negative
         value (the message names the parameter, the tensor, the element and the value), a step count
         is not an integer in [0, 2**53], or ``steps_taken``/``skipped_steps`` is not an
         integer in [0, 2**53], or this optimizer's ``param_groups`` was edited by hand after
@@ -223,12 +226,20 @@ class _State:
         state = state_dict.get("state")
         if not isinstance(groups, list) or not isinstance(state, dict):
             raise ValueError("malformed state dict: 'param_groups' must be a list and 'state' a dict")
+        for gi, g in enumerate(groups):
+            if not isinstance(g, dict) or not isinstance(g.get("params", []), (list, tuple)):
+                raise ValueError(f"malformed state dict: param_groups[{gi}] must be a dict whose 'params' is a list, "
+                                 f"got {type(g).__name__}")
+        buckets = dos.get("buckets", [])
+        if not isinstance(buckets, (list, tuple)) or not all(isinstance(bk, dict) for bk in buckets):
+            raise ValueError("malformed state dict: its 'dos' section's 'buckets' must be a list of dicts, got "
+                             f"{buckets!r:.80}")
         here_counts = [len(g["params"]) for g in self.param_groups]
         there_counts = [len(g.get("params", [])) for g in groups]
         if here_counts != there_counts:
             raise ValueError(f"the state dict was saved from a different model: parameters per group {there_counts} "
                              f"in the state dict, {here_counts} here")
-        there = [{k: v for k, v in bk.items() if k != "subgroup_steps"} for bk in dos.get("buckets", [])]
+        there = [{k: v for k, v in bk.items() if k != "subgroup_steps"} for bk in buckets]
         here = self._layout()
         if len(there) != len(here):
             raise ValueError(f"the state dict was saved from a different model: {len(there)} (group, dtype, device) "
@@ -247,7 +258,7 @@ class _State:
                 raise ValueError(f"the state dict's {key} must be an integer in [0, 2**53], got {v!r}")
         flat = []
         fresh = not state  # an optimizer's state dict before it updated anything
-        for k, (bk, b) in enumerate(zip(dos["buckets"], self._buckets)):
+        for k, (bk, b) in enumerate(zip(buckets, self._buckets)):
             steps = bk.get("subgroup_steps")
             # beyond 2**53 a step count is damage (and the C side's int64 would wrap 2**64 to 0)
             if not isinstance(steps, (list, tuple)) or len(steps) != len(b.subgroup_sizes) \
@@ -268,6 +279,10 @@ class _State:
                     t = state.get(idx, {}).get(name) if isinstance(state.get(idx), dict) else None
                     if not isinstance(t, torch.Tensor):
                         raise ValueError(f"the state dict has no {name!r} tensor for parameter {idx}")
+                    if t.layout != torch.strided or t.device.type == "meta":
+                        raise ValueError(f"the state dict's {name!r} of parameter {idx} is a {t.layout} tensor on "
+                                         f"{t.device}: expected a dense tensor holding values (torch.strided, on the "
+                                         "CPU or a GPU)")
                     if t.dtype != torch.float32 or tuple(t.shape) != tuple(shape):
                         raise ValueError(f"the state dict's {name!r} of parameter {idx} is {t.dtype} of shape "
                                          f"{list(t.shape)}; expected torch.float32 of the parameter's shape "

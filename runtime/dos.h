@@ -702,7 +702,8 @@ class Optimizer {
 /// Validates Adam hyper-parameters as torch.optim.Adam does; throws Error naming the bad value. Also
 /// refuses lr, eps, weight_decay, lr x weight_decay or the first step's step size lr / (1 - beta1)
 /// beyond fp32's range (above 3.4e38), which the fp32 kernels would turn into inf or NaN
-/// parameters at the first step.
+/// parameters at the first step, and an eps > 0 that rounds to 0 in fp32 (below about 7e-46: a
+/// zero gradient's update would be 0 / 0).
 void validate_adam_hyper(const AdamHyper& h);
 
 /// Measures the rates of the resource model on this machine: U_c from an all-CPU phase of the real

@@ -280,7 +280,8 @@ void dos_optimizer_destroy(dos_optimizer* opt);
 
 /* Replaces the hyper-parameters used from the next step on (a learning-rate schedule). Validated as
  * at creation (the ranges of dos_optimizer_options' lr ... weight_decay, and lr, eps, weight_decay
- * and lr x weight_decay at most fp32's 3.4e38: dos::validate_adam_hyper); on error nothing changes.
+ * and lr x weight_decay at most fp32's 3.4e38, an eps > 0 that does not round to 0 in fp32:
+ * dos::validate_adam_hyper); on error nothing changes.
  * Returns DOS_E_INVALID for a NULL opt, a value out of its range (the message names it), or an
  * update phase open or still running (dos_optimizer_begin_step without finish_step, or
  * finish_step_async / step_async without wait_step). */

@@ -42,6 +42,8 @@ else
   echo "FAIL: DOS_CALIBRATE_LINK_SHARE=bogus --policy cpu failed"; fails=$((fails+1))
 fi
 expect "at least 1 element" --subgroup-size 0
+expect "rounds to 0 in fp32" --eps 1e-50
+expect "with --eps 0 a parameter" --eps 0 --optimizer adam --lr 0
 expect "at least 1 element" --subgroup-size -5
 expect "must be a number" --subgroup-size abc
 expect "whole number" --subgroup-size 2.5

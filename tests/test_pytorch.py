@@ -232,6 +232,8 @@ def test_bad_input(device, policy):
                  "lr=1e300")
     expect_error(ValueError, "overflows float32",
                  lambda: dos.DeepOptimizerStates([m.l2.weight], weight_decay=1e300, policy=policy), "weight_decay=1e300")
+    expect_error(ValueError, "rounds to 0 in float32",  # a zero gradient's update would be 0 / 0
+                 lambda: dos.DeepOptimizerStates([m.l2.weight], eps=1e-50, policy=policy), "eps=1e-50")
     expect_error(ValueError, "first step's step size",  # 1e38 / (1 - 0.9) = 1e39: the first step's inf
                  lambda: dos.DeepOptimizerStates([m.l2.weight], lr=1e38, policy=policy), "lr=1e38")
     expect_error(ValueError, "[1, 2**53]",

@@ -549,7 +549,10 @@ int run(const Args& args) {
          (a.nan_gradient_at > 0 && a.max_grad_norm == 0
               ? "--nan-gradient-at put a NaN into the gradients and without --max-grad-norm nothing skips that step "
                 "(give --max-grad-norm N to have a non-finite gradient's step skipped)"
-              : "the run diverged (lower --lr or --weight-decay)") +
+              : a.eps == 0
+                    ? "the run diverged; with --eps 0 a parameter whose gradient and second moment are 0 becomes "
+                      "0 / 0 = NaN (give --eps > 0, e.g. 1e-8)"
+                    : "the run diverged (lower --lr or --weight-decay)") +
          "; nothing was saved");
 
   // Outputs are written to temporary files first and put in place together: a failure leaves

@@ -19,6 +19,7 @@ at construction, at every step and on loading a state dict.
 
 import math
 import re
+import struct
 
 import torch
 
@@ -186,6 +187,10 @@ def group_hyper(gi, group):
         if v > _FLT_MAX:
             raise ValueError(f"param group {gi}: {name} {v:g} overflows float32 (at most 3.4e38), in which the "
                              "update is computed: every parameter would become inf or NaN")
+    if eps > 0 and struct.unpack("f", struct.pack("f", eps))[0] == 0.0:
+        raise ValueError(f"param group {gi}: epsilon {eps:g} rounds to 0 in float32, in which the update is computed "
+                         "(the smallest positive float32 is 1.4e-45): a zero gradient would make its parameters NaN; "
+                         "give eps=0 deliberately or a value >= 1.4e-45")
     decoupled = group.get("decoupled", True)
     if not isinstance(decoupled, bool):
         raise ValueError(f"param group {gi}: decoupled must be True (AdamW) or False (Adam), got {decoupled!r}")

@@ -195,7 +195,8 @@ double clock_seconds();
 
 /// The process's StarPU instance (one at a time). Throws Error for an unknown policy, a Runtime that
 /// already exists in this process, cpu_threads < 0 or above 4 times the machine's cores (above
-/// the cores this process may use it warns when verbose), cpu_workers < 0, ncuda < -1 or above the
+/// the cores this process may use it warns when verbose), cpu_workers < 0 or (it, else
+/// $STARPU_NCPU or $STARPU_NCPUS) above the cores this process may use, ncuda < -1 or above the
 /// GPUs StarPU sees, node_ranks < 1, $STARPU_NCPU, $STARPU_NCPUS or
 /// $STARPU_NCUDA set to something other than a whole number >= 0 (StarPU would abort), a plan that needs a CUDA worker
 /// ("gpu") without one, or StarPU's heteroprio with a CUDA worker; ResourceError when StarPU cannot

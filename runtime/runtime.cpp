@@ -183,6 +183,21 @@ Runtime::Runtime(const RuntimeOptions& options) : impl_(new Impl) {
         throw Error(std::string("the environment's ") + name + "=" + v +
                     " is not a worker count (a whole number >= 0): correct it or unset it");
     }
+  // more CPU workers than cores: StarPU 1.3 starts as many as there are cores and says so on its
+  // own line only, so a run would go on with fewer workers than asked
+  {
+    long workers = options.cpu_workers;
+    std::string from = "cpu_workers " + std::to_string(workers);
+    for (const char* name : {"STARPU_NCPU", "STARPU_NCPUS"})
+      if (const char* v = std::getenv(name); workers == 0 && v && *v) {
+        workers = std::strtol(v, nullptr, 10);
+        from = std::string("the environment's ") + name + "=" + v;
+      }
+    if (!process_cores.empty() && workers > long(process_cores.size()))
+      throw Error(from + " asks for more CPU workers than the " + std::to_string(process_cores.size()) +
+                  " cores this process may use (StarPU would start fewer): give at most " +
+                  std::to_string(process_cores.size()));
+  }
   if (!process_cores.empty() && std::size_t(options.cpu_threads) > process_cores.size() && options.verbose)
     std::fprintf(stderr, "[dos] warning: cpu_threads %d is more than the %zu cores this process may use: CPU Adam's "
                          "threads will share cores (slower)\n", options.cpu_threads, process_cores.size());

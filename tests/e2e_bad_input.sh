@@ -55,6 +55,9 @@ expect "must divide" --config "$tmp/heads.json"
 expect "host memory" --config "$tmp/huge.json"
 expect "CUDA workers were asked for" --ncuda 64
 STARPU_NCPU=abc expect "STARPU_NCPU=abc is not a worker count"
+expect "leave out --k and --gpu-fraction" --policy dos --sweep 0.5 --k 2
+expect "more CPU workers than the" --cpu-workers 4099
+STARPU_NCPU=4099 expect "STARPU_NCPU=4099 asks for more CPU workers" --policy cpu
 STARPU_NCUDA=-1 expect "STARPU_NCUDA=-1 is not a worker count"
 expect "out of range" --shard 3/2
 expect "R/W" --shard 3

@@ -193,6 +193,8 @@ Checked check_options(const Args& a) {
     std::fprintf(stderr, "dos-train: warning: --lr %g is unusually large (Adam moves each parameter by about lr "
                  "per step; usual values are 1e-5 to 1e-2)\n", a.lr);
   if (!a.k.empty() && !a.gpu_fraction.empty()) fail("give --k or --gpu-fraction, not both");
+  if (!a.sweep.empty() && (!a.k.empty() || !a.gpu_fraction.empty()))
+    fail("--sweep sets the streamed fraction of each of its runs: leave out --k and --gpu-fraction");
   if (!a.k.empty()) {
     const double k = parse_fraction(a.k, "--k");
     if (!(k >= 1 && k <= 1e9 && k == std::floor(k))) fail("--k must be a whole number >= 1, got " + a.k);
@@ -350,7 +352,8 @@ int parse_command_line(int argc, char** argv, Args& a) {
                  "spread evenly");
   app.add_option("--sweep", a.sweep_text,
                  "with --policy dos: run --iterations iterations for each streamed fraction given (0..1 or a/b; "
-                 "'model' for the model's own choice; comma-separated), in this one process, and print a table");
+                 "'model' for the model's own choice; comma-separated), in this one process, and print a table (not with --k or "
+                 "--gpu-fraction)");
   app.add_option("--save-state", a.save_state,
                  "after the last iteration, write the whole optimizer state (fp32 master, exp_avg, exp_avg_sq, step "
                  "per subgroup) to this folder (safetensors + index.json; the previous checkpoint stays intact until "

@@ -329,6 +329,8 @@ Runtime::Runtime(const RuntimeOptions& options) : impl_(new Impl) {
   // when the user binds OpenMP threads (OMP_PLACES, OMP_PROC_BIND), when DOS_BIND=0, or when the
   // cores are too few for one each.
   const char* env_bind = std::getenv("DOS_BIND");
+  if (env_bind && *env_bind && std::string(env_bind) != "0" && std::string(env_bind) != "1" && options.verbose)
+    std::fprintf(stderr, "[dos] warning: DOS_BIND=%s is not 0 or 1: the threads are bound as without it\n", env_bind);
   const bool user_binds = std::getenv("OMP_PLACES") || std::getenv("OMP_PROC_BIND");
   const std::size_t needed = ncuda + std::size_t(ncpuw) * std::size_t(threads);
   if (user_binds) binding_ = "OpenMP's own (OMP_PLACES/OMP_PROC_BIND set)";

@@ -217,13 +217,16 @@ struct Streamer {
   const char* name;
 };
 /// The non-temporal copy for this processor. DOS_NT_STORES in the environment picks another: "0"
-/// memcpy (a measurement switch), "avx" the 256-bit path where the processor has AVX (tests); the
-/// same bits every way.
+/// memcpy (a measurement switch), "avx" the 256-bit path where the processor has AVX (tests); any
+/// other value is named in a warning on standard error and the default used; the same bits every way.
 const Streamer& streamer() {
   static const Streamer best = [] {
     __builtin_cpu_init();
     const char* e = std::getenv("DOS_NT_STORES");
     const std::string want = e ? e : "";
+    if (!want.empty() && want != "0" && want != "avx")
+      std::fprintf(stderr, "[dos] warning: DOS_NT_STORES=%s is not one of 0, avx; the default stores are used\n",
+                   want.c_str());
     if (want == "0") return Streamer{&stream_bytes_plain, "cached (memcpy)"};
     if (__builtin_cpu_supports("avx512f") && want != "avx") return Streamer{&stream_bytes<64, stream_lines_avx512>, "non-temporal avx512f"};
     if (__builtin_cpu_supports("avx")) return Streamer{&stream_bytes<32, stream_lines_avx>, "non-temporal avx"};
@@ -234,11 +237,16 @@ const Streamer& streamer() {
 
 /// Whether adam_step_cpu hands its work items out one at a time (the default) rather than one
 /// contiguous range per thread: DOS_CPU_SCHEDULE=static in the environment picks the latter (a
-/// measurement switch, read once; any other value or none: dynamic). The same bits either way.
+/// measurement switch, read once; "dynamic" or none: dynamic; any other value: dynamic, with a
+/// warning on standard error). The same bits either way.
 bool cpu_adam_dynamic_schedule() {
   static const bool dynamic = [] {
     const char* e = std::getenv("DOS_CPU_SCHEDULE");
-    return !(e && std::string(e) == "static");
+    const std::string want = e ? e : "";
+    if (!want.empty() && want != "static" && want != "dynamic")
+      std::fprintf(stderr, "[dos] warning: DOS_CPU_SCHEDULE=%s is not one of static, dynamic; dynamic is used\n",
+                   want.c_str());
+    return want != "static";
   }();
   return dynamic;
 }

@@ -52,6 +52,7 @@ import math
 import os
 import sys
 import sysconfig
+import tempfile
 import time
 
 import torch
@@ -329,7 +330,7 @@ def parse_args(argv=None):
                          "after 1000 good steps")
     ap.add_argument("--corpus", action="append", help="text file or folder (repeatable); default: the Python "
                     "standard library's .py files")
-    ap.add_argument("--corpus-glob", default="*", help="file-name pattern in corpus folders")
+    ap.add_argument("--corpus-glob", help="file-name pattern in --corpus folders (default *)")
     ap.add_argument("--corpus-mb", type=float, default=8.0)
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--log-json", help="write every step and a summary to this JSON file")
@@ -369,6 +370,19 @@ def parse_args(argv=None):
                         ("--time-limit", args.time_limit)):
         if not (math.isfinite(value) and value >= 0):
             ap.error(f"{flag} must be a finite number >= 0, got {value}")
+    for flag, value in (("--beta1", args.beta1), ("--beta2", args.beta2)):
+        if not 0 <= value < 1:
+            ap.error(f"{flag} must be in [0, 1), got {value}")
+    if args.corpus_glob is not None and not args.corpus:
+        ap.error("--corpus-glob picks files in --corpus folders: give --corpus too (the default corpus is the "
+                 "Python library's *.py files)")
+    args.corpus_glob = args.corpus_glob or "*"
+    for path in args.corpus or []:
+        if not os.path.exists(path):
+            ap.error(f"--corpus {path} does not exist")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        ap.error("--device cuda: this torch sees no GPU (torch.cuda.is_available() is False): give --device cpu "
+                 "or auto")
     if not 0 <= args.min_lr_ratio <= 1:
         ap.error(f"--min-lr-ratio must be in [0, 1] (the final learning rate over --lr), got {args.min_lr_ratio}")
     if not (math.isfinite(args.corpus_mb) and args.corpus_mb > 0):
@@ -435,15 +449,19 @@ def budget_bytes(ap, flag, gb, optimizer, least=0):
 
 def check_output_path(ap, flag, path):
     """Exits through ``ap.error`` before any training when the output file ``path`` of option
-    ``flag`` could not be written at the end: it is a folder, its folder does not exist, or this
-    process may not write there."""
+    ``flag`` could not be written at the end: it is a folder, its folder does not exist, or a file
+    cannot be created there (tried with a temporary file, removed at once: permissions, a read-only
+    or special file system such as /proc)."""
     if os.path.isdir(path):
         ap.error(f"{flag} {path} is a folder: give a file path")
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
         ap.error(f"{flag} {path}: the folder {folder} does not exist")
-    if not os.access(folder, os.W_OK | os.X_OK):
-        ap.error(f"{flag} {path}: this process may not write in {folder}")
+    try:
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".train_gpt-check-"):
+            pass
+    except OSError as e:
+        ap.error(f"{flag} {path}: no file can be created in {folder} ({e.strerror})")
 
 
 def write_json(path, doc):
@@ -458,6 +476,7 @@ def write_json(path, doc):
     except BaseException:
         if os.path.isfile(tmp):
             os.remove(tmp)
+        raise
         raise
 
 
@@ -531,7 +550,14 @@ def main(argv=None):
         model, model_desc = make_model(args.model, args.n_layer, args.n_embd, args.n_head, args.seq_len)
     model = model.to(device=device, dtype=dtype)
     nparams = sum(p.numel() for p in model.parameters())
-    opt = make_optimizer(args, model)
+    try:
+        opt = make_optimizer(args, model)
+    except Exception as e:  # noqa: BLE001
+        # the optimizer's own refusals (policy, budgets, hyper-parameters: ValueError) and the
+        # runtime's start-up failures (DosError) as a message; anything else as it is
+        if isinstance(e, ValueError) or type(e).__module__.startswith("deep_optimizer_states"):
+            sys.exit(f"train_gpt: error: {e}")
+        raise
     print(f"train_gpt: {model_desc}, {args.n_layer} layers, hidden {args.n_embd}, {args.n_head} heads, context "
           f"{args.seq_len}, {nparams:,} parameters ({args.dtype} on {device.type}); batch {args.batch_size} x "
           f"{args.seq_len} tokens; optimizer {args.optimizer}"

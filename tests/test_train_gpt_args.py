@@ -45,13 +45,28 @@ def test_train_gpt_bad_args():
                          (["--subgroup-size", "1.5"], "--subgroup-size must be"),
                          (["--warmup", "-5"], "--warmup must be"),
                          (["--min-lr-ratio", "5"], "--min-lr-ratio must be in [0, 1]"),
-                         (["--device", "gpu"], "--device must be auto, cpu or cuda")):
+                         (["--device", "gpu"], "--device must be auto, cpu or cuda"),
+                         (["--beta1", "1"], "--beta1 must be in [0, 1)"),
+                         (["--beta2", "-0.5"], "--beta2 must be in [0, 1)"),
+                         (["--corpus", "/nonexistent-corpus"], "--corpus /nonexistent-corpus does not exist"),
+                         (["--corpus-glob", "*.txt"], "give --corpus too")) + \
+            (((["--device", "cuda"], "sees no GPU"),) if not train_gpt.torch.cuda.is_available() else ()):
         expect_usage_error(argv, needle, " ".join(argv))
     with tempfile.TemporaryDirectory() as d:
         expect_usage_error(["--log-json", d], "is a folder", "--log-json at a folder")
         expect_usage_error(["--log-json", os.path.join(d, "no", "x.json")], "does not exist",
                            "--log-json in a missing folder")
         check(os.listdir(d) == [], "train_gpt's refused outputs left nothing behind")
+    if os.path.isdir("/proc/self"):  # a folder that refuses new files whatever the permissions say
+        expect_usage_error(["--log-json", "/proc/self/x.json"], "no file can be created", "--log-json in /proc")
+    # a write that fails at the end raises (it was silently dropped) and leaves no temporary file
+    with tempfile.TemporaryDirectory() as d:
+        target = os.path.join(d, "gone", "x.json")
+        try:
+            train_gpt.write_json(target, {"a": 1})
+            check(False, "write_json into a missing folder raised nothing")
+        except OSError:
+            check(os.listdir(d) == [], "write_json's failed write raised and left nothing behind")
     # the defaults, and a file in a folder that exists, are accepted
     args = train_gpt.parse_args([])
     check(args.steps == 50 and args.n_head == 4 and args.max_grad_norm == 1.0, "train_gpt's defaults accepted")

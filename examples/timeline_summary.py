@@ -34,12 +34,14 @@ prints:
 
     python3 examples/timeline_summary.py run.json [--gap-ms 5] [--window-ms 50] [--state-bytes B] [--json]
 
-Errors: a file that cannot be read, is not JSON, or has no ``tasks`` list exits with status 2 and
-a message saying which (nothing is written).
+Errors: a file that cannot be read, is not JSON, has no ``tasks`` list, or holds a task or bus
+sample that is not as above (a time that is not a finite number, a task ending before it starts)
+exits with status 2 and a message saying which (nothing is written).
 """
 import argparse
 import bisect
 import json
+import math
 import statistics
 import sys
 
@@ -118,6 +120,38 @@ def chain(tasks):
             "cpu_end": max(cpu) if cpu else None, "chain_end": max(ends)}
 
 
+def _is_time(x):
+    """A finite number (not a bool): a time in seconds or a byte count as the timeline holds them."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _check_tasks(tasks):
+    """Raises ValueError naming the first task that is not a dict with string ``lane`` and
+    ``what`` and finite ``start`` <= ``end`` (seconds)."""
+    for i, t in enumerate(tasks):
+        if not isinstance(t, dict):
+            raise ValueError(f"task {i} is not an object: {t!r:.80}")
+        for k in ("lane", "what", "start", "end"):
+            if k not in t:
+                raise ValueError(f"task {i} has no '{k}': {t}")
+        if not isinstance(t["lane"], str) or not isinstance(t["what"], str):
+            raise ValueError(f"task {i}: 'lane' and 'what' must be strings: {t}")
+        if not _is_time(t["start"]) or not _is_time(t["end"]) or t["end"] < t["start"]:
+            raise ValueError(f"task {i}: 'start' and 'end' must be finite seconds with start <= end: {t}")
+
+
+def _check_bus(bus):
+    """Raises ValueError naming the first PCIe sample that is not [seconds, h2d bytes, d2h bytes]
+    of finite numbers (``bus`` may be None or empty: no samples)."""
+    if bus is None:
+        return
+    if not isinstance(bus, list):
+        raise ValueError(f"'bus' must be a list of [seconds, h2d bytes, d2h bytes] samples, got {bus!r:.80}")
+    for i, row in enumerate(bus):
+        if not isinstance(row, list) or len(row) != 3 or not all(_is_time(x) for x in row):
+            raise ValueError(f"bus sample {i} must be [seconds, h2d bytes, d2h bytes] of finite numbers, got {row!r:.80}")
+
+
 def summarize(doc, gap_ms=5.0, window_ms=50.0, state_bytes=None):
     """The summary of one timeline document (the dict dos-train writes) as a dict.
 
@@ -129,18 +163,17 @@ def summarize(doc, gap_ms=5.0, window_ms=50.0, state_bytes=None):
     "d2h_bytes", "h2d_gbps", "d2h_gbps", "windows": [[start s, h2d GB/s, d2h GB/s]...]},
     "writebacks": writebacks(tasks, state_bytes), "chain": chain(tasks)} (lane ``writeback`` is left out
     of "lanes").
-    Raises ValueError when doc has no task list or a task lacks a field, or gap_ms / window_ms /
-    state_bytes is not positive.
+    Raises ValueError when doc has no task list, a task is not an object, lacks a field or has a
+    start or end that is not a finite number (or ends before it starts), a bus sample is not three
+    finite numbers, or gap_ms / window_ms / state_bytes is not positive.
     """
     if gap_ms <= 0 or window_ms <= 0:
         raise ValueError(f"gap_ms and window_ms must be > 0, got {gap_ms} and {window_ms}")
     tasks = doc.get("tasks") if isinstance(doc, dict) else None
     if not isinstance(tasks, list):
         raise ValueError("the timeline has no 'tasks' list: is it a file of dos-train --timeline?")
-    for t in tasks:
-        for k in ("lane", "what", "start", "end"):
-            if k not in t:
-                raise ValueError(f"a task has no '{k}': {t}")
+    _check_tasks(tasks)
+    _check_bus(doc.get("bus"))
     span = max((t["end"] for t in tasks), default=0.0)
     wbs = writebacks(tasks, state_bytes)
     lanes, durations = {}, {}

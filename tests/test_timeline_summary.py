@@ -75,7 +75,14 @@ plain = {"tasks": [t for t in doc["tasks"] if not (t["lane"] == "gpu" and t["wha
 p = ts.summarize(plain)
 if p["tail"]["from"] is not None or p["bus"]["windows"]:
     fails.append(f"without a streamed Adam or samples: {p['tail']}, {p['bus']}")
-for bad, kw in (({"bus": []}, {}), ({"tasks": [{"lane": "cpu"}]}, {}), (doc, {"gap_ms": 0})):
+cpu_task = {"lane": "cpu", "what": "adam", "subgroup": 0, "start": 0.0, "end": 0.001}
+for bad, kw in (({"bus": []}, {}), ({"tasks": [{"lane": "cpu"}]}, {}), (doc, {"gap_ms": 0}),
+                ({"tasks": [dict(cpu_task, start="abc")]}, {}), ({"tasks": [5]}, {}),
+                ({"tasks": [dict(cpu_task, start=1.0, end=0.5)]}, {}),
+                ({"tasks": [dict(cpu_task, start=float("nan"))]}, {}),
+                ({"tasks": [dict(cpu_task, lane=3)]}, {}),
+                ({"tasks": [cpu_task], "bus": [[1]]}, {}), ({"tasks": [cpu_task], "bus": 7}, {}),
+                ({"tasks": [cpu_task], "bus": [[0.0, "x", 0]]}, {})):
     try:
         ts.summarize(bad, **kw)
         fails.append(f"accepted {bad if bad is not doc else 'gap_ms=0'}")

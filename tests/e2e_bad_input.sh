@@ -60,6 +60,7 @@ expect "must divide" --config "$tmp/heads.json"
 expect "host memory" --config "$tmp/huge.json"
 expect "CUDA workers were asked for" --ncuda 64
 STARPU_NCPU=abc expect "STARPU_NCPU=abc is not a worker count"
+expect "would never fire" --nan-gradient-at 5
 expect "leave out --k and --gpu-fraction" --policy dos --sweep 0.5 --k 2
 expect "more CPU workers than the" --cpu-workers 4099
 STARPU_NCPU=4099 expect "STARPU_NCPU=4099 asks for more CPU workers" --policy cpu

@@ -249,8 +249,9 @@ def test_bad_input(device, policy):
                        (dict(cpu_threads=-1), "cpu_threads must be an integer"),
                        (dict(cpu_threads=100000), "cpu_threads must be an integer"),
                        (dict(cpu_workers=1.5), "cpu_workers must be an integer"),
+                       (dict(policy=""), "policy must be None (the default) or a policy's name"),
                        (dict(ncuda=-5), "ncuda must be an integer"),
-                       (dict(policy=5), "policy must be None or a str")):
+                       (dict(policy=5), "policy must be None (the default) or a policy's name")):
         expect_error(ValueError, needle, lambda: dos.DeepOptimizerStates([m.l2.weight], **{"policy": policy, **kw}),
                      f"{kw}")
     expect_error(ValueError, "param group 0: decoupled must be True",

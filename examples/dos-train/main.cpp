@@ -377,6 +377,13 @@ int run(const Args& args) {
   }
   dos_train::print_model_choice(rt, opt);
   std::int64_t it = first_iteration;  // iterations numbered across resumes: the gradients depend on it
+  {
+    const std::int64_t last =
+        first_iteration + std::int64_t(a.iterations) * std::int64_t(std::max<std::size_t>(1, a.sweep.size()));
+    if (a.nan_gradient_at > 0 && (a.nan_gradient_at <= first_iteration || a.nan_gradient_at > last))
+      fail("--nan-gradient-at " + std::to_string(a.nan_gradient_at) + " is not one of this run's iterations (" +
+           std::to_string(first_iteration + 1) + " to " + std::to_string(last) + "): it would never fire");
+  }
   dos_train::StepIO::Setup io_setup;
   io_setup.comm = dp ? g_comm.get() : nullptr;
   io_setup.device = dcomm.get();

@@ -241,6 +241,9 @@ Checked check_options(const Args& a) {
   c.resident_budget =
       a.gpu_resident_budget.empty() ? -1 : std::int64_t(parse_bytes(a.gpu_resident_budget, "--gpu-resident-budget"));
   c.update_budget = a.gpu_update_budget.empty() ? 0 : parse_bytes(a.gpu_update_budget, "--gpu-update-budget");
+  if (policy == "cpu" && (c.resident_budget > 0 || c.update_budget > 0))
+    std::fprintf(stderr, "dos-train: warning: --policy cpu updates every subgroup on the CPU: %s changes nothing\n",
+                 c.resident_budget > 0 ? "--gpu-resident-budget" : "--gpu-update-budget");
   if (!a.gpu_update_budget.empty() && c.update_budget == 0)
     fail("--gpu-update-budget must be more than 0 bytes (leave it out for no limit)");
   if (a.overlap != "auto" && a.overlap != "on" && a.overlap != "off")

@@ -1,6 +1,7 @@
 // dos-train --plan-only (plan_only.h).
 #include "plan_only.h"
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -66,10 +67,11 @@ dos::Rates parse_rates(const std::string& text, dos::Rates* calibrated) {
   if (v.size() != 6 && v.size() != 7)
     throw std::runtime_error("--rates '" + text + "' has " + std::to_string(v.size()) + " numbers, not 6 or 7: " +
                              forms);
+  for (const double x : v)  // before the units are applied: 1e300 Gparams/s is finite, its params/s not
+    if (!(x > 0) || !std::isfinite(x))
+      throw std::runtime_error("--rates '" + text + "': every rate must be a finite number > 0");
   dos::Rates r{v[0] * 1e9, v[1] * 1e9, v[2] * 1e9, v[3] * 1e9, v[4] * 1e9, v[5] * 1e9};
   if (v.size() == 7) r.link_share = v[6];
-  if (!dos::rates_complete(r))
-    throw std::runtime_error("--rates '" + text + "': every rate must be a finite number > 0");
   if (const std::string name = implausible_rate(r); !name.empty())
     throw std::runtime_error("--rates '" + text + "': " + name + " lies outside [0.001, 1e7] (Gparams/s or GB/s): " +
                              forms);

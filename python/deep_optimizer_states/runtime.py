@@ -186,13 +186,14 @@ def get_runtime(policy=None, cpu_threads=0, cpu_workers=0, ncuda=-1, verbose=Fal
 
 
 def _check_runtime_args(policy, cpu_threads, cpu_workers, ncuda, verbose):
-    """Raises ``ValueError`` naming the argument unless ``policy`` is None or a str,
+    """Raises ``ValueError`` naming the argument unless ``policy`` is None or a non-blank str,
     ``cpu_threads`` an integer in [0, 4 x the machine's cores] (the runtime warns, when verbose,
     above the cores this process may use: an affinity narrowed by ``OMP_PROC_BIND`` may be
     intended), ``cpu_workers`` an integer >= 0, ``ncuda`` an integer >= -1 and ``verbose`` a bool
     (the runtime would otherwise start a thread per requested core, or read a string's truth)."""
-    if policy is not None and not isinstance(policy, str):
-        raise ValueError(f"policy must be None or a str such as 'dos', 'cpu', 'static:0.5' or 'dmda', got {policy!r}")
+    if policy is not None and (not isinstance(policy, str) or not policy.strip()):
+        raise ValueError(f"policy must be None (the default) or a policy's name such as 'dos', 'cpu', 'static:0.5' or "
+                         f"'dmda', got {policy!r}")
     machine = os.cpu_count() or 1
     if not _capi.int_in(cpu_threads, 0, 4 * machine):
         raise ValueError(f"cpu_threads must be an integer in [0, {4 * machine}] (OpenMP threads of the CPU Adam; 0: "

@@ -60,6 +60,11 @@ expect "must divide" --config "$tmp/heads.json"
 expect "host memory" --config "$tmp/huge.json"
 expect "CUDA workers were asked for" --ncuda 64
 STARPU_NCPU=abc expect "STARPU_NCPU=abc is not a worker count"
+if [ -d /proc/self ] && [ -w /proc ]; then  # access() calls /proc writable for root; nothing can be created there
+  expect "no file can be created" --save-params /proc/x.safetensors
+  expect "no file can be created" --timeline /proc/t.json
+  expect "no file can be created" --save-state /proc/ck
+fi
 expect "would never fire" --nan-gradient-at 5
 expect "leave out --k and --gpu-fraction" --policy dos --sweep 0.5 --k 2
 expect "more CPU workers than the" --cpu-workers 4099

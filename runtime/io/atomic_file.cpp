@@ -102,6 +102,17 @@ void check_parent_writable(const std::string& path, const std::string& what) {
     throw std::runtime_error("cannot write " + what + ": folder " + dir + " does not exist");
   if (::access(dir.c_str(), W_OK) != 0)
     throw std::runtime_error("cannot write " + what + ": folder " + dir + " is not writable");
+  // access() does not know every file system (root may "write" in /proc, where nothing can be
+  // created): a file created there and removed at once tells
+  std::string probe = dir + "/.dos-write-check-XXXXXX";
+  const int fd = ::mkstemp(probe.data());
+  if (fd < 0) {
+    const int err = errno;
+    throw std::runtime_error("cannot write " + what + ": no file can be created in folder " + dir + " (" +
+                             std::strerror(err) + ")");
+  }
+  ::close(fd);
+  ::unlink(probe.c_str());
 }
 
 void check_writable(const std::string& path) {

@@ -40,8 +40,10 @@ class PendingFile {
 /// PendingFile(path, chunks).commit(): a reader sees the old file or the whole new one.
 void write_file_atomically(const std::string& path, const Chunks& chunks);
 
-/// Throws std::runtime_error when the folder that would hold `path` is missing or not writable;
-/// the message starts "cannot write <what>" (what: how to name path in the message).
+/// Throws std::runtime_error when the folder that would hold `path` is missing or not writable, or
+/// no file can be created in it (tried with a temporary file, removed at once: a file system such
+/// as /proc that access() calls writable); the message starts "cannot write <what>" (what: how to
+/// name path in the message).
 void check_parent_writable(const std::string& path, const std::string& what);
 
 /// Throws std::runtime_error, before any work is done, when a file cannot be created at `path`

@@ -197,6 +197,20 @@ Rates load_rates(const std::string& path, Rates* calibrated) {
   Rates r, c;
   try {
     const nlohmann::json j = nlohmann::json::parse(f);
+    // a key the file format does not have (a typo: "u_c" beside "U_c") would be ignored: refused
+    const auto unknown = [](const nlohmann::json& o, bool top) -> std::string {
+      if (!o.is_object()) return "";
+      for (const auto& [k, v] : o.items())
+        if (k != "U_c" && k != "U_c_dma" && k != "U_g" && k != "D_c" && k != "B_h2d" && k != "B_d2h" &&
+            k != "link_share" && !(top && k == "calibrated"))
+          return k;
+      return "";
+    };
+    std::string bad = unknown(j, true);
+    if (bad.empty() && j.is_object() && j.contains("calibrated")) bad = unknown(j.at("calibrated"), false);
+    if (!bad.empty())
+      throw std::runtime_error("it has a key '" + bad + "' that is not one of U_c, U_c_dma, U_g, D_c, B_h2d, B_d2h, "
+                               "link_share, calibrated (keys are case-sensitive)");
     r = rates_from_json(j);
     c = j.contains("calibrated") ? rates_from_json(j.at("calibrated")) : r;
   } catch (const std::exception& e) {

@@ -745,8 +745,9 @@ std::string rates_cache_path(const Runtime& runtime, std::size_t subgroup_elems,
 /// D_c (params/s), B_h2d and B_d2h (bytes/s), the rates to plan with, and optionally the same under
 /// "calibrated" (the calibration's own). Returns the rates to plan with; *calibrated (when not null)
 /// gets the "calibrated" ones, or the same rates when the file has none.
-/// Throws Error naming the path when it cannot be read, is not such JSON, a rate is not > 0, or a
-/// rate lies beyond the model's bounds (rate_bounds_error: link_share above U_c / U_c_dma, ...).
+/// Throws Error naming the path when it cannot be read, is not such JSON, has a key other than
+/// those (and link_share; keys are case-sensitive), a rate is not > 0, or a rate lies beyond the
+/// model's bounds (rate_bounds_error: link_share above U_c / U_c_dma, ...).
 Rates load_rates(const std::string& path, Rates* calibrated = nullptr);
 
 /// Writes `rates` (the ones to plan with) and `calibrated` (the calibration's own) to the cache file

@@ -102,7 +102,7 @@ expect "cpu, gpu, dos, static:R, greedy" --policy nosuch --rates $rates
 expect "not 6 or 7" --policy dos --rates 1,2,3
 expect "is not a number" --policy dos --rates 1,2,x,4,5,6
 expect "must be a finite number > 0" --policy dos --rates 1,1,0,4,5,6
-expect "must be a finite number > 0" --policy dos --rates 1,1,1,1,1,1e300
+expect "B_d2h lies outside" --policy dos --rates 1,1,1,1,1,1e300  # finite, beyond range once in bytes/s
 expect "B_d2h lies outside" --policy dos --rates 1,1,1,1,1,1e-300
 printf '{ "U_c": 4.1, "U_c_dma": 2.9, "U_g": 60, "D_c": 300, "B_h2d": 50, "B_d2h": 50 }' > "$tmp/rates-gunits.json"
 expect "a rates file is in params/s" --policy dos --rates "$tmp/rates-gunits.json"

@@ -389,6 +389,20 @@ void test_rates_file(void**) {
     refused = std::string(e.what()).find("U_c_dma (CPU Adam beside DMA) cannot exceed U_c") != std::string::npos;
   }
   assert_true(refused);
+  // a key the format does not have (a typo beside the right one), at the top or under "calibrated"
+  for (const char* where : {"top", "calibrated"}) {
+    nlohmann::json t = nlohmann::json::parse(std::ifstream(std::string(dir) + "/sub/rates.json"));
+    t["U_c_dma"] = 2.5e9;
+    (std::string(where) == "top" ? t : t["calibrated"])["u_c"] = 4e9;
+    std::ofstream(path) << t.dump();
+    refused = false;
+    try {
+      dos::load_rates(path);
+    } catch (const std::exception& e) {
+      refused = std::string(e.what()).find("a key 'u_c' that is not one of") != std::string::npos;
+    }
+    assert_true(refused);
+  }
   std::remove(path.c_str());
   std::remove((std::string(dir) + "/sub").c_str());
   std::remove(dir);

@@ -28,6 +28,11 @@ class _Gradients:
             return False
         for b in self._buckets:
             for i, p, shape, ptr in zip(b.indices, b.params, b.shapes, b.ptrs):
+                g = p.grad
+                if g is not None and p.dtype == g.dtype == b.dtype and p.device == g.device == b.device \
+                        and p.requires_grad and p.data_ptr() == ptr and g.layout == torch.strided \
+                        and tuple(p.shape) == shape and g.shape == p.shape:
+                    continue  # the common case, checked at once; the checks below say what is wrong
                 what = _describe(i, p)
                 if p.dtype != b.dtype:
                     raise RuntimeError(f"{what} changed dtype from {b.dtype} to {p.dtype} since the optimizer was created "

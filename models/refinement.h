@@ -128,8 +128,9 @@ struct Refined {
 /// refined value, a value given) rather than the placeholder or the calibration's uncounted
 /// measure (initial_link_share_record); see the link_share rule above.
 /// u_c_measured: whether r.U_c holds a measure of this optimizer's phases (Refined::u_c_measured of
-/// the step before; false at an optimizer's start from calibrated or cached rates, true from rates
-/// given, `dos-train --rates FILE` included); see the U_c rule above.
+/// the step before; false at an optimizer's start from calibrated or cached rates or a rates file
+/// (`dos-train --rates FILE`, OptimizerOptions::calibrated_rates), true from rates given as
+/// numbers); see the U_c rule above.
 Refined refine_rates(const Workload& w, const Rates& r, const PhaseMeasure& m, const Simulation& sim,
                      std::size_t cpu_workers = 1, bool link_share_measured = true, bool u_c_measured = true);
 
@@ -214,8 +215,10 @@ struct LinkShareRecord {
 /// link_share rule (DOS_CALIBRATE_LINK_SHARE) have files of their own (rates_cache_path),
 /// so a run reads its own kind's. load_rates gives a file
 /// without a "calibrated" object its own rates as the calibration's, so such a file's link_share is
-/// taken for the calibration's (uncounted); `dos-train --rates FILE` gives no calibrated rates,
-/// so there a link_share other than 1 counts as measured, as every rate given does.
+/// taken for the calibration's (uncounted); `dos-train --rates FILE` passes the file's calibrated
+/// rates (OptimizerOptions::calibrated_rates), so a file is started from as the cache is; rates
+/// given as numbers have none, and there a link_share other than 1 counts as measured, as every
+/// rate given does.
 /// Why the calibration's measure is not counted: it comes from short phases of scratch subgroups
 /// (calibrate_rates), and a first measure counted would be blended half way with the phases' own
 /// where, while it is uncounted, the first phases replace it. Throws nothing.

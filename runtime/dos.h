@@ -254,6 +254,12 @@ class Runtime {
 ///   (cached per host and configuration), unless recalibrate is set, which forces a new
 ///   measurement. Given, they must be given whole: Error when some are and some are not (each > 0
 ///   and finite), or when they break the model's bounds (rate_bounds_error).
+/// calibrated_rates: with rates read from a rates file (load_rates), that file's calibrated rates
+///   (load_rates' *calibrated): the optimizer then starts from the file as from the rates cache it
+///   reads itself (a link_share equal to the calibration's is not counted as a measure, so its first
+///   phases that stream take their own whole; U_c's first measure likewise: initial_link_share_record,
+///   Refined::u_c_measured). Left at its default (zeros) with rates given: each rate given counts as
+///   a measure. Error when given without rates, or incomplete, or beyond the model's bounds.
 /// verbose: print on stderr, lines starting "[dos]", where the model's rates came from (the
 ///   calibration: its CPU Adam rate per repetition, its link_share when measured, the calibrated
 ///   rates; or the rates cache file read), a warning when the rates cache cannot be read or written,
@@ -337,6 +343,7 @@ struct OptimizerOptions {
   DType dtype = DType::bf16;
   MemoryKind memory = MemoryKind::host;
   Rates rates{};
+  Rates calibrated_rates{};
   bool recalibrate = false;
   bool verbose = true;
   std::int64_t gpu_resident_budget = -1;

@@ -237,6 +237,18 @@ Optimizer::Optimizer(Runtime& runtime, const std::vector<TensorView>& tensors, c
                   "them all at their defaults to have them calibrated");
     if (!none)
       if (const std::string e = rate_bounds_error(r); !e.empty()) throw Error("OptimizerOptions::rates: " + e);
+    const Rates& c = options.calibrated_rates;
+    const bool no_cal = c.U_c == 0 && c.U_c_dma == 0 && c.U_g == 0 && c.D_c == 0 && c.B_h2d == 0 && c.B_d2h == 0 &&
+                        c.link_share == kUnmeasuredLinkShare;
+    if (!no_cal && none)
+      throw Error("OptimizerOptions::calibrated_rates is given without rates: give both from a rates file "
+                  "(load_rates), or neither");
+    if (!no_cal && !rates_complete(c))
+      throw Error("OptimizerOptions::calibrated_rates is given in part: give all of them (a rates file's "
+                  "calibrated rates, load_rates), or leave them at their defaults");
+    if (!no_cal)
+      if (const std::string e = rate_bounds_error(c); !e.empty())
+        throw Error("OptimizerOptions::calibrated_rates: " + e);
   }
   if (tensors.empty()) throw Error("no tensors given to the optimizer");
   std::vector<std::size_t> numels;
@@ -349,8 +361,11 @@ Optimizer::Optimizer(Runtime& runtime, const std::vector<TensorView>& tensors, c
   if (runtime.model_policy() && runtime.cuda_workers() > 0) {
     const Rates& r = options.rates;
     const bool given = rates_complete(r);
+    // rates from a rates file, with its calibrated rates: started from as from the rates cache
+    const bool from_file = given && rates_complete(options.calibrated_rates);
     if (given) {
-      I.rates = I.calibrated_rates = r;
+      I.rates = r;
+      I.calibrated_rates = from_file ? options.calibrated_rates : r;
     } else {
       // scratch subgroups as large as the workload's (at most 2^24 elements: a few seconds), before
       // this optimizer's state is allocated (a calibration that fails then fails before the
@@ -364,11 +379,13 @@ Optimizer::Optimizer(Runtime& runtime, const std::vector<TensorView>& tensors, c
       I.rates_path = rates_cache_path(runtime, cal, options.dtype, options.memory);
     }
     I.have_rates = true;
-    // rates given: a link_share other than 1 is a measure; calibrated or from the cache: the
-    // calibration's own measure is not counted until a phase measures it (models/refinement.h)
-    I.link_share_record = given ? LinkShareRecord{link_share_is_measured(I.rates), 0}
-                                : initial_link_share_record(I.rates, I.calibrated_rates);
-    I.u_c_measured = given;
+    // rates given: a link_share other than 1 is a measure; calibrated, from the cache or from a
+    // rates file: the calibration's own measure is not counted until a phase measures it
+    // (models/refinement.h)
+    const bool as_measures = given && !from_file;
+    I.link_share_record = as_measures ? LinkShareRecord{link_share_is_measured(I.rates), 0}
+                                      : initial_link_share_record(I.rates, I.calibrated_rates);
+    I.u_c_measured = as_measures;
   }
 
   for (std::size_t s = 0; s < layout.size(); ++s) {

@@ -218,6 +218,15 @@ void test_bad_input(void**) {
   bad = oo;
   bad.rates = dos::Rates{2e9, 3e9, 1e11, 1e11, 5e10, 5e10};
   expect_error([&] { dos::Optimizer o(*g_rt, {{p.data(), g.data(), 10}}, bad); }, "U_c_dma above U_c");
+  // a rates file's calibrated rates: only beside rates, whole and within the bounds
+  bad = oo;
+  bad.calibrated_rates = dos::Rates{4e9, 3e9, 1e11, 1e11, 5e10, 5e10};
+  expect_error([&] { dos::Optimizer o(*g_rt, {{p.data(), g.data(), 10}}, bad); }, "calibrated rates without rates");
+  bad.rates = dos::Rates{4e9, 3e9, 1e11, 1e11, 5e10, 5e10};
+  bad.calibrated_rates.B_d2h = 0;
+  expect_error([&] { dos::Optimizer o(*g_rt, {{p.data(), g.data(), 10}}, bad); }, "calibrated rates in part");
+  bad.calibrated_rates = dos::Rates{2e9, 3e9, 1e11, 1e11, 5e10, 5e10};
+  expect_error([&] { dos::Optimizer o(*g_rt, {{p.data(), g.data(), 10}}, bad); }, "calibrated U_c_dma above U_c");
   if (g_rt->cuda_workers() == 0) {
     bad = oo;
     bad.memory = dos::MemoryKind::cuda;

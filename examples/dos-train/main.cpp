@@ -312,6 +312,9 @@ int run(const Args& args) {
   oo.memory = on_gpu ? dos::MemoryKind::cuda : dos::MemoryKind::host;
   oo.recalibrate = a.recalibrate;
   if (!a.rates.empty()) oo.rates = c.rates;  // the model's plans use them instead of calibrating
+  // a rates file is started from as from the rates cache (its calibration's link_share and U_c not
+  // counted as measures); six numbers count as measures
+  if (c.rates_from_file) oo.calibrated_rates = c.calibrated;
   oo.verbose = !a.quiet;
   oo.gpu_resident_budget = c.resident_budget;
   oo.gpu_update_budget = c.update_budget;

@@ -218,7 +218,10 @@ Checked check_options(const Args& a) {
   if (a.plan_only && (!a.timeline.empty() || !a.save_params.empty() || !a.save_state.empty() || !a.resume.empty()))
     fail("--plan-only runs no update phase, so it has no timeline, parameters or optimizer state to write or "
          "read: leave out --timeline, --save-params, --save-state and --resume (--report writes the plan)");
-  if (!a.rates.empty()) c.rates = parse_rates(a.rates, &c.calibrated);
+  if (!a.rates.empty()) {
+    c.rates = parse_rates(a.rates, &c.calibrated);
+    c.rates_from_file = std::filesystem::is_regular_file(a.rates);
+  }
   if ((!a.rates.empty() || a.recalibrate) && !a.plan_only) {
     // the model's rates are read only by the plans that need them; a policy known to be without
     // them is said so (an unknown one is refused when the runtime starts)
@@ -460,7 +463,8 @@ int parse_command_line(int argc, char** argv, Args& a) {
   app.add_option("--rates", a.rates,
                  "the model's rates instead of calibrating: U_c,U_c_dma,U_g,D_c,B_h2d,B_d2h in Gparams/s (4) and GB/s "
                  "(2), as the 'model:' line prints them, optionally followed by link_share (1 when not given; 1 counts as unmeasured, so the first phase's measure replaces it, where another value is blended half way), or the path of a rates file (the calibration cache's JSON, "
-                 "params/s and bytes/s)");
+                 "params/s and bytes/s; started from as the cache is: a link_share equal to its calibration's counts as "
+                 "unmeasured)");
   app.add_flag("--recalibrate", a.recalibrate,
                "with --policy dos or static:R: measure the model's rates again instead of reading the cached ones");
   try {

@@ -101,6 +101,7 @@ struct Checked {
   dos::DType dtype = dos::DType::bf16;
   dos::AdamHyper hyper;               ///< --lr, --beta1, --beta2, --eps, --weight-decay, --optimizer
   dos::Rates rates{}, calibrated{};   ///< --rates (zero when not given)
+  bool rates_from_file = false;       ///< --rates names a rates file (its calibrated rates are its own)
   std::int64_t resident_budget = -1;  ///< --gpu-resident-budget, bytes; -1 when not given
   std::size_t update_budget = 0;      ///< --gpu-update-budget, bytes; 0 when not given (no limit)
   std::int64_t speculation_budget = -1;  ///< --speculation-budget, bytes; -1 when not given

@@ -477,7 +477,6 @@ def write_json(path, doc):
         if os.path.isfile(tmp):
             os.remove(tmp)
         raise
-        raise
 
 
 def write_timeline(path, spans, infos):

@@ -195,8 +195,9 @@ double clock_seconds();
 
 /// The process's StarPU instance (one at a time). Throws Error for an unknown policy, a Runtime that
 /// already exists in this process, cpu_threads < 0 or above 4 times the machine's cores (above
-/// the cores this process may use it warns when verbose), cpu_workers < 0 or (it, else
-/// $STARPU_NCPU or $STARPU_NCPUS) above the cores this process may use, ncuda < -1 or above the
+/// the cores this process may use it warns when verbose), cpu_workers < 0 or more CPU workers
+/// asked for than StarPU starts (by $STARPU_NCPU, else $STARPU_NCPUS, else cpu_workers, as StarPU
+/// reads them: StarPU 1.3 starts at most one per core it counts), ncuda < -1 or above the
 /// GPUs StarPU sees, node_ranks < 1, $STARPU_NCPU, $STARPU_NCPUS or
 /// $STARPU_NCUDA set to something other than a whole number >= 0 (StarPU would abort), a plan that needs a CUDA worker
 /// ("gpu") without one, or StarPU's heteroprio with a CUDA worker; ResourceError when StarPU cannot
@@ -710,7 +711,7 @@ class Optimizer {
 /// Validates Adam hyper-parameters as torch.optim.Adam does; throws Error naming the bad value. Also
 /// refuses lr, eps, weight_decay, lr x weight_decay or the first step's step size lr / (1 - beta1)
 /// beyond fp32's range (above 3.4e38), which the fp32 kernels would turn into inf or NaN
-/// parameters at the first step, and an eps > 0 that rounds to 0 in fp32 (below about 7e-46: a
+/// parameters at the first step, and an eps > 0 that rounds to 0 in fp32 (about 7.1e-46 and below: a
 /// zero gradient's update would be 0 / 0).
 void validate_adam_hyper(const AdamHyper& h);
 

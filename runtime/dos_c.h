@@ -182,7 +182,7 @@ typedef struct dos_optimizer_options {
   double lr;           /* learning rate, finite, >= 0 [1e-3] */
   double beta1;        /* in [0, 1) [0.9] */
   double beta2;        /* in [0, 1) [0.999] */
-  double eps;          /* finite, >= 0, 0 or not rounding to 0 in fp32 (>= 1.4e-45) [1e-8] */
+  double eps;          /* finite, >= 0: 0, or a value fp32 does not round to 0 (at least 1e-45) [1e-8] */
   double weight_decay; /* finite, >= 0 [0] */
   int decoupled;       /* 0 or 1 [1: AdamW] */
 

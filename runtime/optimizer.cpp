@@ -50,10 +50,11 @@ void validate_adam_hyper(const AdamHyper& h) {
   // eps is the only term of the denominator where the second moment is 0 (a zero gradient): a
   // value > 0 that fp32 rounds to 0 (below about 7e-46) gives 0 / 0, NaN parameters, at the first step
   if (h.eps > 0 && float(h.eps) == 0.0f) {
-    char msg[200];
+    char msg[320];
     std::snprintf(msg, sizeof msg,
                   "eps %g rounds to 0 in fp32, in which the update is computed (the smallest positive fp32 is "
-                  "1.4e-45): a zero gradient would make its parameters NaN; give eps 0 deliberately or a value >= 1.4e-45",
+                  "1.4e-45, which values from about 7.1e-46 round to): a zero gradient would make its parameters "
+                  "NaN; give eps 0 deliberately or a value of at least 1e-45",
                   h.eps);
     bad(msg);
   }

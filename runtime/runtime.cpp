@@ -183,21 +183,6 @@ Runtime::Runtime(const RuntimeOptions& options) : impl_(new Impl) {
         throw Error(std::string("the environment's ") + name + "=" + v +
                     " is not a worker count (a whole number >= 0): correct it or unset it");
     }
-  // more CPU workers than cores: StarPU 1.3 starts as many as there are cores and says so on its
-  // own line only, so a run would go on with fewer workers than asked
-  {
-    long workers = options.cpu_workers;
-    std::string from = "cpu_workers " + std::to_string(workers);
-    for (const char* name : {"STARPU_NCPU", "STARPU_NCPUS"})
-      if (const char* v = std::getenv(name); workers == 0 && v && *v) {
-        workers = std::strtol(v, nullptr, 10);
-        from = std::string("the environment's ") + name + "=" + v;
-      }
-    if (!process_cores.empty() && workers > long(process_cores.size()))
-      throw Error(from + " asks for more CPU workers than the " + std::to_string(process_cores.size()) +
-                  " cores this process may use (StarPU would start fewer): give at most " +
-                  std::to_string(process_cores.size()));
-  }
   if (!process_cores.empty() && std::size_t(options.cpu_threads) > process_cores.size() && options.verbose)
     std::fprintf(stderr, "[dos] warning: cpu_threads %d is more than the %zu cores this process may use: CPU Adam's "
                          "threads will share cores (slower)\n", options.cpu_threads, process_cores.size());
@@ -287,6 +272,29 @@ Runtime::Runtime(const RuntimeOptions& options) : impl_(new Impl) {
                 "to run on every kind of worker, and the gradient staging and parameter write-back tasks run only "
                 "where the model's buffers live; use dmda, dmdas, lws or eager, or heteroprio with --ncuda 0");
   }
+  // CPU workers asked for, in StarPU's precedence (its environment overrides its conf:
+  // src/core/workers.c; STARPU_NCPU before the older STARPU_NCPUS): StarPU 1.3 starts fewer where
+  // it counts fewer cores (or its build's STARPU_MAXCPUS), and says so only on a line of its own
+  {
+    long asked = options.cpu_workers;
+    std::string from = "cpu_workers " + std::to_string(asked);
+    for (const char* name : {"STARPU_NCPUS", "STARPU_NCPU"})  // the later one wins
+      if (const char* v = std::getenv(name); v && *v) {
+        asked = std::strtol(v, nullptr, 10);
+        from = std::string("the environment's ") + name + "=" + v;
+      }
+    const long started = long(starpu_cpu_worker_get_count());
+    if (options.cpu_workers > 0 && asked != options.cpu_workers && options.verbose)
+      std::fprintf(stderr, "[dos] warning: %s overrides cpu_workers %d (StarPU's environment wins over its "
+                           "configuration): %ld CPU worker(s) started\n", from.c_str(), options.cpu_workers, started);
+    if (asked > 0 && started < asked) {
+      starpu_shutdown();
+      --g_live_runtimes;
+      throw Error(from + " asks for " + std::to_string(asked) + " CPU workers and StarPU started " +
+                  std::to_string(started) + " (it starts at most one per core it counts on this machine): ask for at "
+                  "most " + std::to_string(started));
+    }
+  }
   if (options.ncuda > 0 && options.cuda_device < 0 && int(ncuda) < options.ncuda) {
     starpu_shutdown();
     --g_live_runtimes;
@@ -329,7 +337,7 @@ Runtime::Runtime(const RuntimeOptions& options) : impl_(new Impl) {
   // when the user binds OpenMP threads (OMP_PLACES, OMP_PROC_BIND), when DOS_BIND=0, or when the
   // cores are too few for one each.
   const char* env_bind = std::getenv("DOS_BIND");
-  if (env_bind && *env_bind && std::string(env_bind) != "0" && std::string(env_bind) != "1" && options.verbose)
+  if (env_bind && *env_bind && std::string(env_bind) != "0" && std::string(env_bind) != "1")
     std::fprintf(stderr, "[dos] warning: DOS_BIND=%s is not 0 or 1: the threads are bound as without it\n", env_bind);
   const bool user_binds = std::getenv("OMP_PLACES") || std::getenv("OMP_PROC_BIND");
   const std::size_t needed = ncuda + std::size_t(ncpuw) * std::size_t(threads);

@@ -67,8 +67,17 @@ if [ -d /proc/self ] && [ -w /proc ]; then  # access() calls /proc writable for 
 fi
 expect "would never fire" --nan-gradient-at 5
 expect "leave out --k and --gpu-fraction" --policy dos --sweep 0.5 --k 2
-expect "more CPU workers than the" --cpu-workers 4099
-STARPU_NCPU=4099 expect "STARPU_NCPU=4099 asks for more CPU workers" --policy cpu
+expect "leave out --k and --gpu-fraction" --policy dos --sweep 0.5 --gpu-fraction 0.25
+out=$("$train" --preset tiny --iterations 1 --policy cpu --gpu-resident-budget 1GB 2>&1)
+if grep -qF -- "--policy cpu updates every subgroup on the CPU: --gpu-resident-budget changes nothing" <<<"$out"; then
+  echo "ok: --policy cpu with a GPU budget warned"
+else echo "FAIL: no warning for --policy cpu with --gpu-resident-budget: $out"; fails=$((fails+1)); fi
+expect "CPU workers and StarPU started" --cpu-workers 4099
+STARPU_NCPU=4099 expect "STARPU_NCPU=4099 asks for 4099 CPU workers" --policy cpu
+STARPU_NCPU=4099 expect "STARPU_NCPU=4099 asks for 4099 CPU workers" --policy cpu --cpu-workers 1
+out=$(STARPU_NCPU=1 "$train" --preset tiny --iterations 1 --policy cpu --cpu-workers 2 2>&1)
+if grep -qF "STARPU_NCPU=1 overrides cpu_workers 2" <<<"$out"; then echo "ok: STARPU_NCPU over --cpu-workers warned"
+else echo "FAIL: no warning for STARPU_NCPU=1 over --cpu-workers 2: $out"; fails=$((fails+1)); fi
 STARPU_NCUDA=-1 expect "STARPU_NCUDA=-1 is not a worker count"
 expect "out of range" --shard 3/2
 expect "R/W" --shard 3
@@ -156,6 +165,8 @@ expect "that --resume reads" --resume "$tmp/ck1" --report "$tmp/ck1/index.json"
 # another learning rate goes on from it, with a note
 expect "was trained with adamw beta1=" --resume "$tmp/ck1" --beta2 0.95
 expect "this run asks for adam beta1=" --resume "$tmp/ck1" --optimizer adam
+# iterations are numbered across resumes: ck1 holds iteration 1, so this run's is 2
+expect "is not one of this run's iterations (2 to 2)" --resume "$tmp/ck1" --nan-gradient-at 1
 out=$("$train" --preset tiny --iterations 1 --quiet --resume "$tmp/ck1" --lr 0.5 2>&1)
 if [ $? -eq 0 ] && grep -q "this run goes on from it with lr=0.5" <<<"$out"; then echo "ok: another --lr resumes, with a note"
 else echo "FAIL: another --lr on resume: $out"; fails=$((fails+1)); fi

@@ -257,7 +257,7 @@ static void test_bad_options(void** state) {
     assert_null(opt);
     assert_non_null(strstr(dos_last_error(), "share memory"));
   }
-  /* set_hyper validates as creation does: decoupled only 0 or 1 */
+  /* set_hyper validates as creation does: decoupled only 0 or 1, eps not rounding to 0 */
   {
     float p[4] = {1, 2, 3, 4}, g[4] = {0};
     void* params[1] = {p};
@@ -269,6 +269,10 @@ static void test_bad_options(void** state) {
     assert_int_equal(dos_optimizer_set_hyper(opt, 1e-3, 0.9, 0.999, 1e-8, 0, 5), DOS_E_INVALID);
     assert_non_null(strstr(dos_last_error(), "decoupled must be 0 or 1"));
     assert_int_equal(dos_optimizer_set_hyper(opt, 1e-3, 0.9, 0.999, 1e-8, 0, -1), DOS_E_INVALID);
+    /* an eps > 0 that fp32 rounds to 0: a zero gradient's update would be 0 / 0 */
+    assert_int_equal(dos_optimizer_set_hyper(opt, 1e-3, 0.9, 0.999, 1e-50, 0, 1), DOS_E_INVALID);
+    assert_non_null(strstr(dos_last_error(), "rounds to 0 in fp32"));
+    assert_int_equal(dos_optimizer_set_hyper(opt, 1e-3, 0.9, 0.999, 1e-45, 0, 1), DOS_OK);
     assert_int_equal(dos_optimizer_set_hyper(opt, 1e-3, 0.9, 0.999, 1e-8, 0, 0), DOS_OK);
     dos_optimizer_destroy(opt);
   }

@@ -390,9 +390,10 @@ void test_rates_file(void**) {
   }
   assert_true(refused);
   // a key the format does not have (a typo beside the right one), at the top or under "calibrated"
+  dos::save_rates(path, r, c);  // a good file again, then one typo in one place at a time
+  const nlohmann::json good = nlohmann::json::parse(std::ifstream(path));
   for (const char* where : {"top", "calibrated"}) {
-    nlohmann::json t = nlohmann::json::parse(std::ifstream(std::string(dir) + "/sub/rates.json"));
-    t["U_c_dma"] = 2.5e9;
+    nlohmann::json t = good;
     (std::string(where) == "top" ? t : t["calibrated"])["u_c"] = 4e9;
     std::ofstream(path) << t.dump();
     refused = false;

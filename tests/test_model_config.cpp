@@ -124,6 +124,12 @@ void test_refusals(void**) {
   m = refusal(write_config("bias_type.json", R"({"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64,
       "intermediate_size": 128, "num_attention_heads": 4, "vocab_size": 100, "attention_bias": "yes"})"));
   assert_true(m.find("'attention_bias' must be true or false") != std::string::npos);
+  // heads x head_dim beyond 2^24 (the projections' sizes would overflow the count's bounds)
+  assert_true(throws_invalid_argument([&] {
+    dos_train::load_hf_config(write_config("hdbig.json", R"({"model_type": "llama", "num_hidden_layers": 2,
+        "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 65536, "num_key_value_heads": 1,
+        "head_dim": 65536, "vocab_size": 100})"));
+  }));
   m = refusal(write_config("hd0.json", R"({"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64,
       "intermediate_size": 128, "num_attention_heads": 4, "vocab_size": 100, "head_dim": 0})"));
   assert_true(m.find("'head_dim' must be a positive integer") != std::string::npos);

@@ -287,6 +287,24 @@ def test_bad_input(device, policy):
     check(o.subgroup_steps() == [[1] * len(s) for s in o.subgroup_steps()], "and no step count advanced")
     o.close()
 
+    # a parameter moved to other memory, or no longer requiring gradients, after one step: refused
+    # at step(), nothing changed (the runtime would write through its old pointer)
+    for what, damage, needle in (
+            ("a parameter's storage replaced (p.data = p.data.clone())",
+             lambda m: setattr(m.l1.weight, "data", m.l1.weight.data.clone()), "moved to other memory"),
+            ("a parameter no longer requiring gradients", lambda m: m.l1.bias.requires_grad_(False),
+             "no longer requires gradients")):
+        m = make_model(device, torch.float32)
+        o = make_opt(m, policy)
+        train_steps(m, o, [1], device)
+        x, y = batch(3, device)
+        torch.nn.functional.cross_entropy(m(x).reshape(-1, 50), y.reshape(-1)).backward()
+        damage(m)
+        before = snapshot(m, o)
+        expect_error(RuntimeError, needle, o.step, what)
+        check(same_snapshot(before, snapshot(m, o)), f"after '{what}': parameters and state unchanged")
+        o.close()
+
     # no gradient at all: as torch.optim, step() changes nothing (a fresh optimizer, and after
     # zero_grad(set_to_none=True)); some parameters without a gradient: refused
     m = make_model(device, torch.float32)

@@ -305,6 +305,8 @@ def test_state_dict_round_trip(device, policy):
     check(same_snapshot(before, snapshot(m2, o2)), "the refused state dict changed nothing")
     # damaged structure: a ValueError that says so, nothing changed
     for what, damage in (("a param group that is not a dict", lambda sd: sd.__setitem__("param_groups", [1])),
+                         ("a group's params that are not a list",
+                          lambda sd: sd["param_groups"][0].__setitem__("params", 5)),
                          ("buckets that are not dicts", lambda sd: sd["dos"].__setitem__("buckets", [1])),
                          ("buckets that are None", lambda sd: sd["dos"].__setitem__("buckets", None)),
                          ("a sparse master", lambda sd: sd["state"][idx].__setitem__(

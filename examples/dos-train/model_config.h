@@ -71,7 +71,9 @@ ModelConfig load_hf_config(const std::string& path);
 
 /// The parameter tensors of `c`, in the order of the Hugging Face implementation.
 /// Throws std::invalid_argument when a dimension is not positive (head_dim may be 0: hidden /
-/// heads), hidden % heads != 0 without a head_dim, or heads % kv_heads != 0.
+/// heads), hidden % heads != 0 without a head_dim, heads % kv_heads != 0, or a dimension is out of
+/// range (hidden, intermediate, vocabulary, positions, heads, head_dim and heads x head_dim above
+/// 2^24, layers above 100000: bounds no real transformer nears, which keep every size in 64 bits).
 std::vector<ParamTensor> param_tensors(const ModelConfig& c);
 
 }  // namespace dos_train

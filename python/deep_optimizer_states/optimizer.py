@@ -60,7 +60,7 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _Gradients, _State, _Timeli
       lr (float): learning rate (>= 0). Changing ``param_groups[i]["lr"]`` (an LR scheduler) takes
         effect at the next :meth:`step`; so do betas, eps, weight_decay and decoupled.
       betas (tuple of 2 floats): ``(beta1, beta2)``, each in [0, 1).
-      eps (float): added to the denominator (>= 0).
+      eps (float): added to the denominator (>= 0; a value > 0 must not round to 0 in float32: at least 1e-45).
       weight_decay (float or None): >= 0; None means 1e-2 for AdamW (``torch.optim.AdamW``'s
         default) and 0 for Adam, each group by its own ``decoupled`` (a group that sets
         ``decoupled`` and leaves ``weight_decay`` out gets its mode's default).

@@ -189,8 +189,8 @@ def group_hyper(gi, group):
                              "update is computed: every parameter would become inf or NaN")
     if eps > 0 and struct.unpack("f", struct.pack("f", eps))[0] == 0.0:
         raise ValueError(f"param group {gi}: epsilon {eps:g} rounds to 0 in float32, in which the update is computed "
-                         "(the smallest positive float32 is 1.4e-45): a zero gradient would make its parameters NaN; "
-                         "give eps=0 deliberately or a value >= 1.4e-45")
+                         "(the smallest positive float32 is 1.4e-45, which values from about 7.1e-46 round to): a zero "
+                         "gradient would make its parameters NaN; give eps=0 deliberately or a value of at least 1e-45")
     decoupled = group.get("decoupled", True)
     if not isinstance(decoupled, bool):
         raise ValueError(f"param group {gi}: decoupled must be True (AdamW) or False (Adam), got {decoupled!r}")

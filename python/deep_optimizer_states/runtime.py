@@ -172,8 +172,9 @@ def get_runtime(policy=None, cpu_threads=0, cpu_workers=0, ncuda=-1, verbose=Fal
 
     Raises ``ValueError`` for an argument of the wrong type or range (each named), when a runtime
     already runs with a different policy or worker options
-    (StarPU runs once per process: call :func:`shutdown` first), for an unknown policy or a
-    ``gpu_memory_limit`` out of range; warns (``UserWarning``) when a running runtime with CUDA
+    (StarPU runs once per process: call :func:`shutdown` first), for an unknown policy, more CPU
+    workers asked for (``cpu_workers``, or ``$STARPU_NCPU``, which StarPU lets win) than StarPU
+    starts (at most one per core it counts), or a ``gpu_memory_limit`` out of range; warns (``UserWarning``) when a running runtime with CUDA
     workers has a GPU memory limit lower than ``gpu_memory_limit`` (for an optimizer's request:
     plus the live optimizers'), or none;
     :class:`~deep_optimizer_states.DosError` when StarPU cannot start (here or in that child); ``OSError`` when

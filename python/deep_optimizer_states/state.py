@@ -227,9 +227,11 @@ class _State:
         if not isinstance(groups, list) or not isinstance(state, dict):
             raise ValueError("malformed state dict: 'param_groups' must be a list and 'state' a dict")
         for gi, g in enumerate(groups):
-            if not isinstance(g, dict) or not isinstance(g.get("params", []), (list, tuple)):
-                raise ValueError(f"malformed state dict: param_groups[{gi}] must be a dict whose 'params' is a list, "
-                                 f"got {type(g).__name__}")
+            if not isinstance(g, dict):
+                raise ValueError(f"malformed state dict: param_groups[{gi}] must be a dict, got {type(g).__name__}")
+            if not isinstance(g.get("params", []), (list, tuple)):
+                raise ValueError(f"malformed state dict: param_groups[{gi}]['params'] must be a list of parameter "
+                                 f"indices, got {type(g.get('params')).__name__}")
         buckets = dos.get("buckets", [])
         if not isinstance(buckets, (list, tuple)) or not all(isinstance(bk, dict) for bk in buckets):
             raise ValueError("malformed state dict: its 'dos' section's 'buckets' must be a list of dicts, got "

@@ -47,7 +47,7 @@ void remove_stale_temporaries(const std::string& path, const struct timespec& be
 }  // namespace
 
 PendingFile::PendingFile(const std::string& path, const Chunks& chunks) : path_(path) {
-  check_writable(path);
+  check_writable(path, false);  // the temporary file below is the real attempt
   std::string tmp = path + ".tmp.XXXXXX";
   std::vector<char> tmpl(tmp.begin(), tmp.end());
   tmpl.push_back('\0');
@@ -95,28 +95,35 @@ void PendingFile::commit() {
 
 void write_file_atomically(const std::string& path, const Chunks& chunks) { PendingFile(path, chunks).commit(); }
 
-void check_parent_writable(const std::string& path, const std::string& what) {
+void check_parent_writable(const std::string& path, const std::string& what, bool probe) {
   const std::string dir = folder_of(path);
   struct stat st;
   if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
     throw std::runtime_error("cannot write " + what + ": folder " + dir + " does not exist");
   if (::access(dir.c_str(), W_OK) != 0)
     throw std::runtime_error("cannot write " + what + ": folder " + dir + " is not writable");
+  if (!probe) return;
   // access() does not know every file system (root may "write" in /proc, where nothing can be
   // created): a file created there and removed at once tells
-  std::string probe = dir + "/.dos-write-check-XXXXXX";
-  const int fd = ::mkstemp(probe.data());
+  std::string name = dir + "/.dos-write-check-XXXXXX";
+  const int fd = ::mkstemp(name.data());
   if (fd < 0) {
     const int err = errno;
     throw std::runtime_error("cannot write " + what + ": no file can be created in folder " + dir + " (" +
                              std::strerror(err) + ")");
   }
   ::close(fd);
-  ::unlink(probe.c_str());
+  if (::unlink(name.c_str()) != 0) {
+    const int err = errno;
+    throw std::runtime_error("cannot write " + what + ": files can be created in folder " + dir +
+                             " but not removed or replaced (" + std::strerror(err) + "; an append-only folder?), "
+                             "and a write puts its file in place by renaming; the check's file " + name +
+                             " is left there: remove it once the folder allows it");
+  }
 }
 
-void check_writable(const std::string& path) {
-  check_parent_writable(path, path);
+void check_writable(const std::string& path, bool probe) {
+  check_parent_writable(path, path, probe);
   struct stat st;
   if (::lstat(path.c_str(), &st) != 0) return;  // a new file
   if (!S_ISREG(st.st_mode))

@@ -40,16 +40,19 @@ class PendingFile {
 /// PendingFile(path, chunks).commit(): a reader sees the old file or the whole new one.
 void write_file_atomically(const std::string& path, const Chunks& chunks);
 
-/// Throws std::runtime_error when the folder that would hold `path` is missing or not writable, or
-/// no file can be created in it (tried with a temporary file, removed at once: a file system such
-/// as /proc that access() calls writable); the message starts "cannot write <what>" (what: how to
-/// name path in the message).
-void check_parent_writable(const std::string& path, const std::string& what);
+/// Throws std::runtime_error when the folder that would hold `path` is missing or not writable, or,
+/// with `probe`, when no file can be created and removed in it (tried with a file named
+/// .dos-write-check-XXXXXX, removed at once: a file system such as /proc that access() calls
+/// writable, an append-only folder, where the message names the file it could not remove); the
+/// message starts "cannot write <what>" (what: how to name path in the message). The checks made
+/// before any work probe; a write's own (PendingFile) does not, its temporary file being the attempt.
+void check_parent_writable(const std::string& path, const std::string& what, bool probe = true);
 
 /// Throws std::runtime_error, before any work is done, when a file cannot be created at `path`
 /// (its folder is missing or not writable, or `path` exists and is not a regular file, or exists
-/// write-protected: no write permission for this user or no write bit at all in its mode), naming
-/// the path and the reason.
-void check_writable(const std::string& path);
+/// write-protected: no write permission for this user or no write bit at all in its mode, or, with
+/// `probe`, no file can be created and removed in its folder: check_parent_writable), naming the
+/// path and the reason.
+void check_writable(const std::string& path, bool probe = true);
 
 }  // namespace dos

@@ -1,7 +1,7 @@
 // dos-train's model shapes (examples/dos-train/model_config.h) against published parameter counts:
 // the presets (Hugging Face's gpt2, Llama-2-7b-hf and Llama-2-13b-hf model cards and checkpoints),
-// Mistral-7B-v0.1 and Mistral-NeMo (whose head_dim, 128, is not hidden / heads) from their
-// config.json fields, and a small Llama-style decoder with head_dim, attention_bias and mlp_bias
+// Mistral-7B-v0.1 and Mistral-NeMo (whose head_dim, 128, is not hidden / heads), Qwen2-7B and
+// Qwen2.5-0.5B (q/k/v biases), Gemma-2B and Gemma-7B (head_dim 256, tied) from their config.json fields, and a small Llama-style decoder with head_dim, attention_bias and mlp_bias
 // counted by hand. Two names of one field that disagree, and Llama-only fields on a gpt2 model,
 // are refused; a checkpoint's description of a model without the new fields is as before.
 #include <cstdio>
@@ -70,6 +70,32 @@ void test_mistral_configs(void**) {
           "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8, "vocab_size": 32000})"));
   assert_int_equal(count(same), 7241732096ll);
   assert_true(dos_train::describe_architecture(same).find("head_dim") == std::string::npos);
+}
+
+void test_qwen2_and_gemma(void**) {
+  // Qwen2-7B (q/k/v biases, o_proj none, untied): 7,615,616,512; Qwen2.5-0.5B (tied): 494,032,768
+  const ModelConfig q7 = dos_train::load_hf_config(write_config(
+      "qwen2-7b.json",
+      R"({"model_type": "qwen2", "hidden_size": 3584, "intermediate_size": 18944, "num_attention_heads": 28,
+          "num_hidden_layers": 28, "num_key_value_heads": 4, "vocab_size": 152064, "tie_word_embeddings": false})"));
+  assert_int_equal(count(q7), 7615616512ll);
+  const ModelConfig q05 = dos_train::load_hf_config(write_config(
+      "qwen25-05b.json",
+      R"({"model_type": "qwen2", "hidden_size": 896, "intermediate_size": 4864, "num_attention_heads": 14,
+          "num_hidden_layers": 24, "num_key_value_heads": 2, "vocab_size": 151936, "tie_word_embeddings": true})"));
+  assert_int_equal(count(q05), 494032768);
+  for (const auto& t : dos_train::param_tensors(q05)) assert_true(t.name.find("o_proj.bias") == std::string::npos);
+  // Gemma-2B and Gemma-7B (head_dim 256, embeddings tied by default): 2,506,172,416 and 8,537,680,896
+  const ModelConfig g2 = dos_train::load_hf_config(write_config(
+      "gemma-2b.json",
+      R"({"model_type": "gemma", "hidden_size": 2048, "intermediate_size": 16384, "num_attention_heads": 8,
+          "num_hidden_layers": 18, "num_key_value_heads": 1, "head_dim": 256, "vocab_size": 256000})"));
+  assert_int_equal(count(g2), 2506172416ll);
+  const ModelConfig g7 = dos_train::load_hf_config(write_config(
+      "gemma-7b.json",
+      R"({"model_type": "gemma", "hidden_size": 3072, "intermediate_size": 24576, "num_attention_heads": 16,
+          "num_hidden_layers": 28, "num_key_value_heads": 16, "head_dim": 256, "vocab_size": 256000})"));
+  assert_int_equal(count(g7), 8537680896ll);
 }
 
 void test_biases_and_head_dim_by_hand(void**) {
@@ -144,6 +170,7 @@ int main() {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_presets_published_counts),
       cmocka_unit_test(test_mistral_configs),
+      cmocka_unit_test(test_qwen2_and_gemma),
       cmocka_unit_test(test_biases_and_head_dim_by_hand),
       cmocka_unit_test(test_refusals),
   };

@@ -47,7 +47,7 @@ std::string describe_architecture(const ModelConfig& c) {
          std::to_string(c.kv_heads) + " vocab " + std::to_string(c.vocab) + " positions " +
          std::to_string(c.positions) + (c.tie_embeddings ? " tied" : " untied") +
          (c.head_dim > 0 && c.head_dim * c.heads != c.hidden ? " head_dim " + std::to_string(c.head_dim) : "") +
-         (c.attention_bias ? " attention_bias" : "") + (c.mlp_bias ? " mlp_bias" : "");
+         (c.attention_bias ? " attention_bias" : "") + (c.mlp_bias ? " mlp_bias" : "") + (c.qkv_bias ? " qkv_bias" : "");
 }
 
 namespace {
@@ -151,9 +151,10 @@ ModelConfig load_hf_config(const std::string& path) {
                                       "\"model_type\": \"gpt2\" or \"llama\"");
     type = gpt2_names ? "gpt2" : "llama";
   }
-  if (type != "gpt2" && type != "llama" && type != "mistral")
+  if (type != "gpt2" && type != "llama" && type != "mistral" && type != "qwen2" && type != "gemma")
     throw std::runtime_error(path + ": model_type '" + type +
-                             "' is not supported: dos-train knows gpt2 and Llama-style decoders (llama, mistral)");
+                             "' is not supported: dos-train knows gpt2 and Llama-style decoders (llama, mistral, "
+                             "qwen2, gemma)");
   c.arch = type == "gpt2" ? "gpt2" : "llama";
   c.layers = get({"num_hidden_layers", "n_layer"}, true, 0);
   c.hidden = get({"hidden_size", "n_embd"}, true, 0);
@@ -162,7 +163,8 @@ ModelConfig load_hf_config(const std::string& path) {
   c.kv_heads = get({"num_key_value_heads"}, false, c.heads);
   c.vocab = get({"vocab_size"}, true, 0);
   c.positions = get({"max_position_embeddings", "n_positions"}, c.arch == "gpt2", 0);
-  c.tie_embeddings = get_bool("tie_word_embeddings", c.arch == "gpt2");
+  c.tie_embeddings = get_bool("tie_word_embeddings", c.arch == "gpt2" || type == "gemma");
+  c.qkv_bias = type == "qwen2";
   c.head_dim = get({"head_dim"}, false, 0);
   c.attention_bias = get_bool("attention_bias", false);
   c.mlp_bias = get_bool("mlp_bias", false);
@@ -224,9 +226,9 @@ std::vector<ParamTensor> param_tensors(const ModelConfig& c) {
         add(p + n + ".weight", {out, in}, TensorKind::weight);
         if (bias) add(p + n + ".bias", {out}, TensorKind::bias);
       };
-      proj("self_attn.q_proj", q, H, c.attention_bias);
-      proj("self_attn.k_proj", kv, H, c.attention_bias);
-      proj("self_attn.v_proj", kv, H, c.attention_bias);
+      proj("self_attn.q_proj", q, H, c.attention_bias || c.qkv_bias);
+      proj("self_attn.k_proj", kv, H, c.attention_bias || c.qkv_bias);
+      proj("self_attn.v_proj", kv, H, c.attention_bias || c.qkv_bias);
       proj("self_attn.o_proj", H, q, c.attention_bias);
       proj("mlp.gate_proj", I, H, c.mlp_bias);
       proj("mlp.up_proj", I, H, c.mlp_bias);

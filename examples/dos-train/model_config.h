@@ -17,14 +17,15 @@ namespace dos_train {
 /// decoder's q_proj is [heads * head_dim, hidden], k_proj and v_proj [kv_heads * head_dim, hidden],
 /// o_proj [hidden, heads * head_dim] (Hugging Face's LlamaAttention; Mistral-NeMo and Gemma set a
 /// head_dim other than hidden / heads). attention_bias, mlp_bias: a Llama-style decoder's q/k/v/o
-/// and gate/up/down projections carry biases (Hugging Face's LlamaConfig fields of those names).
+/// and gate/up/down projections carry biases (Hugging Face's LlamaConfig fields of those names);
+/// qkv_bias: q/k/v carry biases and o_proj none (Qwen2).
 struct ModelConfig {
   std::string name;
   std::string arch;
   std::int64_t layers = 0, hidden = 0, intermediate = 0, heads = 0, kv_heads = 0, vocab = 0, positions = 0;
   std::int64_t head_dim = 0;
   bool tie_embeddings = false;
-  bool attention_bias = false, mlp_bias = false;
+  bool attention_bias = false, mlp_bias = false, qkv_bias = false;
 };
 
 /// One parameter tensor: its name (Hugging Face naming), shape and kind (how it is initialised).
@@ -47,8 +48,8 @@ std::size_t count_params(const std::vector<ParamTensor>& tensors, const std::str
 
 /// `c`'s shape in words ("gpt2 layers 12 hidden 768 intermediate 3072 heads 12 kv_heads 12 vocab
 /// 50257 positions 1024 tied", then " head_dim D" where head_dim is set and differs from hidden /
-/// heads, " attention_bias" and " mlp_bias" where set): what a checkpoint records to recognise the
-/// model (a model without those three reads as it did before they existed).
+/// heads, " attention_bias", " mlp_bias" and " qkv_bias" where set): what a checkpoint records to
+/// recognise the model (a model without those reads as it did before they existed).
 std::string describe_architecture(const ModelConfig& c);
 
 /// Names of the presets: gpt2-124m, gpt2-xl, llama2-7b, llama2-13b, llama-20b (and "tiny").
@@ -60,8 +61,10 @@ ModelConfig preset(const std::string& name);
 /// Reads a Hugging Face config.json (fields num_hidden_layers|n_layer, hidden_size|n_embd,
 /// intermediate_size|n_inner, num_attention_heads|n_head, num_key_value_heads, vocab_size,
 /// max_position_embeddings|n_positions, tie_word_embeddings, model_type; for Llama-style decoders
-/// also head_dim, attention_bias and mlp_bias). Without model_type, GPT-2's field names (n_layer,
-/// n_embd, n_head) make it gpt2, and otherwise it is a Llama-style decoder.
+/// also head_dim, attention_bias and mlp_bias). model_type gpt2, llama, mistral, qwen2 (q/k/v with
+/// biases, o_proj without: Hugging Face's Qwen2Attention) or gemma (embeddings tied unless
+/// tie_word_embeddings says otherwise); without model_type, GPT-2's field names (n_layer, n_embd,
+/// n_head) make it gpt2, and otherwise it is a Llama-style decoder.
 /// Throws std::runtime_error naming the file and the missing or invalid field, two names of one
 /// field that disagree (num_hidden_layers 2 beside n_layer 8), a field that changes the parameter
 /// count of a gpt2 model but that dos-train does not model there (head_dim, attention_bias,

@@ -37,8 +37,27 @@ bool release_caller_openmp_threads() noexcept {
   return omp_pause_resource_all(omp_pause_soft) == 0;
 }
 
+bool openmp_binds() { return omp_get_proc_bind() != omp_proc_bind_false; }
+
 std::vector<int> allowed_cores() {
   std::vector<int> out;
+  if (openmp_binds() && omp_get_num_places() > 0) {
+    // libgomp binds the initial thread to the first place when it starts, so the calling thread's
+    // mask would say one place; the places cover the process's cores (made from the mask it started with)
+    std::vector<char> seen;
+    for (int p = 0; p < omp_get_num_places(); ++p) {
+      std::vector<int> ids(std::size_t(omp_get_place_num_procs(p)));
+      if (!ids.empty()) omp_get_place_proc_ids(p, ids.data());
+      for (const int c : ids)
+        if (c >= 0) {
+          if (std::size_t(c) >= seen.size()) seen.resize(std::size_t(c) + 1, 0);
+          seen[std::size_t(c)] = 1;
+        }
+    }
+    for (std::size_t c = 0; c < seen.size(); ++c)
+      if (seen[c]) out.push_back(int(c));
+    if (!out.empty()) return out;
+  }
   cpu_set_t set;
   if (sched_getaffinity(0, sizeof set, &set) != 0) return out;
   for (int c = 0; c < CPU_SETSIZE; ++c)

@@ -57,7 +57,14 @@ bool release_caller_openmp_threads() noexcept;
 /// Binds the calling thread to one core (OS processor number). Returns false if the system refused.
 bool bind_this_thread(int core);
 
-/// The OS processor numbers of the calling thread's affinity mask, ascending.
+/// Whether the OpenMP runtime binds its threads itself (OMP_PROC_BIND other than false, or
+/// OMP_PLACES given without it: omp_get_proc_bind() is not omp_proc_bind_false).
+bool openmp_binds();
+
+/// The OS processor numbers this process may run on, ascending: the calling thread's affinity mask,
+/// or, where the OpenMP runtime binds (openmp_binds) and has places, the union of its places' processors
+/// (libgomp binds the initial thread to the first place at start, so that thread's mask then names
+/// one place only; the places are made from the mask the process started with).
 std::vector<int> allowed_cores();
 
 /// "a-b,c" form of a core list, for messages.

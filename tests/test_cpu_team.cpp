@@ -2,10 +2,14 @@
 // thread's idle OpenMP threads (counted by the kernel: /proc/self/status's Threads), refuses inside a
 // parallel region, leaves another thread's team alone, and the next parallel region gets its full
 // team again; Optimizer::step() and step_async() call it on the caller's thread; core_list_string's
-// ranges. Skips (77) where the OpenMP settings cannot give teams of 4 (OMP_THREAD_LIMIT,
+// ranges; allowed_cores gives the cores the process started with, also where OpenMP binds its
+// threads (cpu-team-places). Skips (77) where the OpenMP settings cannot give teams of 4 (OMP_THREAD_LIMIT,
 // OMP_MAX_ACTIVE_LEVELS=0); teams are asked for with dynamic adjustment off on every thread.
 #include <omp.h>
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -145,6 +149,38 @@ void test_step_frees_the_callers_pool(void**) {
   assert_true(p[0] != 1.0f);  // the steps ran
 }
 
+/// The processors of /proc/PID/status's Cpus_allowed_list ("0-3,6"), ascending.
+std::vector<int> cpus_allowed_of(long pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/status");
+  std::string line, list;
+  while (std::getline(f, line))
+    if (line.rfind("Cpus_allowed_list:", 0) == 0) list = line.substr(18);
+  std::vector<int> out;
+  std::size_t at = 0;
+  while (at < list.size()) {
+    const std::size_t comma = std::min(list.find(',', at), list.size());
+    const std::string r = list.substr(at, comma - at);
+    const std::size_t dash = r.find('-');
+    const int a = std::stoi(r), b = dash == std::string::npos ? a : std::stoi(r.substr(dash + 1));
+    for (int c = a; c <= b; ++c) out.push_back(c);
+    at = comma + 1;
+  }
+  return out;
+}
+
+// allowed_cores: the cores the process started with, also where libgomp binds (OMP_PROC_BIND,
+// OMP_PLACES: run as cpu-team-places), which narrows the initial thread to its first place before
+// main(); the parent (meson) still has the mask the process started with
+void test_allowed_cores(void**) {
+  const std::vector<int> parent = cpus_allowed_of(long(getppid()));
+  const std::vector<int> got = dos::allowed_cores();
+  std::printf("  OpenMP binds: %s; allowed_cores %s; parent's %s; this thread's %s\n", dos::openmp_binds() ? "yes" : "no",
+              dos::core_list_string(got).c_str(), dos::core_list_string(parent).c_str(),
+              dos::core_list_string(cpus_allowed_of(long(getpid()))).c_str());
+  assert_true(!parent.empty());
+  assert_true(got == parent);
+}
+
 void test_core_list_string(void**) {
   assert_string_equal(dos::core_list_string({}).c_str(), "");
   assert_string_equal(dos::core_list_string({3}).c_str(), "3");
@@ -165,6 +201,7 @@ int main() {
       cmocka_unit_test(test_other_threads_team_kept),
       cmocka_unit_test(test_step_frees_the_callers_pool),
       cmocka_unit_test(test_core_list_string),
+      cmocka_unit_test(test_allowed_cores),
   };
   return cmocka_run_group_tests(tests, nullptr, nullptr);
 }

@@ -8,6 +8,8 @@
 #include <atomic>
 #include <climits>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <cstdlib>
 #include <limits>
 #include <mutex>
@@ -146,6 +148,42 @@ std::string resolve_policy(const std::string& given) {
   return env && *env ? env : "cpu";
 }
 
+namespace {
+/// StarPU 1.3.10 keeps its performance models and bus calibration under $STARPU_PERF_MODEL_DIR, else
+/// HOME/.starpu/sampling with HOME the first of $XDG_CACHE_HOME, $STARPU_HOME, $HOME, $TMPDIR,
+/// $TEMP, $TMP, /tmp (src/common/utils.c: _starpu_get_home_path; src/core/perfmodel/perfmodel.c:
+/// _starpu_set_perf_model_dirs, which also makes codelets/45 and bus in it), and aborts the process
+/// (STARPU_ABORT, a backtrace) when it cannot create them: a read-only home on a cluster. Made here
+/// first, so that such a home is an Error that says what to set. (A StarPU configured with its own
+/// --with-perf-model-dir may look elsewhere: STARPU_PERF_MODEL_DIR then names a folder for both.)
+void check_starpu_folders() {
+  std::string dir;
+  const char* from = "STARPU_PERF_MODEL_DIR";
+  if (const char* p = std::getenv("STARPU_PERF_MODEL_DIR"); p && *p) {
+    dir = p;
+  } else {
+    const char* home = nullptr;
+    for (const char* name : {"XDG_CACHE_HOME", "STARPU_HOME", "HOME", "TMPDIR", "TEMP", "TMP"})
+      if (const char* v = std::getenv(name); v && *v) {
+        home = v;
+        from = name;
+        break;
+      }
+    if (!home) home = "/tmp", from = "the fallback /tmp";
+    dir = std::string(home) + "/.starpu/sampling";
+  }
+  for (const std::string& sub : {dir, dir + "/codelets/45", dir + "/bus"}) {
+    std::error_code ec;
+    std::filesystem::create_directories(sub, ec);
+    if (ec || !std::filesystem::is_directory(sub))
+      throw Error("StarPU keeps its performance models and bus calibration in " + dir + " (from " + from +
+                  ") and cannot create " + sub + (ec ? " (" + ec.message() + ")" : " (not a folder)") +
+                  ": it would abort the process. Set STARPU_PERF_MODEL_DIR to a writable folder (StarPU prefers "
+                  "$XDG_CACHE_HOME, then $STARPU_HOME, then $HOME for it otherwise)");
+  }
+}
+}  // namespace
+
 Runtime::Runtime(const RuntimeOptions& options) : impl_(new Impl) {
   if (g_live_runtimes > 0)
     throw Error("a dos::Runtime already exists in this process (StarPU runs once per process): use that one");
@@ -248,6 +286,7 @@ Runtime::Runtime(const RuntimeOptions& options) : impl_(new Impl) {
     }
   }
   node_ranks_ = options.node_ranks;
+  check_starpu_folders();
   const int ret = starpu_init(&conf);
   if (ret == 0) ++g_live_runtimes;
   if (ret == -ENODEV) throw ResourceError("StarPU found no worker to run on (starpu_init returned -ENODEV)");

@@ -72,6 +72,10 @@ out=$("$train" --preset tiny --iterations 1 --policy cpu --gpu-resident-budget 1
 if grep -qF -- "--policy cpu updates every subgroup on the CPU: --gpu-resident-budget changes nothing" <<<"$out"; then
   echo "ok: --policy cpu with a GPU budget warned"
 else echo "FAIL: no warning for --policy cpu with --gpu-resident-budget: $out"; fails=$((fails+1)); fi
+# StarPU's folder for its performance models cannot be made (a read-only home on a cluster): an
+# error saying what to set, before StarPU would abort the process
+echo not-a-folder > "$tmp/afile"
+STARPU_PERF_MODEL_DIR="$tmp/afile" expect "Set STARPU_PERF_MODEL_DIR to a writable folder" --policy cpu
 expect "CPU workers and StarPU started" --cpu-workers 4099
 STARPU_NCPU=4099 expect "STARPU_NCPU=4099 asks for 4099 CPU workers" --policy cpu
 STARPU_NCPU=4099 expect "STARPU_NCPU=4099 asks for 4099 CPU workers" --policy cpu --cpu-workers 1

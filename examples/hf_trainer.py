@@ -52,7 +52,11 @@ import sys
 import time
 import traceback
 
-import torch
+try:
+    import torch
+except ImportError:  # a Python without torch (pyenv's first on PATH?): say so, not a traceback
+    sys.exit("hf_trainer.py needs PyTorch: run it with a Python that imports torch (Debian: /usr/bin/python3 "
+             "with python3-torch)")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "python"))

@@ -35,7 +35,11 @@ import math
 import os
 import sys
 
-import torch
+try:
+    import torch
+except ImportError:  # a Python without torch (pyenv's first on PATH?): say so, not a traceback
+    sys.exit("lightning_module.py needs PyTorch: run it with a Python that imports torch (Debian: /usr/bin/python3 "
+             "with python3-torch)")
 import torch.nn.functional as F
 
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -55,7 +55,11 @@ import sysconfig
 import tempfile
 import time
 
-import torch
+try:
+    import torch
+except ImportError:  # a Python without torch (pyenv's first on PATH?): say so, not a traceback
+    sys.exit("train_gpt.py needs PyTorch: run it with a Python that imports torch (Debian: /usr/bin/python3 "
+             "with python3-torch)")
 import torch.nn as nn
 import torch.nn.functional as F
 

@@ -210,7 +210,7 @@ elif [ -f "$STARPU_PREFIX/.dos-stamp" ] && [ "$(cat "$STARPU_PREFIX/.dos-stamp")
   say "StarPU $STARPU_VERSION already built in ${STARPU_PREFIX#$ROOT/} (cuda=$WITH_CUDA)"
 else
   src=$DEPS/src/starpu-$STARPU_VERSION-cuda$WITH_CUDA
-  say "building StarPU $STARPU_VERSION (cuda=$WITH_CUDA) into ${STARPU_PREFIX#$ROOT/}: about 2 minutes on 2 cores"
+  say "building StarPU $STARPU_VERSION (cuda=$WITH_CUDA) into ${STARPU_PREFIX#$ROOT/}: 1-2 minutes on 2 cores"
   rm -rf "$src" "$STARPU_PREFIX"; mkdir -p "$src"
   tar xzf "$CACHE/$STARPU_TARBALL" -C "$src" --strip-components=1
   cuda_opts="--disable-cuda"

@@ -213,11 +213,40 @@ def make_model(device, dtype, seed=3, **kw):
 
 
 def test_bad_input(device, policy):
-    # parameters that do not require gradients
+    # a parameter frozen at construction (requires_grad=False): kept in param_groups with no state, as
+    # torch.optim keeps it; the others train bit for bit as an optimizer given them alone; given a
+    # gradient later it is refused (nothing updated); every parameter frozen is refused
     m = make_model(device, torch.float32)
     m.l1.bias.requires_grad_(False)
-    expect_error(ValueError, "does not require gradients",
-                 lambda: dos.DeepOptimizerStates(m.parameters(), policy=policy), "a frozen parameter")
+    o = dos.DeepOptimizerStates(m.parameters(), lr=1e-2, policy=policy)
+    twin = make_model(device, torch.float32)
+    twin.l1.bias.requires_grad_(False)
+    o_twin = dos.DeepOptimizerStates([p for p in twin.parameters() if p.requires_grad], lr=1e-2, policy=policy)
+    frozen_before = m.l1.bias.detach().clone()
+    la, lb = train_steps(m, o, range(1, 4), device), train_steps(twin, o_twin, range(1, 4), device)
+    check(la == lb and all(torch.equal(p, q) for p, q in zip(m.parameters(), twin.parameters())),
+          "a frozen parameter: the others' losses and parameters bit-identical to an optimizer without it")
+    check(torch.equal(m.l1.bias, frozen_before), "the frozen parameter unchanged")
+    frozen_index = [i for i, p in enumerate(m.parameters()) if p is m.l1.bias][0]
+    sd = o.state_dict()
+    check(frozen_index in sd["param_groups"][0]["params"] and frozen_index not in sd["state"],
+          "state_dict: the frozen parameter in param_groups, without state (as torch.optim)")
+    m.l1.bias.requires_grad_(True)
+    x, y = batch(9, device)
+    torch.nn.functional.cross_entropy(m(x).reshape(-1, 50), y.reshape(-1)).backward()
+    before = snapshot(m, o)
+    expect_error(RuntimeError, "was frozen (requires_grad=False) when the optimizer was created", o.step,
+                 "a parameter frozen at construction given a gradient")
+    check(same_snapshot(before, snapshot(m, o)), "after the unfrozen parameter's error: nothing changed")
+    o.close()
+    o_twin.close()
+    m.l1.bias.requires_grad_(False)  # frozen again for what follows
+    m.l1.bias.grad = None
+    all_frozen = make_model(device, torch.float32)
+    for p in all_frozen.parameters():
+        p.requires_grad_(False)
+    expect_error(ValueError, "every parameter given is frozen",
+                 lambda: dos.DeepOptimizerStates(all_frozen.parameters(), policy=policy), "every parameter frozen")
     expect_error(ValueError, "amsgrad",
                  lambda: dos.DeepOptimizerStates([{"params": [m.l2.weight], "amsgrad": True}], policy=policy),
                  "amsgrad=True")

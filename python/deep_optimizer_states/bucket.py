@@ -26,15 +26,19 @@ DTYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 _last_writer = {}
 
 
-def buckets_of(param_groups):
+def buckets_of(param_groups, frozen=None):
     """The buckets (``_Bucket``, their runtime optimizers not yet made) of an optimizer's
     ``param_groups`` (a list of group dicts): one per (group, dtype, device), in the order of first
     appearance, each with its parameters, their state_dict indices, shapes, element counts and
-    addresses. Raises ``ValueError`` naming the parameter (its state_dict index, shape, dtype and
-    device) for one given twice, of a dtype not in :data:`DTYPES`, not requiring gradients, sparse,
-    on a device other than the host or CUDA device 0, or not contiguous; for two whose memory
-    overlaps; and when every parameter has 0 elements."""
+    addresses. A parameter that does not require gradients (frozen) goes in no bucket: it keeps its
+    index and place in ``param_groups``, as ``torch.optim`` keeps it, and gets no state; when
+    ``frozen`` is a list, ``(index, parameter)`` of each is appended to it. Raises ``ValueError``
+    naming the parameter (its state_dict index, shape, dtype and device) for one given twice, of a
+    dtype not in :data:`DTYPES`, sparse, on a device other than the host or CUDA device 0, or not
+    contiguous; for two whose memory overlaps; when every parameter has 0 elements; and when every
+    parameter is frozen."""
     buckets = {}
+    frozen_here = []
     seen = {}
     index = 0
     spans = []  # (device, start, end, index) to find overlapping storage
@@ -48,9 +52,10 @@ def buckets_of(param_groups):
             if p.dtype not in DTYPES:
                 raise ValueError(f"{what}: dtype {p.dtype} is not supported (torch.float32, torch.float16 or "
                                  "torch.bfloat16)")
-            if not p.requires_grad:
-                raise ValueError(f"{what} does not require gradients: leave it out of the optimizer (or call "
-                                 "requires_grad_(True) before creating the optimizer)")
+            if not p.requires_grad:  # frozen: no state, as torch.optim skips a parameter without a gradient
+                frozen_here.append((index, p))
+                index += 1
+                continue
             if p.layout != torch.strided:
                 raise ValueError(f"{what} is sparse ({p.layout}): only dense parameters are supported")
             if p.device.type not in ("cpu", "cuda") or (p.device.type == "cuda" and p.device.index != 0):
@@ -76,8 +81,13 @@ def buckets_of(param_groups):
     for a, b in zip(spans, spans[1:]):
         if a[0] == b[0] and b[1] < a[2]:
             raise ValueError(f"parameters {a[3]} and {b[3]} share memory: each element may be updated once")
+    if index and not buckets:
+        raise ValueError("every parameter given is frozen (requires_grad=False): nothing to optimize; give the "
+                         "optimizer the parameters to train")
     if index and all(n == 0 for bk in buckets.values() for n in bk.numels):
         raise ValueError("every parameter given has 0 elements: nothing to optimize")
+    if frozen is not None:
+        frozen.extend(frozen_here)
     return list(buckets.values())
 
 

@@ -24,6 +24,11 @@ class _Gradients:
     def _check_params(self):
         """Raises (changing nothing) when a parameter or its gradient no longer fits the runtime's view.
         Returns False when no parameter has a gradient (nothing to do, as for torch.optim), else True."""
+        for i, p in getattr(self, "_frozen", ()):
+            if p.grad is not None:  # torch.optim would update it: this optimizer holds no state for it
+                raise RuntimeError(f"{_describe(i, p)} was frozen (requires_grad=False) when the optimizer was "
+                                   "created, so it has no optimizer state, and now has a gradient: create the "
+                                   "optimizer after unfreezing it. Nothing was updated")
         if all(p.grad is None for b in self._buckets for p in b.params):
             return False
         for b in self._buckets:

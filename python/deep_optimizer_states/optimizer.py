@@ -193,7 +193,11 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _Gradients, _State, _Timeli
     running and each layer's forward waits for its own parameters (see there; :meth:`wait` closes
     the phases), with or without ``overlap``; the same bits.
 
-    Raises ``ValueError`` for bad input (a parameter that does not require gradients, a sparse,
+    A parameter that does not require gradients at construction (frozen) stays in ``param_groups``
+    with no state and is never updated, as ``torch.optim`` keeps it; :meth:`step` refuses it once it
+    has a gradient (``RuntimeError``).
+
+    Raises ``ValueError`` for bad input (every parameter frozen, a sparse,
     non-contiguous, duplicated or overlapping parameter, an unsupported dtype or device, a
     hyper-parameter out of range, an unsupported option such as ``amsgrad=True``, ``param_groups``
     edited by hand after construction (at :meth:`step`), a policy other
@@ -350,7 +354,8 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _Gradients, _State, _Timeli
 
     def _build(self, hypers, policy, cpu_threads, cpu_workers, ncuda, verbose, caller_cores=None,
                preferred_caller_cores=0):
-        buckets = buckets_of(self.param_groups)
+        self._frozen = []  # (state_dict index, parameter) of the parameters frozen at construction
+        buckets = buckets_of(self.param_groups, self._frozen)
 
         running = _rt.current_runtime()
         # StarPU's cache of device buffers bounded by the update budgets, for the policies that keep to
@@ -480,7 +485,8 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _Gradients, _State, _Timeli
 
         Raises ``RuntimeError`` (nothing updated) when some parameters have a gradient and another has none, a sparse
         gradient, changed dtype, device, storage or shape since construction, or no longer requires
-        gradients; ``ValueError`` for an invalid hyper-parameter in ``param_groups`` or
+        gradients, or a parameter frozen at construction has a gradient; ``ValueError`` for an
+        invalid hyper-parameter in ``param_groups`` or
         ``grad_scale``; :class:`DosError` when the runtime fails (the optimizer then refuses further
         steps).
         """

@@ -41,7 +41,10 @@ bool openmp_binds() { return omp_get_proc_bind() != omp_proc_bind_false; }
 
 std::vector<int> allowed_cores() {
   std::vector<int> out;
-  if (openmp_binds() && omp_get_num_places() > 0) {
+  const omp_proc_bind_t bind = omp_get_proc_bind();
+  // close, spread (and true) spread a team over the places; master (primary) puts it on the
+  // master's own place, which the calling thread's mask below names
+  if (bind != omp_proc_bind_false && bind != omp_proc_bind_master && omp_get_num_places() > 0) {
     // libgomp binds the initial thread to the first place when it starts, so the calling thread's
     // mask would say one place; the places cover the process's cores (made from the mask it started with)
     std::vector<char> seen;

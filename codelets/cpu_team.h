@@ -62,9 +62,11 @@ bool bind_this_thread(int core);
 bool openmp_binds();
 
 /// The OS processor numbers this process may run on, ascending: the calling thread's affinity mask,
-/// or, where the OpenMP runtime binds (openmp_binds) and has places, the union of its places' processors
-/// (libgomp binds the initial thread to the first place at start, so that thread's mask then names
-/// one place only; the places are made from the mask the process started with).
+/// or, where the OpenMP runtime binds with close, spread or true and has places, the union of its
+/// places' processors (libgomp binds the initial thread to the first place at start, so that
+/// thread's mask then names one place only; the places are made from the mask the process started
+/// with). Under master (primary) binding every team thread shares the master's place: the calling
+/// thread's mask, that place, is what a team can use.
 std::vector<int> allowed_cores();
 
 /// "a-b,c" form of a core list, for messages.

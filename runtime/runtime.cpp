@@ -1,6 +1,7 @@
 // The runtime core: StarPU's lifetime, the worker threads' binding and the scheduling policy's
 // selection (Runtime). The optimizer is in optimizer.cpp and update_phase.cpp.
 #include <omp.h>
+#include <unistd.h>
 #include <starpu.h>
 #include <starpu_profiling.h>
 
@@ -159,12 +160,13 @@ namespace {
 void check_starpu_folders() {
   std::string dir;
   const char* from = "STARPU_PERF_MODEL_DIR";
-  if (const char* p = std::getenv("STARPU_PERF_MODEL_DIR"); p && *p) {
+  // a variable set but empty counts as set, as StarPU's getenv reads it
+  if (const char* p = std::getenv("STARPU_PERF_MODEL_DIR")) {
     dir = p;
   } else {
     const char* home = nullptr;
     for (const char* name : {"XDG_CACHE_HOME", "STARPU_HOME", "HOME", "TMPDIR", "TEMP", "TMP"})
-      if (const char* v = std::getenv(name); v && *v) {
+      if (const char* v = std::getenv(name)) {
         home = v;
         from = name;
         break;
@@ -172,14 +174,29 @@ void check_starpu_folders() {
     if (!home) home = "/tmp", from = "the fallback /tmp";
     dir = std::string(home) + "/.starpu/sampling";
   }
+  const std::string advice = ": it would abort the process. Set STARPU_PERF_MODEL_DIR to a writable folder (StarPU "
+                             "prefers $XDG_CACHE_HOME, then $STARPU_HOME, then $HOME for it otherwise)";
   for (const std::string& sub : {dir, dir + "/codelets/45", dir + "/bus"}) {
     std::error_code ec;
     std::filesystem::create_directories(sub, ec);
     if (ec || !std::filesystem::is_directory(sub))
       throw Error("StarPU keeps its performance models and bus calibration in " + dir + " (from " + from +
-                  ") and cannot create " + sub + (ec ? " (" + ec.message() + ")" : " (not a folder)") +
-                  ": it would abort the process. Set STARPU_PERF_MODEL_DIR to a writable folder (StarPU prefers "
-                  "$XDG_CACHE_HOME, then $STARPU_HOME, then $HOME for it otherwise)");
+                  ") and cannot create " + sub + (ec ? " (" + ec.message() + ")" : " (not a folder)") + advice);
+  }
+  // a folder that exists but cannot be written: StarPU calibrates the bus, and writes the result
+  // there, unless this host's calibration is there already (files named after the host)
+  const std::string bus = dir + "/bus";
+  if (::access(bus.c_str(), W_OK) != 0) {
+    char host[256] = "";
+    ::gethostname(host, sizeof host - 1);
+    bool calibrated = false;
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(bus, ec))
+      if (e.path().filename().string().rfind(std::string(host) + ".", 0) == 0) calibrated = true;
+    if (!calibrated)
+      throw Error("StarPU keeps its bus calibration in " + bus + " (from " + from + "), which holds none for this "
+                  "host (" + host + ") and cannot be written, so StarPU could not save the calibration it makes" +
+                  advice);
   }
 }
 }  // namespace
@@ -224,6 +241,7 @@ Runtime::Runtime(const RuntimeOptions& options) : impl_(new Impl) {
   if (!process_cores.empty() && std::size_t(options.cpu_threads) > process_cores.size() && options.verbose)
     std::fprintf(stderr, "[dos] warning: cpu_threads %d is more than the %zu cores this process may use: CPU Adam's "
                          "threads will share cores (slower)\n", options.cpu_threads, process_cores.size());
+  check_starpu_folders();  // before this constructor changes the environment: a refusal leaves it as it was
   const char* env_sched = std::getenv("STARPU_SCHED");
   const std::string requested = resolve_policy(options.policy);
   try {
@@ -286,7 +304,6 @@ Runtime::Runtime(const RuntimeOptions& options) : impl_(new Impl) {
     }
   }
   node_ranks_ = options.node_ranks;
-  check_starpu_folders();
   const int ret = starpu_init(&conf);
   if (ret == 0) ++g_live_runtimes;
   if (ret == -ENODEV) throw ResourceError("StarPU found no worker to run on (starpu_init returned -ENODEV)");

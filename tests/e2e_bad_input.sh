@@ -76,6 +76,25 @@ else echo "FAIL: no warning for --policy cpu with --gpu-resident-budget: $out"; 
 # error saying what to set, before StarPU would abort the process
 echo not-a-folder > "$tmp/afile"
 STARPU_PERF_MODEL_DIR="$tmp/afile" expect "Set STARPU_PERF_MODEL_DIR to a writable folder" --policy cpu
+mkdir -p "$tmp/pm"; echo not-a-folder > "$tmp/pm/codelets"  # its codelets/45 cannot be made
+STARPU_PERF_MODEL_DIR="$tmp/pm" expect "cannot create $tmp/pm/codelets/45" --policy cpu
+# XDG_CACHE_HOME wins over STARPU_HOME in StarPU 1.3.10's order
+if [ -z "${STARPU_PERF_MODEL_DIR+x}" ]; then
+  XDG_CACHE_HOME="$tmp/afile" STARPU_HOME="$tmp" expect "(from XDG_CACHE_HOME)" --policy cpu
+fi
+# OpenMP's own binding: the team spans OpenMP's places (libgomp narrows the initial thread to the
+# first), master binding keeps it on the master's place, OMP_PROC_BIND=false is no binding
+team() { "$train" --preset tiny --iterations 1 --policy cpu 2>&1 | grep -o "x [0-9]* OpenMP threads"; }
+bindline() { "$train" --preset tiny --iterations 1 --policy cpu 2>&1 | grep -o "binding: [^;]*"; }
+plain=$(team)
+for check in "close:$(OMP_PROC_BIND=close OMP_PLACES=cores team):$plain" \
+             "master:$(OMP_PROC_BIND=master team):x 1 OpenMP threads"; do
+  IFS=: read -r what got want <<<"$check"
+  if [ "$got" = "$want" ]; then echo "ok: OMP_PROC_BIND=$what: $got"; else echo "FAIL: OMP_PROC_BIND=$what: '$got', want '$want'"; fails=$((fails+1)); fi
+done
+got=$(OMP_PROC_BIND=false OMP_PLACES=cores bindline)
+if [ "$got" = "$(bindline)" ]; then echo "ok: OMP_PROC_BIND=false is no OpenMP binding ($got)"
+else echo "FAIL: OMP_PROC_BIND=false OMP_PLACES=cores: '$got'"; fails=$((fails+1)); fi
 expect "CPU workers and StarPU started" --cpu-workers 4099
 STARPU_NCPU=4099 expect "STARPU_NCPU=4099 asks for 4099 CPU workers" --policy cpu
 STARPU_NCPU=4099 expect "STARPU_NCPU=4099 asks for 4099 CPU workers" --policy cpu --cpu-workers 1

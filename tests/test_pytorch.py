@@ -240,8 +240,28 @@ def test_bad_input(device, policy):
     check(same_snapshot(before, snapshot(m, o)), "after the unfrozen parameter's error: nothing changed")
     o.close()
     o_twin.close()
-    m.l1.bias.requires_grad_(False)  # frozen again for what follows
+    m.l1.bias.requires_grad_(False)  # still frozen, a gradient set by hand: refused too (torch would update it)
     m.l1.bias.grad = None
+    o1 = dos.DeepOptimizerStates(m.parameters(), policy=policy)
+    m.l1.bias.grad = torch.zeros_like(m.l1.bias)
+    expect_error(RuntimeError, "was frozen", o1.step, "a frozen parameter's gradient set by hand")
+    o1.zero_grad()  # sets a frozen parameter's gradient to None, set_to_none or not
+    check(m.l1.bias.grad is None, "zero_grad() drops a frozen parameter's gradient")
+    o1.close()
+    # a frozen parameter with a gradient where the others have none: refused, not a silent no-op;
+    # every frozen parameter is checked (the second of two here)
+    m2 = make_model(device, torch.float32)
+    m2.l1.bias.requires_grad_(False)
+    m2.ln.bias.requires_grad_(False)
+    o2 = dos.DeepOptimizerStates(m2.parameters(), policy=policy)
+    m2.ln.bias.grad = torch.ones_like(m2.ln.bias)
+    expect_error(RuntimeError, "was frozen", o2.step, "the second frozen parameter with a gradient, the others none")
+    o2.close()
+    # a frozen parameter of a dtype the runtime does not update (a quantised base's uint8) is accepted
+    q = torch.nn.Parameter(torch.zeros(4, dtype=torch.uint8, device=device), requires_grad=False)
+    o3 = dos.DeepOptimizerStates([q, m2.l1.weight], policy=policy)
+    check(len(o3.param_groups[0]["params"]) == 2, "a frozen uint8 parameter beside a trained one: accepted")
+    o3.close()
     all_frozen = make_model(device, torch.float32)
     for p in all_frozen.parameters():
         p.requires_grad_(False)
@@ -286,9 +306,12 @@ def test_bad_input(device, policy):
     expect_error(ValueError, "param group 0: decoupled must be True",
                  lambda: dos.DeepOptimizerStates([{"params": [m.l2.weight], "decoupled": "False"}], policy=policy),
                  "a param group's decoupled='False'")
-    ints = torch.zeros(4, dtype=torch.int32, device=device)
-    expect_error(ValueError, "dtype torch.int32 is not supported",
-                 lambda: dos.DeepOptimizerStates([ints], policy=policy), "an int32 tensor")
+    doubles = torch.nn.Parameter(torch.zeros(4, dtype=torch.float64, device=device))  # trained: its dtype matters
+    expect_error(ValueError, "dtype torch.float64 is not supported",
+                 lambda: dos.DeepOptimizerStates([doubles], policy=policy), "a float64 parameter")
+    ints = torch.zeros(4, dtype=torch.int32, device=device)  # requires no gradient: frozen, and alone
+    expect_error(ValueError, "every parameter given is frozen",
+                 lambda: dos.DeepOptimizerStates([ints], policy=policy), "an int32 tensor alone")
 
     # sparse gradients
     m = make_model(device, torch.float32, sparse=True)

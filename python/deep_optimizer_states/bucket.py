@@ -32,7 +32,8 @@ def buckets_of(param_groups, frozen=None):
     appearance, each with its parameters, their state_dict indices, shapes, element counts and
     addresses. A parameter that does not require gradients (frozen) goes in no bucket: it keeps its
     index and place in ``param_groups``, as ``torch.optim`` keeps it, and gets no state; when
-    ``frozen`` is a list, ``(index, parameter)`` of each is appended to it. Raises ``ValueError``
+    ``frozen`` is a list, ``(index, parameter)`` of each is appended to it; none of the checks below
+    but the first applies to it (it is never read or written). Raises ``ValueError``
     naming the parameter (its state_dict index, shape, dtype and device) for one given twice, of a
     dtype not in :data:`DTYPES`, sparse, on a device other than the host or CUDA device 0, or not
     contiguous; for two whose memory overlaps; when every parameter has 0 elements; and when every
@@ -49,13 +50,13 @@ def buckets_of(param_groups, frozen=None):
                 raise ValueError(f"{what} appears more than once (also as parameter {seen[id(p)]}): each parameter "
                                  "may be given once")
             seen[id(p)] = index
-            if p.dtype not in DTYPES:
-                raise ValueError(f"{what}: dtype {p.dtype} is not supported (torch.float32, torch.float16 or "
-                                 "torch.bfloat16)")
-            if not p.requires_grad:  # frozen: no state, as torch.optim skips a parameter without a gradient
+            if not p.requires_grad:  # frozen: no state and never written, so any dtype, layout or device
                 frozen_here.append((index, p))
                 index += 1
                 continue
+            if p.dtype not in DTYPES:
+                raise ValueError(f"{what}: dtype {p.dtype} is not supported (torch.float32, torch.float16 or "
+                                 "torch.bfloat16)")
             if p.layout != torch.strided:
                 raise ValueError(f"{what} is sparse ({p.layout}): only dense parameters are supported")
             if p.device.type not in ("cpu", "cuda") or (p.device.type == "cuda" and p.device.index != 0):

@@ -27,8 +27,9 @@ class _Gradients:
         for i, p in getattr(self, "_frozen", ()):
             if p.grad is not None:  # torch.optim would update it: this optimizer holds no state for it
                 raise RuntimeError(f"{_describe(i, p)} was frozen (requires_grad=False) when the optimizer was "
-                                   "created, so it has no optimizer state, and now has a gradient: create the "
-                                   "optimizer after unfreezing it. Nothing was updated")
+                                   "created, so it has no optimizer state, and has a gradient: create the "
+                                   "optimizer after unfreezing it, or drop the gradient (opt.zero_grad() sets a "
+                                   "frozen parameter's to None). Nothing was updated")
         if all(p.grad is None for b in self._buckets for p in b.params):
             return False
         for b in self._buckets:
@@ -164,9 +165,12 @@ class _Gradients:
         ``set_to_none=True`` every ``p.grad`` becomes None (backward then allocates new gradients,
         which a hook moves into the buffers as they come, or :meth:`step` where torch has no hook;
         with ``flat_gradients=False`` they stay where autograd puts them). With
-        ``flat_gradients=False`` and ``set_to_none=False`` the gradients are zeroed where they are. With ``overlap=True``, updates speculated
+        ``flat_gradients=False`` and ``set_to_none=False`` the gradients are zeroed where they are. A
+        parameter frozen at construction gets None either way (it has no state to be updated with). With ``overlap=True``, updates speculated
         since the last step are dropped (nothing is updated)."""
         self._drop_open_phases()  # a backward's gradients are discarded: nothing speculated is kept
+        for _, p in getattr(self, "_frozen", ()):  # no state to update them with: None, whatever set_to_none
+            p.grad = None
         # a phase left running (overlap_forward) may still read the flat buffers: not zeroed in place
         # (the gradients stay None, and a parameter that gets none before step() has a zero one then)
         to_none = set_to_none or any(b.running for b in self._buckets)

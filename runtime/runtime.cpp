@@ -155,9 +155,11 @@ namespace {
 /// $TEMP, $TMP, /tmp (src/common/utils.c: _starpu_get_home_path; src/core/perfmodel/perfmodel.c:
 /// _starpu_set_perf_model_dirs, which also makes codelets/45 and bus in it), and aborts the process
 /// (STARPU_ABORT, a backtrace) when it cannot create them: a read-only home on a cluster. Made here
-/// first, so that such a home is an Error that says what to set. (A StarPU configured with its own
+/// first, so that such a home is an Error that says what to set; also a bus folder that cannot be
+/// written without this host's calibration in it, and, where a StarPU policy places the tasks
+/// (starpu_places: it writes the codelets' models at shutdown), a codelets folder that cannot be. (A StarPU configured with its own
 /// --with-perf-model-dir may look elsewhere: STARPU_PERF_MODEL_DIR then names a folder for both.)
-void check_starpu_folders() {
+void check_starpu_folders(bool starpu_places) {
   std::string dir;
   const char* from = "STARPU_PERF_MODEL_DIR";
   // a variable set but empty counts as set, as StarPU's getenv reads it
@@ -198,6 +200,12 @@ void check_starpu_folders() {
                   "host (" + host + ") and cannot be written, so StarPU could not save the calibration it makes" +
                   advice);
   }
+  // a StarPU policy that places the tasks itself (dmda, ...) calibrates the codelets' performance
+  // models and writes them when StarPU shuts down, aborting there when it cannot
+  const std::string codelets = dir + "/codelets/45";
+  if (starpu_places && ::access(codelets.c_str(), W_OK) != 0)
+    throw Error("StarPU's own policies write the tasks' performance models into " + codelets + " (from " + from +
+                ") when StarPU shuts down, and it cannot be written" + advice);
 }
 }  // namespace
 
@@ -241,7 +249,6 @@ Runtime::Runtime(const RuntimeOptions& options) : impl_(new Impl) {
   if (!process_cores.empty() && std::size_t(options.cpu_threads) > process_cores.size() && options.verbose)
     std::fprintf(stderr, "[dos] warning: cpu_threads %d is more than the %zu cores this process may use: CPU Adam's "
                          "threads will share cores (slower)\n", options.cpu_threads, process_cores.size());
-  check_starpu_folders();  // before this constructor changes the environment: a refusal leaves it as it was
   const char* env_sched = std::getenv("STARPU_SCHED");
   const std::string requested = resolve_policy(options.policy);
   try {
@@ -255,6 +262,8 @@ Runtime::Runtime(const RuntimeOptions& options) : impl_(new Impl) {
                  requested.c_str());
   // StarPU reads STARPU_SCHED again inside starpu_init and lets it override conf.sched_policy
   // (StarPU 1.3's src/core/sched_policy.c): the policy chosen here must be the one that runs.
+  // before this constructor changes the environment: a refusal leaves it as it was
+  check_starpu_folders(impl_->choice.builtin());
   unsetenv("STARPU_SCHED");
   // One CPU worker whose codelets run an OpenMP team; its threads must not inherit the worker's
   // single-core binding (codelets/cpu_team.h).

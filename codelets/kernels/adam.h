@@ -16,8 +16,8 @@
 // lerp_ equals fma(w, g - m, m) and addcmul_ fma((1 - beta2) g, g, v beta2) on every element of a
 // random 1e5-element test, and add(alpha=) is fused likewise; CUDA builds contract a * b + c by
 // default. So torch.optim and these kernels agree to the bit on the first AdamW step and differ in
-// the last place from the second (from the first for Adam's L2 term); torch's single-tensor,
-// foreach and fused implementations differ among themselves in the same way. These kernels keep
+// the last place from the second (from the first for Adam's L2 term; torch's foreach and fused
+// implementations, kernels of their own, were not compared). These kernels keep
 // every operation rounded on its own (-ffp-contract=off, --fmad=false) so that the CPU and CUDA
 // kernels, every instruction set and every policy give the same bits.
 // where t is the subgroup's own step count (1 on the first update). The bias corrections are

@@ -218,10 +218,7 @@ Checked check_options(const Args& a) {
   if (a.plan_only && (!a.timeline.empty() || !a.save_params.empty() || !a.save_state.empty() || !a.resume.empty()))
     fail("--plan-only runs no update phase, so it has no timeline, parameters or optimizer state to write or "
          "read: leave out --timeline, --save-params, --save-state and --resume (--report writes the plan)");
-  if (!a.rates.empty()) {
-    c.rates = parse_rates(a.rates, &c.calibrated);
-    c.rates_from_file = std::filesystem::is_regular_file(a.rates);
-  }
+  if (!a.rates.empty()) c.rates = parse_rates(a.rates, &c.calibrated, &c.rates_from_file);
   if ((!a.rates.empty() || a.recalibrate) && !a.plan_only) {
     // the model's rates are read only by the plans that need them; a policy known to be without
     // them is said so (an unknown one is refused when the runtime starts)

@@ -30,7 +30,8 @@ std::string implausible_rate(const dos::Rates& r) {
 
 }  // namespace
 
-dos::Rates parse_rates(const std::string& text, dos::Rates* calibrated) {
+dos::Rates parse_rates(const std::string& text, dos::Rates* calibrated, bool* from_file) {
+  if (from_file) *from_file = false;
   const std::string forms =
       "give U_c,U_c_dma,U_g,D_c,B_h2d,B_d2h (Gparams/s, Gparams/s, Gparams/s, Gparams/s, GB/s, GB/s; e.g. "
       "--rates 4.1,2.9,60,300,50,50), optionally a seventh number, link_share (the links' share of host memory "
@@ -49,6 +50,7 @@ dos::Rates parse_rates(const std::string& text, dos::Rates* calibrated) {
                                  "4.1, for 4.1 Gparams/s); the six numbers on the command line are in "
                                  "Gparams/s and GB/s");
     if (calibrated) *calibrated = c;
+    if (from_file) *from_file = true;
     return r;
   }
   std::vector<double> v;

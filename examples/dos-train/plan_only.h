@@ -14,11 +14,12 @@ namespace dos_train {
 /// (the first four) and GB/s (the last two), the units of dos-train's "model:" line, or the path of
 /// a rates file in the calibration cache's format (dos::load_rates: params/s and bytes/s, with the
 /// calibration's own rates under "calibrated"). Returns the rates to plan with, in params/s and
-/// bytes/s; *calibrated gets the ones the lower bound uses (the file's "calibrated", else the same).
+/// bytes/s; *calibrated gets the ones the lower bound uses (the file's "calibrated", else the same);
+/// *from_file (when not null) whether `text` named a rates file.
 /// Throws std::runtime_error naming the value and both accepted forms when it is neither, when a
 /// rate is not a finite positive number, or when one lies outside [1e6, 1e16] per second (a
 /// thousandth to ten million Gparams/s or GB/s: a mistake of units, such as a file in Gparams/s).
-dos::Rates parse_rates(const std::string& text, dos::Rates* calibrated);
+dos::Rates parse_rates(const std::string& text, dos::Rates* calibrated, bool* from_file = nullptr);
 
 /// What --plan-only shows. model: the model's name; policy: the --policy text (must name a plan);
 /// workload: subgroup sizes (elements), caller_on_gpu, param_bytes and grad_bytes set (resident and

@@ -24,7 +24,7 @@ class _Gradients:
     def _check_params(self):
         """Raises (changing nothing) when a parameter or its gradient no longer fits the runtime's view.
         Returns False when no parameter has a gradient (nothing to do, as for torch.optim), else True."""
-        for i, p in getattr(self, "_frozen", ()):
+        for i, p in self._frozen:
             if p.grad is not None:  # torch.optim would update it: this optimizer holds no state for it
                 raise RuntimeError(f"{_describe(i, p)} was frozen (requires_grad=False) when the optimizer was "
                                    "created, so it has no optimizer state, and has a gradient: create the "
@@ -169,7 +169,7 @@ class _Gradients:
         parameter frozen at construction gets None either way (it has no state to be updated with). With ``overlap=True``, updates speculated
         since the last step are dropped (nothing is updated)."""
         self._drop_open_phases()  # a backward's gradients are discarded: nothing speculated is kept
-        for _, p in getattr(self, "_frozen", ()):  # no state to update them with: None, whatever set_to_none
+        for _, p in self._frozen:  # no state to update them with: None, whatever set_to_none
             p.grad = None
         # a phase left running (overlap_forward) may still read the flat buffers: not zeroed in place
         # (the gradients stay None, and a parameter that gets none before step() has a zero one then)

@@ -265,6 +265,7 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _Gradients, _State, _Timeli
         self._forward_overlap = False
         self._forward_depth = None  # overlap_forward: [model forwards running]
         self._grad_accumulators = []  # the AccumulateGrad nodes hooked (torch < 2.1), kept alive
+        self._frozen = []  # (state_dict index, parameter) of the parameters frozen at construction
         # reentrant: wait() and _apply_timeline take it too, and run inside _drop_open_phases; hooks of
         # CPU and CUDA buckets run on different threads (the caller's and autograd's device thread)
         self._overlap_lock = threading.RLock()
@@ -354,7 +355,6 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _Gradients, _State, _Timeli
 
     def _build(self, hypers, policy, cpu_threads, cpu_workers, ncuda, verbose, caller_cores=None,
                preferred_caller_cores=0):
-        self._frozen = []  # (state_dict index, parameter) of the parameters frozen at construction
         buckets = buckets_of(self.param_groups, self._frozen)
 
         running = _rt.current_runtime()

@@ -17,7 +17,9 @@
 # repository's own baselines; otherwise only those. Host memory: PART=20b about 80 GB (the 20B
 # quarter's state and staging), PART=rest about 60 GB (the 13B quarter); the GPU machine has 128 GB.
 # Each step runs only if it can start early enough for the part to end in time (times.txt says when
-# one was skipped). The rates cache is $OUT/cache, empty in a fresh $OUT: the part's first model run
+# one was skipped). ONLY (an extended regular expression, default: every step) runs only the steps
+# whose names match it, the set-up always: ONLY='^tiny|overhead|gpt' PART=rest runs those of
+# PART=rest. The rates cache is $OUT/cache, empty in a fresh $OUT: the part's first model run
 # then calibrates, the later ones start from what the earlier ones refined.
 # Outputs to $OUT (default ./gpu-targets-out): each step's log and report, times.txt (each step's exit
 # status, seconds and start), summary.txt (each dos-train report's phases and prediction errors, the
@@ -35,6 +37,7 @@ T0=$(date +%s)
 # more than LATEST_START seconds have passed since the script began
 step() {
   local name=$1 latest=$2 limit=$3; shift 3
+  if [ "$name" != setup ] && [ -n "${ONLY:-}" ] && ! [[ $name =~ $ONLY ]]; then return; fi
   local now=$(( $(date +%s) - T0 ))
   if [ "$now" -gt "$latest" ]; then echo "$name: skipped (at $now s, after $latest s)" | tee -a "$OUT/times.txt"; return; fi
   local s=$(date +%s)

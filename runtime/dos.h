@@ -311,9 +311,9 @@ class Runtime {
 /// speculation_budget: host bytes for the shadow state of speculative updates (12 bytes per
 ///   parameter of a subgroup updated speculatively and its slices' padding, state_bytes_for,
 ///   allocated and pinned at its first speculative update and kept); -1 (default): half of the
-///   host memory available (MemAvailable) when the first speculative update comes; 0: no
-///   speculative update (Optimizer::gradients_final only records, the whole update runs in
-///   finish_step). A subgroup beyond the budget waits for
+///   host memory available (MemAvailable, or less where the process's cgroup limit leaves less)
+///   when the first speculative update comes; 0: no speculative update (Optimizer::gradients_final
+///   only records, the whole update runs in finish_step). A subgroup beyond the budget waits for
 ///   finish_step.
 /// speculate_streamed: speculative updates of the subgroups the plan streams too, on the GPU (their
 ///   state crosses PCIe while the caller's backward runs, the new state comes back into the host
@@ -482,9 +482,12 @@ struct StepStats {
 /// staging).
 std::size_t host_bytes_per_param(DType dtype);
 
-/// Throws ResourceError (an Error) when `bytes` exceed the host memory available now (MemAvailable of
-/// /proc/meminfo), naming `what`, both figures in GB, and what to do. Does nothing when
-/// MemAvailable cannot be read (no /proc/meminfo, as off Linux): the allocation then decides.
+/// Throws ResourceError (an Error) when `bytes` exceed the host memory available now: MemAvailable
+/// of /proc/meminfo, or less where the process's memory cgroups leave less (Slurm's --mem, a
+/// container's limit: v1 and v2, the least over the process's cgroup and its ancestors of limit -
+/// (usage - inactive file cache)). The message names `what`, both figures in GB, the cgroup's folder
+/// and limit when the cgroup is the tighter, and what to do. Does nothing when neither can be read
+/// (no /proc, as off Linux): the allocation then decides.
 void check_host_memory(std::size_t bytes, const std::string& what);
 
 /// Adam/AdamW over the caller's tensors, as StarPU task graphs (one per step()).

@@ -231,7 +231,7 @@ typedef struct dos_optimizer_options {
   /* Host bytes for the shadow state of speculative updates (dos_optimizer_gradients_final): 12 per
    * parameter of a subgroup updated speculatively, allocated and pinned at its first speculative
    * update and kept until the optimizer is destroyed. -1: half of the host memory available
-   * (MemAvailable) when the first speculative update comes; 0: no speculative update (the whole
+   * (MemAvailable, or the cgroup's limit where it leaves less) when the first speculative update comes; 0: no speculative update (the whole
    * update then runs in dos_optimizer_finish_step); a subgroup beyond the budget waits for
    * finish_step; >= -1 [-1]. */
   int64_t speculation_budget;

@@ -3,14 +3,18 @@
 
 #include <starpu.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <sys/mman.h>
 #include <fstream>
+#include <sstream>
 #include <string>
+#include <vector>
 
 #include "../codelets/codelets.h"
 #include "../codelets/cpu_team.h"
@@ -24,27 +28,166 @@ namespace dos {
 std::size_t host_bytes_per_param(DType dtype) { return 12 + 4 + dtype_size(dtype); }
 
 namespace detail {
-std::size_t host_memory_available() {
+namespace {
+
+/// The first line of `path` (empty when it cannot be read).
+std::string first_line(const std::string& path) {
+  std::ifstream f(path);
+  std::string line;
+  std::getline(f, line);
+  return line;
+}
+
+/// A byte count of a cgroup file: a decimal number, or none ("max", absent, unreadable, or v1's
+/// "no limit", a value near 2^63): false.
+bool read_bytes(const std::string& path, std::size_t* out) {
+  const std::string s = first_line(path);
+  if (s.empty() || s.find_first_not_of("0123456789") != std::string::npos) return false;
+  errno = 0;
+  const unsigned long long v = std::strtoull(s.c_str(), nullptr, 10);
+  if (errno != 0 || v >= (1ull << 60)) return false;
+  *out = std::size_t(v);
+  return true;
+}
+
+/// The value of `key` in a memory.stat file (0 when absent).
+std::size_t stat_value(const std::string& path, const std::string& key) {
+  std::ifstream f(path);
+  std::string k;
+  unsigned long long v = 0;
+  while (f >> k >> v)
+    if (k == key) return std::size_t(v);
+  return 0;
+}
+
+/// mountinfo's octal escapes (\040 for a space) undone.
+std::string unescape_mount(const std::string& s) {
+  std::string out;
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '\\' && i + 3 < s.size() && std::isdigit((unsigned char)s[i + 1]) &&
+        std::isdigit((unsigned char)s[i + 2]) && std::isdigit((unsigned char)s[i + 3])) {
+      out += char((s[i + 1] - '0') * 64 + (s[i + 2] - '0') * 8 + (s[i + 3] - '0'));
+      i += 3;
+    } else {
+      out += s[i];
+    }
+  }
+  return out;
+}
+
+/// One memory hierarchy: where it is mounted and which folder of it the mount shows.
+struct Hierarchy {
+  std::string root, mount;
+  bool v2 = false;
+};
+
+/// The memory hierarchies of mountinfo: cgroup2 mounts, and cgroup (v1) mounts with the memory
+/// controller among their super options.
+std::vector<Hierarchy> memory_hierarchies(const std::string& mountinfo) {
+  std::vector<Hierarchy> out;
+  std::ifstream f(mountinfo);
+  std::string line;
+  while (std::getline(f, line)) {
+    std::istringstream in(line);
+    std::vector<std::string> fields;
+    for (std::string w; in >> w;) fields.push_back(w);
+    const auto sep = std::find(fields.begin(), fields.end(), "-");
+    if (fields.size() < 5 || sep == fields.end() || sep + 3 > fields.end()) continue;
+    const std::string& fstype = sep[1];
+    const std::string& super = sep[3];
+    bool memory = false;
+    std::istringstream opts(super);
+    for (std::string o; std::getline(opts, o, ',');) memory = memory || o == "memory";
+    if (fstype == "cgroup2" || (fstype == "cgroup" && memory))
+      out.push_back({unescape_mount(fields[3]), unescape_mount(fields[4]), fstype == "cgroup2"});
+  }
+  return out;
+}
+
+/// The process's cgroup path in the v2 hierarchy (v2) or the v1 memory hierarchy, from
+/// /proc/self/cgroup; empty when it has none.
+std::string self_cgroup_path(const std::string& self_cgroup, bool v2) {
+  std::ifstream f(self_cgroup);
+  std::string line;
+  while (std::getline(f, line)) {
+    const std::size_t a = line.find(':'), b = a == std::string::npos ? a : line.find(':', a + 1);
+    if (b == std::string::npos) continue;
+    const std::string controllers = line.substr(a + 1, b - a - 1), path = line.substr(b + 1);
+    if (v2) {
+      if (line.compare(0, a, "0") == 0 && controllers.empty()) return path;
+      continue;
+    }
+    std::istringstream c(controllers);
+    for (std::string name; std::getline(c, name, ',');)
+      if (name == "memory") return path;
+  }
+  return std::string();
+}
+
+}  // namespace
+
+CgroupLimit cgroup_memory_limit(const std::string& mountinfo, const std::string& self_cgroup) {
+  CgroupLimit best;
+  for (const Hierarchy& h : memory_hierarchies(mountinfo)) {
+    std::string path = self_cgroup_path(self_cgroup, h.v2);
+    if (path.empty()) continue;
+    // the mount shows the hierarchy from h.root on: the process's folder is its path below it
+    if (h.root != "/" && path.compare(0, h.root.size(), h.root) == 0 &&
+        (path.size() == h.root.size() || path[h.root.size()] == '/'))
+      path = path.substr(h.root.size());
+    std::string dir = h.mount + (path == "/" ? std::string() : path);
+    const std::string limit_file = h.v2 ? "memory.max" : "memory.limit_in_bytes";
+    const std::string usage_file = h.v2 ? "memory.current" : "memory.usage_in_bytes";
+    const std::string cache_key = h.v2 ? "inactive_file" : "total_inactive_file";
+    for (;;) {  // the process's folder, then each one above it, up to the mount point
+      std::size_t limit = 0, usage = 0;
+      if (read_bytes(dir + "/" + limit_file, &limit) && read_bytes(dir + "/" + usage_file, &usage)) {
+        const std::size_t cache = stat_value(dir + "/memory.stat", cache_key);
+        const std::size_t used = usage > cache ? usage - cache : 0;
+        const std::size_t avail = limit > used ? limit - used : 0;
+        if (best.limit == 0 || avail < best.available) best = {avail, limit, dir};
+      }
+      if (dir.size() <= h.mount.size()) break;
+      const std::size_t slash = dir.rfind('/');
+      if (slash == std::string::npos || slash < h.mount.size()) break;
+      dir.resize(slash);
+    }
+  }
+  return best;
+}
+
+std::size_t host_memory_available(CgroupLimit* cgroup) {
   std::ifstream f("/proc/meminfo");
   std::string key;
   std::size_t kb = 0, avail = 0;
   std::string unit;
   while (f >> key >> kb >> unit)
     if (key == "MemAvailable:") avail = kb * 1024;
-  return avail;
+  const CgroupLimit c = cgroup_memory_limit();
+  const bool tighter = c.limit > 0 && (avail == 0 || c.available < avail);
+  if (cgroup) *cgroup = tighter ? c : CgroupLimit{};
+  return tighter ? c.available : avail;
 }
 }  // namespace detail
 
 void check_host_memory(std::size_t bytes, const std::string& what) {
-  const std::size_t avail = detail::host_memory_available();
-  if (avail == 0) return;  // cannot tell (not Linux): let the allocation decide
+  detail::CgroupLimit cgroup;
+  const std::size_t avail = detail::host_memory_available(&cgroup);
+  if (avail == 0 && cgroup.limit == 0) return;  // cannot tell (not Linux): let the allocation decide
   if (bytes > avail) {
-    char msg[512];
+    char msg[1024];
+    char limit_text[512] = "";
+    if (cgroup.limit > 0)
+      std::snprintf(limit_text, sizeof limit_text,
+                    " under the memory limit of this process's cgroup (%.1f GB at %s: Slurm's --mem or "
+                    "--mem-per-cpu, or a container's limit; past it the kernel kills the process)",
+                    cgroup.limit / 1e9, cgroup.dir.c_str());
     std::snprintf(msg, sizeof msg,
-                  "%s needs %.1f GB of host memory and only %.1f GB are available: give this process a shard of "
+                  "%s needs %.1f GB of host memory and only %.1f GB are available%s: give this process a shard of "
                   "the model (fewer parameters: dos-train --shard R/W, or data-parallel ranks on more nodes), a "
-                  "smaller model, or run on a machine with more memory",
-                  what.c_str(), bytes / 1e9, avail / 1e9);
+                  "smaller model, %s",
+                  what.c_str(), bytes / 1e9, avail / 1e9, limit_text,
+                  cgroup.limit > 0 ? "or ask the job for more memory" : "or run on a machine with more memory");
     throw ResourceError(msg);
   }
 }

@@ -7,11 +7,36 @@
 #pragma once
 
 #include <cstddef>
+#include <string>
 
 namespace dos::detail {
 
-/// MemAvailable of /proc/meminfo, bytes; 0 when it cannot be read (not Linux).
-std::size_t host_memory_available();
+/// The tightest memory limit of the cgroups the process is in (cgroup_memory_limit).
+/// available: limit - (usage - inactive file cache), bytes (0 when usage already exceeds it);
+/// limit: that cgroup's limit, bytes; dir: its folder (e.g. /sys/fs/cgroup/memory/slurm/uid_0/job_7).
+struct CgroupLimit {
+  std::size_t available = 0;
+  std::size_t limit = 0;
+  std::string dir;
+};
+
+/// The memory left to the process by its cgroups (what Slurm's --mem or a container's memory limit
+/// sets; past it the kernel's OOM killer ends the process), from the process's cgroup up to the
+/// root of each memory hierarchy: cgroup v2 (memory.max, memory.current, memory.stat's
+/// inactive_file) and v1's memory controller (memory.limit_in_bytes, memory.usage_in_bytes,
+/// memory.stat's total_inactive_file). At each level with a limit, available = limit - (usage -
+/// inactive file cache), as the kernel reclaims that cache before it kills (the "working set" of
+/// container runtimes); the least over the levels is returned. mountinfo and self_cgroup are the
+/// paths of /proc/self/mountinfo and /proc/self/cgroup (other files in tests: their mount points
+/// then name folders of a fake tree). Returns limit 0 when no level has a limit or the files cannot
+/// be read (not Linux, no cgroup file system mounted). Throws nothing.
+CgroupLimit cgroup_memory_limit(const std::string& mountinfo = "/proc/self/mountinfo",
+                                const std::string& self_cgroup = "/proc/self/cgroup");
+
+/// Host memory available now, bytes: MemAvailable of /proc/meminfo, or less where the process's
+/// cgroups leave less (cgroup_memory_limit); 0 when neither can be read (not Linux). When
+/// `cgroup` is given, it receives the cgroup limit found (limit 0: none, or not the tighter one).
+std::size_t host_memory_available(CgroupLimit* cgroup = nullptr);
 
 /// Host buffer, page-aligned, zero-filled, pinned for DMA when there is a CUDA worker and pinning
 /// works (a failure to pin warns once and keeps pageable memory: slower copies, same results).

@@ -6,6 +6,7 @@
 // (run_iterations), the outputs. The command line is in options.h, what is printed and written about
 // the run in report.h, the gradients and the parameters' broadcast around each update in step_io.h,
 // and rank placement and the data-parallel loops in the library (runtime/parallel/parallel.h).
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -218,8 +219,6 @@ int run(const Args& args) {
     if (!disagreement.empty()) fail(disagreement);
   }
   if (a.plan_only) return run_plan_only(a, cfg, all, range, total, subgroup, c);
-  dos::check_host_memory(n * dos::host_bytes_per_param(dtype),
-                         "the optimizer state of " + std::to_string(n) + " parameters (" + cfg.name + ", shard " + a.shard + ")");
   const std::vector<ShardTensor> tensors = shard_tensors(all, range);
   // ---- runtime and caller-owned buffers ------------------------------------------------------
   const bool overlap = c.overlap;
@@ -252,9 +251,6 @@ int run(const Args& args) {
   on_gpu = false;
 #endif
   const std::size_t esz = dos::dtype_size(dtype);
-  if (!on_gpu)
-    dos::check_host_memory(n * (2 * esz + dos::host_bytes_per_param(dtype)),
-                           "the model's parameters and gradients and the optimizer state, all on the host,");
 
   std::printf("dos-train: %s (%s, %zu layers, hidden %lld), %zu of %zu parameters (shard %s), %s, "
               "subgroups of %zu, %s on the %s, policy %s (StarPU: %s)\n",
@@ -276,6 +272,54 @@ int run(const Args& args) {
     if (a.comm == "nccl" || (a.comm == "auto" && g_comm->all_ok(can))) dcomm = dos::make_nccl_comm(*g_comm, ro.cuda_device);
     dos_train::print_ranks(*g_comm, total, placement.words,
                            dcomm ? dcomm->name() + " on GPU buffers" : g_comm->name() + " on host buffers");
+  }
+
+  dos_train::StepIO::Setup io_setup;
+  io_setup.comm = dp ? g_comm.get() : nullptr;
+  io_setup.device = dcomm.get();
+  io_setup.total = total;
+  io_setup.rank = rank;
+  io_setup.world = world;
+  io_setup.dtype = dtype;
+  io_setup.on_gpu = on_gpu;
+  io_setup.seed = a.seed;
+  io_setup.parts = parts;
+  io_setup.parts_begin = my_parts_begin;
+  io_setup.parts_end = my_parts_end;
+  io_setup.nan_at = std::uint64_t(a.nan_gradient_at);
+  // Host memory, before anything large is allocated: the optimizer state, the parameters and
+  // gradients when they live on the host, and the collectives' host buckets (StepIO::host_bytes).
+  // The ranks of one node share its memory (and the job's cgroup there): each reads what is free
+  // before any allocates (all_ok separates the reads from the allocations) and checks the node's
+  // ranks together, each counted at the largest rank's need (shards differ by at most one element).
+  auto host_need = [&](std::size_t r) {
+    dos_train::StepIO::Setup s = io_setup;
+    s.rank = r;
+    const dos::ShardRange sr = dos::shard_range(total, r, world);
+    const std::size_t m = sr.end - sr.begin;
+    return m * dos::host_bytes_per_param(dtype) + (on_gpu ? 0 : 2 * esz * m) + dos_train::StepIO::host_bytes(s);
+  };
+  const std::string parts_held = std::string(on_gpu ? "the optimizer state" : "the optimizer state, the parameters and gradients") +
+                                 (dp && !dcomm ? ", the collectives' host buffers" : "");
+  if (dp && g_comm->local_size() > 1) {
+    std::size_t largest = 0;
+    for (std::size_t r = 0; r < world; ++r) largest = std::max(largest, host_need(r));
+    const std::size_t local = std::size_t(g_comm->local_size());
+    char each[32];
+    std::snprintf(each, sizeof each, "%.2f GB", largest / 1e9);
+    std::string refused;
+    try {
+      dos::check_host_memory(local * largest, "the host state of this node's " + std::to_string(local) + " ranks (up to " +
+                                                  each + " each: " + parts_held + "; " + cfg.name + ")");
+    } catch (const dos::ResourceError& e) {
+      refused = e.what();
+    }
+    if (!g_comm->all_ok(refused.empty()))
+      fail(refused.empty() ? "another node has too little host memory for its ranks (its rank's message says how much)"
+                           : refused);
+  } else {
+    dos::check_host_memory(host_need(rank), "the host state of " + std::to_string(n) + " parameters (" + parts_held +
+                                                "; " + cfg.name + ", shard " + a.shard + ")");
   }
 
   std::vector<char> init(n * esz);
@@ -387,21 +431,8 @@ int run(const Args& args) {
       fail("--nan-gradient-at " + std::to_string(a.nan_gradient_at) + " is not one of this run's iterations (" +
            std::to_string(first_iteration + 1) + " to " + std::to_string(last) + "): it would never fire");
   }
-  dos_train::StepIO::Setup io_setup;
-  io_setup.comm = dp ? g_comm.get() : nullptr;
-  io_setup.device = dcomm.get();
-  io_setup.total = total;
-  io_setup.rank = rank;
-  io_setup.world = world;
   io_setup.params = params;
   io_setup.grads = grads;
-  io_setup.dtype = dtype;
-  io_setup.on_gpu = on_gpu;
-  io_setup.seed = a.seed;
-  io_setup.parts = parts;
-  io_setup.parts_begin = my_parts_begin;
-  io_setup.parts_end = my_parts_end;
-  io_setup.nan_at = std::uint64_t(a.nan_gradient_at);
   dos_train::StepIO io(io_setup);
   dos_train::IterationLog log(rt, compute.get(), on_gpu, total, dp ? world : 0,
                               dcomm ? dcomm->name() : dp ? g_comm->name() : std::string());

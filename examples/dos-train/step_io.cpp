@@ -19,18 +19,36 @@ namespace {
 constexpr std::size_t kChunk = std::size_t(1) << 26;
 }  // namespace
 
+namespace {
+/// Elements of StepIO's host buffers for s: the buckets (largest shard, under MPI through host
+/// memory) and this shard's sum and staging (those, or several parts in one process).
+struct HostSizes {
+  std::size_t bucket = 0, shard = 0;
+};
+HostSizes host_sizes(const StepIO::Setup& s, const std::vector<dos::ShardRange>& ranges) {
+  const bool dp = s.comm != nullptr;
+  const dos::ShardRange mine = ranges[s.rank];
+  const bool host_buckets = (s.parts > 1 || dp) && !s.device;
+  return {dp && !s.device ? dos::largest_shard(ranges) : 0, host_buckets ? mine.end - mine.begin : 0};
+}
+}  // namespace
+
+std::size_t StepIO::host_bytes(const Setup& s) {
+  const HostSizes h = host_sizes(s, dos::shard_ranges(s.total, s.world));
+  return (h.bucket + h.shard) * (sizeof(float) + dos::dtype_size(s.dtype));
+}
+
 StepIO::StepIO(const Setup& s) : s_(s) {
-  const bool dp = s_.comm != nullptr;
   ranges_ = dos::shard_ranges(s_.total, s_.world);
   const dos::ShardRange mine = ranges_[s_.rank];
   n_ = mine.end - mine.begin;
   esz_ = dos::dtype_size(s_.dtype);
   const std::size_t largest = dos::largest_shard(ranges_);
-  const bool host_buckets = (s_.parts > 1 || dp) && !s_.device;
-  bucket32_.resize(dp && !s_.device ? largest : 0);
-  shard32_.resize(host_buckets ? n_ : 0);
-  bucket16_.resize(dp && !s_.device ? largest * esz_ : 0);
-  staging16_.resize(host_buckets ? n_ * esz_ : 0);
+  const HostSizes h = host_sizes(s_, ranges_);
+  bucket32_.resize(h.bucket);
+  shard32_.resize(h.shard);
+  bucket16_.resize(h.bucket * esz_);
+  staging16_.resize(h.shard * esz_);
   chunk_ = std::min(kChunk, largest);
 #if defined(DOS_HAVE_CUDA)
   if (s_.device) {

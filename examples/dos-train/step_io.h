@@ -38,6 +38,11 @@ class StepIO {
   /// `device`, 64 Mi-element chunks of GPU memory instead: 640 MiB for bf16, whatever the model).
   /// Throws std::runtime_error when memory runs out.
   explicit StepIO(const Setup& s);
+  /// Bytes of host memory StepIO(s) allocates (its buckets; not s.params and s.grads): with MPI
+  /// through host memory (comm without device), the largest shard's fp32 and `dtype` buckets and
+  /// this shard's fp32 sum and `dtype` staging; with --grad-parts above 1 in one process, the last
+  /// two; otherwise 0. Throws nothing.
+  static std::size_t host_bytes(const Setup& s);
   StepIO(const StepIO&) = delete;
   StepIO& operator=(const StepIO&) = delete;
 

@@ -481,6 +481,10 @@ struct StepStats {
 /// (gradient staging: fp32, or 2 with 16-bit staging) + the parameter dtype's size (parameter
 /// staging).
 std::size_t host_bytes_per_param(DType dtype);
+/// The same for OptimizerOptions::native_grads as given: the gradient staging in the parameters'
+/// dtype (native_grads, its size) or fp32 (4 bytes): 12 + that + the dtype's size, bytes per
+/// parameter (without the pages' rounding of each subgroup's buffers).
+std::size_t host_bytes_per_param(DType dtype, bool native_grads);
 
 /// Throws ResourceError (an Error) when `bytes` exceed the host memory available now: MemAvailable
 /// of /proc/meminfo, or less where the process's memory cgroups leave less (Slurm's --mem, a

@@ -11,7 +11,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <fstream>
+#include <initializer_list>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -26,6 +28,9 @@ namespace dos {
 // Host memory
 
 std::size_t host_bytes_per_param(DType dtype) { return 12 + 4 + dtype_size(dtype); }
+std::size_t host_bytes_per_param(DType dtype, bool native_grads) {
+  return 12 + (native_grads ? dtype_size(dtype) : 4) + dtype_size(dtype);
+}
 
 namespace detail {
 namespace {
@@ -50,14 +55,16 @@ bool read_bytes(const std::string& path, std::size_t* out) {
   return true;
 }
 
-/// The value of `key` in a memory.stat file (0 when absent).
-std::size_t stat_value(const std::string& path, const std::string& key) {
+/// The sum of the values of `keys` in a memory.stat file (an absent key counts 0).
+std::size_t stat_sum(const std::string& path, std::initializer_list<const char*> keys) {
   std::ifstream f(path);
   std::string k;
   unsigned long long v = 0;
+  std::size_t sum = 0;
   while (f >> k >> v)
-    if (k == key) return std::size_t(v);
-  return 0;
+    for (const char* key : keys)
+      if (k == key) sum += std::size_t(v);
+  return sum;
 }
 
 /// mountinfo's octal escapes (\040 for a space) undone.
@@ -92,7 +99,7 @@ std::vector<Hierarchy> memory_hierarchies(const std::string& mountinfo) {
     std::vector<std::string> fields;
     for (std::string w; in >> w;) fields.push_back(w);
     const auto sep = std::find(fields.begin(), fields.end(), "-");
-    if (fields.size() < 5 || sep == fields.end() || sep + 3 > fields.end()) continue;
+    if (fields.size() < 5 || sep == fields.end() || sep + 4 > fields.end()) continue;
     const std::string& fstype = sep[1];
     const std::string& super = sep[3];
     bool memory = false;
@@ -131,18 +138,28 @@ CgroupLimit cgroup_memory_limit(const std::string& mountinfo, const std::string&
   for (const Hierarchy& h : memory_hierarchies(mountinfo)) {
     std::string path = self_cgroup_path(self_cgroup, h.v2);
     if (path.empty()) continue;
-    // the mount shows the hierarchy from h.root on: the process's folder is its path below it
-    if (h.root != "/" && path.compare(0, h.root.size(), h.root) == 0 &&
-        (path.size() == h.root.size() || path[h.root.size()] == '/'))
+    // The mount shows the hierarchy from h.root on: the process's folder is its path below it. A
+    // path outside the mount's part (a cgroup namespace over the host's mount shows a root of
+    // "/../.."), or a folder that is not there, cannot be placed: that hierarchy is left out
+    // (no limit seen there, as before cgroups were read) rather than another group's read.
+    if (h.root != "/") {
+      if (path.compare(0, h.root.size(), h.root) != 0 || (path.size() != h.root.size() && path[h.root.size()] != '/'))
+        continue;
       path = path.substr(h.root.size());
-    std::string dir = h.mount + (path == "/" ? std::string() : path);
+    }
+    std::string dir = h.mount + (path == "/" || path.empty() ? std::string() : path);
+    struct stat st;
+    if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) continue;
     const std::string limit_file = h.v2 ? "memory.max" : "memory.limit_in_bytes";
     const std::string usage_file = h.v2 ? "memory.current" : "memory.usage_in_bytes";
-    const std::string cache_key = h.v2 ? "inactive_file" : "total_inactive_file";
     for (;;) {  // the process's folder, then each one above it, up to the mount point
       std::size_t limit = 0, usage = 0;
       if (read_bytes(dir + "/" + limit_file, &limit) && read_bytes(dir + "/" + usage_file, &usage)) {
-        const std::size_t cache = stat_value(dir + "/memory.stat", cache_key);
+        // what the kernel reclaims before it kills: the file cache (active and inactive; shmem
+        // is on the anonymous lists, so counted as used) and, on v2, reclaimable slab
+        const std::size_t cache =
+            h.v2 ? stat_sum(dir + "/memory.stat", {"active_file", "inactive_file", "slab_reclaimable"})
+                 : stat_sum(dir + "/memory.stat", {"total_active_file", "total_inactive_file"});
         const std::size_t used = usage > cache ? usage - cache : 0;
         const std::size_t avail = limit > used ? limit - used : 0;
         if (best.limit == 0 || avail < best.available) best = {avail, limit, dir};

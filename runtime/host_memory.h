@@ -23,19 +23,23 @@ struct CgroupLimit {
 /// The memory left to the process by its cgroups (what Slurm's --mem or a container's memory limit
 /// sets; past it the kernel's OOM killer ends the process), from the process's cgroup up to the
 /// root of each memory hierarchy: cgroup v2 (memory.max, memory.current, memory.stat's
-/// inactive_file) and v1's memory controller (memory.limit_in_bytes, memory.usage_in_bytes,
-/// memory.stat's total_inactive_file). At each level with a limit, available = limit - (usage -
-/// inactive file cache), as the kernel reclaims that cache before it kills (the "working set" of
-/// container runtimes); the least over the levels is returned. mountinfo and self_cgroup are the
-/// paths of /proc/self/mountinfo and /proc/self/cgroup (other files in tests: their mount points
-/// then name folders of a fake tree). Returns limit 0 when no level has a limit or the files cannot
-/// be read (not Linux, no cgroup file system mounted). Throws nothing.
+/// active_file, inactive_file and slab_reclaimable) and v1's memory controller
+/// (memory.limit_in_bytes, memory.usage_in_bytes, memory.stat's total_active_file and
+/// total_inactive_file). At each level with a limit, available = limit - (usage - reclaimable),
+/// reclaimable being what the kernel takes back before it kills (the file cache; shmem and tmpfs
+/// count as used); the least over the levels is returned. A hierarchy where the process's folder
+/// cannot be placed (a cgroup namespace over the host's mount, whose mountinfo root starts with
+/// "/..", or a folder not there) is left out. mountinfo and self_cgroup are the paths of
+/// /proc/self/mountinfo and /proc/self/cgroup (other files in tests: their mount points then name
+/// folders of a fake tree). Returns limit 0 when no level has a limit or the files cannot be read
+/// (not Linux, no cgroup file system mounted). Throws nothing.
 CgroupLimit cgroup_memory_limit(const std::string& mountinfo = "/proc/self/mountinfo",
                                 const std::string& self_cgroup = "/proc/self/cgroup");
 
 /// Host memory available now, bytes: MemAvailable of /proc/meminfo, or less where the process's
-/// cgroups leave less (cgroup_memory_limit); 0 when neither can be read (not Linux). When
-/// `cgroup` is given, it receives the cgroup limit found (limit 0: none, or not the tighter one).
+/// cgroups leave less (cgroup_memory_limit); 0 when neither can be read (not Linux), or when the
+/// tighter cgroup has nothing left. When `cgroup` is given, it receives the cgroup limit found
+/// (limit 0: none, or not the tighter one), which tells those two zeros apart.
 std::size_t host_memory_available(CgroupLimit* cgroup = nullptr);
 
 /// Host buffer, page-aligned, zero-filled, pinned for DMA when there is a CUDA worker and pinning

@@ -297,12 +297,15 @@ Optimizer::Optimizer(Runtime& runtime, const std::vector<TensorView>& tensors, c
     I.where_caller = STARPU_CUDA;
   }
   const std::size_t esz = dtype_size(options.dtype);
+  // The staged gradient: fp32, or the parameters' dtype (native_grads: half the bytes for 16-bit).
+  const DType grad_dtype = options.native_grads ? options.dtype : DType::fp32;
+  const std::size_t gsz = dtype_size(grad_dtype);
   {  // three page-aligned buffers per subgroup (alloc_host): count the rounding of small subgroups too
     const std::size_t page = 4096;
     auto pages = [&](std::size_t bytes) { return (bytes + page - 1) / page * page; };
     std::size_t need = 0;
     for (const SubgroupLayout& l : layout)
-      need += pages(state_bytes_for(l.size)) + pages(l.size * sizeof(float)) + pages(l.size * esz);
+      need += pages(state_bytes_for(l.size)) + pages(l.size * gsz) + pages(l.size * esz);
     check_host_memory(need, "the optimizer state of " + std::to_string(I.nparams) + " parameters in " +
                                 std::to_string(layout.size()) + " subgroups");
   }
@@ -321,9 +324,6 @@ Optimizer::Optimizer(Runtime& runtime, const std::vector<TensorView>& tensors, c
   I.use_hints = !choice.builtin();
   I.workload.caller_on_gpu = options.memory == MemoryKind::cuda;
   I.workload.param_bytes = esz;
-  // The staged gradient: fp32, or the parameters' dtype (native_grads: half the bytes for 16-bit).
-  const DType grad_dtype = options.native_grads ? options.dtype : DType::fp32;
-  const std::size_t gsz = dtype_size(grad_dtype);
   I.workload.grad_bytes = gsz;
   for (const SubgroupLayout& l : layout) I.workload.sizes.push_back(l.size);
   {  // GPU budgets (OptimizerOptions): what may stay resident, and whether one streamed subgroup fits

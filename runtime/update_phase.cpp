@@ -125,8 +125,10 @@ bool Optimizer::Impl::ensure_shadow(Subgroup* sg) {
     if (opt.speculation_budget > 0) {
       shadow_limit = std::size_t(opt.speculation_budget);
     } else {
-      const std::size_t avail = host_memory_available();
-      shadow_limit = avail ? avail / 2 : std::size_t(3) * nparams * sizeof(float);
+      CgroupLimit cgroup;
+      const std::size_t avail = host_memory_available(&cgroup);
+      // 0 from a full cgroup means nothing left; 0 otherwise means unknown (not Linux)
+      shadow_limit = avail || cgroup.limit ? avail / 2 : std::size_t(3) * nparams * sizeof(float);
     }
   }
   if (shadow_used + bytes > shadow_limit) return false;

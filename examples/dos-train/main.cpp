@@ -297,7 +297,7 @@ int run(const Args& args) {
     s.rank = r;
     const dos::ShardRange sr = dos::shard_range(total, r, world);
     const std::size_t m = sr.end - sr.begin;
-    return m * dos::host_bytes_per_param(dtype) + (on_gpu ? 0 : 2 * esz * m) + dos_train::StepIO::host_bytes(s);
+    return m * dos::host_bytes_per_param(dtype, a.grad_transfer == "native") + (on_gpu ? 0 : 2 * esz * m) + dos_train::StepIO::host_bytes(s);
   };
   const std::string parts_held = std::string(on_gpu ? "the optimizer state" : "the optimizer state, the parameters and gradients") +
                                  (dp && !dcomm ? ", the collectives' host buffers" : "");

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # On the GPU machine, the side by side: dos-compare on the 20B preset's shard 1/4 (subgroups
-# of 1.24e8, update budget 40 GB, forward/backward emulated with 4096 tokens) with PyTorch baselines
-# in the same script: the repository's own (BASELINES=1) and, when an external PyTorch script with
-# the command line dos_compare.py's --peers takes is kept at .peers/torch_update_phase.py
-# (git-ignored, not part of this repository), that one as well. On the GPU machine, with
+# of 1.24e8, update budget 40 GB, or 30 GB on an 80 GB GPU: scripts/update-budget.sh;
+# forward/backward emulated with 4096 tokens) with PyTorch baselines in the same script: the
+# repository's own (BASELINES=1) and, when an external PyTorch script with the command line
+# dos_compare.py's --peers takes is kept at .peers/torch_update_phase.py (git-ignored, not part of
+# this repository), that one as well. On the GPU machine, with
 # .deps/cache (and .peers) present; outputs go to $OUT:
 #   BASELINES=1 scripts/gpu-compare.sh
 # Before the measured runs, dmda's and dmdas' perfmodels are trained afresh (MODEL_POLICIES, default
@@ -38,7 +39,9 @@ PEERS+=(--repeats "${REPEATS:-1}" --peer-variants "${PEER_VARIANTS:-zero_offload
 BASE=()
 PROBE=(--host-bench)
 [ "${HOST_BENCH:-1}" = 0 ] && PROBE=()
-ARGS=(--preset llama-20b --shard 1/4 --subgroup-size 1.24e8 -n "${ITERS:-4}" --gpu-update-budget 40GB --emulate-compute
+# the update budget: 40GB, 30GB on an 80 GB GPU, or UPDATE_BUDGET (update-budget.sh)
+ARGS=(--preset llama-20b --shard 1/4 --subgroup-size 1.24e8 -n "${ITERS:-4}"
+      --gpu-update-budget "$("$ROOT/scripts/update-budget.sh" 2>> "$OUT/setup.log")" --emulate-compute
       --tokens 4096 ${COMMON:-})
 # StarPU's history perfmodels start empty (a fresh sampling folder, so that no time measured by an
 # earlier build, e.g. one with StarPU's task profiling on, reaches dmda or dmdas), are trained by

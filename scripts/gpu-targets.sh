@@ -50,12 +50,8 @@ export STARPU_SILENT=1 DOS_CACHE_DIR=$OUT/cache
 rm -rf "$DOS_CACHE_DIR"
 git log --oneline -1 > "$OUT/git.txt" 2>&1; git status --short >> "$OUT/git.txt" 2>&1
 TRAIN=build/examples/dos-train
-# The 20B quarter's GPU update budget: 40GB (sized on the H200's 141 GB); on a GPU of less than
-# 100 GB (an 80 GB H100) 40GB runs out of GPU memory at the second iteration beside the emulated
-# compute's activations, and 30GB ran. UPDATE_BUDGET overrides the choice.
-gpu_mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -1 | tr -dc 0-9)
-UPDATE_BUDGET=${UPDATE_BUDGET:-$([ -n "$gpu_mib" ] && [ "$gpu_mib" -lt 100000 ] && echo 30GB || echo 40GB)}
-echo "20B update budget: $UPDATE_BUDGET (GPU memory: ${gpu_mib:-unknown} MiB)" >> "$OUT/times.txt"
+# the 20B quarter's GPU update budget: 40GB, 30GB on an 80 GB GPU, or UPDATE_BUDGET (update-budget.sh)
+UPDATE_BUDGET=$(scripts/update-budget.sh 2>> "$OUT/times.txt")
 B20=(--preset llama-20b --shard 1/4 --subgroup-size 1.24e8 --gpu-update-budget "$UPDATE_BUDGET" --emulate-compute --tokens 4096)
 PEERS=()
 [ -f .peers/torch_update_phase.py ] && PEERS=(--peers .peers/torch_update_phase.py)

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <stdexcept>
@@ -31,27 +32,81 @@ std::vector<std::vector<Gemm>> forward_gemms(const ModelConfig& c) {
   return layers;
 }
 
-ComputeEmulator::ComputeEmulator(std::vector<std::vector<Gemm>> gemms, std::int64_t tokens,
-                                 std::unique_ptr<ComputeBackend> backend, std::int64_t scale)
-    : gemms_(std::move(gemms)), tokens_(tokens), be_(std::move(backend)) {
+namespace {
+/// The constructor's checks and scaling: every dimension and the tokens divided by scale (at least
+/// 1 each); returns the scaled tokens.
+std::int64_t scale_shapes(std::vector<std::vector<Gemm>>& gemms, std::int64_t tokens, std::int64_t scale) {
   if (tokens < 1) throw std::invalid_argument("the tokens per iteration must be at least 1, got " + std::to_string(tokens));
   if (scale < 1) throw std::invalid_argument("the scale must be at least 1, got " + std::to_string(scale));
-  tokens_ = std::max<std::int64_t>(1, tokens / scale);
-  std::int64_t max_w = 1, max_in = 1, max_out = 1;
-  for (auto& layer : gemms_)
+  for (auto& layer : gemms)
     for (Gemm& g : layer) {
       g.in = std::max<std::int64_t>(1, g.in / scale);
       g.out = std::max<std::int64_t>(1, g.out / scale);
+    }
+  return std::max<std::int64_t>(1, tokens / scale);
+}
+
+/// The elements of the four buffers every layer shares: the largest weight (twice: it and its
+/// gradient), the largest output gradient and the largest input gradient, T tokens.
+struct SharedSizes {
+  std::size_t weights, dy, dx;
+};
+SharedSizes shared_sizes(const std::vector<std::vector<Gemm>>& gemms, std::size_t T) {
+  std::int64_t max_w = 1, max_in = 1, max_out = 1;
+  for (const auto& layer : gemms)
+    for (const Gemm& g : layer) {
       max_w = std::max(max_w, g.in * g.out);
       max_in = std::max(max_in, g.in);
       max_out = std::max(max_out, g.out);
     }
+  return {std::size_t(max_w), T * std::size_t(max_out), T * std::size_t(max_in)};
+}
+
+/// The elements of one group's saved activations: its largest input and every output, T tokens.
+std::size_t activation_elements(const std::vector<Gemm>& layer, std::size_t T) {
+  std::int64_t in_max = 1, outs = 0;
+  for (const Gemm& g : layer) in_max = std::max(in_max, g.in), outs += g.out;
+  return T * std::size_t(in_max + outs);
+}
+}  // namespace
+
+std::size_t ComputeEmulator::peak_bytes(const std::vector<std::vector<Gemm>>& gemms, std::int64_t tokens,
+                                        std::size_t elem_bytes, std::int64_t scale) {
+  std::vector<std::vector<Gemm>> g = gemms;
+  const std::size_t T = std::size_t(scale_shapes(g, tokens, scale));
+  const SharedSizes s = shared_sizes(g, T);
+  std::size_t elements = 2 * s.weights + s.dy + s.dx;
+  for (const auto& layer : g) elements += activation_elements(layer, T);
+  return elements * elem_bytes;
+}
+
+std::string gpu_memory_warning(const GpuNeed& need, std::size_t free_bytes, const std::string& budget_text,
+                               std::size_t budget_bytes, std::int64_t tokens) {
+  const std::size_t sum = need.starpu_limit + need.compute + need.model;
+  if (sum <= free_bytes) return "";
+  const std::size_t missing = sum - free_bytes;
+  char msg[1024];
+  std::snprintf(msg, sizeof msg,
+                "this run may run out of GPU memory: StarPU may keep up to %.1f GB for the optimizer under "
+                "--gpu-update-budget %s, the emulated forward and backward (--emulate-compute, --tokens %lld) hold "
+                "%.1f GB at their peak and the model's parameters and gradients %.1f GB: %.1f GB in all, and the GPU "
+                "has %.1f GB free. If it does, lower --gpu-update-budget (to about %.1f GB) or --tokens",
+                need.starpu_limit / 1e9, budget_text.c_str(), (long long)tokens, need.compute / 1e9, need.model / 1e9,
+                sum / 1e9, free_bytes / 1e9, budget_bytes > missing ? (budget_bytes - missing) / 1e9 : 0.0);
+  return msg;
+}
+
+ComputeEmulator::ComputeEmulator(std::vector<std::vector<Gemm>> gemms, std::int64_t tokens,
+                                 std::unique_ptr<ComputeBackend> backend, std::int64_t scale)
+    : gemms_(std::move(gemms)), tokens_(tokens), be_(std::move(backend)) {
+  tokens_ = scale_shapes(gemms_, tokens, scale);
   const std::size_t e = be_->elem_bytes(), T = std::size_t(tokens_);
+  const SharedSizes s = shared_sizes(gemms_, T);
   try {
-    weights_ = be_->alloc(std::size_t(max_w) * e);
-    dweights_ = be_->alloc(std::size_t(max_w) * e);
-    dy_ = be_->alloc(T * std::size_t(max_out) * e);
-    dx_ = be_->alloc(T * std::size_t(max_in) * e);
+    weights_ = be_->alloc(s.weights * e);
+    dweights_ = be_->alloc(s.weights * e);
+    dy_ = be_->alloc(s.dy * e);
+    dx_ = be_->alloc(s.dx * e);
   } catch (...) {  // the destructor does not run for a constructor that throws
     for (void* p : {weights_, dweights_, dy_, dx_})
       if (p) be_->free(p);
@@ -94,9 +149,9 @@ ComputeTimes ComputeEmulator::run(const std::function<void(std::size_t group)>& 
       before_group(l);
       out.forward_wait += seconds_since(wait);
     }
-    std::int64_t in_max = 1, outs = 0;
-    for (const Gemm& g : gemms_[l]) in_max = std::max(in_max, g.in), outs += g.out;
-    acts[l] = be_->alloc(T * std::size_t(in_max + outs) * e);  // saved input + every output
+    std::int64_t in_max = 1;
+    for (const Gemm& g : gemms_[l]) in_max = std::max(in_max, g.in);
+    acts[l] = be_->alloc(activation_elements(gemms_[l], T) * e);  // saved input + every output
     char* y = static_cast<char*>(acts[l]) + T * std::size_t(in_max) * e;
     for (const Gemm& g : gemms_[l]) {
       be_->forward(weights_, acts[l], y, tokens_, g.in, g.out);

@@ -112,6 +112,14 @@ class ComputeEmulator {
                    const std::function<void(std::size_t group)>& before_group = {},
                    const std::function<void()>& between = {});
   std::int64_t tokens() const { return tokens_; }
+  /// Bytes a ComputeEmulator(gemms, tokens, backend, scale) with a backend of `elem_bytes` per
+  /// element allocates at its peak, the end of forward: the largest layer's weights and their
+  /// gradient, the largest output and input gradients (T x features each), and every group's saved
+  /// activations (T x (its largest input + all its outputs)), T = max(1, tokens / scale) and every
+  /// dimension divided by scale as the constructor does. On the CPU stand-in run()'s peak_bytes
+  /// equals it. Throws std::invalid_argument as the constructor (tokens < 1, scale < 1).
+  static std::size_t peak_bytes(const std::vector<std::vector<Gemm>>& gemms, std::int64_t tokens,
+                                std::size_t elem_bytes, std::int64_t scale = 1);
   /// The backend's memory in use now (ComputeBackend::used_bytes).
   std::uint64_t used_bytes() const { return be_->used_bytes(); }
 
@@ -121,5 +129,23 @@ class ComputeEmulator {
   std::unique_ptr<ComputeBackend> be_;
   void *weights_ = nullptr, *dweights_ = nullptr, *dy_ = nullptr, *dx_ = nullptr;
 };
+
+/// What an emulated iteration holds on the GPU at once, bytes: what StarPU may keep for the
+/// optimizer (RuntimeOptions::gpu_memory_limit: it keeps what it frees up to that limit), the
+/// emulated forward and backward at their peak (ComputeEmulator::peak_bytes), and the model's
+/// parameters and gradients (the caller's buffers).
+struct GpuNeed {
+  std::size_t starpu_limit = 0, compute = 0, model = 0;
+};
+
+/// "" when `need`'s sum fits in `free_bytes` (the GPU memory free once the runtime has started);
+/// otherwise a warning that the run may run out of GPU memory, with the three parts, their sum and
+/// the free memory in GB, and what to lower: `budget_text` (the --gpu-update-budget as given), to
+/// about budget_bytes less what is missing, or --tokens (`tokens`). A warning, not a refusal: StarPU's
+/// limit is the budgets' worst case (twice the update budget with speculative updates), which a run
+/// may never reach (the 20B quarter with the update overlapped and 31.5 GB resident ran on a
+/// 141 GB GPU where the sum was 159 GB). Throws nothing.
+std::string gpu_memory_warning(const GpuNeed& need, std::size_t free_bytes, const std::string& budget_text,
+                               std::size_t budget_bytes, std::int64_t tokens);
 
 }  // namespace dos_train

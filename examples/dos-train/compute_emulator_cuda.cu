@@ -41,8 +41,12 @@ class CudaBackend : public ComputeBackend {
     void* p = nullptr;
     // stream-ordered, as a training framework's caching allocator: cudaMalloc and cudaFree would
     // wait for the whole device, the runtime's transfers on StarPU's streams included
-    check(cudaMallocAsync(&p, bytes ? bytes : 256, stream_),
-          "cudaMallocAsync of " + std::to_string(bytes) + " bytes of activations");
+    const cudaError_t got = cudaMallocAsync(&p, bytes ? bytes : 256, stream_);
+    if (got == cudaErrorMemoryAllocation)  // StarPU keeps what it freed up to its limit beside these
+      throw std::runtime_error("compute emulator: cudaMallocAsync of " + std::to_string(bytes) +
+                               " bytes of activations: out of memory (StarPU keeps up to the GPU budgets' worth "
+                               "of GPU memory beside the activations: lower --gpu-update-budget or --tokens)");
+    check(got, "cudaMallocAsync of " + std::to_string(bytes) + " bytes of activations");
     const cudaError_t e = cudaMemsetAsync(p, 0x3c, bytes, stream_);  // about 1e-2 in bf16 and fp32, 1 in fp16
     if (e != cudaSuccess) cudaFreeAsync(p, stream_);
     check(e, "cudaMemset");

@@ -93,6 +93,9 @@ void* cuda_alloc(std::size_t bytes);
 void cuda_free(void* p);
 void cuda_copy_to_device(void* dst, const void* src, std::size_t bytes);
 void cuda_copy_to_host(void* dst, const void* src, std::size_t bytes);
+/// Device memory free now on the current GPU and its total, bytes (cudaMemGetInfo); throws
+/// std::runtime_error with CUDA's message.
+void cuda_memory_info(std::size_t* free_bytes, std::size_t* total_bytes);
 #endif
 
 }  // namespace dos_train

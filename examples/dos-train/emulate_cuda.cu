@@ -91,5 +91,8 @@ void cuda_copy_to_device(void* dst, const void* src, std::size_t bytes) {
 void cuda_copy_to_host(void* dst, const void* src, std::size_t bytes) {
   check(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy from the GPU");
 }
+void cuda_memory_info(std::size_t* free_bytes, std::size_t* total_bytes) {
+  check(cudaMemGetInfo(free_bytes, total_bytes), "cudaMemGetInfo");
+}
 
 }  // namespace dos_train

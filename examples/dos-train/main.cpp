@@ -322,6 +322,25 @@ int run(const Args& args) {
                                                 "; " + cfg.name + ", shard " + a.shard + ")");
   }
 
+#if defined(DOS_HAVE_CUDA)
+  // GPU memory, where the emulated compute shares the GPU with an update budget: StarPU keeps what
+  // it frees up to its limit, and the activations come beside all of it (an 80 GB GPU with the 20B
+  // quarter's 40GB budget ran out at the second iteration). A warning: that limit is a worst case.
+  if (on_gpu && a.emulate_compute && ro.gpu_memory_limit > 0) {
+    dos_train::GpuNeed need;
+    need.starpu_limit = ro.gpu_memory_limit;
+    need.compute = dos_train::ComputeEmulator::peak_bytes(dos_train::forward_gemms(cfg), a.tokens, esz);
+    need.model = 2 * n * esz + (dcomm ? dos_train::StepIO::device_bytes(io_setup) : 0);
+    std::size_t free_b = 0, total_b = 0;
+    dos_train::cuda_memory_info(&free_b, &total_b);
+    const std::string budgets =
+        a.gpu_update_budget + (a.gpu_resident_budget.empty() ? "" : " and --gpu-resident-budget " + a.gpu_resident_budget);
+    const std::string warning = dos_train::gpu_memory_warning(need, free_b, budgets, c.update_budget, a.tokens);
+    if (!warning.empty())
+      std::fprintf(stderr, "dos-train: warning%s: %s\n", dp ? (" (rank " + std::to_string(rank) + ")").c_str() : "",
+                   warning.c_str());
+  }
+#endif
   std::vector<char> init(n * esz);
   for (const ShardTensor& st : tensors) {
     const std::size_t base = st.global_begin - range.begin;

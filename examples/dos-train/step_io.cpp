@@ -33,6 +33,12 @@ HostSizes host_sizes(const StepIO::Setup& s, const std::vector<dos::ShardRange>&
 }
 }  // namespace
 
+std::size_t StepIO::device_bytes(const Setup& s) {
+  if (!s.device) return 0;
+  const std::size_t chunk = std::min(kChunk, dos::largest_shard(dos::shard_ranges(s.total, s.world)));
+  return chunk * (2 * sizeof(float) + dos::dtype_size(s.dtype));
+}
+
 std::size_t StepIO::host_bytes(const Setup& s) {
   const HostSizes h = host_sizes(s, dos::shard_ranges(s.total, s.world));
   return (h.bucket + h.shard) * (sizeof(float) + dos::dtype_size(s.dtype));

@@ -43,6 +43,9 @@ class StepIO {
   /// this shard's fp32 sum and `dtype` staging; with --grad-parts above 1 in one process, the last
   /// two; otherwise 0. Throws nothing.
   static std::size_t host_bytes(const Setup& s);
+  /// Bytes of GPU memory StepIO(s) allocates: with `device` (NCCL), two fp32 chunks and one `dtype`
+  /// chunk of min(64 Mi, the largest shard) elements; otherwise 0. Throws nothing.
+  static std::size_t device_bytes(const Setup& s);
   StepIO(const StepIO&) = delete;
   StepIO& operator=(const StepIO&) = delete;
 

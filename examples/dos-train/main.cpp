@@ -297,20 +297,30 @@ int run(const Args& args) {
     s.rank = r;
     const dos::ShardRange sr = dos::shard_range(total, r, world);
     const std::size_t m = sr.end - sr.begin;
-    return m * dos::host_bytes_per_param(dtype, a.grad_transfer == "native") + (on_gpu ? 0 : 2 * esz * m) + dos_train::StepIO::host_bytes(s);
+    return m * dos::host_bytes_per_param(dtype, a.grad_transfer == "native") + (on_gpu ? 0 : 2 * esz * m) +
+           dos_train::StepIO::host_bytes(s);
   };
-  const std::string parts_held = std::string(on_gpu ? "the optimizer state" : "the optimizer state, the parameters and gradients") +
-                                 (dp && !dcomm ? ", the collectives' host buffers" : "");
-  if (dp && g_comm->local_size() > 1) {
-    std::size_t largest = 0;
-    for (std::size_t r = 0; r < world; ++r) largest = std::max(largest, host_need(r));
+  const std::string parts_held =
+      std::string(on_gpu ? "the optimizer state" : "the optimizer state, the parameters and gradients") +
+      (dp && !dcomm ? ", the collectives' host buffers" : "");
+  auto check_this_rank = [&] {
+    dos::check_host_memory(host_need(rank), "the host state of " + std::to_string(n) + " parameters (" + parts_held +
+                                                "; " + cfg.name + ", shard " + a.shard + ")");
+  };
+  if (dp) {  // every rank comes here (all_ok is collective), one rank alone on its node too
     const std::size_t local = std::size_t(g_comm->local_size());
-    char each[32];
-    std::snprintf(each, sizeof each, "%.2f GB", largest / 1e9);
     std::string refused;
     try {
-      dos::check_host_memory(local * largest, "the host state of this node's " + std::to_string(local) + " ranks (up to " +
-                                                  each + " each: " + parts_held + "; " + cfg.name + ")");
+      if (local > 1) {
+        std::size_t largest = 0;
+        for (std::size_t r = 0; r < world; ++r) largest = std::max(largest, host_need(r));
+        char each[32];
+        std::snprintf(each, sizeof each, "%.2f GB", largest / 1e9);
+        dos::check_host_memory(local * largest, "the host state of this node's " + std::to_string(local) +
+                                                    " ranks (up to " + each + " each: " + parts_held + "; " + cfg.name + ")");
+      } else {
+        check_this_rank();
+      }
     } catch (const dos::ResourceError& e) {
       refused = e.what();
     }
@@ -318,8 +328,7 @@ int run(const Args& args) {
       fail(refused.empty() ? "another node has too little host memory for its ranks (its rank's message says how much)"
                            : refused);
   } else {
-    dos::check_host_memory(host_need(rank), "the host state of " + std::to_string(n) + " parameters (" + parts_held +
-                                                "; " + cfg.name + ", shard " + a.shard + ")");
+    check_this_rank();
   }
 
 #if defined(DOS_HAVE_CUDA)

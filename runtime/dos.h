@@ -489,9 +489,9 @@ std::size_t host_bytes_per_param(DType dtype, bool native_grads);
 /// Throws ResourceError (an Error) when `bytes` exceed the host memory available now: MemAvailable
 /// of /proc/meminfo, or less where the process's memory cgroups leave less (Slurm's --mem, a
 /// container's limit: v1 and v2, the least over the process's cgroup and its ancestors of limit -
-/// (usage - inactive file cache)). The message names `what`, both figures in GB, the cgroup's folder
-/// and limit when the cgroup is the tighter, and what to do. Does nothing when neither can be read
-/// (no /proc, as off Linux): the allocation then decides.
+/// (usage - file cache - v2's reclaimable slab)). The message names `what`, both figures in GB, the
+/// cgroup's folder and limit when the cgroup is the tighter, and what to do. Does nothing when
+/// neither can be read (no /proc, as off Linux): the allocation then decides.
 void check_host_memory(std::size_t bytes, const std::string& what);
 
 /// Adam/AdamW over the caller's tensors, as StarPU task graphs (one per step()).

@@ -196,13 +196,13 @@ void check_host_memory(std::size_t bytes, const std::string& what) {
     char limit_text[512] = "";
     if (cgroup.limit > 0)
       std::snprintf(limit_text, sizeof limit_text,
-                    " under the memory limit of this process's cgroup (%.1f GB at %s: Slurm's --mem or "
-                    "--mem-per-cpu, or a container's limit; past it the kernel kills the process)",
+                    " under the memory limit of this process's cgroup or one above it (%.2f GB at %s: Slurm's "
+                    "--mem or --mem-per-cpu, or a container's limit; past it the kernel kills the process)",
                     cgroup.limit / 1e9, cgroup.dir.c_str());
     std::snprintf(msg, sizeof msg,
-                  "%s needs %.1f GB of host memory and only %.1f GB are available%s: give this process a shard of "
-                  "the model (fewer parameters: dos-train --shard R/W, or data-parallel ranks on more nodes), a "
-                  "smaller model, %s",
+                  "%s needs %.2f GB of host memory and only %.2f GB are available%s: give each process fewer "
+                  "parameters (a shard of the model, or data-parallel ranks spread over more nodes), a smaller "
+                  "model, %s",
                   what.c_str(), bytes / 1e9, avail / 1e9, limit_text,
                   cgroup.limit > 0 ? "or ask the job for more memory" : "or run on a machine with more memory");
     throw ResourceError(msg);

@@ -12,7 +12,7 @@
 namespace dos::detail {
 
 /// The tightest memory limit of the cgroups the process is in (cgroup_memory_limit).
-/// available: limit - (usage - inactive file cache), bytes (0 when usage already exceeds it);
+/// available: limit - (usage - reclaimable: file cache, v2's reclaimable slab), bytes (0 when usage already exceeds it);
 /// limit: that cgroup's limit, bytes; dir: its folder (e.g. /sys/fs/cgroup/memory/slurm/uid_0/job_7).
 struct CgroupLimit {
   std::size_t available = 0;

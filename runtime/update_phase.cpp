@@ -121,7 +121,8 @@ bool Optimizer::Impl::speculable(std::size_t i) const {
 bool Optimizer::Impl::ensure_shadow(Subgroup* sg) {
   if (sg->sh_h_state) return true;
   const std::size_t bytes = state_bytes_for(sg->size);
-  if (shadow_limit == 0) {  // the budget, fixed at the first speculative update
+  if (shadow_limit == 0) {  // the budget, fixed at the first speculative update that finds room
+    // (a budget of 0, from a full cgroup, is asked again at the next one)
     if (opt.speculation_budget > 0) {
       shadow_limit = std::size_t(opt.speculation_budget);
     } else {

@@ -33,11 +33,16 @@ OUT=${OUT:-$ROOT/gpu-targets-out}
 PART=${PART:-tests}
 mkdir -p "$OUT"
 T0=$(date +%s)
+selected=0
+if [ -n "${ONLY:-}" ]; then  # a pattern bash cannot read would select nothing, silently
+  [[ x =~ $ONLY ]]; [ $? -eq 2 ] && { echo "ONLY='$ONLY' is not an extended regular expression" >&2; exit 2; }
+fi
 # step NAME LATEST_START TIMEOUT COMMAND...: runs COMMAND (stdout and stderr to $OUT/NAME.log) unless
 # more than LATEST_START seconds have passed since the script began
 step() {
   local name=$1 latest=$2 limit=$3; shift 3
   if [ "$name" != setup ] && [ -n "${ONLY:-}" ] && ! [[ $name =~ $ONLY ]]; then return; fi
+  [ "$name" != setup ] && selected=$((selected + 1))
   local now=$(( $(date +%s) - T0 ))
   if [ "$now" -gt "$latest" ]; then echo "$name: skipped (at $now s, after $latest s)" | tee -a "$OUT/times.txt"; return; fi
   local s=$(date +%s)
@@ -90,6 +95,9 @@ case $PART in
     ;;
   *) echo "PART must be tests, 20b or rest, not $PART" >&2; exit 2 ;;
 esac
+if [ -n "${ONLY:-}" ] && [ "$selected" -eq 0 ]; then
+  echo "ONLY='$ONLY' selected no step of PART=$PART" | tee -a "$OUT/times.txt" >&2; exit 2
+fi
 reports=("$OUT"/*.json)
 if [ -e "${reports[0]}" ]; then
   echo "dos-train reports: per phase update s (prediction error, CPU Adam per CPU worker)"

@@ -264,7 +264,7 @@ out=$(SLURM_STEP_NUM_TASKS=2 "$train" "${common[@]}" 2>&1)
 [ $? -ne 0 ] && grep -q "tasks without MPI" <<<"$out" || { echo "FAIL: 2 tasks without MPI: $out"; exit 1; }
 echo "ok: $(grep -m1 "tasks without MPI" <<<"$out")"
 # the node's ranks checked together against the process's memory cgroup (where this test may make a
-# child of its own v1 memory cgroup: root on the CI machine): gpt2-124m's 2 ranks need about 2.1 GB
+# child of its own v1 memory cgroup: root on the CI machine): gpt2-124m's 2 ranks need about 2 GB
 # each on the host, one alone fits under 3 GB, the two together do not: refused on every rank before
 # anything large is allocated, the cgroup named (without the joint check each passed alone and the
 # kernel killed a rank later)

@@ -212,7 +212,7 @@ void test_live_v1_limit(void**) {
   // the child's limit, or a tighter one above it (a job's own --mem), binds: named either way
   assert_true(avail <= limit);
   assert_true(c.limit > 0 && c.limit <= limit);
-  assert_true(refused.find("four gigabytes needs 4.0 GB") != std::string::npos);
+  assert_true(refused.find("four gigabytes needs 4.00 GB") != std::string::npos);
   assert_true(refused.find("cgroup") != std::string::npos && refused.find(c.dir) != std::string::npos);
   assert_true(refused.find("--mem") != std::string::npos);
 }

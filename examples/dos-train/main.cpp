@@ -243,6 +243,12 @@ int run(const Args& args) {
     for (const std::string& w : placement.warnings)
       std::fprintf(stderr, "dos-train: warning: rank %d: %s\n", g_comm->rank(), w.c_str());
   }
+  // A cheap lower bound before StarPU starts (and calibrates its bus, and CUDA and NCCL start): this
+  // rank's optimizer state alone; the whole need, the node's ranks together, is checked below. The
+  // subgroups' count first (the optimizer refuses too many of them, and the need counts each one).
+  (void)dos::partition_subgroups({n}, subgroup);
+  dos::check_host_memory(n * dos::host_bytes_per_param(dtype, a.grad_transfer == "native"),
+                         "the optimizer state of " + std::to_string(n) + " parameters (" + cfg.name + ", shard " + a.shard + ")");
   dos::Runtime rt(ro);
   dos::remove_temporaries_on_signal();  // after StarPU's own handlers, which it then calls
   bool on_gpu = a.device == "cuda" || (a.device == "auto" && rt.cuda_workers() > 0);
@@ -297,8 +303,11 @@ int run(const Args& args) {
     s.rank = r;
     const dos::ShardRange sr = dos::shard_range(total, r, world);
     const std::size_t m = sr.end - sr.begin;
+    // beside the buffers: each subgroup's StarPU handles and page rounding (about 28 KB measured;
+    // 64 KB counted) and --save-params' fp32 copy of the masters at the end
+    const std::size_t subgroups = (m + subgroup - 1) / subgroup;
     return m * dos::host_bytes_per_param(dtype, a.grad_transfer == "native") + (on_gpu ? 0 : 2 * esz * m) +
-           dos_train::StepIO::host_bytes(s);
+           dos_train::StepIO::host_bytes(s) + subgroups * 65536 + (a.save_params.empty() ? 0 : 4 * m);
   };
   const std::string parts_held =
       std::string(on_gpu ? "the optimizer state" : "the optimizer state, the parameters and gradients") +
@@ -325,7 +334,7 @@ int run(const Args& args) {
       refused = e.what();
     }
     if (!g_comm->all_ok(refused.empty()))
-      fail(refused.empty() ? "another node has too little host memory for its ranks (its rank's message says how much)"
+      fail(refused.empty() ? "another rank found too little host memory for its node's ranks (its message says how much)"
                            : refused);
   } else {
     check_this_rank();
@@ -369,6 +378,9 @@ int run(const Args& args) {
     params = host_alloc(n * esz);
     grads = host_alloc(n * esz);
     std::memcpy(params, init.data(), n * esz);
+    // committed now, as counted: a speculative update's budget (half of what is free when it first
+    // comes, before backward has written every gradient) would take untouched pages for free
+    std::memset(grads, 0, n * esz);
   }
   std::vector<char>().swap(init);
 

@@ -21,15 +21,17 @@ constexpr std::size_t kChunk = std::size_t(1) << 26;
 
 namespace {
 /// Elements of StepIO's host buffers for s: the buckets (largest shard, under MPI through host
-/// memory) and this shard's sum and staging (those, or several parts in one process).
+/// memory), this shard's fp32 sum (those, or several parts in one process) and its 16-bit staging
+/// (the same, where the model is on the GPU: on the host the model's own buffers serve).
 struct HostSizes {
-  std::size_t bucket = 0, shard = 0;
+  std::size_t bucket = 0, shard = 0, staging = 0;
 };
 HostSizes host_sizes(const StepIO::Setup& s, const std::vector<dos::ShardRange>& ranges) {
   const bool dp = s.comm != nullptr;
   const dos::ShardRange mine = ranges[s.rank];
   const bool host_buckets = (s.parts > 1 || dp) && !s.device;
-  return {dp && !s.device ? dos::largest_shard(ranges) : 0, host_buckets ? mine.end - mine.begin : 0};
+  const std::size_t shard = host_buckets ? mine.end - mine.begin : 0;
+  return {dp && !s.device ? dos::largest_shard(ranges) : 0, shard, s.on_gpu ? shard : 0};
 }
 }  // namespace
 
@@ -41,7 +43,8 @@ std::size_t StepIO::device_bytes(const Setup& s) {
 
 std::size_t StepIO::host_bytes(const Setup& s) {
   const HostSizes h = host_sizes(s, dos::shard_ranges(s.total, s.world));
-  return (h.bucket + h.shard) * (sizeof(float) + dos::dtype_size(s.dtype));
+  return h.bucket * (sizeof(float) + dos::dtype_size(s.dtype)) + h.shard * sizeof(float) +
+         h.staging * dos::dtype_size(s.dtype);
 }
 
 StepIO::StepIO(const Setup& s) : s_(s) {
@@ -54,7 +57,7 @@ StepIO::StepIO(const Setup& s) : s_(s) {
   bucket32_.resize(h.bucket);
   shard32_.resize(h.shard);
   bucket16_.resize(h.bucket * esz_);
-  staging16_.resize(h.shard * esz_);
+  staging16_.resize(h.staging * esz_);
   chunk_ = std::min(kChunk, largest);
 #if defined(DOS_HAVE_CUDA)
   if (s_.device) {

@@ -40,8 +40,8 @@ class StepIO {
   explicit StepIO(const Setup& s);
   /// Bytes of host memory StepIO(s) allocates (its buckets; not s.params and s.grads): with MPI
   /// through host memory (comm without device), the largest shard's fp32 and `dtype` buckets and
-  /// this shard's fp32 sum and `dtype` staging; with --grad-parts above 1 in one process, the last
-  /// two; otherwise 0. Throws nothing.
+  /// this shard's fp32 sum, and its `dtype` staging where the model is on the GPU (on_gpu); with
+  /// --grad-parts above 1 in one process, the last two; otherwise 0. Throws nothing.
   static std::size_t host_bytes(const Setup& s);
   /// Bytes of GPU memory StepIO(s) allocates: with `device` (NCCL), two fp32 chunks and one `dtype`
   /// chunk of min(64 Mi, the largest shard) elements; otherwise 0. Throws nothing.

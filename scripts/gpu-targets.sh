@@ -19,7 +19,9 @@
 # Each step runs only if it can start early enough for the part to end in time (times.txt says when
 # one was skipped). ONLY (an extended regular expression, default: every step) runs only the steps
 # whose names match it, the set-up always: ONLY='^tiny|overhead|gpt' PART=rest runs those of
-# PART=rest. The rates cache is $OUT/cache, empty in a fresh $OUT: the part's first model run
+# PART=rest (a step that starts from an earlier step's rates, resident-from-cache, then calibrates
+# when that step is left out: the cache is emptied at every start). A pattern that is not a
+# regular expression, or selects no step, is refused. The rates cache is $OUT/cache, empty in a fresh $OUT: the part's first model run
 # then calibrates, the later ones start from what the earlier ones refined.
 # Outputs to $OUT (default ./gpu-targets-out): each step's log and report, times.txt (each step's exit
 # status, seconds and start), summary.txt (each dos-train report's phases and prediction errors, the

@@ -27,10 +27,10 @@ namespace dos {
 // ---------------------------------------------------------------------------------------------
 // Host memory
 
-std::size_t host_bytes_per_param(DType dtype) { return 12 + 4 + dtype_size(dtype); }
 std::size_t host_bytes_per_param(DType dtype, bool native_grads) {
   return 12 + (native_grads ? dtype_size(dtype) : 4) + dtype_size(dtype);
 }
+std::size_t host_bytes_per_param(DType dtype) { return host_bytes_per_param(dtype, false); }
 
 namespace detail {
 namespace {

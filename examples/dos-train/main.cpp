@@ -28,6 +28,7 @@
 #include "emulate.h"
 #include "grad_norm.h"
 #include "job_agreement.h"
+#include "memory_check.h"
 #include "model_config.h"
 #include "options.h"
 #include "parallel/parallel.h"
@@ -243,12 +244,8 @@ int run(const Args& args) {
     for (const std::string& w : placement.warnings)
       std::fprintf(stderr, "dos-train: warning: rank %d: %s\n", g_comm->rank(), w.c_str());
   }
-  // A cheap lower bound before StarPU starts (and calibrates its bus, and CUDA and NCCL start): this
-  // rank's optimizer state alone; the whole need, the node's ranks together, is checked below. The
-  // subgroups' count first (the optimizer refuses too many of them, and the need counts each one).
-  (void)dos::partition_subgroups({n}, subgroup);
-  dos::check_host_memory(n * dos::host_bytes_per_param(dtype, a.grad_transfer == "native"),
-                         "the optimizer state of " + std::to_string(n) + " parameters (" + cfg.name + ", shard " + a.shard + ")");
+  // what can be told before StarPU starts; the whole need, the node's ranks together, below
+  dos_train::check_state_lower_bound(n, subgroup, dtype, a.grad_transfer == "native", cfg.name, a.shard);
   dos::Runtime rt(ro);
   dos::remove_temporaries_on_signal();  // after StarPU's own handlers, which it then calls
   bool on_gpu = a.device == "cuda" || (a.device == "auto" && rt.cuda_workers() > 0);
@@ -293,71 +290,24 @@ int run(const Args& args) {
   io_setup.parts_begin = my_parts_begin;
   io_setup.parts_end = my_parts_end;
   io_setup.nan_at = std::uint64_t(a.nan_gradient_at);
-  // Host memory, before anything large is allocated: the optimizer state, the parameters and
-  // gradients when they live on the host, and the collectives' host buckets (StepIO::host_bytes).
-  // The ranks of one node share its memory (and the job's cgroup there): each reads what is free
-  // before any allocates (all_ok separates the reads from the allocations) and checks the node's
-  // ranks together, each counted at the largest rank's need (shards differ by at most one element).
-  auto host_need = [&](std::size_t r) {
-    dos_train::StepIO::Setup s = io_setup;
-    s.rank = r;
-    const dos::ShardRange sr = dos::shard_range(total, r, world);
-    const std::size_t m = sr.end - sr.begin;
-    // beside the buffers: each subgroup's StarPU handles and page rounding (about 28 KB measured;
-    // 64 KB counted) and --save-params' fp32 copy of the masters at the end
-    const std::size_t subgroups = (m + subgroup - 1) / subgroup;
-    return m * dos::host_bytes_per_param(dtype, a.grad_transfer == "native") + (on_gpu ? 0 : 2 * esz * m) +
-           dos_train::StepIO::host_bytes(s) + subgroups * 65536 + (a.save_params.empty() ? 0 : 4 * m);
-  };
-  const std::string parts_held =
-      std::string(on_gpu ? "the optimizer state" : "the optimizer state, the parameters and gradients") +
-      (dp && !dcomm ? ", the collectives' host buffers" : "");
-  auto check_this_rank = [&] {
-    dos::check_host_memory(host_need(rank), "the host state of " + std::to_string(n) + " parameters (" + parts_held +
-                                                "; " + cfg.name + ", shard " + a.shard + ")");
-  };
-  if (dp) {  // every rank comes here (all_ok is collective), one rank alone on its node too
-    const std::size_t local = std::size_t(g_comm->local_size());
-    std::string refused;
-    try {
-      if (local > 1) {
-        std::size_t largest = 0;
-        for (std::size_t r = 0; r < world; ++r) largest = std::max(largest, host_need(r));
-        char each[32];
-        std::snprintf(each, sizeof each, "%.2f GB", largest / 1e9);
-        dos::check_host_memory(local * largest, "the host state of this node's " + std::to_string(local) +
-                                                    " ranks (up to " + each + " each: " + parts_held + "; " + cfg.name + ")");
-      } else {
-        check_this_rank();
-      }
-    } catch (const dos::ResourceError& e) {
-      refused = e.what();
-    }
-    if (!g_comm->all_ok(refused.empty()))
-      fail(refused.empty() ? "another rank found too little host memory for its node's ranks (its message says how much)"
-                           : refused);
-  } else {
-    check_this_rank();
-  }
-
+  // Host memory before anything large is allocated (the node's ranks together under MPI), and GPU
+  // memory where the emulated compute shares the GPU with an update budget (a warning)
+  dos_train::RunMemory need;
+  need.io = io_setup;
+  need.subgroup = subgroup;
+  need.native_grads = a.grad_transfer == "native";
+  need.save_params = !a.save_params.empty();
+  need.model = cfg.name;
+  need.shard = a.shard;
+  dos_train::check_host_need(need);
 #if defined(DOS_HAVE_CUDA)
-  // GPU memory, where the emulated compute shares the GPU with an update budget: StarPU keeps what
-  // it frees up to its limit, and the activations come beside all of it (an 80 GB GPU with the 20B
-  // quarter's 40GB budget ran out at the second iteration). A warning: that limit is a worst case.
-  if (on_gpu && a.emulate_compute && ro.gpu_memory_limit > 0) {
-    dos_train::GpuNeed need;
-    need.starpu_limit = ro.gpu_memory_limit;
-    need.compute = dos_train::ComputeEmulator::peak_bytes(dos_train::forward_gemms(cfg), a.tokens, esz);
-    need.model = 2 * n * esz + (dcomm ? dos_train::StepIO::device_bytes(io_setup) : 0);
-    std::size_t free_b = 0, total_b = 0;
-    dos_train::cuda_memory_info(&free_b, &total_b);
-    const std::string budgets =
-        a.gpu_update_budget + (a.gpu_resident_budget.empty() ? "" : " and --gpu-resident-budget " + a.gpu_resident_budget);
-    const std::string warning = dos_train::gpu_memory_warning(need, free_b, budgets, c.update_budget, a.tokens);
-    if (!warning.empty())
-      std::fprintf(stderr, "dos-train: warning%s: %s\n", dp ? (" (rank " + std::to_string(rank) + ")").c_str() : "",
-                   warning.c_str());
-  }
+  const std::string gpu_warning = on_gpu && a.emulate_compute
+                                      ? dos_train::gpu_need_warning(need, cfg, a.tokens, ro.gpu_memory_limit,
+                                                                    a.gpu_update_budget, a.gpu_resident_budget, c.update_budget)
+                                      : "";
+  if (!gpu_warning.empty())
+    std::fprintf(stderr, "dos-train: warning%s: %s\n", dp ? (" (rank " + std::to_string(rank) + ")").c_str() : "",
+                 gpu_warning.c_str());
 #endif
   std::vector<char> init(n * esz);
   for (const ShardTensor& st : tensors) {

@@ -127,6 +127,21 @@ Refined refine_after_phase(const Workload& w, const Rates& r, const PhaseMeasure
   return out;
 }
 
+bool hold_outlier_phase(const PhaseErrors& recent, double error) noexcept {
+  if (!std::isfinite(error)) return false;
+  return recent.count >= 2 && !recent.last_held && std::fabs(recent.last) <= kWellPredicted &&
+         std::fabs(recent.before_last) <= kWellPredicted && std::fabs(error) > kOutlierError;
+}
+
+PhaseErrors record_phase_error(const PhaseErrors& recent, double error, bool held) noexcept {
+  PhaseErrors out;
+  out.count = recent.count + 1;
+  out.before_last = recent.last;
+  out.last = std::isfinite(error) ? error : kOutlierError;
+  out.last_held = held;
+  return out;
+}
+
 bool link_share_is_measured(const Rates& r) { return r.link_share != kUnmeasuredLinkShare; }
 
 LinkShareRecord initial_link_share_record(const Rates& rates, const Rates& calibrated) noexcept {

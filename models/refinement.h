@@ -176,6 +176,41 @@ Refined refine_after_phase(const Workload& w, const Rates& r, const PhaseMeasure
                            std::size_t cpu_workers, bool link_share_measured, bool first_streamed,
                            bool u_c_measured = true);
 
+/// How far off recent phases were predicted, for the outlier rule (hold_outlier_phase): each an
+/// error measured / predicted - 1 (unitless; the phase's seconds against the simulation of its
+/// plan at the rates it was made with). count: phases recorded (refined or held); last,
+/// before_last: the last two's errors (0 until recorded); last_held: the last phase was held.
+struct PhaseErrors {
+  std::size_t count = 0;
+  double last = 0, before_last = 0;
+  bool last_held = false;
+};
+
+/// The outlier rule's thresholds (unitless errors, as PhaseErrors): a phase predicted more than
+/// kOutlierError off, after two phases each predicted within kWellPredicted, is held.
+inline constexpr double kWellPredicted = 0.15;
+inline constexpr double kOutlierError = 0.3;
+
+/// Whether the optimizer refines nothing from a phase whose prediction was `error` off (measured /
+/// predicted - 1), given how the phases before it were predicted (`recent`): true when the last
+/// two phases recorded were each predicted within kWellPredicted (so the rates described the
+/// machine), the last was not held, and this one is more than kOutlierError off either way. Such a
+/// phase says more about that phase than about the machine: the next phase refines as usual, and
+/// if the machine did change it is as far off and is refined (held phases never come two in a row),
+/// so a lasting change is followed one phase later. Why: on the GPU machine (an H100, the
+/// 1.01e9-parameter GPT in PyTorch, 21 subgroups of 5e7) one phase ran its CPU Adam at 1.9
+/// Gparams/s where the others ran 3.3-3.8 (0.300 s against about 0.20), and the refinement, taking
+/// that phase's U_c half way, moved the next plans from 8 to 12 streamed subgroups, which the links
+/// then bound (0.213, 0.221 s). On the simulation (test_one_slow_phase, the GPT at that run's rates
+/// and the 20B quarter) one phase with the CPU at 0.4x or 0.55x its speed cost the next ten phases
+/// 3.0-7.0% at worst without the rule and nothing with it; a CPU that stays at 0.55x is followed one
+/// phase later. Not held: a phase with `error` not finite (returns false). Throws nothing.
+bool hold_outlier_phase(const PhaseErrors& recent, double error) noexcept;
+
+/// `recent` after one more phase: its error (a non-finite one is recorded as kOutlierError, so
+/// that it counts as not well predicted) and whether it was held. Throws nothing.
+PhaseErrors record_phase_error(const PhaseErrors& recent, double error, bool held) noexcept;
+
 /// Whether rates hold a measured link_share: false only for the placeholder, a link_share of exactly
 /// 1 (the calibration gives it unless it measures link_share, and rates given without one, in
 /// --rates or the C ABI, get 1). Whether an optimizer counts that measure is

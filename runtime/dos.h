@@ -457,6 +457,10 @@ struct StepStats {
   /// refinement divides the PCIe bytes by.
   bool cpu_first = false;
   double stream_end_seconds = 0;
+  /// Whether the rates' refinement held this phase as an outlier (models/refinement.h,
+  /// hold_outlier_phase: predicted more than 30% off right after two phases predicted within 15%):
+  /// nothing was refined from it. false for a phase refined, or not refined for another reason.
+  bool refinement_held = false;
   /// Late binding (OptimizerOptions::tail_subgroups): subgroups whose side was decided while the
   /// phase ran, and of those, the ones given the other side than the plan's (`plan` keeps the plan's
   /// sides, `placement` says where each ran).

@@ -7,6 +7,7 @@
 #include <cfloat>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -140,14 +141,34 @@ Simulation Optimizer::Impl::simulate_plan() const {
   }
 }
 
-void Optimizer::Impl::refine(const PhaseMeasure& m, const Simulation& sim, bool first_streamed) {
-  if (!have_rates || !choice.plan || !choice.plan->needs().refine || rt.cuda_workers() == 0) return;
+namespace {
+/// Whether the refinement holds outlier phases (hold_outlier_phase), unless DOS_OUTLIER_PHASES=refine:
+/// then every phase refines, the rule before (plans may differ, results do not). Another value
+/// warns once and is ignored.
+bool holds_outlier_phases() {
+  const char* v = std::getenv("DOS_OUTLIER_PHASES");
+  if (!v || !*v || std::strcmp(v, "hold") == 0) return true;
+  if (std::strcmp(v, "refine") == 0) return false;
+  std::fprintf(stderr, "[dos] warning: DOS_OUTLIER_PHASES='%s' is not hold or refine: ignored (the default, hold: "
+                       "a phase predicted far off right after two predicted well refines nothing)\n", v);
+  return true;
+}
+}  // namespace
+
+bool Optimizer::Impl::refine(const PhaseMeasure& m, const Simulation& sim, bool first_streamed, double seconds) {
+  if (!have_rates || !choice.plan || !choice.plan->needs().refine || rt.cuda_workers() == 0) return false;
+  static const bool hold_outliers = holds_outlier_phases();
+  const double error = sim.total > 0 && seconds > 0 ? seconds / sim.total - 1 : std::nan("");
+  const bool held = hold_outliers && !first_streamed && hold_outlier_phase(phase_errors, error);
+  phase_errors = record_phase_error(phase_errors, error, held);
+  if (held) return true;
   const Refined r = refine_after_phase(workload, rates, m, sim, rt.cpu_workers(), link_share_record.measured,
                                        first_streamed, u_c_measured);
   rates = r.rates;
   u_c_measured = r.u_c_measured;
   refined = refined || r.applied;
   link_share_record = record_phase(link_share_record, r);
+  return false;
 }
 
 struct starpu_task* Optimizer::Impl::make_task(struct starpu_codelet* cl, void* arg, const TaskHint* hint,

@@ -635,7 +635,7 @@ StepStats Optimizer::Impl::finish_wait() {
   // after a skipped one.
   last_changed = st.overlapped && verdict == StepVerdict::changed;
   const bool first_streamed = measure.streamed > 0 && !buffers_were_allocated;
-  if (!st.skipped && !st.overlapped && !ph.async) refine(measure, ph.sim, first_streamed);
+  if (!st.skipped && !st.overlapped && !ph.async) st.refinement_held = refine(measure, ph.sim, first_streamed, st.seconds);
   StepStats out = std::move(st);
   open.reset();
   return out;

@@ -2,6 +2,7 @@
 // hand, then the whole loop against a machine that behaves as the phase simulation says at rates
 // known to the test: from rates 0.6x and 1.5x off, the refinement's predictions must come to the
 // machine's phase times and its plans to the machine's best.
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdio>
@@ -141,6 +142,7 @@ dos::Rates closed_loop(const dos::Workload& w, const dos::Execution& e, dos::Rat
                        int phases, std::vector<PlanSide>* plan, double* predicted, double* measured, int* alone_phases,
                        const dos::Rates& truth = kRates, bool* link_share_measured = nullptr) {
   *alone_phases = 0;
+  dos::PhaseErrors errors;
   for (int phase = 0; phase < phases; ++phase) {
     *plan = fixed ? *fixed : dos::choose_plan_simulated(w, r, e).plan;
     const dos::Simulation sim = dos::simulate_phase(w, *plan, r, e);
@@ -148,6 +150,11 @@ dos::Rates closed_loop(const dos::Workload& w, const dos::Execution& e, dos::Rat
     *alone_phases += m.alone_seconds >= 2e-3 ? 1 : 0;
     *predicted = sim.total;
     // as the optimizer refines: link_share's first measure whole while it is the placeholder
+    // the outlier rule as the optimizer applies it: on a machine that does not change, no phase
+    // is held, however far off the rates started
+    const double error = *measured / sim.total - 1;
+    assert_false(dos::hold_outlier_phase(errors, error));
+    errors = dos::record_phase_error(errors, error, false);
     const dos::Refined q = dos::refine_rates(w, r, m, sim, 1, link_share_measured ? *link_share_measured : true);
     if (link_share_measured) *link_share_measured = q.link_share_measured;
     r = q.rates;
@@ -462,6 +469,138 @@ void test_closed_loop_wrong_b(void**) {
   }
 }
 
+// The outlier rule by hand: held only after two phases recorded, each within 15%, the last not
+// held, and this one more than 30% off either way; a held phase is recorded, and the next is not
+// held whatever its error; a non-finite error is never held and counts as not well predicted.
+void test_hold_outlier_phase(void**) {
+  dos::PhaseErrors e;
+  assert_false(dos::hold_outlier_phase(e, 0.5));  // nothing recorded yet
+  e = dos::record_phase_error(e, 0.05, false);
+  assert_false(dos::hold_outlier_phase(e, 0.5));  // one phase only
+  e = dos::record_phase_error(e, -0.14, false);
+  assert_int_equal(e.count, 2);
+  assert_true(dos::hold_outlier_phase(e, 0.5));
+  assert_true(dos::hold_outlier_phase(e, -0.31));
+  assert_false(dos::hold_outlier_phase(e, 0.3));  // at the threshold: refined
+  assert_false(dos::hold_outlier_phase(e, std::nan("")));
+  const dos::PhaseErrors held = dos::record_phase_error(e, 0.64, true);
+  assert_true(held.last_held);
+  ASSERT_NEAR(held.last, 0.64, 0.0);
+  ASSERT_NEAR(held.before_last, -0.14, 0.0);
+  assert_false(dos::hold_outlier_phase(held, 0.64));  // the second in a row: refined
+  // after it, the held phase's error is one of the last two: not well predicted, nothing held
+  const dos::PhaseErrors next = dos::record_phase_error(held, 0.01, false);
+  assert_false(dos::hold_outlier_phase(next, 0.5));
+  assert_true(dos::hold_outlier_phase(dos::record_phase_error(next, 0.02, false), 0.5));
+  // one of the last two above 15%: not held
+  dos::PhaseErrors loose = dos::record_phase_error(dos::record_phase_error({}, 0.16, false), 0.0, false);
+  assert_false(dos::hold_outlier_phase(loose, 0.9));
+  // a phase whose error could not be had (no prediction) counts as not well predicted
+  const dos::PhaseErrors unknown = dos::record_phase_error(dos::record_phase_error({}, 0.0, false), std::nan(""), false);
+  ASSERT_NEAR(unknown.last, dos::kOutlierError, 0.0);
+  assert_false(dos::hold_outlier_phase(unknown, 0.9));
+}
+
+// The 1.01e9-parameter GPT of the README (20 subgroups of 5e7 and one of 7e6, bf16 parameters and
+// gradients on the GPU, the runtime's own gradient downloads by the copy engine and parameter
+// uploads), at the rates an H100 machine's run of it wrote (U_c 4.85e9, U_c_dma 3.65e9, B 42.8 /
+// 51.2 GB/s, link_share 0.87; U_g and D_c as kRates).
+dos::Workload gpt_1b() {
+  dos::Workload w;
+  w.sizes.assign(20, 50000000);
+  w.sizes.push_back(7000000);
+  w.grad_bytes = 2;
+  w.cpu_grads_staged_on_gpu = w.cpu_params_staged_on_gpu = false;
+  return w;
+}
+dos::Execution gpt_1b_execution() {
+  dos::Execution e;
+  e.own_param_upload = e.own_grad_download = e.grad_download_by_copy_engine = true;
+  return e;
+}
+const dos::Rates kGptRates{4.85e9, 3.65e9, 1.3e11, 4.9e11, 4.28e10, 5.12e10, 0.87};
+
+/// Phases of dos's own plans on a machine at `truth`, except phases `from`..`to` (counted from 0)
+/// whose CPU Adam runs at `slow` times its rate (U_c and U_c_dma), from rates equal to the
+/// machine's, refined after each phase as the optimizer does, with the outlier rule (`hold`) or
+/// without it. Returns each phase's measured seconds, its streamed subgroups and whether it was held.
+struct PhaseRun {
+  std::vector<double> seconds;
+  std::vector<std::size_t> streamed;
+  std::vector<bool> held;
+};
+PhaseRun slow_phases(const dos::Workload& w, const dos::Execution& e, const dos::Rates& truth, int phases, int from,
+                     int to, double slow, bool hold) {
+  dos::Rates r = truth, slowed = truth;
+  slowed.U_c *= slow;
+  slowed.U_c_dma *= slow;
+  dos::PhaseErrors errors;
+  PhaseRun out;
+  for (int phase = 0; phase < phases; ++phase) {
+    const std::vector<PlanSide> plan = dos::choose_plan_simulated(w, r, e).plan;
+    const dos::Simulation sim = dos::simulate_phase(w, plan, r, e);
+    double seconds = 0;
+    const dos::PhaseMeasure m = measure_on(w, plan, phase >= from && phase <= to ? slowed : truth, e, &seconds);
+    out.seconds.push_back(seconds);
+    out.streamed.push_back(m.streamed);
+    const double error = seconds / sim.total - 1;
+    const bool held = hold && dos::hold_outlier_phase(errors, error);
+    errors = dos::record_phase_error(errors, error, held);
+    out.held.push_back(held);
+    if (!held) r = dos::refine_rates(w, r, m, sim).rates;
+  }
+  return out;
+}
+
+// One phase whose CPU Adam ran at a fraction of its speed (the H100 run of the GPT: 1.9 Gparams/s
+// in one phase where the others ran 3.3-3.8), on the GPT and on the 20B quarter: refined as any
+// phase, it moves the plans after it, which then run slower than the machine's best for several
+// phases; held by the outlier rule, the plan stays (each later phase within 0.5% of the best). A
+// machine whose CPU stays that slow is followed with the rule too, one phase later: by the tenth
+// phase after the change both run within 1% of the slow machine's best. Printed: each case's
+// phases from the one before the slow one, seconds (streamed subgroups), both ways.
+void test_one_slow_phase(void**) {
+  struct Case {
+    const char* name;
+    dos::Workload w;
+    dos::Execution e;
+    dos::Rates truth;
+  };
+  const Case cases[] = {{"GPT 1.01e9", gpt_1b(), gpt_1b_execution(), kGptRates},
+                        {"20B quarter", quarter_20b(), budget_40gb(), kRates}};
+  const int phases = 15, slow_at = 4;
+  for (const Case& c : cases) {
+    const double best = dos::choose_plan_simulated(c.w, c.truth, c.e).predicted.total;
+    for (double slow : {0.4, 0.55}) {
+      double worst[2] = {0, 0};
+      for (int hold = 0; hold < 2; ++hold) {
+        const PhaseRun run = slow_phases(c.w, c.e, c.truth, phases, slow_at, slow_at, slow, hold);
+        std::printf("  %s, phase %d's CPU at %.2fx, %s:", c.name, slow_at, slow, hold ? "held   " : "refined");
+        for (int p = slow_at - 1; p < phases; ++p) std::printf(" %.4f (%zu)", run.seconds[p], run.streamed[p]);
+        for (int p = slow_at + 1; p < phases; ++p) worst[hold] = std::max(worst[hold], run.seconds[p] / best - 1);
+        std::printf("; after it at worst %+.1f%% of the best\n", 100 * worst[hold]);
+        ASSERT_NEAR(run.seconds[slow_at - 1] / best, 1.0, 1e-9);  // settled before it
+        for (int p = 0; p < phases; ++p) assert_true(run.held[p] == (hold && p == slow_at));
+      }
+      assert_true(worst[1] <= 0.005);
+      assert_true(worst[0] > 0.02);  // the case the rule is for: refined, the slow phase costs the next ones
+    }
+    // a machine whose CPU stays slow from phase 4 on: held once, then followed
+    dos::Rates slowed = c.truth;
+    slowed.U_c *= 0.55;
+    slowed.U_c_dma *= 0.55;
+    const double slow_best = dos::choose_plan_simulated(c.w, slowed, c.e).predicted.total;
+    for (int hold = 0; hold < 2; ++hold) {
+      const PhaseRun run = slow_phases(c.w, c.e, c.truth, phases, slow_at, phases, 0.55, hold);
+      std::printf("  %s, CPU at 0.55x from phase %d on, %s:", c.name, slow_at, hold ? "held   " : "refined");
+      for (int p = slow_at; p < phases; ++p) std::printf(" %.4f (%zu)", run.seconds[p], run.streamed[p]);
+      std::printf("; the slow machine's best %.4f s\n", slow_best);
+      assert_true(run.seconds[phases - 1] <= 1.01 * slow_best);
+      for (int p = 0; p < phases; ++p) assert_true(run.held[p] == (hold && p == slow_at));
+    }
+  }
+}
+
 }  // namespace
 
 int main() {
@@ -473,6 +612,7 @@ int main() {
       cmocka_unit_test(test_sweep_links_beside_cpu), cmocka_unit_test(test_host_shares),
       cmocka_unit_test(test_link_share), cmocka_unit_test(test_link_share_first_measure), cmocka_unit_test(test_link_share_is_measured), cmocka_unit_test(test_first_link_share_closed_loop), cmocka_unit_test(test_bounds_after_a_step),
       cmocka_unit_test(test_closed_loop_wrong_b),
+      cmocka_unit_test(test_hold_outlier_phase), cmocka_unit_test(test_one_slow_phase),
   };
   return cmocka_run_group_tests(tests, nullptr, nullptr);
 }

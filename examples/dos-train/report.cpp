@@ -150,9 +150,9 @@ void IterationLog::add(std::int64_t it, const std::string& label, const dos::Ste
   // that of the same plan run alone after backward, which is what the text says
   char model[200] = "";
   if (s.predicted_seconds > 0)
-    std::snprintf(model, sizeof model, "  predicted %.4f s (%s%s)  lower bound %.4f s", s.predicted_seconds,
+    std::snprintf(model, sizeof model, "  predicted %.4f s (%s%s)  lower bound %.4f s%s", s.predicted_seconds,
                   s.bound_by.c_str(), s.overlapped ? "; for the phase alone after backward" : "",
-                  s.lower_bound_seconds);
+                  s.lower_bound_seconds, s.refinement_held ? "  (outlier: not refined)" : "");
   char comp[420] = "";
   if (compute)
     std::snprintf(comp, sizeof comp,
@@ -197,6 +197,7 @@ void IterationLog::add(std::int64_t it, const std::string& label, const dos::Ste
   row["cpu_adam_seconds"] = s.cpu_adam_seconds;
   row["tail_bound"] = s.tail_bound;
   row["tail_moved"] = s.tail_moved;
+  row["refinement_held"] = s.refinement_held;
   row["overlapped"] = s.overlapped;
   row["exposed_seconds"] = s.exposed_seconds;
   row["speculated"] = s.speculated;

@@ -33,7 +33,8 @@
 extern "C" {
 #endif
 
-/* 10: options.tail_subgroups (options version 4), dos_step_stats.tail_bound and tail_moved.
+/* 11: dos_step_stats.refinement_held.
+ * 10: options.tail_subgroups (options version 4), dos_step_stats.tail_bound and tail_moved.
  * 9: timeline lane DOS_LANE_WRITEBACK and kind DOS_TASK_STATE (a streamed subgroup's state write-back).
  * 8: dos_gpu_memory_for_budgets, dos_starpu_device_margin.
  * 7: dos_optimizer_set_gradients, dos_optimizer_read_masters, dos_optimizer_write_masters.
@@ -44,7 +45,7 @@ extern "C" {
  * 3: the overlapped update (dos_optimizer_begin_step, _gradients_final, _finish_step), its fields
  * in dos_step_stats, options.speculation_budget (options version 2).
  * 2: dos_optimizer_create takes a struct dos_optimizer_options (1: positional arguments). */
-#define DOS_C_ABI_VERSION 10
+#define DOS_C_ABI_VERSION 11
 
 #define DOS_OK 0
 #define DOS_E_INVALID (-1)
@@ -83,6 +84,9 @@ typedef struct dos_step_stats {
    * and of them those that went to the other side than the plan's. */
   uint64_t tail_bound;
   uint64_t tail_moved;
+  /* 1: the rates' refinement held this phase as an outlier (predicted more than 30% off right
+   * after two phases predicted within 15%) and refined nothing from it; 0 otherwise. */
+  int32_t refinement_held;
 } dos_step_stats;
 
 /* DOS_C_ABI_VERSION of the library (a binding checks it against its own). */

@@ -29,7 +29,7 @@ import sysconfig
 import threading
 import time
 
-ABI_VERSION = 10
+ABI_VERSION = 11
 
 DTYPE_CODES = {"fp32": 0, "fp16": 1, "bf16": 2}
 MEMORY_HOST = 0
@@ -63,7 +63,9 @@ class StepStats(ctypes.Structure):
     was finished), ``redone`` (speculative updates redone because gradients changed after being
     declared final), ``overlapped`` / ``skipped`` (0 or 1); the late binding's (``tail_subgroups``):
     ``tail_bound`` (subgroups whose side was decided while the phase ran) and ``tail_moved`` (of
-    them, those that went to the other side than the plan's).
+    them, those that went to the other side than the plan's); ``refinement_held`` (1: the rates'
+    refinement held the phase as an outlier, predicted more than 30% off right after two phases
+    predicted within 15%, and refined nothing from it).
     """
 
     _fields_ = [
@@ -88,6 +90,7 @@ class StepStats(ctypes.Structure):
         ("skipped", ctypes.c_int32),
         ("tail_bound", ctypes.c_uint64),
         ("tail_moved", ctypes.c_uint64),
+        ("refinement_held", ctypes.c_int32),
     ]
 
     def as_dict(self):

@@ -127,18 +127,24 @@ Refined refine_after_phase(const Workload& w, const Rates& r, const PhaseMeasure
   return out;
 }
 
-bool hold_outlier_phase(const PhaseErrors& recent, double error) noexcept {
-  if (!std::isfinite(error)) return false;
-  return recent.count >= 2 && !recent.last_held && std::fabs(recent.last) <= kWellPredicted &&
-         std::fabs(recent.before_last) <= kWellPredicted && std::fabs(error) > kOutlierError;
+namespace {
+/// Whether a and b (positive ratios) are within factor f of each other either way.
+bool within_factor(double a, double b, double f) { return a > 0 && b > 0 && a <= f * b && b <= f * a; }
+bool usable_ratio(double r) { return std::isfinite(r) && r > 0; }
+}  // namespace
+
+bool hold_outlier_phase(const PhaseErrors& recent, double ratio, const std::vector<PlanSide>& plan) noexcept {
+  if (!usable_ratio(ratio) || recent.count < 2 || recent.last_held || plan != recent.last_plan) return false;
+  return within_factor(recent.last, recent.before_last, kSteadyRatio) && !within_factor(ratio, recent.last, kOutlierRatio);
 }
 
-PhaseErrors record_phase_error(const PhaseErrors& recent, double error, bool held) noexcept {
+PhaseErrors record_phase_error(const PhaseErrors& recent, double ratio, bool held, const std::vector<PlanSide>& plan) {
   PhaseErrors out;
   out.count = recent.count + 1;
   out.before_last = recent.last;
-  out.last = std::isfinite(error) ? error : kOutlierError;
+  out.last = usable_ratio(ratio) ? ratio : 0;
   out.last_held = held;
+  out.last_plan = plan;
   return out;
 }
 

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstddef>
+#include <vector>
 
 #include "phase_sim.h"
 #include "resource_model.h"
@@ -176,40 +177,51 @@ Refined refine_after_phase(const Workload& w, const Rates& r, const PhaseMeasure
                            std::size_t cpu_workers, bool link_share_measured, bool first_streamed,
                            bool u_c_measured = true);
 
-/// How far off recent phases were predicted, for the outlier rule (hold_outlier_phase): each an
-/// error measured / predicted - 1 (unitless; the phase's seconds against the simulation of its
-/// plan at the rates it was made with). count: phases recorded (refined or held); last,
-/// before_last: the last two's errors (0 until recorded); last_held: the last phase was held.
+/// How recent phases went against their predictions, for the outlier rule (hold_outlier_phase):
+/// each phase's ratio measured seconds / predicted seconds (unitless; the prediction is the
+/// simulation of the plan as it ran, at the rates it was made with). count: phases recorded (refined
+/// or held); last, before_last: the last two's ratios (0 until recorded); last_held: the last phase
+/// was held; last_plan: the plan the last phase ran (PlanSide per subgroup).
 struct PhaseErrors {
   std::size_t count = 0;
   double last = 0, before_last = 0;
   bool last_held = false;
+  std::vector<PlanSide> last_plan;
 };
 
-/// The outlier rule's thresholds (unitless errors, as PhaseErrors): a phase predicted more than
-/// kOutlierError off, after two phases each predicted within kWellPredicted, is held.
-inline constexpr double kWellPredicted = 0.15;
-inline constexpr double kOutlierError = 0.3;
+/// The outlier rule's thresholds, ratios of two phases' measured / predicted ratios (unitless):
+/// two phases are steady when theirs differ by at most kSteadyRatio either way, a phase is an
+/// outlier when its own differs from the last phase's by more than kOutlierRatio either way.
+inline constexpr double kSteadyRatio = 1.15;
+inline constexpr double kOutlierRatio = 1.3;
 
-/// Whether the optimizer refines nothing from a phase whose prediction was `error` off (measured /
-/// predicted - 1), given how the phases before it were predicted (`recent`): true when the last
-/// two phases recorded were each predicted within kWellPredicted (so the rates described the
-/// machine), the last was not held, and this one is more than kOutlierError off either way. Such a
-/// phase says more about that phase than about the machine: the next phase refines as usual, and
-/// if the machine did change it is as far off and is refined (held phases never come two in a row),
-/// so a lasting change is followed one phase later. Why: on the GPU machine (an H100, the
-/// 1.01e9-parameter GPT in PyTorch, 21 subgroups of 5e7) one phase ran its CPU Adam at 1.9
+/// Whether the optimizer refines nothing from a phase that ran `plan` and took `ratio` times its
+/// prediction (measured / predicted seconds), given the phases before it (`recent`): true when the
+/// last two phases recorded were steady (their ratios within kSteadyRatio of each other), the last
+/// was not held and ran the same plan, and this phase's ratio is more than kOutlierRatio off the
+/// last one's either way. Relative to the recent phases, so that a model that is steadily off (the
+/// 20B quarter's phases were predicted 12-19% fast at 67a6646) holds a phase as far from its
+/// neighbours as an exact one does; under the same plan only, since a plan that changed may be
+/// predicted another way, and holding the phase after a plan change would keep that plan a phase
+/// longer. Such a phase says more about itself than about the machine: the next phase refines as
+/// usual and, if the machine did change, is as far off and is refined (held phases never come two
+/// in a row), so a lasting change is followed one phase later. Why: on the GPU machine (an H100,
+/// the 1.01e9-parameter GPT in PyTorch, 21 subgroups of 5e7) one phase ran its CPU Adam at 1.9
 /// Gparams/s where the others ran 3.3-3.8 (0.300 s against about 0.20), and the refinement, taking
 /// that phase's U_c half way, moved the next plans from 8 to 12 streamed subgroups, which the links
 /// then bound (0.213, 0.221 s). On the simulation (test_one_slow_phase, the GPT at that run's rates
 /// and the 20B quarter) one phase with the CPU at 0.4x or 0.55x its speed cost the next ten phases
 /// 3.0-7.0% at worst without the rule and nothing with it; a CPU that stays at 0.55x is followed one
-/// phase later. Not held: a phase with `error` not finite (returns false). Throws nothing.
-bool hold_outlier_phase(const PhaseErrors& recent, double error) noexcept;
+/// phase later; a phase whose errors cancel (the CPU 2.5x as fast and the links at 0.8x), predicted
+/// well and refined, moves the plan, and the phase after it, under the new plan, is not held
+/// (test_odd_phase_predicted_well). Not held: a ratio that is not a positive finite number. Throws
+/// nothing.
+bool hold_outlier_phase(const PhaseErrors& recent, double ratio, const std::vector<PlanSide>& plan) noexcept;
 
-/// `recent` after one more phase: its error (a non-finite one is recorded as kOutlierError, so
-/// that it counts as not well predicted) and whether it was held. Throws nothing.
-PhaseErrors record_phase_error(const PhaseErrors& recent, double error, bool held) noexcept;
+/// `recent` after one more phase: its ratio (one that is not a positive finite number is recorded
+/// as 0, which no later phase is steady with), whether it was held, and its plan. Throws
+/// std::bad_alloc only (the plan's copy).
+PhaseErrors record_phase_error(const PhaseErrors& recent, double ratio, bool held, const std::vector<PlanSide>& plan);
 
 /// Whether rates hold a measured link_share: false only for the placeholder, a link_share of exactly
 /// 1 (the calibration gives it unless it measures link_share, and rates given without one, in

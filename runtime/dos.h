@@ -458,8 +458,11 @@ struct StepStats {
   bool cpu_first = false;
   double stream_end_seconds = 0;
   /// Whether the rates' refinement held this phase as an outlier (models/refinement.h,
-  /// hold_outlier_phase: predicted more than 30% off right after two phases predicted within 15%):
-  /// nothing was refined from it. false for a phase refined, or not refined for another reason.
+  /// hold_outlier_phase: its measured / predicted ratio more than 1.3x off the last phase's, under
+  /// the same plan, after two phases whose ratios were within 1.15x of each other): nothing was
+  /// refined from it. false for a phase refined, or not refined for another reason. The prediction
+  /// judged is that of the plan as it ran: predicted_seconds, or the plan as bound when the tail
+  /// binding moved subgroups (tail_moved > 0).
   bool refinement_held = false;
   /// Late binding (OptimizerOptions::tail_subgroups): subgroups whose side was decided while the
   /// phase ran, and of those, the ones given the other side than the plan's (`plan` keeps the plan's

@@ -84,8 +84,9 @@ typedef struct dos_step_stats {
    * and of them those that went to the other side than the plan's. */
   uint64_t tail_bound;
   uint64_t tail_moved;
-  /* 1: the rates' refinement held this phase as an outlier (predicted more than 30% off right
-   * after two phases predicted within 15%) and refined nothing from it; 0 otherwise. */
+  /* 1: the rates' refinement held this phase as an outlier (its measured / predicted ratio more
+   * than 1.3x off the last phase's, under the same plan, after two steady phases) and refined
+   * nothing from it; 0 otherwise. */
   int32_t refinement_held;
 } dos_step_stats;
 

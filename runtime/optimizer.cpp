@@ -144,7 +144,7 @@ Simulation Optimizer::Impl::simulate_plan() const {
 namespace {
 /// Whether the refinement holds outlier phases (hold_outlier_phase), unless DOS_OUTLIER_PHASES=refine:
 /// then every phase refines, the rule before (plans may differ, results do not). Another value
-/// warns once and is ignored.
+/// warns once, at the first phase that refines, and is ignored.
 bool holds_outlier_phases() {
   const char* v = std::getenv("DOS_OUTLIER_PHASES");
   if (!v || !*v || std::strcmp(v, "hold") == 0) return true;
@@ -158,9 +158,10 @@ bool holds_outlier_phases() {
 bool Optimizer::Impl::refine(const PhaseMeasure& m, const Simulation& sim, bool first_streamed, double seconds) {
   if (!have_rates || !choice.plan || !choice.plan->needs().refine || rt.cuda_workers() == 0) return false;
   static const bool hold_outliers = holds_outlier_phases();
-  const double error = sim.total > 0 && seconds > 0 ? seconds / sim.total - 1 : std::nan("");
-  const bool held = hold_outliers && !first_streamed && hold_outlier_phase(phase_errors, error);
-  phase_errors = record_phase_error(phase_errors, error, held);
+  // the plan as it ran (as bound, when the tail binding moved subgroups) against its simulation
+  const double ratio = sim.total > 0 ? seconds / sim.total : std::nan("");
+  const bool held = hold_outliers && !first_streamed && hold_outlier_phase(phase_errors, ratio, plan);
+  phase_errors = record_phase_error(phase_errors, ratio, held, plan);
   if (held) return true;
   const Refined r = refine_after_phase(workload, rates, m, sim, rt.cpu_workers(), link_share_record.measured,
                                        first_streamed, u_c_measured);

@@ -360,7 +360,8 @@ struct Optimizer::Impl {
   // and ran its CPU Adam mostly without DMA is then taken whole; a measure from CPU Adam tasks after
   // a phase's streaming is blended and ends that), true from rates given
   bool u_c_measured = true;
-  // how far off the last phases refined were predicted (hold_outlier_phase's record)
+  // how the last phases recorded (refined or held) went against their predictions, and the last
+  // one's plan (hold_outlier_phase's record)
   PhaseErrors phase_errors;
   /// Whether a phase of this optimizer has run (not skipped) with streamed subgroups: StarPU
   /// allocated their GPU buffers in it. Until then choose_tail binds nothing (tail_binder.cpp), and
@@ -521,9 +522,10 @@ struct Optimizer::Impl {
   /// (the other rates half way) without counting it as link_share's measure, and when link_share
   /// holds a measure it refines the phase as any other. (A first step that streamed nothing ran 3%
   /// slower than the next ones on the 7B 1/16 shard: it refines.)
-  /// seconds: the phase's measured seconds. A phase that hold_outlier_phase holds (its prediction,
-  /// sim.total, more than 30% off right after two phases within 15%; not the first that streamed)
-  /// refines nothing; returns true then, false otherwise. DOS_OUTLIER_PHASES=refine refines every
+  /// seconds: the phase's measured seconds. A phase that hold_outlier_phase holds (its measured /
+  /// predicted ratio, against sim.total, more than 1.3x off the last phase's, under the same plan,
+  /// after two steady phases; not the first that streamed) refines nothing; returns true then, false
+  /// otherwise. DOS_OUTLIER_PHASES=refine refines every
   /// phase (the rule before, to measure the two against each other on one machine).
   bool refine(const PhaseMeasure& m, const Simulation& sim, bool first_streamed, double seconds);
 

@@ -149,12 +149,12 @@ dos::Rates closed_loop(const dos::Workload& w, const dos::Execution& e, dos::Rat
     const dos::PhaseMeasure m = measure_on(w, *plan, truth, e, measured);
     *alone_phases += m.alone_seconds >= 2e-3 ? 1 : 0;
     *predicted = sim.total;
-    // as the optimizer refines: link_share's first measure whole while it is the placeholder
     // the outlier rule as the optimizer applies it: on a machine that does not change, no phase
     // is held, however far off the rates started
-    const double error = *measured / sim.total - 1;
-    assert_false(dos::hold_outlier_phase(errors, error));
-    errors = dos::record_phase_error(errors, error, false);
+    const double ratio = *measured / sim.total;
+    assert_false(dos::hold_outlier_phase(errors, ratio, *plan));
+    errors = dos::record_phase_error(errors, ratio, false, *plan);
+    // as the optimizer refines: link_share's first measure whole while it is the placeholder
     const dos::Refined q = dos::refine_rates(w, r, m, sim, 1, link_share_measured ? *link_share_measured : true);
     if (link_share_measured) *link_share_measured = q.link_share_measured;
     r = q.rates;
@@ -469,36 +469,48 @@ void test_closed_loop_wrong_b(void**) {
   }
 }
 
-// The outlier rule by hand: held only after two phases recorded, each within 15%, the last not
-// held, and this one more than 30% off either way; a held phase is recorded, and the next is not
-// held whatever its error; a non-finite error is never held and counts as not well predicted.
+// The outlier rule by hand: held only after two phases recorded whose ratios (measured /
+// predicted) are within 1.15x of each other, the last not held and under the same plan, and this
+// one more than 1.3x off the last either way; relative, so a model steadily 20% off holds as an
+// exact one does; a held phase is recorded, the next is not held whatever its ratio; a ratio that
+// is not a positive finite number is never held and no later phase is steady with it.
 void test_hold_outlier_phase(void**) {
+  using P = PlanSide;
+  const std::vector<P> plan{P::cpu, P::gpu_streamed, P::cpu}, other{P::cpu, P::cpu, P::gpu_streamed};
   dos::PhaseErrors e;
-  assert_false(dos::hold_outlier_phase(e, 0.5));  // nothing recorded yet
-  e = dos::record_phase_error(e, 0.05, false);
-  assert_false(dos::hold_outlier_phase(e, 0.5));  // one phase only
-  e = dos::record_phase_error(e, -0.14, false);
+  assert_false(dos::hold_outlier_phase(e, 2.0, plan));  // nothing recorded yet
+  e = dos::record_phase_error(e, 1.05, false, plan);
+  assert_false(dos::hold_outlier_phase(e, 2.0, plan));  // one phase only
+  e = dos::record_phase_error(e, 0.92, false, plan);   // 1.05 / 0.92 = 1.14: steady
   assert_int_equal(e.count, 2);
-  assert_true(dos::hold_outlier_phase(e, 0.5));
-  assert_true(dos::hold_outlier_phase(e, -0.31));
-  assert_false(dos::hold_outlier_phase(e, 0.3));  // at the threshold: refined
-  assert_false(dos::hold_outlier_phase(e, std::nan("")));
-  const dos::PhaseErrors held = dos::record_phase_error(e, 0.64, true);
+  assert_true(dos::hold_outlier_phase(e, 1.2, plan));    // 1.2 / 0.92 = 1.30(4)
+  assert_true(dos::hold_outlier_phase(e, 0.7, plan));    // 0.92 / 0.7 = 1.31
+  assert_false(dos::hold_outlier_phase(e, 1.19, plan));  // 1.29: refined
+  assert_false(dos::hold_outlier_phase(e, 0.71, plan));  // 1.296: refined
+  assert_false(dos::hold_outlier_phase(e, 2.0, other));  // another plan than the last phase's: refined
+  for (double bad : {std::nan(""), 0.0, -1.0, HUGE_VAL}) assert_false(dos::hold_outlier_phase(e, bad, plan));
+  const dos::PhaseErrors held = dos::record_phase_error(e, 1.64, true, plan);
   assert_true(held.last_held);
-  ASSERT_NEAR(held.last, 0.64, 0.0);
-  ASSERT_NEAR(held.before_last, -0.14, 0.0);
-  assert_false(dos::hold_outlier_phase(held, 0.64));  // the second in a row: refined
-  // after it, the held phase's error is one of the last two: not well predicted, nothing held
-  const dos::PhaseErrors next = dos::record_phase_error(held, 0.01, false);
-  assert_false(dos::hold_outlier_phase(next, 0.5));
-  assert_true(dos::hold_outlier_phase(dos::record_phase_error(next, 0.02, false), 0.5));
-  // one of the last two above 15%: not held
-  dos::PhaseErrors loose = dos::record_phase_error(dos::record_phase_error({}, 0.16, false), 0.0, false);
-  assert_false(dos::hold_outlier_phase(loose, 0.9));
-  // a phase whose error could not be had (no prediction) counts as not well predicted
-  const dos::PhaseErrors unknown = dos::record_phase_error(dos::record_phase_error({}, 0.0, false), std::nan(""), false);
-  ASSERT_NEAR(unknown.last, dos::kOutlierError, 0.0);
-  assert_false(dos::hold_outlier_phase(unknown, 0.9));
+  ASSERT_NEAR(held.last, 1.64, 0.0);
+  ASSERT_NEAR(held.before_last, 0.92, 0.0);
+  assert_false(dos::hold_outlier_phase(held, 1.64, plan));  // the second in a row: refined
+  assert_false(dos::hold_outlier_phase(held, 0.92, plan));
+  // after it, the held phase's ratio is one of the last two: not steady, nothing held
+  const dos::PhaseErrors next = dos::record_phase_error(held, 1.0, false, plan);
+  assert_false(dos::hold_outlier_phase(next, 2.0, plan));
+  assert_true(dos::hold_outlier_phase(dos::record_phase_error(next, 1.02, false, plan), 2.0, plan));
+  // two phases not steady (1.16x apart): not held
+  const dos::PhaseErrors loose = dos::record_phase_error(dos::record_phase_error({}, 1.16, false, plan), 1.0, false, plan);
+  assert_false(dos::hold_outlier_phase(loose, 2.0, plan));
+  // a model steadily 20% fast (ratios 1.2): a phase at 1.2 x 1.31 is held, one at 1.5 (1.25x) not
+  const dos::PhaseErrors biased = dos::record_phase_error(dos::record_phase_error({}, 1.2, false, plan), 1.21, false, plan);
+  assert_true(dos::hold_outlier_phase(biased, 1.21 * 1.31, plan));
+  assert_false(dos::hold_outlier_phase(biased, 1.5, plan));
+  // a ratio that could not be had is recorded as 0: no later phase is steady with it
+  const dos::PhaseErrors unknown = dos::record_phase_error(dos::record_phase_error({}, 1.0, false, plan), std::nan(""), false, plan);
+  ASSERT_NEAR(unknown.last, 0.0, 0.0);
+  assert_false(dos::hold_outlier_phase(unknown, 2.0, plan));
+  assert_false(dos::hold_outlier_phase(dos::record_phase_error(unknown, 1.0, false, plan), 2.0, plan));
 }
 
 // The 1.01e9-parameter GPT of the README (20 subgroups of 5e7 and one of 7e6, bf16 parameters and
@@ -521,7 +533,7 @@ dos::Execution gpt_1b_execution() {
 const dos::Rates kGptRates{4.85e9, 3.65e9, 1.3e11, 4.9e11, 4.28e10, 5.12e10, 0.87};
 
 /// Phases of dos's own plans on a machine at `truth`, except phases `from`..`to` (counted from 0)
-/// whose CPU Adam runs at `slow` times its rate (U_c and U_c_dma), from rates equal to the
+/// whose CPU Adam runs at `slow` times its rate (U_c and U_c_dma) and links at `links` times theirs, from rates equal to the
 /// machine's, refined after each phase as the optimizer does, with the outlier rule (`hold`) or
 /// without it. Returns each phase's measured seconds, its streamed subgroups and whether it was held.
 struct PhaseRun {
@@ -530,10 +542,12 @@ struct PhaseRun {
   std::vector<bool> held;
 };
 PhaseRun slow_phases(const dos::Workload& w, const dos::Execution& e, const dos::Rates& truth, int phases, int from,
-                     int to, double slow, bool hold) {
+                     int to, double slow, bool hold, double links = 1.0) {
   dos::Rates r = truth, slowed = truth;
   slowed.U_c *= slow;
   slowed.U_c_dma *= slow;
+  slowed.B_h2d *= links;
+  slowed.B_d2h *= links;
   dos::PhaseErrors errors;
   PhaseRun out;
   for (int phase = 0; phase < phases; ++phase) {
@@ -543,9 +557,9 @@ PhaseRun slow_phases(const dos::Workload& w, const dos::Execution& e, const dos:
     const dos::PhaseMeasure m = measure_on(w, plan, phase >= from && phase <= to ? slowed : truth, e, &seconds);
     out.seconds.push_back(seconds);
     out.streamed.push_back(m.streamed);
-    const double error = seconds / sim.total - 1;
-    const bool held = hold && dos::hold_outlier_phase(errors, error);
-    errors = dos::record_phase_error(errors, error, held);
+    const double ratio = seconds / sim.total;
+    const bool held = hold && dos::hold_outlier_phase(errors, ratio, plan);
+    errors = dos::record_phase_error(errors, ratio, held, plan);
     out.held.push_back(held);
     if (!held) r = dos::refine_rates(w, r, m, sim).rates;
   }
@@ -601,6 +615,35 @@ void test_one_slow_phase(void**) {
   }
 }
 
+// A phase whose errors cancel (the CPU 2.5x as fast, the links at 0.8x of their rate): predicted
+// within 1.3x of the phases before it, it is refined, and its rates move the next plan; the normal
+// phase after it, under that other plan, is far off its prediction but is not held (another plan
+// than the last phase's), so it refines the rates back at once: with the rule the phases run as
+// without it. (Held, it would have kept the odd phase's plan one phase longer.)
+void test_odd_phase_predicted_well(void**) {
+  const int phases = 12, odd = 4;
+  const struct {
+    const char* name;
+    dos::Workload w;
+    dos::Execution e;
+    dos::Rates truth;
+  } cases[] = {{"GPT 1.01e9", gpt_1b(), gpt_1b_execution(), kGptRates},
+               {"20B quarter", quarter_20b(), budget_40gb(), kRates}};
+  for (const auto& c : cases)
+    for (double links : {0.6, 0.8}) {
+      const PhaseRun with = slow_phases(c.w, c.e, c.truth, phases, odd, odd, 2.5, true, links);
+      const PhaseRun without = slow_phases(c.w, c.e, c.truth, phases, odd, odd, 2.5, false, links);
+      std::printf("  %s, phase %d's CPU at 2.5x and links at %.1fx:", c.name, odd, links);
+      for (int p = odd - 1; p < phases; ++p) std::printf(" %.4f (%zu)", with.seconds[p], with.streamed[p]);
+      std::printf("\n");
+      assert_true(with.streamed[odd + 1] != with.streamed[odd]);  // the odd phase moved the plan
+      for (int p = 0; p < phases; ++p) {
+        assert_false(with.held[p]);
+        ASSERT_NEAR(with.seconds[p], without.seconds[p], 0.0);
+      }
+    }
+}
+
 }  // namespace
 
 int main() {
@@ -613,6 +656,7 @@ int main() {
       cmocka_unit_test(test_link_share), cmocka_unit_test(test_link_share_first_measure), cmocka_unit_test(test_link_share_is_measured), cmocka_unit_test(test_first_link_share_closed_loop), cmocka_unit_test(test_bounds_after_a_step),
       cmocka_unit_test(test_closed_loop_wrong_b),
       cmocka_unit_test(test_hold_outlier_phase), cmocka_unit_test(test_one_slow_phase),
+      cmocka_unit_test(test_odd_phase_predicted_well),
   };
   return cmocka_run_group_tests(tests, nullptr, nullptr);
 }

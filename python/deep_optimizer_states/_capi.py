@@ -64,8 +64,8 @@ class StepStats(ctypes.Structure):
     declared final), ``overlapped`` / ``skipped`` (0 or 1); the late binding's (``tail_subgroups``):
     ``tail_bound`` (subgroups whose side was decided while the phase ran) and ``tail_moved`` (of
     them, those that went to the other side than the plan's); ``refinement_held`` (1: the rates'
-    refinement held the phase as an outlier, predicted more than 30% off right after two phases
-    predicted within 15%, and refined nothing from it).
+    refinement held the phase as an outlier, its measured / predicted ratio more than 1.3x off the
+    last phase's under the same plan after two steady phases, and refined nothing from it).
     """
 
     _fields_ = [

@@ -112,6 +112,10 @@ struct RuntimeOptions {
   /// node, >= 1). Calibrated rates are cached per value: the rates measured while the other ranks
   /// stream their state at the same time are the ones that hold for this rank.
   int node_ranks = 1;
+  /// Non-empty: the runtime binds none of its threads, and its binding line says why with these
+  /// words (e.g. "3 ranks share 2 cores", as place_rank gives them when ranks oversubscribe a
+  /// node's cores); empty: it binds them as DOS_BIND, OpenMP's own binding and the cores allow.
+  std::string unbound_reason;
 };
 
 /// The policy a Runtime started with RuntimeOptions::policy `given` runs: `given` when not empty,

@@ -407,6 +407,7 @@ Runtime::Runtime(const RuntimeOptions& options) : impl_(new Impl) {
   const bool user_binds = openmp_binds();
   const std::size_t needed = ncuda + std::size_t(ncpuw) * std::size_t(threads);
   if (user_binds) binding_ = "OpenMP's own (OMP_PROC_BIND/OMP_PLACES)";
+  else if (!options.unbound_reason.empty()) binding_ = "none (" + options.unbound_reason + ")";
   else if (env_bind && std::string(env_bind) == "0") binding_ = "none (DOS_BIND=0)";
   else if (process_cores.size() < needed)
     binding_ = "none (" + std::to_string(needed) + " threads, " + std::to_string(process_cores.size()) + " cores)";

@@ -135,6 +135,17 @@ out=$(timeout 120 mpirun --oversubscribe -np 3 --mca btl self,vader "$train" "${
 python3 "$check" "$tmp/full.safetensors" "$tmp"/r3.rank-0000{0,1,2}-of-00003.safetensors ||
   { echo "FAIL: 2 -> 3 ranks differ"; exit 1; }
 echo "ok: the 2-rank checkpoint resumed by 3 ranks for 1 iteration matches 3 in a row bit for bit"
+# 3 ranks on fewer cores (the 2-core CI machine): unbound, the reason in the binding line, and each
+# rank's team its share of the cores (one thread) rather than all of them
+cores=$(nproc)
+if [ "$cores" -lt 3 ]; then
+  out=$(timeout 120 mpirun --oversubscribe -np 3 --mca btl self,vader "$train" --preset tiny --iterations 1 \
+    --subgroup-size 10007 --policy cpu 2>&1) || { echo "FAIL: 3 ranks on $cores cores:"; echo "$out" | tail -20; exit 1; }
+  grep -q "binding: none (3 ranks share $cores core(s))" <<<"$out" && grep -q "x 1 OpenMP threads" <<<"$out" &&
+    ! grep -q "DOS_BIND=0" <<<"$out" ||
+    { echo "FAIL: 3 ranks on $cores cores: binding line or team size:"; grep "binding" <<<"$out"; exit 1; }
+  echo "ok: 3 ranks on $cores cores run unbound, one thread each, and say why"
+fi
 "$train" "${common[@]}" --grad-parts 2 --iterations 2 --save-state "$tmp/ck1" >/dev/null 2>&1 ||
   { echo "FAIL: the 1-rank save"; exit 1; }
 timeout 120 "${mpi[@]}" "$train" "${common[@]}" --grad-parts 2 --iterations 1 --resume "$tmp/ck1" \

@@ -241,6 +241,10 @@ int run(const Args& args) {
     ro.cuda_device = dos::choose_gpu(*g_comm, a.ncuda);
     ro.node_ranks = g_comm->local_size();
     placement = dos::place_rank(*g_comm, ro.cuda_device);
+    ro.unbound_reason = placement.unbound_reason;
+    // ranks oversubscribing the cores: each a team of its share (one thread at least) unless
+    // --cpu-threads says otherwise, rather than every rank a team of all the cores
+    if (a.cpu_threads == 0 && placement.fair_threads > 0) ro.cpu_threads = placement.fair_threads;
     for (const std::string& w : placement.warnings)
       std::fprintf(stderr, "dos-train: warning: rank %d: %s\n", g_comm->rank(), w.c_str());
   }

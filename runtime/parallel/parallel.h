@@ -69,6 +69,13 @@ struct Placement {
   /// "program: warning: rank R: "): a GPU shared with another rank, more ranks than cores, cores that
   /// could not be bound.
   std::vector<std::string> warnings;
+  /// Non-empty when the ranks oversubscribe this node's cores ("3 ranks share 2 cores"): the
+  /// rank's threads should stay unbound; give it to RuntimeOptions::unbound_reason.
+  std::string unbound_reason;
+  /// With unbound_reason: this rank's share of the shared cores, at least 1 (their count divided
+  /// by the ranks sharing them, rounded down): the OpenMP team it should run, so that the ranks'
+  /// threads together do not outnumber the cores (RuntimeOptions::cpu_threads). 0 otherwise.
+  int fair_threads = 0;
 };
 
 /// Gives this rank its cores, near its GPU (`gpu`: choose_gpu's answer, -1 for none). Ranks on one
@@ -79,8 +86,9 @@ struct Placement {
 /// overlap without being equal, the whole set is split instead. Ranks whose launcher gave them cores
 /// of their own (Slurm with --cpus-per-task, mpirun --map-by ... --bind-to core) keep exactly those.
 /// Binds the calling process (sched_setaffinity) before its threads start, so call it before the
-/// Runtime is made. With fewer cores than ranks sharing them, binds nothing and sets DOS_BIND=0 in
-/// the environment (the runtime then leaves its threads unbound); both cases are in `warnings`.
+/// Runtime is made. With fewer cores than ranks sharing them, binds nothing and says so in
+/// unbound_reason (for RuntimeOptions::unbound_reason: the runtime then leaves its threads unbound);
+/// both cases are in `warnings`.
 /// Collective over `comm`. Throws std::runtime_error when the collective fails.
 Placement place_rank(Comm& comm, int gpu);
 

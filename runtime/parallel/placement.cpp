@@ -164,7 +164,8 @@ Placement place_rank(Comm& comm, int gpu) {
     out.warnings.push_back(std::to_string(group) + " ranks share " + std::to_string(pool.size()) +
                            " core(s): they oversubscribe the cores; threads are left unbound (give each rank its "
                            "cores: srun --cpus-per-task, mpirun --map-by)");
-    setenv("DOS_BIND", "0", 1);
+    out.unbound_reason = std::to_string(group) + " ranks share " + std::to_string(pool.size()) + " core(s)";
+    out.fair_threads = std::max(1, int(pool.size()) / group);
     out.words = gpu_words + ", cores shared with other ranks (unbound)";
     return out;
   }

@@ -148,6 +148,12 @@ deb_src_entry() {
   fi
   APT_UPDATED=""; apt_update_once || true
 }
+if [ ! -f "$CACHE/$STARPU_TARBALL" ] && have_apt && [ "$(id -u)" != 0 ] && [ -z "$SUDO" ]; then
+  # apt-get update and a deb-src entry need root: without root or sudo, try what apt's lists allow
+  say "not root and no sudo: fetching StarPU's source with apt's lists as they are"
+  (cd "$CACHE" && apt-get source --download-only "starpu=${STARPU_VERSION}+dfsg-2" >/dev/null 2>&1) ||
+    die "StarPU's source tarball is not in $CACHE, and fetching it needs root or sudo here (apt-get update and a deb-src entry; you are uid $(id -u) without sudo): run scripts/setup.sh deps as root once, or copy .deps/cache from a machine that has it, then run this again"
+fi
 if [ ! -f "$CACHE/$STARPU_TARBALL" ]; then
   have_apt && apt_update_once || die "StarPU's source tarball is not in $CACHE and this machine cannot fetch it: run scripts/setup.sh deps on an online Debian machine and carry .deps/cache"
   deb_src_entry

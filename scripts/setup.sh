@@ -277,7 +277,7 @@ env_line() {  # env_line VAR DIR first|last: a POSIX sh line that adds DIR to VA
 
 # ---- 4. build -----------------------------------------------------------------------------------
 if [ ! -f "$BUILD/build.ninja" ]; then
-  say "meson setup ${BUILD#$ROOT/} ${MESON_OPTIONS:-}"
+  say "meson setup ${BUILD#$ROOT/}${MESON_OPTIONS:+ $MESON_OPTIONS}"
   meson setup "$BUILD" "$ROOT" --buildtype=release ${MESON_OPTIONS:-} > "$DEPS/meson-setup.out" 2>&1 \
     || { cat "$DEPS/meson-setup.out"; die "meson setup failed"; }
   grep -E "^\s*(CUDA|StarPU|OpenMP)" "$DEPS/meson-setup.out" | sed 's/^ */[setup]   /' || true
@@ -289,6 +289,6 @@ meson compile -C "$BUILD" > "$DEPS/meson-compile.out" 2>&1 || { tail -50 "$DEPS/
 [ "$cmd" = build ] && { say "built: ${BUILD#$ROOT/}/examples/dos-train"; exit 0; }
 
 case "$cmd" in
-  run)  say "running ${BUILD#$ROOT/}/examples/dos-train $*"; exec "$BUILD/examples/dos-train" "$@" ;;
+  run)  say "running ${BUILD#$ROOT/}/examples/dos-train${*:+ $*}"; exec "$BUILD/examples/dos-train" "$@" ;;
   test) say "running the tests (meson test -C ${BUILD#$ROOT/})"; exec meson test -C "$BUILD" --print-errorlogs "$@" ;;
 esac

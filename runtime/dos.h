@@ -113,7 +113,7 @@ struct RuntimeOptions {
   /// stream their state at the same time are the ones that hold for this rank.
   int node_ranks = 1;
   /// Non-empty: the runtime binds none of its threads, and its binding line says why with these
-  /// words (e.g. "3 ranks share 2 cores", as place_rank gives them when ranks oversubscribe a
+  /// words (e.g. "3 ranks share 2 core(s)", as place_rank gives them when ranks oversubscribe a
   /// node's cores); empty: it binds them as DOS_BIND, OpenMP's own binding and the cores allow.
   std::string unbound_reason;
 };

@@ -150,7 +150,8 @@ bool holds_outlier_phases() {
   if (!v || !*v || std::strcmp(v, "hold") == 0) return true;
   if (std::strcmp(v, "refine") == 0) return false;
   std::fprintf(stderr, "[dos] warning: DOS_OUTLIER_PHASES='%s' is not hold or refine: ignored (the default, hold: "
-                       "a phase predicted far off right after two predicted well refines nothing)\n", v);
+                       "a phase far off its prediction, against the last phases under the same plan, refines "
+                       "nothing)\n", v);
   return true;
 }
 }  // namespace

@@ -57,7 +57,9 @@ fi
 export PATH
 
 SUDO=""
-if [ "$(id -u)" != 0 ] && command -v sudo >/dev/null 2>&1; then SUDO=sudo; fi
+# sudo only where it can be used: without a password, or at a terminal where it can ask for one
+if [ "$(id -u)" != 0 ] && command -v sudo >/dev/null 2>&1 && { [ -t 0 ] || sudo -n true 2>/dev/null; }; then SUDO=sudo; fi
+can_admin() { [ "$(id -u)" = 0 ] || [ -n "$SUDO" ]; }
 have_apt() { command -v apt-get >/dev/null 2>&1 && [ -r /etc/debian_version ]; }
 online() { have_apt && timeout 20 $SUDO apt-get update -qq >/dev/null 2>&1; }
 APT_UPDATED=""
@@ -132,6 +134,17 @@ if [ "$cmd" = test ] && ! command -v slurmctld >/dev/null 2>&1 && [ ! -x /usr/sb
 fi
 
 # ---- 2. the cache folder ------------------------------------------------------------------------
+# a site's own StarPU (section 3) needs no source tarball
+if command -v nvcc >/dev/null 2>&1; then STARPU_PREFIX=$DEPS/starpu-$STARPU_VERSION-cuda; WITH_CUDA=1
+else STARPU_PREFIX=$DEPS/starpu-$STARPU_VERSION; WITH_CUDA=0; fi
+site_starpu=""
+if [ "${DOS_BUILD_STARPU:-0}" != 1 ]; then
+  for m in starpu-1.4 starpu-1.3; do
+    if pkg-config --exists "$m" 2>/dev/null && [ "$(pkg-config --variable=prefix "$m")" != "$STARPU_PREFIX" ]; then
+      site_starpu="$m $(pkg-config --modversion "$m") at $(pkg-config --variable=prefix "$m")"; break
+    fi
+  done
+fi
 deb_src_entry() {
   # apt-get source needs a deb-src entry: derive it from the machine's own Debian `deb` entry.
   if apt-get indextargets 2>/dev/null | grep -q 'Created-By: Sources'; then return 0; fi
@@ -148,13 +161,20 @@ deb_src_entry() {
   fi
   APT_UPDATED=""; apt_update_once || true
 }
-if [ ! -f "$CACHE/$STARPU_TARBALL" ] && have_apt && [ "$(id -u)" != 0 ] && [ -z "$SUDO" ]; then
-  # apt-get update and a deb-src entry need root: without root or sudo, try what apt's lists allow
-  say "not root and no sudo: fetching StarPU's source with apt's lists as they are"
-  (cd "$CACHE" && apt-get source --download-only "starpu=${STARPU_VERSION}+dfsg-2" >/dev/null 2>&1) ||
-    die "StarPU's source tarball is not in $CACHE, and fetching it needs root or sudo here (apt-get update and a deb-src entry; you are uid $(id -u) without sudo): run scripts/setup.sh deps as root once, or copy .deps/cache from a machine that has it, then run this again"
+if [ -z "$site_starpu" ] && [ ! -f "$CACHE/$STARPU_TARBALL" ] && have_apt && ! can_admin; then
+  # apt-get update and a deb-src entry need root: without root or a usable sudo, try what apt's
+  # lists allow, and say why it failed
+  say "not root and no usable sudo: fetching StarPU's source with apt's lists as they are"
+  why=$(cd "$CACHE" && apt-get source --download-only "starpu=${STARPU_VERSION}+dfsg-2" 2>&1 >/dev/null) || {
+    why=$(printf '%s\n' "$why" | grep -E '^(E|W):' | tail -1)
+    if apt-get indextargets 2>/dev/null | grep -q 'Created-By: Sources'; then
+      die "StarPU's source tarball is not in $CACHE and apt-get source failed (${why:-no message}: no network?): run this on a machine with a network, or copy .deps/cache from one that has it, or use a site StarPU (module load starpu), then run this again"
+    else
+      die "StarPU's source tarball is not in $CACHE, and apt has no source (deb-src) lists, which need root or sudo to add (you are uid $(id -u)): run scripts/setup.sh deps as root once, copy .deps/cache from a machine that has it, or use a site StarPU (module load starpu), then run this again"
+    fi
+  }
 fi
-if [ ! -f "$CACHE/$STARPU_TARBALL" ]; then
+if [ -z "$site_starpu" ] && [ ! -f "$CACHE/$STARPU_TARBALL" ]; then
   have_apt && apt_update_once || die "StarPU's source tarball is not in $CACHE and this machine cannot fetch it: run scripts/setup.sh deps on an online Debian machine and carry .deps/cache"
   deb_src_entry
   say "fetching Debian's source package starpu ${STARPU_VERSION}+dfsg into .deps/cache"
@@ -163,7 +183,8 @@ if [ ! -f "$CACHE/$STARPU_TARBALL" ]; then
   [ -f "$CACHE/$STARPU_TARBALL" ] || die "apt-get source did not bring $STARPU_TARBALL (is Debian 12's archive in the apt sources?)"
 fi
 for d in $CACHE_DEBS; do
-  if ! ls "$CACHE"/${d}_*.deb >/dev/null 2>&1 && have_apt && apt_update_once; then
+  # without root, apt-get download works with apt's lists as they are (no apt-get update)
+  if ! ls "$CACHE"/${d}_*.deb >/dev/null 2>&1 && have_apt && { ! can_admin || apt_update_once; }; then
     say "caching $d .deb for offline machines"
     (cd "$CACHE" && apt-get download "$d" >/dev/null 2>&1) || say "could not download $d (offline machines will lack it)"
   fi
@@ -197,16 +218,6 @@ if [ -d "$SYSROOT" ]; then
 fi
 
 # ---- 3. StarPU ----------------------------------------------------------------------------------
-if command -v nvcc >/dev/null 2>&1; then STARPU_PREFIX=$DEPS/starpu-$STARPU_VERSION-cuda; WITH_CUDA=1
-else STARPU_PREFIX=$DEPS/starpu-$STARPU_VERSION; WITH_CUDA=0; fi
-site_starpu=""
-if [ "${DOS_BUILD_STARPU:-0}" != 1 ]; then
-  for m in starpu-1.4 starpu-1.3; do
-    if pkg-config --exists "$m" 2>/dev/null && [ "$(pkg-config --variable=prefix "$m")" != "$STARPU_PREFIX" ]; then
-      site_starpu="$m $(pkg-config --modversion "$m") at $(pkg-config --variable=prefix "$m")"; break
-    fi
-  done
-fi
 STARPU_PATCHES="starpu-1.3.10-cuda13.patch starpu-1.3.10-energy.patch starpu-1.3.10-malloc-async.patch starpu-1.3.10-bus-no-reset.patch"
 stamp_want="starpu $STARPU_VERSION cuda=$WITH_CUDA patch=$(cd "$ROOT/scripts" && cat $STARPU_PATCHES | cksum | cut -d' ' -f1)"
 [ $WITH_CUDA = 1 ] && stamp_want="$stamp_want cuda-rpath"  # libstarpu's run path names CUDA's folder

@@ -242,9 +242,11 @@ int run(const Args& args) {
     ro.node_ranks = g_comm->local_size();
     placement = dos::place_rank(*g_comm, ro.cuda_device);
     ro.unbound_reason = placement.unbound_reason;
-    // ranks oversubscribing the cores: each a team of its share (one thread at least) unless
-    // --cpu-threads says otherwise, rather than every rank a team of all the cores
-    if (a.cpu_threads == 0 && placement.fair_threads > 0) ro.cpu_threads = placement.fair_threads;
+    // ranks oversubscribing the cores: each one thread unless --cpu-threads or OMP_NUM_THREADS says
+    // otherwise, rather than every rank a team of all the cores
+    const char* omp_threads = std::getenv("OMP_NUM_THREADS");
+    if (a.cpu_threads == 0 && placement.fair_threads > 0 && !(omp_threads && *omp_threads))
+      ro.cpu_threads = placement.fair_threads;
     for (const std::string& w : placement.warnings)
       std::fprintf(stderr, "dos-train: warning: rank %d: %s\n", g_comm->rank(), w.c_str());
   }

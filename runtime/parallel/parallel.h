@@ -69,12 +69,12 @@ struct Placement {
   /// "program: warning: rank R: "): a GPU shared with another rank, more ranks than cores, cores that
   /// could not be bound.
   std::vector<std::string> warnings;
-  /// Non-empty when the ranks oversubscribe this node's cores ("3 ranks share 2 cores"): the
+  /// Non-empty when the ranks oversubscribe this node's cores ("3 ranks share 2 core(s)"): the
   /// rank's threads should stay unbound; give it to RuntimeOptions::unbound_reason.
   std::string unbound_reason;
-  /// With unbound_reason: this rank's share of the shared cores, at least 1 (their count divided
-  /// by the ranks sharing them, rounded down): the OpenMP team it should run, so that the ranks'
-  /// threads together do not outnumber the cores (RuntimeOptions::cpu_threads). 0 otherwise.
+  /// With unbound_reason: 1, the CPU threads the rank should run (RuntimeOptions::cpu_threads; with
+  /// cpu_workers N the runtime still runs N, one per worker), since the ranks already outnumber the
+  /// cores they share; 0 otherwise.
   int fair_threads = 0;
 };
 

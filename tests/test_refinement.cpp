@@ -499,6 +499,14 @@ void test_hold_outlier_phase(void**) {
   const dos::PhaseErrors next = dos::record_phase_error(held, 1.0, false, plan);
   assert_false(dos::hold_outlier_phase(next, 2.0, plan));
   assert_true(dos::hold_outlier_phase(dos::record_phase_error(next, 1.02, false, plan), 2.0, plan));
+  // at the thresholds exactly (IEEE doubles, the same on every machine): 1.15x apart is steady,
+  // 1.3x off either way is refined, a hair beyond 1.3x is held
+  const dos::PhaseErrors edge = dos::record_phase_error(dos::record_phase_error({}, 1.0, false, plan), 1.15, false, plan);
+  assert_true(dos::hold_outlier_phase(edge, 1.15 * 1.3 * 1.0001, plan));
+  const dos::PhaseErrors one = dos::record_phase_error(dos::record_phase_error({}, 1.0, false, plan), 1.0, false, plan);
+  assert_false(dos::hold_outlier_phase(one, 1.3, plan));
+  assert_false(dos::hold_outlier_phase(one, 1.0 / 1.3, plan));
+  assert_true(dos::hold_outlier_phase(one, 1.3 * 1.0001, plan));
   // two phases not steady (1.16x apart): not held
   const dos::PhaseErrors loose = dos::record_phase_error(dos::record_phase_error({}, 1.16, false, plan), 1.0, false, plan);
   assert_false(dos::hold_outlier_phase(loose, 2.0, plan));

@@ -74,7 +74,8 @@ class Plan;
 ///   library (scheduler/policy.h), or the name of a StarPU built-in policy ("dmda", "eager", "lws",
 ///   ...); empty: $STARPU_SCHED if set, else "cpu".
 ///   An explicit policy wins over $STARPU_SCHED (a warning says so).
-/// cpu_threads: OpenMP threads of the CPU Adam codelet; 0: $OMP_NUM_THREADS if set, else every
+/// cpu_threads: OpenMP threads of the CPU Adam codelet; 0: $OMP_NUM_THREADS if set, else one per
+///   CPU worker when unbound_reason is given (processes oversubscribing the cores), else every
 ///   core of the process's CPU set minus one per CUDA worker (the cores that drive the GPUs) and
 ///   minus caller_cores.
 /// caller_cores: cores the automatic cpu_threads leaves to the caller's own threads (at least one
@@ -112,9 +113,10 @@ struct RuntimeOptions {
   /// node, >= 1). Calibrated rates are cached per value: the rates measured while the other ranks
   /// stream their state at the same time are the ones that hold for this rank.
   int node_ranks = 1;
-  /// Non-empty: the runtime binds none of its threads, and its binding line says why with these
-  /// words (e.g. "3 ranks share 2 core(s)", as place_rank gives them when ranks oversubscribe a
-  /// node's cores); empty: it binds them as DOS_BIND, OpenMP's own binding and the cores allow.
+  /// Non-empty: the runtime binds none of its threads, runs one OpenMP thread per CPU worker unless
+  /// cpu_threads or $OMP_NUM_THREADS says otherwise, and its binding line says why with these words
+  /// (e.g. "3 ranks share 2 core(s)", as place_rank gives them when ranks oversubscribe a node's
+  /// cores); empty: it binds them as DOS_BIND, OpenMP's own binding and the cores allow.
   std::string unbound_reason;
 };
 

@@ -379,8 +379,9 @@ Runtime::Runtime(const RuntimeOptions& options) : impl_(new Impl) {
     starpu_execute_on_each_worker(preload_cuda_worker, &preload, STARPU_CUDA);
     if (!preload.failures.empty()) std::fputs(preload.failures.c_str(), stderr);
   }
-  // OpenMP threads per CPU worker: the cores (given, $OMP_NUM_THREADS, or all but one per CUDA
-  // worker and the caller's) shared among the CPU workers.
+  // OpenMP threads per CPU worker: the cores (given, $OMP_NUM_THREADS, one per worker for processes
+  // that oversubscribe the cores, or all but one per CUDA worker and the caller's) shared among the
+  // CPU workers.
   int cores = options.cpu_threads;
   const char* env_omp = std::getenv("OMP_NUM_THREADS");
   if (cores <= 0 && env_omp && std::atoi(env_omp) > 0) {
@@ -390,8 +391,9 @@ Runtime::Runtime(const RuntimeOptions& options) : impl_(new Impl) {
                            "Adam's threads will share cores (slower); give at most %zu, or unset it\n",
                    env_omp, process_cores.size(), process_cores.size());
   }
-  if (cores <= 0) cores = std::max(1, int(process_cores.size()) - int(ncuda) - std::max(0, options.caller_cores));
   const int ncpuw = int(starpu_cpu_worker_get_count());
+  if (cores <= 0 && !options.unbound_reason.empty()) cores = std::max(1, ncpuw);
+  if (cores <= 0) cores = std::max(1, int(process_cores.size()) - int(ncuda) - std::max(0, options.caller_cores));
   int threads = cores / (ncpuw > 0 ? ncpuw : 1);
   if (threads < 1) threads = 1;
   cpu_threads_ = threads;

@@ -241,12 +241,7 @@ int run(const Args& args) {
     ro.cuda_device = dos::choose_gpu(*g_comm, a.ncuda);
     ro.node_ranks = g_comm->local_size();
     placement = dos::place_rank(*g_comm, ro.cuda_device);
-    ro.unbound_reason = placement.unbound_reason;
-    // ranks oversubscribing the cores: each one thread unless --cpu-threads or OMP_NUM_THREADS says
-    // otherwise, rather than every rank a team of all the cores
-    const char* omp_threads = std::getenv("OMP_NUM_THREADS");
-    if (a.cpu_threads == 0 && placement.fair_threads > 0 && !(omp_threads && *omp_threads))
-      ro.cpu_threads = placement.fair_threads;
+    ro.unbound_reason = placement.unbound_reason;  // oversubscribed: unbound, one thread per worker
     for (const std::string& w : placement.warnings)
       std::fprintf(stderr, "dos-train: warning: rank %d: %s\n", g_comm->rank(), w.c_str());
   }

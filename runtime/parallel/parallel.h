@@ -70,12 +70,9 @@ struct Placement {
   /// could not be bound.
   std::vector<std::string> warnings;
   /// Non-empty when the ranks oversubscribe this node's cores ("3 ranks share 2 core(s)"): the
-  /// rank's threads should stay unbound; give it to RuntimeOptions::unbound_reason.
+  /// rank's threads should stay unbound and few; give it to RuntimeOptions::unbound_reason (the
+  /// runtime then binds nothing and runs one thread per CPU worker unless told otherwise).
   std::string unbound_reason;
-  /// With unbound_reason: 1, the CPU threads the rank should run (RuntimeOptions::cpu_threads; with
-  /// cpu_workers N the runtime still runs N, one per worker), since the ranks already outnumber the
-  /// cores they share; 0 otherwise.
-  int fair_threads = 0;
 };
 
 /// Gives this rank its cores, near its GPU (`gpu`: choose_gpu's answer, -1 for none). Ranks on one

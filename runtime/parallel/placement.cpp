@@ -165,7 +165,6 @@ Placement place_rank(Comm& comm, int gpu) {
                            " core(s): they oversubscribe the cores; threads are left unbound (give each rank its "
                            "cores: srun --cpus-per-task, mpirun --map-by)");
     out.unbound_reason = std::to_string(group) + " ranks share " + std::to_string(pool.size()) + " core(s)";
-    out.fair_threads = 1;  // fewer cores than ranks: one thread each is already more than the cores
     out.words = gpu_words + ", cores shared with other ranks (unbound)";
     return out;
   }

@@ -17,9 +17,12 @@ namespace {
 /// NCCL's buckets in GPU memory hold at most this many elements (outside StarPU's memory cap and
 /// the GPU budgets).
 constexpr std::size_t kChunk = std::size_t(1) << 26;
-}  // namespace
 
-namespace {
+/// Elements of each of StepIO's GPU buckets (with `device`): at most kChunk, at most the largest shard.
+std::size_t device_chunk(const std::vector<dos::ShardRange>& ranges) {
+  return std::min(kChunk, dos::largest_shard(ranges));
+}
+
 /// Elements of StepIO's host buffers for s: the buckets (largest shard, under MPI through host
 /// memory), this shard's fp32 sum (those, or several parts in one process) and its 16-bit staging
 /// (the same, where the model is on the GPU: on the host the model's own buffers serve).
@@ -37,8 +40,7 @@ HostSizes host_sizes(const StepIO::Setup& s, const std::vector<dos::ShardRange>&
 
 std::size_t StepIO::device_bytes(const Setup& s) {
   if (!s.device) return 0;
-  const std::size_t chunk = std::min(kChunk, dos::largest_shard(dos::shard_ranges(s.total, s.world)));
-  return chunk * (2 * sizeof(float) + dos::dtype_size(s.dtype));
+  return device_chunk(dos::shard_ranges(s.total, s.world)) * (2 * sizeof(float) + dos::dtype_size(s.dtype));
 }
 
 std::size_t StepIO::host_bytes(const Setup& s) {
@@ -52,13 +54,12 @@ StepIO::StepIO(const Setup& s) : s_(s) {
   const dos::ShardRange mine = ranges_[s_.rank];
   n_ = mine.end - mine.begin;
   esz_ = dos::dtype_size(s_.dtype);
-  const std::size_t largest = dos::largest_shard(ranges_);
   const HostSizes h = host_sizes(s_, ranges_);
   bucket32_.resize(h.bucket);
   shard32_.resize(h.shard);
   bucket16_.resize(h.bucket * esz_);
   staging16_.resize(h.staging * esz_);
-  chunk_ = std::min(kChunk, largest);
+  chunk_ = device_chunk(ranges_);
 #if defined(DOS_HAVE_CUDA)
   if (s_.device) {
     d_send32_.p = cuda_alloc(chunk_ * sizeof(float));

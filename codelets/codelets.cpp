@@ -10,10 +10,17 @@
 namespace dos {
 namespace {
 
+/// The largest count of nseg segments (0 for none): the largest array a codelet hands one kernel.
+std::size_t largest_segment(const Segment* segs, std::size_t nseg) {
+  std::size_t m = 0;
+  for (std::size_t s = 0; s < nseg; ++s) m = segs[s].count > m ? segs[s].count : m;
+  return m;
+}
+
 void adam_cpu(void* buffers[], void* cl_arg) {
   const auto* a = static_cast<const AdamArgs*>(cl_arg);
-  bind_worker_team();
   const std::size_t n = STARPU_VECTOR_GET_NX(buffers[1]);
+  bind_worker_team_for(n);
   const StateSlices s = slices(buffers[0], a->state_stride);
   adam_step_cpu(s.p, s.m, s.v, reinterpret_cast<const void*>(STARPU_VECTOR_GET_PTR(buffers[1])), a->grad_dtype,
                 reinterpret_cast<void*>(STARPU_VECTOR_GET_PTR(buffers[2])), a->param_dtype, n, a->sp);
@@ -21,7 +28,7 @@ void adam_cpu(void* buffers[], void* cl_arg) {
 
 void adam_into_cpu(void* buffers[], void* cl_arg) {
   const auto* a = static_cast<const AdamArgs*>(cl_arg);
-  bind_worker_team();
+  bind_worker_team_for(STARPU_VECTOR_GET_NX(buffers[1]));
   const StateSlices in = slices(buffers[0], a->state_stride), out = slices(buffers[3], a->state_stride);
   adam_step_into_cpu(in.p, in.m, in.v, out.p, out.m, out.v,
                      reinterpret_cast<const void*>(STARPU_VECTOR_GET_PTR(buffers[1])), a->grad_dtype,
@@ -31,7 +38,7 @@ void adam_into_cpu(void* buffers[], void* cl_arg) {
 
 void adam_direct_cpu(void* buffers[], void* cl_arg) {
   const auto* a = static_cast<const AdamDirectArgs*>(cl_arg);
-  bind_worker_team();
+  bind_worker_team_for(largest_segment(a->segs, a->nseg));
   const StateSlices st = slices(buffers[0], a->adam->state_stride);
   for (std::size_t s = 0; s < a->nseg; ++s) {
     const Segment& sg = a->segs[s];
@@ -42,7 +49,7 @@ void adam_direct_cpu(void* buffers[], void* cl_arg) {
 
 void gather_cpu(void* buffers[], void* cl_arg) {
   const auto* a = static_cast<const GatherArgs*>(cl_arg);
-  bind_worker_team();
+  bind_worker_team_for(largest_segment(a->segs, a->nseg));
   char* dst = reinterpret_cast<char*>(STARPU_VECTOR_GET_PTR(buffers[0]));
   const std::size_t dsz = dtype_size(a->dst_dtype);
   for (std::size_t s = 0; s < a->nseg; ++s) {
@@ -59,13 +66,13 @@ void scatter_cpu(void* buffers[], void* cl_arg) {
   const auto* a = static_cast<const ScatterArgs*>(cl_arg);
   const char* src = reinterpret_cast<const char*>(STARPU_VECTOR_GET_PTR(buffers[0]));
   const std::size_t esz = dtype_size(a->dtype);
-  bind_worker_team();
+  bind_worker_team_for(largest_segment(a->segs, a->nseg));
   for (std::size_t s = 0; s < a->nseg; ++s) copy_cpu(a->segs[s].param, src + a->segs[s].offset * esz, a->segs[s].count * esz);
 }
 
 void cast_cpu(void* buffers[], void* cl_arg) {
   const auto* a = static_cast<const AdamArgs*>(cl_arg);
-  bind_worker_team();
+  bind_worker_team_for(STARPU_VECTOR_GET_NX(buffers[0]));
   convert_from_f32_cpu(reinterpret_cast<const float*>(STARPU_VECTOR_GET_PTR(buffers[0])),
                        reinterpret_cast<void*>(STARPU_VECTOR_GET_PTR(buffers[1])), a->param_dtype,
                        STARPU_VECTOR_GET_NX(buffers[0]));

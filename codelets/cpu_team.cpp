@@ -5,6 +5,12 @@
 #include <pthread.h>
 #include <sched.h>
 
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "kernels/adam.h"
+
 namespace dos {
 namespace {
 thread_local std::vector<int> tl_team_cores;  // per CPU worker thread
@@ -30,6 +36,21 @@ void bind_worker_team() {
     const int t = omp_get_thread_num();
     if (t < int(cores->size()) && tl_bound_core != (*cores)[t]) bind_this_thread((*cores)[t]);
   }
+}
+
+bool team_bind_every_task() {
+  static const bool every = [] {
+    const char* e = std::getenv("DOS_TEAM_BIND");
+    if (!e || std::strcmp(e, "forking") == 0) return false;
+    if (std::strcmp(e, "every-task") == 0) return true;
+    std::fprintf(stderr, "[dos] warning: DOS_TEAM_BIND=%s is not one of forking, every-task; forking is used\n", e);
+    return false;
+  }();
+  return every;
+}
+
+void bind_worker_team_for(std::size_t largest) {
+  if (cpu_kernel_forks(largest) || team_bind_every_task()) bind_worker_team();
 }
 
 bool release_caller_openmp_threads() noexcept {

@@ -13,6 +13,7 @@
 // memory roofs").
 #pragma once
 
+#include <cstddef>
 #include <string>
 #include <vector>
 
@@ -28,6 +29,22 @@ void set_worker_team_cores(const std::vector<int>& cores);
 /// system call only the first time a thread is seen). Does nothing for an unbound worker. Never
 /// fails: a refused binding (a core outside the process's cpuset) leaves that thread unbound.
 void bind_worker_team();
+
+/// bind_worker_team() only when a kernel of kernels/adam.h run on `largest` elements (the largest
+/// array the codelet hands one kernel call) opens a parallel region (cpu_kernel_forks): the binding's
+/// fork-join wakes every thread of the team, which then spin for a while (libgomp's spin wait) beside
+/// the runtime's copy thread and the CUDA worker, so a subgroup too small to fork skips it. The
+/// threads bound by an earlier call stay bound; the worker thread itself was bound when the runtime
+/// set the team up. Measured on the GPU machine (16 cores, a team of 15, 55 subgroups of 10007
+/// under --policy cpu, before this rule): update phases of 8-13 ms, with 3 ms stalls of the
+/// gradient downloads, against 3.6 ms with a team of 4.
+/// DOS_TEAM_BIND=every-task in the environment (read once; a measurement switch, the same bits) binds
+/// before every task whatever its size, as the runtime did before this rule; forking (or unset) is
+/// the rule above; any other value is named in a warning on standard error and the rule is used.
+void bind_worker_team_for(std::size_t largest);
+
+/// Whether DOS_TEAM_BIND=every-task is set (read once; see bind_worker_team_for).
+bool team_bind_every_task();
 
 /// Frees the calling thread's idle OpenMP threads, those its own parallel regions left waiting in
 /// libgomp's pool (omp_pause_resource_all(omp_pause_soft)); its next parallel region starts them

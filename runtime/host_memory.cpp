@@ -256,7 +256,7 @@ struct FirstTouch {
 };
 void first_touch_on_worker(void* arg) {
   auto* t = static_cast<FirstTouch*>(arg);
-  bind_worker_team();
+  bind_worker_team_for(t->n);
   zero_fill_cpu(t->ptr, t->n);
 }
 }  // namespace

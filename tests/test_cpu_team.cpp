@@ -3,10 +3,13 @@
 // parallel region, leaves another thread's team alone, and the next parallel region gets its full
 // team again; Optimizer::step() and step_async() call it on the caller's thread; core_list_string's
 // ranges; allowed_cores gives the cores the process started with, also where OpenMP binds its
-// threads (cpu-team-places). Skips (77) where the OpenMP settings cannot give teams of 4 (OMP_THREAD_LIMIT,
+// threads (cpu-team-places); a CPU codelet's binding (bind_worker_team_for) starts no team thread for
+// a kernel of one work item, which starts none either, and binds the whole team beyond it (with
+// DOS_TEAM_BIND=every-task, cpu-team-bind-every-task, it starts the team for any size). Skips (77) where the OpenMP settings cannot give teams of 4 (OMP_THREAD_LIMIT,
 // OMP_MAX_ACTIVE_LEVELS=0); teams are asked for with dynamic adjustment off on every thread.
 #include <omp.h>
 
+#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -20,6 +23,7 @@
 #include "cmocka_cpp.h"
 #include "cpu_team.h"
 #include "dos.h"
+#include "kernels/adam.h"
 
 namespace {
 
@@ -149,6 +153,87 @@ void test_step_frees_the_callers_pool(void**) {
   assert_true(p[0] != 1.0f);  // the steps ran
 }
 
+/// What a worker thread (as a StarPU CPU worker, a team of 4 bound to `core`) saw of the process's
+/// threads: before anything, after each call of small_then_large, and the cores its team's threads
+/// were bound to after the large binding.
+struct WorkerView {
+  int base = 0, after_small_kernel = 0, after_small_bind = 0, after_small_copy = 0, after_large = 0;
+  std::vector<int> bound_cores;  // per team thread: its only allowed core, or -1
+};
+
+/// The calling thread's affinity mask when it names one core: that core, else -1.
+int only_core() {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) != 0 || CPU_COUNT(&set) != 1) return -1;
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &set)) return c;
+  return -1;
+}
+
+/// On a fresh thread with a team of 4 bound to `core`: the CPU kernels and the binding on one work
+/// item (no team woken), then either the binding (`large_bind`) or the Adam kernel on one element
+/// more (the team started).
+WorkerView small_then_large(int core, bool large_bind) {
+  WorkerView v;
+  std::thread w([&] {
+    omp_set_dynamic(0);
+    omp_set_num_threads(4);
+    dos::set_worker_team_cores({core, core, core, core});
+    const std::size_t n = dos::kCpuWorkItem;
+    std::vector<float> p(n + 1, 1.0f), m(n + 1, 0.0f), v2(n + 1, 0.0f), g(n + 1, 0.5f), out(4 * n + 8);
+    const dos::AdamStepParams sp = dos::make_adam_step_params(dos::AdamHyper{}, 1);
+    v.base = process_threads();
+    dos::adam_step_cpu(p.data(), m.data(), v2.data(), g.data(), dos::DType::fp32, nullptr, dos::DType::fp32, n, sp);
+    v.after_small_kernel = process_threads();
+    dos::bind_worker_team_for(n);
+    v.after_small_bind = process_threads();
+    dos::copy_cpu(out.data(), p.data(), n * sizeof(float));
+    v.after_small_copy = process_threads();
+    if (large_bind) {
+      dos::bind_worker_team_for(n + 1);
+    } else {
+      dos::adam_step_cpu(p.data(), m.data(), v2.data(), g.data(), dos::DType::fp32, nullptr, dos::DType::fp32, n + 1, sp);
+    }
+    v.after_large = process_threads();
+    if (large_bind) {
+      v.bound_cores.assign(4, -2);
+#pragma omp parallel num_threads(4)
+      v.bound_cores[std::size_t(omp_get_thread_num())] = only_core();
+    }
+  });
+  w.join();
+  return v;
+}
+
+// A CPU codelet binds its worker's team only when its kernel opens a parallel region: on one work
+// item (kCpuWorkItem elements) neither the kernels nor bind_worker_team_for start a thread; one
+// element more starts the team in both, and the binding binds every thread of it
+void test_small_kernels_wake_no_team(void**) {
+  const int core = dos::allowed_cores().at(0);
+  // an earlier test's runtime may still be ending its threads: wait until the count holds for 50 ms
+  int before = process_threads();
+  for (int k = 0; k < 100; ++k) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    const int now = process_threads();
+    if (now == before) break;
+    before = now;
+  }
+  const WorkerView k = small_then_large(core, false);
+  assert_int_equal(wait_threads(before), before);  // the worker's pool ended with it
+  const WorkerView b = small_then_large(core, true);
+  assert_int_equal(wait_threads(before), before);
+  for (const WorkerView* v : {&k, &b}) {
+    assert_int_equal(v->base, before + 1);  // the worker thread itself
+    assert_int_equal(v->after_small_kernel, v->base);
+    // DOS_TEAM_BIND=every-task (cpu-team-bind-every-task): the binding forks whatever the size
+    assert_int_equal(v->after_small_bind, v->base + (dos::team_bind_every_task() ? 3 : 0));
+    assert_int_equal(v->after_small_copy, v->after_small_bind);  // the copy starts none
+    assert_int_equal(v->after_large, v->base + 3);
+  }
+  assert_int_equal(int(b.bound_cores.size()), 4);
+  for (const int c : b.bound_cores) assert_int_equal(c, core);
+}
+
 /// The processors of /proc/PID/status's Cpus_allowed_list ("0-3,6"), ascending.
 std::vector<int> cpus_allowed_of(long pid) {
   std::ifstream f("/proc/" + std::to_string(pid) + "/status");
@@ -200,6 +285,7 @@ int main() {
       cmocka_unit_test(test_refused_inside_a_region),
       cmocka_unit_test(test_other_threads_team_kept),
       cmocka_unit_test(test_step_frees_the_callers_pool),
+      cmocka_unit_test(test_small_kernels_wake_no_team),
       cmocka_unit_test(test_core_list_string),
       cmocka_unit_test(test_allowed_cores),
   };

@@ -318,7 +318,9 @@ int main(int argc, char** argv) {
   }
   // An unknown policy is refused before StarPU starts.
   try {
-    dos::Runtime bad(dos::RuntimeOptions{"no-such-policy", 0, -1, false});
+    dos::RuntimeOptions bad_options;
+    bad_options.policy = "no-such-policy";
+    dos::Runtime bad(bad_options);
     std::fprintf(stderr, "an unknown policy was accepted\n");
     return 1;
   } catch (const dos::Error& e) {

@@ -42,6 +42,17 @@ constexpr std::size_t state_stride_for(std::size_t n) { return (n + 15) / 16 * 1
 /// memory, streamed or resident.
 constexpr std::size_t state_bytes_for(std::size_t n) { return 3 * sizeof(float) * state_stride_for(n); }
 
+/// Elements per work item of the CPU kernels below (64 KiB of fp32): adam_step_cpu,
+/// adam_step_into_cpu, zero_fill_cpu and the conversions hand their arrays to the calling thread's
+/// OpenMP team in items of this many elements, and copy_cpu in items of this many fp32's bytes.
+constexpr std::size_t kCpuWorkItem = std::size_t(1) << 14;
+
+/// Whether a CPU kernel below, run on n elements of at most 4 bytes each, opens a parallel region
+/// with the calling thread's team (more than one work item): n > kCpuWorkItem. Otherwise the kernel
+/// runs on the calling thread alone and wakes no other thread. (copy_cpu opens one for more than
+/// kCpuWorkItem * 4 bytes, so for n elements of 2 or 4 bytes only when this is true.)
+constexpr bool cpu_kernel_forks(std::size_t n) { return n > kCpuWorkItem; }
+
 /// Hyper-parameters of Adam/AdamW, as in torch.optim.Adam / torch.optim.AdamW.
 /// lr: learning rate (finite, >= 0); beta1, beta2: in [0, 1); eps: finite, >= 0, added to the denominator;
 /// weight_decay: >= 0; decoupled: true for AdamW (decoupled weight decay), false for Adam

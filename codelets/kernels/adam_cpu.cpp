@@ -40,7 +40,7 @@ AdamStepParams make_adam_step_params(const AdamHyper& h, std::int64_t step) {
 
 namespace {
 
-constexpr std::size_t kChunk = 1 << 14;  // elements per OpenMP work item (64 KiB of fp32)
+constexpr std::size_t kChunk = kCpuWorkItem;  // elements per OpenMP work item (adam.h)
 
 #if defined(__x86_64__) && !defined(DOS_NO_TARGET_CLONES)
 #define DOS_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))

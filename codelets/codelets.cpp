@@ -49,7 +49,8 @@ void adam_direct_cpu(void* buffers[], void* cl_arg) {
 
 void gather_cpu(void* buffers[], void* cl_arg) {
   const auto* a = static_cast<const GatherArgs*>(cl_arg);
-  bind_worker_team_for(largest_segment(a->segs, a->nseg));
+  // a copy (16-bit gradients staged as they are) forks by bytes, a conversion by elements
+  bind_worker_team_for(largest_segment(a->segs, a->nseg), a->dst_dtype == a->dtype ? dtype_size(a->dtype) : 0);
   char* dst = reinterpret_cast<char*>(STARPU_VECTOR_GET_PTR(buffers[0]));
   const std::size_t dsz = dtype_size(a->dst_dtype);
   for (std::size_t s = 0; s < a->nseg; ++s) {
@@ -66,7 +67,7 @@ void scatter_cpu(void* buffers[], void* cl_arg) {
   const auto* a = static_cast<const ScatterArgs*>(cl_arg);
   const char* src = reinterpret_cast<const char*>(STARPU_VECTOR_GET_PTR(buffers[0]));
   const std::size_t esz = dtype_size(a->dtype);
-  bind_worker_team_for(largest_segment(a->segs, a->nseg));
+  bind_worker_team_for(largest_segment(a->segs, a->nseg), esz);
   for (std::size_t s = 0; s < a->nseg; ++s) copy_cpu(a->segs[s].param, src + a->segs[s].offset * esz, a->segs[s].count * esz);
 }
 

@@ -38,19 +38,21 @@ void bind_worker_team() {
   }
 }
 
-bool team_bind_every_task() {
-  static const bool every = [] {
+const char* team_bind_mode() {
+  static const char* const mode = [] {
     const char* e = std::getenv("DOS_TEAM_BIND");
-    if (!e || std::strcmp(e, "forking") == 0) return false;
-    if (std::strcmp(e, "every-task") == 0) return true;
+    if (!e || !*e || std::strcmp(e, "forking") == 0) return "forking";
+    if (std::strcmp(e, "every-task") == 0) return "every-task";
     std::fprintf(stderr, "[dos] warning: DOS_TEAM_BIND=%s is not one of forking, every-task; forking is used\n", e);
-    return false;
+    return "forking";
   }();
-  return every;
+  return mode;
 }
 
-void bind_worker_team_for(std::size_t largest) {
-  if (cpu_kernel_forks(largest) || team_bind_every_task()) bind_worker_team();
+void bind_worker_team_for(std::size_t largest, std::size_t element_bytes) {
+  static const bool every = std::strcmp(team_bind_mode(), "every-task") == 0;
+  const bool forks = element_bytes == 0 ? cpu_kernel_forks(largest) : cpu_copy_forks(largest * element_bytes);
+  if (every || forks) bind_worker_team();
 }
 
 bool release_caller_openmp_threads() noexcept {

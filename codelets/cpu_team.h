@@ -24,28 +24,33 @@ namespace dos {
 /// worker thread by the runtime (thread-local: each worker has its own), before any task runs.
 void set_worker_team_cores(const std::vector<int>& cores);
 
-/// Called by the CPU codelets on a worker thread before their kernel: binds each thread of the
-/// current OpenMP team that is not yet on its core (one fork-join, a few microseconds, and a
-/// system call only the first time a thread is seen). Does nothing for an unbound worker. Never
-/// fails: a refused binding (a core outside the process's cpuset) leaves that thread unbound.
+/// Binds each thread of the calling worker's current OpenMP team that is not yet on its core (one
+/// fork-join, a few microseconds, and a system call only the first time a thread is seen): the
+/// runtime calls it on each CPU worker when it sets the team up, so every team thread is bound
+/// before any task runs, and bind_worker_team_for calls it again before a kernel that forks, in
+/// case libgomp has replaced a thread. Does nothing for an unbound worker. Never fails: a refused
+/// binding (a core outside the process's cpuset) leaves that thread unbound.
 void bind_worker_team();
 
-/// bind_worker_team() only when a kernel of kernels/adam.h run on `largest` elements (the largest
-/// array the codelet hands one kernel call) opens a parallel region (cpu_kernel_forks): the binding's
-/// fork-join wakes every thread of the team, which then spin for a while (libgomp's spin wait) beside
-/// the runtime's copy thread and the CUDA worker, so a subgroup too small to fork skips it. The
-/// threads bound by an earlier call stay bound; the worker thread itself was bound when the runtime
-/// set the team up. Measured on the GPU machine (16 cores, a team of 15, 55 subgroups of 10007
-/// under --policy cpu): update phases of 4.9-8.0 ms with a binding before every task (3 ms stalls
-/// of the gradient downloads in its timeline; 3.6 ms with a team of 4), 2.3-2.4 ms with this rule,
-/// alternating in one process set; a CPU task's cost above StarPU's empty task 41-49 -> 11-12 us.
-/// DOS_TEAM_BIND=every-task in the environment (read once; a measurement switch, the same bits) binds
-/// before every task whatever its size, as the runtime did before this rule; forking (or unset) is
-/// the rule above; any other value is named in a warning on standard error and the rule is used.
-void bind_worker_team_for(std::size_t largest);
+/// bind_worker_team() before a CPU codelet's kernel, only when that kernel opens a parallel region:
+/// `largest` is the largest array the codelet hands one kernel call, in elements; element_bytes 0
+/// for the elementwise kernels of kernels/adam.h (Adam, the conversions, zero_fill_cpu:
+/// cpu_kernel_forks(largest)), or the element size of a copy_cpu call (cpu_copy_forks(largest *
+/// element_bytes)). The binding's fork-join wakes every thread of the team, which then spin for a
+/// while (libgomp's spin wait) beside the runtime's copy thread and the CUDA worker, so a kernel
+/// too small to fork skips it; its team stays bound from the runtime's set-up. Measured on the GPU
+/// machine (16 cores, a team of 15, 55 subgroups of 10007 under --policy cpu): update phases of
+/// 4.9-8.0 ms with a binding before every task (3 ms stalls of the gradient downloads in its
+/// timeline; 3.6 ms with a team of 4), 2.3-2.4 ms with this rule, alternating in one process set; a
+/// CPU task's cost above StarPU's empty task 41-49 -> 11-12 us. With team_bind_mode() "every-task"
+/// it binds before every kernel whatever its size, as the runtime did before this rule.
+void bind_worker_team_for(std::size_t largest, std::size_t element_bytes = 0);
 
-/// Whether DOS_TEAM_BIND=every-task is set (read once; see bind_worker_team_for).
-bool team_bind_every_task();
+/// DOS_TEAM_BIND in the environment, read once (a measurement switch, the same bits either way):
+/// "every-task" (bind before every CPU task's kernel, the rule before bind_worker_team_for's) or
+/// "forking" (the default: unset, empty or "forking"); any other value is named in a warning on
+/// standard error and "forking" is used. The runtime reads it when it sets its CPU workers up.
+const char* team_bind_mode();
 
 /// Frees the calling thread's idle OpenMP threads, those its own parallel regions left waiting in
 /// libgomp's pool (omp_pause_resource_all(omp_pause_soft)); its next parallel region starts them

@@ -64,6 +64,7 @@ void setup_cpu_worker(void* arg) {
   auto* w = static_cast<WorkerSetup*>(arg);
   omp_set_num_threads(w->threads);
   const int index = w->next.fetch_add(1);
+  team_bind_mode();  // DOS_TEAM_BIND read (and a bad value named) now, whatever the tasks' sizes
   int cores = int(allowed_cores().size());
   if (!w->team_cores.empty()) {
     const auto first = w->team_cores.begin() + std::ptrdiff_t(index) * w->threads;

@@ -157,7 +157,8 @@ void test_step_frees_the_callers_pool(void**) {
 /// threads: before anything, after each call of small_then_large, and the cores its team's threads
 /// were bound to after the large binding.
 struct WorkerView {
-  int base = 0, after_small_kernel = 0, after_small_bind = 0, after_small_copy = 0, after_large = 0;
+  int base = 0, after_small_kernel = 0, after_small_bind = 0, after_small_copy = 0, after_small_copy_bind = 0,
+      after_large = 0;
   std::vector<int> bound_cores;  // per team thread: its only allowed core, or -1
 };
 
@@ -189,8 +190,10 @@ WorkerView small_then_large(int core, bool large_bind) {
     v.after_small_bind = process_threads();
     dos::copy_cpu(out.data(), p.data(), n * sizeof(float));
     v.after_small_copy = process_threads();
+    dos::bind_worker_team_for(2 * n, 2);  // a copy of 2-byte elements: one work item of bytes
+    v.after_small_copy_bind = process_threads();
     if (large_bind) {
-      dos::bind_worker_team_for(n + 1);
+      dos::bind_worker_team_for(n + 1);  // (2 * n + 1 elements of 2 bytes would fork the copy too)
     } else {
       dos::adam_step_cpu(p.data(), m.data(), v2.data(), g.data(), dos::DType::fp32, nullptr, dos::DType::fp32, n + 1, sp);
     }
@@ -226,8 +229,10 @@ void test_small_kernels_wake_no_team(void**) {
     assert_int_equal(v->base, before + 1);  // the worker thread itself
     assert_int_equal(v->after_small_kernel, v->base);
     // DOS_TEAM_BIND=every-task (cpu-team-bind-every-task): the binding forks whatever the size
-    assert_int_equal(v->after_small_bind, v->base + (dos::team_bind_every_task() ? 3 : 0));
+    const bool every = std::string(dos::team_bind_mode()) == "every-task";
+    assert_int_equal(v->after_small_bind, v->base + (every ? 3 : 0));
     assert_int_equal(v->after_small_copy, v->after_small_bind);  // the copy starts none
+    assert_int_equal(v->after_small_copy_bind, v->after_small_bind);
     assert_int_equal(v->after_large, v->base + 3);
   }
   assert_int_equal(int(b.bound_cores.size()), 4);

@@ -49,9 +49,12 @@ constexpr std::size_t kCpuWorkItem = std::size_t(1) << 14;
 
 /// Whether a CPU kernel below, run on n elements of at most 4 bytes each, opens a parallel region
 /// with the calling thread's team (more than one work item): n > kCpuWorkItem. Otherwise the kernel
-/// runs on the calling thread alone and wakes no other thread. (copy_cpu opens one for more than
-/// kCpuWorkItem * 4 bytes, so for n elements of 2 or 4 bytes only when this is true.)
+/// runs on the calling thread alone and wakes no other thread.
 constexpr bool cpu_kernel_forks(std::size_t n) { return n > kCpuWorkItem; }
+
+/// Whether copy_cpu on `bytes` opens a parallel region: more than one work item of kCpuWorkItem
+/// fp32's bytes (64 KiB).
+constexpr bool cpu_copy_forks(std::size_t bytes) { return bytes > kCpuWorkItem * sizeof(float); }
 
 /// Hyper-parameters of Adam/AdamW, as in torch.optim.Adam / torch.optim.AdamW.
 /// lr: learning rate (finite, >= 0); beta1, beta2: in [0, 1); eps: finite, >= 0, added to the denominator;

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "adam.h"
+#include "cpu_team.h"
 #include "parallel/parallel.h"
 #include "plan.h"
 #include "rates_json.h"
@@ -313,6 +314,7 @@ nlohmann::ordered_json report_json(const RunFacts& f, const dos::Runtime& rt, co
   rep["grad_transfer"] = a.grad_transfer;
   rep["copy_by"] = dos::runtime_copy_by();  // --copy-by has set DOS_COPY_BY before the runtime read it
   rep["cpu_schedule"] = dos::cpu_adam_schedule();  // DOS_CPU_SCHEDULE
+  rep["team_bind"] = dos::team_bind_mode();        // DOS_TEAM_BIND
   rep["urgent_writeback"] = a.urgent_writeback;
   rep["submit_order"] = a.submit_order;
   if (dos::rates_complete(opt.rates()) && dos::rates_complete(opt.calibrated_rates())) {

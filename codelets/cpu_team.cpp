@@ -5,6 +5,8 @@
 #include <pthread.h>
 #include <sched.h>
 
+#include <atomic>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -15,7 +17,10 @@ namespace dos {
 namespace {
 thread_local std::vector<int> tl_team_cores;  // per CPU worker thread
 thread_local int tl_bound_core = -1;          // per thread: the core it was bound to
+std::atomic<std::uint64_t> g_team_bindings{0};  // bind_worker_team's fork-joins, every worker
 }  // namespace
+
+std::uint64_t worker_team_bindings() { return g_team_bindings.load(std::memory_order_relaxed); }
 
 bool bind_this_thread(int core) {
   cpu_set_t set;
@@ -30,6 +35,7 @@ void set_worker_team_cores(const std::vector<int>& cores) { tl_team_cores = core
 
 void bind_worker_team() {
   if (tl_team_cores.empty()) return;
+  g_team_bindings.fetch_add(1, std::memory_order_relaxed);
   const std::vector<int>* cores = &tl_team_cores;  // the worker's list, read by its team's threads
 #pragma omp parallel
   {

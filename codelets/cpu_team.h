@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -45,6 +46,11 @@ void bind_worker_team();
 /// CPU task's cost above StarPU's empty task 41-49 -> 11-12 us. With team_bind_mode() "every-task"
 /// it binds before every kernel whatever its size, as the runtime did before this rule.
 void bind_worker_team_for(std::size_t largest, std::size_t element_bytes = 0);
+
+/// How many times bind_worker_team has forked a bound worker's team (every CPU worker's calls
+/// together, the runtime's set-up included) since the process started: what a test counts. Throws
+/// nothing.
+std::uint64_t worker_team_bindings();
 
 /// DOS_TEAM_BIND in the environment, read once (a measurement switch, the same bits either way):
 /// "every-task" (bind before every CPU task's kernel, the rule before bind_worker_team_for's) or

@@ -5,7 +5,8 @@
 // ranges; allowed_cores gives the cores the process started with, also where OpenMP binds its
 // threads (cpu-team-places); a CPU codelet's binding (bind_worker_team_for) starts no team thread for
 // a kernel of one work item, which starts none either, and binds the whole team beyond it (with
-// DOS_TEAM_BIND=every-task, cpu-team-bind-every-task, it starts the team for any size). Skips (77) where the OpenMP settings cannot give teams of 4 (OMP_THREAD_LIMIT,
+// DOS_TEAM_BIND=every-task, cpu-team-bind-every-task, it starts the team for any size), and an
+// optimizer's step binds only before the tasks whose kernels fork (worker_team_bindings). Skips (77) where the OpenMP settings cannot give teams of 4 (OMP_THREAD_LIMIT,
 // OMP_MAX_ACTIVE_LEVELS=0); teams are asked for with dynamic adjustment off on every thread.
 #include <omp.h>
 
@@ -239,6 +240,48 @@ void test_small_kernels_wake_no_team(void**) {
   for (const int c : b.bound_cores) assert_int_equal(c, core);
 }
 
+/// Bindings (worker_team_bindings) during an optimizer's second step (fp32 parameters in host
+/// memory, so that each CPU subgroup is one adam_direct_cl task) over n elements in subgroups of
+/// `subgroup_size`.
+std::uint64_t bindings_in_a_step(dos::Runtime& rt, std::size_t n, std::size_t subgroup_size,
+                                 dos::DType dtype = dos::DType::fp32) {
+  std::vector<float> p(n, 1.0f), g(n, 0.5f);  // room for n elements of either dtype
+  dos::OptimizerOptions oo;
+  oo.dtype = dtype;
+  oo.subgroup_size = subgroup_size;
+  dos::Optimizer opt(rt, {{p.data(), g.data(), n}}, oo);
+  opt.step();
+  const std::uint64_t before = dos::worker_team_bindings();
+  opt.step();
+  return dos::worker_team_bindings() - before;
+}
+
+// Through the runtime's codelets (each CPU subgroup's update here is three tasks: its gradients
+// gathered into host staging, Adam, its parameters scattered back): a step whose subgroups are one
+// work item each binds no team; with one element more, every task of those subgroups binds (fp32:
+// the copies of (16384 + 1) x 4 bytes fork too), the last subgroup (1 element) none; bf16 subgroups
+// of 2 x 16384 elements bind for Adam only (their 2-byte copies are one 64 KiB work item); with
+// DOS_TEAM_BIND=every-task every task binds
+void test_step_binds_only_forking_kernels(void**) {
+  const std::uint64_t before_runtime = dos::worker_team_bindings();
+  dos::RuntimeOptions ro;
+  ro.policy = "cpu";
+  ro.verbose = false;
+  dos::Runtime rt(ro);
+  if (dos::worker_team_bindings() == before_runtime) {
+    std::printf("  the runtime bound no CPU team here (binding: %s): nothing to count\n", rt.binding().c_str());
+    skip();
+  }
+  const std::size_t item = dos::kCpuWorkItem;
+  const bool every = std::string(dos::team_bind_mode()) == "every-task";
+  // 4 subgroups of one work item and one of 5 elements: 15 tasks
+  assert_int_equal(bindings_in_a_step(rt, 4 * item + 5, item), every ? 15 : 0);
+  // 4 subgroups of one work item and an element, one of 1 element: 15 tasks, 12 of them forking
+  assert_int_equal(bindings_in_a_step(rt, 4 * item + 5, item + 1), every ? 15 : 12);
+  // 2 bf16 subgroups of 2 work items: 6 tasks, 2 of them (Adam) forking
+  assert_int_equal(bindings_in_a_step(rt, 4 * item, 2 * item, dos::DType::bf16), every ? 6 : 2);
+}
+
 /// The processors of /proc/PID/status's Cpus_allowed_list ("0-3,6"), ascending.
 std::vector<int> cpus_allowed_of(long pid) {
   std::ifstream f("/proc/" + std::to_string(pid) + "/status");
@@ -291,6 +334,7 @@ int main() {
       cmocka_unit_test(test_other_threads_team_kept),
       cmocka_unit_test(test_step_frees_the_callers_pool),
       cmocka_unit_test(test_small_kernels_wake_no_team),
+      cmocka_unit_test(test_step_binds_only_forking_kernels),
       cmocka_unit_test(test_core_list_string),
       cmocka_unit_test(test_allowed_cores),
   };

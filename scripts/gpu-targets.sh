@@ -8,7 +8,8 @@
 #               and stride:2, the peers when .peers/torch_update_phase.py is there; -n 5, with
 #               dos-bench host's bound), then with 31.5 GB resident (dos, static:0.4, the
 #               repository's stride:2 and twinflow, the TwinFlow-ratio peer; -n 4); about 320 s (400 s
-#               on a slower machine: the side by side may take up to 300 s)
+#               on a slower machine: the side by side may take up to 300 s); the resident runs here
+#               and in PART=rest with the update budget of `scripts/update-budget.sh resident`
 #   PART=rest   the resident sequence (calibrating -n 2, then -n 3 from its rates cache), the 13B
 #               sweep, the 7B quarter, its 1/16 shard under 400 MB, the tiny preset (dos, cpu, gpu),
 #               dos-bench overhead, the 1.01e9-parameter GPT's update phase; about 380 s
@@ -60,6 +61,9 @@ TRAIN=build/examples/dos-train
 # the 20B quarter's GPU update budget: 40GB, 30GB on an 80 GB GPU, or UPDATE_BUDGET (update-budget.sh)
 UPDATE_BUDGET=$(scripts/update-budget.sh 2>> "$OUT/times.txt")
 B20=(--preset llama-20b --shard 1/4 --subgroup-size 1.24e8 --gpu-update-budget "$UPDATE_BUDGET" --emulate-compute --tokens 4096)
+# the runs with 31.5 GB resident: 20GB on an 80 GB GPU (update-budget.sh resident)
+B20R=(--preset llama-20b --shard 1/4 --subgroup-size 1.24e8 --emulate-compute --tokens 4096
+      --gpu-update-budget "$(scripts/update-budget.sh resident 2>> "$OUT/times.txt")")
 PEERS=()
 [ -f .peers/torch_update_phase.py ] && PEERS=(--peers .peers/torch_update_phase.py)
 case $PART in
@@ -77,10 +81,10 @@ case $PART in
       --repeats 1 --host-bench --out "$OUT/side-by-side" -- "${B20[@]}" -n 5
     pv=(); [ ${#PEERS[@]} -gt 0 ] && pv=(--peer-variants dos_stride:2)
     step resident 380 200 python3 examples/dos_compare.py --policies "" --resident-budgets 31.5GB \
-      --baselines stride:2 "${PEERS[@]}" "${pv[@]}" --repeats 1 --host-bench --out "$OUT/resident" -- "${B20[@]}" -n 4
+      --baselines stride:2 "${PEERS[@]}" "${pv[@]}" --repeats 1 --host-bench --out "$OUT/resident" -- "${B20R[@]}" -n 4
     ;;
   rest)
-    RES=("${B20[@]}" --overlap off --policy dos --gpu-resident-budget 31.5GB)
+    RES=("${B20R[@]}" --overlap off --policy dos --gpu-resident-budget 31.5GB)
     step resident-calibrating 120 90 "$TRAIN" "${RES[@]}" -n 2 --report "$OUT/resident-calibrating.json"
     step resident-from-cache 170 90 "$TRAIN" "${RES[@]}" -n 3 --report "$OUT/resident-from-cache.json"
     step 13b-sweep 250 120 "$TRAIN" --preset llama2-13b --shard 0/4 --iterations 4 --subgroup-size 1e8 --policy dos \

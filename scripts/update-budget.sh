@@ -2,14 +2,18 @@
 # Prints the GPU update budget of the 20B quarter's runs (scripts/gpu-targets.sh, gpu-compare.sh):
 # $UPDATE_BUDGET when set; else 40GB (sized on the H200's 141 GB), or 30GB on a GPU of less than
 # 100 GB (an 80 GB H100, where 40GB ran out of GPU memory at the second iteration beside the
-# emulated compute's activations, and 30GB ran). GPU memory from nvidia-smi (40GB where it cannot
-# be read). A second line on standard error says which and why.
+# emulated compute's activations, and 30GB ran). With the argument `resident` (the runs that keep
+# 31.5 GB of state resident as well): 20GB on a GPU of less than 100 GB, where 30GB beside 31.5 GB
+# resident ran out of GPU memory at the second iteration (310acb2; 20GB has not run yet). GPU memory
+# from nvidia-smi (40GB where it cannot be read). A second line on standard error says which and why.
 set -u
 if [ -n "${UPDATE_BUDGET:-}" ]; then
   echo "$UPDATE_BUDGET"; echo "20B update budget: $UPDATE_BUDGET (UPDATE_BUDGET)" >&2; exit 0
 fi
 mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -1 | tr -dc 0-9)
 budget=40GB
-[ -n "$mib" ] && [ "$mib" -lt 100000 ] && budget=30GB
+small=30GB
+[ "${1:-}" = resident ] && small=20GB
+[ -n "$mib" ] && [ "$mib" -lt 100000 ] && budget=$small
 echo "$budget"
-echo "20B update budget: $budget (GPU memory: ${mib:-unknown} MiB)" >&2
+echo "20B update budget${1:+ ($1)}: $budget (GPU memory: ${mib:-unknown} MiB)" >&2

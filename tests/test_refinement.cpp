@@ -540,6 +540,18 @@ dos::Execution gpt_1b_execution() {
 }
 const dos::Rates kGptRates{4.85e9, 3.65e9, 1.3e11, 4.9e11, 4.28e10, 5.12e10, 0.87};
 
+/// The outlier rule's two machines: the GPT above and the 20B quarter at kRates, each with its
+/// workload, execution and true rates.
+struct OutlierCase {
+  const char* name;
+  dos::Workload w;
+  dos::Execution e;
+  dos::Rates truth;
+};
+std::vector<OutlierCase> outlier_cases() {
+  return {{"GPT 1.01e9", gpt_1b(), gpt_1b_execution(), kGptRates}, {"20B quarter", quarter_20b(), budget_40gb(), kRates}};
+}
+
 /// Phases of dos's own plans on a machine at `truth`, except phases `from`..`to` (counted from 0)
 /// whose CPU Adam runs at `slow` times its rate (U_c and U_c_dma) and links at `links` times theirs, from rates equal to the
 /// machine's, refined after each phase as the optimizer does, with the outlier rule (`hold`) or
@@ -582,16 +594,8 @@ PhaseRun slow_phases(const dos::Workload& w, const dos::Execution& e, const dos:
 // phase after the change both run within 1% of the slow machine's best. Printed: each case's
 // phases from the one before the slow one, seconds (streamed subgroups), both ways.
 void test_one_slow_phase(void**) {
-  struct Case {
-    const char* name;
-    dos::Workload w;
-    dos::Execution e;
-    dos::Rates truth;
-  };
-  const Case cases[] = {{"GPT 1.01e9", gpt_1b(), gpt_1b_execution(), kGptRates},
-                        {"20B quarter", quarter_20b(), budget_40gb(), kRates}};
   const int phases = 15, slow_at = 4;
-  for (const Case& c : cases) {
+  for (const OutlierCase& c : outlier_cases()) {
     const double best = dos::choose_plan_simulated(c.w, c.truth, c.e).predicted.total;
     for (double slow : {0.4, 0.55}) {
       double worst[2] = {0, 0};
@@ -630,14 +634,7 @@ void test_one_slow_phase(void**) {
 // without it. (Held, it would have kept the odd phase's plan one phase longer.)
 void test_odd_phase_predicted_well(void**) {
   const int phases = 12, odd = 4;
-  const struct {
-    const char* name;
-    dos::Workload w;
-    dos::Execution e;
-    dos::Rates truth;
-  } cases[] = {{"GPT 1.01e9", gpt_1b(), gpt_1b_execution(), kGptRates},
-               {"20B quarter", quarter_20b(), budget_40gb(), kRates}};
-  for (const auto& c : cases)
+  for (const OutlierCase& c : outlier_cases())
     for (double links : {0.6, 0.8}) {
       const PhaseRun with = slow_phases(c.w, c.e, c.truth, phases, odd, odd, 2.5, true, links);
       const PhaseRun without = slow_phases(c.w, c.e, c.truth, phases, odd, odd, 2.5, false, links);

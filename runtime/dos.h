@@ -470,6 +470,13 @@ struct StepStats {
   /// judged is that of the plan as it ran: predicted_seconds, or the plan as bound when the tail
   /// binding moved subgroups (tail_moved > 0).
   bool refinement_held = false;
+  /// Seconds the phase's start spent on its plan, counted in `seconds`: the plan's decide() (the
+  /// `dos` plan's search), or the wait for the decision made ahead of the phase (PlanNeeds::
+  /// decided_ahead: started when the phase before ended); plan_decided_ahead: the phase took that
+  /// decision, or one made for an equal input before, instead of deciding when it began. 0 and
+  /// false for StarPU's policies, forced plans and runs without a CUDA worker.
+  double plan_seconds = 0;
+  bool plan_decided_ahead = false;
   /// Late binding (OptimizerOptions::tail_subgroups): subgroups whose side was decided while the
   /// phase ran, and of those, the ones given the other side than the plan's (`plan` keeps the plan's
   /// sides, `placement` says where each ran).

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "../codelets/codelets.h"
@@ -99,14 +100,27 @@ std::vector<PlanSide> Optimizer::Impl::make_plan() const {
   if (rt.cuda_workers() == 0) return std::vector<PlanSide>(n, PlanSide::cpu);
   if (override_.kind == PlanOverride::none) {
     std::vector<PlanSide> p;
+    const Rates* r = have_rates ? &rates : nullptr;
+    const Execution e = execution();
+    const bool ahead = choice.plan->needs().decided_ahead;
+    plan_was_held = false;
     try {
-      p = choice.plan->decide(PlanInput{workload, have_rates ? &rates : nullptr, execution()});
+      // a decision held for an equal input is the one decide() gives now (plan_prefetch.h)
+      std::optional<std::vector<PlanSide>> held;
+      if (ahead) held = plan_ahead.take(choice.plan.get(), workload, r, e);
+      if (held) {
+        p = std::move(*held);
+        plan_was_held = true;
+      } else {
+        p = choice.plan->decide(PlanInput{workload, r, e});
+        if (ahead) plan_ahead.remember(choice.plan, workload, r, e, p);
+      }
     } catch (const Error&) {
       throw;
-    } catch (const std::exception& e) {
-      throw Error("plan " + choice.name + ": " + e.what());
+    } catch (const std::exception& ex) {
+      throw Error("plan " + choice.name + ": " + ex.what());
     }
-    if (const std::string e = plan_contract_error(*choice.plan, workload, p); !e.empty()) throw Error(e);
+    if (const std::string err = plan_contract_error(*choice.plan, workload, p); !err.empty()) throw Error(err);
     return p;
   }
   const std::size_t res = std::min(workload.resident, n), free = n - res;
@@ -117,6 +131,17 @@ std::vector<PlanSide> Optimizer::Impl::make_plan() const {
     p = workload.may_stream ? stride_plan(free, std::size_t(override_.value)) : spread_plan(free, 0);
   p.resize(n, PlanSide::gpu_resident);
   return p;
+}
+
+void Optimizer::Impl::decide_next_plan_ahead() noexcept {
+  if (!choice.plan || !choice.plan->needs().decided_ahead || override_.kind != PlanOverride::none ||
+      rt.cuda_workers() == 0 || open)
+    return;
+  try {
+    plan_ahead.start(choice.plan, workload, have_rates ? &rates : nullptr, execution());
+  } catch (const std::exception&) {
+    plan_ahead.clear();  // (an allocation failed) the next phase decides when it begins
+  }
 }
 
 std::vector<bool> Optimizer::Impl::states_off_gpu() const {

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "../codelets/codelets.h"
+#include "../scheduler/plan_prefetch.h"
 #include "../scheduler/policy.h"
 #include "admission.h"
 #include "dos.h"
@@ -504,6 +505,17 @@ struct Optimizer::Impl {
   /// worker; a forced plan (set_plan_override) spread over the subgroups that are not resident;
   /// else the plan's own decision.
   std::vector<PlanSide> make_plan() const;
+  /// The plan's decision held for reuse: made ahead when a phase ends (decide_next_plan_ahead),
+  /// or the last one make_plan made, for an equal input (plan_prefetch.h). Only for plans with
+  /// PlanNeeds::decided_ahead; make_plan reads and fills it (mutable: make_plan is const).
+  mutable PlanPrefetch plan_ahead;
+  /// Whether make_plan's last call took a held decision (plan_ahead) instead of deciding.
+  mutable bool plan_was_held = false;
+  /// Starts the next phase's decision on a thread of its own (PlanPrefetch::start) for a plan with
+  /// PlanNeeds::decided_ahead, no plan override and a CUDA worker; called when a phase has ended
+  /// and its rates are refined. Throws nothing (a decision that cannot start is made when the next
+  /// phase begins).
+  void decide_next_plan_ahead() noexcept;
 
   /// Online refinement of the rates after a step (the rule and its sources: models/refinement.h,
   /// refine_rates): what the step measured (`m`: its CPU Adam busy time, its CPU Adam tasks that

@@ -185,7 +185,12 @@ void Optimizer::Impl::begin(bool overlapped) {
   }
   ph.state_off_gpu = states_off_gpu();  // before the plan: a resident state off the GPU must come up
   try {
+    const auto t_plan = std::chrono::steady_clock::now();
     plan = make_plan();
+    if (!plan.empty() && override_.kind == PlanOverride::none && rt.cuda_workers() > 0) {
+      st.plan_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_plan).count();
+      st.plan_decided_ahead = plan_was_held;
+    }
   } catch (...) {
     open.reset();
     throw;
@@ -638,6 +643,7 @@ StepStats Optimizer::Impl::finish_wait() {
   if (!st.skipped && !st.overlapped && !ph.async) st.refinement_held = refine(measure, ph.sim, first_streamed, st.seconds);
   StepStats out = std::move(st);
   open.reset();
+  decide_next_plan_ahead();  // with the refined rates, while the caller computes the next gradients
   return out;
 }
 

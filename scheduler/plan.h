@@ -39,13 +39,20 @@ enum class ResidentState { budget, own };
 ///   Optimizer::set_plan_override (--k, --gpu-fraction);
 /// refine: the rates refined after every phase from what the phase measured (only with rates);
 /// resident: ResidentState;
-/// cuda_worker: the plan cannot run without a CUDA worker (the runtime refuses to start without one).
+/// cuda_worker: the plan cannot run without a CUDA worker (the runtime refuses to start without one);
+/// decided_ahead: decide() is a function of its PlanInput alone (equal inputs give equal sides) and
+///   may run on a thread of the runtime's own beside the caller's: the runtime then decides the next
+///   phase's plan as soon as a phase has ended and its rates are refined, while the caller computes
+///   the next gradients, and uses that decision when the next phase's input is equal to the one it
+///   was made from (PlanPrefetch, plan_prefetch.h). For plans whose decide() is costly (a search
+///   over simulated phases); false: decide() runs when each phase begins.
 /// Without a CUDA worker the runtime does not ask any plan: every update runs on the CPU.
 struct PlanNeeds {
   bool rates = false;
   bool refine = false;
   ResidentState resident = ResidentState::budget;
   bool cuda_worker = false;
+  bool decided_ahead = false;
 };
 
 /// What a plan is given to decide one phase.

@@ -18,6 +18,7 @@
 #include "caller_buffers.h"
 #include "cmocka_cpp.h"
 #include "dos.h"
+#include "plan.h"
 #include "reference.h"
 #include "traffic.h"
 
@@ -295,6 +296,50 @@ void test_state_off_gpu(void**) {
   assert_true(opt.execution().state_off_gpu == want);
 }
 
+// The `dos` plan decided ahead (PlanNeeds::decided_ahead, scheduler/plan_prefetch.h): every phase
+// runs the plan of the model's search at the rates, workload and execution it begins with
+// (choose_plan_simulated called here before each step), and from the second phase on it takes the
+// decision made when the phase before ended, with its rates refined. Without a CUDA worker no plan
+// is asked: plan_seconds 0, nothing decided ahead. Policy dos only (no plan override).
+void test_plan_decided_ahead(void**) {
+  if (g_policy != "dos") {
+    std::printf("  policy %s: no plan of the model\n", g_policy.c_str());
+    return;
+  }
+  const size_t n = total_params();
+  const bool cuda = g_memory == "cuda";
+  CallerBuffers buf(n, cuda);
+  std::vector<uint16_t> p16(n), g16(n);
+  std::vector<float> p32(n), g32(n);
+  for (size_t i = 0; i < n; ++i) {
+    encode(p16, p32, i, float(0.001 * double(i % 89) - 0.04));
+    encode(g16, g32, i, float(0.0001 * double(i % 11) - 0.0005));
+  }
+  buf.put(buf.param, g_dtype == dos::DType::fp32 ? static_cast<void*>(p32.data()) : p16.data());
+  buf.put(buf.grad, g_dtype == dos::DType::fp32 ? static_cast<void*>(g32.data()) : g16.data());
+  const std::vector<dos::TensorView> views = tensor_views(buf);
+  dos::OptimizerOptions oo;
+  oo.subgroup_size = kSubgroup;
+  oo.dtype = g_dtype;
+  oo.memory = cuda ? dos::MemoryKind::cuda : dos::MemoryKind::host;
+  dos::Optimizer opt(*g_rt, views, oo);
+  for (int t = 1; t <= 4; ++t) {
+    std::vector<dos::PlanSide> want(opt.num_subgroups(), dos::PlanSide::cpu);
+    if (g_rt->cuda_workers() > 0) want = dos::choose_plan_simulated(opt.workload(), opt.rates(), opt.execution()).plan;
+    const dos::StepStats st = opt.step();
+    std::printf("  step %d: plan %s, decided ahead %d, %.1f us on the plan\n", t, dos::plan_letters(st.plan).c_str(),
+                int(st.plan_decided_ahead), 1e6 * st.plan_seconds);
+    assert_true(st.plan == want);
+    if (g_rt->cuda_workers() == 0) {
+      assert_false(st.plan_decided_ahead);
+      assert_true(st.plan_seconds == 0);
+    } else {
+      assert_true(st.plan_decided_ahead == (t > 1));
+      if (t == 1) assert_true(st.plan_seconds > 0);  // the search, microseconds at least
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -334,6 +379,7 @@ int main(int argc, char** argv) {
       cmocka_unit_test(test_adamw_against_reference),
       cmocka_unit_test(test_bad_input),
       cmocka_unit_test(test_state_off_gpu),
+      cmocka_unit_test(test_plan_decided_ahead),
   };
   return cmocka_run_group_tests(tests, nullptr, nullptr);
 }

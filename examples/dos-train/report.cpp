@@ -199,6 +199,8 @@ void IterationLog::add(std::int64_t it, const std::string& label, const dos::Ste
   row["tail_bound"] = s.tail_bound;
   row["tail_moved"] = s.tail_moved;
   row["refinement_held"] = s.refinement_held;
+  row["plan_seconds"] = s.plan_seconds;
+  row["plan_decided_ahead"] = s.plan_decided_ahead;
   row["overlapped"] = s.overlapped;
   row["exposed_seconds"] = s.exposed_seconds;
   row["speculated"] = s.speculated;

@@ -14,6 +14,7 @@ class DosPlan final : public Plan {
     PlanNeeds n;
     n.rates = true;
     n.refine = true;
+    n.decided_ahead = true;  // choose_plan_simulated: a pure function of workload, rates and execution
     return n;
   }
   std::vector<PlanSide> decide(const PlanInput& in) const override {

@@ -20,6 +20,7 @@
 #include "partition.h"
 #include "runtime_impl.h"
 #include "state_check.h"
+#include "switches.h"
 
 namespace dos {
 using namespace detail;
@@ -102,7 +103,7 @@ std::vector<PlanSide> Optimizer::Impl::make_plan() const {
     std::vector<PlanSide> p;
     const Rates* r = have_rates ? &rates : nullptr;
     const Execution e = execution();
-    const bool ahead = choice.plan->needs().decided_ahead;
+    const bool ahead = decides_ahead();
     plan_was_held = false;
     try {
       // a decision held for an equal input is the one decide() gives now (plan_prefetch.h)
@@ -133,10 +134,14 @@ std::vector<PlanSide> Optimizer::Impl::make_plan() const {
   return p;
 }
 
+bool Optimizer::Impl::decides_ahead() const {
+  // measurement switch: DOS_PLAN_AHEAD=off decides every plan when its phase begins (same sides)
+  static const bool off = detail::env_says("DOS_PLAN_AHEAD", "off");
+  return !off && choice.plan && choice.plan->needs().decided_ahead;
+}
+
 void Optimizer::Impl::decide_next_plan_ahead() noexcept {
-  if (!choice.plan || !choice.plan->needs().decided_ahead || override_.kind != PlanOverride::none ||
-      rt.cuda_workers() == 0 || open)
-    return;
+  if (!decides_ahead() || override_.kind != PlanOverride::none || rt.cuda_workers() == 0 || open) return;
   try {
     plan_ahead.start(choice.plan, workload, have_rates ? &rates : nullptr, execution());
   } catch (const std::exception&) {

@@ -516,6 +516,10 @@ struct Optimizer::Impl {
   /// and its rates are refined. Throws nothing (a decision that cannot start is made when the next
   /// phase begins).
   void decide_next_plan_ahead() noexcept;
+  /// Whether the plan's decisions are made ahead and reused (plan_ahead): PlanNeeds::decided_ahead,
+  /// unless the measurement switch DOS_PLAN_AHEAD=off (every plan decided when its phase begins;
+  /// the same sides). Throws nothing.
+  bool decides_ahead() const;
 
   /// Online refinement of the rates after a step (the rule and its sources: models/refinement.h,
   /// refine_rates): what the step measured (`m`: its CPU Adam busy time, its CPU Adam tasks that

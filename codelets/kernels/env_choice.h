@@ -1,0 +1,59 @@
+// Measurement switches: environment variables that pick between ways of doing the same work (same
+// results). Each caller reads its switch once into a static, so that a bad value is named once.
+// Here, in the lowest room (no StarPU, the standard library only), so that the kernels, the
+// codelets and the runtime read their switches the same way. Internal (not installed).
+#pragma once
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <initializer_list>
+#include <string>
+
+namespace dos::detail {
+
+/// env_index's answer for a variable that is unset or empty.
+inline constexpr int kEnvUnset = -1;
+/// env_index's answer for a value that is none of those accepted.
+inline constexpr int kEnvOther = -2;
+
+/// The position in `values` of the environment variable `name`'s value (exact, case-sensitive);
+/// kEnvUnset when it is unset or empty, kEnvOther when it is none of `values`. Reads the
+/// environment at each call and prints nothing.
+inline int env_index(const char* name, std::initializer_list<const char*> values) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return kEnvUnset;
+  int i = 0;
+  for (const char* k : values) {
+    if (std::strcmp(v, k) == 0) return i;
+    ++i;
+  }
+  return kEnvOther;
+}
+
+/// "a, b, c": the accepted values as a warning or an error names them.
+inline std::string env_values_text(std::initializer_list<const char*> values) {
+  std::string s;
+  for (const char* k : values) s += (s.empty() ? "" : ", ") + std::string(k);
+  return s;
+}
+
+/// A switch that takes one of `values`: the position of the environment variable `name`'s value
+/// in `values`, or `fallback` (the default: a position in `values`, or any other number the
+/// caller gives meaning to) when it is unset or empty. A value that is none of `values` gives
+/// `fallback` too, with a warning on standard error that names the variable, its value and the
+/// accepted values, then `instead` (what is used in its place):
+///   [dos] warning: NAME=VALUE is not one of A, B; INSTEAD
+/// Reads the environment at each call: a caller that reads its switch once keeps the answer in a
+/// static (one warning).
+inline int env_choice(const char* name, std::initializer_list<const char*> values, int fallback,
+                      const char* instead) {
+  const int i = env_index(name, values);
+  if (i >= 0) return i;
+  if (i == kEnvOther)
+    std::fprintf(stderr, "[dos] warning: %s=%s is not %s%s; %s\n", name, std::getenv(name),
+                 values.size() == 1 ? "" : "one of ", env_values_text(values).c_str(), instead);
+  return fallback;
+}
+
+}  // namespace dos::detail

@@ -7,11 +7,10 @@
 
 #include <atomic>
 #include <cstdint>
-#include <cstdio>
-#include <cstdlib>
 #include <cstring>
 
 #include "kernels/adam.h"
+#include "kernels/env_choice.h"
 
 namespace dos {
 namespace {
@@ -45,13 +44,8 @@ void bind_worker_team() {
 }
 
 const char* team_bind_mode() {
-  static const char* const mode = [] {
-    const char* e = std::getenv("DOS_TEAM_BIND");
-    if (!e || !*e || std::strcmp(e, "forking") == 0) return "forking";
-    if (std::strcmp(e, "every-task") == 0) return "every-task";
-    std::fprintf(stderr, "[dos] warning: DOS_TEAM_BIND=%s is not one of forking, every-task; forking is used\n", e);
-    return "forking";
-  }();
+  static const char* const mode =
+      detail::env_choice("DOS_TEAM_BIND", {"forking", "every-task"}, 0, "forking is used") == 1 ? "every-task" : "forking";
   return mode;
 }
 

@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "adam.h"
+#include "env_choice.h"
 
 #include <immintrin.h>
 
@@ -100,23 +101,20 @@ const F16Converters& f16_converters() {
     __builtin_cpu_init();
     const bool avx512 = __builtin_cpu_supports("avx512f");
     const bool f16c = __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
-    const char* force = std::getenv("DOS_F16_ISA");  // tests: each path the processor has
-    const std::string want = force ? force : "";
-    const bool known = want == "scalar" || want == "f16c" || want == "avx512f";
-    const std::string pick = known ? want : "";  // an unknown request: the best path, as unset
+    // tests: each path the processor has; an unknown request: the best path, as unset
+    const std::string instead = std::string("the fp16 conversions use ") + (avx512 ? "avx512f" : f16c ? "f16c" : "scalar");
+    const char* const isas[] = {"scalar", "f16c", "avx512f"};
+    const int want = detail::env_choice("DOS_F16_ISA", {isas[0], isas[1], isas[2]}, -1, instead.c_str());
     F16Converters got{f16_to_f32_scalar, f32_to_f16_scalar, "scalar"};
-    if (pick == "scalar") return got;
-    if (avx512 && (pick.empty() || pick == "avx512f"))
+    if (want == 0) return got;
+    if (avx512 && (want == -1 || want == 2))
       got = F16Converters{f16_to_f32_avx512, f32_to_f16_avx512, "avx512f"};
-    else if (f16c && (pick.empty() || pick == "f16c" || pick == "avx512f"))
+    else if (f16c)
       got = F16Converters{f16_to_f32_f16c, f32_to_f16_f16c, "f16c"};
     // every path gives the same bits: a request that cannot be met is said, not refused
-    if (!want.empty() && !known)
-      std::fprintf(stderr, "[dos] warning: DOS_F16_ISA=%s is not one of scalar, f16c, avx512f; the fp16 conversions use %s\n",
-                   want.c_str(), got.isa);
-    else if (!want.empty() && want != got.isa)
+    if (want >= 0 && std::strcmp(isas[want], got.isa) != 0)
       std::fprintf(stderr, "[dos] warning: DOS_F16_ISA=%s: this processor lacks it; the fp16 conversions use %s\n",
-                   want.c_str(), got.isa);
+                   isas[want], got.isa);
     return got;
   }();
   return c;
@@ -222,13 +220,9 @@ struct Streamer {
 const Streamer& streamer() {
   static const Streamer best = [] {
     __builtin_cpu_init();
-    const char* e = std::getenv("DOS_NT_STORES");
-    const std::string want = e ? e : "";
-    if (!want.empty() && want != "0" && want != "avx")
-      std::fprintf(stderr, "[dos] warning: DOS_NT_STORES=%s is not one of 0, avx; the default stores are used\n",
-                   want.c_str());
-    if (want == "0") return Streamer{&stream_bytes_plain, "cached (memcpy)"};
-    if (__builtin_cpu_supports("avx512f") && want != "avx") return Streamer{&stream_bytes<64, stream_lines_avx512>, "non-temporal avx512f"};
+    const int want = detail::env_choice("DOS_NT_STORES", {"0", "avx"}, -1, "the default stores are used");
+    if (want == 0) return Streamer{&stream_bytes_plain, "cached (memcpy)"};
+    if (__builtin_cpu_supports("avx512f") && want != 1) return Streamer{&stream_bytes<64, stream_lines_avx512>, "non-temporal avx512f"};
     if (__builtin_cpu_supports("avx")) return Streamer{&stream_bytes<32, stream_lines_avx>, "non-temporal avx"};
     return Streamer{&stream_bytes_plain, "cached (memcpy)"};
   }();
@@ -240,14 +234,7 @@ const Streamer& streamer() {
 /// measurement switch, read once; "dynamic" or none: dynamic; any other value: dynamic, with a
 /// warning on standard error). The same bits either way.
 bool cpu_adam_dynamic_schedule() {
-  static const bool dynamic = [] {
-    const char* e = std::getenv("DOS_CPU_SCHEDULE");
-    const std::string want = e ? e : "";
-    if (!want.empty() && want != "static" && want != "dynamic")
-      std::fprintf(stderr, "[dos] warning: DOS_CPU_SCHEDULE=%s is not one of static, dynamic; dynamic is used\n",
-                   want.c_str());
-    return want != "static";
-  }();
+  static const bool dynamic = detail::env_choice("DOS_CPU_SCHEDULE", {"static", "dynamic"}, 1, "dynamic is used") == 1;
   return dynamic;
 }
 

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "../codelets/kernels/env_choice.h"
 #include "atomic_file.h"
 #include "device_memory.h"
 #include "dos.h"
@@ -156,13 +157,13 @@ enum class LinkShareRule { estimate, placeholder, measure };
 
 LinkShareRule link_share_rule() {
   static const LinkShareRule rule = [] {
-    const char* v = std::getenv("DOS_CALIBRATE_LINK_SHARE");
-    const std::string s = v ? v : "";
-    if (s.empty() || s == "estimate") return LinkShareRule::estimate;
-    if (s == "placeholder") return LinkShareRule::placeholder;
-    if (s == "measure" || s == "1") return LinkShareRule::measure;
-    throw Error("DOS_CALIBRATE_LINK_SHARE is '" + s + "': it must be estimate (the default, also when unset or "
-                "empty), placeholder, or measure (also 1); unset it or give one of those");
+    const int i = detail::env_index("DOS_CALIBRATE_LINK_SHARE", {"estimate", "placeholder", "measure", "1"});
+    if (i == detail::kEnvUnset || i == 0) return LinkShareRule::estimate;
+    if (i == 1) return LinkShareRule::placeholder;
+    if (i == 2 || i == 3) return LinkShareRule::measure;
+    throw Error("DOS_CALIBRATE_LINK_SHARE is '" + std::string(std::getenv("DOS_CALIBRATE_LINK_SHARE")) +
+                "': it must be estimate (the default, also when unset or empty), placeholder, or measure (also 1); "
+                "unset it or give one of those");
   }();
   return rule;
 }

@@ -14,6 +14,7 @@
 #include <string>
 
 #include "../codelets/codelets.h"
+#include "../codelets/kernels/env_choice.h"
 #include "../scheduler/policy.h"
 #include "dos.h"
 #include "optimizer_impl.h"
@@ -176,13 +177,9 @@ namespace {
 /// then every phase refines, the rule before (plans may differ, results do not). Another value
 /// warns once, at the first phase that refines, and is ignored.
 bool holds_outlier_phases() {
-  const char* v = std::getenv("DOS_OUTLIER_PHASES");
-  if (!v || !*v || std::strcmp(v, "hold") == 0) return true;
-  if (std::strcmp(v, "refine") == 0) return false;
-  std::fprintf(stderr, "[dos] warning: DOS_OUTLIER_PHASES='%s' is not hold or refine: ignored (the default, hold: "
-                       "a phase far off its prediction, against the last phases under the same plan, refines "
-                       "nothing)\n", v);
-  return true;
+  return env_choice("DOS_OUTLIER_PHASES", {"hold", "refine"}, 0,
+                    "ignored (the default, hold: a phase far off its prediction, against the last phases under "
+                    "the same plan, refines nothing)") == 0;
 }
 }  // namespace
 

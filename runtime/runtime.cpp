@@ -20,6 +20,7 @@
 
 #include "../codelets/codelets.h"
 #include "../codelets/cpu_team.h"
+#include "../codelets/kernels/env_choice.h"
 #if defined(DOS_HAVE_CUDA)
 #include <cuda_runtime.h>
 
@@ -404,14 +405,12 @@ Runtime::Runtime(const RuntimeOptions& options) : impl_(new Impl) {
   // process's set), the CPU workers' teams on the cores after them, one thread per core. Skipped
   // when OpenMP binds its threads (OMP_PROC_BIND other than false, or OMP_PLACES: openmp_binds), when DOS_BIND=0, or when the
   // cores are too few for one each.
-  const char* env_bind = std::getenv("DOS_BIND");
-  if (env_bind && *env_bind && std::string(env_bind) != "0" && std::string(env_bind) != "1")
-    std::fprintf(stderr, "[dos] warning: DOS_BIND=%s is not 0 or 1: the threads are bound as without it\n", env_bind);
+  const bool bind_off = detail::env_choice("DOS_BIND", {"0", "1"}, 1, "the threads are bound as without it") == 0;
   const bool user_binds = openmp_binds();
   const std::size_t needed = ncuda + std::size_t(ncpuw) * std::size_t(threads);
   if (user_binds) binding_ = "OpenMP's own (OMP_PROC_BIND/OMP_PLACES)";
   else if (!options.unbound_reason.empty()) binding_ = "none (" + options.unbound_reason + ")";
-  else if (env_bind && std::string(env_bind) == "0") binding_ = "none (DOS_BIND=0)";
+  else if (bind_off) binding_ = "none (DOS_BIND=0)";
   else if (process_cores.size() < needed)
     binding_ = "none (" + std::to_string(needed) + " threads, " + std::to_string(process_cores.size()) + " cores)";
   else {

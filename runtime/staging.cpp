@@ -9,11 +9,13 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <iterator>
 #include <memory>
 #include <new>
 #include <string>
 
 #include "../codelets/codelets.h"
+#include "../codelets/kernels/env_choice.h"
 #include "optimizer_impl.h"
 #include "profiling.h"
 #include "switches.h"
@@ -32,15 +34,10 @@ bool runtime_downloads_grads() {
 }
 
 const char* runtime_copy_by() {
-  static const char* const by = [] {
-    const char* v = std::getenv("DOS_COPY_BY");
-    if (!v || !*v) return kCopyByValues[0];
-    for (const char* k : kCopyByValues)
-      if (std::strcmp(v, k) == 0) return k;
-    std::fprintf(stderr, "[dos] warning: DOS_COPY_BY='%s' is not memcpy-down, kernel, memcpy or memcpy-up: ignored "
-                         "(the default, memcpy-down: gradients down by the copy engine, parameters up by the kernel)\n", v);
-    return kCopyByValues[0];
-  }();
+  static_assert(std::size(kCopyByValues) == 4, "every value of kCopyByValues is accepted below");
+  static const char* const by = kCopyByValues[env_choice(
+      "DOS_COPY_BY", {kCopyByValues[0], kCopyByValues[1], kCopyByValues[2], kCopyByValues[3]}, 0,
+      "ignored (the default, memcpy-down: gradients down by the copy engine, parameters up by the kernel)")];
   return by;
 }
 

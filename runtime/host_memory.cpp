@@ -20,6 +20,7 @@
 
 #include "../codelets/codelets.h"
 #include "../codelets/cpu_team.h"
+#include "../codelets/kernels/env_choice.h"
 #include "dos.h"
 
 namespace dos {
@@ -213,35 +214,29 @@ namespace {
 
 /// Measurement switch: DOS_HOST_ALLOC=starpu allocates the host buffers with starpu_malloc_flags
 /// (cudaHostAlloc) instead of posix_memalign + starpu_memory_pin (cudaHostRegister), to compare
-/// the DMA rates of the two kinds of pinned memory. StarPU aborts when that allocation fails.
+/// the DMA rates of the two kinds of pinned memory. StarPU aborts when that allocation fails. Any
+/// other value warns once and is ignored.
 bool host_alloc_by_starpu() {
-  static const bool on = [] {
-    const char* e = std::getenv("DOS_HOST_ALLOC");
-    return e && std::string(e) == "starpu";
-  }();
+  static const bool on =
+      detail::env_choice("DOS_HOST_ALLOC", {"starpu"}, -1, "ignored (posix_memalign and starpu_memory_pin)") == 0;
   return on && starpu_cuda_worker_get_count() > 0;
 }
 
 /// Measurement switch: the page backing of the host buffers, from DOS_HOST_PAGES: "huge" (2 MiB
 /// aligned and advised MADV_HUGEPAGE, so that the kernel backs them with transparent huge pages
-/// where it allows them), "4k" (advised MADV_NOHUGEPAGE), unset: as the allocator gives them. Any
-/// other value, or one given with DOS_HOST_ALLOC=starpu (whose memory the CUDA driver allocates),
-/// warns once and is ignored.
+/// where it allows them), "4k" (advised MADV_NOHUGEPAGE), unset or empty: as the allocator gives
+/// them. Any other value, or one given with DOS_HOST_ALLOC=starpu (whose memory the CUDA driver
+/// allocates), warns once and is ignored.
 enum class Pages { as_given, huge, small };
 Pages host_pages() {
   static const Pages p = [] {
-    const char* e = std::getenv("DOS_HOST_PAGES");
-    if (!e) return Pages::as_given;
-    const std::string s = e;
-    if (s != "huge" && s != "4k") {
-      std::fprintf(stderr, "[dos] warning: DOS_HOST_PAGES=%s is not huge or 4k: ignored (the allocator's pages)\n", e);
-      return Pages::as_given;
-    }
+    const int pages = detail::env_choice("DOS_HOST_PAGES", {"huge", "4k"}, -1, "ignored (the allocator's pages)");
+    if (pages < 0) return Pages::as_given;
     if (host_alloc_by_starpu()) {
       std::fprintf(stderr, "[dos] warning: DOS_HOST_PAGES is ignored with DOS_HOST_ALLOC=starpu (cudaHostAlloc's pages)\n");
       return Pages::as_given;
     }
-    return s == "huge" ? Pages::huge : Pages::small;
+    return pages == 0 ? Pages::huge : Pages::small;
   }();
   return p;
 }

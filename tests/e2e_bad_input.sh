@@ -42,9 +42,10 @@ else
   echo "FAIL: DOS_CALIBRATE_LINK_SHARE=bogus --policy cpu failed"; fails=$((fails+1))
 fi
 # measurement switches with a value they do not know: named in a warning, the run goes on as without them
-out=$(DOS_CPU_SCHEDULE=statc DOS_NT_STORES=junk DOS_BIND=x "$train" --preset tiny --iterations 1 --policy cpu 2>&1)
+out=$(DOS_CPU_SCHEDULE=statc DOS_NT_STORES=junk DOS_BIND=x DOS_HOST_ALLOC=junk "$train" --preset tiny --iterations 1 \
+  --policy cpu 2>&1)
 for w in "DOS_CPU_SCHEDULE=statc is not one of static, dynamic" "DOS_NT_STORES=junk is not one of 0, avx" \
-         "DOS_BIND=x is not one of 0, 1"; do
+         "DOS_BIND=x is not one of 0, 1" "DOS_HOST_ALLOC=junk is not starpu"; do
   if grep -qF -- "$w" <<<"$out"; then echo "ok: warned: $w"; else echo "FAIL: no warning '$w': $out"; fails=$((fails+1)); fi
 done
 expect "at least 1 element" --subgroup-size 0

@@ -12,8 +12,8 @@
 #include <utility>
 #include <vector>
 
+#include "../codelets/kernels/env_choice.h"
 #include "dos.h"
-#include "switches.h"
 
 #if defined(DOS_HAVE_CUDA)
 #include <cuda_runtime.h>

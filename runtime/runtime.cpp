@@ -30,7 +30,6 @@
 #include "../scheduler/policy.h"
 #include "dos.h"
 #include "runtime_impl.h"
-#include "switches.h"
 
 namespace dos {
 

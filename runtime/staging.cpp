@@ -18,7 +18,6 @@
 #include "../codelets/kernels/env_choice.h"
 #include "optimizer_impl.h"
 #include "profiling.h"
-#include "switches.h"
 
 namespace dos {
 using namespace detail;

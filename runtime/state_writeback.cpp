@@ -6,8 +6,8 @@
 #include <cstddef>
 #include <new>
 
+#include "../codelets/kernels/env_choice.h"
 #include "optimizer_impl.h"
-#include "switches.h"
 
 namespace dos {
 using namespace detail;

@@ -23,7 +23,6 @@
 #include "host_memory.h"
 #include "optimizer_impl.h"
 #include "profiling.h"
-#include "switches.h"
 
 namespace dos {
 using namespace detail;

@@ -1,5 +1,7 @@
 // Measurement switches: environment variables that pick between ways of doing the same work (same
-// results). Each caller reads its switch once into a static, so that a bad value is named once.
+// results), e.g. DOS_CPU_SCHEDULE, DOS_NT_STORES, DOS_TEAM_BIND, DOS_COPY_BY, DOS_PARAM_UPLOAD.
+// Each caller reads its switch once into a static, so that a bad value is named once (DOS_BIND:
+// at each start of the runtime).
 // Here, in the lowest room (no StarPU, the standard library only), so that the kernels, the
 // codelets and the runtime read their switches the same way. Internal (not installed).
 #pragma once
@@ -54,6 +56,13 @@ inline int env_choice(const char* name, std::initializer_list<const char*> value
     std::fprintf(stderr, "[dos] warning: %s=%s is not %s%s; %s\n", name, std::getenv(name),
                  values.size() == 1 ? "" : "one of ", env_values_text(values).c_str(), instead);
   return fallback;
+}
+
+/// Whether the environment variable `name` is set to exactly `value` (case-sensitive); false when
+/// it is unset. Any other value is taken as unset, without a warning. Throws nothing.
+inline bool env_says(const char* name, const char* value) {
+  const char* v = std::getenv(name);
+  return v && std::strcmp(v, value) == 0;
 }
 
 }  // namespace dos::detail

@@ -21,7 +21,6 @@
 #include "partition.h"
 #include "runtime_impl.h"
 #include "state_check.h"
-#include "switches.h"
 
 namespace dos {
 using namespace detail;
@@ -137,7 +136,7 @@ std::vector<PlanSide> Optimizer::Impl::make_plan() const {
 
 bool Optimizer::Impl::decides_ahead() const {
   // measurement switch: DOS_PLAN_AHEAD=off decides every plan when its phase begins (same sides)
-  static const bool off = detail::env_says("DOS_PLAN_AHEAD", "off");
+  static const bool off = env_choice("DOS_PLAN_AHEAD", {"on", "off"}, 0, "on is used (decided ahead)") == 1;
   return !off && choice.plan && choice.plan->needs().decided_ahead;
 }
 

@@ -518,7 +518,7 @@ struct Optimizer::Impl {
   void decide_next_plan_ahead() noexcept;
   /// Whether the plan's decisions are made ahead and reused (plan_ahead): PlanNeeds::decided_ahead,
   /// unless the measurement switch DOS_PLAN_AHEAD=off (every plan decided when its phase begins;
-  /// the same sides). Throws nothing.
+  /// the same sides; on, the default; another value warns once). Throws nothing.
   bool decides_ahead() const;
 
   /// Online refinement of the rates after a step (the rule and its sources: models/refinement.h,

@@ -433,7 +433,9 @@ struct StepStats {
   double cpu_adam_seconds = 0;
   /// The plan of this phase: subgroups planned on the GPU (streamed or resident), and for the
   /// project's policies with a model (dos, static:R), the predicted time and the lower bound
-  /// (models/resource_model.h), seconds; 0 where there is no model.
+  /// (models/resource_model.h), seconds; 0 where there is no model. predicted_seconds is what the
+  /// phase's start spent before its first submission (deciding the plan: plan_seconds, simulating
+  /// it, the bound) plus the phase simulation's total from there.
   std::size_t planned_streamed = 0;
   std::size_t planned_resident = 0;
   double predicted_seconds = 0;

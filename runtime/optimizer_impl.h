@@ -199,6 +199,10 @@ struct OpenStep {
   StepStats st;
   std::uint64_t h2d0 = 0, d2h0 = 0;
   std::chrono::steady_clock::time_point t0;
+  /// Seconds from t0 to the end of begin(): what the phase's start spent before anything could be
+  /// submitted (the plan's decision, its simulation, the bound, the subgroups' set-up). The phase
+  /// simulation starts at the first submission, so the refinement takes the phase's times less it.
+  double setup_seconds = 0;
   std::atomic<bool> sampling{false};
   std::thread sampler;  // the timeline's bus samples, every millisecond
   /// Appends one bus sample to st.bus: the bytes each way since h2d0 / d2h0, at seconds since t0.

@@ -22,6 +22,9 @@
 //
 // dos-bench host: CPU Adam and full-duplex PCIe DMA sharing host memory, alone and at once, per
 // host page backing and team size (host_bench.h).
+//
+// dos-bench plan: the `dos` plan's search at every phase's start (choose_plan_simulated) beside one
+// simulation of a phase and the phase it plans (plan_bench.h).
 #include <omp.h>
 
 #include <CLI/CLI.hpp>
@@ -39,6 +42,7 @@
 #include "adam.h"
 #include "host_bench.h"
 #include "overhead_bench.h"
+#include "plan_bench.h"
 #include "stream_bench.h"
 #include "cpu_team.h"
 #include "dos.h"
@@ -106,28 +110,32 @@ int main(int argc, char** argv) {
   CLI::App app{"dos-bench kernels: kernel rates beside the memory roofs measured in the same run; dos-bench stream: "
                "the runtime streaming optimizer state through the GPU beside the PCIe roof; dos-bench overhead: the "
                "runtime's cost per task beside StarPU's empty task; dos-bench host: CPU Adam and DMA sharing host "
-               "memory"};
+               "memory; dos-bench plan: the dos plan's search per phase beside one simulation of the phase"};
   std::string sub;
   double n_d = 1 << 27;
   int reps = 5;
   bool json = false;
   app.add_option("what", sub,
                  "what to benchmark: kernels, stream (the runtime's PCIe streaming), overhead (the runtime's cost "
-                 "per task beside an empty StarPU task), or host (CPU Adam and PCIe DMA sharing host memory)")
+                 "per task beside an empty StarPU task), host (CPU Adam and PCIe DMA sharing host memory), or plan (the "
+                 "dos plan's search per phase)")
       ->required();
   app.add_option("--n", n_d, "elements per kernel call (stream: parameters, default 1.6e9)");
   app.add_option("--reps", reps, "kernels: runs per kernel (default 5, the best is kept); stream: timed iterations per "
                  "variant (default 5); host: timed calls (default 5, the median is kept); overhead: timed phases "
-                 "(default 20, the median is kept)");
+                 "(default 20, the median is kept); plan: timed searches per subgroup count (default 20, the "
+                 "median is kept)");
   app.add_flag("--json", json, "print JSON instead of a table");
   double subgroup_d = 67108864;
   std::vector<std::string> stream_variants = {"0:end", "0:eager", "3:eager", "3:end", "8:eager"};
-  app.add_option("--subgroup-size", subgroup_d, "stream: elements per subgroup")->capture_default_str();
+  app.add_option("--subgroup-size", subgroup_d, "elements per subgroup (stream: the default shown; overhead: 10007; "
+                 "plan: 1e8)")->capture_default_str();
   app.add_option("--variants", stream_variants, "stream: LOOKAHEAD:WRITEBACK (eager or end) runs, e.g. 3:eager 0:end")
       ->capture_default_str();
-  double subgroups_d = 55;
+  std::vector<double> subgroups_v;
   int empty_tasks = 2000;
-  app.add_option("--subgroups", subgroups_d, "overhead: subgroups per phase (default 55; --subgroup-size default 10007)");
+  app.add_option("--subgroups", subgroups_v, "overhead: subgroups per phase (one count, default 55); plan: subgroup "
+                 "counts, one row each (default 55 300 1000)");
   app.add_option("--empty-tasks", empty_tasks, "overhead: empty StarPU tasks per worker kind")->capture_default_str();
   std::vector<int> host_threads;
   std::vector<std::string> host_pages = {"4k", "huge"};
@@ -153,16 +161,16 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::IsMember({"both", "h2d", "d2h"}));
   CLI11_PARSE(app, argc, argv);
-  if (sub != "kernels" && sub != "stream" && sub != "overhead" && sub != "host") {
-    std::fprintf(stderr, "dos-bench: unknown benchmark '%s': use kernels, stream, overhead or host\n", sub.c_str());
+  if (sub != "kernels" && sub != "stream" && sub != "overhead" && sub != "host" && sub != "plan") {
+    std::fprintf(stderr, "dos-bench: unknown benchmark '%s': use kernels, stream, overhead, host or plan\n", sub.c_str());
     return 1;
   }
   {  // an option of another benchmark would be ignored: refuse it, naming the benchmarks that take it
     const std::vector<std::pair<const char*, std::vector<std::string>>> takes = {
         {"--n", {"kernels", "stream", "host"}},
-        {"--subgroup-size", {"stream", "overhead"}},
+        {"--subgroup-size", {"stream", "overhead", "plan"}},
         {"--variants", {"stream"}},
-        {"--subgroups", {"overhead"}},
+        {"--subgroups", {"overhead", "plan"}},
         {"--empty-tasks", {"overhead"}},
         {"--threads", {"host"}},
         {"--pages", {"host"}},
@@ -218,9 +226,34 @@ int main(int argc, char** argv) {
     }
     return dos_bench::run_host(ho);
   }
+  if (sub == "plan") {
+    dos_bench::PlanOptions po;
+    if (app.count("--subgroup-size") == 0) subgroup_d = 1e8;
+    if (!subgroups_v.empty()) po.subgroups.clear();
+    for (double s : subgroups_v) {
+      if (!(s >= 1 && s <= 1e5) || s != std::floor(s)) {
+        std::fprintf(stderr, "dos-bench plan: --subgroups takes whole numbers in [1, 1e5], got %g\n", s);
+        return 1;
+      }
+      po.subgroups.push_back(std::size_t(s));
+    }
+    if (!(subgroup_d >= 1 && subgroup_d <= 1e10) || subgroup_d != std::floor(subgroup_d) || reps < 1) {
+      std::fprintf(stderr, "dos-bench plan: --subgroup-size must be a whole number in [1, 1e10] and --reps >= 1\n");
+      return 1;
+    }
+    po.subgroup_size = std::size_t(subgroup_d);
+    po.reps = app.count("--reps") ? reps : 20;
+    po.json = json;
+    return dos_bench::run_plan(po);
+  }
   if (sub == "overhead") {
     dos_bench::OverheadOptions oo;
     if (app.count("--subgroup-size") == 0) subgroup_d = 10007;
+    if (subgroups_v.size() > 1) {
+      std::fprintf(stderr, "dos-bench overhead: --subgroups takes one count\n");
+      return 1;
+    }
+    const double subgroups_d = subgroups_v.empty() ? 55 : subgroups_v[0];
     if (!(subgroup_d >= 1 && subgroup_d <= 1e9) || !(subgroups_d >= 1 && subgroups_d <= 1e5) || reps < 1 ||
         empty_tasks < 1 || subgroup_d != std::floor(subgroup_d) || subgroups_d != std::floor(subgroups_d)) {
       std::fprintf(stderr, "dos-bench overhead: --subgroup-size must be a whole number in [1, 1e9], --subgroups a whole "
@@ -272,7 +305,7 @@ int main(int argc, char** argv) {
     }
   }
   if (sub != "kernels") {
-    std::fprintf(stderr, "dos-bench: unknown benchmark '%s': use kernels, stream, overhead or host\n", sub.c_str());
+    std::fprintf(stderr, "dos-bench: unknown benchmark '%s': use kernels, stream, overhead, host or plan\n", sub.c_str());
     return 1;
   }
   if (app.count("--n") == 0) n_d = 1 << 27;

@@ -2,7 +2,6 @@
 #include "phase_sim.h"
 
 #include <algorithm>
-#include <deque>
 #include <limits>
 #include <stdexcept>
 #include <string>
@@ -19,6 +18,27 @@ std::size_t subgroup_footprint(const Workload& w, std::size_t n, PlanSide side) 
   return (side == PlanSide::gpu_streamed ? state_bytes_for(n) : 0) + n * (staging ? w.grad_bytes + w.param_bytes : 0);
 }
 
+namespace {
+
+/// submits_cpu_first's rule, given the plan's figures: whether any subgroup is streamed, the
+/// footprints (subgroup_footprint, bytes) of the subgroups not streamed summed, and the largest
+/// footprint of all.
+bool cpu_first_rule(const Execution& e, bool any_streamed, std::size_t others, std::size_t largest) {
+  return e.order == SubmitOrder::cpu_first && any_streamed &&
+         (e.update_budget == 0 || others + (e.lookahead + 1) * largest <= e.update_budget);
+}
+
+/// submission_order written into `order` (its memory kept).
+void fill_submission_order(const std::vector<PlanSide>& plan, bool cpu_first, std::vector<std::size_t>& order) {
+  order.clear();
+  order.reserve(plan.size());
+  for (int pass = 0; pass < (cpu_first ? 2 : 1); ++pass)
+    for (std::size_t i = 0; i < plan.size(); ++i)
+      if (!cpu_first || (pass == 0) != (plan[i] == PlanSide::gpu_streamed)) order.push_back(i);
+}
+
+}  // namespace
+
 bool submits_cpu_first(const Workload& w, const std::vector<PlanSide>& plan, const Execution& e) {
   if (e.order != SubmitOrder::cpu_first) return false;
   std::size_t largest = 0, others = 0;
@@ -31,15 +51,12 @@ bool submits_cpu_first(const Workload& w, const std::vector<PlanSide>& plan, con
     else
       others += fp;
   }
-  return any_streamed && (e.update_budget == 0 || others + (e.lookahead + 1) * largest <= e.update_budget);
+  return cpu_first_rule(e, any_streamed, others, largest);
 }
 
 std::vector<std::size_t> submission_order(const std::vector<PlanSide>& plan, bool cpu_first) {
   std::vector<std::size_t> order;
-  order.reserve(plan.size());
-  for (int pass = 0; pass < (cpu_first ? 2 : 1); ++pass)
-    for (std::size_t i = 0; i < plan.size(); ++i)
-      if (!cpu_first || (pass == 0) != (plan[i] == PlanSide::gpu_streamed)) order.push_back(i);
+  fill_submission_order(plan, cpu_first, order);
   return order;
 }
 
@@ -66,87 +83,201 @@ struct Piece {
   Stage stage;
 };
 
-/// One resource: a first-in first-out queue of pieces of work and the one in progress.
+/// One resource: a first-in first-out queue of pieces of work and the one in progress. The queue
+/// is a vector read from `head` on: a phase puts at most two pieces of each subgroup on a lane, so
+/// nothing is taken off its front, and its memory stays from one simulation to the next.
 struct Lane {
-  std::deque<Piece> queue;
+  std::vector<Piece> queue;
+  std::size_t head = 0;  // the first piece still waiting
   long current = -1;     // subgroup index, -1: idle
   Stage stage = Stage::done;
   double left = 0;       // bytes, parameters or seconds, per the lane
   double busy = 0;       // seconds busy so far
+  bool waiting() const { return head < queue.size(); }
+  const Piece& front() const { return queue[head]; }
+  void pop() { ++head; }
+  void push(Piece p) { queue.push_back(p); }
+  /// Idle, nothing queued, nothing counted (the queue's capacity kept).
+  void reset() {
+    queue.clear();
+    head = 0;
+    current = -1;
+    stage = Stage::done;
+    left = busy = 0;
+  }
 };
 
-}  // namespace
+/// The rates of the pieces of work in progress while a number of CPU workers run Adam and a set of
+/// PCIe streams carries data, host memory shared as host_shares says: CPU Adam's params/s per
+/// worker, and bytes/s of StarPU's streams (up, down) and of the runtime's own copies (up_own,
+/// down_own).
+struct LaneRates {
+  bool known = false;  // computed for this set of busy lanes
+  double u_cpu = 0, up = 0, down = 0, up_own = 0, down_own = 0;
+};
 
-Simulation simulate_phase(const Workload& w, const std::vector<PlanSide>& plan, const Rates& r, const Execution& e) {
-  if (plan.size() != w.sizes.size())
-    throw std::invalid_argument("phase simulation: the plan has " + std::to_string(plan.size()) + " sides for " +
-                                std::to_string(w.sizes.size()) + " subgroups");
+/// simulate_phase for many plans of one phase (a plan search): what depends only on the workload,
+/// the rates and the execution (each subgroup's footprint on every side, host memory's bandwidth,
+/// the lanes' rates for every set of busy lanes, taken when first needed) is worked out once, and
+/// the lanes' queues and the per-subgroup arrays keep their memory from one plan to the next. Each
+/// run() gives what simulate_phase gives for the plan, bit for bit: the same arithmetic in the same
+/// order. Holds references to w, r and e: they must outlive it unchanged.
+class PhaseSimulator {
+ public:
+  /// Throws std::invalid_argument as simulate_phase does when a rate is not positive or
+  /// e.state_off_gpu has neither 0 nor w.sizes.size() flags.
+  PhaseSimulator(const Workload& w, const Rates& r, const Execution& e);
+  /// simulate_phase(w, plan, r, e). Throws std::invalid_argument when the plan's length differs
+  /// from w.sizes, std::logic_error when no piece of work can progress.
+  Simulation run(const std::vector<PlanSide>& plan);
+
+ private:
+  const Workload& w_;
+  const Rates& r_;
+  const Execution& e_;
+  std::size_t count_;
+  double gb_, pb_, cpu_bytes_, host_bw_;
+  bool own_upload_, own_download_;
+  std::vector<std::size_t> footprint_;  // subgroup i on side s: footprint_[3 i + s] (subgroup_footprint)
+  std::vector<LaneRates> rates_;        // lane_rates' table: busy CPU workers x 16 + the busy streams' bits
+  // scratch of one run, sized once
+  std::vector<Sg> sgs_;
+  std::vector<std::size_t> order_, stream_order_, stream_pos_;
+  std::vector<double> cpu_start_;
+  struct CpuPiece {
+    double start, end, params;
+  };
+  std::vector<CpuPiece> cpu_pieces_;
+  Lane h2d_, d2h_, gpu_, up_own_, down_own_;
+  std::vector<Lane> cpus_;
+
+  const LaneRates& lane_rates(std::size_t active_cpus, bool up, bool up_own, bool down, bool down_own);
+};
+
+PhaseSimulator::PhaseSimulator(const Workload& w, const Rates& r, const Execution& e) : w_(w), r_(r), e_(e) {
   if (!rates_complete(r))
     throw std::invalid_argument("phase simulation: every rate (U_c, U_c_dma, U_g, D_c, B_h2d, B_d2h, link_share) must be > 0");
-  if (!e.state_off_gpu.empty() && e.state_off_gpu.size() != plan.size())
+  count_ = w.sizes.size();
+  if (!e.state_off_gpu.empty() && e.state_off_gpu.size() != count_)
     throw std::invalid_argument("phase simulation: Execution::state_off_gpu has " +
-                                std::to_string(e.state_off_gpu.size()) + " flags for " + std::to_string(plan.size()) +
+                                std::to_string(e.state_off_gpu.size()) + " flags for " + std::to_string(count_) +
                                 " subgroups (give one per subgroup, or none)");
-  const std::size_t count = plan.size();
-  const double gb = double(w.grad_bytes), pb = double(w.param_bytes);
-  std::vector<Sg> sgs(count);
-  std::size_t largest_fp = 0;
-  for (std::size_t i = 0; i < count; ++i) {
-    sgs[i].n = w.sizes[i];
-    sgs[i].side = plan[i];
-    sgs[i].footprint = subgroup_footprint(w, w.sizes[i], plan[i]);
-    sgs[i].state_off_gpu = plan[i] == PlanSide::gpu_resident && !e.state_off_gpu.empty() && e.state_off_gpu[i];
-    largest_fp = std::max(largest_fp, sgs[i].footprint);
-  }
-  Simulation out;
-  out.cpu_first = submits_cpu_first(w, plan, e);
-  const std::vector<std::size_t> order = submission_order(plan, out.cpu_first);
-  std::vector<std::size_t> stream_order;
-  for (std::size_t i = 0; i < count; ++i)
-    if (plan[i] == PlanSide::gpu_streamed) stream_order.push_back(i);
-  std::vector<std::size_t> stream_pos(count, 0);
-  for (std::size_t q = 0; q < stream_order.size(); ++q) stream_pos[stream_order[q]] = q;
-
+  gb_ = double(w.grad_bytes);
+  pb_ = double(w.param_bytes);
   // Host memory, shared by CPU Adam and both DMA directions: each asks for its full rate's traffic
   // (CPU Adam: cpu_adam_host_bytes per parameter; each link its B), and when together they ask for
   // more than the host delivers (host_bandwidth, M), they share it as host_shares says (the links
   // link_share times CPU Adam's fraction of their ask).
-  const double cpu_bytes = cpu_adam_host_bytes(w);
+  cpu_bytes_ = cpu_adam_host_bytes(w);
   Rates all_cpus = r;  // host memory as calibrated with every CPU worker's Adam asking at once
   all_cpus.U_c *= double(std::max<std::size_t>(1, e.cpu_workers));
   all_cpus.U_c_dma *= double(std::max<std::size_t>(1, e.cpu_workers));
-  const double host_bw = host_bandwidth(w, all_cpus);
-
-  // Lanes: PCIe each way (bytes), the GPU (seconds), the CPU (parameters).
-  Lane h2d, d2h, gpu;
+  host_bw_ = host_bandwidth(w, all_cpus);
   // The runtime's own parameter uploads (Execution::own_param_upload): a second host-to-device
   // lane beside StarPU's stream, at B_h2d alone and B_h2d / 2 beside it, which keeps its B_h2d.
-  Lane up_own;
-  const bool own_upload = e.own_param_upload && w.caller_on_gpu;
+  own_upload_ = e.own_param_upload && w.caller_on_gpu;
   // The runtime's own gradient downloads (Execution::own_grad_download): a second device-to-host
   // lane in the same way.
-  Lane down_own;
-  const bool own_download = e.own_grad_download && w.caller_on_gpu;
+  own_download_ = e.own_grad_download && w.caller_on_gpu;
+  footprint_.resize(3 * count_);
+  for (std::size_t i = 0; i < count_; ++i)
+    for (PlanSide s : {PlanSide::cpu, PlanSide::gpu_streamed, PlanSide::gpu_resident})
+      footprint_[3 * i + std::size_t(s)] = subgroup_footprint(w, w.sizes[i], s);
+  const std::size_t k = std::max<std::size_t>(1, e.cpu_workers);
+  rates_.resize((k + 1) * 16);
+  sgs_.resize(count_);
+  order_.reserve(count_);
+  stream_order_.reserve(count_);
+  stream_pos_.resize(count_);
+  cpu_start_.resize(count_);
+  cpu_pieces_.reserve(count_);
+  // The lanes' queues grow in the first run and keep their memory after it (reserved here, the
+  // memory of a single simulate_phase call went back to the system and came again in every call).
+  cpus_.resize(k);  // subgroup i's Adam on CPU worker i % k
+}
+
+const LaneRates& PhaseSimulator::lane_rates(std::size_t active_cpus, bool up, bool up_own, bool down, bool down_own) {
+  LaneRates& x = rates_[active_cpus * 16 + (up ? 1 : 0) + (up_own ? 2 : 0) + (down ? 4 : 0) + (down_own ? 8 : 0)];
+  if (x.known) return x;
+  const Rates& r = r_;
+  // StarPU's streams move at B; the runtime's own copies (made by the GPU's cores, not its copy
+  // engines) at B beside an idle StarPU stream and B / 2 beside a busy one, without slowing it
+  // (bench/copy-contention on the GPU machine: a kernel copy beside a full copy-engine queue ran
+  // at 26 GB/s up and 45 down, and the queue's own rate stayed at 55)
+  const double own_up = (up ? 0.5 : 1.0) * r.B_h2d, own_down = (down ? 0.5 : 1.0) * r.B_d2h;
+  const double links_ask = (up ? r.B_h2d : 0.0) + (up_own ? own_up : 0.0) + (down ? r.B_d2h : 0.0) +
+                           (down_own ? own_down : 0.0);
+  const HostShares share = host_shares(double(active_cpus) * r.U_c * cpu_bytes_, links_ask, host_bw_, r.link_share);
+  x.u_cpu = r.U_c * share.cpu;
+  x.up = r.B_h2d * share.links;
+  x.down = r.B_d2h * share.links;
+  x.up_own = own_up * share.links;
+  x.down_own = own_down * share.links;
+  x.known = true;
+  return x;
+}
+
+Simulation PhaseSimulator::run(const std::vector<PlanSide>& plan) {
+  if (plan.size() != count_)
+    throw std::invalid_argument("phase simulation: the plan has " + std::to_string(plan.size()) + " sides for " +
+                                std::to_string(count_) + " subgroups");
+  const Workload& w = w_;
+  const Rates& r = r_;
+  const Execution& e = e_;
+  const std::size_t count = count_;
+  const double gb = gb_, pb = pb_;
+  std::vector<Sg>& sgs = sgs_;
+  // the window's largest footprint, and what submits_cpu_first weighs (the same sums, from the
+  // footprints worked out once)
+  std::size_t largest_fp = 0, others = 0;
+  bool any_streamed = false;
+  for (std::size_t i = 0; i < count; ++i) {
+    Sg& s = sgs[i];
+    s.n = w.sizes[i];
+    s.side = plan[i];
+    s.footprint = footprint_[3 * i + std::size_t(plan[i])];
+    s.admitted = s.input_ready = s.state_up_asked = false;
+    s.state_off_gpu = plan[i] == PlanSide::gpu_resident && !e.state_off_gpu.empty() && e.state_off_gpu[i];
+    largest_fp = std::max(largest_fp, s.footprint);
+    if (plan[i] == PlanSide::gpu_streamed)
+      any_streamed = true;
+    else
+      others += s.footprint;
+  }
+  Simulation out;
+  out.cpu_first = cpu_first_rule(e, any_streamed, others, largest_fp);  // submits_cpu_first
+  const std::vector<std::size_t>& order = order_;
+  fill_submission_order(plan, out.cpu_first, order_);
+  std::vector<std::size_t>& stream_order = stream_order_;
+  stream_order.clear();
+  for (std::size_t i = 0; i < count; ++i)
+    if (plan[i] == PlanSide::gpu_streamed) stream_order.push_back(i);
+  std::vector<std::size_t>& stream_pos = stream_pos_;
+  for (std::size_t q = 0; q < stream_order.size(); ++q) stream_pos[stream_order[q]] = q;
+
+  // Lanes: PCIe each way (bytes), the GPU (seconds), the CPU (parameters); the runtime's own
+  // parameter uploads and gradient downloads beside StarPU's streams (PhaseSimulator's constructor).
+  Lane &h2d = h2d_, &d2h = d2h_, &gpu = gpu_, &up_own = up_own_, &down_own = down_own_;
+  for (Lane* l : {&h2d, &d2h, &gpu, &up_own, &down_own}) l->reset();
+  const bool own_upload = own_upload_, own_download = own_download_;
   // By the copy engine, the runtime's own copies join StarPU's stream of their direction.
   Lane& down_lane = own_download && e.grad_download_by_copy_engine ? d2h : down_own;
   Lane& up_lane = own_upload && e.param_upload_by_copy_engine ? h2d : up_own;
-  std::vector<Lane> cpus(std::max<std::size_t>(1, e.cpu_workers));  // subgroup i's Adam on CPU worker i % k
+  std::vector<Lane>& cpus = cpus_;  // subgroup i's Adam on CPU worker i % k
+  for (Lane& l : cpus) l.reset();
   auto cpu_of = [&](std::size_t i) -> Lane& { return cpus[i % cpus.size()]; };
   std::size_t window_used = 0;
   const std::size_t limit = e.update_budget;
   auto fits = [&](std::size_t b) { return limit == 0 || window_used == 0 || window_used + b <= limit; };
   std::size_t next = 0, finished = 0;
   double now = 0;
-  std::vector<double> cpu_start(count, 0.0);  // when each subgroup's CPU Adam began
-  struct CpuPiece {
-    double start, end, params;
-  };
-  std::vector<CpuPiece> cpu_pieces;
-  cpu_pieces.reserve(count);
+  std::vector<double>& cpu_start = cpu_start_;  // when each subgroup's CPU Adam began
+  std::vector<CpuPiece>& cpu_pieces = cpu_pieces_;
+  cpu_pieces.clear();
 
   auto ask_state_up = [&](std::size_t i) {
     sgs[i].state_up_asked = true;
-    h2d.queue.push_back({i, Stage::state_up});
+    h2d.push({i, Stage::state_up});
   };
   auto finish = [&](std::size_t i) {
     window_used -= std::min(window_used, sgs[i].footprint);
@@ -176,13 +307,13 @@ Simulation simulate_phase(const Workload& w, const std::vector<PlanSide>& plan, 
       if (s.side == PlanSide::cpu) {
         if (own_download) {  // the gradients go down at once; the CPU Adam is queued and waits for them
           s.input_ready = false;
-          down_lane.queue.push_back({i, Stage::grad_down});
-          cpu_of(i).queue.push_back({i, Stage::adam_cpu});
+          down_lane.push({i, Stage::grad_down});
+          cpu_of(i).push({i, Stage::adam_cpu});
         } else if (w.caller_on_gpu) {
-          gpu.queue.push_back({i, Stage::gather});
+          gpu.push({i, Stage::gather});
         } else {
           s.input_ready = true;
-          cpu_of(i).queue.push_back({i, Stage::adam_cpu});
+          cpu_of(i).push({i, Stage::adam_cpu});
         }
       } else {
         // streamed, resident with the caller on the host or resident with its state off the GPU:
@@ -193,16 +324,16 @@ Simulation simulate_phase(const Workload& w, const std::vector<PlanSide>& plan, 
         const bool up = s.side == PlanSide::gpu_streamed || !w.caller_on_gpu || s.state_off_gpu;
         if (up && !s.state_up_asked && (e.lookahead == 0 || s.side != PlanSide::gpu_streamed)) ask_state_up(i);
         if (!up) s.input_ready = true;  // resident, its state on the GPU, the caller's buffers there
-        gpu.queue.push_back({i, Stage::adam_gpu});
+        gpu.push({i, Stage::adam_gpu});
       }
     }
   };
 
   // Starting the piece of work at the head of a lane, when it can start.
   auto start_link = [&](Lane& lane) {
-    if (lane.current >= 0 || lane.queue.empty()) return false;
-    const Piece p = lane.queue.front();
-    lane.queue.pop_front();
+    if (lane.current >= 0 || !lane.waiting()) return false;
+    const Piece p = lane.front();
+    lane.pop();
     const Sg& s = sgs[p.sg];
     const double n = double(s.n);
     // a streamed state goes both ways; a resident one off the GPU only up, once
@@ -220,15 +351,15 @@ Simulation simulate_phase(const Workload& w, const std::vector<PlanSide>& plan, 
     return true;
   };
   auto start_gpu = [&] {
-    if (gpu.current >= 0 || gpu.queue.empty()) return false;
-    const Piece p = gpu.queue.front();
+    if (gpu.current >= 0 || !gpu.waiting()) return false;
+    const Piece p = gpu.front();
     const Sg& s = sgs[p.sg];
     if (p.stage == Stage::adam_gpu && s.side == PlanSide::gpu_streamed && !s.state_up_asked) {
       ask_state_up(p.sg);  // not prefetched: fetched when the worker takes it
       return true;         // the link may start it: the lanes are tried again
     }
     if (p.stage != Stage::gather && !s.input_ready) return false;             // the head of the queue waits
-    gpu.queue.pop_front();
+    gpu.pop();
     gpu.current = long(p.sg);
     gpu.stage = p.stage;
     if (p.stage == Stage::gather)
@@ -239,15 +370,17 @@ Simulation simulate_phase(const Workload& w, const std::vector<PlanSide>& plan, 
       gpu.left = double(s.n) / r.U_g;
     return true;
   };
+  std::size_t active_cpus = 0;  // CPU workers running an Adam
   auto start_cpu = [&](Lane& cpu) {
-    if (cpu.current >= 0 || cpu.queue.empty()) return false;
-    const Piece p = cpu.queue.front();
+    if (cpu.current >= 0 || !cpu.waiting()) return false;
+    const Piece p = cpu.front();
     if (!sgs[p.sg].input_ready) return false;
-    cpu.queue.pop_front();
+    cpu.pop();
     cpu.current = long(p.sg);
     cpu.stage = p.stage;
     cpu.left = double(sgs[p.sg].n);
     cpu_start[p.sg] = now;
+    ++active_cpus;
     return true;
   };
 
@@ -262,18 +395,19 @@ Simulation simulate_phase(const Workload& w, const std::vector<PlanSide>& plan, 
     switch (st) {
       case Stage::gather:  // the staged gradient goes down; the CPU Adam is queued and waits for it
         s.input_ready = false;
-        d2h.queue.push_back({i, Stage::grad_down});
-        cpu_of(i).queue.push_back({i, Stage::adam_cpu});
+        d2h.push({i, Stage::grad_down});
+        cpu_of(i).push({i, Stage::adam_cpu});
         break;
       case Stage::grad_down: s.input_ready = true; break;
       case Stage::adam_cpu:
+        --active_cpus;
         cpu_pieces.push_back({cpu_start[i], now, double(s.n)});
         if (own_upload) {  // the new parameters go up on the runtime's own stream; then it is done
-          up_lane.queue.push_back({i, Stage::param_up});
+          up_lane.push({i, Stage::param_up});
         } else if (w.caller_on_gpu) {  // the new parameters go up; the write-back is queued and waits for them
           s.input_ready = false;
-          h2d.queue.push_back({i, Stage::param_up});
-          gpu.queue.push_back({i, Stage::scatter});
+          h2d.push({i, Stage::param_up});
+          gpu.push({i, Stage::scatter});
         } else {
           finish(i);
         }
@@ -286,7 +420,7 @@ Simulation simulate_phase(const Workload& w, const std::vector<PlanSide>& plan, 
       case Stage::state_up: s.input_ready = true; break;
       case Stage::adam_gpu:
         if (s.side == PlanSide::gpu_streamed || !w.caller_on_gpu)
-          d2h.queue.push_back({i, Stage::state_down});
+          d2h.push({i, Stage::state_down});
         else
           finish(i);
         break;
@@ -330,27 +464,21 @@ Simulation simulate_phase(const Workload& w, const std::vector<PlanSide>& plan, 
       for (Lane& cpu : cpus) started |= start_cpu(cpu);
     }
     const bool dma = h2d.current >= 0 || up_own.current >= 0 || d2h.current >= 0 || down_own.current >= 0;
-    double active_cpus = 0;
-    for (const Lane& cpu : cpus) active_cpus += cpu.current >= 0 ? 1 : 0;
-    // StarPU's streams move at B; the runtime's own copies (made by the GPU's cores, not its copy
-    // engines) at B beside an idle StarPU stream and B / 2 beside a busy one, without slowing it
-    // (bench/copy-contention on the GPU machine: a kernel copy beside a full copy-engine queue ran
-    // at 26 GB/s up and 45 down, and the queue's own rate stayed at 55)
-    const double own_up = (h2d.current >= 0 ? 0.5 : 1.0) * r.B_h2d, own_down = (d2h.current >= 0 ? 0.5 : 1.0) * r.B_d2h;
-    const double links_ask = (h2d.current >= 0 ? r.B_h2d : 0.0) + (up_own.current >= 0 ? own_up : 0.0) +
-                             (d2h.current >= 0 ? r.B_d2h : 0.0) + (down_own.current >= 0 ? own_down : 0.0);
-    const HostShares share = host_shares(active_cpus * r.U_c * cpu_bytes, links_ask, host_bw, r.link_share);
-    const double u_cpu = r.U_c * share.cpu;
-    const double b_up = r.B_h2d * share.links, b_down = r.B_d2h * share.links;
-    const double b_up_own = own_up * share.links, b_down_own = own_down * share.links;
+    // the rates of what runs now, as host memory shares itself between them (lane_rates)
+    const LaneRates& lr =
+        lane_rates(active_cpus, h2d.current >= 0, up_own.current >= 0, d2h.current >= 0, down_own.current >= 0);
+    const double u_cpu = lr.u_cpu;
+    const double b_up = lr.up, b_down = lr.down;
+    const double b_up_own = lr.up_own, b_down_own = lr.down_own;
     double dt = std::numeric_limits<double>::infinity();
     if (h2d.current >= 0) dt = std::min(dt, h2d.left / b_up);
     if (up_own.current >= 0) dt = std::min(dt, up_own.left / b_up_own);
     if (d2h.current >= 0) dt = std::min(dt, d2h.left / b_down);
     if (down_own.current >= 0) dt = std::min(dt, down_own.left / b_down_own);
     if (gpu.current >= 0) dt = std::min(dt, gpu.left);
-    for (const Lane& cpu : cpus)
-      if (cpu.current >= 0) dt = std::min(dt, cpu.left / u_cpu);
+    if (active_cpus > 0)
+      for (const Lane& cpu : cpus)
+        if (cpu.current >= 0) dt = std::min(dt, cpu.left / u_cpu);
     if (!(dt < std::numeric_limits<double>::infinity()) || ++guard > 100 * count + 10 * cpus.size() + 1000)
       throw std::logic_error("phase simulation: no piece of work can progress (a bug in the simulation)");
     now += dt;
@@ -374,12 +502,13 @@ Simulation simulate_phase(const Workload& w, const std::vector<PlanSide>& plan, 
       gpu.left -= dt;
       gpu.busy += dt;
     }
-    for (Lane& cpu : cpus)
-      if (cpu.current >= 0) {
-        cpu.left -= dt * u_cpu;
-        cpu.busy += dt;
-        if (dma) out.cpu_beside_dma += dt;
-      }
+    if (active_cpus > 0)
+      for (Lane& cpu : cpus)
+        if (cpu.current >= 0) {
+          cpu.left -= dt * u_cpu;
+          cpu.busy += dt;
+          if (dma) out.cpu_beside_dma += dt;
+        }
     // optimizer state on StarPU's streams, beside CPU Adam or not
     if (carries_streamed(h2d) || carries_streamed(d2h))
       (active_cpus > 0 ? out.stream_beside_cpu : out.stream_alone) += dt;
@@ -391,8 +520,9 @@ Simulation simulate_phase(const Workload& w, const std::vector<PlanSide>& plan, 
     if (d2h.current >= 0 && d2h.left <= eps * (1 + r.B_d2h)) complete(d2h);
     if (down_own.current >= 0 && down_own.left <= eps * (1 + r.B_d2h)) complete(down_own);
     if (gpu.current >= 0 && gpu.left <= eps) complete(gpu);
-    for (Lane& cpu : cpus)
-      if (cpu.current >= 0 && cpu.left <= eps * (1 + u_cpu)) complete(cpu);
+    if (active_cpus > 0)
+      for (Lane& cpu : cpus)
+        if (cpu.current >= 0 && cpu.left <= eps * (1 + u_cpu)) complete(cpu);
     submit_ready();
   }
   out.total = now;
@@ -409,7 +539,6 @@ Simulation simulate_phase(const Workload& w, const std::vector<PlanSide>& plan, 
   return out;
 }
 
-namespace {
 /// predict()'s parameter counts with the simulation's times.
 Prediction simulated_prediction(const Workload& w, const std::vector<PlanSide>& plan, const Simulation& s,
                                 const Rates& r) {
@@ -421,17 +550,27 @@ Prediction simulated_prediction(const Workload& w, const std::vector<PlanSide>& 
   p.gpu = s.gpu;
   return p;
 }
+
 }  // namespace
 
+Simulation simulate_phase(const Workload& w, const std::vector<PlanSide>& plan, const Rates& r, const Execution& e) {
+  if (plan.size() != w.sizes.size())
+    throw std::invalid_argument("phase simulation: the plan has " + std::to_string(plan.size()) + " sides for " +
+                                std::to_string(w.sizes.size()) + " subgroups");
+  return PhaseSimulator(w, r, e).run(plan);
+}
+
 StrideChoice choose_stride_simulated(const Workload& w, const Rates& r, const Execution& e) {
+  PhaseSimulator sim(w, r, e);
   return choose_stride_by(w, [&](const std::vector<PlanSide>& plan) {
-    return simulated_prediction(w, plan, simulate_phase(w, plan, r, e), r);
+    return simulated_prediction(w, plan, sim.run(plan), r);
   });
 }
 
 Choice choose_plan_simulated(const Workload& w, const Rates& r, const Execution& e) {
+  PhaseSimulator sim(w, r, e);
   return choose_plan_by(w, [&](const std::vector<PlanSide>& plan) {
-    return simulated_prediction(w, plan, simulate_phase(w, plan, r, e), r);
+    return simulated_prediction(w, plan, sim.run(plan), r);
   });
 }
 

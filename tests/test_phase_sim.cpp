@@ -487,6 +487,100 @@ void test_search_many(void**) {
   }
 }
 
+// The plan search simulates its candidates one after another on the same scratch memory: on random
+// phases (a fixed seed: 1-80 subgroups, a few of 150-300; rates, dtypes, the caller's side, CPU
+// workers, submission order, lookahead, update budget, the runtime's own copies, resident
+// subgroups and each state's place drawn at random) its choice and every figure of its prediction
+// are, to the bit, those of the same search with each candidate simulated afresh by
+// simulate_phase, and so are the stride search's: nothing of one candidate's simulation is left for
+// the next.
+void test_search_simulates_afresh(void**) {
+  std::mt19937_64 rng(20261206);
+  auto uniform = [&](double a, double b) { return std::uniform_real_distribution<double>(a, b)(rng); };
+  auto log_uniform = [&](double a, double b) { return std::exp(uniform(std::log(a), std::log(b))); };
+  auto coin = [&] { return std::uniform_int_distribution<int>(0, 1)(rng) == 1; };
+  auto pick = [&](int a, int b) { return std::uniform_int_distribution<int>(a, b)(rng); };
+  auto same = [](const dos::Prediction& a, const dos::Prediction& b) {
+    return a.total == b.total && a.cpu == b.cpu && a.h2d == b.h2d && a.d2h == b.d2h && a.gpu == b.gpu &&
+           a.host == b.host && a.streamed_params == b.streamed_params && a.cpu_params == b.cpu_params &&
+           a.resident_params == b.resident_params;
+  };
+  int searched = 0, strides = 0;
+  for (int c = 0; c < 300; ++c) {
+    dos::Workload w;
+    const int n = c % 30 == 29 ? pick(150, 300) : pick(1, 80);
+    const std::size_t size = std::size_t(log_uniform(1e3, 2e8));
+    for (int i = 0; i < n; ++i) w.sizes.push_back(coin() ? size : std::size_t(log_uniform(1e3, 2e8)));
+    w.caller_on_gpu = pick(0, 3) != 0;
+    w.param_bytes = coin() ? 2 : 4;
+    w.grad_bytes = coin() ? w.param_bytes : 4;
+    w.may_stream = pick(0, 7) != 0;
+    w.resident = pick(0, 2) == 0 ? std::size_t(pick(0, n)) : 0;
+    dos::Rates r;
+    r.U_c = log_uniform(1e8, 1e10);
+    r.U_c_dma = r.U_c * uniform(0.3, 1.0);
+    r.U_g = log_uniform(1e10, 1e12);
+    r.D_c = log_uniform(1e10, 1e12);
+    r.B_h2d = log_uniform(1e9, 1e11);
+    r.B_d2h = log_uniform(1e9, 1e11);
+    r.link_share = uniform(0.05, 1.0) * r.U_c / r.U_c_dma;
+    dos::Execution e;
+    e.order = coin() ? dos::SubmitOrder::cpu_first : dos::SubmitOrder::plan;
+    e.lookahead = std::size_t(pick(0, 4));
+    e.cpu_workers = std::size_t(pick(0, 2) == 0 ? pick(0, 8) : 1);
+    e.own_param_upload = coin();
+    e.own_grad_download = coin();
+    e.param_upload_by_copy_engine = coin();
+    e.grad_download_by_copy_engine = coin();
+    if (pick(0, 2) == 0) e.update_budget = std::size_t(log_uniform(1e5, 4e10));
+    w.cpu_grads_staged_on_gpu = !e.own_grad_download;
+    w.cpu_params_staged_on_gpu = !e.own_param_upload;
+    if (coin()) {
+      e.state_off_gpu.assign(std::size_t(n), false);
+      for (int i = 0; i < n; ++i) e.state_off_gpu[std::size_t(i)] = coin();
+    }
+    auto afresh = [&](const std::vector<PlanSide>& plan) {
+      const dos::Simulation s = dos::simulate_phase(w, plan, r, e);
+      dos::Prediction p = dos::predict(w, plan, r);
+      p.total = s.total;
+      p.cpu = s.cpu;
+      p.h2d = s.h2d;
+      p.d2h = s.d2h;
+      p.gpu = s.gpu;
+      return p;
+    };
+    dos::Choice want;
+    try {
+      want = dos::choose_plan_by(w, afresh);
+    } catch (const std::logic_error&) {  // a window that cannot hold what it must: the search throws too
+      bool threw = false;
+      try {
+        dos::choose_plan_simulated(w, r, e);
+      } catch (const std::logic_error&) {
+        threw = true;
+      }
+      assert_true(threw);
+      continue;
+    }
+    const dos::Choice got = dos::choose_plan_simulated(w, r, e);
+    if (got.plan != want.plan || !same(got.predicted, want.predicted))
+      std::fprintf(stderr, "case %d (%d subgroups): the search chose %zu streamed (%.17g s), afresh %zu (%.17g s)\n", c,
+                   n, got.streamed, got.predicted.total, want.streamed, want.predicted.total);
+    assert_true(got.plan == want.plan);
+    assert_int_equal(got.streamed, want.streamed);
+    assert_true(same(got.predicted, want.predicted));
+    ++searched;
+    if (n <= 20) {
+      const dos::StrideChoice k = dos::choose_stride_simulated(w, r, e), k_want = dos::choose_stride_by(w, afresh);
+      assert_int_equal(k.k, k_want.k);
+      assert_true(same(k.predicted, k_want.predicted));
+      ++strides;
+    }
+  }
+  std::printf("  %d searches and %d stride searches as with every candidate simulated afresh\n", searched, strides);
+  assert_true(searched > 250);
+}
+
 // The CPU Adam pieces that began after the streaming ended (Simulation::cpu_after_stream). Caller in
 // host memory, so the CPU subgroups move nothing over PCIe and wait for nothing: the CPU runs
 // subgroup 1 from 0 to n1 / U_c and subgroup 2 after it; the streamed subgroup 0 moves (12 + 2) n0
@@ -660,7 +754,8 @@ int main() {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_cpu_only),   cmocka_unit_test(test_one_streamed),       cmocka_unit_test(test_two_streamed),
       cmocka_unit_test(test_host_memory_shared), cmocka_unit_test(test_order),       cmocka_unit_test(test_budget),
-      cmocka_unit_test(test_choice_and_bound),   cmocka_unit_test(test_bound_random_phases),   cmocka_unit_test(test_search_many), cmocka_unit_test(test_search_strides), cmocka_unit_test(test_cpu_workers),
+      cmocka_unit_test(test_choice_and_bound),   cmocka_unit_test(test_bound_random_phases),   cmocka_unit_test(test_search_many), cmocka_unit_test(test_search_strides),
+      cmocka_unit_test(test_search_simulates_afresh), cmocka_unit_test(test_cpu_workers),
       cmocka_unit_test(test_cpu_after_stream),   cmocka_unit_test(test_bad_input), cmocka_unit_test(test_own_param_upload),
       cmocka_unit_test(test_own_grad_download),
       cmocka_unit_test(test_own_copies_by_copy_engine), cmocka_unit_test(test_busiest_resource),

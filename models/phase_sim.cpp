@@ -331,7 +331,7 @@ Simulation PhaseSimulator::run(const std::vector<PlanSide>& plan) {
 
   // Starting the piece of work at the head of a lane, when it can start.
   auto start_link = [&](Lane& lane) {
-    if (lane.current >= 0 || !lane.waiting()) return false;
+    if (lane.current >= 0 || !lane.waiting()) return;
     const Piece p = lane.front();
     lane.pop();
     const Sg& s = sgs[p.sg];
@@ -348,15 +348,16 @@ Simulation PhaseSimulator::run(const std::vector<PlanSide>& plan) {
       case Stage::state_up: lane.left = (state_up + extra * gb) * n; break;
       default: lane.left = (state_down + extra * pb) * n; break;  // state_down
     }
-    return true;
   };
+  // true when, instead of starting its head, it asked for the streamed state the head waits for
+  // (the link may start it at once); false otherwise
   auto start_gpu = [&] {
     if (gpu.current >= 0 || !gpu.waiting()) return false;
     const Piece p = gpu.front();
     const Sg& s = sgs[p.sg];
     if (p.stage == Stage::adam_gpu && s.side == PlanSide::gpu_streamed && !s.state_up_asked) {
       ask_state_up(p.sg);  // not prefetched: fetched when the worker takes it
-      return true;         // the link may start it: the lanes are tried again
+      return true;
     }
     if (p.stage != Stage::gather && !s.input_ready) return false;             // the head of the queue waits
     gpu.pop();
@@ -368,20 +369,19 @@ Simulation PhaseSimulator::run(const std::vector<PlanSide>& plan) {
       gpu.left = 0;  // a device-to-device copy: next to nothing
     else
       gpu.left = double(s.n) / r.U_g;
-    return true;
+    return false;
   };
   std::size_t active_cpus = 0;  // CPU workers running an Adam
   auto start_cpu = [&](Lane& cpu) {
-    if (cpu.current >= 0 || !cpu.waiting()) return false;
+    if (cpu.current >= 0 || !cpu.waiting()) return;
     const Piece p = cpu.front();
-    if (!sgs[p.sg].input_ready) return false;
+    if (!sgs[p.sg].input_ready) return;
     cpu.pop();
     cpu.current = long(p.sg);
     cpu.stage = p.stage;
     cpu.left = double(sgs[p.sg].n);
     cpu_start[p.sg] = now;
     ++active_cpus;
-    return true;
   };
 
   // a resident state's upload seconds not yet counted in Simulation::stream_beside_cpu/stream_alone
@@ -453,15 +453,17 @@ Simulation PhaseSimulator::run(const std::vector<PlanSide>& plan) {
   const double eps = 1e-15;
   std::size_t guard = 0;
   while (finished < count) {
-    bool started = true;
-    while (started) {
-      started = false;
-      started |= start_link(h2d);
-      started |= start_link(up_own);
-      started |= start_link(d2h);
-      started |= start_link(down_own);
-      started |= start_gpu();
-      for (Lane& cpu : cpus) started |= start_cpu(cpu);
+    // Every idle lane takes the piece at its queue's head when it can. A start frees no other
+    // lane's head: only a streamed state asked for when the GPU takes its Adam (start_gpu) gives
+    // the link something new, and then the lanes are tried again.
+    bool asked = true;
+    while (asked) {
+      start_link(h2d);
+      start_link(up_own);
+      start_link(d2h);
+      start_link(down_own);
+      asked = start_gpu();
+      for (Lane& cpu : cpus) start_cpu(cpu);
     }
     const bool dma = h2d.current >= 0 || up_own.current >= 0 || d2h.current >= 0 || down_own.current >= 0;
     // the rates of what runs now, as host memory shares itself between them (lane_rates)

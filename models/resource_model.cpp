@@ -197,12 +197,30 @@ Choice choose_plan_by(const Workload& w, const std::function<Prediction(const st
     }
     return p.total;
   };
-  auto consider = [&](std::size_t m) { return consider_plan(spread_plan(free, m)); };
+  // The spread plans' totals by streamed count, once evaluated: the golden section and the last
+  // scan below come back to counts already tried. eval gives the same prediction for the same plan,
+  // and a plan considered again never displaces the best (the same total and count), so none is
+  // evaluated twice.
+  std::vector<double> spread_total(top + 1, 0.0);
+  std::vector<bool> spread_known(top + 1, false);
+  auto consider = [&](std::size_t m) {
+    if (!spread_known[m]) {
+      spread_total[m] = consider_plan(spread_plan(free, m));
+      spread_known[m] = true;
+    }
+    return spread_total[m];
+  };
   // The paper's strides k = 2..kStrides stream other subgroups than the spread plans of the same
-  // count when the sizes differ (a short last subgroup): candidates too.
+  // count when the sizes differ (a short last subgroup): candidates too, unless the stride is the
+  // spread plan of its count (free a multiple of k) and that was evaluated.
   constexpr std::size_t kStrides = 8;
   auto consider_strides = [&] {
-    for (std::size_t k = 2; k <= std::min(top, kStrides); ++k) consider_plan(stride_plan(free, k));
+    for (std::size_t k = 2; k <= std::min(top, kStrides); ++k) {
+      std::vector<PlanSide> plan = stride_plan(free, k);
+      const std::size_t m = std::size_t(std::count(plan.begin(), plan.end(), PlanSide::gpu_streamed));
+      if (spread_known[m] && plan == spread_plan(free, m)) continue;
+      consider_plan(std::move(plan));
+    }
   };
   constexpr std::size_t kGrid = 64;
   if (top <= kGrid) {

@@ -203,7 +203,10 @@ Choice choose_plan(const Workload& w, const Rates& r);
 /// The same search with `eval` giving each candidate plan's prediction (its total is compared;
 /// ties: fewer streamed). Up to 64 streamable subgroups every m is tried; with more, a grid of 65
 /// values of m, then a golden-section search between the grid points around the best (about
-/// 65 + 2 log2(n / 64) evaluations); then the strides k = 2..8 (7 evaluations more at most).
+/// 65 + 2 log2(n / 64) evaluations); then the strides k = 2..8 (7 evaluations more at most). eval
+/// must give the same prediction for the same plan: a plan the search meets again (a count the
+/// golden section comes back to, a stride that is the spread plan of its count) is not evaluated
+/// again.
 Choice choose_plan_by(const Workload& w, const std::function<Prediction(const std::vector<PlanSide>&)>& eval);
 
 /// The best stride k in [1, n] by predicted time (ties: larger k), and its prediction.

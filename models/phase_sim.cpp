@@ -279,11 +279,15 @@ Simulation PhaseSimulator::run(const std::vector<PlanSide>& plan) {
     sgs[i].state_up_asked = true;
     h2d.push({i, Stage::state_up});
   };
+  bool window_freed = false;  // a subgroup finished since submit_ready last ran
   auto finish = [&](std::size_t i) {
     window_used -= std::min(window_used, sgs[i].footprint);
     ++finished;
+    window_freed = true;
   };
-  // Submits what the window lets in, in order (the runtime's submission loop).
+  // Submits what the window lets in, in order (the runtime's submission loop). What it lets in
+  // depends only on the window's use: once it stops at a subgroup that does not fit (or at the
+  // end), it lets nothing more in until a subgroup finishes.
   auto submit_ready = [&] {
     while (next < order.size()) {
       const std::size_t i = order[next];
@@ -525,7 +529,10 @@ Simulation PhaseSimulator::run(const std::vector<PlanSide>& plan) {
     if (active_cpus > 0)
       for (Lane& cpu : cpus)
         if (cpu.current >= 0 && cpu.left <= eps * (1 + u_cpu)) complete(cpu);
-    submit_ready();
+    if (window_freed) {
+      window_freed = false;
+      submit_ready();
+    }
   }
   out.total = now;
   if (out.stream_end > 0)

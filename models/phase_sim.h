@@ -147,11 +147,14 @@ Simulation simulate_phase(const Workload& w, const std::vector<PlanSide>& plan, 
 /// The plan of least simulated time among those choose_plan (resource_model.h) considers (the last
 /// w.resident subgroups resident, spread_plan(n - resident, m) for every m and the strides k = 2..8;
 /// only m = 0 when !w.may_stream; ties: fewer streamed). Choice::predicted carries the simulation's figures:
-/// total, and each resource's busy seconds.
+/// total, and each resource's busy seconds. Each candidate is simulated once, on scratch memory
+/// kept from one candidate to the next, with what depends only on w, r and e worked out once: the
+/// figures are simulate_phase's for that plan, to the bit. Throws what simulate_phase throws.
 Choice choose_plan_simulated(const Workload& w, const Rates& r, const Execution& e);
 
 /// The paper's stride k in [1, n] of least simulated time (ties: larger k), with its simulated
-/// time in StrideChoice::predicted.total (and each resource's busy seconds).
+/// time in StrideChoice::predicted.total (and each resource's busy seconds), each stride simulated
+/// as choose_plan_simulated simulates its candidates.
 StrideChoice choose_stride_simulated(const Workload& w, const Rates& r, const Execution& e);
 
 }  // namespace dos

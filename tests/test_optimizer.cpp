@@ -235,6 +235,28 @@ void test_bad_input(void**) {
   }
 }
 
+// The caller's parameters p_i = 0.001 (i % p_period) - p_offset and gradients g_i = 0.0001
+// (i % g_period) - g_offset, n of each in the run's dtype, written into buf.
+void fill_buffers(CallerBuffers& buf, size_t n, int p_period, double p_offset, int g_period, double g_offset) {
+  std::vector<uint16_t> p16(n), g16(n);
+  std::vector<float> p32(n), g32(n);
+  for (size_t i = 0; i < n; ++i) {
+    encode(p16, p32, i, float(0.001 * double(i % size_t(p_period)) - p_offset));
+    encode(g16, g32, i, float(0.0001 * double(i % size_t(g_period)) - g_offset));
+  }
+  buf.put(buf.param, g_dtype == dos::DType::fp32 ? static_cast<void*>(p32.data()) : p16.data());
+  buf.put(buf.grad, g_dtype == dos::DType::fp32 ? static_cast<void*>(g32.data()) : g16.data());
+}
+
+// The run's dtype and memory, subgroups of kSubgroup, Adam's defaults.
+dos::OptimizerOptions small_subgroup_options() {
+  dos::OptimizerOptions oo;
+  oo.subgroup_size = kSubgroup;
+  oo.dtype = g_dtype;
+  oo.memory = g_memory == "cuda" ? dos::MemoryKind::cuda : dos::MemoryKind::host;
+  return oo;
+}
+
 // Where each subgroup's state has a valid copy (Optimizer::execution().state_off_gpu, what the
 // phase simulation charges a resident subgroup's first upload by): no flags without a CUDA worker;
 // with one, every state off the GPU before the first phase, then on it only for the subgroups the
@@ -247,21 +269,10 @@ void test_state_off_gpu(void**) {
     return;
   }
   const size_t n = total_params();
-  const bool cuda = g_memory == "cuda";
-  CallerBuffers buf(n, cuda);
-  std::vector<uint16_t> p16(n), g16(n);
-  std::vector<float> p32(n), g32(n);
-  for (size_t i = 0; i < n; ++i) {
-    encode(p16, p32, i, float(0.001 * double(i % 97) - 0.05));
-    encode(g16, g32, i, float(0.0001 * double(i % 13) - 0.0006));
-  }
-  buf.put(buf.param, g_dtype == dos::DType::fp32 ? static_cast<void*>(p32.data()) : p16.data());
-  buf.put(buf.grad, g_dtype == dos::DType::fp32 ? static_cast<void*>(g32.data()) : g16.data());
+  CallerBuffers buf(n, g_memory == "cuda");
+  fill_buffers(buf, n, 97, 0.05, 13, 0.0006);
   const std::vector<dos::TensorView> views = tensor_views(buf);
-  dos::OptimizerOptions oo;
-  oo.subgroup_size = kSubgroup;
-  oo.dtype = g_dtype;
-  oo.memory = cuda ? dos::MemoryKind::cuda : dos::MemoryKind::host;
+  dos::OptimizerOptions oo = small_subgroup_options();
   oo.gpu_resident_budget = 2 * 12 * int64_t(kSubgroup) + 360;  // two subgroups' state and their padding
   dos::Optimizer opt(*g_rt, views, oo);
   opt.set_plan_override({dos::PlanOverride::fraction, 0.5});
@@ -307,21 +318,10 @@ void test_plan_decided_ahead(void**) {
     return;
   }
   const size_t n = total_params();
-  const bool cuda = g_memory == "cuda";
-  CallerBuffers buf(n, cuda);
-  std::vector<uint16_t> p16(n), g16(n);
-  std::vector<float> p32(n), g32(n);
-  for (size_t i = 0; i < n; ++i) {
-    encode(p16, p32, i, float(0.001 * double(i % 89) - 0.04));
-    encode(g16, g32, i, float(0.0001 * double(i % 11) - 0.0005));
-  }
-  buf.put(buf.param, g_dtype == dos::DType::fp32 ? static_cast<void*>(p32.data()) : p16.data());
-  buf.put(buf.grad, g_dtype == dos::DType::fp32 ? static_cast<void*>(g32.data()) : g16.data());
+  CallerBuffers buf(n, g_memory == "cuda");
+  fill_buffers(buf, n, 89, 0.04, 11, 0.0005);
   const std::vector<dos::TensorView> views = tensor_views(buf);
-  dos::OptimizerOptions oo;
-  oo.subgroup_size = kSubgroup;
-  oo.dtype = g_dtype;
-  oo.memory = cuda ? dos::MemoryKind::cuda : dos::MemoryKind::host;
+  const dos::OptimizerOptions oo = small_subgroup_options();
   dos::Optimizer opt(*g_rt, views, oo);
   for (int t = 1; t <= 4; ++t) {
     std::vector<dos::PlanSide> want(opt.num_subgroups(), dos::PlanSide::cpu);

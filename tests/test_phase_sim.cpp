@@ -3,6 +3,7 @@
 // submits in, not by the simulation's code.
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <random>
 #include <stdexcept>
@@ -23,6 +24,36 @@ dos::Workload workload(std::vector<std::size_t> sizes, bool caller_on_gpu) {
   w.grad_bytes = 2;
   return w;
 }
+
+/// Random draws for the tests on random phases, from one generator (a fixed seed each test).
+struct Draws {
+  std::mt19937_64 rng;
+  explicit Draws(std::uint64_t seed) : rng(seed) {}
+  double uniform(double a, double b) { return std::uniform_real_distribution<double>(a, b)(rng); }
+  double log_uniform(double a, double b) { return std::exp(uniform(std::log(a), std::log(b))); }
+  bool coin() { return std::uniform_int_distribution<int>(0, 1)(rng) == 1; }
+  int pick(int a, int b) { return std::uniform_int_distribution<int>(a, b)(rng); }
+  /// Rates: U_c 1e8-1e10 params/s, U_c_dma 0.3-1 of it, U_g and D_c 1e10-1e12 params/s, each link
+  /// 1e9-1e11 bytes/s (log-uniform), link_share 0.05-1 of its cap U_c / U_c_dma.
+  dos::Rates rates() {
+    dos::Rates r;
+    r.U_c = log_uniform(1e8, 1e10);
+    r.U_c_dma = r.U_c * uniform(0.3, 1.0);
+    r.U_g = log_uniform(1e10, 1e12);
+    r.D_c = log_uniform(1e10, 1e12);
+    r.B_h2d = log_uniform(1e9, 1e11);
+    r.B_d2h = log_uniform(1e9, 1e11);
+    r.link_share = uniform(0.05, 1.0) * r.U_c / r.U_c_dma;
+    return r;
+  }
+  /// The runtime's own copies, each way, and whether each goes by the copy engine: four coins.
+  void copies(dos::Execution& e) {
+    e.own_param_upload = coin();
+    e.own_grad_download = coin();
+    e.param_upload_by_copy_engine = coin();
+    e.grad_download_by_copy_engine = coin();
+  }
+};
 
 // Every subgroup on the CPU, the caller's buffers in host memory: no PCIe, CPU Adam alone at U_c.
 void test_cpu_only(void**) {
@@ -340,11 +371,10 @@ void test_choice_and_bound(void**) {
 // gradients itself, and put the resident state's upload beside StarPU's stream rather than on it,
 // about one phase in 300 lay under it.)
 void test_bound_random_phases(void**) {
-  std::mt19937_64 rng(20261204);
-  auto uniform = [&](double a, double b) { return std::uniform_real_distribution<double>(a, b)(rng); };
-  auto log_uniform = [&](double a, double b) { return std::exp(uniform(std::log(a), std::log(b))); };
-  auto coin = [&] { return std::uniform_int_distribution<int>(0, 1)(rng) == 1; };
-  auto pick = [&](int a, int b) { return std::uniform_int_distribution<int>(a, b)(rng); };
+  Draws d(20261204);
+  auto log_uniform = [&](double a, double b) { return d.log_uniform(a, b); };
+  auto coin = [&] { return d.coin(); };
+  auto pick = [&](int a, int b) { return d.pick(a, b); };
   int simulated = 0, with_cold = 0;
   for (int c = 0; c < 5000; ++c) {
     dos::Workload w;
@@ -355,22 +385,12 @@ void test_bound_random_phases(void**) {
     w.grad_bytes = coin() ? w.param_bytes : 4;
     w.may_stream = pick(0, 3) != 0;
     w.resident = std::size_t(pick(0, n));
-    dos::Rates r;
-    r.U_c = log_uniform(1e8, 1e10);
-    r.U_c_dma = r.U_c * uniform(0.3, 1.0);
-    r.U_g = log_uniform(1e10, 1e12);
-    r.D_c = log_uniform(1e10, 1e12);
-    r.B_h2d = log_uniform(1e9, 1e11);
-    r.B_d2h = log_uniform(1e9, 1e11);
-    r.link_share = uniform(0.05, 1.0) * r.U_c / r.U_c_dma;
+    const dos::Rates r = d.rates();
     dos::Execution e;
     e.order = coin() ? dos::SubmitOrder::cpu_first : dos::SubmitOrder::plan;
     e.lookahead = std::size_t(pick(0, 4));
     e.cpu_workers = std::size_t(pick(1, 4));
-    e.own_param_upload = coin();
-    e.own_grad_download = coin();
-    e.param_upload_by_copy_engine = coin();
-    e.grad_download_by_copy_engine = coin();
+    d.copies(e);
     if (pick(0, 2) == 0) e.update_budget = std::size_t(log_uniform(1e4, 2e9));
     w.cpu_grads_staged_on_gpu = !e.own_grad_download;
     w.cpu_params_staged_on_gpu = !e.own_param_upload;
@@ -495,11 +515,10 @@ void test_search_many(void**) {
 // simulate_phase, and so are the stride search's: nothing of one candidate's simulation is left for
 // the next.
 void test_search_simulates_afresh(void**) {
-  std::mt19937_64 rng(20261206);
-  auto uniform = [&](double a, double b) { return std::uniform_real_distribution<double>(a, b)(rng); };
-  auto log_uniform = [&](double a, double b) { return std::exp(uniform(std::log(a), std::log(b))); };
-  auto coin = [&] { return std::uniform_int_distribution<int>(0, 1)(rng) == 1; };
-  auto pick = [&](int a, int b) { return std::uniform_int_distribution<int>(a, b)(rng); };
+  Draws d(20261206);
+  auto log_uniform = [&](double a, double b) { return d.log_uniform(a, b); };
+  auto coin = [&] { return d.coin(); };
+  auto pick = [&](int a, int b) { return d.pick(a, b); };
   auto same = [](const dos::Prediction& a, const dos::Prediction& b) {
     return a.total == b.total && a.cpu == b.cpu && a.h2d == b.h2d && a.d2h == b.d2h && a.gpu == b.gpu &&
            a.host == b.host && a.streamed_params == b.streamed_params && a.cpu_params == b.cpu_params &&
@@ -516,22 +535,12 @@ void test_search_simulates_afresh(void**) {
     w.grad_bytes = coin() ? w.param_bytes : 4;
     w.may_stream = pick(0, 7) != 0;
     w.resident = pick(0, 2) == 0 ? std::size_t(pick(0, n)) : 0;
-    dos::Rates r;
-    r.U_c = log_uniform(1e8, 1e10);
-    r.U_c_dma = r.U_c * uniform(0.3, 1.0);
-    r.U_g = log_uniform(1e10, 1e12);
-    r.D_c = log_uniform(1e10, 1e12);
-    r.B_h2d = log_uniform(1e9, 1e11);
-    r.B_d2h = log_uniform(1e9, 1e11);
-    r.link_share = uniform(0.05, 1.0) * r.U_c / r.U_c_dma;
+    const dos::Rates r = d.rates();
     dos::Execution e;
     e.order = coin() ? dos::SubmitOrder::cpu_first : dos::SubmitOrder::plan;
     e.lookahead = std::size_t(pick(0, 4));
     e.cpu_workers = std::size_t(pick(0, 2) == 0 ? pick(0, 8) : 1);
-    e.own_param_upload = coin();
-    e.own_grad_download = coin();
-    e.param_upload_by_copy_engine = coin();
-    e.grad_download_by_copy_engine = coin();
+    d.copies(e);
     if (pick(0, 2) == 0) e.update_budget = std::size_t(log_uniform(1e5, 4e10));
     w.cpu_grads_staged_on_gpu = !e.own_grad_download;
     w.cpu_params_staged_on_gpu = !e.own_param_upload;

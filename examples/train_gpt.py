@@ -271,8 +271,8 @@ def record_phase(rec, info):
     ``DeepOptimizerStates.last_step`` dict ``info``: ``phase_seconds`` (s), the first bucket's
     ``subgroups_cpu`` / ``subgroups_gpu``, ``h2d_bytes`` / ``d2h_bytes`` (bytes), every bucket's
     ``tail_bound`` / ``tail_moved`` summed (the late binding's subgroups, ``--tail-subgroups``), the first bucket's
-    ``predicted_seconds`` (s) and ``refinement_held`` (0 or 1: the rates' refinement held the phase as an
-    outlier), and the overlap's
+    ``predicted_seconds`` (s), ``refinement_held`` (0 or 1: the rates' refinement held the phase as an
+    outlier) and ``plan_seconds`` (s the phase's start spent on its plan), and the overlap's
     ``speculated``, ``redone`` and ``hidden_params``. Called again once a phase left running into the
     next forward has ended (``info`` is completed in place then)."""
     if "update_seconds" in info:
@@ -282,7 +282,8 @@ def record_phase(rec, info):
         rec.update(subgroups_cpu=s["subgroups_cpu"], subgroups_gpu=s["subgroups_gpu"], h2d_bytes=s["bytes_h2d"],
                    d2h_bytes=s["bytes_d2h"], tail_bound=sum(b.get("tail_bound", 0) for b in info["stats"]),
                    tail_moved=sum(b.get("tail_moved", 0) for b in info["stats"]),
-                   predicted_seconds=s.get("predicted_seconds", 0), refinement_held=s.get("refinement_held", 0))
+                   predicted_seconds=s.get("predicted_seconds", 0), refinement_held=s.get("refinement_held", 0),
+                   plan_seconds=s.get("plan_seconds", 0))
     rec.update(speculated=info.get("speculated", 0), redone=info.get("redone", 0),
                hidden_params=info.get("hidden_params", 0))
 

@@ -182,6 +182,8 @@ void copy_stats(const dos::StepStats& s, dos_step_stats* stats) {
   stats->tail_bound = s.tail_bound;
   stats->tail_moved = s.tail_moved;
   stats->refinement_held = s.refinement_held ? 1 : 0;
+  stats->plan_seconds = s.plan_seconds;
+  stats->plan_decided_ahead = s.plan_decided_ahead ? 1 : 0;
 }
 
 /// copy_stats, keeping the phase's timeline and start in `opt` for dos_optimizer_last_timeline.

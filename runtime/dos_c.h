@@ -33,7 +33,8 @@
 extern "C" {
 #endif
 
-/* 11: dos_step_stats.refinement_held.
+/* 12: dos_step_stats.plan_seconds and plan_decided_ahead.
+ * 11: dos_step_stats.refinement_held.
  * 10: options.tail_subgroups (options version 4), dos_step_stats.tail_bound and tail_moved.
  * 9: timeline lane DOS_LANE_WRITEBACK and kind DOS_TASK_STATE (a streamed subgroup's state write-back).
  * 8: dos_gpu_memory_for_budgets, dos_starpu_device_margin.
@@ -45,7 +46,7 @@ extern "C" {
  * 3: the overlapped update (dos_optimizer_begin_step, _gradients_final, _finish_step), its fields
  * in dos_step_stats, options.speculation_budget (options version 2).
  * 2: dos_optimizer_create takes a struct dos_optimizer_options (1: positional arguments). */
-#define DOS_C_ABI_VERSION 11
+#define DOS_C_ABI_VERSION 12
 
 #define DOS_OK 0
 #define DOS_E_INVALID (-1)
@@ -88,6 +89,12 @@ typedef struct dos_step_stats {
    * than 1.3x off the last phase's, under the same plan, after two steady phases) and refined
    * nothing from it; 0 otherwise. */
   int32_t refinement_held;
+  /* Seconds the phase's start spent on its plan (counted in `seconds`): deciding it, or waiting for
+   * the decision made when the phase before ended; 0 for StarPU's policies, forced plans and runs
+   * without a CUDA worker. plan_decided_ahead: 1 when the phase took a decision made before it
+   * began (for an equal input) instead of deciding then. */
+  double plan_seconds;
+  int32_t plan_decided_ahead;
 } dos_step_stats;
 
 /* DOS_C_ABI_VERSION of the library (a binding checks it against its own). */

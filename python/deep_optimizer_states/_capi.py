@@ -29,7 +29,7 @@ import sysconfig
 import threading
 import time
 
-ABI_VERSION = 11
+ABI_VERSION = 12
 
 DTYPE_CODES = {"fp32": 0, "fp16": 1, "bf16": 2}
 MEMORY_HOST = 0
@@ -65,7 +65,10 @@ class StepStats(ctypes.Structure):
     ``tail_bound`` (subgroups whose side was decided while the phase ran) and ``tail_moved`` (of
     them, those that went to the other side than the plan's); ``refinement_held`` (1: the rates'
     refinement held the phase as an outlier, its measured / predicted ratio more than 1.3x off the
-    last phase's under the same plan after two steady phases, and refined nothing from it).
+    last phase's under the same plan after two steady phases, and refined nothing from it);
+    ``plan_seconds`` (s the phase's start spent on its plan: deciding it, or waiting for the
+    decision made when the phase before ended; 0 without a model's plan) and
+    ``plan_decided_ahead`` (1: the phase took a decision made before it began).
     """
 
     _fields_ = [
@@ -91,6 +94,8 @@ class StepStats(ctypes.Structure):
         ("tail_bound", ctypes.c_uint64),
         ("tail_moved", ctypes.c_uint64),
         ("refinement_held", ctypes.c_int32),
+        ("plan_seconds", ctypes.c_double),
+        ("plan_decided_ahead", ctypes.c_int32),
     ]
 
     def as_dict(self):

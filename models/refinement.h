@@ -17,7 +17,8 @@ namespace dos {
 /// that factor of where it was says only that the measure was at least that far.
 inline constexpr double kRefinementStep = 2;
 
-/// What one update phase measured. Seconds from the phase's start, parameters as counts.
+/// What one update phase measured. Seconds from the phase's first submission (where the phase
+/// simulation starts: the runtime takes the phase's set-up off), parameters as counts.
 /// streamed: subgroups the plan streamed through the GPU; cpu_adam_seconds: the CPU Adam tasks'
 /// busy seconds, summed over the CPU workers; alone_params, alone_seconds: the CPU Adam tasks that
 /// began at or after the last streamed state write-back (their parameters and busy seconds; 0 when

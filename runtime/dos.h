@@ -462,15 +462,17 @@ struct StepStats {
   /// Whether the phase submitted its CPU subgroups first (OptimizerOptions::submit_order and the
   /// budget allowed it), and when, in seconds since the phase began, the last streamed subgroup's
   /// state was back in host memory (0: nothing streamed): the end of the streaming, which the rates'
-  /// refinement divides the PCIe bytes by.
+  /// refinement divides the PCIe bytes by (less the phase's set-up before its first submission,
+  /// where the phase simulation starts).
   bool cpu_first = false;
   double stream_end_seconds = 0;
   /// Whether the rates' refinement held this phase as an outlier (models/refinement.h,
   /// hold_outlier_phase: its measured / predicted ratio more than 1.3x off the last phase's, under
   /// the same plan, after two phases whose ratios were within 1.15x of each other): nothing was
   /// refined from it. false for a phase refined, or not refined for another reason. The prediction
-  /// judged is that of the plan as it ran: predicted_seconds, or the plan as bound when the tail
-  /// binding moved subgroups (tail_moved > 0).
+  /// judged is the simulation of the plan as it ran (the plan, or the plan as bound when the tail
+  /// binding moved subgroups: tail_moved > 0) against the phase's seconds from its first
+  /// submission: predicted_seconds and seconds, both less the phase's set-up.
   bool refinement_held = false;
   /// Seconds the phase's start spent on its plan, counted in `seconds`: the plan's decide() (the
   /// `dos` plan's search), or the wait for the decision made ahead of the phase (PlanNeeds::
@@ -726,7 +728,9 @@ class Optimizer {
   const Workload& workload() const;
   /// The plan the next step() would carry out with the rates as they are now (StepStats::plan);
   /// empty under a StarPU policy. Throws Error (naming the plan) when the plan cannot
-  /// decide.
+  /// decide. From the thread that calls step() (or begin_step/finish_step), not beside those
+  /// calls: it takes the decision made ahead for the next phase (PlanNeeds::decided_ahead),
+  /// waiting for it when it is still being made, or decides and keeps the decision for that phase.
   std::vector<PlanSide> next_plan() const;
 
   struct Impl;

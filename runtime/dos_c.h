@@ -68,7 +68,8 @@ typedef struct dos_step_stats {
   double gpu_busy_seconds;     /* same for CUDA workers */
   uint64_t planned_streamed;   /* subgroups the plan streamed through the GPU */
   uint64_t planned_resident;   /* subgroups the plan kept resident on the GPU */
-  double predicted_seconds;    /* the model's prediction (dos, static:R), else 0 */
+  double predicted_seconds;    /* the model's prediction (dos, static:R): the phase's set-up before its
+                                * first submission, measured, plus the simulated phase; else 0 */
   double lower_bound_seconds;  /* the model's lower bound (dos, static:R), else 0 */
   /* The overlapped update (dos_optimizer_begin_step ... dos_optimizer_finish_step); zero after a
    * plain dos_optimizer_step, except exposed_seconds (about `seconds` then). */

@@ -105,21 +105,27 @@ std::vector<PlanSide> Optimizer::Impl::make_plan() const {
     const Execution e = execution();
     const bool ahead = decides_ahead();
     plan_was_held = false;
-    try {
-      // a decision held for an equal input is the one decide() gives now (plan_prefetch.h)
-      std::optional<std::vector<PlanSide>> held;
-      if (ahead) held = plan_ahead.take(choice.plan.get(), workload, r, e);
-      if (held) {
-        p = std::move(*held);
-        plan_was_held = true;
-      } else {
+    // a decision held for an equal input is the one decide() gives now (plan_prefetch.h)
+    std::optional<std::vector<PlanSide>> held;
+    if (ahead) held = plan_ahead.take(choice.plan.get(), workload, r, e);
+    if (held) {
+      p = std::move(*held);
+      plan_was_held = true;
+    } else {
+      try {
         p = choice.plan->decide(PlanInput{workload, r, e});
-        if (ahead) plan_ahead.remember(choice.plan, workload, r, e, p);
+      } catch (const Error&) {
+        throw;
+      } catch (const std::exception& ex) {
+        throw Error("plan " + choice.name + ": " + ex.what());
       }
-    } catch (const Error&) {
-      throw;
-    } catch (const std::exception& ex) {
-      throw Error("plan " + choice.name + ": " + ex.what());
+      if (ahead) {
+        try {
+          plan_ahead.remember(choice.plan, workload, r, e, p);
+        } catch (const std::exception&) {  // (out of memory) nothing kept: the next phase decides
+          plan_ahead.clear();
+        }
+      }
     }
     if (const std::string err = plan_contract_error(*choice.plan, workload, p); !err.empty()) throw Error(err);
     return p;
@@ -141,8 +147,8 @@ bool Optimizer::Impl::decides_ahead() const {
 }
 
 void Optimizer::Impl::decide_next_plan_ahead() noexcept {
-  if (!decides_ahead() || override_.kind != PlanOverride::none || rt.cuda_workers() == 0 || open) return;
   try {
+    if (!decides_ahead() || override_.kind != PlanOverride::none || rt.cuda_workers() == 0 || open) return;
     plan_ahead.start(choice.plan, workload, have_rates ? &rates : nullptr, execution());
   } catch (const std::exception&) {
     plan_ahead.clear();  // (an allocation failed) the next phase decides when it begins

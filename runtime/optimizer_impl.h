@@ -522,7 +522,8 @@ struct Optimizer::Impl {
   void decide_next_plan_ahead() noexcept;
   /// Whether the plan's decisions are made ahead and reused (plan_ahead): PlanNeeds::decided_ahead,
   /// unless the measurement switch DOS_PLAN_AHEAD=off (every plan decided when its phase begins;
-  /// the same sides; on, the default; another value warns once). Throws nothing.
+  /// the same sides; on, the default; another value warns once). Throws std::bad_alloc only,
+  /// while warning of a bad value.
   bool decides_ahead() const;
 
   /// Online refinement of the rates after a step (the rule and its sources: models/refinement.h,
@@ -542,7 +543,8 @@ struct Optimizer::Impl {
   /// (the other rates half way) without counting it as link_share's measure, and when link_share
   /// holds a measure it refines the phase as any other. (A first step that streamed nothing ran 3%
   /// slower than the next ones on the 7B 1/16 shard: it refines.)
-  /// seconds: the phase's measured seconds. A phase that hold_outlier_phase holds (its measured /
+  /// seconds: the phase's measured seconds from its first submission (StepStats::seconds less
+  /// the set-up, OpenStep::setup_seconds), as sim.total counts them. A phase that hold_outlier_phase holds (its measured /
   /// predicted ratio, against sim.total, more than 1.3x off the last phase's, under the same plan,
   /// after two steady phases; not the first that streamed) refines nothing; returns true then, false
   /// otherwise. DOS_OUTLIER_PHASES=refine refines every

@@ -623,8 +623,8 @@ StepStats Optimizer::Impl::finish_wait() {
   // from the first submission, where the simulation starts: the plan's search alone took 0.7-1.0 ms
   // of a 4.4 ms phase of 55 small subgroups on the GPU machine, which counted as the links' time
   // would have lowered their rates
-  measure.stream_end_seconds = st.stream_end_seconds > ph.setup_seconds ? st.stream_end_seconds - ph.setup_seconds
-                                                                        : st.stream_end_seconds;
+  measure.stream_end_seconds =
+      st.stream_end_seconds > ph.setup_seconds ? st.stream_end_seconds - ph.setup_seconds : 0;  // 0: unknown
   measure.eager_writeback = opt.eager_writeback;
   const bool buffers_were_allocated = stream_buffers_allocated;  // before this phase
   if (!st.skipped && measure.streamed > 0) stream_buffers_allocated = true;  // choose_tail reads it

@@ -44,8 +44,10 @@ enum class ResidentState { budget, own };
 ///   may run on a thread of the runtime's own beside the caller's: the runtime then decides the next
 ///   phase's plan as soon as a phase has ended and its rates are refined, while the caller computes
 ///   the next gradients, and uses that decision when the next phase's input is equal to the one it
-///   was made from (PlanPrefetch, plan_prefetch.h). For plans whose decide() is costly (a search
-///   over simulated phases); false: decide() runs when each phase begins.
+///   was made from (PlanPrefetch, plan_prefetch.h). decide() must then be safe to run beside
+///   itself (several optimizers, and the thread of each, may call one plan object at once). For
+///   plans whose decide() is costly (a search over simulated phases); false: decide() runs when
+///   each phase begins.
 /// Without a CUDA worker the runtime does not ask any plan: every update runs on the CPU.
 struct PlanNeeds {
   bool rates = false;

@@ -33,7 +33,7 @@ bool same_plan_input(const Workload& wa, const Rates* ra, const Execution& ea, c
 PlanPrefetch::~PlanPrefetch() { clear(); }
 
 void PlanPrefetch::clear() noexcept {
-  if (result_.valid()) result_.wait();  // a started decision's thread reads plan_'s object
+  if (result_.valid()) result_.wait();  // as std::async's own future would, on its last copy
   result_ = {};
   plan_.reset();
   rates_.reset();
@@ -44,32 +44,38 @@ void PlanPrefetch::start(std::shared_ptr<const Plan> plan, const Workload& w, co
   if (!plan) throw std::invalid_argument("PlanPrefetch::start: no plan given");
   if (holds(plan.get(), w, rates, e)) return;
   clear();
+  // the copies first (they may throw); the thread gets its own, the optimizer changes after this call
+  Workload wc = w;
+  Execution ec = e;
   std::optional<Rates> r;
   if (rates) r = *rates;
+  std::shared_future<std::vector<PlanSide>> result;
   try {
-    // the thread's own copies: the optimizer's change after this call
-    result_ = std::async(std::launch::async, [plan, w, r, e] {
-                return plan->decide(PlanInput{w, r ? &*r : nullptr, e});
-              }).share();
+    result = std::async(std::launch::async, [plan, w = wc, r, e = ec] {
+               return plan->decide(PlanInput{w, r ? &*r : nullptr, e});
+             }).share();
   } catch (const std::system_error&) {
     return;  // no thread: the phase decides when it begins
   }
+  result_ = std::move(result);
   plan_ = std::move(plan);
-  workload_ = w;
+  workload_ = std::move(wc);
   rates_ = r;
-  execution_ = e;
+  execution_ = std::move(ec);
 }
 
 void PlanPrefetch::remember(std::shared_ptr<const Plan> plan, const Workload& w, const Rates* rates,
                             const Execution& e, std::vector<PlanSide> sides) {
   clear();
+  Workload wc = w;  // the copies first (they may throw): nothing is held until all are made
+  Execution ec = e;
   std::promise<std::vector<PlanSide>> done;
   done.set_value(std::move(sides));
   result_ = done.get_future().share();
   plan_ = std::move(plan);
-  workload_ = w;
+  workload_ = std::move(wc);
   if (rates) rates_ = *rates;
-  execution_ = e;
+  execution_ = std::move(ec);
 }
 
 bool PlanPrefetch::holds(const Plan* plan, const Workload& w, const Rates* rates, const Execution& e) const noexcept {
@@ -80,7 +86,14 @@ bool PlanPrefetch::holds(const Plan* plan, const Workload& w, const Rates* rates
 std::optional<std::vector<PlanSide>> PlanPrefetch::take(const Plan* plan, const Workload& w, const Rates* rates,
                                                        const Execution& e) {
   if (!holds(plan, w, rates, e)) return std::nullopt;
-  return result_.get();  // waits for a decision still running; rethrows what decide() threw
+  try {
+    return result_.get();  // waits for a decision still running
+  } catch (...) {
+    // a decision that failed is not kept: the caller decides now, and meets decide()'s own error
+    // if it fails again (a failure kept would fail every later phase of an unchanged input)
+    clear();
+    return std::nullopt;
+  }
 }
 
 }  // namespace dos

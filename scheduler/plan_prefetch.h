@@ -39,18 +39,21 @@ class PlanPrefetch {
   /// given, the execution); replaces what was held (waiting for a decision still running). Does
   /// nothing when a decision for this plan and an equal input is held already. When the thread
   /// cannot be created (std::system_error) nothing is held and the next take() returns
-  /// std::nullopt. Throws std::invalid_argument when plan is null.
+  /// std::nullopt. Throws std::invalid_argument when plan is null, std::bad_alloc when the copies
+  /// cannot be made.
   void start(std::shared_ptr<const Plan> plan, const Workload& w, const Rates* rates, const Execution& e);
 
   /// Records `sides`, decided now by `plan` for this input, so that an equal input later gets them
   /// without deciding again; replaces what was held (waiting for a decision still running).
+  /// Throws std::bad_alloc when the copies cannot be made (nothing is held then).
   void remember(std::shared_ptr<const Plan> plan, const Workload& w, const Rates* rates, const Execution& e,
                 std::vector<PlanSide> sides);
 
   /// The sides held for exactly this plan and input (same plan object, same_plan_input), waiting
   /// for the decision when it is still running, or std::nullopt when none is held for them. A
-  /// decision held stays held (an equal input takes it again). Rethrows what decide() threw for
-  /// this input.
+  /// decision held stays held (an equal input takes it again). A decision that threw is dropped
+  /// and gives std::nullopt: the caller decides then, and a decide() that fails again throws its
+  /// own error there. Throws std::bad_alloc only (copying the sides).
   std::optional<std::vector<PlanSide>> take(const Plan* plan, const Workload& w, const Rates* rates,
                                             const Execution& e);
 

@@ -56,7 +56,8 @@ class StepStats(ctypes.Structure):
     ``bytes_d2h`` (bytes moved host->device / device->host), ``step`` (largest subgroup step count),
     ``cpu_busy_seconds`` / ``gpu_busy_seconds`` (worker time executing tasks, s),
     ``planned_streamed`` / ``planned_resident`` (subgroups the plan put on the GPU),
-    ``predicted_seconds`` / ``lower_bound_seconds`` (the ``dos`` model's figures, s; 0 otherwise);
+    ``predicted_seconds`` / ``lower_bound_seconds`` (the ``dos`` model's figures, s; 0 otherwise; the
+    prediction counts the phase's set-up before its first submission as measured);
     the overlapped update's: ``exposed_seconds`` (s the caller waited for after its gradients were
     final: the whole phase for a plain step), ``speculated`` (subgroups updated speculatively
     during backward), ``hidden_params`` (elements whose speculative update had ended when the step

@@ -92,56 +92,11 @@ void* host_alloc(std::size_t bytes) {
   return p;
 }
 
-/// --plan-only: the plan the first iteration (--plan-phase later: a later one) would carry out,
-/// without a runtime or buffers; printed, and written to --report when given.
-int run_plan_only(const Args& a, const ModelConfig& cfg, const std::vector<ParamTensor>& all, dos::ShardRange range,
-                  std::size_t total, std::size_t subgroup, const Checked& c) {
-  const std::size_t n = range.end - range.begin;
-  const DType dtype = c.dtype;
-  const std::int64_t resident_budget = c.resident_budget;
-  const std::size_t update_budget = c.update_budget;
-  dos::Rates rates = c.rates, calibrated_rates = c.calibrated;
-  dos_train::PlanOnly po;
-  po.model = cfg.name;
-  po.policy = dos::resolve_policy(a.policy);
+/// The elements of each of `tensors`, in order.
+std::vector<std::size_t> element_counts(const std::vector<ShardTensor>& tensors) {
   std::vector<std::size_t> numels;
-  for (const ShardTensor& st : shard_tensors(all, range)) numels.push_back(st.count);
-  for (const dos::SubgroupLayout& l : dos::partition_subgroups(numels, subgroup)) po.workload.sizes.push_back(l.size);
-  po.workload.caller_on_gpu = a.device != "host";
-  po.workload.param_bytes = dos::dtype_size(dtype);
-  po.workload.grad_bytes = a.grad_transfer == "native" ? dos::dtype_size(dtype) : 4;
-  po.budgets = dos::GpuBudgets{resident_budget, update_budget};
-  po.execution.order = a.submit_order == "plan" ? dos::SubmitOrder::plan : dos::SubmitOrder::cpu_first;
-  po.execution.lookahead = unsigned(a.stream_lookahead);
-  po.execution.update_budget = update_budget;
-  po.execution.own_param_upload = po.workload.caller_on_gpu && dos::runtime_uploads_params();
-  // the runtime's own gradient download needs no conversion: the gradients keep the parameters' dtype
-  po.execution.own_grad_download = po.workload.caller_on_gpu && dos::runtime_downloads_grads() &&
-                                   po.workload.grad_bytes == po.workload.param_bytes;
-  po.execution.grad_download_by_copy_engine = dos::runtime_copies_by_copy_engine(false);
-  po.execution.param_upload_by_copy_engine = dos::runtime_copies_by_copy_engine(true);
-  // the first iteration: no subgroup's state is on the GPU yet, the resident ones' must come up;
-  // a later one: the resident states are on the GPU (the streamed ones go home after each phase)
-  po.execution.state_off_gpu.assign(po.workload.sizes.size(), a.plan_phase == "first");
-  po.workload.cpu_grads_staged_on_gpu = !po.execution.own_grad_download;
-  po.workload.cpu_params_staged_on_gpu = !po.execution.own_param_upload;
-  if (!a.rates.empty()) po.rates = &rates, po.calibrated = &calibrated_rates;
-  std::printf("dos-train --plan-only: %s, %zu of %zu parameters (shard %s), %s, subgroups of %zu, phase: %s\n",
-              cfg.name.c_str(), n, total, a.shard.c_str(), a.dtype.c_str(), subgroup,
-              a.plan_phase == "first" ? "first (resident state, if any, uploaded during it)"
-                                      : "later (resident state already on the GPU)");
-  nlohmann::ordered_json rep = dos_train::show_plan(po);
-  rep["params_total"] = total;
-  rep["params"] = n;
-  rep["shard"] = a.shard;
-  rep["dtype"] = a.dtype;
-  rep["subgroup_size"] = subgroup;
-  rep["plan_phase"] = a.plan_phase;
-  if (!a.report.empty()) {
-    const std::string text = rep.dump(2) + "\n";
-    dos::write_file_atomically(a.report, {{text.data(), text.size()}});
-  }
-  return 0;
+  for (const ShardTensor& st : tensors) numels.push_back(st.count);
+  return numels;
 }
 
 int run(const Args& args) {
@@ -219,8 +174,8 @@ int run(const Args& args) {
                   {"--comm", a.comm}});
     if (!disagreement.empty()) fail(disagreement);
   }
-  if (a.plan_only) return run_plan_only(a, cfg, all, range, total, subgroup, c);
   const std::vector<ShardTensor> tensors = shard_tensors(all, range);
+  if (a.plan_only) return dos_train::run_plan_only(a, c, cfg.name, element_counts(tensors), total, subgroup);
   // ---- runtime and caller-owned buffers ------------------------------------------------------
   const bool overlap = c.overlap;
   dos::RuntimeOptions ro;

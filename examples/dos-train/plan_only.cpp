@@ -6,9 +6,12 @@
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
+#include <numeric>
 #include <stdexcept>
 
+#include "atomic_file.h"
 #include "dos.h"
+#include "partition.h"
 #include "policy.h"
 
 namespace dos_train {
@@ -149,6 +152,52 @@ nlohmann::ordered_json show_plan(PlanOnly& p) {
   out["rates"] = {{"U_c", r.U_c}, {"U_c_dma", r.U_c_dma}, {"U_g", r.U_g}, {"D_c", r.D_c}, {"B_h2d", r.B_h2d},
                   {"B_d2h", r.B_d2h}, {"link_share", r.link_share}};
   return out;
+}
+
+int run_plan_only(const Args& a, const Checked& c, const std::string& model, const std::vector<std::size_t>& numels,
+                  std::size_t total, std::size_t subgroup) {
+  const std::size_t n = std::accumulate(numels.begin(), numels.end(), std::size_t(0));
+  const dos::DType dtype = c.dtype;
+  dos::Rates rates = c.rates, calibrated_rates = c.calibrated;
+  PlanOnly po;
+  po.model = model;
+  po.policy = dos::resolve_policy(a.policy);
+  for (const dos::SubgroupLayout& l : dos::partition_subgroups(numels, subgroup)) po.workload.sizes.push_back(l.size);
+  po.workload.caller_on_gpu = a.device != "host";
+  po.workload.param_bytes = dos::dtype_size(dtype);
+  po.workload.grad_bytes = a.grad_transfer == "native" ? dos::dtype_size(dtype) : 4;
+  po.budgets = dos::GpuBudgets{c.resident_budget, c.update_budget};
+  po.execution.order = a.submit_order == "plan" ? dos::SubmitOrder::plan : dos::SubmitOrder::cpu_first;
+  po.execution.lookahead = unsigned(a.stream_lookahead);
+  po.execution.update_budget = c.update_budget;
+  po.execution.own_param_upload = po.workload.caller_on_gpu && dos::runtime_uploads_params();
+  // the runtime's own gradient download needs no conversion: the gradients keep the parameters' dtype
+  po.execution.own_grad_download = po.workload.caller_on_gpu && dos::runtime_downloads_grads() &&
+                                   po.workload.grad_bytes == po.workload.param_bytes;
+  po.execution.grad_download_by_copy_engine = dos::runtime_copies_by_copy_engine(false);
+  po.execution.param_upload_by_copy_engine = dos::runtime_copies_by_copy_engine(true);
+  // the first iteration: no subgroup's state is on the GPU yet, the resident ones' must come up;
+  // a later one: the resident states are on the GPU (the streamed ones go home after each phase)
+  po.execution.state_off_gpu.assign(po.workload.sizes.size(), a.plan_phase == "first");
+  po.workload.cpu_grads_staged_on_gpu = !po.execution.own_grad_download;
+  po.workload.cpu_params_staged_on_gpu = !po.execution.own_param_upload;
+  if (!a.rates.empty()) po.rates = &rates, po.calibrated = &calibrated_rates;
+  std::printf("dos-train --plan-only: %s, %zu of %zu parameters (shard %s), %s, subgroups of %zu, phase: %s\n",
+              model.c_str(), n, total, a.shard.c_str(), a.dtype.c_str(), subgroup,
+              a.plan_phase == "first" ? "first (resident state, if any, uploaded during it)"
+                                      : "later (resident state already on the GPU)");
+  nlohmann::ordered_json rep = show_plan(po);
+  rep["params_total"] = total;
+  rep["params"] = n;
+  rep["shard"] = a.shard;
+  rep["dtype"] = a.dtype;
+  rep["subgroup_size"] = subgroup;
+  rep["plan_phase"] = a.plan_phase;
+  if (!a.report.empty()) {
+    const std::string text = rep.dump(2) + "\n";
+    dos::write_file_atomically(a.report, {{text.data(), text.size()}});
+  }
+  return 0;
 }
 
 }  // namespace dos_train

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "options.h"
 #include "plan.h"
 
 namespace dos_train {
@@ -42,5 +43,16 @@ struct PlanOnly {
 /// has no plan before it runs), when the plan needs rates and none were given, or when the budgets
 /// or the plan refuse (the message says why).
 nlohmann::ordered_json show_plan(PlanOnly& p);
+
+/// --plan-only: the plan the first iteration of this rank's shard (--plan-phase later: a later one)
+/// would carry out, without a runtime or buffers. Prints a line naming the run, then show_plan's,
+/// and writes show_plan's JSON with the run's facts to --report when given. a: the options (after
+/// the job has set --shard); c: check_options(a); model: the model's name; numels: the elements of
+/// each tensor (or part of one) in this rank's shard, in the model's order; total: the model's
+/// parameters (all shards); subgroup: elements per subgroup. Returns the exit status, 0. Throws what
+/// show_plan throws, std::invalid_argument from dos::partition_subgroups, and std::runtime_error
+/// when the report cannot be written.
+int run_plan_only(const Args& a, const Checked& c, const std::string& model, const std::vector<std::size_t>& numels,
+                  std::size_t total, std::size_t subgroup);
 
 }  // namespace dos_train

@@ -1,11 +1,15 @@
 // The ranks' job check (job_agreement.h): rank 0's hashes broadcast, then one logical AND per
-// option, so that every rank learns which options differ anywhere and all stop with one message.
+// option, so that every rank learns which options differ anywhere and all stop with one message;
+// and dos-train's list of the options compared.
 #include "job_agreement.h"
 
 #include <cstdint>
+#include <cstdio>
 #include <stdexcept>
 
+#include "checkpoint_format.h"
 #include "checksum.h"
+#include "dos.h"
 
 namespace dos_train {
 
@@ -29,6 +33,31 @@ std::string job_disagreement(dos::Comm& comm, const std::vector<JobField>& field
   if (differ.empty()) return "";
   return "the ranks of this job were given different " + differ +
          ": every rank must run the same job (the same options; only the launcher's rank differs)";
+}
+
+std::vector<JobField> job_fields(const Args& a, const ModelConfig& cfg, const Checked& c, std::size_t subgroup,
+                                 std::size_t parts) {
+  auto place = [](const std::string& path) {  // two spellings of one folder are one place ("ck/" is "ck")
+    return path.empty() ? std::string() : dos::checkpoint_io::without_trailing_slashes(resolved_path(path));
+  };
+  char norm[32];
+  std::snprintf(norm, sizeof norm, "%a", a.max_grad_norm);
+  return {{"--preset or --config (the model)", cfg.name + "\n" + describe_architecture(cfg)},
+          {"--subgroup-size", std::to_string(subgroup)},
+          {"--dtype", a.dtype},
+          {"--seed", std::to_string(a.seed)},
+          {"--grad-parts", std::to_string(parts)},
+          {"--optimizer, --lr, --beta1, --beta2, --eps or --weight-decay",
+           dos::moment_hyper_text(c.hyper) + "\n" + dos::step_hyper_text(c.hyper)},
+          {"--iterations", std::to_string(a.iterations)},
+          {"--max-grad-norm", norm},
+          {"--nan-gradient-at", std::to_string(a.nan_gradient_at)},
+          {"--resume", place(a.resume)},
+          {"--save-state", place(a.save_state)},
+          {"--plan-only", a.plan_only ? "yes" : "no"},
+          {"--emulate-compute or --overlap",
+           std::string(a.emulate_compute ? "emulate " : "") + (c.overlap ? "overlap" : "")},
+          {"--comm", a.comm}};
 }
 
 }  // namespace dos_train

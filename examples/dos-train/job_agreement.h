@@ -9,6 +9,8 @@
 #include <vector>
 
 #include "comm.h"
+#include "model_config.h"
+#include "options.h"
 
 namespace dos_train {
 
@@ -25,5 +27,15 @@ struct JobField {
 /// compared by a 64-bit hash of its option and value (XXH3). Throws std::invalid_argument for
 /// more than 64 fields, and what `comm` throws.
 std::string job_disagreement(dos::Comm& comm, const std::vector<JobField>& fields);
+
+/// dos-train's fields, in the order every rank passes them to job_disagreement: the model `cfg`
+/// (its name and architecture), `subgroup` (elements per subgroup), --dtype, --seed, `parts` (the
+/// emulated gradient's parts, --grad-parts resolved), the optimizer's hyper-parameters (c.hyper),
+/// --iterations, --max-grad-norm, --nan-gradient-at, the --resume and --save-state folders (two
+/// spellings of one folder alike: resolved_path, trailing slashes dropped), --plan-only, the
+/// emulated compute and --overlap resolved (c.overlap), and --comm. Throws nothing but
+/// std::bad_alloc.
+std::vector<JobField> job_fields(const Args& a, const ModelConfig& cfg, const Checked& c, std::size_t subgroup,
+                                 std::size_t parts);
 
 }  // namespace dos_train

@@ -150,28 +150,8 @@ int run(const Args& args) {
   const Checked c = dos_train::check_options(a);
   const DType dtype = c.dtype;
   if (dp) {  // before any other collective: ranks given different jobs would corrupt or hang it
-    auto place = [](const std::string& path) {  // two spellings of one folder are one place ("ck/" is "ck")
-      return path.empty() ? std::string() : dos::checkpoint_io::without_trailing_slashes(dos_train::resolved_path(path));
-    };
-    char norm[32];
-    std::snprintf(norm, sizeof norm, "%a", a.max_grad_norm);
-    const std::string disagreement = dos_train::job_disagreement(
-        *g_comm, {{"--preset or --config (the model)", cfg.name + "\n" + dos_train::describe_architecture(cfg)},
-                  {"--subgroup-size", std::to_string(subgroup)},
-                  {"--dtype", a.dtype},
-                  {"--seed", std::to_string(a.seed)},
-                  {"--grad-parts", std::to_string(parts)},
-                  {"--optimizer, --lr, --beta1, --beta2, --eps or --weight-decay",
-                   dos::moment_hyper_text(c.hyper) + "\n" + dos::step_hyper_text(c.hyper)},
-                  {"--iterations", std::to_string(a.iterations)},
-                  {"--max-grad-norm", norm},
-                  {"--nan-gradient-at", std::to_string(a.nan_gradient_at)},
-                  {"--resume", place(a.resume)},
-                  {"--save-state", place(a.save_state)},
-                  {"--plan-only", a.plan_only ? "yes" : "no"},
-                  {"--emulate-compute or --overlap", std::string(a.emulate_compute ? "emulate " : "") +
-                                                         (c.overlap ? "overlap" : "")},
-                  {"--comm", a.comm}});
+    const std::string disagreement =
+        dos_train::job_disagreement(*g_comm, dos_train::job_fields(a, cfg, c, subgroup, parts));
     if (!disagreement.empty()) fail(disagreement);
   }
   const std::vector<ShardTensor> tensors = shard_tensors(all, range);

@@ -3,7 +3,7 @@
 // caller-owned buffers, on the GPU when there is one). See --help.
 //
 // This file is the run's flow: the model and the job, the runtime and the buffers, the iterations
-// (run_iterations), the outputs. The command line is in options.h, what is printed and written about
+// (iterations.h), the outputs. The command line is in options.h, what is printed and written about
 // the run in report.h, the gradients and the parameters' broadcast around each update in step_io.h,
 // and rank placement and the data-parallel loops in the library (runtime/parallel/parallel.h).
 #include <algorithm>
@@ -26,7 +26,7 @@
 #include "compute_emulator.h"
 #include "dos.h"
 #include "emulate.h"
-#include "grad_norm.h"
+#include "iterations.h"
 #include "job_agreement.h"
 #include "memory_check.h"
 #include "model_config.h"
@@ -349,7 +349,6 @@ int run(const Args& args) {
     opt.set_plan_override(o);
   }
   dos_train::print_model_choice(rt, opt);
-  std::int64_t it = first_iteration;  // iterations numbered across resumes: the gradients depend on it
   {
     const std::int64_t last =
         first_iteration + std::int64_t(a.iterations) * std::int64_t(std::max<std::size_t>(1, a.sweep.size()));
@@ -362,139 +361,21 @@ int run(const Args& args) {
   dos_train::StepIO io(io_setup);
   dos_train::IterationLog log(rt, compute.get(), on_gpu, total, dp ? world : 0,
                               dcomm ? dcomm->name() : dp ? g_comm->name() : std::string());
-  // Runs `count` training iterations, each: forward and backward (emulated), this rank's gradients,
-  // the update, the updated parameters to every rank, its line and row. Returns their update figures.
   // Backward's order of the gradients: the ranges (shard-local) whose gradients each group's
-  // backward makes final (compute_emulator.h, backward_group), the head first, the embeddings last.
-  const std::size_t ngroups = std::size_t(cfg.layers) + 2;
-  std::vector<std::vector<std::pair<std::size_t, std::size_t>>> release(ngroups);
+  // backward makes final (compute_emulator.h, backward_group), one entry per group.
+  dos_train::GroupRanges release(std::size_t(cfg.layers) + 2);
   for (const ShardTensor& st : tensors) {
     const std::size_t lo = st.global_begin - range.begin;
     release[dos_train::backward_group(cfg, st.t.name)].push_back({lo, lo + st.count});
   }
-  std::vector<std::size_t> backward_order;  // head, layers from the last, embeddings
-  for (std::size_t g = ngroups - 1; g-- > 0;) backward_order.push_back(g);
-  backward_order.push_back(ngroups - 1);
-  // With --overlap on, an emulated backward and one process, the update overlaps the next forward
-  // too: the phase is finished with finish_step_async, each layer's forward waits only for that
-  // layer's parameters (wait_parameters; the embeddings before the first layer), and the phase is
-  // closed (wait_step) once forward has ended, before the next begin_step. An iteration's line then
-  // comes at the next iteration's backward, and its time runs to the start of the next iteration
-  // (the last iteration of a run waits for its phase: nothing follows it).
-  const bool overlap_forward = overlap && compute && io.by_range();
-  // Runs `count` training iterations, each: forward and backward (emulated), this rank's gradients
-  // (with --overlap on, each group's written and declared final as its backward ends), the gradient
-  // check (--max-grad-norm), the update, the updated parameters to every rank, its line and row.
-  // Returns their update figures.
-  auto run_iterations = [&](int count, const std::string& label) {
-    using clock = std::chrono::steady_clock;
-    std::vector<dos::StepStats> out;
-    struct Running {  // an iteration whose phase still runs (finish_step_async)
-      bool open = false;
-      std::int64_t it = 0;
-      dos_train::ComputeTimes ct;
-      dos_train::GradientCheck gc;
-      clock::time_point t_iter;
-    } running;
-    auto close_running = [&](clock::time_point t_next) {
-      const dos::StepStats s = opt.wait_step();
-      running.open = false;
-      const double iter_s = std::chrono::duration<double>(t_next - running.t_iter).count();
-      out.push_back(s);
-      log.add(running.it, label, s, running.ct, iter_s, 0.0, running.gc);
-    };
-    auto wait_group = [&](std::size_t g) {
-      for (const auto& r : release[g]) opt.wait_parameters(r.first, r.second);
-    };
-    for (int i = 0; i < count; ++i) {
-      ++it;
-      const auto t_iter = clock::now();
-      dos_train::ComputeTimes ct;
-      double comm_s = 0;
-      if (overlap && !overlap_forward) opt.begin_step();
-      if (overlap && io.by_range()) {
-        auto release_group = [&](std::size_t g) {
-          for (const auto& r : release[g]) {
-            io.produce_gradient_range(std::uint64_t(it), r.first, r.second);
-            opt.gradients_final(r.first, r.second);
-          }
-        };
-        if (compute) {
-          // forward: the embeddings' parameters, then each layer's before its GEMMs; then the last
-          // phase closed and this one opened, before backward
-          auto before_forward = [&](std::size_t g) {
-            if (g == 0) wait_group(ngroups - 1);
-            wait_group(g);
-          };
-          auto between = [&] {
-            if (running.open) close_running(t_iter);
-            opt.begin_step();
-          };
-          ct = overlap_forward ? compute->run(release_group, before_forward, between) : compute->run(release_group);
-          release_group(ngroups - 1);  // the embeddings, when backward has ended
-        } else {
-          for (std::size_t g : backward_order) release_group(g);
-        }
-      } else {
-        if (compute) ct = compute->run();
-        comm_s += io.produce_gradients(std::uint64_t(it));
-        if (overlap) opt.gradients_final(0, n);
-      }
-      // Global-norm clipping and the non-finite check need every gradient: after backward.
-      dos_train::GradientCheck gc;
-      dos::StepVerdict verdict = dos::StepVerdict::keep;
-      if (a.max_grad_norm > 0) {
-        gc.checked = true;
-        gc.norm = std::sqrt(io.gradient_sumsq());
-        if (!std::isfinite(gc.norm)) {
-          verdict = dos::StepVerdict::skip;
-        } else {
-          gc.coef = dos_train::clip_coefficient(gc.norm, a.max_grad_norm);
-          if (gc.coef < 1) {
-            io.scale_gradients(gc.coef);
-            verdict = dos::StepVerdict::changed;
-          }
-        }
-      }
-      if (overlap_forward) {
-        opt.finish_step_async(verdict);  // the next iteration's forward overlaps the rest
-        running = {true, it, ct, gc, t_iter};
-        continue;
-      }
-      dos::StepStats s;
-      if (overlap) {
-        s = opt.finish_step(verdict);
-      } else if (verdict == dos::StepVerdict::skip) {
-        s.skipped = true;  // no update: the parameters and the state stay as they are
-        s.params = n;
-      } else {
-        s = opt.step();
-      }
-      if (!s.skipped) comm_s += io.broadcast_parameters();
-      const double iter_s = std::chrono::duration<double>(clock::now() - t_iter).count();
-      out.push_back(s);
-      log.add(it, label, s, ct, iter_s, comm_s, gc);
-    }
-    if (running.open) close_running(clock::now());
-    return out;
-  };
-  nlohmann::ordered_json sweep = nlohmann::ordered_json::array();
-  if (!a.sweep.empty()) {
-    std::vector<dos_train::SweepRow> rows;
-    for (const std::string& e : a.sweep) {
-      dos::PlanOverride o;
-      if (e != "model") {
-        o.kind = dos::PlanOverride::fraction;
-        o.value = parse_fraction(e, "--sweep");
-      }
-      opt.set_plan_override(o);
-      const auto st = run_iterations(a.iterations, " [" + e + "]");
-      rows.push_back({e, st.back().planned_streamed, dos_train::median_update_seconds(st), dos_train::median_predicted_seconds(st),
-                      st.back().lower_bound_seconds, dos_train::median_prediction_error(st)});
-    }
-    sweep = dos_train::print_sweep(rows, n, opt.num_subgroups(), a.iterations);
-  }
-  const std::vector<dos::StepStats> main_run = a.sweep.empty() ? run_iterations(a.iterations, "") : std::vector<dos::StepStats>{};
+  // iterations numbered across resumes: the gradients depend on the number
+  dos_train::TrainingLoop loop(
+      {&opt, &io, &log, compute.get(), std::move(release), n, overlap, a.max_grad_norm, first_iteration});
+  const nlohmann::ordered_json sweep =
+      a.sweep.empty() ? nlohmann::ordered_json::array() : dos_train::run_sweep(loop, opt, a.sweep, a.iterations, n);
+  const std::vector<dos::StepStats> main_run =
+      a.sweep.empty() ? loop.run(a.iterations, "") : std::vector<dos::StepStats>{};
+  const std::int64_t it = loop.iteration();
   const dos_train::Summary summary =
       dos_train::print_summary(main_run, log, n, opt.num_subgroups(), a.iterations, compute.get(), on_gpu);
 

@@ -2,10 +2,12 @@
 // runtime, with forward and backward emulated (deterministic gradients from --seed written into
 // caller-owned buffers, on the GPU when there is one). See --help.
 //
-// This file is the run's flow: the model and the job, the runtime and the buffers, the iterations
-// (iterations.h), the outputs. The command line is in options.h, what is printed and written about
-// the run in report.h, the gradients and the parameters' broadcast around each update in step_io.h,
-// and rank placement and the data-parallel loops in the library (runtime/parallel/parallel.h).
+// This file is the run's flow (run, at its end, one step per function above it): the model and the
+// job, the runtime and the buffers, the iterations, the outputs. The command line is in options.h,
+// --plan-only in plan_only.h, the ranks' job check in job_agreement.h, the iteration loop and
+// --sweep in iterations.h, what is printed and written about the run in report.h, the gradients
+// and the parameters' broadcast around each update in step_io.h, and rank placement and the
+// data-parallel loops in the library (runtime/parallel/parallel.h).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -92,6 +94,95 @@ void* host_alloc(std::size_t bytes) {
   return p;
 }
 
+/// The job this rank runs: the model, the data-parallel job and this rank's shard of it, and the
+/// option values checked against them (resolve_job).
+struct Job {
+  ModelConfig cfg;
+  std::vector<ParamTensor> all;     ///< every parameter tensor of the model, in order
+  std::size_t total = 0;            ///< the model's parameters (all shards)
+  std::size_t rank = 0, world = 1;  ///< this rank's shard of `world` (--shard, or the MPI job's)
+  bool dp = false;                  ///< data parallelism: a rank of an MPI job of two ranks or more
+  std::size_t subgroup = 0;         ///< --subgroup-size, elements
+  /// The emulated gradient sums `parts` contributions; this rank adds [parts_begin, parts_end).
+  std::size_t parts = 1, parts_begin = 0, parts_end = 1;
+  dos::ShardRange range{};  ///< this rank's elements of the model (flat indices)
+  std::size_t n = 0;        ///< this shard's parameters
+  Checked c;                ///< check_options
+};
+
+/// Under an MPI launcher of two ranks or more, each rank writes its own --report, --save-params
+/// and --timeline (dos::rank_path: PATH.rank-RRRRR-of-WWWWW). Throws nothing but std::bad_alloc.
+void name_outputs_per_rank(Args& a) {
+  if (g_comm && g_comm->size() > 1) {  // every rank writes its own files
+    for (std::string* p : {&a.report, &a.save_params, &a.timeline})
+      if (!p->empty()) *p = dos::rank_path(*p, std::size_t(g_comm->rank()), std::size_t(g_comm->size()));
+  }
+}
+
+/// Data parallelism: under an MPI launcher the job's ranks own one shard each (ZeRO partitioning).
+/// Sets j's rank and world to the MPI job's and --shard to match (as the reports and messages name
+/// it). Throws std::runtime_error when --shard disagrees with the job, with --sweep, with more than
+/// 2048 ranks, or with more ranks than the model has subgroups.
+void take_shard_from_mpi_job(Args& a, Job& j) {
+  if (a.shard != "0/1" && (j.rank != std::size_t(g_comm->rank()) || j.world != std::size_t(g_comm->size())))
+    fail("--shard " + a.shard + " disagrees with the MPI job (rank " + std::to_string(g_comm->rank()) + " of " +
+         std::to_string(g_comm->size()) + "): leave --shard out when running under mpirun or srun");
+  j.rank = std::size_t(g_comm->rank());
+  j.world = std::size_t(g_comm->size());
+  if (!a.sweep.empty()) fail("--sweep works with one rank only: leave it out under MPI");
+  a.shard = std::to_string(j.rank) + "/" + std::to_string(j.world);  // as the reports and messages name it
+  const std::size_t sg_total = (j.total + j.subgroup - 1) / j.subgroup;
+  if (j.world > 2048)
+    fail(std::to_string(j.world) + " ranks: at most 2048 (the emulated gradients' sums over ranks are exact up to "
+         "2048 parts)");
+  if (j.world > sg_total)
+    fail(std::to_string(j.world) + " ranks for a model of " + std::to_string(j.total) + " parameters in " +
+         std::to_string(sg_total) + " subgroup(s) of " + a.subgroup_size +
+         " elements: a rank would hold less than one subgroup; use at most " + std::to_string(sg_total) +
+         (sg_total == 1 ? " rank" : " ranks") + ", or --subgroup-size " + std::to_string(j.total / j.world) +
+         " or less (a checkpoint resumes only with its own subgroup size)");
+}
+
+/// Validates everything that decides the job before any work: the model (--preset or --config),
+/// --seed, --shard (or the MPI job's, which sets a.seed and may set a.shard), --subgroup-size,
+/// --grad-parts, --comm, then every other option (check_options). Throws std::runtime_error (or
+/// what the model's and the runtime's checks throw) naming the option at fault.
+Job resolve_job(Args& a) {
+  Job j;
+  j.cfg = a.config.empty() ? dos_train::preset(a.preset) : dos_train::load_hf_config(a.config);
+  j.all = dos_train::param_tensors(j.cfg);
+  j.total = dos_train::count_params(j.all, j.cfg.name);
+  a.seed = parse_seed(a.seed_text);
+  parse_shard(a.shard, &j.rank, &j.world);
+  j.subgroup = parse_count(a.subgroup_size, "--subgroup-size");
+  j.dp = g_comm && g_comm->size() > 1;
+  if (j.dp) take_shard_from_mpi_job(a, j);
+  if (a.grad_parts < 0 || a.grad_parts > 2048)
+    fail("--grad-parts must be 0 (the default: one part per rank) or in [1, 2048] (the data-parallel ranks whose "
+         "gradients are summed), got " + std::to_string(a.grad_parts));
+  if (!j.dp && (a.comm == "mpi" || a.comm == "nccl"))
+    fail("--comm " + a.comm + " chooses the collectives of an MPI job, and this is one process (start it with mpirun "
+         "or srun --mpi=pmix, or leave --comm out)");
+  // the emulated gradient sums `parts` contributions; under MPI rank r adds parts
+  // [r * parts / W, (r + 1) * parts / W) (default: one part per rank), so that a job resumed on
+  // another number of ranks with the checkpoint's --grad-parts sees the same gradients
+  j.parts = a.grad_parts > 0 ? std::size_t(a.grad_parts) : j.dp ? j.world : 1;
+  j.parts_begin = j.dp ? j.rank * j.parts / j.world : 0;
+  j.parts_end = j.dp ? (j.rank + 1) * j.parts / j.world : j.parts;
+  j.range = dos::shard_range(j.total, j.rank, j.world);
+  j.n = j.range.end - j.range.begin;
+  j.c = dos_train::check_options(a);
+  return j;
+}
+
+/// Under MPI, before any other collective: ranks given different jobs would corrupt or hang it.
+/// Collective. Throws std::runtime_error naming the options whose values differ between ranks.
+void check_ranks_agree(const Args& a, const Job& j) {
+  const std::string disagreement =
+      dos_train::job_disagreement(*g_comm, dos_train::job_fields(a, j.cfg, j.c, j.subgroup, j.parts));
+  if (!disagreement.empty()) fail(disagreement);
+}
+
 /// The elements of each of `tensors`, in order.
 std::vector<std::size_t> element_counts(const std::vector<ShardTensor>& tensors) {
   std::vector<std::size_t> numels;
@@ -99,186 +190,198 @@ std::vector<std::size_t> element_counts(const std::vector<ShardTensor>& tensors)
   return numels;
 }
 
-int run(const Args& args) {
-  Args a = args;
-  if (g_comm && g_comm->size() > 1) {  // every rank writes its own files
-    for (std::string* p : {&a.report, &a.save_params, &a.timeline})
-      if (!p->empty()) *p = dos::rank_path(*p, std::size_t(g_comm->rank()), std::size_t(g_comm->size()));
-  }
-  // ---- validate everything before any work --------------------------------------------------
-  ModelConfig cfg = a.config.empty() ? dos_train::preset(a.preset) : dos_train::load_hf_config(a.config);
-  const std::vector<ParamTensor> all = dos_train::param_tensors(cfg);
-  const std::size_t total = dos_train::count_params(all, cfg.name);
-  a.seed = parse_seed(a.seed_text);
-  std::size_t rank = 0, world = 1;
-  parse_shard(a.shard, &rank, &world);
-  const std::size_t subgroup = parse_count(a.subgroup_size, "--subgroup-size");
-  // Data parallelism: under an MPI launcher the job's ranks own one shard each (ZeRO partitioning).
-  const bool dp = g_comm && g_comm->size() > 1;
-  if (dp) {
-    if (a.shard != "0/1" && (rank != std::size_t(g_comm->rank()) || world != std::size_t(g_comm->size())))
-      fail("--shard " + a.shard + " disagrees with the MPI job (rank " + std::to_string(g_comm->rank()) + " of " +
-           std::to_string(g_comm->size()) + "): leave --shard out when running under mpirun or srun");
-    rank = std::size_t(g_comm->rank());
-    world = std::size_t(g_comm->size());
-    if (!a.sweep.empty()) fail("--sweep works with one rank only: leave it out under MPI");
-    a.shard = std::to_string(rank) + "/" + std::to_string(world);  // as the reports and messages name it
-    const std::size_t sg_total = (total + subgroup - 1) / subgroup;
-    if (world > 2048)
-      fail(std::to_string(world) + " ranks: at most 2048 (the emulated gradients' sums over ranks are exact up to "
-           "2048 parts)");
-    if (world > sg_total)
-      fail(std::to_string(world) + " ranks for a model of " + std::to_string(total) + " parameters in " +
-           std::to_string(sg_total) + " subgroup(s) of " + a.subgroup_size +
-           " elements: a rank would hold less than one subgroup; use at most " + std::to_string(sg_total) +
-           (sg_total == 1 ? " rank" : " ranks") + ", or --subgroup-size " + std::to_string(total / world) +
-           " or less (a checkpoint resumes only with its own subgroup size)");
-  }
-  if (a.grad_parts < 0 || a.grad_parts > 2048)
-    fail("--grad-parts must be 0 (the default: one part per rank) or in [1, 2048] (the data-parallel ranks whose "
-         "gradients are summed), got " + std::to_string(a.grad_parts));
-  if (!dp && (a.comm == "mpi" || a.comm == "nccl"))
-    fail("--comm " + a.comm + " chooses the collectives of an MPI job, and this is one process (start it with mpirun "
-         "or srun --mpi=pmix, or leave --comm out)");
-  // the emulated gradient sums `parts` contributions; under MPI rank r adds parts
-  // [r * parts / W, (r + 1) * parts / W) (default: one part per rank), so that a job resumed on
-  // another number of ranks with the checkpoint's --grad-parts sees the same gradients
-  const std::size_t parts = a.grad_parts > 0 ? std::size_t(a.grad_parts) : dp ? world : 1;
-  const std::size_t my_parts_begin = dp ? rank * parts / world : 0, my_parts_end = dp ? (rank + 1) * parts / world : parts;
-  const dos::ShardRange range = dos::shard_range(total, rank, world);
-  const std::size_t n = range.end - range.begin;
-  const Checked c = dos_train::check_options(a);
-  const DType dtype = c.dtype;
-  if (dp) {  // before any other collective: ranks given different jobs would corrupt or hang it
-    const std::string disagreement =
-        dos_train::job_disagreement(*g_comm, dos_train::job_fields(a, cfg, c, subgroup, parts));
-    if (!disagreement.empty()) fail(disagreement);
-  }
-  const std::vector<ShardTensor> tensors = shard_tensors(all, range);
-  if (a.plan_only) return dos_train::run_plan_only(a, c, cfg.name, element_counts(tensors), total, subgroup);
-  // ---- runtime and caller-owned buffers ------------------------------------------------------
-  const bool overlap = c.overlap;
+/// The runtime's options for this rank's job, before the rank's placement (place_rank_on_node):
+/// the policy, the workers and threads, and with a GPU update budget StarPU's GPU memory limit
+/// (bytes: the budgets' worst case and its own margin). Throws nothing but std::bad_alloc.
+dos::RuntimeOptions runtime_options(const Args& a, const Job& j) {
   dos::RuntimeOptions ro;
   ro.policy = a.policy;
   ro.cpu_threads = a.cpu_threads;
-  ro.caller_cores = overlap ? 1 : 0;  // the thread that runs backward keeps a core of its own
+  ro.caller_cores = j.c.overlap ? 1 : 0;  // the thread that runs backward keeps a core of its own
   ro.cpu_workers = a.cpu_workers;
   ro.ncuda = a.ncuda;
   ro.verbose = !a.quiet;
-  if (c.update_budget > 0)  // StarPU keeps what it freed up to this limit: the budgets' worst case, and its own
+  if (j.c.update_budget > 0)  // StarPU keeps what it freed up to this limit: the budgets' worst case, and its own
     ro.gpu_memory_limit =
-        dos::gpu_memory_for_budgets(n, subgroup, dos::dtype_size(dtype),
-                                    a.grad_transfer == "native" ? dos::dtype_size(dtype) : 4, c.update_budget,
-                                    c.resident_budget, overlap && a.speculate_streamed == "on") +
+        dos::gpu_memory_for_budgets(j.n, j.subgroup, dos::dtype_size(j.c.dtype),
+                                    a.grad_transfer == "native" ? dos::dtype_size(j.c.dtype) : 4, j.c.update_budget,
+                                    j.c.resident_budget, j.c.overlap && a.speculate_streamed == "on") +
         dos::kStarpuDeviceMargin;
-  dos::Placement placement;
-  if (dp) {
-    ro.cuda_device = dos::choose_gpu(*g_comm, a.ncuda);
-    ro.node_ranks = g_comm->local_size();
-    placement = dos::place_rank(*g_comm, ro.cuda_device);
-    ro.unbound_reason = placement.unbound_reason;  // oversubscribed: unbound, one thread per worker
-    for (const std::string& w : placement.warnings)
-      std::fprintf(stderr, "dos-train: warning: rank %d: %s\n", g_comm->rank(), w.c_str());
-  }
-  // what can be told before StarPU starts; the whole need, the node's ranks together, below
-  dos_train::check_state_lower_bound(n, subgroup, dtype, a.grad_transfer == "native", cfg.name, a.shard);
-  dos::Runtime rt(ro);
-  dos::remove_temporaries_on_signal();  // after StarPU's own handlers, which it then calls
+  return ro;
+}
+
+/// Under MPI: this rank's GPU and cores on its node (dos::choose_gpu, dos::place_rank) into *ro,
+/// the placement's warnings printed on stderr. Collective. Returns the placement. Throws what
+/// choose_gpu and place_rank throw.
+dos::Placement place_rank_on_node(const Args& a, dos::RuntimeOptions* ro) {
+  ro->cuda_device = dos::choose_gpu(*g_comm, a.ncuda);
+  ro->node_ranks = g_comm->local_size();
+  dos::Placement placement = dos::place_rank(*g_comm, ro->cuda_device);
+  ro->unbound_reason = placement.unbound_reason;  // oversubscribed: unbound, one thread per worker
+  for (const std::string& w : placement.warnings)
+    std::fprintf(stderr, "dos-train: warning: rank %d: %s\n", g_comm->rank(), w.c_str());
+  return placement;
+}
+
+/// Whether the model's buffers go in GPU memory: --device cuda, or auto with a CUDA worker; never
+/// in a build without CUDA. Throws std::runtime_error for --device cuda without a CUDA worker.
+bool model_on_gpu(const Args& a, const dos::Runtime& rt) {
   bool on_gpu = a.device == "cuda" || (a.device == "auto" && rt.cuda_workers() > 0);
   if (on_gpu && rt.cuda_workers() == 0) fail("--device cuda: no CUDA worker (no GPU, or a build without CUDA)");
 #if !defined(DOS_HAVE_CUDA)
   on_gpu = false;
 #endif
-  const std::size_t esz = dos::dtype_size(dtype);
+  return on_gpu;
+}
 
+/// Prints dos-train's line: the model, this shard, the optimizer, the dtype, where the buffers are
+/// and the policy.
+void print_run_line(const Args& a, const Job& j, const dos::Runtime& rt, bool on_gpu) {
   std::printf("dos-train: %s (%s, %zu layers, hidden %lld), %zu of %zu parameters (shard %s), %s, "
               "subgroups of %zu, %s on the %s, policy %s (StarPU: %s)\n",
-              cfg.name.c_str(), cfg.arch.c_str(), std::size_t(cfg.layers), (long long)cfg.hidden, n, total,
-              a.shard.c_str(), a.optimizer == "adamw" ? "AdamW" : "Adam", subgroup, a.dtype.c_str(),
+              j.cfg.name.c_str(), j.cfg.arch.c_str(), std::size_t(j.cfg.layers), (long long)j.cfg.hidden, j.n,
+              j.total, a.shard.c_str(), a.optimizer == "adamw" ? "AdamW" : "Adam", j.subgroup, a.dtype.c_str(),
               on_gpu ? "GPU" : "host", rt.policy().c_str(), rt.running_policy().c_str());
+}
 
-  // The data-parallel collectives: NCCL on the GPU buffers when every rank can (--comm auto), else
-  // MPI through host memory.
+/// Under MPI: the data-parallel collectives, NCCL on the GPU buffers when every rank can (--comm
+/// auto) or --comm nccl asks, else MPI through host memory (null returned); then the ranks printed
+/// (print_ranks). Collective. Throws std::runtime_error for --comm nccl where NCCL cannot run
+/// (saying why), and what starting NCCL throws.
+std::unique_ptr<dos::DeviceComm> start_collectives(const Args& a, const Job& j, int cuda_device,
+                                                   const dos::Placement& placement, bool on_gpu) {
   std::unique_ptr<dos::DeviceComm> dcomm;
-  if (dp) {
-    const bool can = on_gpu && dos::have_nccl() && ro.cuda_device >= 0 && !placement.gpu_shared;
-    if (a.comm == "nccl" && !can)
-      fail(std::string("--comm nccl: ") +
-           (!dos::have_nccl() ? "this dos-train was built without NCCL"
-            : placement.gpu_shared ? "this rank shares its GPU with another rank of the node (NCCL needs one GPU per rank)"
-                                   : "the model's buffers are not on a GPU here (--device host, --ncuda 0, or no GPU)") +
-           "; use --comm mpi");
-    if (a.comm == "nccl" || (a.comm == "auto" && g_comm->all_ok(can))) dcomm = dos::make_nccl_comm(*g_comm, ro.cuda_device);
-    dos_train::print_ranks(*g_comm, total, placement.words,
-                           dcomm ? dcomm->name() + " on GPU buffers" : g_comm->name() + " on host buffers");
-  }
+  const bool can = on_gpu && dos::have_nccl() && cuda_device >= 0 && !placement.gpu_shared;
+  if (a.comm == "nccl" && !can)
+    fail(std::string("--comm nccl: ") +
+         (!dos::have_nccl() ? "this dos-train was built without NCCL"
+          : placement.gpu_shared ? "this rank shares its GPU with another rank of the node (NCCL needs one GPU per rank)"
+                                 : "the model's buffers are not on a GPU here (--device host, --ncuda 0, or no GPU)") +
+         "; use --comm mpi");
+  if (a.comm == "nccl" || (a.comm == "auto" && g_comm->all_ok(can))) dcomm = dos::make_nccl_comm(*g_comm, cuda_device);
+  dos_train::print_ranks(*g_comm, j.total, placement.words,
+                         dcomm ? dcomm->name() + " on GPU buffers" : g_comm->name() + " on host buffers");
+  return dcomm;
+}
 
-  dos_train::StepIO::Setup io_setup;
-  io_setup.comm = dp ? g_comm.get() : nullptr;
-  io_setup.device = dcomm.get();
-  io_setup.total = total;
-  io_setup.rank = rank;
-  io_setup.world = world;
-  io_setup.dtype = dtype;
-  io_setup.on_gpu = on_gpu;
-  io_setup.seed = a.seed;
-  io_setup.parts = parts;
-  io_setup.parts_begin = my_parts_begin;
-  io_setup.parts_end = my_parts_end;
-  io_setup.nan_at = std::uint64_t(a.nan_gradient_at);
-  // Host memory before anything large is allocated (the node's ranks together under MPI), and GPU
-  // memory where the emulated compute shares the GPU with an update budget (a warning)
+/// StepIO's setup for this rank's job (the buffers, params and grads, not yet set).
+dos_train::StepIO::Setup step_io_setup(const Args& a, const Job& j, dos::DeviceComm* device, bool on_gpu) {
+  dos_train::StepIO::Setup s;
+  s.comm = j.dp ? g_comm.get() : nullptr;
+  s.device = device;
+  s.total = j.total;
+  s.rank = j.rank;
+  s.world = j.world;
+  s.dtype = j.c.dtype;
+  s.on_gpu = on_gpu;
+  s.seed = a.seed;
+  s.parts = j.parts;
+  s.parts_begin = j.parts_begin;
+  s.parts_end = j.parts_end;
+  s.nan_at = std::uint64_t(a.nan_gradient_at);
+  return s;
+}
+
+/// Host memory before anything large is allocated (the node's ranks together under MPI:
+/// collective), and GPU memory where the emulated compute shares the GPU with an update budget (a
+/// warning on stderr). io: step_io_setup's; starpu_limit: RuntimeOptions::gpu_memory_limit, bytes.
+/// Throws std::runtime_error when the host memory does not suffice (check_host_need) or CUDA fails.
+void check_memory(const Args& a, const Job& j, const dos_train::StepIO::Setup& io,
+                  [[maybe_unused]] std::size_t starpu_limit, [[maybe_unused]] bool on_gpu) {
   dos_train::RunMemory need;
-  need.io = io_setup;
-  need.subgroup = subgroup;
+  need.io = io;
+  need.subgroup = j.subgroup;
   need.native_grads = a.grad_transfer == "native";
   need.save_params = !a.save_params.empty();
-  need.model = cfg.name;
+  need.model = j.cfg.name;
   need.shard = a.shard;
   dos_train::check_host_need(need);
 #if defined(DOS_HAVE_CUDA)
   const std::string gpu_warning = on_gpu && a.emulate_compute
-                                      ? dos_train::gpu_need_warning(need, cfg, a.tokens, ro.gpu_memory_limit,
-                                                                    a.gpu_update_budget, a.gpu_resident_budget, c.update_budget)
+                                      ? dos_train::gpu_need_warning(need, j.cfg, a.tokens, starpu_limit,
+                                                                    a.gpu_update_budget, a.gpu_resident_budget,
+                                                                    j.c.update_budget)
                                       : "";
   if (!gpu_warning.empty())
-    std::fprintf(stderr, "dos-train: warning%s: %s\n", dp ? (" (rank " + std::to_string(rank) + ")").c_str() : "",
+    std::fprintf(stderr, "dos-train: warning%s: %s\n", j.dp ? (" (rank " + std::to_string(j.rank) + ")").c_str() : "",
                  gpu_warning.c_str());
 #endif
+}
+
+/// This shard's parameters and gradients, the caller's memory as a training framework's would be:
+/// GPU memory (on_gpu) or page-aligned host memory, n elements of the dtype each.
+struct Buffers {
+  void* params = nullptr;
+  void* grads = nullptr;
+  bool on_gpu = false;
+};
+
+/// Allocates the buffers of this shard (`tensors`, of j.range) and writes its initial parameters
+/// (init_value with `seed`) into params; on the host, the gradients are zeroed. Throws
+/// std::runtime_error when memory runs out or CUDA fails.
+Buffers allocate_buffers(const Job& j, const std::vector<ShardTensor>& tensors, std::uint64_t seed, bool on_gpu) {
+  const DType dtype = j.c.dtype;
+  const std::size_t n = j.n, esz = dos::dtype_size(dtype);
   std::vector<char> init(n * esz);
   for (const ShardTensor& st : tensors) {
-    const std::size_t base = st.global_begin - range.begin;
+    const std::size_t base = st.global_begin - j.range.begin;
 #pragma omp parallel for schedule(static)
     for (std::size_t i = 0; i < st.count; ++i)
-      dos::store_from_f32(init.data(), dtype, base + i, init_value(st, i, a.seed));
+      dos::store_from_f32(init.data(), dtype, base + i, init_value(st, i, seed));
   }
-  void *params = nullptr, *grads = nullptr;
+  Buffers b;
+  b.on_gpu = on_gpu;
 #if defined(DOS_HAVE_CUDA)
   if (on_gpu) {
-    params = dos_train::cuda_alloc(n * esz);
-    grads = dos_train::cuda_alloc(n * esz);
-    dos_train::cuda_copy_to_device(params, init.data(), n * esz);
+    b.params = dos_train::cuda_alloc(n * esz);
+    b.grads = dos_train::cuda_alloc(n * esz);
+    dos_train::cuda_copy_to_device(b.params, init.data(), n * esz);
   }
 #endif
   if (!on_gpu) {
-    params = host_alloc(n * esz);
-    grads = host_alloc(n * esz);
-    std::memcpy(params, init.data(), n * esz);
+    b.params = host_alloc(n * esz);
+    b.grads = host_alloc(n * esz);
+    std::memcpy(b.params, init.data(), n * esz);
     // committed now, as counted: a speculative update's budget (half of what is free when it first
     // comes, before backward has written every gradient) would take untouched pages for free
-    std::memset(grads, 0, n * esz);
+    std::memset(b.grads, 0, n * esz);
   }
-  std::vector<char>().swap(init);
+  return b;
+}
 
+/// Frees what allocate_buffers allocated.
+void free_buffers(const Buffers& b) {
+#if defined(DOS_HAVE_CUDA)
+  if (b.on_gpu) {
+    dos_train::cuda_free(b.params);
+    dos_train::cuda_free(b.grads);
+  }
+#endif
+  if (!b.on_gpu) {
+    std::free(b.params);
+    std::free(b.grads);
+  }
+}
+
+/// The optimizer's view of each of `tensors` in the buffers (`esz`: bytes per element).
+std::vector<dos::TensorView> tensor_views(const std::vector<ShardTensor>& tensors, dos::ShardRange range,
+                                          const Buffers& b, std::size_t esz) {
   std::vector<dos::TensorView> views;
   for (const ShardTensor& st : tensors) {
     const std::size_t off = (st.global_begin - range.begin) * esz;
-    views.push_back({static_cast<char*>(params) + off, static_cast<char*>(grads) + off, st.count});
+    views.push_back({static_cast<char*>(b.params) + off, static_cast<char*>(b.grads) + off, st.count});
   }
+  return views;
+}
+
+/// The optimizer's options for this rank's job: the hyper-parameters, the subgroups, the dtype,
+/// where the buffers are, the rates and budgets, and how the update runs.
+dos::OptimizerOptions optimizer_options(const Args& a, const Job& j, bool on_gpu) {
+  const Checked& c = j.c;
   dos::OptimizerOptions oo;
   oo.adam = c.hyper;
-  oo.subgroup_size = subgroup;
-  oo.dtype = dtype;
+  oo.subgroup_size = j.subgroup;
+  oo.dtype = c.dtype;
   oo.memory = on_gpu ? dos::MemoryKind::cuda : dos::MemoryKind::host;
   oo.recalibrate = a.recalibrate;
   if (!a.rates.empty()) oo.rates = c.rates;  // the model's plans use them instead of calibrating
@@ -296,12 +399,14 @@ int run(const Args& args) {
   oo.submit_order = a.submit_order == "plan" ? dos::SubmitOrder::plan : dos::SubmitOrder::cpu_first;
   oo.speculation_budget = c.speculation_budget;
   oo.speculate_streamed = a.speculate_streamed == "on";
-  // the node's ranks calibrate (when they do) at the same time: the rates then include the other
-  // ranks' DMA and CPU Adam on the shared host memory
-  if (dp) g_comm->all_ok(true);
-  dos::Optimizer opt(rt, views, oo);
-  // Forward and backward emulated with the model's GEMMs (--emulate-compute): cuBLAS on the GPU,
-  // a scaled-down stand-in on the CPU.
+  return oo;
+}
+
+/// Forward and backward emulated with the model's GEMMs (--emulate-compute): cuBLAS on the GPU,
+/// a scaled-down stand-in (--cpu-scale) on the CPU; its line printed. Null without
+/// --emulate-compute. Throws std::runtime_error when CUDA or cuBLAS cannot start.
+std::unique_ptr<dos_train::ComputeEmulator> make_compute(const Args& a, const ModelConfig& cfg, DType dtype,
+                                                         bool on_gpu) {
   std::unique_ptr<dos_train::ComputeEmulator> compute;
   if (a.emulate_compute) {
     const bool gpu_compute = on_gpu;
@@ -313,77 +418,87 @@ int run(const Args& args) {
                 gpu_compute ? "cuBLAS" : "CPU stand-in", std::size_t(cfg.layers), (long long)compute->tokens(),
                 gpu_compute ? "" : (" (every dimension divided by " + std::to_string(a.cpu_scale) + ")").c_str());
   }
-  if (!a.timeline.empty()) opt.set_timeline(true);
-  dos::CheckpointInfo job;
-  job.model = cfg.name;
-  job.architecture = dos_train::describe_architecture(cfg);
-  job.params_total = total;
-  job.begin = range.begin;
-  job.end = range.end;
-  job.rank = rank;
-  job.world = world;
-  job.subgroup_size = subgroup;
-  job.dtype = a.dtype;
-  job.seed = a.seed;
-  job.grad_parts = parts;
-  job.optimizer = dos::moment_hyper_text(c.hyper);
-  job.step_hyper = dos::step_hyper_text(c.hyper);
-  std::int64_t first_iteration = 0;
-  if (!a.resume.empty()) {
-    const dos::CheckpointInfo got = dos::load_checkpoint(a.resume, opt, job);
-    first_iteration = got.iteration;
-    if (!got.step_hyper.empty() && got.step_hyper != job.step_hyper && rank == 0)
-      std::printf("note: the checkpoint was trained with %s; this run goes on from it with %s\n",
-                  got.step_hyper.c_str(), job.step_hyper.c_str());
-    if (dp) g_comm->all_ok(true);  // "resumed" only once every rank has (a rank that failed aborts the job)
-    std::printf("resumed from %s after iteration %lld\n", a.resume.c_str(), (long long)first_iteration);
-  }
+  return compute;
+}
 
+/// What a checkpoint of this rank's job records (and a resumed one must match), its iteration not
+/// yet set.
+dos::CheckpointInfo checkpoint_info(const Args& a, const Job& j) {
+  dos::CheckpointInfo info;
+  info.model = j.cfg.name;
+  info.architecture = dos_train::describe_architecture(j.cfg);
+  info.params_total = j.total;
+  info.begin = j.range.begin;
+  info.end = j.range.end;
+  info.rank = j.rank;
+  info.world = j.world;
+  info.subgroup_size = j.subgroup;
+  info.dtype = a.dtype;
+  info.seed = a.seed;
+  info.grad_parts = j.parts;
+  info.optimizer = dos::moment_hyper_text(j.c.hyper);
+  info.step_hyper = dos::step_hyper_text(j.c.hyper);
+  return info;
+}
 
-  // ---- iterations ------------------------------------------------------------------------------
-  dos_train::print_resident_plan(rt, opt, n);
+/// --resume: the optimizer's state from the checkpoint `a.resume`, which must match `info`
+/// (dos::load_checkpoint re-shards it to this job); prints a note when it was trained with other
+/// step hyper-parameters, and "resumed ..." once every rank has (collective under MPI). Returns the
+/// iteration it was saved after. Throws what load_checkpoint throws.
+std::int64_t resume_from_checkpoint(const Args& a, const Job& j, dos::Optimizer& opt, const dos::CheckpointInfo& info) {
+  const dos::CheckpointInfo got = dos::load_checkpoint(a.resume, opt, info);
+  const std::int64_t first_iteration = got.iteration;
+  if (!got.step_hyper.empty() && got.step_hyper != info.step_hyper && j.rank == 0)
+    std::printf("note: the checkpoint was trained with %s; this run goes on from it with %s\n",
+                got.step_hyper.c_str(), info.step_hyper.c_str());
+  if (j.dp) g_comm->all_ok(true);  // "resumed" only once every rank has (a rank that failed aborts the job)
+  std::printf("resumed from %s after iteration %lld\n", a.resume.c_str(), (long long)first_iteration);
+  return first_iteration;
+}
+
+/// --k or --gpu-fraction: the plan overridden on `opt` (a stride, or a streamed fraction); nothing
+/// without either. Throws std::runtime_error for a value that is not a number or a fraction.
+void apply_plan_override(const Args& a, dos::Optimizer& opt) {
   if (!a.k.empty() || !a.gpu_fraction.empty()) {
     dos::PlanOverride o;
     o.kind = a.k.empty() ? dos::PlanOverride::fraction : dos::PlanOverride::stride;
     o.value = parse_fraction(a.k.empty() ? a.gpu_fraction : a.k, a.k.empty() ? "--gpu-fraction" : "--k");
     opt.set_plan_override(o);
   }
-  dos_train::print_model_choice(rt, opt);
-  {
-    const std::int64_t last =
-        first_iteration + std::int64_t(a.iterations) * std::int64_t(std::max<std::size_t>(1, a.sweep.size()));
-    if (a.nan_gradient_at > 0 && (a.nan_gradient_at <= first_iteration || a.nan_gradient_at > last))
-      fail("--nan-gradient-at " + std::to_string(a.nan_gradient_at) + " is not one of this run's iterations (" +
-           std::to_string(first_iteration + 1) + " to " + std::to_string(last) + "): it would never fire");
-  }
-  io_setup.params = params;
-  io_setup.grads = grads;
-  dos_train::StepIO io(io_setup);
-  dos_train::IterationLog log(rt, compute.get(), on_gpu, total, dp ? world : 0,
-                              dcomm ? dcomm->name() : dp ? g_comm->name() : std::string());
-  // Backward's order of the gradients: the ranges (shard-local) whose gradients each group's
-  // backward makes final (compute_emulator.h, backward_group), one entry per group.
+}
+
+/// Throws std::runtime_error when --nan-gradient-at names none of this run's iterations (those
+/// after first_iteration: --iterations, times the --sweep entries).
+void check_nan_gradient_at(const Args& a, std::int64_t first_iteration) {
+  const std::int64_t last =
+      first_iteration + std::int64_t(a.iterations) * std::int64_t(std::max<std::size_t>(1, a.sweep.size()));
+  if (a.nan_gradient_at > 0 && (a.nan_gradient_at <= first_iteration || a.nan_gradient_at > last))
+    fail("--nan-gradient-at " + std::to_string(a.nan_gradient_at) + " is not one of this run's iterations (" +
+         std::to_string(first_iteration + 1) + " to " + std::to_string(last) + "): it would never fire");
+}
+
+/// Backward's order of the gradients: the ranges (shard-local) whose gradients each group's
+/// backward makes final (compute_emulator.h, backward_group), one entry per group: the layers, the
+/// head, the embeddings.
+dos_train::GroupRanges backward_ranges(const ModelConfig& cfg, const std::vector<ShardTensor>& tensors,
+                                       dos::ShardRange range) {
   dos_train::GroupRanges release(std::size_t(cfg.layers) + 2);
   for (const ShardTensor& st : tensors) {
     const std::size_t lo = st.global_begin - range.begin;
     release[dos_train::backward_group(cfg, st.t.name)].push_back({lo, lo + st.count});
   }
-  // iterations numbered across resumes: the gradients depend on the number
-  dos_train::TrainingLoop loop(
-      {&opt, &io, &log, compute.get(), std::move(release), n, overlap, a.max_grad_norm, first_iteration});
-  const nlohmann::ordered_json sweep =
-      a.sweep.empty() ? nlohmann::ordered_json::array() : dos_train::run_sweep(loop, opt, a.sweep, a.iterations, n);
-  const std::vector<dos::StepStats> main_run =
-      a.sweep.empty() ? loop.run(a.iterations, "") : std::vector<dos::StepStats>{};
-  const std::int64_t it = loop.iteration();
-  const dos_train::Summary summary =
-      dos_train::print_summary(main_run, log, n, opt.num_subgroups(), a.iterations, compute.get(), on_gpu);
+  return release;
+}
 
-  // A diverged run (master parameters inf or NaN) is reported, and nothing of it is saved.
+/// A diverged run (master parameters inf or NaN) is reported, and nothing of it is saved: throws
+/// std::runtime_error after iteration `it` when a master parameter of this shard is inf or NaN,
+/// naming how many, the first, and the likely cause (--nan-gradient-at without --max-grad-norm,
+/// --eps 0, or the run's --lr or --weight-decay).
+void check_masters_finite(const Args& a, const Job& j, dos::Optimizer& opt, std::int64_t it) {
   std::size_t nonfinite = 0, first_bad = 0;
   float first_value = 0;
   opt.with_host_state([&](const std::vector<dos::Optimizer::HostState>& state) {
-    std::size_t at = range.begin;
+    std::size_t at = j.range.begin;
     for (const dos::Optimizer::HostState& sg : state) {
       for (std::size_t k = 0; k < sg.size; ++k)
         if (!std::isfinite(sg.master[k]) && nonfinite++ == 0) first_bad = at + k, first_value = sg.master[k];
@@ -391,7 +506,7 @@ int run(const Args& args) {
     }
   });
   if (nonfinite > 0)
-    fail("after iteration " + std::to_string(it) + ", " + std::to_string(nonfinite) + " of the " + std::to_string(n) +
+    fail("after iteration " + std::to_string(it) + ", " + std::to_string(nonfinite) + " of the " + std::to_string(j.n) +
          " master parameters are inf or NaN (the first, element " + std::to_string(first_bad) + ", is " +
          std::to_string(first_value) + "): " +
          (a.nan_gradient_at > 0 && a.max_grad_norm == 0
@@ -402,74 +517,160 @@ int run(const Args& args) {
                       "0 / 0 = NaN (give --eps > 0, e.g. 1e-8)"
                     : "the run diverged (lower --lr or --weight-decay)") +
          "; nothing was saved");
+}
 
+/// --save-params: this shard's fp32 master parameters as a safetensors file, written but not put in
+/// place (PendingFile::commit); a tensor cut by the shard is saved as its part, flat, with its
+/// offset in the metadata. Null without --save-params. Throws std::runtime_error when the file
+/// cannot be written.
+std::unique_ptr<dos::PendingFile> prepare_params_file(const Args& a, const Job& j,
+                                                      const std::vector<ShardTensor>& tensors, dos::Optimizer& opt) {
+  if (a.save_params.empty()) return nullptr;
+  std::vector<float> master(j.n);
+  opt.read_master(master.data());
+  std::vector<dos::SafetensorOut> out;
+  std::map<std::string, std::string> meta = {{"model", j.cfg.name}, {"shard", a.shard},
+                                             {"format", "fp32 master parameters after the last iteration"}};
+  for (const ShardTensor& st : tensors) {
+    const std::vector<std::int64_t> shape = st.whole() ? st.t.shape : std::vector<std::int64_t>{std::int64_t(st.count)};
+    if (!st.whole()) meta[st.t.name + ".offset"] = std::to_string(st.tensor_offset);
+    out.push_back({st.t.name, "F32", shape, master.data() + (st.global_begin - j.range.begin), st.count * sizeof(float)});
+  }
+  return dos::prepare_safetensors(a.save_params, out, meta);
+}
+
+/// What the run produced, for its report: the iterations' rows, the sweep and the main run's summary.
+struct RunResults {
+  const dos_train::IterationLog* log = nullptr;
+  const nlohmann::ordered_json* sweep = nullptr;  ///< the report's "sweep" (empty without --sweep)
+  const dos_train::Summary* summary = nullptr;    ///< null for a sweep (no main run)
+  const dos_train::ComputeEmulator* compute = nullptr;
+};
+
+/// --report: the run's JSON (report_json), written but not put in place (PendingFile::commit). Null
+/// without --report. Throws std::runtime_error when the file cannot be written.
+std::unique_ptr<dos::PendingFile> prepare_report(const Args& a, const Job& j, bool on_gpu, const dos::Runtime& rt,
+                                                 const dos::Optimizer& opt, const RunResults& r) {
+  if (a.report.empty()) return nullptr;
+  dos_train::RunFacts facts;
+  facts.args = &a;
+  facts.model = &j.cfg;
+  facts.total = j.total;
+  facts.n = j.n;
+  facts.subgroup = j.subgroup;
+  facts.resident_budget = j.c.resident_budget;
+  facts.update_budget = j.c.update_budget;
+  facts.tail_subgroups = j.c.tail_subgroups;
+  facts.on_gpu = on_gpu;
+  const nlohmann::ordered_json rep = dos_train::report_json(facts, rt, opt, *r.log, *r.sweep, r.summary, r.compute);
+  const std::string text = rep.dump(2) + "\n";
+  return std::make_unique<dos::PendingFile>(a.report, dos::Chunks{{text.data(), text.size()}});
+}
+
+/// --save-state: the optimizer's state after iteration `it` saved as a checkpoint folder (every
+/// rank's part, collective under MPI), and its line printed. Throws what dos::save_checkpoint
+/// throws.
+void save_state(const Args& a, const Job& j, const dos::Optimizer& opt, dos::CheckpointInfo info, std::int64_t it) {
+  info.iteration = it;
+  dos::CheckpointRanks ranks_io;
+  if (j.dp) {
+    ranks_io.all_ok = [](bool ok) { return g_comm->all_ok(ok); };
+    ranks_io.from_rank0 = [](long long v) {
+      g_comm->broadcast(&v, sizeof v, 0);
+      return v;
+    };
+  }
+  dos::save_checkpoint(a.save_state, opt, info, j.dp ? &ranks_io : nullptr);
+  std::printf("saved the optimizer state after iteration %lld to %s\n", (long long)it, a.save_state.c_str());
+}
+
+/// --timeline: the last recorded iteration's JSON (timeline_json; it: its number), written but not
+/// put in place (PendingFile::commit). Null without --timeline. Throws std::runtime_error when the
+/// file cannot be written.
+std::unique_ptr<dos::PendingFile> prepare_timeline(const Args& a, const Job& j, const dos::Runtime& rt,
+                                                   const dos::Optimizer& opt, const dos_train::IterationLog& log,
+                                                   std::int64_t it) {
+  if (a.timeline.empty()) return nullptr;
+  const std::string text = dos_train::timeline_json(rt, opt, log, it, j.n);
+  return std::make_unique<dos::PendingFile>(a.timeline, dos::Chunks{{text.data(), text.size()}});
+}
+
+/// The run: the job checked, then (unless --plan-only) the runtime, the buffers and the optimizer,
+/// the iterations (or the sweep), the summary, and the outputs. Returns the exit status, 0. Throws
+/// std::runtime_error (or the runtime's dos::Error) with the message to print.
+int run(const Args& args) {
+  Args a = args;
+  name_outputs_per_rank(a);
+  // ---- validate everything before any work --------------------------------------------------
+  const Job job = resolve_job(a);
+  if (job.dp) check_ranks_agree(a, job);  // before any other collective
+  const std::vector<ShardTensor> tensors = shard_tensors(job.all, job.range);
+  if (a.plan_only)
+    return dos_train::run_plan_only(a, job.c, job.cfg.name, element_counts(tensors), job.total, job.subgroup);
+  // ---- runtime and caller-owned buffers ------------------------------------------------------
+  dos::RuntimeOptions ro = runtime_options(a, job);
+  const dos::Placement placement = job.dp ? place_rank_on_node(a, &ro) : dos::Placement{};
+  // what can be told before StarPU starts; the whole need, the node's ranks together, below
+  dos_train::check_state_lower_bound(job.n, job.subgroup, job.c.dtype, a.grad_transfer == "native", job.cfg.name,
+                                     a.shard);
+  dos::Runtime rt(ro);
+  dos::remove_temporaries_on_signal();  // after StarPU's own handlers, which it then calls
+  const bool on_gpu = model_on_gpu(a, rt);
+  print_run_line(a, job, rt, on_gpu);
+  // The data-parallel collectives: NCCL on the GPU buffers when every rank can (--comm auto), else
+  // MPI through host memory.
+  const std::unique_ptr<dos::DeviceComm> dcomm =
+      job.dp ? start_collectives(a, job, ro.cuda_device, placement, on_gpu) : nullptr;
+  dos_train::StepIO::Setup io_setup = step_io_setup(a, job, dcomm.get(), on_gpu);
+  check_memory(a, job, io_setup, ro.gpu_memory_limit, on_gpu);
+  const Buffers buffers = allocate_buffers(job, tensors, a.seed, on_gpu);
+  const std::vector<dos::TensorView> views = tensor_views(tensors, job.range, buffers, dos::dtype_size(job.c.dtype));
+  const dos::OptimizerOptions oo = optimizer_options(a, job, on_gpu);
+  // the node's ranks calibrate (when they do) at the same time: the rates then include the other
+  // ranks' DMA and CPU Adam on the shared host memory
+  if (job.dp) g_comm->all_ok(true);
+  dos::Optimizer opt(rt, views, oo);
+  const std::unique_ptr<dos_train::ComputeEmulator> compute = make_compute(a, job.cfg, job.c.dtype, on_gpu);
+  if (!a.timeline.empty()) opt.set_timeline(true);
+  const dos::CheckpointInfo ckpt = checkpoint_info(a, job);
+  const std::int64_t first_iteration = a.resume.empty() ? 0 : resume_from_checkpoint(a, job, opt, ckpt);
+
+  // ---- iterations ------------------------------------------------------------------------------
+  dos_train::print_resident_plan(rt, opt, job.n);
+  apply_plan_override(a, opt);
+  dos_train::print_model_choice(rt, opt);
+  check_nan_gradient_at(a, first_iteration);
+  io_setup.params = buffers.params;
+  io_setup.grads = buffers.grads;
+  dos_train::StepIO io(io_setup);
+  dos_train::IterationLog log(rt, compute.get(), on_gpu, job.total, job.dp ? job.world : 0,
+                              dcomm ? dcomm->name() : job.dp ? g_comm->name() : std::string());
+  // iterations numbered across resumes: the gradients depend on the number
+  dos_train::TrainingLoop loop({&opt, &io, &log, compute.get(), backward_ranges(job.cfg, tensors, job.range), job.n,
+                                job.c.overlap, a.max_grad_norm, first_iteration});
+  const nlohmann::ordered_json sweep = a.sweep.empty() ? nlohmann::ordered_json::array()
+                                                       : dos_train::run_sweep(loop, opt, a.sweep, a.iterations, job.n);
+  const std::vector<dos::StepStats> main_run =
+      a.sweep.empty() ? loop.run(a.iterations, "") : std::vector<dos::StepStats>{};
+  const dos_train::Summary summary = dos_train::print_summary(main_run, log, job.n, opt.num_subgroups(), a.iterations,
+                                                              compute.get(), on_gpu);
+
+  // ---- outputs ---------------------------------------------------------------------------------
+  check_masters_finite(a, job, opt, loop.iteration());
   // Outputs are written to temporary files first and put in place together: a failure leaves
   // neither behind.
-  std::unique_ptr<dos::PendingFile> params_file, report_file;
-  std::vector<float> master;
-  if (!a.save_params.empty()) {
-    master.resize(n);
-    opt.read_master(master.data());
-    std::vector<dos::SafetensorOut> out;
-    std::map<std::string, std::string> meta = {{"model", cfg.name}, {"shard", a.shard},
-                                               {"format", "fp32 master parameters after the last iteration"}};
-    for (const ShardTensor& st : tensors) {
-      const std::vector<std::int64_t> shape = st.whole() ? st.t.shape : std::vector<std::int64_t>{std::int64_t(st.count)};
-      if (!st.whole()) meta[st.t.name + ".offset"] = std::to_string(st.tensor_offset);
-      out.push_back({st.t.name, "F32", shape, master.data() + (st.global_begin - range.begin), st.count * sizeof(float)});
-    }
-    params_file = dos::prepare_safetensors(a.save_params, out, meta);
-  }
-  if (!a.report.empty()) {
-    dos_train::RunFacts facts;
-    facts.args = &a;
-    facts.model = &cfg;
-    facts.total = total;
-    facts.n = n;
-    facts.subgroup = subgroup;
-    facts.resident_budget = c.resident_budget;
-    facts.update_budget = c.update_budget;
-    facts.tail_subgroups = c.tail_subgroups;
-    facts.on_gpu = on_gpu;
-    const nlohmann::ordered_json rep =
-        dos_train::report_json(facts, rt, opt, log, sweep, main_run.empty() ? nullptr : &summary, compute.get());
-    const std::string text = rep.dump(2) + "\n";
-    report_file = std::make_unique<dos::PendingFile>(a.report, dos::Chunks{{text.data(), text.size()}});
-  }
-  if (!a.save_state.empty()) {
-    job.iteration = it;
-    dos::CheckpointRanks ranks_io;
-    if (dp) {
-      ranks_io.all_ok = [](bool ok) { return g_comm->all_ok(ok); };
-      ranks_io.from_rank0 = [](long long v) {
-        g_comm->broadcast(&v, sizeof v, 0);
-        return v;
-      };
-    }
-    dos::save_checkpoint(a.save_state, opt, job, dp ? &ranks_io : nullptr);
-    std::printf("saved the optimizer state after iteration %lld to %s\n", (long long)it, a.save_state.c_str());
-  }
-  std::unique_ptr<dos::PendingFile> timeline_file;
-  if (!a.timeline.empty()) {
-    const std::string text = dos_train::timeline_json(rt, opt, log, it, n);
-    timeline_file = std::make_unique<dos::PendingFile>(a.timeline, dos::Chunks{{text.data(), text.size()}});
-  }
+  const std::unique_ptr<dos::PendingFile> params_file = prepare_params_file(a, job, tensors, opt);
+  const std::unique_ptr<dos::PendingFile> report_file =
+      prepare_report(a, job, on_gpu, rt, opt, {&log, &sweep, main_run.empty() ? nullptr : &summary, compute.get()});
+  if (!a.save_state.empty()) save_state(a, job, opt, ckpt, loop.iteration());
+  const std::unique_ptr<dos::PendingFile> timeline_file = prepare_timeline(a, job, rt, opt, log, loop.iteration());
   if (params_file) params_file->commit();
   if (report_file) report_file->commit();
   if (timeline_file) timeline_file->commit();
   if (params_file)
-    std::printf("saved %zu fp32 master parameters to %s%s\n", n, a.save_params.c_str(),
-                dp ? " (each rank its own shard's file: .rank-RRRRR-of-WWWWW)" : "");
-#if defined(DOS_HAVE_CUDA)
-  if (on_gpu) {
-    dos_train::cuda_free(params);
-    dos_train::cuda_free(grads);
-  }
-#endif
-  if (!on_gpu) {
-    std::free(params);
-    std::free(grads);
-  }
+    std::printf("saved %zu fp32 master parameters to %s%s\n", job.n, a.save_params.c_str(),
+                job.dp ? " (each rank its own shard's file: .rank-RRRRR-of-WWWWW)" : "");
+  free_buffers(buffers);
   return 0;
 }
 

@@ -12,6 +12,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <random>
 #include <stdexcept>
 
 namespace dos {
@@ -21,7 +22,8 @@ std::string folder_of(const std::string& path) {
   return slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
 }
 
-/// Removes PATH.tmp.XXXXXX (mkstemp's six letters and digits) beside `path`: regular files last
+/// Removes PATH.tmp.XXXXXX (six letters and digits, as create_registered_temp makes them) beside
+/// `path`: regular files last
 /// modified before `before`, left by a writer that was killed; each named on standard error.
 void remove_stale_temporaries(const std::string& path, const struct timespec& before) {
   const std::string dir = folder_of(path);
@@ -44,17 +46,35 @@ void remove_stale_temporaries(const std::string& path, const struct timespec& be
   }
   ::closedir(d);
 }
+
+/// Creates the file prefix + 6 random letters and digits (the names mkstemp makes, mode 0600),
+/// registered for removal on SIGINT and SIGTERM (temp_cleanup.h) before it exists, so that no
+/// signal finds it made and not yet registered; its name goes to *name and the registration to
+/// *guard. Returns the open descriptor, or -1 with errno set.
+int create_registered_temp(const std::string& prefix, std::string* name, TempPathGuard* guard) {
+  static const char kChars[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+  std::random_device rd;
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    std::string candidate = prefix;
+    for (int k = 0; k < 6; ++k) candidate += kChars[rd() % (sizeof kChars - 1)];
+    TempPathGuard registered(candidate, false);
+    const int fd = ::open(candidate.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd >= 0) {
+      *name = std::move(candidate);
+      *guard = std::move(registered);
+      return fd;
+    }
+    if (errno != EEXIST) return -1;
+  }
+  errno = EEXIST;
+  return -1;
+}
 }  // namespace
 
 PendingFile::PendingFile(const std::string& path, const Chunks& chunks) : path_(path) {
   check_writable(path, false);  // the temporary file below is the real attempt
-  std::string tmp = path + ".tmp.XXXXXX";
-  std::vector<char> tmpl(tmp.begin(), tmp.end());
-  tmpl.push_back('\0');
-  int fd = ::mkstemp(tmpl.data());
+  int fd = create_registered_temp(path + ".tmp.", &tmp_, &guard_);
   if (fd < 0) throw std::runtime_error("cannot create a file next to " + path + ": " + std::strerror(errno));
-  tmp_ = tmpl.data();
-  guard_ = TempPathGuard(tmp_, false);
   try {
     for (const auto& c : chunks) {
       const char* p = static_cast<const char*>(c.first);

@@ -226,15 +226,22 @@ void write_rank_file(const std::string& tmp, const Optimizer& opt, const Checkpo
 /// A new empty folder named prefix + 6 random letters and digits (a fresh name even where process
 /// ids repeat, as in containers), made by mkdir(2) with mode 0777 so that it gets exactly the
 /// permissions (umask, default ACLs) of any folder the user makes; "" with errno set when it cannot
-/// be made.
-std::string make_fresh_dir(const std::string& prefix) {
+/// be made. With `guard`, the name is registered for removal on SIGINT and SIGTERM
+/// (temp_cleanup.h) before the folder is made, and *guard holds that registration on success: a
+/// signal between mkdir and a registration made after it would leave the folder behind.
+std::string make_fresh_dir(const std::string& prefix, TempPathGuard* guard = nullptr) {
   static const char kChars[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
   std::random_device rd;
   for (int attempt = 0; attempt < 100; ++attempt) {
     std::string name = prefix;
     for (int k = 0; k < 6; ++k) name += kChars[rd() % (sizeof kChars - 1)];
-    if (::mkdir(name.c_str(), 0777) == 0) return name;
-    if (errno != EEXIST) return std::string();
+    TempPathGuard registered;
+    if (guard) registered = TempPathGuard(name, true);  // a signal now finds nothing to remove yet
+    if (::mkdir(name.c_str(), 0777) == 0) {
+      if (guard) *guard = std::move(registered);
+      return name;
+    }
+    if (errno != EEXIST) return std::string();  // (the registration ends with `registered`)
   }
   errno = EEXIST;
   return std::string();
@@ -425,8 +432,9 @@ void save_checkpoint(const std::string& dir_given, const Optimizer& opt, const C
     std::string why;
     long long packed = -1;
     mode_t folder_mode = 0;
+    TempPathGuard made_guard;
     if (info.rank == 0) {
-      const std::string made = make_fresh_dir(dir + ".tmp-");
+      const std::string made = make_fresh_dir(dir + ".tmp-", &made_guard);
       if (!made.empty()) {
         folder_mode = take_folder_attributes(made, dir);
         packed = 0;
@@ -440,7 +448,8 @@ void save_checkpoint(const std::string& dir_given, const Optimizer& opt, const C
     std::string suffix(6, ' ');
     for (std::size_t k = 0; k < 6; ++k) suffix[5 - k] = char((packed >> (8 * k)) & 0xff);
     const std::string tmp = dir + ".tmp-" + suffix;
-    TempPathGuard guard(tmp, true);  // a SIGINT or SIGTERM removes it
+    // a SIGINT or SIGTERM removes it (rank 0 registered it before making it)
+    TempPathGuard guard = info.rank == 0 ? std::move(made_guard) : TempPathGuard(tmp, true);
     try {
       write_rank_file(tmp, opt, info);
     } catch (const std::exception& e) {
@@ -465,9 +474,9 @@ void save_checkpoint(const std::string& dir_given, const Optimizer& opt, const C
                               : "cannot write the checkpoint: " + why);
     return;
   }
-  const std::string tmp = make_fresh_dir(dir + ".tmp-");
+  TempPathGuard guard;  // a SIGINT or SIGTERM removes the folder, registered before it is made
+  const std::string tmp = make_fresh_dir(dir + ".tmp-", &guard);
   if (tmp.empty()) throw Error("cannot create a folder next to " + dir + ": " + std::strerror(errno));
-  TempPathGuard guard(tmp, true);  // a SIGINT or SIGTERM removes it
   const mode_t folder_mode = take_folder_attributes(tmp, dir);
   try {
     write_rank_file(tmp, opt, info);

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <cstring>
 
 namespace dos {
@@ -24,8 +25,8 @@ Slot g_slots[kSlots];
 struct sigaction g_previous[2];
 std::atomic<bool> g_installed{false};
 
-/// Removes the files directly inside `dir`, then `dir` (async-signal-safe).
-void remove_folder(const char* dir) {
+/// Removes the files directly inside `dir` (async-signal-safe).
+void remove_files_in(const char* dir) {
   const int fd = ::open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd >= 0) {
     alignas(8) static char buf[16384];  // only the signal handler uses it
@@ -43,15 +44,27 @@ void remove_folder(const char* dir) {
     }
     ::close(fd);
   }
-  ::rmdir(dir);
+}
+
+/// Removes the files directly inside `dir`, then `dir` (async-signal-safe). Another thread of the
+/// process may still be writing into it while the handler runs (a checkpoint's files): a file made
+/// after the listing keeps rmdir from removing the folder, so it lists and removes again, a few
+/// times, while rmdir finds the folder not empty.
+void remove_folder(const char* dir) {
+  for (int round = 0; round < 16; ++round) {
+    remove_files_in(dir);
+    if (::rmdir(dir) == 0 || errno != ENOTEMPTY) return;
+  }
 }
 
 void on_signal(int sig) {
+  const int saved_errno = errno;
   for (Slot& s : g_slots) {
     const int st = s.state.load();
     if (st == 2) ::unlink(s.path);
     if (st == 3) remove_folder(s.path);
   }
+  errno = saved_errno;
   // the previous handler (StarPU's, or the default action) ends the process once this returns
   sigaction(sig, &g_previous[sig == SIGINT ? 0 : 1], nullptr);
   raise(sig);

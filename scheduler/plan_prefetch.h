@@ -53,7 +53,7 @@ class PlanPrefetch {
   /// for the decision when it is still running, or std::nullopt when none is held for them. A
   /// decision held stays held (an equal input takes it again). A decision that threw is dropped
   /// and gives std::nullopt: the caller decides then, and a decide() that fails again throws its
-  /// own error there. Throws std::bad_alloc only (copying the sides).
+  /// own error there, as is one whose sides could not be copied (out of memory). Throws nothing.
   std::optional<std::vector<PlanSide>> take(const Plan* plan, const Workload& w, const Rates* rates,
                                             const Execution& e);
 

@@ -3,6 +3,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <time.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -24,6 +25,10 @@ struct Slot {
 Slot g_slots[kSlots];
 struct sigaction g_previous[2];
 std::atomic<bool> g_installed{false};
+/// The handler's cleanup: started by the first signal's handler, done when it has removed every
+/// registered path. A second signal handled meanwhile on another thread waits for it (the two
+/// would otherwise share remove_files_in's buffer, and the second could end the process first).
+std::atomic<bool> g_cleaning{false}, g_cleaned{false};
 
 /// Removes the files directly inside `dir` (async-signal-safe).
 void remove_files_in(const char* dir) {
@@ -37,6 +42,7 @@ void remove_files_in(const char* dir) {
         // struct linux_dirent64: ino (8), off (8), reclen (2), type (1), name
         unsigned short reclen;
         std::memcpy(&reclen, buf + at + 16, sizeof reclen);
+        if (reclen == 0) break;  // (never from the kernel; no endless loop on a damaged record)
         const char* name = buf + at + 19;
         if (std::strcmp(name, ".") != 0 && std::strcmp(name, "..") != 0) ::unlinkat(fd, name, 0);
         at += reclen;
@@ -59,10 +65,17 @@ void remove_folder(const char* dir) {
 
 void on_signal(int sig) {
   const int saved_errno = errno;
-  for (Slot& s : g_slots) {
-    const int st = s.state.load();
-    if (st == 2) ::unlink(s.path);
-    if (st == 3) remove_folder(s.path);
+  if (!g_cleaning.exchange(true)) {
+    for (Slot& s : g_slots) {
+      const int st = s.state.load();
+      if (st == 2) ::unlink(s.path);
+      if (st == 3) remove_folder(s.path);
+    }
+    g_cleaned.store(true);
+  } else {
+    // another thread's handler is cleaning: wait for it (up to 2 s), so as not to end the process first
+    const struct timespec ms = {0, 1000000};
+    for (int i = 0; i < 2000 && !g_cleaned.load(); ++i) ::nanosleep(&ms, nullptr);
   }
   errno = saved_errno;
   // the previous handler (StarPU's, or the default action) ends the process once this returns

@@ -28,8 +28,12 @@ class TempPathGuard {
 };
 
 /// Installs handlers for SIGINT and SIGTERM that remove every registered path (async-signal-safe:
-/// unlink, unlinkat, rmdir and getdents64 only), then let the previous handler, or the default
-/// action, end the process with the signal (exit status 128 + signal number in a shell). Call it
+/// unlink, unlinkat, rmdir, getdents64 and nanosleep only; a second signal handled meanwhile on
+/// another thread waits for the first's cleanup), then let the previous handler, or the default
+/// action, end the process with the signal (exit status 128 + signal number in a shell). A path
+/// made by one thread while another thread's handler runs may be left: the creators register a
+/// path before they make it (checkpoint folders, PendingFile), which closes the gap when the
+/// creating thread takes the signal, as the main thread of a process usually does. Call it
 /// after anything else that installs handlers for these signals (StarPU does at starpu_init);
 /// calling it again does nothing. A signal that is ignored (SIG_IGN, as under nohup) stays ignored.
 void remove_temporaries_on_signal();

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cfloat>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -95,22 +96,21 @@ Optimizer::Impl::~Impl() {
   }
 }
 
-std::vector<PlanSide> Optimizer::Impl::make_plan() const {
+std::vector<PlanSide> Optimizer::Impl::make_plan(detail::PlanDecision* decided) const {
   const std::size_t n = sgs.size();
   if (!choice.plan) return {};
   if (rt.cuda_workers() == 0) return std::vector<PlanSide>(n, PlanSide::cpu);
   if (override_.kind == PlanOverride::none) {
+    const auto t0 = std::chrono::steady_clock::now();
     std::vector<PlanSide> p;
     const Rates* r = have_rates ? &rates : nullptr;
     const Execution e = execution();
     const bool ahead = decides_ahead();
-    plan_was_held = false;
     // a decision held for an equal input is the one decide() gives now (plan_prefetch.h)
     std::optional<std::vector<PlanSide>> held;
     if (ahead) held = plan_ahead.take(choice.plan.get(), workload, r, e);
     if (held) {
       p = std::move(*held);
-      plan_was_held = true;
     } else {
       try {
         p = choice.plan->decide(PlanInput{workload, r, e});
@@ -128,6 +128,7 @@ std::vector<PlanSide> Optimizer::Impl::make_plan() const {
       }
     }
     if (const std::string err = plan_contract_error(*choice.plan, workload, p); !err.empty()) throw Error(err);
+    if (decided) *decided = {std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), held.has_value()};
     return p;
   }
   const std::size_t res = std::min(workload.resident, n), free = n - res;

@@ -194,6 +194,13 @@ struct TailWatch {
   }
 };
 
+/// What deciding one phase's plan cost (make_plan): seconds spent on it (deciding, or waiting for
+/// the decision made ahead), and whether a decision made before the phase (plan_ahead) was taken.
+struct PlanDecision {
+  double seconds = 0;
+  bool ahead = false;
+};
+
 /// The state of an update phase between begin_step() and the end of finish_step().
 struct OpenStep {
   StepStats st;
@@ -508,13 +515,13 @@ struct Optimizer::Impl {
   /// The plan of the next step: none under a StarPU policy; every update on the CPU without a CUDA
   /// worker; a forced plan (set_plan_override) spread over the subgroups that are not resident;
   /// else the plan's own decision.
-  std::vector<PlanSide> make_plan() const;
+  /// `decided`, when given, gets what the plan's own decision cost (left as it is for a forced plan
+  /// or without a CUDA worker): StepStats::plan_seconds and plan_decided_ahead.
+  std::vector<PlanSide> make_plan(detail::PlanDecision* decided = nullptr) const;
   /// The plan's decision held for reuse: made ahead when a phase ends (decide_next_plan_ahead),
   /// or the last one make_plan made, for an equal input (plan_prefetch.h). Only for plans with
   /// PlanNeeds::decided_ahead; make_plan reads and fills it (mutable: make_plan is const).
   mutable PlanPrefetch plan_ahead;
-  /// Whether make_plan's last call took a held decision (plan_ahead) instead of deciding.
-  mutable bool plan_was_held = false;
   /// Starts the next phase's decision on a thread of its own (PlanPrefetch::start) for a plan with
   /// PlanNeeds::decided_ahead, no plan override and a CUDA worker; called when a phase has ended
   /// and its rates are refined. Throws nothing (a decision that cannot start is made when the next

@@ -184,12 +184,10 @@ void Optimizer::Impl::begin(bool overlapped) {
   }
   ph.state_off_gpu = states_off_gpu();  // before the plan: a resident state off the GPU must come up
   try {
-    const auto t_plan = std::chrono::steady_clock::now();
-    plan = make_plan();
-    if (!plan.empty() && override_.kind == PlanOverride::none && rt.cuda_workers() > 0) {
-      st.plan_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_plan).count();
-      st.plan_decided_ahead = plan_was_held;
-    }
+    PlanDecision decided;
+    plan = make_plan(&decided);
+    st.plan_seconds = decided.seconds;
+    st.plan_decided_ahead = decided.ahead;
   } catch (...) {
     open.reset();
     throw;

@@ -57,11 +57,7 @@ void PlanPrefetch::start(std::shared_ptr<const Plan> plan, const Workload& w, co
   } catch (const std::system_error&) {
     return;  // no thread: the phase decides when it begins
   }
-  result_ = std::move(result);
-  plan_ = std::move(plan);
-  workload_ = std::move(wc);
-  rates_ = r;
-  execution_ = std::move(ec);
+  hold(std::move(plan), std::move(wc), r, std::move(ec), std::move(result));
 }
 
 void PlanPrefetch::remember(std::shared_ptr<const Plan> plan, const Workload& w, const Rates* rates,
@@ -71,11 +67,17 @@ void PlanPrefetch::remember(std::shared_ptr<const Plan> plan, const Workload& w,
   Execution ec = e;
   std::promise<std::vector<PlanSide>> done;
   done.set_value(std::move(sides));
-  result_ = done.get_future().share();
+  hold(std::move(plan), std::move(wc), rates ? std::optional<Rates>(*rates) : std::nullopt, std::move(ec),
+       done.get_future().share());
+}
+
+void PlanPrefetch::hold(std::shared_ptr<const Plan> plan, Workload w, std::optional<Rates> rates, Execution e,
+                        std::shared_future<std::vector<PlanSide>> result) noexcept {
+  result_ = std::move(result);
   plan_ = std::move(plan);
-  workload_ = std::move(wc);
-  if (rates) rates_ = *rates;
-  execution_ = std::move(ec);
+  workload_ = std::move(w);
+  rates_ = rates;
+  execution_ = std::move(e);
 }
 
 bool PlanPrefetch::holds(const Plan* plan, const Workload& w, const Rates* rates, const Execution& e) const noexcept {

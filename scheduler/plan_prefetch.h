@@ -65,6 +65,10 @@ class PlanPrefetch {
   void clear() noexcept;
 
  private:
+  /// Holds `result` as the decision for this plan and input (moves only: throws nothing).
+  void hold(std::shared_ptr<const Plan> plan, Workload w, std::optional<Rates> rates, Execution e,
+            std::shared_future<std::vector<PlanSide>> result) noexcept;
+
   std::shared_ptr<const Plan> plan_;  // keeps the plan alive: its thread reads it, take() compares it
   Workload workload_;
   std::optional<Rates> rates_;

@@ -12,7 +12,6 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <random>
 #include <stdexcept>
 
 namespace dos {
@@ -48,26 +47,13 @@ void remove_stale_temporaries(const std::string& path, const struct timespec& be
 }
 
 /// Creates the file prefix + 6 random letters and digits (the names mkstemp makes, mode 0600),
-/// registered for removal on SIGINT and SIGTERM (temp_cleanup.h) before it exists, so that no
-/// signal finds it made and not yet registered; its name goes to *name and the registration to
-/// *guard. Returns the open descriptor, or -1 with errno set.
+/// registered for removal on SIGINT and SIGTERM before it exists (make_fresh_path); its name goes
+/// to *name and the registration to *guard. Returns the open descriptor, or -1 with errno set.
 int create_registered_temp(const std::string& prefix, std::string* name, TempPathGuard* guard) {
-  static const char kChars[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
-  std::random_device rd;
-  for (int attempt = 0; attempt < 100; ++attempt) {
-    std::string candidate = prefix;
-    for (int k = 0; k < 6; ++k) candidate += kChars[rd() % (sizeof kChars - 1)];
-    TempPathGuard registered(candidate, false);
-    const int fd = ::open(candidate.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-    if (fd >= 0) {
-      *name = std::move(candidate);
-      *guard = std::move(registered);
-      return fd;
-    }
-    if (errno != EEXIST) return -1;
-  }
-  errno = EEXIST;
-  return -1;
+  const auto create = [](const std::string& path) {
+    return ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  };
+  return make_fresh_path(prefix, false, create, name, guard);
 }
 }  // namespace
 

@@ -14,7 +14,6 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <random>
 #include <nlohmann/json.hpp>
 #include <vector>
 
@@ -223,28 +222,14 @@ void write_rank_file(const std::string& tmp, const Optimizer& opt, const Checkpo
   });
 }
 
-/// A new empty folder named prefix + 6 random letters and digits (a fresh name even where process
-/// ids repeat, as in containers), made by mkdir(2) with mode 0777 so that it gets exactly the
-/// permissions (umask, default ACLs) of any folder the user makes; "" with errno set when it cannot
-/// be made. With `guard`, the name is registered for removal on SIGINT and SIGTERM
-/// (temp_cleanup.h) before the folder is made, and *guard holds that registration on success: a
-/// signal between mkdir and a registration made after it would leave the folder behind.
+/// A new empty folder named prefix + 6 random letters and digits (make_fresh_path), made by mkdir(2)
+/// with mode 0777 so that it gets exactly the permissions (umask, default ACLs) of any folder the
+/// user makes; "" with errno set when it cannot be made. With `guard`, registered for removal on
+/// SIGINT and SIGTERM before it is made (make_fresh_path), *guard holding the registration.
 std::string make_fresh_dir(const std::string& prefix, TempPathGuard* guard = nullptr) {
-  static const char kChars[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
-  std::random_device rd;
-  for (int attempt = 0; attempt < 100; ++attempt) {
-    std::string name = prefix;
-    for (int k = 0; k < 6; ++k) name += kChars[rd() % (sizeof kChars - 1)];
-    TempPathGuard registered;
-    if (guard) registered = TempPathGuard(name, true);  // a signal now finds nothing to remove yet
-    if (::mkdir(name.c_str(), 0777) == 0) {
-      if (guard) *guard = std::move(registered);
-      return name;
-    }
-    if (errno != EEXIST) return std::string();  // (the registration ends with `registered`)
-  }
-  errno = EEXIST;
-  return std::string();
+  std::string name;
+  const auto mk = [](const std::string& path) { return ::mkdir(path.c_str(), 0777); };
+  return make_fresh_path(prefix, true, mk, &name, guard) == 0 ? name : std::string();
 }
 
 /// Gives the new checkpoint folder `tmp` the group and permission bits of the folder it will

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <random>
 #include <cerrno>
 #include <cstring>
 
@@ -112,6 +113,27 @@ TempPathGuard& TempPathGuard::operator=(TempPathGuard&& o) noexcept {
 void TempPathGuard::release() {
   if (slot_ >= 0) g_slots[slot_].state.store(0);
   slot_ = -1;
+}
+
+int make_fresh_path(const std::string& prefix, bool folder, const std::function<int(const std::string&)>& make,
+                    std::string* name, TempPathGuard* guard) {
+  static const char kChars[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+  std::random_device rd;
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    std::string candidate = prefix;
+    for (int k = 0; k < 6; ++k) candidate += kChars[rd() % (sizeof kChars - 1)];
+    TempPathGuard registered;
+    if (guard) registered = TempPathGuard(candidate, folder);  // a signal now finds nothing to remove yet
+    const int made = make(candidate);
+    if (made >= 0) {
+      *name = std::move(candidate);
+      if (guard) *guard = std::move(registered);
+      return made;
+    }
+    if (errno != EEXIST) return -1;  // (the registration ends with `registered`)
+  }
+  errno = EEXIST;
+  return -1;
 }
 
 void remove_temporaries_on_signal() {

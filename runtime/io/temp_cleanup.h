@@ -2,6 +2,7 @@
 // SIGINT or SIGTERM removes them before the process ends with the signal's usual status.
 #pragma once
 
+#include <functional>
 #include <string>
 
 namespace dos {
@@ -26,6 +27,17 @@ class TempPathGuard {
  private:
   int slot_ = -1;
 };
+
+/// Makes a new path named prefix + 6 random letters and digits (a fresh name even where process ids
+/// repeat, as in containers) with make(path), which creates it exclusively: returns >= 0 when it
+/// made it, or < 0 with errno set (EEXIST: the name is taken, another is tried, up to 100). With
+/// `guard`, each name is registered for removal on SIGINT and SIGTERM (as a folder when `folder`)
+/// before it is made, and *guard holds the registration of the path made: a signal between its
+/// making and a registration after it would leave it behind. Returns make's result for the path
+/// made (its name in *name), or -1 with errno set (EEXIST after 100 names taken). Throws what
+/// make throws, std::bad_alloc.
+int make_fresh_path(const std::string& prefix, bool folder, const std::function<int(const std::string&)>& make,
+                    std::string* name, TempPathGuard* guard);
 
 /// Installs handlers for SIGINT and SIGTERM that remove every registered path (async-signal-safe:
 /// unlink, unlinkat, rmdir, getdents64 and nanosleep only; a second signal handled meanwhile on

@@ -210,8 +210,42 @@ struct OpenStep {
   /// submitted (the plan's decision, its simulation, the bound, the subgroups' set-up). The phase
   /// simulation starts at the first submission, so the refinement takes the phase's times less it.
   double setup_seconds = 0;
-  std::atomic<bool> sampling{false};
-  std::thread sampler;  // the timeline's bus samples, every millisecond
+  /// The timeline's bus sampler: a thread that calls sample_bus() every millisecond while the phase
+  /// runs (start_sampler), woken at once by stop_sampler, so that joining it adds no wait to the
+  /// phase's time (a thread sleeping its millisecond out had made a timeline's phase end up to a
+  /// sampling period late: its times came in steps of about 1.1 ms on short phases).
+  bool sampling = false;  // guarded by sampling_mu
+  std::mutex sampling_mu;
+  std::condition_variable sampling_cv;
+  std::thread sampler;
+  /// Starts the sampler thread (sampling until stop_sampler). Throws std::system_error when the
+  /// thread cannot be started.
+  void start_sampler() {
+    {
+      std::lock_guard<std::mutex> g(sampling_mu);
+      sampling = true;
+    }
+    sampler = std::thread([this] {
+      std::unique_lock<std::mutex> g(sampling_mu);
+      while (sampling) {
+        g.unlock();
+        sample_bus();
+        g.lock();
+        sampling_cv.wait_for(g, std::chrono::milliseconds(1), [this] { return !sampling; });
+      }
+    });
+  }
+  /// Stops the sampler thread, if one runs, and joins it; returns whether one ran. Throws nothing.
+  bool stop_sampler() {
+    {
+      std::lock_guard<std::mutex> g(sampling_mu);
+      sampling = false;
+    }
+    sampling_cv.notify_all();
+    if (!sampler.joinable()) return false;
+    sampler.join();
+    return true;
+  }
   /// Appends one bus sample to st.bus: the bytes each way since h2d0 / d2h0, at seconds since t0.
   /// Called by the sampler thread while the phase runs, then once by the caller after joining it.
   void sample_bus() {
@@ -303,8 +337,7 @@ struct OpenStep {
   ~OpenStep() {
     drain();
     join_binder(true);
-    sampling.store(false);
-    if (sampler.joinable()) sampler.join();
+    stop_sampler();
     pending.wait();
   }
 };

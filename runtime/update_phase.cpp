@@ -172,16 +172,8 @@ void Optimizer::Impl::begin(bool overlapped) {
     timeline.t0_us = starpu_timing_now();
     st.started_at = 1e-6 * timeline.t0_us;
   }
-  // The timeline's bus samples: a thread reads the bus counters every millisecond during the phase.
-  if (timeline_on) {
-    ph.sampling.store(true);
-    ph.sampler = std::thread([&ph] {
-      while (ph.sampling.load()) {
-        ph.sample_bus();
-        std::this_thread::sleep_for(std::chrono::milliseconds(1));
-      }
-    });
-  }
+  // The timeline's bus samples: a thread reads the bus counters every millisecond during the phase (start_sampler)
+  if (timeline_on) ph.start_sampler();
   ph.state_off_gpu = states_off_gpu();  // before the plan: a resident state off the GPU must come up
   try {
     PlanDecision decided;
@@ -556,9 +548,7 @@ StepStats Optimizer::Impl::finish_wait() {
     fail("StarPU refused to bring " + std::to_string(refused) + " buffer(s) back to host memory");
   if (const std::string e = ph.copy_failure(); !e.empty())
     fail("a copy between the GPU and host memory failed (" + e + ")");
-  ph.sampling.store(false);
-  if (ph.sampler.joinable()) {
-    ph.sampler.join();
+  if (ph.stop_sampler()) {
     // the phase's totals as its last sample: a phase that ends before the sampler's thread has
     // started still gets one
     ph.sample_bus();

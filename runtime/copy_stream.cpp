@@ -48,7 +48,7 @@ std::string cuda_error(cudaError_t r, const char* what) {
 /// Whether the thread takes every queued job at once (true unless DOS_COPY_BATCH=0: a measurement
 /// switch that takes one job at a time and sleeps on its event at once, the earlier way).
 bool batches_jobs() {
-  static const bool one_at_a_time = env_says("DOS_COPY_BATCH", "0");
+  static const bool one_at_a_time = detail::env_choice("DOS_COPY_BATCH", {"0", "1"}, 1, "1 is used") == 0;
   return !one_at_a_time;
 }
 }  // namespace

@@ -375,7 +375,8 @@ Runtime::Runtime(const RuntimeOptions& options) : impl_(new Impl) {
   // A device that cannot load them (a build without code for it) is warned about, not refused: work
   // that launches no kernel there (every update on the CPU with the model's buffers in host memory)
   // runs as before.
-  if (ncuda > 0 && !detail::env_says("DOS_PRELOAD_KERNELS", "0")) {
+  static const bool preload_kernels = detail::env_choice("DOS_PRELOAD_KERNELS", {"0", "1"}, 1, "1 is used") == 1;
+  if (ncuda > 0 && preload_kernels) {
     KernelPreload preload;
     starpu_execute_on_each_worker(preload_cuda_worker, &preload, STARPU_CUDA);
     if (!preload.failures.empty()) std::fputs(preload.failures.c_str(), stderr);

@@ -23,12 +23,12 @@ namespace dos {
 using namespace detail;
 
 bool runtime_uploads_params() {
-  static const bool tasks = env_says("DOS_PARAM_UPLOAD", "task");
+  static const bool tasks = env_choice("DOS_PARAM_UPLOAD", {"task", "copy"}, 1, "the runtime's copy is used") == 0;
   return !tasks;
 }
 
 bool runtime_downloads_grads() {
-  static const bool tasks = env_says("DOS_GRAD_DOWNLOAD", "task");
+  static const bool tasks = env_choice("DOS_GRAD_DOWNLOAD", {"task", "copy"}, 1, "the runtime's copy is used") == 0;
   return !tasks;
 }
 

@@ -61,7 +61,7 @@ namespace detail {
 // acquire at the end of the phase (invalidating the device copy).
 // Measurement switch: DOS_WONT_USE=0 leaves starpu_data_wont_use out of the eager write-back.
 bool wont_use_after_writeback() {
-  static const bool on = !env_says("DOS_WONT_USE", "0");
+  static const bool on = env_choice("DOS_WONT_USE", {"0", "1"}, 1, "1 is used") == 1;
   return on;
 }
 }  // namespace detail

@@ -58,11 +58,4 @@ inline int env_choice(const char* name, std::initializer_list<const char*> value
   return fallback;
 }
 
-/// Whether the environment variable `name` is set to exactly `value` (case-sensitive); false when
-/// it is unset. Any other value is taken as unset, without a warning. Throws nothing.
-inline bool env_says(const char* name, const char* value) {
-  const char* v = std::getenv(name);
-  return v && std::strcmp(v, value) == 0;
-}
-
 }  // namespace dos::detail

@@ -60,6 +60,12 @@ std::vector<std::size_t> submission_order(const std::vector<PlanSide>& plan, boo
   return order;
 }
 
+double cpu_team_share(const Execution& e, std::size_t n) {
+  if (e.cpu_team_threads <= 1 || e.cpu_work_item == 0 || n == 0) return 1.0;
+  const double longest = double(e.cpu_team_threads) * double(std::min(n, e.cpu_work_item));  // one thread's item
+  return double(n) >= longest ? 1.0 : double(n) / longest;
+}
+
 const char* Simulation::busiest() const { return busiest_resource(cpu, h2d, d2h, gpu); }
 
 namespace {
@@ -92,6 +98,7 @@ struct Lane {
   long current = -1;     // subgroup index, -1: idle
   Stage stage = Stage::done;
   double left = 0;       // bytes, parameters or seconds, per the lane
+  double share = 1;      // a CPU lane: the share of the worker's rate its subgroup runs at (cpu_team_share)
   double busy = 0;       // seconds busy so far
   bool waiting() const { return head < queue.size(); }
   const Piece& front() const { return queue[head]; }
@@ -104,6 +111,7 @@ struct Lane {
     current = -1;
     stage = Stage::done;
     left = busy = 0;
+    share = 1;
   }
 };
 
@@ -139,6 +147,7 @@ class PhaseSimulator {
   double gb_, pb_, cpu_bytes_, host_bw_;
   bool own_upload_, own_download_;
   std::vector<std::size_t> footprint_;  // subgroup i on side s: footprint_[3 i + s] (subgroup_footprint)
+  std::vector<double> team_share_;      // subgroup i's cpu_team_share
   std::vector<LaneRates> rates_;        // lane_rates' table: busy CPU workers x 16 + the busy streams' bits
   // scratch of one run, sized once
   std::vector<Sg> sgs_;
@@ -183,6 +192,8 @@ PhaseSimulator::PhaseSimulator(const Workload& w, const Rates& r, const Executio
   for (std::size_t i = 0; i < count_; ++i)
     for (PlanSide s : {PlanSide::cpu, PlanSide::gpu_streamed, PlanSide::gpu_resident})
       footprint_[3 * i + std::size_t(s)] = subgroup_footprint(w, w.sizes[i], s);
+  team_share_.resize(count_);
+  for (std::size_t i = 0; i < count_; ++i) team_share_[i] = cpu_team_share(e, w.sizes[i]);
   const std::size_t k = std::max<std::size_t>(1, e.cpu_workers);
   rates_.resize((k + 1) * 16);
   sgs_.resize(count_);
@@ -384,6 +395,7 @@ Simulation PhaseSimulator::run(const std::vector<PlanSide>& plan) {
     cpu.current = long(p.sg);
     cpu.stage = p.stage;
     cpu.left = double(sgs[p.sg].n);
+    cpu.share = team_share_[p.sg];
     cpu_start[p.sg] = now;
     ++active_cpus;
   };
@@ -484,7 +496,7 @@ Simulation PhaseSimulator::run(const std::vector<PlanSide>& plan) {
     if (gpu.current >= 0) dt = std::min(dt, gpu.left);
     if (active_cpus > 0)
       for (const Lane& cpu : cpus)
-        if (cpu.current >= 0) dt = std::min(dt, cpu.left / u_cpu);
+        if (cpu.current >= 0) dt = std::min(dt, cpu.left / (u_cpu * cpu.share));
     if (!(dt < std::numeric_limits<double>::infinity()) || ++guard > 100 * count + 10 * cpus.size() + 1000)
       throw std::logic_error("phase simulation: no piece of work can progress (a bug in the simulation)");
     now += dt;
@@ -511,7 +523,7 @@ Simulation PhaseSimulator::run(const std::vector<PlanSide>& plan) {
     if (active_cpus > 0)
       for (Lane& cpu : cpus)
         if (cpu.current >= 0) {
-          cpu.left -= dt * u_cpu;
+          cpu.left -= dt * (u_cpu * cpu.share);
           cpu.busy += dt;
           if (dma) out.cpu_beside_dma += dt;
         }

@@ -60,6 +60,21 @@ struct Execution {
   std::size_t lookahead = 3;
   std::size_t update_budget = 0;
   std::size_t cpu_workers = 1;
+  /// Threads of each CPU worker's team (Runtime::cpu_threads) and the elements of one work item of
+  /// the CPU Adam kernel (kCpuWorkItem, codelets/kernels/adam.h: the team takes a subgroup's
+  /// elements in items of this many, a subgroup of at most one item on the worker's own thread). A
+  /// subgroup of n parameters keeps at most ceil(n / cpu_work_item) threads busy and ends no sooner
+  /// than one thread takes for its largest item, so its Adam runs at
+  ///   cpu_team_share(n) = n / max(n, cpu_team_threads x min(n, cpu_work_item))
+  /// of the worker's rate (1 from cpu_team_threads x cpu_work_item parameters on; the worker's rate
+  /// taken as shared evenly by its threads: one thread at 1 / cpu_team_threads of it). It still asks
+  /// host memory for the whole team's traffic, an over-count that matters only where host memory
+  /// binds, which a phase of such small subgroups does not. cpu_team_threads <= 1 or
+  /// cpu_work_item 0: no limit (every subgroup at the worker's rate). On the GPU machine, subgroups
+  /// of 10007 parameters (one item) on one worker of 15 threads took 26-45 us each against 2 us at the
+  /// team's rate: about the 30 us of one thread at 1/15 of it.
+  std::size_t cpu_team_threads = 1;
+  std::size_t cpu_work_item = 0;
   /// With the caller on the GPU: a CPU subgroup's new parameters go up by the runtime's own copy
   /// (CopyStream, a kernel: no copy engine) as soon as its Adam ends, beside StarPU's host-to-device
   /// stream (at B_h2d alone, B_h2d / 2 while StarPU's stream carries data, which keeps its B_h2d),
@@ -96,6 +111,11 @@ struct Execution {
   /// phase begins.
   std::vector<bool> state_off_gpu;
 };
+
+/// The share of its CPU worker's Adam rate that a subgroup of n parameters runs at under e
+/// (Execution::cpu_team_threads): in (0, 1], exactly 1 when e sets no limit or n >= cpu_team_threads
+/// x cpu_work_item. Throws nothing.
+double cpu_team_share(const Execution& e, std::size_t n);
 
 /// GPU bytes subgroup of n parameters on `side` holds while in flight (the runtime's footprint):
 /// its state buffer when streamed (state_bytes_for(n): 12 n and the slices' padding, at most 180),

@@ -281,6 +281,7 @@ Optimizer::Optimizer(Runtime& runtime, const std::vector<TensorView>& tensors, c
     : impl_(new Impl) {
   Impl& I = *impl_;
   I.rt.model = runtime.model_policy();
+  I.rt.threads = runtime.cpu_threads();
   I.opt = options;
   I.tensors = tensors;
   validate_adam_hyper(options.adam);

@@ -371,6 +371,8 @@ void check_link_share_rule();
 struct RuntimeFacts {
   bool model = false;  ///< Runtime::model_policy() when the optimizer was made
   bool model_policy() const { return model; }
+  int threads = 1;  ///< Runtime::cpu_threads() when the optimizer was made
+  int cpu_threads() const { return threads; }
   unsigned cpu_workers() const { return starpu_cpu_worker_get_count(); }
   unsigned cuda_workers() const { return starpu_cuda_worker_get_count(); }
 };
@@ -500,6 +502,8 @@ struct Optimizer::Impl {
     e.lookahead = cuda_nodes.empty() ? 0 : opt.stream_lookahead;
     e.update_budget = cuda_nodes.empty() ? 0 : opt.gpu_update_budget;
     e.cpu_workers = rt.cpu_workers();
+    e.cpu_team_threads = std::size_t(std::max(1, rt.cpu_threads()));
+    e.cpu_work_item = kCpuWorkItem;
     e.own_param_upload = own_param_upload();
     e.own_grad_download = own_grad_download();
     e.grad_download_by_copy_engine = runtime_copies_by_copy_engine(false);

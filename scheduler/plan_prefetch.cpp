@@ -25,6 +25,7 @@ bool same_plan_input(const Workload& wa, const Rates* ra, const Execution& ea, c
          wa.cpu_grads_staged_on_gpu == wb.cpu_grads_staged_on_gpu &&
          wa.cpu_params_staged_on_gpu == wb.cpu_params_staged_on_gpu && same_rates(ra, rb) && ea.order == eb.order &&
          ea.lookahead == eb.lookahead && ea.update_budget == eb.update_budget && ea.cpu_workers == eb.cpu_workers &&
+         ea.cpu_team_threads == eb.cpu_team_threads && ea.cpu_work_item == eb.cpu_work_item &&
          ea.own_param_upload == eb.own_param_upload && ea.own_grad_download == eb.own_grad_download &&
          ea.grad_download_by_copy_engine == eb.grad_download_by_copy_engine &&
          ea.param_upload_by_copy_engine == eb.param_upload_by_copy_engine && ea.state_off_gpu == eb.state_off_gpu;

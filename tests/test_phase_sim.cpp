@@ -364,6 +364,69 @@ void test_cpu_workers(void**) {
   assert_true(dos::lower_bound(w, r, 2) <= s.total);
 }
 
+// A CPU worker's team of T threads takes a subgroup in work items of W elements: a subgroup of n
+// keeps at most ceil(n / W) threads busy and ends no sooner than one thread takes for its largest
+// item, min(n, W) at U_c / T. Worked by hand: T = 15, W = 16384, U_c = 1.5e9 (1e8 per thread).
+void test_cpu_team_share(void**) {
+  dos::Execution e;
+  e.cpu_team_threads = 15;
+  e.cpu_work_item = 16384;
+  // one item (10007 elements) on one thread: 10007 / 1e8 s against 10007 / 1.5e9 at the team's rate
+  assert_float_equal(dos::cpu_team_share(e, 10007), 1.0 / 15, 1e-15);
+  // two items (20000: 16384 and 3616): the longer one, 16384 / 1e8 s
+  assert_float_equal(dos::cpu_team_share(e, 20000), 20000.0 / (15 * 16384.0), 1e-15);
+  // enough items for every thread: the team's rate, exactly
+  assert_true(dos::cpu_team_share(e, 15 * 16384) == 1.0);
+  assert_true(dos::cpu_team_share(e, 124000000) == 1.0);
+  // no limit without a team or an item size, and for an empty subgroup
+  dos::Execution none;
+  assert_true(dos::cpu_team_share(none, 10007) == 1.0);
+  e.cpu_work_item = 0;
+  assert_true(dos::cpu_team_share(e, 10007) == 1.0);
+  e.cpu_work_item = 16384;
+  e.cpu_team_threads = 1;
+  assert_true(dos::cpu_team_share(e, 10007) == 1.0);
+  e.cpu_team_threads = 15;
+  assert_true(dos::cpu_team_share(e, 0) == 1.0);
+
+  // the caller in host memory, every subgroup on the CPU (one worker, nothing on PCIe): the
+  // subgroups run one after another, 10007 and 777 elements at 1e8/s each, 20000 as its longer item
+  const dos::Workload w = workload({10007, 777, 20000}, false);
+  const dos::Rates r{1.5e9, 1e9, 1e12, 1e12, 1e10, 1e10};
+  const std::vector<PlanSide> cpu3(3, PlanSide::cpu);
+  const dos::Simulation s = dos::simulate_phase(w, cpu3, r, e);
+  const double want = (10007.0 + 777.0 + 16384.0) / 1e8;
+  assert_float_equal(s.total, want, 1e-12 * want);
+  assert_float_equal(s.cpu, want, 1e-12 * want);
+  // without the limit: at the team's rate
+  const dos::Simulation flat = dos::simulate_phase(w, cpu3, r, none);
+  assert_float_equal(flat.total, (10007.0 + 777.0 + 20000.0) / 1.5e9, 1e-12);
+
+  // subgroups of at least T x W elements: the same simulation to the bit as without the limit, on a
+  // mixed plan with the caller on the GPU
+  const dos::Workload big = workload({300000, 245760, 1000000, 400000}, true);
+  const dos::Rates rb{4e9, 3e9, 1e11, 4e11, 4.5e10, 5e10, 0.8};
+  const std::vector<PlanSide> mixed{PlanSide::cpu, PlanSide::gpu_streamed, PlanSide::cpu, PlanSide::cpu};
+  const dos::Simulation a = dos::simulate_phase(big, mixed, rb, e), b = dos::simulate_phase(big, mixed, rb, none);
+  assert_true(a.total == b.total && a.cpu == b.cpu && a.h2d == b.h2d && a.d2h == b.d2h && a.gpu == b.gpu);
+  assert_true(a.cpu_beside_dma == b.cpu_beside_dma && a.stream_end == b.stream_end);
+
+  // the tiny preset's shape on a GPU machine's rates (55 subgroups of 10007, the caller on the GPU):
+  // at the team's rate the search keeps subgroups on the CPU; with one thread per subgroup's item the
+  // CPU side takes 55 x 10007 / (5.04e9 / 15) s, and every subgroup is streamed
+  const dos::Workload tiny = workload(std::vector<std::size_t>(55, 10007), true);
+  const dos::Rates rt{5.04e9, 4.22e9, 1.004e11, 4.061e11, 4.75e10, 5.13e10, 0.84};
+  dos::Execution gpu_machine;
+  gpu_machine.cpu_team_threads = 15;
+  gpu_machine.cpu_work_item = 16384;
+  const dos::Choice flat_choice = dos::choose_plan_simulated(tiny, rt, dos::Execution{});
+  const dos::Choice team_choice = dos::choose_plan_simulated(tiny, rt, gpu_machine);
+  assert_true(flat_choice.streamed < 55);
+  assert_int_equal(team_choice.streamed, 55);
+  const dos::Simulation all_cpu = dos::simulate_phase(tiny, std::vector<PlanSide>(55, PlanSide::cpu), rt, gpu_machine);
+  assert_true(all_cpu.cpu >= 55 * 10007.0 / (5.04e9 / 15) * (1 - 1e-12));
+}
+
 // The simulated search takes the paper's strides as candidates too: the 7B 1/16 shard's five
 // subgroups (four of 1e8 and one of 2.115e7) at the rates a GPU machine had, where the stride 2
 // (cscsc) streams two whole subgroups and the spread plans of 2 and 3 streamed (ccscs, cscss) stream
@@ -589,7 +652,7 @@ int main() {
       cmocka_unit_test(test_cpu_only),   cmocka_unit_test(test_one_streamed),       cmocka_unit_test(test_two_streamed),
       cmocka_unit_test(test_host_memory_shared), cmocka_unit_test(test_order),       cmocka_unit_test(test_budget),
       cmocka_unit_test(test_choice_and_bound),   cmocka_unit_test(test_search_many), cmocka_unit_test(test_search_strides),
-      cmocka_unit_test(test_cpu_workers),
+      cmocka_unit_test(test_cpu_workers),        cmocka_unit_test(test_cpu_team_share),
       cmocka_unit_test(test_cpu_after_stream),   cmocka_unit_test(test_bad_input), cmocka_unit_test(test_own_param_upload),
       cmocka_unit_test(test_own_grad_download),
       cmocka_unit_test(test_own_copies_by_copy_engine), cmocka_unit_test(test_busiest_resource),

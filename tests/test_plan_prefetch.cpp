@@ -120,6 +120,8 @@ void test_any_other_input_decides_again(void** /*state*/) {
       {"lookahead", [](dos::Workload&, dos::Rates&, dos::Execution& e) { e.lookahead += 1; }},
       {"update_budget", [](dos::Workload&, dos::Rates&, dos::Execution& e) { e.update_budget = 1 << 20; }},
       {"cpu_workers", [](dos::Workload&, dos::Rates&, dos::Execution& e) { e.cpu_workers = 3; }},
+      {"cpu_team_threads", [](dos::Workload&, dos::Rates&, dos::Execution& e) { e.cpu_team_threads += 1; }},
+      {"cpu_work_item", [](dos::Workload&, dos::Rates&, dos::Execution& e) { e.cpu_work_item += 16; }},
       {"own_param_upload", [](dos::Workload&, dos::Rates&, dos::Execution& e) { e.own_param_upload = true; }},
       {"own_grad_download", [](dos::Workload&, dos::Rates&, dos::Execution& e) { e.own_grad_download = true; }},
       {"grad_download_by_copy_engine",

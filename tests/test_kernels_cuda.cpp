@@ -5,7 +5,9 @@
 // gradient and parameter dtype, several steps, and the conversions over special values. And the
 // copy kernel between pinned host and device memory (pcie_copy.h) at every small misalignment;
 // Adam without a parameter copy, and a dtype outside DType's values refused by every launch;
-// infinite masters (without an L2 term) in the Adam comparison.
+// infinite masters (without an L2 term) in the Adam comparison. And the compact-master Adam
+// (compact_master.h) against adam_step_compact_cpu: P, lo, the packed r bits (no byte beyond
+// ceil(n / 8) written), exp_avg, exp_avg_sq, over sizes around warps and bytes.
 // Exits 77 (skip) without a CUDA device.
 #include <cuda_runtime.h>
 
@@ -17,6 +19,7 @@
 
 #include "adam.h"
 #include "cmocka_cpp.h"
+#include "compact_master.h"
 #include "pcie_copy.h"
 
 using dos::DType;
@@ -276,6 +279,85 @@ void test_adam_cuda_no_copy_and_bad_dtype(void**) {
   expect_same_bits(ones.data(), back.data(), 4 * n, "master after refused launches", n, 0);
 }
 
+// The compact-master Adam on the GPU against adam_step_compact_cpu (tested against adam_step_cpu in
+// test_compact_master), bit for bit, every gradient dtype, Adam and AdamW, 3 steps, sizes around a
+// warp's 32 elements and r's bytes, unaligned arrays; the bytes after r's ceil(n / 8) untouched. And
+// n == 0 and a bad gradient dtype: nothing launched.
+void test_adam_compact_cuda_equals_cpu(void**) {
+  std::mt19937 rng(17);
+  const std::size_t sizes[] = {1, 7, 8, 9, 31, 32, 33, 63, 65, 1023, 4099, 65536 + 7, (1u << 20) + 3};
+  constexpr std::size_t kGuard = 64;
+  for (DType gt : {DType::bf16, DType::fp16, DType::fp32})
+    for (std::size_t n : sizes)
+      for (std::size_t off : {std::size_t(0), std::size_t(1)}) {
+        dos::AdamHyper h;
+        h.weight_decay = 0.1;
+        h.decoupled = (n % 2) != 0;
+        std::normal_distribution<float> nd(0.0f, 0.5f);
+        std::uniform_int_distribution<int> expo(-30, 30);
+        std::vector<std::uint16_t> p(n), lo(n);
+        std::vector<float> m(n, 0.0f), v(n, 0.0f);
+        const std::size_t nb = dos::compact_round_up_bytes(n);
+        std::vector<std::uint8_t> r(nb + kGuard, 0xA5);
+        for (std::size_t i = 0; i < n; ++i) {
+          float x = std::ldexp(nd(rng), expo(rng));
+          std::uint32_t u;
+          std::memcpy(&u, &x, 4);
+          if (i % 8 == 5) u = (u & 0xffff0000u) | 0x8000u;  // rounding ties
+          if (h.decoupled && n >= 3 && i == n - 2) u = 0xff800000u;  // -inf (no L2 term)
+          p[i] = dos::f32_to_bf16(dos::bits_f32(u));
+          std::uint16_t l;
+          std::uint32_t b;
+          dos::compact_split(u, p[i], &l, &b);
+          lo[i] = l;
+          if (i % 8 == 0) r[i / 8] = 0;
+          r[i / 8] |= std::uint8_t(b << (i % 8));
+        }
+        DevBuf dp(2 * n, 2 * off), dlo(2 * n, 2 * off), dr(nb + kGuard, 0), dm(4 * n, 4 * off), dv(4 * n, 4 * off),
+            dg(4 * n, 4 * off);
+        dp.put(p.data(), 2 * n);
+        dlo.put(lo.data(), 2 * n);
+        dr.put(r.data(), r.size());
+        dm.put(m.data(), 4 * n);
+        dv.put(v.data(), 4 * n);
+        for (std::int64_t step = 1; step <= 3; ++step) {
+          const auto g = random_grads(n, gt, rng);
+          dg.put(g.data(), g.size());
+          const dos::AdamStepParams sp = dos::make_adam_step_params(h, step);
+          dos::adam_step_compact_cpu(p.data(), lo.data(), r.data(), m.data(), v.data(), g.data(), gt, n, sp);
+          assert_int_equal(dos::adam_step_compact_cuda(static_cast<std::uint16_t*>(dp.ptr()),
+                                                       static_cast<std::uint16_t*>(dlo.ptr()),
+                                                       static_cast<std::uint8_t*>(dr.ptr()), static_cast<float*>(dm.ptr()),
+                                                       static_cast<float*>(dv.ptr()), dg.ptr(), gt, n, sp, nullptr),
+                           0);
+        }
+        std::vector<std::uint16_t> pg(n), lg(n);
+        std::vector<std::uint8_t> rg(nb + kGuard);
+        std::vector<float> mg(n), vg(n);
+        dp.get(pg.data(), 2 * n);
+        dlo.get(lg.data(), 2 * n);
+        dr.get(rg.data(), rg.size());
+        dm.get(mg.data(), 4 * n);
+        dv.get(vg.data(), 4 * n);
+        expect_same_bits(p.data(), pg.data(), 2 * n, "compact P", n, off);
+        expect_same_bits(lo.data(), lg.data(), 2 * n, "compact lo", n, off);
+        expect_same_bits(r.data(), rg.data(), rg.size(), "compact r bits and the guard bytes after them", n, off);
+        expect_same_bits(m.data(), mg.data(), 4 * n, "compact exp_avg", n, off);
+        expect_same_bits(v.data(), vg.data(), 4 * n, "compact exp_avg_sq", n, off);
+      }
+  const dos::AdamStepParams sp = dos::make_adam_step_params(dos::AdamHyper{}, 1);
+  assert_int_equal(dos::adam_step_compact_cuda(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, DType::bf16, 0, sp,
+                                               nullptr),
+                   0);
+  DevBuf d(64, 0);
+  std::uint16_t* q = static_cast<std::uint16_t*>(d.ptr());
+  float* f = static_cast<float*>(d.ptr());
+  assert_int_equal(dos::adam_step_compact_cuda(q, q, static_cast<std::uint8_t*>(d.ptr()), f, f, f,
+                                               static_cast<DType>(7), 4, sp, nullptr),
+                   cudaErrorInvalidValue);
+  assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
+}
+
 }  // namespace
 
 int main() {
@@ -290,6 +372,7 @@ int main() {
       cmocka_unit_test(test_conversions_cuda_equal_cpu),
       cmocka_unit_test(test_pcie_copy),
       cmocka_unit_test(test_adam_cuda_no_copy_and_bad_dtype),
+      cmocka_unit_test(test_adam_compact_cuda_equals_cpu),
   };
   return cmocka_run_group_tests(tests, nullptr, nullptr);
 }

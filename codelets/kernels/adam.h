@@ -178,7 +178,7 @@ struct PcieRoof {
 int benchmark_pcie(std::size_t bytes, PcieRoof* roof);
 
 /// Loads every kernel of adam_cuda.cu (each Adam, conversion and store kernel, every dtype, scalar
-/// and vector) into the current device's context, now. Under CUDA's lazy loading (the default since
+/// and vector, and the compact-master Adam kernels of compact_master.h, every gradient dtype) into the current device's context, now. Under CUDA's lazy loading (the default since
 /// CUDA 12.2, CUDA_MODULE_LOADING=LAZY) a kernel is otherwise loaded at its first launch, and that
 /// load can wait for the work already running on the device: in an optimizer's first update phase
 /// the first Adam, queued behind gigabytes of state transfers, then waited for them (tens of

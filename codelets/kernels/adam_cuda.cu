@@ -9,6 +9,7 @@
 #include <type_traits>
 
 #include "adam.h"
+#include "compact_master.h"
 
 namespace dos {
 namespace {
@@ -98,6 +99,37 @@ __global__ void adam_kernel_vec4(float* __restrict__ p, float* __restrict__ m, f
   adam_scalar<G, P, WriteParam>(p, m, v, g, out, nq * 4, n, sp);
 }
 
+/// Adam on masters in compact form (compact_master.h): each warp takes 32 consecutive elements per
+/// trip (the grid's threads a multiple of 32, so the trips stay warp-aligned and every lane of a warp
+/// runs the same trips), rebuilds each master from P, lo and its r bit, runs adam_elem, writes the
+/// new P, lo and exp_avg/exp_avg_sq, and packs the new r bits with a warp vote: lanes 0, 8, 16 and 24
+/// each write one byte of r (the four bytes of the trip's 32 elements), only those of elements < n.
+template <DType G>
+__global__ void adam_compact_kernel(std::uint16_t* __restrict__ param, std::uint16_t* __restrict__ lo,
+                                    std::uint8_t* __restrict__ rbits, float* __restrict__ m, float* __restrict__ v,
+                                    const void* __restrict__ g, std::size_t n, AdamStepParams sp) {
+  const unsigned lane = threadIdx.x % 32;
+  const std::size_t stride = std::size_t(gridDim.x) * blockDim.x;
+  for (std::size_t base = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x - lane; base < n; base += stride) {
+    const std::size_t i = base + lane;
+    std::uint32_t r = 0;
+    if (i < n) {
+      const std::uint16_t p = param[i];
+      float pi = bits_f32(compact_join(p, lo[i], compact_bit(rbits, i))), mi = m[i], vi = v[i];
+      adam_elem(pi, mi, vi, load_as_f32(g, G, i), sp);
+      const std::uint16_t pn = f32_to_bf16(pi);
+      const std::uint32_t u = f32_bits(pi);
+      param[i] = pn;
+      lo[i] = std::uint16_t(u);
+      m[i] = mi;
+      v[i] = vi;
+      r = compact_round_up(u, pn);
+    }
+    const std::uint32_t vote = __ballot_sync(0xffffffffu, r);  // every lane of the warp is here
+    if (lane % 8 == 0 && i < n) rbits[i / 8] = std::uint8_t(vote >> lane);  // unused high bits of a tail: 0
+  }
+}
+
 template <DType S>
 __global__ void convert_kernel(const void* __restrict__ src, float* __restrict__ dst, std::size_t n) {
   const std::size_t stride = std::size_t(gridDim.x) * blockDim.x;
@@ -156,6 +188,8 @@ bool aligned4(const void* ptr, std::size_t bytes_per_element) {
 using AdamKernel = void (*)(float*, float*, float*, const void*, void*, std::size_t, AdamStepParams);
 using ConvertKernel = void (*)(const void*, float*, std::size_t);
 using StoreKernel = void (*)(const float*, void*, std::size_t);
+using AdamCompactKernel = void (*)(std::uint16_t*, std::uint16_t*, std::uint8_t*, float*, float*, const void*,
+                                   std::size_t, AdamStepParams);
 
 constexpr DType kDTypes[] = {DType::fp32, DType::fp16, DType::bf16};
 
@@ -185,6 +219,11 @@ AdamKernel adam_kernel_for(DType gt, DType pt, bool write, bool vec) {
     if (!write) return adam_variant<G, DType::fp32, false>(vec);
     return with_dtype(pt, [&](auto p) -> AdamKernel { return adam_variant<G, decltype(p)::value, true>(vec); });
   });
+}
+
+/// The compact-master Adam kernel for gradients of gt.
+AdamCompactKernel adam_compact_kernel_for(DType gt) {
+  return with_dtype(gt, [&](auto g) -> AdamCompactKernel { return adam_compact_kernel<decltype(g)::value>; });
 }
 
 /// The kernel converting a buffer of st to fp32, scalar or vector.
@@ -225,6 +264,8 @@ int preload_adam_kernels() {
       if (const cudaError_t e = load_kernel(convert_kernel_for(a, vec)); e != cudaSuccess) return int(e);
       if (const cudaError_t e = load_kernel(store_kernel_for(a, vec)); e != cudaSuccess) return int(e);
     }
+  for (DType a : kDTypes)
+    if (const cudaError_t e = load_kernel(adam_compact_kernel_for(a)); e != cudaSuccess) return int(e);
   return 0;
 }
 
@@ -238,6 +279,18 @@ int adam_step_cuda(float* master, float* exp_avg, float* exp_avg_sq, const void*
   if (!k) return int(cudaErrorInvalidValue);
   k<<<grid_for_kernel(n, vec), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(master, exp_avg, exp_avg_sq, grad,
                                                                                param_out, n, sp);
+  return int(cudaGetLastError());
+}
+
+int adam_step_compact_cuda(std::uint16_t* param, std::uint16_t* master_lo, std::uint8_t* round_up_bits,
+                           float* exp_avg, float* exp_avg_sq, const void* grad, DType grad_dtype, std::size_t n,
+                           const AdamStepParams& sp, void* stream) {
+  if (n == 0) return 0;
+  const AdamCompactKernel k = adam_compact_kernel_for(grad_dtype);
+  if (!k) return int(cudaErrorInvalidValue);
+  static_assert(kThreads % 32 == 0, "whole warps: the compact kernel's trips are warp-aligned");
+  k<<<grid_for(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(param, master_lo, round_up_bits, exp_avg,
+                                                                    exp_avg_sq, grad, n, sp);
   return int(cudaGetLastError());
 }
 

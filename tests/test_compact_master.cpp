@@ -244,8 +244,8 @@ void run_case(std::size_t n, DType gt, bool decoupled, int steps, std::size_t of
 }
 
 void test_compact_equals_full(void**) {
-  std::printf("  %d OpenMP threads, schedule %s, fp16 conversions %s\n", omp_get_max_threads(), dos::cpu_adam_schedule(),
-              dos::f16_conversion_isa());
+  std::printf("  %d OpenMP threads, schedule %s, fp16 conversions %s, r bits packed with %s\n", omp_get_max_threads(),
+              dos::cpu_adam_schedule(), dos::f16_conversion_isa(), dos::compact_master_isa());
   const std::size_t sizes[] = {0, 1, 7, 8, 9, 31, 33, 16383, 16384, 16385, 3 * 16384 + 5, 150001};
   for (std::size_t n : sizes)
     for (DType gt : {DType::bf16, DType::fp16, DType::fp32})
@@ -296,6 +296,11 @@ int main() {
   // as test_kernels: a run that forces an fp16 path the processor lacks is skipped, not passed on another
   if (const char* want = std::getenv("DOS_F16_ISA"); want && std::string(want) != dos::f16_conversion_isa()) {
     std::printf("DOS_F16_ISA=%s: the processor lacks this path (it has %s); skipped\n", want, dos::f16_conversion_isa());
+    return 77;
+  }
+  if (const char* want = std::getenv("DOS_COMPACT_ISA"); want && std::string(want) != dos::compact_master_isa()) {
+    std::printf("DOS_COMPACT_ISA=%s: the processor lacks this path (it has %s); skipped\n", want,
+                dos::compact_master_isa());
     return 77;
   }
   const struct CMUnitTest tests[] = {

@@ -1,7 +1,8 @@
 // CPU Adam/AdamW and conversion kernels (see adam.h for the formula and the contract).
 //
-// Vectorisation: the element loop is written once (adam_range) and compiled by GCC for AVX-512,
-// AVX2 and baseline x86-64 through target_clones; the loader picks the best at run time, so one
+// Vectorisation: the element loop is written once (adam_range, its step adam_update shared with the
+// compact master's kernel in adam_step_inline.h) and compiled by GCC for AVX-512, AVX2 and baseline
+// x86-64 through target_clones (DOS_CLONES); the loader picks the best at run time, so one
 // binary serves the CI machine and the GPU machine. Tails need no special code: the compiler's
 // vector loop has its own scalar epilogue. Built with -ffp-contract=off so that every variant,
 // and the CUDA kernel (built with --fmad=false), evaluate the same fp32 operations in the same
@@ -10,7 +11,7 @@
 #include <cstring>
 
 #include "adam.h"
-#include "compact_master.h"
+#include "adam_step_inline.h"
 #include "env_choice.h"
 
 #include <immintrin.h>
@@ -43,12 +44,6 @@ AdamStepParams make_adam_step_params(const AdamHyper& h, std::int64_t step) {
 namespace {
 
 constexpr std::size_t kChunk = kCpuWorkItem;  // elements per OpenMP work item (adam.h)
-
-#if defined(__x86_64__) && !defined(DOS_NO_TARGET_CLONES)
-#define DOS_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define DOS_CLONES
-#endif
 
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // GCC 12's own avx512fintrin.h (a false positive)
@@ -131,16 +126,9 @@ inline __attribute__((always_inline)) void adam_range(float* __restrict p, float
   const float l2 = sp.l2, decay = sp.decay;
   for (std::size_t i = 0; i < n; ++i) {
     float gi = load_as_f32(g, G, i);
-    float pi = p[i];
-    // Adam: coupled L2, left out where l2 is 0 (AdamW, or Adam without weight decay) as torch skips
-    // grad.add(param, alpha=0): 0 * an infinite master would make the gradient NaN. A template
-    // argument, not a select in the loop: GCC vectorised no bf16 variant with the select (3.5x slower)
-    if (L2) gi = gi + l2 * pi;
-    pi = pi * decay;        // AdamW: decoupled decay (decay = 1 for Adam)
-    float mi = lerp_torch(m[i], gi, omb1);   // exp_avg.lerp_(grad, 1 - beta1)
-    float vi = v[i] * b2 + (omb2 * gi) * gi;  // exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-    float denom = std::sqrt(vi) / bc2s + eps;  // (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)
-    pi = pi + (-step_size * mi) / denom;      // param.addcdiv_(exp_avg, denom, value=-step_size)
+    float mi, vi;
+    const float pi =
+        detail::adam_update<L2>(p[i], mi, vi, gi, m[i], v[i], omb1, b2, omb2, eps, step_size, bc2s, l2, decay);
     p[i] = pi;
     m[i] = mi;
     v[i] = vi;
@@ -328,94 +316,6 @@ void adam_step_any(bool into, const float* master_in, const float* exp_avg_in, c
   }
 }
 }  // namespace
-
-namespace {
-// The compact master's two passes around the Adam step (compact_master.h), over a block of n
-// elements that starts at a multiple of 8 (so that its r bits start at a byte): the join rebuilds
-// the fp32 masters from P, lo and r; the split writes lo and r from the new masters and the new P.
-// Written in groups of 8 (one byte of r each), which GCC vectorises in every clone.
-DOS_CLONES void compact_join_block(const std::uint16_t* __restrict p, const std::uint16_t* __restrict lo,
-                                   const std::uint8_t* __restrict r, float* __restrict m, std::size_t n) {
-  const std::size_t groups = n / 8;
-  for (std::size_t j = 0; j < groups; ++j) {
-    const std::uint32_t b = r[j];
-    for (std::size_t k = 0; k < 8; ++k)
-      m[8 * j + k] = bits_f32(compact_join(p[8 * j + k], lo[8 * j + k], (b >> k) & 1u));
-  }
-  for (std::size_t i = groups * 8; i < n; ++i) m[i] = bits_f32(compact_join(p[i], lo[i], compact_bit(r, i)));
-}
-DOS_CLONES void compact_split_block(const float* __restrict m, const std::uint16_t* __restrict p,
-                                    std::uint16_t* __restrict lo, std::uint8_t* __restrict r, std::size_t n) {
-  const std::size_t groups = n / 8;
-  for (std::size_t j = 0; j < groups; ++j) {
-    std::uint32_t b = 0;
-    for (std::size_t k = 0; k < 8; ++k) {
-      const std::uint32_t u = f32_bits(m[8 * j + k]);
-      lo[8 * j + k] = std::uint16_t(u);
-      b |= compact_round_up(u, p[8 * j + k]) << k;
-    }
-    r[j] = std::uint8_t(b);
-  }
-  if (groups * 8 < n) {  // the last, partial byte: its unused high bits written 0
-    std::uint32_t b = 0;
-    for (std::size_t i = groups * 8; i < n; ++i) {
-      const std::uint32_t u = f32_bits(m[i]);
-      lo[i] = std::uint16_t(u);
-      b |= compact_round_up(u, p[i]) << (i - groups * 8);
-    }
-    r[groups] = std::uint8_t(b);
-  }
-}
-
-/// Elements per pass of adam_step_compact_cpu inside a work item (a multiple of 8): the rebuilt
-/// masters (8 KiB) and an fp16 gradient's fp32 block stay in the L1 cache between the passes.
-constexpr std::size_t kCompactBlock = 2048;
-static_assert(kChunk % kCompactBlock == 0 && kCompactBlock % 8 == 0, "blocks start at a byte of r");
-}  // namespace
-
-void adam_step_compact_cpu(std::uint16_t* param, std::uint16_t* master_lo, std::uint8_t* round_up_bits,
-                           float* exp_avg, float* exp_avg_sq, const void* grad, DType grad_dtype, std::size_t n,
-                           const AdamStepParams& sp) {
-  // The step itself is adam_step_cpu's variant for this gradient type and a bf16 copy (fp16
-  // gradients converted to fp32 blocks first, as there), run on the rebuilt masters with P as its
-  // copy: the same fp32 operations in the same order, hence the same bits.
-  const bool f16_in = grad_dtype == DType::fp16;
-  const AdamFn fn = pick_adam(f16_in ? DType::fp32 : grad_dtype, DType::bf16, true);
-  const F16Converters& cv = f16_converters();
-  const std::size_t gsz = dtype_size(grad_dtype);
-  const std::size_t nchunks = (n + kChunk - 1) / kChunk;
-  const bool dynamic = cpu_adam_dynamic_schedule();
-#pragma omp parallel if (nchunks > 1)
-  {
-    alignas(64) float mbuf[kCompactBlock];
-    alignas(64) float gbuf[kCompactBlock];
-    // each work item owns its elements' bytes of r (kChunk is a multiple of 8)
-    auto chunk = [&](std::size_t c) {
-      const std::size_t end = std::min(n, (c + 1) * kChunk);
-      for (std::size_t off = c * kChunk; off < end; off += kCompactBlock) {
-        const std::size_t len = std::min(kCompactBlock, end - off);
-        const void* g = static_cast<const char*>(grad) + off * gsz;
-        if (f16_in) {
-          cv.to_f32(static_cast<const std::uint16_t*>(g), gbuf, len);
-          g = gbuf;
-        }
-        std::uint16_t* p = param + off;
-        std::uint16_t* lo = master_lo + off;
-        std::uint8_t* r = round_up_bits + off / 8;
-        compact_join_block(p, lo, r, mbuf, len);
-        fn(mbuf, exp_avg + off, exp_avg_sq + off, g, p, len, sp);
-        compact_split_block(mbuf, p, lo, r, len);
-      }
-    };
-    if (dynamic) {
-#pragma omp for schedule(dynamic, 1)
-      for (std::size_t c = 0; c < nchunks; ++c) chunk(c);
-    } else {
-#pragma omp for schedule(static)
-      for (std::size_t c = 0; c < nchunks; ++c) chunk(c);
-    }
-  }
-}
 
 void adam_step_cpu(float* master, float* exp_avg, float* exp_avg_sq, const void* grad, DType grad_dtype,
                    void* param_out, DType param_dtype, std::size_t n, const AdamStepParams& sp) {

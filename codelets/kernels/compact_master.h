@@ -57,11 +57,12 @@ DOS_HD std::uint32_t compact_join(std::uint16_t p, std::uint16_t lo, std::uint32
 /// Element i's rounding bit from the packed array `bits` (bit i % 8 of byte i / 8).
 DOS_HD std::uint32_t compact_bit(const std::uint8_t* bits, std::size_t i) { return (bits[i >> 3] >> (i & 7)) & 1u; }
 
-/// One Adam/AdamW step over n parameters held in compact form, on the CPU: adam_step_cpu's step (adam.h:
-/// PyTorch's formula in fp32, every operation rounded on its own) on the master rebuilt from
-/// (param, master_lo, round_up_bits), with a bf16 parameter copy written over param; the new master
-/// is then split back into master_lo and round_up_bits. The same bits as adam_step_cpu on the whole
-/// master (new P, new master, exp_avg, exp_avg_sq) for every master that is not a NaN.
+/// One Adam/AdamW step over n parameters held in compact form, on the CPU: adam_step_cpu's step
+/// (adam.h: PyTorch's formula in fp32, every operation rounded on its own; the same inline code,
+/// adam_step_inline.h) on the master rebuilt from (param, master_lo, round_up_bits); the new master
+/// is rounded into param and split back into master_lo and round_up_bits. The same bits as
+/// adam_step_cpu on the whole master with a bf16 copy (new P, new master, exp_avg, exp_avg_sq) for
+/// every master that is not a NaN.
 ///   param: n bf16 bit patterns, in: P = f32_to_bf16(master), out: the new P.
 ///   master_lo: n uint16_t, the masters' low halves, updated in place.
 ///   round_up_bits: compact_round_up_bytes(n) bytes of packed r bits (the header's layout), updated
@@ -70,16 +71,25 @@ DOS_HD std::uint32_t compact_bit(const std::uint8_t* bits, std::size_t i) { retu
 ///   exp_avg, exp_avg_sq: n fp32 each, updated in place.
 ///   grad: n elements of type grad_dtype (fp32, fp16 or bf16; another value is not checked, as in
 ///         adam_step_cpu), read only.
-/// The arrays must not overlap. n may be any value, including 0. Vectorised by the compiler for
-/// AVX-512, AVX2 and baseline x86-64 (chosen at run time), OpenMP-parallel over the calling thread's
-/// team in adam_step_cpu's work items of kCpuWorkItem elements (a multiple of 8: each byte of r
-/// belongs to one item), handed out as cpu_adam_schedule() says. Every array is read before it is
-/// written, each element by the same work item, with ordinary stores: a write costs no extra read of
-/// its line, so with a bf16 gradient the step moves 14.125 bytes per parameter in and 12.125 out
-/// (26.25; adam_step_cpu with a bf16 copy and non-temporal stores: 28).
+/// The arrays must not overlap; no alignment is needed. n may be any value, including 0. In blocks
+/// of 2048 elements (adam_compact_cpu.cpp): one loop, vectorised by GCC for AVX-512, AVX2 or
+/// baseline x86-64 (chosen at run time), reads and writes the arrays; the new r bits are packed
+/// from the new masters kept in cache (compact_master_isa). OpenMP-parallel over the calling
+/// thread's team in adam_step_cpu's work items of kCpuWorkItem elements (a multiple of 8: each byte
+/// of r belongs to one item), handed out as cpu_adam_schedule() says. Every array is read before it
+/// is written, with ordinary stores: a store reads no line the loop did not read, so with a bf16
+/// gradient the step moves 14.125 bytes per parameter in and 12.125 out (26.25; adam_step_cpu with
+/// a bf16 copy and non-temporal stores: 28).
 void adam_step_compact_cpu(std::uint16_t* param, std::uint16_t* master_lo, std::uint8_t* round_up_bits,
                            float* exp_avg, float* exp_avg_sq, const void* grad, DType grad_dtype, std::size_t n,
                            const AdamStepParams& sp);
+
+/// The instruction set that packs adam_step_compact_cpu's new r bits and low halves: "avx512f",
+/// "avx2" or "scalar" (chosen once from what the processor has; DOS_COMPACT_ISA=scalar|avx2|avx512f
+/// in the environment picks one of those the processor has, for tests; a value that is not one of
+/// them, or a path the processor lacks, is named in a warning on standard error and the best path
+/// it has is used: the bits are the same on every path).
+const char* compact_master_isa();
 
 #if defined(DOS_HAVE_CUDA)
 /// The CUDA twin of adam_step_compact_cpu: the same arguments as device pointers, launched

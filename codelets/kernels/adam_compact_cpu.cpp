@@ -157,19 +157,13 @@ struct CompactSplit {
 const CompactSplit& compact_split() {
   static const CompactSplit c = [] {
     __builtin_cpu_init();
-    const bool avx512 = __builtin_cpu_supports("avx512f"), avx2 = __builtin_cpu_supports("avx2");
-    const std::string instead =
-        std::string("the compact master's split uses ") + (avx512 ? "avx512f" : avx2 ? "avx2" : "scalar");
-    const char* const isas[] = {"scalar", "avx2", "avx512f"};
-    const int want = detail::env_choice("DOS_COMPACT_ISA", {isas[0], isas[1], isas[2]}, -1, instead.c_str());
-    CompactSplit got{compact_split_plain, "scalar"};
-    if (want == 0) return got;
-    if (avx512 && (want == -1 || want == 2)) got = CompactSplit{compact_split_avx512, "avx512f"};
-    else if (avx2) got = CompactSplit{compact_split_avx2, "avx2"};
-    if (want >= 0 && std::strcmp(isas[want], got.isa) != 0)
-      std::fprintf(stderr, "[dos] warning: DOS_COMPACT_ISA=%s: this processor lacks it; the compact master's split "
-                           "uses %s\n", isas[want], got.isa);
-    return got;
+    const bool has[3] = {true, bool(__builtin_cpu_supports("avx2")), bool(__builtin_cpu_supports("avx512f"))};
+    const char* const isas[3] = {"scalar", "avx2", "avx512f"};
+    switch (detail::isa_choice("DOS_COMPACT_ISA", isas, has, "the compact master's split uses")) {
+      case 2: return CompactSplit{compact_split_avx512, "avx512f"};
+      case 1: return CompactSplit{compact_split_avx2, "avx2"};
+      default: return CompactSplit{compact_split_plain, "scalar"};
+    }
   }();
   return c;
 }

@@ -95,23 +95,16 @@ struct F16Converters {
 const F16Converters& f16_converters() {
   static const F16Converters c = [] {
     __builtin_cpu_init();
-    const bool avx512 = __builtin_cpu_supports("avx512f");
-    const bool f16c = __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
-    // tests: each path the processor has; an unknown request: the best path, as unset
-    const std::string instead = std::string("the fp16 conversions use ") + (avx512 ? "avx512f" : f16c ? "f16c" : "scalar");
-    const char* const isas[] = {"scalar", "f16c", "avx512f"};
-    const int want = detail::env_choice("DOS_F16_ISA", {isas[0], isas[1], isas[2]}, -1, instead.c_str());
-    F16Converters got{f16_to_f32_scalar, f32_to_f16_scalar, "scalar"};
-    if (want == 0) return got;
-    if (avx512 && (want == -1 || want == 2))
-      got = F16Converters{f16_to_f32_avx512, f32_to_f16_avx512, "avx512f"};
-    else if (f16c)
-      got = F16Converters{f16_to_f32_f16c, f32_to_f16_f16c, "f16c"};
-    // every path gives the same bits: a request that cannot be met is said, not refused
-    if (want >= 0 && std::strcmp(isas[want], got.isa) != 0)
-      std::fprintf(stderr, "[dos] warning: DOS_F16_ISA=%s: this processor lacks it; the fp16 conversions use %s\n",
-                   isas[want], got.isa);
-    return got;
+    const bool has[3] = {true, __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c"),
+                         bool(__builtin_cpu_supports("avx512f"))};
+    // tests: each path the processor has; an unknown request: the best path, as unset; a path the
+    // processor lacks is said, not refused: every path gives the same bits
+    const char* const isas[3] = {"scalar", "f16c", "avx512f"};
+    switch (detail::isa_choice("DOS_F16_ISA", isas, has, "the fp16 conversions use")) {
+      case 2: return F16Converters{f16_to_f32_avx512, f32_to_f16_avx512, "avx512f"};
+      case 1: return F16Converters{f16_to_f32_f16c, f32_to_f16_f16c, "f16c"};
+      default: return F16Converters{f16_to_f32_scalar, f32_to_f16_scalar, "scalar"};
+    }
   }();
   return c;
 }

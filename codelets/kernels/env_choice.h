@@ -58,4 +58,23 @@ inline int env_choice(const char* name, std::initializer_list<const char*> value
   return fallback;
 }
 
+/// A kernel's instruction-set path out of three, names[0] (plain code), names[1] and names[2] (the
+/// best), has[k] saying whether the processor has path k (has[0] true): the best it has, or, with
+/// the environment variable `name` set to one of the names (tests), that path where the processor
+/// has it. Asked for a path it lacks, the best it has at or below the request (names[1] for
+/// names[2], then plain code), with a warning on standard error naming the request and `what`
+/// (e.g. "the fp16 conversions use") with the path taken:
+///   [dos] warning: NAME=VALUE: this processor lacks it; WHAT PATH
+/// A value that is none of the names gives the best path, with env_choice's warning. Returns the
+/// path's position in names; reads the environment at each call (a caller keeps the answer).
+inline int isa_choice(const char* name, const char* const names[3], const bool has[3], const char* what) {
+  const int best = has[2] ? 2 : has[1] ? 1 : 0;
+  const std::string instead = std::string(what) + " " + names[best];
+  const int want = env_choice(name, {names[0], names[1], names[2]}, -1, instead.c_str());
+  const int got = want == 0 ? 0 : has[2] && (want == -1 || want == 2) ? 2 : has[1] ? 1 : 0;
+  if (want >= 0 && want != got)
+    std::fprintf(stderr, "[dos] warning: %s=%s: this processor lacks it; %s %s\n", name, names[want], what, names[got]);
+  return got;
+}
+
 }  // namespace dos::detail

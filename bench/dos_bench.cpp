@@ -145,6 +145,12 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::IsMember({"4k", "huge", "cuda", "4k/cuda", "cuda/4k", "huge/cuda", "cuda/huge", "4k/huge",
                              "huge/4k"}));
+  std::vector<std::string> host_states = {"full"};
+  app.add_option("--state", host_states,
+                 "host: CPU Adam's state forms, one row each: full (fp32 master, bf16 copy written) or compact "
+                 "(bf16 P, master's low halves and rounding bits: compact_master.h)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"full", "compact"}));
   double dma_seconds = 0;
   app.add_option("--dma-seconds", dma_seconds,
                  "host: only the full-duplex DMA loop, this long, its rate per half second (run another program's "
@@ -174,6 +180,7 @@ int main(int argc, char** argv) {
         {"--empty-tasks", {"overhead"}},
         {"--threads", {"host"}},
         {"--pages", {"host"}},
+        {"--state", {"host"}},
         {"--dma-seconds", {"host"}},
         {"--dma-ring-mib", {"host"}},
         {"--dma-directions", {"host"}}};
@@ -197,6 +204,7 @@ int main(int argc, char** argv) {
     ho.threads = host_threads;
     if (ho.threads.empty()) ho.threads = {int(dos::allowed_cores().size()) - 1};
     ho.pages = host_pages;
+    ho.states = host_states;
     ho.json = json;
     if (!(dma_seconds >= 0 && dma_seconds <= 3600)) {
       std::fprintf(stderr, "dos-bench host: --dma-seconds must be in [0, 3600]\n");

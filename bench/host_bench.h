@@ -32,18 +32,27 @@ struct HostOptions {
   /// The DMA loop's directions, one measurement each: "both" (full duplex), "h2d" or "d2h" (that
   /// direction alone: the other's buffer stays idle). Rates are per direction that runs.
   std::vector<std::string> dma_directions = {"both"};
+  /// The CPU Adam's state forms, each measured after the other with the same team: "full"
+  /// (adam_step_cpu: fp32 master, exp_avg, exp_avg_sq, a bf16 copy written; 28 B/param with
+  /// non-temporal copy stores, else 30) and "compact" (adam_step_compact_cpu, compact_master.h:
+  /// bf16 P read and written, lo, packed r bits, exp_avg, exp_avg_sq; 26.25 B/param).
+  std::vector<std::string> states = {"full"};
   double dma_seconds = 0;  ///< > 0: only the DMA loop (its first dma_directions), this long, its rate printed per half second
   bool json = false;
 };
 
 /// For each page backing, DMA ring and set of DMA directions: the DMA alone (GB/s per direction
-/// that runs), then for each team size CPU Adam alone and beside the DMA loop (Gparams/s, median of
-/// reps; the DMA's GB/s per direction over the same interval), and the host traffic of both (28
-/// B/param + every DMA direction that runs, GB/s; JSON rows name their "dma_directions"). Prints a
-/// table or JSON. Returns 0, or 1 with a message on stderr when the build has no CUDA, there is no
-/// GPU, a team size exceeds the cores the process may use less one, or memory cannot be allocated
-/// or pinned, or a ring size is not one dma_rings allows, or a dma_directions value is not both,
-/// h2d or d2h (or there is none). With dma_seconds > 0, only the DMA loop runs (on the first page kind's memory), for
+/// that runs), then for each team size and each state form CPU Adam alone and beside the DMA loop
+/// (Gparams/s, median of reps; the DMA's GB/s per direction over the same interval), and the host
+/// traffic of both (the form's bytes per parameter + every DMA direction that runs, GB/s). JSON rows
+/// name their "state", "bytes_per_param" and "dma_directions"; the top level's "bytes_per_param" is
+/// the full form's. Prints a table or JSON. Returns 0, or 1 with a message on stderr when the build
+/// has no CUDA, a team size exceeds the cores the process may use less one, or memory cannot be
+/// allocated or pinned, or a ring size is not one dma_rings allows, or a dma_directions value is not
+/// both, h2d or d2h (or there is none), or a states value is not full or compact (or there is none).
+/// Without a usable GPU it measures CPU Adam alone only (unpinned memory, the team from the first
+/// core, rows without the DMA's keys; "gpu": false in JSON), says so on stderr and returns 1; --pages
+/// with cuda memory and dma_seconds are then refused. With dma_seconds > 0, only the DMA loop runs (on the first page kind's memory), for
 /// that long, its rate each way printed per half second: what another program's CPU work (run
 /// beside it) leaves to the DMA.
 int run_host(const HostOptions& o);

@@ -9,7 +9,8 @@ two rates (U_g, D_c) from the run, and asks ``dos-train --plan-only`` for the lo
 same workload at those rates.
 
 From one ``dos-bench host`` row (one OpenMP team of T threads, T the run's CPU threads, DMA over
-1 GiB buffers):
+1 GiB buffers, the full form of the state: fp32 masters, as the runtime keeps them; rows of
+``--state compact`` are not taken):
   U_c      = CPU Adam alone, params/s
   U_c_dma  = CPU Adam beside the DMA, params/s (at most U_c)
   B_h2d = B_d2h = the DMA alone, bytes/s each way (both directions at once)
@@ -44,10 +45,11 @@ def probe_rates(bench, threads, run_rates, run_calibrated):
     (bytes/s) and link_share, as a rates file holds them; notes: a list of strings.
 
     bench: ``dos-bench host --json``'s object (its "runs", and "bytes_per_param", CPU Adam's host
-    bytes per parameter, 28 when absent); threads: the team size whose row is taken (the run's CPU
-    threads); run_rates, run_calibrated: the run's report's "rates" and "calibrated_rates" (same
-    keys). Raises ValueError when the probe's object is not of that shape, has no row for that team
-    over 1 GiB buffers (dma_ring_bytes 0), or a figure in it or a U_g or D_c is not a positive
+    bytes per parameter, 28 when absent; a row's own "bytes_per_param" comes first); threads: the
+    team size whose row is taken (the run's CPU threads); run_rates, run_calibrated: the run's
+    report's "rates" and "calibrated_rates" (same keys). Raises ValueError when the probe's object
+    is not of that shape, has no row for that team over 1 GiB buffers (dma_ring_bytes 0) in the full
+    form (a row's "state" "full", or none), or a figure in it or a U_g or D_c is not a positive
     finite number."""
     def positive(x):
         return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
@@ -56,10 +58,10 @@ def probe_rates(bench, threads, run_rates, run_calibrated):
     if not isinstance(runs, list) or not all(isinstance(r, dict) for r in runs):
         raise ValueError("dos-bench host's JSON has no list of rows ('runs')")
     rows = [r for r in runs if r.get("threads") == threads and not r.get("dma_ring_bytes")
-            and r.get("dma_directions", "both") == "both"]
+            and r.get("dma_directions", "both") == "both" and r.get("state", "full") == "full"]
     if not rows:
         raise ValueError(f"dos-bench host has no row for a team of {threads} threads over 1 GiB DMA buffers, both "
-                         f"directions at once")
+                         f"directions at once, full state")
     r = rows[0]
     keys = ("adam_alone_params_per_s", "adam_beside_dma_params_per_s", "dma_alone_bytes_per_s_each_way",
             "dma_beside_adam_bytes_per_s_each_way")
@@ -80,7 +82,7 @@ def probe_rates(bench, threads, run_rates, run_calibrated):
     if share != measured:
         notes.append(f"the probe's link_share {measured:.3g} is outside what the model tells apart, "
                      f"[{LOWEST_LINK_SHARE:.3g}, {u_alone / u_dma:.3g}]: {share:.3g} taken")
-    bpp = bench.get("bytes_per_param", 28)
+    bpp = r.get("bytes_per_param", bench.get("bytes_per_param", 28))
     bpp = float(bpp) if positive(bpp) else 28.0
     together = u_dma * bpp + 2 * b_beside
     floor = max(u_alone * bpp, 2 * b_alone)

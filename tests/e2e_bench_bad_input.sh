@@ -21,6 +21,8 @@ expect "is an option of kernels, stream, host only" overhead --n 5
 expect "is an option of stream only" overhead --variants 1:eager
 expect "is an option of host only" kernels --pages cuda
 expect "is an option of overhead only" host --empty-tasks 3
+expect "is an option of host only" kernels --state compact
+expect "bogus not in {full,compact}" host --state bogus
 expect "whole number" kernels --n 1.5
 expect "whole numbers" plan --subgroups 2.5
 expect "takes one count" overhead --subgroups 3 4

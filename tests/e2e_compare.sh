@@ -167,6 +167,19 @@ r, notes = h.probe_rates(bench(40e9), 15, run, cal)
 want = {"U_c": 4e9, "U_c_dma": 2.5e9, "U_g": 130e9, "D_c": 450e9, "B_h2d": 50e9, "B_d2h": 50e9, "link_share": 1.28}
 assert set(r) == set(want) and all(abs(r[k] - want[k]) <= 1e-12 * want[k] for k in want), r
 assert notes == [], notes  # 2.5e9 x 28 + 2 x 40e9 = 150 GB/s together, above 112 (Adam alone) and 100 (DMA alone)
+# dos-bench host --state full compact: the compact form's row (its own rates and bytes) is not
+# taken, whether it comes first or the full row says its state
+both = bench(40e9)
+both["runs"].insert(0, dict(both["runs"][2], state="compact", bytes_per_param=26.25, adam_alone_params_per_s=5e9))
+both["runs"][3]["state"] = "full"
+assert h.probe_rates(both, 15, run, cal) == (r, notes)
+only_compact = bench(40e9)
+only_compact["runs"][2]["state"] = "compact"
+try:
+    h.probe_rates(only_compact, 15, run, cal)
+    raise SystemExit("FAIL: probe_rates took a compact-form row")
+except ValueError as e:
+    assert "full state" in str(e), e
 r, notes = h.probe_rates(bench(55e9), 15, run, cal)  # (1.1 / 0.625) capped at 1.6, and said
 assert abs(r["link_share"] - 1.6) < 1e-12 and len(notes) == 1 and "outside what the model tells apart" in notes[0], notes
 r, notes = h.probe_rates(bench(1e9), 15, run, cal)  # 0.032 raised to 1/16; 72 GB/s together, below 112 alone

@@ -422,8 +422,10 @@ def tail_runs(device, policy, before_each=None, **opt_kw):
 # A process of its own (its own rates cache, DOS_CACHE_DIR): the tail binding under policy dos with
 # rates that make its plan mixed. The cache is first filled by a calibration (one step of the test's
 # model), then, before each optimizer, every rates file in it is rewritten with rates at which a
-# subgroup of 100 parameters takes about as long on the CPU (0.1 ms at 1e6 params/s) as its state's
-# crossing (1200 bytes each way at 1.4e7 bytes/s, 0.086 ms), so that the plan puts about half of
+# subgroup of 100 parameters takes about as long on the CPU (0.1 ms at 1e6 params/s: one thread of the
+# worker's team of T, at U_c = T x 1e6, since a subgroup of one work item runs on one thread,
+# Execution::cpu_team_threads) as its state's crossing (1200 bytes each way at 1.4e7 bytes/s, 0.086
+# ms), so that the plan puts about half of
 # the 66-subgroup bucket on each side (the phases' refinement then moves the rates by at most 2x per
 # phase, and a plan 4x further to one side still has more than 3 on each); the binder then has a
 # full tail to bind, and the same-bits check compares phases in which it bound (and may have moved)
@@ -436,14 +438,14 @@ cache = tempfile.mkdtemp(prefix="dos-tail-rates-")
 os.environ["DOS_CACHE_DIR"] = cache
 import test_pytorch_options as t
 from test_pytorch import failures
-t.dos.get_runtime("dos")
+team = t.dos.get_runtime("dos").cpu_threads
 m = t.make_model("cuda", t.torch.bfloat16)
 o = t.make_opt(m, "dos", subgroup_size=100)
 t.train_steps(m, o, [1], "cuda")
 o.close()
 files = sorted(glob.glob(os.path.join(cache, "rates-*.json")))
 t.check(len(files) > 0, f"the calibration wrote its rates files to the child's cache ({files})")
-rates = {"U_c": 1e6, "U_c_dma": 1e6, "U_g": 1e12, "D_c": 1e12, "B_h2d": 1.4e7, "B_d2h": 1.4e7, "link_share": 1.0}
+rates = {"U_c": 1e6 * team, "U_c_dma": 1e6 * team, "U_g": 1e12, "D_c": 1e12, "B_h2d": 1.4e7, "B_d2h": 1.4e7, "link_share": 1.0}
 def balanced():
     for f in files:
         with open(f, "w") as out:

@@ -417,7 +417,7 @@ Simulation PhaseSimulator::run(const std::vector<PlanSide>& plan) {
       case Stage::grad_down: s.input_ready = true; break;
       case Stage::adam_cpu:
         --active_cpus;
-        cpu_pieces.push_back({cpu_start[i], now, double(s.n)});
+        cpu_pieces.push_back({cpu_start[i], now, double(s.n) / team_share_[i]});  // at the team's rate
         if (own_upload) {  // the new parameters go up on the runtime's own stream; then it is done
           up_lane.push({i, Stage::param_up});
         } else if (w.caller_on_gpu) {  // the new parameters go up; the write-back is queued and waits for them

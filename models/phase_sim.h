@@ -143,7 +143,10 @@ struct Simulation {
   double cpu_beside_dma = 0;  // of cpu: the seconds CPU Adam ran while a PCIe direction transferred
   double stream_end = 0;
   /// The CPU Adam pieces that began at or after stream_end (none when nothing streamed): their
-  /// seconds (summed) and parameters. What they ran beside (the CPU subgroups' own gradient and
+  /// seconds (summed) and parameters, each subgroup's n counted as n / cpu_team_share(e, n) (the
+  /// parameters the worker's whole team would update in that time: n for every subgroup at or above
+  /// the team's limit), so that seconds / parameters is the worker's time per parameter at the team's
+  /// rate, as U_c counts it. What they ran beside (the CPU subgroups' own gradient and
   /// parameter copies, with the caller on the host the resident subgroups' ones, and the uploads of
   /// resident states not yet on the GPU that were still going; no streamed state) is what the
   /// runtime's CPU Adam tasks that began after the last streamed write-back ran beside: the

@@ -22,7 +22,9 @@ inline constexpr double kRefinementStep = 2;
 /// streamed: subgroups the plan streamed through the GPU; cpu_adam_seconds: the CPU Adam tasks'
 /// busy seconds, summed over the CPU workers; alone_params, alone_seconds: the CPU Adam tasks that
 /// began at or after the last streamed state write-back (their parameters and busy seconds; 0 when
-/// none did); stream_end_seconds: when the last streamed subgroup's state was back in host memory
+/// none did; a subgroup of n counted as n / cpu_team_share(n), phase_sim.h, as the simulation's
+/// Simulation::cpu_after_stream_params counts it, so that alone_params / alone_seconds is a rate of
+/// the whole team, U_c's kind); stream_end_seconds: when the last streamed subgroup's state was back in host memory
 /// (0: unknown or nothing streamed); eager_writeback: each streamed subgroup's state went home as
 /// soon as its update ended (the links then run back to back until stream_end_seconds).
 struct PhaseMeasure {

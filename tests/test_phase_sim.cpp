@@ -411,6 +411,19 @@ void test_cpu_team_share(void**) {
   assert_true(a.total == b.total && a.cpu == b.cpu && a.h2d == b.h2d && a.d2h == b.d2h && a.gpu == b.gpu);
   assert_true(a.cpu_beside_dma == b.cpu_beside_dma && a.stream_end == b.stream_end);
 
+  // the pieces after the stream's end count a small subgroup's parameters at the team's rate: the
+  // caller in host memory, a subgroup of 1e6 on the CPU (1 ms at 1e9/s, the team's rate), then one of
+  // 10007 (on one thread: 15 x 10007 / 1e9 s), and a streamed one of 1000 whose state is home within
+  // microseconds: the second CPU piece begins after the stream's end and counts 15 x 10007
+  const dos::Workload late = workload({1000000, 10007, 1000}, false);
+  const dos::Rates rl{1e9, 1e9, 1e12, 1e12, 1e10, 1e10};
+  const dos::Simulation sl =
+      dos::simulate_phase(late, {PlanSide::cpu, PlanSide::cpu, PlanSide::gpu_streamed}, rl, e);
+  assert_true(sl.stream_end > 0 && sl.stream_end < 1e-3);
+  assert_float_equal(sl.cpu_after_stream, 15 * 10007.0 / 1e9, 1e-15);
+  assert_float_equal(sl.cpu_after_stream_params, 15 * 10007.0, 1e-6);
+  assert_float_equal(sl.total, 1e-3 + 15 * 10007.0 / 1e9, 1e-12);
+
   // the tiny preset's shape on a GPU machine's rates (55 subgroups of 10007, the caller on the GPU):
   // at the team's rate the search keeps subgroups on the CPU; with one thread per subgroup's item the
   // CPU side takes 55 x 10007 / (5.04e9 / 15) s, and every subgroup is streamed

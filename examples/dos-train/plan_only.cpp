@@ -177,6 +177,7 @@ int run_plan_only(const Args& a, const Checked& c, const std::string& model, con
   int cores = a.cpu_threads;
   if (const char* omp = std::getenv("OMP_NUM_THREADS"); cores <= 0 && omp && std::atoi(omp) > 0) cores = std::atoi(omp);
   if (cores <= 0) cores = int(dos::allowed_cores().size()) - 1 - (c.overlap ? 1 : 0);
+  po.execution.cpu_workers = std::size_t(std::max(1, a.cpu_workers));
   po.execution.cpu_team_threads = std::size_t(std::max(1, cores / std::max(1, a.cpu_workers)));
   po.execution.cpu_work_item = dos::kCpuWorkItem;
   po.execution.own_param_upload = po.workload.caller_on_gpu && dos::runtime_uploads_params();

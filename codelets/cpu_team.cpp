@@ -5,6 +5,7 @@
 #include <pthread.h>
 #include <sched.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <cstring>
@@ -61,6 +62,16 @@ bool release_caller_openmp_threads() noexcept {
 }
 
 bool openmp_binds() { return omp_get_proc_bind() != omp_proc_bind_false; }
+
+int team_threads_per_worker(int given, int omp_threads, bool unbound, std::size_t process_cores, int ncuda,
+                            int caller_cores, int workers) {
+  const int w = workers > 0 ? workers : 1;
+  int cores = given;
+  if (cores <= 0 && omp_threads > 0) cores = omp_threads;
+  if (cores <= 0 && unbound) cores = w;
+  if (cores <= 0) cores = std::max(1, int(process_cores) - ncuda - std::max(0, caller_cores));
+  return std::max(1, cores / w);
+}
 
 std::vector<int> allowed_cores() {
   std::vector<int> out;

@@ -98,6 +98,14 @@ bool openmp_binds();
 /// thread's mask, that place, is what a team can use.
 std::vector<int> allowed_cores();
 
+/// OpenMP threads of each CPU worker's team, the rule RuntimeOptions::cpu_threads documents (runtime/
+/// dos.h): the cores are `given` when > 0, else `omp_threads` ($OMP_NUM_THREADS's value) when > 0,
+/// else one per worker when `unbound` (processes oversubscribing the cores), else the process's
+/// `process_cores` less one per CUDA worker (`ncuda`) and less `caller_cores`; shared evenly by the
+/// `workers` CPU workers (0 counts as 1); at least 1. Pure: reads nothing, throws nothing.
+int team_threads_per_worker(int given, int omp_threads, bool unbound, std::size_t process_cores, int ncuda,
+                            int caller_cores, int workers);
+
 /// "a-b,c" form of a core list, for messages.
 std::string core_list_string(const std::vector<int>& cores);
 

@@ -384,20 +384,16 @@ Runtime::Runtime(const RuntimeOptions& options) : impl_(new Impl) {
   // OpenMP threads per CPU worker: the cores (given, $OMP_NUM_THREADS, one per worker for processes
   // that oversubscribe the cores, or all but one per CUDA worker and the caller's) shared among the
   // CPU workers.
-  int cores = options.cpu_threads;
   const char* env_omp = std::getenv("OMP_NUM_THREADS");
-  if (cores <= 0 && env_omp && std::atoi(env_omp) > 0) {
-    cores = std::atoi(env_omp);
-    if (!process_cores.empty() && std::size_t(cores) > process_cores.size() && options.verbose)
-      std::fprintf(stderr, "[dos] warning: OMP_NUM_THREADS=%s is more than the %zu cores this process may use: CPU "
-                           "Adam's threads will share cores (slower); give at most %zu, or unset it\n",
-                   env_omp, process_cores.size(), process_cores.size());
-  }
+  const int omp = env_omp ? std::max(0, std::atoi(env_omp)) : 0;
+  if (options.cpu_threads <= 0 && omp > 0 && !process_cores.empty() && std::size_t(omp) > process_cores.size() &&
+      options.verbose)
+    std::fprintf(stderr, "[dos] warning: OMP_NUM_THREADS=%s is more than the %zu cores this process may use: CPU "
+                         "Adam's threads will share cores (slower); give at most %zu, or unset it\n",
+                 env_omp, process_cores.size(), process_cores.size());
   const int ncpuw = int(starpu_cpu_worker_get_count());
-  if (cores <= 0 && !options.unbound_reason.empty()) cores = std::max(1, ncpuw);
-  if (cores <= 0) cores = std::max(1, int(process_cores.size()) - int(ncuda) - std::max(0, options.caller_cores));
-  int threads = cores / (ncpuw > 0 ? ncpuw : 1);
-  if (threads < 1) threads = 1;
+  const int threads = team_threads_per_worker(options.cpu_threads, omp, !options.unbound_reason.empty(),
+                                              process_cores.size(), int(ncuda), options.caller_cores, ncpuw);
   cpu_threads_ = threads;
   WorkerSetup ws;
   ws.threads = threads;

@@ -329,6 +329,20 @@ void test_core_list_string(void**) {
 
 }  // namespace
 
+// The team's size per worker, the rule RuntimeOptions::cpu_threads documents, worked by hand on a
+// GPU machine's 16 cores with one CUDA worker.
+void test_team_threads_per_worker(void**) {
+  assert_int_equal(dos::team_threads_per_worker(0, 0, false, 16, 1, 0, 1), 15);   // every core but the GPU's
+  assert_int_equal(dos::team_threads_per_worker(0, 0, false, 16, 1, 1, 1), 14);   // and one for the caller
+  assert_int_equal(dos::team_threads_per_worker(0, 0, false, 16, 1, 0, 4), 3);    // 15 cores over 4 workers
+  assert_int_equal(dos::team_threads_per_worker(6, 0, false, 16, 1, 0, 1), 6);    // given
+  assert_int_equal(dos::team_threads_per_worker(6, 9, false, 16, 1, 0, 2), 3);    // given wins over $OMP_NUM_THREADS
+  assert_int_equal(dos::team_threads_per_worker(0, 9, false, 16, 1, 0, 1), 9);    // $OMP_NUM_THREADS
+  assert_int_equal(dos::team_threads_per_worker(0, 0, true, 16, 1, 0, 4), 1);     // oversubscribing: one per worker
+  assert_int_equal(dos::team_threads_per_worker(0, 0, false, 1, 1, 1, 0), 1);     // at least one
+  assert_int_equal(dos::team_threads_per_worker(3, 0, false, 16, 1, 0, 8), 1);    // fewer cores than workers
+}
+
 int main() {
   if (omp_get_thread_limit() < 6 || omp_get_max_active_levels() < 1) {
     std::printf("skip: the OpenMP settings (OMP_THREAD_LIMIT %d, OMP_MAX_ACTIVE_LEVELS %d) allow no teams of 4\n",
@@ -344,6 +358,7 @@ int main() {
       cmocka_unit_test(test_step_binds_only_forking_kernels),
       cmocka_unit_test(test_core_list_string),
       cmocka_unit_test(test_allowed_cores),
+      cmocka_unit_test(test_team_threads_per_worker),
   };
   return cmocka_run_group_tests(tests, nullptr, nullptr);
 }

@@ -171,14 +171,13 @@ int run_plan_only(const Args& a, const Checked& c, const std::string& model, con
   po.execution.order = a.submit_order == "plan" ? dos::SubmitOrder::plan : dos::SubmitOrder::cpu_first;
   po.execution.lookahead = unsigned(a.stream_lookahead);
   po.execution.update_budget = c.update_budget;
-  // the CPU team's threads per worker as the runtime would take them on this machine (RuntimeOptions::
-  // cpu_threads): --cpu-threads, else $OMP_NUM_THREADS, else this process's cores less one for the
-  // CUDA worker and, with the update overlapped, one for the caller; shared by --cpu-workers
-  int cores = a.cpu_threads;
-  if (const char* omp = std::getenv("OMP_NUM_THREADS"); cores <= 0 && omp && std::atoi(omp) > 0) cores = std::atoi(omp);
-  if (cores <= 0) cores = int(dos::allowed_cores().size()) - 1 - (c.overlap ? 1 : 0);
+  // the CPU team's threads per worker as the runtime would take them on this machine, with one CUDA
+  // worker and, with the update overlapped, one core for the caller (dos-train's own choices)
+  const char* omp = std::getenv("OMP_NUM_THREADS");
   po.execution.cpu_workers = std::size_t(std::max(1, a.cpu_workers));
-  po.execution.cpu_team_threads = std::size_t(std::max(1, cores / std::max(1, a.cpu_workers)));
+  po.execution.cpu_team_threads = std::size_t(dos::team_threads_per_worker(
+      a.cpu_threads, omp ? std::max(0, std::atoi(omp)) : 0, false, dos::allowed_cores().size(), 1, c.overlap ? 1 : 0,
+      a.cpu_workers));
   po.execution.cpu_work_item = dos::kCpuWorkItem;
   po.execution.own_param_upload = po.workload.caller_on_gpu && dos::runtime_uploads_params();
   // the runtime's own gradient download needs no conversion: the gradients keep the parameters' dtype

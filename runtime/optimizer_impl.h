@@ -495,15 +495,21 @@ struct Optimizer::Impl {
   void write_back(detail::OpenStep& ph, detail::Subgroup* sg,
                   enum starpu_data_access_mode mode, bool part_of_subgroup);
 
+  /// An Execution with only the CPU team set (its threads per worker, the CPU kernel's work item):
+  /// what cpu_team_share reads.
+  Execution cpu_team() const {
+    Execution e;
+    e.cpu_team_threads = std::size_t(std::max(1, rt.cpu_threads()));
+    e.cpu_work_item = kCpuWorkItem;
+    return e;
+  }
   /// How step() carries a plan out (the phase simulation's view of it, models/phase_sim.h).
   Execution execution() const {
-    Execution e;
+    Execution e = cpu_team();
     e.order = opt.submit_order;
     e.lookahead = cuda_nodes.empty() ? 0 : opt.stream_lookahead;
     e.update_budget = cuda_nodes.empty() ? 0 : opt.gpu_update_budget;
     e.cpu_workers = rt.cpu_workers();
-    e.cpu_team_threads = std::size_t(std::max(1, rt.cpu_threads()));
-    e.cpu_work_item = kCpuWorkItem;
     e.own_param_upload = own_param_upload();
     e.own_grad_download = own_grad_download();
     e.grad_download_by_copy_engine = runtime_copies_by_copy_engine(false);

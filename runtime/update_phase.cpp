@@ -594,9 +594,7 @@ StepStats Optimizer::Impl::finish_wait() {
     st.cpu_adam_seconds = busy.cpu_adam;
     // the CPU Adam tasks that began once the streamed state was back in host memory
     const double stream_end_us = ph.pending.last_subgroup_part_us;
-    Execution team;  // a subgroup's parameters at the team's rate (PhaseMeasure::alone_params)
-    team.cpu_team_threads = std::size_t(std::max(1, rt.cpu_threads()));
-    team.cpu_work_item = kCpuWorkItem;
+    const Execution team = cpu_team();  // a subgroup's parameters at the team's rate (PhaseMeasure::alone_params)
     if (st.planned_streamed > 0 && stream_end_us > 0)
       for (const AdamSpan& s : busy.cpu_adam_spans)
         if (s.start_us >= stream_end_us) {

@@ -26,6 +26,15 @@ void adam_cpu(void* buffers[], void* cl_arg) {
                 reinterpret_cast<void*>(STARPU_VECTOR_GET_PTR(buffers[2])), a->param_dtype, n, a->sp);
 }
 
+void adam_compact_cpu(void* buffers[], void* cl_arg) {
+  const auto* a = static_cast<const AdamArgs*>(cl_arg);
+  const std::size_t n = STARPU_VECTOR_GET_NX(buffers[1]);
+  bind_worker_team_for(n);
+  const CompactSlices s = compact_slices(reinterpret_cast<float*>(STARPU_VECTOR_GET_PTR(buffers[0])), a->state_stride);
+  adam_step_compact_cpu(reinterpret_cast<std::uint16_t*>(STARPU_VECTOR_GET_PTR(buffers[2])), s.lo, s.r, s.m, s.v,
+                        reinterpret_cast<const void*>(STARPU_VECTOR_GET_PTR(buffers[1])), a->grad_dtype, n, a->sp);
+}
+
 void adam_into_cpu(void* buffers[], void* cl_arg) {
   const auto* a = static_cast<const AdamArgs*>(cl_arg);
   bind_worker_team_for(STARPU_VECTOR_GET_NX(buffers[1]));
@@ -39,6 +48,16 @@ void adam_into_cpu(void* buffers[], void* cl_arg) {
 void adam_direct_cpu(void* buffers[], void* cl_arg) {
   const auto* a = static_cast<const AdamDirectArgs*>(cl_arg);
   bind_worker_team_for(largest_segment(a->segs, a->nseg));
+  if (a->adam->compact) {
+    const CompactSlices c =
+        compact_slices(reinterpret_cast<float*>(STARPU_VECTOR_GET_PTR(buffers[0])), a->adam->state_stride);
+    for (std::size_t s = 0; s < a->nseg; ++s) {
+      const Segment& sg = a->segs[s];
+      adam_step_compact_cpu_at(static_cast<std::uint16_t*>(sg.param), c.lo + sg.offset, c.r, sg.offset,
+                               c.m + sg.offset, c.v + sg.offset, sg.grad, a->dtype, sg.count, a->adam->sp);
+    }
+    return;
+  }
   const StateSlices st = slices(buffers[0], a->adam->state_stride);
   for (std::size_t s = 0; s < a->nseg; ++s) {
     const Segment& sg = a->segs[s];
@@ -84,6 +103,7 @@ void cast_cpu(void* buffers[], void* cl_arg) {
 // become valid, so they never do on equal sizes).
 struct starpu_perfmodel adam_model = {};
 struct starpu_perfmodel adam_direct_model = {};
+struct starpu_perfmodel adam_compact_model = {};
 struct starpu_perfmodel adam_into_model = {};
 struct starpu_perfmodel gather_model = {};
 struct starpu_perfmodel scatter_model = {};
@@ -129,6 +149,7 @@ struct starpu_codelet make_codelet(const char* name, starpu_cpu_func_t cpu, star
 }
 
 const starpu_data_access_mode kAdamModes[] = {STARPU_RW, STARPU_R, STARPU_W};
+const starpu_data_access_mode kAdamCompactModes[] = {STARPU_RW, STARPU_R, STARPU_RW};
 const starpu_data_access_mode kAdamIntoModes[] = {STARPU_R, STARPU_R, STARPU_W, STARPU_W};
 const starpu_data_access_mode kAdamDirectModes[] = {STARPU_RW};
 const starpu_data_access_mode kGatherModes[] = {STARPU_W};
@@ -139,6 +160,9 @@ const starpu_data_access_mode kCastModes[] = {STARPU_R, STARPU_W};
 
 struct starpu_codelet adam_cl = make_codelet("dos_adam", clocked_cpu<adam_cpu>, clocked_cuda_or_null<cuda_funcs::adam>(),
                                              3, kAdamModes, &adam_model, "dos_adam");
+struct starpu_codelet adam_compact_cl =
+    make_codelet("dos_adam_compact", clocked_cpu<adam_compact_cpu>, clocked_cuda_or_null<cuda_funcs::adam_compact>(), 3,
+                 kAdamCompactModes, &adam_compact_model, "dos_adam_compact");
 struct starpu_codelet adam_direct_cl =
     make_codelet("dos_adam_direct", clocked_cpu<adam_direct_cpu>, clocked_cuda_or_null<cuda_funcs::adam_direct>(), 1,
                  kAdamDirectModes, &adam_direct_model, "dos_adam_direct");

@@ -23,10 +23,19 @@
 //               where the caller's buffers live: no fp32 gradient or 16-bit parameter staging, no
 //               conversion or copy tasks)
 //                                                                      cl_arg: const AdamDirectArgs*
+//   adam_compact_cl  state (compact, RW), grad (grad_dtype, R, n elements), param16 (bf16, RW): adam_cl
+//               on a compact state (below), param16 holding P on entry (the caller's parameters,
+//               staged) and the new P on return        cl_arg: const AdamArgs* (compact true)
 //   adam_into_cl  state (fp32, R), grad (grad_dtype, R), param16 (param_dtype, W), state' (fp32, W):
 //               adam_cl out of place, the new state written to the last buffer and the first left as
 //               it was (a speculative update: kept by swapping the two, or redone from the first).
 //                                                                      cl_arg: const AdamArgs*
+// A compact state (AdamArgs::compact; the compact master of kernels/compact_master.h): the buffer
+// holds no master; its first compact_head_floats(stride) elements hold the masters' low halves lo
+// (n uint16_t) and then their packed r bits (32-bit words from element stride / 2), exp_avg follows
+// at [head, head + n) and exp_avg_sq at [head + stride, ...) (compact_slices). The master of each
+// element is rebuilt from the caller's bf16 parameter P, lo and r (compact_join). adam_direct_cl
+// reads and writes P in the caller's buffers, adam_compact_cl in its staging.
 // gather_cl, scatter_cl and adam_direct_cl touch caller memory by raw pointer, so the runtime restricts them
 // (task->where) to the side where that memory lives: STARPU_CUDA for GPU pointers, STARPU_CPU
 // for host pointers. All CUDA implementations run on StarPU's local stream (STARPU_CUDA_ASYNC).
@@ -35,8 +44,10 @@
 #include <starpu.h>
 
 #include <cstddef>
+#include <cstdint>
 
 #include "kernels/adam.h"
+#include "kernels/compact_master.h"
 
 namespace dos {
 
@@ -55,11 +66,14 @@ struct Segment {
 /// staged gradient (fp32, or the parameters' dtype when gradients are staged unconverted), and the
 /// state's stride: elements from the master parameters to exp_avg and from exp_avg to exp_avg_sq in
 /// the state buffer (state_stride_for, kernels/adam.h).
+/// compact: the state buffer is a compact state (the comment above; bf16 parameters only), read by
+/// adam_direct_cl and adam_compact_cl; adam_cl, adam_into_cl and cast_cl take full states only.
 struct AdamArgs {
   AdamStepParams sp;
   DType param_dtype;
   DType grad_dtype = DType::fp32;
   std::size_t state_stride = 0;
+  bool compact = false;
 };
 
 /// Arguments of gather_cl: which caller buffers to read (from_params: the parameters, used once to
@@ -102,7 +116,23 @@ inline StateSlices slices(void* state_buffer, std::size_t stride) {
   return {s, s + stride, s + 2 * stride};
 }
 
+/// The slices of a compact state buffer (the comment above): lo (stride uint16_t), r (the packed bits,
+/// 4-byte aligned), exp_avg and exp_avg_sq (fp32).
+struct CompactSlices {
+  std::uint16_t* lo;
+  std::uint8_t* r;
+  float *m, *v;
+};
+
+/// The slices of a compact state at `base` (its first element) for state stride `stride`. Throws nothing.
+inline CompactSlices compact_slices(float* base, std::size_t stride) {
+  const std::size_t head = compact_head_floats(stride);
+  return {reinterpret_cast<std::uint16_t*>(base), reinterpret_cast<std::uint8_t*>(base + stride / 2), base + head,
+          base + head + stride};
+}
+
 extern struct starpu_codelet adam_cl;
+extern struct starpu_codelet adam_compact_cl;
 extern struct starpu_codelet adam_direct_cl;
 extern struct starpu_codelet adam_into_cl;
 extern struct starpu_codelet gather_cl;

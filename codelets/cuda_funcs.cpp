@@ -24,6 +24,15 @@ void adam(void* buffers[], void* cl_arg) {
         "CUDA Adam kernel launch");
 }
 
+void adam_compact(void* buffers[], void* cl_arg) {
+  const auto* a = static_cast<const AdamArgs*>(cl_arg);
+  const CompactSlices s = compact_slices(reinterpret_cast<float*>(STARPU_VECTOR_GET_PTR(buffers[0])), a->state_stride);
+  check(adam_step_compact_cuda(reinterpret_cast<std::uint16_t*>(STARPU_VECTOR_GET_PTR(buffers[2])), s.lo, s.r, s.m,
+                               s.v, reinterpret_cast<const void*>(STARPU_VECTOR_GET_PTR(buffers[1])), a->grad_dtype,
+                               STARPU_VECTOR_GET_NX(buffers[1]), a->sp, starpu_cuda_get_local_stream()),
+        "CUDA compact-master Adam kernel launch");
+}
+
 void adam_into(void* buffers[], void* cl_arg) {
   const auto* a = static_cast<const AdamArgs*>(cl_arg);
   cudaStream_t stream = starpu_cuda_get_local_stream();
@@ -42,6 +51,18 @@ void adam_into(void* buffers[], void* cl_arg) {
 
 void adam_direct(void* buffers[], void* cl_arg) {
   const auto* a = static_cast<const AdamDirectArgs*>(cl_arg);
+  if (a->adam->compact) {
+    const CompactSlices c =
+        compact_slices(reinterpret_cast<float*>(STARPU_VECTOR_GET_PTR(buffers[0])), a->adam->state_stride);
+    for (std::size_t s = 0; s < a->nseg; ++s) {
+      const Segment& sg = a->segs[s];
+      check(adam_step_compact_cuda_at(static_cast<std::uint16_t*>(sg.param), c.lo + sg.offset, c.r, sg.offset,
+                                      c.m + sg.offset, c.v + sg.offset, sg.grad, a->dtype, sg.count, a->adam->sp,
+                                      starpu_cuda_get_local_stream()),
+            "CUDA compact-master Adam kernel launch");
+    }
+    return;
+  }
   const StateSlices st = slices(buffers[0], a->adam->state_stride);
   for (std::size_t s = 0; s < a->nseg; ++s) {
     const Segment& sg = a->segs[s];

@@ -6,6 +6,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "compact_master.h"
+
 namespace dos {
 
 /// Bytes moved over PCIe, each way, by one update phase of one subgroup of n parameters.
@@ -26,22 +28,27 @@ struct PcieBytes {
 ///    parameters go up (param_bytes).
 ///  - caller on the host: a CPU update moves nothing; a GPU update moves the state both ways, the
 ///    staged gradient up (grad_bytes) and the new parameters down (param_bytes).
-/// Returns the bytes for n parameters (n * bytes per parameter, each way). Throws nothing.
+/// compact: the compact master (OptimizerOptions::compact_master): a GPU update moves the compact
+/// state each way (compact_state_bytes_for(n), kernels/compact_master.h: 10.125 B per parameter
+/// and its head's padding) instead of 12 n, and needs P where it runs: a CPU update with the caller
+/// on the GPU brings P down beside the gradient (grad_bytes + param_bytes down), a GPU update with
+/// the caller on the host takes P up beside the gradient (grad_bytes + param_bytes up).
+/// Returns the bytes for n parameters (n * bytes per parameter, each way; the compact state's bytes
+/// as its buffer holds them). Throws nothing.
 inline PcieBytes subgroup_pcie_bytes(bool gpu_update, bool caller_on_gpu, std::size_t param_bytes, std::size_t n,
-                                     std::size_t grad_bytes = 4) {
-  std::uint64_t h = 0, d = 0;
+                                     std::size_t grad_bytes = 4, bool compact = false) {
+  std::uint64_t h = 0, d = 0, state = 0;
   if (gpu_update) {
-    h = 12;
-    d = 12;
+    state = compact ? compact_state_bytes_for(n) : 12 * std::uint64_t(n);
     if (!caller_on_gpu) {
-      h += grad_bytes;
+      h += grad_bytes + (compact ? param_bytes : 0);
       d += param_bytes;
     }
   } else if (caller_on_gpu) {
     h = param_bytes;
-    d = grad_bytes;
+    d = grad_bytes + (compact ? param_bytes : 0);
   }
-  return PcieBytes{h * n, d * n};
+  return PcieBytes{state + h * n, state + d * n};
 }
 
 }  // namespace dos

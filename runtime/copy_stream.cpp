@@ -180,7 +180,7 @@ int CopyStream::job_device(const Job& job, std::string& err) {
   if (job.nseg == 0) return -1;
   const bool up = job.dir == Direction::to_gpu;
   cudaPointerAttributes attr{};
-  err = cuda_error(cudaPointerGetAttributes(&attr, up ? job.segs[0].param : job.segs[0].grad),
+  err = cuda_error(cudaPointerGetAttributes(&attr, up || job.params_down ? job.segs[0].param : job.segs[0].grad),
                    up ? "cudaPointerGetAttributes of the parameters" : "cudaPointerGetAttributes of the gradients");
   if (err.empty() && attr.type != cudaMemoryTypeDevice && attr.type != cudaMemoryTypeManaged)
     err = std::string("the caller's ") + (up ? "parameters" : "gradients") + " are not in GPU memory";
@@ -209,10 +209,11 @@ void CopyStream::issue(const Job& job, Result& res, cudaStream_t stream) {
     cudaError_t r;
     if (host_dev)
       r = up ? cudaError_t(pcie_copy_cuda(seg.param, host_dev + at, n, true, kernel_blocks(), stream))
-             : cudaError_t(pcie_copy_cuda(host_dev + at, seg.grad, n, false, kernel_blocks(), stream));
+             : cudaError_t(pcie_copy_cuda(host_dev + at, job.params_down ? seg.param : seg.grad, n, false,
+                                          kernel_blocks(), stream));
     else
       r = up ? cudaMemcpyAsync(seg.param, host + at, n, cudaMemcpyHostToDevice, stream)
-             : cudaMemcpyAsync(host + at, seg.grad, n, cudaMemcpyDeviceToHost, stream);
+             : cudaMemcpyAsync(host + at, job.params_down ? seg.param : seg.grad, n, cudaMemcpyDeviceToHost, stream);
     res.error = cuda_error(r, up ? "copying the parameters to the GPU" : "copying the gradients to the host");
     if (res.error.empty()) res.bytes += n;
   }

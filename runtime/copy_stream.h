@@ -87,6 +87,8 @@ class CopyStream {
     std::size_t nseg = 0;
     std::size_t elem_bytes = 0;
     void* host = nullptr;
+    /// to_host only: copy the caller's parameters (Segment::param) instead of its gradients.
+    bool params_down = false;
     std::function<void(const Result&)> done;
   };
 

@@ -344,6 +344,17 @@ class Runtime {
 ///   first, which slows the stream unforeseeably); otherwise
 ///   nothing is bound (no error). Results are the same bits either way;
 ///   StepStats::tail_bound and tail_moved say what it did.
+/// compact_master: keep each master parameter as its low 16 bits and one rounding bit beside the
+///   caller's bf16 parameter (the compact master, codelets/kernels/compact_master.h: M = ((P - r) << 16)
+///   | lo for every finite M), so that a streamed subgroup's state is 10.125 bytes per parameter each
+///   way instead of 12, and CPU Adam moves 26.25 bytes of host memory per parameter instead of 28; a
+///   CPU-updated subgroup brings its P down (2 bytes per parameter) beside its gradient. The same bits
+///   as the full master in every parameter and every state read back (read_master, with_host_state,
+///   checkpoints: the master is rebuilt from the caller's parameters, which must then hold the last
+///   step's values; a load splits it and writes the parameters). bf16 parameters only (Error
+///   otherwise). No speculative update: gradients_final only records and the whole update runs in
+///   finish_step (the same bits). The host buffer keeps its 12 bytes per parameter; GPU footprints are
+///   counted at 12 (an over-count of 1.875 bytes per parameter). Default false.
 struct OptimizerOptions {
   AdamHyper adam;
   std::size_t subgroup_size = 100000000;
@@ -363,6 +374,7 @@ struct OptimizerOptions {
   std::int64_t speculation_budget = -1;
   bool speculate_streamed = true;
   std::size_t tail_subgroups = 0;
+  bool compact_master = false;
 };
 
 /// What the caller found once every gradient of a step was final (Optimizer::finish_step).

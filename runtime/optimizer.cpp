@@ -248,8 +248,61 @@ void Optimizer::Impl::with_master_handles(const std::function<void(Subgroup*, st
   end();
 }
 
+void Optimizer::Impl::compact_masters(Subgroup* sg, std::size_t from, std::size_t to, float* at, bool write) const {
+  auto* self = const_cast<Impl*>(this);  // tasks on the staging handles (h_state's values change only when `write`)
+  // P from the caller's buffers into the staging, where they live (a copy task), then home
+  struct starpu_task* g = self->make_task(&gather_cl, &sg->gather_p16, &sg->hint_io, where_caller);
+  g->handles[0] = sg->h_param16;
+  submit(g, "parameter copy (compact master)");
+  starpu_data_acquire(sg->h_state, write ? STARPU_RW : STARPU_R);
+  starpu_data_acquire(sg->h_param16, write ? STARPU_RW : STARPU_R);
+  auto* p16 = reinterpret_cast<std::uint16_t*>(sg->param16.ptr);
+  const CompactSlices c = compact_slices(sg->compact_base(), sg->stride);
+  for (std::size_t i = from; i < to; ++i) {
+    if (!write) {
+      at[i - from] = bits_f32(compact_join(p16[i], c.lo[i], compact_bit(c.r, i)));
+      continue;
+    }
+    const std::uint32_t u = f32_bits(at[i - from]);
+    const std::uint16_t p = f32_to_bf16(at[i - from]);
+    std::uint16_t lo = 0;
+    std::uint32_t r = 0;
+    compact_split(u, p, &lo, &r);
+    p16[i] = p;
+    c.lo[i] = lo;
+    c.r[i / 8] = std::uint8_t((c.r[i / 8] & ~(1u << (i % 8))) | (r << (i % 8)));
+  }
+  starpu_data_release(sg->h_param16);
+  starpu_data_release(sg->h_state);
+  if (write) {  // the new P to the caller, as after a load
+    struct starpu_task* t = self->make_task(&scatter_cl, &sg->scatter, &sg->hint_io, where_caller);
+    t->handles[0] = sg->h_param16;
+    submit(t, "parameter write-back (compact master)");
+  }
+  starpu_data_invalidate_submit(sg->h_param16);
+  starpu_task_wait_for_all();
+}
+
 template <class State, class Fn>
 void Optimizer::Impl::hold_state(starpu_data_access_mode mode, Fn&& fn) const {
+  if (opt.compact_master) {
+    // the masters rebuilt into buffers of their own (allocated before anything is touched), the
+    // state held as below, and the masters split back after fn when it may have written them
+    std::vector<std::vector<float>> masters(sgs.size());
+    for (std::size_t k = 0; k < sgs.size(); ++k) masters[k].resize(sgs[k]->size);
+    if (mode != STARPU_W)
+      for (std::size_t k = 0; k < sgs.size(); ++k) compact_masters(sgs[k].get(), 0, sgs[k]->size, masters[k].data(), false);
+    std::size_t k = 0;
+    hold_full_or_compact<State>(mode, [&](Subgroup*) { return masters[k++].data(); }, fn);
+    if (mode != STARPU_R)
+      for (std::size_t j = 0; j < sgs.size(); ++j) compact_masters(sgs[j].get(), 0, sgs[j]->size, masters[j].data(), true);
+    return;
+  }
+  hold_full_or_compact<State>(mode, [](Subgroup* sg) { return sg->master(); }, fn);
+}
+
+template <class State, class Master, class Fn>
+void Optimizer::Impl::hold_full_or_compact(starpu_data_access_mode mode, Master&& master_of, Fn&& fn) const {
   std::vector<State> state;
   std::vector<starpu_data_handle_t> held;
   state.reserve(sgs.size());
@@ -263,7 +316,7 @@ void Optimizer::Impl::hold_state(starpu_data_access_mode mode, Fn&& fn) const {
   for (const auto& sg : sgs) {
     starpu_data_acquire(sg->h_state, mode);
     held.push_back(sg->h_state);
-    state.push_back({sg->master(), sg->exp_avg(), sg->exp_avg_sq(), sg->size});
+    state.push_back({master_of(sg.get()), sg->exp_avg(), sg->exp_avg_sq(), sg->size});
   }
   fn(state);
 }
@@ -271,6 +324,10 @@ void Optimizer::Impl::hold_state(starpu_data_access_mode mode, Fn&& fn) const {
 void Optimizer::Impl::read_state(float* out, std::size_t slice) const {
   require_no_open_step("reading the optimizer state");
   for (const auto& sg : sgs) {
+    if (slice == 0 && opt.compact_master) {
+      compact_masters(sg.get(), 0, sg->size, out + sg->begin, false);
+      continue;
+    }
     starpu_data_acquire(sg->h_state, STARPU_R);  // waits for the tasks writing it, fetches it home
     std::memcpy(out + sg->begin, sg->state.ptr + slice * sg->stride, sg->size * sizeof(float));
     starpu_data_release(sg->h_state);
@@ -285,6 +342,9 @@ Optimizer::Optimizer(Runtime& runtime, const std::vector<TensorView>& tensors, c
   I.opt = options;
   I.tensors = tensors;
   validate_adam_hyper(options.adam);
+  if (options.compact_master && options.dtype != DType::bf16)
+    throw Error(std::string("the compact master needs bf16 parameters (each master is rebuilt from its bf16 "
+                            "rounding), got ") + dtype_name(options.dtype) + ": drop compact_master (--master compact)");
   {  // the model's rates: given whole (each > 0 and within the model's bounds), or not at all
     const Rates& r = options.rates;
     const bool none = r.U_c == 0 && r.U_c_dma == 0 && r.U_g == 0 && r.D_c == 0 && r.B_h2d == 0 && r.B_d2h == 0 &&
@@ -454,8 +514,12 @@ Optimizer::Optimizer(Runtime& runtime, const std::vector<TensorView>& tensors, c
     sg->state = alloc_host(state_bytes_for(sg->size));
     sg->grad32 = alloc_host(sg->size * gsz);
     sg->param16 = alloc_host(sg->size * esz);
-    starpu_vector_data_register(&sg->h_state, STARPU_MAIN_RAM, uintptr_t(sg->state.ptr), 3 * sg->stride,
-                                sizeof(float));
+    if (options.compact_master)  // the compact layout (codelets.h): its head in the master's slot, ending at exp_avg
+      starpu_vector_data_register(&sg->h_state, STARPU_MAIN_RAM, uintptr_t(sg->compact_base()),
+                                  compact_head_floats(sg->stride) + 2 * sg->stride, sizeof(float));
+    else
+      starpu_vector_data_register(&sg->h_state, STARPU_MAIN_RAM, uintptr_t(sg->state.ptr), 3 * sg->stride,
+                                  sizeof(float));
     // Staging buffers live in host memory allocated (and pinned) once. Left to StarPU (home node
     // -1, dropped after each phase), their host copies were allocated and pinned again every
     // iteration: the cpu policy's update phase for 1.68e9 parameters took 5.38 s on the GPU
@@ -471,11 +535,13 @@ Optimizer::Optimizer(Runtime& runtime, const std::vector<TensorView>& tensors, c
     }
     sg->gather_grads = GatherArgs{sg->segs.data(), sg->segs.size(), options.dtype, false, grad_dtype};
     sg->gather_params = GatherArgs{sg->segs.data(), sg->segs.size(), options.dtype, true};
+    sg->gather_p16 = GatherArgs{sg->segs.data(), sg->segs.size(), options.dtype, true, options.dtype};
     sg->scatter = ScatterArgs{sg->segs.data(), sg->segs.size(), options.dtype};
     sg->adam_direct = AdamDirectArgs{&sg->adam, sg->segs.data(), sg->segs.size(), options.dtype};
     sg->adam.param_dtype = options.dtype;
     sg->adam.grad_dtype = grad_dtype;
     sg->adam.state_stride = sg->stride;
+    sg->adam.compact = options.compact_master;
     sg->hint_update = TaskHint{Side::cpu, unsigned(s)};
     sg->hint_io = TaskHint{Side::any, unsigned(s)};
     sg->hint_scatter = TaskHint{Side::any, unsigned(s)};
@@ -483,8 +549,9 @@ Optimizer::Optimizer(Runtime& runtime, const std::vector<TensorView>& tensors, c
     sg->window = &I.window;  // the GPU update budget's window, reset at every step
     I.sgs.push_back(std::move(sg));
   }
-  // fp32 master parameters from the caller's parameters, converted where they live
-  I.with_master_handles([&](Subgroup* sg, starpu_data_handle_t master) {
+  // fp32 master parameters from the caller's parameters, converted where they live (a compact state
+  // needs nothing: its zeroed lo and r bits make each master the caller's parameter exactly)
+  if (!options.compact_master) I.with_master_handles([&](Subgroup* sg, starpu_data_handle_t master) {
     struct starpu_task* t = I.make_task(&gather_cl, &sg->gather_params, &sg->hint_io, I.where_caller);
     t->handles[0] = master;
     submit(t, "master-parameter initialisation");
@@ -578,7 +645,8 @@ void Optimizer::load_state_in_place(const std::vector<std::int64_t>& steps,
   if (I.broken.rfind(kLoadFailed, 0) == 0) I.broken.clear();
   for (std::size_t i = 0; i < I.sgs.size(); ++i) I.sgs[i]->step = steps[i];
   // the caller's parameters: the loaded master rounded to their dtype, written where they live
-  I.with_master_handles([&](Subgroup* sg, starpu_data_handle_t master) {
+  // (a compact state's split wrote them already, hold_state)
+  if (!I.opt.compact_master) I.with_master_handles([&](Subgroup* sg, starpu_data_handle_t master) {
     struct starpu_task* c = I.make_task(&cast_cl, &sg->adam, &sg->hint_io, I.where_caller);
     c->handles[0] = master;
     c->handles[1] = sg->h_param16;
@@ -637,6 +705,10 @@ void Optimizer::Impl::copy_master_range(std::size_t begin, std::size_t end, floa
   for (const auto& sg : sgs) {
     const std::size_t lo = std::max(begin, sg->begin), hi = std::min(end, sg->begin + sg->size);
     if (lo >= hi) continue;
+    if (opt.compact_master) {
+      compact_masters(sg.get(), lo - sg->begin, hi - sg->begin, at + (lo - begin), mode != STARPU_R);
+      continue;
+    }
     starpu_data_acquire(sg->h_state, mode);  // waits for the tasks using it, fetches it home
     float* m = sg->master() + (lo - sg->begin);
     if (mode == STARPU_R) std::memcpy(at + (lo - begin), m, (hi - lo) * sizeof(float));

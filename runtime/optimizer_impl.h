@@ -56,7 +56,11 @@ struct Subgroup {
   starpu_data_handle_t sh_h_state = nullptr;
   /// The host copy of the master parameters, exp_avg and exp_avg_sq (size fp32 elements each;
   /// valid on the host only while h_state is acquired there or no task holds it elsewhere).
+  /// In a compact state (OptimizerOptions::compact_master) there is no master slice: the handle
+  /// covers [compact_base(), state.ptr + 3 stride) (codelets.h's compact layout, its head ending where
+  /// exp_avg starts), and the master is rebuilt from the caller's parameters (Impl::join_masters).
   float* master() const { return state.ptr; }
+  float* compact_base() const { return state.ptr + stride - compact_head_floats(stride); }
   float* exp_avg() const { return state.ptr + stride; }
   float* exp_avg_sq() const { return state.ptr + 2 * stride; }
   std::atomic<bool> spec_ended{false};  // the speculative Adam task of the open step has ended
@@ -69,6 +73,7 @@ struct Subgroup {
   // Optimizer::set_gradients finds the segment's gradient in the new buffers).
   std::vector<std::pair<std::size_t, std::size_t>> seg_src;
   GatherArgs gather_grads{}, gather_params{};
+  GatherArgs gather_p16{};  // the caller's parameters copied as they are into h_param16 (compact master)
   ScatterArgs scatter{};
   AdamArgs adam{};
   AdamDirectArgs adam_direct{};
@@ -467,6 +472,11 @@ struct Optimizer::Impl {
   /// step count, Adam task with its gradient staging and parameter write-back, and the eager
   /// write-back of a streamed state. prefetched: its state's prefetch was asked for by the
   /// submission's lookahead (else StarPU prefetches the task's inputs when it is pushed).
+  /// A compact state's P for subgroup i's staged Adam (adam_compact_cl): the caller's parameters into
+  /// h_param16, by the runtime's own download beside the gradient's where downloads_grads(i), else by
+  /// a gather_cl copy task where the caller's buffers are (fetched home early for a CPU subgroup).
+  /// Throws what own_copy throws.
+  void stage_params(detail::OpenStep& ph, std::size_t i);
   void submit_update(detail::OpenStep& ph, std::size_t i, bool prefetched);
   /// The binder thread's work (tail_binder.cpp; OptimizerOptions::tail_subgroups): each subgroup
   /// of ph.tail_order, in turn, once tail_due, is given bind_tail's side (plan, hint and
@@ -486,8 +496,9 @@ struct Optimizer::Impl {
   /// whose callback queues the copy on the CopyStream of that direction; the copy's end releases
   /// the handle. A failed copy, or a refused acquire of the parameters, is noted in ph
   /// (OpenStep::note_copy_error) and fails the phase at its end; a refused acquire of the gradient
-  /// staging throws Error at once (nothing may then read the staging).
-  void own_copy(detail::OpenStep& ph, std::size_t i, detail::CopyStream::Direction dir);
+  /// staging throws Error at once (nothing may then read the staging). params_down (to_host only):
+  /// the caller's parameters into h_param16 instead (a compact state's P, stage_params).
+  void own_copy(detail::OpenStep& ph, std::size_t i, detail::CopyStream::Direction dir, bool params_down = false);
   /// on_timeline: the span of this write-back goes on the timeline's lane "writeback" (the eager
   /// write-back of a subgroup's state; with sg null it never does).
   void acquire_home(detail::OpenStep& ph, starpu_data_handle_t h,
@@ -622,8 +633,22 @@ struct Optimizer::Impl {
   /// fn with their pointers, as a vector of State ({master, exp_avg, exp_avg_sq, size}), in subgroup
   /// (flat) order; releases them all when fn returns or throws.
   /// (Defined in optimizer.cpp, its only user.)
+  /// With a compact state (OptimizerOptions::compact_master) the masters are rebuilt into buffers of
+  /// their own first (4 bytes per parameter, compact_masters; not with STARPU_W) and split back after
+  /// fn unless mode is STARPU_R, the new parameters then written to the caller.
   template <class State, class Fn>
   void hold_state(starpu_data_access_mode mode, Fn&& fn) const;
+  /// hold_state's holding: master_of(sg) gives the master pointer handed to fn.
+  template <class State, class Master, class Fn>
+  void hold_full_or_compact(starpu_data_access_mode mode, Master&& master_of, Fn&& fn) const;
+
+  /// A compact state's masters of subgroup sg's elements [from, to) (subgroup positions): read into
+  /// at[0, to - from) (write false: rebuilt from the caller's parameters P, lo and r), or written from
+  /// it (write true: split into P, lo and r, and P written to the caller's buffers; every value must
+  /// be finite, which the callers check). P comes from the caller by a copy task into the staging
+  /// h_param16, acquired with h_state in host memory; returns once every task it submitted has
+  /// ended. No phase may be open. Throws nothing of its own.
+  void compact_masters(detail::Subgroup* sg, std::size_t from, std::size_t to, float* at, bool write) const;
 
   /// Copies slice `slice` of every subgroup's state (0: master, 1: exp_avg, 2: exp_avg_sq) into
   /// out (nparams fp32 elements, flat order), each acquired in host memory for reading.

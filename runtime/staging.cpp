@@ -67,6 +67,11 @@ struct OwnCopy {
   OpenStep* ph;
   CopyStream* stream;
   CopyStream::Direction dir;
+  bool params_down = false;  // to_host: the caller's parameters into h_param16 (compact master), not the gradients
+  /// The staging handle the copy holds: h_param16 up or for params_down, h_grad32 otherwise.
+  starpu_data_handle_t handle() const {
+    return dir == CopyStream::Direction::to_gpu || params_down ? sg->h_param16 : sg->h_grad32;
+  }
 };
 
 /// The copy's end, on the CopyStream's thread: the staging handle is released (for the gradients,
@@ -79,16 +84,20 @@ void end_copy(OwnCopy* c, const CopyStream::Result& r) noexcept {
   Subgroup* sg = c->sg;
   OpenStep* ph = c->ph;
   const bool up = c->dir == CopyStream::Direction::to_gpu;
+  const bool params_down = c->params_down;
+  const starpu_data_handle_t held = c->handle();
   delete c;
   // a failure is noted before the release lets the CPU Adam (and after it wait_parameters) go on
   try {
     if (!r.error.empty())
-      ph->note_copy_error(std::string(up ? "uploading the parameters of subgroup " : "downloading the gradients of subgroup ") +
+      ph->note_copy_error(std::string(up            ? "uploading the parameters of subgroup "
+                                      : params_down ? "downloading the parameters of subgroup "
+                                                    : "downloading the gradients of subgroup ") +
                           std::to_string(sg->hint_update.subgroup) + ": " + r.error);
   } catch (const std::bad_alloc&) {
     ph->note_copy_error("out of memory");
   }
-  starpu_data_release(up ? sg->h_param16 : sg->h_grad32);
+  starpu_data_release(held);
   if (r.error.empty()) add_bus_bytes(up ? r.bytes : 0, up ? 0 : r.bytes);
   try {
     if (sg->timeline)
@@ -114,8 +123,9 @@ void start_copy(void* arg) {
     j.dir = c->dir;
     j.segs = sg->segs.data();
     j.nseg = sg->segs.size();
-    j.elem_bytes = up ? dtype_size(sg->scatter.dtype) : dtype_size(sg->gather_grads.dst_dtype);
-    j.host = up ? sg->param16.ptr : sg->grad32.ptr;
+    j.elem_bytes = up || c->params_down ? dtype_size(sg->scatter.dtype) : dtype_size(sg->gather_grads.dst_dtype);
+    j.host = up || c->params_down ? sg->param16.ptr : sg->grad32.ptr;
+    j.params_down = c->params_down;
     j.done = [c](const CopyStream::Result& r) { end_copy(c, r); };
     c->stream->enqueue(std::move(j));
   } catch (const std::exception& e) {
@@ -138,22 +148,21 @@ bool Optimizer::Impl::own_grad_download() const {
   return runtime_downloads_grads() && own_copies_possible() && (opt.native_grads || opt.dtype == DType::fp32);
 }
 
-void Optimizer::Impl::own_copy(OpenStep& ph, std::size_t i, CopyStream::Direction dir) {
+void Optimizer::Impl::own_copy(OpenStep& ph, std::size_t i, CopyStream::Direction dir, bool params_down) {
   Subgroup* sg = sgs[i].get();
   const bool up = dir == CopyStream::Direction::to_gpu;
   std::unique_ptr<CopyStream>& stream = up ? uploader : downloader;
   if (!stream) stream = std::make_unique<CopyStream>();
-  auto* c = new OwnCopy{sg, &ph, stream.get(), dir};  // before add(): a throw here leaves the count as it was
+  auto* c = new OwnCopy{sg, &ph, stream.get(), dir, params_down && !up};  // before add(): a throw here leaves the count as it was
   ph.pending.add();
   // up: a read acquire, once the CPU's Adam has written the parameters; down: a write acquire, which
   // the CPU Adam submitted after it waits for (StarPU's sequential consistency)
-  if (starpu_data_acquire_on_node_cb(up ? sg->h_param16 : sg->h_grad32, STARPU_MAIN_RAM, up ? STARPU_R : STARPU_W,
-                                     start_copy, c) != 0) {
+  if (starpu_data_acquire_on_node_cb(c->handle(), STARPU_MAIN_RAM, up ? STARPU_R : STARPU_W, start_copy, c) != 0) {
     delete c;
     ph.pending.done();
     if (!up)  // the Adam that would read the staging must not be submitted: the phase fails
-      throw Error("StarPU refused to acquire the gradient staging of subgroup " + std::to_string(i) +
-                  " in host memory");
+      throw Error(std::string("StarPU refused to acquire the ") + (params_down ? "parameter" : "gradient") +
+                  " staging of subgroup " + std::to_string(i) + " in host memory");
     ph.note_copy_error("StarPU refused to acquire the new parameters of subgroup " + std::to_string(i) +
                        " in host memory");
     params_written(sg);
@@ -180,6 +189,21 @@ void Optimizer::Impl::stage_gradient(OpenStep& ph, std::size_t i) {
     // waited behind the streamed subgroups' write-backs and the CPU idled.
     acquire_home(ph, sg->h_grad32, STARPU_R, nullptr, false);
   }
+}
+
+void Optimizer::Impl::stage_params(OpenStep& ph, std::size_t i) {
+  Subgroup* sg = sgs[i].get();
+  if (downloads_grads(i)) {  // beside its gradient, by the same copy stream
+    own_copy(ph, i, CopyStream::Direction::to_host, true);
+    return;
+  }
+  struct starpu_task* g = make_task(&gather_cl, &sg->gather_p16, &sg->hint_io, where_caller);
+  g->handles[0] = sg->h_param16;
+  g->callback_func = gather_done;
+  g->callback_arg = sg;
+  submit(g, "parameter copy (compact master)");
+  if (!plan.empty() && plan[i] == PlanSide::cpu && where_caller == STARPU_CUDA && !cuda_nodes.empty())
+    acquire_home(ph, sg->h_param16, STARPU_R, nullptr, false);  // down early, as the gradient (stage_gradient)
 }
 
 void Optimizer::Impl::scatter_params(OpenStep& ph, std::size_t i) {

@@ -111,7 +111,8 @@ void Optimizer::Impl::require_no_open_step(const char* what) const {
 }
 
 bool Optimizer::Impl::speculable(std::size_t i) const {
-  if (opt.speculation_budget == 0 || last_changed) return false;
+  // a compact state has no out-of-place update (its P would be written before the verdict)
+  if (opt.speculation_budget == 0 || last_changed || opt.compact_master) return false;
   if (!plan.empty() && plan[i] == PlanSide::gpu_streamed)
     return opt.speculate_streamed && !cuda_nodes.empty() && codelets_have_cuda();
   return rt.cpu_workers() > 0 && (plan.empty() || plan[i] == PlanSide::cpu);
@@ -492,7 +493,9 @@ void Optimizer::Impl::submit_update(OpenStep& ph, std::size_t i, bool prefetched
     return;
   }
   stage_gradient(ph, i);
-  struct starpu_task* a = adam_task(sg, &adam_cl, &sg->adam, STARPU_CPU | STARPU_CUDA, record_worker);
+  if (opt.compact_master) stage_params(ph, i);  // the Adam reads P there
+  struct starpu_task* a =
+      adam_task(sg, opt.compact_master ? &adam_compact_cl : &adam_cl, &sg->adam, STARPU_CPU | STARPU_CUDA, record_worker);
   a->handles[1] = sg->h_grad32;
   a->handles[2] = sg->h_param16;
   submit(a, "Adam");

@@ -228,6 +228,9 @@ void test_bad_input(void**) {
   expect_error([&] { dos::Optimizer o(*g_rt, {{p.data(), g.data(), 10}}, bad); }, "calibrated rates in part");
   bad.calibrated_rates = dos::Rates{2e9, 3e9, 1e11, 1e11, 5e10, 5e10};
   expect_error([&] { dos::Optimizer o(*g_rt, {{p.data(), g.data(), 10}}, bad); }, "calibrated U_c_dma above U_c");
+  bad = oo;  // fp32 parameters
+  bad.compact_master = true;
+  expect_error([&] { dos::Optimizer o(*g_rt, {{p.data(), g.data(), 10}}, bad); }, "compact master with fp32 parameters");
   if (g_rt->cuda_workers() == 0) {
     bad = oo;
     bad.memory = dos::MemoryKind::cuda;
@@ -342,6 +345,144 @@ void test_plan_decided_ahead(void**) {
 
 }  // namespace
 
+// The compact master (OptimizerOptions::compact_master) against the full one, bf16 only: two
+// optimizers over caller buffers of the same values (kSizes: segments starting at odd elements of
+// their subgroups) take the same gradients; after every step the caller's parameters are the same
+// bits, and the PCIe bytes StarPU counted are those of models/traffic.h's compact form for where the
+// updates ran; then the masters, exp_avg and exp_avg_sq read back (read_master, with_host_state,
+// read_master_range) are the same bits; a range of masters written in both (write_master_range)
+// reads back as written and, after one more step, gives the same parameters and state; a whole state
+// loaded into both (load_state) gives the same parameters at once and the same state after a step.
+void test_compact_master_same_bits(void**) {
+  if (g_dtype != dos::DType::bf16) {
+    std::printf("  %s parameters: the compact master is for bf16 only\n", dos::dtype_name(g_dtype));
+    return;
+  }
+  const size_t n = total_params();
+  const bool cuda = g_memory == "cuda";
+  CallerBuffers full_buf(n, cuda), compact_buf(n, cuda);
+  std::vector<uint16_t> p16(n), g16(n), got_full(n), got_compact(n);
+  std::vector<float> p32(n), g32(n);
+  uint64_t s = 0x9E3779B97F4A7C15ull;
+  auto next = [&] {
+    s ^= s << 13;
+    s ^= s >> 7;
+    s ^= s << 17;
+    return double(s >> 11) / 9007199254740992.0 - 0.5;
+  };
+  for (size_t i = 0; i < n; ++i) encode(p16, p32, i, float(next()));
+  full_buf.put(full_buf.param, p16.data());
+  compact_buf.put(compact_buf.param, p16.data());
+  dos::OptimizerOptions oo = small_subgroup_options();
+  oo.adam.lr = 1e-2;
+  oo.adam.weight_decay = 0.01;
+  oo.adam.decoupled = g_decoupled;
+  dos::Optimizer full(*g_rt, tensor_views(full_buf), oo);
+  oo.compact_master = true;
+  dos::Optimizer compact(*g_rt, tensor_views(compact_buf), oo);
+  if (g_policy == "dos") {
+    full.set_plan_override({dos::PlanOverride::fraction, 0.5});
+    compact.set_plan_override({dos::PlanOverride::fraction, 0.5});
+  }
+  auto same_params = [&](const char* when) {
+    full_buf.get(got_full.data(), full_buf.param);
+    compact_buf.get(got_compact.data(), compact_buf.param);
+    for (size_t i = 0; i < n; ++i)
+      if (got_full[i] != got_compact[i]) {
+        std::fprintf(stderr, "%s: parameter %zu is 0x%04x in compact form, 0x%04x in full form\n", when, i,
+                     got_compact[i], got_full[i]);
+        fail();
+      }
+  };
+  auto step_both = [&](const char* when) {
+    for (size_t i = 0; i < n; ++i) encode(g16, g32, i, float(next() * 0.02));
+    full_buf.put(full_buf.grad, g16.data());
+    compact_buf.put(compact_buf.grad, g16.data());
+    full.step();
+    const dos::StepStats st = compact.step();
+    same_params(when);
+    uint64_t h2d = 0, d2h = 0;
+    for (size_t sg = 0; sg < compact.num_subgroups(); ++sg) {
+      const dos::PcieBytes b = dos::subgroup_pcie_bytes(st.placement[sg] != dos::PlanSide::cpu, cuda, 2,
+                                                        compact.subgroup_size(sg), compact.workload().grad_bytes, true);
+      h2d += b.h2d;
+      d2h += b.d2h;
+    }
+    std::printf("  %s: compact H2D %llu B (model %llu), D2H %llu B (model %llu), %zu subgroups on the GPU\n", when,
+                (unsigned long long)st.bytes_h2d, (unsigned long long)h2d, (unsigned long long)st.bytes_d2h,
+                (unsigned long long)d2h, st.subgroups_gpu);
+    assert_int_equal(st.bytes_h2d, h2d);
+    assert_int_equal(st.bytes_d2h, d2h);
+  };
+  auto same_state = [&](const char* when) {
+    std::vector<float> a(n), b(n);
+    for (int k = 0; k < 3; ++k) {
+      (k == 0 ? full.read_master(a.data()) : k == 1 ? full.read_exp_avg(a.data()) : full.read_exp_avg_sq(a.data()));
+      (k == 0 ? compact.read_master(b.data()) : k == 1 ? compact.read_exp_avg(b.data()) : compact.read_exp_avg_sq(b.data()));
+      if (std::memcmp(a.data(), b.data(), n * 4) != 0) {
+        std::fprintf(stderr, "%s: slice %d of the state differs between the forms\n", when, k);
+        fail();
+      }
+    }
+  };
+  for (int t = 1; t <= kSteps; ++t) step_both(("step " + std::to_string(t)).c_str());
+  same_state("after the steps");
+  {  // the masters moved off their bf16 values: some r bits are set, and the low halves are not all 0
+    std::vector<float> master(n);
+    compact.read_master(master.data());
+    size_t up = 0, off_grid = 0;
+    compact_buf.get(got_compact.data(), compact_buf.param);
+    for (size_t i = 0; i < n; ++i) {
+      uint32_t u;
+      std::memcpy(&u, &master[i], 4);
+      off_grid += (u & 0xffffu) != 0;
+      up += (u >> 16) != got_compact[i];
+    }
+    std::printf("  %zu of %zu masters off the bf16 grid, %zu rounded up\n", off_grid, n, up);
+    assert_true(off_grid > n / 2 && up > n / 8);
+  }
+  {  // with_host_state: the compact form's masters rebuilt, exp_avg and exp_avg_sq as they are
+    std::vector<float> a, b;
+    for (dos::Optimizer* o : {&full, &compact})
+      o->with_host_state([&](const std::vector<dos::Optimizer::HostState>& st) {
+        std::vector<float>& out = o == &full ? a : b;
+        for (const auto& sg : st)
+          for (const float* part : {sg.master, sg.exp_avg, sg.exp_avg_sq}) out.insert(out.end(), part, part + sg.size);
+      });
+    assert_int_equal(a.size(), 3 * n);
+    assert_memory_equal(a.data(), b.data(), a.size() * 4);
+  }
+  {  // a range of masters written (its ends inside subgroups), then one step
+    std::vector<float> w(n - 8);
+    for (size_t i = 0; i < w.size(); ++i) w[i] = float(next());
+    full.write_master_range(3, n - 5, w.data());
+    compact.write_master_range(3, n - 5, w.data());
+    // (the full form leaves the caller's parameters as they were until the next step; the compact
+    // form writes their rounding, which the next step reads)
+    std::vector<float> r(n - 8);
+    compact.read_master_range(3, n - 5, r.data());
+    assert_memory_equal(r.data(), w.data(), w.size() * 4);
+    step_both("the step after write_master_range");
+    same_state("after write_master_range and a step");
+  }
+  {  // a state loaded (the full optimizer's own, its masters moved off the grid), then one step
+    std::vector<float> master(n), m(n), v(n);
+    full.read_master(master.data());
+    full.read_exp_avg(m.data());
+    full.read_exp_avg_sq(v.data());
+    for (size_t i = 0; i < n; ++i) master[i] = master[i] * 1.001f + 1e-6f;
+    const std::vector<int64_t> steps = full.step_counts();
+    full.load_state(master.data(), m.data(), v.data(), steps);
+    compact.load_state(master.data(), m.data(), v.data(), steps);
+    same_params("after load_state");
+    std::vector<float> back(n);
+    compact.read_master(back.data());
+    assert_memory_equal(back.data(), master.data(), n * 4);
+    step_both("the step after load_state");
+    same_state("after load_state and a step");
+  }
+}
+
 int main(int argc, char** argv) {
   if (argc != 5) {
     std::fprintf(stderr, "usage: test_optimizer POLICY host|cuda fp32|fp16|bf16 adamw|adam\n");
@@ -380,6 +521,7 @@ int main(int argc, char** argv) {
       cmocka_unit_test(test_bad_input),
       cmocka_unit_test(test_state_off_gpu),
       cmocka_unit_test(test_plan_decided_ahead),
+      cmocka_unit_test(test_compact_master_same_bits),
   };
   return cmocka_run_group_tests(tests, nullptr, nullptr);
 }

@@ -216,6 +216,33 @@ void adam_step_compact_cpu(std::uint16_t* param, std::uint16_t* master_lo, std::
   }
 }
 
+void adam_step_compact_cpu_at(std::uint16_t* param, std::uint16_t* master_lo, std::uint8_t* round_up_bits,
+                              std::size_t first, float* exp_avg, float* exp_avg_sq, const void* grad, DType grad_dtype,
+                              std::size_t n, const AdamStepParams& sp) {
+  if (n == 0) return;
+  // the head, up to the next byte of r: its bits moved to a byte of their own from bit 0, and back
+  const unsigned shift = unsigned(first % 8);
+  const std::size_t head = shift == 0 ? 0 : std::min<std::size_t>(n, 8 - shift);
+  if (head > 0) {
+    std::uint8_t* at = round_up_bits + first / 8;
+    std::uint8_t b = std::uint8_t(*at >> shift);
+    adam_step_compact_cpu(param, master_lo, &b, exp_avg, exp_avg_sq, grad, grad_dtype, head, sp);
+    const std::uint8_t mask = std::uint8_t(((1u << head) - 1) << shift);
+    *at = std::uint8_t((*at & ~mask) | ((unsigned(b) << shift) & mask));
+    if (head == n) return;
+  }
+  // the rest starts at a byte: the kernel itself, the last byte's bits beyond the range kept
+  const std::size_t rest = n - head, tail = rest % 8;
+  std::uint8_t* r = round_up_bits + (first + head) / 8;
+  const std::uint8_t beyond = tail ? r[rest / 8] : 0;
+  adam_step_compact_cpu(param + head, master_lo + head, r, exp_avg + head, exp_avg_sq + head,
+                        static_cast<const char*>(grad) + head * dtype_size(grad_dtype), grad_dtype, rest, sp);
+  if (tail) {
+    const std::uint8_t low = std::uint8_t((1u << tail) - 1);
+    r[rest / 8] = std::uint8_t((r[rest / 8] & low) | (beyond & ~low));
+  }
+}
+
 const char* compact_master_isa() { return compact_split().isa; }
 
 }  // namespace dos

@@ -130,6 +130,45 @@ __global__ void adam_compact_kernel(std::uint16_t* __restrict__ param, std::uint
   }
 }
 
+/// adam_compact_kernel on elements [first, first + n) of a subgroup: the warps' trips are aligned to
+/// the subgroup's own 32-element words of r (from first rounded down to 32), lanes outside the range
+/// idle, and lane 0 writes each word: the vote whole, or, at the range's edges, merged into the word's
+/// other bits.
+template <DType G>
+__global__ void adam_compact_at_kernel(std::uint16_t* __restrict__ param, std::uint16_t* __restrict__ lo,
+                                       std::uint32_t* __restrict__ rwords, std::size_t first, float* __restrict__ m,
+                                       float* __restrict__ v, const void* __restrict__ g, std::size_t n,
+                                       AdamStepParams sp) {
+  const unsigned lane = threadIdx.x % 32;
+  const std::size_t stride = std::size_t(gridDim.x) * blockDim.x;
+  const std::size_t j0 = first / 32 * 32, span = first + n - j0;
+  for (std::size_t base = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x - lane; base < span; base += stride) {
+    const std::size_t j = j0 + base + lane;  // the element's place in the subgroup
+    const bool in = j >= first && j < first + n;
+    std::uint32_t r = 0;
+    if (in) {
+      const std::size_t i = j - first;
+      const std::uint16_t p = param[i];
+      const std::uint32_t old_r = (rwords[j / 32] >> (j % 32)) & 1u;
+      float pi = bits_f32(compact_join(p, lo[i], old_r)), mi = m[i], vi = v[i];
+      adam_elem(pi, mi, vi, load_as_f32(g, G, i), sp);
+      const std::uint16_t pn = f32_to_bf16(pi);
+      const std::uint32_t u = f32_bits(pi);
+      param[i] = pn;
+      lo[i] = std::uint16_t(u);
+      m[i] = mi;
+      v[i] = vi;
+      r = compact_round_up(u, pn);
+    }
+    const std::uint32_t vote = __ballot_sync(0xffffffffu, r);  // every lane of the warp is here
+    const std::uint32_t mine = __ballot_sync(0xffffffffu, in);
+    if (lane == 0) {
+      std::uint32_t& word = rwords[(j0 + base) / 32];
+      word = mine == 0xffffffffu ? vote : (word & ~mine) | (vote & mine);
+    }
+  }
+}
+
 template <DType S>
 __global__ void convert_kernel(const void* __restrict__ src, float* __restrict__ dst, std::size_t n) {
   const std::size_t stride = std::size_t(gridDim.x) * blockDim.x;
@@ -226,6 +265,13 @@ AdamCompactKernel adam_compact_kernel_for(DType gt) {
   return with_dtype(gt, [&](auto g) -> AdamCompactKernel { return adam_compact_kernel<decltype(g)::value>; });
 }
 
+using AdamCompactAtKernel = void (*)(std::uint16_t*, std::uint16_t*, std::uint32_t*, std::size_t, float*, float*,
+                                     const void*, std::size_t, AdamStepParams);
+/// The compact-master Adam kernel on a range of a subgroup, for gradients of gt.
+AdamCompactAtKernel adam_compact_at_kernel_for(DType gt) {
+  return with_dtype(gt, [&](auto g) -> AdamCompactAtKernel { return adam_compact_at_kernel<decltype(g)::value>; });
+}
+
 /// The kernel converting a buffer of st to fp32, scalar or vector.
 ConvertKernel convert_kernel_for(DType st, bool vec) {
   return with_dtype(st, [&](auto c) -> ConvertKernel {
@@ -264,8 +310,10 @@ int preload_adam_kernels() {
       if (const cudaError_t e = load_kernel(convert_kernel_for(a, vec)); e != cudaSuccess) return int(e);
       if (const cudaError_t e = load_kernel(store_kernel_for(a, vec)); e != cudaSuccess) return int(e);
     }
-  for (DType a : kDTypes)
+  for (DType a : kDTypes) {
     if (const cudaError_t e = load_kernel(adam_compact_kernel_for(a)); e != cudaSuccess) return int(e);
+    if (const cudaError_t e = load_kernel(adam_compact_at_kernel_for(a)); e != cudaSuccess) return int(e);
+  }
   return 0;
 }
 
@@ -291,6 +339,19 @@ int adam_step_compact_cuda(std::uint16_t* param, std::uint16_t* master_lo, std::
   static_assert(kThreads % 32 == 0, "whole warps: the compact kernel's trips are warp-aligned");
   k<<<grid_for(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(param, master_lo, round_up_bits, exp_avg,
                                                                     exp_avg_sq, grad, n, sp);
+  return int(cudaGetLastError());
+}
+
+int adam_step_compact_cuda_at(std::uint16_t* param, std::uint16_t* master_lo, std::uint8_t* round_up_bits,
+                              std::size_t first, float* exp_avg, float* exp_avg_sq, const void* grad, DType grad_dtype,
+                              std::size_t n, const AdamStepParams& sp, void* stream) {
+  if (n == 0) return 0;
+  const AdamCompactAtKernel k = adam_compact_at_kernel_for(grad_dtype);
+  if (!k) return int(cudaErrorInvalidValue);
+  if (reinterpret_cast<std::uintptr_t>(round_up_bits) % 4 != 0) return int(cudaErrorMisalignedAddress);
+  const std::size_t span = first + n - first / 32 * 32;  // whole words of r: the trips stay warp-aligned
+  k<<<grid_for(span), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+      param, master_lo, reinterpret_cast<std::uint32_t*>(round_up_bits), first, exp_avg, exp_avg_sq, grad, n, sp);
   return int(cudaGetLastError());
 }
 

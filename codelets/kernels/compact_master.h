@@ -19,9 +19,8 @@
 // a NaN in, a positive NaN out, its low 16 bits those of M, its other bits not. The runtime's state
 // checks reject non-finite masters anyway; infinities (P 0x7F80 or 0xFF80) come back exactly.
 //
-// Kernels only: nothing here knows StarPU, and the runtime does not use the compact form yet (the
-// kernels below and `dos-bench host --state compact` exist; docs/compact-master.md, "Status"). The
-// helpers are plain integer arithmetic, the same on the host and on the GPU (DOS_HD).
+// Kernels only: nothing here knows StarPU (the runtime's compact state, OptimizerOptions::compact_master,
+// uses them through codelets.h). The helpers are plain integer arithmetic, the same on the host and on the GPU (DOS_HD).
 #pragma once
 
 #include <cstddef>
@@ -84,6 +83,32 @@ void adam_step_compact_cpu(std::uint16_t* param, std::uint16_t* master_lo, std::
                            float* exp_avg, float* exp_avg_sq, const void* grad, DType grad_dtype, std::size_t n,
                            const AdamStepParams& sp);
 
+/// adam_step_compact_cpu on elements [first, first + n) of a subgroup (a segment of it): param,
+/// master_lo, exp_avg, exp_avg_sq and grad point at the range's first element (n elements each, as
+/// adam_step_compact_cpu's), round_up_bits at the subgroup's packed r bits (element first + k's bit
+/// is bit (first + k) % 8 of byte (first + k) / 8). Only the bits of the range are written: those of
+/// the elements before and after it in the same bytes keep their values, so the segments of a
+/// subgroup may be updated one after another in any order (not at once: their edge bytes are read
+/// and written whole). The same bits as adam_step_compact_cpu on the whole subgroup. Throws nothing.
+void adam_step_compact_cpu_at(std::uint16_t* param, std::uint16_t* master_lo, std::uint8_t* round_up_bits,
+                              std::size_t first, float* exp_avg, float* exp_avg_sq, const void* grad, DType grad_dtype,
+                              std::size_t n, const AdamStepParams& sp);
+
+/// A compact state buffer's head (codelets.h, "compact state"): the fp32 elements that hold lo (stride
+/// uint16_t: stride / 2 elements) and the packed r bits (ceil(stride / 32) 32-bit words), rounded up
+/// to 16 elements so that exp_avg after it starts 64-byte aligned. At most `stride` (a multiple of 16,
+/// state_stride_for), so the head fits in the master's slot of a full state buffer of the same stride.
+constexpr std::size_t compact_head_floats(std::size_t stride) {
+  return (stride / 2 + (stride + 31) / 32 + 15) / 16 * 16;
+}
+
+/// Bytes of a subgroup's compact state for n parameters (head, exp_avg, exp_avg_sq): 4 x
+/// (compact_head_floats(s) + 2 s), s = state_stride_for(n); about 10.125 bytes per parameter plus
+/// at most 244 bytes of padding. What a streamed subgroup's state moves each way.
+constexpr std::size_t compact_state_bytes_for(std::size_t n) {
+  return sizeof(float) * (compact_head_floats(state_stride_for(n)) + 2 * state_stride_for(n));
+}
+
 /// The instruction set that packs adam_step_compact_cpu's new r bits and low halves: "avx512f",
 /// "avx2" or "scalar" (chosen once from what the processor has; DOS_COMPACT_ISA=scalar|avx2|avx512f
 /// in the environment picks one of those the processor has, for tests; a value that is not one of
@@ -101,6 +126,18 @@ const char* compact_master_isa();
 int adam_step_compact_cuda(std::uint16_t* param, std::uint16_t* master_lo, std::uint8_t* round_up_bits,
                            float* exp_avg, float* exp_avg_sq, const void* grad, DType grad_dtype, std::size_t n,
                            const AdamStepParams& sp, void* stream);
+/// The CUDA twin of adam_step_compact_cpu_at: elements [first, first + n) of a subgroup, the arrays
+/// at the range's first element, round_up_bits at the subgroup's packed r bits, which must be 4-byte
+/// aligned (each warp writes one 32-bit word of r: element j's bit is bit j % 32 of word j / 32 on
+/// this little-endian layout). The words at the range's two edges are read and merged: the bits of
+/// other elements keep their values, so the segments of a subgroup launched one after another on
+/// one stream give the bits of adam_step_compact_cuda on the whole subgroup. Returns a cudaError_t
+/// value (0 = success; n == 0 launches nothing; a grad_dtype outside DType's values:
+/// cudaErrorInvalidValue; round_up_bits not 4-byte aligned: cudaErrorMisalignedAddress, nothing
+/// launched).
+int adam_step_compact_cuda_at(std::uint16_t* param, std::uint16_t* master_lo, std::uint8_t* round_up_bits,
+                              std::size_t first, float* exp_avg, float* exp_avg_sq, const void* grad, DType grad_dtype,
+                              std::size_t n, const AdamStepParams& sp, void* stream);
 #endif
 
 }  // namespace dos

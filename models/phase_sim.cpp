@@ -7,6 +7,7 @@
 #include <string>
 
 #include "adam.h"
+#include "compact_master.h"
 
 namespace dos {
 
@@ -15,7 +16,8 @@ std::size_t subgroup_footprint(const Workload& w, std::size_t n, PlanSide side) 
     return w.caller_on_gpu ? n * ((w.cpu_grads_staged_on_gpu ? w.grad_bytes : 0) + (w.cpu_params_staged_on_gpu ? w.param_bytes : 0))
                            : 0;
   const bool staging = !w.caller_on_gpu;  // on the GPU with the caller there: the direct path, nothing staged
-  return (side == PlanSide::gpu_streamed ? state_bytes_for(n) : 0) + n * (staging ? w.grad_bytes + w.param_bytes : 0);
+  const std::size_t state = w.compact_master ? compact_state_bytes_for(n) : state_bytes_for(n);
+  return (side == PlanSide::gpu_streamed ? state : 0) + n * (staging ? w.grad_bytes + w.param_bytes : 0);
 }
 
 namespace {
@@ -352,15 +354,17 @@ Simulation PhaseSimulator::run(const std::vector<PlanSide>& plan) {
     const Sg& s = sgs[p.sg];
     const double n = double(s.n);
     // a streamed state goes both ways; a resident one off the GPU only up, once
-    const double state_up = s.side == PlanSide::gpu_streamed || s.state_off_gpu ? 12.0 : 0.0;
-    const double state_down = s.side == PlanSide::gpu_streamed ? 12.0 : 0.0;
+    const double spp = state_bytes_per_param(w);
+    const double state_up = s.side == PlanSide::gpu_streamed || s.state_off_gpu ? spp : 0.0;
+    const double state_down = s.side == PlanSide::gpu_streamed ? spp : 0.0;
     const double extra = w.caller_on_gpu ? 0.0 : 1.0;  // the caller's gradient up, parameters down
+    const double p_with = w.compact_master ? pb : 0.0;  // the compact master's P beside the gradient
     lane.current = long(p.sg);
     lane.stage = p.stage;
     switch (p.stage) {
-      case Stage::grad_down: lane.left = gb * n; break;
+      case Stage::grad_down: lane.left = (gb + p_with) * n; break;
       case Stage::param_up: lane.left = pb * n; break;
-      case Stage::state_up: lane.left = (state_up + extra * gb) * n; break;
+      case Stage::state_up: lane.left = (state_up + extra * (gb + p_with)) * n; break;
       default: lane.left = (state_down + extra * pb) * n; break;  // state_down
     }
   };

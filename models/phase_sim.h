@@ -31,7 +31,10 @@
 //   resident subgroup: GPU: Adam n / U_g (with Execution::state_off_gpu: H2D 12 n first, asked for at
 //                      its submission)
 // (caller in host memory: a CPU subgroup is the CPU Adam alone; a streamed one moves 12 + gb up and
-// 12 + pb down; a resident one gb up (12 + gb when its state is off the GPU) and pb down). Each
+// 12 + pb down; a resident one gb up (12 + gb when its state is off the GPU) and pb down). With
+// Workload::compact_master the state's 12 is 10.125 (state_bytes_per_param) and P travels with the
+// gradient: a CPU subgroup's D2H is (gb + pb) n, a streamed one's H2D with the caller in host memory
+// 10.125 + gb + pb. Each
 // PCIe direction serves its transfers one at a time in the order they were asked for, at B_h2d or
 // B_d2h.
 #pragma once
@@ -118,7 +121,8 @@ struct Execution {
 double cpu_team_share(const Execution& e, std::size_t n);
 
 /// GPU bytes subgroup of n parameters on `side` holds while in flight (the runtime's footprint):
-/// its state buffer when streamed (state_bytes_for(n): 12 n and the slices' padding, at most 180),
+/// its state buffer when streamed (state_bytes_for(n): 12 n and the slices' padding, at most 180;
+/// compact_state_bytes_for(n) with Workload::compact_master),
 /// plus (gb + pb) n of gradient and parameter staging unless its update reads and writes the
 /// caller's buffers where they are (caller on the GPU and update there), or the caller is on the
 /// host and the update on the CPU; a CPU subgroup with the caller on the GPU counts only the

@@ -25,7 +25,10 @@ const char* busiest_resource(double cpu, double h2d, double d2h, double gpu) {
   return "gpu";
 }
 
-double cpu_adam_host_bytes(const Workload& w) { return 24.0 + double(w.grad_bytes) + double(w.param_bytes); }
+double cpu_adam_host_bytes(const Workload& w) {
+  return w.compact_master ? 20.25 + double(w.grad_bytes) + 2.0 * double(w.param_bytes)
+                          : 24.0 + double(w.grad_bytes) + double(w.param_bytes);
+}
 
 double lowest_distinct_u_c_dma(const Workload& w, const Rates& r, std::size_t cpu_workers) {
   const double cpu = double(std::max<std::size_t>(1, cpu_workers)) * r.U_c * cpu_adam_host_bytes(w);
@@ -112,14 +115,20 @@ Prediction predict_split(const Workload& w, double n_cpu, double n_streamed, con
   p.cpu_params = n_cpu;
   p.streamed_params = n_streamed;
   p.resident_params = n_resident;
-  // bytes per parameter each way, from traffic.h (linear in n, so per-parameter figures suffice)
+  // bytes per parameter each way, from traffic.h (the full form's, linear in n, so per-parameter
+  // figures suffice; the compact form's state at its 10.125 B per parameter, padding left out, and
+  // its P beside the gradient where traffic.h moves it)
   const PcieBytes per_gpu = subgroup_pcie_bytes(true, w.caller_on_gpu, w.param_bytes, 1, w.grad_bytes);
   const PcieBytes per_cpu = subgroup_pcie_bytes(false, w.caller_on_gpu, w.param_bytes, 1, w.grad_bytes);
+  const double state = state_bytes_per_param(w), p_extra = w.compact_master ? double(w.param_bytes) : 0.0;
+  const double gpu_h2d = double(per_gpu.h2d) - 12.0 + state + (w.caller_on_gpu ? 0.0 : p_extra);
+  const double gpu_d2h = double(per_gpu.d2h) - 12.0 + state;
+  const double cpu_h2d = double(per_cpu.h2d), cpu_d2h = double(per_cpu.d2h) + (w.caller_on_gpu ? p_extra : 0.0);
   // a resident subgroup moves no state, but the caller's gradient up and parameters down when the
-  // caller's buffers are on the host (its GPU update's bytes less the 12 B of state each way)
-  const double res_h2d = double(per_gpu.h2d) - 12.0, res_d2h = double(per_gpu.d2h) - 12.0;
-  const double up = double(per_gpu.h2d) * n_streamed + double(per_cpu.h2d) * n_cpu + res_h2d * n_resident;
-  const double down = double(per_gpu.d2h) * n_streamed + double(per_cpu.d2h) * n_cpu + res_d2h * n_resident;
+  // caller's buffers are on the host (its GPU update's bytes less the state's each way)
+  const double res_h2d = gpu_h2d - state, res_d2h = gpu_d2h - state;
+  const double up = gpu_h2d * n_streamed + cpu_h2d * n_cpu + res_h2d * n_resident;
+  const double down = gpu_d2h * n_streamed + cpu_d2h * n_cpu + res_d2h * n_resident;
   p.h2d = up / r.B_h2d;
   p.d2h = down / r.B_d2h;
   p.host = (n_cpu * cpu_adam_host_bytes(w) + up + down) / host_bandwidth(w, r);
@@ -283,12 +292,12 @@ double lower_bound(const Workload& w, const Rates& rates, std::size_t cpu_worker
   // the resident state still to come up: 12 B per parameter up, through StarPU's stream with the
   // streamed states' 12 B (the runtime's own parameter uploads may run beside that stream, so they
   // are not added to it), and through host memory; with none, that stream term is within p.h2d
-  const double cold_bytes = 12.0 * cold_resident_params;
+  const double cold_bytes = state_bytes_per_param(w) * cold_resident_params;
   const double cold_host = cold_bytes / host_bandwidth(w, r);
   // each resource's whole work at its best rate: CPU Adam at U_c, the links at B, host memory at M
   auto bound = [&](double n_cpu, double n_streamed) {
     const Prediction p = predict_split(w, n_cpu, n_streamed, r, resident);
-    const double state_up = (12.0 * n_streamed + cold_bytes) / r.B_h2d;
+    const double state_up = (state_bytes_per_param(w) * n_streamed + cold_bytes) / r.B_h2d;
     return std::max(std::max(n_cpu / r.U_c, p.gpu), std::max(std::max(p.h2d, state_up), std::max(p.d2h, p.host + cold_host)));
   };
   double best = bound(total, 0);

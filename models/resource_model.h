@@ -81,7 +81,16 @@ struct Workload {
   /// (Execution::own_grad_download, Execution::own_param_upload: nothing staged on the GPU).
   bool cpu_grads_staged_on_gpu = true;
   bool cpu_params_staged_on_gpu = true;
+  /// The compact master (OptimizerOptions::compact_master): a streamed state of 10.125 bytes per
+  /// parameter each way (state_bytes_per_param), CPU Adam's host bytes as cpu_adam_host_bytes says,
+  /// and a CPU subgroup's P down beside its gradient (traffic.h).
+  bool compact_master = false;
 };
+
+/// Bytes per parameter of a streamed subgroup's state, each way: 12 (fp32 master, exp_avg,
+/// exp_avg_sq), or 10.125 with w.compact_master (exp_avg, exp_avg_sq, the master's low half and its
+/// rounding bit; codelets/kernels/compact_master.h). Padding not counted.
+inline double state_bytes_per_param(const Workload& w) { return w.compact_master ? 10.125 : 12.0; }
 
 /// How many subgroups, counted from the last one backwards, fit their fp32 state (master,
 /// exp_avg, exp_avg_sq: 12 bytes per parameter and each slice padded to 16 elements,
@@ -91,7 +100,9 @@ std::size_t resident_subgroups(const std::vector<std::size_t>& sizes, std::size_
 
 /// Host memory traffic of CPU Adam, bytes per parameter: it reads the fp32 master, exp_avg and
 /// exp_avg_sq and the staged gradient (w.grad_bytes) and writes the first three and the 16-bit
-/// parameters (w.param_bytes): 24 + grad_bytes + param_bytes.
+/// parameters (w.param_bytes): 24 + grad_bytes + param_bytes. With w.compact_master it reads and
+/// writes exp_avg, exp_avg_sq (16), the low halves and r bits (4.25) and P (2 x param_bytes) and
+/// reads the gradient: 20.25 + grad_bytes + 2 param_bytes (26.25 with bf16 gradients, against 28).
 double cpu_adam_host_bytes(const Workload& w);
 
 /// What host memory delivers to CPU Adam and both DMA directions together, bytes/s: CPU Adam at

@@ -172,7 +172,7 @@ LinkShareRule link_share_rule() {
 
 void detail::check_link_share_rule() { (void)link_share_rule(); }
 
-std::string rates_cache_path(const Runtime& runtime, std::size_t S, DType dtype, MemoryKind memory) {
+std::string rates_cache_path(const Runtime& runtime, std::size_t S, DType dtype, MemoryKind memory, bool compact_master) {
   char host[256] = "unknown";
   ::gethostname(host, sizeof host - 1);
   const std::string key = std::string(host) + "-cpu" + std::to_string(runtime.cpu_workers()) + "x" +
@@ -182,7 +182,8 @@ std::string rates_cache_path(const Runtime& runtime, std::size_t S, DType dtype,
                           (runtime.node_ranks() > 1 ? "-ranks" + std::to_string(runtime.node_ranks()) : std::string()) +
                           (link_share_rule() == LinkShareRule::measure    ? "-link_share"
                            : link_share_rule() == LinkShareRule::estimate ? "-link_share_estimate"
-                                                                          : "");
+                                                                          : "") +
+                          (compact_master ? "-compact" : "");
   return cache_dir() + "/rates-" + key + ".json";
 }
 
@@ -237,11 +238,11 @@ void save_rates(const std::string& path, const Rates& r, const Rates& calibrated
 }
 
 Rates calibrate_rates(Runtime& runtime, std::size_t S, DType dtype, MemoryKind memory, bool force, bool verbose,
-                      Rates* calibrated) {
+                      Rates* calibrated, bool compact_master) {
   if (runtime.cuda_workers() == 0) throw Error("calibrating the model's rates needs a CUDA worker; there is none");
   if (!runtime.model_policy())
     throw Error("calibrating the model's rates needs the dos (or static:R) policy, not " + runtime.policy());
-  const std::string path = rates_cache_path(runtime, S, dtype, memory), dir = path.substr(0, path.rfind('/'));
+  const std::string path = rates_cache_path(runtime, S, dtype, memory, compact_master), dir = path.substr(0, path.rfind('/'));
   if (!force && std::ifstream(path)) {
     try {
       Rates c;
@@ -262,6 +263,7 @@ Rates calibrate_rates(Runtime& runtime, std::size_t S, DType dtype, MemoryKind m
   o.memory = memory;
   o.rates = Rates{1, 1, 1, 1, 1, 1};  // placeholders: the plans below are forced
   o.verbose = false;
+  o.compact_master = compact_master;
   Optimizer opt(runtime, {{buf.param, buf.grad, n}}, o);
   auto phase = [&](double fraction) {
     opt.set_plan_override(PlanOverride{PlanOverride::fraction, fraction});

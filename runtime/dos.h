@@ -749,7 +749,7 @@ class Optimizer {
 
  private:
   // measures link_share on its scratch optimizer's phases, from the rates it has just calibrated
-  friend Rates calibrate_rates(Runtime&, std::size_t, DType, MemoryKind, bool, bool, Rates*);
+  friend Rates calibrate_rates(Runtime&, std::size_t, DType, MemoryKind, bool, bool, Rates*, bool);
   std::unique_ptr<Impl> impl_;
 };
 
@@ -780,10 +780,12 @@ void validate_adam_hyper(const AdamHyper& h);
 /// the calibrated ones; `force` measures again. Returns the rates to plan with (refined ones when
 /// the cache has them); *calibrated (when not null) gets the calibration's own, which the lower
 /// bound uses so that it does not move from run to run.
+/// compact_master: the scratch optimizer keeps its masters in compact form
+/// (OptimizerOptions::compact_master), so that U_c and U_c_dma are its CPU Adam's; its own cache file.
 /// Throws Error when there is no CUDA worker, the policy is not a model policy, or
 /// DOS_CALIBRATE_LINK_SHARE names no rule.
 Rates calibrate_rates(Runtime& runtime, std::size_t subgroup_elems, DType dtype, MemoryKind memory, bool force,
-                      bool verbose, Rates* calibrated = nullptr);
+                      bool verbose, Rates* calibrated = nullptr, bool compact_master = false);
 
 /// The cache file of calibrate_rates for this runtime and configuration: rates-KEY.json in the cache
 /// folder, KEY naming the host, the workers, the dtype, the memory kind, the subgroup size, the
@@ -791,8 +793,10 @@ Rates calibrate_rates(Runtime& runtime, std::size_t subgroup_elems, DType dtype,
 /// calibrate_rates): "-link_share_estimate" for the default estimate, "-link_share" for measure (or
 /// 1), nothing for placeholder (the name of every rates file written before the estimate, whose
 /// calibrations gave the placeholder), so that a calibration made under one rule is read only under
-/// it. Throws Error when DOS_CALIBRATE_LINK_SHARE names no rule.
-std::string rates_cache_path(const Runtime& runtime, std::size_t subgroup_elems, DType dtype, MemoryKind memory);
+/// it; "-compact" last for a calibration of the compact master. Throws Error when
+/// DOS_CALIBRATE_LINK_SHARE names no rule.
+std::string rates_cache_path(const Runtime& runtime, std::size_t subgroup_elems, DType dtype, MemoryKind memory,
+                             bool compact_master = false);
 
 /// Reads a rates file in the format of calibrate_rates' cache: a JSON object with U_c, U_c_dma, U_g,
 /// D_c (params/s), B_h2d and B_d2h (bytes/s), the rates to plan with, and optionally the same under

@@ -442,6 +442,7 @@ Optimizer::Optimizer(Runtime& runtime, const std::vector<TensorView>& tensors, c
   I.workload.caller_on_gpu = options.memory == MemoryKind::cuda;
   I.workload.param_bytes = esz;
   I.workload.grad_bytes = gsz;
+  I.workload.compact_master = options.compact_master;
   for (const SubgroupLayout& l : layout) I.workload.sizes.push_back(l.size);
   {  // GPU budgets (OptimizerOptions): what may stay resident, and whether one streamed subgroup fits
     const bool gpu = runtime.cuda_workers() > 0;
@@ -493,8 +494,8 @@ Optimizer::Optimizer(Runtime& runtime, const std::vector<TensorView>& tensors, c
       const std::size_t largest = *std::max_element(I.workload.sizes.begin(), I.workload.sizes.end());
       const std::size_t cal = std::min<std::size_t>(largest, std::size_t(1) << 24);
       I.rates = calibrate_rates(runtime, cal, options.dtype, options.memory, options.recalibrate, options.verbose,
-                                &I.calibrated_rates);
-      I.rates_path = rates_cache_path(runtime, cal, options.dtype, options.memory);
+                                &I.calibrated_rates, options.compact_master);
+      I.rates_path = rates_cache_path(runtime, cal, options.dtype, options.memory, options.compact_master);
     }
     I.have_rates = true;
     // rates given: a link_share other than 1 is a measure; calibrated, from the cache or from a

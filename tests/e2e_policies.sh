@@ -101,6 +101,35 @@ PY
       [ "$got" = "$n" ] || { echo "FAIL: ${var:+$var }dos-train $args: tail_subgroups $got, expected $n"; exit 1; }
       echo "ok: ${var:+$var }dos-train $args: tail_subgroups $got"
     done ;;
+  compact)
+    # --master compact (the compact master): the same bits as the full master under the CPU policy,
+    # under dos (on a GPU: streamed subgroups through the direct path's segments, CPU ones with their
+    # parameters brought down) and, where a GPU is, StarPU's gpu and dmda policies; checkpoints hold
+    # fp32 masters, so a run resumes in either form from the other's; bad combinations refused
+    run --policy cpu --iterations 4 --save-params "$tmp/full.safetensors"
+    run --policy cpu --iterations 4 --master compact --save-params "$tmp/c-cpu.safetensors"
+    run --policy dos --iterations 4 --master compact --save-params "$tmp/c-dos.safetensors"
+    run --policy dos --iterations 4 --master compact --k 2 --save-params "$tmp/c-k2.safetensors"
+    "$cmp" "$tmp/full.safetensors" "$tmp/c-cpu.safetensors" && "$cmp" "$tmp/full.safetensors" "$tmp/c-dos.safetensors" &&
+      "$cmp" "$tmp/full.safetensors" "$tmp/c-k2.safetensors" || exit 1
+    if "$train" "${common[@]}" --policy gpu --iterations 1 --master compact >/dev/null 2>&1; then
+      run --policy gpu --iterations 4 --master compact --save-params "$tmp/c-gpu.safetensors"
+      run --policy dmda --iterations 4 --master compact --save-params "$tmp/c-dmda.safetensors"
+      "$cmp" "$tmp/full.safetensors" "$tmp/c-gpu.safetensors" && "$cmp" "$tmp/full.safetensors" "$tmp/c-dmda.safetensors" ||
+        exit 1
+    else
+      echo "no CUDA worker: the gpu and dmda runs of --master compact left out"
+    fi
+    run --policy cpu --iterations 2 --master compact --save-state "$tmp/ck-compact"
+    run --policy dos --iterations 2 --resume "$tmp/ck-compact" --save-params "$tmp/r-full.safetensors"
+    run --policy cpu --iterations 2 --save-state "$tmp/ck-full"
+    run --policy dos --iterations 2 --master compact --resume "$tmp/ck-full" --save-params "$tmp/r-compact.safetensors"
+    "$cmp" "$tmp/full.safetensors" "$tmp/r-full.safetensors" && "$cmp" "$tmp/full.safetensors" "$tmp/r-compact.safetensors" ||
+      exit 1
+    for bad in "--dtype fp16" "--overlap on --emulate-compute"; do
+      out=$("$train" "${common[@]}" --policy cpu --iterations 1 --master compact $bad 2>&1)
+      [ $? -ne 0 ] && grep -q -- "--master compact" <<<"$out" || { echo "--master compact $bad was not refused: $out"; exit 1; }
+    done ;;
   cpu-gpu)
     out=$("$train" "${common[@]}" --policy gpu --save-params "$tmp/gpu.safetensors" 2>&1)
     rc=$?

@@ -7,6 +7,7 @@
 // ceil(n / 8) are never touched and the last byte's unused high bits are written 0.
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -257,6 +258,70 @@ void test_compact_unaligned(void**) {
     for (DType gt : {DType::bf16, DType::fp16}) run_case(2 * 16384 + 13, gt, true, 2, off);
 }
 
+/// Cut points of a subgroup of n elements into segments: random lengths of 1 to 40 elements and
+/// long ones (so that segments start at every residue mod 8 and 32), ending at n.
+std::vector<std::size_t> segment_cuts(std::size_t n, std::mt19937& rng) {
+  std::vector<std::size_t> cuts{0};
+  std::uniform_int_distribution<std::size_t> small(1, 40), large(1, 40000);
+  while (cuts.back() < n) cuts.push_back(std::min(n, cuts.back() + (rng() % 3 == 0 ? large(rng) : small(rng))));
+  return cuts;
+}
+
+// adam_step_compact_cpu_at over a subgroup cut into segments (segment_cuts), updated in a shuffled
+// order, against adam_step_compact_cpu on the whole subgroup: P, lo, exp_avg, exp_avg_sq and every
+// byte of r the same bits after each of 2 steps, the guard bytes after r untouched; n == 0 touches
+// nothing.
+void test_compact_segments(void**) {
+  const auto sp0 = dos::make_adam_step_params(dos::AdamHyper{}, 1);
+  dos::adam_step_compact_cpu_at(nullptr, nullptr, nullptr, 5, nullptr, nullptr, nullptr, DType::bf16, 0, sp0);
+  for (std::size_t n : {std::size_t(1), std::size_t(13), std::size_t(1000), std::size_t(3 * 16384 + 21), std::size_t(100003)})
+    for (DType gt : {DType::bf16, DType::fp32}) {
+      std::mt19937 rng(unsigned(n + int(gt)));
+      dos::AdamHyper h;
+      h.weight_decay = 0.1;
+      const std::vector<float> m0 = make_masters(n, rng, true);
+      const std::size_t nb = dos::compact_round_up_bytes(n);
+      std::vector<std::uint16_t> p(n), lo(n);
+      std::vector<std::uint8_t> r(nb + kGuardBytes, kGuard);
+      std::fill(r.begin(), r.begin() + long(nb), std::uint8_t(0));
+      for (std::size_t i = 0; i < n; ++i) {
+        p[i] = dos::f32_to_bf16(m0[i]);
+        std::uint16_t l;
+        std::uint32_t b;
+        dos::compact_split(bits(m0[i]), p[i], &l, &b);
+        lo[i] = l;
+        r[i / 8] |= std::uint8_t(b << (i % 8));
+      }
+      std::vector<float> m(n, 0.0f), v(n, 0.0f);
+      std::vector<std::uint16_t> ps(p), los(lo);
+      std::vector<std::uint8_t> rs(r);
+      std::vector<float> ms(m), vs(v);
+      const std::vector<std::size_t> cuts = segment_cuts(n, rng);
+      std::vector<std::size_t> order(cuts.size() - 1);
+      for (std::size_t k = 0; k < order.size(); ++k) order[k] = k;
+      std::shuffle(order.begin(), order.end(), rng);
+      for (std::int64_t t = 1; t <= 2; ++t) {
+        const auto g = make_grads(n, gt, rng);
+        const std::size_t gsz = dos::dtype_size(gt);
+        const dos::AdamStepParams sp = dos::make_adam_step_params(h, t);
+        dos::adam_step_compact_cpu(p.data(), lo.data(), r.data(), m.data(), v.data(), g.data(), gt, n, sp);
+        for (std::size_t k : order) {
+          const std::size_t a = cuts[k], c = cuts[k + 1] - a;
+          dos::adam_step_compact_cpu_at(ps.data() + a, los.data() + a, rs.data(), a, ms.data() + a, vs.data() + a,
+                                        g.data() + a * gsz, gt, c, sp);
+        }
+        assert_memory_equal(ps.data(), p.data(), 2 * n);
+        assert_memory_equal(los.data(), lo.data(), 2 * n);
+        assert_memory_equal(rs.data(), r.data(), r.size());  // r's bytes and the guard after them
+        assert_memory_equal(ms.data(), m.data(), 4 * n);
+        assert_memory_equal(vs.data(), v.data(), 4 * n);
+      }
+      if (n > 1000)
+        std::printf("  n=%zu grad=%s: %zu segments in a shuffled order, the same bits as the whole subgroup\n", n,
+                    dos::dtype_name(gt), order.size());
+    }
+}
+
 // n == 0 touches nothing (null pointers included); a NaN master (split as the header says) comes
 // back a NaN after a step, its neighbours unaffected.
 void test_compact_zero_and_nan(void**) {
@@ -306,7 +371,7 @@ int main() {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_encoding_every_float), cmocka_unit_test(test_encoding_per_bf16),
       cmocka_unit_test(test_compact_zero_and_nan), cmocka_unit_test(test_compact_equals_full),
-      cmocka_unit_test(test_compact_unaligned),
+      cmocka_unit_test(test_compact_unaligned),     cmocka_unit_test(test_compact_segments),
   };
   return cmocka_run_group_tests(tests, nullptr, nullptr);
 }

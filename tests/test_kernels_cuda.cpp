@@ -9,6 +9,7 @@
 // (compact_master.h) against adam_step_compact_cpu: P, lo, the packed r bits (no byte beyond
 // ceil(n / 8) written), exp_avg, exp_avg_sq, over sizes around warps and bytes.
 // Exits 77 (skip) without a CUDA device.
+#include <algorithm>
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -360,6 +361,95 @@ void test_adam_compact_cuda_equals_cpu(void**) {
   assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
 }
 
+// adam_step_compact_cuda_at over a subgroup cut into segments starting at every residue mod 32
+// (lengths 1 to 70, and long ones), launched one after another on one stream in a shuffled order,
+// against adam_step_compact_cpu on the whole subgroup: P, lo, exp_avg, exp_avg_sq and r's bytes the
+// same bits after each of 3 steps, r's words beyond the subgroup's last one untouched; a
+// misaligned r and a bad gradient dtype launch nothing.
+void test_adam_compact_cuda_segments(void**) {
+  std::mt19937 rng(29);
+  constexpr std::size_t kGuard = 64;
+  for (DType gt : {DType::bf16, DType::fp32})
+    for (std::size_t n : {std::size_t(1), std::size_t(45), std::size_t(4099), std::size_t(200003)}) {
+      dos::AdamHyper h;
+      h.weight_decay = 0.1;
+      std::normal_distribution<float> nd(0.0f, 0.5f);
+      std::vector<std::uint16_t> p(n), lo(n);
+      std::vector<float> m(n, 0.0f), v(n, 0.0f);
+      const std::size_t words = (n + 31) / 32, nb = dos::compact_round_up_bytes(n);
+      std::vector<std::uint8_t> r(4 * words + kGuard, 0xA5);
+      std::fill(r.begin(), r.begin() + long(4 * words), std::uint8_t(0));  // bits beyond n: 0, as the CPU writes them
+      for (std::size_t i = 0; i < n; ++i) {
+        const float x = nd(rng);
+        std::uint32_t u;
+        std::memcpy(&u, &x, 4);
+        p[i] = dos::f32_to_bf16(x);
+        std::uint16_t l;
+        std::uint32_t b;
+        dos::compact_split(u, p[i], &l, &b);
+        lo[i] = l;
+        r[i / 8] |= std::uint8_t(b << (i % 8));
+      }
+      DevBuf dp(2 * n, 0), dlo(2 * n, 0), dr(r.size(), 0), dm(4 * n, 0), dv(4 * n, 0), dg(4 * n, 0);
+      dp.put(p.data(), 2 * n);
+      dlo.put(lo.data(), 2 * n);
+      dr.put(r.data(), r.size());
+      dm.put(m.data(), 4 * n);
+      dv.put(v.data(), 4 * n);
+      std::vector<std::size_t> cuts{0};
+      while (cuts.back() < n) cuts.push_back(std::min(n, cuts.back() + (rng() % 4 == 0 ? 1 + rng() % 50000 : 1 + rng() % 70)));
+      std::vector<std::size_t> order(cuts.size() - 1);
+      for (std::size_t k = 0; k < order.size(); ++k) order[k] = k;
+      std::shuffle(order.begin(), order.end(), rng);
+      const std::size_t gsz = dos::dtype_size(gt);
+      for (std::int64_t step = 1; step <= 3; ++step) {
+        const auto g = random_grads(n, gt, rng);
+        dg.put(g.data(), g.size());
+        const dos::AdamStepParams sp = dos::make_adam_step_params(h, step);
+        dos::adam_step_compact_cpu(p.data(), lo.data(), r.data(), m.data(), v.data(), g.data(), gt, n, sp);
+        for (std::size_t k : order) {
+          const std::size_t a = cuts[k], c = cuts[k + 1] - a;
+          assert_int_equal(dos::adam_step_compact_cuda_at(static_cast<std::uint16_t*>(dp.ptr()) + a,
+                                                          static_cast<std::uint16_t*>(dlo.ptr()) + a,
+                                                          static_cast<std::uint8_t*>(dr.ptr()), a,
+                                                          static_cast<float*>(dm.ptr()) + a,
+                                                          static_cast<float*>(dv.ptr()) + a,
+                                                          static_cast<const char*>(dg.ptr()) + a * gsz, gt, c, sp, nullptr),
+                           0);
+        }
+      }
+      std::vector<std::uint16_t> pg(n), lg(n);
+      std::vector<std::uint8_t> rg(r.size());
+      std::vector<float> mg(n), vg(n);
+      dp.get(pg.data(), 2 * n);
+      dlo.get(lg.data(), 2 * n);
+      dr.get(rg.data(), rg.size());
+      dm.get(mg.data(), 4 * n);
+      dv.get(vg.data(), 4 * n);
+      expect_same_bits(p.data(), pg.data(), 2 * n, "segmented compact P", n, 0);
+      expect_same_bits(lo.data(), lg.data(), 2 * n, "segmented compact lo", n, 0);
+      expect_same_bits(r.data(), rg.data(), nb, "segmented compact r bits", n, 0);
+      expect_same_bits(r.data() + 4 * words, rg.data() + 4 * words, kGuard, "the guard bytes after r's words", n, 0);
+      expect_same_bits(m.data(), mg.data(), 4 * n, "segmented compact exp_avg", n, 0);
+      expect_same_bits(v.data(), vg.data(), 4 * n, "segmented compact exp_avg_sq", n, 0);
+      std::printf("  n=%zu grad=%s: %zu segments in a shuffled order, the same bits as the CPU on the whole subgroup\n", n,
+                  dos::dtype_name(gt), order.size());
+    }
+  const dos::AdamStepParams sp = dos::make_adam_step_params(dos::AdamHyper{}, 1);
+  DevBuf d(256, 0);
+  std::uint16_t* q = static_cast<std::uint16_t*>(d.ptr());
+  float* f = static_cast<float*>(d.ptr());
+  auto* b = static_cast<std::uint8_t*>(d.ptr());
+  assert_int_equal(dos::adam_step_compact_cuda_at(q, q, b + 1, 3, f, f, f, DType::bf16, 4, sp, nullptr),
+                   cudaErrorMisalignedAddress);
+  assert_int_equal(dos::adam_step_compact_cuda_at(q, q, b, 3, f, f, f, static_cast<DType>(7), 4, sp, nullptr),
+                   cudaErrorInvalidValue);
+  assert_int_equal(dos::adam_step_compact_cuda_at(nullptr, nullptr, nullptr, 3, nullptr, nullptr, nullptr, DType::bf16, 0,
+                                                  sp, nullptr),
+                   0);
+  assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
+}
+
 }  // namespace
 
 int main() {
@@ -375,6 +465,7 @@ int main() {
       cmocka_unit_test(test_pcie_copy),
       cmocka_unit_test(test_adam_cuda_no_copy_and_bad_dtype),
       cmocka_unit_test(test_adam_compact_cuda_equals_cpu),
+      cmocka_unit_test(test_adam_compact_cuda_segments),
   };
   return cmocka_run_group_tests(tests, nullptr, nullptr);
 }

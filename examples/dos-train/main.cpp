@@ -234,14 +234,15 @@ bool model_on_gpu(const Args& a, const dos::Runtime& rt) {
   return on_gpu;
 }
 
-/// Prints dos-train's line: the model, this shard, the optimizer, the dtype, where the buffers are
-/// and the policy.
+/// Prints dos-train's line: the model, this shard, the optimizer, the dtype, where the buffers are,
+/// the policy and, with --master compact, the master's form.
 void print_run_line(const Args& a, const Job& j, const dos::Runtime& rt, bool on_gpu) {
   std::printf("dos-train: %s (%s, %zu layers, hidden %lld), %zu of %zu parameters (shard %s), %s, "
-              "subgroups of %zu, %s on the %s, policy %s (StarPU: %s)\n",
+              "subgroups of %zu, %s on the %s, policy %s (StarPU: %s)%s\n",
               j.cfg.name.c_str(), j.cfg.arch.c_str(), std::size_t(j.cfg.layers), (long long)j.cfg.hidden, j.n,
               j.total, a.shard.c_str(), a.optimizer == "adamw" ? "AdamW" : "Adam", j.subgroup, a.dtype.c_str(),
-              on_gpu ? "GPU" : "host", rt.policy().c_str(), rt.running_policy().c_str());
+              on_gpu ? "GPU" : "host", rt.policy().c_str(), rt.running_policy().c_str(),
+              a.master == "compact" ? ", compact master" : "");
 }
 
 /// Under MPI: the data-parallel collectives, NCCL on the GPU buffers when every rank can (--comm
@@ -395,6 +396,7 @@ dos::OptimizerOptions optimizer_options(const Args& a, const Job& j, bool on_gpu
   oo.tail_subgroups = c.tail_subgroups;
   oo.eager_writeback = a.writeback == "eager";
   oo.native_grads = a.grad_transfer == "native";
+  oo.compact_master = c.compact_master;
   oo.urgent_writeback = a.urgent_writeback;
   oo.submit_order = a.submit_order == "plan" ? dos::SubmitOrder::plan : dos::SubmitOrder::cpu_first;
   oo.speculation_budget = c.speculation_budget;

@@ -46,6 +46,7 @@ struct Args {
   std::string tail_subgroups = "auto";  ///< --tail-subgroups as given: "auto" or a count (Checked::tail_subgroups)
   std::string writeback = "eager";
   std::string grad_transfer = "native";
+  std::string master = "full";  ///< --master: full (fp32 masters) or compact (OptimizerOptions::compact_master)
   std::string copy_by;  ///< --copy-by: "" (as DOS_COPY_BY says, else memcpy-down), memcpy-down, kernel, memcpy, memcpy-up
   bool urgent_writeback = false;
   std::string submit_order = "plan";
@@ -109,8 +110,10 @@ struct Checked {
   /// --policy dos, a plan of the model's own choosing (no --k, --gpu-fraction or --sweep) and the
   /// update after backward (overlap off), else 0.
   std::size_t tail_subgroups = 0;
-  /// --overlap resolved: on, or auto with --emulate-compute and without --sweep.
+  /// --overlap resolved: on, or auto with --emulate-compute and without --sweep (and not with --master
+  /// compact, which has no speculative update).
   bool overlap = false;
+  bool compact_master = false;  ///< --master compact
 };
 
 /// The subgroups --tail-subgroups auto leaves to late binding: measured on the GPU machine on the

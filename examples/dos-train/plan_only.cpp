@@ -167,6 +167,7 @@ int run_plan_only(const Args& a, const Checked& c, const std::string& model, con
   po.workload.caller_on_gpu = a.device != "host";
   po.workload.param_bytes = dos::dtype_size(dtype);
   po.workload.grad_bytes = a.grad_transfer == "native" ? dos::dtype_size(dtype) : 4;
+  po.workload.compact_master = c.compact_master;
   po.budgets = dos::GpuBudgets{c.resident_budget, c.update_budget};
   po.execution.order = a.submit_order == "plan" ? dos::SubmitOrder::plan : dos::SubmitOrder::cpu_first;
   po.execution.lookahead = unsigned(a.stream_lookahead);

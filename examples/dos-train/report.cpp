@@ -314,6 +314,7 @@ nlohmann::ordered_json report_json(const RunFacts& f, const dos::Runtime& rt, co
   rep["tail_subgroups"] = f.tail_subgroups;
   rep["writeback"] = a.writeback;
   rep["grad_transfer"] = a.grad_transfer;
+  rep["master"] = a.master;
   rep["copy_by"] = dos::runtime_copy_by();  // --copy-by has set DOS_COPY_BY before the runtime read it
   rep["cpu_schedule"] = dos::cpu_adam_schedule();  // DOS_CPU_SCHEDULE
   rep["team_bind"] = dos::team_bind_mode();        // DOS_TEAM_BIND

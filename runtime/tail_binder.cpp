@@ -49,9 +49,10 @@ void Optimizer::Impl::bind_tail_subgroups(OpenStep& ph) {
   TailWatch& w = ph.tail;
   const double workers = double(std::max<std::size_t>(1, rt.cpu_workers()));
   // Before a side has a pace of its own in this phase: the model's rates (the CPU beside DMA, the
-  // state's 12 bytes per parameter up at B_h2d)
-  const double cpu_model = 1.0 / (rates.U_c_dma * workers), stream_model = 12.0 / rates.B_h2d;
-  const double cpu_drain = double(workload.param_bytes) / rates.B_h2d, stream_drain = 12.0 / rates.B_d2h;
+  // state's bytes per parameter up at B_h2d: 12, or 10.125 in compact form)
+  const double state = state_bytes_per_param(workload);
+  const double cpu_model = 1.0 / (rates.U_c_dma * workers), stream_model = state / rates.B_h2d;
+  const double cpu_drain = double(workload.param_bytes) / rates.B_h2d, stream_drain = state / rates.B_d2h;
   for (const std::size_t i : ph.tail_order) {
     Subgroup* sg = sgs[i].get();
     const std::size_t n = sg->size;

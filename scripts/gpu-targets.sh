@@ -10,6 +10,9 @@
 #               repository's stride:2 and twinflow, the TwinFlow-ratio peer; -n 4); about 320 s (400 s
 #               on a slower machine: the side by side may take up to 300 s); the resident runs here
 #               and in PART=rest with the update budget of `scripts/update-budget.sh resident`
+#   PART=compact the 20B quarter side by side with the compact master (dos, dos --master compact, the
+#               repository's zero_offload and stride:2, the peers when there; -n 5, with dos-bench
+#               host's bound at the full form's bytes); about 330 s
 #   PART=rest   the resident sequence (calibrating -n 2, then -n 3 from its rates cache), the 13B
 #               sweep, the 7B quarter, its 1/16 shard under 400 MB, the tiny preset (dos, cpu, gpu),
 #               dos-bench overhead, the 1.01e9-parameter GPT's update phase; about 380 s
@@ -83,6 +86,12 @@ case $PART in
     step resident 380 200 python3 examples/dos_compare.py --policies "" --resident-budgets 31.5GB \
       --baselines stride:2 "${PEERS[@]}" "${pv[@]}" --repeats 1 --host-bench --out "$OUT/resident" -- "${B20R[@]}" -n 4
     ;;
+  compact)
+    pv=(); [ ${#PEERS[@]} -gt 0 ] && pv=(--peer-variants zero_offload,dos_stride:2)
+    step compact 150 420 python3 examples/dos_compare.py --policies dos \
+      --run "compact=--policy dos --master compact" --baselines zero_offload,stride:2 "${PEERS[@]}" "${pv[@]}" \
+      --repeats 1 --host-bench --out "$OUT/compact" -- "${B20[@]}" -n 5
+    ;;
   rest)
     RES=("${B20R[@]}" --overlap off --policy dos --gpu-resident-budget 31.5GB)
     step resident-calibrating 120 90 "$TRAIN" "${RES[@]}" -n 2 --report "$OUT/resident-calibrating.json"
@@ -99,7 +108,7 @@ case $PART in
     step gpt 460 120 env OUT="$OUT/gpt" TEST=0 BATCH=32 DOS_SECONDS=30 TRAIN_ARGS="--max-grad-norm 0" RUNS=dos \
       scripts/gpu-train.sh
     ;;
-  *) echo "PART must be tests, 20b or rest, not $PART" >&2; exit 2 ;;
+  *) echo "PART must be tests, 20b, compact or rest, not $PART" >&2; exit 2 ;;
 esac
 if [ -n "${ONLY:-}" ] && [ "$selected" -eq 0 ]; then
   echo "ONLY='$ONLY' selected no step of PART=$PART" | tee -a "$OUT/times.txt" >&2; exit 2
@@ -112,7 +121,7 @@ fi > "$OUT/summary.txt" 2>&1
 python3 - "$OUT" <<'PY' >> "$OUT/summary.txt" 2>&1
 import os, sys
 out = sys.argv[1]
-for name in ("side-by-side", "resident"):
+for name in ("side-by-side", "resident", "compact"):
     md = os.path.join(out, name, "compare.md")
     if os.path.exists(md):
         print(f"\n{name} (compare.md):")

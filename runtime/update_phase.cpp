@@ -173,10 +173,11 @@ void Optimizer::Impl::begin(bool overlapped) {
     timeline.t0_us = starpu_timing_now();
     st.started_at = 1e-6 * timeline.t0_us;
   }
-  // The timeline's bus samples: a thread reads the bus counters every millisecond during the phase (start_sampler)
-  if (timeline_on) ph.start_sampler();
   ph.state_off_gpu = states_off_gpu();  // before the plan: a resident state off the GPU must come up
   try {
+    // The timeline's bus samples: a thread reads the bus counters every millisecond during the
+    // phase (start_sampler); one that cannot start (std::system_error) leaves no phase open
+    if (timeline_on) ph.start_sampler();
     PlanDecision decided;
     plan = make_plan(&decided);
     st.plan_seconds = decided.seconds;

@@ -107,12 +107,14 @@ def measure_probe(a, runs, order, notes):
         notes.append(f"WARNING: --host-bench: run {src} has {r.get('cpu_workers')} CPU workers; dos-bench host "
                      f"measures one team: no lower bound at its rates")
         return None
-    bench, why = host_probe.run_bench(a.host_bench, r["cpu_threads"], a.out)
+    # the compact master's runs (--master compact after --) move CPU Adam's state in its own form
+    state = "compact" if arg_value(a.train_args, "--master") == "compact" else "full"
+    bench, why = host_probe.run_bench(a.host_bench, r["cpu_threads"], a.out, state)
     if bench is None:
         notes.append(f"WARNING: --host-bench: {why}: no lower bound at its rates")
         return None
     try:
-        rates, held = host_probe.probe_rates(bench, r["cpu_threads"], r["rates"], r["calibrated_rates"])
+        rates, held = host_probe.probe_rates(bench, r["cpu_threads"], r["rates"], r["calibrated_rates"], state)
     except ValueError as e:
         notes.append(f"WARNING: --host-bench: {e}: no lower bound at its rates")
         return None

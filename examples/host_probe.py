@@ -39,7 +39,7 @@ BENCH_TIMEOUT_S = 900
 PLAN_TIMEOUT_S = 300
 
 
-def probe_rates(bench, threads, run_rates, run_calibrated):
+def probe_rates(bench, threads, run_rates, run_calibrated, state="full"):
     """The model's rates at the probe's figures (module docstring), and notes on what the model could
     not hold: (rates, notes). rates: a dict with U_c, U_c_dma, U_g, D_c (params/s), B_h2d, B_d2h
     (bytes/s) and link_share, as a rates file holds them; notes: a list of strings.
@@ -48,9 +48,10 @@ def probe_rates(bench, threads, run_rates, run_calibrated):
     bytes per parameter, 28 when absent; a row's own "bytes_per_param" comes first); threads: the
     team size whose row is taken (the run's CPU threads); run_rates, run_calibrated: the run's
     report's "rates" and "calibrated_rates" (same keys). Raises ValueError when the probe's object
-    is not of that shape, has no row for that team over 1 GiB buffers (dma_ring_bytes 0) in the full
-    form (a row's "state" "full", or none), or a figure in it or a U_g or D_c is not a positive
-    finite number."""
+    is not of that shape, has no row for that team over 1 GiB buffers (dma_ring_bytes 0) in the
+    state form ``state`` ("full": a row's "state" "full", or none; "compact": "compact", the
+    compact master's CPU Adam, for runs with dos-train --master compact), or a figure in it or a
+    U_g or D_c is not a positive finite number."""
     def positive(x):
         return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
 
@@ -58,10 +59,10 @@ def probe_rates(bench, threads, run_rates, run_calibrated):
     if not isinstance(runs, list) or not all(isinstance(r, dict) for r in runs):
         raise ValueError("dos-bench host's JSON has no list of rows ('runs')")
     rows = [r for r in runs if r.get("threads") == threads and not r.get("dma_ring_bytes")
-            and r.get("dma_directions", "both") == "both" and r.get("state", "full") == "full"]
+            and r.get("dma_directions", "both") == "both" and r.get("state", "full") == state]
     if not rows:
         raise ValueError(f"dos-bench host has no row for a team of {threads} threads over 1 GiB DMA buffers, both "
-                         f"directions at once, full state")
+                         f"directions at once, {state} state")
     r = rows[0]
     keys = ("adam_alone_params_per_s", "adam_beside_dma_params_per_s", "dma_alone_bytes_per_s_each_way",
             "dma_beside_adam_bytes_per_s_each_way")
@@ -94,12 +95,12 @@ def probe_rates(bench, threads, run_rates, run_calibrated):
              "B_h2d": b_alone, "B_d2h": b_alone, "link_share": share}, notes)
 
 
-def run_bench(bench_path, threads, out_dir):
-    """Runs ``BENCH host --threads T --pages 4k --reps 3 --json`` (at most BENCH_TIMEOUT_S seconds);
-    returns (its JSON object, None) or (None, why it gave none). Its output is kept in
-    OUT_DIR/host-bench.log."""
+def run_bench(bench_path, threads, out_dir, state="full"):
+    """Runs ``BENCH host --threads T --pages 4k --reps 3 --state STATE --json`` (at most
+    BENCH_TIMEOUT_S seconds; STATE full or compact, CPU Adam's state form); returns (its JSON
+    object, None) or (None, why it gave none). Its output is kept in OUT_DIR/host-bench.log."""
     log = os.path.join(out_dir, "host-bench.log")
-    cmd = [bench_path, "host", "--threads", str(threads), "--pages", "4k", "--reps", "3", "--json"]
+    cmd = [bench_path, "host", "--threads", str(threads), "--pages", "4k", "--reps", "3", "--state", state, "--json"]
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=BENCH_TIMEOUT_S)
     except (OSError, subprocess.TimeoutExpired) as e:

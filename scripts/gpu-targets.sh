@@ -10,9 +10,10 @@
 #               repository's stride:2 and twinflow, the TwinFlow-ratio peer; -n 4); about 320 s (400 s
 #               on a slower machine: the side by side may take up to 300 s); the resident runs here
 #               and in PART=rest with the update budget of `scripts/update-budget.sh resident`
-#   PART=compact the 20B quarter side by side with the compact master (dos, dos --master compact, the
-#               repository's zero_offload and stride:2, the peers when there; -n 5, with dos-bench
-#               host's bound at the full form's bytes); about 330 s
+#   PART=compact the 20B quarter side by side with the compact master: dos, the repository's
+#               zero_offload and stride:2 and the peers when there, with dos-bench host's bound (as
+#               PART=20b's side by side, without its "plan" run), then dos --master compact alone with
+#               the bound at the probe's compact-form rates and bytes; -n 5 each; about 400 s
 #   PART=rest   the resident sequence (calibrating -n 2, then -n 3 from its rates cache), the 13B
 #               sweep, the 7B quarter, its 1/16 shard under 400 MB, the tiny preset (dos, cpu, gpu),
 #               dos-bench overhead, the 1.01e9-parameter GPT's update phase; about 380 s
@@ -88,9 +89,11 @@ case $PART in
     ;;
   compact)
     pv=(); [ ${#PEERS[@]} -gt 0 ] && pv=(--peer-variants zero_offload,dos_stride:2)
-    step compact 150 420 python3 examples/dos_compare.py --policies dos \
-      --run "compact=--policy dos --master compact" --baselines zero_offload,stride:2 "${PEERS[@]}" "${pv[@]}" \
-      --repeats 1 --host-bench --out "$OUT/compact" -- "${B20[@]}" -n 5
+    step compact-full 150 300 python3 examples/dos_compare.py --policies dos \
+      --baselines zero_offload,stride:2 "${PEERS[@]}" "${pv[@]}" \
+      --repeats 1 --host-bench --out "$OUT/compact-full" -- "${B20[@]}" -n 5
+    step compact 420 170 python3 examples/dos_compare.py --policies dos --repeats 1 --host-bench \
+      --out "$OUT/compact" -- "${B20[@]}" --master compact -n 5
     ;;
   rest)
     RES=("${B20R[@]}" --overlap off --policy dos --gpu-resident-budget 31.5GB)
@@ -121,7 +124,7 @@ fi > "$OUT/summary.txt" 2>&1
 python3 - "$OUT" <<'PY' >> "$OUT/summary.txt" 2>&1
 import os, sys
 out = sys.argv[1]
-for name in ("side-by-side", "resident", "compact"):
+for name in ("side-by-side", "resident", "compact-full", "compact"):
     md = os.path.join(out, name, "compare.md")
     if os.path.exists(md):
         print(f"\n{name} (compare.md):")

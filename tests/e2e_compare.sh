@@ -180,6 +180,18 @@ try:
     raise SystemExit("FAIL: probe_rates took a compact-form row")
 except ValueError as e:
     assert "full state" in str(e), e
+# with state "compact" (runs with dos-train --master compact), the compact row and its own bytes:
+# U_c 5e9 alone, 2.5e9 beside the DMA; link_share (0.8) / (2.5 / 5) = 1.6, under its cap U_c / U_c_dma = 2;
+# 2.5e9 x 26.25 + 2 x 40e9 = 145.6 GB/s together, above 131.25 (Adam alone) and 100 (DMA alone): no note
+rc, notes_c = h.probe_rates(both, 15, run, cal, "compact")
+want_c = dict(want, U_c=5e9, link_share=1.6)
+assert set(rc) == set(want_c) and all(abs(rc[k] - want_c[k]) <= 1e-12 * want_c[k] for k in want_c), rc
+assert notes_c == [], notes_c
+try:
+    h.probe_rates(bench(40e9), 15, run, cal, "compact")
+    raise SystemExit("FAIL: probe_rates took a full-form row for the compact form")
+except ValueError as e:
+    assert "compact state" in str(e), e
 r, notes = h.probe_rates(bench(55e9), 15, run, cal)  # (1.1 / 0.625) capped at 1.6, and said
 assert abs(r["link_share"] - 1.6) < 1e-12 and len(notes) == 1 and "outside what the model tells apart" in notes[0], notes
 r, notes = h.probe_rates(bench(1e9), 15, run, cal)  # 0.032 raised to 1/16; 72 GB/s together, below 112 alone

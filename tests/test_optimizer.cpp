@@ -48,6 +48,17 @@ void encode(std::vector<uint16_t>& b16, std::vector<float>& b32, size_t i, float
   }
 }
 
+/// Marsaglia's xorshift64 from seed s: each call gives a double uniform in [-0.5, 0.5).
+struct XorShift {
+  uint64_t s;
+  double operator()() {
+    s ^= s << 13;
+    s ^= s >> 7;
+    s ^= s << 17;
+    return double(s >> 11) / 9007199254740992.0 - 0.5;
+  }
+};
+
 /// Caller-side buffers of the run's dtype (tests/caller_buffers.h).
 struct CallerBuffers : test::CallerBuffers {
   CallerBuffers(size_t n, bool cuda) : test::CallerBuffers(n, dos::dtype_size(g_dtype), cuda) {}
@@ -77,13 +88,7 @@ void test_adamw_against_reference(void**) {
   CallerBuffers buf(n, cuda);
   std::vector<uint16_t> p16(n), g16(n);
   std::vector<float> p32(n), g32(n);
-  uint64_t s = 88172645463325252ull;
-  auto next = [&] {
-    s ^= s << 13;
-    s ^= s >> 7;
-    s ^= s << 17;
-    return double(s >> 11) / 9007199254740992.0 - 0.5;
-  };
+  XorShift next{88172645463325252ull};
   for (size_t i = 0; i < n; ++i) encode(p16, p32, i, float(next()));
   const void* hostp = g_dtype == dos::DType::fp32 ? static_cast<void*>(p32.data()) : p16.data();
   const void* hostg = g_dtype == dos::DType::fp32 ? static_cast<void*>(g32.data()) : g16.data();
@@ -363,13 +368,7 @@ void test_compact_master_same_bits(void**) {
   CallerBuffers full_buf(n, cuda), compact_buf(n, cuda);
   std::vector<uint16_t> p16(n), g16(n), got_full(n), got_compact(n);
   std::vector<float> p32(n), g32(n);
-  uint64_t s = 0x9E3779B97F4A7C15ull;
-  auto next = [&] {
-    s ^= s << 13;
-    s ^= s >> 7;
-    s ^= s << 17;
-    return double(s >> 11) / 9007199254740992.0 - 0.5;
-  };
+  XorShift next{0x9E3779B97F4A7C15ull};
   for (size_t i = 0; i < n; ++i) encode(p16, p32, i, float(next()));
   full_buf.put(full_buf.param, p16.data());
   compact_buf.put(compact_buf.param, p16.data());

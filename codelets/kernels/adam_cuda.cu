@@ -99,6 +99,25 @@ __global__ void adam_kernel_vec4(float* __restrict__ p, float* __restrict__ m, f
   adam_scalar<G, P, WriteParam>(p, m, v, g, out, nq * 4, n, sp);
 }
 
+/// One element i of the compact-master step: the master rebuilt from P (param[i]), lo[i] and its
+/// rounding bit old_r, adam_elem, the new P, low half and moments written; returns the new
+/// rounding bit (compact_round_up).
+template <DType G>
+__device__ __forceinline__ std::uint32_t compact_elem(std::uint16_t* __restrict__ param, std::uint16_t* __restrict__ lo,
+                                                      float* __restrict__ m, float* __restrict__ v,
+                                                      const void* __restrict__ g, std::size_t i, std::uint32_t old_r,
+                                                      const AdamStepParams& sp) {
+  float pi = bits_f32(compact_join(param[i], lo[i], old_r)), mi = m[i], vi = v[i];
+  adam_elem(pi, mi, vi, load_as_f32(g, G, i), sp);
+  const std::uint16_t pn = f32_to_bf16(pi);
+  const std::uint32_t u = f32_bits(pi);
+  param[i] = pn;
+  lo[i] = std::uint16_t(u);
+  m[i] = mi;
+  v[i] = vi;
+  return compact_round_up(u, pn);
+}
+
 /// Adam on masters in compact form (compact_master.h): each warp takes 32 consecutive elements per
 /// trip (the grid's threads a multiple of 32, so the trips stay warp-aligned and every lane of a warp
 /// runs the same trips), rebuilds each master from P, lo and its r bit, runs adam_elem, writes the
@@ -112,19 +131,7 @@ __global__ void adam_compact_kernel(std::uint16_t* __restrict__ param, std::uint
   const std::size_t stride = std::size_t(gridDim.x) * blockDim.x;
   for (std::size_t base = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x - lane; base < n; base += stride) {
     const std::size_t i = base + lane;
-    std::uint32_t r = 0;
-    if (i < n) {
-      const std::uint16_t p = param[i];
-      float pi = bits_f32(compact_join(p, lo[i], compact_bit(rbits, i))), mi = m[i], vi = v[i];
-      adam_elem(pi, mi, vi, load_as_f32(g, G, i), sp);
-      const std::uint16_t pn = f32_to_bf16(pi);
-      const std::uint32_t u = f32_bits(pi);
-      param[i] = pn;
-      lo[i] = std::uint16_t(u);
-      m[i] = mi;
-      v[i] = vi;
-      r = compact_round_up(u, pn);
-    }
+    const std::uint32_t r = i < n ? compact_elem<G>(param, lo, m, v, g, i, compact_bit(rbits, i), sp) : 0u;
     const std::uint32_t vote = __ballot_sync(0xffffffffu, r);  // every lane of the warp is here
     if (lane % 8 == 0 && i < n) rbits[i / 8] = std::uint8_t(vote >> lane);  // unused high bits of a tail: 0
   }
@@ -145,21 +152,8 @@ __global__ void adam_compact_at_kernel(std::uint16_t* __restrict__ param, std::u
   for (std::size_t base = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x - lane; base < span; base += stride) {
     const std::size_t j = j0 + base + lane;  // the element's place in the subgroup
     const bool in = j >= first && j < first + n;
-    std::uint32_t r = 0;
-    if (in) {
-      const std::size_t i = j - first;
-      const std::uint16_t p = param[i];
-      const std::uint32_t old_r = (rwords[j / 32] >> (j % 32)) & 1u;
-      float pi = bits_f32(compact_join(p, lo[i], old_r)), mi = m[i], vi = v[i];
-      adam_elem(pi, mi, vi, load_as_f32(g, G, i), sp);
-      const std::uint16_t pn = f32_to_bf16(pi);
-      const std::uint32_t u = f32_bits(pi);
-      param[i] = pn;
-      lo[i] = std::uint16_t(u);
-      m[i] = mi;
-      v[i] = vi;
-      r = compact_round_up(u, pn);
-    }
+    const std::uint32_t r =
+        in ? compact_elem<G>(param, lo, m, v, g, j - first, (rwords[j / 32] >> (j % 32)) & 1u, sp) : 0u;
     const std::uint32_t vote = __ballot_sync(0xffffffffu, r);  // every lane of the warp is here
     const std::uint32_t mine = __ballot_sync(0xffffffffu, in);
     if (lane == 0) {

@@ -180,10 +180,11 @@ int CopyStream::job_device(const Job& job, std::string& err) {
   if (job.nseg == 0) return -1;
   const bool up = job.dir == Direction::to_gpu;
   cudaPointerAttributes attr{};
-  err = cuda_error(cudaPointerGetAttributes(&attr, up || job.params_down ? job.segs[0].param : job.segs[0].grad),
-                   up ? "cudaPointerGetAttributes of the parameters" : "cudaPointerGetAttributes of the gradients");
+  const bool params = up || job.params_down;
+  err = cuda_error(cudaPointerGetAttributes(&attr, params ? job.segs[0].param : job.segs[0].grad),
+                   params ? "cudaPointerGetAttributes of the parameters" : "cudaPointerGetAttributes of the gradients");
   if (err.empty() && attr.type != cudaMemoryTypeDevice && attr.type != cudaMemoryTypeManaged)
-    err = std::string("the caller's ") + (up ? "parameters" : "gradients") + " are not in GPU memory";
+    err = std::string("the caller's ") + (params ? "parameters" : "gradients") + " are not in GPU memory";
   return err.empty() ? attr.device : -1;
 }
 
@@ -214,7 +215,9 @@ void CopyStream::issue(const Job& job, Result& res, cudaStream_t stream) {
     else
       r = up ? cudaMemcpyAsync(seg.param, host + at, n, cudaMemcpyHostToDevice, stream)
              : cudaMemcpyAsync(host + at, job.params_down ? seg.param : seg.grad, n, cudaMemcpyDeviceToHost, stream);
-    res.error = cuda_error(r, up ? "copying the parameters to the GPU" : "copying the gradients to the host");
+    res.error = cuda_error(r, up                ? "copying the parameters to the GPU"
+                              : job.params_down ? "copying the parameters to the host"
+                                                : "copying the gradients to the host");
     if (res.error.empty()) res.bytes += n;
   }
 }

@@ -353,8 +353,12 @@ class Runtime {
 ///   checkpoints: the master is rebuilt from the caller's parameters, which must then hold the last
 ///   step's values; a load splits it and writes the parameters). bf16 parameters only (Error
 ///   otherwise). No speculative update: gradients_final only records and the whole update runs in
-///   finish_step (the same bits). The host buffer keeps its 12 bytes per parameter; GPU footprints are
-///   counted at 12 (an over-count of 1.875 bytes per parameter). Default false.
+///   finish_step (the same bits). The host buffer keeps its 12 bytes per parameter; a streamed
+///   subgroup's GPU footprint is its compact state, while the resident budget still counts 12 bytes
+///   per parameter (it keeps fewer subgroups resident than it could). Reading or writing the
+///   masters costs a copy of the caller's parameters per subgroup (with_host_state and load_state:
+///   4 more bytes of host memory per parameter), and those calls are not to be made from two threads
+///   at once (they share the subgroup's staging). Default false.
 struct OptimizerOptions {
   AdamHyper adam;
   std::size_t subgroup_size = 100000000;
@@ -659,8 +663,11 @@ class Optimizer {
   /// Calls fn with every subgroup's state in host memory, in subgroup order, without copying it
   /// (what a checkpoint writer streams to its file: no second copy of 12 bytes per parameter). The
   /// host copies are brought up to date and held for reading while fn runs (no step may run then).
-  /// An exception from fn propagates, after the state is released. Throws Error, without calling
-  /// fn, while an update phase is open or still running (as read_master).
+  /// With OptimizerOptions::compact_master the masters are rebuilt from the caller's parameters into
+  /// buffers of their own first (4 bytes per parameter, all subgroups at once): ResourceError,
+  /// without calling fn, when host memory lacks them. An exception from fn propagates, after the
+  /// state is released. Throws Error, without calling fn, while an update phase is open or still
+  /// running (as read_master).
   void with_host_state(const std::function<void(const std::vector<HostState>&)>& fn) const;
 
   /// Step count of every subgroup, in subgroup order.
@@ -679,11 +686,13 @@ class Optimizer {
   /// Throws Error when the range is not inside num_params() or an update phase is open or running.
   void read_master_range(std::size_t begin, std::size_t end, float* out) const;
   /// Replaces the fp32 master parameters of flat elements [begin, end) by values (end - begin
-  /// floats, host memory); the moments, the step counts and the caller's parameters stay. For a
-  /// caller whose parameters were written outside the optimizer: their masters follow without a
-  /// whole load_state. Throws Error, nothing changed, when the range is not inside num_params(), a
-  /// value is not finite (NaN or inf, as load_state refuses them; values null for a non-empty range
-  /// too) or an update phase is open or running.
+  /// floats, host memory); the moments, the step counts and the caller's parameters stay (with
+  /// OptimizerOptions::compact_master the caller's parameters of the range are written with the
+  /// values' rounding, which is where that form keeps the masters' high halves: the same bits as the
+  /// full form from the next step on). For a caller whose parameters were written outside the
+  /// optimizer: their masters follow without a whole load_state. Throws Error, nothing changed, when
+  /// the range is not inside num_params(), a value is not finite (NaN or inf, as load_state refuses
+  /// them; values null for a non-empty range too) or an update phase is open or running.
   void write_master_range(std::size_t begin, std::size_t end, const float* values);
   /// Replaces the whole optimizer state (a checkpoint being resumed): master, exp_avg, exp_avg_sq
   /// (num_params() floats each, host memory, flat order) and each subgroup's step count; then

@@ -248,9 +248,25 @@ void Optimizer::Impl::with_master_handles(const std::function<void(Subgroup*, st
   end();
 }
 
+namespace {
+constexpr const char* kLoadFailed = "loading a state failed part-way: ";  // Impl::broken's prefix for it
+// Impl::broken's prefix when a compact master's split was not followed by its parameters' write: a
+// whole state loaded mends it, as it mends a load that failed part-way
+constexpr const char* kCompactWriteFailed = "writing the parameters of a compact master failed: ";
+/// Whether Impl::broken `b` is a mark that loading a whole state mends.
+bool load_mends(const std::string& b) { return b.rfind(kLoadFailed, 0) == 0 || b.rfind(kCompactWriteFailed, 0) == 0; }
+}  // namespace
+
 void Optimizer::Impl::compact_masters(Subgroup* sg, std::size_t from, std::size_t to, float* at, bool write) const {
   auto* self = const_cast<Impl*>(this);  // tasks on the staging handles (h_state's values change only when `write`)
-  // P from the caller's buffers into the staging, where they live (a copy task), then home
+  if (write)  // a NaN has no compact form (compact_master.h): refused before anything changes
+    for (std::size_t i = from; i < to; ++i)
+      if (std::isnan(at[i - from]))
+        throw Error("the master of element " + std::to_string(sg->begin + i) +
+                    " to write is NaN, which the compact master cannot hold (its sign and payload would be lost): "
+                    "an Adam state holds finite numbers (a damaged or foreign state?)");
+  // P from the caller's buffers into the staging, where they live (a copy task), then home (the
+  // acquire waits for the copy)
   struct starpu_task* g = self->make_task(&gather_cl, &sg->gather_p16, &sg->hint_io, where_caller);
   g->handles[0] = sg->h_param16;
   submit(g, "parameter copy (compact master)");
@@ -275,12 +291,22 @@ void Optimizer::Impl::compact_masters(Subgroup* sg, std::size_t from, std::size_
   starpu_data_release(sg->h_param16);
   starpu_data_release(sg->h_state);
   if (write) {  // the new P to the caller, as after a load
-    struct starpu_task* t = self->make_task(&scatter_cl, &sg->scatter, &sg->hint_io, where_caller);
-    t->handles[0] = sg->h_param16;
-    submit(t, "parameter write-back (compact master)");
+    try {
+      struct starpu_task* t = self->make_task(&scatter_cl, &sg->scatter, &sg->hint_io, where_caller);
+      t->handles[0] = sg->h_param16;
+      submit(t, "parameter write-back (compact master)");
+    } catch (const std::exception& e) {
+      // lo and r are split from the new masters, the caller's P is not: every master of the subgroup
+      // is now wrong until a state is loaded
+      self->broken = std::string(kCompactWriteFailed) + e.what();
+      starpu_data_invalidate_submit(sg->h_param16);
+      throw;
+    }
+    // a write acquire waits for the write-back, which reads the staging
+    starpu_data_acquire(sg->h_param16, STARPU_W);
+    starpu_data_release(sg->h_param16);
   }
   starpu_data_invalidate_submit(sg->h_param16);
-  starpu_task_wait_for_all();
 }
 
 template <class State, class Fn>
@@ -288,6 +314,9 @@ void Optimizer::Impl::hold_state(starpu_data_access_mode mode, Fn&& fn) const {
   if (opt.compact_master) {
     // the masters rebuilt into buffers of their own (allocated before anything is touched), the
     // state held as below, and the masters split back after fn when it may have written them
+    check_host_memory(nparams * sizeof(float),
+                      "the compact master's masters rebuilt in host memory while the state is read or written (" +
+                          std::to_string(nparams) + " fp32 values)");
     std::vector<std::vector<float>> masters(sgs.size());
     for (std::size_t k = 0; k < sgs.size(); ++k) masters[k].resize(sgs[k]->size);
     if (mode != STARPU_W)
@@ -458,7 +487,9 @@ Optimizer::Optimizer(Runtime& runtime, const std::vector<TensorView>& tensors, c
     // which it does under a plan only (StarPU's own policies stage by tasks)
     const bool planned = choice.plan != nullptr;
     I.workload.cpu_grads_staged_on_gpu = !(planned && I.own_grad_download());
-    I.workload.cpu_params_staged_on_gpu = !(planned && I.own_param_upload());
+    // (a compact state's P comes down through the staging on the GPU unless the runtime downloads it)
+    I.workload.cpu_params_staged_on_gpu = !(planned && I.own_param_upload()) ||
+                                          (options.compact_master && !(planned && I.own_param_download()));
     if (gpu) {
       try {
         apply_gpu_budgets(I.workload, choice.plan.get(), GpuBudgets{options.gpu_resident_budget, options.gpu_update_budget});
@@ -616,9 +647,6 @@ void Optimizer::load_state(const float* master, const float* exp_avg, const floa
   });
 }
 
-namespace {
-constexpr const char* kLoadFailed = "loading a state failed part-way: ";  // Impl::broken's prefix for it
-}  // namespace
 
 void Optimizer::load_state_in_place(const std::vector<std::int64_t>& steps,
                                     const std::function<void(const std::vector<HostStateOut>&)>& fill) {
@@ -632,18 +660,21 @@ void Optimizer::load_state_in_place(const std::vector<std::int64_t>& steps,
       throw Error("a subgroup step count in the state to load is " + std::string(st < 0 ? "negative" : "above 2^53") +
                   " (" + std::to_string(st) + ")");
   starpu_task_wait_for_all();
-  I.hold_state<HostStateOut>(STARPU_W, [&](const std::vector<HostStateOut>& state) {  // device copies invalidated
-    try {
+  bool filling = false;  // fill has begun: the state may be partly replaced
+  try {
+    I.hold_state<HostStateOut>(STARPU_W, [&](const std::vector<HostStateOut>& state) {  // device copies invalidated
+      filling = true;
       fill(state);
-    } catch (const std::exception& e) {  // partly replaced: this optimizer must not step again
-      if (I.broken.empty() || I.broken.rfind(kLoadFailed, 0) == 0)  // a failed step's mark stays
-        I.broken = std::string(kLoadFailed) + e.what();
-      throw;
-    }
-  });
+    });
+  } catch (const std::exception& e) {
+    // partly replaced (by fill, or a compact state's split back after it): this optimizer must not
+    // step again; a failed step's mark stays
+    if (filling && (I.broken.empty() || load_mends(I.broken))) I.broken = std::string(kLoadFailed) + e.what();
+    throw;
+  }
   // the whole state replaced: a load that failed part-way before is mended (a failed step is not:
   // what it left besides the state is unknown)
-  if (I.broken.rfind(kLoadFailed, 0) == 0) I.broken.clear();
+  if (load_mends(I.broken)) I.broken.clear();
   for (std::size_t i = 0; i < I.sgs.size(); ++i) I.sgs[i]->step = steps[i];
   // the caller's parameters: the loaded master rounded to their dtype, written where they live
   // (a compact state's split wrote them already, hold_state)

@@ -56,10 +56,13 @@ struct Subgroup {
   starpu_data_handle_t sh_h_state = nullptr;
   /// The host copy of the master parameters, exp_avg and exp_avg_sq (size fp32 elements each;
   /// valid on the host only while h_state is acquired there or no task holds it elsewhere).
-  /// In a compact state (OptimizerOptions::compact_master) there is no master slice: the handle
-  /// covers [compact_base(), state.ptr + 3 stride) (codelets.h's compact layout, its head ending where
-  /// exp_avg starts), and the master is rebuilt from the caller's parameters (Impl::join_masters).
+  /// In a compact state (OptimizerOptions::compact_master) master() holds no master (its slot holds
+  /// the unused start of the buffer and then the compact head): the masters are rebuilt from the
+  /// caller's parameters (Impl::compact_masters).
   float* master() const { return state.ptr; }
+  /// A compact state's first element (its head: lo, then the r bits' words; codelets.h's compact
+  /// layout), compact_head_floats(stride) elements before exp_avg(): where the handle h_state starts
+  /// in that form, covering compact_head_floats(stride) + 2 stride fp32 elements.
   float* compact_base() const { return state.ptr + stride - compact_head_floats(stride); }
   float* exp_avg() const { return state.ptr + stride; }
   float* exp_avg_sq() const { return state.ptr + 2 * stride; }
@@ -473,9 +476,9 @@ struct Optimizer::Impl {
   /// write-back of a streamed state. prefetched: its state's prefetch was asked for by the
   /// submission's lookahead (else StarPU prefetches the task's inputs when it is pushed).
   /// A compact state's P for subgroup i's staged Adam (adam_compact_cl): the caller's parameters into
-  /// h_param16, by the runtime's own download beside the gradient's where downloads_grads(i), else by
-  /// a gather_cl copy task where the caller's buffers are (fetched home early for a CPU subgroup).
-  /// Throws what own_copy throws.
+  /// h_param16, by the runtime's own download (on the gradients' copy stream) where the plan puts i
+  /// on the CPU and own_param_download(), else by a gather_cl copy task where the caller's buffers
+  /// are (fetched home early for a CPU subgroup). Throws what own_copy throws.
   void stage_params(detail::OpenStep& ph, std::size_t i);
   void submit_update(detail::OpenStep& ph, std::size_t i, bool prefetched);
   /// The binder thread's work (tail_binder.cpp; OptimizerOptions::tail_subgroups): each subgroup
@@ -553,6 +556,10 @@ struct Optimizer::Impl {
   /// own_copies_possible(), the gradients staged in the caller's dtype (native_grads, or fp32
   /// parameters: a plain copy, no conversion), unless DOS_GRAD_DOWNLOAD=task.
   bool own_grad_download() const;
+  /// Whether the runtime downloads a CPU-updated subgroup's parameters itself (a compact state's P,
+  /// stage_params): own_copies_possible(), unless DOS_GRAD_DOWNLOAD=task (a plain copy whatever the
+  /// gradients' staging).
+  bool own_param_download() const;
   /// Whether copies of the runtime's own can serve the caller: its buffers are on a GPU, a CUDA
   /// worker runs and the build has CUDA.
   bool own_copies_possible() const;
@@ -644,10 +651,12 @@ struct Optimizer::Impl {
 
   /// A compact state's masters of subgroup sg's elements [from, to) (subgroup positions): read into
   /// at[0, to - from) (write false: rebuilt from the caller's parameters P, lo and r), or written from
-  /// it (write true: split into P, lo and r, and P written to the caller's buffers; every value must
-  /// be finite, which the callers check). P comes from the caller by a copy task into the staging
-  /// h_param16, acquired with h_state in host memory; returns once every task it submitted has
-  /// ended. No phase may be open. Throws nothing of its own.
+  /// it (write true: split into P, lo and r, and P written to the caller's buffers). P comes from the
+  /// caller by a copy task into the staging h_param16, acquired with h_state in host memory; returns
+  /// once the tasks it submitted have ended. No phase may be open, and no other call may use sg's
+  /// staging meanwhile (not thread-safe). Throws Error, nothing changed, when a value to write is a
+  /// NaN (no compact form; infinities have one); rethrows a failure to submit the write-back of P,
+  /// after marking the optimizer broken (kCompactWriteFailed: lo and r split, P not written).
   void compact_masters(detail::Subgroup* sg, std::size_t from, std::size_t to, float* at, bool write) const;
 
   /// Copies slice `slice` of every subgroup's state (0: master, 1: exp_avg, 2: exp_avg_sq) into

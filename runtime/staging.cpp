@@ -143,6 +143,8 @@ bool Optimizer::Impl::own_copies_possible() const {
 
 bool Optimizer::Impl::own_param_upload() const { return runtime_uploads_params() && own_copies_possible(); }
 
+bool Optimizer::Impl::own_param_download() const { return runtime_downloads_grads() && own_copies_possible(); }
+
 bool Optimizer::Impl::own_grad_download() const {
   // a plain copy only when the staged gradient keeps the caller's dtype (no conversion to fp32)
   return runtime_downloads_grads() && own_copies_possible() && (opt.native_grads || opt.dtype == DType::fp32);
@@ -193,7 +195,7 @@ void Optimizer::Impl::stage_gradient(OpenStep& ph, std::size_t i) {
 
 void Optimizer::Impl::stage_params(OpenStep& ph, std::size_t i) {
   Subgroup* sg = sgs[i].get();
-  if (downloads_grads(i)) {  // beside its gradient, by the same copy stream
+  if (!plan.empty() && plan[i] == PlanSide::cpu && own_param_download()) {  // beside its gradient, by the same copy stream
     own_copy(ph, i, CopyStream::Direction::to_host, true);
     return;
   }

@@ -23,7 +23,8 @@ bool same_plan_input(const Workload& wa, const Rates* ra, const Execution& ea, c
   return wa.sizes == wb.sizes && wa.caller_on_gpu == wb.caller_on_gpu && wa.param_bytes == wb.param_bytes &&
          wa.resident == wb.resident && wa.may_stream == wb.may_stream && wa.grad_bytes == wb.grad_bytes &&
          wa.cpu_grads_staged_on_gpu == wb.cpu_grads_staged_on_gpu &&
-         wa.cpu_params_staged_on_gpu == wb.cpu_params_staged_on_gpu && same_rates(ra, rb) && ea.order == eb.order &&
+         wa.cpu_params_staged_on_gpu == wb.cpu_params_staged_on_gpu && wa.compact_master == wb.compact_master &&
+         same_rates(ra, rb) && ea.order == eb.order &&
          ea.lookahead == eb.lookahead && ea.update_budget == eb.update_budget && ea.cpu_workers == eb.cpu_workers &&
          ea.cpu_team_threads == eb.cpu_team_threads && ea.cpu_work_item == eb.cpu_work_item &&
          ea.own_param_upload == eb.own_param_upload && ea.own_grad_download == eb.own_grad_download &&

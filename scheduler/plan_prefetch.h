@@ -18,7 +18,7 @@
 namespace dos {
 
 /// Whether two plan inputs are equal in everything a plan may read: the workload (sizes, where
-/// the caller's buffers live, bytes per element, resident, may_stream, staging flags), the rates
+/// the caller's buffers live, bytes per element, resident, may_stream, staging flags, the master's form), the rates
 /// (both null, or every rate bit for bit equal) and the execution (order, lookahead, update budget,
 /// CPU workers, their teams' threads and work item, the copy flags, state_off_gpu). Throws nothing.
 bool same_plan_input(const Workload& wa, const Rates* ra, const Execution& ea, const Workload& wb, const Rates* rb,

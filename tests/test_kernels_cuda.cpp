@@ -370,7 +370,7 @@ void test_adam_compact_cuda_segments(void**) {
   std::mt19937 rng(29);
   constexpr std::size_t kGuard = 64;
   for (DType gt : {DType::bf16, DType::fp32})
-    for (std::size_t n : {std::size_t(1), std::size_t(45), std::size_t(4099), std::size_t(200003)}) {
+    for (std::size_t n : {std::size_t(1), std::size_t(45), std::size_t(4099), std::size_t(200003), std::size_t(3000017)}) {
       dos::AdamHyper h;
       h.weight_decay = 0.1;
       std::normal_distribution<float> nd(0.0f, 0.5f);
@@ -397,6 +397,9 @@ void test_adam_compact_cuda_segments(void**) {
       dm.put(m.data(), 4 * n);
       dv.put(v.data(), 4 * n);
       std::vector<std::size_t> cuts{0};
+      // the largest subgroup also gets a segment of 2e6 elements from element 37: more than one
+      // grid-stride trip of the kernel
+      if (n > 2000000) cuts.insert(cuts.end(), {37, 37 + 2000000});
       while (cuts.back() < n) cuts.push_back(std::min(n, cuts.back() + (rng() % 4 == 0 ? 1 + rng() % 50000 : 1 + rng() % 70)));
       std::vector<std::size_t> order(cuts.size() - 1);
       for (std::size_t k = 0; k < order.size(); ++k) order[k] = k;

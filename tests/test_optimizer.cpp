@@ -400,6 +400,8 @@ void test_compact_master_same_bits(void**) {
     full.step();
     const dos::StepStats st = compact.step();
     same_params(when);
+    // with a GPU, dos's half-streamed plan and StarPU's gpu policy run the compact GPU kernels
+    if (g_rt->cuda_workers() > 0 && (g_policy == "dos" || g_policy == "gpu")) assert_true(st.subgroups_gpu > 0);
     uint64_t h2d = 0, d2h = 0;
     for (size_t sg = 0; sg < compact.num_subgroups(); ++sg) {
       const dos::PcieBytes b = dos::subgroup_pcie_bytes(st.placement[sg] != dos::PlanSide::cpu, cuda, 2,
@@ -479,6 +481,32 @@ void test_compact_master_same_bits(void**) {
     assert_memory_equal(back.data(), master.data(), n * 4);
     step_both("the step after load_state");
     same_state("after load_state and a step");
+  }
+  {  // a NaN master loaded in place has no compact form: Error, and no step until a whole state is
+     // loaded, which mends it
+    std::vector<float> master(n), m(n), v(n);
+    full.read_master(master.data());
+    full.read_exp_avg(m.data());
+    full.read_exp_avg_sq(v.data());
+    const std::vector<int64_t> steps = full.step_counts();
+    expect_error(
+        [&] {
+          compact.load_state_in_place(steps, [&](const std::vector<dos::Optimizer::HostStateOut>& st) {
+            size_t at = 0;
+            for (const auto& sg : st) {
+              std::memcpy(sg.master, master.data() + at, sg.size * 4);
+              std::memcpy(sg.exp_avg, m.data() + at, sg.size * 4);
+              std::memcpy(sg.exp_avg_sq, v.data() + at, sg.size * 4);
+              at += sg.size;
+            }
+            st.back().master[st.back().size - 1] = std::nanf("");
+          });
+        },
+        "a NaN master loaded in place into the compact form");
+    expect_error([&] { compact.step(); }, "a step after that load");
+    compact.load_state(master.data(), m.data(), v.data(), steps);
+    step_both("the step after a whole state loaded again");
+    same_state("after that step");
   }
 }
 

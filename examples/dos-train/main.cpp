@@ -294,6 +294,9 @@ void check_memory(const Args& a, const Job& j, const dos_train::StepIO::Setup& i
   need.subgroup = j.subgroup;
   need.native_grads = a.grad_transfer == "native";
   need.save_params = !a.save_params.empty();
+  // the compact master's masters rebuilt whole for a checkpoint written or read (with_host_state,
+  // load_state_in_place)
+  need.compact_state_copy = a.master == "compact" && (!a.save_state.empty() || !a.resume.empty());
   need.model = j.cfg.name;
   need.shard = a.shard;
   dos_train::check_host_need(need);
@@ -499,14 +502,26 @@ dos_train::GroupRanges backward_ranges(const ModelConfig& cfg, const std::vector
 void check_masters_finite(const Args& a, const Job& j, dos::Optimizer& opt, std::int64_t it) {
   std::size_t nonfinite = 0, first_bad = 0;
   float first_value = 0;
-  opt.with_host_state([&](const std::vector<dos::Optimizer::HostState>& state) {
-    std::size_t at = j.range.begin;
-    for (const dos::Optimizer::HostState& sg : state) {
-      for (std::size_t k = 0; k < sg.size; ++k)
-        if (!std::isfinite(sg.master[k]) && nonfinite++ == 0) first_bad = at + k, first_value = sg.master[k];
-      at += sg.size;
+  auto count = [&](const float* master, std::size_t size, std::size_t at) {
+    for (std::size_t k = 0; k < size; ++k)
+      if (!std::isfinite(master[k]) && nonfinite++ == 0) first_bad = at + k, first_value = master[k];
+  };
+  if (a.master == "compact") {  // the masters rebuilt one subgroup at a time (with_host_state: all at once)
+    std::vector<float> buf;
+    for (std::size_t s = 0, at = 0; s < opt.num_subgroups(); at += opt.subgroup_size(s), ++s) {
+      buf.resize(opt.subgroup_size(s));
+      opt.read_master_range(at, at + buf.size(), buf.data());
+      count(buf.data(), buf.size(), j.range.begin + at);
     }
-  });
+  } else {
+    opt.with_host_state([&](const std::vector<dos::Optimizer::HostState>& state) {
+      std::size_t at = j.range.begin;
+      for (const dos::Optimizer::HostState& sg : state) {
+        count(sg.master, sg.size, at);
+        at += sg.size;
+      }
+    });
+  }
   if (nonfinite > 0)
     fail("after iteration " + std::to_string(it) + ", " + std::to_string(nonfinite) + " of the " + std::to_string(j.n) +
          " master parameters are inf or NaN (the first, element " + std::to_string(first_bad) + ", is " +

@@ -27,7 +27,7 @@ std::size_t host_need(const RunMemory& m, std::size_t r) {
   const std::size_t n = sr.end - sr.begin, esz = dos::dtype_size(s.dtype);
   const std::size_t subgroups = (n + m.subgroup - 1) / m.subgroup;
   return n * dos::host_bytes_per_param(s.dtype, m.native_grads) + (s.on_gpu ? 0 : 2 * esz * n) +
-         StepIO::host_bytes(s) + subgroups * 65536 + (m.save_params ? 4 * n : 0);
+         StepIO::host_bytes(s) + subgroups * 65536 + (m.save_params ? 4 * n : 0) + (m.compact_state_copy ? 4 * n : 0);
 }
 
 void check_host_need(const RunMemory& m) {

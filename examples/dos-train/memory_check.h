@@ -22,6 +22,8 @@ struct RunMemory {
   std::size_t subgroup = 1;
   bool native_grads = true;
   bool save_params = false;
+  /// --master compact with --save-state or --resume: the masters rebuilt in host memory, 4 B/param
+  bool compact_state_copy = false;
   std::string model, shard;
 };
 
@@ -36,7 +38,7 @@ void check_state_lower_bound(std::size_t n, std::size_t subgroup, dos::DType dty
 /// shard), the parameters and gradients when they live on the host (2 x the dtype's size per
 /// parameter), the collectives' host buckets (StepIO::host_bytes), 64 KB per subgroup (its StarPU
 /// handles and page rounding, about 28 KB measured) and, with --save-params, an fp32 copy of the
-/// shard's masters. The process's own libraries (about 0.2 GB) are not counted. Throws
+/// shard's masters (one more with compact_state_copy). The process's own libraries (about 0.2 GB) are not counted. Throws
 /// std::invalid_argument for r >= io.world (dos::shard_range).
 std::size_t host_need(const RunMemory& m, std::size_t r);
 

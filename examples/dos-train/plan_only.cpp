@@ -172,13 +172,14 @@ int run_plan_only(const Args& a, const Checked& c, const std::string& model, con
   po.execution.order = a.submit_order == "plan" ? dos::SubmitOrder::plan : dos::SubmitOrder::cpu_first;
   po.execution.lookahead = unsigned(a.stream_lookahead);
   po.execution.update_budget = c.update_budget;
-  // the CPU team's threads per worker as the runtime would take them on this machine, with one CUDA
-  // worker and, with the update overlapped, one core for the caller (dos-train's own choices)
+  // the CPU team's threads per worker as the runtime would take them on this machine, with --ncuda
+  // CUDA workers (one when not given: the GPU machine's one GPU) and, with the update overlapped, one
+  // core for the caller (dos-train's own choices)
   const char* omp = std::getenv("OMP_NUM_THREADS");
   po.execution.cpu_workers = std::size_t(std::max(1, a.cpu_workers));
   po.execution.cpu_team_threads = std::size_t(dos::team_threads_per_worker(
-      a.cpu_threads, omp ? std::max(0, std::atoi(omp)) : 0, false, dos::allowed_cores().size(), 1, c.overlap ? 1 : 0,
-      a.cpu_workers));
+      a.cpu_threads, omp ? std::max(0, std::atoi(omp)) : 0, false, dos::allowed_cores().size(),
+      a.ncuda >= 0 ? a.ncuda : 1, c.overlap ? 1 : 0, a.cpu_workers));
   po.execution.cpu_work_item = dos::kCpuWorkItem;
   po.execution.own_param_upload = po.workload.caller_on_gpu && dos::runtime_uploads_params();
   // the runtime's own gradient download needs no conversion: the gradients keep the parameters' dtype
@@ -190,7 +191,10 @@ int run_plan_only(const Args& a, const Checked& c, const std::string& model, con
   // a later one: the resident states are on the GPU (the streamed ones go home after each phase)
   po.execution.state_off_gpu.assign(po.workload.sizes.size(), a.plan_phase == "first");
   po.workload.cpu_grads_staged_on_gpu = !po.execution.own_grad_download;
-  po.workload.cpu_params_staged_on_gpu = !po.execution.own_param_upload;
+  // (a compact master's P comes down through the GPU staging unless the runtime downloads it itself)
+  po.workload.cpu_params_staged_on_gpu =
+      !po.execution.own_param_upload ||
+      (c.compact_master && !(po.workload.caller_on_gpu && dos::runtime_downloads_grads()));
   if (!a.rates.empty()) po.rates = &rates, po.calibrated = &calibrated_rates;
   std::printf("dos-train --plan-only: %s, %zu of %zu parameters (shard %s), %s, subgroups of %zu, phase: %s\n",
               model.c_str(), n, total, a.shard.c_str(), a.dtype.c_str(), subgroup,

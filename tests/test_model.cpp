@@ -343,6 +343,32 @@ void test_grad_bytes(void**) {
   assert_float_equal(p.d2h, 4 * 2000 / 1e3, 1e-12);
 }
 
+// The compact master's traffic (traffic.h): 1024 parameters, bf16, 16-bit gradients. A GPU update
+// with the caller on the GPU moves the compact state each way: 4 x (544 head + 2 x 1024) = 10368 B
+// (10.125 per parameter: lo 2048 B, r 128 B, exp_avg and exp_avg_sq 8192 B); a CPU update with the
+// caller there brings P down beside the gradient (4 B per parameter down, 2 up); with the caller in
+// host memory a GPU update takes the gradient and P up (10368 + 4 x 1024) and P down (10368 + 2048).
+// The split prediction counts 10.125 B per parameter (padding left out) and P's 2 B down.
+void test_compact_traffic(void**) {
+  const dos::PcieBytes g = dos::subgroup_pcie_bytes(true, true, 2, 1024, 2, true);
+  assert_int_equal(g.h2d, 10368);
+  assert_int_equal(g.d2h, 10368);
+  const dos::PcieBytes c = dos::subgroup_pcie_bytes(false, true, 2, 1024, 2, true);
+  assert_int_equal(c.h2d, 2048);
+  assert_int_equal(c.d2h, 4096);
+  const dos::PcieBytes h = dos::subgroup_pcie_bytes(true, false, 2, 1024, 2, true);
+  assert_int_equal(h.h2d, 10368 + 4096);
+  assert_int_equal(h.d2h, 10368 + 2048);
+  assert_int_equal(dos::subgroup_pcie_bytes(false, false, 2, 1024, 2, true).h2d, 0);
+  dos::Workload w = uniform(4, 1000);
+  w.grad_bytes = 2;
+  w.compact_master = true;
+  const dos::Rates r{1, 1, 1, 1, 1e3, 1e3};
+  const dos::Prediction p = dos::predict(w, dos::spread_plan(4, 2), r);  // 2 streamed, 2 on the CPU
+  assert_float_equal(p.h2d, (2 * 10.125 * 1000 + 2 * 2 * 1000) / 1e3, 1e-12);
+  assert_float_equal(p.d2h, (2 * 10.125 * 1000 + 2 * 4 * 1000) / 1e3, 1e-12);
+}
+
 void test_bad_input(void**) {
   const dos::Workload w = uniform(4, 100);
   assert_true(throws_invalid_argument([&] { dos::predict(w, dos::spread_plan(3, 1), dos::Rates{1, 1, 1, 1, 1, 1}); }));
@@ -455,7 +481,8 @@ int main() {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_plans),      cmocka_unit_test(test_paper_example), cmocka_unit_test(test_gpu_machine), cmocka_unit_test(test_stride_candidate), cmocka_unit_test(test_bound_two_rates),
       cmocka_unit_test(test_extremes),   cmocka_unit_test(test_static_fidelity), cmocka_unit_test(test_bad_input),
-      cmocka_unit_test(test_budgets),    cmocka_unit_test(test_grad_bytes), cmocka_unit_test(test_rates_file),
+      cmocka_unit_test(test_budgets),    cmocka_unit_test(test_grad_bytes), cmocka_unit_test(test_compact_traffic),
+      cmocka_unit_test(test_rates_file),
       cmocka_unit_test(test_bound_cold_resident),
       cmocka_unit_test(test_gpu_conversion),     cmocka_unit_test(test_estimated_link_share),
   };

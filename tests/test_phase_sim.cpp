@@ -65,6 +65,39 @@ void test_two_streamed(void**) {
   assert_float_equal(s.gpu, 2 * g, 1e-12);
 }
 
+// The compact master (Workload::compact_master): a streamed state of 10.125 B per parameter each
+// way: one streamed subgroup takes 10.125 n / B up, n / U_g, 10.125 n / B down; a CPU subgroup with
+// the caller on the GPU brings P (pb) down beside its gradient (gb): its D2H is (gb + pb) n / B, its
+// H2D pb n / B as before; CPU Adam's host bytes are 26.25 (20.25 + gb + 2 pb) instead of 28, so
+// host memory's M with U_c_dma = U_c and link_share 1 is 26.25 U_c + 2 B.
+void test_compact_master(void**) {
+  const double n = 1e8;
+  dos::Workload w = workload({std::size_t(n)}, true);
+  w.compact_master = true;
+  const dos::Rates r{1e9, 1e9, 1e11, 4e11, 4e10, 5e10};
+  const dos::Simulation s = dos::simulate_phase(w, {PlanSide::gpu_streamed}, r, dos::Execution{});
+  assert_float_equal(s.total, 10.125 * n / 4e10 + n / 1e11 + 10.125 * n / 5e10, 1e-12);
+  assert_float_equal(s.h2d, 10.125 * n / 4e10, 1e-12);
+  assert_float_equal(s.d2h, 10.125 * n / 5e10, 1e-12);
+  dos::Execution own;
+  own.own_grad_download = own.own_param_upload = true;
+  w.cpu_grads_staged_on_gpu = w.cpu_params_staged_on_gpu = false;
+  const dos::Simulation c = dos::simulate_phase(w, {PlanSide::cpu}, r, own);
+  assert_float_equal(c.d2h, (2 + 2) * n / 5e10, 1e-12);
+  assert_float_equal(c.h2d, 2 * n / 4e10, 1e-12);
+  w.compact_master = false;
+  assert_float_equal(dos::simulate_phase(w, {PlanSide::cpu}, r, own).d2h, 2 * n / 5e10, 1e-12);
+  assert_float_equal(dos::cpu_adam_host_bytes(w), 28.0, 0.0);
+  assert_float_equal(dos::host_bandwidth(w, r), 28 * 1e9 + 9e10, 1.0);
+  w.compact_master = true;
+  assert_float_equal(dos::cpu_adam_host_bytes(w), 26.25, 0.0);
+  assert_float_equal(dos::host_bandwidth(w, r), 26.25 * 1e9 + 9e10, 1.0);
+  // the streamed footprint: the compact state's buffer
+  assert_int_equal(dos::subgroup_footprint(w, 1024, PlanSide::gpu_streamed), 10368);
+  w.compact_master = false;
+  assert_int_equal(dos::subgroup_footprint(w, 1024, PlanSide::gpu_streamed), 12288);
+}
+
 // Host memory shared. U_c = 1e9 with 28 B of host traffic per CPU-updated parameter (24 + 2 + 2):
 // 28e9 B/s; B = 28e9 each way; U_c_dma = 0.75 U_c, so M = 0.75 (28e9 + 56e9) = 63e9 B/s: CPU Adam
 // beside one link (56e9) runs at full speed, beside both (84e9) everything gets 3/4. The caller in
@@ -669,7 +702,7 @@ int main() {
       cmocka_unit_test(test_cpu_after_stream),   cmocka_unit_test(test_bad_input), cmocka_unit_test(test_own_param_upload),
       cmocka_unit_test(test_own_grad_download),
       cmocka_unit_test(test_own_copies_by_copy_engine), cmocka_unit_test(test_busiest_resource),
-      cmocka_unit_test(test_resident_state_off_gpu),
+      cmocka_unit_test(test_resident_state_off_gpu), cmocka_unit_test(test_compact_master),
   };
   return cmocka_run_group_tests(tests, nullptr, nullptr);
 }

@@ -322,6 +322,13 @@ std::string check_options(const dos_optimizer_options& c, dos::OptimizerOptions&
   if (c.tail_subgroups < 0 || c.tail_subgroups > 1000000)
     return field("tail_subgroups", "in [0, 1000000] (subgroups; 0: the plan as made)", std::to_string(c.tail_subgroups));
   o.tail_subgroups = static_cast<std::size_t>(c.tail_subgroups);
+  if (!(e = boolean("compact_master", c.compact_master, o.compact_master)).empty()) return e;
+  // dos::Optimizer refuses it too (a dos::Error naming dos-train's --master compact): refused here
+  // first, in the struct's own terms
+  if (o.compact_master && o.dtype != dos::DType::bf16)
+    return "options.compact_master = 1 needs options.dtype = DOS_DTYPE_BF16 (2): each master is rebuilt from "
+           "its bf16 parameter, got dtype " + std::to_string(c.dtype) + " (" + dos::dtype_name(o.dtype) +
+           "); set compact_master = 0 for fp32 or fp16 parameters";
   return std::string();
 }
 
@@ -424,6 +431,7 @@ int dos_optimizer_options_init(dos_optimizer_options* options) {
   options->speculation_budget = d.speculation_budget;
   options->speculate_streamed = d.speculate_streamed ? 1 : 0;
   options->tail_subgroups = static_cast<int>(d.tail_subgroups);
+  options->compact_master = d.compact_master ? 1 : 0;
   return DOS_OK;
 }
 

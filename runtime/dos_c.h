@@ -33,7 +33,8 @@
 extern "C" {
 #endif
 
-/* 12: dos_step_stats.plan_seconds and plan_decided_ahead.
+/* 13: options.compact_master (options version 5).
+ * 12: dos_step_stats.plan_seconds and plan_decided_ahead.
  * 11: dos_step_stats.refinement_held.
  * 10: options.tail_subgroups (options version 4), dos_step_stats.tail_bound and tail_moved.
  * 9: timeline lane DOS_LANE_WRITEBACK and kind DOS_TASK_STATE (a streamed subgroup's state write-back).
@@ -46,7 +47,7 @@ extern "C" {
  * 3: the overlapped update (dos_optimizer_begin_step, _gradients_final, _finish_step), its fields
  * in dos_step_stats, options.speculation_budget (options version 2).
  * 2: dos_optimizer_create takes a struct dos_optimizer_options (1: positional arguments). */
-#define DOS_C_ABI_VERSION 12
+#define DOS_C_ABI_VERSION 13
 
 #define DOS_OK 0
 #define DOS_E_INVALID (-1)
@@ -157,9 +158,10 @@ int dos_runtime_workers(const dos_runtime* rt, unsigned* cpu_workers, unsigned* 
 
 /* The layout version of struct dos_optimizer_options that this header describes. A field added
  * later comes with a new version, and with a new size unless it fills padding (version 4's
- * tail_subgroups did: 192 bytes on x86-64 as in version 3); dos_optimizer_create refuses a struct
- * whose `version` or `size` this library does not know, so a binding checks both. */
-#define DOS_OPTIMIZER_OPTIONS_VERSION 4 /* 4: tail_subgroups; 3: speculate_streamed; 2: speculation_budget; 1: none */
+ * tail_subgroups did: 192 bytes on x86-64 as in version 3; version 5's compact_master does not:
+ * 200 bytes); dos_optimizer_create refuses a struct whose `version` or `size` this library does
+ * not know, so a binding checks both. */
+#define DOS_OPTIMIZER_OPTIONS_VERSION 5 /* 5: compact_master; 4: tail_subgroups; 3: speculate_streamed; 2: speculation_budget; 1: none */
 
 /* The resource model's rates of this machine (dos::Rates), for the policies that plan with a model
  * (dos, static:R, greedy). All zero (the default): measured at the optimizer's creation and cached
@@ -265,6 +267,21 @@ typedef struct dos_optimizer_options {
    * dos_step_stats.tail_bound and tail_moved say what it did. 0: the plan as made; in [0, 1000000]
    * (subgroups) [0]. */
   int tail_subgroups;
+
+  /* The compact master (dos::OptimizerOptions::compact_master, codelets/kernels/compact_master.h):
+   * 1 keeps each fp32 master parameter as its low 16 bits and one rounding bit beside the caller's
+   * bf16 parameter P (M = ((P - r) << 16) | lo), so that a streamed subgroup's state crosses PCIe as
+   * 10.125 bytes per parameter each way instead of 12 and CPU Adam moves 26.25 bytes of host memory
+   * per parameter instead of 28; a CPU-updated subgroup brings its P down (2 bytes per parameter)
+   * beside its gradient. The same bits as 0 in the caller's parameters and in every state read back:
+   * dos_optimizer_read_state, _read_masters and the masters of a checkpoint are rebuilt from the
+   * caller's parameters, which must therefore hold what the last step (or load) wrote there;
+   * dos_optimizer_write_masters and _load_state also write the caller's parameters (the values'
+   * bf16 rounding), where 0 leaves them until the next step. Only with dtype DOS_DTYPE_BF16:
+   * dos_optimizer_create refuses it with another dtype (DOS_E_INVALID, naming the field). It runs no
+   * speculative update: dos_optimizer_gradients_final only records, and the whole update runs in
+   * dos_optimizer_finish_step (the same bits). Its GPU paths have not run on a GPU yet. 0 or 1 [0]. */
+  int compact_master;
 } dos_optimizer_options;
 
 /* sizeof(struct dos_optimizer_options) in the library (a binding checks its own layout against it). */

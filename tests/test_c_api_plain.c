@@ -43,6 +43,7 @@ void test_defaults(void** state) {
   assert_true(o.speculation_budget == -1);
   assert_int_equal(o.speculate_streamed, 1);
   assert_int_equal(o.tail_subgroups, 0);
+  assert_int_equal(o.compact_master, 0);
   assert_int_equal(dos_step_stats_size(), sizeof(dos_step_stats));
 
   assert_int_equal(dos_optimizer_options_init(NULL), DOS_E_INVALID);

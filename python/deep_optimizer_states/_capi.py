@@ -29,7 +29,7 @@ import sysconfig
 import threading
 import time
 
-ABI_VERSION = 12
+ABI_VERSION = 13
 
 DTYPE_CODES = {"fp32": 0, "fp16": 1, "bf16": 2}
 MEMORY_HOST = 0
@@ -183,6 +183,7 @@ class OptimizerOptions(ctypes.Structure):
         ("speculation_budget", ctypes.c_int64),
         ("speculate_streamed", ctypes.c_int),
         ("tail_subgroups", ctypes.c_int),
+        ("compact_master", ctypes.c_int),
     ]
 
 

@@ -131,6 +131,9 @@ class _Bucket:
         self.views = []     # views of flat_grad shaped like each parameter
         self.grad_ptrs = None  # flat_gradients=False: the gradient pointers the runtime reads now
         self.handle = None  # ctypes.c_void_p of the C optimizer
+        # the runtime keeps this bucket's masters in compact form (DeepOptimizerStates(compact_master=True),
+        # bf16 buckets only): each rebuilt from its parameter, which then holds the master's high half
+        self.compact = False
         self.hyper = None   # the hyper-parameters the runtime holds now
         self.subgroup_sizes = []
         self.offsets = []   # flat index of each parameter's first element

@@ -155,6 +155,24 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _Gradients, _State, _Timeli
         the plan as made on a 20B shard in one set of runs and no faster in another (README); from
         PyTorch (``train_gpt.py --tail-subgroups 6``, a 1.01e9-parameter GPT) it changed nothing
         measurable.
+      compact_master (bool): keep each bf16 bucket's fp32 master parameters in the runtime as their
+        low 16 bits and one rounding bit each, beside the bf16 parameter itself (the compact master,
+        ``codelets/kernels/compact_master.h``: master = ((P - r) << 16) | lo, P the parameter's
+        bits), so that a streamed subgroup's state crosses PCIe as 10.125 bytes per parameter each way
+        instead of 12, and CPU Adam moves 26.25 bytes of host memory per parameter instead of 28 (a
+        subgroup updated on the CPU brings its parameters down from the GPU beside its gradients: 2
+        bytes per parameter more down). Applies to the bf16 buckets only; buckets of fp32 or fp16
+        parameters keep the full master (their rounding is not the master's high half), with no
+        error. The same bits as False in the parameters and the state: the masters are rebuilt from
+        the parameters whenever they are read (:meth:`state_dict`), and a state dict saved by either
+        form loads into the other. Refused: with ``overlap=True`` (``ValueError`` at construction:
+        the runtime runs no speculative update in this form); and, once a bucket has been updated or
+        has loaded a state, a bf16 parameter written in place (``RuntimeError`` at the next
+        :meth:`step`, :meth:`state_dict` or :meth:`refresh_masters`, nothing changed; see
+        "Parameters written in place" below). The pinned host memory (12 bytes per parameter) and
+        the GPU budgets' figures are those of the full master (an upper bound). Its GPU paths
+        (parameters on CUDA) compile and are tested, but have not run on a GPU yet: keep it off for
+        real training until they have. Default False.
       amsgrad, maximize, capturable, differentiable, fused, foreach: ``torch.optim.AdamW``'s
         options, so that code written for it runs unchanged: taken at their defaults only (a true
         value raises ``ValueError``; ``foreach`` at any value), as in a param group's dict
@@ -199,7 +217,8 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _Gradients, _State, _Timeli
 
     Raises ``ValueError`` for bad input (every parameter frozen, a sparse,
     non-contiguous, duplicated or overlapping parameter, an unsupported dtype or device, a
-    hyper-parameter out of range, an unsupported option such as ``amsgrad=True``, ``param_groups``
+    hyper-parameter out of range, an unsupported option such as ``amsgrad=True``, ``overlap=True``
+    with ``compact_master=True``, ``param_groups``
     edited by hand after construction (at :meth:`step`), a policy other
     than the running runtime's), :class:`DosError` when the runtime fails (for example not enough
     host memory for the state), ``OSError`` when ``libdos_c.so`` cannot be loaded.
@@ -227,7 +246,17 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _Gradients, _State, _Timeli
     is gained by the overlap there). A write after backward, once the overlapped update has
     speculated, drops what was speculated (the step runs whole). With :meth:`overlap_forward`, call
     :meth:`wait` before writing parameters outside a forward (``model.load_state_dict`` waits by
-    itself).
+    itself). With ``compact_master=True`` a bf16 bucket keeps no copy of what the runtime last wrote
+    into its parameters (the parameter holds its master's high half), so the rule above cannot be
+    applied once the bucket has been updated or has loaded a state: a parameter of it written in
+    place (or given to another optimizer too) then makes :meth:`step`, :meth:`state_dict` and
+    :meth:`refresh_masters` raise ``RuntimeError``, changing nothing, rather than give other bits
+    than ``compact_master=False``. Before its first update or load its masters are its parameters
+    (the low halves and rounding bits are zero), and writes are followed exactly as above (the same
+    bits). To resume from checkpoints, load the model's before the optimizer's (a whole state
+    loaded, :meth:`load_state_dict`, also clears the refusal); to write parameters in place between
+    steps, use ``compact_master=False``. A write through ``p.data``, which no form sees, changes a
+    compact bucket's masters too (they are rebuilt from the parameters): do not make one.
 
     Notes: ``self.state`` stays empty (the state lives in the runtime; read it with
     :meth:`state_dict`, empty too until the first update, as ``torch.optim``'s); groups cannot be
@@ -238,13 +267,15 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _Gradients, _State, _Timeli
                  subgroup_size=100_000_000, policy=None, max_grad_norm=None, skip_nonfinite=True,
                  cpu_threads=0, cpu_workers=0, ncuda=-1, verbose=False, overlap=False, speculation_budget=None,
                  speculate_streamed=True, urgent_writeback=False, gpu_update_budget=None, gpu_resident_budget=None,
-                 timeline=False, caller_cores=None, flat_gradients=True, tail_subgroups=0, amsgrad=False,
+                 timeline=False, caller_cores=None, flat_gradients=True, tail_subgroups=0, compact_master=False,
+                 amsgrad=False,
                  maximize=False, foreach=None, capturable=False, differentiable=False, fused=None):
         check_adamw_options("", dict(amsgrad=amsgrad, maximize=maximize, capturable=capturable,
                                      differentiable=differentiable, fused=fused))
         for name, value in (("decoupled", decoupled), ("skip_nonfinite", skip_nonfinite), ("overlap", overlap),
                             ("verbose", verbose), ("speculate_streamed", speculate_streamed),
-                            ("urgent_writeback", urgent_writeback), ("flat_gradients", flat_gradients)):
+                            ("urgent_writeback", urgent_writeback), ("flat_gradients", flat_gradients),
+                            ("compact_master", compact_master)):
             if not isinstance(value, bool):
                 raise ValueError(f"{name} must be True or False, got {value!r}")
         wd_by_mode = weight_decay is None  # each group's default then follows its own decoupled
@@ -293,6 +324,10 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _Gradients, _State, _Timeli
         if not _capi.int_in(tail_subgroups, 0, 1000000):
             raise ValueError(f"tail_subgroups must be an integer in [0, 1000000] (subgroups; 0: the plan as made), "
                              f"got {tail_subgroups!r}")
+        if overlap and compact_master:
+            raise ValueError("overlap=True and compact_master=True cannot be combined: the runtime runs no "
+                             "speculative update (the update overlapped with backward) on compact masters; set "
+                             "overlap=False to keep compact_master=True, or compact_master=False to keep overlap=True")
         if overlap and not flat_gradients:
             raise ValueError("overlap=True needs flat_gradients=True: the overlapped update declares gradients final "
                              "in the optimizer's own buffers while backward runs")
@@ -306,6 +341,9 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _Gradients, _State, _Timeli
         #: Late binding of the plan's tail (int, ``tail_subgroups`` as given): read when each bucket's
         #: runtime optimizer is created.
         self.tail_subgroups = tail_subgroups
+        #: Whether the bf16 buckets keep the compact master (bool, ``compact_master`` as given; each
+        #: bucket's ``compact`` says whether it does).
+        self.compact_master = compact_master
         # switches a framework's wrapper may set: one dict, which Lightning's wrappers share (one copies
         # __dict__, the other forwards attribute reads), so that setting them through a wrapper reaches us
         self._settings = {}
@@ -397,6 +435,7 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _Gradients, _State, _Timeli
                 if b.device.type == "cuda":
                     torch.cuda.synchronize(b.device)  # the runtime reads the parameters on its own streams
                 h = ctypes.c_void_p()
+                b.compact = self.compact_master and b.dtype == torch.bfloat16  # the runtime refuses other dtypes
                 lr, b1, b2, eps, wd, dec = hypers[b.group_index]
                 options = _capi.optimizer_options(
                     lr=lr, beta1=b1, beta2=b2, eps=eps, weight_decay=wd, decoupled=bool(dec),
@@ -405,6 +444,7 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _Gradients, _State, _Timeli
                     speculation_budget=-1 if self.speculation_budget is None else self.speculation_budget,
                     speculate_streamed=int(self.speculate_streamed), urgent_writeback=int(self.urgent_writeback),
                     gpu_update_budget=self.gpu_update_budget or 0, tail_subgroups=self.tail_subgroups,
+                    compact_master=int(b.compact),
                     gpu_resident_budget=-1 if self.gpu_resident_budget is None else self.gpu_resident_budget)
                 _capi.check(
                     L.dos_optimizer_create(self.runtime.handle, nt, params, grads, numels, ctypes.byref(options),
@@ -485,7 +525,8 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _Gradients, _State, _Timeli
 
         Raises ``RuntimeError`` (nothing updated) when some parameters have a gradient and another has none, a sparse
         gradient, changed dtype, device, storage or shape since construction, or no longer requires
-        gradients, or a parameter frozen at construction has a gradient; ``ValueError`` for an
+        gradients, or a parameter frozen at construction has a gradient, or (``compact_master=True``)
+        a bf16 parameter was written in place after its bucket's first update or load; ``ValueError`` for an
         invalid hyper-parameter in ``param_groups`` or
         ``grad_scale``; :class:`DosError` when the runtime fails (the optimizer then refuses further
         steps).
@@ -525,6 +566,7 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _Gradients, _State, _Timeli
             self.last_step = dict(skipped=True, no_gradients=True, grad_norm=None, clip_coef=1.0, update_seconds=0.0,
                                   step_seconds=time.perf_counter() - t0, stats=[], **self._overlap_summary([], []))
             return
+        self._refuse_compact_writes("step()")  # before the gradients are scaled: nothing changed
 
         # the overlapped update: did anything change a declared gradient since its declaration?
         for b in self._buckets:

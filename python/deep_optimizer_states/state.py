@@ -8,6 +8,7 @@ import ctypes
 import torch
 
 from . import _capi
+from .gradients import _describe
 
 #: The ``format`` tag of :meth:`DeepOptimizerStates.state_dict`'s ``"dos"`` section.
 STATE_FORMAT = "deep_optimizer_states/1"
@@ -81,10 +82,53 @@ class _State:
         into the parameter's memory, which the optimizer cannot see. The moments and step counts
         stay. Drops the updates speculated since the last step (``overlap=True``). Costs about 8
         bytes of host memory per element of the largest parameter, for the moment. Raises
-        ``RuntimeError`` after :meth:`close`."""
+        ``RuntimeError`` after :meth:`close`, and (``compact_master=True``) when a bf16 bucket has
+        been updated or has loaded a state: its masters are rebuilt from the parameters, and the
+        values the runtime last wrote there, which the rule compares with, are gone (nothing is
+        changed then; before the first update or load the rule holds and this runs)."""
         self._settle()
+        self._refuse_compact_writes("refresh_masters()", force=True)
         for b in self._buckets:
             self._sync_masters(b, force=True)
+
+    def _compact_pristine(self, b):
+        """Whether compact bucket ``b``'s masters are its parameters exactly (every low half and
+        rounding bit zero, as at construction): nothing updated (no step taken, every subgroup of
+        ``b`` at step 0) and no state loaded since construction or the last fresh one (which loads
+        the parameters as masters). Reads the step counts only when the counters leave it open."""
+        if self.steps_taken or self._state_loaded:
+            return False
+        return all(s == 0 for s in self._bucket_steps(b))
+
+    def _refuse_compact_writes(self, what, force=False, buckets=None):
+        """Raises ``RuntimeError`` (``what``: the call refused, for the message) when a bucket of
+        ``buckets`` (default: every one) keeps the compact master (``compact_master=True``), is not
+        pristine (:meth:`_compact_pristine`), and has a parameter written in place since the runtime
+        last matched it (every parameter with ``force``, as :meth:`refresh_masters` asks). Such a
+        bucket's masters are rebuilt from the parameters, so the value the runtime last wrote into
+        a written parameter, which :meth:`_sync_masters`' rule compares with, is gone: applying the
+        rule would silently give other bits than ``compact_master=False``. Changes nothing."""
+        for b in self._buckets if buckets is None else buckets:
+            if not b.compact:
+                continue
+            written = [j for j in range(len(b.params)) if b.numels[j] and (force or b.param_written(j))]
+            if not written or self._compact_pristine(b):
+                continue
+            why = ("the compact master (compact_master=True) keeps each fp32 master as its low 16 bits and a rounding "
+                   "bit beside the bf16 parameter itself, so the value the runtime last wrote there, which the rule "
+                   "for parameters written in place compares with, is gone once the parameter is overwritten; "
+                   "going on would silently give other bits than compact_master=False. Nothing was changed")
+            if force:
+                raise RuntimeError(
+                    f"{what} cannot take the masters of {b.describe()} from its parameters after an update or a "
+                    f"state load: {why}. Load a whole state with load_state_dict() instead, or build the optimizer "
+                    "with compact_master=False to write parameters outside torch's view")
+            j = written[0]
+            raise RuntimeError(
+                f"{what}: {_describe(b.indices[j], b.params[j])} was written in place (or by another optimizer) after "
+                f"its bucket ({b.describe()}) was updated or loaded a state: {why}. To go on, load a state with "
+                "load_state_dict() (when resuming, load the model's state_dict before the optimizer's), or build the "
+                "optimizer with compact_master=False to write parameters in place between steps")
 
     def _sync_masters(self, b, force=False):
         """Takes bucket ``b``'s fp32 masters from its parameters where one was written in place since
@@ -98,7 +142,11 @@ class _State:
         moments, the step counts and the parameters stay. No phase may be open. Returns True when
         masters changed. Reads and writes the masters of the written parameters only (their range,
         ``dos_optimizer_read_masters`` / ``_write_masters``): about 8 bytes of host memory per
-        element of those parameters, for the moment."""
+        element of those parameters, for the moment. A compact bucket (``compact_master=True``) that
+        is not pristine raises ``RuntimeError`` instead, changing nothing
+        (:meth:`_refuse_compact_writes`); a pristine one follows the rule with the same bits as the
+        full master (its masters are its parameters)."""
+        self._refuse_compact_writes("taking the masters from parameters written in place", force, [b])
         L = _capi.lib()
         changed = False
         for j, p in enumerate(b.params):
@@ -147,7 +195,9 @@ class _State:
         updated or loaded (no step taken; skipped ones change nothing) ``"state"`` is empty, as ``torch.optim``'s is: the moments are zero and
         the masters are the parameters (frameworks that move an optimizer's state to the GPU and
         back when they prepare it, as ``accelerate`` does under the Hugging Face Trainer, then move
-        nothing). Raises ``RuntimeError`` after :meth:`close`, ``ValueError`` when ``param_groups``
+        nothing). Raises ``RuntimeError`` after :meth:`close`, and (``compact_master=True``) when a
+        bf16 parameter was written in place after its bucket's first update or load (see
+        :meth:`step`); ``ValueError`` when ``param_groups``
         was edited by hand after construction (the state would not match the groups listed).
         Drops the updates speculated since the last step (``overlap=True``): the state is the one
         before them.
@@ -165,6 +215,8 @@ class _State:
         buckets = []
         steps = self.subgroup_steps()
         fresh = self._pristine(steps)
+        if not fresh:
+            self._refuse_compact_writes("state_dict()")  # before any bucket's masters follow their parameters
         for b, bsteps in zip(self._buckets, steps):
             if not fresh:
                 self._sync_masters(b)  # a parameter written since the last step is saved as written

@@ -41,6 +41,12 @@ as autograd accumulates it), ``forward`` lets the update phase run on into the n
 ``opt`` is the time spent inside ``step()`` and tokens/s counts each step from its batch to its
 loss being read, its forward's waits included; ``phase`` is still the runtime's whole update phase.
 
+``--compact-master`` (with ``--optimizer dos`` and ``--dtype bf16``) keeps the runtime's fp32 masters
+in compact form (``DeepOptimizerStates(compact_master=True)``: each master as its low 16 bits and a
+rounding bit beside the model's bf16 parameter, 10.125 instead of 12 bytes of state per parameter
+across PCIe); the same bits. It runs no update overlapped with backward (``--overlap backward`` and
+``both`` are refused), and its GPU paths have not run on a GPU yet.
+
 Example (CPU, seconds):  python3 examples/train_gpt.py --steps 20 --optimizer dos --policy cpu
 """
 
@@ -255,7 +261,7 @@ def make_optimizer(args, model):
                                   caller_cores=1 if args.overlap != "off" else None,
                                   gpu_update_budget=args.gpu_update_budget_bytes,
                                   gpu_resident_budget=args.gpu_resident_budget_bytes,
-                                  tail_subgroups=args.tail_subgroups)
+                                  tail_subgroups=args.tail_subgroups, compact_master=args.compact_master)
         if args.overlap in ("forward", "both"):
             opt.overlap_forward(model, overlap_blocks(model))
         return opt
@@ -354,6 +360,11 @@ def parse_args(argv=None):
                     help="dos: late binding of the plan's tail, the last N subgroups given their side while the "
                          "phase runs, in [0, 1000000] (0: the plan as made; DeepOptimizerStates(tail_subgroups=N)); "
                          "needs --overlap off (an overlapped step binds nothing)")
+    ap.add_argument("--compact-master", action="store_true",
+                    help="dos: keep each fp32 master parameter as its low 16 bits and a rounding bit beside the "
+                         "model's bf16 parameter (DeepOptimizerStates(compact_master=True)): 10.125 instead of 12 "
+                         "bytes of state per parameter across PCIe, the same bits; needs --dtype bf16 and --overlap "
+                         "off or forward; its GPU paths have not run on a GPU yet")
     ap.add_argument("--gpu-update-budget", type=float, default=0,
                     help="dos: GB of GPU memory the update phase may hold at once (0: no limit but StarPU's)")
     ap.add_argument("--timeline", help="dos: write the timeline of --timeline-steps to this JSON file (and a PNG "
@@ -420,6 +431,14 @@ def parse_args(argv=None):
     if args.tail_subgroups and args.overlap != "off":
         ap.error(f"--tail-subgroups binds the plan's tail in steps run after backward; with --overlap "
                  f"{args.overlap} nothing would be bound: use --overlap off, or leave --tail-subgroups out")
+    if args.compact_master and args.optimizer != "dos":
+        ap.error("--compact-master needs --optimizer dos (it is the runtime's form of the masters)")
+    if args.compact_master and args.dtype != "bf16":
+        ap.error(f"--compact-master needs --dtype bf16 (each master is rebuilt from its bf16 parameter), got --dtype "
+                 f"{args.dtype}: give --dtype bf16 or leave --compact-master out")
+    if args.compact_master and args.overlap in ("backward", "both"):
+        ap.error(f"--compact-master runs no update overlapped with backward: with --overlap {args.overlap}, use "
+                 "--overlap off or forward, or leave --compact-master out")
     args.gpu_resident_budget_bytes = budget_bytes(ap, "--gpu-resident-budget", args.gpu_resident_budget,
                                                   args.optimizer)
     args.gpu_update_budget_bytes = budget_bytes(ap, "--gpu-update-budget", args.gpu_update_budget, args.optimizer,
@@ -568,7 +587,8 @@ def main(argv=None):
     print(f"train_gpt: {model_desc}, {args.n_layer} layers, hidden {args.n_embd}, {args.n_head} heads, context "
           f"{args.seq_len}, {nparams:,} parameters ({args.dtype} on {device.type}); batch {args.batch_size} x "
           f"{args.seq_len} tokens; optimizer {args.optimizer}"
-          + (f" (policy {args.policy}, subgroups of {int(float(args.subgroup_size)):,})" if args.optimizer == "dos" else "")
+          + (f" (policy {args.policy}, subgroups of {int(float(args.subgroup_size)):,}"
+             + (", compact master" if args.compact_master else "") + ")" if args.optimizer == "dos" else "")
           + f"; torch {torch.__version__}", flush=True)
     print(f"corpus: {corpus_desc}, byte-level tokens", flush=True)
     loss_scale = (args.loss_scale or 2.0 ** 16) if dtype == torch.float16 else None
@@ -662,7 +682,7 @@ def main(argv=None):
 
     later = records[1:] if len(records) > 1 else records
     summary = dict(optimizer=args.optimizer, policy=args.policy if args.optimizer == "dos" else None,
-                   overlap=args.overlap,
+                   overlap=args.overlap, compact_master=args.compact_master,
                    params=nparams, model=model_desc, corpus=corpus_desc, steps=len(records),
                    train_seconds=time.perf_counter() - t_start,
                    max_gpu_memory_gb=torch.cuda.max_memory_allocated() / 1e9 if cuda else 0.0,

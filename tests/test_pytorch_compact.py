@@ -33,6 +33,8 @@ the cuda variant is where they would be checked).
    form's bits: a parameter written in place before the first step, through ``p.data`` with
    ``refresh_masters()``, after a skipped step (a NaN gradient), and after a fresh (empty) state
    dict loaded into an optimizer that had stepped.
+6. ``examples/train_gpt.py --compact-master --dtype bf16``: its optimizer's buckets compact, 6 steps
+   with the same losses and parameters as without the flag.
 """
 
 import copy
@@ -51,7 +53,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import deep_optimizer_states as dos  # noqa: E402
 from deep_optimizer_states import _capi  # noqa: E402
 from test_pytorch import (PARAM_RTOL, Net, batch, check, expect_error, main, make_model, make_opt,  # noqa: E402
-                          same_snapshot, snapshot, train_steps)
+                          same_snapshot, snapshot, tiny_args, train_gpt, train_steps)
 
 
 class MixedNet(torch.nn.Module):
@@ -354,6 +356,25 @@ def test_pristine_writes(device, policy):
     both(fresh_after_steps, "written in place after a fresh state dict was loaded into an optimizer that had stepped")
 
 
+def test_train_gpt(device, policy):
+    """examples/train_gpt.py --compact-master: the optimizer's bf16 buckets compact, the same losses and
+    parameters as without."""
+    runs = []
+    for extra in ([], ["--compact-master"]):
+        argv = tiny_args("dos", device, policy, steps=6)
+        argv[argv.index("--dtype") + 1] = "bf16"
+        runs.append(train_gpt.main(argv + extra))
+    (a, b) = runs
+    check(all(c for _, c in compact_buckets(b["optimizer"])) and not any(c for _, c in compact_buckets(a["optimizer"]))
+          and b["summary"]["compact_master"],
+          "train_gpt.py --compact-master --dtype bf16: every bucket compact (none without the flag)")
+    check(a["losses"] == b["losses"] and all(torch.equal(x, y) for x, y in zip(a["model"].parameters(),
+                                                                               b["model"].parameters())),
+          "and 6 steps with the same losses and parameters, bit for bit, as without it")
+    for r in runs:
+        r["optimizer"].close()
+
+
 if __name__ == "__main__":
     sys.exit(main([test_same_bits, test_adamw_reference, test_state_dict_across_forms, test_refusals,
-                   test_pristine_writes]))
+                   test_pristine_writes, test_train_gpt]))

@@ -50,10 +50,10 @@ except ImportError:
     sys.exit(77)
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import deep_optimizer_states as dos  # noqa: E402
-from deep_optimizer_states import _capi  # noqa: E402
+# test_pytorch: python/ and examples/ on the path, its model, steps, snapshots and check()
 from test_pytorch import (PARAM_RTOL, Net, batch, check, expect_error, main, make_model, make_opt,  # noqa: E402
                           same_snapshot, snapshot, tiny_args, train_gpt, train_steps)
+from deep_optimizer_states import _capi  # noqa: E402
 
 
 class MixedNet(torch.nn.Module):

@@ -16,7 +16,8 @@
 #               the bound at the probe's compact-form rates and bytes; -n 5 each; about 400 s
 #   PART=rest   the resident sequence (calibrating -n 2, then -n 3 from its rates cache), the 13B
 #               sweep, the 7B quarter, its 1/16 shard under 400 MB, the tiny preset (dos, cpu, gpu),
-#               dos-bench overhead, the 1.01e9-parameter GPT's update phase; about 380 s
+#               dos-bench overhead, the 1.01e9-parameter GPT's update phase (and, selected by ONLY, the
+#               same with --compact-master: ONLY='^gpt' runs both); about 380 s
 # .peers/torch_update_phase.py: an external PyTorch script with the command line dos_compare.py's
 # --peers takes (git-ignored, not in a clone): when present, PART=20b runs it as the peers beside the
 # repository's own baselines; otherwise only those. Host memory: PART=20b about 80 GB (the 20B
@@ -110,6 +111,9 @@ case $PART in
     step overhead 450 40 build/bench/dos-bench overhead
     step gpt 460 120 env OUT="$OUT/gpt" TEST=0 BATCH=32 DOS_SECONDS=30 TRAIN_ARGS="--max-grad-norm 0" RUNS=dos \
       scripts/gpu-train.sh
+    # the same with the compact master (run alone or beside gpt: ONLY='^gpt' PART=rest, about 240 s)
+    step gpt-compact 470 120 env OUT="$OUT/gpt-compact" TEST=0 BATCH=32 DOS_SECONDS=30 \
+      TRAIN_ARGS="--max-grad-norm 0 --compact-master" RUNS=dos scripts/gpu-train.sh
     ;;
   *) echo "PART must be tests, 20b, compact or rest, not $PART" >&2; exit 2 ;;
 esac
@@ -139,10 +143,11 @@ for name, start in (("13b-sweep", "sweep ("), ("overhead", "dos-bench overhead")
             printing = printing or line.lstrip().startswith(start)
             if (printing or line.startswith("model:")) and not line.startswith("["):
                 print("  " + line.rstrip())
-gpt = os.path.join(out, "gpt", "summary.md")
-if os.path.exists(gpt):
-    print("\nGPT (gpt/summary.md):")
-    print(open(gpt).read())
+for name in ("gpt", "gpt-compact"):
+    gpt = os.path.join(out, name, "summary.md")
+    if os.path.exists(gpt):
+        print(f"\nGPT ({name}/summary.md):")
+        print(open(gpt).read())
 PY
 cat "$OUT/times.txt" "$OUT/summary.txt"
 # the GPU machine returns a limited number of files: everything in one archive beside the summary

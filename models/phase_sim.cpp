@@ -83,6 +83,7 @@ struct Sg {
   bool input_ready = false;  // the data its next GPU or CPU task waits for has arrived
   bool state_up_asked = false;
   bool state_off_gpu = false;  // resident, its state not yet on the GPU (Execution::state_off_gpu)
+  bool params_on_host = false;  // compact master: P in the host staging already (Execution::params_on_host)
 };
 
 /// A piece of work waiting in a resource's queue: the subgroup and what it is.
@@ -135,7 +136,7 @@ struct LaneRates {
 class PhaseSimulator {
  public:
   /// Throws std::invalid_argument as simulate_phase does when a rate is not positive or
-  /// e.state_off_gpu has neither 0 nor w.sizes.size() flags.
+  /// e.state_off_gpu or e.params_on_host has neither 0 nor w.sizes.size() flags.
   PhaseSimulator(const Workload& w, const Rates& r, const Execution& e);
   /// simulate_phase(w, plan, r, e). Throws std::invalid_argument when the plan's length differs
   /// from w.sizes, std::logic_error when no piece of work can progress.
@@ -169,6 +170,10 @@ PhaseSimulator::PhaseSimulator(const Workload& w, const Rates& r, const Executio
   if (!rates_complete(r))
     throw std::invalid_argument("phase simulation: every rate (U_c, U_c_dma, U_g, D_c, B_h2d, B_d2h, link_share) must be > 0");
   count_ = w.sizes.size();
+  if (!e.params_on_host.empty() && e.params_on_host.size() != count_)
+    throw std::invalid_argument("phase simulation: Execution::params_on_host has " +
+                                std::to_string(e.params_on_host.size()) + " flags for " + std::to_string(count_) +
+                                " subgroups (give one per subgroup, or none)");
   if (!e.state_off_gpu.empty() && e.state_off_gpu.size() != count_)
     throw std::invalid_argument("phase simulation: Execution::state_off_gpu has " +
                                 std::to_string(e.state_off_gpu.size()) + " flags for " + std::to_string(count_) +
@@ -251,6 +256,7 @@ Simulation PhaseSimulator::run(const std::vector<PlanSide>& plan) {
     s.footprint = footprint_[3 * i + std::size_t(plan[i])];
     s.admitted = s.input_ready = s.state_up_asked = false;
     s.state_off_gpu = plan[i] == PlanSide::gpu_resident && !e.state_off_gpu.empty() && e.state_off_gpu[i];
+    s.params_on_host = !e.params_on_host.empty() && e.params_on_host[i];
     largest_fp = std::max(largest_fp, s.footprint);
     if (plan[i] == PlanSide::gpu_streamed)
       any_streamed = true;
@@ -358,7 +364,8 @@ Simulation PhaseSimulator::run(const std::vector<PlanSide>& plan) {
     const double state_up = s.side == PlanSide::gpu_streamed || s.state_off_gpu ? spp : 0.0;
     const double state_down = s.side == PlanSide::gpu_streamed ? spp : 0.0;
     const double extra = w.caller_on_gpu ? 0.0 : 1.0;  // the caller's gradient up, parameters down
-    const double p_with = w.compact_master ? pb : 0.0;  // the compact master's P beside the gradient
+    // the compact master's P beside the gradient, unless the host staging holds it already
+    const double p_with = w.compact_master && !(p.stage == Stage::grad_down && s.params_on_host) ? pb : 0.0;
     lane.current = long(p.sg);
     lane.stage = p.stage;
     switch (p.stage) {

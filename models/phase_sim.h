@@ -33,8 +33,8 @@
 // (caller in host memory: a CPU subgroup is the CPU Adam alone; a streamed one moves 12 + gb up and
 // 12 + pb down; a resident one gb up (12 + gb when its state is off the GPU) and pb down). With
 // Workload::compact_master the state's 12 is 10.125 (state_bytes_per_param) and P travels with the
-// gradient: a CPU subgroup's D2H is (gb + pb) n, a streamed one's H2D with the caller in host memory
-// 10.125 + gb + pb. Each
+// gradient: a CPU subgroup's D2H is (gb + pb) n (gb n when Execution::params_on_host flags it), a
+// streamed one's H2D with the caller in host memory 10.125 + gb + pb. Each
 // PCIe direction serves its transfers one at a time in the order they were asked for, at B_h2d or
 // B_d2h.
 #pragma once
@@ -113,6 +113,12 @@ struct Execution {
   /// state is on the GPU (the steady state). The runtime asks StarPU where each state is when the
   /// phase begins.
   std::vector<bool> state_off_gpu;
+  /// Per subgroup (w.sizes' order), with Workload::compact_master: the host staging holds the
+  /// caller's current parameters (P) when the phase starts (the subgroup was updated on the CPU in
+  /// the phase before, and nothing has written them since), so a CPU update brings no P down; the
+  /// other CPU subgroups bring theirs down beside the gradient (pb n more D2H). Ignored for other
+  /// sides and without the compact master. Empty: none holds it (every CPU subgroup brings P down).
+  std::vector<bool> params_on_host;
 };
 
 /// The share of its CPU worker's Adam rate that a subgroup of n parameters runs at under e
@@ -167,8 +173,8 @@ struct Simulation {
 };
 
 /// Simulates one update phase of `plan` (one side per subgroup of w.sizes) on rates r.
-/// Throws std::invalid_argument when the plan's length differs from w.sizes or a rate is not
-/// positive.
+/// Throws std::invalid_argument when the plan's length differs from w.sizes, a rate is not
+/// positive, or e.state_off_gpu or e.params_on_host has neither 0 nor w.sizes.size() flags.
 Simulation simulate_phase(const Workload& w, const std::vector<PlanSide>& plan, const Rates& r, const Execution& e);
 
 /// The plan of least simulated time among those choose_plan (resource_model.h) considers (the last

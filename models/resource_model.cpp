@@ -117,13 +117,15 @@ Prediction predict_split(const Workload& w, double n_cpu, double n_streamed, con
   p.resident_params = n_resident;
   // bytes per parameter each way, from traffic.h (the full form's, linear in n, so per-parameter
   // figures suffice; the compact form's state at its 10.125 B per parameter, padding left out, and
-  // its P beside the gradient where traffic.h moves it)
+  // its P up beside a GPU update's gradient with the caller on the host; a CPU subgroup's P is taken
+  // in the host staging already, the steady state of a plan that keeps its sides:
+  // Execution::params_on_host)
   const PcieBytes per_gpu = subgroup_pcie_bytes(true, w.caller_on_gpu, w.param_bytes, 1, w.grad_bytes);
   const PcieBytes per_cpu = subgroup_pcie_bytes(false, w.caller_on_gpu, w.param_bytes, 1, w.grad_bytes);
   const double state = state_bytes_per_param(w), p_extra = w.compact_master ? double(w.param_bytes) : 0.0;
   const double gpu_h2d = double(per_gpu.h2d) - 12.0 + state + (w.caller_on_gpu ? 0.0 : p_extra);
   const double gpu_d2h = double(per_gpu.d2h) - 12.0 + state;
-  const double cpu_h2d = double(per_cpu.h2d), cpu_d2h = double(per_cpu.d2h) + (w.caller_on_gpu ? p_extra : 0.0);
+  const double cpu_h2d = double(per_cpu.h2d), cpu_d2h = double(per_cpu.d2h);
   // a resident subgroup moves no state, but the caller's gradient up and parameters down when the
   // caller's buffers are on the host (its GPU update's bytes less the state's each way)
   const double res_h2d = gpu_h2d - state, res_d2h = gpu_d2h - state;

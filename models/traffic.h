@@ -33,10 +33,12 @@ struct PcieBytes {
 /// and its head's padding) instead of 12 n, and needs P where it runs: a CPU update with the caller
 /// on the GPU brings P down beside the gradient (grad_bytes + param_bytes down), a GPU update with
 /// the caller on the host takes P up beside the gradient (grad_bytes + param_bytes up).
+/// params_on_host (compact only): a CPU update whose P the host staging holds already
+/// (Execution::params_on_host) brings no P down.
 /// Returns the bytes for n parameters (n * bytes per parameter, each way; the compact state's bytes
 /// as its buffer holds them). Throws nothing.
 inline PcieBytes subgroup_pcie_bytes(bool gpu_update, bool caller_on_gpu, std::size_t param_bytes, std::size_t n,
-                                     std::size_t grad_bytes = 4, bool compact = false) {
+                                     std::size_t grad_bytes = 4, bool compact = false, bool params_on_host = false) {
   std::uint64_t h = 0, d = 0, state = 0;
   if (gpu_update) {
     state = compact ? compact_state_bytes_for(n) : 12 * std::uint64_t(n);
@@ -46,7 +48,7 @@ inline PcieBytes subgroup_pcie_bytes(bool gpu_update, bool caller_on_gpu, std::s
     }
   } else if (caller_on_gpu) {
     h = param_bytes;
-    d = grad_bytes + (compact ? param_bytes : 0);
+    d = grad_bytes + (compact && !params_on_host ? param_bytes : 0);
   }
   return PcieBytes{state + h * n, state + d * n};
 }

@@ -300,6 +300,7 @@ void Optimizer::Impl::compact_masters(Subgroup* sg, std::size_t from, std::size_
       // is now wrong until a state is loaded
       self->broken = std::string(kCompactWriteFailed) + e.what();
       starpu_data_invalidate_submit(sg->h_param16);
+      sg->params_on_host = false;
       throw;
     }
     // a write acquire waits for the write-back, which reads the staging
@@ -307,6 +308,7 @@ void Optimizer::Impl::compact_masters(Subgroup* sg, std::size_t from, std::size_
     starpu_data_release(sg->h_param16);
   }
   starpu_data_invalidate_submit(sg->h_param16);
+  sg->params_on_host = false;
 }
 
 template <class State, class Fn>

@@ -77,6 +77,12 @@ struct Subgroup {
   std::vector<std::pair<std::size_t, std::size_t>> seg_src;
   GatherArgs gather_grads{}, gather_params{};
   GatherArgs gather_p16{};  // the caller's parameters copied as they are into h_param16 (compact master)
+  // Compact master: h_param16's host copy holds the caller's current parameters (this subgroup's
+  // last update ran on the CPU under a plan and wrote them there, and nothing has written them
+  // since: the compact master's callers write their parameters only through the optimizer), so its
+  // next CPU update brings no P down. Cleared by a direct-path update and by compact_masters.
+  // Written by the thread submitting the subgroup's update.
+  bool params_on_host = false;
   ScatterArgs scatter{};
   AdamArgs adam{};
   AdamDirectArgs adam_direct{};
@@ -268,6 +274,9 @@ struct OpenStep {
   /// Per subgroup, its state had no valid copy on the GPU when the phase began (states_off_gpu):
   /// what execution() hands the phase simulation while the phase is open.
   std::vector<bool> state_off_gpu;
+  /// Per subgroup, Subgroup::params_on_host when the phase began (compact master; empty otherwise):
+  /// what execution() hands the phase simulation while the phase is open.
+  std::vector<bool> params_on_host;
   Pending pending;
   std::atomic<int> refused{0};          // asynchronous acquires StarPU refused (any submitting thread)
   std::vector<char> admitted;           // the subgroup holds its footprint in the admission window
@@ -469,8 +478,10 @@ struct Optimizer::Impl {
   /// with them on a GPU and the update on the CPU, an acquire that brings the result down at once).
   void stage_gradient(detail::OpenStep& ph, std::size_t i);
   /// Subgroup i's parameter write-back, after its Adam task: the runtime's own upload
-  /// (uploads_params(i)) or a scatter_cl task; then both staging buffers are invalidated.
-  void scatter_params(detail::OpenStep& ph, std::size_t i);
+  /// (uploads_params(i)) or a scatter_cl task; then both staging buffers are invalidated, but for
+  /// the parameters' when keep_params (a compact master's P kept in the host staging for the next
+  /// phase: Subgroup::params_on_host).
+  void scatter_params(detail::OpenStep& ph, std::size_t i, bool keep_params = false);
   /// Submits subgroup i's update in this phase (update_phase.cpp): its admission into the window,
   /// step count, Adam task with its gradient staging and parameter write-back, and the eager
   /// write-back of a streamed state. prefetched: its state's prefetch was asked for by the
@@ -529,7 +540,16 @@ struct Optimizer::Impl {
     e.grad_download_by_copy_engine = runtime_copies_by_copy_engine(false);
     e.param_upload_by_copy_engine = runtime_copies_by_copy_engine(true);
     e.state_off_gpu = open ? open->state_off_gpu : states_off_gpu();
+    e.params_on_host = open ? open->params_on_host : params_on_host();
     return e;
+  }
+  /// Per subgroup, Subgroup::params_on_host (compact master; empty otherwise). Read when none of
+  /// this optimizer's updates is being submitted.
+  std::vector<bool> params_on_host() const {
+    std::vector<bool> v;
+    if (opt.compact_master)
+      for (const auto& sg : sgs) v.push_back(sg->params_on_host);
+    return v;
   }
   /// Per subgroup, whether its state handle has no valid copy on the memory node of the CUDA
   /// worker that the placement policy gives it (StarPU's starpu_data_query_status, read without

@@ -208,7 +208,7 @@ void Optimizer::Impl::stage_params(OpenStep& ph, std::size_t i) {
     acquire_home(ph, sg->h_param16, STARPU_R, nullptr, false);  // down early, as the gradient (stage_gradient)
 }
 
-void Optimizer::Impl::scatter_params(OpenStep& ph, std::size_t i) {
+void Optimizer::Impl::scatter_params(OpenStep& ph, std::size_t i, bool keep_params) {
   Subgroup* sg = sgs[i].get();
   if (uploads_params(i)) {
     // The runtime's own upload (copy_stream.h) once the CPU's Adam has written the staging buffer.
@@ -221,7 +221,7 @@ void Optimizer::Impl::scatter_params(OpenStep& ph, std::size_t i) {
     submit(s, "parameter write-back");
   }
   starpu_data_invalidate_submit(sg->h_grad32);  // both staging buffers are dropped once used
-  starpu_data_invalidate_submit(sg->h_param16);
+  if (!keep_params) starpu_data_invalidate_submit(sg->h_param16);
 }
 
 }  // namespace dos

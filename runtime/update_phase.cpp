@@ -174,6 +174,7 @@ void Optimizer::Impl::begin(bool overlapped) {
     st.started_at = 1e-6 * timeline.t0_us;
   }
   ph.state_off_gpu = states_off_gpu();  // before the plan: a resident state off the GPU must come up
+  ph.params_on_host = params_on_host();
   try {
     // The timeline's bus samples: a thread reads the bus counters every millisecond during the
     // phase (start_sampler); one that cannot start (std::system_error) leaves no phase open
@@ -489,18 +490,25 @@ void Optimizer::Impl::submit_update(OpenStep& ph, std::size_t i, bool prefetched
     // One task: Adam on the state, reading the caller's gradients and writing its parameters in
     // place (their dtype), so nothing but the state crosses PCIe and the CUDA worker runs one
     // task per subgroup.
+    sg->params_on_host = false;  // the new P is written on the GPU
     submit(adam_task(sg, &adam_direct_cl, &sg->adam_direct, STARPU_CUDA, adam_direct_done), "Adam");
     if (eager) write_back(ph, sg, STARPU_R, true);
     return;
   }
   stage_gradient(ph, i);
-  if (opt.compact_master) stage_params(ph, i);  // the Adam reads P there
+  // A compact master's Adam reads P in the staging: brought there unless its last update, on the
+  // CPU, left it there (nothing else writes the caller's parameters); under a plan that keeps the
+  // subgroup on the CPU, the new P stays there for the next phase.
+  const bool on_cpu = opt.compact_master && !plan.empty() && plan[i] == PlanSide::cpu;
+  if (opt.compact_master && !(on_cpu && sg->params_on_host)) stage_params(ph, i);
+  sg->params_on_host = false;  // until this update's Adam and write-back are submitted
   struct starpu_task* a =
       adam_task(sg, opt.compact_master ? &adam_compact_cl : &adam_cl, &sg->adam, STARPU_CPU | STARPU_CUDA, record_worker);
   a->handles[1] = sg->h_grad32;
   a->handles[2] = sg->h_param16;
   submit(a, "Adam");
-  scatter_params(ph, i);
+  scatter_params(ph, i, on_cpu);
+  sg->params_on_host = on_cpu;
   if (eager) write_back(ph, sg, STARPU_R, true);
 }
 

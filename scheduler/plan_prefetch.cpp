@@ -29,7 +29,8 @@ bool same_plan_input(const Workload& wa, const Rates* ra, const Execution& ea, c
          ea.cpu_team_threads == eb.cpu_team_threads && ea.cpu_work_item == eb.cpu_work_item &&
          ea.own_param_upload == eb.own_param_upload && ea.own_grad_download == eb.own_grad_download &&
          ea.grad_download_by_copy_engine == eb.grad_download_by_copy_engine &&
-         ea.param_upload_by_copy_engine == eb.param_upload_by_copy_engine && ea.state_off_gpu == eb.state_off_gpu;
+         ea.param_upload_by_copy_engine == eb.param_upload_by_copy_engine && ea.state_off_gpu == eb.state_off_gpu &&
+         ea.params_on_host == eb.params_on_host;
 }
 
 PlanPrefetch::~PlanPrefetch() { clear(); }

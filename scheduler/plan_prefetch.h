@@ -20,7 +20,8 @@ namespace dos {
 /// Whether two plan inputs are equal in everything a plan may read: the workload (sizes, where
 /// the caller's buffers live, bytes per element, resident, may_stream, staging flags, the master's form), the rates
 /// (both null, or every rate bit for bit equal) and the execution (order, lookahead, update budget,
-/// CPU workers, their teams' threads and work item, the copy flags, state_off_gpu). Throws nothing.
+/// CPU workers, their teams' threads and work item, the copy flags, state_off_gpu, params_on_host).
+/// Throws nothing.
 bool same_plan_input(const Workload& wa, const Rates* ra, const Execution& ea, const Workload& wb, const Rates* rb,
                      const Execution& eb) noexcept;
 

@@ -398,6 +398,8 @@ void test_compact_master_same_bits(void**) {
     full_buf.put(full_buf.grad, g16.data());
     compact_buf.put(compact_buf.grad, g16.data());
     full.step();
+    const std::vector<bool> on_host = compact.execution().params_on_host;  // P in the staging already
+    assert_int_equal(on_host.size(), compact.num_subgroups());
     const dos::StepStats st = compact.step();
     same_params(when);
     // with a GPU, dos's half-streamed plan and StarPU's gpu policy run the compact GPU kernels
@@ -405,7 +407,8 @@ void test_compact_master_same_bits(void**) {
     uint64_t h2d = 0, d2h = 0;
     for (size_t sg = 0; sg < compact.num_subgroups(); ++sg) {
       const dos::PcieBytes b = dos::subgroup_pcie_bytes(st.placement[sg] != dos::PlanSide::cpu, cuda, 2,
-                                                        compact.subgroup_size(sg), compact.workload().grad_bytes, true);
+                                                        compact.subgroup_size(sg), compact.workload().grad_bytes, true,
+                                                        on_host[sg]);
       h2d += b.h2d;
       d2h += b.d2h;
     }
@@ -414,6 +417,19 @@ void test_compact_master_same_bits(void**) {
                 (unsigned long long)d2h, st.subgroups_gpu);
     assert_int_equal(st.bytes_h2d, h2d);
     assert_int_equal(st.bytes_d2h, d2h);
+    // under a plan, a subgroup updated on the CPU keeps its new parameters in the host staging for
+    // the next phase (its next CPU update brings none down); a streamed one, or any under StarPU's
+    // own policies (no plan), does not
+    const std::vector<bool> now = compact.execution().params_on_host;
+    for (size_t sg = 0; sg < compact.num_subgroups(); ++sg)
+      assert_true(now[sg] == (!st.plan.empty() && st.plan[sg] == dos::PlanSide::cpu));
+  };
+  auto none_on_host = [&](const char* when) {  // the masters written: the staging holds no P
+    for (bool b : compact.execution().params_on_host)
+      if (b) {
+        std::fprintf(stderr, "%s: a subgroup still counts its parameters in the host staging\n", when);
+        fail();
+      }
   };
   auto same_state = [&](const char* when) {
     std::vector<float> a(n), b(n);
@@ -458,6 +474,7 @@ void test_compact_master_same_bits(void**) {
     for (size_t i = 0; i < w.size(); ++i) w[i] = float(next());
     full.write_master_range(3, n - 5, w.data());
     compact.write_master_range(3, n - 5, w.data());
+    none_on_host("after write_master_range");
     // (the full form leaves the caller's parameters as they were until the next step; the compact
     // form writes their rounding, which the next step reads)
     std::vector<float> r(n - 8);
@@ -475,6 +492,7 @@ void test_compact_master_same_bits(void**) {
     const std::vector<int64_t> steps = full.step_counts();
     full.load_state(master.data(), m.data(), v.data(), steps);
     compact.load_state(master.data(), m.data(), v.data(), steps);
+    none_on_host("after load_state");
     same_params("after load_state");
     std::vector<float> back(n);
     compact.read_master(back.data());

@@ -67,8 +67,9 @@ void test_two_streamed(void**) {
 
 // The compact master (Workload::compact_master): a streamed state of 10.125 B per parameter each
 // way: one streamed subgroup takes 10.125 n / B up, n / U_g, 10.125 n / B down; a CPU subgroup with
-// the caller on the GPU brings P (pb) down beside its gradient (gb): its D2H is (gb + pb) n / B, its
-// H2D pb n / B as before; CPU Adam's host bytes are 26.25 (20.25 + gb + 2 pb) instead of 28, so
+// the caller on the GPU brings P (pb) down beside its gradient (gb): its D2H is (gb + pb) n / B
+// (gb n / B when Execution::params_on_host says the host staging holds P already), its H2D pb n / B
+// as before; CPU Adam's host bytes are 26.25 (20.25 + gb + 2 pb) instead of 28, so
 // host memory's M with U_c_dma = U_c and link_share 1 is 26.25 U_c + 2 B.
 void test_compact_master(void**) {
   const double n = 1e8;
@@ -85,6 +86,17 @@ void test_compact_master(void**) {
   const dos::Simulation c = dos::simulate_phase(w, {PlanSide::cpu}, r, own);
   assert_float_equal(c.d2h, (2 + 2) * n / 5e10, 1e-12);
   assert_float_equal(c.h2d, 2 * n / 4e10, 1e-12);
+  own.params_on_host = {true};  // P in the host staging from the phase before: the gradient alone
+  assert_float_equal(dos::simulate_phase(w, {PlanSide::cpu}, r, own).d2h, 2 * n / 5e10, 1e-12);
+  own.params_on_host = {true, false};  // one flag per subgroup, or none
+  bool threw = false;
+  try {
+    dos::simulate_phase(w, {PlanSide::cpu}, r, own);
+  } catch (const std::invalid_argument&) {
+    threw = true;
+  }
+  assert_true(threw);
+  own.params_on_host.clear();
   w.compact_master = false;
   assert_float_equal(dos::simulate_phase(w, {PlanSide::cpu}, r, own).d2h, 2 * n / 5e10, 1e-12);
   assert_float_equal(dos::cpu_adam_host_bytes(w), 28.0, 0.0);

@@ -190,6 +190,9 @@ int run_plan_only(const Args& a, const Checked& c, const std::string& model, con
   // the first iteration: no subgroup's state is on the GPU yet, the resident ones' must come up;
   // a later one: the resident states are on the GPU (the streamed ones go home after each phase)
   po.execution.state_off_gpu.assign(po.workload.sizes.size(), a.plan_phase == "first");
+  // a compact master's CPU subgroups: their parameters in the host staging from the phase before in
+  // a later phase (a plan that keeps its sides), not yet in the first
+  if (c.compact_master && a.plan_phase != "first") po.execution.params_on_host.assign(po.workload.sizes.size(), true);
   po.workload.cpu_grads_staged_on_gpu = !po.execution.own_grad_download;
   // (a compact master's P comes down through the GPU staging unless the runtime downloads it itself)
   po.workload.cpu_params_staged_on_gpu =

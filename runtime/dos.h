@@ -348,10 +348,13 @@ class Runtime {
 ///   caller's bf16 parameter (the compact master, codelets/kernels/compact_master.h: M = ((P - r) << 16)
 ///   | lo for every finite M), so that a streamed subgroup's state is 10.125 bytes per parameter each
 ///   way instead of 12, and CPU Adam moves 26.25 bytes of host memory per parameter instead of 28; a
-///   CPU-updated subgroup brings its P down (2 bytes per parameter) beside its gradient. The same bits
-///   as the full master in every parameter and every state read back (read_master, with_host_state,
-///   checkpoints: the master is rebuilt from the caller's parameters, which must then hold the last
-///   step's values; a load splits it and writes the parameters). bf16 parameters only (Error
+///   CPU-updated subgroup brings its P down (2 bytes per parameter) beside its gradient, unless its
+///   last update ran on the CPU under a plan and left P in the host staging (Execution::
+///   params_on_host). The same bits as the full master in every parameter and every state read back
+///   (read_master, with_host_state, checkpoints: the master is rebuilt from the caller's parameters,
+///   which must then hold the last step's values; a load splits it and writes the parameters): the
+///   caller writes its parameters only through the optimizer (write_master_range, load_state), never
+///   between steps by itself. bf16 parameters only (Error
 ///   otherwise). No speculative update: gradients_final only records and the whole update runs in
 ///   finish_step (the same bits). The host buffer keeps its 12 bytes per parameter; a streamed
 ///   subgroup's GPU footprint is its compact state, while the resident budget still counts 12 bytes

@@ -273,11 +273,13 @@ typedef struct dos_optimizer_options {
    * bf16 parameter P (M = ((P - r) << 16) | lo), so that a streamed subgroup's state crosses PCIe as
    * 10.125 bytes per parameter each way instead of 12 and CPU Adam moves 26.25 bytes of host memory
    * per parameter instead of 28; a CPU-updated subgroup brings its P down (2 bytes per parameter)
-   * beside its gradient. The same bits as 0 in the caller's parameters and in every state read back:
+   * beside its gradient, unless its last update ran on the CPU too and left P in the host staging.
+   * The same bits as 0 in the caller's parameters and in every state read back:
    * dos_optimizer_read_state, _read_masters and the masters of a checkpoint are rebuilt from the
-   * caller's parameters, which must therefore hold what the last step (or load) wrote there;
-   * dos_optimizer_write_masters and _load_state also write the caller's parameters (the values'
-   * bf16 rounding), where 0 leaves them until the next step. Only with dtype DOS_DTYPE_BF16:
+   * caller's parameters, which must therefore hold what the last step (or load) wrote there: the
+   * caller writes its parameters only through the optimizer (dos_optimizer_write_masters, _load_state).
+   * dos_optimizer_write_masters also writes the caller's parameters (the values' bf16 rounding),
+   * where 0 leaves them until the next step (_load_state writes them with either). Only with dtype DOS_DTYPE_BF16:
    * dos_optimizer_create refuses it with another dtype (DOS_E_INVALID, naming the field). It runs no
    * speculative update: dos_optimizer_gradients_final only records, and the whole update runs in
    * dos_optimizer_finish_step (the same bits). Its GPU paths have not run on a GPU yet. 0 or 1 [0]. */

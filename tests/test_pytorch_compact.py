@@ -355,6 +355,27 @@ def test_pristine_writes(device, policy):
 
     both(fresh_after_steps, "written in place after a fresh state dict was loaded into an optimizer that had stepped")
 
+    # an inf written before the first step: refused as the full form refuses it (the compact form's
+    # masters, rebuilt from the parameters, would show the inf on both sides of the rule's comparison)
+    for compact in (False, True):
+        m = make_model(device, torch.bfloat16)
+        o = make_opt(m, policy, compact_master=compact)
+        with torch.no_grad():
+            next(m.parameters()).view(-1)[2] = float("inf")
+        for p in m.parameters():  # finite gradients (a forward through the inf would skip the step)
+            p.grad = torch.full_like(p, 1e-3)
+        expect_error(ValueError, "must be finite", o.step,
+                     f"compact_master={compact}: an inf written in place before the first step")
+        o.close()
+
+    # a second optimizer built (and closed) over the parameters after a step writes nothing: the
+    # compact one goes on with the full form's bits, not refusing
+    def second_optimizer(m, o):
+        train_steps(m, o, range(21, 22), device)
+        make_opt(m, policy).close()
+
+    both(second_optimizer, "a second optimizer built over the parameters after a step")
+
 
 def test_train_gpt(device, policy):
     """examples/train_gpt.py --compact-master: the optimizer's bf16 buckets compact, the same losses and

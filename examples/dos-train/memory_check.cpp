@@ -34,7 +34,10 @@ void check_host_need(const RunMemory& m) {
   const StepIO::Setup& io = m.io;
   const std::string held =
       std::string(io.on_gpu ? "the optimizer state" : "the optimizer state, the parameters and gradients") +
-      (io.comm && !io.device ? ", the collectives' host buffers" : "");
+      (io.comm && !io.device ? ", the collectives' host buffers" : "") +
+      (m.compact_state_copy ? ", and 4 bytes per parameter of masters that --master compact rebuilds to write or "
+                              "read the checkpoint (--master full, or no --save-state/--resume, needs none)"
+                            : "");
   const dos::ShardRange mine = dos::shard_range(io.total, io.rank, io.world);
   auto check_this_rank = [&] {
     dos::check_host_memory(host_need(m, io.rank), "the host state of " + std::to_string(mine.end - mine.begin) +

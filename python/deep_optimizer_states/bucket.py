@@ -166,13 +166,19 @@ class _Bucket:
             self.views[j].copy_(p.grad)
             p.grad = self.views[j]
 
-    def note_param_versions(self):
+    def note_param_versions(self, claim=True):
         """Notes each parameter's version counter (``Tensor._version``, which every in-place write
         bumps; the runtime's own writes by pointer do not), and this bucket as the parameters' last
-        writer: the runtime's masters match the parameters now, and its next phase writes them."""
+        writer: the runtime's masters match the parameters now, and its next phase writes them.
+        ``claim=False`` (a bucket being built, which writes nothing): the last writer is noted only
+        for a parameter that has none alive, so that building a second optimizer over parameters
+        another one updates does not count as a write of them for that one (its compact master would
+        refuse to go on)."""
         self.param_versions = [p._version for p in self.params]
         for p in self.params:
-            _last_writer[id(p)] = (weakref.ref(p), self.token)
+            rec = _last_writer.get(id(p))
+            if claim or rec is None or rec[0]() is not p:
+                _last_writer[id(p)] = (weakref.ref(p), self.token)
 
     def param_written(self, j):
         """Whether parameter ``j`` (position in this bucket) was written since

@@ -459,7 +459,7 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _Gradients, _State, _Timeli
                 sizes = (ctypes.c_size_t * ns)()
                 _capi.check(L.dos_optimizer_subgroup_sizes(h, sizes), "dos_optimizer_subgroup_sizes")
                 b.subgroup_sizes = list(sizes)
-                b.note_param_versions()
+                b.note_param_versions(claim=False)  # building writes nothing
                 b.reset_overlap()
         except BaseException:
             self.close()

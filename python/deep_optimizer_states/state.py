@@ -158,6 +158,13 @@ class _State:
             _capi.check(L.dos_optimizer_read_masters(b.handle, off, off + n, ctypes.c_void_p(seg.data_ptr())),
                         f"reading the masters of parameter {b.indices[j]}")
             now = p.detach().reshape(-1).cpu().float()
+            if b.compact and not bool(torch.isfinite(now).all()):
+                # a compact bucket's masters are rebuilt from the parameters, so an inf or NaN written
+                # there would show in both and be taken silently: the write the full form makes is
+                # made, for the runtime to refuse as it refuses the full form's (nothing written)
+                nowc = now.contiguous()
+                self._runtime_call(L.dos_optimizer_write_masters(b.handle, off, off + n, ctypes.c_void_p(nowc.data_ptr())),
+                                   f"writing the masters of parameter {b.indices[j]}")
             held = seg.to(b.dtype).float()
             differs = (now != held) & ~(torch.isnan(now) & torch.isnan(held))  # NaN for NaN: no write
             if bool(differs.any()):

@@ -222,6 +222,8 @@ void Optimizer::Impl::scatter_params(OpenStep& ph, std::size_t i, bool keep_para
   }
   starpu_data_invalidate_submit(sg->h_grad32);  // both staging buffers are dropped once used
   if (!keep_params) starpu_data_invalidate_submit(sg->h_param16);
+  // kept for the next phase on the host: a device copy left by a write-back task is not needed
+  else if (!uploads_params(i)) starpu_data_wont_use(sg->h_param16);
 }
 
 }  // namespace dos

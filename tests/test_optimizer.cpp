@@ -403,7 +403,10 @@ void test_compact_master_same_bits(void**) {
     const dos::StepStats st = compact.step();
     same_params(when);
     // with a GPU, dos's half-streamed plan and StarPU's gpu policy run the compact GPU kernels
-    if (g_rt->cuda_workers() > 0 && (g_policy == "dos" || g_policy == "gpu")) assert_true(st.subgroups_gpu > 0);
+    // (not under a forced all-CPU plan)
+    bool plan_on_gpu = false;
+    for (dos::PlanSide s : st.plan) plan_on_gpu = plan_on_gpu || s != dos::PlanSide::cpu;
+    if (g_rt->cuda_workers() > 0 && ((g_policy == "dos" && plan_on_gpu) || g_policy == "gpu")) assert_true(st.subgroups_gpu > 0);
     uint64_t h2d = 0, d2h = 0;
     for (size_t sg = 0; sg < compact.num_subgroups(); ++sg) {
       const dos::PcieBytes b = dos::subgroup_pcie_bytes(st.placement[sg] != dos::PlanSide::cpu, cuda, 2,
@@ -444,6 +447,45 @@ void test_compact_master_same_bits(void**) {
   };
   for (int t = 1; t <= kSteps; ++t) step_both(("step " + std::to_string(t)).c_str());
   same_state("after the steps");
+  if (g_policy == "dos") {
+    // Sides that change from phase to phase: every subgroup (none resident here) on the
+    // CPU, then all streamed (with the caller on the GPU: the direct path writes P there), then on
+    // the CPU again, whose Adam must read the P the GPU wrote, not the one its staging kept two
+    // phases before; then stride plans that swap sides. A skip of the P download where the staging
+    // is stale gives other bits than the full form (same_params) or other bus bytes.
+    const double fractions[] = {0.0, 1.0, 0.0, 0.5, 0.0, 1.0, 1.0, 0.0};
+    int k = 0;
+    for (double f : fractions) {
+      full.set_plan_override({dos::PlanOverride::fraction, f});
+      compact.set_plan_override({dos::PlanOverride::fraction, f});
+      step_both(("alternating sides, fraction " + std::to_string(f) + " #" + std::to_string(k++)).c_str());
+    }
+    for (double stride : {2.0, 3.0, 2.0}) {  // stride plans: the streamed ones every k-th
+      full.set_plan_override({dos::PlanOverride::stride, stride});
+      compact.set_plan_override({dos::PlanOverride::stride, stride});
+      step_both(("stride " + std::to_string(stride)).c_str());
+    }
+    full.set_plan_override({dos::PlanOverride::fraction, 0.5});
+    compact.set_plan_override({dos::PlanOverride::fraction, 0.5});
+    // a skipped overlapped phase keeps the flags (P untouched), and an asynchronous step follows
+    const std::vector<bool> before = compact.execution().params_on_host;
+    full.begin_step();
+    compact.begin_step();
+    full.finish_step(dos::StepVerdict::skip);
+    compact.finish_step(dos::StepVerdict::skip);
+    assert_true(compact.execution().params_on_host == before);
+    same_params("after a skipped phase");
+    for (size_t i = 0; i < n; ++i) encode(g16, g32, i, float(next() * 0.02));
+    full_buf.put(full_buf.grad, g16.data());
+    compact_buf.put(compact_buf.grad, g16.data());
+    full.step_async();
+    full.wait_step();
+    compact.step_async();
+    compact.wait_step();
+    same_params("after an asynchronous step");
+    step_both("the step after an asynchronous one");
+  }
+  same_state("after the sides changed");
   {  // the masters moved off their bf16 values: some r bits are set, and the low halves are not all 0
     std::vector<float> master(n);
     compact.read_master(master.data());

@@ -255,8 +255,12 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _Gradients, _State, _Timeli
     (the low halves and rounding bits are zero), and writes are followed exactly as above (the same
     bits). To resume from checkpoints, load the model's before the optimizer's (a whole state
     loaded, :meth:`load_state_dict`, also clears the refusal); to write parameters in place between
-    steps, use ``compact_master=False``. A write through ``p.data``, which no form sees, changes a
-    compact bucket's masters too (they are rebuilt from the parameters): do not make one.
+    steps, use ``compact_master=False``. A write through ``p.data`` (or any other the version
+    counter does not see: a collective writing into the parameter's memory) is not followed
+    consistently in compact form: a subgroup whose last update ran on the GPU takes it as the
+    parameter its master is rebuilt from, one whose last update ran on the CPU keeps the value in the
+    runtime's host staging and overwrites it at its next step; with ``compact_master=False`` every
+    subgroup keeps its master. Do not make one (``refresh_masters`` does not help there).
 
     Notes: ``self.state`` stays empty (the state lives in the runtime; read it with
     :meth:`state_dict`, empty too until the first update, as ``torch.optim``'s); groups cannot be

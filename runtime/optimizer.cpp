@@ -266,12 +266,15 @@ void Optimizer::Impl::compact_masters(Subgroup* sg, std::size_t from, std::size_
                     " to write is NaN, which the compact master cannot hold (its sign and payload would be lost): "
                     "an Adam state holds finite numbers (a damaged or foreign state?)");
   // P from the caller's buffers into the staging, where they live (a copy task), then home (the
-  // acquire waits for the copy)
-  struct starpu_task* g = self->make_task(&gather_cl, &sg->gather_p16, &sg->hint_io, where_caller);
-  g->handles[0] = sg->h_param16;
-  submit(g, "parameter copy (compact master)");
+  // acquire waits for the copy); not when every element's P is written here (a load)
+  const bool whole = write && from == 0 && to == sg->size;
+  if (!whole) {
+    struct starpu_task* g = self->make_task(&gather_cl, &sg->gather_p16, &sg->hint_io, where_caller);
+    g->handles[0] = sg->h_param16;
+    submit(g, "parameter copy (compact master)");
+  }
   starpu_data_acquire(sg->h_state, write ? STARPU_RW : STARPU_R);
-  starpu_data_acquire(sg->h_param16, write ? STARPU_RW : STARPU_R);
+  starpu_data_acquire(sg->h_param16, whole ? STARPU_W : write ? STARPU_RW : STARPU_R);
   auto* p16 = reinterpret_cast<std::uint16_t*>(sg->param16.ptr);
   const CompactSlices c = compact_slices(sg->compact_base(), sg->stride);
   for (std::size_t i = from; i < to; ++i) {

@@ -473,10 +473,15 @@ struct Optimizer::Impl {
   bool speculable(std::size_t i) const;
   bool ensure_shadow(detail::Subgroup* sg);
   void speculate(detail::OpenStep& ph, std::size_t i);
-  /// Subgroup i's gradients into its staging handle (h_grad32), before its Adam task: the runtime's
-  /// own download (downloads_grads(i)), or a gather_cl task where the caller's buffers are (and,
-  /// with them on a GPU and the update on the CPU, an acquire that brings the result down at once).
-  void stage_gradient(detail::OpenStep& ph, std::size_t i);
+  /// Subgroup i's gradients into its staging handle (h_grad32) before its Adam task (params false),
+  /// or a compact state's P into h_param16 for adam_compact_cl (params true): the runtime's own
+  /// download (downloads_grads(i); for P, the plan puts i on the CPU and own_param_download(), on
+  /// the gradients' copy stream), or a gather_cl task where the caller's buffers are (converting
+  /// or copying the gradients; copying P) and, with them on a GPU and the update on the CPU, an
+  /// acquire that brings the result down at once. Throws what own_copy and submit throw.
+  void stage_download(detail::OpenStep& ph, std::size_t i, bool params);
+  void stage_gradient(detail::OpenStep& ph, std::size_t i) { stage_download(ph, i, false); }
+  void stage_params(detail::OpenStep& ph, std::size_t i) { stage_download(ph, i, true); }
   /// Subgroup i's parameter write-back, after its Adam task: the runtime's own upload
   /// (uploads_params(i)) or a scatter_cl task; then both staging buffers are invalidated, but for
   /// the parameters' when keep_params (a compact master's P kept in the host staging for the next
@@ -486,11 +491,6 @@ struct Optimizer::Impl {
   /// step count, Adam task with its gradient staging and parameter write-back, and the eager
   /// write-back of a streamed state. prefetched: its state's prefetch was asked for by the
   /// submission's lookahead (else StarPU prefetches the task's inputs when it is pushed).
-  /// A compact state's P for subgroup i's staged Adam (adam_compact_cl): the caller's parameters into
-  /// h_param16, by the runtime's own download (on the gradients' copy stream) where the plan puts i
-  /// on the CPU and own_param_download(), else by a gather_cl copy task where the caller's buffers
-  /// are (fetched home early for a CPU subgroup). Throws what own_copy throws.
-  void stage_params(detail::OpenStep& ph, std::size_t i);
   void submit_update(detail::OpenStep& ph, std::size_t i, bool prefetched);
   /// The binder thread's work (tail_binder.cpp; OptimizerOptions::tail_subgroups): each subgroup
   /// of ph.tail_order, in turn, once tail_due, is given bind_tail's side (plan, hint and
@@ -672,7 +672,8 @@ struct Optimizer::Impl {
   /// A compact state's masters of subgroup sg's elements [from, to) (subgroup positions): read into
   /// at[0, to - from) (write false: rebuilt from the caller's parameters P, lo and r), or written from
   /// it (write true: split into P, lo and r, and P written to the caller's buffers). P comes from the
-  /// caller by a copy task into the staging h_param16, acquired with h_state in host memory; returns
+  /// caller by a copy task into the staging h_param16 (not when [from, to) is the whole subgroup and
+  /// written: every P is then new), acquired with h_state in host memory; returns
   /// once the tasks it submitted have ended. No phase may be open, and no other call may use sg's
   /// staging meanwhile (not thread-safe). Throws Error, nothing changed, when a value to write is a
   /// NaN (no compact form; infinities have one); rethrows a failure to submit the write-back of P,

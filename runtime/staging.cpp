@@ -1,5 +1,5 @@
 // A CPU-updated subgroup's staging between the caller's buffers and the runtime's: its gradients
-// into the host staging buffer (Optimizer::Impl::stage_gradient) and its new parameters back to the
+// into the host staging buffer (Optimizer::Impl::stage_download) and its new parameters back to the
 // caller (Optimizer::Impl::scatter_params). Each is a StarPU task (gather_cl, scatter_cl), or, when
 // the caller's tensors are on a GPU, a copy of the runtime's own on a CUDA stream per direction
 // (copy_stream.h), with the callbacks of both.
@@ -172,40 +172,27 @@ void Optimizer::Impl::own_copy(OpenStep& ph, std::size_t i, CopyStream::Directio
   }
 }
 
-void Optimizer::Impl::stage_gradient(OpenStep& ph, std::size_t i) {
+void Optimizer::Impl::stage_download(OpenStep& ph, std::size_t i, bool params) {
   Subgroup* sg = sgs[i].get();
-  if (downloads_grads(i)) {
-    // The runtime's own download (copy_stream.h): the gradients come down beside the streaming,
-    // not behind the streamed Adams in the CUDA worker's queue.
-    own_copy(ph, i, CopyStream::Direction::to_host);
+  if (params ? !plan.empty() && plan[i] == PlanSide::cpu && own_param_download() : downloads_grads(i)) {
+    // The runtime's own download (copy_stream.h): the gradients (and a compact master's P, on the
+    // same stream) come down beside the streaming, not behind the streamed Adams in the CUDA
+    // worker's queue.
+    own_copy(ph, i, CopyStream::Direction::to_host, params);
     return;
   }
-  struct starpu_task* g = make_task(&gather_cl, &sg->gather_grads, &sg->hint_io, where_caller);
-  g->handles[0] = sg->h_grad32;
+  const starpu_data_handle_t staging = params ? sg->h_param16 : sg->h_grad32;
+  struct starpu_task* g = make_task(&gather_cl, params ? &sg->gather_p16 : &sg->gather_grads, &sg->hint_io, where_caller);
+  g->handles[0] = staging;
   g->callback_func = gather_done;
   g->callback_arg = sg;
-  submit(g, "gradient conversion");
+  submit(g, params ? "parameter copy (compact master)" : "gradient conversion");
   if ((plan.empty() ? ph.speculated[i] : plan[i] == PlanSide::cpu) && where_caller == STARPU_CUDA && !cuda_nodes.empty()) {
-    // The CPU's gradient comes down as soon as it is staged: an asynchronous acquire on main RAM
-    // is a fetch, which StarPU serves before prefetches; left to the Adam task's prefetch, it
+    // The CPU's input comes down as soon as it is staged: an asynchronous acquire on main RAM is a
+    // fetch, which StarPU serves before prefetches; left to the Adam task's prefetch, the gradient
     // waited behind the streamed subgroups' write-backs and the CPU idled.
-    acquire_home(ph, sg->h_grad32, STARPU_R, nullptr, false);
+    acquire_home(ph, staging, STARPU_R, nullptr, false);
   }
-}
-
-void Optimizer::Impl::stage_params(OpenStep& ph, std::size_t i) {
-  Subgroup* sg = sgs[i].get();
-  if (!plan.empty() && plan[i] == PlanSide::cpu && own_param_download()) {  // beside its gradient, by the same copy stream
-    own_copy(ph, i, CopyStream::Direction::to_host, true);
-    return;
-  }
-  struct starpu_task* g = make_task(&gather_cl, &sg->gather_p16, &sg->hint_io, where_caller);
-  g->handles[0] = sg->h_param16;
-  g->callback_func = gather_done;
-  g->callback_arg = sg;
-  submit(g, "parameter copy (compact master)");
-  if (!plan.empty() && plan[i] == PlanSide::cpu && where_caller == STARPU_CUDA && !cuda_nodes.empty())
-    acquire_home(ph, sg->h_param16, STARPU_R, nullptr, false);  // down early, as the gradient (stage_gradient)
 }
 
 void Optimizer::Impl::scatter_params(OpenStep& ph, std::size_t i, bool keep_params) {

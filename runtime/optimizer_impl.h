@@ -38,6 +38,16 @@
 namespace dos {
 namespace detail {
 
+/// Impl::broken's prefix after a load that failed part-way.
+inline constexpr const char* kLoadFailed = "loading a state failed part-way: ";
+/// Impl::broken's prefix when a compact master's split was not followed by its parameters' write
+/// (Impl::compact_masters): a whole state loaded mends it, as it mends a load that failed part-way.
+inline constexpr const char* kCompactWriteFailed = "writing the parameters of a compact master failed: ";
+/// Whether Impl::broken `b` is a mark that loading a whole state mends. Throws nothing.
+inline bool load_mends(const std::string& b) {
+  return b.rfind(kLoadFailed, 0) == 0 || b.rfind(kCompactWriteFailed, 0) == 0;
+}
+
 struct Subgroup {
   std::size_t begin = 0, size = 0;
   std::int64_t step = 0;
@@ -678,6 +688,7 @@ struct Optimizer::Impl {
   /// staging meanwhile (not thread-safe). Throws Error, nothing changed, when a value to write is a
   /// NaN (no compact form; infinities have one); rethrows a failure to submit the write-back of P,
   /// after marking the optimizer broken (kCompactWriteFailed: lo and r split, P not written).
+  /// (compact_state.cpp.)
   void compact_masters(detail::Subgroup* sg, std::size_t from, std::size_t to, float* at, bool write) const;
 
   /// Copies slice `slice` of every subgroup's state (0: master, 1: exp_avg, 2: exp_avg_sq) into

@@ -195,14 +195,24 @@ def bounds_by_budget(runs):
     return bounds
 
 
-def resident_fit(n_params, subgroup, budget):
-    """Subgroups, counted from the last, whose fp32 state (12 B/param, each of its three slices
-    padded to 16 elements) fits in budget bytes (models/resource_model.h, resident_subgroups), and
-    the subgroup count."""
+def compact_state_bytes(n):
+    """Bytes of a compact state buffer of n parameters (codelets/kernels/compact_master.h,
+    compact_state_bytes_for): the stride s (n padded to 16), a head of s/2 + ceil(s/32) fp32
+    elements padded to 16, exp_avg and exp_avg_sq; about 10.125 bytes per parameter."""
+    s = (n + 15) // 16 * 16
+    head = (s // 2 + (s + 31) // 32 + 15) // 16 * 16
+    return 4 * (head + 2 * s)
+
+
+def resident_fit(n_params, subgroup, budget, compact=False):
+    """Subgroups, counted from the last, whose state fits in budget bytes (models/resource_model.h,
+    resident_subgroups): the fp32 state (12 B/param, each of its three slices padded to 16
+    elements), or with compact (dos-train --master compact) the compact state
+    (compact_state_bytes); and the subgroup count."""
     sizes = [subgroup] * (n_params // subgroup) + ([n_params % subgroup] if n_params % subgroup else [])
     used = count = 0
     for s in reversed(sizes):
-        state = 12 * ((s + 15) // 16 * 16)
+        state = compact_state_bytes(s) if compact else 12 * ((s + 15) // 16 * 16)
         if used + state > budget:
             break
         used += state
@@ -323,7 +333,7 @@ def main(argv=None):
             return 2
         n, s = first["params"], first["subgroup_size"]
         for text, b in a.budgets:
-            fit, nsub = resident_fit(n, s, b)
+            fit, nsub = resident_fit(n, s, b, arg_value(a.train_args, "--master") == "compact")
             if f"dos@{text}" not in order:
                 do(f"dos@{text}", ["--policy", "dos", "--gpu-resident-budget", text, "--overlap", "off"], text)
                 order.append(f"dos@{text}")

@@ -6,8 +6,6 @@
 #include <stdexcept>
 #include <string>
 
-#include "adam.h"
-#include "compact_master.h"
 
 namespace dos {
 
@@ -16,7 +14,7 @@ std::size_t subgroup_footprint(const Workload& w, std::size_t n, PlanSide side) 
     return w.caller_on_gpu ? n * ((w.cpu_grads_staged_on_gpu ? w.grad_bytes : 0) + (w.cpu_params_staged_on_gpu ? w.param_bytes : 0))
                            : 0;
   const bool staging = !w.caller_on_gpu;  // on the GPU with the caller there: the direct path, nothing staged
-  const std::size_t state = w.compact_master ? compact_state_bytes_for(n) : state_bytes_for(n);
+  const std::size_t state = subgroup_state_bytes(w, n);
   return (side == PlanSide::gpu_streamed ? state : 0) + n * (staging ? w.grad_bytes + w.param_bytes : 0);
 }
 

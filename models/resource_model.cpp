@@ -179,10 +179,16 @@ std::vector<PlanSide> static_plan(std::size_t n, double cpu_share) {
   return p;
 }
 
-std::size_t resident_subgroups(const std::vector<std::size_t>& sizes, std::size_t budget_bytes) {
+std::size_t subgroup_state_bytes(const Workload& w, std::size_t n) {
+  return w.compact_master ? compact_state_bytes_for(n) : state_bytes_for(n);
+}
+
+std::size_t resident_subgroups(const std::vector<std::size_t>& sizes, std::size_t budget_bytes, bool compact_master) {
+  Workload w;
+  w.compact_master = compact_master;
   std::size_t used = 0, count = 0;
   for (auto it = sizes.rbegin(); it != sizes.rend(); ++it) {
-    const std::size_t bytes = state_bytes_for(*it);
+    const std::size_t bytes = subgroup_state_bytes(w, *it);
     if (bytes > budget_bytes - used) break;
     used += bytes;
     ++count;

@@ -92,11 +92,20 @@ struct Workload {
 /// rounding bit; codelets/kernels/compact_master.h). Padding not counted.
 inline double state_bytes_per_param(const Workload& w) { return w.compact_master ? 10.125 : 12.0; }
 
-/// How many subgroups, counted from the last one backwards, fit their fp32 state (master,
-/// exp_avg, exp_avg_sq: 12 bytes per parameter and each slice padded to 16 elements,
-/// state_bytes_for in codelets/kernels/adam.h) in `budget_bytes` of GPU memory. Taking the last
-/// ones matches DeepSpeed's ZeRO-Offload++ `ratio` (static_plan). Returns 0..sizes.size().
-std::size_t resident_subgroups(const std::vector<std::size_t>& sizes, std::size_t budget_bytes);
+/// Bytes of a subgroup's state buffer of n parameters, padding included, as it takes GPU memory
+/// when streamed or resident: state_bytes_for(n) (codelets/kernels/adam.h: 12 bytes per parameter,
+/// each of the three fp32 slices padded to 16 elements), or compact_state_bytes_for(n)
+/// (codelets/kernels/compact_master.h: about 10.125 bytes per parameter) with w.compact_master.
+std::size_t subgroup_state_bytes(const Workload& w, std::size_t n);
+
+/// How many subgroups, counted from the last one backwards, fit their state in `budget_bytes` of
+/// GPU memory: the fp32 state (master, exp_avg, exp_avg_sq: 12 bytes per parameter and each slice
+/// padded to 16 elements, state_bytes_for in codelets/kernels/adam.h), or with compact_master the
+/// compact state (compact_state_bytes_for in codelets/kernels/compact_master.h, about 10.125 bytes
+/// per parameter; subgroup_state_bytes). Taking the last ones matches DeepSpeed's ZeRO-Offload++
+/// `ratio` (static_plan). Returns 0..sizes.size().
+std::size_t resident_subgroups(const std::vector<std::size_t>& sizes, std::size_t budget_bytes,
+                               bool compact_master = false);
 
 /// Host memory traffic of CPU Adam, bytes per parameter: it reads the fp32 master, exp_avg and
 /// exp_avg_sq and the staged gradient (w.grad_bytes) and writes the first three and the 16-bit

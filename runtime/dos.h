@@ -141,7 +141,8 @@ std::string resolve_policy(const std::string& given);
 /// most 180 bytes per subgroup (state_bytes_for, codelets/kernels/adam.h). The update phase then
 /// holds at most the larger of update_budget and one subgroup (runtime/admission.h admits one
 /// subgroup whatever its size), twice the budget when speculative, and never more than the whole
-/// optimizer; the resident state at most min(resident_budget, 12 elements and the padding).
+/// optimizer; the resident state at most min(resident_budget, 12 elements and the padding). The
+/// compact master's states are smaller (compact_state_bytes_for): the same figure bounds them.
 /// Returns 0 when update_budget is 0 (no budget: no limit to ask for). Saturates at SIZE_MAX
 /// instead of wrapping. Throws Error for subgroup_size 0, bytes other than 2 and 4, or a
 /// resident_budget below -1 (as OptimizerOptions::gpu_resident_budget refuses it).
@@ -274,7 +275,8 @@ class Runtime {
 ///   not resident then runs on the CPU). Default true; false prints none of these (errors are still
 ///   thrown).
 /// gpu_resident_budget: bytes of optimizer state the GPU may keep between iterations (12 per
-///   parameter, each of a subgroup's three state slices padded to 16 elements); -1: not given.
+///   parameter, each of a subgroup's three state slices padded to 16 elements; about 10.125 with
+///   compact_master, compact_state_bytes_for); -1: not given.
 ///   `dos` (and `gpu`) keep the last subgroups that fit resident (none when not given) and plan the
 ///   others; `static:R` must fit its resident share in it when given (Error otherwise, naming the
 ///   smallest R that fits).
@@ -357,8 +359,8 @@ class Runtime {
 ///   between steps by itself. bf16 parameters only (Error
 ///   otherwise). No speculative update: gradients_final only records and the whole update runs in
 ///   finish_step (the same bits). The host buffer keeps its 12 bytes per parameter; a streamed
-///   subgroup's GPU footprint is its compact state, while the resident budget still counts 12 bytes
-///   per parameter (it keeps fewer subgroups resident than it could). Reading or writing the
+///   or resident subgroup's GPU footprint is its compact state (the update and resident budgets
+///   count that). Reading or writing the
 ///   masters costs a copy of the caller's parameters per subgroup (with_host_state and load_state:
 ///   4 more bytes of host memory per parameter), and those calls are not to be made from two threads
 ///   at once (they share the subgroup's staging). Default false.

@@ -212,7 +212,8 @@ typedef struct dos_optimizer_options {
   int memory;
 
   /* GPU budgets (they take effect only with a CUDA worker). gpu_resident_budget: bytes of optimizer
-   * state (12 per parameter, each subgroup's slices padded to 16 elements) the GPU may keep between
+   * state (12 per parameter, each subgroup's slices padded to 16 elements; about 10.125 with
+   * compact_master) the GPU may keep between
    * iterations; -1: not given (dos and gpu then keep nothing resident); >= -1 [-1].
    * gpu_update_budget: bytes the update phase may hold on the GPU at once; 0: no limit; needs
    * eager_writeback = 1 when > 0 [0]. */

@@ -110,7 +110,7 @@ std::string gb_text(double bytes) {
 void apply_gpu_budgets(Workload& w, const Plan* plan, const GpuBudgets& budgets) {
   const std::size_t resident_bytes = budgets.resident > 0 ? std::size_t(budgets.resident) : 0;
   w.resident =
-      plan && plan->needs().resident == ResidentState::budget ? resident_subgroups(w.sizes, resident_bytes) : 0;
+      plan && plan->needs().resident == ResidentState::budget ? resident_subgroups(w.sizes, resident_bytes, w.compact_master) : 0;
   w.may_stream = true;
   if (budgets.update > 0) {
     std::size_t need_cpu = 0, need_streamed = 0;

@@ -143,6 +143,19 @@ assert len(rows) == 2 and all(r["label"].endswith("@2.5MB") for r in rows), [r["
 assert not any(r["overlapped"] for r in rows), [(r["label"], r["overlapped"]) for r in rows]
 print("ok: resident-budget runs with the update after backward")
 PY
+# the static:R share from the resident fit: the compact state's bytes (worked by hand as
+# tests/test_model.cpp does: 10240 B for 1000 parameters, 5184 B for 500) against the full 12 B/param
+python3 - "$(dirname "$compare")" <<'PY' || exit 1
+import sys
+sys.path.insert(0, sys.argv[1])
+from dos_compare import compact_state_bytes, resident_fit
+assert compact_state_bytes(1000) == 10240 and compact_state_bytes(500) == 5184, \
+    (compact_state_bytes(1000), compact_state_bytes(500))
+assert resident_fit(3500, 1000, 15424, compact=True) == (2, 4), resident_fit(3500, 1000, 15424, compact=True)
+assert resident_fit(3500, 1000, 15424) == (1, 4), resident_fit(3500, 1000, 15424)
+assert resident_fit(3500, 1000, 15423, compact=True) == (1, 4)
+print("ok: the resident fit counts the compact state's bytes")
+PY
 
 # --host-bench: the bound at dos-bench host's rates. First the rates from a probe's row, worked out by
 # hand: link_share = (DMA beside / alone) / (Adam beside / alone) = 0.8 / 0.625 = 1.28, kept in

@@ -243,6 +243,16 @@ void test_budgets(void**) {
   assert_int_equal(dos::resident_subgroups(sizes, 12 * 3536 - 1), 3);
   assert_int_equal(dos::resident_subgroups(sizes, 12 * 3536), 4);
   assert_int_equal(dos::resident_subgroups(sizes, std::size_t(1) << 60), 4);
+  // the compact master's state (compact_state_bytes_for, worked by hand): 1000 -> stride 1008, head
+  // 504 + 32 fp32 elements padded to 544, 4 x (544 + 2 x 1008) = 10240 B; 500 -> stride 512, head
+  // 256 + 16 padded to 272, 4 x (272 + 1024) = 5184 B. 15424 B holds the last two compact states
+  // and one full one (6144 + 12096 = 18240)
+  assert_int_equal(dos::resident_subgroups(sizes, 5183, true), 0);
+  assert_int_equal(dos::resident_subgroups(sizes, 5184, true), 1);
+  assert_int_equal(dos::resident_subgroups(sizes, 15423, true), 1);
+  assert_int_equal(dos::resident_subgroups(sizes, 15424, true), 2);
+  assert_int_equal(dos::resident_subgroups(sizes, 15424, false), 1);
+  assert_int_equal(dos::resident_subgroups(sizes, 5184 + 3 * 10240, true), 4);
 
   const dos::Rates fast_link{1e8, 1e8, 1e12, 4e12, 1e13, 1e13};  // everything free is streamed
   dos::Workload w = uniform(10, 1 << 20);

@@ -158,6 +158,27 @@ void test_budgets(void**) {
     dos::apply_gpu_budgets(w, dos::make_plan_by_name("static:0.5").get(), dos::GpuBudgets{2 * 12 * 100, 0});
   });
   assert_true(contains(m2, "static:0.5") && contains(m2, "use static:0.75") && contains(m2, "1 subgroups fit"));
+  // the compact master's state (compact_state_bytes_for, worked by hand): a subgroup of 100 has a
+  // stride of 112, a head of 56 + 4 fp32 elements padded to 64, so 4 x (64 + 2 x 112) = 1152 B; a
+  // 3456 B budget holds 3 compact states where it holds 2 full ones (2688 B; 3 take 4032 B)
+  dos::Workload wc = workload({100, 100, 100, 100});
+  wc.compact_master = true;
+  assert_int_equal(dos::subgroup_state_bytes(wc, 100), 1152);
+  dos::apply_gpu_budgets(wc, gpu.get(), dos::GpuBudgets{3456, 0});
+  assert_int_equal(wc.resident, 3);
+  dos::apply_gpu_budgets(wc, gpu.get(), dos::GpuBudgets{3455, 0});
+  assert_int_equal(wc.resident, 2);
+  dos::apply_gpu_budgets(w, gpu.get(), dos::GpuBudgets{3456, 0});
+  assert_int_equal(w.resident, 2);
+  dos::apply_gpu_budgets(wc, dos::make_plan_by_name("static:0.25").get(), dos::GpuBudgets{3456, 0});  // fits
+  const std::string m3 = message_of([&] {
+    dos::apply_gpu_budgets(w, dos::make_plan_by_name("static:0.25").get(), dos::GpuBudgets{3456, 0});
+  });
+  assert_true(contains(m3, "static:0.25") && contains(m3, "2 subgroups fit"));
+  const std::string m4 = message_of([&] {
+    dos::apply_gpu_budgets(wc, dos::make_plan_by_name("static:0.25").get(), dos::GpuBudgets{3455, 0});
+  });
+  assert_true(contains(m4, "static:0.25") && contains(m4, "use static:0.5") && contains(m4, "2 subgroups fit"));
   // an update budget below one streamed subgroup (12 B/param of state, caller on the GPU):
   // nothing streams; gpu refuses it; below one CPU subgroup's staging, an error for every plan
   dos::apply_gpu_budgets(w, nullptr, dos::GpuBudgets{-1, 1000});

@@ -31,9 +31,9 @@ class StaticPlan final : public Plan {
     const std::vector<PlanSide> sp = static_plan(w.sizes.size(), cpu_share_);
     std::size_t kept = 0, nres = 0;
     for (std::size_t i = 0; i < sp.size(); ++i)
-      if (sp[i] == PlanSide::gpu_resident) kept += state_bytes_for(w.sizes[i]), ++nres;
+      if (sp[i] == PlanSide::gpu_resident) kept += subgroup_state_bytes(w, w.sizes[i]), ++nres;
     if (kept <= budget) return;
-    const std::size_t fit = resident_subgroups(w.sizes, budget);
+    const std::size_t fit = resident_subgroups(w.sizes, budget, w.compact_master);
     char r[32];
     std::snprintf(r, sizeof r, "%.4g", double(w.sizes.size() - fit) / double(w.sizes.size()));
     throw std::invalid_argument("policy " + name() + " keeps " + std::to_string(nres) + " subgroups' state (" +

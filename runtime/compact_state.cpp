@@ -22,9 +22,12 @@ void Optimizer::Impl::compact_masters(Subgroup* sg, std::size_t from, std::size_
                     " to write is NaN, which the compact master cannot hold (its sign and payload would be lost): "
                     "an Adam state holds finite numbers (a damaged or foreign state?)");
   // P from the caller's buffers into the staging, where they live (a copy task), then home (the
-  // acquire waits for the copy); not when every element's P is written here (a load)
+  // acquire waits for the copy); not when every element's P is written here (a load), nor for a
+  // read where the staging holds the caller's P already (a CPU subgroup's kept P, params_on_host:
+  // it stays kept, and the next CPU update brings no P down)
   const bool whole = write && from == 0 && to == sg->size;
-  if (!whole) {
+  const bool kept = !write && sg->params_on_host;
+  if (!whole && !kept) {
     struct starpu_task* g = self->make_task(&gather_cl, &sg->gather_p16, &sg->hint_io, where_caller);
     g->handles[0] = sg->h_param16;
     submit(g, "parameter copy (compact master)");
@@ -49,6 +52,7 @@ void Optimizer::Impl::compact_masters(Subgroup* sg, std::size_t from, std::size_
   }
   starpu_data_release(sg->h_param16);
   starpu_data_release(sg->h_state);
+  if (kept) return;
   if (write) {  // the new P to the caller, as after a load
     try {
       struct starpu_task* t = self->make_task(&scatter_cl, &sg->scatter, &sg->hint_io, where_caller);

@@ -361,7 +361,8 @@ class Runtime {
 ///   finish_step (the same bits). The host buffer keeps its 12 bytes per parameter; a streamed
 ///   or resident subgroup's GPU footprint is its compact state (the update and resident budgets
 ///   count that). Reading or writing the
-///   masters costs a copy of the caller's parameters per subgroup (with_host_state and load_state:
+///   masters costs a copy of the caller's parameters per subgroup (none for a read of a subgroup
+///   whose P the host staging keeps; with_host_state and load_state:
 ///   4 more bytes of host memory per parameter), and those calls are not to be made from two threads
 ///   at once (they share the subgroup's staging). Default false.
 struct OptimizerOptions {

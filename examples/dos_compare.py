@@ -33,7 +33,9 @@ Runs:
                                  (python/deep_optimizer_states/baselines.py) on the same N, S, dtype,
                                  optimizer, hyper-parameters, CPU threads and iteration count, once
                                  per round: LIST (default zero_offload,stride:2,stride:3,stride:4) and,
-                                 per resident budget, twinflow:R with the static run's R; rows
+                                 per resident budget, twinflow:R with the static run's R (with
+                                 --master compact, the R of the full state's fit: the baselines
+                                 keep 12 B/param); rows
                                  ``baseline VARIANT``. Run by a Python that imports torch
                                  (--baselines-python, else the first of this one and
                                  /usr/bin/python3 that does); skipped with a note when none does
@@ -44,7 +46,7 @@ Runs:
                                  git-ignored), on the same N and S: --peer-variants (default
                                  zero_offload and dos_stride:2..4; when --policies or --run ran
                                  something) and, per resident budget, twinflow:R_gpu keeping the
-                                 same subgroups resident; rows ``peer VARIANT``
+                                 subgroups whose full state fits resident; rows ``peer VARIANT``
   --timeline                     the first dos run writes its last phase's timeline; plotted under
                                  the bars (CPU worker, GPU worker, H2D and D2H rates)
   --host-bench [PATH]            after the first round's runs, measure CPU Adam and full-duplex DMA
@@ -320,7 +322,9 @@ def main(argv=None):
     order = [l for l, _ in a.runs]
     for label, args in sorted(a.runs, key=lambda r: arg_value(r[1], "--policy") in GPU_ONLY_POLICIES):
         do(label, args)
-    twinflow, static_share = [], []
+    # per resident budget: the TwinFlow baselines' GPU fraction and CPU share (fp32 state, 12 B/param:
+    # the subgroups whose full state fits), and the static run's CPU share (the runtime's own form)
+    twinflow, twinflow_share, static_share = [], [], []
     if a.budgets:
         ref = next(iter(runs.values()), None)
         first = ref["reports"][0] if ref else None
@@ -334,6 +338,7 @@ def main(argv=None):
         n, s = first["params"], first["subgroup_size"]
         for text, b in a.budgets:
             fit, nsub = resident_fit(n, s, b, arg_value(a.train_args, "--master") == "compact")
+            fit_full, _ = resident_fit(n, s, b)
             if f"dos@{text}" not in order:
                 do(f"dos@{text}", ["--policy", "dos", "--gpu-resident-budget", text, "--overlap", "off"], text)
                 order.append(f"dos@{text}")
@@ -341,7 +346,8 @@ def main(argv=None):
             do(f"static:{r_cpu:.4g}@{text}", ["--policy", f"static:{r_cpu:.6g}", "--gpu-resident-budget", text,
                                               "--overlap", "off"], text)
             order.append(f"static:{r_cpu:.4g}@{text}")
-            twinflow.append(fit / nsub)
+            twinflow.append(fit_full / nsub)
+            twinflow_share.append((nsub - fit_full) / nsub)
             static_share.append(r_cpu)
     order = [l for l in order if l in runs]
     r0 = runs[order[0]]["reports"][0] if order else None
@@ -354,7 +360,7 @@ def main(argv=None):
     variants = []
     if a.baselines is not None and r0:
         variants = list(a.baseline_variants)
-        for r_cpu in static_share:
+        for r_cpu in twinflow_share:
             v = f"twinflow:{r_cpu:.6g}"
             if v not in variants:
                 variants.append(v)
@@ -537,7 +543,7 @@ def main(argv=None):
             best = min(pstrides, key=pstrides.get)
             ratio("dos_vs_peer_best_dos_stride", peer_rows[best], dos_row)
             ratios["peer_best_dos_stride"] = best
-    for (text, _), frac, r_cpu in zip(a.budgets, twinflow, static_share):
+    for (text, _), frac, r_cpu in zip(a.budgets, twinflow, twinflow_share):
         d = by_label.get(f"dos@{text}")
         if not d:
             continue

@@ -6,7 +6,6 @@
 #include <stdexcept>
 #include <string>
 
-
 namespace dos {
 
 std::size_t subgroup_footprint(const Workload& w, std::size_t n, PlanSide side) {

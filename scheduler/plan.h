@@ -73,7 +73,8 @@ struct PlanInput {
 };
 
 /// The GPU budgets of an optimizer, bytes. resident: optimizer state (12 B/param, each of a
-/// subgroup's three state slices padded to 16 elements: state_bytes_for) the GPU may keep between
+/// subgroup's three state slices padded to 16 elements: state_bytes_for; the compact state's
+/// bytes with Workload::compact_master: subgroup_state_bytes) the GPU may keep between
 /// iterations, -1 (or any negative value) when not given; update: what an update phase may hold on
 /// the GPU at once, 0 for no limit (OptimizerOptions::gpu_resident_budget, gpu_update_budget).
 struct GpuBudgets {
@@ -154,7 +155,7 @@ std::string plan_letters(const std::vector<PlanSide>& plan);
 /// Fills w.resident and w.may_stream from the GPU budgets as the runtime does with a CUDA worker,
 /// then calls plan->validate(w, budgets). plan: null under a StarPU policy (no resident subgroups,
 /// no validation). w.sizes, caller_on_gpu, param_bytes and grad_bytes must be set.
-/// resident: resident_subgroups(sizes, budgets.resident) when plan->needs().resident is budget, else 0; may_stream: false when budgets.update is not 0 and below one
+/// resident: resident_subgroups(sizes, budgets.resident, w.compact_master) when plan->needs().resident is budget, else 0; may_stream: false when budgets.update is not 0 and below one
 /// streamed subgroup's footprint (subgroup_footprint, phase_sim.h).
 /// Throws std::invalid_argument when budgets.update is not 0 and below one CPU subgroup's GPU
 /// staging (the message names both figures), or when plan->validate does.

@@ -245,8 +245,8 @@ void test_budgets(void**) {
   assert_int_equal(dos::resident_subgroups(sizes, std::size_t(1) << 60), 4);
   // the compact master's state (compact_state_bytes_for, worked by hand): 1000 -> stride 1008, head
   // 504 + 32 fp32 elements padded to 544, 4 x (544 + 2 x 1008) = 10240 B; 500 -> stride 512, head
-  // 256 + 16 padded to 272, 4 x (272 + 1024) = 5184 B. 15424 B holds the last two compact states
-  // and one full one (6144 + 12096 = 18240)
+  // 256 + 16 padded to 272, 4 x (272 + 1024) = 5184 B. 15424 B holds the last two compact states,
+  // but only one full one (two full need 6144 + 12096 = 18240)
   assert_int_equal(dos::resident_subgroups(sizes, 5183, true), 0);
   assert_int_equal(dos::resident_subgroups(sizes, 5184, true), 1);
   assert_int_equal(dos::resident_subgroups(sizes, 15423, true), 1);

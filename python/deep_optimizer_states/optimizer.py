@@ -136,10 +136,9 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _Gradients, _State, _Timeli
         speculates, plus its resident budget), plus 64 MiB
         (:func:`~deep_optimizer_states.bucket.gpu_memory_for_buckets` gives the formula): without it StarPU keeps every device buffer it freed, far beyond the budget.
       gpu_resident_budget (int or None): bytes of optimizer state (12 per parameter, each
-        subgroup's three slices padded to 16 elements; about 10.125 with ``compact_master``)
-        each bucket may keep on the GPU between
-        steps, >= 0; None (default): not given (policies ``dos`` and ``gpu``
-        then keep nothing resident). Both budgets take effect only when the runtime has a CUDA
+        subgroup's three slices padded to 16 elements; about 10.125 with ``compact_master``) each
+        bucket may keep on the GPU between steps, >= 0; None (default): not given (policies ``dos``
+        and ``gpu`` then keep nothing resident). Both budgets take effect only when the runtime has a CUDA
         worker, are the same bits either way, and are the runtime's ``OptimizerOptions`` fields of
         the same names.
       tail_subgroups (int): late binding of the plan's tail, in [0, 1000000] (subgroups): the last

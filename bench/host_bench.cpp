@@ -30,6 +30,7 @@
 #include "bench_stats.h"
 #include "compact_master.h"
 #include "cpu_team.h"
+#include "dma_loop.h"
 
 #if defined(DOS_HAVE_CUDA)
 #include <cuda_runtime.h>
@@ -110,98 +111,12 @@ std::string read_line(const char* path) {
   return s.empty() ? "(unreadable)" : s;
 }
 
-/// Copies between two pinned host buffers and the device, both directions at once (full duplex) or
-/// one of them (dirs: 1 host to device, 2 device to host, 3 both): one thread per direction that
-/// runs (both on the DMA core, blocking on events), each keeping two copies in flight on its own stream,
-/// cycling through the first `span` bytes of its buffer (all of it when span is 0; a buffer may be
-/// larger than asked, rounded up to whole pages) from its start, until stopped. completed() counts the copies done (every direction that runs), so that any interval's
-/// rate is the difference of two readings; a failed CUDA call stops the loop and is kept in error.
-struct DmaLoop {
-  const Buffer &up_host, &down_host;
-  void *dev_up = nullptr, *dev_down = nullptr;
-  std::size_t chunk, span;
-  int core;
-  int dirs;  // 1: host to device, 2: device to host, 3: both
-  std::atomic<bool> stop{false};
-  std::atomic<std::size_t> done{0};
-  std::atomic<int> error{0};  // the first failed call's cudaError_t
-  std::thread th[2];
-  DmaLoop(const Buffer& up, const Buffer& down, std::size_t chunk_bytes, int core_, std::size_t span_bytes = 0,
-          int dirs_ = 3)
-      : up_host(up), down_host(down), chunk(chunk_bytes), span(span_bytes), core(core_), dirs(dirs_) {}
-  ~DmaLoop() { finish(); }
-  /// Starts the threads of the directions that run; false (the error kept) when the device buffers
-  /// cannot be allocated.
-  bool start() {
-    cudaError_t e = cudaMalloc(&dev_up, up_host.bytes);
-    if (e == cudaSuccess) e = cudaMalloc(&dev_down, down_host.bytes);
-    if (e != cudaSuccess) {
-      error = int(e);
-      return false;
-    }
-    for (int d = 0; d < 2; ++d)
-      if (dirs & (1 << d)) th[d] = std::thread([this, d] { run(d); });
-    return true;
-  }
-  bool ok(cudaError_t e) {
-    if (e == cudaSuccess) return true;
-    int none = 0;
-    error.compare_exchange_strong(none, int(e));
-    stop = true;
-    return false;
-  }
-  void run(int d) {
-    dos::bind_this_thread(core);
-    cudaStream_t s = nullptr;
-    cudaEvent_t ev[2] = {nullptr, nullptr};
-    bool ready = ok(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-    for (auto& e : ev) ready = ready && ok(cudaEventCreateWithFlags(&e, cudaEventDisableTiming | cudaEventBlockingSync));
-    const Buffer& host = d == 0 ? up_host : down_host;
-    char* dev = static_cast<char*>(d == 0 ? dev_up : dev_down);
-    char* h = static_cast<char*>(host.ptr);
-    const std::size_t nchunks = std::max<std::size_t>(1, (span ? std::min(span, host.bytes) : host.bytes) / chunk);
-    for (std::size_t i = 0; ready && !stop.load(std::memory_order_relaxed); ++i) {
-      const std::size_t off = (i % nchunks) * chunk;
-      if (!ok(d == 0 ? cudaMemcpyAsync(dev + off, h + off, chunk, cudaMemcpyHostToDevice, s)
-                     : cudaMemcpyAsync(h + off, dev + off, chunk, cudaMemcpyDeviceToHost, s)) ||
-          !ok(cudaEventRecord(ev[i % 2], s)))
-        break;
-      if (i >= 1) {
-        if (!ok(cudaEventSynchronize(ev[(i - 1) % 2]))) break;
-        done.fetch_add(1);
-      }
-    }
-    if (s) {
-      cudaStreamSynchronize(s);
-      cudaStreamDestroy(s);
-    }
-    for (auto& e : ev)
-      if (e) cudaEventDestroy(e);
-  }
-  /// Copies completed so far, every direction that runs together.
-  std::size_t completed() const { return done.load(); }
-  /// The directions that run (1 or 2).
-  int directions() const { return (dirs & 1) + ((dirs >> 1) & 1); }
-  /// Bytes per second per direction that runs (with both, the mean of the two) between two readings
-  /// of completed().
-  double rate(std::size_t c0, double t0, std::size_t c1, double t1) const {
-    return double(c1 - c0) / directions() * double(chunk) / (t1 - t0);
-  }
-  void finish() {
-    stop = true;
-    for (auto& t : th)
-      if (t.joinable()) t.join();
-    if (dev_up) cudaFree(dev_up);
-    if (dev_down) cudaFree(dev_down);
-    dev_up = dev_down = nullptr;
-  }
-  /// Prints the kept error, if any; returns whether there was one.
-  bool failed() const {
-    if (error.load() == 0) return false;
-    std::fprintf(stderr, "dos-bench host: the DMA loop failed: %s\n", cudaGetErrorString(cudaError_t(error.load())));
-    return true;
-  }
-};
+/// Prints a DMA loop's failed CUDA call, if any; returns whether there was one.
+bool dma_failed(const dos::DmaLoop& dma) {
+  if (dma.error() == 0) return false;
+  std::fprintf(stderr, "dos-bench host: the DMA loop failed: %s\n", dma.error_string());
+  return true;
+}
 
 /// DmaLoop's directions for a --dma-directions value: "both" 3, "h2d" 1, "d2h" 2; 0 for another.
 int direction_mask(const std::string& d) { return d == "both" ? 3 : d == "h2d" ? 1 : d == "d2h" ? 2 : 0; }
@@ -270,13 +185,13 @@ int run_host(const HostOptions& o) {
       return 1;
     }
     const int dirs = direction_mask(o.dma_directions.front());
-    DmaLoop dma(up, down, o.dma_bytes, cores[0], 0, dirs);
-    if (!dma.start()) return dma.failed(), 1;
+    dos::DmaLoop dma(up.ptr, up.bytes, down.ptr, down.bytes, o.dma_bytes, cores[0], 0, dirs);
+    if (!dma.start()) return dma_failed(dma), 1;
     std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the threads started
     const double t0 = now_s();
     double t_prev = t0;
     std::size_t c_prev = dma.completed();
-    for (double t = 0.5; t <= o.dma_seconds + 1e-9 && !dma.failed(); t += 0.5) {
+    for (double t = 0.5; t <= o.dma_seconds + 1e-9 && !dma_failed(dma); t += 0.5) {
       std::this_thread::sleep_until(Clock::now() + std::chrono::duration<double>(t0 + t - now_s()));
       const double tn = now_s();
       const std::size_t cn = dma.completed();
@@ -287,7 +202,7 @@ int run_host(const HostOptions& o) {
       c_prev = cn;
     }
     dma.finish();
-    return dma.failed() ? 1 : 0;
+    return dma_failed(dma) ? 1 : 0;
   }
   const std::size_t n = o.n;
   const dos::AdamStepParams sp = dos::make_adam_step_params(dos::AdamHyper{}, 10);
@@ -375,15 +290,16 @@ int run_host(const HostOptions& o) {
       // DMA alone
       double dma_alone = 0;
       if (gpu) {
-        DmaLoop dma(*dma_up, *dma_down, copy, cores[0], rings[ri] ? ring_bytes : 0, dirs);
-        if (!dma.start()) return dma.failed(), 1;
+        dos::DmaLoop dma(dma_up->ptr, dma_up->bytes, dma_down->ptr, dma_down->bytes, copy, cores[0],
+                           rings[ri] ? ring_bytes : 0, dirs);
+        if (!dma.start()) return dma_failed(dma), 1;
         std::this_thread::sleep_for(std::chrono::milliseconds(200));
         const double t0 = now_s();
         const std::size_t c0 = dma.completed();
         std::this_thread::sleep_for(std::chrono::milliseconds(1000));
         dma_alone = dma.rate(c0, t0, dma.completed(), now_s());
         dma.finish();
-        if (dma.failed()) return 1;
+        if (dma_failed(dma)) return 1;
       }
       if (!o.json) {
         if (gpu)
@@ -434,8 +350,9 @@ int run_host(const HostOptions& o) {
                           "-", bpp * u_alone / 1e9);
             continue;
           }
-          DmaLoop dma(*dma_up, *dma_down, copy, cores[0], rings[ri] ? ring_bytes : 0, dirs);
-          if (!dma.start()) return dma.failed(), 1;
+          dos::DmaLoop dma(dma_up->ptr, dma_up->bytes, dma_down->ptr, dma_down->bytes, copy, cores[0],
+                           rings[ri] ? ring_bytes : 0, dirs);
+          if (!dma.start()) return dma_failed(dma), 1;
           std::this_thread::sleep_for(std::chrono::milliseconds(200));
           call();
           const double w0 = now_s();
@@ -443,7 +360,7 @@ int run_host(const HostOptions& o) {
           timed(t_both);
           const double dma_both = dma.rate(c0, w0, dma.completed(), now_s());
           dma.finish();
-          if (dma.failed()) return 1;
+          if (dma_failed(dma)) return 1;
           const double u_both = double(n) / median(t_both);
           const double host_both = bpp * u_both + dma.directions() * dma_both;
           row["dma_ring_bytes"] = ring_bytes;

@@ -45,6 +45,17 @@ double estimated_link_share(const Rates& r) {
   return std::min(kUnmeasuredLinkShare, std::max(kLowestLinkShare, r.U_c_dma / r.U_c));
 }
 
+double link_share_from_dma(double dma_beside, double dma_alone, const Rates& r) {
+  for (double x : {dma_beside, dma_alone, r.U_c, r.U_c_dma})
+    if (!(x > 0 && std::isfinite(x)))
+      throw std::invalid_argument("link_share_from_dma needs the links' rates beside CPU Adam and alone (bytes/s), U_c "
+                                  "and U_c_dma (params/s) positive and finite, got " + std::to_string(dma_beside) +
+                                  ", " + std::to_string(dma_alone) + ", " + std::to_string(r.U_c) + " and " +
+                                  std::to_string(r.U_c_dma));
+  const double share = (dma_beside / dma_alone) / (r.U_c_dma / r.U_c);
+  return std::min(highest_link_share(r), std::max(kLowestLinkShare, share));
+}
+
 std::string rate_bounds_error(const Rates& r) {
   if (r.U_c_dma > r.U_c) return "U_c_dma (CPU Adam beside DMA) cannot exceed U_c (alone)";
   if (r.link_share > highest_link_share(r))

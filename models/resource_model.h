@@ -170,6 +170,16 @@ double highest_link_share(const Rates& r);
 /// Throws std::invalid_argument when U_c or U_c_dma is not a positive finite number.
 double estimated_link_share(const Rates& r);
 
+/// link_share from a measure of the links beside CPU Adam (the calibration's rule dma, and
+/// dos-bench host's figures): the links' fraction of their own rate beside CPU Adam,
+/// dma_beside / dma_alone (bytes/s each way, both directions at once), over the fraction CPU Adam
+/// keeps beside the links in these rates, U_c_dma / U_c (host_shares gives the links link_share
+/// times CPU Adam's fraction when both ask host memory for more than it delivers), within
+/// [kLowestLinkShare, highest_link_share(r)]: the largest the model tells apart. Unitless, as
+/// Rates::link_share. Throws std::invalid_argument when a rate of the two or U_c, U_c_dma is not a
+/// positive finite number.
+double link_share_from_dma(double dma_beside, double dma_alone, const Rates& r);
+
 /// The predicted times of a plan, seconds, per resource and overall (the maximum). host: the
 /// plan's host memory traffic (CPU Adam's and every PCIe byte) over host_bandwidth.
 struct Prediction {

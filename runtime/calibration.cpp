@@ -7,15 +7,22 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <chrono>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "../codelets/cpu_team.h"
 #include "../codelets/kernels/env_choice.h"
 #include "atomic_file.h"
 #include "device_memory.h"
+#if defined(DOS_HAVE_CUDA)
+#include "../codelets/dma_loop.h"
+#endif
 #include "dos.h"
 #include "optimizer_impl.h"
 #include "rates_json.h"
@@ -146,24 +153,79 @@ double measure_link_share(Optimizer::Impl& I, Optimizer& opt, const Rates& r, do
   return result;
 }
 
+/// link_share by the rule dma (DOS_CALIBRATE_LINK_SHARE=dma): a DmaLoop copying both ways (chunks of
+/// 32 MiB) beside 6 calibration phases that update every subgroup on the CPU (`cpu_phase`), and
+/// alone for 0.15 s, then link_share_from_dma of the two rates and `r`'s U_c, U_c_dma. The loop
+/// thread runs on `core` (the CUDA driver's; -1: unbound). The phases' own copies (their gradients
+/// down and parameters up, StepStats' bytes) count as the links' bytes; the seconds in which CPU
+/// Adam did not run (the phase's start and end, `cpu_workers` workers' busy time over the phases'
+/// seconds) are taken at the rate alone, and the rest of the bytes give the rate beside CPU Adam.
+/// When CPU Adam ran less than half the seconds, or a CUDA call failed, it returns
+/// estimated_link_share(r) instead, and `note` says so; otherwise `note` gives the rates.
+double dma_link_share(const std::function<StepStats()>& cpu_phase, const Rates& r, unsigned cpu_workers, int core,
+                      std::string* note) {
+  char text[320];
+#if defined(DOS_HAVE_CUDA)
+  const std::size_t chunk = std::size_t(32) << 20;
+  const DmaBeside alone =
+      dma_rate_beside(chunk, core, [] { std::this_thread::sleep_for(std::chrono::milliseconds(150)); });
+  double adam = 0, bytes = 0;
+  const DmaBeside beside = dma_rate_beside(chunk, core, [&] {
+    for (int i = 0; i < 6; ++i) {
+      const StepStats st = cpu_phase();
+      adam += st.cpu_adam_seconds;
+      bytes += 0.5 * double(st.bytes_h2d + st.bytes_d2h);
+    }
+  });
+  const double T = beside.seconds, busy = std::min(T, adam / double(std::max(1u, cpu_workers)));
+  if (alone.error == 0 && beside.error == 0 && alone.bytes_per_s_each_way > 0 && busy >= 0.5 * T && T > 0) {
+    const double moved = beside.bytes_per_s_each_way * T + bytes;  // each way
+    const double links = std::max(0.0, moved - alone.bytes_per_s_each_way * (T - busy)) / busy;
+    if (links > 0) {
+      const double share = link_share_from_dma(std::min(links, alone.bytes_per_s_each_way), alone.bytes_per_s_each_way, r);
+      std::snprintf(text, sizeof text,
+                    "%.3f, from the links at %.1f GB/s each way beside CPU Adam (%.0f%% of %.3f s busy) and %.1f "
+                    "alone, CPU Adam keeping %.3f of its rate (U_c_dma / U_c)",
+                    share, links / 1e9, 100 * busy / T, T, alone.bytes_per_s_each_way / 1e9, r.U_c_dma / r.U_c);
+      *note = text;
+      return share;
+    }
+  }
+  const int e = alone.error ? alone.error : beside.error;
+  std::snprintf(text, sizeof text,
+                "%.3f, estimated as U_c_dma / U_c: the dma measure %s (CPU Adam busy %.3f of %.3f s, the links "
+                "alone %.1f GB/s)",
+                estimated_link_share(r), e ? "failed" : "was too small to size", busy, T,
+                alone.bytes_per_s_each_way / 1e9);
+#else
+  (void)cpu_phase, (void)cpu_workers, (void)core;
+  std::snprintf(text, sizeof text, "%.3f, estimated as U_c_dma / U_c: this build has no CUDA for the dma measure",
+                estimated_link_share(r));
+#endif
+  *note = text;
+  return estimated_link_share(r);
+}
+
 // How the calibration gives link_share (DOS_CALIBRATE_LINK_SHARE, read once): estimate (unset or
 // empty, the default): estimated_link_share of the calibrated rates; placeholder: 1
 // (kUnmeasuredLinkShare, the rule before the estimate); measure (or 1, its older spelling):
-// measure_link_share on scratch phases. Each rule's rates files get their own name (rates_cache_path),
+// measure_link_share on scratch phases; dma: dma_link_share, the links' rate beside CPU-only phases
+// against alone. Each rule's rates files get their own name (rates_cache_path),
 // so that a run never plans from a calibration made under another rule; the placeholder's is the
 // name without a suffix, which every rates file written before the estimate has. Throws Error naming the
 // variable for any other value.
-enum class LinkShareRule { estimate, placeholder, measure };
+enum class LinkShareRule { estimate, placeholder, measure, dma };
 
 LinkShareRule link_share_rule() {
   static const LinkShareRule rule = [] {
-    const int i = detail::env_index("DOS_CALIBRATE_LINK_SHARE", {"estimate", "placeholder", "measure", "1"});
+    const int i = detail::env_index("DOS_CALIBRATE_LINK_SHARE", {"estimate", "placeholder", "measure", "1", "dma"});
     if (i == detail::kEnvUnset || i == 0) return LinkShareRule::estimate;
     if (i == 1) return LinkShareRule::placeholder;
     if (i == 2 || i == 3) return LinkShareRule::measure;
+    if (i == 4) return LinkShareRule::dma;
     throw Error("DOS_CALIBRATE_LINK_SHARE is '" + std::string(std::getenv("DOS_CALIBRATE_LINK_SHARE")) +
-                "': it must be estimate (the default, also when unset or empty), placeholder, or measure (also 1); "
-                "unset it or give one of those");
+                "': it must be estimate (the default, also when unset or empty), placeholder, measure (also 1) or "
+                "dma; unset it or give one of those");
   }();
   return rule;
 }
@@ -182,6 +244,7 @@ std::string rates_cache_path(const Runtime& runtime, std::size_t S, DType dtype,
                           (runtime.node_ranks() > 1 ? "-ranks" + std::to_string(runtime.node_ranks()) : std::string()) +
                           (link_share_rule() == LinkShareRule::measure    ? "-link_share"
                            : link_share_rule() == LinkShareRule::estimate ? "-link_share_estimate"
+                           : link_share_rule() == LinkShareRule::dma      ? "-link_share_dma"
                                                                           : "") +
                           (compact_master ? "-compact" : "");
   return cache_dir() + "/rates-" + key + ".json";
@@ -336,6 +399,11 @@ Rates calibrate_rates(Runtime& runtime, std::size_t S, DType dtype, MemoryKind m
   } else if (link_share_rule() == LinkShareRule::measure) {
     std::string link_note;
     r.link_share = measure_link_share(*opt.impl_, opt, r, highest_link_share(r), nsub, 5, verbose ? &link_note : nullptr);
+    if (verbose) std::fprintf(stderr, "[dos] calibration's link_share: %s\n", link_note.c_str());
+  } else if (link_share_rule() == LinkShareRule::dma) {
+    std::string link_note;
+    const int core = runtime.binding().rfind("CUDA driver", 0) == 0 && !allowed_cores().empty() ? allowed_cores().front() : -1;
+    r.link_share = dma_link_share([&] { return phase(0.0); }, r, runtime.cpu_workers(), core, &link_note);
     if (verbose) std::fprintf(stderr, "[dos] calibration's link_share: %s\n", link_note.c_str());
   }
   if (verbose)

@@ -488,6 +488,43 @@ void test_estimated_link_share(void**) {
   assert_true(rec.provisional == 0.75);
 }
 
+// The calibration's rule dma (link_share_from_dma): the share for which the model's host memory
+// gives the links, beside CPU Adam at U_c_dma, the fraction of their rate alone that was measured
+// (host_shares checked on the result, with the host memory host_bandwidth gives these rates); its
+// bounds; its refusals.
+void test_link_share_from_dma(void**) {
+  dos::Workload w;
+  w.sizes = {1000};
+  dos::Rates r{6e9, 4.8e9, 100e9, 400e9, 40e9, 40e9, 1.0};
+  // links at 23.2 of 40 GB/s beside CPU Adam, which keeps 0.8 of its rate: 0.58 / 0.8
+  const double share = dos::link_share_from_dma(23.2e9, 40e9, r);
+  assert_true(std::fabs(share - 0.725) < 1e-12);
+  r.link_share = share;
+  const double cpu_ask = r.U_c * dos::cpu_adam_host_bytes(w), links_ask = r.B_h2d + r.B_d2h;
+  const dos::HostShares hs = dos::host_shares(cpu_ask, links_ask, dos::host_bandwidth(w, r), share);
+  assert_true(std::fabs(hs.cpu - 0.8) < 1e-9);
+  assert_true(std::fabs(hs.links - 0.58) < 1e-9);
+  // links as fast beside as alone: the highest share the model tells apart, U_c / U_c_dma
+  assert_true(dos::link_share_from_dma(40e9, 40e9, r) == dos::highest_link_share(r));
+  // links nearly stopped: the floor
+  assert_true(dos::link_share_from_dma(1e8, 40e9, r) == dos::kLowestLinkShare);
+  for (const double bad : {0.0, -1.0, std::nan(""), HUGE_VAL}) {
+    int refused = 0;
+    dos::Rates b = r;
+    b.U_c_dma = bad;
+    for (int k = 0; k < 3; ++k) {
+      try {
+        (void)(k == 0 ? dos::link_share_from_dma(bad, 40e9, r)
+               : k == 1 ? dos::link_share_from_dma(23e9, bad, r)
+                        : dos::link_share_from_dma(23e9, 40e9, b));
+      } catch (const std::invalid_argument&) {
+        ++refused;
+      }
+    }
+    assert_int_equal(refused, 3);
+  }
+}
+
 }  // namespace
 
 int main() {
@@ -497,7 +534,7 @@ int main() {
       cmocka_unit_test(test_budgets),    cmocka_unit_test(test_grad_bytes), cmocka_unit_test(test_compact_traffic),
       cmocka_unit_test(test_rates_file),
       cmocka_unit_test(test_bound_cold_resident),
-      cmocka_unit_test(test_gpu_conversion),     cmocka_unit_test(test_estimated_link_share),
+      cmocka_unit_test(test_gpu_conversion),     cmocka_unit_test(test_estimated_link_share), cmocka_unit_test(test_link_share_from_dma),
   };
   return cmocka_run_group_tests(tests, nullptr, nullptr);
 }

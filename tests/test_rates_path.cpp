@@ -1,6 +1,6 @@
 // The rates cache's file name (rates_cache_path): one file per configuration, and the calibration's
 // link_share rules (DOS_CALIBRATE_LINK_SHARE: estimate by default, placeholder, measure or its older
-// spelling 1) in files of their own. Run once per value (meson.build); each run checks the name its
+// spelling 1, dma) in files of their own. Run once per value (meson.build); each run checks the name its
 // environment asks for, and a value that names no rule is refused with an error naming the variable.
 #include <cstdlib>
 #include <cstring>
@@ -20,7 +20,7 @@ bool ends_with(const std::string& s, const std::string& tail) {
 void test_cache_names(void**) {
   const char* sw = std::getenv("DOS_CALIBRATE_LINK_SHARE");
   const std::string rule = sw ? sw : "";
-  if (rule != "" && rule != "estimate" && rule != "placeholder" && rule != "measure" && rule != "1") {
+  if (rule != "" && rule != "estimate" && rule != "placeholder" && rule != "measure" && rule != "1" && rule != "dma") {
     // a value that names no rule: refused, with the variable named, on every call (nothing cached)
     for (int call = 0; call < 2; ++call) {
       try {
@@ -36,6 +36,7 @@ void test_cache_names(void**) {
   }
   const char* suffix = rule == "measure" || rule == "1" ? "-link_share.json"
                        : rule == "placeholder"         ? "-S1000.json"
+                       : rule == "dma"                 ? "-link_share_dma.json"
                                                        : "-link_share_estimate.json";
   const std::string a = dos::rates_cache_path(*g_rt, 1000, dos::DType::bf16, dos::MemoryKind::host);
   const std::string b = dos::rates_cache_path(*g_rt, 1001, dos::DType::bf16, dos::MemoryKind::host);

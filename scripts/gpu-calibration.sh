@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine: which of the calibration's link_share rules (DOS_CALIBRATE_LINK_SHARE: the
-# estimate U_c_dma / U_c, the default; the placeholder 1; the measure on scratch phases) predicts a
+# estimate U_c_dma / U_c, the default; the placeholder 1; the measure on scratch phases; dma, the
+# links' rate beside CPU-only phases against alone) predicts a
 # calibrating run's first phases best? Builds, then runs each case below as one calibrating process
 # (a fresh rates cache each) under each rule of RULES (default "placeholder estimate"), interleaved,
 # ROUNDS times, and prints each phase's update time and prediction error:

@@ -14,7 +14,6 @@
 #include <sys/mman.h>
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <memory>
 
 #include "cpu_team.h"
 
@@ -38,8 +39,13 @@ bool DmaLoop::ok(int e) {
 const char* DmaLoop::error_string() const { return cudaGetErrorString(cudaError_t(error_.load())); }
 
 bool DmaLoop::start() {
-  if (chunk_ == 0 || chunk_ > up_bytes_ || chunk_ > down_bytes_) return ok(int(cudaErrorInvalidValue));
-  if (!ok(int(cudaMalloc(&dev_up_, up_bytes_))) || !ok(int(cudaMalloc(&dev_down_, down_bytes_)))) return false;
+  if (started_ || (dirs_ != 1 && dirs_ != 2 && dirs_ != 3) || chunk_ == 0 || ((dirs_ & 1) && chunk_ > up_bytes_) ||
+      ((dirs_ & 2) && chunk_ > down_bytes_))
+    return ok(int(cudaErrorInvalidValue));
+  started_ = true;
+  if (!ok(int(cudaGetDevice(&device_)))) return false;
+  if (((dirs_ & 1) && !ok(int(cudaMalloc(&dev_up_, up_bytes_)))) || ((dirs_ & 2) && !ok(int(cudaMalloc(&dev_down_, down_bytes_)))))
+    return false;
   for (int d = 0; d < 2; ++d)
     if (dirs_ & (1 << d)) th_[d] = std::thread([this, d] { run(d); });
   return true;
@@ -49,7 +55,7 @@ void DmaLoop::run(int d) {
   if (core_ >= 0) bind_this_thread(core_);
   cudaStream_t s = nullptr;
   cudaEvent_t ev[2] = {nullptr, nullptr};
-  bool ready = ok(int(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)));
+  bool ready = ok(int(cudaSetDevice(device_))) && ok(int(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)));
   for (auto& e : ev)
     ready = ready && ok(int(cudaEventCreateWithFlags(&e, cudaEventDisableTiming | cudaEventBlockingSync)));
   const std::size_t host_bytes = d == 0 ? up_bytes_ : down_bytes_;
@@ -87,42 +93,33 @@ void DmaLoop::finish() {
 DmaBeside dma_rate_beside(std::size_t chunk, int core, const std::function<void()>& work) {
   DmaBeside out;
   const std::size_t bytes = 4 * chunk;
-  void *up = nullptr, *down = nullptr;
-  cudaError_t e = cudaHostAlloc(&up, bytes, cudaHostAllocDefault);
-  if (e == cudaSuccess) e = cudaHostAlloc(&down, bytes, cudaHostAllocDefault);
-  auto release = [&] {
-    for (void* p : {up, down})
-      if (p) cudaFreeHost(p);
+  struct FreeHost {
+    void operator()(void* p) const { cudaFreeHost(p); }
   };
+  void *up_raw = nullptr, *down_raw = nullptr;
+  cudaError_t e = cudaHostAlloc(&up_raw, bytes, cudaHostAllocDefault);
+  std::unique_ptr<void, FreeHost> up(e == cudaSuccess ? up_raw : nullptr);
+  if (e == cudaSuccess) e = cudaHostAlloc(&down_raw, bytes, cudaHostAllocDefault);
+  std::unique_ptr<void, FreeHost> down(e == cudaSuccess ? down_raw : nullptr);
   if (e != cudaSuccess) {
-    release();
     out.error = int(e);
     return out;
   }
-  {
-    DmaLoop loop(up, bytes, down, bytes, chunk, core);
-    if (!loop.start()) {
-      out.error = loop.error();
-    } else {
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the copies flowing
-      const std::size_t c0 = loop.completed();
-      const double t0 = now_s();
-      try {
-        work();
-      } catch (...) {
-        loop.finish();
-        release();
-        throw;
-      }
-      const double t1 = now_s();
-      const std::size_t c1 = loop.completed();
-      loop.finish();
-      out.seconds = t1 - t0;
-      out.error = loop.error();
-      if (out.error == 0 && t1 > t0) out.bytes_per_s_each_way = loop.rate(c0, t0, c1, t1);
-    }
+  DmaLoop loop(up.get(), bytes, down.get(), bytes, chunk, core);  // destroyed (stopped) before the buffers
+  if (!loop.start()) {
+    out.error = loop.error();
+    return out;
   }
-  release();
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the copies flowing
+  const std::size_t c0 = loop.completed();
+  const double t0 = now_s();
+  work();  // on an exception, the loop stops (its destructor), then the buffers are freed
+  const double t1 = now_s();
+  const std::size_t c1 = loop.completed();
+  loop.finish();
+  out.seconds = t1 - t0;
+  out.error = loop.error();
+  if (out.error == 0 && t1 > t0) out.bytes_per_s_each_way = loop.rate(c0, t0, c1, t1);
   return out;
 }
 

@@ -18,8 +18,9 @@ namespace dos {
 /// buffer (all of it when span is 0) from its start, until stopped. completed() counts the copies
 /// done (every direction that runs), so that any interval's rate is the difference of two
 /// readings. The host buffers are the caller's, pinned (cudaHostAlloc or cudaHostRegister), and
-/// must outlive the loop; the device buffers (up_bytes and down_bytes) are the loop's own. A failed
-/// CUDA call stops the loop and is kept (error()).
+/// must outlive the loop; the device buffers (up_bytes and down_bytes) are the loop's own, on the
+/// device current on the thread that calls start(), which the loop's threads then use too. A
+/// failed CUDA call stops the loop and is kept (error()).
 class DmaLoop {
  public:
   DmaLoop(void* up_host, std::size_t up_bytes, void* down_host, std::size_t down_bytes, std::size_t chunk, int core,
@@ -27,8 +28,10 @@ class DmaLoop {
   DmaLoop(const DmaLoop&) = delete;
   DmaLoop& operator=(const DmaLoop&) = delete;
   ~DmaLoop() { finish(); }
-  /// Allocates the device buffers and starts the threads; false (the error kept) when the device
-  /// buffers cannot be allocated or chunk is 0 or larger than a host buffer.
+  /// Allocates the device buffers and starts the threads; false (the error kept, as
+  /// cudaErrorInvalidValue for a bad argument) when the device buffers cannot be allocated, chunk
+  /// is 0 or larger than the host buffer of a direction that runs, dirs is not 1, 2 or 3, or the
+  /// loop was started before.
   bool start();
   /// Copies completed so far, every direction that runs together.
   std::size_t completed() const { return done_.load(); }
@@ -53,6 +56,8 @@ class DmaLoop {
   void* down_host_;
   std::size_t up_bytes_, down_bytes_, chunk_, span_;
   int core_, dirs_;
+  int device_ = 0;
+  bool started_ = false;
   void *dev_up_ = nullptr, *dev_down_ = nullptr;
   std::atomic<bool> stop_{false};
   std::atomic<std::size_t> done_{0};
@@ -68,11 +73,13 @@ struct DmaBeside {
 };
 
 /// Runs `work` on the calling thread while a DmaLoop copies `chunk` bytes both ways at once
-/// (buffers of 4 x chunk of pinned host memory, cudaHostAlloc, and as much device memory), its
-/// threads bound to `core` (-1: unbound), started 50 ms before the work so that its copies are
-/// flowing. Returns the copies completed during the work over its seconds (each way), within one
-/// chunk per direction of the truth at either end. An exception from `work` is passed on after
-/// the loop stopped; a failed CUDA call (allocation included) is returned in DmaBeside::error.
+/// (buffers of 4 x chunk of pinned host memory, cudaHostAlloc, and as much device memory on the
+/// current device), its threads bound to `core` (-1: unbound), started 50 ms before the work so
+/// that its copies are flowing. Returns the copies completed during the work over its seconds
+/// (each way), within one chunk per direction of the truth at either end. An exception from `work`
+/// is passed on after the loop stopped and the buffers were freed; a failed CUDA call (allocation
+/// included) is returned in DmaBeside::error, and then `work` has not run if the loop could not
+/// start.
 DmaBeside dma_rate_beside(std::size_t chunk, int core, const std::function<void()>& work);
 
 }  // namespace dos

@@ -47,7 +47,8 @@ inline constexpr double kLowestLinkShare = 1.0 / 16;
 /// links get link_share times the fraction of their ask that CPU Adam gets of its own (host_shares;
 /// 1: the same fraction; below 1: the CPU's cores win more of the memory controllers than the DMA
 /// engines). The calibration gives estimated_link_share by default, or (DOS_CALIBRATE_LINK_SHARE)
-/// kUnmeasuredLinkShare, 1, or a measure on short phases of scratch subgroups (calibrate_rates), and it is refined from the phases whose streams
+/// kUnmeasuredLinkShare, 1, or a measure on short phases of scratch subgroups, or
+/// link_share_from_dma of the links' rate beside CPU-only phases (calibrate_rates), and it is refined from the phases whose streams
 /// ran beside CPU Adam (models/refinement.h), the first of them replacing the calibration's
 /// value. All > 0.
 struct Rates {
@@ -170,8 +171,8 @@ double highest_link_share(const Rates& r);
 /// Throws std::invalid_argument when U_c or U_c_dma is not a positive finite number.
 double estimated_link_share(const Rates& r);
 
-/// link_share from a measure of the links beside CPU Adam (the calibration's rule dma, and
-/// dos-bench host's figures): the links' fraction of their own rate beside CPU Adam,
+/// link_share from a measure of the links beside CPU Adam (the calibration's rule dma; the same
+/// formula as examples/host_probe.py applies to dos-bench host's figures): the links' fraction of their own rate beside CPU Adam,
 /// dma_beside / dma_alone (bytes/s each way, both directions at once), over the fraction CPU Adam
 /// keeps beside the links in these rates, U_c_dma / U_c (host_shares gives the links link_share
 /// times CPU Adam's fraction when both ask host memory for more than it delivers), within

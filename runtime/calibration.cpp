@@ -154,37 +154,39 @@ double measure_link_share(Optimizer::Impl& I, Optimizer& opt, const Rates& r, do
 }
 
 /// link_share by the rule dma (DOS_CALIBRATE_LINK_SHARE=dma): a DmaLoop copying both ways (chunks of
-/// 32 MiB) beside 6 calibration phases that update every subgroup on the CPU (`cpu_phase`), and
-/// alone for 0.15 s, then link_share_from_dma of the two rates and `r`'s U_c, U_c_dma. The loop
-/// thread runs on `core` (the CUDA driver's; -1: unbound). The phases' own copies (their gradients
-/// down and parameters up, StepStats' bytes) count as the links' bytes; the seconds in which CPU
-/// Adam did not run (the phase's start and end, `cpu_workers` workers' busy time over the phases'
-/// seconds) are taken at the rate alone, and the rest of the bytes give the rate beside CPU Adam.
-/// When CPU Adam ran less than half the seconds, or a CUDA call failed, it returns
-/// estimated_link_share(r) instead, and `note` says so; otherwise `note` gives the rates.
+/// 64 MiB over 256 MiB of pinned memory each way) beside 6 calibration phases that update every
+/// subgroup on the CPU (`cpu_phase`), and alone for 0.15 s, then link_share_from_dma of the two
+/// rates and `r`'s U_c, U_c_dma. The loop's threads run on `core` (the CUDA driver's, whence the
+/// runtime's own copies are issued; -1: unbound). The phases' own copies (their gradients down and
+/// parameters up, StepStats' bytes) count as the links' bytes; the seconds in which the CPU
+/// workers ran no task (their busy time, over `cpu_workers`, against the phases' seconds) are
+/// taken at the rate alone, and the rest of the bytes give the rate beside the CPU's work. It
+/// returns estimated_link_share(r) instead, and `note` says why, when a CUDA call failed, the rate
+/// alone is 0, the CPU was busy less than half the seconds, or the bytes left for its busy time
+/// are none; otherwise `note` gives the rates.
 double dma_link_share(const std::function<StepStats()>& cpu_phase, const Rates& r, unsigned cpu_workers, int core,
                       std::string* note) {
   char text[320];
 #if defined(DOS_HAVE_CUDA)
-  const std::size_t chunk = std::size_t(32) << 20;
+  const std::size_t chunk = std::size_t(64) << 20;
   const DmaBeside alone =
       dma_rate_beside(chunk, core, [] { std::this_thread::sleep_for(std::chrono::milliseconds(150)); });
-  double adam = 0, bytes = 0;
+  double busy_sum = 0, bytes = 0;
   const DmaBeside beside = dma_rate_beside(chunk, core, [&] {
     for (int i = 0; i < 6; ++i) {
       const StepStats st = cpu_phase();
-      adam += st.cpu_adam_seconds;
+      busy_sum += st.cpu_busy_seconds;
       bytes += 0.5 * double(st.bytes_h2d + st.bytes_d2h);
     }
   });
-  const double T = beside.seconds, busy = std::min(T, adam / double(std::max(1u, cpu_workers)));
+  const double T = beside.seconds, busy = std::min(T, busy_sum / double(std::max(1u, cpu_workers)));
   if (alone.error == 0 && beside.error == 0 && alone.bytes_per_s_each_way > 0 && busy >= 0.5 * T && T > 0) {
     const double moved = beside.bytes_per_s_each_way * T + bytes;  // each way
     const double links = std::max(0.0, moved - alone.bytes_per_s_each_way * (T - busy)) / busy;
     if (links > 0) {
       const double share = link_share_from_dma(std::min(links, alone.bytes_per_s_each_way), alone.bytes_per_s_each_way, r);
       std::snprintf(text, sizeof text,
-                    "%.3f, from the links at %.1f GB/s each way beside CPU Adam (%.0f%% of %.3f s busy) and %.1f "
+                    "%.3f, from the links at %.1f GB/s each way beside the CPU's work (%.0f%% of %.3f s busy) and %.1f "
                     "alone, CPU Adam keeping %.3f of its rate (U_c_dma / U_c)",
                     share, links / 1e9, 100 * busy / T, T, alone.bytes_per_s_each_way / 1e9, r.U_c_dma / r.U_c);
       *note = text;
@@ -193,7 +195,7 @@ double dma_link_share(const std::function<StepStats()>& cpu_phase, const Rates& 
   }
   const int e = alone.error ? alone.error : beside.error;
   std::snprintf(text, sizeof text,
-                "%.3f, estimated as U_c_dma / U_c: the dma measure %s (CPU Adam busy %.3f of %.3f s, the links "
+                "%.3f, estimated as U_c_dma / U_c: the dma measure %s (the CPU busy %.3f of %.3f s, the links "
                 "alone %.1f GB/s)",
                 estimated_link_share(r), e ? "failed" : "was too small to size", busy, T,
                 alone.bytes_per_s_each_way / 1e9);

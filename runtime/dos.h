@@ -786,7 +786,10 @@ void validate_adam_hyper(const AdamHyper& h);
 /// (kUnmeasuredLinkShare); "measure" (or "1"): measured last, from 5 phases of the spread plan whose
 /// simulated streams run longest beside CPU Adam, each refined from the rates above as an
 /// optimizer's first phases are (models/refinement.h; the median of those that sized a measure,
-/// capped at U_c / U_c_dma; the placeholder when fewer than 3 did). link_share is then refined
+/// capped at U_c / U_c_dma; the placeholder when fewer than 3 did); "dma": measured last, from the
+/// links' rate (full-duplex copies in a loop, codelets/dma_loop.h) beside 6 phases with every
+/// scratch subgroup on the CPU against alone, by link_share_from_dma (the estimate, said so on
+/// standard error when verbose, when that measure cannot be made). link_share is then refined
 /// online by the Optimizer from what each phase's resources were busy doing. An optimizer does not
 /// count the calibration's link_share as a measure: its first phases that stream replace it
 /// (initial_link_share_record). Needs a model policy (dos, static:R) and a CUDA worker; takes a few seconds (pinning the
@@ -806,7 +809,7 @@ Rates calibrate_rates(Runtime& runtime, std::size_t subgroup_elems, DType dtype,
 /// folder, KEY naming the host, the workers, the dtype, the memory kind, the subgroup size, the
 /// node's ranks when more than one, and the calibration's link_share rule (DOS_CALIBRATE_LINK_SHARE,
 /// calibrate_rates): "-link_share_estimate" for the default estimate, "-link_share" for measure (or
-/// 1), nothing for placeholder (the name of every rates file written before the estimate, whose
+/// 1), "-link_share_dma" for dma, nothing for placeholder (the name of every rates file written before the estimate, whose
 /// calibrations gave the placeholder), so that a calibration made under one rule is read only under
 /// it; "-compact" last for a calibration of the compact master. Throws Error when
 /// DOS_CALIBRATE_LINK_SHARE names no rule.

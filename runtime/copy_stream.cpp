@@ -194,7 +194,8 @@ void CopyStream::issue(const Job& job, Result& res, cudaStream_t stream) {
   // runtime could not pin it) is not, and goes by cudaMemcpyAsync
   char* host = static_cast<char*>(job.host);
   char* host_dev = nullptr;
-  if (!dos::runtime_copies_by_copy_engine(up) &&
+  const bool by_engine = dos::runtime_copies_by_copy_engine(up) && !(job.engine_busy && job.engine_busy->load() > 0);
+  if (!by_engine &&
       cudaHostGetDevicePointer(reinterpret_cast<void**>(&host_dev), host, 0) != cudaSuccess) {
     cudaGetLastError();  // not mapped: clear the error
     host_dev = nullptr;

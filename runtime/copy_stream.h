@@ -20,7 +20,9 @@
 //     submitted, before StarPU writes any streamed state back, so the copy engine takes them first;
 //     made by the kernel they held back StarPU's upload of the first streamed state (the first
 //     streamed Adam began at 100-110 ms instead of 41-68 ms) while the kernels wrote into host
-//     memory. Those asked for after write-backs began wait behind them, ahead of the CPU's need.
+//     memory. Those asked for after write-backs began would wait behind all of them (on an H100,
+//     one waited 542 ms, the CPU idle), so under DOS_COPY_BY=auto, the default, a job issued while
+//     the optimizer counts streamed state on its way home (Job::engine_busy) goes by the kernel.
 // Staging that is not pinned (the runtime could not pin it) goes by cudaMemcpyAsync. Same bytes
 // either way. DOS_COPY_BLOCKS=N (a measurement switch) sets the kernel's grid (default: one block
 // per multiprocessor); the kernel shares the GPU's cores with whatever else runs there.
@@ -43,6 +45,7 @@
 // The CopyStream never touches StarPU.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstddef>
 #include <deque>
@@ -89,6 +92,11 @@ class CopyStream {
     void* host = nullptr;
     /// to_host only: copy the caller's parameters (Segment::param) instead of its gradients.
     bool params_down = false;
+    /// When not null and above 0 as the job is issued, its copies go by the kernel through the
+    /// staging's mapped pointer even where runtime_copies_by_copy_engine says the copy engine (the
+    /// engine's queue of that direction holds transfers the copy would wait behind: DOS_COPY_BY=auto
+    /// counts the streamed state write-backs on their way home there). Must outlive the job.
+    const std::atomic<int>* engine_busy = nullptr;
     std::function<void(const Result&)> done;
   };
 

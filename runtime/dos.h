@@ -170,15 +170,20 @@ bool runtime_uploads_params();
 bool runtime_downloads_grads();
 
 /// The values DOS_COPY_BY may take (runtime_copy_by); the first is the default.
-inline constexpr const char* kCopyByValues[] = {"memcpy-down", "kernel", "memcpy", "memcpy-up"};
+inline constexpr const char* kCopyByValues[] = {"auto", "memcpy-down", "kernel", "memcpy", "memcpy-up"};
 
 /// How the runtime's own copies (runtime_uploads_params, runtime_downloads_grads) go, as the
-/// environment's DOS_COPY_BY says (read once): "memcpy-down" (the default: unset, or a value not in
-/// kCopyByValues, with a warning on stderr) the gradient downloads by cudaMemcpyAsync (the GPU's
+/// environment's DOS_COPY_BY says (read once): "auto" (the default: unset, or a value not in
+/// kCopyByValues, with a warning on stderr) as "memcpy-down", except that a gradient download
+/// issued while a streamed subgroup's state is on its way home (its Adam ended on the GPU, its
+/// eager write-back not yet done) goes by the kernel: by the copy engine it would wait behind every
+/// state write-back StarPU queued on it, the later ones included (measured on an H100: a 248 MB
+/// download issued at 71 ms ended at 613 ms, after 13 write-backs of 1.5 GB, the CPU idle
+/// meanwhile); "memcpy-down" the gradient downloads by cudaMemcpyAsync (the GPU's
 /// copy engine) and the parameter uploads by a kernel through the pinned staging's mapped pointer;
 /// "kernel" both directions by the kernel; "memcpy" both by cudaMemcpyAsync; "memcpy-up" the
-/// uploads by cudaMemcpyAsync and the downloads by the kernel. The last three are measurement
-/// switches. Why the default (measured on the GPU machine, 20B quarter, 19 CPU subgroups of 248 MB
+/// uploads by cudaMemcpyAsync and the downloads by the kernel. The last four are measurement
+/// switches. Why "memcpy-down" at the phase's start (measured on the GPU machine, 20B quarter, 19 CPU subgroups of 248 MB
 /// of gradients each, downloaded at the phase's start): downloads by the kernel ran back to back for
 /// about 110 ms and held back the streamed state's upload, so the first streamed Adam began at
 /// 100-110 ms; by the copy engine at 41-68 ms. An upload by cudaMemcpyAsync waits behind every
@@ -189,10 +194,14 @@ const char* runtime_copy_by();
 /// Whether the runtime's own copies of one direction (up: the CPU-updated parameters to the GPU;
 /// otherwise the gradients to host staging) go by cudaMemcpyAsync (the copy engine, shared in order
 /// with StarPU's transfers of the same direction) rather than by a kernel, as runtime_copy_by()
-/// says. The plan's phase simulation follows it (Execution::grad_download_by_copy_engine,
+/// says ("auto": the copy engine, each download's own choice aside, runtime_copy_by_auto). The plan's phase simulation follows it (Execution::grad_download_by_copy_engine,
 /// param_upload_by_copy_engine). Staging the runtime could not pin goes by cudaMemcpyAsync whatever
 /// this says.
 bool runtime_copies_by_copy_engine(bool up);
+
+/// Whether runtime_copy_by() is "auto": each gradient download then goes by the kernel while a
+/// streamed state write-back is on the device-to-host link, else by the copy engine.
+bool runtime_copy_by_auto();
 
 /// The runtime's clock, seconds: StarPU's (starpu_timing_now(): StarPU 1.3.10 reads CLOCK_MONOTONIC,
 /// counted from StarPU's start while a Runtime runs), which

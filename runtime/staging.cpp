@@ -33,16 +33,20 @@ bool runtime_downloads_grads() {
 }
 
 const char* runtime_copy_by() {
-  static_assert(std::size(kCopyByValues) == 4, "every value of kCopyByValues is accepted below");
+  static_assert(std::size(kCopyByValues) == 5, "every value of kCopyByValues is accepted below");
   static const char* const by = kCopyByValues[env_choice(
-      "DOS_COPY_BY", {kCopyByValues[0], kCopyByValues[1], kCopyByValues[2], kCopyByValues[3]}, 0,
-      "ignored (the default, memcpy-down: gradients down by the copy engine, parameters up by the kernel)")];
+      "DOS_COPY_BY", {kCopyByValues[0], kCopyByValues[1], kCopyByValues[2], kCopyByValues[3], kCopyByValues[4]}, 0,
+      "ignored (the default, auto: gradients down by the copy engine unless streamed state is on its way home, "
+      "parameters up by the kernel)")];
   return by;
 }
 
+bool runtime_copy_by_auto() { return std::strcmp(runtime_copy_by(), "auto") == 0; }
+
 bool runtime_copies_by_copy_engine(bool up) {
   const char* by = runtime_copy_by();
-  return std::strcmp(by, "memcpy") == 0 || std::strcmp(by, up ? "memcpy-up" : "memcpy-down") == 0;
+  return std::strcmp(by, "memcpy") == 0 || std::strcmp(by, up ? "memcpy-up" : "memcpy-down") == 0 ||
+         (!up && runtime_copy_by_auto());
 }
 
 namespace {
@@ -126,6 +130,8 @@ void start_copy(void* arg) {
     j.elem_bytes = up || c->params_down ? dtype_size(sg->scatter.dtype) : dtype_size(sg->gather_grads.dst_dtype);
     j.host = up || c->params_down ? sg->param16.ptr : sg->grad32.ptr;
     j.params_down = c->params_down;
+    // auto: a download goes by the kernel while streamed state is on its way home on the copy engine
+    if (!up && runtime_copy_by_auto()) j.engine_busy = sg->on_link;
     j.done = [c](const CopyStream::Result& r) { end_copy(c, r); };
     c->stream->enqueue(std::move(j));
   } catch (const std::exception& e) {

@@ -14,6 +14,11 @@ using namespace detail;
 
 namespace {
 
+/// An eager write-back is home (or was refused): no longer counted on the link (Subgroup::writeback_link).
+void link_writeback_ended(Subgroup* sg) {
+  if (sg->writeback_link.exchange(2) == 1 && sg->on_link) sg->on_link->fetch_sub(1);
+}
+
 struct WriteBack {
   starpu_data_handle_t h;
   Pending* pending;
@@ -31,6 +36,7 @@ void release_after_writeback(void* arg) {
   Subgroup* sg = wb->sg;
   const bool on_timeline = wb->on_timeline;
   delete wb;
+  if (sg && on_timeline) link_writeback_ended(sg);
   if (sg && sg->timeline && on_timeline) {
     // lane "writeback": from the end of the Adam that wrote the state to the state being home
     // (the wait behind other transfers on StarPU's device-to-host stream included)
@@ -73,6 +79,7 @@ void Optimizer::Impl::acquire_home(OpenStep& ph, starpu_data_handle_t h, enum st
   if (starpu_data_acquire_on_node_cb(h, STARPU_MAIN_RAM, mode, release_after_writeback, wb) != 0) {
     delete wb;
     ph.pending.done();
+    if (sg && on_timeline) link_writeback_ended(sg);
     if (sg) subgroup_part_done(sg);
     ++ph.refused;
   }

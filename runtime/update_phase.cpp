@@ -53,6 +53,9 @@ void clock_task(Subgroup* sg, const char* what) {
   // a redone one's may still end after the reset of its redo)
   if (std::strcmp(what, "adam") == 0) {
     sg->adam_end_us.store(span.end_us);
+    // an eager write-back's state leaves the GPU now (unless it is home already: 2)
+    int submitted = 0;
+    if (span.gpu && sg->on_link && sg->writeback_link.compare_exchange_strong(submitted, 1)) sg->on_link->fetch_add(1);
     if (const int side = sg->tail_side.load(); side != 0 && sg->tail)
       sg->tail->adam_ended(side == 1, double(sg->size), span.start_us, span.end_us);
   }
@@ -217,6 +220,7 @@ void Optimizer::Impl::begin(bool overlapped) {
   ph.stepped.assign(n, 0);
   ph.speculated.assign(n, 0);
   ph.in_tail.assign(n, 0);
+  state_writebacks_on_link.store(0);  // the last phase's write-backs are all home
   // The update budget bounds the subgroups in flight; lookahead prefetches take theirs only while
   // room for one more subgroup is left, so that the subgroup being submitted always gets in.
   for (std::size_t i = 0; i < n; ++i) {
@@ -227,6 +231,8 @@ void Optimizer::Impl::begin(bool overlapped) {
     sg->busy = &busy;
     sg->tail = &ph.tail;
     sg->tail_side.store(0);
+    sg->on_link = &state_writebacks_on_link;
+    sg->writeback_link.store(2);
     sg->spec_ended.store(false);
     sg->ran_on.store(0);
     sg->adam_end_us.store(0);
@@ -481,6 +487,7 @@ void Optimizer::Impl::submit_update(OpenStep& ph, std::size_t i, bool prefetched
   sg->adam.sp = make_adam_step_params(opt.adam, sg->step);
   sg->ran_on.store(0);
   sg->adam_end_us.store(0);
+  sg->writeback_link.store(eager ? 0 : 2);  // before the Adam is submitted: its end counts the write-back
   if (!ph.tail_order.empty() && !plan.empty() && plan[i] != PlanSide::gpu_resident) {
     // the binder's pace: every CPU and streamed update of the phase counts
     sg->tail_side.store(is_streamed ? 2 : 1);

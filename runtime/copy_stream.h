@@ -20,9 +20,10 @@
 //     submitted, before StarPU writes any streamed state back, so the copy engine takes them first;
 //     made by the kernel they held back StarPU's upload of the first streamed state (the first
 //     streamed Adam began at 100-110 ms instead of 41-68 ms) while the kernels wrote into host
-//     memory. Those asked for after write-backs began would wait behind all of them (on an H100,
-//     one waited 542 ms, the CPU idle), so under DOS_COPY_BY=auto, the default, a job issued while
-//     the optimizer counts streamed state on its way home (Job::engine_busy) goes by the kernel.
+//     memory. Those asked for after write-backs began may wait behind all of them (on an H100,
+//     one waited 542 ms, the CPU idle); under DOS_COPY_BY=auto (not the default: 6% slower on an
+//     H200 where none waited so) a job issued while the optimizer counts streamed state on its way
+//     home (Job::engine_busy) goes by the kernel.
 // Staging that is not pinned (the runtime could not pin it) goes by cudaMemcpyAsync. Same bytes
 // either way. DOS_COPY_BLOCKS=N (a measurement switch) sets the kernel's grid (default: one block
 // per multiprocessor); the kernel shares the GPU's cores with whatever else runs there.

@@ -170,20 +170,22 @@ bool runtime_uploads_params();
 bool runtime_downloads_grads();
 
 /// The values DOS_COPY_BY may take (runtime_copy_by); the first is the default.
-inline constexpr const char* kCopyByValues[] = {"auto", "memcpy-down", "kernel", "memcpy", "memcpy-up"};
+inline constexpr const char* kCopyByValues[] = {"memcpy-down", "auto", "kernel", "memcpy", "memcpy-up"};
 
 /// How the runtime's own copies (runtime_uploads_params, runtime_downloads_grads) go, as the
-/// environment's DOS_COPY_BY says (read once): "auto" (the default: unset, or a value not in
-/// kCopyByValues, with a warning on stderr) as "memcpy-down", except that a gradient download
-/// issued while a streamed subgroup's state is on its way home (its Adam ended on the GPU, its
-/// eager write-back not yet done) goes by the kernel: by the copy engine it would wait behind every
-/// state write-back StarPU queued on it, the later ones included (measured on an H100: a 248 MB
-/// download issued at 71 ms ended at 613 ms, after 13 write-backs of 1.5 GB, the CPU idle
-/// meanwhile); "memcpy-down" the gradient downloads by cudaMemcpyAsync (the GPU's
+/// environment's DOS_COPY_BY says (read once): "memcpy-down" (the default: unset, or a value not
+/// in kCopyByValues, with a warning on stderr) the gradient downloads by cudaMemcpyAsync (the GPU's
 /// copy engine) and the parameter uploads by a kernel through the pinned staging's mapped pointer;
+/// "auto" as "memcpy-down", except that a gradient download issued while a streamed subgroup's
+/// state is on its way home (its Adam ended on the GPU, its eager write-back not yet done) goes by
+/// the kernel: by the copy engine it may wait behind every state write-back StarPU queued there,
+/// the later ones included (on an H100: a 248 MB download issued at 71 ms ended at 613 ms, after 13
+/// write-backs of 1.5 GB, the CPU idle meanwhile); on an H200 where no download waited so, "auto"
+/// made the 20B quarter's phase 6% slower (0.7746 s against 0.7274 s, one run each), so it is not
+/// the default;
 /// "kernel" both directions by the kernel; "memcpy" both by cudaMemcpyAsync; "memcpy-up" the
 /// uploads by cudaMemcpyAsync and the downloads by the kernel. The last four are measurement
-/// switches. Why "memcpy-down" at the phase's start (measured on the GPU machine, 20B quarter, 19 CPU subgroups of 248 MB
+/// switches. Why "memcpy-down" (measured on the GPU machine, 20B quarter, 19 CPU subgroups of 248 MB
 /// of gradients each, downloaded at the phase's start): downloads by the kernel ran back to back for
 /// about 110 ms and held back the streamed state's upload, so the first streamed Adam began at
 /// 100-110 ms; by the copy engine at 41-68 ms. An upload by cudaMemcpyAsync waits behind every

@@ -36,8 +36,7 @@ const char* runtime_copy_by() {
   static_assert(std::size(kCopyByValues) == 5, "every value of kCopyByValues is accepted below");
   static const char* const by = kCopyByValues[env_choice(
       "DOS_COPY_BY", {kCopyByValues[0], kCopyByValues[1], kCopyByValues[2], kCopyByValues[3], kCopyByValues[4]}, 0,
-      "ignored (the default, auto: gradients down by the copy engine unless streamed state is on its way home, "
-      "parameters up by the kernel)")];
+      "ignored (the default, memcpy-down: gradients down by the copy engine, parameters up by the kernel)")];
   return by;
 }
 

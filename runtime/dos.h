@@ -196,9 +196,10 @@ const char* runtime_copy_by();
 /// Whether the runtime's own copies of one direction (up: the CPU-updated parameters to the GPU;
 /// otherwise the gradients to host staging) go by cudaMemcpyAsync (the copy engine, shared in order
 /// with StarPU's transfers of the same direction) rather than by a kernel, as runtime_copy_by()
-/// says ("auto": the copy engine, each download's own choice aside, runtime_copy_by_auto). The plan's phase simulation follows it (Execution::grad_download_by_copy_engine,
-/// param_upload_by_copy_engine). Staging the runtime could not pin goes by cudaMemcpyAsync whatever
-/// this says.
+/// says ("auto": the copy engine, each download's own choice aside, runtime_copy_by_auto). The
+/// plan's phase simulation follows it (Execution::grad_download_by_copy_engine,
+/// param_upload_by_copy_engine; under "auto" it takes every download by the copy engine). Staging
+/// the runtime could not pin goes by cudaMemcpyAsync whatever this says.
 bool runtime_copies_by_copy_engine(bool up);
 
 /// Whether runtime_copy_by() is "auto": each gradient download then goes by the kernel while a

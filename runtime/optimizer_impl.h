@@ -116,9 +116,11 @@ struct Subgroup {
   struct TailWatch* tail = nullptr;
   std::atomic<int> tail_side{0};
   // The eager write-back of this subgroup's streamed state on the device-to-host link, for
-  // DOS_COPY_BY=auto (runtime_copy_by_auto): 0 submitted, its Adam not ended; 1 its Adam ended on
-  // the GPU and the state is on its way home (counted in *on_link); 2 none, home, or its Adam ran
-  // on the CPU. on_link: the optimizer's count of such write-backs (Impl::state_writebacks_on_link).
+  // DOS_COPY_BY=auto (runtime_copy_by_auto): 0 submitted, its Adam not ended on the GPU (an Adam
+  // on the CPU leaves it there until the state is home); 1 its Adam ended on the GPU and the state
+  // is on its way home (counted in *on_link); 2 none, or home. on_link: the optimizer's count of
+  // such write-backs (Impl::state_writebacks_on_link). Speculative shadows' and end-of-phase
+  // write-backs are not counted.
   std::atomic<int> writeback_link{2};
   std::atomic<int>* on_link = nullptr;
 
@@ -460,10 +462,10 @@ struct Optimizer::Impl {
   std::unique_ptr<detail::OpenStep> open;  // the update phase between begin_step and finish_step
   // the runtime's own copies of CPU subgroups' staging (copy_stream.h), one stream each way, made at
   // their first use (uploads_params, downloads_grads)
-  std::unique_ptr<detail::CopyStream> uploader, downloader;
   // Streamed state write-backs on the device-to-host link now (Subgroup::writeback_link), read by
-  // the downloader's jobs under DOS_COPY_BY=auto.
+  // the downloader's jobs under DOS_COPY_BY=auto (declared before the CopyStreams: it outlives them).
   std::atomic<int> state_writebacks_on_link{0};
+  std::unique_ptr<detail::CopyStream> uploader, downloader;
   std::size_t shadow_used = 0, shadow_limit = 0;  // host bytes of shadow state, and their budget
   // The previous overlapped step's gradients changed after their declaration (clipping was active):
   // this step speculates nothing, since its speculative updates would most likely be redone too

@@ -387,6 +387,9 @@ void subgroup_part_done(Subgroup* sg);
 /// From a step task's callback: completes the task's clock record, adds it to the optimizer's busy
 /// sums and, when a timeline is asked for, to the timeline.
 void clock_task(Subgroup* sg, const char* what);
+/// From a GPU Adam's callback: a submitted eager write-back's state now leaves the GPU, counted on
+/// the link (Subgroup::writeback_link; state_writeback.cpp, which uncounts it once home).
+void link_writeback_started(Subgroup* sg);
 /// Marks the subgroup's parameters written (Optimizer::wait_parameters).
 void params_written(Subgroup* sg);
 /// Whether a read acquire of a state on host memory is followed by starpu_data_wont_use on its

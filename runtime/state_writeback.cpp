@@ -1,6 +1,7 @@
 // The optimizer state's way home from the GPU (Optimizer::Impl::acquire_home, write_back): an
 // asynchronous acquire of a handle on host memory, whose callback releases it, puts an eager state
-// write-back's span on the timeline's lane "writeback", and ends the subgroup's piece of work.
+// write-back's span on the timeline's lane "writeback", and ends the subgroup's piece of work; and
+// the count of eager write-backs on the device-to-host link that DOS_COPY_BY=auto reads.
 #include <starpu.h>
 
 #include <cstddef>
@@ -12,9 +13,15 @@
 namespace dos {
 using namespace detail;
 
+// Subgroup::writeback_link's two moves: counted from its GPU Adam's end (unless the state is home
+// already: 2), uncounted once home or refused.
+void detail::link_writeback_started(Subgroup* sg) {
+  int submitted = 0;
+  if (sg->on_link && sg->writeback_link.compare_exchange_strong(submitted, 1)) sg->on_link->fetch_add(1);
+}
+
 namespace {
 
-/// An eager write-back is home (or was refused): no longer counted on the link (Subgroup::writeback_link).
 void link_writeback_ended(Subgroup* sg) {
   if (sg->writeback_link.exchange(2) == 1 && sg->on_link) sg->on_link->fetch_sub(1);
 }

@@ -53,9 +53,7 @@ void clock_task(Subgroup* sg, const char* what) {
   // a redone one's may still end after the reset of its redo)
   if (std::strcmp(what, "adam") == 0) {
     sg->adam_end_us.store(span.end_us);
-    // an eager write-back's state leaves the GPU now (unless it is home already: 2)
-    int submitted = 0;
-    if (span.gpu && sg->on_link && sg->writeback_link.compare_exchange_strong(submitted, 1)) sg->on_link->fetch_add(1);
+    if (span.gpu) link_writeback_started(sg);
     if (const int side = sg->tail_side.load(); side != 0 && sg->tail)
       sg->tail->adam_ended(side == 1, double(sg->size), span.start_us, span.end_us);
   }

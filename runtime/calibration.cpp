@@ -16,7 +16,6 @@
 #include <thread>
 #include <vector>
 
-#include "../codelets/cpu_team.h"
 #include "../codelets/kernels/env_choice.h"
 #include "atomic_file.h"
 #include "device_memory.h"
@@ -404,8 +403,8 @@ Rates calibrate_rates(Runtime& runtime, std::size_t S, DType dtype, MemoryKind m
     if (verbose) std::fprintf(stderr, "[dos] calibration's link_share: %s\n", link_note.c_str());
   } else if (link_share_rule() == LinkShareRule::dma) {
     std::string link_note;
-    const int core = runtime.binding().rfind("CUDA driver", 0) == 0 && !allowed_cores().empty() ? allowed_cores().front() : -1;
-    r.link_share = dma_link_share([&] { return phase(0.0); }, r, runtime.cpu_workers(), core, &link_note);
+    r.link_share = dma_link_share([&] { return phase(0.0); }, r, runtime.cpu_workers(), runtime.cuda_driver_core(),
+                                  &link_note);
     if (verbose) std::fprintf(stderr, "[dos] calibration's link_share: %s\n", link_note.c_str());
   }
   if (verbose)

@@ -249,6 +249,9 @@ class Runtime {
   /// How the threads are bound to cores, in words ("CUDA driver(s) on core 0, CPU team(s) on cores
   /// 1-15", or "none (...)" with the reason); see codelets/cpu_team.h.
   const std::string& binding() const { return binding_; }
+  /// The core (OS processor number) the first CUDA worker's driver thread is bound to, or -1 when
+  /// there is no CUDA worker or the threads are not bound (binding() says why).
+  int cuda_driver_core() const { return cuda_driver_core_; }
 
   struct Impl;
 
@@ -259,6 +262,7 @@ class Runtime {
   int cpu_threads_ = 1;
   int node_ranks_ = 1;
   int worker_cores_ = 0;
+  int cuda_driver_core_ = -1;
   int omp_team_ = 0;
   std::string binding_;
   std::unique_ptr<Impl> impl_;

@@ -412,6 +412,7 @@ Runtime::Runtime(const RuntimeOptions& options) : impl_(new Impl) {
   else {
     DriverSetup ds;
     ds.cores.assign(process_cores.begin(), process_cores.begin() + ncuda);
+    if (ncuda > 0) cuda_driver_core_ = ds.cores.front();
     if (ncuda > 0) starpu_execute_on_each_worker(setup_cuda_worker, &ds, STARPU_CUDA);
     ws.team_cores.assign(process_cores.begin() + ncuda, process_cores.begin() + std::ptrdiff_t(needed));
     binding_ = (ncuda ? "CUDA driver(s) on core " + core_list_string(ds.cores) + ", " : std::string()) +

@@ -321,6 +321,23 @@ void test_allowed_cores(void**) {
   }
 }
 
+// Runtime::cuda_driver_core: -1 without a CUDA worker or with the threads unbound; bound, the first
+// core the process started with (the parent's mask, read from /proc: the CUDA drivers take the
+// first cores). Without a GPU only the first case runs.
+void test_cuda_driver_core(void**) {
+  dos::RuntimeOptions ro;
+  ro.policy = "cpu";
+  ro.verbose = false;
+  dos::Runtime rt(ro);
+  const bool bound = rt.binding().rfind("CUDA driver", 0) == 0;
+  std::printf("  %u CUDA worker(s), binding: %s; cuda_driver_core %d\n", rt.cuda_workers(), rt.binding().c_str(),
+              rt.cuda_driver_core());
+  if (rt.cuda_workers() == 0 || !bound)
+    assert_int_equal(rt.cuda_driver_core(), -1);
+  else
+    assert_int_equal(rt.cuda_driver_core(), cpus_allowed_of(long(getppid())).front());
+}
+
 void test_core_list_string(void**) {
   assert_string_equal(dos::core_list_string({}).c_str(), "");
   assert_string_equal(dos::core_list_string({3}).c_str(), "3");
@@ -355,6 +372,7 @@ int main() {
       cmocka_unit_test(test_other_threads_team_kept),
       cmocka_unit_test(test_step_frees_the_callers_pool),
       cmocka_unit_test(test_small_kernels_wake_no_team),
+      cmocka_unit_test(test_cuda_driver_core),  // before a test that may skip() with its Runtime alive
       cmocka_unit_test(test_step_binds_only_forking_kernels),
       cmocka_unit_test(test_core_list_string),
       cmocka_unit_test(test_allowed_cores),

@@ -1,5 +1,5 @@
 // Internal to the runtime (not installed): the optimizer's private parts, shared by optimizer.cpp
-// (construction, plans, refinement, task helpers, state access) and update_phase.cpp (the update
+// (construction, task helpers, state access), plan_step.cpp (plans, refinement) and update_phase.cpp (the update
 // phase and its task callbacks), with staging.cpp (the CPU subgroups' copies), state_writeback.cpp
 // (the state's way home) and tail_binder.cpp (the late binding of the plan's tail). A Subgroup is one slice of the flat parameters with its host state,
 // staging buffers and StarPU handles; an OpenStep is an update phase between begin_step and the end
@@ -613,7 +613,7 @@ struct Optimizer::Impl {
     return !plan.empty() && plan[i] != PlanSide::cpu && where_caller == STARPU_CUDA && !cuda_nodes.empty();
   }
 
-  // Construction, plans, refinement, task helpers and state access (optimizer.cpp).
+  // Construction, task helpers and state access (optimizer.cpp); plans and refinement (plan_step.cpp).
   Impl();
   ~Impl();
 

@@ -41,6 +41,21 @@ unsigned kernel_blocks() {
   }();
   return blocks;
 }
+/// Under DOS_COPY_BY=auto, the streamed states on their way home (Job::engine_busy) from which a
+/// gradient download goes by the kernel: DOS_AUTO_WRITEBACKS (a measurement switch: a whole number
+/// 1..64), else 1; any other value is ignored, with a warning on stderr.
+int auto_writebacks() {
+  static const int least = [] {
+    const char* v = std::getenv("DOS_AUTO_WRITEBACKS");
+    if (!v || !*v) return 1;
+    char* end = nullptr;
+    const long n = std::strtol(v, &end, 10);
+    if (*end == '\0' && n >= 1 && n <= 64) return int(n);
+    std::fprintf(stderr, "[dos] warning: DOS_AUTO_WRITEBACKS='%s' is not a whole number from 1 to 64: ignored (1)\n", v);
+    return 1;
+  }();
+  return least;
+}
 /// Empty when r is cudaSuccess, else "<what>: <CUDA's message>".
 std::string cuda_error(cudaError_t r, const char* what) {
   return r == cudaSuccess ? std::string() : std::string(what) + ": " + cudaGetErrorString(r);
@@ -194,7 +209,7 @@ void CopyStream::issue(const Job& job, Result& res, cudaStream_t stream) {
   // runtime could not pin it) is not, and goes by cudaMemcpyAsync
   char* host = static_cast<char*>(job.host);
   char* host_dev = nullptr;
-  const bool by_engine = dos::runtime_copies_by_copy_engine(up) && !(job.engine_busy && job.engine_busy->load() > 0);
+  const bool by_engine = dos::runtime_copies_by_copy_engine(up) && !(job.engine_busy && job.engine_busy->load() >= auto_writebacks());
   if (!by_engine &&
       cudaHostGetDevicePointer(reinterpret_cast<void**>(&host_dev), host, 0) != cudaSuccess) {
     cudaGetLastError();  // not mapped: clear the error

@@ -23,7 +23,9 @@
 //     memory. Those asked for after write-backs began may wait behind all of them (on an H100,
 //     one waited 542 ms, the CPU idle); under DOS_COPY_BY=auto (not the default: 6% slower on an
 //     H200 where none waited so) a job issued while the optimizer counts streamed state on its way
-//     home (Job::engine_busy) goes by the kernel.
+//     home (Job::engine_busy) goes by the kernel; DOS_AUTO_WRITEBACKS=N (a measurement switch,
+//     default 1) asks for at least N of them on their way home (2: only when one waits behind
+//     another on the link, as the write-backs did on that H100 and mostly did not on the H200).
 // Staging that is not pinned (the runtime could not pin it) goes by cudaMemcpyAsync. Same bytes
 // either way. DOS_COPY_BLOCKS=N (a measurement switch) sets the kernel's grid (default: one block
 // per multiprocessor); the kernel shares the GPU's cores with whatever else runs there.

@@ -25,6 +25,11 @@ namespace dos::detail {
 
 #if defined(DOS_HAVE_CUDA)
 
+// StarPU 1.3's CUDA driver (src/drivers/cuda/driver_cuda.c), exported but not in its public
+// headers: the stream its device-to-host copies from that memory node go on. Weak: null where the
+// StarPU linked at run time lacks it.
+extern "C" cudaStream_t starpu_cuda_get_out_transfer_stream(unsigned src_node) __attribute__((weak));
+
 namespace {
 /// pcie_copy_cuda's grid: DOS_COPY_BLOCKS (a measurement switch: a whole number 1..65535), else 0
 /// (one block per multiprocessor); any other value is ignored, with a warning on stderr.
@@ -55,6 +60,18 @@ int auto_writebacks() {
     return 1;
   }();
   return least;
+}
+/// StarPU's device-to-host transfer stream of CUDA device `dev` under DOS_DOWNLOAD_STREAM=starpu
+/// (read once), else nullptr; nullptr as well where StarPU exports no such function (it is not in
+/// StarPU's public headers: declared weak below) or runs no CUDA worker on `dev`.
+cudaStream_t starpu_download_stream(int dev) {
+  static const bool on = env_choice("DOS_DOWNLOAD_STREAM", {"own", "starpu"}, 0, "own is used") == 1;
+  if (!on || !&starpu_cuda_get_out_transfer_stream) return nullptr;
+  const unsigned n = starpu_worker_get_count();
+  for (unsigned w = 0; w < n; ++w)
+    if (starpu_worker_get_type(int(w)) == STARPU_CUDA_WORKER && starpu_worker_get_devid(int(w)) == dev)
+      return starpu_cuda_get_out_transfer_stream(starpu_worker_get_memory_node(w));
+  return nullptr;
 }
 /// Empty when r is cudaSuccess, else "<what>: <CUDA's message>".
 std::string cuda_error(cudaError_t r, const char* what) {
@@ -142,7 +159,7 @@ void CopyStream::run() {
           if (res[k].error.empty()) device = dev;
         }
         if (dev >= 0 && device == dev) {  // issued, also after a failed issue (what went out is waited for)
-          issue(batch[k], res[k], stream);
+          cudaStream_t used = issue(batch[k], res[k], stream);
           const std::size_t slot = k - first;  // events[slot] is job k's (a job not issued leaves its slot unused)
           while (events.size() <= slot) {
             cudaEvent_t ev = nullptr;
@@ -155,12 +172,12 @@ void CopyStream::run() {
             events.push_back(ev);
           }
           if (events.size() > slot) {
-            std::string e = cuda_error(cudaEventRecord(events[slot], stream), "cudaEventRecord");
+            std::string e = cuda_error(cudaEventRecord(events[slot], used), "cudaEventRecord");
             if (e.empty()) has_event[k] = 1;
             else if (res[k].error.empty()) res[k].error = std::move(e);
           }
           if (!has_event[k] && res[k].error.empty()) res[k].error = "no event to wait for the copy";
-          if (!has_event[k]) cudaStreamSynchronize(stream);  // nothing of it may still run after its done
+          if (!has_event[k]) cudaStreamSynchronize(used);  // nothing of it may still run after its done
         }
       } catch (const std::exception& e) {  // std::bad_alloc while building a message
         if (res[k].error.empty()) res[k].error = e.what();
@@ -203,7 +220,7 @@ int CopyStream::job_device(const Job& job, std::string& err) {
   return err.empty() ? attr.device : -1;
 }
 
-void CopyStream::issue(const Job& job, Result& res, cudaStream_t stream) {
+cudaStream_t CopyStream::issue(const Job& job, Result& res, cudaStream_t stream) {
   const bool up = job.dir == Direction::to_gpu;
   // the staging buffer as the device sees it: pinned memory is mapped; pageable memory (the
   // runtime could not pin it) is not, and goes by cudaMemcpyAsync
@@ -218,6 +235,11 @@ void CopyStream::issue(const Job& job, Result& res, cudaStream_t stream) {
     if (!warned.exchange(true))
       std::fprintf(stderr, "[dos] warning: a host staging buffer is not pinned (no device pointer): its copies go by "
                            "cudaMemcpyAsync, which waits behind StarPU's transfers on the copy engine (slower, same bits)\n");
+  }
+  if (!host_dev && !up) {
+    int dev = -1;
+    if (cudaGetDevice(&dev) == cudaSuccess)
+      if (cudaStream_t s = starpu_download_stream(dev)) stream = s;
   }
   for (std::size_t s = 0; res.error.empty() && s < job.nseg; ++s) {
     const Segment& seg = job.segs[s];
@@ -236,6 +258,7 @@ void CopyStream::issue(const Job& job, Result& res, cudaStream_t stream) {
                                                 : "copying the gradients to the host");
     if (res.error.empty()) res.bytes += n;
   }
+  return stream;
 }
 
 #else  // no CUDA: no GPU to copy to or from
@@ -249,7 +272,7 @@ void CopyStream::run() {}
 std::string CopyStream::wait_event(CUevent_st*) { return std::string(); }
 int CopyStream::job_device(const Job&, std::string&) { return -1; }
 std::size_t CopyStream::job_bytes(const Job&) { return 0; }
-void CopyStream::issue(const Job&, Result&, CUstream_st*) {}
+CUstream_st* CopyStream::issue(const Job&, Result&, CUstream_st* stream) { return stream; }
 
 #endif
 

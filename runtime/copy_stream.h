@@ -26,6 +26,12 @@
 //     home (Job::engine_busy) goes by the kernel; DOS_AUTO_WRITEBACKS=N (a measurement switch,
 //     default 1) asks for at least N of them on their way home (2: only when one waits behind
 //     another on the link, as the write-backs did on that H100 and mostly did not on the H200).
+// DOS_DOWNLOAD_STREAM=starpu (a measurement switch; default own) issues the downloads that go by
+// cudaMemcpyAsync on StarPU's own device-to-host stream of that GPU instead of the CopyStream's,
+// so that they take their turn first in, first out with the state write-backs asked for before
+// them, as the phase simulation takes them, instead of in the copy engine's own order between
+// streams (where StarPU 1.3 exports no such stream, or runs no CUDA worker on the device, the
+// CopyStream's).
 // Staging that is not pinned (the runtime could not pin it) goes by cudaMemcpyAsync. Same bytes
 // either way. DOS_COPY_BLOCKS=N (a measurement switch) sets the kernel's grid (default: one block
 // per multiprocessor); the kernel shares the GPU's cores with whatever else runs there.
@@ -128,8 +134,10 @@ class CopyStream {
   /// which goes into err (else err is emptied).
   static int job_device(const Job& job, std::string& err);
   /// Issues job's copies on `stream` (on the job's device, current) without waiting; adds their
-  /// bytes to res.bytes and stops at the first failure, written into res.error.
-  static void issue(const Job& job, Result& res, CUstream_st* stream);
+  /// bytes to res.bytes and stops at the first failure, written into res.error. Returns the stream
+  /// they went on: `stream`, or StarPU's device-to-host stream for a download by the copy engine
+  /// under DOS_DOWNLOAD_STREAM=starpu (the caller records its event there).
+  static CUstream_st* issue(const Job& job, Result& res, CUstream_st* stream);
   /// Waits for `ev` (polls it up to kPollUs, then blocks): empty, or what failed.
   static std::string wait_event(CUevent_st* ev);
   std::mutex mu_;

@@ -46,7 +46,6 @@ int run_host(const HostOptions&) {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-double now_s() { return std::chrono::duration<double>(Clock::now().time_since_epoch()).count(); }
 
 constexpr std::size_t kHuge = std::size_t(2) << 20;
 
@@ -187,12 +186,12 @@ int run_host(const HostOptions& o) {
     dos::DmaLoop dma(up.ptr, up.bytes, down.ptr, down.bytes, o.dma_bytes, cores[0], 0, dirs);
     if (!dma.start()) return dma_failed(dma), 1;
     std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the threads started
-    const double t0 = now_s();
+    const double t0 = dos::DmaLoop::now_s();
     double t_prev = t0;
     std::size_t c_prev = dma.completed();
     for (double t = 0.5; t <= o.dma_seconds + 1e-9 && !dma_failed(dma); t += 0.5) {
-      std::this_thread::sleep_until(Clock::now() + std::chrono::duration<double>(t0 + t - now_s()));
-      const double tn = now_s();
+      std::this_thread::sleep_until(Clock::now() + std::chrono::duration<double>(t0 + t - dos::DmaLoop::now_s()));
+      const double tn = dos::DmaLoop::now_s();
       const std::size_t cn = dma.completed();
       std::printf("dma t=%6.1f s: %5.1f GB/s %s\n", t, dma.rate(c_prev, t_prev, cn, tn) / 1e9,
                   dirs == 3 ? "each way" : dirs == 1 ? "host to device" : "device to host");
@@ -293,10 +292,10 @@ int run_host(const HostOptions& o) {
                            rings[ri] ? ring_bytes : 0, dirs);
         if (!dma.start()) return dma_failed(dma), 1;
         std::this_thread::sleep_for(std::chrono::milliseconds(200));
-        const double t0 = now_s();
+        const double t0 = dos::DmaLoop::now_s();
         const std::size_t c0 = dma.completed();
         std::this_thread::sleep_for(std::chrono::milliseconds(1000));
-        dma_alone = dma.rate(c0, t0, dma.completed(), now_s());
+        dma_alone = dma.rate(c0, t0, dma.completed(), dos::DmaLoop::now_s());
         dma.finish();
         if (dma_failed(dma)) return 1;
       }
@@ -327,9 +326,9 @@ int run_host(const HostOptions& o) {
           };
           auto timed = [&](std::vector<double>& times) {
             for (int r = 0; r < o.reps; ++r) {
-              const double t0 = now_s();
+              const double t0 = dos::DmaLoop::now_s();
               call();
-              times.push_back(now_s() - t0);
+              times.push_back(dos::DmaLoop::now_s() - t0);
             }
           };
           std::vector<double> t_alone, t_both;
@@ -354,10 +353,10 @@ int run_host(const HostOptions& o) {
           if (!dma.start()) return dma_failed(dma), 1;
           std::this_thread::sleep_for(std::chrono::milliseconds(200));
           call();
-          const double w0 = now_s();
+          const double w0 = dos::DmaLoop::now_s();
           const std::size_t c0 = dma.completed();
           timed(t_both);
-          const double dma_both = dma.rate(c0, w0, dma.completed(), now_s());
+          const double dma_both = dma.rate(c0, w0, dma.completed(), dos::DmaLoop::now_s());
           dma.finish();
           if (dma_failed(dma)) return 1;
           const double u_both = double(n) / median(t_both);

@@ -11,12 +11,6 @@
 
 namespace dos {
 
-namespace {
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-}  // namespace
-
 DmaLoop::DmaLoop(void* up_host, std::size_t up_bytes, void* down_host, std::size_t down_bytes, std::size_t chunk,
                  int core, std::size_t span, int dirs)
     : up_host_(up_host),
@@ -112,9 +106,9 @@ DmaBeside dma_rate_beside(std::size_t chunk, int core, const std::function<void(
   }
   std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the copies flowing
   const std::size_t c0 = loop.completed();
-  const double t0 = now_s();
+  const double t0 = DmaLoop::now_s();
   work();  // on an exception, the loop stops (its destructor), then the buffers are freed
-  const double t1 = now_s();
+  const double t1 = DmaLoop::now_s();
   const std::size_t c1 = loop.completed();
   loop.finish();
   out.seconds = t1 - t0;

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <functional>
 #include <thread>
@@ -37,8 +38,13 @@ class DmaLoop {
   std::size_t completed() const { return done_.load(); }
   /// The directions that run (1 or 2).
   int directions() const { return (dirs_ & 1) + ((dirs_ >> 1) & 1); }
+  /// Seconds on the steady clock (std::chrono::steady_clock, from its epoch): the clock to read
+  /// rate()'s t0 and t1 on. Throws nothing.
+  static double now_s() {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  }
   /// Bytes per second per direction that runs (with both, the mean of the two) between two
-  /// readings of completed() at t0 and t1 (seconds, t1 > t0).
+  /// readings of completed() at t0 and t1 (seconds, t1 > t0; DmaLoop::now_s).
   double rate(std::size_t c0, double t0, std::size_t c1, double t1) const {
     return double(c1 - c0) / directions() * double(chunk_) / (t1 - t0);
   }

@@ -43,7 +43,7 @@ TRAIN="$ROOT/build/examples/dos-train"
 if [ "${TESTS:-0}" = 1 ]; then
   (cd "$ROOT" && timeout 330 meson test -C build --print-errorlogs $(meson test -C build --list |
      grep -E "cuda|train-|copy-stream" | grep -vE "mpi|nccl|shards|resume|bad-input|plan-only|integrity") \
-     refinement refinement-first-phases phase-sim tail-binding model plans kernels-static \
+     refinement refinement-first-phases phase-sim phase-sim-copies tail-binding model plans kernels-static \
      optimizer-dos-host-bf16-adam train-plan-only > "$OUT/tests.log" 2>&1)
   echo "GPU tests: exit $?; $(grep -E '^(Ok|Fail|Skipped|Timeout):' "$OUT/tests.log" | tr -s ' ' | tr '\n' ' ')"
 fi

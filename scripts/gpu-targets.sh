@@ -75,7 +75,7 @@ case $PART in
   tests)
     step tests 150 330 bash -c 'meson test -C build --print-errorlogs $(meson test -C build --list |
       grep -E "cuda|train-|copy-stream" | grep -vE "mpi|nccl|shards|resume|bad-input|plan-only|integrity") \
-      refinement refinement-first-phases phase-sim tail-binding model plans kernels-static \
+      refinement refinement-first-phases phase-sim phase-sim-copies tail-binding model plans kernels-static \
       optimizer-dos-host-bf16-adam train-plan-only'
     cp build/meson-logs/testlog.txt "$OUT/" 2>/dev/null
     ;;

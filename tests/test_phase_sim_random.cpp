@@ -1,6 +1,7 @@
 // The phase simulation (models/phase_sim.h) on random phases (fixed seeds): the lower bound never
 // above the simulated phase, and the plan search choosing, to the bit, as with every candidate
-// simulated afresh. The cases small enough to follow by hand are in test_phase_sim.cpp.
+// simulated afresh. The cases small enough to follow by hand are in test_phase_sim.cpp and
+// test_phase_sim_copies.cpp.
 #include <cmath>
 #include <cstdint>
 #include <cstdio>

@@ -4,16 +4,16 @@
 //
 // This file is the run's flow (run, at its end, one step per function above it): the model and the
 // job, the runtime and the buffers, the iterations, the outputs. The command line is in options.h,
-// --plan-only in plan_only.h, the ranks' job check in job_agreement.h, the iteration loop and
-// --sweep in iterations.h, what is printed and written about the run in report.h, the gradients
-// and the parameters' broadcast around each update in step_io.h, and rank placement and the
-// data-parallel loops in the library (runtime/parallel/parallel.h).
+// --plan-only in plan_only.h, the ranks' job check in job_agreement.h, the job's shard of the model
+// and the caller-owned buffers in shard.h, the iteration loop and --sweep in iterations.h, what is
+// printed and written about the run in report.h, the gradients and the parameters' broadcast around
+// each update in step_io.h, and rank placement and the data-parallel loops in the library
+// (runtime/parallel/parallel.h).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -27,7 +27,6 @@
 #include "comm.h"
 #include "compute_emulator.h"
 #include "dos.h"
-#include "emulate.h"
 #include "iterations.h"
 #include "job_agreement.h"
 #include "memory_check.h"
@@ -39,76 +38,34 @@
 #include "plan_only.h"
 #include "report.h"
 #include "safetensors.h"
+#include "shard.h"
 #include "step_io.h"
 #include "temp_cleanup.h"
 
 namespace {
 
 using dos::DType;
+using dos_train::allocate_buffers;
 using dos_train::Args;
+using dos_train::backward_ranges;
+using dos_train::Buffers;
 using dos_train::Checked;
+using dos_train::element_counts;
 using dos_train::fail;
+using dos_train::free_buffers;
+using dos_train::Job;
 using dos_train::ModelConfig;
 using dos_train::ParamTensor;
 using dos_train::parse_count;
 using dos_train::parse_fraction;
 using dos_train::parse_seed;
 using dos_train::parse_shard;
+using dos_train::shard_tensors;
+using dos_train::ShardTensor;
+using dos_train::tensor_views;
 
 /// The data-parallel job when dos-train runs under an MPI launcher (null: one process).
 std::unique_ptr<dos::Comm> g_comm;
-
-/// A tensor, or the part of it that falls in this rank's shard.
-struct ShardTensor {
-  ParamTensor t;
-  std::size_t global_begin;   // flat index of its first element in the whole model
-  std::size_t tensor_offset;  // first element inside the tensor
-  std::size_t count;
-  bool whole() const { return tensor_offset == 0 && count == t.numel(); }
-};
-
-std::vector<ShardTensor> shard_tensors(const std::vector<ParamTensor>& all, dos::ShardRange r) {
-  std::vector<ShardTensor> out;
-  std::size_t flat = 0;
-  for (const ParamTensor& t : all) {
-    const std::size_t b = std::max(flat, r.begin), e = std::min(flat + t.numel(), r.end);
-    if (b < e) out.push_back({t, b, b - flat, e - b});
-    flat += t.numel();
-  }
-  return out;
-}
-
-/// Initial value of element i of the piece `st`: a function of its index in the whole model, so that
-/// every shard starts from its slice of the unsharded model's parameters.
-float init_value(const ShardTensor& st, std::size_t i, std::uint64_t seed) {
-  switch (st.t.kind) {
-    case dos_train::TensorKind::norm: return 1.0f;
-    case dos_train::TensorKind::bias: return 0.0f;
-    default: return dos_train::normal_like(seed, 1, st.global_begin + i) * 0.02f;
-  }
-}
-
-void* host_alloc(std::size_t bytes) {
-  void* p = nullptr;
-  if (posix_memalign(&p, 4096, bytes ? bytes : 4096) != 0) fail("cannot allocate " + std::to_string(bytes) + " bytes");
-  return p;
-}
-
-/// The job this rank runs: the model, the data-parallel job and this rank's shard of it, and the
-/// option values checked against them (resolve_job).
-struct Job {
-  ModelConfig cfg;
-  std::vector<ParamTensor> all;     ///< every parameter tensor of the model, in order
-  std::size_t total = 0;            ///< the model's parameters (all shards)
-  std::size_t rank = 0, world = 1;  ///< this rank's shard of `world` (--shard, or the MPI job's)
-  bool dp = false;                  ///< data parallelism: a rank of an MPI job of two ranks or more
-  std::size_t subgroup = 0;         ///< --subgroup-size, elements
-  /// The emulated gradient sums `parts` contributions; this rank adds [parts_begin, parts_end).
-  std::size_t parts = 1, parts_begin = 0, parts_end = 1;
-  dos::ShardRange range{};  ///< this rank's elements of the model (flat indices)
-  std::size_t n = 0;        ///< this shard's parameters
-  Checked c;                ///< check_options
-};
 
 /// Under an MPI launcher of two ranks or more, each rank writes its own --report, --save-params
 /// and --timeline (dos::rank_path: PATH.rank-RRRRR-of-WWWWW). Throws nothing but std::bad_alloc.
@@ -181,13 +138,6 @@ void check_ranks_agree(const Args& a, const Job& j) {
   const std::string disagreement =
       dos_train::job_disagreement(*g_comm, dos_train::job_fields(a, j.cfg, j.c, j.subgroup, j.parts));
   if (!disagreement.empty()) fail(disagreement);
-}
-
-/// The elements of each of `tensors`, in order.
-std::vector<std::size_t> element_counts(const std::vector<ShardTensor>& tensors) {
-  std::vector<std::size_t> numels;
-  for (const ShardTensor& st : tensors) numels.push_back(st.count);
-  return numels;
 }
 
 /// The runtime's options for this rank's job, before the rank's placement (place_rank_on_node):
@@ -312,72 +262,6 @@ void check_memory(const Args& a, const Job& j, const dos_train::StepIO::Setup& i
 #endif
 }
 
-/// This shard's parameters and gradients, the caller's memory as a training framework's would be:
-/// GPU memory (on_gpu) or page-aligned host memory, n elements of the dtype each.
-struct Buffers {
-  void* params = nullptr;
-  void* grads = nullptr;
-  bool on_gpu = false;
-};
-
-/// Allocates the buffers of this shard (`tensors`, of j.range) and writes its initial parameters
-/// (init_value with `seed`) into params; on the host, the gradients are zeroed. Throws
-/// std::runtime_error when memory runs out or CUDA fails.
-Buffers allocate_buffers(const Job& j, const std::vector<ShardTensor>& tensors, std::uint64_t seed, bool on_gpu) {
-  const DType dtype = j.c.dtype;
-  const std::size_t n = j.n, esz = dos::dtype_size(dtype);
-  std::vector<char> init(n * esz);
-  for (const ShardTensor& st : tensors) {
-    const std::size_t base = st.global_begin - j.range.begin;
-#pragma omp parallel for schedule(static)
-    for (std::size_t i = 0; i < st.count; ++i)
-      dos::store_from_f32(init.data(), dtype, base + i, init_value(st, i, seed));
-  }
-  Buffers b;
-  b.on_gpu = on_gpu;
-#if defined(DOS_HAVE_CUDA)
-  if (on_gpu) {
-    b.params = dos_train::cuda_alloc(n * esz);
-    b.grads = dos_train::cuda_alloc(n * esz);
-    dos_train::cuda_copy_to_device(b.params, init.data(), n * esz);
-  }
-#endif
-  if (!on_gpu) {
-    b.params = host_alloc(n * esz);
-    b.grads = host_alloc(n * esz);
-    std::memcpy(b.params, init.data(), n * esz);
-    // committed now, as counted: a speculative update's budget (half of what is free when it first
-    // comes, before backward has written every gradient) would take untouched pages for free
-    std::memset(b.grads, 0, n * esz);
-  }
-  return b;
-}
-
-/// Frees what allocate_buffers allocated.
-void free_buffers(const Buffers& b) {
-#if defined(DOS_HAVE_CUDA)
-  if (b.on_gpu) {
-    dos_train::cuda_free(b.params);
-    dos_train::cuda_free(b.grads);
-  }
-#endif
-  if (!b.on_gpu) {
-    std::free(b.params);
-    std::free(b.grads);
-  }
-}
-
-/// The optimizer's view of each of `tensors` in the buffers (`esz`: bytes per element).
-std::vector<dos::TensorView> tensor_views(const std::vector<ShardTensor>& tensors, dos::ShardRange range,
-                                          const Buffers& b, std::size_t esz) {
-  std::vector<dos::TensorView> views;
-  for (const ShardTensor& st : tensors) {
-    const std::size_t off = (st.global_begin - range.begin) * esz;
-    views.push_back({static_cast<char*>(b.params) + off, static_cast<char*>(b.grads) + off, st.count});
-  }
-  return views;
-}
-
 /// The optimizer's options for this rank's job: the hyper-parameters, the subgroups, the dtype,
 /// where the buffers are, the rates and budgets, and how the update runs.
 dos::OptimizerOptions optimizer_options(const Args& a, const Job& j, bool on_gpu) {
@@ -480,19 +364,6 @@ void check_nan_gradient_at(const Args& a, std::int64_t first_iteration) {
   if (a.nan_gradient_at > 0 && (a.nan_gradient_at <= first_iteration || a.nan_gradient_at > last))
     fail("--nan-gradient-at " + std::to_string(a.nan_gradient_at) + " is not one of this run's iterations (" +
          std::to_string(first_iteration + 1) + " to " + std::to_string(last) + "): it would never fire");
-}
-
-/// Backward's order of the gradients: the ranges (shard-local) whose gradients each group's
-/// backward makes final (compute_emulator.h, backward_group), one entry per group: the layers, the
-/// head, the embeddings.
-dos_train::GroupRanges backward_ranges(const ModelConfig& cfg, const std::vector<ShardTensor>& tensors,
-                                       dos::ShardRange range) {
-  dos_train::GroupRanges release(std::size_t(cfg.layers) + 2);
-  for (const ShardTensor& st : tensors) {
-    const std::size_t lo = st.global_begin - range.begin;
-    release[dos_train::backward_group(cfg, st.t.name)].push_back({lo, lo + st.count});
-  }
-  return release;
 }
 
 /// A diverged run (master parameters inf or NaN) is reported, and nothing of it is saved: throws

@@ -6,7 +6,7 @@ import os
 import re
 import shlex
 
-from compare_runs import arg_value, file_tag
+from compare_runs import ENV_ASSIGNMENT, arg_value, file_tag, split_env
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -36,7 +36,9 @@ def parse_args(argv, doc):
                     help=f"comma-separated policies (dos-train --policy values), default {DEFAULT_POLICIES} "
                          f"(gpu skipped without a CUDA worker)")
     ap.add_argument("--run", action="append", default=[], metavar="LABEL=ARGS",
-                    help="an extra run: its label and its own dos-train arguments (repeatable)")
+                    help="an extra run: its label and its own dos-train arguments (repeatable); NAME=VALUE words "
+                         "before them set environment variables for that run only (e.g. --run "
+                         "\"starpu-stream=DOS_DOWNLOAD_STREAM=starpu --policy dos\")")
     ap.add_argument("--resident-budgets", default="",
                     help="comma-separated GPU resident budgets: a dos and a static:R run for each")
     ap.add_argument("--overlap", action="store_true",
@@ -84,7 +86,17 @@ def parse_args(argv, doc):
         label, eq, args = r.partition("=")
         if not eq or not label.strip() or "--policy" not in args:
             ap.error(f"--run '{r}': give LABEL='dos-train arguments including --policy'")
-        a.runs.append((label.strip(), shlex.split(args)))
+        try:
+            tokens = shlex.split(args)
+        except ValueError as e:
+            ap.error(f"--run '{r}': its arguments do not split as a shell's would ({e})")
+        env, rest = split_env(tokens)
+        late = [t for t in rest if ENV_ASSIGNMENT.fullmatch(t)]
+        if late:
+            ap.error(f"--run '{r}': {late[0]} looks like an environment variable's value: give such NAME=VALUE "
+                     f"words first, before the dos-train arguments (e.g. --run \"{label.strip()}=DOS_COPY_BY=auto "
+                     f"--policy dos\")")
+        a.runs.append((label.strip(), env + rest))
     try:
         a.budgets = [(b.strip(), parse_size(b)) for b in a.resident_budgets.split(",") if b.strip()]
     except ValueError as e:

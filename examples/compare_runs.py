@@ -38,6 +38,22 @@ def arg_value(args, name, default=None):
     return default
 
 
+# A word of a --run's arguments that sets an environment variable for that run's dos-train (as a
+# shell's NAME=VALUE before a command): an upper-case name, then '='.
+ENV_ASSIGNMENT = re.compile(r"[A-Z_][A-Z0-9_]*=.*")
+
+
+def split_env(args):
+    """A run's argument list (strings) split into its leading NAME=VALUE words (ENV_ASSIGNMENT: the
+    environment variables set for that run's dos-train, e.g. a measurement switch such as
+    DOS_COPY_BY=auto) and the dos-train arguments after them: (env words, arguments), two lists.
+    Only the words before the first other word count. Raises nothing."""
+    k = 0
+    while k < len(args) and ENV_ASSIGNMENT.fullmatch(args[k]):
+        k += 1
+    return list(args[:k]), list(args[k:])
+
+
 def file_tag(label):
     """``label`` as a file name's stem: every character but letters, digits, '_', '.' and '-' made '-'."""
     return re.sub(r"[^A-Za-z0-9_.-]", "-", label)
@@ -51,11 +67,13 @@ def run_one(a, label, args, repeat, keep_params=True):
     report = os.path.join(a.out, f"{tag}.json")
     log = os.path.join(a.out, f"{tag}.log")
     params = os.path.join(a.out, f"{tag}.safetensors") if a.check_params and not repeat and keep_params else None
+    env_words, args = split_env(args)  # NAME=VALUE words first: that run's environment (--run)
+    env = dict(os.environ, **dict(w.split("=", 1) for w in env_words))
     cmd = [a.dos_train, "--report", report] + (["--save-params", params] if params else []) + args + a.train_args
     with open(log, "w") as f:
-        f.write("$ " + " ".join(cmd) + "\n")
+        f.write("$ " + " ".join(env_words + cmd) + "\n")
         f.flush()
-        rc = subprocess.call(cmd, stdout=f, stderr=subprocess.STDOUT)
+        rc = subprocess.call(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)
     if rc != 0:
         print(f"dos-compare: run {label} failed (exit status {rc}): see {log}", file=sys.stderr)
         return None, log, None

@@ -17,7 +17,11 @@ Runs:
   --overlap                      also run each run with the update overlapped with backward (LABEL+overlap;
                                  needs --emulate-compute after --); the others run with --overlap off
   --run LABEL='ARGS'             one more run named LABEL with its own dos-train arguments (e.g.
-                                 --run "dos-native=--policy dos --grad-transfer native"); repeatable
+                                 --run "dos-native=--policy dos --grad-transfer native"); repeatable.
+                                 NAME=VALUE words before them set environment variables for that
+                                 run's dos-train only, as a shell's would (e.g. a measurement switch:
+                                 --run "starpu-stream=DOS_DOWNLOAD_STREAM=starpu --policy dos");
+                                 its log's first line shows them
   --resident-budgets 10GB,20GB   for each budget B, a ``dos@B`` run (dos --gpu-resident-budget B)
                                  and a ``static:R@B`` run, R the smallest CPU share whose resident
                                  subgroups fit in B (DeepSpeed's ratio for the same bytes)

@@ -319,7 +319,21 @@ refused "would share its files with another output" --run "dos.r2=--policy dos"
 refused "would share its files with another output" --run "peers=--policy cpu"
 refused "would write the same files" --run "a/b=--policy cpu" --run "a b=--policy dmda"
 refused "give each option in one place" --run "x=--policy cpu --preset gpt2-124m"
+refused "give such NAME=VALUE words first" --run "x=--policy cpu DOS_CPU_SCHEDULE=static"
+refused "do not split as a shell's would" --run "x=--policy cpu --seed '7"
 echo "ok: bad arguments refused"
+
+# NAME=VALUE words before a --run's arguments: that run's environment only (a measurement switch
+# A/B in one comparison). A value the CPU kernel refuses, with a warning, shows where it reached.
+python3 "$compare" --dos-train "$dos_train" --policies "" --run "env=DOS_CPU_SCHEDULE=bogus --policy cpu" \
+  --run "plain=--policy cpu" --out "$out/env" -- --preset tiny --iterations 2 --device host > "$out/env.txt" 2>&1 || {
+  cat "$out/env.txt"; echo "FAIL: dos-compare with an environment word in --run exited with $?"; exit 1; }
+grep -q "DOS_CPU_SCHEDULE=bogus is not one of" "$out/env/env.log" && head -1 "$out/env/env.log" | grep -q '^\$ DOS_CPU_SCHEDULE=bogus ' || {
+  head -5 "$out/env/env.log"; echo "FAIL: run env did not get DOS_CPU_SCHEDULE=bogus, or its log does not say so"; exit 1; }
+! grep -q "DOS_CPU_SCHEDULE" "$out/env/plain.log" || { echo "FAIL: DOS_CPU_SCHEDULE reached run plain too"; exit 1; }
+grep -q "^| env " "$out/env/compare.md" && grep -q "^| plain " "$out/env/compare.md" || {
+  cat "$out/env/compare.md"; echo "FAIL: a row missing"; exit 1; }
+echo "ok: a --run's NAME=VALUE words reach that run only"
 
 # A plan that declares it needs a CUDA worker (as a build's own plan may), on a machine without one:
 # skipped with its reason, like gpu, not a failed run. A stand-in dos-train answers for it as

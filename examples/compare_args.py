@@ -84,14 +84,17 @@ def parse_args(argv, doc):
     a.custom_labels = {r.partition("=")[0].strip() for r in a.run}
     for r in a.run:
         label, eq, args = r.partition("=")
-        if not eq or not label.strip() or "--policy" not in args:
-            ap.error(f"--run '{r}': give LABEL='dos-train arguments including --policy'")
         try:
             tokens = shlex.split(args)
         except ValueError as e:
             ap.error(f"--run '{r}': its arguments do not split as a shell's would ({e})")
         env, rest = split_env(tokens)
-        late = [t for t in rest if ENV_ASSIGNMENT.fullmatch(t)]
+        if not eq or not label.strip() or not rest or not rest[0].startswith("-") or arg_value(rest, "--policy") is None:
+            ap.error(f"--run '{r}': give LABEL='[NAME=VALUE ...] dos-train options including --policy' (NAME=VALUE "
+                     f"words, NAME in capitals, set that run's environment; dos-train takes no other words)")
+        # a NAME=VALUE word after the options, unless it is the value of the option before it
+        late = [t for i, t in enumerate(rest) if ENV_ASSIGNMENT.fullmatch(t)
+                and not (i and rest[i - 1].startswith("--") and "=" not in rest[i - 1])]
         if late:
             ap.error(f"--run '{r}': {late[0]} looks like an environment variable's value: give such NAME=VALUE "
                      f"words first, before the dos-train arguments (e.g. --run \"{label.strip()}=DOS_COPY_BY=auto "

@@ -8,6 +8,7 @@ that fails: it returns what says so."""
 import json
 import os
 import re
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -71,7 +72,7 @@ def run_one(a, label, args, repeat, keep_params=True):
     env = dict(os.environ, **dict(w.split("=", 1) for w in env_words))
     cmd = [a.dos_train, "--report", report] + (["--save-params", params] if params else []) + args + a.train_args
     with open(log, "w") as f:
-        f.write("$ " + " ".join(env_words + cmd) + "\n")
+        f.write("$ " + shlex.join(env_words + cmd) + "\n")
         f.flush()
         rc = subprocess.call(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)
     if rc != 0:

@@ -62,15 +62,22 @@ int auto_writebacks() {
   return least;
 }
 /// StarPU's device-to-host transfer stream of CUDA device `dev` under DOS_DOWNLOAD_STREAM=starpu
-/// (read once), else nullptr; nullptr as well where StarPU exports no such function (it is not in
-/// StarPU's public headers: declared weak below) or runs no CUDA worker on `dev`.
+/// (read once), else nullptr; nullptr as well, with a warning on stderr (once), where StarPU exports
+/// no such function (it is not in StarPU's public headers: declared weak above) or runs no CUDA
+/// worker on `dev`.
 cudaStream_t starpu_download_stream(int dev) {
   static const bool on = env_choice("DOS_DOWNLOAD_STREAM", {"own", "starpu"}, 0, "own is used") == 1;
-  if (!on || !&starpu_cuda_get_out_transfer_stream) return nullptr;
-  const unsigned n = starpu_worker_get_count();
+  if (!on) return nullptr;
+  const bool exported = &starpu_cuda_get_out_transfer_stream != nullptr;
+  const unsigned n = exported ? starpu_worker_get_count() : 0;
   for (unsigned w = 0; w < n; ++w)
     if (starpu_worker_get_type(int(w)) == STARPU_CUDA_WORKER && starpu_worker_get_devid(int(w)) == dev)
       return starpu_cuda_get_out_transfer_stream(starpu_worker_get_memory_node(w));
+  static std::atomic<bool> warned{false};
+  if (!warned.exchange(true))
+    std::fprintf(stderr, "[dos] warning: DOS_DOWNLOAD_STREAM=starpu: %s; the runtime's own stream is used\n",
+                 exported ? "StarPU runs no CUDA worker on the gradients' device"
+                          : "this StarPU exports no starpu_cuda_get_out_transfer_stream");
   return nullptr;
 }
 /// Empty when r is cudaSuccess, else "<what>: <CUDA's message>".
@@ -126,9 +133,11 @@ void CopyStream::run() {
     }
     std::vector<Result> res(batch.size());
     std::vector<char> has_event(batch.size(), 0);
+    std::vector<cudaStream_t> went_on(batch.size(), nullptr);  // the stream each job's copies went on
     std::size_t first = 0;  // jobs [first, k) are issued and not yet waited for
     // waits for jobs [first, k) in order and runs their `done`; job j's span starts when it was
-    // issued or when job j-1 ended, whichever is later (the stream runs them one after the other)
+    // issued or, when job j-1 went on the same stream (which runs them one after the other), when
+    // that one ended, whichever is later
     auto finish = [&](std::size_t k) {
       for (std::size_t j = first; j < k; ++j) {
         if (has_event[j]) {
@@ -136,7 +145,8 @@ void CopyStream::run() {
           if (res[j].error.empty()) res[j].error = std::move(e);
         }
         res[j].end_us = starpu_timing_now();
-        if (j > first && res[j].start_us < res[j - 1].end_us) res[j].start_us = res[j - 1].end_us;
+        if (j > first && went_on[j] == went_on[j - 1] && res[j].start_us < res[j - 1].end_us)
+          res[j].start_us = res[j - 1].end_us;
         if (!res[j].error.empty()) res[j].bytes = 0;
         batch[j].done(res[j]);
       }
@@ -160,6 +170,7 @@ void CopyStream::run() {
         }
         if (dev >= 0 && device == dev) {  // issued, also after a failed issue (what went out is waited for)
           cudaStream_t used = issue(batch[k], res[k], stream);
+          went_on[k] = used;
           const std::size_t slot = k - first;  // events[slot] is job k's (a job not issued leaves its slot unused)
           while (events.size() <= slot) {
             cudaEvent_t ev = nullptr;

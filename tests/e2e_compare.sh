@@ -320,6 +320,8 @@ refused "would share its files with another output" --run "peers=--policy cpu"
 refused "would write the same files" --run "a/b=--policy cpu" --run "a b=--policy dmda"
 refused "give each option in one place" --run "x=--policy cpu --preset gpt2-124m"
 refused "give such NAME=VALUE words first" --run "x=--policy cpu DOS_CPU_SCHEDULE=static"
+refused "including --policy" --run "DOS_COPY_BY=auto --policy dos"
+refused "including --policy" --run "A=B=--policy dos"
 refused "do not split as a shell's would" --run "x=--policy cpu --seed '7"
 echo "ok: bad arguments refused"
 

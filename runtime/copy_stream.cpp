@@ -34,31 +34,14 @@ namespace {
 /// pcie_copy_cuda's grid: DOS_COPY_BLOCKS (a measurement switch: a whole number 1..65535), else 0
 /// (one block per multiprocessor); any other value is ignored, with a warning on stderr.
 unsigned kernel_blocks() {
-  static const unsigned blocks = [] {
-    const char* v = std::getenv("DOS_COPY_BLOCKS");
-    if (!v || !*v) return 0u;
-    char* end = nullptr;
-    const long n = std::strtol(v, &end, 10);
-    if (*end == '\0' && n >= 1 && n <= 65535) return unsigned(n);
-    std::fprintf(stderr, "[dos] warning: DOS_COPY_BLOCKS='%s' is not a whole number from 1 to 65535: ignored "
-                         "(one block per multiprocessor)\n", v);
-    return 0u;
-  }();
+  static const unsigned blocks = unsigned(env_whole("DOS_COPY_BLOCKS", 1, 65535, 0, "one block per multiprocessor"));
   return blocks;
 }
 /// Under DOS_COPY_BY=auto, the streamed states on their way home (Job::engine_busy) from which a
 /// gradient download goes by the kernel: DOS_AUTO_WRITEBACKS (a measurement switch: a whole number
 /// 1..64), else 1; any other value is ignored, with a warning on stderr.
 int auto_writebacks() {
-  static const int least = [] {
-    const char* v = std::getenv("DOS_AUTO_WRITEBACKS");
-    if (!v || !*v) return 1;
-    char* end = nullptr;
-    const long n = std::strtol(v, &end, 10);
-    if (*end == '\0' && n >= 1 && n <= 64) return int(n);
-    std::fprintf(stderr, "[dos] warning: DOS_AUTO_WRITEBACKS='%s' is not a whole number from 1 to 64: ignored (1)\n", v);
-    return 1;
-  }();
+  static const int least = int(env_whole("DOS_AUTO_WRITEBACKS", 1, 64, 1, "1"));
   return least;
 }
 /// StarPU's device-to-host transfer stream of CUDA device `dev` under DOS_DOWNLOAD_STREAM=starpu

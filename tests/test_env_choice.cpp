@@ -1,11 +1,13 @@
 // The measurement switches' reader (codelets/kernels/env_choice.h): unset and empty give the
 // default silently, each accepted value its position, a value that is none of them the default
-// with one warning on standard error naming the variable, the value and the accepted values.
+// with one warning on standard error naming the variable, the value and the accepted values; and
+// its whole-number switches (env_whole).
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <utility>
 
 #include "cmocka_cpp.h"
 #include "env_choice.h"
@@ -90,6 +92,31 @@ void test_bad_value_warns_once_and_gives_the_default(void**) {
   unsetenv(kName);
 }
 
+// env_whole: unset and empty give the fallback silently; a whole number within the range itself
+// (both ends included); below, above, a fraction, a trailing letter or a word the fallback, with
+// one warning naming the variable, its value, the range and what is used instead.
+void test_whole_number(void**) {
+  using dos::detail::env_whole;
+  unsetenv(kName);
+  std::string printed = stderr_of([] { assert_int_equal(env_whole(kName, 1, 64, 5, "5"), 5); });
+  assert_string_equal(printed.c_str(), "");
+  setenv(kName, "", 1);
+  assert_int_equal(env_whole(kName, 1, 64, 5, "5"), 5);
+  for (const auto& [text, want] : {std::pair<const char*, long>{"1", 1}, {"2", 2}, {"64", 64}}) {
+    setenv(kName, text, 1);
+    printed = stderr_of([&, w = want] { assert_int_equal(env_whole(kName, 1, 64, 5, "5"), w); });
+    assert_string_equal(printed.c_str(), "");
+  }
+  for (const char* bad : {"0", "65", "-3", "2.5", "12x", "two"}) {
+    setenv(kName, bad, 1);
+    printed = stderr_of([] { assert_int_equal(env_whole(kName, 1, 64, 5, "five"), 5); });
+    const std::string want = std::string("[dos] warning: DOS_TEST_ENV_CHOICE='") + bad +
+                             "' is not a whole number from 1 to 64: ignored (five)\n";
+    assert_string_equal(printed.c_str(), want.c_str());
+  }
+  unsetenv(kName);
+}
+
 }  // namespace
 
 int main() {
@@ -97,6 +124,7 @@ int main() {
       cmocka_unit_test(test_unset_and_empty_give_the_default),
       cmocka_unit_test(test_each_value_its_position),
       cmocka_unit_test(test_bad_value_warns_once_and_gives_the_default),
+      cmocka_unit_test(test_whole_number),
   };
   return cmocka_run_group_tests(tests, nullptr, nullptr);
 }

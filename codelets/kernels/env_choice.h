@@ -58,6 +58,24 @@ inline int env_choice(const char* name, std::initializer_list<const char*> value
   return fallback;
 }
 
+/// A switch that takes a whole number: the environment variable `name`'s value when it is one from
+/// lo to hi (std::strtol's reading, base 10, the whole value), or `fallback` when it is unset or
+/// empty. Any other value gives `fallback` too, with a warning on standard error that names the
+/// variable, its value, the range and `instead` (what is used in its place):
+///   [dos] warning: NAME='VALUE' is not a whole number from LO to HI: ignored (INSTEAD)
+/// Reads the environment at each call: a caller that reads its switch once keeps the answer in a
+/// static (one warning).
+inline long env_whole(const char* name, long lo, long hi, long fallback, const char* instead) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return fallback;
+  char* end = nullptr;
+  const long n = std::strtol(v, &end, 10);
+  if (*end == '\0' && n >= lo && n <= hi) return n;
+  std::fprintf(stderr, "[dos] warning: %s='%s' is not a whole number from %ld to %ld: ignored (%s)\n", name, v, lo, hi,
+               instead);
+  return fallback;
+}
+
 /// A kernel's instruction-set path out of three, names[0] (plain code), names[1] and names[2] (the
 /// best), has[k] saying whether the processor has path k (has[0] true): the best it has, or, with
 /// the environment variable `name` set to one of the names (tests), that path where the processor

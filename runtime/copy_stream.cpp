@@ -119,8 +119,9 @@ void CopyStream::run() {
     std::vector<cudaStream_t> went_on(batch.size(), nullptr);  // the stream each job's copies went on
     std::size_t first = 0;  // jobs [first, k) are issued and not yet waited for
     // waits for jobs [first, k) in order and runs their `done`; job j's span starts when it was
-    // issued or, when job j-1 went on the same stream (which runs them one after the other), when
-    // that one ended, whichever is later
+    // issued or, when an earlier job of [first, j) went on the same stream (which runs them one
+    // after the other), when the latest such job ended, whichever is later (a job that was not
+    // issued went on no stream and holds back no other's span)
     auto finish = [&](std::size_t k) {
       for (std::size_t j = first; j < k; ++j) {
         if (has_event[j]) {
@@ -128,8 +129,11 @@ void CopyStream::run() {
           if (res[j].error.empty()) res[j].error = std::move(e);
         }
         res[j].end_us = starpu_timing_now();
-        if (j > first && went_on[j] == went_on[j - 1] && res[j].start_us < res[j - 1].end_us)
-          res[j].start_us = res[j - 1].end_us;
+        for (std::size_t i = j; went_on[j] && i-- > first;)
+          if (went_on[i] == went_on[j]) {
+            if (res[j].start_us < res[i].end_us) res[j].start_us = res[i].end_us;
+            break;
+          }
         if (!res[j].error.empty()) res[j].bytes = 0;
         batch[j].done(res[j]);
       }

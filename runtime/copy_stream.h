@@ -56,8 +56,9 @@
 // DOS_COPY_BATCH=0 (a measurement switch) takes one job at a time and sleeps on its event at once.
 // The CopyStream creates no StarPU task and touches no StarPU data; under DOS_DOWNLOAD_STREAM=starpu
 // it reads StarPU's worker table and issues downloads on StarPU's device-to-host stream. A job's
-// timeline span starts when it was issued or when the latest earlier job of its batch on the same stream ended
-// (a job not issued went on no stream), whichever is later; on StarPU's stream it includes the wait behind StarPU's transfers.
+// timeline span starts when it was issued or when the latest earlier job of its batch on the same
+// stream ended (a job not issued went on no stream), whichever is later; on StarPU's stream it
+// includes the wait behind StarPU's transfers.
 #pragma once
 
 #include <atomic>

@@ -66,7 +66,7 @@ TRAIN=build/examples/dos-train
 # the 20B quarter's GPU update budget: 40GB, 30GB on an 80 GB GPU, or UPDATE_BUDGET (update-budget.sh)
 UPDATE_BUDGET=$(scripts/update-budget.sh 2>> "$OUT/times.txt")
 B20=(--preset llama-20b --shard 1/4 --subgroup-size 1.24e8 --gpu-update-budget "$UPDATE_BUDGET" --emulate-compute --tokens 4096)
-# the runs with 31.5 GB resident: 5GB on an 80 GB GPU (update-budget.sh resident)
+# the runs with 31.5 GB resident: 3GB on an 80 GB GPU (update-budget.sh resident)
 B20R=(--preset llama-20b --shard 1/4 --subgroup-size 1.24e8 --emulate-compute --tokens 4096
       --gpu-update-budget "$(scripts/update-budget.sh resident 2>> "$OUT/times.txt")")
 PEERS=()

@@ -3,11 +3,12 @@
 # $UPDATE_BUDGET when set; else 40GB (sized on the H200's 141 GB), or 30GB on a GPU of less than
 # 100 GB (an 80 GB H100, where 40GB ran out of GPU memory at the second iteration beside the
 # emulated compute's activations, and 30GB ran). With the argument `resident` (the runs that keep
-# 31.5 GB of state resident as well): 5GB on a GPU of less than 100 GB, where 30GB (310acb2) and
-# 20GB (020a617) beside 31.5 GB resident ran out of GPU memory at the second iteration; 5GB is what
-# dos-train's memory warning there said would fit (31.5 + 5 GB of optimizer state, 30.6 GB of
-# activations at --tokens 4096, 17.3 GB of parameters and gradients on 84.5 GB free: a tight fit,
-# not run yet). GPU memory
+# 31.5 GB of state resident as well): 3GB on a GPU of less than 100 GB, where 30GB (310acb2),
+# 20GB (020a617) and 5GB (bc01ba7, a run from its rates cache, at its second iteration; a
+# calibrating run's two iterations fitted) beside 31.5 GB resident ran out of GPU memory. 3GB is
+# what dos-train's memory warning names there (31.5 + 3 GB of optimizer state, 30.6 GB of
+# activations at --tokens 4096, 17.3 GB of parameters and gradients on 84.5 GB free, 2 GB kept
+# spare); not run yet. GPU memory
 # from nvidia-smi (40GB where it cannot be read). A second line on standard error says which and why.
 set -u
 if [ -n "${UPDATE_BUDGET:-}" ]; then
@@ -16,7 +17,7 @@ fi
 mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -1 | tr -dc 0-9)
 budget=40GB
 small=30GB
-[ "${1:-}" = resident ] && small=5GB
+[ "${1:-}" = resident ] && small=3GB
 [ -n "$mib" ] && [ "$mib" -lt 100000 ] && budget=$small
 echo "$budget"
 echo "20B update budget${1:+ ($1)}: $budget (GPU memory: ${mib:-unknown} MiB)" >&2

@@ -6,7 +6,9 @@
 // subgroups of 1.24e8, bf16, 4096 tokens) with a 40GB update budget on an 80 GB H100 ran out of
 // memory at its second iteration (warned here), with 30GB it ran (no warning), on a 141 GB H200
 // with 40GB and 31.5 GB resident it ran (no warning), and with the update overlapped too
-// (speculative: StarPU's limit twice the budget) it ran as well, where the worst case warns.
+// (speculative: StarPU's limit twice the budget) it ran as well, where the worst case warns; with
+// a 5GB update budget and 31.5 GB resident on the H100 a run ran out of memory at its second
+// iteration, 0.07 GB short of the 2 GB the warning keeps spare (warned here).
 #include <cstdio>
 #include <string>
 #include <tuple>
@@ -66,9 +68,10 @@ void test_gpu_machines(void**) {
   // 143771 MiB) for the context
   const std::size_t h100 = std::size_t(81559) * 1048576 - 1000000000, h200 = std::size_t(143771) * 1048576 - 1000000000;
   const dos_train::GpuNeed b40 = need_20b(40000000000, -1), b30 = need_20b(30000000000, -1),
-                           b40r = need_20b(40000000000, 31500000000);
+                           b40r = need_20b(40000000000, 31500000000), b5r = need_20b(5000000000, 31500000000);
   for (const auto& [name, need, free_b] : {std::tuple{"H100, 40GB", b40, h100}, std::tuple{"H100, 30GB", b30, h100},
-                                           std::tuple{"H200, 40GB + 31.5 GB resident", b40r, h200}})
+                                           std::tuple{"H200, 40GB + 31.5 GB resident", b40r, h200},
+                                           std::tuple{"H100, 5GB + 31.5 GB resident", b5r, h100}})
     std::printf("  %s: StarPU %.2f GB + compute %.2f GB + model %.2f GB = %.2f GB, free %.2f GB\n", name,
                 need.starpu_limit / 1e9, need.compute / 1e9, need.model / 1e9,
                 (need.starpu_limit + need.compute + need.model) / 1e9, free_b / 1e9);
@@ -79,6 +82,13 @@ void test_gpu_machines(void**) {
   assert_true(warned.find("--tokens") != std::string::npos);
   assert_true(dos_train::gpu_memory_warning(b30, h100, "30GB", 30000000000, 4096).empty());
   assert_true(dos_train::gpu_memory_warning(b40r, h200, "40GB", 40000000000, 4096).empty());
+  // 5GB beside 31.5 GB resident: 0.07 GB under the H100's free memory, out of memory at a second
+  // iteration there; the budget it names leaves the spare: 5 GB less the 2 GB and what is missing
+  const std::string tight = dos_train::gpu_memory_warning(b5r, h100, "5GB", 5000000000, 4096);
+  std::printf("  warned: %s\n", tight.c_str());
+  assert_true(tight.find("--gpu-update-budget 5GB") != std::string::npos);
+  assert_true(tight.find("2.0 GB should stay spare") != std::string::npos);
+  assert_true(tight.find("to about 3.1 GB") != std::string::npos);
   assert_false(dos_train::gpu_memory_warning(need_20b(40000000000, 31500000000, true), h200, "40GB", 40000000000, 4096).empty());
 }
 

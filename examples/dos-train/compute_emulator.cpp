@@ -83,16 +83,18 @@ std::size_t ComputeEmulator::peak_bytes(const std::vector<std::vector<Gemm>>& ge
 std::string gpu_memory_warning(const GpuNeed& need, std::size_t free_bytes, const std::string& budget_text,
                                std::size_t budget_bytes, std::int64_t tokens) {
   const std::size_t sum = need.starpu_limit + need.compute + need.model;
-  if (sum <= free_bytes) return "";
-  const std::size_t missing = sum - free_bytes;
+  if (sum + kGpuSpareBytes <= free_bytes) return "";
+  const std::size_t missing = sum + kGpuSpareBytes - free_bytes;
   char msg[1024];
   std::snprintf(msg, sizeof msg,
                 "this run may run out of GPU memory: StarPU may keep up to %.1f GB for the optimizer under "
                 "--gpu-update-budget %s, the emulated forward and backward (--emulate-compute, --tokens %lld) hold "
                 "%.1f GB at their peak and the model's parameters and gradients %.1f GB: %.1f GB in all, and the GPU "
-                "has %.1f GB free. If it does, lower --gpu-update-budget (to about %.1f GB) or --tokens",
+                "has %.1f GB free, of which %.1f GB should stay spare. If it does, lower --gpu-update-budget (to "
+                "about %.1f GB) or --tokens",
                 need.starpu_limit / 1e9, budget_text.c_str(), (long long)tokens, need.compute / 1e9, need.model / 1e9,
-                sum / 1e9, free_bytes / 1e9, budget_bytes > missing ? (budget_bytes - missing) / 1e9 : 0.0);
+                sum / 1e9, free_bytes / 1e9, kGpuSpareBytes / 1e9,
+                budget_bytes > missing ? (budget_bytes - missing) / 1e9 : 0.0);
   return msg;
 }
 

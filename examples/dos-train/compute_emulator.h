@@ -138,10 +138,18 @@ struct GpuNeed {
   std::size_t starpu_limit = 0, compute = 0, model = 0;
 };
 
-/// "" when `need`'s sum fits in `free_bytes` (the GPU memory free once the runtime has started);
-/// otherwise a warning that the run may run out of GPU memory, with the three parts, their sum and
-/// the free memory in GB, and what to lower: `budget_text` (the --gpu-update-budget as given), to
-/// about budget_bytes less what is missing, or --tokens (`tokens`). A warning, not a refusal: StarPU's
+/// GPU memory, bytes, that gpu_memory_warning wants left over beside GpuNeed's sum: what the sum
+/// does not count (the stream-ordered pool's granularity, cuBLAS's workspace, StarPU's own
+/// allocations beside its limit). Measured on an 80 GB H100 with the 20B quarter and 4096 tokens:
+/// 6.6 GB spare (a 30GB update budget) ran; 0.07 GB spare (5GB and 31.5 GB resident) ran out of
+/// memory at the second iteration of a run whose plans streamed more than those of a run that
+/// fitted; 2 GB is a margin between the two, not a measured edge.
+inline constexpr std::size_t kGpuSpareBytes = std::size_t(2000000000);
+
+/// "" when `need`'s sum and kGpuSpareBytes fit in `free_bytes` (the GPU memory free once the
+/// runtime has started); otherwise a warning that the run may run out of GPU memory, with the three
+/// parts, their sum, the free memory and the spare in GB, and what to lower: `budget_text` (the
+/// --gpu-update-budget as given), to about budget_bytes less what is missing, or --tokens (`tokens`). A warning, not a refusal: StarPU's
 /// limit is the budgets' worst case (twice the update budget with speculative updates), which a run
 /// may never reach (the 20B quarter with the update overlapped and 31.5 GB resident ran on a
 /// 141 GB GPU where the sum was 159 GB). Throws nothing.

@@ -57,8 +57,10 @@
 // The CopyStream creates no StarPU task and touches no StarPU data; under DOS_DOWNLOAD_STREAM=starpu
 // it reads StarPU's worker table and issues downloads on StarPU's device-to-host stream. A job's
 // timeline span starts when it was issued or when the latest earlier job of its batch on the same
-// stream ended (a job not issued went on no stream), whichever is later; on StarPU's stream it
-// includes the wait behind StarPU's transfers.
+// stream ended (a job not issued went on no stream; within a batch, since its last change of
+// device), whichever is later; every job of a batch has ended before the next batch is issued, so
+// no two spans of one stream overlap. On StarPU's stream a span includes the wait behind StarPU's
+// transfers.
 #pragma once
 
 #include <atomic>
@@ -85,10 +87,11 @@ class CopyStream {
 
   /// What one job did. start_us, end_us: starpu_timing_now()'s clock (microseconds) when the
   /// thread began to issue the job (before its device pointer lookup and, for the first job on a
-  /// device, the stream's creation), or when the job before it in the same batch ended if that is
-  /// later (the stream runs them one after the other), and when its wait for its copies returned; bytes: bytes copied; error: empty, or what failed
-  /// (the CUDA call and its message: the destination then holds an unknown mix of old and new
-  /// values).
+  /// device, the stream's creation), or when the latest earlier job of its batch that went on the
+  /// same stream ended, if that is later (the stream runs them one after the other; a job not
+  /// issued went on none), and when its wait for its copies returned; bytes: bytes copied; error:
+  /// empty, or what failed (the CUDA call and its message: the destination then holds an unknown
+  /// mix of old and new values).
   struct Result {
     double start_us = 0, end_us = 0;
     std::size_t bytes = 0;

@@ -4,11 +4,11 @@
 # 100 GB (an 80 GB H100, where 40GB ran out of GPU memory at the second iteration beside the
 # emulated compute's activations, and 30GB ran). With the argument `resident` (the runs that keep
 # 31.5 GB of state resident as well): 3GB on a GPU of less than 100 GB, where 30GB (310acb2),
-# 20GB (020a617) and 5GB (bc01ba7, a run from its rates cache, at its second iteration; a
+# 20GB (020a617) and 5GB (d03f100, a run from its rates cache, at its second iteration; a
 # calibrating run's two iterations fitted) beside 31.5 GB resident ran out of GPU memory. 3GB is
 # what dos-train's memory warning names there (31.5 + 3 GB of optimizer state, 30.6 GB of
-# activations at --tokens 4096, 17.3 GB of parameters and gradients on 84.5 GB free, 2 GB kept
-# spare); not run yet. GPU memory
+# activations at --tokens 4096, 17.3 GB of parameters and gradients on about 84.5 GB free, 2 GB
+# kept spare); it ran at 4d45f10 (PART=20b's resident step). GPU memory
 # from nvidia-smi (40GB where it cannot be read). A second line on standard error says which and why.
 set -u
 if [ -n "${UPDATE_BUDGET:-}" ]; then

@@ -165,12 +165,12 @@ void test_pageable_staging(void**) {
   cudaFree(dev);
 }
 
-// 40 jobs queued at once (the thread takes what is queued as one batch: issued together, waited
-// for in order), uploads and downloads of 1..40 odd-sized elements at distinct places, with a job
+// 40 jobs queued back to back (the thread takes them in one or more batches: each issued together,
+// waited for in order), uploads and downloads of 1..40 odd-sized elements at distinct places, with a job
 // whose GPU side is host memory at position 7: every other job copies its bytes and only those,
 // the failing one reports an error and 0 bytes and writes nothing, every done runs once in queue
-// order, and each span starts no earlier than the one before it on the stream ended (one stream runs
-// them in turn; the failing job went on none).
+// order, and each span starts no earlier than the one before it on the stream ended (one stream
+// runs them in turn; the failing job went on none).
 void test_batch_on_gpu(void**) {
   if (!have_gpu()) skip();
   const int jobs = 40;

@@ -8,7 +8,8 @@
 // with 40GB and 31.5 GB resident it ran (no warning), and with the update overlapped too
 // (speculative: StarPU's limit twice the budget) it ran as well, where the worst case warns; with
 // a 5GB update budget and 31.5 GB resident on the H100 a run ran out of memory at its second
-// iteration, 0.07 GB short of the 2 GB the warning keeps spare (warned here).
+// iteration with 0.07 GB spare, 1.93 GB short of the 2 GB the warning keeps (warned here), and the
+// update budget the warning names passes the check; with 3GB it ran (not warned).
 #include <cstdio>
 #include <string>
 #include <tuple>
@@ -88,7 +89,15 @@ void test_gpu_machines(void**) {
   std::printf("  warned: %s\n", tight.c_str());
   assert_true(tight.find("--gpu-update-budget 5GB") != std::string::npos);
   assert_true(tight.find("2.0 GB should stay spare") != std::string::npos);
-  assert_true(tight.find("to about 3.1 GB") != std::string::npos);
+  assert_true(tight.find("to 3.0 GB or less") != std::string::npos);
+  assert_true(dos_train::gpu_memory_warning(need_20b(3000000000, 31500000000), h100, "3.0GB", 3000000000, 4096).empty());
+  assert_true(warned.find("to 34.5 GB or less") != std::string::npos);
+  assert_true(dos_train::gpu_memory_warning(need_20b(34500000000, -1), h100, "34.5GB", 34500000000, 4096).empty());
+  // 31.5 GB resident and a 1 GB update budget at 16384 tokens: no update budget makes room
+  dos_train::GpuNeed big = need_20b(1000000000, 31500000000);
+  big.compute *= 4;
+  const std::string none = dos_train::gpu_memory_warning(big, h100, "1GB", 1000000000, 16384);
+  assert_true(none.find("lowering --gpu-update-budget alone does not make room") != std::string::npos);
   assert_false(dos_train::gpu_memory_warning(need_20b(40000000000, 31500000000, true), h200, "40GB", 40000000000, 4096).empty());
 }
 

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -85,16 +86,24 @@ std::string gpu_memory_warning(const GpuNeed& need, std::size_t free_bytes, cons
   const std::size_t sum = need.starpu_limit + need.compute + need.model;
   if (sum + kGpuSpareBytes <= free_bytes) return "";
   const std::size_t missing = sum + kGpuSpareBytes - free_bytes;
+  // the update budget that would leave the spare, rounded down to 0.1 GB so that the figure named
+  // passes this check itself
+  const double fits_gb = budget_bytes > missing ? std::floor(double(budget_bytes - missing) / 1e8) / 10 : 0.0;
+  char lower[256];
+  if (fits_gb > 0)
+    std::snprintf(lower, sizeof lower, "lower --gpu-update-budget (to %.1f GB or less) or --tokens", fits_gb);
+  else
+    std::snprintf(lower, sizeof lower,
+                  "lower --tokens (or --gpu-resident-budget, when given): lowering --gpu-update-budget alone does not "
+                  "make room");
   char msg[1024];
   std::snprintf(msg, sizeof msg,
                 "this run may run out of GPU memory: StarPU may keep up to %.1f GB for the optimizer under "
                 "--gpu-update-budget %s, the emulated forward and backward (--emulate-compute, --tokens %lld) hold "
                 "%.1f GB at their peak and the model's parameters and gradients %.1f GB: %.1f GB in all, and the GPU "
-                "has %.1f GB free, of which %.1f GB should stay spare. If it does, lower --gpu-update-budget (to "
-                "about %.1f GB) or --tokens",
+                "has %.1f GB free, of which %.1f GB should stay spare. If it does, %s",
                 need.starpu_limit / 1e9, budget_text.c_str(), (long long)tokens, need.compute / 1e9, need.model / 1e9,
-                sum / 1e9, free_bytes / 1e9, kGpuSpareBytes / 1e9,
-                budget_bytes > missing ? (budget_bytes - missing) / 1e9 : 0.0);
+                sum / 1e9, free_bytes / 1e9, kGpuSpareBytes / 1e9, lower);
   return msg;
 }
 

@@ -140,16 +140,19 @@ struct GpuNeed {
 
 /// GPU memory, bytes, that gpu_memory_warning wants left over beside GpuNeed's sum: what the sum
 /// does not count (the stream-ordered pool's granularity, cuBLAS's workspace, StarPU's own
-/// allocations beside its limit). Measured on an 80 GB H100 with the 20B quarter and 4096 tokens:
-/// 6.6 GB spare (a 30GB update budget) ran; 0.07 GB spare (5GB and 31.5 GB resident) ran out of
-/// memory at the second iteration of a run whose plans streamed more than those of a run that
-/// fitted; 2 GB is a margin between the two, not a measured edge.
+/// allocations beside its limit). On an 80 GB H100 with the 20B quarter and 4096 tokens, against
+/// the free memory emulator-memory assumes there (81559 MiB less 1 GB for the context): a 30GB
+/// update budget left 6.6 GB spare and ran; 5GB beside 31.5 GB resident left 0.07 GB and ran out
+/// of memory at the second iteration of one run (another's two iterations fitted, peaking at 83.7
+/// GB); 3GB beside 31.5 GB resident (2.07 GB spare) ran. 2 GB lies between, not a measured edge.
 inline constexpr std::size_t kGpuSpareBytes = std::size_t(2000000000);
 
 /// "" when `need`'s sum and kGpuSpareBytes fit in `free_bytes` (the GPU memory free once the
 /// runtime has started); otherwise a warning that the run may run out of GPU memory, with the three
 /// parts, their sum, the free memory and the spare in GB, and what to lower: `budget_text` (the
-/// --gpu-update-budget as given), to about budget_bytes less what is missing, or --tokens (`tokens`). A warning, not a refusal: StarPU's
+/// --gpu-update-budget as given) to budget_bytes less what is missing, rounded down to 0.1 GB (a
+/// budget this check passes), or --tokens (`tokens`); where that leaves no update budget, --tokens
+/// or the resident budget. A warning, not a refusal: StarPU's
 /// limit is the budgets' worst case (twice the update budget with speculative updates), which a run
 /// may never reach (the 20B quarter with the update overlapped and 31.5 GB resident ran on a
 /// 141 GB GPU where the sum was 159 GB). Throws nothing.

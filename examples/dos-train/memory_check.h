@@ -55,7 +55,7 @@ void check_host_need(const RunMemory& m);
 /// limit for the GPU budgets; 0: none, no warning), the warning of gpu_memory_warning
 /// (compute_emulator.h) when StarPU's limit, the emulated forward and backward of `cfg` for
 /// `tokens` tokens and the model's parameters and gradients (with NCCL's GPU buckets) exceed the GPU
-/// memory free now; "" otherwise. update_text, resident_text: --gpu-update-budget and
+/// memory free now less kGpuSpareBytes; "" otherwise. update_text, resident_text: --gpu-update-budget and
 /// --gpu-resident-budget as given (resident_text empty when not given), for the message;
 /// update_budget: --gpu-update-budget in bytes. Throws std::runtime_error when CUDA fails.
 std::string gpu_need_warning(const RunMemory& m, const ModelConfig& cfg, std::int64_t tokens, std::size_t starpu_limit,

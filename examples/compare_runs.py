@@ -186,12 +186,18 @@ def merge_baselines(rounds):
     return merged
 
 
-def run_peers(a, n, s, twinflow, notes, k=0):
+PEER_RESULT = re.compile(r"RESULT\s+(\S+)\s+([0-9.]+) s/phase(?:\s+\(best\s+([0-9.]+)\s+worst\s+([0-9.]+))?")
+
+
+def run_peers(a, n, s, twinflow, notes, k=0, phase_spread=None):
     """Runs the peers script ``a.peers`` (an external PyTorch script, called with --n N --s S --iters
-    ITERS --variants LIST, that prints one ``RESULT VARIANT SECONDS s/phase`` line per variant) once
+    ITERS --variants LIST, that prints one ``RESULT VARIANT SECONDS s/phase`` line per variant,
+    optionally followed by ``(best B worst W`` seconds of its fastest and slowest phase) once
     (round ``k``: its log is peers[.rK].log); returns {variant: mean seconds per phase} of the
-    variants it finished (a variant with no RESULT line, or a zero one, is missing). A non-zero exit
-    status is a WARNING in ``notes``."""
+    variants it finished (a variant with no RESULT line, or a zero one, is missing). When
+    ``phase_spread`` (a dict) is given, it receives {variant: (best, worst)} for the RESULT lines
+    that carry both (B <= W, both > 0; others are left out). A non-zero exit status is a WARNING in
+    ``notes``."""
     base = [v.strip() for v in a.peer_variants.split(",") if v.strip()] if a.runs else []
     variants = base + [f"twinflow:{r:.4g}" for r in twinflow]
     cmd = [sys.executable, a.peers, "--n", str(n), "--s", str(s), "--iters", str(a.peer_iters),
@@ -203,9 +209,13 @@ def run_peers(a, n, s, twinflow, notes, k=0):
         rc = subprocess.call(cmd, stdout=f, stderr=subprocess.STDOUT)
     out = {}
     for line in open(log):
-        m = re.match(r"RESULT\s+(\S+)\s+([0-9.]+) s/phase", line)
+        m = PEER_RESULT.match(line)
         if m and float(m.group(2)) > 0:
             out[m.group(1)] = float(m.group(2))
+            if phase_spread is not None and m.group(3) and m.group(4):
+                best, worst = float(m.group(3)), float(m.group(4))
+                if 0 < best <= worst:
+                    phase_spread[m.group(1)] = (best, worst)
     if rc != 0:
         print(f"dos-compare: the peers exited with status {rc}: see {log}", file=sys.stderr)
         notes.append(f"WARNING: the peers exited with status {rc} in round {k + 1} (see {log}); that round gave "

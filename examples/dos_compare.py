@@ -21,7 +21,11 @@ Runs:
                                  NAME=VALUE words before them set environment variables for that
                                  run's dos-train only, as a shell's would (e.g. a measurement switch:
                                  --run "starpu-stream=DOS_DOWNLOAD_STREAM=starpu --policy dos");
-                                 its log's first line shows them
+                                 its log's first line shows them. A LABEL row without a resident
+                                 budget or overlap gets its own speedups against the baselines and
+                                 the peers (``LABEL_vs_peer_zero_offload`` ...: "speedups of the
+                                 --run rows", compare.json's ``run_ratios``), checked against the
+                                 spreads as dos's are
   --resident-budgets 10GB,20GB   for each budget B, a ``dos@B`` run (dos --gpu-resident-budget B)
                                  and a ``static:R@B`` run, R the smallest CPU share whose resident
                                  subgroups fit in B (DeepSpeed's ratio for the same bytes)
@@ -32,7 +36,8 @@ Runs:
                                  between processes minutes apart). The table gives the median of the R
                                  runs' medians and their minimum..maximum (with R = 1, the spread is
                                  that of the run's iterations 2..); a peer's row, the median of its
-                                 R means and their minimum..maximum
+                                 R means and their minimum..maximum (with R = 1, its fastest and
+                                 slowest phase when its RESULT line gives them)
   --baselines [LIST]             the repository's PyTorch baselines
                                  (python/deep_optimizer_states/baselines.py) on the same N, S, dtype,
                                  optimizer, hyper-parameters, CPU threads and iteration count, once
@@ -45,7 +50,9 @@ Runs:
                                  /usr/bin/python3 that does); skipped with a note when none does
   --peers PATH                   an external PyTorch re-creation of the baselines, as a cross-check
                                  (a script taking --n, --s, --iters and --variants and printing
-                                 ``RESULT VARIANT SECONDS s/phase`` lines: compare_runs.run_peers;
+                                 ``RESULT VARIANT SECONDS s/phase`` lines, optionally followed by
+                                 ``(best B worst W``, its phases' fastest and slowest seconds:
+                                 compare_runs.run_peers;
                                  for example a copy kept at .peers/torch_update_phase.py,
                                  git-ignored), on the same N and S: --peer-variants (default
                                  zero_offload and dos_stride:2..4; when --policies or --run ran
@@ -370,7 +377,7 @@ def main(argv=None):
                 variants.append(v)
     # Round 0's runs are done; each round then runs the baselines and the peers once, and the
     # rounds after it every run again first, in round 0's order.
-    baseline_rounds, baseline_error, peer_rounds = [], None, []
+    baseline_rounds, baseline_error, peer_rounds, peer_phase_spreads = [], None, [], []
     for k in range(a.repeats):
         for label, args in executed if k else []:
             if label not in runs:
@@ -389,7 +396,9 @@ def main(argv=None):
             baseline_rounds.append(results)
             baseline_error = baseline_error or err
         if a.peers and r0:
-            peer_rounds.append(run_peers(a, r0["params"], r0["subgroup_size"], twinflow, notes, k))
+            peer_phase_spreads.append({})
+            peer_rounds.append(run_peers(a, r0["params"], r0["subgroup_size"], twinflow, notes, k,
+                                         peer_phase_spreads[-1]))
     order = [l for l in order if l in runs]
     if timeline_path:
         # the picture's timeline from a run of its own, after the others and out of the table, so that
@@ -408,12 +417,14 @@ def main(argv=None):
     for rnd in peer_rounds:
         for v, t in rnd.items():
             peer_runs.setdefault(v, []).append(t)
-    peer_rows = {}  # variant: its figures as a row's (the spread over the rounds, when more than one)
+    # variant: its figures as a row's: the spread over the rounds when more than one, else that of its
+    # phases when its RESULT line gave it (best and worst), as a dos row's over its iterations
+    peer_rows = {}
     for v, ts in peer_runs.items():
         peers[v] = statistics.median(ts)
-        several = len(ts) > 1
-        peer_rows[v] = {"update_seconds": peers[v], "update_seconds_min": min(ts) if several else None,
-                        "update_seconds_max": max(ts) if several else None}
+        phases = next((sp[v] for sp, rnd in zip(peer_phase_spreads, peer_rounds) if v in rnd and v in sp), None)
+        lo, hi = (min(ts), max(ts)) if len(ts) > 1 else phases or (None, None)
+        peer_rows[v] = {"update_seconds": peers[v], "update_seconds_min": lo, "update_seconds_max": hi}
         if len(ts) < a.repeats:
             notes.append(f"WARNING: peer {v}: {len(ts)} of {a.repeats} rounds gave a figure")
 
@@ -522,31 +533,44 @@ def main(argv=None):
     ratios = {}
     triple = lambda row: (row["update_seconds"], row.get("update_seconds_min"), row.get("update_seconds_max"))  # noqa: E731
 
-    def ratio(key, other, dos_row):
-        ratios[key] = other["update_seconds"] / dos_row["update_seconds"]
+    def ratio(key, other, dos_row, into=ratios):
+        into[key] = other["update_seconds"] / dos_row["update_seconds"]
         w = within_spread(triple(other), triple(dos_row))
         if w:
             notes.append(f"WARNING: {key}: {w}: not a measured difference (more --repeats or --iterations)")
+
+    def against_pytorch(name, mine, into):
+        # mine against the repository's zero_offload and best stride, and the peers' (ratio's keys)
+        if "zero_offload" in by_variant:
+            ratio(f"{name}_vs_baseline_zero_offload", by_variant["zero_offload"], mine, into)
+        strides = [b for b in brows if b["variant"].startswith("stride:")]
+        if strides:
+            best = min(strides, key=lambda b: b["update_seconds"])
+            ratio(f"{name}_vs_baseline_best_stride", best, mine, into)
+            into["baseline_best_stride"] = best["variant"]
+        if "zero_offload" in peer_rows:
+            ratio(f"{name}_vs_peer_zero_offload", peer_rows["zero_offload"], mine, into)
+        pstrides = {k: v for k, v in peers.items() if k.startswith("dos_stride")}
+        if pstrides:
+            best = min(pstrides, key=pstrides.get)
+            ratio(f"{name}_vs_peer_best_dos_stride", peer_rows[best], mine, into)
+            into["peer_best_dos_stride"] = best
 
     dos_row = by_label.get("dos")
     if dos_row:
         for row in rows:
             if row["label"] != "dos" and row["resident_budget"] is None and not row["overlapped"]:
                 ratio(f"dos_vs_{row['label']}", row, dos_row)
-        if "zero_offload" in by_variant:
-            ratio("dos_vs_baseline_zero_offload", by_variant["zero_offload"], dos_row)
-        strides = [b for b in brows if b["variant"].startswith("stride:")]
-        if strides:
-            best = min(strides, key=lambda b: b["update_seconds"])
-            ratio("dos_vs_baseline_best_stride", best, dos_row)
-            ratios["baseline_best_stride"] = best["variant"]
-        if "zero_offload" in peer_rows:
-            ratio("dos_vs_peer_zero_offload", peer_rows["zero_offload"], dos_row)
-        pstrides = {k: v for k, v in peers.items() if k.startswith("dos_stride")}
-        if pstrides:
-            best = min(pstrides, key=pstrides.get)
-            ratio("dos_vs_peer_best_dos_stride", peer_rows[best], dos_row)
-            ratios["peer_best_dos_stride"] = best
+        against_pytorch("dos", dos_row, ratios)
+    # each --run row (a variant of dos's: another option, another switch) against the same baselines
+    # and peers, as dos is, when it ran without a resident budget and without overlap
+    run_ratios = {}
+    for row in rows:
+        if row["label"] in a.custom_labels and row["resident_budget"] is None and not row["overlapped"]:
+            against_pytorch(row["label"], row, run_ratios)
+    for k in ("baseline_best_stride", "peer_best_dos_stride"):
+        if k in ratios:
+            run_ratios.pop(k, None)  # named once, on dos's line (the same choice for every row)
     for (text, _), frac, r_cpu in zip(a.budgets, twinflow, twinflow_share):
         d = by_label.get(f"dos@{text}")
         if not d:
@@ -571,6 +595,9 @@ def main(argv=None):
     if ratios:
         lines.append("\nspeedups of dos (other's seconds / dos's seconds): " +
                      ", ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}" for k, v in ratios.items()))
+    if run_ratios:
+        lines.append(("" if ratios else "\n") + "speedups of the --run rows (other's seconds / the row's seconds): " +
+                     ", ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}" for k, v in run_ratios.items()))
     # what a phase at the model's bound for the probe's rates would give against the same others
     at_bound = {}
     pb = (probe or {}).get("bounds", {})
@@ -597,7 +624,7 @@ def main(argv=None):
         f.write(text + "\n")
     with open(os.path.join(a.out, "compare.json"), "w") as f:
         json.dump({"rows": rows, "baselines": brows, "baseline_results": baselines, "peers": peers,
-                   "peer_runs": peer_runs, "ratios": ratios, "probe": probe, "ratios_at_probe_bound": at_bound,
+                   "peer_runs": peer_runs, "ratios": ratios, "run_ratios": run_ratios, "probe": probe, "ratios_at_probe_bound": at_bound,
                    "failed": failed, "skipped": skipped, "notes": notes, "repeats": a.repeats,
                    "timeline": bool(timeline_path),
                    "dos_train_args": a.train_args}, f, indent=2)

@@ -452,3 +452,42 @@ assert len(b) == 1 and b[0]["update_seconds"] == 1.0 and b[0]["repeats"] == 1, (
 print("ok: the baselines crashing in round 2 beside an earlier invocation's file: not read, exit status 2")
 PY
 [ $? = 0 ] || exit 1
+
+# Peers that give their phases' spread, and a --run row's own speedups against them: the stand-in
+# reads the alt run's report (written before the peers run in a round) and prints a zero_offload
+# mean equal to alt's median with its phases from half to twice it (so alt against it is not a
+# measured difference: warned), and a dos_stride:2 of ten times it without a spread.
+cat > "$out/peers3.py" <<'PY'
+import json, os
+alt = json.load(open(os.path.join(os.environ["PEERS3_OUT"], "alt.json")))["summary"]["update_seconds_median"]
+print(f"RESULT zero_offload {alt:.9f} s/phase (best {alt * 0.5:.9f} worst {alt * 2:.9f}; warm-up 1.0)")
+print(f"RESULT dos_stride:2 {alt * 10:.9f} s/phase")
+PY
+PEERS3_OUT="$out/peer-spread" python3 "$compare" --dos-train "$dos_train" --policies dos \
+  --run "alt=--policy dos --tail-subgroups 0" --peers "$out/peers3.py" --peer-variants zero_offload,dos_stride:2 \
+  --out "$out/peer-spread" "${tiny[@]}" > "$out/peer-spread.txt" 2>&1 || {
+  cat "$out/peer-spread.txt"; echo "FAIL: dos-compare with peers giving their spread exited with $?"; exit 1; }
+python3 - "$out/peer-spread/compare.json" "$out/peer-spread/compare.md" <<'PY' || { cat "$out/peer-spread.txt"; exit 1; }
+import json, sys
+d = json.load(open(sys.argv[1]))
+text = open(sys.argv[2]).read()
+alt = next(r for r in d["rows"] if r["label"] == "alt")
+m = alt["update_seconds"]
+zo = d["peers"]["zero_offload"]
+assert abs(zo - m) <= 1e-8 * max(1.0, m), (zo, m)
+rr = d["run_ratios"]
+assert abs(rr["alt_vs_peer_zero_offload"] - zo / m) < 1e-12, rr
+assert abs(rr["alt_vs_peer_best_dos_stride"] - d["peers"]["dos_stride:2"] / m) < 1e-12, rr
+assert "peer_best_dos_stride" not in rr and d["ratios"]["peer_best_dos_stride"] == "dos_stride:2", (rr, d["ratios"])
+assert "dos_vs_peer_zero_offload" in d["ratios"] and not any(k.startswith("dos_") for k in rr), (d["ratios"], rr)
+warned = [n for n in d["notes"] if n.startswith("WARNING: alt_vs_peer_zero_offload:")]
+assert len(warned) == 1 and "not a measured difference" in warned[0], d["notes"]
+assert not any(n.startswith("WARNING: alt_vs_peer_best_dos_stride") for n in d["notes"]), d["notes"]
+import re
+row = re.search(r"\| peer zero_offload \(external, PyTorch\) \| - \| - \| ([0-9.]+) \| - \| ([0-9.]+)\.\.([0-9.]+) \|", text)
+assert row and [abs(float(x) - y) <= 1.5e-4 for x, y in zip(row.groups(), (zo, zo / 2, zo * 2))] == [True] * 3, text
+assert f"| peer dos_stride:2 (external, PyTorch) | - | - | {d['peers']['dos_stride:2']:.4f} | - | - |" in text, text
+assert "speedups of the --run rows (other's seconds / the row's seconds): alt_vs_peer_zero_offload" in text, text
+print("ok: a peer's phases give its row's spread; a --run row's speedups against the peers, checked against it")
+PY
+[ $? = 0 ] || exit 1

@@ -10,10 +10,12 @@
 #               repository's stride:2 and twinflow, the TwinFlow-ratio peer; -n 4); about 320 s (400 s
 #               on a slower machine: the side by side may take up to 300 s); the resident runs here
 #               and in PART=rest with the update budget of `scripts/update-budget.sh resident`
-#   PART=compact the 20B quarter side by side with the compact master: dos, the repository's
-#               zero_offload and stride:2 and the peers when there, with dos-bench host's bound (as
-#               PART=20b's side by side, without its "plan" run), then dos --master compact alone with
-#               the bound at the probe's compact-form rates and bytes; -n 5 each; about 400 s
+#   PART=compact the 20B quarter side by side with the compact master: dos and dos --master compact
+#               (a --run row, with its own speedups against the baselines and peers in the same
+#               round), the repository's zero_offload and stride:2 and the peers when there, with
+#               dos-bench host's bound (dos's), then dos --master compact alone with the bound at the
+#               probe's compact-form rates and bytes (skipped when the first step ends after 420 s);
+#               -n 5 each; about 450 s
 #   PART=rest   the resident sequence (calibrating -n 2, then -n 3 from its rates cache), the 13B
 #               sweep, the 7B quarter, its 1/16 shard under 400 MB, the tiny preset (dos, cpu, gpu),
 #               dos-bench overhead, the 1.01e9-parameter GPT's update phase (and, selected by ONLY, the
@@ -90,8 +92,8 @@ case $PART in
     ;;
   compact)
     pv=(); [ ${#PEERS[@]} -gt 0 ] && pv=(--peer-variants zero_offload,dos_stride:2)
-    step compact-full 150 300 python3 examples/dos_compare.py --policies dos \
-      --baselines zero_offload,stride:2 "${PEERS[@]}" "${pv[@]}" \
+    step compact-full 150 330 python3 examples/dos_compare.py --policies dos \
+      --run "compact=--policy dos --master compact" --baselines zero_offload,stride:2 "${PEERS[@]}" "${pv[@]}" \
       --repeats 1 --host-bench --out "$OUT/compact-full" -- "${B20[@]}" -n 5
     step compact 420 170 python3 examples/dos_compare.py --policies dos --repeats 1 --host-bench \
       --out "$OUT/compact" -- "${B20[@]}" --master compact -n 5

@@ -624,7 +624,8 @@ def main(argv=None):
         f.write(text + "\n")
     with open(os.path.join(a.out, "compare.json"), "w") as f:
         json.dump({"rows": rows, "baselines": brows, "baseline_results": baselines, "peers": peers,
-                   "peer_runs": peer_runs, "ratios": ratios, "run_ratios": run_ratios, "probe": probe, "ratios_at_probe_bound": at_bound,
+                   "peer_runs": peer_runs, "ratios": ratios, "run_ratios": run_ratios,
+                   "probe": probe, "ratios_at_probe_bound": at_bound,
                    "failed": failed, "skipped": skipped, "notes": notes, "repeats": a.repeats,
                    "timeline": bool(timeline_path),
                    "dos_train_args": a.train_args}, f, indent=2)

@@ -90,7 +90,8 @@ void test_gpu_machines(void**) {
   assert_true(tight.find("--gpu-update-budget 5GB") != std::string::npos);
   assert_true(tight.find("2.0 GB should stay spare") != std::string::npos);
   assert_true(tight.find("to 3.0 GB or less") != std::string::npos);
-  assert_true(dos_train::gpu_memory_warning(need_20b(3000000000, 31500000000), h100, "3.0GB", 3000000000, 4096).empty());
+  assert_true(
+      dos_train::gpu_memory_warning(need_20b(3000000000, 31500000000), h100, "3.0GB", 3000000000, 4096).empty());
   assert_true(warned.find("to 34.5 GB or less") != std::string::npos);
   assert_true(dos_train::gpu_memory_warning(need_20b(34500000000, -1), h100, "34.5GB", 34500000000, 4096).empty());
   // 31.5 GB resident and a 1 GB update budget at 16384 tokens: no update budget makes room

@@ -6,6 +6,7 @@ PyTorch script given by --peers, not part of this repository), with the helpers 
 ``--out`` folder of the arguments ``a`` that dos_compare.py parsed, and never raises for a process
 that fails: it returns what says so."""
 import json
+import math
 import os
 import re
 import shlex
@@ -186,7 +187,8 @@ def merge_baselines(rounds):
     return merged
 
 
-PEER_RESULT = re.compile(r"RESULT\s+(\S+)\s+([0-9.]+) s/phase(?:\s+\(best\s+([0-9.]+)\s+worst\s+([0-9.]+))?")
+_NUMBER = r"([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)(?![0-9.eE])"
+PEER_RESULT = re.compile(rf"RESULT\s+(\S+)\s+{_NUMBER}\s+s/phase(?:\s+\(best\s+{_NUMBER}\s+worst\s+{_NUMBER})?")
 
 
 def run_peers(a, n, s, twinflow, notes, k=0, phase_spread=None):
@@ -194,10 +196,11 @@ def run_peers(a, n, s, twinflow, notes, k=0, phase_spread=None):
     ITERS --variants LIST, that prints one ``RESULT VARIANT SECONDS s/phase`` line per variant,
     optionally followed by ``(best B worst W`` seconds of its fastest and slowest phase) once
     (round ``k``: its log is peers[.rK].log); returns {variant: mean seconds per phase} of the
-    variants it finished (a variant with no RESULT line, or a zero one, is missing). When
+    variants it finished (a variant with no RESULT line, or a zero one, is missing; numbers as
+    Python writes floats, exponents included; of several lines for one variant, the last). When
     ``phase_spread`` (a dict) is given, it receives {variant: (best, worst)} for the RESULT lines
-    that carry both (B <= W, both > 0; others are left out). A non-zero exit status is a WARNING in
-    ``notes``."""
+    that carry both with 0 < B <= mean <= W (within 1e-9 relative); a pair outside that is left out
+    with a WARNING in ``notes``, as is a non-zero exit status."""
     base = [v.strip() for v in a.peer_variants.split(",") if v.strip()] if a.runs else []
     variants = base + [f"twinflow:{r:.4g}" for r in twinflow]
     cmd = [sys.executable, a.peers, "--n", str(n), "--s", str(s), "--iters", str(a.peer_iters),
@@ -210,12 +213,21 @@ def run_peers(a, n, s, twinflow, notes, k=0, phase_spread=None):
     out = {}
     for line in open(log):
         m = PEER_RESULT.match(line)
-        if m and float(m.group(2)) > 0:
-            out[m.group(1)] = float(m.group(2))
-            if phase_spread is not None and m.group(3) and m.group(4):
-                best, worst = float(m.group(3)), float(m.group(4))
-                if 0 < best <= worst:
-                    phase_spread[m.group(1)] = (best, worst)
+        if not m or not float(m.group(2)) > 0 or not math.isfinite(float(m.group(2))):
+            continue
+        v, mean = m.group(1), float(m.group(2))
+        out[v] = mean
+        if phase_spread is None:
+            continue
+        phase_spread.pop(v, None)  # a later line for the variant replaces the earlier one whole
+        if m.group(3) and m.group(4):
+            best, worst = float(m.group(3)), float(m.group(4))
+            tol = 1e-9 * mean
+            if 0 < best <= mean + tol and mean - tol <= worst and math.isfinite(worst):
+                phase_spread[v] = (best, worst)
+            else:
+                notes.append(f"WARNING: peer {v}: its phases' best {best:g} and worst {worst:g} s do not hold its mean "
+                             f"{mean:g} s (round {k + 1}, {log}): its spread is left out")
     if rc != 0:
         print(f"dos-compare: the peers exited with status {rc}: see {log}", file=sys.stderr)
         notes.append(f"WARNING: the peers exited with status {rc} in round {k + 1} (see {log}); that round gave "

@@ -234,11 +234,12 @@ def resident_fit(n_params, subgroup, budget, compact=False):
 
 
 def within_spread(x, y):
-    """A warning when two (median, min, max) triples differ by less than the spread of either
-    (max - min), else None."""
-    if None in x or None in y:
+    """A warning when two (median, min, max) triples differ by less than the spread (max - min) of
+    either that has one (min and max not None), else None (also when neither has one)."""
+    spreads = [t[2] - t[1] for t in (x, y) if t[1] is not None and t[2] is not None]
+    if not spreads:
         return None
-    diff, spread = abs(x[0] - y[0]), max(x[2] - x[1], y[2] - y[1])
+    diff, spread = abs(x[0] - y[0]), max(spreads)
     if diff < spread:
         return f"the difference of the medians ({diff:.4f} s) is smaller than the spread ({spread:.4f} s)"
     return None
@@ -517,7 +518,9 @@ def main(argv=None):
                         if a.repeats > 1 else "median over iterations 2.., spread over those iterations (one run "
                         "each; --repeats R for the spread between runs)")
                      + "; baselines: the same, over their update phases; peers: their mean per phase"
-                     + (f" (median and spread over the {a.repeats} rounds)" if a.repeats > 1 and peers else "")
+                     + (f" (median and spread over the {a.repeats} rounds; a peer with one round's figure, the "
+                        f"spread of its phases)" if a.repeats > 1 and peers else
+                        ", spread from its fastest to its slowest phase where it gave them" if peers else "")
                      + "; lower bound: "
                        "the resource model's, the run's own or that of the first run with the same resident budget"
                      + ("; an overlapped run's update s runs from before forward to the phase's end, its exposed "
@@ -565,8 +568,10 @@ def main(argv=None):
     # each --run row (a variant of dos's: another option, another switch) against the same baselines
     # and peers, as dos is, when it ran without a resident budget and without overlap
     run_ratios = {}
+    run_args = dict(executed)
     for row in rows:
-        if row["label"] in a.custom_labels and row["resident_budget"] is None and not row["overlapped"]:
+        if (row["label"] in a.custom_labels and row is not dos_row and row["resident_budget"] is None
+                and not row["overlapped"] and arg_value(run_args.get(row["label"], []), "--gpu-resident-budget") is None):
             against_pytorch(row["label"], row, run_ratios)
     for k in ("baseline_best_stride", "peer_best_dos_stride"):
         if k in ratios:
@@ -624,7 +629,9 @@ def main(argv=None):
         f.write(text + "\n")
     with open(os.path.join(a.out, "compare.json"), "w") as f:
         json.dump({"rows": rows, "baselines": brows, "baseline_results": baselines, "peers": peers,
-                   "peer_runs": peer_runs, "ratios": ratios, "run_ratios": run_ratios,
+                   "peer_runs": peer_runs,
+                   "peer_spreads": {v: [r["update_seconds_min"], r["update_seconds_max"]] for v, r in peer_rows.items()},
+                   "ratios": ratios, "run_ratios": run_ratios,
                    "probe": probe, "ratios_at_probe_bound": at_bound,
                    "failed": failed, "skipped": skipped, "notes": notes, "repeats": a.repeats,
                    "timeline": bool(timeline_path),

@@ -491,3 +491,46 @@ assert "speedups of the --run rows (other's seconds / the row's seconds): alt_vs
 print("ok: a peer's phases give its row's spread; a --run row's speedups against the peers, checked against it")
 PY
 [ $? = 0 ] || exit 1
+
+# The peers' RESULT lines as run_peers reads them: exponents, a malformed worst (no spread, no
+# crash), a later line for a variant replacing the earlier one whole, a best..worst that does not
+# hold the mean (left out, warned), extra spaces.
+cat > "$out/peers4.py" <<'PY'
+print("RESULT zero_offload 1e-3 s/phase (best 9e-4 worst 2e-3)")
+print("RESULT dos_stride:2 0.001 s/phase (best 0.0009 worst 0.00.2)")
+print("RESULT dos_stride:3 0.05 s/phase (best 0.04 worst 0.06)")
+print("RESULT dos_stride:3 0.07 s/phase")
+print("RESULT dos_stride:4 0.001 s/phase (best 0.005 worst 0.009)")
+print("RESULT twinflow:0.5  0.2  s/phase")
+PY
+mkdir -p "$out/peers4"
+python3 - "$compare" "$out/peers4.py" "$out/peers4" <<'PY' || exit 1
+import os, sys, types
+sys.path.insert(0, os.path.dirname(os.path.abspath(sys.argv[1])))
+import compare_runs
+a = types.SimpleNamespace(peers=sys.argv[2], peer_variants="zero_offload", runs=True, peer_iters=3, out=sys.argv[3])
+notes, spread = [], {}
+got = compare_runs.run_peers(a, 10, 5, [], notes, 0, spread)
+want = {"zero_offload": 1e-3, "dos_stride:2": 0.001, "dos_stride:3": 0.07, "dos_stride:4": 0.001, "twinflow:0.5": 0.2}
+assert got == want, got
+assert spread == {"zero_offload": (9e-4, 2e-3)}, spread
+assert len(notes) == 1 and "peer dos_stride:4" in notes[0] and "do not hold its mean" in notes[0], notes
+print("ok: the peers' RESULT lines: exponents, malformed, repeated and inconsistent spreads")
+PY
+
+# A --run row labelled dos is dos's row (its speedups on dos's line only), and a --run row with a
+# resident budget of its own gets no speedups against the peers (which keep nothing resident).
+printf 'print("RESULT zero_offload 0.5 s/phase")\n' > "$out/peers5.py"
+python3 "$compare" --dos-train "$dos_train" --policies "" --run "dos=--policy dos --tail-subgroups 0" \
+  --run "rb=--policy dos --gpu-resident-budget 1MB" --peers "$out/peers5.py" --peer-variants zero_offload \
+  --out "$out/run-rows" "${tiny[@]}" > "$out/run-rows.txt" 2>&1 || {
+  cat "$out/run-rows.txt"; echo "FAIL: dos-compare with --run rows dos and rb exited with $?"; exit 1; }
+python3 - "$out/run-rows/compare.json" <<'PY' || { cat "$out/run-rows.txt"; exit 1; }
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert {r["label"] for r in d["rows"]} == {"dos", "rb"}, d["rows"]
+assert "dos_vs_peer_zero_offload" in d["ratios"] and d["run_ratios"] == {}, (d["ratios"], d["run_ratios"])
+assert d["peer_spreads"] == {"zero_offload": [None, None]}, d["peer_spreads"]
+print("ok: a --run row named dos counted once; one with its own resident budget gets no speedups")
+PY
+[ $? = 0 ] || exit 1

@@ -22,7 +22,8 @@ Runs:
                                  run's dos-train only, as a shell's would (e.g. a measurement switch:
                                  --run "starpu-stream=DOS_DOWNLOAD_STREAM=starpu --policy dos");
                                  its log's first line shows them. A LABEL row without a resident
-                                 budget or overlap gets its own speedups against the baselines and
+                                 budget (of --resident-budgets or its own) or overlap, LABEL not
+                                 dos, gets its own speedups against the baselines and
                                  the peers (``LABEL_vs_peer_zero_offload`` ...: "speedups of the
                                  --run rows", compare.json's ``run_ratios``), checked against the
                                  spreads as dos's are
@@ -51,7 +52,8 @@ Runs:
   --peers PATH                   an external PyTorch re-creation of the baselines, as a cross-check
                                  (a script taking --n, --s, --iters and --variants and printing
                                  ``RESULT VARIANT SECONDS s/phase`` lines, optionally followed by
-                                 ``(best B worst W``, its phases' fastest and slowest seconds:
+                                 ``(best B worst W``, its phases' fastest and slowest seconds (a
+                                 pair that does not hold the mean is left out, with a WARNING):
                                  compare_runs.run_peers;
                                  for example a copy kept at .peers/torch_update_phase.py,
                                  git-ignored), on the same N and S: --peer-variants (default

@@ -213,9 +213,11 @@ def run_peers(a, n, s, twinflow, notes, k=0, phase_spread=None):
     out = {}
     for line in open(log):
         m = PEER_RESULT.match(line)
-        if not m or not float(m.group(2)) > 0 or not math.isfinite(float(m.group(2))):
+        if not m:
             continue
         v, mean = m.group(1), float(m.group(2))
+        if not (mean > 0 and math.isfinite(mean)):
+            continue
         out[v] = mean
         if phase_spread is None:
             continue

@@ -425,7 +425,7 @@ def main(argv=None):
     peer_rows = {}
     for v, ts in peer_runs.items():
         peers[v] = statistics.median(ts)
-        phases = next((sp[v] for sp, rnd in zip(peer_phase_spreads, peer_rounds) if v in rnd and v in sp), None)
+        phases = next((sp[v] for sp in peer_phase_spreads if v in sp), None)  # a round's spread needs its figure
         lo, hi = (min(ts), max(ts)) if len(ts) > 1 else phases or (None, None)
         peer_rows[v] = {"update_seconds": peers[v], "update_seconds_min": lo, "update_seconds_max": hi}
         if len(ts) < a.repeats:
@@ -599,12 +599,12 @@ def main(argv=None):
                          f"{f' (resident budget {budget})' if budget else ''}: {pb:.4f} s; of it: {shares or '-'}")
         lines.append(f"(the probe's rates: {host_probe.describe(probe['rates'])} {probe['from']}; "
                      f"{os.path.join(a.out, 'host-bench.log')})")
+    listed = lambda d: ", ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}" for k, v in d.items())  # noqa: E731
     if ratios:
-        lines.append("\nspeedups of dos (other's seconds / dos's seconds): " +
-                     ", ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}" for k, v in ratios.items()))
+        lines.append("\nspeedups of dos (other's seconds / dos's seconds): " + listed(ratios))
     if run_ratios:
         lines.append(("" if ratios else "\n") + "speedups of the --run rows (other's seconds / the row's seconds): " +
-                     ", ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}" for k, v in run_ratios.items()))
+                     listed(run_ratios))
     # what a phase at the model's bound for the probe's rates would give against the same others
     at_bound = {}
     pb = (probe or {}).get("bounds", {})
@@ -614,7 +614,7 @@ def main(argv=None):
                 at_bound[k] = v * dos_row["update_seconds"] / pb[""]
     if at_bound:
         lines.append("the same speedups for a phase at the lower bound of dos-bench host's rates: " +
-                     ", ".join(f"{k} {v:.2f}" for k, v in at_bound.items()))
+                     listed(at_bound))
     for label, why in skipped.items():
         notes.insert(0, f"run {label} skipped: {why}")
     if baseline_error:

@@ -234,6 +234,7 @@ cudaStream_t CopyStream::issue(const Job& job, Result& res, cudaStream_t stream)
       std::fprintf(stderr, "[dos] warning: a host staging buffer is not pinned (no device pointer): its copies go by "
                            "cudaMemcpyAsync, which waits behind StarPU's transfers on the copy engine (slower, same bits)\n");
   }
+  res.by_engine = !host_dev;  // by cudaMemcpyAsync: asked for, or the staging is not mapped
   if (!host_dev && !up) {
     int dev = -1;
     if (cudaGetDevice(&dev) == cudaSuccess)
@@ -273,5 +274,16 @@ std::size_t CopyStream::job_bytes(const Job&) { return 0; }
 CUstream_st* CopyStream::issue(const Job&, Result&, CUstream_st* stream) { return stream; }
 
 #endif
+
+bool download_starved(double seconds, std::size_t bytes, double b_d2h, double floor_seconds) noexcept {
+  if (!(b_d2h > 0) || !(seconds == seconds)) return false;
+  return seconds > floor_seconds && seconds > 10.0 * double(bytes) / b_d2h;
+}
+
+double download_starved_floor() {
+  static const double floor =
+      1e-3 * double(env_whole("DOS_STARVED_DOWNLOAD_MS", 0, 600000, 100, "100 ms"));
+  return floor;
+}
 
 }  // namespace dos::detail

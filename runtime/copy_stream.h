@@ -21,8 +21,9 @@
 //     made by the kernel they held back StarPU's upload of the first streamed state (the first
 //     streamed Adam began at 100-110 ms instead of 41-68 ms) while the kernels wrote into host
 //     memory. Those asked for after write-backs began may wait behind all of them (on an H100,
-//     one waited 542 ms, the CPU idle); under DOS_COPY_BY=auto (not the default: 6% slower on an
-//     H200 where none waited so) a job issued while the optimizer counts streamed state on its way
+//     one waited 542 ms, the CPU idle); under DOS_COPY_BY=auto (not always: 6% slower on an H200
+//     where none waited so), and under the default, adaptive, once a download starved
+//     (download_starved below), a job issued while the optimizer counts streamed state on its way
 //     home (Job::engine_busy) goes by the kernel; DOS_AUTO_WRITEBACKS=N (a measurement switch,
 //     default 1) asks for at least N of them on their way home (2: only when one waits behind
 //     another on the link, as the write-backs did on that H100 and mostly did not on the H200).
@@ -91,11 +92,14 @@ class CopyStream {
   /// same stream ended, if that is later (the stream runs them one after the other; a job not
   /// issued went on none), and when its wait for its copies returned; bytes: bytes copied; error:
   /// empty, or what failed (the CUDA call and its message: the destination then holds an unknown
-  /// mix of old and new values).
+  /// mix of old and new values); by_engine: its copies went by cudaMemcpyAsync (the GPU's copy
+  /// engine, in its order between streams) rather than by the kernel (false also for a job not
+  /// issued).
   struct Result {
     double start_us = 0, end_us = 0;
     std::size_t bytes = 0;
     std::string error;
+    bool by_engine = false;
   };
   /// One subgroup's copy: segment s (s < nseg) moves segs[s].count elements of elem_bytes bytes
   /// each between the GPU pointer of its direction (segs[s].param or segs[s].grad) and `host` +
@@ -157,5 +161,21 @@ class CopyStream {
   bool closing_ = false;
   std::thread thread_;
 };
+
+/// Whether a gradient download by the copy engine starved (the adaptive rule of DOS_COPY_BY,
+/// dos::runtime_copy_by): it took `seconds` from its issue to its end (Result::start_us, end_us)
+/// for `bytes`, more than 10 times `bytes` at `b_d2h` (bytes/s, the model's device-to-host PCIe
+/// rate, Rates::B_d2h) and more than `floor_seconds` (download_starved_floor()). A download that
+/// waits behind the state write-backs already on the link takes a few of them (on the GPU machine
+/// the longest of a 20B quarter's phase, 248 MB, took 13.8 ms); one that waits behind every
+/// write-back queued, the later ones included, as on some H100 machines, takes hundreds (542 ms).
+/// False when b_d2h is not positive or `seconds` is not a number. Throws nothing.
+bool download_starved(double seconds, std::size_t bytes, double b_d2h, double floor_seconds) noexcept;
+
+/// download_starved's floor, seconds: DOS_STARVED_DOWNLOAD_MS / 1000 (a measurement switch, read
+/// once: a whole number of milliseconds 0..600000; 0 counts every download by the copy engine that
+/// took more than 10 times its bytes at B_d2h), else 0.1; any other value is ignored, with a warning
+/// on stderr.
+double download_starved_floor();
 
 }  // namespace dos::detail

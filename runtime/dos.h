@@ -170,22 +170,27 @@ bool runtime_uploads_params();
 bool runtime_downloads_grads();
 
 /// The values DOS_COPY_BY may take (runtime_copy_by); the first is the default.
-inline constexpr const char* kCopyByValues[] = {"memcpy-down", "auto", "kernel", "memcpy", "memcpy-up"};
+inline constexpr const char* kCopyByValues[] = {"adaptive", "memcpy-down", "auto", "kernel", "memcpy", "memcpy-up"};
 
 /// How the runtime's own copies (runtime_uploads_params, runtime_downloads_grads) go, as the
-/// environment's DOS_COPY_BY says (read once): "memcpy-down" (the default: unset, or a value not
-/// in kCopyByValues, with a warning on stderr) the gradient downloads by cudaMemcpyAsync (the GPU's
-/// copy engine) and the parameter uploads by a kernel through the pinned staging's mapped pointer;
+/// environment's DOS_COPY_BY says (read once): "adaptive" (the default: unset, or a value not in
+/// kCopyByValues, with a warning on stderr) as "memcpy-down" until a phase's gradient download by
+/// the copy engine starves (detail::download_starved: more than 100 ms and 10 times its bytes at
+/// the model's B_d2h), then as "auto" for the rest of the process (runtime_downloads_dodge_writebacks;
+/// StepStats::downloads_dodge_writebacks says which a phase ran; with a verbose optimizer, a line on
+/// stderr says when and why it changed); "memcpy-down" the gradient downloads by cudaMemcpyAsync
+/// (the GPU's copy engine) and the parameter uploads by a kernel through the pinned staging's
+/// mapped pointer;
 /// "auto" as "memcpy-down", except that a gradient download issued while a streamed subgroup's
 /// state is on its way home (its Adam ended on the GPU, its eager write-back not yet done) goes by
 /// the kernel: by the copy engine it may wait behind every state write-back StarPU queued there,
 /// the later ones included (on an H100: a 248 MB download issued at 71 ms ended at 613 ms, after 13
 /// write-backs of 1.5 GB, the CPU idle meanwhile); on an H200 where no download waited so, "auto"
-/// made the 20B quarter's phase 6% slower (0.7746 s against 0.7274 s, one run each), so it is not
-/// the default;
+/// made the 20B quarter's phase 6% slower (0.7746 s against 0.7274 s, one run each), and on H100s
+/// where none waited 0-6%, so it is taken only where a download starved;
 /// "kernel" both directions by the kernel; "memcpy" both by cudaMemcpyAsync; "memcpy-up" the
-/// uploads by cudaMemcpyAsync and the downloads by the kernel. The last four are measurement
-/// switches. Why "memcpy-down" (measured on the GPU machine, 20B quarter, 19 CPU subgroups of 248 MB
+/// uploads by cudaMemcpyAsync and the downloads by the kernel. The last five are measurement
+/// switches. Why the downloads by the copy engine first (measured on the GPU machine, 20B quarter, 19 CPU subgroups of 248 MB
 /// of gradients each, downloaded at the phase's start): downloads by the kernel ran back to back for
 /// about 110 ms and held back the streamed state's upload, so the first streamed Adam began at
 /// 100-110 ms; by the copy engine at 41-68 ms. An upload by cudaMemcpyAsync waits behind every
@@ -196,7 +201,8 @@ const char* runtime_copy_by();
 /// Whether the runtime's own copies of one direction (up: the CPU-updated parameters to the GPU;
 /// otherwise the gradients to host staging) go by cudaMemcpyAsync (the copy engine, shared in order
 /// with StarPU's transfers of the same direction) rather than by a kernel, as runtime_copy_by()
-/// says ("auto": the copy engine, each download's own choice aside, runtime_copy_by_auto). The
+/// says ("auto" and "adaptive": the copy engine, each download's own choice aside,
+/// runtime_downloads_dodge_writebacks). The
 /// plan's phase simulation follows it (Execution::grad_download_by_copy_engine,
 /// param_upload_by_copy_engine; under "auto" it takes every download by the copy engine). Staging
 /// the runtime could not pin goes by cudaMemcpyAsync whatever this says.
@@ -205,6 +211,12 @@ bool runtime_copies_by_copy_engine(bool up);
 /// Whether runtime_copy_by() is "auto": each gradient download then goes by the kernel while a
 /// streamed state write-back is on the device-to-host link, else by the copy engine.
 bool runtime_copy_by_auto();
+
+/// Whether the gradient downloads issued now go by the kernel while a streamed state write-back is
+/// on the device-to-host link (else by the copy engine): always under DOS_COPY_BY=auto; under
+/// "adaptive" (the default) once a download of this process starved (runtime_copy_by); never
+/// otherwise. Same bits either way.
+bool runtime_downloads_dodge_writebacks();
 
 /// The runtime's clock, seconds: StarPU's (starpu_timing_now(): StarPU 1.3.10 reads CLOCK_MONOTONIC,
 /// counted from StarPU's start while a Runtime runs), which
@@ -512,6 +524,13 @@ struct StepStats {
   /// binding moved subgroups: tail_moved > 0) against the phase's seconds from its first
   /// submission: predicted_seconds and seconds, both less the phase's set-up.
   bool refinement_held = false;
+  /// The runtime's own gradient downloads by the copy engine (runtime_copy_by): the one that took
+  /// longest from its issue to its end, seconds, and its bytes (0, 0: none went by the copy engine);
+  /// downloads_dodge_writebacks: whether this phase's downloads issued while a streamed state was on
+  /// its way home went by the kernel (runtime_downloads_dodge_writebacks when the phase began).
+  double longest_download_seconds = 0;
+  std::size_t longest_download_bytes = 0;
+  bool downloads_dodge_writebacks = false;
   /// Seconds the phase's start spent on its plan, counted in `seconds`: the plan's decide() (the
   /// `dos` plan's search), or the wait for the decision made ahead of the phase (PlanNeeds::
   /// decided_ahead: started when the phase before ended); plan_decided_ahead: the phase took that

@@ -166,6 +166,29 @@ struct OpenStep {
     std::lock_guard<std::mutex> g(copy_mu);
     return copy_error;
   }
+  // The runtime's own downloads by the copy engine (DOS_COPY_BY, dos::runtime_copy_by):
+  // dodge_writebacks and b_d2h are set when the phase begins (runtime_downloads_dodge_writebacks,
+  // the rates' B_d2h in bytes/s, 0 without rates); the longest download so far and whether one
+  // starved (download_starved against b_d2h) are kept under copy_mu.
+  bool dodge_writebacks = false;
+  double b_d2h = 0;
+  double longest_download_seconds = 0;  // guarded by copy_mu
+  std::size_t longest_download_bytes = 0;  // guarded by copy_mu
+  double starved_seconds = 0;  // the longest starved download's seconds (0: none); guarded by copy_mu
+  std::size_t starved_bytes = 0;  // and its bytes; guarded by copy_mu
+  /// Records one download by the copy engine that took `seconds` (issue to end) for `bytes`; any
+  /// thread. Throws nothing.
+  void note_download(double seconds, std::size_t bytes) noexcept {
+    std::lock_guard<std::mutex> g(copy_mu);
+    if (seconds > longest_download_seconds) {
+      longest_download_seconds = seconds;
+      longest_download_bytes = bytes;
+    }
+    if (seconds > starved_seconds && download_starved(seconds, bytes, b_d2h, download_starved_floor())) {
+      starved_seconds = seconds;
+      starved_bytes = bytes;
+    }
+  }
 
   OpenStep() = default;
   OpenStep(const OpenStep&) = delete;
@@ -219,6 +242,12 @@ void params_written(Subgroup* sg);
 /// Whether a read acquire of a state on host memory is followed by starpu_data_wont_use on its
 /// handle (state_writeback.cpp): true unless DOS_WONT_USE=0 (a measurement switch, read once).
 bool wont_use_after_writeback();
+
+/// Under DOS_COPY_BY=adaptive (runtime_copy_by): records that a download of this process starved,
+/// so that runtime_downloads_dodge_writebacks() is true from now on; returns whether this call
+/// changed it (false under any other DOS_COPY_BY, or when a starved download was noted before).
+/// Any thread; throws nothing. (staging.cpp)
+bool note_starved_download() noexcept;
 
 /// Checks DOS_CALIBRATE_LINK_SHARE (the calibration's link_share rule, calibrate_rates) now, so that a
 /// value naming no rule is refused wherever a model policy runs, not only where a calibration does

@@ -5,6 +5,7 @@
 // (copy_stream.h), with the callbacks of both.
 #include <starpu.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -33,19 +34,35 @@ bool runtime_downloads_grads() {
 }
 
 const char* runtime_copy_by() {
-  static_assert(std::size(kCopyByValues) == 5, "every value of kCopyByValues is accepted below");
+  static_assert(std::size(kCopyByValues) == 6, "every value of kCopyByValues is accepted below");
   static const char* const by = kCopyByValues[env_choice(
-      "DOS_COPY_BY", {kCopyByValues[0], kCopyByValues[1], kCopyByValues[2], kCopyByValues[3], kCopyByValues[4]}, 0,
-      "ignored (the default, memcpy-down: gradients down by the copy engine, parameters up by the kernel)")];
+      "DOS_COPY_BY",
+      {kCopyByValues[0], kCopyByValues[1], kCopyByValues[2], kCopyByValues[3], kCopyByValues[4], kCopyByValues[5]}, 0,
+      "ignored (the default, adaptive: gradients down by the copy engine until one starves, parameters up by the "
+      "kernel)")];
   return by;
 }
 
 bool runtime_copy_by_auto() { return std::strcmp(runtime_copy_by(), "auto") == 0; }
 
+namespace {
+bool copy_by_adaptive() { return std::strcmp(runtime_copy_by(), "adaptive") == 0; }
+/// Under "adaptive": a download of this process has starved (note_starved_download)
+std::atomic<bool> g_download_starved{false};
+}  // namespace
+
+bool runtime_downloads_dodge_writebacks() {
+  return runtime_copy_by_auto() || (copy_by_adaptive() && g_download_starved.load());
+}
+
+bool detail::note_starved_download() noexcept {
+  return copy_by_adaptive() && !g_download_starved.exchange(true);
+}
+
 bool runtime_copies_by_copy_engine(bool up) {
   const char* by = runtime_copy_by();
   return std::strcmp(by, "memcpy") == 0 || std::strcmp(by, up ? "memcpy-up" : "memcpy-down") == 0 ||
-         (!up && runtime_copy_by_auto());
+         (!up && (runtime_copy_by_auto() || copy_by_adaptive()));
 }
 
 namespace {
@@ -102,6 +119,7 @@ void end_copy(OwnCopy* c, const CopyStream::Result& r) noexcept {
   }
   starpu_data_release(held);
   if (r.error.empty()) add_bus_bytes(up ? r.bytes : 0, up ? 0 : r.bytes);
+  if (!up && r.error.empty() && r.by_engine) ph->note_download(1e-6 * (r.end_us - r.start_us), r.bytes);
   try {
     if (sg->timeline)
       sg->timeline->record_span(up ? "h2d" : "d2h", up ? "scatter" : "gather", std::size_t(sg->hint_update.subgroup),
@@ -129,8 +147,9 @@ void start_copy(void* arg) {
     j.elem_bytes = up || c->params_down ? dtype_size(sg->scatter.dtype) : dtype_size(sg->gather_grads.dst_dtype);
     j.host = up || c->params_down ? sg->param16.ptr : sg->grad32.ptr;
     j.params_down = c->params_down;
-    // auto: a download goes by the kernel while streamed state is on its way home on the copy engine
-    if (!up && runtime_copy_by_auto()) j.engine_busy = sg->on_link;
+    // auto (or adaptive once a download starved): a download goes by the kernel while streamed
+    // state is on its way home on the copy engine
+    if (!up && c->ph->dodge_writebacks) j.engine_busy = sg->on_link;
     j.done = [c](const CopyStream::Result& r) { end_copy(c, r); };
     c->stream->enqueue(std::move(j));
   } catch (const std::exception& e) {

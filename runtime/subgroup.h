@@ -92,7 +92,7 @@ struct Subgroup {
   struct TailWatch* tail = nullptr;
   std::atomic<int> tail_side{0};
   // The eager write-back of this subgroup's streamed state on the device-to-host link, for
-  // DOS_COPY_BY=auto (runtime_copy_by_auto): 0 submitted, its Adam not ended on the GPU (an Adam
+  // DOS_COPY_BY=auto or adaptive (runtime_downloads_dodge_writebacks): 0 submitted, its Adam not ended on the GPU (an Adam
   // on the CPU leaves it there until the state is home); 1 its Adam ended on the GPU and the state
   // is on its way home (counted in *on_link); 2 none, or home. on_link: the optimizer's count of
   // such write-backs (Impl::state_writebacks_on_link). Speculative shadows' and end-of-phase

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <iterator>
@@ -189,6 +190,8 @@ void Optimizer::Impl::begin(bool overlapped) {
     throw;
   }
   st.plan = plan;
+  ph.dodge_writebacks = st.downloads_dodge_writebacks = runtime_downloads_dodge_writebacks();
+  ph.b_d2h = have_rates ? rates.B_d2h : 0;
   if (!plan.empty()) {
     for (std::size_t i = 0; i < sgs.size(); ++i) {
       sgs[i]->hint_update.side = plan[i] == PlanSide::cpu ? Side::cpu : Side::gpu;
@@ -570,6 +573,21 @@ StepStats Optimizer::Impl::finish_wait() {
     // started still gets one
     ph.sample_bus();
   }
+  double starved_s = 0, starved_bytes = 0;
+  {
+    std::lock_guard<std::mutex> g(ph.copy_mu);  // every copy has ended: nothing else writes these now
+    st.longest_download_seconds = ph.longest_download_seconds;
+    st.longest_download_bytes = ph.longest_download_bytes;
+    starved_s = ph.starved_seconds;
+    starved_bytes = double(ph.starved_bytes);
+  }
+  if (starved_s > 0 && note_starved_download() && opt.verbose)
+    std::fprintf(stderr,
+                 "[dos] a gradient download by the copy engine took %.1f ms for %.1f MB (%.1f ms at the model's %.1f "
+                 "GB/s): it waited behind the state write-backs; from the next phase on, downloads issued while one "
+                 "is on its way home go by the kernel (DOS_COPY_BY=adaptive; memcpy-down keeps the copy engine, "
+                 "same bits)\n",
+                 1e3 * starved_s, 1e-6 * starved_bytes, 1e3 * starved_bytes / ph.b_d2h, 1e-9 * ph.b_d2h);
   st.window_peak_bytes = window.limit ? window.peak : 0;
   for (unsigned node : cuda_nodes) {
     const starpu_ssize_t total = starpu_memory_get_total(node), avail = starpu_memory_get_available(node);

@@ -138,7 +138,7 @@ expect "more than 0 bytes" --gpu-update-budget 0
 expect "needs --writeback eager" --gpu-update-budget 1GB --writeback end
 expect "eager or end" --writeback later
 expect "fp32 or native" --grad-transfer fp8
-expect "memcpy-down, auto, kernel, memcpy or memcpy-up" --copy-by memcopy
+expect "adaptive, memcpy-down, auto, kernel, memcpy or memcpy-up" --copy-by memcopy
 expect "stream-lookahead" --stream-lookahead -1
 expect "tail-subgroups must be auto or a whole number in" --tail-subgroups -1
 expect "tail-subgroups must be auto or a whole number in" --tail-subgroups 6x

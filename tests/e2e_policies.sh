@@ -4,7 +4,7 @@
 # here), cpu and gpu where a GPU exists (both kernels evaluate the same IEEE fp32 operations in the
 # same order), the plans that mix the two sides, the tail binding, the gradients' staging
 # (README, "Tests").
-#   e2e_policies.sh DOS_TRAIN ST_COMPARE cpu-dmda|cpu-gpu|cpu-dos|tail|shards|resume|staging|iteration|overlap
+#   e2e_policies.sh DOS_TRAIN ST_COMPARE cpu-dmda|cpu-gpu|cpu-dos|starved|tail|shards|resume|staging|iteration|overlap
 set -u
 train=$1 cmp=$2 mode=$3
 tmp=$(mktemp -d)
@@ -58,6 +58,29 @@ case "$mode" in
     run --policy round-robin --save-params "$tmp/rr.safetensors"
     "$cmp" "$tmp/cpu.safetensors" "$tmp/dos.safetensors" && "$cmp" "$tmp/cpu.safetensors" "$tmp/static.safetensors" &&
       "$cmp" "$tmp/cpu.safetensors" "$tmp/greedy.safetensors" && "$cmp" "$tmp/cpu.safetensors" "$tmp/rr.safetensors" ;;
+  starved)
+    # DOS_STARVED_DOWNLOAD_MS=0 (set by the meson test): with a GPU every gradient download by the
+    # copy engine counts as starved, so from the second phase on the downloads dodge the state
+    # write-backs (DOS_COPY_BY's default, adaptive); the same bits as the CPU's. Without a GPU
+    # nothing is downloaded and nothing changes.
+    [ "${DOS_STARVED_DOWNLOAD_MS:-}" = 0 ] || { echo "starved needs DOS_STARVED_DOWNLOAD_MS=0"; exit 1; }
+    run --policy cpu --save-params "$tmp/cpu.safetensors"
+    run --policy dos --gpu-fraction 1/2 --report "$tmp/r.json" --save-params "$tmp/dos.safetensors"
+    "$cmp" "$tmp/cpu.safetensors" "$tmp/dos.safetensors" || exit 1
+    python3 - "$tmp/r.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+gpu = r["cuda_workers"] > 0
+its = r["iterations"]
+assert len(its) == 3, its
+for k, it in enumerate(its):
+    assert it["downloads_dodge_writebacks"] == (gpu and k > 0), (k, it)
+    if k == 0:  # later downloads may all go by the kernel, which the copy engine's figures leave out
+        assert (it["longest_download_bytes"] > 0) == (gpu and it["subgroups_cpu"] > 0), (k, it)
+print("ok: downloads dodge write-backs %s, longest downloads %s s" %
+      ([i["downloads_dodge_writebacks"] for i in its], [i["longest_download_seconds"] for i in its]))
+PY
+    ;;
   tail)
     # late binding of the plan's tail (--tail-subgroups): the same bits as the plan as made (a tail
     # subgroup may run on either side). With a CUDA worker every

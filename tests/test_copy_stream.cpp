@@ -6,8 +6,10 @@
 // host and device addresses differ modulo 16 bytes, and pageable staging, copied by
 // cudaMemcpyAsync) and nothing else of the destination moves; many jobs queued at once (taken by
 // the thread as one batch, issued together, waited for in order) land as each would alone, with a
-// failing job among them failing alone and the spans one after the other. Without CUDA in the build the
-// CopyStream refuses to exist. The GPU cases skip without a GPU.
+// failing job among them failing alone and the spans one after the other; each result says whether
+// the copy engine made it. Without CUDA in the build the CopyStream refuses to exist. The GPU cases
+// skip without a GPU. download_starved's rule is checked everywhere.
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <mutex>
@@ -82,8 +84,10 @@ void test_errors_in_order(void**) {
 }
 
 /// One job through a CopyStream of its own, waited for (the destructor drains the queue): it must
-/// end once, without an error, having copied `bytes`.
-void copy_one(CopyStream::Direction dir, const dos::Segment* segs, std::size_t nseg, void* host, std::size_t bytes) {
+/// end once, without an error, having copied `bytes`, by the copy engine when `by_engine` (the
+/// default DOS_COPY_BY: downloads and unpinned staging) and by the kernel otherwise.
+void copy_one(CopyStream::Direction dir, const dos::Segment* segs, std::size_t nseg, void* host, std::size_t bytes,
+              bool by_engine) {
   Record rec;
   {
     CopyStream cs;
@@ -92,6 +96,7 @@ void copy_one(CopyStream::Direction dir, const dos::Segment* segs, std::size_t n
   assert_int_equal(rec.results.size(), 1);
   if (!rec.results[0].error.empty()) fail_msg("copy failed: %s", rec.results[0].error.c_str());
   assert_int_equal(rec.results[0].bytes, bytes);
+  assert_int_equal(rec.results[0].by_engine, by_engine);
 }
 
 // A real upload: two segments of one subgroup (3 and 1998 elements, packed in the staging buffer at
@@ -107,7 +112,7 @@ void test_upload_on_gpu(void**) {
   assert_int_equal(cudaMalloc(reinterpret_cast<void**>(&dev), n * 2), cudaSuccess);
   assert_int_equal(cudaMemset(dev, 0xff, n * 2), cudaSuccess);
   dos::Segment segs[2] = {{dev + 10, nullptr, 0, a}, {dev + 1000, nullptr, a, b}};
-  copy_one(CopyStream::Direction::to_gpu, segs, 2, staging, (a + b) * 2);
+  copy_one(CopyStream::Direction::to_gpu, segs, 2, staging, (a + b) * 2, false);
   std::vector<std::uint16_t> back(n);
   assert_int_equal(cudaMemcpy(back.data(), dev, n * 2, cudaMemcpyDeviceToHost), cudaSuccess);
   for (std::size_t i = 0; i < n; ++i) {
@@ -135,7 +140,7 @@ void test_download_on_gpu(void**) {
   assert_int_equal(cudaMallocHost(reinterpret_cast<void**>(&staging), (a + b + 1) * 2), cudaSuccess);
   for (std::size_t i = 0; i < a + b + 1; ++i) staging[i] = 0x1234;
   dos::Segment segs[2] = {{nullptr, dev + 4000, 0, a}, {nullptr, dev + 17, a, b}};
-  copy_one(CopyStream::Direction::to_host, segs, 2, staging, (a + b) * 2);
+  copy_one(CopyStream::Direction::to_host, segs, 2, staging, (a + b) * 2, true);
   assert_int_equal(staging[0], grads[4000]);
   for (std::size_t i = 0; i < b; ++i)
     if (staging[a + i] != grads[17 + i]) fail_msg("element %zu: %#x, want %#x", a + i, unsigned(staging[a + i]), unsigned(grads[17 + i]));
@@ -155,7 +160,7 @@ void test_pageable_staging(void**) {
   assert_int_equal(cudaMalloc(reinterpret_cast<void**>(&dev), (n + 8) * 2), cudaSuccess);
   assert_int_equal(cudaMemset(dev, 0, (n + 8) * 2), cudaSuccess);
   dos::Segment seg{dev + 3, nullptr, 0, n};
-  copy_one(CopyStream::Direction::to_gpu, &seg, 1, staging.data(), n * 2);
+  copy_one(CopyStream::Direction::to_gpu, &seg, 1, staging.data(), n * 2, true);
   std::vector<std::uint16_t> back(n + 8);
   assert_int_equal(cudaMemcpy(back.data(), dev, (n + 8) * 2, cudaMemcpyDeviceToHost), cudaSuccess);
   for (std::size_t i = 0; i < n + 8; ++i) {
@@ -249,6 +254,27 @@ void test_needs_cuda(void**) {
 
 #endif
 
+// download_starved against its rule worked by hand: a download starves when it took more than the
+// floor and more than 10 times its bytes at B_d2h (50 GB/s here: 248 MB in 4.96 ms, so 49.6 ms),
+// never without a rate or for a time that is not a number
+void test_download_starved(void**) {
+  using dos::detail::download_starved;
+  const double B = 50e9;
+  const std::size_t big = 248000000, small = 20000;
+  assert_true(download_starved(0.542, big, B, 0.1));    // the 542 ms wait measured on an H100
+  assert_false(download_starved(0.0138, big, B, 0.1));  // the longest on an H200 where none waited
+  assert_false(download_starved(0.099, big, B, 0.1));   // above 10x, below the floor
+  assert_true(download_starved(0.101, big, B, 0.1));
+  assert_false(download_starved(0.0495, big, B, 0.0));  // just under 10x
+  assert_true(download_starved(0.0497, big, B, 0.0));
+  assert_true(download_starved(5e-6, small, B, 0.0));   // 20 kB: 0.4 us at B, so 4 us
+  assert_false(download_starved(3e-6, small, B, 0.0));
+  assert_false(download_starved(10.0, big, 0.0, 0.1));  // no rate: never
+  assert_false(download_starved(10.0, big, -1.0, 0.1));
+  assert_false(download_starved(std::nan(""), big, B, 0.1));
+  assert_true(download_starved(0.2, 0, B, 0.1));  // nothing copied, yet 200 ms from issue to end
+}
+
 }  // namespace
 
 int main() {
@@ -262,6 +288,7 @@ int main() {
 #else
       cmocka_unit_test(test_needs_cuda),
 #endif
+      cmocka_unit_test(test_download_starved),
   };
   return cmocka_run_group_tests(tests, nullptr, nullptr);
 }

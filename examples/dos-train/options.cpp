@@ -285,7 +285,7 @@ Checked check_options(const Args& a) {
     fail("--grad-transfer must be fp32 or native, got '" + a.grad_transfer + "'");
   if (!a.copy_by.empty() && std::none_of(std::begin(dos::kCopyByValues), std::end(dos::kCopyByValues),
                                          [&](const char* k) { return a.copy_by == k; }))
-    fail("--copy-by must be memcpy-down, auto, kernel, memcpy or memcpy-up, got '" + a.copy_by + "'");
+    fail("--copy-by must be adaptive, memcpy-down, auto, kernel, memcpy or memcpy-up, got '" + a.copy_by + "'");
   if (a.writeback != "eager" && a.writeback != "end") fail("--writeback must be eager or end, got '" + a.writeback + "'");
   if (c.update_budget > 0 && a.writeback != "eager") fail("--gpu-update-budget needs --writeback eager");
   if (a.tokens < 1) fail("--tokens must be at least 1, got " + std::to_string(a.tokens));
@@ -404,10 +404,12 @@ int parse_command_line(int argc, char** argv, Args& a) {
       ->capture_default_str();
   app.add_option("--copy-by", a.copy_by,
                  "how the runtime's own copies of CPU-updated subgroups between the model's GPU tensors and host "
-                 "staging go (DOS_COPY_BY, which it replaces for this run): memcpy-down (the default) the gradients "
-                 "down by cudaMemcpyAsync and the parameters up by a kernel through mapped memory; auto as memcpy-down, "
-                 "but a gradient download issued while streamed state is on its way home goes by the kernel (by the "
-                 "copy engine it may wait behind those write-backs); kernel, memcpy and memcpy-up (measurement "
+                 "staging go (DOS_COPY_BY, which it replaces for this run): adaptive (the default) as memcpy-down "
+                 "until a download by the copy engine starves (more than 100 ms and 10 times its bytes at the model's "
+                 "PCIe rate), then as auto; memcpy-down the gradients down by cudaMemcpyAsync and the parameters up "
+                 "by a kernel through mapped memory; auto as memcpy-down, but a gradient download issued while "
+                 "streamed state is on its way home goes by the kernel (by the copy engine it may wait behind those "
+                 "write-backs); kernel, memcpy and memcpy-up (measurement "
                  "switches) both by the kernel, both by cudaMemcpyAsync, or only the uploads by cudaMemcpyAsync; the "
                  "same bits every way");
   app.add_flag("--urgent-writeback", a.urgent_writeback,

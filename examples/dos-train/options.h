@@ -47,7 +47,7 @@ struct Args {
   std::string writeback = "eager";
   std::string grad_transfer = "native";
   std::string master = "full";  ///< --master: full (fp32 masters) or compact (OptimizerOptions::compact_master)
-  std::string copy_by;  ///< --copy-by: "" (as DOS_COPY_BY says, else memcpy-down), memcpy-down, auto, kernel, memcpy, memcpy-up
+  std::string copy_by;  ///< --copy-by: "" (as DOS_COPY_BY says, else adaptive), adaptive, memcpy-down, auto, kernel, memcpy, memcpy-up
   bool urgent_writeback = false;
   std::string submit_order = "plan";
   std::string timeline;

@@ -201,6 +201,9 @@ void IterationLog::add(std::int64_t it, const std::string& label, const dos::Ste
   row["refinement_held"] = s.refinement_held;
   row["plan_seconds"] = s.plan_seconds;
   row["plan_decided_ahead"] = s.plan_decided_ahead;
+  row["longest_download_seconds"] = s.longest_download_seconds;
+  row["longest_download_bytes"] = s.longest_download_bytes;
+  row["downloads_dodge_writebacks"] = s.downloads_dodge_writebacks;
   row["overlapped"] = s.overlapped;
   row["exposed_seconds"] = s.exposed_seconds;
   row["speculated"] = s.speculated;

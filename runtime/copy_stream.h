@@ -172,6 +172,12 @@ class CopyStream {
 /// False when b_d2h is not positive or `seconds` is not a number. Throws nothing.
 bool download_starved(double seconds, std::size_t bytes, double b_d2h, double floor_seconds) noexcept;
 
+/// The CPU workers' busy fraction of a phase (busy seconds over workers x the phase's seconds) under
+/// which a starved download in it turns DOS_COPY_BY's adaptive rule: a download that waited while
+/// the CPU had other work cost nothing (0.9; the phases whose downloads starved on an H100 kept the
+/// CPU busy 45-65%, those where none did 93-98%).
+inline constexpr double kStarvedCpuBusy = 0.9;
+
 /// download_starved's floor, seconds: DOS_STARVED_DOWNLOAD_MS / 1000 (a measurement switch, read
 /// once: a whole number of milliseconds 0..600000; 0 counts every download by the copy engine that
 /// took more than 10 times its bytes at B_d2h), else 0.1; any other value is ignored, with a warning

@@ -176,7 +176,9 @@ inline constexpr const char* kCopyByValues[] = {"adaptive", "memcpy-down", "auto
 /// environment's DOS_COPY_BY says (read once): "adaptive" (the default: unset, or a value not in
 /// kCopyByValues, with a warning on stderr) as "memcpy-down" until a phase's gradient download by
 /// the copy engine starves (detail::download_starved: more than 100 ms and 10 times its bytes at
-/// the model's B_d2h), then as "auto" for the rest of the process (runtime_downloads_dodge_writebacks;
+/// the model's B_d2h) while the CPU workers idle more than 10% of the phase (detail::
+/// kStarvedCpuBusy), not counting the optimizer's first phase that streams, then as "auto" for the
+/// rest of the process (runtime_downloads_dodge_writebacks;
 /// StepStats::downloads_dodge_writebacks says which a phase ran; with a verbose optimizer, a line on
 /// stderr says when and why it changed); "memcpy-down" the gradient downloads by cudaMemcpyAsync
 /// (the GPU's copy engine) and the parameter uploads by a kernel through the pinned staging's

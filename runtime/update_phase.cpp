@@ -581,13 +581,6 @@ StepStats Optimizer::Impl::finish_wait() {
     starved_s = ph.starved_seconds;
     starved_bytes = double(ph.starved_bytes);
   }
-  if (starved_s > 0 && note_starved_download() && opt.verbose)
-    std::fprintf(stderr,
-                 "[dos] a gradient download by the copy engine took %.1f ms for %.1f MB (%.1f ms at the model's %.1f "
-                 "GB/s): it waited behind the state write-backs; from the next phase on, downloads issued while one "
-                 "is on its way home go by the kernel (DOS_COPY_BY=adaptive; memcpy-down keeps the copy engine, "
-                 "same bits)\n",
-                 1e3 * starved_s, 1e-6 * starved_bytes, 1e3 * starved_bytes / ph.b_d2h, 1e-9 * ph.b_d2h);
   st.window_peak_bytes = window.limit ? window.peak : 0;
   for (unsigned node : cuda_nodes) {
     const starpu_ssize_t total = starpu_memory_get_total(node), avail = starpu_memory_get_available(node);
@@ -670,6 +663,21 @@ StepStats Optimizer::Impl::finish_wait() {
   // after a skipped one.
   last_changed = st.overlapped && verdict == StepVerdict::changed;
   const bool first_streamed = measure.streamed > 0 && !buffers_were_allocated;
+  // A starved download turns the adaptive rule (DOS_COPY_BY) to dodging the write-backs when it
+  // cost the CPU: its workers idle more than 10% of the phase. Not from the first phase that
+  // streams, whose device allocations hold the links (a 248 MB download took 194 ms there on an
+  // H100 whose later ones took at most 13 ms, the CPU 98% busy all the same).
+  const double cpu_busy_fraction =
+      rt.cpu_workers() > 0 && st.seconds > 0 ? st.cpu_busy_seconds / (double(rt.cpu_workers()) * st.seconds) : 1.0;
+  if (starved_s > 0 && !first_streamed && cpu_busy_fraction < kStarvedCpuBusy && note_starved_download() &&
+      opt.verbose)
+    std::fprintf(stderr,
+                 "[dos] a gradient download by the copy engine took %.1f ms for %.1f MB (%.1f ms at the model's %.1f "
+                 "GB/s), waiting behind the state write-backs, and the CPU was busy %.0f%% of the phase: from the "
+                 "next phase on, downloads issued while a write-back is on its way home go by the kernel "
+                 "(DOS_COPY_BY=adaptive; memcpy-down keeps the copy engine; the same bits)\n",
+                 1e3 * starved_s, 1e-6 * starved_bytes, 1e3 * starved_bytes / ph.b_d2h, 1e-9 * ph.b_d2h,
+                 100 * cpu_busy_fraction);
   if (!st.skipped && !st.overlapped && !ph.async) st.refinement_held = refine(measure, ph.sim, first_streamed, st.seconds - ph.setup_seconds);
   StepStats out = std::move(st);
   open.reset();

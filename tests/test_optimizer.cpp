@@ -142,13 +142,15 @@ void test_adamw_against_reference(void**) {
       assert_true(st.placement == want_plan);
     }
     if (forced_starvation() && g_policy == "dos" && cuda && gpu_ok) {
-      // DOS_STARVED_DOWNLOAD_MS=0 (this test's -starved run): the first phase's downloads by the
-      // copy engine all took more than 10 times their bytes at the calibrated B_d2h (tens of
-      // microseconds for some kB), so the default rule (adaptive) sends the later phases' downloads
-      // by the kernel while a write-back is on the link; the results stay those of the reference
+      // DOS_STARVED_DOWNLOAD_MS=0 (this test's -starved run): every download by the copy engine
+      // takes more than 10 times its bytes at the calibrated B_d2h (tens of microseconds for some
+      // kB) and these short phases keep the CPU far below 90% busy, so the second phase (the first,
+      // which streams first, does not count) turns the default rule (adaptive): from the third on
+      // the downloads go by the kernel while a write-back is on the link; the results stay those
+      // of the reference
       std::printf("  step %d: longest download %.1f us for %zu B, downloads dodge write-backs: %d\n", t,
                   1e6 * st.longest_download_seconds, st.longest_download_bytes, int(st.downloads_dodge_writebacks));
-      if (t == 1) {
+      if (t <= 2) {
         assert_true(st.longest_download_seconds > 0);
         assert_true(st.longest_download_bytes > 0);
         assert_false(st.downloads_dodge_writebacks);

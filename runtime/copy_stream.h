@@ -22,8 +22,9 @@
 //     streamed Adam began at 100-110 ms instead of 41-68 ms) while the kernels wrote into host
 //     memory. Those asked for after write-backs began may wait behind all of them (on an H100,
 //     one waited 542 ms, the CPU idle); under DOS_COPY_BY=auto (not always: 6% slower on an H200
-//     where none waited so), and under the default, adaptive, once a download starved
-//     (download_starved below), a job issued while the optimizer counts streamed state on its way
+//     where none waited so), and under the default, adaptive, once a download starved while the
+//     CPU idled (download_starved and kStarvedCpuBusy below), a job issued while the optimizer
+//     counts streamed state on its way
 //     home (Job::engine_busy) goes by the kernel; DOS_AUTO_WRITEBACKS=N (a measurement switch,
 //     default 1) asks for at least N of them on their way home (2: only when one waits behind
 //     another on the link, as the write-backs did on that H100 and mostly did not on the H200).
@@ -118,8 +119,9 @@ class CopyStream {
     /// When not null and at least DOS_AUTO_WRITEBACKS (default 1) as the job is issued, its copies go
     /// by the kernel through the
     /// staging's mapped pointer even where runtime_copies_by_copy_engine says the copy engine (the
-    /// engine's queue of that direction holds transfers the copy would wait behind: DOS_COPY_BY=auto
-    /// counts the streamed state write-backs on their way home there). Must outlive the job.
+    /// engine's queue of that direction holds transfers the copy would wait behind: DOS_COPY_BY=auto,
+    /// and adaptive once turned, count the streamed state write-backs on their way home there).
+    /// Must outlive the job.
     const std::atomic<int>* engine_busy = nullptr;
     std::function<void(const Result&)> done;
   };

@@ -166,12 +166,14 @@ struct OpenStep {
     std::lock_guard<std::mutex> g(copy_mu);
     return copy_error;
   }
-  // The runtime's own downloads by the copy engine (DOS_COPY_BY, dos::runtime_copy_by):
-  // dodge_writebacks and b_d2h are set when the phase begins (runtime_downloads_dodge_writebacks,
-  // the rates' B_d2h in bytes/s, 0 without rates); the longest download so far and whether one
-  // starved (download_starved against b_d2h) are kept under copy_mu.
+  // The runtime's own gradient downloads by the copy engine (DOS_COPY_BY, dos::runtime_copy_by):
+  // dodge_writebacks, b_d2h and starved_floor are set when the phase begins
+  // (runtime_downloads_dodge_writebacks; the rates' B_d2h in bytes/s, 0 without rates;
+  // download_starved_floor(), seconds); the longest download so far and the longest that starved
+  // (download_starved against b_d2h and starved_floor) are kept under copy_mu.
   bool dodge_writebacks = false;
   double b_d2h = 0;
+  double starved_floor = 0.1;
   double longest_download_seconds = 0;  // guarded by copy_mu
   std::size_t longest_download_bytes = 0;  // guarded by copy_mu
   double starved_seconds = 0;  // the longest starved download's seconds (0: none); guarded by copy_mu
@@ -184,7 +186,7 @@ struct OpenStep {
       longest_download_seconds = seconds;
       longest_download_bytes = bytes;
     }
-    if (seconds > starved_seconds && download_starved(seconds, bytes, b_d2h, download_starved_floor())) {
+    if (seconds > starved_seconds && download_starved(seconds, bytes, b_d2h, starved_floor)) {
       starved_seconds = seconds;
       starved_bytes = bytes;
     }
@@ -319,7 +321,8 @@ struct Optimizer::Impl {
   // the runtime's own copies of CPU subgroups' staging (copy_stream.h), one stream each way, made at
   // their first use (uploads_params, downloads_grads)
   // Streamed state write-backs on the device-to-host link now (Subgroup::writeback_link), read by
-  // the downloader's jobs under DOS_COPY_BY=auto (declared before the CopyStreams: it outlives them).
+  // the downloader's jobs under DOS_COPY_BY=auto and adaptive once turned (declared before the
+  // CopyStreams: it outlives them).
   std::atomic<int> state_writebacks_on_link{0};
   std::unique_ptr<detail::CopyStream> uploader, downloader;
   std::size_t shadow_used = 0, shadow_limit = 0;  // host bytes of shadow state, and their budget

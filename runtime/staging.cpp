@@ -119,7 +119,8 @@ void end_copy(OwnCopy* c, const CopyStream::Result& r) noexcept {
   }
   starpu_data_release(held);
   if (r.error.empty()) add_bus_bytes(up ? r.bytes : 0, up ? 0 : r.bytes);
-  if (!up && r.error.empty() && r.by_engine) ph->note_download(1e-6 * (r.end_us - r.start_us), r.bytes);
+  if (!up && !params_down && r.error.empty() && r.by_engine)  // the gradients' downloads only
+    ph->note_download(1e-6 * (r.end_us - r.start_us), r.bytes);
   try {
     if (sg->timeline)
       sg->timeline->record_span(up ? "h2d" : "d2h", up ? "scatter" : "gather", std::size_t(sg->hint_update.subgroup),

@@ -1,7 +1,8 @@
 // The optimizer state's way home from the GPU (Optimizer::Impl::acquire_home, write_back): an
 // asynchronous acquire of a handle on host memory, whose callback releases it, puts an eager state
 // write-back's span on the timeline's lane "writeback", and ends the subgroup's piece of work; and
-// the count of eager write-backs on the device-to-host link that DOS_COPY_BY=auto reads.
+// the count of eager write-backs on the device-to-host link that DOS_COPY_BY=auto (and adaptive,
+// once turned) reads.
 #include <starpu.h>
 
 #include <cstddef>

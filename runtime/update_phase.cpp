@@ -192,6 +192,7 @@ void Optimizer::Impl::begin(bool overlapped) {
   st.plan = plan;
   ph.dodge_writebacks = st.downloads_dodge_writebacks = runtime_downloads_dodge_writebacks();
   ph.b_d2h = have_rates ? rates.B_d2h : 0;
+  ph.starved_floor = download_starved_floor();  // read (and its variable checked) here, not on a copy's thread
   if (!plan.empty()) {
     for (std::size_t i = 0; i < sgs.size(); ++i) {
       sgs[i]->hint_update.side = plan[i] == PlanSide::cpu ? Side::cpu : Side::gpu;
@@ -666,10 +667,14 @@ StepStats Optimizer::Impl::finish_wait() {
   // A starved download turns the adaptive rule (DOS_COPY_BY) to dodging the write-backs when it
   // cost the CPU: its workers idle more than 10% of the phase. Not from the first phase that
   // streams, whose device allocations hold the links (a 248 MB download took 194 ms there on an
-  // H100 whose later ones took at most 13 ms, the CPU 98% busy all the same).
+  // H100 whose later ones took at most 40 ms, the CPU 98% busy all the same), and only from a phase
+  // run after backward, as the refinement's: an overlapped phase's seconds begin with backward and
+  // one left running into the next forward ends after the caller's wait, so the CPU's idle share
+  // there says nothing of the downloads.
   const double cpu_busy_fraction =
       rt.cpu_workers() > 0 && st.seconds > 0 ? st.cpu_busy_seconds / (double(rt.cpu_workers()) * st.seconds) : 1.0;
-  if (starved_s > 0 && !first_streamed && cpu_busy_fraction < kStarvedCpuBusy && note_starved_download() &&
+  const bool plain = !st.skipped && !st.overlapped && !ph.async;
+  if (starved_s > 0 && plain && !first_streamed && cpu_busy_fraction < kStarvedCpuBusy && note_starved_download() &&
       opt.verbose)
     std::fprintf(stderr,
                  "[dos] a gradient download by the copy engine took %.1f ms for %.1f MB (%.1f ms at the model's %.1f "

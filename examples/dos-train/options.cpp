@@ -405,8 +405,9 @@ int parse_command_line(int argc, char** argv, Args& a) {
   app.add_option("--copy-by", a.copy_by,
                  "how the runtime's own copies of CPU-updated subgroups between the model's GPU tensors and host "
                  "staging go (DOS_COPY_BY, which it replaces for this run): adaptive (the default) as memcpy-down "
-                 "until a download by the copy engine starves (more than 100 ms and 10 times its bytes at the model's "
-                 "PCIe rate), then as auto; memcpy-down the gradients down by cudaMemcpyAsync and the parameters up "
+                 "until a gradient download by the copy engine starves (more than 100 ms and 10 times its bytes at "
+                 "the model's PCIe rate, the CPU idle more than 10% of a phase run after backward, not the first "
+                 "that streams), then as auto; memcpy-down the gradients down by cudaMemcpyAsync and the parameters up "
                  "by a kernel through mapped memory; auto as memcpy-down, but a gradient download issued while "
                  "streamed state is on its way home goes by the kernel (by the copy engine it may wait behind those "
                  "write-backs); kernel, memcpy and memcpy-up (measurement "

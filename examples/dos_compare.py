@@ -235,6 +235,29 @@ def resident_fit(n_params, subgroup, budget, compact=False):
     return count, len(sizes)
 
 
+def copy_rule_notes(runs, order):
+    """What the runtime's adaptive copy rule (DOS_COPY_BY=adaptive, dos-train's default) did in each
+    run: a note for every run (label in ``order``, its reports in ``runs[label]["reports"]``, one
+    per round, each with "iterations" whose "downloads_dodge_writebacks" says whether that phase's
+    gradient downloads dodged the state write-backs) in which some phase dodged them and an
+    earlier one of the same round did not: the rule turned there, and the run's phases mix the two
+    ways of copying ("round K" named when the run has several rounds). Reports from a dos-train
+    without the field give no note. Returns a list of strings (empty when no run turned)."""
+    notes = []
+    for label in order:
+        reports = runs.get(label, {}).get("reports", [])
+        for k, rep in enumerate(reports):
+            dodge = [it.get("downloads_dodge_writebacks") for it in rep.get("iterations") or []]
+            turned = next((i for i in range(1, len(dodge)) if dodge[i] and dodge[i - 1] is False), None)
+            if turned is None:
+                continue
+            where = f" (round {k + 1})" if len(reports) > 1 else ""
+            notes.append(f"run {label}{where}: the adaptive copy rule turned after phase {turned}: from phase "
+                         f"{turned + 1} on, its gradient downloads issued beside a state write-back went by the "
+                         f"kernel (as --copy-by auto), before by the copy engine (as --copy-by memcpy-down)")
+    return notes
+
+
 def within_spread(x, y):
     """A warning when two (median, min, max) triples differ by less than the spread (max - min) of
     either that has one (min and max not None), else None (also when neither has one)."""
@@ -528,6 +551,7 @@ def main(argv=None):
                      + ("; an overlapped run's update s runs from before forward to the phase's end, its exposed "
                         "update s from the end of backward: compare the iterations" if any(r["overlapped"] for r in rows)
                         else ""))
+    notes.extend(copy_rule_notes(runs, order))
     for row in rows:  # the overlap's gain, iteration against iteration
         base = by_label.get(row["label"][: -len("+overlap")]) if row["label"].endswith("+overlap") else None
         if base and base.get("iteration_seconds") and row.get("iteration_seconds"):

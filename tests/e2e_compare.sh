@@ -127,7 +127,19 @@ assert m.bound_share("dos", 1.0, 0.9, False) == (90.0, None)
 assert m.bound_share("dos+overlap", 1.0, 0.9, True) == (None, None)
 pct, warn = m.bound_share("dos", 0.9, 0.99, False)
 assert abs(pct - 110.0) < 1e-9 and warn.startswith("WARNING: dos:") and "faster than its printed lower bound" in warn
-print("ok: lower bound from any run with one, spreads, a bound the phase beat")
+# the adaptive copy rule: a note for the round whose phases turned (False then True), none for a run
+# that dodged from its first phase (--copy-by auto), never did, or whose dos-train gives no field
+it = lambda *d: {"iterations": [{"downloads_dodge_writebacks": x} for x in d]}  # noqa: E731
+turns = {"dos": {"reports": [it(False, False, True, True)]},
+         "auto": {"reports": [it(True, True, True)]},
+         "down": {"reports": [it(False, False, False)]},
+         "old": {"reports": [{"iterations": [{}, {}, {}]}]},
+         "twice": {"reports": [it(False, False), it(False, True)]}}
+n = m.copy_rule_notes(turns, ["dos", "auto", "down", "old", "twice", "missing"])
+assert len(n) == 2, n
+assert n[0].startswith("run dos: the adaptive copy rule turned after phase 2: from phase 3 on"), n[0]
+assert n[1].startswith("run twice (round 2): the adaptive copy rule turned after phase 1: from phase 2 on"), n[1]
+print("ok: lower bound from any run with one, spreads, a bound the phase beat, the copy rule's turns")
 PY
 
 # Resident budgets with forward and backward emulated: their dos and static:R runs, like the

@@ -666,8 +666,9 @@ StepStats Optimizer::Impl::finish_wait() {
   const bool first_streamed = measure.streamed > 0 && !buffers_were_allocated;
   // A starved download turns the adaptive rule (DOS_COPY_BY) to dodging the write-backs when it
   // cost the CPU: its workers idle more than 10% of the phase. Not from the first phase that
-  // streams, whose device allocations hold the links (a 248 MB download took 194 ms there on an
-  // H100 whose later ones took at most 40 ms, the CPU 98% busy all the same), and only from a phase
+  // streams, whose device allocations may hold the links (in a compact master's first phase on an
+  // H100 a 248 MB download took 194 ms where the later ones took about 40 ms or less, the CPU 98% busy
+  // all the same), and only from a phase
   // run after backward, as the refinement's: an overlapped phase's seconds begin with backward and
   // one left running into the next forward ends after the caller's wait, so the CPU's idle share
   // there says nothing of the downloads.

@@ -168,9 +168,10 @@ class CopyStream {
 /// dos::runtime_copy_by): it took `seconds` from its issue to its end (Result::start_us, end_us)
 /// for `bytes`, more than 10 times `bytes` at `b_d2h` (bytes/s, the model's device-to-host PCIe
 /// rate, Rates::B_d2h) and more than `floor_seconds` (download_starved_floor()). A download that
-/// waits behind the state write-backs already on the link takes a few of them (on the GPU machine
-/// the longest of a 20B quarter's phase, 248 MB, took 13.8 ms); one that waits behind every
-/// write-back queued, the later ones included, as on some H100 machines, takes hundreds (542 ms).
+/// waits behind the state write-backs already on the link takes a few of them (the longest of a
+/// 20B quarter's later phases, 248 MB, took 13.8 ms on an H200, 38-48 ms on H100s); one that waits
+/// behind every write-back queued, the later ones included, as on some H100 machines, takes
+/// hundreds (542 ms).
 /// False when b_d2h is not positive or `seconds` is not a number. Throws nothing.
 bool download_starved(double seconds, std::size_t bytes, double b_d2h, double floor_seconds) noexcept;
 

@@ -179,9 +179,9 @@ inline constexpr const char* kCopyByValues[] = {"adaptive", "memcpy-down", "auto
 /// the model's B_d2h) while the CPU workers idle more than 10% of the phase (detail::
 /// kStarvedCpuBusy), in a phase run after backward (not overlapped, not left running into the next
 /// forward, not skipped) other than the optimizer's first phase that streams, then as "auto" for
-/// the rest of the process (every optimizer's: one optimizer's phase turns it for all) (runtime_downloads_dodge_writebacks;
-/// StepStats::downloads_dodge_writebacks says which a phase ran; with a verbose optimizer, a line on
-/// stderr says when and why it changed); "memcpy-down" the gradient downloads by cudaMemcpyAsync
+/// the rest of the process, every optimizer of it (runtime_downloads_dodge_writebacks;
+/// StepStats::downloads_dodge_writebacks says which a phase ran; with a verbose optimizer, a line
+/// on stderr says when and why it turned); "memcpy-down" the gradient downloads by cudaMemcpyAsync
 /// (the GPU's copy engine) and the parameter uploads by a kernel through the pinned staging's
 /// mapped pointer;
 /// "auto" as "memcpy-down", except that a gradient download issued while a streamed subgroup's
@@ -193,8 +193,9 @@ inline constexpr const char* kCopyByValues[] = {"adaptive", "memcpy-down", "auto
 /// where none waited 0-6%, so it is taken only where a download starved;
 /// "kernel" both directions by the kernel; "memcpy" both by cudaMemcpyAsync; "memcpy-up" the
 /// uploads by cudaMemcpyAsync and the downloads by the kernel. The last five are measurement
-/// switches. Why the downloads by the copy engine first (measured on the GPU machine, 20B quarter, 19 CPU subgroups of 248 MB
-/// of gradients each, downloaded at the phase's start): downloads by the kernel ran back to back for
+/// switches. Why the downloads by the copy engine first (measured on the GPU machine, 20B quarter,
+/// 19 CPU subgroups of 248 MB of gradients each, downloaded at the phase's start): downloads by the
+/// kernel ran back to back for
 /// about 110 ms and held back the streamed state's upload, so the first streamed Adam began at
 /// 100-110 ms; by the copy engine at 41-68 ms. An upload by cudaMemcpyAsync waits behind every
 /// streamed state StarPU has queued up (the first 248 MB one ended only at 672 ms, after the last

@@ -16,6 +16,11 @@
 #               dos-bench host's bound (dos's), then dos --master compact alone with the bound at the
 #               probe's compact-form rates and bytes (skipped when the first step ends after 420 s);
 #               -n 5 each; about 450 s
+#   PART=copy   the copy rule on the 20B quarter, one comparison with a timeline: dos (the default,
+#               adaptive), --copy-by memcpy-down and --copy-by auto, -n 5 each, with dos-bench host's
+#               bound; compare.md notes a run whose adaptive rule turned, and each report gives its
+#               phases' longest gradient download; about 420 s. On a machine whose downloads starve
+#               (the CPU idle part of each phase) it measures what auto gains there
 #   PART=rest   the resident sequence (calibrating -n 2, then -n 3 from its rates cache), the 13B
 #               sweep, the 7B quarter, its 1/16 shard under 400 MB, the tiny preset (dos, cpu, gpu),
 #               dos-bench overhead, the 1.01e9-parameter GPT's update phase (and, selected by ONLY, the
@@ -98,6 +103,11 @@ case $PART in
     step compact 420 170 python3 examples/dos_compare.py --policies dos --repeats 1 --host-bench \
       --out "$OUT/compact" -- "${B20[@]}" --master compact -n 5
     ;;
+  copy)
+    step copy-rule 150 420 python3 examples/dos_compare.py --policies dos \
+      --run "memcpy-down=--policy dos --copy-by memcpy-down" --run "auto=--policy dos --copy-by auto" \
+      --repeats 1 --host-bench --timeline --out "$OUT/copy-rule" -- "${B20[@]}" -n 5
+    ;;
   rest)
     RES=("${B20R[@]}" --overlap off --policy dos --gpu-resident-budget 31.5GB)
     step resident-calibrating 120 90 "$TRAIN" "${RES[@]}" -n 2 --report "$OUT/resident-calibrating.json"
@@ -117,7 +127,7 @@ case $PART in
     step gpt-compact 470 120 env OUT="$OUT/gpt-compact" TEST=0 BATCH=32 DOS_SECONDS=30 \
       TRAIN_ARGS="--max-grad-norm 0 --compact-master" RUNS=dos scripts/gpu-train.sh
     ;;
-  *) echo "PART must be tests, 20b, compact or rest, not $PART" >&2; exit 2 ;;
+  *) echo "PART must be tests, 20b, compact, copy or rest, not $PART" >&2; exit 2 ;;
 esac
 if [ -n "${ONLY:-}" ] && [ "$selected" -eq 0 ]; then
   echo "ONLY='$ONLY' selected no step of PART=$PART" | tee -a "$OUT/times.txt" >&2; exit 2
@@ -130,11 +140,20 @@ fi > "$OUT/summary.txt" 2>&1
 python3 - "$OUT" <<'PY' >> "$OUT/summary.txt" 2>&1
 import os, sys
 out = sys.argv[1]
-for name in ("side-by-side", "resident", "compact-full", "compact"):
+for name in ("side-by-side", "resident", "compact-full", "compact", "copy-rule"):
     md = os.path.join(out, name, "compare.md")
     if os.path.exists(md):
         print(f"\n{name} (compare.md):")
         print(open(md).read())
+# each copy-rule run's phases: the longest gradient download (ms) and whether it dodged write-backs
+import json
+for label in ("dos", "memcpy-down", "auto"):
+    rep = os.path.join(out, "copy-rule", label + ".json")
+    if os.path.exists(rep):
+        its = json.load(open(rep)).get("iterations", [])
+        print(f"copy-rule {label}: longest download ms / dodged per phase: " + ", ".join(
+            f"{1e3 * it.get('longest_download_seconds', 0):.1f}/{'y' if it.get('downloads_dodge_writebacks') else 'n'}"
+            for it in its))
 # the 13B sweep's table (from its "sweep (" line on) and model lines, the overhead table whole
 for name, start in (("13b-sweep", "sweep ("), ("overhead", "dos-bench overhead")):
     log = os.path.join(out, name + ".log")

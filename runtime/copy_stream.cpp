@@ -276,8 +276,8 @@ CUstream_st* CopyStream::issue(const Job&, Result&, CUstream_st* stream) { retur
 #endif
 
 bool download_starved(double seconds, std::size_t bytes, double b_d2h, double floor_seconds) noexcept {
-  if (!(b_d2h > 0) || !(seconds == seconds)) return false;
-  return seconds > floor_seconds && seconds > 10.0 * double(bytes) / b_d2h;
+  // a NaN fails every comparison: false, as for a rate that is not positive
+  return b_d2h > 0 && seconds > floor_seconds && seconds > 10.0 * double(bytes) / b_d2h;
 }
 
 double download_starved_floor() {

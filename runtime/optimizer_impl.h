@@ -393,6 +393,19 @@ struct Optimizer::Impl {
   /// staging throws Error at once (nothing may then read the staging). params_down (to_host only):
   /// the caller's parameters into h_param16 instead (a compact state's P, stage_params).
   void own_copy(detail::OpenStep& ph, std::size_t i, detail::CopyStream::Direction dir, bool params_down = false);
+  /// At the start of phase `ph` (begin, before any copy): how its gradient downloads go and what
+  /// counts as starved (OpenStep::dodge_writebacks, also into ph.st.downloads_dodge_writebacks;
+  /// b_d2h, the rates' B_d2h or 0 without rates; starved_floor, read here rather than on a copy's
+  /// thread). Throws what reading the environment throws (std::bad_alloc). (staging.cpp)
+  void begin_downloads(detail::OpenStep& ph);
+  /// At the end of phase `ph` (finish_wait: every copy has ended), after `st`'s seconds and busy
+  /// times: the phase's longest gradient download by the copy engine into `st`
+  /// (longest_download_seconds, longest_download_bytes), and DOS_COPY_BY's adaptive rule
+  /// (runtime_copy_by): when the phase `counts` (run after backward, not the optimizer's first
+  /// that streams), one of its downloads starved (OpenStep::note_download) and its CPU workers were
+  /// busy less than kStarvedCpuBusy of it, the rule turns (note_starved_download), said on stderr
+  /// when the optimizer is verbose. Throws nothing. (staging.cpp)
+  void judge_downloads(detail::OpenStep& ph, StepStats& st, bool counts) noexcept;
   /// on_timeline: the span of this write-back goes on the timeline's lane "writeback" (the eager
   /// write-back of a subgroup's state; with sg null it never does).
   void acquire_home(detail::OpenStep& ph, starpu_data_handle_t h,

@@ -12,6 +12,7 @@
 #include <exception>
 #include <iterator>
 #include <memory>
+#include <mutex>
 #include <new>
 #include <string>
 
@@ -161,6 +162,40 @@ void start_copy(void* arg) {
 }
 
 }  // namespace
+
+void Optimizer::Impl::begin_downloads(OpenStep& ph) {
+  ph.dodge_writebacks = ph.st.downloads_dodge_writebacks = runtime_downloads_dodge_writebacks();
+  ph.b_d2h = have_rates ? rates.B_d2h : 0;
+  ph.starved_floor = download_starved_floor();
+}
+
+void Optimizer::Impl::judge_downloads(OpenStep& ph, StepStats& st, bool counts) noexcept {
+  double starved_s = 0, starved_bytes = 0;
+  {
+    std::lock_guard<std::mutex> g(ph.copy_mu);  // every copy has ended: nothing else writes these now
+    st.longest_download_seconds = ph.longest_download_seconds;
+    st.longest_download_bytes = ph.longest_download_bytes;
+    starved_s = ph.starved_seconds;
+    starved_bytes = double(ph.starved_bytes);
+  }
+  // A starved download turns the rule when it cost the CPU: its workers idle more than 10% of the
+  // phase. Not from the first phase that streams, whose device allocations may hold the links (in a
+  // compact master's first phase on an H100 a 248 MB download took 194 ms where the later ones
+  // took about 40 ms or less, the CPU 98% busy all the same), and only from a phase run after
+  // backward, as the refinement's: an overlapped phase's seconds begin with backward and one left
+  // running into the next forward ends after the caller's wait, so the CPU's idle share there says
+  // nothing of the downloads.
+  const double cpu_busy_fraction =
+      rt.cpu_workers() > 0 && st.seconds > 0 ? st.cpu_busy_seconds / (double(rt.cpu_workers()) * st.seconds) : 1.0;
+  if (starved_s > 0 && counts && cpu_busy_fraction < kStarvedCpuBusy && note_starved_download() && opt.verbose)
+    std::fprintf(stderr,
+                 "[dos] a gradient download by the copy engine took %.1f ms for %.1f MB (%.1f ms at the model's %.1f "
+                 "GB/s), waiting behind the state write-backs, and the CPU was busy %.0f%% of the phase: from the "
+                 "next phase on, downloads issued while a write-back is on its way home go by the kernel "
+                 "(DOS_COPY_BY=adaptive; memcpy-down keeps the copy engine; the same bits)\n",
+                 1e3 * starved_s, 1e-6 * starved_bytes, 1e3 * starved_bytes / ph.b_d2h, 1e-9 * ph.b_d2h,
+                 100 * cpu_busy_fraction);
+}
 
 bool Optimizer::Impl::own_copies_possible() const {
   return where_caller == STARPU_CUDA && !cuda_nodes.empty() && codelets_have_cuda();

@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <iterator>
@@ -190,9 +189,7 @@ void Optimizer::Impl::begin(bool overlapped) {
     throw;
   }
   st.plan = plan;
-  ph.dodge_writebacks = st.downloads_dodge_writebacks = runtime_downloads_dodge_writebacks();
-  ph.b_d2h = have_rates ? rates.B_d2h : 0;
-  ph.starved_floor = download_starved_floor();  // read (and its variable checked) here, not on a copy's thread
+  begin_downloads(ph);
   if (!plan.empty()) {
     for (std::size_t i = 0; i < sgs.size(); ++i) {
       sgs[i]->hint_update.side = plan[i] == PlanSide::cpu ? Side::cpu : Side::gpu;
@@ -574,14 +571,6 @@ StepStats Optimizer::Impl::finish_wait() {
     // started still gets one
     ph.sample_bus();
   }
-  double starved_s = 0, starved_bytes = 0;
-  {
-    std::lock_guard<std::mutex> g(ph.copy_mu);  // every copy has ended: nothing else writes these now
-    st.longest_download_seconds = ph.longest_download_seconds;
-    st.longest_download_bytes = ph.longest_download_bytes;
-    starved_s = ph.starved_seconds;
-    starved_bytes = double(ph.starved_bytes);
-  }
   st.window_peak_bytes = window.limit ? window.peak : 0;
   for (unsigned node : cuda_nodes) {
     const starpu_ssize_t total = starpu_memory_get_total(node), avail = starpu_memory_get_available(node);
@@ -664,27 +653,10 @@ StepStats Optimizer::Impl::finish_wait() {
   // after a skipped one.
   last_changed = st.overlapped && verdict == StepVerdict::changed;
   const bool first_streamed = measure.streamed > 0 && !buffers_were_allocated;
-  // A starved download turns the adaptive rule (DOS_COPY_BY) to dodging the write-backs when it
-  // cost the CPU: its workers idle more than 10% of the phase. Not from the first phase that
-  // streams, whose device allocations may hold the links (in a compact master's first phase on an
-  // H100 a 248 MB download took 194 ms where the later ones took about 40 ms or less, the CPU 98% busy
-  // all the same), and only from a phase
-  // run after backward, as the refinement's: an overlapped phase's seconds begin with backward and
-  // one left running into the next forward ends after the caller's wait, so the CPU's idle share
-  // there says nothing of the downloads.
-  const double cpu_busy_fraction =
-      rt.cpu_workers() > 0 && st.seconds > 0 ? st.cpu_busy_seconds / (double(rt.cpu_workers()) * st.seconds) : 1.0;
-  const bool plain = !st.skipped && !st.overlapped && !ph.async;
-  if (starved_s > 0 && plain && !first_streamed && cpu_busy_fraction < kStarvedCpuBusy && note_starved_download() &&
-      opt.verbose)
-    std::fprintf(stderr,
-                 "[dos] a gradient download by the copy engine took %.1f ms for %.1f MB (%.1f ms at the model's %.1f "
-                 "GB/s), waiting behind the state write-backs, and the CPU was busy %.0f%% of the phase: from the "
-                 "next phase on, downloads issued while a write-back is on its way home go by the kernel "
-                 "(DOS_COPY_BY=adaptive; memcpy-down keeps the copy engine; the same bits)\n",
-                 1e3 * starved_s, 1e-6 * starved_bytes, 1e3 * starved_bytes / ph.b_d2h, 1e-9 * ph.b_d2h,
-                 100 * cpu_busy_fraction);
-  if (!st.skipped && !st.overlapped && !ph.async) st.refinement_held = refine(measure, ph.sim, first_streamed, st.seconds - ph.setup_seconds);
+  const bool plain = !st.skipped && !st.overlapped && !ph.async;  // a phase run after backward
+  // the adaptive copy rule counts such a phase too, but for the first that streams (staging.cpp)
+  judge_downloads(ph, st, plain && !first_streamed);
+  if (plain) st.refinement_held = refine(measure, ph.sim, first_streamed, st.seconds - ph.setup_seconds);
   StepStats out = std::move(st);
   open.reset();
   decide_next_plan_ahead();  // with the refined rates, while the caller computes the next gradients

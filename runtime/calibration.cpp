@@ -31,6 +31,14 @@
 namespace dos {
 namespace {
 
+/// The median of `v` (not empty): the middle value, or the mean of the two middle ones for an even
+/// count; in v's unit.
+double median_of(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t k = v.size();
+  return k % 2 ? v[k / 2] : 0.5 * (v[k / 2 - 1] + v[k / 2]);
+}
+
 std::string cache_dir() {
   if (const char* d = std::getenv("DOS_CACHE_DIR"); d && *d) return d;
   if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) return std::string(x) + "/dos-runtime";
@@ -138,9 +146,7 @@ double measure_link_share(Optimizer::Impl& I, Optimizer& opt, const Rates& r, do
   const bool enough = 2 * measures.size() >= std::size_t(reps);
   double result = kUnmeasuredLinkShare;
   if (enough) {
-    std::sort(measures.begin(), measures.end());
-    const std::size_t k = measures.size();
-    result = std::min(cap, k % 2 ? measures[k / 2] : 0.5 * (measures[k / 2 - 1] + measures[k / 2]));
+    result = std::min(cap, median_of(measures));
   }
   if (note) {
     char head[200];
@@ -336,13 +342,18 @@ Rates calibrate_rates(Runtime& runtime, std::size_t S, DType dtype, MemoryKind m
   phase(0.75);  // warm-up: device buffers allocated, streams started
   phase(0.0);
   Rates r;
-  double mixed_busy = 1e30;  // the CPU's least busy time in the mixed phase, seconds
-  std::string reps;          // each repetition's figures, for the verbose line
-  for (int rep = 0; rep < 2; ++rep) {
+  // kCalibrationReps repetitions of an all-CPU phase and a mixed one; each rate is the median of its
+  // repetitions', so that one repetition slowed or sped by something outside the phase (one read
+  // 1.75 Gparams/s against 4.26 in the other; another's mixed phase read the CPU's rate alone, 3.60,
+  // against 3.08 in the other) moves neither
+  constexpr int kCalibrationReps = 3;
+  std::vector<double> alone_busy, mixed_busy_reps;  // the CPU's Adam busy time of each repetition, seconds
+  std::string reps;                                 // each repetition's figures, for the verbose line
+  for (int rep = 0; rep < kCalibrationReps; ++rep) {
     const StepStats cpu = phase(0.0);  // every subgroup on the CPU: its Adam tasks' busy time
-    if (cpu.cpu_adam_seconds > 0) r.U_c = std::max(r.U_c, double(n) / cpu.cpu_adam_seconds);
+    if (cpu.cpu_adam_seconds > 0) alone_busy.push_back(cpu.cpu_adam_seconds);
     const StepStats mixed = phase(0.75);  // 2 subgroups on the CPU while 6 stream
-    if (mixed.cpu_adam_seconds > 0) mixed_busy = std::min(mixed_busy, mixed.cpu_adam_seconds);
+    if (mixed.cpu_adam_seconds > 0) mixed_busy_reps.push_back(mixed.cpu_adam_seconds);
     char line[160];
     std::snprintf(line, sizeof line, "%s%.2f alone (phase %.3f s), %.2f mixed (phase %.3f s)", rep ? "; " : "",
                   cpu.cpu_adam_seconds > 0 ? 1e-9 * double(n) / cpu.cpu_adam_seconds : 0.0, cpu.seconds,
@@ -350,7 +361,12 @@ Rates calibrate_rates(Runtime& runtime, std::size_t S, DType dtype, MemoryKind m
                   mixed.seconds);
     reps += line;
   }
-  if (verbose) std::fprintf(stderr, "[dos] calibration's CPU Adam, Gparams/s per repetition: %s\n", reps.c_str());
+  if (verbose)
+    std::fprintf(stderr, "[dos] calibration's CPU Adam, Gparams/s per repetition (each rate the median): %s\n",
+                 reps.c_str());
+  if (!alone_busy.empty()) r.U_c = double(n) / median_of(alone_busy);
+  // The CPU's busy time in the mixed phase, its median repetition's (seconds; 1e30: none measured)
+  const double mixed_busy = mixed_busy_reps.empty() ? 1e30 : median_of(mixed_busy_reps);
   // A first guess: the CPU's rate over the whole mixed phase. Part of that phase's CPU work may run
   // beside one link or none, so U_c_dma is then fitted below with the phase simulation.
   r.U_c_dma = mixed_busy < 1e30 ? double(nsub - 6) * double(S) / mixed_busy : 0.0;

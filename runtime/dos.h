@@ -816,7 +816,8 @@ void validate_adam_hyper(const AdamHyper& h);
 
 /// Measures the rates of the resource model on this machine: U_c from an all-CPU phase of the real
 /// codelets and task graph on scratch subgroups of `subgroup_elems` elements (the caller's dtype and
-/// memory kind), U_c_dma from a phase where the CPU updates 2 subgroups while 6 stream, U_g and D_c
+/// memory kind), U_c_dma from a phase where the CPU updates 2 subgroups while 6 stream (each the
+/// median of 3 repetitions of its phase; U_c_dma then fitted with the phase simulation), U_g and D_c
 /// from the CUDA kernels timed with events, B_h2d and B_d2h from copies both ways at once
 /// (cudaMemcpyAsync on two streams; StarPU's one-way bus calibration in a build without CUDA
 /// kernels), and link_share by the rule DOS_CALIBRATE_LINK_SHARE picks (read once): by default

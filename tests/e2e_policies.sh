@@ -4,7 +4,7 @@
 # here), cpu and gpu where a GPU exists (both kernels evaluate the same IEEE fp32 operations in the
 # same order), the plans that mix the two sides, the tail binding, the gradients' staging
 # (README, "Tests").
-#   e2e_policies.sh DOS_TRAIN ST_COMPARE cpu-dmda|cpu-gpu|cpu-dos|starved|tail|shards|resume|staging|iteration|overlap
+#   e2e_policies.sh DOS_TRAIN ST_COMPARE cpu-dmda|cpu-gpu|cpu-dos|starved|tail|shards|resume|staging|iteration|overlap|overlap-budget
 set -u
 train=$1 cmp=$2 mode=$3
 tmp=$(mktemp -d)
@@ -286,6 +286,51 @@ for p in policies:
     assert speculated > 0 and redone > 0, (p, speculated, redone)
     print(f"ok: {p}: overlap on and off the same bits; {speculated} speculative updates, {redone} redone, "
           f"clipped at {sum(clipped)} of {len(clipped)} iterations, iteration 4 skipped")
+PY
+    ;;
+  overlap-budget)
+    # The update overlapped with backward and the next forward under a tight --gpu-update-budget:
+    # 400 KB holds two streamed subgroups of 10007 elements at once (about 180 KB each: the fp32
+    # state, the gradient and the parameters staged), so the admission window holds streamed and
+    # speculated subgroups back all phase long. dos with every subgroup streamed (--gpu-fraction 1)
+    # and with half of them, overlap on and off, global-norm clipping on about half the iterations
+    # and a NaN gradient (skipped) on one: the same bits as the cpu policy after backward. Without a
+    # GPU every subgroup runs on the CPU: the same bits all the same.
+    it=(--iterations 5 --emulate-compute --tokens 256 --cpu-scale 16 --seed 13)
+    run "${it[@]}" --policy cpu --overlap off --max-grad-norm 1e30 --report "$tmp/norms.json" >/dev/null
+    max=$(python3 -c "
+import json, statistics, sys
+r = json.load(open(sys.argv[1]))
+print(repr(statistics.median(x['grad_norm'] for x in r['iterations'])))" "$tmp/norms.json") || exit 1
+    clip=(--max-grad-norm "$max" --nan-gradient-at 3)
+    run "${it[@]}" "${clip[@]}" --policy cpu --overlap off --save-params "$tmp/cpu.safetensors" >/dev/null
+    for f in 1 1/2; do
+      for o in on off; do
+        tag="dos-${f/\//of}-$o"
+        run "${it[@]}" "${clip[@]}" --policy dos --gpu-fraction "$f" --gpu-update-budget 400KB --overlap $o \
+          --report "$tmp/$tag.json" --save-params "$tmp/$tag.safetensors" >/dev/null
+        "$cmp" "$tmp/cpu.safetensors" "$tmp/$tag.safetensors" || { echo "$tag and cpu differ"; exit 1; }
+      done
+    done
+    python3 - "$tmp" <<'PY'
+import json, sys
+tmp = sys.argv[1]
+for tag in ("dos-1-on", "dos-1-off", "dos-1of2-on", "dos-1of2-off"):
+    r = json.load(open(f"{tmp}/{tag}.json"))
+    assert r["gpu_update_budget"] == 400000, (tag, r["gpu_update_budget"])
+    gpu = r["cuda_workers"] > 0
+    clipped = [it["clip_coef"] < 1 for it in r["iterations"] if not it["skipped"]]
+    assert any(clipped) and not all(clipped), (tag, clipped)
+    for it in r["iterations"]:
+        assert it["overlapped"] == tag.endswith("-on"), (tag, it)
+        assert it["skipped"] == (it["iteration"] == 3), (tag, it)
+        if it["skipped"]:
+            continue
+        # with a GPU the plan's streamed subgroups ran there, through the window, under the budget
+        assert (it["subgroups_gpu"] > 0) == gpu, (tag, it)
+        assert it["subgroups_cpu"] + it["subgroups_gpu"] == r["subgroups"], (tag, it)
+    print(f"ok: {tag}: the same bits as cpu; subgroups on the GPU per phase",
+          [it["subgroups_gpu"] for it in r["iterations"]])
 PY
     ;;
   *) echo "unknown mode $mode"; exit 2 ;;

@@ -1,6 +1,6 @@
 // Internal to the runtime (not installed): the optimizer's private parts, shared by optimizer.cpp
-// (construction, task helpers, state access), plan_step.cpp (plans, refinement) and update_phase.cpp (the update
-// phase and its task callbacks), with staging.cpp (the CPU subgroups' copies), state_writeback.cpp
+// (construction, task helpers, state access), plan_step.cpp (plans, refinement), update_phase.cpp (the update
+// phase and its task callbacks) and speculation.cpp (gradients_final, the speculative updates), with staging.cpp (the CPU subgroups' copies), state_writeback.cpp
 // (the state's way home) and tail_binder.cpp (the late binding of the plan's tail). A Subgroup
 // (subgroup.h) is one slice of the flat parameters with its host state, staging buffers and
 // StarPU handles; an OpenStep is an update phase between begin_step and the end
@@ -230,7 +230,7 @@ struct OpenStep {
 void submit(struct starpu_task* t, const char* what);
 
 // The update phase's callback helpers (update_phase.cpp), shared with the parameter write-back
-// (staging.cpp). StarPU's threads and the CopyStreams' call them.
+// (staging.cpp) and the speculative updates (speculation.cpp). StarPU's threads and the CopyStreams' call them.
 /// Ends one piece of a subgroup's work; the last one gives its footprint back to the window.
 void subgroup_part_done(Subgroup* sg);
 /// From a step task's callback: completes the task's clock record, adds it to the optimizer's busy
@@ -241,6 +241,9 @@ void clock_task(Subgroup* sg, const char* what);
 void link_writeback_started(Subgroup* sg);
 /// Marks the subgroup's parameters written (Optimizer::wait_parameters).
 void params_written(Subgroup* sg);
+/// From an Adam task's callback: records in sg->ran_on the kind of worker running it (1: CPU, 2:
+/// CUDA).
+void note_worker(Subgroup* sg);
 /// Whether a read acquire of a state on host memory is followed by starpu_data_wont_use on its
 /// handle (state_writeback.cpp): true unless DOS_WONT_USE=0 (a measurement switch, read once).
 bool wont_use_after_writeback();
@@ -331,7 +334,7 @@ struct Optimizer::Impl {
   // (clipping tends to stay active from one step to the next); the next step tries again.
   bool last_changed = false;
 
-  // The update phase (update_phase.cpp).
+  // The update phase (update_phase.cpp; declare_final, Optimizer::gradients_final, in speculation.cpp).
   void begin(bool overlapped);
   void declare_final(std::size_t begin, std::size_t end);
   StepStats finish(StepVerdict verdict);
@@ -350,6 +353,12 @@ struct Optimizer::Impl {
   /// parameters or, writing, a value that is not finite.
   void copy_master_range(std::size_t begin, std::size_t end, float* at, enum starpu_data_access_mode mode,
                          const char* what) const;
+  // The speculative updates (speculation.cpp). speculable: whether subgroup i may be updated
+  // speculatively in this step (a speculation budget, no clipping active at the last step, not the
+  // compact master; a streamed one with speculate_streamed and a CUDA worker). ensure_shadow: the
+  // subgroup's host shadow state allocated and registered within the speculation budget; false when
+  // it does not fit. speculate: subgroup i's speculative update submitted when speculable, its
+  // shadow state has room and, on the GPU, its footprint fits the update budget now; else nothing.
   bool speculable(std::size_t i) const;
   bool ensure_shadow(detail::Subgroup* sg);
   void speculate(detail::OpenStep& ph, std::size_t i);

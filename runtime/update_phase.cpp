@@ -1,6 +1,6 @@
-// The update phase of the Optimizer: begin_step (or step()), gradients_final and the speculative
-// updates it lets the open step's submitter thread submit, finish_step (the plan's task graph, the
-// state's write-back (state_writeback.cpp), the late-bound tail (tail_binder.cpp), the phase's
+// The update phase of the Optimizer: begin_step (or step()), the submitter thread that runs the
+// speculative updates gradients_final lets it (speculation.cpp), finish_step (the plan's task graph,
+// the state's write-back (state_writeback.cpp), the late-bound tail (tail_binder.cpp), the phase's
 // statistics), and the callbacks of its tasks.
 #include <starpu.h>
 
@@ -9,7 +9,6 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
-#include <iterator>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -20,7 +19,6 @@
 #include "../codelets/task_clock.h"
 #include "../scheduler/policy.h"
 #include "dos.h"
-#include "host_memory.h"
 #include "optimizer_impl.h"
 #include "profiling.h"
 
@@ -65,6 +63,11 @@ void clock_task(Subgroup* sg, const char* what) {
   }
 }
 
+void note_worker(Subgroup* sg) {
+  const int w = starpu_worker_get_id();
+  sg->ran_on.store(w >= 0 && starpu_worker_get_type(w) == STARPU_CUDA_WORKER ? 2 : 1);
+}
+
 void params_written(Subgroup* sg) {
   if (sg->ready) sg->ready->mark(sg->params_written);
 }
@@ -74,22 +77,10 @@ void params_written(Subgroup* sg) {
 namespace {
 
 /// Callback of the Adam task: which kind of worker ran it, and its timeline entry.
-/// Records in sg->ran_on the kind of worker running the current task (1: CPU, 2: CUDA).
-void note_worker(Subgroup* sg) {
-  const int w = starpu_worker_get_id();
-  sg->ran_on.store(w >= 0 && starpu_worker_get_type(w) == STARPU_CUDA_WORKER ? 2 : 1);
-}
 void record_worker(void* arg) {
   auto* sg = static_cast<Subgroup*>(arg);
   note_worker(sg);
   clock_task(sg, "adam");
-}
-/// Callback of a speculative Adam task (adam_into_cl): as record_worker, and the task has ended.
-void record_speculative(void* arg) {
-  auto* sg = static_cast<Subgroup*>(arg);
-  note_worker(sg);
-  clock_task(sg, "adam_spec");
-  sg->spec_ended.store(true);
 }
 /// Callback of the Adam task of the direct path (adam_direct_cl): as record_worker, the parameters
 /// written, and the task is one piece of the subgroup's work.
@@ -109,42 +100,6 @@ void Optimizer::Impl::require_no_open_step(const char* what) const {
                 "wait_step first");
   if (open) throw Error(std::string(what) + " while an update phase is open (begin_step without finish_step): call "
                         "finish_step first");
-}
-
-bool Optimizer::Impl::speculable(std::size_t i) const {
-  // a compact state has no out-of-place update (its P would be written before the verdict)
-  if (opt.speculation_budget == 0 || last_changed || opt.compact_master) return false;
-  if (!plan.empty() && plan[i] == PlanSide::gpu_streamed)
-    return opt.speculate_streamed && !cuda_nodes.empty() && codelets_have_cuda();
-  return rt.cpu_workers() > 0 && (plan.empty() || plan[i] == PlanSide::cpu);
-}
-
-bool Optimizer::Impl::ensure_shadow(Subgroup* sg) {
-  if (sg->sh_h_state) return true;
-  const std::size_t bytes = state_bytes_for(sg->size);
-  if (shadow_limit == 0) {  // the budget, fixed at the first speculative update that finds room
-    // (a budget of 0, from a full cgroup, is asked again at the next one)
-    if (opt.speculation_budget > 0) {
-      shadow_limit = std::size_t(opt.speculation_budget);
-    } else {
-      CgroupLimit cgroup;
-      const std::size_t avail = host_memory_available(&cgroup);
-      // 0 from a full cgroup means nothing left; 0 otherwise means unknown (not Linux)
-      shadow_limit = avail || cgroup.limit ? avail / 2 : std::size_t(3) * nparams * sizeof(float);
-    }
-  }
-  if (shadow_used + bytes > shadow_limit) return false;
-  try {
-    sg->sh_state = alloc_host(bytes);
-  } catch (const std::exception&) {
-    // no room after all: this subgroup (and every later one) is updated in finish_step, the same bits
-    shadow_limit = shadow_used;
-    return false;
-  }
-  starpu_vector_data_register(&sg->sh_h_state, STARPU_MAIN_RAM, uintptr_t(sg->sh_state.ptr), 3 * sg->stride,
-                              sizeof(float));
-  shadow_used += bytes;
-  return true;
 }
 
 void Optimizer::Impl::fail(const std::string& why) {
@@ -274,84 +229,6 @@ void Optimizer::Impl::begin(bool overlapped) {
         }
       }
     });
-}
-
-void Optimizer::Impl::speculate(OpenStep& ph, std::size_t i) {
-  Subgroup* sg = sgs[i].get();
-  if (!speculable(i) || !ensure_shadow(sg)) return;
-  // A streamed subgroup is updated on the GPU: its state goes down (PCIe is idle during backward),
-  // the new state is written to the shadow handles there and comes back into the host shadow at
-  // once; the old state's device copy is dropped first when memory runs short.
-  const bool on_gpu = !plan.empty() && plan[i] == PlanSide::gpu_streamed;
-  // its share of the update budget (with the shadow state on the GPU) only if it fits now:
-  // nothing gives room back before finish_step, so a speculative update never waits for it
-  if (!ph.admitted[i]) {
-    const std::size_t fp = sg->footprint + (on_gpu ? state_bytes_for(sg->size) : 0);
-    if (!window.try_take(fp, 0)) return;
-    sg->footprint = fp;  // what the window gives back when the subgroup's work ends
-    ph.admitted[i] = 1;
-  }
-  sg->step += 1;
-  ph.stepped[i] = 1;
-  ph.speculated[i] = 1;
-  ph.spec_order.push_back(i);
-  // its pieces of work: the verdict's (the parameter write-back when kept), and on the GPU the
-  // write-back of the shadow state
-  sg->parts_left.store(1 + (on_gpu ? 1 : 0));
-  sg->adam.sp = make_adam_step_params(opt.adam, sg->step);
-  sg->hint_update.prefetch = true;
-  stage_gradient(ph, i);
-  struct starpu_task* a = make_task(&adam_into_cl, &sg->adam, &sg->hint_update, on_gpu ? STARPU_CUDA : STARPU_CPU);
-  a->handles[0] = sg->h_state;
-  a->handles[1] = sg->h_grad32;
-  a->handles[2] = sg->h_param16;
-  a->handles[3] = sg->sh_h_state;
-  a->callback_func = record_speculative;
-  a->callback_arg = sg;
-  submit(a, "speculative Adam");
-  starpu_data_invalidate_submit(sg->h_grad32);  // a redo stages the gradient again
-  if (on_gpu) {
-    starpu_data_wont_use(sg->h_state);
-    acquire_home(ph, sg->sh_h_state, STARPU_R, sg, false);  // not on the timeline's lane "writeback"
-    if (wont_use_after_writeback()) starpu_data_wont_use(sg->sh_h_state);
-  }
-}
-
-void Optimizer::Impl::declare_final(std::size_t begin, std::size_t end) {
-  if (!open || open->finishing) throw Error("gradients_final outside an update phase: call begin_step first");
-  if (begin > end || end > nparams)
-    throw Error("gradients_final: the range [" + std::to_string(begin) + ", " + std::to_string(end) +
-                ") is not inside the optimizer's " + std::to_string(nparams) + " parameters");
-  OpenStep& ph = *open;
-  if (begin == end) return;
-  std::lock_guard<std::mutex> guard(ph.declare_mu);
-  {  // each element once per step: the range must not meet one declared before
-    auto next = ph.declared.lower_bound(begin);
-    const bool meets_next = next != ph.declared.end() && next->first < end;
-    const bool meets_prev = next != ph.declared.begin() && std::prev(next)->second > begin;
-    if (meets_next || meets_prev)
-      throw Error("gradients_final: elements of [" + std::to_string(begin) + ", " + std::to_string(end) +
-                  ") were declared final before in this step (each element once per step)");
-    ph.declared.emplace(begin, end);
-  }
-  // the first subgroup ending after `begin` (subgroups are consecutive in the flat order)
-  std::size_t i = std::size_t(std::upper_bound(sgs.begin(), sgs.end(), begin,
-                                               [](std::size_t b, const std::unique_ptr<Subgroup>& sg) {
-                                                 return b < sg->begin + sg->size;
-                                               }) - sgs.begin());
-  for (; i < sgs.size() && sgs[i]->begin < end; ++i) {
-    Subgroup* sg = sgs[i].get();
-    const std::size_t lo = std::max(begin, sg->begin), hi = std::min(end, sg->begin + sg->size);
-    if (hi <= lo) continue;
-    ph.final_elems[i] += hi - lo;
-    if (ph.final_elems[i] == sg->size) {
-      {
-        std::lock_guard<std::mutex> g(ph.q_mu);
-        ph.queue.push_back(i);
-      }
-      ph.q_cv.notify_one();
-    }
-  }
 }
 
 StepStats Optimizer::Impl::finish(StepVerdict verdict) {

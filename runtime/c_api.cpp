@@ -184,6 +184,9 @@ void copy_stats(const dos::StepStats& s, dos_step_stats* stats) {
   stats->refinement_held = s.refinement_held ? 1 : 0;
   stats->plan_seconds = s.plan_seconds;
   stats->plan_decided_ahead = s.plan_decided_ahead ? 1 : 0;
+  stats->longest_download_seconds = s.longest_download_seconds;
+  stats->longest_download_bytes = s.longest_download_bytes;
+  stats->downloads_dodge_writebacks = s.downloads_dodge_writebacks ? 1 : 0;
 }
 
 /// copy_stats, keeping the phase's timeline and start in `opt` for dos_optimizer_last_timeline.

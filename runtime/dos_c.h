@@ -33,7 +33,8 @@
 extern "C" {
 #endif
 
-/* 13: options.compact_master (options version 5).
+/* 14: dos_step_stats.longest_download_seconds, longest_download_bytes and downloads_dodge_writebacks.
+ * 13: options.compact_master (options version 5).
  * 12: dos_step_stats.plan_seconds and plan_decided_ahead.
  * 11: dos_step_stats.refinement_held.
  * 10: options.tail_subgroups (options version 4), dos_step_stats.tail_bound and tail_moved.
@@ -47,7 +48,7 @@ extern "C" {
  * 3: the overlapped update (dos_optimizer_begin_step, _gradients_final, _finish_step), its fields
  * in dos_step_stats, options.speculation_budget (options version 2).
  * 2: dos_optimizer_create takes a struct dos_optimizer_options (1: positional arguments). */
-#define DOS_C_ABI_VERSION 13
+#define DOS_C_ABI_VERSION 14
 
 #define DOS_OK 0
 #define DOS_E_INVALID (-1)
@@ -97,6 +98,21 @@ typedef struct dos_step_stats {
    * began (for an equal input) instead of deciding then. */
   double plan_seconds;
   int32_t plan_decided_ahead;
+  /* The runtime's own gradient downloads (the caller's gradients on the GPU copied into the host
+   * staging of the subgroups the plan updates on the CPU; DOS_COPY_BY) that went by the copy engine
+   * (cudaMemcpyAsync): the phase's one that took longest from its issue to its end, seconds, and its
+   * bytes; 0 and 0 when none went by the copy engine (no GPU, gradients in host memory or staged by
+   * StarPU tasks, no subgroup that a plan puts on the CPU (StarPU's policies make no plan), or every
+   * download by the kernel). A compact master's parameter downloads are not counted. */
+  double longest_download_seconds;
+  uint64_t longest_download_bytes;
+  /* 1: the phase's gradient downloads issued while a streamed state was on its way home (its Adam
+   * ended on the GPU, its write-back not yet done) went by the kernel instead of the copy engine:
+   * always under DOS_COPY_BY=auto, under adaptive (the default) once the rule turned after a
+   * download of the process starved (dos::runtime_copy_by), as the runtime stood when the phase
+   * began; said of every phase, one that downloaded nothing too (1 under DOS_COPY_BY=auto without
+   * a GPU); 0 otherwise. */
+  int32_t downloads_dodge_writebacks;
 } dos_step_stats;
 
 /* DOS_C_ABI_VERSION of the library (a binding checks it against its own). */

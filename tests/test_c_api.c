@@ -1,7 +1,9 @@
 /* The C ABI (runtime/dos_c.h, libdos_c.so), from a C program: dos_optimizer_options_init fills the
  * defaults of dos::OptimizerOptions; an optimizer made from the options struct steps as Adam/AdamW
  * should (4 steps checked against a double-precision reference, in which beta1, beta2 and eps
- * visibly matter); every field out of its range, a struct of
+ * visibly matter), each step's gradient download figures without a CUDA worker (no download by the
+ * copy engine; downloads_dodge_writebacks 1 only under DOS_COPY_BY=auto: c-api-copy-by-auto);
+ * every field out of its range, a struct of
  * an unknown size or version and a NULL struct are refused with DOS_E_INVALID and a message naming
  * the field, and nothing is created; every option set to another valid value is accepted.
  * The overlapped update (dos_optimizer_begin_step / _gradients_final / _finish_step) against the
@@ -19,6 +21,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -83,6 +86,17 @@ static void reference(const dos_optimizer_options* o, double beta1, double beta2
  * the largest value the parameter passed through (its start, its end, an update of about lr). */
 static double bound(double p0, double ref, double lr) { return STEPS * 4 * (fabs(p0) + fabs(ref) + lr) * 0x1p-24; }
 
+/* The gradient download figures of a phase without a CUDA worker (C ABI 14): no download by the copy
+ * engine, so 0 seconds and 0 bytes; downloads_dodge_writebacks is how the runtime stood when the
+ * phase began, 1 under DOS_COPY_BY=auto (the c-api-copy-by-auto test), else 0 (the default,
+ * adaptive, turns only after a starved download, which needs a GPU). */
+static void expect_no_gpu_downloads(const dos_step_stats* s) {
+  const char* by = getenv("DOS_COPY_BY");
+  assert_true(s->longest_download_seconds == 0.0);
+  assert_true(s->longest_download_bytes == 0);
+  assert_int_equal(s->downloads_dodge_writebacks, by && strcmp(by, "auto") == 0 ? 1 : 0);
+}
+
 /* STEPS steps of Adam/AdamW over two fp32 tensors in host memory (700 and 301 elements: subgroups
  * of o->subgroup_size with a tail) with options `o`, each well-conditioned parameter (at least 9
  * in 10; all of them for AdamW) checked against the double-precision reference above. The test checks its own reach too: the reference with the
@@ -116,10 +130,12 @@ static void step_and_check(const dos_optimizer_options* o) {
   for (int t = 1; t <= STEPS; ++t) {
     for (int i = 0; i < N; ++i) g[i] = grad_at(i, t);
     dos_step_stats s;
+    memset(&s, 0xab, sizeof s); /* every field must be written by the step */
     assert_int_equal(dos_optimizer_step(opt, &s), DOS_OK);
     assert_int_equal(s.params, N);
     assert_int_equal(s.step, t);
     assert_int_equal(s.subgroups_cpu, dos_optimizer_num_subgroups(opt));
+    expect_no_gpu_downloads(&s);
   }
   for (int i = 0; i < N; ++i)
     if (well[i] && !(fabs(p[i] - ref[i]) <= bound(p0[i], ref[i], o->lr)))

@@ -1,5 +1,6 @@
 /* Part of the c-api test (test_c_api.c runs these): the C ABI's calls that need no runtime. The
- * options struct's defaults (dos_optimizer_options_init) against dos::OptimizerOptions';
+ * options struct's defaults (dos_optimizer_options_init) against dos::OptimizerOptions'; the ABI's
+ * version and dos_step_stats' size and last fields;
  * dos_gpu_memory_for_budgets and dos_starpu_device_margin against hand arithmetic. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -45,6 +46,11 @@ void test_defaults(void** state) {
   assert_int_equal(o.tail_subgroups, 0);
   assert_int_equal(o.compact_master, 0);
   assert_int_equal(dos_step_stats_size(), sizeof(dos_step_stats));
+  /* C ABI 14 appended the gradient download figures after plan_decided_ahead, in this order */
+  assert_int_equal(dos_c_abi_version(), 14);
+  assert_true(offsetof(dos_step_stats, longest_download_seconds) > offsetof(dos_step_stats, plan_decided_ahead));
+  assert_true(offsetof(dos_step_stats, longest_download_bytes) > offsetof(dos_step_stats, longest_download_seconds));
+  assert_true(offsetof(dos_step_stats, downloads_dodge_writebacks) > offsetof(dos_step_stats, longest_download_bytes));
 
   assert_int_equal(dos_optimizer_options_init(NULL), DOS_E_INVALID);
   assert_non_null(strstr(dos_last_error(), "options is NULL"));

@@ -34,6 +34,12 @@ GPU or the runtime has no CUDA worker.
 4. One parameter given to two optimizers, stepped in turn (and one of them closed), against two
    torch.optim.AdamW.
 5. Framework wrappers dropped while the optimizer trains on (both of Lightning's forms).
+6. The per-bucket stats dicts of last_step["stats"]: every field of dos_step_stats, C ABI 14's
+   gradient download figures last (longest_download_seconds float, longest_download_bytes and
+   downloads_dodge_writebacks int); with the model on the CPU no download, so 0.0 and 0, and
+   downloads_dodge_writebacks 1 only under DOS_COPY_BY=auto; on the GPU (policy dos, default copy
+   rule, not turned) a download by the copy engine exactly in the phases that update a subgroup on
+   the CPU, no larger than one subgroup's fp32 gradients.
 The state dict's round trip and torch.load(weights_only=True): tests/test_pytorch_state.py; code
 written against torch.optim.AdamW (its option keywords, param_groups edited by hand):
 tests/test_pytorch_options.py;
@@ -42,6 +48,7 @@ examples/train_gpt.py's argument checks: tests/test_train_gpt_args.py.
 
 import argparse
 import copy
+import ctypes
 import gc
 import math
 import os
@@ -664,6 +671,52 @@ def test_dropped_wrapper(device, policy):
     o2.close()
 
 
+def test_step_stats(device, policy):
+    """last_step["stats"]: one dict per bucket with every field of the C ABI's dos_step_stats, the gradient
+    download figures of C ABI 14 last, in their C types, and their values where they are known (see the module's
+    docstring, 6)."""
+    from deep_optimizer_states import _capi
+    check(_capi.ABI_VERSION == 14 and _capi.lib().dos_c_abi_version() == 14,
+          f"C ABI 14 (binding {_capi.ABI_VERSION}, library {_capi.lib().dos_c_abi_version()})")
+    fields = dos.StepStats._fields_
+    check(fields[-3:] == [("longest_download_seconds", ctypes.c_double), ("longest_download_bytes", ctypes.c_uint64),
+                          ("downloads_dodge_writebacks", ctypes.c_int32)]
+          and ctypes.sizeof(dos.StepStats) == _capi.lib().dos_step_stats_size(),
+          "StepStats ends with C ABI 14's three fields, in dos_step_stats' order, types and size")
+    copy_by = os.environ.get("DOS_COPY_BY", "")
+    subgroup_size = 700
+    m = make_model(device, torch.float32)
+    o = make_opt(m, policy, subgroup_size=subgroup_size)
+    cpu_phases = 0
+    for step in (1, 2, 3):
+        train_steps(m, o, [step], device)
+        stats = o.last_step["stats"]
+        check(len(stats) >= 1 and all({n for n, _ in fields} <= set(st) for st in stats),
+              f"step {step}: every bucket's stats have every field of StepStats")
+        for b, st in enumerate(stats):
+            secs, nbytes, dodge = (st["longest_download_seconds"], st["longest_download_bytes"],
+                                   st["downloads_dodge_writebacks"])
+            what = f"step {step}, bucket {b}: longest download {secs!r} s, {nbytes!r} bytes, dodge {dodge!r}"
+            check(type(secs) is float and type(nbytes) is int and type(dodge) is int and dodge in (0, 1),
+                  f"{what}: a float, an int and 0 or 1")
+            if device == "cpu":  # gradients in host memory: nothing downloaded
+                check(secs == 0.0 and nbytes == 0 and dodge == (1 if copy_by == "auto" else 0),
+                      f"{what}: none on the CPU, downloads_dodge_writebacks as DOS_COPY_BY={copy_by!r} says")
+                continue
+            check((secs > 0) == (nbytes > 0) and nbytes <= 4 * subgroup_size
+                  and (nbytes == 0 or st["subgroups_cpu"] > 0),
+                  f"{what}: seconds and bytes both or neither, at most one subgroup's fp32 gradients, only with "
+                  f"a subgroup updated on the CPU ({st['subgroups_cpu']})")
+            if policy == "dos" and copy_by == "" and not os.environ.get("DOS_GRAD_DOWNLOAD") and not dodge:
+                cpu_phases += st["subgroups_cpu"] > 0
+                check((nbytes > 0) == (st["subgroups_cpu"] > 0),
+                      f"{what}: the default copy rule, not turned: a download by the copy engine exactly when the "
+                      f"plan updates a subgroup on the CPU ({st['subgroups_cpu']})")
+    if device == "cuda":
+        print(f"stats: {cpu_phases} phase(s) checked with CPU subgroups and gradients downloaded by the copy engine")
+    o.close()
+
+
 def main(tests=None):
     """Runs ``tests`` (functions of device and policy; default: this file's) on the device and policy of
     the command line; returns the exit status (77: skipped)."""
@@ -685,7 +738,7 @@ def main(tests=None):
         print("the runtime has no CUDA worker (a build without CUDA?): skipped")
         return 77
     for test in tests or (test_losses_match_adamw, test_bad_input, test_framework_paths, test_compiled_model,
-                          test_two_optimizers_one_parameter, test_dropped_wrapper):
+                          test_two_optimizers_one_parameter, test_dropped_wrapper, test_step_stats):
         test(args.device, args.policy)
     dos.shutdown()
     print(f"{len(failures)} failure(s); {time.time() - t0:.1f} s")

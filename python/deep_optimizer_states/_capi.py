@@ -29,7 +29,7 @@ import sysconfig
 import threading
 import time
 
-ABI_VERSION = 13
+ABI_VERSION = 14
 
 DTYPE_CODES = {"fp32": 0, "fp16": 1, "bf16": 2}
 MEMORY_HOST = 0
@@ -69,7 +69,16 @@ class StepStats(ctypes.Structure):
     last phase's under the same plan after two steady phases, and refined nothing from it);
     ``plan_seconds`` (s the phase's start spent on its plan: deciding it, or waiting for the
     decision made when the phase before ended; 0 without a model's plan) and
-    ``plan_decided_ahead`` (1: the phase took a decision made before it began).
+    ``plan_decided_ahead`` (1: the phase took a decision made before it began); the runtime's own
+    gradient downloads (the model's gradients on the GPU copied into the host staging of the
+    subgroups the plan updates on the CPU; ``DOS_COPY_BY``): ``longest_download_seconds`` (s, the
+    phase's download by the copy engine that took longest from its issue to its end) and
+    ``longest_download_bytes`` (its bytes), both 0 when none went by the copy engine (no GPU,
+    gradients in host memory or staged by StarPU tasks, no subgroup a plan puts on the CPU, or every
+    download by the kernel); ``downloads_dodge_writebacks`` (1: the phase's downloads issued while a
+    streamed state was on its way home went by the kernel: always under ``DOS_COPY_BY=auto``, under
+    ``adaptive``, the default, once the rule turned after a download of the process starved; said
+    of every phase, one that downloaded nothing too; 0 otherwise). Since C ABI 14.
     """
 
     _fields_ = [
@@ -97,6 +106,9 @@ class StepStats(ctypes.Structure):
         ("refinement_held", ctypes.c_int32),
         ("plan_seconds", ctypes.c_double),
         ("plan_decided_ahead", ctypes.c_int32),
+        ("longest_download_seconds", ctypes.c_double),
+        ("longest_download_bytes", ctypes.c_uint64),
+        ("downloads_dodge_writebacks", ctypes.c_int32),
     ]
 
     def as_dict(self):

@@ -278,9 +278,12 @@ def record_phase(rec, info):
     ``subgroups_cpu`` / ``subgroups_gpu``, ``h2d_bytes`` / ``d2h_bytes`` (bytes), every bucket's
     ``tail_bound`` / ``tail_moved`` summed (the late binding's subgroups, ``--tail-subgroups``), the first bucket's
     ``predicted_seconds`` (s), ``refinement_held`` (0 or 1: the rates' refinement held the phase as an
-    outlier) and ``plan_seconds`` (s the phase's start spent on its plan), and the overlap's
-    ``speculated``, ``redone`` and ``hidden_params``. Called again once a phase left running into the
-    next forward has ended (``info`` is completed in place then)."""
+    outlier) and ``plan_seconds`` (s the phase's start spent on its plan), the gradient downloads by the
+    copy engine over every bucket: ``longest_download_seconds`` (s, the longest) and
+    ``longest_download_bytes`` (its bytes), and ``downloads_dodge_writebacks`` (1 when a bucket's
+    downloads went by the kernel while a write-back was on its way home: the copy rule, ``DOS_COPY_BY``),
+    and the overlap's ``speculated``, ``redone`` and ``hidden_params``. Called again once a phase left
+    running into the next forward has ended (``info`` is completed in place then)."""
     if "update_seconds" in info:
         rec["phase_seconds"] = info["update_seconds"]
     if info.get("stats"):
@@ -290,6 +293,10 @@ def record_phase(rec, info):
                    tail_moved=sum(b.get("tail_moved", 0) for b in info["stats"]),
                    predicted_seconds=s.get("predicted_seconds", 0), refinement_held=s.get("refinement_held", 0),
                    plan_seconds=s.get("plan_seconds", 0))
+        longest = max(info["stats"], key=lambda b: b.get("longest_download_seconds", 0))
+        rec.update(longest_download_seconds=longest.get("longest_download_seconds", 0),
+                   longest_download_bytes=longest.get("longest_download_bytes", 0),
+                   downloads_dodge_writebacks=int(any(b.get("downloads_dodge_writebacks", 0) for b in info["stats"])))
     rec.update(speculated=info.get("speculated", 0), redone=info.get("redone", 0),
                hidden_params=info.get("hidden_params", 0))
 

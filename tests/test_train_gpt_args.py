@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """examples/train_gpt.py's argument checks: sizes, counts, rates, the subgroup size, the device,
 --compact-master without bf16, dos or with an overlapped backward, and the output paths refused by argparse's usage error (status 2) with a message naming the option,
-before any training, and leaving no file behind.
+before any training, and leaving no file behind; and record_phase, each step's record of its update
+phase, on made-up stats.
 
     test_train_gpt_args.py
 
@@ -84,7 +85,33 @@ def test_train_gpt_bad_args():
         check(args.log_json.endswith("x.json") and os.listdir(d) == [], "a --log-json path accepted, nothing written")
 
 
+def test_record_phase():
+    """train_gpt.record_phase on a made-up last_step of two buckets: the first bucket's counts, the
+    tail and the gradient downloads over every bucket (the longest one's seconds and bytes, a dodge
+    in any bucket), the overlap's figures with their defaults."""
+    stat = dict(subgroups_cpu=3, subgroups_gpu=2, bytes_h2d=10, bytes_d2h=20, tail_bound=1, tail_moved=0,
+                predicted_seconds=0.5, refinement_held=0, plan_seconds=0.001, longest_download_seconds=0.04,
+                longest_download_bytes=4000, downloads_dodge_writebacks=0)
+    other = dict(stat, tail_bound=2, tail_moved=1, longest_download_seconds=0.12, longest_download_bytes=1200,
+                 downloads_dodge_writebacks=1)
+    rec = {}
+    train_gpt.record_phase(rec, dict(update_seconds=0.6, stats=[stat, other], speculated=4))
+    check(rec["phase_seconds"] == 0.6 and rec["subgroups_cpu"] == 3 and rec["tail_bound"] == 3
+          and rec["tail_moved"] == 1, f"record_phase: the first bucket's counts, the tails summed ({rec})")
+    check(rec["longest_download_seconds"] == 0.12 and rec["longest_download_bytes"] == 1200
+          and rec["downloads_dodge_writebacks"] == 1,
+          f"record_phase: the longest download of any bucket with its bytes, a dodge in any bucket ({rec})")
+    check(rec["speculated"] == 4 and rec["redone"] == 0 and rec["hidden_params"] == 0,
+          f"record_phase: the overlap's figures, 0 when absent ({rec})")
+    rec = {}
+    train_gpt.record_phase(rec, dict(update_seconds=0.6, stats=[dict(stat, longest_download_seconds=0.0,
+                                                                       longest_download_bytes=0)]))
+    check(rec["longest_download_seconds"] == 0.0 and rec["longest_download_bytes"] == 0
+          and rec["downloads_dodge_writebacks"] == 0, f"record_phase: no download by the copy engine ({rec})")
+
+
 if __name__ == "__main__":
     test_train_gpt_bad_args()
+    test_record_phase()
     print(f"{len(failures)} failure(s)")
     sys.exit(1 if failures else 0)

@@ -35,6 +35,20 @@ void adam_compact_cpu(void* buffers[], void* cl_arg) {
                         reinterpret_cast<const void*>(STARPU_VECTOR_GET_PTR(buffers[1])), a->grad_dtype, n, a->sp);
 }
 
+void adam_compact_into_cpu(void* buffers[], void* cl_arg) {
+  const auto* a = static_cast<const AdamArgs*>(cl_arg);
+  const std::size_t n = STARPU_VECTOR_GET_NX(buffers[1]);
+  bind_worker_team_for(n);
+  // the state copied whole into the shadow, then adam_compact_cpu's own step on the copy: the same
+  // bits as the update in place
+  const std::size_t elems = STARPU_VECTOR_GET_NX(buffers[0]);
+  float* out = reinterpret_cast<float*>(STARPU_VECTOR_GET_PTR(buffers[3]));
+  copy_cpu(out, reinterpret_cast<const void*>(STARPU_VECTOR_GET_PTR(buffers[0])), elems * sizeof(float));
+  const CompactSlices s = compact_slices(out, a->state_stride);
+  adam_step_compact_cpu(reinterpret_cast<std::uint16_t*>(STARPU_VECTOR_GET_PTR(buffers[2])), s.lo, s.r, s.m, s.v,
+                        reinterpret_cast<const void*>(STARPU_VECTOR_GET_PTR(buffers[1])), a->grad_dtype, n, a->sp);
+}
+
 void adam_into_cpu(void* buffers[], void* cl_arg) {
   const auto* a = static_cast<const AdamArgs*>(cl_arg);
   bind_worker_team_for(STARPU_VECTOR_GET_NX(buffers[1]));
@@ -105,6 +119,7 @@ struct starpu_perfmodel adam_model = {};
 struct starpu_perfmodel adam_direct_model = {};
 struct starpu_perfmodel adam_compact_model = {};
 struct starpu_perfmodel adam_into_model = {};
+struct starpu_perfmodel adam_compact_into_model = {};
 struct starpu_perfmodel gather_model = {};
 struct starpu_perfmodel scatter_model = {};
 struct starpu_perfmodel cast_model = {};
@@ -151,6 +166,7 @@ struct starpu_codelet make_codelet(const char* name, starpu_cpu_func_t cpu, star
 const starpu_data_access_mode kAdamModes[] = {STARPU_RW, STARPU_R, STARPU_W};
 const starpu_data_access_mode kAdamCompactModes[] = {STARPU_RW, STARPU_R, STARPU_RW};
 const starpu_data_access_mode kAdamIntoModes[] = {STARPU_R, STARPU_R, STARPU_W, STARPU_W};
+const starpu_data_access_mode kAdamCompactIntoModes[] = {STARPU_R, STARPU_R, STARPU_RW, STARPU_W};
 const starpu_data_access_mode kAdamDirectModes[] = {STARPU_RW};
 const starpu_data_access_mode kGatherModes[] = {STARPU_W};
 const starpu_data_access_mode kScatterModes[] = {STARPU_R};
@@ -169,6 +185,9 @@ struct starpu_codelet adam_direct_cl =
 struct starpu_codelet adam_into_cl = make_codelet("dos_adam_into", clocked_cpu<adam_into_cpu>,
                                                   clocked_cuda_or_null<cuda_funcs::adam_into>(), 4, kAdamIntoModes,
                                                   &adam_into_model, "dos_adam_into");
+struct starpu_codelet adam_compact_into_cl =
+    make_codelet("dos_adam_compact_into", clocked_cpu<adam_compact_into_cpu>, nullptr, 4, kAdamCompactIntoModes,
+                 &adam_compact_into_model, "dos_adam_compact_into");
 struct starpu_codelet gather_cl = make_codelet("dos_gather", clocked_cpu<gather_cpu>,
                                                clocked_cuda_or_null<cuda_funcs::gather>(), 1, kGatherModes,
                                                &gather_model, "dos_gather");

@@ -30,6 +30,12 @@
 //               adam_cl out of place, the new state written to the last buffer and the first left as
 //               it was (a speculative update: kept by swapping the two, or redone from the first).
 //                                                                      cl_arg: const AdamArgs*
+//   adam_compact_into_cl  state (compact, R), grad (grad_dtype, R), param16 (bf16, RW), state'
+//               (compact, W; the same number of elements as state): adam_compact_cl out of place for
+//               the state, the first copied whole into the last and updated there, the first left as
+//               it was; param16 holds P on entry and the new P on return (the caller's parameters
+//               still hold P: a redone update stages them again). CPU only.
+//                                                                      cl_arg: const AdamArgs* (compact true)
 // A compact state (AdamArgs::compact; the compact master of kernels/compact_master.h): the buffer
 // holds no master; its first compact_head_floats(stride) elements hold the masters' low halves lo
 // (n uint16_t) and then their packed r bits (32-bit words from element stride / 2), exp_avg follows
@@ -67,7 +73,8 @@ struct Segment {
 /// state's stride: elements from the master parameters to exp_avg and from exp_avg to exp_avg_sq in
 /// the state buffer (state_stride_for, kernels/adam.h).
 /// compact: the state buffer is a compact state (the comment above; bf16 parameters only), read by
-/// adam_direct_cl and adam_compact_cl; adam_cl, adam_into_cl and cast_cl take full states only.
+/// adam_direct_cl, adam_compact_cl and adam_compact_into_cl; adam_cl, adam_into_cl and cast_cl take full
+/// states only.
 struct AdamArgs {
   AdamStepParams sp;
   DType param_dtype;
@@ -135,6 +142,7 @@ extern struct starpu_codelet adam_cl;
 extern struct starpu_codelet adam_compact_cl;
 extern struct starpu_codelet adam_direct_cl;
 extern struct starpu_codelet adam_into_cl;
+extern struct starpu_codelet adam_compact_into_cl;
 extern struct starpu_codelet gather_cl;
 extern struct starpu_codelet scatter_cl;
 extern struct starpu_codelet cast_cl;

@@ -44,8 +44,8 @@ loss being read, its forward's waits included; ``phase`` is still the runtime's 
 ``--compact-master`` (with ``--optimizer dos`` and ``--dtype bf16``) keeps the runtime's fp32 masters
 in compact form (``DeepOptimizerStates(compact_master=True)``: each master as its low 16 bits and a
 rounding bit beside the model's bf16 parameter, 10.125 instead of 12 bytes of state per parameter
-across PCIe); the same bits. It runs no update overlapped with backward (``--overlap backward`` and
-``both`` are refused), and its GPU paths have not run on a GPU yet.
+across PCIe); the same bits. With ``--overlap backward`` or ``both`` only the subgroups the plan updates
+on the CPU are updated during backward.
 
 Example (CPU, seconds):  python3 examples/train_gpt.py --steps 20 --optimizer dos --policy cpu
 """
@@ -370,8 +370,8 @@ def parse_args(argv=None):
     ap.add_argument("--compact-master", action="store_true",
                     help="dos: keep each fp32 master parameter as its low 16 bits and a rounding bit beside the "
                          "model's bf16 parameter (DeepOptimizerStates(compact_master=True)): 10.125 instead of 12 "
-                         "bytes of state per parameter across PCIe, the same bits; needs --dtype bf16 and --overlap "
-                         "off or forward; its GPU paths have not run on a GPU yet")
+                         "bytes of state per parameter across PCIe, the same bits; needs --dtype bf16; with "
+                         "--overlap backward or both only the CPU's subgroups are updated during backward")
     ap.add_argument("--gpu-update-budget", type=float, default=0,
                     help="dos: GB of GPU memory the update phase may hold at once (0: no limit but StarPU's)")
     ap.add_argument("--timeline", help="dos: write the timeline of --timeline-steps to this JSON file (and a PNG "
@@ -443,9 +443,6 @@ def parse_args(argv=None):
     if args.compact_master and args.dtype != "bf16":
         ap.error(f"--compact-master needs --dtype bf16 (each master is rebuilt from its bf16 parameter), got --dtype "
                  f"{args.dtype}: give --dtype bf16 or leave --compact-master out")
-    if args.compact_master and args.overlap in ("backward", "both"):
-        ap.error(f"--compact-master runs no update overlapped with backward: with --overlap {args.overlap}, use "
-                 "--overlap off or forward, or leave --compact-master out")
     args.gpu_resident_budget_bytes = budget_bytes(ap, "--gpu-resident-budget", args.gpu_resident_budget,
                                                   args.optimizer)
     args.gpu_update_budget_bytes = budget_bytes(ap, "--gpu-update-budget", args.gpu_update_budget, args.optimizer,

@@ -389,8 +389,11 @@ class Runtime {
 ///   which must then hold the last step's values; a load splits it and writes the parameters): the
 ///   caller writes its parameters only through the optimizer (write_master_range, load_state), never
 ///   between steps by itself. bf16 parameters only (Error
-///   otherwise). No speculative update: gradients_final only records and the whole update runs in
-///   finish_step (the same bits). The host buffer keeps its 12 bytes per parameter; a streamed
+///   otherwise). The speculative updates of an overlapped step (gradients_final) run for the subgroups
+///   updated on the CPU only (adam_compact_into_cl: the new state into the shadow, the new P into the
+///   host staging, the caller's parameters left as they were until the verdict keeps the update); a
+///   streamed one is updated in finish_step whatever speculate_streamed says (the same bits). The
+///   host buffer keeps its 12 bytes per parameter; a streamed
 ///   or resident subgroup's GPU footprint is its compact state (the update and resident budgets
 ///   count that). Reading or writing the
 ///   masters costs a copy of the caller's parameters per subgroup (none for a read of a subgroup

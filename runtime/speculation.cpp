@@ -32,10 +32,10 @@ void record_speculative(void* arg) {
 }  // namespace
 
 bool Optimizer::Impl::speculable(std::size_t i) const {
-  // a compact state has no out-of-place update (its P would be written before the verdict)
-  if (opt.speculation_budget == 0 || last_changed || opt.compact_master) return false;
+  if (opt.speculation_budget == 0 || last_changed) return false;
   if (!plan.empty() && plan[i] == PlanSide::gpu_streamed)
-    return opt.speculate_streamed && !cuda_nodes.empty() && codelets_have_cuda();
+    // a compact state's out-of-place update (adam_compact_into_cl) runs on the CPU only
+    return opt.speculate_streamed && !opt.compact_master && !cuda_nodes.empty() && codelets_have_cuda();
   return rt.cpu_workers() > 0 && (plan.empty() || plan[i] == PlanSide::cpu);
 }
 
@@ -61,8 +61,13 @@ bool Optimizer::Impl::ensure_shadow(Subgroup* sg) {
     shadow_limit = shadow_used;
     return false;
   }
-  starpu_vector_data_register(&sg->sh_h_state, STARPU_MAIN_RAM, uintptr_t(sg->sh_state.ptr), 3 * sg->stride,
-                              sizeof(float));
+  if (opt.compact_master)  // the state's own layout (Subgroup::compact_base), so that the two can be swapped
+    starpu_vector_data_register(&sg->sh_h_state, STARPU_MAIN_RAM,
+                                uintptr_t(sg->sh_state.ptr + sg->stride - compact_head_floats(sg->stride)),
+                                compact_head_floats(sg->stride) + 2 * sg->stride, sizeof(float));
+  else
+    starpu_vector_data_register(&sg->sh_h_state, STARPU_MAIN_RAM, uintptr_t(sg->sh_state.ptr), 3 * sg->stride,
+                                sizeof(float));
   shadow_used += bytes;
   return true;
 }
@@ -92,7 +97,13 @@ void Optimizer::Impl::speculate(OpenStep& ph, std::size_t i) {
   sg->adam.sp = make_adam_step_params(opt.adam, sg->step);
   sg->hint_update.prefetch = true;
   stage_gradient(ph, i);
-  struct starpu_task* a = make_task(&adam_into_cl, &sg->adam, &sg->hint_update, on_gpu ? STARPU_CUDA : STARPU_CPU);
+  // A compact state's P: in the staging, where adam_compact_into_cl writes the new one (the caller's
+  // parameters keep P until the verdict's write-back), brought there unless the subgroup's last
+  // update, on the CPU, left it there (submit_update's rule)
+  if (opt.compact_master && !(!plan.empty() && plan[i] == PlanSide::cpu && sg->params_on_host)) stage_params(ph, i);
+  sg->params_on_host = false;  // until the verdict keeps the update (finish_submit)
+  struct starpu_task* a = make_task(opt.compact_master ? &adam_compact_into_cl : &adam_into_cl, &sg->adam,
+                                    &sg->hint_update, on_gpu ? STARPU_CUDA : STARPU_CPU);
   a->handles[0] = sg->h_state;
   a->handles[1] = sg->h_grad32;
   a->handles[2] = sg->h_param16;

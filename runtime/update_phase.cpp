@@ -277,7 +277,11 @@ void Optimizer::Impl::finish_submit(StepVerdict verdict, bool async) {
         // task, which wrote the shadow handles, through the handles themselves)
         std::swap(sg->state, sg->sh_state);
         std::swap(sg->h_state, sg->sh_h_state);
-        scatter_params(ph, i);
+        // a compact state's new P: in the staging, kept there under a plan that keeps the subgroup
+        // on the CPU (submit_update's rule)
+        const bool keep_p = opt.compact_master && !plan.empty() && plan[i] == PlanSide::cpu;
+        scatter_params(ph, i, keep_p);
+        sg->params_on_host = keep_p;
       }
       choose_tail(ph);
       std::vector<std::size_t> stream_order;  // the streamed subgroups, in submission order

@@ -155,7 +155,7 @@ PY
     run --policy dos --iterations 2 --master compact --resume "$tmp/ck-full" --save-params "$tmp/r-compact.safetensors"
     "$cmp" "$tmp/full.safetensors" "$tmp/r-full.safetensors" && "$cmp" "$tmp/full.safetensors" "$tmp/r-compact.safetensors" ||
       exit 1
-    for bad in "--dtype fp16" "--overlap on --emulate-compute"; do
+    for bad in "--dtype fp16"; do
       out=$("$train" "${common[@]}" --policy cpu --iterations 1 --master compact $bad 2>&1)
       [ $? -ne 0 ] && grep -q -- "--master compact" <<<"$out" || { echo "--master compact $bad was not refused: $out"; exit 1; }
     done ;;
@@ -245,7 +245,8 @@ PY
     # The update overlapped with backward (--overlap on: every layer's gradients declared final as
     # its backward ends, the CPU's subgroups updated speculatively) and with the next forward (each
     # layer's forward waits for its parameters only) against the update after backward (off): the same bits with global-norm clipping active on some iterations and not on
-    # others, a NaN gradient on one (skipped), under every policy. The clipping threshold is the
+    # others, a NaN gradient on one (skipped), under every policy, and with the compact master under
+    # cpu and dos (the same bits as the full master). The clipping threshold is the
     # median of the gradient norms of a first run (no clipping), so that about half the
     # iterations clip.
     it=(--iterations 6 --emulate-compute --tokens 256 --cpu-scale 16 --seed 11)
@@ -263,7 +264,41 @@ print(repr(statistics.median(x['grad_norm'] for x in r['iterations'])))" "$tmp/n
       done
       "$cmp" "$tmp/$p-on.safetensors" "$tmp/$p-off.safetensors" || { echo "policy $p: overlap on and off differ"; exit 1; }
     done
-    python3 - "$tmp" "${policies[@]}" <<'PY'
+    # the compact master (--master compact): its CPU subgroups updated speculatively too (out of
+    # place into the shadow state, the new P in the staging), the same bits as the full master
+    checked=("${policies[@]}")
+    for p in cpu dos; do
+      [ -e "$tmp/$p-off.safetensors" ] || continue
+      for o in on off; do
+        run "${it[@]}" --policy "$p" --master compact --overlap $o --max-grad-norm "$max" --nan-gradient-at 4 \
+          --report "$tmp/$p-compact-$o.json" --save-params "$tmp/$p-compact-$o.safetensors" >/dev/null
+        "$cmp" "$tmp/$p-off.safetensors" "$tmp/$p-compact-$o.safetensors" ||
+          { echo "policy $p: --master compact, overlap $o, and the full master differ"; exit 1; }
+      done
+      checked+=("$p-compact")
+    done
+    # and with no clipping, so that every speculative update is kept (redone none) but the skipped
+    # step's: P written by the kept ones, dropped with the skipped one
+    run "${it[@]}" --policy cpu --overlap off --max-grad-norm 1e30 --nan-gradient-at 4 \
+      --save-params "$tmp/keep-ref.safetensors" >/dev/null
+    for p in cpu dos; do
+      run "${it[@]}" --policy "$p" --master compact --overlap on --max-grad-norm 1e30 --nan-gradient-at 4 \
+        --report "$tmp/$p-compact-keep.json" --save-params "$tmp/$p-compact-keep.safetensors" >/dev/null
+      "$cmp" "$tmp/keep-ref.safetensors" "$tmp/$p-compact-keep.safetensors" ||
+        { echo "policy $p: --master compact overlapped without clipping and the full master differ"; exit 1; }
+    done
+    python3 - "$tmp" <<'PY'
+import json, sys
+for p in ("cpu", "dos"):
+    rows = json.load(open(f"{sys.argv[1]}/{p}-compact-keep.json"))["iterations"]
+    for x in rows:
+        assert x["overlapped"] and x["skipped"] == (x["iteration"] == 4) and x["redone"] == 0, (p, x)
+        assert x["speculated"] > 0, (p, x)  # no clipping: every step speculates
+    print(f"ok: {p} --master compact: every speculative update kept but the skipped step's,",
+          sum(x["speculated"] for x in rows), "in all")
+PY
+    [ $? -eq 0 ] || exit 1
+    python3 - "$tmp" "${checked[@]}" <<'PY'
 import json, sys
 tmp, policies = sys.argv[1], sys.argv[2:]
 for p in policies:

@@ -11,7 +11,8 @@ it passed on an H100 at 28cab85).
 
 1. The same bits as ``compact_master=False``: a model of bf16 parameters and one fp32 parameter
    (its bucket keeps the full master) trained 6 steps with clipping, plainly, with
-   ``flat_gradients=False`` and with the next forward overlapped: losses, parameters, masters,
+   ``flat_gradients=False``, with the next forward overlapped and with the update overlapped with backward
+   (``overlap=True``: the CPU's subgroups updated speculatively): losses, parameters, masters,
    moments and step counts bit for bit after each run, and every bf16 parameter its master rounded.
    That the runtime holds the compact form is checked apart from the binding's own bookkeeping:
    masters written through the C ABI (``dos_optimizer_write_masters``) change a compact bucket's
@@ -22,8 +23,7 @@ it passed on an H100 at 28cab85).
 3. ``state_dict`` across the forms: the two forms' state dicts after 3 steps are equal; a compact
    optimizer's state dict loaded into a full one and a full one's into a compact one (the model's
    state loaded first) continue 3 steps with the bits of the run that went on.
-4. Refusals, each changing nothing: ``overlap=True`` with ``compact_master=True`` (``ValueError``
-   naming both, also with no bf16 parameter); ``compact_master`` not a bool; a parameter written in
+4. Refusals, each changing nothing: ``compact_master`` not a bool; a parameter written in
    place after a step (``step()``, ``state_dict()`` and ``refresh_masters()`` raise
    ``RuntimeError`` saying to use ``compact_master=False``; parameters, step counts and state as
    before; a state dict loaded then clears it and the run goes on with the full form's bits); the
@@ -103,7 +103,7 @@ def halve(model):
 def test_same_bits(device, policy):
     """compact_master=True against False: the same bits, plainly and under the binding's other paths."""
     for kw, what in (({}, "plain steps"), (dict(flat_gradients=False), "flat_gradients=False"),
-                     (None, "the next forward overlapped")):
+                     (None, "the next forward overlapped"), (dict(overlap=True), "the update overlapped with backward")):
         mf, mc = MixedNet(device), MixedNet(device)
         of = make_opt(mf, policy, **(kw or {}))
         oc = make_opt(mc, policy, compact_master=True, **(kw or {}))
@@ -234,13 +234,8 @@ def test_state_dict_across_forms(device, policy):
 
 
 def test_refusals(device, policy):
-    """overlap with compact_master; a parameter written in place after a step."""
+    """compact_master not a bool; a parameter written in place after a step."""
     m = make_model(device, torch.bfloat16)
-    expect_error(ValueError, "overlap=True and compact_master=True", lambda: make_opt(m, policy, overlap=True,
-                 compact_master=True), "overlap=True with compact_master=True")
-    expect_error(ValueError, "set overlap=False to keep compact_master=True", lambda: make_opt(
-                 make_model(device, torch.float32), policy, overlap=True, compact_master=True),
-                 "overlap=True with compact_master=True over fp32 parameters only")
     expect_error(ValueError, "compact_master must be True or False", lambda: make_opt(m, policy, compact_master=1),
                  "compact_master=1")
 

@@ -253,12 +253,9 @@ Checked check_options(const Args& a) {
   if (c.compact_master && c.dtype != dos::DType::bf16)
     fail(std::string("--master compact needs bf16 parameters (each master is rebuilt from its bf16 rounding), got "
                      "--dtype ") + dos::dtype_name(c.dtype) + ": use --dtype bf16 or --master full");
-  if (c.compact_master && a.overlap == "on")
-    fail("--master compact has no speculative update, so the update cannot overlap backward: use --overlap off (or "
-         "auto), or --master full");
   // auto: on where there is a backward to overlap, and not in a sweep (whose rows compare update
-  // phases), nor with the compact master
-  c.overlap = a.overlap == "on" || (a.overlap == "auto" && a.emulate_compute && a.sweep.empty() && !c.compact_master);
+  // phases)
+  c.overlap = a.overlap == "on" || (a.overlap == "auto" && a.emulate_compute && a.sweep.empty());
   if (a.tail_subgroups == "auto") {
     // the binder acts only in phases run after backward (OptimizerOptions::tail_subgroups)
     const bool own_plan =
@@ -400,7 +397,8 @@ int parse_command_line(int argc, char** argv, Args& a) {
   app.add_option("--master", a.master,
                  "how the optimizer keeps its fp32 master parameters: full (4 bytes each) or compact (bf16 only: "
                  "the low 16 bits and one rounding bit beside the model's parameter, 10.125 bytes of streamed state "
-                 "per parameter instead of 12; the same bits; no overlap with backward)")
+                 "per parameter instead of 12; the same bits; with --overlap on only the CPU's subgroups are updated "
+                 "speculatively during backward, the streamed ones after it)")
       ->capture_default_str();
   app.add_option("--copy-by", a.copy_by,
                  "how the runtime's own copies of CPU-updated subgroups between the model's GPU tensors and host "

@@ -101,7 +101,7 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _Gradients, _State, _Timeli
         speculative update); 0: nothing is speculated. Only with ``overlap=True``.
       speculate_streamed (bool): with ``overlap=True``, the subgroups the plan streams through the GPU
         are updated speculatively too, on the GPU, while backward runs (True, the default); False:
-        only the CPU's subgroups. The same bits either way. The GPU side pays off with the StarPU
+        only the CPU's subgroups (always so in a bucket with ``compact_master``). The same bits either way. The GPU side pays off with the StarPU
         that ``scripts/setup.sh`` builds (device buffers from CUDA's stream-ordered allocator); with
         a site's own StarPU, each device buffer StarPU frees waits for the whole GPU: measure both.
         With ``overlap=True`` the thread that runs backward keeps a core of its own (``caller_cores``).
@@ -165,8 +165,9 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _Gradients, _State, _Timeli
         parameters keep the full master (their rounding is not the master's high half), with no
         error. The same bits as False in the parameters and the state: the masters are rebuilt from
         the parameters whenever they are read (:meth:`state_dict`), and a state dict saved by either
-        form loads into the other. Refused: with ``overlap=True`` (``ValueError`` at construction:
-        the runtime runs no speculative update in this form); and, once a bucket has been updated or
+        form loads into the other. With ``overlap=True`` the subgroups the plan updates on the CPU are
+        updated speculatively during backward, as in the full form; those it streams, after backward.
+        Refused: once a bucket has been updated or
         has loaded a state, a bf16 parameter written in place (``RuntimeError`` at the next
         :meth:`step`, :meth:`state_dict` or :meth:`refresh_masters`, nothing changed; see
         "Parameters written in place" below). The pinned host memory (12 bytes per parameter) and
@@ -328,10 +329,6 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _Gradients, _State, _Timeli
         if not _capi.int_in(tail_subgroups, 0, 1000000):
             raise ValueError(f"tail_subgroups must be an integer in [0, 1000000] (subgroups; 0: the plan as made), "
                              f"got {tail_subgroups!r}")
-        if overlap and compact_master:
-            raise ValueError("overlap=True and compact_master=True cannot be combined: the runtime runs no "
-                             "speculative update (the update overlapped with backward) on compact masters; set "
-                             "overlap=False to keep compact_master=True, or compact_master=False to keep overlap=True")
         if overlap and not flat_gradients:
             raise ValueError("overlap=True needs flat_gradients=True: the overlapped update declares gradients final "
                              "in the optimizer's own buffers while backward runs")

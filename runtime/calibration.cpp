@@ -342,10 +342,10 @@ Rates calibrate_rates(Runtime& runtime, std::size_t S, DType dtype, MemoryKind m
   phase(0.75);  // warm-up: device buffers allocated, streams started
   phase(0.0);
   Rates r;
-  // kCalibrationReps repetitions of an all-CPU phase and a mixed one; each rate is the median of its
-  // repetitions', so that one repetition slowed or sped by something outside the phase (one read
-  // 1.75 Gparams/s against 4.26 in the other; another's mixed phase read the CPU's rate alone, 3.60,
-  // against 3.08 in the other) moves neither
+  // kCalibrationReps repetitions of an all-CPU phase and a mixed one: U_c and U_c_dma's starting
+  // value come from the median busy time of the repetitions that measured one, so that one
+  // repetition slowed or sped by something outside the phase moves neither; U_c_dma is then fitted
+  // below
   constexpr int kCalibrationReps = 3;
   std::vector<double> alone_busy, mixed_busy_reps;  // the CPU's Adam busy time of each repetition, seconds
   std::string reps;                                 // each repetition's figures, for the verbose line

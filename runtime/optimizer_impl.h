@@ -334,7 +334,8 @@ struct Optimizer::Impl {
   // (clipping tends to stay active from one step to the next); the next step tries again.
   bool last_changed = false;
 
-  // The update phase (update_phase.cpp; declare_final, Optimizer::gradients_final, in speculation.cpp).
+  // The update phase (update_phase.cpp; declare_final, which Optimizer::gradients_final calls, in
+  // speculation.cpp).
   void begin(bool overlapped);
   void declare_final(std::size_t begin, std::size_t end);
   StepStats finish(StepVerdict verdict);

@@ -325,9 +325,10 @@ PY
     ;;
   overlap-budget)
     # The update overlapped with backward and the next forward under a tight --gpu-update-budget:
-    # 400 KB holds two streamed subgroups of 10007 elements at once (about 180 KB each: the fp32
-    # state, the gradient and the parameters staged), so the admission window holds streamed and
-    # speculated subgroups back all phase long. dos with every subgroup streamed (--gpu-fraction 1)
+    # 400 KB (400000 bytes) holds three streamed subgroups of 10007 elements at once (120192 bytes
+    # each: the fp32 state padded to 10016 elements; with the model on the GPU nothing else of a
+    # streamed subgroup is charged), or a speculated one (its state and shadow state, 240384 bytes)
+    # beside one streamed, so the admission window holds streamed subgroups back all phase long. dos with every subgroup streamed (--gpu-fraction 1)
     # and with half of them, overlap on and off, global-norm clipping on about half the iterations
     # and a NaN gradient (skipped) on one: the same bits as the cpu policy after backward. Without a
     # GPU every subgroup runs on the CPU: the same bits all the same.
@@ -356,6 +357,8 @@ for tag in ("dos-1-on", "dos-1-off", "dos-1of2-on", "dos-1of2-off"):
     gpu = r["cuda_workers"] > 0
     clipped = [it["clip_coef"] < 1 for it in r["iterations"] if not it["skipped"]]
     assert any(clipped) and not all(clipped), (tag, clipped)
+    if tag.endswith("-on"):
+        assert sum(it["speculated"] for it in r["iterations"]) > 0, tag
     for it in r["iterations"]:
         assert it["overlapped"] == tag.endswith("-on"), (tag, it)
         assert it["skipped"] == (it["iteration"] == 3), (tag, it)
@@ -363,6 +366,8 @@ for tag in ("dos-1-on", "dos-1-off", "dos-1of2-on", "dos-1of2-off"):
             continue
         # with a GPU the plan's streamed subgroups ran there, through the window, under the budget
         assert (it["subgroups_gpu"] > 0) == gpu, (tag, it)
+        if gpu:
+            assert 0 < it["window_peak_bytes"] <= 400000, (tag, it["window_peak_bytes"])
         assert it["subgroups_cpu"] + it["subgroups_gpu"] == r["subgroups"], (tag, it)
     print(f"ok: {tag}: the same bits as cpu; subgroups on the GPU per phase",
           [it["subgroups_gpu"] for it in r["iterations"]])

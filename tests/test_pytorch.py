@@ -714,6 +714,9 @@ def test_step_stats(device, policy):
                       f"plan updates a subgroup on the CPU ({st['subgroups_cpu']})")
     if device == "cuda":
         print(f"stats: {cpu_phases} phase(s) checked with CPU subgroups and gradients downloaded by the copy engine")
+        if policy == "dos" and copy_by == "" and not os.environ.get("DOS_GRAD_DOWNLOAD"):
+            check(cpu_phases > 0, "the default copy rule: some phase updated a subgroup on the CPU, so that the "
+                                  "download figures were checked against one")
     o.close()
 
 

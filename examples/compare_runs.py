@@ -77,7 +77,10 @@ def run_one(a, label, args, repeat, keep_params=True):
         f.flush()
         rc = subprocess.call(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)
     if rc != 0:
-        print(f"dos-compare: run {label} failed (exit status {rc}): see {log}", file=sys.stderr)
+        with open(log, errors="replace") as f:  # the run's last words, which usually say what was wrong
+            last = [line.strip() for line in f if line.strip()][-1:]
+        said = f": {last[0][:300]}" if last and not last[0].startswith("$ ") else ""
+        print(f"dos-compare: run {label} failed (exit status {rc}){said}; see {log}", file=sys.stderr)
         return None, log, None
     with open(report) as f:
         r = json.load(f)

@@ -56,7 +56,7 @@ expect "must be a number" --subgroup-size abc
 expect "whole number" --subgroup-size 2.5
 expect "not valid JSON" --config "$tmp/malformed.json"
 expect "missing field 'num_hidden_layers'" --config "$tmp/missing.json"
-expect "cannot read" --config "$tmp/nonexistent.json"
+expect "cannot read the configuration file .*No such file" --config "$tmp/nonexistent.json"
 expect "fields of both GPT-2" --config "$tmp/mixed.json"
 expect "must divide" --config "$tmp/heads.json"
 expect "host memory" --config "$tmp/huge.json"
@@ -130,11 +130,16 @@ expect "not a folder" --save-state "$tmp/bert.json"
 "$train" --preset tiny --iterations 1 --quiet --save-state "$tmp/ck" >/dev/null 2>&1
 expect "resume with the same model" --preset gpt2-124m --resume "$tmp/ck"
 expect "resume with the same model" --resume "$tmp/ck" --seed 5
+expect "differs from this run in: seed 0 there, 5 here" --resume "$tmp/ck" --seed 5
 rm -rf "$tmp/ck"
 expect "beta1" --beta1 1.5
 expect "size in bytes" --gpu-update-budget 4XB
 expect "size in bytes" --gpu-resident-budget -1GB
 expect "more than 0 bytes" --gpu-update-budget 0
+expect "not a whole number of bytes" --gpu-update-budget 1.5
+expect "not a whole number of bytes" --gpu-resident-budget 0.4
+expect "beyond the largest size taken" --gpu-resident-budget 1e99
+expect "beyond the largest size taken" --gpu-update-budget 1e19
 expect "needs --writeback eager" --gpu-update-budget 1GB --writeback end
 expect "eager or end" --writeback later
 expect "fp32 or native" --grad-transfer fp8
@@ -203,6 +208,7 @@ if cmp -s "$tmp/ck1/index.json" "$tmp/index.keep" && cmp -s "$tmp/good-config.js
 else echo "FAIL: an input was overwritten"; fails=$((fails+1)); fi
 expect "runs no update phase" --policy dos --plan-only --rates "$tmp/rates-in.json" --save-state "$tmp/ck3"
 PLAN=1 expect "runs no update phase" --policy dos --plan-only --rates "$tmp/rates-in.json" --timeline "$tmp/t3.json"
+PLAN=1 expect "--rates '$tmp/nope.json': no such file" --policy dos --plan-only --rates "$tmp/nope.json"
 mkdir "$tmp/scratch"; ln -s "$tmp/scratch" "$tmp/link"
 expect "is a symbolic link" --save-state "$tmp/link"
 [ -L "$tmp/link" ] && echo "ok: the link is kept" || { echo "FAIL: the link was replaced"; fails=$((fails+1)); }

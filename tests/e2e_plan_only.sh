@@ -46,6 +46,10 @@ PY
 out=$("$train" "${common[@]}" --policy gpu --gpu-resident-budget $((2 * 12 * 16777216)) 2>&1)
 grep -q '^plan      0: ssssssrr$' <<<"$out" || bad "gpu with a resident budget: $out"
 grep -q 'prediction: none' <<<"$out" || bad "gpu without rates: no word about the missing prediction"
+# an update budget below one streamed subgroup's footprint: said, as a run says it, and nothing streamed
+out=$("$train" "${common[@]}" --policy dos --rates 4,3,60,300,50,50 --gpu-update-budget 1000 2>&1)
+grep -q "^note: the GPU update budget (1000 bytes) is below one streamed subgroup's" <<<"$out" &&
+  grep -q '^plan      0: cccccccc$' <<<"$out" || bad "dos under a 1000-byte update budget: $out"
 # --plan-phase later: the resident state is already on the GPU, so the static:0.5 plan's resident
 # half brings nothing up (the H2D left is the CPU half's parameters, here with the state's upload
 # 0.0160 s against 0.0027 s) and the phase is predicted faster than the first

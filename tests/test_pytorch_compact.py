@@ -162,9 +162,14 @@ def test_same_bits(device, policy):
 
     # compact_master=True over fp32 parameters only: accepted, every bucket full, the same bits
     mf, mc = make_model(device, torch.float32), make_model(device, torch.float32)
-    of, oc = make_opt(mf, policy), make_opt(mc, policy, compact_master=True)
-    check(not any(c for _, c in compact_buckets(oc)) and same_steps(mf, of, mc, oc, range(1, 4), device),
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        of, oc = make_opt(mf, policy), make_opt(mc, policy, compact_master=True)
+        same = same_steps(mf, of, mc, oc, range(1, 4), device)
+    check(not any(c for _, c in compact_buckets(oc)) and same,
           "compact_master=True with fp32 parameters only: no compact bucket, the same bits as False")
+    said = [str(w.message) for w in caught if "no bf16 parameter" in str(w.message)]
+    check(len(said) == 1, f"and one warning that compact_master has nothing to act on ({said})")
     of.close()
     oc.close()
 

@@ -1,6 +1,8 @@
 #include "model_config.h"
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
@@ -101,7 +103,11 @@ ModelConfig preset(const std::string& name) {
 
 ModelConfig load_hf_config(const std::string& path) {
   std::ifstream f(path);
-  if (!f) throw std::runtime_error("cannot read the configuration file " + path);
+  if (!f) {
+    const int err = errno;  // the open's own reason (no such file, permission, a folder)
+    throw std::runtime_error("cannot read the configuration file " + path + ": " +
+                             (err ? std::strerror(err) : "unknown reason") + " (give a model's config.json, or --preset)");
+  }
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(f);

@@ -129,7 +129,10 @@ void parse_shard(const std::string& s, std::size_t* rank, std::size_t* world) {
 }
 
 /// A byte count: a number with an optional unit (B, KB, MB, GB, TB in powers of 1000; KiB, MiB,
-/// GiB, TiB in powers of 1024): "40GB", "31.5GB", "4e10", "10GiB". Fails naming the option.
+/// GiB, TiB in powers of 1024): "40GB", "31.5GB", "4e10", "10GiB". A number without a unit counts
+/// bytes and must be whole ("1.5" is refused: 1.5 bytes is most likely 1.5 GB meant); with a unit
+/// the size is rounded to whole bytes. Fails naming the option: a malformed size, one beyond 9e18
+/// bytes, a number without a unit that is not whole.
 std::size_t parse_bytes(const std::string& s, const char* what) {
   char* end = nullptr;
   errno = 0;
@@ -141,8 +144,13 @@ std::size_t parse_bytes(const std::string& s, const char* what) {
   double mult = -1;
   for (const auto& u : units)
     if (unit == u.first) mult = u.second;
-  if (s.empty() || end == s.c_str() || errno != 0 || mult < 0 || !std::isfinite(v) || v < 0 || v * mult > 9e18)
+  if (s.empty() || end == s.c_str() || mult < 0 || !std::isfinite(v) || v < 0)
     fail(std::string(what) + " must be a size in bytes such as 40GB, 31.5GB, 4e10 or 10GiB, got '" + s + "'");
+  if (errno == ERANGE || v * mult > 9e18)
+    fail(std::string(what) + " " + s + " is beyond the largest size taken, 9e18 bytes (9EB): give a smaller one");
+  if (unit.empty() && v != std::floor(v))
+    fail(std::string(what) + " " + s + " is not a whole number of bytes (a number without a unit counts bytes): "
+         "give a unit, such as " + s + "GB, or whole bytes");
   return std::size_t(std::llround(v * mult));
 }
 
@@ -372,10 +380,11 @@ int parse_command_line(int argc, char** argv, Args& a) {
                  "--grad-parts; any number of ranks: the state is re-sharded): the run continues exactly as if it "
                  "had not stopped");
   app.add_option("--gpu-resident-budget", a.gpu_resident_budget,
-                 "GPU memory the optimizer state may keep between iterations (e.g. 10GB; default: none kept, pure "
-                 "offload). dos keeps the last subgroups that fit resident; static:R must fit its GPU share in it");
+                 "GPU memory the optimizer state may keep between iterations (e.g. 10GB or 10GiB; a number without "
+                 "a unit counts bytes; default: none kept, pure offload). dos keeps the last subgroups that fit resident; static:R must fit its GPU share in it");
   app.add_option("--gpu-update-budget", a.gpu_update_budget,
-                 "GPU memory the update phase may use at once (e.g. 40GB; default: no limit); StarPU's GPU memory is "
+                 "GPU memory the update phase may use at once (e.g. 40GB; a number without a unit counts bytes; "
+                 "default: no limit); StarPU's GPU memory is "
                  "capped at the two budgets together, the rest is left to forward and backward");
   app.add_option("--stream-lookahead", a.stream_lookahead,
                  "streamed subgroups whose state is prefetched ahead (0: StarPU's prefetch when a task is pushed)")

@@ -64,9 +64,15 @@ dos::Rates parse_rates(const std::string& text, dos::Rates* calibrated, bool* fr
     const std::string field = text.substr(at, comma - at);
     char* end = nullptr;
     const double x = std::strtod(field.c_str(), &end);
-    if (field.empty() || *end != '\0')
+    if (field.empty() || *end != '\0') {
+      // a single word that is no number was most likely meant as a file
+      if (text.find(',') == std::string::npos)
+        throw std::runtime_error("--rates '" + text + "': " +
+                                 (std::filesystem::exists(text) ? "not a regular file" : "no such file") +
+                                 ", and not six or seven numbers: " + forms);
       throw std::runtime_error("--rates '" + text + "' is neither a file nor six or seven numbers ('" + field +
                                "' is not a number): " + forms);
+    }
     v.push_back(x);
     at = comma + 1;
   }
@@ -102,6 +108,14 @@ nlohmann::ordered_json show_plan(PlanOnly& p) {
     dos::apply_gpu_budgets(w, &plan, p.budgets);
   } catch (const std::invalid_argument& e) {
     throw std::runtime_error(e.what());
+  }
+  if (p.budgets.update > 0 && !w.may_stream) {  // as a run says it (OptimizerOptions::gpu_update_budget)
+    std::size_t need_streamed = 0;
+    for (std::size_t sz : w.sizes)
+      need_streamed = std::max(need_streamed, dos::subgroup_footprint(w, sz, dos::PlanSide::gpu_streamed));
+    std::printf("note: the GPU update budget (%s) is below one streamed subgroup's %s: every update that is not "
+                "resident runs on the CPU\n", dos::gb_text(double(p.budgets.update)).c_str(),
+                dos::gb_text(double(need_streamed)).c_str());
   }
   const std::vector<dos::PlanSide> sides = plan.decide(dos::PlanInput{w, needs.rates ? p.rates : nullptr, p.execution});
   if (const std::string e = dos::plan_contract_error(plan, w, sides); !e.empty()) throw std::runtime_error(e);

@@ -163,7 +163,7 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _Gradients, _State, _Timeli
         subgroup updated on the CPU brings its parameters down from the GPU beside its gradients: 2
         bytes per parameter more down). Applies to the bf16 buckets only; buckets of fp32 or fp16
         parameters keep the full master (their rounding is not the master's high half), with no
-        error. The same bits as False in the parameters and the state: the masters are rebuilt from
+        error (a warning when no bucket is bf16). The same bits as False in the parameters and the state: the masters are rebuilt from
         the parameters whenever they are read (:meth:`state_dict`), and a state dict saved by either
         form loads into the other. With ``overlap=True`` the subgroups the plan updates on the CPU are
         updated speculatively during backward, as in the full form; those it streams, after backward.
@@ -466,6 +466,10 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _Gradients, _State, _Timeli
             self.close()
             raise
         self._built = True
+        if self.compact_master and not any(b.compact for b in self._buckets):
+            warnings.warn("compact_master=True has no bf16 parameter to act on: every bucket keeps the full master "
+                          "(the compact form needs bf16 parameters; with fp32 weights under autocast, keep the weights "
+                          "in bf16 to use it)", stacklevel=3)
         # each group's parameters as built: param_groups edited by hand afterwards are refused
         # (_check_groups), since the runtime's state is laid out for these only
         self._built_groups = groups_layout(self.param_groups)

@@ -93,11 +93,24 @@ CheckpointInfo load_checkpoint(const std::string& dir, Optimizer& opt, const Che
   if (got.model != expect.model || got.params_total != expect.params_total ||
       got.subgroup_size != expect.subgroup_size || got.dtype != expect.dtype || got.seed != expect.seed ||
       got.grad_parts != expect.grad_parts ||
-      (!got.architecture.empty() && !expect.architecture.empty() && got.architecture != expect.architecture))
-    throw Error("cannot resume: the checkpoint in " + dir + " is of " + describe(got) + "; this run is " +
-                describe(expect) + ": resume with the same model, --subgroup-size, --dtype and --seed, and with the "
+      (!got.architecture.empty() && !expect.architecture.empty() && got.architecture != expect.architecture)) {
+    // what differs first, each with both values: the full descriptions below are long
+    std::string differs;
+    auto note = [&](const char* what, const std::string& a, const std::string& b) {
+      if (a != b) differs += std::string(differs.empty() ? "" : "; ") + what + " " + a + " there, " + b + " here";
+    };
+    note("model", got.model, expect.model);
+    note("parameters", std::to_string(got.params_total), std::to_string(expect.params_total));
+    note("subgroup size", std::to_string(got.subgroup_size), std::to_string(expect.subgroup_size));
+    note("dtype", got.dtype, expect.dtype);
+    note("seed", std::to_string(got.seed), std::to_string(expect.seed));
+    note("gradient parts", std::to_string(got.grad_parts), std::to_string(expect.grad_parts));
+    if (!got.architecture.empty() && !expect.architecture.empty()) note("architecture", got.architecture, expect.architecture);
+    throw Error("cannot resume: the checkpoint in " + dir + " differs from this run in: " + differs + ". It is of " +
+                describe(got) + "; this run is " + describe(expect) + ": resume with the same model, --subgroup-size, --dtype and --seed, and with the "
                 "checkpoint's --grad-parts " + std::to_string(got.grad_parts) +
                 " (any number of ranks can resume it with that)");
+  }
   if (!got.optimizer.empty() && !expect.optimizer.empty() && got.optimizer != expect.optimizer)
     throw Error("cannot resume: the checkpoint in " + dir + " was trained with " + got.optimizer + "; this run asks for " +
                 expect.optimizer + ": resume with the same optimizer, betas (and for Adam weight decay), which made "

@@ -138,6 +138,10 @@ expect "size in bytes" --gpu-resident-budget -1GB
 expect "more than 0 bytes" --gpu-update-budget 0
 expect "not a whole number of bytes" --gpu-update-budget 1.5
 expect "not a whole number of bytes" --gpu-resident-budget 0.4
+expect "not a whole number of bytes" --gpu-update-budget 1.5B
+expect "beyond the largest size taken" --gpu-update-budget 1e400
+expect "not a whole number of bytes" --gpu-update-budget 1e-400
+expect "it is a folder" --config "$tmp"
 expect "beyond the largest size taken" --gpu-resident-budget 1e99
 expect "beyond the largest size taken" --gpu-update-budget 1e19
 expect "needs --writeback eager" --gpu-update-budget 1GB --writeback end

@@ -244,6 +244,31 @@ def test_refusals(device, policy):
     expect_error(ValueError, "compact_master must be True or False", lambda: make_opt(m, policy, compact_master=1),
                  "compact_master=1")
 
+    # the same with the update overlapped with backward: backward runs on (nothing is declared), and
+    # step() refuses, changing nothing
+    mo = make_model(device, torch.bfloat16)
+    oo = make_opt(mo, policy, compact_master=True, overlap=True)
+    with warnings.catch_warnings():  # that the runtime leaves no core to backward: not what is tested
+        warnings.simplefilter("ignore")
+        train_steps(mo, oo, range(1, 3), device)
+        steps_before = oo.subgroup_steps()
+        halve(mo)
+        halved = [p.detach().clone() for p in mo.parameters()]
+        x, y = batch(3, device)
+        loss = torch.nn.functional.cross_entropy(mo(x).float().reshape(-1, 50), y.reshape(-1))
+        try:
+            loss.backward()
+            backward_ok = True
+        except RuntimeError as e:
+            backward_ok = False
+            print(f"backward raised: {e}")
+        check(backward_ok, "overlap=True, a parameter halved in place after a step: backward runs on")
+        expect_error(RuntimeError, "build the optimizer with compact_master=False", oo.step,
+                     "the same, step() with the update overlapped")
+        check(oo.subgroup_steps() == steps_before and all(torch.equal(a, p.detach()) for a, p in zip(halved, mo.parameters())),
+              "the same: step counts and parameters as before")
+    oo.close()
+
     # written in place after a step: refused by step(), state_dict() and refresh_masters(), nothing changed
     mf, mc = make_model(device, torch.bfloat16), make_model(device, torch.bfloat16)
     of, oc = make_opt(mf, policy), make_opt(mc, policy, compact_master=True)

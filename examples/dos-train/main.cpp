@@ -155,7 +155,9 @@ dos::RuntimeOptions runtime_options(const Args& a, const Job& j) {
     ro.gpu_memory_limit =
         dos::gpu_memory_for_budgets(j.n, j.subgroup, dos::dtype_size(j.c.dtype),
                                     a.grad_transfer == "native" ? dos::dtype_size(j.c.dtype) : 4, j.c.update_budget,
-                                    j.c.resident_budget, j.c.overlap && a.speculate_streamed == "on") +
+                                    j.c.resident_budget,
+                                    // the compact master speculates no streamed subgroup
+                                    j.c.overlap && a.speculate_streamed == "on" && !j.c.compact_master) +
         dos::kStarpuDeviceMargin;
   return ro;
 }

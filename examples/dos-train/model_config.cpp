@@ -3,6 +3,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
@@ -102,9 +103,13 @@ ModelConfig preset(const std::string& name) {
 }
 
 ModelConfig load_hf_config(const std::string& path) {
+  if (std::filesystem::is_directory(path))
+    throw std::runtime_error("cannot read the configuration file " + path + ": it is a folder (give the model's "
+                             "config.json in it, or --preset)");
+  errno = 0;
   std::ifstream f(path);
   if (!f) {
-    const int err = errno;  // the open's own reason (no such file, permission, a folder)
+    const int err = errno;  // the open's own reason (no such file, permission)
     throw std::runtime_error("cannot read the configuration file " + path + ": " +
                              (err ? std::strerror(err) : "unknown reason") + " (give a model's config.json, or --preset)");
   }

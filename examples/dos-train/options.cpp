@@ -130,8 +130,8 @@ void parse_shard(const std::string& s, std::size_t* rank, std::size_t* world) {
 
 /// A byte count: a number with an optional unit (B, KB, MB, GB, TB in powers of 1000; KiB, MiB,
 /// GiB, TiB in powers of 1024): "40GB", "31.5GB", "4e10", "10GiB". A number without a unit counts
-/// bytes and must be whole ("1.5" is refused: 1.5 bytes is most likely 1.5 GB meant); with a unit
-/// the size is rounded to whole bytes. Fails naming the option: a malformed size, one beyond 9e18
+/// bytes and must be whole, as must one in B ("1.5" and "1.5B" are refused: 1.5 bytes is most likely
+/// 1.5 GB meant); with a larger unit the size is rounded to whole bytes. Fails naming the option: a malformed size, one beyond 9e18
 /// bytes, a number without a unit that is not whole.
 std::size_t parse_bytes(const std::string& s, const char* what) {
   char* end = nullptr;
@@ -144,13 +144,14 @@ std::size_t parse_bytes(const std::string& s, const char* what) {
   double mult = -1;
   for (const auto& u : units)
     if (unit == u.first) mult = u.second;
-  if (s.empty() || end == s.c_str() || mult < 0 || !std::isfinite(v) || v < 0)
+  const bool overflow = errno == ERANGE && std::isinf(v), underflow = errno == ERANGE && !overflow;
+  if (s.empty() || end == s.c_str() || mult < 0 || (!overflow && !std::isfinite(v)) || v < 0)
     fail(std::string(what) + " must be a size in bytes such as 40GB, 31.5GB, 4e10 or 10GiB, got '" + s + "'");
-  if (errno == ERANGE || v * mult > 9e18)
+  if (overflow || v * mult > 9e18)
     fail(std::string(what) + " " + s + " is beyond the largest size taken, 9e18 bytes (9EB): give a smaller one");
-  if (unit.empty() && v != std::floor(v))
-    fail(std::string(what) + " " + s + " is not a whole number of bytes (a number without a unit counts bytes): "
-         "give a unit, such as " + s + "GB, or whole bytes");
+  if (underflow || (mult == 1 && v != std::floor(v)))
+    fail(std::string(what) + " " + s + " is not a whole number of bytes (a number without a unit, or in B, counts "
+         "bytes): give a larger unit, such as " + s.substr(0, std::size_t(end - s.c_str())) + "GB, or whole bytes");
   return std::size_t(std::llround(v * mult));
 }
 

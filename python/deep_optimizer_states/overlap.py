@@ -164,7 +164,14 @@ class _Overlap:
                             f"setting the hyper-parameters of {b.describe()}")
                 b.hyper = h
             self._apply_timeline(b)
-            self._sync_masters(b)  # a parameter written in place since the last step: its master follows
+            try:
+                self._sync_masters(b)  # a parameter written in place since the last step: its master follows
+            except RuntimeError:
+                if not b.compact:
+                    raise
+                # a compact bucket cannot follow it (_refuse_compact_writes): nothing is declared, and
+                # step() refuses the step as documented, changing nothing, rather than backward failing
+                return
             self._runtime_call(L.dos_optimizer_begin_step(b.handle), f"opening the update phase of {b.describe()}")
             b.open = True
         b.declared.add(j)

@@ -167,11 +167,10 @@ struct OpenStep {
     return copy_error;
   }
   // The runtime's own gradient downloads by the copy engine (DOS_COPY_BY, dos::runtime_copy_by):
-  // dodge_writebacks, b_d2h and starved_floor are set when the phase begins
-  // (runtime_downloads_dodge_writebacks; the rates' B_d2h in bytes/s, 0 without rates;
-  // download_starved_floor(), seconds); the longest download so far and the longest that starved
+  // b_d2h and starved_floor are set when the phase begins, with st.downloads_dodge_writebacks
+  // (the rates' B_d2h in bytes/s, 0 without rates; download_starved_floor(), seconds;
+  // runtime_downloads_dodge_writebacks); the longest download so far and the longest that starved
   // (download_starved against b_d2h and starved_floor) are kept under copy_mu.
-  bool dodge_writebacks = false;
   double b_d2h = 0;
   double starved_floor = 0.1;
   double longest_download_seconds = 0;  // guarded by copy_mu
@@ -355,8 +354,8 @@ struct Optimizer::Impl {
   void copy_master_range(std::size_t begin, std::size_t end, float* at, enum starpu_data_access_mode mode,
                          const char* what) const;
   // The speculative updates (speculation.cpp). speculable: whether subgroup i may be updated
-  // speculatively in this step (a speculation budget, no clipping active at the last step, not the
-  // compact master; a streamed one with speculate_streamed and a CUDA worker). ensure_shadow: the
+  // speculatively in this step (a speculation budget, no clipping active at the last step; a
+  // streamed one with speculate_streamed, a CUDA worker and not the compact master). ensure_shadow: the
   // subgroup's host shadow state allocated and registered within the speculation budget; false when
   // it does not fit. speculate: subgroup i's speculative update submitted when speculable, its
   // shadow state has room and, on the GPU, its footprint fits the update budget now; else nothing.
@@ -377,6 +376,21 @@ struct Optimizer::Impl {
   /// the parameters' when keep_params (a compact master's P kept in the host staging for the next
   /// phase: Subgroup::params_on_host).
   void scatter_params(detail::OpenStep& ph, std::size_t i, bool keep_params = false);
+  /// Whether subgroup i's new P stays in its host staging after its update (Subgroup::params_on_host):
+  /// a compact master's subgroup that the plan updates on the CPU.
+  bool keeps_params_on_host(std::size_t i) const {
+    return opt.compact_master && !plan.empty() && plan[i] == PlanSide::cpu;
+  }
+  /// Before a non-direct Adam task of subgroup i (adam_compact_cl, adam_compact_into_cl): a compact
+  /// state's P staged (stage_params) unless its last update, on the CPU, left it in the staging
+  /// (keeps_params_on_host and Subgroup::params_on_host); then params_on_host cleared until the
+  /// update's P is written back (scatter_new_params). Nothing staged for the full form. Throws what
+  /// stage_params throws.
+  void stage_params_unless_kept(detail::OpenStep& ph, std::size_t i);
+  /// After subgroup i's Adam task (or its kept speculative one): scatter_params, its P kept in the
+  /// staging when keeps_params_on_host(i), and Subgroup::params_on_host set to match. Throws what
+  /// scatter_params throws.
+  void scatter_new_params(detail::OpenStep& ph, std::size_t i);
   /// Submits subgroup i's update in this phase (update_phase.cpp): its admission into the window,
   /// step count, Adam task with its gradient staging and parameter write-back, and the eager
   /// write-back of a streamed state. prefetched: its state's prefetch was asked for by the
@@ -404,7 +418,7 @@ struct Optimizer::Impl {
   /// the caller's parameters into h_param16 instead (a compact state's P, stage_params).
   void own_copy(detail::OpenStep& ph, std::size_t i, detail::CopyStream::Direction dir, bool params_down = false);
   /// At the start of phase `ph` (begin, before any copy): how its gradient downloads go and what
-  /// counts as starved (OpenStep::dodge_writebacks, also into ph.st.downloads_dodge_writebacks;
+  /// counts as starved (ph.st.downloads_dodge_writebacks;
   /// b_d2h, the rates' B_d2h or 0 without rates; starved_floor, read here rather than on a copy's
   /// thread). Throws what reading the environment throws (std::bad_alloc). (staging.cpp)
   void begin_downloads(detail::OpenStep& ph);

@@ -98,10 +98,8 @@ void Optimizer::Impl::speculate(OpenStep& ph, std::size_t i) {
   sg->hint_update.prefetch = true;
   stage_gradient(ph, i);
   // A compact state's P: in the staging, where adam_compact_into_cl writes the new one (the caller's
-  // parameters keep P until the verdict's write-back), brought there unless the subgroup's last
-  // update, on the CPU, left it there (submit_update's rule)
-  if (opt.compact_master && !(!plan.empty() && plan[i] == PlanSide::cpu && sg->params_on_host)) stage_params(ph, i);
-  sg->params_on_host = false;  // until the verdict keeps the update (finish_submit)
+  // parameters keep P until the verdict keeps the update: finish_submit's scatter_new_params)
+  stage_params_unless_kept(ph, i);
   struct starpu_task* a = make_task(opt.compact_master ? &adam_compact_into_cl : &adam_into_cl, &sg->adam,
                                     &sg->hint_update, on_gpu ? STARPU_CUDA : STARPU_CPU);
   a->handles[0] = sg->h_state;

@@ -151,7 +151,7 @@ void start_copy(void* arg) {
     j.params_down = c->params_down;
     // auto (or adaptive once a download starved): a download goes by the kernel while streamed
     // state is on its way home on the copy engine
-    if (!up && c->ph->dodge_writebacks) j.engine_busy = sg->on_link;
+    if (!up && c->ph->st.downloads_dodge_writebacks) j.engine_busy = sg->on_link;
     j.done = [c](const CopyStream::Result& r) { end_copy(c, r); };
     c->stream->enqueue(std::move(j));
   } catch (const std::exception& e) {
@@ -164,7 +164,7 @@ void start_copy(void* arg) {
 }  // namespace
 
 void Optimizer::Impl::begin_downloads(OpenStep& ph) {
-  ph.dodge_writebacks = ph.st.downloads_dodge_writebacks = runtime_downloads_dodge_writebacks();
+  ph.st.downloads_dodge_writebacks = runtime_downloads_dodge_writebacks();
   ph.b_d2h = have_rates ? rates.B_d2h : 0;
   ph.starved_floor = download_starved_floor();
 }

@@ -277,11 +277,7 @@ void Optimizer::Impl::finish_submit(StepVerdict verdict, bool async) {
         // task, which wrote the shadow handles, through the handles themselves)
         std::swap(sg->state, sg->sh_state);
         std::swap(sg->h_state, sg->sh_h_state);
-        // a compact state's new P: in the staging, kept there under a plan that keeps the subgroup
-        // on the CPU (submit_update's rule)
-        const bool keep_p = opt.compact_master && !plan.empty() && plan[i] == PlanSide::cpu;
-        scatter_params(ph, i, keep_p);
-        sg->params_on_host = keep_p;
+        scatter_new_params(ph, i);
       }
       choose_tail(ph);
       std::vector<std::size_t> stream_order;  // the streamed subgroups, in submission order
@@ -383,20 +379,28 @@ void Optimizer::Impl::submit_update(OpenStep& ph, std::size_t i, bool prefetched
     return;
   }
   stage_gradient(ph, i);
-  // A compact master's Adam reads P in the staging: brought there unless its last update, on the
-  // CPU, left it there (nothing else writes the caller's parameters); under a plan that keeps the
-  // subgroup on the CPU, the new P stays there for the next phase.
-  const bool on_cpu = opt.compact_master && !plan.empty() && plan[i] == PlanSide::cpu;
-  if (opt.compact_master && !(on_cpu && sg->params_on_host)) stage_params(ph, i);
-  sg->params_on_host = false;  // until this update's Adam and write-back are submitted
+  // A compact master's Adam reads P in the staging (nothing else writes the caller's parameters);
+  // under a plan that keeps the subgroup on the CPU, the new P stays there for the next phase.
+  stage_params_unless_kept(ph, i);
   struct starpu_task* a =
       adam_task(sg, opt.compact_master ? &adam_compact_cl : &adam_cl, &sg->adam, STARPU_CPU | STARPU_CUDA, record_worker);
   a->handles[1] = sg->h_grad32;
   a->handles[2] = sg->h_param16;
   submit(a, "Adam");
-  scatter_params(ph, i, on_cpu);
-  sg->params_on_host = on_cpu;
+  scatter_new_params(ph, i);
   if (eager) write_back(ph, sg, STARPU_R, true);
+}
+
+void Optimizer::Impl::stage_params_unless_kept(OpenStep& ph, std::size_t i) {
+  Subgroup* sg = sgs[i].get();
+  if (opt.compact_master && !(keeps_params_on_host(i) && sg->params_on_host)) stage_params(ph, i);
+  sg->params_on_host = false;
+}
+
+void Optimizer::Impl::scatter_new_params(OpenStep& ph, std::size_t i) {
+  const bool keep = keeps_params_on_host(i);
+  scatter_params(ph, i, keep);
+  sgs[i]->params_on_host = keep;
 }
 
 void Optimizer::Impl::wait_parameters(std::size_t begin, std::size_t end) {

@@ -164,14 +164,12 @@ class _Overlap:
                             f"setting the hyper-parameters of {b.describe()}")
                 b.hyper = h
             self._apply_timeline(b)
-            try:
-                self._sync_masters(b)  # a parameter written in place since the last step: its master follows
-            except RuntimeError:
-                if not b.compact:
-                    raise
-                # a compact bucket cannot follow it (_refuse_compact_writes): nothing is declared, and
-                # step() refuses the step as documented, changing nothing, rather than backward failing
+            if self._compact_writes_lost(b):
+                # a compact bucket cannot follow such a write: nothing is declared, and step() refuses
+                # the step as documented (_refuse_compact_writes), changing nothing, rather than
+                # backward failing
                 return
+            self._sync_masters(b)  # a parameter written in place since the last step: its master follows
             self._runtime_call(L.dos_optimizer_begin_step(b.handle), f"opening the update phase of {b.describe()}")
             b.open = True
         b.declared.add(j)

@@ -100,6 +100,16 @@ class _State:
             return False
         return all(s == 0 for s in self._bucket_steps(b))
 
+    def _compact_writes_lost(self, b, force=False):
+        """The indices (into ``b.params``) of bucket ``b``'s parameters written in place since the
+        runtime last matched them (every one with ``force``) that its compact master cannot follow
+        (:meth:`_refuse_compact_writes`): empty for a full bucket, a pristine one
+        (:meth:`_compact_pristine`) or one with nothing written. Changes nothing."""
+        if not b.compact:
+            return []
+        written = [j for j in range(len(b.params)) if b.numels[j] and (force or b.param_written(j))]
+        return [] if not written or self._compact_pristine(b) else written
+
     def _refuse_compact_writes(self, what, force=False, buckets=None):
         """Raises ``RuntimeError`` (``what``: the call refused, for the message) when a bucket of
         ``buckets`` (default: every one) keeps the compact master (``compact_master=True``), is not
@@ -109,10 +119,8 @@ class _State:
         a written parameter, which :meth:`_sync_masters`' rule compares with, is gone: applying the
         rule would silently give other bits than ``compact_master=False``. Changes nothing."""
         for b in self._buckets if buckets is None else buckets:
-            if not b.compact:
-                continue
-            written = [j for j in range(len(b.params)) if b.numels[j] and (force or b.param_written(j))]
-            if not written or self._compact_pristine(b):
+            written = self._compact_writes_lost(b, force)
+            if not written:
                 continue
             why = ("the compact master (compact_master=True) keeps each fp32 master as its low 16 bits and a rounding "
                    "bit beside the bf16 parameter itself, so the value the runtime last wrote there, which the rule "

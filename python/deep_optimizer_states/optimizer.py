@@ -38,16 +38,15 @@ import torch
 
 from . import _capi
 from . import runtime as _rt
-from .bucket import DTYPES, buckets_of, gpu_memory_for_buckets
+from .build import _Build
 from .forward import _ForwardOverlap
 from .gradients import _Gradients
 from .overlap import _VERDICT_NAMES, _Overlap
-from .param_groups import (check_adamw_options, check_groups_unchanged, default_weight_decay_by_mode, group_hyper,
-                           groups_layout)
+from .param_groups import check_adamw_options, check_groups_unchanged, default_weight_decay_by_mode, group_hyper
 from .state import _MAX_COUNT, STATE_FORMAT, _State  # noqa: F401 (STATE_FORMAT: re-exported)
 from .timeline import _Timeline
 
-class DeepOptimizerStates(_Overlap, _ForwardOverlap, _Gradients, _State, _Timeline, torch.optim.Optimizer):
+class DeepOptimizerStates(_Build, _Overlap, _ForwardOverlap, _Gradients, _State, _Timeline, torch.optim.Optimizer):
     """Adam/AdamW with the optimizer state offloaded to pinned host memory and each subgroup's update
     placed on the CPU or streamed through the GPU by the runtime's scheduling policy.
 
@@ -391,89 +390,6 @@ class DeepOptimizerStates(_Overlap, _ForwardOverlap, _Gradients, _State, _Timeli
         """Raises ``ValueError`` (changing nothing) when ``param_groups`` no longer holds the groups
         and parameters the optimizer was built with (:func:`param_groups.check_groups_unchanged`)."""
         check_groups_unchanged(self.param_groups, self._built_groups)
-
-    def _build(self, hypers, policy, cpu_threads, cpu_workers, ncuda, verbose, caller_cores=None,
-               preferred_caller_cores=0):
-        buckets = buckets_of(self.param_groups, self._frozen)
-
-        running = _rt.current_runtime()
-        # StarPU's cache of device buffers bounded by the update budgets, for the policies that keep to
-        # them (cpu uses no GPU; static:R and StarPU's built-ins place state on the GPU outside them)
-        budgeted = (policy or (running.policy if running else None) or _rt.DEFAULT_POLICY) in ("dos", "gpu", "greedy")
-        speculative = self._overlap_asked and self.speculate_streamed and self.speculation_budget != 0
-        self._gpu_request = gpu_memory_for_buckets(
-            buckets, self.subgroup_size, self.gpu_update_budget, self.gpu_resident_budget,
-            speculative, self.compact_master) if self.gpu_update_budget and budgeted else 0
-        self.runtime = _rt._get_runtime(policy, cpu_threads, cpu_workers, ncuda, verbose, caller_cores,
-                                        preferred_caller_cores, self._gpu_request, count_live=True)
-        L = _capi.lib()
-        try:
-            for b in buckets:
-                if b.num_params == 0:
-                    continue  # nothing to update (a group of empty tensors)
-                off = 0
-                for n in b.numels:
-                    b.offsets.append(off)
-                    off += n
-                if self.flat_gradients:
-                    b.flat_grad = torch.zeros(b.num_params, dtype=b.dtype, device=b.device)
-                    for p, shape, off, n in zip(b.params, b.shapes, b.offsets, b.numels):
-                        v = b.flat_grad.narrow(0, off, n).view(shape)
-                        b.views.append(v)
-                        # a parameter without a gradient keeps none (as with torch.optim, a step before any
-                        # backward then changes nothing); step() points p.grad at its view once it has one
-                        if p.grad is not None and p.grad.layout == torch.strided and p.grad.shape == p.shape \
-                                and p.grad.dtype == p.dtype:
-                            v.copy_(p.grad)
-                            p.grad = v
-                nt = len(b.params)
-                params = (ctypes.c_void_p * nt)(*[p.data_ptr() for p in b.params])
-                # without flat buffers the runtime is told each step's gradients at step(); until then
-                # it holds the parameters' own addresses, which it never reads as gradients
-                grads = (ctypes.c_void_p * nt)(*[v.data_ptr() for v in b.views] if self.flat_gradients
-                                               else [p.data_ptr() for p in b.params])
-                numels = (ctypes.c_size_t * nt)(*b.numels)
-                if b.device.type == "cuda":
-                    torch.cuda.synchronize(b.device)  # the runtime reads the parameters on its own streams
-                h = ctypes.c_void_p()
-                b.compact = self.compact_master and b.dtype == torch.bfloat16  # the runtime refuses other dtypes
-                lr, b1, b2, eps, wd, dec = hypers[b.group_index]
-                options = _capi.optimizer_options(
-                    lr=lr, beta1=b1, beta2=b2, eps=eps, weight_decay=wd, decoupled=bool(dec),
-                    subgroup_size=self.subgroup_size, dtype=DTYPES[b.dtype],
-                    memory=_capi.MEMORY_CUDA if b.device.type == "cuda" else _capi.MEMORY_HOST, verbose=bool(verbose),
-                    speculation_budget=-1 if self.speculation_budget is None else self.speculation_budget,
-                    speculate_streamed=int(self.speculate_streamed), urgent_writeback=int(self.urgent_writeback),
-                    gpu_update_budget=self.gpu_update_budget or 0, tail_subgroups=self.tail_subgroups,
-                    compact_master=int(b.compact),
-                    gpu_resident_budget=-1 if self.gpu_resident_budget is None else self.gpu_resident_budget)
-                _capi.check(
-                    L.dos_optimizer_create(self.runtime.handle, nt, params, grads, numels, ctypes.byref(options),
-                                           ctypes.byref(h)),
-                    f"creating the runtime optimizer for {b.describe()}",
-                )
-                b.handle = h
-                self._buckets.append(b)  # from here on close() frees it
-                self._apply_timeline(b)
-                b.hyper = hypers[b.group_index]
-                ns = L.dos_optimizer_num_subgroups(h)
-                sizes = (ctypes.c_size_t * ns)()
-                _capi.check(L.dos_optimizer_subgroup_sizes(h, sizes), "dos_optimizer_subgroup_sizes")
-                b.subgroup_sizes = list(sizes)
-                b.note_param_versions(claim=False)  # building writes nothing
-                b.reset_overlap()
-        except BaseException:
-            self.close()
-            raise
-        self._built = True
-        if self.compact_master and not any(b.compact for b in self._buckets):
-            warnings.warn("compact_master=True has no bf16 parameter to act on: every bucket keeps the full master "
-                          "(the compact form needs bf16 parameters; with fp32 weights under autocast, keep the weights "
-                          "in bf16 to use it)", stacklevel=3)
-        # each group's parameters as built: param_groups edited by hand afterwards are refused
-        # (_check_groups), since the runtime's state is laid out for these only
-        self._built_groups = groups_layout(self.param_groups)
-        _rt._register(self)
 
     # ------------------------------------------------------------------------------------------
     # stepping

@@ -73,8 +73,9 @@ except ImportError:
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import deep_optimizer_states as dos  # noqa: E402
-from test_pytorch import (batch, check, expect_error, frame_run, main, make_model, make_opt,  # noqa: E402
+from test_pytorch import (batch, check, expect_error, main, make_model, make_opt,  # noqa: E402
                           same_snapshot, snapshot, tiny_args, train_gpt, train_steps)
+from test_pytorch_habits import frame_run  # noqa: E402
 
 
 def test_gpu_budgets(device, policy):

@@ -131,8 +131,8 @@ void parse_shard(const std::string& s, std::size_t* rank, std::size_t* world) {
 /// A byte count: a number with an optional unit (B, KB, MB, GB, TB in powers of 1000; KiB, MiB,
 /// GiB, TiB in powers of 1024): "40GB", "31.5GB", "4e10", "10GiB". A number without a unit counts
 /// bytes and must be whole, as must one in B ("1.5" and "1.5B" are refused: 1.5 bytes is most likely
-/// 1.5 GB meant); with a larger unit the size is rounded to whole bytes. Fails naming the option: a malformed size, one beyond 9e18
-/// bytes, a number without a unit that is not whole.
+/// 1.5 GB meant); with a larger unit the size is rounded to whole bytes. Fails naming the option: a
+/// malformed size, one beyond 9e18 bytes, one in bytes that is not whole.
 std::size_t parse_bytes(const std::string& s, const char* what) {
   char* end = nullptr;
   errno = 0;
@@ -382,7 +382,8 @@ int parse_command_line(int argc, char** argv, Args& a) {
                  "had not stopped");
   app.add_option("--gpu-resident-budget", a.gpu_resident_budget,
                  "GPU memory the optimizer state may keep between iterations (e.g. 10GB or 10GiB; a number without "
-                 "a unit counts bytes; default: none kept, pure offload). dos keeps the last subgroups that fit resident; static:R must fit its GPU share in it");
+                 "a unit counts bytes; default: none kept, pure offload). dos keeps the last subgroups that fit "
+                 "resident; static:R must fit its GPU share in it");
   app.add_option("--gpu-update-budget", a.gpu_update_budget,
                  "GPU memory the update phase may use at once (e.g. 40GB; a number without a unit counts bytes; "
                  "default: no limit); StarPU's GPU memory is "

@@ -186,7 +186,8 @@ struct starpu_codelet adam_into_cl = make_codelet("dos_adam_into", clocked_cpu<a
                                                   clocked_cuda_or_null<cuda_funcs::adam_into>(), 4, kAdamIntoModes,
                                                   &adam_into_model, "dos_adam_into");
 struct starpu_codelet adam_compact_into_cl =
-    make_codelet("dos_adam_compact_into", clocked_cpu<adam_compact_into_cpu>, nullptr, 4, kAdamCompactIntoModes,
+    make_codelet("dos_adam_compact_into", clocked_cpu<adam_compact_into_cpu>,
+                 clocked_cuda_or_null<cuda_funcs::adam_compact_into>(), 4, kAdamCompactIntoModes,
                  &adam_compact_into_model, "dos_adam_compact_into");
 struct starpu_codelet gather_cl = make_codelet("dos_gather", clocked_cpu<gather_cpu>,
                                                clocked_cuda_or_null<cuda_funcs::gather>(), 1, kGatherModes,

@@ -49,6 +49,23 @@ void adam_into(void* buffers[], void* cl_arg) {
         "CUDA Adam kernel launch");
 }
 
+void adam_compact_into(void* buffers[], void* cl_arg) {
+  const auto* a = static_cast<const AdamArgs*>(cl_arg);
+  cudaStream_t stream = starpu_cuda_get_local_stream();
+  // the new compact state starts as a copy of the old (head, exp_avg, exp_avg_sq, padding included),
+  // then adam_compact's own kernel on the copy: the same bits as the update in place
+  const std::size_t total = STARPU_VECTOR_GET_NX(buffers[0]);
+  float* out = reinterpret_cast<float*>(STARPU_VECTOR_GET_PTR(buffers[3]));
+  check(int(cudaMemcpyAsync(out, reinterpret_cast<const void*>(STARPU_VECTOR_GET_PTR(buffers[0])),
+                            total * sizeof(float), cudaMemcpyDeviceToDevice, stream)),
+        "cudaMemcpyAsync of the compact state");
+  const CompactSlices s = compact_slices(out, a->state_stride);
+  check(adam_step_compact_cuda(reinterpret_cast<std::uint16_t*>(STARPU_VECTOR_GET_PTR(buffers[2])), s.lo, s.r, s.m,
+                               s.v, reinterpret_cast<const void*>(STARPU_VECTOR_GET_PTR(buffers[1])), a->grad_dtype,
+                               STARPU_VECTOR_GET_NX(buffers[1]), a->sp, stream),
+        "CUDA compact-master Adam kernel launch");
+}
+
 void adam_direct(void* buffers[], void* cl_arg) {
   const auto* a = static_cast<const AdamDirectArgs*>(cl_arg);
   if (a->adam->compact) {

@@ -15,6 +15,9 @@ void adam_compact(void* buffers[], void* cl_arg);
 /// CUDA implementation of adam_into_cl: the old state copied to the new buffers on the device, then
 /// the fused Adam kernel in place on them (the same bits as adam).
 void adam_into(void* buffers[], void* cl_arg);
+/// CUDA implementation of adam_compact_into_cl: the old compact state copied to the new buffer on the
+/// device, then adam_compact's kernel on the copy (the same bits as adam_compact).
+void adam_compact_into(void* buffers[], void* cl_arg);
 /// CUDA implementation of adam_direct_cl: one Adam kernel per segment on the caller's device buffers
 /// (the compact-master kernel of a range, adam_step_compact_cuda_at, on a compact state).
 void adam_direct(void* buffers[], void* cl_arg);
@@ -30,6 +33,7 @@ constexpr starpu_cuda_func_t adam = nullptr;
 constexpr starpu_cuda_func_t adam_direct = nullptr;
 constexpr starpu_cuda_func_t adam_compact = nullptr;
 constexpr starpu_cuda_func_t adam_into = nullptr;
+constexpr starpu_cuda_func_t adam_compact_into = nullptr;
 constexpr starpu_cuda_func_t gather = nullptr;
 constexpr starpu_cuda_func_t scatter = nullptr;
 constexpr starpu_cuda_func_t cast = nullptr;

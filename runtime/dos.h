@@ -389,10 +389,10 @@ class Runtime {
 ///   which must then hold the last step's values; a load splits it and writes the parameters): the
 ///   caller writes its parameters only through the optimizer (write_master_range, load_state), never
 ///   between steps by itself. bf16 parameters only (Error
-///   otherwise). The speculative updates of an overlapped step (gradients_final) run for the subgroups
-///   updated on the CPU only (adam_compact_into_cl: the new state into the shadow, the new P into the
-///   host staging, the caller's parameters left as they were until the verdict keeps the update); a
-///   streamed one is updated in finish_step whatever speculate_streamed says (the same bits). The
+///   otherwise). The speculative updates of an overlapped step (gradients_final) run as the full
+///   master's, by adam_compact_into_cl (on the CPU, or on the GPU for a streamed subgroup with
+///   speculate_streamed): the new state into the shadow, the new P into the staging, the caller's
+///   parameters left as they were until the verdict keeps the update (the same bits). The
 ///   host buffer keeps its 12 bytes per parameter; a streamed
 ///   or resident subgroup's GPU footprint is its compact state (the update and resident budgets
 ///   count that). Reading or writing the

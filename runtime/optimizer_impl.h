@@ -355,7 +355,7 @@ struct Optimizer::Impl {
                          const char* what) const;
   // The speculative updates (speculation.cpp). speculable: whether subgroup i may be updated
   // speculatively in this step (a speculation budget, no clipping active at the last step; a
-  // streamed one with speculate_streamed, a CUDA worker and not the compact master). ensure_shadow: the
+  // streamed one with speculate_streamed, and a CUDA worker). ensure_shadow: the
   // subgroup's host shadow state allocated and registered within the speculation budget; false when
   // it does not fit. speculate: subgroup i's speculative update submitted when speculable, its
   // shadow state has room and, on the GPU, its footprint fits the update budget now; else nothing.

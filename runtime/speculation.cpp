@@ -1,8 +1,8 @@
 // The overlapped update's speculative side: gradients_final (Optimizer::gradients_final), which
 // queues each subgroup whose gradients are all final for the open step's submitter thread
 // (update_phase.cpp), and the speculative update that thread submits for it: out of place into a
-// shadow state (adam_into_cl), on the CPU or, for a streamed subgroup, on the GPU, whose verdict
-// finish_step then keeps or redoes.
+// shadow state (adam_into_cl, adam_compact_into_cl for the compact master), on the CPU or, for a
+// streamed subgroup, on the GPU, whose verdict finish_step then keeps or redoes.
 #include <starpu.h>
 
 #include <algorithm>
@@ -34,8 +34,7 @@ void record_speculative(void* arg) {
 bool Optimizer::Impl::speculable(std::size_t i) const {
   if (opt.speculation_budget == 0 || last_changed) return false;
   if (!plan.empty() && plan[i] == PlanSide::gpu_streamed)
-    // a compact state's out-of-place update (adam_compact_into_cl) runs on the CPU only
-    return opt.speculate_streamed && !opt.compact_master && !cuda_nodes.empty() && codelets_have_cuda();
+    return opt.speculate_streamed && !cuda_nodes.empty() && codelets_have_cuda();
   return rt.cpu_workers() > 0 && (plan.empty() || plan[i] == PlanSide::cpu);
 }
 

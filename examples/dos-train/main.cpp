@@ -155,9 +155,7 @@ dos::RuntimeOptions runtime_options(const Args& a, const Job& j) {
     ro.gpu_memory_limit =
         dos::gpu_memory_for_budgets(j.n, j.subgroup, dos::dtype_size(j.c.dtype),
                                     a.grad_transfer == "native" ? dos::dtype_size(j.c.dtype) : 4, j.c.update_budget,
-                                    j.c.resident_budget,
-                                    // the compact master speculates no streamed subgroup
-                                    j.c.overlap && a.speculate_streamed == "on" && !j.c.compact_master) +
+                                    j.c.resident_budget, j.c.overlap && a.speculate_streamed == "on") +
         dos::kStarpuDeviceMargin;
   return ro;
 }

@@ -92,13 +92,12 @@ def buckets_of(param_groups, frozen=None):
     return list(buckets.values())
 
 
-def gpu_memory_for_buckets(buckets, subgroup_size, update_budget, resident_budget, speculative, compact_master=False):
+def gpu_memory_for_buckets(buckets, subgroup_size, update_budget, resident_budget, speculative):
     """Bytes of GPU memory the runtime's StarPU may need for ``buckets``' (``_Bucket``) update
     phases at once and their resident state: the runtime's ``dos_gpu_memory_for_budgets`` per
     bucket (the larger of ``update_budget`` and one subgroup of ``subgroup_size`` elements streamed,
     at most the bucket streamed, more when ``speculative``, an overlapped update that speculates
-    streamed subgroups, except in a bf16 bucket with ``compact_master``, whose streamed subgroups are not
-    speculated; plus ``resident_budget``, None: not given), summed, plus
+    streamed subgroups; plus ``resident_budget``, None: not given), summed, plus
     ``dos_starpu_device_margin()`` (64 MiB). Each bucket's parameters and gradients have its
     parameters' element size. ``update_budget``: bytes, >= 1. Raises :class:`DosError` when the
     runtime refuses the figures, ``OSError`` when ``libdos_c.so`` cannot be loaded."""
@@ -109,8 +108,7 @@ def gpu_memory_for_buckets(buckets, subgroup_size, update_budget, resident_budge
         size = b.params[0].element_size()  # the bucket's dtype: parameters and gradients alike
         _capi.check(L.dos_gpu_memory_for_budgets(
             b.num_params, subgroup_size, size, size, update_budget, -1 if resident_budget is None else resident_budget,
-            int(speculative and not (compact_master and b.dtype == torch.bfloat16)), ctypes.byref(out)),
-            "dos_gpu_memory_for_budgets")
+            int(speculative), ctypes.byref(out)), "dos_gpu_memory_for_budgets")
         total += out.value
     return total
 

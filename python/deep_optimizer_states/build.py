@@ -35,7 +35,7 @@ class _Build:
         speculative = self._overlap_asked and self.speculate_streamed and self.speculation_budget != 0
         self._gpu_request = gpu_memory_for_buckets(
             buckets, self.subgroup_size, self.gpu_update_budget, self.gpu_resident_budget,
-            speculative, self.compact_master) if self.gpu_update_budget and budgeted else 0
+            speculative) if self.gpu_update_budget and budgeted else 0
         self.runtime = _rt._get_runtime(policy, cpu_threads, cpu_workers, ncuda, verbose, caller_cores,
                                         preferred_caller_cores, self._gpu_request, count_live=True)
         L = _capi.lib()

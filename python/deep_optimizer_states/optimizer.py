@@ -100,7 +100,7 @@ class DeepOptimizerStates(_Build, _Overlap, _ForwardOverlap, _Gradients, _State,
         speculative update); 0: nothing is speculated. Only with ``overlap=True``.
       speculate_streamed (bool): with ``overlap=True``, the subgroups the plan streams through the GPU
         are updated speculatively too, on the GPU, while backward runs (True, the default); False:
-        only the CPU's subgroups (always so in a bucket with ``compact_master``). The same bits either way. The GPU side pays off with the StarPU
+        only the CPU's subgroups. The same bits either way. The GPU side pays off with the StarPU
         that ``scripts/setup.sh`` builds (device buffers from CUDA's stream-ordered allocator); with
         a site's own StarPU, each device buffer StarPU frees waits for the whole GPU: measure both.
         With ``overlap=True`` the thread that runs backward keeps a core of its own (``caller_cores``).

@@ -39,14 +39,13 @@ void adam_compact_into_cpu(void* buffers[], void* cl_arg) {
   const auto* a = static_cast<const AdamArgs*>(cl_arg);
   const std::size_t n = STARPU_VECTOR_GET_NX(buffers[1]);
   bind_worker_team_for(n);
-  // the state copied whole into the shadow, then adam_compact_cpu's own step on the copy: the same
-  // bits as the update in place
-  const std::size_t elems = STARPU_VECTOR_GET_NX(buffers[0]);
-  float* out = reinterpret_cast<float*>(STARPU_VECTOR_GET_PTR(buffers[3]));
-  copy_cpu(out, reinterpret_cast<const void*>(STARPU_VECTOR_GET_PTR(buffers[0])), elems * sizeof(float));
-  const CompactSlices s = compact_slices(out, a->state_stride);
-  adam_step_compact_cpu(reinterpret_cast<std::uint16_t*>(STARPU_VECTOR_GET_PTR(buffers[2])), s.lo, s.r, s.m, s.v,
-                        reinterpret_cast<const void*>(STARPU_VECTOR_GET_PTR(buffers[1])), a->grad_dtype, n, a->sp);
+  // the old state stepped into the shadow block by block (the same bits as the update in place;
+  // padding not copied, as adam_into_cpu's)
+  const CompactSlices in = compact_slices(reinterpret_cast<float*>(STARPU_VECTOR_GET_PTR(buffers[0])), a->state_stride);
+  const CompactSlices out = compact_slices(reinterpret_cast<float*>(STARPU_VECTOR_GET_PTR(buffers[3])), a->state_stride);
+  adam_step_compact_into_cpu(in.lo, in.r, in.m, in.v, reinterpret_cast<std::uint16_t*>(STARPU_VECTOR_GET_PTR(buffers[2])),
+                             out.lo, out.r, out.m, out.v, reinterpret_cast<const void*>(STARPU_VECTOR_GET_PTR(buffers[1])),
+                             a->grad_dtype, n, a->sp);
 }
 
 void adam_into_cpu(void* buffers[], void* cl_arg) {

@@ -174,9 +174,21 @@ constexpr std::size_t kCompactBlock = 2048;
 static_assert(kCpuWorkItem % kCompactBlock == 0 && kCompactBlock % 16 == 0, "blocks start at a byte of r");
 }  // namespace
 
-void adam_step_compact_cpu(std::uint16_t* param, std::uint16_t* master_lo, std::uint8_t* round_up_bits,
-                           float* exp_avg, float* exp_avg_sq, const void* grad, DType grad_dtype, std::size_t n,
-                           const AdamStepParams& sp) {
+namespace {
+/// A compact state read by the out-of-place step (adam_step_compact_into_cpu): its arrays, as
+/// adam_step_compact_cpu's.
+struct CompactSource {
+  const std::uint16_t* lo;
+  const std::uint8_t* r;
+  const float* m;
+  const float* v;
+};
+
+/// adam_step_compact_cpu, or with `in` its out-of-place form: each block's lo, r bytes, exp_avg and
+/// exp_avg_sq copied from `in` into the output arrays (in cache) before the step runs on them there.
+void compact_step(const CompactSource* in, std::uint16_t* param, std::uint16_t* master_lo,
+                  std::uint8_t* round_up_bits, float* exp_avg, float* exp_avg_sq, const void* grad, DType grad_dtype,
+                  std::size_t n, const AdamStepParams& sp) {
   const bool f16_in = grad_dtype == DType::fp16;
   const auto step = f16_in || grad_dtype == DType::fp32 ? compact_f32 : compact_bf16;
   const CompactSplitFn split = compact_split().fn;
@@ -201,6 +213,12 @@ void adam_step_compact_cpu(std::uint16_t* param, std::uint16_t* master_lo, std::
         std::uint16_t* p = param + off;
         std::uint16_t* lo = master_lo + off;
         std::uint8_t* r = round_up_bits + off / 8;
+        if (in) {  // the block's old state into the output, where the step then reads it from cache
+          std::memcpy(lo, in->lo + off, len * sizeof(std::uint16_t));
+          std::memcpy(r, in->r + off / 8, (len + 7) / 8);
+          std::memcpy(exp_avg + off, in->m + off, len * sizeof(float));
+          std::memcpy(exp_avg_sq + off, in->v + off, len * sizeof(float));
+        }
         spread_bits(r, rexp, len);
         step(p, lo, rexp, kept, exp_avg + off, exp_avg_sq + off, g, len, sp);
         split(kept, p, lo, r, len);
@@ -214,6 +232,21 @@ void adam_step_compact_cpu(std::uint16_t* param, std::uint16_t* master_lo, std::
       for (std::size_t c = 0; c < nchunks; ++c) chunk(c);
     }
   }
+}
+}  // namespace
+
+void adam_step_compact_cpu(std::uint16_t* param, std::uint16_t* master_lo, std::uint8_t* round_up_bits,
+                           float* exp_avg, float* exp_avg_sq, const void* grad, DType grad_dtype, std::size_t n,
+                           const AdamStepParams& sp) {
+  compact_step(nullptr, param, master_lo, round_up_bits, exp_avg, exp_avg_sq, grad, grad_dtype, n, sp);
+}
+
+void adam_step_compact_into_cpu(const std::uint16_t* in_lo, const std::uint8_t* in_r, const float* in_exp_avg,
+                                const float* in_exp_avg_sq, std::uint16_t* param, std::uint16_t* master_lo,
+                                std::uint8_t* round_up_bits, float* exp_avg, float* exp_avg_sq, const void* grad,
+                                DType grad_dtype, std::size_t n, const AdamStepParams& sp) {
+  const CompactSource in{in_lo, in_r, in_exp_avg, in_exp_avg_sq};
+  compact_step(&in, param, master_lo, round_up_bits, exp_avg, exp_avg_sq, grad, grad_dtype, n, sp);
 }
 
 void adam_step_compact_cpu_at(std::uint16_t* param, std::uint16_t* master_lo, std::uint8_t* round_up_bits,

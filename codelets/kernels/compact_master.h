@@ -83,6 +83,20 @@ void adam_step_compact_cpu(std::uint16_t* param, std::uint16_t* master_lo, std::
                            float* exp_avg, float* exp_avg_sq, const void* grad, DType grad_dtype, std::size_t n,
                            const AdamStepParams& sp);
 
+/// adam_step_compact_cpu out of place for the state: the old state (in_lo, in_r: compact_round_up_bytes(n)
+/// bytes, in_exp_avg, in_exp_avg_sq; n elements each, read only) is stepped into master_lo,
+/// round_up_bits, exp_avg and exp_avg_sq (written whole: no byte of them is read before it is
+/// written), param holding P on entry and the new P on return, as adam_step_compact_cpu's. The same
+/// bits as adam_step_compact_cpu on a copy of the old state (every output byte, the last r byte's
+/// unused high bits 0). Block by block (2048 elements) the old state is copied into the output and
+/// stepped there while in cache: the old state is read once and the new one written once (the
+/// speculative update's, which keeps the old state for a redo). The input and output arrays must
+/// not overlap. Throws nothing.
+void adam_step_compact_into_cpu(const std::uint16_t* in_lo, const std::uint8_t* in_r, const float* in_exp_avg,
+                                const float* in_exp_avg_sq, std::uint16_t* param, std::uint16_t* master_lo,
+                                std::uint8_t* round_up_bits, float* exp_avg, float* exp_avg_sq, const void* grad,
+                                DType grad_dtype, std::size_t n, const AdamStepParams& sp);
+
 /// adam_step_compact_cpu on elements [first, first + n) of a subgroup (a segment of it): param,
 /// master_lo, exp_avg, exp_avg_sq and grad point at the range's first element (n elements each, as
 /// adam_step_compact_cpu's), round_up_bits at the subgroup's packed r bits (element first + k's bit

@@ -258,6 +258,20 @@ void test_compact_unaligned(void**) {
     for (DType gt : {DType::bf16, DType::fp16}) run_case(2 * 16384 + 13, gt, true, 2, off);
 }
 
+/// The compact form of masters m0 (n of them): P into p, the low halves into lo, the r bits ORed into
+/// r's first compact_round_up_bytes(n) bytes (which must be 0 on entry). p and lo hold n elements.
+void split_masters(const std::vector<float>& m0, std::vector<std::uint16_t>& p, std::vector<std::uint16_t>& lo,
+                   std::vector<std::uint8_t>& r) {
+  for (std::size_t i = 0; i < m0.size(); ++i) {
+    p[i] = dos::f32_to_bf16(m0[i]);
+    std::uint16_t l;
+    std::uint32_t b;
+    dos::compact_split(bits(m0[i]), p[i], &l, &b);
+    lo[i] = l;
+    r[i / 8] |= std::uint8_t(b << (i % 8));
+  }
+}
+
 /// Cut points of a subgroup of n elements into segments: random lengths of 1 to 40 elements and
 /// long ones (so that segments start at every residue mod 8 and 32), ending at n.
 std::vector<std::size_t> segment_cuts(std::size_t n, std::mt19937& rng) {
@@ -284,14 +298,7 @@ void test_compact_segments(void**) {
       std::vector<std::uint16_t> p(n), lo(n);
       std::vector<std::uint8_t> r(nb + kGuardBytes, kGuard);
       std::fill(r.begin(), r.begin() + long(nb), std::uint8_t(0));
-      for (std::size_t i = 0; i < n; ++i) {
-        p[i] = dos::f32_to_bf16(m0[i]);
-        std::uint16_t l;
-        std::uint32_t b;
-        dos::compact_split(bits(m0[i]), p[i], &l, &b);
-        lo[i] = l;
-        r[i / 8] |= std::uint8_t(b << (i % 8));
-      }
+      split_masters(m0, p, lo, r);
       std::vector<float> m(n, 0.0f), v(n, 0.0f);
       std::vector<std::uint16_t> ps(p), los(lo);
       std::vector<std::uint8_t> rs(r);
@@ -341,14 +348,7 @@ void test_compact_into(void**) {
       // the state in place (p, lo, r, m, v) and the input of the out-of-place step (a copy of it)
       std::vector<std::uint16_t> p(n), lo(n);
       std::vector<std::uint8_t> r(nb, 0);
-      for (std::size_t i = 0; i < n; ++i) {
-        p[i] = dos::f32_to_bf16(m0[i]);
-        std::uint16_t l;
-        std::uint32_t b;
-        dos::compact_split(bits(m0[i]), p[i], &l, &b);
-        lo[i] = l;
-        r[i / 8] |= std::uint8_t(b << (i % 8));
-      }
+      split_masters(m0, p, lo, r);
       std::vector<float> m(n, 0.0f), v(n, 0.0f);
       std::vector<std::uint16_t> pi(p);
       for (std::int64_t t = 1; t <= 3; ++t) {

@@ -177,9 +177,8 @@ inline constexpr const char* kCopyByValues[] = {"adaptive", "memcpy-down", "auto
 /// kCopyByValues, with a warning on stderr) as "memcpy-down" until a phase's gradient download by
 /// the copy engine starves (detail::download_starved: more than 100 ms and 10 times its bytes at
 /// the model's B_d2h) while the CPU workers idle more than 10% of the phase (detail::
-/// kStarvedCpuBusy), in a phase that is not skipped and not the optimizer's first phase that
-/// streams (an overlapped one, or one left running into the next forward, judged from finish_step
-/// on: its CPU Adam tasks' share of that window), then as "auto" for
+/// kStarvedCpuBusy), in a phase run after backward (not overlapped, not left running into the next
+/// forward, not skipped) other than the optimizer's first phase that streams, then as "auto" for
 /// the rest of the process, every optimizer of it (runtime_downloads_dodge_writebacks;
 /// StepStats::downloads_dodge_writebacks says which a phase ran; with a verbose optimizer, a line
 /// on stderr says when and why it turned); "memcpy-down" the gradient downloads by cudaMemcpyAsync

@@ -134,7 +134,6 @@ struct OpenStep {
   StepVerdict verdict = StepVerdict::keep;
   double waited = 0;  // seconds the caller waited in finish_step_async, wait_parameters and wait_step
   double waits_end = 0;  // seconds from t0 to the end of the caller's last blocked wait_parameters
-  double finish_us = 0;  // starpu_timing_now() when finish_submit began (judge_downloads)
   std::size_t largest_fp = 0;
   bool cpu_first = false;
   // Speculative updates are submitted by a thread of their own, from the subgroups whose gradients
@@ -426,16 +425,11 @@ struct Optimizer::Impl {
   /// At the end of phase `ph` (finish_wait: every copy has ended), after `st`'s seconds and busy
   /// times: the phase's longest gradient download by the copy engine into `st`
   /// (longest_download_seconds, longest_download_bytes), and DOS_COPY_BY's adaptive rule
-  /// (runtime_copy_by): when the phase `counts` (not skipped, not the optimizer's first that
-  /// streams), one of its downloads starved (OpenStep::note_download) and its CPU workers were busy
-  /// less than kStarvedCpuBusy of the time it judges, the rule turns (note_starved_download), said
-  /// on stderr when the optimizer is verbose. The time judged: a phase run after backward, the
-  /// whole phase (StepStats::cpu_busy_seconds over its seconds); an overlapped one or one left
-  /// running into the next forward (`after_finish`), from finish_step to the phase's last piece of
-  /// work, when every gradient is final and the CPU waits only for a download or for nothing left
-  /// to do (its CPU Adam tasks' spans in that window; the speculative ones ran during backward,
-  /// whose share of the CPU says nothing of the downloads). Throws nothing. (staging.cpp)
-  void judge_downloads(detail::OpenStep& ph, StepStats& st, bool counts, bool after_finish) noexcept;
+  /// (runtime_copy_by): when the phase `counts` (run after backward, not the optimizer's first
+  /// that streams), one of its downloads starved (OpenStep::note_download) and its CPU workers were
+  /// busy less than kStarvedCpuBusy of it, the rule turns (note_starved_download), said on stderr
+  /// when the optimizer is verbose. Throws nothing. (staging.cpp)
+  void judge_downloads(detail::OpenStep& ph, StepStats& st, bool counts) noexcept;
   /// on_timeline: the span of this write-back goes on the timeline's lane "writeback" (the eager
   /// write-back of a subgroup's state; with sg null it never does).
   void acquire_home(detail::OpenStep& ph, starpu_data_handle_t h,

@@ -169,7 +169,7 @@ void Optimizer::Impl::begin_downloads(OpenStep& ph) {
   ph.starved_floor = download_starved_floor();
 }
 
-void Optimizer::Impl::judge_downloads(OpenStep& ph, StepStats& st, bool counts, bool after_finish) noexcept {
+void Optimizer::Impl::judge_downloads(OpenStep& ph, StepStats& st, bool counts) noexcept {
   double starved_s = 0, starved_bytes = 0;
   {
     std::lock_guard<std::mutex> g(ph.copy_mu);  // every copy has ended: nothing else writes these now
@@ -179,34 +179,22 @@ void Optimizer::Impl::judge_downloads(OpenStep& ph, StepStats& st, bool counts, 
     starved_bytes = double(ph.starved_bytes);
   }
   // A starved download turns the rule when it cost the CPU: its workers idle more than 10% of the
-  // time judged. Not from the first phase that streams, whose device allocations may hold the links
-  // (in a compact master's first phase on an H100 a 248 MB download took 194 ms where the later
-  // ones took about 40 ms or less, the CPU 98% busy all the same). A phase run after backward is
-  // judged whole. An overlapped one, whose seconds begin with backward, and one left running into
-  // the next forward, which ends after the caller's wait, are judged from finish_step on: every
-  // gradient is final then, so a CPU worker idles there for want of a download or of work (on the
-  // GPT of 1.01e9 parameters overlapped on an H100, one 100 MB download a step waited 48-97 ms
-  // behind the state write-backs, the CPU idle meanwhile, in phases that were not judged at all).
-  const double workers = double(rt.cpu_workers());
-  double cpu_busy_fraction = 1.0;
-  if (!after_finish) {
-    if (workers > 0 && st.seconds > 0) cpu_busy_fraction = st.cpu_busy_seconds / (workers * st.seconds);
-  } else if (workers > 0 && ph.finish_us > 0) {
-    double end_us = std::max(ph.finish_us, ph.pending.last_done_us), busy_us = 0;
-    std::lock_guard<std::mutex> g(busy.mu);
-    for (const AdamSpan& a : busy.cpu_adam_spans) end_us = std::max(end_us, a.end_us);
-    for (const AdamSpan& a : busy.cpu_adam_spans)
-      busy_us += std::max(0.0, std::min(a.end_us, end_us) - std::max(a.start_us, ph.finish_us));
-    if (end_us > ph.finish_us) cpu_busy_fraction = busy_us / (workers * (end_us - ph.finish_us));
-  }
+  // phase. Not from the first phase that streams, whose device allocations may hold the links (in a
+  // compact master's first phase on an H100 a 248 MB download took 194 ms where the later ones
+  // took about 40 ms or less, the CPU 98% busy all the same), and only from a phase run after
+  // backward, as the refinement's: an overlapped phase's seconds begin with backward and one left
+  // running into the next forward ends after the caller's wait, so the CPU's idle share there says
+  // nothing of the downloads.
+  const double cpu_busy_fraction =
+      rt.cpu_workers() > 0 && st.seconds > 0 ? st.cpu_busy_seconds / (double(rt.cpu_workers()) * st.seconds) : 1.0;
   if (starved_s > 0 && counts && cpu_busy_fraction < kStarvedCpuBusy && note_starved_download() && opt.verbose)
     std::fprintf(stderr,
                  "[dos] a gradient download by the copy engine took %.1f ms for %.1f MB (%.1f ms at the model's %.1f "
-                 "GB/s), waiting behind the state write-backs, and the CPU was busy %.0f%% of the phase%s: from the "
+                 "GB/s), waiting behind the state write-backs, and the CPU was busy %.0f%% of the phase: from the "
                  "next phase on, downloads issued while a write-back is on its way home go by the kernel "
                  "(DOS_COPY_BY=adaptive; memcpy-down keeps the copy engine; the same bits)\n",
                  1e3 * starved_s, 1e-6 * starved_bytes, 1e3 * starved_bytes / ph.b_d2h, 1e-9 * ph.b_d2h,
-                 100 * cpu_busy_fraction, after_finish ? " after backward" : "");
+                 100 * cpu_busy_fraction);
 }
 
 bool Optimizer::Impl::own_copies_possible() const {

@@ -243,7 +243,6 @@ void Optimizer::Impl::finish_submit(StepVerdict verdict, bool async) {
   const auto t_finish = std::chrono::steady_clock::now();
   ph.verdict = verdict;
   ph.async = async;
-  ph.finish_us = starpu_timing_now();
   ph.drain();  // every speculative update queued so far is submitted
   if (!ph.submit_error.empty()) {
     ph.pending.wait();
@@ -540,9 +539,8 @@ StepStats Optimizer::Impl::finish_wait() {
   last_changed = st.overlapped && verdict == StepVerdict::changed;
   const bool first_streamed = measure.streamed > 0 && !buffers_were_allocated;
   const bool plain = !st.skipped && !st.overlapped && !ph.async;  // a phase run after backward
-  // the adaptive copy rule counts such a phase, and an overlapped one from finish_step on, but not
-  // the first that streams (staging.cpp)
-  judge_downloads(ph, st, !st.skipped && !first_streamed, !plain);
+  // the adaptive copy rule counts such a phase too, but for the first that streams (staging.cpp)
+  judge_downloads(ph, st, plain && !first_streamed);
   if (plain) st.refinement_held = refine(measure, ph.sim, first_streamed, st.seconds - ph.setup_seconds);
   StepStats out = std::move(st);
   open.reset();

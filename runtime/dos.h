@@ -179,7 +179,9 @@ inline constexpr const char* kCopyByValues[] = {"adaptive", "memcpy-down", "auto
 /// the model's B_d2h) while the CPU workers idle more than 10% of the phase (detail::
 /// kStarvedCpuBusy), in a phase run after backward (not overlapped, not left running into the next
 /// forward, not skipped) other than the optimizer's first phase that streams, then as "auto" for
-/// the rest of the process, every optimizer of it (runtime_downloads_dodge_writebacks;
+/// the rest of the process, every optimizer of it, in every phase but those overlapped with
+/// backward (begin_step: there a download by the kernel waits behind backward's kernels, and the
+/// CPU's speculative updates with it) (runtime_downloads_dodge_writebacks;
 /// StepStats::downloads_dodge_writebacks says which a phase ran; with a verbose optimizer, a line
 /// on stderr says when and why it turned); "memcpy-down" the gradient downloads by cudaMemcpyAsync
 /// (the GPU's copy engine) and the parameter uploads by a kernel through the pinned staging's

@@ -63,7 +63,8 @@ case "$mode" in
     # copy engine counts as starved and the tiny phases leave the CPU mostly idle, so the second
     # phase (the first, which streams first, does not count) turns DOS_COPY_BY's default rule
     # (adaptive): the third phase's downloads dodge the state write-backs; the same bits as the
-    # CPU's. Without a GPU nothing is downloaded and nothing changes.
+    # CPU's. Overlapped with backward, no phase turns it or dodges. Without a GPU nothing is
+    # downloaded and nothing changes.
     [ "${DOS_STARVED_DOWNLOAD_MS:-}" = 0 ] || { echo "starved needs DOS_STARVED_DOWNLOAD_MS=0"; exit 1; }
     run --policy cpu --save-params "$tmp/cpu.safetensors"
     run --policy dos --gpu-fraction 1/2 --report "$tmp/r.json" --save-params "$tmp/dos.safetensors"
@@ -79,6 +80,25 @@ for k, it in enumerate(its):
     if k < 2:  # later downloads may all go by the kernel, which the copy engine's figures leave out
         assert (it["longest_download_bytes"] > 0) == (gpu and it["subgroups_cpu"] > 0), (k, it)
 print("ok: downloads dodge write-backs %s, longest downloads %s s" %
+      ([i["downloads_dodge_writebacks"] for i in its], [i["longest_download_seconds"] for i in its]))
+PY
+    [ $? -eq 0 ] || exit 1
+    # with the update overlapped with backward the rule neither judges a phase nor dodges in one:
+    # every download by the copy engine, the same bits
+    ov=(--overlap on --emulate-compute --tokens 256 --max-grad-norm 1e30)
+    run --policy cpu "${ov[@]}" --save-params "$tmp/cpu-ov.safetensors"
+    run --policy dos --gpu-fraction 1/2 "${ov[@]}" --report "$tmp/r-ov.json" --save-params "$tmp/dos-ov.safetensors"
+    "$cmp" "$tmp/cpu-ov.safetensors" "$tmp/dos-ov.safetensors" || exit 1
+    python3 - "$tmp/r-ov.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+gpu = r["cuda_workers"] > 0
+its = r["iterations"]
+assert len(its) == 3 and all(it["overlapped"] for it in its), its
+assert not any(it["downloads_dodge_writebacks"] for it in its), its
+# on the GPU the CPU's gradients came down by the copy engine (starved, by DOS_STARVED_DOWNLOAD_MS=0)
+assert any(it["longest_download_bytes"] > 0 for it in its) == gpu, its
+print("ok: overlapped, downloads dodge write-backs %s, longest downloads %s s" %
       ([i["downloads_dodge_writebacks"] for i in its], [i["longest_download_seconds"] for i in its]))
 PY
     ;;

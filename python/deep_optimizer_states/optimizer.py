@@ -304,6 +304,7 @@ class DeepOptimizerStates(_Build, _Overlap, _ForwardOverlap, _Gradients, _State,
         # reentrant: wait() and _apply_timeline take it too, and run inside _drop_open_phases; hooks of
         # CPU and CUDA buckets run on different threads (the caller's and autograd's device thread)
         self._overlap_lock = threading.RLock()
+        self._declarer = None  # overlap.py's _Declarer, started at the first CUDA gradient declared final
         self._backwards_expected = 1  # backward passes per step, as the last step had them
         self._backwards_seen = 0      # most accumulations into one gradient since the last step
         self._redo_key, self._redo_streak, self._redo_warned = None, 0, False  # _note_redo_streak
@@ -490,16 +491,17 @@ class DeepOptimizerStates(_Build, _Overlap, _ForwardOverlap, _Gradients, _State,
         self._refuse_compact_writes("step()")  # before the gradients are scaled: nothing changed
 
         # the overlapped update: did anything change a declared gradient since its declaration?
-        for b in self._buckets:
-            if not b.open:
-                continue
-            b.pending = []  # declared but not yet told to the runtime: finish_step updates them as usual
-            if b.changed is None and b.flat_grad._version != b.seen_version:
-                b.changed = ("the gradients were written in place after they were declared final "
-                             "(clip_grad_norm_, GradScaler.unscale_, ...)")
-            for j in b.declared:
-                if b.changed is None and not b.holds(j, b.params[j].grad):
-                    b.changed = f"the gradient of parameter {b.indices[j]} was replaced after it was declared final"
+        with self._overlap_lock:  # the declarer thread tells no pending gradient after this
+            for b in self._buckets:
+                if not b.open:
+                    continue
+                b.pending = []  # declared but not yet told to the runtime: finish_step updates them as usual
+                if b.changed is None and b.flat_grad._version != b.seen_version:
+                    b.changed = ("the gradients were written in place after they were declared final "
+                                 "(clip_grad_norm_, GradScaler.unscale_, ...)")
+                for j in b.declared:
+                    if b.changed is None and not b.holds(j, b.params[j].grad):
+                        b.changed = f"the gradient of parameter {b.indices[j]} was replaced after it was declared final"
 
         self._gather_gradients()
         grad_norm, clip, skipped = self._norm_and_clip(grad_scale)
@@ -607,6 +609,8 @@ class DeepOptimizerStates(_Build, _Overlap, _ForwardOverlap, _Gradients, _State,
             return
         self._remove_hooks()
         self._remove_forward_hooks()
+        if getattr(self, "_declarer", None) is not None:
+            self._declarer.stop()
         try:
             self.wait()  # a phase left running ends before its optimizer goes
         except Exception:

@@ -40,6 +40,10 @@ subgroups that the runtime updates speculatively).
    it reads after wait(). overlap_forward's and forward_blocks' bad input.
 4. Where this torch has no gradient-accumulated hook (simulated), overlap=True warns once and runs
    without overlap.
+5. The declarer thread (overlap.py's _Declarer, which tells the runtime of pending CUDA gradients as
+   their events complete), on any device, with stand-ins for the optimizer and the events: pending
+   gradients of two buckets told in order once their waits return, each once; one dropped while its
+   wait runs (as step() drops them) not told; stop() ends the thread; a closed optimizer ends it too.
 """
 
 import argparse
@@ -542,6 +546,71 @@ def test_write_between_accumulations():
     print("a gradient written between two accumulations: redone, the same bits; said once:", caught[0][:80])
 
 
+def test_declarer():
+    """Part 5 of the module's docstring."""
+    import threading
+    import time
+
+    class Event:  # a stand-in for torch.cuda.Event: its wait returns after `seconds`
+        def __init__(self, seconds):
+            self.seconds = seconds
+
+        def synchronize(self):
+            time.sleep(self.seconds)
+
+    class Bucket:
+        def __init__(self):
+            self.pending, self.open = [], True
+
+    class Opt:  # what _Declarer reads of the optimizer, and a _declare_done that records
+        def __init__(self):
+            self._overlap_lock = threading.RLock()
+            self._buckets, self._closed, self._broken, self.told = [Bucket(), Bucket()], False, None, []
+
+        def _declare_done(self, b, j, ev):
+            for k, (_, e) in enumerate(b.pending):
+                if e is ev:
+                    del b.pending[k]
+                    self.told.append(j)
+                    return
+
+    def until(cond, seconds=5.0):
+        end = time.monotonic() + seconds
+        while not cond() and time.monotonic() < end:
+            time.sleep(0.005)
+        return cond()
+
+    o = Opt()
+    with o._overlap_lock:
+        d = dos_overlap._Declarer(o)
+        for j in range(6):
+            o._buckets[j % 2].pending.append((j, Event(0.01)))
+            d.notify()
+    assert until(lambda: len(o.told) == 6), o.told
+    # the oldest pending gradient first: the first bucket's, then the second's
+    assert o.told == [0, 2, 4, 1, 3, 5], o.told
+    with o._overlap_lock:
+        o._buckets[1].pending.append((7, Event(0.3)))
+        d.notify()
+    time.sleep(0.05)  # its wait runs
+    with o._overlap_lock:
+        o._buckets[1].pending = []  # as step() drops the step's pending gradients
+    time.sleep(0.4)
+    assert o.told == [0, 2, 4, 1, 3, 5], o.told
+    d.stop()
+    assert until(lambda: not d._thread.is_alive()), "stop() did not end the thread"
+    o2 = Opt()
+    with o2._overlap_lock:
+        d2 = dos_overlap._Declarer(o2)
+    t2 = d2._thread
+    o2._closed = True  # as close() leaves it
+    with o2._overlap_lock:
+        d2.notify()
+    assert until(lambda: not t2.is_alive()), "a closed optimizer did not end the thread"
+    print("declarer: pending gradients told in order once their waits returned, a dropped one not told; "
+          "stop() and a closed optimizer end the thread")
+
+
 def main():
     global DEVICE
     ap = argparse.ArgumentParser()
@@ -561,6 +630,7 @@ def main():
     test_budget_and_fallback()
     test_forward_overlap_cases()
     test_write_between_accumulations()
+    test_declarer()
     print("overlap on and off: the same bits")
     return 0
 

@@ -7,6 +7,7 @@ optimizer's class docstring, "Overlap", gives the rules). A mixin: the optimizer
 """
 
 import ctypes
+import os
 import threading
 import warnings
 import weakref
@@ -34,6 +35,24 @@ def _grad_hook_kind():
     except Exception:
         pass
     return None
+
+
+def _declarer_wanted():
+    """Whether pending CUDA gradients get a :class:`_Declarer` thread: ``DOS_DECLARE_BY`` in the
+    environment, ``thread`` (the default: unset or empty) or ``hooks`` (only the later gradient
+    hooks tell them, as before the thread; a measurement switch, the same bits either way); another
+    value is named in a ``RuntimeWarning`` once and the default kept."""
+    global _declare_by
+    if _declare_by is None:
+        v = os.environ.get("DOS_DECLARE_BY", "")
+        if v not in ("", "thread", "hooks"):
+            warnings.warn(f"DOS_DECLARE_BY={v!r} is not one of 'thread', 'hooks': 'thread' is used", RuntimeWarning,
+                          stacklevel=2)
+        _declare_by = "hooks" if v == "hooks" else "thread"
+    return _declare_by == "thread"
+
+
+_declare_by = None  # _declarer_wanted's reading of DOS_DECLARE_BY
 
 
 class _Declarer:
@@ -238,9 +257,10 @@ class _Overlap:
             ev = torch.cuda.Event(blocking=True)  # the declarer sleeps on it rather than spin
             ev.record()
             b.pending.append((j, ev))
-            if self._declarer is None:
+            if self._declarer is None and _declarer_wanted():
                 self._declarer = _Declarer(self)
-            self._declarer.notify()
+            if self._declarer is not None:
+                self._declarer.notify()
         else:
             self._gradients_final(b, j)
 

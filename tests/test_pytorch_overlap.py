@@ -42,8 +42,9 @@ subgroups that the runtime updates speculatively).
    without overlap.
 5. The declarer thread (overlap.py's _Declarer, which tells the runtime of pending CUDA gradients as
    their events complete), on any device, with stand-ins for the optimizer and the events: pending
-   gradients of two buckets told in order once their waits return, each once; one dropped while its
-   wait runs (as step() drops them) not told; stop() ends the thread; a closed optimizer ends it too.
+   gradients of two buckets told in declaration order once their waits return, each once; one
+   dropped while its wait runs (as step() drops them) not told; a wait that raises handed over as a
+   failure, the next one told; stop() ends the thread; a closed optimizer ends it too.
 """
 
 import argparse
@@ -551,28 +552,34 @@ def test_declarer():
     import threading
     import time
 
-    class Event:  # a stand-in for torch.cuda.Event: its wait returns after `seconds`
-        def __init__(self, seconds):
-            self.seconds = seconds
+    class Event:  # a stand-in for torch.cuda.Event: its wait returns after `seconds`, or raises
+        def __init__(self, seconds, error=None):
+            self.seconds, self.error = seconds, error
 
         def synchronize(self):
             time.sleep(self.seconds)
+            if self.error:
+                raise RuntimeError(self.error)
 
     class Bucket:
         def __init__(self):
-            self.pending, self.open = [], True
+            self.pending, self.open, self.device = [], True, None  # no CUDA device to make current
 
     class Opt:  # what _Declarer reads of the optimizer, and a _declare_done that records
         def __init__(self):
             self._overlap_lock = threading.RLock()
             self._buckets, self._closed, self._broken, self.told = [Bucket(), Bucket()], False, None, []
 
-        def _declare_done(self, b, j, ev):
+        def _declare_done(self, b, j, ev, failed=None):
             for k, (_, e) in enumerate(b.pending):
                 if e is ev:
                     del b.pending[k]
-                    self.told.append(j)
+                    self.told.append(j if failed is None else ("failed", j, str(failed)))
                     return
+
+    def add(o, d, b, j, ev):  # as _declare does, with the lock held
+        b.pending.append((j, ev))
+        d.notify(b, j, ev)
 
     def until(cond, seconds=5.0):
         end = time.monotonic() + seconds
@@ -584,19 +591,23 @@ def test_declarer():
     with o._overlap_lock:
         d = dos_overlap._Declarer(o)
         for j in range(6):
-            o._buckets[j % 2].pending.append((j, Event(0.01)))
-            d.notify()
+            add(o, d, o._buckets[j % 2], j, Event(0.01))
     assert until(lambda: len(o.told) == 6), o.told
-    # the oldest pending gradient first: the first bucket's, then the second's
-    assert o.told == [0, 2, 4, 1, 3, 5], o.told
+    # in the order they were declared, over both buckets
+    assert o.told == [0, 1, 2, 3, 4, 5], o.told
     with o._overlap_lock:
-        o._buckets[1].pending.append((7, Event(0.3)))
-        d.notify()
+        add(o, d, o._buckets[1], 7, Event(0.3))
     time.sleep(0.05)  # its wait runs
     with o._overlap_lock:
         o._buckets[1].pending = []  # as step() drops the step's pending gradients
     time.sleep(0.4)
-    assert o.told == [0, 2, 4, 1, 3, 5], o.told
+    assert o.told == [0, 1, 2, 3, 4, 5], o.told
+    # a wait that raises is handed over as such, and the thread goes on
+    with o._overlap_lock:
+        add(o, d, o._buckets[0], 8, Event(0.01, "device-side assert"))
+        add(o, d, o._buckets[1], 9, Event(0.01))
+    assert until(lambda: len(o.told) == 8), o.told
+    assert o.told[6:] == [("failed", 8, "device-side assert"), 9], o.told
     d.stop()
     assert until(lambda: not d._thread.is_alive()), "stop() did not end the thread"
     o2 = Opt()
@@ -605,10 +616,10 @@ def test_declarer():
     t2 = d2._thread
     o2._closed = True  # as close() leaves it
     with o2._overlap_lock:
-        d2.notify()
+        add(o2, d2, o2._buckets[0], 0, Event(0.01))
     assert until(lambda: not t2.is_alive()), "a closed optimizer did not end the thread"
-    print("declarer: pending gradients told in order once their waits returned, a dropped one not told; "
-          "stop() and a closed optimizer end the thread")
+    print("declarer: pending gradients told in declaration order once their waits returned, a dropped one not "
+          "told, a failed wait handed over and the thread going on; stop() and a closed optimizer end the thread")
 
 
 def main():

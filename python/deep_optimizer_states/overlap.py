@@ -6,6 +6,8 @@ optimizer's class docstring, "Overlap", gives the rules). A mixin: the optimizer
 (``_buckets``, ``_overlap_lock``, ``_hook_handles``, ...) is set up by its constructor.
 """
 
+import collections
+import contextlib
 import ctypes
 import os
 import threading
@@ -64,17 +66,23 @@ class _Declarer:
     the whole backward pass well before the GPU has run it: on a GPT of 1.01e9 parameters on an H100
     the hooks stopped 40 ms into a 125 ms backward, and the subgroups of the rest were not updated
     during backward. Holds a weak reference to the optimizer (which stops it at ``close()``); its
-    condition is on the optimizer's ``_overlap_lock``."""
+    condition is on the optimizer's ``_overlap_lock``. Waits with the bucket's device current (a
+    thread's first CUDA call would otherwise make a context on device 0). A wait that raises (a CUDA
+    error) drops that gradient from the pending ones and marks its bucket's speculative updates to
+    be redone (the same bits), and the thread goes on."""
 
     def __init__(self, opt):
         self._ref = weakref.ref(opt)
         self._cv = threading.Condition(opt._overlap_lock)
         self._stop = False
+        self._order = collections.deque()  # (bucket, position, event) in declaration order, over all buckets
         self._thread = threading.Thread(target=self._run, name="dos-gradients-final", daemon=True)
         self._thread.start()
 
-    def notify(self):
-        """A gradient was added to a bucket's ``pending`` (called with ``_overlap_lock`` held)."""
+    def notify(self, b, j, ev):
+        """Gradient ``j`` of bucket ``b`` was added to ``b.pending`` with event ``ev`` (called with
+        ``_overlap_lock`` held)."""
+        self._order.append((b, j, ev))
         self._cv.notify()
 
     def stop(self):
@@ -84,15 +92,17 @@ class _Declarer:
             self._cv.notify_all()
 
     def _next(self):
-        """The oldest pending (bucket, position, event) of the optimizer, or None; False when the
-        thread must end (stopped, the optimizer closed, broken or gone). Called with the lock held."""
+        """The oldest (bucket, position, event) still pending, over all buckets, or None; False
+        when the thread must end (stopped, the optimizer closed, broken or gone). Those no longer
+        pending (told by a hook, dropped by step()) are forgotten. Called with the lock held."""
         opt = self._ref()
         if self._stop or opt is None or opt._closed or opt._broken:
             return False
-        for b in opt._buckets:
-            if b.pending:
-                j, ev = b.pending[0]
+        while self._order:
+            b, j, ev = self._order[0]
+            if any(e is ev for _, e in b.pending):
                 return b, j, ev
+            self._order.popleft()
         return None
 
     def _run(self):
@@ -105,12 +115,18 @@ class _Declarer:
                 if nxt is False:
                     return
             b, j, ev = nxt
-            ev.synchronize()
+            failed = None
+            cuda = b.device is not None and b.device.type == "cuda"
+            try:
+                with torch.cuda.device(b.device) if cuda else contextlib.nullcontext():
+                    ev.synchronize()
+            except Exception as e:  # noqa: BLE001 (a thread of its own: nowhere to raise to)
+                failed = e
             with self._cv:
                 opt = self._ref()
                 if self._stop or opt is None:
                     return
-                opt._declare_done(b, j, ev)
+                opt._declare_done(b, j, ev, failed)
                 del opt
 
 
@@ -257,24 +273,29 @@ class _Overlap:
             ev = torch.cuda.Event(blocking=True)  # the declarer sleeps on it rather than spin
             ev.record()
             b.pending.append((j, ev))
-            if self._declarer is None and _declarer_wanted():
+            if self._declarer is None and not self._closed and _declarer_wanted():
                 self._declarer = _Declarer(self)
             if self._declarer is not None:
-                self._declarer.notify()
+                self._declarer.notify(b, j, ev)
         else:
             self._gradients_final(b, j)
 
-    def _declare_done(self, b, j, ev):
-        """The declarer's wait for ``ev`` (pending parameter ``j`` of bucket ``b``) has returned: the
-        gradient is told to the runtime, unless a hook told it already or step() has dropped the
-        step's pending gradients. A failure to tell it marks the step's speculative updates of
-        ``b`` to be redone (the same bits), and a runtime failure the optimizer broken
-        (:meth:`_runtime_call`), which step() reports. Called with ``_overlap_lock`` held."""
-        for k, (jj, e) in enumerate(b.pending):
+    def _declare_done(self, b, j, ev, failed=None):
+        """The declarer's wait for ``ev`` (pending parameter ``j`` of bucket ``b``) has returned (or
+        raised ``failed``): the gradient is told to the runtime, unless a hook told it already or
+        step() has dropped the step's pending gradients. A failed wait, or a failure to tell it,
+        marks the step's speculative updates of ``b`` to be redone (the same bits), and a runtime
+        failure the optimizer broken (:meth:`_runtime_call`), which step() reports. Called with
+        ``_overlap_lock`` held."""
+        for k, (_, e) in enumerate(b.pending):
             if e is ev:
                 del b.pending[k]
                 break
         else:
+            return
+        if failed is not None:
+            if b.changed is None:
+                b.changed = f"waiting for a gradient's CUDA event failed ({failed})"
             return
         if not b.open or self._closed or self._broken:
             return

@@ -12,6 +12,16 @@ namespace {
 void check(int err, const char* what) {
   if (err != 0) STARPU_ABORT_MSG("%s failed: %s", what, cudaGetErrorString(cudaError_t(err)));
 }
+
+/// An out-of-place update's first step on the device: the old state (buffer 0) copied whole into the
+/// new one (buffer 3, as many elements), padding included, on `stream`; returns buffer 3's pointer.
+float* copy_state_into_new(void* buffers[], cudaStream_t stream) {
+  float* out = reinterpret_cast<float*>(STARPU_VECTOR_GET_PTR(buffers[3]));
+  check(int(cudaMemcpyAsync(out, reinterpret_cast<const void*>(STARPU_VECTOR_GET_PTR(buffers[0])),
+                            STARPU_VECTOR_GET_NX(buffers[0]) * sizeof(float), cudaMemcpyDeviceToDevice, stream)),
+        "cudaMemcpyAsync of the state");
+  return out;
+}
 }  // namespace
 
 void adam(void* buffers[], void* cl_arg) {
@@ -36,12 +46,7 @@ void adam_compact(void* buffers[], void* cl_arg) {
 void adam_into(void* buffers[], void* cl_arg) {
   const auto* a = static_cast<const AdamArgs*>(cl_arg);
   cudaStream_t stream = starpu_cuda_get_local_stream();
-  // the new state starts as a copy of the old (GPU memory: ~1% of the task), padding included
-  const std::size_t total = STARPU_VECTOR_GET_NX(buffers[0]);
-  check(int(cudaMemcpyAsync(reinterpret_cast<void*>(STARPU_VECTOR_GET_PTR(buffers[3])),
-                            reinterpret_cast<const void*>(STARPU_VECTOR_GET_PTR(buffers[0])), total * sizeof(float),
-                            cudaMemcpyDeviceToDevice, stream)),
-        "cudaMemcpyAsync of the state");
+  copy_state_into_new(buffers, stream);  // GPU memory: ~1% of the task
   const StateSlices out = slices(buffers[3], a->state_stride);
   check(adam_step_cuda(out.p, out.m, out.v, reinterpret_cast<const void*>(STARPU_VECTOR_GET_PTR(buffers[1])),
                        a->grad_dtype, reinterpret_cast<void*>(STARPU_VECTOR_GET_PTR(buffers[2])), a->param_dtype,
@@ -52,14 +57,8 @@ void adam_into(void* buffers[], void* cl_arg) {
 void adam_compact_into(void* buffers[], void* cl_arg) {
   const auto* a = static_cast<const AdamArgs*>(cl_arg);
   cudaStream_t stream = starpu_cuda_get_local_stream();
-  // the new compact state starts as a copy of the old (head, exp_avg, exp_avg_sq, padding included),
-  // then adam_compact's own kernel on the copy: the same bits as the update in place
-  const std::size_t total = STARPU_VECTOR_GET_NX(buffers[0]);
-  float* out = reinterpret_cast<float*>(STARPU_VECTOR_GET_PTR(buffers[3]));
-  check(int(cudaMemcpyAsync(out, reinterpret_cast<const void*>(STARPU_VECTOR_GET_PTR(buffers[0])),
-                            total * sizeof(float), cudaMemcpyDeviceToDevice, stream)),
-        "cudaMemcpyAsync of the compact state");
-  const CompactSlices s = compact_slices(out, a->state_stride);
+  // adam_compact's own kernel on a copy of the old state: the same bits as the update in place
+  const CompactSlices s = compact_slices(copy_state_into_new(buffers, stream), a->state_stride);
   check(adam_step_compact_cuda(reinterpret_cast<std::uint16_t*>(STARPU_VECTOR_GET_PTR(buffers[2])), s.lo, s.r, s.m,
                                s.v, reinterpret_cast<const void*>(STARPU_VECTOR_GET_PTR(buffers[1])), a->grad_dtype,
                                STARPU_VECTOR_GET_NX(buffers[1]), a->sp, stream),

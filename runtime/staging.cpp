@@ -169,7 +169,7 @@ void Optimizer::Impl::begin_downloads(OpenStep& ph) {
   // with it (on the GPT of 1.01e9 parameters with the compact master on an H100, once the rule had
   // turned the steps speculated 1 subgroup instead of 3-8 and ran 46.8k tokens/s instead of
   // 50.3k; DOS_COPY_BY=auto from the start, 46.8k). DOS_COPY_BY=auto asked for holds everywhere.
-  ph.st.downloads_dodge_writebacks = runtime_copy_by_auto() || (!ph.st.overlapped && runtime_downloads_dodge_writebacks());
+  ph.st.downloads_dodge_writebacks = runtime_downloads_dodge_writebacks() && (!ph.st.overlapped || runtime_copy_by_auto());
   ph.b_d2h = have_rates ? rates.B_d2h : 0;
   ph.starved_floor = download_starved_floor();
 }

@@ -164,8 +164,9 @@ class DeepOptimizerStates(_Build, _Overlap, _ForwardOverlap, _Gradients, _State,
         parameters keep the full master (their rounding is not the master's high half), with no
         error (a warning when no bucket is bf16). The same bits as False in the parameters and the state: the masters are rebuilt from
         the parameters whenever they are read (:meth:`state_dict`), and a state dict saved by either
-        form loads into the other. With ``overlap=True`` the subgroups the plan updates on the CPU are
-        updated speculatively during backward, as in the full form; those it streams, after backward.
+        form loads into the other. With ``overlap=True`` its subgroups are updated speculatively
+        during backward as in the full form (those the plan streams on the GPU, with
+        ``speculate_streamed``).
         Refused: once a bucket has been updated or
         has loaded a state, a bf16 parameter written in place (``RuntimeError`` at the next
         :meth:`step`, :meth:`state_dict` or :meth:`refresh_masters`, nothing changed; see

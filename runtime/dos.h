@@ -27,6 +27,8 @@
 #include "adam.h"
 #include "phase_sim.h"
 #include "resource_model.h"
+#include "copy_rules.h"
+#include "step_stats.h"
 
 namespace dos {
 
@@ -152,77 +154,6 @@ std::size_t gpu_memory_for_budgets(std::size_t elements, std::size_t subgroup_si
 /// Bytes of GPU memory StarPU allocates for itself beside the optimizers' data (its per-worker
 /// buffers), added once to the sum of gpu_memory_for_budgets: 64 MiB.
 inline constexpr std::size_t kStarpuDeviceMargin = std::size_t(64) << 20;
-
-/// Whether, with the caller's parameters on a GPU, the runtime copies the new parameters of the
-/// subgroups updated on the CPU to them itself, on a CUDA stream of its own, as soon as each
-/// subgroup's Adam ends (true), or by a write-back task in the CUDA worker's queue (false). True
-/// unless the environment says DOS_PARAM_UPLOAD=task (a measurement switch, read once); the plan's
-/// phase simulation follows the same choice (Execution::own_param_upload). Same results either way.
-bool runtime_uploads_params();
-
-/// Whether, with the caller's gradients on a GPU, the runtime copies the gradients of the subgroups
-/// updated on the CPU into their host staging itself, on a CUDA stream of its own, as soon as their
-/// update is submitted (true), or by a gradient conversion task in the CUDA worker's queue and
-/// StarPU's device-to-host transfer (false). Only where the staged gradient keeps the caller's dtype
-/// (OptimizerOptions::native_grads, or fp32 parameters); a conversion to fp32 stays a task. True
-/// unless the environment says DOS_GRAD_DOWNLOAD=task (a measurement switch, read once); the plan's
-/// phase simulation follows the same choice (Execution::own_grad_download). Same results either way.
-bool runtime_downloads_grads();
-
-/// The values DOS_COPY_BY may take (runtime_copy_by); the first is the default.
-inline constexpr const char* kCopyByValues[] = {"adaptive", "memcpy-down", "auto", "kernel", "memcpy", "memcpy-up"};
-
-/// How the runtime's own copies (runtime_uploads_params, runtime_downloads_grads) go, as the
-/// environment's DOS_COPY_BY says (read once): "adaptive" (the default: unset, or a value not in
-/// kCopyByValues, with a warning on stderr) as "memcpy-down" until a phase's gradient download by
-/// the copy engine starves (detail::download_starved: more than 100 ms and 10 times its bytes at
-/// the model's B_d2h) while the CPU workers idle more than 10% of the phase (detail::
-/// kStarvedCpuBusy), in a phase run after backward (not overlapped, not left running into the next
-/// forward, not skipped) other than the optimizer's first phase that streams, then as "auto" for
-/// the rest of the process, every optimizer of it, in every phase but those overlapped with
-/// backward (begin_step: there a download by the kernel waits behind backward's kernels, and the
-/// CPU's speculative updates with it) (runtime_downloads_dodge_writebacks;
-/// StepStats::downloads_dodge_writebacks says which a phase ran; with a verbose optimizer, a line
-/// on stderr says when and why it turned); "memcpy-down" the gradient downloads by cudaMemcpyAsync
-/// (the GPU's copy engine) and the parameter uploads by a kernel through the pinned staging's
-/// mapped pointer;
-/// "auto" as "memcpy-down", except that a gradient download issued while a streamed subgroup's
-/// state is on its way home (its Adam ended on the GPU, its eager write-back not yet done) goes by
-/// the kernel: by the copy engine it may wait behind every state write-back StarPU queued there,
-/// the later ones included (on an H100: a 248 MB download issued at 71 ms ended at 613 ms, after 13
-/// write-backs of 1.5 GB, the CPU idle meanwhile); on an H200 where no download waited so, "auto"
-/// made the 20B quarter's phase 6% slower (0.7746 s against 0.7274 s, one run each), and on H100s
-/// where none waited 0-6%, so it is taken only where a download starved;
-/// "kernel" both directions by the kernel; "memcpy" both by cudaMemcpyAsync; "memcpy-up" the
-/// uploads by cudaMemcpyAsync and the downloads by the kernel. The last five are measurement
-/// switches. Why the downloads by the copy engine first (measured on the GPU machine, 20B quarter,
-/// 19 CPU subgroups of 248 MB of gradients each, downloaded at the phase's start): downloads by the
-/// kernel ran back to back for
-/// about 110 ms and held back the streamed state's upload, so the first streamed Adam began at
-/// 100-110 ms; by the copy engine at 41-68 ms. An upload by cudaMemcpyAsync waits behind every
-/// streamed state StarPU has queued up (the first 248 MB one ended only at 672 ms, after the last
-/// streamed Adam). Same results every way.
-const char* runtime_copy_by();
-
-/// Whether the runtime's own copies of one direction (up: the CPU-updated parameters to the GPU;
-/// otherwise the gradients to host staging) go by cudaMemcpyAsync (the copy engine, shared in order
-/// with StarPU's transfers of the same direction) rather than by a kernel, as runtime_copy_by()
-/// says ("auto" and "adaptive": the copy engine, each download's own choice aside,
-/// runtime_downloads_dodge_writebacks). The
-/// plan's phase simulation follows it (Execution::grad_download_by_copy_engine,
-/// param_upload_by_copy_engine; under "auto" it takes every download by the copy engine). Staging
-/// the runtime could not pin goes by cudaMemcpyAsync whatever this says.
-bool runtime_copies_by_copy_engine(bool up);
-
-/// Whether runtime_copy_by() is "auto": each gradient download then goes by the kernel while a
-/// streamed state write-back is on the device-to-host link, else by the copy engine.
-bool runtime_copy_by_auto();
-
-/// Whether the gradient downloads issued now go by the kernel while a streamed state write-back is
-/// on the device-to-host link (else by the copy engine): always under DOS_COPY_BY=auto; under
-/// "adaptive" (the default) once a download of this process starved (runtime_copy_by); never
-/// otherwise. Same bits either way.
-bool runtime_downloads_dodge_writebacks();
 
 /// The runtime's clock, seconds: StarPU's (starpu_timing_now(): StarPU 1.3.10 reads CLOCK_MONOTONIC,
 /// counted from StarPU's start while a Runtime runs), which
@@ -433,138 +364,12 @@ struct OptimizerOptions {
 ///   the step counts and the parameters stay as before the step.
 enum class StepVerdict { keep, changed, skip };
 
-/// One task or transfer sample of an update phase, for timelines. lane: "cpu" or "gpu" (an Adam,
-/// gradient conversion or parameter write-back task on that kind of worker), "h2d" (a CPU-updated
-/// subgroup's parameter write-back copied by the runtime itself, on a CUDA stream of its own, when
-/// the caller's parameters are on the GPU: runtime_uploads_params) or "d2h" (a CPU-updated
-/// subgroup's gradients copied down by the runtime itself: runtime_downloads_grads) or "writeback"
-/// (a streamed subgroup's eager state write-back in the phase, not a speculative update's write-back
-/// into its shadow state, from the end of the Adam that wrote the state to
-/// the state being home: its wait behind other transfers on StarPU's device-to-host stream
-/// included, so these spans may overlap; of zero length at its end when it ended before the Adam's
-/// own callback ran, as a tiny one can); what: "adam", "adam_spec" (a speculative Adam,
-/// Optimizer::gradients_final), "gather", "scatter" or "state" (lane "writeback"); subgroup:
-/// its index; start, end: seconds since the phase began
-/// (the runtime's own task clock, codelets/task_clock.h; StarPU's task profiling stays off).
-struct TimelineTask {
-  std::string lane, what;
-  std::size_t subgroup = 0;
-  double start = 0, end = 0;
-};
-/// Bytes moved over PCIe, each way, since the phase began, sampled every millisecond from the
-/// phase's start until the call that waits for its end (step(), finish_step, or wait_step after
-/// step_async / finish_step_async, which may come long after the phase ended), then once more
-/// there (StarPU's bus counters; so a timeline's phase has at least one sample, the last one its
-/// totals); t: seconds since the phase began.
-struct BusSample {
-  double t = 0;
-  std::uint64_t h2d = 0, d2h = 0;
-};
-
 /// Forces the plan of a plan with the model's rates (dos, ...), for sweeps: fraction: round(value * n) subgroups streamed,
 /// spread evenly (value in [0, 1]); stride: the paper's stride k = value (an integer >= 1);
 /// none: the model's choice.
 struct PlanOverride {
   enum Kind { none, fraction, stride } kind = none;
   double value = 0;
-};
-
-/// What one update phase did.
-/// seconds: wall time of step(); params: elements updated; subgroups_cpu / subgroups_gpu: Adam
-/// tasks that ran on a CPU / CUDA worker; bytes_h2d / bytes_d2h: bytes StarPU moved host->device /
-/// device->host during the phase (its per-bus counters); step: the largest subgroup step count;
-/// cpu_busy_seconds / gpu_busy_seconds: time the CPU / CUDA workers spent executing tasks during the
-/// phase, summed over workers (the runtime's task clock, codelets/task_clock.h; for a CUDA worker,
-/// from launch, or the end of the task before it on the stream, to completion of its asynchronous
-/// tasks).
-struct StepStats {
-  double seconds = 0;
-  std::size_t params = 0;
-  std::size_t subgroups_cpu = 0;
-  std::size_t subgroups_gpu = 0;
-  std::uint64_t bytes_h2d = 0;
-  std::uint64_t bytes_d2h = 0;
-  std::int64_t step = 0;
-  double cpu_busy_seconds = 0;
-  double gpu_busy_seconds = 0;
-  /// Of cpu_busy_seconds, the CPU Adam tasks alone, seconds (without the staging and write-back
-  /// tasks that run on CPU workers when the caller's buffers are in host memory).
-  double cpu_adam_seconds = 0;
-  /// The plan of this phase: subgroups planned on the GPU (streamed or resident), and for the
-  /// project's policies with a model (dos, static:R), the predicted time and the lower bound
-  /// (models/resource_model.h), seconds; 0 where there is no model. predicted_seconds is what the
-  /// phase's start spent before its first submission (deciding the plan: plan_seconds, simulating
-  /// it, the bound) plus the phase simulation's total from there.
-  std::size_t planned_streamed = 0;
-  std::size_t planned_resident = 0;
-  double predicted_seconds = 0;
-  double lower_bound_seconds = 0;
-  /// The resource the phase simulation of this phase's plan found busiest, as
-  /// Simulation::busiest names it (models/phase_sim.h): "cpu", "h2d", "d2h" or "gpu"; empty where
-  /// there is no model (a StarPU policy, a plan without the model's rates, no CUDA worker).
-  std::string bound_by;
-  /// Per subgroup, the side the plan gave it (empty under a StarPU policy, which decides alone).
-  std::vector<PlanSide> plan;
-  /// Per subgroup, the kind of worker its Adam task ran on (PlanSide::cpu or gpu_streamed, or
-  /// gpu_resident where the plan kept it resident), as the task's executing worker reported it.
-  std::vector<PlanSide> placement;
-  /// When the phase began (begin_step, or step() / step_async()), seconds on the runtime's clock
-  /// (clock_seconds()): TimelineTask::start and end count from it.
-  double started_at = 0;
-  /// Filled only when Optimizer::set_timeline(true): every task of the phase, and the bus samples.
-  std::vector<TimelineTask> timeline;
-  std::vector<BusSample> bus;
-  /// Bytes StarPU had allocated on the GPU (all GPUs) when the phase ended, and the most the
-  /// admission window held at once (0 without a GPU update budget).
-  std::uint64_t gpu_bytes_end = 0;
-  std::uint64_t window_peak_bytes = 0;
-  /// Whether the phase submitted its CPU subgroups first (OptimizerOptions::submit_order and the
-  /// budget allowed it), and when, in seconds since the phase began, the last streamed subgroup's
-  /// state was back in host memory (0: nothing streamed): the end of the streaming, which the rates'
-  /// refinement divides the PCIe bytes by (less the phase's set-up before its first submission,
-  /// where the phase simulation starts).
-  bool cpu_first = false;
-  double stream_end_seconds = 0;
-  /// Whether the rates' refinement held this phase as an outlier (models/refinement.h,
-  /// hold_outlier_phase: its measured / predicted ratio more than 1.3x off the last phase's, under
-  /// the same plan, after two phases whose ratios were within 1.15x of each other): nothing was
-  /// refined from it. false for a phase refined, or not refined for another reason. The prediction
-  /// judged is the simulation of the plan as it ran (the plan, or the plan as bound when the tail
-  /// binding moved subgroups: tail_moved > 0) against the phase's seconds from its first
-  /// submission: predicted_seconds and seconds, both less the phase's set-up.
-  bool refinement_held = false;
-  /// The runtime's own gradient downloads by the copy engine (runtime_copy_by): the one that took
-  /// longest from its issue to its end, seconds, and its bytes (0, 0: none went by the copy engine);
-  /// downloads_dodge_writebacks: whether this phase's downloads issued while a streamed state was on
-  /// its way home went by the kernel (runtime_downloads_dodge_writebacks when the phase began).
-  double longest_download_seconds = 0;
-  std::size_t longest_download_bytes = 0;
-  bool downloads_dodge_writebacks = false;
-  /// Seconds the phase's start spent on its plan, counted in `seconds`: the plan's decide() (the
-  /// `dos` plan's search), or the wait for the decision made ahead of the phase (PlanNeeds::
-  /// decided_ahead: started when the phase before ended); plan_decided_ahead: the phase took that
-  /// decision, or one made for an equal input before, instead of deciding when it began. 0 and
-  /// false for StarPU's policies, forced plans and runs without a CUDA worker.
-  double plan_seconds = 0;
-  bool plan_decided_ahead = false;
-  /// Late binding (OptimizerOptions::tail_subgroups): subgroups whose side was decided while the
-  /// phase ran, and of those, the ones given the other side than the plan's (`plan` keeps the plan's
-  /// sides, `placement` says where each ran).
-  std::size_t tail_bound = 0;
-  std::size_t tail_moved = 0;
-  /// Overlap (Optimizer::begin_step ... finish_step): whether the phase was opened by begin_step;
-  /// exposed_seconds: wall time of finish_step (of step() for a plain step: about `seconds`), the
-  /// part of the phase the caller waited for after its gradients were all final; `seconds` then
-  /// runs from begin_step. speculated: subgroups updated speculatively (before finish_step, from
-  /// gradients declared final); hidden_params: of their elements, those whose speculative update had
-  /// ended when finish_step was called; redone: speculative updates redone (StepVerdict::changed);
-  /// skipped: StepVerdict::skip (nothing updated: subgroups_cpu/gpu and placement are empty).
-  bool overlapped = false;
-  double exposed_seconds = 0;
-  std::size_t speculated = 0;
-  std::size_t hidden_params = 0;
-  std::size_t redone = 0;
-  bool skipped = false;
 };
 
 /// Host bytes the runtime needs per parameter, at most: 12 (fp32 master, exp_avg, exp_avg_sq) + 4

@@ -6,15 +6,12 @@
  * every field out of its range, a struct of
  * an unknown size or version and a NULL struct are refused with DOS_E_INVALID and a message naming
  * the field, and nothing is created; every option set to another valid value is accepted.
- * The overlapped update (dos_optimizer_begin_step / _gradients_final / _finish_step) against the
- * plain dos_optimizer_step, bit for bit, through every verdict, with and without a speculation
- * budget; and its bad calls refused with DOS_E_INVALID, leaving the phase as it was. Timelines
- * (dos_optimizer_set_timeline, _last_timeline, dos_clock_seconds); a negative caller_cores refused.
- * The compact master (options.compact_master): a bf16 optimizer on host memory against a full one,
- * bit for bit, through steps, masters written, a state loaded and the overlapped calls; refused with
- * fp32 or fp16 parameters, naming the field.
- * The calls that need no runtime (the options' defaults, the GPU memory that the budgets may need):
- * test_c_api_plain.c, run from here. */
+ * Timelines (dos_optimizer_set_timeline, _last_timeline, dos_clock_seconds); a negative
+ * caller_cores refused. Run from here, defined in the other files of the test: the calls that need
+ * no runtime (the options' defaults, the GPU memory that the budgets may need: test_c_api_plain.c);
+ * the overlapped update against the plain step, bit for bit, and its bad calls
+ * (test_c_api_overlap.c); the compact master against the full one, bit for bit
+ * (test_c_api_compact.c). test_c_api.h says what they share. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -28,8 +25,9 @@
 #include <cmocka.h>
 
 #include "dos_c.h"
+#include "test_c_api.h"
 
-static dos_runtime* g_rt = NULL;
+dos_runtime* g_rt = NULL;
 
 static int setup(void** state) {
   (void)state;
@@ -43,18 +41,11 @@ static int teardown(void** state) {
   return 0;
 }
 
-/* test_c_api_plain.c: the calls that need no runtime */
-void test_defaults(void** state);
-void test_gpu_memory_for_budgets(void** state);
-
-enum { N0 = 700, N1 = 301, N = N0 + N1 };
-
-enum { STEPS = 4 };
 
 /* The gradient of element i at step t (1-based): signs and sizes vary from step to step, so that
  * beta1 and beta2 matter from the second step on; one element in 10 is tiny (1e-5 scale), so that
  * eps matters. */
-static float grad_at(int i, int t) {
+float grad_at(int i, int t) {
   const double g = 0.01 * (((i * 37 + 11 * t) % 19) - 9) * (1 + 0.3 * t);
   return (float)(i % 10 == 3 ? g * 1e-3 : g);
 }
@@ -144,7 +135,7 @@ static void step_and_check(const dos_optimizer_options* o) {
   dos_optimizer_destroy(opt);
 }
 
-static dos_optimizer_options fp32_options(void) {
+dos_optimizer_options fp32_options(void) {
   dos_optimizer_options o;
   dos_optimizer_options_init(&o);
   o.dtype = DOS_DTYPE_FP32;
@@ -318,129 +309,8 @@ static void test_bad_options(void** state) {
   step_and_check(&o);
 }
 
-/* ---- the overlapped update ---- */
-
-/* Two optimizers over equal fp32 host tensors (N elements in two tensors, subgroups of 256): one
- * stepped plainly, one overlapped; everything the C ABI can read must be the same bits. */
-struct pair {
-  float pa[N], ga[N], pb[N], gb[N];
-  dos_optimizer *plain, *over;
-};
-
-static void pair_create(struct pair* q, int64_t speculation_budget) {
-  for (int i = 0; i < N; ++i) q->pa[i] = q->pb[i] = (float)cos(0.11 * i);
-  dos_optimizer_options o = fp32_options();
-  o.speculation_budget = speculation_budget;
-  void* pa[2] = {q->pa, q->pa + N0};
-  void* ga[2] = {q->ga, q->ga + N0};
-  void* pb[2] = {q->pb, q->pb + N0};
-  void* gb[2] = {q->gb, q->gb + N0};
-  const size_t numels[2] = {N0, N1};
-  assert_int_equal(dos_optimizer_create(g_rt, 2, pa, ga, numels, &o, &q->plain), DOS_OK);
-  assert_int_equal(dos_optimizer_create(g_rt, 2, pb, gb, numels, &o, &q->over), DOS_OK);
-}
-
-static void expect_same_bits(struct pair* q) {
-  static float a[N], b[N];
-  for (int which = 0; which < 3; ++which) {
-    assert_int_equal(dos_optimizer_read_state(q->plain, which, a), DOS_OK);
-    assert_int_equal(dos_optimizer_read_state(q->over, which, b), DOS_OK);
-    if (memcmp(a, b, sizeof a) != 0) fail_msg("state %d differs between the plain and the overlapped update", which);
-  }
-  if (memcmp(q->pa, q->pb, sizeof q->pa) != 0) fail_msg("the caller's parameters differ");
-  int64_t sa[8], sb[8];
-  const size_t ns = dos_optimizer_num_subgroups(q->plain);
-  assert_true(ns <= 8);
-  assert_int_equal(dos_optimizer_step_counts(q->plain, sa), DOS_OK);
-  assert_int_equal(dos_optimizer_step_counts(q->over, sb), DOS_OK);
-  assert_memory_equal(sa, sb, ns * sizeof(int64_t));
-}
-
-enum kind { KEEP, CHANGED, SKIP, PARTIAL };
-
-/* Steps both through keep, changed, skip, a half-declared keep and changed again; returns the
- * speculative updates of the overlapped one over all steps. */
-static size_t run_verdicts(int64_t speculation_budget) {
-  static struct pair q;
-  pair_create(&q, speculation_budget);
-  const enum kind steps[] = {KEEP, CHANGED, SKIP, PARTIAL, KEEP, CHANGED};
-  size_t speculated = 0;
-  for (int t = 0; t < (int)(sizeof steps / sizeof steps[0]); ++t) {
-    const enum kind k = steps[t];
-    for (int i = 0; i < N; ++i) q.ga[i] = q.gb[i] = (float)(sin(0.37 * i + 1.3 * t) * (i % 7 == 0 ? 3.0 : 0.01));
-    if (k == SKIP) q.gb[N / 3] = NAN;
-    dos_step_stats s;
-    if (k != SKIP) {
-      if (k == CHANGED)
-        for (int i = 0; i < N; ++i) q.ga[i] *= 0.25f;
-      assert_int_equal(dos_optimizer_step(q.plain, &s), DOS_OK);
-      assert_int_equal(s.overlapped, 0);
-      assert_int_equal(s.speculated, 0);
-    }
-    assert_int_equal(dos_optimizer_begin_step(q.over), DOS_OK);
-    assert_int_equal(dos_optimizer_step_open(q.over), 1);
-    /* as backward makes them: the last tensor first, in pieces across the subgroups' bounds */
-    const size_t lo_end = k == PARTIAL ? N / 2 : 0;
-    size_t hi = N;
-    while (hi > lo_end) {
-      const size_t lo = hi > lo_end + 300 ? hi - 300 : lo_end;
-      assert_int_equal(dos_optimizer_gradients_final(q.over, lo, hi), DOS_OK);
-      hi = lo;
-    }
-    int verdict = DOS_VERDICT_KEEP;
-    if (k == CHANGED) {
-      for (int i = 0; i < N; ++i) q.gb[i] *= 0.25f; /* after the declaration, as clipping does */
-      verdict = DOS_VERDICT_CHANGED;
-    }
-    if (k == SKIP) verdict = DOS_VERDICT_SKIP;
-    memset(&s, 0xab, sizeof s);
-    if (t % 2 == 1) {
-      /* as when the next forward overlaps the phase: each range's parameters as soon as they are
-       * written, then the rest */
-      assert_int_equal(dos_optimizer_finish_step_async(q.over, verdict), DOS_OK);
-      assert_int_equal(dos_optimizer_step_open(q.over), 1);
-      assert_int_equal(dos_optimizer_begin_step(q.over), DOS_E_INVALID);
-      assert_int_equal(dos_optimizer_finish_step(q.over, verdict, &s), DOS_E_INVALID);
-      assert_int_equal(dos_optimizer_wait_parameters(q.over, 0, (size_t)N + 1), DOS_E_INVALID);
-      for (size_t lo = 0; lo < (size_t)N; lo += 250) {
-        const size_t hi = lo + 250 < (size_t)N ? lo + 250 : (size_t)N;
-        assert_int_equal(dos_optimizer_wait_parameters(q.over, lo, hi), DOS_OK);
-        if (k != SKIP)
-          for (size_t i = lo; i < hi; ++i) assert_true(memcmp(&q.pa[i], &q.pb[i], sizeof q.pa[i]) == 0);
-      }
-      assert_int_equal(dos_optimizer_wait_step(q.over, &s), DOS_OK);
-      assert_int_equal(dos_optimizer_wait_step(q.over, &s), DOS_E_INVALID);
-    } else {
-      assert_int_equal(dos_optimizer_finish_step(q.over, verdict, &s), DOS_OK);
-    }
-    assert_int_equal(dos_optimizer_step_open(q.over), 0);
-    assert_int_equal(s.overlapped, 1);
-    assert_int_equal(s.skipped, k == SKIP);
-    assert_int_equal(s.params, N);
-    assert_true(s.exposed_seconds >= 0 && s.exposed_seconds <= s.seconds);
-    assert_true(s.hidden_params <= N);
-    if (k == CHANGED) assert_int_equal(s.redone, s.speculated);
-    else assert_int_equal(s.redone, 0);
-    if (speculation_budget == 0) assert_int_equal(s.speculated, 0);
-    if (k == SKIP) assert_int_equal(s.subgroups_cpu + s.subgroups_gpu, 0);
-    speculated += s.speculated;
-    expect_same_bits(&q);
-  }
-  dos_optimizer_destroy(q.plain);
-  dos_optimizer_destroy(q.over);
-  return speculated;
-}
-
-static void test_overlap_same_bits(void** state) {
-  (void)state;
-  const size_t spec = run_verdicts(-1);
-  printf("overlapped vs plain: %zu speculative subgroup updates, same bits\n", spec);
-  assert_true(spec > 0); /* the cpu plan puts every subgroup on the CPU */
-  assert_int_equal(run_verdicts(0), 0); /* no budget: nothing speculated, the same bits still */
-}
-
 /* An fp32 optimizer over one tensor of N elements (parameters p, gradients g) on g_rt. */
-static dos_optimizer* one_tensor_optimizer(float* p, float* g) {
+dos_optimizer* one_tensor_optimizer(float* p, float* g) {
   dos_optimizer_options o = fp32_options();
   void* params[1] = {p};
   void* grads[1] = {g};
@@ -602,89 +472,6 @@ static void test_master_ranges(void** state) {
   dos_optimizer_destroy(b);
 }
 
-static void test_overlap_bad_calls(void** state) {
-  (void)state;
-  static float p[N], g[N], buf[N];
-  memset(p, 0, sizeof p);
-  memset(g, 0, sizeof g);
-  dos_optimizer* opt = one_tensor_optimizer(p, g);
-  dos_step_stats s;
-  int64_t steps[8];
-  /* NULL handles */
-  assert_int_equal(dos_optimizer_begin_step(NULL), DOS_E_INVALID);
-  assert_int_equal(dos_optimizer_gradients_final(NULL, 0, 1), DOS_E_INVALID);
-  assert_int_equal(dos_optimizer_finish_step(NULL, DOS_VERDICT_KEEP, &s), DOS_E_INVALID);
-  assert_int_equal(dos_optimizer_step_open(NULL), 0);
-  /* outside a phase */
-  assert_int_equal(dos_optimizer_gradients_final(opt, 0, 1), DOS_E_INVALID);
-  assert_non_null(strstr(dos_last_error(), "no update phase is open"));
-  assert_int_equal(dos_optimizer_finish_step(opt, DOS_VERDICT_KEEP, &s), DOS_E_INVALID);
-  assert_non_null(strstr(dos_last_error(), "no update phase is open"));
-  /* inside one */
-  assert_int_equal(dos_optimizer_begin_step(opt), DOS_OK);
-  assert_int_equal(dos_optimizer_begin_step(opt), DOS_E_INVALID);
-  assert_non_null(strstr(dos_last_error(), "an update phase is open"));
-  assert_int_equal(dos_optimizer_gradients_final(opt, 0, N + 1), DOS_E_INVALID);
-  assert_non_null(strstr(dos_last_error(), "is not inside"));
-  assert_int_equal(dos_optimizer_gradients_final(opt, 5, 4), DOS_E_INVALID);
-  assert_int_equal(dos_optimizer_gradients_final(opt, 0, 10), DOS_OK);
-  assert_int_equal(dos_optimizer_gradients_final(opt, 7, 7), DOS_OK); /* empty: nothing */
-  assert_int_equal(dos_optimizer_gradients_final(opt, 9, 11), DOS_E_INVALID);
-  assert_non_null(strstr(dos_last_error(), "declared final before"));
-  assert_int_equal(dos_optimizer_step_open(opt), 1); /* still open, still usable */
-  assert_int_equal(dos_optimizer_step(opt, &s), DOS_E_INVALID);
-  assert_non_null(strstr(dos_last_error(), "dos_optimizer_step: an update phase is open"));
-  assert_int_equal(dos_optimizer_set_hyper(opt, 1e-3, 0.9, 0.999, 1e-8, 0, 1), DOS_E_INVALID);
-  assert_int_equal(dos_optimizer_read_state(opt, 0, buf), DOS_E_INVALID);
-  assert_int_equal(dos_optimizer_step_counts(opt, steps), DOS_E_INVALID);
-  assert_int_equal(dos_optimizer_load_state(opt, buf, buf, buf, steps, dos_optimizer_num_subgroups(opt)), DOS_E_INVALID);
-  assert_int_equal(dos_optimizer_finish_step(opt, 3, &s), DOS_E_INVALID);
-  assert_non_null(strstr(dos_last_error(), "verdict must be"));
-  assert_int_equal(dos_optimizer_finish_step(opt, -1, &s), DOS_E_INVALID);
-  assert_int_equal(dos_optimizer_step_open(opt), 1);
-  assert_int_equal(dos_optimizer_gradients_final(opt, 10, N), DOS_OK);
-  assert_int_equal(dos_optimizer_finish_step(opt, DOS_VERDICT_KEEP, NULL), DOS_OK); /* stats may be NULL */
-  assert_int_equal(dos_optimizer_step_open(opt), 0);
-  const size_t ns = dos_optimizer_num_subgroups(opt);
-  assert_int_equal(dos_optimizer_step_counts(opt, steps), DOS_OK);
-  for (size_t i = 0; i < ns; ++i) assert_int_equal(steps[i], 1); /* the phase ran whole */
-  assert_int_equal(dos_optimizer_step(opt, &s), DOS_OK);
-  assert_int_equal(dos_optimizer_step_counts(opt, steps), DOS_OK);
-  for (size_t i = 0; i < ns; ++i) assert_int_equal(steps[i], 2);
-  assert_int_equal(dos_optimizer_wait_step(opt, &s), DOS_E_INVALID); /* nothing finished asynchronously */
-  assert_int_equal(dos_optimizer_wait_parameters(opt, 0, N), DOS_OK); /* no phase: the parameters are current */
-  assert_int_equal(dos_optimizer_wait_parameters(opt, 3, 2), DOS_E_INVALID);
-  assert_int_equal(dos_optimizer_finish_step_async(opt, DOS_VERDICT_KEEP), DOS_E_INVALID); /* none open */
-  assert_int_equal(dos_optimizer_begin_step(opt), DOS_OK);
-  assert_int_equal(dos_optimizer_wait_parameters(opt, 0, N), DOS_E_INVALID); /* open, not finished */
-  assert_int_equal(dos_optimizer_finish_step_async(opt, 7), DOS_E_INVALID);
-  assert_int_equal(dos_optimizer_finish_step_async(opt, DOS_VERDICT_KEEP), DOS_OK);
-  assert_int_equal(dos_optimizer_wait_step(opt, NULL), DOS_OK);
-  assert_int_equal(dos_optimizer_step_counts(opt, steps), DOS_OK);
-  for (size_t i = 0; i < ns; ++i) assert_int_equal(steps[i], 3);
-  /* a plain step left running: not an overlapped phase */
-  assert_int_equal(dos_optimizer_step_async(NULL), DOS_E_INVALID);
-  assert_int_equal(dos_optimizer_step_async(opt), DOS_OK);
-  assert_int_equal(dos_optimizer_step_async(opt), DOS_E_INVALID); /* one runs */
-  assert_non_null(strstr(dos_last_error(), "without dos_optimizer_wait_step"));
-  assert_int_equal(dos_optimizer_wait_parameters(opt, 0, N), DOS_OK);
-  assert_int_equal(dos_optimizer_wait_step(opt, &s), DOS_OK);
-  assert_int_equal(s.overlapped, 0);
-  assert_true(s.exposed_seconds >= 0 && s.exposed_seconds <= s.seconds);
-  assert_int_equal(dos_optimizer_step_counts(opt, steps), DOS_OK);
-  for (size_t i = 0; i < ns; ++i) assert_int_equal(steps[i], 4);
-  /* destroyed while a phase finished asynchronously runs: it runs to its end, nothing leaks */
-  assert_int_equal(dos_optimizer_begin_step(opt), DOS_OK);
-  assert_int_equal(dos_optimizer_finish_step_async(opt, DOS_VERDICT_KEEP), DOS_OK);
-  dos_optimizer_destroy(opt);
-  opt = NULL;
-  opt = one_tensor_optimizer(p, g);
-  /* destroyed with a phase open (and a speculative update in flight): dropped, nothing leaks */
-  assert_int_equal(dos_optimizer_begin_step(opt), DOS_OK);
-  assert_int_equal(dos_optimizer_gradients_final(opt, 0, N), DOS_OK);
-  dos_optimizer_destroy(opt);
-}
-
 /* Seconds of CPU time the whole process (StarPU's threads included) uses over `wall` seconds of
  * sleep. */
 static double process_cpu_over(double wall) {
@@ -798,163 +585,6 @@ static void test_timeline(void** state) {
   assert_int_equal(dos_optimizer_last_timeline(opt, NULL, 0, &count, NULL), DOS_OK);
   assert_int_equal(count, 0);
   dos_optimizer_destroy(opt);
-}
-
-/* ---- the compact master (options.compact_master) ---- */
-
-/* fp32 -> bf16, round to nearest even (finite values; what the runtime writes into bf16
- * parameters), and back: this file's own reference, not the runtime's. */
-static uint16_t to_bf16(float f) {
-  uint32_t u;
-  memcpy(&u, &f, sizeof u);
-  return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
-}
-static float from_bf16(uint16_t h) {
-  const uint32_t u = (uint32_t)h << 16;
-  float f;
-  memcpy(&f, &u, sizeof f);
-  return f;
-}
-
-enum { CSUB = 100 }; /* subgroups of 100 elements: not a multiple of 8 (the packed rounding bits' bytes
-                        straddle subgroups) nor of 32; the last one holds 1 element */
-
-/* Two bf16 optimizers (tensors of N0 and N1 elements in host memory) over equal parameters:
- * `full` with compact_master 0, `compact` with 1. */
-struct compact_pair {
-  uint16_t pf[N], gf[N], pc[N], gc[N];
-  dos_optimizer *full, *compact;
-};
-
-static void compact_pair_create(struct compact_pair* q) {
-  for (int i = 0; i < N; ++i) q->pf[i] = q->pc[i] = to_bf16((float)(0.7 * sin(0.37 * i) + (i % 7 == 0 ? 3e-3 : 0)));
-  dos_optimizer_options o = fp32_options();
-  o.dtype = DOS_DTYPE_BF16;
-  o.subgroup_size = CSUB;
-  void* pf[2] = {q->pf, q->pf + N0};
-  void* gf[2] = {q->gf, q->gf + N0};
-  void* pc[2] = {q->pc, q->pc + N0};
-  void* gc[2] = {q->gc, q->gc + N0};
-  const size_t numels[2] = {N0, N1};
-  assert_int_equal(dos_optimizer_create(g_rt, 2, pf, gf, numels, &o, &q->full), DOS_OK);
-  o.compact_master = 1;
-  assert_int_equal(dos_optimizer_create(g_rt, 2, pc, gc, numels, &o, &q->compact), DOS_OK);
-}
-
-/* The bf16 gradients of step t, the same for both optimizers. */
-static void compact_pair_grads(struct compact_pair* q, int t) {
-  for (int i = 0; i < N; ++i) q->gf[i] = q->gc[i] = to_bf16(grad_at(i, t));
-}
-
-/* Everything the C ABI reads is the same bits in both: the caller's parameters, master, exp_avg,
- * exp_avg_sq (dos_optimizer_read_state, and the masters of a range spanning subgroups through
- * dos_optimizer_read_masters), the step counts; and each parameter is its master rounded to bf16. */
-static void expect_compact_same_bits(struct compact_pair* q, const char* when) {
-  static float a[N], b[N];
-  if (memcmp(q->pf, q->pc, sizeof q->pf) != 0) fail_msg("%s: the caller's parameters differ", when);
-  for (int which = 0; which < 3; ++which) {
-    assert_int_equal(dos_optimizer_read_state(q->full, which, a), DOS_OK);
-    assert_int_equal(dos_optimizer_read_state(q->compact, which, b), DOS_OK);
-    if (memcmp(a, b, sizeof a) != 0) fail_msg("%s: state %d differs between the full and the compact master", when, which);
-    if (which == 0)
-      for (int i = 0; i < N; ++i)
-        if (q->pc[i] != to_bf16(b[i]))
-          fail_msg("%s: element %d's parameter 0x%04x is not its master %.9g rounded (0x%04x)", when, i, q->pc[i], b[i],
-                   to_bf16(b[i]));
-  }
-  assert_int_equal(dos_optimizer_read_masters(q->full, 150, 820, a), DOS_OK);
-  assert_int_equal(dos_optimizer_read_masters(q->compact, 150, 820, b), DOS_OK);
-  if (memcmp(a, b, (820 - 150) * sizeof(float)) != 0) fail_msg("%s: dos_optimizer_read_masters differs", when);
-  int64_t sa[16], sb[16];
-  const size_t ns = dos_optimizer_num_subgroups(q->full);
-  assert_true(ns <= 16);
-  assert_int_equal(dos_optimizer_step_counts(q->full, sa), DOS_OK);
-  assert_int_equal(dos_optimizer_step_counts(q->compact, sb), DOS_OK);
-  assert_memory_equal(sa, sb, ns * sizeof(int64_t));
-}
-
-/* A bf16 compact optimizer on host memory against a full one, bit for bit: after each of STEPS
- * plain steps; after a range of masters written (the compact form writes the caller's parameters
- * at once, with the values' rounding; the full form leaves them until the next step) and a step;
- * after a whole state loaded into both and a step; through the overlapped calls (begin_step,
- * gradients_final, finish_step: nothing speculated, the same bits). The masters move away from
- * their bf16 rounding (checked), so that the low halves and rounding bits carry something. */
-static void test_compact_master(void** state) {
-  (void)state;
-  static struct compact_pair q;
-  static float m[N], v[N], s[N], part[N];
-  compact_pair_create(&q);
-  assert_int_equal(dos_optimizer_num_subgroups(q.compact), (N + CSUB - 1) / CSUB);
-  expect_compact_same_bits(&q, "at creation");
-  int t = 1;
-  for (; t <= STEPS; ++t) {
-    compact_pair_grads(&q, t);
-    assert_int_equal(dos_optimizer_step(q.full, NULL), DOS_OK);
-    dos_step_stats st;
-    assert_int_equal(dos_optimizer_step(q.compact, &st), DOS_OK);
-    assert_int_equal(st.params, N);
-    assert_int_equal(st.step, t);
-    char when[32];
-    snprintf(when, sizeof when, "after step %d", t);
-    expect_compact_same_bits(&q, when);
-  }
-  assert_int_equal(dos_optimizer_read_state(q.compact, 0, m), DOS_OK);
-  int off_grid = 0; /* masters a bf16 parameter cannot hold: what lo and r keep */
-  for (int i = 0; i < N; ++i) off_grid += from_bf16(to_bf16(m[i])) != m[i];
-  assert_true(off_grid > N / 2);
-
-  /* a range of masters written, spanning subgroups and both tensors */
-  const size_t lo = 450, hi = 760;
-  for (size_t i = 0; i < hi - lo; ++i) part[i] = (float)(0.3 - 0.00123 * (double)i);
-  static uint16_t pf_before[N];
-  memcpy(pf_before, q.pf, sizeof q.pf);
-  assert_int_equal(dos_optimizer_write_masters(q.full, lo, hi, part), DOS_OK);
-  assert_int_equal(dos_optimizer_write_masters(q.compact, lo, hi, part), DOS_OK);
-  assert_memory_equal(q.pf, pf_before, sizeof q.pf); /* the full form: the parameters stay */
-  for (size_t i = 0; i < N; ++i) {
-    const uint16_t want = (i >= lo && i < hi) ? to_bf16(part[i - lo]) : pf_before[i];
-    if (q.pc[i] != want) fail_msg("compact, masters written: element %zu's parameter 0x%04x, expected 0x%04x", i, q.pc[i], want);
-  }
-  assert_int_equal(dos_optimizer_read_masters(q.compact, lo, hi, m), DOS_OK);
-  assert_memory_equal(m, part, (hi - lo) * sizeof(float));
-  compact_pair_grads(&q, t);
-  assert_int_equal(dos_optimizer_step(q.full, NULL), DOS_OK);
-  assert_int_equal(dos_optimizer_step(q.compact, NULL), DOS_OK);
-  expect_compact_same_bits(&q, "after masters written and a step");
-  ++t;
-
-  /* a whole state loaded into both (the full one's, masters off the bf16 grid), then a step */
-  assert_int_equal(dos_optimizer_read_state(q.full, 0, m), DOS_OK);
-  assert_int_equal(dos_optimizer_read_state(q.full, 1, v), DOS_OK);
-  assert_int_equal(dos_optimizer_read_state(q.full, 2, s), DOS_OK);
-  for (int i = 0; i < N; ++i) m[i] = m[i] * 1.0009765625f + 1e-7f; /* masters between bf16 values */
-  const size_t ns = dos_optimizer_num_subgroups(q.full);
-  int64_t steps[16];
-  assert_int_equal(dos_optimizer_step_counts(q.full, steps), DOS_OK);
-  assert_int_equal(dos_optimizer_load_state(q.full, m, v, s, steps, ns), DOS_OK);
-  assert_int_equal(dos_optimizer_load_state(q.compact, m, v, s, steps, ns), DOS_OK);
-  for (int i = 0; i < N; ++i)
-    if (q.pc[i] != to_bf16(m[i])) fail_msg("compact, state loaded: element %d's parameter is not the master rounded", i);
-  expect_compact_same_bits(&q, "after a state loaded");
-  compact_pair_grads(&q, t);
-  assert_int_equal(dos_optimizer_step(q.full, NULL), DOS_OK);
-  assert_int_equal(dos_optimizer_step(q.compact, NULL), DOS_OK);
-  expect_compact_same_bits(&q, "after a state loaded and a step");
-  ++t;
-
-  /* the overlapped calls: the CPU's subgroups updated speculatively (out of place), kept by the verdict */
-  compact_pair_grads(&q, t);
-  assert_int_equal(dos_optimizer_step(q.full, NULL), DOS_OK);
-  assert_int_equal(dos_optimizer_begin_step(q.compact), DOS_OK);
-  assert_int_equal(dos_optimizer_gradients_final(q.compact, 0, N), DOS_OK);
-  dos_step_stats st;
-  assert_int_equal(dos_optimizer_finish_step(q.compact, DOS_VERDICT_KEEP, &st), DOS_OK);
-  assert_true(st.speculated > 0);
-  assert_int_equal(st.redone, 0);
-  assert_int_equal(st.overlapped, 1);
-  expect_compact_same_bits(&q, "after an overlapped step");
-  dos_optimizer_destroy(q.full);
-  dos_optimizer_destroy(q.compact);
 }
 
 /* dos_runtime_create_for_caller refuses a negative caller_cores (before anything starts) and a NULL

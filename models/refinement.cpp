@@ -12,7 +12,35 @@ namespace {
 void require_complete(const Rates& r) {
   if (!rates_complete(r)) throw std::invalid_argument("refine_rates: every rate must be a positive number");
 }
+
+// The bounds, on the final rates (each depends on the other): below its floor U_c_dma no longer
+// changes host memory's M (it is at what CPU Adam or both links get alone) and refining further
+// would only drift; above its cap link_share gives the links more than they ask. Raising U_c_dma
+// lowers link_share's cap and lowering link_share raises U_c_dma's floor: a few rounds settle.
+void settle_bounds(const Workload& w, Rates& q, std::size_t cpu_workers) {
+  for (int round = 0; round < 4; ++round) {
+    q.link_share = std::min(highest_link_share(q), std::max(kLowestLinkShare, q.link_share));
+    q.U_c_dma = std::min(q.U_c, std::max(q.U_c_dma, lowest_distinct_u_c_dma(w, q, cpu_workers)));
+  }
+  q.link_share = std::min(highest_link_share(q), q.link_share);
+}
 }  // namespace
+
+Rates cap_links(const Workload& w, const Rates& r, const Rates& calibrated, std::size_t cpu_workers) {
+  require_complete(r);
+  Rates q = r;
+  bool capped = false;
+  auto cap = [&](double& rate, double calibrated_rate) {
+    if (calibrated_rate > 0 && std::isfinite(calibrated_rate) && rate > kLinkCeiling * calibrated_rate) {
+      rate = kLinkCeiling * calibrated_rate;
+      capped = true;
+    }
+  };
+  cap(q.B_h2d, calibrated.B_h2d);
+  cap(q.B_d2h, calibrated.B_d2h);
+  if (capped) settle_bounds(w, q, cpu_workers);
+  return q;
+}
 
 Refined refine_rates(const Workload& w, const Rates& r, const PhaseMeasure& m, const Simulation& sim,
                      std::size_t cpu_workers, bool link_share_measured, bool u_c_measured) {
@@ -102,15 +130,7 @@ Refined refine_rates(const Workload& w, const Rates& r, const PhaseMeasure& m, c
       scale_links(sim.stream_end / m.stream_end_seconds);
     }
   }
-  // The bounds, on the final rates (each depends on the other): below its floor U_c_dma no longer
-  // changes host memory's M (it is at what CPU Adam or both links get alone) and refining further
-  // would only drift; above its cap link_share gives the links more than they ask. Raising U_c_dma
-  // lowers link_share's cap and lowering link_share raises U_c_dma's floor: a few rounds settle.
-  for (int round = 0; round < 4; ++round) {
-    q.link_share = std::min(highest_link_share(q), std::max(kLowestLinkShare, q.link_share));
-    q.U_c_dma = std::min(q.U_c, std::max(q.U_c_dma, lowest_distinct_u_c_dma(w, q, cpu_workers)));
-  }
-  q.link_share = std::min(highest_link_share(q), q.link_share);
+  settle_bounds(w, q, cpu_workers);
   out.link_share_measured = link_share_measured || out.link_share_applied;
   return out;
 }

@@ -180,6 +180,28 @@ Refined refine_after_phase(const Workload& w, const Rates& r, const PhaseMeasure
                            std::size_t cpu_workers, bool link_share_measured, bool first_streamed,
                            bool u_c_measured = true);
 
+/// The most the refinement lets a link rate grow: kLinkCeiling times its calibrated value
+/// (unitless; cap_links). The calibration measures each link with both directions running at once;
+/// one direction alone moves a little more (on the GPU machine 55.4 GB/s against 50.7 each way at
+/// once, 1.09x), and the calibration's figure has read low on H100s (36.7 GB/s device to host in
+/// one calibration, where an H100's all-streamed phases moved 40-42 GB/s each way), so the ceiling
+/// leaves 1.25x.
+inline constexpr double kLinkCeiling = 1.25;
+
+/// `r` with B_h2d and B_d2h each at most kLinkCeiling times `calibrated`'s (a calibrated rate that
+/// is not a positive number caps nothing), then, where a link was capped, link_share and U_c_dma
+/// brought back within their bounds as refine_rates leaves them (link_share at most
+/// highest_link_share, U_c_dma at least lowest_distinct_u_c_dma of w and cpu_workers); r unchanged
+/// otherwise. The runtime applies it to the rates it starts from (a rates file's or the cache's,
+/// against their calibrated rates) and after every refinement step (refine_after_phase): in a mixed
+/// phase whose streams end sooner than simulated with link_share at its cap, refine_rates gives the
+/// rest of the error to B, and nothing else stops it there. Measured on an H100 (the GPT shapes of
+/// 1.01e9 parameters, 21 subgroups of 5e7, compact master, dos-train's sweep of streamed
+/// fractions): B_h2d grew to about 80 GB/s over the mixed phases, the plan then streamed 19 of the
+/// 21 subgroups, predicted at 0.122 s, and ran 0.234-0.248 s, 21.6% slower than the sweep's fastest
+/// plan (6 of 21 streamed). Throws std::invalid_argument when a rate of r is not a positive number.
+Rates cap_links(const Workload& w, const Rates& r, const Rates& calibrated, std::size_t cpu_workers = 1);
+
 /// How recent phases went against their predictions, for the outlier rule (hold_outlier_phase):
 /// each phase's ratio measured seconds / predicted seconds (unitless; the prediction is the
 /// simulation of the plan as it ran, at the rates it was made with). count: phases recorded (refined

@@ -119,7 +119,9 @@ bool Optimizer::Impl::refine(const PhaseMeasure& m, const Simulation& sim, bool 
   if (held) return true;
   const Refined r = refine_after_phase(workload, rates, m, sim, rt.cpu_workers(), link_share_record.measured,
                                        first_streamed, u_c_measured);
-  rates = r.rates;
+  // the links no faster than kLinkCeiling times their calibrated rates: a mixed phase's streams
+  // ending sooner than simulated would otherwise raise B without bound (models/refinement.h)
+  rates = cap_links(workload, r.rates, calibrated_rates, rt.cpu_workers());
   u_c_measured = r.u_c_measured;
   refined = refined || r.applied;
   link_share_record = record_phase(link_share_record, r);

@@ -444,6 +444,59 @@ void test_bounds_after_a_step(void**) {
   ASSERT_NEAR(kept.rates.link_share, 0.5, 0.0);
 }
 
+// The links' ceiling (cap_links): phases whose streams ran alone and ended at half their simulated
+// end ask the links for 2x; each step goes half way (1.5x), so two steps already pass
+// kLinkCeiling = 1.25x of the calibrated rates (4.9e10, 5.1e10: 6.125e10, 6.375e10). With
+// cap_links after each step, as the runtime applies it, they stop there and the bounds hold;
+// rates under the ceiling, and a calibrated rate of 0, cap nothing.
+void test_link_ceiling(void**) {
+  const dos::Workload w = quarter_20b();
+  dos::Simulation sim;
+  sim.stream_end = 1.0;
+  sim.stream_alone = 1.0;  // the streams alone: the error goes to B
+  dos::PhaseMeasure m;
+  m.streamed = 10;
+  m.stream_end_seconds = 0.5;
+  dos::Rates raw = kRates, capped = kRates;
+  for (int step = 0; step < 6; ++step) {
+    raw = dos::refine_rates(w, raw, m, sim).rates;
+    capped = dos::cap_links(w, dos::refine_rates(w, capped, m, sim).rates, kRates);
+  }
+  assert_true(raw.B_h2d > 1.9 * kRates.B_h2d);  // without the ceiling, nothing stops it
+  ASSERT_NEAR(capped.B_h2d, 6.125e10, 1.0);
+  ASSERT_NEAR(capped.B_d2h, 6.375e10, 1.0);
+  assert_true(capped.link_share <= dos::highest_link_share(capped));
+  assert_true(capped.U_c_dma >= dos::lowest_distinct_u_c_dma(w, capped, 1) - 1.0 && capped.U_c_dma <= capped.U_c);
+  // the bounds settled on the capped links: the same as refine_rates' own bounds on those rates
+  dos::Rates over = kRates;
+  over.B_h2d = 3 * kRates.B_h2d;
+  over.B_d2h = 3 * kRates.B_d2h;
+  over.link_share = 0.4;
+  over.U_c_dma = 1e9;
+  const dos::Rates back = dos::cap_links(w, over, kRates);
+  ASSERT_NEAR(back.B_h2d, 1.25 * kRates.B_h2d, 1.0);
+  ASSERT_NEAR(back.B_d2h, 1.25 * kRates.B_d2h, 1.0);
+  assert_true(back.U_c_dma >= dos::lowest_distinct_u_c_dma(w, back, 1) - 1.0);
+  assert_true(back.link_share <= dos::highest_link_share(back) && back.link_share >= dos::kLowestLinkShare);
+  ASSERT_NEAR(back.U_c, kRates.U_c, 0.0);
+  ASSERT_NEAR(back.U_g, kRates.U_g, 0.0);
+  // under the ceiling: unchanged, bounds untouched
+  dos::Rates under = kRates;
+  under.B_h2d = 1.2 * kRates.B_h2d;
+  under.U_c_dma = 1e9;
+  under.link_share = 0.4;
+  assert_same_rates(dos::cap_links(w, under, kRates), under);
+  // a calibrated rate that is not a positive number caps nothing
+  dos::Rates no_cal = kRates;
+  no_cal.B_h2d = 0;
+  no_cal.B_d2h = std::nan("");
+  assert_same_rates(dos::cap_links(w, over, no_cal), over);
+  // rates that are not all positive: refused
+  dos::Rates bad = kRates;
+  bad.U_c = 0;
+  assert_true(throws_invalid_argument([&] { dos::cap_links(w, bad, kRates); }));
+}
+
 // A calibrated B that is wrong (1.3x and 0.8x the machine's), phases of dos's own plans: what the
 // refinement cannot tell apart goes into link_share (refinement.h), but the plans it runs must
 // still be predicted within 3% and settle within 3% of the machine's best.
@@ -659,7 +712,7 @@ int main() {
       cmocka_unit_test(test_closed_loop_fixed_plan), cmocka_unit_test(test_closed_loop_chosen_plans),
       cmocka_unit_test(test_sweep_links_beside_cpu), cmocka_unit_test(test_host_shares),
       cmocka_unit_test(test_link_share), cmocka_unit_test(test_link_share_first_measure), cmocka_unit_test(test_link_share_is_measured), cmocka_unit_test(test_first_link_share_closed_loop), cmocka_unit_test(test_bounds_after_a_step),
-      cmocka_unit_test(test_closed_loop_wrong_b),
+      cmocka_unit_test(test_closed_loop_wrong_b), cmocka_unit_test(test_link_ceiling),
       cmocka_unit_test(test_hold_outlier_phase), cmocka_unit_test(test_one_slow_phase),
       cmocka_unit_test(test_odd_phase_predicted_well),
   };

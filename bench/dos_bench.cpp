@@ -40,6 +40,7 @@
 #include <vector>
 
 #include "adam.h"
+#include "compact_master.h"
 #include "host_bench.h"
 #include "overhead_bench.h"
 #include "plan_bench.h"
@@ -323,8 +324,8 @@ int main(int argc, char** argv) {
   }
   const std::size_t n = std::size_t(n_d);
   std::vector<Row> rows;
-  try {  // the CPU side's arrays at their peak (the out-of-place variants' three more): 32 bytes per element
-    dos::check_host_memory(n * 32, "dos-bench kernels --n " + std::to_string(n) + " (32 bytes per element)");
+  try {  // the CPU side's arrays at their peak (the compact rows' seven more beside the first six): 37 bytes per element
+    dos::check_host_memory(n * 37, "dos-bench kernels --n " + std::to_string(n) + " (37 bytes per element)");
   } catch (const std::exception& e) {
     std::fprintf(stderr, "dos-bench kernels: %s\n", e.what());
     return 1;
@@ -384,6 +385,28 @@ int main(int argc, char** argv) {
                       28, roof_adam});
     }
     for (float* q : {p2, m2, v2}) std::free(q);
+  }
+  {  // the compact master (compact_master.h): its step in place, and out of place (a speculative
+     // step's; DOS_COMPACT_INTO says how it writes), bf16 gradients, beside the same roof. Both
+     // must move 26.25 bytes per parameter (14.125 in, 12.125 out); "cache" moves about 10 more
+    const std::size_t nb = dos::compact_round_up_bytes(n);
+    auto* pc = static_cast<std::uint16_t*>(alloc_touched(n * 2));
+    auto* lo = static_cast<std::uint16_t*>(alloc_touched(n * 2));
+    auto* r = static_cast<std::uint8_t*>(alloc_touched(nb));
+    auto* lo2 = static_cast<std::uint16_t*>(alloc_touched(n * 2));
+    auto* r2 = static_cast<std::uint8_t*>(alloc_touched(nb));
+    float* m2 = static_cast<float*>(alloc_touched(n * 4));
+    float* v2 = static_cast<float*>(alloc_touched(n * 4));
+    std::memset(g16, 0, n * 2);
+    rows.push_back({"cpu", "adam compact", "bf16 grad, in place", n,
+                    best_of(reps, [&] { dos::adam_step_compact_cpu(pc, lo, r, m, v, g16, DType::bf16, n, sp); }), 26.25,
+                    roof_adam});
+    rows.push_back({"cpu", "adam compact out of place", std::string("bf16 grad, ") + dos::compact_into_writes(), n,
+                    best_of(reps, [&] { dos::adam_step_compact_into_cpu(lo, r, m, v, pc, lo2, r2, m2, v2, g16, DType::bf16, n, sp); }),
+                    26.25, roof_adam});
+    for (void* q : {static_cast<void*>(pc), static_cast<void*>(lo), static_cast<void*>(r), static_cast<void*>(lo2),
+                    static_cast<void*>(r2), static_cast<void*>(m2), static_cast<void*>(v2)})
+      std::free(q);
   }
   for (dos::DType t : {dos::DType::bf16, dos::DType::fp16}) {
     const std::string name = dos::dtype_name(t);

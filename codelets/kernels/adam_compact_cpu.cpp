@@ -49,10 +49,13 @@ void spread_bits(const std::uint8_t* r, std::uint8_t* rexp, std::size_t n) {
   for (std::size_t j = 0; j < (n + 7) / 8; ++j) std::memcpy(rexp + 8 * j, &t[r[j]], 8);
 }
 
-/// The step over a block: omb1 (1 - beta1) passed apart, see compact_range.
-template <DType G, bool L2>
+/// The step over a block: omb1 (1 - beta1) passed apart, see compact_range. Into: exp_avg and
+/// exp_avg_sq read from m_in and v_in and written to m and v (the out-of-place step; m_in and v_in
+/// unused otherwise, the step reading and writing m and v in place).
+template <DType G, bool L2, bool Into>
 inline __attribute__((always_inline)) void compact_loop(std::uint16_t* __restrict p16, const std::uint16_t* __restrict lo,
                                                         const std::uint8_t* __restrict rexp, float* __restrict kept,
+                                                        const float* __restrict m_in, const float* __restrict v_in,
                                                         float* __restrict m, float* __restrict v,
                                                         const void* __restrict g, std::size_t n, const float omb1,
                                                         const AdamStepParams& sp) {
@@ -62,8 +65,9 @@ inline __attribute__((always_inline)) void compact_loop(std::uint16_t* __restric
   for (std::size_t i = 0; i < n; ++i) {
     const float gi = load_as_f32(g, G, i);
     float mi, vi;
-    const float pi = detail::adam_update<L2>(bits_f32(compact_join(p16[i], lo[i], rexp[i])), mi, vi, gi, m[i], v[i],
-                                             omb1, b2, omb2, eps, step_size, bc2s, l2, decay);
+    const float pi = detail::adam_update<L2>(bits_f32(compact_join(p16[i], lo[i], rexp[i])), mi, vi, gi,
+                                             Into ? m_in[i] : m[i], Into ? v_in[i] : v[i], omb1, b2, omb2, eps,
+                                             step_size, bc2s, l2, decay);
     m[i] = mi;
     v[i] = vi;
     kept[i] = pi;
@@ -71,24 +75,33 @@ inline __attribute__((always_inline)) void compact_loop(std::uint16_t* __restric
   }
 }
 
-template <DType G, bool L2>
+template <DType G, bool L2, bool Into>
 inline __attribute__((always_inline)) void compact_range(std::uint16_t* p16, const std::uint16_t* lo,
-                                                         const std::uint8_t* rexp, float* kept, float* m, float* v,
-                                                         const void* g, std::size_t n, const AdamStepParams& sp) {
+                                                         const std::uint8_t* rexp, float* kept, const float* m_in,
+                                                         const float* v_in, float* m, float* v, const void* g,
+                                                         std::size_t n, const AdamStepParams& sp) {
   // lerp_torch's test of 1 - beta1 < 0.5 is the same on every element: GCC moves such a test out of
   // a loop only below a size that this loop exceeds, and left in, it keeps the loop from being
   // vectorised (4x slower). Made here, each copy of the loop knows its answer.
   const float omb1 = sp.one_minus_beta1;
-  if (omb1 < 0.5f) compact_loop<G, L2>(p16, lo, rexp, kept, m, v, g, n, omb1, sp);
-  else compact_loop<G, L2>(p16, lo, rexp, kept, m, v, g, n, omb1, sp);
+  if (omb1 < 0.5f) compact_loop<G, L2, Into>(p16, lo, rexp, kept, m_in, v_in, m, v, g, n, omb1, sp);
+  else compact_loop<G, L2, Into>(p16, lo, rexp, kept, m_in, v_in, m, v, g, n, omb1, sp);
 }
 
-// One target-cloned function per gradient type (fp16 gradients come as fp32 blocks, as in adam_step_cpu).
-#define DOS_COMPACT_VARIANT(NAME, G)                                                                            \
-  DOS_CLONES void NAME(std::uint16_t* p16, const std::uint16_t* lo, const std::uint8_t* rexp, float* kept,      \
-                       float* m, float* v, const void* g, std::size_t n, const AdamStepParams& sp) {            \
-    if (sp.l2 != 0.0f) compact_range<G, true>(p16, lo, rexp, kept, m, v, g, n, sp);                           \
-    else compact_range<G, false>(p16, lo, rexp, kept, m, v, g, n, sp);                                         \
+// One target-cloned function per gradient type (fp16 gradients come as fp32 blocks, as in
+// adam_step_cpu); m_in and v_in null: in place.
+#define DOS_COMPACT_VARIANT(NAME, G)                                                                               \
+  DOS_CLONES void NAME(std::uint16_t* p16, const std::uint16_t* lo, const std::uint8_t* rexp, float* kept,         \
+                       const float* m_in, const float* v_in, float* m, float* v, const void* g, std::size_t n,     \
+                       const AdamStepParams& sp) {                                                                 \
+    const bool into = m_in != nullptr;                                                                             \
+    if (sp.l2 != 0.0f) {                                                                                           \
+      if (into) compact_range<G, true, true>(p16, lo, rexp, kept, m_in, v_in, m, v, g, n, sp);                     \
+      else compact_range<G, true, false>(p16, lo, rexp, kept, nullptr, nullptr, m, v, g, n, sp);                   \
+    } else {                                                                                                       \
+      if (into) compact_range<G, false, true>(p16, lo, rexp, kept, m_in, v_in, m, v, g, n, sp);                    \
+      else compact_range<G, false, false>(p16, lo, rexp, kept, nullptr, nullptr, m, v, g, n, sp);                  \
+    }                                                                                                              \
   }
 DOS_COMPACT_VARIANT(compact_f32, DType::fp32)
 DOS_COMPACT_VARIANT(compact_bf16, DType::bf16)
@@ -184,8 +197,25 @@ struct CompactSource {
   const float* v;
 };
 
+/// Copies `bytes` from src to dst (not overlapping) with non-temporal stores where dst is 16-byte
+/// aligned (SSE2's, in every x86-64): the lines written go to memory without being read first,
+/// where an ordinary store reads each line it fills. The head before dst's first 16-byte boundary
+/// and the tail after its last go by memcpy. The caller fences (_mm_sfence) before another thread
+/// or a device reads dst.
+void stream_copy(void* dst, const void* src, std::size_t bytes) {
+  auto* d = static_cast<char*>(dst);
+  const auto* s = static_cast<const char*>(src);
+  const std::size_t head = std::min(bytes, (16 - reinterpret_cast<std::uintptr_t>(d) % 16) % 16);
+  std::memcpy(d, s, head);
+  std::size_t i = head;
+  for (; i + 16 <= bytes; i += 16)
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i), _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i)));
+  std::memcpy(d + i, s + i, bytes - i);
+}
+
 /// adam_step_compact_cpu, or with `in` its out-of-place form: each block's lo, r bytes, exp_avg and
-/// exp_avg_sq copied from `in` into the output arrays (in cache) before the step runs on them there.
+/// exp_avg_sq copied from `in` into buffers of the thread's own, stepped there and streamed out
+/// (compact_into_writes "stream"), or copied into the output arrays (in cache) and stepped there.
 void compact_step(const CompactSource* in, std::uint16_t* param, std::uint16_t* master_lo,
                   std::uint8_t* round_up_bits, float* exp_avg, float* exp_avg_sq, const void* grad, DType grad_dtype,
                   std::size_t n, const AdamStepParams& sp) {
@@ -195,11 +225,17 @@ void compact_step(const CompactSource* in, std::uint16_t* param, std::uint16_t* 
   const std::size_t gsz = dtype_size(grad_dtype);
   const std::size_t nchunks = (n + kCpuWorkItem - 1) / kCpuWorkItem;
   const bool dynamic = std::strcmp(cpu_adam_schedule(), "dynamic") == 0;
+  const bool streams = in && std::strcmp(compact_into_writes(), "stream") == 0;
 #pragma omp parallel if (nchunks > 1)
   {
     alignas(64) float kept[kCompactBlock];
     alignas(64) float gbuf[kCompactBlock];
     alignas(64) std::uint8_t rexp[kCompactBlock];
+    // the streamed out-of-place step's new block of state (about 20 KiB, in cache beside the above)
+    alignas(64) std::uint16_t lo_blk[kCompactBlock];
+    alignas(64) std::uint8_t r_blk[kCompactBlock / 8];
+    alignas(64) float m_blk[kCompactBlock];
+    alignas(64) float v_blk[kCompactBlock];
     // each work item owns its elements' bytes of r (kCpuWorkItem is a multiple of 8)
     auto chunk = [&](std::size_t c) {
       const std::size_t end = std::min(n, (c + 1) * kCpuWorkItem);
@@ -213,6 +249,17 @@ void compact_step(const CompactSource* in, std::uint16_t* param, std::uint16_t* 
         std::uint16_t* p = param + off;
         std::uint16_t* lo = master_lo + off;
         std::uint8_t* r = round_up_bits + off / 8;
+        if (streams) {  // the old block stepped into the thread's buffers, then streamed out
+          const std::size_t rbytes = (len + 7) / 8;
+          spread_bits(in->r + off / 8, rexp, len);
+          step(p, in->lo + off, rexp, kept, in->m + off, in->v + off, m_blk, v_blk, g, len, sp);
+          split(kept, p, lo_blk, r_blk, len);
+          stream_copy(lo, lo_blk, len * sizeof(std::uint16_t));
+          stream_copy(r, r_blk, rbytes);
+          stream_copy(exp_avg + off, m_blk, len * sizeof(float));
+          stream_copy(exp_avg_sq + off, v_blk, len * sizeof(float));
+          continue;
+        }
         if (in) {  // the block's old state into the output, where the step then reads it from cache
           std::memcpy(lo, in->lo + off, len * sizeof(std::uint16_t));
           std::memcpy(r, in->r + off / 8, (len + 7) / 8);
@@ -220,7 +267,7 @@ void compact_step(const CompactSource* in, std::uint16_t* param, std::uint16_t* 
           std::memcpy(exp_avg_sq + off, in->v + off, len * sizeof(float));
         }
         spread_bits(r, rexp, len);
-        step(p, lo, rexp, kept, exp_avg + off, exp_avg_sq + off, g, len, sp);
+        step(p, lo, rexp, kept, nullptr, nullptr, exp_avg + off, exp_avg_sq + off, g, len, sp);
         split(kept, p, lo, r, len);
       }
     };
@@ -231,9 +278,16 @@ void compact_step(const CompactSource* in, std::uint16_t* param, std::uint16_t* 
 #pragma omp for schedule(static)
       for (std::size_t c = 0; c < nchunks; ++c) chunk(c);
     }
+    if (streams) _mm_sfence();  // this thread's non-temporal stores before anyone reads the output
   }
 }
 }  // namespace
+
+const char* compact_into_writes() {
+  static const bool streams =
+      detail::env_choice("DOS_COMPACT_INTO", {"cache", "stream"}, 0, "cache is used (the default)") == 1;
+  return streams ? "stream" : "cache";
+}
 
 void adam_step_compact_cpu(std::uint16_t* param, std::uint16_t* master_lo, std::uint8_t* round_up_bits,
                            float* exp_avg, float* exp_avg_sq, const void* grad, DType grad_dtype, std::size_t n,

@@ -285,7 +285,7 @@ void compact_step(const CompactSource* in, std::uint16_t* param, std::uint16_t* 
 
 const char* compact_into_writes() {
   static const bool streams =
-      detail::env_choice("DOS_COMPACT_INTO", {"cache", "stream"}, 0, "cache is used (the default)") == 1;
+      detail::env_choice("DOS_COMPACT_INTO", {"stream", "cache"}, 0, "stream is used (the default)") == 0;
   return streams ? "stream" : "cache";
 }
 

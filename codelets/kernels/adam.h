@@ -113,6 +113,15 @@ void adam_step_into_cpu(const float* master_in, const float* exp_avg_in, const f
 /// Copies `bytes` from src to dst (not overlapping) on the CPU, OpenMP-parallel in 64 KiB chunks.
 void copy_cpu(void* dst, const void* src, std::size_t bytes);
 
+/// Copies `bytes` from src to dst (not overlapping, any alignment) on the calling thread with
+/// non-temporal stores, as adam_step_into_cpu writes its new state: no line of dst is read before
+/// it is written. The head before dst's first vector boundary and the tail go by memcpy; the
+/// instruction set is chosen once from the processor (AVX-512, AVX, else memcpy throughout), and
+/// DOS_NT_STORES=0 in the environment makes it all memcpy (a measurement switch; the same bytes
+/// every way). The caller fences (_mm_sfence) before another thread or a device reads dst. Throws
+/// nothing.
+void stream_copy_cpu(void* dst, const void* src, std::size_t bytes);
+
 /// Zeroes n floats, OpenMP-parallel over the calling thread's team, one contiguous range of
 /// 16384-element work items per thread, so that the pages are first touched, hence placed, on the
 /// NUMA nodes of the team's cores. adam_step_cpu hands the same items out dynamically by default,

@@ -197,22 +197,6 @@ struct CompactSource {
   const float* v;
 };
 
-/// Copies `bytes` from src to dst (not overlapping) with non-temporal stores where dst is 16-byte
-/// aligned (SSE2's, in every x86-64): the lines written go to memory without being read first,
-/// where an ordinary store reads each line it fills. The head before dst's first 16-byte boundary
-/// and the tail after its last go by memcpy. The caller fences (_mm_sfence) before another thread
-/// or a device reads dst.
-void stream_copy(void* dst, const void* src, std::size_t bytes) {
-  auto* d = static_cast<char*>(dst);
-  const auto* s = static_cast<const char*>(src);
-  const std::size_t head = std::min(bytes, (16 - reinterpret_cast<std::uintptr_t>(d) % 16) % 16);
-  std::memcpy(d, s, head);
-  std::size_t i = head;
-  for (; i + 16 <= bytes; i += 16)
-    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i), _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i)));
-  std::memcpy(d + i, s + i, bytes - i);
-}
-
 /// adam_step_compact_cpu, or with `in` its out-of-place form: each block's lo, r bytes, exp_avg and
 /// exp_avg_sq copied from `in` into buffers of the thread's own, stepped there and streamed out
 /// (compact_into_writes "stream"), or copied into the output arrays (in cache) and stepped there.
@@ -254,10 +238,10 @@ void compact_step(const CompactSource* in, std::uint16_t* param, std::uint16_t* 
           spread_bits(in->r + off / 8, rexp, len);
           step(p, in->lo + off, rexp, kept, in->m + off, in->v + off, m_blk, v_blk, g, len, sp);
           split(kept, p, lo_blk, r_blk, len);
-          stream_copy(lo, lo_blk, len * sizeof(std::uint16_t));
-          stream_copy(r, r_blk, rbytes);
-          stream_copy(exp_avg + off, m_blk, len * sizeof(float));
-          stream_copy(exp_avg_sq + off, v_blk, len * sizeof(float));
+          stream_copy_cpu(lo, lo_blk, len * sizeof(std::uint16_t));
+          stream_copy_cpu(r, r_blk, rbytes);
+          stream_copy_cpu(exp_avg + off, m_blk, len * sizeof(float));
+          stream_copy_cpu(exp_avg_sq + off, v_blk, len * sizeof(float));
           continue;
         }
         if (in) {  // the block's old state into the output, where the step then reads it from cache

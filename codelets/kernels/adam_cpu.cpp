@@ -386,6 +386,8 @@ const char* f16_conversion_isa() { return f16_converters().isa; }
 
 const char* cpu_param_copy_stores() { return streamer().name; }
 
+void stream_copy_cpu(void* dst, const void* src, std::size_t bytes) { streamer().fn(dst, src, bytes); }
+
 const char* cpu_adam_schedule() { return cpu_adam_dynamic_schedule() ? "dynamic" : "static"; }
 
 }  // namespace dos

@@ -26,6 +26,12 @@ void settle_bounds(const Workload& w, Rates& q, std::size_t cpu_workers) {
 }
 }  // namespace
 
+bool calibration_apart(const Rates& rates, const Rates& calibrated) noexcept {
+  for (auto f : {&Rates::U_c, &Rates::U_c_dma, &Rates::U_g, &Rates::D_c, &Rates::B_h2d, &Rates::B_d2h, &Rates::link_share})
+    if (!(rates.*f == calibrated.*f)) return true;
+  return false;
+}
+
 Rates cap_links(const Workload& w, const Rates& r, const Rates& calibrated, std::size_t cpu_workers) {
   require_complete(r);
   Rates q = r;
@@ -43,7 +49,7 @@ Rates cap_links(const Workload& w, const Rates& r, const Rates& calibrated, std:
 }
 
 Refined refine_rates(const Workload& w, const Rates& r, const PhaseMeasure& m, const Simulation& sim,
-                     std::size_t cpu_workers, bool link_share_measured, bool u_c_measured) {
+                     std::size_t cpu_workers, bool link_share_measured, bool u_c_measured, const Rates* calibrated) {
   require_complete(r);
   Refined out{r, false};
   Rates& q = out.rates;
@@ -125,7 +131,17 @@ Refined refine_rates(const Workload& w, const Rates& r, const PhaseMeasure& m, c
       }
       out.link_share_applied = sized;
       const double rest = share > cap ? share / cap : share < kLowestLinkShare ? share / kLowestLinkShare : 1.0;
+      const double h2d_before = q.B_h2d, d2h_before = q.B_d2h;
       if (rest != 1.0) scale_links(rest);
+      // what the share could not take raises a link at most to its ceiling (kLinkCeiling)
+      auto hold = [&](double& rate, double before, double calibrated_rate) {
+        if (calibrated_rate > 0 && std::isfinite(calibrated_rate) && rate > before)
+          rate = std::min(rate, std::max(before, kLinkCeiling * calibrated_rate));
+      };
+      if (calibrated) {
+        hold(q.B_h2d, h2d_before, calibrated->B_h2d);
+        hold(q.B_d2h, d2h_before, calibrated->B_d2h);
+      }
     } else {
       scale_links(sim.stream_end / m.stream_end_seconds);
     }
@@ -137,10 +153,10 @@ Refined refine_rates(const Workload& w, const Rates& r, const PhaseMeasure& m, c
 
 Refined refine_after_phase(const Workload& w, const Rates& r, const PhaseMeasure& m, const Simulation& sim,
                            std::size_t cpu_workers, bool link_share_measured, bool first_streamed,
-                           bool u_c_measured) {
+                           bool u_c_measured, const Rates* calibrated) {
   if (!first_streamed || link_share_measured)
-    return refine_rates(w, r, m, sim, cpu_workers, link_share_measured, u_c_measured);
-  Refined out = refine_rates(w, r, m, sim, cpu_workers, false, u_c_measured);
+    return refine_rates(w, r, m, sim, cpu_workers, link_share_measured, u_c_measured, calibrated);
+  Refined out = refine_rates(w, r, m, sim, cpu_workers, false, u_c_measured, calibrated);
   out.link_share_provisional = out.link_share_applied;
   out.link_share_applied = false;
   out.link_share_measured = false;

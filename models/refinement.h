@@ -135,8 +135,14 @@ struct Refined {
 /// the step before; false at an optimizer's start from calibrated or cached rates or a rates file
 /// (`dos-train --rates FILE`, OptimizerOptions::calibrated_rates), true from rates given as
 /// numbers); see the U_c rule above.
+/// calibrated (may be null): the calibration's rates, when they are a measure apart from r's start
+/// (calibration_apart). The links' rule above gives B the error link_share cannot take (a share
+/// above its cap); that part of a step raises each link at most to kLinkCeiling times its calibrated
+/// rate, or leaves it where it was when it is above that already. The links scaled by a phase whose
+/// streams ran mostly alone (a direct measure of B) are not held. Null: nothing is held.
 Refined refine_rates(const Workload& w, const Rates& r, const PhaseMeasure& m, const Simulation& sim,
-                     std::size_t cpu_workers = 1, bool link_share_measured = true, bool u_c_measured = true);
+                     std::size_t cpu_workers = 1, bool link_share_measured = true, bool u_c_measured = true,
+                     const Rates* calibrated = nullptr);
 
 /// The optimizer's refinement after one phase: refine_rates, with a rule for the optimizer's first
 /// phase that streamed (first_streamed) while link_share holds no counted measure (the placeholder,
@@ -175,31 +181,41 @@ Refined refine_rates(const Workload& w, const Rates& r, const PhaseMeasure& m, c
 ///    up to 25% slow.)
 /// Otherwise (not first_streamed, which includes a phase that streamed nothing) refine_rates with
 /// link_share_measured as given. Throws what refine_rates throws.
-/// u_c_measured goes to refine_rates as given.
+/// u_c_measured and calibrated go to refine_rates as given.
 Refined refine_after_phase(const Workload& w, const Rates& r, const PhaseMeasure& m, const Simulation& sim,
                            std::size_t cpu_workers, bool link_share_measured, bool first_streamed,
-                           bool u_c_measured = true);
+                           bool u_c_measured = true, const Rates* calibrated = nullptr);
 
-/// The most the refinement lets a link rate grow: kLinkCeiling times its calibrated value
-/// (unitless; cap_links). The calibration measures each link with both directions running at once;
-/// one direction alone moves a little more (on the GPU machine 55.4 GB/s against 50.7 each way at
-/// once, 1.09x), and the calibration's figure has read low on H100s (36.7 GB/s device to host in
-/// one calibration, where an H100's all-streamed phases moved 40-42 GB/s each way), so the ceiling
-/// leaves 1.25x.
+/// The most the refinement's share rule lets a link rate grow: kLinkCeiling times its calibrated
+/// value (unitless; refine_rates' `calibrated`, cap_links). The calibration measures each link with
+/// both directions running at once; one direction alone moves a little more (on the GPU machine
+/// 55.4 GB/s against 50.7 each way at once, 1.09x), and the calibration's figure has read low on
+/// H100s (36.7 GB/s device to host in one calibration, where an H100's all-streamed phases moved
+/// 40-42 GB/s each way), so the ceiling leaves 1.25x. Why a ceiling: in a mixed phase whose streams
+/// end sooner than simulated with link_share at its cap, the share rule gives the rest of the error
+/// to B, and nothing else stops it there. Measured on an H100 (the GPT shapes of 1.01e9 parameters,
+/// 21 subgroups of 5e7, compact master, dos-train's sweep of streamed fractions): B_h2d grew to
+/// about 80 GB/s over the mixed phases, the plan then streamed 19 of the 21 subgroups, predicted at
+/// 0.122 s, and ran 0.234-0.248 s, 21.6% slower than the sweep's fastest plan (6 of 21 streamed);
+/// with the ceiling, in another call, the model's choice was the sweep's fastest.
 inline constexpr double kLinkCeiling = 1.25;
+
+/// Whether `calibrated` is a measure apart from `rates` to hold their links to: some rate differs.
+/// Rates given as numbers, or a rates file without calibrated rates (load_rates then gives the rates
+/// themselves), are their own calibration: nothing to hold them to, and the refinement stays free
+/// to raise links that start low. A calibration's own start (rates equal to it) is the caller's to
+/// know: the runtime holds its links to it. Throws nothing.
+bool calibration_apart(const Rates& rates, const Rates& calibrated) noexcept;
 
 /// `r` with B_h2d and B_d2h each at most kLinkCeiling times `calibrated`'s (a calibrated rate that
 /// is not a positive number caps nothing), then, where a link was capped, link_share and U_c_dma
 /// brought back within their bounds as refine_rates leaves them (link_share at most
 /// highest_link_share, U_c_dma at least lowest_distinct_u_c_dma of w and cpu_workers); r unchanged
-/// otherwise. The runtime applies it to the rates it starts from (a rates file's or the cache's,
-/// against their calibrated rates) and after every refinement step (refine_after_phase): in a mixed
-/// phase whose streams end sooner than simulated with link_share at its cap, refine_rates gives the
-/// rest of the error to B, and nothing else stops it there. Measured on an H100 (the GPT shapes of
-/// 1.01e9 parameters, 21 subgroups of 5e7, compact master, dos-train's sweep of streamed
-/// fractions): B_h2d grew to about 80 GB/s over the mixed phases, the plan then streamed 19 of the
-/// 21 subgroups, predicted at 0.122 s, and ran 0.234-0.248 s, 21.6% slower than the sweep's fastest
-/// plan (6 of 21 streamed). Throws std::invalid_argument when a rate of r is not a positive number.
+/// otherwise. The runtime applies it to the rates it starts from when they come from its
+/// calibration or its cache, or from a rates file whose calibrated rates are apart
+/// (calibration_apart): such a file may hold links refined past the ceiling before the share rule
+/// held them; `dos-train --plan-only --rates FILE` does the same. Throws std::invalid_argument when
+/// a rate of r is not a positive number.
 Rates cap_links(const Workload& w, const Rates& r, const Rates& calibrated, std::size_t cpu_workers = 1);
 
 /// How recent phases went against their predictions, for the outlier rule (hold_outlier_phase):

@@ -356,8 +356,11 @@ Optimizer::Optimizer(Runtime& runtime, const std::vector<TensorView>& tensors, c
                                 &I.calibrated_rates, options.compact_master);
       I.rates_path = rates_cache_path(runtime, cal, options.dtype, options.memory, options.compact_master);
     }
-    // a rates file or the cache may hold links refined past the ceiling before it existed
-    I.rates = cap_links(I.workload, I.rates, I.calibrated_rates, runtime.cpu_workers());
+    // the links held to the calibration's (models/refinement.h, kLinkCeiling) where there is one: a
+    // calibration, the cache, or a rates file whose calibrated rates are apart; the cache or such a
+    // file may hold links refined past the ceiling before the share rule held them
+    I.holds_links = !given || (from_file && calibration_apart(r, options.calibrated_rates));
+    if (I.holds_links) I.rates = cap_links(I.workload, I.rates, I.calibrated_rates, runtime.cpu_workers());
     I.have_rates = true;
     // rates given: a link_share other than 1 is a measure; calibrated, from the cache or from a
     // rates file: the calibration's own measure is not counted until a phase measures it

@@ -287,6 +287,9 @@ struct Optimizer::Impl {
   Workload workload;
   Rates rates{};             // the rates to plan with: calibrated, then refined after every phase
   Rates calibrated_rates{};  // the calibration's own (the lower bound's, stable from run to run)
+  // the refinement holds the links to calibrated_rates (models/refinement.h, kLinkCeiling): they come
+  // from a calibration (this process's, the cache's, a rates file's apart from its rates)
+  bool holds_links = false;
   bool have_rates = false;
   PlanOverride override_;
   std::string rates_path;  // where calibrate_rates caches the rates; refined ones go back there

@@ -117,11 +117,11 @@ bool Optimizer::Impl::refine(const PhaseMeasure& m, const Simulation& sim, bool 
   const bool held = hold_outliers && !first_streamed && hold_outlier_phase(phase_errors, ratio, plan);
   phase_errors = record_phase_error(phase_errors, ratio, held, plan);
   if (held) return true;
+  // the share rule's links held to kLinkCeiling times the calibrated rates where those are a
+  // calibration's (models/refinement.h)
   const Refined r = refine_after_phase(workload, rates, m, sim, rt.cpu_workers(), link_share_record.measured,
-                                       first_streamed, u_c_measured);
-  // the links no faster than kLinkCeiling times their calibrated rates: a mixed phase's streams
-  // ending sooner than simulated would otherwise raise B without bound (models/refinement.h)
-  rates = cap_links(workload, r.rates, calibrated_rates, rt.cpu_workers());
+                                       first_streamed, u_c_measured, holds_links ? &calibrated_rates : nullptr);
+  rates = r.rates;
   u_c_measured = r.u_c_measured;
   refined = refined || r.applied;
   link_share_record = record_phase(link_share_record, r);

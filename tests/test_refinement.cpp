@@ -135,7 +135,8 @@ void test_bad_rates(void**) {
 
 /// Runs `phases` phases from rates `r`: each phase's plan is `fixed` when given, else the
 /// simulation's best at the rates believed then (as dos plans); the machine behaves as the
-/// simulation at kRates; the rates are refined after each phase. Returns the last rates; sets the
+/// simulation at kRates; the rates are refined after each phase, the links held to `r` as the
+/// runtime holds them to its calibration's (kLinkCeiling). Returns the last rates; sets the
 /// last plan, its predicted and measured seconds, and how many phases had CPU tasks after the
 /// streaming (2 ms or more: the refinement's measure of U_c).
 dos::Rates closed_loop(const dos::Workload& w, const dos::Execution& e, dos::Rates r, const std::vector<PlanSide>* fixed,
@@ -143,6 +144,7 @@ dos::Rates closed_loop(const dos::Workload& w, const dos::Execution& e, dos::Rat
                        const dos::Rates& truth = kRates, bool* link_share_measured = nullptr) {
   *alone_phases = 0;
   dos::PhaseErrors errors;
+  const dos::Rates calibrated = r;  // as the runtime holds the links to its calibration's (kLinkCeiling)
   for (int phase = 0; phase < phases; ++phase) {
     *plan = fixed ? *fixed : dos::choose_plan_simulated(w, r, e).plan;
     const dos::Simulation sim = dos::simulate_phase(w, *plan, r, e);
@@ -155,7 +157,8 @@ dos::Rates closed_loop(const dos::Workload& w, const dos::Execution& e, dos::Rat
     assert_false(dos::hold_outlier_phase(errors, ratio, *plan));
     errors = dos::record_phase_error(errors, ratio, false, *plan);
     // as the optimizer refines: link_share's first measure whole while it is the placeholder
-    const dos::Refined q = dos::refine_rates(w, r, m, sim, 1, link_share_measured ? *link_share_measured : true);
+    const dos::Refined q =
+        dos::refine_rates(w, r, m, sim, 1, link_share_measured ? *link_share_measured : true, true, &calibrated);
     if (link_share_measured) *link_share_measured = q.link_share_measured;
     r = q.rates;
   }
@@ -444,30 +447,47 @@ void test_bounds_after_a_step(void**) {
   ASSERT_NEAR(kept.rates.link_share, 0.5, 0.0);
 }
 
-// The links' ceiling (cap_links): phases whose streams ran alone and ended at half their simulated
-// end ask the links for 2x; each step goes half way (1.5x), so two steps already pass
-// kLinkCeiling = 1.25x of the calibrated rates (4.9e10, 5.1e10: 6.125e10, 6.375e10). With
-// cap_links after each step, as the runtime applies it, they stop there and the bounds hold;
-// rates under the ceiling, and a calibrated rate of 0, cap nothing.
+// The links' ceiling (kLinkCeiling): phases whose streams ran mostly beside CPU Adam and ended at
+// 0.3 s of a simulated 1.0 ask link_share for 4.5x its value, above its cap 4/3: the share rule
+// gives the rest (3.375x) to the links, each step half way to 2x (1.5x). With the calibrated rates
+// given (4.9e10, 5.1e10), that part stops at 1.25x of them (6.125e10, 6.375e10); without, nothing
+// stops it. Phases whose streams ran alone (a direct measure of B) still move the links past it.
 void test_link_ceiling(void**) {
   const dos::Workload w = quarter_20b();
-  dos::Simulation sim;
-  sim.stream_end = 1.0;
-  sim.stream_alone = 1.0;  // the streams alone: the error goes to B
+  dos::Simulation beside;
+  beside.stream_end = 1.0;
+  beside.stream_beside_cpu = 0.9;
+  beside.stream_alone = 0.1;
   dos::PhaseMeasure m;
   m.streamed = 10;
-  m.stream_end_seconds = 0.5;
-  dos::Rates raw = kRates, capped = kRates;
+  m.stream_end_seconds = 0.3;
+  dos::Rates raw = kRates, held = kRates;
   for (int step = 0; step < 6; ++step) {
-    raw = dos::refine_rates(w, raw, m, sim).rates;
-    capped = dos::cap_links(w, dos::refine_rates(w, capped, m, sim).rates, kRates);
+    raw = dos::refine_rates(w, raw, m, beside).rates;
+    held = dos::refine_rates(w, held, m, beside, 1, true, true, &kRates).rates;
   }
-  assert_true(raw.B_h2d > 1.9 * kRates.B_h2d);  // without the ceiling, nothing stops it
-  ASSERT_NEAR(capped.B_h2d, 6.125e10, 1.0);
-  ASSERT_NEAR(capped.B_d2h, 6.375e10, 1.0);
-  assert_true(capped.link_share <= dos::highest_link_share(capped));
-  assert_true(capped.U_c_dma >= dos::lowest_distinct_u_c_dma(w, capped, 1) - 1.0 && capped.U_c_dma <= capped.U_c);
-  // the bounds settled on the capped links: the same as refine_rates' own bounds on those rates
+  assert_true(raw.B_h2d > 3 * kRates.B_h2d);  // without the ceiling, nothing stops it
+  ASSERT_NEAR(held.B_h2d, 6.125e10, 1.0);
+  ASSERT_NEAR(held.B_d2h, 6.375e10, 1.0);
+  assert_true(held.link_share <= dos::highest_link_share(held));
+  assert_true(held.U_c_dma >= dos::lowest_distinct_u_c_dma(w, held, 1) - 1.0 && held.U_c_dma <= held.U_c);
+  // a link above its ceiling already (a direct measure): the share rule leaves it where it is
+  dos::Rates high = kRates;
+  high.B_h2d = 1.4 * kRates.B_h2d;
+  ASSERT_NEAR(dos::refine_rates(w, high, m, beside, 1, true, true, &kRates).rates.B_h2d, 1.4 * kRates.B_h2d, 1.0);
+  // streams alone: scaled by simulated / measured end, half way, past the ceiling (1.5x, then 2.25x)
+  dos::Simulation alone;
+  alone.stream_end = 1.0;
+  alone.stream_alone = 1.0;
+  m.stream_end_seconds = 0.5;
+  dos::Rates direct = kRates;
+  for (int step = 0; step < 2; ++step) direct = dos::refine_rates(w, direct, m, alone, 1, true, true, &kRates).rates;
+  ASSERT_NEAR(direct.B_h2d, 2.25 * kRates.B_h2d, 1.0);
+  // the same through refine_after_phase (a first phase that streamed, link_share not counted)
+  ASSERT_NEAR(dos::refine_after_phase(w, kRates, m, beside, 1, false, true, true, &kRates).rates.B_h2d,
+              dos::refine_rates(w, kRates, m, beside, 1, false, true, &kRates).rates.B_h2d, 0.0);
+
+  // cap_links, on the rates the runtime starts from: links at most 1.25x, the bounds settled on them
   dos::Rates over = kRates;
   over.B_h2d = 3 * kRates.B_h2d;
   over.B_d2h = 3 * kRates.B_d2h;
@@ -491,10 +511,21 @@ void test_link_ceiling(void**) {
   no_cal.B_h2d = 0;
   no_cal.B_d2h = std::nan("");
   assert_same_rates(dos::cap_links(w, over, no_cal), over);
+  m.stream_end_seconds = 0.3;
+  assert_true(dos::refine_rates(w, kRates, m, beside, 1, true, true, &no_cal).rates.B_h2d > 1.4 * kRates.B_h2d);
   // rates that are not all positive: refused
   dos::Rates bad = kRates;
   bad.U_c = 0;
   assert_true(throws_invalid_argument([&] { dos::cap_links(w, bad, kRates); }));
+
+  // calibration_apart: any rate differing, link_share included; equal rates are their own calibration
+  assert_false(dos::calibration_apart(kRates, kRates));
+  for (auto f : {&dos::Rates::U_c, &dos::Rates::U_c_dma, &dos::Rates::U_g, &dos::Rates::D_c, &dos::Rates::B_h2d,
+                 &dos::Rates::B_d2h, &dos::Rates::link_share}) {
+    dos::Rates other = kRates;
+    other.*f *= 1.5;
+    assert_true(dos::calibration_apart(other, kRates));
+  }
 }
 
 // A calibrated B that is wrong (1.3x and 0.8x the machine's), phases of dos's own plans: what the

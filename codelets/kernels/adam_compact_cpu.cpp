@@ -197,9 +197,10 @@ struct CompactSource {
   const float* v;
 };
 
-/// adam_step_compact_cpu, or with `in` its out-of-place form: each block's lo, r bytes, exp_avg and
-/// exp_avg_sq copied from `in` into buffers of the thread's own, stepped there and streamed out
-/// (compact_into_writes "stream"), or copied into the output arrays (in cache) and stepped there.
+/// adam_step_compact_cpu, or with `in` its out-of-place form: each block stepped from `in` (read
+/// where it lies) into buffers of the thread's own and streamed out to the output arrays
+/// (compact_into_writes "stream"), or its lo, r bytes, exp_avg and exp_avg_sq copied into the output
+/// arrays (in cache) and stepped there ("cache").
 void compact_step(const CompactSource* in, std::uint16_t* param, std::uint16_t* master_lo,
                   std::uint8_t* round_up_bits, float* exp_avg, float* exp_avg_sq, const void* grad, DType grad_dtype,
                   std::size_t n, const AdamStepParams& sp) {

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <stdexcept>
 
 namespace dos {
@@ -24,6 +25,13 @@ void settle_bounds(const Workload& w, Rates& q, std::size_t cpu_workers) {
   }
   q.link_share = std::min(highest_link_share(q), q.link_share);
 }
+
+// The most a link may be raised to: kLinkCeiling times its calibrated rate, or no bound (infinity)
+// where the calibrated rate is not a positive number.
+double link_ceiling(double calibrated_rate) {
+  return calibrated_rate > 0 && std::isfinite(calibrated_rate) ? kLinkCeiling * calibrated_rate
+                                                               : std::numeric_limits<double>::infinity();
+}
 }  // namespace
 
 bool calibration_apart(const Rates& rates, const Rates& calibrated) noexcept {
@@ -35,16 +43,9 @@ bool calibration_apart(const Rates& rates, const Rates& calibrated) noexcept {
 Rates cap_links(const Workload& w, const Rates& r, const Rates& calibrated, std::size_t cpu_workers) {
   require_complete(r);
   Rates q = r;
-  bool capped = false;
-  auto cap = [&](double& rate, double calibrated_rate) {
-    if (calibrated_rate > 0 && std::isfinite(calibrated_rate) && rate > kLinkCeiling * calibrated_rate) {
-      rate = kLinkCeiling * calibrated_rate;
-      capped = true;
-    }
-  };
-  cap(q.B_h2d, calibrated.B_h2d);
-  cap(q.B_d2h, calibrated.B_d2h);
-  if (capped) settle_bounds(w, q, cpu_workers);
+  q.B_h2d = std::min(q.B_h2d, link_ceiling(calibrated.B_h2d));
+  q.B_d2h = std::min(q.B_d2h, link_ceiling(calibrated.B_d2h));
+  if (q.B_h2d != r.B_h2d || q.B_d2h != r.B_d2h) settle_bounds(w, q, cpu_workers);
   return q;
 }
 
@@ -133,14 +134,10 @@ Refined refine_rates(const Workload& w, const Rates& r, const PhaseMeasure& m, c
       const double rest = share > cap ? share / cap : share < kLowestLinkShare ? share / kLowestLinkShare : 1.0;
       const double h2d_before = q.B_h2d, d2h_before = q.B_d2h;
       if (rest != 1.0) scale_links(rest);
-      // what the share could not take raises a link at most to its ceiling (kLinkCeiling)
-      auto hold = [&](double& rate, double before, double calibrated_rate) {
-        if (calibrated_rate > 0 && std::isfinite(calibrated_rate) && rate > before)
-          rate = std::min(rate, std::max(before, kLinkCeiling * calibrated_rate));
-      };
+      // what the share could not take raises a link at most to its ceiling, or leaves one above it
       if (calibrated) {
-        hold(q.B_h2d, h2d_before, calibrated->B_h2d);
-        hold(q.B_d2h, d2h_before, calibrated->B_d2h);
+        q.B_h2d = std::min(q.B_h2d, std::max(h2d_before, link_ceiling(calibrated->B_h2d)));
+        q.B_d2h = std::min(q.B_d2h, std::max(d2h_before, link_ceiling(calibrated->B_d2h)));
       }
     } else {
       scale_links(sim.stream_end / m.stream_end_seconds);

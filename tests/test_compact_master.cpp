@@ -403,15 +403,8 @@ void test_compact_zero_and_nan(void**) {
   std::vector<std::uint16_t> p(n), lo(n);
   std::vector<float> m(n, 0.0f), v(n, 0.0f), g(n, 1e-2f), full(n);
   std::vector<std::uint8_t> r(dos::compact_round_up_bytes(n), 0);
-  for (std::size_t i = 0; i < n; ++i) {
-    full[i] = i == 4 ? from_bits(0xffc01234u) : 0.5f + float(i);  // a negative NaN
-    p[i] = dos::f32_to_bf16(full[i]);
-    std::uint16_t l;
-    std::uint32_t b;
-    dos::compact_split(bits(full[i]), p[i], &l, &b);
-    lo[i] = l;
-    r[i / 8] |= std::uint8_t(b << (i % 8));
-  }
+  for (std::size_t i = 0; i < n; ++i) full[i] = i == 4 ? from_bits(0xffc01234u) : 0.5f + float(i);  // a negative NaN
+  split_masters(full, p, lo, r);
   std::vector<float> mf = m, vf = v;
   std::vector<std::uint16_t> pf(n);
   dos::adam_step_compact_cpu(p.data(), lo.data(), r.data(), m.data(), v.data(), g.data(), DType::fp32, n, sp);

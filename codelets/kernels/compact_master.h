@@ -92,11 +92,10 @@ void adam_step_compact_cpu(std::uint16_t* param, std::uint16_t* master_lo, std::
 /// compact_into_writes says: "stream" (the default) steps the old state into buffers of the
 /// thread's own and writes them out with non-temporal stores (stream_copy_cpu: memcpy for the part
 /// of each array's block before its first vector boundary and after its last), so that no output
-/// line is read but those few: 26.25
-/// bytes per parameter with a bf16 gradient, as adam_step_compact_cpu's; "cache" copies the old
-/// state into the output and steps it there while in cache, each output line read from memory by
-/// its first store. (The speculative update's, which keeps the old state for a redo.) The input and
-/// output arrays must not overlap. Throws nothing.
+/// line is read but those few: 26.25 bytes per parameter with a bf16 gradient, as
+/// adam_step_compact_cpu's; "cache" copies the old state into the output and steps it there while
+/// in cache, each output line read from memory by its first store. (The speculative update's, which
+/// keeps the old state for a redo.) The input and output arrays must not overlap. Throws nothing.
 void adam_step_compact_into_cpu(const std::uint16_t* in_lo, const std::uint8_t* in_r, const float* in_exp_avg,
                                 const float* in_exp_avg_sq, std::uint16_t* param, std::uint16_t* master_lo,
                                 std::uint8_t* round_up_bits, float* exp_avg, float* exp_avg_sq, const void* grad,
@@ -106,9 +105,9 @@ void adam_step_compact_into_cpu(const std::uint16_t* in_lo, const std::uint8_t* 
 /// switch, read once; another value warns on stderr and gives the default): "stream" (the default),
 /// each block stepped from the old state into the thread's own buffers and written with
 /// non-temporal stores, so that no line of the output is read (but at each block's unaligned edges);
-/// "cache", each block of the old
-/// state copied into the output and stepped there, whose first stores read every output line from
-/// memory (about 10 more bytes per parameter than the step in place). Measured on the GPU machine
+/// "cache", each block of the old state copied into the output and stepped there, whose first
+/// stores read every output line from memory (about 10 more bytes per parameter than the step in
+/// place). Measured on the GPU machine
 /// (an H100's host, 15 threads, 5e7 elements, bf16 gradients, `dos-bench kernels`, two runs of each
 /// in one call): "stream" 0.0090 and 0.0089 s, "cache" 0.0138 and 0.0123 s, the step in place
 /// 0.0079-0.0087 s; the GPT of 1.01e9 parameters with the compact master overlapped ran 66468

@@ -33,8 +33,9 @@
 //   adam_compact_into_cl  state (compact, R), grad (grad_dtype, R), param16 (bf16, RW), state'
 //               (compact, W; the same number of elements as state): adam_compact_cl out of place for
 //               the state (on the CPU adam_step_compact_into_cpu, on the GPU the first copied whole
-//               into the last and updated there), the first left as it was; param16 holds P on entry and the new P on return (the caller's parameters
-//               still hold P: a redone update stages them again).
+//               into the last and updated there), the first left as it was; param16 holds P on
+//               entry and the new P on return (the caller's parameters still hold P: a redone
+//               update stages them again).
 //                                                                      cl_arg: const AdamArgs* (compact true)
 // A compact state (AdamArgs::compact; the compact master of kernels/compact_master.h): the buffer
 // holds no master; its first compact_head_floats(stride) elements hold the masters' low halves lo

@@ -213,11 +213,13 @@ int run_plan_only(const Args& a, const Checked& c, const std::string& model, con
   po.workload.cpu_params_staged_on_gpu =
       !po.execution.own_param_upload ||
       (c.compact_master && !(po.workload.caller_on_gpu && dos::runtime_downloads_grads()));
-  // as the runtime starts from a rates file: its links held to its calibrated rates where those are
-  // apart (models/refinement.h, cap_links)
-  if (!a.rates.empty() && dos::calibration_apart(rates, calibrated_rates))
-    rates = dos::cap_links(po.workload, rates, calibrated_rates, po.execution.cpu_workers);
-  if (!a.rates.empty()) po.rates = &rates, po.calibrated = &calibrated_rates;
+  if (!a.rates.empty()) {
+    // as the runtime starts from a rates file: its links held to its calibrated rates where those
+    // are apart (models/refinement.h, cap_links)
+    if (dos::calibration_apart(rates, calibrated_rates))
+      rates = dos::cap_links(po.workload, rates, calibrated_rates, po.execution.cpu_workers);
+    po.rates = &rates, po.calibrated = &calibrated_rates;
+  }
   std::printf("dos-train --plan-only: %s, %zu of %zu parameters (shard %s), %s, subgroups of %zu, phase: %s\n",
               model.c_str(), n, total, a.shard.c_str(), a.dtype.c_str(), subgroup,
               a.plan_phase == "first" ? "first (resident state, if any, uploaded during it)"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # dos-train --plan-only on any machine (no GPU, no StarPU update phase): the plan of each plan on
-# given rates, its prediction and the lower bound; rates from a file; a plan needing rates without
+# given rates, its prediction and the lower bound; rates from a file (a file's links held to 1.25x its
+# calibrated rates); a plan needing rates without
 # them, a StarPU policy and bad --rates refused with a message; the per-subgroup plan and placement
 # in the report of a real (CPU) run.
 #   e2e_plan_only.sh DOS_TRAIN
@@ -75,6 +76,21 @@ printf '{"U_c": 3.7e9, "U_c_dma": 2.9e9, "U_g": 6e10, "D_c": 3e11, "B_h2d": 5e10
 a=$("$train" "${common[@]}" --policy dos --rates "$tmp/rates.json" 2>&1 | grep -E '^(plan +0|predicted)')
 b=$("$train" "${common[@]}" --policy dos --rates $rates 2>&1 | grep -E '^(plan +0|predicted)')
 [ -n "$a" ] && [ "$a" = "$b" ] || bad "rates file and command line differ: '$a' vs '$b'"
+# a rates file whose links were refined past 1.25x its calibrated rates (80 GB/s against 36.7): planned
+# as the runtime starts from it, the links at 1.25 x 36.7 = 45.875 GB/s (models/refinement.h,
+# cap_links), the plan of the file that says so; without calibrated rates of its own, the links as
+# given (the command line's plan), another plan
+cal='"calibrated": {"U_c": 4e9, "U_c_dma": 3e9, "U_g": 6e10, "D_c": 3e11, "B_h2d": 3.67e10, "B_d2h": 3.67e10, "link_share": 1}'
+printf '{"U_c": 4e9, "U_c_dma": 3e9, "U_g": 6e10, "D_c": 3e11, "B_h2d": 8e10, "B_d2h": 8e10, "link_share": 0.8, %s}\n' "$cal" > "$tmp/over.json"
+printf '{"U_c": 4e9, "U_c_dma": 3e9, "U_g": 6e10, "D_c": 3e11, "B_h2d": 4.5875e10, "B_d2h": 4.5875e10, "link_share": 0.8, %s}\n' "$cal" > "$tmp/at-ceiling.json"
+printf '{"U_c": 4e9, "U_c_dma": 3e9, "U_g": 6e10, "D_c": 3e11, "B_h2d": 8e10, "B_d2h": 8e10, "link_share": 0.8}\n' > "$tmp/own.json"
+over=$("$train" "${common[@]}" --policy dos --rates "$tmp/over.json" 2>&1 | grep -E '^(plan +0|predicted)')
+ceil=$("$train" "${common[@]}" --policy dos --rates "$tmp/at-ceiling.json" 2>&1 | grep -E '^(plan +0|predicted)')
+own=$("$train" "${common[@]}" --policy dos --rates "$tmp/own.json" 2>&1 | grep -E '^(plan +0|predicted)')
+given=$("$train" "${common[@]}" --policy dos --rates 4,3,60,300,80,80,0.8 2>&1 | grep -E '^(plan +0|predicted)')
+[ -n "$over" ] && [ "$over" = "$ceil" ] || bad "links past the ceiling not planned at it: '$over' vs '$ceil'"
+[ -n "$own" ] && [ "$own" = "$given" ] && [ "$own" != "$ceil" ] ||
+  bad "a rates file without calibrated rates held, or the ceiling changed nothing: '$own' vs '$given' vs '$ceil'"
 # link_share, a seventh number or the file's key: the same prediction from both, and a share of 0.5
 # (the links slowed more than CPU Adam beside each other) predicts a mixed plan slower than 1 does
 printf '{"U_c": 3.7e9, "U_c_dma": 2.9e9, "U_g": 6e10, "D_c": 3e11, "B_h2d": 5e10, "B_d2h": 5e10, "link_share": 0.5}\n' \

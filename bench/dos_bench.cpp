@@ -380,7 +380,7 @@ int main(int argc, char** argv) {
     float* v2 = static_cast<float*>(std::aligned_alloc(64, bytes));
     if (p2 && m2 && v2) {
       for (float* q : {p2, m2, v2}) dos::zero_fill_cpu(q, n);  // first touch by the threads that write it
-      rows.push_back({"cpu", "adam out of place", "bf16 grad + bf16 copy", n,
+      rows.push_back({"cpu", "adam out of place", std::string("bf16 grad + bf16 copy, ") + dos::adam_into_reads(), n,
                       best_of(reps, [&] { dos::adam_step_into_cpu(p, m, v, p2, m2, v2, g16, DType::bf16, out16, DType::bf16, n, sp); }),
                       28, roof_adam});
     }

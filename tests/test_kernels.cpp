@@ -363,6 +363,62 @@ void test_param_copy_misaligned(void**) {
         }
 }
 
+void test_adam_into_misaligned_state(void**) {
+  // The out-of-place step's new state at every 4-byte offset of a 64-byte line (each of master,
+  // exp_avg, exp_avg_sq at its own offset), several work items and blocks long with a tail: the same
+  // bits as the step in place, the inputs left as they were, and the guard bytes before and after
+  // each output untouched (the head before a vector boundary and the tail are written apart).
+  std::printf("  out-of-place step reads: %s\n", dos::adam_into_reads());
+  const size_t n = 2 * 16384 + 2048 + 37;
+  dos::AdamHyper h;
+  h.weight_decay = 0.01;
+  const auto sp = dos::make_adam_step_params(h, 2);
+  std::vector<float> p(n), m(n), v(n);
+  std::vector<uint16_t> g16(n);
+  for (size_t i = 0; i < n; ++i) {
+    p[i] = float(i % 977) * 1e-3f - 0.4f;
+    m[i] = float(i % 13) * 1e-3f - 6e-3f;
+    v[i] = float(i % 7) * 1e-5f;
+    const float r = ref::round_to_bf16(float((i * 7919) % 101) * 1e-4f - 5e-3f);
+    uint32_t u;
+    std::memcpy(&u, &r, 4);
+    g16[i] = uint16_t(u >> 16);
+  }
+  const std::vector<float> p0 = p, m0 = m, v0 = v;
+  std::vector<uint16_t> copy_ref(n), copy(n);
+  std::vector<float> pr = p, mr = m, vr = v;
+  dos::adam_step_cpu(pr.data(), mr.data(), vr.data(), g16.data(), DType::bf16, copy_ref.data(), DType::bf16, n, sp);
+  constexpr size_t kGuard = 128;
+  for (size_t shift = 0; shift < 64; shift += 4) {
+    const size_t shifts[3] = {shift, (shift + 20) % 64, (shift + 44) % 64};
+    std::vector<unsigned char> raw[3];
+    float* outs[3];
+    for (int k = 0; k < 3; ++k) {
+      raw[k].assign(n * 4 + 2 * kGuard + 64, 0xA5);
+      const size_t base = (64 - reinterpret_cast<std::uintptr_t>(raw[k].data()) % 64) % 64 + kGuard;
+      outs[k] = reinterpret_cast<float*>(raw[k].data() + base + shifts[k]);
+    }
+    dos::adam_step_into_cpu(p.data(), m.data(), v.data(), outs[0], outs[1], outs[2], g16.data(), DType::bf16,
+                            copy.data(), DType::bf16, n, sp);
+    const std::vector<float>* want[3] = {&pr, &mr, &vr};
+    for (int k = 0; k < 3; ++k) {
+      if (std::memcmp(outs[k], want[k]->data(), n * 4) != 0) {
+        std::fprintf(stderr, "output %d at byte offset %zu differs from the step in place\n", k, shifts[k]);
+        fail();
+      }
+      const unsigned char* first = reinterpret_cast<const unsigned char*>(outs[k]);
+      for (size_t i = 0; i < raw[k].size(); ++i) {
+        const unsigned char* at = raw[k].data() + i;
+        if (at < first || at >= first + n * 4) assert_int_equal(raw[k][i], 0xA5);
+      }
+    }
+    assert_memory_equal(copy.data(), copy_ref.data(), n * 2);
+    assert_memory_equal(p.data(), p0.data(), n * 4);
+    assert_memory_equal(m.data(), m0.data(), n * 4);
+    assert_memory_equal(v.data(), v0.data(), n * 4);
+  }
+}
+
 void test_convert_to_f32(void**) {
   std::printf("  fp16 conversions on this CPU: %s\n", dos::f16_conversion_isa());
   for (size_t n : {size_t(1), size_t(17), size_t(65536), size_t(16384 * 5 + 5)}) {
@@ -388,6 +444,9 @@ void test_schedule_switch(void**) {
   const bool want_static = env && std::strcmp(env, "static") == 0;
   std::printf("  CPU Adam's schedule: %s\n", dos::cpu_adam_schedule());
   assert_string_equal(dos::cpu_adam_schedule(), want_static ? "static" : "dynamic");
+  // and the out-of-place step's way of reading the old state: DOS_ADAM_INTO=copy, else direct
+  const char* into = std::getenv("DOS_ADAM_INTO");
+  assert_string_equal(dos::adam_into_reads(), into && std::strcmp(into, "copy") == 0 ? "copy" : "direct");
 }
 
 int main() {
@@ -403,7 +462,7 @@ int main() {
       cmocka_unit_test(test_convert_to_f32),        cmocka_unit_test(test_adam_no_param_copy),
       cmocka_unit_test(test_adam_small_sizes),      cmocka_unit_test(test_adam_mixed_dtypes),
       cmocka_unit_test(test_adam_large),            cmocka_unit_test(test_param_copy_misaligned),
-      cmocka_unit_test(test_adam_nonfinite_master),
+      cmocka_unit_test(test_adam_nonfinite_master), cmocka_unit_test(test_adam_into_misaligned_state),
   };
   return cmocka_run_group_tests(tests, nullptr, nullptr);
 }

@@ -44,6 +44,9 @@ AdamStepParams make_adam_step_params(const AdamHyper& h, std::int64_t step) {
 namespace {
 
 constexpr std::size_t kChunk = kCpuWorkItem;  // elements per OpenMP work item (adam.h)
+// elements per block of the out-of-place step's new state ("direct"): 3 x 8 KiB, in L1 beside the
+// gradient's and the copy's lines
+constexpr std::size_t kIntoBlock = 2048;
 
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // GCC 12's own avx512fintrin.h (a false positive)
@@ -129,12 +132,53 @@ inline __attribute__((always_inline)) void adam_range(float* __restrict p, float
   }
 }
 
-// One non-template, target-cloned function per (grad dtype, param dtype) pair.
-#define DOS_ADAM_VARIANT(NAME, G, P, W)                                                         \
-  DOS_CLONES void NAME(float* p, float* m, float* v, const void* g, void* out, std::size_t n, \
-                       const AdamStepParams& sp) {                                              \
-    if (sp.l2 != 0.0f) adam_range<G, P, W, true>(p, m, v, g, out, n, sp);                     \
-    else adam_range<G, P, W, false>(p, m, v, g, out, n, sp);                                    \
+/// adam_range out of place: the state read from pin, min, vin and the new state written to p, m, v
+/// (not overlapping them): the same adam_update, hence the same bits. omb1 is 1 - beta1, passed
+/// apart (see adam_range_into).
+template <DType G, DType P, bool WriteParam, bool L2>
+inline __attribute__((always_inline)) void adam_loop_into(const float* __restrict pin, const float* __restrict min,
+                                                          const float* __restrict vin, float* __restrict p,
+                                                          float* __restrict m, float* __restrict v,
+                                                          const void* __restrict g, void* __restrict out,
+                                                          std::size_t n, float omb1, const AdamStepParams& sp) {
+  const float b2 = sp.beta2, omb2 = sp.one_minus_beta2;
+  const float eps = sp.eps, step_size = sp.step_size, bc2s = sp.bias_correction2_sqrt;
+  const float l2 = sp.l2, decay = sp.decay;
+  for (std::size_t i = 0; i < n; ++i) {
+    float gi = load_as_f32(g, G, i);
+    float mi, vi;
+    const float pi =
+        detail::adam_update<L2>(pin[i], mi, vi, gi, min[i], vin[i], omb1, b2, omb2, eps, step_size, bc2s, l2, decay);
+    p[i] = pi;
+    m[i] = mi;
+    v[i] = vi;
+    if (WriteParam) store_from_f32(out, P, i, pi);
+  }
+}
+template <DType G, DType P, bool WriteParam, bool L2>
+inline __attribute__((always_inline)) void adam_range_into(const float* pin, const float* min, const float* vin,
+                                                           float* p, float* m, float* v, const void* g, void* out,
+                                                           std::size_t n, const AdamStepParams& sp) {
+  // lerp_torch's test of 1 - beta1 < 0.5 is the same on every element; GCC moved it out of the
+  // in-place loop but not out of this one, whose vector form it then never ran (measured 2.1x slower
+  // than copying the state in and stepping it in place). Made here, each copy of the loop knows it.
+  const float omb1 = sp.one_minus_beta1;
+  if (omb1 < 0.5f) adam_loop_into<G, P, WriteParam, L2>(pin, min, vin, p, m, v, g, out, n, omb1, sp);
+  else adam_loop_into<G, P, WriteParam, L2>(pin, min, vin, p, m, v, g, out, n, omb1, sp);
+}
+
+// Two non-template, target-cloned functions per (grad dtype, param dtype) pair: in place, and out of
+// place (NAME_into).
+#define DOS_ADAM_VARIANT(NAME, G, P, W)                                                                        \
+  DOS_CLONES void NAME(float* p, float* m, float* v, const void* g, void* out, std::size_t n,                \
+                       const AdamStepParams& sp) {                                                             \
+    if (sp.l2 != 0.0f) adam_range<G, P, W, true>(p, m, v, g, out, n, sp);                                    \
+    else adam_range<G, P, W, false>(p, m, v, g, out, n, sp);                                                   \
+  }                                                                                                            \
+  DOS_CLONES void NAME##_into(const float* pin, const float* min, const float* vin, float* p, float* m, float* v, \
+                              const void* g, void* out, std::size_t n, const AdamStepParams& sp) {             \
+    if (sp.l2 != 0.0f) adam_range_into<G, P, W, true>(pin, min, vin, p, m, v, g, out, n, sp);                \
+    else adam_range_into<G, P, W, false>(pin, min, vin, p, m, v, g, out, n, sp);                               \
   }
 DOS_ADAM_VARIANT(adam_f32_none, DType::fp32, DType::fp32, false)
 DOS_ADAM_VARIANT(adam_f32_f32, DType::fp32, DType::fp32, true)
@@ -151,15 +195,24 @@ DOS_ADAM_VARIANT(adam_bf16_f16, DType::bf16, DType::fp16, true)
 #undef DOS_ADAM_VARIANT
 
 using AdamFn = void (*)(float*, float*, float*, const void*, void*, std::size_t, const AdamStepParams&);
+using AdamIntoFn = void (*)(const float*, const float*, const float*, float*, float*, float*, const void*, void*,
+                            std::size_t, const AdamStepParams&);
+/// One (gradient type, parameter-copy type) pair's element loops: in place and out of place.
+struct AdamFns {
+  AdamFn in_place;
+  AdamIntoFn into;
+};
 
-/// The variant for gradient type g and parameter-copy type p (write: whether a copy is written).
-AdamFn pick_adam(DType g, DType p, bool write) {
-  static const AdamFn table[3][4] = {
+/// The variants for gradient type g and parameter-copy type p (write: whether a copy is written).
+AdamFns pick_adam(DType g, DType p, bool write) {
+#define DOS_FNS(NAME) AdamFns{NAME, NAME##_into}
+  static const AdamFns table[3][4] = {
       // param: fp32, fp16, bf16, none
-      {adam_f32_f32, adam_f32_f16, adam_f32_bf16, adam_f32_none},
-      {adam_f16_f32, adam_f16_f16, adam_f16_bf16, adam_f16_none},
-      {adam_bf16_f32, adam_bf16_f16, adam_bf16_bf16, adam_bf16_none},
+      {DOS_FNS(adam_f32_f32), DOS_FNS(adam_f32_f16), DOS_FNS(adam_f32_bf16), DOS_FNS(adam_f32_none)},
+      {DOS_FNS(adam_f16_f32), DOS_FNS(adam_f16_f16), DOS_FNS(adam_f16_bf16), DOS_FNS(adam_f16_none)},
+      {DOS_FNS(adam_bf16_f32), DOS_FNS(adam_bf16_f16), DOS_FNS(adam_bf16_bf16), DOS_FNS(adam_bf16_none)},
   };
+#undef DOS_FNS
   return table[int(g)][write ? int(p) : 3];
 }
 
@@ -211,6 +264,16 @@ const Streamer& streamer() {
   return best;
 }
 
+/// Whether adam_step_into_cpu steps the old state from where it lies into blocks of the thread's own
+/// (the default, "direct") rather than copying it into them first and stepping it there ("copy"):
+/// DOS_ADAM_INTO in the environment, read once (a measurement switch; another value warns on
+/// standard error and gives the default). The same bits either way.
+bool adam_into_direct() {
+  static const bool direct =
+      detail::env_choice("DOS_ADAM_INTO", {"direct", "copy"}, 0, "direct is used (the default)") == 0;
+  return direct;
+}
+
 /// Whether adam_step_cpu hands its work items out one at a time (the default) rather than one
 /// contiguous range per thread: DOS_CPU_SCHEDULE=static in the environment picks the latter (a
 /// measurement switch, read once; "dynamic" or none: dynamic; any other value: dynamic, with a
@@ -233,15 +296,18 @@ DOS_CONVERT_VARIANT(convert_f32, DType::fp32)
 namespace {
 /// adam_step_cpu and adam_step_into_cpu: the state read from *_in and written to master, exp_avg,
 /// exp_avg_sq (the same arrays, in place, when into is false). Out of place, each chunk's state is
-/// copied into cache-resident blocks, updated there in place by the same kernel (hence the same
-/// bits) and streamed out with non-temporal stores: the bytes moved are those of the update in place.
+/// stepped from where it lies into blocks of kIntoBlock elements of the thread's own (in L1) by the
+/// out-of-place element loop ("direct"), or, under DOS_ADAM_INTO=copy, copied whole into
+/// cache-resident blocks and updated there in place ("copy"); either way the new state is streamed
+/// out with non-temporal stores, so the bytes moved are those of the update in place, and the
+/// element loops run the same adam_update (the same bits).
 void adam_step_any(bool into, const float* master_in, const float* exp_avg_in, const float* exp_avg_sq_in,
                    float* master, float* exp_avg, float* exp_avg_sq, const void* grad, DType grad_dtype,
                    void* param_out, DType param_dtype, std::size_t n, const AdamStepParams& sp) {
   // fp16 gradients or parameters go through fp32 blocks in cache, converted with F16C/AVX-512 (the
   // element loop's own fp16 code does not vectorise); bf16 and fp32 are read and written in place.
   const bool f16_in = grad_dtype == DType::fp16, f16_out = param_out && param_dtype == DType::fp16;
-  const AdamFn fn = pick_adam(f16_in ? DType::fp32 : grad_dtype, f16_out ? DType::fp32 : param_dtype, param_out != nullptr);
+  const AdamFns fns = pick_adam(f16_in ? DType::fp32 : grad_dtype, f16_out ? DType::fp32 : param_dtype, param_out != nullptr);
   const F16Converters& cv = f16_converters();
   const std::size_t gsz = dtype_size(grad_dtype), psz = dtype_size(param_dtype);
   const std::size_t nchunks = (n + kChunk - 1) / kChunk;
@@ -253,6 +319,9 @@ void adam_step_any(bool into, const float* master_in, const float* exp_avg_in, c
   const std::size_t nstage = (f16_in || f16_out ? 2 : 0) + (staged_out ? 1 : 0) + (into ? 3 : 0);
   const StreamBytes stream = streamer().fn;
   const bool dynamic = cpu_adam_dynamic_schedule();
+  const bool direct = into && adam_into_direct();
+  // the element sizes of what the element loop reads as the gradient and writes as the copy
+  const std::size_t g_elem = f16_in ? sizeof(float) : gsz, out_elem = f16_out ? sizeof(float) : psz;
 #pragma omp parallel if (nchunks > 1)
   {
     // per-thread staging blocks (heap, not TLS: this code may live in a dlopen'ed library)
@@ -274,14 +343,25 @@ void adam_step_any(bool into, const float* master_in, const float* exp_avg_in, c
       void* const dst = param_out ? static_cast<char*>(param_out) + off * psz : nullptr;
       void* out = f16_out ? static_cast<void*>(pbuf) : staged_out ? static_cast<void*>(obuf) : dst;
       float *p = master + off, *m = exp_avg + off, *v = exp_avg_sq + off;
-      if (into) {
+      if (direct) {  // stepped from the old state into the thread's blocks, each streamed out
+        float *pb = sbuf, *mb = sbuf + kIntoBlock, *vb = sbuf + 2 * kIntoBlock;
+        for (std::size_t b = 0; b < len; b += kIntoBlock) {
+          const std::size_t bl = std::min(kIntoBlock, len - b);
+          void* const out_b = out ? static_cast<char*>(out) + b * out_elem : nullptr;
+          fns.into(master_in + off + b, exp_avg_in + off + b, exp_avg_sq_in + off + b, pb, mb, vb,
+                   static_cast<const char*>(g) + b * g_elem, out_b, bl, sp);
+          stream(master + off + b, pb, bl * sizeof(float));
+          stream(exp_avg + off + b, mb, bl * sizeof(float));
+          stream(exp_avg_sq + off + b, vb, bl * sizeof(float));
+        }
+      } else if (into) {
         p = sbuf, m = sbuf + kChunk, v = sbuf + 2 * kChunk;
         std::memcpy(p, master_in + off, len * sizeof(float));
         std::memcpy(m, exp_avg_in + off, len * sizeof(float));
         std::memcpy(v, exp_avg_sq_in + off, len * sizeof(float));
       }
-      fn(p, m, v, g, out, len, sp);
-      if (into) {
+      if (!direct) fns.in_place(p, m, v, g, out, len, sp);
+      if (into && !direct) {
         stream(master + off, p, len * sizeof(float));
         stream(exp_avg + off, m, len * sizeof(float));
         stream(exp_avg_sq + off, v, len * sizeof(float));
@@ -387,6 +467,8 @@ const char* f16_conversion_isa() { return f16_converters().isa; }
 const char* cpu_param_copy_stores() { return streamer().name; }
 
 void stream_copy_cpu(void* dst, const void* src, std::size_t bytes) { streamer().fn(dst, src, bytes); }
+
+const char* adam_into_reads() { return adam_into_direct() ? "direct" : "copy"; }
 
 const char* cpu_adam_schedule() { return cpu_adam_dynamic_schedule() ? "dynamic" : "static"; }
 

@@ -112,59 +112,40 @@ const F16Converters& f16_converters() {
   return c;
 }
 
-template <DType G, DType P, bool WriteParam, bool L2>
-inline __attribute__((always_inline)) void adam_range(float* __restrict p, float* __restrict m,
-                                                      float* __restrict v, const void* __restrict g,
-                                                      void* __restrict out, std::size_t n,
-                                                      const AdamStepParams& sp) {
-  const float omb1 = sp.one_minus_beta1, b2 = sp.beta2, omb2 = sp.one_minus_beta2;
-  const float eps = sp.eps, step_size = sp.step_size, bc2s = sp.bias_correction2_sqrt;
-  const float l2 = sp.l2, decay = sp.decay;
-  for (std::size_t i = 0; i < n; ++i) {
-    float gi = load_as_f32(g, G, i);
-    float mi, vi;
-    const float pi =
-        detail::adam_update<L2>(p[i], mi, vi, gi, m[i], v[i], omb1, b2, omb2, eps, step_size, bc2s, l2, decay);
-    p[i] = pi;
-    m[i] = mi;
-    v[i] = vi;
-    if (WriteParam) store_from_f32(out, P, i, pi);
-  }
-}
-
-/// adam_range out of place: the state read from pin, min, vin and the new state written to p, m, v
-/// (not overlapping them): the same adam_update, hence the same bits. omb1 is 1 - beta1, passed
-/// apart (see adam_range_into).
-template <DType G, DType P, bool WriteParam, bool L2>
-inline __attribute__((always_inline)) void adam_loop_into(const float* __restrict pin, const float* __restrict min,
-                                                          const float* __restrict vin, float* __restrict p,
-                                                          float* __restrict m, float* __restrict v,
-                                                          const void* __restrict g, void* __restrict out,
-                                                          std::size_t n, float omb1, const AdamStepParams& sp) {
+/// The element loop: in place (Into false: the state read from and written to p, m, v; pin, min,
+/// vin unused) or out of place (the state read from pin, min, vin, not overlapping p, m, v). omb1
+/// is 1 - beta1, passed apart (see adam_range).
+template <DType G, DType P, bool WriteParam, bool L2, bool Into>
+inline __attribute__((always_inline)) void adam_loop(const float* __restrict pin, const float* __restrict min,
+                                                     const float* __restrict vin, float* __restrict p,
+                                                     float* __restrict m, float* __restrict v,
+                                                     const void* __restrict g, void* __restrict out, std::size_t n,
+                                                     float omb1, const AdamStepParams& sp) {
   const float b2 = sp.beta2, omb2 = sp.one_minus_beta2;
   const float eps = sp.eps, step_size = sp.step_size, bc2s = sp.bias_correction2_sqrt;
   const float l2 = sp.l2, decay = sp.decay;
   for (std::size_t i = 0; i < n; ++i) {
     float gi = load_as_f32(g, G, i);
     float mi, vi;
-    const float pi =
-        detail::adam_update<L2>(pin[i], mi, vi, gi, min[i], vin[i], omb1, b2, omb2, eps, step_size, bc2s, l2, decay);
+    const float pi = detail::adam_update<L2>(Into ? pin[i] : p[i], mi, vi, gi, Into ? min[i] : m[i],
+                                             Into ? vin[i] : v[i], omb1, b2, omb2, eps, step_size, bc2s, l2, decay);
     p[i] = pi;
     m[i] = mi;
     v[i] = vi;
     if (WriteParam) store_from_f32(out, P, i, pi);
   }
 }
-template <DType G, DType P, bool WriteParam, bool L2>
-inline __attribute__((always_inline)) void adam_range_into(const float* pin, const float* min, const float* vin,
-                                                           float* p, float* m, float* v, const void* g, void* out,
-                                                           std::size_t n, const AdamStepParams& sp) {
-  // lerp_torch's test of 1 - beta1 < 0.5 is the same on every element; GCC moved it out of the
-  // in-place loop but not out of this one, whose vector form it then never ran (measured 2.1x slower
-  // than copying the state in and stepping it in place). Made here, each copy of the loop knows it.
+/// adam_loop with lerp_torch's test of 1 - beta1 < 0.5 made once: it is the same on every element.
+/// GCC moved it out of the in-place loop by itself but not out of the out-of-place one, whose vector
+/// form it then never ran (measured 2.1x slower than copying the state in and stepping it in place).
+/// Made here, each copy of the loop knows its answer.
+template <DType G, DType P, bool WriteParam, bool L2, bool Into>
+inline __attribute__((always_inline)) void adam_range(const float* pin, const float* min, const float* vin, float* p,
+                                                      float* m, float* v, const void* g, void* out, std::size_t n,
+                                                      const AdamStepParams& sp) {
   const float omb1 = sp.one_minus_beta1;
-  if (omb1 < 0.5f) adam_loop_into<G, P, WriteParam, L2>(pin, min, vin, p, m, v, g, out, n, omb1, sp);
-  else adam_loop_into<G, P, WriteParam, L2>(pin, min, vin, p, m, v, g, out, n, omb1, sp);
+  if (omb1 < 0.5f) adam_loop<G, P, WriteParam, L2, Into>(pin, min, vin, p, m, v, g, out, n, omb1, sp);
+  else adam_loop<G, P, WriteParam, L2, Into>(pin, min, vin, p, m, v, g, out, n, omb1, sp);
 }
 
 // Two non-template, target-cloned functions per (grad dtype, param dtype) pair: in place, and out of
@@ -172,13 +153,13 @@ inline __attribute__((always_inline)) void adam_range_into(const float* pin, con
 #define DOS_ADAM_VARIANT(NAME, G, P, W)                                                                        \
   DOS_CLONES void NAME(float* p, float* m, float* v, const void* g, void* out, std::size_t n,                \
                        const AdamStepParams& sp) {                                                             \
-    if (sp.l2 != 0.0f) adam_range<G, P, W, true>(p, m, v, g, out, n, sp);                                    \
-    else adam_range<G, P, W, false>(p, m, v, g, out, n, sp);                                                   \
+    if (sp.l2 != 0.0f) adam_range<G, P, W, true, false>(nullptr, nullptr, nullptr, p, m, v, g, out, n, sp);  \
+    else adam_range<G, P, W, false, false>(nullptr, nullptr, nullptr, p, m, v, g, out, n, sp);                 \
   }                                                                                                            \
   DOS_CLONES void NAME##_into(const float* pin, const float* min, const float* vin, float* p, float* m, float* v, \
                               const void* g, void* out, std::size_t n, const AdamStepParams& sp) {             \
-    if (sp.l2 != 0.0f) adam_range_into<G, P, W, true>(pin, min, vin, p, m, v, g, out, n, sp);                \
-    else adam_range_into<G, P, W, false>(pin, min, vin, p, m, v, g, out, n, sp);                               \
+    if (sp.l2 != 0.0f) adam_range<G, P, W, true, true>(pin, min, vin, p, m, v, g, out, n, sp);               \
+    else adam_range<G, P, W, false, true>(pin, min, vin, p, m, v, g, out, n, sp);                              \
   }
 DOS_ADAM_VARIANT(adam_f32_none, DType::fp32, DType::fp32, false)
 DOS_ADAM_VARIANT(adam_f32_f32, DType::fp32, DType::fp32, true)

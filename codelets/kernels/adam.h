@@ -105,9 +105,10 @@ void adam_step_cpu(float* master, float* exp_avg, float* exp_avg_sq, const void*
 /// new state written to master, exp_avg, exp_avg_sq (n fp32 each; the output arrays must not
 /// overlap the inputs), the inputs left as they were. The same fp32 operations in the same order as
 /// adam_step_cpu, hence the same bits: what a speculative update (computed before it is known to be
-/// kept) writes beside the state it may have to be redone from. The new state is written with
-/// non-temporal stores (cpu_param_copy_stores), block by block from buffers of the thread's own, so
-/// no line of the output is read before it is written; how each block is stepped is adam_into_reads'.
+/// kept) writes beside the state it may have to be redone from. The new state is written block by
+/// block from buffers of the thread's own with the stores cpu_param_copy_stores names: non-temporal
+/// ones read no line of the output first but the partial lines at each block's ends (an output not
+/// 64-byte aligned); ordinary ones read every line. How each block is stepped is adam_into_reads'.
 void adam_step_into_cpu(const float* master_in, const float* exp_avg_in, const float* exp_avg_sq_in, float* master,
                         float* exp_avg, float* exp_avg_sq, const void* grad, DType grad_dtype, void* param_out,
                         DType param_dtype, std::size_t n, const AdamStepParams& sp);
@@ -115,9 +116,10 @@ void adam_step_into_cpu(const float* master_in, const float* exp_avg_in, const f
 /// How adam_step_into_cpu steps the old state, as DOS_ADAM_INTO in the environment says (a
 /// measurement switch, read once; another value warns on standard error and gives the default):
 /// "direct" (the default), from where the old state lies into blocks of 2048 elements of the thread's
-/// own (in L1), each then streamed out; "copy", each work item's old state (16384 elements, 192 KiB)
+/// own (24 KiB), each then streamed out; "copy", each work item's old state (16384 elements, 192 KiB)
 /// copied into the thread's blocks first and stepped there in place. Both move the bytes of the step
-/// in place (28 per parameter with a bf16 gradient and copy); "copy" adds a pass through the cache.
+/// in place (28 per parameter with a bf16 gradient and copy, both streamed: from 16384 elements with
+/// non-temporal stores); "copy" adds a pass through the cache.
 /// The same bits either way. Throws nothing.
 const char* adam_into_reads();
 

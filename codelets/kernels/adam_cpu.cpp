@@ -1,6 +1,6 @@
 // CPU Adam/AdamW and conversion kernels (see adam.h for the formula and the contract).
 //
-// Vectorisation: the element loop is written once (adam_range, its step adam_update shared with the
+// Vectorisation: the element loop is written once (adam_loop, its step adam_update shared with the
 // compact master's kernel in adam_step_inline.h) and compiled by GCC for AVX-512, AVX2 and baseline
 // x86-64 through target_clones (DOS_CLONES); the loader picks the best at run time, so one
 // binary serves the CI machine and the GPU machine. Tails need no special code: the compiler's
@@ -44,7 +44,7 @@ AdamStepParams make_adam_step_params(const AdamHyper& h, std::int64_t step) {
 namespace {
 
 constexpr std::size_t kChunk = kCpuWorkItem;  // elements per OpenMP work item (adam.h)
-// elements per block of the out-of-place step's new state ("direct"): 3 x 8 KiB, in L1 beside the
+// elements per block of the out-of-place step's new state ("direct"): 3 x 8 KiB (in L1 on the bf16 and fp32 paths) beside the
 // gradient's and the copy's lines
 constexpr std::size_t kIntoBlock = 2048;
 
@@ -277,7 +277,7 @@ DOS_CONVERT_VARIANT(convert_f32, DType::fp32)
 namespace {
 /// adam_step_cpu and adam_step_into_cpu: the state read from *_in and written to master, exp_avg,
 /// exp_avg_sq (the same arrays, in place, when into is false). Out of place, each chunk's state is
-/// stepped from where it lies into blocks of kIntoBlock elements of the thread's own (in L1) by the
+/// stepped from where it lies into blocks of kIntoBlock elements of the thread's own (24 KiB) by the
 /// out-of-place element loop ("direct"), or, under DOS_ADAM_INTO=copy, copied whole into
 /// cache-resident blocks and updated there in place ("copy"); either way the new state is streamed
 /// out with non-temporal stores, so the bytes moved are those of the update in place, and the
@@ -297,17 +297,19 @@ void adam_step_any(bool into, const float* master_in, const float* exp_avg_in, c
   // The copy goes through the block and non-temporal stores only when the array spans a chunk or
   // more: below that the block, the stores and the fence cost more than the lines they save.
   const bool staged_out = param_out && n >= kChunk;
-  const std::size_t nstage = (f16_in || f16_out ? 2 : 0) + (staged_out ? 1 : 0) + (into ? 3 : 0);
+  const bool direct = into && adam_into_direct();
+  // the state's blocks come last: 3 x kIntoBlock floats stepped directly, 3 x kChunk copied first
+  const std::size_t nstage =
+      ((f16_in || f16_out ? 2 : 0) + (staged_out ? 1 : 0)) * kChunk + (into ? 3 * (direct ? kIntoBlock : kChunk) : 0);
   const StreamBytes stream = streamer().fn;
   const bool dynamic = cpu_adam_dynamic_schedule();
-  const bool direct = into && adam_into_direct();
   // the element sizes of what the element loop reads as the gradient and writes as the copy
   const std::size_t g_elem = f16_in ? sizeof(float) : gsz, out_elem = f16_out ? sizeof(float) : psz;
 #pragma omp parallel if (nchunks > 1)
   {
     // per-thread staging blocks (heap, not TLS: this code may live in a dlopen'ed library)
     std::unique_ptr<float, decltype(&std::free)> stage(
-        static_cast<float*>(nstage ? std::aligned_alloc(64, nstage * kChunk * sizeof(float)) : nullptr), &std::free);
+        static_cast<float*>(nstage ? std::aligned_alloc(64, nstage * sizeof(float)) : nullptr), &std::free);
     if (nstage && !stage) std::abort();  // a few hundred KiB per thread: nothing to recover from
     float* gbuf = (f16_in || f16_out) ? stage.get() : nullptr;
     float* pbuf = gbuf ? gbuf + kChunk : nullptr;

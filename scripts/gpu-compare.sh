@@ -66,6 +66,10 @@ else
   python3 "$ROOT/examples/dos_compare.py" --policies "" --resident-budgets 10GB,20GB,31.5GB "${PEERS[@]}" "${BASE[@]}" "${PROBE[@]}" \
     --out "$OUT/budgets" -- "${ARGS[@]}" 2>&1 | grep -v "^\[starpu"
 fi
-for f in "$OUT"/*/*.log; do grep -h -E "^(model|iter|summary)" "$f" | sed "s|^|$(basename "$f" .log): |" ; done | grep -E "model:|summary" | head -60
+# each run's rates, plans and summaries, and its phases one line each (seconds, sides, prediction
+# and bound; the bytes and busy fractions left in the logs), so that the script's own output holds them
+for f in "$OUT"/*/*.log; do
+  grep -h -E "^(model|iter|summary)" "$f" | sed -E 's/  H2D .*$//' | cut -c1-200 | sed "s|^|$(basename "$f" .log): |"
+done | grep -E "model:|summary|: iter " | head -120
 rm -f "$OUT"/*/*.safetensors
 echo "total: $(( $(date +%s) - t0 )) s"

@@ -110,11 +110,7 @@ static void step_and_check(const dos_optimizer_options* o) {
     for (int i = 0; i < N; ++i) far += fabs(other[i] - ref[i]) > 100 * bound(p0[i], ref[i], o->lr);
     assert_true(far > N / 2);
   }
-  void* params[2] = {p, p + N0};
-  void* grads[2] = {g, g + N0};
-  const size_t numels[2] = {N0, N1};
-  dos_optimizer* opt = NULL;
-  assert_int_equal(dos_optimizer_create(g_rt, 2, params, grads, numels, o, &opt), DOS_OK);
+  dos_optimizer* opt = two_tensor_optimizer(p, g, sizeof(float), o);
   assert_non_null(opt);
   assert_int_equal(dos_optimizer_num_params(opt), N);
   assert_int_equal(dos_optimizer_num_subgroups(opt), (N + o->subgroup_size - 1) / o->subgroup_size);
@@ -320,6 +316,15 @@ dos_optimizer* one_tensor_optimizer(float* p, float* g) {
   return opt;
 }
 
+dos_optimizer* two_tensor_optimizer(void* p, void* g, size_t elem_bytes, const dos_optimizer_options* o) {
+  void* params[2] = {p, (char*)p + N0 * elem_bytes};
+  void* grads[2] = {g, (char*)g + N0 * elem_bytes};
+  const size_t numels[2] = {N0, N1};
+  dos_optimizer* opt = NULL;
+  assert_int_equal(dos_optimizer_create(g_rt, 2, params, grads, numels, o, &opt), DOS_OK);
+  return opt;
+}
+
 /* one_tensor_optimizer over p and g filled with small values of both signs (N each). */
 static dos_optimizer* filled_optimizer(float* p, float* g) {
   for (size_t i = 0; i < N; ++i) {
@@ -339,14 +344,8 @@ static void test_set_gradients(void** state) {
   static float pa[N], pb[N], ga[N], gb[2][N];
   for (int i = 0; i < N; ++i) pa[i] = pb[i] = (float)(0.5 - 0.001 * i);
   dos_optimizer_options o = fp32_options();
-  const size_t numels[2] = {N0, N1};
-  void* params_a[2] = {pa, pa + N0};
-  void* grads_a[2] = {ga, ga + N0};
-  void* params_b[2] = {pb, pb + N0};
-  void* grads_b[2] = {gb[0], gb[0] + N0};
-  dos_optimizer *a = NULL, *b = NULL;
-  assert_int_equal(dos_optimizer_create(g_rt, 2, params_a, grads_a, numels, &o, &a), DOS_OK);
-  assert_int_equal(dos_optimizer_create(g_rt, 2, params_b, grads_b, numels, &o, &b), DOS_OK);
+  dos_optimizer* a = two_tensor_optimizer(pa, ga, sizeof(float), &o);
+  dos_optimizer* b = two_tensor_optimizer(pb, gb[0], sizeof(float), &o);
   for (int step = 0; step < 4; ++step) {
     float* cur = gb[step % 2]; /* tensor 1's gradient at cur, tensor 0's at cur + N1 */
     float* old = gb[(step + 1) % 2];

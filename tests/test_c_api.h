@@ -28,6 +28,11 @@ dos_optimizer_options fp32_options(void);
  * test when it cannot be made. */
 dos_optimizer* one_tensor_optimizer(float* p, float* g);
 
+/* An optimizer with options o over two tensors on g_rt: the first N0 elements of p and g (each
+ * element elem_bytes long, as o's dtype says) and the N1 after them; fails the test when it cannot
+ * be made. */
+dos_optimizer* two_tensor_optimizer(void* p, void* g, size_t elem_bytes, const dos_optimizer_options* o);
+
 /* test_c_api_plain.c: the calls that need no runtime */
 void test_defaults(void** state);
 void test_gpu_memory_for_budgets(void** state);

@@ -46,14 +46,9 @@ static void compact_pair_create(struct compact_pair* q) {
   dos_optimizer_options o = fp32_options();
   o.dtype = DOS_DTYPE_BF16;
   o.subgroup_size = CSUB;
-  void* pf[2] = {q->pf, q->pf + N0};
-  void* gf[2] = {q->gf, q->gf + N0};
-  void* pc[2] = {q->pc, q->pc + N0};
-  void* gc[2] = {q->gc, q->gc + N0};
-  const size_t numels[2] = {N0, N1};
-  assert_int_equal(dos_optimizer_create(g_rt, 2, pf, gf, numels, &o, &q->full), DOS_OK);
+  q->full = two_tensor_optimizer(q->pf, q->gf, sizeof(uint16_t), &o);
   o.compact_master = 1;
-  assert_int_equal(dos_optimizer_create(g_rt, 2, pc, gc, numels, &o, &q->compact), DOS_OK);
+  q->compact = two_tensor_optimizer(q->pc, q->gc, sizeof(uint16_t), &o);
 }
 
 /* The bf16 gradients of step t, the same for both optimizers. */

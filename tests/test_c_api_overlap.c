@@ -29,13 +29,8 @@ static void pair_create(struct pair* q, int64_t speculation_budget) {
   for (int i = 0; i < N; ++i) q->pa[i] = q->pb[i] = (float)cos(0.11 * i);
   dos_optimizer_options o = fp32_options();
   o.speculation_budget = speculation_budget;
-  void* pa[2] = {q->pa, q->pa + N0};
-  void* ga[2] = {q->ga, q->ga + N0};
-  void* pb[2] = {q->pb, q->pb + N0};
-  void* gb[2] = {q->gb, q->gb + N0};
-  const size_t numels[2] = {N0, N1};
-  assert_int_equal(dos_optimizer_create(g_rt, 2, pa, ga, numels, &o, &q->plain), DOS_OK);
-  assert_int_equal(dos_optimizer_create(g_rt, 2, pb, gb, numels, &o, &q->over), DOS_OK);
+  q->plain = two_tensor_optimizer(q->pa, q->ga, sizeof(float), &o);
+  q->over = two_tensor_optimizer(q->pb, q->gb, sizeof(float), &o);
 }
 
 static void expect_same_bits(struct pair* q) {

@@ -325,7 +325,6 @@ void adam_step_any(bool into, const float* master_in, const float* exp_avg_in, c
       }
       void* const dst = param_out ? static_cast<char*>(param_out) + off * psz : nullptr;
       void* out = f16_out ? static_cast<void*>(pbuf) : staged_out ? static_cast<void*>(obuf) : dst;
-      float *p = master + off, *m = exp_avg + off, *v = exp_avg_sq + off;
       if (direct) {  // stepped from the old state into the thread's blocks, each streamed out
         float *pb = sbuf, *mb = sbuf + kIntoBlock, *vb = sbuf + 2 * kIntoBlock;
         for (std::size_t b = 0; b < len; b += kIntoBlock) {
@@ -337,17 +336,17 @@ void adam_step_any(bool into, const float* master_in, const float* exp_avg_in, c
           stream(exp_avg + off + b, mb, bl * sizeof(float));
           stream(exp_avg_sq + off + b, vb, bl * sizeof(float));
         }
-      } else if (into) {
-        p = sbuf, m = sbuf + kChunk, v = sbuf + 2 * kChunk;
+      } else if (into) {  // the old state copied into the thread's blocks, stepped there, streamed out
+        float *p = sbuf, *m = sbuf + kChunk, *v = sbuf + 2 * kChunk;
         std::memcpy(p, master_in + off, len * sizeof(float));
         std::memcpy(m, exp_avg_in + off, len * sizeof(float));
         std::memcpy(v, exp_avg_sq_in + off, len * sizeof(float));
-      }
-      if (!direct) fns.in_place(p, m, v, g, out, len, sp);
-      if (into && !direct) {
+        fns.in_place(p, m, v, g, out, len, sp);
         stream(master + off, p, len * sizeof(float));
         stream(exp_avg + off, m, len * sizeof(float));
         stream(exp_avg_sq + off, v, len * sizeof(float));
+      } else {
+        fns.in_place(master + off, exp_avg + off, exp_avg_sq + off, g, out, len, sp);
       }
       if (staged_out) {
         if (f16_out) cv.to_f16(pbuf, reinterpret_cast<std::uint16_t*>(obuf), len);

@@ -325,6 +325,16 @@ dos_optimizer* two_tensor_optimizer(void* p, void* g, size_t elem_bytes, const d
   return opt;
 }
 
+void assert_same_step_counts(dos_optimizer* a, dos_optimizer* b) {
+  int64_t sa[16], sb[16];
+  const size_t ns = dos_optimizer_num_subgroups(a);
+  assert_true(ns <= 16);
+  assert_int_equal(dos_optimizer_num_subgroups(b), ns);
+  assert_int_equal(dos_optimizer_step_counts(a, sa), DOS_OK);
+  assert_int_equal(dos_optimizer_step_counts(b, sb), DOS_OK);
+  assert_memory_equal(sa, sb, ns * sizeof(int64_t));
+}
+
 /* one_tensor_optimizer over p and g filled with small values of both signs (N each). */
 static dos_optimizer* filled_optimizer(float* p, float* g) {
   for (size_t i = 0; i < N; ++i) {

@@ -33,6 +33,10 @@ dos_optimizer* one_tensor_optimizer(float* p, float* g);
  * be made. */
 dos_optimizer* two_tensor_optimizer(void* p, void* g, size_t elem_bytes, const dos_optimizer_options* o);
 
+/* Fails the test unless optimizers a and b (the same tensors and subgroups, at most 16) hold the
+ * same step count in every subgroup. */
+void assert_same_step_counts(dos_optimizer* a, dos_optimizer* b);
+
 /* test_c_api_plain.c: the calls that need no runtime */
 void test_defaults(void** state);
 void test_gpu_memory_for_budgets(void** state);

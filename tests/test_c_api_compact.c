@@ -75,12 +75,7 @@ static void expect_compact_same_bits(struct compact_pair* q, const char* when) {
   assert_int_equal(dos_optimizer_read_masters(q->full, 150, 820, a), DOS_OK);
   assert_int_equal(dos_optimizer_read_masters(q->compact, 150, 820, b), DOS_OK);
   if (memcmp(a, b, (820 - 150) * sizeof(float)) != 0) fail_msg("%s: dos_optimizer_read_masters differs", when);
-  int64_t sa[16], sb[16];
-  const size_t ns = dos_optimizer_num_subgroups(q->full);
-  assert_true(ns <= 16);
-  assert_int_equal(dos_optimizer_step_counts(q->full, sa), DOS_OK);
-  assert_int_equal(dos_optimizer_step_counts(q->compact, sb), DOS_OK);
-  assert_memory_equal(sa, sb, ns * sizeof(int64_t));
+  assert_same_step_counts(q->full, q->compact);
 }
 
 /* A bf16 compact optimizer on host memory against a full one, bit for bit: after each of STEPS

@@ -41,12 +41,7 @@ static void expect_same_bits(struct pair* q) {
     if (memcmp(a, b, sizeof a) != 0) fail_msg("state %d differs between the plain and the overlapped update", which);
   }
   if (memcmp(q->pa, q->pb, sizeof q->pa) != 0) fail_msg("the caller's parameters differ");
-  int64_t sa[8], sb[8];
-  const size_t ns = dos_optimizer_num_subgroups(q->plain);
-  assert_true(ns <= 8);
-  assert_int_equal(dos_optimizer_step_counts(q->plain, sa), DOS_OK);
-  assert_int_equal(dos_optimizer_step_counts(q->over, sb), DOS_OK);
-  assert_memory_equal(sa, sb, ns * sizeof(int64_t));
+  assert_same_step_counts(q->plain, q->over);
 }
 
 enum kind { KEEP, CHANGED, SKIP, PARTIAL };

@@ -1,0 +1,153 @@
+// The calibration's PCIe rates from several readings (models/link_calibration.h): which reading is
+// low against StarPU's bus figures, the best of several direction by direction, how many readings
+// read_link takes and what it keeps, and the warning's figures. Readings are made up here: the
+// GPU calibration that feeds them is calibrate_rates'.
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "cmocka_cpp.h"
+#include "link_calibration.h"
+
+namespace {
+
+constexpr double G = 1e9;  // bytes/s per GB/s
+
+// StarPU's bus figures on the GPU machine, one direction at a time (about 54 GB/s each way)
+const dos::LinkReading kBus{54 * G, 54 * G, 0, 0};
+
+void test_low_against_reference(void**) {
+  // a healthy H100 reading: one way 55 / 53, both at once 48 / 51
+  assert_false(dos::link_reading_low({55 * G, 53 * G, 48 * G, 51 * G}, kBus));
+  // the low calibration's kind: about half of the bus figure
+  assert_true(dos::link_reading_low({27 * G, 32 * G, 24.8 * G, 30.4 * G}, kBus));
+  // one direction low is enough
+  assert_true(dos::link_reading_low({55 * G, 40 * G, 48 * G, 38 * G}, kBus));
+  assert_true(dos::link_reading_low({40 * G, 55 * G, 38 * G, 48 * G}, kBus));
+  // the threshold itself: kLowLinkFraction of the reference is not low, just below it is
+  const double edge = dos::kLowLinkFraction * 54 * G;
+  assert_false(dos::link_reading_low({edge, edge, 0, 0}, kBus));
+  assert_true(dos::link_reading_low({edge * (1 - 1e-12), edge, 0, 0}, kBus));
+  // a link that cannot run both ways at full rate: duplex far below one way, one way normal: not low
+  assert_false(dos::link_reading_low({54 * G, 54 * G, 20 * G, 20 * G}, kBus));
+  // no reference (StarPU without a bus figure, or not a number): never low
+  assert_false(dos::link_reading_low({1 * G, 1 * G, 1 * G, 1 * G}, dos::LinkReading{}));
+  assert_false(dos::link_reading_low({1 * G, 1 * G, 0, 0}, dos::LinkReading{NAN, INFINITY, 0, 0}));
+  assert_false(dos::link_reading_low({1 * G, 1 * G, 0, 0}, dos::LinkReading{-5 * G, 0, 0, 0}));
+  // a direction not measured (0): not low
+  assert_false(dos::link_reading_low({0, 0, 0, 0}, kBus));
+}
+
+void test_best_direction_by_direction(void**) {
+  const dos::LinkReading b =
+      dos::best_link_reading({{30 * G, 55 * G, 28 * G, 50 * G}, {52 * G, 31 * G, 47 * G, 29 * G}, {10 * G, 10 * G, 9 * G, 9 * G}});
+  ASSERT_NEAR(b.h2d, 52 * G, 0);
+  ASSERT_NEAR(b.d2h, 55 * G, 0);
+  ASSERT_NEAR(b.duplex_h2d, 47 * G, 0);
+  ASSERT_NEAR(b.duplex_d2h, 50 * G, 0);
+  const dos::LinkReading none = dos::best_link_reading({});
+  assert_true(none.h2d == 0 && none.d2h == 0 && none.duplex_h2d == 0 && none.duplex_d2h == 0);
+}
+
+// read_link against a list of readings, each taken in turn; counts the measures and the pauses
+struct Script {
+  std::vector<dos::LinkReading> readings;
+  std::vector<bool> ok;  // whether each measure succeeds (true where shorter)
+  int measured = 0, paused = 0;
+  dos::LinkReading run(int* taken, bool* low) {
+    return dos::read_link(
+        [this](dos::LinkReading* out) {
+          const std::size_t i = std::size_t(measured++);
+          assert_true(i < readings.size());  // never more measures than kMostLinkReadings
+          if (i < ok.size() && !ok[i]) return false;
+          *out = readings[i];
+          return true;
+        },
+        [this] { ++paused; }, kBus, taken, low);
+  }
+};
+
+void test_read_link_once_when_healthy(void**) {
+  Script s{{{55 * G, 53 * G, 48 * G, 51 * G}}, {}};
+  int taken = -1;
+  bool low = true;
+  const dos::LinkReading b = s.run(&taken, &low);
+  assert_int_equal(s.measured, 1);
+  assert_int_equal(s.paused, 0);
+  assert_int_equal(taken, 1);
+  assert_false(low);
+  ASSERT_NEAR(b.duplex_h2d, 48 * G, 0);
+  ASSERT_NEAR(b.duplex_d2h, 51 * G, 0);
+}
+
+void test_read_link_again_until_healthy(void**) {
+  // low, low, then healthy: three readings, two pauses; the duplex rates are the best of the three
+  Script s{{{27 * G, 32 * G, 24.8 * G, 30.4 * G}, {30 * G, 52 * G, 26 * G, 49 * G}, {55 * G, 50 * G, 48.2 * G, 47 * G},
+            {60 * G, 60 * G, 60 * G, 60 * G}}, {}};
+  int taken = 0;
+  bool low = true;
+  const dos::LinkReading b = s.run(&taken, &low);
+  assert_int_equal(s.measured, 3);
+  assert_int_equal(s.paused, 2);
+  assert_int_equal(taken, 3);
+  assert_false(low);
+  ASSERT_NEAR(b.duplex_h2d, 48.2 * G, 0);
+  ASSERT_NEAR(b.duplex_d2h, 49 * G, 0);
+  ASSERT_NEAR(b.h2d, 55 * G, 0);
+  ASSERT_NEAR(b.d2h, 52 * G, 0);
+}
+
+void test_read_link_stays_low(void**) {
+  // low every time: kMostLinkReadings readings, then low, the best of them kept
+  std::vector<dos::LinkReading> r;
+  for (int i = 0; i < dos::kMostLinkReadings; ++i) r.push_back({(25.0 + i) * G, 30 * G, (20.0 + i) * G, 28 * G});
+  Script s{r, {}};
+  int taken = 0;
+  bool low = false;
+  const dos::LinkReading b = s.run(&taken, &low);
+  assert_int_equal(s.measured, dos::kMostLinkReadings);
+  assert_int_equal(s.paused, dos::kMostLinkReadings - 1);
+  assert_int_equal(taken, dos::kMostLinkReadings);
+  assert_true(low);
+  ASSERT_NEAR(b.duplex_h2d, (20.0 + dos::kMostLinkReadings - 1) * G, 0);
+  ASSERT_NEAR(b.duplex_d2h, 28 * G, 0);
+  const std::string w = dos::low_link_warning(b, kBus, taken, "/cache/rates-x.json");
+  std::printf("  %s\n", w.c_str());
+  assert_non_null(std::strstr(w.c_str(), "warning"));
+  assert_non_null(std::strstr(w.c_str(), "in 5 readings"));
+  assert_non_null(std::strstr(w.c_str(), "29.0 GB/s host to device"));  // the best one-way figure
+  assert_non_null(std::strstr(w.c_str(), "(54.0 and 54.0 GB/s)"));
+  assert_non_null(std::strstr(w.c_str(), "24.0 and 28.0 GB/s"));
+  assert_non_null(std::strstr(w.c_str(), "/cache/rates-x.json"));
+  assert_non_null(std::strstr(w.c_str(), "--recalibrate"));
+}
+
+void test_read_link_failed_measure(void**) {
+  // the first measure fails: nothing read, not low (the caller keeps StarPU's figures), no retry
+  Script s{{{1 * G, 1 * G, 1 * G, 1 * G}}, {false}};
+  int taken = -1;
+  bool low = true;
+  const dos::LinkReading b = s.run(&taken, &low);
+  assert_int_equal(s.measured, 1);
+  assert_int_equal(taken, 0);
+  assert_false(low);
+  assert_true(b.duplex_h2d == 0 && b.duplex_d2h == 0);
+  // a low reading, then a failed measure, then a healthy one: two readings kept
+  Script t{{{27 * G, 32 * G, 24 * G, 30 * G}, {}, {55 * G, 55 * G, 50 * G, 50 * G}}, {true, false, true}};
+  const dos::LinkReading c = t.run(&taken, &low);
+  assert_int_equal(t.measured, 3);
+  assert_int_equal(taken, 2);
+  assert_false(low);
+  ASSERT_NEAR(c.duplex_h2d, 50 * G, 0);
+}
+
+}  // namespace
+
+int main() {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_low_against_reference),     cmocka_unit_test(test_best_direction_by_direction),
+      cmocka_unit_test(test_read_link_once_when_healthy), cmocka_unit_test(test_read_link_again_until_healthy),
+      cmocka_unit_test(test_read_link_stays_low),       cmocka_unit_test(test_read_link_failed_measure),
+  };
+  return cmocka_run_group_tests(tests, nullptr, nullptr);
+}

@@ -67,15 +67,22 @@ struct Script {
   }
 };
 
+// Runs s through read_link and checks what it did: the measures made, the pauses between them, the
+// readings it counted and whether it called the best low. Returns the best reading.
+dos::LinkReading run_expecting(Script& s, int measured, int paused, int taken, bool low) {
+  int got_taken = -1;
+  bool got_low = !low;
+  const dos::LinkReading b = s.run(&got_taken, &got_low);
+  assert_int_equal(s.measured, measured);
+  assert_int_equal(s.paused, paused);
+  assert_int_equal(got_taken, taken);
+  assert_int_equal(got_low, low);
+  return b;
+}
+
 void test_read_link_once_when_healthy(void**) {
   Script s{{{55 * G, 53 * G, 48 * G, 51 * G}}, {}};
-  int taken = -1;
-  bool low = true;
-  const dos::LinkReading b = s.run(&taken, &low);
-  assert_int_equal(s.measured, 1);
-  assert_int_equal(s.paused, 0);
-  assert_int_equal(taken, 1);
-  assert_false(low);
+  const dos::LinkReading b = run_expecting(s, 1, 0, 1, false);
   ASSERT_NEAR(b.duplex_h2d, 48 * G, 0);
   ASSERT_NEAR(b.duplex_d2h, 51 * G, 0);
 }
@@ -84,13 +91,7 @@ void test_read_link_again_until_healthy(void**) {
   // low, low, then healthy: three readings, two pauses; the duplex rates are the best of the three
   Script s{{{27 * G, 32 * G, 24.8 * G, 30.4 * G}, {30 * G, 52 * G, 26 * G, 49 * G}, {55 * G, 50 * G, 48.2 * G, 47 * G},
             {60 * G, 60 * G, 60 * G, 60 * G}}, {}};
-  int taken = 0;
-  bool low = true;
-  const dos::LinkReading b = s.run(&taken, &low);
-  assert_int_equal(s.measured, 3);
-  assert_int_equal(s.paused, 2);
-  assert_int_equal(taken, 3);
-  assert_false(low);
+  const dos::LinkReading b = run_expecting(s, 3, 2, 3, false);
   ASSERT_NEAR(b.duplex_h2d, 48.2 * G, 0);
   ASSERT_NEAR(b.duplex_d2h, 49 * G, 0);
   ASSERT_NEAR(b.h2d, 55 * G, 0);
@@ -102,13 +103,8 @@ void test_read_link_stays_low(void**) {
   std::vector<dos::LinkReading> r;
   for (int i = 0; i < dos::kMostLinkReadings; ++i) r.push_back({(25.0 + i) * G, 30 * G, (20.0 + i) * G, 28 * G});
   Script s{r, {}};
-  int taken = 0;
-  bool low = false;
-  const dos::LinkReading b = s.run(&taken, &low);
-  assert_int_equal(s.measured, dos::kMostLinkReadings);
-  assert_int_equal(s.paused, dos::kMostLinkReadings - 1);
-  assert_int_equal(taken, dos::kMostLinkReadings);
-  assert_true(low);
+  const int taken = dos::kMostLinkReadings;
+  const dos::LinkReading b = run_expecting(s, taken, taken - 1, taken, true);
   ASSERT_NEAR(b.duplex_h2d, (20.0 + dos::kMostLinkReadings - 1) * G, 0);
   ASSERT_NEAR(b.duplex_d2h, 28 * G, 0);
   const std::string w = dos::low_link_warning(b, kBus, taken, "/cache/rates-x.json");
@@ -125,19 +121,11 @@ void test_read_link_stays_low(void**) {
 void test_read_link_failed_measure(void**) {
   // the first measure fails: nothing read, not low (the caller keeps StarPU's figures), no retry
   Script s{{{1 * G, 1 * G, 1 * G, 1 * G}}, {false}};
-  int taken = -1;
-  bool low = true;
-  const dos::LinkReading b = s.run(&taken, &low);
-  assert_int_equal(s.measured, 1);
-  assert_int_equal(taken, 0);
-  assert_false(low);
+  const dos::LinkReading b = run_expecting(s, 1, 0, 0, false);
   assert_true(b.duplex_h2d == 0 && b.duplex_d2h == 0);
   // a low reading, then a failed measure, then a healthy one: two readings kept
   Script t{{{27 * G, 32 * G, 24 * G, 30 * G}, {}, {55 * G, 55 * G, 50 * G, 50 * G}}, {true, false, true}};
-  const dos::LinkReading c = t.run(&taken, &low);
-  assert_int_equal(t.measured, 3);
-  assert_int_equal(taken, 2);
-  assert_false(low);
+  const dos::LinkReading c = run_expecting(t, 3, 2, 2, false);
   ASSERT_NEAR(c.duplex_h2d, 50 * G, 0);
 }
 

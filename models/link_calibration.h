@@ -4,13 +4,14 @@
 //
 // Why it matters: the online refinement raises a link's rate at most to kLinkCeiling times its
 // calibrated rate (refinement.h), so a calibration that reads the link low holds every later plan
-// to stream less than the link carries, until a phase streams alone. Measured on an H100 machine:
-// one calibration read 24.8 / 30.4 GB/s (host to device / device to host, both at once) where
-// another, an hour earlier on the same machine, read 48.2 / 51.2; the plans of that run streamed
-// 10-15 of 35 subgroups and its phases ran at 84% of the machine's bound instead of 92%.
+// of the run, and of every run that starts from the rates cache, to stream less than the link
+// carries. Measured on an H100 machine: one calibration read 24.8 / 30.4 GB/s (host to device /
+// device to host, both at once) where another, an hour earlier on the same machine, read 48.2 /
+// 51.2; the plans of that run streamed 10-15 of 35 subgroups. Only the rates both at once were
+// recorded: their sum, 55.2 GB/s, is one direction's rate alone on that machine, as if the two
+// directions had not run at once. Why is not known; hence both kinds of reading are checked.
 #pragma once
 
-#include <cstddef>
 #include <string>
 #include <vector>
 
@@ -22,45 +23,53 @@ struct LinkReading {
   double h2d = 0, d2h = 0, duplex_h2d = 0, duplex_d2h = 0;
 };
 
-/// A reading is low when a direction alone moved less than this fraction (unitless) of the
-/// reference's rate for it. The reference is StarPU's own bus calibration, one direction at a time
-/// (starpu_transfer_bandwidth). Measured on the GPU machines: one direction alone 52-55 GB/s beside
-/// StarPU's figures of the same size; the low calibration above read about half. The rates alone
-/// are compared, not the duplex ones, so that a link that cannot run both ways at full rate (its
-/// duplex rates below its one-way ones on every reading) is not taken for a low reading.
+/// A reading is low when one of its rates lies below this fraction (unitless) of the reference's
+/// rate for that direction. The reference is StarPU's own bus calibration, one direction at a time
+/// (starpu_transfer_bandwidth, in LinkReading's h2d and d2h). Measured on the GPU machines' H100s:
+/// StarPU's figures 53.6 / 54.1 GB/s, one direction alone 55.1-55.4, both at once 47.2-49.6 host to
+/// device and 51.1-51.8 device to host (0.88-0.96 of StarPU's); the low calibration above read
+/// 0.46 and 0.56 of them. A link that cannot carry both directions at once near its one-way rate
+/// reads low every time: its calibrations then take kMostLinkReadings readings (about 1.5 s) and
+/// warn, and its rates are kept all the same (the best reading's).
 inline constexpr double kLowLinkFraction = 0.75;
 
-/// The most readings the calibration takes of the link: a first one, then more while the best
-/// reading so far is low (link_reading_low).
+/// The most measures of the link the calibration makes (failed ones included): a first one, then
+/// more while the best reading so far is low (read_link). Five measures 250 ms apart span about
+/// 1.5 s, long enough to outlast another process's burst of copies; a slowdown that lasts longer
+/// is left to the warning.
 inline constexpr int kMostLinkReadings = 5;
 
-/// Whether `best` reads the link low against `reference` (StarPU's one-way rates in its h2d and
-/// d2h, bytes/s): h2d or d2h below kLowLinkFraction times the reference's. A reference rate that is
-/// not a positive finite number makes that direction never low (nothing to compare with); so does a
-/// reading of 0 in `best` (not measured). Throws nothing.
-bool link_reading_low(const LinkReading& best, const LinkReading& reference) noexcept;
+/// Whether `reading` is low against `reference` (StarPU's one-way rates in its h2d and d2h,
+/// bytes/s; its duplex fields unused): a direction's one-way rate, or its rate both at once, below
+/// kLowLinkFraction times the reference's rate for that direction. A reference rate that is not a
+/// positive finite number makes that direction never low (nothing to compare with); so does a rate
+/// of 0 in `reading` (not measured: a cached calibration has its rates both at once only). Throws
+/// nothing.
+bool link_reading_low(const LinkReading& reading, const LinkReading& reference) noexcept;
 
-/// The best of `readings`, direction by direction (the largest rate of each field over the
-/// readings; the readings need not agree on which one is best): a reading slowed by something
-/// outside the link (another process's copies, a brief stall) moves nothing. Empty: every field 0.
-/// Throws nothing.
+/// The best of `readings`: each one-way rate the largest over the readings, and the rates both at
+/// once the pair of the reading whose two add up to the most (both directions share the link, so
+/// the best of each taken apart may be a pair no reading reached). A reading slowed by something
+/// outside the link (another process's copies, a brief stall) then moves nothing. Empty: every
+/// field 0. Throws nothing.
 LinkReading best_link_reading(const std::vector<LinkReading>& readings) noexcept;
 
-/// The calibration's link rates (bytes/s, both directions at once) from `measure`, a function that
-/// reads the link once and returns false when it could not (then no reading is counted):
-/// reads it once, then again while link_reading_low(best so far, reference) and fewer than
-/// kMostLinkReadings readings were taken, calling `pause` (if not null) before each new reading.
-/// *readings_taken gets the number of readings measured. *low gets whether the best stayed low: the
-/// caller then warns that the plans will stream less than the link allows. Returns the best reading
-/// (best_link_reading); every field 0 when no reading was measured. Throws what measure or pause
-/// throw.
+/// The calibration's link rates from `measure`, a function that measures the link once into its
+/// LinkReading* argument and returns false when it could not (then nothing is counted), and
+/// `pause`, called with no argument before each measure after the first (the caller's wait between
+/// them). Measures once; a first measure that fails ends it (the caller keeps what it had); then,
+/// while link_reading_low(best so far, reference) and fewer than kMostLinkReadings measures were
+/// made, pauses and measures again. *readings_taken (when not null) gets the readings counted;
+/// *low (when not null) whether the best stayed low, when one was counted: the caller then warns
+/// (low_link_warning). Returns best_link_reading of the readings counted (bytes/s, all four rates);
+/// every field 0 when none was. Throws what measure or pause throw, and std::bad_alloc.
 template <class Measure, class Pause>
 LinkReading read_link(Measure&& measure, Pause&& pause, const LinkReading& reference, int* readings_taken,
                       bool* low) {
   std::vector<LinkReading> readings;
-  int tries = 0;
-  for (; tries < kMostLinkReadings; ++tries) {
+  for (int tries = 0; tries < kMostLinkReadings; ++tries) {
     if (tries > 0) {
+      // no reading yet (the first measure failed): nothing is low, so this ends it too
       if (!link_reading_low(best_link_reading(readings), reference)) break;
       pause();
     }
@@ -73,10 +82,15 @@ LinkReading read_link(Measure&& measure, Pause&& pause, const LinkReading& refer
   return best;
 }
 
-/// The warning line (no newline) for a calibration whose link stayed low: `best` and `reference`
-/// in GB/s, the readings taken, and what to do: measure again on a quiet machine (delete
-/// `cache_path`, the rates cache the calibration writes, or calibrate again: dos-train's
-/// --recalibrate, OptimizerOptions::recalibrate). Throws std::bad_alloc only.
+/// The warning (one line, no newline) for link rates that read low (link_reading_low): `best` the
+/// reading (bytes/s; a rate of 0 is left out), `reference` StarPU's one-way rates (bytes/s), each
+/// low rate named beside StarPU's figure for its direction (printed in GB/s).
+/// `readings_taken` the readings `best` is the best of, or 0 when the rates come from the rates
+/// cache rather than from this process's calibration; `cache_path` the rates cache file the
+/// calibration writes: every later run of this configuration starts from it. It says what to do:
+/// delete that file or calibrate again once the machine is quiet, have StarPU measure its bus
+/// again if its figures are stale (STARPU_BUS_CALIBRATE=1), and that a link which cannot carry
+/// both directions at once near its one-way rate reads low every time. Throws std::bad_alloc only.
 std::string low_link_warning(const LinkReading& best, const LinkReading& reference, int readings_taken,
                              const std::string& cache_path);
 

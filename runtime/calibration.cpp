@@ -55,6 +55,17 @@ Rates rates_from_json(const nlohmann::json& j) {
   return r;
 }
 
+/// StarPU's own bus calibration between host memory and the first CUDA worker's memory node, one
+/// direction at a time (starpu_transfer_bandwidth, MB/s = bytes/us), as a LinkReading's h2d and d2h
+/// in bytes/s (its rates both at once 0). Needs a CUDA worker.
+LinkReading starpu_bus_reading() {
+  const unsigned gpu_node = unsigned(starpu_worker_get_memory_node(starpu_worker_get_by_type(STARPU_CUDA_WORKER, 0)));
+  LinkReading bus;
+  bus.h2d = starpu_transfer_bandwidth(STARPU_MAIN_RAM, gpu_node) * 1e6;
+  bus.d2h = starpu_transfer_bandwidth(gpu_node, STARPU_MAIN_RAM) * 1e6;
+  return bus;
+}
+
 /// The caller-side scratch buffers of the calibration: parameters and gradients, zeroed.
 struct Scratch {
   void* param = nullptr;
@@ -320,6 +331,9 @@ Rates calibrate_rates(Runtime& runtime, std::size_t S, DType dtype, MemoryKind m
       const Rates r = load_rates(path, &c);
       if (calibrated) *calibrated = c;
       if (verbose) std::fprintf(stderr, "[dos] model rates from %s (--recalibrate measures them again)\n", path.c_str());
+      // a calibration that read the link low holds this run's links too (kLinkCeiling): said again
+      const LinkReading cached{0, 0, c.B_h2d, c.B_d2h}, bus = starpu_bus_reading();
+      if (link_reading_low(cached, bus)) std::fprintf(stderr, "%s\n", low_link_warning(cached, bus, 0, path).c_str());
       return r;
     } catch (const Error&) {
       if (verbose) std::fprintf(stderr, "[dos] ignoring the unreadable calibration file %s\n", path.c_str());
@@ -380,16 +394,13 @@ Rates calibrate_rates(Runtime& runtime, std::size_t S, DType dtype, MemoryKind m
   // the rate that long real phases reach, so they are no measure of the link.) Without it, StarPU's
   // own bus calibration (one direction at a time, MB/s = bytes/us). The online refinement then
   // corrects B to what the runtime's streaming achieves.
-  const unsigned gpu_node = unsigned(starpu_worker_get_memory_node(starpu_worker_get_by_type(STARPU_CUDA_WORKER, 0)));
-  r.B_h2d = starpu_transfer_bandwidth(STARPU_MAIN_RAM, gpu_node) * 1e6;
-  r.B_d2h = starpu_transfer_bandwidth(gpu_node, STARPU_MAIN_RAM) * 1e6;
+  const LinkReading bus = starpu_bus_reading();
+  r.B_h2d = bus.h2d;
+  r.B_d2h = bus.d2h;
 #if defined(DOS_HAVE_CUDA)
   {
-    // read again while a direction alone reads below kLowLinkFraction of StarPU's own bus figure
-    // (read_link): the refinement never raises a link past kLinkCeiling times what is kept here
-    LinkReading bus;
-    bus.h2d = r.B_h2d;
-    bus.d2h = r.B_d2h;
+    // read again while a rate reads below kLowLinkFraction of StarPU's own bus figure (read_link):
+    // the refinement never raises a link past kLinkCeiling times what is kept here
     int taken = 0;
     bool low = false;
     const LinkReading best = read_link(
@@ -405,10 +416,14 @@ Rates calibrate_rates(Runtime& runtime, std::size_t S, DType dtype, MemoryKind m
       r.B_d2h = best.duplex_d2h;
     }
     if (low) std::fprintf(stderr, "%s\n", low_link_warning(best, bus, taken, path).c_str());
-    if (verbose)
+    if (verbose && taken == 0)
+      std::fprintf(stderr, "[dos] calibration's PCIe: the copies failed; StarPU's bus calibration kept (%.1f GB/s "
+                   "H2D, %.1f D2H, one direction at a time)\n", bus.h2d / 1e9, bus.d2h / 1e9);
+    else if (verbose)
       std::fprintf(stderr,
-                   "[dos] calibration's PCIe, GB/s, best of %d reading%s: one way %.1f H2D, %.1f D2H (StarPU's bus "
-                   "calibration %.1f, %.1f); both at once %.1f, %.1f\n",
+                   "[dos] calibration's PCIe, GB/s, the best of %d reading%s (one way, each direction's best; both "
+                   "at once, the best pair): one way %.1f H2D, %.1f D2H (StarPU's bus calibration %.1f, %.1f); both "
+                   "at once %.1f, %.1f\n",
                    taken, taken == 1 ? "" : "s", best.h2d / 1e9, best.d2h / 1e9, bus.h2d / 1e9, bus.d2h / 1e9,
                    best.duplex_h2d / 1e9, best.duplex_d2h / 1e9);
   }

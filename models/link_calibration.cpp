@@ -38,14 +38,18 @@ bool link_reading_low(const LinkReading& reading, const LinkReading& reference) 
          below(reading.duplex_h2d, reference.h2d) || below(reading.duplex_d2h, reference.d2h);
 }
 
-LinkReading best_link_reading(const std::vector<LinkReading>& readings) noexcept {
+LinkReading best_link_reading(const std::vector<LinkReading>& readings, const LinkReading& reference) noexcept {
   LinkReading best;
-  double best_sum = -1;
+  double best_sum = -1;  // the largest sum both at once so far, among healthy pairs once one is seen
+  bool healthy_seen = false;
   for (const LinkReading& r : readings) {
     best.h2d = std::max(best.h2d, r.h2d);
     best.d2h = std::max(best.d2h, r.d2h);
-    if (r.duplex_h2d + r.duplex_d2h > best_sum) {
-      best_sum = r.duplex_h2d + r.duplex_d2h;
+    const bool healthy = !below(r.duplex_h2d, reference.h2d) && !below(r.duplex_d2h, reference.d2h);
+    const double sum = r.duplex_h2d + r.duplex_d2h;
+    if ((healthy && !healthy_seen) || (healthy == healthy_seen && sum > best_sum)) {
+      best_sum = sum;
+      healthy_seen = healthy_seen || healthy;
       best.duplex_h2d = r.duplex_h2d;
       best.duplex_d2h = r.duplex_d2h;
     }
@@ -72,13 +76,13 @@ std::string low_link_warning(const LinkReading& best, const LinkReading& referen
   w += low + " (below " + fraction + " of StarPU's bus calibration, one direction at a time). The refinement "
        "raises a link at most to " + ceiling + " its calibrated rate, so the plans may stream less than the link "
        "carries. ";
-  w += readings_taken > 0 ? "These rates are cached in " + cache_path + " and every later run of this "
+  w += readings_taken > 0 ? "These rates will be cached in " + cache_path + " and every later run of this "
                             "configuration starts from them: once the machine is quiet, delete that file or "
                             "calibrate again"
                           : "Once the machine is quiet, delete that file or calibrate again";
   w += " (dos-train --recalibrate, OptimizerOptions::recalibrate). If StarPU's bus figures are stale, "
        "STARPU_BUS_CALIBRATE=1 has StarPU measure them again; a link that cannot carry both directions at once "
-       "near its one-way rate reads low every time";
+       "at " + std::string(fraction) + " of its one-way figure reads low every time";
   return w;
 }
 

@@ -57,13 +57,35 @@ Rates rates_from_json(const nlohmann::json& j) {
 
 /// StarPU's own bus calibration between host memory and the first CUDA worker's memory node, one
 /// direction at a time (starpu_transfer_bandwidth, MB/s = bytes/us), as a LinkReading's h2d and d2h
-/// in bytes/s (its rates both at once 0). Needs a CUDA worker.
+/// in bytes/s (its rates both at once 0). Called only with a CUDA worker (calibrate_rates checks);
+/// StarPU gives 0 or NaN where it has no figure, which link_reading_low then takes as no
+/// reference. Throws nothing.
 LinkReading starpu_bus_reading() {
   const unsigned gpu_node = unsigned(starpu_worker_get_memory_node(starpu_worker_get_by_type(STARPU_CUDA_WORKER, 0)));
   LinkReading bus;
   bus.h2d = starpu_transfer_bandwidth(STARPU_MAIN_RAM, gpu_node) * 1e6;
   bus.d2h = starpu_transfer_bandwidth(gpu_node, STARPU_MAIN_RAM) * 1e6;
   return bus;
+}
+
+/// What the calibration checks its link readings against (link_calibration.h): StarPU's bus figures,
+/// or none (every field 0: nothing reads low) for a runtime of several ranks on one node, whose
+/// ranks calibrate at once on links they share (kMostLinkReadings).
+LinkReading link_reference(const Runtime& runtime) {
+  return runtime.node_ranks() > 1 ? LinkReading{} : starpu_bus_reading();
+}
+
+/// Whether the rates file at `path` keeps the calibration's own rates apart (its "calibrated" key):
+/// a file written before that key existed holds refined rates only, which say nothing of what the
+/// calibration read. False when the file cannot be read or parsed. Throws nothing.
+bool keeps_calibrated_rates(const std::string& path) noexcept {
+  try {
+    std::ifstream f(path);
+    const nlohmann::json j = nlohmann::json::parse(f);
+    return j.is_object() && j.contains("calibrated");
+  } catch (...) {
+    return false;
+  }
 }
 
 /// The caller-side scratch buffers of the calibration: parameters and gradients, zeroed.
@@ -332,8 +354,9 @@ Rates calibrate_rates(Runtime& runtime, std::size_t S, DType dtype, MemoryKind m
       if (calibrated) *calibrated = c;
       if (verbose) std::fprintf(stderr, "[dos] model rates from %s (--recalibrate measures them again)\n", path.c_str());
       // a calibration that read the link low holds this run's links too (kLinkCeiling): said again
-      const LinkReading cached{0, 0, c.B_h2d, c.B_d2h}, bus = starpu_bus_reading();
-      if (link_reading_low(cached, bus)) std::fprintf(stderr, "%s\n", low_link_warning(cached, bus, 0, path).c_str());
+      const LinkReading cached{0, 0, c.B_h2d, c.B_d2h}, bus = link_reference(runtime);
+      if (keeps_calibrated_rates(path) && link_reading_low(cached, bus))
+        std::fprintf(stderr, "%s\n", low_link_warning(cached, bus, 0, path).c_str());
       return r;
     } catch (const Error&) {
       if (verbose) std::fprintf(stderr, "[dos] ignoring the unreadable calibration file %s\n", path.c_str());
@@ -401,6 +424,7 @@ Rates calibrate_rates(Runtime& runtime, std::size_t S, DType dtype, MemoryKind m
   {
     // read again while a rate reads below kLowLinkFraction of StarPU's own bus figure (read_link):
     // the refinement never raises a link past kLinkCeiling times what is kept here
+    const LinkReading reference = link_reference(runtime);
     int taken = 0;
     bool low = false;
     const LinkReading best = read_link(
@@ -410,12 +434,12 @@ Rates calibrate_rates(Runtime& runtime, std::size_t S, DType dtype, MemoryKind m
           *out = LinkReading{roof.h2d, roof.d2h, roof.duplex_h2d, roof.duplex_d2h};
           return true;
         },
-        [] { std::this_thread::sleep_for(std::chrono::milliseconds(250)); }, bus, &taken, &low);
+        [] { std::this_thread::sleep_for(std::chrono::milliseconds(250)); }, reference, &taken, &low);
     if (best.duplex_h2d > 0 && best.duplex_d2h > 0) {
       r.B_h2d = best.duplex_h2d;
       r.B_d2h = best.duplex_d2h;
     }
-    if (low) std::fprintf(stderr, "%s\n", low_link_warning(best, bus, taken, path).c_str());
+    if (low) std::fprintf(stderr, "%s\n", low_link_warning(best, reference, taken, path).c_str());
     if (verbose && taken == 0)
       std::fprintf(stderr, "[dos] calibration's PCIe: the copies failed; StarPU's bus calibration kept (%.1f GB/s "
                    "H2D, %.1f D2H, one direction at a time)\n", bus.h2d / 1e9, bus.d2h / 1e9);

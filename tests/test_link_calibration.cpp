@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cmocka_cpp.h"
@@ -15,8 +16,9 @@ namespace {
 
 constexpr double G = 1e9;  // bytes/s per GB/s
 
-// StarPU's bus figures on the GPU machine, one direction at a time (about 54 GB/s each way)
-const dos::LinkReading kBus{54 * G, 54 * G, 0, 0};
+// StarPU's bus figures on the GPU machine's H100s, one direction at a time: 53.6 host to device,
+// 54.1 device to host (unequal, so that a rate judged against the other direction's shows)
+const dos::LinkReading kBus{53.6 * G, 54.1 * G, 0, 0};
 
 void test_low_against_reference(void**) {
   // a healthy H100 reading: one way 55 / 53, both at once 48 / 51
@@ -31,29 +33,53 @@ void test_low_against_reference(void**) {
   assert_true(dos::link_reading_low({40 * G, 55 * G, 48 * G, 48 * G}, kBus));
   assert_true(dos::link_reading_low({55 * G, 55 * G, 40 * G, 48 * G}, kBus));
   assert_true(dos::link_reading_low({55 * G, 55 * G, 48 * G, 40 * G}, kBus));
-  // the threshold itself: kLowLinkFraction of the reference is not low, just below it is
-  const double edge = dos::kLowLinkFraction * 54 * G;
-  assert_false(dos::link_reading_low({edge, edge, edge, edge}, kBus));
-  assert_true(dos::link_reading_low({edge * (1 - 1e-12), edge, edge, edge}, kBus));
-  assert_true(dos::link_reading_low({edge, edge, edge, edge * (1 - 1e-12)}, kBus));
+  // the threshold itself, each direction against its own figure: kLowLinkFraction of it is not
+  // low, just below it is
+  const double eh = dos::kLowLinkFraction * 53.6 * G, ed = dos::kLowLinkFraction * 54.1 * G;
+  assert_false(dos::link_reading_low({eh, ed, eh, ed}, kBus));
+  assert_true(dos::link_reading_low({eh * (1 - 1e-12), ed, eh, ed}, kBus));
+  assert_true(dos::link_reading_low({eh, ed * (1 - 1e-12), eh, ed}, kBus));
+  assert_true(dos::link_reading_low({eh, ed, eh * (1 - 1e-12), ed}, kBus));
+  assert_true(dos::link_reading_low({eh, ed, eh, ed * (1 - 1e-12)}, kBus));
+  // between the two thresholds (40.2 and 40.575 GB/s): low only in the device-to-host direction
+  assert_false(dos::link_reading_low({40.4 * G, 55 * G, 48 * G, 48 * G}, kBus));
+  assert_true(dos::link_reading_low({55 * G, 40.4 * G, 48 * G, 48 * G}, kBus));
+  assert_false(dos::link_reading_low({55 * G, 55 * G, 40.4 * G, 48 * G}, kBus));
+  assert_true(dos::link_reading_low({55 * G, 55 * G, 48 * G, 40.4 * G}, kBus));
   // no reference (StarPU without a bus figure, or not a number): never low
   assert_false(dos::link_reading_low({1 * G, 1 * G, 1 * G, 1 * G}, dos::LinkReading{}));
   assert_false(dos::link_reading_low({1 * G, 1 * G, 1 * G, 1 * G}, dos::LinkReading{NAN, INFINITY, 0, 0}));
   assert_false(dos::link_reading_low({1 * G, 1 * G, 1 * G, 1 * G}, dos::LinkReading{-5 * G, 0, 0, 0}));
-  // nothing measured (0): not low
+  // nothing measured (0), or a rate that is no measure: not low
   assert_false(dos::link_reading_low({0, 0, 0, 0}, kBus));
+  assert_false(dos::link_reading_low({-1, NAN, 0, -INFINITY}, kBus));
 }
 
 void test_best_of_readings(void**) {
-  // one way: each direction's best; both at once: the pair of the largest sum (78 here), not the
-  // best of each (47 / 50), which no reading reached
+  // every pair low: one way each direction's best; both at once the pair of the largest sum (78
+  // here), not the best of each (47 / 50), which no reading reached
   const dos::LinkReading b = dos::best_link_reading(
-      {{30 * G, 55 * G, 28 * G, 50 * G}, {52 * G, 31 * G, 47 * G, 29 * G}, {10 * G, 10 * G, 9 * G, 9 * G}});
+      {{30 * G, 55 * G, 28 * G, 50 * G}, {52 * G, 31 * G, 47 * G, 29 * G}, {10 * G, 10 * G, 9 * G, 9 * G}}, kBus);
   ASSERT_NEAR(b.h2d, 52 * G, 0);
   ASSERT_NEAR(b.d2h, 55 * G, 0);
   ASSERT_NEAR(b.duplex_h2d, 28 * G, 0);
   ASSERT_NEAR(b.duplex_d2h, 50 * G, 0);
-  const dos::LinkReading none = dos::best_link_reading({});
+  // a healthy pair is kept over a low one of a larger sum (40 + 50 against 42 + 42), in either order
+  for (int order = 0; order < 2; ++order) {
+    std::vector<dos::LinkReading> r{{55 * G, 55 * G, 40 * G, 50 * G}, {55 * G, 55 * G, 42 * G, 42 * G}};
+    if (order) std::swap(r[0], r[1]);
+    const dos::LinkReading h = dos::best_link_reading(r, kBus);
+    ASSERT_NEAR(h.duplex_h2d, 42 * G, 0);
+    ASSERT_NEAR(h.duplex_d2h, 42 * G, 0);
+  }
+  // among healthy pairs, the largest sum, wherever it stands
+  const dos::LinkReading c = dos::best_link_reading(
+      {{55 * G, 55 * G, 42 * G, 42 * G}, {55 * G, 55 * G, 30 * G, 60 * G}, {55 * G, 55 * G, 48 * G, 50 * G},
+       {55 * G, 55 * G, 45 * G, 45 * G}},
+      kBus);
+  ASSERT_NEAR(c.duplex_h2d, 48 * G, 0);
+  ASSERT_NEAR(c.duplex_d2h, 50 * G, 0);
+  const dos::LinkReading none = dos::best_link_reading({}, kBus);
   assert_true(none.h2d == 0 && none.d2h == 0 && none.duplex_h2d == 0 && none.duplex_d2h == 0);
 }
 
@@ -102,6 +128,19 @@ void test_read_link_once_when_healthy(void**) {
   ASSERT_NEAR(t.run(nullptr, nullptr).duplex_d2h, 51 * G, 0);
 }
 
+void test_read_link_keeps_healthy_pair(void**) {
+  // a low pair of the larger sum, then a healthy one: two measures, not low, the healthy pair kept
+  Script s{{{55 * G, 55 * G, 40 * G, 50 * G}, {55 * G, 55 * G, 42 * G, 42 * G}, {60 * G, 60 * G, 60 * G, 60 * G}}, {}};
+  const dos::LinkReading b = run_expecting(s, 2, 1, 2, false);
+  ASSERT_NEAR(b.duplex_h2d, 42 * G, 0);
+  ASSERT_NEAR(b.duplex_d2h, 42 * G, 0);
+  // each reading low one way in another direction: their best is healthy, though the last is not
+  Script t{{{30 * G, 55 * G, 48 * G, 48 * G}, {55 * G, 30 * G, 48 * G, 48 * G}, {60 * G, 60 * G, 60 * G, 60 * G}}, {}};
+  const dos::LinkReading c = run_expecting(t, 2, 1, 2, false);
+  ASSERT_NEAR(c.h2d, 55 * G, 0);
+  ASSERT_NEAR(c.d2h, 55 * G, 0);
+}
+
 void test_read_link_again_until_healthy(void**) {
   // low (the record's rates both at once), low, then healthy: three readings, two pauses; the
   // rates both at once those of the third (the largest sum)
@@ -127,8 +166,8 @@ void test_read_link_stays_low(void**) {
   std::printf("  %s\n", w.c_str());
   assert_non_null(std::strstr(w.c_str(), "warning"));
   assert_non_null(std::strstr(w.c_str(), ("the best of " + std::to_string(n) + " readings").c_str()));
-  assert_non_null(std::strstr(w.c_str(), "host to device: alone 29.0 GB/s, both ways at once 24.0 GB/s against StarPU's 54.0 GB/s"));
-  assert_non_null(std::strstr(w.c_str(), "device to host: alone 30.0 GB/s, both ways at once 28.0 GB/s against StarPU's 54.0 GB/s"));
+  assert_non_null(std::strstr(w.c_str(), "host to device: alone 29.0 GB/s, both ways at once 24.0 GB/s against StarPU's 53.6 GB/s"));
+  assert_non_null(std::strstr(w.c_str(), "device to host: alone 30.0 GB/s, both ways at once 28.0 GB/s against StarPU's 54.1 GB/s"));
   assert_non_null(std::strstr(w.c_str(), "below 75% of StarPU's bus calibration"));
   assert_non_null(std::strstr(w.c_str(), "cached in /cache/rates-x.json"));
   assert_non_null(std::strstr(w.c_str(), "--recalibrate"));
@@ -140,15 +179,15 @@ void test_warning_names_what_is_low(void**) {
   const std::string w = dos::low_link_warning({55 * G, 55 * G, 48 * G, 30 * G}, kBus, 1, "/c/r.json");
   std::printf("  %s\n", w.c_str());
   assert_non_null(std::strstr(w.c_str(), "the best of 1 reading)"));
-  assert_non_null(std::strstr(w.c_str(), "device to host: both ways at once 30.0 GB/s against StarPU's 54.0 GB/s"));
+  assert_non_null(std::strstr(w.c_str(), "device to host: both ways at once 30.0 GB/s against StarPU's 54.1 GB/s"));
   assert_null(std::strstr(w.c_str(), "host to device:"));
   assert_null(std::strstr(w.c_str(), "alone"));
   // from the cache (no reading in this process): the file named as the rates' source
   const std::string c = dos::low_link_warning({0, 0, 24.8 * G, 30.4 * G}, kBus, 0, "/c/r.json");
   std::printf("  %s\n", c.c_str());
   assert_non_null(std::strstr(c.c_str(), "the cached calibration in /c/r.json holds PCIe rates that are low"));
-  assert_non_null(std::strstr(c.c_str(), "host to device: both ways at once 24.8 GB/s"));
-  assert_non_null(std::strstr(c.c_str(), "device to host: both ways at once 30.4 GB/s"));
+  assert_non_null(std::strstr(c.c_str(), "host to device: both ways at once 24.8 GB/s against StarPU's 53.6 GB/s"));
+  assert_non_null(std::strstr(c.c_str(), "device to host: both ways at once 30.4 GB/s against StarPU's 54.1 GB/s"));
   assert_null(std::strstr(c.c_str(), "reading"));
   // a long cache path is not cut: the advice after it is whole
   const std::string path = "/" + std::string(600, 'p') + "/rates.json";
@@ -190,6 +229,7 @@ int main() {
       cmocka_unit_test(test_read_link_once_when_healthy), cmocka_unit_test(test_read_link_again_until_healthy),
       cmocka_unit_test(test_read_link_stays_low),         cmocka_unit_test(test_warning_names_what_is_low),
       cmocka_unit_test(test_read_link_references),        cmocka_unit_test(test_read_link_failed_measure),
+      cmocka_unit_test(test_read_link_keeps_healthy_pair),
   };
   return cmocka_run_group_tests(tests, nullptr, nullptr);
 }

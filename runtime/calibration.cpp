@@ -68,24 +68,11 @@ LinkReading starpu_bus_reading() {
   return bus;
 }
 
-/// What the calibration checks its link readings against (link_calibration.h): StarPU's bus figures,
-/// or none (every field 0: nothing reads low) for a runtime of several ranks on one node, whose
-/// ranks calibrate at once on links they share (kMostLinkReadings).
-LinkReading link_reference(const Runtime& runtime) {
-  return runtime.node_ranks() > 1 ? LinkReading{} : starpu_bus_reading();
-}
-
-/// Whether the rates file at `path` keeps the calibration's own rates apart (its "calibrated" key):
-/// a file written before that key existed holds refined rates only, which say nothing of what the
-/// calibration read. False when the file cannot be read or parsed. Throws nothing.
-bool keeps_calibrated_rates(const std::string& path) noexcept {
-  try {
-    std::ifstream f(path);
-    const nlohmann::json j = nlohmann::json::parse(f);
-    return j.is_object() && j.contains("calibrated");
-  } catch (...) {
-    return false;
-  }
+/// What the calibration checks its link readings against (link_calibration.h): `bus`, StarPU's bus
+/// figures (starpu_bus_reading), or none (every field 0: nothing reads low) for a runtime of several
+/// ranks on one node, whose ranks calibrate at once on links they share (kMostLinkReadings).
+LinkReading link_reference(const Runtime& runtime, const LinkReading& bus) {
+  return runtime.node_ranks() > 1 ? LinkReading{} : bus;
 }
 
 /// The caller-side scratch buffers of the calibration: parameters and gradients, zeroed.
@@ -297,7 +284,11 @@ nlohmann::ordered_json rates_to_json(const Rates& r) {
           {"link_share", r.link_share}};
 }
 
-Rates load_rates(const std::string& path, Rates* calibrated) {
+namespace {
+/// load_rates, and *keeps_calibrated (when not null): whether the file keeps the calibration's own
+/// rates apart (its "calibrated" key); a file written before that key existed holds refined rates
+/// only, which say nothing of what the calibration read. Throws what load_rates throws.
+Rates read_rates_file(const std::string& path, Rates* calibrated, bool* keeps_calibrated) {
   std::ifstream f(path);
   if (!f) throw Error("cannot read the rates file " + path + ": " + std::strerror(errno));
   Rates r, c;
@@ -319,6 +310,7 @@ Rates load_rates(const std::string& path, Rates* calibrated) {
                                "link_share, calibrated (keys are case-sensitive)");
     r = rates_from_json(j);
     c = j.contains("calibrated") ? rates_from_json(j.at("calibrated")) : r;
+    if (keeps_calibrated) *keeps_calibrated = j.contains("calibrated");
   } catch (const std::exception& e) {
     throw Error("the rates file " + path + " is not a rates file (JSON with U_c, U_c_dma, U_g, D_c, B_h2d, B_d2h in "
                 "params/s and bytes/s, and optionally link_share): " + e.what());
@@ -332,6 +324,9 @@ Rates load_rates(const std::string& path, Rates* calibrated) {
   if (calibrated) *calibrated = c;
   return r;
 }
+}  // namespace
+
+Rates load_rates(const std::string& path, Rates* calibrated) { return read_rates_file(path, calibrated, nullptr); }
 
 void save_rates(const std::string& path, const Rates& r, const Rates& calibrated) {
   std::filesystem::create_directories(path.substr(0, path.rfind('/')));  // throws on failure
@@ -350,13 +345,14 @@ Rates calibrate_rates(Runtime& runtime, std::size_t S, DType dtype, MemoryKind m
   if (!force && std::ifstream(path)) {
     try {
       Rates c;
-      const Rates r = load_rates(path, &c);
+      bool keeps_calibrated = false;
+      const Rates r = read_rates_file(path, &c, &keeps_calibrated);
       if (calibrated) *calibrated = c;
       if (verbose) std::fprintf(stderr, "[dos] model rates from %s (--recalibrate measures them again)\n", path.c_str());
       // a calibration that read the link low holds this run's links too (kLinkCeiling): said again
-      const LinkReading cached{0, 0, c.B_h2d, c.B_d2h}, bus = link_reference(runtime);
-      if (keeps_calibrated_rates(path) && link_reading_low(cached, bus))
-        std::fprintf(stderr, "%s\n", low_link_warning(cached, bus, 0, path).c_str());
+      const LinkReading cached{0, 0, c.B_h2d, c.B_d2h}, reference = link_reference(runtime, starpu_bus_reading());
+      if (keeps_calibrated && link_reading_low(cached, reference))
+        std::fprintf(stderr, "%s\n", low_link_warning(cached, reference, 0, path).c_str());
       return r;
     } catch (const Error&) {
       if (verbose) std::fprintf(stderr, "[dos] ignoring the unreadable calibration file %s\n", path.c_str());
@@ -424,7 +420,7 @@ Rates calibrate_rates(Runtime& runtime, std::size_t S, DType dtype, MemoryKind m
   {
     // read again while a rate reads below kLowLinkFraction of StarPU's own bus figure (read_link):
     // the refinement never raises a link past kLinkCeiling times what is kept here
-    const LinkReading reference = link_reference(runtime);
+    const LinkReading reference = link_reference(runtime, bus);
     int taken = 0;
     bool low = false;
     const LinkReading best = read_link(

@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <stdexcept>
+#include <utility>
 
 #include "adam.h"
 #include "traffic.h"
@@ -61,6 +63,20 @@ std::string rate_bounds_error(const Rates& r) {
   if (r.link_share > highest_link_share(r))
     return "link_share cannot exceed U_c / U_c_dma = " + std::to_string(highest_link_share(r)) +
            " (beyond it the links would get more than they ask beside CPU Adam)";
+  if (r.link_share < kLowestLinkShare) {
+    char got[32];
+    std::snprintf(got, sizeof got, "%g", r.link_share);
+    return std::string("link_share cannot be below 1/16 = 0.0625, the least the model tells apart (got ") + got +
+           "; 1 when the links' share was not measured)";
+  }
+  return "";
+}
+
+std::string implausible_rate(const Rates& r) {
+  const std::pair<const char*, double> rates[] = {{"U_c", r.U_c}, {"U_c_dma", r.U_c_dma}, {"U_g", r.U_g},
+                                                  {"D_c", r.D_c}, {"B_h2d", r.B_h2d}, {"B_d2h", r.B_d2h}};
+  for (const auto& [name, x] : rates)
+    if (!(x >= kLowestPlausibleRate && x <= kHighestPlausibleRate)) return name;
   return "";
 }
 

@@ -148,9 +148,22 @@ HostShares host_shares(double cpu_ask, double links_ask, double host_bytes_per_s
 double lowest_distinct_u_c_dma(const Workload& w, const Rates& r, std::size_t cpu_workers = 1);
 
 /// What is wrong with rates whose each rate is positive (rates_complete) but which break the
-/// model's bounds: U_c_dma above U_c, or link_share above highest_link_share; "" when none.
-/// Rates files and dos-train --rates are refused with this text.
+/// model's bounds: U_c_dma above U_c, link_share above highest_link_share, or link_share below
+/// kLowestLinkShare (the least the refinement and the calibration's estimate give); "" when none.
+/// Rates files and dos-train --rates are refused with this text. Throws nothing.
 std::string rate_bounds_error(const Rates& r);
+
+/// The range a measured rate lies in, in the model's units: [1e6, 1e16] params/s (U_c, U_c_dma,
+/// U_g, D_c) or bytes/s (B_h2d, B_d2h). 1e6 params/s is 1000 times slower than the slowest CPU Adam
+/// measured (a 2-core machine, about 1e9), 1e16 bytes/s far above any host link; a rate outside is
+/// one written in other units (4.1 for 4.1e9 params/s) or a corrupt file. (The calibration sets D_c
+/// to 1e15 when the model is on the host: no conversion on the GPU.)
+inline constexpr double kLowestPlausibleRate = 1e6, kHighestPlausibleRate = 1e16;
+
+/// The name ("U_c", ..., "B_d2h") of the first of r's six rates outside [kLowestPlausibleRate,
+/// kHighestPlausibleRate] (NaN included), or "" when all lie in it; link_share is not looked at.
+/// Rates files (load_rates) and dos-train --rates are refused with it. Throws nothing.
+std::string implausible_rate(const Rates& r);
 
 /// The largest link_share the model tells apart: U_c / U_c_dma. Above it the links would get more
 /// than they ask beside CPU Adam at U_c_dma (host_shares then gives them their ask), so a larger

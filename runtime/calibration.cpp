@@ -12,8 +12,10 @@
 #include <functional>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "../codelets/kernels/env_choice.h"
@@ -47,11 +49,22 @@ std::string cache_dir() {
   return std::string(home && *home ? home : "/tmp") + "/.cache/dos-runtime";
 }
 
-/// The rates of a JSON object; link_share is optional (1 when absent: files written before it).
-Rates rates_from_json(const nlohmann::json& j) {
-  Rates r{j.at("U_c").get<double>(), j.at("U_c_dma").get<double>(), j.at("U_g").get<double>(),
-          j.at("D_c").get<double>(), j.at("B_h2d").get<double>(), j.at("B_d2h").get<double>()};
-  if (j.contains("link_share")) r.link_share = j.at("link_share").get<double>();
+/// The number under `key` in the JSON object `j`, named `where` + key in what it throws:
+/// std::runtime_error when the key is absent or its value is not a JSON number.
+double rate_at(const nlohmann::json& j, const char* key, const std::string& where) {
+  const auto v = j.find(key);
+  if (v == j.end()) throw std::runtime_error("it has no " + where + key);
+  if (!v->is_number()) throw std::runtime_error(where + key + " is not a number (it is " + v->type_name() + ")");
+  return v->get<double>();
+}
+
+/// The rates of a JSON object (every key checked present and a number, named with the prefix
+/// `where`: "" at the top, "calibrated." below); link_share is optional (1 when absent: files
+/// written before it). Throws std::runtime_error naming the key (rate_at).
+Rates rates_from_json(const nlohmann::json& j, const std::string& where) {
+  Rates r{rate_at(j, "U_c", where),   rate_at(j, "U_c_dma", where), rate_at(j, "U_g", where),
+          rate_at(j, "D_c", where),   rate_at(j, "B_h2d", where),   rate_at(j, "B_d2h", where)};
+  if (j.contains("link_share")) r.link_share = rate_at(j, "link_share", where);
   return r;
 }
 
@@ -291,36 +304,63 @@ namespace {
 Rates read_rates_file(const std::string& path, Rates* calibrated, bool* keeps_calibrated) {
   std::ifstream f(path);
   if (!f) throw Error("cannot read the rates file " + path + ": " + std::strerror(errno));
+  const std::string fix = "; correct the file, or, when it is the calibration cache, delete it or run with --recalibrate";
   Rates r, c;
+  bool has_calibrated = false;
   try {
-    const nlohmann::json j = nlohmann::json::parse(f);
+    // a key given twice in one object would be read as its last value, silently: refused
+    std::vector<std::set<std::string>> keys;  // the keys seen in each object open at this point
+    std::string twice;
+    const nlohmann::json::parser_callback_t note_keys = [&](int, nlohmann::json::parse_event_t event,
+                                                            nlohmann::json& parsed) {
+      using E = nlohmann::json::parse_event_t;
+      if (event == E::object_start) keys.emplace_back();
+      else if (event == E::object_end && !keys.empty()) keys.pop_back();
+      else if (event == E::key && !keys.empty() && !keys.back().insert(parsed.get<std::string>()).second && twice.empty())
+        twice = parsed.get<std::string>();
+      return true;
+    };
+    const nlohmann::json j = nlohmann::json::parse(f, note_keys);
+    if (!twice.empty()) throw std::runtime_error("it gives the key '" + twice + "' twice in one object");
+    if (!j.is_object()) throw std::runtime_error(std::string("it is a JSON ") + j.type_name() + ", not an object");
+    has_calibrated = j.contains("calibrated");
+    if (has_calibrated && !j.at("calibrated").is_object())
+      throw std::runtime_error(std::string("its 'calibrated' is a JSON ") + j.at("calibrated").type_name() +
+                               ", not an object with the same keys");
     // a key the file format does not have (a typo: "u_c" beside "U_c") would be ignored: refused
     const auto unknown = [](const nlohmann::json& o, bool top) -> std::string {
-      if (!o.is_object()) return "";
       for (const auto& [k, v] : o.items())
         if (k != "U_c" && k != "U_c_dma" && k != "U_g" && k != "D_c" && k != "B_h2d" && k != "B_d2h" &&
             k != "link_share" && !(top && k == "calibrated"))
           return k;
       return "";
     };
-    std::string bad = unknown(j, true);
-    if (bad.empty() && j.is_object() && j.contains("calibrated")) bad = unknown(j.at("calibrated"), false);
-    if (!bad.empty())
+    if (const std::string bad = unknown(j, true); !bad.empty())
       throw std::runtime_error("it has a key '" + bad + "' that is not one of U_c, U_c_dma, U_g, D_c, B_h2d, B_d2h, "
                                "link_share, calibrated (keys are case-sensitive)");
-    r = rates_from_json(j);
-    c = j.contains("calibrated") ? rates_from_json(j.at("calibrated")) : r;
-    if (keeps_calibrated) *keeps_calibrated = j.contains("calibrated");
+    if (const std::string bad = has_calibrated ? unknown(j.at("calibrated"), false) : ""; !bad.empty())
+      throw std::runtime_error("its 'calibrated' has a key '" + bad + "' that is not one of U_c, U_c_dma, U_g, D_c, "
+                               "B_h2d, B_d2h, link_share (keys are case-sensitive)");
+    r = rates_from_json(j, "");
+    c = has_calibrated ? rates_from_json(j.at("calibrated"), "calibrated.") : r;
   } catch (const std::exception& e) {
-    throw Error("the rates file " + path + " is not a rates file (JSON with U_c, U_c_dma, U_g, D_c, B_h2d, B_d2h in "
-                "params/s and bytes/s, and optionally link_share): " + e.what());
+    throw Error("the rates file " + path + " is not a rates file (a JSON object with U_c, U_c_dma, U_g, D_c in "
+                "params/s, B_h2d, B_d2h in bytes/s, optionally link_share, and optionally the same under "
+                "'calibrated'): " + e.what());
   }
-  if (!rates_complete(r) || !rates_complete(c))
-    throw Error("the rates file " + path + " has a rate that is not a positive number (U_c, U_c_dma, U_g, D_c, B_h2d, "
-                "B_d2h and link_share when given must all be > 0); delete it or run with --recalibrate");
-  for (const Rates* x : {&r, &c})
+  for (const auto& [x, which] : {std::pair<const Rates*, std::string>{&r, ""}, {&c, "calibrated."}}) {
+    if (!rates_complete(*x))
+      throw Error("the rates file " + path + " has a rate" + (which.empty() ? "" : " under 'calibrated'") +
+                  " that is not a positive number (U_c, U_c_dma, U_g, D_c, B_h2d, B_d2h and link_share when "
+                  "given must all be > 0)" + fix);
+    if (const std::string name = implausible_rate(*x); !name.empty())
+      throw Error("the rates file " + path + " gives " + which + name + " outside [1e6, 1e16]: a rates file is in "
+                  "params/s and bytes/s (4.1e9, not 4.1, for 4.1 Gparams/s; the six numbers of dos-train's --rates "
+                  "are in Gparams/s and GB/s)" + fix);
     if (const std::string e = rate_bounds_error(*x); !e.empty())
-      throw Error("the rates file " + path + ": " + e + "; correct it, delete it or run with --recalibrate");
+      throw Error("the rates file " + path + (which.empty() ? "" : " (its 'calibrated')") + ": " + e + fix);
+  }
+  if (keeps_calibrated) *keeps_calibrated = has_calibrated;
   if (calibrated) *calibrated = c;
   return r;
 }
@@ -354,8 +394,9 @@ Rates calibrate_rates(Runtime& runtime, std::size_t S, DType dtype, MemoryKind m
       if (keeps_calibrated && link_reading_low(cached, reference))
         std::fprintf(stderr, "%s\n", low_link_warning(cached, reference, 0, path).c_str());
       return r;
-    } catch (const Error&) {
-      if (verbose) std::fprintf(stderr, "[dos] ignoring the unreadable calibration file %s\n", path.c_str());
+    } catch (const Error& e) {
+      // said whatever the verbosity: the calibration that follows replaces the file
+      std::fprintf(stderr, "[dos] warning: %s; measuring the rates again, which replaces that file\n", e.what());
     }
   }
 
@@ -491,7 +532,8 @@ Rates calibrate_rates(Runtime& runtime, std::size_t S, DType dtype, MemoryKind m
   try {
     save_rates(path, r, r);
   } catch (const std::exception& e) {
-    if (verbose) std::fprintf(stderr, "[dos] warning: could not cache the calibration: %s\n", e.what());
+    std::fprintf(stderr, "[dos] warning: could not cache the calibration (the next run measures the rates again): %s\n",
+                 e.what());
   }
   return r;
 }

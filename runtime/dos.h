@@ -645,7 +645,9 @@ void validate_adam_hyper(const AdamHyper& h);
 /// (initial_link_share_record). Needs a model policy (dos, static:R) and a CUDA worker; takes a few seconds (pinning the
 /// scratch state). The result is cached in $DOS_CACHE_DIR (default $XDG_CACHE_HOME/dos-runtime,
 /// else ~/.cache/dos-runtime), one file per host and configuration, with the refined rates beside
-/// the calibrated ones; `force` measures again. Returns the rates to plan with (refined ones when
+/// the calibrated ones; `force` measures again. A cache file load_rates refuses (corrupt, edited,
+/// rates in other units) is measured again and replaced, with a warning on stderr giving the reason
+/// whatever `verbose` says; so is a cache that cannot be written. Returns the rates to plan with (refined ones when
 /// the cache has them); *calibrated (when not null) gets the calibration's own, which the lower
 /// bound uses so that it does not move from run to run.
 /// compact_master: the scratch optimizer keeps its masters in compact form
@@ -670,9 +672,11 @@ std::string rates_cache_path(const Runtime& runtime, std::size_t subgroup_elems,
 /// D_c (params/s), B_h2d and B_d2h (bytes/s), the rates to plan with, and optionally the same under
 /// "calibrated" (the calibration's own). Returns the rates to plan with; *calibrated (when not null)
 /// gets the "calibrated" ones, or the same rates when the file has none.
-/// Throws Error naming the path when it cannot be read, is not such JSON, has a key other than
-/// those (and link_share; keys are case-sensitive), a rate is not > 0, or a rate lies beyond the
-/// model's bounds (rate_bounds_error: link_share above U_c / U_c_dma, ...).
+/// Throws Error naming the path (and the key, where one is at fault) when it cannot be read, is not
+/// a JSON object, gives a key twice in one object, has a key other than those (and link_share;
+/// keys are case-sensitive), a value that is not a number, a rate not > 0, a rate outside [1e6,
+/// 1e16] (implausible_rate: other units, 4.1 for 4.1e9), or rates beyond the model's bounds
+/// (rate_bounds_error: link_share above U_c / U_c_dma or below 1/16, U_c_dma above U_c).
 Rates load_rates(const std::string& path, Rates* calibrated = nullptr);
 
 /// Writes `rates` (the ones to plan with) and `calibrated` (the calibration's own) to the cache file

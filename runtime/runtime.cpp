@@ -430,8 +430,8 @@ Runtime::Runtime(const RuntimeOptions& options) : impl_(new Impl) {
   // StarPU's task profiling stays off: the runtime clocks its tasks itself (task_clock.h), because
   // StarPU 1.3 (and 1.4 before 1.4.5) reads the GPU's energy counter through NVML around every CUDA
   // task when profiling is on, which costs milliseconds per task on some machines. STARPU_PROFILING=1
-  // in the environment turns it on anyway: say what that costs.
-  if (ncuda > 0 && starpu_profiling_status_get() == STARPU_PROFILING_ENABLE && options.verbose)
+  // in the environment turns it on anyway: say what that costs (whatever the verbosity: a warning).
+  if (ncuda > 0 && starpu_profiling_status_get() == STARPU_PROFILING_ENABLE)
     std::fprintf(stderr, "[dos] warning: StarPU's task profiling is on (STARPU_PROFILING is set): StarPU 1.3 and 1.4 "
                          "before 1.4.5 then read the GPU's energy counter around every CUDA task, which can add "
                          "milliseconds per task; the runtime does not need it (unset STARPU_PROFILING)\n");

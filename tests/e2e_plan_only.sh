@@ -129,6 +129,11 @@ expect "a rates file is in params/s" --policy dos --rates "$tmp/rates-gunits.jso
 expect "cannot exceed U_c" --policy dos --rates 1,2,3,4,5,6
 expect "must be a finite number > 0" --policy dos --rates 1,1,3,4,5,6,0
 expect "link_share cannot exceed" --policy dos --rates 3.7,2.9,60,300,50,50,3
+expect "link_share cannot be below 1/16" --policy dos --rates 3.7,2.9,60,300,50,50,1e-300
+expect "leave out one of the two" --policy dos --rates $rates --recalibrate
+expect "empty: give six" --policy dos --rates ""
+printf '{"U_c": 3.7e9, "U_c_dma": 2.9e9, "U_g": 6e10, "D_c": 3e11, "B_h2d": 5e10, "B_d2h": 5e10, "B_h2d": 1e7}\n' > "$tmp/twice.json"
+expect "gives the key 'B_h2d' twice" --policy dos --rates "$tmp/twice.json"
 printf '{"U_c": 1}' > "$tmp/short.json"
 printf '{"U_c": 3.7e9, "U_c_dma": 2.9e9, "U_g": 6e10, "D_c": 3e11, "B_h2d": 5e10, "B_d2h": 5e10, "link_share": 3}\n' \
   > "$tmp/share-above-cap.json"

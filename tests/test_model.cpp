@@ -390,7 +390,9 @@ void test_bad_input(void**) {
 
 // The rates file (dos.h, save_rates and load_rates): written with the keys and units its readers
 // expect (checked against the numbers given here, read as plain JSON), read back whole, the
-// calibrated rates beside; a file whose rates break the model's bounds is refused, naming why.
+// calibrated rates beside; a file whose rates break the model's bounds, are in other units, or
+// whose JSON is not the format's (a key twice, a value of another type, 'calibrated' not an
+// object) is refused, naming why and where.
 void test_rates_file(void**) {
   char dir[] = "/tmp/dos-rates-XXXXXX";
   assert_non_null(mkdtemp(dir));
@@ -443,9 +445,71 @@ void test_rates_file(void**) {
     }
     assert_true(refused);
   }
+  // each bad file's text, and what the refusal must say
+  const std::string six = R"("U_c": 4e9, "U_c_dma": 3e9, "U_g": 6e10, "D_c": 3e11, "B_h2d": 5e10, "B_d2h": 5e10)";
+  const std::pair<std::string, std::string> bad_files[] = {
+      {"{" + six + R"(, "B_h2d": 1e7})", "gives the key 'B_h2d' twice"},  // the last would win
+      {"{" + six + R"(, "calibrated": {)" + six + R"(, "U_g": 1}})", "gives the key 'U_g' twice"},
+      {R"({"U_c": "4e9", "U_c_dma": 3e9, "U_g": 6e10, "D_c": 3e11, "B_h2d": 5e10, "B_d2h": 5e10})",
+       "U_c is not a number (it is string)"},
+      {"{" + six + R"(, "link_share": true})", "link_share is not a number (it is boolean)"},
+      {R"({"U_c": 4e9, "U_c_dma": 3e9, "U_g": 6e10, "D_c": 3e11, "B_h2d": 5e10})", "it has no B_d2h"},
+      {"{" + six + R"(, "calibrated": [1]})", "its 'calibrated' is a JSON array, not an object"},
+      {"{" + six + R"(, "calibrated": {"U_c": 4e9}})", "it has no calibrated.U_c_dma"},
+      {"{" + six + R"(, "calibrated": {"calibrated": {}}})", "its 'calibrated' has a key 'calibrated'"},
+      {"[1, 2]", "it is a JSON array, not an object"},
+      // Gparams/s and GB/s where params/s and bytes/s belong, at the top and under 'calibrated'
+      {R"({"U_c": 4.1, "U_c_dma": 2.9, "U_g": 60, "D_c": 300, "B_h2d": 50, "B_d2h": 50})",
+       "gives U_c outside [1e6, 1e16]: a rates file is in params/s"},
+      {"{" + six + R"(, "calibrated": {"U_c": 4e9, "U_c_dma": 3e9, "U_g": 6e10, "D_c": 3e11, "B_h2d": 5e10, "B_d2h": 50}})",
+       "gives calibrated.B_d2h outside [1e6, 1e16]"},
+      {"{" + six + R"(, "link_share": 0.05})", "link_share cannot be below 1/16"},
+  };
+  for (const auto& [text, want] : bad_files) {
+    std::ofstream(path) << text;
+    std::string said;
+    try {
+      dos::load_rates(path);
+    } catch (const dos::Error& e) {
+      said = e.what();
+    }
+    if (said.find(want) == std::string::npos)
+      fail_msg("the rates file %s: want a refusal saying \"%s\", got \"%s\"", text.c_str(), want.c_str(), said.c_str());
+  }
+  // the edges of the plausible range and of link_share's floor are accepted
+  std::ofstream(path) << R"({"U_c": 1e16, "U_c_dma": 1e6, "U_g": 6e10, "D_c": 1e15, "B_h2d": 5e10, "B_d2h": 5e10, "link_share": 0.0625})";
+  const dos::Rates edges = dos::load_rates(path);
+  assert_true(edges.U_c == 1e16 && edges.U_c_dma == 1e6 && edges.link_share == 0.0625);
   std::remove(path.c_str());
   std::remove((std::string(dir) + "/sub").c_str());
   std::remove(dir);
+}
+
+// implausible_rate names the first of the six rates outside [1e6, 1e16] (NaN too), each rate by its
+// own name, the edges inside; rate_bounds_error refuses link_share below 1/16, the floor itself not.
+void test_plausible_rates(void**) {
+  const dos::Rates good{4e9, 3e9, 6e10, 3e11, 5e10, 5e10, 1.0};
+  assert_true(dos::implausible_rate(good).empty());
+  double dos::Rates::*const fields[] = {&dos::Rates::U_c,   &dos::Rates::U_c_dma, &dos::Rates::U_g,
+                                        &dos::Rates::D_c,   &dos::Rates::B_h2d,   &dos::Rates::B_d2h};
+  const char* names[] = {"U_c", "U_c_dma", "U_g", "D_c", "B_h2d", "B_d2h"};
+  for (std::size_t i = 0; i < 6; ++i) {
+    for (double x : {std::nextafter(1e6, 0.0), std::nextafter(1e16, 1e300), std::nan(""), 0.0, -4e9}) {
+      dos::Rates r = good;
+      r.*fields[i] = x;
+      if (dos::implausible_rate(r) != names[i]) fail_msg("%s = %g: want it named, got '%s'", names[i], x, dos::implausible_rate(r).c_str());
+    }
+    for (double x : {1e6, 1e16}) {
+      dos::Rates r = good;
+      r.*fields[i] = x;
+      assert_true(dos::implausible_rate(r).empty());
+    }
+  }
+  dos::Rates r = good;
+  r.link_share = dos::kLowestLinkShare;
+  assert_true(dos::rate_bounds_error(r).empty());
+  r.link_share = std::nextafter(dos::kLowestLinkShare, 0.0);
+  assert_true(dos::rate_bounds_error(r).find("link_share cannot be below 1/16") != std::string::npos);
 }
 
 // The calibration's link_share estimate (estimated_link_share): U_c_dma / U_c within [1/16, 1],
@@ -532,7 +596,7 @@ int main() {
       cmocka_unit_test(test_plans),      cmocka_unit_test(test_paper_example), cmocka_unit_test(test_gpu_machine), cmocka_unit_test(test_stride_candidate), cmocka_unit_test(test_bound_two_rates),
       cmocka_unit_test(test_extremes),   cmocka_unit_test(test_static_fidelity), cmocka_unit_test(test_bad_input),
       cmocka_unit_test(test_budgets),    cmocka_unit_test(test_grad_bytes), cmocka_unit_test(test_compact_traffic),
-      cmocka_unit_test(test_rates_file),
+      cmocka_unit_test(test_rates_file),       cmocka_unit_test(test_plausible_rates),
       cmocka_unit_test(test_bound_cold_resident),
       cmocka_unit_test(test_gpu_conversion),     cmocka_unit_test(test_estimated_link_share), cmocka_unit_test(test_link_share_from_dma),
   };

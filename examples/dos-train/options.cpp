@@ -227,6 +227,8 @@ Checked check_options(const Args& a) {
   if (a.plan_only && (!a.timeline.empty() || !a.save_params.empty() || !a.save_state.empty() || !a.resume.empty()))
     fail("--plan-only runs no update phase, so it has no timeline, parameters or optimizer state to write or "
          "read: leave out --timeline, --save-params, --save-state and --resume (--report writes the plan)");
+  if (!a.rates.empty() && a.recalibrate)
+    fail("--recalibrate measures the model's rates, --rates gives them: leave out one of the two");
   if (!a.rates.empty()) c.rates = parse_rates(a.rates, &c.calibrated, &c.rates_from_file);
   if ((!a.rates.empty() || a.recalibrate) && !a.plan_only) {
     // the model's rates are read only by the plans that need them; a policy known to be without
@@ -363,7 +365,9 @@ int parse_command_line(int argc, char** argv, Args& a) {
                  "sharing the --cpu-threads cores, subgroups spread over them)")
       ->capture_default_str();
   app.add_option("--ncuda", a.ncuda, "CUDA workers (-1: one per GPU, 0: none)")->capture_default_str();
-  app.add_flag("--quiet,-q", a.quiet, "do not print the runtime's set-up line");
+  app.add_flag("--quiet,-q", a.quiet,
+               "do not print the runtime's set-up lines on stderr (its policy and workers, that a model policy runs "
+               "every update on the CPU where there is no CUDA worker, the calibration's readings); warnings still print");
   app.add_option("--k", a.k, "with --policy dos: force the paper's stride k (one subgroup in k streamed: k-1, 2k-1, ...)");
   app.add_option("--gpu-fraction", a.gpu_fraction,
                  "with --policy dos: force this fraction of the subgroups (0..1, or a/b) to be streamed through the GPU, "
@@ -489,7 +493,12 @@ int parse_command_line(int argc, char** argv, Args& a) {
                  "the model's rates instead of calibrating: U_c,U_c_dma,U_g,D_c,B_h2d,B_d2h in Gparams/s (4) and GB/s "
                  "(2), as the 'model:' line prints them, optionally followed by link_share (1 when not given; 1 counts as unmeasured, so the first phase's measure replaces it, where another value is blended half way), or the path of a rates file (the calibration cache's JSON, "
                  "params/s and bytes/s; started from as the cache is: a link_share equal to its calibration's counts as "
-                 "unmeasured)");
+                 "unmeasured)")
+      ->check([](const std::string& s) {
+        return s.empty() ? std::string("empty: give six (or seven) numbers or a rates file's path, or leave "
+                                       "it out to calibrate")
+                         : std::string();
+      });
   app.add_flag("--recalibrate", a.recalibrate,
                "with --policy dos or static:R: measure the model's rates again instead of reading the cached ones");
   try {

@@ -18,23 +18,6 @@
 
 namespace dos_train {
 
-namespace {
-
-/// The name of the first of r's six rates outside [1e6, 1e16] per second (params/s or bytes/s), or
-/// "" when none is: no machine runs Adam or a PCIe link at a thousandth of a Gparams/s or GB/s,
-/// nor at ten million of them, so such a figure is a mistake of units (a rates file written in
-/// the command line's Gparams/s) or of exponents. (The calibration sets D_c to 1e15 when the model
-/// is on the host: no conversion on the GPU.)
-std::string implausible_rate(const dos::Rates& r) {
-  const std::pair<const char*, double> rates[] = {{"U_c", r.U_c}, {"U_c_dma", r.U_c_dma}, {"U_g", r.U_g},
-                                                  {"D_c", r.D_c}, {"B_h2d", r.B_h2d}, {"B_d2h", r.B_d2h}};
-  for (const auto& [name, x] : rates)
-    if (!(x >= 1e6 && x <= 1e16)) return name;
-  return "";
-}
-
-}  // namespace
-
 dos::Rates parse_rates(const std::string& text, dos::Rates* calibrated, bool* from_file) {
   if (from_file) *from_file = false;
   const std::string forms =
@@ -45,15 +28,9 @@ dos::Rates parse_rates(const std::string& text, dos::Rates* calibrated, bool* fr
     dos::Rates r, c;
     try {
       r = dos::load_rates(text, &c);
-    } catch (const dos::Error& e) {
+    } catch (const dos::Error& e) {  // load_rates also refuses rates in other units (implausible_rate)
       throw std::runtime_error(std::string("--rates: ") + e.what());
     }
-    for (const dos::Rates* x : {&r, &c})
-      if (const std::string name = implausible_rate(*x); !name.empty())
-        throw std::runtime_error("--rates: the rates file " + text + " gives " + name +
-                                 " outside [1e6, 1e16]: a rates file is in params/s and bytes/s (4.1e9, not "
-                                 "4.1, for 4.1 Gparams/s); the six numbers on the command line are in "
-                                 "Gparams/s and GB/s");
     if (calibrated) *calibrated = c;
     if (from_file) *from_file = true;
     return r;
@@ -85,7 +62,7 @@ dos::Rates parse_rates(const std::string& text, dos::Rates* calibrated, bool* fr
       throw std::runtime_error("--rates '" + text + "': every rate must be a finite number > 0");
   dos::Rates r{v[0] * 1e9, v[1] * 1e9, v[2] * 1e9, v[3] * 1e9, v[4] * 1e9, v[5] * 1e9};
   if (v.size() == 7) r.link_share = v[6];
-  if (const std::string name = implausible_rate(r); !name.empty())
+  if (const std::string name = dos::implausible_rate(r); !name.empty())
     throw std::runtime_error("--rates '" + text + "': " + name + " lies outside [0.001, 1e7] (Gparams/s or GB/s): " +
                              forms);
   if (const std::string e = dos::rate_bounds_error(r); !e.empty())

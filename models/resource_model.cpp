@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <stdexcept>
 #include <utility>
 
@@ -64,8 +65,11 @@ std::string rate_bounds_error(const Rates& r) {
     return "link_share cannot exceed U_c / U_c_dma = " + std::to_string(highest_link_share(r)) +
            " (beyond it the links would get more than they ask beside CPU Adam)";
   if (r.link_share < kLowestLinkShare) {
-    char got[32];
-    std::snprintf(got, sizeof got, "%g", r.link_share);
+    char got[32];  // the fewest digits that give the value back (a value just below 1/16 is not 0.0625)
+    for (int digits = 6; digits <= 17; ++digits) {
+      std::snprintf(got, sizeof got, "%.*g", digits, r.link_share);
+      if (std::strtod(got, nullptr) == r.link_share) break;
+    }
     return std::string("link_share cannot be below 1/16 = 0.0625, the least the model tells apart (got ") + got +
            "; 1 when the links' share was not measured)";
   }

@@ -153,11 +153,13 @@ double lowest_distinct_u_c_dma(const Workload& w, const Rates& r, std::size_t cp
 /// Rates files and dos-train --rates are refused with this text. Throws nothing.
 std::string rate_bounds_error(const Rates& r);
 
-/// The range a measured rate lies in, in the model's units: [1e6, 1e16] params/s (U_c, U_c_dma,
-/// U_g, D_c) or bytes/s (B_h2d, B_d2h). 1e6 params/s is 1000 times slower than the slowest CPU Adam
-/// measured (a 2-core machine, about 1e9), 1e16 bytes/s far above any host link; a rate outside is
-/// one written in other units (4.1 for 4.1e9 params/s) or a corrupt file. (The calibration sets D_c
-/// to 1e15 when the model is on the host: no conversion on the GPU.)
+/// The range a rate given by hand (a rates file, dos-train --rates) must lie in, in the model's
+/// units: [1e6, 1e16] params/s (U_c, U_c_dma, U_g, D_c) or bytes/s (B_h2d, B_d2h). 1e6 params/s is
+/// 1000 times slower than the slowest CPU Adam measured (a 2-core machine, about 1e9), 1e16 bytes/s
+/// far above any host link; a rate outside is one written in other units (4.1 for 4.1e9 params/s)
+/// or a mistyped exponent. (The calibration sets D_c to 1e15 when the model is on the host: no
+/// conversion on the GPU. On subgroups of fewer than about 8 elements it measures U_g and D_c below
+/// 1e6, the kernels' launch dominating: its own cache is not held to this range.)
 inline constexpr double kLowestPlausibleRate = 1e6, kHighestPlausibleRate = 1e16;
 
 /// The name ("U_c", ..., "B_d2h") of the first of r's six rates outside [kLowestPlausibleRate,

@@ -300,11 +300,15 @@ nlohmann::ordered_json rates_to_json(const Rates& r) {
 namespace {
 /// load_rates, and *keeps_calibrated (when not null): whether the file keeps the calibration's own
 /// rates apart (its "calibrated" key); a file written before that key existed holds refined rates
-/// only, which say nothing of what the calibration read. Throws what load_rates throws.
-Rates read_rates_file(const std::string& path, Rates* calibrated, bool* keeps_calibrated) {
+/// only, which say nothing of what the calibration read. `own_cache`: the file is the calibration's
+/// own cache (calibrate_rates), which is not held to implausible_rate's range (a calibration on
+/// subgroups of a few elements measures U_g and D_c below it) and whose errors name no remedy (the
+/// caller measures again). Throws what load_rates throws.
+Rates read_rates_file(const std::string& path, Rates* calibrated, bool* keeps_calibrated, bool own_cache) {
   std::ifstream f(path);
   if (!f) throw Error("cannot read the rates file " + path + ": " + std::strerror(errno));
-  const std::string fix = "; correct the file, or, when it is the calibration cache, delete it or run with --recalibrate";
+  const std::string fix =
+      own_cache ? "" : "; correct the file, or, when it is the calibration cache, delete it or measure the rates again";
   Rates r, c;
   bool has_calibrated = false;
   try {
@@ -353,7 +357,7 @@ Rates read_rates_file(const std::string& path, Rates* calibrated, bool* keeps_ca
       throw Error("the rates file " + path + " has a rate" + (which.empty() ? "" : " under 'calibrated'") +
                   " that is not a positive number (U_c, U_c_dma, U_g, D_c, B_h2d, B_d2h and link_share when "
                   "given must all be > 0)" + fix);
-    if (const std::string name = implausible_rate(*x); !name.empty())
+    if (const std::string name = own_cache ? "" : implausible_rate(*x); !name.empty())
       throw Error("the rates file " + path + " gives " + which + name + " outside [1e6, 1e16]: a rates file is in "
                   "params/s and bytes/s (4.1e9, not 4.1, for 4.1 Gparams/s; the six numbers of dos-train's --rates "
                   "are in Gparams/s and GB/s)" + fix);
@@ -366,7 +370,9 @@ Rates read_rates_file(const std::string& path, Rates* calibrated, bool* keeps_ca
 }
 }  // namespace
 
-Rates load_rates(const std::string& path, Rates* calibrated) { return read_rates_file(path, calibrated, nullptr); }
+Rates load_rates(const std::string& path, Rates* calibrated) {
+  return read_rates_file(path, calibrated, nullptr, false);
+}
 
 void save_rates(const std::string& path, const Rates& r, const Rates& calibrated) {
   std::filesystem::create_directories(path.substr(0, path.rfind('/')));  // throws on failure
@@ -386,7 +392,7 @@ Rates calibrate_rates(Runtime& runtime, std::size_t S, DType dtype, MemoryKind m
     try {
       Rates c;
       bool keeps_calibrated = false;
-      const Rates r = read_rates_file(path, &c, &keeps_calibrated);
+      const Rates r = read_rates_file(path, &c, &keeps_calibrated, true);
       if (calibrated) *calibrated = c;
       if (verbose) std::fprintf(stderr, "[dos] model rates from %s (--recalibrate measures them again)\n", path.c_str());
       // a calibration that read the link low holds this run's links too (kLinkCeiling): said again

@@ -645,9 +645,10 @@ void validate_adam_hyper(const AdamHyper& h);
 /// (initial_link_share_record). Needs a model policy (dos, static:R) and a CUDA worker; takes a few seconds (pinning the
 /// scratch state). The result is cached in $DOS_CACHE_DIR (default $XDG_CACHE_HOME/dos-runtime,
 /// else ~/.cache/dos-runtime), one file per host and configuration, with the refined rates beside
-/// the calibrated ones; `force` measures again. A cache file load_rates refuses (corrupt, edited,
-/// rates in other units) is measured again and replaced, with a warning on stderr giving the reason
-/// whatever `verbose` says; so is a cache that cannot be written. Returns the rates to plan with (refined ones when
+/// the calibrated ones; `force` measures again. A cache file that is not one (what load_rates
+/// refuses, but for implausible_rate's range: corrupt, edited, rates beyond the model's bounds) is
+/// measured again and replaced, with a warning on stderr giving the reason whatever `verbose` says;
+/// a cache that cannot be written is said so too. Returns the rates to plan with (refined ones when
 /// the cache has them); *calibrated (when not null) gets the calibration's own, which the lower
 /// bound uses so that it does not move from run to run.
 /// compact_master: the scratch optimizer keeps its masters in compact form

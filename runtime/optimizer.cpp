@@ -208,7 +208,7 @@ Optimizer::Optimizer(Runtime& runtime, const std::vector<TensorView>& tensors, c
                       r.link_share == kUnmeasuredLinkShare;
     if (!none && !rates_complete(r))
       throw Error("OptimizerOptions::rates is given in part: give U_c, U_c_dma, U_g, D_c (params/s), B_h2d and "
-                  "B_d2h (bytes/s) all finite and > 0 (link_share > 0 and at most U_c / U_c_dma; 1 when not measured), or leave "
+                  "B_d2h (bytes/s) all finite and > 0 (link_share at least 1/16 and at most U_c / U_c_dma; 1 when not measured), or leave "
                   "them all at their defaults to have them calibrated");
     if (!none)
       if (const std::string e = rate_bounds_error(r); !e.empty()) throw Error("OptimizerOptions::rates: " + e);

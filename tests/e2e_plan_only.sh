@@ -106,7 +106,7 @@ plan1=$(grep -E '^plan +0: ' <<<"$one" | awk '{print $3}') plan2=$(grep -E '^pla
 a=$("$train" "${common[@]}" --policy gpu --rates "$tmp/rates-share.json" 2>&1 | grep -E '^(predicted|rates)')
 b=$("$train" "${common[@]}" --policy gpu --rates $rates,0.5 2>&1 | grep -E '^(predicted|rates)')
 [ -n "$a" ] && [ "$a" = "$b" ] || bad "link_share from a file and from the command line differ: '$a' vs '$b'"
-grep -q "share beside CPU Adam 0.50" <<<"$b" || bad "the rates line does not print link_share 0.5: $b"
+grep -qE "share beside CPU Adam 0\.5$" <<<"$b" || bad "the rates line does not print link_share 0.5: $b"
 
 expect() {  # expect "substring of the message" dos-train-args...
   local want=$1; shift

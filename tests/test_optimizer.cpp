@@ -224,6 +224,8 @@ void test_bad_input(void**) {
   bad = oo;
   bad.rates = dos::Rates{2e9, 3e9, 1e11, 1e11, 5e10, 5e10};
   expect_error([&] { dos::Optimizer o(*g_rt, {{p.data(), g.data(), 10}}, bad); }, "U_c_dma above U_c");
+  bad.rates = dos::Rates{4e9, 3e9, 1e11, 1e11, 5e10, 5e10, std::nextafter(dos::kLowestLinkShare, 0.0)};
+  expect_error([&] { dos::Optimizer o(*g_rt, {{p.data(), g.data(), 10}}, bad); }, "link_share below 1/16");
   // a rates file's calibrated rates: only beside rates, whole and within the bounds
   bad = oo;
   bad.calibrated_rates = dos::Rates{4e9, 3e9, 1e11, 1e11, 5e10, 5e10};

@@ -366,8 +366,9 @@ int parse_command_line(int argc, char** argv, Args& a) {
       ->capture_default_str();
   app.add_option("--ncuda", a.ncuda, "CUDA workers (-1: one per GPU, 0: none)")->capture_default_str();
   app.add_flag("--quiet,-q", a.quiet,
-               "do not print the runtime's set-up lines on stderr (its policy and workers, that a model policy runs "
-               "every update on the CPU where there is no CUDA worker, the calibration's readings); warnings still print");
+               "run the runtime without its verbose lines on stderr: its set-up line, its notes (that a model policy "
+               "runs every update on the CPU where there is no CUDA worker, the calibration's readings) and most of "
+               "its warnings; the per-iteration lines, the summary and errors still print");
   app.add_option("--k", a.k, "with --policy dos: force the paper's stride k (one subgroup in k streamed: k-1, 2k-1, ...)");
   app.add_option("--gpu-fraction", a.gpu_fraction,
                  "with --policy dos: force this fraction of the subgroups (0..1, or a/b) to be streamed through the GPU, "

@@ -121,7 +121,7 @@ nlohmann::ordered_json show_plan(PlanOnly& p) {
   }
   const dos::Rates& r = *p.rates;
   std::printf("rates: U_c %.2f Gparams/s alone, %.2f under DMA; U_g %.1f; D_c %.1f; B %.1f GB/s H2D, %.1f GB/s D2H; "
-              "links' share beside CPU Adam %.2f\n",
+              "links' share beside CPU Adam %.3g\n",
               r.U_c / 1e9, r.U_c_dma / 1e9, r.U_g / 1e9, r.D_c / 1e9, r.B_h2d / 1e9, r.B_d2h / 1e9, r.link_share);
   dos::Simulation sim;
   try {

@@ -114,7 +114,7 @@ void print_model_choice(const dos::Runtime& rt, const dos::Optimizer& opt) {
                   "no stride and no streamed subgroup (the GPU update budget holds none); all on the CPU %.2f s", all_cpu);
   }
   std::printf("model: U_c %.2f Gparams/s alone, %.2f under DMA; U_g %.1f; D_c %.1f; B %.1f GB/s H2D, %.1f GB/s D2H; "
-              "links' share beside CPU Adam %.2f\n"
+              "links' share beside CPU Adam %.3g\n"
               "model: best plan streams %zu of %zu subgroups (%.2f s predicted, %s-bound); %s; lower bound %.2f s\n",
               r.U_c / 1e9, r.U_c_dma / 1e9, r.U_g / 1e9, r.D_c / 1e9, r.B_h2d / 1e9, r.B_d2h / 1e9, r.link_share, c.streamed,
               ns, c.predicted.total, c.predicted.bound_by().c_str(), streaming,

@@ -197,7 +197,8 @@ int main(int argc, char** argv) {
     dos_bench::HostOptions ho;
     if (app.count("--n") == 0) n_d = 5e8;
     if (!(n_d >= 1 && n_d <= 4e9) || n_d != std::floor(n_d) || reps < 1) {
-      std::fprintf(stderr, "dos-bench host: --n must be a whole number in [1, 4e9] and --reps >= 1\n");
+      std::fprintf(stderr, "dos-bench host: --n must be a whole number in [1, 4e9] and --reps >= 1 (got --n %g, --reps %d)\n",
+                   n_d, reps);
       return 1;
     }
     ho.n = std::size_t(n_d);
@@ -247,7 +248,10 @@ int main(int argc, char** argv) {
       po.subgroups.push_back(std::size_t(s));
     }
     if (!(subgroup_d >= 1 && subgroup_d <= 1e10) || subgroup_d != std::floor(subgroup_d) || reps < 1) {
-      std::fprintf(stderr, "dos-bench plan: --subgroup-size must be a whole number in [1, 1e10] and --reps >= 1\n");
+      std::fprintf(stderr,
+                   "dos-bench plan: --subgroup-size must be a whole number in [1, 1e10] and --reps >= 1 (got "
+                   "--subgroup-size %g, --reps %d)\n",
+                   subgroup_d, reps);
       return 1;
     }
     po.subgroup_size = std::size_t(subgroup_d);
@@ -319,7 +323,8 @@ int main(int argc, char** argv) {
   }
   if (app.count("--n") == 0) n_d = 1 << 27;
   if (!(n_d >= 1 && n_d <= 4e9) || n_d != std::floor(n_d) || reps < 1) {
-    std::fprintf(stderr, "dos-bench: --n must be a whole number in [1, 4e9] and --reps >= 1\n");
+    std::fprintf(stderr, "dos-bench: --n must be a whole number in [1, 4e9] and --reps >= 1 (got --n %g, --reps %d)\n",
+                 n_d, reps);
     return 1;
   }
   const std::size_t n = std::size_t(n_d);

@@ -41,8 +41,10 @@ dos::Rates parse_rates(const std::string& text, dos::Rates* calibrated, bool* fr
     const std::size_t comma = std::min(text.find(',', at), text.size());
     const std::string field = text.substr(at, comma - at);
     char* end = nullptr;
-    const double x = std::strtod(field.c_str(), &end);
-    if (field.empty() || *end != '\0') {
+    const double x = std::strtod(field.c_str(), &end);  // skips the blanks before a number
+    const bool converted = end != field.c_str();
+    while (*end == ' ' || *end == '\t') ++end;  // and those after it
+    if (!converted || *end != '\0') {
       // a single word that is no number was most likely meant as a file
       if (text.find(',') == std::string::npos)
         throw std::runtime_error("--rates '" + text + "': " +

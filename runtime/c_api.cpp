@@ -39,6 +39,7 @@ struct dos_optimizer {
   // (Optimizer::wait_step_work). Joined before wait_step and before `opt` goes.
   std::thread pauser;
   std::unique_ptr<dos::Optimizer> opt;
+  std::size_t ntensors = 0;  // the tensors it was created over (checked before a caller's array is read)
   // The last ended phase's timeline (dos_optimizer_last_timeline) and start (runtime clock, s).
   std::vector<dos::TimelineTask> last_timeline;
   double last_started_at = 0;
@@ -457,6 +458,7 @@ int dos_optimizer_create(dos_runtime* rt, size_t ntensors, void* const* params, 
     for (size_t i = 0; i < ntensors; ++i) tv[i] = dos::TensorView{params[i], grads[i], numels[i]};
     auto h = std::make_unique<dos_optimizer>();
     h->opt = std::make_unique<dos::Optimizer>(*rt->rt, tv, o);
+    h->ntensors = ntensors;
     count(&g_optimizers, 1);
     *out = h.release();
   });
@@ -656,6 +658,11 @@ int dos_optimizer_load_state(dos_optimizer* opt, const float* master, const floa
   if (!opt || !master || !exp_avg || !exp_avg_sq || (nsteps > 0 && !steps))
     return fail(DOS_E_INVALID, "dos_optimizer_load_state: NULL argument");
   if (refuse_if_open(opt, "dos_optimizer_load_state") != DOS_OK) return DOS_E_INVALID;
+  // the count first: `steps` is read for nsteps entries, which must be the array's own length
+  if (nsteps != opt->opt->num_subgroups())
+    return fail(DOS_E_INVALID, "dos_optimizer_load_state: nsteps is " + std::to_string(nsteps) +
+                                   "; this optimizer has " + std::to_string(opt->opt->num_subgroups()) +
+                                   " subgroups: give one step count per subgroup (dos_optimizer_num_subgroups)");
   Active active;
   return guarded([&] {
     opt->opt->load_state(master, exp_avg, exp_avg_sq, std::vector<std::int64_t>(steps, steps + nsteps));
@@ -679,6 +686,11 @@ int dos_optimizer_write_masters(dos_optimizer* opt, size_t begin, size_t end, co
 int dos_optimizer_set_gradients(dos_optimizer* opt, size_t ntensors, void* const* grads) {
   if (!opt || (ntensors > 0 && !grads)) return fail(DOS_E_INVALID, "dos_optimizer_set_gradients: NULL argument");
   if (refuse_if_open(opt, "dos_optimizer_set_gradients") != DOS_OK) return DOS_E_INVALID;
+  // the count first: `grads` is read for ntensors entries, which must be the array's own length
+  if (ntensors != opt->ntensors)
+    return fail(DOS_E_INVALID, "dos_optimizer_set_gradients: ntensors is " + std::to_string(ntensors) +
+                                   "; this optimizer was created over " + std::to_string(opt->ntensors) +
+                                   " tensors: give one gradient pointer per tensor, in the order of creation");
   return guarded([&] { opt->opt->set_gradients(std::vector<void*>(grads, grads + ntensors)); });
 }
 

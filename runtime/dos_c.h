@@ -317,8 +317,9 @@ int dos_optimizer_options_init(dos_optimizer_options* options);
  * (read during the call only; NULL is refused). Returns DOS_E_INVALID (nothing created) for a NULL
  * argument, an options struct of an unknown size or version, a field outside its range (the message
  * names the field and the range), no element in all, or what dos::Optimizer refuses (a CUDA memory
- * kind without a CUDA worker, GPU budgets that cannot work, more state than host memory holds). On
- * success *out holds the handle. */
+ * kind without a CUDA worker, GPU budgets that cannot work); DOS_E_RUNTIME for more state than host
+ * memory holds now (the message gives both sizes) or when StarPU fails. On success *out holds the
+ * handle. */
 int dos_optimizer_create(dos_runtime* rt, size_t ntensors, void* const* params, void* const* grads,
                          const size_t* numels, const dos_optimizer_options* options, dos_optimizer** out);
 /* Destroys an optimizer (NULL is ignored). A phase opened by dos_optimizer_begin_step and not

@@ -374,7 +374,11 @@ static void test_set_gradients(void** state) {
   /* bad calls: refused, the buffers unchanged (the next step still reads gb[1], as set last) */
   void* one[1] = {gb[0]};
   assert_int_equal(dos_optimizer_set_gradients(b, 1, one), DOS_E_INVALID);
-  assert_non_null(strstr(dos_last_error(), "1 gradient pointers for the optimizer's 2 tensors"));
+  assert_non_null(strstr(dos_last_error(), "ntensors is 1; this optimizer was created over 2 tensors"));
+  /* a count far beyond the array: refused before the array is read */
+  assert_int_equal(dos_optimizer_set_gradients(b, (size_t)1 << 40, one), DOS_E_INVALID);
+  assert_non_null(strstr(dos_last_error(), "created over 2 tensors"));
+  assert_int_equal(dos_optimizer_set_gradients(b, SIZE_MAX, one), DOS_E_INVALID);
   void* with_null[2] = {gb[0], NULL};
   assert_int_equal(dos_optimizer_set_gradients(b, 2, with_null), DOS_E_INVALID);
   assert_non_null(strstr(dos_last_error(), "tensor 1"));
@@ -453,6 +457,14 @@ static void test_master_ranges(void** state) {
   steps[0] = (int64_t)1 << 62;
   assert_int_equal(dos_optimizer_load_state(b, m1, v1, s1, steps, ns), DOS_E_INVALID);
   assert_non_null(strstr(dos_last_error(), "above 2^53"));
+  steps[0] = 1;
+  /* a count other than the subgroups', one far beyond the array among them: refused before the
+   * array is read */
+  assert_int_equal(dos_optimizer_load_state(b, m1, v1, s1, steps, ns - 1), DOS_E_INVALID);
+  assert_non_null(strstr(dos_last_error(), "give one step count per subgroup"));
+  assert_int_equal(dos_optimizer_load_state(b, m1, v1, s1, steps, (size_t)1 << 40), DOS_E_INVALID);
+  assert_int_equal(dos_optimizer_load_state(b, m1, v1, s1, steps, SIZE_MAX), DOS_E_INVALID);
+  assert_non_null(strstr(dos_last_error(), "give one step count per subgroup"));
   assert_int_equal(dos_optimizer_read_state(b, 0, part), DOS_OK);
   assert_memory_equal(part, m0, N * sizeof(float));
   /* bad calls */

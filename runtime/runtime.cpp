@@ -265,6 +265,15 @@ Runtime::Runtime(const RuntimeOptions& options) : impl_(new Impl) {
   // (StarPU 1.3's src/core/sched_policy.c): the policy chosen here must be the one that runs.
   // before this constructor changes the environment: a refusal leaves it as it was
   check_starpu_folders(impl_->choice.builtin());
+  // ...and only for starpu_init: the caller's STARPU_SCHED comes back when this constructor ends
+  // (a later Runtime given no policy reads it again)
+  struct RestoreSched {
+    bool had;
+    std::string value;
+    ~RestoreSched() {
+      if (had) setenv("STARPU_SCHED", value.c_str(), 1);
+    }
+  } restore_sched{env_sched != nullptr, env_sched ? env_sched : ""};
   unsetenv("STARPU_SCHED");
   // One CPU worker whose codelets run an OpenMP team; its threads must not inherit the worker's
   // single-core binding (codelets/cpu_team.h).

@@ -608,6 +608,28 @@ static void test_timeline(void** state) {
   dos_optimizer_destroy(opt);
 }
 
+/* A runtime given no policy runs $STARPU_SCHED, and the caller's STARPU_SCHED is still set after it
+ * (the runtime hides it from starpu_init only): a second runtime given no policy runs it again.
+ * Last: it replaces the group's runtime by one of the same arguments. */
+static void test_starpu_sched_kept(void** state) {
+  (void)state;
+  dos_runtime_destroy(g_rt);
+  g_rt = NULL;
+  assert_int_equal(setenv("STARPU_SCHED", "dmda", 1), 0);
+  char name[64];
+  for (int round = 0; round < 2; ++round) {
+    dos_runtime* rt = NULL;
+    assert_int_equal(dos_runtime_create(NULL, 1, 1, 0, 0, &rt), DOS_OK);
+    assert_int_equal(dos_runtime_running_policy(rt, name, sizeof name), DOS_OK);
+    if (strcmp(name, "dmda") != 0) fail_msg("round %d: a runtime given no policy runs '%s', not $STARPU_SCHED", round, name);
+    dos_runtime_destroy(rt);
+    const char* env = getenv("STARPU_SCHED");
+    if (!env || strcmp(env, "dmda") != 0) fail_msg("round %d: STARPU_SCHED is '%s' after the runtime, not dmda", round, env ? env : "(unset)");
+  }
+  assert_int_equal(unsetenv("STARPU_SCHED"), 0);
+  assert_int_equal(dos_runtime_create("cpu", 1, 1, 0, 0, &g_rt), DOS_OK);
+}
+
 /* dos_runtime_create_for_caller refuses a negative caller_cores (before anything starts) and a NULL
  * out; its other arguments are dos_runtime_create's (that one runtime serves the process). */
 static void test_runtime_for_caller(void** state) {
@@ -635,6 +657,7 @@ int main(void) {
       cmocka_unit_test(test_async_phase_pauses_workers),
       cmocka_unit_test(test_timeline),
       cmocka_unit_test(test_runtime_for_caller),
+      cmocka_unit_test(test_starpu_sched_kept),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -124,7 +124,8 @@ struct RuntimeOptions {
 
 /// The policy a Runtime started with RuntimeOptions::policy `given` runs: `given` when not empty,
 /// else $STARPU_SCHED when set and not empty, else "cpu". Reads the environment only (a Runtime
-/// unsets $STARPU_SCHED once started, so ask before); the name is not checked. Never throws but
+/// hides $STARPU_SCHED from starpu_init and puts it back before its constructor returns); the name
+/// is not checked. Never throws but
 /// std::bad_alloc.
 std::string resolve_policy(const std::string& given);
 

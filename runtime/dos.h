@@ -534,8 +534,9 @@ class Optimizer {
   /// gradients anew every step (PyTorch after zero_grad(set_to_none=True)): it hands them over
   /// instead of copying them into fixed buffers, so that they need not live between steps. Throws
   /// Error, nothing changed, when grads has not one pointer
-  /// per tensor, a tensor with elements gets a null pointer, or an update phase is open or still
-  /// running (finish_step_async without wait_step).
+  /// per tensor, a tensor with elements gets a null pointer, two tensors' gradients share memory
+  /// (as the constructor refuses), or an update phase is open or still running (finish_step_async
+  /// without wait_step).
   void set_gradients(const std::vector<void*>& grads);
   /// Copies the fp32 master parameters of flat elements [begin, end) (the flat order of the
   /// tensors given at construction) into out (end - begin floats, host memory).

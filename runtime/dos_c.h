@@ -445,8 +445,8 @@ int dos_optimizer_load_state(dos_optimizer* opt, const float* master, const floa
  * i's gradient now (ntensors: the count given at creation, in its order; the same dtype, element
  * count and memory kind as then), for a caller whose framework allocates gradients anew every step.
  * DOS_E_INVALID, nothing changed, for a NULL opt or grads,
- * another count, a NULL pointer for a tensor with elements, or an update phase open or still
- * running. */
+ * another count (refused before grads is read), a NULL pointer for a tensor with elements, two
+ * tensors' gradients that share memory, or an update phase open or still running. */
 int dos_optimizer_set_gradients(dos_optimizer* opt, size_t ntensors, void* const* grads);
 /* Copies the fp32 master parameters of flat elements [begin, end) into out (end - begin floats,
  * host memory). DOS_E_INVALID for a NULL argument (out may be NULL when begin == end), a range

@@ -63,6 +63,40 @@ void validate_adam_hyper(const AdamHyper& h) {
   }
 }
 
+namespace {
+
+/// What is wrong when two of `tensors` (elements of `esz` bytes) share memory: two parameter
+/// ranges that overlap, or two gradient ranges (a parameter and a gradient may: the binding's
+/// placeholder until set_gradients), naming the two tensors; "" when none do. Tensors of no
+/// element are left out. Throws nothing but std::bad_alloc.
+std::string shared_memory_error(const std::vector<TensorView>& tensors, std::size_t esz) {
+  struct Span {
+    bool grad;  // parameters first, then gradients: each kind by address
+    std::uintptr_t lo, hi;
+    std::size_t tensor;
+    bool operator<(const Span& o) const { return grad != o.grad ? o.grad : lo < o.lo; }
+  };
+  std::vector<Span> spans;
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    if (tensors[i].numel == 0) continue;
+    for (const bool grad : {false, true}) {
+      const std::uintptr_t lo = reinterpret_cast<std::uintptr_t>(grad ? tensors[i].grad : tensors[i].param);
+      spans.push_back({grad, lo, lo + tensors[i].numel * esz, i});
+    }
+  }
+  std::sort(spans.begin(), spans.end());
+  for (std::size_t k = 1; k < spans.size(); ++k)
+    if (spans[k].grad == spans[k - 1].grad && spans[k].lo < spans[k - 1].hi) {
+      const char* what = spans[k].grad ? "gradients" : "parameters";
+      return "tensor " + std::to_string(spans[k - 1].tensor) + "'s " + what + " and tensor " +
+             std::to_string(spans[k].tensor) + "'s " + what +
+             " share memory: each element's parameter and gradient must be its own (give each tensor once)";
+    }
+  return "";
+}
+
+}  // namespace
+
 // ---------------------------------------------------------------------------------------------
 // Optimizer
 
@@ -239,32 +273,9 @@ Optimizer::Optimizer(Runtime& runtime, const std::vector<TensorView>& tensors, c
     throw Error(e.what());
   }
   for (std::size_t n : numels) I.nparams += n;
-  {  // no memory written twice: the tensors' parameter ranges apart, and their gradient ranges (a
-    // gradient pointer may be its parameter's until set_gradients: the binding's placeholder)
-    struct Span {
-      bool grad;  // parameters first, then gradients: each kind by address
-      std::uintptr_t lo, hi;
-      std::size_t tensor;
-      bool operator<(const Span& o) const { return grad != o.grad ? o.grad : lo < o.lo; }
-    };
-    std::vector<Span> spans;
-    const std::size_t esz = dtype_size(options.dtype);
-    for (std::size_t i = 0; i < tensors.size(); ++i) {
-      if (tensors[i].numel == 0) continue;
-      for (const bool grad : {false, true}) {
-        const std::uintptr_t lo = reinterpret_cast<std::uintptr_t>(grad ? tensors[i].grad : tensors[i].param);
-        spans.push_back({grad, lo, lo + tensors[i].numel * esz, i});
-      }
-    }
-    std::sort(spans.begin(), spans.end());
-    for (std::size_t k = 1; k < spans.size(); ++k)
-      if (spans[k].grad == spans[k - 1].grad && spans[k].lo < spans[k - 1].hi) {
-        const char* what = spans[k].grad ? "gradients" : "parameters";
-        throw Error("tensor " + std::to_string(spans[k - 1].tensor) + "'s " + what + " and tensor " +
-                    std::to_string(spans[k].tensor) + "'s " + what +
-                    " share memory: each element's parameter and gradient must be its own (give each tensor once)");
-      }
-  }
+  // no memory written twice: the tensors' parameter ranges apart, and their gradient ranges (a
+  // gradient pointer may be its parameter's until set_gradients: the binding's placeholder)
+  if (const std::string e = shared_memory_error(tensors, dtype_size(options.dtype)); !e.empty()) throw Error(e);
   if (options.memory == MemoryKind::cuda) {
     if (runtime.cuda_workers() == 0)
       throw Error("the parameters live in GPU memory but the runtime has no CUDA worker");
@@ -441,9 +452,14 @@ void Optimizer::set_gradients(const std::vector<void*>& grads) {
     if (I.tensors[i].numel > 0 && !grads[i])
       throw Error("set_gradients: tensor " + std::to_string(i) + " (" + std::to_string(I.tensors[i].numel) +
                   " elements) has a null gradient pointer");
+  const std::size_t esz = dtype_size(I.opt.dtype);
+  {  // the same refusal as at construction: no two tensors' gradients in one place
+    std::vector<TensorView> now = I.tensors;
+    for (std::size_t i = 0; i < grads.size(); ++i) now[i].grad = grads[i];
+    if (const std::string e = shared_memory_error(now, esz); !e.empty()) throw Error("set_gradients: " + e);
+  }
   // (no task of this optimizer reads the old buffers: a phase's tasks have ended when it closes,
   // and one still running was refused above)
-  const std::size_t esz = dtype_size(I.opt.dtype);
   for (std::size_t i = 0; i < grads.size(); ++i) I.tensors[i].grad = grads[i];
   for (auto& sg : I.sgs)
     for (std::size_t k = 0; k < sg->segs.size(); ++k)

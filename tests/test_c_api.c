@@ -384,6 +384,10 @@ static void test_set_gradients(void** state) {
   assert_non_null(strstr(dos_last_error(), "tensor 1"));
   assert_int_equal(dos_optimizer_set_gradients(b, 2, NULL), DOS_E_INVALID);
   assert_non_null(strstr(dos_last_error(), "NULL argument"));
+  /* two tensors' gradients in one place: refused as at creation */
+  void* shared[2] = {gb[0], gb[0]};
+  assert_int_equal(dos_optimizer_set_gradients(b, 2, shared), DOS_E_INVALID);
+  assert_non_null(strstr(dos_last_error(), "gradients share memory"));
   assert_int_equal(dos_optimizer_set_gradients(NULL, 2, with_null), DOS_E_INVALID);
   assert_int_equal(dos_optimizer_begin_step(b), DOS_OK);
   void* other[2] = {gb[0], gb[0] + N0};

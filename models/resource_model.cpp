@@ -2,12 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
-#include <cstdlib>
 #include <stdexcept>
 #include <utility>
 
 #include "adam.h"
+#include "number_text.h"
 #include "traffic.h"
 
 namespace dos {
@@ -64,15 +63,9 @@ std::string rate_bounds_error(const Rates& r) {
   if (r.link_share > highest_link_share(r))
     return "link_share cannot exceed U_c / U_c_dma = " + std::to_string(highest_link_share(r)) +
            " (beyond it the links would get more than they ask beside CPU Adam)";
-  if (r.link_share < kLowestLinkShare) {
-    char got[32];  // the fewest digits that give the value back (a value just below 1/16 is not 0.0625)
-    for (int digits = 6; digits <= 17; ++digits) {
-      std::snprintf(got, sizeof got, "%.*g", digits, r.link_share);
-      if (std::strtod(got, nullptr) == r.link_share) break;
-    }
-    return std::string("link_share cannot be below 1/16 = 0.0625, the least the model tells apart (got ") + got +
-           "; 1 when the links' share was not measured)";
-  }
+  if (r.link_share < kLowestLinkShare)
+    return "link_share cannot be below 1/16 = 0.0625, the least the model tells apart (got " +
+           shortest_text(r.link_share) + "; 1 when the links' share was not measured)";
   return "";
 }
 

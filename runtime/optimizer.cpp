@@ -17,6 +17,7 @@
 #include "../codelets/kernels/env_choice.h"
 #include "../scheduler/policy.h"
 #include "dos.h"
+#include "number_text.h"
 #include "optimizer_impl.h"
 #include "partition.h"
 #include "runtime_impl.h"
@@ -30,12 +31,12 @@ using namespace detail;
 
 void validate_adam_hyper(const AdamHyper& h) {
   auto bad = [](const std::string& what) { throw Error("invalid Adam hyper-parameter: " + what); };
-  if (!(h.lr >= 0) || !std::isfinite(h.lr)) bad("learning rate must be a finite number >= 0, got " + std::to_string(h.lr));
-  if (!(h.eps >= 0) || !std::isfinite(h.eps)) bad("eps must be a finite number >= 0, got " + std::to_string(h.eps));
-  if (!(h.beta1 >= 0 && h.beta1 < 1)) bad("beta1 must be in [0, 1), got " + std::to_string(h.beta1));
-  if (!(h.beta2 >= 0 && h.beta2 < 1)) bad("beta2 must be in [0, 1), got " + std::to_string(h.beta2));
+  if (!(h.lr >= 0) || !std::isfinite(h.lr)) bad("learning rate must be a finite number >= 0, got " + shortest_text(h.lr));
+  if (!(h.eps >= 0) || !std::isfinite(h.eps)) bad("eps must be a finite number >= 0, got " + shortest_text(h.eps));
+  if (!(h.beta1 >= 0 && h.beta1 < 1)) bad("beta1 must be in [0, 1), got " + shortest_text(h.beta1));
+  if (!(h.beta2 >= 0 && h.beta2 < 1)) bad("beta2 must be in [0, 1), got " + shortest_text(h.beta2));
   if (!(h.weight_decay >= 0) || !std::isfinite(h.weight_decay))
-    bad("weight_decay must be a finite number >= 0, got " + std::to_string(h.weight_decay));
+    bad("weight_decay must be a finite number >= 0, got " + shortest_text(h.weight_decay));
   // the kernels compute in fp32: a value (or lr x weight_decay) beyond its range makes every
   // parameter inf or NaN at the first step
   // (the first step's step size lr / (1 - beta1), the largest of all steps': its bias correction
@@ -481,7 +482,7 @@ void Optimizer::load_state(const float* master, const float* exp_avg, const floa
     const bool second_moment = k == 2;
     const std::size_t first_bad = first_bad_state_value(v, n, second_moment);
     if (first_bad < n)
-      throw Error(std::string("the state to load has ") + parts[k].first + " = " + std::to_string(v[first_bad]) +
+      throw Error(std::string("the state to load has ") + parts[k].first + " = " + shortest_text(v[first_bad]) +
                   " at element " + std::to_string(first_bad) + ": an Adam state holds finite numbers" +
                   (second_moment ? " and a second moment >= 0" : "") + " (a damaged or foreign state?)");
   }

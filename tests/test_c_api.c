@@ -284,6 +284,11 @@ static void test_bad_options(void** state) {
     /* an eps > 0 that fp32 rounds to 0: a zero gradient's update would be 0 / 0 */
     assert_int_equal(dos_optimizer_set_hyper(opt, 1e-3, 0.9, 0.999, 1e-50, 0, 1), DOS_E_INVALID);
     assert_non_null(strstr(dos_last_error(), "rounds to 0 in fp32"));
+    /* a value just beside its bound is named as given, not rounded onto the bound */
+    assert_int_equal(dos_optimizer_set_hyper(opt, -1e-9, 0.9, 0.999, 1e-8, 0, 1), DOS_E_INVALID);
+    assert_non_null(strstr(dos_last_error(), "learning rate must be a finite number >= 0, got -1e-09"));
+    assert_int_equal(dos_optimizer_set_hyper(opt, 1e-3, 0.9, 1.0000000001, 1e-8, 0, 1), DOS_E_INVALID);
+    assert_non_null(strstr(dos_last_error(), "beta2 must be in [0, 1), got 1.0000000001"));
     assert_int_equal(dos_optimizer_set_hyper(opt, 1e-3, 0.9, 0.999, 1e-45, 0, 1), DOS_OK);
     assert_int_equal(dos_optimizer_set_hyper(opt, 1e-3, 0.9, 0.999, 1e-8, 0, 0), DOS_OK);
     dos_optimizer_destroy(opt);

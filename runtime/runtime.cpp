@@ -229,8 +229,10 @@ Runtime::Runtime(const RuntimeOptions& options) : impl_(new Impl) {
     const std::size_t machine = std::max<std::size_t>(std::thread::hardware_concurrency(), process_cores.size());
     if (machine > 0 && std::size_t(options.cpu_threads) > 4 * machine)
       throw Error("cpu_threads " + std::to_string(options.cpu_threads) + " is more than 4 times the " +
-                  std::to_string(machine) + " cores of this machine: give at most " +
-                  std::to_string(process_cores.empty() ? machine : process_cores.size()) + " (0: automatic)");
+                  std::to_string(machine) + " cores of this machine, most likely a mistake: give the " +
+                  std::to_string(process_cores.empty() ? machine : process_cores.size()) +
+                  " cores this process may use or fewer (0: automatic; up to " + std::to_string(4 * machine) +
+                  " are taken, their threads sharing cores)");
   }
   if (options.cpu_workers < 0) throw Error("cpu_workers must be >= 0, got " + std::to_string(options.cpu_workers));
   if (options.ncuda < -1)

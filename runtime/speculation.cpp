@@ -117,7 +117,10 @@ void Optimizer::Impl::speculate(OpenStep& ph, std::size_t i) {
 }
 
 void Optimizer::Impl::declare_final(std::size_t begin, std::size_t end) {
-  if (!open || open->finishing) throw Error("gradients_final outside an update phase: call begin_step first");
+  if (open && open->finishing)
+    throw Error("gradients_final after finish_step_async: the phase takes every gradient as final from then on; wait "
+                "for it (wait_step), then open the next with begin_step");
+  if (!open) throw Error("gradients_final outside an update phase: call begin_step first");
   if (begin > end || end > nparams)
     throw Error("gradients_final: the range [" + std::to_string(begin) + ", " + std::to_string(end) +
                 ") is not inside the optimizer's " + std::to_string(nparams) + " parameters");

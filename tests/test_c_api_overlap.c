@@ -185,6 +185,9 @@ void test_overlap_bad_calls(void** state) {
   assert_int_equal(dos_optimizer_wait_parameters(opt, 0, N), DOS_E_INVALID); /* open, not finished */
   assert_int_equal(dos_optimizer_finish_step_async(opt, 7), DOS_E_INVALID);
   assert_int_equal(dos_optimizer_finish_step_async(opt, DOS_VERDICT_KEEP), DOS_OK);
+  /* the phase runs on, every gradient final: a declaration now says what to do instead */
+  assert_int_equal(dos_optimizer_gradients_final(opt, 0, 10), DOS_E_INVALID);
+  assert_non_null(strstr(dos_last_error(), "after finish_step_async"));
   assert_int_equal(dos_optimizer_wait_step(opt, NULL), DOS_OK);
   assert_int_equal(dos_optimizer_step_counts(opt, steps), DOS_OK);
   for (size_t i = 0; i < ns; ++i) assert_int_equal(steps[i], 3);

@@ -133,8 +133,13 @@ expect "link_share cannot be below 1/16" --policy dos --rates 3.7,2.9,60,300,50,
 expect "leave out one of the two" --policy dos --rates $rates --recalibrate
 expect "empty: give six" --policy dos --rates ""
 expect "'  ' is not a number" --policy dos --rates "3.7,2.9,60,300,50,  "
-# blanks around a number are no part of it
-"$train" "${common[@]}" --policy dos --rates " 3.7, 2.9,60 ,300,50,50 " >/dev/null 2>&1 || bad "--rates with blanks around its numbers refused"
+# blanks around a number are no part of it: the rates read are those given
+if out=$("$train" "${common[@]}" --policy dos --rates " 3.7, 2.9,60 ,300,50,50 " 2>&1); then
+  grep -q "rates: U_c 3.70 Gparams/s alone, 2.90 under DMA; U_g 60.0; D_c 300.0; B 50.0 GB/s H2D, 50.0 GB/s D2H" <<<"$out" ||
+    bad "--rates with blanks around its numbers read other rates: $out"
+else
+  bad "--rates with blanks around its numbers refused: $out"
+fi
 printf '{"U_c": 3.7e9, "U_c_dma": 2.9e9, "U_g": 6e10, "D_c": 3e11, "B_h2d": 5e10, "B_d2h": 5e10, "B_h2d": 1e7}\n' > "$tmp/twice.json"
 expect "gives the key 'B_h2d' twice" --policy dos --rates "$tmp/twice.json"
 printf '{"U_c": 1}' > "$tmp/short.json"

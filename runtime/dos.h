@@ -446,7 +446,8 @@ class Optimizer {
   /// The caller must not change gradients declared final before finish_step (except as
   /// StepVerdict::changed says), nor read or write the parameters between begin_step and the end
   /// of finish_step. Throws Error: begin_step when a step is already open or a previous step
-  /// failed; gradients_final outside an open step, for a range beyond num_params(), or for
+  /// failed; gradients_final outside an open step (also while a phase left running by
+  /// finish_step_async or step_async runs), for a range beyond num_params(), or for
   /// elements declared final twice in one step; finish_step without begin_step. gradients_final may
   /// be called from several threads at once (each layer's backward on its own), not concurrently
   /// with begin_step or finish_step. Other methods

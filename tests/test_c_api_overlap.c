@@ -196,6 +196,8 @@ void test_overlap_bad_calls(void** state) {
   assert_int_equal(dos_optimizer_step_async(opt), DOS_OK);
   assert_int_equal(dos_optimizer_step_async(opt), DOS_E_INVALID); /* one runs */
   assert_non_null(strstr(dos_last_error(), "without dos_optimizer_wait_step"));
+  assert_int_equal(dos_optimizer_gradients_final(opt, 0, 10), DOS_E_INVALID); /* no overlapped phase */
+  assert_non_null(strstr(dos_last_error(), "started by step_async"));
   assert_int_equal(dos_optimizer_wait_parameters(opt, 0, N), DOS_OK);
   assert_int_equal(dos_optimizer_wait_step(opt, &s), DOS_OK);
   assert_int_equal(s.overlapped, 0);

@@ -1,4 +1,5 @@
-// Numbers in messages: the fewest decimal digits that give a double back.
+// Numbers in messages and in what callers type: the fewest decimal digits that give a double back,
+// and whether a text is a plain decimal number.
 //
 // Contract: header only, no state; used where an error message names a value a caller gave, so
 // that a value just beside a bound (1e-9 below 0, a bit below 1/16) is not printed as the bound
@@ -21,6 +22,27 @@ inline std::string shortest_text(double x) {
     if (std::strtod(text, nullptr) == x) break;
   }
   return text;
+}
+
+/// Whether `s` is a decimal number as a person writes one, all of it: an optional sign, digits
+/// with at most one '.' (at least one digit), and an optional exponent (e or E, an optional sign,
+/// digits): "0.5", "-1e-9", ".25", "3.", "1E+8". Refused where strtod would read something: blanks
+/// before or after, hexadecimal ("0x1p-1"), "inf", "nan", an empty string. Throws nothing.
+inline bool is_decimal_number(const std::string& s) {
+  std::size_t i = 0, digits = 0;
+  const auto is_digit = [&](std::size_t k) { return k < s.size() && s[k] >= '0' && s[k] <= '9'; };
+  if (i < s.size() && (s[i] == '+' || s[i] == '-')) ++i;
+  while (is_digit(i)) ++i, ++digits;
+  if (i < s.size() && s[i] == '.') ++i;
+  while (is_digit(i)) ++i, ++digits;
+  if (digits == 0) return false;
+  if (i < s.size() && (s[i] == 'e' || s[i] == 'E')) {
+    ++i;
+    if (i < s.size() && (s[i] == '+' || s[i] == '-')) ++i;
+    if (!is_digit(i)) return false;
+    while (is_digit(i)) ++i;
+  }
+  return i == s.size();
 }
 
 }  // namespace dos

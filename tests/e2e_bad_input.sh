@@ -54,6 +54,8 @@ expect "with --eps 0 a parameter" --eps 0 --optimizer adam --lr 0
 expect "at least 1 element" --subgroup-size -5
 expect "must be a number" --subgroup-size abc
 expect "whole number" --subgroup-size 2.5
+expect "must be a number" --subgroup-size 0x100
+expect "must be a number" --subgroup-size " 1e4"
 expect "not valid JSON" --config "$tmp/malformed.json"
 expect "missing field 'num_hidden_layers'" --config "$tmp/missing.json"
 expect "cannot read the configuration file .*No such file" --config "$tmp/nonexistent.json"
@@ -112,8 +114,10 @@ expect "at least 1" --iterations 0
 expect "learning rate" --lr -1
 expect "in \[0, 1\]" --policy static:1.5
 expect "need --policy dos" --policy cpu --gpu-fraction 0.5
+expect "is not a fraction like 1/3" --policy dos --gpu-fraction " 1/2"
+expect "is not a number" --policy dos --gpu-fraction 0x1p-1
 expect "not both" --policy dos --k 2 --gpu-fraction 0.5
-expect "whole number" --policy dos --k inf
+expect "'inf' is not a number" --policy dos --k inf
 expect "in \[0, 1\]" --policy dos --sweep 0.5,2
 expect "an empty entry" --policy dos --sweep 0.1,,0.3
 expect "an empty entry" --policy dos --sweep 0.1,

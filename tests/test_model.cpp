@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "cmocka_cpp.h"
+#include "number_text.h"
 #include "dos.h"
 #include "refinement.h"
 #include "resource_model.h"
@@ -589,6 +590,15 @@ void test_link_share_from_dma(void**) {
   }
 }
 
+// is_decimal_number: what a person writes as a number, against what strtod would also read
+void test_decimal_number(void**) {
+  for (const char* ok : {"0", "0.5", "-1e-9", "+2", ".25", "3.", "1E+8", "16777216", "1.6e7"})
+    assert_true(dos::is_decimal_number(ok));
+  for (const char* bad : {"", " 0.5", "0.5 ", "0x1p-1", "0X10", "inf", "-inf", "nan", ".", "+", "-.", "1e", "1e+",
+                          "1.2.3", "1e5.5", "1,5", "5x", "e5"})
+    assert_false(dos::is_decimal_number(bad));
+}
+
 }  // namespace
 
 int main() {
@@ -597,6 +607,7 @@ int main() {
       cmocka_unit_test(test_extremes),   cmocka_unit_test(test_static_fidelity), cmocka_unit_test(test_bad_input),
       cmocka_unit_test(test_budgets),    cmocka_unit_test(test_grad_bytes), cmocka_unit_test(test_compact_traffic),
       cmocka_unit_test(test_rates_file),       cmocka_unit_test(test_plausible_rates),
+      cmocka_unit_test(test_decimal_number),
       cmocka_unit_test(test_bound_cold_resident),
       cmocka_unit_test(test_gpu_conversion),     cmocka_unit_test(test_estimated_link_share), cmocka_unit_test(test_link_share_from_dma),
   };

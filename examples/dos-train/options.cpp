@@ -20,6 +20,7 @@
 #include "checkpoint.h"
 #include "cpu_team.h"
 #include "model_config.h"
+#include "number_text.h"
 #include "plan.h"
 #include "plan_only.h"
 #include "policy.h"
@@ -35,7 +36,7 @@ std::size_t parse_count(const std::string& s, const char* what) {
   char* end = nullptr;
   errno = 0;
   const double v = std::strtod(s.c_str(), &end);
-  if (s.empty() || *end != '\0' || errno != 0 || !std::isfinite(v))
+  if (!dos::is_decimal_number(s) || *end != '\0' || errno != 0 || !std::isfinite(v))
     fail(std::string(what) + " must be a number of elements, got '" + s + "'");
   if (v < 1) fail(std::string(what) + " must be at least 1 element, got " + s);
   if (v > 9e15) fail(std::string(what) + " must be at most 9e15 elements, got " + s);
@@ -162,11 +163,11 @@ double parse_fraction(const std::string& s, const char* what) {
   double v;
   if (slash == std::string::npos) {
     v = std::strtod(s.c_str(), &e1);
-    if (s.empty() || *e1) fail(std::string(what) + ": '" + s + "' is not a number");
+    if (!dos::is_decimal_number(s) || *e1) fail(std::string(what) + ": '" + s + "' is not a number");
   } else {
     const std::string a = s.substr(0, slash), b = s.substr(slash + 1);
     const double x = std::strtod(a.c_str(), &e1), y = std::strtod(b.c_str(), &e2);
-    if (a.empty() || b.empty() || *e1 || *e2 || y == 0) fail(std::string(what) + ": '" + s + "' is not a fraction like 1/3");
+    if (!dos::is_decimal_number(a) || !dos::is_decimal_number(b) || *e1 || *e2 || y == 0) fail(std::string(what) + ": '" + s + "' is not a fraction like 1/3");
     v = x / y;
   }
   return v;

@@ -7,6 +7,7 @@
 #include <stdexcept>
 
 #include "../plan.h"
+#include "number_text.h"
 #include "adam.h"
 
 namespace dos {
@@ -49,7 +50,7 @@ class StaticPlan final : public Plan {
 std::unique_ptr<Plan> make(const std::string& r) {
   char* end = nullptr;
   const double v = std::strtod(r.c_str(), &end);
-  if (r.empty() || *end != '\0' || !(v >= 0.0 && v <= 1.0))
+  if (!is_decimal_number(r) || *end != '\0' || !(v >= 0.0 && v <= 1.0))
     throw std::invalid_argument("policy 'static:" + r +
                                 "': R in static:R is the CPU share of the subgroups, a number in [0, 1] (e.g. static:0.6)");
   return std::make_unique<StaticPlan>(v);

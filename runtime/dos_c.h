@@ -297,9 +297,10 @@ typedef struct dos_optimizer_options {
    * caller writes its parameters only through the optimizer (dos_optimizer_write_masters, _load_state).
    * dos_optimizer_write_masters also writes the caller's parameters (the values' bf16 rounding),
    * where 0 leaves them until the next step (_load_state writes them with either). Only with dtype DOS_DTYPE_BF16:
-   * dos_optimizer_create refuses it with another dtype (DOS_E_INVALID, naming the field). It runs no
-   * speculative update: dos_optimizer_gradients_final only records, and the whole update runs in
-   * dos_optimizer_finish_step (the same bits). Its GPU paths have not run on a GPU yet. 0 or 1 [0]. */
+   * dos_optimizer_create refuses it with another dtype (DOS_E_INVALID, naming the field). The
+   * speculative updates of an overlapped step run as the full master's (dos::OptimizerOptions::
+   * compact_master; the same bits). Its GPU paths run in the GPU machine's tests
+   * (train-compact-master, pytorch-compact-cuda-dos). 0 or 1 [0]. */
   int compact_master;
 } dos_optimizer_options;
 

@@ -172,8 +172,8 @@ class DeepOptimizerStates(_Build, _Overlap, _ForwardOverlap, _Gradients, _State,
         :meth:`step`, :meth:`state_dict` or :meth:`refresh_masters`, nothing changed; see
         "Parameters written in place" below). The pinned host memory (12 bytes per parameter) and
         the GPU budgets' figures are those of the full master (an upper bound). Its GPU paths
-        (parameters on CUDA) compile and are tested, but have not run on a GPU yet: keep it off for
-        real training until they have. Default False.
+        (parameters on CUDA) run in the GPU machine's tests (``pytorch-compact-cuda-dos``: the same
+        bits as the full master) and trained the README's 1.01e9-parameter GPT. Default False.
       amsgrad, maximize, capturable, differentiable, fused, foreach: ``torch.optim.AdamW``'s
         options, so that code written for it runs unchanged: taken at their defaults only (a true
         value raises ``ValueError``; ``foreach`` at any value), as in a param group's dict

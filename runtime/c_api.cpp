@@ -123,28 +123,31 @@ int fail(int code, const std::string& msg) {
   return code;
 }
 
-/// Runs f, mapping exceptions to status codes: dos::Error and std::invalid_argument are bad input
-/// when `invalid_is_input` (creation, set_hyper); dos::ResourceError (StarPU, host memory) and
-/// everything else are runtime failures.
+/// `what` led by the C call's name `fn` and ": ".
+std::string named(const char* fn, const std::string& what) { return std::string(fn) + ": " + what; }
+
+/// Runs f, mapping exceptions to status codes, the message led by the C call's name `fn`:
+/// dos::Error and std::invalid_argument are bad input when `invalid_is_input` (creation,
+/// set_hyper); dos::ResourceError (StarPU, host memory) and everything else are runtime failures.
 template <class F>
-int guarded(F&& f, bool invalid_is_input = true) {
+int guarded(const char* fn, F&& f, bool invalid_is_input = true) {
   try {
     f();
     return DOS_OK;
   } catch (const std::invalid_argument& e) {
-    return fail(DOS_E_INVALID, e.what());
+    return fail(DOS_E_INVALID, named(fn, e.what()));
   } catch (const dos::ResourceError& e) {
-    return fail(DOS_E_RUNTIME, e.what());
+    return fail(DOS_E_RUNTIME, named(fn, e.what()));
   } catch (const dos::UsageError& e) {
-    return fail(DOS_E_INVALID, e.what());
+    return fail(DOS_E_INVALID, named(fn, e.what()));
   } catch (const dos::Error& e) {
-    return fail(invalid_is_input ? DOS_E_INVALID : DOS_E_RUNTIME, e.what());
+    return fail(invalid_is_input ? DOS_E_INVALID : DOS_E_RUNTIME, named(fn, e.what()));
   } catch (const std::bad_alloc&) {
-    return fail(DOS_E_RUNTIME, "out of host memory");
+    return fail(DOS_E_RUNTIME, named(fn, "out of host memory"));
   } catch (const std::exception& e) {
-    return fail(DOS_E_RUNTIME, e.what());
+    return fail(DOS_E_RUNTIME, named(fn, e.what()));
   } catch (...) {
-    return fail(DOS_E_RUNTIME, "unknown C++ exception");
+    return fail(DOS_E_RUNTIME, named(fn, "unknown C++ exception"));
   }
 }
 
@@ -219,7 +222,7 @@ int open_phase(dos_optimizer* opt, const char* fn, F&& open) {
   if (!opt) return fail(DOS_E_INVALID, std::string(fn) + ": optimizer is NULL");
   if (refuse_if_open(opt, fn) != DOS_OK) return DOS_E_INVALID;
   auto active = std::make_unique<Active>();
-  const int rc = guarded(open, false);
+  const int rc = guarded(fn, open, false);
   if (rc == DOS_OK) opt->open_phase = std::move(active);
   return rc;
 }
@@ -348,7 +351,7 @@ int dos_gpu_memory_for_budgets(size_t elements, size_t subgroup_size, size_t par
                                uint64_t update_budget, int64_t resident_budget, int speculative, size_t* out) {
   if (!out) return fail(DOS_E_INVALID, "dos_gpu_memory_for_budgets: out is NULL");
   *out = 0;
-  return guarded([&] {
+  return guarded("dos_gpu_memory_for_budgets", [&] {
     *out = dos::gpu_memory_for_budgets(elements, subgroup_size, param_bytes, grad_bytes,
                                        update_budget > SIZE_MAX ? SIZE_MAX : std::size_t(update_budget),
                                        resident_budget, speculative != 0);
@@ -357,20 +360,17 @@ int dos_gpu_memory_for_budgets(size_t elements, size_t subgroup_size, size_t par
 
 size_t dos_starpu_device_margin(void) { return dos::kStarpuDeviceMargin; }
 
-int dos_runtime_create(const char* policy, int cpu_threads, int cpu_workers, int ncuda, int verbose,
-                       dos_runtime** out) {
-  return dos_runtime_create_for_caller(policy, cpu_threads, 0, cpu_workers, ncuda, verbose, out);
-}
-
-int dos_runtime_create_for_caller(const char* policy, int cpu_threads, int caller_cores, int cpu_workers, int ncuda,
-                                  int verbose, dos_runtime** out) {
-  if (!out) return fail(DOS_E_INVALID, "dos_runtime_create_for_caller: out is NULL");
+namespace {
+/// dos_runtime_create[_for_caller] (`fn` names the C call in messages).
+int create_runtime(const char* fn, const char* policy, int cpu_threads, int caller_cores, int cpu_workers, int ncuda,
+                   int verbose, dos_runtime** out) {
+  if (!out) return fail(DOS_E_INVALID, std::string(fn) + ": out is NULL");
   *out = nullptr;
   if (caller_cores < 0)
-    return fail(DOS_E_INVALID, "dos_runtime_create_for_caller: caller_cores must be >= 0 (cores left to the caller's "
+    return fail(DOS_E_INVALID, std::string(fn) + ": caller_cores must be >= 0 (cores left to the caller's "
                                "threads), got " + std::to_string(caller_cores));
   Active active;
-  return guarded([&] {
+  return guarded(fn, [&] {
     dos::RuntimeOptions o;
     o.policy = policy ? policy : "";
     o.cpu_threads = cpu_threads;
@@ -384,12 +384,24 @@ int dos_runtime_create_for_caller(const char* policy, int cpu_threads, int calle
     *out = h.release();
   });
 }
+}  // namespace
+
+int dos_runtime_create(const char* policy, int cpu_threads, int cpu_workers, int ncuda, int verbose,
+                       dos_runtime** out) {
+  return create_runtime("dos_runtime_create", policy, cpu_threads, 0, cpu_workers, ncuda, verbose, out);
+}
+
+int dos_runtime_create_for_caller(const char* policy, int cpu_threads, int caller_cores, int cpu_workers, int ncuda,
+                                  int verbose, dos_runtime** out) {
+  return create_runtime("dos_runtime_create_for_caller", policy, cpu_threads, caller_cores, cpu_workers, ncuda,
+                        verbose, out);
+}
 
 void dos_runtime_destroy(dos_runtime* rt) { destroy_handle(rt, &g_runtimes); }
 
 int dos_runtime_running_policy(const dos_runtime* rt, char* buf, size_t len) {
   if (!rt || !buf || len == 0) return fail(DOS_E_INVALID, "dos_runtime_running_policy: NULL argument or empty buffer");
-  return guarded([&] {
+  return guarded("dos_runtime_running_policy", [&] {
     const std::string p = rt->rt->running_policy();
     std::strncpy(buf, p.c_str(), len - 1);
     buf[len - 1] = '\0';
@@ -398,7 +410,7 @@ int dos_runtime_running_policy(const dos_runtime* rt, char* buf, size_t len) {
 
 int dos_runtime_workers(const dos_runtime* rt, unsigned* cpu_workers, unsigned* cuda_workers, int* cpu_threads) {
   if (!rt) return fail(DOS_E_INVALID, "dos_runtime_workers: runtime is NULL");
-  return guarded([&] {
+  return guarded("dos_runtime_workers", [&] {
     if (cpu_workers) *cpu_workers = rt->rt->cpu_workers();
     if (cuda_workers) *cuda_workers = rt->rt->cuda_workers();
     if (cpu_threads) *cpu_threads = rt->rt->cpu_threads();
@@ -453,7 +465,7 @@ int dos_optimizer_create(dos_runtime* rt, size_t ntensors, void* const* params, 
   const std::string bad = check_options(*options, o);
   if (!bad.empty()) return fail(DOS_E_INVALID, "dos_optimizer_create: " + bad);
   Active active;
-  return guarded([&] {
+  return guarded("dos_optimizer_create", [&] {
     std::vector<dos::TensorView> tv(ntensors);
     for (size_t i = 0; i < ntensors; ++i) tv[i] = dos::TensorView{params[i], grads[i], numels[i]};
     auto h = std::make_unique<dos_optimizer>();
@@ -473,14 +485,14 @@ int dos_optimizer_set_hyper(dos_optimizer* opt, double lr, double beta1, double 
   if (decoupled != 0 && decoupled != 1)
     return fail(DOS_E_INVALID, "dos_optimizer_set_hyper: decoupled must be 0 or 1 (0: Adam, 1: AdamW), got " +
                                    std::to_string(decoupled));
-  return guarded([&] { opt->opt->set_hyper(make_hyper(lr, beta1, beta2, eps, weight_decay, decoupled)); });
+  return guarded("dos_optimizer_set_hyper", [&] { opt->opt->set_hyper(make_hyper(lr, beta1, beta2, eps, weight_decay, decoupled)); });
 }
 
 int dos_optimizer_step(dos_optimizer* opt, dos_step_stats* stats) {
   if (!opt) return fail(DOS_E_INVALID, "dos_optimizer_step: optimizer is NULL");
   if (refuse_if_open(opt, "dos_optimizer_step") != DOS_OK) return DOS_E_INVALID;
   Active active;
-  return guarded([&] { keep_stats(opt, opt->opt->step(), stats); }, false);
+  return guarded("dos_optimizer_step", [&] { keep_stats(opt, opt->opt->step(), stats); }, false);
 }
 
 
@@ -546,7 +558,7 @@ int dos_optimizer_finish_step(dos_optimizer* opt, int verdict, dos_step_stats* s
   dos::StepVerdict v;
   if (!finish_verdict(opt, verdict, "dos_optimizer_finish_step", &v)) return DOS_E_INVALID;
   Active active;  // held past the release of the phase's own, until the end of this call
-  const int rc = guarded([&] { keep_stats(opt, opt->opt->finish_step(v), stats); }, false);
+  const int rc = guarded("dos_optimizer_finish_step", [&] { keep_stats(opt, opt->opt->finish_step(v), stats); }, false);
   if (!opt->opt->step_open()) opt->open_phase.reset();  // closed: done, or failed (the optimizer is then broken)
   return rc;
 }
@@ -554,7 +566,7 @@ int dos_optimizer_finish_step(dos_optimizer* opt, int verdict, dos_step_stats* s
 int dos_optimizer_finish_step_async(dos_optimizer* opt, int verdict) {
   dos::StepVerdict v;
   if (!finish_verdict(opt, verdict, "dos_optimizer_finish_step_async", &v)) return DOS_E_INVALID;
-  const int rc = guarded([&] { opt->opt->finish_step_async(v); }, false);
+  const int rc = guarded("dos_optimizer_finish_step_async", [&] { opt->opt->finish_step_async(v); }, false);
   if (!opt->opt->step_open()) opt->open_phase.reset();  // failed: the optimizer is broken
   else pause_when_done(opt);
   return rc;
@@ -569,7 +581,7 @@ int dos_optimizer_wait_parameters(dos_optimizer* opt, size_t begin, size_t end) 
   if (opt->opt->step_open() && !opt->opt->step_running())
     return fail(DOS_E_INVALID, "dos_optimizer_wait_parameters: the open phase is not finished (call "
                                "dos_optimizer_finish_step_async first)");
-  return guarded([&] { opt->opt->wait_parameters(begin, end); }, true);
+  return guarded("dos_optimizer_wait_parameters", [&] { opt->opt->wait_parameters(begin, end); }, true);
 }
 
 int dos_optimizer_wait_step(dos_optimizer* opt, dos_step_stats* stats) {
@@ -578,7 +590,7 @@ int dos_optimizer_wait_step(dos_optimizer* opt, dos_step_stats* stats) {
     return fail(DOS_E_INVALID, "dos_optimizer_wait_step: no phase was finished by dos_optimizer_finish_step_async");
   opt->join_pauser();  // the phase's tasks have ended
   Active active;       // the workers may have been paused since: awake for the rest of the phase's closing
-  const int rc = guarded([&] { keep_stats(opt, opt->opt->wait_step(), stats); }, false);
+  const int rc = guarded("dos_optimizer_wait_step", [&] { keep_stats(opt, opt->opt->wait_step(), stats); }, false);
   if (!opt->opt->step_open()) opt->open_phase.reset();
   return rc;
 }
@@ -624,7 +636,7 @@ size_t dos_optimizer_num_subgroups(const dos_optimizer* opt) { return opt ? opt-
 
 int dos_optimizer_subgroup_sizes(const dos_optimizer* opt, size_t* out) {
   if (!opt || !out) return fail(DOS_E_INVALID, "dos_optimizer_subgroup_sizes: NULL argument");
-  return guarded([&] {
+  return guarded("dos_optimizer_subgroup_sizes", [&] {
     for (size_t i = 0; i < opt->opt->num_subgroups(); ++i) out[i] = opt->opt->subgroup_size(i);
   });
 }
@@ -632,7 +644,7 @@ int dos_optimizer_subgroup_sizes(const dos_optimizer* opt, size_t* out) {
 int dos_optimizer_step_counts(const dos_optimizer* opt, int64_t* out) {
   if (!opt || !out) return fail(DOS_E_INVALID, "dos_optimizer_step_counts: NULL argument");
   if (refuse_if_open(opt, "dos_optimizer_step_counts") != DOS_OK) return DOS_E_INVALID;
-  return guarded([&] {
+  return guarded("dos_optimizer_step_counts", [&] {
     const std::vector<std::int64_t> s = opt->opt->step_counts();
     for (size_t i = 0; i < s.size(); ++i) out[i] = s[i];
   });
@@ -645,6 +657,7 @@ int dos_optimizer_read_state(const dos_optimizer* opt, int which, float* out) {
   if (refuse_if_open(opt, "dos_optimizer_read_state") != DOS_OK) return DOS_E_INVALID;
   Active active;
   return guarded(
+      "dos_optimizer_read_state",
       [&] {
         if (which == 0) opt->opt->read_master(out);
         else if (which == 1) opt->opt->read_exp_avg(out);
@@ -664,7 +677,7 @@ int dos_optimizer_load_state(dos_optimizer* opt, const float* master, const floa
                                    "; this optimizer has " + std::to_string(opt->opt->num_subgroups()) +
                                    " subgroups: give one step count per subgroup (dos_optimizer_num_subgroups)");
   Active active;
-  return guarded([&] {
+  return guarded("dos_optimizer_load_state", [&] {
     opt->opt->load_state(master, exp_avg, exp_avg_sq, std::vector<std::int64_t>(steps, steps + nsteps));
   });
 }
@@ -673,14 +686,14 @@ int dos_optimizer_read_masters(const dos_optimizer* opt, size_t begin, size_t en
   if (!opt || (end > begin && !out)) return fail(DOS_E_INVALID, "dos_optimizer_read_masters: NULL argument");
   if (refuse_if_open(opt, "dos_optimizer_read_masters") != DOS_OK) return DOS_E_INVALID;
   Active active;
-  return guarded([&] { opt->opt->read_master_range(begin, end, out); });
+  return guarded("dos_optimizer_read_masters", [&] { opt->opt->read_master_range(begin, end, out); });
 }
 
 int dos_optimizer_write_masters(dos_optimizer* opt, size_t begin, size_t end, const float* values) {
   if (!opt || (end > begin && !values)) return fail(DOS_E_INVALID, "dos_optimizer_write_masters: NULL argument");
   if (refuse_if_open(opt, "dos_optimizer_write_masters") != DOS_OK) return DOS_E_INVALID;
   Active active;
-  return guarded([&] { opt->opt->write_master_range(begin, end, values); });
+  return guarded("dos_optimizer_write_masters", [&] { opt->opt->write_master_range(begin, end, values); });
 }
 
 int dos_optimizer_set_gradients(dos_optimizer* opt, size_t ntensors, void* const* grads) {
@@ -691,7 +704,7 @@ int dos_optimizer_set_gradients(dos_optimizer* opt, size_t ntensors, void* const
     return fail(DOS_E_INVALID, "dos_optimizer_set_gradients: ntensors is " + std::to_string(ntensors) +
                                    "; this optimizer was created over " + std::to_string(opt->ntensors) +
                                    " tensors: give one gradient pointer per tensor, in the order of creation");
-  return guarded([&] { opt->opt->set_gradients(std::vector<void*>(grads, grads + ntensors)); });
+  return guarded("dos_optimizer_set_gradients", [&] { opt->opt->set_gradients(std::vector<void*>(grads, grads + ntensors)); });
 }
 
 }  // extern "C"

@@ -268,6 +268,8 @@ static void test_bad_options(void** state) {
     assert_int_equal(dos_optimizer_create(g_rt, 2, params, grads, numels, &o, &opt), DOS_E_INVALID);
     assert_null(opt);
     assert_non_null(strstr(dos_last_error(), "share memory"));
+    /* a refusal made by the C++ optimizer is led by the C call's name, as the ABI's own are */
+    assert_int_equal(strncmp(dos_last_error(), "dos_optimizer_create: ", 22), 0);
   }
   /* set_hyper validates as creation does: decoupled only 0 or 1, eps not rounding to 0 */
   {
@@ -280,10 +282,12 @@ static void test_bad_options(void** state) {
     assert_int_equal(dos_optimizer_create(g_rt, 1, params, grads, numels, &ok, &opt), DOS_OK);
     assert_int_equal(dos_optimizer_set_hyper(opt, 1e-3, 0.9, 0.999, 1e-8, 0, 5), DOS_E_INVALID);
     assert_non_null(strstr(dos_last_error(), "decoupled must be 0 or 1"));
+    assert_int_equal(strncmp(dos_last_error(), "dos_optimizer_set_hyper: ", 25), 0);
     assert_int_equal(dos_optimizer_set_hyper(opt, 1e-3, 0.9, 0.999, 1e-8, 0, -1), DOS_E_INVALID);
     /* an eps > 0 that fp32 rounds to 0: a zero gradient's update would be 0 / 0 */
     assert_int_equal(dos_optimizer_set_hyper(opt, 1e-3, 0.9, 0.999, 1e-50, 0, 1), DOS_E_INVALID);
     assert_non_null(strstr(dos_last_error(), "rounds to 0 in fp32"));
+
     /* a value just beside its bound is named as given, not rounded onto the bound */
     assert_int_equal(dos_optimizer_set_hyper(opt, -1e-9, 0.9, 0.999, 1e-8, 0, 1), DOS_E_INVALID);
     assert_non_null(strstr(dos_last_error(), "learning rate must be a finite number >= 0, got -1e-09"));
@@ -636,6 +640,14 @@ static void test_starpu_sched_kept(void** state) {
     if (!env || strcmp(env, "dmda") != 0) fail_msg("round %d: STARPU_SCHED is '%s' after the runtime, not dmda", round, env ? env : "(unset)");
   }
   assert_int_equal(unsetenv("STARPU_SCHED"), 0);
+  /* a policy that does not exist: refused by the runtime, the message led by the C call's name */
+  dos_runtime* bad = (dos_runtime*)&bad;
+  assert_int_equal(dos_runtime_create("no-such-policy", 1, 1, 0, 0, &bad), DOS_E_INVALID);
+  assert_null(bad);
+  if (strncmp(dos_last_error(), "dos_runtime_create: ", 20) != 0 || !strstr(dos_last_error(), "no-such-policy"))
+    fail_msg("the unknown policy's refusal: %s", dos_last_error());
+  assert_int_equal(dos_runtime_create(NULL, 1, 1, 0, 0, NULL), DOS_E_INVALID);
+  assert_int_equal(strncmp(dos_last_error(), "dos_runtime_create: out is NULL", 31), 0);
   assert_int_equal(dos_runtime_create("cpu", 1, 1, 0, 0, &g_rt), DOS_OK);
 }
 

@@ -8,7 +8,8 @@
  * Conventions:
  *  - Every function that can fail returns an int: 0 on success, DOS_E_INVALID (-1) for bad input,
  *    DOS_E_RUNTIME (-2) for anything else (StarPU, memory, a previous failed step). The message
- *    of the last failure of the calling thread is returned by dos_last_error().
+ *    of the last failure of the calling thread is returned by dos_last_error(); it begins with the
+ *    name of the C call that failed and ": " ("dos_optimizer_create: ...").
  *  - Objects are opaque handles created by *_create and freed by *_destroy (NULL is accepted by
  *    *_destroy and ignored).
  *  - Element counts are size_t; times are seconds; byte counts are bytes.

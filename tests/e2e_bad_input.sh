@@ -116,6 +116,7 @@ expect "in \[0, 1\]" --policy static:1.5
 expect "need --policy dos" --policy cpu --gpu-fraction 0.5
 expect "is not a fraction like 1/3" --policy dos --gpu-fraction " 1/2"
 expect "is not a number" --policy dos --gpu-fraction 0x1p-1
+expect "beyond what a double holds" --policy dos --gpu-fraction 1e-400
 expect "not both" --policy dos --k 2 --gpu-fraction 0.5
 expect "'inf' is not a number" --policy dos --k inf
 expect "in \[0, 1\]" --policy dos --sweep 0.5,2

@@ -66,7 +66,8 @@ void test_registry(void**) {
   assert_true(contains(message_of([] { dos::make_plan_by_name("static:1.5"); }), "[0, 1]"));
   assert_true(contains(message_of([] { dos::make_plan_by_name("static:x"); }), "[0, 1]"));
   // what strtod reads but a person does not write: blanks, hexadecimal, nan
-  for (const char* r : {"static: 0.5", "static:0.5 ", "static:0x1p-1", "static:nan", "static:+", "static:."})
+  for (const char* r : {"static: 0.5", "static:0.5 ", "static:0x1p-1", "static:nan", "static:+", "static:.",
+                        "static:1e-400"})
     assert_true(contains(message_of([r] { dos::make_plan_by_name(r); }), "[0, 1]"));
   assert_string_equal(dos::make_plan_by_name("static:.5")->name().c_str(), "static:.5");
   assert_string_equal(dos::make_plan_by_name("static:5e-1")->name().c_str(), "static:5e-1");

@@ -161,13 +161,16 @@ double parse_fraction(const std::string& s, const char* what) {
   const auto slash = s.find('/');
   char *e1 = nullptr, *e2 = nullptr;
   double v;
+  errno = 0;
   if (slash == std::string::npos) {
     v = std::strtod(s.c_str(), &e1);
-    if (!dos::is_decimal_number(s) || *e1) fail(std::string(what) + ": '" + s + "' is not a number");
+    if (!dos::is_decimal_number(s) || *e1 || errno == ERANGE)
+      fail(std::string(what) + ": '" + s + "' is not a number (or beyond what a double holds)");
   } else {
     const std::string a = s.substr(0, slash), b = s.substr(slash + 1);
     const double x = std::strtod(a.c_str(), &e1), y = std::strtod(b.c_str(), &e2);
-    if (!dos::is_decimal_number(a) || !dos::is_decimal_number(b) || *e1 || *e2 || y == 0) fail(std::string(what) + ": '" + s + "' is not a fraction like 1/3");
+    if (!dos::is_decimal_number(a) || !dos::is_decimal_number(b) || *e1 || *e2 || y == 0 || errno == ERANGE)
+      fail(std::string(what) + ": '" + s + "' is not a fraction like 1/3");
     v = x / y;
   }
   return v;

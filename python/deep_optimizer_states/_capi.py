@@ -218,7 +218,7 @@ def optimizer_options(**fields):
     """
     L = lib()
     o = OptimizerOptions()
-    check(L.dos_optimizer_options_init(ctypes.byref(o)), "dos_optimizer_options_init")
+    check(L.dos_optimizer_options_init(ctypes.byref(o)), "filling the optimizer options' defaults")
     names = {name for name, _ in OptimizerOptions._fields_} - {"size", "version"}
     for name, value in fields.items():
         if name not in names:
@@ -416,7 +416,8 @@ def lib():
 
 def check(ret, what):
     """Raises for a nonzero status of a C call: ``ValueError`` for bad input (DOS_E_INVALID),
-    :class:`DosError` otherwise; the message is ``what: <the runtime's message>``."""
+    :class:`DosError` otherwise; the message is ``what: <the runtime's message>``, ``what`` saying
+    what the binding was doing (the runtime's message begins with the C call's name)."""
     if ret == 0:
         return
     msg = lib().dos_last_error().decode("utf-8", "replace")

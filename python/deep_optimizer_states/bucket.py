@@ -99,8 +99,9 @@ def gpu_memory_for_buckets(buckets, subgroup_size, update_budget, resident_budge
     at most the bucket streamed, more when ``speculative``, an overlapped update that speculates
     streamed subgroups; plus ``resident_budget``, None: not given), summed, plus
     ``dos_starpu_device_margin()`` (64 MiB). Each bucket's parameters and gradients have its
-    parameters' element size. ``update_budget``: bytes, >= 1. Raises :class:`DosError` when the
-    runtime refuses the figures, ``OSError`` when ``libdos_c.so`` cannot be loaded."""
+    parameters' element size. ``update_budget``: bytes, >= 1. Raises ``ValueError`` when the
+    runtime refuses the figures (bad input, ``DOS_E_INVALID``), :class:`DosError` when it fails
+    otherwise, ``OSError`` when ``libdos_c.so`` cannot be loaded."""
     L = _capi.lib()
     total = L.dos_starpu_device_margin()
     for b in buckets:
@@ -108,7 +109,7 @@ def gpu_memory_for_buckets(buckets, subgroup_size, update_budget, resident_budge
         size = b.params[0].element_size()  # the bucket's dtype: parameters and gradients alike
         _capi.check(L.dos_gpu_memory_for_budgets(
             b.num_params, subgroup_size, size, size, update_budget, -1 if resident_budget is None else resident_budget,
-            int(speculative), ctypes.byref(out)), "dos_gpu_memory_for_budgets")
+            int(speculative), ctypes.byref(out)), f"sizing the GPU memory of {b.describe()}")
         total += out.value
     return total
 

@@ -90,7 +90,7 @@ class _Build:
                 b.hyper = hypers[b.group_index]
                 ns = L.dos_optimizer_num_subgroups(h)
                 sizes = (ctypes.c_size_t * ns)()
-                _capi.check(L.dos_optimizer_subgroup_sizes(h, sizes), "dos_optimizer_subgroup_sizes")
+                _capi.check(L.dos_optimizer_subgroup_sizes(h, sizes), f"reading the subgroups of {b.describe()}")
                 b.subgroup_sizes = list(sizes)
                 b.note_param_versions(claim=False)  # building writes nothing
                 b.reset_overlap()

@@ -65,10 +65,10 @@ class Runtime:
         self.policy = policy
         self.options = (policy, int(cpu_threads), int(cpu_workers), int(ncuda), int(caller_cores))
         buf = ctypes.create_string_buffer(128)
-        _capi.check(L.dos_runtime_running_policy(h, buf, 128), "dos_runtime_running_policy")
+        _capi.check(L.dos_runtime_running_policy(h, buf, 128), "reading the runtime's policy")
         self.running_policy = buf.value.decode()
         cw, gw, th = ctypes.c_uint(), ctypes.c_uint(), ctypes.c_int()
-        _capi.check(L.dos_runtime_workers(h, ctypes.byref(cw), ctypes.byref(gw), ctypes.byref(th)), "dos_runtime_workers")
+        _capi.check(L.dos_runtime_workers(h, ctypes.byref(cw), ctypes.byref(gw), ctypes.byref(th)), "reading the runtime's workers")
         self.cpu_workers, self.cuda_workers, self.cpu_threads = cw.value, gw.value, th.value
 
     @property

@@ -37,7 +37,7 @@ class _State:
     def _bucket_steps(b):
         """The step count of every subgroup of bucket ``b`` (list of ints)."""
         a = (ctypes.c_int64 * len(b.subgroup_sizes))()
-        _capi.check(_capi.lib().dos_optimizer_step_counts(b.handle, a), "dos_optimizer_step_counts")
+        _capi.check(_capi.lib().dos_optimizer_step_counts(b.handle, a), f"reading the step counts of {b.describe()}")
         return list(a)
 
     def _read_state(self, b, which):

@@ -56,6 +56,10 @@ expect "must be a number" --subgroup-size abc
 expect "whole number" --subgroup-size 2.5
 expect "must be a number" --subgroup-size 0x100
 expect "must be a number" --subgroup-size " 1e4"
+expect "must look like R/W" --shard " 0/2"
+expect "must look like R/W" --shard "+0/2"
+expect "must be a size in bytes" --gpu-resident-budget 0x10GB
+expect "must be a size in bytes" --gpu-update-budget " 1GB"
 expect "not valid JSON" --config "$tmp/malformed.json"
 expect "missing field 'num_hidden_layers'" --config "$tmp/missing.json"
 expect "cannot read the configuration file .*No such file" --config "$tmp/nonexistent.json"

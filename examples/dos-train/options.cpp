@@ -122,7 +122,10 @@ void parse_shard(const std::string& s, std::size_t* rank, std::size_t* world) {
   errno = 0;
   const long long rv = std::strtoll(r.c_str(), &e1, 10), wv = std::strtoll(w.c_str(), &e2, 10);
   if (errno == ERANGE) fail("--shard " + s + ": a number beyond 2^63 - 1: give R/W with 0 <= R < W");
-  if (r.empty() || w.empty() || *e1 || *e2 || rv < 0 || wv < 1)
+  const auto digits = [](const std::string& t) {
+    return !t.empty() && t.find_first_not_of("0123456789") == std::string::npos;
+  };
+  if (!digits(r) || !digits(w) || *e1 || *e2 || rv < 0 || wv < 1)
     fail("--shard must look like R/W with 0 <= R < W, got '" + s + "'");
   if (rv >= wv) fail("--shard " + s + ": rank " + r + " is out of range for " + w + " ranks (0.." + std::to_string(wv - 1) + ")");
   *rank = std::size_t(rv);
@@ -146,7 +149,8 @@ std::size_t parse_bytes(const std::string& s, const char* what) {
   for (const auto& u : units)
     if (unit == u.first) mult = u.second;
   const bool overflow = errno == ERANGE && std::isinf(v), underflow = errno == ERANGE && !overflow;
-  if (s.empty() || end == s.c_str() || mult < 0 || (!overflow && !std::isfinite(v)) || v < 0)
+  const bool decimal = end && dos::is_decimal_number(s.substr(0, std::size_t(end - s.c_str())));
+  if (s.empty() || !decimal || mult < 0 || (!overflow && !std::isfinite(v)) || v < 0)
     fail(std::string(what) + " must be a size in bytes such as 40GB, 31.5GB, 4e10 or 10GiB, got '" + s + "'");
   if (overflow || v * mult > 9e18)
     fail(std::string(what) + " " + s + " is beyond the largest size taken, 9e18 bytes (9EB): give a smaller one");

@@ -56,6 +56,9 @@ expect "must be a number" --subgroup-size abc
 expect "whole number" --subgroup-size 2.5
 expect "must be a number" --subgroup-size 0x100
 expect "must be a number" --subgroup-size " 1e4"
+expect "is not a decimal number" --lr 0x1p-10
+expect "is not a decimal number" --iterations " 2"
+expect "is not a decimal number" --max-grad-norm inf
 expect "must look like R/W" --shard " 0/2"
 expect "must look like R/W" --shard "+0/2"
 expect "must be a size in bytes" --gpu-resident-budget 0x10GB

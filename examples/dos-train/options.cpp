@@ -510,6 +510,17 @@ int parse_command_line(int argc, char** argv, Args& a) {
       });
   app.add_flag("--recalibrate", a.recalibrate,
                "with --policy dos or static:R: measure the model's rates again instead of reading the cached ones");
+  // the options CLI11 converts to numbers itself take plain decimals, as the ones parsed here do
+  // (its conversion reads blanks before a number and hexadecimal)
+  for (const char* name : {"--iterations", "--lr", "--beta1", "--beta2", "--eps", "--weight-decay", "--cpu-threads",
+                           "--cpu-workers", "--ncuda", "--stream-lookahead", "--grad-parts", "--tokens", "--cpu-scale",
+                           "--max-grad-norm", "--nan-gradient-at"})
+    app.get_option(name)->check(CLI::Validator(
+        [](std::string& s) {
+          return dos::is_decimal_number(s) ? std::string()
+                                           : "'" + s + "' is not a decimal number (such as 3, 0.5 or 1e-4)";
+        },
+        ""));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -6,6 +6,7 @@
 // itself (std::to_string prints -1e-9 as -0.000000).
 #pragma once
 
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -43,6 +44,20 @@ inline bool is_decimal_number(const std::string& s) {
     while (is_digit(i)) ++i;
   }
   return i == s.size();
+}
+
+/// Reads `s` into *v when it is a decimal number (is_decimal_number) that a double holds: false,
+/// *v untouched, when it is not one, when strtod does not read all of it (a locale whose decimal
+/// point is not '.'), or when it lies beyond a double's range either way (ERANGE: 1e400, 1e-400).
+/// Throws nothing.
+inline bool parse_decimal(const std::string& s, double* v) {
+  if (!is_decimal_number(s)) return false;
+  char* end = nullptr;
+  errno = 0;
+  const double x = std::strtod(s.c_str(), &end);
+  if (*end != '\0' || errno == ERANGE) return false;
+  *v = x;
+  return true;
 }
 
 }  // namespace dos

@@ -117,13 +117,13 @@ void Optimizer::Impl::speculate(OpenStep& ph, std::size_t i) {
 }
 
 void Optimizer::Impl::declare_final(std::size_t begin, std::size_t end) {
-  if (open && open->finishing && !open->st.overlapped)
-    throw Error("gradients_final while a phase started by step_async runs: it was submitted whole, every gradient "
-                "final; wait for it (wait_step), then open an overlapped phase with begin_step");
-  if (open && open->finishing)
-    throw Error("gradients_final after finish_step_async: the phase takes every gradient as final from then on; wait "
-                "for it (wait_step), then open the next with begin_step");
   if (!open) throw Error("gradients_final outside an update phase: call begin_step first");
+  if (open->finishing)
+    throw Error(open->st.overlapped
+                    ? "gradients_final after finish_step_async: the phase takes every gradient as final from then on; "
+                      "wait for it (wait_step), then open the next with begin_step"
+                    : "gradients_final while a phase started by step_async runs: it was submitted whole, every "
+                      "gradient final; wait for it (wait_step), then open an overlapped phase with begin_step");
   if (begin > end || end > nparams)
     throw Error("gradients_final: the range [" + std::to_string(begin) + ", " + std::to_string(end) +
                 ") is not inside the optimizer's " + std::to_string(nparams) + " parameters");

@@ -597,6 +597,17 @@ void test_decimal_number(void**) {
   for (const char* bad : {"", " 0.5", "0.5 ", "0x1p-1", "0X10", "inf", "-inf", "nan", ".", "+", "-.", "1e", "1e+",
                           "1.2.3", "1e5.5", "1,5", "5x", "e5"})
     assert_false(dos::is_decimal_number(bad));
+  // parse_decimal: the value of a plain decimal, none beyond a double's range (either way)
+  double v = -7;
+  assert_true(dos::parse_decimal("0.5", &v) && v == 0.5);
+  assert_true(dos::parse_decimal("-1e-9", &v) && v == -1e-9);
+  assert_true(dos::parse_decimal("16777216", &v) && v == 16777216.0);
+  assert_true(dos::parse_decimal("1e308", &v) && v == 1e308);
+  v = -7;
+  for (const char* bad : {"1e400", "-1e400", "1e-400", "0x10", " 1", "inf", ""}) {
+    assert_false(dos::parse_decimal(bad, &v));
+    assert_true(v == -7);  // untouched
+  }
 }
 
 }  // namespace

@@ -33,11 +33,8 @@ void fail(const std::string& msg) { throw std::runtime_error(msg); }
 
 std::size_t parse_count(const std::string& s, const char* what) {
   // Accepts "16777216", "1e8", "1.6e7"; the value must be a whole number >= 1.
-  char* end = nullptr;
-  errno = 0;
-  const double v = std::strtod(s.c_str(), &end);
-  if (!dos::is_decimal_number(s) || *end != '\0' || errno != 0 || !std::isfinite(v))
-    fail(std::string(what) + " must be a number of elements, got '" + s + "'");
+  double v = 0;
+  if (!dos::parse_decimal(s, &v)) fail(std::string(what) + " must be a number of elements, got '" + s + "'");
   if (v < 1) fail(std::string(what) + " must be at least 1 element, got " + s);
   if (v > 9e15) fail(std::string(what) + " must be at most 9e15 elements, got " + s);
   if (v != std::floor(v)) fail(std::string(what) + " must be a whole number of elements, got " + s);
@@ -163,17 +160,13 @@ std::size_t parse_bytes(const std::string& s, const char* what) {
 double parse_fraction(const std::string& s, const char* what) {
   // "0.5", "1/3"
   const auto slash = s.find('/');
-  char *e1 = nullptr, *e2 = nullptr;
-  double v;
-  errno = 0;
+  double v = 0;
   if (slash == std::string::npos) {
-    v = std::strtod(s.c_str(), &e1);
-    if (!dos::is_decimal_number(s) || *e1 || errno == ERANGE)
+    if (!dos::parse_decimal(s, &v))
       fail(std::string(what) + ": '" + s + "' is not a number (or beyond what a double holds)");
   } else {
-    const std::string a = s.substr(0, slash), b = s.substr(slash + 1);
-    const double x = std::strtod(a.c_str(), &e1), y = std::strtod(b.c_str(), &e2);
-    if (!dos::is_decimal_number(a) || !dos::is_decimal_number(b) || *e1 || *e2 || y == 0 || errno == ERANGE)
+    double x = 0, y = 0;
+    if (!dos::parse_decimal(s.substr(0, slash), &x) || !dos::parse_decimal(s.substr(slash + 1), &y) || y == 0)
       fail(std::string(what) + ": '" + s + "' is not a fraction like 1/3");
     v = x / y;
   }

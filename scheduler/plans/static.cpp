@@ -2,7 +2,6 @@
 // the first round(R n) subgroups on the CPU, the others keep their state resident on the GPU for
 // good (static_plan, models/resource_model.h). It chooses its resident subgroups itself and must fit
 // them in the GPU resident budget when one is given.
-#include <cerrno>
 #include <cstdlib>
 #include <cstdio>
 #include <stdexcept>
@@ -49,10 +48,8 @@ class StaticPlan final : public Plan {
 };
 
 std::unique_ptr<Plan> make(const std::string& r) {
-  char* end = nullptr;
-  errno = 0;
-  const double v = std::strtod(r.c_str(), &end);
-  if (!is_decimal_number(r) || *end != '\0' || errno == ERANGE || !(v >= 0.0 && v <= 1.0))
+  double v = 0;
+  if (!parse_decimal(r, &v) || !(v >= 0.0 && v <= 1.0))
     throw std::invalid_argument("policy 'static:" + r +
                                 "': R in static:R is the CPU share of the subgroups, a number in [0, 1] (e.g. static:0.6)");
   return std::make_unique<StaticPlan>(v);

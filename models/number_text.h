@@ -3,26 +3,29 @@
 //
 // Contract: header only, no state; used where an error message names a value a caller gave, so
 // that a value just beside a bound (1e-9 below 0, a bit below 1/16) is not printed as the bound
-// itself (std::to_string prints -1e-9 as -0.000000).
+// itself (std::to_string prints -1e-9 as -0.000000). Neither function reads the C locale: '.' is
+// the decimal point whatever LC_NUMERIC says (a process embedding the library, such as Python
+// after locale.setlocale(locale.LC_ALL, ""), may have set one whose point is ',').
 #pragma once
 
-#include <cerrno>
-#include <cstdio>
-#include <cstdlib>
+#include <charconv>
 #include <string>
+#include <system_error>
 
 namespace dos {
 
-/// `x` in the fewest significant digits, 6 to 17, that strtod reads back as `x` exactly ("%.*g":
-/// 0.0625, -1e-09, 0.062499999999999993 for the double just below 1/16); "nan", "inf" or "-inf"
-/// for those. Throws nothing but std::bad_alloc.
+/// `x` in the fewest significant digits, 6 to 17, that read back as `x` exactly, written as
+/// printf's "%.*g" does in the C locale (0.0625, -1e-09, 0.06249999999999999 for the double just
+/// below 1/16); "nan", "-nan", "inf" or "-inf" for those. Throws nothing but std::bad_alloc.
 inline std::string shortest_text(double x) {
-  char text[32];
+  char text[40];
+  std::size_t n = 0;
   for (int digits = 6; digits <= 17; ++digits) {
-    std::snprintf(text, sizeof text, "%.*g", digits, x);
-    if (std::strtod(text, nullptr) == x) break;
+    n = std::size_t(std::to_chars(text, text + sizeof text, x, std::chars_format::general, digits).ptr - text);
+    double back = 0;
+    if (std::from_chars(text, text + n, back).ec == std::errc() && back == x) break;
   }
-  return text;
+  return std::string(text, n);
 }
 
 /// Whether `s` is a decimal number as a person writes one, all of it: an optional sign, digits
@@ -46,16 +49,17 @@ inline bool is_decimal_number(const std::string& s) {
   return i == s.size();
 }
 
-/// Reads `s` into *v when it is a decimal number (is_decimal_number) that a double holds: false,
-/// *v untouched, when it is not one, when strtod does not read all of it (a locale whose decimal
-/// point is not '.'), or when it lies beyond a double's range either way (ERANGE: 1e400, 1e-400).
-/// Throws nothing.
+/// Reads `s` into *v when it is a decimal number (is_decimal_number) that a double holds, rounded
+/// to the nearest double as strtod rounds it: false, *v untouched, when it is not one or when it
+/// lies beyond a double's range either way (1e400; 1e-400, which would read as 0). '.' is the
+/// decimal point under every locale (std::from_chars). Throws nothing.
 inline bool parse_decimal(const std::string& s, double* v) {
   if (!is_decimal_number(s)) return false;
-  char* end = nullptr;
-  errno = 0;
-  const double x = std::strtod(s.c_str(), &end);
-  if (*end != '\0' || errno == ERANGE) return false;
+  const char* first = s.data() + (s[0] == '+' ? 1 : 0);  // from_chars takes '-' but not '+'
+  const char* last = s.data() + s.size();
+  double x = 0;
+  const auto [end, ec] = std::from_chars(first, last, x);
+  if (ec != std::errc() || end != last) return false;
   *v = x;
   return true;
 }

@@ -12,7 +12,8 @@
 #     libopenmpi-dev, openmpi-bin, through apt-get when the machine has it and a network; for
 #     `test`, python3-torch, python3-numpy and libopenblas0-pthread when no python3 imports torch,
 #     python3-matplotlib when no python3 imports matplotlib (the PNGs of dos_compare.py and
-#     gpu-train.sh), and slurm-wlm and munge when slurmctld is missing.
+#     gpu-train.sh), locales when de_DE's locale source is missing (the model test's decimal comma),
+#     and slurm-wlm and munge when slurmctld is missing.
 #  2. The cache folder .deps/cache (git-ignored): StarPU's Debian source tarball and the .deb files of the
 #     header/test libraries, filled when online. On a machine without a network (the GPU machine) the
 #     script builds from that folder alone: carry .deps/cache there.
@@ -118,6 +119,18 @@ if [ "$cmd" = test ] && ! /usr/bin/python3 -c 'import matplotlib' >/dev/null 2>&
       || say "apt-get install python3-matplotlib failed: the comparison scripts will write no PNG"
   else
     say "no package manager or no network: not installing python3-matplotlib (the comparison scripts will write no PNG)"
+  fi
+fi
+
+# The model test's locale case (a decimal comma, compiled by localedef into a folder of its own)
+# needs the locale sources of Debian's locales: only for `test`, only when de_DE's is missing.
+if [ "$cmd" = test ] && { ! command -v localedef >/dev/null 2>&1 || [ ! -r /usr/share/i18n/locales/de_DE ]; }; then
+  if have_apt && apt_update_once; then
+    say "installing Debian's locales for the model test's decimal-comma case"
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends locales >/dev/null 2>&1 \
+      || say "apt-get install locales failed: the model test's locale case will skip"
+  else
+    say "no package manager or no network: not installing locales (the model test's locale case will skip)"
   fi
 fi
 

@@ -2,6 +2,8 @@
 // here by hand from the model's formulas (models/resource_model.h), not by the model's code.
 #include <cmath>
 #include <algorithm>
+#include <clocale>
+#include <filesystem>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -610,6 +612,48 @@ void test_decimal_number(void**) {
   }
 }
 
+// shortest_text: the fewest digits that read back, as printf's "%.*g" writes them in the C locale
+void test_shortest_text(void**) {
+  assert_string_equal(dos::shortest_text(0.0625).c_str(), "0.0625");
+  assert_string_equal(dos::shortest_text(-1e-9).c_str(), "-1e-09");
+  assert_string_equal(dos::shortest_text(0.1).c_str(), "0.1");
+  assert_string_equal(dos::shortest_text(std::nextafter(0.0625, 0.0)).c_str(), "0.06249999999999999");
+  assert_string_equal(dos::shortest_text(16777216.0).c_str(), "16777216");
+  assert_string_equal(dos::shortest_text(HUGE_VAL).c_str(), "inf");
+  for (const double x : {1.0 / 3, 2e-310, 1e308, -0.0, 123456.789e-5}) {  // each reads back exactly
+    double back = 1;
+    assert_true(dos::parse_decimal(dos::shortest_text(x), &back) && back == x && std::signbit(back) == std::signbit(x));
+  }
+}
+
+// Under a locale whose decimal point is ',' (de_DE, compiled here by localedef into a folder of
+// its own, LOCPATH), where strtod reads "0.5" as 0: parse_decimal and shortest_text keep '.'.
+// Skipped when the machine has no localedef or no de_DE source (Debian's package locales).
+void test_decimal_locale(void**) {
+  char dir[] = "/tmp/dos-locale-XXXXXX";
+  assert_non_null(mkdtemp(dir));
+  const std::string path = std::string(dir) + "/de_DE.UTF-8";
+  const std::string cmd = "localedef -i de_DE -f UTF-8 '" + path + "' >/dev/null 2>&1";
+  const bool built = std::system(cmd.c_str()) == 0;
+  const char* old_locpath = std::getenv("LOCPATH");
+  const std::string saved = old_locpath ? old_locpath : "";
+  setenv("LOCPATH", dir, 1);
+  const bool set = built && std::setlocale(LC_NUMERIC, "de_DE.UTF-8") != nullptr;
+  const bool comma = set && std::strtod("0.5", nullptr) != 0.5;  // the locale does bite strtod
+  double v = -7;
+  const bool parsed = comma && dos::parse_decimal("0.5", &v);
+  const std::string text = comma ? dos::shortest_text(0.0625) : "";
+  std::setlocale(LC_NUMERIC, "C");
+  if (old_locpath) setenv("LOCPATH", saved.c_str(), 1); else unsetenv("LOCPATH");
+  std::filesystem::remove_all(dir);
+  if (!comma) {
+    std::fprintf(stderr, "no de_DE locale could be made here (localedef, package locales): skipped\n");
+    skip();
+  }
+  assert_true(parsed && v == 0.5);
+  assert_string_equal(text.c_str(), "0.0625");
+}
+
 }  // namespace
 
 int main() {
@@ -618,7 +662,7 @@ int main() {
       cmocka_unit_test(test_extremes),   cmocka_unit_test(test_static_fidelity), cmocka_unit_test(test_bad_input),
       cmocka_unit_test(test_budgets),    cmocka_unit_test(test_grad_bytes), cmocka_unit_test(test_compact_traffic),
       cmocka_unit_test(test_rates_file),       cmocka_unit_test(test_plausible_rates),
-      cmocka_unit_test(test_decimal_number),
+      cmocka_unit_test(test_decimal_number),     cmocka_unit_test(test_shortest_text), cmocka_unit_test(test_decimal_locale),
       cmocka_unit_test(test_bound_cold_resident),
       cmocka_unit_test(test_gpu_conversion),     cmocka_unit_test(test_estimated_link_share), cmocka_unit_test(test_link_share_from_dma),
   };

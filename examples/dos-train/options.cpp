@@ -132,28 +132,35 @@ void parse_shard(const std::string& s, std::size_t* rank, std::size_t* world) {
 /// A byte count: a number with an optional unit (B, KB, MB, GB, TB in powers of 1000; KiB, MiB,
 /// GiB, TiB in powers of 1024): "40GB", "31.5GB", "4e10", "10GiB". A number without a unit counts
 /// bytes and must be whole, as must one in B ("1.5" and "1.5B" are refused: 1.5 bytes is most likely
-/// 1.5 GB meant); with a larger unit the size is rounded to whole bytes. Fails naming the option: a
-/// malformed size, one beyond 9e18 bytes, one in bytes that is not whole.
+/// 1.5 GB meant); with a larger unit the size is rounded to whole bytes. The number is a plain
+/// decimal (dos::is_decimal_number: no blanks, no hexadecimal), read as under the C locale. Fails
+/// naming the option: a malformed or negative size, one beyond what a double holds (1e400, 1e-400),
+/// one beyond 9e18 bytes, one in bytes that is not whole.
 std::size_t parse_bytes(const std::string& s, const char* what) {
-  char* end = nullptr;
-  errno = 0;
-  const double v = std::strtod(s.c_str(), &end);
-  const std::string unit = end ? std::string(end) : std::string();
   static const std::pair<const char*, double> units[] = {
-      {"", 1}, {"B", 1}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12},
-      {"KiB", 1024.0}, {"MiB", 1048576.0}, {"GiB", 1073741824.0}, {"TiB", 1099511627776.0}};
+      {"KiB", 1024.0}, {"MiB", 1048576.0}, {"GiB", 1073741824.0}, {"TiB", 1099511627776.0},
+      {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12}, {"B", 1}, {"", 1}};
+  // the number is what is left before the longest unit the text ends with ("5KB": 5 and KB, not 5K and B)
+  std::string number;
   double mult = -1;
-  for (const auto& u : units)
-    if (unit == u.first) mult = u.second;
-  const bool overflow = errno == ERANGE && std::isinf(v), underflow = errno == ERANGE && !overflow;
-  const bool decimal = end && dos::is_decimal_number(s.substr(0, std::size_t(end - s.c_str())));
-  if (s.empty() || !decimal || mult < 0 || (!overflow && !std::isfinite(v)) || v < 0)
+  for (const auto& [unit, m] : units) {
+    const std::size_t n = std::char_traits<char>::length(unit);
+    if (s.size() >= n && s.compare(s.size() - n, n, unit) == 0 && dos::is_decimal_number(s.substr(0, s.size() - n))) {
+      number = s.substr(0, s.size() - n);
+      mult = m;
+      break;
+    }
+  }
+  double v = 0;
+  if (mult < 0 || number[0] == '-')
     fail(std::string(what) + " must be a size in bytes such as 40GB, 31.5GB, 4e10 or 10GiB, got '" + s + "'");
-  if (overflow || v * mult > 9e18)
+  if (!dos::parse_decimal(number, &v))
+    fail(std::string(what) + " " + s + " is beyond what a double holds: give a size from 1 byte to 9e18 bytes (9EB)");
+  if (v * mult > 9e18)
     fail(std::string(what) + " " + s + " is beyond the largest size taken, 9e18 bytes (9EB): give a smaller one");
-  if (underflow || (mult == 1 && v != std::floor(v)))
+  if (mult == 1 && v != std::floor(v))
     fail(std::string(what) + " " + s + " is not a whole number of bytes (a number without a unit, or in B, counts "
-         "bytes): give a larger unit, such as " + s.substr(0, std::size_t(end - s.c_str())) + "GB, or whole bytes");
+         "bytes): give a larger unit, such as " + number + "GB, or whole bytes");
   return std::size_t(std::llround(v * mult));
 }
 

@@ -12,6 +12,7 @@
 #include "atomic_file.h"
 #include "cpu_team.h"
 #include "dos.h"
+#include "number_text.h"
 #include "partition.h"
 #include "policy.h"
 #include "refinement.h"
@@ -40,11 +41,12 @@ dos::Rates parse_rates(const std::string& text, dos::Rates* calibrated, bool* fr
   while (at <= text.size()) {
     const std::size_t comma = std::min(text.find(',', at), text.size());
     const std::string field = text.substr(at, comma - at);
-    char* end = nullptr;
-    const double x = std::strtod(field.c_str(), &end);  // skips the blanks before a number
-    const bool converted = end != field.c_str();
-    while (*end == ' ' || *end == '\t') ++end;  // and those after it
-    if (!converted || *end != '\0') {
+    // blanks around a number are taken ("4, 3"); the number itself is a plain decimal (no hexadecimal,
+    // inf or nan), read whatever the locale's decimal point
+    const std::size_t first = field.find_first_not_of(" \t");
+    const std::size_t last = field.find_last_not_of(" \t");
+    double x = 0;
+    if (first == std::string::npos || !dos::parse_decimal(field.substr(first, last - first + 1), &x)) {
       // a single word that is no number was most likely meant as a file
       if (text.find(',') == std::string::npos)
         throw std::runtime_error("--rates '" + text + "': " +

@@ -16,7 +16,9 @@ namespace dos_train {
 /// a rates file in the calibration cache's format (dos::load_rates: params/s and bytes/s, with the
 /// calibration's own rates under "calibrated"). Returns the rates to plan with, in params/s and
 /// bytes/s; *calibrated gets the ones the lower bound uses (the file's "calibrated", else the same);
-/// *from_file (when not null) whether `text` named a rates file.
+/// *from_file (when not null) whether `text` named a rates file. Each number is a plain decimal
+/// (dos::is_decimal_number: no hexadecimal, inf or nan; blanks around it are taken), read with '.' as
+/// the decimal point whatever the locale.
 /// Throws std::runtime_error naming the value and both accepted forms when it is neither, when a
 /// rate is not a finite positive number, or when one lies outside [1e6, 1e16] per second (a
 /// thousandth to ten million Gparams/s or GB/s: a mistake of units, such as a file in Gparams/s).

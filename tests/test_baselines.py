@@ -70,12 +70,26 @@ def test_placement():
     check(B.needs_gpu("stride:2") and B.needs_gpu("twinflow:0.2") and not B.needs_gpu("zero_offload"),
           "needs_gpu tells the GPU variants")
     for bad, word in (("stride:0", "stride:K"), ("stride:x", "stride:K"), ("twinflow:1.5", "[0, 1]"),
-                      ("twinflow:", "[0, 1]"), ("zero", "unknown variant"), ("zero_offload:2", "unknown variant")):
+                      ("twinflow:", "[0, 1]"), ("zero", "unknown variant"), ("zero_offload:2", "unknown variant"),
+                      ("twinflow: 0.5", "[0, 1]"), ("twinflow:0.2_5", "[0, 1]"), ("twinflow:nan", "[0, 1]"),
+                      ("twinflow:0x0", "[0, 1]"), ("stride:\u00b2", "stride:K"), ("stride: 2", "stride:K")):
         try:
             B.placement(bad, 4)
             check(False, f"variant {bad!r} refused")
         except ValueError as e:
             check(word in str(e), f"variant {bad!r} refused: {e}")
+    # numbers as a person writes them: what float() would also take is refused
+    check([B.parse_decimal(t) for t in ("0.5", "-1e-9", ".25", "3.", "+2")] == [0.5, -1e-9, 0.25, 3.0, 2.0],
+          "parse_decimal reads plain decimals")
+    for bad in (" 0.5", "0.5 ", "0.2_5", "0x10", "inf", "nan", "1e400", "", ".", 0.5, None):
+        check(B.parse_decimal(bad) is None, f"parse_decimal refuses {bad!r}")
+    check(B.parse_count("1.24e8", "--n") == 124000000 and B.parse_count(7, "--n") == 7, "parse_count reads 1.24e8 and 7")
+    for bad in (" 1000", "1_000", "0x10", "2.5", "0", True):
+        try:
+            B.parse_count(bad, "--n")
+            check(False, f"parse_count refuses {bad!r}")
+        except ValueError as e:
+            check("--n" in str(e), f"parse_count refuses {bad!r}: {e}")
 
 
 # ------------------------------------------------------------------------------ 2. arithmetic

@@ -51,6 +51,7 @@ parameters differ from its rounded fp32 master parameters; 2 for bad arguments.
 import argparse
 import json
 import math
+import re
 import statistics
 import sys
 import time
@@ -85,12 +86,28 @@ class Hyper:
                     weight_decay=self.weight_decay)
 
 
+# A decimal number as a person writes it (the C++ side's dos::is_decimal_number): an optional sign,
+# digits with at most one '.', an optional exponent; no blanks, underscores, hexadecimal, inf or nan,
+# which float() would take.
+_DECIMAL = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+
+
+def parse_decimal(text):
+    """``text`` (a str) as a float when it is a plain decimal number (``"0.5"``, ``"-1e-9"``,
+    ``".25"``), else ``None``: blanks around it, ``"0.2_5"``, ``"0x10"``, ``"inf"``, ``"nan"`` and
+    non-str values give ``None``, as do values beyond a float's range (``"1e400"``)."""
+    if not isinstance(text, str) or not _DECIMAL.fullmatch(text):
+        return None
+    v = float(text)
+    return v if math.isfinite(v) else None
+
+
 def parse_count(text, what):
-    """'1.24e8', '1000' or an int -> a positive int. Raises ``ValueError`` naming ``what``."""
-    try:
-        v = float(text)
-    except (TypeError, ValueError):
-        raise ValueError(f"{what} must be a positive number of elements (e.g. 1e6), got {text!r}") from None
+    """'1.24e8', '1000' (a plain decimal, ``parse_decimal``) or an int -> a positive int. Raises
+    ``ValueError`` naming ``what`` for anything else, a value below 1 or one that is not whole."""
+    v = text if isinstance(text, int) and not isinstance(text, bool) else parse_decimal(text)
+    if v is None:
+        raise ValueError(f"{what} must be a positive number of elements (e.g. 1e6), got {text!r}")
     if not (v >= 1 and v == math.floor(v) and math.isfinite(v)):
         raise ValueError(f"{what} must be a positive whole number of elements, got {text!r}")
     return int(v)
@@ -112,17 +129,14 @@ def placement(variant, subgroups):
     if name == "zero_offload" and not colon:
         return ["cpu"] * subgroups
     if name == "twinflow" and colon:
-        try:
-            r = float(arg)
-        except ValueError:
-            r = float("nan")
-        if not 0 <= r <= 1:
+        r = parse_decimal(arg)
+        if r is None or not 0 <= r <= 1:
             raise ValueError(f"variant {variant!r}: R in twinflow:R is the CPU share of the subgroups "
                              f"(DeepSpeed's ratio), a number in [0, 1]")
         n_cpu = min(subgroups, int(math.floor(r * subgroups + 0.5)))  # rounds halves up, as llround
         return ["cpu"] * n_cpu + ["resident"] * (subgroups - n_cpu)
     if name == "stride" and colon:
-        if not arg.isdigit() or int(arg) < 1:
+        if not re.fullmatch(r"[0-9]+", arg) or int(arg) < 1:
             raise ValueError(f"variant {variant!r}: K in stride:K is a whole number >= 1")
         k = int(arg)
         return ["streamed" if (i + 1) % k == 0 else "cpu" for i in range(subgroups)]

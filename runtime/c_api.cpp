@@ -121,8 +121,19 @@ int fail(int code, const std::string& msg) {
   return code;
 }
 
-/// `what` led by the C call's name `fn` and ": ".
-std::string named(const char* fn, const std::string& what) { return std::string(fn) + ": " + what; }
+/// `what` led by the C call's name `fn` and ": ". A C++ message led by the method's own name, the
+/// end of `fn` ("set_gradients: ..." from dos_optimizer_set_gradients), loses that lead, which
+/// would only repeat the call's name; one led by another name (write_master_range for
+/// dos_optimizer_write_masters) keeps it.
+std::string named(const char* fn, const std::string& what) {
+  const std::string f(fn);
+  const std::size_t colon = what.find(": ");
+  if (colon != std::string::npos && colon > 0 && colon + 1 < f.size() &&
+      what.find_first_not_of("abcdefghijklmnopqrstuvwxyz_0123456789") == colon &&
+      f.compare(f.size() - colon - 1, colon + 1, "_" + what.substr(0, colon)) == 0)
+    return f + what.substr(colon);
+  return f + ": " + what;
+}
 
 /// Runs f, mapping exceptions to status codes, the message led by the C call's name `fn`:
 /// dos::Error and std::invalid_argument are bad input when `invalid_is_input` (creation,
@@ -362,7 +373,7 @@ int dos_optimizer_gradients_final(dos_optimizer* opt, size_t begin, size_t end) 
     // and marks the optimizer broken
     const bool still_open = opt->opt->step_open();
     if (!still_open) opt->open_phase.reset();
-    return fail(still_open ? DOS_E_INVALID : DOS_E_RUNTIME, std::string("dos_optimizer_gradients_final: ") + e.what());
+    return fail(still_open ? DOS_E_INVALID : DOS_E_RUNTIME, named("dos_optimizer_gradients_final", e.what()));
   } catch (...) {
     if (!opt->opt->step_open()) opt->open_phase.reset();
     return fail(DOS_E_RUNTIME, "dos_optimizer_gradients_final: unknown C++ exception");

@@ -397,6 +397,10 @@ static void test_set_gradients(void** state) {
   void* shared[2] = {gb[0], gb[0]};
   assert_int_equal(dos_optimizer_set_gradients(b, 2, shared), DOS_E_INVALID);
   assert_non_null(strstr(dos_last_error(), "gradients share memory"));
+  /* led by the C call's name once: the C++ method's own lead (set_gradients) is not repeated */
+  assert_int_equal(strncmp(dos_last_error(), "dos_optimizer_set_gradients: ", 29), 0);
+  assert_null(strstr(dos_last_error(), "set_gradients: set_gradients"));
+  assert_null(strstr(dos_last_error() + 29, "set_gradients: "));
   assert_int_equal(dos_optimizer_set_gradients(NULL, 2, with_null), DOS_E_INVALID);
   assert_int_equal(dos_optimizer_begin_step(b), DOS_OK);
   void* other[2] = {gb[0], gb[0] + N0};

@@ -51,7 +51,8 @@ inline bool is_decimal_number(const std::string& s) {
 
 /// Reads `s` into *v when it is a decimal number (is_decimal_number) that a double holds, rounded
 /// to the nearest double as strtod rounds it: false, *v untouched, when it is not one or when it
-/// lies beyond a double's range either way (1e400; 1e-400, which would read as 0). '.' is the
+/// lies beyond a double's range either way (1e400; 1e-400, which would read as 0; a subnormal
+/// such as 1e-310 is read). '.' is the
 /// decimal point under every locale (std::from_chars). Throws nothing.
 inline bool parse_decimal(const std::string& s, double* v) {
   if (!is_decimal_number(s)) return false;

@@ -121,18 +121,23 @@ int fail(int code, const std::string& msg) {
   return code;
 }
 
-/// `what` led by the C call's name `fn` and ": ". A C++ message led by the method's own name, the
-/// end of `fn` ("set_gradients: ..." from dos_optimizer_set_gradients), loses that lead, which
-/// would only repeat the call's name; one led by another name (write_master_range for
+/// `what` led by the C call's name `fn` and ": ". A C++ message led by the method's own name (the
+/// name of `fn` after dos_optimizer_, dos_runtime_ or dos_) and ": " or " " loses that lead, which
+/// would only repeat the call's name: "set_gradients: tensor 1 ..." from dos_optimizer_set_gradients
+/// gives "dos_optimizer_set_gradients: tensor 1 ...", "gradients_final after ...: ..." gives
+/// "dos_optimizer_gradients_final after ...: ...". One led by another name (write_master_range for
 /// dos_optimizer_write_masters) keeps it.
 std::string named(const char* fn, const std::string& what) {
   const std::string f(fn);
-  const std::size_t colon = what.find(": ");
-  if (colon != std::string::npos && colon > 0 && colon + 1 < f.size() &&
-      what.find_first_not_of("abcdefghijklmnopqrstuvwxyz_0123456789") == colon &&
-      f.compare(f.size() - colon - 1, colon + 1, "_" + what.substr(0, colon)) == 0)
-    return f + what.substr(colon);
-  return f + ": " + what;
+  std::string method = f;  // the call's name without its object's prefix
+  for (const char* prefix : {"dos_optimizer_", "dos_runtime_", "dos_"})
+    if (f.rfind(prefix, 0) == 0) {
+      method = f.substr(std::char_traits<char>::length(prefix));
+      break;
+    }
+  const std::size_t n = method.size();
+  const bool repeats = what.compare(0, n, method) == 0 && (what.compare(n, 2, ": ") == 0 || what.compare(n, 1, " ") == 0);
+  return repeats ? f + what.substr(n) : f + ": " + what;
 }
 
 /// Runs f, mapping exceptions to status codes, the message led by the C call's name `fn`:

@@ -123,6 +123,7 @@ expect "not 6 or 7" --policy dos --rates 1,2,3
 expect "is not a number" --policy dos --rates 1,2,x,4,5,6
 expect "'0x10' is not a number" --policy dos --rates 4,3,0x10,300,50,50
 expect "'inf' is not a number" --policy dos --rates 4,3,60,inf,50,50
+expect "'1e400' is beyond what a double holds" --policy dos --rates 4,3,60,1e400,50,50
 expect "must be a finite number > 0" --policy dos --rates 1,1,0,4,5,6
 expect "B_d2h lies outside" --policy dos --rates 1,1,1,1,1,1e300  # finite, beyond range once in bytes/s
 expect "B_d2h lies outside" --policy dos --rates 1,1,1,1,1,1e-300

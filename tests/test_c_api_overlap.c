@@ -157,6 +157,7 @@ void test_overlap_bad_calls(void** state) {
   assert_int_equal(dos_optimizer_gradients_final(opt, 7, 7), DOS_OK); /* empty: nothing */
   assert_int_equal(dos_optimizer_gradients_final(opt, 9, 11), DOS_E_INVALID);
   assert_non_null(strstr(dos_last_error(), "declared final before"));
+  assert_int_equal(strncmp(dos_last_error(), "dos_optimizer_gradients_final: elements of [9, 11)", 50), 0);
   assert_int_equal(dos_optimizer_step_open(opt), 1); /* still open, still usable */
   assert_int_equal(dos_optimizer_step(opt, &s), DOS_E_INVALID);
   assert_non_null(strstr(dos_last_error(), "dos_optimizer_step: an update phase is open"));
@@ -188,6 +189,8 @@ void test_overlap_bad_calls(void** state) {
   /* the phase runs on, every gradient final: a declaration now says what to do instead */
   assert_int_equal(dos_optimizer_gradients_final(opt, 0, 10), DOS_E_INVALID);
   assert_non_null(strstr(dos_last_error(), "after finish_step_async"));
+  /* the C++ text's own lead (gradients_final) joins the C name instead of repeating it */
+  assert_int_equal(strncmp(dos_last_error(), "dos_optimizer_gradients_final after finish_step_async: ", 55), 0);
   assert_int_equal(dos_optimizer_wait_step(opt, NULL), DOS_OK);
   assert_int_equal(dos_optimizer_step_counts(opt, steps), DOS_OK);
   for (size_t i = 0; i < ns; ++i) assert_int_equal(steps[i], 3);
@@ -198,6 +201,7 @@ void test_overlap_bad_calls(void** state) {
   assert_non_null(strstr(dos_last_error(), "without dos_optimizer_wait_step"));
   assert_int_equal(dos_optimizer_gradients_final(opt, 0, 10), DOS_E_INVALID); /* no overlapped phase */
   assert_non_null(strstr(dos_last_error(), "started by step_async"));
+  assert_int_equal(strncmp(dos_last_error(), "dos_optimizer_gradients_final while", 35), 0);
   assert_int_equal(dos_optimizer_wait_parameters(opt, 0, N), DOS_OK);
   assert_int_equal(dos_optimizer_wait_step(opt, &s), DOS_OK);
   assert_int_equal(s.overlapped, 0);

@@ -134,8 +134,9 @@ void parse_shard(const std::string& s, std::size_t* rank, std::size_t* world) {
 /// bytes and must be whole, as must one in B ("1.5" and "1.5B" are refused: 1.5 bytes is most likely
 /// 1.5 GB meant); with a larger unit the size is rounded to whole bytes. The number is a plain
 /// decimal (dos::is_decimal_number: no blanks, no hexadecimal), read as under the C locale. Fails
-/// naming the option: a malformed or negative size, one beyond what a double holds (1e400, 1e-400),
-/// one beyond 9e18 bytes, one in bytes that is not whole.
+/// naming the option: a malformed or negative size (-0 is 0), one beyond what a double holds (1e400,
+/// 1e-400), one beyond 9e18 bytes, one in bytes that is not whole, one above 0 that rounds to 0
+/// bytes (1e-12GB).
 std::size_t parse_bytes(const std::string& s, const char* what) {
   static const std::pair<const char*, double> units[] = {
       {"KiB", 1024.0}, {"MiB", 1048576.0}, {"GiB", 1073741824.0}, {"TiB", 1099511627776.0},
@@ -152,15 +153,21 @@ std::size_t parse_bytes(const std::string& s, const char* what) {
     }
   }
   double v = 0;
-  if (mult < 0 || number[0] == '-')
+  if (mult < 0)
     fail(std::string(what) + " must be a size in bytes such as 40GB, 31.5GB, 4e10 or 10GiB, got '" + s + "'");
   if (!dos::parse_decimal(number, &v))
-    fail(std::string(what) + " " + s + " is beyond what a double holds: give a size from 1 byte to 9e18 bytes (9EB)");
+    fail(std::string(what) + " " + s + " is beyond what a double holds: give a size of at most 9e18 bytes (9e9GB), "
+         "such as 40GB");
+  if (v < 0)  // -0 is 0
+    fail(std::string(what) + " must be a size in bytes such as 40GB, 31.5GB, 4e10 or 10GiB, got '" + s + "' (negative)");
   if (v * mult > 9e18)
-    fail(std::string(what) + " " + s + " is beyond the largest size taken, 9e18 bytes (9EB): give a smaller one");
+    fail(std::string(what) + " " + s + " is beyond the largest size taken, 9e18 bytes (9e9GB): give a smaller one");
   if (mult == 1 && v != std::floor(v))
     fail(std::string(what) + " " + s + " is not a whole number of bytes (a number without a unit, or in B, counts "
          "bytes): give a larger unit, such as " + number + "GB, or whole bytes");
+  if (v > 0 && std::llround(v * mult) == 0)
+    fail(std::string(what) + " " + s + " is less than one byte, which would be taken as 0: give 0 or a size of at "
+         "least 1 byte");
   return std::size_t(std::llround(v * mult));
 }
 

@@ -43,10 +43,14 @@ dos::Rates parse_rates(const std::string& text, dos::Rates* calibrated, bool* fr
     const std::string field = text.substr(at, comma - at);
     // blanks around a number are taken ("4, 3"); the number itself is a plain decimal (no hexadecimal,
     // inf or nan), read whatever the locale's decimal point
-    const std::size_t first = field.find_first_not_of(" \t");
-    const std::size_t last = field.find_last_not_of(" \t");
+    const char* blanks = " \t\n\v\f\r";
+    const std::size_t first = field.find_first_not_of(blanks);
+    const std::string number = first == std::string::npos ? std::string()
+                                                          : field.substr(first, field.find_last_not_of(blanks) - first + 1);
     double x = 0;
-    if (first == std::string::npos || !dos::parse_decimal(field.substr(first, last - first + 1), &x)) {
+    if (dos::is_decimal_number(number) && !dos::parse_decimal(number, &x))
+      throw std::runtime_error("--rates '" + text + "': '" + number + "' is beyond what a double holds: " + forms);
+    if (!dos::parse_decimal(number, &x)) {
       // a single word that is no number was most likely meant as a file
       if (text.find(',') == std::string::npos)
         throw std::runtime_error("--rates '" + text + "': " +

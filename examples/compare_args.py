@@ -17,8 +17,11 @@ GPU_ONLY_POLICIES = ("gpu",)  # dos-train refuses them without a CUDA worker
 
 
 def parse_size(text):
-    """'10GB', '31.5GB', '4e10', '10GiB' -> bytes (as dos-train reads --gpu-*-budget)."""
-    m = re.fullmatch(r"([0-9.eE+-]+)(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)?", text.strip())
+    """'10GB', '31.5GB', '4e10', '10GiB' -> bytes (as dos-train reads --gpu-*-budget: a plain
+    decimal, then an optional unit; blanks around the whole are dropped). Raises ``ValueError``
+    quoting ``text`` otherwise ('0x10GB', '1e', '4 GB', '-1GB')."""
+    m = re.fullmatch(r"(\+?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?)(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)?",
+                     text.strip())
     units = {None: 1, "B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12, "KiB": 2 ** 10, "MiB": 2 ** 20,
              "GiB": 2 ** 30, "TiB": 2 ** 40}
     if not m:

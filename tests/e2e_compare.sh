@@ -335,6 +335,8 @@ refused "give such NAME=VALUE words first" --run "x=--policy cpu DOS_CPU_SCHEDUL
 refused "including --policy" --run "DOS_COPY_BY=auto --policy dos"
 refused "including --policy" --run "A=B=--policy dos"
 refused "do not split as a shell's would" --run "x=--policy cpu --seed '7"
+refused "'0x10GB' is not a size" --resident-budgets 0x10GB
+refused "'1e' is not a size" --resident-budgets 2MB,1e
 echo "ok: bad arguments refused"
 
 # NAME=VALUE words before a --run's arguments: that run's environment only (a measurement switch

@@ -58,6 +58,11 @@ import time
 
 import torch
 
+try:  # a module of the package, or a script run from its folder
+    from .number_text import parse_count, parse_decimal  # noqa: F401 (parse_decimal: the baselines' callers)
+except ImportError:
+    from number_text import parse_count, parse_decimal  # noqa: F401
+
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 DEFAULT_VARIANTS = "zero_offload,stride:2,stride:3,stride:4"
 
@@ -84,45 +89,6 @@ class Hyper:
         """The hyper-parameters as a plain dict (for reports)."""
         return dict(optimizer=self.optimizer, lr=self.lr, beta1=self.beta1, beta2=self.beta2, eps=self.eps,
                     weight_decay=self.weight_decay)
-
-
-# A decimal number as a person writes it (the C++ side's dos::is_decimal_number): an optional sign,
-# digits with at most one '.', an optional exponent; no blanks, underscores, hexadecimal, inf or nan,
-# which float() would take.
-_DECIMAL = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
-
-
-def parse_decimal(text):
-    """``text`` (a str) as a float when it is a plain decimal number (``"0.5"``, ``"-1e-9"``,
-    ``".25"``), else ``None``: blanks around it, ``"0.2_5"``, ``"0x10"``, ``"inf"``, ``"nan"`` and
-    non-str values give ``None``, as do values beyond a float's range either way (``"1e400"``, and
-    ``"1e-400"``, which float() reads as 0)."""
-    if not isinstance(text, str) or not _DECIMAL.fullmatch(text):
-        return None
-    v = float(text)
-    mantissa = re.split("[eE]", text)[0]
-    if not math.isfinite(v) or (v == 0 and re.search("[1-9]", mantissa)):
-        return None
-    return v
-
-
-def parse_count(text, what):
-    """'1.24e8', '1000' (a plain decimal, ``parse_decimal``), an int or a whole float -> a positive
-    int. Raises ``ValueError`` naming ``what`` for anything else, a value below 1 or one that is not
-    whole."""
-    if isinstance(text, bool):
-        v = None
-    elif isinstance(text, int):
-        v = text
-    elif isinstance(text, float):
-        v = text if math.isfinite(text) else None
-    else:
-        v = parse_decimal(text)
-    if v is None:
-        raise ValueError(f"{what} must be a positive number of elements (e.g. 1e6), got {text!r}")
-    if not (v >= 1 and v == math.floor(v)):
-        raise ValueError(f"{what} must be a positive whole number of elements, got {text!r}")
-    return int(v)
 
 
 def subgroup_bounds(n, subgroup_size):

@@ -2,6 +2,7 @@
 (parse_args), with the constants the rest of dos_compare.py shares (the default policies and
 baselines, the timeline run's label, the policies that need a GPU)."""
 import argparse
+import math
 import os
 import re
 import shlex
@@ -17,16 +18,32 @@ GPU_ONLY_POLICIES = ("gpu",)  # dos-train refuses them without a CUDA worker
 
 
 def parse_size(text):
-    """'10GB', '31.5GB', '4e10', '10GiB' -> bytes (as dos-train reads --gpu-*-budget: a plain
-    decimal, then an optional unit; blanks around the whole are dropped). Raises ``ValueError``
-    quoting ``text`` otherwise ('0x10GB', '1e', '4 GB', '-1GB')."""
-    m = re.fullmatch(r"(\+?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?)(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)?",
+    """'10GB', '31.5GB', '4e10', '10GiB' -> whole bytes (an int), by dos-train's rules for
+    --gpu-*-budget: a plain decimal (blanks around the whole dropped), then an optional unit; a
+    number without a unit, or in B, counts bytes and must be whole; -0 is 0. Raises ``ValueError``
+    quoting ``text`` for a malformed size ('0x10GB', '1e', '4 GB'), a negative one, one beyond what
+    a float holds (1e400, 1e-400), one over 9e18 bytes, and one above 0 that rounds to 0 bytes."""
+    m = re.fullmatch(r"([+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?)(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)?",
                      text.strip())
     units = {None: 1, "B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12, "KiB": 2 ** 10, "MiB": 2 ** 20,
              "GiB": 2 ** 30, "TiB": 2 ** 40}
     if not m:
         raise ValueError(f"'{text}' is not a size such as 10GB, 31.5GB or 4e10")
-    return float(m.group(1)) * units[m.group(2)]
+    v = float(m.group(1))
+    nonzero = re.search("[1-9]", re.split("[eE]", m.group(1))[0]) is not None  # as written, before rounding
+    if m.group(1).startswith("-") and nonzero:
+        raise ValueError(f"'{text}' is negative: give a size such as 10GB, 31.5GB or 4e10")
+    if math.isinf(v) or (v == 0 and nonzero):
+        raise ValueError(f"'{text}' is beyond what a float holds: give 0 or a size from 1 byte to 9e18 bytes")
+    b = v * units[m.group(2)]
+    if b > 9e18:
+        raise ValueError(f"'{text}' is beyond the largest size taken, 9e18 bytes")
+    if units[m.group(2)] == 1 and v != math.floor(v):
+        raise ValueError(f"'{text}' is not a whole number of bytes: give a larger unit, such as {m.group(1)}GB")
+    whole = int(math.floor(b + 0.5))  # halves up, as dos-train's llround
+    if b > 0 and whole == 0:
+        raise ValueError(f"'{text}' is less than one byte: give 0 or a size of at least 1 byte")
+    return whole
 
 
 def parse_args(argv, doc):

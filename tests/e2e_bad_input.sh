@@ -155,6 +155,7 @@ expect "beyond what a double holds" --gpu-update-budget 1e400
 expect "beyond what a double holds" --gpu-update-budget 1e-400GB
 expect "size in bytes" --gpu-update-budget "4 GB"
 expect "less than one byte" --gpu-resident-budget 1e-310GB
+expect "(negative)" --gpu-resident-budget -1e-400GB
 expect "less than one byte" --gpu-update-budget 0.0004KB
 expect "it is a folder" --config "$tmp"
 expect "beyond the largest size taken" --gpu-resident-budget 1e99

@@ -337,6 +337,8 @@ refused "including --policy" --run "A=B=--policy dos"
 refused "do not split as a shell's would" --run "x=--policy cpu --seed '7"
 refused "'0x10GB' is not a size" --resident-budgets 0x10GB
 refused "'1e' is not a size" --resident-budgets 2MB,1e
+refused "'1e-12GB' is less than one byte" --resident-budgets 1e-12GB
+refused "'1e19' is beyond the largest size" --resident-budgets 1e19
 echo "ok: bad arguments refused"
 
 # NAME=VALUE words before a --run's arguments: that run's environment only (a measurement switch

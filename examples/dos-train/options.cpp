@@ -155,11 +155,12 @@ std::size_t parse_bytes(const std::string& s, const char* what) {
   double v = 0;
   if (mult < 0)
     fail(std::string(what) + " must be a size in bytes such as 40GB, 31.5GB, 4e10 or 10GiB, got '" + s + "'");
-  if (!dos::parse_decimal(number, &v))
-    fail(std::string(what) + " " + s + " is beyond what a double holds: give a size of at most 9e18 bytes (9e9GB), "
-         "such as 40GB");
-  if (v < 0)  // -0 is 0
+  const bool parsed = dos::parse_decimal(number, &v);
+  if (v < 0 || (!parsed && number[0] == '-'))  // -0 is 0
     fail(std::string(what) + " must be a size in bytes such as 40GB, 31.5GB, 4e10 or 10GiB, got '" + s + "' (negative)");
+  if (!parsed)
+    fail(std::string(what) + " " + s + " is beyond what a double holds, too large or too small: give 0 or a size from "
+         "1 byte to 9e18 bytes (9e9GB), such as 40GB");
   if (v * mult > 9e18)
     fail(std::string(what) + " " + s + " is beyond the largest size taken, 9e18 bytes (9e9GB): give a smaller one");
   if (mult == 1 && v != std::floor(v))

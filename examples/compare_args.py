@@ -2,6 +2,7 @@
 (parse_args), with the constants the rest of dos_compare.py shares (the default policies and
 baselines, the timeline run's label, the policies that need a GPU)."""
 import argparse
+import importlib.util
 import math
 import os
 import re
@@ -17,23 +18,34 @@ TIMELINE_RUN = "timeline-run"  # the label (and file names) of the run that reco
 GPU_ONLY_POLICIES = ("gpu",)  # dos-train refuses them without a CUDA worker
 
 
+def _load_number_text():
+    """The package's number readers (python/deep_optimizer_states/number_text.py), loaded by path:
+    importing the package would import torch, which this script does not need."""
+    path = os.path.join(HERE, "..", "python", "deep_optimizer_states", "number_text.py")
+    spec = importlib.util.spec_from_file_location("dos_number_text", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+number_text = _load_number_text()
+
+
 def parse_size(text):
     """'10GB', '31.5GB', '4e10', '10GiB' -> whole bytes (an int), by dos-train's rules for
     --gpu-*-budget: a plain decimal (blanks around the whole dropped), then an optional unit; a
     number without a unit, or in B, counts bytes and must be whole; -0 is 0. Raises ``ValueError``
     quoting ``text`` for a malformed size ('0x10GB', '1e', '4 GB'), a negative one, one beyond what
     a float holds (1e400, 1e-400), one over 9e18 bytes, and one above 0 that rounds to 0 bytes."""
-    m = re.fullmatch(r"([+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?)(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)?",
-                     text.strip())
+    m = re.fullmatch(r"(.+?)(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)?", text.strip())
     units = {None: 1, "B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12, "KiB": 2 ** 10, "MiB": 2 ** 20,
              "GiB": 2 ** 30, "TiB": 2 ** 40}
-    if not m:
+    if not m or not number_text.is_decimal_number(m.group(1)):
         raise ValueError(f"'{text}' is not a size such as 10GB, 31.5GB or 4e10")
-    v = float(m.group(1))
-    nonzero = re.search("[1-9]", re.split("[eE]", m.group(1))[0]) is not None  # as written, before rounding
-    if m.group(1).startswith("-") and nonzero:
+    v = number_text.parse_decimal(m.group(1))  # None beyond a float's range
+    if (v is None and m.group(1).startswith("-")) or (v is not None and v < 0):  # -0 is 0
         raise ValueError(f"'{text}' is negative: give a size such as 10GB, 31.5GB or 4e10")
-    if math.isinf(v) or (v == 0 and nonzero):
+    if v is None:
         raise ValueError(f"'{text}' is beyond what a float holds: give 0 or a size from 1 byte to 9e18 bytes")
     b = v * units[m.group(2)]
     if b > 9e18:

@@ -48,9 +48,10 @@ dos::Rates parse_rates(const std::string& text, dos::Rates* calibrated, bool* fr
     const std::string number = first == std::string::npos ? std::string()
                                                           : field.substr(first, field.find_last_not_of(blanks) - first + 1);
     double x = 0;
-    if (dos::is_decimal_number(number) && !dos::parse_decimal(number, &x))
+    const bool parsed = dos::parse_decimal(number, &x);
+    if (!parsed && dos::is_decimal_number(number))
       throw std::runtime_error("--rates '" + text + "': '" + number + "' is beyond what a double holds: " + forms);
-    if (!dos::parse_decimal(number, &x)) {
+    if (!parsed) {
       // a single word that is no number was most likely meant as a file
       if (text.find(',') == std::string::npos)
         throw std::runtime_error("--rates '" + text + "': " +

@@ -12,12 +12,18 @@ import re
 _DECIMAL = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
 
 
+def is_decimal_number(text):
+    """Whether ``text`` (a str) is a plain decimal number, all of it (``_DECIMAL``); False for
+    non-str values."""
+    return isinstance(text, str) and _DECIMAL.fullmatch(text) is not None
+
+
 def parse_decimal(text):
     """``text`` (a str) as a float when it is a plain decimal number (``"0.5"``, ``"-1e-9"``,
     ``".25"``), else ``None``: blanks around it, ``"0.2_5"``, ``"0x10"``, ``"inf"``, ``"nan"`` and
     non-str values give ``None``, as do values beyond a float's range either way (``"1e400"``, and
     ``"1e-400"``, which float() reads as 0)."""
-    if not isinstance(text, str) or not _DECIMAL.fullmatch(text):
+    if not is_decimal_number(text):
         return None
     v = float(text)
     mantissa = re.split("[eE]", text)[0]

@@ -3,21 +3,13 @@
 
 #include <cfloat>
 #include <cmath>
-#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <string>
 
-namespace dos::c_api {
+#include "number_text.h"
 
-namespace {
-/// A double as "%.17g" prints it (every digit: 1 - 1e-17 is not shown as 1).
-std::string num(double v) {
-  char b[64];
-  std::snprintf(b, sizeof b, "%.17g", v);
-  return b;
-}
-}  // namespace
+namespace dos::c_api {
 
 dos::AdamHyper make_hyper(double lr, double beta1, double beta2, double eps, double weight_decay, int decoupled) {
   dos::AdamHyper h;
@@ -78,12 +70,12 @@ std::string check_options(const dos_optimizer_options& c, dos::OptimizerOptions&
   const float fmax = FLT_MAX;
   const std::pair<const char*, double> nonneg[] = {{"lr", c.lr}, {"eps", c.eps}, {"weight_decay", c.weight_decay}};
   for (const auto& [name, v] : nonneg)
-    if (!(v >= 0 && v <= fmax)) return field(name, "a finite number in [0, 3.4e38] (fp32's range)", num(v));
+    if (!(v >= 0 && v <= fmax)) return field(name, "a finite number in [0, 3.4e38] (fp32's range)", shortest_text(v));
   if (c.lr * c.weight_decay > fmax)
-    return "options.lr x options.weight_decay must be at most 3.4e38 (fp32's range), got " + num(c.lr * c.weight_decay);
+    return "options.lr x options.weight_decay must be at most 3.4e38 (fp32's range), got " + shortest_text(c.lr * c.weight_decay);
   const std::pair<const char*, double> betas[] = {{"beta1", c.beta1}, {"beta2", c.beta2}};
   for (const auto& [name, v] : betas)
-    if (!(v >= 0 && v < 1)) return field(name, "in [0, 1)", num(v));
+    if (!(v >= 0 && v < 1)) return field(name, "in [0, 1)", shortest_text(v));
   std::string e;
   bool decoupled = true;
   if (!(e = boolean("decoupled", c.decoupled, decoupled)).empty()) return e;
@@ -122,7 +114,7 @@ std::string check_options(const dos_optimizer_options& c, dos::OptimizerOptions&
       if (!(v > 0) || !std::isfinite(v))
         return std::string("options.rates.") + name +
                " must be a finite number > 0 (parameters/s for U_*, D_c; bytes/s for B_*), or every rate 0 "
-               "(calibrate), got " + num(v);
+               "(calibrate), got " + shortest_text(v);
   o.rates = dos::Rates{c.rates.U_c, c.rates.U_c_dma, c.rates.U_g, c.rates.D_c, c.rates.B_h2d, c.rates.B_d2h};
   if (!(e = boolean("recalibrate", c.recalibrate, o.recalibrate)).empty()) return e;
   if (!(e = boolean("verbose", c.verbose, o.verbose)).empty()) return e;

@@ -182,6 +182,13 @@ expect "not a regular file" --timeline "$tmp/fifo"
 expect "same file as --report" --timeline "$tmp/same2" --report "$tmp/same2"
 expect "needs a path" --timeline ""
 expect "needs a path" --report ""
+# an empty value that would read as the option left out is refused, not dropped
+expect "--gpu-resident-budget needs a value, got an empty one" --gpu-resident-budget ""
+expect "--gpu-update-budget needs a value, got an empty one" --gpu-update-budget ""
+expect "--speculation-budget needs a value, got an empty one" --speculation-budget ""
+expect "--k needs a value, got an empty one" --k ""
+expect "--gpu-fraction needs a value, got an empty one" --gpu-fraction ""
+expect "--copy-by needs a value, got an empty one" --copy-by ""
 # sizes and numbers: a parameter count that overflows 64 bits, numbers printed as given
 printf '{ "model_type": "llama", "num_hidden_layers": 32768, "hidden_size": 16777216, "intermediate_size": 11184809, "num_attention_heads": 1, "vocab_size": 98304 }' > "$tmp/wrap.json"
 expect "more than dos-train handles" --config "$tmp/wrap.json"

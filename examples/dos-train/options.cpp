@@ -552,6 +552,19 @@ int parse_command_line(int argc, char** argv, Args& a) {
     std::fprintf(stderr, "dos-train: error: --config needs the path of a config.json file, got an empty one\n");
     return 1;
   }
+  // An empty value here would read as the option left out: refuse it rather than drop it silently.
+  const std::pair<const char*, const std::string*> values[] = {{"--k", &a.k},
+                                                                {"--gpu-fraction", &a.gpu_fraction},
+                                                                {"--gpu-resident-budget", &a.gpu_resident_budget},
+                                                                {"--gpu-update-budget", &a.gpu_update_budget},
+                                                                {"--speculation-budget", &a.speculation_budget},
+                                                                {"--copy-by", &a.copy_by}};
+  for (const auto& [opt, value] : values)
+    if (app.count(opt) && value->empty()) {
+      std::fprintf(stderr, "dos-train: error: %s needs a value, got an empty one (leave %s out for its default)\n",
+                   opt, opt);
+      return 1;
+    }
   const std::pair<const char*, const std::string*> paths[] = {{"--report", &a.report},
                                                                {"--save-params", &a.save_params},
                                                                {"--timeline", &a.timeline},

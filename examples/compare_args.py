@@ -2,13 +2,13 @@
 (parse_args), with the constants the rest of dos_compare.py shares (the default policies and
 baselines, the timeline run's label, the policies that need a GPU)."""
 import argparse
-import importlib.util
 import math
 import os
 import re
 import shlex
 
 from compare_runs import ENV_ASSIGNMENT, arg_value, file_tag, split_env
+from dos_number_text import number_text, whole_arg
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -16,19 +16,6 @@ DEFAULT_POLICIES = "dos,cpu,dmda,gpu"
 DEFAULT_BASELINES = "zero_offload,stride:2,stride:3,stride:4"
 TIMELINE_RUN = "timeline-run"  # the label (and file names) of the run that records --timeline
 GPU_ONLY_POLICIES = ("gpu",)  # dos-train refuses them without a CUDA worker
-
-
-def _load_number_text():
-    """The package's number readers (python/deep_optimizer_states/number_text.py), loaded by path:
-    importing the package would import torch, which this script does not need."""
-    path = os.path.join(HERE, "..", "python", "deep_optimizer_states", "number_text.py")
-    spec = importlib.util.spec_from_file_location("dos_number_text", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-number_text = _load_number_text()
 
 
 def parse_size(text):
@@ -77,7 +64,7 @@ def parse_args(argv, doc):
                     help="also run every run with the update overlapped with backward (dos-train --overlap on, as "
                          "LABEL+overlap; needs --emulate-compute among the dos-train arguments): the iteration seconds "
                          "of both, the overlapped run's exposed update; the others run with --overlap off")
-    ap.add_argument("--repeats", type=int, default=1,
+    ap.add_argument("--repeats", type=whole_arg, default=1,
                     help="rounds (default 1), each running every run, then the baselines, then the peers once: "
                          "median and min..max over them")
     ap.add_argument("--baselines", nargs="?", const=DEFAULT_BASELINES, default=None, metavar="LIST",
@@ -88,7 +75,7 @@ def parse_args(argv, doc):
                          "the first that imports torch)")
     ap.add_argument("--peers", default=None, help="path of an external PyTorch script re-creating the baselines "
                          "(--n, --s, --iters, --variants; RESULT lines): run that cross-check too")
-    ap.add_argument("--peer-iters", type=int, default=3, help="timed phases per peer variant (default 3)")
+    ap.add_argument("--peer-iters", type=whole_arg, default=3, help="timed phases per peer variant (default 3)")
     ap.add_argument("--peer-variants", default="zero_offload,dos_stride:2,dos_stride:3,dos_stride:4",
                     help="the peers' variants beside the policies, comma-separated (default "
                          "zero_offload,dos_stride:2,dos_stride:3,dos_stride:4)")

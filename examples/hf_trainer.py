@@ -63,6 +63,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "python"))
 sys.path.insert(0, HERE)
 
 from train_gpt import budget_bytes, load_corpus  # noqa: E402
+from dos_number_text import decimal_arg, number_text, whole_arg  # noqa: E402
 
 VOCAB = 256  # byte-level tokens
 
@@ -123,7 +124,7 @@ def make_optimizer(args, model, clip_in_optimizer=False):
     if args.optimizer == "dos":
         clip = args.max_grad_norm if clip_in_optimizer and args.max_grad_norm > 0 else None
         return DeepOptimizerStates(groups, decoupled=True, policy=args.policy, max_grad_norm=clip,
-                                   subgroup_size=int(float(args.subgroup_size)),
+                                   subgroup_size=args.subgroup_elements,
                                    overlap=bool(getattr(args, "overlap", False)),
                                    flat_gradients=not getattr(args, "no_flat_gradients", False),
                                    gpu_update_budget=getattr(args, "gpu_update_budget_bytes", None), **kw)
@@ -141,20 +142,20 @@ def add_common_args(ap):
                     help="dos: DeepOptimizerStates; adamw: torch.optim.AdamW on the model's device; "
                          "adamw-cpu-offload: ZeRO-Offload's recipe (fp32 state in host memory, CPU AdamW)")
     ap.add_argument("--policy", default="dos", help="the runtime's scheduling policy (cpu, gpu, dos, static:R, dmda...)")
-    ap.add_argument("--n-layer", type=int, default=2)
-    ap.add_argument("--hidden", type=int, default=64)
-    ap.add_argument("--heads", type=int, default=4)
-    ap.add_argument("--seq-len", type=int, default=64)
-    ap.add_argument("--batch-size", type=int, default=8, help="per micro-batch")
-    ap.add_argument("--grad-accum", type=int, default=1, help="micro-batches per optimizer step")
-    ap.add_argument("--steps", type=int, default=40, help="optimizer steps")
-    ap.add_argument("--lr", type=float, default=3e-3)
-    ap.add_argument("--warmup", type=int, default=5)
-    ap.add_argument("--beta1", type=float, default=0.9)
-    ap.add_argument("--beta2", type=float, default=0.95)
-    ap.add_argument("--eps", type=float, default=1e-8)
-    ap.add_argument("--weight-decay", type=float, default=0.1, help="for all but norms and biases")
-    ap.add_argument("--max-grad-norm", type=float, default=1.0, help="the framework's clipping (0: none)")
+    ap.add_argument("--n-layer", type=whole_arg, default=2)
+    ap.add_argument("--hidden", type=whole_arg, default=64)
+    ap.add_argument("--heads", type=whole_arg, default=4)
+    ap.add_argument("--seq-len", type=whole_arg, default=64)
+    ap.add_argument("--batch-size", type=whole_arg, default=8, help="per micro-batch")
+    ap.add_argument("--grad-accum", type=whole_arg, default=1, help="micro-batches per optimizer step")
+    ap.add_argument("--steps", type=whole_arg, default=40, help="optimizer steps")
+    ap.add_argument("--lr", type=decimal_arg, default=3e-3)
+    ap.add_argument("--warmup", type=whole_arg, default=5)
+    ap.add_argument("--beta1", type=decimal_arg, default=0.9)
+    ap.add_argument("--beta2", type=decimal_arg, default=0.95)
+    ap.add_argument("--eps", type=decimal_arg, default=1e-8)
+    ap.add_argument("--weight-decay", type=decimal_arg, default=0.1, help="for all but norms and biases")
+    ap.add_argument("--max-grad-norm", type=decimal_arg, default=1.0, help="the framework's clipping (0: none)")
     ap.add_argument("--subgroup-size", default="1e8", help="elements per subgroup (dos)")
     ap.add_argument("--overlap", action="store_true",
                     help="dos: overlap the update with backward (DeepOptimizerStates(overlap=True); the same bits)")
@@ -162,16 +163,41 @@ def add_common_args(ap):
     ap.add_argument("--corpus", action="append", help="text file or folder (repeatable); default: the Python "
                     "standard library's .py files")
     ap.add_argument("--corpus-glob", default="*", help="file-name pattern in corpus folders")
-    ap.add_argument("--corpus-mb", type=float, default=2.0)
-    ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--corpus-mb", type=decimal_arg, default=2.0)
+    ap.add_argument("--seed", type=whole_arg, default=1234)
     ap.add_argument("--log-json", help="write the losses, checkpoints and a summary to this JSON file")
     return ap
 
 
 def check_common_args(ap, args):
-    """Exits through ``ap.error`` when a count in ``args`` is below 1."""
-    if args.steps < 1 or args.grad_accum < 1 or args.batch_size < 1:
-        ap.error("--steps, --grad-accum and --batch-size must be >= 1")
+    """Exits through ``ap.error`` (status 2, the option named) when a value of ``add_common_args``
+    in ``args`` is out of range: a size or count below 1 (``--warmup``, ``--seed`` below 0), a
+    ``--heads`` that does not divide ``--hidden``, a learning rate, ``--eps``, weight decay or
+    clipping norm below 0, a beta outside [0, 1), a ``--corpus-mb`` not above 0, or a
+    ``--subgroup-size`` that is not a whole number of elements in [1, 2**53]; then sets
+    ``args.subgroup_elements`` (int) from ``--subgroup-size``."""
+    for flag, value, least in (("--n-layer", args.n_layer, 1), ("--hidden", args.hidden, 1),
+                               ("--heads", args.heads, 1), ("--seq-len", args.seq_len, 1),
+                               ("--batch-size", args.batch_size, 1), ("--grad-accum", args.grad_accum, 1),
+                               ("--steps", args.steps, 1), ("--warmup", args.warmup, 0), ("--seed", args.seed, 0)):
+        if value < least:
+            ap.error(f"{flag} must be a whole number >= {least}, got {value}")
+    if args.hidden % args.heads:
+        ap.error(f"--heads {args.heads} must divide --hidden {args.hidden} (each head takes hidden / heads)")
+    for flag, value in (("--lr", args.lr), ("--eps", args.eps), ("--weight-decay", args.weight_decay),
+                        ("--max-grad-norm", args.max_grad_norm)):
+        if value < 0:
+            ap.error(f"{flag} must be >= 0, got {value}")
+    for flag, value in (("--beta1", args.beta1), ("--beta2", args.beta2)):
+        if not 0 <= value < 1:
+            ap.error(f"{flag} must be in [0, 1), got {value}")
+    if not args.corpus_mb > 0:
+        ap.error(f"--corpus-mb must be a number of MB > 0, got {args.corpus_mb}")
+    sub = number_text.parse_decimal(args.subgroup_size)  # None unless a plain decimal
+    if sub is None or not (1 <= sub <= 2 ** 53 and sub == int(sub)):
+        ap.error(f"--subgroup-size must be a whole number of elements in [1, 2**53] (1e8 notation accepted), "
+                 f"got {args.subgroup_size!r}")
+    args.subgroup_elements = int(sub)
 
 
 def finish(args, result, opt, global_step):
@@ -207,11 +233,11 @@ def parse_args(argv=None):
     ap.add_argument("--schedule", choices=["cosine", "linear", "constant_with_warmup"], default="cosine")
     ap.add_argument("--bf16", action="store_true", help="bf16 mixed precision (the Trainer's bf16=True)")
     ap.add_argument("--output-dir", default="hf_trainer_out")
-    ap.add_argument("--save-steps", type=int, default=0, help="checkpoint every N steps (0: none)")
+    ap.add_argument("--save-steps", type=whole_arg, default=0, help="checkpoint every N steps (0: none)")
     ap.add_argument("--resume", help="a checkpoint folder to resume from, or 'last' (the newest in --output-dir)")
-    ap.add_argument("--gpu-memory-gb", type=float, default=0,
+    ap.add_argument("--gpu-memory-gb", type=decimal_arg, default=0,
                     help="cap torch's share of the GPU at this many GB (0: no cap), to stand for a smaller GPU")
-    ap.add_argument("--gpu-update-budget-gb", type=float, default=0,
+    ap.add_argument("--gpu-update-budget-gb", type=decimal_arg, default=0,
                     help="with --optimizer dos: GB of GPU memory the runtime's update phase may hold (0: no limit "
                          "but StarPU's own); beside --gpu-memory-gb, which caps torch's share only")
     ap.add_argument("--no-flat-gradients", action="store_true",

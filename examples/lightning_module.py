@@ -48,6 +48,7 @@ sys.path.insert(0, HERE)
 
 import hf_trainer  # noqa: E402
 import train_gpt  # noqa: E402
+from dos_number_text import whole_arg  # noqa: E402
 
 try:
     import lightning as L
@@ -114,7 +115,7 @@ def parse_args(argv=None):
     ap = hf_trainer.add_common_args(argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                                             formatter_class=argparse.RawDescriptionHelpFormatter))
     ap.add_argument("--model", choices=["llama", "gpt2", "builtin"], default="llama")
-    ap.add_argument("--epoch-steps", type=int, default=0, help="optimizer steps per epoch (0: --steps / 2)")
+    ap.add_argument("--epoch-steps", type=whole_arg, default=0, help="optimizer steps per epoch (0: --steps / 2)")
     ap.add_argument("--precision", choices=["32-true", "bf16-mixed", "bf16-true"], default="32-true")
     ap.add_argument("--output-dir", default="lightning_out", help="checkpoints go to OUTPUT_DIR/checkpoints")
     ap.add_argument("--resume", help="a checkpoint (.ckpt) to resume from, or 'last' (the newest in the folder)")

@@ -42,8 +42,12 @@ import argparse
 import bisect
 import json
 import math
+import os
 import statistics
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from dos_number_text import decimal_arg  # noqa: E402 (strict numbers for the command line)
 
 
 def pcie_windows(bus, span, window):
@@ -265,9 +269,9 @@ def render(s):
 def main(argv=None):
     ap = argparse.ArgumentParser(description="Where an update phase's time went, from dos-train --timeline's file")
     ap.add_argument("timeline", help="the JSON file dos-train --timeline wrote")
-    ap.add_argument("--gap-ms", type=float, default=5.0, help="the shortest CPU idle gap listed, ms (default 5)")
-    ap.add_argument("--window-ms", type=float, default=50.0, help="the PCIe rate windows, ms (default 50)")
-    ap.add_argument("--state-bytes", type=float, default=None,
+    ap.add_argument("--gap-ms", type=decimal_arg, default=5.0, help="the shortest CPU idle gap listed, ms (default 5)")
+    ap.add_argument("--window-ms", type=decimal_arg, default=50.0, help="the PCIe rate windows, ms (default 50)")
+    ap.add_argument("--state-bytes", type=decimal_arg, default=None,
                     help="bytes of state each write-back brings home (12 per parameter of a subgroup), for their rate")
     ap.add_argument("--json", action="store_true", help="print the summary as JSON")
     a = ap.parse_args(argv)

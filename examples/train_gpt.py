@@ -72,6 +72,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "python"))
 sys.path.insert(0, HERE)  # torch_adamw.py, when this file is imported from elsewhere
 
 from torch_adamw import MasterAdamW, PlainAdamW  # noqa: E402
+from dos_number_text import decimal_arg, number_text, whole_arg  # noqa: E402
 
 from gpt_model import (VOCAB, GPT, Block, _HFWrapper, get_batch, load_corpus, make_model,  # noqa: E402,F401
                        overlap_blocks)
@@ -157,21 +158,21 @@ def parse_args(argv=None):
     ap.add_argument("--optimizer", choices=["dos", "adamw", "adamw-cpu-offload"], default="dos")
     ap.add_argument("--policy", default="dos", help="the runtime's scheduling policy (cpu, gpu, dos, static:R, dmda...)")
     ap.add_argument("--model", choices=["auto", "hf", "builtin"], default="auto")
-    ap.add_argument("--n-layer", type=int, default=4)
-    ap.add_argument("--n-embd", type=int, default=128)
-    ap.add_argument("--n-head", type=int, default=4)
-    ap.add_argument("--seq-len", type=int, default=128)
-    ap.add_argument("--batch-size", type=int, default=16)
-    ap.add_argument("--steps", type=int, default=50)
-    ap.add_argument("--lr", type=float, default=1e-3)
-    ap.add_argument("--min-lr-ratio", type=float, default=0.1)
-    ap.add_argument("--warmup", type=int, default=0, help="linear warm-up steps")
+    ap.add_argument("--n-layer", type=whole_arg, default=4)
+    ap.add_argument("--n-embd", type=whole_arg, default=128)
+    ap.add_argument("--n-head", type=whole_arg, default=4)
+    ap.add_argument("--seq-len", type=whole_arg, default=128)
+    ap.add_argument("--batch-size", type=whole_arg, default=16)
+    ap.add_argument("--steps", type=whole_arg, default=50)
+    ap.add_argument("--lr", type=decimal_arg, default=1e-3)
+    ap.add_argument("--min-lr-ratio", type=decimal_arg, default=0.1)
+    ap.add_argument("--warmup", type=whole_arg, default=0, help="linear warm-up steps")
     ap.add_argument("--schedule", choices=["constant", "cosine"], default="constant")
-    ap.add_argument("--beta1", type=float, default=0.9)
-    ap.add_argument("--beta2", type=float, default=0.95)
-    ap.add_argument("--eps", type=float, default=1e-8)
-    ap.add_argument("--weight-decay", type=float, default=0.1)
-    ap.add_argument("--max-grad-norm", type=float, default=1.0, help="0: no clipping")
+    ap.add_argument("--beta1", type=decimal_arg, default=0.9)
+    ap.add_argument("--beta2", type=decimal_arg, default=0.95)
+    ap.add_argument("--eps", type=decimal_arg, default=1e-8)
+    ap.add_argument("--weight-decay", type=decimal_arg, default=0.1)
+    ap.add_argument("--max-grad-norm", type=decimal_arg, default=1.0, help="0: no clipping")
     ap.add_argument("--subgroup-size", default="1e8", help="elements per subgroup (dos)")
     ap.add_argument("--overlap", choices=["off", "backward", "forward", "both"], default="off",
                     help="dos: overlap the update with backward, with the next forward, or both (the same bits)")
@@ -180,24 +181,24 @@ def parse_args(argv=None):
                          "(DeepOptimizerStates(urgent_writeback=True); for --overlap forward/both)")
     ap.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], default="fp32", help="the model's parameters")
     ap.add_argument("--device", default="auto", help="cpu, cuda or auto (cuda when available)")
-    ap.add_argument("--loss-scale", type=float, default=0,
+    ap.add_argument("--loss-scale", type=decimal_arg, default=0,
                     help="fp16: initial dynamic loss scale (default 2^16); halved on an inf/NaN step, doubled "
                          "after 1000 good steps")
     ap.add_argument("--corpus", action="append", help="text file or folder (repeatable); default: the Python "
                     "standard library's .py files")
     ap.add_argument("--corpus-glob", help="file-name pattern in --corpus folders (default *)")
-    ap.add_argument("--corpus-mb", type=float, default=8.0)
-    ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--corpus-mb", type=decimal_arg, default=8.0)
+    ap.add_argument("--seed", type=whole_arg, default=1234)
     ap.add_argument("--log-json", help="write every step and a summary to this JSON file")
-    ap.add_argument("--print-every", type=int, default=1)
-    ap.add_argument("--time-limit", type=float, default=0,
+    ap.add_argument("--print-every", type=whole_arg, default=1)
+    ap.add_argument("--time-limit", type=decimal_arg, default=0,
                     help="stop after the step during which the training loop passed this many seconds (0: none)")
     ap.add_argument("--verbose", action="store_true", help="the runtime's start-up and calibration lines")
-    ap.add_argument("--gpu-resident-budget", type=float, default=0,
+    ap.add_argument("--gpu-resident-budget", type=decimal_arg, default=0,
                     help="dos: GB of optimizer state (12 bytes per parameter, padded to 16 elements per subgroup "
                          "slice) the GPU may keep between steps "
                          "(0: none given; DeepOptimizerStates(gpu_resident_budget=...))")
-    ap.add_argument("--tail-subgroups", type=int, default=0,
+    ap.add_argument("--tail-subgroups", type=whole_arg, default=0,
                     help="dos: late binding of the plan's tail, the last N subgroups given their side while the "
                          "phase runs, in [0, 1000000] (0: the plan as made; DeepOptimizerStates(tail_subgroups=N)); "
                          "needs --overlap off (an overlapped step binds nothing)")
@@ -206,7 +207,7 @@ def parse_args(argv=None):
                          "model's bf16 parameter (DeepOptimizerStates(compact_master=True)): 10.125 instead of 12 "
                          "bytes of state per parameter across PCIe, the same bits; needs --dtype bf16; with "
                          "--overlap backward or both only the CPU's subgroups are updated during backward")
-    ap.add_argument("--gpu-update-budget", type=float, default=0,
+    ap.add_argument("--gpu-update-budget", type=decimal_arg, default=0,
                     help="dos: GB of GPU memory the update phase may hold at once (0: no limit but StarPU's)")
     ap.add_argument("--timeline", help="dos: write the timeline of --timeline-steps to this JSON file (and a PNG "
                     "beside it when matplotlib imports): forward, backward and step() of each step, and every task of "
@@ -247,11 +248,8 @@ def parse_args(argv=None):
         ap.error(f"--min-lr-ratio must be in [0, 1] (the final learning rate over --lr), got {args.min_lr_ratio}")
     if not (math.isfinite(args.corpus_mb) and args.corpus_mb > 0):
         ap.error(f"--corpus-mb must be a finite number of MB > 0, got {args.corpus_mb}")
-    try:
-        sub = float(args.subgroup_size)
-    except ValueError:
-        sub = float("nan")
-    if not (math.isfinite(sub) and sub >= 1 and sub == int(sub) and sub <= 2 ** 53):
+    sub = number_text.parse_decimal(args.subgroup_size)  # None unless a plain decimal
+    if sub is None or not (math.isfinite(sub) and sub >= 1 and sub == int(sub) and sub <= 2 ** 53):
         ap.error(f"--subgroup-size must be a whole number of elements in [1, 2**53] (1e8 notation accepted), "
                  f"got {args.subgroup_size!r}")
     if args.device not in ("auto", "cpu", "cuda"):

@@ -21,18 +21,18 @@ from test_pytorch import check, failures  # noqa: E402
 import train_gpt  # noqa: E402
 
 
-def expect_usage_error(argv, needle, what):
-    """train_gpt.parse_args(argv) must exit (argparse's usage error, status 2) with ``needle`` in
-    its message, before any training."""
+def expect_usage_error(argv, needle, what, parse=None, name="train_gpt"):
+    """``parse(argv)`` (default train_gpt.parse_args) must exit (argparse's usage error, status 2)
+    with ``needle`` in its message, before any training."""
     err = io.StringIO()
     try:
         with contextlib.redirect_stderr(err):
-            train_gpt.parse_args(argv)
+            (parse or train_gpt.parse_args)(argv)
     except SystemExit as e:
-        check(e.code == 2 and needle in err.getvalue(), f"train_gpt {what}: usage error saying '{needle}' "
+        check(e.code == 2 and needle in err.getvalue(), f"{name} {what}: usage error saying '{needle}' "
               f"({err.getvalue().strip().splitlines()[-1][:160] if err.getvalue().strip() else 'nothing printed'})")
         return
-    check(False, f"train_gpt {what}: accepted")
+    check(False, f"{name} {what}: accepted")
 
 
 def test_train_gpt_bad_args():
@@ -41,7 +41,7 @@ def test_train_gpt_bad_args():
                          (["--n-head", "0"], "--n-head must be"),
                          (["--print-every", "0"], "--print-every must be"),
                          (["--batch-size", "0"], "--batch-size must be"),
-                         (["--corpus-mb", "nan"], "--corpus-mb must be"),
+                         (["--corpus-mb", "0"], "--corpus-mb must be"),
                          (["--subgroup-size", "abc"], "--subgroup-size must be"),
                          (["--subgroup-size", "1.5"], "--subgroup-size must be"),
                          (["--warmup", "-5"], "--warmup must be"),
@@ -110,8 +110,51 @@ def test_record_phase():
           and rec["downloads_dodge_writebacks"] == 0, f"record_phase: no download by the copy engine ({rec})")
 
 
+def test_strict_numbers():
+    """The example scripts' numbers are plain decimals and whole numbers written with 0-9 (the
+    package's number_text rules, dos-train's): float() and int() would take blanks, underscores,
+    inf, nan and other scripts' digits. train_gpt, hf_trainer (its parse_args needs no
+    transformers), timeline_summary and the baselines' command line."""
+    import hf_trainer
+    import timeline_summary
+    from deep_optimizer_states import baselines
+    decimal = "expected a plain decimal number"
+    whole = "expected a whole number written with the digits 0-9"
+    cases = [(train_gpt.parse_args, "train_gpt", ["--lr", "inf"], f"argument --lr: {decimal}"),
+             (train_gpt.parse_args, "train_gpt", ["--corpus-mb", "nan"], f"argument --corpus-mb: {decimal}"),
+             (train_gpt.parse_args, "train_gpt", ["--eps", " 1e-8"], decimal),
+             (train_gpt.parse_args, "train_gpt", ["--gpu-update-budget", "1_0"], decimal),
+             (train_gpt.parse_args, "train_gpt", ["--steps", "1_0"], f"argument --steps: {whole}"),
+             (train_gpt.parse_args, "train_gpt", ["--batch-size", "\u0663"], whole),
+             (train_gpt.parse_args, "train_gpt", ["--seed", "1e3"], whole),
+             (train_gpt.parse_args, "train_gpt", ["--subgroup-size", " 1e8"], "--subgroup-size must be"),
+             (train_gpt.parse_args, "train_gpt", ["--subgroup-size", "1_000"], "--subgroup-size must be"),
+             (hf_trainer.parse_args, "hf_trainer", ["--beta2", "nan"], f"argument --beta2: {decimal}"),
+             (hf_trainer.parse_args, "hf_trainer", ["--steps", " 5"], whole),
+             (hf_trainer.parse_args, "hf_trainer", ["--subgroup-size", "1.5"], "--subgroup-size must be"),
+             (hf_trainer.parse_args, "hf_trainer", ["--subgroup-size", "abc"], "--subgroup-size must be"),
+             (hf_trainer.parse_args, "hf_trainer", ["--heads", "3"], "--heads 3 must divide --hidden 64"),
+             (hf_trainer.parse_args, "hf_trainer", ["--n-layer", "0"], "--n-layer must be a whole number >= 1"),
+             (hf_trainer.parse_args, "hf_trainer", ["--beta1", "1"], "--beta1 must be in [0, 1)"),
+             (hf_trainer.parse_args, "hf_trainer", ["--lr", "-1"], "--lr must be >= 0"),
+             (hf_trainer.parse_args, "hf_trainer", ["--corpus-mb", "0"], "--corpus-mb must be"),
+             (timeline_summary.main, "timeline_summary", ["x.json", "--gap-ms", "inf"],
+              f"argument --gap-ms: {decimal}"),
+             (baselines.main, "baselines", ["--lr", "0x1p-3"], f"argument --lr: {decimal}"),
+             (baselines.main, "baselines", ["--repeats", "+٣"], f"argument --repeats: {whole}")]
+    for parse, name, argv, needle in cases:
+        expect_usage_error(argv, needle, " ".join(argv), parse, name)
+    args = hf_trainer.parse_args(["--subgroup-size", "2e4", "--lr", "1e-3", "--steps", "+7"])
+    check(args.subgroup_elements == 20000 and args.lr == 1e-3 and args.steps == 7,
+          f"hf_trainer: plain numbers taken ({args.subgroup_elements}, {args.lr}, {args.steps})")
+    args = train_gpt.parse_args(["--eps", "1E-9", "--warmup", "-0", "--gpu-update-budget", ".5"])
+    check(args.eps == 1e-9 and args.warmup == 0 and args.gpu_update_budget == 0.5,
+          f"train_gpt: plain numbers taken ({args.eps}, {args.warmup}, {args.gpu_update_budget})")
+
+
 if __name__ == "__main__":
     test_train_gpt_bad_args()
+    test_strict_numbers()
     test_record_phase()
     print(f"{len(failures)} failure(s)")
     sys.exit(1 if failures else 0)

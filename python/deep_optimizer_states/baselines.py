@@ -59,9 +59,9 @@ import time
 import torch
 
 try:  # a module of the package, or a script run from its folder
-    from .number_text import parse_count, parse_decimal  # noqa: F401 (parse_decimal: the baselines' callers)
+    from .number_text import decimal_arg, parse_count, parse_decimal, whole_arg  # noqa: F401 (parse_decimal: callers)
 except ImportError:
-    from number_text import parse_count, parse_decimal  # noqa: F401
+    from number_text import decimal_arg, parse_count, parse_decimal, whole_arg  # noqa: F401
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 DEFAULT_VARIANTS = "zero_offload,stride:2,stride:3,stride:4"
@@ -629,19 +629,19 @@ def main(argv=None):
     ap.add_argument("--variants", default=DEFAULT_VARIANTS, help=f"comma-separated (default {DEFAULT_VARIANTS})")
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="bf16", help="the model's parameters and gradients")
     ap.add_argument("--optimizer", choices=["adamw", "adam"], default="adamw")
-    ap.add_argument("--iterations", "-n", type=int, default=5,
+    ap.add_argument("--iterations", "-n", type=whole_arg, default=5,
                     help="update phases per repeat; the first is not counted when more than one (default 5)")
-    ap.add_argument("--repeats", type=int, default=1, help="repeats per variant (default 1)")
+    ap.add_argument("--repeats", type=whole_arg, default=1, help="repeats per variant (default 1)")
     ap.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto",
                     help="where the model's parameters and gradients live (default: CUDA when available)")
-    ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (default: torch's)")
-    ap.add_argument("--slots", type=int, default=3, help="staging slots per direction for CPU subgroups (default 3)")
-    ap.add_argument("--stream-slots", type=int, default=2, help="GPU slots for streamed subgroups (default 2)")
-    ap.add_argument("--lr", type=float, default=1e-4)
-    ap.add_argument("--beta1", type=float, default=0.9)
-    ap.add_argument("--beta2", type=float, default=0.999)
-    ap.add_argument("--eps", type=float, default=1e-8)
-    ap.add_argument("--weight-decay", type=float, default=0.01)
+    ap.add_argument("--threads", type=whole_arg, default=0, help="torch CPU threads (default: torch's)")
+    ap.add_argument("--slots", type=whole_arg, default=3, help="staging slots per direction for CPU subgroups (default 3)")
+    ap.add_argument("--stream-slots", type=whole_arg, default=2, help="GPU slots for streamed subgroups (default 2)")
+    ap.add_argument("--lr", type=decimal_arg, default=1e-4)
+    ap.add_argument("--beta1", type=decimal_arg, default=0.9)
+    ap.add_argument("--beta2", type=decimal_arg, default=0.999)
+    ap.add_argument("--eps", type=decimal_arg, default=1e-8)
+    ap.add_argument("--weight-decay", type=decimal_arg, default=0.01)
     ap.add_argument("--json", default=None, help="write the results to this file")
     a = ap.parse_args(argv)
     try:

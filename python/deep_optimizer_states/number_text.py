@@ -1,8 +1,9 @@
 """Numbers in what people type: a plain decimal (``parse_decimal``) and a count of elements
 (``parse_count``), the rule of the C++ side's ``dos::is_decimal_number`` (``models/number_text.h``):
-what float() also takes (blanks around, underscores, hexadecimal, inf, nan) is refused. No torch,
-no state."""
+what float() also takes (blanks around, underscores, hexadecimal, inf, nan) is refused. The same
+rules as argparse types for command lines (``decimal_arg``, ``whole_arg``). No torch, no state."""
 
+import argparse
 import math
 import re
 
@@ -49,3 +50,26 @@ def parse_count(text, what):
     if not (v >= 1 and v == math.floor(v)):
         raise ValueError(f"{what} must be a positive whole number of elements, got {text!r}")
     return int(v)
+
+
+def decimal_arg(text):
+    """An argparse ``type=``: ``text`` (a str) as a float when it is a plain decimal number
+    (``parse_decimal``). Raises ``argparse.ArgumentTypeError`` (argparse prints it after the
+    option's name and exits with status 2) for anything else: blanks, underscores, hexadecimal,
+    ``inf``, ``nan`` and values beyond a float's range. Ranges are the caller's to check."""
+    v = parse_decimal(text)
+    if v is None:
+        raise argparse.ArgumentTypeError(
+            f"expected a plain decimal number such as 0.5, 3 or 1e-8 (no blanks, underscores, inf or nan), "
+            f"got {text!r}")
+    return v
+
+
+def whole_arg(text):
+    """An argparse ``type=``: ``text`` (a str) of ASCII digits with an optional sign (``"12"``,
+    ``"-5"``) as an int. Raises ``argparse.ArgumentTypeError`` for anything else (``" 5"``,
+    ``"1_000"``, ``"1.0"``, ``"1e3"``, digits of other scripts, which int() takes). Ranges are the
+    caller's to check."""
+    if not isinstance(text, str) or re.fullmatch(r"[+-]?[0-9]+", text) is None:
+        raise argparse.ArgumentTypeError(f"expected a whole number written with the digits 0-9, got {text!r}")
+    return int(text)

@@ -122,11 +122,12 @@ int fail(int code, const std::string& msg) {
 }
 
 /// `what` led by the C call's name `fn` and ": ". A C++ message led by the method's own name (the
-/// name of `fn` after dos_optimizer_, dos_runtime_ or dos_) and ": " or " " loses that lead, which
-/// would only repeat the call's name: "set_gradients: tensor 1 ..." from dos_optimizer_set_gradients
-/// gives "dos_optimizer_set_gradients: tensor 1 ...", "gradients_final after ...: ..." gives
-/// "dos_optimizer_gradients_final after ...: ...". One led by another name (write_master_range for
-/// dos_optimizer_write_masters) keeps it.
+/// name of `fn` after dos_optimizer_, dos_runtime_ or dos_, or the C++ method that call runs where
+/// the names differ: read_master_range for read_masters, write_master_range for write_masters) and
+/// ": " or " " loses that lead, which would only repeat the call's name: "set_gradients: tensor 1
+/// ..." from dos_optimizer_set_gradients gives "dos_optimizer_set_gradients: tensor 1 ...",
+/// "gradients_final after ...: ..." gives "dos_optimizer_gradients_final after ...: ...",
+/// "write_master_range: values is null" gives "dos_optimizer_write_masters: values is null".
 std::string named(const char* fn, const std::string& what) {
   const std::string f(fn);
   std::string method = f;  // the call's name without its object's prefix
@@ -135,9 +136,17 @@ std::string named(const char* fn, const std::string& what) {
       method = f.substr(std::char_traits<char>::length(prefix));
       break;
     }
-  const std::size_t n = method.size();
-  const bool repeats = what.compare(0, n, method) == 0 && (what.compare(n, 2, ": ") == 0 || what.compare(n, 1, " ") == 0);
-  return repeats ? f + what.substr(n) : f + ": " + what;
+  static const std::pair<const char*, const char*> kCppNames[] = {{"read_masters", "read_master_range"},
+                                                                  {"write_masters", "write_master_range"}};
+  std::string leads[2] = {method, method};
+  for (const auto& [c_name, cpp_name] : kCppNames)
+    if (method == c_name) leads[1] = cpp_name;
+  for (const std::string& lead : leads) {
+    const std::size_t n = lead.size();
+    if (what.compare(0, n, lead) == 0 && (what.compare(n, 2, ": ") == 0 || what.compare(n, 1, " ") == 0))
+      return f + what.substr(n);
+  }
+  return f + ": " + what;
 }
 
 /// Runs f, mapping exceptions to status codes, the message led by the C call's name `fn`:

@@ -485,16 +485,20 @@ static void test_master_ranges(void** state) {
   assert_int_equal(dos_optimizer_read_state(b, 0, part), DOS_OK);
   assert_memory_equal(part, m0, N * sizeof(float));
   /* bad calls */
+  /* the messages name the C call once, not the C++ method it runs (read_master_range) */
   assert_int_equal(dos_optimizer_read_masters(a, 0, N + 1, part), DOS_E_INVALID);
   assert_non_null(strstr(dos_last_error(), "is not inside"));
+  assert_int_equal(strncmp(dos_last_error(), "dos_optimizer_read_masters: the range [", 39), 0);
   assert_int_equal(dos_optimizer_write_masters(a, 9, 8, part), DOS_E_INVALID);
   assert_non_null(strstr(dos_last_error(), "is not inside"));
+  assert_int_equal(strncmp(dos_last_error(), "dos_optimizer_write_masters: the range [", 40), 0);
   assert_int_equal(dos_optimizer_write_masters(a, 0, 4, NULL), DOS_E_INVALID);
   assert_non_null(strstr(dos_last_error(), "NULL argument"));
   {  /* a value that is not finite, as load_state refuses it: nothing written */
     float bad[4] = {1.0f, 2.0f, NAN, 4.0f};
     assert_int_equal(dos_optimizer_write_masters(a, 0, 4, bad), DOS_E_INVALID);
     assert_non_null(strstr(dos_last_error(), "must be finite"));
+    assert_null(strstr(dos_last_error(), "write_master_range"));
     bad[2] = INFINITY;
     assert_int_equal(dos_optimizer_write_masters(a, 0, 4, bad), DOS_E_INVALID);
   }

@@ -19,6 +19,7 @@
 #include <exception>
 #include <memory>
 #include <new>
+#include <regex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -124,10 +125,13 @@ int fail(int code, const std::string& msg) {
 /// `what` led by the C call's name `fn` and ": ". A C++ message led by the method's own name (the
 /// name of `fn` after dos_optimizer_, dos_runtime_ or dos_, or the C++ method that call runs where
 /// the names differ: read_master_range for read_masters, write_master_range for write_masters) and
-/// ": " or " " loses that lead, which would only repeat the call's name: "set_gradients: tensor 1
+/// ": " or " " (or "() ") loses that lead, which would only repeat the call's name: "set_gradients: tensor 1
 /// ..." from dos_optimizer_set_gradients gives "dos_optimizer_set_gradients: tensor 1 ...",
 /// "gradients_final after ...: ..." gives "dos_optimizer_gradients_final after ...: ...",
-/// "write_master_range: values is null" gives "dos_optimizer_write_masters: values is null".
+/// "write_master_range: values is null" gives "dos_optimizer_write_masters: values is null". In
+/// the optimizer's messages the C++ calls named in the rest (begin_step, finish_step[_async],
+/// wait_step, step_async, gradients_final, wait_parameters, step()) become the C calls
+/// (dos_optimizer_begin_step, ...), so that a hint names what a C caller can call.
 std::string named(const char* fn, const std::string& what) {
   const std::string f(fn);
   std::string method = f;  // the call's name without its object's prefix
@@ -141,12 +145,25 @@ std::string named(const char* fn, const std::string& what) {
   std::string leads[2] = {method, method};
   for (const auto& [c_name, cpp_name] : kCppNames)
     if (method == c_name) leads[1] = cpp_name;
+  std::string text = ": " + what;
   for (const std::string& lead : leads) {
     const std::size_t n = lead.size();
-    if (what.compare(0, n, lead) == 0 && (what.compare(n, 2, ": ") == 0 || what.compare(n, 1, " ") == 0))
-      return f + what.substr(n);
+    if (what.compare(0, n, lead) != 0) continue;
+    const std::size_t at = what.compare(n, 3, "() ") == 0 ? n + 2 : n;  // "step() was called ..."
+    if (what.compare(at, 2, ": ") == 0 || what.compare(at, 1, " ") == 0) {
+      text = what.substr(at);
+      break;
+    }
   }
-  return f + ": " + what;
+  if (f.rfind("dos_optimizer_", 0) == 0) {
+    // the optimizer's C++ calls named in the text (hints such as "wait for it (wait_step)") as the C
+    // calls a C caller makes; a name already led by dos_optimizer_ has no word boundary before it
+    static const std::regex kCalls(
+        "\\b(begin_step|finish_step_async|finish_step|wait_step|step_async|gradients_final|wait_parameters)\\b(\\(\\))?");
+    static const std::regex kStep("\\bstep\\(\\)");
+    text = std::regex_replace(std::regex_replace(text, kCalls, "dos_optimizer_$1"), kStep, "dos_optimizer_step");
+  }
+  return f + text;
 }
 
 /// Runs f, mapping exceptions to status codes, the message led by the C call's name `fn`:

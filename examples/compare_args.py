@@ -18,6 +18,21 @@ TIMELINE_RUN = "timeline-run"  # the label (and file names) of the run that reco
 GPU_ONLY_POLICIES = ("gpu",)  # dos-train refuses them without a CUDA worker
 
 
+def baseline_variant_ok(variant):
+    """Whether ``variant`` (a str) is one the baselines' placement takes: ``zero_offload``,
+    ``stride:K`` (K whole, >= 1, digits 0-9) or ``twinflow:R`` (R a plain decimal in [0, 1]),
+    checked here so that a bad one is refused before any run rather than after them."""
+    name, colon, arg = variant.partition(":")
+    if name == "zero_offload":
+        return not colon
+    if name == "stride":
+        return re.fullmatch(r"[0-9]+", arg) is not None and int(arg) >= 1
+    if name == "twinflow":
+        r = number_text.parse_decimal(arg)
+        return r is not None and 0 <= r <= 1
+    return False
+
+
 def parse_size(text):
     """'10GB', '31.5GB', '4e10', '10GiB' -> whole bytes (an int), by dos-train's rules for
     --gpu-*-budget: a plain decimal (blanks around the whole dropped), then an optional unit; a
@@ -130,9 +145,10 @@ def parse_args(argv, doc):
     a.baseline_variants = []
     if a.baselines is not None:
         a.baseline_variants = [v.strip() for v in a.baselines.split(",") if v.strip()]
-        bad = [v for v in a.baseline_variants if not re.fullmatch(r"zero_offload|stride:[1-9][0-9]*|twinflow:[0-9.eE+-]+", v)]
+        bad = [v for v in a.baseline_variants if not baseline_variant_ok(v)]
         if bad:
-            ap.error(f"--baselines: unknown variant(s) {', '.join(bad)}: use zero_offload, stride:K, twinflow:R")
+            ap.error(f"--baselines: unknown variant(s) {', '.join(bad)}: use zero_offload, stride:K (K a whole "
+                     f"number >= 1) or twinflow:R (R the CPU share, a plain decimal in [0, 1])")
     if not a.runs and not a.budgets and not a.plot_only:
         ap.error("nothing to run: give --policies, --run or --resident-budgets")
     # every run's update phase after backward, unless its own arguments say otherwise; with

@@ -172,7 +172,7 @@ def add_common_args(ap):
 def check_common_args(ap, args):
     """Exits through ``ap.error`` (status 2, the option named) when a value of ``add_common_args``
     in ``args`` is out of range: a size or count below 1 (``--warmup``, ``--seed`` below 0), a
-    ``--heads`` that does not divide ``--hidden``, a learning rate, ``--eps``, weight decay or
+    ``--heads`` that does not divide ``--hidden``, a ``--seed`` of 2**32 or more, a learning rate, ``--eps``, weight decay or
     clipping norm below 0, a beta outside [0, 1), a ``--corpus-mb`` not above 0, or a
     ``--subgroup-size`` that is not a whole number of elements in [1, 2**53]; then sets
     ``args.subgroup_elements`` (int) from ``--subgroup-size``."""
@@ -182,6 +182,8 @@ def check_common_args(ap, args):
                                ("--steps", args.steps, 1), ("--warmup", args.warmup, 0), ("--seed", args.seed, 0)):
         if value < least:
             ap.error(f"{flag} must be a whole number >= {least}, got {value}")
+    if args.seed >= 2 ** 32:
+        ap.error(f"--seed must be in [0, 2**32 - 1] (the range numpy takes), got {args.seed}")
     if args.hidden % args.heads:
         ap.error(f"--heads {args.heads} must divide --hidden {args.hidden} (each head takes hidden / heads)")
     for flag, value in (("--lr", args.lr), ("--eps", args.eps), ("--weight-decay", args.weight_decay),
@@ -193,8 +195,11 @@ def check_common_args(ap, args):
             ap.error(f"{flag} must be in [0, 1), got {value}")
     if not args.corpus_mb > 0:
         ap.error(f"--corpus-mb must be a number of MB > 0, got {args.corpus_mb}")
-    sub = number_text.parse_decimal(args.subgroup_size)  # None unless a plain decimal
-    if sub is None or not (1 <= sub <= 2 ** 53 and sub == int(sub)):
+    try:
+        sub = number_text.parse_count(args.subgroup_size, "--subgroup-size")  # digits read exactly
+    except ValueError:
+        sub = None
+    if sub is None or sub > 2 ** 53:
         ap.error(f"--subgroup-size must be a whole number of elements in [1, 2**53] (1e8 notation accepted), "
                  f"got {args.subgroup_size!r}")
     args.subgroup_elements = int(sub)
@@ -249,6 +254,8 @@ def parse_args(argv=None):
                          "(the default with --overlap; the run to compare an overlapped one with)")
     args = ap.parse_args(argv)
     check_common_args(ap, args)
+    if args.save_steps < 0:
+        ap.error(f"--save-steps must be a whole number >= 0 (0: no checkpoints), got {args.save_steps}")
     if args.gpu_memory_gb < 0:
         ap.error(f"--gpu-memory-gb must be >= 0 (0: no cap), got {args.gpu_memory_gb}")
     args.gpu_update_budget_bytes = budget_bytes(ap, "--gpu-update-budget-gb", args.gpu_update_budget_gb,

@@ -40,14 +40,26 @@ exits with status 2 and a message saying which (nothing is written).
 """
 import argparse
 import bisect
+import importlib.util
 import json
 import math
 import os
 import statistics
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from dos_number_text import decimal_arg  # noqa: E402 (strict numbers for the command line)
+
+def _decimal_arg():
+    """examples/dos_number_text.py's decimal_arg (strict numbers for the command line), loaded by
+    path so that importing this module leaves the caller's sys.path as it was."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "dos_number_text.py")
+    spec = importlib.util.spec_from_file_location("dos_number_text", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.decimal_arg
+
+
+decimal_arg = _decimal_arg()
+MAX_WINDOWS = 100000  # pcie_windows' most windows per phase
 
 
 def pcie_windows(bus, span, window):
@@ -58,12 +70,16 @@ def pcie_windows(bus, span, window):
     phase's start (dos-train's --timeline ``bus``). A window's rate is the bytes the samples add
     within it over its length; bytes are counted a whole transfer at once (StarPU's when issued, the
     runtime's own copies when ended), so short windows jump.
-    Returns [] when bus is empty or span <= 0. Raises ValueError when window is not positive.
+    Returns [] when bus is empty or span <= 0. Raises ValueError when window is not positive, or
+    when span / window exceeds MAX_WINDOWS (a window too short for the phase to list).
     """
     if not window > 0:
         raise ValueError(f"the window must be > 0 seconds, got {window}")
     if not bus or not span > 0:
         return []
+    if span / window > MAX_WINDOWS:
+        raise ValueError(f"a {window * 1e3:g} ms window cuts this {span:.3f} s phase into more than {MAX_WINDOWS} "
+                         f"windows: give a longer window (--window-ms)")
     times = [s[0] for s in bus]
 
     def at(x):  # cumulative bytes counted by time x (the last sample at or before it)
@@ -275,6 +291,9 @@ def main(argv=None):
                     help="bytes of state each write-back brings home (12 per parameter of a subgroup), for their rate")
     ap.add_argument("--json", action="store_true", help="print the summary as JSON")
     a = ap.parse_args(argv)
+    for flag, value in (("--gap-ms", a.gap_ms), ("--window-ms", a.window_ms), ("--state-bytes", a.state_bytes)):
+        if value is not None and not value > 0:
+            ap.error(f"{flag} must be > 0, got {value:g}")
     try:
         with open(a.timeline) as f:
             doc = json.load(f)

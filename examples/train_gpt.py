@@ -55,6 +55,7 @@ import contextlib
 import json
 import math
 import os
+import re
 import sys
 import tempfile
 import time
@@ -224,6 +225,8 @@ def parse_args(argv=None):
                                ("--print-every", args.print_every, 1), ("--warmup", args.warmup, 0)):
         if value < least:
             ap.error(f"{flag} must be a whole number >= {least}, got {value}")
+    if not 0 <= args.seed < 2 ** 32:
+        ap.error(f"--seed must be in [0, 2**32 - 1] (the range numpy and the frameworks take), got {args.seed}")
     if args.n_embd % args.n_head:
         ap.error(f"--n-head {args.n_head} must divide --n-embd {args.n_embd} (each head takes n_embd / n_head)")
     for flag, value in (("--lr", args.lr), ("--eps", args.eps), ("--weight-decay", args.weight_decay),
@@ -248,8 +251,11 @@ def parse_args(argv=None):
         ap.error(f"--min-lr-ratio must be in [0, 1] (the final learning rate over --lr), got {args.min_lr_ratio}")
     if not (math.isfinite(args.corpus_mb) and args.corpus_mb > 0):
         ap.error(f"--corpus-mb must be a finite number of MB > 0, got {args.corpus_mb}")
-    sub = number_text.parse_decimal(args.subgroup_size)  # None unless a plain decimal
-    if sub is None or not (math.isfinite(sub) and sub >= 1 and sub == int(sub) and sub <= 2 ** 53):
+    try:
+        sub = number_text.parse_count(args.subgroup_size, "--subgroup-size")  # digits read exactly
+    except ValueError:
+        sub = None
+    if sub is None or sub > 2 ** 53:
         ap.error(f"--subgroup-size must be a whole number of elements in [1, 2**53] (1e8 notation accepted), "
                  f"got {args.subgroup_size!r}")
     if args.device not in ("auto", "cpu", "cuda"):
@@ -281,10 +287,10 @@ def parse_args(argv=None):
                                                 least=1)
     if args.timeline and args.optimizer != "dos":
         ap.error("--timeline needs --optimizer dos (the runtime's tasks are what it shows)")
-    try:
-        first, last = (int(x) for x in args.timeline_steps.split(":"))
-    except ValueError:
+    m = re.fullmatch(r"([0-9]{1,18}):([0-9]{1,18})", args.timeline_steps)  # digits 0-9 only, as --steps
+    if not m:
         ap.error(f"--timeline-steps must be FIRST:LAST (whole numbers), got {args.timeline_steps!r}")
+    first, last = int(m.group(1)), int(m.group(2))
     if not 1 <= first <= last:
         ap.error(f"--timeline-steps must satisfy 1 <= FIRST <= LAST, got {args.timeline_steps!r}")
     if args.timeline and last > args.steps:

@@ -9,8 +9,11 @@
  *  - Every function that can fail returns an int: 0 on success, DOS_E_INVALID (-1) for bad input,
  *    DOS_E_RUNTIME (-2) for anything else (StarPU, memory, a previous failed step). The message
  *    of the last failure of the calling thread is returned by dos_last_error(); it begins with the
- *    name of the C call that failed and ": " ("dos_optimizer_create: ..."), once (not followed by
- *    the C++ method's own name when that is the call's: "dos_optimizer_set_gradients: tensor 1 ...").
+ *    name of the C call that failed, once, then ": " ("dos_optimizer_create: ...") or the rest of
+ *    a sentence ("dos_optimizer_gradients_final after dos_optimizer_finish_step_async: ..."); the
+ *    C++ method's own name is not repeated after it ("dos_optimizer_set_gradients: tensor 1 ...",
+ *    "dos_optimizer_write_masters: values is null"), and an optimizer call's hints name the C calls
+ *    to make ("wait for it (dos_optimizer_wait_step)").
  *  - Objects are opaque handles created by *_create and freed by *_destroy (NULL is accepted by
  *    *_destroy and ignored).
  *  - Element counts are size_t; times are seconds; byte counts are bytes.

@@ -327,6 +327,11 @@ refused() {  # refused 'expected message' ARGS...
 }
 refused "--repeats must be at least 1" --repeats 0
 refused "unknown variant(s) stride:0" --baselines stride:0
+# twinflow:R's R is checked before any run, by the baselines' rule (a plain decimal in [0, 1])
+refused "unknown variant(s) twinflow:2, twinflow:1e, twinflow:., twinflow:-1" \
+  --policies cpu --baselines twinflow:2,twinflow:1e,twinflow:.,twinflow:-1,twinflow:0.5
+refused "unknown variant(s) stride:²" --baselines stride:²
+refused "expected a whole number written with the digits 0-9, got ' 2'" --repeats " 2"
 refused "would share its files with another output" --run "dos.r2=--policy dos"
 refused "would share its files with another output" --run "peers=--policy cpu"
 refused "would write the same files" --run "a/b=--policy cpu" --run "a b=--policy dmda"

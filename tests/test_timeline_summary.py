@@ -167,6 +167,21 @@ with tempfile.TemporaryDirectory() as d:
         r = subprocess.run([sys.executable, script, path], capture_output=True, text=True)
         if r.returncode != 2 or "timeline_summary:" not in r.stderr or r.stdout:
             fails.append(f"{path}: exit {r.returncode}, stderr {r.stderr!r}")
+    # bad numbers: argparse's usage error (status 2) naming the option, nothing printed on stdout;
+    # a window that would cut the 0.15 s phase into more than MAX_WINDOWS windows is refused
+    for args, needle in ((["--gap-ms", "0"], "--gap-ms must be > 0"), (["--window-ms", "-1"], "--window-ms must be > 0"),
+                         (["--state-bytes", "0"], "--state-bytes must be > 0"),
+                         (["--gap-ms", "inf"], "argument --gap-ms: expected a plain decimal number"),
+                         (["--window-ms", "1e-400"], "argument --window-ms: '1e-400' is beyond what a float holds"),
+                         (["--window-ms", "1e-6"], "more than 100000 windows")):
+        r = subprocess.run([sys.executable, script, good] + args, capture_output=True, text=True, timeout=60)
+        if r.returncode != 2 or needle not in r.stderr or r.stdout:
+            fails.append(f"{args}: exit {r.returncode}, stderr {r.stderr!r} (wanted '{needle}')")
+    before = list(sys.path)
+    spec2 = importlib.util.spec_from_file_location("timeline_summary_again", script)
+    spec2.loader.exec_module(importlib.util.module_from_spec(spec2))
+    if sys.path != before:
+        fails.append("importing timeline_summary changed sys.path")
 
 if fails:
     print("FAIL:\n  " + "\n  ".join(fails))

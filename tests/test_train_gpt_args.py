@@ -138,15 +138,31 @@ def test_strict_numbers():
              (hf_trainer.parse_args, "hf_trainer", ["--beta1", "1"], "--beta1 must be in [0, 1)"),
              (hf_trainer.parse_args, "hf_trainer", ["--lr", "-1"], "--lr must be >= 0"),
              (hf_trainer.parse_args, "hf_trainer", ["--corpus-mb", "0"], "--corpus-mb must be"),
+             (train_gpt.parse_args, "train_gpt", ["--timeline-steps", " 1: 3"], "--timeline-steps must be FIRST:LAST"),
+             (train_gpt.parse_args, "train_gpt", ["--timeline-steps", "1_0:1_2", "--steps", "20"],
+              "--timeline-steps must be FIRST:LAST"),
+             (train_gpt.parse_args, "train_gpt", ["--seed", str(2 ** 32)], "--seed must be in [0, 2**32 - 1]"),
+             (train_gpt.parse_args, "train_gpt", ["--seed", "-1"], "--seed must be in [0, 2**32 - 1]"),
+             (train_gpt.parse_args, "train_gpt", ["--subgroup-size", str(2 ** 53 + 1)], "--subgroup-size must be"),
+             (train_gpt.parse_args, "train_gpt", ["--lr", "1e-400"], "'1e-400' is beyond what a float holds"),
+             (hf_trainer.parse_args, "hf_trainer", ["--save-steps", "-5"], "--save-steps must be a whole number >= 0"),
+             (hf_trainer.parse_args, "hf_trainer", ["--seed", str(2 ** 32)], "--seed must be in [0, 2**32 - 1]"),
+             (hf_trainer.parse_args, "hf_trainer", ["--subgroup-size", str(2 ** 53 + 1)], "--subgroup-size must be"),
              (timeline_summary.main, "timeline_summary", ["x.json", "--gap-ms", "inf"],
               f"argument --gap-ms: {decimal}"),
              (baselines.main, "baselines", ["--lr", "0x1p-3"], f"argument --lr: {decimal}"),
              (baselines.main, "baselines", ["--repeats", "+٣"], f"argument --repeats: {whole}")]
+    if getattr(sys, "get_int_max_str_digits", lambda: 0)():  # Python's limit on the digits int() converts
+        cases.append((train_gpt.parse_args, "train_gpt", ["--steps", "1" * 5000],
+                      "a whole number of 5000 characters is too long"))
     for parse, name, argv, needle in cases:
         expect_usage_error(argv, needle, " ".join(argv), parse, name)
     args = hf_trainer.parse_args(["--subgroup-size", "2e4", "--lr", "1e-3", "--steps", "+7"])
     check(args.subgroup_elements == 20000 and args.lr == 1e-3 and args.steps == 7,
           f"hf_trainer: plain numbers taken ({args.subgroup_elements}, {args.lr}, {args.steps})")
+    args = hf_trainer.parse_args(["--subgroup-size", str(2 ** 53), "--seed", str(2 ** 32 - 1)])
+    check(args.subgroup_elements == 2 ** 53 and args.seed == 2 ** 32 - 1,
+          f"hf_trainer: the largest subgroup size and seed taken ({args.subgroup_elements}, {args.seed})")
     args = train_gpt.parse_args(["--eps", "1E-9", "--warmup", "-0", "--gpu-update-budget", ".5"])
     check(args.eps == 1e-9 and args.warmup == 0 and args.gpu_update_budget == 0.5,
           f"train_gpt: plain numbers taken ({args.eps}, {args.warmup}, {args.gpu_update_budget})")

@@ -553,16 +553,21 @@ int parse_command_line(int argc, char** argv, Args& a) {
     return 1;
   }
   // An empty value here would read as the option left out: refuse it rather than drop it silently.
-  const std::pair<const char*, const std::string*> values[] = {{"--k", &a.k},
-                                                                {"--gpu-fraction", &a.gpu_fraction},
-                                                                {"--gpu-resident-budget", &a.gpu_resident_budget},
-                                                                {"--gpu-update-budget", &a.gpu_update_budget},
-                                                                {"--speculation-budget", &a.speculation_budget},
-                                                                {"--copy-by", &a.copy_by}};
-  for (const auto& [opt, value] : values)
-    if (app.count(opt) && value->empty()) {
-      std::fprintf(stderr, "dos-train: error: %s needs a value, got an empty one (leave %s out for its default)\n",
-                   opt, opt);
+  struct Valued {
+    const char* opt;
+    const std::string* value;
+    const char* left_out;  // what leaving the option out gives
+  };
+  const Valued values[] = {{"--k", &a.k, "the policy's own plan"},
+                           {"--gpu-fraction", &a.gpu_fraction, "the policy's own plan"},
+                           {"--gpu-resident-budget", &a.gpu_resident_budget, "no resident state"},
+                           {"--gpu-update-budget", &a.gpu_update_budget, "no limit but StarPU's"},
+                           {"--speculation-budget", &a.speculation_budget, "the runtime's default"},
+                           {"--copy-by", &a.copy_by, "DOS_COPY_BY's rule, else adaptive"}};
+  for (const Valued& v : values)
+    if (app.count(v.opt) && v.value->empty()) {
+      std::fprintf(stderr, "dos-train: error: %s needs a value, got an empty one (leave %s out for %s)\n", v.opt,
+                   v.opt, v.left_out);
       return 1;
     }
   const std::pair<const char*, const std::string*> paths[] = {{"--report", &a.report},

@@ -43,6 +43,8 @@ def parse_count(text, what):
         v = text
     elif isinstance(text, float):
         v = text if math.isfinite(text) else None
+    elif isinstance(text, str) and re.fullmatch(r"\+?[0-9]{1,30}", text):
+        v = int(text)  # exact, where a float would round 2**53 + 1
     else:
         v = parse_decimal(text)
     if v is None:
@@ -58,6 +60,9 @@ def decimal_arg(text):
     option's name and exits with status 2) for anything else: blanks, underscores, hexadecimal,
     ``inf``, ``nan`` and values beyond a float's range. Ranges are the caller's to check."""
     v = parse_decimal(text)
+    if v is None and is_decimal_number(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is beyond what a float holds (too large, or too small to tell "
+                                         f"from 0)")
     if v is None:
         raise argparse.ArgumentTypeError(
             f"expected a plain decimal number such as 0.5, 3 or 1e-8 (no blanks, underscores, inf or nan), "
@@ -69,7 +74,11 @@ def whole_arg(text):
     """An argparse ``type=``: ``text`` (a str) of ASCII digits with an optional sign (``"12"``,
     ``"-5"``) as an int. Raises ``argparse.ArgumentTypeError`` for anything else (``" 5"``,
     ``"1_000"``, ``"1.0"``, ``"1e3"``, digits of other scripts, which int() takes). Ranges are the
-    caller's to check."""
+    caller's to check. Also raises it for a number longer than Python converts (4300 digits by
+    default)."""
     if not isinstance(text, str) or re.fullmatch(r"[+-]?[0-9]+", text) is None:
         raise argparse.ArgumentTypeError(f"expected a whole number written with the digits 0-9, got {text!r}")
-    return int(text)
+    try:
+        return int(text)
+    except ValueError:  # more digits than Python converts (sys.get_int_max_str_digits)
+        raise argparse.ArgumentTypeError(f"a whole number of {len(text)} characters is too long") from None

@@ -62,8 +62,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "python"))
 sys.path.insert(0, HERE)
 
-from train_gpt import budget_bytes, load_corpus  # noqa: E402
-from dos_number_text import decimal_arg, number_text, whole_arg  # noqa: E402
+from train_gpt import budget_bytes, load_corpus, subgroup_elements  # noqa: E402
+from dos_number_text import decimal_arg, whole_arg  # noqa: E402
 
 VOCAB = 256  # byte-level tokens
 
@@ -195,14 +195,7 @@ def check_common_args(ap, args):
             ap.error(f"{flag} must be in [0, 1), got {value}")
     if not args.corpus_mb > 0:
         ap.error(f"--corpus-mb must be a number of MB > 0, got {args.corpus_mb}")
-    try:
-        sub = number_text.parse_count(args.subgroup_size, "--subgroup-size")  # digits read exactly
-    except ValueError:
-        sub = None
-    if sub is None or sub > 2 ** 53:
-        ap.error(f"--subgroup-size must be a whole number of elements in [1, 2**53] (1e8 notation accepted), "
-                 f"got {args.subgroup_size!r}")
-    args.subgroup_elements = int(sub)
+    args.subgroup_elements = subgroup_elements(ap, args.subgroup_size)
 
 
 def finish(args, result, opt, global_step):

@@ -89,7 +89,7 @@ def make_optimizer(args, model):
     if args.optimizer == "dos":
         from deep_optimizer_states import DeepOptimizerStates
         opt = DeepOptimizerStates(params, lr=args.lr, betas=betas, eps=args.eps, weight_decay=args.weight_decay,
-                                  decoupled=True, subgroup_size=int(float(args.subgroup_size)), policy=args.policy,
+                                  decoupled=True, subgroup_size=args.subgroup_elements, policy=args.policy,
                                   max_grad_norm=args.max_grad_norm, verbose=args.verbose,
                                   overlap=args.overlap in ("backward", "both"),
                                   urgent_writeback=args.urgent_writeback,
@@ -251,13 +251,7 @@ def parse_args(argv=None):
         ap.error(f"--min-lr-ratio must be in [0, 1] (the final learning rate over --lr), got {args.min_lr_ratio}")
     if not (math.isfinite(args.corpus_mb) and args.corpus_mb > 0):
         ap.error(f"--corpus-mb must be a finite number of MB > 0, got {args.corpus_mb}")
-    try:
-        sub = number_text.parse_count(args.subgroup_size, "--subgroup-size")  # digits read exactly
-    except ValueError:
-        sub = None
-    if sub is None or sub > 2 ** 53:
-        ap.error(f"--subgroup-size must be a whole number of elements in [1, 2**53] (1e8 notation accepted), "
-                 f"got {args.subgroup_size!r}")
+    args.subgroup_elements = subgroup_elements(ap, args.subgroup_size)
     if args.device not in ("auto", "cpu", "cuda"):
         ap.error(f"--device must be auto, cpu or cuda, got {args.device!r}")
     for flag, path in (("--log-json", args.log_json), ("--timeline", args.timeline)):
@@ -314,6 +308,20 @@ def budget_bytes(ap, flag, gb, optimizer, least=0):
     if not (math.isfinite(gb) and least <= gb * 1e9 <= 2 ** 63 - 1):
         ap.error(f"{flag} must be finite GB in [{least / 1e9:g}, 9.2e9] (0: not given), got {gb}")
     return int(gb * 1e9)
+
+
+def subgroup_elements(ap, text):
+    """``--subgroup-size`` as given (``text``, a str: ``"1e8"``, ``"20000"``) as an int of elements
+    (digits read exactly, ``number_text.parse_count``). Exits through ``ap.error`` (argparse's usage
+    error) when it is not a whole number in [1, 2**53]. Shared with examples/hf_trainer.py."""
+    try:
+        sub = number_text.parse_count(text, "--subgroup-size")
+    except ValueError:
+        sub = None
+    if sub is None or sub > 2 ** 53:
+        ap.error(f"--subgroup-size must be a whole number of elements in [1, 2**53] (1e8 notation accepted), "
+                 f"got {text!r}")
+    return int(sub)
 
 
 def check_output_path(ap, flag, path):
@@ -429,7 +437,7 @@ def main(argv=None):
     print(f"train_gpt: {model_desc}, {args.n_layer} layers, hidden {args.n_embd}, {args.n_head} heads, context "
           f"{args.seq_len}, {nparams:,} parameters ({args.dtype} on {device.type}); batch {args.batch_size} x "
           f"{args.seq_len} tokens; optimizer {args.optimizer}"
-          + (f" (policy {args.policy}, subgroups of {int(float(args.subgroup_size)):,}"
+          + (f" (policy {args.policy}, subgroups of {args.subgroup_elements:,}"
              + (", compact master" if args.compact_master else "") + ")" if args.optimizer == "dos" else "")
           + f"; torch {torch.__version__}", flush=True)
     print(f"corpus: {corpus_desc}, byte-level tokens", flush=True)

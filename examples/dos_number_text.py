@@ -7,7 +7,7 @@ beside this file, loaded by path: importing the package would import torch, whic
 import importlib.util
 import os
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = os.path.dirname(os.path.realpath(__file__))
 
 
 def _load():

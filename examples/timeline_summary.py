@@ -51,7 +51,7 @@ import sys
 def _decimal_arg():
     """examples/dos_number_text.py's decimal_arg (strict numbers for the command line), loaded by
     path so that importing this module leaves the caller's sys.path as it was."""
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "dos_number_text.py")
+    path = os.path.join(os.path.dirname(os.path.realpath(__file__)), "dos_number_text.py")
     spec = importlib.util.spec_from_file_location("dos_number_text", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -281,9 +281,10 @@ def parse_args(argv=None):
                                                 least=1)
     if args.timeline and args.optimizer != "dos":
         ap.error("--timeline needs --optimizer dos (the runtime's tasks are what it shows)")
-    m = re.fullmatch(r"([0-9]{1,18}):([0-9]{1,18})", args.timeline_steps)  # digits 0-9 only, as --steps
+    m = re.fullmatch(r"(\+?[0-9]{1,30}):(\+?[0-9]{1,30})", args.timeline_steps)  # digits 0-9, as --steps takes
     if not m:
-        ap.error(f"--timeline-steps must be FIRST:LAST (whole numbers), got {args.timeline_steps!r}")
+        ap.error(f"--timeline-steps must be FIRST:LAST (whole numbers written with the digits 0-9), got "
+                 f"{args.timeline_steps!r}")
     first, last = int(m.group(1)), int(m.group(2))
     if not 1 <= first <= last:
         ap.error(f"--timeline-steps must satisfy 1 <= FIRST <= LAST, got {args.timeline_steps!r}")

@@ -19,7 +19,6 @@
 #include <exception>
 #include <memory>
 #include <new>
-#include <regex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -122,50 +121,6 @@ int fail(int code, const std::string& msg) {
   return code;
 }
 
-/// `what` led by the C call's name `fn` and ": ". A C++ message led by the method's own name (the
-/// name of `fn` after dos_optimizer_, dos_runtime_ or dos_, or the C++ method that call runs where
-/// the names differ: read_master_range for read_masters, write_master_range for write_masters) and
-/// ": " or " " (or "() ") loses that lead, which would only repeat the call's name: "set_gradients: tensor 1
-/// ..." from dos_optimizer_set_gradients gives "dos_optimizer_set_gradients: tensor 1 ...",
-/// "gradients_final after ...: ..." gives "dos_optimizer_gradients_final after ...: ...",
-/// "write_master_range: values is null" gives "dos_optimizer_write_masters: values is null". In
-/// the optimizer's messages the C++ calls named in the rest (begin_step, finish_step[_async],
-/// wait_step, step_async, gradients_final, wait_parameters, step()) become the C calls
-/// (dos_optimizer_begin_step, ...), so that a hint names what a C caller can call.
-std::string named(const char* fn, const std::string& what) {
-  const std::string f(fn);
-  std::string method = f;  // the call's name without its object's prefix
-  for (const char* prefix : {"dos_optimizer_", "dos_runtime_", "dos_"})
-    if (f.rfind(prefix, 0) == 0) {
-      method = f.substr(std::char_traits<char>::length(prefix));
-      break;
-    }
-  static const std::pair<const char*, const char*> kCppNames[] = {{"read_masters", "read_master_range"},
-                                                                  {"write_masters", "write_master_range"}};
-  std::string leads[2] = {method, method};
-  for (const auto& [c_name, cpp_name] : kCppNames)
-    if (method == c_name) leads[1] = cpp_name;
-  std::string text = ": " + what;
-  for (const std::string& lead : leads) {
-    const std::size_t n = lead.size();
-    if (what.compare(0, n, lead) != 0) continue;
-    const std::size_t at = what.compare(n, 3, "() ") == 0 ? n + 2 : n;  // "step() was called ..."
-    if (what.compare(at, 2, ": ") == 0 || what.compare(at, 1, " ") == 0) {
-      text = what.substr(at);
-      break;
-    }
-  }
-  if (f.rfind("dos_optimizer_", 0) == 0) {
-    // the optimizer's C++ calls named in the text (hints such as "wait for it (wait_step)") as the C
-    // calls a C caller makes; a name already led by dos_optimizer_ has no word boundary before it
-    static const std::regex kCalls(
-        "\\b(begin_step|finish_step_async|finish_step|wait_step|step_async|gradients_final|wait_parameters)\\b(\\(\\))?");
-    static const std::regex kStep("\\bstep\\(\\)");
-    text = std::regex_replace(std::regex_replace(text, kCalls, "dos_optimizer_$1"), kStep, "dos_optimizer_step");
-  }
-  return f + text;
-}
-
 /// Runs f, mapping exceptions to status codes, the message led by the C call's name `fn`:
 /// dos::Error and std::invalid_argument are bad input when `invalid_is_input` (creation,
 /// set_hyper); dos::ResourceError (StarPU, host memory) and everything else are runtime failures.
@@ -175,19 +130,19 @@ int guarded(const char* fn, F&& f, bool invalid_is_input = true) {
     f();
     return DOS_OK;
   } catch (const std::invalid_argument& e) {
-    return fail(DOS_E_INVALID, named(fn, e.what()));
+    return fail(DOS_E_INVALID, dos::c_api::named(fn, e.what()));
   } catch (const dos::ResourceError& e) {
-    return fail(DOS_E_RUNTIME, named(fn, e.what()));
+    return fail(DOS_E_RUNTIME, dos::c_api::named(fn, e.what()));
   } catch (const dos::UsageError& e) {
-    return fail(DOS_E_INVALID, named(fn, e.what()));
+    return fail(DOS_E_INVALID, dos::c_api::named(fn, e.what(), true));
   } catch (const dos::Error& e) {
-    return fail(invalid_is_input ? DOS_E_INVALID : DOS_E_RUNTIME, named(fn, e.what()));
+    return fail(invalid_is_input ? DOS_E_INVALID : DOS_E_RUNTIME, dos::c_api::named(fn, e.what()));
   } catch (const std::bad_alloc&) {
-    return fail(DOS_E_RUNTIME, named(fn, "out of host memory"));
+    return fail(DOS_E_RUNTIME, dos::c_api::named(fn, "out of host memory"));
   } catch (const std::exception& e) {
-    return fail(DOS_E_RUNTIME, named(fn, e.what()));
+    return fail(DOS_E_RUNTIME, dos::c_api::named(fn, e.what()));
   } catch (...) {
-    return fail(DOS_E_RUNTIME, named(fn, "unknown C++ exception"));
+    return fail(DOS_E_RUNTIME, dos::c_api::named(fn, "unknown C++ exception"));
   }
 }
 
@@ -404,7 +359,8 @@ int dos_optimizer_gradients_final(dos_optimizer* opt, size_t begin, size_t end) 
     // and marks the optimizer broken
     const bool still_open = opt->opt->step_open();
     if (!still_open) opt->open_phase.reset();
-    return fail(still_open ? DOS_E_INVALID : DOS_E_RUNTIME, named("dos_optimizer_gradients_final", e.what()));
+    return fail(still_open ? DOS_E_INVALID : DOS_E_RUNTIME, dos::c_api::named("dos_optimizer_gradients_final", e.what(),
+                                                                    dynamic_cast<const dos::UsageError*>(&e) != nullptr));
   } catch (...) {
     if (!opt->opt->step_open()) opt->open_phase.reset();
     return fail(DOS_E_RUNTIME, "dos_optimizer_gradients_final: unknown C++ exception");

@@ -5,7 +5,9 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <regex>
 #include <string>
+#include <utility>
 
 #include "number_text.h"
 
@@ -164,6 +166,39 @@ void default_options(dos_optimizer_options* options) {
   options->speculate_streamed = d.speculate_streamed ? 1 : 0;
   options->tail_subgroups = static_cast<int>(d.tail_subgroups);
   options->compact_master = d.compact_master ? 1 : 0;
+}
+
+std::string named(const char* fn, const std::string& what, bool call_hints) {
+  const std::string f(fn);
+  std::string method = f;  // the call's name without its object's prefix
+  for (const char* prefix : {"dos_optimizer_", "dos_runtime_", "dos_"})
+    if (f.rfind(prefix, 0) == 0) {
+      method = f.substr(std::char_traits<char>::length(prefix));
+      break;
+    }
+  static const std::pair<const char*, const char*> kCppNames[] = {{"read_masters", "read_master_range"},
+                                                                  {"write_masters", "write_master_range"}};
+  std::string leads[2] = {method, method};
+  for (const auto& [c_name, cpp_name] : kCppNames)
+    if (method == c_name) leads[1] = cpp_name;
+  std::string text = ": " + what;
+  for (const std::string& lead : leads) {
+    const std::size_t n = lead.size();
+    if (what.compare(0, n, lead) != 0) continue;
+    const std::size_t at = what.compare(n, 3, "() ") == 0 ? n + 2 : n;  // "step() was called ..."
+    if (what.compare(at, 2, ": ") == 0 || what.compare(at, 1, " ") == 0) {
+      text = what.substr(at);
+      break;
+    }
+  }
+  if (call_hints && f.rfind("dos_optimizer_", 0) == 0) {
+    // a name already led by dos_optimizer_ has no word boundary before it, so it is left alone
+    static const std::regex kCalls(
+        "\\b(begin_step|finish_step_async|finish_step|wait_step|step_async|gradients_final|wait_parameters)\\b(\\(\\))?");
+    static const std::regex kStep("\\bstep\\(\\)");
+    text = std::regex_replace(std::regex_replace(text, kCalls, "dos_optimizer_$1"), kStep, "dos_optimizer_step");
+  }
+  return f + text;
 }
 
 }  // namespace dos::c_api

@@ -49,8 +49,12 @@ class ResourceError : public Error {
 };
 
 /// An Error of a call made out of turn, leaving the optimizer as it was: a second thread's step()
-/// while one runs. The C ABI reports it as DOS_E_INVALID wherever it arises (ValueError in the
-/// Python binding), where other Errors of a step are DOS_E_RUNTIME.
+/// while one runs, gradients_final outside an open phase or after it was finished, finish_step
+/// without begin_step, wait_parameters before finish_step_async, a call that reads or replaces the
+/// state while a phase is open. Its message names the calls to make instead. The C ABI reports it
+/// as DOS_E_INVALID wherever it arises (ValueError in the Python binding), where other Errors of a
+/// step are DOS_E_RUNTIME, and names the C calls in its hints (dos_optimizer_wait_step for
+/// wait_step).
 class UsageError : public Error {
  public:
   using Error::Error;

@@ -117,16 +117,16 @@ void Optimizer::Impl::speculate(OpenStep& ph, std::size_t i) {
 }
 
 void Optimizer::Impl::declare_final(std::size_t begin, std::size_t end) {
-  if (!open) throw Error("gradients_final outside an update phase: call begin_step first");
+  if (!open) throw UsageError("gradients_final outside an update phase: call begin_step first");
   if (open->finishing)  // finish_submit has run: by finish_step_async, step_async, or a finish_step or step()
-    throw Error(!open->async ? "gradients_final while finish_step or step() runs in another thread: an optimizer "
-                               "takes one call at a time; declare within a phase opened by begin_step, before it "
-                               "is finished"
-                : open->st.overlapped
-                    ? "gradients_final after finish_step_async: the phase takes every gradient as final from then on; "
-                      "wait for it (wait_step), then open the next with begin_step"
-                    : "gradients_final while a phase started by step_async runs: it was submitted whole, every "
-                      "gradient final; wait for it (wait_step), then open an overlapped phase with begin_step");
+    throw UsageError(!open->async ? "gradients_final while finish_step or step() runs in another thread: an "
+                                    "optimizer takes one call at a time; declare within a phase opened by "
+                                    "begin_step, before it is finished"
+                     : open->st.overlapped
+                         ? "gradients_final after finish_step_async: the phase takes every gradient as final from "
+                           "then on; wait for it (wait_step), then open the next with begin_step"
+                         : "gradients_final while a phase started by step_async runs: it was submitted whole, every "
+                           "gradient final; wait for it (wait_step), then open an overlapped phase with begin_step");
   if (begin > end || end > nparams)
     throw Error("gradients_final: the range [" + std::to_string(begin) + ", " + std::to_string(end) +
                 ") is not inside the optimizer's " + std::to_string(nparams) + " parameters");

@@ -96,10 +96,11 @@ void adam_direct_done(void* arg) {
 
 void Optimizer::Impl::require_no_open_step(const char* what) const {
   if (open && open->finishing)
-    throw Error(std::string(what) + " while an update phase still runs (finish_step_async without wait_step): call "
-                "wait_step first");
-  if (open) throw Error(std::string(what) + " while an update phase is open (begin_step without finish_step): call "
-                        "finish_step first");
+    throw UsageError(std::string(what) + " while an update phase still runs (finish_step_async without wait_step): "
+                     "call wait_step first");
+  if (open)
+    throw UsageError(std::string(what) + " while an update phase is open (begin_step without finish_step): call "
+                     "finish_step first");
 }
 
 void Optimizer::Impl::fail(const std::string& why) {
@@ -237,7 +238,7 @@ StepStats Optimizer::Impl::finish(StepVerdict verdict) {
 }
 
 void Optimizer::Impl::finish_submit(StepVerdict verdict, bool async) {
-  if (!open || open->finishing) throw Error("finish_step without begin_step");
+  if (!open || open->finishing) throw UsageError("finish_step without begin_step");
   OpenStep& ph = *open;
   StepStats& st = ph.st;
   const auto t_finish = std::chrono::steady_clock::now();
@@ -409,8 +410,8 @@ void Optimizer::Impl::wait_parameters(std::size_t begin, std::size_t end) {
                 ") is not inside the optimizer's " + std::to_string(nparams) + " parameters");
   if (!open) return;  // no phase runs: the parameters are the last step's
   if (!open->finishing)
-    throw Error("wait_parameters while an update phase is open (begin_step without finish_step): the parameters "
-                "are written after finish_step_async");
+    throw UsageError("wait_parameters while an update phase is open (begin_step without finish_step): the "
+                     "parameters are written after finish_step_async");
   const auto t = std::chrono::steady_clock::now();
   bool blocked = false;  // only a wait counts in the exposed time
   std::unique_lock<std::mutex> g(ready.mu);

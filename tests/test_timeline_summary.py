@@ -177,6 +177,12 @@ with tempfile.TemporaryDirectory() as d:
         r = subprocess.run([sys.executable, script, good] + args, capture_output=True, text=True, timeout=60)
         if r.returncode != 2 or needle not in r.stderr or r.stdout:
             fails.append(f"{args}: exit {r.returncode}, stderr {r.stderr!r} (wanted '{needle}')")
+    # run through a symbolic link from another folder, as a site's bin/ would hold it
+    link = os.path.join(d, "timeline-summary")
+    os.symlink(os.path.realpath(script), link)
+    r = subprocess.run([sys.executable, link, good], capture_output=True, text=True, cwd=d)
+    if r.returncode != 0 or "tail after the last streamed Adam" not in r.stdout:
+        fails.append(f"through a symbolic link: {r.returncode} {r.stderr[-300:]}")
     before = list(sys.path)
     spec2 = importlib.util.spec_from_file_location("timeline_summary_again", script)
     spec2.loader.exec_module(importlib.util.module_from_spec(spec2))

@@ -148,6 +148,9 @@ def test_strict_numbers():
              (hf_trainer.parse_args, "hf_trainer", ["--save-steps", "-5"], "--save-steps must be a whole number >= 0"),
              (hf_trainer.parse_args, "hf_trainer", ["--seed", str(2 ** 32)], "--seed must be in [0, 2**32 - 1]"),
              (hf_trainer.parse_args, "hf_trainer", ["--subgroup-size", str(2 ** 53 + 1)], "--subgroup-size must be"),
+             (train_gpt.parse_args, "train_gpt", ["--subgroup-size", "9007199254740993.0"], "--subgroup-size must be"),
+             (train_gpt.parse_args, "train_gpt", ["--subgroup-size", "9.007199254740993e15"], "--subgroup-size must be"),
+             (train_gpt.parse_args, "train_gpt", ["--timeline-steps", "1:3x"], "--timeline-steps must be FIRST:LAST"),
              (timeline_summary.main, "timeline_summary", ["x.json", "--gap-ms", "inf"],
               f"argument --gap-ms: {decimal}"),
              (baselines.main, "baselines", ["--lr", "0x1p-3"], f"argument --lr: {decimal}"),
@@ -163,6 +166,9 @@ def test_strict_numbers():
     args = hf_trainer.parse_args(["--subgroup-size", str(2 ** 53), "--seed", str(2 ** 32 - 1)])
     check(args.subgroup_elements == 2 ** 53 and args.seed == 2 ** 32 - 1,
           f"hf_trainer: the largest subgroup size and seed taken ({args.subgroup_elements}, {args.seed})")
+    args = train_gpt.parse_args(["--timeline-steps", "+1:03", "--subgroup-size", "9007199254740992.0"])
+    check(args.subgroup_elements == 2 ** 53, f"train_gpt: --timeline-steps +1:03 and 2**53 written as a decimal taken "
+          f"({args.subgroup_elements})")
     args = train_gpt.parse_args(["--eps", "1E-9", "--warmup", "-0", "--gpu-update-budget", ".5"])
     check(args.eps == 1e-9 and args.warmup == 0 and args.gpu_update_budget == 0.5,
           f"train_gpt: plain numbers taken ({args.eps}, {args.warmup}, {args.gpu_update_budget})")

@@ -4,6 +4,7 @@ what float() also takes (blanks around, underscores, hexadecimal, inf, nan) is r
 rules as argparse types for command lines (``decimal_arg``, ``whole_arg``). No torch, no state."""
 
 import argparse
+import decimal
 import math
 import re
 
@@ -35,18 +36,19 @@ def parse_decimal(text):
 
 def parse_count(text, what):
     """'1.24e8', '1000' (a plain decimal, ``parse_decimal``), an int or a whole float -> a positive
-    int. Raises ``ValueError`` naming ``what`` for anything else, a value below 1 or one that is not
-    whole."""
+    int; a text below 1e30 is read exactly ('9007199254740993.0' is 2**53 + 1, not the float's
+    2**53). Raises ``ValueError`` naming ``what`` for anything else, a value below 1 or one that is
+    not whole."""
     if isinstance(text, bool):
         v = None
     elif isinstance(text, int):
         v = text
     elif isinstance(text, float):
         v = text if math.isfinite(text) else None
-    elif isinstance(text, str) and re.fullmatch(r"\+?[0-9]{1,30}", text):
-        v = int(text)  # exact, where a float would round 2**53 + 1
     else:
         v = parse_decimal(text)
+        if v is not None and abs(v) < 1e30:
+            v = decimal.Decimal(text)  # exact, where a float would round 2**53 + 1 (also '9007199254740993.0')
     if v is None:
         raise ValueError(f"{what} must be a positive number of elements (e.g. 1e6), got {text!r}")
     if not (v >= 1 and v == math.floor(v)):

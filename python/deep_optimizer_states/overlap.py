@@ -363,10 +363,11 @@ class _Overlap:
 
     def _note_redo_streak(self, reasons):
         """Warns once per optimizer (``UserWarning``) when the last :attr:`REDO_STREAK_WARNING`
-        steps each redid their speculative updates for the same reasons (``reasons``: this step's
-        ``redo_reasons``): the overlap then gains nothing, and the reason says what to change (a
-        clip on every step, a write of the caller's into the gradients, ...). Steps that redo
-        nothing start the count again."""
+        steps each lost their speculative updates for the same reasons (``reasons``: this step's
+        ``redo_reasons``): those made were redone, and once the reason is seen no more are made for
+        the step, so the overlap gains nothing; the reason says what to change (a clip on every
+        step, a write of the caller's into the gradients, ...). Steps without a reason start the
+        count again."""
         if not self.overlap or self._redo_warned:
             return
         key = tuple(sorted(set(reasons)))
@@ -376,9 +377,10 @@ class _Overlap:
             self._redo_key, self._redo_streak = (key, 1) if key else (None, 0)
         if self._redo_streak >= self.REDO_STREAK_WARNING:
             self._redo_warned = True
-            warnings.warn(f"DeepOptimizerStates(overlap=True): the last {self._redo_streak} steps each redid their "
-                          f"speculative updates ({'; '.join(key)}): the overlap gains nothing while that lasts; "
-                          "last_step['redo_reasons'] says why for each step", stacklevel=3)
+            warnings.warn(f"DeepOptimizerStates(overlap=True): the last {self._redo_streak} steps each lost their "
+                          f"speculative updates ({'; '.join(key)}): those made were redone and no more were made, "
+                          "so the overlap gains nothing while that lasts; last_step['redo_reasons'] says why for each "
+                          "step, last_step['speculated'] and ['redone'] how many", stacklevel=3)
 
     @staticmethod
     def _overlap_summary(stats, verdicts, reasons=()):

@@ -301,7 +301,10 @@ def main(argv=None):
     except (OSError, json.JSONDecodeError, ValueError) as e:
         print(f"timeline_summary: {a.timeline}: {e}", file=sys.stderr)
         return 2
-    print(json.dumps(s) if a.json else "\n".join(render(s)))
+    try:
+        print(json.dumps(s) if a.json else "\n".join(render(s)), flush=True)
+    except BrokenPipeError:  # a reader that stopped early (| head): not an error of this script
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's flush at exit then writes nowhere
     return 0
 
 

@@ -19,8 +19,8 @@
 #     script builds from that folder alone: carry .deps/cache there.
 #  3. StarPU: a site's own StarPU (pkg-config starpu-1.4 or starpu-1.3, e.g. from `module load starpu`)
 #     is used as it is. Otherwise StarPU 1.3.10 is built from Debian's source package `starpu`
-#     1.3.10+dfsg into .deps/starpu-1.3.10[-cuda], with CUDA when nvcc is present (two small changes
-#     for CUDA 13 in scripts/starpu-1.3.10-cuda13.patch; NVML energy profiling only on request, as
+#     1.3.10+dfsg into .deps/starpu-1.3.10[-cuda], with CUDA when nvcc is present, and four patches
+#     (two small changes for CUDA 13 in scripts/starpu-1.3.10-cuda13.patch; NVML energy profiling only on request, as
 #     StarPU 1.4.5 does, in scripts/starpu-1.3.10-energy.patch; device buffers from CUDA's stream-ordered
 #     allocator, whose free does not wait for the whole GPU as cudaFree does, in
 #     scripts/starpu-1.3.10-malloc-async.patch; no cudaDeviceReset after the bus calibration, which

@@ -30,11 +30,16 @@ prints:
   while those transfers run), so short
   windows mislead).
 
+A timeline of ``train_gpt.py --timeline FILE`` (its ``phases``: each bucket's update phase of
+each recorded step, tasks on the training's clock from ``started``) gives the same for each phase,
+its tasks counted from its own start, headed ``step S, bucket B`` (no PCIe samples there); with
+``--json``, a list of ``{"step", "bucket", "summary"}``.
+
 ``--json`` prints the same as one JSON object instead. Usage::
 
     python3 examples/timeline_summary.py run.json [--gap-ms 5] [--window-ms 50] [--state-bytes B] [--json]
 
-Errors: a file that cannot be read, is not JSON, has no ``tasks`` list, or holds a task or bus
+Errors: a file that cannot be read, is not JSON, has no ``tasks`` list (nor ``phases``), or holds a task or bus
 sample that is not as above (a time that is not a finite number, a task ending before it starts)
 exits with status 2 and a message saying which (nothing is written).
 """
@@ -179,7 +184,7 @@ def summarize(doc, gap_ms=5.0, window_ms=50.0, state_bytes=None):
     (seconds and cumulative bytes). gap_ms, window_ms: milliseconds (> 0). Returns {"span" (s),
     "lanes": {lane: {"tasks", "busy" (s), "fraction", "task_seconds": {"min", "median", "max"}}},
     "cpu_gaps": [[start s, length s]...],
-    "tail": {"from" (s) or None, "length" (s), "tasks": {"lane/what": count}}, "bus": {"h2d_bytes",
+    "tail": {"from" (s) or None, "length" (s), "tasks": {"lane/what": count}}, "bus": {"samples" (count), "h2d_bytes",
     "d2h_bytes", "h2d_gbps", "d2h_gbps", "windows": [[start s, h2d GB/s, d2h GB/s]...]},
     "writebacks": writebacks(tasks, state_bytes), "chain": chain(tasks)} (lane ``writeback`` is left out
     of "lanes").
@@ -225,7 +230,7 @@ def summarize(doc, gap_ms=5.0, window_ms=50.0, state_bytes=None):
                 key = f"{t['lane']}/{t['what']}"
                 tail["tasks"][key] = tail["tasks"].get(key, 0) + 1
     bus = sorted(doc.get("bus") or [])
-    out_bus = {"h2d_bytes": 0, "d2h_bytes": 0, "h2d_gbps": 0.0, "d2h_gbps": 0.0, "windows": []}
+    out_bus = {"samples": len(bus), "h2d_bytes": 0, "d2h_bytes": 0, "h2d_gbps": 0.0, "d2h_gbps": 0.0, "windows": []}
     if bus:
         out_bus["h2d_bytes"] = bus[-1][1]  # counted from the phase's start
         out_bus["d2h_bytes"] = bus[-1][2]
@@ -274,6 +279,9 @@ def render(s):
         what = ", ".join(f"{k} {v}" for k, v in sorted(t["tasks"].items())) or "nothing"
         lines.append(f"  tail after the last streamed Adam ({1e3 * t['from']:.0f} ms): {1e3 * t['length']:.0f} ms; {what}")
     b = s["bus"]
+    if not b.get("samples"):
+        lines.append("  PCIe: no byte samples in this timeline")
+        return lines
     lines.append(f"  PCIe: H2D {b['h2d_bytes'] / 1e9:.3f} GB ({b['h2d_gbps']:.1f} GB/s), "
                  f"D2H {b['d2h_bytes'] / 1e9:.3f} GB ({b['d2h_gbps']:.1f} GB/s)")
     if b["windows"]:
@@ -282,9 +290,38 @@ def render(s):
     return lines
 
 
+def phases_of(doc):
+    """The update phases of a ``train_gpt.py --timeline`` document ``doc`` (a dict with
+    ``phases``: [{"step", "bucket", "started" (s), "tasks"}...]) as [(step, bucket, phase
+    document)...], each phase document holding its tasks with start and end counted from the
+    phase's ``started`` (the form :func:`summarize` reads). Returns None when ``doc`` is not such a
+    document (no ``phases`` list, or a ``tasks`` list of its own). Raises ValueError when a phase is
+    not an object, lacks a field, or has a ``started`` that is not a finite number, or a task whose
+    start or end is not a number."""
+    if not isinstance(doc, dict) or "tasks" in doc or not isinstance(doc.get("phases"), list):
+        return None
+    out = []
+    for k, ph in enumerate(doc["phases"]):
+        if not isinstance(ph, dict) or not all(f in ph for f in ("step", "bucket", "started", "tasks")):
+            raise ValueError(f"phase {k} is not an object with step, bucket, started and tasks")
+        t0 = ph["started"]
+        if isinstance(t0, bool) or not isinstance(t0, (int, float)) or not math.isfinite(t0):
+            raise ValueError(f"phase {k}: started is {t0!r}, not a finite number of seconds")
+        if not isinstance(ph["tasks"], list):
+            raise ValueError(f"phase {k}: tasks is not a list")
+        tasks = []
+        for t in ph["tasks"]:
+            if not isinstance(t, dict) or not all(isinstance(t.get(f), (int, float)) and not isinstance(t.get(f), bool)
+                                                  for f in ("start", "end")):
+                raise ValueError(f"phase {k}: a task without a numeric start and end: {t!r}")
+            tasks.append(dict(t, start=t["start"] - t0, end=t["end"] - t0))
+        out.append((ph["step"], ph["bucket"], {"tasks": tasks}))
+    return out
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description="Where an update phase's time went, from dos-train --timeline's file")
-    ap.add_argument("timeline", help="the JSON file dos-train --timeline wrote")
+    ap.add_argument("timeline", help="the JSON file dos-train --timeline (or train_gpt.py --timeline) wrote")
     ap.add_argument("--gap-ms", type=decimal_arg, default=5.0, help="the shortest CPU idle gap listed, ms (default 5)")
     ap.add_argument("--window-ms", type=decimal_arg, default=50.0, help="the PCIe rate windows, ms (default 50)")
     ap.add_argument("--state-bytes", type=decimal_arg, default=None,
@@ -297,12 +334,21 @@ def main(argv=None):
     try:
         with open(a.timeline) as f:
             doc = json.load(f)
-        s = summarize(doc, a.gap_ms, a.window_ms, a.state_bytes)
+        phases = phases_of(doc)
+        if phases is None:
+            s = summarize(doc, a.gap_ms, a.window_ms, a.state_bytes)
+            text = json.dumps(s) if a.json else "\n".join(render(s))
+        else:
+            if not phases:
+                raise ValueError("the timeline holds no update phase (train_gpt.py --timeline-steps covered none?)")
+            parts = [(step, bucket, summarize(ph, a.gap_ms, a.window_ms, a.state_bytes)) for step, bucket, ph in phases]
+            text = json.dumps([dict(step=st, bucket=b, summary=s) for st, b, s in parts]) if a.json else \
+                "\n".join(line for st, b, s in parts for line in [f"step {st}, bucket {b}:"] + render(s))
     except (OSError, json.JSONDecodeError, ValueError) as e:
         print(f"timeline_summary: {a.timeline}: {e}", file=sys.stderr)
         return 2
     try:
-        print(json.dumps(s) if a.json else "\n".join(render(s)), flush=True)
+        print(text, flush=True)
     except BrokenPipeError:  # a reader that stopped early (| head): not an error of this script
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's flush at exit then writes nowhere
     return 0

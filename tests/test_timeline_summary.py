@@ -167,6 +167,40 @@ with tempfile.TemporaryDirectory() as d:
         r = subprocess.run([sys.executable, script, path], capture_output=True, text=True)
         if r.returncode != 2 or "timeline_summary:" not in r.stderr or r.stdout:
             fails.append(f"{path}: exit {r.returncode}, stderr {r.stderr!r}")
+    # train_gpt.py --timeline's form: the same tasks on the training's clock, 2.5 s later, as the
+    # phase of step 3, bucket 1, and a second phase; each summarised from its own start
+    tg = {"origin_perf_counter": 0.0, "steps": [], "phases": [
+        {"step": 3, "bucket": 1, "started": 2.5, "seconds": 0.15,
+         "tasks": [dict(t, start=t["start"] + 2.5, end=t["end"] + 2.5) for t in doc["tasks"]]},
+        {"step": 4, "bucket": 0, "started": 3.0, "seconds": 0.01,
+         "tasks": [{"lane": "cpu", "what": "adam", "subgroup": 0, "start": 3.0, "end": 3.01}]}]}
+    tgpath = os.path.join(d, "tg.json")
+    with open(tgpath, "w") as f:
+        json.dump(tg, f)
+    r = subprocess.run([sys.executable, script, tgpath, "--json"], capture_output=True, text=True)
+    try:
+        parts = json.loads(r.stdout)
+        one = parts[0]["summary"]
+        if [(p["step"], p["bucket"]) for p in parts] != [(3, 1), (4, 0)] or abs(one["span"] - s["span"]) > 1e-9 \
+                or abs(one["lanes"]["cpu"]["busy"] - s["lanes"]["cpu"]["busy"]) > 1e-9 \
+                or len(one["cpu_gaps"]) != len(s["cpu_gaps"]) or one["bus"]["samples"] != 0 \
+                or abs(parts[1]["summary"]["span"] - 0.01) > 1e-9:
+            fails.append(f"train_gpt's form: {parts}")
+        near(one["tail"]["length"], s["tail"]["length"], "train_gpt's form: the tail")
+        for (a, b), (c, e) in zip(one["cpu_gaps"], s["cpu_gaps"]):
+            near(a, c, "train_gpt's form: a CPU gap's start"), near(b, e, "train_gpt's form: a CPU gap's length")
+    except (ValueError, KeyError, IndexError, TypeError) as e:
+        fails.append(f"train_gpt's form: {e}: {r.returncode} {r.stdout[:300]} {r.stderr}")
+    r = subprocess.run([sys.executable, script, tgpath], capture_output=True, text=True)
+    if r.returncode != 0 or "step 3, bucket 1:" not in r.stdout or "PCIe: no byte samples" not in r.stdout:
+        fails.append(f"train_gpt's form as text: {r.returncode} {r.stdout[:300]} {r.stderr}")
+    for bad, needle in (({"phases": []}, "no update phase"), ({"phases": [{"step": 1}]}, "phase 0 is not an object"),
+                        ({"phases": [{"step": 1, "bucket": 0, "started": "x", "tasks": []}]}, "not a finite number")):
+        with open(tgpath, "w") as f:
+            json.dump(bad, f)
+        r = subprocess.run([sys.executable, script, tgpath], capture_output=True, text=True)
+        if r.returncode != 2 or needle not in r.stderr or r.stdout:
+            fails.append(f"{bad}: exit {r.returncode}, stderr {r.stderr!r} (wanted '{needle}')")
     # bad numbers: argparse's usage error (status 2) naming the option, nothing printed on stdout;
     # a window that would cut the 0.15 s phase into more than MAX_WINDOWS windows is refused
     for args, needle in ((["--gap-ms", "0"], "--gap-ms must be > 0"), (["--window-ms", "-1"], "--window-ms must be > 0"),

@@ -258,6 +258,9 @@ def copy_rule_notes(runs, order):
     return notes
 
 
+UNSTEADY = 2.0  # a row whose slowest phase took more than this many times its fastest is warned of
+
+
 def within_spread(x, y):
     """A warning when two (median, min, max) triples differ by less than the spread (max - min) of
     either that has one (min and max not None), else None (also when neither has one)."""
@@ -552,6 +555,12 @@ def main(argv=None):
                         "update s from the end of backward: compare the iterations" if any(r["overlapped"] for r in rows)
                         else ""))
     notes.extend(copy_rule_notes(runs, order))
+    for name, row in [(r["label"], r) for r in rows] + [(f"baseline {b['variant']}", b) for b in brows]:
+        lo, hi = row.get("update_seconds_min"), row.get("update_seconds_max")
+        if lo and hi and hi > UNSTEADY * lo:  # one slow phase (a loaded machine) moves a median of few
+            notes.append(f"WARNING: {name}: its update phases ranged {lo:.4f}..{hi:.4f} s, more than {UNSTEADY:g}x "
+                         "apart: its median is not a steady figure, nor a ratio made with it (more --iterations or "
+                         "--repeats, on a machine with nothing else running)")
     for row in rows:  # the overlap's gain, iteration against iteration
         base = by_label.get(row["label"][: -len("+overlap")]) if row["label"].endswith("+overlap") else None
         if base and base.get("iteration_seconds") and row.get("iteration_seconds"):

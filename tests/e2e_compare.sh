@@ -296,6 +296,32 @@ assert abs(ab - rows["cpu"]["update_seconds"] / want) <= 1e-9 * ab, (ab, rows["c
 print(f"ok: --host-bench's bound ({got:.6f} s) is dos-train --plan-only's at the probe's rates")
 PY
 [ $? = 0 ] || exit 1
+# A run whose phases are far apart (one slow phase on a loaded machine) is warned of: a stand-in
+# dos-train whose reports say iterations 2..4 took 0.1, 0.1 and 0.5 s (median 0.1 s)
+cat > "$out/unsteady-dos-train" <<SH
+#!/usr/bin/env bash
+"$dos_train" "\$@" || exit \$?
+for ((i = 1; i < \$#; i++)); do
+  if [ "\${!i}" = --report ]; then j=\$((i + 1)); rep=\${!j}; fi
+done
+python3 - "\$rep" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+for it, sec in zip(d["iterations"], (0.2, 0.1, 0.1, 0.5)):
+    it["update_seconds"] = sec
+d["summary"]["update_seconds_median"] = 0.1
+json.dump(d, open(sys.argv[1], "w"))
+PY
+SH
+chmod +x "$out/unsteady-dos-train"
+python3 "$compare" --dos-train "$out/unsteady-dos-train" --policies cpu --out "$out/unsteady" -- --preset tiny \
+  --iterations 4 --device host > "$out/unsteady.txt" 2>&1 || {
+  cat "$out/unsteady.txt"; echo "FAIL: dos-compare with unsteady phases exited with $?"; exit 1; }
+grep -q "WARNING: cpu: its update phases ranged 0.1000..0.5000 s, more than 2x apart" "$out/unsteady.txt" || {
+  cat "$out/unsteady.txt"; echo "FAIL: no warning for a run whose phases ranged 0.1..0.5 s"; exit 1; }
+if grep -q "WARNING: probe.*more than 2x apart\|WARNING: dos: its update phases" "$out/probe.txt"; then
+  cat "$out/probe.txt"; echo "FAIL: a steady run was warned of as unsteady"; exit 1; fi
+echo "ok: a run whose phases ranged 0.1..0.5 s is warned of"
 # A probe that cannot run (here: no run has the model's rates, or the bench fails) is said, not hidden.
 python3 "$compare" --dos-train "$dos_train" --policies cpu --host-bench "$out/fake-bench-missing" \
   --out "$out/probe-none" -- "${ptiny[@]}" > "$out/probe-none.txt" 2>&1 || {

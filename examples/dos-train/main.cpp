@@ -495,6 +495,8 @@ int run(const Args& args) {
   const std::vector<ShardTensor> tensors = shard_tensors(job.all, job.range);
   if (a.plan_only)
     return dos_train::run_plan_only(a, job.c, job.cfg.name, element_counts(tensors), job.total, job.subgroup);
+  // a checkpoint of another model or setting is said before any memory is counted or taken
+  if (!a.resume.empty()) dos::check_resumable(a.resume, checkpoint_info(a, job));
   // ---- runtime and caller-owned buffers ------------------------------------------------------
   dos::RuntimeOptions ro = runtime_options(a, job);
   const dos::Placement placement = job.dp ? place_rank_on_node(a, &ro) : dos::Placement{};

@@ -136,4 +136,12 @@ void save_checkpoint(const std::string& dir, const Optimizer& opt, const Checkpo
 /// before checksums were recorded loads with a warning on standard error.
 CheckpointInfo load_checkpoint(const std::string& dir, Optimizer& opt, const CheckpointInfo& expect);
 
+/// The checks of load_checkpoint that need no optimizer, for a caller to make before it allocates
+/// one: `dir`/index.json is read and `expect` must be able to resume from it (the same model,
+/// parameters, subgroup size, dtype, seed, --grad-parts, architecture and optimizer). Returns the
+/// checkpoint's CheckpointInfo. Throws Error ("cannot resume: ...", as load_checkpoint) when the
+/// folder or index.json is missing or malformed, or the checkpoint differs from `expect`; reads
+/// no rank file (load_checkpoint checks those).
+CheckpointInfo check_resumable(const std::string& dir, const CheckpointInfo& expect);
+
 }  // namespace dos

@@ -31,9 +31,17 @@ struct RankEntry {
   std::string file;
 };
 
-}  // namespace
+/// A checkpoint's index.json, read and checked against `expect` (load_checkpoint's first checks).
+struct Index {
+  CheckpointInfo got;
+  std::string save_id;
+  std::vector<RankEntry> entries;
+};
 
-CheckpointInfo load_checkpoint(const std::string& dir, Optimizer& opt, const CheckpointInfo& expect) {
+/// Reads `dir`/index.json into an Index and checks that `expect` can resume from it (the same
+/// model, parameters, subgroup size, dtype, seed, gradient parts, architecture and optimizer).
+/// Throws Error ("cannot resume: ...") as load_checkpoint documents for those checks.
+Index read_index(const std::string& dir, const CheckpointInfo& expect) {
   std::ifstream f(dir + "/index.json");
   if (!f) {
     const std::string why = std::strerror(errno);
@@ -53,9 +61,10 @@ CheckpointInfo load_checkpoint(const std::string& dir, Optimizer& opt, const Che
                 (found.empty() ? std::string() : "; complete checkpoint folders beside it, left by an interrupted save: " +
                                                      found + " (check one and rename it to " + dir + ")"));
   }
-  CheckpointInfo got;
-  std::string save_id;  // "" in checkpoints saved before it was recorded
-  std::vector<RankEntry> entries;
+  Index index;
+  CheckpointInfo& got = index.got;
+  std::string& save_id = index.save_id;  // "" in checkpoints saved before it was recorded
+  std::vector<RankEntry>& entries = index.entries;
   try {
     const nlohmann::json j = nlohmann::json::parse(f);
     if (j.at("format").get<std::string>() != kFormat) throw std::runtime_error("unknown format");
@@ -115,6 +124,20 @@ CheckpointInfo load_checkpoint(const std::string& dir, Optimizer& opt, const Che
     throw Error("cannot resume: the checkpoint in " + dir + " was trained with " + got.optimizer + "; this run asks for " +
                 expect.optimizer + ": resume with the same optimizer, betas (and for Adam weight decay), which made "
                 "its exp_avg and exp_avg_sq (the learning rate, eps and AdamW's weight decay may change)");
+  return index;
+}
+
+}  // namespace
+
+CheckpointInfo check_resumable(const std::string& dir, const CheckpointInfo& expect) {
+  return read_index(dir, expect).got;
+}
+
+CheckpointInfo load_checkpoint(const std::string& dir, Optimizer& opt, const CheckpointInfo& expect) {
+  Index index = read_index(dir, expect);
+  const CheckpointInfo& got = index.got;
+  const std::string& save_id = index.save_id;
+  std::vector<RankEntry>& entries = index.entries;
 
   // This rank's elements [lo, hi) come from the old ranks whose ranges cover them: pieces of
   // (entry, lo, hi), in order, covering [expect.begin, expect.end) exactly.

@@ -558,7 +558,8 @@ def main(argv=None):
     for name, row in [(r["label"], r) for r in rows] + [(f"baseline {b['variant']}", b) for b in brows]:
         lo, hi = row.get("update_seconds_min"), row.get("update_seconds_max")
         if lo and hi and hi > UNSTEADY * lo:  # one slow phase (a loaded machine) moves a median of few
-            notes.append(f"WARNING: {name}: its update phases ranged {lo:.4f}..{hi:.4f} s, more than {UNSTEADY:g}x "
+            what = "its runs' medians" if a.repeats > 1 else "its update phases"
+            notes.append(f"WARNING: {name}: {what} ranged {lo:.4f}..{hi:.4f} s, more than {UNSTEADY:g}x "
                          "apart: its median is not a steady figure, nor a ratio made with it (more --iterations or "
                          "--repeats, on a machine with nothing else running)")
     for row in rows:  # the overlap's gain, iteration against iteration

@@ -297,7 +297,7 @@ def phases_of(doc):
     phase's ``started`` (the form :func:`summarize` reads). Returns None when ``doc`` is not such a
     document (no ``phases`` list, or a ``tasks`` list of its own). Raises ValueError when a phase is
     not an object, lacks a field, or has a ``started`` that is not a finite number, or a task whose
-    start or end is not a number."""
+    start or end is not a number or that starts before its phase."""
     if not isinstance(doc, dict) or "tasks" in doc or not isinstance(doc.get("phases"), list):
         return None
     out = []
@@ -314,6 +314,8 @@ def phases_of(doc):
             if not isinstance(t, dict) or not all(isinstance(t.get(f), (int, float)) and not isinstance(t.get(f), bool)
                                                   for f in ("start", "end")):
                 raise ValueError(f"phase {k}: a task without a numeric start and end: {t!r}")
+            if t["start"] < t0:
+                raise ValueError(f"phase {k}: a task starts at {t['start']!r}, before the phase's start {t0!r}: {t!r}")
             tasks.append(dict(t, start=t["start"] - t0, end=t["end"] - t0))
         out.append((ph["step"], ph["bucket"], {"tasks": tasks}))
     return out
@@ -341,7 +343,12 @@ def main(argv=None):
         else:
             if not phases:
                 raise ValueError("the timeline holds no update phase (train_gpt.py --timeline-steps covered none?)")
-            parts = [(step, bucket, summarize(ph, a.gap_ms, a.window_ms, a.state_bytes)) for step, bucket, ph in phases]
+            parts = []
+            for k, (step, bucket, ph) in enumerate(phases):
+                try:
+                    parts.append((step, bucket, summarize(ph, a.gap_ms, a.window_ms, a.state_bytes)))
+                except ValueError as e:
+                    raise ValueError(f"phase {k} (step {step}, bucket {bucket}; times counted from its start): {e}") from None
             text = json.dumps([dict(step=st, bucket=b, summary=s) for st, b, s in parts]) if a.json else \
                 "\n".join(line for st, b, s in parts for line in [f"step {st}, bucket {b}:"] + render(s))
     except (OSError, json.JSONDecodeError, ValueError) as e:

@@ -319,8 +319,6 @@ python3 "$compare" --dos-train "$out/unsteady-dos-train" --policies cpu --out "$
   cat "$out/unsteady.txt"; echo "FAIL: dos-compare with unsteady phases exited with $?"; exit 1; }
 grep -q "WARNING: cpu: its update phases ranged 0.1000..0.5000 s, more than 2x apart" "$out/unsteady.txt" || {
   cat "$out/unsteady.txt"; echo "FAIL: no warning for a run whose phases ranged 0.1..0.5 s"; exit 1; }
-if grep -q "WARNING: probe.*more than 2x apart\|WARNING: dos: its update phases" "$out/probe.txt"; then
-  cat "$out/probe.txt"; echo "FAIL: a steady run was warned of as unsteady"; exit 1; fi
 echo "ok: a run whose phases ranged 0.1..0.5 s is warned of"
 # A probe that cannot run (here: no run has the model's rates, or the bench fails) is said, not hidden.
 python3 "$compare" --dos-train "$dos_train" --policies cpu --host-bench "$out/fake-bench-missing" \

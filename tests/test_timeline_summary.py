@@ -195,7 +195,13 @@ with tempfile.TemporaryDirectory() as d:
     if r.returncode != 0 or "step 3, bucket 1:" not in r.stdout or "PCIe: no byte samples" not in r.stdout:
         fails.append(f"train_gpt's form as text: {r.returncode} {r.stdout[:300]} {r.stderr}")
     for bad, needle in (({"phases": []}, "no update phase"), ({"phases": [{"step": 1}]}, "phase 0 is not an object"),
-                        ({"phases": [{"step": 1, "bucket": 0, "started": "x", "tasks": []}]}, "not a finite number")):
+                        ({"phases": [{"step": 1, "bucket": 0, "started": "x", "tasks": []}]}, "not a finite number"),
+                        ({"phases": [{"step": 1, "bucket": 0, "started": 1.0, "tasks": [
+                            {"lane": "cpu", "what": "adam", "subgroup": 0, "start": 0.5, "end": 1.1}]}]},
+                         "before the phase's start"),
+                        ({"phases": [{"step": 7, "bucket": 2, "started": 1.0, "tasks": [
+                            {"what": "adam", "subgroup": 0, "start": 1.0, "end": 1.1}]}]},
+                         "phase 0 (step 7, bucket 2; times counted from its start): task 0 has no 'lane'")):
         with open(tgpath, "w") as f:
             json.dump(bad, f)
         r = subprocess.run([sys.executable, script, tgpath], capture_output=True, text=True)

@@ -547,6 +547,34 @@ def test_write_between_accumulations():
     print("a gradient written between two accumulations: redone, the same bits; said once:", caught[0][:80])
 
 
+def test_skipped_steps_no_warning():
+    """The write between two accumulations of test_write_between_accumulations on every step, but
+    each step skipped (an inf gradient): a skipped step drops its speculation and redoes nothing,
+    so the warning that the steps lost their speculative updates is not given."""
+    torch.manual_seed(0)
+    a, b = torch.nn.Linear(16, 4).to(DEVICE), torch.nn.Linear(16, 4).to(DEVICE)
+    opt = dos.DeepOptimizerStates(list(a.parameters()) + list(b.parameters()), lr=1e-2, subgroup_size=16,
+                                  overlap=True)
+    caught = []
+    for step in range(2 * opt.REDO_STREAK_WARNING):
+        x, y = torch.randn(8, 16, device=DEVICE), torch.randn(8, 4, device=DEVICE)
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(a(x), y).backward()
+        with torch.no_grad():
+            a.weight.grad.mul_(0.5)
+        torch.nn.functional.mse_loss(b(x), y).backward()
+        with torch.no_grad():
+            b.bias.grad[0] = float("inf")
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            opt.step()
+        caught += [str(m.message) for m in w if "lost their speculative updates" in str(m.message)]
+        assert opt.last_step["skipped"], (step, opt.last_step)
+    opt.close()
+    assert not caught, caught
+    print(f"{2 * opt.REDO_STREAK_WARNING} skipped steps with a changed gradient: no warning")
+
+
 def test_declarer():
     """Part 5 of the module's docstring."""
     import threading
@@ -641,6 +669,7 @@ def main():
     test_budget_and_fallback()
     test_forward_overlap_cases()
     test_write_between_accumulations()
+    test_skipped_steps_no_warning()
     test_declarer()
     print("overlap on and off: the same bits")
     return 0

@@ -568,7 +568,7 @@ class DeepOptimizerStates(_Build, _Overlap, _ForwardOverlap, _Gradients, _State,
                 stats.append(self._phase_stats(b, st))
             self.steps_taken += 1
         reasons = [b.changed for b in self._buckets if b.changed is not None]
-        self._note_redo_streak(reasons)
+        self._note_redo_streak([] if skipped else reasons)  # a skipped step drops its speculation, redoes nothing
         self.last_step = dict(
             skipped=skipped,
             grad_norm=grad_norm,

@@ -19,18 +19,14 @@ GPU_ONLY_POLICIES = ("gpu",)  # dos-train refuses them without a CUDA worker
 
 
 def baseline_variant_ok(variant):
-    """Whether ``variant`` (a str) is one the baselines' placement takes: ``zero_offload``,
-    ``stride:K`` (K whole, >= 1, digits 0-9) or ``twinflow:R`` (R a plain decimal in [0, 1]),
-    checked here so that a bad one is refused before any run rather than after them."""
-    name, colon, arg = variant.partition(":")
-    if name == "zero_offload":
-        return not colon
-    if name == "stride":
-        return re.fullmatch(r"[0-9]+", arg) is not None and int(arg) >= 1
-    if name == "twinflow":
-        r = number_text.parse_decimal(arg)
-        return r is not None and 0 <= r <= 1
-    return False
+    """Whether ``variant`` (a str) is one the baselines take (``number_text.baseline_variant``:
+    ``zero_offload``, ``stride:K``, ``twinflow:R``), checked here so that a bad one is refused
+    before any run rather than after them."""
+    try:
+        number_text.baseline_variant(variant)
+    except ValueError:
+        return False
+    return True
 
 
 def parse_size(text):

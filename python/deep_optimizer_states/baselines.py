@@ -51,7 +51,6 @@ parameters differ from its rounded fp32 master parameters; 2 for bad arguments.
 import argparse
 import json
 import math
-import re
 import statistics
 import sys
 import time
@@ -59,9 +58,9 @@ import time
 import torch
 
 try:  # a module of the package, or a script run from its folder
-    from .number_text import decimal_arg, parse_count, parse_decimal, whole_arg  # noqa: F401 (parse_decimal: callers)
+    from .number_text import baseline_variant, decimal_arg, parse_count, parse_decimal, whole_arg  # noqa: F401
 except ImportError:
-    from number_text import decimal_arg, parse_count, parse_decimal, whole_arg  # noqa: F401
+    from number_text import baseline_variant, decimal_arg, parse_count, parse_decimal, whole_arg  # noqa: F401
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 DEFAULT_VARIANTS = "zero_offload,stride:2,stride:3,stride:4"
@@ -102,23 +101,14 @@ def subgroup_bounds(n, subgroup_size):
 def placement(variant, subgroups):
     """Where each of ``subgroups`` subgroups is updated under ``variant``: a list of ``"cpu"``,
     ``"resident"`` (state kept on the GPU) and ``"streamed"`` (state copied through the GPU).
-    Raises ``ValueError`` for an unknown or malformed variant."""
-    name, colon, arg = variant.partition(":")
-    if name == "zero_offload" and not colon:
+    Raises ``ValueError`` for an unknown or malformed variant (``number_text.baseline_variant``)."""
+    kind, x = baseline_variant(variant)
+    if kind == "zero_offload":
         return ["cpu"] * subgroups
-    if name == "twinflow" and colon:
-        r = parse_decimal(arg)
-        if r is None or not 0 <= r <= 1:
-            raise ValueError(f"variant {variant!r}: R in twinflow:R is the CPU share of the subgroups "
-                             f"(DeepSpeed's ratio), a number in [0, 1]")
-        n_cpu = min(subgroups, int(math.floor(r * subgroups + 0.5)))  # rounds halves up, as llround
+    if kind == "twinflow":
+        n_cpu = min(subgroups, int(math.floor(x * subgroups + 0.5)))  # rounds halves up, as llround
         return ["cpu"] * n_cpu + ["resident"] * (subgroups - n_cpu)
-    if name == "stride" and colon:
-        if not re.fullmatch(r"[0-9]+", arg) or int(arg) < 1:
-            raise ValueError(f"variant {variant!r}: K in stride:K is a whole number >= 1")
-        k = int(arg)
-        return ["streamed" if (i + 1) % k == 0 else "cpu" for i in range(subgroups)]
-    raise ValueError(f"unknown variant {variant!r}: use zero_offload, twinflow:R (R the CPU share) or stride:K")
+    return ["streamed" if (i + 1) % x == 0 else "cpu" for i in range(subgroups)]
 
 
 def needs_gpu(variant):

@@ -1,7 +1,9 @@
 """Numbers in what people type: a plain decimal (``parse_decimal``) and a count of elements
 (``parse_count``), the rule of the C++ side's ``dos::is_decimal_number`` (``models/number_text.h``):
 what float() also takes (blanks around, underscores, hexadecimal, inf, nan) is refused. The same
-rules as argparse types for command lines (``decimal_arg``, ``whole_arg``). No torch, no state."""
+rules as argparse types for command lines (``decimal_arg``, ``whole_arg``), and the baselines'
+variants with their numbers (``baseline_variant``: ``twinflow:R``, ``stride:K``), read here so that
+a script without torch checks them as the baselines do. No torch, no state."""
 
 import argparse
 import decimal
@@ -54,6 +56,27 @@ def parse_count(text, what):
     if not (v >= 1 and v == math.floor(v)):
         raise ValueError(f"{what} must be a positive whole number of elements, got {text!r}")
     return int(v)
+
+
+def baseline_variant(variant):
+    """The baselines' variant ``variant`` (a str) as (kind, value): ``("zero_offload", None)``,
+    ``("twinflow", R)`` with R the CPU share of the subgroups (DeepSpeed's ratio), a plain decimal in
+    [0, 1] (a float), or ``("stride", K)`` with K a whole number >= 1 written with the digits 0-9 (an
+    int). Raises ``ValueError`` naming the variant and what its number must be for anything else."""
+    name, colon, arg = variant.partition(":")
+    if name == "zero_offload" and not colon:
+        return name, None
+    if name == "twinflow" and colon:
+        r = parse_decimal(arg)
+        if r is None or not 0 <= r <= 1:
+            raise ValueError(f"variant {variant!r}: R in twinflow:R is the CPU share of the subgroups "
+                             f"(DeepSpeed's ratio), a number in [0, 1]")
+        return name, r
+    if name == "stride" and colon:
+        if not re.fullmatch(r"[0-9]+", arg) or int(arg) < 1:
+            raise ValueError(f"variant {variant!r}: K in stride:K is a whole number >= 1")
+        return name, int(arg)
+    raise ValueError(f"unknown variant {variant!r}: use zero_offload, twinflow:R (R the CPU share) or stride:K")
 
 
 def decimal_arg(text):

@@ -55,7 +55,6 @@ import contextlib
 import json
 import math
 import os
-import re
 import sys
 import tempfile
 import time
@@ -281,11 +280,11 @@ def parse_args(argv=None):
                                                 least=1)
     if args.timeline and args.optimizer != "dos":
         ap.error("--timeline needs --optimizer dos (the runtime's tasks are what it shows)")
-    m = re.fullmatch(r"(\+?[0-9]{1,30}):(\+?[0-9]{1,30})", args.timeline_steps)  # digits 0-9, as --steps takes
-    if not m:
+    try:  # each side read as --steps is (whole_arg: the digits 0-9)
+        first, last = map(whole_arg, args.timeline_steps.split(":"))
+    except (argparse.ArgumentTypeError, ValueError):  # ValueError: not two sides
         ap.error(f"--timeline-steps must be FIRST:LAST (whole numbers written with the digits 0-9), got "
                  f"{args.timeline_steps!r}")
-    first, last = int(m.group(1)), int(m.group(2))
     if not 1 <= first <= last:
         ap.error(f"--timeline-steps must satisfy 1 <= FIRST <= LAST, got {args.timeline_steps!r}")
     if args.timeline and last > args.steps:

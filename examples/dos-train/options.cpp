@@ -552,32 +552,31 @@ int parse_command_line(int argc, char** argv, Args& a) {
     std::fprintf(stderr, "dos-train: error: --config needs the path of a config.json file, got an empty one\n");
     return 1;
   }
-  // An empty value here would read as the option left out: refuse it rather than drop it silently.
+  // An empty value would read as the option left out (a value) or fail later (a path): refuse it
+  // here rather than drop it silently.
   struct Valued {
     const char* opt;
     const std::string* value;
-    const char* left_out;  // what leaving the option out gives
+    const char* left_out;  // what leaving the option out gives; nullptr: the option takes a path
   };
   const Valued values[] = {{"--k", &a.k, "the policy's own plan"},
                            {"--gpu-fraction", &a.gpu_fraction, "the policy's own plan"},
                            {"--gpu-resident-budget", &a.gpu_resident_budget, "no resident state"},
                            {"--gpu-update-budget", &a.gpu_update_budget, "no limit but StarPU's"},
                            {"--speculation-budget", &a.speculation_budget, "the runtime's default"},
-                           {"--copy-by", &a.copy_by, "DOS_COPY_BY's rule, else adaptive"}};
+                           {"--copy-by", &a.copy_by, "DOS_COPY_BY's rule, else adaptive"},
+                           {"--report", &a.report, nullptr},
+                           {"--save-params", &a.save_params, nullptr},
+                           {"--timeline", &a.timeline, nullptr},
+                           {"--save-state", &a.save_state, nullptr},
+                           {"--resume", &a.resume, nullptr}};
   for (const Valued& v : values)
     if (app.count(v.opt) && v.value->empty()) {
-      std::fprintf(stderr, "dos-train: error: %s needs a value, got an empty one (leave %s out for %s)\n", v.opt,
-                   v.opt, v.left_out);
-      return 1;
-    }
-  const std::pair<const char*, const std::string*> paths[] = {{"--report", &a.report},
-                                                               {"--save-params", &a.save_params},
-                                                               {"--timeline", &a.timeline},
-                                                               {"--save-state", &a.save_state},
-                                                               {"--resume", &a.resume}};
-  for (const auto& [opt, value] : paths)
-    if (app.count(opt) && value->empty()) {
-      std::fprintf(stderr, "dos-train: error: %s needs a path, got an empty one\n", opt);
+      if (v.left_out)
+        std::fprintf(stderr, "dos-train: error: %s needs a value, got an empty one (leave %s out for %s)\n", v.opt,
+                     v.opt, v.left_out);
+      else
+        std::fprintf(stderr, "dos-train: error: %s needs a path, got an empty one\n", v.opt);
       return 1;
     }
   return -1;

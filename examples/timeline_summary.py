@@ -358,6 +358,10 @@ def main(argv=None):
         print(text, flush=True)
     except BrokenPipeError:  # a reader that stopped early (| head): not an error of this script
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's flush at exit then writes nowhere
+    except OSError as e:  # standard output not writable (a full disk, /dev/full)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        print(f"timeline_summary: could not write the summary to standard output: {e}", file=sys.stderr)
+        return 2
     return 0
 
 

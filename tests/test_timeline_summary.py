@@ -223,6 +223,18 @@ with tempfile.TemporaryDirectory() as d:
     r = subprocess.run([sys.executable, link, good], capture_output=True, text=True, cwd=d)
     if r.returncode != 0 or "tail after the last streamed Adam" not in r.stdout:
         fails.append(f"through a symbolic link: {r.returncode} {r.stderr[-300:]}")
+    # a reader that stops at once (| head -0): no error; standard output that takes nothing
+    # (/dev/full): a message and status 2, no traceback
+    with subprocess.Popen([sys.executable, script, good], stdout=subprocess.PIPE, stderr=subprocess.PIPE) as p:
+        p.stdout.close()
+        err = p.stderr.read().decode()
+        if p.wait(timeout=60) != 0 or err:
+            fails.append(f"a reader that stopped early: exit {p.returncode}, stderr {err[-300:]!r}")
+    if os.path.exists("/dev/full"):
+        with open("/dev/full", "w") as full:
+            r = subprocess.run([sys.executable, script, good], stdout=full, stderr=subprocess.PIPE, text=True)
+        if r.returncode != 2 or "could not write the summary" not in r.stderr or "Traceback" in r.stderr:
+            fails.append(f"standard output /dev/full: exit {r.returncode}, stderr {r.stderr[-300:]!r}")
     before = list(sys.path)
     spec2 = importlib.util.spec_from_file_location("timeline_summary_again", script)
     spec2.loader.exec_module(importlib.util.module_from_spec(spec2))

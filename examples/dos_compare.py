@@ -555,10 +555,14 @@ def main(argv=None):
                         "update s from the end of backward: compare the iterations" if any(r["overlapped"] for r in rows)
                         else ""))
     notes.extend(copy_rule_notes(runs, order))
-    for name, row in [(r["label"], r) for r in rows] + [(f"baseline {b['variant']}", b) for b in brows]:
+    steady_rows = [(r["label"], r, "its runs' medians" if a.repeats > 1 else "its update phases") for r in rows]
+    steady_rows += [(f"baseline {b['variant']}", b, "its runs' medians" if a.repeats > 1 else "its update phases")
+                    for b in brows]
+    steady_rows += [(f"peer {k}", peer_rows[k], "its rounds' means" if len(peer_runs[k]) > 1 else "its phases")
+                    for k in peers]
+    for name, row, what in steady_rows:
         lo, hi = row.get("update_seconds_min"), row.get("update_seconds_max")
         if lo and hi and hi > UNSTEADY * lo:  # one slow phase (a loaded machine) moves a median of few
-            what = "its runs' medians" if a.repeats > 1 else "its update phases"
             notes.append(f"WARNING: {name}: {what} ranged {lo:.4f}..{hi:.4f} s, more than {UNSTEADY:g}x "
                          "apart: its median is not a steady figure, nor a ratio made with it (more --iterations or "
                          "--repeats, on a machine with nothing else running)")

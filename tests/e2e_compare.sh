@@ -37,14 +37,14 @@ fi
 # where dos-train has a CUDA worker), each run twice, one resident budget (a dos and a static:R run,
 # and the baseline twinflow:R with the same R), the baselines on the same workload. The model's
 # buffers are on the host, so the baselines' GPU variants must be skipped, saying why.
-# A stand-in for the external peers script: a different mean per call (0.5 s, then 0.7 s), so that
-# the rounds' median and spread can be checked.
+# A stand-in for the external peers script: a different mean per call (0.5 s, then 1.1 s), so that
+# the rounds' median and spread can be checked, and the rounds more than 2x apart warned of.
 cat > "$out/fake_peers.py" <<'PY'
 import os, sys
 count = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fake_peers.calls")
 k = int(open(count).read()) if os.path.exists(count) else 0
 open(count, "w").write(str(k + 1))
-print(f"RESULT zero_offload {0.5 + 0.2 * k:.4f} s/phase")
+print(f"RESULT zero_offload {0.5 + 0.6 * k:.4f} s/phase")
 PY
 rm -f "$out/fake_peers.calls"
 python3 "$compare" --dos-train "$dos_train" --repeats 2 --baselines --resident-budgets 2.5MB --out "$out/auto" \
@@ -70,9 +70,10 @@ for r in d["rows"]:
     assert r["update_seconds_min"] == min(r["update_seconds_runs"]), r
 assert d["failed"] == [] and d["repeats"] == 2
 # the peers once per round: their median and spread over the two rounds
-assert d["peer_runs"] == {"zero_offload": [0.5, 0.7]}, d["peer_runs"]
-assert abs(d["peers"]["zero_offload"] - 0.6) < 1e-12, d["peers"]
-assert "| peer zero_offload (external, PyTorch) | - | - | 0.6000 | - | 0.5000..0.7000 |" in text, text
+assert d["peer_runs"] == {"zero_offload": [0.5, 1.1]}, d["peer_runs"]
+assert abs(d["peers"]["zero_offload"] - 0.8) < 1e-12, d["peers"]
+assert "| peer zero_offload (external, PyTorch) | - | - | 0.8000 | - | 0.5000..1.1000 |" in text, text
+assert "WARNING: peer zero_offload: its rounds' means ranged 0.5000..1.1000 s, more than 2x apart" in text, text
 # rounds, not runs back to back: round 1's runs start after round 0's baselines and peers ended
 import os
 out = os.path.dirname(sys.argv[1])

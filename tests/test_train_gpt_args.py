@@ -18,6 +18,7 @@ import tempfile
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # test_pytorch: torch imported (or exit 77), python/ and examples/ on the path, check() and its failures
 from test_pytorch import check, failures  # noqa: E402
+import torch  # noqa: E402
 import train_gpt  # noqa: E402
 
 
@@ -80,6 +81,15 @@ def test_train_gpt_bad_args():
         args = train_gpt.parse_args(["--compact-master", "--dtype", "bf16", "--overlap", overlap])
         check(args.compact_master and args.overlap == overlap,
               f"--compact-master with --dtype bf16 and --overlap {overlap} accepted")
+    # the overlap with the model on the CPU is warned of; on the GPU, or not overlapped, nothing said
+    for overlap in ("off", "forward", "backward", "both"):
+        args = train_gpt.parse_args(["--overlap", overlap])
+        on_cpu = train_gpt.overlap_warning(args, torch.device("cpu"))
+        on_gpu = train_gpt.overlap_warning(args, torch.device("cuda", 0))
+        want = overlap != "off"
+        check(on_gpu is None and (on_cpu is not None) == want
+              and (not want or f"--overlap {overlap} with the model on the CPU" in on_cpu),
+              f"--overlap {overlap}: warned of on the CPU only when overlapped ({on_cpu!r}, {on_gpu!r})")
     with tempfile.TemporaryDirectory() as d:
         args = train_gpt.parse_args(["--log-json", os.path.join(d, "x.json"), "--subgroup-size", "2e4"])
         check(args.log_json.endswith("x.json") and os.listdir(d) == [], "a --log-json path accepted, nothing written")

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <iterator>
 #include <stdexcept>
@@ -529,6 +530,38 @@ int parse_command_line(int argc, char** argv, Args& a) {
                                            : "'" + s + "' is not a decimal number (such as 3, 0.5 or 1e-4)";
         },
         ""));
+  // An empty value would read as the option left out (a value) or fail later (a path): refuse it
+  // here rather than drop it silently.
+  struct Valued {
+    const char* opt;
+    const std::string* value;
+    const char* left_out;  // what leaving the option out gives; nullptr: the option takes a path
+  };
+  const Valued values[] = {{"--k", &a.k, "the policy's own plan"},
+                           {"--gpu-fraction", &a.gpu_fraction, "the policy's own plan"},
+                           {"--gpu-resident-budget", &a.gpu_resident_budget, "no resident state"},
+                           {"--gpu-update-budget", &a.gpu_update_budget, "no limit but StarPU's"},
+                           {"--speculation-budget", &a.speculation_budget, "the runtime's default"},
+                           {"--copy-by", &a.copy_by, "DOS_COPY_BY's rule, else adaptive"},
+                           {"--report", &a.report, nullptr},
+                           {"--save-params", &a.save_params, nullptr},
+                           {"--timeline", &a.timeline, nullptr},
+                           {"--save-state", &a.save_state, nullptr},
+                           {"--resume", &a.resume, nullptr}};
+  const auto refuse_empty = [](const Valued& v) {
+    if (v.left_out)
+      std::fprintf(stderr, "dos-train: error: %s needs a value, got an empty one (leave %s out for %s)\n", v.opt, v.opt,
+                   v.left_out);
+    else
+      std::fprintf(stderr, "dos-train: error: %s needs a path, got an empty one\n", v.opt);
+    return 1;
+  };
+  // CLI11 reads "--k=" as a value left out ("1 required TEXT missing"): the same message as "--k ''"
+  for (int i = 1; i < argc && std::strcmp(argv[i], "--") != 0; ++i)
+    for (const Valued& v : values)
+      if (std::strlen(argv[i]) == std::strlen(v.opt) + 1 && std::strncmp(argv[i], v.opt, std::strlen(v.opt)) == 0 &&
+          argv[i][std::strlen(v.opt)] == '=')
+        return refuse_empty(v);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -552,33 +585,8 @@ int parse_command_line(int argc, char** argv, Args& a) {
     std::fprintf(stderr, "dos-train: error: --config needs the path of a config.json file, got an empty one\n");
     return 1;
   }
-  // An empty value would read as the option left out (a value) or fail later (a path): refuse it
-  // here rather than drop it silently.
-  struct Valued {
-    const char* opt;
-    const std::string* value;
-    const char* left_out;  // what leaving the option out gives; nullptr: the option takes a path
-  };
-  const Valued values[] = {{"--k", &a.k, "the policy's own plan"},
-                           {"--gpu-fraction", &a.gpu_fraction, "the policy's own plan"},
-                           {"--gpu-resident-budget", &a.gpu_resident_budget, "no resident state"},
-                           {"--gpu-update-budget", &a.gpu_update_budget, "no limit but StarPU's"},
-                           {"--speculation-budget", &a.speculation_budget, "the runtime's default"},
-                           {"--copy-by", &a.copy_by, "DOS_COPY_BY's rule, else adaptive"},
-                           {"--report", &a.report, nullptr},
-                           {"--save-params", &a.save_params, nullptr},
-                           {"--timeline", &a.timeline, nullptr},
-                           {"--save-state", &a.save_state, nullptr},
-                           {"--resume", &a.resume, nullptr}};
   for (const Valued& v : values)
-    if (app.count(v.opt) && v.value->empty()) {
-      if (v.left_out)
-        std::fprintf(stderr, "dos-train: error: %s needs a value, got an empty one (leave %s out for %s)\n", v.opt,
-                     v.opt, v.left_out);
-      else
-        std::fprintf(stderr, "dos-train: error: %s needs a path, got an empty one\n", v.opt);
-      return 1;
-    }
+    if (app.count(v.opt) && v.value->empty()) return refuse_empty(v);
   return -1;
 }
 

@@ -547,6 +547,33 @@ def test_write_between_accumulations():
     print("a gradient written between two accumulations: redone, the same bits; said once:", caught[0][:80])
 
 
+def test_partial_redo_warning():
+    """test_write_between_accumulations' write, with a and b in two param groups (two buckets): only
+    a's bucket loses its speculative updates each step, and the warning, given once, says in how many
+    of the buckets."""
+    torch.manual_seed(0)
+    a, b = torch.nn.Linear(16, 4).to(DEVICE), torch.nn.Linear(16, 4).to(DEVICE)
+    opt = dos.DeepOptimizerStates([{"params": list(a.parameters())}, {"params": list(b.parameters())}], lr=1e-2,
+                                  subgroup_size=16, overlap=True)
+    caught = []
+    for step in range(opt.REDO_STREAK_WARNING + 1):
+        x, y = torch.randn(8, 16, device=DEVICE), torch.randn(8, 4, device=DEVICE)
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(a(x), y).backward()
+        with torch.no_grad():
+            a.weight.grad.mul_(0.5)
+        torch.nn.functional.mse_loss(b(x), y).backward()
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            opt.step()
+        caught += [str(m.message) for m in w if "lost their speculative updates" in str(m.message)]
+        v = opt.last_step["verdicts"]
+        assert len(v) == 2 and v[0] == "changed" and v[1] != "changed", (step, opt.last_step)
+    opt.close()
+    assert len(caught) == 1 and "in 1 of their 2 buckets" in caught[0] and "nothing in them" in caught[0], caught
+    print("one bucket of two redone every step: said once, with the bucket count:", caught[0][:110])
+
+
 def test_skipped_steps_no_warning():
     """The write between two accumulations of test_write_between_accumulations on every step, but
     each step skipped (an inf gradient): a skipped step drops its speculation and redoes nothing,
@@ -669,6 +696,7 @@ def main():
     test_budget_and_fallback()
     test_forward_overlap_cases()
     test_write_between_accumulations()
+    test_partial_redo_warning()
     test_skipped_steps_no_warning()
     test_declarer()
     print("overlap on and off: the same bits")

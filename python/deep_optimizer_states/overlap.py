@@ -364,10 +364,11 @@ class _Overlap:
     def _note_redo_streak(self, reasons):
         """Warns once per optimizer (``UserWarning``) when the last :attr:`REDO_STREAK_WARNING`
         steps each lost their speculative updates for the same reasons (``reasons``: this step's
-        ``redo_reasons``): those made were redone, and once the reason is seen no more are made for
-        the step, so the overlap gains nothing; the reason says what to change (a clip on every
-        step, a write of the caller's into the gradients, ...). Steps without a reason start the
-        count again."""
+        ``redo_reasons``, one per bucket that lost them): those made in those buckets were redone,
+        and once the reason is seen no more are made there for the step, so the overlap gains nothing
+        in them; the warning says in how many of the buckets when not in all, and the reason what to
+        change (a clip on every step, a write of the caller's into the gradients, ...). Steps without
+        a reason start the count again."""
         if not self.overlap or self._redo_warned:
             return
         key = tuple(sorted(set(reasons)))
@@ -377,10 +378,14 @@ class _Overlap:
             self._redo_key, self._redo_streak = (key, 1) if key else (None, 0)
         if self._redo_streak >= self.REDO_STREAK_WARNING:
             self._redo_warned = True
+            nb = len(self._buckets)
+            where = "" if len(reasons) >= nb else f" in {len(reasons)} of their {nb} buckets"
+            there = "" if not where else " there"
             warnings.warn(f"DeepOptimizerStates(overlap=True): the last {self._redo_streak} steps each lost their "
-                          f"speculative updates ({'; '.join(key)}): those made were redone and no more were made, "
-                          "so the overlap gains nothing while that lasts; last_step['redo_reasons'] says why for each "
-                          "step, last_step['speculated'] and ['redone'] how many", stacklevel=3)
+                          f"speculative updates{where} ({'; '.join(key)}): those made{there} were redone and no more "
+                          f"were made{there}, so the overlap gains nothing{' in them' if where else ''} while that "
+                          "lasts; last_step['redo_reasons'] says why for each step, last_step['speculated'] and "
+                          "['redone'] how many", stacklevel=3)
 
     @staticmethod
     def _overlap_summary(stats, verdicts, reasons=()):

@@ -21,7 +21,9 @@ prints:
 - the CPU lane's idle gaps of at least ``--gap-ms`` (default 5 ms), when each began and how long;
 - the streamed subgroups' chain: when the first streamed GPU Adam (lane ``gpu``, kind ``adam``)
   began, the shortest, median and longest intervals between the starts of consecutive ones, and
-  when the CPU's last task ended against the chain's last write-back (or last streamed Adam);
+  when the CPU's last task ended against the chain's last write-back (or last streamed Adam), and
+  how many of the streamed Adams began before that end (a chain that waits while the CPU works
+  shows few of them there, and the rest one after the other once it has stopped);
 - the tail: from the end of the last streamed GPU Adam (lane ``gpu``, kind ``adam``) to the end of
   the phase, its length and the tasks that ran in it, by lane and kind;
 - PCIe: the bytes each way over the phase and their average rate (GB/s, 1e9 bytes), and the same
@@ -127,8 +129,9 @@ def chain(tasks):
     Adams on lane ``gpu`` of the subgroups that have a write-back; every GPU Adam in a timeline
     without write-backs): {"first_adam" (s since the phase began), "interval_seconds": {"min",
     "median", "max"} between the starts of consecutive streamed Adams, or None with one, "cpu_end":
-    the CPU lane's last end (s) or None without one, "chain_end": the last end of those Adams and
-    the write-backs (s)}."""
+    the CPU lane's last end (s) or None without one, "beside_cpu": how many of the streamed Adams
+    began before that end (None without CPU tasks), "count": how many streamed Adams, "chain_end":
+    the last end of those Adams and the write-backs (s)}."""
     wb = [t for t in tasks if t["lane"] == "writeback"]
     streamed = {t.get("subgroup") for t in wb}
     # with write-backs, only the Adams of the subgroups written back (a resident one's Adam is not
@@ -140,9 +143,11 @@ def chain(tasks):
     gaps = [b - a for a, b in zip(starts, starts[1:])]
     ends = [t["end"] for t in wb + adams]
     cpu = [t["end"] for t in tasks if t["lane"] == "cpu"]
+    cpu_end = max(cpu) if cpu else None
     return {"first_adam": starts[0],
             "interval_seconds": {"min": min(gaps), "median": statistics.median(gaps), "max": max(gaps)} if gaps else None,
-            "cpu_end": max(cpu) if cpu else None, "chain_end": max(ends)}
+            "cpu_end": cpu_end, "beside_cpu": None if cpu_end is None else sum(1 for x in starts if x < cpu_end),
+            "count": len(starts), "chain_end": max(ends)}
 
 
 def _is_time(x):
@@ -271,6 +276,8 @@ def render(s):
         if c["cpu_end"] is not None:
             line += f"; the CPU's last task ended at {1e3 * c['cpu_end']:.0f} ms"
         line += f", the chain at {1e3 * c['chain_end']:.0f} ms"
+        if c.get("beside_cpu") is not None:
+            line += f"; {c['beside_cpu']} of the {c['count']} streamed Adams began before the CPU's end"
         lines.append(line)
     t = s["tail"]
     if t["from"] is None:

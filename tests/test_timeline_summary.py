@@ -120,7 +120,8 @@ w2 = ts.summarize({"tasks": wdoc["tasks"] + [{"lane": "gpu", "what": "adam", "su
 c2 = w2["chain"]
 near(c2["interval_seconds"]["median"], 0.029, "chain interval"), near(c2["chain_end"], 0.130, "chain end with write-backs")
 if "streamed chain: first Adam at 30 ms, then one every 29.0/29.0/29.0 ms (shortest/median/longest); the CPU's last task " \
-        "ended at 140 ms, the chain at 130 ms" not in "\n".join(ts.render(w2)):
+        "ended at 140 ms, the chain at 130 ms; 2 of the 2 streamed Adams began before the CPU's end" \
+        not in "\n".join(ts.render(w2)):
     fails.append(f"chain line: {ts.render(w2)}")
 # out of time order on purpose: streamed Adams (subgroups 2, 4, 6, 8 with write-backs) start at 30,
 # 59, 110 and 100 ms: intervals 29, 41 and 10 ms; a resident subgroup's Adam (9, no write-back) at
@@ -139,6 +140,17 @@ near(co["first_adam"], 0.030, "odd: first streamed Adam")
 for k, w in (("min", 0.010), ("median", 0.029), ("max", 0.041)):
     near(co["interval_seconds"][k], w, f"odd: interval {k}")
 near(co["cpu_end"], 0.140, "odd: cpu end"), near(co["chain_end"], 0.130, "odd: chain end")
+if (co["beside_cpu"], co["count"]) != (4, 4):
+    fails.append(f"odd: 4 of 4 streamed Adams began before the CPU's end, got {co}")
+# a chain that waits while the CPU works: the CPU busy until 50 ms, streamed Adams at 30, 60 and 90 ms
+late = {"tasks": [{"lane": "cpu", "what": "adam", "subgroup": 0, "start": 0.0, "end": 0.050}] + [
+    t for k, at in ((1, 0.030), (2, 0.060), (3, 0.090)) for t in (
+        {"lane": "gpu", "what": "adam", "subgroup": k, "start": at, "end": at + 0.001},
+        {"lane": "writeback", "what": "state", "subgroup": k, "start": at + 0.001, "end": at + 0.020})]}
+cl = ts.summarize(late)["chain"]
+if (cl["beside_cpu"], cl["count"]) != (1, 3) or "1 of the 3 streamed Adams began before the CPU's end" not in \
+        "\n".join(ts.render(ts.summarize(late))):
+    fails.append(f"late: 1 of 3 streamed Adams before the CPU's end, got {cl}")
 if p["chain"] is not None:
     fails.append(f"a chain without a streamed Adam: {p['chain']}")
 if ts.summarize(wdoc)["writebacks"]["gbps"] is not None:

@@ -555,17 +555,18 @@ def main(argv=None):
                         "update s from the end of backward: compare the iterations" if any(r["overlapped"] for r in rows)
                         else ""))
     notes.extend(copy_rule_notes(runs, order))
-    steady_rows = [(r["label"], r, "its runs' medians" if a.repeats > 1 else "its update phases") for r in rows]
-    steady_rows += [(f"baseline {b['variant']}", b, "its runs' medians" if a.repeats > 1 else "its update phases")
-                    for b in brows]
-    steady_rows += [(f"peer {k}", peer_rows[k], "its rounds' means" if len(peer_runs[k]) > 1 else "its phases")
+    ours = ("its runs' medians" if a.repeats > 1 else "its update phases", "its median", "--iterations or --repeats")
+    steady_rows = [(r["label"], r, ours) for r in rows] + [(f"baseline {b['variant']}", b, ours) for b in brows]
+    steady_rows += [(f"peer {k}", peer_rows[k],
+                     ("its rounds' means", "its median", "--repeats") if len(peer_runs[k]) > 1 else
+                     ("its phases (its best and worst)", "its mean per phase", "--peer-iters or --repeats"))
                     for k in peers]
-    for name, row, what in steady_rows:
+    for name, row, (what, figure, more) in steady_rows:
         lo, hi = row.get("update_seconds_min"), row.get("update_seconds_max")
         if lo and hi and hi > UNSTEADY * lo:  # one slow phase (a loaded machine) moves a median of few
             notes.append(f"WARNING: {name}: {what} ranged {lo:.4f}..{hi:.4f} s, more than {UNSTEADY:g}x "
-                         "apart: its median is not a steady figure, nor a ratio made with it (more --iterations or "
-                         "--repeats, on a machine with nothing else running)")
+                         f"apart: {figure} is not a steady figure, nor a ratio made with it (more {more}, on a "
+                         "machine with nothing else running)")
     for row in rows:  # the overlap's gain, iteration against iteration
         base = by_label.get(row["label"][: -len("+overlap")]) if row["label"].endswith("+overlap") else None
         if base and base.get("iteration_seconds") and row.get("iteration_seconds"):

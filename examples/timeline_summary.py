@@ -277,7 +277,8 @@ def render(s):
             line += f"; the CPU's last task ended at {1e3 * c['cpu_end']:.0f} ms"
         line += f", the chain at {1e3 * c['chain_end']:.0f} ms"
         if c.get("beside_cpu") is not None:
-            line += f"; {c['beside_cpu']} of the {c['count']} streamed Adams began before the CPU's end"
+            line += (f"; {c['beside_cpu']} of the {c['count']} streamed Adam{'s' if c['count'] != 1 else ''} began "
+                     "before the CPU's end")
         lines.append(line)
     t = s["tail"]
     if t["from"] is None:

@@ -416,8 +416,9 @@ def overlap_warning(args, device):
     trained about 3x slower with ``--overlap both``). Raises nothing."""
     if args.overlap == "off" or device.type != "cpu":
         return None
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return (f"train_gpt: warning: --overlap {args.overlap} with the model on the CPU: its forward and backward "
-            f"run on the cores CPU Adam uses ({os.cpu_count()} here), so the update takes cores from them "
+            f"run on the cores CPU Adam uses ({cores} here), so the update takes cores from them "
             f"instead of hiding behind them; the overlap is meant for a model on the GPU (--overlap off here)")
 
 

@@ -191,9 +191,12 @@ expect "--speculation-budget needs a value, got an empty one" --speculation-budg
 expect "--k needs a value, got an empty one" --k ""
 expect "--gpu-fraction needs a value, got an empty one" --gpu-fraction ""
 expect "--copy-by needs a value, got an empty one" --copy-by ""
-# CLI11 reads "--k=" as a value left out: the same message as --k ""
+# CLI11 reads "--k=" as a value left out, or takes the next argument: the same message as --k ""
 expect "--k needs a value, got an empty one" --k=
 expect "--save-state needs a path, got an empty one" --save-state=
+# and every other option that takes a value: CLI11 would take the next argument for it
+expect "--policy needs a value, got an empty one" --policy= --plan-only
+expect "--iterations needs a value, got an empty one" --iterations=
 # sizes and numbers: a parameter count that overflows 64 bits, numbers printed as given
 printf '{ "model_type": "llama", "num_hidden_layers": 32768, "hidden_size": 16777216, "intermediate_size": 11184809, "num_attention_heads": 1, "vocab_size": 98304 }' > "$tmp/wrap.json"
 expect "more than dos-train handles" --config "$tmp/wrap.json"

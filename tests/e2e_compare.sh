@@ -528,6 +528,10 @@ assert "peer_best_dos_stride" not in rr and d["ratios"]["peer_best_dos_stride"] 
 assert "dos_vs_peer_zero_offload" in d["ratios"] and not any(k.startswith("dos_") for k in rr), (d["ratios"], rr)
 warned = [n for n in d["notes"] if n.startswith("WARNING: alt_vs_peer_zero_offload:")]
 assert len(warned) == 1 and "not a measured difference" in warned[0], d["notes"]
+# one round of a peer whose phases ranged 4x (its RESULT line's best and worst): warned of as such
+unsteady = [n for n in d["notes"] if n.startswith("WARNING: peer zero_offload: its phases (its best and worst) ranged")]
+assert len(unsteady) == 1 and "its mean per phase is not a steady figure" in unsteady[0] \
+    and "more --peer-iters or --repeats" in unsteady[0], d["notes"]
 assert not any(n.startswith("WARNING: alt_vs_peer_best_dos_stride") for n in d["notes"]), d["notes"]
 import re
 row = re.search(r"\| peer zero_offload \(external, PyTorch\) \| - \| - \| ([0-9.]+) \| - \| ([0-9.]+)\.\.([0-9.]+) \|", text)

@@ -550,28 +550,34 @@ def test_write_between_accumulations():
 def test_partial_redo_warning():
     """test_write_between_accumulations' write, with a and b in two param groups (two buckets): only
     a's bucket loses its speculative updates each step, and the warning, given once, says in how many
-    of the buckets."""
-    torch.manual_seed(0)
-    a, b = torch.nn.Linear(16, 4).to(DEVICE), torch.nn.Linear(16, 4).to(DEVICE)
-    opt = dos.DeepOptimizerStates([{"params": list(a.parameters())}, {"params": list(b.parameters())}], lr=1e-2,
-                                  subgroup_size=16, overlap=True)
-    caught = []
-    for step in range(opt.REDO_STREAK_WARNING + 1):
-        x, y = torch.randn(8, 16, device=DEVICE), torch.randn(8, 4, device=DEVICE)
-        opt.zero_grad()
-        torch.nn.functional.mse_loss(a(x), y).backward()
-        with torch.no_grad():
-            a.weight.grad.mul_(0.5)
-        torch.nn.functional.mse_loss(b(x), y).backward()
-        with warnings.catch_warnings(record=True) as w:
-            warnings.simplefilter("always")
-            opt.step()
-        caught += [str(m.message) for m in w if "lost their speculative updates" in str(m.message)]
-        v = opt.last_step["verdicts"]
-        assert len(v) == 2 and v[0] == "changed" and v[1] != "changed", (step, opt.last_step)
-    opt.close()
-    assert len(caught) == 1 and "in 1 of their 2 buckets" in caught[0] and "nothing in them" in caught[0], caught
-    print("one bucket of two redone every step: said once, with the bucket count:", caught[0][:110])
+    of the buckets; with b's gradients written too on every other step, the fewest and the most."""
+    for both_every, want in ((0, "in 1 of their 2 buckets"), (2, "in 1 to 2 of their 2 buckets")):
+        torch.manual_seed(0)
+        a, b = torch.nn.Linear(16, 4).to(DEVICE), torch.nn.Linear(16, 4).to(DEVICE)
+        opt = dos.DeepOptimizerStates([{"params": list(a.parameters())}, {"params": list(b.parameters())}], lr=1e-2,
+                                      subgroup_size=16, overlap=True)
+        caught = []
+        for step in range(opt.REDO_STREAK_WARNING + 1):
+            x, y = torch.randn(8, 16, device=DEVICE), torch.randn(8, 4, device=DEVICE)
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(a(x), y).backward()
+            with torch.no_grad():
+                a.weight.grad.mul_(0.5)
+            torch.nn.functional.mse_loss(b(x), y).backward()
+            if both_every and step % both_every == 1:
+                with torch.no_grad():
+                    b.weight.grad.mul_(0.5)
+            with warnings.catch_warnings(record=True) as w:
+                warnings.simplefilter("always")
+                opt.step()
+            caught += [str(m.message) for m in w if "lost their speculative updates" in str(m.message)]
+            v = opt.last_step["verdicts"]
+            b_changed = bool(both_every) and step % both_every == 1
+            assert len(v) == 2 and v[0] == "changed" and (v[1] == "changed") == b_changed, (step, opt.last_step)
+            assert len(set(opt.last_step["redo_reasons"])) == 1, opt.last_step["redo_reasons"]  # one streak
+        opt.close()
+        assert len(caught) == 1 and want in caught[0] and "nothing in them" in caught[0], (want, caught)
+        print("buckets redone every step, said once with their count:", caught[0][60:150])
 
 
 def test_skipped_steps_no_warning():

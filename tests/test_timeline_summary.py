@@ -140,6 +140,8 @@ near(co["first_adam"], 0.030, "odd: first streamed Adam")
 for k, w in (("min", 0.010), ("median", 0.029), ("max", 0.041)):
     near(co["interval_seconds"][k], w, f"odd: interval {k}")
 near(co["cpu_end"], 0.140, "odd: cpu end"), near(co["chain_end"], 0.130, "odd: chain end")
+if "1 of the 1 streamed Adam began before the CPU's end" not in "\n".join(ts.render(s)):
+    fails.append(f"one streamed Adam's chain line: {ts.render(s)}")
 if (co["beside_cpu"], co["count"]) != (4, 4):
     fails.append(f"odd: 4 of 4 streamed Adams began before the CPU's end, got {co}")
 # a chain that waits while the CPU works: the CPU busy until 50 ms, streamed Adams at 30, 60 and 90 ms

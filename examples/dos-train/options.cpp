@@ -556,12 +556,30 @@ int parse_command_line(int argc, char** argv, Args& a) {
       std::fprintf(stderr, "dos-train: error: %s needs a path, got an empty one\n", v.opt);
     return 1;
   };
-  // CLI11 reads "--k=" as a value left out ("1 required TEXT missing"): the same message as "--k ''"
+  // CLI11 reads "--k=" as a value left out, or takes the next argument for its value: every option
+  // that takes a value, given as "--name=" with nothing after, is refused here (the options above
+  // with their own message), unless it is the value of the option before it or help was asked for
+  const auto takes_value = [&](const std::string& name) {
+    const CLI::Option* o = name.size() > 2 ? app.get_option_no_throw(name) : nullptr;
+    return o && o->get_items_expected_min() > 0;
+  };
+  bool help = false;
   for (int i = 1; i < argc && std::strcmp(argv[i], "--") != 0; ++i)
+    help = help || std::strcmp(argv[i], "--help") == 0 || std::strcmp(argv[i], "-h") == 0;
+  for (int i = 1; i < argc && !help && std::strcmp(argv[i], "--") != 0; ++i) {
+    const std::string arg = argv[i];
+    if (i > 1 && std::strchr(argv[i - 1], '=') == nullptr && takes_value(argv[i - 1])) continue;  // a value
+    if (arg.size() < 4 || arg.compare(0, 2, "--") != 0 || arg.back() != '=' || arg.find('=') != arg.size() - 1)
+      continue;
+    const std::string name = arg.substr(0, arg.size() - 1);
     for (const Valued& v : values)
-      if (std::strlen(argv[i]) == std::strlen(v.opt) + 1 && std::strncmp(argv[i], v.opt, std::strlen(v.opt)) == 0 &&
-          argv[i][std::strlen(v.opt)] == '=')
-        return refuse_empty(v);
+      if (name == v.opt) return refuse_empty(v);
+    if (takes_value(name)) {
+      std::fprintf(stderr, "dos-train: error: %s needs a value, got an empty one ('%s'): give %s VALUE, or leave it out\n",
+                   name.c_str(), arg.c_str(), name.c_str());
+      return 1;
+    }
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

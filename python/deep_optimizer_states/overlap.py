@@ -366,20 +366,23 @@ class _Overlap:
         steps each lost their speculative updates for the same reasons (``reasons``: this step's
         ``redo_reasons``, one per bucket that lost them): those made in those buckets were redone,
         and once the reason is seen no more are made there for the step, so the overlap gains nothing
-        in them; the warning says in how many of the buckets when not in all, and the reason what to
-        change (a clip on every step, a write of the caller's into the gradients, ...). Steps without
-        a reason start the count again."""
+        in them; the warning says in how many of the buckets (the fewest and the most over those
+        steps) when not in all of them on every step, and the reason what to change (a clip on every
+        step, a write of the caller's into the gradients, ...). Steps without a reason start the
+        count again."""
         if not self.overlap or self._redo_warned:
             return
         key = tuple(sorted(set(reasons)))
         if key and key == self._redo_key:
             self._redo_streak += 1
+            self._redo_lost.append(len(reasons))
         else:
             self._redo_key, self._redo_streak = (key, 1) if key else (None, 0)
+            self._redo_lost = [len(reasons)] if key else []
         if self._redo_streak >= self.REDO_STREAK_WARNING:
             self._redo_warned = True
-            nb = len(self._buckets)
-            where = "" if len(reasons) >= nb else f" in {len(reasons)} of their {nb} buckets"
+            nb, lo, hi = len(self._buckets), min(self._redo_lost), max(self._redo_lost)
+            where = "" if lo >= nb else f" in {lo if lo == hi else f'{lo} to {hi}'} of their {nb} buckets"
             there = "" if not where else " there"
             warnings.warn(f"DeepOptimizerStates(overlap=True): the last {self._redo_streak} steps each lost their "
                           f"speculative updates{where} ({'; '.join(key)}): those made{there} were redone and no more "

@@ -547,6 +547,24 @@ def test_write_between_accumulations():
     print("a gradient written between two accumulations: redone, the same bits; said once:", caught[0][:80])
 
 
+def _step_with_a_written(opt, a, b, after_b):
+    """One step of two losses: a's backward, a's weight gradient halved in place (after its hook
+    declared it final), b's backward, then after_b() (a write of b's gradients, or nothing), then
+    step(); returns the messages of the warnings that the steps lost their speculative updates."""
+    x, y = torch.randn(8, 16, device=DEVICE), torch.randn(8, 4, device=DEVICE)
+    opt.zero_grad()
+    torch.nn.functional.mse_loss(a(x), y).backward()
+    with torch.no_grad():
+        a.weight.grad.mul_(0.5)
+    torch.nn.functional.mse_loss(b(x), y).backward()
+    with torch.no_grad():
+        after_b()
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        opt.step()
+    return [str(m.message) for m in w if "lost their speculative updates" in str(m.message)]
+
+
 def test_partial_redo_warning():
     """test_write_between_accumulations' write, with a and b in two param groups (two buckets): only
     a's bucket loses its speculative updates each step, and the warning, given once, says in how many
@@ -558,21 +576,9 @@ def test_partial_redo_warning():
                                       subgroup_size=16, overlap=True)
         caught = []
         for step in range(opt.REDO_STREAK_WARNING + 1):
-            x, y = torch.randn(8, 16, device=DEVICE), torch.randn(8, 4, device=DEVICE)
-            opt.zero_grad()
-            torch.nn.functional.mse_loss(a(x), y).backward()
-            with torch.no_grad():
-                a.weight.grad.mul_(0.5)
-            torch.nn.functional.mse_loss(b(x), y).backward()
-            if both_every and step % both_every == 1:
-                with torch.no_grad():
-                    b.weight.grad.mul_(0.5)
-            with warnings.catch_warnings(record=True) as w:
-                warnings.simplefilter("always")
-                opt.step()
-            caught += [str(m.message) for m in w if "lost their speculative updates" in str(m.message)]
-            v = opt.last_step["verdicts"]
             b_changed = bool(both_every) and step % both_every == 1
+            caught += _step_with_a_written(opt, a, b, (lambda: b.weight.grad.mul_(0.5)) if b_changed else (lambda: None))
+            v = opt.last_step["verdicts"]
             assert len(v) == 2 and v[0] == "changed" and (v[1] == "changed") == b_changed, (step, opt.last_step)
             assert len(set(opt.last_step["redo_reasons"])) == 1, opt.last_step["redo_reasons"]  # one streak
         opt.close()
@@ -589,19 +595,11 @@ def test_skipped_steps_no_warning():
     opt = dos.DeepOptimizerStates(list(a.parameters()) + list(b.parameters()), lr=1e-2, subgroup_size=16,
                                   overlap=True)
     caught = []
+    def inf_in_b():
+        b.bias.grad[0] = float("inf")
+
     for step in range(2 * opt.REDO_STREAK_WARNING):
-        x, y = torch.randn(8, 16, device=DEVICE), torch.randn(8, 4, device=DEVICE)
-        opt.zero_grad()
-        torch.nn.functional.mse_loss(a(x), y).backward()
-        with torch.no_grad():
-            a.weight.grad.mul_(0.5)
-        torch.nn.functional.mse_loss(b(x), y).backward()
-        with torch.no_grad():
-            b.bias.grad[0] = float("inf")
-        with warnings.catch_warnings(record=True) as w:
-            warnings.simplefilter("always")
-            opt.step()
-        caught += [str(m.message) for m in w if "lost their speculative updates" in str(m.message)]
+        caught += _step_with_a_written(opt, a, b, inf_in_b)
         assert opt.last_step["skipped"], (step, opt.last_step)
     opt.close()
     assert not caught, caught

@@ -31,7 +31,7 @@ expect() {  # expect "substring of the message" dos-train-args... (PLAN=1: no --
   echo "ok: $* -> $(grep -i -- "$want" <<<"$out" | head -1)"
 }
 expect "unknown policy" --policy nosuch
-expect "needs a name" --policy ""
+expect "--policy needs a value, got an empty one" --policy ""
 expect "unknown preset" --preset nosuch
 # the calibration's link_share rule: refused wherever a model policy runs, a machine without a GPU
 # (which never calibrates) included; a policy without a model does not read it
@@ -197,6 +197,10 @@ expect "--save-state needs a path, got an empty one" --save-state=
 # and every other option that takes a value: CLI11 would take the next argument for it
 expect "--policy needs a value, got an empty one" --policy= --plan-only
 expect "--iterations needs a value, got an empty one" --iterations=
+# even before --help, which CLI11 would take for its value; the value of an option is skipped as CLI11 takes it
+expect "--k needs a value, got an empty one" --k= --help
+expect "--timeline needs a path, got an empty one" --report --timeline --timeline=
+expect "--config needs a path, got an empty one" --config=
 # sizes and numbers: a parameter count that overflows 64 bits, numbers printed as given
 printf '{ "model_type": "llama", "num_hidden_layers": 32768, "hidden_size": 16777216, "intermediate_size": 11184809, "num_attention_heads": 1, "vocab_size": 98304 }' > "$tmp/wrap.json"
 expect "more than dos-train handles" --config "$tmp/wrap.json"

@@ -537,7 +537,9 @@ int parse_command_line(int argc, char** argv, Args& a) {
     const std::string* value;
     const char* left_out;  // what leaving the option out gives; nullptr: the option takes a path
   };
-  const Valued values[] = {{"--k", &a.k, "the policy's own plan"},
+  const Valued values[] = {{"--policy", &a.policy, "$STARPU_SCHED, else cpu"},
+                           {"--config", &a.config, nullptr},
+                           {"--k", &a.k, "the policy's own plan"},
                            {"--gpu-fraction", &a.gpu_fraction, "the policy's own plan"},
                            {"--gpu-resident-budget", &a.gpu_resident_budget, "no resident state"},
                            {"--gpu-update-budget", &a.gpu_update_budget, "no limit but StarPU's"},
@@ -556,22 +558,23 @@ int parse_command_line(int argc, char** argv, Args& a) {
       std::fprintf(stderr, "dos-train: error: %s needs a path, got an empty one\n", v.opt);
     return 1;
   };
-  // CLI11 reads "--k=" as a value left out, or takes the next argument for its value: every option
-  // that takes a value, given as "--name=" with nothing after, is refused here (the options above
-  // with their own message), unless it is the value of the option before it or help was asked for
+  // CLI11 reads "--k=" as a value left out, or takes the next argument (even "--help") for its
+  // value: every option that takes a value, given as "--name=" with nothing after, is refused here
+  // (the options above with their own message). The walk skips each value as CLI11 takes it: the
+  // argument after an option that takes a value, given without '='.
   const auto takes_value = [&](const std::string& name) {
-    const CLI::Option* o = name.size() > 2 ? app.get_option_no_throw(name) : nullptr;
+    const CLI::Option* o = name.size() >= 2 && name[0] == '-' ? app.get_option_no_throw(name) : nullptr;
     return o && o->get_items_expected_min() > 0;
   };
-  bool help = false;
-  for (int i = 1; i < argc && std::strcmp(argv[i], "--") != 0; ++i)
-    help = help || std::strcmp(argv[i], "--help") == 0 || std::strcmp(argv[i], "-h") == 0;
-  for (int i = 1; i < argc && !help && std::strcmp(argv[i], "--") != 0; ++i) {
+  for (int i = 1; i < argc && std::strcmp(argv[i], "--") != 0; ++i) {
     const std::string arg = argv[i];
-    if (i > 1 && std::strchr(argv[i - 1], '=') == nullptr && takes_value(argv[i - 1])) continue;  // a value
-    if (arg.size() < 4 || arg.compare(0, 2, "--") != 0 || arg.back() != '=' || arg.find('=') != arg.size() - 1)
+    const std::size_t eq = arg.find('=');
+    if (eq == std::string::npos) {
+      if (takes_value(arg)) ++i;  // its value, whatever it looks like
       continue;
-    const std::string name = arg.substr(0, arg.size() - 1);
+    }
+    if (arg.size() < 4 || arg.compare(0, 2, "--") != 0 || eq != arg.size() - 1) continue;
+    const std::string name = arg.substr(0, eq);
     for (const Valued& v : values)
       if (name == v.opt) return refuse_empty(v);
     if (takes_value(name)) {
@@ -593,15 +596,6 @@ int parse_command_line(int argc, char** argv, Args& a) {
       if (comma == std::string::npos) break;
       from = comma + 1;
     }
-  }
-  if (app.count("--policy") && a.policy.empty()) {
-    std::fprintf(stderr, "dos-train: error: --policy needs a name, got an empty one (leave --policy out for "
-                         "$STARPU_SCHED, else cpu)\n");
-    return 1;
-  }
-  if (app.count("--config") && a.config.empty()) {
-    std::fprintf(stderr, "dos-train: error: --config needs the path of a config.json file, got an empty one\n");
-    return 1;
   }
   for (const Valued& v : values)
     if (app.count(v.opt) && v.value->empty()) return refuse_empty(v);

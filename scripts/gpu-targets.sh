@@ -3,7 +3,8 @@
 # each run in under 600 s on the GPU machine (PART, default tests); outputs go to $OUT. With
 # .deps/cache (and .peers) present:
 #   PART=tests scripts/gpu-targets.sh
-#   PART=tests  the GPU tests (the README's list with refinement-first-phases; 200-260 s)
+#   PART=tests  the GPU tests (the README's list with refinement-first-phases; 200-260 s, about 360 s on
+#               one H100 whose PyTorch tests ran slower: a limit of 480 s)
 #   PART=20b    the 20B quarter side by side (dos, the plan untouched, the repository's zero_offload
 #               and stride:2, the peers when .peers/torch_update_phase.py is there; -n 5, with
 #               dos-bench host's bound), then with 31.5 GB resident (dos, static:0.4, the
@@ -80,7 +81,7 @@ PEERS=()
 [ -f .peers/torch_update_phase.py ] && PEERS=(--peers .peers/torch_update_phase.py)
 case $PART in
   tests)
-    step tests 150 330 bash -c 'meson test -C build --print-errorlogs $(meson test -C build --list |
+    step tests 150 480 bash -c 'meson test -C build --print-errorlogs $(meson test -C build --list |
       grep -E "cuda|train-|copy-stream" | grep -vE "mpi|nccl|shards|resume|bad-input|plan-only|integrity") \
       refinement refinement-first-phases phase-sim phase-sim-copies tail-binding model plans kernels-static \
       optimizer-dos-host-bf16-adam train-plan-only'

@@ -124,6 +124,15 @@ for k, it in enumerate(r["iterations"]):  # the optimizer's first phase (k 0) bi
     # the plan's own sides stay in "plan"; where each tail subgroup ran is in "placement"
     moved = sum(p != q for p, q in zip(it["plan"][-4:], it["placement"][-4:]))
     assert moved == it["tail_moved"], (moved, it)
+    # the model's rates after each phase's refinement (only with a model: a CUDA worker), the last
+    # the report's own; when the last streamed state was home (0 without a streamed subgroup)
+    if gpu:
+        assert set(it["rates_after"]) == set(r["rates"]) and all(v > 0 for v in it["rates_after"].values()), it
+        assert (it["stream_end_seconds"] > 0) == ("s" in it["placement"]), it
+    else:
+        assert "rates_after" not in it and it["stream_end_seconds"] == 0, it
+if gpu:
+    assert r["iterations"][-1]["rates_after"] == r["rates"], (r["iterations"][-1]["rates_after"], r["rates"])
 print("ok: %d iterations, tail bound %s, moved %s" % (len(r["iterations"]), [i["tail_bound"] for i in r["iterations"]],
                                                    [i["tail_moved"] for i in r["iterations"]]))
 PY

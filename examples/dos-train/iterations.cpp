@@ -38,6 +38,7 @@ std::vector<dos::StepStats> TrainingLoop::run(int count, const std::string& labe
     const double iter_s = std::chrono::duration<double>(clock::now() - t_iter).count();
     steps_.push_back(s);
     s_.log->add(it_, label_, s, ct, iter_s, comm_s, gc);
+    s_.log->note_rates_after(s_.opt->rates());
   }
   if (running_.open) close_running(clock::now());
   return std::move(steps_);
@@ -121,6 +122,7 @@ void TrainingLoop::close_running(clock::time_point t_next) {
   const double iter_s = std::chrono::duration<double>(t_next - running_.t_iter).count();
   steps_.push_back(s);
   s_.log->add(running_.it, label_, s, running_.ct, iter_s, 0.0, running_.gc);
+  s_.log->note_rates_after(s_.opt->rates());
 }
 
 nlohmann::ordered_json run_sweep(TrainingLoop& loop, dos::Optimizer& opt, const std::vector<std::string>& entries,

@@ -131,6 +131,10 @@ IterationLog::IterationLog(const dos::Runtime& rt, const ComputeEmulator* comput
       world_(world),
       comm_backend_(std::move(comm_backend)) {}
 
+void IterationLog::note_rates_after(const dos::Rates& rates) {
+  if (!rows_.empty() && dos::rates_complete(rates)) rows_.back()["rates_after"] = dos::rates_to_json(rates);
+}
+
 void IterationLog::add(std::int64_t it, const std::string& label, const dos::StepStats& s, const ComputeTimes& ct,
                        double iter_s, double comm_s, const GradientCheck& gc) {
   const ComputeEmulator* compute = compute_;
@@ -199,6 +203,7 @@ void IterationLog::add(std::int64_t it, const std::string& label, const dos::Ste
   row["tail_bound"] = s.tail_bound;
   row["tail_moved"] = s.tail_moved;
   row["refinement_held"] = s.refinement_held;
+  row["stream_end_seconds"] = s.stream_end_seconds;
   row["plan_seconds"] = s.plan_seconds;
   row["plan_decided_ahead"] = s.plan_decided_ahead;
   row["longest_download_seconds"] = s.longest_download_seconds;

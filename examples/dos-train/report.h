@@ -74,6 +74,13 @@ class IterationLog {
   void add(std::int64_t it, const std::string& label, const dos::StepStats& s, const ComputeTimes& ct,
            double iteration_seconds, double comm_seconds, const GradientCheck& gc = {});
 
+  /// Adds to the last row the model's rates as they stand after its phase (the optimizer's rates()
+  /// once the phase's refinement ran: params/s and bytes/s, as the report's "rates"), as
+  /// "rates_after", so that each phase's plan can be simulated again at the rates that made the
+  /// next one; nothing when there is no row or the rates are not complete (no model). Throws
+  /// nothing but std::bad_alloc.
+  void note_rates_after(const dos::Rates& rates);
+
   /// Every iteration's row, in order (the report's "iterations").
   const nlohmann::ordered_json& rows() const { return rows_; }
   /// The median of `key` over the rows after the first (the rows that have it); 0 when none has it.

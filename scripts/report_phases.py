@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """Prints each dos-train --report JSON's phases: update seconds, the model's prediction error
-(predicted / measured - 1, in %) and the CPU Adam rate (Gparams/s per CPU worker: the parameters
+(predicted / measured - 1, in %), the CPU Adam rate (Gparams/s per CPU worker: the parameters
 placed on the CPU over the CPU Adam tasks' busy seconds summed over the workers, as the model's
-U_c counts it), one line per report, and the median update seconds of iterations 2 on.
+U_c counts it) and, where the report has them (a run with a CUDA worker), the subgroups streamed
+and the link_share the phase's refinement left (its "rates_after"), one line per report, and the
+median update seconds of iterations 2 on.
 
     scripts/report_phases.py REPORT.json [REPORT.json ...]
 
@@ -36,6 +38,9 @@ def phase_cell(it, sizes):
     if adam > 0 and len(placement) == len(sizes):
         on_cpu = sum(n for n, side in zip(sizes, placement) if side == "c")
         cell += f", CPU Adam {1e-9 * on_cpu / adam:.2f} Gp/s"
+    after = it.get("rates_after")
+    if after is not None:
+        cell += f", {placement.count('s')} streamed, link_share then {float(after['link_share']):.3f}"
     return cell + ")"
 
 

@@ -45,6 +45,8 @@ subgroups that the runtime updates speculatively).
    gradients of two buckets told in declaration order once their waits return, each once; one
    dropped while its wait runs (as step() drops them) not told; a wait that raises handed over as a
    failure, the next one told; stop() ends the thread; a closed optimizer ends it too.
+6. tests/overlap_redo_cases.py, on this device: speculative updates lost and redone with two losses
+   (a write between two accumulations, the warning's bucket count, skipped steps).
 """
 
 import argparse
@@ -63,6 +65,7 @@ sys.path.insert(0, os.path.join(ROOT, "python"))
 
 import deep_optimizer_states as dos  # noqa: E402
 from deep_optimizer_states import overlap as dos_overlap  # noqa: E402
+import overlap_redo_cases  # noqa: E402  (this folder, the script's, is on sys.path)
 
 DEVICE = "cpu"
 MAX_NORM = 3.0  # the gradient norm is 0.8 to 1.4 here, 8 to 14 with `scale` 10
@@ -508,104 +511,6 @@ def test_budget_and_fallback():
         dos_overlap._grad_hook_kind = real
 
 
-def test_write_between_accumulations():
-    """Two losses, two backward passes into one bucket, and a gradient of the first written in place
-    between them (after its hook declared it final and its update was speculated): the next
-    accumulation must not hide the write. The verdict is changed (the step runs whole) and the bits
-    are the plain run's."""
-    import time
-    runs = {}
-    for ov in (False, True):
-        torch.manual_seed(0)
-        a, b = torch.nn.Linear(16, 4).to(DEVICE), torch.nn.Linear(16, 4).to(DEVICE)
-        runs[ov] = (a, b, dos.DeepOptimizerStates(list(a.parameters()) + list(b.parameters()), lr=1e-2,
-                                                  subgroup_size=16, overlap=ov))
-    caught = []
-    for step in range(6):
-        torch.manual_seed(100 + step)
-        x, y = torch.randn(8, 16, device=DEVICE), torch.randn(8, 4, device=DEVICE)
-        for ov, (a, b, opt) in runs.items():
-            opt.zero_grad()
-            torch.nn.functional.mse_loss(a(x), y).backward()
-            time.sleep(0.05)  # the speculative updates of a's gradients have run by now
-            with torch.no_grad():
-                a.weight.grad.mul_(0.5)  # in place, after a's gradients were declared final
-            torch.nn.functional.mse_loss(b(x), y).backward()
-            with warnings.catch_warnings(record=True) as w:
-                warnings.simplefilter("always")
-                opt.step()
-            caught += [str(m.message) for m in w if "lost their speculative updates" in str(m.message)]
-            if ov:
-                assert opt.last_step["verdicts"] == ["changed"], (step, opt.last_step)
-        pa = list(runs[False][0].parameters()) + list(runs[False][1].parameters())
-        pb = list(runs[True][0].parameters()) + list(runs[True][1].parameters())
-        assert all(torch.equal(p, q) for p, q in zip(pa, pb)), f"step {step}: a write between accumulations lost"
-    # every step redone for one reason: said once, at the fifth
-    assert len(caught) == 1 and "written in place between two accumulations" in caught[0], caught
-    for _, _, opt in runs.values():
-        opt.close()
-    print("a gradient written between two accumulations: redone, the same bits; said once:", caught[0][:80])
-
-
-def _step_with_a_written(opt, a, b, after_b):
-    """One step of two losses: a's backward, a's weight gradient halved in place (after its hook
-    declared it final), b's backward, then after_b() (a write of b's gradients, or nothing), then
-    step(); returns the messages of the warnings that the steps lost their speculative updates."""
-    x, y = torch.randn(8, 16, device=DEVICE), torch.randn(8, 4, device=DEVICE)
-    opt.zero_grad()
-    torch.nn.functional.mse_loss(a(x), y).backward()
-    with torch.no_grad():
-        a.weight.grad.mul_(0.5)
-    torch.nn.functional.mse_loss(b(x), y).backward()
-    with torch.no_grad():
-        after_b()
-    with warnings.catch_warnings(record=True) as w:
-        warnings.simplefilter("always")
-        opt.step()
-    return [str(m.message) for m in w if "lost their speculative updates" in str(m.message)]
-
-
-def test_partial_redo_warning():
-    """test_write_between_accumulations' write, with a and b in two param groups (two buckets): only
-    a's bucket loses its speculative updates each step, and the warning, given once, says in how many
-    of the buckets; with b's gradients written too on every other step, the fewest and the most."""
-    for both_every, want in ((0, "in 1 of their 2 buckets"), (2, "in 1 to 2 of their 2 buckets")):
-        torch.manual_seed(0)
-        a, b = torch.nn.Linear(16, 4).to(DEVICE), torch.nn.Linear(16, 4).to(DEVICE)
-        opt = dos.DeepOptimizerStates([{"params": list(a.parameters())}, {"params": list(b.parameters())}], lr=1e-2,
-                                      subgroup_size=16, overlap=True)
-        caught = []
-        for step in range(opt.REDO_STREAK_WARNING + 1):
-            b_changed = bool(both_every) and step % both_every == 1
-            caught += _step_with_a_written(opt, a, b, (lambda: b.weight.grad.mul_(0.5)) if b_changed else (lambda: None))
-            v = opt.last_step["verdicts"]
-            assert len(v) == 2 and v[0] == "changed" and (v[1] == "changed") == b_changed, (step, opt.last_step)
-            assert len(set(opt.last_step["redo_reasons"])) == 1, opt.last_step["redo_reasons"]  # one streak
-        opt.close()
-        assert len(caught) == 1 and want in caught[0] and "nothing in them" in caught[0], (want, caught)
-        print("buckets redone every step, said once with their count:", caught[0][60:150])
-
-
-def test_skipped_steps_no_warning():
-    """The write between two accumulations of test_write_between_accumulations on every step, but
-    each step skipped (an inf gradient): a skipped step drops its speculation and redoes nothing,
-    so the warning that the steps lost their speculative updates is not given."""
-    torch.manual_seed(0)
-    a, b = torch.nn.Linear(16, 4).to(DEVICE), torch.nn.Linear(16, 4).to(DEVICE)
-    opt = dos.DeepOptimizerStates(list(a.parameters()) + list(b.parameters()), lr=1e-2, subgroup_size=16,
-                                  overlap=True)
-    caught = []
-    def inf_in_b():
-        b.bias.grad[0] = float("inf")
-
-    for step in range(2 * opt.REDO_STREAK_WARNING):
-        caught += _step_with_a_written(opt, a, b, inf_in_b)
-        assert opt.last_step["skipped"], (step, opt.last_step)
-    opt.close()
-    assert not caught, caught
-    print(f"{2 * opt.REDO_STREAK_WARNING} skipped steps with a changed gradient: no warning")
-
-
 def test_declarer():
     """Part 5 of the module's docstring."""
     import threading
@@ -699,9 +604,9 @@ def main():
         train_schedule(dtype)
     test_budget_and_fallback()
     test_forward_overlap_cases()
-    test_write_between_accumulations()
-    test_partial_redo_warning()
-    test_skipped_steps_no_warning()
+    overlap_redo_cases.test_write_between_accumulations(DEVICE)
+    overlap_redo_cases.test_partial_redo_warning(DEVICE)
+    overlap_redo_cases.test_skipped_steps_no_warning(DEVICE)
     test_declarer()
     print("overlap on and off: the same bits")
     return 0

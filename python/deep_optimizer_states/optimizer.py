@@ -308,8 +308,8 @@ class DeepOptimizerStates(_Build, _Overlap, _ForwardOverlap, _Gradients, _State,
         self._declarer = None  # overlap.py's _Declarer, started at the first CUDA gradient declared final
         self._backwards_expected = 1  # backward passes per step, as the last step had them
         self._backwards_seen = 0      # most accumulations into one gradient since the last step
-        self._redo_key, self._redo_streak, self._redo_warned = None, 0, False  # _note_redo_streak
-        self._redo_lost = []  # buckets that lost their speculation, per step of the streak
+        self._redo_key, self._redo_warned = None, False  # _note_redo_streak
+        self._redo_lost = []  # buckets that lost their speculation, per step of the streak (its length)
         params = params if isinstance(params, torch.Tensor) else list(params)  # a tensor: torch.optim refuses it
         # which group dicts set weight_decay (torch.optim fills defaults into the same dicts)
         wd_given = [] if isinstance(params, torch.Tensor) else \

@@ -374,17 +374,16 @@ class _Overlap:
             return
         key = tuple(sorted(set(reasons)))
         if key and key == self._redo_key:
-            self._redo_streak += 1
             self._redo_lost.append(len(reasons))
-        else:
-            self._redo_key, self._redo_streak = (key, 1) if key else (None, 0)
-            self._redo_lost = [len(reasons)] if key else []
-        if self._redo_streak >= self.REDO_STREAK_WARNING:
+        else:  # a new streak (one step long), or none
+            self._redo_key, self._redo_lost = (key, [len(reasons)]) if key else (None, [])
+        streak = len(self._redo_lost)
+        if streak >= self.REDO_STREAK_WARNING:
             self._redo_warned = True
             nb, lo, hi = len(self._buckets), min(self._redo_lost), max(self._redo_lost)
             where = "" if lo >= nb else f" in {lo if lo == hi else f'{lo} to {hi}'} of their {nb} buckets"
             there = "" if not where else " there"
-            warnings.warn(f"DeepOptimizerStates(overlap=True): the last {self._redo_streak} steps each lost their "
+            warnings.warn(f"DeepOptimizerStates(overlap=True): the last {streak} steps each lost their "
                           f"speculative updates{where} ({'; '.join(key)}): those made{there} were redone and no more "
                           f"were made{there}, so the overlap gains nothing{' in them' if where else ''} while that "
                           "lasts; last_step['redo_reasons'] says why for each step, last_step['speculated'] and "

@@ -364,11 +364,11 @@ def main(argv=None):
         return 2
     try:
         print(text, flush=True)
-    except BrokenPipeError:  # a reader that stopped early (| head): not an error of this script
+    except OSError as e:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's flush at exit then writes nowhere
-    except OSError as e:  # standard output not writable (a full disk, /dev/full)
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        print(f"timeline_summary: could not write the summary to standard output: {e}", file=sys.stderr)
+        if isinstance(e, BrokenPipeError):  # a reader that stopped early (| head): not an error of this script
+            return 0
+        print(f"timeline_summary: could not write the summary to standard output: {e}", file=sys.stderr)  # /dev/full
         return 2
     return 0
 

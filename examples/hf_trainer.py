@@ -62,7 +62,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "python"))
 sys.path.insert(0, HERE)
 
-from train_gpt import budget_bytes, load_corpus, subgroup_elements  # noqa: E402
+from train_gpt import budget_bytes, check_hyper_args, load_corpus, subgroup_elements  # noqa: E402
 from dos_number_text import decimal_arg, whole_arg  # noqa: E402
 
 VOCAB = 256  # byte-level tokens
@@ -171,28 +171,21 @@ def add_common_args(ap):
 
 def check_common_args(ap, args):
     """Exits through ``ap.error`` (status 2, the option named) when a value of ``add_common_args``
-    in ``args`` is out of range: a size or count below 1 (``--warmup``, ``--seed`` below 0), a
-    ``--heads`` that does not divide ``--hidden``, a ``--seed`` of 2**32 or more, a learning rate, ``--eps``, weight decay or
-    clipping norm below 0, a beta outside [0, 1), a ``--corpus-mb`` not above 0, or a
+    in ``args`` is out of range: a size or count below 1 (``--warmup`` below 0), a ``--heads`` that
+    does not divide ``--hidden``, what ``train_gpt.check_hyper_args`` refuses (a ``--seed`` outside
+    [0, 2**32), a learning rate, ``--eps``, weight decay or clipping norm below 0, a beta outside
+    [0, 1)), a ``--corpus-mb`` not above 0, or a
     ``--subgroup-size`` that is not a whole number of elements in [1, 2**53]; then sets
     ``args.subgroup_elements`` (int) from ``--subgroup-size``."""
     for flag, value, least in (("--n-layer", args.n_layer, 1), ("--hidden", args.hidden, 1),
                                ("--heads", args.heads, 1), ("--seq-len", args.seq_len, 1),
                                ("--batch-size", args.batch_size, 1), ("--grad-accum", args.grad_accum, 1),
-                               ("--steps", args.steps, 1), ("--warmup", args.warmup, 0), ("--seed", args.seed, 0)):
+                               ("--steps", args.steps, 1), ("--warmup", args.warmup, 0)):
         if value < least:
             ap.error(f"{flag} must be a whole number >= {least}, got {value}")
-    if args.seed >= 2 ** 32:
-        ap.error(f"--seed must be in [0, 2**32 - 1] (the range numpy takes), got {args.seed}")
     if args.hidden % args.heads:
         ap.error(f"--heads {args.heads} must divide --hidden {args.hidden} (each head takes hidden / heads)")
-    for flag, value in (("--lr", args.lr), ("--eps", args.eps), ("--weight-decay", args.weight_decay),
-                        ("--max-grad-norm", args.max_grad_norm)):
-        if value < 0:
-            ap.error(f"{flag} must be >= 0, got {value}")
-    for flag, value in (("--beta1", args.beta1), ("--beta2", args.beta2)):
-        if not 0 <= value < 1:
-            ap.error(f"{flag} must be in [0, 1), got {value}")
+    check_hyper_args(ap, args)
     if not args.corpus_mb > 0:
         ap.error(f"--corpus-mb must be a number of MB > 0, got {args.corpus_mb}")
     args.subgroup_elements = subgroup_elements(ap, args.subgroup_size)

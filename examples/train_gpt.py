@@ -224,18 +224,9 @@ def parse_args(argv=None):
                                ("--print-every", args.print_every, 1), ("--warmup", args.warmup, 0)):
         if value < least:
             ap.error(f"{flag} must be a whole number >= {least}, got {value}")
-    if not 0 <= args.seed < 2 ** 32:
-        ap.error(f"--seed must be in [0, 2**32 - 1] (the range numpy and the frameworks take), got {args.seed}")
     if args.n_embd % args.n_head:
         ap.error(f"--n-head {args.n_head} must divide --n-embd {args.n_embd} (each head takes n_embd / n_head)")
-    for flag, value in (("--lr", args.lr), ("--eps", args.eps), ("--weight-decay", args.weight_decay),
-                        ("--max-grad-norm", args.max_grad_norm), ("--loss-scale", args.loss_scale),
-                        ("--time-limit", args.time_limit)):
-        if not (math.isfinite(value) and value >= 0):
-            ap.error(f"{flag} must be a finite number >= 0, got {value}")
-    for flag, value in (("--beta1", args.beta1), ("--beta2", args.beta2)):
-        if not 0 <= value < 1:
-            ap.error(f"{flag} must be in [0, 1), got {value}")
+    check_hyper_args(ap, args, (("--loss-scale", args.loss_scale), ("--time-limit", args.time_limit)))
     if args.corpus_glob is not None and not args.corpus:
         ap.error("--corpus-glob picks files in --corpus folders: give --corpus too (the default corpus is the "
                  "Python library's *.py files)")
@@ -294,6 +285,22 @@ def parse_args(argv=None):
     if args.max_grad_norm == 0:
         args.max_grad_norm = None
     return args
+
+
+def check_hyper_args(ap, args, nonnegative=()):
+    """Exits through ``ap.error`` (argparse's usage error, the option named) when ``args.seed`` is
+    outside [0, 2**32), ``args.lr``, ``eps``, ``weight_decay``, ``max_grad_norm`` or a (flag, value)
+    of ``nonnegative`` is not a finite number >= 0, or ``args.beta1`` or ``beta2`` is outside
+    [0, 1). Shared with examples/hf_trainer.py."""
+    if not 0 <= args.seed < 2 ** 32:
+        ap.error(f"--seed must be in [0, 2**32 - 1] (the range numpy and the frameworks take), got {args.seed}")
+    for flag, value in (("--lr", args.lr), ("--eps", args.eps), ("--weight-decay", args.weight_decay),
+                        ("--max-grad-norm", args.max_grad_norm)) + tuple(nonnegative):
+        if not (math.isfinite(value) and value >= 0):
+            ap.error(f"{flag} must be >= 0 (a finite number), got {value}")
+    for flag, value in (("--beta1", args.beta1), ("--beta2", args.beta2)):
+        if not 0 <= value < 1:
+            ap.error(f"{flag} must be in [0, 1), got {value}")
 
 
 def budget_bytes(ap, flag, gb, optimizer, least=0):

@@ -199,7 +199,13 @@ expect "--policy needs a value, got an empty one" --policy= --plan-only
 expect "--iterations needs a value, got an empty one" --iterations=
 # even before --help, which CLI11 would take for its value; the value of an option is skipped as CLI11 takes it
 expect "--k needs a value, got an empty one" --k= --help
-expect "--timeline needs a path, got an empty one" --report --timeline --timeline=
+# an option given without '=' whose next argument is an option of dos-train: CLI11 would take that
+# for its value (a report named "--help", "--timeline" or "-n"); a value beginning with '-' that
+# names no option passes (--seed -1 below reaches the seed's own check)
+expect "--report takes a value, and the argument after it, '--timeline', is an option of dos-train" --report --timeline --timeline=
+expect "--report takes a value, and the argument after it, '--help', is an option of dos-train" --report --help
+if [ -e ./--help ]; then echo "FAIL: '--report --help' wrote a file named --help"; fails=$((fails+1)); rm -f ./--help; fi
+expect "--timeline takes a value, and the argument after it, '-n', is an option of dos-train" --timeline -n 2
 expect "--config needs a path, got an empty one" --config=
 # sizes and numbers: a parameter count that overflows 64 bits, numbers printed as given
 printf '{ "model_type": "llama", "num_hidden_layers": 32768, "hidden_size": 16777216, "intermediate_size": 11184809, "num_attention_heads": 1, "vocab_size": 98304 }' > "$tmp/wrap.json"

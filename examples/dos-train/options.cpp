@@ -560,8 +560,10 @@ int parse_command_line(int argc, char** argv, Args& a) {
   };
   // CLI11 reads "--k=" as a value left out, or takes the next argument (even "--help") for its
   // value: every option that takes a value, given as "--name=" with nothing after, is refused here
-  // (the options above with their own message). The walk skips each value as CLI11 takes it: the
-  // argument after an option that takes a value, given without '='.
+  // (the options above with their own message), and so is an option given without '=' whose next
+  // argument is one of dos-train's options ("--report --help" would write a report named
+  // "--help"). The walk skips each value as CLI11 takes it: the argument after an option that
+  // takes a value, given without '='.
   const auto takes_value = [&](const std::string& name) {
     const CLI::Option* o = name.size() >= 2 && name[0] == '-' ? app.get_option_no_throw(name) : nullptr;
     return o && o->get_items_expected_min() > 0;
@@ -570,7 +572,16 @@ int parse_command_line(int argc, char** argv, Args& a) {
     const std::string arg = argv[i];
     const std::size_t eq = arg.find('=');
     if (eq == std::string::npos) {
-      if (takes_value(arg)) ++i;  // its value, whatever it looks like
+      if (takes_value(arg) && ++i < argc) {  // its value, whatever it looks like, unless an option of ours
+        const std::string next = argv[i], next_name = next.substr(0, next.find('='));
+        if (next_name.size() >= 2 && next_name[0] == '-' && app.get_option_no_throw(next_name)) {
+          std::fprintf(stderr,
+                       "dos-train: error: %s takes a value, and the argument after it, '%s', is an option of "
+                       "dos-train: give %s VALUE (a value that begins with '-' as %s=VALUE, a path as ./%s)\n",
+                       arg.c_str(), next.c_str(), arg.c_str(), arg.c_str(), next.c_str());
+          return 1;
+        }
+      }
       continue;
     }
     if (arg.size() < 4 || arg.compare(0, 2, "--") != 0 || eq != arg.size() - 1) continue;

@@ -49,8 +49,24 @@ Rates cap_links(const Workload& w, const Rates& r, const Rates& calibrated, std:
   return q;
 }
 
+double link_share_at_stream_end(const StreamEndAt& stream_end_at, double measured_end, double cap) {
+  const double nan = std::nan("");
+  if (!(measured_end > 0) || !std::isfinite(measured_end) || !(cap >= kLowestLinkShare) || !std::isfinite(cap))
+    return nan;
+  double lo = kLowestLinkShare, hi = cap;  // the end at lo is the latest, at hi the earliest
+  const double end_lo = stream_end_at(lo), end_hi = stream_end_at(hi);
+  if (!std::isfinite(end_lo) || !std::isfinite(end_hi) || measured_end > end_lo || measured_end < end_hi) return nan;
+  while (hi - lo > 1e-4) {
+    const double mid = 0.5 * (lo + hi), end = stream_end_at(mid);
+    if (!std::isfinite(end)) return nan;
+    (end > measured_end ? lo : hi) = mid;  // still later than measured: more share
+  }
+  return 0.5 * (lo + hi);
+}
+
 Refined refine_rates(const Workload& w, const Rates& r, const PhaseMeasure& m, const Simulation& sim,
-                     std::size_t cpu_workers, bool link_share_measured, bool u_c_measured, const Rates* calibrated) {
+                     std::size_t cpu_workers, bool link_share_measured, bool u_c_measured, const Rates* calibrated,
+                     const StreamEndAt* stream_end_at) {
   require_complete(r);
   Refined out{r, false};
   Rates& q = out.rates;
@@ -118,11 +134,16 @@ Refined refine_rates(const Workload& w, const Rates& r, const PhaseMeasure& m, c
       // left <= 0: the streams ended before the seconds alone and the waits were over, a measure
       // of no size; twice link_share stands in for it, blended, and is not link_share's measure
       const bool sized = left > 0;
-      const double share = sized ? q.link_share * beside / left : 2 * q.link_share;
       // Above U_c / U_c_dma the links get all they ask beside CPU Adam at U_c_dma: a larger share
       // changes nothing, so what the measure asks beyond it goes to B itself; so does what it asks
       // below the floor.
       const double cap = highest_link_share(q);
+      // the simulated measure reads the simulation at the rates the plan was made with (r), whose
+      // own cap bounds its search
+      const double simulated = stream_end_at && sized
+                                   ? link_share_at_stream_end(*stream_end_at, m.stream_end_seconds, highest_link_share(r))
+                                   : std::nan("");
+      const double share = std::isfinite(simulated) ? simulated : sized ? q.link_share * beside / left : 2 * q.link_share;
       const double bounded = std::min(cap, std::max(kLowestLinkShare, share));
       if (link_share_measured || !sized) {
         blend(q.link_share, bounded);
@@ -150,10 +171,10 @@ Refined refine_rates(const Workload& w, const Rates& r, const PhaseMeasure& m, c
 
 Refined refine_after_phase(const Workload& w, const Rates& r, const PhaseMeasure& m, const Simulation& sim,
                            std::size_t cpu_workers, bool link_share_measured, bool first_streamed,
-                           bool u_c_measured, const Rates* calibrated) {
+                           bool u_c_measured, const Rates* calibrated, const StreamEndAt* stream_end_at) {
   if (!first_streamed || link_share_measured)
-    return refine_rates(w, r, m, sim, cpu_workers, link_share_measured, u_c_measured, calibrated);
-  Refined out = refine_rates(w, r, m, sim, cpu_workers, false, u_c_measured, calibrated);
+    return refine_rates(w, r, m, sim, cpu_workers, link_share_measured, u_c_measured, calibrated, stream_end_at);
+  Refined out = refine_rates(w, r, m, sim, cpu_workers, false, u_c_measured, calibrated, stream_end_at);
   out.link_share_provisional = out.link_share_applied;
   out.link_share_applied = false;
   out.link_share_measured = false;

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <vector>
 
 #include "phase_sim.h"
@@ -58,6 +59,23 @@ struct Refined {
   /// after it, a phase that streams nothing blends too). What the next step's u_c_measured is.
   bool u_c_measured = false;
 };
+
+/// The phase simulation's stream end (Simulation::stream_end, seconds from the phase's first
+/// submission) of the phase's plan at the rates the plan was made with, link_share replaced by the
+/// argument (unitless); NaN when the simulation cannot progress. refine_rates' second way of
+/// measuring link_share (below) reads it.
+using StreamEndAt = std::function<double(double link_share)>;
+
+/// The link_share at which `stream_end_at` gives `measured_end` (seconds > 0), found by bisection
+/// over [kLowestLinkShare, cap] (cap >= kLowestLinkShare), stream_end_at taken as not increasing in
+/// link_share (a larger share moves the streams faster beside CPU Adam): within 1e-4 of the
+/// crossing. NaN when the measured end lies outside what the interval gives (later than at
+/// kLowestLinkShare, or earlier than at cap) or stream_end_at gives NaN at an end: the caller then
+/// measures as before. Unlike link_share x beside / (the rest of the measured end), the simulation
+/// at each candidate share also moves the streams' seconds beside CPU Adam and alone: a stream slowed
+/// beside the CPU runs on alone, at the link's full rate, after the CPU's end. Throws nothing
+/// (what stream_end_at throws is passed on).
+double link_share_at_stream_end(const StreamEndAt& stream_end_at, double measured_end, double cap);
 
 /// One step of the refinement: each rate moves half way towards what the phase measured, by at most
 /// a factor of 2 (an exponential average of weight 1/2, so that one odd phase does not swing the
@@ -140,9 +158,19 @@ struct Refined {
 /// above its cap); that part of a step raises each link at most to kLinkCeiling times its calibrated
 /// rate, or leaves it where it was when it is above that already. The links scaled by a phase whose
 /// streams ran mostly alone (a direct measure of B) are not held. Null: nothing is held.
+/// stream_end_at (may be null): when given, link_share's measure in the link_share rule above is
+/// link_share_at_stream_end of the measured stream end, the share at which the simulation's
+/// streams end when they did (within [1/16, U_c / U_c_dma]); where that gives NaN (the end lies
+/// outside what those shares give, or the simulation cannot progress) the measure is the formula
+/// above. The rest (bounds, the blend, B taking what the share cannot) is the same. On the
+/// simulation of a machine whose links get 0.3 beside CPU Adam while CPU Adam loses little
+/// (test_first_phases), the formula counts the streams' seconds alone after the CPU's end as
+/// seconds beside it and measures about 0.6 in the first phase; this measure gives the machine's
+/// share (the step's factor of 2 then holds the first step). Null (the default, and the runtime's
+/// unless DOS_LINK_SHARE_MEASURE=simulated): the formula.
 Refined refine_rates(const Workload& w, const Rates& r, const PhaseMeasure& m, const Simulation& sim,
                      std::size_t cpu_workers = 1, bool link_share_measured = true, bool u_c_measured = true,
-                     const Rates* calibrated = nullptr);
+                     const Rates* calibrated = nullptr, const StreamEndAt* stream_end_at = nullptr);
 
 /// The optimizer's refinement after one phase: refine_rates, with a rule for the optimizer's first
 /// phase that streamed (first_streamed) while link_share holds no counted measure (the placeholder,
@@ -181,10 +209,11 @@ Refined refine_rates(const Workload& w, const Rates& r, const PhaseMeasure& m, c
 ///    up to 25% slow.)
 /// Otherwise (not first_streamed, which includes a phase that streamed nothing) refine_rates with
 /// link_share_measured as given. Throws what refine_rates throws.
-/// u_c_measured and calibrated go to refine_rates as given.
+/// u_c_measured, calibrated and stream_end_at go to refine_rates as given.
 Refined refine_after_phase(const Workload& w, const Rates& r, const PhaseMeasure& m, const Simulation& sim,
                            std::size_t cpu_workers, bool link_share_measured, bool first_streamed,
-                           bool u_c_measured = true, const Rates* calibrated = nullptr);
+                           bool u_c_measured = true, const Rates* calibrated = nullptr,
+                           const StreamEndAt* stream_end_at = nullptr);
 
 /// The most the refinement's share rule lets a link rate grow: kLinkCeiling times its calibrated
 /// value (unitless; refine_rates' `calibrated`, cap_links). The calibration measures each link with

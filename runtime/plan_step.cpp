@@ -107,6 +107,15 @@ bool holds_outlier_phases() {
                     "ignored (the default, hold: a phase far off its prediction, against the last phases under "
                     "the same plan, refines nothing)") == 0;
 }
+
+/// Whether the refinement measures link_share by the phase simulation (link_share_at_stream_end,
+/// models/refinement.h) rather than by its formula: DOS_LINK_SHARE_MEASURE=simulated (default:
+/// beside, the formula). Another value warns once, at the first phase that refines, and is ignored.
+bool measures_link_share_simulated() {
+  return env_choice("DOS_LINK_SHARE_MEASURE", {"beside", "simulated"}, 0,
+                    "ignored (the default, beside: link_share x the simulated seconds beside CPU Adam over "
+                    "the rest of the measured stream end)") == 1;
+}
 }  // namespace
 
 bool Optimizer::Impl::refine(const PhaseMeasure& m, const Simulation& sim, bool first_streamed, double seconds) {
@@ -119,8 +128,20 @@ bool Optimizer::Impl::refine(const PhaseMeasure& m, const Simulation& sim, bool 
   if (held) return true;
   // the share rule's links held to kLinkCeiling times the calibrated rates where those are a
   // calibration's (models/refinement.h)
+  static const bool simulated_share = measures_link_share_simulated();
+  const Execution e = simulated_share ? execution() : Execution{};  // the phase's view: it is still open
+  const StreamEndAt stream_end_at = [&](double share) {
+    Rates q = rates;
+    q.link_share = share;
+    try {
+      return simulate_phase(workload, plan, q, e).stream_end;
+    } catch (const std::logic_error&) {  // a simulation that cannot progress
+      return std::nan("");
+    }
+  };
   const Refined r = refine_after_phase(workload, rates, m, sim, rt.cpu_workers(), link_share_record.measured,
-                                       first_streamed, u_c_measured, holds_links ? &calibrated_rates : nullptr);
+                                       first_streamed, u_c_measured, holds_links ? &calibrated_rates : nullptr,
+                                       simulated_share ? &stream_end_at : nullptr);
   rates = r.rates;
   u_c_measured = r.u_c_measured;
   refined = refined || r.applied;

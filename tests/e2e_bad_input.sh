@@ -206,6 +206,14 @@ expect "--report takes a value, and the argument after it, '--timeline', is an o
 expect "--report takes a value, and the argument after it, '--help', is an option of dos-train" --report --help
 if [ -e ./--help ]; then echo "FAIL: '--report --help' wrote a file named --help"; fails=$((fails+1)); rm -f ./--help; fi
 expect "--timeline takes a value, and the argument after it, '-n', is an option of dos-train" --timeline -n 2
+# short options grouped or with their value attached, as CLI11 reads them ("-n2" is -n 2, "-qn1" -q -n 1)
+expect "--timeline takes a value, and the argument after it, '-n2', is an option of dos-train" --timeline -n2
+expect "--report takes a value, and the argument after it, '-qn1', is an option" --report -qn1
+# anything that begins with "--": the end of options, or an option misspelt, would name the file
+expect "the argument after it, '--', begins with '--', as an option does" --report --
+expect "the argument after it, '--quite', begins with '--', as an option does (none of dos-train's)" --report --quite
+# the advice names the option's long form, which CLI11 reads with '=' (it does not read -n=VALUE)
+expect "give -n VALUE (a value that begins with '-' as --iterations=VALUE)" -n --report x.json
 expect "--config needs a path, got an empty one" --config=
 # sizes and numbers: a parameter count that overflows 64 bits, numbers printed as given
 printf '{ "model_type": "llama", "num_hidden_layers": 32768, "hidden_size": 16777216, "intermediate_size": 11184809, "num_attention_heads": 1, "vocab_size": 98304 }' > "$tmp/wrap.json"

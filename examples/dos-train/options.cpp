@@ -560,25 +560,52 @@ int parse_command_line(int argc, char** argv, Args& a) {
   };
   // CLI11 reads "--k=" as a value left out, or takes the next argument (even "--help") for its
   // value: every option that takes a value, given as "--name=" with nothing after, is refused here
-  // (the options above with their own message), and so is an option given without '=' whose next
-  // argument is one of dos-train's options ("--report --help" would write a report named
-  // "--help"). The walk skips each value as CLI11 takes it: the argument after an option that
-  // takes a value, given without '='.
+  // (the options above with their own message), and so is an option whose value is the next
+  // argument when that argument begins with "--" ("--report --help" would write a report named
+  // "--help", "--report --" one named "--") or is one of dos-train's short options, alone or
+  // grouped ("-n", "-n2", "-qn1"). The walk skips each value as CLI11 takes it: the argument after
+  // an option that takes a value given without '=', or after a group of short options ending in one.
+  const auto option_named = [&](const std::string& name) -> const CLI::Option* {
+    return name.size() >= 2 && name[0] == '-' ? app.get_option_no_throw(name) : nullptr;
+  };
   const auto takes_value = [&](const std::string& name) {
-    const CLI::Option* o = name.size() >= 2 && name[0] == '-' ? app.get_option_no_throw(name) : nullptr;
+    const CLI::Option* o = option_named(name);
     return o && o->get_items_expected_min() > 0;
+  };
+  // whether CLI11 takes the argument after `arg` for a value: a long option that takes one, or a
+  // group of short options ("-qn") whose last takes one (one earlier in the group takes the rest)
+  const auto takes_next = [&](const std::string& arg) {
+    if (arg.size() <= 2 || arg[1] == '-') return takes_value(arg);
+    for (std::size_t k = 1; k < arg.size(); ++k) {
+      const CLI::Option* o = option_named(std::string("-") + arg[k]);
+      if (!o) return false;
+      if (o->get_items_expected_min() > 0) return k + 1 == arg.size();
+    }
+    return false;
+  };
+  const auto paths = [&](const std::string& name) {
+    for (const Valued& v : values)
+      if (name == v.opt) return v.left_out == nullptr;
+    return false;
   };
   for (int i = 1; i < argc && std::strcmp(argv[i], "--") != 0; ++i) {
     const std::string arg = argv[i];
     const std::size_t eq = arg.find('=');
     if (eq == std::string::npos) {
-      if (takes_value(arg) && ++i < argc) {  // its value, whatever it looks like, unless an option of ours
-        const std::string next = argv[i], next_name = next.substr(0, next.find('='));
-        if (next_name.size() >= 2 && next_name[0] == '-' && app.get_option_no_throw(next_name)) {
+      if (takes_next(arg) && ++i < argc) {  // its value, whatever it looks like, unless an option
+        const std::string next = argv[i];
+        const bool dashes = next.compare(0, 2, "--") == 0;
+        const CLI::Option* named = option_named(next.substr(0, dashes ? next.find('=') : 2));
+        if (dashes || named) {
+          // the option's long name, which CLI11 reads with '=' (it does not read "-n=VALUE")
+          const CLI::Option* o = option_named(arg.size() > 2 && arg[1] != '-' ? arg.substr(arg.size() - 1).insert(0, "-") : arg);
+          const std::string lname = o && !o->get_lnames().empty() ? "--" + o->get_lnames()[0] : arg;
           std::fprintf(stderr,
-                       "dos-train: error: %s takes a value, and the argument after it, '%s', is an option of "
-                       "dos-train: give %s VALUE (a value that begins with '-' as %s=VALUE, a path as ./%s)\n",
-                       arg.c_str(), next.c_str(), arg.c_str(), arg.c_str(), next.c_str());
+                       "dos-train: error: %s takes a value, and the argument after it, '%s', %s: give %s VALUE%s%s%s\n",
+                       arg.c_str(), next.c_str(),
+                       named ? "is an option of dos-train" : "begins with '--', as an option does (none of dos-train's)",
+                       arg.c_str(), (" (a value that begins with '-' as " + lname + "=VALUE").c_str(),
+                       paths(lname) ? (", a path as ./" + next).c_str() : "", ")");
           return 1;
         }
       }

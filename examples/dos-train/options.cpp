@@ -597,9 +597,11 @@ int parse_command_line(int argc, char** argv, Args& a) {
         const bool dashes = next.compare(0, 2, "--") == 0;
         const CLI::Option* named = option_named(next.substr(0, dashes ? next.find('=') : 2));
         if (dashes || named) {
-          // the option's long name, which CLI11 reads with '=' (it does not read "-n=VALUE")
-          const CLI::Option* o = option_named(arg.size() > 2 && arg[1] != '-' ? arg.substr(arg.size() - 1).insert(0, "-") : arg);
-          const std::string lname = o && !o->get_lnames().empty() ? "--" + o->get_lnames()[0] : arg;
+          // the option's long name, which CLI11 reads with '=' (it does not read "-n=VALUE"); of a
+          // group of short options, the last one's
+          const std::string own = arg.size() > 2 && arg[1] != '-' ? std::string("-") + arg.back() : arg;
+          const CLI::Option* o = option_named(own);
+          const std::string lname = o && !o->get_lnames().empty() ? "--" + o->get_lnames()[0] : own;
           std::fprintf(stderr,
                        "dos-train: error: %s takes a value, and the argument after it, '%s', %s: give %s VALUE%s%s%s\n",
                        arg.c_str(), next.c_str(),

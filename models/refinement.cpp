@@ -49,13 +49,20 @@ Rates cap_links(const Workload& w, const Rates& r, const Rates& calibrated, std:
   return q;
 }
 
-double link_share_at_stream_end(const StreamEndAt& stream_end_at, double measured_end, double cap) {
+double link_share_at_stream_end(const StreamEndAt& stream_end_at, double measured_end, double current, double cap) {
   const double nan = std::nan("");
-  if (!(measured_end > 0) || !std::isfinite(measured_end) || !(cap >= kLowestLinkShare) || !std::isfinite(cap))
+  if (!(measured_end > 0) || !std::isfinite(measured_end) || !(cap >= kLowestLinkShare) || !std::isfinite(cap) ||
+      !(current >= kLowestLinkShare && current <= cap))
     return nan;
-  double lo = kLowestLinkShare, hi = cap;  // the end at lo is the latest, at hi the earliest
-  const double end_lo = stream_end_at(lo), end_hi = stream_end_at(hi);
-  if (!std::isfinite(end_lo) || !std::isfinite(end_hi) || measured_end > end_lo || measured_end < end_hi) return nan;
+  const double at_current = stream_end_at(current);
+  if (!std::isfinite(at_current)) return nan;
+  if (std::fabs(at_current - measured_end) <= 5e-3 * measured_end) return current;
+  const bool more = measured_end < at_current;  // ended earlier than at the plan's share: more share
+  double lo = more ? current : kLowestLinkShare, hi = more ? cap : current;  // the end at lo not earlier than at hi
+  const double far = stream_end_at(more ? hi : lo);
+  if (!std::isfinite(far)) return nan;
+  if (more && measured_end < far) return HUGE_VAL;
+  if (!more && measured_end > far) return 0;
   while (hi - lo > 1e-4) {
     const double mid = 0.5 * (lo + hi), end = stream_end_at(mid);
     if (!std::isfinite(end)) return nan;
@@ -138,12 +145,18 @@ Refined refine_rates(const Workload& w, const Rates& r, const PhaseMeasure& m, c
       // changes nothing, so what the measure asks beyond it goes to B itself; so does what it asks
       // below the floor.
       const double cap = highest_link_share(q);
-      // the simulated measure reads the simulation at the rates the plan was made with (r), whose
-      // own cap bounds its search
-      const double simulated = stream_end_at && sized
-                                   ? link_share_at_stream_end(*stream_end_at, m.stream_end_seconds, highest_link_share(r))
-                                   : std::nan("");
-      const double share = std::isfinite(simulated) ? simulated : sized ? q.link_share * beside / left : 2 * q.link_share;
+      const double formula = sized ? q.link_share * beside / left : 2 * q.link_share;
+      double share = formula;
+      if (stream_end_at && sized) {
+        // the simulation at the rates the plan was made with (r), within r's own cap; its share
+        // carried to q as the same fraction of the cap
+        const double cap_r = highest_link_share(r);
+        const double simulated = link_share_at_stream_end(*stream_end_at, m.stream_end_seconds,
+                                                          std::min(cap_r, std::max(kLowestLinkShare, r.link_share)), cap_r);
+        if (simulated == HUGE_VAL) share = std::max(cap, formula);
+        else if (simulated == 0) share = std::min(kLowestLinkShare, formula);
+        else if (std::isfinite(simulated)) share = simulated * cap / cap_r;
+      }
       const double bounded = std::min(cap, std::max(kLowestLinkShare, share));
       if (link_share_measured || !sized) {
         blend(q.link_share, bounded);

@@ -66,16 +66,25 @@ struct Refined {
 /// measuring link_share (below) reads it.
 using StreamEndAt = std::function<double(double link_share)>;
 
-/// The link_share at which `stream_end_at` gives `measured_end` (seconds > 0), found by bisection
-/// over [kLowestLinkShare, cap] (cap >= kLowestLinkShare), stream_end_at taken as not increasing in
-/// link_share (a larger share moves the streams faster beside CPU Adam): within 1e-4 of the
-/// crossing. NaN when the measured end lies outside what the interval gives (later than at
-/// kLowestLinkShare, or earlier than at cap) or stream_end_at gives NaN at an end: the caller then
-/// measures as before. Unlike link_share x beside / (the rest of the measured end), the simulation
-/// at each candidate share also moves the streams' seconds beside CPU Adam and alone: a stream slowed
-/// beside the CPU runs on alone, at the link's full rate, after the CPU's end. Throws nothing
-/// (what stream_end_at throws is passed on).
-double link_share_at_stream_end(const StreamEndAt& stream_end_at, double measured_end, double cap);
+/// The link_share at which `stream_end_at` gives `measured_end` (seconds > 0), searched from the
+/// plan's own share `current` (in [kLowestLinkShare, cap]) towards the side the measure lies on:
+/// `current` itself when stream_end_at(current) is within 0.5% of measured_end (the end may be
+/// flat in the share over a stretch, where any share there would fit; noise of that size moves
+/// nothing); else a bisection over [current, cap] (the measured end earlier: more share) or
+/// [kLowestLinkShare, current] (later), within 1e-4 of a crossing. stream_end_at is mostly not
+/// increasing in link_share (a larger share moves the streams faster beside CPU Adam); where the
+/// FIFO order of the transfers changes or the CPU slows under host memory's floor it may rise a
+/// little (up to a few percent), and the bracket from `current` then takes a crossing on the
+/// measure's side. Beyond the bracket's far end: HUGE_VAL when the measured end is earlier than at
+/// cap (the links did at least what the cap gives: the rest is B's), 0 when it is later than at
+/// kLowestLinkShare (the rest is B's too). NaN when measured_end is not a positive number, cap is
+/// below kLowestLinkShare or current lies outside [kLowestLinkShare, cap], or stream_end_at gives
+/// NaN at a point read: the caller then measures as before. About 16 readings of stream_end_at
+/// (the ends and the halvings). Unlike link_share x beside / (the rest of the measured end), the
+/// simulation at each candidate share also moves the streams' seconds beside CPU Adam and alone: a
+/// stream slowed beside the CPU runs on alone, at the link's full rate, after the CPU's end.
+/// Throws what stream_end_at throws.
+double link_share_at_stream_end(const StreamEndAt& stream_end_at, double measured_end, double current, double cap);
 
 /// One step of the refinement: each rate moves half way towards what the phase measured, by at most
 /// a factor of 2 (an exponential average of weight 1/2, so that one odd phase does not swing the
@@ -159,10 +168,13 @@ double link_share_at_stream_end(const StreamEndAt& stream_end_at, double measure
 /// rate, or leaves it where it was when it is above that already. The links scaled by a phase whose
 /// streams ran mostly alone (a direct measure of B) are not held. Null: nothing is held.
 /// stream_end_at (may be null): when given, link_share's measure in the link_share rule above is
-/// link_share_at_stream_end of the measured stream end, the share at which the simulation's
-/// streams end when they did (within [1/16, U_c / U_c_dma]); where that gives NaN (the end lies
-/// outside what those shares give, or the simulation cannot progress) the measure is the formula
-/// above. The rest (bounds, the blend, B taking what the share cannot) is the same. On the
+/// link_share_at_stream_end of the measured stream end from r.link_share within r's cap (the
+/// share at which the simulation at r's rates ends its streams when they did), carried to the
+/// refined rates as the same fraction of their cap (U_c / U_c_dma may have moved in this step: the
+/// links' share of what they ask stays). Beyond the bracket: a measured end earlier than at the
+/// cap takes the formula's measure, at least the cap (the rest raises B); later than at 1/16, the
+/// formula's, at most 1/16 (the rest lowers B); NaN (the simulation cannot progress): the formula
+/// as it is. The rest (bounds, the blend, B taking what the share cannot) is the same. On the
 /// simulation of a machine whose links get 0.3 beside CPU Adam while CPU Adam loses little
 /// (test_first_phases), the formula counts the streams' seconds alone after the CPU's end as
 /// seconds beside it and measures about 0.6 in the first phase; this measure gives the machine's

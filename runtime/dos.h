@@ -32,6 +32,13 @@
 
 namespace dos {
 
+/// How the refinement measures link_share in a phase whose streams ran mostly beside CPU Adam, as
+/// the environment's DOS_LINK_SHARE_MEASURE says (read once, at the first phase that refines):
+/// "beside" (the default: unset, or a value other than these two, with a warning on stderr), the
+/// formula of refine_rates (models/refinement.h), or "simulated", link_share_at_stream_end. A
+/// measurement switch; the same results either way. Throws nothing.
+const char* runtime_link_share_measure();
+
 /// The error type of the runtime: bad input (the message names the value and what to do) or a
 /// resource that could not be had (ResourceError).
 class Error : public std::runtime_error {

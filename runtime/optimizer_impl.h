@@ -557,6 +557,9 @@ struct Optimizer::Impl {
   /// after two steady phases; not the first that streamed) refines nothing; returns true then, false
   /// otherwise. DOS_OUTLIER_PHASES=refine refines every
   /// phase (the rule before, to measure the two against each other on one machine).
+  /// DOS_LINK_SHARE_MEASURE=simulated (runtime_link_share_measure) hands refine_after_phase the
+  /// phase simulation of the plan as run at each candidate link_share (its stream end), for its
+  /// simulated measure of link_share.
   bool refine(const PhaseMeasure& m, const Simulation& sim, bool first_streamed, double seconds);
 
   struct starpu_task* make_task(struct starpu_codelet* cl, void* arg, const TaskHint* hint, uint32_t where);

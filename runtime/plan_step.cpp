@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <optional>
 #include <string>
 
@@ -108,15 +109,17 @@ bool holds_outlier_phases() {
                     "the same plan, refines nothing)") == 0;
 }
 
-/// Whether the refinement measures link_share by the phase simulation (link_share_at_stream_end,
-/// models/refinement.h) rather than by its formula: DOS_LINK_SHARE_MEASURE=simulated (default:
-/// beside, the formula). Another value warns once, at the first phase that refines, and is ignored.
-bool measures_link_share_simulated() {
-  return env_choice("DOS_LINK_SHARE_MEASURE", {"beside", "simulated"}, 0,
-                    "ignored (the default, beside: link_share x the simulated seconds beside CPU Adam over "
-                    "the rest of the measured stream end)") == 1;
-}
 }  // namespace
+
+const char* runtime_link_share_measure() {
+  static const char* const measure =
+      env_choice("DOS_LINK_SHARE_MEASURE", {"beside", "simulated"}, 0,
+                 "ignored (the default, beside: link_share x the simulated seconds beside CPU Adam over the rest "
+                 "of the measured stream end)") == 1
+          ? "simulated"
+          : "beside";
+  return measure;
+}
 
 bool Optimizer::Impl::refine(const PhaseMeasure& m, const Simulation& sim, bool first_streamed, double seconds) {
   if (!have_rates || !choice.plan || !choice.plan->needs().refine || rt.cuda_workers() == 0) return false;
@@ -128,14 +131,14 @@ bool Optimizer::Impl::refine(const PhaseMeasure& m, const Simulation& sim, bool 
   if (held) return true;
   // the share rule's links held to kLinkCeiling times the calibrated rates where those are a
   // calibration's (models/refinement.h)
-  static const bool simulated_share = measures_link_share_simulated();
+  static const bool simulated_share = std::strcmp(runtime_link_share_measure(), "simulated") == 0;
   const Execution e = simulated_share ? execution() : Execution{};  // the phase's view: it is still open
   const StreamEndAt stream_end_at = [&](double share) {
     Rates q = rates;
     q.link_share = share;
     try {
       return simulate_phase(workload, plan, q, e).stream_end;
-    } catch (const std::logic_error&) {  // a simulation that cannot progress
+    } catch (const std::exception&) {  // one that cannot progress, or memory: the formula measures
       return std::nan("");
     }
   };

@@ -236,6 +236,7 @@ for it in r["iterations"]:
     assert it["iteration_seconds"] >= it["forward_seconds"] + it["backward_seconds"] + it["update_seconds"] - 1e-9, it
 assert t["iteration"] == 3 and t["policy"] == "cpu", t
 assert r["copy_by"] == "kernel", r["copy_by"]  # --copy-by: the same bits (compared above)
+assert r["link_share_measure"] == "beside", r["link_share_measure"]  # DOS_LINK_SHARE_MEASURE unset
 kinds = sorted((x["what"], x["subgroup"]) for x in t["tasks"])
 n = r["subgroups"]
 assert kinds == sorted([(w, i) for w in ("adam", "gather", "scatter") for i in range(n)]), kinds

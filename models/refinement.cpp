@@ -148,14 +148,15 @@ Refined refine_rates(const Workload& w, const Rates& r, const PhaseMeasure& m, c
       const double formula = sized ? q.link_share * beside / left : 2 * q.link_share;
       double share = formula;
       if (stream_end_at && sized) {
-        // the simulation at the rates the plan was made with (r), within r's own cap; its share
-        // carried to q as the same fraction of the cap
+        // the simulation at the rates the plan was made with (r), within r's own cap; a share above
+        // the refined rates' cap is at least that cap (the mismatch of the two caps is no measure
+        // of B)
         const double cap_r = highest_link_share(r);
         const double simulated = link_share_at_stream_end(*stream_end_at, m.stream_end_seconds,
                                                           std::min(cap_r, std::max(kLowestLinkShare, r.link_share)), cap_r);
         if (simulated == HUGE_VAL) share = std::max(cap, formula);
         else if (simulated == 0) share = std::min(kLowestLinkShare, formula);
-        else if (std::isfinite(simulated)) share = simulated * cap / cap_r;
+        else if (std::isfinite(simulated)) share = std::min(simulated, cap);
       }
       const double bounded = std::min(cap, std::max(kLowestLinkShare, share));
       if (link_share_measured || !sized) {

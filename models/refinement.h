@@ -169,9 +169,9 @@ double link_share_at_stream_end(const StreamEndAt& stream_end_at, double measure
 /// streams ran mostly alone (a direct measure of B) are not held. Null: nothing is held.
 /// stream_end_at (may be null): when given, link_share's measure in the link_share rule above is
 /// link_share_at_stream_end of the measured stream end from r.link_share within r's cap (the
-/// share at which the simulation at r's rates ends its streams when they did), carried to the
-/// refined rates as the same fraction of their cap (U_c / U_c_dma may have moved in this step: the
-/// links' share of what they ask stays). Beyond the bracket: a measured end earlier than at the
+/// share at which the simulation at r's rates ends its streams when they did), as the formula's
+/// measure is also one at r's rates; above the refined rates' cap (U_c / U_c_dma may have moved in
+/// this step) it is taken at that cap, with nothing for B. Beyond the bracket: a measured end earlier than at the
 /// cap takes the formula's measure, at least the cap (the rest raises B); later than at 1/16, the
 /// formula's, at most 1/16 (the rest lowers B); NaN (the simulation cannot progress): the formula
 /// as it is. The rest (bounds, the blend, B taking what the share cannot) is the same. On the

@@ -16,13 +16,23 @@
 // replayed on its own: a replay of the formula then gives the report's step, to the measure's
 // precision), else the formula's replayed rates (a chain, which drifts from the run's where the
 // runtime refined U_c from CPU Adam tasks that ran after the streams: the report does not hold
-// those tasks). The workload and execution are the report's (its parameters, subgroups, dtype,
-// master, update budget, lookahead, submit order, CPU workers and threads, copy rule), the caller's
-// parameters and gradients on the GPU as dos-train's emulated compute has them with a CUDA worker.
+// those tasks). A phase the run did not refine (skipped, overlapped with the caller's work, or held
+// as an outlier) is said so and leaves the rates as they were. The stream end is taken less the
+// phase's set-up (its reported prediction less the simulation of its plan at the rates before,
+// as the runtime adds it), as the runtime measures it. The workload and execution follow the
+// report as dos-train --plan-only builds them (parameters, subgroups, dtype, master, where the
+// caller's memory is, the gradients' transfer, the update budget, lookahead, submit order, CPU
+// workers and threads, the copy rule, the write-back; the runtime's own copies taken as on, as
+// without DOS_PARAM_UPLOAD or DOS_GRAD_DOWNLOAD), and the state of resident subgroups as off the
+// GPU in the first phase. The first phase's rates are the report's calibrated ones: a run that
+// started from an earlier run's rates cache began elsewhere (said on the first line).
 //
-// Exit status 0; 2 when the file cannot be read or is not a dos-train report (what is wrong is
-// named on stderr).
+// Exit status 0; 2 when the file cannot be read or is not a dos-train report of a run with a
+// CUDA worker (what is wrong, and in which iteration, is named on stderr; the phases printed
+// before it stay on stdout).
+#include <algorithm>
 #include <cstdio>
+#include <initializer_list>
 #include <fstream>
 #include <stdexcept>
 #include <string>
@@ -58,88 +68,140 @@ std::size_t count(const json& j, const char* key, const char* where) {
   return v.get<std::size_t>();
 }
 
-dos::Rates rates_of(const json& j, const char* where) {
-  const dos::Rates r{number(j, "U_c", where),   number(j, "U_c_dma", where), number(j, "U_g", where),
-                     number(j, "D_c", where),   number(j, "B_h2d", where),   number(j, "B_d2h", where),
-                     number(j, "link_share", where)};
-  if (!dos::rates_complete(r)) bad(std::string(where) + " holds a rate that is not a positive number");
+std::string text(const json& j, const char* key, const char* where, std::initializer_list<const char*> values) {
+  const json& v = field(j, key, where);
+  std::string list;
+  for (const char* x : values) {
+    if (v.is_string() && v.get<std::string>() == x) return x;
+    list += std::string(list.empty() ? "" : ", ") + x;
+  }
+  bad(std::string(where) + "'s \"" + key + "\" is " + v.dump() + ", not one of " + list);
+}
+
+dos::Rates rates_of(const json& j, const std::string& where) {
+  const char* w = where.c_str();
+  const dos::Rates r{number(j, "U_c", w),   number(j, "U_c_dma", w), number(j, "U_g", w),   number(j, "D_c", w),
+                     number(j, "B_h2d", w), number(j, "B_d2h", w),   number(j, "link_share", w)};
+  if (!dos::rates_complete(r)) bad(where + " holds a rate that is not a positive number");
+  const std::string why = dos::rate_bounds_error(r);
+  if (!why.empty()) bad(where + ": " + why);
   return r;
 }
 
-std::vector<dos::PlanSide> plan_of(const std::string& placement, std::size_t n) {
+std::vector<dos::PlanSide> plan_of(const json& it, const char* key, std::size_t n, const std::string& where) {
+  const json& v = field(it, key, where.c_str());
+  if (!v.is_string()) bad(where + "'s \"" + key + "\" is not a string of c, s and r");
   std::vector<dos::PlanSide> plan;
-  for (char c : placement) {
-    if (c != 'c' && c != 's' && c != 'r') bad("a placement holds '" + std::string(1, c) + "' (c, s or r expected)");
+  for (char c : v.get<std::string>()) {
+    if (c != 'c' && c != 's' && c != 'r')
+      bad(where + "'s \"" + key + "\" holds byte " + std::to_string(int((unsigned char)c)) + " (c, s or r expected)");
     plan.push_back(c == 'c' ? dos::PlanSide::cpu : c == 's' ? dos::PlanSide::gpu_streamed : dos::PlanSide::gpu_resident);
   }
-  if (plan.size() != n) bad("a placement has " + std::to_string(plan.size()) + " sides for " + std::to_string(n) + " subgroups");
+  if (plan.size() != n)
+    bad(where + "'s \"" + key + "\" has " + std::to_string(plan.size()) + " sides for " + std::to_string(n) + " subgroups");
   return plan;
 }
+
+bool flag(const json& it, const char* key) { return it.contains(key) && it.at(key).is_boolean() && it.at(key).get<bool>(); }
 
 void replay(const json& r) {
   const char* top = "the report";
   const std::size_t n = count(r, "subgroups", top), s = count(r, "subgroup_size", top);
   const std::size_t params = count(r, "params", top);
-  if (n == 0 || s == 0 || params <= (n - 1) * s) bad("the report's params, subgroups and subgroup_size do not agree");
+  // as dos-train partitions: at most 2^20 subgroups, the last one holding the remainder
+  if (n == 0 || n > (std::size_t(1) << 20) || s == 0 || s > (std::size_t(1) << 53) || params > (std::size_t(1) << 53) ||
+      params <= (n - 1) * s || params > n * s)
+    bad("the report's params, subgroups and subgroup_size do not describe a partition (subgroups 1 to 2^20, the "
+        "last one of 1 to subgroup_size parameters)");
+  if (count(r, "cuda_workers", top) == 0) bad("the report is of a run without a CUDA worker: the model did not refine");
   dos::Workload w;
   w.sizes.assign(n, s);
   w.sizes.back() = params - (n - 1) * s;
-  const std::string dtype = field(r, "dtype", top).get<std::string>();
-  w.param_bytes = w.grad_bytes = dtype == "fp32" ? 4 : 2;
-  w.compact_master = field(r, "master", top).get<std::string>() == "compact";
+  const std::string dtype = text(r, "dtype", top, {"fp32", "bf16", "fp16"});
+  w.param_bytes = dtype == "fp32" ? 4 : 2;
+  w.grad_bytes = text(r, "grad_transfer", top, {"native", "fp32"}) == "native" ? w.param_bytes : 4;
+  w.compact_master = text(r, "master", top, {"full", "compact"}) == "compact";
+  w.caller_on_gpu = text(r, "caller_memory", top, {"cuda", "host"}) == "cuda";
   dos::Execution e;
   e.update_budget = count(r, "gpu_update_budget", top);
   e.lookahead = count(r, "stream_lookahead", top);
   e.cpu_workers = count(r, "cpu_workers", top);
   e.cpu_team_threads = count(r, "cpu_threads", top);
+  if (e.cpu_workers == 0 || e.cpu_workers > 1024 || e.cpu_team_threads > 4096)
+    bad("the report's cpu_workers (1 to 1024) or cpu_threads (at most 4096) is out of range");
   e.cpu_work_item = dos::kCpuWorkItem;
-  e.order = field(r, "submit_order", top).get<std::string>() == "cpu-first" ? dos::SubmitOrder::cpu_first
-                                                                            : dos::SubmitOrder::plan;
-  const std::string copy_by = field(r, "copy_by", top).get<std::string>();
-  e.own_param_upload = e.own_grad_download = true;
+  e.order = text(r, "submit_order", top, {"plan", "cpu-first"}) == "cpu-first" ? dos::SubmitOrder::cpu_first
+                                                                              : dos::SubmitOrder::plan;
+  const std::string copy_by = text(r, "copy_by", top, {"adaptive", "memcpy-down", "auto", "kernel", "memcpy", "memcpy-up"});
+  const bool eager = text(r, "writeback", top, {"eager", "end"}) == "eager";
+  e.own_param_upload = w.caller_on_gpu;
+  e.own_grad_download = w.caller_on_gpu && w.grad_bytes == w.param_bytes;
   e.grad_download_by_copy_engine = copy_by != "kernel" && copy_by != "memcpy-up";
   e.param_upload_by_copy_engine = copy_by == "memcpy" || copy_by == "memcpy-up";
+  w.cpu_grads_staged_on_gpu = !e.own_grad_download;
+  w.cpu_params_staged_on_gpu = !e.own_param_upload || (w.compact_master && !e.own_grad_download);
   const dos::Rates calibrated = rates_of(field(r, "calibrated_rates", top), "the report's calibrated_rates");
   const json& its = field(r, "iterations", top);
   if (!its.is_array() || its.empty()) bad("the report's iterations are not a list of phases");
-  std::printf("%zu parameters, %zu subgroups; rates at the start (calibrated): link_share %.3f\n", params, n,
-              calibrated.link_share);
-  dos::Rates before = calibrated, chain = calibrated;
+  std::printf("%zu parameters, %zu subgroups; the first phase from the calibrated rates (link_share %.4f; a run "
+              "that started from a rates cache began elsewhere)\n",
+              params, n, calibrated.link_share);
+  dos::Rates before = calibrated;
   bool measured = dos::initial_link_share_record(calibrated, calibrated).measured, first = true, u_c = false;
-  for (const json& it : its) {
-    const std::size_t k = count(it, "iteration", "an iteration");
-    const std::vector<dos::PlanSide> plan = plan_of(field(it, "placement", "an iteration").get<std::string>(), n);
+  for (std::size_t i = 0; i < its.size(); ++i) {
+    const json& it = its[i];
+    const std::string where = "iteration " + std::to_string(i + 1) + " of the report";
+    const char* wh = where.c_str();
+    if (!it.is_object()) bad(where + " is not an object");
+    const std::size_t k = count(it, "iteration", wh);
+    const bool has_after = it.contains("rates_after");
+    const dos::Rates after = has_after ? rates_of(it.at("rates_after"), where + "'s rates_after") : before;
+    const char* why = flag(it, "skipped") ? "skipped" : flag(it, "overlapped") ? "overlapped with the caller's work"
+                      : flag(it, "refinement_held")  ? "held as an outlier" : nullptr;
+    if (why) {  // the runtime refined nothing after it (update_phase.cpp, plan_step.cpp)
+      std::printf("phase %zu: %s, not refined by the run; link_share stays %.4f\n", k, why, before.link_share);
+      if (!flag(it, "skipped"))  // a phase that ran and streamed allocated the streamed state's buffers
+        for (dos::PlanSide p : plan_of(it, "placement", n, where)) first = first && p != dos::PlanSide::gpu_streamed;
+      continue;
+    }
+    const std::vector<dos::PlanSide> plan = plan_of(it, "placement", n, where);
+    const std::vector<dos::PlanSide> planned = plan_of(it, "plan", n, where);
     dos::PhaseMeasure m;
     for (dos::PlanSide p : plan) m.streamed += p == dos::PlanSide::gpu_streamed;
-    m.cpu_adam_seconds = number(it, "cpu_adam_seconds", "an iteration");
-    const double seconds = number(it, "update_seconds", "an iteration");
+    m.eager_writeback = eager;
+    m.cpu_adam_seconds = number(it, "cpu_adam_seconds", wh);
+    const double seconds = number(it, "update_seconds", wh);
+    if (!(seconds > 0) || !(m.cpu_adam_seconds >= 0)) bad(where + " has update_seconds <= 0 or cpu_adam_seconds < 0");
+    dos::Execution ek = e;  // the first phase brings the resident states up
+    if (first) ek.state_off_gpu.assign(n, true);
+    // the set-up, which the runtime adds to its prediction and takes off the stream's end
+    const double setup = std::max(0.0, number(it, "predicted_seconds", wh) - dos::simulate_phase(w, planned, before, ek).total);
     const bool end_known = it.contains("stream_end_seconds");
-    m.stream_end_seconds = end_known ? number(it, "stream_end_seconds", "an iteration") : m.streamed ? seconds : 0;
-    const dos::Simulation sim = dos::simulate_phase(w, plan, before, e);
+    const double end = end_known ? number(it, "stream_end_seconds", wh) : m.streamed ? seconds : 0;
+    if (end < 0 || end > 1.01 * seconds) bad(where + "'s stream end lies outside [0, update_seconds]");
+    m.stream_end_seconds = end > setup ? end - setup : 0;
+    const dos::Simulation sim = dos::simulate_phase(w, plan, before, ek);
     const dos::StreamEndAt at = [&](double x) {
       dos::Rates q = before;
       q.link_share = x;
-      return dos::simulate_phase(w, plan, q, e).stream_end;
+      return dos::simulate_phase(w, plan, q, ek).stream_end;
     };
     const bool first_streamed = first && m.streamed > 0;
     const dos::Refined f = dos::refine_after_phase(w, before, m, sim, e.cpu_workers, measured, first_streamed, u_c, &calibrated);
     const dos::Refined g =
         dos::refine_after_phase(w, before, m, sim, e.cpu_workers, measured, first_streamed, u_c, &calibrated, &at);
-    std::printf("phase %zu: %zu of %zu streamed; measured %.4f s, stream end %.4f s%s; simulated at the rates before "
-                "%.4f s (stream end %.4f: %.4f beside CPU Adam, %.4f alone)\n",
-                k, m.streamed, n, seconds, m.stream_end_seconds, end_known ? "" : " (the phase's end)", sim.total,
-                sim.stream_end, sim.stream_beside_cpu, sim.stream_alone);
-    std::printf("  link_share %.3f -> formula %.3f, simulated %.3f", before.link_share, f.rates.link_share,
+    std::printf("phase %zu: %zu of %zu streamed; measured %.4f s, stream end %.4f s%s (set-up %.4f s off); simulated "
+                "at the rates before %.4f s (stream end %.4f: %.4f beside CPU Adam, %.4f alone)\n",
+                k, m.streamed, n, seconds, end, end_known ? "" : " (the phase's end)", setup, sim.total, sim.stream_end,
+                sim.stream_beside_cpu, sim.stream_alone);
+    std::printf("  link_share %.4f -> formula %.4f, simulated %.4f", before.link_share, f.rates.link_share,
                 g.rates.link_share);
-    const bool has_after = it.contains("rates_after");
-    const dos::Rates after = has_after ? rates_of(it.at("rates_after"), "an iteration's rates_after") : f.rates;
-    if (has_after) std::printf("; the run's %.3f", after.link_share);
+    if (has_after) std::printf("; the run's %.4f", after.link_share);
     std::printf("\n");
     first = first && m.streamed == 0;
     measured = f.link_share_measured;
     u_c = f.u_c_measured;
-    chain = f.rates;
-    before = has_after ? after : chain;
+    before = has_after ? after : f.rates;
   }
 }
 

@@ -108,7 +108,6 @@ bool holds_outlier_phases() {
                     "ignored (the default, hold: a phase far off its prediction, against the last phases under "
                     "the same plan, refines nothing)") == 0;
 }
-
 }  // namespace
 
 const char* runtime_link_share_measure() {

@@ -23,8 +23,9 @@
 // report as dos-train --plan-only builds them (parameters, subgroups, dtype, master, where the
 // caller's memory is, the gradients' transfer, the update budget, lookahead, submit order, CPU
 // workers and threads, the copy rule, the write-back; the runtime's own copies taken as on, as
-// without DOS_PARAM_UPLOAD or DOS_GRAD_DOWNLOAD), and the state of resident subgroups as off the
-// GPU in the first phase. The first phase's rates are the report's calibrated ones: a run that
+// without DOS_PARAM_UPLOAD or DOS_GRAD_DOWNLOAD): the resident subgroups' states off the GPU until
+// a phase has run (not skipped), and after it a compact master's CPU subgroups' P in the host
+// staging. The first phase's rates are the report's calibrated ones: a run that
 // started from an earlier run's rates cache began elsewhere (said on the first line).
 //
 // Exit status 0; 2 when the file cannot be read or is not a dos-train report of a run with a
@@ -109,8 +110,9 @@ void replay(const json& r) {
   const std::size_t n = count(r, "subgroups", top), s = count(r, "subgroup_size", top);
   const std::size_t params = count(r, "params", top);
   // as dos-train partitions: at most 2^20 subgroups, the last one holding the remainder
-  if (n == 0 || n > (std::size_t(1) << 20) || s == 0 || s > (std::size_t(1) << 53) || params > (std::size_t(1) << 53) ||
-      params <= (n - 1) * s || params > n * s)
+  // (without products that could wrap: n subgroups of s hold params when n = ceil(params / s))
+  if (n == 0 || n > (std::size_t(1) << 20) || s == 0 || params == 0 || params > (std::size_t(1) << 53) ||
+      s > params || n != (params - 1) / s + 1)
     bad("the report's params, subgroups and subgroup_size do not describe a partition (subgroups 1 to 2^20, the "
         "last one of 1 to subgroup_size parameters)");
   if (count(r, "cuda_workers", top) == 0) bad("the report is of a run without a CUDA worker: the model did not refine");
@@ -139,7 +141,8 @@ void replay(const json& r) {
   e.grad_download_by_copy_engine = copy_by != "kernel" && copy_by != "memcpy-up";
   e.param_upload_by_copy_engine = copy_by == "memcpy" || copy_by == "memcpy-up";
   w.cpu_grads_staged_on_gpu = !e.own_grad_download;
-  w.cpu_params_staged_on_gpu = !e.own_param_upload || (w.compact_master && !e.own_grad_download);
+  // (a compact master's P comes down through the GPU staging unless the runtime downloads it itself)
+  w.cpu_params_staged_on_gpu = !e.own_param_upload || (w.compact_master && !w.caller_on_gpu);
   const dos::Rates calibrated = rates_of(field(r, "calibrated_rates", top), "the report's calibrated_rates");
   const json& its = field(r, "iterations", top);
   if (!its.is_array() || its.empty()) bad("the report's iterations are not a list of phases");
@@ -148,6 +151,7 @@ void replay(const json& r) {
               params, n, calibrated.link_share);
   dos::Rates before = calibrated;
   bool measured = dos::initial_link_share_record(calibrated, calibrated).measured, first = true, u_c = false;
+  bool ran = false;  // a phase has run (not skipped): the resident states are up, a compact P on the host
   for (std::size_t i = 0; i < its.size(); ++i) {
     const json& it = its[i];
     const std::string where = "iteration " + std::to_string(i + 1) + " of the report";
@@ -160,8 +164,10 @@ void replay(const json& r) {
                       : flag(it, "refinement_held")  ? "held as an outlier" : nullptr;
     if (why) {  // the runtime refined nothing after it (update_phase.cpp, plan_step.cpp)
       std::printf("phase %zu: %s, not refined by the run; link_share stays %.4f\n", k, why, before.link_share);
-      if (!flag(it, "skipped"))  // a phase that ran and streamed allocated the streamed state's buffers
+      if (!flag(it, "skipped")) {  // a phase that ran and streamed allocated the streamed state's buffers
         for (dos::PlanSide p : plan_of(it, "placement", n, where)) first = first && p != dos::PlanSide::gpu_streamed;
+        ran = true;
+      }
       continue;
     }
     const std::vector<dos::PlanSide> plan = plan_of(it, "placement", n, where);
@@ -172,13 +178,17 @@ void replay(const json& r) {
     m.cpu_adam_seconds = number(it, "cpu_adam_seconds", wh);
     const double seconds = number(it, "update_seconds", wh);
     if (!(seconds > 0) || !(m.cpu_adam_seconds >= 0)) bad(where + " has update_seconds <= 0 or cpu_adam_seconds < 0");
-    dos::Execution ek = e;  // the first phase brings the resident states up
-    if (first) ek.state_off_gpu.assign(n, true);
+    // the first phase that runs brings the resident states up; after it a compact master's CPU
+    // subgroups have their P in the host staging (as --plan-only's later phase)
+    dos::Execution ek = e;
+    if (!ran) ek.state_off_gpu.assign(n, true);
+    if (ran && w.compact_master) ek.params_on_host.assign(n, true);
+    ran = true;
     // the set-up, which the runtime adds to its prediction and takes off the stream's end
     const double setup = std::max(0.0, number(it, "predicted_seconds", wh) - dos::simulate_phase(w, planned, before, ek).total);
     const bool end_known = it.contains("stream_end_seconds");
     const double end = end_known ? number(it, "stream_end_seconds", wh) : m.streamed ? seconds : 0;
-    if (end < 0 || end > 1.01 * seconds) bad(where + "'s stream end lies outside [0, update_seconds]");
+    if (end < 0 || end > 1.01 * seconds) bad(where + "'s stream end lies outside [0, 1.01 x update_seconds]");
     m.stream_end_seconds = end > setup ? end - setup : 0;
     const dos::Simulation sim = dos::simulate_phase(w, plan, before, ek);
     const dos::StreamEndAt at = [&](double x) {

@@ -28,17 +28,10 @@
 #include "phase_sim.h"
 #include "resource_model.h"
 #include "copy_rules.h"
+#include "model_switches.h"
 #include "step_stats.h"
 
 namespace dos {
-
-/// How the refinement measures link_share in a phase whose streams ran mostly beside CPU Adam, as
-/// the environment's DOS_LINK_SHARE_MEASURE says (read once, at the first call: the first phase
-/// that refines, or dos-train's report):
-/// "beside" (the default: unset, or a value other than these two, with a warning on stderr), the
-/// formula of refine_rates (models/refinement.h), or "simulated", link_share_at_stream_end. A
-/// measurement switch; the same results either way. Throws nothing.
-const char* runtime_link_share_measure();
 
 /// The error type of the runtime: bad input (the message names the value and what to do) or a
 /// resource that could not be had (ResourceError).

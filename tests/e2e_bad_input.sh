@@ -42,12 +42,20 @@ else
   echo "FAIL: DOS_CALIBRATE_LINK_SHARE=bogus --policy cpu failed"; fails=$((fails+1))
 fi
 # measurement switches with a value they do not know: named in a warning, the run goes on as without them
-out=$(DOS_CPU_SCHEDULE=statc DOS_NT_STORES=junk DOS_BIND=x DOS_HOST_ALLOC=junk "$train" --preset tiny --iterations 1 \
-  --policy cpu 2>&1)
+# (DOS_LINK_SHARE_MEASURE is read at the first phase that refines, or by the report: here the report)
+out=$(DOS_CPU_SCHEDULE=statc DOS_NT_STORES=junk DOS_BIND=x DOS_HOST_ALLOC=junk DOS_LINK_SHARE_MEASURE=besides \
+  "$train" --preset tiny --iterations 1 --policy cpu --report "$tmp/switches.json" 2>&1)
 for w in "DOS_CPU_SCHEDULE=statc is not one of static, dynamic" "DOS_NT_STORES=junk is not one of 0, avx" \
-         "DOS_BIND=x is not one of 0, 1" "DOS_HOST_ALLOC=junk is not starpu"; do
+         "DOS_BIND=x is not one of 0, 1" "DOS_HOST_ALLOC=junk is not starpu" \
+         "DOS_LINK_SHARE_MEASURE=besides is not one of beside, simulated"; do
   if grep -qF -- "$w" <<<"$out"; then echo "ok: warned: $w"; else echo "FAIL: no warning '$w': $out"; fails=$((fails+1)); fi
 done
+if grep -q '"link_share_measure": "beside"' "$tmp/switches.json"; then echo "ok: the report says beside, the default used"
+else echo "FAIL: the report's link_share_measure is not beside"; fails=$((fails+1)); fi
+DOS_LINK_SHARE_MEASURE=simulated "$train" --preset tiny --iterations 1 --quiet --policy cpu --report "$tmp/switches.json" >/dev/null 2>&1
+if grep -q '"link_share_measure": "simulated"' "$tmp/switches.json"; then echo "ok: the report says simulated when asked"
+else echo "FAIL: the report's link_share_measure is not simulated"; fails=$((fails+1)); fi
+rm -f "$tmp/switches.json"
 expect "at least 1 element" --subgroup-size 0
 expect "rounds to 0 in fp32" --eps 1e-50
 expect "with --eps 0 a parameter" --eps 0 --optimizer adam --lr 0

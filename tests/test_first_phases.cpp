@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <stdexcept>
+#include <tuple>
 #include <vector>
 
 #include "cmocka_cpp.h"
@@ -543,6 +544,7 @@ void test_link_share_at_stream_end(void**) {
     assert_true(std::isnan(dos::link_share_at_stream_end(inverse, bad, 0.5, 1.0)));
   assert_true(std::isnan(dos::link_share_at_stream_end(inverse, 1.0, 0.05, 0.05)));  // cap below the floor
   assert_true(std::isnan(dos::link_share_at_stream_end(inverse, 1.0, 1.1, 1.0)));    // the plan's share above the cap
+  assert_true(std::isnan(dos::link_share_at_stream_end(inverse, 1.0, 0.05, 1.0)));   // and below the floor
   // flat over [1/16, 0.6], then falling: a measure at the flat end stays where the plan is
   const dos::StreamEndAt flat = [](double x) { return x <= 0.6 ? 1.0 : 0.6 / x; };
   assert_true(dos::link_share_at_stream_end(flat, 1.0, 0.2, 1.0) == 0.2);
@@ -557,6 +559,55 @@ void test_link_share_at_stream_end(void**) {
   assert_true(std::isnan(dos::link_share_at_stream_end(nan_mid, 0.3 / 0.9, 0.2, 1.0)));  // mid-way (0.6 first)
   const dos::StreamEndAt nan_far = [](double x) { return x > 0.99 ? std::nan("") : 0.3 / x; };
   assert_true(std::isnan(dos::link_share_at_stream_end(nan_far, 0.3 / 0.7, 0.5, 1.0)));  // at the far end
+}
+
+// refine_rates with the simulated measure, on the 20B quarter's plan at link_share 0.8 (taken
+// whole: link_share not counted), against a made-up stream end: a crossing at 0.5 gives 0.5 and
+// leaves B; a simulation later than measured at every share (the links did more than the cap
+// gives) takes the formula's measure at least at the cap, and with a stream end at half the
+// simulated one that measure is above the cap, so B rises; earlier than measured at every share
+// takes it at most at 1/16, and with link_share 0.1 and a stream end at three times the simulated
+// one below it, so B falls; a simulation that cannot progress (NaN) gives the formula's rates.
+void test_simulated_measure_in_refine_rates(void**) {
+  const dos::Workload w = quarter_20b();
+  dos::Execution e;
+  e.update_budget = std::size_t(30e9);
+  e.own_param_upload = e.own_grad_download = e.grad_download_by_copy_engine = true;
+  auto phase = [&](double share, double end_factor) {
+    dos::Rates r{5.36e9, 5.13e9, 1.009e11, 4.02e11, 4.59e10, 3.57e10, share};
+    const std::vector<PlanSide> plan = dos::spread_plan(35, 10);
+    const dos::Simulation sim = dos::simulate_phase(w, plan, r, e);
+    double seconds = 0;
+    dos::PhaseMeasure m = measure_on(w, plan, r, e, &seconds);
+    m.stream_end_seconds = end_factor * sim.stream_end;
+    assert_true(sim.stream_beside_cpu > sim.stream_alone);
+    return std::make_tuple(r, sim, m);
+  };
+  {
+    auto [r, sim, m] = phase(0.8, 1.0);
+    const dos::StreamEndAt at = [&](double x) { return m.stream_end_seconds * 0.5 / x; };  // crossing at 0.5
+    const dos::Refined q = dos::refine_rates(w, r, m, sim, 1, false, true, nullptr, &at);
+    assert_true(std::fabs(q.rates.link_share - 0.5) < 1e-3);
+    assert_true(q.rates.B_h2d == r.B_h2d && q.rates.B_d2h == r.B_d2h);
+  }
+  {
+    auto [r, sim, m] = phase(0.8, 0.5);
+    const dos::StreamEndAt later = [&](double) { return 2 * m.stream_end_seconds; };
+    const dos::Refined q = dos::refine_rates(w, r, m, sim, 1, false, true, nullptr, &later);
+    const dos::Refined f = dos::refine_rates(w, r, m, sim, 1, false, true, nullptr);
+    assert_true(std::fabs(q.rates.link_share - dos::highest_link_share(q.rates)) < 1e-9);
+    assert_true(q.rates.B_h2d > r.B_h2d && q.rates.B_h2d == f.rates.B_h2d);  // the formula's measure, above the cap
+  }
+  {
+    auto [r, sim, m] = phase(0.1, 3.0);
+    const dos::StreamEndAt earlier = [&](double) { return 0.5 * m.stream_end_seconds; };
+    const dos::Refined q = dos::refine_rates(w, r, m, sim, 1, false, true, nullptr, &earlier);
+    const dos::Refined f = dos::refine_rates(w, r, m, sim, 1, false, true, nullptr);
+    assert_true(std::fabs(q.rates.link_share - dos::kLowestLinkShare) < 1e-9);
+    assert_true(q.rates.B_h2d < r.B_h2d && q.rates.B_h2d == f.rates.B_h2d);  // the formula's measure, below 1/16
+    const dos::StreamEndAt stuck = [](double) { return std::nan(""); };
+    assert_same_rates(dos::refine_rates(w, r, m, sim, 1, false, true, nullptr, &stuck).rates, f.rates);
+  }
 }
 
 namespace {
@@ -661,6 +712,7 @@ int main() {
       cmocka_unit_test(test_initial_link_share_record),
       cmocka_unit_test(test_provisional_link_share_saved),
       cmocka_unit_test(test_link_share_at_stream_end),
+      cmocka_unit_test(test_simulated_measure_in_refine_rates),
       cmocka_unit_test(test_slow_links_beside_cpu),
   };
   return cmocka_run_group_tests(tests, nullptr, nullptr);

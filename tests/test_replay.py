@@ -7,7 +7,8 @@ phases that streamed 12-13 of 35 subgroups):
 1. Each phase replayed from the run's own rates gives, by the formula (the runtime's default
    measure), the link_share the run's refinement left (its rates_after) within 1e-4 (the set-up
    taken off the stream end as the runtime does; without that, 7e-4): the replay is the runtime's
-   step on the report's measures. The simulated measure gives a value in [1/16, 2] for each phase.
+   step on the report's measures. The simulated measure gives within 0.01 of it at each phase
+   (0.0075 at most on this report: on this machine the two measures agree).
    Phases the run did not refine (skipped, overlapped, held as an outlier) are said so and leave
    link_share as it was.
 2. The same report without stream_end_seconds and rates_after (a report from before they were
@@ -52,7 +53,8 @@ def main():
     check(len(steps) == n, f"one link_share line per phase with the run's value ({len(steps)} of {n})")
     worst = max((abs(float(f) - float(run_)) for _, f, _, run_ in steps), default=1)
     check(worst <= 1e-4, f"the formula gives the run's link_share at every phase (worst {worst:.4f} apart)")
-    check(all(0.0625 <= float(s) <= 2 for _, _, s, _ in steps), "the simulated measure within [1/16, 2] at every phase")
+    near = max((abs(float(x) - float(run_)) for _, _, x, run_ in steps), default=1)
+    check(near <= 0.01, f"the simulated measure within 0.01 of the run's link_share at every phase ({near:.4f})")
     first_before = float(steps[0][0]) if steps else 0
     check(abs(first_before - rep["calibrated_rates"]["link_share"]) < 5e-4, "the first phase starts at the calibration's link_share")
 
@@ -106,6 +108,7 @@ def main():
             bad(name, json.dumps(x), want)
 
         altered("partition.json", "do not describe a partition", lambda x: x.update(params=10**15))
+        altered("wrap.json", "do not describe a partition", lambda x: x.update(subgroups=2049, subgroup_size=2**53, params=2**53))
         altered("cpu-run.json", "without a CUDA worker", lambda x: x.update(cuda_workers=0))
         altered("dtype.json", "\"dtype\" is \"bf17\", not one of fp32, bf16, fp16", lambda x: x.update(dtype="bf17"))
         altered("copy.json", "\"copy_by\" is 3, not one of", lambda x: x.update(copy_by=3))

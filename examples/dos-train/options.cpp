@@ -575,7 +575,8 @@ int parse_command_line(int argc, char** argv, Args& a) {
   // whether CLI11 takes the argument after `arg` for a value: a long option that takes one, or a
   // group of short options ("-qn") whose last takes one (one earlier in the group takes the rest)
   const auto takes_next = [&](const std::string& arg) {
-    if (arg.size() <= 2 || arg[1] == '-') return takes_value(arg);
+    if (arg.size() < 2 || arg[0] != '-') return false;  // a positional argument: CLI11's to refuse
+    if (arg.size() == 2 || arg[1] == '-') return takes_value(arg);
     for (std::size_t k = 1; k < arg.size(); ++k) {
       const CLI::Option* o = option_named(std::string("-") + arg[k]);
       if (!o) return false;

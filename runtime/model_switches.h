@@ -1,0 +1,15 @@
+// The environment's switches of the runtime's model (how it measures what its refinement reads),
+// read once per process. Part of the public C++ API: runtime/dos.h includes it.
+#pragma once
+
+namespace dos {
+
+/// How the refinement measures link_share in a phase whose streams ran mostly beside CPU Adam, as
+/// the environment's DOS_LINK_SHARE_MEASURE says (read once, at the first call: the first phase
+/// that refines, or dos-train's report): "beside" (the default: unset, or a value other than these
+/// two, with a warning on stderr), the formula of refine_rates (models/refinement.h), or
+/// "simulated", link_share_at_stream_end. A measurement switch; the same results either way.
+/// Throws nothing.
+const char* runtime_link_share_measure();
+
+}  // namespace dos

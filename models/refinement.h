@@ -176,7 +176,7 @@ double link_share_at_stream_end(const StreamEndAt& stream_end_at, double measure
 /// formula's, at most 1/16 (the rest lowers B); NaN (the simulation cannot progress): the formula
 /// as it is. The rest (bounds, the blend, B taking what the share cannot) is the same. On the
 /// simulation of a machine whose links get 0.3 beside CPU Adam while CPU Adam loses little
-/// (test_first_phases), the formula counts the streams' seconds alone after the CPU's end as
+/// (test_link_share_measure), the formula counts the streams' seconds alone after the CPU's end as
 /// seconds beside it and measures about 0.6 in the first phase; this measure gives the machine's
 /// share (the step's factor of 2 then holds the first step). Null (the default, and the runtime's
 /// unless DOS_LINK_SHARE_MEASURE=simulated): the formula.

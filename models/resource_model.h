@@ -88,6 +88,17 @@ struct Workload {
   bool compact_master = false;
 };
 
+/// Sets w.cpu_grads_staged_on_gpu and w.cpu_params_staged_on_gpu from the runtime's own copies of
+/// a CPU subgroup: its gradient is staged on the GPU unless the runtime downloads it itself
+/// (own_grad_download); its new parameters unless the runtime uploads them itself
+/// (own_param_upload), and with w.compact_master its P, which comes down beside the gradient,
+/// also unless the runtime downloads that itself (own_param_download). The runtime, dos-train
+/// --plan-only and dos-replay each build their workload with it. Throws nothing.
+inline void stage_cpu_copies(Workload& w, bool own_grad_download, bool own_param_upload, bool own_param_download) {
+  w.cpu_grads_staged_on_gpu = !own_grad_download;
+  w.cpu_params_staged_on_gpu = !own_param_upload || (w.compact_master && !own_param_download);
+}
+
 /// Bytes per parameter of a streamed subgroup's state, each way: 12 (fp32 master, exp_avg,
 /// exp_avg_sq), or 10.125 with w.compact_master (exp_avg, exp_avg_sq, the master's low half and its
 /// rounding bit; codelets/kernels/compact_master.h). Padding not counted.

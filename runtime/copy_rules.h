@@ -67,6 +67,12 @@ const char* runtime_copy_by();
 /// the runtime could not pin goes by cudaMemcpyAsync whatever this says.
 bool runtime_copies_by_copy_engine(bool up);
 
+/// copies_by_copy_engine of the rule `copy_by` (one of kCopyByValues): what
+/// runtime_copies_by_copy_engine says for a process whose DOS_COPY_BY is that rule ("memcpy",
+/// "memcpy-up" up, "memcpy-down", "auto" and "adaptive" down: the copy engine; the rest a kernel),
+/// for a rule read elsewhere (a dos-train report's "copy_by"). Throws nothing.
+bool copies_by_copy_engine(const char* copy_by, bool up);
+
 /// Whether runtime_copy_by() is "auto": each gradient download then goes by the kernel while a
 /// streamed state write-back is on the device-to-host link, else by the copy engine.
 bool runtime_copy_by_auto();

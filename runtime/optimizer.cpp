@@ -326,10 +326,8 @@ Optimizer::Optimizer(Runtime& runtime, const std::vector<TensorView>& tensors, c
     // a CPU subgroup's staging on the GPU, for the footprints: none where the runtime copies itself,
     // which it does under a plan only (StarPU's own policies stage by tasks)
     const bool planned = choice.plan != nullptr;
-    I.workload.cpu_grads_staged_on_gpu = !(planned && I.own_grad_download());
-    // (a compact state's P comes down through the staging on the GPU unless the runtime downloads it)
-    I.workload.cpu_params_staged_on_gpu = !(planned && I.own_param_upload()) ||
-                                          (options.compact_master && !(planned && I.own_param_download()));
+    stage_cpu_copies(I.workload, planned && I.own_grad_download(), planned && I.own_param_upload(),
+                     planned && I.own_param_download());
     if (gpu) {
       try {
         apply_gpu_budgets(I.workload, choice.plan.get(), GpuBudgets{options.gpu_resident_budget, options.gpu_update_budget});

@@ -60,11 +60,12 @@ bool detail::note_starved_download() noexcept {
   return copy_by_adaptive() && !g_download_starved.exchange(true);
 }
 
-bool runtime_copies_by_copy_engine(bool up) {
-  const char* by = runtime_copy_by();
+bool copies_by_copy_engine(const char* by, bool up) {
   return std::strcmp(by, "memcpy") == 0 || std::strcmp(by, up ? "memcpy-up" : "memcpy-down") == 0 ||
-         (!up && (runtime_copy_by_auto() || copy_by_adaptive()));
+         (!up && (std::strcmp(by, "auto") == 0 || std::strcmp(by, "adaptive") == 0));
 }
+
+bool runtime_copies_by_copy_engine(bool up) { return copies_by_copy_engine(runtime_copy_by(), up); }
 
 namespace {
 

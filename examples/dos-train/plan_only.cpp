@@ -194,11 +194,8 @@ int run_plan_only(const Args& a, const Checked& c, const std::string& model, con
   // a compact master's CPU subgroups: their parameters in the host staging from the phase before in
   // a later phase (a plan that keeps its sides), not yet in the first
   if (c.compact_master && a.plan_phase != "first") po.execution.params_on_host.assign(po.workload.sizes.size(), true);
-  po.workload.cpu_grads_staged_on_gpu = !po.execution.own_grad_download;
-  // (a compact master's P comes down through the GPU staging unless the runtime downloads it itself)
-  po.workload.cpu_params_staged_on_gpu =
-      !po.execution.own_param_upload ||
-      (c.compact_master && !(po.workload.caller_on_gpu && dos::runtime_downloads_grads()));
+  dos::stage_cpu_copies(po.workload, po.execution.own_grad_download, po.execution.own_param_upload,
+                        po.workload.caller_on_gpu && dos::runtime_downloads_grads());
   if (!a.rates.empty()) {
     // as the runtime starts from a rates file: its links held to its calibrated rates where those
     // are apart (models/refinement.h, cap_links)

@@ -33,7 +33,6 @@
 // before it stay on stdout).
 #include <algorithm>
 #include <cstdio>
-#include <initializer_list>
 #include <fstream>
 #include <stdexcept>
 #include <string>
@@ -42,6 +41,7 @@
 #include <nlohmann/json.hpp>
 
 #include "adam.h"
+#include "copy_rules.h"
 #include "phase_sim.h"
 #include "refinement.h"
 #include "resource_model.h"
@@ -69,7 +69,8 @@ std::size_t count(const json& j, const char* key, const char* where) {
   return v.get<std::size_t>();
 }
 
-std::string text(const json& j, const char* key, const char* where, std::initializer_list<const char*> values) {
+template <std::size_t N>
+std::string text(const json& j, const char* key, const char* where, const char* const (&values)[N]) {
   const json& v = field(j, key, where);
   std::string list;
   for (const char* x : values) {
@@ -134,15 +135,13 @@ void replay(const json& r) {
   e.cpu_work_item = dos::kCpuWorkItem;
   e.order = text(r, "submit_order", top, {"plan", "cpu-first"}) == "cpu-first" ? dos::SubmitOrder::cpu_first
                                                                               : dos::SubmitOrder::plan;
-  const std::string copy_by = text(r, "copy_by", top, {"adaptive", "memcpy-down", "auto", "kernel", "memcpy", "memcpy-up"});
+  const std::string copy_by = text(r, "copy_by", top, dos::kCopyByValues);
   const bool eager = text(r, "writeback", top, {"eager", "end"}) == "eager";
   e.own_param_upload = w.caller_on_gpu;
   e.own_grad_download = w.caller_on_gpu && w.grad_bytes == w.param_bytes;
-  e.grad_download_by_copy_engine = copy_by != "kernel" && copy_by != "memcpy-up";
-  e.param_upload_by_copy_engine = copy_by == "memcpy" || copy_by == "memcpy-up";
-  w.cpu_grads_staged_on_gpu = !e.own_grad_download;
-  // (a compact master's P comes down through the GPU staging unless the runtime downloads it itself)
-  w.cpu_params_staged_on_gpu = !e.own_param_upload || (w.compact_master && !w.caller_on_gpu);
+  e.grad_download_by_copy_engine = dos::copies_by_copy_engine(copy_by.c_str(), false);
+  e.param_upload_by_copy_engine = dos::copies_by_copy_engine(copy_by.c_str(), true);
+  dos::stage_cpu_copies(w, e.own_grad_download, e.own_param_upload, w.caller_on_gpu);
   const dos::Rates calibrated = rates_of(field(r, "calibrated_rates", top), "the report's calibrated_rates");
   const json& its = field(r, "iterations", top);
   if (!its.is_array() || its.empty()) bad("the report's iterations are not a list of phases");
@@ -184,18 +183,16 @@ void replay(const json& r) {
     if (!ran) ek.state_off_gpu.assign(n, true);
     if (ran && w.compact_master) ek.params_on_host.assign(n, true);
     ran = true;
-    // the set-up, which the runtime adds to its prediction and takes off the stream's end
-    const double setup = std::max(0.0, number(it, "predicted_seconds", wh) - dos::simulate_phase(w, planned, before, ek).total);
+    const dos::Simulation sim = dos::simulate_phase(w, plan, before, ek);
+    // the set-up, which the runtime adds to its prediction (of the plan before the tail binding)
+    // and takes off the stream's end
+    const double predicted = planned == plan ? sim.total : dos::simulate_phase(w, planned, before, ek).total;
+    const double setup = std::max(0.0, number(it, "predicted_seconds", wh) - predicted);
     const bool end_known = it.contains("stream_end_seconds");
     const double end = end_known ? number(it, "stream_end_seconds", wh) : m.streamed ? seconds : 0;
     if (end < 0 || end > 1.01 * seconds) bad(where + "'s stream end lies outside [0, 1.01 x update_seconds]");
     m.stream_end_seconds = end > setup ? end - setup : 0;
-    const dos::Simulation sim = dos::simulate_phase(w, plan, before, ek);
-    const dos::StreamEndAt at = [&](double x) {
-      dos::Rates q = before;
-      q.link_share = x;
-      return dos::simulate_phase(w, plan, q, ek).stream_end;
-    };
+    const dos::StreamEndAt at = dos::simulated_stream_end(w, plan, before, ek);
     const bool first_streamed = first && m.streamed > 0;
     const dos::Refined f = dos::refine_after_phase(w, before, m, sim, e.cpu_workers, measured, first_streamed, u_c, &calibrated);
     const dos::Refined g =

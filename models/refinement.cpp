@@ -49,6 +49,19 @@ Rates cap_links(const Workload& w, const Rates& r, const Rates& calibrated, std:
   return q;
 }
 
+StreamEndAt simulated_stream_end(const Workload& w, const std::vector<PlanSide>& plan, const Rates& r,
+                                 const Execution& e) {
+  return [w, plan, r, e](double share) {
+    Rates q = r;
+    q.link_share = share;
+    try {
+      return simulate_phase(w, plan, q, e).stream_end;
+    } catch (const std::exception&) {
+      return std::nan("");
+    }
+  };
+}
+
 double link_share_at_stream_end(const StreamEndAt& stream_end_at, double measured_end, double current, double cap) {
   const double nan = std::nan("");
   if (!(measured_end > 0) || !std::isfinite(measured_end) || !(cap >= kLowestLinkShare) || !std::isfinite(cap) ||

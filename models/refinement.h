@@ -66,6 +66,12 @@ struct Refined {
 /// measuring link_share (below) reads it.
 using StreamEndAt = std::function<double(double link_share)>;
 
+/// The StreamEndAt of a phase: simulate_phase(w, plan, r with link_share replaced, e)'s stream end,
+/// NaN where simulate_phase throws (a simulation that cannot progress, or memory). It keeps copies
+/// of w, plan, r and e. Throws std::bad_alloc (the copies).
+StreamEndAt simulated_stream_end(const Workload& w, const std::vector<PlanSide>& plan, const Rates& r,
+                                 const Execution& e);
+
 /// The link_share at which `stream_end_at` gives `measured_end` (seconds > 0), searched from the
 /// plan's own share `current` (in [kLowestLinkShare, cap]) towards the side the measure lies on:
 /// `current` itself when stream_end_at(current) is within 0.5% of measured_end (the end may be

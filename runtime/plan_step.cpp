@@ -128,19 +128,12 @@ bool Optimizer::Impl::refine(const PhaseMeasure& m, const Simulation& sim, bool 
   const bool held = hold_outliers && !first_streamed && hold_outlier_phase(phase_errors, ratio, plan);
   phase_errors = record_phase_error(phase_errors, ratio, held, plan);
   if (held) return true;
+  // the simulated measure's stream ends: the plan as run, at the rates it was made with, in the
+  // phase's view (the phase is still open)
+  static const bool simulated_share = std::strcmp(runtime_link_share_measure(), "simulated") == 0;
+  const StreamEndAt stream_end_at = simulated_share ? simulated_stream_end(workload, plan, rates, execution()) : nullptr;
   // the share rule's links held to kLinkCeiling times the calibrated rates where those are a
   // calibration's (models/refinement.h)
-  static const bool simulated_share = std::strcmp(runtime_link_share_measure(), "simulated") == 0;
-  const Execution e = simulated_share ? execution() : Execution{};  // the phase's view: it is still open
-  const StreamEndAt stream_end_at = [&](double share) {
-    Rates q = rates;
-    q.link_share = share;
-    try {
-      return simulate_phase(workload, plan, q, e).stream_end;
-    } catch (const std::exception&) {  // one that cannot progress, or memory: the formula measures
-      return std::nan("");
-    }
-  };
   const Refined r = refine_after_phase(workload, rates, m, sim, rt.cpu_workers(), link_share_record.measured,
                                        first_streamed, u_c_measured, holds_links ? &calibrated_rates : nullptr,
                                        simulated_share ? &stream_end_at : nullptr);

@@ -135,11 +135,7 @@ SlowLinkRun run_on_links(double share, bool simulated_measure, const char* label
     const dos::PhaseMeasure m = measure_on(w, plan, truth, e, &seconds);
     out.error[phase] = sim.total / seconds - 1;
     out.streamed[phase] = m.streamed;
-    const dos::StreamEndAt at = [&](double x) {
-      dos::Rates q = r;
-      q.link_share = x;
-      return dos::simulate_phase(w, plan, q, e).stream_end;
-    };
+    const dos::StreamEndAt at = dos::simulated_stream_end(w, plan, r, e);
     const dos::Refined q = dos::refine_after_phase(w, r, m, sim, 1, measured_flag, first && m.streamed > 0, false,
                                                    &machine, simulated_measure ? &at : nullptr);
     first = first && m.streamed == 0;

@@ -603,12 +603,12 @@ int parse_command_line(int argc, char** argv, Args& a) {
           const std::string own = arg.size() > 2 && arg[1] != '-' ? std::string("-") + arg.back() : arg;
           const CLI::Option* o = option_named(own);
           const std::string lname = o && !o->get_lnames().empty() ? "--" + o->get_lnames()[0] : own;
-          std::fprintf(stderr,
-                       "dos-train: error: %s takes a value, and the argument after it, '%s', %s: give %s VALUE%s%s%s\n",
-                       arg.c_str(), next.c_str(),
-                       named ? "is an option of dos-train" : "begins with '--', as an option does (none of dos-train's)",
-                       arg.c_str(), (" (a value that begins with '-' as " + lname + "=VALUE").c_str(),
-                       paths(lname) ? (", a path as ./" + next).c_str() : "", ")");
+          const std::string what =
+              named ? "is an option of dos-train" : "begins with '--', as an option does (none of dos-train's)";
+          const std::string path = paths(lname) ? ", a path as ./" + next : "";
+          std::fprintf(stderr, "dos-train: error: %s takes a value, and the argument after it, '%s', %s: give %s VALUE "
+                       "(a value that begins with '-' as %s=VALUE%s)\n",
+                       arg.c_str(), next.c_str(), what.c_str(), arg.c_str(), lname.c_str(), path.c_str());
           return 1;
         }
       }

@@ -84,6 +84,26 @@ double link_share_at_stream_end(const StreamEndAt& stream_end_at, double measure
   return 0.5 * (lo + hi);
 }
 
+double idle_seconds(const std::vector<BusySpan>& spans, double from, double to) {
+  if (!std::isfinite(from) || !std::isfinite(to))
+    throw std::invalid_argument("idle_seconds: the window's bounds must be finite numbers of seconds");
+  for (const BusySpan& b : spans)
+    if (!(b.end >= b.start) || !std::isfinite(b.start) || !std::isfinite(b.end))
+      throw std::invalid_argument("idle_seconds: a busy span must have finite bounds and end no earlier than it starts");
+  if (to <= from) return 0;
+  std::vector<BusySpan> sorted(spans);
+  std::sort(sorted.begin(), sorted.end(), [](const BusySpan& a, const BusySpan& b) { return a.start < b.start; });
+  double busy = 0, reached = from;  // the union's part in [from, reached] is counted
+  for (const BusySpan& b : sorted) {
+    const double start = std::max(b.start, reached), end = std::min(b.end, to);
+    if (end > start) {
+      busy += end - start;
+      reached = end;
+    }
+  }
+  return std::max(0.0, (to - from) - busy);
+}
+
 Refined refine_rates(const Workload& w, const Rates& r, const PhaseMeasure& m, const Simulation& sim,
                      std::size_t cpu_workers, bool link_share_measured, bool u_c_measured, const Rates* calibrated,
                      const StreamEndAt* stream_end_at) {

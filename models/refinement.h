@@ -60,6 +60,21 @@ struct Refined {
   bool u_c_measured = false;
 };
 
+/// One busy interval of a resource, [start, end] in seconds on any one clock (end >= start).
+struct BusySpan {
+  double start = 0, end = 0;
+};
+
+/// Seconds of the window [from, to] (seconds, on the spans' clock) in which none of `spans` ran:
+/// to - from less the length of the spans' union clipped to the window (spans may overlap, as the
+/// tasks of several CPU workers do, and come in any order). The runtime measures with it the
+/// seconds CPU Adam did not run before the streams ended (StepStats::
+/// cpu_adam_idle_before_stream_end_seconds), which the phase simulation counts as
+/// Simulation::stream_end - Simulation::stream_beside_cpu. 0 when to <= from; a span with end <
+/// start, or a bound that is not finite, throws std::invalid_argument. Throws std::bad_alloc (a
+/// sorted copy of the spans).
+double idle_seconds(const std::vector<BusySpan>& spans, double from, double to);
+
 /// The phase simulation's stream end (Simulation::stream_end, seconds from the phase's first
 /// submission) of the phase's plan at the rates the plan was made with, link_share replaced by the
 /// argument (unitless); NaN when the simulation cannot progress. refine_rates' second way of

@@ -95,6 +95,12 @@ struct StepStats {
   /// where the phase simulation starts).
   bool cpu_first = false;
   double stream_end_seconds = 0;
+  /// Seconds between the phase's first submission (after its set-up) and stream_end_seconds in
+  /// which no CPU Adam task ran (models/refinement.h, idle_seconds; several CPU workers' tasks
+  /// counted as one union): the CPU waiting for its gradients, or done before the streams. The
+  /// phase simulation's counterpart is its stream end less its streams' seconds beside CPU Adam. 0
+  /// when nothing streamed or the stream end is unknown.
+  double cpu_adam_idle_before_stream_end_seconds = 0;
   /// Whether the rates' refinement held this phase as an outlier (models/refinement.h,
   /// hold_outlier_phase: its measured / predicted ratio more than 1.3x off the last phase's, under
   /// the same plan, after two phases whose ratios were within 1.15x of each other): nothing was

@@ -499,12 +499,18 @@ StepStats Optimizer::Impl::finish_wait() {
     // the CPU Adam tasks that began once the streamed state was back in host memory
     const double stream_end_us = ph.pending.last_subgroup_part_us;
     const Execution team = cpu_team();  // a subgroup's parameters at the team's rate (PhaseMeasure::alone_params)
-    if (st.planned_streamed > 0 && stream_end_us > 0)
-      for (const AdamSpan& s : busy.cpu_adam_spans)
+    if (st.planned_streamed > 0 && stream_end_us > 0) {
+      std::vector<BusySpan> spans;
+      spans.reserve(busy.cpu_adam_spans.size());
+      for (const AdamSpan& s : busy.cpu_adam_spans) {
         if (s.start_us >= stream_end_us) {
           measure.alone_params += double(s.params) / cpu_team_share(team, std::size_t(s.params));
           measure.alone_seconds += 1e-6 * (s.end_us - s.start_us);
         }
+        spans.push_back(BusySpan{1e-6 * (s.start_us - timeline.t0_us), 1e-6 * (std::max(s.end_us, s.start_us) - timeline.t0_us)});
+      }
+      st.cpu_adam_idle_before_stream_end_seconds = idle_seconds(spans, ph.setup_seconds, st.stream_end_seconds);
+    }
   }
   measure.streamed = st.planned_streamed;
   if (st.tail_moved > 0) {

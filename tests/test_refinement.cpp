@@ -559,6 +559,7 @@ void test_closed_loop_wrong_b(void**) {
 void test_hold_outlier_phase(void**);
 void test_one_slow_phase(void**);
 void test_odd_phase_predicted_well(void**);
+void test_idle_seconds(void**);
 
 int main() {
   const struct CMUnitTest tests[] = {
@@ -570,7 +571,7 @@ int main() {
       cmocka_unit_test(test_link_share), cmocka_unit_test(test_link_share_first_measure), cmocka_unit_test(test_link_share_is_measured), cmocka_unit_test(test_first_link_share_closed_loop), cmocka_unit_test(test_bounds_after_a_step),
       cmocka_unit_test(test_closed_loop_wrong_b), cmocka_unit_test(test_link_ceiling),
       cmocka_unit_test(test_hold_outlier_phase), cmocka_unit_test(test_one_slow_phase),
-      cmocka_unit_test(test_odd_phase_predicted_well),
+      cmocka_unit_test(test_odd_phase_predicted_well), cmocka_unit_test(test_idle_seconds),
   };
   return cmocka_run_group_tests(tests, nullptr, nullptr);
 }

@@ -1,11 +1,12 @@
 // Part of the refinement test (test_refinement.cpp runs these): the outlier rule
 // (models/refinement.h, hold_outlier_phase) by hand, then phases of the 20B quarter and the GPT of
 // 1.01e9 parameters on a machine that behaves as the phase simulation says, one phase or several
-// slowed: held or refined, against the machine's best.
+// slowed: held or refined, against the machine's best; and the idle measure (idle_seconds).
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdio>
+#include <stdexcept>
 #include <vector>
 
 #include "cmocka_cpp.h"
@@ -198,4 +199,54 @@ void test_odd_phase_predicted_well(void**) {
         ASSERT_NEAR(with.seconds[p], without.seconds[p], 0.0);
       }
     }
+}
+
+// idle_seconds against a count on a fine grid of the window (an independent reference: each
+// 1e-5 s step idle when no span covers its midpoint): spans that overlap, come unsorted, reach
+// outside the window or lie wholly outside it; an empty list; an empty or reversed window; bad spans.
+void test_idle_seconds(void**) {
+  using dos::BusySpan;
+  auto grid = [](const std::vector<BusySpan>& spans, double from, double to) {
+    const double step = 1e-5;
+    double idle = 0;
+    for (double t = from + step / 2; t < to; t += step) {
+      bool busy = false;
+      for (const BusySpan& b : spans) busy = busy || (b.start <= t && t < b.end);
+      idle += busy ? 0 : step;
+    }
+    return idle;
+  };
+  const std::vector<std::vector<BusySpan>> cases = {
+      {},
+      {{0.1, 0.2}},
+      {{0.3, 0.5}, {0.05, 0.15}, {0.1, 0.2}},          // unsorted, two overlapping
+      {{-0.5, 0.05}, {0.9, 2.0}, {0.4, 0.41}},         // reaching out of [0, 1] on both sides
+      {{-1.0, -0.5}, {1.5, 2.0}},                      // wholly outside
+      {{0.2, 0.6}, {0.3, 0.4}, {0.25, 0.35}, {0.6, 0.7}},  // nested and touching
+  };
+  for (const auto& spans : cases) {
+    const double got = dos::idle_seconds(spans, 0.0, 1.0), want = grid(spans, 0.0, 1.0);
+    std::printf("  %zu spans: idle %.5f s (grid %.5f s)\n", spans.size(), got, want);
+    ASSERT_NEAR(got, want, 2e-4);
+  }
+  assert_true(dos::idle_seconds({{0.3, 0.5}}, 0.0, 1.0) == 0.8);
+  assert_true(dos::idle_seconds({{0.3, 0.5}, {0.1, 0.2}}, 0.0, 1.0) > 0.69999 &&
+              dos::idle_seconds({{0.3, 0.5}, {0.1, 0.2}}, 0.0, 1.0) < 0.70001);
+  assert_true(dos::idle_seconds({{0.3, 0.5}}, 0.4, 0.4) == 0);   // an empty window
+  assert_true(dos::idle_seconds({{0.3, 0.5}}, 0.6, 0.2) == 0);   // a reversed one
+  assert_true(dos::idle_seconds({{0.0, 2.0}}, 0.5, 1.5) == 0);   // covered
+  bool threw = false;
+  try {
+    dos::idle_seconds({{0.5, 0.4}}, 0.0, 1.0);
+  } catch (const std::invalid_argument&) {
+    threw = true;
+  }
+  assert_true(threw);
+  threw = false;
+  try {
+    dos::idle_seconds({}, 0.0, std::nan(""));
+  } catch (const std::invalid_argument&) {
+    threw = true;
+  }
+  assert_true(threw);
 }

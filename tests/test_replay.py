@@ -14,6 +14,8 @@ phases that streamed 12-13 of 35 subgroups):
 2. The same report without stream_end_seconds and rates_after (a report from before they were
    recorded): each stream end is taken as the phase's end and said so, the phases are chained,
    and no run's link_share is printed.
+   A report that holds each phase's cpu_adam_idle_before_stream_end_seconds prints it per phase
+   beside the simulation's counterpart (none without it; one that is not a number is refused).
 3. Bad input: no argument (usage, status 2), a missing file, a file that is not JSON, JSON that is
    not a report, a negative subgroup count, counts that describe no partition, a report without a
    CUDA worker, an unknown dtype, copy rule or caller memory (each named), too many CPU workers, a
@@ -49,6 +51,7 @@ def main():
     n = len(rep["iterations"])
     rc, out, err = run(tool, report)
     check(rc == 0, f"the report replays (status {rc}: {err.strip()})")
+    out_plain = out
     steps = re.findall(r"link_share ([0-9.]+) -> formula ([0-9.]+), simulated ([0-9.]+); the run's ([0-9.]+)", out)
     check(len(steps) == n, f"one link_share line per phase with the run's value ({len(steps)} of {n})")
     worst = max((abs(float(f) - float(run_)) for _, f, _, run_ in steps), default=1)
@@ -72,6 +75,24 @@ def main():
               f"skipped, overlapped and held phases said so ({rc}: {kept})")
         check(len(kept) == 3 and kept[0][2] == f"{held['iterations'][0]['rates_after']['link_share']:.4f}",
               "a phase not refined leaves link_share as the phase before left it")
+
+        idle = json.loads(json.dumps(rep))
+        for j, it in enumerate(idle["iterations"]):
+            it["cpu_adam_idle_before_stream_end_seconds"] = 0.0125 * (j + 1)
+        ip = os.path.join(d, "idle.json")
+        json.dump(idle, open(ip, "w"))
+        rc, out, err = run(tool, ip)
+        said = re.findall(r"CPU Adam idle before the stream end ([0-9.]+) s \(the simulation's stream end less its "
+                          r"streams' seconds beside CPU Adam: ([0-9.]+) s\)", out)
+        check(rc == 0 and [a for a, _ in said] == [f"{0.0125 * (j + 1):.4f}" for j in range(n)] and
+              all(float(b) >= 0 for _, b in said),
+              f"a report with the CPU's idle before each stream end: each phase prints it beside the simulation's ({rc}: {said})")
+        check("CPU Adam idle" not in out_plain, "a report without it prints none")
+        idle["iterations"][0]["cpu_adam_idle_before_stream_end_seconds"] = "soon"
+        json.dump(idle, open(ip, "w"))
+        rc, out, err = run(tool, ip)
+        check(rc == 2 and "cpu_adam_idle_before_stream_end_seconds\" is not a number" in err,
+              f"a CPU idle that is not a number: status 2, named ({rc}: {err.strip()[:160]})")
 
         old = dict(rep, iterations=[{k: v for k, v in it.items() if k not in ("stream_end_seconds", "rates_after")}
                                     for it in rep["iterations"]])

@@ -204,6 +204,7 @@ void IterationLog::add(std::int64_t it, const std::string& label, const dos::Ste
   row["tail_moved"] = s.tail_moved;
   row["refinement_held"] = s.refinement_held;
   row["stream_end_seconds"] = s.stream_end_seconds;
+  row["cpu_adam_idle_before_stream_end_seconds"] = s.cpu_adam_idle_before_stream_end_seconds;
   row["plan_seconds"] = s.plan_seconds;
   row["plan_decided_ahead"] = s.plan_decided_ahead;
   row["longest_download_seconds"] = s.longest_download_seconds;

@@ -8,7 +8,8 @@
 // "placement": c on the CPU, s streamed, r resident), simulated (models/phase_sim.h) at the rates
 // the phase began with; what it measured (the CPU Adam tasks' busy seconds, the stream's end: the
 // report's "stream_end_seconds", or, in reports without it, the phase's end, which is the stream's
-// where a phase ends with its streams; where the report has it, the seconds CPU Adam did not run
+// where a phase ends with its streams; the CPU Adam tasks' busy seconds beside the simulation's
+// and its part beside DMA; where the report has it, the seconds CPU Adam did not run
 // before that end, "cpu_adam_idle_before_stream_end_seconds", beside the simulation's stream end
 // less its streams' seconds beside CPU Adam); then refine_after_phase on them twice, with the formula
 // (DOS_LINK_SHARE_MEASURE=beside, the runtime's default) and with the simulated measure
@@ -203,6 +204,8 @@ void replay(const json& r) {
                 "at the rates before %.4f s (stream end %.4f: %.4f beside CPU Adam, %.4f alone)\n",
                 k, m.streamed, n, seconds, end, end_known ? "" : " (the phase's end)", setup, sim.total, sim.stream_end,
                 sim.stream_beside_cpu, sim.stream_alone);
+    std::printf("  CPU Adam busy %.4f s (simulated %.4f s, %.4f of it beside DMA)\n", m.cpu_adam_seconds, sim.cpu,
+                sim.cpu_beside_dma);
     if (it.contains("cpu_adam_idle_before_stream_end_seconds") && m.streamed > 0)
       std::printf("  CPU Adam idle before the stream end %.4f s (the simulation's stream end less its streams' seconds "
                   "beside CPU Adam: %.4f s)\n",

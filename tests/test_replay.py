@@ -14,6 +14,7 @@ phases that streamed 12-13 of 35 subgroups):
 2. The same report without stream_end_seconds and rates_after (a report from before they were
    recorded): each stream end is taken as the phase's end and said so, the phases are chained,
    and no run's link_share is printed.
+   Each phase's CPU Adam busy seconds are the report's, printed beside the simulation's.
    A report that holds each phase's cpu_adam_idle_before_stream_end_seconds prints it per phase
    beside the simulation's counterpart (none without it; one that is not a number is refused).
 3. Bad input: no argument (usage, status 2), a missing file, a file that is not JSON, JSON that is
@@ -52,6 +53,10 @@ def main():
     rc, out, err = run(tool, report)
     check(rc == 0, f"the report replays (status {rc}: {err.strip()})")
     out_plain = out
+    busy = re.findall(r"CPU Adam busy ([0-9.]+) s \(simulated ([0-9.]+) s, ([0-9.]+) of it beside DMA\)", out)
+    check(len(busy) == n and all(f"{it['cpu_adam_seconds']:.4f}" == b[0] and float(b[2]) <= float(b[1]) + 1e-4
+                                 for it, b in zip(rep["iterations"], busy)),
+          f"each phase's CPU Adam busy seconds, the report's, beside the simulation's ({busy[:2]})")
     steps = re.findall(r"link_share ([0-9.]+) -> formula ([0-9.]+), simulated ([0-9.]+); the run's ([0-9.]+)", out)
     check(len(steps) == n, f"one link_share line per phase with the run's value ({len(steps)} of {n})")
     worst = max((abs(float(f) - float(run_)) for _, f, _, run_ in steps), default=1)

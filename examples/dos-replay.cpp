@@ -10,8 +10,8 @@
 // report's "stream_end_seconds", or, in reports without it, the phase's end, which is the stream's
 // where a phase ends with its streams; the CPU Adam tasks' busy seconds beside the simulation's
 // and its part beside DMA; where the report has it, the seconds CPU Adam did not run
-// before that end, "cpu_adam_idle_before_stream_end_seconds", beside the simulation's stream end
-// less its streams' seconds beside CPU Adam); then refine_after_phase on them twice, with the formula
+// before that end, "cpu_adam_idle_before_stream_end_seconds", beside the simulation's
+// Simulation::cpu_idle_before_stream_end); then refine_after_phase on them twice, with the formula
 // (DOS_LINK_SHARE_MEASURE=beside, the runtime's default) and with the simulated measure
 // (simulated), and the link_share each leaves beside the report's own ("rates_after", when the
 // report has it). The rates a phase began with: the report's "calibrated_rates" for the first,
@@ -207,9 +207,8 @@ void replay(const json& r) {
     std::printf("  CPU Adam busy %.4f s (simulated %.4f s, %.4f of it beside DMA)\n", m.cpu_adam_seconds, sim.cpu,
                 sim.cpu_beside_dma);
     if (it.contains("cpu_adam_idle_before_stream_end_seconds") && m.streamed > 0)
-      std::printf("  CPU Adam idle before the stream end %.4f s (the simulation's stream end less its streams' seconds "
-                  "beside CPU Adam: %.4f s)\n",
-                  number(it, "cpu_adam_idle_before_stream_end_seconds", wh), sim.stream_end - sim.stream_beside_cpu);
+      std::printf("  CPU Adam idle before the stream end %.4f s (simulated %.4f s)\n",
+                  number(it, "cpu_adam_idle_before_stream_end_seconds", wh), sim.cpu_idle_before_stream_end);
     std::printf("  link_share %.4f -> formula %.4f, simulated %.4f", before.link_share, f.rates.link_share,
                 g.rates.link_share);
     if (has_after) std::printf("; the run's %.4f", after.link_share);

@@ -286,7 +286,7 @@ Simulation PhaseSimulator::run(const std::vector<PlanSide>& plan) {
   const std::size_t limit = e.update_budget;
   auto fits = [&](std::size_t b) { return limit == 0 || window_used == 0 || window_used + b <= limit; };
   std::size_t next = 0, finished = 0;
-  double now = 0;
+  double now = 0, cpu_idle = 0;  // cpu_idle: seconds so far in which no CPU worker ran an Adam
   std::vector<double>& cpu_start = cpu_start_;  // when each subgroup's CPU Adam began
   std::vector<CpuPiece>& cpu_pieces = cpu_pieces_;
   cpu_pieces.clear();
@@ -451,6 +451,7 @@ Simulation PhaseSimulator::run(const std::vector<PlanSide>& plan) {
       case Stage::state_down:
         if (s.side == PlanSide::gpu_streamed) {
           out.stream_end = now;
+          out.cpu_idle_before_stream_end = cpu_idle;
           out.stream_beside_cpu += resident_up_beside_cpu;  // the resident uploads within [0, stream_end]
           out.stream_alone += resident_up_alone;
           resident_up_beside_cpu = resident_up_alone = 0;
@@ -508,6 +509,7 @@ Simulation PhaseSimulator::run(const std::vector<PlanSide>& plan) {
     if (!(dt < std::numeric_limits<double>::infinity()) || ++guard > 100 * count + 10 * cpus.size() + 1000)
       throw std::logic_error("phase simulation: no piece of work can progress (a bug in the simulation)");
     now += dt;
+    if (active_cpus == 0) cpu_idle += dt;
     if (h2d.current >= 0) {
       h2d.left -= dt * b_up;
       h2d.busy += dt;

@@ -167,6 +167,10 @@ struct Simulation {
   /// Adam running on some CPU worker (stream_beside_cpu) or on none (stream_alone). The rest of
   /// [0, stream_end] the streams waited (the pipeline's fill, a GPU Adam, the update budget).
   double stream_beside_cpu = 0, stream_alone = 0;
+  /// Seconds of [0, stream_end] in which no CPU worker ran an Adam (0 when nothing streamed): the
+  /// counterpart of the runtime's StepStats::cpu_adam_idle_before_stream_end_seconds. At most
+  /// stream_end - stream_beside_cpu (CPU Adam may run while the streams wait).
+  double cpu_idle_before_stream_end = 0;
   bool cpu_first = false;
   /// The busiest resource's name ("cpu", "h2d", "d2h" or "gpu"): the one the phase waits on most.
   const char* busiest() const;

@@ -67,10 +67,10 @@ struct BusySpan {
 
 /// Seconds of the window [from, to] (seconds, on the spans' clock) in which none of `spans` ran:
 /// to - from less the length of the spans' union clipped to the window (spans may overlap, as the
-/// tasks of several CPU workers do, and come in any order). The runtime measures with it the
-/// seconds CPU Adam did not run before the streams ended (StepStats::
-/// cpu_adam_idle_before_stream_end_seconds), which the phase simulation counts as
-/// Simulation::stream_end - Simulation::stream_beside_cpu. 0 when to <= from; a span with end <
+/// tasks of several CPU workers do, touch at an end, and come in any order). The runtime measures
+/// with it the seconds CPU Adam did not run before the streams ended (StepStats::
+/// cpu_adam_idle_before_stream_end_seconds; the phase simulation's counterpart is
+/// Simulation::cpu_idle_before_stream_end). 0 when to <= from; a span with end <
 /// start, or a bound that is not finite, throws std::invalid_argument. Throws std::bad_alloc (a
 /// sorted copy of the spans).
 double idle_seconds(const std::vector<BusySpan>& spans, double from, double to);

@@ -98,8 +98,10 @@ struct StepStats {
   /// Seconds between the phase's first submission (after its set-up) and stream_end_seconds in
   /// which no CPU Adam task ran (models/refinement.h, idle_seconds; several CPU workers' tasks
   /// counted as one union): the CPU waiting for its gradients, or done before the streams. The
-  /// phase simulation's counterpart is its stream end less its streams' seconds beside CPU Adam. 0
-  /// when nothing streamed or the stream end is unknown.
+  /// phase simulation's counterpart is Simulation::cpu_idle_before_stream_end. 0 when nothing
+  /// streamed, the stream end is unknown or not after the set-up, and for a phase opened by
+  /// begin_step or submitted by step_async (its clock starts with the caller's work, and its
+  /// speculative CPU Adams are not counted as Adams).
   double cpu_adam_idle_before_stream_end_seconds = 0;
   /// Whether the rates' refinement held this phase as an outlier (models/refinement.h,
   /// hold_outlier_phase: its measured / predicted ratio more than 1.3x off the last phase's, under

@@ -509,7 +509,8 @@ StepStats Optimizer::Impl::finish_wait() {
         }
         spans.push_back(BusySpan{1e-6 * (s.start_us - timeline.t0_us), 1e-6 * (std::max(s.end_us, s.start_us) - timeline.t0_us)});
       }
-      st.cpu_adam_idle_before_stream_end_seconds = idle_seconds(spans, ph.setup_seconds, st.stream_end_seconds);
+      if (!st.overlapped && !ph.async)  // a phase run after backward, as the refinement's
+        st.cpu_adam_idle_before_stream_end_seconds = idle_seconds(spans, ph.setup_seconds, st.stream_end_seconds);
     }
   }
   measure.streamed = st.planned_streamed;

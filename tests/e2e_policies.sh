@@ -131,6 +131,9 @@ for k, it in enumerate(r["iterations"]):  # the optimizer's first phase (k 0) bi
         assert (it["stream_end_seconds"] > 0) == ("s" in it["placement"]), it
     else:
         assert "rates_after" not in it and it["stream_end_seconds"] == 0, it
+    # the seconds before that end in which no CPU Adam ran: within [0, stream end], 0 without one
+    idle = it["cpu_adam_idle_before_stream_end_seconds"]
+    assert 0 <= idle <= it["stream_end_seconds"] and (idle == 0 or "s" in it["placement"]), it
 if gpu:
     assert r["iterations"][-1]["rates_after"] == r["rates"], (r["iterations"][-1]["rates_after"], r["rates"])
 print("ok: %d iterations, tail bound %s, moved %s" % (len(r["iterations"]), [i["tail_bound"] for i in r["iterations"]],

@@ -218,7 +218,9 @@ void test_own_copies_by_copy_engine(void**) {
 //     resident subgroup's parameters down). Up: resident [0, b], streamed [b, 2b]; the resident one
 //     updated [b, b + g] and its parameters down [b + g, b + g + d]; the streamed one updated
 //     [2b, 2b + g], down [2b + g, 3b + g] = stream_end. The streams carried state 3b of it, all
-//     beside the CPU (the resident upload included); the phase is the CPU's 0.2 s.
+//     beside the CPU (the resident upload included); the phase is the CPU's 0.2 s. The CPU's Adam
+//     runs through [0, stream_end] (Simulation::cpu_idle_before_stream_end 0; in case 4, with no
+//     CPU subgroup, the whole of it).
 void test_resident_state_off_gpu(void**) {
   const double n = 1e8, B = 4e10, U_g = 1e11;
   const double a = 12 * n / B, g = n / U_g;
@@ -259,6 +261,7 @@ void test_resident_state_off_gpu(void**) {
   assert_float_equal(s.stream_end, 3 * a + g, 1e-12);
   assert_float_equal(s.stream_alone, 3 * a, 1e-12);
   assert_float_equal(s.stream_beside_cpu, 0.0, 0.0);
+  assert_float_equal(s.cpu_idle_before_stream_end, 3 * a + g, 1e-12);  // no CPU subgroup
 
   dos::Execution last;
   last.state_off_gpu = {false, true};
@@ -279,6 +282,9 @@ void test_resident_state_off_gpu(void**) {
   assert_float_equal(s.stream_alone, 0.0, 0.0);
   assert_float_equal(s.total, 0.2, 1e-12);
   assert_float_equal(s.cpu_beside_dma, 3 * b, 1e-12);  // DMA in [0, 2b] and [2b + g, 3b + g]
+  // the CPU's Adam runs through [0, stream_end]: never idle there, though the streams wait g
+  assert_float_equal(s.cpu_idle_before_stream_end, 0.0, 0.0);
+  ASSERT_NEAR(s.stream_end - s.stream_beside_cpu - s.stream_alone, g, 1e-12);
 }
 
 }  // namespace

@@ -8,7 +8,7 @@
 // "placement": c on the CPU, s streamed, r resident), simulated (models/phase_sim.h) at the rates
 // the phase began with; what it measured (the CPU Adam tasks' busy seconds, the stream's end: the
 // report's "stream_end_seconds", or, in reports without it, the phase's end, which is the stream's
-// where a phase ends with its streams; the CPU Adam tasks' busy seconds beside the simulation's
+// where a phase ends with its streams; the busy seconds printed beside the simulation's CPU Adam
 // and its part beside DMA; where the report has it, the seconds CPU Adam did not run
 // before that end, "cpu_adam_idle_before_stream_end_seconds", beside the simulation's
 // Simulation::cpu_idle_before_stream_end); then refine_after_phase on them twice, with the formula

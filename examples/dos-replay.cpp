@@ -45,6 +45,7 @@
 
 #include "adam.h"
 #include "copy_rules.h"
+#include "partition.h"
 #include "phase_sim.h"
 #include "refinement.h"
 #include "resource_model.h"
@@ -113,16 +114,16 @@ void replay(const json& r) {
   const char* top = "the report";
   const std::size_t n = count(r, "subgroups", top), s = count(r, "subgroup_size", top);
   const std::size_t params = count(r, "params", top);
-  // as dos-train partitions: at most 2^20 subgroups, the last one holding the remainder
-  // (without products that could wrap: n subgroups of s hold params when n = ceil(params / s))
-  if (n == 0 || n > (std::size_t(1) << 20) || s == 0 || params == 0 || params > (std::size_t(1) << 53) ||
-      s > params || n != (params - 1) / s + 1)
+  // as dos-train partitions (dos::partition_subgroups): at most kMaxSubgroups subgroups, the last
+  // one holding the remainder (without products that could wrap: n subgroups of s hold params when
+  // n = ceil(params / s))
+  if (n == 0 || n > dos::kMaxSubgroups || s == 0 || params == 0 || params > dos::kMaxTotalElements || s > params ||
+      n != (params - 1) / s + 1)
     bad("the report's params, subgroups and subgroup_size do not describe a partition (subgroups 1 to 2^20, the "
         "last one of 1 to subgroup_size parameters)");
   if (count(r, "cuda_workers", top) == 0) bad("the report is of a run without a CUDA worker: the model did not refine");
   dos::Workload w;
-  w.sizes.assign(n, s);
-  w.sizes.back() = params - (n - 1) * s;
+  for (const dos::SubgroupLayout& l : dos::partition_subgroups({params}, s)) w.sizes.push_back(l.size);
   const std::string dtype = text(r, "dtype", top, {"fp32", "bf16", "fp16"});
   w.param_bytes = dtype == "fp32" ? 4 : 2;
   w.grad_bytes = text(r, "grad_transfer", top, {"native", "fp32"}) == "native" ? w.param_bytes : 4;

@@ -29,7 +29,10 @@
 // without DOS_PARAM_UPLOAD or DOS_GRAD_DOWNLOAD): the resident subgroups' states off the GPU until
 // a phase has run (not skipped), and after it a compact master's CPU subgroups' P in the host
 // staging. The first phase's rates are the report's calibrated ones: a run that
-// started from an earlier run's rates cache began elsewhere (said on the first line).
+// started from an earlier run's rates cache began elsewhere (said on the first line). The first
+// streamed phase's measure of link_share follows the report's "first_link_share" (the run's
+// DOS_FIRST_LINK_SHARE: "lower" replays refine_after_phase's provisional_lowers_only; "whole", or
+// a report without the field, the default).
 //
 // Exit status 0; 2 when the file cannot be read or is not a dos-train report of a run with a
 // CUDA worker (what is wrong, and in which iteration, is named on stderr; the phases printed
@@ -147,11 +150,13 @@ void replay(const json& r) {
   e.param_upload_by_copy_engine = dos::copies_by_copy_engine(copy_by.c_str(), true);
   dos::stage_cpu_copies(w, e.own_grad_download, e.own_param_upload, w.caller_on_gpu);
   const dos::Rates calibrated = rates_of(field(r, "calibrated_rates", top), "the report's calibrated_rates");
+  const bool lowers_only = r.contains("first_link_share") && text(r, "first_link_share", top, {"whole", "lower"}) == "lower";
   const json& its = field(r, "iterations", top);
   if (!its.is_array() || its.empty()) bad("the report's iterations are not a list of phases");
   std::printf("%zu parameters, %zu subgroups; the first phase from the calibrated rates (link_share %.4f; a run "
-              "that started from a rates cache began elsewhere)\n",
-              params, n, calibrated.link_share);
+              "that started from a rates cache began elsewhere)%s\n",
+              params, n, calibrated.link_share,
+              lowers_only ? "; a first streamed phase's measure above it not taken (first_link_share lower)" : "");
   dos::Rates before = calibrated;
   bool measured = dos::initial_link_share_record(calibrated, calibrated).measured, first = true, u_c = false;
   bool ran = false;  // a phase has run (not skipped): the resident states are up, a compact P on the host
@@ -198,9 +203,10 @@ void replay(const json& r) {
     m.stream_end_seconds = end > setup ? end - setup : 0;
     const dos::StreamEndAt at = dos::simulated_stream_end(w, plan, before, ek);
     const bool first_streamed = first && m.streamed > 0;
-    const dos::Refined f = dos::refine_after_phase(w, before, m, sim, e.cpu_workers, measured, first_streamed, u_c, &calibrated);
-    const dos::Refined g =
-        dos::refine_after_phase(w, before, m, sim, e.cpu_workers, measured, first_streamed, u_c, &calibrated, &at);
+    const dos::Refined f = dos::refine_after_phase(w, before, m, sim, e.cpu_workers, measured, first_streamed, u_c,
+                                                   &calibrated, nullptr, lowers_only);
+    const dos::Refined g = dos::refine_after_phase(w, before, m, sim, e.cpu_workers, measured, first_streamed, u_c,
+                                                   &calibrated, &at, lowers_only);
     std::printf("phase %zu: %zu of %zu streamed; measured %.4f s, stream end %.4f s%s (set-up %.4f s off); simulated "
                 "at the rates before %.4f s (stream end %.4f: %.4f beside CPU Adam, %.4f alone)\n",
                 k, m.streamed, n, seconds, end, end_known ? "" : " (the phase's end)", setup, sim.total, sim.stream_end,

@@ -218,10 +218,21 @@ Refined refine_rates(const Workload& w, const Rates& r, const PhaseMeasure& m, c
 
 Refined refine_after_phase(const Workload& w, const Rates& r, const PhaseMeasure& m, const Simulation& sim,
                            std::size_t cpu_workers, bool link_share_measured, bool first_streamed,
-                           bool u_c_measured, const Rates* calibrated, const StreamEndAt* stream_end_at) {
+                           bool u_c_measured, const Rates* calibrated, const StreamEndAt* stream_end_at,
+                           bool provisional_lowers_only) {
   if (!first_streamed || link_share_measured)
     return refine_rates(w, r, m, sim, cpu_workers, link_share_measured, u_c_measured, calibrated, stream_end_at);
   Refined out = refine_rates(w, r, m, sim, cpu_workers, false, u_c_measured, calibrated, stream_end_at);
+  if (provisional_lowers_only && out.link_share_applied && link_share_is_measured(r) &&
+      out.rates.link_share > r.link_share) {
+    // the measure is not taken: the links as they were (what the share rule gave B beyond its cap
+    // included), within the bounds of the refined rates
+    out.rates.link_share = r.link_share;
+    out.rates.B_h2d = r.B_h2d;
+    out.rates.B_d2h = r.B_d2h;
+    settle_bounds(w, out.rates, cpu_workers);
+    out.link_share_applied = false;
+  }
   out.link_share_provisional = out.link_share_applied;
   out.link_share_applied = false;
   out.link_share_measured = false;

@@ -243,10 +243,22 @@ Refined refine_rates(const Workload& w, const Rates& r, const PhaseMeasure& m, c
 /// Otherwise (not first_streamed, which includes a phase that streamed nothing) refine_rates with
 /// link_share_measured as given. Throws what refine_rates throws.
 /// u_c_measured, calibrated and stream_end_at go to refine_rates as given.
+/// provisional_lowers_only (the runtime's DOS_FIRST_LINK_SHARE=lower, runtime_first_link_share):
+/// in the first_streamed case above, where r.link_share holds a value other than the placeholder
+/// (the calibration's), a provisional measure above r.link_share is not taken: link_share (at most
+/// the refined rates' cap), B_h2d and B_d2h stay r's, link_share_applied and link_share_provisional
+/// are false (the next phase's measure is taken whole; the rates file keeps the calibration's
+/// value), the other rates are refined as before. A measure below r.link_share is taken as above.
+/// Why: the compact master's first streamed phase brings every CPU subgroup's P down beside its
+/// gradient and measured link_share at the cap (1.19 on an H100, 20B quarter, calibration 0.80,
+/// later phases 0.82-0.93); the second phase, planned on it, streamed 17 subgroups where the
+/// later plans streamed 14, ran 0.705 s against 0.543 predicted, and starved a gradient download,
+/// which turned the adaptive copy rule (runtime_copy_by) for the rest of the process. A measurement
+/// switch while it has not run on a GPU.
 Refined refine_after_phase(const Workload& w, const Rates& r, const PhaseMeasure& m, const Simulation& sim,
                            std::size_t cpu_workers, bool link_share_measured, bool first_streamed,
                            bool u_c_measured = true, const Rates* calibrated = nullptr,
-                           const StreamEndAt* stream_end_at = nullptr);
+                           const StreamEndAt* stream_end_at = nullptr, bool provisional_lowers_only = false);
 
 /// The most the refinement's share rule lets a link rate grow: kLinkCeiling times its calibrated
 /// value (unitless; refine_rates' `calibrated`, cap_links). The calibration measures each link with

@@ -120,6 +120,16 @@ const char* runtime_link_share_measure() {
   return measure;
 }
 
+const char* runtime_first_link_share() {
+  static const char* const rule =
+      env_choice("DOS_FIRST_LINK_SHARE", {"whole", "lower"}, 0,
+                 "ignored (the default, whole: the first streamed phase's measure of link_share taken whole, "
+                 "within a factor of 2)") == 1
+          ? "lower"
+          : "whole";
+  return rule;
+}
+
 bool Optimizer::Impl::refine(const PhaseMeasure& m, const Simulation& sim, bool first_streamed, double seconds) {
   if (!have_rates || !choice.plan || !choice.plan->needs().refine || rt.cuda_workers() == 0) return false;
   static const bool hold_outliers = holds_outlier_phases();
@@ -131,12 +141,13 @@ bool Optimizer::Impl::refine(const PhaseMeasure& m, const Simulation& sim, bool 
   // the simulated measure's stream ends: the plan as run, at the rates it was made with, in the
   // phase's view (the phase is still open)
   static const bool simulated_share = std::strcmp(runtime_link_share_measure(), "simulated") == 0;
+  static const bool lowers_only = std::strcmp(runtime_first_link_share(), "lower") == 0;
   const StreamEndAt stream_end_at = simulated_share ? simulated_stream_end(workload, plan, rates, execution()) : nullptr;
   // the share rule's links held to kLinkCeiling times the calibrated rates where those are a
   // calibration's (models/refinement.h)
   const Refined r = refine_after_phase(workload, rates, m, sim, rt.cpu_workers(), link_share_record.measured,
                                        first_streamed, u_c_measured, holds_links ? &calibrated_rates : nullptr,
-                                       simulated_share ? &stream_end_at : nullptr);
+                                       simulated_share ? &stream_end_at : nullptr, lowers_only);
   rates = r.rates;
   u_c_measured = r.u_c_measured;
   refined = refined || r.applied;

@@ -83,6 +83,73 @@ void test_first_streamed_phase_rule(void**) {
   assert_true(threw);
 }
 
+// provisional_lowers_only (DOS_FIRST_LINK_SHARE=lower): the first streamed phase's measure above
+// the calibration's link_share is not taken (link_share and both links as they were, the other
+// rates as the default rule refines them, no flag set); one below it, one against the placeholder,
+// and any phase after the first are refined as without it.
+void test_first_streamed_lowers_only(void**) {
+  const dos::Workload w = quarter_20b();
+  const dos::Execution e = budget_40gb();
+  dos::Rates cal = kRates;  // the calibration's, its link_share measured
+  cal.link_share = 0.7;
+  const std::vector<PlanSide> plan = dos::choose_plan_simulated(w, cal, e).plan;
+  const dos::Simulation sim = dos::simulate_phase(w, plan, cal, e);
+  auto first_phase = [&](const dos::Rates& truth, const dos::Rates& r, const dos::Simulation& s, bool lowers) {
+    double seconds = 0;
+    const dos::PhaseMeasure m = measure_on(w, plan, truth, e, &seconds);
+    assert_true(m.streamed > 0);
+    return dos::refine_after_phase(w, r, m, s, 1, false, true, true, nullptr, nullptr, lowers);
+  };
+  // faster links than the calibration said, beyond the cap: the default takes the share to its cap
+  // and gives B the rest; the rule keeps both
+  dos::Rates fast = kRates;
+  fast.link_share = 1.3;
+  fast.B_h2d *= 1.2;
+  fast.B_d2h *= 1.2;
+  const dos::Refined whole = first_phase(fast, cal, sim, false);
+  const dos::Refined lower = first_phase(fast, cal, sim, true);
+  assert_true(whole.rates.link_share > 1.2 && whole.rates.B_h2d > cal.B_h2d && whole.link_share_provisional);
+  assert_true(lower.rates.link_share == cal.link_share);
+  assert_true(lower.rates.B_h2d == cal.B_h2d && lower.rates.B_d2h == cal.B_d2h);
+  assert_false(lower.link_share_applied || lower.link_share_provisional || lower.link_share_measured);
+  assert_true(lower.applied);
+  for (auto f : {&dos::Rates::U_c, &dos::Rates::U_g, &dos::Rates::D_c}) assert_true(lower.rates.*f == whole.rates.*f);
+  assert_true(lower.rates.U_c_dma >= whole.rates.U_c_dma);  // a lower share raises U_c_dma's floor only
+  // faster links within the cap: the same
+  dos::Rates faster = kRates;
+  faster.link_share = 0.95;
+  const dos::Refined whole2 = first_phase(faster, cal, sim, false);
+  const dos::Refined lower2 = first_phase(faster, cal, sim, true);
+  assert_true(whole2.rates.link_share > 0.8 && whole2.rates.B_h2d == cal.B_h2d);
+  assert_true(lower2.rates.link_share == cal.link_share && !lower2.link_share_provisional);
+  // slower links: taken as by default
+  dos::Rates slow = kRates;
+  slow.link_share = 0.5;
+  const dos::Refined whole3 = first_phase(slow, cal, sim, false);
+  const dos::Refined lower3 = first_phase(slow, cal, sim, true);
+  assert_true(whole3.rates.link_share < cal.link_share);
+  assert_same_rates(lower3.rates, whole3.rates);
+  assert_true(lower3.link_share_provisional && !lower3.link_share_measured);
+  // the placeholder: nothing to keep, taken as by default
+  const dos::Simulation sim_p = dos::simulate_phase(w, plan, kRates, e);
+  const dos::Refined whole4 = first_phase(fast, kRates, sim_p, false);
+  const dos::Refined lower4 = first_phase(fast, kRates, sim_p, true);
+  assert_true(whole4.rates.link_share > kRates.link_share);
+  assert_same_rates(lower4.rates, whole4.rates);
+  assert_true(lower4.link_share_provisional);
+  // not the first streamed phase, or link_share counted: refine_rates whatever the rule
+  double seconds = 0;
+  const dos::PhaseMeasure m = measure_on(w, plan, fast, e, &seconds);
+  for (bool measured : {false, true}) {  // not the first (link_share not counted); the first, counted
+    const dos::Refined a = dos::refine_after_phase(w, cal, m, sim, 1, measured, measured, true, nullptr, nullptr, true);
+    const dos::Refined b = dos::refine_rates(w, cal, m, sim, 1, measured);
+    assert_same_rates(a.rates, b.rates);
+    assert_true(a.rates.link_share > cal.link_share);
+  }
+  std::printf("  first phase above the calibration's 0.7: link_share %.3f by default, %.3f with lowers_only\n",
+              whole.rates.link_share, lower.rates.link_share);
+}
+
 // Calibrating runs on machines of link_share 0.7, 1.0 and 1.2 whose first phase that streams runs
 // slower (the allocations; here its links at 1/1.3 to 1 of their rate), three phases each, under
 // the rule (refine_after_phase) and under the rule before (the first phase refines nothing, the
@@ -529,6 +596,7 @@ void test_slow_links_beside_cpu(void**);
 int main() {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_first_streamed_phase_rule),
+      cmocka_unit_test(test_first_streamed_lowers_only),
       cmocka_unit_test(test_first_streamed_phase_closed_loop),
       cmocka_unit_test(test_calibrated_link_share_first_phases),
       cmocka_unit_test(test_estimated_link_share_first_phases),

@@ -17,6 +17,10 @@ phases that streamed 12-13 of 35 subgroups):
    Each phase's CPU Adam busy seconds are the report's, printed beside the simulation's.
    A report that holds each phase's cpu_adam_idle_before_stream_end_seconds prints it per phase
    beside the simulation's counterpart (none without it; one that is not a number is refused).
+   A report's "first_link_share" (the run's DOS_FIRST_LINK_SHARE) is followed: "whole" replays as a
+   report without it; "lower", on the report with its calibration's link_share set to 0.5 (below
+   the first phase's measure), keeps 0.5 after the first phase by both measures and says so on the
+   first line, where "whole" takes the measure.
 3. Bad input: no argument (usage, status 2), a missing file, a file that is not JSON, JSON that is
    not a report, a negative subgroup count, counts that describe no partition, a report without a
    CUDA worker, an unknown dtype, copy rule or caller memory (each named), too many CPU workers, a
@@ -98,6 +102,30 @@ def main():
         check(rc == 2 and "cpu_adam_idle_before_stream_end_seconds\" is not a number" in err,
               f"a CPU idle that is not a number: status 2, named ({rc}: {err.strip()[:160]})")
 
+        def replay_as(name, change):
+            x = json.loads(json.dumps(rep))
+            change(x)
+            p = os.path.join(d, name)
+            json.dump(x, open(p, "w"))
+            return run(tool, p)
+
+        rc, out, err = replay_as("whole.json", lambda x: x.update(first_link_share="whole"))
+        check(rc == 0 and out == out_plain, f"first_link_share whole replays as a report without it ({rc})")
+        def low_calibration(x, rule):
+            x["calibrated_rates"]["link_share"] = 0.5
+            x["first_link_share"] = rule
+            for it in x["iterations"]:
+                it.pop("rates_after")
+        first_step = r"link_share ([0-9.]+) -> formula ([0-9.]+), simulated ([0-9.]+)"
+        rc, out, err = replay_as("whole-low.json", lambda x: low_calibration(x, "whole"))
+        took = re.findall(first_step, out)[:1]
+        check(rc == 0 and took and took[0][0] == "0.5000" and float(took[0][1]) > 0.6 and float(took[0][2]) > 0.6,
+              f"a calibration at 0.5 below the first phase's measure: whole takes it ({rc}: {took})")
+        rc, out, err = replay_as("lower-low.json", lambda x: low_calibration(x, "lower"))
+        kept = re.findall(first_step, out)[:1]
+        check(rc == 0 and kept == [("0.5000", "0.5000", "0.5000")] and "first_link_share lower" in out.splitlines()[0],
+              f"lower keeps the calibration's 0.5 after the first phase, said on the first line ({rc}: {kept})")
+
         old = dict(rep, iterations=[{k: v for k, v in it.items() if k not in ("stream_end_seconds", "rates_after")}
                                     for it in rep["iterations"]])
         path = os.path.join(d, "old.json")
@@ -140,6 +168,8 @@ def main():
         altered("memory.json", "\"caller_memory\" is \"gpu\", not one of cuda, host", lambda x: x.update(caller_memory="gpu"))
         altered("workers.json", "cpu_workers (1 to 1024)", lambda x: x.update(cpu_workers=10**7))
         altered("end.json", "iteration 2 of the report's stream end lies outside", lambda x: x["iterations"][1].update(stream_end_seconds=6.9))
+        altered("first.json", "\"first_link_share\" is \"half\", not one of whole, lower",
+                lambda x: x.update(first_link_share="half"))
         rate = json.loads(json.dumps(rep))
         rate["calibrated_rates"]["B_h2d"] = 0
         bad("rate.json", json.dumps(rate), "calibrated_rates holds a rate that is not a positive number")

@@ -327,6 +327,7 @@ nlohmann::ordered_json report_json(const RunFacts& f, const dos::Runtime& rt, co
   rep["copy_by"] = dos::runtime_copy_by();  // --copy-by has set DOS_COPY_BY before the runtime read it
   rep["cpu_schedule"] = dos::cpu_adam_schedule();  // DOS_CPU_SCHEDULE
   rep["link_share_measure"] = dos::runtime_link_share_measure();  // DOS_LINK_SHARE_MEASURE
+  rep["first_link_share"] = dos::runtime_first_link_share();      // DOS_FIRST_LINK_SHARE
   rep["team_bind"] = dos::team_bind_mode();        // DOS_TEAM_BIND
   rep["urgent_writeback"] = a.urgent_writeback;
   rep["submit_order"] = a.submit_order;

@@ -191,6 +191,7 @@ Refined refine_rates(const Workload& w, const Rates& r, const PhaseMeasure& m, c
         else if (simulated == 0) share = std::min(kLowestLinkShare, formula);
         else if (std::isfinite(simulated)) share = std::min(simulated, cap);
       }
+      out.link_share_asked = share;
       const double bounded = std::min(cap, std::max(kLowestLinkShare, share));
       if (link_share_measured || !sized) {
         blend(q.link_share, bounded);
@@ -223,10 +224,9 @@ Refined refine_after_phase(const Workload& w, const Rates& r, const PhaseMeasure
   if (!first_streamed || link_share_measured)
     return refine_rates(w, r, m, sim, cpu_workers, link_share_measured, u_c_measured, calibrated, stream_end_at);
   Refined out = refine_rates(w, r, m, sim, cpu_workers, false, u_c_measured, calibrated, stream_end_at);
-  if (provisional_lowers_only && out.link_share_applied && link_share_is_measured(r) &&
-      out.rates.link_share > r.link_share) {
-    // the measure is not taken: the links as they were (what the share rule gave B beyond its cap
-    // included), within the bounds of the refined rates
+  if (provisional_lowers_only && link_share_is_measured(r) && out.link_share_asked > r.link_share) {
+    // the measure (or the stand-in) is not taken: the links as they were (the share rule is all
+    // that changed B in this step), within the bounds of the refined rates
     out.rates.link_share = r.link_share;
     out.rates.B_h2d = r.B_h2d;
     out.rates.B_d2h = r.B_d2h;

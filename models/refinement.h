@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <functional>
+#include <limits>
 #include <vector>
 
 #include "phase_sim.h"
@@ -53,6 +54,11 @@ struct Refined {
   /// provisional measure. record_phase keeps it, and rates_to_save saves it when no later phase
   /// measures link_share.
   bool link_share_provisional = false;
+  /// What the link_share rule of refine_rates asked for in this step before its bounds and blending
+  /// (unitless): the measure, or the stand-in (twice link_share) of streams that ended too early to
+  /// size one; beyond the cap U_c / U_c_dma the rest goes to B. NaN where the rule did not run (no
+  /// stream end, streams mostly alone, nothing streamed).
+  double link_share_asked = std::numeric_limits<double>::quiet_NaN();
   /// rates.U_c holds a measure of the optimizer's own phases: the u_c_measured given, or a measure of
   /// U_c applied in this step from a phase that streamed nothing whose simulated CPU Adam ran mostly
   /// without DMA for 2 ms or more, or from CPU Adam tasks that ran after the streaming (blended:
@@ -245,16 +251,19 @@ Refined refine_rates(const Workload& w, const Rates& r, const PhaseMeasure& m, c
 /// u_c_measured, calibrated and stream_end_at go to refine_rates as given.
 /// provisional_lowers_only (the runtime's DOS_FIRST_LINK_SHARE=lower, runtime_first_link_share):
 /// in the first_streamed case above, where r.link_share holds a value other than the placeholder
-/// (the calibration's), a provisional measure above r.link_share is not taken: link_share (at most
-/// the refined rates' cap), B_h2d and B_d2h stay r's, link_share_applied and link_share_provisional
-/// are false (the next phase's measure is taken whole; the rates file keeps the calibration's
-/// value), the other rates are refined as before. A measure below r.link_share is taken as above.
+/// (the calibration's), a phase whose link_share rule asked for more than r.link_share
+/// (Refined::link_share_asked: a measure or the stand-in) raises neither link_share nor B:
+/// link_share (at most the refined rates' cap), B_h2d and B_d2h stay r's, link_share_applied and
+/// link_share_provisional are false (the next phase's measure is taken whole; the rates file keeps
+/// the calibration's value), the other rates are refined as before. A measure below r.link_share
+/// is taken as above; so is every measure where r.link_share is the placeholder.
 /// Why: the compact master's first streamed phase brings every CPU subgroup's P down beside its
-/// gradient and measured link_share at the cap (1.19 on an H100, 20B quarter, calibration 0.80,
-/// later phases 0.82-0.93); the second phase, planned on it, streamed 17 subgroups where the
-/// later plans streamed 14, ran 0.705 s against 0.543 predicted, and starved a gradient download,
-/// which turned the adaptive copy rule (runtime_copy_by) for the rest of the process. A measurement
-/// switch while it has not run on a GPU.
+/// gradient; on an H100 (20B quarter) it measured link_share at the refined rates' cap, 1.19, where
+/// the calibration said 0.80 and the later phases measured 0.81-0.93; the second phase, planned on
+/// it, streamed 17 subgroups where the later plans streamed 14, ran 0.705 s against 0.543
+/// predicted, and starved a gradient download, which turned the adaptive copy rule
+/// (runtime_copy_by) for the rest of the process. A measurement switch while it has not run on a
+/// GPU.
 Refined refine_after_phase(const Workload& w, const Rates& r, const PhaseMeasure& m, const Simulation& sim,
                            std::size_t cpu_workers, bool link_share_measured, bool first_streamed,
                            bool u_c_measured = true, const Rates* calibrated = nullptr,

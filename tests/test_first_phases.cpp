@@ -115,6 +115,9 @@ void test_first_streamed_lowers_only(void**) {
   assert_true(lower.applied);
   for (auto f : {&dos::Rates::U_c, &dos::Rates::U_g, &dos::Rates::D_c}) assert_true(lower.rates.*f == whole.rates.*f);
   assert_true(lower.rates.U_c_dma >= whole.rates.U_c_dma);  // a lower share raises U_c_dma's floor only
+  assert_true(dos::rate_bounds_error(lower.rates).empty());
+  assert_true(lower.rates.U_c_dma >= dos::lowest_distinct_u_c_dma(w, lower.rates, 1));
+  assert_true(std::isfinite(whole.link_share_asked) && whole.link_share_asked > whole.rates.link_share);
   // faster links within the cap: the same
   dos::Rates faster = kRates;
   faster.link_share = 0.95;
@@ -122,6 +125,33 @@ void test_first_streamed_lowers_only(void**) {
   const dos::Refined lower2 = first_phase(faster, cal, sim, true);
   assert_true(whole2.rates.link_share > 0.8 && whole2.rates.B_h2d == cal.B_h2d);
   assert_true(lower2.rates.link_share == cal.link_share && !lower2.link_share_provisional);
+  // a calibration near the cap (1.2, kRates' cap 4/3) on a machine whose CPU Adam beside DMA is
+  // faster too: the measure asks more, neither the share nor B rises, and the kept share is held
+  // to the refined rates' lower cap
+  dos::Rates high = kRates;
+  high.link_share = 1.2;
+  const dos::Simulation sim_h = dos::simulate_phase(w, plan, high, e);
+  dos::Rates fastest = fast;
+  fastest.B_h2d *= 1.3;
+  fastest.B_d2h *= 1.3;
+  fastest.U_c_dma = 3.9e9;
+  const dos::Refined whole5 = first_phase(fastest, high, sim_h, false);
+  const dos::Refined lower5 = first_phase(fastest, high, sim_h, true);
+  assert_true(whole5.rates.B_h2d > high.B_h2d && whole5.link_share_asked > high.link_share);
+  assert_true(dos::highest_link_share(lower5.rates) < high.link_share);  // U_c_dma rose: the cap fell
+  assert_true(lower5.rates.link_share == dos::highest_link_share(lower5.rates) && lower5.rates.B_h2d == high.B_h2d &&
+              lower5.rates.B_d2h == high.B_d2h && !lower5.link_share_provisional);
+  // streams that ended too early to size a measure: the stand-in (twice link_share) is not taken
+  // either
+  {
+    double secs = 0;
+    dos::PhaseMeasure early = measure_on(w, plan, faster, e, &secs);
+    early.stream_end_seconds = 1e-6;
+    const dos::Refined w6 = dos::refine_after_phase(w, cal, early, sim, 1, false, true, true, nullptr, nullptr, false);
+    const dos::Refined l6 = dos::refine_after_phase(w, cal, early, sim, 1, false, true, true, nullptr, nullptr, true);
+    assert_true(w6.rates.link_share > cal.link_share && w6.link_share_asked == 2 * cal.link_share);
+    assert_true(l6.rates.link_share == cal.link_share && !l6.link_share_applied && !l6.link_share_provisional);
+  }
   // slower links: taken as by default
   dos::Rates slow = kRates;
   slow.link_share = 0.5;

@@ -110,23 +110,28 @@ bool holds_outlier_phases() {
 }
 }  // namespace
 
+namespace {
+/// The value of a two-way switch `name` as the environment says: `values[1]` where it says so, else
+/// `values[0]` (unset, or another value: then `why` in env_choice's warning). The strings are
+/// literals: the pointer returned lives as long as the process.
+const char* two_way_switch(const char* name, const char* const (&values)[2], const char* why) {
+  return values[env_choice(name, {values[0], values[1]}, 0, why) == 1 ? 1 : 0];
+}
+}  // namespace
+
 const char* runtime_link_share_measure() {
   static const char* const measure =
-      env_choice("DOS_LINK_SHARE_MEASURE", {"beside", "simulated"}, 0,
-                 "ignored (the default, beside: link_share x the simulated seconds beside CPU Adam over the rest "
-                 "of the measured stream end)") == 1
-          ? "simulated"
-          : "beside";
+      two_way_switch("DOS_LINK_SHARE_MEASURE", {"beside", "simulated"},
+                     "ignored (the default, beside: link_share x the simulated seconds beside CPU Adam over the rest "
+                     "of the measured stream end)");
   return measure;
 }
 
 const char* runtime_first_link_share() {
   static const char* const rule =
-      env_choice("DOS_FIRST_LINK_SHARE", {"whole", "lower"}, 0,
-                 "ignored (the default, whole: the first streamed phase's measure of link_share taken whole, "
-                 "within a factor of 2)") == 1
-          ? "lower"
-          : "whole";
+      two_way_switch("DOS_FIRST_LINK_SHARE", {"whole", "lower"},
+                     "ignored (the default, whole: the first streamed phase's measure of link_share taken whole, "
+                     "within a factor of 2)");
   return rule;
 }
 

@@ -27,8 +27,8 @@
 // caller's memory is, the gradients' transfer, the update budget, lookahead, submit order, CPU
 // workers and threads, the copy rule, the write-back; the runtime's own copies taken as on, as
 // without DOS_PARAM_UPLOAD or DOS_GRAD_DOWNLOAD): the resident subgroups' states off the GPU until
-// a phase has run (not skipped), and after it a compact master's CPU subgroups' P in the host
-// staging. The first phase's rates are the report's calibrated ones: a run that
+// a phase has run (not skipped), and after it a compact master's P in the host staging for the
+// subgroups the last phase that ran (not skipped) updated on the CPU, as the runtime keeps it. The first phase's rates are the report's calibrated ones: a run that
 // started from an earlier run's rates cache began elsewhere (said on the first line). The first
 // streamed phase's measure of link_share follows the report's "first_link_share" (the run's
 // DOS_FIRST_LINK_SHARE: "lower" replays refine_after_phase's provisional_lowers_only; "whole", or
@@ -160,6 +160,7 @@ void replay(const json& r) {
   dos::Rates before = calibrated;
   bool measured = dos::initial_link_share_record(calibrated, calibrated).measured, first = true, u_c = false;
   bool ran = false;  // a phase has run (not skipped): the resident states are up, a compact P on the host
+  std::vector<dos::PlanSide> last_ran;  // the placement of the last phase that ran (not skipped)
   for (std::size_t i = 0; i < its.size(); ++i) {
     const json& it = its[i];
     const std::string where = "iteration " + std::to_string(i + 1) + " of the report";
@@ -173,7 +174,8 @@ void replay(const json& r) {
     if (why) {  // the runtime refined nothing after it (update_phase.cpp, plan_step.cpp)
       std::printf("phase %zu: %s, not refined by the run; link_share stays %.4f\n", k, why, before.link_share);
       if (!flag(it, "skipped")) {  // a phase that ran and streamed allocated the streamed state's buffers
-        for (dos::PlanSide p : plan_of(it, "placement", n, where)) first = first && p != dos::PlanSide::gpu_streamed;
+        last_ran = plan_of(it, "placement", n, where);
+        for (dos::PlanSide p : last_ran) first = first && p != dos::PlanSide::gpu_streamed;
         ran = true;
       }
       continue;
@@ -186,12 +188,15 @@ void replay(const json& r) {
     m.cpu_adam_seconds = number(it, "cpu_adam_seconds", wh);
     const double seconds = number(it, "update_seconds", wh);
     if (!(seconds > 0) || !(m.cpu_adam_seconds >= 0)) bad(where + " has update_seconds <= 0 or cpu_adam_seconds < 0");
-    // the first phase that runs brings the resident states up; after it a compact master's CPU
-    // subgroups have their P in the host staging (as --plan-only's later phase)
+    // the first phase that runs brings the resident states up; after it a compact master's
+    // subgroups updated on the CPU in the last phase that ran have their P in the host staging (as
+    // the runtime keeps it: nothing writes the parameters between dos-train's phases)
     dos::Execution ek = e;
     if (!ran) ek.state_off_gpu.assign(n, true);
-    if (ran && w.compact_master) ek.params_on_host.assign(n, true);
+    if (ran && w.compact_master)
+      for (dos::PlanSide p : last_ran) ek.params_on_host.push_back(p == dos::PlanSide::cpu);
     ran = true;
+    last_ran = plan;
     const dos::Simulation sim = dos::simulate_phase(w, plan, before, ek);
     // the set-up, which the runtime adds to its prediction (of the plan before the tail binding)
     // and takes off the stream's end

@@ -27,7 +27,13 @@ phases that streamed 12-13 of 35 subgroups):
    stream end beyond the phase, a placement with a side other than c, s or r, a placement of the wrong length,
    a rate that is not positive: status 2 and a message naming what is wrong.
 
-    test_replay.py DOS_REPLAY REPORT.json
+4. A compact master's report (tests/report_20b_compact_h100.json: the same command with `--master
+   compact` on an H100 at 13f6ab5): the formula gives the run's link_share within 1e-4 at every
+   phase, which needs each phase's P in the host staging exactly for the subgroups the phase
+   before updated on the CPU (the runtime's rule; taking every subgroup's P as on the host left
+   0.01-0.05 between the two).
+
+    test_replay.py DOS_REPLAY REPORT.json COMPACT_REPORT.json
 """
 import json
 import os
@@ -51,7 +57,13 @@ def run(tool, *args):
 
 
 def main():
-    tool, report = sys.argv[1], sys.argv[2]
+    tool, report, compact = sys.argv[1], sys.argv[2], sys.argv[3]
+    crep = json.load(open(compact))
+    rc, out, err = run(tool, compact)
+    csteps = re.findall(r"link_share ([0-9.]+) -> formula ([0-9.]+), simulated ([0-9.]+); the run's ([0-9.]+)", out)
+    cworst = max((abs(float(f) - float(run_)) for _, f, _, run_ in csteps), default=1)
+    check(rc == 0 and crep["master"] == "compact" and len(csteps) == len(crep["iterations"]) and cworst <= 1e-4,
+          f"a compact master's report: the formula gives the run's link_share at every phase (worst {cworst:.4f} apart)")
     rep = json.load(open(report))
     n = len(rep["iterations"])
     rc, out, err = run(tool, report)

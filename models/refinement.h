@@ -262,8 +262,11 @@ Refined refine_rates(const Workload& w, const Rates& r, const PhaseMeasure& m, c
 /// the calibration said 0.80 and the later phases measured 0.81-0.93; the second phase, planned on
 /// it, streamed 17 subgroups where the later plans streamed 14, ran 0.705 s against 0.543
 /// predicted, and starved a gradient download, which turned the adaptive copy rule
-/// (runtime_copy_by) for the rest of the process. A measurement switch while it has not run on a
-/// GPU.
+/// (runtime_copy_by) for the rest of the process. Measured on an H100 (the same quarter, compact
+/// master, two calibrating runs each way): with it every phase was predicted within 10%
+/// (-3.9..+5.7%; the first phases asked 1.20 and 1.11 against calibrations of 0.77 and 0.78),
+/// without it a second phase planned at a first measure of 1.04 (calibration 0.87) was predicted
+/// 19.4% too fast. Off by default until the full master has run with it.
 Refined refine_after_phase(const Workload& w, const Rates& r, const PhaseMeasure& m, const Simulation& sim,
                            std::size_t cpu_workers, bool link_share_measured, bool first_streamed,
                            bool u_c_measured = true, const Rates* calibrated = nullptr,

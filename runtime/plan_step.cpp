@@ -108,9 +108,7 @@ bool holds_outlier_phases() {
                     "ignored (the default, hold: a phase far off its prediction, against the last phases under "
                     "the same plan, refines nothing)") == 0;
 }
-}  // namespace
 
-namespace {
 /// The value of a two-way switch `name` as the environment says: `values[1]` where it says so, else
 /// `values[0]` (unset, or another value: then `why` in env_choice's warning). The strings are
 /// literals: the pointer returned lives as long as the process.

@@ -271,9 +271,35 @@ LinkShareRule link_share_rule() {
   return rule;
 }
 
+// How many times the calibration repeats its all-CPU and its mixed scratch phase
+// (DOS_CALIBRATION_REPS, read once): kDefaultCalibrationReps when unset or empty, else a whole
+// number from 1 to kMostCalibrationReps. Each repetition costs two scratch phases of a few tens of
+// ms; U_c and U_c_dma's starting value are the medians over them. Throws Error naming the variable
+// for any other value.
+constexpr int kDefaultCalibrationReps = 7, kMostCalibrationReps = 99;
+
+int calibration_reps() {
+  static const int reps = [] {
+    const char* v = std::getenv("DOS_CALIBRATION_REPS");
+    if (!v || !*v) return kDefaultCalibrationReps;
+    char* end = nullptr;
+    errno = 0;
+    const long n = std::strtol(v, &end, 10);
+    if (*v < '0' || *v > '9' || errno || *end || n < 1 || n > kMostCalibrationReps)
+      throw Error("DOS_CALIBRATION_REPS is '" + std::string(v) + "': it must be a whole number from 1 to " +
+                  std::to_string(kMostCalibrationReps) + " (the calibration's repetitions of each scratch phase; " +
+                  std::to_string(kDefaultCalibrationReps) + " when unset); unset it or give such a number");
+    return int(n);
+  }();
+  return reps;
+}
+
 }  // namespace
 
-void detail::check_link_share_rule() { (void)link_share_rule(); }
+void detail::check_calibration_switches() {
+  (void)link_share_rule();
+  (void)calibration_reps();
+}
 
 std::string rates_cache_path(const Runtime& runtime, std::size_t S, DType dtype, MemoryKind memory, bool compact_master) {
   char host[256] = "unknown";
@@ -423,14 +449,15 @@ Rates calibrate_rates(Runtime& runtime, std::size_t S, DType dtype, MemoryKind m
   phase(0.75);  // warm-up: device buffers allocated, streams started
   phase(0.0);
   Rates r;
-  // kCalibrationReps repetitions of an all-CPU phase and a mixed one: U_c and U_c_dma's starting
-  // value come from the median busy time of the repetitions that measured one, so that one
-  // repetition slowed or sped by something outside the phase moves neither; U_c_dma is then fitted
-  // below
-  constexpr int kCalibrationReps = 3;
+  // calibration_reps() repetitions of an all-CPU phase and a mixed one: U_c and U_c_dma's starting
+  // value come from the median busy time of the repetitions that measured one, so that repetitions
+  // slowed or sped by something outside the phase move neither (the CPU Adam of a mixed phase is
+  // about 10 ms at 2^24-element subgroups and repetitions' rates spread by up to a quarter: at 3
+  // repetitions one machine's estimated link_share ranged 0.77-0.95); U_c_dma is then fitted below
+  const int repetitions = calibration_reps();
   std::vector<double> alone_busy, mixed_busy_reps;  // the CPU's Adam busy time of each repetition, seconds
   std::string reps;                                 // each repetition's figures, for the verbose line
-  for (int rep = 0; rep < kCalibrationReps; ++rep) {
+  for (int rep = 0; rep < repetitions; ++rep) {
     const StepStats cpu = phase(0.0);  // every subgroup on the CPU: its Adam tasks' busy time
     if (cpu.cpu_adam_seconds > 0) alone_busy.push_back(cpu.cpu_adam_seconds);
     const StepStats mixed = phase(0.75);  // 2 subgroups on the CPU while 6 stream

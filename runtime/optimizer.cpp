@@ -345,7 +345,7 @@ Optimizer::Optimizer(Runtime& runtime, const std::vector<TensorView>& tensors, c
     }
   }
 
-  if (runtime.model_policy()) detail::check_link_share_rule();  // refused here too where no calibration runs
+  if (runtime.model_policy()) detail::check_calibration_switches();  // refused here too where no calibration runs
   if (runtime.model_policy() && runtime.cuda_workers() > 0) {
     const Rates& r = options.rates;
     const bool given = rates_complete(r);

@@ -253,10 +253,11 @@ bool wont_use_after_writeback();
 /// Any thread; throws nothing. (staging.cpp)
 bool note_starved_download() noexcept;
 
-/// Checks DOS_CALIBRATE_LINK_SHARE (the calibration's link_share rule, calibrate_rates) now, so that a
-/// value naming no rule is refused wherever a model policy runs, not only where a calibration does
-/// (a machine without a GPU never calibrates). Throws Error naming the variable. (calibration.cpp)
-void check_link_share_rule();
+/// Checks the calibration's switches now, DOS_CALIBRATE_LINK_SHARE (its link_share rule) and
+/// DOS_CALIBRATION_REPS (its repetitions of each scratch phase; calibrate_rates), so that a bad
+/// value is refused wherever a model policy runs, not only where a calibration does (a machine
+/// without a GPU never calibrates). Throws Error naming the variable. (calibration.cpp)
+void check_calibration_switches();
 
 }  // namespace detail
 

@@ -41,6 +41,10 @@ if DOS_CALIBRATE_LINK_SHARE=bogus "$train" --preset tiny --iterations 1 --quiet 
 else
   echo "FAIL: DOS_CALIBRATE_LINK_SHARE=bogus --policy cpu failed"; fails=$((fails+1))
 fi
+# the calibration's repetitions: a whole number from 1 to 99, refused otherwise, as the rule is
+for v in 0 100 7x -3 " 5"; do
+  DOS_CALIBRATION_REPS=$v expect "DOS_CALIBRATION_REPS is '$v'" --policy dos
+done
 # measurement switches with a value they do not know: named in a warning, the run goes on as without them
 # (DOS_LINK_SHARE_MEASURE is read at the first phase that refines, or by the report: here the report)
 out=$(DOS_CPU_SCHEDULE=statc DOS_NT_STORES=junk DOS_BIND=x DOS_HOST_ALLOC=junk DOS_LINK_SHARE_MEASURE=besides \

@@ -276,7 +276,7 @@ LinkShareRule link_share_rule() {
 // number from 1 to kMostCalibrationReps. Each repetition costs two scratch phases of a few tens of
 // ms; U_c and U_c_dma's starting value are the medians over them. Throws Error naming the variable
 // for any other value.
-constexpr int kDefaultCalibrationReps = 7, kMostCalibrationReps = 99;
+constexpr int kDefaultCalibrationReps = 3, kMostCalibrationReps = 99;
 
 int calibration_reps() {
   static const int reps = [] {
@@ -292,6 +292,30 @@ int calibration_reps() {
     return int(n);
   }();
   return reps;
+}
+
+/// The GPU update budget of the calibration's scratch optimizer (OptimizerOptions::gpu_update_budget,
+/// bytes): what StarPU may still allocate on the CUDA node that has least (starpu_memory_get_available:
+/// its limit, STARPU_LIMIT_CUDA_MEM or 90% of the device, less what it holds), less
+/// kStarpuDeviceMargin, and at least one streamed scratch subgroup of S elements of `dtype` (its
+/// bound by gpu_memory_for_budgets, gradients counted at 4 bytes), so that the mixed phase streams;
+/// 0 (no budget) where StarPU keeps no figure for any CUDA node. Unbudgeted, the mixed phase asks for
+/// six streamed subgroups at once, more than a limit set from a run's own tight GPU budgets holds
+/// (dos-train's --gpu-update-budget sets it): there, calibrating processes stopped in the scratch
+/// phases (the CUDA worker running, the caller waiting, no phase ending) in about one of three.
+/// Without a limit the budget is far above the scratch's need and the phases run as unbudgeted.
+/// Throws nothing.
+std::size_t scratch_update_budget(std::size_t S, DType dtype) {
+  starpu_ssize_t least = -1;
+  for (unsigned w = 0; w < starpu_worker_get_count(); ++w)
+    if (starpu_worker_get_type(int(w)) == STARPU_CUDA_WORKER) {
+      const starpu_ssize_t a = starpu_memory_get_available(starpu_worker_get_memory_node(w));
+      if (a >= 0 && (least < 0 || a < least)) least = a;
+    }
+  if (least < 0) return 0;
+  const std::size_t one = gpu_memory_for_budgets(S, S, dtype_size(dtype), 4, 1, -1, false);
+  const std::size_t free = std::size_t(least) > kStarpuDeviceMargin ? std::size_t(least) - kStarpuDeviceMargin : 0;
+  return std::max(free, one);
 }
 
 }  // namespace
@@ -439,6 +463,7 @@ Rates calibrate_rates(Runtime& runtime, std::size_t S, DType dtype, MemoryKind m
   o.dtype = dtype;
   o.memory = memory;
   o.rates = Rates{1, 1, 1, 1, 1, 1};  // placeholders: the plans below are forced
+  o.gpu_update_budget = scratch_update_budget(S, dtype);
   o.verbose = false;
   o.compact_master = compact_master;
   Optimizer opt(runtime, {{buf.param, buf.grad, n}}, o);
@@ -450,10 +475,9 @@ Rates calibrate_rates(Runtime& runtime, std::size_t S, DType dtype, MemoryKind m
   phase(0.0);
   Rates r;
   // calibration_reps() repetitions of an all-CPU phase and a mixed one: U_c and U_c_dma's starting
-  // value come from the median busy time of the repetitions that measured one, so that repetitions
-  // slowed or sped by something outside the phase move neither (the CPU Adam of a mixed phase is
-  // about 10 ms at 2^24-element subgroups and repetitions' rates spread by up to a quarter: at 3
-  // repetitions one machine's estimated link_share ranged 0.77-0.95); U_c_dma is then fitted below
+  // value come from the median busy time of the repetitions that measured one, so that one
+  // repetition slowed or sped by something outside the phase moves neither; U_c_dma is then fitted
+  // below
   const int repetitions = calibration_reps();
   std::vector<double> alone_busy, mixed_busy_reps;  // the CPU's Adam busy time of each repetition, seconds
   std::string reps;                                 // each repetition's figures, for the verbose line

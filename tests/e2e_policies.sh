@@ -4,7 +4,7 @@
 # here), cpu and gpu where a GPU exists (both kernels evaluate the same IEEE fp32 operations in the
 # same order), the plans that mix the two sides, the tail binding, the gradients' staging
 # (README, "Tests").
-#   e2e_policies.sh DOS_TRAIN ST_COMPARE cpu-dmda|cpu-gpu|cpu-dos|starved|tail|shards|resume|staging|iteration|overlap|overlap-budget
+#   e2e_policies.sh DOS_TRAIN ST_COMPARE cpu-dmda|cpu-gpu|cpu-dos|starved|tail|shards|resume|staging|iteration|overlap|overlap-budget|calibration-budget
 set -u
 train=$1 cmp=$2 mode=$3
 tmp=$(mktemp -d)
@@ -413,6 +413,24 @@ for tag in ("dos-1-on", "dos-1-off", "dos-1of2-on", "dos-1of2-off"):
     print(f"ok: {tag}: the same bits as cpu; subgroups on the GPU per phase",
           [it["subgroups_gpu"] for it in r["iterations"]])
 PY
+    ;;
+  calibration-budget)
+    # Calibrating under StarPU's GPU memory limit from a tight --gpu-update-budget: subgroups of 4e6
+    # (64-72 MB streamed each), so the limit (the 80MB budget and StarPU's margin: about 147 MB)
+    # holds fewer than the six scratch subgroups the calibration's mixed phase streams at once. Each
+    # process calibrates (a cache of its own) and must finish within its timeout, three times, with
+    # the same bits as cpu. Without a GPU nothing calibrates: the same bits all the same.
+    b=(--preset llama2-7b --shard 0/512 --subgroup-size 4e6 --iterations 2 --seed 5)
+    "$train" "${b[@]}" --policy cpu --quiet --save-params "$tmp/cpu.safetensors" || { echo "cpu run failed"; exit 1; }
+    for k in 1 2 3; do
+      DOS_CACHE_DIR="$tmp/cache$k" timeout 150 "$train" "${b[@]}" --policy dos --gpu-update-budget 80MB \
+        --save-params "$tmp/dos$k.safetensors" > "$tmp/dos$k.log" 2>&1
+      rc=$?
+      [ $rc -eq 124 ] && { echo "calibrating process $k did not finish within 150 s"; tail -5 "$tmp/dos$k.log"; exit 1; }
+      [ $rc -eq 0 ] || { echo "calibrating process $k failed (exit $rc)"; tail -5 "$tmp/dos$k.log"; exit 1; }
+      "$cmp" "$tmp/cpu.safetensors" "$tmp/dos$k.safetensors" || { echo "process $k and cpu differ"; exit 1; }
+      echo "ok: process $k: $(grep -m1 -E "calibrated \(|no CUDA worker|CUDA" "$tmp/dos$k.log" | cut -c1-160)"
+    done
     ;;
   *) echo "unknown mode $mode"; exit 2 ;;
 esac

@@ -14,10 +14,10 @@ const char* runtime_link_share_measure();
 
 /// What the refinement does with the first streamed phase's provisional measure of link_share
 /// (refine_after_phase, models/refinement.h), as the environment's DOS_FIRST_LINK_SHARE says (read
-/// once, at the first call: the first phase that refines, or dos-train's report): "whole" (the
-/// default: unset, or a value other than these two, with a warning on stderr), taken whole within
-/// a factor of 2, or "lower", not taken where it is above the calibration's value
-/// (provisional_lowers_only). A measurement switch: plans and predictions may differ, the
+/// once, at the first call: the first phase that refines, or dos-train's report): "lower" (the
+/// default: unset, or a value other than these two, with a warning on stderr), not taken where it
+/// is above the calibration's value (provisional_lowers_only), or "whole", taken whole within a
+/// factor of 2 (the rule before). A measurement switch: plans and predictions may differ, the
 /// parameters do not. Throws nothing.
 const char* runtime_first_link_share();
 

@@ -127,9 +127,9 @@ const char* runtime_link_share_measure() {
 
 const char* runtime_first_link_share() {
   static const char* const rule =
-      two_way_switch("DOS_FIRST_LINK_SHARE", {"whole", "lower"},
-                     "ignored (the default, whole: the first streamed phase's measure of link_share taken whole, "
-                     "within a factor of 2)");
+      two_way_switch("DOS_FIRST_LINK_SHARE", {"lower", "whole"},
+                     "ignored (the default, lower: the first streamed phase's measure of link_share not taken "
+                     "where it is above the calibration's value)");
   return rule;
 }
 

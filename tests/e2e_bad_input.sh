@@ -48,14 +48,17 @@ done
 # measurement switches with a value they do not know: named in a warning, the run goes on as without them
 # (DOS_LINK_SHARE_MEASURE is read at the first phase that refines, or by the report: here the report)
 out=$(DOS_CPU_SCHEDULE=statc DOS_NT_STORES=junk DOS_BIND=x DOS_HOST_ALLOC=junk DOS_LINK_SHARE_MEASURE=besides \
-  "$train" --preset tiny --iterations 1 --policy cpu --report "$tmp/switches.json" 2>&1)
+  DOS_FIRST_LINK_SHARE=half "$train" --preset tiny --iterations 1 --policy cpu --report "$tmp/switches.json" 2>&1)
 for w in "DOS_CPU_SCHEDULE=statc is not one of static, dynamic" "DOS_NT_STORES=junk is not one of 0, avx" \
          "DOS_BIND=x is not one of 0, 1" "DOS_HOST_ALLOC=junk is not starpu" \
-         "DOS_LINK_SHARE_MEASURE=besides is not one of beside, simulated"; do
+         "DOS_LINK_SHARE_MEASURE=besides is not one of beside, simulated" \
+         "DOS_FIRST_LINK_SHARE=half is not one of lower, whole"; do
   if grep -qF -- "$w" <<<"$out"; then echo "ok: warned: $w"; else echo "FAIL: no warning '$w': $out"; fails=$((fails+1)); fi
 done
 if grep -q '"link_share_measure": "beside"' "$tmp/switches.json"; then echo "ok: the report says beside, the default used"
 else echo "FAIL: the report's link_share_measure is not beside"; fails=$((fails+1)); fi
+if grep -q '"first_link_share": "lower"' "$tmp/switches.json"; then echo "ok: the report says lower, the default used"
+else echo "FAIL: the report's first_link_share is not lower"; fails=$((fails+1)); fi
 DOS_LINK_SHARE_MEASURE=simulated "$train" --preset tiny --iterations 1 --quiet --policy cpu --report "$tmp/switches.json" >/dev/null 2>&1
 if grep -q '"link_share_measure": "simulated"' "$tmp/switches.json"; then echo "ok: the report says simulated when asked"
 else echo "FAIL: the report's link_share_measure is not simulated"; fails=$((fails+1)); fi

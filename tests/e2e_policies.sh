@@ -223,7 +223,7 @@ PY
     # tokens are as given, and the gradient staging and the parameter write-back are the runtime's
     # own copies from and to the GPU (lanes d2h and h2d).
     run --policy cpu --save-params "$tmp/plain.safetensors"
-    DOS_FIRST_LINK_SHARE=lower run --policy cpu --emulate-compute --overlap off --tokens 256 --cpu-scale 16 \
+    DOS_FIRST_LINK_SHARE=whole run --policy cpu --emulate-compute --overlap off --tokens 256 --cpu-scale 16 \
       --report "$tmp/r.json" --timeline "$tmp/t.json" --save-params "$tmp/emulated.safetensors" --copy-by kernel
     "$cmp" "$tmp/plain.safetensors" "$tmp/emulated.safetensors" || exit 1
     python3 - "$tmp/r.json" "$tmp/t.json" <<'PY'
@@ -240,7 +240,7 @@ for it in r["iterations"]:
 assert t["iteration"] == 3 and t["policy"] == "cpu", t
 assert r["copy_by"] == "kernel", r["copy_by"]  # --copy-by: the same bits (compared above)
 assert r["link_share_measure"] == "beside", r["link_share_measure"]  # DOS_LINK_SHARE_MEASURE unset
-assert r["first_link_share"] == "lower", r["first_link_share"]  # DOS_FIRST_LINK_SHARE=lower: the same bits
+assert r["first_link_share"] == "whole", r["first_link_share"]  # DOS_FIRST_LINK_SHARE=whole: the same bits
 kinds = sorted((x["what"], x["subgroup"]) for x in t["tasks"])
 n = r["subgroups"]
 assert kinds == sorted([(w, i) for w in ("adam", "gather", "scatter") for i in range(n)]), kinds

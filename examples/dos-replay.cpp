@@ -31,9 +31,9 @@
 // subgroups the last phase that ran (not skipped) updated on the CPU, as the runtime keeps it. The
 // first phase's rates are the report's calibrated ones: a run that started from an earlier run's
 // rates cache began elsewhere (said on the first line). The first streamed phase's measure of
-// link_share follows the report's "first_link_share" (the run's DOS_FIRST_LINK_SHARE: "lower"
-// replays refine_after_phase's provisional_lowers_only; "whole", or a report without the field,
-// the default).
+// link_share follows the report's "first_link_share" (the run's DOS_FIRST_LINK_SHARE: "lower",
+// the runtime's default, replays refine_after_phase's provisional_lowers_only; "whole", the rule
+// before, as does a report without the field, which predates the switch).
 //
 // Exit status 0; 2 when the file cannot be read or is not a dos-train report of a run with a
 // CUDA worker (what is wrong, and in which iteration, is named on stderr; the phases printed

@@ -296,10 +296,11 @@ int calibration_reps() {
 
 /// The GPU update budget of the calibration's scratch optimizer (OptimizerOptions::gpu_update_budget,
 /// bytes): what StarPU may still allocate on the CUDA node that has least (starpu_memory_get_available:
-/// its limit, STARPU_LIMIT_CUDA_MEM or 90% of the device, less what it holds), less
+/// its limit, STARPU_LIMIT_CUDA_MEM, STARPU_LIMIT_CUDA_<devid>_MEM or 90% of the device, less what
+/// it holds, its cached free buffers included; 0 where it holds more than its limit), less
 /// kStarpuDeviceMargin, and at least one streamed scratch subgroup of S elements of `dtype` (its
 /// bound by gpu_memory_for_budgets, gradients counted at 4 bytes), so that the mixed phase streams;
-/// 0 (no budget) where StarPU keeps no figure for any CUDA node. Unbudgeted, the mixed phase asks for
+/// 0 (no budget) where StarPU keeps no total for any CUDA node (starpu_memory_get_total < 0). Unbudgeted, the mixed phase asks for
 /// six streamed subgroups at once, more than a limit set from a run's own tight GPU budgets holds
 /// (dos-train's --gpu-update-budget sets it): there, calibrating processes stopped in the scratch
 /// phases (the CUDA worker running, the caller waiting, no phase ending) in about one of three.
@@ -309,8 +310,10 @@ std::size_t scratch_update_budget(std::size_t S, DType dtype) {
   starpu_ssize_t least = -1;
   for (unsigned w = 0; w < starpu_worker_get_count(); ++w)
     if (starpu_worker_get_type(int(w)) == STARPU_CUDA_WORKER) {
-      const starpu_ssize_t a = starpu_memory_get_available(starpu_worker_get_memory_node(w));
-      if (a >= 0 && (least < 0 || a < least)) least = a;
+      const unsigned node = starpu_worker_get_memory_node(w);
+      if (starpu_memory_get_total(node) < 0) continue;
+      const starpu_ssize_t a = std::max<starpu_ssize_t>(0, starpu_memory_get_available(node));
+      if (least < 0 || a < least) least = a;
     }
   if (least < 0) return 0;
   const std::size_t one = gpu_memory_for_budgets(S, S, dtype_size(dtype), 4, 1, -1, false);
@@ -583,8 +586,9 @@ Rates calibrate_rates(Runtime& runtime, std::size_t S, DType dtype, MemoryKind m
   if (verbose)
     std::fprintf(stderr,
                  "[dos] calibrated (%zu subgroups of %zu): U_c %.2f Gparams/s alone, %.2f under DMA; U_g %.1f Gparams/s; "
-                 "D_c %.1f Gparams/s; PCIe %.1f GB/s H2D, %.1f GB/s D2H (both at once)\n",
-                 nsub, S, r.U_c / 1e9, r.U_c_dma / 1e9, r.U_g / 1e9, r.D_c / 1e9, r.B_h2d / 1e9, r.B_d2h / 1e9);
+                 "D_c %.1f Gparams/s; PCIe %.1f GB/s H2D, %.1f GB/s D2H (both at once); scratch update budget %s\n",
+                 nsub, S, r.U_c / 1e9, r.U_c_dma / 1e9, r.U_g / 1e9, r.D_c / 1e9, r.B_h2d / 1e9, r.B_d2h / 1e9,
+                 o.gpu_update_budget ? gb_text(double(o.gpu_update_budget)).c_str() : "none");
   if (calibrated) *calibrated = r;
   try {
     save_rates(path, r, r);

@@ -42,9 +42,17 @@ else
   echo "FAIL: DOS_CALIBRATE_LINK_SHARE=bogus --policy cpu failed"; fails=$((fails+1))
 fi
 # the calibration's repetitions: a whole number from 1 to 99, refused otherwise, as the rule is
-for v in 0 100 7x -3 " 5"; do
+for v in 0 100 7x -3 " 5" +5 1e1 99999999999999999999; do
   DOS_CALIBRATION_REPS=$v expect "DOS_CALIBRATION_REPS is '$v'" --policy dos
 done
+for v in 1 99 007; do
+  if DOS_CALIBRATION_REPS=$v "$train" --preset tiny --iterations 1 --quiet --policy dos >/dev/null 2>&1; then
+    echo "ok: DOS_CALIBRATION_REPS=$v --policy dos runs"
+  else echo "FAIL: DOS_CALIBRATION_REPS=$v --policy dos failed"; fails=$((fails+1)); fi
+done
+if DOS_CALIBRATION_REPS=bogus "$train" --preset tiny --iterations 1 --quiet --policy cpu >/dev/null 2>&1; then
+  echo "ok: DOS_CALIBRATION_REPS=bogus --policy cpu runs (no model, no calibration)"
+else echo "FAIL: DOS_CALIBRATION_REPS=bogus --policy cpu failed"; fails=$((fails+1)); fi
 # measurement switches with a value they do not know: named in a warning, the run goes on as without them
 # (DOS_LINK_SHARE_MEASURE is read at the first phase that refines, or by the report: here the report)
 out=$(DOS_CPU_SCHEDULE=statc DOS_NT_STORES=junk DOS_BIND=x DOS_HOST_ALLOC=junk DOS_LINK_SHARE_MEASURE=besides \

@@ -263,11 +263,12 @@ Refined refine_rates(const Workload& w, const Rates& r, const PhaseMeasure& m, c
 /// it, streamed 17 subgroups where the later plans streamed 14, ran 0.705 s against 0.543
 /// predicted, and starved a gradient download, which turned the adaptive copy rule
 /// (runtime_copy_by) for the rest of the process. Measured on an H100 (the same quarter, compact
-/// master, three calibrating runs each way on two machines): with it every phase was predicted
+/// master, three calibrating runs each way on two H100s): with it every phase was predicted
 /// within 10% (-4.4..+8.5%), without it each run had a phase or two off by 13-21% (the first
 /// phase from a calibration that read link_share high, or a second planned at a first measure of
 /// 1.04 or 1.12); the full master, one run each way, within 2.6% with it from the first phase on.
-/// The runtime's default (DOS_FIRST_LINK_SHARE=whole turns it off).
+/// The runtime passes true unless DOS_FIRST_LINK_SHARE=whole; this parameter's own default, false,
+/// is the rule before, for callers that name no rule.
 Refined refine_after_phase(const Workload& w, const Rates& r, const PhaseMeasure& m, const Simulation& sim,
                            std::size_t cpu_workers, bool link_share_measured, bool first_streamed,
                            bool u_c_measured = true, const Rates* calibrated = nullptr,

@@ -273,9 +273,10 @@ LinkShareRule link_share_rule() {
 
 // How many times the calibration repeats its all-CPU and its mixed scratch phase
 // (DOS_CALIBRATION_REPS, read once): kDefaultCalibrationReps when unset or empty, else a whole
-// number from 1 to kMostCalibrationReps. Each repetition costs two scratch phases of a few tens of
-// ms; U_c and U_c_dma's starting value are the medians over them. Throws Error naming the variable
-// for any other value.
+// number from 1 to kMostCalibrationReps. Each repetition costs two scratch phases: an all-CPU one
+// of 8 S elements (about 8 S / U_c seconds: 30-50 ms at S = 2^24 on the GPU machine) and a mixed
+// one; U_c and U_c_dma's starting value are the medians over them. Throws Error naming the
+// variable for any other value.
 constexpr int kDefaultCalibrationReps = 3, kMostCalibrationReps = 99;
 
 int calibration_reps() {
@@ -305,7 +306,7 @@ int calibration_reps() {
 /// (dos-train's --gpu-update-budget sets it): there, calibrating processes stopped in the scratch
 /// phases (the CUDA worker running, the caller waiting, no phase ending) in about one of three.
 /// Without a limit the budget is far above the scratch's need and the phases run as unbudgeted.
-/// Throws nothing.
+/// S >= 1. Throws nothing.
 std::size_t scratch_update_budget(std::size_t S, DType dtype) {
   starpu_ssize_t least = -1;
   for (unsigned w = 0; w < starpu_worker_get_count(); ++w)
@@ -437,6 +438,7 @@ void save_rates(const std::string& path, const Rates& r, const Rates& calibrated
 
 Rates calibrate_rates(Runtime& runtime, std::size_t S, DType dtype, MemoryKind memory, bool force, bool verbose,
                       Rates* calibrated, bool compact_master) {
+  if (S == 0) throw Error("calibrate_rates: subgroup_elems must be >= 1 (elements per scratch subgroup), got 0");
   if (runtime.cuda_workers() == 0) throw Error("calibrating the model's rates needs a CUDA worker; there is none");
   if (!runtime.model_policy())
     throw Error("calibrating the model's rates needs the dos (or static:R) policy, not " + runtime.policy());

@@ -416,7 +416,8 @@ PY
     ;;
   calibration-budget)
     # Calibrating under StarPU's GPU memory limit from a tight --gpu-update-budget, as on the H100
-    # where about one such process in three hung: subgroups of 2^24 elements (the calibration's
+    # where about one such process in three hung (a 1/16 shard there; the limit and the calibration
+    # do not depend on the model's size, so a smaller shard here): subgroups of 2^24 elements (the calibration's
     # scratch subgroups too: about 201 MB of state each streamed, the model on the GPU), whose
     # 400MB budget sets a limit of about 445 MiB, where the calibration's mixed phase once streamed
     # six at once. Each process calibrates (a cache of its own; 20 repetitions of the scratch

@@ -85,7 +85,7 @@ void test_first_streamed_phase_rule(void**) {
 
 // provisional_lowers_only (DOS_FIRST_LINK_SHARE=lower): the first streamed phase's measure above
 // the calibration's link_share is not taken (link_share and both links as they were, the other
-// rates as the default rule refines them, no flag set); one below it, one against the placeholder,
+// rates as the rule whole refines them, no flag set); one below it, one against the placeholder,
 // and any phase after the first are refined as without it.
 void test_first_streamed_lowers_only(void**) {
   const dos::Workload w = quarter_20b();
@@ -100,7 +100,7 @@ void test_first_streamed_lowers_only(void**) {
     assert_true(m.streamed > 0);
     return dos::refine_after_phase(w, r, m, s, 1, false, true, true, nullptr, nullptr, lowers);
   };
-  // faster links than the calibration said, beyond the cap: the default takes the share to its cap
+  // faster links than the calibration said, beyond the cap: the rule whole takes the share to its cap
   // and gives B the rest; the rule keeps both
   dos::Rates fast = kRates;
   fast.link_share = 1.3;
@@ -152,7 +152,7 @@ void test_first_streamed_lowers_only(void**) {
     assert_true(w6.rates.link_share > cal.link_share && w6.link_share_asked == 2 * cal.link_share);
     assert_true(l6.rates.link_share == cal.link_share && !l6.link_share_applied && !l6.link_share_provisional);
   }
-  // slower links: taken as by default
+  // slower links: taken as under whole (provisional_lowers_only false)
   dos::Rates slow = kRates;
   slow.link_share = 0.5;
   const dos::Refined whole3 = first_phase(slow, cal, sim, false);
@@ -160,7 +160,7 @@ void test_first_streamed_lowers_only(void**) {
   assert_true(whole3.rates.link_share < cal.link_share);
   assert_same_rates(lower3.rates, whole3.rates);
   assert_true(lower3.link_share_provisional && !lower3.link_share_measured);
-  // the placeholder: nothing to keep, taken as by default
+  // the placeholder: nothing to keep, taken as under whole
   const dos::Simulation sim_p = dos::simulate_phase(w, plan, kRates, e);
   const dos::Refined whole4 = first_phase(fast, kRates, sim_p, false);
   const dos::Refined lower4 = first_phase(fast, kRates, sim_p, true);
@@ -176,7 +176,7 @@ void test_first_streamed_lowers_only(void**) {
     assert_same_rates(a.rates, b.rates);
     assert_true(a.rates.link_share > cal.link_share);
   }
-  std::printf("  first phase above the calibration's 0.7: link_share %.3f by default, %.3f with lowers_only\n",
+  std::printf("  first phase above the calibration's 0.7: link_share %.3f under whole, %.3f with lowers_only\n",
               whole.rates.link_share, lower.rates.link_share);
 }
 

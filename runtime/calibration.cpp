@@ -449,7 +449,11 @@ Rates calibrate_rates(Runtime& runtime, std::size_t S, DType dtype, MemoryKind m
       bool keeps_calibrated = false;
       const Rates r = read_rates_file(path, &c, &keeps_calibrated, true);
       if (calibrated) *calibrated = c;
-      if (verbose) std::fprintf(stderr, "[dos] model rates from %s (--recalibrate measures them again)\n", path.c_str());
+      if (verbose) {
+        const char* reps = std::getenv("DOS_CALIBRATION_REPS");
+        std::fprintf(stderr, "[dos] model rates from %s (--recalibrate measures them again%s)\n", path.c_str(),
+                     reps && *reps ? "; DOS_CALIBRATION_REPS acts only then" : "");
+      }
       // a calibration that read the link low holds this run's links too (kLinkCeiling): said again
       const LinkReading cached{0, 0, c.B_h2d, c.B_d2h}, reference = link_reference(runtime, starpu_bus_reading());
       if (keeps_calibrated && link_reading_low(cached, reference))

@@ -262,8 +262,8 @@ Refined refine_rates(const Workload& w, const Rates& r, const PhaseMeasure& m, c
 /// the calibration said 0.80 and the later phases measured 0.81-0.93; the second phase, planned on
 /// it, streamed 17 subgroups where the later plans streamed 14, ran 0.705 s against 0.543
 /// predicted, and starved a gradient download, which turned the adaptive copy rule
-/// (runtime_copy_by) for the rest of the process. Measured on an H100 (the same quarter, compact
-/// master, three calibrating runs each way on two H100s): with it every phase was predicted
+/// (runtime_copy_by) for the rest of the process. Measured on two H100s (the same quarter, compact
+/// master, three calibrating runs each way): with it every phase was predicted
 /// within 10% (-4.4..+8.5%), without it each run had a phase or two off by 13-21% (the first
 /// phase from a calibration that read link_share high, or a second planned at a first measure of
 /// 1.04 or 1.12); the full master, one run each way, within 2.6% with it from the first phase on.

@@ -301,12 +301,12 @@ int calibration_reps() {
 /// it holds, its cached free buffers included; 0 where it holds more than its limit), less
 /// kStarpuDeviceMargin, and at least one streamed scratch subgroup of S elements of `dtype` (its
 /// bound by gpu_memory_for_budgets, gradients counted at 4 bytes), so that the mixed phase streams;
-/// 0 (no budget) where StarPU keeps no total for any CUDA node (starpu_memory_get_total < 0). Unbudgeted, the mixed phase asks for
-/// six streamed subgroups at once, more than a limit set from a run's own tight GPU budgets holds
-/// (dos-train's --gpu-update-budget sets it): there, calibrating processes stopped in the scratch
-/// phases (the CUDA worker running, the caller waiting, no phase ending) in about one of three.
-/// Without a limit the budget is far above the scratch's need and the phases run as unbudgeted.
-/// S >= 1. Throws nothing.
+/// 0 (no budget) where StarPU keeps no total for any CUDA node (starpu_memory_get_total < 0).
+/// Unbudgeted, the mixed phase asks for six streamed subgroups at once, more than a limit set from
+/// a run's own tight GPU budgets holds (dos-train's --gpu-update-budget sets it): there,
+/// calibrating processes stopped in the scratch phases (the CUDA worker running, the caller
+/// waiting, no phase ending) in about one of three. Without a limit the budget is far above the
+/// scratch's need and the phases run as unbudgeted. S >= 1. Throws nothing.
 std::size_t scratch_update_budget(std::size_t S, DType dtype) {
   starpu_ssize_t least = -1;
   for (unsigned w = 0; w < starpu_worker_get_count(); ++w)

@@ -283,10 +283,8 @@ int calibration_reps() {
   static const int reps = [] {
     const char* v = std::getenv("DOS_CALIBRATION_REPS");
     if (!v || !*v) return kDefaultCalibrationReps;
-    char* end = nullptr;
-    errno = 0;
-    const long n = std::strtol(v, &end, 10);
-    if (*v < '0' || *v > '9' || errno || *end || n < 1 || n > kMostCalibrationReps)
+    long n = 0;  // a leading sign or space refused too, beyond whole_number_in's reading
+    if (*v < '0' || *v > '9' || !detail::whole_number_in(v, 1, kMostCalibrationReps, &n))
       throw Error("DOS_CALIBRATION_REPS is '" + std::string(v) + "': it must be a whole number from 1 to " +
                   std::to_string(kMostCalibrationReps) + " (the calibration's repetitions of each scratch phase; " +
                   std::to_string(kDefaultCalibrationReps) + " when unset); unset it or give such a number");

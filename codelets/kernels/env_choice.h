@@ -58,6 +58,17 @@ inline int env_choice(const char* name, std::initializer_list<const char*> value
   return fallback;
 }
 
+/// Whether `v` (not null) reads as a whole number from lo to hi (std::strtol's reading, base 10,
+/// the whole value; a value beyond long's range reads as its bound, so outside any narrower
+/// range); the number in *n when it does. Prints nothing.
+inline bool whole_number_in(const char* v, long lo, long hi, long* n) {
+  char* end = nullptr;
+  const long x = std::strtol(v, &end, 10);
+  if (end == v || *end != '\0' || x < lo || x > hi) return false;
+  *n = x;
+  return true;
+}
+
 /// A switch that takes a whole number: the environment variable `name`'s value when it is one from
 /// lo to hi (std::strtol's reading, base 10, the whole value), or `fallback` when it is unset or
 /// empty. Any other value gives `fallback` too, with a warning on standard error that names the
@@ -68,9 +79,8 @@ inline int env_choice(const char* name, std::initializer_list<const char*> value
 inline long env_whole(const char* name, long lo, long hi, long fallback, const char* instead) {
   const char* v = std::getenv(name);
   if (!v || !*v) return fallback;
-  char* end = nullptr;
-  const long n = std::strtol(v, &end, 10);
-  if (*end == '\0' && n >= lo && n <= hi) return n;
+  long n = 0;
+  if (whole_number_in(v, lo, hi, &n)) return n;
   std::fprintf(stderr, "[dos] warning: %s='%s' is not a whole number from %ld to %ld: ignored (%s)\n", name, v, lo, hi,
                instead);
   return fallback;

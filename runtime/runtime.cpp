@@ -243,9 +243,8 @@ Runtime::Runtime(const RuntimeOptions& options) : impl_(new Impl) {
   // whole number (its STARPU_ASSERT), so they are checked here first
   for (const char* name : {"STARPU_NCPU", "STARPU_NCPUS", "STARPU_NCUDA"})
     if (const char* v = std::getenv(name); v && *v) {
-      char* end = nullptr;
-      const long n = std::strtol(v, &end, 10);
-      if (*end != '\0' || n < 0)
+      long n = 0;
+      if (!detail::whole_number_in(v, 0, LONG_MAX, &n))
         throw Error(std::string("the environment's ") + name + "=" + v +
                     " is not a worker count (a whole number >= 0): correct it or unset it");
     }

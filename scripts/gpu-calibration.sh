@@ -27,19 +27,33 @@
 # two of them (as above) to stay under 600 s per run on the GPU machine. Needs about 80 GB of host memory (the 20B
 # quarter's state and staging). On a machine without a GPU the runs fall back to the CPU and
 # calibrate nothing: the script says so and its figures mean nothing.
+# LOOP=S (whole seconds) runs, in place of the cases, the 7b-16m case's command with -n 2 as one
+# calibrating process after another (a fresh rates cache each, each under LOOP_LIMIT seconds,
+# default 20; about 5 s each on the GPU machine) until S seconds have passed, and counts the
+# processes that did not end in time: a calibration that waits for ever under StarPU's GPU memory
+# limit (docs/status.md, "Calibration under a tight GPU memory limit"). TRAIN names another
+# dos-train (an older commit's, built beside) for the loop. The loop exits 1 when a process did not
+# end in time or failed:
+#   LOOP=150 ARCHIVE_ONLY=1 scripts/gpu-calibration.sh
 set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${OUT:-$ROOT/gpu-calibration-out}
 CASES=${CASES:-20b-resident 20b 7b-16m 7b-seq}
 RULES=${RULES:-placeholder estimate}
 ROUNDS=${ROUNDS:-1}
+limit=${LOOP_LIMIT:-20}
+if [ -n "${LOOP:-}" ]; then  # checked before the build
+  [[ $LOOP =~ ^[1-9][0-9]{0,4}$ ]] || { echo "LOOP must be a whole number of seconds (1-99999), not '$LOOP'" >&2; exit 2; }
+  [[ $limit =~ ^[1-9][0-9]{0,3}$ ]] || { echo "LOOP_LIMIT must be a whole number of seconds (1-9999), not '$limit'" >&2; exit 2; }
+fi
 mkdir -p "$OUT"
 t0=$(date +%s)
 "$ROOT/scripts/setup.sh" build > "$OUT/setup.log" 2>&1 || { tail -30 "$OUT/setup.log"; exit 1; }
 echo "build: $(( $(date +%s) - t0 )) s"
 . "$ROOT/.deps/env.sh"
 export STARPU_SILENT=1
-TRAIN="$ROOT/build/examples/dos-train"
+TRAIN=${TRAIN:-$ROOT/build/examples/dos-train}
+[ -x "$TRAIN" ] || { echo "TRAIN=$TRAIN is not an executable dos-train" >&2; exit 2; }
 if [ "${TESTS:-0}" = 1 ]; then
   (cd "$ROOT" && timeout 330 meson test -C build --print-errorlogs $(meson test -C build --list |
      grep -E "cuda|train-|copy-stream" | grep -vE "mpi|nccl|shards|resume|bad-input|plan-only|integrity") \
@@ -58,6 +72,26 @@ args() {
     *) echo "unknown case $1" >&2; return 1 ;;
   esac
 }
+if [ -n "${LOOP:-}" ]; then
+  a=$(args 7b-16m); a=${a% -n 4}
+  n=0 late=0 failed=0 start=$(date +%s)
+  : > "$OUT/summary.txt"
+  while [ $(( $(date +%s) - start )) -lt "$LOOP" ]; do
+    n=$((n + 1)); cache=$(mktemp -d); s=$(date +%s%N)
+    # shellcheck disable=SC2086
+    DOS_CACHE_DIR=$cache timeout "$limit" "$TRAIN" $a -n 2 > "$OUT/loop-$n.log" 2>&1
+    rc=$?; rm -rf "$cache"
+    if [ $rc -eq 124 ]; then late=$((late + 1)); elif [ $rc -ne 0 ]; then failed=$((failed + 1)); fi
+    echo "loop-$n: exit $rc, $(( ($(date +%s%N) - s) / 1000000 )) ms, $(grep -o 'scratch update budget [0-9.]* [A-Z]*' "$OUT/loop-$n.log" | head -1)" |
+      tee -a "$OUT/summary.txt"
+  done
+  echo "$TRAIN: $n calibrating processes, $late did not end within ${limit} s, $failed failed otherwise" |
+    tee -a "$OUT/summary.txt"
+  grep -q "no CUDA worker" "$OUT/loop-1.log" &&
+    echo "no GPU here: nothing was calibrated (run this on the GPU machine)" | tee -a "$OUT/summary.txt"
+  "$ROOT/scripts/archive-out.sh" "$OUT" summary.txt
+  [ $((late + failed)) -eq 0 ]; exit
+fi
 for round in $(seq 1 "$ROUNDS"); do
   for c in $CASES; do
     a=$(args "$c") || exit 2

@@ -29,11 +29,13 @@
 # calibrate nothing: the script says so and its figures mean nothing.
 # LOOP=S (whole seconds) runs, in place of the cases, the 7b-16m case's command with -n 2 as one
 # calibrating process after another (a fresh rates cache each, each under LOOP_LIMIT seconds,
-# default 20; about 5 s each on the GPU machine) until S seconds have passed, and counts the
-# processes that did not end in time: a calibration that waits for ever under StarPU's GPU memory
-# limit (docs/status.md, "Calibration under a tight GPU memory limit"). TRAIN names another
-# dos-train (an older commit's, built beside) for the loop. The loop exits 1 when a process did not
-# end in time or failed:
+# default 20; about 5 s each on the GPU machine; each started while fewer than S whole seconds
+# have passed, so the last may end up to LOOP_LIMIT s after S), and counts the processes that did
+# not end in time: a calibration that waits for ever under StarPU's GPU memory limit
+# (docs/status.md, "Calibration under a tight GPU memory limit"). A process that fails stops the
+# loop. TRAIN names another dos-train (an older commit's, built beside) for the loop and the cases.
+# OUT's earlier loop logs are removed first. The loop exits 1 when a process did not end in time,
+# failed, or found no GPU (then nothing was calibrated):
 #   LOOP=150 ARCHIVE_ONLY=1 scripts/gpu-calibration.sh
 set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -53,7 +55,7 @@ echo "build: $(( $(date +%s) - t0 )) s"
 . "$ROOT/.deps/env.sh"
 export STARPU_SILENT=1
 TRAIN=${TRAIN:-$ROOT/build/examples/dos-train}
-[ -x "$TRAIN" ] || { echo "TRAIN=$TRAIN is not an executable dos-train" >&2; exit 2; }
+[ -f "$TRAIN" ] && [ -x "$TRAIN" ] || { echo "TRAIN=$TRAIN is not an executable file (a dos-train)" >&2; exit 2; }
 if [ "${TESTS:-0}" = 1 ]; then
   (cd "$ROOT" && timeout 330 meson test -C build --print-errorlogs $(meson test -C build --list |
      grep -E "cuda|train-|copy-stream" | grep -vE "mpi|nccl|shards|resume|bad-input|plan-only|integrity") \
@@ -74,23 +76,31 @@ args() {
 }
 if [ -n "${LOOP:-}" ]; then
   a=$(args 7b-16m); a=${a% -n 4}
-  n=0 late=0 failed=0 start=$(date +%s)
-  : > "$OUT/summary.txt"
+  n=0 late=0 failed=0 nogpu=0 start=$(date +%s) pid='' cache=''
+  # an interrupt ends the process under way and removes its cache before the script exits
+  stop() { [ -n "$pid" ] && kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null; [ -n "$cache" ] && rm -rf "$cache"; exit "$1"; }
+  trap 'stop 130' INT; trap 'stop 143' TERM
+  rm -f "$OUT"/loop-*.log "$OUT/all.tgz"; : > "$OUT/summary.txt"
   while [ $(( $(date +%s) - start )) -lt "$LOOP" ]; do
     n=$((n + 1)); cache=$(mktemp -d); s=$(date +%s%N)
+    # in the background, so that a signal to the script reaches it (wait returns at once)
     # shellcheck disable=SC2086
-    DOS_CACHE_DIR=$cache timeout "$limit" "$TRAIN" $a -n 2 > "$OUT/loop-$n.log" 2>&1
-    rc=$?; rm -rf "$cache"
-    if [ $rc -eq 124 ]; then late=$((late + 1)); elif [ $rc -ne 0 ]; then failed=$((failed + 1)); fi
+    DOS_CACHE_DIR=$cache timeout -k 5 "$limit" "$TRAIN" $a -n 2 > "$OUT/loop-$n.log" 2>&1 &
+    pid=$!; wait "$pid"; rc=$?; pid=''
+    rm -rf "$cache"; cache=''
+    grep -q "no CUDA worker" "$OUT/loop-$n.log" && nogpu=$((nogpu + 1))
     echo "loop-$n: exit $rc, $(( ($(date +%s%N) - s) / 1000000 )) ms, $(grep -o 'scratch update budget [0-9.]* [A-Z]*' "$OUT/loop-$n.log" | head -1)" |
       tee -a "$OUT/summary.txt"
+    if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then late=$((late + 1))
+    elif [ $rc -ne 0 ]; then  # a process that fails, not one that waits: the loop stops (its log says why)
+      failed=1; tail -3 "$OUT/loop-$n.log" | tee -a "$OUT/summary.txt"; break
+    fi
   done
-  echo "$TRAIN: $n calibrating processes, $late did not end within ${limit} s, $failed failed otherwise" |
-    tee -a "$OUT/summary.txt"
-  grep -q "no CUDA worker" "$OUT/loop-1.log" &&
-    echo "no GPU here: nothing was calibrated (run this on the GPU machine)" | tee -a "$OUT/summary.txt"
+  echo "$TRAIN: calibrating processes $n, not ended within ${limit} s $late, failed $failed" | tee -a "$OUT/summary.txt"
+  [ $nogpu -gt 0 ] &&
+    echo "no GPU here in $nogpu of them: nothing was calibrated there (run this on the GPU machine)" | tee -a "$OUT/summary.txt"
   "$ROOT/scripts/archive-out.sh" "$OUT" summary.txt
-  [ $((late + failed)) -eq 0 ]; exit
+  [ $((late + failed + nogpu)) -eq 0 ]; exit
 fi
 for round in $(seq 1 "$ROUNDS"); do
   for c in $CASES; do

@@ -102,6 +102,10 @@ if [ -n "${LOOP:-}" ]; then
   "$ROOT/scripts/archive-out.sh" "$OUT" summary.txt
   [ $((late + failed + nogpu)) -eq 0 ]; exit
 fi
+# an interrupt removes the case's rates cache (after the process under way ends) before exiting
+cache=''
+trap '[ -n "$cache" ] && rm -rf "$cache"; exit 130' INT
+trap '[ -n "$cache" ] && rm -rf "$cache"; exit 143' TERM
 for round in $(seq 1 "$ROUNDS"); do
   for c in $CASES; do
     a=$(args "$c") || exit 2
@@ -119,7 +123,7 @@ for round in $(seq 1 "$ROUNDS"); do
       grep -q "no CUDA worker" "$OUT/$name.log" &&
         echo "$name: no GPU here: nothing was calibrated nor predicted (run this on the GPU machine)"
       cp "$cache"/rates-*.json "$OUT/$name.rates.json" 2>/dev/null
-      rm -rf "$cache"
+      rm -rf "$cache"; cache=''
     done
   done
 done

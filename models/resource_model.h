@@ -284,7 +284,10 @@ StrideChoice choose_stride_by(const Workload& w, const std::function<Prediction(
 /// from the first instant to the last (no pipeline fill or drain, no wait of one resource on
 /// another), CPU Adam at U_c, each link at its B, the GPU at U_g and D_c, and host memory at M
 /// (host_bandwidth) for CPU Adam's traffic and every PCIe byte together: contention enters only
-/// through M. cpu_workers: StarPU CPU workers running Adam beside each other at U_c each (0 counts
+/// through M; no GPU update budget (the admission window, which the phase simulation models, may
+/// hold streamed subgroups back: under a budget that admits one at a time, one subgroup's download
+/// and the next one's upload cannot overlap, and the phase then lies further above this bound).
+/// cpu_workers: StarPU CPU workers running Adam beside each other at U_c each (0 counts
 /// as 1). It bounds the phase simulation (phase_sim.h) of every plan with as many CPU workers and
 /// the matching w.cpu_grads_staged_on_gpu (false with the runtime's own gradient downloads, which
 /// convert nothing on the GPU: charging the GPU n_cpu / D_c for them had put 62-68 of 20000 random

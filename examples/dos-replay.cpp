@@ -160,8 +160,9 @@ void replay(const json& r) {
               lowers_only ? "; a first streamed phase's measure above it not taken (first_link_share lower)" : "");
   dos::Rates before = calibrated;
   bool measured = dos::initial_link_share_record(calibrated, calibrated).measured, first = true, u_c = false;
-  bool ran = false;  // a phase has run (not skipped): the resident states are up, a compact P on the host
-  std::vector<dos::PlanSide> last_ran;  // the placement of the last phase that ran (not skipped)
+  // the placement of the last phase that ran (not skipped); empty before one has (n >= 1): once
+  // one has, the resident states are up and a compact master's CPU subgroups have P on the host
+  std::vector<dos::PlanSide> last_ran;
   for (std::size_t i = 0; i < its.size(); ++i) {
     const json& it = its[i];
     const std::string where = "iteration " + std::to_string(i + 1) + " of the report";
@@ -177,7 +178,6 @@ void replay(const json& r) {
       if (!flag(it, "skipped")) {  // a phase that ran and streamed allocated the streamed state's buffers
         last_ran = plan_of(it, "placement", n, where);
         for (dos::PlanSide p : last_ran) first = first && p != dos::PlanSide::gpu_streamed;
-        ran = true;
       }
       continue;
     }
@@ -193,10 +193,9 @@ void replay(const json& r) {
     // subgroups updated on the CPU in the last phase that ran have their P in the host staging (as
     // the runtime keeps it: nothing writes the parameters between dos-train's phases)
     dos::Execution ek = e;
-    if (!ran) ek.state_off_gpu.assign(n, true);
-    if (ran && w.compact_master)
+    if (last_ran.empty()) ek.state_off_gpu.assign(n, true);
+    if (w.compact_master)
       for (dos::PlanSide p : last_ran) ek.params_on_host.push_back(p == dos::PlanSide::cpu);
-    ran = true;
     last_ran = plan;
     const dos::Simulation sim = dos::simulate_phase(w, plan, before, ek);
     // the set-up, which the runtime adds to its prediction (of the plan before the tail binding)

@@ -307,13 +307,11 @@ int calibration_reps() {
 /// scratch's need and the phases run as unbudgeted. S >= 1. Throws nothing.
 std::size_t scratch_update_budget(std::size_t S, DType dtype) {
   starpu_ssize_t least = -1;
-  for (unsigned w = 0; w < starpu_worker_get_count(); ++w)
-    if (starpu_worker_get_type(int(w)) == STARPU_CUDA_WORKER) {
-      const unsigned node = starpu_worker_get_memory_node(w);
-      if (starpu_memory_get_total(node) < 0) continue;
-      const starpu_ssize_t a = std::max<starpu_ssize_t>(0, starpu_memory_get_available(node));
-      if (least < 0 || a < least) least = a;
-    }
+  for (unsigned node : detail::cuda_memory_nodes()) {
+    if (starpu_memory_get_total(node) < 0) continue;
+    const starpu_ssize_t a = std::max<starpu_ssize_t>(0, starpu_memory_get_available(node));
+    if (least < 0 || a < least) least = a;
+  }
   if (least < 0) return 0;
   const std::size_t one = gpu_memory_for_budgets(S, S, dtype_size(dtype), 4, 1, -1, false);
   const std::size_t free = std::size_t(least) > kStarpuDeviceMargin ? std::size_t(least) - kStarpuDeviceMargin : 0;

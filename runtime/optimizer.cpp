@@ -108,6 +108,13 @@ void submit(struct starpu_task* t, const char* what) {
   if (ret != 0) throw Error(std::string("StarPU refused the ") + what + " task (error " + std::to_string(ret) + ")");
 }
 
+std::vector<unsigned> cuda_memory_nodes() {
+  std::vector<unsigned> nodes;
+  for (unsigned w = 0; w < starpu_worker_get_count(); ++w)
+    if (starpu_worker_get_type(int(w)) == STARPU_CUDA_WORKER) nodes.push_back(starpu_worker_get_memory_node(w));
+  return nodes;
+}
+
 }  // namespace detail
 
 Optimizer::Impl::Impl() { ++g_live_optimizers; }
@@ -321,8 +328,7 @@ Optimizer::Optimizer(Runtime& runtime, const std::vector<TensorView>& tensors, c
     if (options.gpu_update_budget > 0 && !options.eager_writeback)
       throw Error("a GPU update budget needs the eager write-back (a subgroup's GPU memory is given back when its "
                   "state is home): drop the budget or keep eager_writeback");
-    for (unsigned w = 0; w < starpu_worker_get_count(); ++w)
-      if (starpu_worker_get_type(int(w)) == STARPU_CUDA_WORKER) I.cuda_nodes.push_back(starpu_worker_get_memory_node(w));
+    I.cuda_nodes = cuda_memory_nodes();
     // a CPU subgroup's staging on the GPU, for the footprints: none where the runtime copies itself,
     // which it does under a plan only (StarPU's own policies stage by tasks)
     const bool planned = choice.plan != nullptr;

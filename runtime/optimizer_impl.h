@@ -253,6 +253,10 @@ bool wont_use_after_writeback();
 /// Any thread; throws nothing. (staging.cpp)
 bool note_starved_download() noexcept;
 
+/// The memory node of each of StarPU's CUDA workers, in worker-id order (empty without one). StarPU
+/// must be running. Throws nothing. (optimizer.cpp)
+std::vector<unsigned> cuda_memory_nodes();
+
 /// Checks the calibration's switches now, DOS_CALIBRATE_LINK_SHARE (its link_share rule) and
 /// DOS_CALIBRATION_REPS (its repetitions of each scratch phase; calibrate_rates), so that a bad
 /// value is refused wherever a model policy runs, not only where a calibration does (a machine

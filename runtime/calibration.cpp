@@ -274,7 +274,8 @@ LinkShareRule link_share_rule() {
 // How many times the calibration repeats its all-CPU and its mixed scratch phase
 // (DOS_CALIBRATION_REPS, read once): kDefaultCalibrationReps when unset or empty, else a whole
 // number from 1 to kMostCalibrationReps. Each repetition costs two scratch phases: an all-CPU one
-// of 8 S elements (about 8 S / U_c seconds: 30-50 ms at S = 2^24 on the GPU machine) and a mixed
+// of N S elements (N scratch subgroups, calibration_subgroups; about N S / U_c seconds: 30-50 ms
+// at N = 8 and S = 2^24 on the GPU machine) and a mixed
 // one; U_c and U_c_dma's starting value are the medians over them. Throws Error naming the
 // variable for any other value.
 constexpr int kDefaultCalibrationReps = 3, kMostCalibrationReps = 99;
@@ -293,6 +294,33 @@ int calibration_reps() {
   return reps;
 }
 
+// How many scratch subgroups the calibration's phases update (DOS_CALIBRATION_SUBGROUPS, read
+// once): kDefaultCalibrationSubgroups when unset or empty, else a multiple of 4 from 8 to
+// kMostCalibrationSubgroups. The mixed phase streams 3/4 of them while the CPU updates the rest
+// (6 and 2 at the default), so that N subgroups time N / 4 subgroups of CPU Adam beside the DMA
+// (about 10 ms at N = 8 and S = 2^24 on the GPU machine, against a 20B quarter's phase of 0.75 s
+// of CPU Adam): a measuring switch for longer scratch phases. Each subgroup holds S elements of
+// parameters and gradients in the model's memory and the optimizer state's pinned host memory (16
+// bytes per element with an fp32 master), so the scratch grows with N. Throws Error naming the
+// variable for any other value.
+constexpr std::size_t kDefaultCalibrationSubgroups = 8, kMostCalibrationSubgroups = 32;
+
+std::size_t calibration_subgroups() {
+  static const std::size_t n = [] {
+    const char* v = std::getenv("DOS_CALIBRATION_SUBGROUPS");
+    if (!v || !*v) return kDefaultCalibrationSubgroups;
+    long k = 0;  // a leading sign or space refused too, beyond whole_number_in's reading
+    if (*v < '0' || *v > '9' || !detail::whole_number_in(v, long(kDefaultCalibrationSubgroups),
+                                                          long(kMostCalibrationSubgroups), &k) || k % 4 != 0)
+      throw Error("DOS_CALIBRATION_SUBGROUPS is '" + std::string(v) + "': it must be a multiple of 4 from " +
+                  std::to_string(kDefaultCalibrationSubgroups) + " to " + std::to_string(kMostCalibrationSubgroups) +
+                  " (the calibration's scratch subgroups, 3/4 of them streamed in its mixed phase; " +
+                  std::to_string(kDefaultCalibrationSubgroups) + " when unset); unset it or give such a number");
+    return std::size_t(k);
+  }();
+  return n;
+}
+
 /// The GPU update budget of the calibration's scratch optimizer (OptimizerOptions::gpu_update_budget,
 /// bytes): what StarPU may still allocate on the CUDA node that has least (starpu_memory_get_available:
 /// its limit, STARPU_LIMIT_CUDA_MEM, STARPU_LIMIT_CUDA_<devid>_MEM or 90% of the device, less what
@@ -300,7 +328,7 @@ int calibration_reps() {
 /// kStarpuDeviceMargin, and at least one streamed scratch subgroup of S elements of `dtype` (its
 /// bound by gpu_memory_for_budgets, gradients counted at 4 bytes), so that the mixed phase streams;
 /// 0 (no budget) where StarPU keeps no total for any CUDA node (starpu_memory_get_total < 0).
-/// Unbudgeted, the mixed phase asks for six streamed subgroups at once, more than a limit set from
+/// Unbudgeted, the mixed phase asks for 3/4 of its subgroups (six at the default 8) streamed at once, more than a limit set from
 /// a run's own tight GPU budgets holds (dos-train's --gpu-update-budget sets it): there,
 /// calibrating processes stopped in the scratch phases (the CUDA worker running, the caller
 /// waiting, no phase ending) in about one of three. Without a limit the budget is far above the
@@ -323,6 +351,7 @@ std::size_t scratch_update_budget(std::size_t S, DType dtype) {
 void detail::check_calibration_switches() {
   (void)link_share_rule();
   (void)calibration_reps();
+  (void)calibration_subgroups();
 }
 
 std::string rates_cache_path(const Runtime& runtime, std::size_t S, DType dtype, MemoryKind memory, bool compact_master) {
@@ -447,8 +476,13 @@ Rates calibrate_rates(Runtime& runtime, std::size_t S, DType dtype, MemoryKind m
       if (calibrated) *calibrated = c;
       if (verbose) {
         const char* reps = std::getenv("DOS_CALIBRATION_REPS");
+        const char* subgroups = std::getenv("DOS_CALIBRATION_SUBGROUPS");
+        const bool r = reps && *reps, g = subgroups && *subgroups;
         std::fprintf(stderr, "[dos] model rates from %s (--recalibrate measures them again%s)\n", path.c_str(),
-                     reps && *reps ? "; DOS_CALIBRATION_REPS acts only then" : "");
+                     r && g ? "; DOS_CALIBRATION_REPS and DOS_CALIBRATION_SUBGROUPS act only then"
+                     : r    ? "; DOS_CALIBRATION_REPS acts only then"
+                     : g    ? "; DOS_CALIBRATION_SUBGROUPS acts only then"
+                            : "");
       }
       // a calibration that read the link low holds this run's links too (kLinkCeiling): said again
       const LinkReading cached{0, 0, c.B_h2d, c.B_d2h}, reference = link_reference(runtime, starpu_bus_reading());
@@ -461,7 +495,8 @@ Rates calibrate_rates(Runtime& runtime, std::size_t S, DType dtype, MemoryKind m
     }
   }
 
-  const std::size_t nsub = 8, n = nsub * S;
+  // nsub scratch subgroups; the mixed phase streams `streamed` of them (3/4) while the CPU updates the rest
+  const std::size_t nsub = calibration_subgroups(), streamed = 3 * nsub / 4, n = nsub * S;
   Scratch buf(n * dtype_size(dtype), memory == MemoryKind::cuda);
   OptimizerOptions o;
   o.subgroup_size = S;
@@ -489,12 +524,12 @@ Rates calibrate_rates(Runtime& runtime, std::size_t S, DType dtype, MemoryKind m
   for (int rep = 0; rep < repetitions; ++rep) {
     const StepStats cpu = phase(0.0);  // every subgroup on the CPU: its Adam tasks' busy time
     if (cpu.cpu_adam_seconds > 0) alone_busy.push_back(cpu.cpu_adam_seconds);
-    const StepStats mixed = phase(0.75);  // 2 subgroups on the CPU while 6 stream
+    const StepStats mixed = phase(0.75);  // nsub - streamed subgroups on the CPU while `streamed` stream
     if (mixed.cpu_adam_seconds > 0) mixed_busy_reps.push_back(mixed.cpu_adam_seconds);
     char line[160];
     std::snprintf(line, sizeof line, "%s%.2f alone (phase %.3f s), %.2f mixed (phase %.3f s)", rep ? "; " : "",
                   cpu.cpu_adam_seconds > 0 ? 1e-9 * double(n) / cpu.cpu_adam_seconds : 0.0, cpu.seconds,
-                  mixed.cpu_adam_seconds > 0 ? 1e-9 * double(nsub - 6) * double(S) / mixed.cpu_adam_seconds : 0.0,
+                  mixed.cpu_adam_seconds > 0 ? 1e-9 * double(nsub - streamed) * double(S) / mixed.cpu_adam_seconds : 0.0,
                   mixed.seconds);
     reps += line;
   }
@@ -506,7 +541,7 @@ Rates calibrate_rates(Runtime& runtime, std::size_t S, DType dtype, MemoryKind m
   const double mixed_busy = mixed_busy_reps.empty() ? 1e30 : median_of(mixed_busy_reps);
   // A first guess: the CPU's rate over the whole mixed phase. Part of that phase's CPU work may run
   // beside one link or none, so U_c_dma is then fitted below with the phase simulation.
-  r.U_c_dma = mixed_busy < 1e30 ? double(nsub - 6) * double(S) / mixed_busy : 0.0;
+  r.U_c_dma = mixed_busy < 1e30 ? double(nsub - streamed) * double(S) / mixed_busy : 0.0;
   // The GPU's own rates: its kernels timed with CUDA events. (A CUDA worker's busy time includes
   // the waits of its pipelined asynchronous tasks: it made GPU Adam look 100x slower than it is.)
   benchmark_gpu_rates(S, dtype, &r.U_g, &r.D_c);
@@ -558,7 +593,7 @@ Rates calibrate_rates(Runtime& runtime, std::size_t S, DType dtype, MemoryKind m
   // rest of the measured busy time gives the rate beside both (the online refinement's rule,
   // iterated: M, and so the share, depend on U_c_dma).
   {
-    const std::vector<PlanSide> mixed_plan = spread_plan(nsub, 6);
+    const std::vector<PlanSide> mixed_plan = spread_plan(nsub, streamed);
     for (int it = 0; it < 8; ++it) {
       const Simulation sim = simulate_phase(opt.workload(), mixed_plan, r, opt.execution());
       const double alone = sim.cpu - sim.cpu_beside_dma, beside = mixed_busy - alone;

@@ -408,8 +408,8 @@ void check_host_memory(std::size_t bytes, const std::string& what);
 /// below -1, an update budget without eager write-back or below one CPU subgroup's staging,
 /// static:R keeping more state resident than the resident budget, or policy gpu with an update
 /// budget below one streamed subgroup. Without a CUDA worker the budgets have no effect. Under a
-/// model policy (dos, static:R), also for a bad DOS_CALIBRATE_LINK_SHARE or DOS_CALIBRATION_REPS
-/// (calibrate_rates), with or without a CUDA worker.
+/// model policy (dos, static:R), also for a bad DOS_CALIBRATE_LINK_SHARE, DOS_CALIBRATION_REPS or
+/// DOS_CALIBRATION_SUBGROUPS (calibrate_rates), with or without a CUDA worker.
 class Optimizer {
  public:
   Optimizer(Runtime& runtime, const std::vector<TensorView>& tensors, const OptimizerOptions& options);
@@ -634,8 +634,9 @@ void validate_adam_hyper(const AdamHyper& h);
 
 /// Measures the rates of the resource model on this machine: U_c from an all-CPU phase of the real
 /// codelets and task graph on scratch subgroups of `subgroup_elems` elements (the caller's dtype and
-/// memory kind), U_c_dma from a phase where the CPU updates 2 subgroups while 6 stream (each the
-/// median of the repetitions of its phase, 3 unless DOS_CALIBRATION_REPS gives 1 to 99; U_c_dma then
+/// memory kind; 8 of them unless DOS_CALIBRATION_SUBGROUPS gives a multiple of 4 from 8 to 32),
+/// U_c_dma from a phase where the CPU updates 1/4 of them while 3/4 stream (2 and 6 at the default;
+/// each the median of the repetitions of its phase, 3 unless DOS_CALIBRATION_REPS gives 1 to 99; U_c_dma then
 /// fitted with the phase simulation; the phases under a GPU update budget of what StarPU may still
 /// allocate less kStarpuDeviceMargin, at least one scratch subgroup), U_g and D_c
 /// from the CUDA kernels timed with events, B_h2d and B_d2h from copies both ways at once
@@ -665,7 +666,8 @@ void validate_adam_hyper(const AdamHyper& h);
 /// (OptimizerOptions::compact_master), so that U_c and U_c_dma are its CPU Adam's; its own cache file.
 /// Throws Error when there is no CUDA worker, the policy is not a model policy,
 /// DOS_CALIBRATE_LINK_SHARE names no rule, DOS_CALIBRATION_REPS is not a whole number from 1 to 99
-/// (read only where a calibration runs), or subgroup_elems is 0.
+/// or DOS_CALIBRATION_SUBGROUPS not a multiple of 4 from 8 to 32 (both read only where a
+/// calibration runs), or subgroup_elems is 0.
 Rates calibrate_rates(Runtime& runtime, std::size_t subgroup_elems, DType dtype, MemoryKind memory, bool force,
                       bool verbose, Rates* calibrated = nullptr, bool compact_master = false);
 

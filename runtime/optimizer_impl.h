@@ -257,8 +257,9 @@ bool note_starved_download() noexcept;
 /// must be running. Throws nothing. (optimizer.cpp)
 std::vector<unsigned> cuda_memory_nodes();
 
-/// Checks the calibration's switches now, DOS_CALIBRATE_LINK_SHARE (its link_share rule) and
-/// DOS_CALIBRATION_REPS (its repetitions of each scratch phase; calibrate_rates), so that a bad
+/// Checks the calibration's switches now, DOS_CALIBRATE_LINK_SHARE (its link_share rule),
+/// DOS_CALIBRATION_REPS (its repetitions of each scratch phase) and DOS_CALIBRATION_SUBGROUPS (its
+/// scratch subgroups; calibrate_rates), so that a bad
 /// value is refused wherever a model policy runs, not only where a calibration does (a machine
 /// without a GPU never calibrates). Throws Error naming the variable. (calibration.cpp)
 void check_calibration_switches();

@@ -13,7 +13,11 @@
 #                 shard under a 400 MB update budget (all on the CPU, -n 4): U_c's first measure in
 #                 the second process, which starts from the quarter's rates (the report of the
 #                 second is the case's; the first's is <name>-first.json)
-# Each process is named CASE-RULE-roundK.
+# Each process is named CASE-RULE-roundK. SCRATCH="8 32" (values of DOS_CALIBRATION_SUBGROUPS, the
+# calibration's scratch subgroups, 3/4 of them streamed in its mixed phase) runs each case and rule
+# once per value, interleaved, each named CASE-RULE-sN-roundK: whether longer mixed scratch phases
+# predict the first phases better. Unset: DOS_CALIBRATION_SUBGROUPS as the caller's environment has it:
+#   CASES=20b RULES=estimate SCRATCH='8 32' ROUNDS=3 ARCHIVE_ONLY=1 scripts/gpu-calibration.sh
 # On the GPU machine, with .deps/cache present:
 #   scripts/gpu-calibration.sh
 #   TESTS=1 CASES='20b-resident 7b-seq' scripts/gpu-calibration.sh
@@ -43,6 +47,11 @@ OUT=${OUT:-$ROOT/gpu-calibration-out}
 CASES=${CASES:-20b-resident 20b 7b-16m 7b-seq}
 RULES=${RULES:-placeholder estimate}
 ROUNDS=${ROUNDS:-1}
+SCRATCH=${SCRATCH:-}
+for v in $SCRATCH; do  # checked before the build (dos-train refuses other values at start)
+  [[ $v =~ ^[1-9][0-9]?$ ]] && [ $((v % 4)) -eq 0 ] && [ "$v" -ge 8 ] && [ "$v" -le 32 ] ||
+    { echo "SCRATCH takes multiples of 4 from 8 to 32 (DOS_CALIBRATION_SUBGROUPS), not '$v'" >&2; exit 2; }
+done
 limit=${LOOP_LIMIT:-20}
 if [ -n "${LOOP:-}" ]; then  # checked before the build
   [[ $LOOP =~ ^[1-9][0-9]{0,4}$ ]] || { echo "LOOP must be a whole number of seconds (1-99999), not '$LOOP'" >&2; exit 2; }
@@ -110,20 +119,23 @@ for round in $(seq 1 "$ROUNDS"); do
   for c in $CASES; do
     a=$(args "$c") || exit 2
     for rule in $RULES; do
-      name="$c-$rule-round$round"
-      cache=$(mktemp -d)
-      if [ "$c" = 7b-seq ]; then
-        DOS_CACHE_DIR=$cache DOS_CALIBRATE_LINK_SHARE=$rule timeout 120 "$TRAIN" --preset llama2-7b --shard 0/4 \
-          --subgroup-size 1e8 --policy dos -n 4 --report "$OUT/$name-first.json" > "$OUT/$name-first.log" 2>&1
-      fi
-      # shellcheck disable=SC2086
-      DOS_CACHE_DIR=$cache DOS_CALIBRATE_LINK_SHARE=$rule timeout 120 "$TRAIN" $a --report "$OUT/$name.json" \
-        > "$OUT/$name.log" 2>&1
-      echo "$name: exit $?, $(grep -h "calibration's link_share" "$OUT/$name.log" | head -1)"
-      grep -q "no CUDA worker" "$OUT/$name.log" &&
-        echo "$name: no GPU here: nothing was calibrated nor predicted (run this on the GPU machine)"
-      cp "$cache"/rates-*.json "$OUT/$name.rates.json" 2>/dev/null
-      rm -rf "$cache"; cache=''
+      for sub in ${SCRATCH:-caller}; do
+        name="$c-$rule-round$round" env=()
+        if [ "$sub" != caller ]; then name="$c-$rule-s$sub-round$round" env=(DOS_CALIBRATION_SUBGROUPS="$sub"); fi
+        cache=$(mktemp -d)
+        if [ "$c" = 7b-seq ]; then
+          env "${env[@]}" DOS_CACHE_DIR="$cache" DOS_CALIBRATE_LINK_SHARE="$rule" timeout 120 "$TRAIN" --preset llama2-7b \
+            --shard 0/4 --subgroup-size 1e8 --policy dos -n 4 --report "$OUT/$name-first.json" > "$OUT/$name-first.log" 2>&1
+        fi
+        # shellcheck disable=SC2086
+        env "${env[@]}" DOS_CACHE_DIR="$cache" DOS_CALIBRATE_LINK_SHARE="$rule" timeout 120 "$TRAIN" $a \
+          --report "$OUT/$name.json" > "$OUT/$name.log" 2>&1
+        echo "$name: exit $?, $(grep -h "calibration's link_share" "$OUT/$name.log" | head -1)"
+        grep -q "no CUDA worker" "$OUT/$name.log" &&
+          echo "$name: no GPU here: nothing was calibrated nor predicted (run this on the GPU machine)"
+        cp "$cache"/rates-*.json "$OUT/$name.rates.json" 2>/dev/null
+        rm -rf "$cache"; cache=''
+      done
     done
   done
 done

@@ -53,6 +53,18 @@ done
 if DOS_CALIBRATION_REPS=bogus "$train" --preset tiny --iterations 1 --quiet --policy cpu >/dev/null 2>&1; then
   echo "ok: DOS_CALIBRATION_REPS=bogus --policy cpu runs (no model, no calibration)"
 else echo "FAIL: DOS_CALIBRATION_REPS=bogus --policy cpu failed"; fails=$((fails+1)); fi
+# the calibration's scratch subgroups: a multiple of 4 from 8 to 32, refused otherwise
+for v in 0 4 6 9 30 36 8x -8 " 8" +8 1e1 99999999999999999999; do
+  DOS_CALIBRATION_SUBGROUPS=$v expect "DOS_CALIBRATION_SUBGROUPS is '$v'" --policy dos
+done
+for v in 8 32 012; do
+  if DOS_CALIBRATION_SUBGROUPS=$v "$train" --preset tiny --iterations 1 --quiet --policy dos >/dev/null 2>&1; then
+    echo "ok: DOS_CALIBRATION_SUBGROUPS=$v --policy dos runs"
+  else echo "FAIL: DOS_CALIBRATION_SUBGROUPS=$v --policy dos failed"; fails=$((fails+1)); fi
+done
+if DOS_CALIBRATION_SUBGROUPS=bogus "$train" --preset tiny --iterations 1 --quiet --policy cpu >/dev/null 2>&1; then
+  echo "ok: DOS_CALIBRATION_SUBGROUPS=bogus --policy cpu runs (no model, no calibration)"
+else echo "FAIL: DOS_CALIBRATION_SUBGROUPS=bogus --policy cpu failed"; fails=$((fails+1)); fi
 # measurement switches with a value they do not know: named in a warning, the run goes on as without them
 # (DOS_LINK_SHARE_MEASURE is read at the first phase that refines, or by the report: here the report)
 out=$(DOS_CPU_SCHEDULE=statc DOS_NT_STORES=junk DOS_BIND=x DOS_HOST_ALLOC=junk DOS_LINK_SHARE_MEASURE=besides \

@@ -41,30 +41,25 @@ if DOS_CALIBRATE_LINK_SHARE=bogus "$train" --preset tiny --iterations 1 --quiet 
 else
   echo "FAIL: DOS_CALIBRATE_LINK_SHARE=bogus --policy cpu failed"; fails=$((fails+1))
 fi
+# a calibration switch that takes a number: each bad value refused under --policy dos (no output
+# file left), each good one run, and a bad one not read under --policy cpu (no model, no calibration)
+number_switch() {  # number_switch NAME "bad values" "good values" (values split on |)
+  local name=$1 v bad good
+  IFS='|' read -ra bad <<<"$2"; IFS='|' read -ra good <<<"$3"
+  for v in "${bad[@]}"; do export "$name=$v"; expect "$name is '$v'" --policy dos; unset "$name"; done
+  for v in "${good[@]}"; do
+    if env "$name=$v" "$train" --preset tiny --iterations 1 --quiet --policy dos >/dev/null 2>&1; then
+      echo "ok: $name=$v --policy dos runs"
+    else echo "FAIL: $name=$v --policy dos failed"; fails=$((fails+1)); fi
+  done
+  if env "$name=bogus" "$train" --preset tiny --iterations 1 --quiet --policy cpu >/dev/null 2>&1; then
+    echo "ok: $name=bogus --policy cpu runs (no model, no calibration)"
+  else echo "FAIL: $name=bogus --policy cpu failed"; fails=$((fails+1)); fi
+}
 # the calibration's repetitions: a whole number from 1 to 99, refused otherwise, as the rule is
-for v in 0 100 7x -3 " 5" +5 1e1 99999999999999999999; do
-  DOS_CALIBRATION_REPS=$v expect "DOS_CALIBRATION_REPS is '$v'" --policy dos
-done
-for v in 1 99 007; do
-  if DOS_CALIBRATION_REPS=$v "$train" --preset tiny --iterations 1 --quiet --policy dos >/dev/null 2>&1; then
-    echo "ok: DOS_CALIBRATION_REPS=$v --policy dos runs"
-  else echo "FAIL: DOS_CALIBRATION_REPS=$v --policy dos failed"; fails=$((fails+1)); fi
-done
-if DOS_CALIBRATION_REPS=bogus "$train" --preset tiny --iterations 1 --quiet --policy cpu >/dev/null 2>&1; then
-  echo "ok: DOS_CALIBRATION_REPS=bogus --policy cpu runs (no model, no calibration)"
-else echo "FAIL: DOS_CALIBRATION_REPS=bogus --policy cpu failed"; fails=$((fails+1)); fi
+number_switch DOS_CALIBRATION_REPS "0|100|7x|-3| 5|+5|1e1|99999999999999999999" "1|99|007"
 # the calibration's scratch subgroups: a multiple of 4 from 8 to 32, refused otherwise
-for v in 0 4 6 9 30 36 8x -8 " 8" +8 1e1 99999999999999999999; do
-  DOS_CALIBRATION_SUBGROUPS=$v expect "DOS_CALIBRATION_SUBGROUPS is '$v'" --policy dos
-done
-for v in 8 32 012; do
-  if DOS_CALIBRATION_SUBGROUPS=$v "$train" --preset tiny --iterations 1 --quiet --policy dos >/dev/null 2>&1; then
-    echo "ok: DOS_CALIBRATION_SUBGROUPS=$v --policy dos runs"
-  else echo "FAIL: DOS_CALIBRATION_SUBGROUPS=$v --policy dos failed"; fails=$((fails+1)); fi
-done
-if DOS_CALIBRATION_SUBGROUPS=bogus "$train" --preset tiny --iterations 1 --quiet --policy cpu >/dev/null 2>&1; then
-  echo "ok: DOS_CALIBRATION_SUBGROUPS=bogus --policy cpu runs (no model, no calibration)"
-else echo "FAIL: DOS_CALIBRATION_SUBGROUPS=bogus --policy cpu failed"; fails=$((fails+1)); fi
+number_switch DOS_CALIBRATION_SUBGROUPS "0|4|6|9|30|36|8x|-8| 8|+8|1e1|99999999999999999999" "8|32|012"
 # measurement switches with a value they do not know: named in a warning, the run goes on as without them
 # (DOS_LINK_SHARE_MEASURE is read at the first phase that refines, or by the report: here the report)
 out=$(DOS_CPU_SCHEDULE=statc DOS_NT_STORES=junk DOS_BIND=x DOS_HOST_ALLOC=junk DOS_LINK_SHARE_MEASURE=besides \

@@ -423,12 +423,17 @@ PY
     # six at once. Each process calibrates (a cache of its own; 20 repetitions of the scratch
     # phases, so 20 mixed phases) and must finish within its timeout, three times, with the same
     # bits as cpu; with a CUDA worker its calibration line must give the scratch phases' update
-    # budget. Without a GPU nothing calibrates: the same bits all the same.
+    # budget. A fourth process calibrates on 32 scratch subgroups (DOS_CALIBRATION_SUBGROUPS, 3
+    # repetitions), 24 of them streamed in its mixed phase under the same limit: the same checks,
+    # and its line must name 32 subgroups. Without a GPU nothing calibrates: the same bits all the same.
     b=(--preset llama2-7b --shard 0/128 --subgroup-size 16777216 --iterations 2 --seed 5)
     "$train" "${b[@]}" --policy cpu --quiet --save-params "$tmp/cpu.safetensors" || { echo "cpu run failed"; exit 1; }
-    for k in 1 2 3; do
-      DOS_CACHE_DIR="$tmp/cache$k" DOS_CALIBRATION_REPS=20 timeout 150 "$train" "${b[@]}" --policy dos \
-        --gpu-update-budget 400MB --save-params "$tmp/dos$k.safetensors" > "$tmp/dos$k.log" 2>&1
+    for k in 1 2 3 4; do
+      reps=20 subgroups=8
+      [ $k -eq 4 ] && reps=3 subgroups=32
+      DOS_CACHE_DIR="$tmp/cache$k" DOS_CALIBRATION_REPS=$reps DOS_CALIBRATION_SUBGROUPS=$subgroups timeout 150 \
+        "$train" "${b[@]}" --policy dos --gpu-update-budget 400MB --save-params "$tmp/dos$k.safetensors" \
+        > "$tmp/dos$k.log" 2>&1
       rc=$?
       [ $rc -eq 124 ] && { echo "calibrating process $k did not finish within 150 s"; tail -5 "$tmp/dos$k.log"; exit 1; }
       [ $rc -eq 0 ] || { echo "calibrating process $k failed (exit $rc)"; tail -5 "$tmp/dos$k.log"; exit 1; }
@@ -438,6 +443,8 @@ PY
       else
         line=$(grep -m1 "calibrated (" "$tmp/dos$k.log")
         grep -qE "scratch update budget [0-9]" <<<"$line" || { echo "process $k: no scratch budget in '$line'"; exit 1; }
+        grep -q "calibrated ($subgroups subgroups of 16777216)" <<<"$line" ||
+          { echo "process $k: not $subgroups scratch subgroups of 16777216 in '$line'"; exit 1; }
         echo "ok: process $k: ${line##*; }"
       fi
     done

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <functional>
 #include <fstream>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string>
@@ -300,9 +301,11 @@ int calibration_reps() {
 // (6 and 2 at the default), so that N subgroups time N / 4 subgroups of CPU Adam beside the DMA
 // (about 10 ms at N = 8 and S = 2^24 on the GPU machine, against a 20B quarter's phase of 0.75 s
 // of CPU Adam): a measuring switch for longer scratch phases. Each subgroup holds S elements of
-// parameters and gradients in the model's memory and the optimizer state's pinned host memory (16
-// bytes per element with an fp32 master), so the scratch grows with N. Throws Error naming the
-// variable for any other value.
+// parameters and gradients in the model's memory (twice the dtype's bytes per element; on the GPU
+// outside StarPU's limit when the model is there) and the optimizer's pinned host memory (its state
+// and staging: 16 bytes per element in bf16 or fp16, 20 in fp32), so the scratch grows with N:
+// about 2.5 GiB at N = 8 and S = 2^24 in bf16, 10 GiB at 32. A value other than the default gets
+// rates files of its own (rates_cache_path). Throws Error naming the variable for any other value.
 constexpr std::size_t kDefaultCalibrationSubgroups = 8, kMostCalibrationSubgroups = 32;
 
 std::size_t calibration_subgroups() {
@@ -366,6 +369,9 @@ std::string rates_cache_path(const Runtime& runtime, std::size_t S, DType dtype,
                            : link_share_rule() == LinkShareRule::estimate ? "-link_share_estimate"
                            : link_share_rule() == LinkShareRule::dma      ? "-link_share_dma"
                                                                           : "") +
+                          (calibration_subgroups() != kDefaultCalibrationSubgroups
+                               ? "-scratch" + std::to_string(calibration_subgroups())
+                               : std::string()) +
                           (compact_master ? "-compact" : "");
   return cache_dir() + "/rates-" + key + ".json";
 }
@@ -477,12 +483,12 @@ Rates calibrate_rates(Runtime& runtime, std::size_t S, DType dtype, MemoryKind m
       if (verbose) {
         const char* reps = std::getenv("DOS_CALIBRATION_REPS");
         const char* subgroups = std::getenv("DOS_CALIBRATION_SUBGROUPS");
-        const bool r = reps && *reps, g = subgroups && *subgroups;
+        const bool has_reps = reps && *reps, has_subgroups = subgroups && *subgroups;
         std::fprintf(stderr, "[dos] model rates from %s (--recalibrate measures them again%s)\n", path.c_str(),
-                     r && g ? "; DOS_CALIBRATION_REPS and DOS_CALIBRATION_SUBGROUPS act only then"
-                     : r    ? "; DOS_CALIBRATION_REPS acts only then"
-                     : g    ? "; DOS_CALIBRATION_SUBGROUPS acts only then"
-                            : "");
+                     has_reps && has_subgroups ? "; DOS_CALIBRATION_REPS and DOS_CALIBRATION_SUBGROUPS act only then"
+                     : has_reps                ? "; DOS_CALIBRATION_REPS acts only then"
+                     : has_subgroups           ? "; DOS_CALIBRATION_SUBGROUPS acts only then"
+                                               : "");
       }
       // a calibration that read the link low holds this run's links too (kLinkCeiling): said again
       const LinkReading cached{0, 0, c.B_h2d, c.B_d2h}, reference = link_reference(runtime, starpu_bus_reading());
@@ -497,7 +503,23 @@ Rates calibrate_rates(Runtime& runtime, std::size_t S, DType dtype, MemoryKind m
 
   // nsub scratch subgroups; the mixed phase streams `streamed` of them (3/4) while the CPU updates the rest
   const std::size_t nsub = calibration_subgroups(), streamed = 3 * nsub / 4, n = nsub * S;
-  Scratch buf(n * dtype_size(dtype), memory == MemoryKind::cuda);
+  // where the scratch cannot be had, the error says it is the calibration's (not the model's state,
+  // whose advice, fewer parameters per process, would not help) and what asks for its size
+  const std::string whose =
+      "calibrating the model's rates on " + std::to_string(nsub) + " scratch subgroups of " + std::to_string(S) +
+      " elements (the calibration's own, freed before the optimizer's state is allocated" +
+      (nsub != kDefaultCalibrationSubgroups
+           ? "; DOS_CALIBRATION_SUBGROUPS=" + std::to_string(nsub) + " asks for them: unset it (8) or give a smaller "
+             "multiple of 4 for less memory"
+           : std::string()) +
+      "): ";
+  std::unique_ptr<Scratch> scratch;
+  try {
+    scratch = std::make_unique<Scratch>(n * dtype_size(dtype), memory == MemoryKind::cuda);
+  } catch (const Error& e) {
+    throw Error(whose + e.what());
+  }
+  const Scratch& buf = *scratch;
   OptimizerOptions o;
   o.subgroup_size = S;
   o.dtype = dtype;
@@ -506,7 +528,13 @@ Rates calibrate_rates(Runtime& runtime, std::size_t S, DType dtype, MemoryKind m
   o.gpu_update_budget = scratch_update_budget(S, dtype);
   o.verbose = false;
   o.compact_master = compact_master;
-  Optimizer opt(runtime, {{buf.param, buf.grad, n}}, o);
+  std::unique_ptr<Optimizer> scratch_optimizer;
+  try {
+    scratch_optimizer = std::make_unique<Optimizer>(runtime, std::vector<TensorView>{{buf.param, buf.grad, n}}, o);
+  } catch (const ResourceError& e) {
+    throw ResourceError(whose + e.what());
+  }
+  Optimizer& opt = *scratch_optimizer;
   auto phase = [&](double fraction) {
     opt.set_plan_override(PlanOverride{PlanOverride::fraction, fraction});
     return opt.step();

@@ -654,7 +654,8 @@ void validate_adam_hyper(const AdamHyper& h);
 /// online by the Optimizer from what each phase's resources were busy doing. An optimizer does not
 /// count the calibration's link_share as a measure: its first phases that stream replace it
 /// (initial_link_share_record). Needs a model policy (dos, static:R) and a CUDA worker; takes a few seconds (pinning the
-/// scratch state). The result is cached in $DOS_CACHE_DIR (default $XDG_CACHE_HOME/dos-runtime,
+/// scratch state: 16 bytes of pinned host memory per element in bf16 or fp16, so about four times as
+/// long at 32 scratch subgroups as at 8). The result is cached in $DOS_CACHE_DIR (default $XDG_CACHE_HOME/dos-runtime,
 /// else ~/.cache/dos-runtime), one file per host and configuration, with the refined rates beside
 /// the calibrated ones; `force` measures again. A cache file that is not one (what load_rates
 /// refuses, but for implausible_rate's range: corrupt, edited, rates beyond the model's bounds) is
@@ -677,8 +678,10 @@ Rates calibrate_rates(Runtime& runtime, std::size_t subgroup_elems, DType dtype,
 /// calibrate_rates): "-link_share_estimate" for the default estimate, "-link_share" for measure (or
 /// 1), "-link_share_dma" for dma, nothing for placeholder (the name of every rates file written before the estimate, whose
 /// calibrations gave the placeholder), so that a calibration made under one rule is read only under
-/// it; "-compact" last for a calibration of the compact master. Throws Error when
-/// DOS_CALIBRATE_LINK_SHARE names no rule.
+/// it; then "-scratchN" where DOS_CALIBRATION_SUBGROUPS gives N other than the default 8 (so that a
+/// calibration on more scratch subgroups is read only under the same N); "-compact" last for a
+/// calibration of the compact master. Throws Error when DOS_CALIBRATE_LINK_SHARE names no rule or
+/// DOS_CALIBRATION_SUBGROUPS is not a multiple of 4 from 8 to 32.
 std::string rates_cache_path(const Runtime& runtime, std::size_t subgroup_elems, DType dtype, MemoryKind memory,
                              bool compact_master = false);
 

@@ -47,11 +47,15 @@ OUT=${OUT:-$ROOT/gpu-calibration-out}
 CASES=${CASES:-20b-resident 20b 7b-16m 7b-seq}
 RULES=${RULES:-placeholder estimate}
 ROUNDS=${ROUNDS:-1}
-SCRATCH=${SCRATCH:-}
-for v in $SCRATCH; do  # checked before the build (dos-train refuses other values at start)
+read -ra scratch <<<"${SCRATCH:-}"  # split on blanks, no file names expanded
+seen=' '
+for v in "${scratch[@]}"; do  # checked before the build (dos-train refuses other values at start)
   [[ $v =~ ^[1-9][0-9]?$ ]] && [ $((v % 4)) -eq 0 ] && [ "$v" -ge 8 ] && [ "$v" -le 32 ] ||
     { echo "SCRATCH takes multiples of 4 from 8 to 32 (DOS_CALIBRATION_SUBGROUPS), not '$v'" >&2; exit 2; }
+  [[ $seen == *" $v "* ]] && { echo "SCRATCH gives $v twice (each value names its processes)" >&2; exit 2; }
+  seen+="$v "
 done
+[ ${#scratch[@]} -gt 0 ] || scratch=(caller)
 limit=${LOOP_LIMIT:-20}
 if [ -n "${LOOP:-}" ]; then  # checked before the build
   [[ $LOOP =~ ^[1-9][0-9]{0,4}$ ]] || { echo "LOOP must be a whole number of seconds (1-99999), not '$LOOP'" >&2; exit 2; }
@@ -119,7 +123,7 @@ for round in $(seq 1 "$ROUNDS"); do
   for c in $CASES; do
     a=$(args "$c") || exit 2
     for rule in $RULES; do
-      for sub in ${SCRATCH:-caller}; do
+      for sub in "${scratch[@]}"; do
         name="$c-$rule-round$round" env=()
         if [ "$sub" != caller ]; then name="$c-$rule-s$sub-round$round" env=(DOS_CALIBRATION_SUBGROUPS="$sub"); fi
         cache=$(mktemp -d)
@@ -140,7 +144,7 @@ for round in $(seq 1 "$ROUNDS"); do
   done
 done
 {
-  echo "case-rule-roundK: per phase update s (prediction error, CPU Adam per CPU worker)"
+  echo "case-rule[-sN]-roundK: per phase update s (prediction error, CPU Adam per CPU worker)"
   python3 "$ROOT/scripts/report_phases.py" $(ls "$OUT"/*-round*.json | grep -v '\.rates\.json$')
 } | tee "$OUT/summary.txt"
 # the GPU machine returns a limited number of files: everything in one archive beside the summary

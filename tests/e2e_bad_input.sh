@@ -44,17 +44,18 @@ fi
 # a calibration switch that takes a number: each bad value refused under --policy dos (no output
 # file left), each good one run, and a bad one not read under --policy cpu (no model, no calibration)
 number_switch() {  # number_switch NAME "bad values" "good values" (values split on |)
-  local name=$1 v bad good
+  local name=$1 v bad good err
   IFS='|' read -ra bad <<<"$2"; IFS='|' read -ra good <<<"$3"
-  for v in "${bad[@]}"; do export "$name=$v"; expect "$name is '$v'" --policy dos; unset "$name"; done
+  # local -x: the variable exported to expect's run, the caller's own value back on return
+  for v in "${bad[@]}"; do local -x "$name=$v"; expect "$name is '$v'" --policy dos; done
   for v in "${good[@]}"; do
-    if env "$name=$v" "$train" --preset tiny --iterations 1 --quiet --policy dos >/dev/null 2>&1; then
+    if err=$(env "$name=$v" "$train" --preset tiny --iterations 1 --quiet --policy dos 2>&1 >/dev/null); then
       echo "ok: $name=$v --policy dos runs"
-    else echo "FAIL: $name=$v --policy dos failed"; fails=$((fails+1)); fi
+    else echo "FAIL: $name=$v --policy dos failed: $err"; fails=$((fails+1)); fi
   done
-  if env "$name=bogus" "$train" --preset tiny --iterations 1 --quiet --policy cpu >/dev/null 2>&1; then
+  if err=$(env "$name=bogus" "$train" --preset tiny --iterations 1 --quiet --policy cpu 2>&1 >/dev/null); then
     echo "ok: $name=bogus --policy cpu runs (no model, no calibration)"
-  else echo "FAIL: $name=bogus --policy cpu failed"; fails=$((fails+1)); fi
+  else echo "FAIL: $name=bogus --policy cpu failed: $err"; fails=$((fails+1)); fi
 }
 # the calibration's repetitions: a whole number from 1 to 99, refused otherwise, as the rule is
 number_switch DOS_CALIBRATION_REPS "0|100|7x|-3| 5|+5|1e1|99999999999999999999" "1|99|007"

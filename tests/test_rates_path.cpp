@@ -2,6 +2,9 @@
 // link_share rules (DOS_CALIBRATE_LINK_SHARE: estimate by default, placeholder, measure or its older
 // spelling 1, dma) in files of their own. Run once per value (meson.build); each run checks the name its
 // environment asks for, and a value that names no rule is refused with an error naming the variable.
+// The calibration's scratch subgroups (DOS_CALIBRATION_SUBGROUPS) other than the default 8 give
+// files of their own too ("-scratchN" after the rule's part of the name, before "-compact"): run
+// with 8, 32 and a refused value as well (meson.build).
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -18,6 +21,22 @@ bool ends_with(const std::string& s, const std::string& tail) {
 }
 
 void test_cache_names(void**) {
+  const char* sub = std::getenv("DOS_CALIBRATION_SUBGROUPS");
+  const std::string scratch = sub ? sub : "";
+  if (scratch != "" && scratch != "8" && scratch != "32") {
+    // a value that is not a multiple of 4 from 8 to 32: refused, with the variable named
+    for (int call = 0; call < 2; ++call) {
+      try {
+        (void)dos::rates_cache_path(*g_rt, 1000, dos::DType::bf16, dos::MemoryKind::host);
+        fail_msg("DOS_CALIBRATION_SUBGROUPS=%s was accepted", scratch.c_str());
+      } catch (const dos::Error& e) {
+        std::printf("  refused: %s\n", e.what());
+        assert_non_null(std::strstr(e.what(), "DOS_CALIBRATION_SUBGROUPS"));
+        assert_non_null(std::strstr(e.what(), scratch.c_str()));
+      }
+    }
+    return;
+  }
   const char* sw = std::getenv("DOS_CALIBRATE_LINK_SHARE");
   const std::string rule = sw ? sw : "";
   if (rule != "" && rule != "estimate" && rule != "placeholder" && rule != "measure" && rule != "1" && rule != "dma") {
@@ -34,10 +53,12 @@ void test_cache_names(void**) {
     }
     return;
   }
-  const char* suffix = rule == "measure" || rule == "1" ? "-link_share.json"
-                       : rule == "placeholder"         ? "-S1000.json"
-                       : rule == "dma"                 ? "-link_share_dma.json"
-                                                       : "-link_share_estimate.json";
+  const std::string rule_part = rule == "measure" || rule == "1" ? "-link_share"
+                                : rule == "placeholder"         ? "-S1000"
+                                : rule == "dma"                 ? "-link_share_dma"
+                                                                : "-link_share_estimate";
+  // 32 scratch subgroups: their own name; 8, as unset: the name every earlier file has
+  const std::string suffix = rule_part + (scratch == "32" ? "-scratch32" : "") + ".json";
   const std::string a = dos::rates_cache_path(*g_rt, 1000, dos::DType::bf16, dos::MemoryKind::host);
   const std::string b = dos::rates_cache_path(*g_rt, 1001, dos::DType::bf16, dos::MemoryKind::host);
   const std::string c = dos::rates_cache_path(*g_rt, 1000, dos::DType::fp16, dos::MemoryKind::host);
@@ -51,6 +72,10 @@ void test_cache_names(void**) {
   // estimate was
   assert_true(ends_with(a, suffix));
   assert_true(ends_with(d, suffix));
+  assert_true((a.find("-scratch") != std::string::npos) == (scratch == "32"));
+  // the compact master's file: "-compact" last, after the scratch's part
+  const std::string e = dos::rates_cache_path(*g_rt, 1000, dos::DType::bf16, dos::MemoryKind::host, true);
+  assert_true(ends_with(e, suffix.substr(0, suffix.size() - 5) + "-compact.json"));
 }
 
 }  // namespace

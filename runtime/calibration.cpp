@@ -504,10 +504,11 @@ Rates calibrate_rates(Runtime& runtime, std::size_t S, DType dtype, MemoryKind m
   // nsub scratch subgroups; the mixed phase streams `streamed` of them (3/4) while the CPU updates the rest
   const std::size_t nsub = calibration_subgroups(), streamed = 3 * nsub / 4, n = nsub * S;
   // where the scratch cannot be had, the error says it is the calibration's (not the model's state,
-  // whose advice, fewer parameters per process, would not help) and what asks for its size
+  // whose advice, fewer parameters per process, would not help) and what asks for its size; the
+  // Optimizer builds the calibration before it allocates its own state
   const std::string whose =
       "calibrating the model's rates on " + std::to_string(nsub) + " scratch subgroups of " + std::to_string(S) +
-      " elements (the calibration's own, freed before the optimizer's state is allocated" +
+       " elements (the calibration's own, freed when it ends" +
       (nsub != kDefaultCalibrationSubgroups
            ? "; DOS_CALIBRATION_SUBGROUPS=" + std::to_string(nsub) + " asks for them: unset it (8) or give a smaller "
              "multiple of 4 for less memory"

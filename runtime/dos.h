@@ -668,7 +668,10 @@ void validate_adam_hyper(const AdamHyper& h);
 /// Throws Error when there is no CUDA worker, the policy is not a model policy,
 /// DOS_CALIBRATE_LINK_SHARE names no rule, DOS_CALIBRATION_REPS is not a whole number from 1 to 99
 /// or DOS_CALIBRATION_SUBGROUPS not a multiple of 4 from 8 to 32 (both read only where a
-/// calibration runs), or subgroup_elems is 0.
+/// calibration runs), subgroup_elems is 0, or the scratch's parameter and gradient buffers cannot
+/// be allocated; ResourceError when host memory for the scratch's optimizer state cannot be had.
+/// Both scratch errors begin with what the calibration asked for (its subgroups and their
+/// elements, and DOS_CALIBRATION_SUBGROUPS where it set them).
 Rates calibrate_rates(Runtime& runtime, std::size_t subgroup_elems, DType dtype, MemoryKind memory, bool force,
                       bool verbose, Rates* calibrated = nullptr, bool compact_master = false);
 

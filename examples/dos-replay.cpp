@@ -2,7 +2,7 @@
 // (models/refinement.h), to see what each phase's measure of link_share was and what the other
 // measure would have made of it.
 //
-//   dos-replay REPORT.json
+//   dos-replay REPORT.json [--first-link-shares L1,L2,...]
 //
 // For each phase of the report (its "iterations"), in order: the plan as it ran (the
 // "placement": c on the CPU, s streamed, r resident), simulated (models/phase_sim.h) at the rates
@@ -35,20 +35,32 @@
 // the runtime's default, replays refine_after_phase's provisional_lowers_only; "whole", the rule
 // before, as does a report without the field, which predates the switch).
 //
+// --first-link-shares L1,L2,...: the first phase replayed (the first the run refined: not
+// skipped, overlapped with the caller's work or held as an outlier) also simulated, as it ran
+// (its placement and set-up), at the rates it began with but for link_share at each L (each
+// within the model's bounds: at least kLowestLinkShare, at most U_c / U_c_dma of those rates),
+// with the run's prediction's error against each: how far the phase would have run from its
+// prediction had its links got that share beside CPU Adam (how close the calibration's link_share
+// must be for the first phase's prediction).
+//
 // Exit status 0; 2 when the file cannot be read or is not a dos-train report of a run with a
 // CUDA worker (what is wrong, and in which iteration, is named on stderr; the phases printed
 // before it stay on stdout).
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
+#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #include "adam.h"
 #include "copy_rules.h"
+#include "number_text.h"
 #include "partition.h"
 #include "phase_sim.h"
 #include "refinement.h"
@@ -59,6 +71,15 @@ namespace {
 using nlohmann::json;
 
 [[noreturn]] void bad(const std::string& what) { throw std::runtime_error(what); }
+
+/// A value of --first-link-shares that the phase's rates do not allow (the report itself is fine)
+struct ShareError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+/// Why the run refined nothing after iteration `it` (update_phase.cpp, plan_step.cpp): "skipped",
+/// "overlapped with the caller's work" or "held as an outlier"; nullptr when it refined.
+const char* not_refined(const json& it);
 
 const json& field(const json& j, const char* key, const char* where) {
   if (!j.is_object() || !j.contains(key)) bad(std::string(where) + " has no \"" + key + "\"");
@@ -114,7 +135,15 @@ std::vector<dos::PlanSide> plan_of(const json& it, const char* key, std::size_t 
 
 bool flag(const json& it, const char* key) { return it.contains(key) && it.at(key).is_boolean() && it.at(key).get<bool>(); }
 
-void replay(const json& r) {
+const char* not_refined(const json& it) {
+  return flag(it, "skipped") ? "skipped" : flag(it, "overlapped") ? "overlapped with the caller's work"
+         : flag(it, "refinement_held")  ? "held as an outlier" : nullptr;
+}
+
+/// Replays the report `r` (the file comment above); `first_link_shares` (each > 0): the first phase
+/// that ran simulated again at each. Throws std::runtime_error naming what is wrong with the report,
+/// or with a share outside the model's bounds for that phase's rates.
+void replay(const json& r, const std::vector<double>& first_link_shares) {
   const char* top = "the report";
   const std::size_t n = count(r, "subgroups", top), s = count(r, "subgroup_size", top);
   const std::size_t params = count(r, "params", top);
@@ -163,6 +192,12 @@ void replay(const json& r) {
   // the placement of the last phase that ran (not skipped); empty before one has (n >= 1): once
   // one has, the resident states are up and a compact master's CPU subgroups have P on the host
   std::vector<dos::PlanSide> last_ran;
+  // the first iteration the run refined: where --first-link-shares acts
+  std::size_t first_ran = its.size();
+  for (std::size_t i = 0; i < its.size() && first_ran == its.size(); ++i)
+    if (its[i].is_object() && !not_refined(its[i])) first_ran = i;
+  if (!first_link_shares.empty() && first_ran == its.size())
+    throw ShareError("--first-link-shares: the run refined after no phase (each skipped, overlapped or held)");
   for (std::size_t i = 0; i < its.size(); ++i) {
     const json& it = its[i];
     const std::string where = "iteration " + std::to_string(i + 1) + " of the report";
@@ -171,8 +206,7 @@ void replay(const json& r) {
     const std::size_t k = count(it, "iteration", wh);
     const bool has_after = it.contains("rates_after");
     const dos::Rates after = has_after ? rates_of(it.at("rates_after"), where + "'s rates_after") : before;
-    const char* why = flag(it, "skipped") ? "skipped" : flag(it, "overlapped") ? "overlapped with the caller's work"
-                      : flag(it, "refinement_held")  ? "held as an outlier" : nullptr;
+    const char* why = not_refined(it);
     if (why) {  // the runtime refined nothing after it (update_phase.cpp, plan_step.cpp)
       std::printf("phase %zu: %s, not refined by the run; link_share stays %.4f\n", k, why, before.link_share);
       if (!flag(it, "skipped")) {  // a phase that ran and streamed allocated the streamed state's buffers
@@ -225,6 +259,17 @@ void replay(const json& r) {
                 g.rates.link_share);
     if (has_after) std::printf("; the run's %.4f", after.link_share);
     std::printf("\n");
+    if (i == first_ran)
+      for (double share : first_link_shares) {
+        dos::Rates at = before;
+        at.link_share = share;
+        if (const std::string why = dos::rate_bounds_error(at); !why.empty())
+          throw ShareError("--first-link-shares " + dos::shortest_text(share) + " for " + where + ": " + why);
+        const dos::Simulation s_at = dos::simulate_phase(w, plan, at, ek);
+        const double reported = number(it, "predicted_seconds", wh), total = setup + s_at.total;
+        std::printf("  at link_share %.4f: simulated %.4f s (stream end %.4f); the run's prediction %.4f s %+.1f%% "
+                    "against it\n", share, total, s_at.stream_end, reported, 100 * (reported / total - 1));
+      }
     first = first && m.streamed == 0;
     measured = f.link_share_measured;
     u_c = f.u_c_measured;
@@ -235,12 +280,33 @@ void replay(const json& r) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 2 || std::string(argv[1]) == "-h" || std::string(argv[1]) == "--help") {
-    std::fprintf(argc == 2 ? stdout : stderr, "usage: dos-replay REPORT.json (a dos-train --report file)\n");
-    return argc == 2 ? 0 : 2;
+  const char* usage = "usage: dos-replay REPORT.json [--first-link-shares L1,L2,...] (REPORT.json: a dos-train --report file)";
+  CLI::App app{"dos-replay: a dos-train report's update phases replayed through the model's refinement"};
+  std::string path;
+  std::vector<double> shares;
+  app.add_option("report", path, "a dos-train --report file")->required();
+  app.add_option("--first-link-shares", shares,
+                 "the first phase that ran also simulated at each of these link_shares (comma-separated, each within "
+                 "the model's bounds for its rates), with the run's prediction's error against each")
+      ->delimiter(',')
+      ->check([](const std::string& v) -> std::string {
+        // CLI11 converts after its checks: the value read here as it will be
+        char* end = nullptr;
+        const double x = std::strtod(v.c_str(), &end);
+        if (end == v.c_str() || *end != '\0' || !std::isfinite(x) || !(x > 0))
+          return "'" + v + "' is not a number above 0 (a link_share, such as 0.8)";
+        return "";
+      });
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "%s\ndos-replay: %s\n", usage, e.what());
+    return 2;
   }
   try {
-    std::ifstream in(argv[1]);
+    std::ifstream in(path);
     if (!in) bad("cannot read it");
     json r;
     try {
@@ -248,9 +314,12 @@ int main(int argc, char** argv) {
     } catch (const json::exception& x) {
       bad(std::string("it is not JSON (") + x.what() + ")");
     }
-    replay(r);
+    replay(r, shares);
+  } catch (const ShareError& x) {
+    std::fprintf(stderr, "dos-replay: %s: %s\n", path.c_str(), x.what());
+    return 2;
   } catch (const std::exception& x) {
-    std::fprintf(stderr, "dos-replay: %s: %s; give a dos-train --report file\n", argv[1], x.what());
+    std::fprintf(stderr, "dos-replay: %s: %s; give a dos-train --report file\n", path.c_str(), x.what());
     return 2;
   }
   return 0;

@@ -27,6 +27,12 @@ phases that streamed 12-13 of 35 subgroups):
    stream end beyond the phase, a placement with a side other than c, s or r, a placement of the wrong length,
    a rate that is not positive: status 2 and a message naming what is wrong.
 
+   --first-link-shares L1,L2,...: one line per share after the first phase, the phase as it ran
+   simulated at that share; at the calibration's own share it gives the phase's simulation (set-up
+   added) and the run's prediction within 0.05% (the report's first plan ran as planned); a lower
+   share never gives a shorter phase; a share above U_c / U_c_dma or below 1/16, 0, a word, nan and
+   an empty list are refused with status 2, each message naming --first-link-shares; a report whose
+   every phase was skipped is refused for the option and replays without it.
 4. A compact master's report (tests/report_20b_compact_h100.json: the same command with `--master
    compact` on an H100 at 13f6ab5): the formula gives the run's link_share within 1e-4 at every
    phase, which needs each phase's P in the host staging exactly for the subgroups the phase
@@ -54,6 +60,51 @@ def check(cond, what):
 def run(tool, *args):
     p = subprocess.run([tool, *args], capture_output=True, text=True, timeout=120)
     return p.returncode, p.stdout, p.stderr
+
+
+def first_link_shares(tool, report, rep, d):
+    """--first-link-shares on the 20B report (its first phase ran as planned) and its refusals."""
+    cal = rep["calibrated_rates"]["link_share"]
+    shares = [0.5, 0.7, round(cal, 6), 1.0]
+    rc, out, err = run(tool, report, "--first-link-shares", ",".join(str(x) for x in shares))
+    at = re.findall(r"at link_share ([0-9.]+): simulated ([0-9.]+) s \(stream end ([0-9.]+)\); "
+                    r"the run's prediction ([0-9.]+) s ([-+][0-9.]+)% against it", out)
+    check(rc == 0 and len(at) == len(shares), f"--first-link-shares: one line per share ({len(at)} of {len(shares)}, "
+          f"status {rc}: {err.strip()[:120]})")
+    if len(at) != len(shares):
+        return
+    # the lines follow the first phase's own (before phase 2's)
+    check(out.index("at link_share") < out.index("phase 2:"), "the shares' lines belong to the first phase")
+    first = re.search(r"phase 1: .*?\(set-up ([0-9.]+) s off\); simulated at the rates before ([0-9.]+) s", out)
+    setup, sim = float(first.group(1)), float(first.group(2))
+    own = at[2]
+    predicted = rep["iterations"][0]["predicted_seconds"]
+    check(abs(float(own[1]) - (setup + sim)) <= 2e-4 and abs(float(own[1]) / predicted - 1) <= 5e-4
+          and abs(float(own[4])) <= 0.05,
+          f"at the calibration's share: the phase's simulation with its set-up, the run's prediction "
+          f"({own[1]} s against {setup + sim:.4f} and {predicted:.4f}, {own[4]}%)")
+    times = [float(x[1]) for x in at]
+    check(all(a >= b - 1e-4 for a, b in zip(times, times[1:])), f"a lower share never a shorter phase ({times})")
+    errors = [float(x[4]) for x in at]
+    check(all(abs(predicted / t - 1 - e / 100) <= 1e-3 for t, e in zip(times, errors)),
+          f"each error is the run's prediction against that simulation ({errors})")
+    cap = rep["calibrated_rates"]["U_c"] / rep["calibrated_rates"]["U_c_dma"]
+    for value, want in ((f"{cap * 1.01:.4f}", "cannot exceed U_c / U_c_dma"), ("0.05", "cannot be below 1/16"),
+                        ("0", "not a number above 0"), ("x", "not a number above 0"),
+                        ("nan", "not a number above 0"), ("", "--first-link-shares")):
+        rc, out, err = run(tool, report, "--first-link-shares", value)
+        check(rc == 2 and "--first-link-shares" in err and want in err,
+              f"--first-link-shares '{value}': status 2 and '{want}' ({rc}: {err.strip()[:160]})")
+    skipped = json.loads(json.dumps(rep))
+    for it in skipped["iterations"]:
+        it["skipped"] = True
+    path = os.path.join(d, "skipped.json")
+    json.dump(skipped, open(path, "w"))
+    rc, out, err = run(tool, path, "--first-link-shares", "0.8")
+    check(rc == 2 and "refined after no phase" in err, f"every phase skipped: the option refused ({rc}: {err.strip()[:120]})")
+    rc, out, err = run(tool, path)
+    check(rc == 0 and out.count("skipped, not refined") == len(rep["iterations"]),
+          f"every phase skipped: replayed without the option ({rc})")
 
 
 def main():
@@ -154,6 +205,7 @@ def main():
 
         rc, out, err = run(tool)
         check(rc == 2 and "usage: dos-replay" in err, f"no argument: usage, status 2 ({rc})")
+        first_link_shares(tool, report, rep, d)
         rc, out, err = run(tool, os.path.join(d, "none.json"))
         check(rc == 2 and "cannot read it" in err, f"a missing file: status 2 and 'cannot read it' ({rc}: {err.strip()})")
         bad("text.json", "not json", "it is not JSON")

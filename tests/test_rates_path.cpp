@@ -20,37 +20,34 @@ bool ends_with(const std::string& s, const std::string& tail) {
   return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
 }
 
+/// rates_cache_path refused on every call (nothing cached) with an error naming the variable `var`
+/// and its value `value`
+void expect_refused(const char* var, const std::string& value) {
+  for (int call = 0; call < 2; ++call) {
+    try {
+      (void)dos::rates_cache_path(*g_rt, 1000, dos::DType::bf16, dos::MemoryKind::host);
+      fail_msg("%s=%s was accepted", var, value.c_str());
+    } catch (const dos::Error& e) {
+      std::printf("  refused: %s\n", e.what());
+      assert_non_null(std::strstr(e.what(), var));
+      assert_non_null(std::strstr(e.what(), value.c_str()));
+    }
+  }
+}
+
 void test_cache_names(void**) {
   const char* sub = std::getenv("DOS_CALIBRATION_SUBGROUPS");
   const std::string scratch = sub ? sub : "";
   if (scratch != "" && scratch != "8" && scratch != "32") {
-    // a value that is not a multiple of 4 from 8 to 32: refused, with the variable named
-    for (int call = 0; call < 2; ++call) {
-      try {
-        (void)dos::rates_cache_path(*g_rt, 1000, dos::DType::bf16, dos::MemoryKind::host);
-        fail_msg("DOS_CALIBRATION_SUBGROUPS=%s was accepted", scratch.c_str());
-      } catch (const dos::Error& e) {
-        std::printf("  refused: %s\n", e.what());
-        assert_non_null(std::strstr(e.what(), "DOS_CALIBRATION_SUBGROUPS"));
-        assert_non_null(std::strstr(e.what(), scratch.c_str()));
-      }
-    }
+    // a value that is not a multiple of 4 from 8 to 32
+    expect_refused("DOS_CALIBRATION_SUBGROUPS", scratch);
     return;
   }
   const char* sw = std::getenv("DOS_CALIBRATE_LINK_SHARE");
   const std::string rule = sw ? sw : "";
   if (rule != "" && rule != "estimate" && rule != "placeholder" && rule != "measure" && rule != "1" && rule != "dma") {
-    // a value that names no rule: refused, with the variable named, on every call (nothing cached)
-    for (int call = 0; call < 2; ++call) {
-      try {
-        (void)dos::rates_cache_path(*g_rt, 1000, dos::DType::bf16, dos::MemoryKind::host);
-        fail_msg("DOS_CALIBRATE_LINK_SHARE=%s was accepted", rule.c_str());
-      } catch (const dos::Error& e) {
-        std::printf("  refused: %s\n", e.what());
-        assert_non_null(std::strstr(e.what(), "DOS_CALIBRATE_LINK_SHARE"));
-        assert_non_null(std::strstr(e.what(), rule.c_str()));
-      }
-    }
+    // a value that names no rule
+    expect_refused("DOS_CALIBRATE_LINK_SHARE", rule);
     return;
   }
   const std::string rule_part = rule == "measure" || rule == "1" ? "-link_share"

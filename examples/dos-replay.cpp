@@ -43,10 +43,14 @@
 // prediction had its links got that share beside CPU Adam (how close the calibration's link_share
 // must be for the first phase's prediction).
 //
-// Exit status 0; 2 when the file cannot be read or is not a dos-train report of a run with a
-// CUDA worker (what is wrong, and in which iteration, is named on stderr; the phases printed
-// before it stay on stdout).
+// Exit status 0 (also for -h or --help, which print the options); 2 for a command line it cannot
+// use (no report, a share that is not a finite number above 0 or lies outside the model's bounds
+// for the first phase's rates, a report with no phase refined or without a prediction for the
+// option: said on stderr before anything is printed), or when the file cannot be read or is not
+// a dos-train report of a run with a CUDA worker (what is wrong, and in which iteration, is named
+// on stderr; the phases printed before it stay on stdout).
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -183,6 +187,31 @@ void replay(const json& r, const std::vector<double>& first_link_shares) {
   const bool lowers_only = r.contains("first_link_share") && text(r, "first_link_share", top, {"whole", "lower"}) == "lower";
   const json& its = field(r, "iterations", top);
   if (!its.is_array() || its.empty()) bad("the report's iterations are not a list of phases");
+  // the first iteration the run refined: where --first-link-shares acts. No phase before it
+  // refined, so it begins at the calibrated rates: the shares are checked against them here,
+  // before anything is printed
+  std::size_t first_ran = its.size();
+  for (std::size_t i = 0; i < its.size() && first_ran == its.size(); ++i)
+    if (its[i].is_object() && !not_refined(its[i])) first_ran = i;
+  if (!first_link_shares.empty()) {
+    if (first_ran == its.size())
+      throw ShareError("--first-link-shares: the run refined after no phase (each skipped, overlapped or held as an "
+                       "outlier), so there is no first phase to simulate; leave the option out");
+    if (!its[first_ran].contains("predicted_seconds") || !its[first_ran].at("predicted_seconds").is_number() ||
+        !(its[first_ran].at("predicted_seconds").get<double>() > 0))
+      throw ShareError("--first-link-shares: iteration " + std::to_string(first_ran + 1) +
+                       " of the report holds no prediction (a run under a policy other than dos or static:R), "
+                       "so there is no error to give; leave the option out");
+    const double cap = dos::highest_link_share(calibrated);
+    for (double share : first_link_shares)
+      if (!(share >= dos::kLowestLinkShare && share <= cap)) {
+        char bounds[96];
+        std::snprintf(bounds, sizeof bounds, "from 1/16 = 0.0625 to U_c / U_c_dma = %.4f", cap);
+        throw ShareError("--first-link-shares " + dos::shortest_text(share) + " lies outside the model's bounds for " +
+                         "the first phase's rates (the report's calibrated rates): " + bounds +
+                         "; give shares within them");
+      }
+  }
   std::printf("%zu parameters, %zu subgroups; the first phase from the calibrated rates (link_share %.4f; a run "
               "that started from a rates cache began elsewhere)%s\n",
               params, n, calibrated.link_share,
@@ -192,12 +221,6 @@ void replay(const json& r, const std::vector<double>& first_link_shares) {
   // the placement of the last phase that ran (not skipped); empty before one has (n >= 1): once
   // one has, the resident states are up and a compact master's CPU subgroups have P on the host
   std::vector<dos::PlanSide> last_ran;
-  // the first iteration the run refined: where --first-link-shares acts
-  std::size_t first_ran = its.size();
-  for (std::size_t i = 0; i < its.size() && first_ran == its.size(); ++i)
-    if (its[i].is_object() && !not_refined(its[i])) first_ran = i;
-  if (!first_link_shares.empty() && first_ran == its.size())
-    throw ShareError("--first-link-shares: the run refined after no phase (each skipped, overlapped or held)");
   for (std::size_t i = 0; i < its.size(); ++i) {
     const json& it = its[i];
     const std::string where = "iteration " + std::to_string(i + 1) + " of the report";
@@ -261,10 +284,8 @@ void replay(const json& r, const std::vector<double>& first_link_shares) {
     std::printf("\n");
     if (i == first_ran)
       for (double share : first_link_shares) {
-        dos::Rates at = before;
+        dos::Rates at = before;  // the calibrated rates (checked above)
         at.link_share = share;
-        if (const std::string why = dos::rate_bounds_error(at); !why.empty())
-          throw ShareError("--first-link-shares " + dos::shortest_text(share) + " for " + where + ": " + why);
         const dos::Simulation s_at = dos::simulate_phase(w, plan, at, ek);
         const double reported = number(it, "predicted_seconds", wh), total = setup + s_at.total;
         std::printf("  at link_share %.4f: simulated %.4f s (stream end %.4f); the run's prediction %.4f s %+.1f%% "
@@ -289,12 +310,13 @@ int main(int argc, char** argv) {
                  "the first phase that ran also simulated at each of these link_shares (comma-separated, each within "
                  "the model's bounds for its rates), with the run's prediction's error against each")
       ->delimiter(',')
+      ->allow_extra_args(false)
       ->check([](const std::string& v) -> std::string {
-        // CLI11 converts after its checks: the value read here as it will be
+        // CLI11 converts after its checks: the value read here as it will be, blanks refused
         char* end = nullptr;
-        const double x = std::strtod(v.c_str(), &end);
-        if (end == v.c_str() || *end != '\0' || !std::isfinite(x) || !(x > 0))
-          return "'" + v + "' is not a number above 0 (a link_share, such as 0.8)";
+        const double x = v.empty() || std::isspace((unsigned char)v[0]) ? 0 : std::strtod(v.c_str(), &end);
+        if (!end || end == v.c_str() || *end != '\0' || !std::isfinite(x) || !(x > 0))
+          return "'" + v + "' is not a finite number above 0 (a link_share, such as 0.8)";
         return "";
       });
   try {

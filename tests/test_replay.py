@@ -27,12 +27,15 @@ phases that streamed 12-13 of 35 subgroups):
    stream end beyond the phase, a placement with a side other than c, s or r, a placement of the wrong length,
    a rate that is not positive: status 2 and a message naming what is wrong.
 
-   --first-link-shares L1,L2,...: one line per share after the first phase, the phase as it ran
-   simulated at that share; at the calibration's own share it gives the phase's simulation (set-up
-   added) and the run's prediction within 0.05% (the report's first plan ran as planned); a lower
-   share never gives a shorter phase; a share above U_c / U_c_dma or below 1/16, 0, a word, nan and
-   an empty list are refused with status 2, each message naming --first-link-shares; a report whose
-   every phase was skipped is refused for the option and replays without it.
+   --first-link-shares L1,L2,...: one line per share, in order, closing the first phase's block,
+   the phase as it ran simulated at that share; at the calibration's own share it gives the
+   phase's simulation (set-up added) and the run's prediction within 0.05% (the report's first plan
+   ran as planned); a lower share never gives a shorter phase, and 0.5 one far longer; on the
+   compact report with its first phase marked overlapped the lines go to phase 2, whose own
+   simulation the calibration's share gives again. A share above U_c / U_c_dma or below 1/16, 0, a
+   word, nan, inf, a leading blank, an empty list and a second word are refused with status 2 and
+   nothing on stdout, each message naming --first-link-shares; a report whose every phase was
+   skipped, or without predictions, is refused for the option and replays without it.
 4. A compact master's report (tests/report_20b_compact_h100.json: the same command with `--master
    compact` on an H100 at 13f6ab5): the formula gives the run's link_share within 1e-4 at every
    phase, which needs each phase's P in the host staging exactly for the subgroups the phase
@@ -62,49 +65,97 @@ def run(tool, *args):
     return p.returncode, p.stdout, p.stderr
 
 
-def first_link_shares(tool, report, rep, d):
-    """--first-link-shares on the 20B report (its first phase ran as planned) and its refusals."""
+AT_SHARE = re.compile(r"at link_share ([0-9.]+): simulated ([0-9.]+) s \(stream end ([0-9.]+)\); "
+                      r"the run's prediction ([0-9.]+) s ([-+][0-9.]+)% against it")
+
+
+def phase_block(out, k):
+    """The lines of phase k's replay in dos-replay's output (from "phase k:" to the next phase)."""
+    m = re.search(rf"^phase {k}: .*?(?=^phase {k + 1}: |\Z)", out, re.S | re.M)
+    return m.group(0) if m else ""
+
+
+def check_own_share(out, k, predicted, what):
+    """At the calibration's own share (the third line of phase k's block), the phase's own
+    simulation with its set-up, and, where `predicted` is given (the run planned the phase at the
+    calibrated rates and it ran as planned), the run's prediction."""
+    block = phase_block(out, k)
+    at = AT_SHARE.findall(block)
+    own = re.search(r"\(set-up ([0-9.]+) s off\); simulated at the rates before ([0-9.]+) s", block)
+    ok = len(at) >= 3 and own is not None
+    total = float(own.group(1)) + float(own.group(2)) if own else float("nan")
+    if ok:
+        ok = abs(float(at[2][1]) - total) <= 2e-4 and (predicted is None or abs(float(at[2][1]) / predicted - 1) <= 5e-4)
+    against = f"{total:.4f}" + ("" if predicted is None else f" and {predicted:.4f}")
+    also = "" if predicted is None else " and the run's prediction"
+    check(ok, f"{what}: at the calibration's share, phase {k}'s simulation with its set-up{also} "
+              f"({at[2][1] if len(at) >= 3 else '-'} s against {against})")
+
+
+def first_link_shares(tool, report, rep, compact, crep, d):
+    """--first-link-shares on the 20B report (its first phase ran as planned), on the compact
+    report with its first phase marked overlapped (the option then acts on phase 2), and its
+    refusals."""
     cal = rep["calibrated_rates"]["link_share"]
     shares = [0.5, 0.7, round(cal, 6), 1.0]
     rc, out, err = run(tool, report, "--first-link-shares", ",".join(str(x) for x in shares))
-    at = re.findall(r"at link_share ([0-9.]+): simulated ([0-9.]+) s \(stream end ([0-9.]+)\); "
-                    r"the run's prediction ([0-9.]+) s ([-+][0-9.]+)% against it", out)
-    check(rc == 0 and len(at) == len(shares), f"--first-link-shares: one line per share ({len(at)} of {len(shares)}, "
-          f"status {rc}: {err.strip()[:120]})")
+    at = AT_SHARE.findall(out)
+    check(rc == 0 and len(at) == len(shares) and [x[0] for x in at] == [f"{x:.4f}" for x in shares],
+          f"--first-link-shares: one line per share, in order ({[x[0] for x in at]}, status {rc}: {err.strip()[:120]})")
     if len(at) != len(shares):
         return
-    # the lines follow the first phase's own (before phase 2's)
-    check(out.index("at link_share") < out.index("phase 2:"), "the shares' lines belong to the first phase")
-    first = re.search(r"phase 1: .*?\(set-up ([0-9.]+) s off\); simulated at the rates before ([0-9.]+) s", out)
-    setup, sim = float(first.group(1)), float(first.group(2))
-    own = at[2]
+    # the lines follow the first phase's own, its link_share line last before them
+    block = phase_block(out, 1)
+    check(len(AT_SHARE.findall(block)) == len(shares) and block.index("link_share ") < block.index("at link_share"),
+          "the shares' lines close the first phase's block")
     predicted = rep["iterations"][0]["predicted_seconds"]
-    check(abs(float(own[1]) - (setup + sim)) <= 2e-4 and abs(float(own[1]) / predicted - 1) <= 5e-4
-          and abs(float(own[4])) <= 0.05,
-          f"at the calibration's share: the phase's simulation with its set-up, the run's prediction "
-          f"({own[1]} s against {setup + sim:.4f} and {predicted:.4f}, {own[4]}%)")
+    check_own_share(out, 1, predicted, "the 20B report")
     times = [float(x[1]) for x in at]
-    check(all(a >= b - 1e-4 for a, b in zip(times, times[1:])), f"a lower share never a shorter phase ({times})")
+    # a lower share, a longer phase: at 0.5 this report's first phase is the links' (0.9569 s)
+    check(all(a >= b - 1e-4 for a, b in zip(times, times[1:])) and times[0] > times[2] + 0.1,
+          f"a lower share never a shorter phase, 0.5 far longer than the calibration's share ({times})")
     errors = [float(x[4]) for x in at]
-    check(all(abs(predicted / t - 1 - e / 100) <= 1e-3 for t, e in zip(times, errors)),
+    check(all(abs(predicted / t - 1 - e / 100) <= 1e-3 for t, e in zip(times, errors)) and errors[0] < -10,
           f"each error is the run's prediction against that simulation ({errors})")
+    # the compact report with its first phase overlapped (not refined): the option acts on phase 2,
+    # which began at the calibrated rates, with its own execution (its state, the P of phase 1's
+    # CPU subgroups on the host)
+    later = json.loads(json.dumps(crep))
+    later["iterations"][0]["overlapped"] = True
+    path = os.path.join(d, "overlapped-first.json")
+    json.dump(later, open(path, "w"))
+    ccal = crep["calibrated_rates"]["link_share"]
+    rc, out, err = run(tool, path, "--first-link-shares", f"0.5,0.7,{ccal:.6f}")
+    check(rc == 0 and len(AT_SHARE.findall(out)) == 3 and len(AT_SHARE.findall(phase_block(out, 2))) == 3,
+          f"a first phase overlapped: the shares' lines in phase 2's block ({rc}: {err.strip()[:120]})")
+    # (the run planned phase 2 at the rates phase 1 refined: its prediction is not this simulation's)
+    check_own_share(out, 2, None, "the compact report, phase 1 overlapped")
     cap = rep["calibrated_rates"]["U_c"] / rep["calibrated_rates"]["U_c_dma"]
-    for value, want in ((f"{cap * 1.01:.4f}", "cannot exceed U_c / U_c_dma"), ("0.05", "cannot be below 1/16"),
-                        ("0", "not a number above 0"), ("x", "not a number above 0"),
-                        ("nan", "not a number above 0"), ("", "--first-link-shares")):
+    for value, want in ((f"{cap * 1.01:.4f}", "outside the model's bounds"), ("0.05", "outside the model's bounds"),
+                        ("0", "not a finite number above 0"), ("x", "not a finite number above 0"),
+                        ("nan", "not a finite number above 0"), ("inf", "not a finite number above 0"),
+                        (" 0.8", "not a finite number above 0"), ("", "--first-link-shares")):
         rc, out, err = run(tool, report, "--first-link-shares", value)
-        check(rc == 2 and "--first-link-shares" in err and want in err,
-              f"--first-link-shares '{value}': status 2 and '{want}' ({rc}: {err.strip()[:160]})")
-    skipped = json.loads(json.dumps(rep))
-    for it in skipped["iterations"]:
-        it["skipped"] = True
-    path = os.path.join(d, "skipped.json")
-    json.dump(skipped, open(path, "w"))
-    rc, out, err = run(tool, path, "--first-link-shares", "0.8")
-    check(rc == 2 and "refined after no phase" in err, f"every phase skipped: the option refused ({rc}: {err.strip()[:120]})")
-    rc, out, err = run(tool, path)
-    check(rc == 0 and out.count("skipped, not refined") == len(rep["iterations"]),
-          f"every phase skipped: replayed without the option ({rc})")
+        check(rc == 2 and out == "" and "--first-link-shares" in err and want in err,
+              f"--first-link-shares '{value}': status 2, nothing on stdout, '{want}' ({rc}: {err.strip()[:160]})")
+    rc, out, err = run(tool, report, "--first-link-shares", "0.8", "0.9")
+    check(rc == 2 and out == "", f"--first-link-shares takes one comma-separated list, not a second word ({rc})")
+
+    def refused(name, change, want):
+        x = json.loads(json.dumps(rep))
+        change(x)
+        p = os.path.join(d, name)
+        json.dump(x, open(p, "w"))
+        rc, out, err = run(tool, p, "--first-link-shares", "0.8")
+        check(rc == 2 and out == "" and want in err, f"{name}: the option refused, nothing printed ({rc}: {err.strip()[:120]})")
+        rc, out, err = run(tool, p)
+        check(rc == 0, f"{name}: replayed without the option ({rc}: {err.strip()[:120]})")
+        return out
+
+    out = refused("skipped.json", lambda x: [it.update(skipped=True) for it in x["iterations"]], "refined after no phase")
+    check(out.count("skipped, not refined") == len(rep["iterations"]), "every phase skipped: each said so")
+    refused("unpredicted.json", lambda x: [it.update(predicted_seconds=0) for it in x["iterations"]],
+            "holds no prediction")
 
 
 def main():
@@ -205,7 +256,7 @@ def main():
 
         rc, out, err = run(tool)
         check(rc == 2 and "usage: dos-replay" in err, f"no argument: usage, status 2 ({rc})")
-        first_link_shares(tool, report, rep, d)
+        first_link_shares(tool, report, rep, compact, crep, d)
         rc, out, err = run(tool, os.path.join(d, "none.json"))
         check(rc == 2 and "cannot read it" in err, f"a missing file: status 2 and 'cannot read it' ({rc}: {err.strip()})")
         bad("text.json", "not json", "it is not JSON")

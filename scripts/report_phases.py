@@ -4,7 +4,9 @@
 placed on the CPU over the CPU Adam tasks' busy seconds summed over the workers, as the model's
 U_c counts it) and, where the report has them (a run with a CUDA worker), the subgroups streamed
 and the link_share the phase's refinement left (its "rates_after"), one line per report, and the
-median update seconds of iterations 2 on.
+median update seconds of iterations 2 on. A report of a run with a CUDA worker also gives the
+rates its first phase was planned at, its "calibrated_rates" (U_c and U_c_dma in Gparams/s per CPU
+worker, link_share), to set beside the phases' CPU Adam rates and link_shares.
 
     scripts/report_phases.py REPORT.json [REPORT.json ...]
 
@@ -44,6 +46,16 @@ def phase_cell(it, sizes):
     return cell + ")"
 
 
+def calibrated_text(r):
+    """The report's calibrated rates as "calibrated U_c A, U_c_dma B Gp/s, link_share C; ", or ""
+    for a run without a CUDA worker or a report without them."""
+    c = r.get("calibrated_rates")
+    if not r.get("cuda_workers") or not isinstance(c, dict) or not c.get("U_c"):
+        return ""
+    return (f"calibrated U_c {1e-9 * float(c['U_c']):.2f}, U_c_dma {1e-9 * float(c['U_c_dma']):.2f} Gp/s, "
+            f"link_share {float(c['link_share']):.3f}; ")
+
+
 def main(paths):
     for path in sorted(paths):
         name = os.path.basename(path)[:-5] if path.endswith(".json") else os.path.basename(path)
@@ -60,7 +72,8 @@ def main(paths):
             sizes = subgroup_sizes(r)
             secs = [it.get("update_seconds", 0) for it in its]
             med = statistics.median(secs[1:]) if len(secs) > 1 else secs[0]
-            line = f"{name}: median {med:.4f} s (iterations 2..); each: " + ", ".join(phase_cell(it, sizes) for it in its)
+            line = (f"{name}: median {med:.4f} s (iterations 2..); {calibrated_text(r)}each: " +
+                    ", ".join(phase_cell(it, sizes) for it in its))
         except (TypeError, AttributeError, ValueError, KeyError) as e:
             print(f"{name}: not a dos-train report's fields ({type(e).__name__}: {e})")
             continue

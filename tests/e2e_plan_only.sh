@@ -172,14 +172,21 @@ want=$(python3 -c 'import json,sys; print(sum("c" in it["placement"] for it in j
 [ "$(grep -c '^run: median' <<<"$phases")" = 1 ] && [ "$(grep -o 'CPU Adam [0-9.]* Gp/s' <<<"$phases" | wc -l)" = "$want" ] ||
   bad "report_phases.py ($want iterations with CPU subgroups): $phases"
 # with the rates each phase's refinement left (a run with a CUDA worker): the streamed count and
-# link_share after each phase
+# link_share after each phase, and the calibrated rates the first phase was planned at
 python3 -c 'import json,sys; r=json.load(open(sys.argv[1]))
 for k, it in enumerate(r["iterations"]):
     it["placement"] = "s" + it["placement"][1:]; it["rates_after"] = {"U_c": 1e9, "link_share": 0.5 + 0.25 * k}
+r["cuda_workers"] = 1
+r["calibrated_rates"] = {"U_c": 4.49e9, "U_c_dma": 3.67e9, "U_g": 1e11, "D_c": 4e11, "B_h2d": 5e10, "B_d2h": 5e10,
+                         "link_share": 0.8171}
 json.dump(r, open(sys.argv[2], "w"))' "$tmp/run.json" "$tmp/with-rates.json"
 phases=$(python3 "$(dirname "$0")/../scripts/report_phases.py" "$tmp/with-rates.json" 2>&1)
-grep -q "1 streamed, link_share then 0.500).*1 streamed, link_share then 0.750)" <<<"$phases" ||
-  bad "report_phases.py with rates_after: $phases"
+grep -q "1 streamed, link_share then 0.500).*1 streamed, link_share then 0.750)" <<<"$phases" &&
+  grep -q "(iterations 2..); calibrated U_c 4.49, U_c_dma 3.67 Gp/s, link_share 0.817; each: " <<<"$phases" ||
+  bad "report_phases.py with rates_after and calibrated rates: $phases"
+# without a CUDA worker no calibrated rates are printed (the run made none)
+grep -q "calibrated" <<<"$(python3 "$(dirname "$0")/../scripts/report_phases.py" "$tmp/run.json" 2>&1)" &&
+  bad "report_phases.py printed calibrated rates for a run without a CUDA worker"
 # a report with a field of the wrong type is named, and the next file is still read
 python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); r["iterations"][0]["cpu_adam_seconds"]="1"; json.dump(r, open(sys.argv[2], "w"))' \
   "$tmp/run.json" "$tmp/a-bad.json"

@@ -81,10 +81,6 @@ struct ShareError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-/// Why the run refined nothing after iteration `it` (update_phase.cpp, plan_step.cpp): "skipped",
-/// "overlapped with the caller's work" or "held as an outlier"; nullptr when it refined.
-const char* not_refined(const json& it);
-
 const json& field(const json& j, const char* key, const char* where) {
   if (!j.is_object() || !j.contains(key)) bad(std::string(where) + " has no \"" + key + "\"");
   return j.at(key);
@@ -139,14 +135,17 @@ std::vector<dos::PlanSide> plan_of(const json& it, const char* key, std::size_t 
 
 bool flag(const json& it, const char* key) { return it.contains(key) && it.at(key).is_boolean() && it.at(key).get<bool>(); }
 
+/// Why the run refined nothing after iteration `it` (update_phase.cpp, plan_step.cpp): "skipped",
+/// "overlapped with the caller's work" or "held as an outlier"; nullptr when it refined.
 const char* not_refined(const json& it) {
   return flag(it, "skipped") ? "skipped" : flag(it, "overlapped") ? "overlapped with the caller's work"
          : flag(it, "refinement_held")  ? "held as an outlier" : nullptr;
 }
 
 /// Replays the report `r` (the file comment above); `first_link_shares` (each > 0): the first phase
-/// that ran simulated again at each. Throws std::runtime_error naming what is wrong with the report,
-/// or with a share outside the model's bounds for that phase's rates.
+/// the run refined simulated again at each. Throws std::runtime_error naming what is wrong with the
+/// report; ShareError, before printing anything, for a share outside the model's bounds for that
+/// phase's rates, or a report with no refined phase or no prediction there.
 void replay(const json& r, const std::vector<double>& first_link_shares) {
   const char* top = "the report";
   const std::size_t n = count(r, "subgroups", top), s = count(r, "subgroup_size", top);

@@ -17,7 +17,8 @@
 # calibration's scratch subgroups, 3/4 of them streamed in its mixed phase) runs each case and rule
 # once per value, interleaved, each named CASE-RULE-sN-roundK: whether longer mixed scratch phases
 # predict the first phases better. Unset: DOS_CALIBRATION_SUBGROUPS as the caller's environment has it:
-#   CASES=20b RULES=estimate SCRATCH='8 32' ROUNDS=3 ARCHIVE_ONLY=1 scripts/gpu-calibration.sh
+#   CASES=20b RULES='estimate measure' SCRATCH='8 32' ROUNDS=2 ARCHIVE_ONLY=1 scripts/gpu-calibration.sh
+# (eight 20B processes of about 45 s after the build: about 450 s)
 # On the GPU machine, with .deps/cache present:
 #   scripts/gpu-calibration.sh
 #   TESTS=1 CASES='20b-resident 7b-seq' scripts/gpu-calibration.sh

@@ -281,17 +281,27 @@ LinkShareRule link_share_rule() {
 // variable for any other value.
 constexpr int kDefaultCalibrationReps = 3, kMostCalibrationReps = 99;
 
+/// A calibration switch that counts (the environment variable `name`, read at each call):
+/// `fallback` when unset or empty, else a whole number from lo to hi that is a multiple of `step`
+/// (step 1: any). Throws Error naming the variable, its value, the range ("a whole number from lo
+/// to hi", or "a multiple of step from lo to hi") and `meaning` (what it counts, for the message)
+/// for any other value: a leading sign or blank too, beyond whole_number_in's reading.
+long calibration_count(const char* name, long lo, long hi, long step, long fallback, const std::string& meaning) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return fallback;
+  long n = 0;
+  if (*v < '0' || *v > '9' || !detail::whole_number_in(v, lo, hi, &n) || n % step != 0)
+    throw Error(std::string(name) + " is '" + v + "': it must be " +
+                (step == 1 ? std::string("a whole number") : "a multiple of " + std::to_string(step)) + " from " +
+                std::to_string(lo) + " to " + std::to_string(hi) + " (" + meaning + "; " + std::to_string(fallback) +
+                " when unset); unset it or give such a number");
+  return n;
+}
+
 int calibration_reps() {
-  static const int reps = [] {
-    const char* v = std::getenv("DOS_CALIBRATION_REPS");
-    if (!v || !*v) return kDefaultCalibrationReps;
-    long n = 0;  // a leading sign or space refused too, beyond whole_number_in's reading
-    if (*v < '0' || *v > '9' || !detail::whole_number_in(v, 1, kMostCalibrationReps, &n))
-      throw Error("DOS_CALIBRATION_REPS is '" + std::string(v) + "': it must be a whole number from 1 to " +
-                  std::to_string(kMostCalibrationReps) + " (the calibration's repetitions of each scratch phase; " +
-                  std::to_string(kDefaultCalibrationReps) + " when unset); unset it or give such a number");
-    return int(n);
-  }();
+  static const int reps = int(calibration_count("DOS_CALIBRATION_REPS", 1, kMostCalibrationReps, 1,
+                                                kDefaultCalibrationReps,
+                                                "the calibration's repetitions of each scratch phase"));
   return reps;
 }
 
@@ -309,18 +319,9 @@ int calibration_reps() {
 constexpr std::size_t kDefaultCalibrationSubgroups = 8, kMostCalibrationSubgroups = 32;
 
 std::size_t calibration_subgroups() {
-  static const std::size_t n = [] {
-    const char* v = std::getenv("DOS_CALIBRATION_SUBGROUPS");
-    if (!v || !*v) return kDefaultCalibrationSubgroups;
-    long k = 0;  // a leading sign or space refused too, beyond whole_number_in's reading
-    if (*v < '0' || *v > '9' || !detail::whole_number_in(v, long(kDefaultCalibrationSubgroups),
-                                                          long(kMostCalibrationSubgroups), &k) || k % 4 != 0)
-      throw Error("DOS_CALIBRATION_SUBGROUPS is '" + std::string(v) + "': it must be a multiple of 4 from " +
-                  std::to_string(kDefaultCalibrationSubgroups) + " to " + std::to_string(kMostCalibrationSubgroups) +
-                  " (the calibration's scratch subgroups, 3/4 of them streamed in its mixed phase; " +
-                  std::to_string(kDefaultCalibrationSubgroups) + " when unset); unset it or give such a number");
-    return std::size_t(k);
-  }();
+  static const std::size_t n = std::size_t(calibration_count(
+      "DOS_CALIBRATION_SUBGROUPS", long(kDefaultCalibrationSubgroups), long(kMostCalibrationSubgroups), 4,
+      long(kDefaultCalibrationSubgroups), "the calibration's scratch subgroups, 3/4 of them streamed in its mixed phase"));
   return n;
 }
 
@@ -508,7 +509,7 @@ Rates calibrate_rates(Runtime& runtime, std::size_t S, DType dtype, MemoryKind m
   // Optimizer builds the calibration before it allocates its own state
   const std::string whose =
       "calibrating the model's rates on " + std::to_string(nsub) + " scratch subgroups of " + std::to_string(S) +
-       " elements (the calibration's own, freed when it ends" +
+      " elements (the calibration's own, freed when it ends" +
       (nsub != kDefaultCalibrationSubgroups
            ? "; DOS_CALIBRATION_SUBGROUPS=" + std::to_string(nsub) + " asks for them: unset it (8) or give a smaller "
              "multiple of 4 for less memory"

@@ -257,7 +257,7 @@ void replay(const json& r, const std::vector<double>& first_link_shares) {
     // the set-up, which the runtime adds to its prediction (of the plan before the tail binding)
     // and takes off the stream's end
     const double predicted = planned == plan ? sim.total : dos::simulate_phase(w, planned, before, ek).total;
-    const double setup = std::max(0.0, number(it, "predicted_seconds", wh) - predicted);
+    const double reported = number(it, "predicted_seconds", wh), setup = std::max(0.0, reported - predicted);
     const bool end_known = it.contains("stream_end_seconds");
     const double end = end_known ? number(it, "stream_end_seconds", wh) : m.streamed ? seconds : 0;
     if (end < 0 || end > 1.01 * seconds) bad(where + "'s stream end lies outside [0, 1.01 x update_seconds]");
@@ -286,7 +286,7 @@ void replay(const json& r, const std::vector<double>& first_link_shares) {
         dos::Rates at = before;  // the calibrated rates (checked above)
         at.link_share = share;
         const dos::Simulation s_at = dos::simulate_phase(w, plan, at, ek);
-        const double reported = number(it, "predicted_seconds", wh), total = setup + s_at.total;
+        const double total = setup + s_at.total;
         std::printf("  at link_share %.4f: simulated %.4f s (stream end %.4f); the run's prediction %.4f s %+.1f%% "
                     "against it\n", share, total, s_at.stream_end, reported, 100 * (reported / total - 1));
       }

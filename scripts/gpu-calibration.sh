@@ -7,7 +7,11 @@
 # ROUNDS times, and prints each phase's update time and prediction error:
 #   20b-resident  the 20B quarter with 31.5 GB resident, update after backward, -n 2 (its first
 #                 phase brings the resident state up, its second is the first that streams)
-#   20b           the 20B quarter, nothing resident, -n 3
+#   20b           the 20B quarter, nothing resident, -n 3 (the update overlapped with the emulated
+#                 backward, dos-train's default there)
+#   20b-alone     the same with --overlap off: the update after backward, no speculated state on
+#                 the GPU beside the activations (on an 80 GB H100 every calibrating process of 20b
+#                 ran out of GPU memory at its first iteration, at 30GB and at 20GB)
 #   7b-16m        the 7B 1/16 shard in subgroups of 2^24 under a 400 MB update budget, -n 4
 #   7b-seq        the 7B quarter (subgroups of 1e8, -n 4), then from its rates cache the 7B 1/16
 #                 shard under a 400 MB update budget (all on the CPU, -n 4): U_c's first measure in
@@ -86,6 +90,7 @@ args() {
   case $1 in
     20b-resident) echo "${B20[@]} --overlap off --gpu-resident-budget 31.5GB -n 2" ;;
     20b) echo "${B20[@]} -n 3" ;;
+    20b-alone) echo "${B20[@]} --overlap off -n 3" ;;
     7b-16m) echo "--preset llama2-7b --shard 0/16 --subgroup-size 16777216 --gpu-update-budget 400MB --policy dos -n 4" ;;
     7b-seq) echo "--preset llama2-7b --shard 0/16 --subgroup-size 1e8 --gpu-update-budget 400MB --policy dos -n 4" ;;
     *) echo "unknown case $1" >&2; return 1 ;;

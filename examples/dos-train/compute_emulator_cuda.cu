@@ -2,6 +2,8 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include <cstdio>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 
@@ -44,8 +46,9 @@ class CudaBackend : public ComputeBackend {
     const cudaError_t got = cudaMallocAsync(&p, bytes ? bytes : 256, stream_);
     if (got == cudaErrorMemoryAllocation)  // StarPU keeps what it freed up to its limit beside these
       throw std::runtime_error("compute emulator: cudaMallocAsync of " + std::to_string(bytes) +
-                               " bytes of activations: out of memory (StarPU keeps up to the GPU budgets' worth "
-                               "of GPU memory beside the activations: lower --gpu-update-budget or --tokens)");
+                               " bytes of activations: out of memory (" + memory_at_failure() +
+                               "; StarPU keeps up to the GPU budgets' worth of GPU memory beside the activations, "
+                               "the buffers it freed included: lower --gpu-update-budget or --tokens)");
     check(got, "cudaMallocAsync of " + std::to_string(bytes) + " bytes of activations");
     const cudaError_t e = cudaMemsetAsync(p, 0x3c, bytes, stream_);  // about 1e-2 in bf16 and fp32, 1 in fp16
     if (e != cudaSuccess) cudaFreeAsync(p, stream_);
@@ -53,6 +56,29 @@ class CudaBackend : public ComputeBackend {
     return p;
   }
   void free(void* p) override { cudaFreeAsync(p, stream_); }
+  /// Where the GPU's memory was when an allocation failed, for the error: the device's free and
+  /// total bytes (cudaMemGetInfo) and what this stream's pool (the device's default pool, which
+  /// cudaMallocAsync draws from) had reserved and had in use, in GB; the rest of the used memory is
+  /// StarPU's and the model's parameters and gradients. A figure that cannot be read is left out.
+  /// Throws nothing.
+  static std::string memory_at_failure() {
+    char text[256] = "";
+    std::size_t free_b = 0, total = 0;
+    if (cudaMemGetInfo(&free_b, &total) == cudaSuccess)
+      std::snprintf(text, sizeof text, "the GPU had %.2f GB free of %.2f GB", free_b / 1e9, total / 1e9);
+    int device = 0;
+    cudaMemPool_t pool{};
+    std::uint64_t reserved = 0, used = 0;  // the attributes are 64-bit counts
+    if (cudaGetDevice(&device) == cudaSuccess && cudaDeviceGetDefaultMemPool(&pool, device) == cudaSuccess &&
+        cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &reserved) == cudaSuccess &&
+        cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemCurrent, &used) == cudaSuccess) {
+      const std::size_t n = std::strlen(text);
+      std::snprintf(text + n, sizeof text - n, "%sthe activations' pool held %.2f GB, %.2f GB of it in use",
+                    n ? "; " : "", double(reserved) / 1e9, double(used) / 1e9);
+    }
+    cudaGetLastError();  // a failed query leaves no error behind for the next call
+    return text[0] ? text : "the GPU's free memory could not be read";
+  }
   void forward(const void* W, const void* X, void* Y, std::int64_t T, std::int64_t in, std::int64_t out) override {
     // cuBLAS is column-major: Y [T,out] row-major is [out,T] column-major, W [out,in] row-major is
     // [in,out] column-major, X is [in,T]: Y = op_T(W) X.

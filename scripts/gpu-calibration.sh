@@ -21,7 +21,7 @@
 # calibration's scratch subgroups, 3/4 of them streamed in its mixed phase) runs each case and rule
 # once per value, interleaved, each named CASE-RULE-sN-roundK: whether longer mixed scratch phases
 # predict the first phases better. Unset: DOS_CALIBRATION_SUBGROUPS as the caller's environment has it:
-#   CASES=20b RULES='estimate measure' SCRATCH='8 32' ROUNDS=2 ARCHIVE_ONLY=1 scripts/gpu-calibration.sh
+#   CASES=20b-alone RULES='estimate measure' SCRATCH='8 32' ROUNDS=2 ARCHIVE_ONLY=1 scripts/gpu-calibration.sh
 # (eight 20B processes of about 45 s after the build: about 450 s)
 # On the GPU machine, with .deps/cache present:
 #   scripts/gpu-calibration.sh
@@ -81,16 +81,17 @@ if [ "${TESTS:-0}" = 1 ]; then
      optimizer-dos-host-bf16-adam train-plan-only > "$OUT/tests.log" 2>&1)
   echo "GPU tests: exit $?; $(grep -E '^(Ok|Fail|Skipped|Timeout):' "$OUT/tests.log" | tr -s ' ' | tr '\n' ' ')"
 fi
-# the 20B quarter's update budget as scripts/gpu-targets.sh gives it (30GB on an 80 GB GPU, where 40GB
-# ran out of GPU memory at the second iteration); the resident case takes the same
-UB=$("$ROOT/scripts/update-budget.sh" 2>/dev/null)
-B20=(--preset llama-20b --shard 1/4 --subgroup-size 1.24e8 --gpu-update-budget "$UB" --emulate-compute --tokens 4096
-     --policy dos)
+# the 20B quarter's update budgets as scripts/gpu-targets.sh gives them (scripts/update-budget.sh:
+# 30GB on an 80 GB GPU, where 40GB ran out of GPU memory at the second iteration; beside 31.5 GB
+# resident 3GB there)
+B20=(--preset llama-20b --shard 1/4 --subgroup-size 1.24e8 --emulate-compute --tokens 4096 --policy dos
+     --gpu-update-budget)
+UB=$("$ROOT/scripts/update-budget.sh" 2>/dev/null) UBR=$("$ROOT/scripts/update-budget.sh" resident 2>/dev/null)
 args() {
   case $1 in
-    20b-resident) echo "${B20[@]} --overlap off --gpu-resident-budget 31.5GB -n 2" ;;
-    20b) echo "${B20[@]} -n 3" ;;
-    20b-alone) echo "${B20[@]} --overlap off -n 3" ;;
+    20b-resident) echo "${B20[@]} $UBR --overlap off --gpu-resident-budget 31.5GB -n 2" ;;
+    20b) echo "${B20[@]} $UB -n 3" ;;
+    20b-alone) echo "${B20[@]} $UB --overlap off -n 3" ;;
     7b-16m) echo "--preset llama2-7b --shard 0/16 --subgroup-size 16777216 --gpu-update-budget 400MB --policy dos -n 4" ;;
     7b-seq) echo "--preset llama2-7b --shard 0/16 --subgroup-size 1e8 --gpu-update-budget 400MB --policy dos -n 4" ;;
     *) echo "unknown case $1" >&2; return 1 ;;

@@ -57,12 +57,14 @@ class CudaBackend : public ComputeBackend {
   }
   void free(void* p) override { cudaFreeAsync(p, stream_); }
   /// Where the GPU's memory was when an allocation failed, for the error: the device's free and
-  /// total bytes (cudaMemGetInfo) and what this stream's pool (the device's default pool, which
-  /// cudaMallocAsync draws from) had reserved and had in use, in GB; the rest of the used memory is
-  /// StarPU's and the model's parameters and gradients. A figure that cannot be read is left out.
-  /// Throws nothing.
+  /// total bytes (cudaMemGetInfo) and what the device's default pool had reserved and had in use,
+  /// in GB. cudaMallocAsync draws the activations from that pool, and the bundled StarPU its device
+  /// buffers (scripts/starpu-1.3.10-malloc-async.patch), so the pool holds both, StarPU's buffers of
+  /// unregistered data included (StarPU keeps them allocated, cached for reuse, until its limit
+  /// makes it reclaim them); the rest of the used memory is outside the pool (the model's parameters
+  /// and gradients, the CUDA contexts). A figure that cannot be read is left out. Throws nothing.
   static std::string memory_at_failure() {
-    char text[256] = "";
+    char text[320] = "";
     std::size_t free_b = 0, total = 0;
     if (cudaMemGetInfo(&free_b, &total) == cudaSuccess)
       std::snprintf(text, sizeof text, "the GPU had %.2f GB free of %.2f GB", free_b / 1e9, total / 1e9);
@@ -73,7 +75,8 @@ class CudaBackend : public ComputeBackend {
         cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &reserved) == cudaSuccess &&
         cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemCurrent, &used) == cudaSuccess) {
       const std::size_t n = std::strlen(text);
-      std::snprintf(text + n, sizeof text - n, "%sthe activations' pool held %.2f GB, %.2f GB of it in use",
+      std::snprintf(text + n, sizeof text - n,
+                    "%sthe default pool (StarPU's buffers and the activations) held %.2f GB, %.2f GB of it in use",
                     n ? "; " : "", double(reserved) / 1e9, double(used) / 1e9);
     }
     cudaGetLastError();  // a failed query leaves no error behind for the next call

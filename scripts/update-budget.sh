@@ -8,7 +8,10 @@
 # calibrating run's two iterations fitted) beside 31.5 GB resident ran out of GPU memory. 3GB is
 # what dos-train's memory warning names there (31.5 + 3 GB of optimizer state, 30.6 GB of
 # activations at --tokens 4096, 17.3 GB of parameters and gradients on about 84.5 GB free, 2 GB
-# kept spare); it ran at 4d45f10 (PART=20b's resident step). GPU memory
+# kept spare); it ran at 4d45f10 (PART=20b's resident step). On an H100 at 5a6860c, calibrating
+# 20B processes with the update overlapped (gpu-calibration.sh's 20b case, -n 3) ran out of GPU memory
+# at their first iteration under 30GB and under 20GB, where PART=20b's ran under 30GB at 013eb8b:
+# docs/status.md, "Next on a GPU, in order". GPU memory
 # from nvidia-smi (40GB where it cannot be read). A second line on standard error says which and why.
 set -u
 if [ -n "${UPDATE_BUDGET:-}" ]; then

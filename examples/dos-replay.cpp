@@ -50,10 +50,7 @@
 // a dos-train report of a run with a CUDA worker (what is wrong, and in which iteration, is named
 // on stderr; the phases printed before it stay on stdout).
 #include <algorithm>
-#include <cctype>
-#include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <fstream>
 #include <stdexcept>
 #include <string>
@@ -311,10 +308,9 @@ int main(int argc, char** argv) {
       ->delimiter(',')
       ->allow_extra_args(false)
       ->check([](const std::string& v) -> std::string {
-        // CLI11 converts after its checks: the value read here as it will be, blanks refused
-        char* end = nullptr;
-        const double x = v.empty() || std::isspace((unsigned char)v[0]) ? 0 : std::strtod(v.c_str(), &end);
-        if (!end || end == v.c_str() || *end != '\0' || !std::isfinite(x) || !(x > 0))
+        // CLI11 converts after its checks: a plain decimal (dos-train's rule for numbers), above 0
+        double x = 0;
+        if (!dos::parse_decimal(v, &x) || !(x > 0))
           return "'" + v + "' is not a finite number above 0 (a link_share, such as 0.8)";
         return "";
       });
